@@ -1,0 +1,164 @@
+//! The operator table: one entry per operator with its attributes, its shape relation (the type rule
+//! the checker applies, and the run time re-applies with concrete shapes), and its fusion class.
+//!
+//! Later issues add, next to each relation, the operator's reference kernel and batching rule.
+
+use tumble_ir::{Attrs, Ty};
+
+mod table;
+
+pub use table::all;
+
+/// How an operator behaves under fusion (BladeDISC/ACROBAT): decides which kernel stage it joins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusionClass {
+    /// Matrix products (`nn.dense`, `nn.batch_matmul`): become GEMM stages.
+    Gemm,
+    /// One output element from the same-index input elements (`sigmoid`, `add` without broadcast).
+    Elementwise,
+    /// Elementwise with numpy broadcasting.
+    Broadcast,
+    /// Reduces along axes (`sum`, `nn.softmax`, `nn.layer_norm`).
+    Reduction,
+    /// Moves data without arithmetic (`reshape`, `concatenate`, `split`, `take`, `transpose`).
+    Layout,
+    /// Not fusible: scheduling intrinsics, random draws, tensor creation from attributes.
+    Opaque,
+}
+
+/// The kind of value an attribute takes; used to check calls and to document operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttrKind {
+    Int,
+    Float,
+    Bool,
+    Str,
+    /// A dtype name string such as `"float32"`.
+    DType,
+    Ints,
+    /// An integer or a list of integers (e.g. `split`'s `indices_or_sections`).
+    IntOrInts,
+    Any,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct AttrSpec {
+    pub name: &'static str,
+    pub kind: AttrKind,
+    pub required: bool,
+}
+
+/// Why a relation rejected its inputs. `arg` names the offending argument (0-based) when one is to
+/// blame, so the checker can point at it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RelError {
+    pub message: String,
+    pub arg: Option<usize>,
+}
+
+impl RelError {
+    pub fn new(message: impl Into<String>) -> Self {
+        RelError {
+            message: message.into(),
+            arg: None,
+        }
+    }
+
+    pub fn at(arg: usize, message: impl Into<String>) -> Self {
+        RelError {
+            message: message.into(),
+            arg: Some(arg),
+        }
+    }
+}
+
+/// A shape relation: from the (fully resolved) argument types and the call's attributes to the result
+/// type. Messages start with the operator name and say what was expected and what was found, e.g.
+/// `nn.dense: input has 512 columns but weight expects 256`.
+pub type Relation = fn(&[Ty], &Attrs) -> Result<Ty, RelError>;
+
+#[derive(Clone, Copy)]
+pub struct OpDef {
+    pub name: &'static str,
+    /// Number of positional arguments.
+    pub arity: usize,
+    pub attrs: &'static [AttrSpec],
+    pub relation: Relation,
+    pub class: FusionClass,
+    /// One line for `--help`-style listings.
+    pub doc: &'static str,
+}
+
+impl std::fmt::Debug for OpDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpDef")
+            .field("name", &self.name)
+            .field("arity", &self.arity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The operator named `name`, if the table has it.
+pub fn lookup(name: &str) -> Option<&'static OpDef> {
+    all().iter().find(|op| op.name == name)
+}
+
+/// Checks a call's attributes against the operator's spec: unknown names, missing required ones, and
+/// wrong kinds. Returns the offending attribute's name (if any) with the message.
+pub fn check_attrs(op: &OpDef, attrs: &Attrs) -> Result<(), (Option<String>, String)> {
+    for a in attrs.iter() {
+        let Some(spec) = op.attrs.iter().find(|s| s.name == a.name) else {
+            let known: Vec<&str> = op.attrs.iter().map(|s| s.name).collect();
+            let hint = if known.is_empty() {
+                "it takes no attributes".to_string()
+            } else {
+                format!("it takes: {}", known.join(", "))
+            };
+            return Err((
+                Some(a.name.clone()),
+                format!("{}: unknown attribute `{}` ({hint})", op.name, a.name),
+            ));
+        };
+        let ok = match spec.kind {
+            AttrKind::Int => attrs.int(spec.name).is_ok(),
+            AttrKind::Float => attrs.float(spec.name).is_ok(),
+            AttrKind::Bool => attrs.bool(spec.name).is_ok(),
+            AttrKind::Str => attrs.str(spec.name).is_ok(),
+            AttrKind::DType => match attrs.str(spec.name) {
+                Ok(Some(s)) => tumble_ir::DType::from_name(s).is_some(),
+                Ok(None) => true,
+                Err(_) => false,
+            },
+            AttrKind::Ints | AttrKind::IntOrInts => attrs.ints(spec.name).is_ok(),
+            AttrKind::Any => true,
+        };
+        if !ok {
+            let want = match spec.kind {
+                AttrKind::Int => "an integer",
+                AttrKind::Float => "a number",
+                AttrKind::Bool => "True or False",
+                AttrKind::Str => "a string",
+                AttrKind::DType => "a dtype name (float32, float64, int32, int64, bool)",
+                AttrKind::Ints => "a list of integers",
+                AttrKind::IntOrInts => "an integer or a list of integers",
+                AttrKind::Any => "any value",
+            };
+            return Err((
+                Some(a.name.clone()),
+                format!(
+                    "{}: attribute `{}` must be {want}, found `{}`",
+                    op.name, a.name, a.value
+                ),
+            ));
+        }
+    }
+    for spec in op.attrs.iter().filter(|s| s.required) {
+        if attrs.get(spec.name).is_none() {
+            return Err((
+                None,
+                format!("{}: missing required attribute `{}`", op.name, spec.name),
+            ));
+        }
+    }
+    Ok(())
+}
