@@ -1,1 +1,96 @@
-fn main() {}
+//! `tumble`: the command-line face of the compiler.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+mod commands;
+
+#[derive(Parser)]
+#[command(
+    name = "tumble",
+    version,
+    about = "Compile and run dynamic deep-learning models written in the Relay text format",
+    long_about = "tumble runs dynamic models (trees, variable-length sequences, recursion, early exit) \
+written once, unbatched, in the Relay text format, and batches a mini-batch of instances automatically."
+)]
+struct Cli {
+    /// When to color diagnostics.
+    #[arg(long, value_enum, default_value_t = Color::Auto, global = true)]
+    color: Color,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Color {
+    Auto,
+    Always,
+    Never,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Type-check model files and print each global's inferred type.
+    Check {
+        /// Files in the Relay text format (`.rly`).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Print nothing on success; only diagnostics.
+        #[arg(short, long)]
+        quiet: bool,
+        /// Do not load the built-in prelude (List, Option, Tree, map, foldl, ...).
+        #[arg(long)]
+        no_prelude: bool,
+    },
+    /// Print a model file in canonical form.
+    Fmt {
+        file: PathBuf,
+        /// Exit with status 1 if the file is not already in canonical form (prints nothing).
+        #[arg(long)]
+        check: bool,
+    },
+    /// List the operators tumble knows, with their attributes.
+    Ops,
+    /// Print the built-in prelude.
+    Prelude,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let color = match cli.color {
+        Color::Always => true,
+        Color::Never => false,
+        Color::Auto => std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+    };
+    // Deeply nested programs are bounded by the parser's nesting limit, but the checker and printer
+    // still recurse per level: give them a stack that no accepted program can exhaust.
+    let worker = std::thread::Builder::new()
+        .name("tumble".into())
+        .stack_size(256 << 20)
+        .spawn(move || match cli.command {
+            Command::Check {
+                files,
+                quiet,
+                no_prelude,
+            } => commands::check(&files, quiet, !no_prelude, color),
+            Command::Fmt { file, check } => commands::fmt(&file, check, color),
+            Command::Ops => commands::ops(),
+            Command::Prelude => {
+                print!("{}", tumble_check::PRELUDE);
+                ExitCode::SUCCESS
+            }
+        });
+    match worker.map(|h| h.join()) {
+        Ok(Ok(code)) => code,
+        Ok(Err(_)) => {
+            eprintln!("error: tumble crashed; this is a bug, please report it with the input that caused it");
+            ExitCode::from(101)
+        }
+        Err(e) => {
+            eprintln!("error: cannot start a worker thread: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

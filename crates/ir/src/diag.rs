@@ -141,7 +141,8 @@ fn to_codespan(d: &Diagnostic) -> cs::Diagnostic<SourceId> {
                     } else {
                         cs::LabelStyle::Secondary
                     };
-                    cs::Label::new(style, l.span.src, l.span.range()).with_message(l.message.clone())
+                    cs::Label::new(style, l.span.src, l.span.range())
+                        .with_message(l.message.clone())
                 })
                 .collect(),
         )

@@ -90,7 +90,10 @@ pub struct TyVar(pub u32);
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Ty {
-    Tensor { shape: Vec<Dim>, dtype: DType },
+    Tensor {
+        shape: Vec<Dim>,
+        dtype: DType,
+    },
     Tuple(Vec<Ty>),
     Func(Vec<Ty>, Box<Ty>),
     /// An algebraic data type applied to its type arguments, e.g. `List[Tensor[(2), float32]]`.

@@ -2,6 +2,7 @@
 
 use crate::ast::*;
 use crate::span::Span;
+use crate::types::Ty;
 
 /// Calls `f` on every expression, pre-order. Recursion depth is bounded by the parser's nesting limit.
 pub fn walk_exprs_mut(module: &mut Module, f: &mut dyn FnMut(&mut Expr)) {
@@ -74,7 +75,10 @@ pub fn erase_spans_and_types(module: &mut Module) {
 fn erase_function(func: &mut Function) {
     func.span = Span::default();
     func.params.iter_mut().for_each(erase_param);
-    func.attrs.0.iter_mut().for_each(|a| a.span = Span::default());
+    func.attrs
+        .0
+        .iter_mut()
+        .for_each(|a| a.span = Span::default());
     if let Some(t) = &mut func.ret {
         erase_type_expr(t);
     }
@@ -132,7 +136,10 @@ fn erase_expr(e: &mut Expr) {
                 // The body is visited by the walk itself; erase the rest here.
                 func.span = Span::default();
                 func.params.iter_mut().for_each(erase_param);
-                func.attrs.0.iter_mut().for_each(|a| a.span = Span::default());
+                func.attrs
+                    .0
+                    .iter_mut()
+                    .for_each(|a| a.span = Span::default());
                 if let Some(t) = &mut func.ret {
                     erase_type_expr(t);
                 }
@@ -143,6 +150,54 @@ fn erase_expr(e: &mut Expr) {
                     erase_pattern(&mut a.pattern);
                 }
             }
+            _ => {}
+        }
+    });
+}
+
+/// Calls `f` on every type slot the checker fills (expressions, parameters, let variables, patterns).
+pub fn walk_types_mut(module: &mut Module, f: &mut dyn FnMut(&mut Ty)) {
+    for def in module.defs_mut() {
+        walk_function_types(&mut def.func, f);
+    }
+}
+
+fn walk_param_type(p: &mut Param, f: &mut dyn FnMut(&mut Ty)) {
+    if let Some(t) = &mut p.ty {
+        f(t);
+    }
+}
+
+fn walk_function_types(func: &mut Function, f: &mut dyn FnMut(&mut Ty)) {
+    for p in &mut func.params {
+        walk_param_type(p, f);
+    }
+    walk_expr_types(&mut func.body, f);
+}
+
+fn walk_pattern_types(p: &mut Pattern, f: &mut dyn FnMut(&mut Ty)) {
+    if let Some(t) = &mut p.ty {
+        f(t);
+    }
+    match &mut p.kind {
+        PatternKind::Wildcard => {}
+        PatternKind::Var(v) => walk_param_type(v, f),
+        PatternKind::Ctor { args, .. } => args.iter_mut().for_each(|a| walk_pattern_types(a, f)),
+        PatternKind::Tuple(ps) => ps.iter_mut().for_each(|a| walk_pattern_types(a, f)),
+    }
+}
+
+fn walk_expr_types(e: &mut Expr, f: &mut dyn FnMut(&mut Ty)) {
+    walk_expr_mut(e, &mut |e| {
+        if let Some(t) = &mut e.ty {
+            f(t);
+        }
+        match &mut e.kind {
+            ExprKind::Let(bs, _) => bs.iter_mut().for_each(|b| walk_param_type(&mut b.var, f)),
+            ExprKind::Fn(func) => func.params.iter_mut().for_each(|p| walk_param_type(p, f)),
+            ExprKind::Match { arms, .. } => arms
+                .iter_mut()
+                .for_each(|a| walk_pattern_types(&mut a.pattern, f)),
             _ => {}
         }
     });

@@ -5,6 +5,7 @@
 
 use tumble_ir::{Attrs, Ty};
 
+mod rel;
 mod table;
 
 pub use table::all;
@@ -46,6 +47,31 @@ pub struct AttrSpec {
     pub name: &'static str,
     pub kind: AttrKind,
     pub required: bool,
+    /// The default as Relay writes it (`None`, `-1`, `False`, `"clip"`); empty when required.
+    /// Documentation only: relations apply the same defaults in code.
+    pub default: &'static str,
+}
+
+impl AttrSpec {
+    /// An optional attribute with its default written in Relay syntax.
+    pub const fn opt(name: &'static str, kind: AttrKind, default: &'static str) -> Self {
+        AttrSpec {
+            name,
+            kind,
+            required: false,
+            default,
+        }
+    }
+
+    /// A required attribute.
+    pub const fn req(name: &'static str, kind: AttrKind) -> Self {
+        AttrSpec {
+            name,
+            kind,
+            required: true,
+            default: "",
+        }
+    }
 }
 
 /// Why a relation rejected its inputs. `arg` names the offending argument (0-based) when one is to
@@ -98,9 +124,14 @@ impl std::fmt::Debug for OpDef {
     }
 }
 
-/// The operator named `name`, if the table has it.
+/// The operator named `name`, if the table has it. Hashes into an index built on first use.
 pub fn lookup(name: &str) -> Option<&'static OpDef> {
-    all().iter().find(|op| op.name == name)
+    static INDEX: std::sync::OnceLock<std::collections::HashMap<&'static str, &'static OpDef>> =
+        std::sync::OnceLock::new();
+    INDEX
+        .get_or_init(|| all().iter().map(|op| (op.name, op)).collect())
+        .get(name)
+        .copied()
 }
 
 /// Checks a call's attributes against the operator's spec: unknown names, missing required ones, and

@@ -1,23 +1,147 @@
-//! The registry. One entry per operator; relations live in submodules by fusion class.
+//! The registry: one entry per operator. Relations live in [`crate::rel`], by fusion class.
+//!
+//! Fusion-class choices beyond the obvious: `copy` is Layout (it moves data, like `reshape`);
+//! `cast`, `zeros_like` and `ones_like` are Elementwise (one output element per input element, so
+//! they fuse into elementwise stages); `zeros`, `ones` and `full` are Opaque (tensor creation from
+//! attributes, as the [`FusionClass::Opaque`] doc says), as are the `db.*`/`random.*` intrinsics.
 
-use crate::{FusionClass, OpDef, RelError};
-use tumble_ir::{Attrs, Ty};
+use crate::rel::{broadcast, create, gemm, layout, reduce, unary};
+use crate::AttrKind::{Bool, DType, Float, Int, IntOrInts, Ints, Str};
+use crate::FusionClass::{Broadcast, Elementwise, Gemm, Layout, Opaque, Reduction};
+use crate::{AttrSpec, FusionClass, OpDef, Relation};
 
-static OPS: &[OpDef] = &[OpDef {
-    name: "add",
-    arity: 2,
-    attrs: &[],
-    relation: placeholder_broadcast,
-    class: FusionClass::Broadcast,
-    doc: "elementwise a + b with numpy broadcasting",
-}];
-
-pub fn all() -> &'static [OpDef] {
-    OPS
+const fn opt(name: &'static str, kind: crate::AttrKind, default: &'static str) -> AttrSpec {
+    AttrSpec::opt(name, kind, default)
 }
 
-fn placeholder_broadcast(args: &[Ty], _attrs: &Attrs) -> Result<Ty, RelError> {
-    args.first()
-        .cloned()
-        .ok_or_else(|| RelError::new("add: expected 2 arguments"))
+const fn req(name: &'static str, kind: crate::AttrKind) -> AttrSpec {
+    AttrSpec::req(name, kind)
+}
+
+const fn op(
+    name: &'static str,
+    arity: usize,
+    attrs: &'static [AttrSpec],
+    relation: Relation,
+    class: FusionClass,
+    doc: &'static str,
+) -> OpDef {
+    OpDef {
+        name,
+        arity,
+        attrs,
+        relation,
+        class,
+        doc,
+    }
+}
+
+const NONE: &[AttrSpec] = &[];
+const REDUCE: &[AttrSpec] = &[
+    opt("axis", IntOrInts, "None"),
+    opt("keepdims", Bool, "False"),
+    opt("exclude", Bool, "False"),
+];
+const ARG_REDUCE: &[AttrSpec] = &[
+    opt("axis", IntOrInts, "None"),
+    opt("keepdims", Bool, "False"),
+    opt("exclude", Bool, "False"),
+    opt("select_last_index", Bool, "False"),
+];
+const SOFTMAX: &[AttrSpec] = &[opt("axis", Int, "-1")];
+const CREATE: &[AttrSpec] = &[req("shape", Ints), opt("dtype", DType, "\"float32\"")];
+
+#[rustfmt::skip]
+static OPS: &[OpDef] = &[
+    // ---- GEMM ----
+    op("nn.dense", 2, &[opt("units", Int, "None"), opt("out_dtype", Str, "\"\"")],
+        gemm::dense, Gemm, "data (…, K) times weight (N, K) transposed: (…, N)"),
+    op("nn.batch_matmul", 2,
+        &[opt("transpose_a", Bool, "False"), opt("transpose_b", Bool, "True"), opt("out_dtype", Str, "\"\"")],
+        gemm::batch_matmul, Gemm, "batched matrix product (B, M, K) × (B, N, K) → (B, M, N); batch 1 broadcasts"),
+    // ---- broadcasting binary ----
+    op("add", 2, NONE, broadcast::add, Broadcast, "elementwise a + b with numpy broadcasting"),
+    op("subtract", 2, NONE, broadcast::subtract, Broadcast, "elementwise a - b with numpy broadcasting"),
+    op("multiply", 2, NONE, broadcast::multiply, Broadcast, "elementwise a * b with numpy broadcasting"),
+    op("divide", 2, NONE, broadcast::divide, Broadcast, "elementwise a / b with numpy broadcasting"),
+    op("power", 2, NONE, broadcast::power, Broadcast, "elementwise a ** b with numpy broadcasting"),
+    op("maximum", 2, NONE, broadcast::maximum, Broadcast, "elementwise max(a, b) with numpy broadcasting"),
+    op("minimum", 2, NONE, broadcast::minimum, Broadcast, "elementwise min(a, b) with numpy broadcasting"),
+    op("equal", 2, NONE, broadcast::equal, Broadcast, "elementwise a == b (bool) with numpy broadcasting"),
+    op("not_equal", 2, NONE, broadcast::not_equal, Broadcast, "elementwise a != b (bool) with numpy broadcasting"),
+    op("less", 2, NONE, broadcast::less, Broadcast, "elementwise a < b (bool) with numpy broadcasting"),
+    op("greater", 2, NONE, broadcast::greater, Broadcast, "elementwise a > b (bool) with numpy broadcasting"),
+    op("less_equal", 2, NONE, broadcast::less_equal, Broadcast, "elementwise a <= b (bool) with numpy broadcasting"),
+    op("greater_equal", 2, NONE, broadcast::greater_equal, Broadcast, "elementwise a >= b (bool) with numpy broadcasting"),
+    op("logical_and", 2, NONE, broadcast::logical_and, Broadcast, "elementwise a and b on bool tensors, with broadcasting"),
+    op("logical_or", 2, NONE, broadcast::logical_or, Broadcast, "elementwise a or b on bool tensors, with broadcasting"),
+    op("nn.bias_add", 2, &[opt("axis", Int, "1")], broadcast::bias_add, Broadcast,
+        "adds a 1-D bias along `axis` of data"),
+    op("where", 3, NONE, broadcast::where_, Broadcast,
+        "x where condition holds, else y; all three broadcast"),
+    op("clip", 1, &[req("a_min", Float), req("a_max", Float)], unary::clip, Broadcast,
+        "clamps every element into [a_min, a_max]"),
+    // ---- unary elementwise ----
+    op("logical_not", 1, NONE, unary::logical_not, Elementwise, "elementwise not on a bool tensor"),
+    op("negative", 1, NONE, unary::negative, Elementwise, "elementwise -x"),
+    op("sigmoid", 1, NONE, unary::sigmoid, Elementwise, "elementwise 1 / (1 + exp(-x)) (float)"),
+    op("tanh", 1, NONE, unary::tanh, Elementwise, "elementwise hyperbolic tangent (float)"),
+    op("exp", 1, NONE, unary::exp, Elementwise, "elementwise e^x (float)"),
+    op("log", 1, NONE, unary::log, Elementwise, "elementwise natural logarithm (float)"),
+    op("sqrt", 1, NONE, unary::sqrt, Elementwise, "elementwise square root (float)"),
+    op("rsqrt", 1, NONE, unary::rsqrt, Elementwise, "elementwise 1 / sqrt(x) (float)"),
+    op("abs", 1, NONE, unary::abs, Elementwise, "elementwise |x|"),
+    op("nn.relu", 1, NONE, unary::relu, Elementwise, "elementwise max(x, 0)"),
+    op("copy", 1, NONE, unary::copy, Layout, "a fresh copy of the tensor"),
+    // ---- reductions and normalizations ----
+    op("nn.softmax", 1, SOFTMAX, reduce::softmax, Reduction, "softmax along `axis`"),
+    op("nn.log_softmax", 1, SOFTMAX, reduce::log_softmax, Reduction, "log of softmax along `axis`"),
+    op("nn.layer_norm", 3,
+        &[opt("axis", Int, "-1"), opt("epsilon", Float, "1e-05"), opt("center", Bool, "True"), opt("scale", Bool, "True")],
+        reduce::layer_norm, Reduction, "layer normalization along `axis`, scaled by gamma and shifted by beta"),
+    op("sum", 1, REDUCE, reduce::sum, Reduction, "sum over `axis` (None: all axes)"),
+    op("mean", 1, REDUCE, reduce::mean, Reduction, "mean over `axis` (None: all axes)"),
+    op("max", 1, REDUCE, reduce::max, Reduction, "maximum over `axis` (None: all axes)"),
+    op("min", 1, REDUCE, reduce::min, Reduction, "minimum over `axis` (None: all axes)"),
+    op("argmax", 1, ARG_REDUCE, reduce::argmax, Reduction, "int32 index of the maximum over `axis`"),
+    op("argmin", 1, ARG_REDUCE, reduce::argmin, Reduction, "int32 index of the minimum over `axis`"),
+    // ---- layout ----
+    op("concatenate", 1, &[opt("axis", Int, "0")], layout::concatenate, Layout,
+        "joins a tuple of tensors along `axis`"),
+    op("split", 1, &[req("indices_or_sections", IntOrInts), opt("axis", Int, "0")], layout::split, Layout,
+        "cuts along `axis` into N equal sections or at the listed indices; a tuple"),
+    op("reshape", 1, &[req("newshape", Ints), opt("allowzero", Bool, "False")], layout::reshape, Layout,
+        "same elements, new shape (0 copies, -1 infers, -2 copies the rest, -3 merges, -4 splits)"),
+    op("transpose", 1, &[opt("axes", Ints, "None")], layout::transpose, Layout,
+        "permutes axes (None: reverses them)"),
+    op("expand_dims", 1, &[req("axis", Int), opt("num_newaxis", Int, "1")], layout::expand_dims, Layout,
+        "inserts `num_newaxis` size-1 axes at `axis`"),
+    op("squeeze", 1, &[opt("axis", Ints, "None")], layout::squeeze, Layout,
+        "removes size-1 axes (None: all of them)"),
+    op("take", 2,
+        &[opt("axis", Int, "None"), opt("batch_dims", Int, "0"), opt("mode", Str, "\"clip\"")],
+        layout::take, Layout, "gathers entries of data at integer indices along `axis`"),
+    op("strided_slice", 1,
+        &[req("begin", Ints), req("end", Ints), opt("strides", Ints, "None"), opt("axes", Ints, "None"),
+          opt("slice_mode", Str, "\"end\"")],
+        layout::strided_slice, Layout, "python-style slice begin:end:stride per axis"),
+    // ---- creation and conversion ----
+    op("cast", 1, &[req("dtype", DType)], create::cast, Elementwise, "converts elements to `dtype`"),
+    op("zeros_like", 1, NONE, create::zeros_like, Elementwise, "zeros of the input's type"),
+    op("ones_like", 1, NONE, create::ones_like, Elementwise, "ones of the input's type"),
+    op("zeros", 0, CREATE, create::zeros, Opaque, "a tensor of zeros of `shape` and `dtype`"),
+    op("ones", 0, CREATE, create::ones, Opaque, "a tensor of ones of `shape` and `dtype`"),
+    op("full", 1, &[req("shape", Ints), opt("dtype", DType, "None")], create::full, Opaque,
+        "a tensor of `shape` filled with the scalar fill_value"),
+    // ---- ACROBAT intrinsics ----
+    op("db.phase_change", 0, NONE, create::phase_change, Opaque,
+        "phase boundary: ops after it run in the next program phase; returns ()"),
+    op("random.db_uniform", 0,
+        &[req("low", Float), req("high", Float), req("out_shape", Ints), opt("out_dtype", DType, "\"int32\"")],
+        create::db_uniform, Opaque, "seeded uniform random draw in [low, high) of `out_shape`"),
+];
+
+/// Every operator, in table order.
+pub fn all() -> &'static [OpDef] {
+    OPS
 }

@@ -1,13 +1,43 @@
-//! The Relay text format: text → [`tumble_ir::Module`] (parser) and back (printer).
+//! The Relay text format (v0.0.5): text → [`tumble_ir::Module`] (parser) and back (printer).
+//!
+//! - [`lexer`]: characters → tokens, with lexical errors;
+//! - [`parser`]: tokens → syntax tree, with located errors and item-level recovery;
+//! - [`printer`]: syntax tree → canonical text that parses back to the same tree.
+//!
+//! Infix operators are sugar: `a + b` is read as the call `add(a, b)` and printed that way.
 
-use tumble_ir::{Diagnostic, Module, SourceId};
+mod lexer;
+mod parser;
+mod printer;
 
-/// Parses one source file. On failure returns every error found (the parser recovers at item level).
-pub fn parse_module(_text: &str, _src: SourceId) -> Result<Module, Vec<Diagnostic>> {
-    Ok(Module::default())
+use tumble_ir::{Diagnostic, Expr, Module, SourceId, TypeExpr};
+
+/// How deep expressions, types, patterns and attribute lists may nest. Deeper input is a located
+/// error rather than a stack overflow, here and in every pass that recurses over the tree.
+pub const MAX_NESTING: usize = 256;
+
+/// Parses one source file. On failure returns every error found (the parser recovers at the next
+/// top-level `def` or `type`), sorted by position.
+pub fn parse_module(text: &str, src: SourceId) -> Result<Module, Vec<Diagnostic>> {
+    parser::parse_module(text, src)
+}
+
+/// Parses a single expression (the whole text must be one expression).
+pub fn parse_expr(text: &str, src: SourceId) -> Result<Expr, Vec<Diagnostic>> {
+    parser::parse_expr(text, src)
 }
 
 /// Pretty-prints a module in canonical form; `parse_module(print_module(m))` is `m` up to spans.
-pub fn print_module(_m: &Module) -> String {
-    String::new()
+pub fn print_module(m: &Module) -> String {
+    printer::print_module(m)
+}
+
+/// Pretty-prints an expression as it would appear as a function body (indentation level 0).
+pub fn print_expr(e: &Expr) -> String {
+    printer::print_expr(e)
+}
+
+/// Prints a written type in the source syntax, e.g. for messages.
+pub fn print_type(t: &TypeExpr) -> String {
+    printer::print_type(t)
 }

@@ -1,0 +1,172 @@
+//! The substitution: inference variables, their bindings, unification and resolution.
+//!
+//! Tensor dims unify gradually: `?` matches any dim and stays `?` (Nimble's `Any`); two known dims
+//! must be equal. Type parameters (`Ty::Param`) are rigid.
+
+use tumble_ir::{Dim, Ty, TyVar};
+
+#[derive(Default)]
+pub struct Subst {
+    bindings: Vec<Option<Ty>>,
+}
+
+/// Why two types did not unify: the innermost pair that disagreed, for a precise message.
+#[derive(Debug, Clone)]
+pub struct Mismatch {
+    pub expected: Ty,
+    pub found: Ty,
+    /// Set when the types would be infinite (`?t1 = List[?t1]`).
+    pub occurs: bool,
+}
+
+impl Subst {
+    pub fn fresh(&mut self) -> Ty {
+        let v = TyVar(self.bindings.len() as u32);
+        self.bindings.push(None);
+        Ty::Var(v)
+    }
+
+    fn binding(&self, v: TyVar) -> Option<&Ty> {
+        self.bindings.get(v.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// Follows variable bindings at the top of `ty` only.
+    pub fn shallow(&self, ty: &Ty) -> Ty {
+        let mut t = ty.clone();
+        while let Ty::Var(v) = t {
+            match self.binding(v) {
+                Some(b) => t = b.clone(),
+                None => break,
+            }
+        }
+        t
+    }
+
+    /// Replaces every bound variable, deeply.
+    pub fn resolve(&self, ty: &Ty) -> Ty {
+        match self.shallow(ty) {
+            Ty::Tuple(ts) => Ty::Tuple(ts.iter().map(|t| self.resolve(t)).collect()),
+            Ty::Func(ps, r) => Ty::Func(
+                ps.iter().map(|t| self.resolve(t)).collect(),
+                Box::new(self.resolve(&r)),
+            ),
+            Ty::Adt(n, args) => Ty::Adt(n, args.iter().map(|t| self.resolve(t)).collect()),
+            t => t,
+        }
+    }
+
+    fn occurs(&self, v: TyVar, ty: &Ty) -> bool {
+        match self.shallow(ty) {
+            Ty::Var(w) => w == v,
+            Ty::Tuple(ts) | Ty::Adt(_, ts) => ts.iter().any(|t| self.occurs(v, t)),
+            Ty::Func(ps, r) => ps.iter().any(|t| self.occurs(v, t)) || self.occurs(v, &r),
+            Ty::Tensor { .. } | Ty::Param(_) => false,
+        }
+    }
+
+    fn bind(&mut self, v: TyVar, ty: Ty) {
+        if let Some(slot) = self.bindings.get_mut(v.0 as usize) {
+            *slot = Some(ty);
+        }
+    }
+
+    /// Makes `expected` and `found` equal, or says where they differ.
+    pub fn unify(&mut self, expected: &Ty, found: &Ty) -> Result<(), Mismatch> {
+        let a = self.shallow(expected);
+        let b = self.shallow(found);
+        let fail = |s: &Self| Mismatch {
+            expected: s.resolve(&a),
+            found: s.resolve(&b),
+            occurs: false,
+        };
+        match (&a, &b) {
+            (Ty::Var(x), Ty::Var(y)) if x == y => Ok(()),
+            (Ty::Var(x), other) | (other, Ty::Var(x)) => {
+                if self.occurs(*x, other) {
+                    return Err(Mismatch {
+                        occurs: true,
+                        ..fail(self)
+                    });
+                }
+                self.bind(*x, other.clone());
+                Ok(())
+            }
+            (
+                Ty::Tensor {
+                    shape: s1,
+                    dtype: d1,
+                },
+                Ty::Tensor {
+                    shape: s2,
+                    dtype: d2,
+                },
+            ) => {
+                let dims_ok = s1.len() == s2.len()
+                    && s1.iter().zip(s2).all(|(x, y)| match (x, y) {
+                        (Dim::Known(p), Dim::Known(q)) => p == q,
+                        _ => true,
+                    });
+                if d1 == d2 && dims_ok {
+                    Ok(())
+                } else {
+                    Err(fail(self))
+                }
+            }
+            (Ty::Tuple(xs), Ty::Tuple(ys)) if xs.len() == ys.len() => {
+                for (x, y) in xs.iter().zip(ys) {
+                    self.unify(x, y).map_err(|_| fail(self))?;
+                }
+                Ok(())
+            }
+            (Ty::Func(p1, r1), Ty::Func(p2, r2)) if p1.len() == p2.len() => {
+                for (x, y) in p1.iter().zip(p2) {
+                    self.unify(x, y).map_err(|_| fail(self))?;
+                }
+                self.unify(r1, r2).map_err(|_| fail(self))
+            }
+            (Ty::Adt(n1, a1), Ty::Adt(n2, a2)) if n1 == n2 && a1.len() == a2.len() => {
+                for (x, y) in a1.iter().zip(a2) {
+                    self.unify(x, y).map_err(|_| fail(self))?;
+                }
+                Ok(())
+            }
+            (Ty::Param(p), Ty::Param(q)) if p == q => Ok(()),
+            _ => Err(fail(self)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tumble_ir::DType;
+
+    #[test]
+    fn any_dims_unify_with_known_and_known_must_agree() {
+        let mut s = Subst::default();
+        let a = Ty::tensor(vec![Dim::Any, Dim::Known(4)], DType::Float32);
+        let b = Ty::tensor_of(&[3, 4], DType::Float32);
+        assert!(s.unify(&a, &b).is_ok());
+        let c = Ty::tensor_of(&[3, 5], DType::Float32);
+        assert!(s.unify(&b, &c).is_err());
+        assert!(s.unify(&b, &Ty::tensor_of(&[3, 4], DType::Int32)).is_err());
+    }
+
+    #[test]
+    fn occurs_check_rejects_infinite_types() {
+        let mut s = Subst::default();
+        let v = s.fresh();
+        let list = Ty::Adt("List".into(), vec![v.clone()]);
+        let err = s.unify(&v, &list).err();
+        assert!(err.is_some_and(|m| m.occurs));
+    }
+
+    #[test]
+    fn variables_resolve_through_chains() {
+        let mut s = Subst::default();
+        let (a, b) = (s.fresh(), s.fresh());
+        s.unify(&a, &b).ok();
+        s.unify(&b, &Ty::scalar(DType::Bool)).ok();
+        assert_eq!(s.resolve(&a), Ty::scalar(DType::Bool));
+    }
+}

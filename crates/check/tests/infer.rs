@@ -1,0 +1,228 @@
+//! Programs the checker must accept, with the types it must infer.
+
+use tumble_check::{display_sig, load, LoadOptions, TypedModule};
+use tumble_ir::{visit, SourceMap, Ty};
+
+fn check(src: &str) -> TypedModule {
+    let mut sources = SourceMap::new();
+    match load(&mut sources, "t.rly", src, LoadOptions::default()) {
+        Ok(m) => m,
+        Err(ds) => panic!("{}", tumble_ir::diag::render(&ds, &sources, false)),
+    }
+}
+
+fn sig(m: &TypedModule, name: &str) -> String {
+    m.globals
+        .get(name)
+        .map(display_sig)
+        .unwrap_or_else(|| format!("no global @{name}"))
+}
+
+/// Every type slot of a checked module is filled and free of inference variables.
+fn assert_fully_typed(m: &TypedModule) {
+    let mut module = m.module.clone();
+    let mut bad = 0;
+    visit::walk_types_mut(&mut module, &mut |t: &mut Ty| {
+        if !t.is_resolved() {
+            bad += 1;
+        }
+    });
+    assert_eq!(bad, 0, "unresolved types remain");
+    visit::walk_exprs_mut(&mut module, &mut |e| {
+        assert!(e.ty.is_some(), "untyped {e:?}")
+    });
+}
+
+#[test]
+fn the_prelude_checks_on_its_own() {
+    let m = check("");
+    assert_eq!(sig(&m, "map"), "fn [A, B](fn (A) -> B, List[A]) -> List[B]");
+    assert_fully_typed(&m);
+}
+
+#[test]
+fn dense_and_bias_shapes_flow_through_lets() {
+    let m = check(
+        "def @cell(%x: Tensor[(1, 256), float32], %w: Tensor[(512, 256), float32], %b: Tensor[(512), float32]) {
+           let %h = nn.dense(%x, %w);
+           let %y = nn.bias_add(%h, %b);
+           tanh(%y)
+         }",
+    );
+    assert_eq!(
+        sig(&m, "cell"),
+        "fn (Tensor[(1, 256), float32], Tensor[(512, 256), float32], Tensor[(512), float32]) -> Tensor[(1, 512), float32]"
+    );
+    assert_fully_typed(&m);
+}
+
+#[test]
+fn unknown_dims_stay_unknown() {
+    let m = check(
+        "def @f(%x: Tensor[(?, 256), float32], %w: Tensor[(64, 256), float32]) { nn.dense(%x, %w) }",
+    );
+    assert_eq!(
+        sig(&m, "f"),
+        "fn (Tensor[(?, 256), float32], Tensor[(64, 256), float32]) -> Tensor[(?, 64), float32]"
+    );
+}
+
+#[test]
+fn unannotated_lambdas_passed_to_foldl_are_inferred() {
+    let m = check(
+        "def @total(%xs: List[Tensor[(1, 4), float32]]) {
+           @foldl(fn (%acc, %x) { add(%acc, %x) }, zeros(shape=[1, 4], dtype=\"float32\"), %xs)
+         }",
+    );
+    assert_eq!(
+        sig(&m, "total"),
+        "fn (List[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32]"
+    );
+    assert_fully_typed(&m);
+}
+
+#[test]
+fn lambdas_whose_types_arrive_later_are_solved_by_deferral() {
+    // The lambda is bound before anything says what its parameter is.
+    let m = check(
+        "def @f(%xs: List[Tensor[(3), float32]]) {
+           let %g = fn (%x) { sigmoid(%x) };
+           @map(%g, %xs)
+         }",
+    );
+    assert_eq!(
+        sig(&m, "f"),
+        "fn (List[Tensor[(3), float32]]) -> List[Tensor[(3), float32]]"
+    );
+    assert_fully_typed(&m);
+}
+
+#[test]
+fn unannotated_globals_are_inferred_from_their_bodies_and_uses() {
+    let m = check(
+        "def @double(%x) { add(%x, %x) }
+         def @main(%y: Tensor[(2, 2), float64]) { @double(%y) }",
+    );
+    assert_eq!(
+        sig(&m, "double"),
+        "fn (Tensor[(2, 2), float64]) -> Tensor[(2, 2), float64]"
+    );
+}
+
+#[test]
+fn recursion_over_lists_and_trees_with_match() {
+    let m = check(
+        "def @rnn(%xs: List[Tensor[(1, 8), float32]], %h: Tensor[(1, 8), float32], %w: Tensor[(8, 8), float32]) -> List[Tensor[(1, 8), float32]] {
+           match (%xs) {
+             Cons(%x, %rest) => {
+               let %h2 = tanh(add(nn.dense(%x, %w), nn.dense(%h, %w)));
+               Cons(%h2, @rnn(%rest, %h2, %w))
+             },
+             Nil => Nil,
+           }
+         }
+         def @leaves(%t: Tree[Tensor[(1), int32]]) -> Tensor[(), int32] {
+           match (%t) {
+             Rose(_, Nil) => 1,
+             Rose(_, %kids) => @foldl(fn (%n: Tensor[(), int32], %k: Tree[Tensor[(1), int32]]) { %n + @leaves(%k) }, 0, %kids),
+           }
+         }",
+    );
+    assert_fully_typed(&m);
+    assert_eq!(
+        sig(&m, "leaves"),
+        "fn (Tree[Tensor[(1), int32]]) -> Tensor[(), int32]"
+    );
+}
+
+#[test]
+fn let_bound_functions_may_recurse() {
+    let m = check(
+        "def @count(%xs: List[Tensor[(), int32]]) {
+           let %go = fn (%l: List[Tensor[(), int32]], %n: Tensor[(), int32]) -> Tensor[(), int32] {
+             match (%l) { Cons(_, %t) => %go(%t, %n + 1), Nil => %n }
+           };
+           %go(%xs, 0)
+         }",
+    );
+    assert_eq!(
+        sig(&m, "count"),
+        "fn (List[Tensor[(), int32]]) -> Tensor[(), int32]"
+    );
+}
+
+#[test]
+fn tuples_split_and_projection_chains() {
+    let m = check(
+        "def @gates(%x: Tensor[(1, 12), float32]) {
+           let %s = split(%x, indices_or_sections=3, axis=1);
+           let %pair = ((%s.0, %s.1), %s.2);
+           sigmoid(%pair.0.1)
+         }",
+    );
+    assert_eq!(
+        sig(&m, "gates"),
+        "fn (Tensor[(1, 12), float32]) -> Tensor[(1, 4), float32]"
+    );
+}
+
+#[test]
+fn generic_definitions_are_instantiated_per_use() {
+    let m = check(
+        "def @twice[A](%f: fn (A) -> A, %x: A) -> A { %f(%f(%x)) }
+         def @main(%v: Tensor[(3), float32], %n: Tensor[(), int32]) {
+           (@twice(fn (%y) { tanh(%y) }, %v), @twice(fn (%k) { %k + 1 }, %n))
+         }",
+    );
+    assert_eq!(
+        sig(&m, "main"),
+        "fn (Tensor[(3), float32], Tensor[(), int32]) -> (Tensor[(3), float32], Tensor[(), int32])"
+    );
+}
+
+#[test]
+fn tensor_dependent_if_and_infix_comparisons() {
+    let m = check(
+        "def @exit(%logits: Tensor[(1, 5), float32], %t: Tensor[(), float32]) {
+           let %p = max(nn.softmax(%logits));
+           if (%p > %t) { Some(argmax(%logits, axis=[1])) } else { None }
+         }",
+    );
+    assert_eq!(
+        sig(&m, "exit"),
+        "fn (Tensor[(1, 5), float32], Tensor[(), float32]) -> Option[Tensor[(1), int32]]"
+    );
+}
+
+#[test]
+fn nested_and_partial_patterns() {
+    let m = check(
+        "def @first2(%xs: List[(Tensor[(), int32], Tensor[(), float32])]) {
+           match? (%xs) {
+             Cons((%a, _), Cons((_, %b), _)) => (%a, %b),
+           }
+         }
+         def @opt(%o: Option[List[Tensor[(), bool]]]) -> Tensor[(), bool] {
+           match (%o) {
+             Some(Cons(%b, _)) => %b,
+             Some(Nil) => False,
+             None => True,
+           }
+         }",
+    );
+    assert_eq!(
+        sig(&m, "first2"),
+        "fn (List[(Tensor[(), int32], Tensor[(), float32])]) -> (Tensor[(), int32], Tensor[(), float32])"
+    );
+}
+
+#[test]
+fn intrinsics_type_check() {
+    let m = check(
+        "def @gen() {
+           let %u = db.phase_change();
+           random.db_uniform(low=0, high=3, out_shape=[], out_dtype=\"int32\")
+         }",
+    );
+    assert_eq!(sig(&m, "gen"), "fn () -> Tensor[(), int32]");
+}

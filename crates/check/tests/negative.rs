@@ -1,0 +1,305 @@
+//! Programs the checker must reject, each with the exact located message (`file:line:col: error: ...`).
+//! One case per line of the table; every case is checked against the prelude-extended module.
+
+use tumble_check::{load, LoadOptions};
+use tumble_ir::SourceMap;
+
+fn errors(src: &str) -> Vec<String> {
+    let mut sources = SourceMap::new();
+    match load(&mut sources, "t.rly", src, LoadOptions::default()) {
+        Ok(_) => Vec::new(),
+        Err(ds) => ds
+            .iter()
+            .filter(|d| d.is_error())
+            .map(|d| d.short(&sources))
+            .collect(),
+    }
+}
+
+/// (name, source, expected first error)
+const CASES: &[(&str, &str, &str)] = &[
+    (
+        "dense_columns",
+        "def @f(%x: Tensor[(1, 512), float32], %w: Tensor[(256, 256), float32]) {\n  nn.dense(%x, %w)\n}",
+        "t.rly:2:3: error: nn.dense: input has 512 columns but weight expects 256",
+    ),
+    (
+        "broadcast_conflict",
+        "def @f(%a: Tensor[(3, 4), float32], %b: Tensor[(5), float32]) {\n  add(%a, %b)\n}",
+        "?",
+    ),
+    (
+        "dtype_conflict",
+        "def @f(%a: Tensor[(3), float32], %b: Tensor[(3), int32]) {\n  %a * %b\n}",
+        "?",
+    ),
+    (
+        "unknown_op_suggests",
+        "def @f(%x: Tensor[(1, 4), float32]) {\n  nn.dens(%x, %x)\n}",
+        "t.rly:2:3: error: unknown operator `nn.dens`",
+    ),
+    (
+        "unknown_var",
+        "def @f(%input: Tensor[(1), float32]) {\n  sigmoid(%inptu)\n}",
+        "t.rly:2:11: error: unknown variable `%inptu`",
+    ),
+    (
+        "unknown_global",
+        "def @main() {\n  @mian()\n}",
+        "t.rly:2:3: error: unknown global `@mian`",
+    ),
+    (
+        "unknown_ctor",
+        "def @f() {\n  Cosn(1, Nil)\n}",
+        "t.rly:2:3: error: unknown constructor `Cosn`",
+    ),
+    (
+        "unknown_type",
+        "def @f(%x: Lisst[Tensor[(), int32]]) {\n  %x\n}",
+        "t.rly:1:12: error: unknown type `Lisst`",
+    ),
+    (
+        "adt_arity",
+        "def @f(%x: List[Tensor[(), int32], Tensor[(), int32]]) {\n  %x\n}",
+        "t.rly:1:12: error: type `List` takes 1 type argument, found 2",
+    ),
+    (
+        "ctor_field_count",
+        "def @f() {\n  Cons(1)\n}",
+        "t.rly:2:3: error: constructor `Cons` takes 2 fields, found 1",
+    ),
+    (
+        "ctor_field_type",
+        "def @f() -> List[Tensor[(), int32]] {\n  Cons(1f, Nil)\n}",
+        "?",
+    ),
+    (
+        "call_arity",
+        "def @g(%x: Tensor[(), int32]) { %x }\ndef @f() {\n  @g(1, 2)\n}",
+        "t.rly:3:3: error: `@g` takes 1 argument, found 2",
+    ),
+    (
+        "arg_type",
+        "def @g(%x: Tensor[(2), float32]) { %x }\ndef @f(%y: Tensor[(3), float32]) {\n  @g(%y)\n}",
+        "t.rly:3:6: error: the 1st argument of `@g` has the wrong type: expected Tensor[(2), float32], found Tensor[(3), float32]",
+    ),
+    (
+        "return_type",
+        "def @f(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 8), float32] {\n  let %y = tanh(%x);\n  %y\n}",
+        "t.rly:3:3: error: the body of `@f` does not have its declared return type: expected Tensor[(1, 8), float32], found Tensor[(1, 4), float32]",
+    ),
+    (
+        "if_cond_not_bool",
+        "def @f(%x: Tensor[(), float32]) {\n  if (%x) { 1 } else { 2 }\n}",
+        "t.rly:2:7: error: `if` condition must be a bool scalar Tensor[(), bool], found Tensor[(), float32]",
+    ),
+    (
+        "if_cond_not_scalar",
+        "def @f(%x: Tensor[(3), bool]) {\n  if (%x) { 1 } else { 2 }\n}",
+        "t.rly:2:7: error: `if` condition must be a bool scalar Tensor[(), bool], found Tensor[(3), bool]",
+    ),
+    (
+        "if_branches_differ",
+        "def @f(%c: Tensor[(), bool]) {\n  if (%c) { 1 } else { 2f }\n}",
+        "?",
+    ),
+    (
+        "match_arms_differ",
+        "def @f(%l: List[Tensor[(), int32]]) {\n  match (%l) {\n    Cons(%x, _) => %x,\n    Nil => 1f,\n  }\n}",
+        "?",
+    ),
+    (
+        "non_exhaustive",
+        "def @f(%l: List[Tensor[(), int32]]) {\n  match (%l) {\n    Cons(%x, Nil) => %x,\n    Nil => 0,\n  }\n}",
+        "t.rly:2:3: error: non-exhaustive match: `Cons(_, Cons(_, _))` is not covered",
+    ),
+    (
+        "pattern_field_count",
+        "def @f(%l: List[Tensor[(), int32]]) {\n  match? (%l) {\n    Cons(%x) => %x,\n  }\n}",
+        "?",
+    ),
+    (
+        "pattern_wrong_adt",
+        "def @f(%o: Option[Tensor[(), int32]]) {\n  match (%o) {\n    Cons(%x, _) => %x,\n    _ => 0,\n  }\n}",
+        "?",
+    ),
+    (
+        "tuple_index_range",
+        "def @f(%t: (Tensor[(), int32], Tensor[(), int32])) {\n  %t.2\n}",
+        "?",
+    ),
+    (
+        "project_non_tuple",
+        "def @f(%x: Tensor[(2), int32]) {\n  %x.0\n}",
+        "?",
+    ),
+    (
+        "call_non_function",
+        "def @f(%x: Tensor[(2), int32]) {\n  %x(1)\n}",
+        "?",
+    ),
+    (
+        "attrs_on_global_call",
+        "def @g(%x: Tensor[(), int32]) { %x }\ndef @f() {\n  @g(1, axis=0)\n}",
+        "?",
+    ),
+    (
+        "unknown_attr",
+        "def @f(%x: Tensor[(2, 3), float32]) {\n  nn.softmax(%x, axes=1)\n}",
+        "?",
+    ),
+    (
+        "attr_wrong_kind",
+        "def @f(%x: Tensor[(2, 3), float32]) {\n  nn.softmax(%x, axis=\"last\")\n}",
+        "?",
+    ),
+    (
+        "op_arity",
+        "def @f(%x: Tensor[(2, 3), float32]) {\n  sigmoid(%x, %x)\n}",
+        "t.rly:2:3: error: `sigmoid` takes 1 argument, found 2",
+    ),
+    (
+        "duplicate_global",
+        "def @f() { 1 }\ndef @f() { 2 }",
+        "t.rly:2:6: error: global `@f` is defined twice",
+    ),
+    (
+        "duplicate_prelude_global",
+        "def @map() { 1 }",
+        "t.rly:1:6: error: global `@map` is defined twice",
+    ),
+    (
+        "duplicate_param",
+        "def @f(%x: Tensor[(), int32], %x: Tensor[(), int32]) {\n  %x\n}",
+        "t.rly:1:32: error: `x` is declared twice",
+    ),
+    (
+        "duplicate_ctor",
+        "type A { X, Y }\ntype B { X }\ndef @f() { 1 }",
+        "?",
+    ),
+    (
+        "duplicate_type",
+        "type List[A] { MyNil }\ndef @f() { 1 }",
+        "?",
+    ),
+    (
+        "cannot_infer",
+        "def @f(%x) {\n  sigmoid(%x)\n}",
+        "t.rly:2:3: error: cannot infer the types of the arguments of `sigmoid` here",
+    ),
+    (
+        "infinite_type",
+        "def @f(%x) {\n  Cons(%x, %x)\n}",
+        "?",
+    ),
+    (
+        "let_annotation",
+        "def @f() {\n  let %x: Tensor[(), float32] = 1;\n  %x\n}",
+        "?",
+    ),
+    (
+        "op_as_value",
+        "def @f(%xs: List[Tensor[(2), float32]]) {\n  @map(sigmoid, %xs)\n}",
+        "?",
+    ),
+    (
+        "rigid_param_to_op",
+        "def @f[A](%x: A) -> A {\n  sigmoid(%x)\n}",
+        "?",
+    ),
+    (
+        "reshape_count",
+        "def @f(%x: Tensor[(2, 3), float32]) {\n  reshape(%x, newshape=[4, 2])\n}",
+        "?",
+    ),
+    (
+        "missing_required_attr",
+        "def @f(%x: Tensor[(2, 3), float32]) {\n  reshape(%x)\n}",
+        "?",
+    ),
+    (
+        "split_not_divisible",
+        "def @f(%x: Tensor[(1, 10), float32]) {\n  split(%x, indices_or_sections=3, axis=1)\n}",
+        "?",
+    ),
+    (
+        "take_float_indices",
+        "def @f(%e: Tensor[(10, 4), float32], %i: Tensor[(1), float32]) {\n  take(%e, %i, axis=0)\n}",
+        "?",
+    ),
+    (
+        "concat_needs_tuple_match",
+        "def @f(%a: Tensor[(1, 4), float32], %b: Tensor[(2, 4, 1), float32]) {\n  concatenate((%a, %b), axis=1)\n}",
+        "?",
+    ),
+    (
+        "batch_matmul_inner",
+        "def @f(%a: Tensor[(2, 3, 4), float32], %b: Tensor[(2, 5, 6), float32]) {\n  nn.batch_matmul(%a, %b)\n}",
+        "?",
+    ),
+    (
+        "bias_add_len",
+        "def @f(%a: Tensor[(1, 4), float32], %b: Tensor[(5), float32]) {\n  nn.bias_add(%a, %b)\n}",
+        "?",
+    ),
+    (
+        "unknown_dtype_attr",
+        "def @f(%a: Tensor[(1, 4), float32]) {\n  cast(%a, dtype=\"float16\")\n}",
+        "?",
+    ),
+    (
+        "type_param_with_args",
+        "def @f[A](%x: A[Tensor[(), int32]]) {\n  %x\n}",
+        "?",
+    ),
+    (
+        "tuple_pattern_on_tensor",
+        "def @f(%x: Tensor[(), int32]) {\n  match (%x) {\n    (%a, %b) => %a,\n  }\n}",
+        "?",
+    ),
+    (
+        "duplicate_pattern_var",
+        "def @f(%l: List[Tensor[(), int32]]) {\n  match? (%l) {\n    Cons(%x, Cons(%x, _)) => %x,\n  }\n}",
+        "?",
+    ),
+    (
+        "hole_in_type_def",
+        "type Box { B(_) }\ndef @f() { 1 }",
+        "?",
+    ),
+];
+
+#[test]
+fn every_bad_program_gets_its_located_message() {
+    let mut failures = Vec::new();
+    for (name, src, want) in CASES {
+        let got = errors(src);
+        if got.first().map(String::as_str) != Some(*want) {
+            failures.push(format!("{name}:\n  want {want}\n  got  {got:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn independent_errors_are_all_reported_in_one_run() {
+    let got = errors(
+        "def @a(%x: Tensor[(2), float32]) { sigmoid(%y) }\n\
+         def @b() { Nope }\n\
+         def @c(%x: Tensor[(2), int32]) { tanh(%x) }\n",
+    );
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(got[0].starts_with("t.rly:1:"), "{got:?}");
+    assert!(got[1].starts_with("t.rly:2:"), "{got:?}");
+    assert!(got[2].starts_with("t.rly:3:"), "{got:?}");
+}
+
+#[test]
+fn an_error_does_not_cascade_into_cannot_infer_noise() {
+    let got = errors("def @f() {\n  let %x = @nope();\n  sigmoid(%x)\n}");
+    assert_eq!(
+        got,
+        vec!["t.rly:2:12: error: unknown global `@nope`".to_string()]
+    );
+}

@@ -1,0 +1,86 @@
+//! Tensor creation and dtype conversion (`zeros`, `ones`, `full`, `zeros_like`, `ones_like`,
+//! `cast`) and the ACROBAT intrinsics `db.phase_change` and `random.db_uniform`.
+
+use super::{fmt_ints, relations, Call};
+use crate::RelError;
+use tumble_ir::{Attrs, DType, Ty};
+
+relations! {
+    zeros => from_attrs("zeros");
+    ones => from_attrs("ones");
+    zeros_like => like("zeros_like");
+    ones_like => like("ones_like");
+}
+
+/// A shape attribute: non-negative sizes.
+fn shape_attr(c: &Call, name: &str) -> Result<Vec<i64>, RelError> {
+    let shape = c.req_ints(name)?;
+    if let Some(d) = shape.iter().find(|&&d| d < 0) {
+        return Err(c.err(format!(
+            "{name} {} contains the negative size {d}",
+            fmt_ints(&shape)
+        )));
+    }
+    Ok(shape)
+}
+
+/// `zeros(shape, dtype="float32")`, `ones(...)`: no arguments, all attributes.
+fn from_attrs(op: &'static str, args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new(op, args, attrs, 0)?;
+    let shape = shape_attr(&c, "shape")?;
+    let dtype = c.opt_dtype("dtype")?.unwrap_or(DType::Float32);
+    Ok(Ty::tensor_of(&shape, dtype))
+}
+
+/// `zeros_like(data)`, `ones_like(data)`: the input's type.
+fn like(op: &'static str, args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new(op, args, attrs, 1)?;
+    Ok(c.tensor(0, "input")?.ty.clone())
+}
+
+/// `full(fill_value, shape, dtype=None)`: `fill_value` is a scalar tensor; dtype defaults to its.
+pub fn full(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("full", args, attrs, 1)?;
+    let v = c.tensor(0, "fill_value")?;
+    if v.rank() != 0 {
+        return Err(c.err_at(0, format!("fill_value must be a scalar tensor, found {v}")));
+    }
+    let shape = shape_attr(&c, "shape")?;
+    let dtype = c.opt_dtype("dtype")?.unwrap_or(v.dtype);
+    Ok(Ty::tensor_of(&shape, dtype))
+}
+
+/// `cast(data, dtype)`: same shape, new dtype.
+pub fn cast(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("cast", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let dtype = c
+        .opt_dtype("dtype")?
+        .ok_or_else(|| c.err("missing required attribute `dtype`"))?;
+    Ok(Ty::tensor(x.shape.to_vec(), dtype))
+}
+
+/// `db.phase_change()`: ACROBAT's phase boundary; returns unit.
+pub fn phase_change(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    Call::new("db.phase_change", args, attrs, 0)?;
+    Ok(Ty::unit())
+}
+
+/// `random.db_uniform(low, high, out_shape, out_dtype="int32")`: a seeded uniform draw in
+/// `[low, high)` of the given shape.
+pub fn db_uniform(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("random.db_uniform", args, attrs, 0)?;
+    let low = c.req_float("low")?;
+    let high = c.req_float("high")?;
+    if !(low.is_finite() && high.is_finite() && low <= high) {
+        return Err(c.err(format!(
+            "low ({low:?}) must be a finite number not above high ({high:?})"
+        )));
+    }
+    let shape = shape_attr(&c, "out_shape")?;
+    let dtype = c.opt_dtype("out_dtype")?.unwrap_or(DType::Int32);
+    if dtype == DType::Bool {
+        return Err(c.err("out_dtype must be numeric, found bool"));
+    }
+    Ok(Ty::tensor_of(&shape, dtype))
+}

@@ -1,0 +1,630 @@
+//! Operators that move data without arithmetic: `concatenate`, `split`, `reshape`, `transpose`,
+//! `expand_dims`, `squeeze`, `take`, `strided_slice`.
+
+use super::{dims_match, fmt_dims, fmt_ints, known_product, meet, Call, Tensor};
+use crate::RelError;
+use tumble_ir::{AttrValue, Attrs, Dim, Ty};
+
+/// `concatenate(data, axis=0)`: `data` is a tuple of tensors joined along `axis`.
+pub fn concatenate(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("concatenate", args, attrs, 1)?;
+    let fields = match c.arg(0)? {
+        Ty::Tuple(fs) => fs,
+        other => {
+            return Err(c.err_at(
+                0,
+                format!("input must be a tuple of tensors, found {other}"),
+            ))
+        }
+    };
+    let mut parts: Vec<Tensor> = Vec::with_capacity(fields.len());
+    for (k, f) in fields.iter().enumerate() {
+        let t = c
+            .as_tensor(f, &format!("field {k} of the input tuple"))
+            .map_err(|m| c.err_at(0, m))?;
+        parts.push(t);
+    }
+    let Some(&first) = parts.first() else {
+        return Err(c.err_at(0, "input must be a non-empty tuple of tensors, found ()"));
+    };
+    let rank = first.rank();
+    let axis = c.axis(c.int_or("axis", 0)?, rank)?;
+    let mut shape = first.shape.to_vec();
+    let mut total = Some(0i64);
+    for (k, t) in parts.iter().enumerate() {
+        if t.rank() != rank {
+            return Err(c.err_at(
+                0,
+                format!(
+                    "all fields must have the same rank: field 0 is {first} (rank {rank}) but field {k} is {t} (rank {})",
+                    t.rank()
+                ),
+            ));
+        }
+        if t.dtype != first.dtype {
+            return Err(c.err_at(
+                0,
+                format!(
+                    "dtype mismatch: field 0 is {} but field {k} is {}",
+                    first.dtype, t.dtype
+                ),
+            ));
+        }
+        for (i, (slot, &d)) in shape.iter_mut().zip(t.shape).enumerate() {
+            if i == axis {
+                continue;
+            }
+            if !dims_match(*slot, d) {
+                return Err(c.err_at(
+                    0,
+                    format!(
+                        "field {k} is {t} but earlier fields have {} along axis {i} (only axis {axis} may differ)",
+                        *slot
+                    ),
+                ));
+            }
+            *slot = meet(*slot, d);
+        }
+        let d = t.shape.get(axis).copied().unwrap_or(Dim::Any);
+        total =
+            match (total, d) {
+                (Some(s), Dim::Known(n)) => Some(s.checked_add(n).ok_or_else(|| {
+                    c.err(format!("the result's size along axis {axis} overflows"))
+                })?),
+                _ => None,
+            };
+    }
+    if let Some(slot) = shape.get_mut(axis) {
+        *slot = total.map_or(Dim::Any, Dim::Known);
+    }
+    Ok(Ty::tensor(shape, first.dtype))
+}
+
+/// `split(data, indices_or_sections, axis=0)`: an integer N cuts `axis` into N equal sections; a
+/// list of strictly ascending indices cuts before each index. The result is a tuple.
+pub fn split(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("split", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let axis = c.axis(c.int_or("axis", 0)?, x.rank())?;
+    let d = x.shape.get(axis).copied().unwrap_or(Dim::Any);
+    let piece = |len: Dim| {
+        let mut s = x.shape.to_vec();
+        if let Some(slot) = s.get_mut(axis) {
+            *slot = len;
+        }
+        Ty::tensor(s, x.dtype)
+    };
+    let mut out = Vec::new();
+    match c.raw("indices_or_sections") {
+        None => {
+            return Err(c.err("missing required attribute `indices_or_sections`"));
+        }
+        Some(AttrValue::Int(n)) => {
+            let n = *n;
+            if n <= 0 {
+                return Err(c.err(format!(
+                    "indices_or_sections must be a positive number of sections, found {n}"
+                )));
+            }
+            if n > 1 << 20 {
+                return Err(c.err(format!("{n} sections is too many")));
+            }
+            let len = match d {
+                Dim::Known(len) => {
+                    if len % n != 0 {
+                        return Err(c.err(format!(
+                            "cannot split dimension {len} (axis {axis}) into {n} equal sections"
+                        )));
+                    }
+                    Dim::Known(len / n)
+                }
+                Dim::Any => Dim::Any,
+            };
+            out.extend((0..n).map(|_| piece(len)));
+        }
+        Some(AttrValue::List(_)) => {
+            let idx = c.req_ints("indices_or_sections")?;
+            let mut begin = 0i64;
+            for &i in &idx {
+                if i <= begin {
+                    return Err(c.err(format!(
+                        "indices_or_sections must be strictly ascending positive indices, found {}",
+                        fmt_ints(&idx)
+                    )));
+                }
+                if let Dim::Known(len) = d {
+                    if i >= len {
+                        return Err(c.err(format!(
+                            "split index {i} is out of range for dimension {len} (axis {axis})"
+                        )));
+                    }
+                }
+                out.push(piece(Dim::Known(i - begin)));
+                begin = i;
+            }
+            out.push(piece(match d {
+                Dim::Known(len) => Dim::Known(len - begin),
+                Dim::Any => Dim::Any,
+            }));
+        }
+        Some(v) => {
+            return Err(c.err(format!(
+            "attribute `indices_or_sections` must be an integer or a list of integers, found {}",
+            v.kind_name()
+        )))
+        }
+    }
+    Ok(Ty::Tuple(out))
+}
+
+/// `reshape(data, newshape, allowzero=False)` with Relay's special values: `0` copies the input dim
+/// at that position, `-1` infers one dim, `-2` copies all remaining input dims, `-3` merges the next
+/// two input dims, `-4` splits the next input dim into the two values that follow (one may be -1).
+pub fn reshape(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("reshape", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let newshape = c.req_ints("newshape")?;
+    let allowzero = c.bool_or("allowzero", false)?;
+    let ns = fmt_ints(&newshape);
+    let src_dim = |src: usize, what: &str| {
+        x.shape.get(src).copied().ok_or_else(|| {
+            c.err(format!(
+                "{what} in newshape {ns} refers to input dimension {src}, but the input {x} has rank {}",
+                x.rank()
+            ))
+        })
+    };
+    let mut out: Vec<Dim> = Vec::with_capacity(newshape.len());
+    let mut infer: Option<usize> = None;
+    let mut src = 0usize;
+    let mut copied_any = 0usize;
+    let mut it = newshape.iter().copied();
+    while let Some(v) = it.next() {
+        match v {
+            v if v > 0 || (v == 0 && allowzero) => {
+                out.push(Dim::Known(v));
+                src += 1;
+            }
+            0 => {
+                let d = src_dim(src, "0")?;
+                copied_any += usize::from(d == Dim::Any);
+                out.push(d);
+                src += 1;
+            }
+            -1 => {
+                if infer.is_some() {
+                    return Err(c.err(format!(
+                        "newshape {ns} has more than one -1 (only one dimension can be inferred)"
+                    )));
+                }
+                infer = Some(out.len());
+                out.push(Dim::Known(1));
+                src += 1;
+            }
+            -2 => {
+                let rest = x.shape.get(src..).unwrap_or_default();
+                copied_any += rest.iter().filter(|d| **d == Dim::Any).count();
+                out.extend(rest);
+                src = src.max(x.rank());
+            }
+            -3 => {
+                let a = src_dim(src, "-3")?;
+                let b = src_dim(src + 1, "-3")?;
+                out.push(match (a, b) {
+                    (Dim::Known(p), Dim::Known(q)) => Dim::Known(
+                        p.checked_mul(q)
+                            .ok_or_else(|| c.err("the merged dimension overflows"))?,
+                    ),
+                    _ => Dim::Any,
+                });
+                src += 2;
+            }
+            -4 => {
+                let d = src_dim(src, "-4")?;
+                src += 1;
+                let (Some(p), Some(q)) = (it.next(), it.next()) else {
+                    return Err(c.err(format!(
+                        "-4 in newshape {ns} must be followed by two values"
+                    )));
+                };
+                let (p, q) = match (p, q, d) {
+                    (-1, -1, _) => {
+                        return Err(c.err(format!(
+                            "-4 in newshape {ns} is followed by two -1s (only one can be inferred)"
+                        )))
+                    }
+                    (a, b, _) if a < -1 || b < -1 || a == 0 || b == 0 => {
+                        return Err(c.err(format!(
+                            "-4 in newshape {ns} must be followed by positive values or one -1, found {a} and {b}"
+                        )))
+                    }
+                    (-1, b, Dim::Known(n)) => (div_exact(&c, n, b, &ns)?, Dim::Known(b)),
+                    (a, -1, Dim::Known(n)) => (Dim::Known(a), div_exact(&c, n, a, &ns)?),
+                    (-1, b, Dim::Any) => (Dim::Any, Dim::Known(b)),
+                    (a, -1, Dim::Any) => (Dim::Known(a), Dim::Any),
+                    (a, b, d) => {
+                        if let Dim::Known(n) = d {
+                            if a.checked_mul(b) != Some(n) {
+                                return Err(c.err(format!(
+                                    "-4 in newshape {ns} splits dimension {n} into {a} × {b}"
+                                )));
+                            }
+                        }
+                        (Dim::Known(a), Dim::Known(b))
+                    }
+                };
+                out.push(p);
+                out.push(q);
+            }
+            v => {
+                return Err(c.err(format!(
+                    "newshape {ns} contains {v}; allowed are positive sizes, 0, -1, -2, -3 and -4"
+                )))
+            }
+        }
+    }
+    // The `?` dims of the input that were copied verbatim (by 0 or -2) cancel against the same `?`
+    // in the output; when that accounts for every `?` on both sides, the known parts must agree
+    // exactly, and -1 can still be inferred.
+    let any_in = x.shape.iter().filter(|d| **d == Dim::Any).count();
+    let any_out = out.iter().filter(|d| **d == Dim::Any).count();
+    let cancel = copied_any == any_in && any_out == copied_any;
+    let what = |n: i64| {
+        if any_in == 0 {
+            format!("{n} elements")
+        } else {
+            format!("{n} elements besides its ? dims")
+        }
+    };
+    if let Some(k) = infer {
+        let inferred = match (cancel, partial_product(x.shape), partial_product(&out)) {
+            (true, Some(total), Some(rest)) => {
+                if rest == 0 {
+                    return Err(c.err(format!(
+                        "cannot infer the -1 in newshape {ns} for {x}: the other dimensions have 0 elements"
+                    )));
+                }
+                if total % rest != 0 {
+                    return Err(c.err(format!(
+                        "cannot reshape {x} ({}) to newshape {ns}: {total} is not a multiple of {rest}",
+                        what(total)
+                    )));
+                }
+                Dim::Known(total / rest)
+            }
+            _ => Dim::Any,
+        };
+        if let Some(slot) = out.get_mut(k) {
+            *slot = inferred;
+        }
+    }
+    let (in_part, out_part) = (partial_product(x.shape), partial_product(&out));
+    // With cancelled `?` dims the known parts need not agree: a `?` may be 0 at run time, and then
+    // both sides are empty. (Inferring -1 above is still exact: with a zero `?` the call fails.)
+    if cancel && any_in == 0 {
+        if let (Some(a), Some(b)) = (in_part, out_part) {
+            if a != b {
+                return Err(c.err(format!(
+                    "cannot reshape {x} ({}) to {} ({})",
+                    what(a),
+                    fmt_dims(&out),
+                    what(b)
+                )));
+            }
+        }
+    } else if !cancel {
+        // With unmatched `?` dims, a fully known side must still be a multiple of the other's
+        // known part.
+        let check = match (known_product(x.shape), known_product(&out)) {
+            (Some(total), None) => out_part.map(|p| (total, p)),
+            (None, Some(total)) => in_part.map(|p| (total, p)),
+            _ => None,
+        };
+        if let Some((total, p)) = check {
+            if p != 0 && total % p != 0 {
+                return Err(c.err(format!(
+                    "cannot reshape {x} to {}: element counts cannot agree ({total} is not a multiple of {p})",
+                    fmt_dims(&out)
+                )));
+            }
+        }
+    }
+    Ok(Ty::tensor(out, x.dtype))
+}
+
+/// Product of the known dims (ignoring `?`), if it doesn't overflow.
+fn partial_product(dims: &[Dim]) -> Option<i64> {
+    dims.iter()
+        .filter_map(|d| d.known())
+        .try_fold(1i64, |acc, n| acc.checked_mul(n))
+}
+
+fn div_exact(c: &Call, n: i64, by: i64, ns: &str) -> Result<Dim, RelError> {
+    if by > 0 && n % by == 0 {
+        Ok(Dim::Known(n / by))
+    } else {
+        Err(c.err(format!(
+            "-4 in newshape {ns} cannot split dimension {n} by {by}"
+        )))
+    }
+}
+
+/// `transpose(data, axes=None)`: permutes the axes; None reverses them.
+pub fn transpose(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("transpose", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let rank = x.rank();
+    let perm: Vec<usize> = match c.opt_ints("axes")? {
+        None => (0..rank).rev().collect(),
+        Some(axes) if axes.is_empty() => (0..rank).rev().collect(),
+        Some(axes) => {
+            let not_perm = || {
+                c.err(format!(
+                    "axes {} is not a permutation of the {rank} axes of {x}",
+                    fmt_ints(&axes)
+                ))
+            };
+            if axes.len() != rank {
+                return Err(not_perm());
+            }
+            let mut seen = vec![false; rank];
+            let mut perm = Vec::with_capacity(rank);
+            for &a in &axes {
+                let n = super::normalize_axis(a, rank).ok_or_else(not_perm)?;
+                match seen.get_mut(n) {
+                    Some(s) if !*s => *s = true,
+                    _ => return Err(not_perm()),
+                }
+                perm.push(n);
+            }
+            perm
+        }
+    };
+    let shape = perm
+        .iter()
+        .map(|&i| x.shape.get(i).copied().unwrap_or(Dim::Any))
+        .collect::<Vec<_>>();
+    Ok(Ty::tensor(shape, x.dtype))
+}
+
+/// `expand_dims(data, axis, num_newaxis=1)`: inserts size-1 axes at `axis` (in `[-rank-1, rank]`).
+pub fn expand_dims(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("expand_dims", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let axis = c
+        .opt_int("axis")?
+        .ok_or_else(|| c.err("missing required attribute `axis`"))?;
+    let num = c.int_or("num_newaxis", 1)?;
+    if !(0..=1 << 16).contains(&num) {
+        return Err(c.err(format!(
+            "num_newaxis must be a non-negative count, found {num}"
+        )));
+    }
+    let at = super::normalize_axis(axis, x.rank() + 1).ok_or_else(|| {
+        c.err(format!(
+            "axis {axis} is out of range for inserting into a tensor of rank {} (allowed: {}..={})",
+            x.rank(),
+            -(x.rank() as i64) - 1,
+            x.rank()
+        ))
+    })?;
+    let mut shape = x.shape.to_vec();
+    shape.splice(at..at, std::iter::repeat_n(Dim::Known(1), num as usize));
+    Ok(Ty::tensor(shape, x.dtype))
+}
+
+/// `squeeze(data, axis=None)`: removes size-1 axes; None removes every known size-1 axis, a list
+/// removes exactly those (each must be 1 when known).
+pub fn squeeze(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("squeeze", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let shape: Vec<Dim> = match c.opt_ints("axis")? {
+        None => x
+            .shape
+            .iter()
+            .copied()
+            .filter(|&d| d != Dim::Known(1))
+            .collect(),
+        Some(list) => {
+            let axes = c.axes(&list, x.rank())?;
+            for &a in &axes {
+                if let Some(Dim::Known(n)) = x.shape.get(a) {
+                    if *n != 1 {
+                        return Err(c.err(format!(
+                            "cannot squeeze axis {a} of {x}: its size is {n}, not 1"
+                        )));
+                    }
+                }
+            }
+            x.shape
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !axes.contains(i))
+                .map(|(_, &d)| d)
+                .collect()
+        }
+    };
+    Ok(Ty::tensor(shape, x.dtype))
+}
+
+/// `take(data, indices, axis=None, batch_dims=0, mode="clip")`: gathers along `axis` (None: from the
+/// flattened data). Result shape: data.shape[:axis] + indices.shape[batch_dims:] + data.shape[axis+1:].
+pub fn take(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("take", args, attrs, 2)?;
+    let x = c.tensor(0, "input")?;
+    let idx = c.tensor(1, "indices")?;
+    c.want_index(1, "indices", idx)?;
+    match c.opt_str("mode")? {
+        None | Some("clip") | Some("wrap") | Some("fast") => {}
+        Some(m) => {
+            return Err(c.err(format!(
+                "mode must be \"clip\", \"wrap\" or \"fast\", found \"{m}\""
+            )))
+        }
+    }
+    let batch_dims = c.int_or("batch_dims", 0)?;
+    let Some(axis) = c.opt_int("axis")? else {
+        if batch_dims != 0 {
+            return Err(c.err(format!(
+                "batch_dims={batch_dims} needs an axis (without one, data is flattened)"
+            )));
+        }
+        return Ok(Ty::tensor(idx.shape.to_vec(), x.dtype));
+    };
+    let axis = c.axis(axis, x.rank())?;
+    let bd = if batch_dims < 0 {
+        super::normalize_axis(batch_dims, idx.rank())
+    } else {
+        usize::try_from(batch_dims)
+            .ok()
+            .filter(|&b| b <= idx.rank())
+    }
+    .ok_or_else(|| {
+        c.err(format!(
+            "batch_dims {batch_dims} is out of range for indices of rank {}",
+            idx.rank()
+        ))
+    })?;
+    if bd > axis {
+        return Err(c.err(format!("batch_dims ({bd}) must not exceed axis ({axis})")));
+    }
+    for i in 0..bd {
+        let (Some(&a), Some(&b)) = (x.shape.get(i), idx.shape.get(i)) else {
+            break;
+        };
+        if !dims_match(a, b) {
+            return Err(c.err(format!(
+                "batch dimension {i} differs: input has {a} but indices have {b}"
+            )));
+        }
+    }
+    let mut shape = Vec::new();
+    shape.extend(x.shape.iter().take(axis));
+    shape.extend(idx.shape.iter().skip(bd));
+    shape.extend(x.shape.iter().skip(axis + 1));
+    Ok(Ty::tensor(shape, x.dtype))
+}
+
+/// `strided_slice(data, begin, end, strides=None, axes=None, slice_mode="end")`: Python slice
+/// semantics per axis (negative indices count from the end, out-of-range bounds clamp, negative
+/// strides walk backwards). With `slice_mode="size"`, `end` holds sizes (-1: to the end) and strides
+/// are ignored. Without `axes`, entries apply to the leading axes and the rest are kept whole.
+pub fn strided_slice(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("strided_slice", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let rank = x.rank();
+    let begin = c.req_ints("begin")?;
+    let end = c.req_ints("end")?;
+    let strides = c.opt_ints("strides")?.unwrap_or_default();
+    let size_mode = match c.opt_str("slice_mode")? {
+        None | Some("end") => false,
+        Some("size") => true,
+        Some(m) => {
+            return Err(c.err(format!(
+                "slice_mode must be \"end\" or \"size\", found \"{m}\""
+            )))
+        }
+    };
+    let axes: Vec<usize> = match c.opt_ints("axes")? {
+        Some(list) => {
+            let axes = c.axes(&list, rank)?;
+            if begin.len() != axes.len() || end.len() != axes.len() {
+                return Err(c.err(format!(
+                    "begin {} and end {} must each have one entry per axis in axes {}",
+                    fmt_ints(&begin),
+                    fmt_ints(&end),
+                    fmt_ints(&list)
+                )));
+            }
+            axes
+        }
+        None => {
+            let n = begin.len().max(end.len());
+            if n > rank {
+                return Err(c.err(format!(
+                    "begin {} / end {} have more entries than the {rank} axes of {x}",
+                    fmt_ints(&begin),
+                    fmt_ints(&end)
+                )));
+            }
+            (0..n).collect()
+        }
+    };
+    if strides.len() > 1 && strides.len() > axes.len() {
+        return Err(c.err(format!(
+            "strides {} has more entries than the {} sliced axes",
+            fmt_ints(&strides),
+            axes.len()
+        )));
+    }
+    let mut shape = x.shape.to_vec();
+    for (k, &axis) in axes.iter().enumerate() {
+        let stride = if size_mode {
+            1
+        } else if strides.len() == 1 {
+            strides.first().copied().unwrap_or(1)
+        } else {
+            strides.get(k).copied().unwrap_or(1)
+        };
+        if stride == 0 {
+            return Err(c.err(format!("stride along axis {axis} is 0")));
+        }
+        let Some(slot) = shape.get_mut(axis) else {
+            continue;
+        };
+        let Dim::Known(d) = *slot else {
+            continue;
+        };
+        let b = begin.get(k).copied();
+        let e = end.get(k).copied();
+        *slot = Dim::Known(slice_len(d, b, e, stride, size_mode));
+    }
+    Ok(Ty::tensor(shape, x.dtype))
+}
+
+/// Length of `range(d)[begin:end:stride]` (Python semantics; `None` bounds are open), or with
+/// `size_mode`, of `[begin, begin + size)` clamped (size -1 or absent: to the end).
+pub(crate) fn slice_len(
+    d: i64,
+    begin: Option<i64>,
+    end: Option<i64>,
+    stride: i64,
+    size_mode: bool,
+) -> i64 {
+    let d = i128::from(d);
+    let s = i128::from(stride);
+    let norm = |v: i64| {
+        let v = i128::from(v);
+        if v < 0 {
+            v + d
+        } else {
+            v
+        }
+    };
+    let len = if size_mode {
+        let b = begin.map_or(0, norm).clamp(0, d);
+        let e = match end {
+            Some(size) if size >= 0 => (b + i128::from(size)).min(d),
+            _ => d,
+        };
+        (e - b).max(0)
+    } else if s > 0 {
+        let b = begin.map_or(0, norm).clamp(0, d);
+        let e = end.map_or(d, norm).clamp(0, d);
+        if e > b {
+            (e - b + s - 1) / s
+        } else {
+            0
+        }
+    } else {
+        let b = begin.map_or(d - 1, norm).clamp(-1, d - 1);
+        let e = end.map_or(-1, norm).clamp(-1, d - 1);
+        let step = -s;
+        if b > e {
+            (b - e + step - 1) / step
+        } else {
+            0
+        }
+    };
+    i64::try_from(len).unwrap_or(0)
+}

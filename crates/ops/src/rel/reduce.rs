@@ -1,0 +1,106 @@
+//! Operators that reduce along axes: normalizations (`nn.softmax`, `nn.log_softmax`,
+//! `nn.layer_norm`), reductions (`sum`, `mean`, `max`, `min`) and `argmax`/`argmin`.
+
+use super::{dims_match, relations, Call, Tensor};
+use crate::RelError;
+use tumble_ir::{Attrs, DType, Dim, Ty};
+
+relations! {
+    softmax => softmax_like("nn.softmax");
+    log_softmax => softmax_like("nn.log_softmax");
+    sum => reduction("sum", None);
+    mean => reduction("mean", None);
+    max => reduction("max", None);
+    min => reduction("min", None);
+    argmax => reduction("argmax", Some(DType::Int32));
+    argmin => reduction("argmin", Some(DType::Int32));
+}
+
+/// `nn.softmax(data, axis=-1)` and `nn.log_softmax`: same type as the input.
+fn softmax_like(op: &'static str, args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new(op, args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    c.want_float(0, "input", x)?;
+    c.axis(c.int_or("axis", -1)?, x.rank())?;
+    Ok(x.ty.clone())
+}
+
+/// `nn.layer_norm(data, gamma, beta, axis=-1, epsilon=1e-5, center=True, scale=True)`.
+pub fn layer_norm(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("nn.layer_norm", args, attrs, 3)?;
+    let x = c.tensor(0, "input")?;
+    c.want_float(0, "input", x)?;
+    let axis = c.axis(c.int_or("axis", -1)?, x.rank())?;
+    if let Some(eps) = c.opt_float("epsilon")? {
+        if eps.is_nan() || eps < 0.0 {
+            return Err(c.err(format!("epsilon must be non-negative, found {eps:?}")));
+        }
+    }
+    c.bool_or("center", true)?;
+    c.bool_or("scale", true)?;
+    let want = x.shape.get(axis).copied().unwrap_or(Dim::Any);
+    for (i, role) in [(1, "gamma"), (2, "beta")] {
+        let p = c.tensor(i, role)?;
+        c.same_dtype(x, p)?;
+        let [len] = *p.shape else {
+            return Err(c.err_at(
+                i,
+                format!("{role} must be 1-D, found rank {} in {p}", p.rank()),
+            ));
+        };
+        if !dims_match(len, want) {
+            return Err(c.err(format!(
+                "{role} has length {len} but input has {want} along axis {axis}"
+            )));
+        }
+    }
+    Ok(x.ty.clone())
+}
+
+/// The axes a reduction reduces: `axis` (int, list or None = all), complemented when `exclude`.
+/// An empty list means all axes, as in Relay.
+pub(crate) fn reduce_axes(c: &Call, x: Tensor) -> Result<Vec<bool>, RelError> {
+    let rank = x.rank();
+    let exclude = c.bool_or("exclude", false)?;
+    match c.opt_ints("axis")? {
+        None => Ok(vec![true; rank]),
+        Some(list) if list.is_empty() => Ok(vec![true; rank]),
+        Some(list) => {
+            let axes = c.axes(&list, rank)?;
+            let mut reduced = vec![exclude; rank];
+            for a in axes {
+                if let Some(slot) = reduced.get_mut(a) {
+                    *slot = !exclude;
+                }
+            }
+            Ok(reduced)
+        }
+    }
+}
+
+/// `sum`/`mean`/`max`/`min(data, axis=None, keepdims=False, exclude=False)` keep the dtype;
+/// `argmax`/`argmin` (also `select_last_index=False`) give int32.
+fn reduction(
+    op: &'static str,
+    args: &[Ty],
+    attrs: &Attrs,
+    out: Option<DType>,
+) -> Result<Ty, RelError> {
+    let c = Call::new(op, args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    c.want_numeric(0, "input", x)?;
+    let keepdims = c.bool_or("keepdims", false)?;
+    if out.is_some() {
+        c.bool_or("select_last_index", false)?;
+    }
+    let reduced = reduce_axes(&c, x)?;
+    let mut shape = Vec::with_capacity(x.rank());
+    for (&d, &r) in x.shape.iter().zip(&reduced) {
+        if !r {
+            shape.push(d);
+        } else if keepdims {
+            shape.push(Dim::Known(1));
+        }
+    }
+    Ok(Ty::tensor(shape, out.unwrap_or(x.dtype)))
+}
