@@ -200,7 +200,7 @@ impl Lexer<'_> {
         while self.pos < self.bytes.len() && !starts_token(self.peek(0)) {
             self.pos += 1;
         }
-        let shown: String = c.unwrap_or('\u{fffd}').escape_debug().collect();
+        let shown = show(&c.unwrap_or('\u{fffd}').to_string());
         self.error(
             lo,
             lo + len,
@@ -386,8 +386,7 @@ impl Lexer<'_> {
                     match self.escape() {
                         Some(e) => s.push(e),
                         None => {
-                            let shown = self.slice(esc_lo, self.pos.max(esc_lo + 1)).to_string();
-                            let shown: String = shown.escape_debug().collect();
+                            let shown = show(self.slice(esc_lo, self.pos.max(esc_lo + 1)));
                             self.error(
                                 esc_lo,
                                 self.pos.max(esc_lo + 1),
@@ -475,11 +474,24 @@ fn parse_u64(digits: &str) -> Option<u64> {
     })
 }
 
+/// Source text for a message: as written, except that control characters are escaped.
+fn show(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 fn describe_char(text: &str, pos: usize) -> String {
     match text.get(pos..).and_then(|s| s.chars().next()) {
         None => "end of file".into(),
         Some(c) if c.is_whitespace() => "whitespace".into(),
-        Some(c) => format!("`{}`", c.escape_debug()),
+        Some(c) => format!("`{}`", show(&c.to_string())),
     }
 }
 

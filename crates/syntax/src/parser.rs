@@ -1,11 +1,14 @@
 //! Tokens → syntax tree, by recursive descent with an explicit nesting budget.
 //!
-//! Two limits keep every later pass (checker, printer, visitors) safe on a small stack:
-//! - the parser's own recursion (parentheses, blocks, arguments, types, patterns) is counted per kind
-//!   and stops at [`MAX_NESTING`] with a located error, so `((((…` cannot overflow the stack;
-//! - each expression is returned with its *height* in the tree, because some chains are parsed in a
-//!   loop yet still build deep trees (`f(a)(b)(c)…`, `%x.0.0.0…`, `1 + 1 + 1 …`, `- - - x`). Those
-//!   stop at the same limit.
+//! Two limits keep the parser and every later pass (checker, printer, visitors) from overflowing:
+//! - each expression is returned with its *height* in the tree, and a tree deeper than
+//!   [`MAX_NESTING`] is a located error. Heights catch chains that are parsed in a loop yet still
+//!   build deep trees (`f(a)(b)(c)…`, `%x.0.0.0…`, `1 + 1 + 1 …`, `- - - x`);
+//! - the parser's own recursion is counted per kind (expression, type, pattern, attribute list), so
+//!   `((((…` stops with the same error instead of overflowing the stack. Types, patterns and
+//!   attribute lists stop at [`MAX_NESTING`]. Expressions get twice that, because grouping brackets
+//!   nest the text but not the tree, and the printer adds up to one pair per level (`{ let … }` as a
+//!   value, `(fn …)(x)` as a callee): every tree within the height limit must read back.
 //!
 //! Sequential bindings (`let %x = e;` and TVM's graph form `%0 = e;`) are read in a loop into one
 //! [`ExprKind::Let`] and add one level, however many there are.
@@ -58,7 +61,9 @@ impl Nest {
     }
 }
 
-const RESERVED: [&str; 5] = ["let", "else", "def", "type", "None"];
+/// Words that cannot be names. `None` is not among them: it is an attribute value, but also the
+/// usual constructor of `Option`.
+const RESERVED: [&str; 4] = ["let", "else", "def", "type"];
 
 pub(crate) fn parse_module(text: &str, src: SourceId) -> Result<Module, Vec<Diagnostic>> {
     let mut p = Parser::new(text, src);
@@ -289,11 +294,11 @@ impl<'a> Parser<'a> {
     fn enter(&mut self, nest: Nest) -> PResult<()> {
         let slot = nest as usize;
         let depth = self.depth.get(slot).copied().unwrap_or(0) + 1;
-        if std::env::var("STACKDBG").is_ok() && depth < 5 {
-            let x = 0u8;
-            eprintln!("{} {}", depth, &x as *const u8 as usize);
-        }
-        if depth > MAX_NESTING {
+        let limit = match nest {
+            Nest::Expr => 2 * MAX_NESTING + 2,
+            Nest::Type | Nest::Pattern | Nest::Attr => MAX_NESTING,
+        };
+        if depth > limit {
             let message = format!("{} nested deeper than {MAX_NESTING} levels", nest.noun());
             return self.error_at(self.cur_span(), message);
         }
@@ -388,7 +393,7 @@ impl<'a> Parser<'a> {
         self.expect(&Tok::Eq, "`=`")?;
         let v = match self.peek() {
             Tok::Str(s) => s.clone(),
-            _ => return self.fail_expected("a version string such as \"0.0.5\""),
+            _ => return self.fail_expected("a version string such as `\"0.0.5\"`"),
         };
         self.bump();
         self.expect(&Tok::RBracket, "`]` to close the header")?;
@@ -900,9 +905,7 @@ impl<'a> Parser<'a> {
 
     fn if_expr(&mut self) -> PResult<Node> {
         let start = self.bump();
-        let open = self.expect(&Tok::LParen, "`(` after `if`")?;
-        let (cond, ch) = self.expr()?;
-        self.expect_close(&Tok::RParen, "`)` to close the condition", open)?;
+        let (cond, ch) = self.head("`(` after `if`")?;
         let (then, th) = self.branch()?;
         if !self.at_kw("else") {
             return self.fail_expected("`else` after the `if` branch");
@@ -928,6 +931,15 @@ impl<'a> Parser<'a> {
         ))
     }
 
+    /// The parenthesized head of `if` and `match`. It is read like any parenthesized expression,
+    /// so `match (%a, %b) { ... }` matches on a tuple.
+    fn head(&mut self, what: &str) -> PResult<Node> {
+        if !self.at(&Tok::LParen) {
+            return self.fail_expected(what);
+        }
+        self.paren()
+    }
+
     fn branch(&mut self) -> PResult<Node> {
         let open = self.expect(&Tok::LBrace, "`{` to start this branch")?;
         let n = self.expr()?;
@@ -938,9 +950,7 @@ impl<'a> Parser<'a> {
     fn match_expr(&mut self) -> PResult<Node> {
         let start = self.bump();
         let complete = self.eat(&Tok::Question).is_none();
-        let open = self.expect(&Tok::LParen, "`(` after `match`")?;
-        let (scrutinee, mut h) = self.expr()?;
-        self.expect_close(&Tok::RParen, "`)` to close the match scrutinee", open)?;
+        let (scrutinee, mut h) = self.head("`(` after `match`")?;
         let lb = self.expect(&Tok::LBrace, "`{` to start the match arms")?;
         let mut arms = Vec::new();
         while !self.at(&Tok::RBrace) {
@@ -994,7 +1004,7 @@ impl<'a> Parser<'a> {
                 PatternKind::Wildcard
             }
             Tok::Local(_) => PatternKind::Var(self.param()?),
-            Tok::Ident(n) if is_upper(n) && n != "True" && n != "False" && n != "None" => {
+            Tok::Ident(n) if is_upper(n) && n != "True" && n != "False" => {
                 let name = Ident::new(n.clone(), start);
                 self.bump();
                 let mut args = Vec::new();

@@ -322,9 +322,16 @@ impl Printer {
                 complete,
             } => {
                 self.out
-                    .push_str(if *complete { "match (" } else { "match? (" });
-                self.expr(scrutinee, level);
-                self.out.push_str(") {\n");
+                    .push_str(if *complete { "match " } else { "match? " });
+                // A tuple brings its own parentheses: `match (%a, %b)`.
+                if matches!(scrutinee.kind, ExprKind::Tuple(_)) {
+                    self.expr(scrutinee, level);
+                } else {
+                    self.out.push('(');
+                    self.expr(scrutinee, level);
+                    self.out.push(')');
+                }
+                self.out.push_str(" {\n");
                 for arm in arms {
                     self.arm(arm, level + 1);
                 }

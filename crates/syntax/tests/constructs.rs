@@ -416,6 +416,17 @@ fn match_and_incomplete_match() {
 }
 
 #[test]
+fn match_on_a_tuple_needs_no_extra_parentheses() {
+    let k = kind("match (%a, %b) { (Nil, _) => 1, _ => 2 }");
+    let ExprKind::Match { scrutinee, .. } = k else {
+        panic!("{k:?}")
+    };
+    assert_eq!(*scrutinee, e(ExprKind::Tuple(vec![local("a"), local("b")])));
+    let printed = common::round_trip_text("def @main(%a, %b) { match (%a, %b) { _ => 1 } }");
+    assert!(printed.contains("match (%a, %b) {"), "{printed}");
+}
+
+#[test]
 fn match_arms_ending_in_a_block_need_no_comma() {
     let k = kind("match (%l) { Nil => { 0 } Cons(%a, %b) => { 1 } }");
     let ExprKind::Match { arms, .. } = k else {
