@@ -53,7 +53,7 @@ impl Tables {
                 );
                 continue;
             }
-            check_distinct_params(&td.params, diags);
+            check_distinct_params(&td.params, "", diags);
             t.adts.insert(
                 td.name.name.clone(),
                 AdtInfo {
@@ -190,11 +190,16 @@ impl Tables {
     }
 }
 
-pub fn check_distinct_params(params: &[tumble_ir::Ident], diags: &mut Vec<Diagnostic>) {
+/// Reports names declared twice in one list; `sigil` is how the name is written (`%` for variables).
+pub fn check_distinct_params(
+    params: &[tumble_ir::Ident],
+    sigil: &str,
+    diags: &mut Vec<Diagnostic>,
+) {
     for (i, p) in params.iter().enumerate() {
         if let Some(prev) = params[..i].iter().find(|q| q.name == p.name) {
             diags.push(
-                Diagnostic::error(p.span, format!("`{}` is declared twice", p.name))
+                Diagnostic::error(p.span, format!("`{sigil}{}` is declared twice", p.name))
                     .with_secondary(prev.span, "first declared here"),
             );
         }

@@ -107,10 +107,15 @@ impl<'t> Checker<'t> {
     }
 
     fn show(&self, t: &Ty) -> String {
-        self.subst.resolve(t).to_string()
+        for_message(&self.subst.resolve(t)).to_string()
     }
 
     fn mismatch(&mut self, span: Span, what: String, m: Mismatch) {
+        let m = Mismatch {
+            expected: for_message(&m.expected),
+            found: for_message(&m.found),
+            ..m
+        };
         let d = if m.occurs {
             Diagnostic::error(span, format!("{what}: the type would be infinite"))
                 .with_note(format!("{} occurs inside {}", m.expected, m.found))
@@ -137,7 +142,7 @@ impl<'t> Checker<'t> {
     /// every use: un-annotated globals are inferred monomorphically).
     pub fn declare_global(&mut self, def: &GlobalDef) -> GlobalSig {
         self.type_params = def.type_params.iter().map(|p| p.name.clone()).collect();
-        check_distinct_params(&def.type_params, &mut self.diags);
+        check_distinct_params(&def.type_params, "", &mut self.diags);
         let params = def
             .func
             .params
@@ -168,7 +173,7 @@ impl<'t> Checker<'t> {
             return;
         };
         let names: Vec<Ident> = def.func.params.iter().map(|p| p.name.clone()).collect();
-        check_distinct_params(&names, &mut self.diags);
+        check_distinct_params(&names, "%", &mut self.diags);
         let mark = self.scope.len();
         for (p, t) in def.func.params.iter_mut().zip(params) {
             p.ty = Some(t.clone());
@@ -282,7 +287,8 @@ impl<'t> Checker<'t> {
                             tail_span(f),
                             format!(
                                 "`if` branches have different types: the then-branch has {}, the else-branch {}",
-                                m.expected, m.found
+                                for_message(&m.expected),
+                                for_message(&m.found)
                             ),
                         )
                         .with_secondary(tail_span(t), "then-branch value"),
@@ -390,7 +396,7 @@ impl<'t> Checker<'t> {
             _ => None,
         });
         let names: Vec<Ident> = func.params.iter().map(|p| p.name.clone()).collect();
-        check_distinct_params(&names, &mut self.diags);
+        check_distinct_params(&names, "%", &mut self.diags);
         let mut param_tys = Vec::with_capacity(func.params.len());
         for (i, p) in func.params.iter_mut().enumerate() {
             let t = match (&p.ann, &hints) {
@@ -471,10 +477,10 @@ impl<'t> Checker<'t> {
                     self.err(Diagnostic::error(
                         span,
                         format!(
-                            "tuple index {index} is out of range: the tuple has {} field{} ({})",
+                            "tuple index {index} is out of range: the tuple has {} field{}: {}",
                             ts.len(),
                             plural(ts.len()),
-                            Ty::Tuple(ts.clone())
+                            for_message(&Ty::Tuple(ts.clone()))
                         ),
                     ));
                     self.subst.fresh()
@@ -505,7 +511,7 @@ impl<'t> Checker<'t> {
         }
     }
 
-    fn infer_call(&mut self, call: &mut Call, span: Span, _expected: Option<&Ty>) -> Ty {
+    fn infer_call(&mut self, call: &mut Call, span: Span, expected: Option<&Ty>) -> Ty {
         match &call.callee.kind {
             ExprKind::Op(name) => {
                 let name = name.clone();
@@ -522,6 +528,11 @@ impl<'t> Checker<'t> {
                     return self.subst.fresh();
                 };
                 call.callee.ty = Some(Ty::Func(fields.clone(), Box::new(adt.clone())));
+                // Knowing the result type first lets a wrong field be blamed, not the whole value.
+                // A failure here is reported by the caller, which unifies the result again.
+                if let Some(t) = expected {
+                    let _ = self.subst.unify(t, &adt);
+                }
                 if fields.len() != call.args.len() {
                     self.err(Diagnostic::error(
                         span,
@@ -818,7 +829,8 @@ impl<'t> Checker<'t> {
                         p.span,
                         format!(
                             "pattern `{cname}` matches values of type {}, but the value being matched has type {}",
-                            m.expected, m.found
+                            for_message(&m.expected),
+                            for_message(&m.found)
                         ),
                     ));
                 }
@@ -869,7 +881,21 @@ impl<'t> Checker<'t> {
     fn check_pattern_vars_distinct(&mut self, p: &Pattern) {
         let mut seen: Vec<Ident> = Vec::new();
         collect_pattern_vars(p, &mut seen);
-        check_distinct_params(&seen, &mut self.diags);
+        check_distinct_params(&seen, "%", &mut self.diags);
+    }
+}
+
+/// Writes still-unknown parts of a type as `_` in messages (users never see `?t12`).
+fn for_message(t: &Ty) -> Ty {
+    match t {
+        Ty::Var(_) => Ty::Param("_".into()),
+        Ty::Tuple(ts) => Ty::Tuple(ts.iter().map(for_message).collect()),
+        Ty::Adt(n, ts) => Ty::Adt(n.clone(), ts.iter().map(for_message).collect()),
+        Ty::Func(ps, r) => Ty::Func(
+            ps.iter().map(for_message).collect(),
+            Box::new(for_message(r)),
+        ),
+        Ty::Tensor { .. } | Ty::Param(_) => t.clone(),
     }
 }
 

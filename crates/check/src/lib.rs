@@ -56,8 +56,47 @@ impl Default for LoadOptions {
     }
 }
 
+/// Stack for checking: inference recurses once per nesting level of the program (bounded by
+/// `tumble_syntax::MAX_NESTING`), and debug builds use kilobytes per level. Pages are only touched as
+/// needed, so a large reservation costs nothing for ordinary programs.
+const CHECK_STACK: usize = 256 << 20;
+
+/// Runs `f` on a thread with [`CHECK_STACK`] bytes of stack (inline if no thread can be made).
+fn with_big_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    let slot = std::sync::Mutex::new(Some(f));
+    let take = || slot.lock().ok().and_then(|mut g| g.take());
+    let on_thread = std::thread::scope(|s| {
+        let spawned = std::thread::Builder::new()
+            .name("tumble-check".into())
+            .stack_size(CHECK_STACK)
+            .spawn_scoped(s, || take().map(|f| f()));
+        match spawned.map(|h| h.join()) {
+            Ok(Ok(v)) => v,
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(_) => None,
+        }
+    });
+    match on_thread {
+        Some(v) => v,
+        // No thread could be started, so `f` was never taken: run it here.
+        None => match take() {
+            Some(f) => f(),
+            None => std::process::abort(),
+        },
+    }
+}
+
 /// Parses `text` (registered in `sources` as `name`), adds the prelude, and type-checks.
 pub fn load(
+    sources: &mut SourceMap,
+    name: &str,
+    text: &str,
+    opts: LoadOptions,
+) -> Result<TypedModule, Vec<Diagnostic>> {
+    with_big_stack(|| load_inline(sources, name, text, opts))
+}
+
+fn load_inline(
     sources: &mut SourceMap,
     name: &str,
     text: &str,
