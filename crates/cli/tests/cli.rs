@@ -1,0 +1,143 @@
+//! End-to-end tests of the `tumble` binary: exit statuses, what goes to stdout and stderr.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn tumble(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args(args)
+        .arg("--color=never")
+        .output();
+    match out {
+        Ok(o) => o,
+        Err(e) => panic!("cannot run tumble: {e}"),
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+fn temp_file(name: &str, contents: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tumble-cli-test-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join(name);
+    if let Err(e) = std::fs::write(&path, contents) {
+        panic!("cannot write {}: {e}", path.display());
+    }
+    path
+}
+
+fn zoo_files() -> Vec<String> {
+    let mut files: Vec<String> = std::fs::read_dir(root().join("models"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rly"))
+        .map(|p| p.display().to_string())
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn check_accepts_every_zoo_model_and_prints_main_types() {
+    let files = zoo_files();
+    assert!(files.len() >= 14);
+    let mut args = vec!["check"];
+    args.extend(files.iter().map(String::as_str));
+    let out = tumble(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.matches("@main: fn (").count(), files.len(), "{stdout}");
+}
+
+#[test]
+fn check_quiet_prints_nothing_on_success() {
+    let f = temp_file("ok.rly", "def @main(%x: Tensor[(2), float32]) { sigmoid(%x) }\n");
+    let out = tumble(&["check", "--quiet", &f.display().to_string()]);
+    assert!(out.status.success());
+    assert!(out.stdout.is_empty() && out.stderr.is_empty());
+}
+
+#[test]
+fn check_reports_located_errors_with_source_excerpt_and_exits_1() {
+    let f = temp_file(
+        "bad.rly",
+        "def @main(%x: Tensor[(1, 512), float32], %w: Tensor[(256, 256), float32]) {\n  nn.dense(%x, %w)\n}\n",
+    );
+    let out = tumble(&["check", &f.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("error: nn.dense: input has 512 columns but weight expects 256"), "{err}");
+    assert!(err.contains("bad.rly:2:3"), "{err}");
+    assert!(err.contains("nn.dense(%x, %w)"), "{err}");
+    assert!(err.contains("^^^^"), "{err}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn a_missing_file_is_an_error_not_a_crash() {
+    let out = tumble(&["check", "/definitely/not/here.rly"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("cannot read /definitely/not/here.rly"));
+}
+
+#[test]
+fn non_utf8_input_is_an_error() {
+    let dir = std::env::temp_dir().join(format!("tumble-cli-test-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join("bin.rly");
+    let _ = std::fs::write(&path, [0x64, 0x65, 0x66, 0xff, 0xfe]);
+    let out = tumble(&["check", &path.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("not UTF-8"));
+}
+
+#[test]
+fn deep_nesting_is_a_located_error_not_a_stack_overflow() {
+    let src = format!("def @f() {{ {}1{} }}", "(".repeat(100_000), ")".repeat(100_000));
+    let f = temp_file("deep.rly", &src);
+    let out = tumble(&["check", &f.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("nested deeper than"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn fmt_output_is_a_fixed_point_and_checks_the_same() {
+    for file in zoo_files() {
+        let once = tumble(&["fmt", &file]);
+        assert!(once.status.success(), "{file}: {}", text(&once.stderr));
+        let formatted = temp_file("fmt.rly", &text(&once.stdout));
+        let f = formatted.display().to_string();
+        let twice = tumble(&["fmt", &f]);
+        assert_eq!(text(&once.stdout), text(&twice.stdout), "{file} is not a fixed point");
+        let check = tumble(&["fmt", "--check", &f]);
+        assert!(check.status.success(), "{file}");
+        let a = tumble(&["check", &file]);
+        let b = tumble(&["check", &f]);
+        assert_eq!(text(&a.stdout), text(&b.stdout).replace(&f, &file), "{file}");
+    }
+}
+
+#[test]
+fn ops_lists_the_operator_table() {
+    let out = tumble(&["ops"]);
+    assert!(out.status.success());
+    let s = text(&out.stdout);
+    for op in ["nn.dense", "nn.batch_matmul", "concatenate", "random.db_uniform", "db.phase_change"] {
+        assert!(s.contains(op), "{op} missing from `tumble ops`");
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_with_help() {
+    let out = tumble(&["check"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("Usage"));
+}
