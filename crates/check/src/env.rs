@@ -254,8 +254,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
     for i in 0..=a.len() {
         d[i * w] = i;
     }
-    for j in 0..=b.len() {
-        d[j] = j;
+    for (j, cell) in d.iter_mut().take(w).enumerate() {
+        *cell = j;
     }
     for i in 1..=a.len() {
         for j in 1..=b.len() {

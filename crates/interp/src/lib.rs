@@ -1,0 +1,28 @@
+//! The reference interpreter: evaluates a typed module directly, one instance at a time, calling the
+//! reference kernels of `tumble-ops` eagerly. It is the oracle every optimization is tested against,
+//! so it favors obviousness over speed — but it never recurses natively per program call (see
+//! [`machine`]), so deep lists and trees are fine.
+
+pub mod machine;
+pub mod program;
+pub mod value;
+
+pub use machine::RunError;
+pub use program::{LowerError, Program};
+pub use value::{AdtValue, Closure, TupleValue, Value};
+
+use tumble_tensor::Rng;
+
+/// Runs global `entry` of `program` on `args`. `rng` drives `random.db_uniform`.
+pub fn run(
+    program: &Program,
+    entry: &str,
+    args: Vec<Value>,
+    rng: &mut Rng,
+) -> Result<Value, RunError> {
+    let index = *program.global_index.get(entry).ok_or_else(|| RunError {
+        message: format!("the module has no global `@{entry}`"),
+        span: None,
+    })?;
+    machine::Machine::new(program, rng).call_global(index, args)
+}

@@ -1,0 +1,497 @@
+//! The evaluator: an explicit-continuation machine. Program calls push a `Return` continuation on a
+//! heap-allocated stack instead of recursing in Rust, so a 100,000-deep recursion in the user's program
+//! costs memory, not native stack; calls in tail position reuse the caller's continuation.
+
+use crate::program::{CaptureFrom, Code, Lambda, Pat, Program};
+use crate::value::{Closure, Value};
+use std::rc::Rc;
+use tumble_ir::Span;
+use tumble_ops::{OpCtx, OpValue};
+use tumble_tensor::{Rng, Tensor};
+
+/// A run-time failure, located at the program point that failed where known.
+#[derive(Debug, Clone)]
+pub struct RunError {
+    pub message: String,
+    pub span: Option<Span>,
+}
+
+impl RunError {
+    fn at(span: Span, message: impl Into<String>) -> Self {
+        RunError {
+            message: message.into(),
+            span: Some(span),
+        }
+    }
+
+    fn new(message: impl Into<String>) -> Self {
+        RunError {
+            message: message.into(),
+            span: None,
+        }
+    }
+}
+
+/// Pending calls beyond this are reported as runaway recursion instead of exhausting memory.
+pub const MAX_PENDING: usize = 50_000_000;
+
+struct Frame {
+    slots: Vec<Option<Value>>,
+    /// The closure being run, for `SelfRef`.
+    this: Option<Value>,
+}
+
+enum Kont<'p> {
+    /// Evaluating the operands of a call; `vals` holds those done so far.
+    Operands {
+        call: &'p Code,
+        operands: &'p [Code],
+        vals: Vec<Value>,
+    },
+    Tuple {
+        elems: &'p [Code],
+        vals: Vec<Value>,
+    },
+    Proj(u32, Span),
+    Let {
+        binds: &'p [(u32, Code)],
+        idx: usize,
+        body: &'p Code,
+    },
+    If(&'p Code, &'p Code),
+    Match {
+        arms: &'p [(Pat, Code)],
+        span: Span,
+    },
+    Return(Frame),
+}
+
+enum Step<'p> {
+    Eval(&'p Code),
+    Apply(Value),
+}
+
+pub struct Machine<'p> {
+    program: &'p Program,
+    frame: Frame,
+    stack: Vec<Kont<'p>>,
+    rng: &'p mut Rng,
+}
+
+fn operands_of(code: &Code) -> &[Code] {
+    match code {
+        Code::CallOp { args, .. } | Code::CallCtor { args, .. } | Code::CallGlobal { args, .. } => {
+            args
+        }
+        Code::Call { operands, .. } => operands,
+        _ => &[],
+    }
+}
+
+impl<'p> Machine<'p> {
+    pub fn new(program: &'p Program, rng: &'p mut Rng) -> Self {
+        Machine {
+            program,
+            frame: Frame {
+                slots: Vec::new(),
+                this: None,
+            },
+            stack: Vec::new(),
+            rng,
+        }
+    }
+
+    /// Calls global `index` with `args` and runs to completion.
+    pub fn call_global(&mut self, index: u32, args: Vec<Value>) -> Result<Value, RunError> {
+        let lambda = self.global(index)?;
+        let step = self.enter(lambda, args, None, Vec::new())?;
+        self.run(step)
+    }
+
+    fn run(&mut self, mut step: Step<'p>) -> Result<Value, RunError> {
+        loop {
+            step = match step {
+                Step::Eval(code) => self.eval(code)?,
+                Step::Apply(v) => match self.stack.pop() {
+                    None => return Ok(v),
+                    Some(k) => self.resume(k, v)?,
+                },
+            };
+        }
+    }
+
+    fn push(&mut self, k: Kont<'p>) -> Result<(), RunError> {
+        if self.stack.len() >= MAX_PENDING {
+            return Err(RunError::new(format!(
+                "recursion too deep: more than {MAX_PENDING} pending evaluations (runaway recursion?)"
+            )));
+        }
+        self.stack.push(k);
+        Ok(())
+    }
+
+    fn slot(&self, s: u32) -> Result<Value, RunError> {
+        self.frame
+            .slots
+            .get(s as usize)
+            .and_then(Clone::clone)
+            .ok_or_else(|| RunError::new(format!("internal: slot {s} read before it was set")))
+    }
+
+    fn eval(&mut self, code: &'p Code) -> Result<Step<'p>, RunError> {
+        Ok(match code {
+            Code::Slot(s) => Step::Apply(self.slot(*s)?),
+            Code::SelfRef => Step::Apply(
+                self.frame
+                    .this
+                    .clone()
+                    .ok_or_else(|| RunError::new("internal: self reference outside a closure"))?,
+            ),
+            Code::Global(g) => Step::Apply(Value::Closure(Rc::new(Closure::Global(*g)))),
+            Code::Ctor(c) => {
+                let arity = self.program.ctors.get(*c as usize).map_or(0, |e| e.arity);
+                if arity == 0 {
+                    Step::Apply(Value::adt(*c, Vec::new()))
+                } else {
+                    Step::Apply(Value::Closure(Rc::new(Closure::Ctor(*c))))
+                }
+            }
+            Code::Lit(t) => Step::Apply(Value::Tensor(t.clone())),
+            Code::Tuple(elems) => match elems.first() {
+                None => Step::Apply(Value::unit()),
+                Some(first) => {
+                    self.push(Kont::Tuple {
+                        elems,
+                        vals: Vec::with_capacity(elems.len()),
+                    })?;
+                    Step::Eval(first)
+                }
+            },
+            Code::Proj(inner, i, span) => {
+                self.push(Kont::Proj(*i, *span))?;
+                Step::Eval(inner)
+            }
+            Code::CallOp { .. }
+            | Code::CallCtor { .. }
+            | Code::CallGlobal { .. }
+            | Code::Call { .. } => {
+                let operands = operands_of(code);
+                match operands.first() {
+                    None => self.call(code, Vec::new())?,
+                    Some(first) => {
+                        self.push(Kont::Operands {
+                            call: code,
+                            operands,
+                            vals: Vec::with_capacity(operands.len()),
+                        })?;
+                        Step::Eval(first)
+                    }
+                }
+            }
+            Code::Let { binds, body } => match binds.first() {
+                None => Step::Eval(body),
+                Some((_, first)) => {
+                    self.push(Kont::Let {
+                        binds,
+                        idx: 0,
+                        body,
+                    })?;
+                    Step::Eval(first)
+                }
+            },
+            Code::MakeClosure(index) => {
+                let lambda = self.lambda(*index)?;
+                let mut captured = Vec::with_capacity(lambda.captures.len());
+                for (from, _) in &lambda.captures {
+                    captured.push(match from {
+                        CaptureFrom::Slot(s) => self.slot(*s)?,
+                        CaptureFrom::SelfRef => self.frame.this.clone().ok_or_else(|| {
+                            RunError::new("internal: self capture outside a closure")
+                        })?,
+                    });
+                }
+                Step::Apply(Value::Closure(Rc::new(Closure::Lambda {
+                    lambda: *index,
+                    captured,
+                })))
+            }
+            Code::If(c, t, f) => {
+                self.push(Kont::If(t, f))?;
+                Step::Eval(c)
+            }
+            Code::Match {
+                scrutinee,
+                arms,
+                span,
+            } => {
+                self.push(Kont::Match { arms, span: *span })?;
+                Step::Eval(scrutinee)
+            }
+        })
+    }
+
+    fn resume(&mut self, k: Kont<'p>, v: Value) -> Result<Step<'p>, RunError> {
+        Ok(match k {
+            Kont::Operands {
+                call,
+                operands,
+                mut vals,
+            } => {
+                vals.push(v);
+                match operands.get(vals.len()) {
+                    Some(next) => {
+                        self.push(Kont::Operands {
+                            call,
+                            operands,
+                            vals,
+                        })?;
+                        Step::Eval(next)
+                    }
+                    None => self.call(call, vals)?,
+                }
+            }
+            Kont::Tuple { elems, mut vals } => {
+                vals.push(v);
+                match elems.get(vals.len()) {
+                    Some(next) => {
+                        self.push(Kont::Tuple { elems, vals })?;
+                        Step::Eval(next)
+                    }
+                    None => Step::Apply(Value::tuple(vals)),
+                }
+            }
+            Kont::Proj(i, span) => match &v {
+                Value::Tuple(t) => Step::Apply(
+                    t.0.get(i as usize)
+                        .cloned()
+                        .ok_or_else(|| RunError::at(span, format!("tuple has no field {i}")))?,
+                ),
+                other => {
+                    return Err(RunError::at(
+                        span,
+                        format!("cannot project field {i} of {}", other.kind()),
+                    ))
+                }
+            },
+            Kont::Let { binds, idx, body } => {
+                if let Some((slot, _)) = binds.get(idx) {
+                    self.set_slot(*slot, v);
+                }
+                match binds.get(idx + 1) {
+                    Some((_, next)) => {
+                        self.push(Kont::Let {
+                            binds,
+                            idx: idx + 1,
+                            body,
+                        })?;
+                        Step::Eval(next)
+                    }
+                    None => Step::Eval(body),
+                }
+            }
+            Kont::If(t, f) => {
+                let c = v
+                    .as_tensor()
+                    .and_then(|t| t.scalar_as_bool().ok())
+                    .ok_or_else(|| RunError::new("`if` condition is not a bool scalar"))?;
+                Step::Eval(if c { t } else { f })
+            }
+            Kont::Match { arms, span } => {
+                for (pat, body) in arms {
+                    let mut binds = Vec::new();
+                    if matches(pat, &v, &mut binds) {
+                        for (slot, val) in binds {
+                            self.set_slot(slot, val);
+                        }
+                        return Ok(Step::Eval(body));
+                    }
+                }
+                return Err(RunError::at(
+                    span,
+                    format!(
+                        "no arm of this `match?` covers the value ({})",
+                        describe(self.program, &v)
+                    ),
+                ));
+            }
+            Kont::Return(frame) => {
+                self.frame = frame;
+                Step::Apply(v)
+            }
+        })
+    }
+
+    fn set_slot(&mut self, slot: u32, v: Value) {
+        if let Some(s) = self.frame.slots.get_mut(slot as usize) {
+            *s = Some(v);
+        }
+    }
+
+    /// Performs a call whose operands are evaluated.
+    fn call(&mut self, code: &'p Code, mut vals: Vec<Value>) -> Result<Step<'p>, RunError> {
+        match code {
+            Code::CallOp {
+                op, attrs, span, ..
+            } => {
+                let args = vals
+                    .into_iter()
+                    .map(to_op_value)
+                    .collect::<Result<Vec<_>, String>>()
+                    .map_err(|m| RunError::at(*span, format!("{}: {m}", op.name)))?;
+                let mut ctx = OpCtx { rng: self.rng };
+                let out = tumble_ops::eval(op, &args, attrs, &mut ctx)
+                    .map_err(|e| RunError::at(*span, e.message))?;
+                Ok(Step::Apply(from_op_value(out)))
+            }
+            Code::CallCtor { ctor, .. } => Ok(Step::Apply(Value::adt(*ctor, vals))),
+            Code::CallGlobal { global, .. } => {
+                let lambda = self.global(*global)?;
+                self.enter(lambda, vals, None, Vec::new())
+            }
+            Code::Call { span, .. } => {
+                if vals.is_empty() {
+                    return Err(RunError::at(*span, "internal: call without a callee"));
+                }
+                let callee = vals.remove(0);
+                self.apply(callee, vals, *span)
+            }
+            _ => Err(RunError::new("internal: not a call")),
+        }
+    }
+
+    fn lambda(&self, index: u32) -> Result<&'p Lambda, RunError> {
+        self.program
+            .lambdas
+            .get(index as usize)
+            .ok_or_else(|| RunError::new(format!("internal: no function {index}")))
+    }
+
+    fn global(&self, g: u32) -> Result<&'p Lambda, RunError> {
+        let index = self
+            .program
+            .globals
+            .get(g as usize)
+            .ok_or_else(|| RunError::new(format!("internal: no global {g}")))?;
+        self.lambda(*index)
+    }
+
+    fn apply(&mut self, callee: Value, args: Vec<Value>, span: Span) -> Result<Step<'p>, RunError> {
+        let Value::Closure(c) = &callee else {
+            return Err(RunError::at(span, format!("cannot call {}", callee.kind())));
+        };
+        match &**c {
+            Closure::Global(g) => {
+                let lambda = self.global(*g)?;
+                self.enter(lambda, args, None, Vec::new())
+            }
+            Closure::Ctor(ctor) => Ok(Step::Apply(Value::adt(*ctor, args))),
+            Closure::Lambda { lambda, captured } => {
+                let lambda = self.lambda(*lambda)?;
+                let captured = captured.clone();
+                self.enter(lambda, args, Some(callee.clone()), captured)
+            }
+        }
+    }
+
+    fn enter(
+        &mut self,
+        lambda: &'p Lambda,
+        args: Vec<Value>,
+        this: Option<Value>,
+        captured: Vec<Value>,
+    ) -> Result<Step<'p>, RunError> {
+        self.install(lambda, args, this, captured)?;
+        Ok(Step::Eval(&lambda.body))
+    }
+
+    /// Makes a new frame for `lambda` current, saving the caller's unless this is a tail call.
+    fn install(
+        &mut self,
+        lambda: &Lambda,
+        args: Vec<Value>,
+        this: Option<Value>,
+        captured: Vec<Value>,
+    ) -> Result<(), RunError> {
+        if args.len() != lambda.n_params as usize {
+            return Err(RunError::new(format!(
+                "`{}` takes {} arguments, got {}",
+                lambda.name,
+                lambda.n_params,
+                args.len()
+            )));
+        }
+        let mut slots: Vec<Option<Value>> = Vec::with_capacity(lambda.n_slots as usize);
+        slots.extend(args.into_iter().map(Some));
+        slots.resize(lambda.n_slots as usize, None);
+        for ((_, slot), v) in lambda.captures.iter().zip(captured) {
+            if let Some(s) = slots.get_mut(*slot as usize) {
+                *s = Some(v);
+            }
+        }
+        let frame = Frame { slots, this };
+        let caller = std::mem::replace(&mut self.frame, frame);
+        // In tail position the caller's frame is dead: don't stack another return.
+        if !matches!(self.stack.last(), Some(Kont::Return(_))) {
+            self.push(Kont::Return(caller))?;
+        }
+        Ok(())
+    }
+}
+
+/// Tests `v` against `pat`, collecting the slots to bind. Pattern depth is bounded by the parser.
+fn matches(pat: &Pat, v: &Value, binds: &mut Vec<(u32, Value)>) -> bool {
+    match (pat, v) {
+        (Pat::Wild, _) => true,
+        (Pat::Bind(s), _) => {
+            binds.push((*s, v.clone()));
+            true
+        }
+        (Pat::Ctor(c, ps), Value::Adt(a)) => {
+            a.ctor == *c
+                && ps.len() == a.fields.len()
+                && ps.iter().zip(&a.fields).all(|(p, f)| matches(p, f, binds))
+        }
+        (Pat::Tuple(ps), Value::Tuple(t)) => {
+            ps.len() == t.0.len() && ps.iter().zip(&t.0).all(|(p, f)| matches(p, f, binds))
+        }
+        _ => false,
+    }
+}
+
+/// A short description of a value for error messages: the constructor name, or the tensor's type.
+fn describe(program: &Program, v: &Value) -> String {
+    match v {
+        Value::Adt(a) => program.ctors.get(a.ctor as usize).map_or_else(
+            || "a constructor value".into(),
+            |c| format!("`{}(..)`", c.name),
+        ),
+        Value::Tensor(t) => format!("{t}"),
+        other => other.kind().to_string(),
+    }
+}
+
+fn to_op_value(v: Value) -> Result<OpValue, String> {
+    match v {
+        Value::Tensor(t) => Ok(OpValue::Tensor(t)),
+        Value::Tuple(t) => {
+            t.0.iter()
+                .map(|f| match f {
+                    Value::Tensor(t) => Ok(t.clone()),
+                    other => Err(format!(
+                        "expected a tuple of tensors, found {} in it",
+                        other.kind()
+                    )),
+                })
+                .collect::<Result<Vec<Tensor>, String>>()
+                .map(OpValue::Tuple)
+        }
+        other => Err(format!("expected a tensor, found {}", other.kind())),
+    }
+}
+
+fn from_op_value(v: OpValue) -> Value {
+    match v {
+        OpValue::Tensor(t) => Value::Tensor(t),
+        OpValue::Tuple(ts) => Value::tuple(ts.into_iter().map(Value::Tensor).collect()),
+    }
+}

@@ -1,0 +1,139 @@
+//! Run-time values of the reference interpreter.
+//!
+//! Lists and trees are chains of reference-counted nodes; dropping a 100,000-element list the naive way
+//! recurses once per node and overflows the stack, so [`AdtValue`], tuples and closures are torn down
+//! iteratively (see the `Drop` impls).
+
+use std::fmt;
+use std::rc::Rc;
+use tumble_tensor::Tensor;
+
+#[derive(Clone)]
+pub enum Value {
+    Tensor(Tensor),
+    Tuple(Rc<TupleValue>),
+    Adt(Rc<AdtValue>),
+    Closure(Rc<Closure>),
+}
+
+pub struct TupleValue(pub Vec<Value>);
+
+pub struct AdtValue {
+    /// Index into [`crate::Program::ctors`].
+    pub ctor: u32,
+    pub fields: Vec<Value>,
+}
+
+pub enum Closure {
+    Lambda {
+        /// Index into [`crate::Program::lambdas`].
+        lambda: u32,
+        captured: Vec<Value>,
+    },
+    /// A global function used as a value.
+    Global(u32),
+    /// A constructor with fields used as a value (`@map(Some, %xs)`).
+    Ctor(u32),
+}
+
+impl Value {
+    pub fn unit() -> Value {
+        Value::Tuple(Rc::new(TupleValue(Vec::new())))
+    }
+
+    pub fn tuple(vs: Vec<Value>) -> Value {
+        Value::Tuple(Rc::new(TupleValue(vs)))
+    }
+
+    pub fn adt(ctor: u32, fields: Vec<Value>) -> Value {
+        Value::Adt(Rc::new(AdtValue { ctor, fields }))
+    }
+
+    pub fn as_tensor(&self) -> Option<&Tensor> {
+        match self {
+            Value::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Value::Tensor(_) => "a tensor",
+            Value::Tuple(_) => "a tuple",
+            Value::Adt(_) => "a constructor value",
+            Value::Closure(_) => "a function",
+        }
+    }
+}
+
+/// Moves the children of a value being dropped onto `stack` when this is the last reference, so their
+/// own drops find nothing left to recurse into.
+fn take_children(v: Value, stack: &mut Vec<Value>) {
+    match v {
+        Value::Tensor(_) => {}
+        Value::Tuple(rc) => {
+            if let Ok(mut t) = Rc::try_unwrap(rc) {
+                stack.append(&mut t.0);
+            }
+        }
+        Value::Adt(rc) => {
+            if let Ok(mut a) = Rc::try_unwrap(rc) {
+                stack.append(&mut a.fields);
+            }
+        }
+        Value::Closure(rc) => {
+            if let Ok(mut c) = Rc::try_unwrap(rc) {
+                c.move_captured_to(stack);
+            }
+        }
+    }
+}
+
+fn drop_iteratively(children: &mut Vec<Value>) {
+    if children.is_empty() {
+        return;
+    }
+    let mut stack = std::mem::take(children);
+    while let Some(v) = stack.pop() {
+        take_children(v, &mut stack);
+    }
+}
+
+impl Drop for AdtValue {
+    fn drop(&mut self) {
+        drop_iteratively(&mut self.fields);
+    }
+}
+
+impl Drop for TupleValue {
+    fn drop(&mut self) {
+        drop_iteratively(&mut self.0);
+    }
+}
+
+impl Closure {
+    fn move_captured_to(&mut self, stack: &mut Vec<Value>) {
+        if let Closure::Lambda { captured, .. } = self {
+            stack.append(captured);
+        }
+    }
+}
+
+impl Drop for Closure {
+    fn drop(&mut self) {
+        if let Closure::Lambda { captured, .. } = self {
+            drop_iteratively(captured);
+        }
+    }
+}
+
+impl fmt::Debug for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Tensor(t) => write!(f, "{t}"),
+            Value::Tuple(t) => write!(f, "tuple of {}", t.0.len()),
+            Value::Adt(a) => write!(f, "ctor #{} with {} fields", a.ctor, a.fields.len()),
+            Value::Closure(_) => f.write_str("closure"),
+        }
+    }
+}
