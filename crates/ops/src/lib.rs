@@ -1,14 +1,144 @@
-//! The operator table: one entry per operator with its attributes, its shape relation (the type rule
-//! the checker applies, and the run time re-applies with concrete shapes), and its fusion class.
+//! The operator table: one entry per operator with its attributes, its shape relation (the type
+//! rule the checker applies, and the run time re-applies with concrete shapes), its reference
+//! kernel and its fusion class.
 //!
-//! Later issues add, next to each relation, the operator's reference kernel and batching rule.
+//! Running an operator on concrete values goes through [`eval`]: it re-applies the relation to the
+//! actual shapes (the checks a `?` dim postponed happen here), then runs the kernel. The kernels
+//! (in `kernel/`, mirroring `rel/`) are the reference implementation: plain loops over flat data,
+//! written for clarity; every later optimization is tested against them. Their semantic choices
+//! (integer division, `power` on ints, `take` modes, `random.db_uniform`, ...) are documented in
+//! the `kernel` module and in the README.
+//!
+//! Later issues add, next to each relation, the operator's batching rule.
 
 use tumble_ir::{Attrs, Ty};
+use tumble_tensor::Tensor;
 
+mod kernel;
 mod rel;
 mod table;
 
 pub use table::all;
+
+/// A runtime value an operator takes or returns: a tensor, or a tuple of tensors (the input of
+/// `concatenate`, the output of `split`; unit `()` is the empty tuple, returned by
+/// `db.phase_change`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum OpValue {
+    Tensor(Tensor),
+    Tuple(Vec<Tensor>),
+}
+
+impl OpValue {
+    /// The unit value `()`.
+    pub fn unit() -> OpValue {
+        OpValue::Tuple(Vec::new())
+    }
+
+    /// The tensor, if this is one.
+    pub fn as_tensor(&self) -> Option<&Tensor> {
+        match self {
+            OpValue::Tensor(t) => Some(t),
+            OpValue::Tuple(_) => None,
+        }
+    }
+
+    /// The tuple's fields, if this is a tuple.
+    pub fn as_tuple(&self) -> Option<&[Tensor]> {
+        match self {
+            OpValue::Tensor(_) => None,
+            OpValue::Tuple(ts) => Some(ts),
+        }
+    }
+}
+
+impl From<Tensor> for OpValue {
+    fn from(t: Tensor) -> OpValue {
+        OpValue::Tensor(t)
+    }
+}
+
+/// What a kernel may use besides its arguments: the random generator of the run (read by
+/// `random.db_uniform`, advanced once per element drawn).
+pub struct OpCtx<'a> {
+    pub rng: &'a mut tumble_tensor::Rng,
+}
+
+/// Why an operator could not run on its values. Messages start with the operator name, like
+/// relation messages (`nn.dense: input has 512 columns but weight expects 256`, `divide: integer
+/// division by zero`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelError {
+    pub message: String,
+}
+
+impl KernelError {
+    pub fn new(message: impl Into<String>) -> Self {
+        KernelError {
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for KernelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for KernelError {}
+
+impl From<RelError> for KernelError {
+    fn from(e: RelError) -> KernelError {
+        KernelError { message: e.message }
+    }
+}
+
+/// A reference kernel: from concrete arguments and the call's attributes to the result. Kernels
+/// never panic on user data: bad shapes, out-of-range indices, integer division by zero and the
+/// like are [`KernelError`]s.
+pub type Kernel = fn(&[OpValue], &Attrs, &mut OpCtx) -> Result<OpValue, KernelError>;
+
+/// The (fully known) type of a runtime value: a tensor's shape and dtype, or a tuple of those.
+pub fn ty_of(v: &OpValue) -> Ty {
+    fn tensor_ty(t: &Tensor) -> Ty {
+        let shape: Vec<i64> = t
+            .shape()
+            .iter()
+            .map(|&d| i64::try_from(d).unwrap_or(i64::MAX))
+            .collect();
+        Ty::tensor_of(&shape, t.dtype())
+    }
+    match v {
+        OpValue::Tensor(t) => tensor_ty(t),
+        OpValue::Tuple(ts) => Ty::Tuple(ts.iter().map(tensor_ty).collect()),
+    }
+}
+
+/// Runs `op` on concrete values. First checks the attributes ([`check_attrs`]) and re-applies the
+/// shape relation to the actual types of `args`: this is where checks postponed by `?` dims
+/// happen (`nn.dense: input has 512 columns but weight expects 256`), with the relation's message.
+/// Then runs the kernel, and finally checks that the kernel's result has exactly the type the
+/// relation computed (a mismatch is a bug in the kernel, reported as an error, not a panic).
+pub fn eval(
+    op: &OpDef,
+    args: &[OpValue],
+    attrs: &Attrs,
+    ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    check_attrs(op, attrs).map_err(|(_, message)| KernelError { message })?;
+    let tys: Vec<Ty> = args.iter().map(ty_of).collect();
+    let want = (op.relation)(&tys, attrs)?;
+    let out = (op.kernel)(args, attrs, ctx)?;
+    let got = ty_of(&out);
+    if got != want {
+        return Err(KernelError::new(format!(
+            "{}: internal error: the kernel returned {got} but the shape relation says {want}",
+            op.name
+        )));
+    }
+    Ok(out)
+}
 
 /// How an operator behaves under fusion (BladeDISC/ACROBAT): decides which kernel stage it joins.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,6 +240,8 @@ pub struct OpDef {
     pub arity: usize,
     pub attrs: &'static [AttrSpec],
     pub relation: Relation,
+    /// The reference implementation; call it through [`eval`], which checks the arguments first.
+    pub kernel: Kernel,
     pub class: FusionClass,
     /// One line for `--help`-style listings.
     pub doc: &'static str,

@@ -247,6 +247,12 @@ impl Buffer {
         with_vec!(self, v => v.iter().map(|x| x.to_f64()).collect())
     }
 
+    /// All elements as i64 (floats truncate toward zero, saturating, NaN → 0; bool as 0/1):
+    /// exact for every integer and bool buffer.
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        with_vec!(self, v => v.iter().map(|x| x.to_i64()).collect())
+    }
+
     /// A new buffer whose element `i` is `self[indices[i]]`, or the first out-of-range index.
     pub fn take(&self, indices: &[usize]) -> Result<Buffer, TensorError> {
         with_vec!(self, v => take_slice(v, indices))

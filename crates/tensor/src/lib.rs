@@ -30,7 +30,7 @@
 //!   (casting), [`Tensor::scalar`] and `scalar_f32/…/scalar_bool`. Shapes are
 //!   `impl Into<Vec<usize>>` (`[2, 3]`, `vec![..]`, `&[..]`).
 //! - Access: `shape`, `dtype`, `rank`, `len`, `is_empty`, `strides`, `buffer`, `into_buffer`,
-//!   `as_slice::<T>`, `as_f32/…/as_bool`, `to_f64_vec`, `get_f64(flat)`,
+//!   `as_slice::<T>`, `as_f32/…/as_bool`, `to_f64_vec`, `to_i64_vec`, `get_f64(flat)`,
 //!   `scalar_as_f64/scalar_as_i64/scalar_as_bool` (exactly one element, any rank),
 //!   `make_mut` / `make_mut_slice::<T>` (copy-on-write), `shares_buffer`.
 //! - Transformations: `cast`, `reshape`, `broadcast_to`, `take`.
@@ -39,16 +39,20 @@
 //!   `increment_index` (row-major odometer), `broadcast_shapes`, `broadcast_index`,
 //!   `format_shape` (`(2, 3)`, `(4,)`, `()`).
 //! - Errors: [`TensorError`], whose messages name the shapes involved.
+//! - Randomness: [`Rng`], a seeded xoshiro256** generator (SplitMix64 seeding) with uniform,
+//!   normal and integer-range draws, the same sequence on every platform.
 //!
 //! This crate depends on `tumble-ir` (for [`DType`]) and nothing else of tumble.
 
 mod buffer;
 mod error;
+mod rng;
 pub mod shape;
 mod tensor;
 
 pub use buffer::{Buffer, BufferMut, Element};
 pub use error::TensorError;
+pub use rng::Rng;
 pub use shape::{broadcast_index, broadcast_shapes, ravel, unravel};
 pub use tensor::Tensor;
 pub use tumble_ir::DType;

@@ -190,6 +190,12 @@ impl Tensor {
         self.data.to_f64_vec()
     }
 
+    /// All elements as i64 (exact for int and bool tensors; floats truncate toward zero,
+    /// saturating, NaN → 0).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        self.data.to_i64_vec()
+    }
+
     /// Element at a flat (row-major) position as f64, `None` past the end.
     pub fn get_f64(&self, flat: usize) -> Option<f64> {
         self.data.get_f64(flat)
@@ -564,6 +570,11 @@ mod tests {
     fn accessors_in_f64() {
         let t = Tensor::from_bool([2], vec![false, true]).unwrap();
         assert_eq!(t.to_f64_vec(), vec![0.0, 1.0]);
+        assert_eq!(t.to_i64_vec(), vec![0, 1]);
+        let big = Tensor::from_i64([2], vec![i64::MAX, -7]).unwrap();
+        assert_eq!(big.to_i64_vec(), vec![i64::MAX, -7]);
+        let f = Tensor::from_f32([2], vec![-2.7, 1e30]).unwrap();
+        assert_eq!(f.to_i64_vec(), vec![-2, i64::MAX]);
         assert_eq!(t.get_f64(1), Some(1.0));
         assert_eq!(t.get_f64(2), None);
         assert_eq!(t.as_f32(), None);

@@ -353,6 +353,16 @@ fn div_exact(c: &Call, n: i64, by: i64, ns: &str) -> Result<Dim, RelError> {
 pub fn transpose(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let c = Call::new("transpose", args, attrs, 1)?;
     let x = c.tensor(0, "input")?;
+    let perm = transpose_perm(&c, x)?;
+    let shape = perm
+        .iter()
+        .map(|&i| x.shape.get(i).copied().unwrap_or(Dim::Any))
+        .collect::<Vec<_>>();
+    Ok(Ty::tensor(shape, x.dtype))
+}
+
+/// The permutation a `transpose` call applies: output axis `i` is input axis `perm[i]`.
+pub(crate) fn transpose_perm(c: &Call, x: Tensor) -> Result<Vec<usize>, RelError> {
     let rank = x.rank();
     let perm: Vec<usize> = match c.opt_ints("axes")? {
         None => (0..rank).rev().collect(),
@@ -380,11 +390,7 @@ pub fn transpose(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
             perm
         }
     };
-    let shape = perm
-        .iter()
-        .map(|&i| x.shape.get(i).copied().unwrap_or(Dim::Any))
-        .collect::<Vec<_>>();
-    Ok(Ty::tensor(shape, x.dtype))
+    Ok(perm)
 }
 
 /// `expand_dims(data, axis, num_newaxis=1)`: inserts size-1 axes at `axis` (in `[-rank-1, rank]`).
@@ -453,15 +459,57 @@ pub fn take(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let c = Call::new("take", args, attrs, 2)?;
     let x = c.tensor(0, "input")?;
     let idx = c.tensor(1, "indices")?;
+    let spec = take_spec(&c, x, idx)?;
+    let Some((axis, bd)) = spec.axis else {
+        return Ok(Ty::tensor(idx.shape.to_vec(), x.dtype));
+    };
+    for i in 0..bd {
+        let (Some(&a), Some(&b)) = (x.shape.get(i), idx.shape.get(i)) else {
+            break;
+        };
+        if !dims_match(a, b) {
+            return Err(c.err(format!(
+                "batch dimension {i} differs: input has {a} but indices have {b}"
+            )));
+        }
+    }
+    let mut shape = Vec::new();
+    shape.extend(x.shape.iter().take(axis));
+    shape.extend(idx.shape.iter().skip(bd));
+    shape.extend(x.shape.iter().skip(axis + 1));
+    Ok(Ty::tensor(shape, x.dtype))
+}
+
+/// How `take` treats indices outside `[0, n)` of the axis it gathers from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TakeMode {
+    /// Clamp into `[0, n - 1]` (the default).
+    Clip,
+    /// Python modulo: `-1` is `n - 1`, `n` is `0`.
+    Wrap,
+    /// No adjustment: an index outside `[-n, n)` is an error at run time.
+    Fast,
+}
+
+/// A `take` call's attributes, checked and resolved: the mode, and `Some((axis, batch_dims))`
+/// (both normalized) when an axis is given (`None`: gather from the flattened input).
+pub(crate) struct TakeSpec {
+    pub mode: TakeMode,
+    pub axis: Option<(usize, usize)>,
+}
+
+pub(crate) fn take_spec(c: &Call, x: Tensor, idx: Tensor) -> Result<TakeSpec, RelError> {
     c.want_index(1, "indices", idx)?;
-    match c.opt_str("mode")? {
-        None | Some("clip") | Some("wrap") | Some("fast") => {}
+    let mode = match c.opt_str("mode")? {
+        None | Some("clip") => TakeMode::Clip,
+        Some("wrap") => TakeMode::Wrap,
+        Some("fast") => TakeMode::Fast,
         Some(m) => {
             return Err(c.err(format!(
                 "mode must be \"clip\", \"wrap\" or \"fast\", found \"{m}\""
             )))
         }
-    }
+    };
     let batch_dims = c.int_or("batch_dims", 0)?;
     let Some(axis) = c.opt_int("axis")? else {
         if batch_dims != 0 {
@@ -469,7 +517,7 @@ pub fn take(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
                 "batch_dims={batch_dims} needs an axis (without one, data is flattened)"
             )));
         }
-        return Ok(Ty::tensor(idx.shape.to_vec(), x.dtype));
+        return Ok(TakeSpec { mode, axis: None });
     };
     let axis = c.axis(axis, x.rank())?;
     let bd = if batch_dims < 0 {
@@ -488,21 +536,10 @@ pub fn take(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     if bd > axis {
         return Err(c.err(format!("batch_dims ({bd}) must not exceed axis ({axis})")));
     }
-    for i in 0..bd {
-        let (Some(&a), Some(&b)) = (x.shape.get(i), idx.shape.get(i)) else {
-            break;
-        };
-        if !dims_match(a, b) {
-            return Err(c.err(format!(
-                "batch dimension {i} differs: input has {a} but indices have {b}"
-            )));
-        }
-    }
-    let mut shape = Vec::new();
-    shape.extend(x.shape.iter().take(axis));
-    shape.extend(idx.shape.iter().skip(bd));
-    shape.extend(x.shape.iter().skip(axis + 1));
-    Ok(Ty::tensor(shape, x.dtype))
+    Ok(TakeSpec {
+        mode,
+        axis: Some((axis, bd)),
+    })
 }
 
 /// `strided_slice(data, begin, end, strides=None, axes=None, slice_mode="end")`: Python slice
@@ -512,6 +549,38 @@ pub fn take(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
 pub fn strided_slice(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let c = Call::new("strided_slice", args, attrs, 1)?;
     let x = c.tensor(0, "input")?;
+    let spec = slice_spec(&c, x)?;
+    let mut shape = x.shape.to_vec();
+    for s in &spec.axes {
+        let Some(slot) = shape.get_mut(s.axis) else {
+            continue;
+        };
+        let Dim::Known(d) = *slot else {
+            continue;
+        };
+        *slot = Dim::Known(slice_range(d, s.begin, s.end, s.stride, spec.size_mode).2);
+    }
+    Ok(Ty::tensor(shape, x.dtype))
+}
+
+/// One sliced axis of a `strided_slice` call, attributes resolved (`begin`/`end` are `None` when
+/// the lists are too short: open bounds).
+pub(crate) struct SliceAxis {
+    pub axis: usize,
+    pub begin: Option<i64>,
+    pub end: Option<i64>,
+    pub stride: i64,
+}
+
+/// A `strided_slice` call's attributes, checked and resolved per axis; shared by the relation and
+/// the kernel so they cannot disagree.
+pub(crate) struct SliceSpec {
+    pub axes: Vec<SliceAxis>,
+    /// `slice_mode="size"`: `end` holds sizes and strides are 1.
+    pub size_mode: bool,
+}
+
+pub(crate) fn slice_spec(c: &Call, x: Tensor) -> Result<SliceSpec, RelError> {
     let rank = x.rank();
     let begin = c.req_ints("begin")?;
     let end = c.req_ints("end")?;
@@ -557,7 +626,7 @@ pub fn strided_slice(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
             axes.len()
         )));
     }
-    let mut shape = x.shape.to_vec();
+    let mut out = Vec::with_capacity(axes.len());
     for (k, &axis) in axes.iter().enumerate() {
         let stride = if size_mode {
             1
@@ -569,28 +638,30 @@ pub fn strided_slice(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
         if stride == 0 {
             return Err(c.err(format!("stride along axis {axis} is 0")));
         }
-        let Some(slot) = shape.get_mut(axis) else {
-            continue;
-        };
-        let Dim::Known(d) = *slot else {
-            continue;
-        };
-        let b = begin.get(k).copied();
-        let e = end.get(k).copied();
-        *slot = Dim::Known(slice_len(d, b, e, stride, size_mode));
+        out.push(SliceAxis {
+            axis,
+            begin: begin.get(k).copied(),
+            end: end.get(k).copied(),
+            stride,
+        });
     }
-    Ok(Ty::tensor(shape, x.dtype))
+    Ok(SliceSpec {
+        axes: out,
+        size_mode,
+    })
 }
 
-/// Length of `range(d)[begin:end:stride]` (Python semantics; `None` bounds are open), or with
-/// `size_mode`, of `[begin, begin + size)` clamped (size -1 or absent: to the end).
-pub(crate) fn slice_len(
+/// `range(d)[begin:end:stride]` (Python semantics; `None` bounds are open) as `(start, step, len)`:
+/// the selected positions are `start + i * step` for `i` in `0..len`. With `size_mode`, the range
+/// is `[begin, begin + size)` clamped (size -1 or absent: to the end), step 1. When `len > 0`,
+/// every selected position is in `[0, d)`.
+pub(crate) fn slice_range(
     d: i64,
     begin: Option<i64>,
     end: Option<i64>,
     stride: i64,
     size_mode: bool,
-) -> i64 {
+) -> (i64, i64, i64) {
     let d = i128::from(d);
     let s = i128::from(stride);
     let norm = |v: i64| {
@@ -601,30 +672,28 @@ pub(crate) fn slice_len(
             v
         }
     };
-    let len = if size_mode {
+    let (start, step, len) = if size_mode {
         let b = begin.map_or(0, norm).clamp(0, d);
         let e = match end {
             Some(size) if size >= 0 => (b + i128::from(size)).min(d),
             _ => d,
         };
-        (e - b).max(0)
+        (b, 1, (e - b).max(0))
     } else if s > 0 {
         let b = begin.map_or(0, norm).clamp(0, d);
         let e = end.map_or(d, norm).clamp(0, d);
-        if e > b {
-            (e - b + s - 1) / s
-        } else {
-            0
-        }
+        (b, s, if e > b { (e - b + s - 1) / s } else { 0 })
     } else {
         let b = begin.map_or(d - 1, norm).clamp(-1, d - 1);
         let e = end.map_or(-1, norm).clamp(-1, d - 1);
         let step = -s;
-        if b > e {
-            (b - e + step - 1) / step
-        } else {
-            0
-        }
+        (b, s, if b > e { (b - e + step - 1) / step } else { 0 })
     };
-    i64::try_from(len).unwrap_or(0)
+    let cvt = |v: i128| i64::try_from(v).unwrap_or(0);
+    // An empty slice has no positions; report start 0 so callers never see -1.
+    if len == 0 {
+        (0, cvt(step), 0)
+    } else {
+        (cvt(start), cvt(step), cvt(len))
+    }
 }

@@ -1,0 +1,328 @@
+//! Deciding which `@main` arguments are model parameters (from the weights file, shared by every
+//! instance) and which come from each instance.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tumble_interp::Value;
+use tumble_ir::{DType, Dim, Ty};
+use tumble_tensor::{Buffer, Rng, Tensor};
+
+use crate::IoError;
+
+/// Where one `@main` argument's value comes from.
+#[derive(Clone)]
+pub enum Binding {
+    /// A parameter: this tensor (from the weights file or generated) is passed to every instance.
+    Param(Tensor),
+    /// Each instance provides it.
+    Instance,
+}
+
+/// One `@main` argument with its declared type and binding.
+#[derive(Clone)]
+pub struct BoundArg {
+    /// The name without `%`.
+    pub name: String,
+    pub ty: Ty,
+    pub binding: Binding,
+}
+
+/// The result of [`bind_params`].
+#[derive(Clone)]
+pub struct BoundParams {
+    /// Every `@main` argument, in declaration order.
+    pub args: Vec<BoundArg>,
+    /// The parameters filled with seeded random values (so a caller can save them).
+    pub generated: BTreeMap<String, Tensor>,
+    /// Things worth telling the user that do not stop the run (e.g. unused tensors in the file).
+    pub warnings: Vec<String>,
+}
+
+impl BoundParams {
+    /// The arguments each instance must provide (name, declared type), in declaration order: the
+    /// `args` of [`crate::RawInstances::decode`].
+    pub fn instance_args(&self) -> Vec<(String, Ty)> {
+        self.args
+            .iter()
+            .filter(|a| matches!(a.binding, Binding::Instance))
+            .map(|a| (a.name.clone(), a.ty.clone()))
+            .collect()
+    }
+
+    /// The full argument list of `@main` for one instance: parameters in their places, the
+    /// instance's values (in [`BoundParams::instance_args`] order) in the others.
+    pub fn assemble(&self, instance: Vec<Value>) -> Result<Vec<Value>, IoError> {
+        let want = self.instance_args().len();
+        if instance.len() != want {
+            return Err(IoError::param(format!(
+                "internal: an instance supplies {} values, but @main takes {want} from the instances",
+                instance.len()
+            )));
+        }
+        let mut values = instance.into_iter();
+        let mut out = Vec::with_capacity(self.args.len());
+        for a in &self.args {
+            match &a.binding {
+                Binding::Param(t) => out.push(Value::Tensor(t.clone())),
+                Binding::Instance => {
+                    if let Some(v) = values.next() {
+                        out.push(v);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Binds `@main`'s arguments (`main_params`: names without `%`, declared types):
+///
+/// - an argument named like a tensor of `file` is a **parameter**; the tensor's dtype and shape
+///   must match the declared type (`?` dims match any extent);
+/// - else an argument among `instance_args` (the keys the instances provide) comes from each
+///   instance;
+/// - else it is a missing parameter: with `random_seed` it is filled with seeded values
+///   (see [`random_param`]), without it is an error listing the tensors the file has.
+///
+/// Parameters must be tensors. An argument both in the file and among the instance keys is an
+/// error (ambiguous). Tensors of the file that `@main` does not take produce a warning.
+pub fn bind_params(
+    main_params: &[(String, Ty)],
+    instance_args: &BTreeSet<String>,
+    file: &BTreeMap<String, Tensor>,
+    random_seed: Option<u64>,
+) -> Result<BoundParams, IoError> {
+    let mut args = Vec::with_capacity(main_params.len());
+    let mut missing: Vec<usize> = Vec::new();
+    for (i, (raw_name, ty)) in main_params.iter().enumerate() {
+        let name = raw_name.trim_start_matches('%');
+        let binding = if let Some(t) = file.get(name) {
+            if instance_args.contains(name) {
+                return Err(IoError::param(format!(
+                    "argument %{name} is given twice: the weights file has a tensor `{name}` and \
+                     the instances have a key `{name}`; remove one of them"
+                )));
+            }
+            let Some((dims, dtype)) = ty.as_tensor() else {
+                return Err(IoError::param(format!(
+                    "argument %{name}: the weights file has a tensor `{name}`, but @main declares \
+                     %{name}: {ty}; only tensor-typed arguments can be parameters"
+                )));
+            };
+            check_param(name, dims, dtype, t)?;
+            Binding::Param(t.clone())
+        } else if instance_args.contains(name) {
+            Binding::Instance
+        } else {
+            if ty.as_tensor().is_none() {
+                return Err(IoError::param(format!(
+                    "argument %{name}: {ty} is not provided by the instances{}; only tensors can \
+                     come from a weights file, so every instance must have a key `{name}`",
+                    provided_list(instance_args)
+                )));
+            }
+            missing.push(i);
+            Binding::Instance // replaced below
+        };
+        args.push(BoundArg {
+            name: name.to_string(),
+            ty: ty.clone(),
+            binding,
+        });
+    }
+
+    let mut generated = BTreeMap::new();
+    if !missing.is_empty() {
+        let Some(seed) = random_seed else {
+            return Err(missing_error(&args, &missing, file));
+        };
+        for &i in &missing {
+            let arg = &mut args[i];
+            let t = random_param(&arg.name, &arg.ty, seed)?;
+            generated.insert(arg.name.clone(), t.clone());
+            arg.binding = Binding::Param(t);
+        }
+    }
+
+    let mut warnings = Vec::new();
+    let taken: BTreeSet<&str> = args.iter().map(|a| a.name.as_str()).collect();
+    let unused: Vec<&str> = file
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !taken.contains(k))
+        .collect();
+    if !unused.is_empty() {
+        warnings.push(format!(
+            "the weights file has tensors that @main does not take: {}",
+            list_names(&unused)
+        ));
+    }
+    Ok(BoundParams {
+        args,
+        generated,
+        warnings,
+    })
+}
+
+fn provided_list(instance_args: &BTreeSet<String>) -> String {
+    if instance_args.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<&str> = instance_args.iter().map(String::as_str).collect();
+        format!(" (they provide: {})", list_names(&names))
+    }
+}
+
+/// `a, b, c`, at most 30 names, then `and N more`.
+fn list_names(names: &[&str]) -> String {
+    const MAX: usize = 30;
+    let mut s = names
+        .iter()
+        .take(MAX)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > MAX {
+        s.push_str(&format!(", and {} more", names.len() - MAX));
+    }
+    s
+}
+
+fn missing_error(args: &[BoundArg], missing: &[usize], file: &BTreeMap<String, Tensor>) -> IoError {
+    let names: Vec<String> = missing.iter().map(|&i| format!("%{}", args[i].name)).collect();
+    let head = if names.len() == 1 {
+        format!("missing parameter {}", names[0])
+    } else {
+        format!("missing parameters {}", names.join(", "))
+    };
+    if file.is_empty() {
+        return IoError::param(format!(
+            "{head} (no weights file given; pass --params FILE or --random-params SEED)"
+        ));
+    }
+    let have: Vec<&str> = file.keys().map(String::as_str).collect();
+    let mut msg = format!("{head}: the weights file has: {}", list_names(&have));
+    for &i in missing {
+        let name = &args[i].name;
+        if let Some(s) = suggest(name, &have) {
+            msg.push_str(&format!("; did you mean `{s}` for %{name}?"));
+        }
+    }
+    IoError::param(msg)
+}
+
+/// The closest name by edit distance (case-insensitive), if close enough to be a likely typo.
+fn suggest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
+    let lower = name.to_lowercase();
+    known
+        .iter()
+        .map(|k| (edit_distance(&lower, &k.to_lowercase()), *k))
+        .filter(|(d, k)| *d <= (name.len().max(k.len()) / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The type a tensor has, written like the source (`Tensor[(768, 128), float32]`).
+pub(crate) fn tensor_ty(t: &Tensor) -> Ty {
+    Ty::tensor(
+        t.shape()
+            .iter()
+            .map(|&d| Dim::Known(i64::try_from(d).unwrap_or(i64::MAX)))
+            .collect::<Vec<_>>(),
+        t.dtype(),
+    )
+}
+
+/// Whether a tensor of `shape` fits the declared `dims` (`?` matches anything).
+pub(crate) fn shape_matches(dims: &[Dim], shape: &[usize]) -> bool {
+    dims.len() == shape.len()
+        && dims.iter().zip(shape).all(|(d, &s)| match d {
+            Dim::Any => true,
+            Dim::Known(n) => usize::try_from(*n).is_ok_and(|n| n == s),
+        })
+}
+
+fn check_param(name: &str, dims: &[Dim], dtype: DType, t: &Tensor) -> Result<(), IoError> {
+    if t.dtype() != dtype || !shape_matches(dims, t.shape()) {
+        return Err(IoError::param(format!(
+            "parameter %{name}: expected {}, the file has {}",
+            Ty::tensor(dims.to_vec(), dtype),
+            tensor_ty(t)
+        )));
+    }
+    Ok(())
+}
+
+/// The most elements [`random_param`] fills (4 GiB of float32).
+pub const MAX_RANDOM_ELEMENTS: usize = 1 << 30;
+
+/// FNV-1a, to give every parameter name its own random stream.
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Seeded random values for parameter `name` of type `ty` (a tensor type with known dims):
+/// float elements are `normal(0, 1) / sqrt(fan_in)` with `fan_in` the last dim (1 for scalars or
+/// a 0 last dim); int and bool parameters are zeros. The values depend only on `seed`, `name`
+/// and the type (not on which other parameters are generated), so runs are reproducible.
+pub fn random_param(name: &str, ty: &Ty, seed: u64) -> Result<Tensor, IoError> {
+    let Some((dims, dtype)) = ty.as_tensor() else {
+        return Err(IoError::param(format!(
+            "parameter %{name}: cannot generate random values for {ty}; only tensors can be parameters"
+        )));
+    };
+    let mut shape = Vec::with_capacity(dims.len());
+    for (axis, d) in dims.iter().enumerate() {
+        match d.known().and_then(|n| usize::try_from(n).ok()) {
+            Some(n) => shape.push(n),
+            None => {
+                return Err(IoError::param(format!(
+                    "parameter %{name}: cannot generate random values for {ty}: dimension {axis} \
+                     is `{d}`; give its size in @main's type of %{name}, or provide the tensor in \
+                     the weights file"
+                )))
+            }
+        }
+    }
+    let too_big = |e: tumble_tensor::TensorError| {
+        IoError::param(format!("parameter %{name}: cannot generate {ty}: {e}"))
+    };
+    let n = tumble_tensor::shape::num_elements(&shape).map_err(too_big)?;
+    if n > MAX_RANDOM_ELEMENTS {
+        return Err(IoError::param(format!(
+            "parameter %{name}: {ty} has {n} elements; tumble generates at most \
+             {MAX_RANDOM_ELEMENTS} random values per parameter (is a dimension too large?)"
+        )));
+    }
+    if !dtype.is_float() {
+        return Tensor::zeros(shape, dtype).map_err(too_big);
+    }
+    let fan_in = match shape.last() {
+        Some(&d) if d > 0 => d as f64,
+        _ => 1.0,
+    };
+    let scale = 1.0 / fan_in.sqrt();
+    let mut rng = Rng::new(seed ^ name_hash(name));
+    let buffer = if dtype == DType::Float32 {
+        Buffer::F32((0..n).map(|_| (rng.normal_f64() * scale) as f32).collect())
+    } else {
+        Buffer::F64((0..n).map(|_| rng.normal_f64() * scale).collect())
+    };
+    Tensor::new(shape, buffer).map_err(too_big)
+}

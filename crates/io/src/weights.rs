@@ -1,0 +1,582 @@
+//! Weights files in and out: safetensors files and directories of `.npy` files.
+//!
+//! Everything read from disk is validated before it is trusted: lengths, offsets and element
+//! counts use checked arithmetic, and a truncated or corrupt file is an [`IoError`] naming the
+//! file and what is wrong with it, never a panic.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use tumble_ir::DType;
+use tumble_tensor::shape::format_shape;
+use tumble_tensor::{Buffer, Tensor};
+
+use crate::atomic::write_atomically;
+use crate::IoError;
+
+/// The tensors of a weights file, by name, plus warnings about their values (NaN or infinite
+/// elements) that do not stop a run but that the user should see.
+#[derive(Clone, Default)]
+pub struct LoadedParams {
+    pub tensors: BTreeMap<String, Tensor>,
+    pub warnings: Vec<String>,
+}
+
+/// Loads named tensors from `path`:
+///
+/// - a directory: every `*.npy` file in it (not recursively) is one tensor named by the file
+///   stem (`W_iou.npy` → `W_iou`); other files are ignored;
+/// - a file ending in `.npy`: that one tensor, named by its stem;
+/// - any other file: a safetensors file.
+///
+/// Supported element types: float32, float64, int32, int64, bool (safetensors `F32 F64 I32 I64
+/// BOOL`, numpy `<f4 <f8 <i4 <i8 |b1`); anything else is an error naming the type.
+pub fn load_params(path: &Path) -> Result<LoadedParams, IoError> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| IoError::file(path, "read the weights file", e))?;
+    let tensors = if meta.is_dir() {
+        load_npy_dir(path)?
+    } else if path.extension().is_some_and(|e| e == "npy") {
+        let bytes = read_file(path)?;
+        let mut m = BTreeMap::new();
+        m.insert(file_stem(path), parse_npy(path, &bytes)?);
+        m
+    } else {
+        let bytes = read_file(path)?;
+        parse_safetensors(path, &bytes)?
+    };
+    let warnings = non_finite_warnings(path, &tensors);
+    Ok(LoadedParams { tensors, warnings })
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, IoError> {
+    std::fs::read(path).map_err(|e| IoError::file(path, "read the weights file", e))
+}
+
+fn file_stem(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// One warning per tensor of `tensors` that holds NaN or infinite values.
+pub fn non_finite_warnings(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, t) in tensors {
+        let (nan, inf) = match t.buffer() {
+            Buffer::F32(v) => count_non_finite(v.iter().map(|&x| f64::from(x))),
+            Buffer::F64(v) => count_non_finite(v.iter().copied()),
+            _ => (0, 0),
+        };
+        if nan + inf > 0 {
+            out.push(format!(
+                "weights file `{}`: tensor `{name}` has {nan} NaN and {inf} infinite value{} \
+                 (of {}); results computed from it will likely be NaN",
+                path.display(),
+                if inf == 1 { "" } else { "s" },
+                t.len()
+            ));
+        }
+    }
+    out
+}
+
+fn count_non_finite(xs: impl Iterator<Item = f64>) -> (usize, usize) {
+    xs.fold((0, 0), |(nan, inf), x| {
+        if x.is_nan() {
+            (nan + 1, inf)
+        } else if x.is_infinite() {
+            (nan, inf + 1)
+        } else {
+            (nan, inf)
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw little-endian element bytes
+
+/// Decodes `count` little-endian elements of `dtype` from exactly `bytes`.
+fn decode_le(dtype: DType, bytes: &[u8]) -> Buffer {
+    fn chunks<const N: usize, T>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+        bytes
+            .chunks_exact(N)
+            .map(|c| {
+                let mut a = [0u8; N];
+                a.copy_from_slice(c);
+                f(a)
+            })
+            .collect()
+    }
+    match dtype {
+        DType::Float32 => Buffer::F32(chunks(bytes, f32::from_le_bytes)),
+        DType::Float64 => Buffer::F64(chunks(bytes, f64::from_le_bytes)),
+        DType::Int32 => Buffer::I32(chunks(bytes, i32::from_le_bytes)),
+        DType::Int64 => Buffer::I64(chunks(bytes, i64::from_le_bytes)),
+        // Any nonzero byte is true, as numpy does when it views the bytes as bool.
+        DType::Bool => Buffer::Bool(bytes.iter().map(|&b| b != 0).collect()),
+    }
+}
+
+fn encode_le(buffer: &Buffer) -> Vec<u8> {
+    match buffer {
+        Buffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Buffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Buffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Buffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Buffer::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
+    }
+}
+
+/// Byte size of a tensor of `shape` and element size `elem`, `None` on overflow.
+fn byte_size(shape: &[usize], elem: usize) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .and_then(|n| n.checked_mul(elem))
+}
+
+// ---------------------------------------------------------------------------------------------
+// safetensors
+
+const ST_MAX_HEADER: u64 = 100_000_000;
+
+fn st_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "F32" => DType::Float32,
+        "F64" => DType::Float64,
+        "I32" => DType::Int32,
+        "I64" => DType::Int64,
+        "BOOL" => DType::Bool,
+        _ => return None,
+    })
+}
+
+fn st_name(dtype: DType) -> safetensors::Dtype {
+    match dtype {
+        DType::Float32 => safetensors::Dtype::F32,
+        DType::Float64 => safetensors::Dtype::F64,
+        DType::Int32 => safetensors::Dtype::I32,
+        DType::Int64 => safetensors::Dtype::I64,
+        DType::Bool => safetensors::Dtype::BOOL,
+    }
+}
+
+const UNSUPPORTED_HINT: &str = "tumble reads F32, F64, I32, I64 and BOOL; convert the tensor \
+                                (e.g. `t.float()` in PyTorch) and save again";
+
+/// Validates the header ourselves first (so truncation and bad offsets get precise messages and
+/// no arithmetic in the `safetensors` crate can overflow), then lets the crate read the tensors.
+fn check_safetensors_header(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
+    let err = |m: String| IoError::weights(path, m);
+    let Some(len_bytes) = bytes.get(..8) else {
+        return Err(err(format!(
+            "the file is {} bytes long, too short for a safetensors file (an 8-byte header \
+             length, then a JSON header); it is truncated or not a safetensors file",
+            bytes.len()
+        )));
+    };
+    let mut a = [0u8; 8];
+    a.copy_from_slice(len_bytes);
+    let n = u64::from_le_bytes(a);
+    if n > ST_MAX_HEADER {
+        return Err(err(format!(
+            "the header length field says {n} bytes, more than safetensors allows \
+             ({ST_MAX_HEADER}); this is not a safetensors file, or it is corrupt"
+        )));
+    }
+    // n <= 1e8, so this fits in usize on every platform tumble supports.
+    let n = n as usize;
+    let rest = bytes.len() - 8;
+    let Some(header) = bytes.get(8..8 + n) else {
+        return Err(err(format!(
+            "the header length field says {n} bytes, but only {rest} bytes follow it; \
+             the file is truncated"
+        )));
+    };
+    let data_len = rest - n;
+    let text = std::str::from_utf8(header)
+        .map_err(|e| err(format!("the JSON header is not valid UTF-8 ({e}); the file is corrupt")))?;
+    let json: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| err(format!("the JSON header does not parse ({e}); the file is corrupt")))?;
+    let serde_json::Value::Object(map) = json else {
+        return Err(err("the JSON header is not an object; the file is corrupt".into()));
+    };
+    for (name, info) in &map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let bad = |what: &str| err(format!("tensor `{name}`: {what}; the file is corrupt"));
+        let dtype_name = info
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .ok_or_else(|| bad("the header gives no `dtype` string"))?;
+        let Some(dtype) = st_dtype(dtype_name) else {
+            return Err(err(format!(
+                "tensor `{name}` has dtype {dtype_name}, which tumble does not support; \
+                 {UNSUPPORTED_HINT}"
+            )));
+        };
+        let shape: Vec<usize> = info
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .and_then(|s| {
+                s.iter()
+                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+                    .collect()
+            })
+            .ok_or_else(|| bad("the header gives no `shape` list of sizes"))?;
+        let offsets: Vec<usize> = info
+            .get("data_offsets")
+            .and_then(|s| s.as_array())
+            .and_then(|s| {
+                s.iter()
+                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+                    .collect()
+            })
+            .filter(|o: &Vec<usize>| o.len() == 2)
+            .ok_or_else(|| bad("the header gives no `data_offsets` pair"))?;
+        let (start, end) = (offsets[0], offsets[1]);
+        let need = byte_size(&shape, dtype.size())
+            .ok_or_else(|| bad(&format!("shape {} is too large", format_shape(&shape))))?;
+        if end < start || end - start != need {
+            return Err(bad(&format!(
+                "shape {} of {dtype_name} needs {need} bytes, but its data_offsets [{start}, {end}] \
+                 describe {} bytes",
+                format_shape(&shape),
+                end.saturating_sub(start)
+            )));
+        }
+        if end > data_len {
+            return Err(err(format!(
+                "tensor `{name}` ends at byte {end} of the data section, but the file has only \
+                 {data_len} data bytes; the file is truncated"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Parses the bytes of a safetensors file (`path` is for messages).
+pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, IoError> {
+    check_safetensors_header(path, bytes)?;
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| {
+        IoError::weights(path, format!("not a valid safetensors file: {e}"))
+    })?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        let dtype = st_dtype(&view.dtype().to_string()).ok_or_else(|| {
+            IoError::weights(
+                path,
+                format!(
+                    "tensor `{name}` has dtype {}, which tumble does not support; {UNSUPPORTED_HINT}",
+                    view.dtype()
+                ),
+            )
+        })?;
+        let shape = view.shape().to_vec();
+        let tensor = Tensor::new(shape, decode_le(dtype, view.data()))
+            .map_err(|e| IoError::weights(path, format!("tensor `{name}`: {e}")))?;
+        out.insert(name, tensor);
+    }
+    Ok(out)
+}
+
+/// Serializes `tensors` in the safetensors format.
+pub fn safetensors_bytes(tensors: &BTreeMap<String, Tensor>) -> Result<Vec<u8>, String> {
+    let raw: Vec<(&String, Vec<u8>, &Tensor)> = tensors
+        .iter()
+        .map(|(n, t)| (n, encode_le(t.buffer()), t))
+        .collect();
+    let mut views = Vec::with_capacity(raw.len());
+    for (name, bytes, t) in &raw {
+        let view = safetensors::tensor::TensorView::new(st_name(t.dtype()), t.shape().to_vec(), bytes)
+            .map_err(|e| format!("tensor `{name}`: {e}"))?;
+        views.push((name.as_str(), view));
+    }
+    safetensors::serialize(views, None).map_err(|e| e.to_string())
+}
+
+/// Writes `tensors` to `path` as a safetensors file, atomically: the bytes go to a temporary
+/// file in the same directory, which is fsynced and then renamed over `path`, so an interrupted
+/// save never leaves a half-written weights file.
+pub fn save_params(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<(), IoError> {
+    let bytes = safetensors_bytes(tensors)
+        .map_err(|m| IoError::weights(path, format!("cannot serialize: {m}")))?;
+    write_atomically(path, "the weights file", |w| {
+        w.write_all(&bytes)
+            .map_err(|e| IoError::file(path, "write the weights file", e))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// .npy
+
+/// Loads every `*.npy` file directly inside `dir`, each as the tensor named by its file stem.
+pub fn load_npy_dir(dir: &Path) -> Result<BTreeMap<String, Tensor>, IoError> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| IoError::file(dir, "list the weights directory", e))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| IoError::file(dir, "list the weights directory", e))?;
+        let p = entry.path();
+        if p.extension().is_some_and(|e| e == "npy") && p.is_file() {
+            files.push(p);
+        }
+    }
+    if files.is_empty() {
+        return Err(IoError::weights(
+            dir,
+            "the directory contains no .npy files (tumble reads a directory of `NAME.npy` files, \
+             one tensor each, or a .safetensors file)",
+        ));
+    }
+    files.sort();
+    let mut out = BTreeMap::new();
+    for p in files {
+        let bytes = read_file(&p)?;
+        out.insert(file_stem(&p), parse_npy(&p, &bytes)?);
+    }
+    Ok(out)
+}
+
+/// Parses the bytes of one `.npy` file (format versions 1, 2 and 3; `path` is for messages).
+pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<Tensor, IoError> {
+    let err = |m: String| IoError::weights(path, m);
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err(err(
+            "not a .npy file (it does not start with the magic bytes `\\x93NUMPY`)".into(),
+        ));
+    }
+    let major = bytes[6];
+    let (hlen, hstart): (usize, usize) = match major {
+        1 => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
+        2 | 3 => {
+            let Some(b) = bytes.get(8..12) else {
+                return Err(err("the file is truncated inside the .npy preamble".into()));
+            };
+            let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            (usize::try_from(n).unwrap_or(usize::MAX), 12)
+        }
+        v => {
+            return Err(err(format!(
+                ".npy format version {v}.{} is not supported (versions 1, 2 and 3 are)",
+                bytes[7]
+            )))
+        }
+    };
+    let hend = hstart.checked_add(hlen).filter(|&e| e <= bytes.len()).ok_or_else(|| {
+        err(format!(
+            "the header length field says {hlen} bytes, but only {} follow; the file is truncated",
+            bytes.len() - hstart
+        ))
+    })?;
+    let header = std::str::from_utf8(&bytes[hstart..hend])
+        .map_err(|_| err("the .npy header is not valid text; the file is corrupt".into()))?;
+    let h = parse_npy_header(header).map_err(|m| {
+        err(format!("cannot read the .npy header `{}`: {m}", header.trim_end()))
+    })?;
+    if h.fortran_order {
+        return Err(err(
+            "the array is stored in Fortran (column-major) order, which tumble does not read; \
+             save it from numpy with `np.save(path, np.ascontiguousarray(a))`"
+                .into(),
+        ));
+    }
+    let dtype = match h.descr.as_str() {
+        "<f4" => DType::Float32,
+        "<f8" => DType::Float64,
+        "<i4" => DType::Int32,
+        "<i8" => DType::Int64,
+        "|b1" => DType::Bool,
+        other => {
+            let why = if other.starts_with('>') {
+                " (big-endian data; use `a.astype(a.dtype.newbyteorder('<'))`)"
+            } else {
+                ""
+            };
+            return Err(err(format!(
+                "dtype `{other}` is not supported{why}; tumble reads `<f4` (float32), `<f8` \
+                 (float64), `<i4` (int32), `<i8` (int64) and `|b1` (bool)"
+            )));
+        }
+    };
+    let data = &bytes[hend..];
+    let need = byte_size(&h.shape, dtype.size())
+        .ok_or_else(|| err(format!("shape {} is too large", format_shape(&h.shape))))?;
+    if data.len() < need {
+        return Err(err(format!(
+            "shape {} of {dtype} needs {need} data bytes, but the file has only {}; \
+             the file is truncated",
+            format_shape(&h.shape),
+            data.len()
+        )));
+    }
+    if data.len() > need {
+        return Err(err(format!(
+            "shape {} of {dtype} needs {need} data bytes, but the file has {}; \
+             the header does not match the data (is the file corrupt?)",
+            format_shape(&h.shape),
+            data.len()
+        )));
+    }
+    Tensor::new(h.shape, decode_le(dtype, data)).map_err(|e| err(e.to_string()))
+}
+
+struct NpyHeader {
+    descr: String,
+    fortran_order: bool,
+    shape: Vec<usize>,
+}
+
+/// Parses the Python dict literal of a `.npy` header:
+/// `{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }`.
+fn parse_npy_header(text: &str) -> Result<NpyHeader, String> {
+    let mut p = PyLit {
+        s: text.as_bytes(),
+        i: 0,
+    };
+    p.expect(b'{')?;
+    let (mut descr, mut fortran, mut shape) = (None, None, None);
+    loop {
+        p.ws();
+        if p.eat(b'}') {
+            break;
+        }
+        let key = p.string()?;
+        p.ws();
+        p.expect(b':')?;
+        p.ws();
+        match key.as_str() {
+            "descr" => descr = Some(p.string()?),
+            "fortran_order" => fortran = Some(p.boolean()?),
+            "shape" => shape = Some(p.tuple()?),
+            other => return Err(format!("unexpected key '{other}'")),
+        }
+        p.ws();
+        if !p.eat(b',') {
+            p.ws();
+            p.expect(b'}')?;
+            break;
+        }
+    }
+    Ok(NpyHeader {
+        descr: descr.ok_or("no 'descr' entry")?,
+        fortran_order: fortran.ok_or("no 'fortran_order' entry")?,
+        shape: shape.ok_or("no 'shape' entry")?,
+    })
+}
+
+struct PyLit<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl PyLit<'_> {
+    fn ws(&mut self) {
+        while self.s.get(self.i).is_some_and(u8::is_ascii_whitespace) {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> bool {
+        if self.s.get(self.i) == Some(&c) {
+            self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect(&mut self, c: u8) -> Result<(), String> {
+        if self.eat(c) {
+            Ok(())
+        } else {
+            Err(format!("expected `{}` at offset {}", c as char, self.i))
+        }
+    }
+
+    fn string(&mut self) -> Result<String, String> {
+        let q = match self.s.get(self.i) {
+            Some(&q @ (b'\'' | b'"')) => q,
+            _ => return Err(format!("expected a quoted string at offset {}", self.i)),
+        };
+        self.i += 1;
+        let start = self.i;
+        while let Some(&c) = self.s.get(self.i) {
+            if c == q {
+                let out = String::from_utf8_lossy(&self.s[start..self.i]).into_owned();
+                self.i += 1;
+                return Ok(out);
+            }
+            self.i += 1;
+        }
+        Err("unterminated string".into())
+    }
+
+    fn boolean(&mut self) -> Result<bool, String> {
+        let rest = &self.s[self.i..];
+        if rest.starts_with(b"True") {
+            self.i += 4;
+            Ok(true)
+        } else if rest.starts_with(b"False") {
+            self.i += 5;
+            Ok(false)
+        } else {
+            Err(format!("expected True or False at offset {}", self.i))
+        }
+    }
+
+    fn tuple(&mut self) -> Result<Vec<usize>, String> {
+        self.expect(b'(')?;
+        let mut dims = Vec::new();
+        loop {
+            self.ws();
+            if self.eat(b')') {
+                return Ok(dims);
+            }
+            let start = self.i;
+            while self.s.get(self.i).is_some_and(u8::is_ascii_digit) {
+                self.i += 1;
+            }
+            let digits = std::str::from_utf8(&self.s[start..self.i]).unwrap_or("");
+            let d: usize = digits
+                .parse()
+                .map_err(|_| format!("expected a dimension size at offset {start}"))?;
+            self.eat(b'L'); // Python 2 long literals
+            dims.push(d);
+            self.ws();
+            if !self.eat(b',') {
+                self.ws();
+                self.expect(b')')?;
+                return Ok(dims);
+            }
+        }
+    }
+}
+
+/// The bytes of a version-1 `.npy` file holding `tensor` (used by tests and tools that want to
+/// hand tensors to numpy).
+pub fn npy_bytes(tensor: &Tensor) -> Vec<u8> {
+    let descr = match tensor.dtype() {
+        DType::Float32 => "<f4",
+        DType::Float64 => "<f8",
+        DType::Int32 => "<i4",
+        DType::Int64 => "<i8",
+        DType::Bool => "|b1",
+    };
+    let shape = format_shape(tensor.shape()); // Python tuple syntax: `(4,)`, `(2, 3)`, `()`
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // Pad with spaces so that magic + version + length + header + '\n' is a multiple of 64.
+    let unpadded = 10 + header.len() + 1;
+    header.push_str(&" ".repeat((64 - unpadded % 64) % 64));
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + tensor.len() * tensor.dtype().size());
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    // Our headers are far below 64 KiB.
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(&encode_le(tensor.buffer()));
+    out
+}

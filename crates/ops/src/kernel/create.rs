@@ -1,0 +1,170 @@
+//! Creation and conversion kernels (`zeros`, `ones`, `full`, `zeros_like`, `ones_like`, `cast`)
+//! and the ACROBAT intrinsics `db.phase_change` and `random.db_uniform`. Result shapes and
+//! dtypes come from the relations.
+
+use super::{KCall, Values};
+use crate::{rel, KernelError, OpCtx, OpValue};
+use tumble_ir::{Attrs, DType};
+use tumble_tensor::{Element, Tensor};
+
+/// A tensor of the relation's type filled with `value`.
+fn filled(
+    op: &'static str,
+    args: &[OpValue],
+    attrs: &Attrs,
+    arity: usize,
+    relation: crate::Relation,
+    value: f64,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new(op, args, attrs, arity)?;
+    let (shape, dtype) = k.out_tensor(relation)?;
+    Ok(k.t(Tensor::full_f64(shape, dtype, value))?.into())
+}
+
+pub fn zeros(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    filled("zeros", args, attrs, 0, rel::create::zeros, 0.0)
+}
+
+pub fn ones(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    filled("ones", args, attrs, 0, rel::create::ones, 1.0)
+}
+
+pub fn zeros_like(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    filled("zeros_like", args, attrs, 1, rel::create::zeros_like, 0.0)
+}
+
+pub fn ones_like(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    filled("ones_like", args, attrs, 1, rel::create::ones_like, 1.0)
+}
+
+/// `full(fill_value, shape, dtype=None)`: the scalar `fill_value` cast to the dtype (exactly,
+/// with the tensor crate's cast rules: int64 values are not rounded through f64), repeated.
+pub fn full(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("full", args, attrs, 1)?;
+    let v = k.tensor(0, "fill_value")?;
+    let (shape, dtype) = k.out_tensor(rel::create::full)?;
+    if v.len() != 1 {
+        return Err(k.err(format!(
+            "fill_value must be a scalar, found shape {:?}",
+            v.shape()
+        )));
+    }
+    let scalar = k.t(v.cast(dtype).reshape([]))?;
+    Ok(k.t(scalar.broadcast_to(shape))?.into())
+}
+
+/// `cast(x, dtype)`: numpy `astype` (float → int truncates toward zero, saturating, NaN → 0;
+/// int → narrower int wraps; → bool is `!= 0`).
+pub fn cast(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("cast", args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let (_, dtype) = k.out_tensor(rel::create::cast)?;
+    Ok(x.cast(dtype).into())
+}
+
+/// `db.phase_change()`: a scheduling marker; as a value it is unit `()`.
+pub fn phase_change(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    KCall::new("db.phase_change", args, attrs, 0)?;
+    Ok(OpValue::unit())
+}
+
+/// The largest float of `dtype` below `x` (for keeping float draws strictly below `high`).
+fn next_below(x: f64, dtype: DType) -> f64 {
+    fn down32(x: f32) -> f32 {
+        if x.is_nan() || x == f32::NEG_INFINITY {
+            x
+        } else if x == 0.0 {
+            -f32::from_bits(1)
+        } else if x > 0.0 {
+            f32::from_bits(x.to_bits() - 1)
+        } else {
+            f32::from_bits(x.to_bits() + 1)
+        }
+    }
+    fn down64(x: f64) -> f64 {
+        if x.is_nan() || x == f64::NEG_INFINITY {
+            x
+        } else if x == 0.0 {
+            -f64::from_bits(1)
+        } else if x > 0.0 {
+            f64::from_bits(x.to_bits() - 1)
+        } else {
+            f64::from_bits(x.to_bits() + 1)
+        }
+    }
+    match dtype {
+        DType::Float32 => f64::from(down32(x.to_f32())),
+        _ => down64(x),
+    }
+}
+
+/// `random.db_uniform(low, high, out_shape, out_dtype="int32")`: one draw per element, in
+/// row-major order, from `ctx.rng`.
+///
+/// - Integer dtypes: uniform over the integers in `[low, high)`, i.e. `rng.int_range(ceil(low),
+///   ceil(high))` (for integral bounds, `int_range(low, high)`). An empty integer range is an
+///   error, except `low == high` integral, which fills with `low` (and draws nothing). Bounds
+///   outside the dtype's range are errors.
+/// - Float dtypes: `low + (high - low) * rng.uniform_f64()` in f64, rounded to the dtype; a value
+///   that rounding pushed up to `high` becomes the largest value of the dtype below `high` (but
+///   not below `low`), so the result stays in `[low, high)` when `low < high`. `low == high`
+///   gives `low`.
+pub fn db_uniform(
+    args: &[OpValue],
+    attrs: &Attrs,
+    ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new("random.db_uniform", args, attrs, 0)?;
+    let (shape, dtype) = k.out_tensor(rel::create::db_uniform)?;
+    let c = k.rel();
+    let low = c.req_float("low")?;
+    let high = c.req_float("high")?;
+    let n = k.t(super::product(&shape))?;
+    let values = match dtype {
+        DType::Int32 | DType::Int64 => {
+            let (lo, hi) = (low.ceil(), high.ceil());
+            let (min, max) = match dtype {
+                DType::Int32 => (f64::from(i32::MIN), f64::from(i32::MAX) + 1.0),
+                _ => (i64::MIN as f64, i64::MAX as f64),
+            };
+            if !(lo >= min && hi <= max) {
+                return Err(k.err(format!("[{low:?}, {high:?}) does not fit in {dtype}")));
+            }
+            let (lo, hi) = (lo as i64, hi as i64);
+            if lo >= hi && !(low == high && low.fract() == 0.0) {
+                return Err(k.err(format!("[{low:?}, {high:?}) contains no integer to draw")));
+            }
+            Values::I((0..n).map(|_| ctx.rng.int_range(lo, hi)).collect())
+        }
+        DType::Float32 | DType::Float64 => {
+            let draw = |u: f64| {
+                let v = low + (high - low) * u;
+                let v = if dtype == DType::Float32 {
+                    f64::from(v.to_f32())
+                } else {
+                    v
+                };
+                if v >= high && high > low {
+                    next_below(high, dtype).max(low)
+                } else {
+                    v
+                }
+            };
+            Values::F((0..n).map(|_| draw(ctx.rng.uniform_f64())).collect())
+        }
+        DType::Bool => return Err(k.err("out_dtype must be numeric, found bool")),
+    };
+    Ok(k.t(values.into_tensor(&shape, dtype))?.into())
+}

@@ -1,0 +1,258 @@
+//! Data-movement kernels: `concatenate`, `split`, `reshape`, `transpose`, `expand_dims`,
+//! `squeeze`, `take`, `strided_slice`. Each builds an index map (output flat position → input
+//! flat position) and gathers with [`Tensor::take`], which works for every dtype and checks
+//! bounds. Output shapes come from the relations; attribute parsing from the relations' helpers.
+
+use super::{permute, product, with_dtype, KCall};
+use crate::rel::layout::{slice_range, slice_spec, take_spec, transpose_perm, TakeMode};
+use crate::{rel, KernelError, OpCtx, OpValue};
+use tumble_ir::{Attrs, Ty};
+use tumble_tensor::shape::increment_index;
+use tumble_tensor::{Element, Tensor};
+
+/// The elements of all `parts` (of one dtype) one after another, as a 1-D tensor.
+fn flat_concat(k: &KCall, parts: &[Tensor]) -> Result<Tensor, KernelError> {
+    fn typed<T: Element>(parts: &[Tensor]) -> Option<Vec<T>> {
+        let mut v = Vec::new();
+        for p in parts {
+            v.extend_from_slice(p.as_slice::<T>()?);
+        }
+        Some(v)
+    }
+    let Some(first) = parts.first() else {
+        return Err(k.err("input must be a non-empty tuple of tensors, found ()"));
+    };
+    with_dtype!(first.dtype(), T => {
+        let v = typed::<T>(parts).ok_or_else(|| k.err("all fields must have one dtype"))?;
+        let n = v.len();
+        k.t(Tensor::from_vec([n], v))
+    })
+}
+
+/// `(outer, inner)`: the products of the dims before and after `axis`.
+fn outer_inner(k: &KCall, shape: &[usize], axis: usize) -> Result<(usize, usize), KernelError> {
+    let outer = k.t(product(shape.get(..axis).unwrap_or_default()))?;
+    let inner = k.t(product(shape.get(axis + 1..).unwrap_or_default()))?;
+    Ok((outer, inner))
+}
+
+/// `concatenate((a, b, ...), axis=0)`: for every outer position (the dims before `axis`), the
+/// blocks `a[o, :, ...]`, `b[o, :, ...]`, ... one after another.
+pub fn concatenate(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new("concatenate", args, attrs, 1)?;
+    let parts = k.tuple(0, "input")?;
+    let (out_shape, _) = k.out_tensor(rel::layout::concatenate)?;
+    let c = k.rel();
+    let axis = c.axis(c.int_or("axis", 0)?, out_shape.len())?;
+    let (outer, _) = outer_inner(&k, &out_shape, axis)?;
+    let flat = flat_concat(&k, parts)?;
+    // Each part contributes blocks of (its size along axis) × inner elements per outer position.
+    let mut start = 0usize;
+    let mut blocks = Vec::with_capacity(parts.len());
+    for p in parts {
+        let (_, inner) = outer_inner(&k, p.shape(), axis)?;
+        let block = p.shape().get(axis).copied().unwrap_or(0) * inner;
+        blocks.push((start, block));
+        start += p.len();
+    }
+    let mut indices = Vec::with_capacity(flat.len());
+    for o in 0..outer {
+        for &(start, block) in &blocks {
+            indices.extend((0..block).map(|j| start + o * block + j));
+        }
+    }
+    Ok(k.t(flat.take(out_shape, &indices))?.into())
+}
+
+/// `split(x, indices_or_sections, axis=0)`: the pieces' shapes come from the relation; piece `p`
+/// covers `[begin_p, begin_p + len_p)` along `axis`, where `begin_p` sums the earlier lengths.
+pub fn split(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("split", args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let Ty::Tuple(pieces) = k.out_ty(rel::layout::split)? else {
+        return Err(k.err("internal error: split's relation did not return a tuple"));
+    };
+    let c = k.rel();
+    let axis = c.axis(c.int_or("axis", 0)?, x.rank())?;
+    let d = x.shape().get(axis).copied().unwrap_or(0);
+    let (outer, inner) = outer_inner(&k, x.shape(), axis)?;
+    let mut out = Vec::with_capacity(pieces.len());
+    let mut begin = 0usize;
+    for ty in &pieces {
+        let (shape, _) = super::tensor_shape(ty)
+            .ok_or_else(|| k.err(format!("internal error: piece type {ty}")))?;
+        let len = shape.get(axis).copied().unwrap_or(0);
+        if begin + len > d {
+            return Err(k.err(format!("internal error: pieces exceed dimension {d}")));
+        }
+        let mut indices = Vec::new();
+        for o in 0..outer {
+            let base = (o * d + begin) * inner;
+            indices.extend(base..base + len * inner);
+        }
+        out.push(k.t(x.take(shape, &indices))?);
+        begin += len;
+    }
+    Ok(OpValue::Tuple(out))
+}
+
+/// `reshape`, `expand_dims`, `squeeze`: the same elements in the shape the relation computes
+/// (so `reshape`'s 0/-1/-2/-3/-4 have exactly the relation's meaning).
+fn same_elements(
+    op: &'static str,
+    args: &[OpValue],
+    attrs: &Attrs,
+    relation: crate::Relation,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new(op, args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let (shape, _) = k.out_tensor(relation)?;
+    Ok(k.t(x.reshape(shape))?.into())
+}
+
+super::kernels! {
+    reshape => same_elements("reshape", rel::layout::reshape);
+    expand_dims => same_elements("expand_dims", rel::layout::expand_dims);
+    squeeze => same_elements("squeeze", rel::layout::squeeze);
+}
+
+/// `transpose(x, axes=None)`: output axis `i` is input axis `axes[i]` (None: reversed).
+pub fn transpose(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new("transpose", args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let c = k.rel();
+    let perm = transpose_perm(&c, c.tensor(0, "input")?)?;
+    Ok(permute(x, &perm).map_err(|m| k.err(m))?.into())
+}
+
+/// An index into an axis of length `n` under `mode`, or the error message.
+fn resolve_index(i: i64, n: usize, mode: TakeMode) -> Result<usize, String> {
+    let n64 = i64::try_from(n).map_err(|_| "axis too long".to_string())?;
+    if n64 == 0 {
+        return Err(format!("index {i} is out of range: the axis has length 0"));
+    }
+    let r = match mode {
+        TakeMode::Clip => i.clamp(0, n64 - 1),
+        TakeMode::Wrap => i.rem_euclid(n64),
+        TakeMode::Fast => {
+            if (-n64..n64).contains(&i) {
+                if i < 0 {
+                    i + n64
+                } else {
+                    i
+                }
+            } else {
+                return Err(format!(
+                    "index {i} is out of range for an axis of length {n} (mode=\"fast\" does not clip or wrap)"
+                ));
+            }
+        }
+    };
+    usize::try_from(r).map_err(|_| format!("index {i} is out of range"))
+}
+
+/// `take(x, indices, axis=None, batch_dims=0, mode="clip")`. Without an axis, gathers from the
+/// flattened `x`: `out[j...] = x.flat[indices[j...]]`. With one (and `bd` batch dims):
+/// `out[b, pre, j, post] = x[b, pre, indices[b, j], post]` where `b` are the first `bd` axes
+/// (shared by `x` and `indices`), `pre` the remaining axes before `axis`, `j` the remaining axes
+/// of `indices`, `post` the axes after `axis`. Out-of-range indices: `clip` clamps into
+/// `[0, n-1]`, `wrap` takes them modulo `n` (Python `%`), `fast` accepts `[-n, n)` (negative
+/// counts from the end, as numpy's default) and is an error otherwise.
+pub fn take(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("take", args, attrs, 2)?;
+    let x = k.tensor(0, "input")?;
+    let idx = k.tensor(1, "indices")?;
+    let (out_shape, _) = k.out_tensor(rel::layout::take)?;
+    let c = k.rel();
+    let spec = take_spec(&c, c.tensor(0, "input")?, c.tensor(1, "indices")?)?;
+    if !idx.dtype().is_int() {
+        return Err(k.err(format!(
+            "indices must have dtype int32 or int64, found {}",
+            idx.dtype()
+        )));
+    }
+    let iv = idx.to_i64_vec();
+    let Some((axis, bd)) = spec.axis else {
+        let indices = iv
+            .iter()
+            .map(|&i| resolve_index(i, x.len(), spec.mode))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|m| k.err(m))?;
+        return Ok(k.t(x.take(out_shape, &indices))?.into());
+    };
+    let xs = x.shape();
+    let n = xs.get(axis).copied().unwrap_or(0);
+    let batch = k.t(product(xs.get(..bd).unwrap_or_default()))?;
+    let pre = k.t(product(xs.get(bd..axis).unwrap_or_default()))?;
+    let post = k.t(product(xs.get(axis + 1..).unwrap_or_default()))?;
+    let per_batch = k.t(product(idx.shape().get(bd..).unwrap_or_default()))?;
+    if xs.get(..bd) != idx.shape().get(..bd) {
+        return Err(k.err("the batch dimensions of input and indices differ"));
+    }
+    let mut indices = Vec::with_capacity(k.t(product(&out_shape))?);
+    for b in 0..batch {
+        for p in 0..pre {
+            for j in 0..per_batch {
+                let raw = iv.get(b * per_batch + j).copied().unwrap_or(0);
+                let i = resolve_index(raw, n, spec.mode).map_err(|m| k.err(m))?;
+                let base = ((b * pre + p) * n + i) * post;
+                indices.extend(base..base + post);
+            }
+        }
+    }
+    Ok(k.t(x.take(out_shape, &indices))?.into())
+}
+
+/// `strided_slice(x, begin, end, strides=None, axes=None, slice_mode="end")`: along each sliced
+/// axis the positions `start + i * step` (`i < len`), computed by the relation's `slice_range`
+/// (Python slice semantics, negative strides walk backwards); other axes are kept whole.
+pub fn strided_slice(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new("strided_slice", args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let (out_shape, _) = k.out_tensor(rel::layout::strided_slice)?;
+    let c = k.rel();
+    let spec = slice_spec(&c, c.tensor(0, "input")?)?;
+    // Per input axis: (start, step); whole axes are (0, 1).
+    let mut plan: Vec<(i64, i64)> = vec![(0, 1); x.rank()];
+    for s in &spec.axes {
+        let d = x.shape().get(s.axis).copied().unwrap_or(0);
+        let d = i64::try_from(d).map_err(|_| k.err("dimension too large"))?;
+        let (start, step, _) = slice_range(d, s.begin, s.end, s.stride, spec.size_mode);
+        if let Some(slot) = plan.get_mut(s.axis) {
+            *slot = (start, step);
+        }
+    }
+    let strides = x.strides();
+    let n = k.t(product(&out_shape))?;
+    let mut indices = Vec::with_capacity(n);
+    if n > 0 {
+        let mut idx = vec![0usize; out_shape.len()];
+        loop {
+            let mut flat = 0i64;
+            for ((&i, &(start, step)), &st) in idx.iter().zip(&plan).zip(&strides) {
+                // i < len, so start + i * step is a position inside the axis (slice_range).
+                let pos = start + (i as i64) * step;
+                flat += pos * st as i64;
+            }
+            indices.push(
+                usize::try_from(flat).map_err(|_| k.err("internal error: negative position"))?,
+            );
+            if !increment_index(&mut idx, &out_shape) {
+                break;
+            }
+        }
+    }
+    Ok(k.t(x.take(out_shape, &indices))?.into())
+}

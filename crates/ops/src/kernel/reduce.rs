@@ -1,0 +1,298 @@
+//! Kernels that reduce along axes: normalizations (`nn.softmax`, `nn.log_softmax`,
+//! `nn.layer_norm`), reductions (`sum`, `mean`, `max`, `min`) and `argmax`/`argmin`.
+//!
+//! Each moves the axes it works on to the end ([`permute`]), so that every output element (or
+//! every normalized row) is one contiguous row of the moved input; rows are processed in f64
+//! (floats) or i64 (ints), and the result is rounded once to the output dtype. Softmax and
+//! log-softmax subtract the row maximum first; layer norm computes the mean, then the variance of
+//! the centered values (two passes), so large offsets (values ~1e4) lose no precision.
+
+use super::{inverse, kernels, permute, product, row, KCall, Values};
+use crate::{rel, KernelError, OpCtx, OpValue};
+use std::cmp::Ordering;
+use tumble_ir::Attrs;
+use tumble_tensor::Tensor;
+
+/// Which reduction `reduction` computes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reduce {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    ArgMax,
+    ArgMin,
+}
+
+kernels! {
+    softmax => normalize("nn.softmax", false);
+    log_softmax => normalize("nn.log_softmax", true);
+    sum => reduction("sum", Reduce::Sum, rel::reduce::sum);
+    mean => reduction("mean", Reduce::Mean, rel::reduce::mean);
+    max => reduction("max", Reduce::Max, rel::reduce::max);
+    min => reduction("min", Reduce::Min, rel::reduce::min);
+    argmax => reduction("argmax", Reduce::ArgMax, rel::reduce::argmax);
+    argmin => reduction("argmin", Reduce::ArgMin, rel::reduce::argmin);
+}
+
+/// Applies `f` to every 1-D row of `x` along `axis` (in f64) and puts the results back in place;
+/// the result has `x`'s shape and dtype.
+fn along_axis(
+    k: &KCall,
+    x: &Tensor,
+    axis: usize,
+    mut f: impl FnMut(&[f64], &mut Vec<f64>),
+) -> Result<Tensor, KernelError> {
+    let rank = x.rank();
+    let mut perm: Vec<usize> = (0..rank).filter(|&a| a != axis).collect();
+    perm.push(axis);
+    let moved = permute(x, &perm).map_err(|m| k.err(m))?;
+    let len = x.shape().get(axis).copied().unwrap_or(0);
+    let rows = k.t(product(moved.shape()))?.checked_div(len).unwrap_or(0);
+    let v = moved.to_f64_vec();
+    let mut out = Vec::with_capacity(v.len());
+    for r in 0..rows {
+        f(row(&v, r, len), &mut out);
+    }
+    let moved_out = k.t(Values::F(out).into_tensor(moved.shape(), x.dtype()))?;
+    permute(&moved_out, &inverse(&perm)).map_err(|m| k.err(m))
+}
+
+/// `nn.softmax(x, axis=-1)` and `nn.log_softmax`, stabilized by subtracting the row maximum.
+fn normalize(
+    op: &'static str,
+    args: &[OpValue],
+    attrs: &Attrs,
+    log: bool,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new(op, args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    if !x.dtype().is_float() {
+        return Err(k.err(format!(
+            "input must have a float dtype, found {}",
+            x.dtype()
+        )));
+    }
+    let c = k.rel();
+    let axis = c.axis(c.int_or("axis", -1)?, x.rank())?;
+    let out = along_axis(&k, x, axis, |r, out| {
+        let m = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = r.iter().map(|v| (v - m).exp()).sum();
+        if log {
+            let log_sum = sum.ln();
+            out.extend(r.iter().map(|v| v - m - log_sum));
+        } else {
+            out.extend(r.iter().map(|v| (v - m).exp() / sum));
+        }
+    })?;
+    Ok(out.into())
+}
+
+/// `nn.layer_norm(x, gamma, beta, axis=-1, epsilon=1e-5, center=True, scale=True)`:
+/// `(x - mean) / sqrt(var + epsilon) * gamma + beta` along `axis`, with the biased variance
+/// (divided by n); `gamma` is skipped when `scale=False`, `beta` when `center=False`.
+pub fn layer_norm(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new("nn.layer_norm", args, attrs, 3)?;
+    let x = k.tensor(0, "input")?;
+    let gamma = k.tensor(1, "gamma")?;
+    let beta = k.tensor(2, "beta")?;
+    if !x.dtype().is_float() {
+        return Err(k.err(format!(
+            "input must have a float dtype, found {}",
+            x.dtype()
+        )));
+    }
+    let c = k.rel();
+    let axis = c.axis(c.int_or("axis", -1)?, x.rank())?;
+    let eps = c.opt_float("epsilon")?.unwrap_or(1e-5);
+    let center = c.bool_or("center", true)?;
+    let scale = c.bool_or("scale", true)?;
+    let len = x.shape().get(axis).copied().unwrap_or(0);
+    for (t, role) in [(gamma, "gamma"), (beta, "beta")] {
+        if t.shape() != [len] {
+            return Err(k.err(format!(
+                "{role} has shape {:?} but input has {len} along axis {axis}",
+                t.shape()
+            )));
+        }
+    }
+    let g = gamma.to_f64_vec();
+    let b = beta.to_f64_vec();
+    let n = len as f64;
+    let out = along_axis(&k, x, axis, |r, out| {
+        let mean = r.iter().sum::<f64>() / n;
+        let var = r.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+        let inv = 1.0 / (var + eps).sqrt();
+        for ((v, gi), bi) in r.iter().zip(&g).zip(&b) {
+            let mut y = (v - mean) * inv;
+            if scale {
+                y *= gi;
+            }
+            if center {
+                y += bi;
+            }
+            out.push(y);
+        }
+    })?;
+    Ok(out.into())
+}
+
+/// Orders floats with NaN above everything (`nan_high`) or below everything, NaN equal to NaN:
+/// the order under which `argmax`/`argmin` pick the first NaN, as numpy does.
+fn nan_cmp(a: f64, b: f64, nan_high: bool) -> Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) if nan_high => Ordering::Greater,
+        (true, false) => Ordering::Less,
+        (false, true) if nan_high => Ordering::Less,
+        (false, true) => Ordering::Greater,
+        (false, false) => a.partial_cmp(&b).unwrap_or(Ordering::Equal),
+    }
+}
+
+/// The position of the extreme element of `r` under `cmp`: `Greater` means "better". Ties go to
+/// the first occurrence, or the last with `last`. `None` for an empty row.
+fn arg_best<T: Copy>(r: &[T], last: bool, cmp: impl Fn(T, T) -> Ordering) -> Option<usize> {
+    let mut it = r.iter().copied().enumerate();
+    let (mut bi, mut bv) = it.next()?;
+    for (i, v) in it {
+        match cmp(v, bv) {
+            Ordering::Greater => (bi, bv) = (i, v),
+            Ordering::Equal if last => (bi, bv) = (i, v),
+            _ => {}
+        }
+    }
+    Some(bi)
+}
+
+/// `sum`/`mean`/`max`/`min`/`argmax`/`argmin(x, axis=None, keepdims=False, exclude=False)`.
+/// The reduced axes are moved to the end; each output element reduces one contiguous row of
+/// `row_len` = (product of reduced dims) elements. `argmax`/`argmin` return the position within
+/// that row, i.e. the row-major flat index over the reduced axes.
+fn reduction(
+    op: &'static str,
+    args: &[OpValue],
+    attrs: &Attrs,
+    kind: Reduce,
+    relation: crate::Relation,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new(op, args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let (out_shape, out_dtype) = k.out_tensor(relation)?;
+    let c = k.rel();
+    let reduced = rel::reduce::reduce_axes(&c, c.tensor(0, "input")?)?;
+    let (mut perm, mut red): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    for (axis, &r) in reduced.iter().enumerate() {
+        if r {
+            red.push(axis);
+        } else {
+            perm.push(axis);
+        }
+    }
+    let kept_dims: Vec<usize> = perm
+        .iter()
+        .filter_map(|&a| x.shape().get(a).copied())
+        .collect();
+    let red_dims: Vec<usize> = red
+        .iter()
+        .filter_map(|&a| x.shape().get(a).copied())
+        .collect();
+    perm.extend(red);
+    let moved = permute(x, &perm).map_err(|m| k.err(m))?;
+    let rows = k.t(product(&kept_dims))?;
+    let len = k.t(product(&red_dims))?;
+    let empty = || k.err("cannot reduce an empty axis (the reduction has no identity)");
+    let select_last = kind == Reduce::ArgMax || kind == Reduce::ArgMin;
+    let select_last = select_last && c.bool_or("select_last_index", false)?;
+    let arg_index = |i: Option<usize>| -> Result<i64, KernelError> {
+        let i = i.ok_or_else(empty)?;
+        i32::try_from(i)
+            .map(i64::from)
+            .map_err(|_| k.err(format!("index {i} does not fit in int32")))
+    };
+    let out = match Values::of(&moved) {
+        Values::F(v) => {
+            let rows_iter = (0..rows).map(|r| row(&v, r, len));
+            match kind {
+                Reduce::Sum => Values::F(rows_iter.map(|r| r.iter().sum()).collect()),
+                Reduce::Mean => Values::F(
+                    rows_iter
+                        .map(|r| r.iter().sum::<f64>() / len as f64)
+                        .collect(),
+                ),
+                Reduce::Max | Reduce::Min => {
+                    let f = if kind == Reduce::Max {
+                        super::broadcast::nan_max
+                    } else {
+                        super::broadcast::nan_min
+                    };
+                    Values::F(
+                        rows_iter
+                            .map(|r| r.iter().copied().reduce(f).ok_or_else(empty))
+                            .collect::<Result<_, _>>()?,
+                    )
+                }
+                Reduce::ArgMax | Reduce::ArgMin => {
+                    let high = kind == Reduce::ArgMax;
+                    Values::I(
+                        rows_iter
+                            .map(|r| {
+                                arg_index(arg_best(r, select_last, |a, b| {
+                                    let o = nan_cmp(a, b, high);
+                                    if high {
+                                        o
+                                    } else {
+                                        o.reverse()
+                                    }
+                                }))
+                            })
+                            .collect::<Result<_, _>>()?,
+                    )
+                }
+            }
+        }
+        Values::I(v) => {
+            let rows_iter = (0..rows).map(|r| row(&v, r, len));
+            let wrapping_sum = |r: &[i64]| r.iter().fold(0i64, |a, &b| a.wrapping_add(b));
+            match kind {
+                Reduce::Sum => Values::I(rows_iter.map(wrapping_sum).collect()),
+                Reduce::Mean => {
+                    // Truncating division of the exact (wrapping) sum, like integer `divide`.
+                    let n = i64::try_from(len).map_err(|_| k.err("too many elements"))?;
+                    if n == 0 && rows > 0 {
+                        return Err(
+                            k.err("mean of an empty axis of an integer tensor (division by zero)")
+                        );
+                    }
+                    Values::I(rows_iter.map(|r| wrapping_sum(r).wrapping_div(n)).collect())
+                }
+                Reduce::Max => Values::I(
+                    rows_iter
+                        .map(|r| r.iter().copied().max().ok_or_else(empty))
+                        .collect::<Result<_, _>>()?,
+                ),
+                Reduce::Min => Values::I(
+                    rows_iter
+                        .map(|r| r.iter().copied().min().ok_or_else(empty))
+                        .collect::<Result<_, _>>()?,
+                ),
+                Reduce::ArgMax => Values::I(
+                    rows_iter
+                        .map(|r| arg_index(arg_best(r, select_last, |a: i64, b| a.cmp(&b))))
+                        .collect::<Result<_, _>>()?,
+                ),
+                Reduce::ArgMin => Values::I(
+                    rows_iter
+                        .map(|r| arg_index(arg_best(r, select_last, |a: i64, b| b.cmp(&a))))
+                        .collect::<Result<_, _>>()?,
+                ),
+            }
+        }
+        Values::B(_) => return Err(k.err("input must have a numeric dtype, found bool")),
+    };
+    Ok(k.t(out.into_tensor(&out_shape, out_dtype))?.into())
+}

@@ -1,0 +1,122 @@
+//! One-input elementwise kernels: activations, math functions, `copy`, `logical_not`, `clip`.
+//! Floats are computed in f64 and rounded once to the input dtype; ints in i64 with wrapping
+//! (`negative`/`abs` of the smallest int wrap to itself, as in numpy).
+
+use super::{kernels, KCall, Values};
+use crate::{KernelError, OpCtx, OpValue};
+use tumble_ir::{Attrs, DType};
+use tumble_tensor::{Element, Tensor};
+
+/// Which domains a unary operator is defined on; the result has the input's dtype.
+#[derive(Clone, Copy)]
+pub(crate) enum UnaryFn {
+    /// float32/float64 only.
+    Float(fn(f64) -> f64),
+    /// Ints and floats.
+    Numeric(fn(f64) -> f64, fn(i64) -> i64),
+}
+
+kernels! {
+    negative => unary("negative", UnaryFn::Numeric(|x| -x, i64::wrapping_neg));
+    sigmoid => unary("sigmoid", UnaryFn::Float(sigmoid_f64));
+    tanh => unary("tanh", UnaryFn::Float(f64::tanh));
+    exp => unary("exp", UnaryFn::Float(f64::exp));
+    log => unary("log", UnaryFn::Float(f64::ln));
+    sqrt => unary("sqrt", UnaryFn::Float(f64::sqrt));
+    rsqrt => unary("rsqrt", UnaryFn::Float(|x| 1.0 / x.sqrt()));
+    abs => unary("abs", UnaryFn::Numeric(f64::abs, i64::wrapping_abs));
+    // `x < 0 ? 0 : x` keeps NaN (numpy `maximum(x, 0)`).
+    relu => unary("nn.relu", UnaryFn::Numeric(|x| if x < 0.0 { 0.0 } else { x }, |x| x.max(0)));
+}
+
+/// `1 / (1 + e^-x)`, written so that neither branch overflows: for negative `x`, `e^x / (1 + e^x)`.
+fn sigmoid_f64(x: f64) -> f64 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+fn unary(
+    op: &'static str,
+    args: &[OpValue],
+    attrs: &Attrs,
+    f: UnaryFn,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new(op, args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let out = match (Values::of(x), f) {
+        (Values::F(v), UnaryFn::Float(g) | UnaryFn::Numeric(g, _)) => {
+            Values::F(v.into_iter().map(g).collect())
+        }
+        (Values::I(v), UnaryFn::Numeric(_, g)) => Values::I(v.into_iter().map(g).collect()),
+        _ => return Err(k.err(format!("unsupported input dtype {}", x.dtype()))),
+    };
+    Ok(k.t(out.into_tensor(x.shape(), x.dtype()))?.into())
+}
+
+/// `logical_not(x)` on a bool tensor.
+pub fn logical_not(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new("logical_not", args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let Some(v) = x.as_bool() else {
+        return Err(k.err(format!("input must have dtype bool, found {}", x.dtype())));
+    };
+    Ok(
+        k.t(Tensor::from_bool(x.shape(), v.iter().map(|b| !b).collect()))?
+            .into(),
+    )
+}
+
+/// `copy(x)`: a tensor with its own buffer, equal to `x`.
+pub fn copy(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("copy", args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    Ok(k.t(Tensor::new(x.shape(), x.buffer().clone()))?.into())
+}
+
+/// `clip(x, a_min, a_max)`. Floats: `a_min` if `x < a_min`, `a_max` if `x > a_max`, else `x`
+/// (NaN stays NaN). Ints: the bounds are first converted to the dtype (truncating toward zero,
+/// saturating at its limits), then the value is clamped; since truncation is monotone this equals
+/// clipping in real numbers and casting the result back (`clip([-1, 5], -0.5, 2.7)` on int32 is
+/// `[0, 2]`).
+pub fn clip(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("clip", args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let c = k.rel();
+    let lo = c.req_float("a_min")?;
+    let hi = c.req_float("a_max")?;
+    if lo.is_nan() || hi.is_nan() || lo > hi {
+        return Err(k.err(format!("a_min ({lo:?}) must not exceed a_max ({hi:?})")));
+    }
+    let out = match Values::of(x) {
+        Values::F(v) => Values::F(
+            v.into_iter()
+                .map(|x| {
+                    if x < lo {
+                        lo
+                    } else if x > hi {
+                        hi
+                    } else {
+                        x
+                    }
+                })
+                .collect(),
+        ),
+        Values::I(v) => {
+            let (lo, hi) = match x.dtype() {
+                DType::Int32 => (i64::from(lo.to_i32()), i64::from(hi.to_i32())),
+                _ => (lo.to_i64(), hi.to_i64()),
+            };
+            Values::I(v.into_iter().map(|x| x.max(lo).min(hi)).collect())
+        }
+        Values::B(_) => return Err(k.err("input must have a numeric dtype, found bool")),
+    };
+    Ok(k.t(out.into_tensor(x.shape(), x.dtype()))?.into())
+}

@@ -1,0 +1,535 @@
+#!/usr/bin/env python3
+"""Writes cases.json: golden input/output cases for tumble's reference kernels, computed by numpy.
+
+Run once and commit the output together with this script (the Rust test `tests/golden.rs` reads
+cases.json; it never runs Python):
+
+    python3 -m venv /tmp/golden-venv && /tmp/golden-venv/bin/pip install numpy
+    /tmp/golden-venv/bin/python crates/ops/tests/golden/gen_golden.py
+
+Format: a JSON list of cases
+    {"op": "nn.softmax", "note": "...", "attrs": {"axis": 1},
+     "inputs": [VALUE, ...], "expected": VALUE}
+where VALUE is a tensor {"shape": [2, 3], "dtype": "float32", "data": [... row-major ...]} or a
+tuple {"tuple": [TENSOR, ...]}. Attribute names and values are Relay's (ints, floats, bools,
+strings, lists of ints). Float data that is not finite is written as the strings "nan", "inf",
+"-inf".
+
+Conventions:
+- Inputs are random (fixed seed) but dyadic (multiples of 1/64), so they print short and exact.
+- Float results are computed in float64 from the (exact) inputs and rounded once to the output
+  dtype: that is the exact answer to within one rounding, which the Rust kernels (f64
+  accumulation) must match within rtol 1e-5 / atol 1e-6 for float32.
+- Where Relay/TVM semantics differ from numpy's defaults, the script spells out Relay's: integer
+  `divide` truncates toward zero; `take` with batch_dims is written as loops; `argmax` over
+  several axes flattens the reduced axes; `select_last_index` picks the last tie.
+"""
+
+import json
+import os
+
+import numpy as np
+
+rng = np.random.default_rng(20240611)
+cases = []
+
+F32, F64, I32, I64, BOOL = np.float32, np.float64, np.int32, np.int64, np.bool_
+
+
+# ---- input makers -------------------------------------------------------------------------------
+
+def fr(*shape, dtype=F32, lo=-4.0, hi=4.0):
+    """Random dyadic floats (multiples of 1/64) in [lo, hi]."""
+    k = rng.integers(int(lo * 64), int(hi * 64) + 1, size=shape)
+    return (k / 64.0).astype(dtype)
+
+
+def ir(*shape, dtype=I32, lo=-9, hi=9):
+    return rng.integers(lo, hi + 1, size=shape).astype(dtype)
+
+
+def br(*shape):
+    return rng.integers(0, 2, size=shape).astype(BOOL)
+
+
+def ties(*shape, dtype=F32):
+    """Small integers as floats: many equal values (ties for argmax, equality for comparisons)."""
+    return rng.integers(0, 4, size=shape).astype(dtype)
+
+
+# ---- encoding -----------------------------------------------------------------------------------
+
+def num(x, dtype):
+    x = float(x)
+    if np.isnan(x):
+        return "nan"
+    if np.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if dtype == "float32":
+        # The shortest decimal that reads back as this float32.
+        return float(str(np.float32(x)))
+    return x
+
+
+def enc(a):
+    if isinstance(a, tuple):
+        return {"tuple": [enc(t) for t in a]}
+    a = np.asarray(a)
+    dt = str(a.dtype)
+    flat = a.ravel()
+    if dt in ("float32", "float64"):
+        data = [num(x, dt) for x in flat]
+    elif dt in ("int32", "int64"):
+        data = [int(x) for x in flat]
+    elif dt == "bool":
+        data = [bool(x) for x in flat]
+    else:
+        raise ValueError(dt)
+    return {"shape": list(a.shape), "dtype": dt, "data": data}
+
+
+def case(op, inputs, expected, note="", **attrs):
+    cases.append({
+        "op": op,
+        "note": note,
+        "attrs": attrs,
+        "inputs": [enc(x) for x in inputs],
+        "expected": enc(expected),
+    })
+
+
+def f64(a):
+    return np.asarray(a).astype(F64)
+
+
+def like(result64, x):
+    """A float64 result rounded to x's dtype."""
+    return np.asarray(result64).astype(x.dtype)
+
+
+# ---- GEMM ---------------------------------------------------------------------------------------
+
+x, w = fr(3, 5), fr(4, 5)
+case("nn.dense", [x, w], like(f64(x) @ f64(w).T, x), "2-D")
+x, w = fr(2, 3, 5), fr(4, 5)
+case("nn.dense", [x, w], like(f64(x) @ f64(w).T, x), "leading batch dims, units", units=4)
+x, w = fr(4, dtype=F64), fr(3, 4, dtype=F64)
+case("nn.dense", [x, w], f64(x) @ f64(w).T, "1-D input, float64")
+x, w = fr(2, 3), fr(2, 3)
+case("nn.dense", [x, w], f64(x) @ f64(w).T, "out_dtype float64", out_dtype="float64")
+
+x, y = fr(2, 3, 4), fr(2, 5, 4)
+case("nn.batch_matmul", [x, y], like(f64(x) @ f64(y).transpose(0, 2, 1), x), "default transpose_b")
+x, y = fr(2, 4, 3), fr(2, 4, 5)
+case("nn.batch_matmul", [x, y], like(f64(x).transpose(0, 2, 1) @ f64(y), x),
+     "transpose_a, not transpose_b", transpose_a=True, transpose_b=False)
+x, y = fr(1, 3, 4), fr(3, 5, 4)
+case("nn.batch_matmul", [x, y], like(f64(x) @ f64(y).transpose(0, 2, 1), x), "lhs batch 1 broadcasts")
+x, y = fr(2, 2, 3), fr(1, 3, 4)
+case("nn.batch_matmul", [x, y], like(f64(x) @ f64(y), x), "rhs batch 1 broadcasts, transpose_b=False",
+     transpose_b=False)
+x, y = ir(2, 3, 4), ir(2, 2, 4)
+case("nn.batch_matmul", [x, y], (x.astype(I64) @ y.astype(I64).transpose(0, 2, 1)).astype(I32), "int32")
+
+# ---- broadcasting binary ------------------------------------------------------------------------
+
+def trunc_div(a, b):
+    q = np.abs(a.astype(I64)) // np.abs(b.astype(I64))
+    return (q * np.sign(a) * np.sign(b)).astype(a.dtype)
+
+
+arith = {
+    "add": lambda a, b: a + b,
+    "subtract": lambda a, b: a - b,
+    "multiply": lambda a, b: a * b,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+}
+for op, f in arith.items():
+    a, b = fr(3, 1, 4), fr(2, 4)
+    case(op, [a, b], like(f(f64(a), f64(b)), a), "float32, (3,1,4) with (2,4)")
+    a, b = ir(2, 3, dtype=I64), ir(3, dtype=I64)
+    case(op, [a, b], f(a, b), "int64, (2,3) with (3,)")
+a, b = fr(2, 3, dtype=F64), fr(dtype=F64)
+case("add", [a, b], a + b, "float64 with a scalar")
+a, b = ir(4, dtype=I32), ir(4, dtype=I32)
+case("multiply", [a, b], a * b, "int32")
+
+a = fr(2, 3, 4)
+b = fr(3, 1, lo=0.25, hi=4.0) * np.where(br(3, 1), 1, -1).astype(F32)
+case("divide", [a, b], like(f64(a) / f64(b), a), "float32 broadcast, nonzero divisors")
+a = ir(3, 4, lo=-20, hi=20)
+b = np.array([3, -3, 7, -1], dtype=I32)
+case("divide", [a, b], trunc_div(a, b), "int32 truncates toward zero (C/TVM), not floor")
+a, b = np.array([7, -7, 7, -7, 0], dtype=I64), np.array([2, 2, -2, -2, 5], dtype=I64)
+case("divide", [a, b], trunc_div(a, b), "int64 signs: 7/2=3, -7/2=-3")
+
+a, b = fr(2, 3, lo=0.25, hi=3.0), fr(3, lo=-2.0, hi=2.0)
+case("power", [a, b], like(f64(a) ** f64(b), a), "float32 positive base, any exponent")
+a, b = ir(2, 4, lo=-5, hi=5), ir(4, lo=0, hi=5)
+case("power", [a, b], a ** b, "int32, exponents >= 0 (0**0 = 1)")
+
+cmps = {
+    "equal": np.equal,
+    "not_equal": np.not_equal,
+    "less": np.less,
+    "greater": np.greater,
+    "less_equal": np.less_equal,
+    "greater_equal": np.greater_equal,
+}
+for op, f in cmps.items():
+    a, b = ties(2, 1, 3), ties(4, 3)
+    case(op, [a, b], f(a, b), "float32 with ties, (2,1,3) with (4,3)")
+    a, b = ir(3, 2, lo=-2, hi=2, dtype=I64), ir(2, lo=-2, hi=2, dtype=I64)
+    case(op, [a, b], f(a, b), "int64")
+a, b = br(2, 3), br(3)
+case("equal", [a, b], a == b, "bool operands")
+case("not_equal", [a, b], a != b, "bool operands")
+
+for op, f in {"logical_and": np.logical_and, "logical_or": np.logical_or}.items():
+    a, b = br(2, 1, 3), br(4, 3)
+    case(op, [a, b], f(a, b), "(2,1,3) with (4,3)")
+
+x, bias = fr(2, 3, 4), fr(3)
+case("nn.bias_add", [x, bias], like(f64(x) + f64(bias)[:, None], x), "default axis=1")
+x, bias = fr(2, 3, 4), fr(4)
+case("nn.bias_add", [x, bias], like(f64(x) + f64(bias), x), "axis=-1", axis=-1)
+x, bias = ir(3, 2), ir(3)
+case("nn.bias_add", [x, bias], x + bias[:, None], "int32 axis=0", axis=0)
+
+c, x, y = br(2, 1, 4), fr(3, 4), fr()
+case("where", [c, x, y], np.where(c, x, y), "(2,1,4) cond, (3,4) x, scalar y")
+c, x, y = br(3), ir(2, 3, dtype=I64), ir(2, 1, dtype=I64)
+case("where", [c, x, y], np.where(c, x, y), "int64")
+
+x = fr(3, 4)
+case("clip", [x], np.clip(x, -1.5, 2.0), "float32", a_min=-1.5, a_max=2.0)
+x = ir(2, 5)
+case("clip", [x], np.clip(x, -2, 3), "int32 integral bounds", a_min=-2, a_max=3)
+case("clip", [x], np.trunc(np.clip(x.astype(F64), -2.5, 3.7)).astype(I32),
+     "int32 fractional bounds: clip in reals, then truncate", a_min=-2.5, a_max=3.7)
+
+# ---- unary elementwise --------------------------------------------------------------------------
+
+x = br(2, 3)
+case("logical_not", [x], ~x)
+x = fr(2, 3)
+case("negative", [x], -x, "float32")
+x = ir(5, dtype=I64)
+case("negative", [x], -x, "int64")
+x = np.concatenate([fr(8, lo=-8.0, hi=8.0), np.array([-40.0, 40.0, 0.0, -90.0], dtype=F32)])
+case("sigmoid", [x], like(1 / (1 + np.exp(-f64(x))), x), "incl. large magnitudes")
+case("tanh", [x], like(np.tanh(f64(x)), x))
+x = fr(2, 4)
+case("exp", [x], like(np.exp(f64(x)), x))
+x = fr(2, 4, lo=0.25, hi=8.0)
+case("log", [x], like(np.log(f64(x)), x))
+case("sqrt", [x], like(np.sqrt(f64(x)), x))
+case("rsqrt", [x], like(1 / np.sqrt(f64(x)), x))
+x = fr(3, dtype=F64)
+case("log", [x * x + 1], np.log(x * x + 1), "float64")
+x = fr(2, 3)
+case("abs", [x], np.abs(x), "float32")
+x = ir(6, dtype=I64)
+case("abs", [x], np.abs(x), "int64")
+x = fr(2, 4)
+case("nn.relu", [x], np.maximum(x, 0), "float32")
+x = ir(6)
+case("nn.relu", [x], np.maximum(x, 0), "int32")
+x = fr(2, 2)
+case("copy", [x], x.copy(), "float32")
+x = br(3)
+case("copy", [x], x.copy(), "bool")
+
+# ---- reductions and normalizations --------------------------------------------------------------
+
+def softmax64(x, axis):
+    x = f64(x)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def log_softmax64(x, axis):
+    x = f64(x)
+    m = x.max(axis=axis, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+
+
+for op, f in {"nn.softmax": softmax64, "nn.log_softmax": log_softmax64}.items():
+    x = fr(3, 5)
+    case(op, [x], like(f(x, -1), x), "default axis=-1")
+    x = fr(2, 3, 4)
+    case(op, [x], like(f(x, 1), x), "axis=1", axis=1)
+    x = fr(3, 2)
+    case(op, [x], like(f(x, 0), x), "axis=-2", axis=-2)
+    x = (fr(2, 6) + np.float32(1e4)).astype(F32)
+    case(op, [x], like(f(x, -1), x), "stability: values ~1e4")
+    x = np.array([[1e4, -1e4, 0.0, 9999.0]], dtype=F32)
+    case(op, [x], like(f(x, -1), x), "stability: spread of 2e4")
+    x = fr(2, 3, dtype=F64)
+    case(op, [x], f(x, -1), "float64")
+
+
+def layer_norm64(x, g, b, axis=-1, eps=1e-5, center=True, scale=True):
+    x = f64(x)
+    mean = x.mean(axis=axis, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axis, keepdims=True)
+    y = (x - mean) / np.sqrt(var + eps)
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    if scale:
+        y = y * f64(g).reshape(shape)
+    if center:
+        y = y + f64(b).reshape(shape)
+    return y
+
+
+x, g, b = fr(3, 8), fr(8), fr(8)
+case("nn.layer_norm", [x, g, b], like(layer_norm64(x, g, b), x), "default axis=-1")
+x, g, b = fr(2, 4, 3), fr(4), fr(4)
+case("nn.layer_norm", [x, g, b], like(layer_norm64(x, g, b, axis=1, eps=1e-3), x), "axis=1, epsilon",
+     axis=1, epsilon=1e-3)
+x, g, b = (fr(2, 16) + np.float32(1e4)).astype(F32), fr(16), fr(16)
+case("nn.layer_norm", [x, g, b], like(layer_norm64(x, g, b), x), "stability: values ~1e4 (two-pass variance)")
+x, g, b = fr(3, 4), fr(4), fr(4)
+case("nn.layer_norm", [x, g, b], like(layer_norm64(x, g, b, center=False), x), "center=False", center=False)
+case("nn.layer_norm", [x, g, b], like(layer_norm64(x, g, b, scale=False), x), "scale=False", scale=False)
+x, g, b = fr(2, 5, dtype=F64), fr(5, dtype=F64), fr(5, dtype=F64)
+case("nn.layer_norm", [x, g, b], layer_norm64(x, g, b), "float64")
+
+
+def red_axes(rank, axis, exclude):
+    if axis is None or axis == []:
+        axes = list(range(rank))
+        return axes
+    axes = [a % rank for a in (axis if isinstance(axis, list) else [axis])]
+    if exclude:
+        axes = [a for a in range(rank) if a not in axes]
+    return axes
+
+
+def reduce_case(op, f, x, note, axis=None, keepdims=False, exclude=False, out=None, **extra):
+    axes = tuple(red_axes(x.ndim, axis, exclude))
+    y = f(x, axes, keepdims)
+    if out is not None:
+        y = out(y)
+    attrs = dict(extra)
+    if axis is not None:
+        attrs["axis"] = axis
+    if keepdims:
+        attrs["keepdims"] = True
+    if exclude:
+        attrs["exclude"] = True
+    case(op, [x], y, note, **attrs)
+
+
+def fsum(x, axes, keepdims):
+    if np.issubdtype(x.dtype, np.floating):
+        return like(f64(x).sum(axis=axes, keepdims=keepdims), x)
+    return x.sum(axis=axes, keepdims=keepdims, dtype=I64).astype(x.dtype)
+
+
+def fmean(x, axes, keepdims):
+    if np.issubdtype(x.dtype, np.floating):
+        return like(f64(x).mean(axis=axes, keepdims=keepdims), x)
+    s = x.sum(axis=axes, keepdims=keepdims, dtype=I64)
+    n = int(np.prod([x.shape[a] for a in axes]))
+    return (np.sign(s) * (np.abs(s) // n)).astype(x.dtype)  # truncating division
+
+
+def fmax(x, axes, keepdims):
+    return np.max(x, axis=axes, keepdims=keepdims)
+
+
+def fmin(x, axes, keepdims):
+    return np.min(x, axis=axes, keepdims=keepdims)
+
+
+for op, f in {"sum": fsum, "mean": fmean, "max": fmax, "min": fmin}.items():
+    x = fr(2, 3, 4)
+    reduce_case(op, f, x, "axis=None (all)")
+    reduce_case(op, f, x, "axis=1", axis=1)
+    reduce_case(op, f, x, "axis=[0, 2], keepdims", axis=[0, 2], keepdims=True)
+    reduce_case(op, f, x, "axis=-1, exclude (reduces axes 0 and 1)", axis=-1, exclude=True)
+    reduce_case(op, f, x, "axis=None, keepdims", keepdims=True)
+    reduce_case(op, f, x, "axis=[] means all axes", axis=[])
+    x = ir(3, 5, lo=-20, hi=20)
+    reduce_case(op, f, x, "int32 axis=-1", axis=-1)
+    x = fr(4, 2, dtype=F64)
+    reduce_case(op, f, x, "float64 axis=0, keepdims", axis=0, keepdims=True)
+x = (fr(4, 8) + np.float32(1e4)).astype(F32)
+reduce_case("sum", fsum, x, "large values, f64 accumulation", axis=1)
+reduce_case("mean", fmean, x, "large values, f64 accumulation", axis=1)
+
+
+def argred(find_max):
+    def f(x, axes, keepdims, last=False):
+        kept = [a for a in range(x.ndim) if a not in axes]
+        moved = np.transpose(x, kept + list(axes))
+        flat = moved.reshape([x.shape[a] for a in kept] + [-1])
+        if last:
+            rev = flat[..., ::-1]
+            idx = flat.shape[-1] - 1 - (np.argmax(rev, axis=-1) if find_max else np.argmin(rev, axis=-1))
+        else:
+            idx = np.argmax(flat, axis=-1) if find_max else np.argmin(flat, axis=-1)
+        idx = np.asarray(idx).astype(I32)
+        if keepdims:
+            shape = [1 if a in axes else x.shape[a] for a in range(x.ndim)]
+            idx = idx.reshape(shape)
+        return idx
+    return f
+
+
+for op, find_max in {"argmax": True, "argmin": False}.items():
+    f = argred(find_max)
+    x = ties(3, 5)
+    reduce_case(op, f, x, "ties: first occurrence, axis=1", axis=1)
+    reduce_case(op, f, x, "axis=None: flat index", None)
+    reduce_case(op, lambda x, a, k: f(x, a, k, last=True), x, "select_last_index", axis=1,
+                select_last_index=True)
+    x = ties(2, 3, 4)
+    reduce_case(op, f, x, "axis=-1, keepdims", axis=-1, keepdims=True)
+    reduce_case(op, f, x, "axis=[1, 2]: index over the flattened reduced axes", axis=[1, 2])
+    reduce_case(op, f, x, "axis=0, exclude (reduces axes 1 and 2)", axis=0, exclude=True)
+    x = ir(4, 3, lo=-3, hi=3)
+    reduce_case(op, f, x, "int32 axis=0", axis=0)
+    x = fr(6, dtype=F64)
+    reduce_case(op, f, x, "float64 1-D", axis=0)
+
+# ---- layout -------------------------------------------------------------------------------------
+
+a, b = fr(2, 3), fr(1, 3)
+case("concatenate", [(a, b)], np.concatenate([a, b], 0), "default axis=0")
+a, b, c = fr(2, 1, 2), fr(2, 3, 2), fr(2, 2, 2)
+case("concatenate", [(a, b, c)], np.concatenate([a, b, c], 1), "three parts, axis=1", axis=1)
+a, b = ir(2, 2, dtype=I64), ir(2, 3, dtype=I64)
+case("concatenate", [(a, b)], np.concatenate([a, b], -1), "int64 axis=-1", axis=-1)
+a = br(3)
+case("concatenate", [(a,)], a, "one part, bool")
+
+x = fr(6, 2)
+case("split", [x], tuple(np.split(x, 3, 0)), "3 sections along axis 0", indices_or_sections=3)
+x = fr(2, 3, 4)
+case("split", [x], tuple(np.split(x, 2, -1)), "2 sections along axis -1", indices_or_sections=2, axis=-1)
+x = fr(2, 5)
+case("split", [x], tuple(np.split(x, [1, 3], 1)), "at indices [1, 3] along axis 1",
+     indices_or_sections=[1, 3], axis=1)
+x = ir(4, dtype=I64)
+case("split", [x], tuple(np.split(x, [2], 0)), "int64 at index [2]", indices_or_sections=[2])
+x = fr(3)
+case("split", [x], tuple(np.split(x, 1, 0)), "1 section", indices_or_sections=1)
+
+x = fr(2, 3, 4)
+case("reshape", [x], x.reshape(2, 12), "[0, -1]: copy dim 0, infer", newshape=[0, -1])
+case("reshape", [x], x.reshape(24), "[-1]: flatten", newshape=[-1])
+case("reshape", [x], x.reshape(4, 3, 2), "plain sizes", newshape=[4, 3, 2])
+case("reshape", [x], x.reshape(2, 3, 2, 2), "[0, 0, 2, -1]", newshape=[0, 0, 2, -1])
+case("reshape", [x], x.reshape(6, 4), "[-3, 0]: merge, then copy", newshape=[-3, 0])
+case("reshape", [x], x.reshape(2, 3, 4), "[-2]: copy all", newshape=[-2])
+case("reshape", [x], x.reshape(6, 4), "[-3, -2]: merge, then copy the rest", newshape=[-3, -2])
+x = ir(6, 4)
+case("reshape", [x], x.reshape(2, 3, 4), "[-4, 2, -1, 0]: split dim 0 into 2 x 3", newshape=[-4, 2, -1, 0])
+x = fr(1, 1)
+case("reshape", [x], x.reshape(()), "to a scalar", newshape=[])
+
+x = fr(2, 3, 4)
+case("transpose", [x], x.transpose(), "axes=None reverses")
+case("transpose", [x], x.transpose(1, 0, 2), "axes [1, 0, 2]", axes=[1, 0, 2])
+case("transpose", [x], x.transpose(2, 0, 1), "negative axes [-1, 0, 1]", axes=[-1, 0, 1])
+x = br(2, 3)
+case("transpose", [x], x.T, "bool 2-D", axes=[1, 0])
+
+x = fr(2, 3)
+case("expand_dims", [x], x[:, None, :], "axis=1", axis=1)
+case("expand_dims", [x], x[:, :, None, None], "axis=-1, num_newaxis=2", axis=-1, num_newaxis=2)
+case("expand_dims", [x], x, "num_newaxis=0", axis=0, num_newaxis=0)
+x = ir()
+case("expand_dims", [x], x.reshape(1), "scalar, axis=0", axis=0)
+
+x = fr(1, 3, 1, 2)
+case("squeeze", [x], x.reshape(3, 2), "axis=None: all size-1 axes")
+case("squeeze", [x], x.reshape(3, 1, 2), "axis=[0]", axis=[0])
+case("squeeze", [x], x.reshape(1, 3, 2), "axis=[-2]", axis=[-2])
+
+x = fr(3, 4)
+idx = np.array([[0, 5], [11, 20], [-3, 7]], dtype=I32)
+case("take", [x, idx], np.take(x, idx, mode="clip"), "axis=None: flat, clip (out of range clamps)")
+idx = np.array([2, -1, 0, 7, 1], dtype=I64)
+case("take", [x, idx], np.take(x, idx, axis=0, mode="clip"), "axis=0, clip, int64 indices", axis=0)
+idx = np.array([[5, -1], [-6, 3]], dtype=I32)
+case("take", [x, idx], np.take(x, idx, axis=1, mode="wrap"), "axis=1, wrap (Python modulo)",
+     axis=1, mode="wrap")
+idx = np.array([3, 0, -1, -4], dtype=I32)
+case("take", [x, idx], np.take(x, idx, axis=-1), "axis=-1, fast: in range, negative counts from the end",
+     axis=-1, mode="fast")
+x3 = ir(2, 3, 4)
+idx = np.array([[0, 2, 2], [1, 0, 5]], dtype=I32)
+exp = np.empty((2, 3, 3), dtype=I32)
+for bb in range(2):
+    for jj in range(3):
+        exp[bb, :, jj] = x3[bb, :, min(idx[bb, jj], 3)]
+case("take", [x3, idx], exp, "batch_dims=1, axis=2: out[b, p, j] = x[b, p, idx[b, j]] (clip)",
+     axis=2, batch_dims=1)
+x = br(5)
+case("take", [x, np.array([4, 0], dtype=I32)], x[[4, 0]], "bool data", axis=0)
+
+x = fr(4, 5)
+case("strided_slice", [x], x[1:3, 0:5:2], "begin/end/strides", begin=[1, 0], end=[3, 5], strides=[1, 2])
+case("strided_slice", [x], x[::-1], "negative stride reverses axis 0 (end beyond the start clamps)",
+     begin=[-1], end=[-100], strides=[-1])
+case("strided_slice", [x], x[3:0:-2, 4:0:-3], "negative strides on both axes",
+     begin=[3, 4], end=[0, 0], strides=[-2, -3])
+case("strided_slice", [x], x[:, -4:-1], "axes=[1], negative bounds", begin=[-4], end=[-1], axes=[1])
+case("strided_slice", [x], x[-10:10], "out-of-range bounds clamp", begin=[-10], end=[10])
+case("strided_slice", [x], x[1:3, 2:5], "slice_mode=size (size -1: to the end)",
+     begin=[1, 2], end=[2, -1], slice_mode="size")
+case("strided_slice", [x], x[0:4:2, 1:5:2], "one stride for all axes", begin=[0, 1], end=[4, 5], strides=[2])
+case("strided_slice", [x], x[3:1], "empty result", begin=[3], end=[1])
+x = ir(2, 3, 4, dtype=I64)
+case("strided_slice", [x], x[:, ::-1, 1:3], "int64, axes=[1, 2] with a negative stride",
+     begin=[2, 1], end=[-5, 3], strides=[-1, 1], axes=[1, 2])
+
+# ---- creation and conversion --------------------------------------------------------------------
+
+x = fr(2, 4, lo=-3.0, hi=3.0)
+case("cast", [x], x.astype(I32), "float32 -> int32 truncates toward zero", dtype="int32")
+case("cast", [x], x.astype(BOOL), "float32 -> bool is != 0", dtype="bool")
+case("cast", [x], x.astype(F64), "float32 -> float64", dtype="float64")
+x = ir(5)
+case("cast", [x], x.astype(F32), "int32 -> float32", dtype="float32")
+x = np.array([3_000_000_000, -1, 5], dtype=I64)
+case("cast", [x], x.astype(I32), "int64 -> int32 wraps", dtype="int32")
+x = br(4)
+case("cast", [x], x.astype(I64), "bool -> int64", dtype="int64")
+x = np.array([0.1, 1e-3, 3.0], dtype=F64)
+case("cast", [x], x.astype(F32), "float64 -> float32 rounds", dtype="float32")
+
+x = fr(2, 3)
+case("zeros_like", [x], np.zeros_like(x), "float32")
+case("ones_like", [x], np.ones_like(x), "float32")
+x = ir(4, dtype=I64)
+case("zeros_like", [x], np.zeros_like(x), "int64")
+case("ones_like", [x], np.ones_like(x), "int64")
+x = br(2)
+case("ones_like", [x], np.ones_like(x), "bool")
+
+case("zeros", [], np.zeros((2, 3), dtype=F32), "default dtype float32", shape=[2, 3])
+case("zeros", [], np.zeros((4,), dtype=I64), "int64", shape=[4], dtype="int64")
+case("ones", [], np.ones((3, 1), dtype=F32), "default dtype", shape=[3, 1])
+case("ones", [], np.ones((2,), dtype=BOOL), "bool", shape=[2], dtype="bool")
+case("ones", [], np.ones((), dtype=I32), "scalar shape []", shape=[], dtype="int32")
+
+v = np.array(3.75, dtype=F32)
+case("full", [v], np.full((2, 2), 3.75, dtype=F32), "dtype from fill_value", shape=[2, 2])
+case("full", [v], np.full((3,), 3, dtype=I32), "float fill cast to int32 truncates", shape=[3], dtype="int32")
+v = np.array(2**40 + 1, dtype=I64)
+case("full", [v], np.full((2,), 2**40 + 1, dtype=I64), "int64 fill exact", shape=[2])
+
+# ---- write --------------------------------------------------------------------------------------
+
+out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases.json")
+with open(out, "w") as fh:
+    # One case per line, so that a regenerated file diffs case by case.
+    fh.write("[\n" + ",\n".join(json.dumps(c, separators=(",", ":")) for c in cases) + "\n]\n")
+ops = sorted({c["op"] for c in cases})
+print(f"wrote {len(cases)} cases for {len(ops)} operators to {out} ({os.path.getsize(out)} bytes)")
