@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod commands;
+mod run;
 
 #[derive(Parser)]
 #[command(
@@ -51,6 +52,8 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Run a model on a file of instances and write one result per instance.
+    Run(run::RunArgs),
     /// List the operators tumble knows, with their attributes.
     Ops,
     /// Print the built-in prelude.
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
                 no_prelude,
             } => commands::check(&files, quiet, !no_prelude, color),
             Command::Fmt { file, check } => commands::fmt(&file, check, color),
+            Command::Run(args) => run::run(&args, color),
             Command::Ops => commands::ops(),
             Command::Prelude => {
                 print!("{}", tumble_check::PRELUDE);

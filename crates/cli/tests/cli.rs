@@ -54,12 +54,19 @@ fn check_accepts_every_zoo_model_and_prints_main_types() {
     let out = tumble(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    assert_eq!(stdout.matches("@main: fn (").count(), files.len(), "{stdout}");
+    assert_eq!(
+        stdout.matches("@main: fn (").count(),
+        files.len(),
+        "{stdout}"
+    );
 }
 
 #[test]
 fn check_quiet_prints_nothing_on_success() {
-    let f = temp_file("ok.rly", "def @main(%x: Tensor[(2), float32]) { sigmoid(%x) }\n");
+    let f = temp_file(
+        "ok.rly",
+        "def @main(%x: Tensor[(2), float32]) { sigmoid(%x) }\n",
+    );
     let out = tumble(&["check", "--quiet", &f.display().to_string()]);
     assert!(out.status.success());
     assert!(out.stdout.is_empty() && out.stderr.is_empty());
@@ -74,7 +81,10 @@ fn check_reports_located_errors_with_source_excerpt_and_exits_1() {
     let out = tumble(&["check", &f.display().to_string()]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
-    assert!(err.contains("error: nn.dense: input has 512 columns but weight expects 256"), "{err}");
+    assert!(
+        err.contains("error: nn.dense: input has 512 columns but weight expects 256"),
+        "{err}"
+    );
     assert!(err.contains("bad.rly:2:3"), "{err}");
     assert!(err.contains("nn.dense(%x, %w)"), "{err}");
     assert!(err.contains("^^^^"), "{err}");
@@ -101,11 +111,19 @@ fn non_utf8_input_is_an_error() {
 
 #[test]
 fn deep_nesting_is_a_located_error_not_a_stack_overflow() {
-    let src = format!("def @f() {{ {}1{} }}", "(".repeat(100_000), ")".repeat(100_000));
+    let src = format!(
+        "def @f() {{ {}1{} }}",
+        "(".repeat(100_000),
+        ")".repeat(100_000)
+    );
     let f = temp_file("deep.rly", &src);
     let out = tumble(&["check", &f.display().to_string()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("nested deeper than"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("nested deeper than"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -116,12 +134,20 @@ fn fmt_output_is_a_fixed_point_and_checks_the_same() {
         let formatted = temp_file("fmt.rly", &text(&once.stdout));
         let f = formatted.display().to_string();
         let twice = tumble(&["fmt", &f]);
-        assert_eq!(text(&once.stdout), text(&twice.stdout), "{file} is not a fixed point");
+        assert_eq!(
+            text(&once.stdout),
+            text(&twice.stdout),
+            "{file} is not a fixed point"
+        );
         let check = tumble(&["fmt", "--check", &f]);
         assert!(check.status.success(), "{file}");
         let a = tumble(&["check", &file]);
         let b = tumble(&["check", &f]);
-        assert_eq!(text(&a.stdout), text(&b.stdout).replace(&f, &file), "{file}");
+        assert_eq!(
+            text(&a.stdout),
+            text(&b.stdout).replace(&f, &file),
+            "{file}"
+        );
     }
 }
 
@@ -130,7 +156,13 @@ fn ops_lists_the_operator_table() {
     let out = tumble(&["ops"]);
     assert!(out.status.success());
     let s = text(&out.stdout);
-    for op in ["nn.dense", "nn.batch_matmul", "concatenate", "random.db_uniform", "db.phase_change"] {
+    for op in [
+        "nn.dense",
+        "nn.batch_matmul",
+        "concatenate",
+        "random.db_uniform",
+        "db.phase_change",
+    ] {
         assert!(s.contains(op), "{op} missing from `tumble ops`");
     }
 }

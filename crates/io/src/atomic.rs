@@ -57,7 +57,13 @@ pub(crate) fn write_atomically(
         .write(true)
         .create_new(true)
         .open(&temp.path)
-        .map_err(|e| IoError::file(path, format!("create a temporary file for {what} next to"), e))?;
+        .map_err(|e| {
+            IoError::file(
+                path,
+                format!("create a temporary file for {what} next to"),
+                e,
+            )
+        })?;
     temp.armed = true;
     {
         let mut w = BufWriter::new(&file);

@@ -189,7 +189,10 @@ fn list_names(names: &[&str]) -> String {
 }
 
 fn missing_error(args: &[BoundArg], missing: &[usize], file: &BTreeMap<String, Tensor>) -> IoError {
-    let names: Vec<String> = missing.iter().map(|&i| format!("%{}", args[i].name)).collect();
+    let names: Vec<String> = missing
+        .iter()
+        .map(|&i| format!("%{}", args[i].name))
+        .collect();
     let head = if names.len() == 1 {
         format!("missing parameter {}", names[0])
     } else {
@@ -222,18 +225,31 @@ fn suggest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
         .map(|(_, k)| k)
 }
 
+/// Optimal-string-alignment distance: insertions, deletions, substitutions and swaps of two
+/// adjacent characters each cost 1.
 fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, &cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
     }
-    prev[b.len()]
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut v = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                v = v.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = v;
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 /// The type a tensor has, written like the source (`Tensor[(768, 128), float32]`).
@@ -325,4 +341,26 @@ pub fn random_param(name: &str, ty: &Ty, seed: u64) -> Result<Tensor, IoError> {
         Buffer::F64((0..n).map(|_| rng.normal_f64() * scale).collect())
     };
     Tensor::new(shape, buffer).map_err(too_big)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggestions() {
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(suggest("emb", &["Emb", "W"]), Some("Emb"));
+        assert_eq!(suggest("W_iuo", &["W_iou", "b"]), Some("W_iou"));
+        assert_eq!(suggest("x", &["weights"]), None);
+    }
+
+    #[test]
+    fn shapes_match_with_any() {
+        assert!(shape_matches(&[Dim::Any, Dim::Known(3)], &[7, 3]));
+        assert!(!shape_matches(&[Dim::Any, Dim::Known(3)], &[7, 4]));
+        assert!(!shape_matches(&[Dim::Any], &[7, 4]));
+        assert!(shape_matches(&[], &[]));
+        assert!(!shape_matches(&[Dim::Known(-1)], &[1]));
+    }
 }

@@ -43,8 +43,16 @@ impl<'a> TypeEnv<'a> {
                     && info.ctors.len() == 2
                     && self.ctor_index("Cons").is_some()
                     && self.ctor_index("Nil").is_some()
-                    && self.tables.ctors.get("Cons").is_some_and(|c| c.fields.len() == 2)
-                    && self.tables.ctors.get("Nil").is_some_and(|c| c.fields.is_empty());
+                    && self
+                        .tables
+                        .ctors
+                        .get("Cons")
+                        .is_some_and(|c| c.fields.len() == 2)
+                    && self
+                        .tables
+                        .ctors
+                        .get("Nil")
+                        .is_some_and(|c| c.fields.is_empty());
                 is_prelude_list.then(|| &args[0])
             }
             _ => None,
@@ -112,7 +120,10 @@ pub(crate) fn substitute(ty: &Ty, map: &[(&str, &Ty)]) -> Ty {
 
 /// `@entry`'s parameters (names without `%`, declared types) and return type, as the checker
 /// resolved them. Errors when the module has no such function or it is generic.
-pub fn main_signature(typed: &TypedModule, entry: &str) -> Result<(Vec<(String, Ty)>, Ty), IoError> {
+pub fn main_signature(
+    typed: &TypedModule,
+    entry: &str,
+) -> Result<(Vec<(String, Ty)>, Ty), IoError> {
     let def = typed
         .module
         .defs()
@@ -133,16 +144,15 @@ pub fn main_signature(typed: &TypedModule, entry: &str) -> Result<(Vec<(String, 
     };
     let mut params = Vec::with_capacity(def.func.params.len());
     for (i, p) in def.func.params.iter().enumerate() {
-        let ty = p
-            .ty
-            .clone()
-            .or_else(|| sig_params.and_then(|(ps, _)| ps.get(i).cloned()))
-            .ok_or_else(|| {
-                IoError::param(format!(
+        let ty =
+            p.ty.clone()
+                .or_else(|| sig_params.and_then(|(ps, _)| ps.get(i).cloned()))
+                .ok_or_else(|| {
+                    IoError::param(format!(
                     "the type of `@{entry}`'s argument %{} is unknown (was the module checked?)",
                     p.name.name
                 ))
-            })?;
+                })?;
         params.push((p.name.name.trim_start_matches('%').to_string(), ty));
     }
     let ret = sig_params

@@ -22,7 +22,10 @@ pub enum IoError {
     /// Binding `@main`'s arguments to the weights file failed (missing, mistyped parameter, ...).
     Param { message: String },
     /// An instance file is not JSON Lines / a JSON array, or a line is too long or too deep.
-    Instances { source_name: String, message: String },
+    Instances {
+        source_name: String,
+        message: String,
+    },
     /// One instance does not match `@main`'s declared argument types.
     Instance {
         source_name: String,

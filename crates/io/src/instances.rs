@@ -102,12 +102,9 @@ pub struct RawInstances {
 
 /// Reads instances from `path` (see [`read_instances`]).
 pub fn read_instances_file(path: &Path) -> Result<RawInstances, IoError> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| IoError::file(path, "read the instances file", e))?;
-    read_instances(
-        std::io::BufReader::new(file),
-        &path.display().to_string(),
-    )
+    let file =
+        std::fs::File::open(path).map_err(|e| IoError::file(path, "read the instances file", e))?;
+    read_instances(std::io::BufReader::new(file), &path.display().to_string())
 }
 
 enum Line {
@@ -326,7 +323,11 @@ fn depth_error(what: &str) -> String {
     )
 }
 
-fn parse_line<R: BufRead>(lines: &LineReader<R>, text: &str, no: usize) -> Result<RawInstance, IoError> {
+fn parse_line<R: BufRead>(
+    lines: &LineReader<R>,
+    text: &str,
+    no: usize,
+) -> Result<RawInstance, IoError> {
     if nesting_depth(text, MAX_DEPTH) > MAX_DEPTH {
         return Err(lines.err(depth_error(&format!("the instance at line {no}"))));
     }
@@ -515,12 +516,13 @@ impl RawInstances {
             env,
             path: Vec::new(),
         };
-        d.instance(item.json(), args).map_err(|e| IoError::Instance {
-            source_name: self.source_name.clone(),
-            location: item.location.to_string(),
-            path: e.path,
-            message: e.message,
-        })
+        d.instance(item.json(), args)
+            .map_err(|e| IoError::Instance {
+                source_name: self.source_name.clone(),
+                location: item.location.to_string(),
+                path: e.path,
+                message: e.message,
+            })
     }
 }
 
@@ -805,7 +807,13 @@ impl Decoder<'_, '_> {
     // -----------------------------------------------------------------------------------------
     // Tensors
 
-    fn tensor(&mut self, json: &Json, dims: &[Dim], dtype: DType, ty: &Ty) -> Result<Tensor, DecodeError> {
+    fn tensor(
+        &mut self,
+        json: &Json,
+        dims: &[Dim],
+        dtype: DType,
+        ty: &Ty,
+    ) -> Result<Tensor, DecodeError> {
         if let Json::Object(m) = json {
             return self.shape_data(m, dims, dtype, ty);
         }
@@ -817,11 +825,7 @@ impl Decoder<'_, '_> {
             .iter()
             .zip(dims)
             .map(|(e, d)| {
-                e.unwrap_or_else(|| {
-                    d.known()
-                        .and_then(|n| usize::try_from(n).ok())
-                        .unwrap_or(0)
-                })
+                e.unwrap_or_else(|| d.known().and_then(|n| usize::try_from(n).ok()).unwrap_or(0))
             })
             .collect();
         if !crate::bind::shape_matches(dims, &shape) {
@@ -1068,4 +1072,54 @@ fn integer(n: &serde_json::Number, dtype: &str) -> Result<i64, String> {
         return Err(out_of_range);
     }
     Ok(x as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_scan_ignores_strings_and_escapes() {
+        assert_eq!(nesting_depth("1", 10), 0);
+        assert_eq!(nesting_depth("[[{}]]", 10), 3);
+        assert_eq!(nesting_depth(r#"["[[[", {"a": "\"[["}]"#, 10), 2);
+        assert_eq!(nesting_depth(&"[".repeat(100), 10), 11);
+        // Unbalanced closers do not underflow.
+        assert_eq!(nesting_depth("]]][", 10), 1);
+    }
+
+    #[test]
+    fn integers() {
+        let n = |s: &str| serde_json::from_str::<serde_json::Number>(s).unwrap();
+        assert_eq!(integer(&n("-5"), "int64"), Ok(-5));
+        assert_eq!(integer(&n("3.0"), "int64"), Ok(3));
+        assert_eq!(integer(&n("1e3"), "int64"), Ok(1000));
+        assert!(integer(&n("2.5"), "int64")
+            .unwrap_err()
+            .contains("not an integer"));
+        assert!(integer(&n("18446744073709551615"), "int32")
+            .unwrap_err()
+            .contains("out of range for int32"));
+        assert!(integer(&n("1e19"), "int64")
+            .unwrap_err()
+            .contains("out of range"));
+        assert_eq!(integer(&n("-9223372036854775808"), "int64"), Ok(i64::MIN));
+    }
+
+    #[test]
+    fn deep_json_drops_iteratively() {
+        // 1,000,000 levels built by hand (serde would need a huge stack to parse it); dropping
+        // it through DeepJson must not recurse.
+        let mut v = Json::Null;
+        for _ in 0..1_000_000 {
+            v = Json::Array(vec![v]);
+        }
+        drop(DeepJson(v));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(size_text(256 << 20), "256 MiB");
+        assert_eq!(size_text(4096), "4096 bytes");
+    }
 }

@@ -196,12 +196,20 @@ fn check_safetensors_header(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
         )));
     };
     let data_len = rest - n;
-    let text = std::str::from_utf8(header)
-        .map_err(|e| err(format!("the JSON header is not valid UTF-8 ({e}); the file is corrupt")))?;
-    let json: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| err(format!("the JSON header does not parse ({e}); the file is corrupt")))?;
+    let text = std::str::from_utf8(header).map_err(|e| {
+        err(format!(
+            "the JSON header is not valid UTF-8 ({e}); the file is corrupt"
+        ))
+    })?;
+    let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        err(format!(
+            "the JSON header does not parse ({e}); the file is corrupt"
+        ))
+    })?;
     let serde_json::Value::Object(map) = json else {
-        return Err(err("the JSON header is not an object; the file is corrupt".into()));
+        return Err(err(
+            "the JSON header is not an object; the file is corrupt".into()
+        ));
     };
     for (name, info) in &map {
         if name == "__metadata__" {
@@ -261,9 +269,8 @@ fn check_safetensors_header(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
 /// Parses the bytes of a safetensors file (`path` is for messages).
 pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, IoError> {
     check_safetensors_header(path, bytes)?;
-    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| {
-        IoError::weights(path, format!("not a valid safetensors file: {e}"))
-    })?;
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| IoError::weights(path, format!("not a valid safetensors file: {e}")))?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
         let dtype = st_dtype(&view.dtype().to_string()).ok_or_else(|| {
@@ -291,8 +298,9 @@ pub fn safetensors_bytes(tensors: &BTreeMap<String, Tensor>) -> Result<Vec<u8>, 
         .collect();
     let mut views = Vec::with_capacity(raw.len());
     for (name, bytes, t) in &raw {
-        let view = safetensors::tensor::TensorView::new(st_name(t.dtype()), t.shape().to_vec(), bytes)
-            .map_err(|e| format!("tensor `{name}`: {e}"))?;
+        let view =
+            safetensors::tensor::TensorView::new(st_name(t.dtype()), t.shape().to_vec(), bytes)
+                .map_err(|e| format!("tensor `{name}`: {e}"))?;
         views.push((name.as_str(), view));
     }
     safetensors::serialize(views, None).map_err(|e| e.to_string())
@@ -315,8 +323,8 @@ pub fn save_params(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<()
 
 /// Loads every `*.npy` file directly inside `dir`, each as the tensor named by its file stem.
 pub fn load_npy_dir(dir: &Path) -> Result<BTreeMap<String, Tensor>, IoError> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| IoError::file(dir, "list the weights directory", e))?;
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| IoError::file(dir, "list the weights directory", e))?;
     let mut files = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| IoError::file(dir, "list the weights directory", e))?;
@@ -366,16 +374,22 @@ pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<Tensor, IoError> {
             )))
         }
     };
-    let hend = hstart.checked_add(hlen).filter(|&e| e <= bytes.len()).ok_or_else(|| {
-        err(format!(
+    let hend = hstart
+        .checked_add(hlen)
+        .filter(|&e| e <= bytes.len())
+        .ok_or_else(|| {
+            err(format!(
             "the header length field says {hlen} bytes, but only {} follow; the file is truncated",
             bytes.len() - hstart
         ))
-    })?;
+        })?;
     let header = std::str::from_utf8(&bytes[hstart..hend])
         .map_err(|_| err("the .npy header is not valid text; the file is corrupt".into()))?;
     let h = parse_npy_header(header).map_err(|m| {
-        err(format!("cannot read the .npy header `{}`: {m}", header.trim_end()))
+        err(format!(
+            "cannot read the .npy header `{}`: {m}",
+            header.trim_end()
+        ))
     })?;
     if h.fortran_order {
         return Err(err(
@@ -579,4 +593,51 @@ pub fn npy_bytes(tensor: &Tensor) -> Vec<u8> {
     out.extend_from_slice(header.as_bytes());
     out.extend_from_slice(&encode_le(tensor.buffer()));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npy_headers() {
+        let h = parse_npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }  \n")
+            .unwrap();
+        assert_eq!(
+            (h.descr.as_str(), h.fortran_order, h.shape),
+            ("<f4", false, vec![3, 4])
+        );
+        let h = parse_npy_header("{\"shape\": (), \"fortran_order\": True, \"descr\": \"|b1\"}")
+            .unwrap();
+        assert_eq!(
+            (h.descr.as_str(), h.fortran_order, h.shape),
+            ("|b1", true, vec![])
+        );
+        let h =
+            parse_npy_header("{'descr': '<i8', 'fortran_order': False, 'shape': (7L,), }").unwrap();
+        assert_eq!(h.shape, vec![7]);
+        assert!(parse_npy_header("{'descr': '<f4', 'shape': (3,), }").is_err());
+        assert!(
+            parse_npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (-1,)}").is_err()
+        );
+        assert!(parse_npy_header("{'descr': '<f4'").is_err());
+        assert!(parse_npy_header("").is_err());
+    }
+
+    #[test]
+    fn npy_round_trip_all_dtypes() {
+        let ts = [
+            Tensor::from_f32([2], vec![1.5, -2.0]).unwrap(),
+            Tensor::from_f64([1, 2], vec![1e300, -0.0]).unwrap(),
+            Tensor::from_i32([3], vec![1, -1, i32::MIN]).unwrap(),
+            Tensor::scalar_i64(i64::MAX),
+            Tensor::from_bool([2], vec![true, false]).unwrap(),
+            Tensor::from_f32([0], vec![]).unwrap(),
+        ];
+        for t in ts {
+            let bytes = npy_bytes(&t);
+            assert_eq!(bytes.len() % 64, (t.len() * t.dtype().size()) % 64);
+            assert_eq!(parse_npy(Path::new("t.npy"), &bytes).unwrap(), t);
+        }
+    }
 }

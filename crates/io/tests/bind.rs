@@ -14,7 +14,10 @@ fn params() -> Vec<(String, Ty)> {
     vec![
         ("tree".into(), Ty::Adt("Tree".into(), vec![f32s(&[1])])),
         ("W_iou".into(), f32s(&[768, 256])),
-        ("emb".into(), Ty::tensor(vec![Dim::Any, Dim::Known(4)], DType::Float32)),
+        (
+            "emb".into(),
+            Ty::tensor(vec![Dim::Any, Dim::Known(4)], DType::Float32),
+        ),
         ("b".into(), f32s(&[3])),
     ]
 }
@@ -24,7 +27,10 @@ fn keys(ks: &[&str]) -> BTreeSet<String> {
 }
 
 fn file(entries: Vec<(&str, Tensor)>) -> BTreeMap<String, Tensor> {
-    entries.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    entries
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
 }
 
 fn err(r: Result<BoundParams, IoError>) -> String {
@@ -68,7 +74,11 @@ fn params_from_file_and_instances() {
 
 #[test]
 fn shape_and_dtype_mismatch() {
-    let f = file(vec![("W_iou", zeros(&[768, 128])), ("emb", zeros(&[10, 4])), ("b", zeros(&[3]))]);
+    let f = file(vec![
+        ("W_iou", zeros(&[768, 128])),
+        ("emb", zeros(&[10, 4])),
+        ("b", zeros(&[3])),
+    ]);
     assert_eq!(
         err(bind_params(&params(), &keys(&["tree"]), &f, None)),
         "parameter %W_iou: expected Tensor[(768, 256), float32], the file has Tensor[(768, 128), float32]"
@@ -83,7 +93,11 @@ fn shape_and_dtype_mismatch() {
         "parameter %emb: expected Tensor[(?, 4), float32], the file has Tensor[(10, 4), float64]"
     );
     // Rank mismatch is a shape mismatch too.
-    let f = file(vec![("W_iou", zeros(&[768, 256])), ("emb", zeros(&[4])), ("b", zeros(&[3]))]);
+    let f = file(vec![
+        ("W_iou", zeros(&[768, 256])),
+        ("emb", zeros(&[4])),
+        ("b", zeros(&[3])),
+    ]);
     assert_eq!(
         err(bind_params(&params(), &keys(&["tree"]), &f, None)),
         "parameter %emb: expected Tensor[(?, 4), float32], the file has Tensor[(4), float32]"
@@ -92,7 +106,11 @@ fn shape_and_dtype_mismatch() {
 
 #[test]
 fn missing_parameter_lists_the_file() {
-    let f = file(vec![("W_iou", zeros(&[768, 256])), ("b", zeros(&[3])), ("Emb", zeros(&[2, 4]))]);
+    let f = file(vec![
+        ("W_iou", zeros(&[768, 256])),
+        ("b", zeros(&[3])),
+        ("Emb", zeros(&[2, 4])),
+    ]);
     assert_eq!(
         err(bind_params(&params(), &keys(&["tree"]), &f, None)),
         "missing parameter %emb: the weights file has: Emb, W_iou, b; did you mean `Emb` for %emb?"
@@ -103,7 +121,12 @@ fn missing_parameter_lists_the_file() {
         "missing parameters %emb, %b: the weights file has: W_iou"
     );
     assert_eq!(
-        err(bind_params(&params(), &keys(&["tree"]), &BTreeMap::new(), None)),
+        err(bind_params(
+            &params(),
+            &keys(&["tree"]),
+            &BTreeMap::new(),
+            None
+        )),
         "missing parameters %W_iou, %emb, %b (no weights file given; pass --params FILE or \
          --random-params SEED)"
     );
@@ -113,7 +136,12 @@ fn missing_parameter_lists_the_file() {
 fn non_tensor_arguments() {
     // Not in the instances and not a tensor: cannot be a parameter.
     assert_eq!(
-        err(bind_params(&params(), &keys(&["x"]), &BTreeMap::new(), Some(1))),
+        err(bind_params(
+            &params(),
+            &keys(&["x"]),
+            &BTreeMap::new(),
+            Some(1)
+        )),
         "argument %tree: Tree[Tensor[(1), float32]] is not provided by the instances (they \
          provide: x); only tensors can come from a weights file, so every instance must have a \
          key `tree`"
@@ -147,15 +175,24 @@ fn random_params_are_deterministic_and_well_formed() {
     let names: Vec<&str> = a.generated.keys().map(String::as_str).collect();
     assert_eq!(names, ["W", "b", "k", "s"]);
     let w = &a.generated["W"];
-    assert_eq!((w.shape(), w.dtype()), (&[64usize, 256][..], DType::Float32));
+    assert_eq!(
+        (w.shape(), w.dtype()),
+        (&[64usize, 256][..], DType::Float32)
+    );
     // normal(0, 1) / sqrt(256): standard deviation about 1/16.
     let v = w.to_f64_vec();
     let mean = v.iter().sum::<f64>() / v.len() as f64;
     let std = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
-    assert!(mean.abs() < 0.01 && (std - 1.0 / 16.0).abs() < 0.005, "{mean} {std}");
+    assert!(
+        mean.abs() < 0.01 && (std - 1.0 / 16.0).abs() < 0.005,
+        "{mean} {std}"
+    );
     assert_eq!(a.generated["b"].dtype(), DType::Float64);
     assert_eq!(a.generated["s"].shape(), &[] as &[usize]);
-    assert_eq!(a.generated["k"], Tensor::zeros([2, 2], DType::Int32).unwrap());
+    assert_eq!(
+        a.generated["k"],
+        Tensor::zeros([2, 2], DType::Int32).unwrap()
+    );
     // A parameter's values do not depend on which others are generated.
     let f = file(vec![("b", Tensor::zeros([5], DType::Float64).unwrap())]);
     let d = bind_params(&ps, &keys(&["tree"]), &f, Some(42)).unwrap();
@@ -181,6 +218,8 @@ fn random_param_needs_known_dims() {
         "parameter %emb: cannot generate random values for Tensor[(?, 4), float32]: dimension 0 \
          is `?`; give its size in @main's type of %emb, or provide the tensor in the weights file"
     );
-    let e = random_param("huge", &f32s(&[1 << 20, 1 << 20]), 1).unwrap_err().to_string();
+    let e = random_param("huge", &f32s(&[1 << 20, 1 << 20]), 1)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("tumble generates at most"), "{e}");
 }

@@ -45,10 +45,15 @@ fn read_err(text: &str) -> String {
 fn inst_args(m: &Module) -> Vec<(String, Ty)> {
     let (params, _) = m.main();
     let mut file = BTreeMap::new();
-    file.insert("W".to_string(), Tensor::zeros([3], tumble_ir::DType::Float32).unwrap());
+    file.insert(
+        "W".to_string(),
+        Tensor::zeros([3], tumble_ir::DType::Float32).unwrap(),
+    );
     let raw = read(GOOD);
     let provided = raw.provided_args(&params, &file);
-    bind_params(&params, &provided, &file, None).unwrap().instance_args()
+    bind_params(&params, &provided, &file, None)
+        .unwrap()
+        .instance_args()
 }
 
 fn decode(m: &Module, text: &str) -> Result<Vec<Vec<Value>>, IoError> {
@@ -70,19 +75,27 @@ fn check_good(m: &Module, vals: &[Value]) {
     );
     let Value::Adt(rose) = &vals[1] else { panic!() };
     assert_eq!(rose.ctor, m.ctor("Rose"));
-    assert_eq!(tensor(&rose.fields[0]), &Tensor::from_i32([1], vec![5]).unwrap());
+    assert_eq!(
+        tensor(&rose.fields[0]),
+        &Tensor::from_i32([1], vec![5]).unwrap()
+    );
     let kids = list_items(&rose.fields[1]);
     assert_eq!(kids.len(), 1);
     let xs = list_items(&vals[2]);
     assert_eq!(xs.len(), 3);
-    assert_eq!(tensor(&xs[1]), &Tensor::from_f32([2], vec![2.0, 3.0]).unwrap());
+    assert_eq!(
+        tensor(&xs[1]),
+        &Tensor::from_f32([2], vec![2.0, 3.0]).unwrap()
+    );
     assert_eq!(tensor(&xs[2]).shape(), &[0]);
     let Value::Tuple(p) = &vals[3] else { panic!() };
     assert_eq!(tensor(&p.0[0]), &Tensor::scalar_bool(true));
     assert_eq!(tensor(&p.0[1]), &Tensor::scalar_i64(9007199254740993));
     let Value::Adt(some) = &vals[4] else { panic!() };
     assert_eq!(some.ctor, m.ctor("Some"));
-    let Value::Adt(pair) = &some.fields[0] else { panic!() };
+    let Value::Adt(pair) = &some.fields[0] else {
+        panic!()
+    };
     assert_eq!(tensor(&pair.fields[1]), &Tensor::scalar_i32(-3));
 }
 
@@ -139,24 +152,34 @@ fn bare_values() {
     );
     let (params, _) = m.main();
     let mut file = BTreeMap::new();
-    file.insert("W".to_string(), Tensor::zeros([2], tumble_ir::DType::Float32).unwrap());
+    file.insert(
+        "W".to_string(),
+        Tensor::zeros([2], tumble_ir::DType::Float32).unwrap(),
+    );
     // `{"Rose": ...}` has no key naming an argument: it is the tree itself. "Leaf" strings and
     // keyed objects mix freely.
     let raw = read("{\"Rose\": [[1], []]}\n{\"t\": {\"Rose\": [[2], []]}}\n");
     let provided = raw.provided_args(&params, &file);
     assert_eq!(provided.iter().collect::<Vec<_>>(), ["Rose", "t"]);
-    let args = bind_params(&params, &provided, &file, None).unwrap().instance_args();
+    let args = bind_params(&params, &provided, &file, None)
+        .unwrap()
+        .instance_args();
     let vals = raw.decode(&m.env(), &args).unwrap();
     for (v, want) in vals.iter().zip([1, 2]) {
         let Value::Adt(r) = &v[0] else { panic!() };
-        assert_eq!(tensor(&r.fields[0]), &Tensor::from_i32([1], vec![want]).unwrap());
+        assert_eq!(
+            tensor(&r.fields[0]),
+            &Tensor::from_i32([1], vec![want]).unwrap()
+        );
     }
     // A bare number for a scalar argument.
     let m = module("def @main(%n: Tensor[(), float32]) -> Tensor[(), float32] { %n }");
     let (params, _) = m.main();
     let raw = read("1.5\n-2\n");
     let provided = raw.provided_args(&params, &BTreeMap::new());
-    let args = bind_params(&params, &provided, &BTreeMap::new(), None).unwrap().instance_args();
+    let args = bind_params(&params, &provided, &BTreeMap::new(), None)
+        .unwrap()
+        .instance_args();
     let vals = raw.decode(&m.env(), &args).unwrap();
     assert_eq!(tensor(&vals[1][0]), &Tensor::scalar_f32(-2.0));
     // {"shape", "data"} as a bare tensor.
@@ -169,11 +192,15 @@ fn bare_values() {
 
 #[test]
 fn bare_value_with_several_arguments_is_an_error() {
-    let m = module("def @main(%a: Tensor[(), float32], %b: Tensor[(), float32]) -> Tensor[(), float32] { %a }");
+    let m = module(
+        "def @main(%a: Tensor[(), float32], %b: Tensor[(), float32]) -> Tensor[(), float32] { %a }",
+    );
     let (params, _) = m.main();
     let raw = read("1.5\n");
     let keys = ["a", "b"].iter().map(|s| s.to_string()).collect();
-    let args = bind_params(&params, &keys, &BTreeMap::new(), None).unwrap().instance_args();
+    let args = bind_params(&params, &keys, &BTreeMap::new(), None)
+        .unwrap()
+        .instance_args();
     assert_eq!(
         raw.decode(&m.env(), &args).unwrap_err().to_string(),
         "t.jsonl: instance at line 1: expected an object with the keys a, b (a bare value is \
@@ -372,10 +399,13 @@ fn decode_errors() {
         "t.jsonl: instance at line 1: missing key `x` (for @main's argument %x: Tensor[(2, 3), float32]); the instance has: o, p, tree, xs"
     );
     // Array input: the index names the instance.
-    let e = read(&format!("[{GOOD}, {}]", GOOD.replace(x, r#""x": [[1, 2, 3]]"#)))
-        .decode(&m.env(), &inst_args(&m))
-        .unwrap_err()
-        .to_string();
+    let e = read(&format!(
+        "[{GOOD}, {}]",
+        GOOD.replace(x, r#""x": [[1, 2, 3]]"#)
+    ))
+    .decode(&m.env(), &inst_args(&m))
+    .unwrap_err()
+    .to_string();
     assert_eq!(
         e,
         "t.jsonl: instance at index 1: .x: expected Tensor[(2, 3), float32], found an array of 1 element"
@@ -477,7 +507,10 @@ fn too_deep_is_rejected_without_recursing() {
 fn long_lines_are_capped() {
     // An endless line: the reader stops at the cap instead of allocating without bound.
     let endless = std::io::BufReader::new(std::io::repeat(b'1'));
-    let e = read_instances_capped(endless, "<stdin>", 4096).err().unwrap().to_string();
+    let e = read_instances_capped(endless, "<stdin>", 4096)
+        .err()
+        .unwrap()
+        .to_string();
     assert_eq!(
         e,
         "<stdin>: line 1 is longer than 4096 bytes; split the input into smaller instances"
@@ -491,10 +524,14 @@ fn long_lines_are_capped() {
         e,
         "in.jsonl: line 2 is longer than 4096 bytes; split the input into smaller instances"
     );
-    let e = read_instances_capped(format!("[\n{}\n]", "1,\n".repeat(3000)).as_bytes(), "a.json", 4096)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = read_instances_capped(
+        format!("[\n{}\n]", "1,\n".repeat(3000)).as_bytes(),
+        "a.json",
+        4096,
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(e.contains("larger than 4096 bytes"), "{e}");
 }
 
@@ -504,5 +541,8 @@ fn instance_file_errors_name_the_file() {
         .err()
         .unwrap()
         .to_string();
-    assert!(e.starts_with("cannot read the instances file `/nonexistent/in.jsonl`: "), "{e}");
+    assert!(
+        e.starts_with("cannot read the instances file `/nonexistent/in.jsonl`: "),
+        "{e}"
+    );
 }

@@ -32,14 +32,23 @@ fn nested_adts_and_tuples() {
     let leaf = |x: i32| {
         Value::adt(
             rose,
-            vec![t(Tensor::from_i32([1], vec![x]).unwrap()), Value::adt(nil, vec![])],
+            vec![
+                t(Tensor::from_i32([1], vec![x]).unwrap()),
+                Value::adt(nil, vec![]),
+            ],
         )
     };
     let tree = Value::adt(
         rose,
         vec![
             t(Tensor::from_i32([1], vec![1]).unwrap()),
-            Value::adt(cons, vec![leaf(2), Value::adt(cons, vec![leaf(3), Value::adt(nil, vec![])])]),
+            Value::adt(
+                cons,
+                vec![
+                    leaf(2),
+                    Value::adt(cons, vec![leaf(3), Value::adt(nil, vec![])]),
+                ],
+            ),
         ],
     );
     let p = Value::adt(
@@ -53,7 +62,10 @@ fn nested_adts_and_tuples() {
         cons,
         vec![
             Value::adt(some, vec![p]),
-            Value::adt(cons, vec![Value::adt(none, vec![]), Value::adt(nil, vec![])]),
+            Value::adt(
+                cons,
+                vec![Value::adt(none, vec![]), Value::adt(nil, vec![])],
+            ),
         ],
     );
     let v = Value::tuple(vec![
@@ -99,7 +111,12 @@ fn tensors_floats_and_non_finite() {
         "the result has 2 NaN or infinite values, written as null"
     );
     // f32 shortest round trip: 0.1f32 is printed as 0.1, not 0.10000000149011612.
-    let enc = encode_json(&t(Tensor::scalar_f32(0.1)), &Ty::scalar(DType::Float32), &env).unwrap();
+    let enc = encode_json(
+        &t(Tensor::scalar_f32(0.1)),
+        &Ty::scalar(DType::Float32),
+        &env,
+    )
+    .unwrap();
     assert_eq!(enc.json, "0.1");
     // Empty tensors keep their nesting.
     let e = Tensor::from_i64([2, 0], vec![]).unwrap();
@@ -129,7 +146,10 @@ fn closures_cannot_be_encoded() {
     );
     // A value that does not match its type is reported, not a panic.
     let e = encode_json(&Value::unit(), &Ty::scalar(DType::Int32), &m.env()).unwrap_err();
-    assert!(e.to_string().contains("holds a tuple where its type says"), "{e}");
+    assert!(
+        e.to_string().contains("holds a tuple where its type says"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -138,7 +158,13 @@ fn deep_values_encode_without_recursion() {
     let m = module(SRC);
     let (rose, cons, nil) = (m.ctor("Rose"), m.ctor("Cons"), m.ctor("Nil"));
     let n = 200_000;
-    let mut tree = Value::adt(rose, vec![t(Tensor::from_i32([1], vec![0]).unwrap()), Value::adt(nil, vec![])]);
+    let mut tree = Value::adt(
+        rose,
+        vec![
+            t(Tensor::from_i32([1], vec![0]).unwrap()),
+            Value::adt(nil, vec![]),
+        ],
+    );
     for _ in 0..n {
         let kids = Value::adt(cons, vec![tree, Value::adt(nil, vec![])]);
         tree = Value::adt(rose, vec![t(Tensor::from_i32([1], vec![1]).unwrap()), kids]);
@@ -200,7 +226,12 @@ fn atomic_jsonl() {
 
     // A new file that fails: nothing at all is created.
     let fresh = d.join("fresh.jsonl");
-    let lines = vec![Ok("[1]".to_string()), Err(IoError::Output { message: "x".into() })];
+    let lines = vec![
+        Ok("[1]".to_string()),
+        Err(IoError::Output {
+            message: "x".into(),
+        }),
+    ];
     assert!(write_jsonl_atomically(&fresh, lines).is_err());
     assert!(!fresh.exists());
     assert_eq!(files_in(&d), ["out.jsonl"]);

@@ -21,9 +21,15 @@ fn sample() -> BTreeMap<String, Tensor> {
         Tensor::from_f32([2, 3], vec![1.0, -2.5, 3.25, 0.0, 1e-7, 6.0]).unwrap(),
     );
     m.insert("b".into(), Tensor::from_f64([2], vec![0.1, -0.2]).unwrap());
-    m.insert("idx".into(), Tensor::from_i32([3], vec![1, -2, i32::MAX]).unwrap());
+    m.insert(
+        "idx".into(),
+        Tensor::from_i32([3], vec![1, -2, i32::MAX]).unwrap(),
+    );
     m.insert("big".into(), Tensor::scalar_i64(i64::MIN));
-    m.insert("mask".into(), Tensor::from_bool([2, 2], vec![true, false, false, true]).unwrap());
+    m.insert(
+        "mask".into(),
+        Tensor::from_bool([2, 2], vec![true, false, false, true]).unwrap(),
+    );
     m.insert("empty".into(), Tensor::from_f32([0, 4], vec![]).unwrap());
     m
 }
@@ -46,7 +52,10 @@ fn safetensors_round_trip() {
     assert!(loaded.warnings.is_empty());
     // Overwriting works and leaves no temp file behind.
     save_params(&path, &tensors).unwrap();
-    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names, vec![std::ffi::OsString::from("w.safetensors")]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -58,7 +67,10 @@ fn every_truncation_is_an_error_not_a_panic() {
     for cut in 0..bytes.len() {
         let e = msg(parse_safetensors(p, &bytes[..cut]));
         assert!(e.starts_with("weights file `w.safetensors`: "), "{e}");
-        assert!(e.contains("truncated") || e.contains("corrupt"), "cut {cut}: {e}");
+        assert!(
+            e.contains("truncated") || e.contains("corrupt"),
+            "cut {cut}: {e}"
+        );
     }
     assert_eq!(
         msg(parse_safetensors(p, &bytes[..5])),
@@ -133,7 +145,10 @@ fn corrupt_headers() {
 #[test]
 fn unsupported_dtype_is_named() {
     let h = r#"{"half":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}"#;
-    let e = msg(parse_safetensors(Path::new("m.safetensors"), &with_header(h, &[0; 4])));
+    let e = msg(parse_safetensors(
+        Path::new("m.safetensors"),
+        &with_header(h, &[0; 4]),
+    ));
     assert_eq!(
         e,
         "weights file `m.safetensors`: tensor `half` has dtype F16, which tumble does not \
@@ -213,7 +228,10 @@ fn npy_directory() {
         loaded.tensors["W_iou"],
         Tensor::from_f32([2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap()
     );
-    assert_eq!(loaded.tensors["ids"], Tensor::from_i64([2], vec![7, -1]).unwrap());
+    assert_eq!(
+        loaded.tensors["ids"],
+        Tensor::from_i64([2], vec![7, -1]).unwrap()
+    );
     assert_eq!(loaded.tensors["flag"], Tensor::scalar_bool(true));
     // The crate's own writer agrees with the hand-written bytes.
     assert_eq!(
@@ -236,7 +254,10 @@ fn npy_errors() {
          does not read; save it from numpy with `np.save(path, np.ascontiguousarray(a))`"
     );
     let e = msg(parse_npy(p, &npy(">f4", "False", "(2,)", &[0; 8])));
-    assert!(e.contains("dtype `>f4` is not supported (big-endian data"), "{e}");
+    assert!(
+        e.contains("dtype `>f4` is not supported (big-endian data"),
+        "{e}"
+    );
     let e = msg(parse_npy(p, &npy("<f2", "False", "(2,)", &[0; 4])));
     assert!(e.contains("dtype `<f2` is not supported;"), "{e}");
     let e = msg(parse_npy(p, &npy("<f4", "False", "(2, 2)", &[0; 12])));

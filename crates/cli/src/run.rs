@@ -1,0 +1,183 @@
+//! `tumble run`: load a model, bind its weights, decode instances, evaluate each, write results.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use tumble_check::LoadOptions;
+use tumble_interp::{Program, Value};
+use tumble_io::{
+    bind_params, encode_json, load_params, main_signature, read_instances_file, save_params,
+    summarize, write_jsonl_atomically, Binding, IoError, TypeEnv,
+};
+use tumble_ir::{diag, Diagnostic, SourceMap};
+use tumble_tensor::{Rng, Tensor};
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The model, in the Relay text format.
+    pub model: PathBuf,
+    /// Instances: JSON Lines (one per line) or a JSON array, keyed by `@main` argument name.
+    #[arg(long, short)]
+    pub inputs: PathBuf,
+    /// Weights: a safetensors file, a `.npy` file or a directory of `.npy` files. `@main` arguments
+    /// named like a tensor in it are parameters shared by every instance.
+    #[arg(long)]
+    pub params: Option<PathBuf>,
+    /// Fill parameters missing from `--params` with seeded random values (normal, 1/sqrt(fan-in)).
+    #[arg(long, value_name = "SEED")]
+    pub random_params: Option<u64>,
+    /// Write every parameter used (loaded or generated) to this safetensors file.
+    #[arg(long, value_name = "FILE")]
+    pub save_params: Option<PathBuf>,
+    /// Seed of `random.db_uniform`; instance i draws from its own stream, so results do not depend
+    /// on how instances are grouped.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where to write results (JSON Lines, one per instance, in input order); default stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// `json`: one JSON value per instance; `summary`: shapes and a few values, for reading.
+    #[arg(long, value_enum, default_value_t = Format::Json)]
+    pub format: Format,
+    /// Which engine evaluates the model.
+    #[arg(long, value_enum, default_value_t = Engine::Reference)]
+    pub engine: Engine,
+    /// The entry function.
+    #[arg(long, default_value = "main")]
+    pub entry: String,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Format {
+    Json,
+    Summary,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Engine {
+    /// The reference interpreter: one instance at a time, plain-loop kernels (the oracle).
+    Reference,
+}
+
+/// A stream of `random.db_uniform` draws for instance `i`, independent of batching.
+pub fn instance_rng(seed: u64, i: usize) -> Rng {
+    Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+pub fn run(args: &RunArgs, color: bool) -> ExitCode {
+    let mut sources = SourceMap::new();
+    match run_inner(args, &mut sources) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Diags(ds)) => {
+            eprint!("{}", diag::render(&ds, &sources, color));
+            ExitCode::FAILURE
+        }
+        Err(Failure::Message(m)) => {
+            eprintln!("error: {m}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+enum Failure {
+    Diags(Vec<Diagnostic>),
+    Message(String),
+}
+
+impl From<IoError> for Failure {
+    fn from(e: IoError) -> Self {
+        Failure::Message(e.to_string())
+    }
+}
+
+fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
+    let text = std::fs::read_to_string(&args.model)
+        .map_err(|e| Failure::Message(format!("cannot read {}: {e}", args.model.display())))?;
+    let name = args.model.display().to_string();
+    let typed = tumble_check::load(sources, &name, &text, LoadOptions::default())
+        .map_err(Failure::Diags)?;
+    for w in &typed.warnings {
+        eprint!("{}", diag::render(std::slice::from_ref(w), sources, false));
+    }
+    let program = Program::lower(&typed)
+        .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
+    let (main_params, ret_ty) = main_signature(&typed, &args.entry)?;
+
+    let raw = read_instances_file(&args.inputs)?;
+    let file = match &args.params {
+        Some(p) => {
+            let loaded = load_params(p)?;
+            for w in &loaded.warnings {
+                eprintln!("warning: {w}");
+            }
+            loaded.tensors
+        }
+        None => BTreeMap::new(),
+    };
+    let provided = raw.provided_args(&main_params, &file);
+    let bound = bind_params(&main_params, &provided, &file, args.random_params)?;
+    for w in &bound.warnings {
+        eprintln!("warning: {w}");
+    }
+    if let Some(path) = &args.save_params {
+        let all: BTreeMap<String, Tensor> = bound
+            .args
+            .iter()
+            .filter_map(|a| match &a.binding {
+                Binding::Param(t) => Some((a.name.clone(), t.clone())),
+                Binding::Instance => None,
+            })
+            .collect();
+        save_params(path, &all)?;
+    }
+    let env = TypeEnv::new(&typed, &program);
+    let instances = raw.decode(&env, &bound.instance_args())?;
+
+    let mut lines = Vec::with_capacity(instances.len());
+    for (i, values) in instances.into_iter().enumerate() {
+        let location = raw.items.get(i).map_or_else(
+            || format!("instance {i}"),
+            |it| format!("instance at {}", it.location),
+        );
+        let call_args = bound.assemble(values)?;
+        let mut rng = instance_rng(args.seed, i);
+        let result: Value = match args.engine {
+            Engine::Reference => tumble_interp::run(&program, &args.entry, call_args, &mut rng),
+        }
+        .map_err(|e| {
+            let message = format!("{location}: {}", e.message);
+            match e.span {
+                Some(span) => Failure::Diags(vec![Diagnostic::error(span, message)]),
+                None => Failure::Message(message),
+            }
+        })?;
+        let line = match args.format {
+            Format::Json => {
+                let enc = encode_json(&result, &ret_ty, &env)?;
+                if let Some(w) = enc.warning() {
+                    eprintln!("warning: {location}: {w}");
+                }
+                enc.json
+            }
+            Format::Summary => format!("{location}: {}", summarize(&result, &ret_ty, &env)),
+        };
+        lines.push(line);
+    }
+    match &args.output {
+        Some(path) => {
+            write_jsonl_atomically(path, lines.into_iter().map(Ok::<String, IoError>))?;
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            for l in &lines {
+                if writeln!(out, "{l}").is_err() {
+                    // A closed pipe (e.g. `| head`) is not an error worth reporting.
+                    break;
+                }
+            }
+        }
+    }
+    Ok(())
+}
