@@ -4,12 +4,13 @@
 //! [`machine`]), so deep lists and trees are fine.
 
 pub mod machine;
-pub mod program;
+pub mod reference;
 pub mod value;
 
-pub use machine::RunError;
-pub use program::{LowerError, Program};
-pub use value::{AdtValue, Closure, TupleValue, Value};
+pub use machine::{Backend, InstanceCtx, Machine, Outcome, RunError};
+pub use reference::ReferenceBackend;
+pub use tumble_compile::{LowerError, Program};
+pub use value::{AdtValue, Closure, LazyRef, TupleValue, Value};
 
 use tumble_tensor::Rng;
 
@@ -24,5 +25,20 @@ pub fn run(
         message: format!("the module has no global `@{entry}`"),
         span: None,
     })?;
-    machine::Machine::new(program, rng).call_global(index, args)
+    let ctx = InstanceCtx {
+        rng: rng.clone(),
+        depth: 0,
+        instance: 0,
+    };
+    let mut machine = Machine::new(program, ctx);
+    machine.start(index, args)?;
+    let mut backend = ReferenceBackend { program };
+    let out = machine.run(&mut backend)?;
+    *rng = machine.ctx.rng.clone();
+    match out {
+        Outcome::Done(v) => Ok(v),
+        Outcome::Blocked => Err(RunError::new(
+            "internal: the reference backend never blocks",
+        )),
+    }
 }

@@ -1,13 +1,62 @@
-//! The evaluator: an explicit-continuation machine. Program calls push a `Return` continuation on a
-//! heap-allocated stack instead of recursing in Rust, so a 100,000-deep recursion in the user's program
-//! costs memory, not native stack; calls in tail position reuse the caller's continuation.
+//! The evaluator: an explicit-continuation machine that runs one instance's control flow. Program
+//! calls push a `Return` continuation on a heap-allocated stack instead of recursing in Rust, so a
+//! 100,000-deep recursion in the user's program costs memory, not native stack; calls in tail position
+//! reuse the caller's continuation.
+//!
+//! Tensor work goes through a [`Backend`]: the reference backend computes eagerly; the batching
+//! runtime records dataflow nodes instead. Because all state is explicit, a machine can stop when an
+//! `if` needs a tensor that is not computed yet ([`Outcome::Blocked`]) and resume later (ACROBAT
+//! §4.2's fibers without threads). The machine also keeps the instance's inline depth (§4.1).
 
-use crate::program::{CaptureFrom, Code, Lambda, Pat, Program};
 use crate::value::{Closure, Value};
 use std::rc::Rc;
-use tumble_ir::Span;
-use tumble_ops::{OpCtx, OpValue};
+use tumble_compile::{CaptureFrom, Code, Lambda, Pat, Program};
+use tumble_ir::{Attrs, Span};
+use tumble_ops::{OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
+
+/// Per-instance state the backend may read and update.
+pub struct InstanceCtx {
+    /// Draws of `random.db_uniform`, in this instance's program order.
+    pub rng: Rng,
+    /// Inline depth (ACROBAT §4.1): the depth the next block invocation gets.
+    pub depth: u32,
+    /// Which instance of the mini-batch this is.
+    pub instance: u32,
+}
+
+/// Where tensor work goes.
+pub trait Backend {
+    /// An operator called outside any static block.
+    fn call_op(
+        &mut self,
+        ctx: &mut InstanceCtx,
+        op: &'static OpDef,
+        args: Vec<Value>,
+        attrs: &Attrs,
+        span: Span,
+    ) -> Result<Value, RunError>;
+
+    /// A static block invoked on evaluated arguments.
+    fn invoke_block(
+        &mut self,
+        ctx: &mut InstanceCtx,
+        block: u32,
+        args: Vec<Value>,
+        span: Span,
+    ) -> Result<Value, RunError>;
+
+    /// The truth value of an `if` condition, or `None` if it is not computed yet (the instance
+    /// then suspends until the backend has computed it).
+    fn condition(&mut self, v: &Value) -> Result<Option<bool>, RunError>;
+}
+
+/// How a call to [`Machine::run`] ended.
+pub enum Outcome {
+    Done(Value),
+    /// Waiting for a tensor value; call `run` again once the backend has computed it.
+    Blocked,
+}
 
 /// A run-time failure, located at the program point that failed where known.
 #[derive(Debug, Clone)]
@@ -17,14 +66,14 @@ pub struct RunError {
 }
 
 impl RunError {
-    fn at(span: Span, message: impl Into<String>) -> Self {
+    pub fn at(span: Span, message: impl Into<String>) -> Self {
         RunError {
             message: message.into(),
             span: Some(span),
         }
     }
 
-    fn new(message: impl Into<String>) -> Self {
+    pub fn new(message: impl Into<String>) -> Self {
         RunError {
             message: message.into(),
             span: None,
@@ -63,6 +112,13 @@ enum Kont<'p> {
         arms: &'p [(Pat, Code)],
         span: Span,
     },
+    /// Evaluating independent elements: each starts at depth `start`; the join takes `max`.
+    Concurrent {
+        elems: &'p [Code],
+        vals: Vec<Value>,
+        start: u32,
+        max: u32,
+    },
     Return(Frame),
 }
 
@@ -75,21 +131,24 @@ pub struct Machine<'p> {
     program: &'p Program,
     frame: Frame,
     stack: Vec<Kont<'p>>,
-    rng: &'p mut Rng,
+    /// Where to continue when `run` is called (set by `start` and by suspension).
+    pending: Option<Step<'p>>,
+    pub ctx: InstanceCtx,
 }
 
 fn operands_of(code: &Code) -> &[Code] {
     match code {
-        Code::CallOp { args, .. } | Code::CallCtor { args, .. } | Code::CallGlobal { args, .. } => {
-            args
-        }
+        Code::CallOp { args, .. }
+        | Code::CallCtor { args, .. }
+        | Code::CallGlobal { args, .. }
+        | Code::InvokeBlock { args, .. } => args,
         Code::Call { operands, .. } => operands,
         _ => &[],
     }
 }
 
 impl<'p> Machine<'p> {
-    pub fn new(program: &'p Program, rng: &'p mut Rng) -> Self {
+    pub fn new(program: &'p Program, ctx: InstanceCtx) -> Self {
         Machine {
             program,
             frame: Frame {
@@ -97,24 +156,38 @@ impl<'p> Machine<'p> {
                 this: None,
             },
             stack: Vec::new(),
-            rng,
+            pending: None,
+            ctx,
         }
     }
 
-    /// Calls global `index` with `args` and runs to completion.
-    pub fn call_global(&mut self, index: u32, args: Vec<Value>) -> Result<Value, RunError> {
+    /// Prepares a call of global `index` on `args`; [`Machine::run`] then evaluates it.
+    pub fn start(&mut self, index: u32, args: Vec<Value>) -> Result<(), RunError> {
         let lambda = self.global(index)?;
         let step = self.enter(lambda, args, None, Vec::new())?;
-        self.run(step)
+        self.pending = Some(step);
+        Ok(())
     }
 
-    fn run(&mut self, mut step: Step<'p>) -> Result<Value, RunError> {
+    /// Runs until the call finishes or needs a tensor value the backend has not computed.
+    pub fn run(&mut self, backend: &mut dyn Backend) -> Result<Outcome, RunError> {
+        let Some(mut step) = self.pending.take() else {
+            return Err(RunError::new("internal: nothing to run"));
+        };
         loop {
             step = match step {
-                Step::Eval(code) => self.eval(code)?,
+                Step::Eval(code) => self.eval(code, backend)?,
                 Step::Apply(v) => match self.stack.pop() {
-                    None => return Ok(v),
-                    Some(k) => self.resume(k, v)?,
+                    None => return Ok(Outcome::Done(v)),
+                    Some(Kont::If(t, f)) => match backend.condition(&v)? {
+                        Some(c) => Step::Eval(if c { t } else { f }),
+                        None => {
+                            self.stack.push(Kont::If(t, f));
+                            self.pending = Some(Step::Apply(v));
+                            return Ok(Outcome::Blocked);
+                        }
+                    },
+                    Some(k) => self.resume(k, v, backend)?,
                 },
             };
         }
@@ -138,7 +211,7 @@ impl<'p> Machine<'p> {
             .ok_or_else(|| RunError::new(format!("internal: slot {s} read before it was set")))
     }
 
-    fn eval(&mut self, code: &'p Code) -> Result<Step<'p>, RunError> {
+    fn eval(&mut self, code: &'p Code, backend: &mut dyn Backend) -> Result<Step<'p>, RunError> {
         Ok(match code {
             Code::Slot(s) => Step::Apply(self.slot(*s)?),
             Code::SelfRef => Step::Apply(
@@ -174,10 +247,11 @@ impl<'p> Machine<'p> {
             Code::CallOp { .. }
             | Code::CallCtor { .. }
             | Code::CallGlobal { .. }
+            | Code::InvokeBlock { .. }
             | Code::Call { .. } => {
                 let operands = operands_of(code);
                 match operands.first() {
-                    None => self.call(code, Vec::new())?,
+                    None => self.call(code, Vec::new(), backend)?,
                     Some(first) => {
                         self.push(Kont::Operands {
                             call: code,
@@ -219,6 +293,19 @@ impl<'p> Machine<'p> {
                 self.push(Kont::If(t, f))?;
                 Step::Eval(c)
             }
+            Code::Concurrent(elems) => match elems.first() {
+                None => Step::Apply(Value::unit()),
+                Some(first) => {
+                    let start = self.ctx.depth;
+                    self.push(Kont::Concurrent {
+                        elems,
+                        vals: Vec::with_capacity(elems.len()),
+                        start,
+                        max: start,
+                    })?;
+                    Step::Eval(first)
+                }
+            },
             Code::Match {
                 scrutinee,
                 arms,
@@ -230,7 +317,12 @@ impl<'p> Machine<'p> {
         })
     }
 
-    fn resume(&mut self, k: Kont<'p>, v: Value) -> Result<Step<'p>, RunError> {
+    fn resume(
+        &mut self,
+        k: Kont<'p>,
+        v: Value,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
         Ok(match k {
             Kont::Operands {
                 call,
@@ -247,7 +339,32 @@ impl<'p> Machine<'p> {
                         })?;
                         Step::Eval(next)
                     }
-                    None => self.call(call, vals)?,
+                    None => self.call(call, vals, backend)?,
+                }
+            }
+            Kont::Concurrent {
+                elems,
+                mut vals,
+                start,
+                max,
+            } => {
+                vals.push(v);
+                let max = max.max(self.ctx.depth);
+                match elems.get(vals.len()) {
+                    Some(next) => {
+                        self.ctx.depth = start;
+                        self.push(Kont::Concurrent {
+                            elems,
+                            vals,
+                            start,
+                            max,
+                        })?;
+                        Step::Eval(next)
+                    }
+                    None => {
+                        self.ctx.depth = max;
+                        Step::Apply(Value::tuple(vals))
+                    }
                 }
             }
             Kont::Tuple { elems, mut vals } => {
@@ -289,13 +406,10 @@ impl<'p> Machine<'p> {
                     None => Step::Eval(body),
                 }
             }
-            Kont::If(t, f) => {
-                let c = v
-                    .as_tensor()
-                    .and_then(|t| t.scalar_as_bool().ok())
-                    .ok_or_else(|| RunError::new("`if` condition is not a bool scalar"))?;
-                Step::Eval(if c { t } else { f })
-            }
+            Kont::If(t, f) => match backend.condition(&v)? {
+                Some(c) => Step::Eval(if c { t } else { f }),
+                None => return Err(RunError::new("internal: condition not ready after resume")),
+            },
             Kont::Match { arms, span } => {
                 for (pat, body) in arms {
                     let mut binds = Vec::new();
@@ -328,21 +442,28 @@ impl<'p> Machine<'p> {
     }
 
     /// Performs a call whose operands are evaluated.
-    fn call(&mut self, code: &'p Code, mut vals: Vec<Value>) -> Result<Step<'p>, RunError> {
+    fn call(
+        &mut self,
+        code: &'p Code,
+        mut vals: Vec<Value>,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
         match code {
             Code::CallOp {
                 op, attrs, span, ..
-            } => {
-                let args = vals
-                    .into_iter()
-                    .map(to_op_value)
-                    .collect::<Result<Vec<_>, String>>()
-                    .map_err(|m| RunError::at(*span, format!("{}: {m}", op.name)))?;
-                let mut ctx = OpCtx { rng: self.rng };
-                let out = tumble_ops::eval(op, &args, attrs, &mut ctx)
-                    .map_err(|e| RunError::at(*span, e.message))?;
-                Ok(Step::Apply(from_op_value(out)))
-            }
+            } => Ok(Step::Apply(backend.call_op(
+                &mut self.ctx,
+                op,
+                vals,
+                attrs,
+                *span,
+            )?)),
+            Code::InvokeBlock { block, span, .. } => Ok(Step::Apply(backend.invoke_block(
+                &mut self.ctx,
+                *block,
+                vals,
+                *span,
+            )?)),
             Code::CallCtor { ctor, .. } => Ok(Step::Apply(Value::adt(*ctor, vals))),
             Code::CallGlobal { global, .. } => {
                 let lambda = self.global(*global)?;
@@ -470,7 +591,7 @@ fn describe(program: &Program, v: &Value) -> String {
     }
 }
 
-fn to_op_value(v: Value) -> Result<OpValue, String> {
+pub fn to_op_value(v: Value) -> Result<OpValue, String> {
     match v {
         Value::Tensor(t) => Ok(OpValue::Tensor(t)),
         Value::Tuple(t) => {
@@ -489,7 +610,7 @@ fn to_op_value(v: Value) -> Result<OpValue, String> {
     }
 }
 
-fn from_op_value(v: OpValue) -> Value {
+pub fn from_op_value(v: OpValue) -> Value {
     match v {
         OpValue::Tensor(t) => Value::Tensor(t),
         OpValue::Tuple(ts) => Value::tuple(ts.into_iter().map(Value::Tensor).collect()),

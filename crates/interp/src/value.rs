@@ -8,9 +8,18 @@ use std::fmt;
 use std::rc::Rc;
 use tumble_tensor::Tensor;
 
+/// A tensor the batching runtime has recorded but maybe not computed yet: output `output` of
+/// dataflow node `node`. The reference backend never makes one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LazyRef {
+    pub node: u32,
+    pub output: u32,
+}
+
 #[derive(Clone)]
 pub enum Value {
     Tensor(Tensor),
+    Lazy(LazyRef),
     Tuple(Rc<TupleValue>),
     Adt(Rc<AdtValue>),
     Closure(Rc<Closure>),
@@ -58,7 +67,7 @@ impl Value {
 
     pub fn kind(&self) -> &'static str {
         match self {
-            Value::Tensor(_) => "a tensor",
+            Value::Tensor(_) | Value::Lazy(_) => "a tensor",
             Value::Tuple(_) => "a tuple",
             Value::Adt(_) => "a constructor value",
             Value::Closure(_) => "a function",
@@ -70,7 +79,7 @@ impl Value {
 /// own drops find nothing left to recurse into.
 fn take_children(v: Value, stack: &mut Vec<Value>) {
     match v {
-        Value::Tensor(_) => {}
+        Value::Tensor(_) | Value::Lazy(_) => {}
         Value::Tuple(rc) => {
             if let Ok(mut t) = Rc::try_unwrap(rc) {
                 stack.append(&mut t.0);
@@ -131,6 +140,7 @@ impl fmt::Debug for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Value::Tensor(t) => write!(f, "{t}"),
+            Value::Lazy(r) => write!(f, "lazy %{}.{}", r.node, r.output),
             Value::Tuple(t) => write!(f, "tuple of {}", t.0.len()),
             Value::Adt(a) => write!(f, "ctor #{} with {} fields", a.ctor, a.fields.len()),
             Value::Closure(_) => f.write_str("closure"),

@@ -140,6 +140,8 @@ static OPS: &[OpDef] = &[
     // ---- ACROBAT intrinsics ----
     op("db.phase_change", 0, NONE, create::phase_change, k::create::phase_change, Opaque,
         "phase boundary: ops after it run in the next program phase; returns ()"),
+    op("db.concurrent", 1, NONE, create::concurrent, k::create::concurrent, Opaque,
+        "marks the elements of a literal tuple as independent (same inline depth); returns the tuple"),
     op("random.db_uniform", 0,
         &[req("low", Float), req("high", Float), req("out_shape", Ints), opt("out_dtype", DType, "\"int32\"")],
         create::db_uniform, k::create::db_uniform, Opaque, "seeded uniform random draw in [low, high) of `out_shape`"),

@@ -48,6 +48,7 @@ mod buffer;
 mod error;
 mod rng;
 pub mod shape;
+mod stack;
 mod tensor;
 
 pub use buffer::{Buffer, BufferMut, Element};

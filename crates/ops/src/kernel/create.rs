@@ -80,6 +80,18 @@ pub fn phase_change(
     Ok(OpValue::unit())
 }
 
+/// `db.concurrent(t)` is the identity (only the lowering gives it meaning).
+pub fn concurrent(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    KCall::new("db.concurrent", args, attrs, 1)?;
+    args.first()
+        .cloned()
+        .ok_or_else(|| KernelError::new("db.concurrent: expected 1 argument"))
+}
+
 /// The largest float of `dtype` below `x` (for keeping float draws strictly below `high`).
 fn next_below(x: f64, dtype: DType) -> f64 {
     fn down32(x: f32) -> f32 {

@@ -66,6 +66,15 @@ pub fn phase_change(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     Ok(Ty::unit())
 }
 
+/// `db.concurrent(t)`: a scheduling annotation. The lowering turns `db.concurrent((e1, ..., en))`
+/// into a fork–join of the elements' inline depths; as a value it is the identity on any type.
+pub fn concurrent(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    Call::new("db.concurrent", args, attrs, 1)?;
+    args.first()
+        .cloned()
+        .ok_or_else(|| RelError::new("db.concurrent: expected 1 argument, found 0"))
+}
+
 /// `random.db_uniform(low, high, out_shape, out_dtype="int32")`: a seeded uniform draw in
 /// `[low, high)` of the given shape.
 pub fn db_uniform(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {

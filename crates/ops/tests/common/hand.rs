@@ -1014,6 +1014,15 @@ pub fn hand_cases() -> Vec<Hand> {
             "fill_value must be a scalar",
         ),
         ok("db.phase_change", "unit", none, vec![], OpValue::unit()),
+        ok(
+            "db.concurrent",
+            "identity on a tuple",
+            none,
+            vec![OpValue::Tuple(vec![
+                Tensor::from_f32([2], vec![1.0, 2.0]).expect("t")
+            ])],
+            OpValue::Tuple(vec![Tensor::from_f32([2], vec![1.0, 2.0]).expect("t")]),
+        ),
         check(
             "random.db_uniform",
             "int32 in [0, 3), every value drawn",

@@ -1,0 +1,154 @@
+//! Static blocks (grain coarsening, ACROBAT §4.1): control-flow-free dataflow graphs of operators.
+//! A block is the unit the batching runtime schedules and the unit a kernel executes.
+//!
+//! Blocks come from `Primitive=1` functions and, automatically, from maximal runs of pure operator
+//! expressions in ordinary code (see `program.rs`). Inside a block there are only operator nodes,
+//! constants and projections; everything else a block needs arrives as an input.
+
+use std::fmt;
+use tumble_ir::{Attrs, Span, Ty};
+use tumble_ops::OpDef;
+use tumble_tensor::Tensor;
+
+/// A tensor value inside a block.
+#[derive(Debug, Clone)]
+pub enum BVal {
+    /// The block's `i`-th input.
+    Input(u32),
+    /// The (tensor) result of node `n`.
+    Node(u32),
+    /// Field `i` of the tuple result of node `n` (e.g. a piece of `split`).
+    Field(u32, u32),
+    /// A literal.
+    Const(Tensor),
+}
+
+/// An operator argument: a tensor, or a tuple of tensors (`concatenate`'s input).
+#[derive(Debug, Clone)]
+pub enum BArg {
+    One(BVal),
+    Tuple(Vec<BVal>),
+}
+
+#[derive(Debug, Clone)]
+pub struct BlockNode {
+    pub op: &'static OpDef,
+    pub args: Vec<BArg>,
+    pub attrs: Attrs,
+    /// The node's result type as the checker inferred it (a tensor or a tuple of tensors).
+    pub ty: Ty,
+}
+
+#[derive(Debug, Clone)]
+pub struct BlockInput {
+    /// What the input is in the source, for `explain` (a variable name or an expression kind).
+    pub name: String,
+    pub ty: Ty,
+}
+
+/// How a block's flat outputs are returned: one tensor, or a tuple of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputShape {
+    Single,
+    Tuple,
+}
+
+#[derive(Debug, Clone)]
+pub struct Block {
+    pub name: String,
+    pub inputs: Vec<BlockInput>,
+    /// In dependency order: a node only refers to earlier nodes.
+    pub nodes: Vec<BlockNode>,
+    pub outputs: Vec<BVal>,
+    pub output_shape: OutputShape,
+    /// True when the block came from a `Primitive=1` function (false: found automatically).
+    pub primitive: bool,
+    pub span: Span,
+}
+
+impl Block {
+    pub fn output_tys(&self) -> Vec<Ty> {
+        self.outputs.iter().map(|v| self.val_ty(v)).collect()
+    }
+
+    pub fn val_ty(&self, v: &BVal) -> Ty {
+        match v {
+            BVal::Input(i) => self
+                .inputs
+                .get(*i as usize)
+                .map_or_else(Ty::unit, |x| x.ty.clone()),
+            BVal::Node(n) => self
+                .nodes
+                .get(*n as usize)
+                .map_or_else(Ty::unit, |x| x.ty.clone()),
+            BVal::Field(n, f) => match self.nodes.get(*n as usize).map(|x| &x.ty) {
+                Some(Ty::Tuple(ts)) => ts.get(*f as usize).cloned().unwrap_or_else(Ty::unit),
+                _ => Ty::unit(),
+            },
+            BVal::Const(t) => Ty::tensor_of(
+                &t.shape().iter().map(|&d| d as i64).collect::<Vec<_>>(),
+                t.dtype(),
+            ),
+        }
+    }
+}
+
+impl fmt::Display for BVal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BVal::Input(i) => write!(f, "in{i}"),
+            BVal::Node(n) => write!(f, "%{n}"),
+            BVal::Field(n, i) => write!(f, "%{n}.{i}"),
+            BVal::Const(t) => match t.len() {
+                1 => write!(f, "{}", t.get_f64(0).unwrap_or(f64::NAN)),
+                _ => write!(f, "const{:?}", t.shape()),
+            },
+        }
+    }
+}
+
+/// Prints a block in a Relay-like form for `tumble explain`.
+impl fmt::Display for Block {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.primitive { "primitive" } else { "auto" };
+        writeln!(f, "block {} ({kind}, {} ops)", self.name, self.nodes.len())?;
+        for (i, inp) in self.inputs.iter().enumerate() {
+            writeln!(f, "  in{i}: {}  ({})", inp.ty, inp.name)?;
+        }
+        for (n, node) in self.nodes.iter().enumerate() {
+            let args: Vec<String> = node
+                .args
+                .iter()
+                .map(|a| match a {
+                    BArg::One(v) => v.to_string(),
+                    BArg::Tuple(vs) => format!(
+                        "({})",
+                        vs.iter()
+                            .map(|v| v.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                })
+                .chain(node.attrs.iter().map(|a| format!("{}={}", a.name, a.value)))
+                .collect();
+            writeln!(
+                f,
+                "  %{n} = {}({})  : {}",
+                node.op.name,
+                args.join(", "),
+                node.ty
+            )?;
+        }
+        let outs: Vec<String> = self.outputs.iter().map(|v| v.to_string()).collect();
+        match self.output_shape {
+            OutputShape::Single => writeln!(f, "  return {}", outs.join(", ")),
+            OutputShape::Tuple => writeln!(f, "  return ({})", outs.join(", ")),
+        }
+    }
+}
+
+/// Operators with effects the batcher must not reorder or merge across instances: seeded random
+/// draws (each instance draws from its own stream, in program order), scheduling intrinsics.
+pub fn is_pure_op(op: &OpDef) -> bool {
+    !(op.name.starts_with("random.") || op.name.starts_with("db."))
+}

@@ -1,0 +1,13 @@
+//! The compile step: from a typed module to the program the executors run.
+//!
+//! - [`program`]: control flow lowered to compact code (names resolved to frame slots, closures
+//!   converted, constructors and globals to indices); tensor work appears as operator calls or, after
+//!   grain coarsening, as `InvokeBlock` of a static block.
+//!
+//! Nothing here executes tensors; the reference interpreter and the batching runtime do.
+
+pub mod blocks;
+pub mod program;
+
+pub use blocks::{BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
+pub use program::{CaptureFrom, Code, CtorEntry, Lambda, LowerError, LowerOptions, Pat, Program};

@@ -1,0 +1,132 @@
+//! Moving whole rows between tensors: stacking instances into a batch and reading one back. These
+//! are the gather/scatter of the batching runtime's simple path (contiguous copies, one per row).
+
+use crate::buffer::Buffer;
+use crate::error::TensorError;
+use crate::tensor::Tensor;
+
+macro_rules! per_dtype {
+    ($first:expr, $parts:expr, $v:ident => $body:expr) => {
+        match $first.buffer() {
+            Buffer::F32(_) => {
+                let mut $v: Vec<f32> = Vec::new();
+                $body(&mut $v, $parts, |t: &Tensor| t.as_f32())?;
+                Buffer::F32($v)
+            }
+            Buffer::F64(_) => {
+                let mut $v: Vec<f64> = Vec::new();
+                $body(&mut $v, $parts, |t: &Tensor| t.as_f64())?;
+                Buffer::F64($v)
+            }
+            Buffer::I32(_) => {
+                let mut $v: Vec<i32> = Vec::new();
+                $body(&mut $v, $parts, |t: &Tensor| t.as_i32())?;
+                Buffer::I32($v)
+            }
+            Buffer::I64(_) => {
+                let mut $v: Vec<i64> = Vec::new();
+                $body(&mut $v, $parts, |t: &Tensor| t.as_i64())?;
+                Buffer::I64($v)
+            }
+            Buffer::Bool(_) => {
+                let mut $v: Vec<bool> = Vec::new();
+                $body(&mut $v, $parts, |t: &Tensor| t.as_bool())?;
+                Buffer::Bool($v)
+            }
+        }
+    };
+}
+
+fn append_all<T: Copy>(
+    out: &mut Vec<T>,
+    parts: &[&Tensor],
+    get: impl Fn(&Tensor) -> Option<&[T]>,
+) -> Result<(), TensorError> {
+    for p in parts {
+        let s = get(p).ok_or_else(|| TensorError::Mismatch {
+            a_shape: p.shape().to_vec(),
+            a_dtype: p.dtype(),
+            b_shape: p.shape().to_vec(),
+            b_dtype: p.dtype(),
+        })?;
+        out.extend_from_slice(s);
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// Stacks equally shaped tensors along a new leading axis: `n` tensors of shape `s` make one of
+    /// shape `(n, s...)`. Errors if shapes or dtypes differ, or `parts` is empty.
+    pub fn stack(parts: &[&Tensor]) -> Result<Tensor, TensorError> {
+        let Some(first) = parts.first() else {
+            return Err(TensorError::ElementCount {
+                shape: vec![0],
+                expected: 1,
+                got: 0,
+            });
+        };
+        for p in parts.iter().skip(1) {
+            if p.shape() != first.shape() || p.dtype() != first.dtype() {
+                return Err(TensorError::Mismatch {
+                    a_shape: first.shape().to_vec(),
+                    a_dtype: first.dtype(),
+                    b_shape: p.shape().to_vec(),
+                    b_dtype: p.dtype(),
+                });
+            }
+        }
+        let mut shape = Vec::with_capacity(first.rank() + 1);
+        shape.push(parts.len());
+        shape.extend_from_slice(first.shape());
+        let buffer = per_dtype!(first, parts, v => append_all);
+        Tensor::new(shape, buffer)
+    }
+
+    /// Row `i` along the leading axis, copied out: shape `(n, s...)` gives shape `(s...)`.
+    pub fn row(&self, i: usize) -> Result<Tensor, TensorError> {
+        let n = self.shape().first().copied().unwrap_or(0);
+        if i >= n {
+            return Err(TensorError::IndexOutOfBounds { index: i, len: n });
+        }
+        let inner: Vec<usize> = self.shape()[1..].to_vec();
+        let len = inner.iter().product::<usize>();
+        let range = i * len..(i + 1) * len;
+        let buffer = match self.buffer() {
+            Buffer::F32(v) => Buffer::F32(v[range].to_vec()),
+            Buffer::F64(v) => Buffer::F64(v[range].to_vec()),
+            Buffer::I32(v) => Buffer::I32(v[range].to_vec()),
+            Buffer::I64(v) => Buffer::I64(v[range].to_vec()),
+            Buffer::Bool(v) => Buffer::Bool(v[range].to_vec()),
+        };
+        Tensor::new(inner, buffer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_then_row_round_trips_at_odd_sizes() {
+        for n in [1usize, 7, 33] {
+            let parts: Vec<Tensor> = (0..n)
+                .map(|i| Tensor::from_f32([3], vec![i as f32, 1.0, 2.0]).unwrap())
+                .collect();
+            let refs: Vec<&Tensor> = parts.iter().collect();
+            let s = Tensor::stack(&refs).unwrap();
+            assert_eq!(s.shape(), &[n, 3]);
+            for (i, p) in parts.iter().enumerate() {
+                assert_eq!(&s.row(i).unwrap(), p);
+            }
+            assert!(s.row(n).is_err());
+        }
+    }
+
+    #[test]
+    fn stacking_mismatched_shapes_is_an_error() {
+        let a = Tensor::from_i32([2], vec![1, 2]).unwrap();
+        let b = Tensor::from_i32([3], vec![1, 2, 3]).unwrap();
+        assert!(Tensor::stack(&[&a, &b]).is_err());
+        assert!(Tensor::stack(&[]).is_err());
+    }
+}
