@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tumble_check::LoadOptions;
+use tumble_compile::LowerOptions;
 use tumble_interp::{Program, Value};
 use tumble_io::{
     bind_params, encode_json, load_params, main_signature, read_instances_file, save_params,
@@ -42,8 +43,20 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = Format::Json)]
     pub format: Format,
     /// Which engine evaluates the model.
-    #[arg(long, value_enum, default_value_t = Engine::Reference)]
+    #[arg(long, value_enum, default_value_t = Engine::Batched)]
     pub engine: Engine,
+    /// Instances per mini-batch (batched engine); default: all instances in one batch.
+    #[arg(long, value_name = "N")]
+    pub batch: Option<usize>,
+    /// How the batched engine orders block invocations into launches.
+    #[arg(long, value_enum, default_value_t = SchedulerArg::Inline)]
+    pub scheduler: SchedulerArg,
+    /// Print what the batched engine did (nodes, launches, batch sizes, time split) to stderr.
+    #[arg(long)]
+    pub profile: bool,
+    /// Do not run small scalar work on the host immediately (record it in the graph instead).
+    #[arg(long)]
+    pub no_host_scalars: bool,
     /// The entry function.
     #[arg(long, default_value = "main")]
     pub entry: String,
@@ -57,8 +70,33 @@ pub enum Format {
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum Engine {
+    /// The auto-batching runtime: a mini-batch of instances at once, static blocks batched.
+    Batched,
     /// The reference interpreter: one instance at a time, plain-loop kernels (the oracle).
     Reference,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum SchedulerArg {
+    /// ACROBAT's inline depth (program order + `db.concurrent` fork/join).
+    Inline,
+    /// Dataflow depth: 1 + the deepest input.
+    Depth,
+    /// DyNet's agenda-based scheduling.
+    Agenda,
+    /// No batching: one launch per block invocation.
+    Eager,
+}
+
+impl From<SchedulerArg> for tumble_runtime::Scheduler {
+    fn from(s: SchedulerArg) -> Self {
+        match s {
+            SchedulerArg::Inline => tumble_runtime::Scheduler::Inline,
+            SchedulerArg::Depth => tumble_runtime::Scheduler::Depth,
+            SchedulerArg::Agenda => tumble_runtime::Scheduler::Agenda,
+            SchedulerArg::Eager => tumble_runtime::Scheduler::Eager,
+        }
+    }
 }
 
 /// A stream of `random.db_uniform` draws for instance `i`, independent of batching.
@@ -101,7 +139,10 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     for w in &typed.warnings {
         eprint!("{}", diag::render(std::slice::from_ref(w), sources, false));
     }
-    let program = Program::lower(&typed)
+    let lower_opts = LowerOptions {
+        coarsen: matches!(args.engine, Engine::Batched),
+    };
+    let program = Program::lower_with(&typed, lower_opts)
         .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
     let (main_params, ret_ty) = main_signature(&typed, &args.entry)?;
 
@@ -135,33 +176,89 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     let env = TypeEnv::new(&typed, &program);
     let instances = raw.decode(&env, &bound.instance_args())?;
 
-    let mut lines = Vec::with_capacity(instances.len());
-    for (i, values) in instances.into_iter().enumerate() {
-        let location = raw.items.get(i).map_or_else(
-            || format!("instance {i}"),
-            |it| format!("instance at {}", it.location),
-        );
-        let call_args = bound.assemble(values)?;
-        let mut rng = instance_rng(args.seed, i);
-        let result: Value = match args.engine {
-            Engine::Reference => tumble_interp::run(&program, &args.entry, call_args, &mut rng),
+    let locations: Vec<String> = (0..instances.len())
+        .map(|i| {
+            raw.items.get(i).map_or_else(
+                || format!("instance {i}"),
+                |it| format!("instance at {}", it.location),
+            )
+        })
+        .collect();
+    let run_error = |i: usize, e: tumble_interp::RunError| {
+        let location = locations.get(i).cloned().unwrap_or_default();
+        let message = format!("{location}: {}", e.message);
+        match e.span {
+            Some(span) => Failure::Diags(vec![Diagnostic::error(span, message)]),
+            None => Failure::Message(message),
         }
-        .map_err(|e| {
-            let message = format!("{location}: {}", e.message);
-            match e.span {
-                Some(span) => Failure::Diags(vec![Diagnostic::error(span, message)]),
-                None => Failure::Message(message),
+    };
+    let mut call_args = Vec::with_capacity(instances.len());
+    for values in instances {
+        call_args.push(bound.assemble(values)?);
+    }
+    let results: Vec<Value> = match args.engine {
+        Engine::Reference => {
+            let mut out = Vec::with_capacity(call_args.len());
+            for (i, a) in call_args.into_iter().enumerate() {
+                let mut rng = instance_rng(args.seed, i);
+                out.push(
+                    tumble_interp::run(&program, &args.entry, a, &mut rng)
+                        .map_err(|e| run_error(i, e))?,
+                );
             }
-        })?;
+            out
+        }
+        Engine::Batched => {
+            let opts = tumble_runtime::Options {
+                scheduler: args.scheduler.into(),
+                host_scalars: !args.no_host_scalars,
+            };
+            let reuse = tumble_runtime::Reuse::none(&program);
+            let batch = args.batch.unwrap_or(call_args.len()).max(1);
+            let mut profile = tumble_runtime::Profile::default();
+            let mut out = Vec::with_capacity(call_args.len());
+            let mut rest = call_args.into_iter().enumerate().peekable();
+            while rest.peek().is_some() {
+                let chunk: Vec<(usize, Vec<Value>)> = rest.by_ref().take(batch).collect();
+                let first = chunk.first().map_or(0, |(i, _)| *i);
+                let rngs = chunk
+                    .iter()
+                    .map(|(i, _)| instance_rng(args.seed, *i))
+                    .collect();
+                let chunk_args = chunk.into_iter().map(|(_, a)| a).collect();
+                let (values, p) = tumble_runtime::run_batch(
+                    &program,
+                    &reuse,
+                    &args.entry,
+                    chunk_args,
+                    rngs,
+                    opts,
+                )
+                .map_err(|e| match e.instance {
+                    Some(k) => run_error(first + k, e.error),
+                    None => run_error(first, e.error),
+                })?;
+                profile.add(&p);
+                out.extend(values);
+            }
+            if args.profile {
+                eprint!("{profile}");
+            }
+            out
+        }
+    };
+    let mut lines = Vec::with_capacity(results.len());
+    for (i, result) in results.iter().enumerate() {
+        let location = locations.get(i).cloned().unwrap_or_default();
         let line = match args.format {
             Format::Json => {
-                let enc = encode_json(&result, &ret_ty, &env)?;
+                let enc = encode_json(result, &ret_ty, &env)?;
                 if let Some(w) = enc.warning() {
                     eprintln!("warning: {location}: {w}");
                 }
                 enc.json
             }
-            Format::Summary => format!("{location}: {}", summarize(&result, &ret_ty, &env)),
+            Format::Summary => format!("{location}: {}", summarize(result, &ret_ty, &env)),
         };
         lines.push(line);
     }

@@ -1,0 +1,218 @@
+//! Golden tests: `tumble run` on the bundled samples with `--random-params 0` must reproduce the
+//! outputs of an independent numpy implementation of each model (`bench/golden/reference.py`,
+//! written from the models' documented equations). The golden files are
+//! `bench/golden/<model>_<size>.jsonl`, one JSON line per instance; regenerate them with
+//! `bench/golden/make_golden.py` (see `bench/golden/README.md`). No Python is needed here.
+//!
+//! Floats are compared within `1e-4 + 1e-4·|golden|`, integers exactly, and the JSON structure
+//! (array lengths, object keys) exactly.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+const ATOL: f64 = 1e-4;
+const RTOL: f64 = 1e-4;
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+fn read(path: &PathBuf) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(s) => s,
+        Err(e) => panic!("cannot read {}: {e}", path.display()),
+    }
+}
+
+fn parse_lines(what: &str, text: &str) -> Vec<Value> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| match serde_json::from_str(l) {
+            Ok(v) => v,
+            Err(e) => panic!("{what}: line {}: not JSON ({e}): {l}", i + 1),
+        })
+        .collect()
+}
+
+/// Compares `got` with `want` at `path`, pushing a description of each mismatch onto `errs`.
+fn compare(got: &Value, want: &Value, path: &str, errs: &mut Vec<String>) {
+    match (got, want) {
+        (Value::Array(g), Value::Array(w)) => {
+            if g.len() != w.len() {
+                errs.push(format!(
+                    "{path}: array of {} items, expected {}",
+                    g.len(),
+                    w.len()
+                ));
+                return;
+            }
+            for (i, (g, w)) in g.iter().zip(w).enumerate() {
+                compare(g, w, &format!("{path}[{i}]"), errs);
+            }
+        }
+        (Value::Object(g), Value::Object(w)) => {
+            let gk: Vec<&String> = g.keys().collect();
+            let wk: Vec<&String> = w.keys().collect();
+            if gk != wk {
+                errs.push(format!("{path}: keys {gk:?}, expected {wk:?}"));
+                return;
+            }
+            for (k, w) in w {
+                compare(&g[k], w, &format!("{path}.{k}"), errs);
+            }
+        }
+        (Value::Number(g), Value::Number(w)) => {
+            if w.is_i64() || w.is_u64() {
+                // An integer in the golden output (a class id) must be the same integer.
+                if g != w {
+                    errs.push(format!("{path}: {g}, expected the integer {w}"));
+                }
+            } else {
+                let (Some(a), Some(b)) = (g.as_f64(), w.as_f64()) else {
+                    errs.push(format!("{path}: {g} vs {w}: not comparable"));
+                    return;
+                };
+                if (a - b).abs() > ATOL + RTOL * b.abs() || a.is_nan() {
+                    errs.push(format!(
+                        "{path}: {a}, expected {b} (|diff| {:.3e})",
+                        (a - b).abs()
+                    ));
+                }
+            }
+        }
+        _ => {
+            if got != want {
+                errs.push(format!("{path}: {got}, expected {want}"));
+            }
+        }
+    }
+}
+
+/// Runs `models/<model>.rly` on `examples/<sample>.jsonl` with seed-0 random weights and checks
+/// every result against `bench/golden/<model>.jsonl`.
+fn golden(model: &str, sample: &str) {
+    let root = root();
+    let rly = format!("models/{model}.rly");
+    let inputs = format!("examples/{sample}.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .current_dir(&root)
+        .args([
+            "run",
+            &rly,
+            "--inputs",
+            &inputs,
+            "--random-params",
+            "0",
+            "--color=never",
+        ])
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => panic!("{model}: cannot run tumble: {e}"),
+    };
+    assert!(
+        out.status.success(),
+        "{model}: tumble run failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = parse_lines(
+        &format!("{model}: tumble output"),
+        &String::from_utf8_lossy(&out.stdout),
+    );
+    let golden_path = root.join("bench/golden").join(format!("{model}.jsonl"));
+    let want = parse_lines(&golden_path.display().to_string(), &read(&golden_path));
+    let n_inputs = parse_lines(&inputs, &read(&root.join(&inputs))).len();
+    assert_eq!(
+        want.len(),
+        n_inputs,
+        "{model}: golden has {} lines for {n_inputs} instances",
+        want.len()
+    );
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{model}: tumble wrote {} results, golden has {}",
+        got.len(),
+        want.len()
+    );
+
+    let mut errs = Vec::new();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        compare(
+            g,
+            w,
+            &format!("{model}: {inputs} line {}: $", i + 1),
+            &mut errs,
+        );
+    }
+    let shown = errs.iter().take(20).cloned().collect::<Vec<_>>().join("\n");
+    assert!(
+        errs.is_empty(),
+        "{} mismatches with the numpy golden output:\n{shown}",
+        errs.len()
+    );
+}
+
+#[test]
+fn treelstm_small_matches_numpy() {
+    golden("treelstm_small", "treelstm");
+}
+
+#[test]
+fn treelstm_large_matches_numpy() {
+    golden("treelstm_large", "treelstm");
+}
+
+#[test]
+fn birnn_small_matches_numpy() {
+    golden("birnn_small", "birnn");
+}
+
+#[test]
+fn birnn_large_matches_numpy() {
+    golden("birnn_large", "birnn");
+}
+
+#[test]
+fn mvrnn_small_matches_numpy() {
+    golden("mvrnn_small", "mvrnn");
+}
+
+#[test]
+fn mvrnn_large_matches_numpy() {
+    golden("mvrnn_large", "mvrnn");
+}
+
+#[test]
+fn comparison_catches_differences() {
+    let parse = |s: &str| -> Value {
+        match serde_json::from_str(s) {
+            Ok(v) => v,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let mut errs = Vec::new();
+    compare(
+        &parse("[[1.00005, 2.0]]"),
+        &parse("[[1.0, 2.0]]"),
+        "$",
+        &mut errs,
+    );
+    compare(&parse("[[3], [1]]"), &parse("[[3], [1]]"), "$", &mut errs);
+    assert!(errs.is_empty(), "{errs:?}");
+    compare(
+        &parse("[[1.001, 2.0]]"),
+        &parse("[[1.0, 2.0]]"),
+        "$",
+        &mut errs,
+    );
+    compare(&parse("[[3], [2]]"), &parse("[[3], [1]]"), "$", &mut errs);
+    compare(&parse("[[3]]"), &parse("[[3], [1]]"), "$", &mut errs);
+    compare(&parse("[[3.0]]"), &parse("[[3]]"), "$", &mut errs);
+    assert_eq!(errs.len(), 4, "{errs:?}");
+    assert!(errs[0].starts_with("$[0][0]:"), "{}", errs[0]);
+}

@@ -1,0 +1,436 @@
+//! Batched execution of one static block for B invocations at once (the simple path: contiguous
+//! stacked inputs and the reference kernels on the stacked batch).
+//!
+//! Each operator of the block runs once on the whole batch when a batching rule says how: the batch is
+//! a new leading axis, so axis attributes shift by one, broadcasting operands are padded to the same
+//! per-instance rank, and operands shared by every invocation (weights) stay unbatched. Operators or
+//! operand mixes without a rule run once per invocation (correct, just not batched). Operands shared by
+//! every invocation make shared results, computed once.
+
+use tumble_compile::{BArg, BVal, Block};
+use tumble_ir::{AttrValue, Attrs};
+use tumble_ops::{FusionClass, OpCtx, OpDef, OpValue};
+use tumble_tensor::Tensor;
+
+/// A value inside a batched launch.
+#[derive(Clone, Debug)]
+pub enum BV {
+    /// The same for every invocation.
+    Shared(OpValue),
+    /// Stacked along a leading batch axis (a tensor, or a tuple of such tensors).
+    Batched(OpValue),
+}
+
+/// Counts of how the operators of launches ran, for the profile.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct OpStats {
+    /// Operator applications that ran once for the whole batch.
+    pub batched: u64,
+    /// Operator applications run once per invocation (no batching rule applied).
+    pub looped: u64,
+    /// Operator applications on shared operands only (computed once).
+    pub shared: u64,
+}
+
+/// Runs `block` for `b` invocations; `inputs[i]` is the block's i-th input for all of them.
+pub fn run_block(
+    block: &Block,
+    inputs: &[BV],
+    b: usize,
+    octx: &mut OpCtx,
+    stats: &mut OpStats,
+) -> Result<Vec<BV>, String> {
+    let mut results: Vec<BV> = Vec::with_capacity(block.nodes.len());
+    for node in &block.nodes {
+        let mut args = Vec::with_capacity(node.args.len());
+        for a in &node.args {
+            args.push(match a {
+                BArg::One(v) => lookup(v, inputs, &results)?,
+                BArg::Tuple(vs) => {
+                    let items = vs
+                        .iter()
+                        .map(|v| lookup(v, inputs, &results))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    tuple_of(items, b)?
+                }
+            });
+        }
+        results.push(batched_op(node.op, &node.attrs, args, b, octx, stats)?);
+    }
+    block
+        .outputs
+        .iter()
+        .map(|v| lookup(v, inputs, &results))
+        .collect()
+}
+
+fn lookup(v: &BVal, inputs: &[BV], results: &[BV]) -> Result<BV, String> {
+    let missing = || format!("internal: block value {v} is not available");
+    match v {
+        BVal::Input(i) => inputs.get(*i as usize).cloned().ok_or_else(missing),
+        BVal::Node(n) => results.get(*n as usize).cloned().ok_or_else(missing),
+        BVal::Field(n, f) => match results.get(*n as usize) {
+            Some(BV::Shared(OpValue::Tuple(ts))) => ts
+                .get(*f as usize)
+                .map(|t| BV::Shared(OpValue::Tensor(t.clone())))
+                .ok_or_else(missing),
+            Some(BV::Batched(OpValue::Tuple(ts))) => ts
+                .get(*f as usize)
+                .map(|t| BV::Batched(OpValue::Tensor(t.clone())))
+                .ok_or_else(missing),
+            _ => Err(missing()),
+        },
+        BVal::Const(t) => Ok(BV::Shared(OpValue::Tensor(t.clone()))),
+    }
+}
+
+/// A tuple operand (concatenate's input): shared if every field is, else every field batched.
+fn tuple_of(items: Vec<BV>, b: usize) -> Result<BV, String> {
+    if items
+        .iter()
+        .all(|x| matches!(x, BV::Shared(OpValue::Tensor(_))))
+    {
+        let ts = items
+            .into_iter()
+            .filter_map(|x| match x {
+                BV::Shared(OpValue::Tensor(t)) => Some(t),
+                _ => None,
+            })
+            .collect();
+        return Ok(BV::Shared(OpValue::Tuple(ts)));
+    }
+    let ts = items
+        .into_iter()
+        .map(|x| match x {
+            BV::Batched(OpValue::Tensor(t)) => Ok(t),
+            BV::Shared(OpValue::Tensor(t)) => broadcast_batch(&t, b),
+            _ => Err("internal: nested tuple in a block".to_string()),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(BV::Batched(OpValue::Tuple(ts)))
+}
+
+/// `t` repeated `b` times along a new leading axis.
+pub fn broadcast_batch(t: &Tensor, b: usize) -> Result<Tensor, String> {
+    let parts: Vec<&Tensor> = std::iter::repeat_n(t, b).collect();
+    Tensor::stack(&parts).map_err(|e| e.to_string())
+}
+
+fn per_instance_rank(v: &BV) -> usize {
+    match v {
+        BV::Shared(OpValue::Tensor(t)) => t.rank(),
+        BV::Batched(OpValue::Tensor(t)) => t.rank().saturating_sub(1),
+        _ => 0,
+    }
+}
+
+fn batched_tensor(v: &BV) -> Option<&Tensor> {
+    match v {
+        BV::Batched(OpValue::Tensor(t)) => Some(t),
+        _ => None,
+    }
+}
+
+fn eval(op: &OpDef, args: &[OpValue], attrs: &Attrs, octx: &mut OpCtx) -> Result<OpValue, String> {
+    tumble_ops::eval(op, args, attrs, octx).map_err(|e| e.message)
+}
+
+fn with_attr(attrs: &Attrs, name: &str, value: AttrValue) -> Attrs {
+    let mut out = attrs.clone();
+    match out.0.iter_mut().find(|a| a.name == name) {
+        Some(a) => a.value = value,
+        None => out.0.push(tumble_ir::attrs::Attr {
+            name: name.to_string(),
+            value,
+            span: tumble_ir::Span::default(),
+        }),
+    }
+    out
+}
+
+/// A per-instance axis (possibly negative) as a non-negative axis of the batched tensor.
+fn shift_axis(axis: i64, rank: usize) -> Option<i64> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    (0..r).contains(&a).then_some(a + 1)
+}
+
+fn ints(v: &[i64]) -> AttrValue {
+    AttrValue::List(v.iter().map(|&x| AttrValue::Int(x)).collect())
+}
+
+/// One operator on batched/shared operands.
+fn batched_op(
+    op: &'static OpDef,
+    attrs: &Attrs,
+    args: Vec<BV>,
+    b: usize,
+    octx: &mut OpCtx,
+    stats: &mut OpStats,
+) -> Result<BV, String> {
+    if args.iter().all(|a| matches!(a, BV::Shared(_))) {
+        stats.shared += 1;
+        let plain: Vec<OpValue> = args
+            .into_iter()
+            .filter_map(|a| match a {
+                BV::Shared(v) => Some(v),
+                BV::Batched(_) => None,
+            })
+            .collect();
+        return eval(op, &plain, attrs, octx).map(BV::Shared);
+    }
+    match rule(op, attrs, &args, b) {
+        Some((plain, attrs)) => {
+            stats.batched += 1;
+            eval(op, &plain, &attrs, octx).map(BV::Batched)
+        }
+        None => {
+            stats.looped += 1;
+            per_invocation(op, attrs, &args, b, octx)
+        }
+    }
+}
+
+/// How to run `op` once on the whole batch: the operands and attributes to pass, or `None`.
+fn rule(op: &OpDef, attrs: &Attrs, args: &[BV], b: usize) -> Option<(Vec<OpValue>, Attrs)> {
+    let rank = |i: usize| args.get(i).map_or(0, per_instance_rank);
+    let name = op.name;
+    match name {
+        // Elementwise and broadcasting operators: pad batched operands to the result's per-instance
+        // rank so numpy broadcasting lines the batch axis up; shared operands broadcast as they are.
+        _ if matches!(op.class, FusionClass::Elementwise | FusionClass::Broadcast)
+            && !matches!(name, "nn.bias_add" | "full") =>
+        {
+            let r = (0..args.len()).map(rank).max().unwrap_or(0);
+            let plain = args
+                .iter()
+                .map(|a| match a {
+                    BV::Shared(v) => Some(v.clone()),
+                    BV::Batched(OpValue::Tensor(t)) => pad_batched(t, r).map(OpValue::Tensor),
+                    BV::Batched(_) => None,
+                })
+                .collect::<Option<Vec<_>>>()?;
+            Some((plain, attrs.clone()))
+        }
+        "nn.bias_add" => {
+            let data = batched_tensor(args.first()?)?;
+            let BV::Shared(bias) = args.get(1)? else {
+                return None;
+            };
+            let axis = attrs.int("axis").ok()?.unwrap_or(1);
+            let axis = shift_axis(axis, rank(0))?;
+            Some((
+                vec![OpValue::Tensor(data.clone()), bias.clone()],
+                with_attr(attrs, "axis", AttrValue::Int(axis)),
+            ))
+        }
+        "nn.dense" => {
+            let x = batched_tensor(args.first()?)?;
+            let BV::Shared(w) = args.get(1)? else {
+                return None;
+            };
+            Some((vec![OpValue::Tensor(x.clone()), w.clone()], attrs.clone()))
+        }
+        "nn.softmax" | "nn.log_softmax" => {
+            let x = batched_tensor(args.first()?)?;
+            let axis = attrs.int("axis").ok()?.unwrap_or(-1);
+            let axis = shift_axis(axis, rank(0))?;
+            Some((
+                vec![OpValue::Tensor(x.clone())],
+                with_attr(attrs, "axis", AttrValue::Int(axis)),
+            ))
+        }
+        "nn.layer_norm" => {
+            let x = batched_tensor(args.first()?)?;
+            let (BV::Shared(g), BV::Shared(be)) = (args.get(1)?, args.get(2)?) else {
+                return None;
+            };
+            let axis = attrs.int("axis").ok()?.unwrap_or(-1);
+            let axis = shift_axis(axis, rank(0))?;
+            Some((
+                vec![OpValue::Tensor(x.clone()), g.clone(), be.clone()],
+                with_attr(attrs, "axis", AttrValue::Int(axis)),
+            ))
+        }
+        "sum" | "mean" | "max" | "min" | "argmax" | "argmin" => {
+            let x = batched_tensor(args.first()?)?;
+            let r = rank(0);
+            let listed = attrs.ints("axis").ok()?;
+            let exclude = attrs.bool("exclude").ok()?.unwrap_or(false);
+            let mut axes: Vec<i64> = match listed {
+                None => (0..r as i64).collect(),
+                Some(v) if v.is_empty() => (0..r as i64).collect(),
+                Some(v) => v
+                    .iter()
+                    .map(|&a| if a < 0 { a + r as i64 } else { a })
+                    .collect(),
+            };
+            if exclude && attrs.ints("axis").ok()?.is_some_and(|v| !v.is_empty()) {
+                axes = (0..r as i64).filter(|a| !axes.contains(a)).collect();
+            }
+            if axes.iter().any(|&a| !(0..r as i64).contains(&a)) {
+                return None;
+            }
+            let shifted: Vec<i64> = axes.iter().map(|a| a + 1).collect();
+            if matches!(name, "argmax" | "argmin") && shifted.len() != 1 {
+                return None;
+            }
+            let attrs = with_attr(attrs, "axis", ints(&shifted));
+            let attrs = with_attr(&attrs, "exclude", AttrValue::Bool(false));
+            Some((vec![OpValue::Tensor(x.clone())], attrs))
+        }
+        "concatenate" => {
+            let BV::Batched(OpValue::Tuple(ts)) = args.first()? else {
+                return None;
+            };
+            let r = ts.first().map_or(0, |t| t.rank().saturating_sub(1));
+            let axis = shift_axis(attrs.int("axis").ok()?.unwrap_or(0), r)?;
+            Some((
+                vec![OpValue::Tuple(ts.clone())],
+                with_attr(attrs, "axis", AttrValue::Int(axis)),
+            ))
+        }
+        "split" => {
+            let x = batched_tensor(args.first()?)?;
+            let axis = shift_axis(attrs.int("axis").ok()?.unwrap_or(0), rank(0))?;
+            Some((
+                vec![OpValue::Tensor(x.clone())],
+                with_attr(attrs, "axis", AttrValue::Int(axis)),
+            ))
+        }
+        "reshape" => {
+            let x = batched_tensor(args.first()?)?;
+            let newshape = attrs.ints("newshape").ok()??;
+            let mut s = vec![b as i64];
+            s.extend(newshape);
+            Some((
+                vec![OpValue::Tensor(x.clone())],
+                with_attr(attrs, "newshape", ints(&s)),
+            ))
+        }
+        "transpose" => {
+            let x = batched_tensor(args.first()?)?;
+            let r = rank(0) as i64;
+            let axes: Vec<i64> = match attrs.ints("axes").ok()? {
+                None => (0..r).rev().collect(),
+                Some(v) if v.is_empty() => (0..r).rev().collect(),
+                Some(v) => v.iter().map(|&a| if a < 0 { a + r } else { a }).collect(),
+            };
+            let mut s = vec![0];
+            s.extend(axes.iter().map(|a| a + 1));
+            Some((
+                vec![OpValue::Tensor(x.clone())],
+                with_attr(attrs, "axes", ints(&s)),
+            ))
+        }
+        "expand_dims" => {
+            let x = batched_tensor(args.first()?)?;
+            let axis = attrs.int("axis").ok()??;
+            let axis = if axis >= 0 { axis + 1 } else { axis };
+            Some((
+                vec![OpValue::Tensor(x.clone())],
+                with_attr(attrs, "axis", AttrValue::Int(axis)),
+            ))
+        }
+        "squeeze" => {
+            let x = batched_tensor(args.first()?)?;
+            let r = rank(0) as i64;
+            let axes: Vec<i64> = match attrs.ints("axis").ok()? {
+                None => (0..r)
+                    .filter(|&a| x.shape().get(a as usize + 1) == Some(&1))
+                    .collect(),
+                Some(v) => v.iter().map(|&a| if a < 0 { a + r } else { a }).collect(),
+            };
+            let s: Vec<i64> = axes.iter().map(|a| a + 1).collect();
+            Some((
+                vec![OpValue::Tensor(x.clone())],
+                with_attr(attrs, "axis", ints(&s)),
+            ))
+        }
+        "take" => {
+            // An embedding lookup: shared table, per-invocation indices along axis 0.
+            let BV::Shared(data) = args.first()? else {
+                return None;
+            };
+            let idx = batched_tensor(args.get(1)?)?;
+            let axis = attrs.int("axis").ok()??;
+            let batch_dims = attrs.int("batch_dims").ok()?.unwrap_or(0);
+            if axis != 0 || batch_dims != 0 {
+                return None;
+            }
+            Some((
+                vec![data.clone(), OpValue::Tensor(idx.clone())],
+                attrs.clone(),
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// `(B, s...)` reshaped to `(B, 1, ..., 1, s...)` with per-instance rank `r`.
+fn pad_batched(t: &Tensor, r: usize) -> Option<Tensor> {
+    let own = t.rank().checked_sub(1)?;
+    if own >= r {
+        return Some(t.clone());
+    }
+    let mut shape = Vec::with_capacity(r + 1);
+    shape.push(*t.shape().first()?);
+    shape.extend(std::iter::repeat_n(1, r - own));
+    shape.extend_from_slice(&t.shape()[1..]);
+    t.reshape(shape).ok()
+}
+
+/// The fallback: run the operator once per invocation on that invocation's rows, then stack.
+fn per_invocation(
+    op: &OpDef,
+    attrs: &Attrs,
+    args: &[BV],
+    b: usize,
+    octx: &mut OpCtx,
+) -> Result<BV, String> {
+    let mut outs: Vec<OpValue> = Vec::with_capacity(b);
+    for i in 0..b {
+        let row_args = args
+            .iter()
+            .map(|a| row_of(a, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        outs.push(eval(op, &row_args, attrs, octx)?);
+    }
+    stack_values(outs)
+}
+
+fn row_of(v: &BV, i: usize) -> Result<OpValue, String> {
+    match v {
+        BV::Shared(x) => Ok(x.clone()),
+        BV::Batched(OpValue::Tensor(t)) => t.row(i).map(OpValue::Tensor).map_err(|e| e.to_string()),
+        BV::Batched(OpValue::Tuple(ts)) => ts
+            .iter()
+            .map(|t| t.row(i).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()
+            .map(OpValue::Tuple),
+    }
+}
+
+fn stack_values(outs: Vec<OpValue>) -> Result<BV, String> {
+    match outs.first() {
+        Some(OpValue::Tensor(_)) => {
+            let ts: Vec<&Tensor> = outs.iter().filter_map(OpValue::as_tensor).collect();
+            Tensor::stack(&ts)
+                .map(|t| BV::Batched(OpValue::Tensor(t)))
+                .map_err(|e| e.to_string())
+        }
+        Some(OpValue::Tuple(first)) => {
+            let n = first.len();
+            let mut fields = Vec::with_capacity(n);
+            for k in 0..n {
+                let ts: Vec<&Tensor> = outs
+                    .iter()
+                    .filter_map(|o| o.as_tuple().and_then(|t| t.get(k)))
+                    .collect();
+                fields.push(Tensor::stack(&ts).map_err(|e| e.to_string())?);
+            }
+            Ok(BV::Batched(OpValue::Tuple(fields)))
+        }
+        None => Err("internal: empty batch".to_string()),
+    }
+}

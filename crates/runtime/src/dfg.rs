@@ -1,0 +1,638 @@
+//! The lazy backend: instance executors record block invocations as dataflow-graph nodes instead of
+//! computing them; [`Dfg::flush`] evaluates all pending nodes in batched launches.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::time::Instant;
+
+use tumble_compile::{Block, OutputShape, Program};
+use tumble_interp::reference::{block_value, eval_block};
+use tumble_interp::{Backend, InstanceCtx, LazyRef, RunError, Value};
+use tumble_ir::{Attrs, Span, Ty};
+use tumble_ops::{OpCtx, OpDef, OpValue};
+use tumble_tensor::{Rng, Tensor};
+
+use crate::batched::{run_block, BV};
+use crate::profile::Profile;
+use crate::reuse::Reuse;
+use crate::{Options, Scheduler};
+
+/// A block argument as recorded.
+#[derive(Clone)]
+enum Arg {
+    Lazy(LazyRef),
+    Val(Tensor),
+}
+
+/// A computed output: a whole tensor, or row `row` of a launch's batched output.
+#[derive(Clone)]
+struct Slot {
+    tensor: Tensor,
+    row: Option<u32>,
+}
+
+impl Slot {
+    fn value(&self) -> Result<Tensor, String> {
+        match self.row {
+            None => Ok(self.tensor.clone()),
+            Some(r) => self.tensor.row(r as usize).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+struct Node {
+    block: u32,
+    args: Vec<Arg>,
+    depth: u32,
+    /// Launch-grouping key: the block and its inputs' per-instance shapes.
+    key: u64,
+    out_shapes: Vec<Vec<usize>>,
+    out: Option<Vec<Slot>>,
+    span: Span,
+    instance: u32,
+}
+
+pub struct Dfg<'p> {
+    program: &'p Program,
+    reuse: &'p Reuse,
+    opts: Options,
+    nodes: Vec<Node>,
+    pending: Vec<u32>,
+    /// Output shapes per (block, input shapes) key.
+    shape_cache: HashMap<u64, Vec<Vec<usize>>>,
+    /// Draws for operators run inside launches (none are random: those run on the host).
+    launch_rng: Rng,
+    pub profile: Profile,
+}
+
+fn key_of(block: u32, shapes: &[&[usize]]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    block.hash(&mut h);
+    shapes.hash(&mut h);
+    h.finish()
+}
+
+/// Output shapes of a block from its inputs' shapes, by its operators' relations (Nimble's shape
+/// functions), so launches can be grouped before anything is computed.
+fn infer_shapes(block: &Block, inputs: &[Vec<usize>]) -> Result<Vec<Vec<usize>>, String> {
+    let to_ty = |s: &[usize], d| Ty::tensor_of(&s.iter().map(|&x| x as i64).collect::<Vec<_>>(), d);
+    let mut node_tys: Vec<Ty> = Vec::with_capacity(block.nodes.len());
+    let ty_of = |v: &tumble_compile::BVal, node_tys: &[Ty]| -> Result<Ty, String> {
+        use tumble_compile::BVal;
+        match v {
+            BVal::Input(i) => {
+                let shape = inputs.get(*i as usize).ok_or("internal: input")?;
+                let dtype = block
+                    .inputs
+                    .get(*i as usize)
+                    .and_then(|x| x.ty.as_tensor().map(|(_, d)| d))
+                    .ok_or("internal: input type")?;
+                Ok(to_ty(shape, dtype))
+            }
+            BVal::Node(n) => node_tys
+                .get(*n as usize)
+                .cloned()
+                .ok_or_else(|| "internal: node".into()),
+            BVal::Field(n, f) => match node_tys.get(*n as usize) {
+                Some(Ty::Tuple(ts)) => ts
+                    .get(*f as usize)
+                    .cloned()
+                    .ok_or_else(|| "internal: field".into()),
+                _ => Err("internal: field of a non-tuple".into()),
+            },
+            BVal::Const(t) => Ok(to_ty(t.shape(), t.dtype())),
+        }
+    };
+    for node in &block.nodes {
+        let args = node
+            .args
+            .iter()
+            .map(|a| match a {
+                tumble_compile::BArg::One(v) => ty_of(v, &node_tys),
+                tumble_compile::BArg::Tuple(vs) => vs
+                    .iter()
+                    .map(|v| ty_of(v, &node_tys))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Ty::Tuple),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let t = (node.op.relation)(&args, &node.attrs).map_err(|e| e.message)?;
+        node_tys.push(t);
+    }
+    block
+        .outputs
+        .iter()
+        .map(|v| {
+            let t = ty_of(v, &node_tys)?;
+            t.as_tensor()
+                .and_then(|(dims, _)| {
+                    dims.iter()
+                        .map(|d| d.known().map(|x| x as usize))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| "internal: output shape unknown".to_string())
+        })
+        .collect()
+}
+
+impl<'p> Dfg<'p> {
+    pub fn new(program: &'p Program, reuse: &'p Reuse, opts: Options) -> Self {
+        Dfg {
+            program,
+            reuse,
+            opts,
+            nodes: Vec::new(),
+            pending: Vec::new(),
+            shape_cache: HashMap::new(),
+            launch_rng: Rng::new(0),
+            profile: Profile::default(),
+        }
+    }
+
+    fn block(&self, b: u32) -> Result<&'p Block, RunError> {
+        self.program
+            .blocks
+            .get(b as usize)
+            .ok_or_else(|| RunError::new(format!("internal: no block {b}")))
+    }
+
+    fn arg_shape(&self, a: &Arg) -> Result<Vec<usize>, RunError> {
+        match a {
+            Arg::Val(t) => Ok(t.shape().to_vec()),
+            Arg::Lazy(r) => self
+                .nodes
+                .get(r.node as usize)
+                .and_then(|n| n.out_shapes.get(r.output as usize))
+                .cloned()
+                .ok_or_else(|| RunError::new("internal: unknown lazy value")),
+        }
+    }
+
+    fn arg_depth(&self, a: &Arg) -> u32 {
+        match a {
+            Arg::Val(_) => 0,
+            Arg::Lazy(r) => self.nodes.get(r.node as usize).map_or(0, |n| n.depth + 1),
+        }
+    }
+
+    /// The tensor behind a value, if it is computed.
+    pub fn concrete(&self, r: LazyRef) -> Result<Option<Tensor>, RunError> {
+        let node = self
+            .nodes
+            .get(r.node as usize)
+            .ok_or_else(|| RunError::new("internal: unknown lazy value"))?;
+        match &node.out {
+            None => Ok(None),
+            Some(slots) => slots
+                .get(r.output as usize)
+                .ok_or_else(|| RunError::new("internal: unknown output"))?
+                .value()
+                .map(Some)
+                .map_err(RunError::new),
+        }
+    }
+
+    fn lazy_value(&self, block: &Block, node: u32) -> Value {
+        let n = block.outputs.len() as u32;
+        match (block.output_shape, n) {
+            (OutputShape::Single, 1) => Value::Lazy(LazyRef { node, output: 0 }),
+            _ => Value::tuple(
+                (0..n)
+                    .map(|output| Value::Lazy(LazyRef { node, output }))
+                    .collect(),
+            ),
+        }
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Evaluates every pending node, in batched launches chosen by the scheduler.
+    pub fn flush(&mut self) -> Result<(), RunError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.profile.flushes += 1;
+        let pending = std::mem::take(&mut self.pending);
+        match self.opts.scheduler {
+            Scheduler::Agenda => self.flush_agenda(pending),
+            _ => self.flush_by_depth(pending),
+        }
+    }
+
+    /// Inline-depth and dataflow-depth scheduling: all nodes of one (depth, block, shapes) launch
+    /// together, depths in increasing order.
+    fn flush_by_depth(&mut self, pending: Vec<u32>) -> Result<(), RunError> {
+        let t0 = Instant::now();
+        let mut levels: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for id in pending {
+            if let Some(n) = self.nodes.get(id as usize) {
+                levels.entry(n.depth).or_default().push(id);
+            }
+        }
+        self.profile.time_schedule += t0.elapsed();
+        while let Some((depth, ids)) = levels.pop_first() {
+            let t0 = Instant::now();
+            let mut groups: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
+            let mut later = Vec::new();
+            for id in ids {
+                if self.inputs_ready(id) {
+                    if let Some(n) = self.nodes.get(id as usize) {
+                        groups.entry((n.block, n.key)).or_default().push(id);
+                    }
+                } else {
+                    later.push(id);
+                }
+            }
+            if !later.is_empty() {
+                // An input is not computed yet (its depth was not smaller): retry one level later.
+                if groups.is_empty() && levels.is_empty() {
+                    return Err(RunError::new("internal: dataflow graph has a cycle"));
+                }
+                levels.entry(depth + 1).or_default().extend(later);
+            }
+            self.profile.time_schedule += t0.elapsed();
+            for ((block, _), ids) in groups {
+                self.launch(block, &ids)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// DyNet's agenda: repeatedly launch the group of ready nodes with the same signature whose
+    /// shallowest node is shallowest (larger group on ties).
+    fn flush_agenda(&mut self, pending: Vec<u32>) -> Result<(), RunError> {
+        let t0 = Instant::now();
+        let pending_set: std::collections::HashSet<u32> = pending.iter().copied().collect();
+        let mut waiting: HashMap<u32, usize> = HashMap::new();
+        let mut consumers: HashMap<u32, Vec<u32>> = HashMap::new();
+        let mut ready: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
+        for &id in &pending {
+            let Some(n) = self.nodes.get(id as usize) else {
+                continue;
+            };
+            let mut count = 0;
+            for a in &n.args {
+                if let Arg::Lazy(r) = a {
+                    if pending_set.contains(&r.node) {
+                        count += 1;
+                        consumers.entry(r.node).or_default().push(id);
+                    }
+                }
+            }
+            if count == 0 {
+                ready.entry((n.block, n.key)).or_default().push(id);
+            } else {
+                waiting.insert(id, count);
+            }
+        }
+        self.profile.time_schedule += t0.elapsed();
+        loop {
+            let t0 = Instant::now();
+            let pick = ready
+                .iter()
+                .map(|(k, ids)| {
+                    let d = ids
+                        .iter()
+                        .filter_map(|&i| self.nodes.get(i as usize).map(|n| n.depth))
+                        .min()
+                        .unwrap_or(0);
+                    (d, std::cmp::Reverse(ids.len()), *k)
+                })
+                .min()
+                .map(|(_, _, k)| k);
+            let Some(k) = pick else { break };
+            let ids = ready.remove(&k).unwrap_or_default();
+            self.profile.time_schedule += t0.elapsed();
+            self.launch(k.0, &ids)?;
+            let t0 = Instant::now();
+            for id in ids {
+                for c in consumers.remove(&id).unwrap_or_default() {
+                    if let Some(w) = waiting.get_mut(&c) {
+                        *w -= 1;
+                        if *w == 0 {
+                            waiting.remove(&c);
+                            if let Some(n) = self.nodes.get(c as usize) {
+                                ready.entry((n.block, n.key)).or_default().push(c);
+                            }
+                        }
+                    }
+                }
+            }
+            self.profile.time_schedule += t0.elapsed();
+        }
+        if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(RunError::new("internal: dataflow graph has a cycle"))
+        }
+    }
+
+    fn inputs_ready(&self, id: u32) -> bool {
+        self.nodes.get(id as usize).is_some_and(|n| {
+            n.args.iter().all(|a| match a {
+                Arg::Val(_) => true,
+                Arg::Lazy(r) => self
+                    .nodes
+                    .get(r.node as usize)
+                    .is_some_and(|m| m.out.is_some()),
+            })
+        })
+    }
+
+    fn slot(&self, r: &LazyRef) -> Result<&Slot, RunError> {
+        self.nodes
+            .get(r.node as usize)
+            .and_then(|n| n.out.as_ref())
+            .and_then(|o| o.get(r.output as usize))
+            .ok_or_else(|| RunError::new("internal: input not computed"))
+    }
+
+    /// Runs `block` for the nodes `ids` as one batched call.
+    fn launch(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
+        let block = self.block(block_id)?;
+        let b = ids.len();
+        let t0 = Instant::now();
+        let mut inputs = Vec::with_capacity(block.inputs.len());
+        for i in 0..block.inputs.len() {
+            inputs.push(self.gather(block_id, i, ids)?);
+        }
+        self.profile.time_gather += t0.elapsed();
+        let t1 = Instant::now();
+        let first_span = ids
+            .first()
+            .and_then(|&i| self.nodes.get(i as usize))
+            .map(|n| n.span)
+            .unwrap_or_default();
+        let mut octx = OpCtx {
+            rng: &mut self.launch_rng,
+        };
+        let outs = run_block(block, &inputs, b, &mut octx, &mut self.profile.ops)
+            .map_err(|m| RunError::at(first_span, format!("in block {}: {m}", block.name)))?;
+        self.profile.time_kernels += t1.elapsed();
+        self.profile.launches += 1;
+        let st = self
+            .profile
+            .per_block
+            .entry(block.name.clone())
+            .or_default();
+        st.launches += 1;
+        st.invocations += b as u64;
+        st.max_batch = st.max_batch.max(b as u64);
+        for o in &outs {
+            if let BV::Batched(OpValue::Tensor(t)) = o {
+                self.profile.activation_bytes += (t.len() * t.dtype().size()) as u64;
+            }
+        }
+        for (row, &id) in ids.iter().enumerate() {
+            let slots = outs
+                .iter()
+                .map(|o| match o {
+                    BV::Shared(OpValue::Tensor(t)) => Ok(Slot {
+                        tensor: t.clone(),
+                        row: None,
+                    }),
+                    BV::Batched(OpValue::Tensor(t)) => Ok(Slot {
+                        tensor: t.clone(),
+                        row: Some(row as u32),
+                    }),
+                    _ => Err(RunError::new("internal: block output is not a tensor")),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Some(n) = self.nodes.get_mut(id as usize) {
+                n.out = Some(slots);
+                // The arguments are no longer needed; drop them so memory follows liveness.
+                n.args = Vec::new();
+            }
+        }
+        Ok(())
+    }
+
+    /// Input `i` of a launch: passed once if the same for every node, the producer's batch itself
+    /// if it is exactly these rows in order, else stacked.
+    fn gather(&mut self, block: u32, i: usize, ids: &[u32]) -> Result<BV, RunError> {
+        let args: Vec<&Arg> = ids
+            .iter()
+            .filter_map(|&id| self.nodes.get(id as usize).and_then(|n| n.args.get(i)))
+            .collect();
+        let shared_expected = self.reuse.is_shared(block, i);
+        // Same concrete tensor everywhere (a weight): pass it once.
+        if let Some(Arg::Val(first)) = args.first() {
+            if args.iter().all(|a| matches!(a, Arg::Val(t) if t.shares_buffer(first) && t.shape() == first.shape())) {
+                self.profile.shared_inputs += 1;
+                return Ok(BV::Shared(OpValue::Tensor(first.clone())));
+            }
+        }
+        if shared_expected {
+            self.profile.reuse_misses += 1;
+        }
+        // Exactly rows 0..b of one earlier launch's output: no copy.
+        let mut same_batch: Option<Tensor> = None;
+        let mut contiguous = true;
+        for (k, a) in args.iter().enumerate() {
+            match a {
+                Arg::Lazy(r) => {
+                    let s = self.slot(r)?;
+                    match (&same_batch, s.row) {
+                        (None, Some(0)) if k == 0 => same_batch = Some(s.tensor.clone()),
+                        (Some(t), Some(row)) if row as usize == k && t.shares_buffer(&s.tensor) => {
+                        }
+                        _ => {
+                            contiguous = false;
+                            break;
+                        }
+                    }
+                }
+                Arg::Val(_) => {
+                    contiguous = false;
+                    break;
+                }
+            }
+        }
+        if contiguous {
+            if let Some(t) = same_batch {
+                if t.shape().first() == Some(&args.len()) {
+                    self.profile.zero_copy_inputs += 1;
+                    return Ok(BV::Batched(OpValue::Tensor(t)));
+                }
+            }
+        }
+        self.profile.gathered_inputs += 1;
+        let rows = args
+            .iter()
+            .map(|a| match a {
+                Arg::Val(t) => Ok(t.clone()),
+                Arg::Lazy(r) => self.slot(r)?.value().map_err(RunError::new),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&Tensor> = rows.iter().collect();
+        Tensor::stack(&refs)
+            .map(|t| BV::Batched(OpValue::Tensor(t)))
+            .map_err(|e| RunError::new(format!("internal: gather: {e}")))
+    }
+}
+
+impl Backend for Dfg<'_> {
+    fn call_op(
+        &mut self,
+        ctx: &mut InstanceCtx,
+        op: &'static OpDef,
+        args: Vec<Value>,
+        attrs: &Attrs,
+        span: Span,
+    ) -> Result<Value, RunError> {
+        // Operators outside blocks are the impure ones (random draws, intrinsics): they run on the
+        // host, in the instance's program order, from its own random stream.
+        let mut plain = Vec::with_capacity(args.len());
+        for a in args {
+            match a {
+                Value::Lazy(r) => match self.concrete(r)? {
+                    Some(t) => plain.push(OpValue::Tensor(t)),
+                    None => {
+                        return Err(RunError::at(
+                            span,
+                            format!(
+                                "{}: input is not computed yet (operator outside a block)",
+                                op.name
+                            ),
+                        ))
+                    }
+                },
+                other => plain.push(
+                    tumble_interp::machine::to_op_value(other)
+                        .map_err(|m| RunError::at(span, format!("{}: {m}", op.name)))?,
+                ),
+            }
+        }
+        let mut octx = OpCtx { rng: &mut ctx.rng };
+        let out = tumble_ops::eval(op, &plain, attrs, &mut octx)
+            .map_err(|e| RunError::at(span, e.message))?;
+        Ok(tumble_interp::machine::from_op_value(out))
+    }
+
+    fn invoke_block(
+        &mut self,
+        ctx: &mut InstanceCtx,
+        block_id: u32,
+        args: Vec<Value>,
+        span: Span,
+    ) -> Result<Value, RunError> {
+        let t0 = Instant::now();
+        let block = self.block(block_id)?;
+        let mut recorded = Vec::with_capacity(args.len());
+        for a in args {
+            recorded.push(match a {
+                Value::Tensor(t) => Arg::Val(t),
+                Value::Lazy(r) => match self.concrete(r)? {
+                    // Computed values are passed as values, so host-side work can use them.
+                    Some(t) => Arg::Val(t),
+                    None => Arg::Lazy(r),
+                },
+                other => {
+                    return Err(RunError::at(
+                        span,
+                        format!(
+                            "block {}: expected a tensor input, found {}",
+                            block.name,
+                            other.kind()
+                        ),
+                    ))
+                }
+            });
+        }
+        // Small work on known values runs on the host at once (ACROBAT lowers scalar arithmetic to
+        // native code), keeping counters and conditions out of the graph.
+        if self.opts.host_scalars
+            && self.opts.scheduler != Scheduler::Eager
+            && recorded
+                .iter()
+                .all(|a| matches!(a, Arg::Val(t) if t.len() <= 1))
+            && block
+                .output_tys()
+                .iter()
+                .all(|t| matches!(t.as_tensor(), Some((d, _)) if d.is_empty()))
+        {
+            let inputs: Vec<Tensor> = recorded
+                .into_iter()
+                .filter_map(|a| match a {
+                    Arg::Val(t) => Some(t),
+                    Arg::Lazy(_) => None,
+                })
+                .collect();
+            let mut octx = OpCtx { rng: &mut ctx.rng };
+            let outs = eval_block(block, &inputs, &mut octx).map_err(|m| RunError::at(span, m))?;
+            self.profile.host_invocations += 1;
+            self.profile.time_dfg += t0.elapsed();
+            return Ok(block_value(block, outs));
+        }
+        let shapes = recorded
+            .iter()
+            .map(|a| self.arg_shape(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let shape_refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+        let key = key_of(block_id, &shape_refs);
+        let out_shapes = match self.shape_cache.get(&key) {
+            Some(s) => s.clone(),
+            None => {
+                let s = infer_shapes(block, &shapes).map_err(|m| RunError::at(span, m))?;
+                self.shape_cache.insert(key, s.clone());
+                s
+            }
+        };
+        let depth = match self.opts.scheduler {
+            Scheduler::Inline => {
+                let d = ctx.depth;
+                ctx.depth += 1;
+                d
+            }
+            _ => recorded
+                .iter()
+                .map(|a| self.arg_depth(a))
+                .max()
+                .unwrap_or(0),
+        };
+        let id = self.nodes.len() as u32;
+        self.nodes.push(Node {
+            block: block_id,
+            args: recorded,
+            depth,
+            key,
+            out_shapes,
+            out: None,
+            span,
+            instance: ctx.instance,
+        });
+        self.profile.nodes += 1;
+        self.profile.time_dfg += t0.elapsed();
+        if self.opts.scheduler == Scheduler::Eager {
+            // No batching: every invocation is its own launch, at once.
+            self.launch(block_id, &[id])?;
+        } else {
+            self.pending.push(id);
+        }
+        Ok(self.lazy_value(block, id))
+    }
+
+    fn condition(&mut self, v: &Value) -> Result<Option<bool>, RunError> {
+        let t = match v {
+            Value::Tensor(t) => Some(t.clone()),
+            Value::Lazy(r) => self.concrete(*r)?,
+            _ => return Err(RunError::new("`if` condition is not a bool scalar")),
+        };
+        match t {
+            None => Ok(None),
+            Some(t) => t
+                .scalar_as_bool()
+                .map(Some)
+                .map_err(|e| RunError::new(format!("`if` condition: {e}"))),
+        }
+    }
+}
+
+impl Dfg<'_> {
+    /// The instance a node belongs to (for error messages).
+    pub fn node_instance(&self, node: u32) -> Option<u32> {
+        self.nodes.get(node as usize).map(|n| n.instance)
+    }
+}

@@ -1,0 +1,192 @@
+//! The auto-batching runtime (ACROBAT §3–4): runs a mini-batch of instances of a program together.
+//!
+//! Each instance's control flow runs on the host in its own suspendable executor
+//! ([`tumble_interp::Machine`]); block invocations are recorded as dataflow-graph nodes ([`dfg`])
+//! instead of being computed. When every executor is done or waiting for a tensor value (an `if` on
+//! a computed condition), the pending graph is evaluated in batched launches — all ready nodes of the
+//! same (depth, block, shapes) at once ([`batched`]) — and the waiting executors resume.
+
+pub mod batched;
+pub mod dfg;
+pub mod profile;
+pub mod reuse;
+
+use std::time::Instant;
+
+use tumble_compile::Program;
+use tumble_interp::{InstanceCtx, Machine, Outcome, RunError, Value};
+use tumble_tensor::Rng;
+
+pub use profile::Profile;
+pub use reuse::Reuse;
+
+/// How block invocations are ordered into launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheduler {
+    /// ACROBAT's inline depth: depths assigned from program order as the graph is built, with
+    /// `db.concurrent` (e.g. inside `@map`) forking and joining depths.
+    Inline,
+    /// Dataflow depth: 1 + the maximum depth of a node's inputs.
+    Depth,
+    /// DyNet's agenda: repeatedly launch the ready group whose shallowest node is shallowest.
+    Agenda,
+    /// No batching: every invocation is its own launch, at once (the PyTorch-like baseline).
+    Eager,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub scheduler: Scheduler,
+    /// Run block invocations whose inputs are known scalars on the host at once.
+    pub host_scalars: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            scheduler: Scheduler::Inline,
+            host_scalars: true,
+        }
+    }
+}
+
+/// A failure of one instance of a mini-batch.
+#[derive(Debug, Clone)]
+pub struct InstanceError {
+    /// Index of the instance within the mini-batch (`None` when not attributable).
+    pub instance: Option<usize>,
+    pub error: RunError,
+}
+
+/// Runs global `entry` for every instance (`args[i]`, drawing `random.db_uniform` from `rngs[i]`)
+/// as one mini-batch. Returns the results in order, with lazy tensors materialized.
+pub fn run_batch(
+    program: &Program,
+    reuse: &Reuse,
+    entry: &str,
+    args: Vec<Vec<Value>>,
+    rngs: Vec<Rng>,
+    opts: Options,
+) -> Result<(Vec<Value>, Profile), InstanceError> {
+    let t_start = Instant::now();
+    let index = *program
+        .global_index
+        .get(entry)
+        .ok_or_else(|| InstanceError {
+            instance: None,
+            error: RunError::new(format!("the module has no global `@{entry}`")),
+        })?;
+    let mut dfg = dfg::Dfg::new(program, reuse, opts);
+    let n = args.len();
+    let mut machines: Vec<Machine> = Vec::with_capacity(n);
+    for (i, (a, rng)) in args.into_iter().zip(rngs).enumerate() {
+        let mut m = Machine::new(
+            program,
+            InstanceCtx {
+                rng,
+                depth: 0,
+                instance: i as u32,
+            },
+        );
+        m.start(index, a).map_err(|error| InstanceError {
+            instance: Some(i),
+            error,
+        })?;
+        machines.push(m);
+    }
+    let mut results: Vec<Option<Value>> = vec![None; n];
+    let mut running: Vec<usize> = (0..n).collect();
+    while !running.is_empty() {
+        let t0 = Instant::now();
+        let dfg_before = dfg.profile.time_dfg;
+        let mut still = Vec::new();
+        for &i in &running {
+            let Some(m) = machines.get_mut(i) else {
+                continue;
+            };
+            match m.run(&mut dfg).map_err(|error| InstanceError {
+                instance: Some(i),
+                error,
+            })? {
+                Outcome::Done(v) => {
+                    if let Some(r) = results.get_mut(i) {
+                        *r = Some(v);
+                    }
+                }
+                Outcome::Blocked => still.push(i),
+            }
+        }
+        dfg.profile.time_program += t0
+            .elapsed()
+            .saturating_sub(dfg.profile.time_dfg - dfg_before);
+        if !still.is_empty() && !dfg.has_pending() {
+            return Err(InstanceError {
+                instance: still.first().copied(),
+                error: RunError::new(
+                    "internal: an instance waits for a value nothing will compute",
+                ),
+            });
+        }
+        dfg.flush().map_err(|error| InstanceError {
+            instance: None,
+            error,
+        })?;
+        running = still;
+    }
+    let mut out = Vec::with_capacity(n);
+    for (i, r) in results.into_iter().enumerate() {
+        let v = r.ok_or_else(|| InstanceError {
+            instance: Some(i),
+            error: RunError::new("internal: instance produced no result"),
+        })?;
+        out.push(materialize(v, &dfg).map_err(|error| InstanceError {
+            instance: Some(i),
+            error,
+        })?);
+    }
+    dfg.profile.instances = n as u64;
+    dfg.profile.mini_batches = 1;
+    dfg.profile.time_total = t_start.elapsed();
+    Ok((out, dfg.profile))
+}
+
+/// Replaces every lazy tensor inside `v` by its computed value. Iterative (results can be lists of
+/// 100,000 elements), rebuilding only what contains lazy values.
+fn materialize(v: Value, dfg: &dfg::Dfg) -> Result<Value, RunError> {
+    use std::rc::Rc;
+    use tumble_interp::{AdtValue, TupleValue};
+    enum Job {
+        Visit(Value),
+        BuildTuple(usize),
+        BuildAdt(u32, usize),
+    }
+    let mut jobs = vec![Job::Visit(v)];
+    let mut done: Vec<Value> = Vec::new();
+    while let Some(job) = jobs.pop() {
+        match job {
+            Job::Visit(Value::Lazy(r)) => done
+                .push(Value::Tensor(dfg.concrete(r)?.ok_or_else(|| {
+                    RunError::new("internal: result not computed")
+                })?)),
+            Job::Visit(Value::Tuple(t)) => {
+                jobs.push(Job::BuildTuple(t.0.len()));
+                jobs.extend(t.0.iter().rev().cloned().map(Job::Visit));
+            }
+            Job::Visit(Value::Adt(a)) => {
+                jobs.push(Job::BuildAdt(a.ctor, a.fields.len()));
+                jobs.extend(a.fields.iter().rev().cloned().map(Job::Visit));
+            }
+            Job::Visit(other) => done.push(other),
+            Job::BuildTuple(k) => {
+                let fields = done.split_off(done.len().saturating_sub(k));
+                done.push(Value::Tuple(Rc::new(TupleValue(fields))));
+            }
+            Job::BuildAdt(c, k) => {
+                let fields = done.split_off(done.len().saturating_sub(k));
+                done.push(Value::Adt(Rc::new(AdtValue { ctor: c, fields })));
+            }
+        }
+    }
+    done.pop()
+        .ok_or_else(|| RunError::new("internal: materialize produced nothing"))
+}

@@ -1,0 +1,146 @@
+//! What a batched run did and where its time went (ACROBAT Table 6's breakdown).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use crate::batched::OpStats;
+
+#[derive(Default, Debug, Clone)]
+pub struct BlockStats {
+    pub launches: u64,
+    pub invocations: u64,
+    pub max_batch: u64,
+}
+
+#[derive(Default, Debug, Clone)]
+pub struct Profile {
+    pub instances: u64,
+    pub mini_batches: u64,
+    /// Dataflow nodes recorded (block invocations that were deferred).
+    pub nodes: u64,
+    /// Block invocations run on the host at once because every input was known and small.
+    pub host_invocations: u64,
+    pub launches: u64,
+    /// Times the instances all stopped (done or waiting for a value) and the graph was evaluated.
+    pub flushes: u64,
+    pub per_block: BTreeMap<String, BlockStats>,
+    pub ops: OpStats,
+    /// Launch inputs the analysis marked shared but that differed between invocations (gathered).
+    pub reuse_misses: u64,
+    /// Launch inputs passed once for the whole batch.
+    pub shared_inputs: u64,
+    /// Launch inputs that were already one contiguous batch (no copy).
+    pub zero_copy_inputs: u64,
+    /// Launch inputs stacked by copying rows.
+    pub gathered_inputs: u64,
+    /// Bytes of activations produced by launches (they live until the mini-batch ends).
+    pub activation_bytes: u64,
+    pub time_program: Duration,
+    pub time_dfg: Duration,
+    pub time_schedule: Duration,
+    pub time_gather: Duration,
+    pub time_kernels: Duration,
+    pub time_total: Duration,
+}
+
+impl Profile {
+    pub fn add(&mut self, o: &Profile) {
+        self.instances += o.instances;
+        self.mini_batches += o.mini_batches;
+        self.nodes += o.nodes;
+        self.host_invocations += o.host_invocations;
+        self.launches += o.launches;
+        self.flushes += o.flushes;
+        for (k, v) in &o.per_block {
+            let e = self.per_block.entry(k.clone()).or_default();
+            e.launches += v.launches;
+            e.invocations += v.invocations;
+            e.max_batch = e.max_batch.max(v.max_batch);
+        }
+        self.ops.batched += o.ops.batched;
+        self.ops.looped += o.ops.looped;
+        self.ops.shared += o.ops.shared;
+        self.reuse_misses += o.reuse_misses;
+        self.shared_inputs += o.shared_inputs;
+        self.zero_copy_inputs += o.zero_copy_inputs;
+        self.gathered_inputs += o.gathered_inputs;
+        self.activation_bytes = self.activation_bytes.max(o.activation_bytes);
+        self.time_program += o.time_program;
+        self.time_dfg += o.time_dfg;
+        self.time_schedule += o.time_schedule;
+        self.time_gather += o.time_gather;
+        self.time_kernels += o.time_kernels;
+        self.time_total += o.time_total;
+    }
+
+    pub fn mean_batch(&self) -> f64 {
+        if self.launches == 0 {
+            0.0
+        } else {
+            self.nodes as f64 / self.launches as f64
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+impl fmt::Display for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "instances {}  mini-batches {}  DFG nodes {}  host-run invocations {}  batched launches {}  flushes {}",
+            self.instances, self.mini_batches, self.nodes, self.host_invocations, self.launches, self.flushes
+        )?;
+        writeln!(f, "mean batch size {:.2}", self.mean_batch())?;
+        writeln!(
+            f,
+            "operators: {} batched, {} per-invocation (no batching rule), {} shared-only",
+            self.ops.batched, self.ops.looped, self.ops.shared
+        )?;
+        writeln!(
+            f,
+            "launch inputs: {} shared, {} zero-copy, {} gathered; reuse misses {}",
+            self.shared_inputs, self.zero_copy_inputs, self.gathered_inputs, self.reuse_misses
+        )?;
+        writeln!(f, "peak activation bytes {}", self.activation_bytes)?;
+        let other = self.time_total.saturating_sub(
+            self.time_program
+                + self.time_dfg
+                + self.time_schedule
+                + self.time_gather
+                + self.time_kernels,
+        );
+        writeln!(
+            f,
+            "time (ms): total {:.3} = program {:.3} + dfg {:.3} + scheduling {:.3} + gather {:.3} + kernels {:.3} + other {:.3}",
+            ms(self.time_total),
+            ms(self.time_program),
+            ms(self.time_dfg),
+            ms(self.time_schedule),
+            ms(self.time_gather),
+            ms(self.time_kernels),
+            ms(other)
+        )?;
+        writeln!(
+            f,
+            "{:<40} {:>9} {:>12} {:>10} {:>9}",
+            "block", "launches", "invocations", "mean batch", "max batch"
+        )?;
+        for (name, s) in &self.per_block {
+            let mean = if s.launches == 0 {
+                0.0
+            } else {
+                s.invocations as f64 / s.launches as f64
+            };
+            writeln!(
+                f,
+                "{:<40} {:>9} {:>12} {:>10.2} {:>9}",
+                name, s.launches, s.invocations, mean, s.max_batch
+            )?;
+        }
+        Ok(())
+    }
+}
