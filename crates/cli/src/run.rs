@@ -57,6 +57,9 @@ pub struct RunArgs {
     /// Do not run small scalar work on the host immediately (record it in the graph instead).
     #[arg(long)]
     pub no_host_scalars: bool,
+    /// No grain coarsening: one block per operator call (an operator-level graph, like DyNet).
+    #[arg(long)]
+    pub no_coarsen: bool,
     /// The entry function.
     #[arg(long, default_value = "main")]
     pub entry: String,
@@ -139,8 +142,12 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     for w in &typed.warnings {
         eprint!("{}", diag::render(std::slice::from_ref(w), sources, false));
     }
-    let lower_opts = LowerOptions {
-        coarsen: matches!(args.engine, Engine::Batched),
+    let lower_opts = match args.engine {
+        Engine::Batched => LowerOptions {
+            blocks: true,
+            coarsen: !args.no_coarsen,
+        },
+        Engine::Reference => LowerOptions::reference(),
     };
     let program = Program::lower_with(&typed, lower_opts)
         .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;

@@ -118,8 +118,29 @@ pub struct Program {
 /// Switches of the lowering.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LowerOptions {
-    /// Group operator calls into static blocks (grain coarsening).
+    /// Put every pure operator call in a static block (what the batching runtime executes).
+    pub blocks: bool,
+    /// Grain coarsening: one block per `Primitive=1` function and per maximal run of pure operator
+    /// expressions. Off (with `blocks` on): one block per operator call, DyNet's operator-level graph.
     pub coarsen: bool,
+}
+
+impl LowerOptions {
+    /// No blocks: the reference interpreter's view, one `CallOp` per operator call.
+    pub fn reference() -> Self {
+        LowerOptions {
+            blocks: false,
+            coarsen: false,
+        }
+    }
+
+    /// What the batching runtime runs by default: coarse static blocks.
+    pub fn batched() -> Self {
+        LowerOptions {
+            blocks: true,
+            coarsen: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -129,9 +150,9 @@ pub struct LowerError {
 }
 
 impl Program {
-    /// Lowers without coarsening: one operator call is one `CallOp` (the reference interpreter's view).
+    /// Lowers without blocks: one operator call is one `CallOp` (the reference interpreter's view).
     pub fn lower(typed: &TypedModule) -> Result<Program, LowerError> {
-        Program::lower_with(typed, LowerOptions::default())
+        Program::lower_with(typed, LowerOptions::reference())
     }
 
     pub fn lower_with(typed: &TypedModule, opts: LowerOptions) -> Result<Program, LowerError> {
@@ -313,7 +334,7 @@ impl Lowerer<'_> {
             scope.n_slots += 1;
         }
         self.fns.push(scope);
-        let body = if self.opts.coarsen && func.attrs.is_primitive() {
+        let body = if self.opts.blocks && self.opts.coarsen && func.attrs.is_primitive() {
             match self.block_for(name, &func.body, true) {
                 Ok(Some(code)) => Ok(code),
                 Ok(None) => {
@@ -492,10 +513,16 @@ impl Lowerer<'_> {
                 }
                 Ok(Some(BRef::Tuple(rs)))
             }
-            ExprKind::Proj(inner, i)
-                if is_block_root(inner)
-                    || matches!(inner.kind, ExprKind::Local(_) | ExprKind::Tuple(_)) =>
-            {
+            ExprKind::Proj(inner, i) => {
+                let inner_in_block = match &inner.kind {
+                    ExprKind::Local(n) => b.env.iter().any(|(m, _)| m == n),
+                    ExprKind::Tuple(_) => true,
+                    _ => is_block_root(inner),
+                };
+                if !inner_in_block {
+                    // A field of an outside value (e.g. `%state.0`): the field is the input.
+                    return self.block_input(b, e);
+                }
                 match self.block_expr(b, inner)? {
                     Some(BRef::Tuple(rs)) => Ok(rs.get(*i as usize).cloned()),
                     _ => Ok(None),
@@ -511,7 +538,22 @@ impl Lowerer<'_> {
                 };
                 let mut args = Vec::with_capacity(c.args.len());
                 for a in &c.args {
-                    match self.block_expr(b, a)? {
+                    // Without coarsening a block holds this one operator: its operands are inputs.
+                    let r = if self.opts.coarsen || matches!(a.kind, ExprKind::Lit(_)) {
+                        self.block_expr(b, a)?
+                    } else if let ExprKind::Tuple(es) = &a.kind {
+                        let mut rs = Vec::with_capacity(es.len());
+                        for x in es {
+                            match self.block_input(b, x)? {
+                                Some(r) => rs.push(r),
+                                None => return Ok(None),
+                            }
+                        }
+                        Some(BRef::Tuple(rs))
+                    } else {
+                        self.block_input(b, a)?
+                    };
+                    match r {
                         Some(BRef::One(v)) => args.push(BArg::One(v)),
                         Some(BRef::Tuple(rs)) if rs.iter().all(|r| matches!(r, BRef::One(_))) => {
                             let mut vs = Vec::with_capacity(rs.len());
@@ -701,9 +743,11 @@ impl Lowerer<'_> {
     }
 
     fn expr(&mut self, e: &Expr) -> Result<Code, LowerError> {
-        if self.opts.coarsen {
+        if self.opts.blocks {
             if let ExprKind::Let(bindings, body) = &e.kind {
-                return self.coarsened_let(bindings, body, e.span);
+                if self.opts.coarsen {
+                    return self.coarsened_let(bindings, body, e.span);
+                }
             }
             if is_block_root(e) {
                 let name = format!("{}:{}", self.fn_name(), describe(e));
