@@ -7,11 +7,60 @@ use tumble_check::{load, LoadOptions, PRELUDE};
 use tumble_ir::SourceMap;
 
 const TOKENS: &[&str] = &[
-    "def", "@f", "@main", "@map", "(", ")", "{", "}", "[", "]", ",", ";", ":", "=", "=>", "->", "let",
-    "%x", "%y", "fn", "if", "else", "match", "match?", "Cons", "Nil", "Some", "None", "Rose", "_",
-    "Tensor[(1, 4), float32]", "Tensor[(?, 4), float32]", "Tensor[(), bool]", "List[", "Tree[",
-    "type", "A", "1", "2.5f", "True", "add", "nn.dense", "split", "concatenate", "%x.0", ".1", "+",
-    "==", "<", "-", "sigmoid", "axis=1", "indices_or_sections=2", "Primitive=1",
+    "def",
+    "@f",
+    "@main",
+    "@map",
+    "(",
+    ")",
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    ";",
+    ":",
+    "=",
+    "=>",
+    "->",
+    "let",
+    "%x",
+    "%y",
+    "fn",
+    "if",
+    "else",
+    "match",
+    "match?",
+    "Cons",
+    "Nil",
+    "Some",
+    "None",
+    "Rose",
+    "_",
+    "Tensor[(1, 4), float32]",
+    "Tensor[(?, 4), float32]",
+    "Tensor[(), bool]",
+    "List[",
+    "Tree[",
+    "type",
+    "A",
+    "1",
+    "2.5f",
+    "True",
+    "add",
+    "nn.dense",
+    "split",
+    "concatenate",
+    "%x.0",
+    ".1",
+    "+",
+    "==",
+    "<",
+    "-",
+    "sigmoid",
+    "axis=1",
+    "indices_or_sections=2",
+    "Primitive=1",
 ];
 
 fn zoo() -> Vec<String> {
@@ -88,7 +137,12 @@ fn unedited_zoo_models_check() {
         }
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let mut sources = SourceMap::new();
-        if let Err(ds) = load(&mut sources, &path.display().to_string(), &text, LoadOptions::default()) {
+        if let Err(ds) = load(
+            &mut sources,
+            &path.display().to_string(),
+            &text,
+            LoadOptions::default(),
+        ) {
             panic!("{}", tumble_ir::diag::render(&ds, &sources, false));
         }
         n += 1;
@@ -98,12 +152,18 @@ fn unedited_zoo_models_check() {
 
 #[test]
 fn a_100000_deep_expression_is_a_located_error() {
-    let src = format!("def @f() {{ {}1{} }}", "(".repeat(100_000), ")".repeat(100_000));
+    let src = format!(
+        "def @f() {{ {}1{} }}",
+        "(".repeat(100_000),
+        ")".repeat(100_000)
+    );
     let mut sources = SourceMap::new();
     let errs = load(&mut sources, "t.rly", &src, LoadOptions::default()).err();
     let first = errs.and_then(|ds| ds.first().map(|d| d.short(&sources)));
     assert!(
-        first.as_deref().is_some_and(|m| m.starts_with("t.rly:1:") && m.contains("nested deeper than")),
+        first
+            .as_deref()
+            .is_some_and(|m| m.starts_with("t.rly:1:") && m.contains("nested deeper than")),
         "{first:?}"
     );
 }

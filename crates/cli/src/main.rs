@@ -54,6 +54,8 @@ enum Command {
     },
     /// Run a model on a file of instances and write one result per instance.
     Run(run::RunArgs),
+    /// Make instance files: SST trees and sentences, generated inputs for the zoo models.
+    Data(tumble_data::cli::DataArgs),
     /// List the operators tumble knows, with their attributes.
     Ops,
     /// Print the built-in prelude.
@@ -80,6 +82,13 @@ fn main() -> ExitCode {
             } => commands::check(&files, quiet, !no_prelude, color),
             Command::Fmt { file, check } => commands::fmt(&file, check, color),
             Command::Run(args) => run::run(&args, color),
+            Command::Data(args) => match tumble_data::cli::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            },
             Command::Ops => commands::ops(),
             Command::Prelude => {
                 print!("{}", tumble_check::PRELUDE);

@@ -1,0 +1,327 @@
+//! `tumble data ...`: the command-line front end, as a clap [`DataArgs`] to embed in a binary and
+//! [`run`] to execute it.
+//!
+//! ```text
+//! tumble data sst    [--split test] [--format tree|tokens] [--offset N] [--limit N]
+//!                    [--data-dir DIR] [--vocab FILE] [-o FILE]
+//! tumble data nested [--count 100] [--seed 0] [--outer-min 1 --outer-max 8]
+//!                    [--inner-min 20 --inner-max 40] [--vocab-size 21703] [-o FILE]
+//! tumble data drnn   [--count 100] [--seed 0] [--hidden 256] [--depth-min 3 --depth-max 5]
+//!                    [--width-min 2 --width-max 3] [-o FILE]
+//! tumble data berxit [--count 100] [--seed 0] [--threshold 0.9] [-o FILE]
+//! tumble data vocab  [--data-dir DIR] [-o FILE]
+//! ```
+//!
+//! Instances are written as JSON Lines (one instance per line), the vocabulary as one word per
+//! line; to `--output FILE` atomically (a temp file renamed into place), else to standard output.
+
+use std::path::{Path, PathBuf};
+
+use tumble_tensor::Rng;
+
+use crate::error::DataError;
+use crate::gen::{self, BerxitConfig, DrnnConfig, NestedConfig};
+use crate::output::write_lines;
+use crate::sst::{self, Vocab, SST_SPLITS};
+
+/// Generates example instances for the model zoo (JSON Lines) and the SST vocabulary.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DataArgs {
+    /// What to write.
+    #[command(subcommand)]
+    pub command: DataCommand,
+}
+
+/// The `tumble data` subcommands.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum DataCommand {
+    /// SST trees (TreeLSTM, MV-RNN) or sentences (BiRNN, StackRNN) with SST vocabulary ids.
+    Sst(SstArgs),
+    /// Random NestedRNN inputs: 1-8 inner sequences of 20-40 token ids in [2, 21703).
+    Nested(NestedArgs),
+    /// Random DRNN inputs: an N(0, 1) latent code, max_depth 3-5, max_width 2-3.
+    Drnn(DrnnArgs),
+    /// Random Berxit inputs: [CLS] (101) then 127 uniform ids in [0, 30522), a fixed threshold.
+    Berxit(BerxitArgs),
+    /// The SST vocabulary (`vocab.txt`): one word per line in id order, <none> and <unk> first.
+    Vocab(VocabArgs),
+}
+
+/// Where the output goes.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct OutputArgs {
+    /// Write to FILE (atomically) instead of standard output.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+/// An SST split.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// train.txt (8,544 trees)
+    Train,
+    /// dev.txt (1,101 trees)
+    Dev,
+    /// test.txt (2,210 trees)
+    Test,
+}
+
+impl Split {
+    /// The file stem: "train", "dev" or "test".
+    pub fn name(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Dev => "dev",
+            Split::Test => "test",
+        }
+    }
+}
+
+/// How an SST tree becomes an instance.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `{"tree": ...}` for TreeLSTM and MV-RNN
+    Tree,
+    /// `{"tokens": [[id], ...]}` for BiRNN and StackRNN
+    Tokens,
+}
+
+/// `tumble data sst`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SstArgs {
+    /// Which split to read.
+    #[arg(long, value_enum, default_value_t = Split::Test)]
+    pub split: Split,
+    /// Instance format: trees for the tree models, token lists for the sequence models.
+    #[arg(long, value_enum, default_value_t = Format::Tree)]
+    pub format: Format,
+    /// Skip the first N trees of the split.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub offset: usize,
+    /// Write at most N instances (default: all).
+    #[arg(long, visible_alias = "count", value_name = "N")]
+    pub limit: Option<usize>,
+    /// The SST directory (train.txt, dev.txt, test.txt). Default: ../shared/data/sst, else
+    /// <repo>/../shared/data/sst, else shared/data/sst.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Map words with this vocab.txt instead of building the vocabulary from the SST files.
+    #[arg(long, value_name = "FILE")]
+    pub vocab: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+/// `tumble data nested`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NestedArgs {
+    /// Number of instances.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub count: usize,
+    /// Random seed.
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    pub seed: u64,
+    /// Fewest inner sequences per instance.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub outer_min: u32,
+    /// Most inner sequences per instance.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub outer_max: u32,
+    /// Shortest inner sequence.
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub inner_min: u32,
+    /// Longest inner sequence.
+    #[arg(long, default_value_t = 40, value_name = "N")]
+    pub inner_max: u32,
+    /// Token ids are drawn from [2, V).
+    #[arg(long, default_value_t = sst::SST_VOCAB_SIZE as u32, value_name = "V")]
+    pub vocab_size: u32,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+/// `tumble data drnn`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DrnnArgs {
+    /// Number of instances.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub count: usize,
+    /// Random seed.
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    pub seed: u64,
+    /// Latent width: the model's hidden size (drnn_small 256, drnn_large 512).
+    #[arg(long, default_value_t = 256, value_name = "H")]
+    pub hidden: u32,
+    /// Smallest max_depth (levels; 1 = root only).
+    #[arg(long, default_value_t = 3, value_name = "D")]
+    pub depth_min: u32,
+    /// Largest max_depth.
+    #[arg(long, default_value_t = 5, value_name = "D")]
+    pub depth_max: u32,
+    /// Smallest max_width (children per node).
+    #[arg(long, default_value_t = 2, value_name = "W")]
+    pub width_min: u32,
+    /// Largest max_width.
+    #[arg(long, default_value_t = 3, value_name = "W")]
+    pub width_max: u32,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+/// `tumble data berxit`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BerxitArgs {
+    /// Number of instances.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub count: usize,
+    /// Random seed.
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    pub seed: u64,
+    /// Exit threshold on the largest softmax probability.
+    #[arg(long, default_value_t = 0.9, value_name = "T")]
+    pub threshold: f32,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+/// `tumble data vocab`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct VocabArgs {
+    /// The SST directory (see `tumble data sst --help`).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+/// Runs a `tumble data` command. Errors are complete messages (they name the file and, for
+/// parse errors, the line and column).
+pub fn run(args: &DataArgs) -> Result<(), String> {
+    run_inner(args).map_err(|e| e.to_string())
+}
+
+fn run_inner(args: &DataArgs) -> Result<(), DataError> {
+    match &args.command {
+        DataCommand::Sst(a) => run_sst(a),
+        DataCommand::Nested(a) => {
+            let cfg = NestedConfig {
+                outer_min: a.outer_min,
+                outer_max: a.outer_max,
+                inner_min: a.inner_min,
+                inner_max: a.inner_max,
+                vocab_size: a.vocab_size,
+            };
+            cfg.validate().map_err(DataError::Invalid)?;
+            let mut rng = Rng::new(a.seed);
+            let lines = (0..a.count).map(|_| Ok(gen::nested_json(&gen::nested(&mut rng, &cfg))));
+            finish(&a.out, write_lines(a.out.output.as_deref(), lines)?)
+        }
+        DataCommand::Drnn(a) => {
+            let cfg = DrnnConfig {
+                hidden: a.hidden,
+                depth_min: a.depth_min,
+                depth_max: a.depth_max,
+                width_min: a.width_min,
+                width_max: a.width_max,
+            };
+            cfg.validate().map_err(DataError::Invalid)?;
+            let mut rng = Rng::new(a.seed);
+            let lines = (0..a.count).map(|_| Ok(gen::drnn_json(&gen::drnn(&mut rng, &cfg))));
+            finish(&a.out, write_lines(a.out.output.as_deref(), lines)?)
+        }
+        DataCommand::Berxit(a) => {
+            let cfg = BerxitConfig {
+                threshold: a.threshold,
+                ..BerxitConfig::default()
+            };
+            cfg.validate().map_err(DataError::Invalid)?;
+            let mut rng = Rng::new(a.seed);
+            let lines = (0..a.count).map(|_| {
+                Ok(gen::berxit_json(
+                    &gen::berxit_tokens(&mut rng, &cfg),
+                    cfg.threshold,
+                ))
+            });
+            finish(&a.out, write_lines(a.out.output.as_deref(), lines)?)
+        }
+        DataCommand::Vocab(a) => {
+            let dir = find_sst_dir(a.data_dir.as_deref())?;
+            let vocab = Vocab::from_sst_dir(&dir)?;
+            let lines = vocab.words().iter().map(|w| Ok(w.clone()));
+            finish(&a.out, write_lines(a.out.output.as_deref(), lines)?)
+        }
+    }
+}
+
+fn run_sst(a: &SstArgs) -> Result<(), DataError> {
+    let dir = find_sst_dir(a.data_dir.as_deref())?;
+    let vocab = match &a.vocab {
+        Some(path) => Vocab::read(path)?,
+        None => Vocab::from_sst_dir(&dir)?,
+    };
+    let path = sst::split_path(&dir, a.split.name());
+    let text = sst::read_text(&path)?;
+    let limit = a.limit.unwrap_or(usize::MAX);
+    let format = a.format;
+    let lines = sst::Trees::new(&text)
+        .skip(a.offset)
+        .take(limit)
+        .map(|tree| {
+            let tree = tree.map_err(|e| DataError::parse(&path, e))?;
+            Ok(match format {
+                Format::Tree => sst::tree_instance(&tree, &vocab),
+                Format::Tokens => sst::tokens_instance(&tree, &vocab),
+            })
+        });
+    finish(&a.out, write_lines(a.out.output.as_deref(), lines)?)
+}
+
+fn finish(out: &OutputArgs, lines: usize) -> Result<(), DataError> {
+    if let Some(path) = &out.output {
+        eprintln!("wrote {lines} lines to {}", path.display());
+    }
+    Ok(())
+}
+
+fn is_sst_dir(dir: &Path) -> bool {
+    SST_SPLITS.iter().all(|s| sst::split_path(dir, s).is_file())
+}
+
+/// Places where the SST directory is looked for when `--data-dir` is not given, in order:
+/// `../shared/data/sst` (relative to the current directory), `<repo>/../shared/data/sst` (the
+/// repository this crate was built from), `shared/data/sst` and `<repo>/shared/data/sst`.
+pub fn default_sst_dirs() -> Vec<PathBuf> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let repo = repo.canonicalize().unwrap_or(repo);
+    vec![
+        PathBuf::from("../shared/data/sst"),
+        repo.join("../shared/data/sst"),
+        PathBuf::from("shared/data/sst"),
+        repo.join("shared/data/sst"),
+    ]
+}
+
+/// The SST directory: `explicit` if given (it must hold train.txt, dev.txt and test.txt), else
+/// the first of [`default_sst_dirs`] that does. The error names every path tried.
+pub fn find_sst_dir(explicit: Option<&Path>) -> Result<PathBuf, DataError> {
+    if let Some(dir) = explicit {
+        if is_sst_dir(dir) {
+            return Ok(dir.to_path_buf());
+        }
+        return Err(DataError::Invalid(format!(
+            "SST data directory {} not found or incomplete (it needs train.txt, dev.txt and \
+             test.txt)",
+            dir.display()
+        )));
+    }
+    let tried = default_sst_dirs();
+    if let Some(dir) = tried.iter().find(|d| is_sst_dir(d)) {
+        return Ok(dir.clone());
+    }
+    let list: Vec<String> = tried.iter().map(|d| d.display().to_string()).collect();
+    Err(DataError::Invalid(format!(
+        "SST data directory not found (it needs train.txt, dev.txt and test.txt); tried {}; \
+         pass --data-dir DIR",
+        list.join(", ")
+    )))
+}
