@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod commands;
+mod explain;
 mod run;
 
 #[derive(Parser)]
@@ -54,6 +55,8 @@ enum Command {
     },
     /// Run a model on a file of instances and write one result per instance.
     Run(run::RunArgs),
+    /// Show the static blocks the compiler found and its parameter-reuse decisions.
+    Explain(explain::ExplainArgs),
     /// Make instance files: SST trees and sentences, generated inputs for the zoo models.
     Data(tumble_data::cli::DataArgs),
     /// List the operators tumble knows, with their attributes.
@@ -82,6 +85,7 @@ fn main() -> ExitCode {
             } => commands::check(&files, quiet, !no_prelude, color),
             Command::Fmt { file, check } => commands::fmt(&file, check, color),
             Command::Run(args) => run::run(&args, color),
+            Command::Explain(args) => explain::explain(&args, color),
             Command::Data(args) => match tumble_data::cli::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -220,7 +220,12 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 scheduler: args.scheduler.into(),
                 host_scalars: !args.no_host_scalars,
             };
-            let reuse = tumble_runtime::Reuse::none(&program);
+            let weights: Vec<bool> = bound
+                .args
+                .iter()
+                .map(|a| matches!(a.binding, Binding::Param(_)))
+                .collect();
+            let reuse = tumble_compile::analyze_reuse(&program, &args.entry, &weights);
             let batch = args.batch.unwrap_or(call_args.len()).max(1);
             let mut profile = tumble_runtime::Profile::default();
             let mut out = Vec::with_capacity(call_args.len());

@@ -8,6 +8,8 @@
 
 pub mod blocks;
 pub mod program;
+pub mod reuse;
 
 pub use blocks::{BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
 pub use program::{CaptureFrom, Code, CtorEntry, Lambda, LowerError, LowerOptions, Pat, Program};
+pub use reuse::{analyze as analyze_reuse, InputReuse, ReuseAnalysis};

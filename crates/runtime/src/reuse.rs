@@ -1,31 +1,6 @@
-//! Parameter reuse (ACROBAT §5.1): which block inputs are the same value for every invocation in a
-//! launch (derived only from model parameters and constants), so they are passed once, never gathered.
+//! Parameter reuse (ACROBAT §5.1) as the runtime uses it: the compile-time analysis
+//! ([`tumble_compile::reuse`]) says which block inputs are one value for the whole mini-batch; the
+//! runtime passes those once per launch and verifies the claim (a launch whose invocations disagree
+//! is gathered instead and counted as a reuse miss in the profile).
 
-use tumble_compile::Program;
-
-/// Per block, per input: shared by every invocation?
-#[derive(Debug, Clone, Default)]
-pub struct Reuse {
-    pub shared: Vec<Vec<bool>>,
-}
-
-impl Reuse {
-    /// No input is known to be shared (the runtime still detects identical inputs at launch).
-    pub fn none(program: &Program) -> Reuse {
-        Reuse {
-            shared: program
-                .blocks
-                .iter()
-                .map(|b| vec![false; b.inputs.len()])
-                .collect(),
-        }
-    }
-
-    pub fn is_shared(&self, block: u32, input: usize) -> bool {
-        self.shared
-            .get(block as usize)
-            .and_then(|v| v.get(input))
-            .copied()
-            .unwrap_or(false)
-    }
-}
+pub use tumble_compile::{InputReuse, ReuseAnalysis as Reuse};

@@ -10,7 +10,18 @@ use tumble_compile::{LowerOptions, Program};
 use tumble_interp::Value;
 use tumble_io::{bind_params, main_signature, read_instances, TypeEnv};
 use tumble_ir::SourceMap;
-use tumble_runtime::{run_batch, Options, Reuse, Scheduler};
+use tumble_runtime::{run_batch, Options, Scheduler};
+
+/// The zoo's per-instance `@main` arguments; every other argument is a model parameter.
+const INSTANCE_ARGS: &[&str] = &[
+    "tree",
+    "tokens",
+    "seqs",
+    "latent",
+    "max_depth",
+    "max_width",
+    "threshold",
+];
 use tumble_tensor::Rng;
 
 fn root() -> PathBuf {
@@ -219,7 +230,12 @@ fn check_case(case: &Case) {
             },
         )
         .unwrap_or_else(|e| panic!("{}", e.message));
-        let reuse = Reuse::none(&program);
+        let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
+        let weights: Vec<bool> = params
+            .iter()
+            .map(|(n, _)| !INSTANCE_ARGS.contains(&n.as_str()))
+            .collect();
+        let reuse = tumble_compile::analyze_reuse(&program, "main", &weights);
         for scheduler in [
             Scheduler::Inline,
             Scheduler::Depth,

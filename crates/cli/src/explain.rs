@@ -1,0 +1,156 @@
+//! `tumble explain`: what the compile step made of a model — its static blocks and, for every block
+//! input, whether it is passed once per launch (parameter reuse) or gathered per invocation.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use tumble_check::LoadOptions;
+use tumble_compile::{analyze_reuse, InputReuse, LowerOptions, Program};
+use tumble_ir::{diag, DType, Diagnostic, SourceMap};
+
+#[derive(clap::Args)]
+pub struct ExplainArgs {
+    /// The model, in the Relay text format.
+    pub model: PathBuf,
+    /// Instances file: its keys name the per-instance `@main` arguments. Without it, float tensor
+    /// arguments are taken to be model parameters and all others per-instance inputs.
+    #[arg(long, short)]
+    pub inputs: Option<PathBuf>,
+    /// No grain coarsening: one block per operator call.
+    #[arg(long)]
+    pub no_coarsen: bool,
+    /// The entry function.
+    #[arg(long, default_value = "main")]
+    pub entry: String,
+}
+
+pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
+    let mut sources = SourceMap::new();
+    let text = match std::fs::read_to_string(&args.model) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: cannot read {}: {e}", args.model.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let name = args.model.display().to_string();
+    let typed = match tumble_check::load(&mut sources, &name, &text, LoadOptions::default()) {
+        Ok(t) => t,
+        Err(ds) => {
+            eprint!("{}", diag::render(&ds, &sources, color));
+            return ExitCode::FAILURE;
+        }
+    };
+    let opts = LowerOptions {
+        blocks: true,
+        coarsen: !args.no_coarsen,
+    };
+    let program = match Program::lower_with(&typed, opts) {
+        Ok(p) => p,
+        Err(e) => {
+            eprint!(
+                "{}",
+                diag::render(&[Diagnostic::error(e.span, e.message)], &sources, color)
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let (params, _) = match tumble_io::main_signature(&typed, &args.entry) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let instance_keys: Option<BTreeSet<String>> = match &args.inputs {
+        Some(p) => match tumble_io::read_instances_file(p) {
+            Ok(raw) => Some(raw.provided_args(&params, &Default::default())),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    let weights: Vec<bool> = params
+        .iter()
+        .map(|(n, ty)| match &instance_keys {
+            Some(keys) => !keys.contains(n.as_str()),
+            None => {
+                matches!(ty.as_tensor(), Some((_, d)) if d == DType::Float32 || d == DType::Float64)
+            }
+        })
+        .collect();
+    let reuse = analyze_reuse(&program, &args.entry, &weights);
+    let per_instance: Vec<&str> = params
+        .iter()
+        .zip(&weights)
+        .filter(|(_, w)| !**w)
+        .map(|((n, _), _)| n.as_str())
+        .collect();
+    println!("model {name}");
+    println!(
+        "per-instance @{} arguments: {}",
+        args.entry,
+        if per_instance.is_empty() {
+            "(none)".to_string()
+        } else {
+            per_instance.join(", ")
+        }
+    );
+    println!(
+        "{} static blocks ({} from Primitive=1 functions)\n",
+        program.blocks.len(),
+        program.blocks.iter().filter(|b| b.primitive).count()
+    );
+    for (span, note) in &program.notes {
+        eprint!(
+            "{}",
+            diag::render(&[Diagnostic::warning(*span, note.clone())], &sources, color)
+        );
+    }
+    let reached = |bi: usize| {
+        reuse
+            .inputs
+            .get(bi)
+            .is_some_and(|v| v.is_empty() || v.iter().any(|d| !matches!(d, InputReuse::Unreached)))
+    };
+    let hidden = (0..program.blocks.len()).filter(|&b| !reached(b)).count();
+    if hidden > 0 {
+        println!(
+            "({hidden} blocks not reached from @{} are not shown)\n",
+            args.entry
+        );
+    }
+    for (bi, block) in program.blocks.iter().enumerate() {
+        if !reached(bi) {
+            continue;
+        }
+        print!("{block}");
+        let decisions: Vec<String> = block
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, inp)| {
+                let d = match reuse.inputs.get(bi).and_then(|v| v.get(i)) {
+                    Some(InputReuse::Shared) => "shared (passed once per launch)",
+                    Some(InputReuse::PerInstance) => "per-instance (gathered)",
+                    Some(InputReuse::SharedPerCallSite) => {
+                        "parameter-derived, but differs between call sites (duplicate the function to share it)"
+                    }
+                    Some(InputReuse::Unreached) | None => "never reached from the entry point",
+                };
+                format!("    in{i} {}: {d}", inp.name)
+            })
+            .collect();
+        if !decisions.is_empty() {
+            println!("  reuse:");
+            for d in decisions {
+                println!("{d}");
+            }
+        }
+        println!();
+    }
+    ExitCode::SUCCESS
+}
