@@ -173,3 +173,69 @@ fn usage_errors_exit_2_with_help() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("Usage"));
 }
+
+#[test]
+fn run_errors_name_the_instance_and_leave_no_output_file() {
+    let model = root()
+        .join("models/treelstm_small.rly")
+        .display()
+        .to_string();
+    let inputs = temp_file(
+        "bad_instances.jsonl",
+        "{\"tree\": {\"Rose\": [[0], []]}}\n{\"tree\": {\"Rose\": [[2.5], []]}}\n",
+    );
+    let out_path = std::env::temp_dir().join(format!(
+        "tumble-cli-test-{}/never.jsonl",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&out_path);
+    let out = tumble(&[
+        "run",
+        &model,
+        "--inputs",
+        &inputs.display().to_string(),
+        "--random-params",
+        "0",
+        "--output",
+        &out_path.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("line 2"), "{err}");
+    assert!(err.contains(".tree.Rose[0]"), "{err}");
+    assert!(
+        !out_path.exists(),
+        "a failed run must not leave an output file"
+    );
+}
+
+#[test]
+fn run_without_weights_lists_what_is_missing() {
+    let model = root()
+        .join("models/treelstm_small.rly")
+        .display()
+        .to_string();
+    let inputs = root().join("examples/treelstm.jsonl").display().to_string();
+    let out = tumble(&["run", &model, "--inputs", &inputs]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("missing parameter"), "{err}");
+    assert!(err.contains("--random-params"), "{err}");
+}
+
+#[test]
+fn batched_and_reference_engines_agree_on_the_readme_command() {
+    let model = root()
+        .join("models/treelstm_small.rly")
+        .display()
+        .to_string();
+    let inputs = root().join("examples/treelstm.jsonl").display().to_string();
+    let base = ["run", &model, "--inputs", &inputs, "--random-params", "0"];
+    let batched = tumble(&[&base[..], &["--batch", "3", "--profile"]].concat());
+    let reference = tumble(&[&base[..], &["--engine", "reference"]].concat());
+    assert!(batched.status.success(), "{}", text(&batched.stderr));
+    assert!(reference.status.success());
+    assert_eq!(text(&batched.stdout), text(&reference.stdout));
+    assert_eq!(text(&batched.stdout).lines().count(), 8);
+    assert!(text(&batched.stderr).contains("batched launches"));
+}

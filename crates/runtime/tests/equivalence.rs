@@ -316,3 +316,45 @@ fn scaling_keeps_names_intact() {
         "Tensor[(1, 8), float32] 256.5 x256"
     );
 }
+
+/// A 1-node tree next to a 1,000-level degenerate tree and a small one; an empty sentence next to a
+/// non-empty one: instances that differ wildly still batch and agree with the reference.
+#[test]
+fn wildly_different_instances() {
+    let leaf = |i: usize| format!("{{\"Rose\": [[{i}], []]}}");
+    let mut deep = leaf(5);
+    for i in 0..1000 {
+        deep = format!("{{\"Rose\": [[0], [{deep}, {}]]}}", leaf(7 + i % 50));
+    }
+    let trees = [
+        leaf(3),
+        deep,
+        format!("{{\"Rose\": [[0], [{}, {}]]}}", leaf(4), leaf(9)),
+    ]
+    .iter()
+    .map(|t| format!("{{\"tree\": {t}}}"))
+    .collect::<Vec<_>>()
+    .join("\n");
+    let tree_case = Case {
+        model: "treelstm_small",
+        map: &[("256", "8"), ("768", "24")],
+        inputs: trees,
+    };
+    let sentences = Case {
+        model: "birnn_small",
+        map: &[("256", "8"), ("512", "16")],
+        inputs: "{\"tokens\": []}\n{\"tokens\": [[5], [6], [7]]}\n{\"tokens\": []}".to_string(),
+    };
+    // Decoding a 1,000-level tree recurses per JSON level: give it a big stack, like the CLI does.
+    let worker = std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(move || {
+            check_case(&tree_case);
+            check_case(&sentences);
+        });
+    match worker.map(|h| h.join()) {
+        Ok(Ok(())) => {}
+        Ok(Err(p)) => std::panic::resume_unwind(p),
+        Err(e) => panic!("cannot start a thread: {e}"),
+    }
+}
