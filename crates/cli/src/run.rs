@@ -60,6 +60,10 @@ pub struct RunArgs {
     /// No grain coarsening: one block per operator call (an operator-level graph, like DyNet).
     #[arg(long)]
     pub no_coarsen: bool,
+    /// No kernel plans: run every operator of a block through the batching rules and the reference
+    /// kernels (no fused GEMM stages or row programs).
+    #[arg(long)]
+    pub no_fusion: bool,
     /// The entry function.
     #[arg(long, default_value = "main")]
     pub entry: String,
@@ -219,6 +223,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             let opts = tumble_runtime::Options {
                 scheduler: args.scheduler.into(),
                 host_scalars: !args.no_host_scalars,
+                fusion: !args.no_fusion,
             };
             let weights: Vec<bool> = bound
                 .args

@@ -160,7 +160,7 @@ fn ints(v: &[i64]) -> AttrValue {
 }
 
 /// One operator on batched/shared operands.
-fn batched_op(
+pub(crate) fn batched_op(
     op: &'static OpDef,
     attrs: &Attrs,
     args: Vec<BV>,

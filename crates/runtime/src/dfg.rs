@@ -62,6 +62,8 @@ pub struct Dfg<'p> {
     shape_cache: HashMap<u64, Vec<Vec<usize>>>,
     /// Draws for operators run inside launches (none are random: those run on the host).
     launch_rng: Rng,
+    /// Kernel plan per block (empty when fusion is off).
+    plans: Vec<crate::fused::BlockPlan>,
     pub profile: Profile,
 }
 
@@ -145,6 +147,11 @@ impl<'p> Dfg<'p> {
             pending: Vec::new(),
             shape_cache: HashMap::new(),
             launch_rng: Rng::new(0),
+            plans: if opts.fusion {
+                program.blocks.iter().map(crate::fused::plan).collect()
+            } else {
+                Vec::new()
+            },
             profile: Profile::default(),
         }
     }
@@ -368,8 +375,19 @@ impl<'p> Dfg<'p> {
         let mut octx = OpCtx {
             rng: &mut self.launch_rng,
         };
-        let outs = run_block(block, &inputs, b, &mut octx, &mut self.profile.ops)
-            .map_err(|m| RunError::at(first_span, format!("in block {}: {m}", block.name)))?;
+        let outs = match self.plans.get(block_id as usize) {
+            Some(plan) => crate::fused::run_planned(
+                block,
+                plan,
+                &inputs,
+                b,
+                &mut octx,
+                &mut self.profile.ops,
+                &mut self.profile.fused,
+            ),
+            None => run_block(block, &inputs, b, &mut octx, &mut self.profile.ops),
+        }
+        .map_err(|m| RunError::at(first_span, format!("in block {}: {m}", block.name)))?;
         self.profile.time_kernels += t1.elapsed();
         self.profile.launches += 1;
         let st = self

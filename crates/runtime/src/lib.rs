@@ -8,6 +8,9 @@
 
 pub mod batched;
 pub mod dfg;
+mod fastmath;
+pub mod fused;
+mod gemm;
 pub mod profile;
 pub mod reuse;
 
@@ -39,6 +42,9 @@ pub struct Options {
     pub scheduler: Scheduler,
     /// Run block invocations whose inputs are known scalars on the host at once.
     pub host_scalars: bool,
+    /// Run blocks by their kernel plans (dense stages + fused row programs); off: every operator
+    /// through the batching rules and reference kernels.
+    pub fusion: bool,
 }
 
 impl Default for Options {
@@ -46,6 +52,7 @@ impl Default for Options {
         Options {
             scheduler: Scheduler::Inline,
             host_scalars: true,
+            fusion: true,
         }
     }
 }

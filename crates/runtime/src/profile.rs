@@ -5,6 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::batched::OpStats;
+use crate::fused::FusedStats;
 
 #[derive(Default, Debug, Clone)]
 pub struct BlockStats {
@@ -26,6 +27,7 @@ pub struct Profile {
     pub flushes: u64,
     pub per_block: BTreeMap<String, BlockStats>,
     pub ops: OpStats,
+    pub fused: FusedStats,
     /// Launch inputs the analysis marked shared but that differed between invocations (gathered).
     pub reuse_misses: u64,
     /// Launch inputs passed once for the whole batch.
@@ -61,6 +63,10 @@ impl Profile {
         self.ops.batched += o.ops.batched;
         self.ops.looped += o.ops.looped;
         self.ops.shared += o.ops.shared;
+        self.fused.dense_stages += o.fused.dense_stages;
+        self.fused.row_programs += o.fused.row_programs;
+        self.fused.row_program_ops += o.fused.row_program_ops;
+        self.fused.fallbacks += o.fused.fallbacks;
         self.reuse_misses += o.reuse_misses;
         self.shared_inputs += o.shared_inputs;
         self.zero_copy_inputs += o.zero_copy_inputs;
@@ -99,6 +105,11 @@ impl fmt::Display for Profile {
             f,
             "operators: {} batched, {} per-invocation (no batching rule), {} shared-only",
             self.ops.batched, self.ops.looped, self.ops.shared
+        )?;
+        writeln!(
+            f,
+            "kernel plans: {} dense stages, {} fused row programs ({} operators), {} stages fell back",
+            self.fused.dense_stages, self.fused.row_programs, self.fused.row_program_ops, self.fused.fallbacks
         )?;
         writeln!(
             f,

@@ -221,7 +221,8 @@ fn check_case(case: &Case) {
                 .unwrap_or_else(|e| panic!("{} reference: {}", case.model, e.message))
         })
         .collect();
-    for coarsen in [true, false] {
+    // (grain coarsening, kernel plans): the default, plans off, and operator-level blocks.
+    for (coarsen, fusion) in [(true, true), (true, false), (false, true)] {
         let program = Program::lower_with(
             &l.typed,
             LowerOptions {
@@ -246,6 +247,7 @@ fn check_case(case: &Case) {
                 let opts = Options {
                     scheduler,
                     host_scalars: true,
+                    fusion,
                 };
                 let mut got = Vec::new();
                 for (c, chunk) in args.chunks(batch).enumerate() {
@@ -253,7 +255,7 @@ fn check_case(case: &Case) {
                     let (vals, _) = run_batch(&program, &reuse, "main", chunk.to_vec(), rngs, opts)
                         .unwrap_or_else(|e| {
                             panic!(
-                                "{} {scheduler:?} batch {batch} coarsen {coarsen}: {}",
+                                "{} {scheduler:?} batch {batch} coarsen {coarsen} fusion {fusion}: {}",
                                 case.model, e.error.message
                             )
                         });
@@ -263,7 +265,7 @@ fn check_case(case: &Case) {
                 for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
                     if let Err(m) = same(g, e, "") {
                         panic!(
-                            "{} {scheduler:?} batch {batch} coarsen {coarsen}, instance {i}: {m}",
+                            "{} {scheduler:?} batch {batch} coarsen {coarsen} fusion {fusion}, instance {i}: {m}",
                             case.model
                         );
                     }

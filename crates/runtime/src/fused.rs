@@ -1,0 +1,974 @@
+//! Block kernel plans (kernels issue, item 1): how a static block runs for a launch.
+//!
+//! A plan splits the block's operators into stages: **dense** stages (`nn.dense` with a shared
+//! weight: one matrix product over every invocation's rows), **row programs** (maximal runs of
+//! elementwise / broadcast / bias / activation / split / concatenate / softmax / layer-norm operators
+//! along the last axis, stitched into one pass per output row: intermediates live in a per-row
+//! scratch buffer and are never materialized for the batch), and **other** operators, which run
+//! through the batching rules of [`crate::batched`] on whole batched tensors. Plans are made once per
+//! block; whether a stage's fast path applies (f32, shapes that line up, shared weights) is checked
+//! at each launch, falling back to the batching rules, so a plan never changes results beyond float
+//! rounding. `--no-fusion` turns plans off.
+
+use std::fmt;
+
+use tumble_compile::{BArg, BVal, Block, BlockNode};
+use tumble_ir::{AttrValue, DType, Ty};
+use tumble_ops::{OpCtx, OpValue};
+use tumble_tensor::Tensor;
+
+use crate::batched::{batched_op, broadcast_batch, OpStats, BV};
+use crate::fastmath;
+
+#[derive(Debug, Clone)]
+pub enum Stage {
+    Dense(usize),
+    Rows(Vec<usize>),
+    Other(usize),
+}
+
+#[derive(Debug, Clone)]
+pub struct BlockPlan {
+    pub stages: Vec<Stage>,
+    /// Nodes whose value is read after their stage (by a later stage or as a block output).
+    live_out: Vec<bool>,
+}
+
+impl fmt::Display for BlockPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for s in &self.stages {
+            match s {
+                Stage::Dense(n) => writeln!(f, "    gemm      %{n}")?,
+                Stage::Rows(ns) => writeln!(
+                    f,
+                    "    row-prog  {}",
+                    ns.iter()
+                        .map(|n| format!("%{n}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )?,
+                Stage::Other(n) => writeln!(f, "    batched   %{n}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn rank(t: &Ty) -> Option<usize> {
+    t.as_tensor().map(|(d, _)| d.len())
+}
+
+fn is_f32(t: &Ty) -> bool {
+    match t {
+        Ty::Tensor { dtype, .. } => *dtype == DType::Float32,
+        Ty::Tuple(ts) => ts.iter().all(is_f32),
+        _ => false,
+    }
+}
+
+/// The axis attribute names the last axis of a rank-`r` tensor.
+fn last_axis(node: &BlockNode, default: i64, r: usize) -> bool {
+    let a = node.attrs.int("axis").ok().flatten().unwrap_or(default);
+    a == -1 || (r > 0 && a == r as i64 - 1)
+}
+
+fn is_row_op(node: &BlockNode) -> bool {
+    if !is_f32(&node.ty) {
+        return false;
+    }
+    let r = match &node.ty {
+        Ty::Tuple(ts) => ts.first().and_then(rank).unwrap_or(0),
+        t => rank(t).unwrap_or(0),
+    };
+    match node.op.name {
+        "sigmoid" | "tanh" | "exp" | "log" | "sqrt" | "rsqrt" | "abs" | "negative" | "nn.relu"
+        | "copy" | "add" | "subtract" | "multiply" | "divide" | "maximum" | "minimum" | "clip" => {
+            r >= 1
+        }
+        "nn.bias_add" => r >= 1 && last_axis(node, 1, r),
+        "split" | "concatenate" => r >= 1 && last_axis(node, 0, r),
+        "nn.softmax" | "nn.log_softmax" | "nn.layer_norm" => r >= 1 && last_axis(node, -1, r),
+        _ => false,
+    }
+}
+
+/// Makes the plan of a block.
+pub fn plan(block: &Block) -> BlockPlan {
+    let n = block.nodes.len();
+    let mut stages: Vec<Stage> = Vec::new();
+    for (i, node) in block.nodes.iter().enumerate() {
+        if node.op.name == "nn.dense" && is_f32(&node.ty) {
+            stages.push(Stage::Dense(i));
+        } else if is_row_op(node) {
+            match stages.last_mut() {
+                Some(Stage::Rows(ns)) => ns.push(i),
+                _ => stages.push(Stage::Rows(vec![i])),
+            }
+        } else {
+            stages.push(Stage::Other(i));
+        }
+    }
+    // Which stage computes each node, then which nodes are read outside their own stage.
+    let mut stage_of = vec![0usize; n];
+    for (s, st) in stages.iter().enumerate() {
+        match st {
+            Stage::Dense(i) | Stage::Other(i) => stage_of[*i] = s,
+            Stage::Rows(ns) => ns.iter().for_each(|&i| stage_of[i] = s),
+        }
+    }
+    let mut live_out = vec![false; n];
+    let node_of = |v: &BVal| match v {
+        BVal::Node(k) | BVal::Field(k, _) => Some(*k as usize),
+        _ => None,
+    };
+    for (i, node) in block.nodes.iter().enumerate() {
+        for a in &node.args {
+            let vals: Vec<&BVal> = match a {
+                BArg::One(v) => vec![v],
+                BArg::Tuple(vs) => vs.iter().collect(),
+            };
+            for v in vals {
+                if let Some(k) = node_of(v) {
+                    if stage_of.get(k) != stage_of.get(i) {
+                        if let Some(l) = live_out.get_mut(k) {
+                            *l = true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for v in &block.outputs {
+        if let Some(k) = node_of(v) {
+            if let Some(l) = live_out.get_mut(k) {
+                *l = true;
+            }
+        }
+    }
+    BlockPlan { stages, live_out }
+}
+
+struct Exec<'a> {
+    block: &'a Block,
+    inputs: &'a [BV],
+    vals: Vec<Option<BV>>,
+    b: usize,
+}
+
+impl Exec<'_> {
+    fn get(&self, v: &BVal) -> Result<BV, String> {
+        let missing = || format!("internal: block value {v} is not available");
+        match v {
+            BVal::Input(i) => self.inputs.get(*i as usize).cloned().ok_or_else(missing),
+            BVal::Node(n) => self
+                .vals
+                .get(*n as usize)
+                .cloned()
+                .flatten()
+                .ok_or_else(missing),
+            BVal::Field(n, f) => match self.vals.get(*n as usize).and_then(Option::as_ref) {
+                Some(BV::Shared(OpValue::Tuple(ts))) => ts
+                    .get(*f as usize)
+                    .map(|t| BV::Shared(OpValue::Tensor(t.clone())))
+                    .ok_or_else(missing),
+                Some(BV::Batched(OpValue::Tuple(ts))) => ts
+                    .get(*f as usize)
+                    .map(|t| BV::Batched(OpValue::Tensor(t.clone())))
+                    .ok_or_else(missing),
+                _ => Err(missing()),
+            },
+            BVal::Const(t) => Ok(BV::Shared(OpValue::Tensor(t.clone()))),
+        }
+    }
+
+    fn arg(&self, a: &BArg) -> Result<BV, String> {
+        match a {
+            BArg::One(v) => self.get(v),
+            BArg::Tuple(vs) => {
+                let items = vs
+                    .iter()
+                    .map(|v| self.get(v))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if items.iter().all(|x| matches!(x, BV::Shared(_))) {
+                    let ts = items
+                        .into_iter()
+                        .filter_map(|x| match x {
+                            BV::Shared(OpValue::Tensor(t)) => Some(t),
+                            _ => None,
+                        })
+                        .collect();
+                    return Ok(BV::Shared(OpValue::Tuple(ts)));
+                }
+                let ts = items
+                    .into_iter()
+                    .map(|x| match x {
+                        BV::Batched(OpValue::Tensor(t)) => Ok(t),
+                        BV::Shared(OpValue::Tensor(t)) => broadcast_batch(&t, self.b),
+                        _ => Err("internal: nested tuple".to_string()),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(BV::Batched(OpValue::Tuple(ts)))
+            }
+        }
+    }
+
+    fn run_node(&mut self, i: usize, octx: &mut OpCtx, stats: &mut OpStats) -> Result<(), String> {
+        let node = self.block.nodes.get(i).ok_or("internal: node")?;
+        let args = node
+            .args
+            .iter()
+            .map(|a| self.arg(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let v = batched_op(node.op, &node.attrs, args, self.b, octx, stats)?;
+        if let Some(slot) = self.vals.get_mut(i) {
+            *slot = Some(v);
+        }
+        Ok(())
+    }
+}
+
+/// Counts of fused execution, for the profile.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct FusedStats {
+    pub dense_stages: u64,
+    pub row_programs: u64,
+    pub row_program_ops: u64,
+    pub fallbacks: u64,
+}
+
+/// Runs `block` for `b` invocations following `plan`.
+pub fn run_planned(
+    block: &Block,
+    plan: &BlockPlan,
+    inputs: &[BV],
+    b: usize,
+    octx: &mut OpCtx,
+    stats: &mut OpStats,
+    fstats: &mut FusedStats,
+) -> Result<Vec<BV>, String> {
+    let mut ex = Exec {
+        block,
+        inputs,
+        vals: vec![None; block.nodes.len()],
+        b,
+    };
+    for stage in &plan.stages {
+        match stage {
+            Stage::Dense(i) => match dense_stage(&ex, *i)? {
+                Some(v) => {
+                    fstats.dense_stages += 1;
+                    ex.vals[*i] = Some(v);
+                }
+                None => {
+                    fstats.fallbacks += 1;
+                    ex.run_node(*i, octx, stats)?;
+                }
+            },
+            Stage::Rows(ns) => match row_program(&ex, ns, &plan.live_out)? {
+                Some(outs) => {
+                    fstats.row_programs += 1;
+                    fstats.row_program_ops += ns.len() as u64;
+                    for (k, v) in outs {
+                        ex.vals[k] = Some(v);
+                    }
+                }
+                None => {
+                    fstats.fallbacks += 1;
+                    for &i in ns {
+                        ex.run_node(i, octx, stats)?;
+                    }
+                }
+            },
+            Stage::Other(i) => ex.run_node(*i, octx, stats)?,
+        }
+    }
+    block.outputs.iter().map(|v| ex.get(v)).collect()
+}
+
+/// `nn.dense` of batched f32 rows with a shared f32 weight: one product for the whole launch.
+fn dense_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
+    let node = ex.block.nodes.get(i).ok_or("internal: node")?;
+    let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1)) else {
+        return Ok(None);
+    };
+    let (BV::Batched(OpValue::Tensor(a)), BV::Shared(OpValue::Tensor(w))) =
+        (ex.get(av)?, ex.get(wv)?)
+    else {
+        return Ok(None);
+    };
+    let (Some(a_data), Some(w_data)) = (a.as_f32(), w.as_f32()) else {
+        return Ok(None);
+    };
+    let (Some(&k), [n, wk]) = (a.shape().last(), w.shape()) else {
+        return Ok(None);
+    };
+    if *wk != k || a.rank() < 2 || k == 0 {
+        return Ok(None);
+    }
+    let rows = a.len() / k;
+    let mut c = vec![0f32; rows * n];
+    crate::gemm::dense(a_data, rows, k, w_data, *n, &mut c);
+    let mut shape = a.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = *n;
+    }
+    let t = Tensor::from_f32(shape, c).map_err(|e| e.to_string())?;
+    Ok(Some(BV::Batched(OpValue::Tensor(t))))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row programs
+
+#[derive(Clone, Copy, Debug)]
+enum Src {
+    /// A batched input: row r is `data[r * stride + off ..]`.
+    Ext(usize),
+    /// A shared vector, the same for every row.
+    Shared(usize),
+    /// The per-row scratch buffer.
+    Scratch,
+    Scalar(f32),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Opd {
+    src: Src,
+    off: usize,
+    len: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Un {
+    Sigmoid,
+    Tanh,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Abs,
+    Neg,
+    Relu,
+    Copy,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Bin {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Max,
+    Min,
+}
+
+#[derive(Debug)]
+enum Instr {
+    Unary(Un, usize, Opd),
+    Binary(Bin, usize, Opd, Opd),
+    Clip(usize, Opd, f32, f32),
+    Concat(usize, Vec<Opd>),
+    Softmax(usize, Opd, bool),
+    LayerNorm(usize, Opd, Option<Opd>, Option<Opd>, f32),
+}
+
+/// A value inside a row program: a view of an operand (splits are views, not copies).
+#[derive(Clone, Debug)]
+enum RVal {
+    One(Opd),
+    Tuple(Vec<Opd>),
+}
+
+struct Builder<'a> {
+    ext: Vec<&'a [f32]>,
+    ext_stride: Vec<usize>,
+    shared: Vec<&'a [f32]>,
+    /// The batch's leading shape (B and any per-instance row dims): every batched operand has it.
+    lead: Option<Vec<usize>>,
+    scratch_len: usize,
+    instrs: Vec<Instr>,
+}
+
+/// Holds the tensors the row program reads, so their slices outlive the builder.
+struct Held {
+    tensors: Vec<Tensor>,
+}
+
+/// Compiles and runs the row program of nodes `ns`; `None` when the fast path does not apply.
+fn row_program(
+    ex: &Exec,
+    ns: &[usize],
+    live_out: &[bool],
+) -> Result<Option<Vec<(usize, BV)>>, String> {
+    // Collect the external operands first (owning their tensors), then build views into them.
+    let mut held = Held {
+        tensors: Vec::new(),
+    };
+    let mut ext_index: Vec<(String, usize)> = Vec::new();
+    let in_segment =
+        |v: &BVal| matches!(v, BVal::Node(k) | BVal::Field(k, _) if ns.contains(&(*k as usize)));
+    for &i in ns {
+        let node = &ex.block.nodes[i];
+        for a in &node.args {
+            let vs: Vec<&BVal> = match a {
+                BArg::One(v) => vec![v],
+                BArg::Tuple(vs) => vs.iter().collect(),
+            };
+            for v in vs {
+                if in_segment(v) {
+                    continue;
+                }
+                let key = v.to_string();
+                if ext_index.iter().any(|(k, _)| *k == key) {
+                    continue;
+                }
+                match ex.get(v)? {
+                    BV::Batched(OpValue::Tensor(t)) | BV::Shared(OpValue::Tensor(t)) => {
+                        if t.dtype() != DType::Float32 {
+                            return Ok(bail(1));
+                        }
+                        ext_index.push((key, held.tensors.len()));
+                        held.tensors.push(t);
+                    }
+                    _ => return Ok(bail(2)),
+                }
+            }
+        }
+    }
+    let batched_flags: Vec<bool> = {
+        let mut flags = vec![false; held.tensors.len()];
+        for &i in ns {
+            for a in &ex.block.nodes[i].args {
+                let vs: Vec<&BVal> = match a {
+                    BArg::One(v) => vec![v],
+                    BArg::Tuple(vs) => vs.iter().collect(),
+                };
+                for v in vs {
+                    if let Some((_, h)) = ext_index.iter().find(|(k, _)| *k == v.to_string()) {
+                        if matches!(ex.get(v)?, BV::Batched(_)) {
+                            flags[*h] = true;
+                        }
+                    }
+                }
+            }
+        }
+        flags
+    };
+    let mut bld = Builder {
+        ext: Vec::new(),
+        ext_stride: Vec::new(),
+        shared: Vec::new(),
+        lead: None,
+        scratch_len: 0,
+        instrs: Vec::new(),
+    };
+    let mut held_opd: Vec<Opd> = Vec::with_capacity(held.tensors.len());
+    for (h, t) in held.tensors.iter().enumerate() {
+        let Some(data) = t.as_f32() else {
+            return Ok(bail(3));
+        };
+        if batched_flags[h] {
+            let (Some(&w), Some(lead)) = (
+                t.shape().last(),
+                t.shape().get(..t.rank().saturating_sub(1)),
+            ) else {
+                return Ok(bail(4));
+            };
+            if t.rank() < 2 {
+                return Ok(bail(5));
+            }
+            // Leading dims must describe the same rows; size-1 per-instance dims broadcast, so
+            // (B, 1, n) and (B, n) line up. Results take the longest lead.
+            let strip = |l: &[usize]| -> Vec<usize> {
+                let mut v: Vec<usize> = l.iter().skip(1).copied().filter(|&d| d != 1).collect();
+                v.insert(0, l.first().copied().unwrap_or(0));
+                v
+            };
+            match &bld.lead {
+                None => bld.lead = Some(lead.to_vec()),
+                Some(l) if strip(l) == strip(lead) => {
+                    if lead.len() > l.len() {
+                        bld.lead = Some(lead.to_vec());
+                    }
+                }
+                Some(_) => return Ok(bail(6)),
+            }
+            bld.ext.push(data);
+            bld.ext_stride.push(w);
+            held_opd.push(Opd {
+                src: Src::Ext(bld.ext.len() - 1),
+                off: 0,
+                len: w,
+            });
+        } else if t.len() == 1 {
+            held_opd.push(Opd {
+                src: Src::Scalar(data.first().copied().unwrap_or(0.0)),
+                off: 0,
+                len: 1,
+            });
+        } else if t.shape().iter().rev().skip(1).all(|&d| d == 1) {
+            // A shared row vector (n) or (1, n): broadcast to every row.
+            bld.shared.push(data);
+            held_opd.push(Opd {
+                src: Src::Shared(bld.shared.len() - 1),
+                off: 0,
+                len: t.len(),
+            });
+        } else {
+            return Ok(bail(7));
+        }
+    }
+    let Some(lead) = bld.lead.clone() else {
+        // Nothing batched: not a row program (the batching rules compute shared values once).
+        return Ok(bail(8));
+    };
+    let rows: usize = lead.iter().product();
+    let mut env: Vec<(usize, RVal)> = Vec::new();
+    let lookup = |v: &BVal, env: &[(usize, RVal)]| -> Option<Opd> {
+        let inside = match v {
+            BVal::Node(k) => env
+                .iter()
+                .find(|(n, _)| *n == *k as usize)
+                .map(|(_, r)| match r {
+                    RVal::One(o) => Some(*o),
+                    RVal::Tuple(_) => None,
+                }),
+            BVal::Field(k, f) => {
+                env.iter()
+                    .find(|(n, _)| *n == *k as usize)
+                    .map(|(_, r)| match r {
+                        RVal::Tuple(os) => os.get(*f as usize).copied(),
+                        RVal::One(_) => None,
+                    })
+            }
+            _ => None,
+        };
+        match inside {
+            Some(found) => found,
+            None => {
+                let key = v.to_string();
+                ext_index
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .and_then(|(_, h)| held_opd.get(*h).copied())
+            }
+        }
+    };
+    for &i in ns {
+        let node = &ex.block.nodes[i];
+        let one = |j: usize, env: &[(usize, RVal)]| -> Option<Opd> {
+            match node.args.get(j) {
+                Some(BArg::One(v)) => lookup(v, env),
+                _ => None,
+            }
+        };
+        let alloc = |len: usize, bld: &mut Builder| {
+            let off = bld.scratch_len;
+            bld.scratch_len += len;
+            Opd {
+                src: Src::Scratch,
+                off,
+                len,
+            }
+        };
+        let un = |name: &str| match name {
+            "sigmoid" => Some(Un::Sigmoid),
+            "tanh" => Some(Un::Tanh),
+            "exp" => Some(Un::Exp),
+            "log" => Some(Un::Log),
+            "sqrt" => Some(Un::Sqrt),
+            "rsqrt" => Some(Un::Rsqrt),
+            "abs" => Some(Un::Abs),
+            "negative" => Some(Un::Neg),
+            "nn.relu" => Some(Un::Relu),
+            "copy" => Some(Un::Copy),
+            _ => None,
+        };
+        let bin = |name: &str| match name {
+            "add" | "nn.bias_add" => Some(Bin::Add),
+            "subtract" => Some(Bin::Sub),
+            "multiply" => Some(Bin::Mul),
+            "divide" => Some(Bin::Div),
+            "maximum" => Some(Bin::Max),
+            "minimum" => Some(Bin::Min),
+            _ => None,
+        };
+        let name = node.op.name;
+        let result = if let Some(u) = un(name) {
+            let Some(a) = one(0, &env) else {
+                return Ok(bail(9));
+            };
+            let d = alloc(a.len, &mut bld);
+            bld.instrs.push(Instr::Unary(u, d.off, a));
+            RVal::One(d)
+        } else if let Some(op) = bin(name) {
+            let (Some(a), Some(b)) = (one(0, &env), one(1, &env)) else {
+                return Ok(bail(10));
+            };
+            let len = a.len.max(b.len);
+            if (a.len != len && a.len != 1) || (b.len != len && b.len != 1) {
+                return Ok(bail(11));
+            }
+            let d = alloc(len, &mut bld);
+            bld.instrs.push(Instr::Binary(op, d.off, a, b));
+            RVal::One(d)
+        } else {
+            match name {
+                "clip" => {
+                    let Some(a) = one(0, &env) else {
+                        return Ok(bail(12));
+                    };
+                    let lo = node
+                        .attrs
+                        .float("a_min")
+                        .ok()
+                        .flatten()
+                        .unwrap_or(f64::NEG_INFINITY) as f32;
+                    let hi = node
+                        .attrs
+                        .float("a_max")
+                        .ok()
+                        .flatten()
+                        .unwrap_or(f64::INFINITY) as f32;
+                    let d = alloc(a.len, &mut bld);
+                    bld.instrs.push(Instr::Clip(d.off, a, lo, hi));
+                    RVal::One(d)
+                }
+                "split" => {
+                    let Some(a) = one(0, &env) else {
+                        return Ok(bail(13));
+                    };
+                    let bounds: Vec<usize> = match node.attrs.get("indices_or_sections") {
+                        Some(AttrValue::Int(s)) if *s > 0 && a.len % (*s as usize) == 0 => {
+                            let w = a.len / *s as usize;
+                            (0..=*s as usize).map(|k| k * w).collect()
+                        }
+                        Some(AttrValue::List(is)) => {
+                            let mut v = vec![0];
+                            for x in is {
+                                match x {
+                                    AttrValue::Int(k) if *k >= 0 && (*k as usize) <= a.len => {
+                                        v.push(*k as usize)
+                                    }
+                                    _ => return Ok(bail(14)),
+                                }
+                            }
+                            v.push(a.len);
+                            v
+                        }
+                        _ => return Ok(bail(15)),
+                    };
+                    if bounds.windows(2).any(|w| w[1] < w[0]) {
+                        return Ok(bail(16));
+                    }
+                    RVal::Tuple(
+                        bounds
+                            .windows(2)
+                            .map(|w| Opd {
+                                src: a.src,
+                                off: a.off + w[0],
+                                len: w[1] - w[0],
+                            })
+                            .collect(),
+                    )
+                }
+                "concatenate" => {
+                    let Some(BArg::Tuple(vs)) = node.args.first() else {
+                        return Ok(bail(17));
+                    };
+                    let parts = vs
+                        .iter()
+                        .map(|v| lookup(v, &env))
+                        .collect::<Option<Vec<_>>>();
+                    let Some(parts) = parts else {
+                        return Ok(bail(18));
+                    };
+                    if parts.iter().any(|p| matches!(p.src, Src::Scalar(_))) {
+                        return Ok(bail(19));
+                    }
+                    let d = alloc(parts.iter().map(|p| p.len).sum(), &mut bld);
+                    bld.instrs.push(Instr::Concat(d.off, parts));
+                    RVal::One(d)
+                }
+                "nn.softmax" | "nn.log_softmax" => {
+                    let Some(a) = one(0, &env) else {
+                        return Ok(bail(20));
+                    };
+                    let d = alloc(a.len, &mut bld);
+                    bld.instrs
+                        .push(Instr::Softmax(d.off, a, name == "nn.log_softmax"));
+                    RVal::One(d)
+                }
+                "nn.layer_norm" => {
+                    let (Some(a), Some(g), Some(be)) = (one(0, &env), one(1, &env), one(2, &env))
+                    else {
+                        return Ok(bail(21));
+                    };
+                    if g.len != a.len || be.len != a.len {
+                        return Ok(bail(22));
+                    }
+                    let eps = node.attrs.float("epsilon").ok().flatten().unwrap_or(1e-5) as f32;
+                    let center = node.attrs.bool("center").ok().flatten().unwrap_or(true);
+                    let scale = node.attrs.bool("scale").ok().flatten().unwrap_or(true);
+                    let d = alloc(a.len, &mut bld);
+                    bld.instrs.push(Instr::LayerNorm(
+                        d.off,
+                        a,
+                        scale.then_some(g),
+                        center.then_some(be),
+                        eps,
+                    ));
+                    RVal::One(d)
+                }
+                _ => return Ok(bail(23)),
+            }
+        };
+        // The node's static type must agree with the row layout (per-instance rank = lead rank).
+        let expect_rank = lead.len(); // batched rank = lead + 1 = per-instance rank + 1
+        let node_rank = match &node.ty {
+            Ty::Tuple(ts) => ts.first().and_then(rank),
+            t => rank(t),
+        };
+        if node_rank != Some(expect_rank) {
+            return Ok(bail(24));
+        }
+        env.push((i, result));
+    }
+    // Run: one pass per row over the program, then copy live values out.
+    let outs: Vec<(usize, Vec<Opd>, bool)> = ns
+        .iter()
+        .filter(|&&i| live_out.get(i).copied().unwrap_or(false))
+        .filter_map(|&i| {
+            env.iter().find(|(n, _)| *n == i).map(|(_, r)| match r {
+                RVal::One(o) => (i, vec![*o], false),
+                RVal::Tuple(os) => (i, os.clone(), true),
+            })
+        })
+        .collect();
+    let mut out_bufs: Vec<Vec<Vec<f32>>> = outs
+        .iter()
+        .map(|(_, os, _)| os.iter().map(|o| vec![0f32; rows * o.len]).collect())
+        .collect();
+    let mut scratch = vec![0f32; bld.scratch_len];
+    for r in 0..rows {
+        for ins in &bld.instrs {
+            exec(ins, r, &bld, &mut scratch);
+        }
+        for (k, (_, os, _)) in outs.iter().enumerate() {
+            for (j, o) in os.iter().enumerate() {
+                let dst = &mut out_bufs[k][j][r * o.len..(r + 1) * o.len];
+                read(o, r, &bld, &scratch, dst);
+            }
+        }
+    }
+    let mut result = Vec::with_capacity(outs.len());
+    for ((i, os, tuple), bufs) in outs.into_iter().zip(out_bufs) {
+        let mut tensors = Vec::with_capacity(bufs.len());
+        for (o, buf) in os.iter().zip(bufs) {
+            let mut shape = lead.clone();
+            shape.push(o.len);
+            tensors.push(Tensor::from_f32(shape, buf).map_err(|e| e.to_string())?);
+        }
+        let v = if tuple {
+            BV::Batched(OpValue::Tuple(tensors))
+        } else {
+            match tensors.pop() {
+                Some(t) => BV::Batched(OpValue::Tensor(t)),
+                None => return Err("internal: empty row output".into()),
+            }
+        };
+        result.push((i, v));
+    }
+    Ok(Some(result))
+}
+
+/// Why a row program did not apply (printed with `TUMBLE_DEBUG_FUSION=1`, for development).
+fn bail<T>(site: u32) -> Option<T> {
+    if std::env::var_os("TUMBLE_DEBUG_FUSION").is_some() {
+        eprintln!("row program fell back at check {site}");
+    }
+    None
+}
+
+/// Copies operand `o` of row `r` into `dst` (broadcasting a scalar).
+fn read(o: &Opd, r: usize, b: &Builder, scratch: &[f32], dst: &mut [f32]) {
+    match o.src {
+        Src::Scalar(x) => dst.fill(x),
+        _ => dst.copy_from_slice(slice(o, r, b, scratch)),
+    }
+}
+
+fn slice<'s>(o: &Opd, r: usize, b: &'s Builder, scratch: &'s [f32]) -> &'s [f32] {
+    match o.src {
+        Src::Ext(e) => {
+            let base = r * b.ext_stride[e] + o.off;
+            &b.ext[e][base..base + o.len]
+        }
+        Src::Shared(s) => &b.shared[s][o.off..o.off + o.len],
+        Src::Scratch => &scratch[o.off..o.off + o.len],
+        Src::Scalar(_) => &[],
+    }
+}
+
+/// An operand's values in one row: a slice, or one value broadcast along the row.
+enum Vals<'s> {
+    Slice(&'s [f32]),
+    Splat(f32),
+}
+
+impl Vals<'_> {
+    #[inline(always)]
+    fn at(&self, j: usize) -> f32 {
+        match self {
+            Vals::Slice(s) => s.get(j).copied().unwrap_or(0.0),
+            Vals::Splat(x) => *x,
+        }
+    }
+}
+
+/// Operand `o` of row `r`; `src` is the scratch below the destination being written.
+fn vals<'s>(o: &Opd, r: usize, b: &'s Builder, src: &'s [f32]) -> Vals<'s> {
+    match o.src {
+        Src::Scalar(x) => Vals::Splat(x),
+        _ if o.len == 1 => Vals::Splat(slice(o, r, b, src).first().copied().unwrap_or(0.0)),
+        _ => Vals::Slice(slice(o, r, b, src)),
+    }
+}
+
+fn map1(dst: &mut [f32], a: &Vals, f: impl Fn(f32) -> f32) {
+    match a {
+        Vals::Slice(s) => dst.iter_mut().zip(s.iter()).for_each(|(o, &x)| *o = f(x)),
+        Vals::Splat(x) => dst.fill(f(*x)),
+    }
+}
+
+fn map2(dst: &mut [f32], a: &Vals, b: &Vals, f: impl Fn(f32, f32) -> f32) {
+    match (a, b) {
+        (Vals::Slice(x), Vals::Slice(y)) => dst
+            .iter_mut()
+            .zip(x.iter().zip(y.iter()))
+            .for_each(|(o, (&p, &q))| *o = f(p, q)),
+        (Vals::Slice(x), Vals::Splat(q)) => dst
+            .iter_mut()
+            .zip(x.iter())
+            .for_each(|(o, &p)| *o = f(p, *q)),
+        (Vals::Splat(p), Vals::Slice(y)) => dst
+            .iter_mut()
+            .zip(y.iter())
+            .for_each(|(o, &q)| *o = f(*p, q)),
+        (Vals::Splat(p), Vals::Splat(q)) => dst.fill(f(*p, *q)),
+    }
+}
+
+fn exec(ins: &Instr, r: usize, b: &Builder, scratch: &mut [f32]) {
+    // Every instruction writes a fresh scratch range above all of its operands' ranges, so the
+    // scratch splits into a read-only part (operands) and the destination.
+    let (d, len) = match ins {
+        Instr::Unary(_, d, a)
+        | Instr::Clip(d, a, ..)
+        | Instr::Softmax(d, a, _)
+        | Instr::LayerNorm(d, a, ..) => (*d, a.len),
+        Instr::Binary(_, d, a, bb) => (*d, a.len.max(bb.len)),
+        Instr::Concat(d, parts) => (*d, parts.iter().map(|p| p.len).sum()),
+    };
+    let (src, rest) = scratch.split_at_mut(d);
+    let Some(dst) = rest.get_mut(..len) else {
+        return;
+    };
+    match ins {
+        Instr::Unary(u, _, a) => {
+            let av = vals(a, r, b, src);
+            match u {
+                Un::Sigmoid => map1(dst, &av, fastmath::sigmoid),
+                Un::Tanh => map1(dst, &av, fastmath::tanh),
+                Un::Exp => map1(dst, &av, fastmath::exp),
+                Un::Log => map1(dst, &av, f32::ln),
+                Un::Sqrt => map1(dst, &av, f32::sqrt),
+                Un::Rsqrt => map1(dst, &av, |x| 1.0 / x.sqrt()),
+                Un::Abs => map1(dst, &av, f32::abs),
+                Un::Neg => map1(dst, &av, |x| -x),
+                Un::Relu => map1(dst, &av, |x| x.max(0.0)),
+                Un::Copy => map1(dst, &av, |x| x),
+            }
+        }
+        Instr::Binary(op, _, a, bb) => {
+            let (av, bv) = (vals(a, r, b, src), vals(bb, r, b, src));
+            match op {
+                Bin::Add => map2(dst, &av, &bv, |x, y| x + y),
+                Bin::Sub => map2(dst, &av, &bv, |x, y| x - y),
+                Bin::Mul => map2(dst, &av, &bv, |x, y| x * y),
+                Bin::Div => map2(dst, &av, &bv, |x, y| x / y),
+                Bin::Max => map2(
+                    dst,
+                    &av,
+                    &bv,
+                    |x, y| if x.is_nan() || x > y { x } else { y },
+                ),
+                Bin::Min => map2(
+                    dst,
+                    &av,
+                    &bv,
+                    |x, y| if x.is_nan() || x < y { x } else { y },
+                ),
+            }
+        }
+        Instr::Clip(_, a, lo, hi) => {
+            let av = vals(a, r, b, src);
+            map1(
+                dst,
+                &av,
+                |x| if x.is_nan() { x } else { x.max(*lo).min(*hi) },
+            );
+        }
+        Instr::Concat(_, parts) => {
+            let mut off = 0;
+            for p in parts {
+                let v = vals(p, r, b, src);
+                if let Some(seg) = dst.get_mut(off..off + p.len) {
+                    map1(seg, &v, |x| x);
+                }
+                off += p.len;
+            }
+        }
+        Instr::Softmax(_, a, log) => {
+            let av = vals(a, r, b, src);
+            let m = (0..len).map(|j| av.at(j)).fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f64;
+            for (j, o) in dst.iter_mut().enumerate() {
+                *o = fastmath::exp(av.at(j) - m);
+                sum += *o as f64;
+            }
+            if *log {
+                let ls = sum.ln() as f32;
+                for (j, o) in dst.iter_mut().enumerate() {
+                    *o = av.at(j) - m - ls;
+                }
+            } else {
+                let inv = (1.0 / sum) as f32;
+                dst.iter_mut().for_each(|o| *o *= inv);
+            }
+        }
+        Instr::LayerNorm(_, a, g, be, eps) => {
+            let av = vals(a, r, b, src);
+            let n = len.max(1) as f64;
+            let mean = (0..len).map(|j| av.at(j) as f64).sum::<f64>() / n;
+            let var = (0..len)
+                .map(|j| (av.at(j) as f64 - mean).powi(2))
+                .sum::<f64>()
+                / n;
+            let inv = (1.0 / (var + *eps as f64).sqrt()) as f32;
+            let mean = mean as f32;
+            let gv = g.map(|g| vals(&g, r, b, src));
+            let bv = be.map(|x| vals(&x, r, b, src));
+            for (j, o) in dst.iter_mut().enumerate() {
+                let mut y = (av.at(j) - mean) * inv;
+                if let Some(g) = &gv {
+                    y *= g.at(j);
+                }
+                if let Some(bb) = &bv {
+                    y += bb.at(j);
+                }
+                *o = y;
+            }
+        }
+    }
+}
