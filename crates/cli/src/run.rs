@@ -60,6 +60,16 @@ pub struct RunArgs {
     /// No grain coarsening: one block per operator call (an operator-level graph, like DyNet).
     #[arg(long)]
     pub no_coarsen: bool,
+    /// Ignore `db.phase_change()` (no program phases).
+    #[arg(long)]
+    pub no_phases: bool,
+    /// No hoisting: every block invocation takes its inline depth from program order.
+    #[arg(long)]
+    pub no_hoist: bool,
+    /// No code duplication: invocations of a block with different weights may share a launch (the
+    /// weights are then gathered per invocation).
+    #[arg(long)]
+    pub no_dup: bool,
     /// No kernel plans: run every operator of a block through the batching rules and the reference
     /// kernels (no fused GEMM stages or row programs).
     #[arg(long)]
@@ -224,6 +234,9 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 scheduler: args.scheduler.into(),
                 host_scalars: !args.no_host_scalars,
                 fusion: !args.no_fusion,
+                phases: !args.no_phases,
+                hoist: !args.no_hoist,
+                dup: !args.no_dup,
             };
             let weights: Vec<bool> = bound
                 .args

@@ -57,6 +57,9 @@ pub enum Code {
         args: Vec<Code>,
         span: Span,
     },
+    /// `db.phase_change()`: a program-phase boundary (ACROBAT §4.1). The batching runtime holds each
+    /// instance here until every instance has finished the phase; elsewhere it is `()`.
+    Phase,
     /// `db.concurrent((e1, ..., en))`: the elements are independent, so the executors give each the
     /// same starting inline depth (ACROBAT §4.1); the value is the tuple.
     Concurrent(Vec<Code>),
@@ -774,6 +777,7 @@ impl Lowerer<'_> {
             ExprKind::Tuple(es) => Code::Tuple(self.exprs(es)?),
             ExprKind::Proj(inner, i) => Code::Proj(Box::new(self.expr(inner)?), *i, e.span),
             ExprKind::Call(call) => match &call.callee.kind {
+                ExprKind::Op(n) if n == "db.phase_change" && call.args.is_empty() => Code::Phase,
                 ExprKind::Op(n) if n == "db.concurrent" => match call.args.first().map(|a| &a.kind)
                 {
                     Some(ExprKind::Tuple(es)) if call.args.len() == 1 => {

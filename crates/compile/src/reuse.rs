@@ -283,6 +283,7 @@ impl Analyzer<'_> {
                 let id = *self.next_literal.entry(addr).or_insert(n);
                 AV::shared_from(id)
             }
+            Code::Phase => AV::default(),
             Code::Tuple(es) | Code::Concurrent(es) => {
                 let mut out = AV::default();
                 for e in es {

@@ -29,16 +29,24 @@ pub fn run(
         rng: rng.clone(),
         depth: 0,
         instance: 0,
+        phase: 0,
     };
     let mut machine = Machine::new(program, ctx);
     machine.start(index, args)?;
     let mut backend = ReferenceBackend { program };
-    let out = machine.run(&mut backend)?;
-    *rng = machine.ctx.rng.clone();
-    match out {
-        Outcome::Done(v) => Ok(v),
-        Outcome::Blocked => Err(RunError::new(
-            "internal: the reference backend never blocks",
-        )),
+    loop {
+        match machine.run(&mut backend)? {
+            Outcome::Done(v) => {
+                *rng = machine.ctx.rng.clone();
+                return Ok(v);
+            }
+            // One instance alone: a phase boundary has nothing to wait for.
+            Outcome::Phase => continue,
+            Outcome::Blocked => {
+                return Err(RunError::new(
+                    "internal: the reference backend never blocks",
+                ))
+            }
+        }
     }
 }

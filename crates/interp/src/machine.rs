@@ -23,6 +23,8 @@ pub struct InstanceCtx {
     pub depth: u32,
     /// Which instance of the mini-batch this is.
     pub instance: u32,
+    /// Program phases passed so far (`db.phase_change`).
+    pub phase: u32,
 }
 
 /// Where tensor work goes.
@@ -56,6 +58,8 @@ pub enum Outcome {
     Done(Value),
     /// Waiting for a tensor value; call `run` again once the backend has computed it.
     Blocked,
+    /// At a `db.phase_change()` boundary; calling `run` again passes it.
+    Phase,
 }
 
 /// A run-time failure, located at the program point that failed where known.
@@ -133,6 +137,8 @@ pub struct Machine<'p> {
     stack: Vec<Kont<'p>>,
     /// Where to continue when `run` is called (set by `start` and by suspension).
     pending: Option<Step<'p>>,
+    /// Stopped at a phase boundary (the next `run` passes it).
+    at_phase: bool,
     pub ctx: InstanceCtx,
 }
 
@@ -157,6 +163,7 @@ impl<'p> Machine<'p> {
             },
             stack: Vec::new(),
             pending: None,
+            at_phase: false,
             ctx,
         }
     }
@@ -176,6 +183,17 @@ impl<'p> Machine<'p> {
         };
         loop {
             step = match step {
+                Step::Eval(Code::Phase) => {
+                    if self.at_phase {
+                        self.at_phase = false;
+                        self.ctx.phase += 1;
+                        Step::Apply(Value::unit())
+                    } else {
+                        self.at_phase = true;
+                        self.pending = Some(step);
+                        return Ok(Outcome::Phase);
+                    }
+                }
                 Step::Eval(code) => self.eval(code, backend)?,
                 Step::Apply(v) => match self.stack.pop() {
                     None => return Ok(Outcome::Done(v)),
@@ -293,6 +311,7 @@ impl<'p> Machine<'p> {
                 self.push(Kont::If(t, f))?;
                 Step::Eval(c)
             }
+            Code::Phase => Step::Apply(Value::unit()),
             Code::Concurrent(elems) => match elems.first() {
                 None => Step::Apply(Value::unit()),
                 Some(first) => {

@@ -589,26 +589,53 @@ impl Backend for Dfg<'_> {
             .map(|a| self.arg_shape(a))
             .collect::<Result<Vec<_>, _>>()?;
         let shape_refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-        let key = key_of(block_id, &shape_refs);
-        let out_shapes = match self.shape_cache.get(&key) {
+        let shape_key = key_of(block_id, &shape_refs);
+        // Dynamic code duplication (ACROBAT §5.1): invocations passing different weights to the
+        // same block (BiRNN's forward and backward `@rnn`) launch separately, each with its weights
+        // shared, instead of together with the weights gathered per invocation.
+        let key = if self.opts.dup {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            shape_key.hash(&mut h);
+            for (i, a) in recorded.iter().enumerate() {
+                if let Arg::Val(t) = a {
+                    if !matches!(
+                        self.reuse
+                            .inputs
+                            .get(block_id as usize)
+                            .and_then(|v| v.get(i)),
+                        Some(crate::reuse::InputReuse::PerInstance) | None
+                    ) {
+                        (i, t.buffer_id()).hash(&mut h);
+                    }
+                }
+            }
+            h.finish()
+        } else {
+            shape_key
+        };
+        let out_shapes = match self.shape_cache.get(&shape_key) {
             Some(s) => s.clone(),
             None => {
                 let s = infer_shapes(block, &shapes).map_err(|m| RunError::at(span, m))?;
-                self.shape_cache.insert(key, s.clone());
+                self.shape_cache.insert(shape_key, s.clone());
                 s
             }
         };
+        let dataflow = recorded
+            .iter()
+            .map(|a| self.arg_depth(a))
+            .max()
+            .unwrap_or(0);
         let depth = match self.opts.scheduler {
+            // Nothing it reads is pending: it can run at depth 0 with every other such invocation
+            // (dynamic hoisting), without moving the instance's own depth counter.
+            Scheduler::Inline if self.opts.hoist && dataflow == 0 => 0,
             Scheduler::Inline => {
-                let d = ctx.depth;
-                ctx.depth += 1;
+                let d = ctx.depth.max(dataflow);
+                ctx.depth = d + 1;
                 d
             }
-            _ => recorded
-                .iter()
-                .map(|a| self.arg_depth(a))
-                .max()
-                .unwrap_or(0),
+            _ => dataflow,
         };
         let id = self.nodes.len() as u32;
         self.nodes.push(Node {

@@ -42,6 +42,15 @@ pub struct Options {
     pub scheduler: Scheduler,
     /// Run block invocations whose inputs are known scalars on the host at once.
     pub host_scalars: bool,
+    /// Honor `db.phase_change()`: hold every instance at a phase boundary until all instances are
+    /// there, so the next phase (e.g. an output layer) batches across all of them (ACROBAT §4.1).
+    pub phases: bool,
+    /// Give block invocations with no uncomputed input depth 0 (dynamic hoisting: an RNN's input
+    /// transform runs for all positions of all instances at once instead of step by step).
+    pub hoist: bool,
+    /// Launch invocations that pass different parameter tensors to a block separately (dynamic code
+    /// duplication), so each launch has its weights shared.
+    pub dup: bool,
     /// Run blocks by their kernel plans (dense stages + fused row programs); off: every operator
     /// through the batching rules and reference kernels.
     pub fusion: bool,
@@ -52,6 +61,9 @@ impl Default for Options {
         Options {
             scheduler: Scheduler::Inline,
             host_scalars: true,
+            phases: true,
+            hoist: true,
+            dup: true,
             fusion: true,
         }
     }
@@ -93,6 +105,7 @@ pub fn run_batch(
                 rng,
                 depth: 0,
                 instance: i as u32,
+                phase: 0,
             },
         );
         m.start(index, a).map_err(|error| InstanceError {
@@ -103,6 +116,7 @@ pub fn run_batch(
     }
     let mut results: Vec<Option<Value>> = vec![None; n];
     let mut running: Vec<usize> = (0..n).collect();
+    let mut parked: Vec<usize> = Vec::new();
     while !running.is_empty() {
         let t0 = Instant::now();
         let dfg_before = dfg.profile.time_dfg;
@@ -111,16 +125,21 @@ pub fn run_batch(
             let Some(m) = machines.get_mut(i) else {
                 continue;
             };
-            match m.run(&mut dfg).map_err(|error| InstanceError {
-                instance: Some(i),
-                error,
-            })? {
-                Outcome::Done(v) => {
-                    if let Some(r) = results.get_mut(i) {
-                        *r = Some(v);
+            loop {
+                match m.run(&mut dfg).map_err(|error| InstanceError {
+                    instance: Some(i),
+                    error,
+                })? {
+                    Outcome::Done(v) => {
+                        if let Some(r) = results.get_mut(i) {
+                            *r = Some(v);
+                        }
                     }
+                    Outcome::Blocked => still.push(i),
+                    Outcome::Phase if opts.phases => parked.push(i),
+                    Outcome::Phase => continue,
                 }
-                Outcome::Blocked => still.push(i),
+                break;
             }
         }
         dfg.profile.time_program += t0
@@ -139,6 +158,16 @@ pub fn run_batch(
             error,
         })?;
         running = still;
+        if running.is_empty() && !parked.is_empty() {
+            // Every unfinished instance is at the phase boundary and the graph is evaluated: the
+            // next phase starts, at inline depth 0 for all of them.
+            for &i in &parked {
+                if let Some(m) = machines.get_mut(i) {
+                    m.ctx.depth = 0;
+                }
+            }
+            running = std::mem::take(&mut parked);
+        }
     }
     let mut out = Vec::with_capacity(n);
     for (i, r) in results.into_iter().enumerate() {

@@ -248,6 +248,9 @@ fn check_case(case: &Case) {
                     scheduler,
                     host_scalars: true,
                     fusion,
+                    phases: fusion,
+                    hoist: fusion,
+                    dup: fusion,
                 };
                 let mut got = Vec::new();
                 for (c, chunk) in args.chunks(batch).enumerate() {

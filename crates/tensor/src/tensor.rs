@@ -185,6 +185,12 @@ impl Tensor {
         Arc::ptr_eq(&self.data, &other.data)
     }
 
+    /// An identity of the shared buffer: equal for tensors that [`Tensor::shares_buffer`], stable
+    /// while any of them lives (used to key caches of packed weights and launch groups).
+    pub fn buffer_id(&self) -> usize {
+        Arc::as_ptr(&self.data) as usize
+    }
+
     /// All elements as f64 (bool as 0/1; i64 beyond 2^53 rounds).
     pub fn to_f64_vec(&self) -> Vec<f64> {
         self.data.to_f64_vec()
