@@ -128,6 +128,8 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
             continue;
         }
         print!("{block}");
+        println!("  kernel plan:");
+        print!("{}", tumble_runtime::fused::plan(block));
         let decisions: Vec<String> = block
             .inputs
             .iter()
