@@ -1,0 +1,313 @@
+//! The blocked GEMM driver: cache blocking, the small-M variant, and the thread split.
+//!
+//! Loop nest for one block of `mc` output rows (GotoBLAS order, weight pre-packed):
+//!
+//! ```text
+//! for each part (A_i, W_i) of the (possibly concatenated) contraction:
+//!   for each K block [k0, k0 + kc):
+//!     pack A rows [ic, ic + mc) × [k0, k0 + kc) into MR-row micro-panels   ← the fused gather
+//!     for each 32-wide weight panel jp (kc × 32 floats, stays in L1):
+//!       for each micro-panel q (MR × kc, streamed from L2):
+//!         micro-kernel: C[q-tile, jp] (+)= Ã_q · B̃_jp
+//! epilogue(rows [ic, ic + mc), C block)                                   ← the fused tail
+//! ```
+//!
+//! The first K block of the first part overwrites C (so C is never zeroed or read first), later
+//! blocks accumulate. The epilogue runs on the `mc × N` block right after its last K block, while
+//! it is still in L2.
+
+use crate::kernel::Kernel;
+use crate::pack::{pack_a, AlignedBuf, PackedWeight, RowSource, NR};
+use crate::Epilogue;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// One operand pair of `C = Σ_i A_i · W_iᵀ`, validated: `a` has the launch's `m` rows of
+/// `w.k()` floats.
+pub(crate) struct Part<'a> {
+    pub(crate) a: RowSource<'a>,
+    pub(crate) w: &'a PackedWeight,
+}
+
+// Thresholds, measured on the development machine (Intel Xeon, Sapphire Rapids class, 2 cores,
+// AVX-512; see the numbers in the comments of `plan`).
+
+/// Below this many flops (2·M·N·K) a launch stays on one thread (unless its weight is big, below):
+/// waking a rayon worker and joining costs ~5–10 µs, and on this 2-core machine the second core is
+/// often busy. Measured (threads 1 vs 2, AVX-512, min of runs): B=8 256×768 (3.1 MFLOP) 24.6 µs
+/// vs 41.8 µs; B=16 256×768 (6.3 MFLOP) 53.6 vs 73.9 µs; B=64 256×768 (25 MFLOP) 211 vs 126 µs.
+const MIN_PARALLEL_FLOPS: usize = 8 << 20;
+
+/// ... but a launch whose weight does not fit one core's L2 (2 MiB) is memory-bound, and splitting
+/// the weight's columns lets each core stream (and keep in its own L2) half of it: B=1 512×1536
+/// (1.5 MFLOP, 3 MiB weight) 115 µs on one thread vs 28 µs on two; B=1 768×3072: 387 vs 191 µs.
+const MIN_PARALLEL_WEIGHT_BYTES: usize = 1 << 20;
+
+thread_local! {
+    /// Per-thread scratch for packed A blocks (grown, never shrunk; taken out while in use so a
+    /// nested call from inside an epilogue gets its own).
+    static SCRATCH: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::default());
+}
+
+/// Where a task writes its output.
+enum Out<'c> {
+    /// The task's own rows `r0..r1`, all `n` columns (row split): plain `&mut`.
+    Rows(&'c mut [f32]),
+    /// The whole C shared by tasks that own disjoint column ranges (column split).
+    Shared(SharedC),
+}
+
+/// A raw pointer to the whole of C, shared between tasks that write disjoint column ranges.
+#[derive(Clone, Copy)]
+struct SharedC(*mut f32);
+// SAFETY: tasks holding a `SharedC` write pairwise disjoint element sets (distinct column ranges)
+// and the owning `&mut [f32]` is not used until all of them have been joined.
+unsafe impl Send for SharedC {}
+// SAFETY: as above.
+unsafe impl Sync for SharedC {}
+
+/// Run `C (m × n) = Σ parts` with the epilogue, on up to `threads` threads.
+pub(crate) fn run(
+    kernel: &Kernel,
+    parts: &[Part<'_>],
+    m: usize,
+    n: usize,
+    c: &mut [f32],
+    epilogue: &dyn Epilogue,
+    threads: usize,
+) {
+    debug_assert_eq!(c.len(), m * n);
+    if m == 0 {
+        return;
+    }
+    if n == 0 {
+        epilogue.rows(0..m, c);
+        return;
+    }
+    let k_total: usize = parts.iter().map(|p| p.w.k()).sum();
+    if k_total == 0 {
+        c.fill(0.0);
+        epilogue.rows(0..m, c);
+        return;
+    }
+    let small = m <= kernel.small_m;
+    let panels = n.div_ceil(NR);
+    let flops = 2usize
+        .saturating_mul(m)
+        .saturating_mul(n)
+        .saturating_mul(k_total);
+    let mut t = threads.max(1);
+    let w_bytes = parts.iter().fold(0usize, |acc, p| {
+        acc.saturating_add(p.w.k().saturating_mul(n).saturating_mul(4))
+    });
+    if flops < MIN_PARALLEL_FLOPS && w_bytes < MIN_PARALLEL_WEIGHT_BYTES {
+        t = 1;
+    }
+    if t == 1 {
+        block_rows(
+            kernel,
+            parts,
+            0,
+            m,
+            0,
+            panels,
+            n,
+            small,
+            Out::Rows(c),
+            Some(epilogue),
+        );
+        return;
+    }
+    if split_rows(kernel, m, panels, t) {
+        // Up to 4 chunks per thread, each at least one `mc` block, handed out dynamically: a
+        // thread whose core is busy with other work takes fewer (this machine is shared).
+        let chunks = m.div_ceil(kernel.mc).clamp(t, 4 * t);
+        let chunk = m.div_ceil(chunks).next_multiple_of(kernel.mr);
+        let tasks: Vec<(usize, &mut [f32])> = c
+            .chunks_mut(chunk * n)
+            .enumerate()
+            .map(|(i, s)| (i * chunk, s))
+            .collect();
+        run_tasks(t, tasks, |(r0, s)| {
+            let r1 = r0 + s.len() / n;
+            block_rows(
+                kernel,
+                parts,
+                r0,
+                r1,
+                0,
+                panels,
+                n,
+                small,
+                Out::Rows(s),
+                Some(epilogue),
+            );
+        });
+    } else {
+        // Two chunks per thread: each chunk packs all of A again, so fewer than row chunks.
+        let per = panels.div_ceil(2 * t);
+        let shared = SharedC(c.as_mut_ptr());
+        let tasks: Vec<usize> = (0..panels).step_by(per).collect();
+        run_tasks(t, tasks, |p0| {
+            let p1 = (p0 + per).min(panels);
+            block_rows(
+                kernel,
+                parts,
+                0,
+                m,
+                p0,
+                p1,
+                n,
+                small,
+                Out::Shared(shared),
+                None,
+            );
+        });
+        // All column tasks joined: C is exclusively ours again. The epilogue runs per row chunk.
+        let chunk = m.div_ceil(2 * t).max(1);
+        let tasks: Vec<(usize, &mut [f32])> = c
+            .chunks_mut(chunk * n)
+            .enumerate()
+            .map(|(i, s)| (i * chunk, s))
+            .collect();
+        run_tasks(t, tasks, |(r0, s)| epilogue.rows(r0..r0 + s.len() / n, s));
+    }
+}
+
+/// Split rows (each thread packs its own rows and streams all of W) or weight columns (each thread
+/// streams only its share of W but packs all rows)? Measured with 2 threads (GFLOP/s, rows vs
+/// columns): B=64 256×768 175 vs 200; B=64 768×3072 90 vs 137; B=64 256×256 133 vs 77 (packing all
+/// 64 rows twice costs ~25% when each thread gets only 128 columns); B=512 256×768 222 vs 178.
+fn split_rows(kernel: &Kernel, m: usize, panels: usize, t: usize) -> bool {
+    if m >= t * kernel.mc || panels < t {
+        true // every thread gets at least one full row block
+    } else if m < t * kernel.mr {
+        false // not even one micro-panel of rows per thread
+    } else {
+        panels < 8 * t // narrow weight: duplicated packing would dominate a column split
+    }
+}
+
+/// Run the tasks on `t` participants — the calling thread plus `t - 1` rayon jobs — each taking
+/// the next task from a shared counter until none are left (dynamic balance: if another process
+/// holds a core, the participants that do run pick up its share).
+fn run_tasks<T: Send>(t: usize, tasks: Vec<T>, f: impl Fn(T) + Sync) {
+    if tasks.len() <= 1 || t <= 1 {
+        tasks.into_iter().for_each(f);
+        return;
+    }
+    let helpers = (t - 1).min(tasks.len() - 1);
+    let slots: Vec<Mutex<Option<T>>> = tasks.into_iter().map(|x| Mutex::new(Some(x))).collect();
+    let next = AtomicUsize::new(0);
+    let work = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(slot) = slots.get(i) else { break };
+        // Each index is handed out once, so the lock is uncontended; a poisoned lock (a panic
+        // in another task's epilogue) still yields the task.
+        let task = match slot.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(task) = task {
+            f(task);
+        }
+    };
+    let work = &work;
+    rayon::in_place_scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(move |_| work());
+        }
+        work();
+    });
+}
+
+/// K blocks of at most `kc_max`, balanced: `[k0, k0 + kc)` pairs.
+fn k_blocks(k: usize, kc_max: usize) -> impl Iterator<Item = (usize, usize)> {
+    let nb = k.div_ceil(kc_max.max(1)).max(1);
+    let kc = k.div_ceil(nb).max(1);
+    (0..k).step_by(kc).map(move |k0| (k0, kc.min(k - k0)))
+}
+
+/// Compute rows `r0..r1`, weight panels `p0..p1` of C.
+#[allow(clippy::too_many_arguments)]
+fn block_rows(
+    kernel: &Kernel,
+    parts: &[Part<'_>],
+    r0: usize,
+    r1: usize,
+    p0: usize,
+    p1: usize,
+    n: usize,
+    small: bool,
+    mut out: Out<'_>,
+    epilogue: Option<&dyn Epilogue>,
+) {
+    let mr = kernel.mr;
+    // Small-M variant: one row block, K unblocked (the packed A is only m × K floats).
+    let (mc_max, kc_max) = if small {
+        (r1 - r0, usize::MAX)
+    } else {
+        (kernel.mc, kernel.kc)
+    };
+    let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let mut ic = r0;
+    while ic < r1 {
+        let mc = mc_max.min(r1 - ic);
+        let cblock: *mut f32 = match &mut out {
+            Out::Rows(s) => s[(ic - r0) * n..(ic - r0 + mc) * n].as_mut_ptr(),
+            // SAFETY: `ic < m`, so the offset stays inside C (`m * n` floats).
+            Out::Shared(SharedC(p)) => unsafe { p.add(ic * n) },
+        };
+        let mut first = true;
+        for part in parts {
+            for (k0, kc) in k_blocks(part.w.k(), kc_max) {
+                let micro = mc.div_ceil(mr);
+                scratch.ensure(micro * mr * kc);
+                pack_a(&part.a, ic, mc, k0, kc, mr, scratch.as_mut_slice());
+                let apack = scratch.as_slice();
+                for jp in p0..p1 {
+                    let bpanel = part.w.panel(jp, k0, kc);
+                    let mut off = 0;
+                    while off < NR && jp * NR + off < n {
+                        let col = jp * NR + off;
+                        let nn = kernel.width.min(n - col);
+                        for q in 0..micro {
+                            let rows = mr.min(mc - q * mr);
+                            let a_q = &apack[q * mr * kc..(q + 1) * mr * kc];
+                            // SAFETY: TileFn contract —
+                            // - the kernel was built for an available KernelKind;
+                            // - 1 <= rows <= mr, 1 <= nn <= width, lda = mr >= rows;
+                            // - `a_q` holds `mr * kc >= (kc-1)*mr + rows` floats;
+                            // - `bpanel` holds `kc * 32` floats and `off + width <= 32`, so
+                            //   `off + (kc-1)*32 + width <= kc*32` are in bounds;
+                            // - C rows `ic + q*mr .. + rows`, columns `col .. col + nn <= n`
+                            //   lie in this task's block; `cblock` points at row `ic`, and
+                            //   no other task writes these elements (disjoint rows or panels).
+                            unsafe {
+                                (kernel.tile)(
+                                    kc,
+                                    a_q.as_ptr(),
+                                    mr,
+                                    bpanel.as_ptr().add(off),
+                                    cblock.add(q * mr * n + col),
+                                    n,
+                                    rows,
+                                    nn,
+                                    !first,
+                                );
+                            }
+                        }
+                        off += kernel.width;
+                    }
+                }
+                first = false;
+            }
+        }
+        if let (Some(epi), Out::Rows(s)) = (epilogue, &mut out) {
+            epi.rows(ic..ic + mc, &mut s[(ic - r0) * n..(ic - r0 + mc) * n]);
+        }
+        ic += mc;
+    }
+    SCRATCH.with(|s| *s.borrow_mut() = scratch);
+}

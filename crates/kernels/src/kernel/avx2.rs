@@ -1,0 +1,113 @@
+//! AVX2 + FMA micro-kernel: the classic 6 × 16 tile (12 ymm accumulators, 2 for the weight row,
+//! 1 broadcast). A 32-wide weight panel is consumed in two 16-column halves. Edge tiles: fewer
+//! rows use the same code instantiated for `M < 6`; fewer columns use `vmaskmovps`.
+
+use super::{Kernel, TileFn};
+use crate::pack::NR;
+use std::arch::x86_64::*;
+
+pub(crate) const MR: usize = 6;
+
+/// Blocking: the BLIS Haswell values scaled to a 32-wide panel (not tuned on an AVX2-only
+/// machine; on the AVX-512 development machine this kernel reaches ~75 GFLOP/s at 512×256×768).
+pub(crate) const KERNEL: Kernel = Kernel {
+    mr: MR,
+    width: 16,
+    tile: tile as TileFn,
+    kc: 256,
+    mc: 16 * MR,
+    small_m: 4,
+};
+
+/// Dispatch on the number of rows; see [`TileFn`] for the contract.
+///
+/// # Safety
+/// The [`TileFn`] contract; in particular the CPU supports AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn tile(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract; each arm is instantiated for exactly the `m` rows it touches.
+    unsafe {
+        match m {
+            1 => rows::<1>(kc, a, lda, b, c, ldc, n, accumulate),
+            2 => rows::<2>(kc, a, lda, b, c, ldc, n, accumulate),
+            3 => rows::<3>(kc, a, lda, b, c, ldc, n, accumulate),
+            4 => rows::<4>(kc, a, lda, b, c, ldc, n, accumulate),
+            5 => rows::<5>(kc, a, lda, b, c, ldc, n, accumulate),
+            6 => rows::<6>(kc, a, lda, b, c, ldc, n, accumulate),
+            _ => {}
+        }
+    }
+}
+
+/// `M` rows × 16 columns.
+///
+/// # Safety
+/// [`TileFn`] contract with `m == M`, `n <= 16`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn rows<const M: usize>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    let mut c0 = [_mm256_setzero_ps(); M];
+    let mut c1 = [_mm256_setzero_ps(); M];
+    // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 16]` and `a[p*lda .. p*lda + M]` (inside the
+    // contract's ranges); the stores are limited to `n` columns of `M` rows by the lane masks.
+    unsafe {
+        let mut ap = a;
+        let mut bp = b;
+        for _ in 0..kc {
+            let b0 = _mm256_loadu_ps(bp);
+            let b1 = _mm256_loadu_ps(bp.add(8));
+            for i in 0..M {
+                let ai = _mm256_broadcast_ss(&*ap.add(i));
+                c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
+                c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
+            }
+            ap = ap.add(lda);
+            bp = bp.add(NR);
+        }
+        if n >= 16 {
+            for i in 0..M {
+                let cp = c.add(i * ldc);
+                let (mut v0, mut v1) = (c0[i], c1[i]);
+                if accumulate {
+                    v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cp));
+                    v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cp.add(8)));
+                }
+                _mm256_storeu_ps(cp, v0);
+                _mm256_storeu_ps(cp.add(8), v1);
+            }
+        } else {
+            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lanes);
+            let m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32 - 8), lanes);
+            for i in 0..M {
+                let cp = c.add(i * ldc);
+                let (mut v0, mut v1) = (c0[i], c1[i]);
+                if accumulate {
+                    v0 = _mm256_add_ps(v0, _mm256_maskload_ps(cp, m0));
+                    v1 = _mm256_add_ps(v1, _mm256_maskload_ps(cp.add(8), m1));
+                }
+                _mm256_maskstore_ps(cp, m0, v0);
+                _mm256_maskstore_ps(cp.add(8), m1, v1);
+            }
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! AVX-512F micro-kernel: a 14 × 32 tile in 28 zmm accumulators; per step of K two zmm loads of
+//! the weight panel and 14 FMAs per load with A broadcast straight from memory (`{1to16}`).
+//! Edge tiles: fewer rows use the same code instantiated for `M < 14` rows; fewer columns use
+//! masked loads/stores, so there is no scalar tail and no temporary.
+
+use super::{Kernel, TileFn};
+use crate::pack::NR;
+use std::arch::x86_64::*;
+
+pub(crate) const MR: usize = 14;
+
+/// Blocking measured on the development machine (Sapphire Rapids class Xeon, 48 KiB L1d, 2 MiB L2
+/// per core; GFLOP/s, 1 thread, min of runs while other jobs shared the machine, so ±10%):
+/// KC × MC ∈ {128, 192, 256, 384} × {56, 112, 224} on 2048×1024×1024 / 512×256×768 / 512×768×3072
+/// / 512×512×1536: KC=256 MC=56 gave 112/122/103/116, KC=256 MC=112 111/122/92/105, KC=384 MC=56
+/// 117/121/71/89, KC=128 MC=112 77/109/87/79. A KC=256 weight panel (32 KiB) stays in L1 while
+/// four 14-row micro-panels stream past it; MC=56 also keeps the epilogue's block small and hot.
+///
+/// Small-M path (`m <= small_m`: K unblocked, one row block; min µs, blocked vs small path):
+/// B=2 256×768 11.8 vs 10.3; B=3 256×768 17.6 vs 15.0; B=4 256×768 18.3 vs 15.7; B=4 768×3072
+/// 510 vs 447; B=3 512×1536 166 vs 145; B=8 256×768 30.5 vs 29.5 (equal: one row block either
+/// way). Above 4 rows the two coincide, so the threshold is 4.
+pub(crate) const KERNEL: Kernel = Kernel {
+    mr: MR,
+    width: 32,
+    tile: tile as TileFn,
+    kc: 256,
+    mc: 4 * MR,
+    small_m: 4,
+};
+
+/// Dispatch on the number of rows; see [`TileFn`] for the contract.
+///
+/// # Safety
+/// The [`TileFn`] contract; in particular the CPU supports AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn tile(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract; each arm is instantiated for exactly the `m` rows it touches.
+    unsafe {
+        match m {
+            1 => small::<1, 4>(kc, a, lda, b, c, ldc, n, accumulate),
+            2 => small::<2, 2>(kc, a, lda, b, c, ldc, n, accumulate),
+            3 => small::<3, 2>(kc, a, lda, b, c, ldc, n, accumulate),
+            4 => rows::<4>(kc, a, lda, b, c, ldc, n, accumulate),
+            5 => rows::<5>(kc, a, lda, b, c, ldc, n, accumulate),
+            6 => rows::<6>(kc, a, lda, b, c, ldc, n, accumulate),
+            7 => rows::<7>(kc, a, lda, b, c, ldc, n, accumulate),
+            8 => rows::<8>(kc, a, lda, b, c, ldc, n, accumulate),
+            9 => rows::<9>(kc, a, lda, b, c, ldc, n, accumulate),
+            10 => rows::<10>(kc, a, lda, b, c, ldc, n, accumulate),
+            11 => rows::<11>(kc, a, lda, b, c, ldc, n, accumulate),
+            12 => rows::<12>(kc, a, lda, b, c, ldc, n, accumulate),
+            13 => rows::<13>(kc, a, lda, b, c, ldc, n, accumulate),
+            14 => rows::<14>(kc, a, lda, b, c, ldc, n, accumulate),
+            _ => {}
+        }
+    }
+}
+
+/// Lane masks for columns `0..16` and `16..32` given `n <= 32` valid columns.
+#[inline]
+fn masks(n: usize) -> (__mmask16, __mmask16) {
+    let lo = if n >= 16 {
+        0xFFFF
+    } else {
+        (1u32 << n) as u16 - 1
+    };
+    let hi = if n >= 32 {
+        0xFFFF
+    } else if n > 16 {
+        (1u32 << (n - 16)) as u16 - 1
+    } else {
+        0
+    };
+    (lo, hi)
+}
+
+/// Store (or add into) one row of the tile.
+///
+/// # Safety
+/// `cp` valid for reads/writes of `n` floats; AVX-512F available.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store_row(cp: *mut f32, n: usize, mut v0: __m512, mut v1: __m512, accumulate: bool) {
+    // SAFETY: the masks limit every access to the first `n` floats of `cp`.
+    unsafe {
+        if n == NR {
+            if accumulate {
+                v0 = _mm512_add_ps(v0, _mm512_loadu_ps(cp));
+                v1 = _mm512_add_ps(v1, _mm512_loadu_ps(cp.add(16)));
+            }
+            _mm512_storeu_ps(cp, v0);
+            _mm512_storeu_ps(cp.add(16), v1);
+        } else {
+            let (m0, m1) = masks(n);
+            if accumulate {
+                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cp));
+                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
+            }
+            _mm512_mask_storeu_ps(cp, m0, v0);
+            _mm512_mask_storeu_ps(cp.add(16), m1, v1);
+        }
+    }
+}
+
+/// `M` rows × 32 columns, one accumulator pair per row.
+///
+/// # Safety
+/// [`TileFn`] contract with `m == M`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn rows<const M: usize>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    let mut c0 = [_mm512_setzero_ps(); M];
+    let mut c1 = [_mm512_setzero_ps(); M];
+    // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 32]` and `a[p*lda .. p*lda + M]`, inside the
+    // ranges the contract guarantees; the stores touch `M` rows of `n` columns of `c`.
+    unsafe {
+        for i in 0..M {
+            _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
+        }
+        let mut ap = a;
+        let mut bp = b;
+        for _ in 0..kc {
+            let b0 = _mm512_loadu_ps(bp);
+            let b1 = _mm512_loadu_ps(bp.add(16));
+            for i in 0..M {
+                let ai = _mm512_set1_ps(*ap.add(i));
+                c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
+                c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
+            }
+            ap = ap.add(lda);
+            bp = bp.add(NR);
+        }
+        for i in 0..M {
+            store_row(c.add(i * ldc), n, c0[i], c1[i], accumulate);
+        }
+    }
+}
+
+/// Few rows (`M <= 3`): `2M` FMA chains cannot hide the FMA latency, so K is unrolled `U` times
+/// into independent accumulator sets (summed at the end). This is the GEMV-like path's kernel.
+///
+/// # Safety
+/// [`TileFn`] contract with `m == M`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn small<const M: usize, const U: usize>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    let mut c0 = [[_mm512_setzero_ps(); M]; U];
+    let mut c1 = [[_mm512_setzero_ps(); M]; U];
+    // SAFETY: as in `rows`: every step `p < kc` reads inside the contract's ranges.
+    unsafe {
+        let mut ap = a;
+        let mut bp = b;
+        let mut p = 0;
+        while p + U <= kc {
+            for u in 0..U {
+                let b0 = _mm512_loadu_ps(bp.add(u * NR));
+                let b1 = _mm512_loadu_ps(bp.add(u * NR + 16));
+                for i in 0..M {
+                    let ai = _mm512_set1_ps(*ap.add(u * lda + i));
+                    c0[u][i] = _mm512_fmadd_ps(ai, b0, c0[u][i]);
+                    c1[u][i] = _mm512_fmadd_ps(ai, b1, c1[u][i]);
+                }
+            }
+            ap = ap.add(U * lda);
+            bp = bp.add(U * NR);
+            p += U;
+        }
+        while p < kc {
+            let b0 = _mm512_loadu_ps(bp);
+            let b1 = _mm512_loadu_ps(bp.add(16));
+            for i in 0..M {
+                let ai = _mm512_set1_ps(*ap.add(i));
+                c0[0][i] = _mm512_fmadd_ps(ai, b0, c0[0][i]);
+                c1[0][i] = _mm512_fmadd_ps(ai, b1, c1[0][i]);
+            }
+            ap = ap.add(lda);
+            bp = bp.add(NR);
+            p += 1;
+        }
+        for i in 0..M {
+            let mut v0 = c0[0][i];
+            let mut v1 = c1[0][i];
+            for u in 1..U {
+                v0 = _mm512_add_ps(v0, c0[u][i]);
+                v1 = _mm512_add_ps(v1, c1[u][i]);
+            }
+            store_row(c.add(i * ldc), n, v0, v1, accumulate);
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Micro-kernels and their selection.
+//!
+//! A micro-kernel computes one register tile `C[0..m, 0..n] (+)= Ã · B̃` over `kc` steps of K, where
+//! `Ã` is a packed A micro-panel (element `(i, p)` at `a[p * lda + i]`) and `B̃` a slice of a
+//! 32-wide weight panel (element `(p, j)` at `b[p * 32 + j]`). Three implementations:
+//!
+//! | kind       | tile (MR × width) | registers                                 |
+//! |------------|-------------------|-------------------------------------------|
+//! | `avx512`   | 14 × 32           | 28 zmm accumulators, A broadcast from memory |
+//! | `avx2+fma` | 6 × 16            | 12 ymm accumulators (the classic BLIS tile)  |
+//! | `portable` | 4 × 16            | plain Rust, auto-vectorized for the target   |
+//!
+//! Selected at run time with `is_x86_feature_detected!`; `TUMBLE_GEMM_KERNEL=avx512|avx2|portable`
+//! overrides the choice (when the CPU supports it).
+
+// The micro-kernel signature mirrors BLIS's (sizes, three operands with strides, flags): grouping
+// them into a struct would only add loads in the hottest call of the crate.
+#![allow(clippy::too_many_arguments)]
+
+use crate::error::KernelError;
+use std::sync::OnceLock;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+pub(crate) mod portable;
+
+/// A register-tile micro-kernel.
+///
+/// # Safety (contract every caller upholds)
+/// - the CPU supports the kernel's instruction set (guaranteed: a [`Kernel`] is only built for a
+///   [`KernelKind`] that [`KernelKind::is_available`]);
+/// - `1 <= m <= mr`, `1 <= n <= width`, `lda >= m`;
+/// - if `kc > 0`: `a` is valid for reads of `(kc - 1) * lda + m` floats and `b` for reads of
+///   `(kc - 1) * 32 + width` floats;
+/// - `c` is valid for reads and writes of the `m` rows `c[i * ldc .. i * ldc + n]`, and nothing else
+///   accesses those elements during the call.
+///
+/// With `accumulate` the tile is added to `C`, otherwise it overwrites `C` (`C` is never read).
+pub(crate) type TileFn = unsafe fn(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+);
+
+/// Which micro-kernel family computes the tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// 14×32 tiles on zmm registers (AVX-512F).
+    Avx512,
+    /// 6×16 tiles on ymm registers (AVX2 + FMA).
+    Avx2Fma,
+    /// Plain Rust, auto-vectorized; runs everywhere.
+    Portable,
+}
+
+impl KernelKind {
+    /// All kinds, fastest first.
+    pub const ALL: [KernelKind; 3] = [
+        KernelKind::Avx512,
+        KernelKind::Avx2Fma,
+        KernelKind::Portable,
+    ];
+
+    /// The name [`crate::cpu_features`] reports: `"avx512"`, `"avx2+fma"` or `"portable"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelKind::Avx512 => "avx512",
+            KernelKind::Avx2Fma => "avx2+fma",
+            KernelKind::Portable => "portable",
+        }
+    }
+
+    /// Whether this CPU can run the kind.
+    pub fn is_available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            KernelKind::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            KernelKind::Avx2Fma => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            KernelKind::Portable => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// The kind [`crate::dense`] uses: the fastest available one, unless the environment variable
+    /// `TUMBLE_GEMM_KERNEL` names another available kind. Decided once per process.
+    pub fn selected() -> KernelKind {
+        static SELECTED: OnceLock<KernelKind> = OnceLock::new();
+        *SELECTED.get_or_init(|| {
+            if let Ok(want) = std::env::var("TUMBLE_GEMM_KERNEL") {
+                let want = want.trim().to_ascii_lowercase();
+                for kind in KernelKind::ALL {
+                    let short = kind.name().split('+').next().unwrap_or("");
+                    if (want == kind.name() || want == short) && kind.is_available() {
+                        return kind;
+                    }
+                }
+            }
+            KernelKind::ALL
+                .into_iter()
+                .find(|k| k.is_available())
+                .unwrap_or(KernelKind::Portable)
+        })
+    }
+
+    pub(crate) fn kernel(self) -> Result<Kernel, KernelError> {
+        if !self.is_available() {
+            return Err(KernelError::Unsupported(self.name()));
+        }
+        Ok(match self {
+            #[cfg(target_arch = "x86_64")]
+            KernelKind::Avx512 => avx512::KERNEL,
+            #[cfg(target_arch = "x86_64")]
+            KernelKind::Avx2Fma => avx2::KERNEL,
+            _ => portable::KERNEL,
+        })
+    }
+}
+
+/// A micro-kernel plus the blocking parameters tuned for it.
+#[derive(Clone, Copy)]
+pub(crate) struct Kernel {
+    /// Rows of a register tile (and of a packed A micro-panel).
+    pub(crate) mr: usize,
+    /// Columns of a register tile: 32 (a whole panel) or 16 (half a panel).
+    pub(crate) width: usize,
+    /// The tile function. Only callable under the [`TileFn`] contract.
+    pub(crate) tile: TileFn,
+    /// K block (rows of a weight panel kept in L1 while a row block streams past).
+    pub(crate) kc: usize,
+    /// M block (rows of A packed at once; `mc × kc` floats stay in L2). A multiple of `mr`.
+    pub(crate) mc: usize,
+    /// Launches with at most this many rows take the small-M path: A packed whole (tiny), no K
+    /// blocking, threads split the weight's columns. Chosen by measurement (see `driver.rs`).
+    pub(crate) small_m: usize,
+}

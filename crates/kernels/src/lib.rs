@@ -1,0 +1,239 @@
+//! tumble's CPU kernels: f32 GEMM for batched `nn.dense`, with the gather of scattered inputs fused
+//! into packing and the elementwise tail fused into the store (ACROBAT §5.2, DESIGN.md §2–3).
+//!
+//! The batching runtime runs `nn.dense(x, W) = x · Wᵀ` for a launch of `B` invocations. Each row of
+//! `x` is one invocation's input and lives wherever an earlier launch put it; `W` is a constant
+//! `(N, K)` weight. [`dense`] reads the rows through [`Rows::Gathered`] directly while packing
+//! (no gather copy), multiplies with a [`PackedWeight`] prepared once, and hands each finished
+//! block of output rows to an [`Epilogue`] (bias, activations, a whole fused row program) while it
+//! is still in cache. [`dense_accumulate`] does the same for a dense over a concatenation without
+//! materializing the concatenation.
+//!
+//! Engine: GotoBLAS/BLIS-style blocking over run-time-selected micro-kernels (AVX-512 14×32,
+//! AVX2+FMA 6×16, portable 4×16; see [`cpu_features`] and [`KernelKind`]), a small-M variant
+//! for GEMV-like launches, and a rayon split over rows or weight columns. Every input is
+//! validated first; size mismatches are returned as [`KernelError`], never panicked on.
+//!
+//! ```
+//! use tumble_kernels::{dense, NoEpilogue, PackedWeight, Rows};
+//! let w = PackedWeight::pack(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2).unwrap(); // W: 3×2
+//! let (r0, r1) = ([1.0f32, 1.0], [0.0f32, 2.0]);
+//! let rows: [&[f32]; 2] = [&r1, &r0]; // scattered rows, any order
+//! let mut c = vec![0.0; 2 * 3];
+//! dense(&Rows::Gathered(&rows), &w, &mut c, &NoEpilogue, 1).unwrap();
+//! assert_eq!(c, [4.0, 8.0, 12.0, 3.0, 7.0, 11.0]);
+//! ```
+
+mod act;
+mod driver;
+mod error;
+mod kernel;
+mod pack;
+
+pub use act::{sigmoid_in_place, tanh_in_place, Activation, BiasActivation};
+pub use error::KernelError;
+pub use kernel::KernelKind;
+pub use pack::PackedWeight;
+
+use driver::Part;
+use pack::RowSource;
+use std::ops::Range;
+
+/// The A operand: `M` rows of `K` floats.
+///
+/// `M` is the number of output rows: for [`Rows::Gathered`] it is the number of row slices (and
+/// must equal `c.len() / N`); for [`Rows::Contiguous`] it is taken from `c.len() / N`.
+#[derive(Debug, Clone, Copy)]
+pub enum Rows<'a> {
+    /// Row `i` is `data[i * stride .. i * stride + K]`. Requires `stride >= K` and
+    /// `data.len() >= (M - 1) * stride + K`.
+    Contiguous {
+        /// The rows, `stride` floats apart.
+        data: &'a [f32],
+        /// Distance between row starts, in floats.
+        stride: usize,
+    },
+    /// Row `i` is `rows[i]`, which must have exactly `K` floats. Rows may live anywhere, in any
+    /// order, and may alias (the same slice used for several rows).
+    Gathered(&'a [&'a [f32]]),
+}
+
+/// Called once per block of finished output rows, while they are hot in cache: `rows` is the range
+/// of output row indices, `out` the `rows.len() × N` slice (row-major, stride `N`) — e.g. add bias,
+/// apply tanh, or a whole fused row program.
+///
+/// Every output row is passed exactly once per call of [`dense`]/[`dense_accumulate`], in blocks
+/// whose size and order are unspecified (blocks may be processed concurrently on several
+/// threads, hence `Sync`). Closures `Fn(Range<usize>, &mut [f32]) + Sync` are epilogues.
+pub trait Epilogue: Sync {
+    /// Post-process output rows `rows` (held in `out`, `rows.len() * N` floats).
+    fn rows(&self, rows: Range<usize>, out: &mut [f32]);
+}
+
+impl<F: Fn(Range<usize>, &mut [f32]) + Sync> Epilogue for F {
+    fn rows(&self, rows: Range<usize>, out: &mut [f32]) {
+        self(rows, out)
+    }
+}
+
+/// The epilogue that leaves the product as it is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoEpilogue;
+
+impl Epilogue for NoEpilogue {
+    fn rows(&self, _rows: Range<usize>, _out: &mut [f32]) {}
+}
+
+/// `C (M, N)` row-major `= A · Wᵀ`, then `epilogue` on every block of finished rows.
+/// `c.len()` must be `M * N`; `threads` is the most threads to use (0 is taken as 1; small launches
+/// use one). Errors (not panics) on any size mismatch.
+pub fn dense(
+    a: &Rows,
+    w: &PackedWeight,
+    c: &mut [f32],
+    epilogue: &dyn Epilogue,
+    threads: usize,
+) -> Result<(), KernelError> {
+    dense_accumulate_with(KernelKind::selected(), &[(a, w)], c, epilogue, threads)
+}
+
+/// [`dense`] for a dense over a concatenation: `C = Σ_i A_i · W_iᵀ`, where the `W_i` are column
+/// blocks of one weight — so `dense(concat(x1, x2), W)` never materializes the concatenation. The
+/// parts are accumulated into `c`, which is overwritten (its previous contents are ignored), then
+/// the epilogue runs once per row. All parts must share `N` and `M`; each has its own `K_i`.
+pub fn dense_accumulate(
+    parts: &[(&Rows, &PackedWeight)],
+    c: &mut [f32],
+    epilogue: &dyn Epilogue,
+    threads: usize,
+) -> Result<(), KernelError> {
+    dense_accumulate_with(KernelKind::selected(), parts, c, epilogue, threads)
+}
+
+/// [`dense`] with an explicit micro-kernel family (for tests and benchmarks). Errors with
+/// [`KernelError::Unsupported`] when the CPU cannot run it.
+pub fn dense_with(
+    kind: KernelKind,
+    a: &Rows,
+    w: &PackedWeight,
+    c: &mut [f32],
+    epilogue: &dyn Epilogue,
+    threads: usize,
+) -> Result<(), KernelError> {
+    dense_accumulate_with(kind, &[(a, w)], c, epilogue, threads)
+}
+
+/// [`dense_accumulate`] with an explicit micro-kernel family.
+pub fn dense_accumulate_with(
+    kind: KernelKind,
+    parts: &[(&Rows, &PackedWeight)],
+    c: &mut [f32],
+    epilogue: &dyn Epilogue,
+    threads: usize,
+) -> Result<(), KernelError> {
+    let kernel = kind.kernel()?;
+    let (m, n, parts) = validate(parts, c)?;
+    driver::run(&kernel, &parts, m, n, c, epilogue, threads);
+    Ok(())
+}
+
+/// Which micro-kernel [`dense`] uses on this machine: `"avx512"`, `"avx2+fma"` or `"portable"`.
+pub fn cpu_features() -> &'static str {
+    KernelKind::selected().name()
+}
+
+/// Check every length; return `(M, N, parts)`.
+fn validate<'a>(
+    parts: &[(&Rows<'a>, &'a PackedWeight)],
+    c: &[f32],
+) -> Result<(usize, usize, Vec<Part<'a>>), KernelError> {
+    let Some(&(_, w0)) = parts.first() else {
+        return Err(KernelError::Shape(
+            "dense_accumulate needs at least one part".into(),
+        ));
+    };
+    let n = w0.n();
+    for (i, (_, w)) in parts.iter().enumerate() {
+        if w.n() != n {
+            return Err(KernelError::Shape(format!(
+                "part {i} has N = {}, part 0 has N = {n}",
+                w.n()
+            )));
+        }
+    }
+    let m = if n == 0 {
+        if !c.is_empty() {
+            return Err(KernelError::Length {
+                what: "c (N = 0)".into(),
+                expected: 0,
+                actual: c.len(),
+            });
+        }
+        // N = 0: nothing to compute; M only matters for gathered operands' consistency.
+        parts
+            .iter()
+            .find_map(|(a, _)| match a {
+                Rows::Gathered(r) => Some(r.len()),
+                Rows::Contiguous { .. } => None,
+            })
+            .unwrap_or(0)
+    } else {
+        if !c.len().is_multiple_of(n) {
+            return Err(KernelError::Length {
+                what: format!("c (a multiple of N = {n})"),
+                expected: c.len().next_multiple_of(n),
+                actual: c.len(),
+            });
+        }
+        c.len() / n
+    };
+    let mut out = Vec::with_capacity(parts.len());
+    for (i, &(a, w)) in parts.iter().enumerate() {
+        let k = w.k();
+        let src = match *a {
+            Rows::Gathered(rows) => {
+                if rows.len() != m {
+                    return Err(KernelError::Shape(format!(
+                        "part {i}: {} gathered rows but c has {m} rows",
+                        rows.len()
+                    )));
+                }
+                for (r, row) in rows.iter().enumerate() {
+                    if row.len() != k {
+                        return Err(KernelError::Length {
+                            what: format!("part {i}: gathered row {r} (K)"),
+                            expected: k,
+                            actual: row.len(),
+                        });
+                    }
+                }
+                RowSource::Gathered(rows)
+            }
+            Rows::Contiguous { data, stride } => {
+                if stride < k {
+                    return Err(KernelError::Shape(format!(
+                        "part {i}: stride {stride} < K = {k}"
+                    )));
+                }
+                let need = if m == 0 {
+                    0
+                } else {
+                    (m - 1)
+                        .checked_mul(stride)
+                        .and_then(|x| x.checked_add(k))
+                        .ok_or(KernelError::Overflow)?
+                };
+                if data.len() < need {
+                    return Err(KernelError::Length {
+                        what: format!("part {i}: contiguous A data (at least)"),
+                        expected: need,
+                        actual: data.len(),
+                    });
+                }
+                RowSource::Contiguous { data, stride }
+            }
+        };
+        out.push(Part { a: src, w });
+    }
+    Ok((m, n, out))
+}

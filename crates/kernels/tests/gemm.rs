@@ -1,0 +1,510 @@
+//! Reference checks of the GEMM against a naive f64-accumulating product.
+//!
+//! Tolerance: the kernels accumulate in f32 over K (in K blocks, each a sequential FMA chain), so
+//! the rounding error of one output is at most about `γ_K · Σ_k |a_ik| |w_jk|` with
+//! `γ_K ≈ K · 2^-24` (≈ 1.5e-5 for K = 257). We allow `1e-4 · (1 + Σ|a||w|)`, above that bound for
+//! every K used here (and far below any real indexing/packing bug, which is O(1) relative).
+
+use std::collections::HashSet;
+use std::ops::Range;
+use std::sync::Mutex;
+use tumble_kernels::*;
+
+const SIZES: [usize; 8] = [1, 3, 7, 8, 33, 64, 255, 257];
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, len: usize) -> Vec<f32> {
+        (0..len).map(|_| self.f()).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// One operand pair of the reference: rows of A, W (N×K row-major), K.
+type RefPart = (Vec<Vec<f32>>, Vec<f32>, usize);
+
+/// Reference `C = Σ_parts A·Wᵀ` with f64 accumulation, and the error scale `Σ|a||w|`.
+fn reference(parts: &[RefPart], m: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut c = vec![0.0f64; m * n];
+    let mut s = vec![0.0f64; m * n];
+    for (rows, w, k) in parts {
+        for i in 0..m {
+            for j in 0..n {
+                let (mut acc, mut mag) = (0.0f64, 0.0f64);
+                for p in 0..*k {
+                    let x = rows[i][p] as f64 * w[j * k + p] as f64;
+                    acc += x;
+                    mag += x.abs();
+                }
+                c[i * n + j] += acc;
+                s[i * n + j] += mag;
+            }
+        }
+    }
+    (c, s)
+}
+
+fn check(got: &[f32], want: &[f64], scale: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (idx, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+        let tol = 1e-4 * (1.0 + s);
+        assert!(
+            (g as f64 - w).abs() <= tol,
+            "{what}: element {idx}: got {g}, want {w} (tol {tol})"
+        );
+    }
+}
+
+fn kinds() -> Vec<KernelKind> {
+    KernelKind::ALL
+        .into_iter()
+        .filter(|k| k.is_available())
+        .collect()
+}
+
+/// Run one dense with the given kind, contiguous or gathered A, and compare with the reference.
+fn case(
+    kind: KernelKind,
+    m: usize,
+    n: usize,
+    k: usize,
+    gathered: bool,
+    threads: usize,
+    rng: &mut Rng,
+) {
+    let w = rng.vec(n * k);
+    let pw = PackedWeight::pack(&w, n, k).unwrap();
+    let stride = k + if gathered { 0 } else { 3 };
+    let mut c = vec![f32::NAN; m * n];
+    let rows: Vec<Vec<f32>> = if gathered {
+        // Rows scattered in a bigger buffer, in shuffled order; every 5th row aliases (reuses the
+        // very same slice as) an earlier row.
+        let pool: Vec<Vec<f32>> = (0..m + 2).map(|_| rng.vec(k)).collect();
+        let mut idx: Vec<usize> = Vec::with_capacity(m);
+        for i in 0..m {
+            let pick = if i % 5 == 4 {
+                idx[rng.below(i)]
+            } else {
+                rng.below(m + 2)
+            };
+            idx.push(pick);
+        }
+        let slices: Vec<&[f32]> = idx.iter().map(|&i| &pool[i][..]).collect();
+        let a = Rows::Gathered(&slices);
+        dense_with(kind, &a, &pw, &mut c, &NoEpilogue, threads).unwrap();
+        idx.iter().map(|&i| pool[i].clone()).collect()
+    } else {
+        let data = rng.vec(m * stride);
+        let a = Rows::Contiguous {
+            data: &data,
+            stride,
+        };
+        dense_with(kind, &a, &pw, &mut c, &NoEpilogue, threads).unwrap();
+        (0..m)
+            .map(|i| data[i * stride..i * stride + k].to_vec())
+            .collect()
+    };
+    let (want, scale) = reference(&[(rows, w, k)], m, n);
+    let what = format!(
+        "{} m={m} n={n} k={k} gathered={gathered} threads={threads}",
+        kind.name()
+    );
+    check(&c, &want, &scale, &what);
+}
+
+#[test]
+fn all_m_and_n_with_small_k() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let kind = KernelKind::selected();
+    for &m in &SIZES {
+        for &n in &SIZES {
+            for k in [1, 7] {
+                case(kind, m, n, k, k == 7, 1, &mut rng);
+            }
+        }
+    }
+}
+
+#[test]
+fn all_k_with_small_m_and_n() {
+    let mut rng = Rng(17);
+    let kind = KernelKind::selected();
+    for &k in &SIZES {
+        for (m, n) in [(1, 1), (3, 7), (8, 33), (33, 64), (5, 40)] {
+            case(kind, m, n, k, false, 1, &mut rng);
+            case(kind, m, n, k, true, 1, &mut rng);
+        }
+    }
+}
+
+#[test]
+fn every_micro_kernel_at_odd_sizes() {
+    let mut rng = Rng(99);
+    for kind in kinds() {
+        for m in [1, 2, 3, 5, 7, 17, 33] {
+            for n in [1, 7, 15, 16, 17, 33] {
+                for k in [1, 7, 33] {
+                    case(kind, m, n, k, (m + n + k) % 2 == 0, 1, &mut rng);
+                }
+            }
+        }
+        // Several M blocks, several K blocks (K > 256), a partial last panel.
+        case(kind, 130, 40, 300, false, 1, &mut rng);
+        case(kind, 130, 40, 300, true, 2, &mut rng);
+        case(kind, 3, 70, 520, true, 1, &mut rng);
+    }
+}
+
+#[test]
+fn threads_do_not_change_results() {
+    let mut rng = Rng(5);
+    for kind in kinds() {
+        // Large enough to run in parallel (≥ 8 MFLOP or a ≥ 1 MiB weight): row split (m large),
+        // column split (m small, many panels), row split of a narrow weight, small-M path; and
+        // two single-thread ones.
+        for (m, n, k) in [
+            (300, 96, 160),
+            (40, 512, 256),
+            (64, 128, 600),
+            (2, 1024, 512),
+            (20, 512, 256),
+            (64, 65, 129),
+        ] {
+            let w = rng.vec(n * k);
+            let a = rng.vec(m * k);
+            let pw = PackedWeight::pack(&w, n, k).unwrap();
+            let rows = Rows::Contiguous {
+                data: &a,
+                stride: k,
+            };
+            let mut c1 = vec![0.0; m * n];
+            let mut c2 = vec![1.0; m * n];
+            dense_with(kind, &rows, &pw, &mut c1, &NoEpilogue, 1).unwrap();
+            dense_with(kind, &rows, &pw, &mut c2, &NoEpilogue, 2).unwrap();
+            assert_eq!(c1, c2, "{} m={m} n={n} k={k}", kind.name());
+            let rows_ref: Vec<Vec<f32>> = a.chunks(k).map(|r| r.to_vec()).collect();
+            let (want, scale) = reference(&[(rows_ref, w, k)], m, n);
+            check(&c2, &want, &scale, "threads 2");
+        }
+    }
+}
+
+#[test]
+fn stride_larger_than_k() {
+    let mut rng = Rng(3);
+    for kind in kinds() {
+        for (m, n, k, stride) in [(7, 9, 5, 13), (33, 40, 33, 64), (1, 3, 3, 100)] {
+            let w = rng.vec(n * k);
+            let data = rng.vec((m - 1) * stride + k); // exactly the minimum length
+            let pw = PackedWeight::pack(&w, n, k).unwrap();
+            let mut c = vec![0.0; m * n];
+            dense_with(
+                kind,
+                &Rows::Contiguous {
+                    data: &data,
+                    stride,
+                },
+                &pw,
+                &mut c,
+                &NoEpilogue,
+                1,
+            )
+            .unwrap();
+            let rows: Vec<Vec<f32>> = (0..m)
+                .map(|i| data[i * stride..i * stride + k].to_vec())
+                .collect();
+            let (want, scale) = reference(&[(rows, w, k)], m, n);
+            check(
+                &c,
+                &want,
+                &scale,
+                &format!("{} stride {stride}", kind.name()),
+            );
+        }
+    }
+}
+
+#[test]
+fn accumulate_over_parts() {
+    let mut rng = Rng(11);
+    for kind in kinds() {
+        for (m, n, ks) in [
+            (7usize, 33usize, vec![5usize, 9]),
+            (40, 70, vec![33, 0, 257]),
+            (3, 64, vec![300, 1, 7]),
+            (130, 17, vec![64, 64]),
+        ] {
+            let ws: Vec<Vec<f32>> = ks.iter().map(|&k| rng.vec(n * k)).collect();
+            let pws: Vec<PackedWeight> = ks
+                .iter()
+                .zip(&ws)
+                .map(|(&k, w)| PackedWeight::pack(w, n, k).unwrap())
+                .collect();
+            // Alternate contiguous and gathered parts.
+            let datas: Vec<Vec<f32>> = ks.iter().map(|&k| rng.vec(m * k.max(1))).collect();
+            let slices: Vec<Vec<&[f32]>> = ks
+                .iter()
+                .zip(&datas)
+                .map(|(&k, d)| {
+                    (0..m)
+                        .rev()
+                        .map(|i| &d[i * k.max(1)..i * k.max(1) + k])
+                        .collect()
+                })
+                .collect();
+            let rows: Vec<Rows> = ks
+                .iter()
+                .enumerate()
+                .map(|(p, &k)| {
+                    if p % 2 == 0 {
+                        Rows::Contiguous {
+                            data: &datas[p],
+                            stride: k.max(1),
+                        }
+                    } else {
+                        Rows::Gathered(&slices[p])
+                    }
+                })
+                .collect();
+            let parts: Vec<(&Rows, &PackedWeight)> = rows.iter().zip(&pws).collect();
+            let mut c = vec![f32::NAN; m * n];
+            dense_accumulate_with(kind, &parts, &mut c, &NoEpilogue, 2).unwrap();
+            let refparts: Vec<RefPart> = ks
+                .iter()
+                .enumerate()
+                .map(|(p, &k)| {
+                    let r: Vec<Vec<f32>> = if p % 2 == 0 {
+                        (0..m)
+                            .map(|i| datas[p][i * k.max(1)..i * k.max(1) + k].to_vec())
+                            .collect()
+                    } else {
+                        slices[p].iter().map(|s| s.to_vec()).collect()
+                    };
+                    (r, ws[p].clone(), k)
+                })
+                .collect();
+            let (want, scale) = reference(&refparts, m, n);
+            check(
+                &c,
+                &want,
+                &scale,
+                &format!("{} accumulate {ks:?}", kind.name()),
+            );
+        }
+    }
+}
+
+#[test]
+fn bias_tanh_epilogue() {
+    let mut rng = Rng(23);
+    for threads in [1, 2] {
+        for (m, n, k) in [(1, 33, 17), (7, 64, 8), (257, 64, 33), (20, 600, 256)] {
+            let w = rng.vec(n * k);
+            let a = rng.vec(m * k);
+            let bias = rng.vec(n);
+            let pw = PackedWeight::pack(&w, n, k).unwrap();
+            let mut c = vec![0.0; m * n];
+            let epi = BiasActivation {
+                bias: Some(&bias),
+                act: Activation::Tanh,
+            };
+            dense(
+                &Rows::Contiguous {
+                    data: &a,
+                    stride: k,
+                },
+                &pw,
+                &mut c,
+                &epi,
+                threads,
+            )
+            .unwrap();
+            let rows: Vec<Vec<f32>> = a.chunks(k).map(|r| r.to_vec()).collect();
+            let (want, scale) = reference(&[(rows, w, k)], m, n);
+            for i in 0..m {
+                for j in 0..n {
+                    let e = (want[i * n + j] + bias[j] as f64).tanh();
+                    let tol = 1e-4 * (1.0 + scale[i * n + j]) + 1e-6;
+                    let g = c[i * n + j] as f64;
+                    assert!(
+                        (g - e).abs() <= tol,
+                        "m={m} n={n} k={k} ({i},{j}): {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// An epilogue that records the row ranges it is given.
+struct Recorder {
+    seen: Mutex<Vec<Range<usize>>>,
+    n: usize,
+}
+
+impl Epilogue for Recorder {
+    fn rows(&self, rows: Range<usize>, out: &mut [f32]) {
+        assert_eq!(out.len(), rows.len() * self.n);
+        self.seen.lock().unwrap().push(rows);
+    }
+}
+
+#[test]
+fn epilogue_sees_every_row_exactly_once() {
+    let mut rng = Rng(31);
+    for kind in kinds() {
+        for threads in [1, 2, 3] {
+            for (m, n, k) in [
+                (1, 5, 3),
+                (3, 40, 7),
+                (255, 33, 64),
+                (300, 96, 160),
+                (40, 512, 256),
+                (64, 128, 600),
+                (20, 512, 256),
+                (2, 1024, 512),
+                (5, 0, 4),
+                (4, 3, 0),
+            ] {
+                let w = rng.vec(n * k);
+                let a = rng.vec(m * k);
+                let pw = PackedWeight::pack(&w, n, k).unwrap();
+                let slices: Vec<&[f32]> = (0..m).map(|i| &a[i * k..(i + 1) * k]).collect();
+                let mut c = vec![f32::NAN; m * n];
+                let rec = Recorder {
+                    seen: Mutex::new(Vec::new()),
+                    n,
+                };
+                dense_with(kind, &Rows::Gathered(&slices), &pw, &mut c, &rec, threads).unwrap();
+                let mut seen = rec.seen.into_inner().unwrap();
+                seen.sort_by_key(|r| r.start);
+                let mut next = 0;
+                let mut all = HashSet::new();
+                for r in &seen {
+                    assert_eq!(
+                        r.start,
+                        next,
+                        "{} m={m} n={n} k={k} t={threads}: {seen:?}",
+                        kind.name()
+                    );
+                    assert!(!r.is_empty());
+                    next = r.end;
+                    all.extend(r.clone());
+                }
+                assert_eq!(next, m, "{seen:?}");
+                assert_eq!(all.len(), m);
+                if k == 0 {
+                    assert!(c.iter().all(|&x| x == 0.0));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sizes_are_validated_not_panicked_on() {
+    let w = vec![0.0; 6];
+    assert!(PackedWeight::pack(&w, 2, 2).is_err());
+    assert!(PackedWeight::pack(&w, usize::MAX, 3).is_err());
+    let pw = PackedWeight::pack(&w, 3, 2).unwrap();
+    assert_eq!((pw.n(), pw.k()), (3, 2));
+    let a = [1.0f32; 8];
+    let contiguous = Rows::Contiguous {
+        data: &a,
+        stride: 2,
+    };
+    let mut c = vec![0.0; 7];
+    assert!(matches!(
+        dense(&contiguous, &pw, &mut c, &NoEpilogue, 1),
+        Err(KernelError::Length { .. })
+    ));
+    let mut c = vec![0.0; 15]; // 5 rows need 10 floats of data at stride 2
+    assert!(dense(&contiguous, &pw, &mut c, &NoEpilogue, 1).is_err());
+    let short = Rows::Contiguous {
+        data: &a,
+        stride: 1,
+    };
+    let mut c = vec![0.0; 3];
+    assert!(matches!(
+        dense(&short, &pw, &mut c, &NoEpilogue, 1),
+        Err(KernelError::Shape(_))
+    ));
+    let r: [&[f32]; 2] = [&a[..2], &a[..3]];
+    let mut c = vec![0.0; 6];
+    let e = dense(&Rows::Gathered(&r), &pw, &mut c, &NoEpilogue, 1).unwrap_err();
+    assert!(e.to_string().contains("row 1"), "{e}");
+    let mut c = vec![0.0; 9];
+    assert!(dense(&Rows::Gathered(&r[..1]), &pw, &mut c, &NoEpilogue, 1).is_err());
+    let other = PackedWeight::pack(&[0.0; 8], 4, 2).unwrap();
+    let mut c = vec![0.0; 12];
+    assert!(dense_accumulate(
+        &[(&contiguous, &pw), (&contiguous, &other)],
+        &mut c,
+        &NoEpilogue,
+        1
+    )
+    .is_err());
+    assert!(dense_accumulate(&[], &mut c, &NoEpilogue, 1).is_err());
+    // Empty launches are fine.
+    let mut c: Vec<f32> = Vec::new();
+    dense(&Rows::Gathered(&[]), &pw, &mut c, &NoEpilogue, 1).unwrap();
+    dense(&contiguous, &pw, &mut c, &NoEpilogue, 0).unwrap();
+}
+
+#[test]
+fn reports_a_known_kernel() {
+    assert!(["avx512", "avx2+fma", "portable"].contains(&cpu_features()));
+    assert!(KernelKind::selected().is_available());
+}
+
+#[test]
+fn activations_are_accurate() {
+    let mut xs: Vec<f32> = (-2000..=2000).map(|i| i as f32 * 0.01).collect();
+    xs.extend([
+        -1e30, -100.0, -88.0, 88.0, 100.0, 1e30, 1e-6, -1e-6, 0.0, -0.0, 3e-3,
+    ]);
+    let mut s = xs.clone();
+    sigmoid_in_place(&mut s);
+    let mut t = xs.clone();
+    tanh_in_place(&mut t);
+    for ((&x, &sv), &tv) in xs.iter().zip(&s).zip(&t) {
+        let x64 = x as f64;
+        let se = 1.0 / (1.0 + (-x64).exp());
+        assert!(
+            (sv as f64 - se).abs() <= 3e-7,
+            "sigmoid({x}) = {sv}, want {se}"
+        );
+        assert!(
+            (tv as f64 - x64.tanh()).abs() <= 3e-7,
+            "tanh({x}) = {tv}, want {}",
+            x64.tanh()
+        );
+    }
+    let mut nan = [f32::NAN];
+    sigmoid_in_place(&mut nan);
+    assert!(nan[0].is_nan());
+}
+
+#[test]
+#[ignore = "large; run in release: cargo test --release -p tumble-kernels -- --ignored"]
+fn large_cubes() {
+    let mut rng = Rng(77);
+    for kind in kinds() {
+        for threads in [1, 2] {
+            case(kind, 257, 257, 257, false, threads, &mut rng);
+            case(kind, 257, 257, 257, true, threads, &mut rng);
+            case(kind, 513, 300, 700, true, threads, &mut rng);
+        }
+    }
+}
