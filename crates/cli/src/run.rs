@@ -70,6 +70,9 @@ pub struct RunArgs {
     /// weights are then gathered per invocation).
     #[arg(long)]
     pub no_dup: bool,
+    /// Threads for kernels (default: $TUMBLE_NUM_THREADS, else the number of cores).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
     /// No kernel plans: run every operator of a block through the batching rules and the reference
     /// kernels (no fused GEMM stages or row programs).
     #[arg(long)]
@@ -114,6 +117,18 @@ impl From<SchedulerArg> for tumble_runtime::Scheduler {
             SchedulerArg::Eager => tumble_runtime::Scheduler::Eager,
         }
     }
+}
+
+/// `--threads`, else `TUMBLE_NUM_THREADS`, else the machine's parallelism.
+fn thread_count(flag: Option<usize>) -> usize {
+    flag.or_else(|| {
+        std::env::var("TUMBLE_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    })
+    .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+    .unwrap_or(1)
+    .max(1)
 }
 
 /// A stream of `random.db_uniform` draws for instance `i`, independent of batching.
@@ -237,6 +252,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 phases: !args.no_phases,
                 hoist: !args.no_hoist,
                 dup: !args.no_dup,
+                threads: thread_count(args.threads),
             };
             let weights: Vec<bool> = bound
                 .args

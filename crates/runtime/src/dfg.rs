@@ -384,6 +384,7 @@ impl<'p> Dfg<'p> {
                 &mut octx,
                 &mut self.profile.ops,
                 &mut self.profile.fused,
+                self.opts.threads,
             ),
             None => run_block(block, &inputs, b, &mut octx, &mut self.profile.ops),
         }

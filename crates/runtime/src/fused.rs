@@ -153,6 +153,7 @@ struct Exec<'a> {
     inputs: &'a [BV],
     vals: Vec<Option<BV>>,
     b: usize,
+    threads: usize,
 }
 
 impl Exec<'_> {
@@ -237,6 +238,8 @@ pub struct FusedStats {
 }
 
 /// Runs `block` for `b` invocations following `plan`.
+// The launch context is passed piecewise because the caller lends disjoint fields of its profile.
+#[allow(clippy::too_many_arguments)]
 pub fn run_planned(
     block: &Block,
     plan: &BlockPlan,
@@ -245,12 +248,14 @@ pub fn run_planned(
     octx: &mut OpCtx,
     stats: &mut OpStats,
     fstats: &mut FusedStats,
+    threads: usize,
 ) -> Result<Vec<BV>, String> {
     let mut ex = Exec {
         block,
         inputs,
         vals: vec![None; block.nodes.len()],
         b,
+        threads,
     };
     for stage in &plan.stages {
         match stage {
@@ -307,7 +312,8 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
     }
     let rows = a.len() / k;
     let mut c = vec![0f32; rows * n];
-    crate::gemm::dense(a_data, rows, k, w_data, *n, &mut c);
+    let _ = w_data;
+    crate::gemm::dense(a_data, k, &w, *n, &mut c, ex.threads)?;
     let mut shape = a.shape().to_vec();
     if let Some(last) = shape.last_mut() {
         *last = *n;

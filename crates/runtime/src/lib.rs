@@ -51,6 +51,8 @@ pub struct Options {
     /// Launch invocations that pass different parameter tensors to a block separately (dynamic code
     /// duplication), so each launch has its weights shared.
     pub dup: bool,
+    /// Threads for kernels (dense stages); 1 keeps everything on the calling thread.
+    pub threads: usize,
     /// Run blocks by their kernel plans (dense stages + fused row programs); off: every operator
     /// through the batching rules and reference kernels.
     pub fusion: bool,
@@ -65,6 +67,7 @@ impl Default for Options {
             hoist: true,
             dup: true,
             fusion: true,
+            threads: 1,
         }
     }
 }

@@ -251,6 +251,7 @@ fn check_case(case: &Case) {
                     phases: fusion,
                     hoist: fusion,
                     dup: fusion,
+                    threads: if batch == 7 { 2 } else { 1 },
                 };
                 let mut got = Vec::new();
                 for (c, chunk) in args.chunks(batch).enumerate() {
