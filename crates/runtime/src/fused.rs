@@ -23,6 +23,8 @@ use crate::fastmath;
 #[derive(Debug, Clone)]
 pub enum Stage {
     Dense(usize),
+    /// `take(table, ids, axis=0)` of a shared table by batched ids: row copies.
+    Gather(usize),
     Rows(Vec<usize>),
     Other(usize),
 }
@@ -39,6 +41,7 @@ impl fmt::Display for BlockPlan {
         for s in &self.stages {
             match s {
                 Stage::Dense(n) => writeln!(f, "    gemm      %{n}")?,
+                Stage::Gather(n) => writeln!(f, "    gather    %{n}")?,
                 Stage::Rows(ns) => writeln!(
                     f,
                     "    row-prog  {}",
@@ -99,6 +102,11 @@ pub fn plan(block: &Block) -> BlockPlan {
     for (i, node) in block.nodes.iter().enumerate() {
         if node.op.name == "nn.dense" && is_f32(&node.ty) {
             stages.push(Stage::Dense(i));
+        } else if node.op.name == "take"
+            && node.attrs.int("axis").ok().flatten() == Some(0)
+            && node.attrs.int("batch_dims").ok().flatten().unwrap_or(0) == 0
+        {
+            stages.push(Stage::Gather(i));
         } else if is_row_op(node) {
             match stages.last_mut() {
                 Some(Stage::Rows(ns)) => ns.push(i),
@@ -112,7 +120,7 @@ pub fn plan(block: &Block) -> BlockPlan {
     let mut stage_of = vec![0usize; n];
     for (s, st) in stages.iter().enumerate() {
         match st {
-            Stage::Dense(i) | Stage::Other(i) => stage_of[*i] = s,
+            Stage::Dense(i) | Stage::Gather(i) | Stage::Other(i) => stage_of[*i] = s,
             Stage::Rows(ns) => ns.iter().for_each(|&i| stage_of[i] = s),
         }
     }
@@ -232,6 +240,9 @@ impl Exec<'_> {
 #[derive(Default, Debug, Clone, Copy)]
 pub struct FusedStats {
     pub dense_stages: u64,
+    /// Multiply-add work of dense stages: 2·rows·K·N each.
+    pub dense_flops: u64,
+    pub dense_time: std::time::Duration,
     pub row_programs: u64,
     pub row_program_ops: u64,
     pub fallbacks: u64,
@@ -259,11 +270,24 @@ pub fn run_planned(
     };
     for stage in &plan.stages {
         match stage {
-            Stage::Dense(i) => match dense_stage(&ex, *i)? {
-                Some(v) => {
+            Stage::Dense(i) => match {
+                let t0 = std::time::Instant::now();
+                let r = dense_stage(&ex, *i)?;
+                fstats.dense_time += t0.elapsed();
+                r
+            } {
+                Some((v, flops)) => {
                     fstats.dense_stages += 1;
+                    fstats.dense_flops += flops;
                     ex.vals[*i] = Some(v);
                 }
+                None => {
+                    fstats.fallbacks += 1;
+                    ex.run_node(*i, octx, stats)?;
+                }
+            },
+            Stage::Gather(i) => match gather_stage(&ex, *i)? {
+                Some(v) => ex.vals[*i] = Some(v),
                 None => {
                     fstats.fallbacks += 1;
                     ex.run_node(*i, octx, stats)?;
@@ -291,7 +315,7 @@ pub fn run_planned(
 }
 
 /// `nn.dense` of batched f32 rows with a shared f32 weight: one product for the whole launch.
-fn dense_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
+fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
     let node = ex.block.nodes.get(i).ok_or("internal: node")?;
     let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1)) else {
         return Ok(None);
@@ -319,7 +343,41 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
         *last = *n;
     }
     let t = Tensor::from_f32(shape, c).map_err(|e| e.to_string())?;
-    Ok(Some(BV::Batched(OpValue::Tensor(t))))
+    let flops = 2 * (rows * k * *n) as u64;
+    Ok(Some((BV::Batched(OpValue::Tensor(t)), flops)))
+}
+
+/// Embedding lookup: rows of a shared f32 table selected by batched int ids (clip mode clamps,
+/// like the reference kernel; other modes fall back).
+fn gather_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
+    let node = ex.block.nodes.get(i).ok_or("internal: node")?;
+    let (Some(BArg::One(tv)), Some(BArg::One(iv))) = (node.args.first(), node.args.get(1)) else {
+        return Ok(None);
+    };
+    let (BV::Shared(OpValue::Tensor(table)), BV::Batched(OpValue::Tensor(ids))) =
+        (ex.get(tv)?, ex.get(iv)?)
+    else {
+        return Ok(None);
+    };
+    let mode = node.attrs.str("mode").ok().flatten().unwrap_or("clip");
+    let (Some(data), Some(&rows)) = (table.as_f32(), table.shape().first()) else {
+        return Ok(None);
+    };
+    if mode != "clip" || rows == 0 {
+        return Ok(None);
+    }
+    let width = table.len() / rows;
+    let idx = ids.to_i64_vec();
+    let mut out = Vec::with_capacity(idx.len() * width);
+    for &j in &idx {
+        let j = j.clamp(0, rows as i64 - 1) as usize;
+        out.extend_from_slice(&data[j * width..(j + 1) * width]);
+    }
+    let mut shape = ids.shape().to_vec();
+    shape.extend_from_slice(&table.shape()[1..]);
+    Tensor::from_f32(shape, out)
+        .map(|t| Some(BV::Batched(OpValue::Tensor(t))))
+        .map_err(|e| e.to_string())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -67,6 +67,8 @@ impl Profile {
         self.fused.row_programs += o.fused.row_programs;
         self.fused.row_program_ops += o.fused.row_program_ops;
         self.fused.fallbacks += o.fused.fallbacks;
+        self.fused.dense_flops += o.fused.dense_flops;
+        self.fused.dense_time += o.fused.dense_time;
         self.reuse_misses += o.reuse_misses;
         self.shared_inputs += o.shared_inputs;
         self.zero_copy_inputs += o.zero_copy_inputs;
@@ -110,6 +112,19 @@ impl fmt::Display for Profile {
             f,
             "kernel plans: {} dense stages, {} fused row programs ({} operators), {} stages fell back",
             self.fused.dense_stages, self.fused.row_programs, self.fused.row_program_ops, self.fused.fallbacks
+        )?;
+        let secs = self.fused.dense_time.as_secs_f64();
+        writeln!(
+            f,
+            "dense stages: {:.3} GFLOP in {:.3} ms = {:.1} GFLOP/s; whole run {:.1} GFLOP/s",
+            self.fused.dense_flops as f64 / 1e9,
+            secs * 1e3,
+            if secs > 0.0 {
+                self.fused.dense_flops as f64 / 1e9 / secs
+            } else {
+                0.0
+            },
+            self.fused.dense_flops as f64 / 1e9 / self.time_total.as_secs_f64().max(1e-9)
         )?;
         writeln!(
             f,
