@@ -270,22 +270,22 @@ pub fn run_planned(
     };
     for stage in &plan.stages {
         match stage {
-            Stage::Dense(i) => match {
+            Stage::Dense(i) => {
                 let t0 = std::time::Instant::now();
                 let r = dense_stage(&ex, *i)?;
                 fstats.dense_time += t0.elapsed();
-                r
-            } {
-                Some((v, flops)) => {
-                    fstats.dense_stages += 1;
-                    fstats.dense_flops += flops;
-                    ex.vals[*i] = Some(v);
+                match r {
+                    Some((v, flops)) => {
+                        fstats.dense_stages += 1;
+                        fstats.dense_flops += flops;
+                        ex.vals[*i] = Some(v);
+                    }
+                    None => {
+                        fstats.fallbacks += 1;
+                        ex.run_node(*i, octx, stats)?;
+                    }
                 }
-                None => {
-                    fstats.fallbacks += 1;
-                    ex.run_node(*i, octx, stats)?;
-                }
-            },
+            }
             Stage::Gather(i) => match gather_stage(&ex, *i)? {
                 Some(v) => ex.vals[*i] = Some(v),
                 None => {
