@@ -320,31 +320,93 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
     let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1)) else {
         return Ok(None);
     };
-    let (BV::Batched(OpValue::Tensor(a)), BV::Shared(OpValue::Tensor(w))) =
-        (ex.get(av)?, ex.get(wv)?)
-    else {
-        return Ok(None);
-    };
-    let (Some(a_data), Some(w_data)) = (a.as_f32(), w.as_f32()) else {
-        return Ok(None);
-    };
-    let (Some(&k), [n, wk]) = (a.shape().last(), w.shape()) else {
-        return Ok(None);
-    };
-    if *wk != k || a.rank() < 2 || k == 0 {
-        return Ok(None);
+    match (ex.get(av)?, ex.get(wv)?) {
+        // Shared weight: one matrix product over every invocation's rows.
+        (BV::Batched(OpValue::Tensor(a)), BV::Shared(OpValue::Tensor(w))) => {
+            let (Some(a_data), Some(&k), [n, wk]) = (a.as_f32(), a.shape().last(), w.shape())
+            else {
+                return Ok(None);
+            };
+            if *wk != k || a.rank() < 2 || k == 0 || w.as_f32().is_none() {
+                return Ok(None);
+            }
+            let rows = a.len() / k;
+            let mut c = vec![0f32; rows * n];
+            crate::gemm::dense(a_data, k, &w, *n, &mut c, ex.threads)?;
+            let mut shape = a.shape().to_vec();
+            if let Some(last) = shape.last_mut() {
+                *last = *n;
+            }
+            let t = Tensor::from_f32(shape, c).map_err(|e| e.to_string())?;
+            Ok(Some((
+                BV::Batched(OpValue::Tensor(t)),
+                2 * (rows * k * n) as u64,
+            )))
+        }
+        // Per-invocation weights (MV-RNN's word matrices): a small product per invocation.
+        (x, BV::Batched(OpValue::Tensor(w))) => {
+            let (x_t, x_batched) = match &x {
+                BV::Batched(OpValue::Tensor(t)) => (t, true),
+                BV::Shared(OpValue::Tensor(t)) => (t, false),
+                _ => return Ok(None),
+            };
+            let (Some(xd), Some(wd)) = (x_t.as_f32(), w.as_f32()) else {
+                return Ok(None);
+            };
+            let b = ex.b;
+            let [wb, n, k] = w.shape() else {
+                return Ok(None);
+            };
+            let xs = x_t.shape();
+            let x_inst = if x_batched {
+                xs.get(1..).unwrap_or(&[])
+            } else {
+                xs
+            };
+            let (Some(&xk), true) = (x_inst.last(), x_inst.len() == 2) else {
+                return Ok(None);
+            };
+            if *wb != b || xk != *k || (x_batched && xs.first() != Some(&b)) {
+                return Ok(None);
+            }
+            let m = x_inst.first().copied().unwrap_or(1);
+            let (n, k) = (*n, *k);
+            let mut c = vec![0f32; b * m * n];
+            for inst in 0..b {
+                let xo = if x_batched { inst * m * k } else { 0 };
+                let wo = inst * n * k;
+                for r in 0..m {
+                    let xr = &xd[xo + r * k..xo + (r + 1) * k];
+                    for j in 0..n {
+                        c[(inst * m + r) * n + j] = dot(xr, &wd[wo + j * k..wo + (j + 1) * k]);
+                    }
+                }
+            }
+            let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
+            Ok(Some((
+                BV::Batched(OpValue::Tensor(t)),
+                2 * (b * m * n * k) as u64,
+            )))
+        }
+        _ => Ok(None),
     }
-    let rows = a.len() / k;
-    let mut c = vec![0f32; rows * n];
-    let _ = w_data;
-    crate::gemm::dense(a_data, k, &w, *n, &mut c, ex.threads)?;
-    let mut shape = a.shape().to_vec();
-    if let Some(last) = shape.last_mut() {
-        *last = *n;
+}
+
+/// f32 dot product with eight independent accumulators (vectorizes).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
     }
-    let t = Tensor::from_f32(shape, c).map_err(|e| e.to_string())?;
-    let flops = 2 * (rows * k * *n) as u64;
-    Ok(Some((BV::Batched(OpValue::Tensor(t)), flops)))
+    let mut s: f32 = acc.iter().sum();
+    for j in chunks * 8..a.len().min(b.len()) {
+        s += a[j] * b[j];
+    }
+    s
 }
 
 /// Embedding lookup: rows of a shared f32 table selected by batched int ids (clip mode clamps,
