@@ -874,17 +874,64 @@ fn row_program(
         .iter()
         .map(|(_, os, _)| os.iter().map(|o| vec![0f32; rows * o.len]).collect())
         .collect();
-    let mut scratch = vec![0f32; bld.scratch_len];
-    for r in 0..rows {
-        for ins in &bld.instrs {
-            exec(ins, r, &bld, &mut scratch);
+    // Rows are independent: large programs split them across threads, each with its own scratch.
+    let threads = if rows * bld.scratch_len.max(1) >= 1 << 16 {
+        ex.threads.clamp(1, rows.max(1))
+    } else {
+        1
+    };
+    let chunk = rows.div_ceil(threads).max(1);
+    let mut parts: Vec<(usize, usize, Vec<Vec<&mut [f32]>>)> = (0..threads)
+        .map(|t| (t * chunk, ((t + 1) * chunk).min(rows), Vec::new()))
+        .collect();
+    for (k, bufs) in out_bufs.iter_mut().enumerate() {
+        for p in parts.iter_mut() {
+            p.2.push(Vec::new());
         }
-        for (k, (_, os, _)) in outs.iter().enumerate() {
-            for (j, o) in os.iter().enumerate() {
-                let dst = &mut out_bufs[k][j][r * o.len..(r + 1) * o.len];
-                read(o, r, &bld, &scratch, dst);
+        for (j, buf) in bufs.iter_mut().enumerate() {
+            let w = outs.get(k).and_then(|o| o.1.get(j)).map_or(0, |o| o.len);
+            let mut rest: &mut [f32] = buf.as_mut_slice();
+            for p in parts.iter_mut() {
+                let n = (p.1 - p.0.min(p.1)) * w;
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(n.min(rest.len()));
+                rest = tail;
+                if let Some(v) = p.2.get_mut(k) {
+                    v.push(head);
+                }
             }
         }
+    }
+    let run_rows = |start: usize, end: usize, bufs: &mut Vec<Vec<&mut [f32]>>| {
+        let mut scratch = vec![0f32; bld.scratch_len];
+        for r in start..end {
+            for ins in &bld.instrs {
+                exec(ins, r, &bld, &mut scratch);
+            }
+            for (k, (_, os, _)) in outs.iter().enumerate() {
+                for (j, o) in os.iter().enumerate() {
+                    let at = (r - start) * o.len;
+                    if let Some(dst) = bufs
+                        .get_mut(k)
+                        .and_then(|v| v.get_mut(j))
+                        .and_then(|d| d.get_mut(at..at + o.len))
+                    {
+                        read(o, r, &bld, &scratch, dst);
+                    }
+                }
+            }
+        }
+    };
+    if parts.len() == 1 {
+        for (start, end, mut bufs) in parts {
+            run_rows(start, end, &mut bufs);
+        }
+    } else {
+        std::thread::scope(|s| {
+            for (start, end, mut bufs) in parts {
+                let run_rows = &run_rows;
+                s.spawn(move || run_rows(start, end, &mut bufs));
+            }
+        });
     }
     let mut result = Vec::with_capacity(outs.len());
     for ((i, os, tuple), bufs) in outs.into_iter().zip(out_bufs) {
