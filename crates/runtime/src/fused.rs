@@ -881,7 +881,7 @@ fn row_program(
         1
     };
     let chunk = rows.div_ceil(threads).max(1);
-    let mut parts: Vec<(usize, usize, Vec<Vec<&mut [f32]>>)> = (0..threads)
+    let mut parts: Vec<RowChunk> = (0..threads)
         .map(|t| (t * chunk, ((t + 1) * chunk).min(rows), Vec::new()))
         .collect();
     for (k, bufs) in out_bufs.iter_mut().enumerate() {
@@ -892,8 +892,8 @@ fn row_program(
             let w = outs.get(k).and_then(|o| o.1.get(j)).map_or(0, |o| o.len);
             let mut rest: &mut [f32] = buf.as_mut_slice();
             for p in parts.iter_mut() {
-                let n = (p.1 - p.0.min(p.1)) * w;
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(n.min(rest.len()));
+                let n = ((p.1 - p.0.min(p.1)) * w).min(rest.len());
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(n);
                 rest = tail;
                 if let Some(v) = p.2.get_mut(k) {
                     v.push(head);
@@ -961,6 +961,9 @@ fn bail<T>(site: u32) -> Option<T> {
     }
     None
 }
+
+/// Rows `start..end` of a row program and, per output value and field, its slice of the output.
+type RowChunk<'a> = (usize, usize, Vec<Vec<&'a mut [f32]>>);
 
 /// Copies operand `o` of row `r` into `dst` (broadcasting a scalar).
 fn read(o: &Opd, r: usize, b: &Builder, scratch: &[f32], dst: &mut [f32]) {
