@@ -182,7 +182,23 @@ pub(crate) fn batched_op(
     match rule(op, attrs, &args, b) {
         Some((plain, attrs)) => {
             stats.batched += 1;
-            eval(op, &plain, &attrs, octx).map(BV::Batched)
+            let out = match crate::fastops::try_eval(op.name, &plain, &attrs) {
+                Some(v) => v,
+                None => eval(op, &plain, &attrs, octx)?,
+            };
+            // batch_matmul ran on (B·G, M, N): put the instance axis back in front.
+            if op.name == "nn.batch_matmul" {
+                if let OpValue::Tensor(t) = &out {
+                    if let [bg, m, n] = t.shape() {
+                        let g = bg / b.max(1);
+                        return t
+                            .reshape(vec![b, g, *m, *n])
+                            .map(|t| BV::Batched(OpValue::Tensor(t)))
+                            .map_err(|e| e.to_string());
+                    }
+                }
+            }
+            Ok(BV::Batched(out))
         }
         None => {
             stats.looped += 1;
@@ -306,6 +322,31 @@ fn rule(op: &OpDef, attrs: &Attrs, args: &[BV], b: usize) -> Option<(Vec<OpValue
             Some((
                 vec![OpValue::Tensor(x.clone())],
                 with_attr(attrs, "newshape", ints(&s)),
+            ))
+        }
+        // Batched matrices (attention heads): fold the batch into batch_matmul's own batch axis.
+        "nn.batch_matmul" => {
+            let x = match args.first()? {
+                BV::Batched(OpValue::Tensor(t)) => t.clone(),
+                BV::Shared(OpValue::Tensor(t)) => broadcast_batch(t, b).ok()?,
+                _ => return None,
+            };
+            let y = match args.get(1)? {
+                BV::Batched(OpValue::Tensor(t)) => t.clone(),
+                BV::Shared(OpValue::Tensor(t)) => broadcast_batch(t, b).ok()?,
+                _ => return None,
+            };
+            let (xs, ys) = (x.shape().to_vec(), y.shape().to_vec());
+            if xs.len() != 4 || ys.len() != 4 || xs[1] != ys[1] {
+                return None;
+            }
+            let fold = |t: &Tensor, s: &[usize]| t.reshape(vec![s[0] * s[1], s[2], s[3]]).ok();
+            Some((
+                vec![
+                    OpValue::Tensor(fold(&x, &xs)?),
+                    OpValue::Tensor(fold(&y, &ys)?),
+                ],
+                attrs.clone(),
             ))
         }
         "transpose" => {

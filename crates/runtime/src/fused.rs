@@ -393,7 +393,7 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
 }
 
 /// f32 dot product with eight independent accumulators (vectorizes).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let chunks = a.len() / 8;
     for c in 0..chunks {

@@ -9,6 +9,7 @@
 pub mod batched;
 pub mod dfg;
 mod fastmath;
+mod fastops;
 pub mod fused;
 mod gemm;
 pub mod profile;

@@ -1,0 +1,208 @@
+//! Fast f32 paths for layout and batched-matrix operators inside launches (transpose,
+//! concatenate, batch_matmul), used by the batching rules instead of the generic reference kernels
+//! when the operands are f32. Results are identical in layout; sums are f32 in a fixed order.
+
+use tumble_ir::Attrs;
+use tumble_ops::OpValue;
+use tumble_tensor::Tensor;
+
+/// Runs `op` on f32 operands through a fast path if there is one (`None`: use the reference kernel).
+pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs) -> Option<OpValue> {
+    match op {
+        "transpose" => {
+            let t = args.first()?.as_tensor()?;
+            let r = t.rank() as i64;
+            let axes: Vec<usize> = match attrs.ints("axes").ok()? {
+                None => (0..r).rev().map(|a| a as usize).collect(),
+                Some(v) if v.is_empty() => (0..r).rev().map(|a| a as usize).collect(),
+                Some(v) => v
+                    .iter()
+                    .map(|&a| if a < 0 { a + r } else { a })
+                    .map(|a| usize::try_from(a).ok())
+                    .collect::<Option<Vec<_>>>()?,
+            };
+            permute_f32(t, &axes).map(OpValue::Tensor)
+        }
+        "nn.batch_matmul" => {
+            let (x, y) = (args.first()?.as_tensor()?, args.get(1)?.as_tensor()?);
+            let ta = attrs.bool("transpose_a").ok()?.unwrap_or(false);
+            let tb = attrs.bool("transpose_b").ok()?.unwrap_or(true);
+            if ta {
+                return None;
+            }
+            bmm_f32(x, y, tb).map(OpValue::Tensor)
+        }
+        _ => None,
+    }
+}
+
+/// `t` with its axes permuted (`out.shape[i] = t.shape[perm[i]]`).
+pub fn permute_f32(t: &Tensor, perm: &[usize]) -> Option<Tensor> {
+    let data = t.as_f32()?;
+    let shape = t.shape();
+    if perm.len() != shape.len() || perm.is_empty() {
+        return None;
+    }
+    let mut seen = vec![false; perm.len()];
+    for &p in perm {
+        if *seen.get(p)? {
+            return None;
+        }
+        seen[p] = true;
+    }
+    let strides = t.strides();
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let in_stride: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
+    let n = data.len();
+    let mut out = Vec::with_capacity(n);
+    if n > 0 {
+        let last = out_shape.len() - 1;
+        let (inner, inner_stride) = (out_shape[last], in_stride[last]);
+        let outer: usize = out_shape[..last].iter().product();
+        let mut idx = vec![0usize; last];
+        for _ in 0..outer {
+            let base: usize = idx.iter().zip(&in_stride).map(|(i, s)| i * s).sum();
+            if inner_stride == 1 {
+                out.extend_from_slice(&data[base..base + inner]);
+            } else {
+                out.extend((0..inner).map(|j| data[base + j * inner_stride]));
+            }
+            // Odometer over the outer output axes.
+            for a in (0..last).rev() {
+                idx[a] += 1;
+                if idx[a] < out_shape[a] {
+                    break;
+                }
+                idx[a] = 0;
+            }
+        }
+    }
+    Tensor::from_f32(out_shape, out).ok()
+}
+
+/// Batched matrix product of 3-D f32 tensors: `x (G, M, K)` times `y (G, N, K)ᵀ` (`tb`) or
+/// `y (G, K, N)`; a batch dimension of 1 on either side broadcasts.
+pub fn bmm_f32(x: &Tensor, y: &Tensor, tb: bool) -> Option<Tensor> {
+    let (xd, yd) = (x.as_f32()?, y.as_f32()?);
+    let ([gx, m, k], ys) = (x.shape(), y.shape()) else {
+        return None;
+    };
+    let [gy, a, bdim] = ys else { return None };
+    let (n, ky) = if tb { (*a, *bdim) } else { (*bdim, *a) };
+    if ky != *k || (*gx != *gy && *gx != 1 && *gy != 1) {
+        return None;
+    }
+    let g = (*gx).max(*gy);
+    let (m, k) = (*m, *k);
+    let mut out = vec![0f32; g * m * n];
+    for gi in 0..g {
+        let xo = if *gx == 1 { 0 } else { gi * m * k };
+        let yo = if *gy == 1 { 0 } else { gi * n * k };
+        let o = &mut out[gi * m * n..(gi + 1) * m * n];
+        for i in 0..m {
+            let xr = &xd[xo + i * k..xo + (i + 1) * k];
+            let orow = &mut o[i * n..(i + 1) * n];
+            if tb {
+                for (j, oj) in orow.iter_mut().enumerate() {
+                    *oj = crate::fused::dot(xr, &yd[yo + j * k..yo + (j + 1) * k]);
+                }
+            } else {
+                // out[i, :] = Σ_l x[i, l] · y[l, :], vectorized along the row of y.
+                for (l, &xv) in xr.iter().enumerate() {
+                    let yr = &yd[yo + l * n..yo + (l + 1) * n];
+                    orow.iter_mut().zip(yr).for_each(|(oj, &yv)| *oj += xv * yv);
+                }
+            }
+        }
+    }
+    Tensor::from_f32(vec![g, m, n], out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tumble_ir::attrs::Attr;
+    use tumble_ir::{AttrValue, Span};
+    use tumble_ops::OpCtx;
+    use tumble_tensor::Rng;
+
+    fn rand(shape: &[usize], rng: &mut Rng) -> Tensor {
+        let n = shape.iter().product();
+        Tensor::from_f32(
+            shape.to_vec(),
+            (0..n).map(|_| rng.normal_f64() as f32).collect(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn attrs(kv: &[(&str, AttrValue)]) -> Attrs {
+        Attrs(
+            kv.iter()
+                .map(|(k, v)| Attr {
+                    name: k.to_string(),
+                    value: v.clone(),
+                    span: Span::default(),
+                })
+                .collect(),
+        )
+    }
+
+    fn reference(op: &str, args: &[OpValue], a: &Attrs) -> Tensor {
+        let def = tumble_ops::lookup(op).unwrap_or_else(|| panic!("no {op}"));
+        let mut rng = Rng::new(0);
+        let mut ctx = OpCtx { rng: &mut rng };
+        match tumble_ops::eval(def, args, a, &mut ctx) {
+            Ok(OpValue::Tensor(t)) => t,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn permute_matches_the_reference_at_odd_shapes() {
+        let mut rng = Rng::new(1);
+        for shape in [vec![1, 7, 3], vec![7, 1, 33], vec![3, 5, 2, 7]] {
+            let t = rand(&shape, &mut rng);
+            let r = shape.len();
+            let perms: Vec<Vec<i64>> = if r == 3 {
+                vec![vec![1, 0, 2], vec![2, 0, 1], vec![0, 2, 1]]
+            } else {
+                vec![vec![0, 2, 1, 3], vec![3, 2, 1, 0]]
+            };
+            for p in perms {
+                let a = attrs(&[(
+                    "axes",
+                    AttrValue::List(p.iter().map(|&x| AttrValue::Int(x)).collect()),
+                )]);
+                let args = [OpValue::Tensor(t.clone())];
+                let fast = try_eval("transpose", &args, &a).and_then(|v| v.as_tensor().cloned());
+                assert_eq!(
+                    fast,
+                    Some(reference("transpose", &args, &a)),
+                    "{shape:?} {p:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn batch_matmul_matches_the_reference_with_and_without_transpose() {
+        let mut rng = Rng::new(2);
+        for (g, m, n, k) in [(1, 1, 1, 1), (3, 7, 5, 33), (2, 1, 9, 8)] {
+            for tb in [true, false] {
+                let x = rand(&[g, m, k], &mut rng);
+                let y = if tb {
+                    rand(&[g, n, k], &mut rng)
+                } else {
+                    rand(&[g, k, n], &mut rng)
+                };
+                let a = attrs(&[("transpose_b", AttrValue::Bool(tb))]);
+                let args = [OpValue::Tensor(x), OpValue::Tensor(y)];
+                let fast = try_eval("nn.batch_matmul", &args, &a)
+                    .and_then(|v| v.as_tensor().cloned())
+                    .unwrap_or_else(|| panic!("no fast path"));
+                let want = reference("nn.batch_matmul", &args, &a);
+                assert!(fast.allclose(&want, 1e-5, 1e-5), "{g} {m} {n} {k} {tb}");
+            }
+        }
+    }
+}
