@@ -28,7 +28,7 @@ for spec in treelstm_small:tree mvrnn_small:tree birnn_small:tokens stackrnn_sma
         --threads 1 --profile $flags -o "$dir/out.jsonl" 2>&1 >/dev/null)
       launches=$(sed -n 's/.*batched launches \([0-9]*\).*/\1/p' <<<"$prof")
       ms=$(sed -n 's/^time (ms): total \([0-9.]*\).*/\1/p' <<<"$prof")
-      per=$(awk -v t="$ms" -v n="$n" -v b="$b" 'BEGIN { printf "%.2f", t / ((n + b - 1) / b) }' | tr -d '\n')
+      per=$(awk -v t="$ms" -v n="$n" -v b="$b" 'BEGIN { printf "%.2f", t / int((n + b - 1) / b) }' | tr -d '\n')
       printf ' %12s ms %6s L' "$per" "$launches"
     done
     printf '\n'
