@@ -139,6 +139,10 @@ pub struct Machine<'p> {
     pending: Option<Step<'p>>,
     /// Stopped at a phase boundary (the next `run` passes it).
     at_phase: bool,
+    /// Cleared slot vectors of finished frames, reused by the next calls.
+    slot_pool: Vec<Vec<Option<Value>>>,
+    /// Emptied argument vectors, reused for the next calls' operands.
+    vals_pool: Vec<Vec<Value>>,
     pub ctx: InstanceCtx,
 }
 
@@ -164,6 +168,8 @@ impl<'p> Machine<'p> {
             stack: Vec::new(),
             pending: None,
             at_phase: false,
+            slot_pool: Vec::new(),
+            vals_pool: Vec::new(),
             ctx,
         }
     }
@@ -271,10 +277,12 @@ impl<'p> Machine<'p> {
                 match operands.first() {
                     None => self.call(code, Vec::new(), backend)?,
                     Some(first) => {
+                        let mut vals = self.vals_pool.pop().unwrap_or_default();
+                        vals.reserve(operands.len());
                         self.push(Kont::Operands {
                             call: code,
                             operands,
-                            vals: Vec::with_capacity(operands.len()),
+                            vals,
                         })?;
                         Step::Eval(first)
                     }
@@ -448,7 +456,8 @@ impl<'p> Machine<'p> {
                 ));
             }
             Kont::Return(frame) => {
-                self.frame = frame;
+                let done = std::mem::replace(&mut self.frame, frame);
+                self.recycle(done);
                 Step::Apply(v)
             }
         })
@@ -548,7 +557,7 @@ impl<'p> Machine<'p> {
     fn install(
         &mut self,
         lambda: &Lambda,
-        args: Vec<Value>,
+        mut args: Vec<Value>,
         this: Option<Value>,
         captured: Vec<Value>,
     ) -> Result<(), RunError> {
@@ -560,8 +569,12 @@ impl<'p> Machine<'p> {
                 args.len()
             )));
         }
-        let mut slots: Vec<Option<Value>> = Vec::with_capacity(lambda.n_slots as usize);
-        slots.extend(args.into_iter().map(Some));
+        let mut slots: Vec<Option<Value>> = self.slot_pool.pop().unwrap_or_default();
+        slots.reserve(lambda.n_slots as usize);
+        slots.extend(args.drain(..).map(Some));
+        if self.vals_pool.len() < 256 {
+            self.vals_pool.push(args);
+        }
         slots.resize(lambda.n_slots as usize, None);
         for ((_, slot), v) in lambda.captures.iter().zip(captured) {
             if let Some(s) = slots.get_mut(*slot as usize) {
@@ -573,8 +586,20 @@ impl<'p> Machine<'p> {
         // In tail position the caller's frame is dead: don't stack another return.
         if !matches!(self.stack.last(), Some(Kont::Return(_))) {
             self.push(Kont::Return(caller))?;
+        } else {
+            self.recycle(caller);
         }
         Ok(())
+    }
+
+    /// Keeps a finished frame's slot vector for the next call (calls are the machine's most frequent
+    /// allocation).
+    fn recycle(&mut self, frame: Frame) {
+        let mut slots = frame.slots;
+        slots.clear();
+        if self.slot_pool.len() < 256 {
+            self.slot_pool.push(slots);
+        }
     }
 }
 

@@ -46,7 +46,8 @@ struct Node {
     depth: u32,
     /// Launch-grouping key: the block and its inputs' per-instance shapes.
     key: u64,
-    out_shapes: Vec<Vec<usize>>,
+    /// Output shapes, shared with the shape cache (recording a node allocates no shapes).
+    out_shapes: std::rc::Rc<Vec<Vec<usize>>>,
     out: Option<Vec<Slot>>,
     span: Span,
     instance: u32,
@@ -59,19 +60,12 @@ pub struct Dfg<'p> {
     nodes: Vec<Node>,
     pending: Vec<u32>,
     /// Output shapes per (block, input shapes) key.
-    shape_cache: HashMap<u64, Vec<Vec<usize>>>,
+    shape_cache: HashMap<u64, std::rc::Rc<Vec<Vec<usize>>>>,
     /// Draws for operators run inside launches (none are random: those run on the host).
     launch_rng: Rng,
     /// Kernel plan per block (empty when fusion is off).
     plans: Vec<crate::fused::BlockPlan>,
     pub profile: Profile,
-}
-
-fn key_of(block: u32, shapes: &[&[usize]]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    block.hash(&mut h);
-    shapes.hash(&mut h);
-    h.finish()
 }
 
 /// Output shapes of a block from its inputs' shapes, by its operators' relations (Nimble's shape
@@ -163,14 +157,14 @@ impl<'p> Dfg<'p> {
             .ok_or_else(|| RunError::new(format!("internal: no block {b}")))
     }
 
-    fn arg_shape(&self, a: &Arg) -> Result<Vec<usize>, RunError> {
+    fn arg_shape<'s>(&'s self, a: &'s Arg) -> Result<&'s [usize], RunError> {
         match a {
-            Arg::Val(t) => Ok(t.shape().to_vec()),
+            Arg::Val(t) => Ok(t.shape()),
             Arg::Lazy(r) => self
                 .nodes
                 .get(r.node as usize)
                 .and_then(|n| n.out_shapes.get(r.output as usize))
-                .cloned()
+                .map(Vec::as_slice)
                 .ok_or_else(|| RunError::new("internal: unknown lazy value")),
         }
     }
@@ -585,12 +579,14 @@ impl Backend for Dfg<'_> {
             self.profile.time_dfg += t0.elapsed();
             return Ok(block_value(block, outs));
         }
-        let shapes = recorded
-            .iter()
-            .map(|a| self.arg_shape(a))
-            .collect::<Result<Vec<_>, _>>()?;
-        let shape_refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-        let shape_key = key_of(block_id, &shape_refs);
+        let shape_key = {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            block_id.hash(&mut h);
+            for a in &recorded {
+                self.arg_shape(a)?.hash(&mut h);
+            }
+            h.finish()
+        };
         // Dynamic code duplication (ACROBAT §5.1): invocations passing different weights to the
         // same block (BiRNN's forward and backward `@rnn`) launch separately, each with its weights
         // shared, instead of together with the weights gathered per invocation.
@@ -617,7 +613,13 @@ impl Backend for Dfg<'_> {
         let out_shapes = match self.shape_cache.get(&shape_key) {
             Some(s) => s.clone(),
             None => {
-                let s = infer_shapes(block, &shapes).map_err(|m| RunError::at(span, m))?;
+                let shapes = recorded
+                    .iter()
+                    .map(|a| self.arg_shape(a).map(<[usize]>::to_vec))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let s = std::rc::Rc::new(
+                    infer_shapes(block, &shapes).map_err(|m| RunError::at(span, m))?,
+                );
                 self.shape_cache.insert(shape_key, s.clone());
                 s
             }
