@@ -533,17 +533,13 @@ impl<'t> Checker<'t> {
                 if let Some(t) = expected {
                     let _ = self.subst.unify(t, &adt);
                 }
-                if fields.len() != call.args.len() {
-                    self.err(Diagnostic::error(
-                        span,
-                        format!(
-                            "constructor `{name}` takes {} field{}, found {}",
-                            fields.len(),
-                            plural(fields.len()),
-                            call.args.len()
-                        ),
-                    ));
-                }
+                self.check_arity(
+                    span,
+                    &format!("constructor `{name}`"),
+                    "field",
+                    fields.len(),
+                    call.args.len(),
+                );
                 self.check_args(&name, &fields, &mut call.args, "constructor");
                 adt
             }
@@ -575,20 +571,20 @@ impl<'t> Checker<'t> {
                         return self.subst.fresh();
                     }
                 };
-                if params.len() != call.args.len() {
-                    self.err(Diagnostic::error(
-                        span,
-                        format!(
-                            "{what} takes {} argument{}, found {}",
-                            params.len(),
-                            plural(params.len()),
-                            call.args.len()
-                        ),
-                    ));
-                }
+                self.check_arity(span, &what, "argument", params.len(), call.args.len());
                 self.check_args(&what, &params, &mut call.args, "function");
                 ret
             }
+        }
+    }
+
+    /// Reports `{subject} takes {want} {noun}s, found {got}` when the counts differ.
+    fn check_arity(&mut self, span: Span, subject: &str, noun: &str, want: usize, got: usize) {
+        if want != got {
+            self.err(Diagnostic::error(
+                span,
+                format!("{subject} takes {want} {noun}{}, found {got}", plural(want)),
+            ));
         }
     }
 
@@ -644,15 +640,13 @@ impl<'t> Checker<'t> {
             return result;
         };
         if op.arity != call.args.len() {
-            self.err(Diagnostic::error(
+            self.check_arity(
                 span,
-                format!(
-                    "`{name}` takes {} argument{}, found {}",
-                    op.arity,
-                    plural(op.arity),
-                    call.args.len()
-                ),
-            ));
+                &format!("`{name}`"),
+                "argument",
+                op.arity,
+                call.args.len(),
+            );
             return result;
         }
         if let Err((attr, msg)) = tumble_ops::check_attrs(op, &call.attrs) {

@@ -85,7 +85,7 @@ fn lookup(v: &BVal, inputs: &[BV], results: &[BV]) -> Result<BV, String> {
 }
 
 /// A tuple operand (concatenate's input): shared if every field is, else every field batched.
-fn tuple_of(items: Vec<BV>, b: usize) -> Result<BV, String> {
+pub(crate) fn tuple_of(items: Vec<BV>, b: usize) -> Result<BV, String> {
     if items
         .iter()
         .all(|x| matches!(x, BV::Shared(OpValue::Tensor(_))))

@@ -17,7 +17,7 @@ use tumble_ir::{AttrValue, DType, Ty};
 use tumble_ops::{OpCtx, OpValue};
 use tumble_tensor::Tensor;
 
-use crate::batched::{batched_op, broadcast_batch, OpStats, BV};
+use crate::batched::{batched_op, tuple_of, OpStats, BV};
 use crate::fastmath;
 
 #[derive(Debug, Clone)]
@@ -198,25 +198,7 @@ impl Exec<'_> {
                     .iter()
                     .map(|v| self.get(v))
                     .collect::<Result<Vec<_>, _>>()?;
-                if items.iter().all(|x| matches!(x, BV::Shared(_))) {
-                    let ts = items
-                        .into_iter()
-                        .filter_map(|x| match x {
-                            BV::Shared(OpValue::Tensor(t)) => Some(t),
-                            _ => None,
-                        })
-                        .collect();
-                    return Ok(BV::Shared(OpValue::Tuple(ts)));
-                }
-                let ts = items
-                    .into_iter()
-                    .map(|x| match x {
-                        BV::Batched(OpValue::Tensor(t)) => Ok(t),
-                        BV::Shared(OpValue::Tensor(t)) => broadcast_batch(&t, self.b),
-                        _ => Err("internal: nested tuple".to_string()),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(BV::Batched(OpValue::Tuple(ts)))
+                tuple_of(items, self.b)
             }
         }
     }
