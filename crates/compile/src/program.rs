@@ -616,7 +616,6 @@ impl Lowerer<'_> {
         &mut self,
         bindings: &[tumble_ir::LetBinding],
         body: &Expr,
-        span: Span,
     ) -> Result<Code, LowerError> {
         // live[k]: names read by bindings k.. or the body (the candidates for a run's outputs).
         let n = bindings.len();
@@ -688,14 +687,13 @@ impl Lowerer<'_> {
             binds.push((tmp, invoke));
             let mut field = 0;
             for (name, r) in &outs {
-                let value = rebuild_field(r, tmp, &mut field);
+                let value = rebuild(r, tmp, &mut field);
                 let slot = self.new_slot(name);
                 binds.push((slot, value));
             }
         }
         let body = self.expr(body)?;
         self.restore(mark);
-        let _ = span;
         Ok(Code::Let {
             binds,
             body: Box::new(body),
@@ -749,7 +747,7 @@ impl Lowerer<'_> {
         if self.opts.blocks {
             if let ExprKind::Let(bindings, body) = &e.kind {
                 if self.opts.coarsen {
-                    return self.coarsened_let(bindings, body, e.span);
+                    return self.coarsened_let(bindings, body);
                 }
             }
             if is_block_root(e) {
@@ -905,11 +903,6 @@ fn rebuild(r: &BRef, tmp: u32, k: &mut u32) -> Code {
         }
         BRef::Tuple(rs) => Code::Tuple(rs.iter().map(|x| rebuild(x, tmp, k)).collect()),
     }
-}
-
-/// Like [`rebuild`], for one output of a run (the run's block always returns a tuple).
-fn rebuild_field(r: &BRef, tmp: u32, k: &mut u32) -> Code {
-    rebuild(r, tmp, k)
 }
 
 /// A short description of a block input for `explain`.

@@ -105,17 +105,6 @@ impl ReuseAnalysis {
             Some(InputReuse::Shared)
         )
     }
-
-    /// Every input per-instance (the analysis switched off).
-    pub fn none(program: &Program) -> ReuseAnalysis {
-        ReuseAnalysis {
-            inputs: program
-                .blocks
-                .iter()
-                .map(|b| vec![InputReuse::PerInstance; b.inputs.len()])
-                .collect(),
-        }
-    }
 }
 
 /// Per block input: was it ever varying, and which source sets were seen.

@@ -50,7 +50,6 @@ struct Node {
     out_shapes: std::rc::Rc<Vec<Vec<usize>>>,
     out: Option<Vec<Slot>>,
     span: Span,
-    instance: u32,
 }
 
 pub struct Dfg<'p> {
@@ -649,7 +648,6 @@ impl Backend for Dfg<'_> {
             out_shapes,
             out: None,
             span,
-            instance: ctx.instance,
         });
         self.profile.nodes += 1;
         self.profile.time_dfg += t0.elapsed();
@@ -675,12 +673,5 @@ impl Backend for Dfg<'_> {
                 .map(Some)
                 .map_err(|e| RunError::new(format!("`if` condition: {e}"))),
         }
-    }
-}
-
-impl Dfg<'_> {
-    /// The instance a node belongs to (for error messages).
-    pub fn node_instance(&self, node: u32) -> Option<u32> {
-        self.nodes.get(node as usize).map(|n| n.instance)
     }
 }

@@ -511,7 +511,7 @@ fn row_program(
     let mut held = Held {
         tensors: Vec::new(),
     };
-    let mut ext_index: Vec<(String, usize)> = Vec::new();
+    let mut ext_index: Vec<(ValKey, usize)> = Vec::new();
     let in_segment =
         |v: &BVal| matches!(v, BVal::Node(k) | BVal::Field(k, _) if ns.contains(&(*k as usize)));
     for &i in ns {
@@ -525,7 +525,7 @@ fn row_program(
                 if in_segment(v) {
                     continue;
                 }
-                let key = v.to_string();
+                let key = ValKey::of(v);
                 if ext_index.iter().any(|(k, _)| *k == key) {
                     continue;
                 }
@@ -551,7 +551,7 @@ fn row_program(
                     BArg::Tuple(vs) => vs.iter().collect(),
                 };
                 for v in vs {
-                    if let Some((_, h)) = ext_index.iter().find(|(k, _)| *k == v.to_string()) {
+                    if let Some((_, h)) = ext_index.iter().find(|(k, _)| *k == ValKey::of(v)) {
                         if matches!(ex.get(v)?, BV::Batched(_)) {
                             flags[*h] = true;
                         }
@@ -653,7 +653,7 @@ fn row_program(
         match inside {
             Some(found) => found,
             None => {
-                let key = v.to_string();
+                let key = ValKey::of(v);
                 ext_index
                     .iter()
                     .find(|(k, _)| *k == key)
@@ -938,10 +938,33 @@ fn row_program(
 
 /// Why a row program did not apply (printed with `TUMBLE_DEBUG_FUSION=1`, for development).
 fn bail<T>(site: u32) -> Option<T> {
-    if std::env::var_os("TUMBLE_DEBUG_FUSION").is_some() {
+    // Read once: bailing happens per launch for shared-only segments.
+    static DEBUG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *DEBUG.get_or_init(|| std::env::var_os("TUMBLE_DEBUG_FUSION").is_some()) {
         eprintln!("row program fell back at check {site}");
     }
     None
+}
+
+/// Identity of a block value, to find an operand seen before (constants by their own identity:
+/// two literals that print alike are still different values).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ValKey {
+    Input(u32),
+    Node(u32),
+    Field(u32, u32),
+    Const(usize),
+}
+
+impl ValKey {
+    fn of(v: &BVal) -> ValKey {
+        match v {
+            BVal::Input(i) => ValKey::Input(*i),
+            BVal::Node(n) => ValKey::Node(*n),
+            BVal::Field(n, f) => ValKey::Field(*n, *f),
+            BVal::Const(t) => ValKey::Const(t as *const Tensor as usize),
+        }
+    }
 }
 
 /// Rows `start..end` of a row program and, per output value and field, its slice of the output.
