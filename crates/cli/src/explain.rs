@@ -46,7 +46,7 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
         blocks: true,
         coarsen: !args.no_coarsen,
     };
-    let program = match Program::lower_with(&typed, opts) {
+    let mut program = match Program::lower_with(&typed, opts) {
         Ok(p) => p,
         Err(e) => {
             eprint!(
@@ -82,6 +82,11 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
             }
         })
         .collect();
+    let report = tumble_compile::optimize(
+        &mut program,
+        &args.entry,
+        tumble_compile::StaticOptions::all(),
+    );
     let reuse = analyze_reuse(&program, &args.entry, &weights);
     let per_instance: Vec<&str> = params
         .iter()
@@ -104,6 +109,7 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
         program.blocks.len(),
         program.blocks.iter().filter(|b| b.primitive).count()
     );
+    print_static_report(&program, &report, &sources, &args.entry);
     for (span, note) in &program.notes {
         eprint!(
             "{}",
@@ -155,4 +161,79 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
         println!();
     }
     ExitCode::SUCCESS
+}
+
+/// What the static optimizations (ACROBAT §4.1, §5.1) found.
+fn print_static_report(
+    program: &Program,
+    report: &tumble_compile::StaticReport,
+    sources: &SourceMap,
+    entry: &str,
+) {
+    let at = |span: tumble_ir::Span| {
+        sources.get(span.src).map_or_else(
+            || "?".to_string(),
+            |f| {
+                let (line, col) = f.line_col(span.lo as usize);
+                format!("{}:{line}:{col}", f.name)
+            },
+        )
+    };
+    println!("static optimizations:");
+    if report.hoisted.is_empty() {
+        println!("  hoisting: no block invocation is independent of recursive state");
+    } else {
+        println!("  hoisting: independent of recursive state, scheduled by dataflow depth:");
+        for &s in &report.hoisted {
+            if let Some(site) = program.sites.get(s as usize) {
+                let name = program
+                    .blocks
+                    .get(site.block as usize)
+                    .map_or("?", |b| b.name.as_str());
+                println!("    {name} at {}", at(site.span));
+            }
+        }
+    }
+    if report.ghosts.is_empty() {
+        println!("  ghosts: every conditional's arms advance the inline depth alike");
+    } else {
+        println!("  ghosts (ghost operators added per arm, in arm order):");
+        for g in &report.ghosts {
+            let arms: Vec<String> = g.per_arm.iter().map(u32::to_string).collect();
+            println!("    in @{}: [{}]", g.function, arms.join(", "));
+        }
+    }
+    let explicit = program
+        .global_index
+        .get(entry)
+        .and_then(|g| program.globals.get(*g as usize))
+        .and_then(|l| program.lambdas.get(*l as usize))
+        .map_or(0, |l| count_phases(&l.body));
+    println!(
+        "  phases: {} boundaries in @{entry} ({} automatic{})",
+        explicit,
+        report.phases.len(),
+        if report.phases.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", before top-level element {}",
+                report
+                    .phases
+                    .iter()
+                    .map(|i| format!("#{i}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    );
+    println!();
+}
+
+fn count_phases(code: &tumble_compile::Code) -> usize {
+    let mut n = 0;
+    tumble_compile::visit_code(code, &mut |c| {
+        n += usize::from(matches!(c, tumble_compile::Code::Phase));
+    });
+    n
 }

@@ -60,12 +60,17 @@ pub struct RunArgs {
     /// No grain coarsening: one block per operator call (an operator-level graph, like DyNet).
     #[arg(long)]
     pub no_coarsen: bool,
-    /// Ignore `db.phase_change()` (no program phases).
+    /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
     #[arg(long)]
     pub no_phases: bool,
-    /// No hoisting: every block invocation takes its inline depth from program order.
+    /// No hoisting: every block invocation takes its inline depth from program order (neither the
+    /// static taint analysis nor the dynamic rule moves work out of recursion).
     #[arg(long)]
     pub no_hoist: bool,
+    /// No ghost operators: arms of a conditional that run different numbers of blocks leave
+    /// instances at different inline depths.
+    #[arg(long)]
+    pub no_ghosts: bool,
     /// No code duplication: invocations of a block with different weights may share a launch (the
     /// weights are then gathered per invocation).
     #[arg(long)]
@@ -131,6 +136,15 @@ fn thread_count(flag: Option<usize>) -> usize {
     .max(1)
 }
 
+/// The static optimizations the switches leave on.
+fn static_options(args: &RunArgs) -> tumble_compile::StaticOptions {
+    tumble_compile::StaticOptions {
+        hoist: !args.no_hoist,
+        ghosts: !args.no_ghosts,
+        phases: !args.no_phases,
+    }
+}
+
 /// A stream of `random.db_uniform` draws for instance `i`, independent of batching.
 pub fn instance_rng(seed: u64, i: usize) -> Rng {
     Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
@@ -178,8 +192,11 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         },
         Engine::Reference => LowerOptions::reference(),
     };
-    let program = Program::lower_with(&typed, lower_opts)
+    let mut program = Program::lower_with(&typed, lower_opts)
         .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
+    if matches!(args.engine, Engine::Batched) {
+        tumble_compile::optimize(&mut program, &args.entry, static_options(args));
+    }
     let (main_params, ret_ty) = main_signature(&typed, &args.entry)?;
 
     let raw = read_instances_file(&args.inputs)?;
@@ -251,6 +268,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 fusion: !args.no_fusion,
                 phases: !args.no_phases,
                 hoist: !args.no_hoist,
+                ghosts: !args.no_ghosts,
                 dup: !args.no_dup,
                 threads: thread_count(args.threads),
             };

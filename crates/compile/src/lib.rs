@@ -7,9 +7,18 @@
 //! Nothing here executes tensors; the reference interpreter and the batching runtime do.
 
 pub mod blocks;
+pub mod ghosts;
+pub mod hoist;
+pub mod passes;
+pub mod phases;
 pub mod program;
 pub mod reuse;
 
 pub use blocks::{BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
-pub use program::{CaptureFrom, Code, CtorEntry, Lambda, LowerError, LowerOptions, Pat, Program};
+pub use hoist::{analyze as analyze_hoisting, HoistAnalysis};
+pub use passes::{optimize, StaticOptions, StaticReport};
+pub use phases::visit as visit_code;
+pub use program::{
+    CaptureFrom, Code, CtorEntry, Lambda, LowerError, LowerOptions, Pat, Program, Site,
+};
 pub use reuse::{analyze as analyze_reuse, InputReuse, ReuseAnalysis};

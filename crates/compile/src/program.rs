@@ -51,12 +51,18 @@ pub enum Code {
     },
     /// Index into [`Program::lambdas`].
     MakeClosure(u32),
-    /// Runs static block `block` on the evaluated `args` (see [`Program::blocks`]).
+    /// Runs static block `block` on the evaluated `args` (see [`Program::blocks`]). `site` indexes
+    /// [`Program::sites`], where the static analyses record what they found about this call.
     InvokeBlock {
         block: u32,
+        site: u32,
         args: Vec<Code>,
         span: Span,
     },
+    /// Ghost operators (ACROBAT §4.1, Fig. 3): advance the instance's inline depth by `n` as if `n`
+    /// blocks had run, then evaluate the body. Inserted in the shorter arms of a conditional so that
+    /// what follows lines up at the same depth whichever arm an instance took.
+    Ghost(u32, Box<Code>),
     /// `db.phase_change()`: a program-phase boundary (ACROBAT §4.1). The batching runtime holds each
     /// instance here until every instance has finished the phase; elsewhere it is `()`.
     Phase,
@@ -77,6 +83,16 @@ pub enum Pat {
     Bind(u32),
     Ctor(u32, Vec<Pat>),
     Tuple(Vec<Pat>),
+}
+
+/// One block-invocation site of the program and what the static analyses concluded about it.
+#[derive(Debug, Clone)]
+pub struct Site {
+    pub block: u32,
+    pub span: Span,
+    /// Static hoisting (ACROBAT §4.1, appendix A): the invocation does not depend on recursive state,
+    /// so it is scheduled by its dataflow depth alone, batching across all positions and instances.
+    pub hoisted: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -114,6 +130,8 @@ pub struct Program {
     pub ctor_index: HashMap<String, u32>,
     /// Static blocks referenced by `Code::InvokeBlock` (empty without coarsening).
     pub blocks: Vec<Block>,
+    /// Every `Code::InvokeBlock` site, by its `site` index.
+    pub sites: Vec<Site>,
     /// Why `Primitive=1` functions could not become blocks (they run as ordinary code instead).
     pub notes: Vec<(Span, String)>,
 }
@@ -181,6 +199,7 @@ impl Program {
             fns: Vec::new(),
             lambdas: Vec::new(),
             blocks: Vec::new(),
+            sites: Vec::new(),
             notes: Vec::new(),
             opts,
         };
@@ -188,7 +207,7 @@ impl Program {
         for d in typed.module.defs() {
             globals.push(lw.function(&d.name.name, &d.func, None)?);
         }
-        let (lambdas, blocks, notes) = (lw.lambdas, lw.blocks, lw.notes);
+        let (lambdas, blocks, sites, notes) = (lw.lambdas, lw.blocks, lw.sites, lw.notes);
         Ok(Program {
             lambdas,
             globals,
@@ -196,6 +215,7 @@ impl Program {
             ctors,
             ctor_index,
             blocks,
+            sites,
             notes,
         })
     }
@@ -218,6 +238,7 @@ struct Lowerer<'a> {
     fns: Vec<FnScope>,
     lambdas: Vec<Lambda>,
     blocks: Vec<Block>,
+    sites: Vec<Site>,
     notes: Vec<(Span, String)>,
     opts: LowerOptions,
 }
@@ -423,8 +444,15 @@ impl Lowerer<'_> {
         });
         let id = self.blocks.len() as u32;
         self.blocks.push(block);
+        let site = self.sites.len() as u32;
+        self.sites.push(Site {
+            block: id,
+            span,
+            hoisted: false,
+        });
         let invoke = Code::InvokeBlock {
             block: id,
+            site,
             args: b.input_codes,
             span,
         };

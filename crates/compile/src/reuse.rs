@@ -273,6 +273,7 @@ impl Analyzer<'_> {
                 AV::shared_from(id)
             }
             Code::Phase => AV::default(),
+            Code::Ghost(_, body) => self.eval(body, env, me),
             Code::Tuple(es) | Code::Concurrent(es) => {
                 let mut out = AV::default();
                 for e in es {

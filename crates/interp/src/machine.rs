@@ -39,14 +39,20 @@ pub trait Backend {
         span: Span,
     ) -> Result<Value, RunError>;
 
-    /// A static block invoked on evaluated arguments.
+    /// A static block invoked on evaluated arguments, from invocation site `site` (an index into
+    /// `Program::sites`).
     fn invoke_block(
         &mut self,
         ctx: &mut InstanceCtx,
         block: u32,
+        site: u32,
         args: Vec<Value>,
         span: Span,
     ) -> Result<Value, RunError>;
+
+    /// `n` ghost operators (ACROBAT Fig. 3): scheduling-only, nothing is computed. Backends that
+    /// schedule by inline depth advance it; others ignore them.
+    fn ghost(&mut self, _ctx: &mut InstanceCtx, _n: u32) {}
 
     /// The truth value of an `if` condition, or `None` if it is not computed yet (the instance
     /// then suspends until the backend has computed it).
@@ -320,6 +326,10 @@ impl<'p> Machine<'p> {
                 Step::Eval(c)
             }
             Code::Phase => Step::Apply(Value::unit()),
+            Code::Ghost(n, body) => {
+                backend.ghost(&mut self.ctx, *n);
+                Step::Eval(body)
+            }
             Code::Concurrent(elems) => match elems.first() {
                 None => Step::Apply(Value::unit()),
                 Some(first) => {
@@ -486,9 +496,12 @@ impl<'p> Machine<'p> {
                 attrs,
                 *span,
             )?)),
-            Code::InvokeBlock { block, span, .. } => Ok(Step::Apply(backend.invoke_block(
+            Code::InvokeBlock {
+                block, site, span, ..
+            } => Ok(Step::Apply(backend.invoke_block(
                 &mut self.ctx,
                 *block,
+                *site,
                 vals,
                 *span,
             )?)),

@@ -36,6 +36,7 @@ impl Backend for ReferenceBackend<'_> {
         &mut self,
         ctx: &mut InstanceCtx,
         block: u32,
+        _site: u32,
         args: Vec<Value>,
         span: Span,
     ) -> Result<Value, RunError> {

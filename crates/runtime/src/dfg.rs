@@ -527,6 +527,7 @@ impl Backend for Dfg<'_> {
         &mut self,
         ctx: &mut InstanceCtx,
         block_id: u32,
+        site: u32,
         args: Vec<Value>,
         span: Span,
     ) -> Result<Value, RunError> {
@@ -628,9 +629,17 @@ impl Backend for Dfg<'_> {
             .map(|a| self.arg_depth(a))
             .max()
             .unwrap_or(0);
+        let statically_hoisted = self
+            .program
+            .sites
+            .get(site as usize)
+            .is_some_and(|s| s.hoisted);
         let depth = match self.opts.scheduler {
+            // The taint analysis found it independent of recursive state (static hoisting): its
+            // dataflow depth, without moving the instance's own depth counter.
+            Scheduler::Inline if self.opts.hoist && statically_hoisted => dataflow,
             // Nothing it reads is pending: it can run at depth 0 with every other such invocation
-            // (dynamic hoisting), without moving the instance's own depth counter.
+            // (dynamic hoisting).
             Scheduler::Inline if self.opts.hoist && dataflow == 0 => 0,
             Scheduler::Inline => {
                 let d = ctx.depth.max(dataflow);
@@ -658,6 +667,12 @@ impl Backend for Dfg<'_> {
             self.pending.push(id);
         }
         Ok(self.lazy_value(block, id))
+    }
+
+    fn ghost(&mut self, ctx: &mut InstanceCtx, n: u32) {
+        if self.opts.ghosts && self.opts.scheduler == Scheduler::Inline {
+            ctx.depth += n;
+        }
     }
 
     fn condition(&mut self, v: &Value) -> Result<Option<bool>, RunError> {

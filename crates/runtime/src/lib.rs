@@ -46,9 +46,14 @@ pub struct Options {
     /// Honor `db.phase_change()`: hold every instance at a phase boundary until all instances are
     /// there, so the next phase (e.g. an output layer) batches across all of them (ACROBAT §4.1).
     pub phases: bool,
-    /// Give block invocations with no uncomputed input depth 0 (dynamic hoisting: an RNN's input
-    /// transform runs for all positions of all instances at once instead of step by step).
+    /// Hoisting (ACROBAT §4.1): invocations the taint analysis found independent of recursive state
+    /// (static, `Site::hoisted`) get their dataflow depth, and invocations with no uncomputed input
+    /// get depth 0 (dynamic), instead of the instance's inline depth: an RNN's input transform runs
+    /// for all positions of all instances at once instead of step by step.
     pub hoist: bool,
+    /// Honor ghost operators (`Code::Ghost`, ACROBAT Fig. 3): advance the inline depth in the
+    /// shorter arms of conditionals so that what follows lines up across instances.
+    pub ghosts: bool,
     /// Launch invocations that pass different parameter tensors to a block separately (dynamic code
     /// duplication), so each launch has its weights shared.
     pub dup: bool,
@@ -66,6 +71,7 @@ impl Default for Options {
             host_scalars: true,
             phases: true,
             hoist: true,
+            ghosts: true,
             dup: true,
             fusion: true,
             threads: 1,

@@ -223,7 +223,7 @@ fn check_case(case: &Case) {
         .collect();
     // (grain coarsening, kernel plans): the default, plans off, and operator-level blocks.
     for (coarsen, fusion) in [(true, true), (true, false), (false, true)] {
-        let program = Program::lower_with(
+        let mut program = Program::lower_with(
             &l.typed,
             LowerOptions {
                 blocks: true,
@@ -231,6 +231,13 @@ fn check_case(case: &Case) {
             },
         )
         .unwrap_or_else(|e| panic!("{}", e.message));
+        // The static optimizations go with the kernel plans: all on, or all off.
+        let statics = if fusion {
+            tumble_compile::StaticOptions::all()
+        } else {
+            tumble_compile::StaticOptions::none()
+        };
+        tumble_compile::optimize(&mut program, "main", statics);
         let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
         let weights: Vec<bool> = params
             .iter()
@@ -250,6 +257,7 @@ fn check_case(case: &Case) {
                     fusion,
                     phases: fusion,
                     hoist: fusion,
+                    ghosts: fusion,
                     dup: fusion,
                     threads: if batch == 7 { 2 } else { 1 },
                 };

@@ -1,0 +1,174 @@
+//! The static optimizations on small programs: which sites the taint analysis hoists, where ghost
+//! operators go, where automatic phase boundaries go.
+
+use tumble_check::LoadOptions;
+use tumble_compile::{optimize, Code, LowerOptions, Program, StaticOptions, StaticReport};
+use tumble_ir::SourceMap;
+
+fn compile(src: &str) -> (Program, StaticReport) {
+    let mut sources = SourceMap::new();
+    let typed = tumble_check::load(&mut sources, "t.rly", src, LoadOptions::default())
+        .unwrap_or_else(|d| panic!("{d:?}"));
+    let mut p = Program::lower_with(&typed, LowerOptions::batched())
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    let r = optimize(&mut p, "main", StaticOptions::all());
+    (p, r)
+}
+
+fn hoisted_blocks(p: &Program, r: &StaticReport) -> Vec<String> {
+    let mut v: Vec<String> = r
+        .hoisted
+        .iter()
+        .map(|&s| p.blocks[p.sites[s as usize].block as usize].name.clone())
+        .collect();
+    v.sort();
+    v
+}
+
+const RNN: &str = r#"
+def @input(%x: Tensor[(1, 4), float32], %W: Tensor[(4, 4), float32], Primitive=1) -> Tensor[(1, 4), float32] {
+  nn.dense(%x, %W)
+}
+def @step(%xw: Tensor[(1, 4), float32], %h: Tensor[(1, 4), float32], %U: Tensor[(4, 4), float32], Primitive=1)
+    -> Tensor[(1, 4), float32] {
+  tanh(add(%xw, nn.dense(%h, %U)))
+}
+def @rnn(%xs: List[Tensor[(1, 4), float32]], %h: Tensor[(1, 4), float32], %W: Tensor[(4, 4), float32],
+         %U: Tensor[(4, 4), float32]) -> List[Tensor[(1, 4), float32]] {
+  match (%xs) {
+    Cons(%x, %rest) => {
+      let %h2 = @step(@input(%x, %W), %h, %U);
+      Cons(%h2, @rnn(%rest, %h2, %W, %U))
+    },
+    Nil => Nil,
+  }
+}
+"#;
+
+#[test]
+fn rnn_input_transform_is_hoisted_and_the_step_is_not() {
+    let src = format!(
+        "{RNN}
+def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32], %U: Tensor[(4, 4), float32]) -> List[Tensor[(1, 4), float32]] {{
+  @rnn(%xs, zeros(shape=[1, 4], dtype=\"float32\"), %W, %U)
+}}"
+    );
+    let (p, r) = compile(&src);
+    let h = hoisted_blocks(&p, &r);
+    assert!(h.contains(&"input".to_string()), "{h:?}");
+    assert!(!h.contains(&"step".to_string()), "{h:?}");
+}
+
+#[test]
+fn values_computed_before_a_recursion_stay_clean_inside_it() {
+    // The embeddings are computed by @map (itself recursive) in @main; inside @rnn they are
+    // received, not carried, so the input transform is still hoisted.
+    let src = format!(
+        "{RNN}
+def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32], %U: Tensor[(4, 4), float32]) -> List[Tensor[(1, 4), float32]] {{
+  let %e = @map(fn (%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {{ sigmoid(%x) }}, %xs);
+  @rnn(%e, zeros(shape=[1, 4], dtype=\"float32\"), %W, %U)
+}}"
+    );
+    let (p, r) = compile(&src);
+    let h = hoisted_blocks(&p, &r);
+    assert!(h.contains(&"input".to_string()), "{h:?}");
+    assert!(h.iter().any(|n| n.contains("sigmoid")), "{h:?}");
+    assert!(!h.contains(&"step".to_string()), "{h:?}");
+}
+
+#[test]
+fn state_returned_up_a_tree_recursion_is_recursive_state() {
+    let src = r#"
+def @leaf(%x: Tensor[(1, 4), float32], %W: Tensor[(4, 4), float32], Primitive=1) -> Tensor[(1, 4), float32] {
+  tanh(nn.dense(%x, %W))
+}
+def @node(%l: Tensor[(1, 4), float32], %r: Tensor[(1, 4), float32], Primitive=1) -> Tensor[(1, 4), float32] {
+  tanh(add(%l, %r))
+}
+def @tree(%t: Tree[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%t) {
+    Rose(%x, Nil) => @leaf(%x, %W),
+    Rose(_, Cons(%a, Cons(%b, Nil))) => @node(@tree(%a, %W), @tree(%b, %W)),
+    Rose(%x, _) => %x,
+  }
+}
+def @main(%t: Tree[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  @tree(%t, %W)
+}
+"#;
+    let (p, r) = compile(src);
+    let h = hoisted_blocks(&p, &r);
+    assert_eq!(h, vec!["leaf".to_string()]);
+}
+
+#[test]
+fn ghosts_align_arms_that_both_continue_into_the_recursion() {
+    // REDUCE-like arm: one block, then recurse; SHIFT-like arm: recurse at once.
+    let src = r#"
+def @f(%h: Tensor[(1, 4), float32], Primitive=1) -> Tensor[(1, 4), float32] { tanh(%h) }
+def @cond(%h: Tensor[(1, 4), float32], Primitive=1) -> Tensor[(), bool] {
+  greater(sum(%h), 0f)
+}
+def @loop(%n: int32, %h: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+  if (equal(%n, 0)) {
+    %h
+  } else {
+    let %g = @f(%h);
+    if (@cond(%g)) {
+      let %k = @f(%g);
+      @loop(subtract(%n, 1), %k)
+    } else {
+      @loop(subtract(%n, 1), %g)
+    }
+  }
+}
+def @main(%n: int32, %h: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { @loop(%n, %h) }
+"#;
+    let (_, r) = compile(src);
+    let in_loop: Vec<&Vec<u32>> = r
+        .ghosts
+        .iter()
+        .filter(|g| g.function == "loop")
+        .map(|g| &g.per_arm)
+        .collect();
+    // The inner conditional is padded; the base case next to the recursive case is not.
+    assert_eq!(in_loop, vec![&vec![0, 1]], "{:?}", r.ghosts);
+}
+
+fn count(code: &Code, pred: &dyn Fn(&Code) -> bool) -> usize {
+    let mut n = 0;
+    tumble_compile::visit_code(code, &mut |c| n += usize::from(pred(c)));
+    n
+}
+
+#[test]
+fn an_output_layer_after_a_recursion_gets_a_phase_boundary() {
+    let main = |explicit: &str| {
+        format!(
+            "{RNN}
+def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32], %U: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {{
+  let %h0 = zeros(shape=[1, 4], dtype=\"float32\");
+  let %hs = @rnn(%xs, %h0, %W, %U);
+  {explicit}
+  let %last = @hd(@rev(%hs));
+  nn.dense(%last, %W)
+}}"
+        )
+    };
+    let (p, r) = compile(&main(""));
+    assert_eq!(r.phases.len(), 1, "{:?}", r.phases);
+    let entry = p.globals[p.global_index["main"] as usize] as usize;
+    assert_eq!(
+        count(&p.lambdas[entry].body, &|c| matches!(c, Code::Phase)),
+        1
+    );
+    // The zeros before the recursion get no boundary; an explicit one suppresses the automatic one.
+    let (p, r) = compile(&main("let %ph = db.phase_change();"));
+    assert!(r.phases.is_empty(), "{:?}", r.phases);
+    let entry = p.globals[p.global_index["main"] as usize] as usize;
+    assert_eq!(
+        count(&p.lambdas[entry].body, &|c| matches!(c, Code::Phase)),
+        1
+    );
+}
