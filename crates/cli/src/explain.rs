@@ -85,6 +85,7 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
     let report = tumble_compile::optimize(
         &mut program,
         &args.entry,
+        &weights,
         tumble_compile::StaticOptions::all(),
     );
     let reuse = analyze_reuse(&program, &args.entry, &weights);
@@ -180,6 +181,21 @@ fn print_static_report(
         )
     };
     println!("static optimizations:");
+    if report.duplicated.is_empty() {
+        println!("  duplication: every function sees one set of weights");
+    } else {
+        println!(
+            "  duplication (functions cloned per call site so their blocks' weights are static):"
+        );
+        for d in &report.duplicated {
+            println!(
+                "    @{} -> @{} (blocks {})",
+                d.function,
+                d.clone,
+                d.blocks.join(", ")
+            );
+        }
+    }
     if report.hoisted.is_empty() {
         println!("  hoisting: no block invocation is independent of recursive state");
     } else {

@@ -71,8 +71,9 @@ pub struct RunArgs {
     /// instances at different inline depths.
     #[arg(long)]
     pub no_ghosts: bool,
-    /// No code duplication: invocations of a block with different weights may share a launch (the
-    /// weights are then gathered per invocation).
+    /// No code duplication: functions called with different weights are not cloned per call site,
+    /// and invocations of a block with different weights may share a launch (the weights are then
+    /// gathered per invocation).
     #[arg(long)]
     pub no_dup: bool,
     /// Threads for kernels (default: $TUMBLE_NUM_THREADS, else the number of cores).
@@ -139,6 +140,7 @@ fn thread_count(flag: Option<usize>) -> usize {
 /// The static optimizations the switches leave on.
 fn static_options(args: &RunArgs) -> tumble_compile::StaticOptions {
     tumble_compile::StaticOptions {
+        dup: !args.no_dup,
         hoist: !args.no_hoist,
         ghosts: !args.no_ghosts,
         phases: !args.no_phases,
@@ -194,9 +196,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     };
     let mut program = Program::lower_with(&typed, lower_opts)
         .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
-    if matches!(args.engine, Engine::Batched) {
-        tumble_compile::optimize(&mut program, &args.entry, static_options(args));
-    }
+
     let (main_params, ret_ty) = main_signature(&typed, &args.entry)?;
 
     let raw = read_instances_file(&args.inputs)?;
@@ -225,6 +225,15 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             })
             .collect();
         save_params(path, &all)?;
+    }
+    // Which @main arguments are model weights (the same for every instance).
+    let weights: Vec<bool> = bound
+        .args
+        .iter()
+        .map(|a| matches!(a.binding, Binding::Param(_)))
+        .collect();
+    if matches!(args.engine, Engine::Batched) {
+        tumble_compile::optimize(&mut program, &args.entry, &weights, static_options(args));
     }
     let env = TypeEnv::new(&typed, &program);
     let instances = raw.decode(&env, &bound.instance_args())?;
@@ -272,11 +281,6 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 dup: !args.no_dup,
                 threads: thread_count(args.threads),
             };
-            let weights: Vec<bool> = bound
-                .args
-                .iter()
-                .map(|a| matches!(a.binding, Binding::Param(_)))
-                .collect();
             let reuse = tumble_compile::analyze_reuse(&program, &args.entry, &weights);
             let batch = args.batch.unwrap_or(call_args.len()).max(1);
             let mut profile = tumble_runtime::Profile::default();

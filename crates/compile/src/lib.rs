@@ -7,6 +7,7 @@
 //! Nothing here executes tensors; the reference interpreter and the batching runtime do.
 
 pub mod blocks;
+pub mod dup;
 pub mod ghosts;
 pub mod hoist;
 pub mod passes;

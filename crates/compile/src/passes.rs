@@ -1,13 +1,16 @@
-//! The static optimizations of ACROBAT §4.1/§5.1 run over a lowered program, in order: hoisting
-//! (marks sites), ghost operators (which count only non-hoisted sites), automatic phases. Each is
+//! The static optimizations of ACROBAT §4.1/§5.1 run over a lowered program, in order: code
+//! duplication (so that the other analyses see one weight per block), hoisting (marks sites),
+//! ghost operators (which count only non-hoisted sites), automatic phases. Each is
 //! switchable; what each found is reported for `tumble explain`.
 
+use crate::dup::Duplicate;
 use crate::ghosts::GhostSite;
 use crate::program::Program;
 
 /// Which static optimizations run.
 #[derive(Debug, Clone, Copy)]
 pub struct StaticOptions {
+    pub dup: bool,
     pub hoist: bool,
     pub ghosts: bool,
     pub phases: bool,
@@ -16,6 +19,7 @@ pub struct StaticOptions {
 impl StaticOptions {
     pub fn all() -> Self {
         StaticOptions {
+            dup: true,
             hoist: true,
             ghosts: true,
             phases: true,
@@ -24,6 +28,7 @@ impl StaticOptions {
 
     pub fn none() -> Self {
         StaticOptions {
+            dup: false,
             hoist: false,
             ghosts: false,
             phases: false,
@@ -34,6 +39,8 @@ impl StaticOptions {
 /// What the static optimizations found and did.
 #[derive(Debug, Clone, Default)]
 pub struct StaticReport {
+    /// Functions cloned per call site.
+    pub duplicated: Vec<Duplicate>,
     /// Sites marked hoisted (indices into `Program::sites`).
     pub hoisted: Vec<u32>,
     /// Conditionals padded with ghost operators.
@@ -42,8 +49,18 @@ pub struct StaticReport {
     pub phases: Vec<usize>,
 }
 
-pub fn optimize(program: &mut Program, entry: &str, opts: StaticOptions) -> StaticReport {
+/// Runs the switched-on optimizations; `weights` flags the entry's parameters that are model
+/// weights (the reuse analysis behind duplication needs them).
+pub fn optimize(
+    program: &mut Program,
+    entry: &str,
+    weights: &[bool],
+    opts: StaticOptions,
+) -> StaticReport {
     let mut report = StaticReport::default();
+    if opts.dup {
+        report.duplicated = crate::dup::duplicate(program, entry, weights);
+    }
     if opts.hoist {
         let h = crate::hoist::analyze(program, entry);
         for (i, site) in program.sites.iter_mut().enumerate() {

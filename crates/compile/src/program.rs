@@ -15,7 +15,7 @@ use tumble_tensor::Tensor;
 
 use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Code {
     Slot(u32),
     /// The closure being run (a let-bound function calling itself).
@@ -77,7 +77,7 @@ pub enum Code {
     },
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Pat {
     Wild,
     Bind(u32),
@@ -103,7 +103,7 @@ pub enum CaptureFrom {
 
 /// A function body with its frame layout: parameters occupy slots `0..n_params`, captured values the
 /// slots listed in `captures`, and every let/pattern variable a slot of its own.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Lambda {
     pub name: String,
     pub n_params: u32,

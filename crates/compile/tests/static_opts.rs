@@ -11,7 +11,20 @@ fn compile(src: &str) -> (Program, StaticReport) {
         .unwrap_or_else(|d| panic!("{d:?}"));
     let mut p = Program::lower_with(&typed, LowerOptions::batched())
         .unwrap_or_else(|e| panic!("{}", e.message));
-    let r = optimize(&mut p, "main", StaticOptions::all());
+    // Float tensors of @main are weights, the rest per instance (like `tumble explain`).
+    let weights: Vec<bool> = typed
+        .module
+        .defs()
+        .find(|d| d.name.name == "main")
+        .map(|d| {
+            d.func
+                .params
+                .iter()
+                .map(|p| p.name.name.starts_with('W') || p.name.name.starts_with('U'))
+                .collect()
+        })
+        .unwrap_or_default();
+    let r = optimize(&mut p, "main", &weights, StaticOptions::all());
     (p, r)
 }
 
@@ -171,4 +184,38 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32], %U: T
         count(&p.lambdas[entry].body, &|c| matches!(c, Code::Phase)),
         1
     );
+}
+
+#[test]
+fn a_function_called_with_different_weights_is_cloned_per_call_site() {
+    let main = |second_w: &str| {
+        format!(
+            "{RNN}
+def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32], %U: Tensor[(4, 4), float32],
+          %W2: Tensor[(4, 4), float32]) -> (List[Tensor[(1, 4), float32]], List[Tensor[(1, 4), float32]]) {{
+  let %h0 = zeros(shape=[1, 4], dtype=\"float32\");
+  (@rnn(%xs, %h0, %W, %U), @rnn(%xs, %h0, {second_w}, %U))
+}}"
+        )
+    };
+    let (p, r) = compile(&main("%W2"));
+    assert_eq!(r.duplicated.len(), 1, "{:?}", r.duplicated);
+    assert_eq!(r.duplicated[0].function, "rnn");
+    // Only the block whose weight differs is cloned; `step` gets `%U` at both sites and stays one.
+    assert_eq!(r.duplicated[0].blocks, vec!["input#2".to_string()]);
+    // After cloning, every weight input is one value per launch.
+    let weights = [false, true, true, true];
+    let reuse = tumble_compile::analyze_reuse(&p, "main", &weights);
+    assert!(
+        !reuse
+            .inputs
+            .iter()
+            .flatten()
+            .any(|d| *d == tumble_compile::InputReuse::SharedPerCallSite),
+        "{:?}",
+        reuse.inputs
+    );
+    // The same weights at both call sites: nothing to separate.
+    let (_, r) = compile(&main("%W"));
+    assert!(r.duplicated.is_empty(), "{:?}", r.duplicated);
 }

@@ -237,12 +237,12 @@ fn check_case(case: &Case) {
         } else {
             tumble_compile::StaticOptions::none()
         };
-        tumble_compile::optimize(&mut program, "main", statics);
         let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
         let weights: Vec<bool> = params
             .iter()
             .map(|(n, _)| !INSTANCE_ARGS.contains(&n.as_str()))
             .collect();
+        tumble_compile::optimize(&mut program, "main", &weights, statics);
         let reuse = tumble_compile::analyze_reuse(&program, "main", &weights);
         for scheduler in [
             Scheduler::Inline,
