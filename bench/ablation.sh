@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Ablation of tumble's optimizations (ACROBAT Figure 6 style): every small model at batch 8 and 64,
-# with all optimizations, then with each one switched off in turn; launches and ms per mini-batch.
+# Ablation of tumble's optimizations (ACROBAT Figure 6 style): every small model at batch 8 and 64.
+# Table 1: all optimizations, then each one switched off in turn. Table 2: cumulative, in ACROBAT's
+# order, from an operator-level DyNet-like baseline (dataflow-depth scheduling, nothing else):
+# + kernel fusion (plans, horizontal fusion, parameter reuse by duplication) → + grain coarsening,
+# inline depth and hoisting → + phases and ghosts → + gather fusion (= everything on).
+# Cells: ms per mini-batch and launches (L). Berxit is left out (see bench/RESULTS.md).
 # Usage: bench/ablation.sh [N_INSTANCES]   (run from the repository root; 1 kernel thread)
 set -euo pipefail
 n=${1:-64}
@@ -12,11 +16,21 @@ $t data sst --split test --format tree --limit "$n" -o "$dir/tree.jsonl" 2>/dev/
 $t data sst --split test --format tokens --limit "$n" -o "$dir/tokens.jsonl" 2>/dev/null
 $t data nested --count "$n" -o "$dir/nested.jsonl" 2>/dev/null
 $t data drnn --count "$n" -o "$dir/drnn.jsonl" 2>/dev/null
-configs=("all:" "no-fusion:--no-fusion" "no-coarsen:--no-coarsen" "no-phases:--no-phases" "no-hoist:--no-hoist" "no-dup:--no-dup" "eager:--scheduler eager")
-printf '%-16s %5s' model batch
-for c in "${configs[@]}"; do printf ' %22s' "${c%%:*}"; done
-printf '\n'
-for spec in treelstm_small:tree mvrnn_small:tree birnn_small:tokens stackrnn_small:tokens nestedrnn_small:nested drnn_small:drnn; do
+off_each=("all:" "no-fusion:--no-fusion" "no-hfuse:--no-hfuse" "no-gather-fusion:--no-gather-fusion"
+  "no-coarsen:--no-coarsen" "no-phases:--no-phases" "no-ghosts:--no-ghosts" "no-hoist:--no-hoist"
+  "no-dup:--no-dup" "eager:--scheduler eager")
+late="--no-phases --no-ghosts --no-gather-fusion"
+cumulative=("baseline:--scheduler depth --no-fusion --no-hfuse --no-dup --no-coarsen --no-hoist $late"
+  "+fusion:--scheduler depth --no-coarsen --no-hoist $late"
+  "+coarsen+inline+hoist:$late"
+  "+phases+ghosts:--no-gather-fusion"
+  "+gather-fusion:")
+table() {
+  local -n configs=$1
+  printf '%-16s %5s' model batch
+  for c in "${configs[@]}"; do printf ' %24s' "${c%%:*}"; done
+  printf '\n'
+  for spec in treelstm_small:tree mvrnn_small:tree birnn_small:tokens stackrnn_small:tokens nestedrnn_small:nested drnn_small:drnn; do
   model=${spec%%:*}; input=$dir/${spec##*:}.jsonl
   $t run "models/$model.rly" --inputs "$input" --random-params 0 --save-params "$dir/w.safetensors" -o "$dir/o.jsonl" --batch 64 >/dev/null 2>&1
   for b in 8 64; do
@@ -29,8 +43,14 @@ for spec in treelstm_small:tree mvrnn_small:tree birnn_small:tokens stackrnn_sma
       launches=$(sed -n 's/.*batched launches \([0-9]*\).*/\1/p' <<<"$prof")
       ms=$(sed -n 's/^time (ms): total \([0-9.]*\).*/\1/p' <<<"$prof")
       per=$(awk -v t="$ms" -v n="$n" -v b="$b" 'BEGIN { printf "%.2f", t / int((n + b - 1) / b) }' | tr -d '\n')
-      printf ' %12s ms %6s L' "$per" "$launches"
+      printf ' %14s ms %6s L' "$per" "$launches"
     done
     printf '\n'
   done
-done
+  done
+}
+echo "## Each optimization off in turn"
+table off_each
+echo
+echo "## Cumulative (ACROBAT's order)"
+table cumulative

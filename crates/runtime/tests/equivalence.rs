@@ -372,3 +372,83 @@ fn wildly_different_instances() {
         Err(e) => panic!("cannot start a thread: {e}"),
     }
 }
+
+/// Every combination of the optimization switches (ACROBAT's static optimizations and the
+/// runtime's) gives the reference's outputs: TreeLSTM, BiRNN (duplication), StackRNN (ghosts),
+/// DRNN, at an odd batch size, inline-depth scheduling.
+#[test]
+fn every_combination_of_switches() {
+    const N_SWITCHES: u32 = 6;
+    for case_index in [0usize, 2, 4, 5] {
+        let case = &cases()[case_index];
+        let l = load_model(case);
+        let reference = Program::lower_with(&l.typed, LowerOptions::reference())
+            .unwrap_or_else(|e| panic!("{}", e.message));
+        let (args, _) = instances(&l, &reference, &case.inputs);
+        let expected: Vec<Value> = args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let mut r = rng(i);
+                tumble_interp::run(&reference, "main", a.clone(), &mut r)
+                    .unwrap_or_else(|e| panic!("{} reference: {}", case.model, e.message))
+            })
+            .collect();
+        let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
+        let weights: Vec<bool> = params
+            .iter()
+            .map(|(n, _)| !INSTANCE_ARGS.contains(&n.as_str()))
+            .collect();
+        for mask in 0..(1u32 << N_SWITCHES) {
+            let on = |bit: u32| mask & (1 << bit) != 0;
+            let (coarsen, fusion, phases, hoist, ghosts, dup) =
+                (on(0), on(1), on(2), on(3), on(4), on(5));
+            let label = format!(
+                "{} coarsen={coarsen} fusion={fusion} phases={phases} hoist={hoist} ghosts={ghosts} dup={dup}",
+                case.model
+            );
+            let mut program = Program::lower_with(
+                &l.typed,
+                LowerOptions {
+                    blocks: true,
+                    coarsen,
+                },
+            )
+            .unwrap_or_else(|e| panic!("{}", e.message));
+            tumble_compile::optimize(
+                &mut program,
+                "main",
+                &weights,
+                tumble_compile::StaticOptions {
+                    dup,
+                    hoist,
+                    ghosts,
+                    phases,
+                },
+            );
+            let reuse = tumble_compile::analyze_reuse(&program, "main", &weights);
+            let opts = Options {
+                scheduler: Scheduler::Inline,
+                host_scalars: true,
+                fusion,
+                phases,
+                hoist,
+                ghosts,
+                dup,
+                threads: 1,
+            };
+            let mut got = Vec::new();
+            for (c, chunk) in args.chunks(7).enumerate() {
+                let rngs = (0..chunk.len()).map(|k| rng(c * 7 + k)).collect();
+                let (vals, _) = run_batch(&program, &reuse, "main", chunk.to_vec(), rngs, opts)
+                    .unwrap_or_else(|e| panic!("{label}: {}", e.error.message));
+                got.extend(vals);
+            }
+            for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                if let Err(m) = same(g, e, "") {
+                    panic!("{label}, instance {i}: {m}");
+                }
+            }
+        }
+    }
+}
