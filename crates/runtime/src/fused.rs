@@ -353,6 +353,24 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
             }
             let m = x_inst.first().copied().unwrap_or(1);
             let (n, k) = (*n, *k);
+            if !x_batched && m >= SWAP_MIN_ROWS {
+                // A shared left operand (MV-RNN's `W_M · [A; B]`): out_i = X·W_iᵀ = (W_i·Xᵀ)ᵀ, so
+                // every invocation's W_i rows go through one GEMM against X as the (packed, cached)
+                // weight, and each (n × m) result is transposed back.
+                let mut ct = vec![0f32; b * n * m];
+                crate::gemm::dense(wd, k, x_t, m, &mut ct, ex.threads)?;
+                let mut c = vec![0f32; b * m * n];
+                for inst in 0..b {
+                    let src = &ct[inst * n * m..(inst + 1) * n * m];
+                    let dst = &mut c[inst * m * n..(inst + 1) * m * n];
+                    crate::fastops::transpose_2d(src, n, m, dst);
+                }
+                let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
+                return Ok(Some((
+                    BV::Batched(OpValue::Tensor(t)),
+                    2 * (b * m * n * k) as u64,
+                )));
+            }
             let mut c = vec![0f32; b * m * n];
             for inst in 0..b {
                 let xo = if x_batched { inst * m * k } else { 0 };
@@ -373,6 +391,10 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
         _ => Ok(None),
     }
 }
+
+/// Rows of a shared left operand from which swapping the operands of a per-invocation-weight dense
+/// into one GEMM pays (below, the products are matrix-vector and dot products are as good).
+const SWAP_MIN_ROWS: usize = 8;
 
 /// f32 dot product with eight independent accumulators (vectorizes).
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
