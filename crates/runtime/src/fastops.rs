@@ -93,10 +93,11 @@ pub fn transpose_2d(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
                     let at = (i0 + r) * cols + j0;
                     t.copy_from_slice(&src[at..at + T]);
                 }
-                for c in 0..T {
-                    let col: [f32; T] = std::array::from_fn(|r| tile[r][c]);
+                let cols: [[f32; T]; T] =
+                    std::array::from_fn(|c| std::array::from_fn(|r| tile[r][c]));
+                for (c, col) in cols.iter().enumerate() {
                     let at = (j0 + c) * rows + i0;
-                    dst[at..at + T].copy_from_slice(&col);
+                    dst[at..at + T].copy_from_slice(col);
                 }
             } else {
                 for i in i0..(i0 + T).min(rows) {
