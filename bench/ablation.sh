@@ -18,7 +18,7 @@ $t data nested --count "$n" -o "$dir/nested.jsonl" 2>/dev/null
 $t data drnn --count "$n" -o "$dir/drnn.jsonl" 2>/dev/null
 off_each=("all:" "no-fusion:--no-fusion" "no-hfuse:--no-hfuse" "no-gather-fusion:--no-gather-fusion"
   "no-coarsen:--no-coarsen" "no-phases:--no-phases" "no-ghosts:--no-ghosts" "no-hoist:--no-hoist"
-  "no-dup:--no-dup" "eager:--scheduler eager")
+  "no-dup:--no-dup" "no-row-cache:--no-row-cache" "eager:--scheduler eager")
 late="--no-phases --no-ghosts --no-gather-fusion"
 cumulative=("baseline:--scheduler depth --no-fusion --no-hfuse --no-dup --no-coarsen --no-hoist $late"
   "+fusion:--scheduler depth --no-coarsen --no-hoist $late"

@@ -83,6 +83,13 @@ pub struct RunArgs {
     /// kernels (no fused GEMM stages or row programs).
     #[arg(long)]
     pub no_fusion: bool,
+    /// Compile fused row programs at every launch instead of once per block, stage and shapes.
+    #[arg(long)]
+    pub no_row_cache: bool,
+    /// No horizontal fusion: denses that read the same rows with different weights (Q/K/V, gates)
+    /// run as separate GEMMs instead of one over the concatenated weights.
+    #[arg(long)]
+    pub no_hfuse: bool,
     /// The entry function.
     #[arg(long, default_value = "main")]
     pub entry: String,
@@ -275,6 +282,8 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 scheduler: args.scheduler.into(),
                 host_scalars: !args.no_host_scalars,
                 fusion: !args.no_fusion,
+                row_cache: !args.no_row_cache,
+                hfuse: !args.no_hfuse,
                 phases: !args.no_phases,
                 hoist: !args.no_hoist,
                 ghosts: !args.no_ghosts,

@@ -141,7 +141,15 @@ impl<'p> Dfg<'p> {
             shape_cache: HashMap::new(),
             launch_rng: Rng::new(0),
             plans: if opts.fusion {
-                program.blocks.iter().map(crate::fused::plan).collect()
+                let popts = crate::fused::PlanOptions {
+                    row_cache: opts.row_cache,
+                    hfuse: opts.hfuse,
+                };
+                program
+                    .blocks
+                    .iter()
+                    .map(|b| crate::fused::plan_with(b, popts))
+                    .collect()
             } else {
                 Vec::new()
             },

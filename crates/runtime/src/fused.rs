@@ -10,7 +10,9 @@
 //! at each launch, falling back to the batching rules, so a plan never changes results beyond float
 //! rounding. `--no-fusion` turns plans off.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
 use tumble_compile::{BArg, BVal, Block, BlockNode};
 use tumble_ir::{AttrValue, DType, Ty};
@@ -23,17 +25,54 @@ use crate::fastmath;
 #[derive(Debug, Clone)]
 pub enum Stage {
     Dense(usize),
+    /// Horizontal fusion: `nn.dense` nodes reading the same rows with different weights (LSTM
+    /// gates, Q/K/V projections), run as one GEMM over their concatenated weights.
+    HDense(Vec<usize>),
     /// `take(table, ids, axis=0)` of a shared table by batched ids: row copies.
     Gather(usize),
     Rows(Vec<usize>),
     Other(usize),
 }
 
-#[derive(Debug, Clone)]
+/// Switches of the plan-level optimizations (each can be turned off; results do not change).
+#[derive(Debug, Clone, Copy)]
+pub struct PlanOptions {
+    /// Compile each row program once per operand signature and reuse it (off: at every launch).
+    pub row_cache: bool,
+    /// Horizontal fusion of denses that share their input rows (off: one GEMM per dense).
+    pub hfuse: bool,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            row_cache: true,
+            hfuse: true,
+        }
+    }
+}
+
+#[derive(Debug)]
 pub struct BlockPlan {
     pub stages: Vec<Stage>,
     /// Nodes whose value is read after their stage (by a later stage or as a block output).
     live_out: Vec<bool>,
+    /// Per stage, the external operands of its row program (empty for other stages).
+    row_ops: Vec<RowOperands>,
+    /// Compiled row programs (`None` when caching is off).
+    row_cache: Option<Mutex<RowCache>>,
+}
+
+impl Clone for BlockPlan {
+    fn clone(&self) -> Self {
+        // The cache is only an accelerator: a copy starts empty and fills on use.
+        BlockPlan {
+            stages: self.stages.clone(),
+            live_out: self.live_out.clone(),
+            row_ops: self.row_ops.clone(),
+            row_cache: self.row_cache.as_ref().map(|_| Mutex::default()),
+        }
+    }
 }
 
 impl fmt::Display for BlockPlan {
@@ -41,6 +80,14 @@ impl fmt::Display for BlockPlan {
         for s in &self.stages {
             match s {
                 Stage::Dense(n) => writeln!(f, "    gemm      %{n}")?,
+                Stage::HDense(ns) => writeln!(
+                    f,
+                    "    gemm      {}  (horizontally fused)",
+                    ns.iter()
+                        .map(|n| format!("%{n}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )?,
                 Stage::Gather(n) => writeln!(f, "    gather    %{n}")?,
                 Stage::Rows(ns) => writeln!(
                     f,
@@ -95,12 +142,58 @@ fn is_row_op(node: &BlockNode) -> bool {
     }
 }
 
-/// Makes the plan of a block.
+/// Groups of two or more f32 `nn.dense` nodes with the same first operand and a weight that is a
+/// block input or a constant (so it is ready wherever the group runs), in node order.
+fn hfuse_groups(block: &Block) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(ValKey, Vec<usize>)> = Vec::new();
+    for (i, node) in block.nodes.iter().enumerate() {
+        if node.op.name != "nn.dense" || !is_f32(&node.ty) {
+            continue;
+        }
+        let (Some(BArg::One(a)), Some(BArg::One(w)), 2) =
+            (node.args.first(), node.args.get(1), node.args.len())
+        else {
+            continue;
+        };
+        if !matches!(w, BVal::Input(_) | BVal::Const(_)) {
+            continue;
+        }
+        let key = ValKey::of(a);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(i),
+            None => groups.push((key, vec![i])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(_, g)| g)
+        .filter(|g| g.len() >= 2)
+        .collect()
+}
+
+/// Makes the plan of a block, with every plan-level optimization on.
 pub fn plan(block: &Block) -> BlockPlan {
+    plan_with(block, PlanOptions::default())
+}
+
+/// Makes the plan of a block.
+pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
     let n = block.nodes.len();
+    let groups = if opts.hfuse {
+        hfuse_groups(block)
+    } else {
+        Vec::new()
+    };
     let mut stages: Vec<Stage> = Vec::new();
     for (i, node) in block.nodes.iter().enumerate() {
-        if node.op.name == "nn.dense" && is_f32(&node.ty) {
+        if let Some(g) = groups.iter().find(|g| g.contains(&i)) {
+            // The group runs where its first member was: its input rows are ready there and its
+            // weights are block inputs or constants, ready from the start. Later members' results
+            // are then ready before anything reads them.
+            if g.first() == Some(&i) {
+                stages.push(Stage::HDense(g.clone()));
+            }
+        } else if node.op.name == "nn.dense" && is_f32(&node.ty) {
             stages.push(Stage::Dense(i));
         } else if node.op.name == "take"
             && node.attrs.int("axis").ok().flatten() == Some(0)
@@ -121,7 +214,7 @@ pub fn plan(block: &Block) -> BlockPlan {
     for (s, st) in stages.iter().enumerate() {
         match st {
             Stage::Dense(i) | Stage::Gather(i) | Stage::Other(i) => stage_of[*i] = s,
-            Stage::Rows(ns) => ns.iter().for_each(|&i| stage_of[i] = s),
+            Stage::Rows(ns) | Stage::HDense(ns) => ns.iter().for_each(|&i| stage_of[i] = s),
         }
     }
     let mut live_out = vec![false; n];
@@ -153,7 +246,19 @@ pub fn plan(block: &Block) -> BlockPlan {
             }
         }
     }
-    BlockPlan { stages, live_out }
+    let row_ops = stages
+        .iter()
+        .map(|st| match st {
+            Stage::Rows(ns) => row_operands(block, ns),
+            _ => RowOperands::default(),
+        })
+        .collect();
+    BlockPlan {
+        stages,
+        live_out,
+        row_ops,
+        row_cache: opts.row_cache.then(Mutex::default),
+    }
 }
 
 struct Exec<'a> {
@@ -225,8 +330,17 @@ pub struct FusedStats {
     /// Multiply-add work of dense stages: 2·rows·K·N each.
     pub dense_flops: u64,
     pub dense_time: std::time::Duration,
+    /// Dense stages that ran several denses as one GEMM (horizontal fusion), and those denses.
+    pub hfused_stages: u64,
+    pub hfused_denses: u64,
     pub row_programs: u64,
     pub row_program_ops: u64,
+    /// Row programs compiled (once per stage and operand signature with the cache on).
+    pub row_compiles: u64,
+    /// Time in row-program stages, compiling included.
+    pub row_time: std::time::Duration,
+    /// The part of `row_time` spent compiling row programs.
+    pub row_compile_time: std::time::Duration,
     pub fallbacks: u64,
 }
 
@@ -250,7 +364,7 @@ pub fn run_planned(
         b,
         threads,
     };
-    for stage in &plan.stages {
+    for (s, stage) in plan.stages.iter().enumerate() {
         match stage {
             Stage::Dense(i) => {
                 let t0 = std::time::Instant::now();
@@ -268,6 +382,43 @@ pub fn run_planned(
                     }
                 }
             }
+            Stage::HDense(ns) => {
+                let t0 = std::time::Instant::now();
+                let r = hdense_stage(&ex, ns)?;
+                fstats.dense_time += t0.elapsed();
+                match r {
+                    Some((outs, flops)) => {
+                        fstats.dense_stages += 1;
+                        fstats.hfused_stages += 1;
+                        fstats.hfused_denses += ns.len() as u64;
+                        fstats.dense_flops += flops;
+                        for (i, v) in ns.iter().zip(outs) {
+                            if let Some(slot) = ex.vals.get_mut(*i) {
+                                *slot = Some(v);
+                            }
+                        }
+                    }
+                    // Not every weight is shared in this launch: one dense stage per member.
+                    None => {
+                        for &i in ns {
+                            let t0 = std::time::Instant::now();
+                            let r = dense_stage(&ex, i)?;
+                            fstats.dense_time += t0.elapsed();
+                            match r {
+                                Some((v, flops)) => {
+                                    fstats.dense_stages += 1;
+                                    fstats.dense_flops += flops;
+                                    ex.vals[i] = Some(v);
+                                }
+                                None => {
+                                    fstats.fallbacks += 1;
+                                    ex.run_node(i, octx, stats)?;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
             Stage::Gather(i) => match gather_stage(&ex, *i)? {
                 Some(v) => ex.vals[*i] = Some(v),
                 None => {
@@ -275,21 +426,26 @@ pub fn run_planned(
                     ex.run_node(*i, octx, stats)?;
                 }
             },
-            Stage::Rows(ns) => match row_program(&ex, ns, &plan.live_out)? {
-                Some(outs) => {
-                    fstats.row_programs += 1;
-                    fstats.row_program_ops += ns.len() as u64;
-                    for (k, v) in outs {
-                        ex.vals[k] = Some(v);
+            Stage::Rows(ns) => {
+                let t0 = std::time::Instant::now();
+                let r = row_program(&ex, plan, s, ns, fstats)?;
+                fstats.row_time += t0.elapsed();
+                match r {
+                    Some(outs) => {
+                        fstats.row_programs += 1;
+                        fstats.row_program_ops += ns.len() as u64;
+                        for (k, v) in outs {
+                            ex.vals[k] = Some(v);
+                        }
+                    }
+                    None => {
+                        fstats.fallbacks += 1;
+                        for &i in ns {
+                            ex.run_node(i, octx, stats)?;
+                        }
                     }
                 }
-                None => {
-                    fstats.fallbacks += 1;
-                    for &i in ns {
-                        ex.run_node(i, octx, stats)?;
-                    }
-                }
-            },
+            }
             Stage::Other(i) => ex.run_node(*i, octx, stats)?,
         }
     }
@@ -396,6 +552,65 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
 /// into one GEMM pays (below, the products are matrix-vector and dot products are as good).
 const SWAP_MIN_ROWS: usize = 8;
 
+/// Horizontally fused denses `ns` (same rows A, shared f32 weights W_i of shapes (N_i, K)): one
+/// GEMM against the weights stacked along N, its columns split back into each node's value.
+/// `None` when some weight is not shared f32 or the rows are not batched f32.
+fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, String> {
+    let mut a_val = None;
+    let mut ws: Vec<Tensor> = Vec::with_capacity(ns.len());
+    for &i in ns {
+        let node = ex.block.nodes.get(i).ok_or("internal: node")?;
+        let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1))
+        else {
+            return Ok(None);
+        };
+        if a_val.is_none() {
+            a_val = Some(ex.get(av)?);
+        }
+        match ex.get(wv)? {
+            BV::Shared(OpValue::Tensor(w)) if w.as_f32().is_some() && w.rank() == 2 => ws.push(w),
+            _ => return Ok(None),
+        }
+    }
+    let Some(BV::Batched(OpValue::Tensor(a))) = a_val else {
+        return Ok(None);
+    };
+    let (Some(a_data), Some(&k)) = (a.as_f32(), a.shape().last()) else {
+        return Ok(None);
+    };
+    if a.rank() < 2 || k == 0 || ws.iter().any(|w| w.shape().get(1) != Some(&k)) {
+        return Ok(None);
+    }
+    let widths: Vec<usize> = ws
+        .iter()
+        .map(|w| w.shape().first().copied().unwrap_or(0))
+        .collect();
+    let n: usize = widths.iter().sum();
+    let rows = a.len() / k;
+    let mut c = vec![0f32; rows * n];
+    crate::gemm::dense_concat(a_data, k, &ws, &mut c, ex.threads)?;
+    let mut outs = Vec::with_capacity(ns.len());
+    let mut col = 0;
+    for &w in &widths {
+        let mut part = Vec::with_capacity(rows * w);
+        for r in 0..rows {
+            part.extend_from_slice(
+                c.get(r * n + col..r * n + col + w)
+                    .ok_or("internal: split")?,
+            );
+        }
+        col += w;
+        let mut shape = a.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = w;
+        }
+        outs.push(BV::Batched(OpValue::Tensor(
+            Tensor::from_f32(shape, part).map_err(|e| e.to_string())?,
+        )));
+    }
+    Ok(Some((outs, 2 * (rows * k * n) as u64)))
+}
+
 /// f32 dot product with eight independent accumulators (vectorizes).
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
@@ -447,17 +662,24 @@ fn gather_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
 // Row programs
+//
+// A row program is compiled from the block, the stage and its operands' signatures (batched or
+// shared, per-instance shape) — never from their values — so it is compiled once per signature and
+// reused by every later launch (`PlanOptions::row_cache`); each launch only binds the operands'
+// row pointers and runs it.
 
 #[derive(Clone, Copy, Debug)]
 enum Src {
-    /// A batched input: row r is `data[r * stride + off ..]`.
+    /// A batched operand: row r is `ext[e][r][off..]`.
     Ext(usize),
     /// A shared vector, the same for every row.
     Shared(usize),
     /// The per-row scratch buffer.
     Scratch,
-    Scalar(f32),
+    /// A shared single value, broadcast (bound per launch: an input may differ between launches).
+    Scalar(usize),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -508,150 +730,151 @@ enum RVal {
     Tuple(Vec<Opd>),
 }
 
-struct Builder<'a> {
-    ext: Vec<&'a [f32]>,
-    ext_stride: Vec<usize>,
-    shared: Vec<&'a [f32]>,
-    /// The batch's leading shape (B and any per-instance row dims): every batched operand has it.
-    lead: Option<Vec<usize>>,
-    scratch_len: usize,
-    instrs: Vec<Instr>,
+/// What a row program knows of one external operand.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+enum OpSig {
+    /// Batched f32, with its per-instance shape.
+    Batched(Vec<usize>),
+    /// Shared f32, with its shape.
+    Shared(Vec<usize>),
+    /// Anything else (another dtype, a tuple): no row program.
+    Other,
 }
 
-/// Holds the tensors the row program reads, so their slices outlive the builder.
-struct Held {
-    tensors: Vec<Tensor>,
+fn sig_of(v: &BV) -> OpSig {
+    match v {
+        BV::Batched(OpValue::Tensor(t)) if t.dtype() == DType::Float32 => {
+            OpSig::Batched(t.shape().get(1..).unwrap_or(&[]).to_vec())
+        }
+        BV::Shared(OpValue::Tensor(t)) if t.dtype() == DType::Float32 => {
+            OpSig::Shared(t.shape().to_vec())
+        }
+        _ => OpSig::Other,
+    }
 }
 
-/// Compiles and runs the row program of nodes `ns`; `None` when the fast path does not apply.
-fn row_program(
-    ex: &Exec,
-    ns: &[usize],
-    live_out: &[bool],
-) -> Result<Option<Vec<(usize, BV)>>, String> {
-    // Collect the external operands first (owning their tensors), then build views into them.
-    let mut held = Held {
-        tensors: Vec::new(),
-    };
-    let mut ext_index: Vec<(ValKey, usize)> = Vec::new();
+/// The external operands of a row-program stage, in first-use order, computed once per plan.
+#[derive(Clone, Debug, Default)]
+struct RowOperands {
+    vals: Vec<BVal>,
+    keys: Vec<ValKey>,
+}
+
+fn row_operands(block: &Block, ns: &[usize]) -> RowOperands {
+    let mut ops = RowOperands::default();
     let in_segment =
         |v: &BVal| matches!(v, BVal::Node(k) | BVal::Field(k, _) if ns.contains(&(*k as usize)));
     for &i in ns {
-        let node = &ex.block.nodes[i];
+        let Some(node) = block.nodes.get(i) else {
+            continue;
+        };
         for a in &node.args {
             let vs: Vec<&BVal> = match a {
                 BArg::One(v) => vec![v],
                 BArg::Tuple(vs) => vs.iter().collect(),
             };
             for v in vs {
-                if in_segment(v) {
-                    continue;
-                }
                 let key = ValKey::of(v);
-                if ext_index.iter().any(|(k, _)| *k == key) {
+                if in_segment(v) || ops.keys.contains(&key) {
                     continue;
                 }
-                match ex.get(v)? {
-                    BV::Batched(OpValue::Tensor(t)) | BV::Shared(OpValue::Tensor(t)) => {
-                        if t.dtype() != DType::Float32 {
-                            return Ok(bail(1));
+                ops.keys.push(key);
+                ops.vals.push(v.clone());
+            }
+        }
+    }
+    ops
+}
+
+/// A compiled row program.
+#[derive(Debug)]
+pub struct RowProg {
+    /// Per external operand, where it is bound (`Ext`, `Shared` or `Scalar`, with its width).
+    held: Vec<Opd>,
+    /// Per-instance leading dims of the rows (the batch axis excluded).
+    lead_tail: Vec<usize>,
+    scratch_len: usize,
+    instrs: Vec<Instr>,
+    /// Live values copied out: node, its fields' operands, whether it is a tuple.
+    outs: Vec<(usize, Vec<Opd>, bool)>,
+}
+
+/// Row programs compiled so far, per (stage, operand signatures); `None` records that the
+/// signature has no row program, so it is not retried at every launch.
+type RowCache = HashMap<(usize, Vec<OpSig>), Option<Arc<RowProg>>>;
+
+/// Compiles the row program of nodes `ns` for operands of signature `sig`.
+fn compile_rows(
+    block: &Block,
+    ns: &[usize],
+    ops: &RowOperands,
+    sig: &[OpSig],
+    live_out: &[bool],
+) -> Option<RowProg> {
+    let mut held_opd: Vec<Opd> = Vec::with_capacity(sig.len());
+    let (mut n_ext, mut n_shared, mut n_scalar) = (0, 0, 0);
+    let mut lead_tail: Option<Vec<usize>> = None;
+    for s in sig {
+        match s {
+            OpSig::Other => return bail(1),
+            OpSig::Batched(p) => {
+                let (Some(&w), Some(tail)) = (p.last(), p.get(..p.len().saturating_sub(1))) else {
+                    return bail(5);
+                };
+                if w == 0 {
+                    return bail(4);
+                }
+                // Leading dims must describe the same rows; size-1 per-instance dims broadcast, so
+                // (B, 1, n) and (B, n) line up. Results take the longest lead.
+                let strip =
+                    |l: &[usize]| -> Vec<usize> { l.iter().copied().filter(|&d| d != 1).collect() };
+                match &lead_tail {
+                    None => lead_tail = Some(tail.to_vec()),
+                    Some(l) if strip(l) == strip(tail) => {
+                        if tail.len() > l.len() {
+                            lead_tail = Some(tail.to_vec());
                         }
-                        ext_index.push((key, held.tensors.len()));
-                        held.tensors.push(t);
                     }
-                    _ => return Ok(bail(2)),
+                    Some(_) => return bail(6),
+                }
+                held_opd.push(Opd {
+                    src: Src::Ext(n_ext),
+                    off: 0,
+                    len: w,
+                });
+                n_ext += 1;
+            }
+            OpSig::Shared(shape) => {
+                let len: usize = shape.iter().product();
+                if len == 1 {
+                    held_opd.push(Opd {
+                        src: Src::Scalar(n_scalar),
+                        off: 0,
+                        len: 1,
+                    });
+                    n_scalar += 1;
+                } else if shape.iter().rev().skip(1).all(|&d| d == 1) {
+                    // A shared row vector (n) or (1, n): broadcast to every row.
+                    held_opd.push(Opd {
+                        src: Src::Shared(n_shared),
+                        off: 0,
+                        len,
+                    });
+                    n_shared += 1;
+                } else {
+                    return bail(7);
                 }
             }
         }
     }
-    let batched_flags: Vec<bool> = {
-        let mut flags = vec![false; held.tensors.len()];
-        for &i in ns {
-            for a in &ex.block.nodes[i].args {
-                let vs: Vec<&BVal> = match a {
-                    BArg::One(v) => vec![v],
-                    BArg::Tuple(vs) => vs.iter().collect(),
-                };
-                for v in vs {
-                    if let Some((_, h)) = ext_index.iter().find(|(k, _)| *k == ValKey::of(v)) {
-                        if matches!(ex.get(v)?, BV::Batched(_)) {
-                            flags[*h] = true;
-                        }
-                    }
-                }
-            }
-        }
-        flags
+    let Some(lead_tail) = lead_tail else {
+        // Nothing batched: not a row program (the batching rules compute shared values once).
+        return bail(8);
     };
     let mut bld = Builder {
-        ext: Vec::new(),
-        ext_stride: Vec::new(),
-        shared: Vec::new(),
-        lead: None,
         scratch_len: 0,
         instrs: Vec::new(),
     };
-    let mut held_opd: Vec<Opd> = Vec::with_capacity(held.tensors.len());
-    for (h, t) in held.tensors.iter().enumerate() {
-        let Some(data) = t.as_f32() else {
-            return Ok(bail(3));
-        };
-        if batched_flags[h] {
-            let (Some(&w), Some(lead)) = (
-                t.shape().last(),
-                t.shape().get(..t.rank().saturating_sub(1)),
-            ) else {
-                return Ok(bail(4));
-            };
-            if t.rank() < 2 {
-                return Ok(bail(5));
-            }
-            // Leading dims must describe the same rows; size-1 per-instance dims broadcast, so
-            // (B, 1, n) and (B, n) line up. Results take the longest lead.
-            let strip = |l: &[usize]| -> Vec<usize> {
-                let mut v: Vec<usize> = l.iter().skip(1).copied().filter(|&d| d != 1).collect();
-                v.insert(0, l.first().copied().unwrap_or(0));
-                v
-            };
-            match &bld.lead {
-                None => bld.lead = Some(lead.to_vec()),
-                Some(l) if strip(l) == strip(lead) => {
-                    if lead.len() > l.len() {
-                        bld.lead = Some(lead.to_vec());
-                    }
-                }
-                Some(_) => return Ok(bail(6)),
-            }
-            bld.ext.push(data);
-            bld.ext_stride.push(w);
-            held_opd.push(Opd {
-                src: Src::Ext(bld.ext.len() - 1),
-                off: 0,
-                len: w,
-            });
-        } else if t.len() == 1 {
-            held_opd.push(Opd {
-                src: Src::Scalar(data.first().copied().unwrap_or(0.0)),
-                off: 0,
-                len: 1,
-            });
-        } else if t.shape().iter().rev().skip(1).all(|&d| d == 1) {
-            // A shared row vector (n) or (1, n): broadcast to every row.
-            bld.shared.push(data);
-            held_opd.push(Opd {
-                src: Src::Shared(bld.shared.len() - 1),
-                off: 0,
-                len: t.len(),
-            });
-        } else {
-            return Ok(bail(7));
-        }
-    }
-    let Some(lead) = bld.lead.clone() else {
-        // Nothing batched: not a row program (the batching rules compute shared values once).
-        return Ok(bail(8));
-    };
-    let rows: usize = lead.iter().product();
     let mut env: Vec<(usize, RVal)> = Vec::new();
     let lookup = |v: &BVal, env: &[(usize, RVal)]| -> Option<Opd> {
         let inside = match v {
@@ -676,15 +899,15 @@ fn row_program(
             Some(found) => found,
             None => {
                 let key = ValKey::of(v);
-                ext_index
+                ops.keys
                     .iter()
-                    .find(|(k, _)| *k == key)
-                    .and_then(|(_, h)| held_opd.get(*h).copied())
+                    .position(|k| *k == key)
+                    .and_then(|h| held_opd.get(h).copied())
             }
         }
     };
     for &i in ns {
-        let node = &ex.block.nodes[i];
+        let node = block.nodes.get(i)?;
         let one = |j: usize, env: &[(usize, RVal)]| -> Option<Opd> {
             match node.args.get(j) {
                 Some(BArg::One(v)) => lookup(v, env),
@@ -725,18 +948,18 @@ fn row_program(
         let name = node.op.name;
         let result = if let Some(u) = un(name) {
             let Some(a) = one(0, &env) else {
-                return Ok(bail(9));
+                return bail(9);
             };
             let d = alloc(a.len, &mut bld);
             bld.instrs.push(Instr::Unary(u, d.off, a));
             RVal::One(d)
         } else if let Some(op) = bin(name) {
             let (Some(a), Some(b)) = (one(0, &env), one(1, &env)) else {
-                return Ok(bail(10));
+                return bail(10);
             };
             let len = a.len.max(b.len);
             if (a.len != len && a.len != 1) || (b.len != len && b.len != 1) {
-                return Ok(bail(11));
+                return bail(11);
             }
             let d = alloc(len, &mut bld);
             bld.instrs.push(Instr::Binary(op, d.off, a, b));
@@ -745,7 +968,7 @@ fn row_program(
             match name {
                 "clip" => {
                     let Some(a) = one(0, &env) else {
-                        return Ok(bail(12));
+                        return bail(12);
                     };
                     let lo = node
                         .attrs
@@ -765,7 +988,7 @@ fn row_program(
                 }
                 "split" => {
                     let Some(a) = one(0, &env) else {
-                        return Ok(bail(13));
+                        return bail(13);
                     };
                     let bounds: Vec<usize> = match node.attrs.get("indices_or_sections") {
                         Some(AttrValue::Int(s)) if *s > 0 && a.len % (*s as usize) == 0 => {
@@ -779,16 +1002,16 @@ fn row_program(
                                     AttrValue::Int(k) if *k >= 0 && (*k as usize) <= a.len => {
                                         v.push(*k as usize)
                                     }
-                                    _ => return Ok(bail(14)),
+                                    _ => return bail(14),
                                 }
                             }
                             v.push(a.len);
                             v
                         }
-                        _ => return Ok(bail(15)),
+                        _ => return bail(15),
                     };
                     if bounds.windows(2).any(|w| w[1] < w[0]) {
-                        return Ok(bail(16));
+                        return bail(16);
                     }
                     RVal::Tuple(
                         bounds
@@ -803,17 +1026,17 @@ fn row_program(
                 }
                 "concatenate" => {
                     let Some(BArg::Tuple(vs)) = node.args.first() else {
-                        return Ok(bail(17));
+                        return bail(17);
                     };
                     let parts = vs
                         .iter()
                         .map(|v| lookup(v, &env))
                         .collect::<Option<Vec<_>>>();
                     let Some(parts) = parts else {
-                        return Ok(bail(18));
+                        return bail(18);
                     };
                     if parts.iter().any(|p| matches!(p.src, Src::Scalar(_))) {
-                        return Ok(bail(19));
+                        return bail(19);
                     }
                     let d = alloc(parts.iter().map(|p| p.len).sum(), &mut bld);
                     bld.instrs.push(Instr::Concat(d.off, parts));
@@ -821,7 +1044,7 @@ fn row_program(
                 }
                 "nn.softmax" | "nn.log_softmax" => {
                     let Some(a) = one(0, &env) else {
-                        return Ok(bail(20));
+                        return bail(20);
                     };
                     let d = alloc(a.len, &mut bld);
                     bld.instrs
@@ -831,10 +1054,10 @@ fn row_program(
                 "nn.layer_norm" => {
                     let (Some(a), Some(g), Some(be)) = (one(0, &env), one(1, &env), one(2, &env))
                     else {
-                        return Ok(bail(21));
+                        return bail(21);
                     };
                     if g.len != a.len || be.len != a.len {
-                        return Ok(bail(22));
+                        return bail(22);
                     }
                     let eps = node.attrs.float("epsilon").ok().flatten().unwrap_or(1e-5) as f32;
                     let center = node.attrs.bool("center").ok().flatten().unwrap_or(true);
@@ -849,21 +1072,20 @@ fn row_program(
                     ));
                     RVal::One(d)
                 }
-                _ => return Ok(bail(23)),
+                _ => return bail(23),
             }
         };
         // The node's static type must agree with the row layout (per-instance rank = lead rank).
-        let expect_rank = lead.len(); // batched rank = lead + 1 = per-instance rank + 1
+        let expect_rank = 1 + lead_tail.len(); // batched rank = lead + 1 = per-instance rank + 1
         let node_rank = match &node.ty {
             Ty::Tuple(ts) => ts.first().and_then(rank),
             t => rank(t),
         };
         if node_rank != Some(expect_rank) {
-            return Ok(bail(24));
+            return bail(24);
         }
         env.push((i, result));
     }
-    // Run: one pass per row over the program, then copy live values out.
     let outs: Vec<(usize, Vec<Opd>, bool)> = ns
         .iter()
         .filter(|&&i| live_out.get(i).copied().unwrap_or(false))
@@ -874,12 +1096,121 @@ fn row_program(
             })
         })
         .collect();
+    Some(RowProg {
+        held: held_opd,
+        lead_tail,
+        scratch_len: bld.scratch_len,
+        instrs: bld.instrs,
+        outs,
+    })
+}
+
+struct Builder {
+    scratch_len: usize,
+    instrs: Vec<Instr>,
+}
+
+/// An operand's rows for one launch, each `width` floats (`None` if it is not batched f32 rows).
+fn row_ptrs(v: &BV, width: usize) -> Option<Vec<&[f32]>> {
+    if width == 0 {
+        return None;
+    }
+    match v {
+        BV::Batched(OpValue::Tensor(t)) => t.as_f32().map(|d| d.chunks_exact(width).collect()),
+        _ => None,
+    }
+}
+
+/// The operands of one launch of a row program.
+struct Bound<'a> {
+    ext: Vec<Vec<&'a [f32]>>,
+    shared: Vec<&'a [f32]>,
+    scalars: Vec<f32>,
+}
+
+/// Runs the row program of stage `s` (nodes `ns`), compiling it on first use of its operands'
+/// signature; `None` when the fast path does not apply.
+fn row_program(
+    ex: &Exec,
+    plan: &BlockPlan,
+    s: usize,
+    ns: &[usize],
+    fstats: &mut FusedStats,
+) -> Result<Option<Vec<(usize, BV)>>, String> {
+    let empty = RowOperands::default();
+    let ops = plan.row_ops.get(s).unwrap_or(&empty);
+    let vals = ops
+        .vals
+        .iter()
+        .map(|v| ex.get(v))
+        .collect::<Result<Vec<_>, _>>()?;
+    let sig: Vec<OpSig> = vals.iter().map(sig_of).collect();
+    let compile = |sig: &[OpSig], fstats: &mut FusedStats| {
+        let t0 = std::time::Instant::now();
+        let p = compile_rows(ex.block, ns, ops, sig, &plan.live_out).map(Arc::new);
+        fstats.row_compiles += 1;
+        fstats.row_compile_time += t0.elapsed();
+        p
+    };
+    let prog = match &plan.row_cache {
+        Some(cache) => {
+            let key = (s, sig);
+            let hit = cache.lock().ok().and_then(|c| c.get(&key).cloned());
+            match hit {
+                Some(p) => p,
+                None => {
+                    let p = compile(&key.1, fstats);
+                    if let Ok(mut c) = cache.lock() {
+                        c.insert(key, p.clone());
+                    }
+                    p
+                }
+            }
+        }
+        None => compile(&sig, fstats),
+    };
+    match prog {
+        Some(p) => run_rows(ex, &p, &vals),
+        None => Ok(None),
+    }
+}
+
+fn run_rows(ex: &Exec, prog: &RowProg, vals: &[BV]) -> Result<Option<Vec<(usize, BV)>>, String> {
+    let mut lead = vec![ex.b];
+    lead.extend_from_slice(&prog.lead_tail);
+    let rows: usize = lead.iter().product();
+    let mut bound = Bound {
+        ext: Vec::new(),
+        shared: Vec::new(),
+        scalars: Vec::new(),
+    };
+    for (o, v) in prog.held.iter().zip(vals) {
+        match (o.src, v) {
+            (Src::Ext(_), v) => match row_ptrs(v, o.len) {
+                Some(r) if r.len() == rows => bound.ext.push(r),
+                _ => return Ok(bail(3)),
+            },
+            (Src::Shared(_), BV::Shared(OpValue::Tensor(t))) => match t.as_f32() {
+                Some(d) if d.len() == o.len => bound.shared.push(d),
+                _ => return Ok(bail(3)),
+            },
+            (Src::Scalar(_), BV::Shared(OpValue::Tensor(t))) => {
+                match t.as_f32().and_then(|d| d.first()) {
+                    Some(&x) => bound.scalars.push(x),
+                    None => return Ok(bail(3)),
+                }
+            }
+            _ => return Ok(bail(3)),
+        }
+    }
+    let outs = &prog.outs;
+    // Run: one pass per row over the program, then copy live values out.
     let mut out_bufs: Vec<Vec<Vec<f32>>> = outs
         .iter()
         .map(|(_, os, _)| os.iter().map(|o| vec![0f32; rows * o.len]).collect())
         .collect();
     // Rows are independent: large programs split them across threads, each with its own scratch.
-    let threads = if rows * bld.scratch_len.max(1) >= 1 << 16 {
+    let threads = if rows * prog.scratch_len.max(1) >= 1 << 16 {
         ex.threads.clamp(1, rows.max(1))
     } else {
         1
@@ -906,10 +1237,10 @@ fn row_program(
         }
     }
     let run_rows = |start: usize, end: usize, bufs: &mut Vec<Vec<&mut [f32]>>| {
-        let mut scratch = vec![0f32; bld.scratch_len];
+        let mut scratch = vec![0f32; prog.scratch_len];
         for r in start..end {
-            for ins in &bld.instrs {
-                exec(ins, r, &bld, &mut scratch);
+            for ins in &prog.instrs {
+                exec(ins, r, &bound, &mut scratch);
             }
             for (k, (_, os, _)) in outs.iter().enumerate() {
                 for (j, o) in os.iter().enumerate() {
@@ -919,7 +1250,7 @@ fn row_program(
                         .and_then(|v| v.get_mut(j))
                         .and_then(|d| d.get_mut(at..at + o.len))
                     {
-                        read(o, r, &bld, &scratch, dst);
+                        read(o, r, &bound, &scratch, dst);
                     }
                 }
             }
@@ -938,7 +1269,7 @@ fn row_program(
         });
     }
     let mut result = Vec::with_capacity(outs.len());
-    for ((i, os, tuple), bufs) in outs.into_iter().zip(out_bufs) {
+    for (&(i, ref os, tuple), bufs) in outs.iter().zip(out_bufs) {
         let mut tensors = Vec::with_capacity(bufs.len());
         for (o, buf) in os.iter().zip(bufs) {
             let mut shape = lead.clone();
@@ -957,7 +1288,6 @@ fn row_program(
     }
     Ok(Some(result))
 }
-
 /// Why a row program did not apply (printed with `TUMBLE_DEBUG_FUSION=1`, for development).
 fn bail<T>(site: u32) -> Option<T> {
     // Read once: bailing happens per launch for shared-only segments.
@@ -993,19 +1323,16 @@ impl ValKey {
 type RowChunk<'a> = (usize, usize, Vec<Vec<&'a mut [f32]>>);
 
 /// Copies operand `o` of row `r` into `dst` (broadcasting a scalar).
-fn read(o: &Opd, r: usize, b: &Builder, scratch: &[f32], dst: &mut [f32]) {
+fn read(o: &Opd, r: usize, b: &Bound, scratch: &[f32], dst: &mut [f32]) {
     match o.src {
-        Src::Scalar(x) => dst.fill(x),
+        Src::Scalar(s) => dst.fill(b.scalars.get(s).copied().unwrap_or(0.0)),
         _ => dst.copy_from_slice(slice(o, r, b, scratch)),
     }
 }
 
-fn slice<'s>(o: &Opd, r: usize, b: &'s Builder, scratch: &'s [f32]) -> &'s [f32] {
+fn slice<'s>(o: &Opd, r: usize, b: &'s Bound, scratch: &'s [f32]) -> &'s [f32] {
     match o.src {
-        Src::Ext(e) => {
-            let base = r * b.ext_stride[e] + o.off;
-            &b.ext[e][base..base + o.len]
-        }
+        Src::Ext(e) => &b.ext[e][r][o.off..o.off + o.len],
         Src::Shared(s) => &b.shared[s][o.off..o.off + o.len],
         Src::Scratch => &scratch[o.off..o.off + o.len],
         Src::Scalar(_) => &[],
@@ -1029,9 +1356,9 @@ impl Vals<'_> {
 }
 
 /// Operand `o` of row `r`; `src` is the scratch below the destination being written.
-fn vals<'s>(o: &Opd, r: usize, b: &'s Builder, src: &'s [f32]) -> Vals<'s> {
+fn vals<'s>(o: &Opd, r: usize, b: &'s Bound, src: &'s [f32]) -> Vals<'s> {
     match o.src {
-        Src::Scalar(x) => Vals::Splat(x),
+        Src::Scalar(s) => Vals::Splat(b.scalars.get(s).copied().unwrap_or(0.0)),
         _ if o.len == 1 => Vals::Splat(slice(o, r, b, src).first().copied().unwrap_or(0.0)),
         _ => Vals::Slice(slice(o, r, b, src)),
     }
@@ -1062,7 +1389,7 @@ fn map2(dst: &mut [f32], a: &Vals, b: &Vals, f: impl Fn(f32, f32) -> f32) {
     }
 }
 
-fn exec(ins: &Instr, r: usize, b: &Builder, scratch: &mut [f32]) {
+fn exec(ins: &Instr, r: usize, b: &Bound, scratch: &mut [f32]) {
     // Every instruction writes a fresh scratch range above all of its operands' ranges, so the
     // scratch splits into a read-only part (operands) and the destination.
     let (d, len) = match ins {

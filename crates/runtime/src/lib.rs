@@ -62,6 +62,12 @@ pub struct Options {
     /// Run blocks by their kernel plans (dense stages + fused row programs); off: every operator
     /// through the batching rules and reference kernels.
     pub fusion: bool,
+    /// Compile each fused row program once per (block, stage, operand shapes) and reuse it; off:
+    /// compile it at every launch.
+    pub row_cache: bool,
+    /// Horizontal fusion: denses in a block that read the same rows with different shared weights
+    /// (LSTM gates, Q/K/V projections) run as one GEMM over the concatenated weights.
+    pub hfuse: bool,
 }
 
 impl Default for Options {
@@ -74,6 +80,8 @@ impl Default for Options {
             ghosts: true,
             dup: true,
             fusion: true,
+            row_cache: true,
+            hfuse: true,
             threads: 1,
         }
     }

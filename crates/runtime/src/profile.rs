@@ -66,6 +66,11 @@ impl Profile {
         self.fused.dense_stages += o.fused.dense_stages;
         self.fused.row_programs += o.fused.row_programs;
         self.fused.row_program_ops += o.fused.row_program_ops;
+        self.fused.row_compiles += o.fused.row_compiles;
+        self.fused.hfused_stages += o.fused.hfused_stages;
+        self.fused.hfused_denses += o.fused.hfused_denses;
+        self.fused.row_time += o.fused.row_time;
+        self.fused.row_compile_time += o.fused.row_compile_time;
         self.fused.fallbacks += o.fused.fallbacks;
         self.fused.dense_flops += o.fused.dense_flops;
         self.fused.dense_time += o.fused.dense_time;
@@ -110,8 +115,8 @@ impl fmt::Display for Profile {
         )?;
         writeln!(
             f,
-            "kernel plans: {} dense stages, {} fused row programs ({} operators), {} stages fell back",
-            self.fused.dense_stages, self.fused.row_programs, self.fused.row_program_ops, self.fused.fallbacks
+            "kernel plans: {} dense stages ({} horizontally fused from {} denses), {} fused row programs ({} operators), {} stages fell back",
+            self.fused.dense_stages, self.fused.hfused_stages, self.fused.hfused_denses, self.fused.row_programs, self.fused.row_program_ops, self.fused.fallbacks
         )?;
         let secs = self.fused.dense_time.as_secs_f64();
         writeln!(
@@ -125,6 +130,13 @@ impl fmt::Display for Profile {
                 0.0
             },
             self.fused.dense_flops as f64 / 1e9 / self.time_total.as_secs_f64().max(1e-9)
+        )?;
+        writeln!(
+            f,
+            "row programs: {:.3} ms, {} compiled in {:.3} ms",
+            ms(self.fused.row_time),
+            self.fused.row_compiles,
+            ms(self.fused.row_compile_time)
         )?;
         writeln!(
             f,

@@ -221,8 +221,14 @@ fn check_case(case: &Case) {
                 .unwrap_or_else(|e| panic!("{} reference: {}", case.model, e.message))
         })
         .collect();
-    // (grain coarsening, kernel plans): the default, plans off, and operator-level blocks.
-    for (coarsen, fusion) in [(true, true), (true, false), (false, true)] {
+    // (grain coarsening, kernel plans, the plan-level optimizations — row-program cache,
+    // horizontal fusion): the default, those off, plans off, and operator-level blocks.
+    for (coarsen, fusion, planopt) in [
+        (true, true, true),
+        (true, true, false),
+        (true, false, false),
+        (false, true, true),
+    ] {
         let mut program = Program::lower_with(
             &l.typed,
             LowerOptions {
@@ -255,6 +261,8 @@ fn check_case(case: &Case) {
                     scheduler,
                     host_scalars: true,
                     fusion,
+                    row_cache: planopt,
+                    hfuse: planopt,
                     phases: fusion,
                     hoist: fusion,
                     ghosts: fusion,
@@ -267,7 +275,7 @@ fn check_case(case: &Case) {
                     let (vals, _) = run_batch(&program, &reuse, "main", chunk.to_vec(), rngs, opts)
                         .unwrap_or_else(|e| {
                             panic!(
-                                "{} {scheduler:?} batch {batch} coarsen {coarsen} fusion {fusion}: {}",
+                                "{} {scheduler:?} batch {batch} coarsen {coarsen} fusion {fusion} planopt {planopt}: {}",
                                 case.model, e.error.message
                             )
                         });
@@ -277,7 +285,7 @@ fn check_case(case: &Case) {
                 for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
                     if let Err(m) = same(g, e, "") {
                         panic!(
-                            "{} {scheduler:?} batch {batch} coarsen {coarsen} fusion {fusion}, instance {i}: {m}",
+                            "{} {scheduler:?} batch {batch} coarsen {coarsen} fusion {fusion} planopt {planopt}, instance {i}: {m}",
                             case.model
                         );
                     }
@@ -431,6 +439,8 @@ fn every_combination_of_switches() {
                 scheduler: Scheduler::Inline,
                 host_scalars: true,
                 fusion,
+                row_cache: true,
+                hfuse: true,
                 phases,
                 hoist,
                 ghosts,

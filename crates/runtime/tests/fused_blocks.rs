@@ -107,3 +107,203 @@ fn kernel_plans_match_the_batching_rules_at_odd_sizes() {
         }
     }
 }
+
+fn block_of(src: &str, name: &str) -> tumble_compile::Block {
+    let mut sources = SourceMap::new();
+    let typed = load(&mut sources, "t.rly", src, LoadOptions::default())
+        .unwrap_or_else(|ds| panic!("{}", tumble_ir::diag::render(&ds, &sources, false)));
+    let program = Program::lower_with(&typed, LowerOptions::batched())
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    program
+        .blocks
+        .into_iter()
+        .find(|b| b.name == name)
+        .unwrap_or_else(|| panic!("no block for @{name}"))
+}
+
+fn run_with(
+    block: &tumble_compile::Block,
+    p: &tumble_runtime::fused::BlockPlan,
+    inputs: &[BV],
+    b: usize,
+) -> (Vec<BV>, FusedStats) {
+    let mut r = Rng::new(0);
+    let mut octx = OpCtx { rng: &mut r };
+    let mut stats = OpStats::default();
+    let mut fstats = FusedStats::default();
+    let got = run_planned(block, p, inputs, b, &mut octx, &mut stats, &mut fstats, 1)
+        .unwrap_or_else(|e| panic!("{e}"));
+    (got, fstats)
+}
+
+fn identical(a: &[BV], b: &[BV]) -> bool {
+    let t = |v: &BV| match v {
+        BV::Batched(OpValue::Tensor(t)) | BV::Shared(OpValue::Tensor(t)) => Some(t.clone()),
+        _ => None,
+    };
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| match (t(x), t(y)) {
+            (Some(x), Some(y)) => x.shape() == y.shape() && x.as_f32() == y.as_f32(),
+            _ => false,
+        })
+}
+
+/// Cached row programs give the same bits as compiling at every launch, across launches of
+/// different batch sizes and widths that reuse one plan, and rebind shared scalars per launch (a
+/// scalar input is not baked into the cached program).
+#[test]
+fn cached_row_programs_match_uncached_ones() {
+    use tumble_runtime::fused::{plan_with, PlanOptions};
+    for h in [1usize, 7, 33] {
+        let block = block_of(&cell(h), "cell");
+        let cached = plan_with(
+            &block,
+            PlanOptions {
+                row_cache: true,
+                ..PlanOptions::default()
+            },
+        );
+        let fresh = plan_with(
+            &block,
+            PlanOptions {
+                row_cache: false,
+                ..PlanOptions::default()
+            },
+        );
+        for round in 0..2 {
+            for b in [1usize, 7, 33] {
+                let mut rng = Rng::new((h * 1000 + b * 10 + round) as u64);
+                let inputs: Vec<BV> = block
+                    .inputs
+                    .iter()
+                    .map(|inp| match inp.name.as_str() {
+                        "%x" | "%c" => BV::Batched(OpValue::Tensor(rand(&[b, 1, h], &mut rng))),
+                        "%w" => BV::Shared(OpValue::Tensor(rand(&[3 * h, h], &mut rng))),
+                        "%b" => BV::Shared(OpValue::Tensor(rand(&[3 * h], &mut rng))),
+                        "%g" | "%be" => BV::Shared(OpValue::Tensor(rand(&[2 * h], &mut rng))),
+                        other => panic!("unexpected block input {other}"),
+                    })
+                    .collect();
+                let (a, sa) = run_with(&block, &cached, &inputs, b);
+                let (f, sf) = run_with(&block, &fresh, &inputs, b);
+                assert!(identical(&a, &f), "h {h} b {b} round {round}");
+                assert_eq!(sf.row_compiles, sf.row_programs);
+                assert!(round == 0 || sa.row_compiles == 0, "round {round}: {sa:?}");
+            }
+        }
+    }
+    let src = "def @scale(%x: Tensor[(1, 7), float32], %s: Tensor[(), float32], Primitive=1) {
+                 tanh(multiply(%x, %s))
+               }
+               def @main(%x: Tensor[(1, 7), float32]) { %x }";
+    let block = block_of(src, "scale");
+    let cached = plan_with(
+        &block,
+        PlanOptions {
+            row_cache: true,
+            ..PlanOptions::default()
+        },
+    );
+    let fresh = plan_with(
+        &block,
+        PlanOptions {
+            row_cache: false,
+            ..PlanOptions::default()
+        },
+    );
+    for (k, s) in [0.5f32, -2.0, 3.0].into_iter().enumerate() {
+        let mut rng = Rng::new(k as u64);
+        let scalar = Tensor::from_f32(vec![], vec![s]).unwrap_or_else(|e| panic!("{e}"));
+        let inputs: Vec<BV> = block
+            .inputs
+            .iter()
+            .map(|inp| match inp.name.as_str() {
+                "%x" => BV::Batched(OpValue::Tensor(rand(&[33, 1, 7], &mut rng))),
+                _ => BV::Shared(OpValue::Tensor(scalar.clone())),
+            })
+            .collect();
+        let (a, sa) = run_with(&block, &cached, &inputs, 33);
+        let (f, _) = run_with(&block, &fresh, &inputs, 33);
+        assert_eq!(sa.row_programs, 1, "{sa:?}");
+        assert!(identical(&a, &f), "scalar {s}");
+    }
+}
+
+/// Q/K/V-like projections of one input with weights of odd widths, a dense of another input, and
+/// a dense whose weight differs per invocation in some launches.
+fn projections(h: usize) -> String {
+    format!(
+        "def @proj(%x: Tensor[(1, {h}), float32], %y: Tensor[(1, {h}), float32],
+                   %wq: Tensor[({h}, {h}), float32], %wk: Tensor[({h2}, {h}), float32],
+                   %wv: Tensor[(3, {h}), float32], %wy: Tensor[({h}, {h}), float32],
+                   Primitive=1) {{
+           let %q = nn.dense(%x, %wq);
+           let %k = tanh(nn.dense(%x, %wk));
+           let %o = nn.dense(%y, %wy);
+           let %v = nn.dense(%x, %wv);
+           (add(%q, %o), %k, sigmoid(%v), nn.dense(%y, %wq))
+         }}
+         def @main(%x: Tensor[(1, {h}), float32]) {{ %x }}",
+        h2 = 2 * h + 1
+    )
+}
+
+/// Horizontal fusion gives the same values as separate denses and as the batching rules, and
+/// falls back to separate denses when a weight is not shared in a launch.
+#[test]
+fn horizontal_fusion_matches_separate_denses_at_odd_sizes() {
+    use tumble_runtime::fused::{plan_with, PlanOptions};
+    for h in [1usize, 7, 33] {
+        let block = block_of(&projections(h), "proj");
+        let on = plan_with(&block, PlanOptions::default());
+        let off = plan_with(
+            &block,
+            PlanOptions {
+                hfuse: false,
+                ..PlanOptions::default()
+            },
+        );
+        let shown = on.to_string();
+        assert!(shown.contains("horizontally fused"), "{shown}");
+        assert_eq!(shown.matches("horizontally fused").count(), 2, "{shown}");
+        assert!(!off.to_string().contains("horizontally fused"));
+        for b in [1usize, 7, 33] {
+            for per_invocation_wk in [false, true] {
+                let mut rng = Rng::new((h * 100 + b) as u64);
+                let inputs: Vec<BV> = block
+                    .inputs
+                    .iter()
+                    .map(|inp| match inp.name.as_str() {
+                        "%x" | "%y" => BV::Batched(OpValue::Tensor(rand(&[b, 1, h], &mut rng))),
+                        "%wq" | "%wy" => BV::Shared(OpValue::Tensor(rand(&[h, h], &mut rng))),
+                        "%wk" if per_invocation_wk => {
+                            BV::Batched(OpValue::Tensor(rand(&[b, 2 * h + 1, h], &mut rng)))
+                        }
+                        "%wk" => BV::Shared(OpValue::Tensor(rand(&[2 * h + 1, h], &mut rng))),
+                        "%wv" => BV::Shared(OpValue::Tensor(rand(&[3, h], &mut rng))),
+                        other => panic!("unexpected block input {other}"),
+                    })
+                    .collect();
+                let mut r = Rng::new(0);
+                let mut octx = OpCtx { rng: &mut r };
+                let mut stats = OpStats::default();
+                let want = run_block(&block, &inputs, b, &mut octx, &mut stats)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let (got_on, s_on) = run_with(&block, &on, &inputs, b);
+                let (got_off, s_off) = run_with(&block, &off, &inputs, b);
+                for (k, ((x, y), w)) in got_on.iter().zip(&got_off).zip(&want).enumerate() {
+                    assert!(close(x, w), "h {h} b {b} output {k}: {x:?} vs {w:?}");
+                    assert!(close(y, w), "h {h} b {b} output {k} (off)");
+                }
+                assert_eq!(s_off.hfused_stages, 0);
+                if per_invocation_wk {
+                    // The Q/K/V group falls back; the pair over %y still fuses.
+                    assert_eq!(s_on.hfused_stages, 1, "{s_on:?}");
+                } else {
+                    assert_eq!(s_on.hfused_stages, 2, "{s_on:?}");
+                    assert_eq!(s_on.hfused_denses, 5, "{s_on:?}");
+                }
+            }
+        }
+    }
+}
