@@ -12,7 +12,7 @@ $t data sst --split test --format tree --limit "$n" -o "$dir/tree.jsonl" 2>/dev/
 $t data sst --split test --format tokens --limit "$n" -o "$dir/tokens.jsonl" 2>/dev/null
 $t data nested --count "$n" -o "$dir/nested.jsonl" 2>/dev/null
 $t data drnn --count "$n" -o "$dir/drnn.jsonl" 2>/dev/null
-configs=("all:" "no-fusion:--no-fusion" "no-coarsen:--no-coarsen" "no-phases:--no-phases" "no-hoist:--no-hoist" "no-dup:--no-dup" "no-hfuse:--no-hfuse" "no-row-cache:--no-row-cache" "eager:--scheduler eager")
+configs=("all:" "no-fusion:--no-fusion" "no-coarsen:--no-coarsen" "no-phases:--no-phases" "no-hoist:--no-hoist" "no-dup:--no-dup" "no-hfuse:--no-hfuse" "no-gather-fusion:--no-gather-fusion" "no-row-cache:--no-row-cache" "eager:--scheduler eager")
 printf '%-16s %5s' model batch
 for c in "${configs[@]}"; do printf ' %22s' "${c%%:*}"; done
 printf '\n'

@@ -256,6 +256,7 @@ fn check_case(case: &Case) {
                     fusion,
                     row_cache: planopt,
                     hfuse: planopt,
+                    gather_fusion: planopt,
                     phases: fusion,
                     hoist: fusion,
                     dup: fusion,
