@@ -90,6 +90,10 @@ pub struct RunArgs {
     /// run as separate GEMMs instead of one over the concatenated weights.
     #[arg(long)]
     pub no_hfuse: bool,
+    /// No gather fusion: stack launch inputs made of rows of earlier results into a new tensor
+    /// instead of letting GEMMs and row programs read the rows where they lie.
+    #[arg(long)]
+    pub no_gather_fusion: bool,
     /// The entry function.
     #[arg(long, default_value = "main")]
     pub entry: String,
@@ -284,6 +288,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 fusion: !args.no_fusion,
                 row_cache: !args.no_row_cache,
                 hfuse: !args.no_hfuse,
+                gather_fusion: !args.no_gather_fusion,
                 phases: !args.no_phases,
                 hoist: !args.no_hoist,
                 ghosts: !args.no_ghosts,

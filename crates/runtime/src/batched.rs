@@ -8,7 +8,7 @@
 //! every invocation make shared results, computed once.
 
 use tumble_compile::{BArg, BVal, Block};
-use tumble_ir::{AttrValue, Attrs};
+use tumble_ir::{AttrValue, Attrs, DType};
 use tumble_ops::{FusionClass, OpCtx, OpDef, OpValue};
 use tumble_tensor::Tensor;
 
@@ -19,6 +19,113 @@ pub enum BV {
     Shared(OpValue),
     /// Stacked along a leading batch axis (a tensor, or a tuple of such tensors).
     Batched(OpValue),
+    /// One tensor per invocation, left where earlier launches put it (gather fusion): GEMM
+    /// stages and row programs read the rows in place; anything else stacks them first
+    /// ([`BV::materialized`]).
+    Rows(RowRefs),
+}
+
+/// Per invocation, a whole tensor or row `r` of a batched tensor; all of shape `shape` and one
+/// dtype (checked when made).
+#[derive(Clone, Debug)]
+pub struct RowRefs {
+    parts: Vec<(Tensor, Option<usize>)>,
+    shape: Vec<usize>,
+    dtype: DType,
+}
+
+impl RowRefs {
+    /// `None` unless every part has the same per-invocation shape and dtype, and rows exist.
+    pub fn new(parts: Vec<(Tensor, Option<usize>)>) -> Option<RowRefs> {
+        let shape_of = |(t, r): &(Tensor, Option<usize>)| -> Option<Vec<usize>> {
+            match r {
+                None => Some(t.shape().to_vec()),
+                Some(r) if *r < t.shape().first().copied().unwrap_or(0) => {
+                    t.shape().get(1..).map(<[usize]>::to_vec)
+                }
+                Some(_) => None,
+            }
+        };
+        let first = parts.first()?;
+        let shape = shape_of(first)?;
+        let dtype = first.0.dtype();
+        for p in &parts {
+            if p.0.dtype() != dtype || shape_of(p)? != shape {
+                return None;
+            }
+        }
+        Some(RowRefs {
+            parts,
+            shape,
+            dtype,
+        })
+    }
+
+    /// The per-invocation shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of invocations.
+    pub fn len(&self) -> usize {
+        self.parts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// Each invocation's f32 data, in place (`None` for other dtypes).
+    pub fn f32_parts(&self) -> Option<Vec<&[f32]>> {
+        let len: usize = self.shape.iter().product();
+        self.parts
+            .iter()
+            .map(|(t, r)| {
+                let d = t.as_f32()?;
+                let at = r.unwrap_or(0) * len;
+                d.get(at..at + len)
+            })
+            .collect()
+    }
+
+    /// Invocation `i`'s tensor (a copy for a row of a batched tensor).
+    pub fn part(&self, i: usize) -> Result<Tensor, String> {
+        match self.parts.get(i) {
+            Some((t, None)) => Ok(t.clone()),
+            Some((t, Some(r))) => t.row(*r).map_err(|e| e.to_string()),
+            None => Err("internal: row index out of range".into()),
+        }
+    }
+
+    /// The parts stacked along a new leading axis.
+    pub fn stack(&self) -> Result<Tensor, String> {
+        let mut shape = vec![self.parts.len()];
+        shape.extend_from_slice(&self.shape);
+        if let Some(parts) = self.f32_parts() {
+            let mut data = Vec::with_capacity(shape.iter().product());
+            parts.iter().for_each(|p| data.extend_from_slice(p));
+            return Tensor::from_f32(shape, data).map_err(|e| e.to_string());
+        }
+        let ts = (0..self.parts.len())
+            .map(|i| self.part(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&Tensor> = ts.iter().collect();
+        Tensor::stack(&refs).map_err(|e| e.to_string())
+    }
+}
+
+impl BV {
+    /// The value with row lists stacked into a batched tensor (others unchanged).
+    pub fn materialized(&self) -> Result<BV, String> {
+        match self {
+            BV::Rows(r) => r.stack().map(|t| BV::Batched(OpValue::Tensor(t))),
+            other => Ok(other.clone()),
+        }
+    }
 }
 
 /// Counts of how the operators of launches ran, for the profile.
@@ -40,6 +147,11 @@ pub fn run_block(
     octx: &mut OpCtx,
     stats: &mut OpStats,
 ) -> Result<Vec<BV>, String> {
+    let inputs = inputs
+        .iter()
+        .map(BV::materialized)
+        .collect::<Result<Vec<_>, _>>()?;
+    let inputs = inputs.as_slice();
     let mut results: Vec<BV> = Vec::with_capacity(block.nodes.len());
     for node in &block.nodes {
         let mut args = Vec::with_capacity(node.args.len());
@@ -168,13 +280,20 @@ pub(crate) fn batched_op(
     octx: &mut OpCtx,
     stats: &mut OpStats,
 ) -> Result<BV, String> {
+    let args = if args.iter().any(|a| matches!(a, BV::Rows(_))) {
+        args.iter()
+            .map(BV::materialized)
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        args
+    };
     if args.iter().all(|a| matches!(a, BV::Shared(_))) {
         stats.shared += 1;
         let plain: Vec<OpValue> = args
             .into_iter()
             .filter_map(|a| match a {
                 BV::Shared(v) => Some(v),
-                BV::Batched(_) => None,
+                BV::Batched(_) | BV::Rows(_) => None,
             })
             .collect();
         return eval(op, &plain, attrs, octx).map(BV::Shared);
@@ -223,7 +342,8 @@ fn rule(op: &OpDef, attrs: &Attrs, args: &[BV], b: usize) -> Option<(Vec<OpValue
                 .map(|a| match a {
                     BV::Shared(v) => Some(v.clone()),
                     BV::Batched(OpValue::Tensor(t)) => pad_batched(t, r).map(OpValue::Tensor),
-                    BV::Batched(_) => None,
+                    // Materialized before rules are asked.
+                    BV::Batched(_) | BV::Rows(_) => None,
                 })
                 .collect::<Option<Vec<_>>>()?;
             Some((plain, attrs.clone()))
@@ -449,6 +569,7 @@ fn row_of(v: &BV, i: usize) -> Result<OpValue, String> {
             .map(|t| t.row(i).map_err(|e| e.to_string()))
             .collect::<Result<Vec<_>, _>>()
             .map(OpValue::Tuple),
+        BV::Rows(r) => r.part(i).map(OpValue::Tensor),
     }
 }
 

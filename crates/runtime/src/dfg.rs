@@ -12,7 +12,7 @@ use tumble_ir::{Attrs, Span, Ty};
 use tumble_ops::{OpCtx, OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
 
-use crate::batched::{run_block, BV};
+use crate::batched::{run_block, RowRefs, BV};
 use crate::profile::Profile;
 use crate::reuse::Reuse;
 use crate::{Options, Scheduler};
@@ -430,7 +430,8 @@ impl<'p> Dfg<'p> {
     }
 
     /// Input `i` of a launch: passed once if the same for every node, the producer's batch itself
-    /// if it is exactly these rows in order, else stacked.
+    /// if it is exactly these rows in order, else a list of the rows where they lie (gather
+    /// fusion) or stacked.
     fn gather(&mut self, block: u32, i: usize, ids: &[u32]) -> Result<BV, RunError> {
         let args: Vec<&Arg> = ids
             .iter()
@@ -476,6 +477,23 @@ impl<'p> Dfg<'p> {
                     self.profile.zero_copy_inputs += 1;
                     return Ok(BV::Batched(OpValue::Tensor(t)));
                 }
+            }
+        }
+        // Rows of earlier outputs (or whole computed tensors) for the plan to read in place: the
+        // gather is fused into the kernels (GEMM packing, row programs) instead of copied here.
+        if self.opts.gather_fusion && !self.plans.is_empty() {
+            let parts = args
+                .iter()
+                .map(|a| match a {
+                    Arg::Val(t) => Ok((t.clone(), None)),
+                    Arg::Lazy(r) => self
+                        .slot(r)
+                        .map(|s| (s.tensor.clone(), s.row.map(|x| x as usize))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Some(rows) = RowRefs::new(parts) {
+                self.profile.row_list_inputs += 1;
+                return Ok(BV::Rows(rows));
             }
         }
         self.profile.gathered_inputs += 1;

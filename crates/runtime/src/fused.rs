@@ -10,6 +10,7 @@
 //! at each launch, falling back to the batching rules, so a plan never changes results beyond float
 //! rounding. `--no-fusion` turns plans off.
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,8 @@ use tumble_compile::{BArg, BVal, Block, BlockNode};
 use tumble_ir::{AttrValue, DType, Ty};
 use tumble_ops::{OpCtx, OpValue};
 use tumble_tensor::Tensor;
+
+use tumble_kernels::Rows;
 
 use crate::batched::{batched_op, tuple_of, OpStats, BV};
 use crate::fastmath;
@@ -264,13 +267,42 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
 struct Exec<'a> {
     block: &'a Block,
     inputs: &'a [BV],
+    /// Inputs passed as row lists, stacked on first use by a stage that needs a contiguous batch
+    /// (so at most once per launch).
+    stacked: RefCell<Vec<Option<BV>>>,
+    stacks: Cell<u64>,
     vals: Vec<Option<BV>>,
     b: usize,
     threads: usize,
 }
 
 impl Exec<'_> {
+    /// A value as a contiguous batch or shared value (row lists stacked).
     fn get(&self, v: &BVal) -> Result<BV, String> {
+        match v {
+            BVal::Input(i) => {
+                let i = *i as usize;
+                match self.inputs.get(i) {
+                    Some(BV::Rows(r)) => {
+                        if let Some(Some(done)) = self.stacked.borrow().get(i) {
+                            return Ok(done.clone());
+                        }
+                        let t = BV::Batched(OpValue::Tensor(r.stack()?));
+                        self.stacks.set(self.stacks.get() + 1);
+                        if let Some(slot) = self.stacked.borrow_mut().get_mut(i) {
+                            *slot = Some(t.clone());
+                        }
+                        Ok(t)
+                    }
+                    _ => self.get_raw(v),
+                }
+            }
+            _ => self.get_raw(v),
+        }
+    }
+
+    /// A value as it is, row lists included (for the stages that read rows in place).
+    fn get_raw(&self, v: &BVal) -> Result<BV, String> {
         let missing = || format!("internal: block value {v} is not available");
         match v {
             BVal::Input(i) => self.inputs.get(*i as usize).cloned().ok_or_else(missing),
@@ -341,6 +373,8 @@ pub struct FusedStats {
     pub row_time: std::time::Duration,
     /// The part of `row_time` spent compiling row programs.
     pub row_compile_time: std::time::Duration,
+    /// Row-list inputs (gather fusion) stacked because a stage needed a contiguous batch.
+    pub row_lists_stacked: u64,
     pub fallbacks: u64,
 }
 
@@ -360,6 +394,8 @@ pub fn run_planned(
     let mut ex = Exec {
         block,
         inputs,
+        stacked: RefCell::new(vec![None; inputs.len()]),
+        stacks: Cell::new(0),
         vals: vec![None; block.nodes.len()],
         b,
         threads,
@@ -449,7 +485,9 @@ pub fn run_planned(
             Stage::Other(i) => ex.run_node(*i, octx, stats)?,
         }
     }
-    block.outputs.iter().map(|v| ex.get(v)).collect()
+    let outs = block.outputs.iter().map(|v| ex.get(v)).collect();
+    fstats.row_lists_stacked += ex.stacks.get();
+    outs
 }
 
 /// `nn.dense` of batched f32 rows with a shared f32 weight: one product for the whole launch.
@@ -458,29 +496,27 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
     let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1)) else {
         return Ok(None);
     };
-    match (ex.get(av)?, ex.get(wv)?) {
-        // Shared weight: one matrix product over every invocation's rows.
-        (BV::Batched(OpValue::Tensor(a)), BV::Shared(OpValue::Tensor(w))) => {
-            let (Some(a_data), Some(&k), [n, wk]) = (a.as_f32(), a.shape().last(), w.shape())
-            else {
-                return Ok(None);
-            };
-            if *wk != k || a.rank() < 2 || k == 0 || w.as_f32().is_none() {
-                return Ok(None);
-            }
-            let rows = a.len() / k;
-            let mut c = vec![0f32; rows * n];
-            crate::gemm::dense(a_data, k, &w, *n, &mut c, ex.threads)?;
-            let mut shape = a.shape().to_vec();
-            if let Some(last) = shape.last_mut() {
-                *last = *n;
-            }
-            let t = Tensor::from_f32(shape, c).map_err(|e| e.to_string())?;
-            Ok(Some((
-                BV::Batched(OpValue::Tensor(t)),
-                2 * (rows * k * n) as u64,
-            )))
+    let w = ex.get(wv)?;
+    if let BV::Shared(OpValue::Tensor(w)) = &w {
+        // Shared weight: one matrix product over every invocation's rows, read in place.
+        let a = ex.get_raw(av)?;
+        let (Some((a_rows, k, mut shape)), [n, wk]) = (gemm_rows(&a), w.shape()) else {
+            return Ok(None);
+        };
+        if *wk != k || w.as_f32().is_none() {
+            return Ok(None);
         }
+        let rows: usize = shape.iter().product();
+        let mut c = vec![0f32; rows * n];
+        crate::gemm::dense(&a_rows.rows(k), k, w, *n, &mut c, ex.threads)?;
+        shape.push(*n);
+        let t = Tensor::from_f32(shape, c).map_err(|e| e.to_string())?;
+        return Ok(Some((
+            BV::Batched(OpValue::Tensor(t)),
+            2 * (rows * k * n) as u64,
+        )));
+    }
+    match (ex.get(av)?, w) {
         // Per-invocation weights (MV-RNN's word matrices): a small product per invocation.
         (x, BV::Batched(OpValue::Tensor(w))) => {
             let (x_t, x_batched) = match &x {
@@ -514,7 +550,11 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
                 // every invocation's W_i rows go through one GEMM against X as the (packed, cached)
                 // weight, and each (n × m) result is transposed back.
                 let mut ct = vec![0f32; b * n * m];
-                crate::gemm::dense(wd, k, x_t, m, &mut ct, ex.threads)?;
+                let w_rows = tumble_kernels::Rows::Contiguous {
+                    data: wd,
+                    stride: k,
+                };
+                crate::gemm::dense(&w_rows, k, x_t, m, &mut ct, ex.threads)?;
                 let mut c = vec![0f32; b * m * n];
                 for inst in 0..b {
                     let src = &ct[inst * n * m..(inst + 1) * n * m];
@@ -565,20 +605,17 @@ fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, Strin
             return Ok(None);
         };
         if a_val.is_none() {
-            a_val = Some(ex.get(av)?);
+            a_val = Some(ex.get_raw(av)?);
         }
         match ex.get(wv)? {
             BV::Shared(OpValue::Tensor(w)) if w.as_f32().is_some() && w.rank() == 2 => ws.push(w),
             _ => return Ok(None),
         }
     }
-    let Some(BV::Batched(OpValue::Tensor(a))) = a_val else {
+    let Some((a_rows, k, lead)) = a_val.as_ref().and_then(gemm_rows) else {
         return Ok(None);
     };
-    let (Some(a_data), Some(&k)) = (a.as_f32(), a.shape().last()) else {
-        return Ok(None);
-    };
-    if a.rank() < 2 || k == 0 || ws.iter().any(|w| w.shape().get(1) != Some(&k)) {
+    if ws.iter().any(|w| w.shape().get(1) != Some(&k)) {
         return Ok(None);
     }
     let widths: Vec<usize> = ws
@@ -586,9 +623,9 @@ fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, Strin
         .map(|w| w.shape().first().copied().unwrap_or(0))
         .collect();
     let n: usize = widths.iter().sum();
-    let rows = a.len() / k;
+    let rows: usize = lead.iter().product();
     let mut c = vec![0f32; rows * n];
-    crate::gemm::dense_concat(a_data, k, &ws, &mut c, ex.threads)?;
+    crate::gemm::dense_concat(&a_rows.rows(k), k, &ws, &mut c, ex.threads)?;
     let mut outs = Vec::with_capacity(ns.len());
     let mut col = 0;
     for &w in &widths {
@@ -600,15 +637,52 @@ fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, Strin
             );
         }
         col += w;
-        let mut shape = a.shape().to_vec();
-        if let Some(last) = shape.last_mut() {
-            *last = w;
-        }
+        let mut shape = lead.clone();
+        shape.push(w);
         outs.push(BV::Batched(OpValue::Tensor(
             Tensor::from_f32(shape, part).map_err(|e| e.to_string())?,
         )));
     }
     Ok(Some((outs, 2 * (rows * k * n) as u64)))
+}
+
+/// The A operand of a GEMM stage, read where it lies.
+enum GemmRows<'a> {
+    Contiguous(&'a [f32]),
+    /// Rows of earlier launches' outputs (gather fusion): the kernel packs them directly.
+    Gathered(Vec<&'a [f32]>),
+}
+
+impl GemmRows<'_> {
+    fn rows(&self, k: usize) -> Rows<'_> {
+        match self {
+            GemmRows::Contiguous(data) => Rows::Contiguous { data, stride: k },
+            GemmRows::Gathered(rows) => Rows::Gathered(rows),
+        }
+    }
+}
+
+/// Batched f32 rows of width K > 0: the rows, K, and the result's shape without its last axis.
+fn gemm_rows(v: &BV) -> Option<(GemmRows<'_>, usize, Vec<usize>)> {
+    match v {
+        BV::Batched(OpValue::Tensor(a)) if a.rank() >= 2 => {
+            let (data, &k) = (a.as_f32()?, a.shape().last()?);
+            let lead = a.shape().get(..a.rank() - 1)?.to_vec();
+            (k > 0).then_some((GemmRows::Contiguous(data), k, lead))
+        }
+        BV::Rows(r) if !r.shape().is_empty() => {
+            let k = *r.shape().last()?;
+            if k == 0 {
+                return None;
+            }
+            let parts = r.f32_parts()?;
+            let mut lead = vec![r.len()];
+            lead.extend_from_slice(r.shape().get(..r.shape().len() - 1)?);
+            let rows = parts.iter().flat_map(|p| p.chunks_exact(k)).collect();
+            Some((GemmRows::Gathered(rows), k, lead))
+        }
+        _ => None,
+    }
 }
 
 /// f32 dot product with eight independent accumulators (vectorizes).
@@ -746,6 +820,7 @@ fn sig_of(v: &BV) -> OpSig {
         BV::Batched(OpValue::Tensor(t)) if t.dtype() == DType::Float32 => {
             OpSig::Batched(t.shape().get(1..).unwrap_or(&[]).to_vec())
         }
+        BV::Rows(r) if r.dtype() == DType::Float32 => OpSig::Batched(r.shape().to_vec()),
         BV::Shared(OpValue::Tensor(t)) if t.dtype() == DType::Float32 => {
             OpSig::Shared(t.shape().to_vec())
         }
@@ -1117,6 +1192,10 @@ fn row_ptrs(v: &BV, width: usize) -> Option<Vec<&[f32]>> {
     }
     match v {
         BV::Batched(OpValue::Tensor(t)) => t.as_f32().map(|d| d.chunks_exact(width).collect()),
+        BV::Rows(r) => {
+            let parts = r.f32_parts()?;
+            Some(parts.iter().flat_map(|p| p.chunks_exact(width)).collect())
+        }
         _ => None,
     }
 }
@@ -1142,7 +1221,7 @@ fn row_program(
     let vals = ops
         .vals
         .iter()
-        .map(|v| ex.get(v))
+        .map(|v| ex.get_raw(v))
         .collect::<Result<Vec<_>, _>>()?;
     let sig: Vec<OpSig> = vals.iter().map(sig_of).collect();
     let compile = |sig: &[OpSig], fstats: &mut FusedStats| {

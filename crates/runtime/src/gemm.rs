@@ -64,22 +64,21 @@ pub fn packed_concat(ws: &[Tensor], k: usize) -> Result<Arc<PackedWeight>, Strin
     Ok(p)
 }
 
-/// C (rows, ΣN_i) = A (rows, k) · [W_1; W_2; ...]ᵀ for contiguous rows of A.
+/// C (rows, ΣN_i) = A (rows, k) · [W_1; W_2; ...]ᵀ.
 pub fn dense_concat(
-    a: &[f32],
+    a: &Rows,
     k: usize,
     ws: &[Tensor],
     c: &mut [f32],
     threads: usize,
 ) -> Result<(), String> {
     let pw = packed_concat(ws, k)?;
-    let rows = Rows::Contiguous { data: a, stride: k };
-    tumble_kernels::dense(&rows, &pw, c, &NoEpilogue, threads).map_err(|e| e.to_string())
+    tumble_kernels::dense(a, &pw, c, &NoEpilogue, threads).map_err(|e| e.to_string())
 }
 
-/// C (rows, n) = A (rows, k) · Wᵀ for contiguous rows of A.
+/// C (rows, n) = A (rows, k) · Wᵀ, the rows contiguous or gathered.
 pub fn dense(
-    a: &[f32],
+    a: &Rows,
     k: usize,
     w: &Tensor,
     n: usize,
@@ -87,6 +86,5 @@ pub fn dense(
     threads: usize,
 ) -> Result<(), String> {
     let pw = packed(w, n, k)?;
-    let rows = Rows::Contiguous { data: a, stride: k };
-    tumble_kernels::dense(&rows, &pw, c, &NoEpilogue, threads).map_err(|e| e.to_string())
+    tumble_kernels::dense(a, &pw, c, &NoEpilogue, threads).map_err(|e| e.to_string())
 }

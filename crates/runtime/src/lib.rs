@@ -68,6 +68,10 @@ pub struct Options {
     /// Horizontal fusion: denses in a block that read the same rows with different shared weights
     /// (LSTM gates, Q/K/V projections) run as one GEMM over the concatenated weights.
     pub hfuse: bool,
+    /// Gather fusion: a launch input made of rows of earlier outputs is passed as a list of row
+    /// pointers (GEMM packing and row programs read them in place) instead of being stacked
+    /// into a new tensor first. Needs `fusion`.
+    pub gather_fusion: bool,
 }
 
 impl Default for Options {
@@ -82,6 +86,7 @@ impl Default for Options {
             fusion: true,
             row_cache: true,
             hfuse: true,
+            gather_fusion: true,
             threads: 1,
         }
     }

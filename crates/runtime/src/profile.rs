@@ -36,6 +36,8 @@ pub struct Profile {
     pub zero_copy_inputs: u64,
     /// Launch inputs stacked by copying rows.
     pub gathered_inputs: u64,
+    /// Launch inputs passed as lists of rows where they lie (gather fusion).
+    pub row_list_inputs: u64,
     /// Bytes of activations produced by launches (they live until the mini-batch ends).
     pub activation_bytes: u64,
     pub time_program: Duration,
@@ -78,6 +80,8 @@ impl Profile {
         self.shared_inputs += o.shared_inputs;
         self.zero_copy_inputs += o.zero_copy_inputs;
         self.gathered_inputs += o.gathered_inputs;
+        self.row_list_inputs += o.row_list_inputs;
+        self.fused.row_lists_stacked += o.fused.row_lists_stacked;
         self.activation_bytes = self.activation_bytes.max(o.activation_bytes);
         self.time_program += o.time_program;
         self.time_dfg += o.time_dfg;
@@ -140,8 +144,13 @@ impl fmt::Display for Profile {
         )?;
         writeln!(
             f,
-            "launch inputs: {} shared, {} zero-copy, {} gathered; reuse misses {}",
-            self.shared_inputs, self.zero_copy_inputs, self.gathered_inputs, self.reuse_misses
+            "launch inputs: {} shared, {} zero-copy, {} row lists ({} stacked in the launch), {} gathered; reuse misses {}",
+            self.shared_inputs,
+            self.zero_copy_inputs,
+            self.row_list_inputs,
+            self.fused.row_lists_stacked,
+            self.gathered_inputs,
+            self.reuse_misses
         )?;
         writeln!(f, "peak activation bytes {}", self.activation_bytes)?;
         let other = self.time_total.saturating_sub(

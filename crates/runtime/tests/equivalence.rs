@@ -263,6 +263,7 @@ fn check_case(case: &Case) {
                     fusion,
                     row_cache: planopt,
                     hfuse: planopt,
+                    gather_fusion: planopt,
                     phases: fusion,
                     hoist: fusion,
                     ghosts: fusion,
@@ -386,7 +387,7 @@ fn wildly_different_instances() {
 /// DRNN, at an odd batch size, inline-depth scheduling.
 #[test]
 fn every_combination_of_switches() {
-    const N_SWITCHES: u32 = 6;
+    const N_SWITCHES: u32 = 9;
     for case_index in [0usize, 2, 4, 5] {
         let case = &cases()[case_index];
         let l = load_model(case);
@@ -411,8 +412,14 @@ fn every_combination_of_switches() {
             let on = |bit: u32| mask & (1 << bit) != 0;
             let (coarsen, fusion, phases, hoist, ghosts, dup) =
                 (on(0), on(1), on(2), on(3), on(4), on(5));
+            let (hfuse, gather_fusion, row_cache) = (on(6), on(7), on(8));
+            // The plan-level switches only matter with plans on.
+            if !fusion && (hfuse || gather_fusion || row_cache) {
+                continue;
+            }
             let label = format!(
-                "{} coarsen={coarsen} fusion={fusion} phases={phases} hoist={hoist} ghosts={ghosts} dup={dup}",
+                "{} coarsen={coarsen} fusion={fusion} phases={phases} hoist={hoist} ghosts={ghosts} dup={dup} \
+                 hfuse={hfuse} gather_fusion={gather_fusion} row_cache={row_cache}",
                 case.model
             );
             let mut program = Program::lower_with(
@@ -439,8 +446,9 @@ fn every_combination_of_switches() {
                 scheduler: Scheduler::Inline,
                 host_scalars: true,
                 fusion,
-                row_cache: true,
-                hfuse: true,
+                row_cache,
+                hfuse,
+                gather_fusion,
                 phases,
                 hoist,
                 ghosts,

@@ -6,7 +6,7 @@ use tumble_check::{load, LoadOptions};
 use tumble_compile::{LowerOptions, Program};
 use tumble_ir::SourceMap;
 use tumble_ops::{OpCtx, OpValue};
-use tumble_runtime::batched::{run_block, OpStats, BV};
+use tumble_runtime::batched::{run_block, OpStats, RowRefs, BV};
 use tumble_runtime::fused::{plan, run_planned, FusedStats};
 use tumble_tensor::{Rng, Tensor};
 
@@ -303,6 +303,111 @@ fn horizontal_fusion_matches_separate_denses_at_odd_sizes() {
                     assert_eq!(s_on.hfused_stages, 2, "{s_on:?}");
                     assert_eq!(s_on.hfused_denses, 5, "{s_on:?}");
                 }
+            }
+        }
+    }
+}
+
+/// `t` (B, ...) as a row list: odd invocations read a row of a bigger, shuffled batch, even ones a
+/// whole tensor of their own (the two ways a launch input lies in memory).
+fn scattered(t: &Tensor, rng: &mut Rng) -> BV {
+    let b = t.shape().first().copied().unwrap_or(0);
+    let inner: Vec<usize> = t.shape().get(1..).unwrap_or(&[]).to_vec();
+    // A bigger batch holding row i at position 2b - 1 - i, with noise rows elsewhere.
+    let rows: Vec<Tensor> = (0..2 * b)
+        .map(|p| {
+            if p >= b {
+                t.row(2 * b - 1 - p).unwrap_or_else(|e| panic!("{e}"))
+            } else {
+                rand(&inner, rng)
+            }
+        })
+        .collect();
+    let refs: Vec<&Tensor> = rows.iter().collect();
+    let big = Tensor::stack(&refs).unwrap_or_else(|e| panic!("{e}"));
+    let parts = (0..b)
+        .map(|i| {
+            if i % 2 == 0 {
+                (t.row(i).unwrap_or_else(|e| panic!("{e}")), None)
+            } else {
+                (big.clone(), Some(2 * b - 1 - i))
+            }
+        })
+        .collect();
+    BV::Rows(RowRefs::new(parts).unwrap_or_else(|| panic!("row list")))
+}
+
+/// Inputs passed as row lists (gather fusion) give the same bits as the same inputs stacked, in
+/// GEMM stages (single and horizontally fused), row programs and stages that need them stacked.
+#[test]
+fn row_list_inputs_match_stacked_inputs_at_odd_sizes() {
+    let other = |h: usize| {
+        format!(
+            "def @other(%x: Tensor[(3, {h}), float32], %w: Tensor[({h}, {h}), float32],
+                        Primitive=1) {{
+               (nn.softmax(%x, axis=0), tanh(nn.dense(%x, %w)), sigmoid(%x))
+             }}
+             def @main(%x: Tensor[(1, {h}), float32]) {{ %x }}"
+        )
+    };
+    for h in [1usize, 7, 33] {
+        for (src, name) in [
+            (cell(h), "cell"),
+            (projections(h), "proj"),
+            (other(h), "other"),
+        ] {
+            let block = block_of(&src, name);
+            let p = plan(&block);
+            for b in [1usize, 7, 33] {
+                let mut rng = Rng::new((h * 100 + b) as u64);
+                let stacked: Vec<BV> = block
+                    .inputs
+                    .iter()
+                    .map(|inp| match (name, inp.name.as_str()) {
+                        ("other", "%x") => BV::Batched(OpValue::Tensor(rand(&[b, 3, h], &mut rng))),
+                        (_, "%x" | "%c" | "%y") => {
+                            BV::Batched(OpValue::Tensor(rand(&[b, 1, h], &mut rng)))
+                        }
+                        (_, "%w") if name == "cell" => {
+                            BV::Shared(OpValue::Tensor(rand(&[3 * h, h], &mut rng)))
+                        }
+                        (_, "%w" | "%wq" | "%wy") => {
+                            BV::Shared(OpValue::Tensor(rand(&[h, h], &mut rng)))
+                        }
+                        (_, "%wk") => BV::Shared(OpValue::Tensor(rand(&[2 * h + 1, h], &mut rng))),
+                        (_, "%wv") => BV::Shared(OpValue::Tensor(rand(&[3, h], &mut rng))),
+                        (_, "%b") => BV::Shared(OpValue::Tensor(rand(&[3 * h], &mut rng))),
+                        (_, "%g" | "%be") => BV::Shared(OpValue::Tensor(rand(&[2 * h], &mut rng))),
+                        (_, other) => panic!("unexpected block input {other}"),
+                    })
+                    .collect();
+                let lists: Vec<BV> = stacked
+                    .iter()
+                    .map(|v| match v {
+                        BV::Batched(OpValue::Tensor(t)) => scattered(t, &mut rng),
+                        other => other.clone(),
+                    })
+                    .collect();
+                let (want, _) = run_with(&block, &p, &stacked, b);
+                let (got, stats) = run_with(&block, &p, &lists, b);
+                assert!(identical(&got, &want), "{name} h {h} b {b}");
+                assert_eq!(stats.fallbacks, 0, "{name} h {h} b {b}: {stats:?}");
+                // Only the block with a stage outside the plan's fast paths stacks its input.
+                assert_eq!(
+                    stats.row_lists_stacked,
+                    u64::from(name == "other"),
+                    "{name}: {stats:?}"
+                );
+                let mut r = Rng::new(0);
+                let mut octx = OpCtx { rng: &mut r };
+                let mut ostats = OpStats::default();
+                let reference = run_block(&block, &lists, b, &mut octx, &mut ostats)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert!(identical(&reference, &{
+                    let mut octx = OpCtx { rng: &mut r };
+                    run_block(&block, &stacked, b, &mut octx, &mut ostats)
+                        .unwrap_or_else(|e| panic!("{e}"))
+                }));
             }
         }
     }
