@@ -37,20 +37,18 @@ pub struct RowRefs {
 impl RowRefs {
     /// `None` unless every part has the same per-invocation shape and dtype, and rows exist.
     pub fn new(parts: Vec<(Tensor, Option<usize>)>) -> Option<RowRefs> {
-        let shape_of = |(t, r): &(Tensor, Option<usize>)| -> Option<Vec<usize>> {
+        fn shape_of((t, r): &(Tensor, Option<usize>)) -> Option<&[usize]> {
             match r {
-                None => Some(t.shape().to_vec()),
-                Some(r) if *r < t.shape().first().copied().unwrap_or(0) => {
-                    t.shape().get(1..).map(<[usize]>::to_vec)
-                }
+                None => Some(t.shape()),
+                Some(r) if *r < t.shape().first().copied().unwrap_or(0) => t.shape().get(1..),
                 Some(_) => None,
             }
-        };
+        }
         let first = parts.first()?;
-        let shape = shape_of(first)?;
+        let shape = shape_of(first)?.to_vec();
         let dtype = first.0.dtype();
         for p in &parts {
-            if p.0.dtype() != dtype || shape_of(p)? != shape {
+            if p.0.dtype() != dtype || shape_of(p)? != shape.as_slice() {
                 return None;
             }
         }

@@ -9,6 +9,13 @@
 //! block; whether a stage's fast path applies (f32, shapes that line up, shared weights) is checked
 //! at each launch, falling back to the batching rules, so a plan never changes results beyond float
 //! rounding. `--no-fusion` turns plans off.
+//!
+//! Three refinements, each with its own switch ([`PlanOptions`], `Options`): denses that read the
+//! same rows with different shared weights form one **horizontally fused** GEMM stage
+//! (`--no-hfuse`); row programs are **compiled once** per stage and operand signature and cached
+//! in the plan (`--no-row-cache`); and batched inputs may arrive as **row lists**
+//! ([`BV::Rows`], gather fusion, `--no-gather-fusion`), which GEMM stages and row programs read in
+//! place while any other stage gets them stacked (`Exec::get` vs `Exec::get_raw`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
