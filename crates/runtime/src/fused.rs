@@ -1452,25 +1452,16 @@ fn vals<'s>(o: &Opd, r: usize, b: &'s Bound, src: &'s [f32]) -> Vals<'s> {
 
 fn map1(dst: &mut [f32], a: &Vals, f: impl Fn(f32) -> f32) {
     match a {
-        Vals::Slice(s) => dst.iter_mut().zip(s.iter()).for_each(|(o, &x)| *o = f(x)),
+        Vals::Slice(s) => crate::simd::unary(dst, s, f),
         Vals::Splat(x) => dst.fill(f(*x)),
     }
 }
 
 fn map2(dst: &mut [f32], a: &Vals, b: &Vals, f: impl Fn(f32, f32) -> f32) {
     match (a, b) {
-        (Vals::Slice(x), Vals::Slice(y)) => dst
-            .iter_mut()
-            .zip(x.iter().zip(y.iter()))
-            .for_each(|(o, (&p, &q))| *o = f(p, q)),
-        (Vals::Slice(x), Vals::Splat(q)) => dst
-            .iter_mut()
-            .zip(x.iter())
-            .for_each(|(o, &p)| *o = f(p, *q)),
-        (Vals::Splat(p), Vals::Slice(y)) => dst
-            .iter_mut()
-            .zip(y.iter())
-            .for_each(|(o, &q)| *o = f(*p, q)),
+        (Vals::Slice(x), Vals::Slice(y)) => crate::simd::binary(dst, x, y, f),
+        (Vals::Slice(x), Vals::Splat(q)) => crate::simd::unary(dst, x, |p| f(p, *q)),
+        (Vals::Splat(p), Vals::Slice(y)) => crate::simd::unary(dst, y, |q| f(*p, q)),
         (Vals::Splat(p), Vals::Splat(q)) => dst.fill(f(*p, *q)),
     }
 }

@@ -14,6 +14,7 @@ pub mod fused;
 mod gemm;
 pub mod profile;
 pub mod reuse;
+mod simd;
 
 use std::time::Instant;
 
