@@ -1296,7 +1296,10 @@ fn run_rows(ex: &Exec, prog: &RowProg, vals: &[BV]) -> Result<Option<Vec<(usize,
         .map(|(_, os, _)| os.iter().map(|o| vec![0f32; rows * o.len]).collect())
         .collect();
     // Rows are independent: large programs split them across threads, each with its own scratch.
-    let threads = if rows * prog.scratch_len.max(1) >= 1 << 16 {
+    // Only very large ones: on the 2-vCPU development machine (two hyperthreads of one core) a
+    // split at 64 Ki scratch floats made TreeLSTM-large's row programs slower (265 vs 234 ms over
+    // 512 trees), at 1 Mi it is neutral (247 ms) and the whole run faster (1016-1060 vs 1098 ms).
+    let threads = if rows * prog.scratch_len.max(1) >= 1 << 20 {
         ex.threads.clamp(1, rows.max(1))
     } else {
         1
