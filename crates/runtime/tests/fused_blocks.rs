@@ -39,7 +39,10 @@ fn close(a: &BV, b: &BV) -> bool {
         _ => None,
     };
     match (t(a), t(b)) {
-        (Some(x), Some(y)) => x.allclose(&y, 1e-5, 1e-6),
+        // The row programs sum in f32 (the batching rules in f64): a layer norm over K = 66 inputs
+        // of unit scale carries up to ~K·2⁻²⁴ ≈ 4e-6 absolute error in its O(1) outputs, which
+        // the 4099-row launch (270k outputs) does reach; 1e-5 bounds it.
+        (Some(x), Some(y)) => x.allclose(&y, 1e-5, 1e-5),
         _ => false,
     }
 }
@@ -58,8 +61,14 @@ fn kernel_plans_match_the_batching_rules_at_odd_sizes() {
             .find(|b| b.name == "cell")
             .unwrap_or_else(|| panic!("no block for @cell"));
         let p = plan(block);
-        // 257 rows of the widest cell is large enough for the row program to split across threads.
-        for b in [1usize, 3, 7, 33, 257] {
+        // 4099 rows of the widest cell are enough scratch (1 Mi floats) for the row program to
+        // split across threads.
+        let sizes: &[usize] = if h == 33 {
+            &[1, 3, 7, 33, 257, 4099]
+        } else {
+            &[1, 3, 7, 33, 257]
+        };
+        for &b in sizes {
             for threads in [1usize, 2] {
                 let mut rng = Rng::new((h * 100 + b) as u64);
                 // Block inputs are in first-use order; build each by its parameter name.
