@@ -10,12 +10,16 @@
 //! at each launch, falling back to the batching rules, so a plan never changes results beyond float
 //! rounding. `--no-fusion` turns plans off.
 //!
+//! This is ACROBAT's kernel generation for whole static blocks (seed 000 §5; the fusion of
+//! elementwise tails follows BladeDISC/TAO's fusion stitching, seeds 004/001).
+//!
 //! Three refinements, each with its own switch ([`PlanOptions`], `Options`): denses that read the
 //! same rows with different shared weights form one **horizontally fused** GEMM stage
-//! (`--no-hfuse`); row programs are **compiled once** per stage and operand signature and cached
-//! in the plan (`--no-row-cache`); and batched inputs may arrive as **row lists**
-//! ([`BV::Rows`], gather fusion, `--no-gather-fusion`), which GEMM stages and row programs read in
-//! place while any other stage gets them stacked (`Exec::get` vs `Exec::get_raw`).
+//! (`--no-hfuse`; ACROBAT §5 / appendix B's horizontal fusion: LSTM gates, Q/K/V); row programs
+//! are **compiled once** per stage and operand signature and cached in the plan
+//! (`--no-row-cache`); and batched inputs may arrive as **row lists** ([`BV::Rows`], gather fusion,
+//! ACROBAT §5.2, `--no-gather-fusion`), which GEMM stages and row programs read in place while any
+//! other stage gets them stacked (`Exec::get` vs `Exec::get_raw`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
