@@ -1,4 +1,4 @@
-//! Code duplication for parameter reuse (ACROBAT §5.1). When one function is called with different
+//! Code duplication for parameter reuse (ACROBAT §5.1 and appendix B.1). When one function is called with different
 //! weights at different call sites (BiRNN's forward and backward `@rnn`), its blocks see a
 //! different weight per call site, and one launch of a block would have to gather weights per
 //! invocation. Cloning the function — with everything it reaches that invokes such blocks, and the

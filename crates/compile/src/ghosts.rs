@@ -1,4 +1,4 @@
-//! Ghost operators (ACROBAT §4.1, Fig. 3). Under inline-depth scheduling every block invocation
+//! Ghost operators (ACROBAT §4.1 and appendix A.3, Fig. 3). Under inline-depth scheduling every block invocation
 //! advances the instance's depth by one. When the arms of a conditional run different numbers of
 //! blocks (StackRNN: REDUCE composes a phrase, SHIFT does not), instances that took different arms
 //! continue at different depths, and the next step's blocks — identical work — no longer launch

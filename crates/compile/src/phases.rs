@@ -1,4 +1,4 @@
-//! Automatic program phases (ACROBAT §4.1). The stages of the entry function — typically the
+//! Automatic program phases (ACROBAT §4.1 and appendix A.3). The stages of the entry function — typically the
 //! recursion over the instance, then an output layer on its result — are separated by a phase
 //! boundary, so the output layer of every instance waits until all instances are through the
 //! recursion and then runs as one launch, instead of trickling out at each instance's own depth.

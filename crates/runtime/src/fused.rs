@@ -15,7 +15,7 @@
 //!
 //! Three refinements, each with its own switch ([`PlanOptions`], `Options`): denses that read the
 //! same rows with different shared weights form one **horizontally fused** GEMM stage
-//! (`--no-hfuse`; ACROBAT §5 / appendix B's horizontal fusion: LSTM gates, Q/K/V); row programs
+//! (`--no-hfuse`; ACROBAT appendix B.1, Fig. 9: LSTM gates, Q/K/V); row programs
 //! are **compiled once** per stage and operand signature and cached in the plan
 //! (`--no-row-cache`); and batched inputs may arrive as **row lists** ([`BV::Rows`], gather fusion,
 //! ACROBAT §5.2, `--no-gather-fusion`), which GEMM stages and row programs read in place while any
