@@ -438,8 +438,15 @@ impl<'p> Dfg<'p> {
             .filter_map(|&id| self.nodes.get(id as usize).and_then(|n| n.args.get(i)))
             .collect();
         let shared_expected = self.reuse.is_shared(block, i);
-        // Same concrete tensor everywhere (a weight): pass it once.
-        if let Some(Arg::Val(first)) = args.first() {
+        // Same concrete tensor everywhere (a weight): pass it once. A launch of one invocation
+        // trivially passes "the same" tensor everywhere; a per-instance input there is still a
+        // batch of one (else the plan's dense and row stages, which want batched activations,
+        // would fall back to the reference kernels: Berxit under `--scheduler eager`).
+        let per_instance = matches!(
+            self.reuse.inputs.get(block as usize).and_then(|v| v.get(i)),
+            Some(crate::reuse::InputReuse::PerInstance)
+        );
+        if let Some(Arg::Val(first)) = args.first().filter(|_| args.len() > 1 || !per_instance) {
             if args.iter().all(|a| matches!(a, Arg::Val(t) if t.shares_buffer(first) && t.shape() == first.shape())) {
                 self.profile.shared_inputs += 1;
                 return Ok(BV::Shared(OpValue::Tensor(first.clone())));

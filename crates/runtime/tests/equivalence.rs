@@ -470,3 +470,36 @@ fn every_combination_of_switches() {
         }
     }
 }
+
+/// Launches of a single invocation (the eager scheduler, or a sequence's last steps) still run the
+/// kernel plans: the per-instance inputs are a batch of one, not "shared" tensors, so no stage
+/// falls back to the reference kernels.
+#[test]
+fn launches_of_one_invocation_use_the_kernel_plans() {
+    let case = &cases()[0];
+    let l = load_model(case);
+    let mut program = Program::lower_with(&l.typed, LowerOptions::batched())
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    let (args, _) = instances(&l, &program, &case.inputs);
+    let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
+    let weights: Vec<bool> = params
+        .iter()
+        .map(|(n, _)| !INSTANCE_ARGS.contains(&n.as_str()))
+        .collect();
+    tumble_compile::optimize(
+        &mut program,
+        "main",
+        &weights,
+        tumble_compile::StaticOptions::all(),
+    );
+    let reuse = tumble_compile::analyze_reuse(&program, "main", &weights);
+    let opts = Options {
+        scheduler: Scheduler::Eager,
+        ..Options::default()
+    };
+    let rngs = (0..args.len()).map(rng).collect();
+    let (_, profile) = run_batch(&program, &reuse, "main", args, rngs, opts)
+        .unwrap_or_else(|e| panic!("{}", e.error.message));
+    assert!(profile.fused.dense_stages > 0, "{:?}", profile.fused);
+    assert_eq!(profile.fused.fallbacks, 0, "{:?}", profile.fused);
+}
