@@ -5,6 +5,12 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+// The runtime allocates a tensor per launch output and many small host values per instance;
+// mimalloc keeps freed memory for reuse instead of returning large blocks to the OS and
+// page-faulting them back in at the next launch (measured in bench/RESULTS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod commands;
 mod explain;
 mod run;
