@@ -356,9 +356,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=5, help="repeats per point (Berxit: --berxit-rounds)")
     ap.add_argument("--minibatches", type=int, default=4, help="K mini-batches per point at batch 8 (64: half, at least 1)")
     ap.add_argument("--berxit-rounds", type=int, default=1)
-    ap.add_argument("--berxit-tumble", choices=["none", "small8", "all"], default="small8",
-                    help="which Berxit points tumble runs (reference kernels: ~10 s per small instance); "
-                         "default small8: berxit_small at batch 8 only")
+    ap.add_argument("--berxit-tumble", choices=["none", "small8", "all"], default="all",
+                    help="which Berxit points tumble runs (default all: 5-45 s per mini-batch; "
+                         "small8: berxit_small at batch 8 only)")
     ap.add_argument("--threads", type=int, default=1, help="threads for the peers and for tumble's kernels "
                     "(TUMBLE_NUM_THREADS); the sgemm peak is measured at this count")
     ap.add_argument("--tumble", default=os.path.join(ROOT, "target", "release", "tumble"))
