@@ -263,3 +263,66 @@ fn batched_and_reference_engines_agree_on_the_readme_command() {
     }
     assert!(text(&batched.stderr).contains("batched launches"));
 }
+
+#[test]
+fn explain_reports_what_each_static_optimization_found() {
+    let model = |m: &str| root().join("models").join(m).display().to_string();
+    let birnn = tumble(&["explain", &model("birnn_small.rly")]);
+    assert!(birnn.status.success(), "{}", text(&birnn.stderr));
+    let out = text(&birnn.stdout);
+    for want in [
+        "static optimizations:",
+        "@rnn -> @rnn#2",
+        "hoisting: independent of recursive state",
+        "rnn_input at ",
+        "phases: 1 boundaries in @main",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    // rnn_step carries the recurrent state: not hoisted.
+    assert!(!out.contains("rnn_step at "), "{out}");
+    let stack = text(&tumble(&["explain", &model("stackrnn_small.rly")]).stdout);
+    assert!(stack.contains("in @stackrnn: [0, 1]"), "{stack}");
+    let berxit = text(&tumble(&["explain", &model("berxit_small.rly")]).stdout);
+    assert!(
+        berxit.contains("(horizontally fused)"),
+        "no fused Q/K/V group"
+    );
+}
+
+#[test]
+fn every_optimization_switch_is_accepted_and_keeps_the_outputs() {
+    let model = root()
+        .join("models/stackrnn_small.rly")
+        .display()
+        .to_string();
+    let inputs = root().join("examples/stackrnn.jsonl").display().to_string();
+    let base = ["run", &model, "--inputs", &inputs, "--random-params", "0"];
+    let all = tumble(&base);
+    assert!(all.status.success(), "{}", text(&all.stderr));
+    let switches = [
+        "--no-coarsen",
+        "--no-fusion",
+        "--no-phases",
+        "--no-hoist",
+        "--no-ghosts",
+        "--no-dup",
+        "--no-hfuse",
+        "--no-gather-fusion",
+        "--no-row-cache",
+    ];
+    let none = tumble(&[&base[..], &switches[..]].concat());
+    assert!(none.status.success(), "{}", text(&none.stderr));
+    // StackRNN's outputs are argmax decisions and logits; the decisions must match exactly.
+    let actions = |o: &Output| -> Vec<String> {
+        text(&o.stdout)
+            .lines()
+            .map(|l| l.rsplit_once("]],").map_or(l, |(_, a)| a).to_string())
+            .collect()
+    };
+    assert_eq!(actions(&all), actions(&none));
+    assert_eq!(
+        text(&all.stdout).lines().count(),
+        text(&none.stdout).lines().count()
+    );
+}

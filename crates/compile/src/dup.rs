@@ -250,7 +250,8 @@ fn clone_for(program: &mut Program, g: u32, reaches: &[bool], copy: usize) -> (u
     for (x, name) in names {
         if let (Some(&l), Some(&ng)) = (program.globals.get(x as usize), global_map.get(&x)) {
             let nl = lambda_map.get(&l).copied().unwrap_or(l);
-            debug_assert_eq!(program.globals.len() as u32, ng);
+            // `global_map` numbered the clones in this same order from `globals.len()`, and every
+            // global in `globals_to_clone` has a lambda, so this push lands at index `ng`.
             program.globals.push(nl);
             program.global_index.insert(format!("{name}#{copy}"), ng);
         }
