@@ -1294,11 +1294,6 @@ fn run_rows(ex: &Exec, prog: &RowProg, vals: &[BV]) -> Result<Option<Vec<(usize,
         }
     }
     let outs = &prog.outs;
-    // Run: one pass per row over the program, then copy live values out.
-    let mut out_bufs: Vec<Vec<Vec<f32>>> = outs
-        .iter()
-        .map(|(_, os, _)| os.iter().map(|o| vec![0f32; rows * o.len]).collect())
-        .collect();
     // Rows are independent: large programs split them across threads, each with its own scratch.
     // Only very large ones: on the 2-vCPU development machine (two hyperthreads of one core) a
     // split at 64 Ki scratch floats made TreeLSTM-large's row programs slower (265 vs 234 ms over
@@ -1308,6 +1303,75 @@ fn run_rows(ex: &Exec, prog: &RowProg, vals: &[BV]) -> Result<Option<Vec<(usize,
     } else {
         1
     };
+    // Run: one pass per row over the program, then copy live values out.
+    let out_bufs = if threads == 1 {
+        run_rows_in_order(prog, &bound, rows)
+    } else {
+        run_rows_split(prog, &bound, rows, threads)
+    };
+    let mut result = Vec::with_capacity(outs.len());
+    for (&(i, ref os, tuple), bufs) in outs.iter().zip(out_bufs) {
+        let mut tensors = Vec::with_capacity(bufs.len());
+        for (o, buf) in os.iter().zip(bufs) {
+            let mut shape = lead.clone();
+            shape.push(o.len);
+            tensors.push(Tensor::from_f32(shape, buf).map_err(|e| e.to_string())?);
+        }
+        let v = if tuple {
+            BV::Batched(OpValue::Tuple(tensors))
+        } else {
+            match tensors.pop() {
+                Some(t) => BV::Batched(OpValue::Tensor(t)),
+                None => return Err("internal: empty row output".into()),
+            }
+        };
+        result.push((i, v));
+    }
+    Ok(Some(result))
+}
+/// One thread: rows in order, each live value appended to its output (no zero-filled buffers).
+fn run_rows_in_order(prog: &RowProg, bound: &Bound, rows: usize) -> Vec<Vec<Vec<f32>>> {
+    let outs = &prog.outs;
+    let mut bufs: Vec<Vec<Vec<f32>>> = outs
+        .iter()
+        .map(|(_, os, _)| {
+            os.iter()
+                .map(|o| Vec::with_capacity(rows * o.len))
+                .collect()
+        })
+        .collect();
+    let mut scratch = vec![0f32; prog.scratch_len];
+    for r in 0..rows {
+        for ins in &prog.instrs {
+            exec(ins, r, bound, &mut scratch);
+        }
+        for ((_, os, _), per_out) in outs.iter().zip(bufs.iter_mut()) {
+            for (o, buf) in os.iter().zip(per_out.iter_mut()) {
+                match o.src {
+                    Src::Scalar(sc) => {
+                        let x = bound.scalars.get(sc).copied().unwrap_or(0.0);
+                        buf.resize(buf.len() + o.len, x);
+                    }
+                    _ => buf.extend_from_slice(slice(o, r, bound, &scratch)),
+                }
+            }
+        }
+    }
+    bufs
+}
+
+/// Several threads: each runs a contiguous range of rows into its part of zero-filled outputs.
+fn run_rows_split(
+    prog: &RowProg,
+    bound: &Bound,
+    rows: usize,
+    threads: usize,
+) -> Vec<Vec<Vec<f32>>> {
+    let outs = &prog.outs;
+    let mut out_bufs: Vec<Vec<Vec<f32>>> = outs
+        .iter()
+        .map(|(_, os, _)| os.iter().map(|o| vec![0f32; rows * o.len]).collect())
+        .collect();
     let chunk = rows.div_ceil(threads).max(1);
     let mut parts: Vec<RowChunk> = (0..threads)
         .map(|t| (t * chunk, ((t + 1) * chunk).min(rows), Vec::new()))
@@ -1333,7 +1397,7 @@ fn run_rows(ex: &Exec, prog: &RowProg, vals: &[BV]) -> Result<Option<Vec<(usize,
         let mut scratch = vec![0f32; prog.scratch_len];
         for r in start..end {
             for ins in &prog.instrs {
-                exec(ins, r, &bound, &mut scratch);
+                exec(ins, r, bound, &mut scratch);
             }
             for (k, (_, os, _)) in outs.iter().enumerate() {
                 for (j, o) in os.iter().enumerate() {
@@ -1343,44 +1407,21 @@ fn run_rows(ex: &Exec, prog: &RowProg, vals: &[BV]) -> Result<Option<Vec<(usize,
                         .and_then(|v| v.get_mut(j))
                         .and_then(|d| d.get_mut(at..at + o.len))
                     {
-                        read(o, r, &bound, &scratch, dst);
+                        read(o, r, bound, &scratch, dst);
                     }
                 }
             }
         }
     };
-    if parts.len() == 1 {
+    std::thread::scope(|s| {
         for (start, end, mut bufs) in parts {
-            run_rows(start, end, &mut bufs);
+            let run_rows = &run_rows;
+            s.spawn(move || run_rows(start, end, &mut bufs));
         }
-    } else {
-        std::thread::scope(|s| {
-            for (start, end, mut bufs) in parts {
-                let run_rows = &run_rows;
-                s.spawn(move || run_rows(start, end, &mut bufs));
-            }
-        });
-    }
-    let mut result = Vec::with_capacity(outs.len());
-    for (&(i, ref os, tuple), bufs) in outs.iter().zip(out_bufs) {
-        let mut tensors = Vec::with_capacity(bufs.len());
-        for (o, buf) in os.iter().zip(bufs) {
-            let mut shape = lead.clone();
-            shape.push(o.len);
-            tensors.push(Tensor::from_f32(shape, buf).map_err(|e| e.to_string())?);
-        }
-        let v = if tuple {
-            BV::Batched(OpValue::Tuple(tensors))
-        } else {
-            match tensors.pop() {
-                Some(t) => BV::Batched(OpValue::Tensor(t)),
-                None => return Err("internal: empty row output".into()),
-            }
-        };
-        result.push((i, v));
-    }
-    Ok(Some(result))
+    });
+    out_bufs
 }
+
 /// Why a row program did not apply (printed with `TUMBLE_DEBUG_FUSION=1`, for development).
 fn bail<T>(site: u32) -> Option<T> {
     // Read once: bailing happens per launch for shared-only segments.
