@@ -248,7 +248,7 @@ fn print_static_report(
 
 fn count_phases(code: &tumble_compile::Code) -> usize {
     let mut n = 0;
-    tumble_compile::visit_code(code, &mut |c| {
+    code.visit(&mut |c| {
         n += usize::from(matches!(c, tumble_compile::Code::Phase));
     });
     n

@@ -12,8 +12,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::phases::visit;
-use crate::program::{Code, Program, Site};
+use crate::program::{lambdas_reaching, Code, Program, Site};
 use crate::reuse::{analyze, InputReuse};
 
 /// Lambdas a program may grow by through duplication.
@@ -77,36 +76,10 @@ pub fn duplicate(program: &mut Program, entry: &str, weights: &[bool]) -> Vec<Du
 
 /// Per lambda: does it invoke one of `blocks`, or reference a global or make a closure that does?
 fn reaching_lambdas(program: &Program, blocks: &BTreeSet<u32>) -> Vec<bool> {
-    let n = program.lambdas.len();
-    let mut reach = vec![false; n];
-    let mut edges: Vec<Vec<u32>> = vec![Vec::new(); n];
-    for (i, l) in program.lambdas.iter().enumerate() {
-        visit(&l.body, &mut |c| match c {
-            Code::InvokeBlock { block, .. } if blocks.contains(block) => reach[i] = true,
-            Code::CallGlobal { global, .. } | Code::Global(global) => {
-                if let Some(&t) = program.globals.get(*global as usize) {
-                    edges[i].push(t);
-                }
-            }
-            Code::MakeClosure(t) => edges[i].push(*t),
-            _ => {}
-        });
-    }
-    let mut changed = true;
-    while changed {
-        changed = false;
-        for i in 0..n {
-            if !reach[i]
-                && edges[i]
-                    .iter()
-                    .any(|&t| reach.get(t as usize) == Some(&true))
-            {
-                reach[i] = true;
-                changed = true;
-            }
-        }
-    }
-    reach
+    lambdas_reaching(
+        program,
+        |c| matches!(c, Code::InvokeBlock { block, .. } if blocks.contains(block)),
+    )
 }
 
 /// A lambda and the closures created inside it, transitively.
@@ -118,7 +91,7 @@ fn family_of(program: &Program, l: u32) -> BTreeSet<u32> {
             continue;
         }
         if let Some(lam) = program.lambdas.get(x as usize) {
-            visit(&lam.body, &mut |c| {
+            lam.body.visit(&mut |c| {
                 if let Code::MakeClosure(t) = c {
                     todo.push(*t);
                 }
@@ -137,7 +110,7 @@ fn references_outside(program: &Program, g: u32, family: &BTreeSet<u32>) -> Vec<
             continue;
         }
         let mut k = 0;
-        visit(&l.body, &mut |c| {
+        l.body.visit(&mut |c| {
             if matches!(c, Code::CallGlobal { global, .. } | Code::Global(global) if *global == g) {
                 out.push((i as u32, k));
                 k += 1;
@@ -163,7 +136,7 @@ fn clone_for(program: &mut Program, g: u32, reaches: &[bool], copy: usize) -> (u
         }
         for m in family_of(program, l) {
             if let Some(lam) = program.lambdas.get(m as usize) {
-                visit(&lam.body, &mut |c| {
+                lam.body.visit(&mut |c| {
                     if let Code::CallGlobal { global, .. } | Code::Global(global) = c {
                         todo.push(*global);
                     }
@@ -195,7 +168,7 @@ fn clone_for(program: &mut Program, g: u32, reaches: &[bool], copy: usize) -> (u
         };
         let mut lam = orig.clone();
         lam.name = format!("{}#{copy}", orig.name);
-        rewrite(&mut lam.body, &mut |c| match c {
+        lam.body.visit_mut(&mut |c| match c {
             Code::CallGlobal { global, .. } | Code::Global(global) => {
                 if let Some(&n) = global_map.get(global) {
                     *global = n;
@@ -273,7 +246,7 @@ fn retarget(program: &mut Program, holder: u32, from: u32, nth: usize, to: u32) 
         return;
     };
     let mut k = 0;
-    rewrite(&mut lam.body, &mut |c| {
+    lam.body.visit_mut(&mut |c| {
         if let Code::CallGlobal { global, .. } | Code::Global(global) = c {
             if *global == from {
                 if k == nth {
@@ -283,44 +256,4 @@ fn retarget(program: &mut Program, holder: u32, from: u32, nth: usize, to: u32) 
             }
         }
     });
-}
-
-/// Calls `f` on `code` and everything inside it, mutably, in the same order as [`visit`].
-fn rewrite(code: &mut Code, f: &mut impl FnMut(&mut Code)) {
-    let mut stack: Vec<&mut Code> = vec![code];
-    while let Some(c) = stack.pop() {
-        f(c);
-        match c {
-            Code::Slot(_)
-            | Code::SelfRef
-            | Code::Global(_)
-            | Code::Ctor(_)
-            | Code::Lit(_)
-            | Code::MakeClosure(_)
-            | Code::Phase => {}
-            Code::Ghost(_, b) | Code::Proj(b, _, _) => stack.push(b),
-            Code::Tuple(es)
-            | Code::Concurrent(es)
-            | Code::CallOp { args: es, .. }
-            | Code::CallCtor { args: es, .. }
-            | Code::CallGlobal { args: es, .. }
-            | Code::InvokeBlock { args: es, .. }
-            | Code::Call { operands: es, .. } => stack.extend(es.iter_mut()),
-            Code::Let { binds, body } => {
-                stack.push(body);
-                stack.extend(binds.iter_mut().map(|(_, v)| v));
-            }
-            Code::If(a, b, c) => {
-                stack.push(a);
-                stack.push(b);
-                stack.push(c);
-            }
-            Code::Match {
-                scrutinee, arms, ..
-            } => {
-                stack.push(scrutinee);
-                stack.extend(arms.iter_mut().map(|(_, b)| b));
-            }
-        }
-    }
 }

@@ -188,25 +188,6 @@ fn arms_cost<'a>(arms: impl IntoIterator<Item = &'a Code>, cx: &Cx) -> Cost {
 /// Pads the arms of every conditional inside `code`.
 fn align(code: &mut Code, cx: &Cx, out: &mut Vec<Vec<u32>>) {
     match code {
-        Code::Slot(_)
-        | Code::SelfRef
-        | Code::Global(_)
-        | Code::Ctor(_)
-        | Code::Lit(_)
-        | Code::MakeClosure(_)
-        | Code::Phase => {}
-        Code::Ghost(_, b) | Code::Proj(b, _, _) => align(b, cx, out),
-        Code::Tuple(es)
-        | Code::Concurrent(es)
-        | Code::CallOp { args: es, .. }
-        | Code::CallCtor { args: es, .. }
-        | Code::CallGlobal { args: es, .. }
-        | Code::InvokeBlock { args: es, .. }
-        | Code::Call { operands: es, .. } => es.iter_mut().for_each(|e| align(e, cx, out)),
-        Code::Let { binds, body } => {
-            binds.iter_mut().for_each(|(_, v)| align(v, cx, out));
-            align(body, cx, out);
-        }
         Code::If(cond, t, f) => {
             align(cond, cx, out);
             pad(&mut [t.as_mut(), f.as_mut()], cx, out);
@@ -218,6 +199,7 @@ fn align(code: &mut Code, cx: &Cx, out: &mut Vec<Vec<u32>>) {
             let mut bodies: Vec<&mut Code> = arms.iter_mut().map(|(_, b)| b).collect();
             pad(&mut bodies, cx, out);
         }
+        other => other.for_each_child_mut(|c| align(c, cx, out)),
     }
 }
 

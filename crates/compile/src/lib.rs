@@ -18,7 +18,6 @@ pub mod reuse;
 pub use blocks::{BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
 pub use hoist::{analyze as analyze_hoisting, HoistAnalysis};
 pub use passes::{optimize, StaticOptions, StaticReport};
-pub use phases::visit as visit_code;
 pub use program::{
     CaptureFrom, Code, CtorEntry, Lambda, LowerError, LowerOptions, Pat, Program, Site,
 };

@@ -21,7 +21,8 @@ pub fn insert(program: &mut Program, entry: &str) -> Vec<usize> {
     else {
         return Vec::new();
     };
-    let does_tensor_work = tensor_functions(program);
+    let does_tensor_work =
+        crate::program::lambdas_reaching(program, |c| matches!(c, Code::InvokeBlock { .. }));
     let globals = program.globals.clone();
     let Some(lambda) = program.lambdas.get_mut(l as usize) else {
         return Vec::new();
@@ -57,46 +58,9 @@ pub fn insert(program: &mut Program, entry: &str) -> Vec<usize> {
     inserted
 }
 
-/// Per lambda: does running it (transitively, through any call it makes) invoke a block?
-fn tensor_functions(program: &Program) -> Vec<bool> {
-    let n = program.lambdas.len();
-    let mut direct = vec![false; n];
-    let mut callees: Vec<Vec<u32>> = vec![Vec::new(); n];
-    for (i, l) in program.lambdas.iter().enumerate() {
-        visit(&l.body, &mut |c| match c {
-            Code::InvokeBlock { .. } => direct[i] = true,
-            Code::CallGlobal { global, .. } | Code::Global(global) => {
-                if let Some(&t) = program.globals.get(*global as usize) {
-                    callees[i].push(t);
-                }
-            }
-            Code::MakeClosure(t) => callees[i].push(*t),
-            _ => {}
-        });
-    }
-    // Propagate to a fixpoint (a function that may call or create a block-invoking one does work).
-    let mut changed = true;
-    while changed {
-        changed = false;
-        for i in 0..n {
-            if !direct[i]
-                && callees[i]
-                    .iter()
-                    .any(|&c| direct.get(c as usize) == Some(&true))
-            {
-                direct[i] = true;
-                changed = true;
-            }
-        }
-    }
-    direct
-}
-
 fn invokes_block(code: &Code) -> bool {
     let mut found = false;
-    visit(code, &mut |c| {
-        found |= matches!(c, Code::InvokeBlock { .. })
-    });
+    code.visit(&mut |c| found |= matches!(c, Code::InvokeBlock { .. }));
     found
 }
 
@@ -104,7 +68,7 @@ fn invokes_block(code: &Code) -> bool {
 fn calls_into(code: &Code, tensor_fns: &[bool], globals: &[u32]) -> bool {
     let mut found = false;
     let works = |l: u32| tensor_fns.get(l as usize) == Some(&true);
-    visit(code, &mut |c| match c {
+    code.visit(&mut |c| match c {
         Code::CallGlobal { global, .. } | Code::Global(global) => {
             found |= globals.get(*global as usize).is_some_and(|&l| works(l));
         }
@@ -112,44 +76,4 @@ fn calls_into(code: &Code, tensor_fns: &[bool], globals: &[u32]) -> bool {
         _ => {}
     });
     found
-}
-
-/// Calls `f` on `code` and everything inside it (not into other functions' bodies).
-pub fn visit(code: &Code, f: &mut impl FnMut(&Code)) {
-    let mut stack = vec![code];
-    while let Some(c) = stack.pop() {
-        f(c);
-        match c {
-            Code::Slot(_)
-            | Code::SelfRef
-            | Code::Global(_)
-            | Code::Ctor(_)
-            | Code::Lit(_)
-            | Code::MakeClosure(_)
-            | Code::Phase => {}
-            Code::Ghost(_, b) | Code::Proj(b, _, _) => stack.push(b),
-            Code::Tuple(es)
-            | Code::Concurrent(es)
-            | Code::CallOp { args: es, .. }
-            | Code::CallCtor { args: es, .. }
-            | Code::CallGlobal { args: es, .. }
-            | Code::InvokeBlock { args: es, .. }
-            | Code::Call { operands: es, .. } => stack.extend(es.iter()),
-            Code::Let { binds, body } => {
-                stack.push(body);
-                stack.extend(binds.iter().map(|(_, v)| v));
-            }
-            Code::If(a, b, c) => {
-                stack.push(a);
-                stack.push(b);
-                stack.push(c);
-            }
-            Code::Match {
-                scrutinee, arms, ..
-            } => {
-                stack.push(scrutinee);
-                stack.extend(arms.iter().map(|(_, b)| b));
-            }
-        }
-    }
 }

@@ -77,6 +77,138 @@ pub enum Code {
     },
 }
 
+impl Code {
+    /// Calls `f` on each piece of code directly inside this one (not into other functions'
+    /// bodies): the one place that knows where `Code` nests.
+    pub fn for_each_child<'a>(&'a self, mut f: impl FnMut(&'a Code)) {
+        match self {
+            Code::Slot(_)
+            | Code::SelfRef
+            | Code::Global(_)
+            | Code::Ctor(_)
+            | Code::Lit(_)
+            | Code::MakeClosure(_)
+            | Code::Phase => {}
+            Code::Ghost(_, b) | Code::Proj(b, _, _) => f(b),
+            Code::Tuple(es)
+            | Code::Concurrent(es)
+            | Code::CallOp { args: es, .. }
+            | Code::CallCtor { args: es, .. }
+            | Code::CallGlobal { args: es, .. }
+            | Code::InvokeBlock { args: es, .. }
+            | Code::Call { operands: es, .. } => es.iter().for_each(f),
+            Code::Let { binds, body } => {
+                binds.iter().for_each(|(_, v)| f(v));
+                f(body);
+            }
+            Code::If(a, b, c) => {
+                f(a);
+                f(b);
+                f(c);
+            }
+            Code::Match {
+                scrutinee, arms, ..
+            } => {
+                f(scrutinee);
+                arms.iter().for_each(|(_, b)| f(b));
+            }
+        }
+    }
+
+    /// [`Code::for_each_child`], mutably (same order).
+    pub fn for_each_child_mut<'a>(&'a mut self, mut f: impl FnMut(&'a mut Code)) {
+        match self {
+            Code::Slot(_)
+            | Code::SelfRef
+            | Code::Global(_)
+            | Code::Ctor(_)
+            | Code::Lit(_)
+            | Code::MakeClosure(_)
+            | Code::Phase => {}
+            Code::Ghost(_, b) | Code::Proj(b, _, _) => f(b),
+            Code::Tuple(es)
+            | Code::Concurrent(es)
+            | Code::CallOp { args: es, .. }
+            | Code::CallCtor { args: es, .. }
+            | Code::CallGlobal { args: es, .. }
+            | Code::InvokeBlock { args: es, .. }
+            | Code::Call { operands: es, .. } => es.iter_mut().for_each(f),
+            Code::Let { binds, body } => {
+                binds.iter_mut().for_each(|(_, v)| f(v));
+                f(body);
+            }
+            Code::If(a, b, c) => {
+                f(a);
+                f(b);
+                f(c);
+            }
+            Code::Match {
+                scrutinee, arms, ..
+            } => {
+                f(scrutinee);
+                arms.iter_mut().for_each(|(_, b)| f(b));
+            }
+        }
+    }
+
+    /// Calls `f` on this code and everything inside it, iteratively (no recursion on the Rust
+    /// stack however deep the code nests).
+    pub fn visit(&self, f: &mut impl FnMut(&Code)) {
+        let mut stack = vec![self];
+        while let Some(c) = stack.pop() {
+            f(c);
+            c.for_each_child(|k| stack.push(k));
+        }
+    }
+
+    /// [`Code::visit`], mutably, in the same order.
+    pub fn visit_mut(&mut self, f: &mut impl FnMut(&mut Code)) {
+        let mut stack = vec![self];
+        while let Some(c) = stack.pop() {
+            f(c);
+            c.for_each_child_mut(|k| stack.push(k));
+        }
+    }
+}
+
+/// Per lambda: does it, or anything it may call or create (globals it references, closures it
+/// makes, transitively), contain code for which `direct` holds? Call-graph reachability shared by
+/// the automatic phases and code duplication.
+pub fn lambdas_reaching(program: &Program, direct: impl Fn(&Code) -> bool) -> Vec<bool> {
+    let n = program.lambdas.len();
+    let mut reach = vec![false; n];
+    let mut edges: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for (i, l) in program.lambdas.iter().enumerate() {
+        l.body.visit(&mut |c| {
+            reach[i] |= direct(c);
+            match c {
+                Code::CallGlobal { global, .. } | Code::Global(global) => {
+                    if let Some(&t) = program.globals.get(*global as usize) {
+                        edges[i].push(t);
+                    }
+                }
+                Code::MakeClosure(t) => edges[i].push(*t),
+                _ => {}
+            }
+        });
+    }
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for i in 0..n {
+            if !reach[i]
+                && edges[i]
+                    .iter()
+                    .any(|&t| reach.get(t as usize) == Some(&true))
+            {
+                reach[i] = true;
+                changed = true;
+            }
+        }
+    }
+    reach
+}
+
 #[derive(Debug, Clone)]
 pub enum Pat {
     Wild,

@@ -151,7 +151,7 @@ def @main(%n: int32, %h: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { @
 
 fn count(code: &Code, pred: &dyn Fn(&Code) -> bool) -> usize {
     let mut n = 0;
-    tumble_compile::visit_code(code, &mut |c| n += usize::from(pred(c)));
+    code.visit(&mut |c| n += usize::from(pred(c)));
     n
 }
 
