@@ -24,14 +24,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::program::{CaptureFrom, Code, Pat, Program};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-enum FnRef {
-    Lambda(u32),
-    Global(u32),
-    Ctor,
-}
+use crate::absint::{Abstract, FnRef};
+use crate::program::{Code, Program};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 struct AV {
@@ -44,7 +38,7 @@ struct AV {
     fns: BTreeSet<FnRef>,
 }
 
-impl AV {
+impl Abstract for AV {
     fn bottom() -> AV {
         AV {
             bottom: true,
@@ -67,6 +61,21 @@ impl AV {
         }
     }
 
+    fn callables(fns: BTreeSet<FnRef>) -> AV {
+        AV {
+            fns,
+            ..AV::default()
+        }
+    }
+
+    /// A captured value is received by the closure's body, whatever its freshness where the
+    /// closure was made; its taint stays.
+    fn captured(self) -> AV {
+        self.received()
+    }
+}
+
+impl AV {
     fn received(mut self) -> AV {
         self.fresh = false;
         self
@@ -236,18 +245,9 @@ impl Analyzer<'_> {
     fn eval(&mut self, code: &Code, env: &mut Vec<AV>, me: u32) -> AV {
         match code {
             Code::Slot(s) => env.get(*s as usize).cloned().unwrap_or_else(AV::bottom),
-            Code::SelfRef => AV {
-                fns: [FnRef::Lambda(me)].into_iter().collect(),
-                ..AV::default()
-            },
-            Code::Global(g) => AV {
-                fns: [FnRef::Global(*g)].into_iter().collect(),
-                ..AV::default()
-            },
-            Code::Ctor(_) => AV {
-                fns: [FnRef::Ctor].into_iter().collect(),
-                ..AV::default()
-            },
+            Code::SelfRef => AV::callables([FnRef::Lambda(me)].into_iter().collect()),
+            Code::Global(g) => AV::callables([FnRef::Global(*g)].into_iter().collect()),
+            Code::Ctor(_) => AV::callables([FnRef::Ctor].into_iter().collect()),
             Code::Lit(_) | Code::Phase => AV::default(),
             Code::Ghost(_, body) => self.eval(body, env, me),
             Code::Tuple(es) | Code::Concurrent(es) => self.join_all(es, env, me),
@@ -309,39 +309,14 @@ impl Analyzer<'_> {
                 }
                 self.eval(body, env, me)
             }
-            Code::MakeClosure(l) => {
-                let mut captured = Vec::new();
-                if let Some(lambda) = self.program.lambdas.get(*l as usize) {
-                    for (from, _) in &lambda.captures {
-                        captured.push(match from {
-                            CaptureFrom::Slot(s) => {
-                                env.get(*s as usize).cloned().unwrap_or_else(AV::bottom)
-                            }
-                            CaptureFrom::SelfRef => AV {
-                                fns: [FnRef::Lambda(me)].into_iter().collect(),
-                                ..AV::default()
-                            },
-                        });
-                    }
-                }
-                let entry = self
-                    .captures
-                    .entry(*l)
-                    .or_insert_with(|| vec![AV::bottom(); captured.len()]);
-                for (old, new) in entry.iter_mut().zip(&captured) {
-                    // A captured value is received by the closure's body, whatever its freshness
-                    // here; but the taint it carries stays.
-                    let j = old.join(&new.clone().received());
-                    if j != *old {
-                        *old = j;
-                        self.changed = true;
-                    }
-                }
-                AV {
-                    fns: [FnRef::Lambda(*l)].into_iter().collect(),
-                    ..AV::default()
-                }
-            }
+            Code::MakeClosure(l) => crate::absint::make_closure(
+                self.program,
+                *l,
+                me,
+                env,
+                &mut self.captures,
+                &mut self.changed,
+            ),
             Code::If(c, t, f) => {
                 let cv = self.eval(c, env, me);
                 let tv = self.eval(t, env, me);
@@ -357,7 +332,7 @@ impl Analyzer<'_> {
                 let sv = self.eval(scrutinee, env, me);
                 let mut out = AV::bottom();
                 for (pat, body) in arms {
-                    bind(pat, &sv, env);
+                    crate::absint::bind(pat, &sv, env);
                     let v = self.eval(body, env, me);
                     out = out.join(&v);
                 }
@@ -376,17 +351,5 @@ impl Analyzer<'_> {
             out = out.join(&v);
         }
         out
-    }
-}
-
-fn bind(p: &Pat, v: &AV, env: &mut [AV]) {
-    match p {
-        Pat::Wild => {}
-        Pat::Bind(s) => {
-            if let Some(slot) = env.get_mut(*s as usize) {
-                *slot = v.clone();
-            }
-        }
-        Pat::Ctor(_, ps) | Pat::Tuple(ps) => ps.iter().for_each(|q| bind(q, v, env)),
     }
 }

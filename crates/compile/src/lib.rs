@@ -6,6 +6,7 @@
 //!
 //! Nothing here executes tensors; the reference interpreter and the batching runtime do.
 
+mod absint;
 pub mod blocks;
 pub mod dup;
 pub mod ghosts;

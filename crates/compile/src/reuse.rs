@@ -16,15 +16,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::program::{CaptureFrom, Code, Pat, Program};
-
-/// A callable an abstract value may be.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-enum FnRef {
-    Lambda(u32),
-    Global(u32),
-    Ctor,
-}
+use crate::absint::{Abstract, FnRef};
+use crate::program::{Code, Program};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 struct AV {
@@ -35,7 +28,7 @@ struct AV {
     fns: BTreeSet<FnRef>,
 }
 
-impl AV {
+impl Abstract for AV {
     fn bottom() -> AV {
         AV {
             bottom: true,
@@ -43,16 +36,9 @@ impl AV {
         }
     }
 
-    fn shared_from(source: u64) -> AV {
+    fn callables(fns: BTreeSet<FnRef>) -> AV {
         AV {
-            sources: [source].into_iter().collect(),
-            ..AV::default()
-        }
-    }
-
-    fn varying() -> AV {
-        AV {
-            varying: true,
+            fns,
             ..AV::default()
         }
     }
@@ -69,6 +55,22 @@ impl AV {
             varying: self.varying || o.varying,
             sources: self.sources.union(&o.sources).copied().collect(),
             fns: self.fns.union(&o.fns).copied().collect(),
+        }
+    }
+}
+
+impl AV {
+    fn shared_from(source: u64) -> AV {
+        AV {
+            sources: [source].into_iter().collect(),
+            ..AV::default()
+        }
+    }
+
+    fn varying() -> AV {
+        AV {
+            varying: true,
+            ..AV::default()
         }
     }
 
@@ -254,18 +256,9 @@ impl Analyzer<'_> {
     fn eval(&mut self, code: &Code, env: &mut Vec<AV>, me: u32) -> AV {
         match code {
             Code::Slot(s) => env.get(*s as usize).cloned().unwrap_or_else(AV::bottom),
-            Code::SelfRef => AV {
-                fns: [FnRef::Lambda(me)].into_iter().collect(),
-                ..AV::default()
-            },
-            Code::Global(g) => AV {
-                fns: [FnRef::Global(*g)].into_iter().collect(),
-                ..AV::default()
-            },
-            Code::Ctor(_) => AV {
-                fns: [FnRef::Ctor].into_iter().collect(),
-                ..AV::default()
-            },
+            Code::SelfRef => AV::callables([FnRef::Lambda(me)].into_iter().collect()),
+            Code::Global(g) => AV::callables([FnRef::Global(*g)].into_iter().collect()),
+            Code::Ctor(_) => AV::callables([FnRef::Ctor].into_iter().collect()),
             Code::Lit(_) => {
                 let addr = code as *const Code as usize;
                 let n = self.n_params + self.next_literal.len() as u64;
@@ -344,37 +337,14 @@ impl Analyzer<'_> {
                 }
                 self.eval(body, env, me)
             }
-            Code::MakeClosure(l) => {
-                let mut captured = Vec::new();
-                if let Some(lambda) = self.program.lambdas.get(*l as usize) {
-                    for (from, _) in &lambda.captures {
-                        captured.push(match from {
-                            CaptureFrom::Slot(s) => {
-                                env.get(*s as usize).cloned().unwrap_or_else(AV::bottom)
-                            }
-                            CaptureFrom::SelfRef => AV {
-                                fns: [FnRef::Lambda(me)].into_iter().collect(),
-                                ..AV::default()
-                            },
-                        });
-                    }
-                }
-                let entry = self
-                    .captures
-                    .entry(*l)
-                    .or_insert_with(|| vec![AV::bottom(); captured.len()]);
-                for (old, new) in entry.iter_mut().zip(&captured) {
-                    let j = old.join(new);
-                    if j != *old {
-                        *old = j;
-                        self.changed = true;
-                    }
-                }
-                AV {
-                    fns: [FnRef::Lambda(*l)].into_iter().collect(),
-                    ..AV::default()
-                }
-            }
+            Code::MakeClosure(l) => crate::absint::make_closure(
+                self.program,
+                *l,
+                me,
+                env,
+                &mut self.captures,
+                &mut self.changed,
+            ),
             Code::If(c, t, f) => {
                 let cv = self.eval(c, env, me);
                 let tv = self.eval(t, env, me);
@@ -387,24 +357,12 @@ impl Analyzer<'_> {
                 let sv = self.eval(scrutinee, env, me);
                 let mut out = AV::bottom();
                 for (pat, body) in arms {
-                    bind(pat, &sv, env);
+                    crate::absint::bind(pat, &sv, env);
                     let v = self.eval(body, env, me);
                     out = out.join(&v);
                 }
                 out.with_varying(sv.varying && arms.len() > 1)
             }
         }
-    }
-}
-
-fn bind(p: &Pat, v: &AV, env: &mut [AV]) {
-    match p {
-        Pat::Wild => {}
-        Pat::Bind(s) => {
-            if let Some(slot) = env.get_mut(*s as usize) {
-                *slot = v.clone();
-            }
-        }
-        Pat::Ctor(_, ps) | Pat::Tuple(ps) => ps.iter().for_each(|q| bind(q, v, env)),
     }
 }

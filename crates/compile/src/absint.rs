@@ -1,0 +1,73 @@
+//! Pieces shared by the compile-time abstract interpretations (parameter reuse, hoisting): what a
+//! callable may be, how a pattern binds a collapsed value, how closures capture.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::program::{CaptureFrom, Pat, Program};
+
+/// A callable an abstract value may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum FnRef {
+    Lambda(u32),
+    Global(u32),
+    Ctor,
+}
+
+/// An abstract value of one of the analyses.
+pub(crate) trait Abstract: Clone + PartialEq {
+    fn bottom() -> Self;
+    /// The value that is exactly these callables.
+    fn callables(fns: BTreeSet<FnRef>) -> Self;
+    fn join(&self, other: &Self) -> Self;
+    /// The value as the closure's body sees it (an analysis may forget facts local to the
+    /// creating activation).
+    fn captured(self) -> Self {
+        self
+    }
+}
+
+/// Binds every variable of `p` to `v`: ADT and tuple contents are collapsed into one value.
+pub(crate) fn bind<A: Abstract>(p: &Pat, v: &A, env: &mut [A]) {
+    match p {
+        Pat::Wild => {}
+        Pat::Bind(s) => {
+            if let Some(slot) = env.get_mut(*s as usize) {
+                *slot = v.clone();
+            }
+        }
+        Pat::Ctor(_, ps) | Pat::Tuple(ps) => ps.iter().for_each(|q| bind(q, v, env)),
+    }
+}
+
+/// Making closure `l` inside lambda `me` with environment `env`: joins the captured values into
+/// `captures[l]` (over all creation sites) and returns the closure's value. Sets `changed` when
+/// the joined captures grew (the fixpoint must go on).
+pub(crate) fn make_closure<A: Abstract>(
+    program: &Program,
+    l: u32,
+    me: u32,
+    env: &[A],
+    captures: &mut HashMap<u32, Vec<A>>,
+    changed: &mut bool,
+) -> A {
+    let mut captured = Vec::new();
+    if let Some(lambda) = program.lambdas.get(l as usize) {
+        for (from, _) in &lambda.captures {
+            captured.push(match from {
+                CaptureFrom::Slot(s) => env.get(*s as usize).cloned().unwrap_or_else(A::bottom),
+                CaptureFrom::SelfRef => A::callables([FnRef::Lambda(me)].into_iter().collect()),
+            });
+        }
+    }
+    let entry = captures
+        .entry(l)
+        .or_insert_with(|| vec![A::bottom(); captured.len()]);
+    for (old, new) in entry.iter_mut().zip(captured) {
+        let j = old.join(&new.captured());
+        if j != *old {
+            *old = j;
+            *changed = true;
+        }
+    }
+    A::callables([FnRef::Lambda(l)].into_iter().collect())
+}
