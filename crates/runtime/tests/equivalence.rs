@@ -206,13 +206,22 @@ fn same(a: &Value, b: &Value, path: &str) -> Result<(), String> {
     }
 }
 
-fn check_case(case: &Case) {
+/// A zoo case loaded, with its instances and the reference interpreter's outputs for them.
+struct Expected {
+    l: Loaded,
+    args: Vec<Vec<Value>>,
+    outputs: Vec<Value>,
+    /// Per `@main` parameter: a model weight (not per-instance).
+    weights: Vec<bool>,
+}
+
+fn expected(case: &Case) -> Expected {
     let l = load_model(case);
     let reference = Program::lower_with(&l.typed, LowerOptions::reference())
         .unwrap_or_else(|e| panic!("{}", e.message));
     let (args, _) = instances(&l, &reference, &case.inputs);
     assert!(!args.is_empty(), "{}: no instances", case.model);
-    let expected: Vec<Value> = args
+    let outputs: Vec<Value> = args
         .iter()
         .enumerate()
         .map(|(i, a)| {
@@ -221,6 +230,64 @@ fn check_case(case: &Case) {
                 .unwrap_or_else(|e| panic!("{} reference: {}", case.model, e.message))
         })
         .collect();
+    let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
+    let weights = params
+        .iter()
+        .map(|(n, _)| !INSTANCE_ARGS.contains(&n.as_str()))
+        .collect();
+    Expected {
+        l,
+        args,
+        outputs,
+        weights,
+    }
+}
+
+/// The batched program with the given coarsening and static optimizations, and its reuse analysis.
+fn compile(
+    x: &Expected,
+    coarsen: bool,
+    statics: tumble_compile::StaticOptions,
+) -> (Program, tumble_compile::ReuseAnalysis) {
+    let mut program = Program::lower_with(
+        &x.l.typed,
+        LowerOptions {
+            blocks: true,
+            coarsen,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}", e.message));
+    tumble_compile::optimize(&mut program, "main", &x.weights, statics);
+    let reuse = tumble_compile::analyze_reuse(&program, "main", &x.weights);
+    (program, reuse)
+}
+
+/// Runs every instance in mini-batches of `batch` and checks each output against the reference.
+fn check_batched(
+    x: &Expected,
+    program: &Program,
+    reuse: &tumble_compile::ReuseAnalysis,
+    batch: usize,
+    opts: Options,
+    label: &str,
+) {
+    let mut got = Vec::new();
+    for (c, chunk) in x.args.chunks(batch).enumerate() {
+        let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
+        let (vals, _) = run_batch(program, reuse, "main", chunk.to_vec(), rngs, opts)
+            .unwrap_or_else(|e| panic!("{label}: {}", e.error.message));
+        got.extend(vals);
+    }
+    assert_eq!(got.len(), x.outputs.len());
+    for (i, (g, e)) in got.iter().zip(&x.outputs).enumerate() {
+        if let Err(m) = same(g, e, "") {
+            panic!("{label}, instance {i}: {m}");
+        }
+    }
+}
+
+fn check_case(case: &Case) {
+    let x = expected(case);
     // (grain coarsening, kernel plans, the plan-level optimizations — row-program cache,
     // horizontal fusion): the default, those off, plans off, and operator-level blocks.
     for (coarsen, fusion, planopt) in [
@@ -229,27 +296,13 @@ fn check_case(case: &Case) {
         (true, false, false),
         (false, true, true),
     ] {
-        let mut program = Program::lower_with(
-            &l.typed,
-            LowerOptions {
-                blocks: true,
-                coarsen,
-            },
-        )
-        .unwrap_or_else(|e| panic!("{}", e.message));
         // The static optimizations go with the kernel plans: all on, or all off.
         let statics = if fusion {
             tumble_compile::StaticOptions::all()
         } else {
             tumble_compile::StaticOptions::none()
         };
-        let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
-        let weights: Vec<bool> = params
-            .iter()
-            .map(|(n, _)| !INSTANCE_ARGS.contains(&n.as_str()))
-            .collect();
-        tumble_compile::optimize(&mut program, "main", &weights, statics);
-        let reuse = tumble_compile::analyze_reuse(&program, "main", &weights);
+        let (program, reuse) = compile(&x, coarsen, statics);
         for scheduler in [
             Scheduler::Inline,
             Scheduler::Depth,
@@ -270,31 +323,15 @@ fn check_case(case: &Case) {
                     dup: fusion,
                     threads: if batch == 7 { 2 } else { 1 },
                 };
-                let mut got = Vec::new();
-                for (c, chunk) in args.chunks(batch).enumerate() {
-                    let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
-                    let (vals, _) = run_batch(&program, &reuse, "main", chunk.to_vec(), rngs, opts)
-                        .unwrap_or_else(|e| {
-                            panic!(
-                                "{} {scheduler:?} batch {batch} coarsen {coarsen} fusion {fusion} planopt {planopt}: {}",
-                                case.model, e.error.message
-                            )
-                        });
-                    got.extend(vals);
-                }
-                assert_eq!(got.len(), expected.len());
-                for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-                    if let Err(m) = same(g, e, "") {
-                        panic!(
-                            "{} {scheduler:?} batch {batch} coarsen {coarsen} fusion {fusion} planopt {planopt}, instance {i}: {m}",
-                            case.model
-                        );
-                    }
-                }
+                let label = format!(
+                    "{} {scheduler:?} batch {batch} coarsen {coarsen} fusion {fusion} planopt {planopt}",
+                    case.model
+                );
+                check_batched(&x, &program, &reuse, batch, opts, &label);
             }
         }
     }
-    let _ = &l.sources;
+    let _ = &x.l.sources;
 }
 
 #[test]
@@ -390,24 +427,7 @@ fn every_combination_of_switches() {
     const N_SWITCHES: u32 = 9;
     for case_index in [0usize, 2, 4, 5] {
         let case = &cases()[case_index];
-        let l = load_model(case);
-        let reference = Program::lower_with(&l.typed, LowerOptions::reference())
-            .unwrap_or_else(|e| panic!("{}", e.message));
-        let (args, _) = instances(&l, &reference, &case.inputs);
-        let expected: Vec<Value> = args
-            .iter()
-            .enumerate()
-            .map(|(i, a)| {
-                let mut r = rng(i);
-                tumble_interp::run(&reference, "main", a.clone(), &mut r)
-                    .unwrap_or_else(|e| panic!("{} reference: {}", case.model, e.message))
-            })
-            .collect();
-        let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
-        let weights: Vec<bool> = params
-            .iter()
-            .map(|(n, _)| !INSTANCE_ARGS.contains(&n.as_str()))
-            .collect();
+        let x = expected(case);
         for mask in 0..(1u32 << N_SWITCHES) {
             let on = |bit: u32| mask & (1 << bit) != 0;
             let (coarsen, fusion, phases, hoist, ghosts, dup) =
@@ -422,26 +442,13 @@ fn every_combination_of_switches() {
                  hfuse={hfuse} gather_fusion={gather_fusion} row_cache={row_cache}",
                 case.model
             );
-            let mut program = Program::lower_with(
-                &l.typed,
-                LowerOptions {
-                    blocks: true,
-                    coarsen,
-                },
-            )
-            .unwrap_or_else(|e| panic!("{}", e.message));
-            tumble_compile::optimize(
-                &mut program,
-                "main",
-                &weights,
-                tumble_compile::StaticOptions {
-                    dup,
-                    hoist,
-                    ghosts,
-                    phases,
-                },
-            );
-            let reuse = tumble_compile::analyze_reuse(&program, "main", &weights);
+            let statics = tumble_compile::StaticOptions {
+                dup,
+                hoist,
+                ghosts,
+                phases,
+            };
+            let (program, reuse) = compile(&x, coarsen, statics);
             let opts = Options {
                 scheduler: Scheduler::Inline,
                 host_scalars: true,
@@ -455,18 +462,7 @@ fn every_combination_of_switches() {
                 dup,
                 threads: 1,
             };
-            let mut got = Vec::new();
-            for (c, chunk) in args.chunks(7).enumerate() {
-                let rngs = (0..chunk.len()).map(|k| rng(c * 7 + k)).collect();
-                let (vals, _) = run_batch(&program, &reuse, "main", chunk.to_vec(), rngs, opts)
-                    .unwrap_or_else(|e| panic!("{label}: {}", e.error.message));
-                got.extend(vals);
-            }
-            for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-                if let Err(m) = same(g, e, "") {
-                    panic!("{label}, instance {i}: {m}");
-                }
-            }
+            check_batched(&x, &program, &reuse, 7, opts, &label);
         }
     }
 }
@@ -476,29 +472,14 @@ fn every_combination_of_switches() {
 /// falls back to the reference kernels.
 #[test]
 fn launches_of_one_invocation_use_the_kernel_plans() {
-    let case = &cases()[0];
-    let l = load_model(case);
-    let mut program = Program::lower_with(&l.typed, LowerOptions::batched())
-        .unwrap_or_else(|e| panic!("{}", e.message));
-    let (args, _) = instances(&l, &program, &case.inputs);
-    let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
-    let weights: Vec<bool> = params
-        .iter()
-        .map(|(n, _)| !INSTANCE_ARGS.contains(&n.as_str()))
-        .collect();
-    tumble_compile::optimize(
-        &mut program,
-        "main",
-        &weights,
-        tumble_compile::StaticOptions::all(),
-    );
-    let reuse = tumble_compile::analyze_reuse(&program, "main", &weights);
+    let x = expected(&cases()[0]);
+    let (program, reuse) = compile(&x, true, tumble_compile::StaticOptions::all());
     let opts = Options {
         scheduler: Scheduler::Eager,
         ..Options::default()
     };
-    let rngs = (0..args.len()).map(rng).collect();
-    let (_, profile) = run_batch(&program, &reuse, "main", args, rngs, opts)
+    let rngs = (0..x.args.len()).map(rng).collect();
+    let (_, profile) = run_batch(&program, &reuse, "main", x.args.clone(), rngs, opts)
         .unwrap_or_else(|e| panic!("{}", e.error.message));
     assert!(profile.fused.dense_stages > 0, "{:?}", profile.fused);
     assert_eq!(profile.fused.fallbacks, 0, "{:?}", profile.fused);
