@@ -67,6 +67,15 @@ pub struct Block {
 }
 
 impl Block {
+    /// Every output is a rank-0 tensor: with scalar inputs, the batching runtime evaluates such a
+    /// block on the host at once instead of recording it (its "host scalars" rule), so it neither
+    /// launches nor advances the inline depth.
+    pub fn returns_only_scalars(&self) -> bool {
+        self.outputs
+            .iter()
+            .all(|v| matches!(self.val_ty(v).as_tensor(), Some((d, _)) if d.is_empty()))
+    }
+
     pub fn output_tys(&self) -> Vec<Ty> {
         self.outputs.iter().map(|v| self.val_ty(v)).collect()
     }

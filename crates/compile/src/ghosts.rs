@@ -108,10 +108,7 @@ fn runs_on_host(b: &crate::blocks::Block) -> bool {
                 .is_some_and(|n| n <= 1)
         })
     };
-    b.inputs.iter().all(|i| scalar(&i.ty))
-        && b.output_tys()
-            .iter()
-            .all(|t| t.as_tensor().is_some_and(|(d, _)| d.is_empty()))
+    b.inputs.iter().all(|i| scalar(&i.ty)) && b.returns_only_scalars()
 }
 
 fn seq<'a>(codes: impl IntoIterator<Item = &'a Code>, cx: &Cx) -> Cost {

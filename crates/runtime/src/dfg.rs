@@ -62,6 +62,8 @@ pub struct Dfg<'p> {
     shape_cache: HashMap<u64, std::rc::Rc<Vec<Vec<usize>>>>,
     /// Draws for operators run inside launches (none are random: those run on the host).
     launch_rng: Rng,
+    /// Per block: `Block::returns_only_scalars` (computed once, read per invocation).
+    scalar_blocks: Vec<bool>,
     /// Kernel plan per block (empty when fusion is off).
     plans: Vec<crate::fused::BlockPlan>,
     pub profile: Profile,
@@ -140,6 +142,11 @@ impl<'p> Dfg<'p> {
             pending: Vec::new(),
             shape_cache: HashMap::new(),
             launch_rng: Rng::new(0),
+            scalar_blocks: program
+                .blocks
+                .iter()
+                .map(Block::returns_only_scalars)
+                .collect(),
             plans: if opts.fusion {
                 let popts = crate::fused::PlanOptions {
                     row_cache: opts.row_cache,
@@ -594,10 +601,7 @@ impl Backend for Dfg<'_> {
             && recorded
                 .iter()
                 .all(|a| matches!(a, Arg::Val(t) if t.len() <= 1))
-            && block
-                .output_tys()
-                .iter()
-                .all(|t| matches!(t.as_tensor(), Some((d, _)) if d.is_empty()))
+            && self.scalar_blocks.get(block_id as usize) == Some(&true)
         {
             let inputs: Vec<Tensor> = recorded
                 .into_iter()
