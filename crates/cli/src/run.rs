@@ -94,6 +94,10 @@ pub struct RunArgs {
     /// instead of letting GEMMs and row programs read the rows where they lie.
     #[arg(long)]
     pub no_gather_fusion: bool,
+    /// No epilogue fusion: store each GEMM's product whole, then run the row program that follows
+    /// it as a separate pass (instead of on each block of rows inside the GEMM).
+    #[arg(long)]
+    pub no_epilogue: bool,
     /// The entry function.
     #[arg(long, default_value = "main")]
     pub entry: String,
@@ -289,6 +293,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 row_cache: !args.no_row_cache,
                 hfuse: !args.no_hfuse,
                 gather_fusion: !args.no_gather_fusion,
+                epilogue: !args.no_epilogue,
                 phases: !args.no_phases,
                 hoist: !args.no_hoist,
                 ghosts: !args.no_ghosts,

@@ -310,6 +310,7 @@ fn every_optimization_switch_is_accepted_and_keeps_the_outputs() {
         "--no-hfuse",
         "--no-gather-fusion",
         "--no-row-cache",
+        "--no-epilogue",
     ];
     let none = tumble(&[&base[..], &switches[..]].concat());
     assert!(none.status.success(), "{}", text(&none.stderr));

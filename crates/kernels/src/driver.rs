@@ -18,7 +18,7 @@
 
 use crate::kernel::Kernel;
 use crate::pack::{pack_a, AlignedBuf, PackedWeight, RowSource, NR};
-use crate::Epilogue;
+use crate::EpilogueInto;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -67,28 +67,53 @@ unsafe impl Send for SharedC {}
 // SAFETY: as above.
 unsafe impl Sync for SharedC {}
 
-/// Run `C (m × n) = Σ parts` with the epilogue, on up to `threads` threads.
+/// The epilogue's outputs (each `rows × width` floats, `width` second) for a range of rows.
+type Outs<'o> = Vec<(&'o mut [f32], usize)>;
+
+/// Split the first `rows` rows off every output (which start at the same row).
+fn split_front<'o>(outs: &mut Outs<'o>, rows: usize) -> Outs<'o> {
+    outs.iter_mut()
+        .map(|(data, w)| {
+            let at = (rows * *w).min(data.len());
+            let (head, tail) = std::mem::take(data).split_at_mut(at);
+            *data = tail;
+            (head, *w)
+        })
+        .collect()
+}
+
+/// Call the epilogue on rows `rows` with their block of C and of every output.
+fn finish(epilogue: &dyn EpilogueInto, rows: std::ops::Range<usize>, c: &mut [f32], outs: Outs) {
+    let mut blocks: Vec<&mut [f32]> = outs.into_iter().map(|(d, _)| d).collect();
+    epilogue.rows(rows, c, &mut blocks);
+}
+
+/// Run `C (m × n) = Σ parts` with the epilogue, on up to `threads` threads. `outs` are the
+/// epilogue's own outputs, `m` rows each (lengths checked by the caller).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     kernel: &Kernel,
     parts: &[Part<'_>],
     m: usize,
     n: usize,
     c: &mut [f32],
-    epilogue: &dyn Epilogue,
+    outs: &mut [(&mut [f32], usize)],
+    epilogue: &dyn EpilogueInto,
     threads: usize,
 ) {
     debug_assert_eq!(c.len(), m * n);
+    let mut outs: Outs = outs.iter_mut().map(|(d, w)| (&mut **d, *w)).collect();
     if m == 0 {
         return;
     }
     if n == 0 {
-        epilogue.rows(0..m, c);
+        finish(epilogue, 0..m, c, outs);
         return;
     }
     let k_total: usize = parts.iter().map(|p| p.w.k()).sum();
     if k_total == 0 {
         c.fill(0.0);
-        epilogue.rows(0..m, c);
+        finish(epilogue, 0..m, c, outs);
         return;
     }
     let small = m <= kernel.small_m;
@@ -115,7 +140,7 @@ pub(crate) fn run(
             n,
             small,
             Out::Rows(c),
-            Some(epilogue),
+            Some((epilogue, outs)),
         );
         return;
     }
@@ -124,12 +149,8 @@ pub(crate) fn run(
         // thread whose core is busy with other work takes fewer (this machine is shared).
         let chunks = m.div_ceil(kernel.mc).clamp(t, 4 * t);
         let chunk = m.div_ceil(chunks).next_multiple_of(kernel.mr);
-        let tasks: Vec<(usize, &mut [f32])> = c
-            .chunks_mut(chunk * n)
-            .enumerate()
-            .map(|(i, s)| (i * chunk, s))
-            .collect();
-        run_tasks(t, tasks, |(r0, s)| {
+        let tasks = row_tasks(c, n, chunk, &mut outs);
+        run_tasks(t, tasks, |(r0, s, o)| {
             let r1 = r0 + s.len() / n;
             block_rows(
                 kernel,
@@ -141,7 +162,7 @@ pub(crate) fn run(
                 n,
                 small,
                 Out::Rows(s),
-                Some(epilogue),
+                Some((epilogue, o)),
             );
         });
     } else {
@@ -166,13 +187,27 @@ pub(crate) fn run(
         });
         // All column tasks joined: C is exclusively ours again. The epilogue runs per row chunk.
         let chunk = m.div_ceil(2 * t).max(1);
-        let tasks: Vec<(usize, &mut [f32])> = c
-            .chunks_mut(chunk * n)
-            .enumerate()
-            .map(|(i, s)| (i * chunk, s))
-            .collect();
-        run_tasks(t, tasks, |(r0, s)| epilogue.rows(r0..r0 + s.len() / n, s));
+        let tasks = row_tasks(c, n, chunk, &mut outs);
+        run_tasks(t, tasks, |(r0, s, o)| {
+            finish(epilogue, r0..r0 + s.len() / n, s, o)
+        });
     }
+}
+
+/// C and the outputs cut into tasks of `chunk` rows: (first row, C rows, output rows).
+fn row_tasks<'c, 'o>(
+    c: &'c mut [f32],
+    n: usize,
+    chunk: usize,
+    outs: &mut Outs<'o>,
+) -> Vec<(usize, &'c mut [f32], Outs<'o>)> {
+    c.chunks_mut(chunk * n)
+        .enumerate()
+        .map(|(i, s)| {
+            let rows = s.len() / n;
+            (i * chunk, s, split_front(outs, rows))
+        })
+        .collect()
 }
 
 /// Split rows (each thread packs its own rows and streams all of W) or weight columns (each thread
@@ -241,7 +276,7 @@ fn block_rows(
     n: usize,
     small: bool,
     mut out: Out<'_>,
-    epilogue: Option<&dyn Epilogue>,
+    mut epilogue: Option<(&dyn EpilogueInto, Outs)>,
 ) {
     let mr = kernel.mr;
     // Small-M variant: one row block, K unblocked (the packed A is only m × K floats).
@@ -304,8 +339,14 @@ fn block_rows(
                 first = false;
             }
         }
-        if let (Some(epi), Out::Rows(s)) = (epilogue, &mut out) {
-            epi.rows(ic..ic + mc, &mut s[(ic - r0) * n..(ic - r0 + mc) * n]);
+        if let (Some((epi, outs)), Out::Rows(s)) = (&mut epilogue, &mut out) {
+            let block = split_front(outs, mc);
+            finish(
+                *epi,
+                ic..ic + mc,
+                &mut s[(ic - r0) * n..(ic - r0 + mc) * n],
+                block,
+            );
         }
         ic += mc;
     }

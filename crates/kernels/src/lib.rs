@@ -76,6 +76,44 @@ impl<F: Fn(Range<usize>, &mut [f32]) + Sync> Epilogue for F {
     }
 }
 
+/// An epilogue that also writes outputs of its own: for each block of finished rows it gets the
+/// block of C and, for every output given to [`dense_into`], that output's rows of the block
+/// (`rows.len() × width` floats each, in the order the outputs were given). A fused row program
+/// reads C while it is in cache and writes the block's results straight to their final place, so
+/// C itself can be scratch.
+///
+/// The same guarantees as [`Epilogue`]: every row exactly once, blocks in unspecified order,
+/// possibly concurrently.
+pub trait EpilogueInto: Sync {
+    /// Post-process output rows `rows`: `c` holds them (`rows.len() * N` floats), `outputs[i]`
+    /// is output `i`'s part for them.
+    fn rows(&self, rows: Range<usize>, c: &mut [f32], outputs: &mut [&mut [f32]]);
+}
+
+impl<F: Fn(Range<usize>, &mut [f32], &mut [&mut [f32]]) + Sync> EpilogueInto for F {
+    fn rows(&self, rows: Range<usize>, c: &mut [f32], outputs: &mut [&mut [f32]]) {
+        self(rows, c, outputs)
+    }
+}
+
+/// A plain [`Epilogue`] seen as an [`EpilogueInto`] without outputs.
+struct Plain<'a>(&'a dyn Epilogue);
+
+impl EpilogueInto for Plain<'_> {
+    fn rows(&self, rows: Range<usize>, c: &mut [f32], _outputs: &mut [&mut [f32]]) {
+        self.0.rows(rows, c)
+    }
+}
+
+/// An output written by an [`EpilogueInto`]: `M` rows of `width` floats.
+#[derive(Debug)]
+pub struct Output<'a> {
+    /// The rows, contiguous (`M * width` floats).
+    pub data: &'a mut [f32],
+    /// Floats per row.
+    pub width: usize,
+}
+
 /// The epilogue that leaves the product as it is.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoEpilogue;
@@ -133,7 +171,49 @@ pub fn dense_accumulate_with(
 ) -> Result<(), KernelError> {
     let kernel = kind.kernel()?;
     let (m, n, parts) = validate(parts, c)?;
-    driver::run(&kernel, &parts, m, n, c, epilogue, threads);
+    driver::run(&kernel, &parts, m, n, c, &mut [], &Plain(epilogue), threads);
+    Ok(())
+}
+
+/// [`dense_accumulate`] with an epilogue that writes `outputs` (each `M × width`, `M` the rows of
+/// C) as it goes: `C = Σ_i A_i · W_iᵀ`, then for every block of rows
+/// `epilogue(rows, C block, [output blocks])`. Errors when an output's length is not `M * width`.
+pub fn dense_into(
+    parts: &[(&Rows, &PackedWeight)],
+    c: &mut [f32],
+    outputs: &mut [Output<'_>],
+    epilogue: &dyn EpilogueInto,
+    threads: usize,
+) -> Result<(), KernelError> {
+    dense_into_with(KernelKind::selected(), parts, c, outputs, epilogue, threads)
+}
+
+/// [`dense_into`] with an explicit micro-kernel family.
+pub fn dense_into_with(
+    kind: KernelKind,
+    parts: &[(&Rows, &PackedWeight)],
+    c: &mut [f32],
+    outputs: &mut [Output<'_>],
+    epilogue: &dyn EpilogueInto,
+    threads: usize,
+) -> Result<(), KernelError> {
+    let kernel = kind.kernel()?;
+    let (m, n, parts) = validate(parts, c)?;
+    for (i, o) in outputs.iter().enumerate() {
+        let want = m.checked_mul(o.width).ok_or(KernelError::Overflow)?;
+        if o.data.len() != want {
+            return Err(KernelError::Length {
+                what: format!("output {i} (M × width = {m} × {})", o.width),
+                expected: want,
+                actual: o.data.len(),
+            });
+        }
+    }
+    let mut outs: Vec<(&mut [f32], usize)> = outputs
+        .iter_mut()
+        .map(|o| (&mut *o.data, o.width))
+        .collect();
+    driver::run(&kernel, &parts, m, n, c, &mut outs, epilogue, threads);
     Ok(())
 }
 

@@ -508,3 +508,99 @@ fn large_cubes() {
         }
     }
 }
+
+/// `dense_into`: an epilogue that reads each block of C and writes two outputs of other widths
+/// (the row's sum of tanh, width 1, and C + 1 restricted to its first half, width ⌈N/2⌉) at the
+/// block's rows — compared with the reference product, at odd sizes, on 1–3 threads, with both
+/// the row split and the column split of the driver (wide N with few rows).
+#[test]
+fn dense_into_writes_every_output_row_from_its_block_of_c() {
+    let mut rng = Rng(77);
+    for kind in kinds() {
+        for threads in [1, 2, 3] {
+            for (m, n, k) in [
+                (1, 5, 3),
+                (7, 33, 8),
+                (33, 64, 255),
+                (257, 40, 33),
+                (20, 1024, 300),
+                (300, 96, 64),
+            ] {
+                let w = rng.vec(n * k);
+                let a = rng.vec(m * k);
+                let pw = PackedWeight::pack(&w, n, k).unwrap();
+                let slices: Vec<&[f32]> = (0..m).map(|i| &a[i * k..(i + 1) * k]).collect();
+                let half = n.div_ceil(2);
+                let mut c = vec![f32::NAN; m * n];
+                let (mut sums, mut shifted) = (vec![f32::NAN; m], vec![f32::NAN; m * half]);
+                let epi = |rows: Range<usize>, c: &mut [f32], outs: &mut [&mut [f32]]| {
+                    assert_eq!(c.len(), rows.len() * n);
+                    let [s, h] = outs else { panic!("two outputs") };
+                    assert_eq!(s.len(), rows.len());
+                    assert_eq!(h.len(), rows.len() * half);
+                    for (i, row) in c.chunks_exact(n).enumerate() {
+                        s[i] = row.iter().map(|x| x.tanh()).sum();
+                        for j in 0..half {
+                            h[i * half + j] = row[j] + 1.0;
+                        }
+                    }
+                };
+                let mut outputs = [
+                    Output {
+                        data: &mut sums,
+                        width: 1,
+                    },
+                    Output {
+                        data: &mut shifted,
+                        width: half,
+                    },
+                ];
+                dense_into_with(
+                    kind,
+                    &[(&Rows::Gathered(&slices), &pw)],
+                    &mut c,
+                    &mut outputs,
+                    &epi,
+                    threads,
+                )
+                .unwrap();
+                let rows: Vec<Vec<f32>> = slices.iter().map(|r| r.to_vec()).collect();
+                let (want, scale) = reference(&[(rows, w, k)], m, n);
+                let what = format!("{} m={m} n={n} k={k} t={threads}", kind.name());
+                check(&c, &want, &scale, &what);
+                for i in 0..m {
+                    let ws: f64 = (0..n).map(|j| want[i * n + j].tanh()).sum();
+                    let tol = 1e-4 * (1.0 + (0..n).map(|j| scale[i * n + j]).sum::<f64>());
+                    assert!((sums[i] as f64 - ws).abs() <= tol, "{what}: sum {i}");
+                    for j in 0..half {
+                        let d = shifted[i * half + j] as f64 - (want[i * n + j] + 1.0);
+                        assert!(
+                            d.abs() <= 1e-4 * (1.0 + scale[i * n + j]),
+                            "{what}: ({i},{j})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dense_into_rejects_outputs_of_the_wrong_length() {
+    let w = vec![0.5; 6];
+    let pw = PackedWeight::pack(&w, 3, 2).unwrap();
+    let a = [1.0f32, 2.0, 3.0, 4.0];
+    let rows = Rows::Contiguous {
+        data: &a,
+        stride: 2,
+    };
+    let mut c = vec![0.0; 2 * 3];
+    let mut short = vec![0.0; 3];
+    let mut outputs = [Output {
+        data: &mut short,
+        width: 2,
+    }];
+    let epi = |_: Range<usize>, _: &mut [f32], _: &mut [&mut [f32]]| {};
+    let e = dense_into(&[(&rows, &pw)], &mut c, &mut outputs, &epi, 1).unwrap_err();
+    assert!(e.to_string().contains("output 0"), "{e}");
+}

@@ -151,6 +151,7 @@ impl<'p> Dfg<'p> {
                 let popts = crate::fused::PlanOptions {
                     row_cache: opts.row_cache,
                     hfuse: opts.hfuse,
+                    epilogue: opts.epilogue,
                 };
                 program
                     .blocks

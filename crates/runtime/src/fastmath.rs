@@ -13,7 +13,12 @@ pub fn exp(x: f32) -> f32 {
     // Round to nearest by adding and subtracting 1.5·2^23 (plain float ops, so loops vectorize;
     // `f32::round` is a libm call).
     const SHIFT: f32 = 12_582_912.0;
-    let k = (x * LOG2E + SHIFT) - SHIFT;
+    let t = x * LOG2E + SHIFT;
+    let k = t - SHIFT;
+    // k as an integer, read from the mantissa of `t` (t stays in [2^23, 2^24), where consecutive
+    // floats are 1 apart). Not `k as i32`: Rust's saturating cast does not vectorize (it became
+    // per-lane scalar conversions with NaN checks, 4× slower loops); this is exact for the clamped k.
+    let ki = t.to_bits() as i32 - SHIFT.to_bits() as i32;
     let r = x - k * LN2_HI - k * LN2_LO;
     // Taylor polynomial of e^r on |r| <= ln2/2, degree 7 (error < 2e-8 relative before scaling).
     let p = 1.0
@@ -23,7 +28,7 @@ pub fn exp(x: f32) -> f32 {
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
     // 2^k by building the exponent bits; k is in [-126, 128) after the clamp.
-    let scale = f32::from_bits(((k as i32 + 127) as u32) << 23);
+    let scale = f32::from_bits(((ki + 127) as u32) << 23);
     p * scale
 }
 

@@ -24,6 +24,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use tumble_compile::{BArg, BVal, Block, BlockNode};
@@ -55,6 +56,10 @@ pub struct PlanOptions {
     pub row_cache: bool,
     /// Horizontal fusion of denses that share their input rows (off: one GEMM per dense).
     pub hfuse: bool,
+    /// Run a row program that only a GEMM stage feeds as that GEMM's epilogue, on each block of
+    /// output rows while it is in cache (off: the product is stored whole, then the row program
+    /// runs as a separate pass).
+    pub epilogue: bool,
 }
 
 impl Default for PlanOptions {
@@ -62,6 +67,7 @@ impl Default for PlanOptions {
         PlanOptions {
             row_cache: true,
             hfuse: true,
+            epilogue: true,
         }
     }
 }
@@ -75,6 +81,9 @@ pub struct BlockPlan {
     row_ops: Vec<RowOperands>,
     /// Compiled row programs (`None` when caching is off).
     row_cache: Option<Mutex<RowCache>>,
+    /// Per stage: a GEMM stage whose results only the next stage, a row program, reads; that row
+    /// program runs as its epilogue.
+    epilogue: Vec<bool>,
 }
 
 impl Clone for BlockPlan {
@@ -85,13 +94,15 @@ impl Clone for BlockPlan {
             live_out: self.live_out.clone(),
             row_ops: self.row_ops.clone(),
             row_cache: self.row_cache.as_ref().map(|_| Mutex::default()),
+            epilogue: self.epilogue.clone(),
         }
     }
 }
 
 impl fmt::Display for BlockPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for s in &self.stages {
+        for (k, s) in self.stages.iter().enumerate() {
+            let fused_tail = k > 0 && self.epilogue.get(k - 1).copied().unwrap_or(false);
             match s {
                 Stage::Dense(n) => writeln!(f, "    gemm      %{n}")?,
                 Stage::HDense(ns) => writeln!(
@@ -105,7 +116,8 @@ impl fmt::Display for BlockPlan {
                 Stage::Gather(n) => writeln!(f, "    gather    %{n}")?,
                 Stage::Rows(ns) => writeln!(
                     f,
-                    "    row-prog  {}",
+                    "    {}  {}",
+                    if fused_tail { "epilogue" } else { "row-prog" },
                     ns.iter()
                         .map(|n| format!("%{n}"))
                         .collect::<Vec<_>>()
@@ -232,6 +244,8 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
         }
     }
     let mut live_out = vec![false; n];
+    // Per node, the other stages that read it (`usize::MAX` for "a block output").
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
     let node_of = |v: &BVal| match v {
         BVal::Node(k) | BVal::Field(k, _) => Some(*k as usize),
         _ => None,
@@ -248,6 +262,9 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
                         if let Some(l) = live_out.get_mut(k) {
                             *l = true;
                         }
+                        if let (Some(r), Some(&si)) = (readers.get_mut(k), stage_of.get(i)) {
+                            r.push(si);
+                        }
                     }
                 }
             }
@@ -258,8 +275,26 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
             if let Some(l) = live_out.get_mut(k) {
                 *l = true;
             }
+            if let Some(r) = readers.get_mut(k) {
+                r.push(usize::MAX);
+            }
         }
     }
+    let epilogue = (0..stages.len())
+        .map(|s| {
+            let members: &[usize] = match stages.get(s) {
+                Some(Stage::Dense(i)) => std::slice::from_ref(i),
+                Some(Stage::HDense(ns)) => ns,
+                _ => return false,
+            };
+            opts.epilogue
+                && matches!(stages.get(s + 1), Some(Stage::Rows(_)))
+                && members.iter().all(|&k| {
+                    let r = readers.get(k).map_or(&[][..], Vec::as_slice);
+                    !r.is_empty() && r.iter().all(|&si| si == s + 1)
+                })
+        })
+        .collect();
     let row_ops = stages
         .iter()
         .map(|st| match st {
@@ -272,6 +307,7 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
         live_out,
         row_ops,
         row_cache: opts.row_cache.then(Mutex::default),
+        epilogue,
     }
 }
 
@@ -378,6 +414,9 @@ pub struct FusedStats {
     pub hfused_denses: u64,
     pub row_programs: u64,
     pub row_program_ops: u64,
+    /// Row programs run as their GEMM's epilogue (counted in `row_programs` too; their time is in
+    /// `dense_time`, not `row_time`).
+    pub epilogues: u64,
     /// Row programs compiled (once per stage and operand signature with the cache on).
     pub row_compiles: u64,
     /// Time in row-program stages, compiling included.
@@ -411,7 +450,42 @@ pub fn run_planned(
         b,
         threads,
     };
+    // A row-program stage already run as the previous GEMM's epilogue.
+    let mut done_as_epilogue = None;
     for (s, stage) in plan.stages.iter().enumerate() {
+        if done_as_epilogue == Some(s) {
+            continue;
+        }
+        if plan.epilogue.get(s).copied().unwrap_or(false) {
+            let dense: &[usize] = match stage {
+                Stage::Dense(i) => std::slice::from_ref(i),
+                Stage::HDense(ns) => ns,
+                _ => &[],
+            };
+            if let Some(Stage::Rows(ns)) = plan.stages.get(s + 1) {
+                let t0 = std::time::Instant::now();
+                let r = gemm_with_epilogue(&ex, plan, dense, s + 1, ns, fstats)?;
+                if let Some((outs, flops)) = r {
+                    fstats.dense_time += t0.elapsed();
+                    fstats.dense_stages += 1;
+                    fstats.dense_flops += flops;
+                    if dense.len() > 1 {
+                        fstats.hfused_stages += 1;
+                        fstats.hfused_denses += dense.len() as u64;
+                    }
+                    fstats.row_programs += 1;
+                    fstats.row_program_ops += ns.len() as u64;
+                    fstats.epilogues += 1;
+                    for (k, v) in outs {
+                        if let Some(slot) = ex.vals.get_mut(k) {
+                            *slot = Some(v);
+                        }
+                    }
+                    done_as_epilogue = Some(s + 1);
+                    continue;
+                }
+            }
+        }
         match stage {
             Stage::Dense(i) => {
                 let t0 = std::time::Instant::now();
@@ -655,6 +729,169 @@ fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, Strin
         )));
     }
     Ok(Some((outs, 2 * (rows * k * n) as u64)))
+}
+
+/// Values of block nodes, by node index.
+type NodeValues = Vec<(usize, BV)>;
+
+thread_local! {
+    /// The product of a GEMM stage with a fused epilogue: scratch, reused by every such launch on
+    /// this thread (grown, never shrunk), so it is neither allocated nor zeroed per launch.
+    static EPILOGUE_C: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A GEMM stage (nodes `dense`: one dense, or a horizontally fused group reading the same rows)
+/// whose results only the row program of the next stage (`rows_stage`, nodes `ns`) reads: the
+/// row program runs as the GEMM's epilogue on each block of output rows while the block is in
+/// cache, and writes its live values straight into their tensors; the product itself is scratch.
+/// Returns those values and the GEMM's flops; `None`, having computed nothing, when the fast path
+/// does not apply (the caller then runs the two stages separately).
+fn gemm_with_epilogue(
+    ex: &Exec,
+    plan: &BlockPlan,
+    dense: &[usize],
+    rows_stage: usize,
+    ns: &[usize],
+    fstats: &mut FusedStats,
+) -> Result<Option<(NodeValues, u64)>, String> {
+    let mut a_val: Option<&BVal> = None;
+    let mut ws: Vec<Tensor> = Vec::with_capacity(dense.len());
+    for &i in dense {
+        let node = ex.block.nodes.get(i).ok_or("internal: node")?;
+        let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1))
+        else {
+            return Ok(None);
+        };
+        match a_val {
+            None => a_val = Some(av),
+            Some(prev) if ValKey::of(prev) == ValKey::of(av) => {}
+            Some(_) => return Ok(None),
+        }
+        match ex.get(wv)? {
+            BV::Shared(OpValue::Tensor(w)) if w.as_f32().is_some() && w.rank() == 2 => ws.push(w),
+            _ => return Ok(None),
+        }
+    }
+    let Some(av) = a_val else {
+        return Ok(None);
+    };
+    let a = ex.get_raw(av)?;
+    let Some((a_rows, k, lead)) = gemm_rows(&a) else {
+        return Ok(None);
+    };
+    if ws.iter().any(|w| w.shape().get(1) != Some(&k)) {
+        return Ok(None);
+    }
+    let widths: Vec<usize> = ws
+        .iter()
+        .map(|w| w.shape().first().copied().unwrap_or(0))
+        .collect();
+    let n: usize = widths.iter().sum();
+    let rows: usize = lead.iter().product();
+    if n == 0 || rows == 0 {
+        return Ok(None);
+    }
+    // The row program's operands; the GEMM's results among them are bound block by block to
+    // their columns of C.
+    let empty = RowOperands::default();
+    let ops = plan.row_ops.get(rows_stage).unwrap_or(&empty);
+    let mut vals: Vec<Option<BV>> = Vec::with_capacity(ops.vals.len());
+    let mut sig: Vec<OpSig> = Vec::with_capacity(ops.vals.len());
+    let mut in_c: Vec<Option<(usize, usize)>> = Vec::with_capacity(ops.vals.len());
+    for v in &ops.vals {
+        let member = match v {
+            BVal::Node(k) => dense.iter().position(|&d| d == *k as usize),
+            _ => None,
+        };
+        match member {
+            Some(j) => {
+                let col: usize = widths.iter().take(j).sum();
+                let w = widths.get(j).copied().unwrap_or(0);
+                let mut shape = lead.get(1..).unwrap_or(&[]).to_vec();
+                shape.push(w);
+                sig.push(OpSig::Batched(shape));
+                vals.push(None);
+                in_c.push(Some((col, w)));
+            }
+            None => {
+                let x = ex.get_raw(v)?;
+                sig.push(sig_of(&x));
+                vals.push(Some(x));
+                in_c.push(None);
+            }
+        }
+    }
+    let Some(prog) = compiled_rows(ex, plan, rows_stage, ns, sig, fstats) else {
+        return Ok(None);
+    };
+    let out_lead = row_lead(&prog, ex.b);
+    if out_lead.iter().product::<usize>() != rows {
+        return Ok(None);
+    }
+    let held: Vec<Option<&BV>> = vals.iter().map(Option::as_ref).collect();
+    let Some(bound) = bind(&prog, &held, rows) else {
+        return Ok(None);
+    };
+    // Per batched operand of the program (`Src::Ext` order): its columns of C, if it is one of
+    // the GEMM's results.
+    let ext_in_c: Vec<Option<(usize, usize)>> = prog
+        .held
+        .iter()
+        .zip(&in_c)
+        .filter(|(o, _)| matches!(o.src, Src::Ext(_)))
+        .map(|(_, c)| *c)
+        .collect();
+    let pw = if let [w] = ws.as_slice() {
+        crate::gemm::packed(w, n, k)?
+    } else {
+        crate::gemm::packed_concat(&ws, k)?
+    };
+    let mut bufs: Vec<Vec<f32>> = flat_outs(&prog).map(|o| vec![0f32; rows * o.len]).collect();
+    let mut outputs: Vec<tumble_kernels::Output> = bufs
+        .iter_mut()
+        .zip(flat_outs(&prog))
+        .map(|(data, o)| tumble_kernels::Output {
+            data: data.as_mut_slice(),
+            width: o.len,
+        })
+        .collect();
+    let epilogue = |r: Range<usize>, cblk: &mut [f32], outs: &mut [&mut [f32]]| {
+        let cblk: &[f32] = cblk;
+        let ext = bound
+            .ext
+            .iter()
+            .zip(&ext_in_c)
+            .map(|(full, c)| match *c {
+                Some((col, w)) => cblk
+                    .chunks_exact(n)
+                    .map(|row| row.get(col..col + w).unwrap_or(&[]))
+                    .collect(),
+                None => full.get(r.clone()).unwrap_or(&[]).to_vec(),
+            })
+            .collect();
+        let block = Bound {
+            ext,
+            shared: bound.shared.clone(),
+            scalars: bound.scalars.clone(),
+        };
+        run_row_block(&prog, &block, r.len(), outs);
+    };
+    let mut c = EPILOGUE_C.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    if c.len() < rows * n {
+        c.resize(rows * n, 0.0);
+    }
+    let done = tumble_kernels::dense_into(
+        &[(&a_rows.rows(k), &pw)],
+        &mut c[..rows * n],
+        &mut outputs,
+        &epilogue,
+        ex.threads,
+    );
+    EPILOGUE_C.with(|slot| *slot.borrow_mut() = c);
+    done.map_err(|e| e.to_string())?;
+    drop(outputs);
+    let values = assemble(&prog, &out_lead, bufs)?;
+    Ok(Some((values, 2 * (rows * k * n) as u64)))
 }
 
 /// The A operand of a GEMM stage, read where it lies.
@@ -1235,6 +1472,70 @@ fn row_program(
         .map(|v| ex.get_raw(v))
         .collect::<Result<Vec<_>, _>>()?;
     let sig: Vec<OpSig> = vals.iter().map(sig_of).collect();
+    let prog = compiled_rows(ex, plan, s, ns, sig, fstats);
+    match prog {
+        Some(p) => run_rows(ex, &p, &vals),
+        None => Ok(None),
+    }
+}
+
+/// Binds a row program's operands for a launch of `rows` rows. `None` entries of `vals` are
+/// operands bound later, block by block (a GEMM's output read in its epilogue): their row lists are
+/// left empty. `None` when an operand does not fit the program (the stage falls back).
+fn bind<'v>(prog: &RowProg, vals: &[Option<&'v BV>], rows: usize) -> Option<Bound<'v>> {
+    let mut bound = Bound {
+        ext: Vec::new(),
+        shared: Vec::new(),
+        scalars: Vec::new(),
+    };
+    for (o, v) in prog.held.iter().zip(vals) {
+        match (o.src, v) {
+            (Src::Ext(_), None) => bound.ext.push(Vec::new()),
+            (Src::Ext(_), Some(v)) => match row_ptrs(v, o.len) {
+                Some(r) if r.len() == rows => bound.ext.push(r),
+                _ => return bail(3),
+            },
+            (Src::Shared(_), Some(BV::Shared(OpValue::Tensor(t)))) => match t.as_f32() {
+                Some(d) if d.len() == o.len => bound.shared.push(d),
+                _ => return bail(3),
+            },
+            (Src::Scalar(_), Some(BV::Shared(OpValue::Tensor(t)))) => {
+                match t.as_f32().and_then(|d| d.first()) {
+                    Some(&x) => bound.scalars.push(x),
+                    None => return bail(3),
+                }
+            }
+            _ => return bail(3),
+        }
+    }
+    Some(bound)
+}
+
+/// The row program's live values, one operand per (value, field), in `prog.outs` order: the
+/// layout of the flat output buffers.
+fn flat_outs(prog: &RowProg) -> impl Iterator<Item = &Opd> {
+    prog.outs.iter().flat_map(|(_, os, _)| os.iter())
+}
+
+/// The rows of a row program's launch: the batch, then the per-instance leading dims.
+fn row_lead(prog: &RowProg, b: usize) -> Vec<usize> {
+    let mut lead = vec![b];
+    lead.extend_from_slice(&prog.lead_tail);
+    lead
+}
+
+/// The row program of stage `s` (nodes `ns`) for operands of signature `sig`: from the plan's
+/// cache, or compiled now (and cached). `None` when these operands have no row program.
+fn compiled_rows(
+    ex: &Exec,
+    plan: &BlockPlan,
+    s: usize,
+    ns: &[usize],
+    sig: Vec<OpSig>,
+    fstats: &mut FusedStats,
+) -> Option<Arc<RowProg>> {
+    let empty = RowOperands::default();
+    let ops = plan.row_ops.get(s).unwrap_or(&empty);
     let compile = |sig: &[OpSig], fstats: &mut FusedStats| {
         let t0 = std::time::Instant::now();
         let p = compile_rows(ex.block, ns, ops, sig, &plan.live_out).map(Arc::new);
@@ -1242,7 +1543,7 @@ fn row_program(
         fstats.row_compile_time += t0.elapsed();
         p
     };
-    let prog = match &plan.row_cache {
+    match &plan.row_cache {
         Some(cache) => {
             let key = (s, sig);
             let hit = cache.lock().ok().and_then(|c| c.get(&key).cloned());
@@ -1258,42 +1559,16 @@ fn row_program(
             }
         }
         None => compile(&sig, fstats),
-    };
-    match prog {
-        Some(p) => run_rows(ex, &p, &vals),
-        None => Ok(None),
     }
 }
 
 fn run_rows(ex: &Exec, prog: &RowProg, vals: &[BV]) -> Result<Option<Vec<(usize, BV)>>, String> {
-    let mut lead = vec![ex.b];
-    lead.extend_from_slice(&prog.lead_tail);
+    let lead = row_lead(prog, ex.b);
     let rows: usize = lead.iter().product();
-    let mut bound = Bound {
-        ext: Vec::new(),
-        shared: Vec::new(),
-        scalars: Vec::new(),
+    let vals: Vec<Option<&BV>> = vals.iter().map(Some).collect();
+    let Some(bound) = bind(prog, &vals, rows) else {
+        return Ok(None);
     };
-    for (o, v) in prog.held.iter().zip(vals) {
-        match (o.src, v) {
-            (Src::Ext(_), v) => match row_ptrs(v, o.len) {
-                Some(r) if r.len() == rows => bound.ext.push(r),
-                _ => return Ok(bail(3)),
-            },
-            (Src::Shared(_), BV::Shared(OpValue::Tensor(t))) => match t.as_f32() {
-                Some(d) if d.len() == o.len => bound.shared.push(d),
-                _ => return Ok(bail(3)),
-            },
-            (Src::Scalar(_), BV::Shared(OpValue::Tensor(t))) => {
-                match t.as_f32().and_then(|d| d.first()) {
-                    Some(&x) => bound.scalars.push(x),
-                    None => return Ok(bail(3)),
-                }
-            }
-            _ => return Ok(bail(3)),
-        }
-    }
-    let outs = &prog.outs;
     // Rows are independent: large programs split them across threads, each with its own scratch.
     // Only very large ones: on the 2-vCPU development machine (two hyperthreads of one core) a
     // split at 64 Ki scratch floats made TreeLSTM-large's row programs slower (265 vs 234 ms over
@@ -1303,17 +1578,27 @@ fn run_rows(ex: &Exec, prog: &RowProg, vals: &[BV]) -> Result<Option<Vec<(usize,
     } else {
         1
     };
-    // Run: one pass per row over the program, then copy live values out.
-    let out_bufs = if threads == 1 {
+    let bufs = if threads == 1 {
         run_rows_in_order(prog, &bound, rows)
     } else {
         run_rows_split(prog, &bound, rows, threads)
     };
-    let mut result = Vec::with_capacity(outs.len());
-    for (&(i, ref os, tuple), bufs) in outs.iter().zip(out_bufs) {
-        let mut tensors = Vec::with_capacity(bufs.len());
-        for (o, buf) in os.iter().zip(bufs) {
-            let mut shape = lead.clone();
+    assemble(prog, &lead, bufs).map(Some)
+}
+
+/// The result values of a row program from its flat output buffers.
+fn assemble(
+    prog: &RowProg,
+    lead: &[usize],
+    bufs: Vec<Vec<f32>>,
+) -> Result<Vec<(usize, BV)>, String> {
+    let mut bufs = bufs.into_iter();
+    let mut result = Vec::with_capacity(prog.outs.len());
+    for &(i, ref os, tuple) in &prog.outs {
+        let mut tensors = Vec::with_capacity(os.len());
+        for o in os {
+            let buf = bufs.next().ok_or("internal: row program output missing")?;
+            let mut shape = lead.to_vec();
             shape.push(o.len);
             tensors.push(Tensor::from_f32(shape, buf).map_err(|e| e.to_string())?);
         }
@@ -1327,99 +1612,85 @@ fn run_rows(ex: &Exec, prog: &RowProg, vals: &[BV]) -> Result<Option<Vec<(usize,
         };
         result.push((i, v));
     }
-    Ok(Some(result))
+    Ok(result)
 }
+
 /// One thread: rows in order, each live value appended to its output (no zero-filled buffers).
-fn run_rows_in_order(prog: &RowProg, bound: &Bound, rows: usize) -> Vec<Vec<Vec<f32>>> {
-    let outs = &prog.outs;
-    let mut bufs: Vec<Vec<Vec<f32>>> = outs
+fn run_rows_in_order(prog: &RowProg, bound: &Bound, rows: usize) -> Vec<Vec<f32>> {
+    let outs: Vec<&Opd> = flat_outs(prog).collect();
+    let mut bufs: Vec<Vec<f32>> = outs
         .iter()
-        .map(|(_, os, _)| {
-            os.iter()
-                .map(|o| Vec::with_capacity(rows * o.len))
-                .collect()
-        })
+        .map(|o| Vec::with_capacity(rows * o.len))
         .collect();
     let mut scratch = vec![0f32; prog.scratch_len];
     for r in 0..rows {
         for ins in &prog.instrs {
             exec(ins, r, bound, &mut scratch);
         }
-        for ((_, os, _), per_out) in outs.iter().zip(bufs.iter_mut()) {
-            for (o, buf) in os.iter().zip(per_out.iter_mut()) {
-                match o.src {
-                    Src::Scalar(sc) => {
-                        let x = bound.scalars.get(sc).copied().unwrap_or(0.0);
-                        buf.resize(buf.len() + o.len, x);
-                    }
-                    _ => buf.extend_from_slice(slice(o, r, bound, &scratch)),
+        for (o, buf) in outs.iter().zip(bufs.iter_mut()) {
+            match o.src {
+                Src::Scalar(sc) => {
+                    let x = bound.scalars.get(sc).copied().unwrap_or(0.0);
+                    buf.resize(buf.len() + o.len, x);
                 }
+                _ => buf.extend_from_slice(slice(o, r, bound, &scratch)),
             }
         }
     }
     bufs
 }
 
-/// Several threads: each runs a contiguous range of rows into its part of zero-filled outputs.
-fn run_rows_split(
-    prog: &RowProg,
-    bound: &Bound,
-    rows: usize,
-    threads: usize,
-) -> Vec<Vec<Vec<f32>>> {
-    let outs = &prog.outs;
-    let mut out_bufs: Vec<Vec<Vec<f32>>> = outs
-        .iter()
-        .map(|(_, os, _)| os.iter().map(|o| vec![0f32; rows * o.len]).collect())
-        .collect();
-    let chunk = rows.div_ceil(threads).max(1);
-    let mut parts: Vec<RowChunk> = (0..threads)
-        .map(|t| (t * chunk, ((t + 1) * chunk).min(rows), Vec::new()))
-        .collect();
-    for (k, bufs) in out_bufs.iter_mut().enumerate() {
-        for p in parts.iter_mut() {
-            p.2.push(Vec::new());
+/// Runs rows `0..rows` of `bound` into `outs` (the flat outputs' slices for those rows).
+fn run_row_block(prog: &RowProg, bound: &Bound, rows: usize, outs: &mut [&mut [f32]]) {
+    let mut scratch = vec![0f32; prog.scratch_len];
+    for r in 0..rows {
+        for ins in &prog.instrs {
+            exec(ins, r, bound, &mut scratch);
         }
-        for (j, buf) in bufs.iter_mut().enumerate() {
-            let w = outs.get(k).and_then(|o| o.1.get(j)).map_or(0, |o| o.len);
-            let mut rest: &mut [f32] = buf.as_mut_slice();
-            for p in parts.iter_mut() {
-                let n = ((p.1 - p.0.min(p.1)) * w).min(rest.len());
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(n);
-                rest = tail;
-                if let Some(v) = p.2.get_mut(k) {
-                    v.push(head);
-                }
+        for (o, out) in flat_outs(prog).zip(outs.iter_mut()) {
+            let at = r * o.len;
+            if let Some(dst) = out.get_mut(at..at + o.len) {
+                read(o, r, bound, &scratch, dst);
             }
         }
     }
-    let run_rows = |start: usize, end: usize, bufs: &mut Vec<Vec<&mut [f32]>>| {
-        let mut scratch = vec![0f32; prog.scratch_len];
-        for r in start..end {
-            for ins in &prog.instrs {
-                exec(ins, r, bound, &mut scratch);
-            }
-            for (k, (_, os, _)) in outs.iter().enumerate() {
-                for (j, o) in os.iter().enumerate() {
-                    let at = (r - start) * o.len;
-                    if let Some(dst) = bufs
-                        .get_mut(k)
-                        .and_then(|v| v.get_mut(j))
-                        .and_then(|d| d.get_mut(at..at + o.len))
-                    {
-                        read(o, r, bound, &scratch, dst);
-                    }
-                }
-            }
-        }
-    };
+}
+
+/// Several threads: each runs a contiguous range of rows into its part of zero-filled outputs.
+fn run_rows_split(prog: &RowProg, bound: &Bound, rows: usize, threads: usize) -> Vec<Vec<f32>> {
+    let widths: Vec<usize> = flat_outs(prog).map(|o| o.len).collect();
+    let mut bufs: Vec<Vec<f32>> = widths.iter().map(|w| vec![0f32; rows * w]).collect();
+    let chunk = rows.div_ceil(threads).max(1);
+    let mut rest: Vec<&mut [f32]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+    let mut parts = Vec::with_capacity(threads);
+    for start in (0..rows).step_by(chunk) {
+        let n = chunk.min(rows - start);
+        let mine: Vec<&mut [f32]> = rest
+            .iter_mut()
+            .zip(&widths)
+            .map(|(r, w)| {
+                let (head, tail) = std::mem::take(r).split_at_mut((n * w).min(r.len()));
+                *r = tail;
+                head
+            })
+            .collect();
+        parts.push((start, n, mine));
+    }
     std::thread::scope(|s| {
-        for (start, end, mut bufs) in parts {
-            let run_rows = &run_rows;
-            s.spawn(move || run_rows(start, end, &mut bufs));
+        for (start, n, mut mine) in parts {
+            let block = Bound {
+                ext: bound
+                    .ext
+                    .iter()
+                    .map(|e| e.get(start..start + n).unwrap_or(&[]).to_vec())
+                    .collect(),
+                shared: bound.shared.clone(),
+                scalars: bound.scalars.clone(),
+            };
+            s.spawn(move || run_row_block(prog, &block, n, &mut mine));
         }
     });
-    out_bufs
+    bufs
 }
 
 /// Why a row program did not apply (printed with `TUMBLE_DEBUG_FUSION=1`, for development).
@@ -1452,9 +1723,6 @@ impl ValKey {
         }
     }
 }
-
-/// Rows `start..end` of a row program and, per output value and field, its slice of the output.
-type RowChunk<'a> = (usize, usize, Vec<Vec<&'a mut [f32]>>);
 
 /// Copies operand `o` of row `r` into `dst` (broadcasting a scalar).
 fn read(o: &Opd, r: usize, b: &Bound, scratch: &[f32], dst: &mut [f32]) {

@@ -73,6 +73,10 @@ pub struct Options {
     /// pointers (GEMM packing and row programs read them in place) instead of being stacked
     /// into a new tensor first. Needs `fusion`.
     pub gather_fusion: bool,
+    /// Epilogue fusion: a row program fed only by a GEMM stage runs inside the GEMM, on each block
+    /// of output rows while it is in cache, writing the block's outputs in place; the product
+    /// itself lives in reused scratch. Needs `fusion`.
+    pub epilogue: bool,
 }
 
 impl Default for Options {
@@ -88,6 +92,7 @@ impl Default for Options {
             row_cache: true,
             hfuse: true,
             gather_fusion: true,
+            epilogue: true,
             threads: 1,
         }
     }

@@ -68,6 +68,7 @@ impl Profile {
         self.fused.dense_stages += o.fused.dense_stages;
         self.fused.row_programs += o.fused.row_programs;
         self.fused.row_program_ops += o.fused.row_program_ops;
+        self.fused.epilogues += o.fused.epilogues;
         self.fused.row_compiles += o.fused.row_compiles;
         self.fused.hfused_stages += o.fused.hfused_stages;
         self.fused.hfused_denses += o.fused.hfused_denses;
@@ -119,13 +120,13 @@ impl fmt::Display for Profile {
         )?;
         writeln!(
             f,
-            "kernel plans: {} dense stages ({} horizontally fused from {} denses), {} fused row programs ({} operators), {} stages fell back",
-            self.fused.dense_stages, self.fused.hfused_stages, self.fused.hfused_denses, self.fused.row_programs, self.fused.row_program_ops, self.fused.fallbacks
+            "kernel plans: {} dense stages ({} horizontally fused from {} denses), {} fused row programs ({} operators; {} run as GEMM epilogues), {} stages fell back",
+            self.fused.dense_stages, self.fused.hfused_stages, self.fused.hfused_denses, self.fused.row_programs, self.fused.row_program_ops, self.fused.epilogues, self.fused.fallbacks
         )?;
         let secs = self.fused.dense_time.as_secs_f64();
         writeln!(
             f,
-            "dense stages: {:.3} GFLOP in {:.3} ms = {:.1} GFLOP/s; whole run {:.1} GFLOP/s",
+            "dense stages (epilogues included): {:.3} GFLOP in {:.3} ms = {:.1} GFLOP/s; whole run {:.1} GFLOP/s",
             self.fused.dense_flops as f64 / 1e9,
             secs * 1e3,
             if secs > 0.0 {
@@ -137,7 +138,7 @@ impl fmt::Display for Profile {
         )?;
         writeln!(
             f,
-            "row programs: {:.3} ms, {} compiled in {:.3} ms",
+            "row programs (separate passes): {:.3} ms, {} compiled in {:.3} ms",
             ms(self.fused.row_time),
             self.fused.row_compiles,
             ms(self.fused.row_compile_time)

@@ -317,6 +317,7 @@ fn check_case(case: &Case) {
                     row_cache: planopt,
                     hfuse: planopt,
                     gather_fusion: planopt,
+                    epilogue: planopt,
                     phases: fusion,
                     hoist: fusion,
                     ghosts: fusion,
@@ -424,7 +425,7 @@ fn wildly_different_instances() {
 /// DRNN, at an odd batch size, inline-depth scheduling.
 #[test]
 fn every_combination_of_switches() {
-    const N_SWITCHES: u32 = 9;
+    const N_SWITCHES: u32 = 10;
     for case_index in [0usize, 2, 4, 5] {
         let case = &cases()[case_index];
         let x = expected(case);
@@ -432,14 +433,14 @@ fn every_combination_of_switches() {
             let on = |bit: u32| mask & (1 << bit) != 0;
             let (coarsen, fusion, phases, hoist, ghosts, dup) =
                 (on(0), on(1), on(2), on(3), on(4), on(5));
-            let (hfuse, gather_fusion, row_cache) = (on(6), on(7), on(8));
+            let (hfuse, gather_fusion, row_cache, epilogue) = (on(6), on(7), on(8), on(9));
             // The plan-level switches only matter with plans on.
-            if !fusion && (hfuse || gather_fusion || row_cache) {
+            if !fusion && (hfuse || gather_fusion || row_cache || epilogue) {
                 continue;
             }
             let label = format!(
                 "{} coarsen={coarsen} fusion={fusion} phases={phases} hoist={hoist} ghosts={ghosts} dup={dup} \
-                 hfuse={hfuse} gather_fusion={gather_fusion} row_cache={row_cache}",
+                 hfuse={hfuse} gather_fusion={gather_fusion} row_cache={row_cache} epilogue={epilogue}",
                 case.model
             );
             let statics = tumble_compile::StaticOptions {
@@ -456,6 +457,7 @@ fn every_combination_of_switches() {
                 row_cache,
                 hfuse,
                 gather_fusion,
+                epilogue,
                 phases,
                 hoist,
                 ghosts,

@@ -421,3 +421,123 @@ fn row_list_inputs_match_stacked_inputs_at_odd_sizes() {
         }
     }
 }
+
+/// Epilogue fusion (a GEMM's row program run on each block of its output rows, inside the GEMM)
+/// gives the same bits as the separate passes — the product is computed the same way and the row
+/// program is the same code — for a single dense (`cell`) and horizontally fused groups
+/// (`qkv`), contiguous and row-list inputs, at odd batch sizes, on one and two threads (the
+/// GEMM's row and column splits). A GEMM whose result is also read elsewhere (`proj`: by a later
+/// stage, by a block output) keeps its separate row program.
+#[test]
+fn epilogue_fusion_matches_separate_passes_bit_for_bit() {
+    use tumble_runtime::fused::{plan_with, PlanOptions};
+    let qkv = |h: usize| {
+        format!(
+            "def @qkv(%x: Tensor[(1, {h}), float32], %wq: Tensor[({h}, {h}), float32],
+                      %wk: Tensor[({h2}, {h}), float32], %wv: Tensor[(3, {h}), float32],
+                      Primitive=1) {{
+               let %q = nn.dense(%x, %wq);
+               let %k = nn.dense(%x, %wk);
+               let %v = nn.dense(%x, %wv);
+               (tanh(%q), sigmoid(%k), multiply(%v, %v))
+             }}
+             def @main(%x: Tensor[(1, {h}), float32]) {{ %x }}",
+            h2 = 2 * h + 1
+        )
+    };
+    for h in [1usize, 7, 33] {
+        for (src, name, fusable) in [
+            (cell(h), "cell", 1u64),
+            (projections(h), "proj", 0),
+            (qkv(h), "qkv", 1),
+        ] {
+            let block = block_of(&src, name);
+            let fused = plan_with(&block, PlanOptions::default());
+            let apart = plan_with(
+                &block,
+                PlanOptions {
+                    epilogue: false,
+                    ..PlanOptions::default()
+                },
+            );
+            let shown = fused.to_string();
+            assert_eq!(
+                shown.matches("epilogue").count() as u64,
+                fusable,
+                "{name}:\n{shown}"
+            );
+            assert!(!apart.to_string().contains("epilogue"));
+            for b in [1usize, 3, 7, 33, 257] {
+                for threads in [1usize, 2] {
+                    let mut rng = Rng::new((h * 1000 + b) as u64);
+                    let stacked: Vec<BV> = block
+                        .inputs
+                        .iter()
+                        .map(|inp| match (name, inp.name.as_str()) {
+                            (_, "%x" | "%c" | "%y") => {
+                                BV::Batched(OpValue::Tensor(rand(&[b, 1, h], &mut rng)))
+                            }
+                            ("cell", "%w") => {
+                                BV::Shared(OpValue::Tensor(rand(&[3 * h, h], &mut rng)))
+                            }
+                            (_, "%wq" | "%wy") => {
+                                BV::Shared(OpValue::Tensor(rand(&[h, h], &mut rng)))
+                            }
+                            (_, "%wk") => {
+                                BV::Shared(OpValue::Tensor(rand(&[2 * h + 1, h], &mut rng)))
+                            }
+                            (_, "%wv") => BV::Shared(OpValue::Tensor(rand(&[3, h], &mut rng))),
+                            (_, "%b") => BV::Shared(OpValue::Tensor(rand(&[3 * h], &mut rng))),
+                            (_, "%g" | "%be") => {
+                                BV::Shared(OpValue::Tensor(rand(&[2 * h], &mut rng)))
+                            }
+                            (_, other) => panic!("unexpected block input {other}"),
+                        })
+                        .collect();
+                    let lists: Vec<BV> = stacked
+                        .iter()
+                        .map(|v| match v {
+                            BV::Batched(OpValue::Tensor(t)) => scattered(t, &mut rng),
+                            other => other.clone(),
+                        })
+                        .collect();
+                    for inputs in [&stacked, &lists] {
+                        let label = format!("{name} h {h} b {b} threads {threads}");
+                        let (want, s_apart) = run_threads(&block, &apart, inputs, b, threads);
+                        let (got, s_fused) = run_threads(&block, &fused, inputs, b, threads);
+                        assert!(identical(&got, &want), "{label}");
+                        assert_eq!(s_apart.epilogues, 0, "{label}");
+                        assert_eq!(s_fused.epilogues, fusable, "{label}: {s_fused:?}");
+                        assert_eq!(s_fused.row_programs, s_apart.row_programs, "{label}");
+                        assert_eq!(s_fused.fallbacks, 0, "{label}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn run_threads(
+    block: &tumble_compile::Block,
+    p: &tumble_runtime::fused::BlockPlan,
+    inputs: &[BV],
+    b: usize,
+    threads: usize,
+) -> (Vec<BV>, FusedStats) {
+    let mut r = Rng::new(0);
+    let mut octx = OpCtx { rng: &mut r };
+    let mut stats = OpStats::default();
+    let mut fstats = FusedStats::default();
+    let got = run_planned(
+        block,
+        p,
+        inputs,
+        b,
+        &mut octx,
+        &mut stats,
+        &mut fstats,
+        threads,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    (got, fstats)
+}
