@@ -3,7 +3,7 @@
 # Table 1: all optimizations, then each one switched off in turn. Table 2: cumulative, in ACROBAT's
 # order, from an operator-level DyNet-like baseline (dataflow-depth scheduling, nothing else):
 # + kernel fusion (plans, horizontal fusion, parameter reuse by duplication) → + grain coarsening,
-# inline depth and hoisting → + phases and ghosts → + gather fusion (= everything on).
+# inline depth and hoisting → + phases and ghosts → + gather and epilogue fusion (= everything on).
 # Cells: ms per mini-batch and launches (L). Berxit is left out (see bench/RESULTS.md).
 # Usage: bench/ablation.sh [N_INSTANCES] [REPEATS]   (from the repository root; 1 kernel thread;
 # each cell is the best of REPEATS runs, default 3)
@@ -20,13 +20,13 @@ $t data nested --count "$n" -o "$dir/nested.jsonl" 2>/dev/null
 $t data drnn --count "$n" -o "$dir/drnn.jsonl" 2>/dev/null
 off_each=("all:" "no-fusion:--no-fusion" "no-hfuse:--no-hfuse" "no-gather-fusion:--no-gather-fusion"
   "no-coarsen:--no-coarsen" "no-phases:--no-phases" "no-ghosts:--no-ghosts" "no-hoist:--no-hoist"
-  "no-dup:--no-dup" "no-row-cache:--no-row-cache" "eager:--scheduler eager")
-late="--no-phases --no-ghosts --no-gather-fusion"
+  "no-dup:--no-dup" "no-row-cache:--no-row-cache" "no-epilogue:--no-epilogue" "eager:--scheduler eager")
+late="--no-phases --no-ghosts --no-gather-fusion --no-epilogue"
 cumulative=("baseline:--scheduler depth --no-fusion --no-hfuse --no-dup --no-coarsen --no-hoist $late"
   "+fusion:--scheduler depth --no-coarsen --no-hoist $late"
   "+coarsen+inline+hoist:$late"
-  "+phases+ghosts:--no-gather-fusion"
-  "+gather-fusion:")
+  "+phases+ghosts:--no-gather-fusion --no-epilogue"
+  "+gather+epilogue:")
 table() {
   local -n configs=$1
   printf '%-16s %5s' model batch

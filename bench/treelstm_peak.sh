@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# TreeLSTM throughput against the machine's sgemm peak, both measured by this script, interleaved,
+# so that a machine whose speed drifts (shared vCPUs) is compared with itself. Kernels issue:
+# "TreeLSTM (hidden 256 and 512) on the first 512 SST test trees, batch 64, 2 threads: wall time
+# and achieved GFLOP/s against the machine's sgemm peak (measured with the same harness)".
+#
+# Per round: the sgemm peak (gemm_bench: best of several 2048×1024×1024 products) on 1 and on 2
+# threads, then every (model, threads, epilogue on/off) run once. Reported: the best of ROUNDS
+# for each run and each peak. GFLOP/s counts the dense stages' useful work (2·rows·K·N) over the
+# whole run's wall time (`time (ms): total` of --profile: mini-batches, host side included; the
+# weight loading before it excluded).
+# Usage: bench/treelstm_peak.sh [TREES] [ROUNDS]   (from the repository root; defaults 512, 3)
+set -euo pipefail
+n=${1:-512}
+rounds=${2:-3}
+cargo build --release -q -p tumble-cli
+cargo build --release -q -p tumble-kernels --example gemm_bench
+t=target/release/tumble
+bench=target/release/examples/gemm_bench
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+$t data sst --split test --format tree --limit "$n" -o "$dir/trees.jsonl" 2>/dev/null
+for m in treelstm_small treelstm_large; do
+  $t run "models/$m.rly" --inputs "$dir/trees.jsonl" --random-params 0 --batch 64 \
+    --save-params "$dir/$m.safetensors" -o "$dir/o.jsonl" >/dev/null 2>&1
+done
+declare -A best
+keep_min() { # key value
+  local cur=${best[$1]:-}
+  if [[ -z $cur ]] || awk "BEGIN{exit !($2 < $cur)}"; then best[$1]=$2; fi
+}
+keep_max() {
+  local cur=${best[$1]:-}
+  if [[ -z $cur ]] || awk "BEGIN{exit !($2 > $cur)}"; then best[$1]=$2; fi
+}
+for r in $(seq "$rounds"); do
+  for th in 1 2; do
+    p=$($bench --threads "$th" --shapes "8,8,8" --min-time 0.05 | sed -n 's/^peak sgemm .*: \([0-9.]*\) GFLOP\/s.*/\1/p')
+    keep_max "peak$th" "$p"
+  done
+  for m in treelstm_small treelstm_large; do
+    for th in 1 2; do
+      for epi in on off; do
+        flag=""; [[ $epi == off ]] && flag="--no-epilogue"
+        prof=$($t run "models/$m.rly" --inputs "$dir/trees.jsonl" --params "$dir/$m.safetensors" \
+          --batch 64 --threads "$th" $flag --profile -o "$dir/o.jsonl" 2>&1)
+        total=$(sed -n 's/^time (ms): total \([0-9.]*\) .*/\1/p' <<<"$prof")
+        gflop=$(sed -n 's/^dense stages[^:]*: \([0-9.]*\) GFLOP .*/\1/p' <<<"$prof")
+        keep_min "$m/$th/$epi" "$total"
+        best["gflop/$m"]=$gflop
+      done
+    done
+  done
+  echo "round $r done" >&2
+done
+kernel=$($bench --threads 1 --shapes 1,1,1 --no-peak --min-time 0.001 | sed -n 's/.*kernel \([^,]*\),.*/\1/p')
+echo "# TreeLSTM, first $n SST test trees, batch 64, best of $rounds rounds; $(nproc) vCPUs, kernel $kernel"
+echo "# sgemm peak: ${best[peak1]} GFLOP/s on 1 thread, ${best[peak2]} GFLOP/s on 2 threads"
+printf '| %-15s | %7s | %8s | %9s | %13s | %9s |\n' model threads epilogue "total ms" "GFLOP/s (run)" "% of peak"
+echo '|---|---:|---|---:|---:|---:|'
+for m in treelstm_small treelstm_large; do
+  for th in 1 2; do
+    for epi in on off; do
+      ms=${best[$m/$th/$epi]}
+      g=${best[gflop/$m]}
+      awk -v m="$m" -v th="$th" -v epi="$epi" -v ms="$ms" -v g="$g" -v peak="${best[peak$th]}" \
+        'BEGIN { rate = g / (ms / 1000); printf "| %-15s | %7s | %8s | %9.1f | %13.1f | %8.1f%% |\n", m, th, epi, ms, rate, 100 * rate / peak }'
+    done
+  done
+done
