@@ -1,20 +1,29 @@
 //! The blocked GEMM driver: cache blocking, the small-M variant, and the thread split.
 //!
-//! Loop nest for one block of `mc` output rows (GotoBLAS order, weight pre-packed):
+//! Loop nest for one group of output rows (GotoBLAS/BLIS order, weight pre-packed):
 //!
 //! ```text
 //! for each part (A_i, W_i) of the (possibly concatenated) contraction:
 //!   for each K block [k0, k0 + kc):
-//!     pack A rows [ic, ic + mc) × [k0, k0 + kc) into MR-row micro-panels   ← the fused gather
-//!     for each 32-wide weight panel jp (kc × 32 floats, stays in L1):
-//!       for each micro-panel q (MR × kc, streamed from L2):
-//!         micro-kernel: C[q-tile, jp] (+)= Ã_q · B̃_jp
-//! epilogue(rows [ic, ic + mc), C block)                                   ← the fused tail
+//!     pack A rows [ic, ic + group) × [k0, k0 + kc) into MR-row micro-panels ← the fused gather
+//!     for each chunk of weight panels (nc columns × kc, stays in L2):        ← L2 blocking only
+//!       for each block of mc rows of the group:
+//!         for each 32-wide weight panel jp of the chunk (kc × 32 floats, stays in L1):
+//!           for each micro-panel q of the block (MR × kc, streamed from L2):
+//!             micro-kernel: C[q-tile, jp] (+)= Ã_q · B̃_jp
+//! epilogue(each block of mc rows of the group, its C block)                 ← the fused tail
 //! ```
 //!
+//! Normally a group is one `mc` block and the only chunk is the whole weight: each row block
+//! streams the weight once and its epilogue runs on the `mc × N` block while it is still in L2.
+//! When the weight is much larger than L2 ([`L2_BLOCK_MIN_WEIGHT_BYTES`]) and a task has several
+//! row blocks, a group holds up to [`L2_GROUP_MC`] blocks and the weight is walked in chunks of
+//! [`L2_CHUNK_BYTES`], so each chunk is loaded into L2 once per group instead of once per block;
+//! the group's epilogues then run after its last chunk of its last K block (each row still once,
+//! after all of its columns and all of K are final).
+//!
 //! The first K block of the first part overwrites C (so C is never zeroed or read first), later
-//! blocks accumulate. The epilogue runs on the `mc × N` block right after its last K block, while
-//! it is still in L2.
+//! blocks accumulate.
 
 use crate::kernel::Kernel;
 use crate::pack::{pack_a, AlignedBuf, PackedWeight, RowSource, NR};
@@ -43,6 +52,37 @@ const MIN_PARALLEL_FLOPS: usize = 8 << 20;
 /// the weight's columns lets each core stream (and keep in its own L2) half of it: B=1 512×1536
 /// (1.5 MFLOP, 3 MiB weight) 115 µs on one thread vs 28 µs on two; B=1 768×3072: 387 vs 191 µs.
 const MIN_PARALLEL_WEIGHT_BYTES: usize = 1 << 20;
+
+/// L2 blocking of the weight's columns (a BLIS `nc` loop) is used when the launch's weight is at
+/// least this big. Without it every `mc` block of rows streams the whole weight again; that costs
+/// little while the weight streams from L3, but this machine's L3 is shared with other tenants and
+/// once the weight is ≳ 7 MiB it comes from memory. Measured (1 thread, GFLOP/s, best of 5–8
+/// interleaved runs, contiguous A, before vs blocked; ±20% noise): 512×768×3072 (9 MiB) 59–85 vs
+/// 84–97; 2048×768×3072 60–66 vs 74–88; 512×1024×3072 (12 MiB) 65 vs 88; 512×2048×1024 (8 MiB) 66
+/// vs 86; 512×1536×1536 (9 MiB) 67 vs 74–82; 512×4096×768 (12 MiB) 63 vs 80 — but 512×768×2304
+/// (6.75 MiB) 85 vs 83; 512×1024×1536 (6 MiB) 99 vs 90–97; 512×1024×1024 (4 MiB) 109 vs 103;
+/// 512×512×1536 and 2048×512×1536 (3 MiB) 108/104 vs 95–104: no gain below ~7 MiB, so none taken.
+const L2_BLOCK_MIN_WEIGHT_BYTES: usize = 7 << 20;
+
+/// Weight bytes per column chunk (`kc × nc` floats: 32 panels at kc = 256): half of L2, leaving
+/// room for the packed rows of a group (`L2_GROUP_MC × mc × kc`, 224 KiB) and the C tiles.
+/// Measured (1 thread, best of 8): 512 KiB chunks 85 vs 89 GFLOP/s for 1 MiB on 512×768×3072, 82
+/// vs 88 on 2048×768×3072; 1.5 MiB chunks (with groups of 8 blocks) 95 vs 85 and 77 vs 85 for
+/// 1 MiB with the same groups: within the noise, and 1 MiB leaves more room in L2.
+const L2_CHUNK_BYTES: usize = 1 << 20;
+
+/// Row blocks per group: each chunk of the weight is loaded once per group and reused by this many
+/// `mc` blocks. 4 vs 6 vs 9 blocks (GFLOP/s, 1 thread): 512×768×3072 96/97/83, 2048×768×3072
+/// 74/87/94, 512×1024×3072 88/76/–: no clear winner beyond 4, and larger groups leave C (the
+/// group's rows × N, read again by the epilogue) further from the core.
+const L2_GROUP_MC: usize = 4;
+
+/// With L2 blocking and several threads, row tasks of at least this many `mc` blocks (instead of
+/// one), so each task has more than one block to reuse its weight chunks across. 2 threads, best
+/// of 6 (tasks of ≥ 1 / 2 / 4 blocks vs before): 2048×768×3072 157/145/149 vs 135; 512×2048×1024
+/// 137/172/160 vs 142; 512×768×3072 152/176/179 vs 168 (noise ±25%). 2 keeps several tasks per
+/// thread for the dynamic balance.
+const L2_TASK_MIN_MC: usize = 2;
 
 thread_local! {
     /// Per-thread scratch for packed A blocks (grown, never shrunk; taken out while in use so a
@@ -126,6 +166,7 @@ pub(crate) fn run(
     let w_bytes = parts.iter().fold(0usize, |acc, p| {
         acc.saturating_add(p.w.k().saturating_mul(n).saturating_mul(4))
     });
+    let l2 = !small && w_bytes >= L2_BLOCK_MIN_WEIGHT_BYTES;
     if flops < MIN_PARALLEL_FLOPS && w_bytes < MIN_PARALLEL_WEIGHT_BYTES {
         t = 1;
     }
@@ -139,6 +180,7 @@ pub(crate) fn run(
             panels,
             n,
             small,
+            l2,
             Out::Rows(c),
             Some((epilogue, outs)),
         );
@@ -148,6 +190,13 @@ pub(crate) fn run(
         // Up to 4 chunks per thread, each at least one `mc` block, handed out dynamically: a
         // thread whose core is busy with other work takes fewer (this machine is shared).
         let chunks = m.div_ceil(kernel.mc).clamp(t, 4 * t);
+        // With L2 blocking, tasks of at least `L2_TASK_MIN_MC` row blocks, so that a chunk of the
+        // weight loaded into a core's L2 serves more than one block of that task's rows.
+        let chunks = if l2 {
+            (m / (L2_TASK_MIN_MC * kernel.mc)).clamp(t, 4 * t)
+        } else {
+            chunks
+        };
         let chunk = m.div_ceil(chunks).next_multiple_of(kernel.mr);
         let tasks = row_tasks(c, n, chunk, &mut outs);
         run_tasks(t, tasks, |(r0, s, o)| {
@@ -161,6 +210,7 @@ pub(crate) fn run(
                 panels,
                 n,
                 small,
+                l2,
                 Out::Rows(s),
                 Some((epilogue, o)),
             );
@@ -181,6 +231,7 @@ pub(crate) fn run(
                 p1,
                 n,
                 small,
+                l2,
                 Out::Shared(shared),
                 None,
             );
@@ -264,6 +315,40 @@ fn k_blocks(k: usize, kc_max: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..k).step_by(kc).map(move |k0| (k0, kc.min(k - k0)))
 }
 
+/// How `block_rows` walks a task: rows in groups of `group` packed together per K block, weight
+/// panels in chunks of `chunk` panels, and within a chunk the group's `mc`-row blocks one after
+/// another. Without L2 blocking `group = mc` and the one chunk covers all panels (the loop nest
+/// is then exactly the unblocked one).
+#[derive(Clone, Copy)]
+struct Blocking {
+    group: usize,
+    chunk: usize,
+}
+
+/// The blocking of a task of `rows` rows and `panels` weight panels (K blocks of at most
+/// `kc_max`); `l2` when the launch's weight is big enough for L2 blocking to pay.
+fn blocking(kernel: &Kernel, rows: usize, panels: usize, kc_max: usize, l2: bool) -> Blocking {
+    let plain = Blocking {
+        group: kernel.mc,
+        chunk: panels.max(1),
+    };
+    // A single row block streams the weight once either way.
+    if !l2 || rows <= kernel.mc {
+        return plain;
+    }
+    // Balanced groups of at most L2_GROUP_MC row blocks (rounded to whole micro-panels), so a
+    // task of 2 × 224 + 14 rows is not cut into two full groups and a 14-row one.
+    let groups = rows.div_ceil(L2_GROUP_MC * kernel.mc);
+    let group = rows.div_ceil(groups).next_multiple_of(kernel.mr);
+    let kc_bytes = kc_max
+        .saturating_mul(NR * std::mem::size_of::<f32>())
+        .max(1);
+    Blocking {
+        group,
+        chunk: (L2_CHUNK_BYTES / kc_bytes).clamp(1, panels.max(1)),
+    }
+}
+
 /// Compute rows `r0..r1`, weight panels `p0..p1` of C.
 #[allow(clippy::too_many_arguments)]
 fn block_rows(
@@ -275,6 +360,7 @@ fn block_rows(
     p1: usize,
     n: usize,
     small: bool,
+    l2: bool,
     mut out: Out<'_>,
     mut epilogue: Option<(&dyn EpilogueInto, Outs)>,
 ) {
@@ -285,70 +371,88 @@ fn block_rows(
     } else {
         (kernel.mc, kernel.kc)
     };
+    let bl = blocking(kernel, r1 - r0, p1 - p0, kc_max, l2);
+    let group_max = if small { mc_max } else { bl.group };
+    let sub = mc_max.div_ceil(mr).max(1); // micro-panels per mc sub-block
     let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
     let mut ic = r0;
     while ic < r1 {
-        let mc = mc_max.min(r1 - ic);
+        let mg = group_max.min(r1 - ic);
         let cblock: *mut f32 = match &mut out {
-            Out::Rows(s) => s[(ic - r0) * n..(ic - r0 + mc) * n].as_mut_ptr(),
+            Out::Rows(s) => s[(ic - r0) * n..(ic - r0 + mg) * n].as_mut_ptr(),
             // SAFETY: `ic < m`, so the offset stays inside C (`m * n` floats).
             Out::Shared(SharedC(p)) => unsafe { p.add(ic * n) },
         };
+        let micro = mg.div_ceil(mr);
         let mut first = true;
         for part in parts {
             for (k0, kc) in k_blocks(part.w.k(), kc_max) {
-                let micro = mc.div_ceil(mr);
                 scratch.ensure(micro * mr * kc);
-                pack_a(&part.a, ic, mc, k0, kc, mr, scratch.as_mut_slice());
+                pack_a(&part.a, ic, mg, k0, kc, mr, scratch.as_mut_slice());
                 let apack = scratch.as_slice();
-                for jp in p0..p1 {
-                    let bpanel = part.w.panel(jp, k0, kc);
-                    let mut off = 0;
-                    while off < NR && jp * NR + off < n {
-                        let col = jp * NR + off;
-                        let nn = kernel.width.min(n - col);
-                        for q in 0..micro {
-                            let rows = mr.min(mc - q * mr);
-                            let a_q = &apack[q * mr * kc..(q + 1) * mr * kc];
-                            // SAFETY: TileFn contract —
-                            // - the kernel was built for an available KernelKind;
-                            // - 1 <= rows <= mr, 1 <= nn <= width, lda = mr >= rows;
-                            // - `a_q` holds `mr * kc >= (kc-1)*mr + rows` floats;
-                            // - `bpanel` holds `kc * 32` floats and `off + width <= 32`, so
-                            //   `off + (kc-1)*32 + width <= kc*32` are in bounds;
-                            // - C rows `ic + q*mr .. + rows`, columns `col .. col + nn <= n`
-                            //   lie in this task's block; `cblock` points at row `ic`, and
-                            //   no other task writes these elements (disjoint rows or panels).
-                            unsafe {
-                                (kernel.tile)(
-                                    kc,
-                                    a_q.as_ptr(),
-                                    mr,
-                                    bpanel.as_ptr().add(off),
-                                    cblock.add(q * mr * n + col),
-                                    n,
-                                    rows,
-                                    nn,
-                                    !first,
-                                );
+                let mut pc0 = p0;
+                while pc0 < p1 {
+                    let pc1 = (pc0 + bl.chunk).min(p1);
+                    let mut q0 = 0;
+                    while q0 < micro {
+                        let q1 = (q0 + sub).min(micro);
+                        for jp in pc0..pc1 {
+                            let bpanel = part.w.panel(jp, k0, kc);
+                            let mut off = 0;
+                            while off < NR && jp * NR + off < n {
+                                let col = jp * NR + off;
+                                let nn = kernel.width.min(n - col);
+                                for q in q0..q1 {
+                                    let rows = mr.min(mg - q * mr);
+                                    let a_q = &apack[q * mr * kc..(q + 1) * mr * kc];
+                                    // SAFETY: TileFn contract —
+                                    // - the kernel was built for an available KernelKind;
+                                    // - 1 <= rows <= mr, 1 <= nn <= width, lda = mr >= rows;
+                                    // - `a_q` holds `mr * kc >= (kc-1)*mr + rows` floats;
+                                    // - `bpanel` holds `kc * 32` floats and `off + width <= 32`, so
+                                    //   `off + (kc-1)*32 + width <= kc*32` are in bounds;
+                                    // - C rows `ic + q*mr .. + rows`, columns `col .. col + nn <= n`
+                                    //   lie in this task's block; `cblock` points at row `ic`, and
+                                    //   no other task writes these elements (disjoint rows or panels).
+                                    unsafe {
+                                        (kernel.tile)(
+                                            kc,
+                                            a_q.as_ptr(),
+                                            mr,
+                                            bpanel.as_ptr().add(off),
+                                            cblock.add(q * mr * n + col),
+                                            n,
+                                            rows,
+                                            nn,
+                                            !first,
+                                        );
+                                    }
+                                }
+                                off += kernel.width;
                             }
                         }
-                        off += kernel.width;
+                        q0 = q1;
                     }
+                    pc0 = pc1;
                 }
                 first = false;
             }
         }
         if let (Some((epi, outs)), Out::Rows(s)) = (&mut epilogue, &mut out) {
-            let block = split_front(outs, mc);
-            finish(
-                *epi,
-                ic..ic + mc,
-                &mut s[(ic - r0) * n..(ic - r0 + mc) * n],
-                block,
-            );
+            let mut r = ic;
+            while r < ic + mg {
+                let mc = mc_max.min(ic + mg - r);
+                let block = split_front(outs, mc);
+                finish(
+                    *epi,
+                    r..r + mc,
+                    &mut s[(r - r0) * n..(r - r0 + mc) * n],
+                    block,
+                );
+                r += mc;
+            }
         }
-        ic += mc;
+        ic += mg;
     }
     SCRATCH.with(|s| *s.borrow_mut() = scratch);
 }

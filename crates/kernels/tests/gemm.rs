@@ -604,3 +604,110 @@ fn dense_into_rejects_outputs_of_the_wrong_length() {
     let e = dense_into(&[(&rows, &pw)], &mut c, &mut outputs, &epi, 1).unwrap_err();
     assert!(e.to_string().contains("output 0"), "{e}");
 }
+
+/// The L2-blocked path (a weight of at least 7 MiB in all, tasks of more than one 56-row block):
+/// N = 2000 (63 panels, two column chunks, a partial last panel), two parts with K = 300 and 620
+/// (K blocks of 150 and 207, neither a multiple of kc) making a 7.02 MiB weight, M = 100 (one
+/// group; with 2 threads the column split), 257 and 513 (several groups, row tasks), one part
+/// gathered (shuffled, aliased rows) and one contiguous with a stride, 1 and 2 threads. Through
+/// `dense_into`, whose epilogue copies each block of C to an output and records its rows: every
+/// row exactly once, and only once C is final (the copy equals the reference). The same rows as a
+/// single gathered part with the concatenated weight go through `dense` as well.
+#[test]
+fn l2_blocked_weight_at_odd_sizes() {
+    let mut rng = Rng(41);
+    let n = 2000usize;
+    let ks = [300usize, 620];
+    let kt: usize = ks.iter().sum();
+    let ws: Vec<Vec<f32>> = ks.iter().map(|&k| rng.vec(n * k)).collect();
+    let pws: Vec<PackedWeight> = ks
+        .iter()
+        .zip(&ws)
+        .map(|(&k, w)| PackedWeight::pack(w, n, k).unwrap())
+        .collect();
+    let wcat: Vec<f32> = (0..n)
+        .flat_map(|j| {
+            ws.iter()
+                .zip(ks)
+                .flat_map(move |(w, k)| w[j * k..(j + 1) * k].iter().copied())
+        })
+        .collect();
+    let pw_cat = PackedWeight::pack(&wcat, n, kt).unwrap();
+    for m in [100usize, 257, 513] {
+        let stride = ks[0] + 3;
+        let data0 = rng.vec(m * stride);
+        let pool: Vec<Vec<f32>> = (0..m + 2).map(|_| rng.vec(ks[1])).collect();
+        let mut idx: Vec<usize> = Vec::with_capacity(m);
+        for i in 0..m {
+            let pick = if i % 5 == 4 {
+                idx[rng.below(i)]
+            } else {
+                rng.below(m + 2)
+            };
+            idx.push(pick);
+        }
+        let slices1: Vec<&[f32]> = idx.iter().map(|&i| &pool[i][..]).collect();
+        let rows0: Vec<Vec<f32>> = (0..m)
+            .map(|i| data0[i * stride..i * stride + ks[0]].to_vec())
+            .collect();
+        let rows1: Vec<Vec<f32>> = slices1.iter().map(|r| r.to_vec()).collect();
+        let cat: Vec<Vec<f32>> = rows0
+            .iter()
+            .zip(&rows1)
+            .map(|(a, b)| [&a[..], &b[..]].concat())
+            .collect();
+        let (want, scale) = reference(
+            &[(rows0, ws[0].clone(), ks[0]), (rows1, ws[1].clone(), ks[1])],
+            m,
+            n,
+        );
+        let a0 = Rows::Contiguous {
+            data: &data0,
+            stride,
+        };
+        let a1 = Rows::Gathered(&slices1);
+        let parts = [(&a0, &pws[0]), (&a1, &pws[1])];
+        for kind in kinds() {
+            for threads in [1, 2] {
+                let what = format!("{} m={m} t={threads}", kind.name());
+                let mut c = vec![f32::NAN; m * n];
+                let mut copy = vec![f32::NAN; m * n];
+                let seen = Mutex::new(Vec::new());
+                let epi = |rows: Range<usize>, c: &mut [f32], outs: &mut [&mut [f32]]| {
+                    assert_eq!(c.len(), rows.len() * n);
+                    outs[0].copy_from_slice(c);
+                    seen.lock().unwrap().push(rows);
+                };
+                let mut outputs = [Output {
+                    data: &mut copy,
+                    width: n,
+                }];
+                dense_into_with(kind, &parts, &mut c, &mut outputs, &epi, threads).unwrap();
+                check(&c, &want, &scale, &what);
+                check(&copy, &want, &scale, &format!("{what}: epilogue's copy"));
+                let mut seen = seen.into_inner().unwrap();
+                seen.sort_by_key(|r| r.start);
+                let mut next = 0;
+                for r in &seen {
+                    assert_eq!(r.start, next, "{what}: {seen:?}");
+                    assert!(!r.is_empty(), "{what}: {seen:?}");
+                    next = r.end;
+                }
+                assert_eq!(next, m, "{what}: {seen:?}");
+            }
+        }
+        let cat_slices: Vec<&[f32]> = cat.iter().map(|r| &r[..]).collect();
+        for threads in [1, 2] {
+            let mut c = vec![f32::NAN; m * n];
+            dense(
+                &Rows::Gathered(&cat_slices),
+                &pw_cat,
+                &mut c,
+                &NoEpilogue,
+                threads,
+            )
+            .unwrap();
+            check(&c, &want, &scale, &format!("dense m={m} t={threads}"));
+        }
+    }
+}
