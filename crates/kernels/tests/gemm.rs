@@ -180,6 +180,9 @@ fn threads_do_not_change_results() {
             (2, 1024, 512),
             (20, 512, 256),
             (64, 65, 129),
+            // Weights of >= 7 MiB take the L2-blocked path (Berxit's feed-forward shapes).
+            (130, 3072, 768),
+            (57, 768, 3072),
         ] {
             let w = rng.vec(n * k);
             let a = rng.vec(m * k);

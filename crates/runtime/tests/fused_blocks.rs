@@ -541,3 +541,29 @@ fn run_threads(
     .unwrap_or_else(|e| panic!("{e}"));
     (got, fstats)
 }
+
+/// Threads do not change a launch's bits: GEMM splits keep each output's accumulation order and
+/// row programs split rows, not reductions (4099 rows of the widest cell split its row program).
+#[test]
+fn threads_do_not_change_a_launch() {
+    let h = 33;
+    let block = block_of(&cell(h), "cell");
+    let p = plan(&block);
+    for b in [257usize, 4099] {
+        let mut rng = Rng::new(b as u64);
+        let inputs: Vec<BV> = block
+            .inputs
+            .iter()
+            .map(|inp| match inp.name.as_str() {
+                "%x" | "%c" => BV::Batched(OpValue::Tensor(rand(&[b, 1, h], &mut rng))),
+                "%w" => BV::Shared(OpValue::Tensor(rand(&[3 * h, h], &mut rng))),
+                "%b" => BV::Shared(OpValue::Tensor(rand(&[3 * h], &mut rng))),
+                "%g" | "%be" => BV::Shared(OpValue::Tensor(rand(&[2 * h], &mut rng))),
+                other => panic!("unexpected block input {other}"),
+            })
+            .collect();
+        let (one, _) = run_threads(&block, &p, &inputs, b, 1);
+        let (two, _) = run_threads(&block, &p, &inputs, b, 2);
+        assert!(identical(&one, &two), "b {b}");
+    }
+}
