@@ -169,10 +169,7 @@ pub fn dense_accumulate_with(
     epilogue: &dyn Epilogue,
     threads: usize,
 ) -> Result<(), KernelError> {
-    let kernel = kind.kernel()?;
-    let (m, n, parts) = validate(parts, c)?;
-    driver::run(&kernel, &parts, m, n, c, &mut [], &Plain(epilogue), threads);
-    Ok(())
+    dense_into_with(kind, parts, c, &mut [], &Plain(epilogue), threads)
 }
 
 /// [`dense_accumulate`] with an epilogue that writes `outputs` (each `M × width`, `M` the rows of

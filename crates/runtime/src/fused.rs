@@ -677,11 +677,11 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
 /// into one GEMM pays (below, the products are matrix-vector and dot products are as good).
 const SWAP_MIN_ROWS: usize = 8;
 
-/// Horizontally fused denses `ns` (same rows A, shared f32 weights W_i of shapes (N_i, K)): one
-/// GEMM against the weights stacked along N, its columns split back into each node's value.
-/// `None` when some weight is not shared f32 or the rows are not batched f32.
-fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, String> {
-    let mut a_val = None;
+/// The operands of a GEMM over denses `ns` (one, or a horizontally fused group) that all read the
+/// same rows with shared f32 weights `(N_i, K)`: the rows value as it lies (row lists included),
+/// and the weights. `None` when some member reads other rows or has a weight that is not shared.
+fn shared_weight_operands(ex: &Exec, ns: &[usize]) -> Result<Option<(BV, Vec<Tensor>)>, String> {
+    let mut a_val: Option<&BVal> = None;
     let mut ws: Vec<Tensor> = Vec::with_capacity(ns.len());
     for &i in ns {
         let node = ex.block.nodes.get(i).ok_or("internal: node")?;
@@ -689,24 +689,45 @@ fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, Strin
         else {
             return Ok(None);
         };
-        if a_val.is_none() {
-            a_val = Some(ex.get_raw(av)?);
+        match a_val {
+            None => a_val = Some(av),
+            Some(prev) if ValKey::of(prev) == ValKey::of(av) => {}
+            Some(_) => return Ok(None),
         }
         match ex.get(wv)? {
             BV::Shared(OpValue::Tensor(w)) if w.as_f32().is_some() && w.rank() == 2 => ws.push(w),
             _ => return Ok(None),
         }
     }
-    let Some((a_rows, k, lead)) = a_val.as_ref().and_then(gemm_rows) else {
+    match a_val {
+        Some(av) => Ok(Some((ex.get_raw(av)?, ws))),
+        None => Ok(None),
+    }
+}
+
+/// The output widths `N_i` of weights `ws`, when every one has `K = k` columns.
+fn weight_widths(ws: &[Tensor], k: usize) -> Option<Vec<usize>> {
+    ws.iter()
+        .map(|w| match w.shape() {
+            [n, wk] if *wk == k => Some(*n),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Horizontally fused denses `ns` (same rows A, shared f32 weights W_i of shapes (N_i, K)): one
+/// GEMM against the weights stacked along N, its columns split back into each node's value.
+/// `None` when some weight is not shared f32 or the rows are not batched f32.
+fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, String> {
+    let Some((a, ws)) = shared_weight_operands(ex, ns)? else {
         return Ok(None);
     };
-    if ws.iter().any(|w| w.shape().get(1) != Some(&k)) {
+    let Some((a_rows, k, lead)) = gemm_rows(&a) else {
         return Ok(None);
-    }
-    let widths: Vec<usize> = ws
-        .iter()
-        .map(|w| w.shape().first().copied().unwrap_or(0))
-        .collect();
+    };
+    let Some(widths) = weight_widths(&ws, k) else {
+        return Ok(None);
+    };
     let n: usize = widths.iter().sum();
     let rows: usize = lead.iter().product();
     let mut c = vec![0f32; rows * n];
@@ -764,38 +785,15 @@ fn gemm_with_epilogue(
     ns: &[usize],
     fstats: &mut FusedStats,
 ) -> Result<Option<(NodeValues, u64)>, String> {
-    let mut a_val: Option<&BVal> = None;
-    let mut ws: Vec<Tensor> = Vec::with_capacity(dense.len());
-    for &i in dense {
-        let node = ex.block.nodes.get(i).ok_or("internal: node")?;
-        let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1))
-        else {
-            return Ok(None);
-        };
-        match a_val {
-            None => a_val = Some(av),
-            Some(prev) if ValKey::of(prev) == ValKey::of(av) => {}
-            Some(_) => return Ok(None),
-        }
-        match ex.get(wv)? {
-            BV::Shared(OpValue::Tensor(w)) if w.as_f32().is_some() && w.rank() == 2 => ws.push(w),
-            _ => return Ok(None),
-        }
-    }
-    let Some(av) = a_val else {
+    let Some((a, ws)) = shared_weight_operands(ex, dense)? else {
         return Ok(None);
     };
-    let a = ex.get_raw(av)?;
     let Some((a_rows, k, lead)) = gemm_rows(&a) else {
         return Ok(None);
     };
-    if ws.iter().any(|w| w.shape().get(1) != Some(&k)) {
+    let Some(widths) = weight_widths(&ws, k) else {
         return Ok(None);
-    }
-    let widths: Vec<usize> = ws
-        .iter()
-        .map(|w| w.shape().first().copied().unwrap_or(0))
-        .collect();
+    };
     let n: usize = widths.iter().sum();
     let rows: usize = lead.iter().product();
     if n == 0 || rows == 0 {

@@ -27,6 +27,21 @@ fn cell(h: usize) -> String {
     )
 }
 
+/// Random inputs of a `cell(h)` block for `b` invocations, by parameter name.
+fn cell_inputs(block: &tumble_compile::Block, b: usize, h: usize, rng: &mut Rng) -> Vec<BV> {
+    block
+        .inputs
+        .iter()
+        .map(|inp| match inp.name.as_str() {
+            "%x" | "%c" => BV::Batched(OpValue::Tensor(rand(&[b, 1, h], rng))),
+            "%w" => BV::Shared(OpValue::Tensor(rand(&[3 * h, h], rng))),
+            "%b" => BV::Shared(OpValue::Tensor(rand(&[3 * h], rng))),
+            "%g" | "%be" => BV::Shared(OpValue::Tensor(rand(&[2 * h], rng))),
+            other => panic!("unexpected block input {other}"),
+        })
+        .collect()
+}
+
 fn rand(shape: &[usize], rng: &mut Rng) -> Tensor {
     let n: usize = shape.iter().product();
     let v = (0..n).map(|_| rng.normal_f64() as f32).collect();
@@ -72,17 +87,7 @@ fn kernel_plans_match_the_batching_rules_at_odd_sizes() {
             for threads in [1usize, 2] {
                 let mut rng = Rng::new((h * 100 + b) as u64);
                 // Block inputs are in first-use order; build each by its parameter name.
-                let inputs: Vec<BV> = block
-                    .inputs
-                    .iter()
-                    .map(|inp| match inp.name.as_str() {
-                        "%x" | "%c" => BV::Batched(OpValue::Tensor(rand(&[b, 1, h], &mut rng))),
-                        "%w" => BV::Shared(OpValue::Tensor(rand(&[3 * h, h], &mut rng))),
-                        "%b" => BV::Shared(OpValue::Tensor(rand(&[3 * h], &mut rng))),
-                        "%g" | "%be" => BV::Shared(OpValue::Tensor(rand(&[2 * h], &mut rng))),
-                        other => panic!("unexpected block input {other}"),
-                    })
-                    .collect();
+                let inputs = cell_inputs(block, b, h, &mut rng);
                 let mut r = Rng::new(0);
                 let mut octx = OpCtx { rng: &mut r };
                 let mut stats = OpStats::default();
@@ -182,17 +187,7 @@ fn cached_row_programs_match_uncached_ones() {
         for round in 0..2 {
             for b in [1usize, 7, 33] {
                 let mut rng = Rng::new((h * 1000 + b * 10 + round) as u64);
-                let inputs: Vec<BV> = block
-                    .inputs
-                    .iter()
-                    .map(|inp| match inp.name.as_str() {
-                        "%x" | "%c" => BV::Batched(OpValue::Tensor(rand(&[b, 1, h], &mut rng))),
-                        "%w" => BV::Shared(OpValue::Tensor(rand(&[3 * h, h], &mut rng))),
-                        "%b" => BV::Shared(OpValue::Tensor(rand(&[3 * h], &mut rng))),
-                        "%g" | "%be" => BV::Shared(OpValue::Tensor(rand(&[2 * h], &mut rng))),
-                        other => panic!("unexpected block input {other}"),
-                    })
-                    .collect();
+                let inputs = cell_inputs(&block, b, h, &mut rng);
                 let (a, sa) = run_with(&block, &cached, &inputs, b);
                 let (f, sf) = run_with(&block, &fresh, &inputs, b);
                 assert!(identical(&a, &f), "h {h} b {b} round {round}");
@@ -551,17 +546,7 @@ fn threads_do_not_change_a_launch() {
     let p = plan(&block);
     for b in [257usize, 4099] {
         let mut rng = Rng::new(b as u64);
-        let inputs: Vec<BV> = block
-            .inputs
-            .iter()
-            .map(|inp| match inp.name.as_str() {
-                "%x" | "%c" => BV::Batched(OpValue::Tensor(rand(&[b, 1, h], &mut rng))),
-                "%w" => BV::Shared(OpValue::Tensor(rand(&[3 * h, h], &mut rng))),
-                "%b" => BV::Shared(OpValue::Tensor(rand(&[3 * h], &mut rng))),
-                "%g" | "%be" => BV::Shared(OpValue::Tensor(rand(&[2 * h], &mut rng))),
-                other => panic!("unexpected block input {other}"),
-            })
-            .collect();
+        let inputs = cell_inputs(&block, b, h, &mut rng);
         let (one, _) = run_threads(&block, &p, &inputs, b, 1);
         let (two, _) = run_threads(&block, &p, &inputs, b, 2);
         assert!(identical(&one, &two), "b {b}");
