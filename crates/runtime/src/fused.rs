@@ -318,6 +318,8 @@ struct Exec<'a> {
     /// (so at most once per launch).
     stacked: RefCell<Vec<Option<BV>>>,
     stacks: Cell<u64>,
+    /// Row programs whose rows this launch split across threads.
+    row_splits: Cell<u64>,
     vals: Vec<Option<BV>>,
     b: usize,
     threads: usize,
@@ -423,6 +425,8 @@ pub struct FusedStats {
     pub row_time: std::time::Duration,
     /// The part of `row_time` spent compiling row programs.
     pub row_compile_time: std::time::Duration,
+    /// Row programs (separate passes) whose rows were split across threads.
+    pub row_splits: u64,
     /// Row-list inputs (gather fusion) stacked because a stage needed a contiguous batch.
     pub row_lists_stacked: u64,
     pub fallbacks: u64,
@@ -446,6 +450,7 @@ pub fn run_planned(
         inputs,
         stacked: RefCell::new(vec![None; inputs.len()]),
         stacks: Cell::new(0),
+        row_splits: Cell::new(0),
         vals: vec![None; block.nodes.len()],
         b,
         threads,
@@ -572,6 +577,7 @@ pub fn run_planned(
     }
     let outs = block.outputs.iter().map(|v| ex.get(v)).collect();
     fstats.row_lists_stacked += ex.stacks.get();
+    fstats.row_splits += ex.row_splits.get();
     outs
 }
 
@@ -1589,6 +1595,7 @@ fn run_rows(ex: &Exec, prog: &RowProg, vals: &[BV]) -> Result<Option<Vec<(usize,
     let bufs = if threads == 1 {
         run_rows_in_order(prog, &bound, rows)
     } else {
+        ex.row_splits.set(ex.row_splits.get() + 1);
         run_rows_split(prog, &bound, rows, threads)
     };
     assemble(prog, &lead, bufs).map(Some)
@@ -1657,6 +1664,8 @@ fn run_row_block(prog: &RowProg, bound: &Bound, rows: usize, outs: &mut [&mut [f
         }
         for (o, out) in flat_outs(prog).zip(outs.iter_mut()) {
             let at = r * o.len;
+            // The caller sized every output for `rows` rows; a short one is a bug of the split.
+            debug_assert!(out.len() >= at + o.len, "row program output too short");
             if let Some(dst) = out.get_mut(at..at + o.len) {
                 read(o, r, bound, &scratch, dst);
             }
@@ -1677,7 +1686,9 @@ fn run_rows_split(prog: &RowProg, bound: &Bound, rows: usize, threads: usize) ->
             .iter_mut()
             .zip(&widths)
             .map(|(r, w)| {
-                let (head, tail) = std::mem::take(r).split_at_mut((n * w).min(r.len()));
+                // The length is read before `take` empties `r`.
+                let at = (n * w).min(r.len());
+                let (head, tail) = std::mem::take(r).split_at_mut(at);
                 *r = tail;
                 head
             })

@@ -74,6 +74,7 @@ impl Profile {
         self.fused.hfused_denses += o.fused.hfused_denses;
         self.fused.row_time += o.fused.row_time;
         self.fused.row_compile_time += o.fused.row_compile_time;
+        self.fused.row_splits += o.fused.row_splits;
         self.fused.fallbacks += o.fused.fallbacks;
         self.fused.dense_flops += o.fused.dense_flops;
         self.fused.dense_time += o.fused.dense_time;
@@ -138,8 +139,9 @@ impl fmt::Display for Profile {
         )?;
         writeln!(
             f,
-            "row programs (separate passes): {:.3} ms, {} compiled in {:.3} ms",
+            "row programs (separate passes): {:.3} ms, {} split across threads, {} compiled in {:.3} ms",
             ms(self.fused.row_time),
+            self.fused.row_splits,
             self.fused.row_compiles,
             ms(self.fused.row_compile_time)
         )?;

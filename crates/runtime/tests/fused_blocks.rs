@@ -76,8 +76,9 @@ fn kernel_plans_match_the_batching_rules_at_odd_sizes() {
             .find(|b| b.name == "cell")
             .unwrap_or_else(|| panic!("no block for @cell"));
         let p = plan(block);
-        // 4099 rows of the widest cell are enough scratch (1 Mi floats) for the row program to
-        // split across threads.
+        // 4099 rows of the widest cell: a GEMM large enough to split across threads (its row
+        // programs stay below the split threshold; `row_programs_split_across_threads_...` splits
+        // one).
         let sizes: &[usize] = if h == 33 {
             &[1, 3, 7, 33, 257, 4099]
         } else {
@@ -537,8 +538,8 @@ fn run_threads(
     (got, fstats)
 }
 
-/// Threads do not change a launch's bits: GEMM splits keep each output's accumulation order and
-/// row programs split rows, not reductions (4099 rows of the widest cell split its row program).
+/// Threads do not change a launch's bits: GEMM splits keep each output's accumulation order (the
+/// cell's row programs are too small to split; the next test splits one).
 #[test]
 fn threads_do_not_change_a_launch() {
     let h = 33;
@@ -550,5 +551,28 @@ fn threads_do_not_change_a_launch() {
         let (one, _) = run_threads(&block, &p, &inputs, b, 1);
         let (two, _) = run_threads(&block, &p, &inputs, b, 2);
         assert!(identical(&one, &two), "b {b}");
+    }
+}
+
+/// A row program large enough to split its rows across threads (GELU and a softmax over rows of
+/// 1031, 7 rows per instance) gives the bits of one thread, at splits that are not even.
+#[test]
+fn row_programs_split_across_threads_match_one_thread() {
+    let src = "def @f(%u: Tensor[(7, 1031), float32], Primitive=1) {
+                 let %u3 = multiply(%u, multiply(%u, %u));
+                 let %g = multiply(multiply(0.5f, %u),
+                   add(1f, tanh(multiply(0.7978845608f, add(%u, multiply(0.044715f, %u3))))));
+                 (%g, nn.softmax(%g, axis=-1))
+               }
+               def @main(%x: Tensor[(1), float32]) { %x }";
+    let block = block_of(src, "f");
+    let p = plan(&block);
+    for (b, threads) in [(17usize, 2usize), (17, 3), (33, 2)] {
+        let mut rng = Rng::new(b as u64);
+        let inputs = vec![BV::Batched(OpValue::Tensor(rand(&[b, 7, 1031], &mut rng)))];
+        let (one, _) = run_threads(&block, &p, &inputs, b, 1);
+        let (many, stats) = run_threads(&block, &p, &inputs, b, threads);
+        assert_eq!(stats.row_splits, 1, "b {b}: the row program should split");
+        assert!(identical(&one, &many), "b {b}, {threads} threads");
     }
 }
