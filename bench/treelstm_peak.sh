@@ -5,7 +5,9 @@
 # and achieved GFLOP/s against the machine's sgemm peak (measured with the same harness)".
 #
 # Per round: the sgemm peak (gemm_bench: best of several 2048×1024×1024 products) on 1 and on 2
-# threads, then every (model, threads, epilogue on/off) run once. Reported: the best of ROUNDS
+# threads, then every (model, threads, variant) run once. Variants: `default` (on 2 threads: two
+# mini-batches at once, one kernel thread each), `no-epilogue` (--no-epilogue) and, on 2 threads,
+# `workers 1` (--workers 1: one mini-batch at a time with both threads on its kernels). Reported: the best of ROUNDS
 # for each run and each peak. GFLOP/s counts the dense stages' useful work (2·rows·K·N) over the
 # whole run's wall time (`time (ms): total` of --profile: mini-batches, host side included; the
 # weight loading before it excluded).
@@ -25,6 +27,8 @@ for m in treelstm_small treelstm_large; do
     --save-params "$dir/$m.safetensors" -o "$dir/o.jsonl" >/dev/null 2>&1
 done
 declare -A best
+variants() { if [[ $1 == 1 ]]; then echo default no-epilogue; else echo default no-epilogue workers1; fi; }
+flags() { case $1 in no-epilogue) echo --no-epilogue ;; workers1) echo --workers 1 ;; esac; }
 keep_min() { # key value
   local cur=${best[$1]:-}
   if [[ -z $cur ]] || awk "BEGIN{exit !($2 < $cur)}"; then best[$1]=$2; fi
@@ -40,13 +44,12 @@ for r in $(seq "$rounds"); do
   done
   for m in treelstm_small treelstm_large; do
     for th in 1 2; do
-      for epi in on off; do
-        flag=""; [[ $epi == off ]] && flag="--no-epilogue"
+      for v in $(variants "$th"); do
         prof=$($t run "models/$m.rly" --inputs "$dir/trees.jsonl" --params "$dir/$m.safetensors" \
-          --batch 64 --threads "$th" $flag --profile -o "$dir/o.jsonl" 2>&1)
+          --batch 64 --threads "$th" $(flags "$v") --profile -o "$dir/o.jsonl" 2>&1)
         total=$(sed -n 's/^time (ms): total \([0-9.]*\) .*/\1/p' <<<"$prof")
         gflop=$(sed -n 's/^dense stages[^:]*: \([0-9.]*\) GFLOP .*/\1/p' <<<"$prof")
-        keep_min "$m/$th/$epi" "$total"
+        keep_min "$m/$th/$v" "$total"
         best["gflop/$m"]=$gflop
       done
     done
@@ -56,15 +59,15 @@ done
 kernel=$($bench --threads 1 --shapes 1,1,1 --no-peak --min-time 0.001 | sed -n 's/.*kernel \([^,]*\),.*/\1/p')
 echo "# TreeLSTM, first $n SST test trees, batch 64, best of $rounds rounds; $(nproc) vCPUs, kernel $kernel"
 echo "# sgemm peak: ${best[peak1]} GFLOP/s on 1 thread, ${best[peak2]} GFLOP/s on 2 threads"
-printf '| %-15s | %7s | %8s | %9s | %13s | %9s |\n' model threads epilogue "total ms" "GFLOP/s (run)" "% of peak"
+printf '| %-15s | %7s | %11s | %9s | %13s | %9s |\n' model threads variant "total ms" "GFLOP/s (run)" "% of peak"
 echo '|---|---:|---|---:|---:|---:|'
 for m in treelstm_small treelstm_large; do
   for th in 1 2; do
-    for epi in on off; do
-      ms=${best[$m/$th/$epi]}
+    for v in $(variants "$th"); do
+      ms=${best[$m/$th/$v]}
       g=${best[gflop/$m]}
-      awk -v m="$m" -v th="$th" -v epi="$epi" -v ms="$ms" -v g="$g" -v peak="${best[peak$th]}" \
-        'BEGIN { rate = g / (ms / 1000); printf "| %-15s | %7s | %8s | %9.1f | %13.1f | %8.1f%% |\n", m, th, epi, ms, rate, 100 * rate / peak }'
+      awk -v m="$m" -v th="$th" -v v="$v" -v ms="$ms" -v g="$g" -v peak="${best[peak$th]}" \
+        'BEGIN { rate = g / (ms / 1000); printf "| %-15s | %7s | %11s | %9.1f | %13.1f | %8.1f%% |\n", m, th, v, ms, rate, 100 * rate / peak }'
     done
   done
 done

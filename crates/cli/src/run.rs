@@ -76,9 +76,14 @@ pub struct RunArgs {
     /// gathered per invocation).
     #[arg(long)]
     pub no_dup: bool,
-    /// Threads for kernels (default: $TUMBLE_NUM_THREADS, else the number of cores).
+    /// Threads in all (default: $TUMBLE_NUM_THREADS, else the number of cores).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Mini-batches run at once, sharing the threads (default: one per thread, as many as there
+    /// are mini-batches; 1: one mini-batch after another, each with every thread). Results do not
+    /// depend on it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub workers: Option<u64>,
     /// No kernel plans: run every operator of a block through the batching rules and the reference
     /// kernels (no fused GEMM stages or row programs).
     #[arg(long)]
@@ -251,41 +256,51 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         tumble_compile::optimize(&mut program, &args.entry, &weights, static_options(args));
     }
     let env = TypeEnv::new(&typed, &program);
-    let instances = raw.decode(&env, &bound.instance_args())?;
-
-    let locations: Vec<String> = (0..instances.len())
-        .map(|i| {
-            raw.items.get(i).map_or_else(
-                || format!("instance {i}"),
-                |it| format!("instance at {}", it.location),
-            )
-        })
-        .collect();
+    let instance_args = bound.instance_args();
+    let location = |i: usize| {
+        raw.items.get(i).map_or_else(
+            || format!("instance {i}"),
+            |it| format!("instance at {}", it.location),
+        )
+    };
     let run_error = |i: usize, e: tumble_interp::RunError| {
-        let location = locations.get(i).cloned().unwrap_or_default();
-        let message = format!("{location}: {}", e.message);
+        let message = format!("{}: {}", location(i), e.message);
         match e.span {
             Some(span) => Failure::Diags(vec![Diagnostic::error(span, message)]),
             None => Failure::Message(message),
         }
     };
-    let mut call_args = Vec::with_capacity(instances.len());
-    for values in instances {
-        call_args.push(bound.assemble(values)?);
-    }
-    let results: Vec<Value> = match args.engine {
+    let load = |i: usize| -> Result<Vec<Value>, Failure> {
+        Ok(bound.assemble(raw.decode_one(i, &env, &instance_args)?)?)
+    };
+    // One output line per instance, and a warning to print with it.
+    let finish = |i: usize, result: Value| -> Result<(String, Option<String>), Failure> {
+        Ok(match args.format {
+            Format::Json => {
+                let enc = encode_json(&result, &ret_ty, &env)?;
+                let warning = enc.warning().map(|w| format!("{}: {w}", location(i)));
+                (enc.json, warning)
+            }
+            Format::Summary => (
+                format!("{}: {}", location(i), summarize(&result, &ret_ty, &env)),
+                None,
+            ),
+        })
+    };
+    let n = raw.items.len();
+    let finished: Vec<(String, Option<String>)> = match args.engine {
         Engine::Reference => {
-            let mut out = Vec::with_capacity(call_args.len());
-            for (i, a) in call_args.into_iter().enumerate() {
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
                 let mut rng = instance_rng(args.seed, i);
-                out.push(
-                    tumble_interp::run(&program, &args.entry, a, &mut rng)
-                        .map_err(|e| run_error(i, e))?,
-                );
+                let result = tumble_interp::run(&program, &args.entry, load(i)?, &mut rng)
+                    .map_err(|e| run_error(i, e))?;
+                out.push(finish(i, result)?);
             }
             out
         }
         Engine::Batched => {
+            let threads = thread_count(args.threads);
             let opts = tumble_runtime::Options {
                 scheduler: args.scheduler.into(),
                 host_scalars: !args.no_host_scalars,
@@ -298,55 +313,39 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 hoist: !args.no_hoist,
                 ghosts: !args.no_ghosts,
                 dup: !args.no_dup,
-                threads: thread_count(args.threads),
+                threads,
             };
             let reuse = tumble_compile::analyze_reuse(&program, &args.entry, &weights);
-            let batch = args.batch.unwrap_or(call_args.len()).max(1);
-            let mut profile = tumble_runtime::Profile::default();
-            let mut out = Vec::with_capacity(call_args.len());
-            let mut rest = call_args.into_iter().enumerate().peekable();
-            while rest.peek().is_some() {
-                let chunk: Vec<(usize, Vec<Value>)> = rest.by_ref().take(batch).collect();
-                let first = chunk.first().map_or(0, |(i, _)| *i);
-                let rngs = chunk
-                    .iter()
-                    .map(|(i, _)| instance_rng(args.seed, *i))
-                    .collect();
-                let chunk_args = chunk.into_iter().map(|(_, a)| a).collect();
-                let (values, p) = tumble_runtime::run_batch(
-                    &program,
-                    &reuse,
-                    &args.entry,
-                    chunk_args,
-                    rngs,
-                    opts,
-                )
-                .map_err(|e| match e.instance {
-                    Some(k) => run_error(first + k, e.error),
-                    None => run_error(first, e.error),
-                })?;
-                profile.add(&p);
-                out.extend(values);
-            }
+            let job = tumble_runtime::Job {
+                program: &program,
+                reuse: &reuse,
+                entry: &args.entry,
+                opts,
+                instances: n,
+                batch: args.batch.unwrap_or(n).max(1),
+                workers: args
+                    .workers
+                    .map_or(threads, |w| usize::try_from(w).unwrap_or(usize::MAX)),
+            };
+            let (out, profile) =
+                tumble_runtime::run_batches(&job, load, |i| instance_rng(args.seed, i), finish)
+                    .map_err(|e| match e {
+                        tumble_runtime::JobError::Instance(_, f) => f,
+                        tumble_runtime::JobError::Run { instance, error } => {
+                            run_error(instance, error)
+                        }
+                    })?;
             if args.profile {
                 eprint!("{profile}");
             }
             out
         }
     };
-    let mut lines = Vec::with_capacity(results.len());
-    for (i, result) in results.iter().enumerate() {
-        let location = locations.get(i).cloned().unwrap_or_default();
-        let line = match args.format {
-            Format::Json => {
-                let enc = encode_json(result, &ret_ty, &env)?;
-                if let Some(w) = enc.warning() {
-                    eprintln!("warning: {location}: {w}");
-                }
-                enc.json
-            }
-            Format::Summary => format!("{location}: {}", summarize(result, &ret_ty, &env)),
-        };
+    let mut lines = Vec::with_capacity(finished.len());
+    for (line, warning) in finished {
+        if let Some(w) = warning {
+            eprintln!("warning: {w}");
+        }
         lines.push(line);
     }
     match &args.output {

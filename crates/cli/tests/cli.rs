@@ -327,3 +327,94 @@ fn every_optimization_switch_is_accepted_and_keeps_the_outputs() {
         text(&none.stdout).lines().count()
     );
 }
+
+/// Mini-batches run at once on several workers give the bytes of one mini-batch after another,
+/// for any thread budget, and `--profile` says how the threads were shared.
+#[test]
+fn workers_do_not_change_the_outputs() {
+    for (name, data) in [
+        ("treelstm_small", "treelstm"),
+        ("stackrnn_small", "stackrnn"),
+    ] {
+        let model = root()
+            .join(format!("models/{name}.rly"))
+            .display()
+            .to_string();
+        let inputs = root()
+            .join(format!("examples/{data}.jsonl"))
+            .display()
+            .to_string();
+        let run = |extra: &[&str]| {
+            let base = ["run", &model, "--inputs", &inputs, "--random-params", "0"];
+            let out = tumble(&[&base[..], &["--batch", "3"], extra].concat());
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            out
+        };
+        let serial = run(&["--threads", "1", "--workers", "1"]);
+        for extra in [
+            &["--threads", "2", "--workers", "2", "--profile"][..],
+            &["--threads", "3", "--workers", "3"],
+            &["--threads", "2", "--workers", "1"],
+        ] {
+            let got = run(extra);
+            assert_eq!(text(&serial.stdout), text(&got.stdout), "{name} {extra:?}");
+            if extra.contains(&"--profile") {
+                let err = text(&got.stderr);
+                assert!(err.contains("on 2 workers x 1 kernel threads"), "{err}");
+            }
+        }
+    }
+}
+
+/// With several workers, the error reported is the first failing instance's, as in a serial run,
+/// and no output file is left.
+#[test]
+fn workers_report_the_first_failing_instance() {
+    let model = root()
+        .join("models/treelstm_small.rly")
+        .display()
+        .to_string();
+    let good = "{\"tree\": {\"Rose\": [[3], []]}}\n";
+    let bad = |k: usize| format!("{{\"tree\": {{\"Rose\": [[{k}.5], []]}}}}\n");
+    // Instances 4 and 9 are bad: mini-batches 1 and 4 of 2 instances fail.
+    let lines: String = (0..12)
+        .map(|i| {
+            if i == 4 || i == 9 {
+                bad(i)
+            } else {
+                good.to_string()
+            }
+        })
+        .collect();
+    let inputs = temp_file("two_bad.jsonl", &lines);
+    let out_path = std::env::temp_dir().join(format!(
+        "tumble-cli-test-{}/never_workers.jsonl",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&out_path);
+    for workers in ["1", "2", "4"] {
+        let out = tumble(&[
+            "run",
+            &model,
+            "--inputs",
+            &inputs.display().to_string(),
+            "--random-params",
+            "0",
+            "--batch",
+            "2",
+            "--threads",
+            "4",
+            "--workers",
+            workers,
+            "--output",
+            &out_path.display().to_string(),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "workers {workers}");
+        let err = text(&out.stderr);
+        assert!(err.contains("line 5"), "workers {workers}: {err}");
+        assert!(!err.contains("line 10"), "workers {workers}: {err}");
+        assert!(!out_path.exists(), "workers {workers}: output file left");
+    }
+    let zero = tumble(&["run", &model, "--inputs", "x", "--workers", "0"]);
+    assert_eq!(zero.status.code(), Some(2));
+}

@@ -15,6 +15,7 @@ mod gemm;
 pub mod profile;
 pub mod reuse;
 mod simd;
+pub mod workers;
 
 use std::time::Instant;
 
@@ -24,6 +25,7 @@ use tumble_tensor::Rng;
 
 pub use profile::Profile;
 pub use reuse::Reuse;
+pub use workers::{run_batches, Job, JobError};
 
 /// How block invocations are ordered into launches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

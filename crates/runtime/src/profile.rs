@@ -45,7 +45,14 @@ pub struct Profile {
     pub time_schedule: Duration,
     pub time_gather: Duration,
     pub time_kernels: Duration,
+    /// Time inside mini-batches, summed over them (so over workers too).
     pub time_total: Duration,
+    /// The whole job's wall time when its mini-batches ran through [`crate::workers`] (zero: the
+    /// profile of mini-batches run directly, whose wall time is `time_total`).
+    pub time_wall: Duration,
+    /// Mini-batches run at once, and kernel threads of each (zero when not run as a job).
+    pub workers: u64,
+    pub kernel_threads: u64,
 }
 
 impl Profile {
@@ -93,6 +100,15 @@ impl Profile {
         self.time_total += o.time_total;
     }
 
+    /// The job's wall time: measured around the workers, else the mini-batches' own.
+    pub fn wall(&self) -> Duration {
+        if self.time_wall.is_zero() {
+            self.time_total
+        } else {
+            self.time_wall
+        }
+    }
+
     pub fn mean_batch(&self) -> f64 {
         if self.launches == 0 {
             0.0
@@ -135,7 +151,7 @@ impl fmt::Display for Profile {
             } else {
                 0.0
             },
-            self.fused.dense_flops as f64 / 1e9 / self.time_total.as_secs_f64().max(1e-9)
+            self.fused.dense_flops as f64 / 1e9 / self.wall().as_secs_f64().max(1e-9)
         )?;
         writeln!(
             f,
@@ -163,17 +179,27 @@ impl fmt::Display for Profile {
                 + self.time_gather
                 + self.time_kernels,
         );
-        writeln!(
-            f,
-            "time (ms): total {:.3} = program {:.3} + dfg {:.3} + scheduling {:.3} + gather {:.3} + kernels {:.3} + other {:.3}",
-            ms(self.time_total),
+        let parts = format!(
+            "program {:.3} + dfg {:.3} + scheduling {:.3} + gather {:.3} + kernels {:.3} + other {:.3}",
             ms(self.time_program),
             ms(self.time_dfg),
             ms(self.time_schedule),
             ms(self.time_gather),
             ms(self.time_kernels),
             ms(other)
-        )?;
+        );
+        if self.workers > 1 {
+            writeln!(
+                f,
+                "time (ms): total {:.3} (wall) on {} workers x {} kernel threads; mini-batches summed {:.3} = {parts}",
+                ms(self.wall()),
+                self.workers,
+                self.kernel_threads,
+                ms(self.time_total),
+            )?;
+        } else {
+            writeln!(f, "time (ms): total {:.3} = {parts}", ms(self.time_total))?;
+        }
         writeln!(
             f,
             "{:<40} {:>9} {:>12} {:>10} {:>9}",
