@@ -82,8 +82,8 @@ pub struct RunArgs {
     /// Mini-batches run at once, sharing the threads (default: one per thread, as many as there
     /// are mini-batches; 1: one mini-batch after another, each with every thread). Results do not
     /// depend on it.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub workers: Option<u64>,
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    pub workers: Option<usize>,
     /// No kernel plans: run every operator of a block through the batching rules and the reference
     /// kernels (no fused GEMM stages or row programs).
     #[arg(long)]
@@ -142,6 +142,15 @@ impl From<SchedulerArg> for tumble_runtime::Scheduler {
             SchedulerArg::Agenda => tumble_runtime::Scheduler::Agenda,
             SchedulerArg::Eager => tumble_runtime::Scheduler::Eager,
         }
+    }
+}
+
+/// A count that must be positive (`--workers`).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a count: {e}")),
     }
 }
 
@@ -323,9 +332,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 opts,
                 instances: n,
                 batch: args.batch.unwrap_or(n).max(1),
-                workers: args
-                    .workers
-                    .map_or(threads, |w| usize::try_from(w).unwrap_or(usize::MAX)),
+                workers: args.workers.unwrap_or(threads),
             };
             let (out, profile) =
                 tumble_runtime::run_batches(&job, load, |i| instance_rng(args.seed, i), finish)
