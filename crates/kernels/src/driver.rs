@@ -388,7 +388,16 @@ fn block_rows(
         for part in parts {
             for (k0, kc) in k_blocks(part.w.k(), kc_max) {
                 scratch.ensure(micro * mr * kc);
-                pack_a(&part.a, ic, mg, k0, kc, mr, scratch.as_mut_slice());
+                pack_a(
+                    &part.a,
+                    ic,
+                    mg,
+                    k0,
+                    kc,
+                    mr,
+                    kernel.simd_pack,
+                    scratch.as_mut_slice(),
+                );
                 let apack = scratch.as_slice();
                 let mut pc0 = p0;
                 while pc0 < p1 {

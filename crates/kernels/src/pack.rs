@@ -200,7 +200,9 @@ impl<'a> RowSource<'a> {
 
 /// Pack rows `r0..r0 + mc`, columns `k0..k0 + kc` of `a` into `dst` as micro-panels of `mr` rows:
 /// micro-panel `q` starts at `q * mr * kc`, element `(i, p)` of it at `p * mr + i`. Rows past
-/// `mc` in the last micro-panel are left as they are (the micro-kernels never read them).
+/// `mc` in the last micro-panel are left as they are or zeroed (the micro-kernels never read
+/// them). `simd`: transpose with AVX-512 where the CPU has it (same bits).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn pack_a(
     a: &RowSource<'_>,
     r0: usize,
@@ -208,20 +210,116 @@ pub(crate) fn pack_a(
     k0: usize,
     kc: usize,
     mr: usize,
+    simd: bool,
     dst: &mut [f32],
 ) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = simd;
+    #[cfg(target_arch = "x86_64")]
+    let transpose = simd && mr <= 16 && kc >= 16 && std::arch::is_x86_feature_detected!("avx512f");
     for q in 0..mc.div_ceil(mr) {
         let rows = mr.min(mc - q * mr);
         let panel = &mut dst[q * mr * kc..(q + 1) * mr * kc];
-        if rows == mr && mr <= 16 {
-            pack_panel_full(a, r0 + q * mr, k0, kc, mr, panel);
-        } else {
-            for i in 0..rows {
-                let src = a.row(r0 + q * mr + i, k0, kc);
-                for (p, &v) in src.iter().enumerate() {
-                    panel[p * mr + i] = v;
-                }
+        #[cfg(target_arch = "x86_64")]
+        if transpose {
+            let mut srcs: [&[f32]; 16] = [&[]; 16];
+            for (i, s) in srcs.iter_mut().enumerate().take(rows) {
+                *s = a.row(r0 + q * mr + i, k0, kc);
             }
+            // SAFETY: AVX-512F was detected above; `srcs[..rows]` are `kc` floats each, the rest
+            // empty and `rows <= mr <= 16`; `panel` is `mr * kc` floats.
+            unsafe { pack_panel_avx512(&srcs[..rows], kc, mr, panel) };
+            continue;
+        }
+        pack_panel_portable(a, r0 + q * mr, rows, k0, kc, mr, panel);
+    }
+}
+
+/// [`pack_a`]'s portable path for one micro-panel of `rows` rows starting at row `r`.
+fn pack_panel_portable(
+    a: &RowSource<'_>,
+    r: usize,
+    rows: usize,
+    k0: usize,
+    kc: usize,
+    mr: usize,
+    panel: &mut [f32],
+) {
+    if rows == mr && mr <= 16 {
+        pack_panel_full(a, r, k0, kc, mr, panel);
+    } else {
+        for i in 0..rows {
+            let src = a.row(r + i, k0, kc);
+            for (p, &v) in src.iter().enumerate() {
+                panel[p * mr + i] = v;
+            }
+        }
+    }
+}
+
+/// A micro-panel of `srcs.len() <= mr <= 16` rows (`kc` floats each) by 16×16 register
+/// transposes: 16 columns of every row are loaded (missing rows as zeros), transposed, and written
+/// as 16 runs of `mr` floats. Rows past `srcs.len()` get zeros (the micro-kernels never read them).
+/// Measured with `gemm_bench --threads 1` at 2048×256×256: the scalar packing was 25% of the
+/// samples (`perf record`).
+///
+/// # Safety
+/// AVX-512F is available; every `srcs[i]` holds at least `kc` floats; `panel` holds `mr * kc`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_panel_avx512(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [f32]) {
+    use std::arch::x86_64::*;
+    debug_assert!(srcs.len() <= mr && mr <= 16 && panel.len() >= mr * kc);
+    debug_assert!(srcs.iter().all(|s| s.len() >= kc));
+    let mask: __mmask16 = ((1u32 << mr) - 1) as __mmask16;
+    let dst = panel.as_mut_ptr();
+    let mut p = 0;
+    while p + 16 <= kc {
+        let mut r = [_mm512_setzero_ps(); 16];
+        for (ri, s) in r.iter_mut().zip(srcs) {
+            // SAFETY: `p + 16 <= kc <= s.len()`.
+            *ri = unsafe { _mm512_loadu_ps(s.as_ptr().add(p)) };
+        }
+        // Pairs of rows interleaved per 128-bit lane, then pairs of pairs: u[4g + m] holds, in
+        // lane L, column 4L + m of rows 4g..4g + 4.
+        let mut u = [_mm512_setzero_ps(); 16];
+        for g in 0..4 {
+            let (a, b, c, d) = (r[4 * g], r[4 * g + 1], r[4 * g + 2], r[4 * g + 3]);
+            let t0 = _mm512_castps_pd(_mm512_unpacklo_ps(a, b));
+            let t1 = _mm512_castps_pd(_mm512_unpackhi_ps(a, b));
+            let t2 = _mm512_castps_pd(_mm512_unpacklo_ps(c, d));
+            let t3 = _mm512_castps_pd(_mm512_unpackhi_ps(c, d));
+            u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+            u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+            u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+            u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+        }
+        // Column 4L + m = lane L of u[m], u[4 + m], u[8 + m], u[12 + m].
+        for m in 0..4 {
+            let lo01 = _mm512_shuffle_f32x4::<0x44>(u[m], u[4 + m]);
+            let lo23 = _mm512_shuffle_f32x4::<0x44>(u[8 + m], u[12 + m]);
+            let hi01 = _mm512_shuffle_f32x4::<0xEE>(u[m], u[4 + m]);
+            let hi23 = _mm512_shuffle_f32x4::<0xEE>(u[8 + m], u[12 + m]);
+            let cols = [
+                _mm512_shuffle_f32x4::<0x88>(lo01, lo23),
+                _mm512_shuffle_f32x4::<0xDD>(lo01, lo23),
+                _mm512_shuffle_f32x4::<0x88>(hi01, hi23),
+                _mm512_shuffle_f32x4::<0xDD>(hi01, hi23),
+            ];
+            for (l, v) in cols.into_iter().enumerate() {
+                let c = p + 4 * l + m;
+                // SAFETY: `c < kc`, so the `mr` stored floats `c * mr .. (c + 1) * mr` lie inside
+                // `panel` (`mr * kc` floats); the mask limits the store to `mr` lanes.
+                unsafe { _mm512_mask_storeu_ps(dst.add(c * mr), mask, v) };
+            }
+        }
+        p += 16;
+    }
+    // The last `kc % 16` columns one by one.
+    for c in p..kc {
+        let out = &mut panel[c * mr..(c + 1) * mr];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = srcs.get(i).map_or(0.0, |s| s[c]);
         }
     }
 }
@@ -244,6 +342,63 @@ fn pack_panel_full(
     for (p, out) in panel.chunks_exact_mut(mr).enumerate().take(kc) {
         for (o, s) in out.iter_mut().zip(srcs) {
             *o = s[p];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The transposing path packs what the portable one does, at odd row counts, K offsets and
+    /// widths (not multiples of 16), from contiguous and gathered rows.
+    #[test]
+    fn simd_packing_matches_the_portable_packing() {
+        let (n_rows, width) = (40usize, 300usize);
+        let data: Vec<f32> = (0..n_rows * width).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let rows: Vec<&[f32]> = (0..n_rows)
+            .map(|i| &data[(n_rows - 1 - i) * width..(n_rows - i) * width])
+            .collect();
+        let sources = [
+            RowSource::Contiguous {
+                data: &data,
+                stride: width,
+            },
+            RowSource::Gathered(&rows),
+        ];
+        for a in &sources {
+            for mr in [6usize, 14, 16] {
+                for (k0, kc) in [
+                    (0usize, 1usize),
+                    (3, 7),
+                    (0, 16),
+                    (5, 17),
+                    (1, 33),
+                    (0, 256),
+                    (7, 257),
+                ] {
+                    for (r0, mc) in [(0usize, 1usize), (2, 5), (0, mr), (1, mr + 1), (3, 29)] {
+                        let mut got = vec![f32::NAN; mc.div_ceil(mr) * mr * kc];
+                        pack_a(a, r0, mc, k0, kc, mr, true, &mut got);
+                        let mut want = vec![f32::NAN; got.len()];
+                        for q in 0..mc.div_ceil(mr) {
+                            let rows = mr.min(mc - q * mr);
+                            let panel = &mut want[q * mr * kc..(q + 1) * mr * kc];
+                            pack_panel_portable(a, r0 + q * mr, rows, k0, kc, mr, panel);
+                        }
+                        for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
+                            let (q, i) = (idx / (mr * kc), idx % mr);
+                            if q * mr + i < mc {
+                                assert_eq!(
+                                    g.to_bits(),
+                                    w.to_bits(),
+                                    "mr {mr} k0 {k0} kc {kc} r0 {r0} mc {mc} at {idx}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

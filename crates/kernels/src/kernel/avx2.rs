@@ -17,6 +17,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     kc: 256,
     mc: 16 * MR,
     small_m: 4,
+    simd_pack: false,
 };
 
 /// Dispatch on the number of rows; see [`TileFn`] for the contract.

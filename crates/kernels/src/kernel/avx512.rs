@@ -27,6 +27,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     kc: 256,
     mc: 4 * MR,
     small_m: 4,
+    simd_pack: true,
 };
 
 /// Dispatch on the number of rows; see [`TileFn`] for the contract.

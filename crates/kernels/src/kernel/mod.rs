@@ -145,4 +145,7 @@ pub(crate) struct Kernel {
     /// Launches with at most this many rows take the small-M path: A packed whole (tiny), no K
     /// blocking, threads split the weight's columns. Chosen by measurement (see `driver.rs`).
     pub(crate) small_m: usize,
+    /// Pack A micro-panels with AVX-512 register transposes (the AVX-512 kernel only, so
+    /// `TUMBLE_GEMM_KERNEL=avx2|portable` also turns it off; the packed bits are the same).
+    pub(crate) simd_pack: bool,
 }

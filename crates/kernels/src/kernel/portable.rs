@@ -15,6 +15,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     kc: 256,
     mc: 16 * MR,
     small_m: 4,
+    simd_pack: false,
 };
 
 /// See [`TileFn`] for the contract.
