@@ -11,6 +11,9 @@ use std::process::ExitCode;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Stack of the threads that do the work (the main work thread and `run`'s mini-batch workers).
+pub(crate) const WORK_STACK_BYTES: usize = 256 << 20;
+
 mod commands;
 mod explain;
 mod run;
@@ -82,7 +85,7 @@ fn main() -> ExitCode {
     // still recurse per level: give them a stack that no accepted program can exhaust.
     let worker = std::thread::Builder::new()
         .name("tumble".into())
-        .stack_size(256 << 20)
+        .stack_size(WORK_STACK_BYTES)
         .spawn(move || match cli.command {
             Command::Check {
                 files,

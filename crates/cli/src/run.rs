@@ -333,6 +333,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 instances: n,
                 batch: args.batch.unwrap_or(n).max(1),
                 workers: args.workers.unwrap_or(threads),
+                worker_stack: crate::WORK_STACK_BYTES,
             };
             let (out, profile) =
                 tumble_runtime::run_batches(&job, load, |i| instance_rng(args.seed, i), finish)

@@ -418,3 +418,37 @@ fn workers_report_the_first_failing_instance() {
     let zero = tumble(&["run", &model, "--inputs", "x", "--workers", "0"]);
     assert_eq!(zero.status.code(), Some(2));
 }
+
+/// A deep instance (a chain of 3000 internal nodes) decodes and runs on every worker, not only
+/// on the main work thread: the workers get its stack.
+#[test]
+fn deep_instances_run_on_workers() {
+    let model = root()
+        .join("models/treelstm_small.rly")
+        .display()
+        .to_string();
+    let mut tree = "{\"Rose\": [[5], []]}".to_string();
+    for _ in 0..3000 {
+        tree = format!("{{\"Rose\": [[0], [{tree}]]}}");
+    }
+    let line = format!("{{\"tree\": {tree}}}\n");
+    let inputs = temp_file("deep_chain.jsonl", &line.repeat(2));
+    let out = tumble(&[
+        "run",
+        &model,
+        "--inputs",
+        &inputs.display().to_string(),
+        "--random-params",
+        "0",
+        "--batch",
+        "1",
+        "--threads",
+        "2",
+        "--workers",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<String> = text(&out.stdout).lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0], lines[1]);
+}

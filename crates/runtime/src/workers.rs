@@ -38,6 +38,9 @@ pub struct Job<'a> {
     pub batch: usize,
     /// At most this many mini-batches at once (1: one after another, each with every thread).
     pub workers: usize,
+    /// Stack of each worker thread besides the calling one, which is a worker too: give it the
+    /// caller's, so that `load`, `finish` and the run recurse as deep on every worker.
+    pub worker_stack: usize,
 }
 
 impl Job<'_> {
@@ -126,23 +129,30 @@ where
         // (an earlier one may fail too, and the earliest failure is the one reported).
         let failed = AtomicBool::new(false);
         let done = Mutex::new(Vec::with_capacity(chunks));
-        std::thread::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(|| loop {
-                    if failed.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let c = next.fetch_add(1, Ordering::Relaxed);
-                    if c >= chunks {
-                        break;
-                    }
-                    let r = one(c);
-                    if r.is_err() {
-                        failed.store(true, Ordering::Relaxed);
-                    }
-                    done.lock().unwrap_or_else(|p| p.into_inner()).push(r);
-                });
+        let work = || loop {
+            if failed.load(Ordering::Relaxed) {
+                break;
             }
+            let c = next.fetch_add(1, Ordering::Relaxed);
+            if c >= chunks {
+                break;
+            }
+            let r = one(c);
+            if r.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+            done.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+        };
+        std::thread::scope(|s| {
+            for _ in 1..workers {
+                // A worker that cannot start leaves its mini-batches to the others (the calling
+                // thread always takes part), so the job still completes.
+                let _ = std::thread::Builder::new()
+                    .name("tumble-worker".into())
+                    .stack_size(job.worker_stack)
+                    .spawn_scoped(s, work);
+            }
+            work();
         });
         done.into_inner().unwrap_or_else(|p| p.into_inner())
     };
