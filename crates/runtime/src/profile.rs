@@ -172,7 +172,14 @@ impl fmt::Display for Profile {
             self.reuse_misses
         )?;
         writeln!(f, "peak activation bytes {}", self.activation_bytes)?;
-        let other = self.time_total.saturating_sub(
+        // One worker: the breakdown adds up to the wall time (its `other` includes decoding and
+        // encoding instances); several: to the mini-batches' summed time.
+        let whole = if self.workers > 1 {
+            self.time_total
+        } else {
+            self.wall()
+        };
+        let other = whole.saturating_sub(
             self.time_program
                 + self.time_dfg
                 + self.time_schedule
@@ -198,7 +205,7 @@ impl fmt::Display for Profile {
                 ms(self.time_total),
             )?;
         } else {
-            writeln!(f, "time (ms): total {:.3} = {parts}", ms(self.time_total))?;
+            writeln!(f, "time (ms): total {:.3} = {parts}", ms(whole))?;
         }
         writeln!(
             f,
