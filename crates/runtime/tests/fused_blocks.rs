@@ -27,17 +27,52 @@ fn cell(h: usize) -> String {
     )
 }
 
-/// Random inputs of a `cell(h)` block for `b` invocations, by parameter name.
-fn cell_inputs(block: &tumble_compile::Block, b: usize, h: usize, rng: &mut Rng) -> Vec<BV> {
+/// Random inputs of the test blocks (`cell`, `proj`, `qkv`, `other`) for `b` invocations, by
+/// block and parameter name, in the block's input order.
+fn named_inputs(
+    block: &tumble_compile::Block,
+    name: &str,
+    b: usize,
+    h: usize,
+    rng: &mut Rng,
+) -> Vec<BV> {
     block
         .inputs
         .iter()
-        .map(|inp| match inp.name.as_str() {
-            "%x" | "%c" => BV::Batched(OpValue::Tensor(rand(&[b, 1, h], rng))),
-            "%w" => BV::Shared(OpValue::Tensor(rand(&[3 * h, h], rng))),
-            "%b" => BV::Shared(OpValue::Tensor(rand(&[3 * h], rng))),
-            "%g" | "%be" => BV::Shared(OpValue::Tensor(rand(&[2 * h], rng))),
-            other => panic!("unexpected block input {other}"),
+        .map(|inp| {
+            let (batched, shape) = match (name, inp.name.as_str()) {
+                ("other", "%x") => (true, vec![b, 3, h]),
+                (_, "%x" | "%c" | "%y") => (true, vec![b, 1, h]),
+                ("cell", "%w") => (false, vec![3 * h, h]),
+                (_, "%w" | "%wq" | "%wy") => (false, vec![h, h]),
+                (_, "%wk") => (false, vec![2 * h + 1, h]),
+                (_, "%wv") => (false, vec![3, h]),
+                (_, "%b") => (false, vec![3 * h]),
+                (_, "%g" | "%be") => (false, vec![2 * h]),
+                (_, other) => panic!("unexpected block input {other}"),
+            };
+            let t = OpValue::Tensor(rand(&shape, rng));
+            if batched {
+                BV::Batched(t)
+            } else {
+                BV::Shared(t)
+            }
+        })
+        .collect()
+}
+
+/// Random inputs of a `cell(h)` block for `b` invocations.
+fn cell_inputs(block: &tumble_compile::Block, b: usize, h: usize, rng: &mut Rng) -> Vec<BV> {
+    named_inputs(block, "cell", b, h, rng)
+}
+
+/// The same inputs with every batched one passed as a list of scattered rows (gather fusion).
+fn as_row_lists(stacked: &[BV], rng: &mut Rng) -> Vec<BV> {
+    stacked
+        .iter()
+        .map(|v| match v {
+            BV::Batched(OpValue::Tensor(t)) => scattered(t, rng),
+            other => other.clone(),
         })
         .collect()
 }
@@ -142,13 +177,7 @@ fn run_with(
     inputs: &[BV],
     b: usize,
 ) -> (Vec<BV>, FusedStats) {
-    let mut r = Rng::new(0);
-    let mut octx = OpCtx { rng: &mut r };
-    let mut stats = OpStats::default();
-    let mut fstats = FusedStats::default();
-    let got = run_planned(block, p, inputs, b, &mut octx, &mut stats, &mut fstats, 1)
-        .unwrap_or_else(|e| panic!("{e}"));
-    (got, fstats)
+    run_threads(block, p, inputs, b, 1)
 }
 
 fn identical(a: &[BV], b: &[BV]) -> bool {
@@ -365,34 +394,8 @@ fn row_list_inputs_match_stacked_inputs_at_odd_sizes() {
             let p = plan(&block);
             for b in [1usize, 7, 33] {
                 let mut rng = Rng::new((h * 100 + b) as u64);
-                let stacked: Vec<BV> = block
-                    .inputs
-                    .iter()
-                    .map(|inp| match (name, inp.name.as_str()) {
-                        ("other", "%x") => BV::Batched(OpValue::Tensor(rand(&[b, 3, h], &mut rng))),
-                        (_, "%x" | "%c" | "%y") => {
-                            BV::Batched(OpValue::Tensor(rand(&[b, 1, h], &mut rng)))
-                        }
-                        (_, "%w") if name == "cell" => {
-                            BV::Shared(OpValue::Tensor(rand(&[3 * h, h], &mut rng)))
-                        }
-                        (_, "%w" | "%wq" | "%wy") => {
-                            BV::Shared(OpValue::Tensor(rand(&[h, h], &mut rng)))
-                        }
-                        (_, "%wk") => BV::Shared(OpValue::Tensor(rand(&[2 * h + 1, h], &mut rng))),
-                        (_, "%wv") => BV::Shared(OpValue::Tensor(rand(&[3, h], &mut rng))),
-                        (_, "%b") => BV::Shared(OpValue::Tensor(rand(&[3 * h], &mut rng))),
-                        (_, "%g" | "%be") => BV::Shared(OpValue::Tensor(rand(&[2 * h], &mut rng))),
-                        (_, other) => panic!("unexpected block input {other}"),
-                    })
-                    .collect();
-                let lists: Vec<BV> = stacked
-                    .iter()
-                    .map(|v| match v {
-                        BV::Batched(OpValue::Tensor(t)) => scattered(t, &mut rng),
-                        other => other.clone(),
-                    })
-                    .collect();
+                let stacked = named_inputs(&block, name, b, h, &mut rng);
+                let lists = as_row_lists(&stacked, &mut rng);
                 let (want, _) = run_with(&block, &p, &stacked, b);
                 let (got, stats) = run_with(&block, &p, &lists, b);
                 assert!(identical(&got, &want), "{name} h {h} b {b}");
@@ -466,37 +469,8 @@ fn epilogue_fusion_matches_separate_passes_bit_for_bit() {
             for b in [1usize, 3, 7, 33, 257] {
                 for threads in [1usize, 2] {
                     let mut rng = Rng::new((h * 1000 + b) as u64);
-                    let stacked: Vec<BV> = block
-                        .inputs
-                        .iter()
-                        .map(|inp| match (name, inp.name.as_str()) {
-                            (_, "%x" | "%c" | "%y") => {
-                                BV::Batched(OpValue::Tensor(rand(&[b, 1, h], &mut rng)))
-                            }
-                            ("cell", "%w") => {
-                                BV::Shared(OpValue::Tensor(rand(&[3 * h, h], &mut rng)))
-                            }
-                            (_, "%wq" | "%wy") => {
-                                BV::Shared(OpValue::Tensor(rand(&[h, h], &mut rng)))
-                            }
-                            (_, "%wk") => {
-                                BV::Shared(OpValue::Tensor(rand(&[2 * h + 1, h], &mut rng)))
-                            }
-                            (_, "%wv") => BV::Shared(OpValue::Tensor(rand(&[3, h], &mut rng))),
-                            (_, "%b") => BV::Shared(OpValue::Tensor(rand(&[3 * h], &mut rng))),
-                            (_, "%g" | "%be") => {
-                                BV::Shared(OpValue::Tensor(rand(&[2 * h], &mut rng)))
-                            }
-                            (_, other) => panic!("unexpected block input {other}"),
-                        })
-                        .collect();
-                    let lists: Vec<BV> = stacked
-                        .iter()
-                        .map(|v| match v {
-                            BV::Batched(OpValue::Tensor(t)) => scattered(t, &mut rng),
-                            other => other.clone(),
-                        })
-                        .collect();
+                    let stacked = named_inputs(&block, name, b, h, &mut rng);
+                    let lists = as_row_lists(&stacked, &mut rng);
                     for inputs in [&stacked, &lists] {
                         let label = format!("{name} h {h} b {b} threads {threads}");
                         let (want, s_apart) = run_threads(&block, &apart, inputs, b, threads);
