@@ -22,10 +22,39 @@ fn root() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
-fn temp_file(name: &str, contents: &str) -> PathBuf {
+/// The path of zoo model `models/NAME.rly`.
+fn zoo_model(name: &str) -> String {
+    root()
+        .join(format!("models/{name}.rly"))
+        .display()
+        .to_string()
+}
+
+/// The path of the bundled instances `examples/NAME.jsonl`.
+fn example(name: &str) -> String {
+    root()
+        .join(format!("examples/{name}.jsonl"))
+        .display()
+        .to_string()
+}
+
+/// `tumble run MODEL --inputs INPUTS --random-params 0 EXTRA...`.
+fn run_random(model: &str, inputs: &str, extra: &[&str]) -> Output {
+    let base = ["run", model, "--inputs", inputs, "--random-params", "0"];
+    tumble(&[&base[..], extra].concat())
+}
+
+/// A path `name` in this test run's scratch folder (created), where nothing is written yet.
+fn temp_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tumble-cli-test-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
     let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+fn temp_file(name: &str, contents: &str) -> PathBuf {
+    let path = temp_path(name);
     if let Err(e) = std::fs::write(&path, contents) {
         panic!("cannot write {}: {e}", path.display());
     }
@@ -100,9 +129,7 @@ fn a_missing_file_is_an_error_not_a_crash() {
 
 #[test]
 fn non_utf8_input_is_an_error() {
-    let dir = std::env::temp_dir().join(format!("tumble-cli-test-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let path = dir.join("bin.rly");
+    let path = temp_path("bin.rly");
     let _ = std::fs::write(&path, [0x64, 0x65, 0x66, 0xff, 0xfe]);
     let out = tumble(&["check", &path.display().to_string()]);
     assert_eq!(out.status.code(), Some(1));
@@ -176,29 +203,17 @@ fn usage_errors_exit_2_with_help() {
 
 #[test]
 fn run_errors_name_the_instance_and_leave_no_output_file() {
-    let model = root()
-        .join("models/treelstm_small.rly")
-        .display()
-        .to_string();
+    let model = zoo_model("treelstm_small");
     let inputs = temp_file(
         "bad_instances.jsonl",
         "{\"tree\": {\"Rose\": [[0], []]}}\n{\"tree\": {\"Rose\": [[2.5], []]}}\n",
     );
-    let out_path = std::env::temp_dir().join(format!(
-        "tumble-cli-test-{}/never.jsonl",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&out_path);
-    let out = tumble(&[
-        "run",
+    let out_path = temp_path("never.jsonl");
+    let out = run_random(
         &model,
-        "--inputs",
         &inputs.display().to_string(),
-        "--random-params",
-        "0",
-        "--output",
-        &out_path.display().to_string(),
-    ]);
+        &["--output", &out_path.display().to_string()],
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.contains("line 2"), "{err}");
@@ -211,11 +226,8 @@ fn run_errors_name_the_instance_and_leave_no_output_file() {
 
 #[test]
 fn run_without_weights_lists_what_is_missing() {
-    let model = root()
-        .join("models/treelstm_small.rly")
-        .display()
-        .to_string();
-    let inputs = root().join("examples/treelstm.jsonl").display().to_string();
+    let model = zoo_model("treelstm_small");
+    let inputs = example("treelstm");
     let out = tumble(&["run", &model, "--inputs", &inputs]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
@@ -225,14 +237,10 @@ fn run_without_weights_lists_what_is_missing() {
 
 #[test]
 fn batched_and_reference_engines_agree_on_the_readme_command() {
-    let model = root()
-        .join("models/treelstm_small.rly")
-        .display()
-        .to_string();
-    let inputs = root().join("examples/treelstm.jsonl").display().to_string();
-    let base = ["run", &model, "--inputs", &inputs, "--random-params", "0"];
-    let batched = tumble(&[&base[..], &["--batch", "3", "--profile"]].concat());
-    let reference = tumble(&[&base[..], &["--engine", "reference"]].concat());
+    let model = zoo_model("treelstm_small");
+    let inputs = example("treelstm");
+    let batched = run_random(&model, &inputs, &["--batch", "3", "--profile"]);
+    let reference = run_random(&model, &inputs, &["--engine", "reference"]);
     assert!(batched.status.success(), "{}", text(&batched.stderr));
     assert!(reference.status.success());
     // Fused kernels round differently from the f64 reference loops: equal within 1e-5.
@@ -266,8 +274,7 @@ fn batched_and_reference_engines_agree_on_the_readme_command() {
 
 #[test]
 fn explain_reports_what_each_static_optimization_found() {
-    let model = |m: &str| root().join("models").join(m).display().to_string();
-    let birnn = tumble(&["explain", &model("birnn_small.rly")]);
+    let birnn = tumble(&["explain", &zoo_model("birnn_small")]);
     assert!(birnn.status.success(), "{}", text(&birnn.stderr));
     let out = text(&birnn.stdout);
     for want in [
@@ -281,9 +288,9 @@ fn explain_reports_what_each_static_optimization_found() {
     }
     // rnn_step carries the recurrent state: not hoisted.
     assert!(!out.contains("rnn_step at "), "{out}");
-    let stack = text(&tumble(&["explain", &model("stackrnn_small.rly")]).stdout);
+    let stack = text(&tumble(&["explain", &zoo_model("stackrnn_small")]).stdout);
     assert!(stack.contains("in @stackrnn: [0, 1]"), "{stack}");
-    let berxit = text(&tumble(&["explain", &model("berxit_small.rly")]).stdout);
+    let berxit = text(&tumble(&["explain", &zoo_model("berxit_small")]).stdout);
     assert!(
         berxit.contains("(horizontally fused)"),
         "no fused Q/K/V group"
@@ -292,13 +299,9 @@ fn explain_reports_what_each_static_optimization_found() {
 
 #[test]
 fn every_optimization_switch_is_accepted_and_keeps_the_outputs() {
-    let model = root()
-        .join("models/stackrnn_small.rly")
-        .display()
-        .to_string();
-    let inputs = root().join("examples/stackrnn.jsonl").display().to_string();
-    let base = ["run", &model, "--inputs", &inputs, "--random-params", "0"];
-    let all = tumble(&base);
+    let model = zoo_model("stackrnn_small");
+    let inputs = example("stackrnn");
+    let all = run_random(&model, &inputs, &[]);
     assert!(all.status.success(), "{}", text(&all.stderr));
     let switches = [
         "--no-coarsen",
@@ -312,7 +315,7 @@ fn every_optimization_switch_is_accepted_and_keeps_the_outputs() {
         "--no-row-cache",
         "--no-epilogue",
     ];
-    let none = tumble(&[&base[..], &switches[..]].concat());
+    let none = run_random(&model, &inputs, &switches);
     assert!(none.status.success(), "{}", text(&none.stderr));
     // StackRNN's outputs are argmax decisions and logits; the decisions must match exactly.
     let actions = |o: &Output| -> Vec<String> {
@@ -336,17 +339,10 @@ fn workers_do_not_change_the_outputs() {
         ("treelstm_small", "treelstm"),
         ("stackrnn_small", "stackrnn"),
     ] {
-        let model = root()
-            .join(format!("models/{name}.rly"))
-            .display()
-            .to_string();
-        let inputs = root()
-            .join(format!("examples/{data}.jsonl"))
-            .display()
-            .to_string();
+        let model = zoo_model(name);
+        let inputs = example(data);
         let run = |extra: &[&str]| {
-            let base = ["run", &model, "--inputs", &inputs, "--random-params", "0"];
-            let out = tumble(&[&base[..], &["--batch", "3"], extra].concat());
+            let out = run_random(&model, &inputs, &[&["--batch", "3"], extra].concat());
             assert!(out.status.success(), "{}", text(&out.stderr));
             out
         };
@@ -370,10 +366,7 @@ fn workers_do_not_change_the_outputs() {
 /// and no output file is left.
 #[test]
 fn workers_report_the_first_failing_instance() {
-    let model = root()
-        .join("models/treelstm_small.rly")
-        .display()
-        .to_string();
+    let model = zoo_model("treelstm_small");
     let good = "{\"tree\": {\"Rose\": [[3], []]}}\n";
     let bad = |k: usize| format!("{{\"tree\": {{\"Rose\": [[{k}.5], []]}}}}\n");
     // Instances 4 and 9 are bad: mini-batches 1 and 4 of 2 instances fail.
@@ -387,28 +380,22 @@ fn workers_report_the_first_failing_instance() {
         })
         .collect();
     let inputs = temp_file("two_bad.jsonl", &lines);
-    let out_path = std::env::temp_dir().join(format!(
-        "tumble-cli-test-{}/never_workers.jsonl",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&out_path);
+    let out_path = temp_path("never_workers.jsonl");
     for workers in ["1", "2", "4"] {
-        let out = tumble(&[
-            "run",
+        let out = run_random(
             &model,
-            "--inputs",
             &inputs.display().to_string(),
-            "--random-params",
-            "0",
-            "--batch",
-            "2",
-            "--threads",
-            "4",
-            "--workers",
-            workers,
-            "--output",
-            &out_path.display().to_string(),
-        ]);
+            &[
+                "--batch",
+                "2",
+                "--threads",
+                "4",
+                "--workers",
+                workers,
+                "--output",
+                &out_path.display().to_string(),
+            ],
+        );
         assert_eq!(out.status.code(), Some(1), "workers {workers}");
         let err = text(&out.stderr);
         assert!(err.contains("line 5"), "workers {workers}: {err}");
@@ -423,30 +410,18 @@ fn workers_report_the_first_failing_instance() {
 /// on the main work thread: the workers get its stack.
 #[test]
 fn deep_instances_run_on_workers() {
-    let model = root()
-        .join("models/treelstm_small.rly")
-        .display()
-        .to_string();
+    let model = zoo_model("treelstm_small");
     let mut tree = "{\"Rose\": [[5], []]}".to_string();
     for _ in 0..3000 {
         tree = format!("{{\"Rose\": [[0], [{tree}]]}}");
     }
     let line = format!("{{\"tree\": {tree}}}\n");
     let inputs = temp_file("deep_chain.jsonl", &line.repeat(2));
-    let out = tumble(&[
-        "run",
+    let out = run_random(
         &model,
-        "--inputs",
         &inputs.display().to_string(),
-        "--random-params",
-        "0",
-        "--batch",
-        "1",
-        "--threads",
-        "2",
-        "--workers",
-        "2",
-    ]);
+        &["--batch", "1", "--threads", "2", "--workers", "2"],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lines: Vec<String> = text(&out.stdout).lines().map(str::to_string).collect();
     assert_eq!(lines.len(), 2);
