@@ -77,11 +77,11 @@ pub enum Code {
     },
 }
 
-impl Code {
-    /// Calls `f` on each piece of code directly inside this one (not into other functions'
-    /// bodies): the one place that knows where `Code` nests.
-    pub fn for_each_child<'a>(&'a self, mut f: impl FnMut(&'a Code)) {
-        match self {
+/// The one place that knows where `Code` nests: a match calling `$f` on each child of `$code`,
+/// iterating child lists with `$iter` (`iter` or `iter_mut`), for the shared and the mutable walk.
+macro_rules! code_children {
+    ($code:expr, $f:ident, $iter:ident) => {
+        match $code {
             Code::Slot(_)
             | Code::SelfRef
             | Code::Global(_)
@@ -89,66 +89,43 @@ impl Code {
             | Code::Lit(_)
             | Code::MakeClosure(_)
             | Code::Phase => {}
-            Code::Ghost(_, b) | Code::Proj(b, _, _) => f(b),
+            Code::Ghost(_, b) | Code::Proj(b, _, _) => $f(b),
             Code::Tuple(es)
             | Code::Concurrent(es)
             | Code::CallOp { args: es, .. }
             | Code::CallCtor { args: es, .. }
             | Code::CallGlobal { args: es, .. }
             | Code::InvokeBlock { args: es, .. }
-            | Code::Call { operands: es, .. } => es.iter().for_each(f),
+            | Code::Call { operands: es, .. } => es.$iter().for_each($f),
             Code::Let { binds, body } => {
-                binds.iter().for_each(|(_, v)| f(v));
-                f(body);
+                binds.$iter().for_each(|(_, v)| $f(v));
+                $f(body);
             }
             Code::If(a, b, c) => {
-                f(a);
-                f(b);
-                f(c);
+                $f(a);
+                $f(b);
+                $f(c);
             }
             Code::Match {
                 scrutinee, arms, ..
             } => {
-                f(scrutinee);
-                arms.iter().for_each(|(_, b)| f(b));
+                $f(scrutinee);
+                arms.$iter().for_each(|(_, b)| $f(b));
             }
         }
+    };
+}
+
+impl Code {
+    /// Calls `f` on each piece of code directly inside this one (not into other functions'
+    /// bodies).
+    pub fn for_each_child<'a>(&'a self, mut f: impl FnMut(&'a Code)) {
+        code_children!(self, f, iter)
     }
 
     /// [`Code::for_each_child`], mutably (same order).
     pub fn for_each_child_mut<'a>(&'a mut self, mut f: impl FnMut(&'a mut Code)) {
-        match self {
-            Code::Slot(_)
-            | Code::SelfRef
-            | Code::Global(_)
-            | Code::Ctor(_)
-            | Code::Lit(_)
-            | Code::MakeClosure(_)
-            | Code::Phase => {}
-            Code::Ghost(_, b) | Code::Proj(b, _, _) => f(b),
-            Code::Tuple(es)
-            | Code::Concurrent(es)
-            | Code::CallOp { args: es, .. }
-            | Code::CallCtor { args: es, .. }
-            | Code::CallGlobal { args: es, .. }
-            | Code::InvokeBlock { args: es, .. }
-            | Code::Call { operands: es, .. } => es.iter_mut().for_each(f),
-            Code::Let { binds, body } => {
-                binds.iter_mut().for_each(|(_, v)| f(v));
-                f(body);
-            }
-            Code::If(a, b, c) => {
-                f(a);
-                f(b);
-                f(c);
-            }
-            Code::Match {
-                scrutinee, arms, ..
-            } => {
-                f(scrutinee);
-                arms.iter_mut().for_each(|(_, b)| f(b));
-            }
-        }
+        code_children!(self, f, iter_mut)
     }
 
     /// Calls `f` on this code and everything inside it, iteratively (no recursion on the Rust
