@@ -21,6 +21,7 @@
 //! ACROBAT §5.2, `--no-gather-fusion`), which GEMM stages and row programs read in place while any
 //! other stage gets them stacked (`Exec::get` vs `Exec::get_raw`).
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt;
@@ -885,8 +886,8 @@ fn gemm_with_epilogue(
             .collect();
         let block = Bound {
             ext,
-            shared: bound.shared.clone(),
-            scalars: bound.scalars.clone(),
+            shared: Cow::Borrowed(&bound.shared),
+            scalars: Cow::Borrowed(&bound.scalars),
         };
         run_row_block(&prog, &block, r.len(), outs);
     };
@@ -1463,10 +1464,12 @@ fn row_ptrs(v: &BV, width: usize) -> Option<Vec<&[f32]>> {
 }
 
 /// The operands of one launch of a row program.
-struct Bound<'a> {
+struct Bound<'a, 'b> {
     ext: Vec<Vec<&'a [f32]>>,
-    shared: Vec<&'a [f32]>,
-    scalars: Vec<f32>,
+    /// Borrowed by the per-block and per-thread views of a launch's binding (only `ext` differs
+    /// between them), owned by the binding itself.
+    shared: Cow<'b, [&'a [f32]]>,
+    scalars: Cow<'b, [f32]>,
 }
 
 /// Runs the row program of stage `s` (nodes `ns`), compiling it on first use of its operands'
@@ -1496,33 +1499,35 @@ fn row_program(
 /// Binds a row program's operands for a launch of `rows` rows. `None` entries of `vals` are
 /// operands bound later, block by block (a GEMM's output read in its epilogue): their row lists are
 /// left empty. `None` when an operand does not fit the program (the stage falls back).
-fn bind<'v>(prog: &RowProg, vals: &[Option<&'v BV>], rows: usize) -> Option<Bound<'v>> {
-    let mut bound = Bound {
-        ext: Vec::new(),
-        shared: Vec::new(),
-        scalars: Vec::new(),
-    };
+fn bind<'v>(prog: &RowProg, vals: &[Option<&'v BV>], rows: usize) -> Option<Bound<'v, 'v>> {
+    let mut ext = Vec::new();
+    let mut shared = Vec::new();
+    let mut scalars = Vec::new();
     for (o, v) in prog.held.iter().zip(vals) {
         match (o.src, v) {
-            (Src::Ext(_), None) => bound.ext.push(Vec::new()),
+            (Src::Ext(_), None) => ext.push(Vec::new()),
             (Src::Ext(_), Some(v)) => match row_ptrs(v, o.len) {
-                Some(r) if r.len() == rows => bound.ext.push(r),
+                Some(r) if r.len() == rows => ext.push(r),
                 _ => return bail(3),
             },
             (Src::Shared(_), Some(BV::Shared(OpValue::Tensor(t)))) => match t.as_f32() {
-                Some(d) if d.len() == o.len => bound.shared.push(d),
+                Some(d) if d.len() == o.len => shared.push(d),
                 _ => return bail(3),
             },
             (Src::Scalar(_), Some(BV::Shared(OpValue::Tensor(t)))) => {
                 match t.as_f32().and_then(|d| d.first()) {
-                    Some(&x) => bound.scalars.push(x),
+                    Some(&x) => scalars.push(x),
                     None => return bail(3),
                 }
             }
             _ => return bail(3),
         }
     }
-    Some(bound)
+    Some(Bound {
+        ext,
+        shared: Cow::Owned(shared),
+        scalars: Cow::Owned(scalars),
+    })
 }
 
 /// The row program's live values, one operand per (value, field), in `prog.outs` order: the
@@ -1703,8 +1708,8 @@ fn run_rows_split(prog: &RowProg, bound: &Bound, rows: usize, threads: usize) ->
                     .iter()
                     .map(|e| e.get(start..start + n).unwrap_or(&[]).to_vec())
                     .collect(),
-                shared: bound.shared.clone(),
-                scalars: bound.scalars.clone(),
+                shared: Cow::Borrowed(&bound.shared),
+                scalars: Cow::Borrowed(&bound.scalars),
             };
             s.spawn(move || run_row_block(prog, &block, n, &mut mine));
         }
