@@ -29,6 +29,19 @@ impl Rng {
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
+    /// A random product of `m` rows, `n` outputs, `k` inputs: W (n × k, also packed) and A (m × k).
+    fn problem(&mut self, m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>, PackedWeight) {
+        let w = self.vec(n * k);
+        let a = self.vec(m * k);
+        let pw = PackedWeight::pack(&w, n, k).unwrap();
+        (w, a, pw)
+    }
+}
+
+/// The `m` rows of a row-major `a` with `k` columns (possibly 0), as a gathered operand's
+/// pointer list.
+fn row_slices(a: &[f32], m: usize, k: usize) -> Vec<&[f32]> {
+    (0..m).map(|i| &a[i * k..(i + 1) * k]).collect()
 }
 
 /// One operand pair of the reference: rows of A, W (N×K row-major), K.
@@ -184,9 +197,7 @@ fn threads_do_not_change_results() {
             (130, 3072, 768),
             (57, 768, 3072),
         ] {
-            let w = rng.vec(n * k);
-            let a = rng.vec(m * k);
-            let pw = PackedWeight::pack(&w, n, k).unwrap();
+            let (w, a, pw) = rng.problem(m, n, k);
             let rows = Rows::Contiguous {
                 data: &a,
                 stride: k,
@@ -313,10 +324,8 @@ fn bias_tanh_epilogue() {
     let mut rng = Rng(23);
     for threads in [1, 2] {
         for (m, n, k) in [(1, 33, 17), (7, 64, 8), (257, 64, 33), (20, 600, 256)] {
-            let w = rng.vec(n * k);
-            let a = rng.vec(m * k);
+            let (w, a, pw) = rng.problem(m, n, k);
             let bias = rng.vec(n);
-            let pw = PackedWeight::pack(&w, n, k).unwrap();
             let mut c = vec![0.0; m * n];
             let epi = BiasActivation {
                 bias: Some(&bias),
@@ -380,10 +389,8 @@ fn epilogue_sees_every_row_exactly_once() {
                 (5, 0, 4),
                 (4, 3, 0),
             ] {
-                let w = rng.vec(n * k);
-                let a = rng.vec(m * k);
-                let pw = PackedWeight::pack(&w, n, k).unwrap();
-                let slices: Vec<&[f32]> = (0..m).map(|i| &a[i * k..(i + 1) * k]).collect();
+                let (_, a, pw) = rng.problem(m, n, k);
+                let slices = row_slices(&a, m, k);
                 let mut c = vec![f32::NAN; m * n];
                 let rec = Recorder {
                     seen: Mutex::new(Vec::new()),
@@ -529,10 +536,8 @@ fn dense_into_writes_every_output_row_from_its_block_of_c() {
                 (20, 1024, 300),
                 (300, 96, 64),
             ] {
-                let w = rng.vec(n * k);
-                let a = rng.vec(m * k);
-                let pw = PackedWeight::pack(&w, n, k).unwrap();
-                let slices: Vec<&[f32]> = (0..m).map(|i| &a[i * k..(i + 1) * k]).collect();
+                let (w, a, pw) = rng.problem(m, n, k);
+                let slices = row_slices(&a, m, k);
                 let half = n.div_ceil(2);
                 let mut c = vec![f32::NAN; m * n];
                 let (mut sums, mut shifted) = (vec![f32::NAN; m], vec![f32::NAN; m * half]);
