@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::program::{CaptureFrom, Pat, Program};
+use crate::program::{CaptureFrom, Code, Pat, Program};
 
 /// A callable an abstract value may be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -23,6 +23,20 @@ pub(crate) trait Abstract: Clone + PartialEq {
     /// creating activation).
     fn captured(self) -> Self {
         self
+    }
+}
+
+/// Evaluates a `let` chain's bindings in order, each into its slot of `env`.
+pub(crate) fn bind_lets<A>(
+    binds: &[(u32, Code)],
+    env: &mut Vec<A>,
+    mut eval: impl FnMut(&Code, &mut Vec<A>) -> A,
+) {
+    for (slot, value) in binds {
+        let v = eval(value, env);
+        if let Some(s) = env.get_mut(*slot as usize) {
+            *s = v;
+        }
     }
 }
 

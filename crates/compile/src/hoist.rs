@@ -301,12 +301,7 @@ impl Analyzer<'_> {
                 }
             }
             Code::Let { binds, body } => {
-                for (slot, value) in binds {
-                    let v = self.eval(value, env, me);
-                    if let Some(s) = env.get_mut(*slot as usize) {
-                        *s = v;
-                    }
-                }
+                crate::absint::bind_lets(binds, env, |value, env| self.eval(value, env, me));
                 self.eval(body, env, me)
             }
             Code::MakeClosure(l) => crate::absint::make_closure(
