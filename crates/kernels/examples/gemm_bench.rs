@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p tumble-kernels --example gemm_bench -- [--threads T] [--kernel avx512|avx2|portable]
-//!     [--shapes B,K,N;B,K,N...] [--no-peak] [--min-time SECONDS] [--stat median|min]
+//!     [--shapes B,K,N;B,K,N...] [--no-peak] [--min-time SECONDS] [--stat median|min] [--cold N]
 //! ```
 //!
 //! For B ∈ {1, 8, 64, 512, 2048} × (K×N) ∈ {256×768, 512×1536, 256×256, 768×3072} it prints the
@@ -57,6 +57,7 @@ fn main() {
     let mut min_time = 0.3f64;
     let mut shapes: Vec<(usize, usize, usize)> = Vec::new();
     let mut use_min = false;
+    let mut cold = 1usize;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
@@ -82,6 +83,10 @@ fn main() {
                     let v: Vec<usize> = s.split(',').map(|x| x.parse().expect("B,K,N")).collect();
                     shapes.push((v[0], v[1], v[2]));
                 }
+                i += 1;
+            }
+            "--cold" => {
+                cold = val.parse::<usize>().expect("--cold N").max(1);
                 i += 1;
             }
             "--no-peak" => peak = false,
@@ -114,8 +119,16 @@ fn main() {
         act: Activation::Sigmoid,
     };
     for &(b, k, n) in &shapes {
-        let w = rng.vec(n * k);
-        let pw = PackedWeight::pack(&w, n, k).unwrap();
+        // `--cold N`: N copies of the weight used in turn, so that (for N·size beyond the caches)
+        // each call streams its weight from memory as a launch in a real run does.
+        let pws: Vec<PackedWeight> = (0..cold)
+            .map(|_| PackedWeight::pack(&rng.vec(n * k), n, k).unwrap())
+            .collect();
+        let mut turn = 0usize;
+        let mut next_w = || {
+            turn += 1;
+            &pws[turn % cold]
+        };
         let x = rng.vec(b * k);
         let pool = rng.vec(2 * b * k);
         // B distinct rows of the pool in random order (a partial Fisher–Yates shuffle).
@@ -135,11 +148,11 @@ fn main() {
             stride: k,
         };
         let ta = median_time(min_time, use_min, || {
-            dense_with(kind, &contiguous, &pw, &mut c, &NoEpilogue, threads).unwrap()
+            dense_with(kind, &contiguous, next_w(), &mut c, &NoEpilogue, threads).unwrap()
         });
         let gathered = Rows::Gathered(&rows);
         let tb = median_time(min_time, use_min, || {
-            dense_with(kind, &gathered, &pw, &mut c, &sigmoid, threads).unwrap()
+            dense_with(kind, &gathered, next_w(), &mut c, &sigmoid, threads).unwrap()
         });
         println!(
             "{b:>5} {k:>4} {n:>5} | {:>11.1} {:>8.1} | {:>11.1} {:>8.1}",

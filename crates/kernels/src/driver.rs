@@ -84,6 +84,11 @@ const L2_GROUP_MC: usize = 4;
 /// thread for the dynamic balance.
 const L2_TASK_MIN_MC: usize = 2;
 
+fn prefetch_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_PREFETCH").is_none())
+}
+
 thread_local! {
     /// Per-thread scratch for packed A blocks (grown, never shrunk; taken out while in use so a
     /// nested call from inside an epilogue gets its own).
@@ -407,6 +412,13 @@ fn block_rows(
                         let q1 = (q0 + sub).min(micro);
                         for jp in pc0..pc1 {
                             let bpanel = part.w.panel(jp, k0, kc);
+                            // The first micro-panel's tile prefetches the next weight panel
+                            // into L2, so it is not fetched from L3 by demand misses.
+                            let next = if jp + 1 < pc1 && prefetch_enabled() {
+                                part.w.panel(jp + 1, k0, kc).as_ptr()
+                            } else {
+                                std::ptr::null()
+                            };
                             let mut off = 0;
                             while off < NR && jp * NR + off < n {
                                 let col = jp * NR + off;
@@ -429,6 +441,7 @@ fn block_rows(
                                             a_q.as_ptr(),
                                             mr,
                                             bpanel.as_ptr().add(off),
+                                            if q == q0 && off == 0 { next } else { std::ptr::null() },
                                             cblock.add(q * mr * n + col),
                                             n,
                                             rows,

@@ -40,6 +40,7 @@ pub(crate) unsafe fn tile(
     a: *const f32,
     lda: usize,
     b: *const f32,
+    prefetch: *const f32,
     c: *mut f32,
     ldc: usize,
     m: usize,
@@ -52,17 +53,17 @@ pub(crate) unsafe fn tile(
             1 => small::<1, 4>(kc, a, lda, b, c, ldc, n, accumulate),
             2 => small::<2, 2>(kc, a, lda, b, c, ldc, n, accumulate),
             3 => small::<3, 2>(kc, a, lda, b, c, ldc, n, accumulate),
-            4 => rows::<4>(kc, a, lda, b, c, ldc, n, accumulate),
-            5 => rows::<5>(kc, a, lda, b, c, ldc, n, accumulate),
-            6 => rows::<6>(kc, a, lda, b, c, ldc, n, accumulate),
-            7 => rows::<7>(kc, a, lda, b, c, ldc, n, accumulate),
-            8 => rows::<8>(kc, a, lda, b, c, ldc, n, accumulate),
-            9 => rows::<9>(kc, a, lda, b, c, ldc, n, accumulate),
-            10 => rows::<10>(kc, a, lda, b, c, ldc, n, accumulate),
-            11 => rows::<11>(kc, a, lda, b, c, ldc, n, accumulate),
-            12 => rows::<12>(kc, a, lda, b, c, ldc, n, accumulate),
-            13 => rows::<13>(kc, a, lda, b, c, ldc, n, accumulate),
-            14 => rows::<14>(kc, a, lda, b, c, ldc, n, accumulate),
+            4 => rows::<4>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            5 => rows::<5>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            6 => rows::<6>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            7 => rows::<7>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            8 => rows::<8>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            9 => rows::<9>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            10 => rows::<10>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            11 => rows::<11>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            12 => rows::<12>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            13 => rows::<13>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            14 => rows::<14>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
             _ => {}
         }
     }
@@ -125,6 +126,7 @@ unsafe fn rows<const M: usize>(
     a: *const f32,
     lda: usize,
     b: *const f32,
+    prefetch: *const f32,
     c: *mut f32,
     ldc: usize,
     n: usize,
@@ -140,7 +142,13 @@ unsafe fn rows<const M: usize>(
         }
         let mut ap = a;
         let mut bp = b;
+        let mut pf = prefetch;
         for _ in 0..kc {
+            if !pf.is_null() {
+                _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(pf.add(16) as *const i8);
+                pf = pf.add(NR);
+            }
             let b0 = _mm512_loadu_ps(bp);
             let b1 = _mm512_loadu_ps(bp.add(16));
             for i in 0..M {

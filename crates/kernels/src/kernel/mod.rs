@@ -37,12 +37,16 @@ pub(crate) mod portable;
 /// - `c` is valid for reads and writes of the `m` rows `c[i * ldc .. i * ldc + n]`, and nothing else
 ///   accesses those elements during the call.
 ///
+/// `prefetch` is null or the weight slice the next tiles will read (same layout as `b`, valid for
+/// the same reads): a kernel may prefetch it into L2 while it computes; it is a hint only.
+///
 /// With `accumulate` the tile is added to `C`, otherwise it overwrites `C` (`C` is never read).
 pub(crate) type TileFn = unsafe fn(
     kc: usize,
     a: *const f32,
     lda: usize,
     b: *const f32,
+    prefetch: *const f32,
     c: *mut f32,
     ldc: usize,
     m: usize,

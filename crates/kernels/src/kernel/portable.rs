@@ -27,6 +27,7 @@ pub(crate) unsafe fn tile(
     a: *const f32,
     lda: usize,
     b: *const f32,
+    _prefetch: *const f32,
     c: *mut f32,
     ldc: usize,
     m: usize,
