@@ -103,6 +103,10 @@ pub struct RunArgs {
     /// it as a separate pass (instead of on each block of rows inside the GEMM).
     #[arg(long)]
     pub no_epilogue: bool,
+    /// No buffer pool: free each launch's outputs to the allocator instead of keeping large ones
+    /// for the next launches of the same thread.
+    #[arg(long)]
+    pub no_buffer_pool: bool,
     /// The entry function.
     #[arg(long, default_value = "main")]
     pub entry: String,
@@ -310,6 +314,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         }
         Engine::Batched => {
             let threads = thread_count(args.threads);
+            tumble_tensor::pool::set_enabled(!args.no_buffer_pool);
             let opts = tumble_runtime::Options {
                 scheduler: args.scheduler.into(),
                 host_scalars: !args.no_host_scalars,

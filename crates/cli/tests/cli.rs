@@ -314,6 +314,7 @@ fn every_optimization_switch_is_accepted_and_keeps_the_outputs() {
         "--no-gather-fusion",
         "--no-row-cache",
         "--no-epilogue",
+        "--no-buffer-pool",
     ];
     let none = run_random(&model, &inputs, &switches);
     assert!(none.status.success(), "{}", text(&none.stderr));
@@ -329,6 +330,38 @@ fn every_optimization_switch_is_accepted_and_keeps_the_outputs() {
         text(&all.stdout).lines().count(),
         text(&none.stdout).lines().count()
     );
+}
+
+/// Launch outputs placed in recycled buffers give the bytes of freshly allocated ones: TreeLSTM-large
+/// (outputs of rows × 512 floats, large enough to be pooled) on 64 trees in mini-batches of 8, so
+/// later launches reuse the buffers that earlier ones freed.
+#[test]
+fn the_buffer_pool_does_not_change_the_outputs() {
+    let model = zoo_model("treelstm_large");
+    let trees = std::fs::read_to_string(example("treelstm")).unwrap();
+    let inputs = temp_path("pool-trees.jsonl");
+    std::fs::write(&inputs, trees.repeat(8)).unwrap();
+    let inputs = inputs.display().to_string();
+    let run = |extra: &[&str]| {
+        let args = [&["--batch", "8", "--threads", "1", "--profile"][..], extra].concat();
+        let out = run_random(&model, &inputs, &args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        out
+    };
+    let pooled = run(&[]);
+    let fresh = run(&["--no-buffer-pool"]);
+    assert_eq!(text(&pooled.stdout), text(&fresh.stdout));
+    let recycled = |o: &Output| -> u64 {
+        let err = text(&o.stderr);
+        err.lines()
+            .find_map(|l| l.strip_prefix("peak activation bytes "))
+            .and_then(|l| l.split_once("; "))
+            .and_then(|(_, r)| r.split_once(" outputs in recycled buffers"))
+            .and_then(|(n, _)| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no recycled-buffer count in:\n{err}"))
+    };
+    assert!(recycled(&pooled) > 0, "{}", text(&pooled.stderr));
+    assert_eq!(recycled(&fresh), 0);
 }
 
 /// Mini-batches run at once on several workers give the bytes of one mini-batch after another,

@@ -441,7 +441,11 @@ fn block_rows(
                                             a_q.as_ptr(),
                                             mr,
                                             bpanel.as_ptr().add(off),
-                                            if q == q0 && off == 0 { next } else { std::ptr::null() },
+                                            if q == q0 && off == 0 {
+                                                next
+                                            } else {
+                                                std::ptr::null()
+                                            },
                                             cblock.add(q * mr * n + col),
                                             n,
                                             rows,

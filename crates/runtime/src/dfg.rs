@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use tumble_compile::{Block, OutputShape, Program};
@@ -66,6 +67,8 @@ pub struct Dfg<'p> {
     scalar_blocks: Vec<bool>,
     /// Kernel plan per block (empty when fusion is off).
     plans: Vec<crate::fused::BlockPlan>,
+    /// Threads lent by workers that have finished (added to `opts.threads` at each launch).
+    lent: Option<&'p AtomicUsize>,
     pub profile: Profile,
 }
 
@@ -161,8 +164,15 @@ impl<'p> Dfg<'p> {
             } else {
                 Vec::new()
             },
+            lent: None,
             profile: Profile::default(),
         }
+    }
+
+    /// Launches from now on also use the threads counted in `lent`, which other workers add to
+    /// when they run out of mini-batches.
+    pub fn lend_threads(&mut self, lent: Option<&'p AtomicUsize>) {
+        self.lent = lent;
     }
 
     fn block(&self, b: u32) -> Result<&'p Block, RunError> {
@@ -393,7 +403,7 @@ impl<'p> Dfg<'p> {
                 &mut octx,
                 &mut self.profile.ops,
                 &mut self.profile.fused,
-                self.opts.threads,
+                self.opts.threads + self.lent.map_or(0, |l| l.load(Ordering::Relaxed)),
             ),
             None => run_block(block, &inputs, b, &mut octx, &mut self.profile.ops),
         }

@@ -4,6 +4,7 @@
 
 use tumble_ir::Attrs;
 use tumble_ops::OpValue;
+use tumble_tensor::pool::zeroed_f32;
 use tumble_tensor::Tensor;
 
 /// Runs `op` on f32 operands through a fast path if there is one (`None`: use the reference kernel).
@@ -134,7 +135,7 @@ pub fn permute_f32(t: &Tensor, perm: &[usize]) -> Option<Tensor> {
     {
         // Matrices transposed in place of one another: tiled, not element-strided.
         let (rows, cols) = (shape[r - 2], shape[r - 1]);
-        let mut out = vec![0f32; data.len()];
+        let mut out = zeroed_f32(data.len());
         if rows * cols > 0 {
             for (src, dst) in data
                 .chunks_exact(rows * cols)
@@ -187,7 +188,7 @@ pub fn bmm_f32(x: &Tensor, y: &Tensor, tb: bool) -> Option<Tensor> {
     }
     let g = (*gx).max(*gy);
     let (m, k) = (*m, *k);
-    let mut out = vec![0f32; g * m * n];
+    let mut out = zeroed_f32(g * m * n);
     for gi in 0..g {
         let xo = if *gx == 1 { 0 } else { gi * m * k };
         let yo = if *gy == 1 { 0 } else { gi * n * k };

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use tumble_compile::{BArg, BVal, Block, BlockNode};
 use tumble_ir::{AttrValue, DType, Ty};
 use tumble_ops::{OpCtx, OpValue};
+use tumble_tensor::pool::zeroed_f32;
 use tumble_tensor::Tensor;
 
 use tumble_kernels::Rows;
@@ -599,7 +600,7 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
             return Ok(None);
         }
         let rows: usize = shape.iter().product();
-        let mut c = vec![0f32; rows * n];
+        let mut c = zeroed_f32(rows * n);
         crate::gemm::dense(&a_rows.rows(k), k, w, *n, &mut c, ex.threads)?;
         shape.push(*n);
         let t = Tensor::from_f32(shape, c).map_err(|e| e.to_string())?;
@@ -641,25 +642,26 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
                 // A shared left operand (MV-RNN's `W_M · [A; B]`): out_i = X·W_iᵀ = (W_i·Xᵀ)ᵀ, so
                 // every invocation's W_i rows go through one GEMM against X as the (packed, cached)
                 // weight, and each (n × m) result is transposed back.
-                let mut ct = vec![0f32; b * n * m];
+                let mut ct = zeroed_f32(b * n * m);
                 let w_rows = tumble_kernels::Rows::Contiguous {
                     data: wd,
                     stride: k,
                 };
                 crate::gemm::dense(&w_rows, k, x_t, m, &mut ct, ex.threads)?;
-                let mut c = vec![0f32; b * m * n];
+                let mut c = zeroed_f32(b * m * n);
                 for inst in 0..b {
                     let src = &ct[inst * n * m..(inst + 1) * n * m];
                     let dst = &mut c[inst * m * n..(inst + 1) * m * n];
                     crate::fastops::transpose_2d(src, n, m, dst);
                 }
+                tumble_tensor::pool::recycle(ct);
                 let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
                 return Ok(Some((
                     BV::Batched(OpValue::Tensor(t)),
                     2 * (b * m * n * k) as u64,
                 )));
             }
-            let mut c = vec![0f32; b * m * n];
+            let mut c = zeroed_f32(b * m * n);
             for inst in 0..b {
                 let xo = if x_batched { inst * m * k } else { 0 };
                 let wo = inst * n * k;
@@ -737,7 +739,7 @@ fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, Strin
     };
     let n: usize = widths.iter().sum();
     let rows: usize = lead.iter().product();
-    let mut c = vec![0f32; rows * n];
+    let mut c = zeroed_f32(rows * n);
     crate::gemm::dense_concat(&a_rows.rows(k), k, &ws, &mut c, ex.threads)?;
     let mut outs = Vec::with_capacity(ns.len());
     let mut col = 0;
@@ -757,16 +759,6 @@ fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, Strin
         )));
     }
     Ok(Some((outs, 2 * (rows * k * n) as u64)))
-}
-
-/// `len` zeros in memory the allocator recycles. Not `vec![0.0; len]`: that asks for zeroed memory,
-/// which the allocator serves from fresh pages that the kernel then zeroes on first touch
-/// (`clear_page_erms` was 4.4% of a TreeLSTM-large run with the epilogue outputs allocated that
-/// way, against 3.1% without them); a memset of recycled memory is cheaper.
-fn zeroed(len: usize) -> Vec<f32> {
-    let mut v = Vec::with_capacity(len);
-    v.resize(len, 0.0);
-    v
 }
 
 /// Values of block nodes, by node index.
@@ -861,7 +853,7 @@ fn gemm_with_epilogue(
     } else {
         crate::gemm::packed_concat(&ws, k)?
     };
-    let mut bufs: Vec<Vec<f32>> = flat_outs(&prog).map(|o| zeroed(rows * o.len)).collect();
+    let mut bufs: Vec<Vec<f32>> = flat_outs(&prog).map(|o| zeroed_f32(rows * o.len)).collect();
     let mut outputs: Vec<tumble_kernels::Output> = bufs
         .iter_mut()
         .zip(flat_outs(&prog))
@@ -1681,7 +1673,7 @@ fn run_row_block(prog: &RowProg, bound: &Bound, rows: usize, outs: &mut [&mut [f
 /// Several threads: each runs a contiguous range of rows into its part of zero-filled outputs.
 fn run_rows_split(prog: &RowProg, bound: &Bound, rows: usize, threads: usize) -> Vec<Vec<f32>> {
     let widths: Vec<usize> = flat_outs(prog).map(|o| o.len).collect();
-    let mut bufs: Vec<Vec<f32>> = widths.iter().map(|w| vec![0f32; rows * w]).collect();
+    let mut bufs: Vec<Vec<f32>> = widths.iter().map(|w| zeroed_f32(rows * w)).collect();
     let chunk = rows.div_ceil(threads).max(1);
     let mut rest: Vec<&mut [f32]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
     let mut parts = Vec::with_capacity(threads);

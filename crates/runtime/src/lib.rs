@@ -17,6 +17,7 @@ pub mod reuse;
 mod simd;
 pub mod workers;
 
+use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
 use tumble_compile::Program;
@@ -118,6 +119,20 @@ pub fn run_batch(
     rngs: Vec<Rng>,
     opts: Options,
 ) -> Result<(Vec<Value>, Profile), InstanceError> {
+    run_batch_lent(program, reuse, entry, args, rngs, opts, None)
+}
+
+/// [`run_batch`], whose launches also use the threads that finished workers lend to the ones
+/// still running (`lent`, read at each launch; see [`workers`]).
+pub(crate) fn run_batch_lent(
+    program: &Program,
+    reuse: &Reuse,
+    entry: &str,
+    args: Vec<Vec<Value>>,
+    rngs: Vec<Rng>,
+    opts: Options,
+    lent: Option<&AtomicUsize>,
+) -> Result<(Vec<Value>, Profile), InstanceError> {
     let t_start = Instant::now();
     let index = *program
         .global_index
@@ -126,7 +141,9 @@ pub fn run_batch(
             instance: None,
             error: RunError::new(format!("the module has no global `@{entry}`")),
         })?;
+    let pool_hits = tumble_tensor::pool::hits();
     let mut dfg = dfg::Dfg::new(program, reuse, opts);
+    dfg.lend_threads(lent);
     let n = args.len();
     let mut machines: Vec<Machine> = Vec::with_capacity(n);
     for (i, (a, rng)) in args.into_iter().zip(rngs).enumerate() {
@@ -214,6 +231,8 @@ pub fn run_batch(
     dfg.profile.instances = n as u64;
     dfg.profile.mini_batches = 1;
     dfg.profile.time_total = t_start.elapsed();
+    // Launches run on this thread (split parts aside, whose outputs the caller allocates).
+    dfg.profile.pooled_outputs = tumble_tensor::pool::hits() - pool_hits;
     Ok((out, dfg.profile))
 }
 

@@ -40,6 +40,8 @@ pub struct Profile {
     pub row_list_inputs: u64,
     /// Bytes of activations produced by launches (they live until the mini-batch ends).
     pub activation_bytes: u64,
+    /// Launch outputs placed in buffers recycled from earlier ones (`tumble_tensor::pool`).
+    pub pooled_outputs: u64,
     pub time_program: Duration,
     pub time_dfg: Duration,
     pub time_schedule: Duration,
@@ -92,6 +94,7 @@ impl Profile {
         self.row_list_inputs += o.row_list_inputs;
         self.fused.row_lists_stacked += o.fused.row_lists_stacked;
         self.activation_bytes = self.activation_bytes.max(o.activation_bytes);
+        self.pooled_outputs += o.pooled_outputs;
         self.time_program += o.time_program;
         self.time_dfg += o.time_dfg;
         self.time_schedule += o.time_schedule;
@@ -171,7 +174,11 @@ impl fmt::Display for Profile {
             self.gathered_inputs,
             self.reuse_misses
         )?;
-        writeln!(f, "peak activation bytes {}", self.activation_bytes)?;
+        writeln!(
+            f,
+            "peak activation bytes {}; {} outputs in recycled buffers",
+            self.activation_bytes, self.pooled_outputs
+        )?;
         // One worker: the breakdown adds up to the wall time (its `other` includes decoding and
         // encoding instances); several: to the mini-batches' summed time.
         let whole = if self.workers > 1 {

@@ -24,7 +24,7 @@ use tumble_compile::Program;
 use tumble_interp::{RunError, Value};
 use tumble_tensor::Rng;
 
-use crate::{run_batch, InstanceError, Options, Profile, Reuse};
+use crate::{run_batch_lent, InstanceError, Options, Profile, Reuse};
 
 /// A job of `instances` instances run as mini-batches of `batch` on `workers` threads.
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +93,9 @@ where
     let workers = job.worker_count();
     let mut opts = job.opts;
     opts.threads = (job.opts.threads / workers).max(1);
+    // A worker that runs out of mini-batches lends its threads to the launches of those still
+    // running, so the job's last mini-batch does not leave cores idle.
+    let lent = AtomicUsize::new(0);
     let one = |c: usize| -> Result<Chunk<T>, JobError<E>> {
         let first = c * batch;
         let end = (first + batch).min(job.instances);
@@ -101,11 +104,14 @@ where
             args.push(load(i).map_err(|e| JobError::Instance(i, e))?);
         }
         let rngs = (first..end).map(&rng).collect();
-        let (values, profile) = run_batch(job.program, job.reuse, job.entry, args, rngs, opts)
-            .map_err(|InstanceError { instance, error }| JobError::Run {
-                instance: first + instance.unwrap_or(0),
-                error,
-            })?;
+        let lent = (workers > 1).then_some(&lent);
+        let (values, profile) =
+            run_batch_lent(job.program, job.reuse, job.entry, args, rngs, opts, lent).map_err(
+                |InstanceError { instance, error }| JobError::Run {
+                    instance: first + instance.unwrap_or(0),
+                    error,
+                },
+            )?;
         let mut out = Vec::with_capacity(values.len());
         for (k, v) in values.into_iter().enumerate() {
             out.push(finish(first + k, v).map_err(|e| JobError::Instance(first + k, e))?);
@@ -135,6 +141,7 @@ where
             }
             let c = next.fetch_add(1, Ordering::Relaxed);
             if c >= chunks {
+                lent.fetch_add(opts.threads, Ordering::Relaxed);
                 break;
             }
             let r = one(c);

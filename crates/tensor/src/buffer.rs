@@ -19,6 +19,17 @@ pub enum Buffer {
     Bool(Vec<bool>),
 }
 
+/// Large `f32` buffers go back to the freeing thread's pool for the next launch's outputs.
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Buffer::F32(v) = self {
+            if v.capacity() >= crate::pool::MIN_POOLED {
+                crate::pool::recycle(std::mem::take(v));
+            }
+        }
+    }
+}
+
 /// Mutable access to a [`Buffer`]'s elements as slices: values can change, the length and dtype
 /// (and so the tensor's shape invariant) cannot. Returned by [`crate::Tensor::make_mut`].
 #[derive(Debug, PartialEq)]

@@ -46,6 +46,7 @@
 
 mod buffer;
 mod error;
+pub mod pool;
 mod rng;
 pub mod shape;
 mod stack;

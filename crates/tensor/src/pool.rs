@@ -1,0 +1,159 @@
+//! Per-thread recycling of large `f32` buffers (the batching runtime's activations).
+//!
+//! A launch's outputs are large (a TreeLSTM level: rows × 512 floats, up to megabytes) and live
+//! until the next level has read them. Freed to the allocator, such buffers go back to the
+//! operating system and the next launch's come from fresh pages, which the kernel zeroes on
+//! first touch (`clear_page_erms`, 4–5% of a TreeLSTM-large run). Here a dropped [`Buffer`]
+//! (`crate::Buffer`) of at least [`MIN_POOLED`] floats is kept by the thread that drops it, up to
+//! [`MAX_POOLED_BYTES`], and [`zeroed_f32`] hands it out again (zero-filled: a memset of memory
+//! that is already mapped and often in cache).
+//!
+//! Results never depend on the pool: every buffer it hands out is zero-filled like a fresh one.
+//! [`set_enabled`]`(false)` turns it off for the whole process (the CLI's `--no-buffer-pool`).
+
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Smaller buffers are left to the allocator, whose small-object pages are recycled anyway.
+pub const MIN_POOLED: usize = 16 << 10;
+
+/// Most bytes of buffers one thread keeps.
+pub const MAX_POOLED_BYTES: usize = 64 << 20;
+
+/// Most buffers one thread keeps (bounds the search of [`zeroed_f32`]).
+const MAX_POOLED: usize = 256;
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+thread_local! {
+    static POOL: RefCell<Pool> = const { RefCell::new(Pool { bufs: Vec::new(), bytes: 0 }) };
+    /// Requests this thread served from its pool.
+    static HITS: Cell<u64> = const { Cell::new(0) };
+}
+
+struct Pool {
+    bufs: Vec<Vec<f32>>,
+    bytes: usize,
+}
+
+/// Turns recycling on or off for every thread (buffers already kept are used up, not freed).
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Whether recycling is on.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// How many [`zeroed_f32`] requests of this thread a recycled buffer has served so far.
+pub fn hits() -> u64 {
+    HITS.try_with(Cell::get).unwrap_or(0)
+}
+
+/// `len` zeros, in a recycled buffer when this thread has one of a fitting capacity (at least
+/// `len`, at most twice that, the smallest such), else in a new allocation.
+pub fn zeroed_f32(len: usize) -> Vec<f32> {
+    let mut v = if len >= MIN_POOLED && enabled() {
+        take(len).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    // Not `vec![0.0; len]` for a new buffer either: that asks the allocator for zeroed memory,
+    // which it serves from fresh pages.
+    v.clear();
+    v.reserve_exact(len);
+    v.resize(len, 0.0);
+    v
+}
+
+fn take(len: usize) -> Option<Vec<f32>> {
+    POOL.try_with(|p| {
+        let mut p = p.borrow_mut();
+        let best = p
+            .bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len && b.capacity() <= 2 * len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i)?;
+        let v = p.bufs.swap_remove(best);
+        p.bytes -= v.capacity() * 4;
+        let _ = HITS.try_with(|h| h.set(h.get() + 1));
+        Some(v)
+    })
+    .ok()
+    .flatten()
+}
+
+/// Offers a buffer being freed to this thread's pool (dropped if it is small, the pool is full or
+/// recycling is off).
+pub fn recycle(v: Vec<f32>) {
+    let bytes = v.capacity() * 4;
+    if v.capacity() < MIN_POOLED || bytes > MAX_POOLED_BYTES || !enabled() {
+        return;
+    }
+    // During thread teardown the pool may be gone: the buffer is then simply freed.
+    let _ = POOL.try_with(|p| {
+        let Ok(mut p) = p.try_borrow_mut() else {
+            return;
+        };
+        // Full: the oldest buffers make room (the newest match the launches now running).
+        while !p.bufs.is_empty()
+            && (p.bufs.len() >= MAX_POOLED || p.bytes + bytes > MAX_POOLED_BYTES)
+        {
+            let old = p.bufs.remove(0);
+            p.bytes -= old.capacity() * 4;
+        }
+        p.bytes += bytes;
+        p.bufs.push(v);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recycled_buffers_come_back_zeroed_and_only_when_they_fit() {
+        let n = MIN_POOLED + 7;
+        let mut a = zeroed_f32(n);
+        a.iter_mut().for_each(|x| *x = 3.5);
+        let ptr = a.as_ptr();
+        recycle(a);
+        // Too large a request (more than the capacity): not this buffer.
+        let big = zeroed_f32(3 * n);
+        assert_ne!(big.as_ptr(), ptr);
+        // A fitting one gets it back, zero-filled.
+        let before = hits();
+        let b = zeroed_f32(n - 3);
+        assert_eq!(hits(), before + 1);
+        assert_eq!(b.as_ptr(), ptr);
+        assert_eq!(b.len(), n - 3);
+        assert!(b.iter().all(|&x| x == 0.0));
+        // Small buffers are neither kept nor served from the pool.
+        let before = hits();
+        recycle(vec![1.0f32; 33]);
+        let s = zeroed_f32(33);
+        assert!(s.iter().all(|&x| x == 0.0));
+        assert_eq!(hits(), before);
+        POOL.with(|p| assert!(p.borrow().bufs.iter().all(|b| b.capacity() >= MIN_POOLED)));
+    }
+
+    #[test]
+    fn the_pool_stays_within_its_bounds() {
+        for _ in 0..3 * MAX_POOLED {
+            recycle(Vec::with_capacity(MIN_POOLED));
+        }
+        recycle(Vec::with_capacity(MAX_POOLED_BYTES / 8));
+        POOL.with(|p| {
+            let p = p.borrow();
+            assert!(p.bufs.len() <= MAX_POOLED);
+            assert!(p.bytes <= MAX_POOLED_BYTES);
+            assert_eq!(
+                p.bytes,
+                p.bufs.iter().map(|b| b.capacity() * 4).sum::<usize>()
+            );
+        });
+    }
+}
