@@ -7,8 +7,8 @@
 # Per round: the sgemm peak (gemm_bench: best of several 2048×1024×1024 products) on 1 and on 2
 # threads, then every (model, threads, variant) run once. Variants: `default` (on 2 threads: two
 # mini-batches at once, one kernel thread each), `no-epilogue` (--no-epilogue) and, on 2 threads,
-# `workers 1` (--workers 1: one mini-batch at a time with both threads on its kernels). Reported: the best of ROUNDS
-# for each run and each peak. GFLOP/s counts the dense stages' useful work (2·rows·K·N) over the
+# `workers 1` (--workers 1: one mini-batch at a time with both threads on its kernels). Reported: the best and the median of
+# ROUNDS for each run, the best of each peak. GFLOP/s counts the dense stages' useful work (2·rows·K·N) over the
 # whole run's wall time (`time (ms): total` of --profile: mini-batches, host side included; the
 # weight loading before it excluded).
 # Usage: bench/treelstm_peak.sh [TREES] [ROUNDS]   (from the repository root; defaults 512, 3)
@@ -26,7 +26,8 @@ for m in treelstm_small treelstm_large; do
   $t run "models/$m.rly" --inputs "$dir/trees.jsonl" --random-params 0 --batch 64 \
     --save-params "$dir/$m.safetensors" -o "$dir/o.jsonl" >/dev/null 2>&1
 done
-declare -A best
+declare -A best all
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 variants() { if [[ $1 == 1 ]]; then echo default no-epilogue; else echo default no-epilogue workers1; fi; }
 flags() { case $1 in no-epilogue) echo --no-epilogue ;; workers1) echo --workers 1 ;; esac; }
 keep_min() { # key value
@@ -50,6 +51,7 @@ for r in $(seq "$rounds"); do
         total=$(sed -n 's/^time (ms): total \([0-9.]*\) .*/\1/p' <<<"$prof")
         gflop=$(sed -n 's/^dense stages[^:]*: \([0-9.]*\) GFLOP .*/\1/p' <<<"$prof")
         keep_min "$m/$th/$v" "$total"
+        all["$m/$th/$v"]+=" $total"
         best["gflop/$m"]=$gflop
       done
     done
@@ -59,15 +61,17 @@ done
 kernel=$($bench --threads 1 --shapes 1,1,1 --no-peak --min-time 0.001 | sed -n 's/.*kernel \([^,]*\),.*/\1/p')
 echo "# TreeLSTM, first $n SST test trees, batch 64, best of $rounds rounds; $(nproc) vCPUs, kernel $kernel"
 echo "# sgemm peak: ${best[peak1]} GFLOP/s on 1 thread, ${best[peak2]} GFLOP/s on 2 threads"
-printf '| %-15s | %7s | %11s | %9s | %13s | %9s |\n' model threads variant "total ms" "GFLOP/s (run)" "% of peak"
-echo '|---|---:|---|---:|---:|---:|'
+printf '| %-15s | %7s | %11s | %9s | %13s | %9s | %9s | %15s |\n' model threads variant "best ms" "GFLOP/s (best)" "% of peak" "median ms" "% of peak (med)"
+echo '|---|---:|---|---:|---:|---:|---:|---:|'
 for m in treelstm_small treelstm_large; do
   for th in 1 2; do
     for v in $(variants "$th"); do
       ms=${best[$m/$th/$v]}
+      med=$(median "${all[$m/$th/$v]}")
       g=${best[gflop/$m]}
-      awk -v m="$m" -v th="$th" -v v="$v" -v ms="$ms" -v g="$g" -v peak="${best[peak$th]}" \
-        'BEGIN { rate = g / (ms / 1000); printf "| %-15s | %7s | %11s | %9.1f | %13.1f | %8.1f%% |\n", m, th, v, ms, rate, 100 * rate / peak }'
+      awk -v m="$m" -v th="$th" -v v="$v" -v ms="$ms" -v med="$med" -v g="$g" -v peak="${best[peak$th]}" \
+        'BEGIN { rate = g / (ms / 1000); mrate = g / (med / 1000)
+                 printf "| %-15s | %7s | %11s | %9.1f | %14.1f | %8.1f%% | %9.1f | %14.1f%% |\n", m, th, v, ms, rate, 100 * rate / peak, med, 100 * mrate / peak }'
     done
   done
 done

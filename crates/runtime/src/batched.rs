@@ -104,7 +104,7 @@ impl RowRefs {
         let mut shape = vec![self.parts.len()];
         shape.extend_from_slice(&self.shape);
         if let Some(parts) = self.f32_parts() {
-            let mut data = Vec::with_capacity(shape.iter().product());
+            let mut data = tumble_tensor::pool::with_capacity_f32(shape.iter().product());
             parts.iter().for_each(|p| data.extend_from_slice(p));
             return Tensor::from_f32(shape, data).map_err(|e| e.to_string());
         }

@@ -69,7 +69,7 @@ pub fn concat_f32(parts: &[Tensor], axis: usize) -> Option<Tensor> {
     }
     let outer: usize = shape[..axis].iter().product();
     let total: usize = datas.iter().map(|(d, _)| d.len()).sum();
-    let mut out = Vec::with_capacity(total);
+    let mut out = tumble_tensor::pool::with_capacity_f32(total);
     for o in 0..outer {
         for (d, chunk) in &datas {
             out.extend_from_slice(d.get(o * chunk..(o + 1) * chunk)?);
@@ -148,7 +148,7 @@ pub fn permute_f32(t: &Tensor, perm: &[usize]) -> Option<Tensor> {
     }
     let in_stride: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
     let n = data.len();
-    let mut out = Vec::with_capacity(n);
+    let mut out = tumble_tensor::pool::with_capacity_f32(n);
     if n > 0 {
         let last = out_shape.len() - 1;
         let (inner, inner_stride) = (out_shape[last], in_stride[last]);

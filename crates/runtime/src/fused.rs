@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use tumble_compile::{BArg, BVal, Block, BlockNode};
 use tumble_ir::{AttrValue, DType, Ty};
 use tumble_ops::{OpCtx, OpValue};
-use tumble_tensor::pool::zeroed_f32;
+use tumble_tensor::pool::{with_capacity_f32, zeroed_f32};
 use tumble_tensor::Tensor;
 
 use tumble_kernels::Rows;
@@ -744,7 +744,7 @@ fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, Strin
     let mut outs = Vec::with_capacity(ns.len());
     let mut col = 0;
     for &w in &widths {
-        let mut part = Vec::with_capacity(rows * w);
+        let mut part = with_capacity_f32(rows * w);
         for r in 0..rows {
             part.extend_from_slice(
                 c.get(r * n + col..r * n + col + w)
@@ -978,7 +978,7 @@ fn gather_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
     }
     let width = table.len() / rows;
     let idx = ids.to_i64_vec();
-    let mut out = Vec::with_capacity(idx.len() * width);
+    let mut out = with_capacity_f32(idx.len() * width);
     for &j in &idx {
         let j = j.clamp(0, rows as i64 - 1) as usize;
         out.extend_from_slice(&data[j * width..(j + 1) * width]);
@@ -1632,7 +1632,7 @@ fn run_rows_in_order(prog: &RowProg, bound: &Bound, rows: usize) -> Vec<Vec<f32>
     let outs: Vec<&Opd> = flat_outs(prog).collect();
     let mut bufs: Vec<Vec<f32>> = outs
         .iter()
-        .map(|o| Vec::with_capacity(rows * o.len))
+        .map(|o| with_capacity_f32(rows * o.len))
         .collect();
     let mut scratch = vec![0f32; prog.scratch_len];
     for r in 0..rows {

@@ -6,7 +6,8 @@
 //! first touch (`clear_page_erms`, 4–5% of a TreeLSTM-large run). Here a dropped [`Buffer`]
 //! (`crate::Buffer`) of at least [`MIN_POOLED`] floats is kept by the thread that drops it, up to
 //! [`MAX_POOLED_BYTES`], and [`zeroed_f32`] hands it out again (zero-filled: a memset of memory
-//! that is already mapped and often in cache).
+//! that is already mapped and often in cache), or [`with_capacity_f32`] empty, for outputs built by
+//! appending.
 //!
 //! Results never depend on the pool: every buffer it hands out is zero-filled like a fresh one.
 //! [`set_enabled`]`(false)` turns it off for the whole process (the CLI's `--no-buffer-pool`).
@@ -64,6 +65,19 @@ pub fn zeroed_f32(len: usize) -> Vec<f32> {
     v.clear();
     v.reserve_exact(len);
     v.resize(len, 0.0);
+    v
+}
+
+/// An empty vector with room for `len` floats, recycled like [`zeroed_f32`]'s, for outputs built by
+/// appending (no zero fill: every element is written by the caller).
+pub fn with_capacity_f32(len: usize) -> Vec<f32> {
+    let mut v = if len >= MIN_POOLED && enabled() {
+        take(len).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    v.clear();
+    v.reserve_exact(len);
     v
 }
 
@@ -138,6 +152,21 @@ mod tests {
         assert!(s.iter().all(|&x| x == 0.0));
         assert_eq!(hits(), before);
         POOL.with(|p| assert!(p.borrow().bufs.iter().all(|b| b.capacity() >= MIN_POOLED)));
+    }
+
+    #[test]
+    fn buffers_for_appending_come_back_empty_with_room() {
+        let n = MIN_POOLED + 33;
+        let mut a = with_capacity_f32(n);
+        assert!(a.is_empty() && a.capacity() >= n);
+        a.resize(n, 1.5);
+        let ptr = a.as_ptr();
+        recycle(a);
+        let before = hits();
+        let b = with_capacity_f32(n - 1);
+        assert_eq!(hits(), before + 1);
+        assert_eq!(b.as_ptr(), ptr);
+        assert!(b.is_empty() && b.capacity() >= n - 1);
     }
 
     #[test]
