@@ -735,15 +735,6 @@ impl Decoder<'_, '_> {
             Ok(c) => c,
             Err(_) => return self.err(format!("the module declares no type `{name}`")),
         };
-        let list_hint = if self.env.list_elem(ty).is_some() {
-            "a JSON array, or "
-        } else {
-            ""
-        };
-        let example = match ctors.first() {
-            Some(c) => format!("{{\"{c}\": [fields...]}}"),
-            None => "{\"Ctor\": [fields...]}".into(),
-        };
         let (ctor_name, fields) = match json {
             Json::String(s) => (s.as_str(), None),
             Json::Object(m) if m.len() == 1 => match m.iter().next() {
@@ -751,11 +742,21 @@ impl Decoder<'_, '_> {
                 None => ("", None),
             },
             _ => {
+                // Described only on failure: this runs for every node of every instance.
+                let list_hint = if self.env.list_elem(ty).is_some() {
+                    "a JSON array, or "
+                } else {
+                    ""
+                };
+                let example = match ctors.first() {
+                    Some(c) => format!("{{\"{c}\": [fields...]}}"),
+                    None => "{\"Ctor\": [fields...]}".into(),
+                };
                 return self.err(format!(
                     "expected {ty} ({list_hint}an object with one key, the constructor, like \
                      {example}), found {}",
                     describe(json)
-                ))
+                ));
             }
         };
         let Some(c) = self.env.ctor_of(name, args, ctor_name) else {
@@ -852,14 +853,17 @@ impl Decoder<'_, '_> {
         elems: &mut Elems,
     ) -> Result<(), DecodeError> {
         if level == dims.len() {
-            let what = if level == 0 {
-                ty.to_string()
-            } else {
-                format!("{} {dtype} element of {ty}", article(dtype))
-            };
             return match elems.push(json) {
                 Ok(()) => Ok(()),
-                Err(why) => self.err(format!("expected {what}, found {}{why}", describe(json))),
+                Err(why) => {
+                    // Described only on failure: this runs once per element of every instance.
+                    let what = if level == 0 {
+                        ty.to_string()
+                    } else {
+                        format!("{} {dtype} element of {ty}", article(dtype))
+                    };
+                    self.err(format!("expected {what}, found {}{why}", describe(json)))
+                }
             };
         }
         let Json::Array(a) = json else {
