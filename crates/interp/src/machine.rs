@@ -149,6 +149,11 @@ pub struct Machine<'p> {
     slot_pool: Vec<Vec<Option<Value>>>,
     /// Emptied argument vectors, reused for the next calls' operands.
     vals_pool: Vec<Vec<Value>>,
+    /// Each global function's value once made (values are immutable, so one `Rc` serves every
+    /// use: a recursive call through `@map` names its global once per tree node).
+    global_values: Vec<Option<Value>>,
+    /// Each nullary constructor's value once made (`Nil` ends every list).
+    nullary_values: Vec<Option<Value>>,
     pub ctx: InstanceCtx,
 }
 
@@ -176,6 +181,8 @@ impl<'p> Machine<'p> {
             at_phase: false,
             slot_pool: Vec::new(),
             vals_pool: Vec::new(),
+            global_values: Vec::new(),
+            nullary_values: Vec::new(),
             ctx,
         }
     }
@@ -183,7 +190,7 @@ impl<'p> Machine<'p> {
     /// Prepares a call of global `index` on `args`; [`Machine::run`] then evaluates it.
     pub fn start(&mut self, index: u32, args: Vec<Value>) -> Result<(), RunError> {
         let lambda = self.global(index)?;
-        let step = self.enter(lambda, args, None, Vec::new())?;
+        let step = self.enter(lambda, args, None, &[])?;
         self.pending = Some(step);
         Ok(())
     }
@@ -250,11 +257,15 @@ impl<'p> Machine<'p> {
                     .clone()
                     .ok_or_else(|| RunError::new("internal: self reference outside a closure"))?,
             ),
-            Code::Global(g) => Step::Apply(Value::Closure(Rc::new(Closure::Global(*g)))),
+            Code::Global(g) => Step::Apply(cached(&mut self.global_values, *g, || {
+                Value::Closure(Rc::new(Closure::Global(*g)))
+            })),
             Code::Ctor(c) => {
                 let arity = self.program.ctors.get(*c as usize).map_or(0, |e| e.arity);
                 if arity == 0 {
-                    Step::Apply(Value::adt(*c, Vec::new()))
+                    Step::Apply(cached(&mut self.nullary_values, *c, || {
+                        Value::adt(*c, Vec::new())
+                    }))
                 } else {
                     Step::Apply(Value::Closure(Rc::new(Closure::Ctor(*c))))
                 }
@@ -508,7 +519,7 @@ impl<'p> Machine<'p> {
             Code::CallCtor { ctor, .. } => Ok(Step::Apply(Value::adt(*ctor, vals))),
             Code::CallGlobal { global, .. } => {
                 let lambda = self.global(*global)?;
-                self.enter(lambda, vals, None, Vec::new())
+                self.enter(lambda, vals, None, &[])
             }
             Code::Call { span, .. } => {
                 if vals.is_empty() {
@@ -544,13 +555,14 @@ impl<'p> Machine<'p> {
         match &**c {
             Closure::Global(g) => {
                 let lambda = self.global(*g)?;
-                self.enter(lambda, args, None, Vec::new())
+                self.enter(lambda, args, None, &[])
             }
             Closure::Ctor(ctor) => Ok(Step::Apply(Value::adt(*ctor, args))),
             Closure::Lambda { lambda, captured } => {
                 let lambda = self.lambda(*lambda)?;
-                let captured = captured.clone();
-                self.enter(lambda, args, Some(callee.clone()), captured)
+                // Installed straight from the closure: no copy of the captured list per call.
+                self.install(lambda, args, Some(callee.clone()), captured)?;
+                Ok(Step::Eval(&lambda.body))
             }
         }
     }
@@ -560,7 +572,7 @@ impl<'p> Machine<'p> {
         lambda: &'p Lambda,
         args: Vec<Value>,
         this: Option<Value>,
-        captured: Vec<Value>,
+        captured: &[Value],
     ) -> Result<Step<'p>, RunError> {
         self.install(lambda, args, this, captured)?;
         Ok(Step::Eval(&lambda.body))
@@ -572,7 +584,7 @@ impl<'p> Machine<'p> {
         lambda: &Lambda,
         mut args: Vec<Value>,
         this: Option<Value>,
-        captured: Vec<Value>,
+        captured: &[Value],
     ) -> Result<(), RunError> {
         if args.len() != lambda.n_params as usize {
             return Err(RunError::new(format!(
@@ -591,7 +603,7 @@ impl<'p> Machine<'p> {
         slots.resize(lambda.n_slots as usize, None);
         for ((_, slot), v) in lambda.captures.iter().zip(captured) {
             if let Some(s) = slots.get_mut(*slot as usize) {
-                *s = Some(v);
+                *s = Some(v.clone());
             }
         }
         let frame = Frame { slots, this };
@@ -613,6 +625,18 @@ impl<'p> Machine<'p> {
         if self.slot_pool.len() < 256 {
             self.slot_pool.push(slots);
         }
+    }
+}
+
+/// `cache[i]`, made by `make` on first use.
+fn cached(cache: &mut Vec<Option<Value>>, i: u32, make: impl FnOnce() -> Value) -> Value {
+    let i = i as usize;
+    if cache.len() <= i {
+        cache.resize(i + 1, None);
+    }
+    match &mut cache[i] {
+        Some(v) => v.clone(),
+        slot => slot.insert(make()).clone(),
     }
 }
 
