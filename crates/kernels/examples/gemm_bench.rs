@@ -12,6 +12,7 @@
 //! then the machine's measured sgemm peak (best of several 2048×1024×1024 contiguous runs).
 //! `examples/torch_gemm.py` prints the same table for PyTorch.
 
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use tumble_kernels::*;
 
@@ -33,71 +34,139 @@ impl Rng {
 /// Median (or with `--stat min`, minimum) seconds per call of `f`, repeating until `min_time` has
 /// passed (at least 5 runs, after a warm-up call). The minimum is the better statistic for A/B
 /// tuning on a machine shared with other jobs; the tables report the median.
-fn median_time(min_time: f64, use_min: bool, mut f: impl FnMut()) -> f64 {
-    f();
+fn median_time(
+    min_time: f64,
+    use_min: bool,
+    mut f: impl FnMut() -> Result<(), KernelError>,
+) -> Result<f64, KernelError> {
+    f()?;
     let mut samples = Vec::new();
     let start = Instant::now();
     while samples.len() < 5 || (start.elapsed().as_secs_f64() < min_time && samples.len() < 2000) {
         let t = Instant::now();
-        f();
+        f()?;
         samples.push(t.elapsed().as_secs_f64());
     }
     samples.sort_by(|a, b| a.total_cmp(b));
-    if use_min {
-        samples[0]
-    } else {
-        samples[samples.len() / 2]
+    let at = if use_min { 0 } else { samples.len() / 2 };
+    Ok(samples.get(at).copied().unwrap_or(f64::NAN))
+}
+
+const USAGE: &str = "usage: gemm_bench [--threads T] [--kernel avx512|avx2|portable] \
+[--shapes B,K,N;B,K,N...] [--no-peak] [--min-time SECONDS] [--stat median|min] [--cold N]";
+
+struct Opts {
+    threads: usize,
+    kind: KernelKind,
+    peak: bool,
+    min_time: f64,
+    shapes: Vec<(usize, usize, usize)>,
+    use_min: bool,
+    cold: usize,
+}
+
+/// The command line, or a message saying which argument is wrong (`Ok(None)`: `--help`).
+fn parse_args(args: &[String]) -> Result<Option<Opts>, String> {
+    let mut o = Opts {
+        threads: 1,
+        kind: KernelKind::selected(),
+        peak: true,
+        min_time: 0.3,
+        shapes: Vec::new(),
+        use_min: false,
+        cold: 1,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = |what: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value: {what}"))
+        };
+        let number = |v: String, what: &str| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{flag} {v}: expected {what}"))
+        };
+        match flag.as_str() {
+            "--help" | "-h" => return Ok(None),
+            "--threads" => o.threads = number(value("a thread count")?, "a thread count")?.max(1),
+            "--kernel" => {
+                let v = value("avx512, avx2 or portable")?;
+                o.kind = KernelKind::ALL
+                    .into_iter()
+                    .find(|k| k.name().starts_with(v.as_str()))
+                    .ok_or_else(|| format!("--kernel {v}: expected avx512, avx2 or portable"))?;
+            }
+            "--min-time" => {
+                let v = value("seconds")?;
+                o.min_time = v
+                    .parse()
+                    .ok()
+                    .filter(|t: &f64| t.is_finite() && *t >= 0.0)
+                    .ok_or_else(|| format!("--min-time {v}: expected seconds (>= 0)"))?;
+            }
+            "--shapes" => {
+                for s in value("B,K,N;B,K,N...")?.split(';') {
+                    let dims: Vec<usize> = s
+                        .split(',')
+                        .map(|x| x.trim().parse::<usize>().ok().filter(|&d| d > 0))
+                        .collect::<Option<_>>()
+                        .ok_or_else(|| {
+                            format!("--shapes: `{s}` is not B,K,N (positive integers)")
+                        })?;
+                    let [b, k, n] = dims[..] else {
+                        return Err(format!("--shapes: `{s}` is not B,K,N (three numbers)"));
+                    };
+                    o.shapes.push((b, k, n));
+                }
+            }
+            "--cold" => o.cold = number(value("a copy count")?, "a copy count")?.max(1),
+            "--no-peak" => o.peak = false,
+            "--stat" => {
+                o.use_min = match value("median or min")?.as_str() {
+                    "min" => true,
+                    "median" => false,
+                    v => return Err(format!("--stat {v}: expected median or min")),
+                }
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(Some(o))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let o = match parse_args(&args) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("gemm_bench: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(o) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gemm_bench: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
-fn main() {
-    let mut threads = 1usize;
-    let mut kind = KernelKind::selected();
-    let mut peak = true;
-    let mut min_time = 0.3f64;
-    let mut shapes: Vec<(usize, usize, usize)> = Vec::new();
-    let mut use_min = false;
-    let mut cold = 1usize;
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < args.len() {
-        let val = args.get(i + 1).cloned().unwrap_or_default();
-        match args[i].as_str() {
-            "--threads" => {
-                threads = val.parse().expect("--threads N");
-                i += 1;
-            }
-            "--kernel" => {
-                kind = KernelKind::ALL
-                    .into_iter()
-                    .find(|k| k.name().starts_with(val.as_str()))
-                    .expect("--kernel avx512|avx2|portable");
-                i += 1;
-            }
-            "--min-time" => {
-                min_time = val.parse().expect("--min-time SECONDS");
-                i += 1;
-            }
-            "--shapes" => {
-                for s in val.split(';') {
-                    let v: Vec<usize> = s.split(',').map(|x| x.parse().expect("B,K,N")).collect();
-                    shapes.push((v[0], v[1], v[2]));
-                }
-                i += 1;
-            }
-            "--cold" => {
-                cold = val.parse::<usize>().expect("--cold N").max(1);
-                i += 1;
-            }
-            "--no-peak" => peak = false,
-            "--stat" => {
-                use_min = val == "min";
-                i += 1;
-            }
-            other => panic!("unknown argument {other}"),
-        }
-        i += 1;
-    }
+fn run(o: Opts) -> Result<(), KernelError> {
+    let Opts {
+        threads,
+        kind,
+        peak,
+        min_time,
+        mut shapes,
+        use_min,
+        cold,
+    } = o;
     if shapes.is_empty() {
         for (k, n) in [(256, 768), (512, 1536), (256, 256), (768, 3072)] {
             for b in [1, 8, 64, 512, 2048] {
@@ -122,8 +191,8 @@ fn main() {
         // `--cold N`: N copies of the weight used in turn, so that (for N·size beyond the caches)
         // each call streams its weight from memory as a launch in a real run does.
         let pws: Vec<PackedWeight> = (0..cold)
-            .map(|_| PackedWeight::pack(&rng.vec(n * k), n, k).unwrap())
-            .collect();
+            .map(|_| PackedWeight::pack(&rng.vec(n * k), n, k))
+            .collect::<Result<_, _>>()?;
         let mut turn = 0usize;
         let mut next_w = || {
             turn += 1;
@@ -148,12 +217,12 @@ fn main() {
             stride: k,
         };
         let ta = median_time(min_time, use_min, || {
-            dense_with(kind, &contiguous, next_w(), &mut c, &NoEpilogue, threads).unwrap()
-        });
+            dense_with(kind, &contiguous, next_w(), &mut c, &NoEpilogue, threads)
+        })?;
         let gathered = Rows::Gathered(&rows);
         let tb = median_time(min_time, use_min, || {
-            dense_with(kind, &gathered, next_w(), &mut c, &sigmoid, threads).unwrap()
-        });
+            dense_with(kind, &gathered, next_w(), &mut c, &sigmoid, threads)
+        })?;
         println!(
             "{b:>5} {k:>4} {n:>5} | {:>11.1} {:>8.1} | {:>11.1} {:>8.1}",
             ta * 1e6,
@@ -165,7 +234,7 @@ fn main() {
     if peak {
         let (m, n, k) = (2048, 1024, 1024);
         let w = rng.vec(n * k);
-        let pw = PackedWeight::pack(&w, n, k).unwrap();
+        let pw = PackedWeight::pack(&w, n, k)?;
         let x = rng.vec(m * k);
         let mut c = vec![0.0f32; m * n];
         let a = Rows::Contiguous {
@@ -176,7 +245,7 @@ fn main() {
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs_f64(min_time.max(1.0)) {
             let t = Instant::now();
-            dense_with(kind, &a, &pw, &mut c, &NoEpilogue, threads).unwrap();
+            dense_with(kind, &a, &pw, &mut c, &NoEpilogue, threads)?;
             best = best.min(t.elapsed().as_secs_f64());
         }
         println!(
@@ -185,4 +254,5 @@ fn main() {
             best * 1e3
         );
     }
+    Ok(())
 }
