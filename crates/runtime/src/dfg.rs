@@ -2,7 +2,6 @@
 //! computing them; [`Dfg::flush`] evaluates all pending nodes in batched launches.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -14,6 +13,7 @@ use tumble_ops::{OpCtx, OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
 
 use crate::batched::{run_block, RowRefs, BV};
+use crate::intern::Interner;
 use crate::profile::Profile;
 use crate::reuse::Reuse;
 use crate::{Options, Scheduler};
@@ -59,8 +59,14 @@ pub struct Dfg<'p> {
     opts: Options,
     nodes: Vec<Node>,
     pending: Vec<u32>,
-    /// Output shapes per (block, input shapes) key.
-    shape_cache: HashMap<u64, std::rc::Rc<Vec<Vec<usize>>>>,
+    /// Ids of (block, input shapes): the shape cache's index.
+    shape_keys: Interner,
+    /// Ids of (shape key, shared weights read): the launch-grouping key under code duplication.
+    dup_keys: Interner,
+    /// The words of the key being built (kept to reuse its allocation).
+    key_words: Vec<u64>,
+    /// Output shapes per shape-key id.
+    shape_cache: Vec<Option<std::rc::Rc<Vec<Vec<usize>>>>>,
     /// Draws for operators run inside launches (none are random: those run on the host).
     launch_rng: Rng,
     /// Per block: `Block::returns_only_scalars` (computed once, read per invocation).
@@ -143,7 +149,10 @@ impl<'p> Dfg<'p> {
             opts,
             nodes: Vec::new(),
             pending: Vec::new(),
-            shape_cache: HashMap::new(),
+            shape_keys: Interner::default(),
+            dup_keys: Interner::default(),
+            key_words: Vec::new(),
+            shape_cache: Vec::new(),
             launch_rng: Rng::new(0),
             scalar_blocks: program
                 .blocks
@@ -627,20 +636,23 @@ impl Backend for Dfg<'_> {
             self.profile.time_dfg += t0.elapsed();
             return Ok(block_value(block, outs));
         }
-        let shape_key = {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            block_id.hash(&mut h);
-            for a in &recorded {
-                self.arg_shape(a)?.hash(&mut h);
-            }
-            h.finish()
-        };
+        // Exact keys (see `intern`): block and input shapes, rank first so that shapes of
+        // different ranks cannot run together.
+        let mut words = std::mem::take(&mut self.key_words);
+        words.clear();
+        words.push(u64::from(block_id));
+        for a in &recorded {
+            let shape = self.arg_shape(a)?;
+            words.push(shape.len() as u64);
+            words.extend(shape.iter().map(|&d| d as u64));
+        }
+        let shape_key = self.shape_keys.id(&words);
         // Dynamic code duplication (ACROBAT §5.1): invocations passing different weights to the
         // same block (BiRNN's forward and backward `@rnn`) launch separately, each with its weights
         // shared, instead of together with the weights gathered per invocation.
         let key = if self.opts.dup {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            shape_key.hash(&mut h);
+            words.clear();
+            words.push(u64::from(shape_key));
             for (i, a) in recorded.iter().enumerate() {
                 if let Arg::Val(t) = a {
                     if !matches!(
@@ -650,16 +662,22 @@ impl Backend for Dfg<'_> {
                             .and_then(|v| v.get(i)),
                         Some(crate::reuse::InputReuse::PerInstance) | None
                     ) {
-                        (i, t.buffer_id()).hash(&mut h);
+                        words.push(i as u64);
+                        words.push(t.buffer_id() as u64);
                     }
                 }
             }
-            h.finish()
+            u64::from(self.dup_keys.id(&words))
         } else {
-            shape_key
+            u64::from(shape_key)
         };
-        let out_shapes = match self.shape_cache.get(&shape_key) {
-            Some(s) => s.clone(),
+        self.key_words = words;
+        let cached = self
+            .shape_cache
+            .get(shape_key as usize)
+            .and_then(Option::clone);
+        let out_shapes = match cached {
+            Some(s) => s,
             None => {
                 let shapes = recorded
                     .iter()
@@ -668,7 +686,11 @@ impl Backend for Dfg<'_> {
                 let s = std::rc::Rc::new(
                     infer_shapes(block, &shapes).map_err(|m| RunError::at(span, m))?,
                 );
-                self.shape_cache.insert(shape_key, s.clone());
+                let i = shape_key as usize;
+                if self.shape_cache.len() <= i {
+                    self.shape_cache.resize(i + 1, None);
+                }
+                self.shape_cache[i] = Some(s.clone());
                 s
             }
         };

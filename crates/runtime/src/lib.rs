@@ -12,6 +12,7 @@ mod fastmath;
 mod fastops;
 pub mod fused;
 mod gemm;
+mod intern;
 pub mod profile;
 pub mod reuse;
 mod simd;
