@@ -154,6 +154,8 @@ pub struct Machine<'p> {
     global_values: Vec<Option<Value>>,
     /// Each nullary constructor's value once made (`Nil` ends every list).
     nullary_values: Vec<Option<Value>>,
+    /// A match's bindings while its arms are tried (kept to reuse the allocation).
+    binds: Vec<(u32, Value)>,
     pub ctx: InstanceCtx,
 }
 
@@ -183,6 +185,7 @@ impl<'p> Machine<'p> {
             vals_pool: Vec::new(),
             global_values: Vec::new(),
             nullary_values: Vec::new(),
+            binds: Vec::new(),
             ctx,
         }
     }
@@ -459,15 +462,19 @@ impl<'p> Machine<'p> {
                 None => return Err(RunError::new("internal: condition not ready after resume")),
             },
             Kont::Match { arms, span } => {
+                let mut binds = std::mem::take(&mut self.binds);
                 for (pat, body) in arms {
-                    let mut binds = Vec::new();
+                    binds.clear();
                     if matches(pat, &v, &mut binds) {
-                        for (slot, val) in binds {
+                        for (slot, val) in binds.drain(..) {
                             self.set_slot(slot, val);
                         }
+                        self.binds = binds;
                         return Ok(Step::Eval(body));
                     }
                 }
+                binds.clear();
+                self.binds = binds;
                 return Err(RunError::at(
                     span,
                     format!(
