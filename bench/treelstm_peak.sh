@@ -7,9 +7,10 @@
 # Per round: the sgemm peak (gemm_bench: best of several 2048×1024×1024 products) on 1 and on 2
 # threads, then every (model, threads, variant) run once. Variants: `default` (on 2 threads: two
 # mini-batches at once, one kernel thread each), `no-epilogue` (--no-epilogue) and, on 2 threads,
-# `workers 1` (--workers 1: one mini-batch at a time with both threads on its kernels). Reported: the best and the median of
-# ROUNDS for each run, the best of each peak. GFLOP/s counts the dense stages' useful work (2·rows·K·N) over the
-# whole run's wall time (`time (ms): total` of --profile: mini-batches, host side included; the
+# `workers 1` (--workers 1: one mini-batch at a time with both threads on its kernels); their order
+# rotates from round to round. Reported: the best and the median of ROUNDS for each run, the best
+# of each peak. GFLOP/s counts the dense stages' useful work (2·rows·K·N) over the whole run's wall
+# time (`time (ms): total` of --profile: mini-batches, host side included; the
 # weight loading before it excluded).
 # Usage: bench/treelstm_peak.sh [TREES] [ROUNDS]   (from the repository root; defaults 512, 3)
 set -euo pipefail
@@ -29,6 +30,10 @@ done
 declare -A best all
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 variants() { if [[ $1 == 1 ]]; then echo default no-epilogue; else echo default no-epilogue workers1; fi; }
+# The variants of round r, rotated by r: whichever runs first after the other thread count's runs
+# (or after the peak measurement) starts on a cold machine state, so no variant always takes
+# that place.
+rotated() { local -a v=($(variants "$1")); local n=${#v[@]} i; for ((i = 0; i < n; i++)); do echo -n "${v[(i + $2) % n]} "; done; }
 flags() { case $1 in no-epilogue) echo --no-epilogue ;; workers1) echo --workers 1 ;; esac; }
 keep_min() { # key value
   local cur=${best[$1]:-}
@@ -45,7 +50,7 @@ for r in $(seq "$rounds"); do
   done
   for m in treelstm_small treelstm_large; do
     for th in 1 2; do
-      for v in $(variants "$th"); do
+      for v in $(rotated "$th" "$r"); do
         prof=$($t run "models/$m.rly" --inputs "$dir/trees.jsonl" --params "$dir/$m.safetensors" \
           --batch 64 --threads "$th" $(flags "$v") --profile -o "$dir/o.jsonl" 2>&1)
         total=$(sed -n 's/^time (ms): total \([0-9.]*\) .*/\1/p' <<<"$prof")
