@@ -862,6 +862,9 @@ fn gemm_with_epilogue(
             width: o.len,
         })
         .collect();
+    // The epilogue runs inside the kernel's row blocks (on its threads) and cannot return an
+    // error: the first one is kept here and reported after the product.
+    let epilogue_failure: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
     let epilogue = |r: Range<usize>, cblk: &mut [f32], outs: &mut [&mut [f32]]| {
         let cblk: &[f32] = cblk;
         let ext = bound
@@ -881,7 +884,11 @@ fn gemm_with_epilogue(
             shared: Cow::Borrowed(&bound.shared),
             scalars: Cow::Borrowed(&bound.scalars),
         };
-        run_row_block(&prog, &block, r.len(), outs);
+        if let Err(e) = run_row_block(&prog, &block, r.len(), outs) {
+            if let Ok(mut f) = epilogue_failure.lock() {
+                f.get_or_insert(e);
+            }
+        }
     };
     let mut c = EPILOGUE_C.with(|c| std::mem::take(&mut *c.borrow_mut()));
     if c.len() < rows * n {
@@ -896,6 +903,12 @@ fn gemm_with_epilogue(
     );
     EPILOGUE_C.with(|slot| *slot.borrow_mut() = c);
     done.map_err(|e| e.to_string())?;
+    if let Some(e) = epilogue_failure
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+    {
+        return Err(e);
+    }
     drop(outputs);
     let values = assemble(&prog, &out_lead, bufs)?;
     Ok(Some((values, 2 * (rows * k * n) as u64)))
@@ -1593,7 +1606,7 @@ fn run_rows(ex: &Exec, prog: &RowProg, vals: &[BV]) -> Result<Option<Vec<(usize,
         run_rows_in_order(prog, &bound, rows)
     } else {
         ex.row_splits.set(ex.row_splits.get() + 1);
-        run_rows_split(prog, &bound, rows, threads)
+        run_rows_split(prog, &bound, rows, threads)?
     };
     assemble(prog, &lead, bufs).map(Some)
 }
@@ -1652,8 +1665,25 @@ fn run_rows_in_order(prog: &RowProg, bound: &Bound, rows: usize) -> Vec<Vec<f32>
     bufs
 }
 
-/// Runs rows `0..rows` of `bound` into `outs` (the flat outputs' slices for those rows).
-fn run_row_block(prog: &RowProg, bound: &Bound, rows: usize, outs: &mut [&mut [f32]]) {
+/// Runs rows `0..rows` of `bound` into `outs` (the flat outputs' slices for those rows). Errors,
+/// before computing anything, when an output slice is too short for `rows` rows (a bug of the
+/// caller's split, reported rather than leaving rows unwritten).
+fn run_row_block(
+    prog: &RowProg,
+    bound: &Bound,
+    rows: usize,
+    outs: &mut [&mut [f32]],
+) -> Result<(), String> {
+    for (i, (o, out)) in flat_outs(prog).zip(outs.iter()).enumerate() {
+        if out.len() < rows * o.len {
+            return Err(format!(
+                "internal: row program output {i} holds {} floats, {rows} rows of {} need {}",
+                out.len(),
+                o.len,
+                rows * o.len
+            ));
+        }
+    }
     let mut scratch = vec![0f32; prog.scratch_len];
     for r in 0..rows {
         for ins in &prog.instrs {
@@ -1661,17 +1691,21 @@ fn run_row_block(prog: &RowProg, bound: &Bound, rows: usize, outs: &mut [&mut [f
         }
         for (o, out) in flat_outs(prog).zip(outs.iter_mut()) {
             let at = r * o.len;
-            // The caller sized every output for `rows` rows; a short one is a bug of the split.
-            debug_assert!(out.len() >= at + o.len, "row program output too short");
             if let Some(dst) = out.get_mut(at..at + o.len) {
                 read(o, r, bound, &scratch, dst);
             }
         }
     }
+    Ok(())
 }
 
 /// Several threads: each runs a contiguous range of rows into its part of zero-filled outputs.
-fn run_rows_split(prog: &RowProg, bound: &Bound, rows: usize, threads: usize) -> Vec<Vec<f32>> {
+fn run_rows_split(
+    prog: &RowProg,
+    bound: &Bound,
+    rows: usize,
+    threads: usize,
+) -> Result<Vec<Vec<f32>>, String> {
     let widths: Vec<usize> = flat_outs(prog).map(|o| o.len).collect();
     let mut bufs: Vec<Vec<f32>> = widths.iter().map(|w| zeroed_f32(rows * w)).collect();
     let chunk = rows.div_ceil(threads).max(1);
@@ -1693,20 +1727,28 @@ fn run_rows_split(prog: &RowProg, bound: &Bound, rows: usize, threads: usize) ->
         parts.push((start, n, mine));
     }
     std::thread::scope(|s| {
-        for (start, n, mut mine) in parts {
-            let block = Bound {
-                ext: bound
-                    .ext
-                    .iter()
-                    .map(|e| e.get(start..start + n).unwrap_or(&[]).to_vec())
-                    .collect(),
-                shared: Cow::Borrowed(&bound.shared),
-                scalars: Cow::Borrowed(&bound.scalars),
-            };
-            s.spawn(move || run_row_block(prog, &block, n, &mut mine));
+        let handles: Vec<_> = parts
+            .into_iter()
+            .map(|(start, n, mut mine)| {
+                let block = Bound {
+                    ext: bound
+                        .ext
+                        .iter()
+                        .map(|e| e.get(start..start + n).unwrap_or(&[]).to_vec())
+                        .collect(),
+                    shared: Cow::Borrowed(&bound.shared),
+                    scalars: Cow::Borrowed(&bound.scalars),
+                };
+                s.spawn(move || run_row_block(prog, &block, n, &mut mine))
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .map_err(|_| "internal: a row-program thread panicked".to_string())??;
         }
-    });
-    bufs
+        Ok::<(), String>(())
+    })?;
+    Ok(bufs)
 }
 
 /// Why a row program did not apply (printed with `TUMBLE_DEBUG_FUSION=1`, for development).
@@ -1908,6 +1950,69 @@ fn exec(ins: &Instr, r: usize, b: &Bound, scratch: &mut [f32]) {
                 }
                 *o = y;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row program with no instructions that copies its one batched operand (width `w`) out.
+    fn copy_program(w: usize) -> RowProg {
+        let opd = Opd {
+            src: Src::Ext(0),
+            off: 0,
+            len: w,
+        };
+        RowProg {
+            held: vec![opd],
+            lead_tail: Vec::new(),
+            scratch_len: 0,
+            instrs: Vec::new(),
+            outs: vec![(0, vec![opd], false)],
+        }
+    }
+
+    #[test]
+    fn a_short_output_is_an_error_not_skipped_rows() {
+        let prog = copy_program(3);
+        let rows_data: Vec<Vec<f32>> = (0..7).map(|r| vec![r as f32; 3]).collect();
+        let bound = Bound {
+            ext: vec![rows_data.iter().map(Vec::as_slice).collect()],
+            shared: Cow::Owned(Vec::new()),
+            scalars: Cow::Owned(Vec::new()),
+        };
+        // Room for all 7 rows: every row is written.
+        let mut full = vec![-1f32; 21];
+        run_row_block(&prog, &bound, 7, &mut [full.as_mut_slice()]).unwrap();
+        assert_eq!(full[18..], [6.0, 6.0, 6.0]);
+        // Room for 6: an error naming the sizes, and nothing written.
+        let mut short = vec![-1f32; 18];
+        let err = run_row_block(&prog, &bound, 7, &mut [short.as_mut_slice()]).unwrap_err();
+        assert!(
+            err.contains("holds 18 floats") && err.contains("need 21"),
+            "{err}"
+        );
+        assert!(short.iter().all(|&x| x == -1.0));
+    }
+
+    #[test]
+    fn split_rows_match_rows_in_order_at_odd_sizes() {
+        for (rows, threads) in [(1, 2), (7, 2), (33, 3), (33, 5)] {
+            let prog = copy_program(5);
+            let rows_data: Vec<Vec<f32>> = (0..rows)
+                .map(|r| (0..5).map(|c| (r * 5 + c) as f32).collect())
+                .collect();
+            let bound = Bound {
+                ext: vec![rows_data.iter().map(Vec::as_slice).collect()],
+                shared: Cow::Owned(Vec::new()),
+                scalars: Cow::Owned(Vec::new()),
+            };
+            let split = run_rows_split(&prog, &bound, rows, threads).unwrap();
+            let in_order = run_rows_in_order(&prog, &bound, rows);
+            assert_eq!(split, in_order, "rows {rows}, threads {threads}");
+            assert_eq!(split[0].len(), rows * 5);
         }
     }
 }
