@@ -107,6 +107,10 @@ pub struct RunArgs {
     /// for the next launches of the same thread.
     #[arg(long)]
     pub no_buffer_pool: bool,
+    /// With several workers, a worker out of mini-batches keeps its threads to itself instead of
+    /// lending them to the launches of the mini-batches still running.
+    #[arg(long)]
+    pub no_lend_threads: bool,
     /// The entry function.
     #[arg(long, default_value = "main")]
     pub entry: String,
@@ -323,6 +327,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 hfuse: !args.no_hfuse,
                 gather_fusion: !args.no_gather_fusion,
                 epilogue: !args.no_epilogue,
+                lend_threads: !args.no_lend_threads,
                 phases: !args.no_phases,
                 hoist: !args.no_hoist,
                 ghosts: !args.no_ghosts,

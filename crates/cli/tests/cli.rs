@@ -315,6 +315,7 @@ fn every_optimization_switch_is_accepted_and_keeps_the_outputs() {
         "--no-row-cache",
         "--no-epilogue",
         "--no-buffer-pool",
+        "--no-lend-threads",
     ];
     let none = run_random(&model, &inputs, &switches);
     assert!(none.status.success(), "{}", text(&none.stderr));
@@ -383,6 +384,7 @@ fn workers_do_not_change_the_outputs() {
         for extra in [
             &["--threads", "2", "--workers", "2", "--profile"][..],
             &["--threads", "3", "--workers", "3"],
+            &["--threads", "3", "--workers", "3", "--no-lend-threads"],
             &["--threads", "2", "--workers", "1"],
         ] {
             let got = run(extra);

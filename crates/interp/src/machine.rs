@@ -149,11 +149,6 @@ pub struct Machine<'p> {
     slot_pool: Vec<Vec<Option<Value>>>,
     /// Emptied argument vectors, reused for the next calls' operands.
     vals_pool: Vec<Vec<Value>>,
-    /// Each global function's value once made (values are immutable, so one `Rc` serves every
-    /// use: a recursive call through `@map` names its global once per tree node).
-    global_values: Vec<Option<Value>>,
-    /// Each nullary constructor's value once made (`Nil` ends every list).
-    nullary_values: Vec<Option<Value>>,
     /// A match's bindings while its arms are tried (kept to reuse the allocation).
     binds: Vec<(u32, Value)>,
     pub ctx: InstanceCtx,
@@ -183,8 +178,6 @@ impl<'p> Machine<'p> {
             at_phase: false,
             slot_pool: Vec::new(),
             vals_pool: Vec::new(),
-            global_values: Vec::new(),
-            nullary_values: Vec::new(),
             binds: Vec::new(),
             ctx,
         }
@@ -260,15 +253,11 @@ impl<'p> Machine<'p> {
                     .clone()
                     .ok_or_else(|| RunError::new("internal: self reference outside a closure"))?,
             ),
-            Code::Global(g) => Step::Apply(cached(&mut self.global_values, *g, || {
-                Value::Closure(Rc::new(Closure::Global(*g)))
-            })),
+            Code::Global(g) => Step::Apply(Value::Closure(Rc::new(Closure::Global(*g)))),
             Code::Ctor(c) => {
                 let arity = self.program.ctors.get(*c as usize).map_or(0, |e| e.arity);
                 if arity == 0 {
-                    Step::Apply(cached(&mut self.nullary_values, *c, || {
-                        Value::adt(*c, Vec::new())
-                    }))
+                    Step::Apply(Value::adt(*c, Vec::new()))
                 } else {
                     Step::Apply(Value::Closure(Rc::new(Closure::Ctor(*c))))
                 }
@@ -632,18 +621,6 @@ impl<'p> Machine<'p> {
         if self.slot_pool.len() < 256 {
             self.slot_pool.push(slots);
         }
-    }
-}
-
-/// `cache[i]`, made by `make` on first use.
-fn cached(cache: &mut Vec<Option<Value>>, i: u32, make: impl FnOnce() -> Value) -> Value {
-    let i = i as usize;
-    if cache.len() <= i {
-        cache.resize(i + 1, None);
-    }
-    match &mut cache[i] {
-        Some(v) => v.clone(),
-        slot => slot.insert(make()).clone(),
     }
 }
 

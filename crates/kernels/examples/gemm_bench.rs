@@ -4,6 +4,7 @@
 //! cargo run --release -p tumble-kernels --example gemm_bench -- [--threads T] [--kernel avx512|avx2|portable]
 //!     [--shapes B,K,N;B,K,N...] [--no-peak] [--min-time SECONDS] [--stat median|min] [--cold N]
 //! ```
+//! (`--help` describes each option.)
 //!
 //! For B ∈ {1, 8, 64, 512, 2048} × (K×N) ∈ {256×768, 512×1536, 256×256, 768×3072} it prints the
 //! median time per call and GFLOP/s (2·B·K·N / time) of
@@ -52,102 +53,77 @@ fn median_time(
     Ok(samples.get(at).copied().unwrap_or(f64::NAN))
 }
 
-const USAGE: &str = "usage: gemm_bench [--threads T] [--kernel avx512|avx2|portable] \
-[--shapes B,K,N;B,K,N...] [--no-peak] [--min-time SECONDS] [--stat median|min] [--cold N]";
-
+/// Microbenchmark of batched `nn.dense` shapes (contiguous, and gathered + sigmoid) and the sgemm
+/// peak.
+#[derive(clap::Parser)]
 struct Opts {
-    threads: usize,
-    kind: KernelKind,
-    peak: bool,
+    /// Threads per product.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    threads: u64,
+    /// Micro-kernel family (default: the best the CPU runs).
+    #[arg(long, value_parser = kernel_kind)]
+    kernel: Option<KernelKind>,
+    /// Shapes to time, `B,K,N;B,K,N...` (default: the zoo's 20 shapes).
+    #[arg(long, value_parser = shape_list)]
+    shapes: Option<Shapes>,
+    /// Skip the 2048×1024×1024 peak measurement.
+    #[arg(long)]
+    no_peak: bool,
+    /// Seconds to repeat each shape for.
+    #[arg(long, default_value_t = 0.3)]
     min_time: f64,
-    shapes: Vec<(usize, usize, usize)>,
-    use_min: bool,
-    cold: usize,
+    /// Statistic over the repetitions (min is better for A/B tuning on a shared machine).
+    #[arg(long, value_enum, default_value_t = Stat::Median)]
+    stat: Stat,
+    /// Cycle through N copies of each weight, so that (for N·size beyond the caches) each call
+    /// streams its weight from memory as a launch in a real run does.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    cold: u64,
 }
 
-/// The command line, or a message saying which argument is wrong (`Ok(None)`: `--help`).
-fn parse_args(args: &[String]) -> Result<Option<Opts>, String> {
-    let mut o = Opts {
-        threads: 1,
-        kind: KernelKind::selected(),
-        peak: true,
-        min_time: 0.3,
-        shapes: Vec::new(),
-        use_min: false,
-        cold: 1,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = |what: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value: {what}"))
-        };
-        let number = |v: String, what: &str| {
-            v.parse::<usize>()
-                .map_err(|_| format!("{flag} {v}: expected {what}"))
-        };
-        match flag.as_str() {
-            "--help" | "-h" => return Ok(None),
-            "--threads" => o.threads = number(value("a thread count")?, "a thread count")?.max(1),
-            "--kernel" => {
-                let v = value("avx512, avx2 or portable")?;
-                o.kind = KernelKind::ALL
-                    .into_iter()
-                    .find(|k| k.name().starts_with(v.as_str()))
-                    .ok_or_else(|| format!("--kernel {v}: expected avx512, avx2 or portable"))?;
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum Stat {
+    Median,
+    Min,
+}
+
+fn kernel_kind(v: &str) -> Result<KernelKind, String> {
+    KernelKind::ALL
+        .into_iter()
+        .find(|k| k.name().starts_with(v))
+        .ok_or_else(|| "expected avx512, avx2 or portable".to_string())
+}
+
+/// A `--shapes` list (one value to clap, not one per shape).
+#[derive(Clone)]
+struct Shapes(Vec<(usize, usize, usize)>);
+
+fn shape_list(v: &str) -> Result<Shapes, String> {
+    v.split(';')
+        .map(|s| {
+            let dims: Vec<usize> = s
+                .split(',')
+                .map(|x| x.trim().parse::<usize>().ok().filter(|&d| d > 0))
+                .collect::<Option<_>>()
+                .ok_or_else(|| format!("`{s}` is not B,K,N (positive integers)"))?;
+            match dims[..] {
+                [b, k, n] => Ok((b, k, n)),
+                _ => Err(format!("`{s}` is not B,K,N (three numbers)")),
             }
-            "--min-time" => {
-                let v = value("seconds")?;
-                o.min_time = v
-                    .parse()
-                    .ok()
-                    .filter(|t: &f64| t.is_finite() && *t >= 0.0)
-                    .ok_or_else(|| format!("--min-time {v}: expected seconds (>= 0)"))?;
-            }
-            "--shapes" => {
-                for s in value("B,K,N;B,K,N...")?.split(';') {
-                    let dims: Vec<usize> = s
-                        .split(',')
-                        .map(|x| x.trim().parse::<usize>().ok().filter(|&d| d > 0))
-                        .collect::<Option<_>>()
-                        .ok_or_else(|| {
-                            format!("--shapes: `{s}` is not B,K,N (positive integers)")
-                        })?;
-                    let [b, k, n] = dims[..] else {
-                        return Err(format!("--shapes: `{s}` is not B,K,N (three numbers)"));
-                    };
-                    o.shapes.push((b, k, n));
-                }
-            }
-            "--cold" => o.cold = number(value("a copy count")?, "a copy count")?.max(1),
-            "--no-peak" => o.peak = false,
-            "--stat" => {
-                o.use_min = match value("median or min")?.as_str() {
-                    "min" => true,
-                    "median" => false,
-                    v => return Err(format!("--stat {v}: expected median or min")),
-                }
-            }
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    Ok(Some(o))
+        })
+        .collect::<Result<_, _>>()
+        .map(Shapes)
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let o = match parse_args(&args) {
-        Ok(Some(o)) => o,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("gemm_bench: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let o = <Opts as clap::Parser>::parse();
+    if !(o.min_time.is_finite() && o.min_time >= 0.0) {
+        eprintln!(
+            "gemm_bench: --min-time {}: expected seconds (>= 0)",
+            o.min_time
+        );
+        return ExitCode::from(2);
+    }
     match run(o) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -158,15 +134,11 @@ fn main() -> ExitCode {
 }
 
 fn run(o: Opts) -> Result<(), KernelError> {
-    let Opts {
-        threads,
-        kind,
-        peak,
-        min_time,
-        mut shapes,
-        use_min,
-        cold,
-    } = o;
+    let threads = o.threads as usize;
+    let kind = o.kernel.unwrap_or_else(KernelKind::selected);
+    let (peak, min_time, use_min, cold) =
+        (!o.no_peak, o.min_time, o.stat == Stat::Min, o.cold as usize);
+    let mut shapes = o.shapes.map(|s| s.0).unwrap_or_default();
     if shapes.is_empty() {
         for (k, n) in [(256, 768), (512, 1536), (256, 256), (768, 3072)] {
             for b in [1, 8, 64, 512, 2048] {

@@ -758,6 +758,8 @@ fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, Strin
             Tensor::from_f32(shape, part).map_err(|e| e.to_string())?,
         )));
     }
+    // The stacked product was split into the parts: its buffer serves a later launch.
+    tumble_tensor::pool::recycle(c);
     Ok(Some((outs, 2 * (rows * k * n) as u64)))
 }
 

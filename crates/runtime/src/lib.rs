@@ -81,6 +81,9 @@ pub struct Options {
     /// of output rows while it is in cache, writing the block's outputs in place; the product
     /// itself lives in reused scratch. Needs `fusion`.
     pub epilogue: bool,
+    /// With several workers, one that runs out of mini-batches lends its kernel threads to the
+    /// launches of those still running (see [`workers`]).
+    pub lend_threads: bool,
 }
 
 impl Default for Options {
@@ -97,6 +100,7 @@ impl Default for Options {
             hfuse: true,
             gather_fusion: true,
             epilogue: true,
+            lend_threads: true,
             threads: 1,
         }
     }

@@ -104,7 +104,7 @@ where
             args.push(load(i).map_err(|e| JobError::Instance(i, e))?);
         }
         let rngs = (first..end).map(&rng).collect();
-        let lent = (workers > 1).then_some(&lent);
+        let lent = (workers > 1 && opts.lend_threads).then_some(&lent);
         let (values, profile) =
             run_batch_lent(job.program, job.reuse, job.entry, args, rngs, opts, lent).map_err(
                 |InstanceError { instance, error }| JobError::Run {

@@ -322,6 +322,7 @@ fn check_case(case: &Case) {
                     hoist: fusion,
                     ghosts: fusion,
                     dup: fusion,
+                    lend_threads: fusion,
                     threads: if batch == 7 { 2 } else { 1 },
                 };
                 let label = format!(
@@ -462,6 +463,7 @@ fn every_combination_of_switches() {
                 hoist,
                 ghosts,
                 dup,
+                lend_threads: true,
                 threads: 1,
             };
             check_batched(&x, &program, &reuse, 7, opts, &label);

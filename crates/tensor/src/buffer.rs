@@ -23,9 +23,7 @@ pub enum Buffer {
 impl Drop for Buffer {
     fn drop(&mut self) {
         if let Buffer::F32(v) = self {
-            if v.capacity() >= crate::pool::MIN_POOLED {
-                crate::pool::recycle(std::mem::take(v));
-            }
+            crate::pool::recycle(std::mem::take(v));
         }
     }
 }

@@ -1,9 +1,10 @@
 //! Per-thread recycling of large `f32` buffers (the batching runtime's activations).
 //!
 //! A launch's outputs are large (a TreeLSTM level: rows × 512 floats, up to megabytes) and live
-//! until the next level has read them. Freed to the allocator, such buffers go back to the
+//! until the next level has read them. Freed to the allocator, such buffers may go back to the
 //! operating system and the next launch's come from fresh pages, which the kernel zeroes on
-//! first touch (`clear_page_erms`, 4–5% of a TreeLSTM-large run). Here a dropped [`Buffer`]
+//! first touch (TreeLSTM-large, 512 trees, 2 threads: row programs 12–113 ms without the pool
+//! against 10–16 ms with it; `bench/RESULTS.md`, 2026-11-23). Here a dropped [`Buffer`]
 //! (`crate::Buffer`) of at least [`MIN_POOLED`] floats is kept by the thread that drops it, up to
 //! [`MAX_POOLED_BYTES`], and [`zeroed_f32`] hands it out again (zero-filled: a memset of memory
 //! that is already mapped and often in cache), or [`with_capacity_f32`] empty, for outputs built by
@@ -55,15 +56,9 @@ pub fn hits() -> u64 {
 /// `len` zeros, in a recycled buffer when this thread has one of a fitting capacity (at least
 /// `len`, at most twice that, the smallest such), else in a new allocation.
 pub fn zeroed_f32(len: usize) -> Vec<f32> {
-    let mut v = if len >= MIN_POOLED && enabled() {
-        take(len).unwrap_or_default()
-    } else {
-        Vec::new()
-    };
     // Not `vec![0.0; len]` for a new buffer either: that asks the allocator for zeroed memory,
     // which it serves from fresh pages.
-    v.clear();
-    v.reserve_exact(len);
+    let mut v = with_capacity_f32(len);
     v.resize(len, 0.0);
     v
 }
