@@ -2,7 +2,6 @@
 //! computing them; [`Dfg::flush`] evaluates all pending nodes in batched launches.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use tumble_compile::{Block, OutputShape, Program};
@@ -16,6 +15,7 @@ use crate::batched::{run_block, RowRefs, BV};
 use crate::intern::Interner;
 use crate::profile::Profile;
 use crate::reuse::Reuse;
+use crate::workers::Lending;
 use crate::{Options, Scheduler};
 
 /// A block argument as recorded.
@@ -73,8 +73,9 @@ pub struct Dfg<'p> {
     scalar_blocks: Vec<bool>,
     /// Kernel plan per block (empty when fusion is off).
     plans: Vec<crate::fused::BlockPlan>,
-    /// Threads lent by workers that have finished (added to `opts.threads` at each launch).
-    lent: Option<&'p AtomicUsize>,
+    /// Threads lent by workers that have finished (a share is added to `opts.threads` at each
+    /// launch).
+    lent: Option<&'p Lending>,
     pub profile: Profile,
 }
 
@@ -178,9 +179,9 @@ impl<'p> Dfg<'p> {
         }
     }
 
-    /// Launches from now on also use the threads counted in `lent`, which other workers add to
+    /// Launches from now on also use a share of the threads in `lent`, which other workers add to
     /// when they run out of mini-batches.
-    pub fn lend_threads(&mut self, lent: Option<&'p AtomicUsize>) {
+    pub(crate) fn lend_threads(&mut self, lent: Option<&'p Lending>) {
         self.lent = lent;
     }
 
@@ -412,7 +413,7 @@ impl<'p> Dfg<'p> {
                 &mut octx,
                 &mut self.profile.ops,
                 &mut self.profile.fused,
-                self.opts.threads + self.lent.map_or(0, |l| l.load(Ordering::Relaxed)),
+                self.opts.threads + self.lent.map_or(0, Lending::share),
             ),
             None => run_block(block, &inputs, b, &mut octx, &mut self.profile.ops),
         }

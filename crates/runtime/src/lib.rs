@@ -18,7 +18,6 @@ pub mod reuse;
 mod simd;
 pub mod workers;
 
-use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
 use tumble_compile::Program;
@@ -136,7 +135,7 @@ pub(crate) fn run_batch_lent(
     args: Vec<Vec<Value>>,
     rngs: Vec<Rng>,
     opts: Options,
-    lent: Option<&AtomicUsize>,
+    lent: Option<&workers::Lending>,
 ) -> Result<(Vec<Value>, Profile), InstanceError> {
     let t_start = Instant::now();
     let index = *program

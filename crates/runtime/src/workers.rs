@@ -71,6 +71,37 @@ impl<E> JobError<E> {
 
 type Chunk<T> = (usize, Vec<T>, Profile);
 
+/// Threads that workers out of mini-batches lend to the launches of the workers still running.
+/// Each running worker may add an equal share of them, so the job never uses more threads than
+/// its budget.
+pub(crate) struct Lending {
+    lent: AtomicUsize,
+    running: AtomicUsize,
+}
+
+impl Lending {
+    fn new(workers: usize) -> Lending {
+        Lending {
+            lent: AtomicUsize::new(0),
+            running: AtomicUsize::new(workers),
+        }
+    }
+
+    /// A worker stops taking mini-batches: its `threads` go to the others.
+    fn retire(&self, threads: usize) {
+        // Lent first, then one fewer running: a share read in between is the smaller one.
+        self.lent.fetch_add(threads, Ordering::Relaxed);
+        let _ = self
+            .running
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1));
+    }
+
+    /// Threads one running worker's launch may add to its own now.
+    pub(crate) fn share(&self) -> usize {
+        self.lent.load(Ordering::Relaxed) / self.running.load(Ordering::Relaxed).max(1)
+    }
+}
+
 /// Runs the job: instance `i` gets the arguments `load(i)` and the random stream `rng(i)`, and its
 /// result goes through `finish(i, value)`. Returns the finished results in instance order and the
 /// profile of every mini-batch merged (`workers`, `threads` and the wall time set).
@@ -95,7 +126,7 @@ where
     opts.threads = (job.opts.threads / workers).max(1);
     // A worker that runs out of mini-batches lends its threads to the launches of those still
     // running, so the job's last mini-batch does not leave cores idle.
-    let lent = AtomicUsize::new(0);
+    let lending = Lending::new(workers);
     let one = |c: usize| -> Result<Chunk<T>, JobError<E>> {
         let first = c * batch;
         let end = (first + batch).min(job.instances);
@@ -104,7 +135,7 @@ where
             args.push(load(i).map_err(|e| JobError::Instance(i, e))?);
         }
         let rngs = (first..end).map(&rng).collect();
-        let lent = (workers > 1 && opts.lend_threads).then_some(&lent);
+        let lent = (workers > 1 && opts.lend_threads).then_some(&lending);
         let (values, profile) =
             run_batch_lent(job.program, job.reuse, job.entry, args, rngs, opts, lent).map_err(
                 |InstanceError { instance, error }| JobError::Run {
@@ -141,7 +172,7 @@ where
             }
             let c = next.fetch_add(1, Ordering::Relaxed);
             if c >= chunks {
-                lent.fetch_add(opts.threads, Ordering::Relaxed);
+                lending.retire(opts.threads);
                 break;
             }
             let r = one(c);
@@ -192,4 +223,29 @@ where
     profile.kernel_threads = opts.threads as u64;
     profile.time_wall = t0.elapsed();
     Ok((results, profile))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lending;
+
+    #[test]
+    fn lent_threads_are_shared_within_the_budget() {
+        // Two workers of one thread each: the one left running gets the other's thread.
+        let two = Lending::new(2);
+        assert_eq!(two.share(), 0);
+        two.retire(1);
+        assert_eq!(two.share(), 1);
+        // Three workers of one thread: one thread lent to two running workers is not handed to
+        // both (that would be four threads on a budget of three); two lent to the last one are.
+        let three = Lending::new(3);
+        three.retire(1);
+        assert_eq!(three.share(), 0);
+        three.retire(1);
+        assert_eq!(three.share(), 2);
+        // Two workers of two threads, one retired: its two threads go to the other.
+        let wide = Lending::new(2);
+        wide.retire(2);
+        assert_eq!(wide.share(), 2);
+    }
 }
