@@ -536,6 +536,34 @@ impl Lowerer<'_> {
         primitive: bool,
         span: Span,
     ) -> Code {
+        let invoke = self.register_block(b, r, name, primitive, span);
+        // A flat result is the block's own value; nested tuples are rebuilt from its flat outputs.
+        let flat = match r {
+            BRef::One(_) => true,
+            BRef::Tuple(rs) => rs.iter().all(|x| matches!(x, BRef::One(_))),
+        };
+        if flat {
+            return invoke;
+        }
+        let tmp = self.new_slot("$block");
+        let mut k = 0;
+        let body = rebuild(r, tmp, &mut k, span);
+        Code::Let {
+            binds: vec![(tmp, invoke)],
+            body: Box::new(body),
+        }
+    }
+
+    /// Registers the block computing `r` and returns code that invokes it. The invocation's value
+    /// is `r` flattened: one tensor for `BRef::One`, else the flat tuple of every tensor in `r`.
+    fn register_block(
+        &mut self,
+        b: BlockBuilder,
+        r: &BRef,
+        name: &str,
+        primitive: bool,
+        span: Span,
+    ) -> Code {
         let mut outputs = Vec::new();
         r.flatten(&mut outputs);
         let output_shape = match r {
@@ -559,26 +587,11 @@ impl Lowerer<'_> {
             span,
             hoisted: false,
         });
-        let invoke = Code::InvokeBlock {
+        Code::InvokeBlock {
             block: id,
             site,
             args: b.input_codes,
             span,
-        };
-        // A flat result is the block's own value; nested tuples are rebuilt from its flat outputs.
-        let flat = match r {
-            BRef::One(_) => true,
-            BRef::Tuple(rs) => rs.iter().all(|x| matches!(x, BRef::One(_))),
-        };
-        if flat {
-            return invoke;
-        }
-        let tmp = self.new_slot("$block");
-        let mut k = 0;
-        let body = rebuild(r, tmp, &mut k);
-        Code::Let {
-            binds: vec![(tmp, invoke)],
-            body: Box::new(body),
         }
     }
 
@@ -813,18 +826,14 @@ impl Lowerer<'_> {
             b.env.clear();
             let result = BRef::Tuple(outs.iter().map(|(_, r)| r.clone()).collect());
             let name = format!("{}:{}", self.fn_name(), bindings[start].var.name.name);
-            let invoke = self.finish_block(
-                b,
-                &result,
-                &name,
-                false,
-                bindings[start].span.to(bindings[k - 1].span),
-            );
+            let span = bindings[start].span.to(bindings[k - 1].span);
+            // The flat invocation: each output below is rebuilt from its flat field indices.
+            let invoke = self.register_block(b, &result, &name, false, span);
             let tmp = self.new_slot("$run");
             binds.push((tmp, invoke));
             let mut field = 0;
             for (name, r) in &outs {
-                let value = rebuild(r, tmp, &mut field);
+                let value = rebuild(r, tmp, &mut field, span);
                 let slot = self.new_slot(name);
                 binds.push((slot, value));
             }
@@ -1031,14 +1040,14 @@ impl Lowerer<'_> {
 }
 
 /// Code that rebuilds a nested result from the flat outputs of a block held in slot `tmp`.
-fn rebuild(r: &BRef, tmp: u32, k: &mut u32) -> Code {
+fn rebuild(r: &BRef, tmp: u32, k: &mut u32, span: Span) -> Code {
     match r {
         BRef::One(_) => {
-            let c = Code::Proj(Box::new(Code::Slot(tmp)), *k, Span::default());
+            let c = Code::Proj(Box::new(Code::Slot(tmp)), *k, span);
             *k += 1;
             c
         }
-        BRef::Tuple(rs) => Code::Tuple(rs.iter().map(|x| rebuild(x, tmp, k)).collect()),
+        BRef::Tuple(rs) => Code::Tuple(rs.iter().map(|x| rebuild(x, tmp, k, span)).collect()),
     }
 }
 

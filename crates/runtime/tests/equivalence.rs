@@ -2,15 +2,11 @@
 //! down so debug builds stay fast), mini-batch sizes 1, 7 and 64, every scheduler, with and without
 //! grain coarsening.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+mod common;
 
-use tumble_check::{load, LoadOptions, TypedModule};
-use tumble_compile::{LowerOptions, Program};
-use tumble_interp::Value;
-use tumble_io::{bind_params, main_signature, read_instances, TypeEnv};
-use tumble_ir::SourceMap;
+use common::{check_all_ways, check_batched, compile, expected, load_text, rng, root, Expected};
 use tumble_runtime::{run_batch, Options, Scheduler};
+use tumble_tensor::Rng;
 
 /// The zoo's per-instance `@main` arguments; every other argument is a model parameter.
 const INSTANCE_ARGS: &[&str] = &[
@@ -22,11 +18,6 @@ const INSTANCE_ARGS: &[&str] = &[
     "max_width",
     "threshold",
 ];
-use tumble_tensor::Rng;
-
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
 
 /// Replaces whole numbers (not digits inside names like `float32`) by their mapped values.
 fn scale(text: &str, map: &[(&str, &str)]) -> String {
@@ -140,200 +131,16 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-struct Loaded {
-    typed: TypedModule,
-    sources: SourceMap,
-}
-
-fn load_model(case: &Case) -> Loaded {
+/// A zoo model scaled down, its instances and the reference interpreter's outputs for them.
+fn zoo(case: &Case) -> Expected {
     let path = root().join("models").join(format!("{}.rly", case.model));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let scaled = scale(&text, case.map);
-    let mut sources = SourceMap::new();
-    match load(&mut sources, case.model, &scaled, LoadOptions::default()) {
-        Ok(typed) => Loaded { typed, sources },
-        Err(ds) => panic!("{}", tumble_ir::diag::render(&ds, &sources, false)),
-    }
-}
-
-fn instances(l: &Loaded, program: &Program, inputs: &str) -> (Vec<Vec<Value>>, String) {
-    let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
-    let raw = read_instances(inputs.as_bytes(), "inputs").unwrap_or_else(|e| panic!("{e}"));
-    let file = BTreeMap::new();
-    let provided = raw.provided_args(&params, &file);
-    let bound = bind_params(&params, &provided, &file, Some(0)).unwrap_or_else(|e| panic!("{e}"));
-    let env = TypeEnv::new(&l.typed, program);
-    let decoded = raw
-        .decode(&env, &bound.instance_args())
-        .unwrap_or_else(|e| panic!("{e}"));
-    let all = decoded
-        .into_iter()
-        .map(|v| bound.assemble(v).unwrap_or_else(|e| panic!("{e}")))
-        .collect();
-    (all, String::new())
-}
-
-fn rng(i: usize) -> Rng {
-    Rng::new(1000 + i as u64)
-}
-
-/// Structural equality with float tolerance.
-fn same(a: &Value, b: &Value, path: &str) -> Result<(), String> {
-    match (a, b) {
-        (Value::Tensor(x), Value::Tensor(y)) => {
-            if x.shape() != y.shape() || x.dtype() != y.dtype() {
-                return Err(format!("{path}: {x} vs {y}"));
-            }
-            if x.allclose(y, 1e-5, 1e-6) {
-                Ok(())
-            } else {
-                Err(format!("{path}: values differ: {x} vs {y}"))
-            }
-        }
-        (Value::Tuple(x), Value::Tuple(y)) if x.0.len() == y.0.len() => {
-            for (i, (p, q)) in x.0.iter().zip(&y.0).enumerate() {
-                same(p, q, &format!("{path}.{i}"))?;
-            }
-            Ok(())
-        }
-        (Value::Adt(x), Value::Adt(y)) if x.ctor == y.ctor && x.fields.len() == y.fields.len() => {
-            for (i, (p, q)) in x.fields.iter().zip(&y.fields).enumerate() {
-                same(p, q, &format!("{path}[{i}]"))?;
-            }
-            Ok(())
-        }
-        _ => Err(format!("{path}: different structure: {a:?} vs {b:?}")),
-    }
-}
-
-/// A zoo case loaded, with its instances and the reference interpreter's outputs for them.
-struct Expected {
-    l: Loaded,
-    args: Vec<Vec<Value>>,
-    outputs: Vec<Value>,
-    /// Per `@main` parameter: a model weight (not per-instance).
-    weights: Vec<bool>,
-}
-
-fn expected(case: &Case) -> Expected {
-    let l = load_model(case);
-    let reference = Program::lower_with(&l.typed, LowerOptions::reference())
-        .unwrap_or_else(|e| panic!("{}", e.message));
-    let (args, _) = instances(&l, &reference, &case.inputs);
-    assert!(!args.is_empty(), "{}: no instances", case.model);
-    let outputs: Vec<Value> = args
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            let mut r = rng(i);
-            tumble_interp::run(&reference, "main", a.clone(), &mut r)
-                .unwrap_or_else(|e| panic!("{} reference: {}", case.model, e.message))
-        })
-        .collect();
-    let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
-    let weights = params
-        .iter()
-        .map(|(n, _)| !INSTANCE_ARGS.contains(&n.as_str()))
-        .collect();
-    Expected {
-        l,
-        args,
-        outputs,
-        weights,
-    }
-}
-
-/// The batched program with the given coarsening and static optimizations, and its reuse analysis.
-fn compile(
-    x: &Expected,
-    coarsen: bool,
-    statics: tumble_compile::StaticOptions,
-) -> (Program, tumble_compile::ReuseAnalysis) {
-    let mut program = Program::lower_with(
-        &x.l.typed,
-        LowerOptions {
-            blocks: true,
-            coarsen,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{}", e.message));
-    tumble_compile::optimize(&mut program, "main", &x.weights, statics);
-    let reuse = tumble_compile::analyze_reuse(&program, "main", &x.weights);
-    (program, reuse)
-}
-
-/// Runs every instance in mini-batches of `batch` and checks each output against the reference.
-fn check_batched(
-    x: &Expected,
-    program: &Program,
-    reuse: &tumble_compile::ReuseAnalysis,
-    batch: usize,
-    opts: Options,
-    label: &str,
-) {
-    let mut got = Vec::new();
-    for (c, chunk) in x.args.chunks(batch).enumerate() {
-        let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
-        let (vals, _) = run_batch(program, reuse, "main", chunk.to_vec(), rngs, opts)
-            .unwrap_or_else(|e| panic!("{label}: {}", e.error.message));
-        got.extend(vals);
-    }
-    assert_eq!(got.len(), x.outputs.len());
-    for (i, (g, e)) in got.iter().zip(&x.outputs).enumerate() {
-        if let Err(m) = same(g, e, "") {
-            panic!("{label}, instance {i}: {m}");
-        }
-    }
+    let l = load_text(case.model, &scale(&text, case.map));
+    expected(case.model, l, &case.inputs, INSTANCE_ARGS)
 }
 
 fn check_case(case: &Case) {
-    let x = expected(case);
-    // (grain coarsening, kernel plans, the plan-level optimizations — row-program cache,
-    // horizontal fusion): the default, those off, plans off, and operator-level blocks.
-    for (coarsen, fusion, planopt) in [
-        (true, true, true),
-        (true, true, false),
-        (true, false, false),
-        (false, true, true),
-    ] {
-        // The static optimizations go with the kernel plans: all on, or all off.
-        let statics = if fusion {
-            tumble_compile::StaticOptions::all()
-        } else {
-            tumble_compile::StaticOptions::none()
-        };
-        let (program, reuse) = compile(&x, coarsen, statics);
-        for scheduler in [
-            Scheduler::Inline,
-            Scheduler::Depth,
-            Scheduler::Agenda,
-            Scheduler::Eager,
-        ] {
-            for batch in [1usize, 7, 64] {
-                let opts = Options {
-                    scheduler,
-                    host_scalars: true,
-                    fusion,
-                    row_cache: planopt,
-                    hfuse: planopt,
-                    gather_fusion: planopt,
-                    epilogue: planopt,
-                    phases: fusion,
-                    hoist: fusion,
-                    ghosts: fusion,
-                    dup: fusion,
-                    lend_threads: fusion,
-                    threads: if batch == 7 { 2 } else { 1 },
-                };
-                let label = format!(
-                    "{} {scheduler:?} batch {batch} coarsen {coarsen} fusion {fusion} planopt {planopt}",
-                    case.model
-                );
-                check_batched(&x, &program, &reuse, batch, opts, &label);
-            }
-        }
-    }
-    let _ = &x.l.sources;
+    check_all_ways(&zoo(case));
 }
 
 #[test]
@@ -429,7 +236,7 @@ fn every_combination_of_switches() {
     const N_SWITCHES: u32 = 10;
     for case_index in [0usize, 2, 4, 5] {
         let case = &cases()[case_index];
-        let x = expected(case);
+        let x = zoo(case);
         for mask in 0..(1u32 << N_SWITCHES) {
             let on = |bit: u32| mask & (1 << bit) != 0;
             let (coarsen, fusion, phases, hoist, ghosts, dup) =
@@ -476,7 +283,7 @@ fn every_combination_of_switches() {
 /// falls back to the reference kernels.
 #[test]
 fn launches_of_one_invocation_use_the_kernel_plans() {
-    let x = expected(&cases()[0]);
+    let x = zoo(&cases()[0]);
     let (program, reuse) = compile(&x, true, tumble_compile::StaticOptions::all());
     let opts = Options {
         scheduler: Scheduler::Eager,

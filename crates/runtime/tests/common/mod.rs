@@ -1,0 +1,218 @@
+//! Differential testing against the reference interpreter, shared by the runtime's test files:
+//! load a program from text, decode instances, run the reference engine and the batching runtime
+//! under every scheduler, batch size and optimization switch, and compare outputs.
+#![allow(dead_code)] // each test file uses a part
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use tumble_check::{load, LoadOptions, TypedModule};
+use tumble_compile::{LowerOptions, Program};
+use tumble_interp::Value;
+use tumble_io::{bind_params, main_signature, read_instances, TypeEnv};
+use tumble_ir::SourceMap;
+use tumble_runtime::{run_batch, Options, Scheduler};
+use tumble_tensor::Rng;
+
+pub fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+pub struct Loaded {
+    pub typed: TypedModule,
+    pub sources: SourceMap,
+}
+
+/// Parses and checks `text`; a program that does not check panics with the rendered diagnostics.
+pub fn load_text(name: &str, text: &str) -> Loaded {
+    let mut sources = SourceMap::new();
+    match load(&mut sources, name, text, LoadOptions::default()) {
+        Ok(typed) => Loaded { typed, sources },
+        Err(ds) => panic!("{}", tumble_ir::diag::render(&ds, &sources, false)),
+    }
+}
+
+/// Decodes `inputs` (JSON Lines) against `@main`; parameters the instances do not provide are
+/// drawn at random (seed 0).
+pub fn instances(l: &Loaded, program: &Program, inputs: &str) -> Vec<Vec<Value>> {
+    let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
+    let raw = read_instances(inputs.as_bytes(), "inputs").unwrap_or_else(|e| panic!("{e}"));
+    let file = BTreeMap::new();
+    let provided = raw.provided_args(&params, &file);
+    let bound = bind_params(&params, &provided, &file, Some(0)).unwrap_or_else(|e| panic!("{e}"));
+    let env = TypeEnv::new(&l.typed, program);
+    let decoded = raw
+        .decode(&env, &bound.instance_args())
+        .unwrap_or_else(|e| panic!("{e}"));
+    decoded
+        .into_iter()
+        .map(|v| bound.assemble(v).unwrap_or_else(|e| panic!("{e}")))
+        .collect()
+}
+
+/// Instance `i`'s random stream: the same in every engine and at every batch size.
+pub fn rng(i: usize) -> Rng {
+    Rng::new(1000 + i as u64)
+}
+
+/// Structural equality with float tolerance.
+pub fn same(a: &Value, b: &Value, path: &str) -> Result<(), String> {
+    match (a, b) {
+        (Value::Tensor(x), Value::Tensor(y)) => {
+            if x.shape() != y.shape() || x.dtype() != y.dtype() {
+                return Err(format!("{path}: {x} vs {y}"));
+            }
+            if x.allclose(y, 1e-5, 1e-6) {
+                Ok(())
+            } else {
+                Err(format!("{path}: values differ: {x} vs {y}"))
+            }
+        }
+        (Value::Tuple(x), Value::Tuple(y)) if x.0.len() == y.0.len() => {
+            for (i, (p, q)) in x.0.iter().zip(&y.0).enumerate() {
+                same(p, q, &format!("{path}.{i}"))?;
+            }
+            Ok(())
+        }
+        (Value::Adt(x), Value::Adt(y)) if x.ctor == y.ctor && x.fields.len() == y.fields.len() => {
+            for (i, (p, q)) in x.fields.iter().zip(&y.fields).enumerate() {
+                same(p, q, &format!("{path}[{i}]"))?;
+            }
+            Ok(())
+        }
+        _ => Err(format!("{path}: different structure: {a:?} vs {b:?}")),
+    }
+}
+
+/// A program loaded, with its instances and the reference interpreter's outputs for them.
+pub struct Expected {
+    pub name: String,
+    pub l: Loaded,
+    pub args: Vec<Vec<Value>>,
+    pub outputs: Vec<Value>,
+    /// Per `@main` parameter: a model weight (not per-instance).
+    pub weights: Vec<bool>,
+}
+
+/// Runs the reference engine on `inputs`; `@main` arguments named in `instance_args` are
+/// per-instance, every other one is a weight.
+pub fn expected(name: &str, l: Loaded, inputs: &str, instance_args: &[&str]) -> Expected {
+    let reference = Program::lower_with(&l.typed, LowerOptions::reference())
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    let args = instances(&l, &reference, inputs);
+    assert!(!args.is_empty(), "{name}: no instances");
+    let outputs: Vec<Value> = args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let mut r = rng(i);
+            tumble_interp::run(&reference, "main", a.clone(), &mut r)
+                .unwrap_or_else(|e| panic!("{name} reference: {}", e.message))
+        })
+        .collect();
+    let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
+    let weights = params
+        .iter()
+        .map(|(n, _)| !instance_args.contains(&n.as_str()))
+        .collect();
+    Expected {
+        name: name.to_string(),
+        l,
+        args,
+        outputs,
+        weights,
+    }
+}
+
+/// The batched program with the given coarsening and static optimizations, and its reuse analysis.
+pub fn compile(
+    x: &Expected,
+    coarsen: bool,
+    statics: tumble_compile::StaticOptions,
+) -> (Program, tumble_compile::ReuseAnalysis) {
+    let mut program = Program::lower_with(
+        &x.l.typed,
+        LowerOptions {
+            blocks: true,
+            coarsen,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}", e.message));
+    tumble_compile::optimize(&mut program, "main", &x.weights, statics);
+    let reuse = tumble_compile::analyze_reuse(&program, "main", &x.weights);
+    (program, reuse)
+}
+
+/// Runs every instance in mini-batches of `batch` and checks each output against the reference.
+pub fn check_batched(
+    x: &Expected,
+    program: &Program,
+    reuse: &tumble_compile::ReuseAnalysis,
+    batch: usize,
+    opts: Options,
+    label: &str,
+) {
+    let mut got = Vec::new();
+    for (c, chunk) in x.args.chunks(batch).enumerate() {
+        let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
+        let (vals, _) = run_batch(program, reuse, "main", chunk.to_vec(), rngs, opts)
+            .unwrap_or_else(|e| panic!("{label}: {}", e.error.message));
+        got.extend(vals);
+    }
+    assert_eq!(got.len(), x.outputs.len());
+    for (i, (g, e)) in got.iter().zip(&x.outputs).enumerate() {
+        if let Err(m) = same(g, e, "") {
+            panic!("{label}, instance {i}: {m}");
+        }
+    }
+}
+
+/// The batched engine agrees with the reference under every scheduler, at mini-batch sizes
+/// 1, 7 and 64, with grain coarsening, kernel plans and the plan-level optimizations on and off.
+pub fn check_all_ways(x: &Expected) {
+    // (grain coarsening, kernel plans, the plan-level optimizations — row-program cache,
+    // horizontal fusion): the default, those off, plans off, and operator-level blocks.
+    for (coarsen, fusion, planopt) in [
+        (true, true, true),
+        (true, true, false),
+        (true, false, false),
+        (false, true, true),
+    ] {
+        // The static optimizations go with the kernel plans: all on, or all off.
+        let statics = if fusion {
+            tumble_compile::StaticOptions::all()
+        } else {
+            tumble_compile::StaticOptions::none()
+        };
+        let (program, reuse) = compile(x, coarsen, statics);
+        for scheduler in [
+            Scheduler::Inline,
+            Scheduler::Depth,
+            Scheduler::Agenda,
+            Scheduler::Eager,
+        ] {
+            for batch in [1usize, 7, 64] {
+                let opts = Options {
+                    scheduler,
+                    host_scalars: true,
+                    fusion,
+                    row_cache: planopt,
+                    hfuse: planopt,
+                    gather_fusion: planopt,
+                    epilogue: planopt,
+                    phases: fusion,
+                    hoist: fusion,
+                    ghosts: fusion,
+                    dup: fusion,
+                    lend_threads: fusion,
+                    threads: if batch == 7 { 2 } else { 1 },
+                };
+                let label = format!(
+                    "{} {scheduler:?} batch {batch} coarsen {coarsen} fusion {fusion} planopt {planopt}",
+                    x.name
+                );
+                check_batched(x, &program, &reuse, batch, opts, &label);
+            }
+        }
+    }
+}
