@@ -60,6 +60,14 @@ pub struct RunArgs {
     /// No grain coarsening: one block per operator call (an operator-level graph, like DyNet).
     #[arg(long)]
     pub no_coarsen: bool,
+    /// No constant folding: input-less blocks (`zeros(..)`, arithmetic on literals) run per
+    /// invocation instead of becoming literals at compile time.
+    #[arg(long)]
+    pub no_const_fold: bool,
+    /// No sum fusion: every `add` of two tensors in its own block (a child sum) is launched,
+    /// instead of its rows being summed where a launch reads them.
+    #[arg(long)]
+    pub no_sum_fusion: bool,
     /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
     #[arg(long)]
     pub no_phases: bool,
@@ -228,6 +236,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         Engine::Batched => LowerOptions {
             blocks: true,
             coarsen: !args.no_coarsen,
+            fold: !args.no_const_fold,
         },
         Engine::Reference => LowerOptions::reference(),
     };
@@ -328,6 +337,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 gather_fusion: !args.no_gather_fusion,
                 epilogue: !args.no_epilogue,
                 lend_threads: !args.no_lend_threads,
+                sum_fusion: !args.no_sum_fusion,
                 phases: !args.no_phases,
                 hoist: !args.no_hoist,
                 ghosts: !args.no_ghosts,
