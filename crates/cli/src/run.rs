@@ -54,6 +54,11 @@ pub struct RunArgs {
     /// Print what the batched engine did (nodes, launches, batch sizes, time split) to stderr.
     #[arg(long)]
     pub profile: bool,
+    /// Run the whole job N times in this process (batched engine) and keep the last run's outputs
+    /// and profile: the warm figure of a long-lived process (caches, packed weights and allocator
+    /// memory in place). Every run's outputs must be identical; `--profile` lists each run's time.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub repeat: u32,
     /// Do not run small scalar work on the host immediately (record it in the graph instead).
     #[arg(long)]
     pub no_host_scalars: bool,
@@ -355,16 +360,44 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 workers: args.workers.unwrap_or(threads),
                 worker_stack: crate::WORK_STACK_BYTES,
             };
-            let (out, profile) =
-                tumble_runtime::run_batches(&job, load, |i| instance_rng(args.seed, i), finish)
-                    .map_err(|e| match e {
-                        tumble_runtime::JobError::Instance(_, f) => f,
-                        tumble_runtime::JobError::Run { instance, error } => {
-                            run_error(instance, error)
-                        }
-                    })?;
+            let mut walls = Vec::with_capacity(args.repeat as usize);
+            let mut last: Option<(Vec<(String, Option<String>)>, tumble_runtime::Profile)> = None;
+            for _ in 0..args.repeat {
+                let (out, profile) =
+                    tumble_runtime::run_batches(&job, load, |i| instance_rng(args.seed, i), finish)
+                        .map_err(|e| match e {
+                            tumble_runtime::JobError::Instance(_, f) => f,
+                            tumble_runtime::JobError::Run { instance, error } => {
+                                run_error(instance, error)
+                            }
+                        })?;
+                walls.push(profile.wall().as_secs_f64() * 1e3);
+                if let Some((prev, _)) = &last {
+                    if prev != &out {
+                        return Err(Failure::Message(format!(
+                            "--repeat: run {} gave other outputs than run {} (nondeterminism; please report it)",
+                            walls.len(),
+                            walls.len() - 1
+                        )));
+                    }
+                }
+                last = Some((out, profile));
+            }
+            let Some((out, profile)) = last else {
+                return Err(Failure::Message("--repeat: no run".into()));
+            };
             if args.profile {
                 eprint!("{profile}");
+                if walls.len() > 1 {
+                    let list: Vec<String> = walls.iter().map(|w| format!("{w:.3}")).collect();
+                    let mut warm = walls[1..].to_vec();
+                    warm.sort_by(f64::total_cmp);
+                    eprintln!(
+                        "repeats (ms per run): {}; warm median {:.3}",
+                        list.join(" "),
+                        warm[warm.len() / 2]
+                    );
+                }
             }
             out
         }
