@@ -217,6 +217,9 @@ pub fn run(args: &RunArgs, color: bool) -> ExitCode {
     }
 }
 
+/// An instance's output line, and a warning to print with it.
+type Finished = (String, Option<String>);
+
 enum Failure {
     Diags(Vec<Diagnostic>),
     Message(String),
@@ -305,7 +308,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         Ok(bound.assemble(raw.decode_one(i, &env, &instance_args)?)?)
     };
     // One output line per instance, and a warning to print with it.
-    let finish = |i: usize, result: Value| -> Result<(String, Option<String>), Failure> {
+    let finish = |i: usize, result: Value| -> Result<Finished, Failure> {
         Ok(match args.format {
             Format::Json => {
                 let enc = encode_json(&result, &ret_ty, &env)?;
@@ -319,7 +322,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         })
     };
     let n = raw.items.len();
-    let finished: Vec<(String, Option<String>)> = match args.engine {
+    let finished: Vec<Finished> = match args.engine {
         Engine::Reference => {
             let mut out = Vec::with_capacity(n);
             for i in 0..n {
@@ -361,7 +364,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 worker_stack: crate::WORK_STACK_BYTES,
             };
             let mut walls = Vec::with_capacity(args.repeat as usize);
-            let mut last: Option<(Vec<(String, Option<String>)>, tumble_runtime::Profile)> = None;
+            let mut last: Option<(Vec<Finished>, tumble_runtime::Profile)> = None;
             for _ in 0..args.repeat {
                 let (out, profile) =
                     tumble_runtime::run_batches(&job, load, |i| instance_rng(args.seed, i), finish)
