@@ -1,10 +1,15 @@
 //! The batching runtime computes what the reference interpreter computes: every zoo model (scaled
 //! down so debug builds stay fast), mini-batch sizes 1, 7 and 64, every scheduler, with and without
-//! grain coarsening.
+//! grain coarsening; the same for each model's plain form (`models/plain/`: no `Primitive=1`), which
+//! must also compute what its annotated twin computes.
 
 mod common;
 
-use common::{check_all_ways, check_batched, compile, expected, load_text, rng, root, Expected};
+use common::{
+    check_all_ways, check_batched, compile, expected, load_text, rng, root, same, Expected,
+};
+use tumble_interp::Value;
+use tumble_io::main_signature;
 use tumble_runtime::{run_batch, Options, Scheduler};
 use tumble_tensor::Rng;
 
@@ -52,6 +57,8 @@ struct Case {
     model: &'static str,
     map: &'static [(&'static str, &'static str)],
     inputs: String,
+    /// `models/plain/<model>.rly` exists: the model written without `Primitive=1`.
+    plain: bool,
 }
 
 fn drnn_inputs(h: usize) -> String {
@@ -96,51 +103,73 @@ fn cases() -> Vec<Case> {
             model: "treelstm_small",
             map: &[("256", "8"), ("768", "24")],
             inputs: example("treelstm.jsonl"),
+            plain: false,
         },
         Case {
             model: "mvrnn_small",
             map: &[("64", "4"), ("128", "8")],
             inputs: example("mvrnn.jsonl"),
+            plain: true,
         },
         Case {
             model: "birnn_small",
             map: &[("256", "8"), ("512", "16")],
             inputs: example("birnn.jsonl"),
+            plain: true,
         },
         Case {
             model: "nestedrnn_small",
             map: &[("256", "8"), ("768", "24")],
             inputs: example("nestedrnn.jsonl"),
+            plain: true,
         },
         Case {
             model: "drnn_small",
             map: &[("256", "8"), ("512", "16")],
             inputs: drnn_inputs(8),
+            plain: true,
         },
         Case {
             model: "stackrnn_small",
             map: &[("256", "8"), ("512", "16")],
             inputs: example("stackrnn.jsonl"),
+            plain: true,
         },
         Case {
             model: "berxit_small",
             map: &[("768", "24"), ("64", "2"), ("3072", "48")],
             // Thresholds 0 and 2: one instance exits at the first layer, the other runs every layer.
             inputs: berxit_inputs(),
+            plain: true,
         },
     ]
 }
 
 /// A zoo model scaled down, its instances and the reference interpreter's outputs for them.
 fn zoo(case: &Case) -> Expected {
-    let path = root().join("models").join(format!("{}.rly", case.model));
+    load_scaled(case, &root().join("models"), case.model)
+}
+
+/// The plain form of a zoo model (`models/plain/`), scaled down like the annotated one.
+fn zoo_plain(case: &Case) -> Expected {
+    assert!(case.plain, "{} has no plain form", case.model);
+    let name = format!("plain/{}", case.model);
+    load_scaled(case, &root().join("models").join("plain"), &name)
+}
+
+fn load_scaled(case: &Case, dir: &std::path::Path, name: &str) -> Expected {
+    let path = dir.join(format!("{}.rly", case.model));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let l = load_text(case.model, &scale(&text, case.map));
-    expected(case.model, l, &case.inputs, INSTANCE_ARGS)
+    let l = load_text(name, &scale(&text, case.map));
+    expected(name, l, &case.inputs, INSTANCE_ARGS)
 }
 
 fn check_case(case: &Case) {
     check_all_ways(&zoo(case));
+}
+
+fn check_plain_case(case: &Case) {
+    check_all_ways(&zoo_plain(case));
 }
 
 #[test]
@@ -179,6 +208,119 @@ fn berxit() {
 }
 
 #[test]
+fn plain_mvrnn() {
+    check_plain_case(&cases()[1]);
+}
+
+#[test]
+fn plain_birnn() {
+    check_plain_case(&cases()[2]);
+}
+
+#[test]
+fn plain_nestedrnn() {
+    check_plain_case(&cases()[3]);
+}
+
+#[test]
+fn plain_drnn() {
+    check_plain_case(&cases()[4]);
+}
+
+#[test]
+fn plain_stackrnn() {
+    check_plain_case(&cases()[5]);
+}
+
+#[test]
+fn plain_berxit() {
+    check_plain_case(&cases()[6]);
+}
+
+/// Every plain model computes its annotated twin's function (reference engine, scaled down): same
+/// `@main` parameters, so the same random weights (drawn per name, checked here), the same
+/// instances, the same outputs up to float rounding.
+#[test]
+fn plain_forms_match_their_annotated_twins() {
+    let mut checked = 0;
+    for case in cases().iter().filter(|c| c.plain) {
+        let annotated = zoo(case);
+        let plain = zoo_plain(case);
+        let (params_a, _) =
+            main_signature(&annotated.l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
+        let (params_p, _) =
+            main_signature(&plain.l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
+        let sig = |ps: &[(String, tumble_ir::Ty)]| -> Vec<String> {
+            ps.iter().map(|(n, t)| format!("{n}: {t}")).collect()
+        };
+        assert_eq!(
+            sig(&params_a),
+            sig(&params_p),
+            "{}: @main signatures differ",
+            case.model
+        );
+        assert_eq!(annotated.args.len(), plain.args.len());
+        for (i, (a, p)) in annotated.args.iter().zip(&plain.args).enumerate() {
+            for (k, (x, y)) in a.iter().zip(p).enumerate() {
+                // Weights (random, by name) and instance inputs must be bit-identical.
+                if let Err(m) = identical(x, y) {
+                    panic!(
+                        "{}: instance {i}, argument {}: {m}",
+                        case.model, params_a[k].0
+                    );
+                }
+            }
+        }
+        for (i, (a, p)) in annotated.outputs.iter().zip(&plain.outputs).enumerate() {
+            if let Err(m) = same(p, a, "") {
+                panic!("{}: plain vs annotated, instance {i}: {m}", case.model);
+            }
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 6);
+}
+
+/// The large plain files are the small ones at the large sizes, number for number (Berxit's large
+/// form has more layers: the CLI comparison in models/plain/README.md covers it).
+#[test]
+fn plain_large_files_are_the_small_ones_resized() {
+    let resized: &[(&str, &[(&str, &str)])] = &[
+        ("mvrnn", &[("128", "64"), ("256", "128")]),
+        ("birnn", &[("512", "256"), ("1024", "512")]),
+        ("nestedrnn", &[("512", "256"), ("1536", "768")]),
+        ("drnn", &[("512", "256"), ("1024", "512")]),
+        ("stackrnn", &[("512", "256"), ("1024", "512")]),
+    ];
+    let dir = root().join("models").join("plain");
+    let read = |name: String| {
+        std::fs::read_to_string(dir.join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    for (model, map) in resized {
+        let large = read(format!("{model}_large.rly")).replace("large", "small");
+        let small = read(format!("{model}_small.rly"));
+        assert!(
+            scale(&large, map) == small,
+            "{model}: the large plain form is not the small one resized"
+        );
+    }
+}
+
+/// Both values hold exactly the same tensors (no tolerance).
+fn identical(a: &Value, b: &Value) -> Result<(), String> {
+    match (a, b) {
+        (Value::Tensor(x), Value::Tensor(y)) => {
+            if x.shape() == y.shape() && x.dtype() == y.dtype() && x.allclose(y, 0.0, 0.0) {
+                Ok(())
+            } else {
+                Err(format!("{x} vs {y}"))
+            }
+        }
+        _ => same(a, b, ""),
+    }
+}
+
+#[test]
 fn scaling_keeps_names_intact() {
     assert_eq!(
         scale("Tensor[(1, 256), float32] 256.5 x256", &[("256", "8")]),
@@ -208,11 +350,13 @@ fn wildly_different_instances() {
         model: "treelstm_small",
         map: &[("256", "8"), ("768", "24")],
         inputs: trees,
+        plain: false,
     };
     let sentences = Case {
         model: "birnn_small",
         map: &[("256", "8"), ("512", "16")],
         inputs: "{\"tokens\": []}\n{\"tokens\": [[5], [6], [7]]}\n{\"tokens\": []}".to_string(),
+        plain: false,
     };
     // Decoding a 1,000-level tree recurses per JSON level: give it a big stack, like the CLI does.
     let worker = std::thread::Builder::new()
