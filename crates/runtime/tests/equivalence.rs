@@ -103,7 +103,7 @@ fn cases() -> Vec<Case> {
             model: "treelstm_small",
             map: &[("256", "8"), ("768", "24")],
             inputs: example("treelstm.jsonl"),
-            plain: false,
+            plain: true,
         },
         Case {
             model: "mvrnn_small",
@@ -208,6 +208,11 @@ fn berxit() {
 }
 
 #[test]
+fn plain_treelstm() {
+    check_plain_case(&cases()[0]);
+}
+
+#[test]
 fn plain_mvrnn() {
     check_plain_case(&cases()[1]);
 }
@@ -278,7 +283,7 @@ fn plain_forms_match_their_annotated_twins() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 6);
+    assert_eq!(checked, 7);
 }
 
 /// The large plain files are the small ones at the large sizes, number for number (Berxit's large
@@ -286,6 +291,7 @@ fn plain_forms_match_their_annotated_twins() {
 #[test]
 fn plain_large_files_are_the_small_ones_resized() {
     let resized: &[(&str, &[(&str, &str)])] = &[
+        ("treelstm", &[("512", "256"), ("1536", "768")]),
         ("mvrnn", &[("128", "64"), ("256", "128")]),
         ("birnn", &[("512", "256"), ("1024", "512")]),
         ("nestedrnn", &[("512", "256"), ("1536", "768")]),

@@ -5,6 +5,9 @@ mod common;
 
 use common::{check_all_ways, expected, load_text};
 
+// The plain TreeLSTM against the reference under every scheduler and batch size: equivalence.rs
+// (`plain_treelstm`).
+
 fn agrees(name: &str, src: &str, inputs: &str, instance_args: &[&str]) {
     let l = load_text(name, src);
     check_all_ways(&expected(name, l, inputs, instance_args));
@@ -89,13 +92,6 @@ fn treelstm(plain: bool) -> common::Expected {
     let inputs = std::fs::read_to_string(common::root().join("examples/treelstm.jsonl"))
         .unwrap_or_else(|e| panic!("examples/treelstm.jsonl: {e}"));
     expected("treelstm", load_text("treelstm", &text), &inputs, &["tree"])
-}
-
-/// A child-sum TreeLSTM as its equations read (child sums as `@foldl(add, zeros, @map(..))`, the
-/// gates as one dense and a split, no `Primitive=1`) runs batched, equal to the reference.
-#[test]
-fn plain_child_sum_treelstm() {
-    check_all_ways(&treelstm(true));
 }
 
 /// Launches of one mini-batch of the examples under the default options.
