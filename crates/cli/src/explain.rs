@@ -24,6 +24,10 @@ pub struct ExplainArgs {
     /// invocation instead of becoming literals at compile time.
     #[arg(long)]
     pub no_const_fold: bool,
+    /// No inlining: a call of an ordinary function ends its caller's block (the function's body
+    /// makes blocks of its own) instead of joining it.
+    #[arg(long)]
+    pub no_inline: bool,
     /// The entry function.
     #[arg(long, default_value = "main")]
     pub entry: String,
@@ -50,6 +54,7 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
         blocks: true,
         coarsen: !args.no_coarsen,
         fold: !args.no_const_fold,
+        inline: !args.no_inline,
     };
     let mut program = match Program::lower_with(&typed, opts) {
         Ok(p) => p,
@@ -116,6 +121,19 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
         program.blocks.iter().filter(|b| b.primitive).count()
     );
     print_static_report(&program, &report, &sources, &args.entry);
+    if opts.inline && opts.coarsen {
+        let mut inlined: Vec<String> = tumble_compile::inline::inlinable(&typed.module)
+            .into_keys()
+            .map(|n| format!("@{n}"))
+            .collect();
+        inlined.sort();
+        if !inlined.is_empty() {
+            println!(
+                "inlining: calls of these straight-line functions join their caller's block: {}\n",
+                inlined.join(", ")
+            );
+        }
+    }
     for (span, note) in &program.notes {
         eprint!(
             "{}",

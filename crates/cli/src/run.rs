@@ -69,6 +69,10 @@ pub struct RunArgs {
     /// invocation instead of becoming literals at compile time.
     #[arg(long)]
     pub no_const_fold: bool,
+    /// No inlining: a call of an ordinary function ends its caller's block (the function's body
+    /// makes blocks of its own) instead of joining it.
+    #[arg(long)]
+    pub no_inline: bool,
     /// No sum fusion: every `add` of two tensors in its own block (a child sum) is launched,
     /// instead of its rows being summed where a launch reads them.
     #[arg(long)]
@@ -245,6 +249,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             blocks: true,
             coarsen: !args.no_coarsen,
             fold: !args.no_const_fold,
+            inline: !args.no_inline,
         },
         Engine::Reference => LowerOptions::reference(),
     };

@@ -11,6 +11,7 @@ pub mod blocks;
 pub mod dup;
 pub mod ghosts;
 pub mod hoist;
+pub mod inline;
 pub mod passes;
 pub mod phases;
 pub mod program;

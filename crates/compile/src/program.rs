@@ -258,6 +258,9 @@ pub struct LowerOptions {
     /// Constant folding: an automatic block with no inputs (`zeros(..)`, arithmetic on literals)
     /// is computed once here and becomes a literal, instead of a launch per invocation.
     pub fold: bool,
+    /// Inlining: calls of ordinary functions whose bodies are straight-line tensor work
+    /// ([`crate::inline`]) join their caller's block instead of ending it.
+    pub inline: bool,
 }
 
 /// The largest constant (in elements, per operator result) that folding computes at compile time;
@@ -272,6 +275,7 @@ impl LowerOptions {
             blocks: false,
             coarsen: false,
             fold: false,
+            inline: false,
         }
     }
 
@@ -281,6 +285,7 @@ impl LowerOptions {
             blocks: true,
             coarsen: true,
             fold: true,
+            inline: true,
         }
     }
 }
@@ -314,7 +319,13 @@ impl Program {
         for (i, d) in typed.module.defs().enumerate() {
             global_index.insert(d.name.name.clone(), i as u32);
         }
+        let inline = if opts.blocks && opts.coarsen && opts.inline {
+            crate::inline::inlinable(&typed.module)
+        } else {
+            HashMap::new()
+        };
         let mut lw = Lowerer {
+            inline: &inline,
             global_index: &global_index,
             ctor_index: &ctor_index,
             fns: Vec::new(),
@@ -357,6 +368,8 @@ struct FnScope {
 }
 
 struct Lowerer<'a> {
+    /// Functions whose calls join the caller's block (see [`crate::inline`]).
+    inline: &'a HashMap<String, &'a Function>,
     global_index: &'a HashMap<String, u32>,
     ctor_index: &'a HashMap<String, u32>,
     fns: Vec<FnScope>,
@@ -393,19 +406,38 @@ struct BlockBuilder {
     nodes: Vec<BlockNode>,
     /// Names bound inside the block, innermost last.
     env: Vec<(String, BRef)>,
+    /// Inside an inlined function body: only `env[floor..]` is in scope, and nothing may become an
+    /// input (the body's free names are its parameters, bound in `env`).
+    floor: usize,
+    closed: bool,
 }
 
-/// True for expressions that grain coarsening starts a block at: a pure operator call, possibly
-/// under tuples and projections.
-fn is_block_root(e: &Expr) -> bool {
+impl BlockBuilder {
+    /// What `name` is bound to inside the block, in the current scope.
+    fn lookup(&self, name: &str) -> Option<&BRef> {
+        self.env
+            .get(self.floor..)?
+            .iter()
+            .rev()
+            .find(|(m, _)| m == name)
+            .map(|(_, r)| r)
+    }
+}
+
+/// True for expressions that grain coarsening starts a block at: a pure operator call or a call
+/// of an inlinable function, possibly under tuples and projections.
+fn is_block_root(e: &Expr, inline: &HashMap<String, &Function>) -> bool {
     match &e.kind {
-        ExprKind::Call(c) => {
-            matches!(&c.callee.kind, ExprKind::Op(n) if tumble_ops::lookup(n).is_some_and(is_pure_op))
-        }
+        ExprKind::Call(c) => match &c.callee.kind {
+            ExprKind::Op(n) => tumble_ops::lookup(n).is_some_and(is_pure_op),
+            ExprKind::Global(g) => inline.contains_key(g),
+            _ => false,
+        },
         ExprKind::Tuple(es) => {
-            es.iter().any(is_block_root) && es.iter().all(|e| is_block_root(e) || is_simple(e))
+            es.iter().any(|e| is_block_root(e, inline))
+                && es.iter().all(|e| is_block_root(e, inline) || is_simple(e))
         }
-        ExprKind::Proj(inner, _) => is_block_root(inner),
+        ExprKind::Proj(inner, _) => is_block_root(inner, inline),
         _ => false,
     }
 }
@@ -620,6 +652,9 @@ impl Lowerer<'_> {
     /// Adds `e` as a block input, evaluated by ordinary code before the block runs. Fails (None) for
     /// non-tensor values and for expressions that read names bound inside the block.
     fn block_input(&mut self, b: &mut BlockBuilder, e: &Expr) -> Result<Option<BRef>, LowerError> {
+        if b.closed {
+            return Ok(None);
+        }
         if let ExprKind::Local(n) = &e.kind {
             if let Some(&i) = b.input_by_local.get(n) {
                 return Ok(Some(BRef::One(BVal::Input(i))));
@@ -672,7 +707,7 @@ impl Lowerer<'_> {
     fn block_expr(&mut self, b: &mut BlockBuilder, e: &Expr) -> Result<Option<BRef>, LowerError> {
         match &e.kind {
             ExprKind::Local(n) => {
-                if let Some((_, r)) = b.env.iter().rev().find(|(m, _)| m == n) {
+                if let Some(r) = b.lookup(n) {
                     return Ok(Some(r.clone()));
                 }
                 self.block_input(b, e)
@@ -690,9 +725,9 @@ impl Lowerer<'_> {
             }
             ExprKind::Proj(inner, i) => {
                 let inner_in_block = match &inner.kind {
-                    ExprKind::Local(n) => b.env.iter().any(|(m, _)| m == n),
+                    ExprKind::Local(n) => b.lookup(n).is_some(),
                     ExprKind::Tuple(_) => true,
-                    _ => is_block_root(inner),
+                    _ => is_block_root(inner, self.inline),
                 };
                 if !inner_in_block {
                     // A field of an outside value (e.g. `%state.0`): the field is the input.
@@ -704,6 +739,11 @@ impl Lowerer<'_> {
                 }
             }
             ExprKind::Call(c) => {
+                if let ExprKind::Global(g) = &c.callee.kind {
+                    if let Some(&f) = self.inline.get(g) {
+                        return self.inline_call(b, f, &c.args);
+                    }
+                }
                 let op = match &c.callee.kind {
                     ExprKind::Op(n) => tumble_ops::lookup(n).filter(|op| is_pure_op(op)),
                     _ => None,
@@ -783,6 +823,36 @@ impl Lowerer<'_> {
         }
     }
 
+    /// A call of an inlinable function, as block nodes: the arguments' values bound to the
+    /// parameters in a closed scope, then the body.
+    fn inline_call(
+        &mut self,
+        b: &mut BlockBuilder,
+        f: &Function,
+        args: &[Expr],
+    ) -> Result<Option<BRef>, LowerError> {
+        if b.nodes.len() >= crate::inline::MAX_INLINED_NODES || args.len() != f.params.len() {
+            return Ok(None);
+        }
+        let mut vals = Vec::with_capacity(args.len());
+        for a in args {
+            match self.block_expr(b, a)? {
+                Some(r) => vals.push(r),
+                None => return Ok(None),
+            }
+        }
+        let mark = b.env.len();
+        let saved = (b.floor, b.closed);
+        for (p, r) in f.params.iter().zip(vals) {
+            b.env.push((p.name.name.clone(), r));
+        }
+        (b.floor, b.closed) = (mark, true);
+        let r = self.block_expr(b, &f.body);
+        (b.floor, b.closed) = saved;
+        b.env.truncate(mark);
+        r
+    }
+
     /// Lowers a `let` chain, turning each maximal run of pure operator bindings into one block.
     fn coarsened_let(
         &mut self,
@@ -803,7 +873,7 @@ impl Lowerer<'_> {
         let mut binds = Vec::with_capacity(n);
         let mut k = 0;
         while k < n {
-            if !is_block_root(&bindings[k].value) {
+            if !is_block_root(&bindings[k].value, self.inline) {
                 let value = match &bindings[k].value.kind {
                     ExprKind::Fn(func) => Code::MakeClosure(self.function(
                         &format!("%{}", bindings[k].var.name.name),
@@ -819,7 +889,7 @@ impl Lowerer<'_> {
             }
             let mut b = BlockBuilder::default();
             let start = k;
-            while k < n && is_block_root(&bindings[k].value) {
+            while k < n && is_block_root(&bindings[k].value, self.inline) {
                 match self.block_expr(&mut b, &bindings[k].value)? {
                     Some(r) => b.env.push((bindings[k].var.name.name.clone(), r)),
                     None => break,
@@ -836,7 +906,7 @@ impl Lowerer<'_> {
             }
             // A run that reaches the end of the chain takes the body in too when it is pure
             // operator work (a cell's `(h, c)` result): one block instead of two.
-            if k == n && is_block_root(body) {
+            if k == n && is_block_root(body, self.inline) {
                 if let Some(r) = self.block_expr(&mut b, body)? {
                     b.env.clear();
                     let name = format!("{}:{}", self.fn_name(), bindings[start].var.name.name);
@@ -933,7 +1003,7 @@ impl Lowerer<'_> {
                     return self.coarsened_let(bindings, body);
                 }
             }
-            if is_block_root(e) {
+            if is_block_root(e, self.inline) {
                 let name = format!("{}:{}", self.fn_name(), describe(e));
                 if let Some(code) = self.block_for(&name, e, false)? {
                     return Ok(code);

@@ -156,3 +156,77 @@ fn sum_fusion_changes_launches_not_outputs() {
         assert!(a.allclose(b, 0.0, 0.0), "instance {i}: {a} vs {b}");
     }
 }
+
+/// Launches of one mini-batch of `inputs` with coarsening on and the given inlining switch.
+fn launches_of(src: &str, inputs: &str, instance_args: &[&str], inline: bool) -> u64 {
+    let x = expected(
+        "launches",
+        load_text("launches", src),
+        inputs,
+        instance_args,
+    );
+    let mut program = tumble_compile::Program::lower_with(
+        &x.l.typed,
+        tumble_compile::LowerOptions {
+            inline,
+            ..tumble_compile::LowerOptions::batched()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}", e.message));
+    let statics = tumble_compile::StaticOptions::all();
+    tumble_compile::optimize(&mut program, "main", &x.weights, statics);
+    let reuse = tumble_compile::analyze_reuse(&program, "main", &x.weights);
+    let rngs = (0..x.args.len()).map(common::rng).collect();
+    let opts = tumble_runtime::Options::default();
+    let (vals, profile) =
+        tumble_runtime::run_batch(&program, &reuse, "main", x.args.clone(), rngs, opts)
+            .unwrap_or_else(|e| panic!("{}", e.error.message));
+    for (i, (v, want)) in vals.iter().zip(&x.outputs).enumerate() {
+        if let Err(m) = common::same(v, want, "") {
+            panic!("instance {i}: {m}");
+        }
+    }
+    profile.launches
+}
+
+/// The result expression of a `let` chain joins the chain's block (it was a block of its own).
+#[test]
+fn a_let_chains_body_joins_its_block() {
+    let src = r#"
+def @main(%x: Tensor[(1, 4), float32], %w: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %h = nn.dense(%x, %w);
+  tanh(%h)
+}
+"#;
+    assert_eq!(launches_of(src, &rows(5, 4), &["x"], true), 1);
+}
+
+/// An ordinary helper called inside a larger expression is inlined into its block (the Q/K/V
+/// projections of a plain Berxit inside `@split_heads(..)` calls); `--no-inline` keeps the call
+/// a block boundary. A recursive function and one with control flow are never inlined.
+#[test]
+fn straight_line_helpers_are_inlined() {
+    let src = r#"
+def @gelu(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %c = multiply(%x, 0.5f);
+  multiply(%c, add(tanh(%x), 1f))
+}
+def @proj(%x: Tensor[(1, 4), float32], %w: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  @gelu(nn.dense(%x, %w))
+}
+def @main(%x: Tensor[(1, 4), float32], %w: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  add(@proj(%x, %w), @gelu(%x))
+}
+"#;
+    assert_eq!(launches_of(src, &rows(6, 4), &["x"], true), 1);
+    assert!(launches_of(src, &rows(6, 4), &["x"], false) > 1);
+    let recursive = r#"
+def @down(%x: Tensor[(1, 4), float32], %n: Tensor[(), int32]) -> Tensor[(1, 4), float32] {
+  if (greater(%n, 0)) { @down(tanh(%x), subtract(%n, 1)) } else { %x }
+}
+def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+  negative(@down(%x, 3))
+}
+"#;
+    agrees("recursive", recursive, &rows(5, 4), &["x"]);
+}

@@ -136,6 +136,7 @@ pub fn compile(
             blocks: true,
             coarsen,
             fold: coarsen,
+            inline: coarsen,
         },
     )
     .unwrap_or_else(|e| panic!("{}", e.message));
