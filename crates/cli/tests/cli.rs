@@ -480,7 +480,12 @@ def @main(%x: Tensor[(1, 4), float32], %n: Tensor[(), int32]) -> (Tensor[(), int
 "#,
     );
     let inputs: String = (0..7)
-        .map(|i| format!("{{\"x\": [[0.{i}, -1.0, {i}.5, -0.{i}]], \"n\": {}}}\n", 2 + i))
+        .map(|i| {
+            format!(
+                "{{\"x\": [[0.{i}, -1.0, {i}.5, -0.{i}]], \"n\": {}}}\n",
+                2 + i
+            )
+        })
         .collect();
     let inputs = temp_file("draws.jsonl", &inputs);
     let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
@@ -492,7 +497,11 @@ def @main(%x: Tensor[(1, 4), float32], %n: Tensor[(), int32]) -> (Tensor[(), int
     let one = run(&["--batch", "1"]);
     assert_eq!(one.lines().count(), 7);
     assert_eq!(one, run(&["--batch", "3"]), "--batch 3 drew differently");
-    assert_eq!(one, run(&["--engine", "reference"]), "the reference engine drew differently");
+    assert_eq!(
+        one,
+        run(&["--engine", "reference"]),
+        "the reference engine drew differently"
+    );
     assert_eq!(one, run(&["--batch", "3", "--scheduler", "eager"]));
     let other = tumble(&["run", &model, "--inputs", &inputs, "--seed", "10"]);
     assert_ne!(one, text(&other.stdout), "--seed does not change the draws");

@@ -146,7 +146,10 @@ fn cases() -> Vec<Case> {
 
 /// Six Berxit instances from the two examples, most with threshold 2 (random exits only).
 fn acrobat_berxit_inputs() -> String {
-    let lines: Vec<String> = example("berxit.jsonl").lines().map(str::to_string).collect();
+    let lines: Vec<String> = example("berxit.jsonl")
+        .lines()
+        .map(str::to_string)
+        .collect();
     (0..6)
         .filter_map(|i| {
             let l = lines.get(i % lines.len().max(1))?;
@@ -223,7 +226,10 @@ fn acrobat_berxit() {
             other => format!("{other:?}"),
         })
         .collect();
-    assert!(exits.len() > 1, "every instance exits at the same layer: {exits:?}");
+    assert!(
+        exits.len() > 1,
+        "every instance exits at the same layer: {exits:?}"
+    );
     check_all_ways(&x);
 }
 
