@@ -773,23 +773,18 @@ impl Backend for Dfg<'_> {
     }
 
     fn op_args_ready(&mut self, args: &[Value]) -> Result<bool, RunError> {
+        // An argument, or a field of a tuple argument, that is lazy and not computed yet.
+        let pending = |v: &Value| match v {
+            Value::Lazy(r) => self.concrete(*r).map(|t| t.is_none()),
+            _ => Ok(false),
+        };
         for a in args {
-            match a {
-                Value::Lazy(r) => {
-                    if self.concrete(*r)?.is_none() {
-                        return Ok(false);
-                    }
-                }
-                Value::Tuple(t) => {
-                    for f in &t.0 {
-                        if let Value::Lazy(r) = f {
-                            if self.concrete(*r)?.is_none() {
-                                return Ok(false);
-                            }
-                        }
-                    }
-                }
-                _ => {}
+            let waits = match a {
+                Value::Tuple(t) => t.0.iter().map(pending).collect::<Result<Vec<_>, _>>()?,
+                other => vec![pending(other)?],
+            };
+            if waits.contains(&true) {
+                return Ok(false);
             }
         }
         Ok(true)
