@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import random
@@ -233,16 +234,21 @@ class Peer:
             self.proc.kill()
 
 
-PROFILE_TOTAL = re.compile(r"^time \(ms\): total ([0-9.]+) = (.*)$", re.M)
+# One worker: "time (ms): total T = parts"; several: "time (ms): total T (wall) on W workers x K kernel
+# threads; mini-batches summed S = parts" (T is the wall time either way).
+PROFILE_TOTAL = re.compile(r"^time \(ms\): total ([0-9.]+) (?:\(wall\) .*?; mini-batches summed [0-9.]+ )?= (.*)$",
+                           re.M)
+# With `--repeat N`: every run's time; the first is the cold process, the rest are warm.
+PROFILE_REPEATS = re.compile(r"^repeats \(ms per run\): ([0-9. ]+); warm median ([0-9.]+)$", re.M)
 PROFILE_HEAD = re.compile(r"mini-batches (\d+)\s+DFG nodes (\d+).*?batched launches (\d+)")
 
 
 TUMBLE_THREADS = 1
 
 
-def run_tumble(exe, model, params, inputs, batch, scheduler, out):
+def run_tumble(exe, model, params, inputs, batch, scheduler, out, repeat=1):
     cmd = [exe, "run", f"models/{model}.rly", "--inputs", inputs, "--params", params, "--batch", str(batch),
-           "--scheduler", scheduler, "--profile", "-o", out or os.devnull]
+           "--scheduler", scheduler, "--profile", "--repeat", str(repeat), "-o", out or os.devnull]
     t = time.perf_counter()
     # tumble's kernels use TUMBLE_NUM_THREADS threads (default: every core); match the peers
     env = dict(os.environ, TUMBLE_NUM_THREADS=str(TUMBLE_THREADS))
@@ -252,6 +258,7 @@ def run_tumble(exe, model, params, inputs, batch, scheduler, out):
         return {"ok": False, "error": p.stderr[-2000:]}
     m = PROFILE_TOTAL.search(p.stderr)
     h = PROFILE_HEAD.search(p.stderr)
+    rep = PROFILE_REPEATS.search(p.stderr)
     k = int(h.group(1)) if h else 1
     parts = {}
     if m:
@@ -260,7 +267,10 @@ def run_tumble(exe, model, params, inputs, batch, scheduler, out):
             parts[name] = float(val) / max(1, k)
     return {
         "ok": True,
-        "ms": float(m.group(1)) / max(1, k) if m else wall / max(1, k),
+        # cold: the process's first run of the job; warm: the median of its later runs (the profile
+        # printed is the last run's)
+        "ms": (float(rep.group(1).split()[0]) if rep else float(m.group(1)) if m else wall) / max(1, k),
+        "warm_ms": float(rep.group(2)) / max(1, k) if rep else None,
         "wall_ms": wall,
         "batches": k,
         "parts": parts,
@@ -362,6 +372,10 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="threads for the peers and for tumble's kernels "
                     "(TUMBLE_NUM_THREADS); the sgemm peak is measured at this count")
     ap.add_argument("--tumble", default=os.path.join(ROOT, "target", "release", "tumble"))
+    ap.add_argument("--tumble-repeat", type=int, default=3,
+                    help="tumble (inline) runs each point this many times in one process (`--repeat`): the "
+                         "first run is the cold figure, the median of the others the warm one (peers are warm "
+                         "long-lived processes); 1: cold only")
     ap.add_argument("--tag", help="results file stem (default <date>-<machine>)")
     args = ap.parse_args()
     if args.quick:
@@ -465,11 +479,14 @@ def main():
             os.makedirs(os.path.dirname(out), exist_ok=True)
         if e.startswith("tumble"):
             res = run_tumble(exe, p["model"], params[p["model"]], p["inputs"], p["batch"],
-                             "eager" if e == "tumble_eager" else "inline", out)
+                             "eager" if e == "tumble_eager" else "inline", out,
+                             repeat=args.tumble_repeat if e == "tumble" else 1)
             if res["ok"]:
                 ms = res["ms"]
+                if res.get("warm_ms") is not None:
+                    p.setdefault("warm_samples", []).append(res["warm_ms"])
                 p.setdefault("tumble_profile", {}).setdefault(e, []).append(
-                    {k: res[k] for k in ("ms", "wall_ms", "parts", "nodes", "launches")})
+                    {k: res[k] for k in ("ms", "warm_ms", "wall_ms", "parts", "nodes", "launches")})
                 if first:
                     p.setdefault("tumble_profile_text", {})[e] = res["profile"]
         else:
@@ -537,6 +554,8 @@ def main():
             valid = e not in p["check"] or p["check"][e]["ok"]
             p["median_ms"][e] = median(p["samples"][e]) if valid and p["samples"][e] else None
             p.setdefault("invalid", {})[e] = not valid
+        tumble_ok = "tumble" not in p["check"] or p["check"]["tumble"]["ok"]
+        p["warm_median_ms"] = median(p["warm_samples"]) if tumble_ok and p.get("warm_samples") else None
 
     stamp = datetime.date.today().isoformat()
     cpu = "cpu"
@@ -558,7 +577,7 @@ def main():
         "threads": args.threads, "sgemm_peak_gflops": peak, "sgemm_peak_how": peak_how,
         "sgemm_peak_gflops_all_cpus": peak_all, "rounds": args.rounds, "berxit_rounds": args.berxit_rounds,
         "engines": engines, "notes": notes, "mismatches": bad, "seconds": time.time() - t_start,
-        "tolerance": {"rtol": RTOL, "atol": ATOL},
+        "tolerance": {"rtol": RTOL, "atol": ATOL}, "tumble_repeat": args.tumble_repeat,
         "berxit_thresholds": BERXIT_THRESHOLDS,
     }
     for p in points:
@@ -583,15 +602,19 @@ def main():
 
 def make_table(points, engines, meta):
     peers = [e for e in engines if e != "tumble"]
+    warm = any(p.get("warm_median_ms") for p in points)
     head = ["model", "batch", "roofline ms"] + [LABEL[e] + " ms" for e in engines] + \
-        [f"{LABEL[e]} / tumble" for e in peers]
+        (["tumble warm ms"] if warm else []) + [f"{LABEL[e]} / tumble" for e in peers] + \
+        ([f"{LABEL[e]} / tumble warm" for e in peers if not e.startswith("tumble")] if warm else [])
     lines = [
         f"Machine: {meta['cpu']}, {meta['cpus']} CPUs; peers and tumble at {meta['threads']} thread(s); "
         f"sgemm peak {meta['sgemm_peak_gflops']:.1f} GFLOP/s ({meta['sgemm_peak_how']}); "
         f"git {meta['git']}{' + uncommitted changes' if meta['dirty_tree'] else ''}; `{meta['command']}`; median of {meta['rounds']} rounds "
         f"(Berxit {meta['berxit_rounds']}).",
         "",
-        "ms per mini-batch (median); `x / tumble` = that engine's time over tumble's (> 1: tumble faster); "
+        "ms per mini-batch (median); tumble = a new process's first run of the point (cold), tumble warm = "
+        f"the median of its next {meta.get('tumble_repeat', 1) - 1} runs in the same process (the peers are warm "
+        "long-lived processes); `x / tumble` = that engine's time over tumble's (> 1: tumble faster); "
         "roofline = useful dense FLOPs of a mini-batch / sgemm peak; ✗ = outputs disagree (invalid), "
         "— = not run.",
         "",
@@ -604,10 +627,49 @@ def make_table(points, engines, meta):
         for e in engines:
             v = p["median_ms"].get(e)
             row.append("✗" if p["invalid"].get(e) else fmt_ms(v))
+        w = p.get("warm_median_ms")
+        if warm:
+            row.append(fmt_ms(w) if w else "—")
         for e in peers:
             v = p["median_ms"].get(e)
             row.append(f"{v / t:.2f}×" if (v and t) else "—")
+        if warm:
+            for e in peers:
+                if not e.startswith("tumble"):
+                    v = p["median_ms"].get(e)
+                    row.append(f"{v / w:.2f}×" if (v and w) else "—")
         lines.append("| " + " | ".join(row) + " |")
+    # Summary: geometric mean of peer/tumble over the points where both ran, and the points where
+    # tumble (cold, and warm) is faster than every peer that ran.
+    lines.append("")
+    for label, key in (("cold", None), ("warm", "warm_median_ms")):
+        if key and not warm:
+            continue
+        parts = []
+        for e in peers:
+            if e.startswith("tumble") and key:
+                continue
+            rs = []
+            for p in points:
+                t = p.get(key) if key else p["median_ms"].get("tumble")
+                v = p["median_ms"].get(e)
+                if v and t:
+                    rs.append(v / t)
+            if rs:
+                g = math.exp(sum(math.log(r) for r in rs) / len(rs))
+                parts.append(f"{LABEL[e]} {g:.2f}× (min {min(rs):.2f}×, {len(rs)} points)")
+        fastest = 0
+        ran = 0
+        for p in points:
+            t = p.get(key) if key else p["median_ms"].get("tumble")
+            others = [p["median_ms"].get(e) for e in peers if not e.startswith("tumble")]
+            others = [v for v in others if v]
+            if t and others:
+                ran += 1
+                fastest += all(t < v for v in others)
+        lines.append(f"tumble {label}: geometric mean of peer / tumble: " + "; ".join(parts) +
+                     f". Fastest engine on {fastest} of {ran} points.")
+        lines.append("")
     skipped = sorted({f"{p['model']} b{p['batch']} {LABEL[e]}: {why}" for p in points for e, why in p["skip"].items()})
     if skipped:
         lines += ["", "Not run: " + "; ".join(skipped) + "."]

@@ -20,6 +20,10 @@ pub struct ExplainArgs {
     /// No grain coarsening: one block per operator call.
     #[arg(long)]
     pub no_coarsen: bool,
+    /// No constant folding: input-less blocks (`zeros(..)`, arithmetic on literals) run per
+    /// invocation instead of becoming literals at compile time.
+    #[arg(long)]
+    pub no_const_fold: bool,
     /// The entry function.
     #[arg(long, default_value = "main")]
     pub entry: String,
@@ -45,6 +49,7 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
     let opts = LowerOptions {
         blocks: true,
         coarsen: !args.no_coarsen,
+        fold: !args.no_const_fold,
     };
     let mut program = match Program::lower_with(&typed, opts) {
         Ok(p) => p,
@@ -218,6 +223,29 @@ fn print_static_report(
             let arms: Vec<String> = g.per_arm.iter().map(u32::to_string).collect();
             println!("    in @{}: [{}]", g.function, arms.join(", "));
         }
+    }
+    if program.folded.is_empty() {
+        println!("  constant folding: no input-less operator work");
+    } else {
+        let places: Vec<String> = program.folded.iter().map(|&s| at(s)).collect();
+        println!(
+            "  constant folding: computed at compile time at {}",
+            places.join(", ")
+        );
+    }
+    let sums: Vec<&str> = program
+        .blocks
+        .iter()
+        .filter(|b| b.is_sum())
+        .map(|b| b.name.as_str())
+        .collect();
+    if sums.is_empty() {
+        println!("  sum fusion: no block only adds two tensors");
+    } else {
+        println!(
+            "  sum fusion: invocations deferred into n-ary sums, summed where a launch reads them: {}",
+            sums.join(", ")
+        );
     }
     let explicit = program
         .global_index

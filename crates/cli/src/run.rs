@@ -54,12 +54,25 @@ pub struct RunArgs {
     /// Print what the batched engine did (nodes, launches, batch sizes, time split) to stderr.
     #[arg(long)]
     pub profile: bool,
+    /// Run the whole job N times in this process (batched engine) and keep the last run's outputs
+    /// and profile: the warm figure of a long-lived process (caches, packed weights and allocator
+    /// memory in place). Every run's outputs must be identical; `--profile` lists each run's time.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub repeat: u32,
     /// Do not run small scalar work on the host immediately (record it in the graph instead).
     #[arg(long)]
     pub no_host_scalars: bool,
     /// No grain coarsening: one block per operator call (an operator-level graph, like DyNet).
     #[arg(long)]
     pub no_coarsen: bool,
+    /// No constant folding: input-less blocks (`zeros(..)`, arithmetic on literals) run per
+    /// invocation instead of becoming literals at compile time.
+    #[arg(long)]
+    pub no_const_fold: bool,
+    /// No sum fusion: every `add` of two tensors in its own block (a child sum) is launched,
+    /// instead of its rows being summed where a launch reads them.
+    #[arg(long)]
+    pub no_sum_fusion: bool,
     /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
     #[arg(long)]
     pub no_phases: bool,
@@ -204,6 +217,9 @@ pub fn run(args: &RunArgs, color: bool) -> ExitCode {
     }
 }
 
+/// An instance's output line, and a warning to print with it.
+type Finished = (String, Option<String>);
+
 enum Failure {
     Diags(Vec<Diagnostic>),
     Message(String),
@@ -228,6 +244,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         Engine::Batched => LowerOptions {
             blocks: true,
             coarsen: !args.no_coarsen,
+            fold: !args.no_const_fold,
         },
         Engine::Reference => LowerOptions::reference(),
     };
@@ -291,7 +308,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         Ok(bound.assemble(raw.decode_one(i, &env, &instance_args)?)?)
     };
     // One output line per instance, and a warning to print with it.
-    let finish = |i: usize, result: Value| -> Result<(String, Option<String>), Failure> {
+    let finish = |i: usize, result: Value| -> Result<Finished, Failure> {
         Ok(match args.format {
             Format::Json => {
                 let enc = encode_json(&result, &ret_ty, &env)?;
@@ -305,7 +322,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         })
     };
     let n = raw.items.len();
-    let finished: Vec<(String, Option<String>)> = match args.engine {
+    let finished: Vec<Finished> = match args.engine {
         Engine::Reference => {
             let mut out = Vec::with_capacity(n);
             for i in 0..n {
@@ -328,6 +345,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 gather_fusion: !args.no_gather_fusion,
                 epilogue: !args.no_epilogue,
                 lend_threads: !args.no_lend_threads,
+                sum_fusion: !args.no_sum_fusion,
                 phases: !args.no_phases,
                 hoist: !args.no_hoist,
                 ghosts: !args.no_ghosts,
@@ -345,16 +363,44 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 workers: args.workers.unwrap_or(threads),
                 worker_stack: crate::WORK_STACK_BYTES,
             };
-            let (out, profile) =
-                tumble_runtime::run_batches(&job, load, |i| instance_rng(args.seed, i), finish)
-                    .map_err(|e| match e {
-                        tumble_runtime::JobError::Instance(_, f) => f,
-                        tumble_runtime::JobError::Run { instance, error } => {
-                            run_error(instance, error)
-                        }
-                    })?;
+            let mut walls = Vec::with_capacity(args.repeat as usize);
+            let mut last: Option<(Vec<Finished>, tumble_runtime::Profile)> = None;
+            for _ in 0..args.repeat {
+                let (out, profile) =
+                    tumble_runtime::run_batches(&job, load, |i| instance_rng(args.seed, i), finish)
+                        .map_err(|e| match e {
+                            tumble_runtime::JobError::Instance(_, f) => f,
+                            tumble_runtime::JobError::Run { instance, error } => {
+                                run_error(instance, error)
+                            }
+                        })?;
+                walls.push(profile.wall().as_secs_f64() * 1e3);
+                if let Some((prev, _)) = &last {
+                    if prev != &out {
+                        return Err(Failure::Message(format!(
+                            "--repeat: run {} gave other outputs than run {} (nondeterminism; please report it)",
+                            walls.len(),
+                            walls.len() - 1
+                        )));
+                    }
+                }
+                last = Some((out, profile));
+            }
+            let Some((out, profile)) = last else {
+                return Err(Failure::Message("--repeat: no run".into()));
+            };
             if args.profile {
                 eprint!("{profile}");
+                if walls.len() > 1 {
+                    let list: Vec<String> = walls.iter().map(|w| format!("{w:.3}")).collect();
+                    let mut warm = walls[1..].to_vec();
+                    warm.sort_by(f64::total_cmp);
+                    eprintln!(
+                        "repeats (ms per run): {}; warm median {:.3}",
+                        list.join(" "),
+                        warm[warm.len() / 2]
+                    );
+                }
             }
             out
         }

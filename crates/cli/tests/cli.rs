@@ -527,3 +527,30 @@ fn acrobat_form_models_check_and_agree_across_engines() {
     assert_eq!(one, run(&["--batch", "3"]));
     assert_eq!(one, run(&["--engine", "reference"]));
 }
+
+/// `--repeat N` runs the job N times in one process: the same outputs as one run, and the
+/// profile lists every run's time.
+#[test]
+fn repeat_runs_the_job_again_with_the_same_outputs() {
+    let model = zoo_model("treelstm_small");
+    let inputs = example("treelstm");
+    let once = run_random(&model, &inputs, &["--batch", "3"]);
+    let thrice = run_random(
+        &model,
+        &inputs,
+        &["--batch", "3", "--repeat", "3", "--profile"],
+    );
+    assert!(thrice.status.success(), "{}", text(&thrice.stderr));
+    assert_eq!(text(&once.stdout), text(&thrice.stdout));
+    let err = text(&thrice.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("repeats (ms per run):"))
+        .unwrap_or_else(|| panic!("no repeats line in {err}"));
+    assert_eq!(
+        line.split(';').next().map(|l| l.split_whitespace().count()),
+        Some(7)
+    ); // "repeats (ms per run):" and 3 times
+    let zero = run_random(&model, &inputs, &["--repeat", "0"]);
+    assert_eq!(zero.status.code(), Some(2));
+}

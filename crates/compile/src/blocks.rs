@@ -7,7 +7,7 @@
 
 use std::fmt;
 use tumble_ir::{Attrs, Span, Ty};
-use tumble_ops::OpDef;
+use tumble_ops::{OpCtx, OpDef, OpValue};
 use tumble_tensor::Tensor;
 
 /// A tensor value inside a block.
@@ -76,6 +76,53 @@ impl Block {
             .all(|v| matches!(self.val_ty(v).as_tensor(), Some((d, _)) if d.is_empty()))
     }
 
+    /// Runs the nodes in order on one invocation's inputs with the reference kernels; returns the
+    /// flat outputs.
+    pub fn eval(&self, inputs: &[Tensor], octx: &mut OpCtx) -> Result<Vec<Tensor>, String> {
+        let mut results: Vec<OpValue> = Vec::with_capacity(self.nodes.len());
+        for node in &self.nodes {
+            let args = node
+                .args
+                .iter()
+                .map(|a| match a {
+                    BArg::One(v) => eval_val(v, inputs, &results).map(OpValue::Tensor),
+                    BArg::Tuple(vs) => vs
+                        .iter()
+                        .map(|v| eval_val(v, inputs, &results))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map(OpValue::Tuple),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let out = tumble_ops::eval(node.op, &args, &node.attrs, octx).map_err(|e| e.message)?;
+            results.push(out);
+        }
+        self.outputs
+            .iter()
+            .map(|v| eval_val(v, inputs, &results))
+            .collect()
+    }
+
+    /// Exactly `add(in0, in1)` of two f32 tensors of one type (a child sum's step): the batching
+    /// runtime defers its invocations and merges chains of them into n-ary sums, added in order
+    /// (so a left fold stays bit-exact) where a launch reads them.
+    pub fn is_sum(&self) -> bool {
+        let f32_ty = |t: &Ty| matches!(t.as_tensor(), Some((_, tumble_ir::DType::Float32)));
+        match (&self.nodes[..], &self.inputs[..], &self.outputs[..]) {
+            ([node], [a, b], [BVal::Node(0)]) => {
+                node.op.name == "add"
+                    && self.output_shape == OutputShape::Single
+                    && matches!(
+                        &node.args[..],
+                        [BArg::One(BVal::Input(0)), BArg::One(BVal::Input(1))]
+                    )
+                    && f32_ty(&a.ty)
+                    && a.ty == b.ty
+                    && node.ty == a.ty
+            }
+            _ => false,
+        }
+    }
+
     pub fn output_tys(&self) -> Vec<Ty> {
         self.outputs.iter().map(|v| self.val_ty(v)).collect()
     }
@@ -99,6 +146,25 @@ impl Block {
                 t.dtype(),
             ),
         }
+    }
+}
+
+fn eval_val(v: &BVal, inputs: &[Tensor], results: &[OpValue]) -> Result<Tensor, String> {
+    let missing = || format!("internal: block value {v} is not available");
+    match v {
+        BVal::Input(i) => inputs.get(*i as usize).cloned().ok_or_else(missing),
+        BVal::Node(n) => results
+            .get(*n as usize)
+            .and_then(OpValue::as_tensor)
+            .cloned()
+            .ok_or_else(missing),
+        BVal::Field(n, f) => results
+            .get(*n as usize)
+            .and_then(OpValue::as_tuple)
+            .and_then(|ts| ts.get(*f as usize))
+            .cloned()
+            .ok_or_else(missing),
+        BVal::Const(t) => Ok(t.clone()),
     }
 }
 

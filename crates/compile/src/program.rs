@@ -243,6 +243,8 @@ pub struct Program {
     pub sites: Vec<Site>,
     /// Why `Primitive=1` functions could not become blocks (they run as ordinary code instead).
     pub notes: Vec<(Span, String)>,
+    /// Input-less operator work computed at compile time (constant folding), for `explain`.
+    pub folded: Vec<Span>,
 }
 
 /// Switches of the lowering.
@@ -253,7 +255,15 @@ pub struct LowerOptions {
     /// Grain coarsening: one block per `Primitive=1` function and per maximal run of pure operator
     /// expressions. Off (with `blocks` on): one block per operator call, DyNet's operator-level graph.
     pub coarsen: bool,
+    /// Constant folding: an automatic block with no inputs (`zeros(..)`, arithmetic on literals)
+    /// is computed once here and becomes a literal, instead of a launch per invocation.
+    pub fold: bool,
 }
+
+/// The largest constant (in elements, per operator result) that folding computes at compile time;
+/// a bigger one stays a block, so that a hostile `zeros(shape=[100000, 100000])` costs nothing
+/// until it runs (and then meets the run's limits).
+const FOLD_MAX_ELEMENTS: i64 = 1 << 16;
 
 impl LowerOptions {
     /// No blocks: the reference interpreter's view, one `CallOp` per operator call.
@@ -261,6 +271,7 @@ impl LowerOptions {
         LowerOptions {
             blocks: false,
             coarsen: false,
+            fold: false,
         }
     }
 
@@ -269,6 +280,7 @@ impl LowerOptions {
         LowerOptions {
             blocks: true,
             coarsen: true,
+            fold: true,
         }
     }
 }
@@ -310,13 +322,15 @@ impl Program {
             blocks: Vec::new(),
             sites: Vec::new(),
             notes: Vec::new(),
+            folded: Vec::new(),
             opts,
         };
         let mut globals = Vec::new();
         for d in typed.module.defs() {
             globals.push(lw.function(&d.name.name, &d.func, None)?);
         }
-        let (lambdas, blocks, sites, notes) = (lw.lambdas, lw.blocks, lw.sites, lw.notes);
+        let (lambdas, blocks, sites, notes, folded) =
+            (lw.lambdas, lw.blocks, lw.sites, lw.notes, lw.folded);
         Ok(Program {
             lambdas,
             globals,
@@ -326,6 +340,7 @@ impl Program {
             blocks,
             sites,
             notes,
+            folded,
         })
     }
 }
@@ -349,6 +364,7 @@ struct Lowerer<'a> {
     blocks: Vec<Block>,
     sites: Vec<Site>,
     notes: Vec<(Span, String)>,
+    folded: Vec<Span>,
     opts: LowerOptions,
 }
 
@@ -579,6 +595,12 @@ impl Lowerer<'_> {
             primitive,
             span,
         });
+        if self.opts.fold && !primitive && block.inputs.is_empty() {
+            if let Some(code) = fold_constant(&block) {
+                self.folded.push(span);
+                return code;
+            }
+        }
         let id = self.blocks.len() as u32;
         self.blocks.push(block);
         let site = self.sites.len() as u32;
@@ -811,6 +833,21 @@ impl Lowerer<'_> {
                 binds.push((slot, value));
                 k += 1;
                 continue;
+            }
+            // A run that reaches the end of the chain takes the body in too when it is pure
+            // operator work (a cell's `(h, c)` result): one block instead of two.
+            if k == n && is_block_root(body) {
+                if let Some(r) = self.block_expr(&mut b, body)? {
+                    b.env.clear();
+                    let name = format!("{}:{}", self.fn_name(), bindings[start].var.name.name);
+                    let span = bindings[start].span.to(body.span);
+                    let value = self.finish_block(b, &r, &name, false, span);
+                    self.restore(mark);
+                    return Ok(Code::Let {
+                        binds,
+                        body: Box::new(value),
+                    });
+                }
             }
             // The run's outputs: its last binding of each name that is read after the run.
             let mut outs: Vec<(String, BRef)> = Vec::new();
@@ -1114,6 +1151,33 @@ fn prune(mut block: Block) -> Block {
     block.outputs.iter_mut().for_each(fix);
     block.nodes = kept;
     block
+}
+
+/// The value of an input-less block, computed now (`None`: too large, or it fails at run time,
+/// where the error is reported with the instance).
+fn fold_constant(block: &Block) -> Option<Code> {
+    let small = |t: &Ty| match t {
+        Ty::Tensor { .. } => t
+            .as_tensor()
+            .and_then(|(dims, _)| dims.iter().try_fold(1i64, |n, d| n.checked_mul(d.known()?)))
+            .is_some_and(|n| n <= FOLD_MAX_ELEMENTS),
+        Ty::Tuple(ts) => ts.iter().all(|t| {
+            t.as_tensor()
+                .and_then(|(dims, _)| dims.iter().try_fold(1i64, |n, d| n.checked_mul(d.known()?)))
+                .is_some_and(|n| n <= FOLD_MAX_ELEMENTS)
+        }),
+        _ => false,
+    };
+    if !block.nodes.iter().all(|n| small(&n.ty)) {
+        return None;
+    }
+    let mut rng = tumble_tensor::Rng::new(0);
+    let mut octx = tumble_ops::OpCtx { rng: &mut rng };
+    let mut outs = block.eval(&[], &mut octx).ok()?;
+    Some(match (block.output_shape, outs.len()) {
+        (OutputShape::Single, 1) => Code::Lit(outs.remove(0)),
+        _ => Code::Tuple(outs.into_iter().map(Code::Lit).collect()),
+    })
 }
 
 fn literal(l: &Literal) -> Tensor {

@@ -262,6 +262,89 @@ impl<'p> Machine<'p> {
             .ok_or_else(|| RunError::new(format!("internal: slot {s} read before it was set")))
     }
 
+    /// The value of code that needs no evaluation step of its own — a variable, a literal, a
+    /// global, a field of a variable — or `None`. Operands, tuple elements and `let` values are
+    /// mostly such code: taking them at once saves a continuation push and pop and a trip through
+    /// the run loop each (they have no effects, so the evaluation order is unchanged).
+    fn immediate(&self, code: &Code) -> Option<Result<Value, RunError>> {
+        match code {
+            Code::Slot(s) => Some(self.slot(*s)),
+            Code::Lit(t) => Some(Ok(Value::Tensor(t.clone()))),
+            Code::Global(g) => Some(Ok(Value::Closure(Rc::new(Closure::Global(*g))))),
+            Code::Proj(inner, i, span) => match &**inner {
+                Code::Slot(s) => Some(self.slot(*s).and_then(|v| project(&v, *i, *span))),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Evaluates a call's operands from `vals.len()` on: immediate ones at once, then either
+    /// the first that needs steps of its own or, when all are done, the call.
+    fn operands_from(
+        &mut self,
+        call: &'p Code,
+        operands: &'p [Code],
+        mut vals: Vec<Value>,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
+        while let Some(next) = operands.get(vals.len()) {
+            match self.immediate(next) {
+                Some(v) => vals.push(v?),
+                None => {
+                    self.push(Kont::Operands {
+                        call,
+                        operands,
+                        vals,
+                    })?;
+                    return Ok(Step::Eval(next));
+                }
+            }
+        }
+        self.call_step(call, vals, backend)
+    }
+
+    /// A tuple's elements from `vals.len()` on, immediate ones at once.
+    fn tuple_from(
+        &mut self,
+        elems: &'p [Code],
+        mut vals: Vec<Value>,
+    ) -> Result<Step<'p>, RunError> {
+        while let Some(next) = elems.get(vals.len()) {
+            match self.immediate(next) {
+                Some(v) => vals.push(v?),
+                None => {
+                    self.push(Kont::Tuple { elems, vals })?;
+                    return Ok(Step::Eval(next));
+                }
+            }
+        }
+        Ok(Step::Apply(Value::tuple(vals)))
+    }
+
+    /// A `let` chain's bindings from `idx` on, immediate values bound at once, then the body.
+    fn let_from(
+        &mut self,
+        binds: &'p [(u32, Code)],
+        mut idx: usize,
+        body: &'p Code,
+    ) -> Result<Step<'p>, RunError> {
+        while let Some((slot, code)) = binds.get(idx) {
+            match self.immediate(code) {
+                Some(v) => {
+                    let v = v?;
+                    self.set_slot(*slot, v);
+                    idx += 1;
+                }
+                None => {
+                    self.push(Kont::Let { binds, idx, body })?;
+                    return Ok(Step::Eval(code));
+                }
+            }
+        }
+        Ok(Step::Eval(body))
+    }
+
     fn eval(&mut self, code: &'p Code, backend: &mut dyn Backend) -> Result<Step<'p>, RunError> {
         Ok(match code {
             Code::Slot(s) => Step::Apply(self.slot(*s)?),
@@ -281,51 +364,35 @@ impl<'p> Machine<'p> {
                 }
             }
             Code::Lit(t) => Step::Apply(Value::Tensor(t.clone())),
-            Code::Tuple(elems) => match elems.first() {
-                None => Step::Apply(Value::unit()),
-                Some(first) => {
-                    self.push(Kont::Tuple {
-                        elems,
-                        vals: Vec::with_capacity(elems.len()),
-                    })?;
-                    Step::Eval(first)
+            Code::Tuple(elems) => {
+                if elems.is_empty() {
+                    Step::Apply(Value::unit())
+                } else {
+                    self.tuple_from(elems, Vec::with_capacity(elems.len()))?
+                }
+            }
+            Code::Proj(inner, i, span) => match self.immediate(inner) {
+                Some(v) => Step::Apply(project(&v?, *i, *span)?),
+                None => {
+                    self.push(Kont::Proj(*i, *span))?;
+                    Step::Eval(inner)
                 }
             },
-            Code::Proj(inner, i, span) => {
-                self.push(Kont::Proj(*i, *span))?;
-                Step::Eval(inner)
-            }
             Code::CallOp { .. }
             | Code::CallCtor { .. }
             | Code::CallGlobal { .. }
             | Code::InvokeBlock { .. }
             | Code::Call { .. } => {
                 let operands = operands_of(code);
-                match operands.first() {
-                    None => self.call_step(code, Vec::new(), backend)?,
-                    Some(first) => {
-                        let mut vals = self.vals_pool.pop().unwrap_or_default();
-                        vals.reserve(operands.len());
-                        self.push(Kont::Operands {
-                            call: code,
-                            operands,
-                            vals,
-                        })?;
-                        Step::Eval(first)
-                    }
+                if operands.is_empty() {
+                    self.call_step(code, Vec::new(), backend)?
+                } else {
+                    let mut vals = self.vals_pool.pop().unwrap_or_default();
+                    vals.reserve(operands.len());
+                    self.operands_from(code, operands, vals, backend)?
                 }
             }
-            Code::Let { binds, body } => match binds.first() {
-                None => Step::Eval(body),
-                Some((_, first)) => {
-                    self.push(Kont::Let {
-                        binds,
-                        idx: 0,
-                        body,
-                    })?;
-                    Step::Eval(first)
-                }
-            },
+            Code::Let { binds, body } => self.let_from(binds, 0, body)?,
             Code::MakeClosure(index) => {
                 let lambda = self.lambda(*index)?;
                 let mut captured = Vec::with_capacity(lambda.captures.len());
@@ -368,10 +435,13 @@ impl<'p> Machine<'p> {
                 scrutinee,
                 arms,
                 span,
-            } => {
-                self.push(Kont::Match { arms, span: *span })?;
-                Step::Eval(scrutinee)
-            }
+            } => match self.immediate(scrutinee) {
+                Some(v) => self.resume(Kont::Match { arms, span: *span }, v?, backend)?,
+                None => {
+                    self.push(Kont::Match { arms, span: *span })?;
+                    Step::Eval(scrutinee)
+                }
+            },
         })
     }
 
@@ -388,17 +458,7 @@ impl<'p> Machine<'p> {
                 mut vals,
             } => {
                 vals.push(v);
-                match operands.get(vals.len()) {
-                    Some(next) => {
-                        self.push(Kont::Operands {
-                            call,
-                            operands,
-                            vals,
-                        })?;
-                        Step::Eval(next)
-                    }
-                    None => self.call_step(call, vals, backend)?,
-                }
+                self.operands_from(call, operands, vals, backend)?
             }
             Kont::Concurrent {
                 elems,
@@ -427,42 +487,14 @@ impl<'p> Machine<'p> {
             }
             Kont::Tuple { elems, mut vals } => {
                 vals.push(v);
-                match elems.get(vals.len()) {
-                    Some(next) => {
-                        self.push(Kont::Tuple { elems, vals })?;
-                        Step::Eval(next)
-                    }
-                    None => Step::Apply(Value::tuple(vals)),
-                }
+                self.tuple_from(elems, vals)?
             }
-            Kont::Proj(i, span) => match &v {
-                Value::Tuple(t) => Step::Apply(
-                    t.0.get(i as usize)
-                        .cloned()
-                        .ok_or_else(|| RunError::at(span, format!("tuple has no field {i}")))?,
-                ),
-                other => {
-                    return Err(RunError::at(
-                        span,
-                        format!("cannot project field {i} of {}", other.kind()),
-                    ))
-                }
-            },
+            Kont::Proj(i, span) => Step::Apply(project(&v, i, span)?),
             Kont::Let { binds, idx, body } => {
                 if let Some((slot, _)) = binds.get(idx) {
                     self.set_slot(*slot, v);
                 }
-                match binds.get(idx + 1) {
-                    Some((_, next)) => {
-                        self.push(Kont::Let {
-                            binds,
-                            idx: idx + 1,
-                            body,
-                        })?;
-                        Step::Eval(next)
-                    }
-                    None => Step::Eval(body),
-                }
+                self.let_from(binds, idx + 1, body)?
             }
             Kont::If(t, f) => match backend.condition(&v)? {
                 Some(c) => Step::Eval(if c { t } else { f }),
@@ -653,6 +685,21 @@ impl<'p> Machine<'p> {
         if self.slot_pool.len() < 256 {
             self.slot_pool.push(slots);
         }
+    }
+}
+
+/// Field `i` of a tuple value.
+fn project(v: &Value, i: u32, span: Span) -> Result<Value, RunError> {
+    match v {
+        Value::Tuple(t) => {
+            t.0.get(i as usize)
+                .cloned()
+                .ok_or_else(|| RunError::at(span, format!("tuple has no field {i}")))
+        }
+        other => Err(RunError::at(
+            span,
+            format!("cannot project field {i} of {}", other.kind()),
+        )),
     }
 }
 

@@ -3,9 +3,9 @@
 
 use crate::machine::{from_op_value, to_op_value, Backend, InstanceCtx, RunError};
 use crate::value::Value;
-use tumble_compile::{BArg, BVal, Block, OutputShape, Program};
+use tumble_compile::{Block, OutputShape, Program};
 use tumble_ir::{Attrs, Span};
-use tumble_ops::{OpCtx, OpDef, OpValue};
+use tumble_ops::{OpCtx, OpDef};
 use tumble_tensor::Tensor;
 
 pub struct ReferenceBackend<'p> {
@@ -82,44 +82,5 @@ pub fn block_value(b: &Block, mut outs: Vec<Tensor>) -> Value {
 
 /// Runs a block's nodes in order on one invocation's inputs; returns its flat outputs.
 pub fn eval_block(b: &Block, inputs: &[Tensor], octx: &mut OpCtx) -> Result<Vec<Tensor>, String> {
-    let mut results: Vec<OpValue> = Vec::with_capacity(b.nodes.len());
-    for node in &b.nodes {
-        let args = node
-            .args
-            .iter()
-            .map(|a| match a {
-                BArg::One(v) => value(v, inputs, &results).map(OpValue::Tensor),
-                BArg::Tuple(vs) => vs
-                    .iter()
-                    .map(|v| value(v, inputs, &results))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map(OpValue::Tuple),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let out = tumble_ops::eval(node.op, &args, &node.attrs, octx).map_err(|e| e.message)?;
-        results.push(out);
-    }
-    b.outputs
-        .iter()
-        .map(|v| value(v, inputs, &results))
-        .collect()
-}
-
-fn value(v: &BVal, inputs: &[Tensor], results: &[OpValue]) -> Result<Tensor, String> {
-    let missing = || format!("internal: block value {v} is not available");
-    match v {
-        BVal::Input(i) => inputs.get(*i as usize).cloned().ok_or_else(missing),
-        BVal::Node(n) => results
-            .get(*n as usize)
-            .and_then(OpValue::as_tensor)
-            .cloned()
-            .ok_or_else(missing),
-        BVal::Field(n, f) => results
-            .get(*n as usize)
-            .and_then(OpValue::as_tuple)
-            .and_then(|ts| ts.get(*f as usize))
-            .cloned()
-            .ok_or_else(missing),
-        BVal::Const(t) => Ok(t.clone()),
-    }
+    b.eval(inputs, octx)
 }

@@ -51,6 +51,9 @@ struct Node {
     out_shapes: std::rc::Rc<Vec<Vec<usize>>>,
     out: Option<Vec<Slot>>,
     span: Span,
+    /// A deferred sum (sum fusion): never launched; `args` are its terms (none of them a deferred
+    /// sum), added in order when a launch first reads it ([`Dfg::materialize_sums`]).
+    sum: bool,
 }
 
 pub struct Dfg<'p> {
@@ -71,6 +74,8 @@ pub struct Dfg<'p> {
     launch_rng: Rng,
     /// Per block: `Block::returns_only_scalars` (computed once, read per invocation).
     scalar_blocks: Vec<bool>,
+    /// Per block: it only adds its two f32 inputs (see [`Block::is_sum`]).
+    sum_blocks: Vec<bool>,
     /// Kernel plan per block (empty when fusion is off).
     plans: Vec<crate::fused::BlockPlan>,
     /// Threads lent by workers that have finished (a share is added to `opts.threads` at each
@@ -142,6 +147,13 @@ fn infer_shapes(block: &Block, inputs: &[Vec<usize>]) -> Result<Vec<Vec<usize>>,
         .collect()
 }
 
+/// True for a small f32 tensor of zeros (a fold's initial `zeros(..)`): adding it changes nothing.
+fn is_zero_term(t: &Tensor) -> bool {
+    t.len() <= 1 << 16
+        && t.as_slice::<f32>()
+            .is_some_and(|v| v.iter().all(|&x| x == 0.0))
+}
+
 impl<'p> Dfg<'p> {
     pub fn new(program: &'p Program, reuse: &'p Reuse, opts: Options) -> Self {
         Dfg {
@@ -160,6 +172,7 @@ impl<'p> Dfg<'p> {
                 .iter()
                 .map(Block::returns_only_scalars)
                 .collect(),
+            sum_blocks: program.blocks.iter().map(Block::is_sum).collect(),
             plans: if opts.fusion {
                 let popts = crate::fused::PlanOptions {
                     row_cache: opts.row_cache,
@@ -218,6 +231,7 @@ impl<'p> Dfg<'p> {
             .get(r.node as usize)
             .ok_or_else(|| RunError::new("internal: unknown lazy value"))?;
         match &node.out {
+            None if node.sum => self.sum_on_host(node),
             None => Ok(None),
             Some(slots) => slots
                 .get(r.output as usize)
@@ -226,6 +240,162 @@ impl<'p> Dfg<'p> {
                 .map(Some)
                 .map_err(RunError::new),
         }
+    }
+
+    /// A deferred sum whose terms are all computed, added on the host (it is read outside any
+    /// launch: a result, a condition, an operator outside a block).
+    fn sum_on_host(&self, node: &Node) -> Result<Option<Tensor>, RunError> {
+        if !node.args.iter().all(|a| self.arg_ready(a)) {
+            return Ok(None);
+        }
+        let shape = node.out_shapes.first().cloned().unwrap_or_default();
+        let mut acc = vec![0f32; shape.iter().product()];
+        for a in &node.args {
+            self.add_term(&mut acc, a)?;
+        }
+        Tensor::from_vec(shape, acc)
+            .map(Some)
+            .map_err(|e| RunError::new(format!("internal: sum: {e}")))
+    }
+
+    /// Adds one term of a deferred sum to `acc` (same length).
+    fn add_term(&self, acc: &mut [f32], a: &Arg) -> Result<(), RunError> {
+        let (t, row) = match a {
+            Arg::Val(t) => (t, None),
+            Arg::Lazy(r) => {
+                let s = self.slot(r)?;
+                (&s.tensor, s.row)
+            }
+        };
+        let n = acc.len();
+        let all = t
+            .as_slice::<f32>()
+            .ok_or_else(|| RunError::new("internal: sum term is not f32"))?;
+        let src = match row {
+            None => all.get(..n),
+            Some(r) => all.get(r as usize * n..(r as usize + 1) * n),
+        }
+        .filter(|s| s.len() == n)
+        .ok_or_else(|| RunError::new("internal: sum term has another shape"))?;
+        for (d, s) in acc.iter_mut().zip(src) {
+            *d += *s;
+        }
+        Ok(())
+    }
+
+    /// Computes the deferred sums among `ids` (each once) into one batch, row by row, so that the
+    /// launch reading them finds ordinary rows of an earlier output (contiguous when it reads
+    /// them in this order: no copy at all).
+    fn materialize_sums(&mut self, ids: &[u32]) -> Result<(), RunError> {
+        let mut todo: Vec<u32> = Vec::new();
+        for &id in ids {
+            if self
+                .nodes
+                .get(id as usize)
+                .is_some_and(|n| n.sum && n.out.is_none())
+                && !todo.contains(&id)
+            {
+                todo.push(id);
+            }
+        }
+        let Some(&first) = todo.first() else {
+            return Ok(());
+        };
+        let shape = self
+            .nodes
+            .get(first as usize)
+            .and_then(|n| n.out_shapes.first().cloned())
+            .unwrap_or_default();
+        let len: usize = shape.iter().product();
+        let mut data = tumble_tensor::pool::zeroed_f32(todo.len() * len);
+        let mut terms = 0;
+        for (k, &id) in todo.iter().enumerate() {
+            let node = self
+                .nodes
+                .get(id as usize)
+                .ok_or_else(|| RunError::new("internal: unknown sum"))?;
+            if node.out_shapes.first() != Some(&shape) {
+                return Err(RunError::new(
+                    "internal: sums of different shapes in one input",
+                ));
+            }
+            for a in &node.args {
+                self.add_term(&mut data[k * len..(k + 1) * len], a)?;
+            }
+            terms += node.args.len() as u64;
+        }
+        let mut batch_shape = Vec::with_capacity(shape.len() + 1);
+        batch_shape.push(todo.len());
+        batch_shape.extend_from_slice(&shape);
+        let batch = Tensor::from_vec(batch_shape, data)
+            .map_err(|e| RunError::new(format!("internal: sum: {e}")))?;
+        for (k, &id) in todo.iter().enumerate() {
+            if let Some(n) = self.nodes.get_mut(id as usize) {
+                n.out = Some(vec![Slot {
+                    tensor: batch.clone(),
+                    row: Some(k as u32),
+                }]);
+                n.args = Vec::new();
+            }
+        }
+        self.profile.sum_terms += terms;
+        Ok(())
+    }
+
+    /// Sum fusion: the value of `add(a, b)` as a deferred sum, or `None` to record it normally
+    /// (no uncomputed term, or shapes that would broadcast).
+    fn try_sum(
+        &mut self,
+        block_id: u32,
+        args: &[Arg],
+        span: Span,
+    ) -> Result<Option<Value>, RunError> {
+        if !args.iter().any(|a| matches!(a, Arg::Lazy(_))) {
+            return Ok(None);
+        }
+        let shape = self.arg_shape(&args[0])?.to_vec();
+        for a in &args[1..] {
+            if self.arg_shape(a)? != shape.as_slice() {
+                return Ok(None);
+            }
+        }
+        let mut terms = Vec::with_capacity(args.len());
+        for a in args {
+            match a {
+                Arg::Val(t) if is_zero_term(t) => {}
+                Arg::Lazy(r) => match self.nodes.get(r.node as usize) {
+                    Some(n) if n.sum && n.out.is_none() => terms.extend(n.args.iter().cloned()),
+                    _ => terms.push(a.clone()),
+                },
+                Arg::Val(_) => terms.push(a.clone()),
+            }
+        }
+        self.profile.sums += 1;
+        if let [Arg::Lazy(r)] = terms[..] {
+            // `x + 0`: the value is `x` itself.
+            return Ok(Some(Value::Lazy(r)));
+        }
+        let depth = terms
+            .iter()
+            .map(|a| self.arg_depth(a))
+            .max()
+            .unwrap_or(1)
+            .saturating_sub(1);
+        let id = self.nodes.len() as u32;
+        self.nodes.push(Node {
+            block: block_id,
+            args: terms,
+            depth,
+            key: 0,
+            out_shapes: std::rc::Rc::new(vec![shape]),
+            out: None,
+            span,
+            sum: true,
+        });
+        Ok(Some(Value::Lazy(LazyRef {
+            node: id,
+            output: 0,
+        })))
     }
 
     fn lazy_value(&self, block: &Block, node: u32) -> Value {
@@ -309,12 +479,14 @@ impl<'p> Dfg<'p> {
                 continue;
             };
             let mut count = 0;
+            let mut deps = Vec::new();
             for a in &n.args {
-                if let Arg::Lazy(r) = a {
-                    if pending_set.contains(&r.node) {
-                        count += 1;
-                        consumers.entry(r.node).or_default().push(id);
-                    }
+                self.arg_deps(a, &mut deps);
+            }
+            for dep in deps {
+                if pending_set.contains(&dep) {
+                    count += 1;
+                    consumers.entry(dep).or_default().push(id);
                 }
             }
             if count == 0 {
@@ -366,15 +538,43 @@ impl<'p> Dfg<'p> {
     }
 
     fn inputs_ready(&self, id: u32) -> bool {
-        self.nodes.get(id as usize).is_some_and(|n| {
-            n.args.iter().all(|a| match a {
-                Arg::Val(_) => true,
-                Arg::Lazy(r) => self
-                    .nodes
-                    .get(r.node as usize)
-                    .is_some_and(|m| m.out.is_some()),
-            })
-        })
+        self.nodes
+            .get(id as usize)
+            .is_some_and(|n| n.args.iter().all(|a| self.arg_ready(a)))
+    }
+
+    /// The argument is computed, or is a deferred sum of computed terms.
+    fn arg_ready(&self, a: &Arg) -> bool {
+        match a {
+            Arg::Val(_) => true,
+            Arg::Lazy(r) => self.nodes.get(r.node as usize).is_some_and(|m| {
+                m.out.is_some()
+                    || (m.sum
+                        && m.args.iter().all(|t| match t {
+                            Arg::Val(_) => true,
+                            Arg::Lazy(q) => self
+                                .nodes
+                                .get(q.node as usize)
+                                .is_some_and(|x| x.out.is_some()),
+                        }))
+            }),
+        }
+    }
+
+    /// The recorded nodes an argument waits for: itself, or a deferred sum's terms.
+    fn arg_deps(&self, a: &Arg, out: &mut Vec<u32>) {
+        if let Arg::Lazy(r) = a {
+            match self.nodes.get(r.node as usize) {
+                Some(m) if m.sum && m.out.is_none() => {
+                    for t in &m.args {
+                        if let Arg::Lazy(q) = t {
+                            out.push(q.node);
+                        }
+                    }
+                }
+                _ => out.push(r.node),
+            }
+        }
     }
 
     fn slot(&self, r: &LazyRef) -> Result<&Slot, RunError> {
@@ -461,6 +661,14 @@ impl<'p> Dfg<'p> {
     /// if it is exactly these rows in order, else a list of the rows where they lie (gather
     /// fusion) or stacked.
     fn gather(&mut self, block: u32, i: usize, ids: &[u32]) -> Result<BV, RunError> {
+        let sums: Vec<u32> = ids
+            .iter()
+            .filter_map(|&id| match self.nodes.get(id as usize)?.args.get(i)? {
+                Arg::Lazy(r) => Some(r.node),
+                Arg::Val(_) => None,
+            })
+            .collect();
+        self.materialize_sums(&sums)?;
         let args: Vec<&Arg> = ids
             .iter()
             .filter_map(|&id| self.nodes.get(id as usize).and_then(|n| n.args.get(i)))
@@ -663,6 +871,15 @@ impl Backend for Dfg<'_> {
             self.profile.time_dfg += t0.elapsed();
             return Ok(block_value(block, outs));
         }
+        if self.opts.sum_fusion
+            && self.opts.scheduler != Scheduler::Eager
+            && self.sum_blocks.get(block_id as usize) == Some(&true)
+        {
+            if let Some(v) = self.try_sum(block_id, &recorded, span)? {
+                self.profile.time_dfg += t0.elapsed();
+                return Ok(v);
+            }
+        }
         // Exact keys (see `intern`): block and input shapes, rank first so that shapes of
         // different ranks cannot run together.
         let mut words = std::mem::take(&mut self.key_words);
@@ -754,6 +971,7 @@ impl Backend for Dfg<'_> {
             out_shapes,
             out: None,
             span,
+            sum: false,
         });
         self.profile.nodes += 1;
         self.profile.time_dfg += t0.elapsed();

@@ -83,6 +83,11 @@ pub struct Options {
     /// With several workers, one that runs out of mini-batches lends its kernel threads to the
     /// launches of those still running (see [`workers`]).
     pub lend_threads: bool,
+    /// Sum fusion: an invocation of a block that only adds two same-shaped f32 tensors (a child
+    /// sum written as `@foldl(add, ..)`) is not launched; the terms are kept, chains of adds
+    /// flatten into one n-ary sum, zero literals drop out, and the rows are summed where a launch
+    /// reads them.
+    pub sum_fusion: bool,
 }
 
 impl Default for Options {
@@ -100,6 +105,7 @@ impl Default for Options {
             gather_fusion: true,
             epilogue: true,
             lend_threads: true,
+            sum_fusion: true,
             threads: 1,
         }
     }

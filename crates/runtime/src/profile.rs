@@ -22,6 +22,10 @@ pub struct Profile {
     pub nodes: u64,
     /// Block invocations run on the host at once because every input was known and small.
     pub host_invocations: u64,
+    /// Invocations of two-term `add` blocks kept as deferred sums (sum fusion), and the terms of
+    /// the sums read by launches.
+    pub sums: u64,
+    pub sum_terms: u64,
     pub launches: u64,
     /// Times the instances all stopped (done or waiting for a value) and the graph was evaluated.
     pub flushes: u64,
@@ -63,6 +67,8 @@ impl Profile {
         self.mini_batches += o.mini_batches;
         self.nodes += o.nodes;
         self.host_invocations += o.host_invocations;
+        self.sums += o.sums;
+        self.sum_terms += o.sum_terms;
         self.launches += o.launches;
         self.flushes += o.flushes;
         for (k, v) in &o.per_block {
@@ -133,6 +139,13 @@ impl fmt::Display for Profile {
             self.instances, self.mini_batches, self.nodes, self.host_invocations, self.launches, self.flushes
         )?;
         writeln!(f, "mean batch size {:.2}", self.mean_batch())?;
+        if self.sums > 0 {
+            writeln!(
+                f,
+                "sum fusion: {} add invocations kept as sums, {} terms summed inside launches",
+                self.sums, self.sum_terms
+            )?;
+        }
         writeln!(
             f,
             "operators: {} batched, {} per-invocation (no batching rule), {} shared-only",

@@ -349,8 +349,9 @@ fn every_combination_of_switches() {
             }
             let label = format!(
                 "{} coarsen={coarsen} fusion={fusion} phases={phases} hoist={hoist} ghosts={ghosts} dup={dup} \
-                 hfuse={hfuse} gather_fusion={gather_fusion} row_cache={row_cache} epilogue={epilogue}",
-                case.model
+                 hfuse={hfuse} gather_fusion={gather_fusion} row_cache={row_cache} epilogue={epilogue} sum_fusion={}",
+                case.model,
+                phases != hoist
             );
             let statics = tumble_compile::StaticOptions {
                 dup,
@@ -372,6 +373,8 @@ fn every_combination_of_switches() {
                 ghosts,
                 dup,
                 lend_threads: true,
+                // Not a switch of its own (that would double the combinations): on in half of them.
+                sum_fusion: phases != hoist,
                 threads: 1,
             };
             check_batched(&x, &program, &reuse, 7, opts, &label);

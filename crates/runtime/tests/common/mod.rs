@@ -135,6 +135,7 @@ pub fn compile(
         LowerOptions {
             blocks: true,
             coarsen,
+            fold: coarsen,
         },
     )
     .unwrap_or_else(|e| panic!("{}", e.message));
@@ -205,6 +206,7 @@ pub fn check_all_ways(x: &Expected) {
                     ghosts: fusion,
                     dup: fusion,
                     lend_threads: fusion,
+                    sum_fusion: fusion,
                     threads: if batch == 7 { 2 } else { 1 },
                 };
                 let label = format!(
