@@ -639,14 +639,30 @@ impl<'t> Checker<'t> {
             self.err(d);
             return result;
         };
-        if op.arity != call.args.len() {
-            self.check_arity(
-                span,
-                &format!("`{name}`"),
-                "argument",
-                op.arity,
-                call.args.len(),
-            );
+        if !op.takes(call.args.len()) {
+            match op.alt_arity {
+                None => self.check_arity(
+                    span,
+                    &format!("`{name}`"),
+                    "argument",
+                    op.arity,
+                    call.args.len(),
+                ),
+                // Two call forms: the relation's message says what each form takes.
+                Some(_) => {
+                    let msg = (op.relation)(&arg_tys, &call.attrs)
+                        .err()
+                        .map(|e| e.message)
+                        .unwrap_or_else(|| {
+                            format!(
+                                "`{name}` takes {} arguments, found {}",
+                                op.arity_text(),
+                                call.args.len()
+                            )
+                        });
+                    self.err(Diagnostic::error(span, msg));
+                }
+            }
             return result;
         }
         if let Err((attr, msg)) = tumble_ops::check_attrs(op, &call.attrs) {

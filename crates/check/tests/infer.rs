@@ -226,3 +226,21 @@ fn intrinsics_type_check() {
     );
     assert_eq!(sig(&m, "gen"), "fn () -> Tensor[(), int32]");
 }
+
+/// ACROBAT's `random.db_uniform(low, high, out_shape=[], out_dtype="int32")`: the bounds are scalar
+/// tensors known at run time (a literal, a counter, a value computed from tensors).
+#[test]
+fn db_uniform_with_run_time_bounds() {
+    let m = check(
+        "def @gen(%depth: Tensor[(), int32], %x: Tensor[(1, 4), float32]) {
+           let %a = random.db_uniform(0, 3 - %depth, out_shape=[], out_dtype=\"int32\");
+           let %hi = sum(sigmoid(%x));
+           let %b = random.db_uniform(0f, %hi, out_shape=[2, 2], out_dtype=\"float32\");
+           (%a, %b)
+         }",
+    );
+    assert_eq!(
+        sig(&m, "gen"),
+        "fn (Tensor[(), int32], Tensor[(1, 4), float32]) -> (Tensor[(), int32], Tensor[(2, 2), float32])"
+    );
+}

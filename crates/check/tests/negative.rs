@@ -19,6 +19,26 @@ fn errors(src: &str) -> Vec<String> {
 /// (name, source, expected first error)
 const CASES: &[(&str, &str, &str)] = &[
     (
+        "db_uniform_one_bound",
+        "def @f(%n: Tensor[(), int32]) {\n  random.db_uniform(%n, out_shape=[])\n}",
+        "t.rly:2:3: error: random.db_uniform: expected 2 arguments (low, high), or 0 with `low=`/`high=` attributes, found 1",
+    ),
+    (
+        "db_uniform_vector_bound",
+        "def @f(%n: Tensor[(2), int32]) {\n  random.db_uniform(0, %n, out_shape=[])\n}",
+        "t.rly:2:24: error: random.db_uniform: high must be a scalar tensor, found Tensor[(2), int32]",
+    ),
+    (
+        "db_uniform_bounds_twice",
+        "def @f(%n: Tensor[(), int32]) {\n  random.db_uniform(0, %n, high=3, out_shape=[])\n}",
+        "t.rly:2:3: error: random.db_uniform: the bounds are given as arguments; remove the attribute `high`",
+    ),
+    (
+        "db_uniform_no_bounds",
+        "def @f() {\n  random.db_uniform(out_shape=[])\n}",
+        "t.rly:2:3: error: random.db_uniform: give the bounds as two arguments, `random.db_uniform(low, high, out_shape=[...])`, or as the attributes `low=` and `high=`",
+    ),
+    (
         "dense_columns",
         "def @f(%x: Tensor[(1, 512), float32], %w: Tensor[(256, 256), float32]) {\n  nn.dense(%x, %w)\n}",
         "t.rly:2:3: error: nn.dense: input has 512 columns but weight expects 256",

@@ -112,8 +112,12 @@ pub fn ops() -> ExitCode {
         println!(
             "{:<20} {} arg{}{attrs:<40}  {}",
             op.name,
-            op.arity,
-            if op.arity == 1 { " " } else { "s" },
+            op.arity_text(),
+            if op.arity == 1 && op.alt_arity.is_none() {
+                " "
+            } else {
+                "s"
+            },
             op.doc
         );
     }

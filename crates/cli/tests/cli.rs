@@ -463,6 +463,71 @@ fn deep_instances_run_on_workers() {
     assert_eq!(lines[0], lines[1]);
 }
 
+/// A program drawing with `random.db_uniform` (ACROBAT's form: bounds as run-time tensors, one
+/// of them computed from the instance's data) prints the same draws whatever the mini-batch size
+/// and engine: instance i draws from its own stream of `--seed`.
+#[test]
+fn random_draws_do_not_depend_on_batching_or_engine() {
+    let model = temp_file(
+        "draws.rly",
+        r#"#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 4), float32], %n: Tensor[(), int32]) -> (Tensor[(), int32], Tensor[(3), float32]) {
+  let %m = add(sum(cast(greater(tanh(%x), 0f), dtype="int32")), 2);
+  let %a = random.db_uniform(0, %n, out_shape=[], out_dtype="int32");
+  let %b = random.db_uniform(-1f, cast(%m, dtype="float32"), out_shape=[3], out_dtype="float32");
+  (%a + random.db_uniform(0, %m, out_shape=[], out_dtype="int32"), %b)
+}
+"#,
+    );
+    let inputs: String = (0..7)
+        .map(|i| {
+            format!(
+                "{{\"x\": [[0.{i}, -1.0, {i}.5, -0.{i}]], \"n\": {}}}\n",
+                2 + i
+            )
+        })
+        .collect();
+    let inputs = temp_file("draws.jsonl", &inputs);
+    let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
+    let run = |extra: &[&str]| {
+        let out = tumble(&[&["run", &model, "--inputs", &inputs, "--seed", "9"], extra].concat());
+        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let one = run(&["--batch", "1"]);
+    assert_eq!(one.lines().count(), 7);
+    assert_eq!(one, run(&["--batch", "3"]), "--batch 3 drew differently");
+    assert_eq!(
+        one,
+        run(&["--engine", "reference"]),
+        "the reference engine drew differently"
+    );
+    assert_eq!(one, run(&["--batch", "3", "--scheduler", "eager"]));
+    let other = tumble(&["run", &model, "--inputs", &inputs, "--seed", "10"]);
+    assert_ne!(one, text(&other.stdout), "--seed does not change the draws");
+}
+
+/// The ACROBAT-form zoo models check, and ACROBAT's DRNN generates the same trees batched
+/// (`--batch 1`, `--batch 3`) and in the reference engine.
+#[test]
+fn acrobat_form_models_check_and_agree_across_engines() {
+    for m in ["drnn_small", "drnn_large", "berxit_small", "berxit_large"] {
+        let out = tumble(&["check", "-q", &zoo_model(&format!("acrobat/{m}"))]);
+        assert!(out.status.success(), "{m}: {}", text(&out.stderr));
+    }
+    let model = zoo_model("acrobat/drnn_small");
+    let inputs = example("drnn_small");
+    let run = |extra: &[&str]| {
+        let out = run_random(&model, &inputs, &[&["--seed", "3"], extra].concat());
+        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let one = run(&["--batch", "1"]);
+    assert_eq!(one.lines().count(), 4);
+    assert_eq!(one, run(&["--batch", "3"]));
+    assert_eq!(one, run(&["--engine", "reference"]));
+}
+
 /// `--repeat N` runs the job N times in one process: the same outputs as one run, and the
 /// profile lists every run's time.
 #[test]

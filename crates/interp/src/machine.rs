@@ -57,6 +57,14 @@ pub trait Backend {
     /// The truth value of an `if` condition, or `None` if it is not computed yet (the instance
     /// then suspends until the backend has computed it).
     fn condition(&mut self, v: &Value) -> Result<Option<bool>, RunError>;
+
+    /// Whether the arguments of an operator called outside a block are computed. Such operators
+    /// (random draws) run on the host in the instance's program order, so an argument still
+    /// pending in a lazy backend (`random.db_uniform(0, %n)` with `%n` from a block) suspends the
+    /// instance, like an unready `if` condition, until the backend has computed it.
+    fn op_args_ready(&mut self, _args: &[Value]) -> Result<bool, RunError> {
+        Ok(true)
+    }
 }
 
 /// How a call to [`Machine::run`] ended.
@@ -135,6 +143,9 @@ enum Kont<'p> {
 enum Step<'p> {
     Eval(&'p Code),
     Apply(Value),
+    /// An operator call outside a block whose operands are evaluated; kept as a step so that the
+    /// machine can suspend before it when an operand is not computed yet.
+    CallOp(&'p Code, Vec<Value>),
 }
 
 pub struct Machine<'p> {
@@ -210,6 +221,13 @@ impl<'p> Machine<'p> {
                     }
                 }
                 Step::Eval(code) => self.eval(code, backend)?,
+                Step::CallOp(code, vals) => {
+                    if !backend.op_args_ready(&vals)? {
+                        self.pending = Some(Step::CallOp(code, vals));
+                        return Ok(Outcome::Blocked);
+                    }
+                    self.call(code, vals, backend)?
+                }
                 Step::Apply(v) => match self.stack.pop() {
                     None => return Ok(Outcome::Done(v)),
                     Some(Kont::If(t, f)) => match backend.condition(&v)? {
@@ -283,7 +301,7 @@ impl<'p> Machine<'p> {
                 }
             }
         }
-        self.call(call, vals, backend)
+        self.call_step(call, vals, backend)
     }
 
     /// A tuple's elements from `vals.len()` on, immediate ones at once.
@@ -367,7 +385,7 @@ impl<'p> Machine<'p> {
             | Code::Call { .. } => {
                 let operands = operands_of(code);
                 if operands.is_empty() {
-                    self.call(code, Vec::new(), backend)?
+                    self.call_step(code, Vec::new(), backend)?
                 } else {
                     let mut vals = self.vals_pool.pop().unwrap_or_default();
                     vals.reserve(operands.len());
@@ -515,6 +533,20 @@ impl<'p> Machine<'p> {
     fn set_slot(&mut self, slot: u32, v: Value) {
         if let Some(s) = self.frame.slots.get_mut(slot as usize) {
             *s = Some(v);
+        }
+    }
+
+    /// A call whose operands are evaluated: operator calls go through [`Step::CallOp`] (which may
+    /// suspend), every other call is performed at once.
+    fn call_step(
+        &mut self,
+        code: &'p Code,
+        vals: Vec<Value>,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
+        match code {
+            Code::CallOp { .. } => Ok(Step::CallOp(code, vals)),
+            _ => self.call(code, vals, backend),
         }
     }
 

@@ -238,6 +238,10 @@ pub struct OpDef {
     pub name: &'static str,
     /// Number of positional arguments.
     pub arity: usize,
+    /// Another accepted number of positional arguments, for operators with two call forms:
+    /// `random.db_uniform` takes its bounds as 2 tensor arguments (ACROBAT's form, bounds known
+    /// at run time) or, with 0 arguments, as `low`/`high` attributes. The relation tells them apart.
+    pub alt_arity: Option<usize>,
     pub attrs: &'static [AttrSpec],
     pub relation: Relation,
     /// The reference implementation; call it through [`eval`], which checks the arguments first.
@@ -245,6 +249,27 @@ pub struct OpDef {
     pub class: FusionClass,
     /// One line for `--help`-style listings.
     pub doc: &'static str,
+}
+
+impl OpDef {
+    /// The same operator, also callable with `n` positional arguments (see `alt_arity`).
+    pub const fn or_arity(mut self, n: usize) -> OpDef {
+        self.alt_arity = Some(n);
+        self
+    }
+
+    /// Whether the operator can be called with `n` positional arguments.
+    pub fn takes(&self, n: usize) -> bool {
+        n == self.arity || self.alt_arity == Some(n)
+    }
+
+    /// The accepted argument counts for messages: `2`, or `2 or 0`.
+    pub fn arity_text(&self) -> String {
+        match self.alt_arity {
+            Some(alt) => format!("{} or {alt}", self.arity),
+            None => self.arity.to_string(),
+        }
+    }
 }
 
 impl std::fmt::Debug for OpDef {

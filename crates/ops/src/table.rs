@@ -32,6 +32,7 @@ const fn op(
     OpDef {
         name,
         arity,
+        alt_arity: None,
         attrs,
         relation,
         kernel,
@@ -142,9 +143,13 @@ static OPS: &[OpDef] = &[
         "phase boundary: ops after it run in the next program phase; returns ()"),
     op("db.concurrent", 1, NONE, create::concurrent, k::create::concurrent, Opaque,
         "marks the elements of a literal tuple as independent (same inline depth); returns the tuple"),
-    op("random.db_uniform", 0,
-        &[req("low", Float), req("high", Float), req("out_shape", Ints), opt("out_dtype", DType, "\"int32\"")],
-        create::db_uniform, k::create::db_uniform, Opaque, "seeded uniform random draw in [low, high) of `out_shape`"),
+    // ACROBAT's form passes the bounds as scalar tensors (`random.db_uniform(0, %n, out_shape=[])`);
+    // the attribute form (`low=`, `high=`, no arguments) is kept.
+    op("random.db_uniform", 2,
+        &[opt("low", Float, "None"), opt("high", Float, "None"), req("out_shape", Ints), opt("out_dtype", DType, "\"int32\"")],
+        create::db_uniform, k::create::db_uniform, Opaque,
+        "seeded uniform random draw in [low, high) of `out_shape`; bounds as 2 scalar tensor arguments, or as attributes with no arguments")
+        .or_arity(0),
 ];
 
 /// Every operator, in table order.

@@ -106,6 +106,48 @@ fn db_uniform_is_deterministic_per_seed() {
     assert_eq!(x1.as_tensor().unwrap().as_i32().unwrap(), &want[..]);
 }
 
+/// ACROBAT's form draws exactly what the attribute form draws for the same bounds and stream;
+/// bounds that make no range are located errors naming the values.
+#[test]
+fn db_uniform_with_tensor_bounds() {
+    let op = lookup("random.db_uniform").unwrap();
+    let by_attrs = attrs(&[("low", I(2)), ("high", I(9)), ("out_shape", ints(&[5]))]);
+    let shape = attrs(&[("out_shape", ints(&[5]))]);
+    let bounds = |lo: i32, hi: i32| {
+        vec![
+            OpValue::Tensor(Tensor::scalar_i32(lo)),
+            OpValue::Tensor(Tensor::scalar_i32(hi)),
+        ]
+    };
+    let draw = |args: &[OpValue], a: &tumble_ir::Attrs| {
+        let mut rng = Rng::new(5);
+        let mut ctx = OpCtx { rng: &mut rng };
+        eval(op, args, a, &mut ctx)
+    };
+    assert_eq!(draw(&bounds(2, 9), &shape), draw(&[], &by_attrs));
+    let floats = vec![
+        OpValue::Tensor(Tensor::scalar_f32(-1.0)),
+        OpValue::Tensor(Tensor::scalar_f32(1.0)),
+    ];
+    let fa = attrs(&[
+        ("out_shape", ints(&[64])),
+        ("out_dtype", S("float32".into())),
+    ]);
+    let t = draw(&floats, &fa).unwrap();
+    let xs = t.as_tensor().and_then(|t| t.as_f32()).unwrap();
+    assert!(xs.iter().all(|x| (-1.0..1.0).contains(x)), "{xs:?}");
+    let e = draw(&bounds(0, -2), &shape).unwrap_err();
+    assert_eq!(
+        e.message,
+        "random.db_uniform: the bounds computed at run time are low = 0, high = -2; low must be a \
+         finite number not above high"
+    );
+    assert_eq!(
+        draw(&bounds(3, 3), &shape).unwrap(),
+        OpValue::Tensor(Tensor::from_i32([5], vec![3; 5]).unwrap())
+    );
+}
+
 #[test]
 fn copy_owns_its_buffer() {
     let x = Tensor::from_f32([2], vec![1.0, 2.0]).unwrap();

@@ -1355,6 +1355,48 @@ fn intrinsics() {
         &[("low", I(5)), ("high", I(1)), ("out_shape", ints(&[]))],
         "low (5.0) must be a finite number not above high (1.0)",
     );
+    // ACROBAT's form: the bounds are scalar tensors (values known at run time).
+    let shape_only = |dt: &str| vec![("out_shape", ints(&[])), ("out_dtype", S(dt.into()))];
+    let i32s = t(&[], Int32);
+    ok(
+        "random.db_uniform",
+        &[i32s.clone(), i32s.clone()],
+        &shape_only("int32"),
+        t(&[], Int32),
+    );
+    ok(
+        "random.db_uniform",
+        &[f32t(&[]), i32s.clone()],
+        &[
+            ("out_shape", ints(&[3])),
+            ("out_dtype", S("float32".into())),
+        ],
+        f32t(&[3]),
+    );
+    bad(
+        "random.db_uniform",
+        &[i32s.clone(), t(&[1], Int32)],
+        &shape_only("int32"),
+        "random.db_uniform: high must be a scalar tensor, found Tensor[(1), int32]",
+    );
+    bad(
+        "random.db_uniform",
+        &[t(&[], Bool), i32s.clone()],
+        &shape_only("int32"),
+        "random.db_uniform: low must have a numeric dtype, found bool",
+    );
+    bad(
+        "random.db_uniform",
+        &[i32s.clone(), i32s.clone()],
+        &[("low", I(0)), ("out_shape", ints(&[]))],
+        "remove the attribute `low`",
+    );
+    bad(
+        "random.db_uniform",
+        &[i32s],
+        &shape_only("int32"),
+        "random.db_uniform: expected 2 arguments (low, high), or 0 with `low=`/`high=` attributes, found 1",
+    );
 }
 
 #[test]

@@ -764,7 +764,8 @@ impl Backend for Dfg<'_> {
         span: Span,
     ) -> Result<Value, RunError> {
         // Operators outside blocks are the impure ones (random draws, intrinsics): they run on the
-        // host, in the instance's program order, from its own random stream.
+        // host, in the instance's program order, from its own random stream. The machine calls
+        // them only once `op_args_ready` holds, so lazy arguments are computed by now.
         let mut plain = Vec::with_capacity(args.len());
         for a in args {
             match a {
@@ -780,6 +781,31 @@ impl Backend for Dfg<'_> {
                         ))
                     }
                 },
+                Value::Tuple(t) if t.0.iter().any(|f| matches!(f, Value::Lazy(_))) => {
+                    let mut fields = Vec::with_capacity(t.0.len());
+                    for f in &t.0 {
+                        fields.push(match f {
+                            Value::Lazy(r) => self.concrete(*r)?.ok_or_else(|| {
+                                RunError::at(
+                                    span,
+                                    format!("{}: input is not computed yet", op.name),
+                                )
+                            })?,
+                            Value::Tensor(t) => t.clone(),
+                            other => {
+                                return Err(RunError::at(
+                                    span,
+                                    format!(
+                                        "{}: expected a tuple of tensors, found {} in it",
+                                        op.name,
+                                        other.kind()
+                                    ),
+                                ))
+                            }
+                        });
+                    }
+                    plain.push(OpValue::Tuple(fields));
+                }
                 other => plain.push(
                     tumble_interp::machine::to_op_value(other)
                         .map_err(|m| RunError::at(span, format!("{}: {m}", op.name)))?,
@@ -962,6 +988,24 @@ impl Backend for Dfg<'_> {
         if self.opts.ghosts && self.opts.scheduler == Scheduler::Inline {
             ctx.depth += n;
         }
+    }
+
+    fn op_args_ready(&mut self, args: &[Value]) -> Result<bool, RunError> {
+        // An argument, or a field of a tuple argument, that is lazy and not computed yet.
+        let pending = |v: &Value| match v {
+            Value::Lazy(r) => self.concrete(*r).map(|t| t.is_none()),
+            _ => Ok(false),
+        };
+        for a in args {
+            let waits = match a {
+                Value::Tuple(t) => t.0.iter().map(pending).collect::<Result<Vec<_>, _>>()?,
+                other => vec![pending(other)?],
+            };
+            if waits.contains(&true) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     fn condition(&mut self, v: &Value) -> Result<Option<bool>, RunError> {

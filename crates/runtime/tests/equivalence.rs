@@ -142,7 +142,39 @@ fn cases() -> Vec<Case> {
             inputs: berxit_inputs(),
             plain: true,
         },
+        // ACROBAT's forms: decisions drawn by `random.db_uniform` with run-time bounds.
+        Case {
+            model: "acrobat/drnn_small",
+            map: &[("256", "8"), ("512", "16")],
+            inputs: drnn_inputs(8),
+            plain: false,
+        },
+        Case {
+            model: "acrobat/berxit_small",
+            map: &[("768", "24"), ("64", "2"), ("3072", "48")],
+            // Threshold 2 (never confident): ACROBAT's purely random exits, a draw whose bound
+            // is computed from the exit classifier; threshold 0: a certain exit at layer 1.
+            inputs: acrobat_berxit_inputs(),
+            plain: false,
+        },
     ]
+}
+
+/// Six Berxit instances from the two examples, most with threshold 2 (random exits only).
+fn acrobat_berxit_inputs() -> String {
+    let lines: Vec<String> = example("berxit.jsonl")
+        .lines()
+        .map(str::to_string)
+        .collect();
+    (0..6)
+        .filter_map(|i| {
+            let l = lines.get(i % lines.len().max(1))?;
+            let at = l.find("\"threshold\"")?;
+            let t = if i == 2 { "0.0" } else { "2.0" };
+            Some(format!("{}\"threshold\": {t}}}", &l[..at]))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A zoo model scaled down, its instances and the reference interpreter's outputs for them.
@@ -324,6 +356,77 @@ fn identical(a: &Value, b: &Value) -> Result<(), String> {
         }
         _ => same(a, b, ""),
     }
+}
+
+#[test]
+fn acrobat_drnn() {
+    check_case(&cases()[7]);
+}
+
+#[test]
+fn acrobat_berxit() {
+    let case = &cases()[8];
+    let x = zoo(case);
+    // The draws make the exits differ: not every instance stops at the same layer.
+    let exits: std::collections::BTreeSet<String> = x
+        .outputs
+        .iter()
+        .map(|o| match o {
+            tumble_interp::Value::Tuple(t) => format!("{:?}", t.0.get(1)),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert!(
+        exits.len() > 1,
+        "every instance exits at the same layer: {exits:?}"
+    );
+    check_all_ways(&x);
+}
+
+/// `random.db_uniform` with bounds that are run-time tensors: a counter (a host scalar) and a
+/// value computed by a block from the instance's data (lazy in the batched engine, so the draw
+/// waits for it), inside a recursion whose length the draws decide. Every engine, scheduler and
+/// batch size draws the same numbers, because each instance draws from its own stream in its
+/// program order.
+#[test]
+fn random_bounds_computed_at_run_time() {
+    let program = r#"
+def @walk(%x: Tensor[(1, 4), float32], %left: Tensor[(), int32], %w: Tensor[(4, 4), float32])
+    -> List[Tensor[(), int32]] {
+  let %h = tanh(nn.dense(%x, %w));
+  // 1 + (number of positive entries of h): computed by a block.
+  let %bound = add(sum(cast(greater(%h, 0f), dtype="int32")), 1);
+  let %d = random.db_uniform(0, %bound, out_shape=[], out_dtype="int32");
+  let %f = random.db_uniform(0f, %bound, out_shape=[2], out_dtype="float32");
+  let %stop = random.db_uniform(0, %left, out_shape=[], out_dtype="int32");
+  if (%stop == 0) {
+    Cons(%d, Nil)
+  } else {
+    Cons(%d + cast(sum(%f), dtype="int32"), @walk(%h, %left - 1, %w))
+  }
+}
+
+def @main(%x: Tensor[(1, 4), float32], %n: Tensor[(), int32], %w: Tensor[(4, 4), float32])
+    -> List[Tensor[(), int32]] {
+  @walk(%x, %n, %w)
+}
+"#;
+    let inputs: Vec<String> = (0..20)
+        .map(|i| {
+            let v = |k: usize| ((i * 7 + k * 3) % 11) as f32 / 5.0 - 1.0;
+            format!(
+                "{{\"x\": [[{}, {}, {}, {}]], \"n\": {}}}",
+                v(0),
+                v(1),
+                v(2),
+                v(3),
+                1 + i % 6
+            )
+        })
+        .collect();
+    let l = load_text("random_bounds", program);
+    let x = expected("random_bounds", l, &inputs.join("\n"), &["x", "n"]);
+    check_all_ways(&x);
 }
 
 #[test]

@@ -98,6 +98,13 @@ fn is_upper(s: &str) -> bool {
 
 /// Names like `float16` or `uint8`: meant as a dtype, so reported as an unknown one rather than
 /// taken for a type parameter.
+/// A dtype in a type annotation. ACROBAT's programs mark scalars kept on the host with an `SS`
+/// suffix (`Tensor[(), int32SS]`); tumble decides where scalars live by itself, so `int32SS` reads
+/// as `int32` and ACROBAT's files check unchanged.
+fn annotation_dtype(s: &str) -> Option<DType> {
+    DType::from_name(s).or_else(|| s.strip_suffix("SS").and_then(DType::from_name))
+}
+
 fn looks_like_dtype(s: &str) -> bool {
     ["bfloat", "float", "uint", "int"].iter().any(|p| {
         s.strip_prefix(p)
@@ -361,6 +368,15 @@ impl<'a> Parser<'a> {
                 self.def_item().map(Item::Def)
             } else if self.at_kw("type") {
                 self.type_item().map(Item::Type)
+            } else if self.at_kw("free_var") {
+                // TVM prints a bare expression (not a module) with its free variables declared
+                // this way; tumble runs modules, whose inputs are `@main`'s parameters.
+                self.error_at(
+                    self.cur_span(),
+                    "`free_var` declares an input of a bare TVM expression; tumble reads modules: \
+                     make it a parameter of `def @main(...)` and put the expression in its body"
+                        .to_string(),
+                )
             } else {
                 self.fail_expected("`def` or `type` at top level")
             };
@@ -832,6 +848,16 @@ impl<'a> Parser<'a> {
     }
 
     fn name_expr(&mut self) -> PResult<Node> {
+        if self.at_kw("meta") && self.peek_at(1) == &Tok::LBracket {
+            // TVM prints large constants as references into a `#[metadata]` JSON section.
+            return self.error_at(
+                self.cur_span(),
+                "`meta[...]` refers to a constant in TVM's `#[metadata]` section, which tumble does \
+                 not read; pass the constant as a parameter of `@main` (a weight, bound by name \
+                 from --params) or write it as a literal"
+                    .to_string(),
+            );
+        }
         let kind = match self.peek() {
             Tok::Local(n) => ExprKind::Local(n.clone()),
             Tok::Global(n) => ExprKind::Global(n.clone()),
@@ -1096,7 +1122,7 @@ impl<'a> Parser<'a> {
             Tok::Ident(n) if n == "Tensor" => self.tensor_ty()?,
             Tok::Ident(n) if n == "fn" => self.fn_ty()?,
             Tok::Ident(n) => {
-                if let Some(dtype) = DType::from_name(n) {
+                if let Some(dtype) = annotation_dtype(n) {
                     self.bump();
                     TypeExprKind::Tensor {
                         shape: Vec::new(),
@@ -1136,7 +1162,8 @@ impl<'a> Parser<'a> {
         let shape = self.shape()?;
         self.expect(&Tok::Comma, "`,` between the shape and the dtype")?;
         let dtype = match self.peek() {
-            Tok::Ident(n) | Tok::Str(n) => DType::from_name(n),
+            Tok::Ident(n) => annotation_dtype(n),
+            Tok::Str(n) => DType::from_name(n),
             _ => None,
         };
         let Some(dtype) = dtype else {

@@ -678,3 +678,32 @@ fn tuple_function_named_and_hole_types() {
     );
     assert_eq!(ty_of("_"), t(TypeExprKind::Hole));
 }
+
+/// ACROBAT's programs annotate host scalars `int32SS`; it reads as the plain dtype, so they parse
+/// unchanged (and print back in the canonical form).
+#[test]
+fn acrobat_scalar_dtype_suffix_reads_as_the_dtype() {
+    let acrobat = erased(
+        "def @f(%d: Tensor[(), int32SS], %e: float32SS) -> (Tensor[(), int32SS], float32) { (%d, %e) }",
+    );
+    let plain = erased(
+        "def @f(%d: Tensor[(), int32], %e: float32) -> (Tensor[(), int32], float32) { (%d, %e) }",
+    );
+    assert_eq!(acrobat, plain);
+}
+
+/// TVM's text format as ACROBAT's benchmark programs write it: trailing commas in parameter and
+/// argument lists, `Primitive = 1` on a function literal, comments inside a tuple type, graph
+/// bindings `%0 = ...;`, the two-argument `random.db_uniform`.
+#[test]
+fn acrobat_benchmark_style_parses() {
+    let m = module(
+        "#[version = \"0.0.5\"]\n\
+         def @f(\n  %x: Tensor[(1, 4), float32],\n  %d: Tensor[(), int32SS],\n) -> (\n  \
+         Tensor[(1, 4), float32], // 0\n  Tensor[(), int32SS] // 1\n) {\n  \
+         let %g = fn(%a: Tensor[(1, 4), float32], Primitive = 1) { sigmoid(%a) };\n  \
+         %0 = %g(%x,);\n  \
+         (%0, random.db_uniform(0, 3 - %d, out_shape=[], out_dtype=\"int32\"))\n}\n",
+    );
+    assert_eq!(m.items.len(), 1);
+}

@@ -6,6 +6,15 @@ use common::{expr_errors, module_errors};
 
 /// (source, expected errors in order)
 const CASES: &[(&str, &[&str])] = &[
+    // TVM's printed forms tumble does not read, with what to write instead.
+    (
+        "free_var %x: Tensor[(2), float32];\ndef @main() { 1 }",
+        &["t.rly:1:1: error: `free_var` declares an input of a bare TVM expression; tumble reads modules: make it a parameter of `def @main(...)` and put the expression in its body"],
+    ),
+    (
+        "def @main(%x: Tensor[(2), float32]) {\n  add(%x, meta[relay.Constant][0])\n}",
+        &["t.rly:2:11: error: `meta[...]` refers to a constant in TVM's `#[metadata]` section, which tumble does not read; pass the constant as a parameter of `@main` (a weight, bound by name from --params) or write it as a literal"],
+    ),
     (
         "def @main() {\n  f(%x;\n}",
         &["t.rly:2:7: error: expected `)` to close this call, found `;`"],

@@ -123,7 +123,8 @@ fn next_below(x: f64, dtype: DType) -> f64 {
 }
 
 /// `random.db_uniform(low, high, out_shape, out_dtype="int32")`: one draw per element, in
-/// row-major order, from `ctx.rng`.
+/// row-major order, from `ctx.rng`. The bounds are the two scalar tensor arguments (ACROBAT's
+/// form, read as numbers here) or, with no arguments, the `low`/`high` attributes.
 ///
 /// - Integer dtypes: uniform over the integers in `[low, high)`, i.e. `rng.int_range(ceil(low),
 ///   ceil(high))` (for integral bounds, `int_range(low, high)`). An empty integer range is an
@@ -138,11 +139,35 @@ pub fn db_uniform(
     attrs: &Attrs,
     ctx: &mut OpCtx,
 ) -> Result<OpValue, KernelError> {
-    let k = KCall::new("random.db_uniform", args, attrs, 0)?;
+    // The relation has accepted the argument count (0 or 2) before the kernel runs.
+    let k = KCall::new("random.db_uniform", args, attrs, args.len().min(2))?;
     let (shape, dtype) = k.out_tensor(rel::create::db_uniform)?;
-    let c = k.rel();
-    let low = c.req_float("low")?;
-    let high = c.req_float("high")?;
+    let (low, high) = if args.is_empty() {
+        let c = k.rel();
+        (c.req_float("low")?, c.req_float("high")?)
+    } else {
+        let bound = |i: usize, role: &str| -> Result<f64, KernelError> {
+            let t = k.tensor(i, role)?;
+            match (t.len(), t.get_f64(0)) {
+                (1, Some(v)) => Ok(v),
+                _ => Err(k.err(format!(
+                    "{role} must be a scalar, found shape {:?}",
+                    t.shape()
+                ))),
+            }
+        };
+        let (low, high) = (bound(0, "low")?, bound(1, "high")?);
+        // Bounds computed at run time: say which values made the range invalid.
+        if !(low.is_finite() && high.is_finite()) || low > high {
+            return Err(k.err(format!(
+                "the bounds computed at run time are low = {}, high = {}; low must be a finite \
+                 number not above high",
+                num(low),
+                num(high)
+            )));
+        }
+        (low, high)
+    };
     let n = k.t(super::product(&shape))?;
     let values = match dtype {
         DType::Int32 | DType::Int64 => {
@@ -152,11 +177,19 @@ pub fn db_uniform(
                 _ => (i64::MIN as f64, i64::MAX as f64),
             };
             if !(lo >= min && hi <= max) {
-                return Err(k.err(format!("[{low:?}, {high:?}) does not fit in {dtype}")));
+                return Err(k.err(format!(
+                    "[{}, {}) does not fit in {dtype}",
+                    num(low),
+                    num(high)
+                )));
             }
             let (lo, hi) = (lo as i64, hi as i64);
             if lo >= hi && !(low == high && low.fract() == 0.0) {
-                return Err(k.err(format!("[{low:?}, {high:?}) contains no integer to draw")));
+                return Err(k.err(format!(
+                    "[{}, {}) contains no integer to draw",
+                    num(low),
+                    num(high)
+                )));
             }
             Values::I((0..n).map(|_| ctx.rng.int_range(lo, hi)).collect())
         }
@@ -179,4 +212,13 @@ pub fn db_uniform(
         DType::Bool => return Err(k.err("out_dtype must be numeric, found bool")),
     };
     Ok(k.t(values.into_tensor(&shape, dtype))?.into())
+}
+
+/// A bound for messages: integral values without a fraction (`3`, not `3.0`).
+fn num(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{}", x as i64)
+    } else {
+        format!("{x:?}")
+    }
 }

@@ -76,15 +76,54 @@ pub fn concurrent(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
 }
 
 /// `random.db_uniform(low, high, out_shape, out_dtype="int32")`: a seeded uniform draw in
-/// `[low, high)` of the given shape.
+/// `[low, high)` of the given shape. Two call forms:
+/// - ACROBAT's: `random.db_uniform(%low, %high, out_shape=[], out_dtype="int32")`, the bounds
+///   scalar tensors (int or float) known only at run time, where the kernel checks them;
+/// - tumble's attribute form: `random.db_uniform(low=0, high=10, out_shape=[4])`, no arguments,
+///   the bounds checked here.
 pub fn db_uniform(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
-    let c = Call::new("random.db_uniform", args, attrs, 0)?;
-    let low = c.req_float("low")?;
-    let high = c.req_float("high")?;
-    if !(low.is_finite() && high.is_finite() && low <= high) {
-        return Err(c.err(format!(
-            "low ({low:?}) must be a finite number not above high ({high:?})"
-        )));
+    const OP: &str = "random.db_uniform";
+    let c = Call {
+        op: OP,
+        args,
+        attrs,
+    };
+    match args.len() {
+        0 => {
+            let (low, high) = (c.opt_float("low")?, c.opt_float("high")?);
+            let (Some(low), Some(high)) = (low, high) else {
+                return Err(c.err(
+                    "give the bounds as two arguments, `random.db_uniform(low, high, out_shape=[...])`, \
+                     or as the attributes `low=` and `high=`",
+                ));
+            };
+            if !(low.is_finite() && high.is_finite() && low <= high) {
+                return Err(c.err(format!(
+                    "low ({low:?}) must be a finite number not above high ({high:?})"
+                )));
+            }
+        }
+        2 => {
+            for name in ["low", "high"] {
+                if c.raw(name).is_some() {
+                    return Err(c.err(format!(
+                        "the bounds are given as arguments; remove the attribute `{name}`"
+                    )));
+                }
+            }
+            for (i, role) in [(0, "low"), (1, "high")] {
+                let b = c.tensor(i, role)?;
+                if b.rank() != 0 {
+                    return Err(c.err_at(i, format!("{role} must be a scalar tensor, found {b}")));
+                }
+                c.want_numeric(i, role, b)?;
+            }
+        }
+        n => {
+            return Err(c.err(format!(
+                "expected 2 arguments (low, high), or 0 with `low=`/`high=` attributes, found {n}"
+            )))
+        }
     }
     let shape = shape_attr(&c, "out_shape")?;
     let dtype = c.opt_dtype("out_dtype")?.unwrap_or(DType::Int32);
