@@ -6,7 +6,9 @@
 //! A failure prints the seed and the program. Re-run one seed with
 //! `TUMBLE_PROGEN_SEED=N TUMBLE_PROGEN_COUNT=1 cargo test -p tumble-runtime --test generated -- --ignored`.
 //! The long run: `cargo test --release -p tumble-runtime --test generated -- --ignored --nocapture`
-//! (`TUMBLE_PROGEN_COUNT`, default 10000; `TUMBLE_PROGEN_SEED`, default 0).
+//! (`TUMBLE_PROGEN_COUNT`, default 10000; `TUMBLE_PROGEN_SEED`, default 0; `TUMBLE_PROGEN_CONFIGS`
+//! switch configurations per program, default 3; `TUMBLE_PROGEN_DUMP=DIR` writes each program and
+//! its instances to `DIR/SEED.rly` and `DIR/SEED.jsonl`).
 
 mod common;
 mod progen;
@@ -79,6 +81,16 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
 fn check_seed(seed: u64, configs: usize, tally: &mut Tally) {
     let g = generate(seed);
     tally.programs += 1;
+    // For reducing a failure with the CLI (`tumble run DIR/N.rly --inputs DIR/N.jsonl
+    // --random-params 0`, `--engine reference`).
+    if let Ok(dir) = std::env::var("TUMBLE_PROGEN_DUMP") {
+        let write = |ext: &str, text: &str| {
+            let path = format!("{dir}/{seed}.{ext}");
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("{path}: {e}"));
+        };
+        write("rly", &g.text);
+        write("jsonl", &g.inputs);
+    }
     let report = |what: String| {
         format!(
             "seed {seed}: {what}\n--- program ---\n{}--- instances ---\n{}",
