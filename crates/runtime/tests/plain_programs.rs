@@ -130,3 +130,20 @@ def @main(%x: Tensor[(1, 4), float32]) -> (Tensor[(1, 8), float32], Tensor[(1, 4
 "#;
     agrees("computed_tuple_operand", src, &rows(9, 4), &["x"]);
 }
+
+/// `db.concurrent` of a tuple holding `Nil`, whose element type only the result's use fixes: as
+/// a deferred relation the annotation waited for its argument's type and the checker gave up
+/// ("cannot infer the types of the arguments of `db.concurrent` here").
+#[test]
+fn concurrent_tuple_holding_nil() {
+    let src = r#"
+def @main(%x: Tensor[(1, 4), float32]) -> (Tensor[(1, 4), float32], List[Tensor[(1, 4), float32]]) {
+  if (greater(sum(%x), 0f)) {
+    db.concurrent((tanh(%x), Nil))
+  } else {
+    db.concurrent((%x, Cons(sigmoid(%x), Nil)))
+  }
+}
+"#;
+    agrees("concurrent_nil", src, &rows(9, 4), &["x"]);
+}
