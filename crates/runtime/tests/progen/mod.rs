@@ -114,6 +114,8 @@ struct Gen {
     primitive: bool,
     /// Expression nodes left for the current global; at 0 only leaves are generated.
     budget: i32,
+    /// Element types of the instances' lists, trees and options (what helpers recurse over).
+    elems: Vec<Ty>,
 }
 
 /// Generates program number `seed`.
@@ -126,6 +128,7 @@ pub fn generate(seed: u64) -> Generated {
         weights: Vec::new(),
         primitive: false,
         budget: 0,
+        elems: Vec::new(),
     };
     g.program(seed)
 }
@@ -172,7 +175,7 @@ impl Gen {
             .filter(|(_, s)| s == shape)
             .map(|(n, _)| n.clone())
             .collect();
-        if !same.is_empty() && self.chance(0.6) {
+        if !same.is_empty() && self.chance(0.75) {
             let i = self.below(same.len());
             return same[i].clone();
         }
@@ -224,14 +227,7 @@ impl Gen {
     // Programs and globals
 
     fn program(&mut self, seed: u64) -> Generated {
-        let helpers = self.below(4);
-        for _ in 0..helpers {
-            self.helper();
-        }
-        // @main: per-instance arguments first, weights appended as the body asks for them.
-        self.weights.clear();
-        self.primitive = false;
-        self.budget = 30 + self.below(30) as i32;
+        // The per-instance `@main` arguments come first: helpers recurse over their types.
         let nargs = 1 + self.below(3);
         let mut sc: Scope = Vec::new();
         let mut arg_tys = Vec::new();
@@ -241,8 +237,52 @@ impl Gen {
             arg_tys.push((n.clone(), t.clone()));
             sc.push((n, t));
         }
+        self.elems = arg_tys
+            .iter()
+            .filter_map(|(_, t)| match t {
+                Ty::List(e) | Ty::Tree(e) | Ty::Opt(e) => Some((**e).clone()),
+                _ => None,
+            })
+            .collect();
+        let helpers = self.below(4);
+        for _ in 0..helpers {
+            self.helper();
+        }
+        // @main: weights are appended to its parameters as the body asks for them.
+        self.weights.clear();
+        self.primitive = false;
+        self.budget = 30 + self.below(30) as i32;
         let ret = self.output_ty();
-        let body = self.block(&sc, &ret, 4, true);
+        // Most helpers are called on the instance's values first, so that what the program
+        // returns depends on the recursions.
+        let mut calls = Vec::new();
+        for s in self.sigs.clone() {
+            if self.chance(0.8) && !s.ret.has_fn() {
+                let e = self.call_helper(&sc, &s, 2);
+                let v = self.name("v");
+                calls.push(format!("let {v}: {} = {e};", s.ret.text()));
+                sc.push((v, s.ret.clone()));
+            }
+        }
+        // Partial prelude functions on the instance's lists and options fail at run time for
+        // some instances (an empty list, `None`): the batched engine must fail the same way.
+        for (n, t) in arg_tys.clone() {
+            let (e, call) = match &t {
+                Ty::List(e) if self.chance(0.15) => {
+                    let f = if self.chance(0.5) { "@hd({n})" } else { "@nth({n}, 1)" };
+                    ((**e).clone(), f.replace("{n}", &n))
+                }
+                Ty::Opt(e) if self.chance(0.15) => ((**e).clone(), format!("@optional_get({n})")),
+                _ => continue,
+            };
+            let v = self.name("v");
+            calls.push(format!("let {v} = {call};"));
+            sc.push((v, e));
+        }
+        let mut body = self.block(&sc, &ret, 4, true);
+        if !calls.is_empty() {
+            body = format!("{}\n{body}", calls.join("\n"));
+        }
         let mut params: Vec<String> = arg_tys
             .iter()
             .map(|(n, t)| format!("{n}: {}", t.text()))
@@ -283,6 +323,10 @@ impl Gen {
 
     /// A type for list, option and tree elements.
     fn elem_ty(&mut self) -> Ty {
+        if !self.elems.is_empty() && self.chance(0.7) {
+            let i = self.below(self.elems.len());
+            return self.elems[i].clone();
+        }
         match self.below(10) {
             0 => Ty::Tup(vec![Ty::F(vec![1, self.dim()]), Ty::F(vec![1, self.dim()])]),
             1 => Ty::F(vec![self.dim()]),
@@ -849,11 +893,37 @@ impl Gen {
                 return v;
             }
         }
-        let floats: Vec<String> = sc
+        let floats: Vec<(String, Vec<usize>)> = sc
             .iter()
-            .filter(|(_, t)| matches!(t, Ty::F(_)))
-            .map(|(n, _)| n.clone())
+            .filter_map(|(n, t)| match t {
+                Ty::F(s) => Some((n.clone(), s.clone())),
+                _ => None,
+            })
             .collect();
+        // A value in scope brought to shape `s` the way a model would: a dense layer from a
+        // state of the same rank and leading dims (`(1, k)` to `(1, n)`), or a reshape.
+        let adaptable: Vec<(String, Vec<usize>)> = floats
+            .iter()
+            .filter(|(_, t)| {
+                (!s.is_empty() && t.len() == s.len() && t[..t.len() - 1] == s[..s.len() - 1])
+                    || t.iter().product::<usize>() == s.iter().product::<usize>()
+            })
+            .cloned()
+            .collect();
+        if !adaptable.is_empty() && self.chance(0.6) {
+            let (v, t) = adaptable[self.below(adaptable.len())].clone();
+            if !s.is_empty() && t.len() == s.len() && t[..t.len() - 1] == s[..s.len() - 1] {
+                let w = self.weight(&[s[s.len() - 1], t[t.len() - 1]]);
+                return if s.len() >= 2 && self.chance(0.5) {
+                    let b = self.weight(&[s[1]]);
+                    format!("nn.bias_add(nn.dense({v}, {w}), {b})")
+                } else {
+                    format!("nn.dense({v}, {w})")
+                };
+            }
+            return format!("reshape({v}, newshape={})", list_text(s));
+        }
+        let floats: Vec<String> = floats.into_iter().map(|(n, _)| n).collect();
         match self.below(6) {
             0 | 1 if !floats.is_empty() => {
                 let v = &floats[self.below(floats.len())];
