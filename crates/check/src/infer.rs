@@ -662,7 +662,11 @@ impl<'t> Checker<'t> {
             // holding `Nil` or `None` only is through the result (`db.concurrent((f(x), Nil))`
             // returned as a `(T, List[U])`).
             if let Err(m) = self.subst.unify(&result, &arg_tys[0]) {
-                self.mismatch(span, "the result of `db.concurrent` has the wrong type".into(), m);
+                self.mismatch(
+                    span,
+                    "the result of `db.concurrent` has the wrong type".into(),
+                    m,
+                );
             }
             return result;
         }

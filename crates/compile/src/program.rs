@@ -671,7 +671,11 @@ impl Lowerer<'_> {
     /// An operand of an operator in a block: translated into block nodes where it can be, else
     /// computed by ordinary code and passed in (a `let` chain binding a closure, say). What a
     /// failed translation added to `b` is dropped first.
-    fn block_operand(&mut self, b: &mut BlockBuilder, e: &Expr) -> Result<Option<BRef>, LowerError> {
+    fn block_operand(
+        &mut self,
+        b: &mut BlockBuilder,
+        e: &Expr,
+    ) -> Result<Option<BRef>, LowerError> {
         let (inputs, nodes) = (b.inputs.len(), b.nodes.len());
         if let Some(r) = self.block_expr(b, e)? {
             return Ok(Some(r));

@@ -140,7 +140,9 @@ fn check_seed(seed: u64, configs: usize, tally: &mut Tally) {
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            tally.failures.push((seed, report(format!("panicked: {m}"))));
+            tally
+                .failures
+                .push((seed, report(format!("panicked: {m}"))));
         }
     }
 }
@@ -165,7 +167,10 @@ fn run(start: u64, count: u64, configs: usize) -> Tally {
 fn assert_clean(t: &Tally) {
     if let Some((_, first)) = t.failures.first() {
         let seeds: Vec<u64> = t.failures.iter().map(|(s, _)| *s).collect();
-        panic!("{} failing seeds {seeds:?}; the first:\n{first}", seeds.len());
+        panic!(
+            "{} failing seeds {seeds:?}; the first:\n{first}",
+            seeds.len()
+        );
     }
 }
 

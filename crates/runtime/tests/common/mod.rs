@@ -191,8 +191,9 @@ pub fn check_outcomes(
             Ok((vals, _)) => {
                 for (k, (g, w)) in vals.iter().zip(want).enumerate() {
                     match w {
-                        Ok(w) => same(g, w, "")
-                            .map_err(|m| format!("instance {}: {m}", base + k))?,
+                        Ok(w) => {
+                            same(g, w, "").map_err(|m| format!("instance {}: {m}", base + k))?
+                        }
                         Err(e) => {
                             return Err(format!(
                                 "instance {}: the reference fails ({}: {}), the batched engine \
@@ -208,10 +209,13 @@ pub fn check_outcomes(
             Err(ie) => {
                 let got = format!("{}: {}", span_text(&x.l, &ie.error), ie.error.message);
                 // The failing instance, where the engine names it; else any failing one.
-                let at = ie.instance.map(|i| vec![i]).unwrap_or_else(|| (0..chunk.len()).collect());
-                let matches = at.iter().any(|&i| {
-                    matches!(want.get(i), Some(Err(e)) if same_error(&ie.error, e))
-                });
+                let at = ie
+                    .instance
+                    .map(|i| vec![i])
+                    .unwrap_or_else(|| (0..chunk.len()).collect());
+                let matches = at
+                    .iter()
+                    .any(|&i| matches!(want.get(i), Some(Err(e)) if same_error(&ie.error, e)));
                 if !matches {
                     let wants: Vec<String> = want
                         .iter()

@@ -269,7 +269,11 @@ impl Gen {
         for (n, t) in arg_tys.clone() {
             let (e, call) = match &t {
                 Ty::List(e) if self.chance(0.15) => {
-                    let f = if self.chance(0.5) { "@hd({n})" } else { "@nth({n}, 1)" };
+                    let f = if self.chance(0.5) {
+                        "@hd({n})"
+                    } else {
+                        "@nth({n}, 1)"
+                    };
                     ((**e).clone(), f.replace("{n}", &n))
                 }
                 Ty::Opt(e) if self.chance(0.15) => ((**e).clone(), format!("@optional_get({n})")),
@@ -420,12 +424,7 @@ impl Gen {
                     indent(&indent(&cons)),
                     indent(&indent(&nil))
                 );
-                (
-                    vec![(xs, Ty::List(Box::new(e))), (s, st)],
-                    ret,
-                    body,
-                    "",
-                )
+                (vec![(xs, Ty::List(Box::new(e))), (s, st)], ret, body, "")
             }
             // Recursion over a tree: children through @map, combined with @foldl.
             3..=4 => {
@@ -453,10 +452,7 @@ impl Gen {
                 let sc_v = vec![(v.clone(), e.clone())];
                 let leaf = if self.chance(0.5) {
                     let l = self.block(&sc_v, &ret, 2, false);
-                    format!(
-                        "  Rose({v}, Nil) => {{\n{}\n  }},\n",
-                        indent(&indent(&l))
-                    )
+                    format!("  Rose({v}, Nil) => {{\n{}\n  }},\n", indent(&indent(&l)))
                 } else {
                     String::new()
                 };
