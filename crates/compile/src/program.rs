@@ -864,7 +864,12 @@ impl Lowerer<'_> {
             }
             outs.reverse();
             if outs.is_empty() {
-                continue; // pure and unused
+                // Nothing after the run reads it, but it still runs: its inputs are ordinary code
+                // (random draws, calls that may fail) and its operators may fail at run time, as
+                // they do in the reference. Its last binding stands in as the output.
+                if let Some((name, r)) = b.env.last() {
+                    outs.push((name.clone(), r.clone()));
+                }
             }
             b.env.clear();
             let result = BRef::Tuple(outs.iter().map(|(_, r)| r.clone()).collect());

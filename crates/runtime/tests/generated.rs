@@ -151,6 +151,14 @@ fn run(start: u64, count: u64, configs: usize) -> Tally {
     let mut tally = Tally::default();
     for seed in start..start + count {
         check_seed(seed, configs, &mut tally);
+        if (seed - start + 1) % 1000 == 0 {
+            eprintln!(
+                "{} programs, {} cases, {} failures",
+                tally.programs,
+                tally.cases,
+                tally.failures.len()
+            );
+        }
     }
     eprintln!(
         "generated programs: {} (seeds {start}..{}), cases (configuration x scheduler x batch): {}, \

@@ -147,3 +147,18 @@ def @main(%x: Tensor[(1, 4), float32]) -> (Tensor[(1, 4), float32], List[Tensor[
 "#;
     agrees("concurrent_nil", src, &rows(9, 4), &["x"]);
 }
+
+/// A run of operators nothing reads was dropped with its inputs: a random draw among them was
+/// not made, so every later draw of the instance came out different (and a failing call among
+/// them would not have failed).
+#[test]
+fn unused_run_still_draws() {
+    let src = r#"
+def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %unused = tanh(random.db_uniform(low=0.0, high=1.0, out_shape=[1, 4], out_dtype="float32"));
+  let %r = random.db_uniform(low=0.0, high=1.0, out_shape=[1, 4], out_dtype="float32");
+  add(%x, %r)
+}
+"#;
+    agrees("unused_run", src, &rows(9, 4), &["x"]);
+}
