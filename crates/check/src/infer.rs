@@ -672,6 +672,20 @@ impl<'t> Checker<'t> {
             self.err(Diagnostic::error(at, msg));
             return result;
         }
+        if name == "db.concurrent" {
+            // The identity on any type: its result is its argument's type, resolved or not. As a
+            // deferred relation it would wait for the argument to be resolved, which a tuple
+            // holding `Nil` or `None` only is through the result (`db.concurrent((f(x), Nil))`
+            // returned as a `(T, List[U])`).
+            if let Err(m) = self.subst.unify(&result, &arg_tys[0]) {
+                self.mismatch(
+                    span,
+                    "the result of `db.concurrent` has the wrong type".into(),
+                    m,
+                );
+            }
+            return result;
+        }
         let arg_spans: Vec<Span> = call.args.iter().map(tail_span).collect();
         let quiet = self.quiet();
         self.deferred.push(Deferred::Op {

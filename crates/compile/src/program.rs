@@ -660,16 +660,42 @@ impl Lowerer<'_> {
                 return Ok(Some(BRef::One(BVal::Input(i))));
             }
         }
+        let reads_block_names = |b: &BlockBuilder| {
+            let mut fv = HashSet::new();
+            if !b.env.is_empty() {
+                free_locals(e, &mut fv);
+            }
+            b.env.iter().any(|(n, _)| fv.contains(n))
+        };
         match &e.ty {
             Some(Ty::Tensor { .. }) => {}
-            Some(Ty::Tuple(ts)) if matches!(e.kind, ExprKind::Local(_)) => {
-                // A tuple variable: pass its fields (tensors only) as separate inputs.
-                if !ts.iter().all(|t| matches!(t, Ty::Tensor { .. })) {
+            Some(Ty::Tuple(ts)) => {
+                // A tuple of tensors: pass its fields as separate inputs.
+                if !ts.iter().all(|t| matches!(t, Ty::Tensor { .. })) || reads_block_names(b) {
                     return Ok(None);
                 }
+                // A variable is read once per field. Any other expression (a call, an `if`, a
+                // projection of a nested tuple) is evaluated once, by the first field's input
+                // code, into a slot the other fields read: inputs are evaluated in order, so this
+                // keeps the reference's order of evaluation.
+                let (first, rest) = if let ExprKind::Local(_) = e.kind {
+                    (self.expr(e)?, None)
+                } else {
+                    let value = self.expr(e)?;
+                    let tmp = self.new_slot("$operand");
+                    let first = Code::Let {
+                        binds: vec![(tmp, value)],
+                        body: Box::new(Code::Slot(tmp)),
+                    };
+                    (first, Some(tmp))
+                };
                 let mut fields = Vec::with_capacity(ts.len());
                 for (k, t) in ts.iter().enumerate() {
-                    let base = self.expr(e)?;
+                    let base = match (k, rest) {
+                        (0, _) => first.clone(),
+                        (_, Some(tmp)) => Code::Slot(tmp),
+                        (_, None) => self.expr(e)?,
+                    };
                     let i = b.inputs.len() as u32;
                     b.inputs.push(BlockInput {
                         name: format!("{}.{k}", describe(e)),
@@ -683,12 +709,8 @@ impl Lowerer<'_> {
             }
             _ => return Ok(None),
         }
-        if !b.env.is_empty() {
-            let mut fv = HashSet::new();
-            free_locals(e, &mut fv);
-            if b.env.iter().any(|(n, _)| fv.contains(n)) {
-                return Ok(None);
-            }
+        if reads_block_names(b) {
+            return Ok(None);
         }
         let code = self.expr(e)?;
         let i = b.inputs.len() as u32;
@@ -701,6 +723,25 @@ impl Lowerer<'_> {
             b.input_by_local.insert(n.clone(), i);
         }
         Ok(Some(BRef::One(BVal::Input(i))))
+    }
+
+    /// An operand of an operator in a block: translated into block nodes where it can be, else
+    /// computed by ordinary code and passed in (a `let` chain binding a closure, say). What a
+    /// failed translation added to `b` is dropped first.
+    fn block_operand(
+        &mut self,
+        b: &mut BlockBuilder,
+        e: &Expr,
+    ) -> Result<Option<BRef>, LowerError> {
+        let (inputs, nodes) = (b.inputs.len(), b.nodes.len());
+        if let Some(r) = self.block_expr(b, e)? {
+            return Ok(Some(r));
+        }
+        b.inputs.truncate(inputs);
+        b.input_codes.truncate(inputs);
+        b.input_by_local.retain(|_, i| (*i as usize) < inputs);
+        b.nodes.truncate(nodes);
+        self.block_input(b, e)
     }
 
     /// Translates a pure expression into block nodes; other subexpressions become inputs.
@@ -716,7 +757,7 @@ impl Lowerer<'_> {
             ExprKind::Tuple(es) => {
                 let mut rs = Vec::with_capacity(es.len());
                 for x in es {
-                    match self.block_expr(b, x)? {
+                    match self.block_operand(b, x)? {
                         Some(r) => rs.push(r),
                         None => return Ok(None),
                     }
@@ -755,7 +796,9 @@ impl Lowerer<'_> {
                 for a in &c.args {
                     // Without coarsening a block holds this one operator: its operands are inputs.
                     let r = if self.opts.coarsen || matches!(a.kind, ExprKind::Lit(_)) {
-                        self.block_expr(b, a)?
+                        // An operand the block cannot hold must not fail the whole call: the
+                        // fallback, an operator outside a block, cannot take lazy inputs.
+                        self.block_operand(b, a)?
                     } else if let ExprKind::Tuple(es) = &a.kind {
                         let mut rs = Vec::with_capacity(es.len());
                         for x in es {
@@ -928,7 +971,12 @@ impl Lowerer<'_> {
             }
             outs.reverse();
             if outs.is_empty() {
-                continue; // pure and unused
+                // Nothing after the run reads it, but it still runs: its inputs are ordinary code
+                // (random draws, calls that may fail) and its operators may fail at run time, as
+                // they do in the reference. Its last binding stands in as the output.
+                if let Some((name, r)) = b.env.last() {
+                    outs.push((name.clone(), r.clone()));
+                }
             }
             b.env.clear();
             let result = BRef::Tuple(outs.iter().map(|(_, r)| r.clone()).collect());

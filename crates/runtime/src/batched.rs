@@ -406,6 +406,11 @@ fn rule(op: &OpDef, attrs: &Attrs, args: &[BV], b: usize) -> Option<(Vec<OpValue
                 return None;
             }
             let shifted: Vec<i64> = axes.iter().map(|a| a + 1).collect();
+            // No axis to reduce (a scalar per instance): an empty axis list would mean every
+            // axis of the batched tensor, the batch axis included.
+            if shifted.is_empty() {
+                return None;
+            }
             if matches!(name, "argmax" | "argmin") && shifted.len() != 1 {
                 return None;
             }

@@ -230,3 +230,86 @@ def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
 "#;
     agrees("recursive", recursive, &rows(5, 4), &["x"]);
 }
+
+/// Instances `{"x": v}` of `count` different float scalars.
+fn scalars(count: usize) -> String {
+    (0..count)
+        .map(|i| format!("{{\"x\": {:.2}}}", i as f64 / 3.0 - 1.0))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A reduction over all axes of a per-instance scalar, batched: its axes shifted past the batch
+/// axis were the empty list, which means every axis, the batch's included ("flat index 0 is out
+/// of bounds for a tensor with 0 elements").
+#[test]
+fn reduction_of_a_scalar_per_instance() {
+    let src = r#"
+def @main(%x: Tensor[(), float32], %w: Tensor[(4, 1), float32]) -> Tensor[(4, 1), float32] {
+  add(mean(%x), %w)
+}
+"#;
+    agrees("scalar_reduction", src, &scalars(9), &["x"]);
+}
+
+/// An operator whose operand is a `let` chain binding a closure: the block could not hold the
+/// operand, so the whole call fell back to an operator outside a block, which cannot take the
+/// chain's lazy result ("nn.dense: input is not computed yet (operator outside a block)").
+#[test]
+fn operand_is_a_let_chain_binding_a_closure() {
+    let src = r#"
+def @main(%x: Tensor[(1, 4), float32], %w: Tensor[(3, 4), float32]) -> Tensor[(1, 3), float32] {
+  nn.dense({
+    let %f = fn (%p: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { tanh(%p) };
+    sigmoid(%x)
+  }, %w)
+}
+"#;
+    agrees("closure_operand", src, &rows(9, 4), &["x"]);
+}
+
+/// `concatenate` of a tuple that is neither a literal nor a variable (an `if`'s value; without
+/// coarsening, `split`'s): only tuple variables could be block inputs, so the operator ran
+/// outside a block on lazy fields ("expected a tuple of tensors, found a tensor in it").
+#[test]
+fn concatenate_of_a_computed_tuple() {
+    let src = r#"
+def @main(%x: Tensor[(1, 4), float32]) -> (Tensor[(1, 8), float32], Tensor[(1, 4), float32]) {
+  let %c = concatenate(if (greater(sum(%x), 0f)) { (tanh(%x), %x) } else { (%x, sigmoid(%x)) }, axis=1);
+  (%c, concatenate(split(%x, indices_or_sections=2, axis=1), axis=1))
+}
+"#;
+    agrees("computed_tuple_operand", src, &rows(9, 4), &["x"]);
+}
+
+/// `db.concurrent` of a tuple holding `Nil`, whose element type only the result's use fixes: as
+/// a deferred relation the annotation waited for its argument's type and the checker gave up
+/// ("cannot infer the types of the arguments of `db.concurrent` here").
+#[test]
+fn concurrent_tuple_holding_nil() {
+    let src = r#"
+def @main(%x: Tensor[(1, 4), float32]) -> (Tensor[(1, 4), float32], List[Tensor[(1, 4), float32]]) {
+  if (greater(sum(%x), 0f)) {
+    db.concurrent((tanh(%x), Nil))
+  } else {
+    db.concurrent((%x, Cons(sigmoid(%x), Nil)))
+  }
+}
+"#;
+    agrees("concurrent_nil", src, &rows(9, 4), &["x"]);
+}
+
+/// A run of operators nothing reads was dropped with its inputs: a random draw among them was
+/// not made, so every later draw of the instance came out different (and a failing call among
+/// them would not have failed).
+#[test]
+fn unused_run_still_draws() {
+    let src = r#"
+def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %unused = tanh(random.db_uniform(low=0.0, high=1.0, out_shape=[1, 4], out_dtype="float32"));
+  let %r = random.db_uniform(low=0.0, high=1.0, out_shape=[1, 4], out_dtype="float32");
+  add(%x, %r)
+}
+"#;
+    agrees("unused_run", src, &rows(9, 4), &["x"]);
+}

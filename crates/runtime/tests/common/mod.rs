@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use tumble_check::{load, LoadOptions, TypedModule};
 use tumble_compile::{LowerOptions, Program};
-use tumble_interp::Value;
+use tumble_interp::{RunError, Value};
 use tumble_io::{bind_params, main_signature, read_instances, TypeEnv};
 use tumble_ir::SourceMap;
 use tumble_runtime::{run_batch, Options, Scheduler};
@@ -57,12 +57,18 @@ pub fn rng(i: usize) -> Rng {
 
 /// Structural equality with float tolerance.
 pub fn same(a: &Value, b: &Value, path: &str) -> Result<(), String> {
+    same_within(a, b, path, 1e-6)
+}
+
+/// [`same`] with absolute tolerance `atol` (and relative tolerance 1e-5).
+pub fn same_within(a: &Value, b: &Value, path: &str, atol: f64) -> Result<(), String> {
+    let same = |a: &Value, b: &Value, path: &str| same_within(a, b, path, atol);
     match (a, b) {
         (Value::Tensor(x), Value::Tensor(y)) => {
             if x.shape() != y.shape() || x.dtype() != y.dtype() {
                 return Err(format!("{path}: {x} vs {y}"));
             }
-            if x.allclose(y, 1e-5, 1e-6) {
+            if x.allclose(y, 1e-5, atol) {
                 Ok(())
             } else {
                 Err(format!("{path}: values differ: {x} vs {y}"))
@@ -97,17 +103,32 @@ pub struct Expected {
 /// Runs the reference engine on `inputs`; `@main` arguments named in `instance_args` are
 /// per-instance, every other one is a weight.
 pub fn expected(name: &str, l: Loaded, inputs: &str, instance_args: &[&str]) -> Expected {
+    let (mut x, results) = reference_outcomes(name, l, inputs, instance_args);
+    x.outputs = results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| panic!("{name} reference: {}", e.message)))
+        .collect();
+    x
+}
+
+/// The reference engine's output or error for every instance, and the rest of [`Expected`]
+/// (whose `outputs` are left empty: see [`check_outcomes`]).
+pub fn reference_outcomes(
+    name: &str,
+    l: Loaded,
+    inputs: &str,
+    instance_args: &[&str],
+) -> (Expected, Vec<Result<Value, RunError>>) {
     let reference = Program::lower_with(&l.typed, LowerOptions::reference())
         .unwrap_or_else(|e| panic!("{}", e.message));
     let args = instances(&l, &reference, inputs);
     assert!(!args.is_empty(), "{name}: no instances");
-    let outputs: Vec<Value> = args
+    let results: Vec<Result<Value, RunError>> = args
         .iter()
         .enumerate()
         .map(|(i, a)| {
             let mut r = rng(i);
             tumble_interp::run(&reference, "main", a.clone(), &mut r)
-                .unwrap_or_else(|e| panic!("{name} reference: {}", e.message))
         })
         .collect();
     let (params, _) = main_signature(&l.typed, "main").unwrap_or_else(|e| panic!("{e}"));
@@ -115,13 +136,119 @@ pub fn expected(name: &str, l: Loaded, inputs: &str, instance_args: &[&str]) -> 
         .iter()
         .map(|(n, _)| !instance_args.contains(&n.as_str()))
         .collect();
-    Expected {
+    let x = Expected {
         name: name.to_string(),
         l,
         args,
-        outputs,
+        outputs: Vec::new(),
         weights,
+    };
+    (x, results)
+}
+
+/// Where an error points, for messages: `file:line:col`, or `no span`.
+pub fn span_text(l: &Loaded, e: &RunError) -> String {
+    match e.span {
+        None => "no span".to_string(),
+        Some(sp) => match l.sources.get(sp.src) {
+            Some(f) => {
+                let (line, col) = f.line_col(sp.lo as usize);
+                format!("{}:{line}:{col}", f.name)
+            }
+            None => format!("{sp:?}"),
+        },
     }
+}
+
+/// The batched engine's error `got` is the reference's `want`: the same message, pointing at
+/// the same place of the program. An error in a batched launch names the block
+/// ("in block NAME: ...") and points at the block's span, which encloses the operator's.
+pub fn same_error(got: &RunError, want: &RunError) -> bool {
+    let message = got.message == want.message
+        || got
+            .message
+            .strip_prefix("in block ")
+            .and_then(|m| m.split_once(": "))
+            .is_some_and(|(_, m)| m == want.message);
+    let place = match (got.span, want.span) {
+        (Some(g), Some(w)) => g.src == w.src && g.lo <= w.lo && w.hi <= g.hi,
+        (g, w) => g == w,
+    };
+    message && place
+}
+
+/// [`check_batched`] against per-instance reference outcomes that may be errors: a mini-batch
+/// holding an instance the reference fails on must fail, with that instance's error (see
+/// [`same_error`]); any other mini-batch must give the reference's outputs.
+pub fn check_outcomes(
+    x: &Expected,
+    results: &[Result<Value, RunError>],
+    program: &Program,
+    reuse: &tumble_compile::ReuseAnalysis,
+    batch: usize,
+    opts: Options,
+) -> Result<(), String> {
+    for (c, chunk) in x.args.chunks(batch).enumerate() {
+        let base = c * batch;
+        let want = &results[base..base + chunk.len()];
+        let rngs = (0..chunk.len()).map(|k| rng(base + k)).collect();
+        let got = run_batch(program, reuse, "main", chunk.to_vec(), rngs, opts);
+        match got {
+            Ok((vals, _)) => {
+                for (k, (g, w)) in vals.iter().zip(want).enumerate() {
+                    match w {
+                        // Generated programs subtract values of size about 1 from one another:
+                        // differences in the last bits of f32 (the kernels sum in other orders)
+                        // then reach 1e-6 and more, absolute, on results near 0.
+                        Ok(w) => same_within(g, w, "", 1e-5)
+                            .map_err(|m| format!("instance {}: {m}", base + k))?,
+                        Err(e) => {
+                            return Err(format!(
+                                "instance {}: the reference fails ({}: {}), the batched engine \
+                                 gives {g:?}",
+                                base + k,
+                                span_text(&x.l, e),
+                                e.message
+                            ))
+                        }
+                    }
+                }
+            }
+            Err(ie) => {
+                let got = format!("{}: {}", span_text(&x.l, &ie.error), ie.error.message);
+                // The failing instance, where the engine names it; else any failing one.
+                let at = ie
+                    .instance
+                    .map(|i| vec![i])
+                    .unwrap_or_else(|| (0..chunk.len()).collect());
+                let matches = at
+                    .iter()
+                    .any(|&i| matches!(want.get(i), Some(Err(e)) if same_error(&ie.error, e)));
+                if !matches {
+                    let wants: Vec<String> = want
+                        .iter()
+                        .enumerate()
+                        .map(|(k, w)| match w {
+                            Ok(_) => format!("  instance {}: ok", base + k),
+                            Err(e) => format!(
+                                "  instance {}: {}: {}",
+                                base + k,
+                                span_text(&x.l, e),
+                                e.message
+                            ),
+                        })
+                        .collect();
+                    return Err(format!(
+                        "batched engine fails on instance {:?} of mini-batch {c} ({got}); \
+                         the reference:\n{}",
+                        ie.instance.map(|i| base + i),
+                        wants.join("\n")
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The batched program with the given coarsening and static optimizations, and its reuse analysis.

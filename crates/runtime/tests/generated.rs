@@ -1,0 +1,217 @@
+//! Differential testing on generated programs (`tests/progen`): for random well-typed programs
+//! and instances, the batching runtime — under every scheduler, at mini-batch sizes 1, 3 and 8,
+//! with random subsets of the optimization switches — gives the reference interpreter's outputs,
+//! or fails where it fails, with the same error at the same place.
+//!
+//! A failure prints the seed and the program. Re-run one seed with
+//! `TUMBLE_PROGEN_SEED=N TUMBLE_PROGEN_COUNT=1 cargo test -p tumble-runtime --test generated -- --ignored`.
+//! The long run: `cargo test --release -p tumble-runtime --test generated -- --ignored --nocapture`
+//! (`TUMBLE_PROGEN_COUNT`, default 10000; `TUMBLE_PROGEN_SEED`, default 0; `TUMBLE_PROGEN_CONFIGS`
+//! switch configurations per program, default 3; `TUMBLE_PROGEN_DUMP=DIR` writes each program and
+//! its instances to `DIR/SEED.rly` and `DIR/SEED.jsonl`).
+
+mod common;
+mod progen;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use common::{check_outcomes, compile, load_text, reference_outcomes};
+use progen::generate;
+use tumble_check::{load, LoadOptions};
+use tumble_compile::StaticOptions;
+use tumble_ir::SourceMap;
+use tumble_runtime::{Options, Scheduler};
+use tumble_tensor::Rng;
+
+const SCHEDULERS: [Scheduler; 4] = [
+    Scheduler::Inline,
+    Scheduler::Depth,
+    Scheduler::Agenda,
+    Scheduler::Eager,
+];
+const BATCHES: [usize; 3] = [1, 3, 8];
+
+/// What one program's run found.
+#[derive(Default)]
+struct Tally {
+    programs: usize,
+    /// (switch configuration, scheduler, batch size) combinations checked.
+    cases: usize,
+    /// Programs some instance of which fails in the reference engine (checked as "same error").
+    with_errors: usize,
+    failures: Vec<(u64, String)>,
+}
+
+/// A random subset of the switches: coarsening and the static passes at compile time, the
+/// runtime's optimizations at run time. The first configuration of a program is everything on
+/// (the default a user gets), the second everything off, the others random.
+fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
+    let mut bit = |p: f64| match k {
+        0 => true,
+        1 => false,
+        _ => r.uniform_f64() < p,
+    };
+    let coarsen = bit(0.7);
+    let statics = StaticOptions {
+        dup: bit(0.5),
+        hoist: bit(0.5),
+        ghosts: bit(0.5),
+        phases: bit(0.5),
+    };
+    let opts = Options {
+        host_scalars: bit(0.7),
+        phases: bit(0.5),
+        hoist: bit(0.5),
+        ghosts: bit(0.5),
+        dup: bit(0.5),
+        fusion: bit(0.7),
+        row_cache: bit(0.5),
+        hfuse: bit(0.5),
+        gather_fusion: bit(0.5),
+        epilogue: bit(0.5),
+        lend_threads: bit(0.5),
+        sum_fusion: bit(0.5),
+        threads: if bit(0.2) { 2 } else { 1 },
+        ..Options::default()
+    };
+    (coarsen, statics, opts)
+}
+
+/// Generates program `seed` and checks it under `configs` switch configurations; an error names
+/// what went wrong, with the program and its instances.
+fn check_seed(seed: u64, configs: usize, tally: &mut Tally) {
+    let g = generate(seed);
+    tally.programs += 1;
+    // For reducing a failure with the CLI (`tumble run DIR/N.rly --inputs DIR/N.jsonl
+    // --random-params 0`, `--engine reference`).
+    if let Ok(dir) = std::env::var("TUMBLE_PROGEN_DUMP") {
+        let write = |ext: &str, text: &str| {
+            let path = format!("{dir}/{seed}.{ext}");
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("{path}: {e}"));
+        };
+        write("rly", &g.text);
+        write("jsonl", &g.inputs);
+    }
+    let report = |what: String| {
+        format!(
+            "seed {seed}: {what}\n--- program ---\n{}--- instances ---\n{}",
+            g.text, g.inputs
+        )
+    };
+    // A generated program always checks: a diagnostic is a generator or a checker bug.
+    let mut sources = SourceMap::new();
+    if let Err(ds) = load(&mut sources, "gen.rly", &g.text, LoadOptions::default()) {
+        let d = tumble_ir::diag::render(&ds, &sources, false);
+        tally
+            .failures
+            .push((seed, report(format!("does not type-check:\n{d}"))));
+        return;
+    }
+    let args: Vec<&str> = g.instance_args.iter().map(String::as_str).collect();
+    let mut cases = 0;
+    let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<bool, String> {
+        let l = load_text("gen.rly", &g.text);
+        let (x, results) = reference_outcomes("gen", l, &g.inputs, &args);
+        let mut r = Rng::new(seed ^ 0x5EED);
+        for k in 0..configs {
+            let (coarsen, statics, opts) = config(&mut r, k);
+            let (program, reuse) = compile(&x, coarsen, statics);
+            for scheduler in SCHEDULERS {
+                for batch in BATCHES {
+                    let opts = Options { scheduler, ..opts };
+                    cases += 1;
+                    check_outcomes(&x, &results, &program, &reuse, batch, opts).map_err(|m| {
+                        format!(
+                            "{m}\n  under {scheduler:?}, batch {batch}, coarsen {coarsen}, \
+                             {statics:?}, {opts:?}"
+                        )
+                    })?;
+                }
+            }
+        }
+        Ok(results.iter().any(|r| r.is_err()))
+    }));
+    tally.cases += cases;
+    match outcome {
+        Ok(Ok(errors)) => tally.with_errors += usize::from(errors),
+        Ok(Err(m)) => tally.failures.push((seed, report(m))),
+        Err(p) => {
+            let m = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            tally
+                .failures
+                .push((seed, report(format!("panicked: {m}"))));
+        }
+    }
+}
+
+fn run(start: u64, count: u64, configs: usize) -> Tally {
+    let mut tally = Tally::default();
+    for seed in start..start + count {
+        check_seed(seed, configs, &mut tally);
+        if (seed - start + 1) % 1000 == 0 {
+            eprintln!(
+                "{} programs, {} cases, {} failures",
+                tally.programs,
+                tally.cases,
+                tally.failures.len()
+            );
+        }
+    }
+    eprintln!(
+        "generated programs: {} (seeds {start}..{}), cases (configuration x scheduler x batch): {}, \
+         programs with reference errors: {}, failures: {}",
+        tally.programs,
+        start + count,
+        tally.cases,
+        tally.with_errors,
+        tally.failures.len()
+    );
+    tally
+}
+
+fn assert_clean(t: &Tally) {
+    if let Some((_, first)) = t.failures.first() {
+        let seeds: Vec<u64> = t.failures.iter().map(|(s, _)| *s).collect();
+        panic!(
+            "{} failing seeds {seeds:?}; the first:\n{first}",
+            seeds.len()
+        );
+    }
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A few hundred programs, each with everything on and one random configuration (about 30 s in
+/// a debug build).
+#[test]
+fn generated_programs_agree() {
+    let t = run(0, 200, 2);
+    // Guards against a generator that stopped producing failing instances: the "same error"
+    // path must be exercised.
+    assert!(t.with_errors > 0, "no generated program fails at run time");
+    assert_clean(&t);
+}
+
+/// The long run; see the file's comment.
+#[test]
+#[ignore]
+fn generated_programs_agree_long() {
+    let start = env_u64("TUMBLE_PROGEN_SEED", 0);
+    let count = env_u64("TUMBLE_PROGEN_COUNT", 10_000);
+    let configs = env_u64("TUMBLE_PROGEN_CONFIGS", 3) as usize;
+    let t = run(start, count, configs);
+    for (s, m) in &t.failures {
+        let first_line = m.lines().next().unwrap_or_default();
+        eprintln!("FAIL {s}: {}", &first_line[..first_line.len().min(300)]);
+    }
+    assert_clean(&t);
+}
