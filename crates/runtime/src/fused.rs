@@ -1216,6 +1216,24 @@ fn compile_rows(
         // Nothing batched: not a row program (the batching rules compute shared values once).
         return bail(8);
     };
+    // Every result must describe the same rows: a node that reads only shared operands (a
+    // weight's `divide`) next to per-instance work of another row shape would be computed once
+    // per row and come out with the rows of the other operands (found by the program generator,
+    // seed 17871: a (1, 2) result returned as (4, 2)).
+    let strip = |l: &[usize]| -> Vec<usize> { l.iter().copied().filter(|&d| d != 1).collect() };
+    let lead = strip(&lead_tail);
+    for &n in ns {
+        let Some((dims, _)) = block.nodes.get(n).and_then(|node| node.ty.as_tensor()) else {
+            continue; // tuple results (split) are checked through the fields that are used
+        };
+        let known: Option<Vec<usize>> =
+            dims.iter().map(|d| d.known().map(|x| x as usize)).collect();
+        match known {
+            Some(d) if strip(d.get(..d.len().saturating_sub(1)).unwrap_or(&[])) == lead => {}
+            Some(_) => return bail(9),
+            None => {}
+        }
+    }
     let mut bld = Builder {
         scratch_len: 0,
         instrs: Vec::new(),

@@ -313,3 +313,34 @@ def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
 "#;
     agrees("unused_run", src, &rows(9, 4), &["x"]);
 }
+
+/// A row program held a node that reads only shared operands (`divide(%a, 2f)`) next to
+/// per-instance work with other rows (`abs(%x)` over (4, 3)): computed once per row, it came out
+/// as (4, 2) instead of (1, 2) (generator seed 17871).
+#[test]
+fn shared_only_result_next_to_rows_of_another_shape() {
+    let src = r#"
+def @main(%x: Tensor[(4, 3), float32], %a: Tensor[(1, 2), float32])
+    -> (Tensor[(1, 2), float32], Tensor[(4, 3), float32]) {
+  (divide(%a, 2f), abs(%x))
+}
+"#;
+    let inputs: Vec<String> = (0..5)
+        .map(|i| {
+            let row = |r: usize| {
+                let v: Vec<String> = (0..3)
+                    .map(|c| format!("{:.2}", ((i + r * 3 + c) % 7) as f64 - 3.0))
+                    .collect();
+                format!("[{}]", v.join(", "))
+            };
+            format!(
+                "{{\"x\": [{}, {}, {}, {}]}}",
+                row(0),
+                row(1),
+                row(2),
+                row(3)
+            )
+        })
+        .collect();
+    agrees("shared_only_rows", src, &inputs.join("\n"), &["x"]);
+}
