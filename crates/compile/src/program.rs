@@ -412,7 +412,32 @@ struct BlockBuilder {
     closed: bool,
 }
 
+/// How far a [`BlockBuilder`] had got: what [`BlockBuilder::rollback`] returns to.
+#[derive(Clone, Copy)]
+struct Checkpoint {
+    inputs: usize,
+    nodes: usize,
+}
+
 impl BlockBuilder {
+    fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            inputs: self.inputs.len(),
+            nodes: self.nodes.len(),
+        }
+    }
+
+    /// Drops what a failed translation added. Its inputs must go too, not only its nodes: an
+    /// input's code runs before the block, and it may draw random numbers or fail (a binding
+    /// whose translation stopped halfway drew again when it was lowered on its own: generator
+    /// seed 14873).
+    fn rollback(&mut self, cp: Checkpoint) {
+        self.inputs.truncate(cp.inputs);
+        self.input_codes.truncate(cp.inputs);
+        self.input_by_local.retain(|_, i| (*i as usize) < cp.inputs);
+        self.nodes.truncate(cp.nodes);
+    }
+
     /// What `name` is bound to inside the block, in the current scope.
     fn lookup(&self, name: &str) -> Option<&BRef> {
         self.env
@@ -733,14 +758,11 @@ impl Lowerer<'_> {
         b: &mut BlockBuilder,
         e: &Expr,
     ) -> Result<Option<BRef>, LowerError> {
-        let (inputs, nodes) = (b.inputs.len(), b.nodes.len());
+        let cp = b.checkpoint();
         if let Some(r) = self.block_expr(b, e)? {
             return Ok(Some(r));
         }
-        b.inputs.truncate(inputs);
-        b.input_codes.truncate(inputs);
-        b.input_by_local.retain(|_, i| (*i as usize) < inputs);
-        b.nodes.truncate(nodes);
+        b.rollback(cp);
         self.block_input(b, e)
     }
 
@@ -933,9 +955,13 @@ impl Lowerer<'_> {
             let mut b = BlockBuilder::default();
             let start = k;
             while k < n && is_block_root(&bindings[k].value, self.inline) {
+                let cp = b.checkpoint();
                 match self.block_expr(&mut b, &bindings[k].value)? {
                     Some(r) => b.env.push((bindings[k].var.name.name.clone(), r)),
-                    None => break,
+                    None => {
+                        b.rollback(cp);
+                        break;
+                    }
                 }
                 k += 1;
             }
@@ -950,7 +976,12 @@ impl Lowerer<'_> {
             // A run that reaches the end of the chain takes the body in too when it is pure
             // operator work (a cell's `(h, c)` result): one block instead of two.
             if k == n && is_block_root(body, self.inline) {
-                if let Some(r) = self.block_expr(&mut b, body)? {
+                let cp = b.checkpoint();
+                let joined = self.block_expr(&mut b, body)?;
+                if joined.is_none() {
+                    b.rollback(cp);
+                }
+                if let Some(r) = joined {
                     b.env.clear();
                     let name = format!("{}:{}", self.fn_name(), bindings[start].var.name.name);
                     let span = bindings[start].span.to(body.span);

@@ -344,3 +344,22 @@ def @main(%x: Tensor[(4, 3), float32], %a: Tensor[(1, 2), float32])
         .collect();
     agrees("shared_only_rows", src, &inputs.join("\n"), &["x"]);
 }
+
+/// A binding whose translation into the running block stops halfway (its `@foldl` closure reads
+/// a name bound inside the block) left the random draw it had already taken as an input; the
+/// draw then ran twice, once for the abandoned attempt and once for the binding's own block,
+/// shifting every later draw (generator seed 14873).
+#[test]
+fn abandoned_binding_does_not_draw_twice() {
+    let src = r#"
+def @main(%x: Tensor[(1, 3), float32]) -> Tensor[(2, 2), float32] {
+  let %z = zeros_like(squeeze(subtract(%x, %x), axis=[0]));
+  let %dead = add(sum(random.db_uniform(low=-1.0, high=1.0, out_shape=[1], out_dtype="float32")),
+    nn.dense(reshape(@foldl(fn (%acc: Tensor[(3), float32], %e: Tensor[(3), float32]) -> Tensor[(3), float32] {
+      add(%acc, %z)
+    }, %z, Nil), newshape=[1, 3]), %x));
+  random.db_uniform(low=-1.0, high=1.0, out_shape=[2, 2], out_dtype="float32")
+}
+"#;
+    agrees("abandoned_binding", src, &rows(5, 3), &["x"]);
+}
