@@ -7,7 +7,11 @@ use std::process::ExitCode;
 
 // The runtime allocates a tensor per launch output and many small host values per instance;
 // mimalloc keeps freed memory for reuse instead of returning large blocks to the OS and
-// page-faulting them back in at the next launch (measured in bench/RESULTS.md).
+// page-faulting them back in at the next launch (measured in bench/RESULTS.md). It is built with
+// `no_thp` (Cargo.toml): it does not advise its arenas as transparent huge pages, whose first
+// touches zeroed ~500 MB of 2 MiB pages per run and, when the kernel had to compact memory for
+// them, stalled the first run of a process by 100-350 ms of system time (the suite's bimodal
+// samples). Packed GEMM weights still ask for huge pages themselves (`tumble_kernels::pack`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
