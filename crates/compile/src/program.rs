@@ -401,7 +401,7 @@ impl BRef {
 struct BlockBuilder {
     inputs: Vec<BlockInput>,
     input_codes: Vec<Code>,
-    /// Inputs that are plain variables, so each is passed once.
+    /// Inputs that are variables or fields of variables (see [`input_key`]), so each is passed once.
     input_by_local: HashMap<String, u32>,
     nodes: Vec<BlockNode>,
     /// Names bound inside the block, innermost last.
@@ -680,10 +680,9 @@ impl Lowerer<'_> {
         if b.closed {
             return Ok(None);
         }
-        if let ExprKind::Local(n) = &e.kind {
-            if let Some(&i) = b.input_by_local.get(n) {
-                return Ok(Some(BRef::One(BVal::Input(i))));
-            }
+        let key = input_key(e);
+        if let Some(i) = key.as_ref().and_then(|k| b.input_by_local.get(k)) {
+            return Ok(Some(BRef::One(BVal::Input(*i))));
         }
         let reads_block_names = |b: &BlockBuilder| {
             let mut fv = HashSet::new();
@@ -728,6 +727,9 @@ impl Lowerer<'_> {
                     });
                     b.input_codes
                         .push(Code::Proj(Box::new(base), k as u32, e.span));
+                    if let Some(key) = &key {
+                        b.input_by_local.insert(format!("{key}.{k}"), i);
+                    }
                     fields.push(BRef::One(BVal::Input(i)));
                 }
                 return Ok(Some(BRef::Tuple(fields)));
@@ -744,8 +746,8 @@ impl Lowerer<'_> {
             ty: e.ty.clone().unwrap_or_else(Ty::unit),
         });
         b.input_codes.push(code);
-        if let ExprKind::Local(n) = &e.kind {
-            b.input_by_local.insert(n.clone(), i);
+        if let Some(key) = key {
+            b.input_by_local.insert(key, i);
         }
         Ok(Some(BRef::One(BVal::Input(i))))
     }
@@ -1234,6 +1236,18 @@ fn rebuild(r: &BRef, tmp: u32, k: &mut u32, span: Span) -> Code {
             c
         }
         BRef::Tuple(rs) => Code::Tuple(rs.iter().map(|x| rebuild(x, tmp, k, span)).collect()),
+    }
+}
+
+/// The key under which a block input that is a variable, or a field of one (`%l.1`), is passed
+/// once however often the block reads it (an MV-RNN composition reading each child's matrix twice
+/// gathered every matrix twice). Names do not change meaning inside a run: a name the run binds
+/// is found in the block's environment before any input.
+fn input_key(e: &Expr) -> Option<String> {
+    match &e.kind {
+        ExprKind::Local(n) => Some(n.clone()),
+        ExprKind::Proj(inner, i) => input_key(inner).map(|k| format!("{k}.{i}")),
+        _ => None,
     }
 }
 

@@ -363,3 +363,43 @@ def @main(%x: Tensor[(1, 3), float32]) -> Tensor[(2, 2), float32] {
 "#;
     agrees("abandoned_binding", src, &rows(5, 3), &["x"]);
 }
+
+/// A field of a variable read twice by one block is passed once (a plain MV-RNN composition reads
+/// each child's matrix twice; as two inputs, every 64×64 matrix was gathered twice per launch).
+#[test]
+fn a_field_read_twice_is_one_input() {
+    let src = r#"
+def @main(%s: (Tensor[(1, 4), float32], Tensor[(4, 4), float32])) -> Tensor[(1, 4), float32] {
+  add(nn.dense(%s.0, %s.1), sum(%s.1, axis=[0], keepdims=True))
+}
+"#;
+    let inputs: Vec<String> = (0..4)
+        .map(|i| {
+            let row = |r: usize| {
+                let v: Vec<String> = (0..4)
+                    .map(|c| format!("{:.1}", ((i + r + c) % 5) as f64 - 2.0))
+                    .collect();
+                format!("[{}]", v.join(", "))
+            };
+            format!(
+                "{{\"s\": [[{}], [{}, {}, {}, {}]]}}",
+                row(9),
+                row(0),
+                row(1),
+                row(2),
+                row(3)
+            )
+        })
+        .collect();
+    let l = load_text("field_twice", src);
+    let program =
+        tumble_compile::Program::lower_with(&l.typed, tumble_compile::LowerOptions::batched())
+            .unwrap_or_else(|e| panic!("{}", e.message));
+    let main = program
+        .blocks
+        .iter()
+        .find(|b| b.name.starts_with("main:"))
+        .unwrap_or_else(|| panic!("no block in @main"));
+    assert_eq!(main.inputs.len(), 2, "{main}");
+    agrees("field_twice", src, &inputs.join("\n"), &["s"]);
+}
