@@ -134,6 +134,19 @@ pub fn generate(seed: u64) -> Generated {
 }
 
 impl Gen {
+    /// A parameter list: the given parameters, then every weight made so far.
+    fn param_list(&self, params: &[(String, Ty)]) -> Vec<String> {
+        params
+            .iter()
+            .map(|(n, t)| format!("{n}: {}", t.text()))
+            .chain(
+                self.weights
+                    .iter()
+                    .map(|(n, s)| format!("{n}: {}", Ty::F(s.clone()).text())),
+            )
+            .collect()
+    }
+
     fn below(&mut self, n: usize) -> usize {
         self.r.int_range(0, n as i64) as usize
     }
@@ -296,15 +309,7 @@ impl Gen {
         if !calls.is_empty() {
             body = format!("{}\n{body}", calls.join("\n"));
         }
-        let mut params: Vec<String> = arg_tys
-            .iter()
-            .map(|(n, t)| format!("{n}: {}", t.text()))
-            .collect();
-        params.extend(
-            self.weights
-                .iter()
-                .map(|(n, s)| format!("{n}: {}", Ty::F(s.clone()).text())),
-        );
+        let params = self.param_list(&arg_tys);
         let mut text = String::new();
         for d in &self.defs {
             text.push_str(d);
@@ -528,15 +533,7 @@ impl Gen {
         };
         let wargs: String = self.weights.iter().map(|(n, _)| format!(", {n}")).collect();
         let body = body.replace(WEIGHTS_MARK, &wargs);
-        let mut ps: Vec<String> = params
-            .iter()
-            .map(|(n, t)| format!("{n}: {}", t.text()))
-            .collect();
-        ps.extend(
-            self.weights
-                .iter()
-                .map(|(n, s)| format!("{n}: {}", Ty::F(s.clone()).text())),
-        );
+        let ps = self.param_list(&params);
         self.defs.push(format!(
             "def {name}({}{attrs}) -> {} {{\n{}\n}}\n",
             ps.join(", "),
