@@ -77,6 +77,10 @@ pub struct RunArgs {
     /// instead of its rows being summed where a launch reads them.
     #[arg(long)]
     pub no_sum_fusion: bool,
+    /// No locality chunks: launch every invocation of a block with per-invocation matrix weights
+    /// at once instead of in chunks that fit in cache.
+    #[arg(long)]
+    pub no_locality_chunks: bool,
     /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
     #[arg(long)]
     pub no_phases: bool,
@@ -351,6 +355,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 epilogue: !args.no_epilogue,
                 lend_threads: !args.no_lend_threads,
                 sum_fusion: !args.no_sum_fusion,
+                locality_chunks: !args.no_locality_chunks,
                 phases: !args.no_phases,
                 hoist: !args.no_hoist,
                 ghosts: !args.no_ghosts,

@@ -88,6 +88,10 @@ pub struct Options {
     /// flatten into one n-ary sum, zero literals drop out, and the rows are summed where a launch
     /// reads them.
     pub sum_fusion: bool,
+    /// Locality chunks: a block whose matrix products have per-invocation weights (MV-RNN's word
+    /// matrices) is launched over chunks of invocations whose inputs fit in cache, instead of all
+    /// at once (batching such products reuses no weight; it only streams them through memory).
+    pub locality_chunks: bool,
 }
 
 impl Default for Options {
@@ -106,6 +110,7 @@ impl Default for Options {
             epilogue: true,
             lend_threads: true,
             sum_fusion: true,
+            locality_chunks: true,
             threads: 1,
         }
     }

@@ -403,3 +403,31 @@ def @main(%s: (Tensor[(1, 4), float32], Tensor[(4, 4), float32])) -> Tensor[(1, 
     assert_eq!(main.inputs.len(), 2, "{main}");
     agrees("field_twice", src, &inputs.join("\n"), &["s"]);
 }
+
+/// Per-invocation matrix weights (MV-RNN's word matrices) are launched in chunks that fit in
+/// cache: 20 instances with 64×64 matrices run as chunks of 15 and 5 (locality chunks), equal to
+/// the reference under every scheduler, batch size and switch set.
+#[test]
+fn per_invocation_weights_in_locality_chunks() {
+    let src = r#"
+def @main(%a: Tensor[(1, 64), float32], %m: Tensor[(64, 64), float32], %w: Tensor[(64, 128), float32])
+    -> (Tensor[(1, 64), float32], Tensor[(64, 64), float32]) {
+  let %p = tanh(nn.dense(%a, %m));
+  (%p, nn.dense(%w, transpose(concatenate((%m, %m), axis=0), axes=[1, 0])))
+}
+"#;
+    let num = |i: usize, j: usize| format!("{:.3}", (((i * 31 + j * 7) % 17) as f64 - 8.0) / 16.0);
+    let inputs: Vec<String> = (0..20)
+        .map(|i| {
+            let a: Vec<String> = (0..64).map(|j| num(i, j)).collect();
+            let m: Vec<String> = (0..64)
+                .map(|r| {
+                    let row: Vec<String> = (0..64).map(|c| num(i + r, c * 3)).collect();
+                    format!("[{}]", row.join(","))
+                })
+                .collect();
+            format!("{{\"a\": [[{}]], \"m\": [{}]}}", a.join(","), m.join(","))
+        })
+        .collect();
+    agrees("chunks", src, &inputs.join("\n"), &["a", "m"]);
+}

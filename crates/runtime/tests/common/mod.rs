@@ -335,6 +335,7 @@ pub fn check_all_ways(x: &Expected) {
                     dup: fusion,
                     lend_threads: fusion,
                     sum_fusion: fusion,
+                    locality_chunks: fusion,
                     threads: if batch == 7 { 2 } else { 1 },
                 };
                 let label = format!(
