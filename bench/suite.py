@@ -64,10 +64,11 @@ import common  # noqa: E402
 MODELS = ["treelstm", "mvrnn", "birnn", "stackrnn", "nestedrnn", "drnn", "berxit"]
 SIZES = ["small", "large"]
 BATCHES = [8, 64]
-ENGINES = ["tumble", "tumble_eager", "torch_eager", "torch_batched", "dynet"]
+ENGINES = ["tumble", "tumble_plain", "tumble_eager", "torch_eager", "torch_batched", "dynet"]
 PEERS = {"torch_eager": "torch_eager.py", "torch_batched": "torch_batched.py", "dynet": "dynet_auto.py"}
 LABEL = {
     "tumble": "tumble",
+    "tumble_plain": "tumble, plain model",
     "tumble_eager": "tumble --scheduler eager",
     "torch_eager": "PyTorch eager",
     "torch_batched": "PyTorch by hand",
@@ -246,8 +247,10 @@ PROFILE_HEAD = re.compile(r"mini-batches (\d+)\s+DFG nodes (\d+).*?batched launc
 TUMBLE_THREADS = 1
 
 
-def run_tumble(exe, model, params, inputs, batch, scheduler, out, repeat=1):
-    cmd = [exe, "run", f"models/{model}.rly", "--inputs", inputs, "--params", params, "--batch", str(batch),
+def run_tumble(exe, model, params, inputs, batch, scheduler, out, repeat=1, plain=False):
+    # plain: the model as written without Primitive=1 marks (models/plain/), same weights
+    path = f"models/plain/{model}.rly" if plain else f"models/{model}.rly"
+    cmd = [exe, "run", path, "--inputs", inputs, "--params", params, "--batch", str(batch),
            "--scheduler", scheduler, "--profile", "--repeat", str(repeat), "-o", out or os.devnull]
     t = time.perf_counter()
     # tumble's kernels use TUMBLE_NUM_THREADS threads (default: every core); match the peers
@@ -454,7 +457,7 @@ def main():
             allow = args.berxit_tumble == "all" or (args.berxit_tumble == "small8" and p["size"] == "small"
                                                      and p["batch"] == 8)
             if not allow:
-                for e in ("tumble", "tumble_eager"):
+                for e in ("tumble", "tumble_plain", "tumble_eager"):
                     p["skip"][e] = f"--berxit-tumble {args.berxit_tumble}" + (" (--quick)" if args.quick else "")
 
     work = []
@@ -480,7 +483,7 @@ def main():
         if e.startswith("tumble"):
             res = run_tumble(exe, p["model"], params[p["model"]], p["inputs"], p["batch"],
                              "eager" if e == "tumble_eager" else "inline", out,
-                             repeat=args.tumble_repeat if e == "tumble" else 1)
+                             repeat=args.tumble_repeat if e == "tumble" else 1, plain=e == "tumble_plain")
             if res["ok"]:
                 ms = res["ms"]
                 if res.get("warm_ms") is not None:
@@ -692,7 +695,7 @@ def make_plot(points, engines, path, meta):
     ncol = min(4, len(kinds))
     nrow = (len(kinds) + ncol - 1) // ncol
     fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.6 * nrow), squeeze=False)
-    colors = {"tumble": "#1f77b4", "tumble_eager": "#aec7e8", "torch_eager": "#d62728", "torch_batched": "#ff9896",
+    colors = {"tumble": "#1f77b4", "tumble_plain": "#6baed6", "tumble_eager": "#aec7e8", "torch_eager": "#d62728", "torch_batched": "#ff9896",
               "dynet": "#2ca02c"}
     for ax, kind in zip(axes.flat, kinds):
         ps = [p for p in points if p["kind"] == kind]
