@@ -100,6 +100,13 @@ struct Sig {
 
 type Scope = Vec<(String, Ty)>;
 
+/// The variables in scope that `pick` accepts, each with what `pick` makes of its type.
+fn in_scope<T>(sc: &Scope, pick: impl Fn(&Ty) -> Option<T>) -> Vec<(String, T)> {
+    sc.iter()
+        .filter_map(|(n, t)| pick(t).map(|x| (n.clone(), x)))
+        .collect()
+}
+
 /// Stand-in for a recursive call's weight arguments, replaced once the helper's weights are known.
 const WEIGHTS_MARK: &str = "\u{1}W\u{1}";
 
@@ -654,13 +661,10 @@ impl Gen {
                 let d = depth.saturating_sub(1);
                 if !leaf && self.chance(0.6) {
                     // @tmap over a tree in scope.
-                    let trees: Vec<(String, Ty)> = sc
-                        .iter()
-                        .filter_map(|(n, t)| match t {
-                            Ty::Tree(x) => Some((n.clone(), (**x).clone())),
-                            _ => None,
-                        })
-                        .collect();
+                    let trees = in_scope(sc, |t| match t {
+                        Ty::Tree(x) => Some((**x).clone()),
+                        _ => None,
+                    });
                     if !trees.is_empty() {
                         let (tn, te) = trees[self.below(trees.len())].clone();
                         let f = self.lambda(sc, &[te], e, d);
@@ -702,13 +706,10 @@ impl Gen {
             return "Nil".to_string();
         }
         let d = depth - 1;
-        let lists: Vec<(String, Ty)> = sc
-            .iter()
-            .filter_map(|(n, t)| match t {
-                Ty::List(x) => Some((n.clone(), (**x).clone())),
-                _ => None,
-            })
-            .collect();
+        let lists = in_scope(sc, |t| match t {
+            Ty::List(x) => Some((**x).clone()),
+            _ => None,
+        });
         match self.below(6) {
             0 | 1 if !lists.is_empty() => {
                 let (ln, le) = lists[self.below(lists.len())].clone();
@@ -758,21 +759,15 @@ impl Gen {
     fn eliminator(&mut self, sc: &Scope, ty: &Ty, depth: u32) -> Option<String> {
         let d = depth - 1;
         let helpers: Vec<Sig> = self.sigs.iter().filter(|s| &s.ret == ty).cloned().collect();
-        let closures: Vec<(String, Vec<Ty>)> = sc
-            .iter()
-            .filter_map(|(n, t)| match t {
-                Ty::Fn(a, r) if **r == *ty => Some((n.clone(), a.clone())),
-                _ => None,
-            })
-            .collect();
+        let closures = in_scope(sc, |t| match t {
+            Ty::Fn(a, r) if **r == *ty => Some(a.clone()),
+            _ => None,
+        });
         let adts: Vec<(String, Ty)> = sc.iter().filter(|(_, t)| t.is_adt()).cloned().collect();
-        let lists: Vec<(String, Ty)> = sc
-            .iter()
-            .filter_map(|(n, t)| match t {
-                Ty::List(x) => Some((n.clone(), (**x).clone())),
-                _ => None,
-            })
-            .collect();
+        let lists = in_scope(sc, |t| match t {
+            Ty::List(x) => Some((**x).clone()),
+            _ => None,
+        });
         for _ in 0..4 {
             match self.below(9) {
                 0 | 1 => {
@@ -895,13 +890,10 @@ impl Gen {
                 return v;
             }
         }
-        let floats: Vec<(String, Vec<usize>)> = sc
-            .iter()
-            .filter_map(|(n, t)| match t {
-                Ty::F(s) => Some((n.clone(), s.clone())),
-                _ => None,
-            })
-            .collect();
+        let floats = in_scope(sc, |t| match t {
+            Ty::F(s) => Some(s.clone()),
+            _ => None,
+        });
         // A value in scope brought to shape `s` the way a model would: a dense layer from a
         // state of the same rank and leading dims (`(1, k)` to `(1, n)`), or a reshape.
         let adaptable: Vec<(String, Vec<usize>)> = floats
