@@ -554,3 +554,27 @@ fn repeat_runs_the_job_again_with_the_same_outputs() {
     let zero = run_random(&model, &inputs, &["--repeat", "0"]);
     assert_eq!(zero.status.code(), Some(2));
 }
+
+/// A launch that fails for one invocation of several names that invocation's instance (the
+/// batched engine reran the launch's invocations one by one to find it), as the reference does.
+#[test]
+fn a_failing_launch_names_the_failing_instance() {
+    let model = temp_file(
+        "fail_one.rly",
+        "def @main(%tok: Tensor[(1), int32], %emb: Tensor[(10, 4), float32]) -> Tensor[(1, 4), float32] {\n  tanh(take(%emb, %tok, axis=0, mode=\"fast\"))\n}\n",
+    );
+    let inputs = temp_file(
+        "fail_one.jsonl",
+        "{\"tok\": [1]}\n{\"tok\": [2]}\n{\"tok\": [3]}\n{\"tok\": [12]}\n{\"tok\": [4]}\n",
+    );
+    let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
+    for engine in ["batched", "reference"] {
+        let out = run_random(&model, &inputs, &["--engine", engine]);
+        assert_eq!(out.status.code(), Some(1), "{engine}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("instance at line 4") && err.contains("index 12 is out of range"),
+            "{engine}: {err}"
+        );
+    }
+}

@@ -54,6 +54,8 @@ struct Node {
     /// A deferred sum (sum fusion): never launched; `args` are its terms (none of them a deferred
     /// sum), added in order when a launch first reads it ([`Dfg::materialize_sums`]).
     sum: bool,
+    /// The instance (index in the mini-batch) that recorded it, to name in errors.
+    instance: u32,
 }
 
 pub struct Dfg<'p> {
@@ -81,6 +83,8 @@ pub struct Dfg<'p> {
     chunked_blocks: Vec<bool>,
     /// Kernel plan per block (empty when fusion is off).
     plans: Vec<crate::fused::BlockPlan>,
+    /// The instance whose invocation made the last failed launch fail (see [`Dfg::launch`]).
+    pub failed_instance: Option<u32>,
     /// Threads lent by workers that have finished (a share is added to `opts.threads` at each
     /// launch).
     lent: Option<&'p Lending>,
@@ -221,6 +225,7 @@ impl<'p> Dfg<'p> {
                 Vec::new()
             },
             lent: None,
+            failed_instance: None,
             profile: Profile::default(),
         }
     }
@@ -382,6 +387,7 @@ impl<'p> Dfg<'p> {
         block_id: u32,
         args: &[Arg],
         span: Span,
+        instance: u32,
     ) -> Result<Option<Value>, RunError> {
         if !args.iter().any(|a| matches!(a, Arg::Lazy(_))) {
             return Ok(None);
@@ -424,6 +430,7 @@ impl<'p> Dfg<'p> {
             out: None,
             span,
             sum: true,
+            instance,
         });
         Ok(Some(Value::Lazy(LazyRef {
             node: id,
@@ -650,12 +657,33 @@ impl<'p> Dfg<'p> {
             let chunk = (CHUNK_INPUT_BYTES / per_invocation.max(1)).max(1);
             if chunk < ids.len() {
                 for part in ids.chunks(chunk) {
-                    self.launch_batch(block_id, part)?;
+                    self.launch_attributed(block_id, part)?;
                 }
                 return Ok(());
             }
         }
-        self.launch_batch(block_id, ids)
+        self.launch_attributed(block_id, ids)
+    }
+
+    /// [`Dfg::launch_batch`]; when a launch of several invocations fails, each runs alone so that
+    /// the error is the first failing invocation's own and names its instance
+    /// (`failed_instance`) instead of the whole mini-batch. Launches compute and store values
+    /// only, so running the others alone changes nothing but the time of a run that fails anyway.
+    fn launch_attributed(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
+        let Err(batch_error) = self.launch_batch(block_id, ids) else {
+            return Ok(());
+        };
+        let instance_of = |dfg: &Self, id: u32| dfg.nodes.get(id as usize).map(|n| n.instance);
+        if ids.len() > 1 {
+            for &id in ids {
+                if let Err(e) = self.launch_batch(block_id, &[id]) {
+                    self.failed_instance = instance_of(self, id);
+                    return Err(e);
+                }
+            }
+        }
+        self.failed_instance = ids.first().and_then(|&id| instance_of(self, id));
+        Err(batch_error)
     }
 
     /// Runs `block` for the nodes `ids` as one batched call.
@@ -948,7 +976,7 @@ impl Backend for Dfg<'_> {
             && self.opts.scheduler != Scheduler::Eager
             && self.sum_blocks.get(block_id as usize) == Some(&true)
         {
-            if let Some(v) = self.try_sum(block_id, &recorded, span)? {
+            if let Some(v) = self.try_sum(block_id, &recorded, span, ctx.instance)? {
                 self.profile.time_dfg += t0.elapsed();
                 return Ok(v);
             }
@@ -1045,6 +1073,7 @@ impl Backend for Dfg<'_> {
             out: None,
             span,
             sum: false,
+            instance: ctx.instance,
         });
         self.profile.nodes += 1;
         self.profile.time_dfg += t0.elapsed();

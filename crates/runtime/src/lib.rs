@@ -216,10 +216,12 @@ pub(crate) fn run_batch_lent(
                 ),
             });
         }
-        dfg.flush().map_err(|error| InstanceError {
-            instance: None,
-            error,
-        })?;
+        if let Err(error) = dfg.flush() {
+            return Err(InstanceError {
+                instance: dfg.failed_instance.map(|i| i as usize),
+                error,
+            });
+        }
         running = still;
         if running.is_empty() && !parked.is_empty() {
             // Every unfinished instance is at the phase boundary and the graph is evaluated: the
