@@ -121,18 +121,12 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
         program.blocks.iter().filter(|b| b.primitive).count()
     );
     print_static_report(&program, &report, &sources, &args.entry);
-    if opts.inline && opts.coarsen {
-        let mut inlined: Vec<String> = tumble_compile::inline::inlinable(&typed.module)
-            .into_keys()
-            .map(|n| format!("@{n}"))
-            .collect();
-        inlined.sort();
-        if !inlined.is_empty() {
-            println!(
-                "inlining: calls of these straight-line functions join their caller's block: {}\n",
-                inlined.join(", ")
-            );
-        }
+    if !program.inlined.is_empty() {
+        let inlined: Vec<String> = program.inlined.iter().map(|n| format!("@{n}")).collect();
+        println!(
+            "inlining: calls of these straight-line functions join their caller's block: {}\n",
+            inlined.join(", ")
+        );
     }
     for (span, note) in &program.notes {
         eprint!(

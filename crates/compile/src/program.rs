@@ -245,6 +245,9 @@ pub struct Program {
     pub notes: Vec<(Span, String)>,
     /// Input-less operator work computed at compile time (constant folding), for `explain`.
     pub folded: Vec<Span>,
+    /// Functions whose calls join their caller's block (see [`crate::inline`]), sorted, for
+    /// `explain`.
+    pub inlined: Vec<String>,
 }
 
 /// Switches of the lowering.
@@ -342,6 +345,8 @@ impl Program {
         }
         let (lambdas, blocks, sites, notes, folded) =
             (lw.lambdas, lw.blocks, lw.sites, lw.notes, lw.folded);
+        let mut inlined: Vec<String> = inline.into_keys().collect();
+        inlined.sort();
         Ok(Program {
             lambdas,
             globals,
@@ -352,6 +357,7 @@ impl Program {
             sites,
             notes,
             folded,
+            inlined,
         })
     }
 }
@@ -752,20 +758,31 @@ impl Lowerer<'_> {
         Ok(Some(BRef::One(BVal::Input(i))))
     }
 
-    /// An operand of an operator in a block: translated into block nodes where it can be, else
-    /// computed by ordinary code and passed in (a `let` chain binding a closure, say). What a
-    /// failed translation added to `b` is dropped first.
-    fn block_operand(
+    /// [`Lowerer::block_expr`], or nothing added to `b` when the translation fails.
+    fn try_block_expr(
         &mut self,
         b: &mut BlockBuilder,
         e: &Expr,
     ) -> Result<Option<BRef>, LowerError> {
         let cp = b.checkpoint();
-        if let Some(r) = self.block_expr(b, e)? {
-            return Ok(Some(r));
+        let r = self.block_expr(b, e)?;
+        if r.is_none() {
+            b.rollback(cp);
         }
-        b.rollback(cp);
-        self.block_input(b, e)
+        Ok(r)
+    }
+
+    /// An operand of an operator in a block: translated into block nodes where it can be, else
+    /// computed by ordinary code and passed in (a `let` chain binding a closure, say).
+    fn block_operand(
+        &mut self,
+        b: &mut BlockBuilder,
+        e: &Expr,
+    ) -> Result<Option<BRef>, LowerError> {
+        match self.try_block_expr(b, e)? {
+            Some(r) => Ok(Some(r)),
+            None => self.block_input(b, e),
+        }
     }
 
     /// Translates a pure expression into block nodes; other subexpressions become inputs.
@@ -957,13 +974,9 @@ impl Lowerer<'_> {
             let mut b = BlockBuilder::default();
             let start = k;
             while k < n && is_block_root(&bindings[k].value, self.inline) {
-                let cp = b.checkpoint();
-                match self.block_expr(&mut b, &bindings[k].value)? {
+                match self.try_block_expr(&mut b, &bindings[k].value)? {
                     Some(r) => b.env.push((bindings[k].var.name.name.clone(), r)),
-                    None => {
-                        b.rollback(cp);
-                        break;
-                    }
+                    None => break,
                 }
                 k += 1;
             }
@@ -978,12 +991,7 @@ impl Lowerer<'_> {
             // A run that reaches the end of the chain takes the body in too when it is pure
             // operator work (a cell's `(h, c)` result): one block instead of two.
             if k == n && is_block_root(body, self.inline) {
-                let cp = b.checkpoint();
-                let joined = self.block_expr(&mut b, body)?;
-                if joined.is_none() {
-                    b.rollback(cp);
-                }
-                if let Some(r) = joined {
+                if let Some(r) = self.try_block_expr(&mut b, body)? {
                     b.env.clear();
                     let name = format!("{}:{}", self.fn_name(), bindings[start].var.name.name);
                     let span = bindings[start].span.to(body.span);
@@ -1319,18 +1327,15 @@ fn prune(mut block: Block) -> Block {
 /// The value of an input-less block, computed now (`None`: too large, or it fails at run time,
 /// where the error is reported with the instance).
 fn fold_constant(block: &Block) -> Option<Code> {
-    let small = |t: &Ty| match t {
-        Ty::Tensor { .. } => t
-            .as_tensor()
-            .and_then(|(dims, _)| dims.iter().try_fold(1i64, |n, d| n.checked_mul(d.known()?)))
-            .is_some_and(|n| n <= FOLD_MAX_ELEMENTS),
-        Ty::Tuple(ts) => ts.iter().all(|t| {
-            t.as_tensor()
+    fn small(t: &Ty) -> bool {
+        match t {
+            Ty::Tuple(ts) => ts.iter().all(small),
+            _ => t
+                .as_tensor()
                 .and_then(|(dims, _)| dims.iter().try_fold(1i64, |n, d| n.checked_mul(d.known()?)))
-                .is_some_and(|n| n <= FOLD_MAX_ELEMENTS)
-        }),
-        _ => false,
-    };
+                .is_some_and(|n| n <= FOLD_MAX_ELEMENTS),
+        }
+    }
     if !block.nodes.iter().all(|n| small(&n.ty)) {
         return None;
     }

@@ -60,7 +60,9 @@ impl Backend for ReferenceBackend<'_> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut octx = OpCtx { rng: &mut ctx.rng };
-        let outs = eval_block(b, &inputs, &mut octx).map_err(|m| RunError::at(span, m))?;
+        let outs = b
+            .eval(&inputs, &mut octx)
+            .map_err(|m| RunError::at(span, m))?;
         Ok(block_value(b, outs))
     }
 
@@ -78,9 +80,4 @@ pub fn block_value(b: &Block, mut outs: Vec<Tensor>) -> Value {
         (OutputShape::Single, 1) => Value::Tensor(outs.remove(0)),
         _ => Value::tuple(outs.into_iter().map(Value::Tensor).collect()),
     }
-}
-
-/// Runs a block's nodes in order on one invocation's inputs; returns its flat outputs.
-pub fn eval_block(b: &Block, inputs: &[Tensor], octx: &mut OpCtx) -> Result<Vec<Tensor>, String> {
-    b.eval(inputs, octx)
 }

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use tumble_compile::{Block, OutputShape, Program};
-use tumble_interp::reference::{block_value, eval_block};
+use tumble_interp::reference::block_value;
 use tumble_interp::{Backend, InstanceCtx, LazyRef, RunError, Value};
 use tumble_ir::{Attrs, Span, Ty};
 use tumble_ops::{OpCtx, OpDef, OpValue};
@@ -78,9 +78,9 @@ pub struct Dfg<'p> {
     scalar_blocks: Vec<bool>,
     /// Per block: it only adds its two f32 inputs (see [`Block::is_sum`]).
     sum_blocks: Vec<bool>,
-    /// Per block: a matrix product whose weight differs per invocation (see
-    /// [`has_per_invocation_weights`]): its launches run in chunks that fit in cache.
-    chunked_blocks: Vec<bool>,
+    /// Per block: the most invocations one launch runs ([`locality_chunk`]; `usize::MAX` for
+    /// all of them).
+    chunk_sizes: Vec<usize>,
     /// Kernel plan per block (empty when fusion is off).
     plans: Vec<crate::fused::BlockPlan>,
     /// The instance whose invocation made the last failed launch fail (see [`Dfg::launch`]).
@@ -163,20 +163,52 @@ const CHUNK_INPUT_BYTES: usize = 256 << 10;
 /// every invocation at once streams all their matrices through memory stage by stage (stacking,
 /// concatenation, transposes, products) where launches of a few at a time keep them in cache:
 /// measured, MV-RNN-large b64 batched ran slower than one invocation per launch.
-fn has_per_invocation_weights(block: &Block, reuse: &Reuse, b: usize) -> bool {
+/// Such a block launches at most as many invocations as fit their per-instance inputs (the inputs
+/// the reuse analysis found to differ per invocation, sized by their static types) in
+/// [`CHUNK_INPUT_BYTES`]; every other block, or one whose input shapes are not static, launches
+/// all of its invocations at once (`usize::MAX`). Computed once per block, not per launch.
+fn locality_chunk(block: &Block, reuse: &Reuse, b: usize) -> usize {
     use tumble_compile::{BArg, BVal, InputReuse};
-    block.nodes.iter().any(|n| {
+    let per_instance = |i: usize| {
+        matches!(
+            reuse.inputs.get(b).and_then(|v| v.get(i)),
+            Some(InputReuse::PerInstance)
+        )
+    };
+    let per_invocation_weight = block.nodes.iter().any(|n| {
         n.op.name == "nn.dense"
             && match n.args.get(1) {
-                Some(BArg::One(BVal::Input(i))) => matches!(
-                    reuse.inputs.get(b).and_then(|v| v.get(*i as usize)),
-                    Some(InputReuse::PerInstance)
-                ),
+                Some(BArg::One(BVal::Input(i))) => per_instance(*i as usize),
                 Some(BArg::One(BVal::Node(_) | BVal::Field(..))) => true,
                 _ => false,
             }
-    })
+    });
+    if !per_invocation_weight {
+        return usize::MAX;
+    }
+    let bytes: Option<usize> = block
+        .inputs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| per_instance(*i))
+        .map(|(_, input)| {
+            let (dims, dtype) = input.ty.as_tensor()?;
+            let n = dims
+                .iter()
+                .try_fold(1usize, |n, d| n.checked_mul(d.known()? as usize))?;
+            n.checked_mul(dtype.size())
+        })
+        .sum();
+    match bytes {
+        Some(bytes) => (CHUNK_INPUT_BYTES / bytes.max(1)).max(1),
+        None => usize::MAX,
+    }
 }
+
+/// The most terms one deferred sum holds. Flattening copies the inner sum's terms, so a fold over
+/// a long list would copy O(n²) terms (and keep every partial sum's list alive); past this many,
+/// the `add` is recorded as an ordinary invocation whose launch materializes the inner sum.
+const MAX_SUM_TERMS: usize = 32;
 
 /// True for a small f32 tensor of zeros (a fold's initial `zeros(..)`): adding it changes nothing.
 fn is_zero_term(t: &Tensor) -> bool {
@@ -204,11 +236,14 @@ impl<'p> Dfg<'p> {
                 .map(Block::returns_only_scalars)
                 .collect(),
             sum_blocks: program.blocks.iter().map(Block::is_sum).collect(),
-            chunked_blocks: program
+            chunk_sizes: program
                 .blocks
                 .iter()
                 .enumerate()
-                .map(|(i, b)| opts.locality_chunks && has_per_invocation_weights(b, reuse, i))
+                .map(|(i, b)| match opts.locality_chunks {
+                    true => locality_chunk(b, reuse, i),
+                    false => usize::MAX,
+                })
                 .collect(),
             plans: if opts.fusion {
                 let popts = crate::fused::PlanOptions {
@@ -321,21 +356,27 @@ impl<'p> Dfg<'p> {
         Ok(())
     }
 
-    /// Computes the deferred sums among `ids` (each once) into one batch, row by row, so that the
-    /// launch reading them finds ordinary rows of an earlier output (contiguous when it reads
-    /// them in this order: no copy at all).
-    fn materialize_sums(&mut self, ids: &[u32]) -> Result<(), RunError> {
-        let mut todo: Vec<u32> = Vec::new();
-        for &id in ids {
-            if self
+    /// Computes the deferred sums that input `i` of a launch over `ids` reads (each
+    /// once) into one batch, row by row, so that the launch finds ordinary rows of an earlier
+    /// output (contiguous when it reads them in this order: no copy at all).
+    fn materialize_sums(&mut self, i: usize, ids: &[u32]) -> Result<(), RunError> {
+        let unmaterialized = |dfg: &Self, id: u32| match dfg.nodes.get(id as usize)?.args.get(i)? {
+            Arg::Lazy(r) => dfg
                 .nodes
-                .get(id as usize)
+                .get(r.node as usize)
                 .is_some_and(|n| n.sum && n.out.is_none())
-                && !todo.contains(&id)
-            {
-                todo.push(id);
-            }
+                .then_some(r.node),
+            Arg::Val(_) => None,
+        };
+        if !ids.iter().any(|&id| unmaterialized(self, id).is_some()) {
+            return Ok(());
         }
+        let mut seen = std::collections::HashSet::new();
+        let todo: Vec<u32> = ids
+            .iter()
+            .filter_map(|&id| unmaterialized(self, id))
+            .filter(|&s| seen.insert(s))
+            .collect();
         let Some(&first) = todo.first() else {
             return Ok(());
         };
@@ -408,6 +449,9 @@ impl<'p> Dfg<'p> {
                 },
                 Arg::Val(_) => terms.push(a.clone()),
             }
+        }
+        if terms.len() > MAX_SUM_TERMS {
+            return Ok(None);
         }
         self.profile.sums += 1;
         if let [Arg::Lazy(r)] = terms[..] {
@@ -587,18 +631,16 @@ impl<'p> Dfg<'p> {
     fn arg_ready(&self, a: &Arg) -> bool {
         match a {
             Arg::Val(_) => true,
-            Arg::Lazy(r) => self.nodes.get(r.node as usize).is_some_and(|m| {
-                m.out.is_some()
-                    || (m.sum
-                        && m.args.iter().all(|t| match t {
-                            Arg::Val(_) => true,
-                            Arg::Lazy(q) => self
-                                .nodes
-                                .get(q.node as usize)
-                                .is_some_and(|x| x.out.is_some()),
-                        }))
-            }),
+            Arg::Lazy(r) => self.lazy_ready(*r),
         }
+    }
+
+    /// The value is computed, or is a deferred sum whose terms are (its terms are never sums
+    /// themselves, so this recurses once).
+    fn lazy_ready(&self, r: LazyRef) -> bool {
+        self.nodes
+            .get(r.node as usize)
+            .is_some_and(|m| m.out.is_some() || (m.sum && m.args.iter().all(|t| self.arg_ready(t))))
     }
 
     /// The recorded nodes an argument waits for: itself, or a deferred sum's terms.
@@ -628,41 +670,15 @@ impl<'p> Dfg<'p> {
     /// Runs `block` for the nodes `ids`: one batched call, or for a block with per-invocation
     /// weights, calls over chunks whose per-instance inputs fit in cache.
     fn launch(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
-        if self.chunked_blocks.get(block_id as usize) == Some(&true) && ids.len() > 1 {
-            // Per-instance inputs: computed values, and instance data the reuse analysis found
-            // differs between invocations (weights are passed once and do not count).
-            let per_instance = |i: usize| {
-                matches!(
-                    self.reuse
-                        .inputs
-                        .get(block_id as usize)
-                        .and_then(|v| v.get(i)),
-                    Some(crate::reuse::InputReuse::PerInstance)
-                )
-            };
-            let per_invocation: usize = match ids.first().and_then(|&i| self.nodes.get(i as usize))
-            {
-                Some(n) => n
-                    .args
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, a)| matches!(a, Arg::Lazy(_)) || per_instance(*i))
-                    .map(|(_, a)| {
-                        self.arg_shape(a)
-                            .map_or(0, |s| s.iter().product::<usize>() * 4)
-                    })
-                    .sum(),
-                None => 0,
-            };
-            let chunk = (CHUNK_INPUT_BYTES / per_invocation.max(1)).max(1);
-            if chunk < ids.len() {
-                for part in ids.chunks(chunk) {
-                    self.launch_attributed(block_id, part)?;
-                }
-                return Ok(());
-            }
+        let chunk = self
+            .chunk_sizes
+            .get(block_id as usize)
+            .copied()
+            .unwrap_or(usize::MAX);
+        for part in ids.chunks(chunk) {
+            self.launch_attributed(block_id, part)?;
         }
-        self.launch_attributed(block_id, ids)
+        Ok(())
     }
 
     /// [`Dfg::launch_batch`]; when a launch of several invocations fails, each runs alone so that
@@ -762,14 +778,9 @@ impl<'p> Dfg<'p> {
     /// if it is exactly these rows in order, else a list of the rows where they lie (gather
     /// fusion) or stacked.
     fn gather(&mut self, block: u32, i: usize, ids: &[u32]) -> Result<BV, RunError> {
-        let sums: Vec<u32> = ids
-            .iter()
-            .filter_map(|&id| match self.nodes.get(id as usize)?.args.get(i)? {
-                Arg::Lazy(r) => Some(r.node),
-                Arg::Val(_) => None,
-            })
-            .collect();
-        self.materialize_sums(&sums)?;
+        if self.opts.sum_fusion {
+            self.materialize_sums(i, ids)?;
+        }
         let args: Vec<&Arg> = ids
             .iter()
             .filter_map(|&id| self.nodes.get(id as usize).and_then(|n| n.args.get(i)))
@@ -867,51 +878,36 @@ impl Backend for Dfg<'_> {
         // Operators outside blocks are the impure ones (random draws, intrinsics): they run on the
         // host, in the instance's program order, from its own random stream. The machine calls
         // them only once `op_args_ready` holds, so lazy arguments are computed by now.
+        // A lazy argument, or lazy field of a tuple argument, becomes its computed tensor; the
+        // value then converts like any other.
+        let computed = |dfg: &Self, v: Value| -> Result<Value, RunError> {
+            match v {
+                Value::Lazy(r) => dfg.concrete(r)?.map(Value::Tensor).ok_or_else(|| {
+                    RunError::at(
+                        span,
+                        format!(
+                            "{}: input is not computed yet (operator outside a block)",
+                            op.name
+                        ),
+                    )
+                }),
+                other => Ok(other),
+            }
+        };
         let mut plain = Vec::with_capacity(args.len());
         for a in args {
-            match a {
-                Value::Lazy(r) => match self.concrete(r)? {
-                    Some(t) => plain.push(OpValue::Tensor(t)),
-                    None => {
-                        return Err(RunError::at(
-                            span,
-                            format!(
-                                "{}: input is not computed yet (operator outside a block)",
-                                op.name
-                            ),
-                        ))
-                    }
-                },
-                Value::Tuple(t) if t.0.iter().any(|f| matches!(f, Value::Lazy(_))) => {
-                    let mut fields = Vec::with_capacity(t.0.len());
-                    for f in &t.0 {
-                        fields.push(match f {
-                            Value::Lazy(r) => self.concrete(*r)?.ok_or_else(|| {
-                                RunError::at(
-                                    span,
-                                    format!("{}: input is not computed yet", op.name),
-                                )
-                            })?,
-                            Value::Tensor(t) => t.clone(),
-                            other => {
-                                return Err(RunError::at(
-                                    span,
-                                    format!(
-                                        "{}: expected a tuple of tensors, found {} in it",
-                                        op.name,
-                                        other.kind()
-                                    ),
-                                ))
-                            }
-                        });
-                    }
-                    plain.push(OpValue::Tuple(fields));
-                }
-                other => plain.push(
-                    tumble_interp::machine::to_op_value(other)
-                        .map_err(|m| RunError::at(span, format!("{}: {m}", op.name)))?,
+            let a = match a {
+                Value::Tuple(t) if t.0.iter().any(|f| matches!(f, Value::Lazy(_))) => Value::tuple(
+                    t.0.iter()
+                        .map(|f| computed(self, f.clone()))
+                        .collect::<Result<Vec<_>, _>>()?,
                 ),
-            }
+                other => computed(self, other)?,
+            };
+            plain.push(
+                tumble_interp::machine::to_op_value(a)
+                    .map_err(|m| RunError::at(span, format!("{}: {m}", op.name)))?,
+            );
         }
         let mut octx = OpCtx { rng: &mut ctx.rng };
         let out = tumble_ops::eval(op, &plain, attrs, &mut octx)
@@ -967,7 +963,9 @@ impl Backend for Dfg<'_> {
                 })
                 .collect();
             let mut octx = OpCtx { rng: &mut ctx.rng };
-            let outs = eval_block(block, &inputs, &mut octx).map_err(|m| RunError::at(span, m))?;
+            let outs = block
+                .eval(&inputs, &mut octx)
+                .map_err(|m| RunError::at(span, m))?;
             self.profile.host_invocations += 1;
             self.profile.time_dfg += t0.elapsed();
             return Ok(block_value(block, outs));
@@ -1093,21 +1091,16 @@ impl Backend for Dfg<'_> {
     }
 
     fn op_args_ready(&mut self, args: &[Value]) -> Result<bool, RunError> {
-        // An argument, or a field of a tuple argument, that is lazy and not computed yet.
-        let pending = |v: &Value| match v {
-            Value::Lazy(r) => self.concrete(*r).map(|t| t.is_none()),
-            _ => Ok(false),
+        // Every argument, and every field of a tuple argument, that is lazy is computed (checked
+        // without computing it: a deferred sum is added up once, by `call_op`).
+        let ready = |v: &Value| match v {
+            Value::Lazy(r) => self.lazy_ready(*r),
+            _ => true,
         };
-        for a in args {
-            let waits = match a {
-                Value::Tuple(t) => t.0.iter().map(pending).collect::<Result<Vec<_>, _>>()?,
-                other => vec![pending(other)?],
-            };
-            if waits.contains(&true) {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        Ok(args.iter().all(|a| match a {
+            Value::Tuple(t) => t.0.iter().all(ready),
+            other => ready(other),
+        }))
     }
 
     fn condition(&mut self, v: &Value) -> Result<Option<bool>, RunError> {

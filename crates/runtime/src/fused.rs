@@ -1149,6 +1149,12 @@ pub struct RowProg {
 type RowCache = HashMap<(usize, Vec<OpSig>), Option<Arc<RowProg>>>;
 
 /// Compiles the row program of nodes `ns` for operands of signature `sig`.
+/// Leading dims without the size-1 ones: per-instance dims of size 1 broadcast, so `(B, 1, n)` and
+/// `(B, n)` describe the same rows.
+fn strip(lead: &[usize]) -> Vec<usize> {
+    lead.iter().copied().filter(|&d| d != 1).collect()
+}
+
 fn compile_rows(
     block: &Block,
     ns: &[usize],
@@ -1171,8 +1177,6 @@ fn compile_rows(
                 }
                 // Leading dims must describe the same rows; size-1 per-instance dims broadcast, so
                 // (B, 1, n) and (B, n) line up. Results take the longest lead.
-                let strip =
-                    |l: &[usize]| -> Vec<usize> { l.iter().copied().filter(|&d| d != 1).collect() };
                 match &lead_tail {
                     None => lead_tail = Some(tail.to_vec()),
                     Some(l) if strip(l) == strip(tail) => {
@@ -1220,7 +1224,6 @@ fn compile_rows(
     // weight's `divide`) next to per-instance work of another row shape would be computed once
     // per row and come out with the rows of the other operands (found by the program generator,
     // seed 17871: a (1, 2) result returned as (4, 2)).
-    let strip = |l: &[usize]| -> Vec<usize> { l.iter().copied().filter(|&d| d != 1).collect() };
     let lead = strip(&lead_tail);
     for &n in ns {
         let Some((dims, _)) = block.nodes.get(n).and_then(|node| node.ty.as_tensor()) else {

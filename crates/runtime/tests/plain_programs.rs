@@ -431,3 +431,58 @@ def @main(%a: Tensor[(1, 64), float32], %m: Tensor[(64, 64), float32], %w: Tenso
         .collect();
     agrees("chunks", src, &inputs.join("\n"), &["a", "m"]);
 }
+
+/// A fold over a long list: each step's deferred sum copied every term of the previous one (O(n²)
+/// terms kept for a list of n). Past 32 terms the `add` runs as an ordinary launch that sums the
+/// deferred terms, so the fold costs O(n); the result is the reference's.
+#[test]
+fn a_long_fold_keeps_sums_bounded() {
+    let src = r#"
+def @main(%xs: List[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32] {
+  let %plus = fn (%a: Tensor[(1, 4), float32], %b: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+    add(%a, %b)
+  };
+  @foldl(%plus, zeros(shape=[1, 4], dtype="float32"), @map(fn (%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+    tanh(%x)
+  }, %xs))
+}
+"#;
+    let inputs: Vec<String> = (0..3)
+        .map(|i| {
+            let xs: Vec<String> = (0..100)
+                .map(|j| {
+                    let v: Vec<String> = (0..4)
+                        .map(|c| format!("{:.2}", ((i + j * 3 + c) % 9) as f64 / 8.0 + 0.1))
+                        .collect();
+                    format!("[[{}]]", v.join(", "))
+                })
+                .collect();
+            format!("{{\"xs\": [{}]}}", xs.join(", "))
+        })
+        .collect();
+    let x = expected(
+        "long_fold",
+        load_text("long_fold", src),
+        &inputs.join("\n"),
+        &["xs"],
+    );
+    check_all_ways(&x);
+    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let rngs = (0..x.args.len()).map(common::rng).collect();
+    let (_, profile) = tumble_runtime::run_batch(
+        &program,
+        &reuse,
+        "main",
+        x.args.clone(),
+        rngs,
+        tumble_runtime::Options::default(),
+    )
+    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    let add_launches: u64 = profile
+        .per_block
+        .iter()
+        .filter(|(name, _)| name.contains("plus"))
+        .map(|(_, s)| s.launches)
+        .sum();
+    assert!(profile.sums > 0 && add_launches > 0, "{profile}");
+}
