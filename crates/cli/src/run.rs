@@ -81,6 +81,10 @@ pub struct RunArgs {
     /// at once instead of in chunks that fit in cache.
     #[arg(long)]
     pub no_locality_chunks: bool,
+    /// No deferred launches: launch every group of ready invocations at its depth, even a
+    /// handful that streams large shared weights for few rows.
+    #[arg(long)]
+    pub no_defer: bool,
     /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
     #[arg(long)]
     pub no_phases: bool,
@@ -356,6 +360,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 lend_threads: !args.no_lend_threads,
                 sum_fusion: !args.no_sum_fusion,
                 locality_chunks: !args.no_locality_chunks,
+                defer: !args.no_defer,
                 phases: !args.no_phases,
                 hoist: !args.no_hoist,
                 ghosts: !args.no_ghosts,

@@ -81,6 +81,9 @@ pub struct Dfg<'p> {
     /// Per block: the most invocations one launch runs ([`locality_chunk`]; `usize::MAX` for
     /// all of them).
     chunk_sizes: Vec<usize>,
+    /// Per block: launches of fewer invocations wait for more under depth scheduling
+    /// ([`defer_below`]; 0: never).
+    defer_below: Vec<usize>,
     /// Kernel plan per block (empty when fusion is off).
     plans: Vec<crate::fused::BlockPlan>,
     /// The instance whose invocation made the last failed launch fail (see [`Dfg::launch`]).
@@ -205,6 +208,46 @@ fn locality_chunk(block: &Block, reuse: &Reuse, b: usize) -> usize {
     }
 }
 
+/// Invocations below which a launch of `block` is deferred ([`crate::Options::defer`]): 0 unless
+/// its matrix products read shared weights of at least [`crate::DEFER_WEIGHT_BYTES`] in all;
+/// otherwise enough invocations for [`crate::DEFER_BELOW_ROWS`] rows of the smallest product.
+fn defer_below(block: &Block, reuse: &Reuse, b: usize) -> usize {
+    use tumble_compile::{BArg, BVal, InputReuse};
+    let known_len = |ty: &Ty| -> Option<(usize, usize)> {
+        let (dims, dtype) = ty.as_tensor()?;
+        let dims: Vec<usize> = dims
+            .iter()
+            .map(|d| d.known().map(|x| x as usize))
+            .collect::<Option<_>>()?;
+        let len = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
+        let rows = len / dims.last().copied().unwrap_or(1).max(1);
+        Some((len.checked_mul(dtype.size())?, rows))
+    };
+    let mut weight_bytes = 0usize;
+    let mut rows = usize::MAX;
+    for n in block.nodes.iter().filter(|n| n.op.name == "nn.dense") {
+        let (Some(BArg::One(data)), Some(BArg::One(BVal::Input(w)))) =
+            (n.args.first(), n.args.get(1))
+        else {
+            continue;
+        };
+        let shared = matches!(
+            reuse.inputs.get(b).and_then(|v| v.get(*w as usize)),
+            Some(InputReuse::Shared | InputReuse::SharedPerCallSite)
+        );
+        let weight = block.inputs.get(*w as usize).and_then(|i| known_len(&i.ty));
+        let data = known_len(&block.val_ty(data));
+        if let (true, Some((bytes, _)), Some((_, r))) = (shared, weight, data) {
+            weight_bytes = weight_bytes.saturating_add(bytes);
+            rows = rows.min(r.max(1));
+        }
+    }
+    if weight_bytes < crate::DEFER_WEIGHT_BYTES || rows == usize::MAX {
+        return 0;
+    }
+    crate::DEFER_BELOW_ROWS.div_ceil(rows)
+}
+
 /// The most terms one deferred sum holds. Flattening copies the inner sum's terms, so a fold over
 /// a long list would copy O(n²) terms (and keep every partial sum's list alive); past this many,
 /// the `add` is recorded as an ordinary invocation whose launch materializes the inner sum.
@@ -243,6 +286,15 @@ impl<'p> Dfg<'p> {
                 .map(|(i, b)| match opts.locality_chunks {
                     true => locality_chunk(b, reuse, i),
                     false => usize::MAX,
+                })
+                .collect(),
+            defer_below: program
+                .blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| match opts.defer {
+                    true => defer_below(b, reuse, i),
+                    false => 0,
                 })
                 .collect(),
             plans: if opts.fusion {
@@ -521,6 +573,25 @@ impl<'p> Dfg<'p> {
                 levels.entry(n.depth).or_default().push(id);
             }
         }
+        // Pending invocations per launch key, for deferring small launches while more of the
+        // same key are still to come.
+        let deferring = self.defer_below.iter().any(|&d| d > 1);
+        let mut remaining: HashMap<(u32, u64), usize> = HashMap::new();
+        if deferring {
+            for ids in levels.values() {
+                for &id in ids {
+                    if let Some(n) = self.nodes.get(id as usize) {
+                        if self
+                            .defer_below
+                            .get(n.block as usize)
+                            .is_some_and(|&d| d > 1)
+                        {
+                            *remaining.entry((n.block, n.key)).or_default() += 1;
+                        }
+                    }
+                }
+            }
+        }
         self.profile.time_schedule += t0.elapsed();
         while let Some((depth, ids)) = levels.pop_first() {
             let t0 = Instant::now();
@@ -533,6 +604,53 @@ impl<'p> Dfg<'p> {
                     }
                 } else {
                     later.push(id);
+                }
+            }
+            if deferring {
+                // A small group of a weight-bound block waits one level when more invocations
+                // of its key are pending and another group launches at this level (so every
+                // level makes progress and the flush ends).
+                let defer = |k: &(u32, u64), n: usize| {
+                    n < self.defer_below.get(k.0 as usize).copied().unwrap_or(0)
+                        && remaining.get(k).is_some_and(|&r| r > n)
+                };
+                // When every group could wait, the fullest (relative to its threshold) launches.
+                let keep = if groups.iter().all(|(k, ids)| defer(k, ids.len())) {
+                    groups
+                        .iter()
+                        .max_by(|(a, x), (b, y)| {
+                            let fill = |k: &(u32, u64), n: usize| {
+                                n as f64
+                                    / self
+                                        .defer_below
+                                        .get(k.0 as usize)
+                                        .copied()
+                                        .unwrap_or(1)
+                                        .max(1) as f64
+                            };
+                            fill(a, x.len()).total_cmp(&fill(b, y.len()))
+                        })
+                        .map(|(k, _)| *k)
+                } else {
+                    None
+                };
+                {
+                    let deferred: Vec<(u32, u64)> = groups
+                        .iter()
+                        .filter(|(k, ids)| Some(**k) != keep && defer(k, ids.len()))
+                        .map(|(k, _)| *k)
+                        .collect();
+                    for k in deferred {
+                        if let Some(ids) = groups.remove(&k) {
+                            self.profile.deferred += ids.len() as u64;
+                            later.extend(ids);
+                        }
+                    }
+                }
+                for (k, ids) in &groups {
+                    if let Some(r) = remaining.get_mut(k) {
+                        *r = r.saturating_sub(ids.len());
+                    }
                 }
             }
             if !later.is_empty() {

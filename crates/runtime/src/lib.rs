@@ -92,7 +92,25 @@ pub struct Options {
     /// matrices) is launched over chunks of invocations whose inputs fit in cache, instead of all
     /// at once (batching such products reuses no weight; it only streams them through memory).
     pub locality_chunks: bool,
+    /// Deferred small launches: under depth scheduling, a group of invocations too small to
+    /// amortize streaming its block's large shared weights (fewer rows than
+    /// [`DEFER_BELOW_ROWS`]) waits for later invocations of the same block and shapes while other
+    /// groups launch (NestedRNN's GRU cell: instances reach it at different depths, and launching
+    /// each handful reads 6 MB of weights). When every group at a level could wait, the fullest
+    /// launches.
+    pub defer: bool,
 }
+
+/// Rows below which a GEMM over weights that do not fit in L2 is bound by streaming the weights,
+/// not by arithmetic: with f32 weights a row costs 2 FLOPs per 4 weight bytes, so a core doing
+/// ~100-200 GFLOP/s over weights streamed at ~20-40 GB/s needs about 16 rows per launch.
+pub const DEFER_BELOW_ROWS: usize = 16;
+
+/// Shared weight bytes (of a block's matrix products) from which a small launch is treated as
+/// weight-bound. Measured on NestedRNN (`bench/RESULTS.md`): at 1.5 MiB (small) and 6 MiB (large)
+/// of GRU weights, waiting for more invocations saved 15-27% of the run; no other zoo model's
+/// launches changed.
+pub const DEFER_WEIGHT_BYTES: usize = 256 << 10;
 
 impl Default for Options {
     fn default() -> Self {
@@ -111,6 +129,7 @@ impl Default for Options {
             lend_threads: true,
             sum_fusion: true,
             locality_chunks: true,
+            defer: true,
             threads: 1,
         }
     }

@@ -26,6 +26,8 @@ pub struct Profile {
     /// the sums read by launches.
     pub sums: u64,
     pub sum_terms: u64,
+    /// Times an invocation's launch waited one level for more of its kind (`Options::defer`).
+    pub deferred: u64,
     pub launches: u64,
     /// Times the instances all stopped (done or waiting for a value) and the graph was evaluated.
     pub flushes: u64,
@@ -69,6 +71,7 @@ impl Profile {
         self.host_invocations += o.host_invocations;
         self.sums += o.sums;
         self.sum_terms += o.sum_terms;
+        self.deferred += o.deferred;
         self.launches += o.launches;
         self.flushes += o.flushes;
         for (k, v) in &o.per_block {
@@ -144,6 +147,13 @@ impl fmt::Display for Profile {
                 f,
                 "sum fusion: {} add invocations kept as sums, {} terms summed inside launches",
                 self.sums, self.sum_terms
+            )?;
+        }
+        if self.deferred > 0 {
+            writeln!(
+                f,
+                "deferred launches: invocations waited {} levels in all for more of their kind",
+                self.deferred
             )?;
         }
         writeln!(

@@ -528,6 +528,7 @@ fn every_combination_of_switches() {
                 // Not a switch of its own (that would double the combinations): on in half of them.
                 sum_fusion: phases != hoist,
                 locality_chunks: phases == hoist,
+                defer: phases == hoist,
                 threads: 1,
             };
             check_batched(&x, &program, &reuse, 7, opts, &label);

@@ -72,6 +72,7 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         lend_threads: bit(0.5),
         sum_fusion: bit(0.5),
         locality_chunks: bit(0.5),
+        defer: bit(0.5),
         threads: if bit(0.2) { 2 } else { 1 },
         ..Options::default()
     };

@@ -486,3 +486,80 @@ def @main(%xs: List[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32] {
         .sum();
     assert!(profile.sums > 0 && add_launches > 0, "{profile}");
 }
+
+/// Deferred small launches (NestedRNN's GRU cell): a block with 256 KiB of shared weights that
+/// instances reach at different depths (after inner sequences of different lengths) waits for
+/// more of its invocations while the inner steps launch. Equal to the reference every way, and
+/// with deferral on it launches fewer times than with it off.
+#[test]
+fn weight_bound_launches_wait_for_more() {
+    let src = r#"
+def @inner(%xs: List[Tensor[(1, 8), float32]], %h: Tensor[(1, 256), float32], %u: Tensor[(256, 8), float32])
+    -> Tensor[(1, 256), float32] {
+  match (%xs) {
+    Cons(%x, %rest) => @inner(%rest, tanh(add(%h, nn.dense(%x, %u))), %u),
+    Nil => %h,
+  }
+}
+def @outer(%seqs: List[List[Tensor[(1, 8), float32]]], %h: Tensor[(1, 256), float32],
+           %u: Tensor[(256, 8), float32], %g: Tensor[(256, 256), float32]) -> Tensor[(1, 256), float32] {
+  match (%seqs) {
+    Cons(%s, %rest) => @outer(%rest, tanh(nn.dense(@inner(%s, %h, %u), %g)), %u, %g),
+    Nil => %h,
+  }
+}
+def @main(%seqs: List[List[Tensor[(1, 8), float32]]], %u: Tensor[(256, 8), float32],
+          %g: Tensor[(256, 256), float32]) -> Tensor[(1, 256), float32] {
+  @outer(%seqs, zeros(shape=[1, 256], dtype="float32"), %u, %g)
+}
+"#;
+    let inputs: Vec<String> = (0..24)
+        .map(|i| {
+            let seqs: Vec<String> = (0..1 + i % 4)
+                .map(|s| {
+                    let xs: Vec<String> = (0..(i * 7 + s * 5) % 9)
+                        .map(|t| {
+                            let v: Vec<String> = (0..8)
+                                .map(|c| {
+                                    format!("{:.2}", ((i + s + t * 3 + c) % 11) as f64 / 10.0 - 0.5)
+                                })
+                                .collect();
+                            format!("[[{}]]", v.join(", "))
+                        })
+                        .collect();
+                    format!("[{}]", xs.join(", "))
+                })
+                .collect();
+            format!("{{\"seqs\": [{}]}}", seqs.join(", "))
+        })
+        .collect();
+    let x = expected(
+        "deferred",
+        load_text("deferred", src),
+        &inputs.join("\n"),
+        &["seqs"],
+    );
+    check_all_ways(&x);
+    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let heavy = |defer: bool| {
+        let rngs = (0..x.args.len()).map(common::rng).collect();
+        let opts = tumble_runtime::Options {
+            defer,
+            ..tumble_runtime::Options::default()
+        };
+        let (_, profile) =
+            tumble_runtime::run_batch(&program, &reuse, "main", x.args.clone(), rngs, opts)
+                .unwrap_or_else(|e| panic!("{}", e.error.message));
+        let launches: u64 = profile
+            .per_block
+            .iter()
+            .filter(|(name, _)| name.starts_with("outer"))
+            .map(|(_, s)| s.launches)
+            .sum();
+        (launches, profile)
+    };
+    let (on, p_on) = heavy(true);
+    let (off, p_off) = heavy(false);
+    assert!(p_on.deferred > 0 && p_off.deferred == 0, "{p_on}\n{p_off}");
+    assert!(on < off, "deferred {on} launches vs {off}\n{p_on}\n{p_off}");
+}

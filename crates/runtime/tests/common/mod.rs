@@ -336,6 +336,7 @@ pub fn check_all_ways(x: &Expected) {
                     lend_threads: fusion,
                     sum_fusion: fusion,
                     locality_chunks: fusion,
+                    defer: fusion,
                     threads: if batch == 7 { 2 } else { 1 },
                 };
                 let label = format!(
