@@ -101,10 +101,11 @@ pub struct Options {
     pub defer: bool,
 }
 
-/// Rows below which a GEMM over weights that do not fit in L2 is bound by streaming the weights,
-/// not by arithmetic: with f32 weights a row costs 2 FLOPs per 4 weight bytes, so a core doing
-/// ~100-200 GFLOP/s over weights streamed at ~20-40 GB/s needs about 16 rows per launch.
-pub const DEFER_BELOW_ROWS: usize = 16;
+/// Rows below which a launch of a weight-bound block waits for more: with f32 weights a row costs
+/// 2 FLOPs per 4 weight bytes, so a core doing ~100-200 GFLOP/s over weights streamed from L3 at
+/// ~20-40 GB/s needs some 10-40 rows before arithmetic, not the weights, bounds the launch. Of 16
+/// and 32, 32 was faster on NestedRNN (`bench/RESULTS.md`).
+pub const DEFER_BELOW_ROWS: usize = 32;
 
 /// Shared weight bytes (of a block's matrix products) from which a small launch is treated as
 /// weight-bound. Measured on NestedRNN (`bench/RESULTS.md`): at 1.5 MiB (small) and 6 MiB (large)
