@@ -294,7 +294,10 @@ pub(crate) fn batched_op(
                 BV::Batched(_) | BV::Rows(_) => None,
             })
             .collect();
-        return eval(op, &plain, attrs, octx).map(BV::Shared);
+        return match crate::fastops::try_eval(op.name, &plain, attrs) {
+            Some(v) => Ok(BV::Shared(v)),
+            None => eval(op, &plain, attrs, octx).map(BV::Shared),
+        };
     }
     match rule(op, attrs, &args, b) {
         Some((plain, attrs)) => {
@@ -509,6 +512,29 @@ fn rule(op: &OpDef, attrs: &Attrs, args: &[BV], b: usize) -> Option<(Vec<OpValue
             Some((
                 vec![OpValue::Tensor(x.clone())],
                 with_attr(attrs, "axis", ints(&s)),
+            ))
+        }
+        // Shared indices into per-invocation data (`take(%p, 0, axis=0)` of a batched vector):
+        // the same lookup one axis further in.
+        "take"
+            if matches!(
+                (args.first(), args.get(1)),
+                (Some(BV::Batched(_)), Some(BV::Shared(_)))
+            ) =>
+        {
+            let x = batched_tensor(args.first()?)?;
+            let BV::Shared(idx) = args.get(1)? else {
+                return None;
+            };
+            let axis = attrs.int("axis").ok()??;
+            let batch_dims = attrs.int("batch_dims").ok()?.unwrap_or(0);
+            if batch_dims != 0 {
+                return None;
+            }
+            let axis = shift_axis(axis, rank(0))?;
+            Some((
+                vec![OpValue::Tensor(x.clone()), idx.clone()],
+                with_attr(attrs, "axis", AttrValue::Int(axis)),
             ))
         }
         "take" => {

@@ -1,6 +1,9 @@
-//! Fast f32 paths for layout and batched-matrix operators inside launches (transpose,
-//! concatenate, batch_matmul), used by the batching rules instead of the generic reference kernels
-//! when the operands are f32. Results are identical in layout; sums are f32 in a fixed order.
+//! Fast f32 paths for layout, batched-matrix and broadcasting arithmetic operators inside launches
+//! (transpose, concatenate, batch_matmul, add/subtract/multiply/divide), used by the batching rules
+//! instead of the generic reference kernels when the operands are f32. Results are identical in
+//! layout; sums are f32 in a fixed order; the arithmetic is bit-identical to the reference's (which
+//! computes in f64 and rounds: for one +, -, * or / of two f32 values that double rounding is
+//! innocuous, since f64 has more than 2·24 + 2 significand bits).
 
 use tumble_ir::Attrs;
 use tumble_ops::OpValue;
@@ -42,8 +45,101 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs) -> Option<OpValue> {
             }
             bmm_f32(x, y, tb).map(OpValue::Tensor)
         }
+        // Outside a planned GEMM stage (e.g. computed once for a launch whose operands are all
+        // shared): the f32 kernels, as planned stages use, instead of the f64 reference loops.
+        "nn.dense" if attrs.0.is_empty() => {
+            let (x, w) = (args.first()?.as_tensor()?, args.get(1)?.as_tensor()?);
+            let (&k, &[n, wk]) = (x.shape().last()?, w.shape()) else {
+                return None;
+            };
+            let data = x.as_f32()?;
+            if k != wk || k == 0 || w.as_f32().is_none() {
+                return None;
+            }
+            let rows = data.len() / k;
+            let mut c = zeroed_f32(rows * n);
+            let a = tumble_kernels::Rows::Contiguous { data, stride: k };
+            crate::gemm::dense(&a, k, w, n, &mut c, 1).ok()?;
+            let mut shape = x.shape().to_vec();
+            *shape.last_mut()? = n;
+            Tensor::from_vec(shape, c).ok().map(OpValue::Tensor)
+        }
+        "add" => binary_f32(args, |a, b| a + b),
+        "subtract" => binary_f32(args, |a, b| a - b),
+        "multiply" => binary_f32(args, |a, b| a * b),
+        "divide" => binary_f32(args, |a, b| a / b),
         _ => None,
     }
+}
+
+/// `f(a, b)` elementwise over two f32 tensors broadcast numpy-style (`None` for other dtypes or
+/// shapes that do not broadcast: the reference kernel then reports the error). The innermost
+/// output axis runs as a loop over two slices, or a slice and a broadcast scalar, so batched rows
+/// against a shared vector (a launch's `(B, 1) * (64)`) vectorize.
+fn binary_f32(args: &[OpValue], f: impl Fn(f32, f32) -> f32) -> Option<OpValue> {
+    let (a, b) = (args.first()?.as_tensor()?, args.get(1)?.as_tensor()?);
+    let (x, y) = (a.as_f32()?, b.as_f32()?);
+    let shape = tumble_tensor::broadcast_shapes(a.shape(), b.shape()).ok()?;
+    let total: usize = shape.iter().product();
+    // Strides of each operand in the output's index space (0 along broadcast axes).
+    let strides = |s: &[usize]| -> Vec<usize> {
+        let mut out = vec![0; shape.len()];
+        let mut acc = 1;
+        for (i, &d) in s.iter().enumerate().rev() {
+            let o = shape.len() - s.len() + i;
+            out[o] = if d == 1 { 0 } else { acc };
+            acc *= d;
+        }
+        out
+    };
+    let (sa, sb) = (strides(a.shape()), strides(b.shape()));
+    let mut out = tumble_tensor::pool::with_capacity_f32(total);
+    if total > 0 {
+        let r = shape.len();
+        let inner = if r == 0 { 1 } else { shape[r - 1] };
+        let (ia, ib) = if r == 0 {
+            (1, 1)
+        } else {
+            (sa[r - 1], sb[r - 1])
+        };
+        let mut index = vec![0usize; r.saturating_sub(1)];
+        let (mut oa, mut ob) = (0usize, 0usize);
+        for _ in 0..total / inner.max(1) {
+            match (ia, ib) {
+                (1, 1) => out.extend(
+                    x.get(oa..oa + inner)?
+                        .iter()
+                        .zip(y.get(ob..ob + inner)?)
+                        .map(|(&p, &q)| f(p, q)),
+                ),
+                (1, _) => {
+                    let q = *y.get(ob)?;
+                    out.extend(x.get(oa..oa + inner)?.iter().map(|&p| f(p, q)));
+                }
+                (_, 1) => {
+                    let p = *x.get(oa)?;
+                    out.extend(y.get(ob..ob + inner)?.iter().map(|&q| f(p, q)));
+                }
+                _ => {
+                    let (p, q) = (*x.get(oa)?, *y.get(ob)?);
+                    out.extend(std::iter::repeat_n(f(p, q), inner));
+                }
+            }
+            // Next outer index (odometer over the axes before the innermost).
+            for ax in (0..index.len()).rev() {
+                index[ax] += 1;
+                oa += sa[ax];
+                ob += sb[ax];
+                if index[ax] < shape[ax] {
+                    break;
+                }
+                oa -= sa[ax] * shape[ax];
+                ob -= sb[ax] * shape[ax];
+                index[ax] = 0;
+            }
+        }
+    }
+    Tensor::from_vec(shape, out).ok().map(OpValue::Tensor)
 }
 
 /// f32 tensors joined along `axis`: for every index of the axes before it, each part's contiguous
@@ -249,6 +345,49 @@ mod tests {
             Ok(OpValue::Tensor(t)) => t,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn broadcast_arithmetic_is_bit_identical_to_the_reference() {
+        let mut rng = Rng::new(7);
+        let pairs: [(&[usize], &[usize]); 9] = [
+            (&[5, 1], &[64]),
+            (&[3, 1, 7], &[1, 4, 7]),
+            (&[], &[2, 3]),
+            (&[2, 3], &[]),
+            (&[4, 33], &[4, 33]),
+            (&[1], &[1]),
+            (&[6, 1, 1], &[5, 1]),
+            (&[0, 3], &[3]),
+            (&[2, 1, 3, 1], &[5, 1, 4]),
+        ];
+        for (sa, sb) in pairs {
+            let a = rand(sa, &mut rng);
+            let b = rand(sb, &mut rng);
+            let args = [OpValue::Tensor(a), OpValue::Tensor(b)];
+            for op in ["add", "subtract", "multiply", "divide"] {
+                let fast = match try_eval(op, &args, &Attrs::default()) {
+                    Some(OpValue::Tensor(t)) => t,
+                    other => panic!("{op} {sa:?} {sb:?}: {other:?}"),
+                };
+                let want = reference(op, &args, &Attrs::default());
+                assert_eq!(fast.shape(), want.shape(), "{op} {sa:?} {sb:?}");
+                let (f, w) = (fast.as_f32().unwrap_or(&[]), want.as_f32().unwrap_or(&[]));
+                assert!(
+                    f.iter().zip(w).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "{op} {sa:?} {sb:?}: {f:?} vs {w:?}"
+                );
+            }
+        }
+        // Shapes that do not broadcast and other dtypes are left to the reference kernel.
+        let bad = [
+            OpValue::Tensor(rand(&[3], &mut rng)),
+            OpValue::Tensor(rand(&[4], &mut rng)),
+        ];
+        assert!(try_eval("add", &bad, &Attrs::default()).is_none());
+        let ints = Tensor::from_vec(vec![2], vec![1i32, 2]).unwrap_or_else(|e| panic!("{e}"));
+        let mixed = [OpValue::Tensor(ints.clone()), OpValue::Tensor(ints)];
+        assert!(try_eval("multiply", &mixed, &Attrs::default()).is_none());
     }
 
     #[test]

@@ -563,3 +563,50 @@ def @main(%seqs: List[List[Tensor[(1, 8), float32]]], %u: Tensor[(256, 8), float
     assert!(p_on.deferred > 0 && p_off.deferred == 0, "{p_on}\n{p_off}");
     assert!(on < off, "deferred {on} launches vs {off}\n{p_on}\n{p_off}");
 }
+
+/// A shared index into per-invocation data (DRNN's `take(%p, 0, axis=0)`) batches as one lookup
+/// one axis further in instead of running per invocation; broadcasting arithmetic of a batched
+/// scalar and a shared vector takes the f32 path. Equal to the reference every way, and no
+/// operator of the launch falls back to per-invocation calls.
+#[test]
+fn shared_index_into_batched_data_is_one_lookup() {
+    let src = r#"
+def @main(%x: Tensor[(1, 3), float32], %v: Tensor[(4), float32]) -> (Tensor[(), float32], Tensor[(4), float32], Tensor[(1), float32]) {
+  let %p = reshape(sigmoid(%x), newshape=[3]);
+  let %a = take(%p, 0, axis=0);
+  let %b = take(%p, -1, axis=0);
+  let %m = multiply(cast(greater(%a, 0.5f), dtype="float32"), %v);
+  (%a, add(%m, %b), take(%x, 2, axis=1))
+}
+"#;
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let v: Vec<String> = (0..3)
+                .map(|c| format!("{:.2}", ((i * 5 + c * 3) % 7) as f64 / 3.0 - 1.0))
+                .collect();
+            format!("{{\"x\": [[{}]]}}", v.join(", "))
+        })
+        .collect();
+    let x = expected(
+        "take_shared",
+        load_text("take_shared", src),
+        &inputs.join("\n"),
+        &["x"],
+    );
+    check_all_ways(&x);
+    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let rngs = (0..x.args.len()).map(common::rng).collect();
+    let (_, profile) = tumble_runtime::run_batch(
+        &program,
+        &reuse,
+        "main",
+        x.args.clone(),
+        rngs,
+        tumble_runtime::Options::default(),
+    )
+    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    assert!(
+        profile.ops.looped == 0 && profile.ops.batched > 0,
+        "{profile}"
+    );
+}
