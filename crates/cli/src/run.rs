@@ -85,6 +85,11 @@ pub struct RunArgs {
     /// handful that streams large shared weights for few rows.
     #[arg(long)]
     pub no_defer: bool,
+    /// No direct products: multiply by a transposed concatenation of per-invocation matrices
+    /// (MV-RNN's `W_M · [A; B]`) by concatenating, transposing and transposing back, instead of
+    /// packing the matrices' rows straight into the GEMM.
+    #[arg(long)]
+    pub no_direct_matmul: bool,
     /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
     #[arg(long)]
     pub no_phases: bool,
@@ -361,6 +366,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 sum_fusion: !args.no_sum_fusion,
                 locality_chunks: !args.no_locality_chunks,
                 defer: !args.no_defer,
+                direct_matmul: !args.no_direct_matmul,
                 phases: !args.no_phases,
                 hoist: !args.no_hoist,
                 ghosts: !args.no_ghosts,

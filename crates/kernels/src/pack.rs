@@ -163,6 +163,54 @@ impl PackedWeight {
         Ok(PackedWeight { n, k, panels: buf })
     }
 
+    /// Pack `W = Yᵀ` from the `k` rows of `Y` (`k × n`, each row `n` floats, wherever they lie):
+    /// the product `A · Wᵀ` is then `A · Y`. Each panel row is a contiguous run of a `Y` row, so
+    /// this costs one copy of `Y` and no transpose (MV-RNN's `W_M · [A; B]` packs `[A; B]` this
+    /// way, straight from the two matrices). Reuses this weight's allocation when it is big
+    /// enough, so one `PackedWeight` serves a launch's invocations in turn.
+    pub fn repack_rows_kn(&mut self, rows: &[&[f32]], n: usize) -> Result<(), KernelError> {
+        let k = rows.len();
+        for r in rows {
+            if r.len() != n {
+                return Err(KernelError::Length {
+                    what: "a row of Y (K×N)".into(),
+                    expected: n,
+                    actual: r.len(),
+                });
+            }
+        }
+        let panels = n.div_ceil(NR);
+        let total = panels
+            .checked_mul(k)
+            .and_then(|x| x.checked_mul(NR))
+            .ok_or(KernelError::Overflow)?;
+        self.panels.ensure(total);
+        let dst = self.panels.as_mut_slice();
+        for (p, panel) in dst.chunks_exact_mut((k * NR).max(1)).enumerate() {
+            let c0 = p * NR;
+            let cols = NR.min(n - c0);
+            for (kk, r) in rows.iter().enumerate() {
+                let out = &mut panel[kk * NR..(kk + 1) * NR];
+                out[..cols].copy_from_slice(&r[c0..c0 + cols]);
+                out[cols..].fill(0.0);
+            }
+        }
+        self.n = n;
+        self.k = k;
+        Ok(())
+    }
+
+    /// A new weight packed by [`PackedWeight::repack_rows_kn`].
+    pub fn from_rows_kn(rows: &[&[f32]], n: usize) -> Result<PackedWeight, KernelError> {
+        let mut w = PackedWeight {
+            n: 0,
+            k: 0,
+            panels: AlignedBuf::default(),
+        };
+        w.repack_rows_kn(rows, n)?;
+        Ok(w)
+    }
+
     /// Number of output columns `N` (rows of the unpacked `W`).
     pub fn n(&self) -> usize {
         self.n
@@ -400,5 +448,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Packing `Y` (`k × n`, by rows) as `W = Yᵀ` gives exactly the panels of packing `Yᵀ` the
+    /// usual way, at odd sizes (partial last panel, K = 1), and a repack into a larger weight's
+    /// buffer leaves nothing of the old contents.
+    #[test]
+    fn packing_rows_of_y_equals_packing_y_transposed() {
+        let mut reused =
+            PackedWeight::from_rows_kn(&[&[1.0; 70][..]; 9], 70).unwrap_or_else(|e| panic!("{e}"));
+        for (k, n) in [(1usize, 1usize), (7, 33), (37, 64), (256, 128), (5, 70)] {
+            let y: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let rows: Vec<&[f32]> = y.chunks_exact(n).collect();
+            let mut yt = vec![0.0; n * k];
+            for r in 0..k {
+                for c in 0..n {
+                    yt[c * k + r] = y[r * n + c];
+                }
+            }
+            let want = PackedWeight::pack(&yt, n, k).unwrap_or_else(|e| panic!("{e}"));
+            let got = PackedWeight::from_rows_kn(&rows, n).unwrap_or_else(|e| panic!("{e}"));
+            reused
+                .repack_rows_kn(&rows, n)
+                .unwrap_or_else(|e| panic!("{e}"));
+            for w in [&got, &reused] {
+                assert_eq!((w.n(), w.k()), (n, k));
+                let (a, b) = (w.panels.as_slice(), want.panels.as_slice());
+                assert_eq!(a.len(), b.len(), "k {k} n {n}");
+                assert!(
+                    a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "k {k} n {n}"
+                );
+            }
+        }
+        let short: [&[f32]; 2] = [&[1.0, 2.0], &[3.0]];
+        assert!(PackedWeight::from_rows_kn(&short, 2).is_err());
     }
 }

@@ -302,6 +302,7 @@ impl<'p> Dfg<'p> {
                     row_cache: opts.row_cache,
                     hfuse: opts.hfuse,
                     epilogue: opts.epilogue,
+                    direct_matmul: opts.direct_matmul,
                 };
                 program
                     .blocks

@@ -47,6 +47,15 @@ pub enum Stage {
     HDense(Vec<usize>),
     /// `take(table, ids, axis=0)` of a shared table by batched ids: row copies.
     Gather(usize),
+    /// `nn.dense(X, transpose(concatenate((Y_1, ..), axis=0)))` = `X · [Y_1; ..]` (MV-RNN's
+    /// `W_M · [A; B]`) with a shared `X`: per invocation, the `Y` rows are packed straight into
+    /// the GEMM's weight panels, so the concatenation and transpose (which nothing else reads)
+    /// are never materialized. `concat` is `None` for `nn.dense(X, transpose(Y))`.
+    MatMul {
+        dense: usize,
+        transpose: usize,
+        concat: Option<usize>,
+    },
     Rows(Vec<usize>),
     Other(usize),
 }
@@ -62,6 +71,10 @@ pub struct PlanOptions {
     /// output rows while it is in cache (off: the product is stored whole, then the row program
     /// runs as a separate pass).
     pub epilogue: bool,
+    /// Products by a transposed (concatenation of) per-invocation matrices pack those matrices'
+    /// rows straight into the GEMM ([`Stage::MatMul`]; off: concatenate, transpose, multiply
+    /// with swapped operands, transpose back).
+    pub direct_matmul: bool,
 }
 
 impl Default for PlanOptions {
@@ -70,6 +83,7 @@ impl Default for PlanOptions {
             row_cache: true,
             hfuse: true,
             epilogue: true,
+            direct_matmul: true,
         }
     }
 }
@@ -116,6 +130,15 @@ impl fmt::Display for BlockPlan {
                         .join(" ")
                 )?,
                 Stage::Gather(n) => writeln!(f, "    gather    %{n}")?,
+                Stage::MatMul {
+                    dense,
+                    transpose,
+                    concat,
+                } => writeln!(
+                    f,
+                    "    matmul    {}%{transpose} %{dense}  (rows packed in place: no concatenation or transpose)",
+                    concat.map(|c| format!("%{c} ")).unwrap_or_default()
+                )?,
                 Stage::Rows(ns) => writeln!(
                     f,
                     "    {}  {}",
@@ -200,6 +223,72 @@ fn hfuse_groups(block: &Block) -> Vec<Vec<usize>> {
 }
 
 /// Makes the plan of a block, with every plan-level optimization on.
+/// The products [`Stage::MatMul`] runs: an f32 `nn.dense` whose weight is a 2-D `transpose`
+/// (axes `[1, 0]`) of a value or of a `concatenate` along axis 0, each read by nothing else.
+fn direct_matmuls(block: &Block) -> Vec<Stage> {
+    let mut readers = vec![0usize; block.nodes.len()];
+    let mut count = |v: &BVal| {
+        if let BVal::Node(k) | BVal::Field(k, _) = v {
+            if let Some(r) = readers.get_mut(*k as usize) {
+                *r += 1;
+            }
+        }
+    };
+    for node in &block.nodes {
+        for a in &node.args {
+            match a {
+                BArg::One(v) => count(v),
+                BArg::Tuple(vs) => vs.iter().for_each(&mut count),
+            }
+        }
+    }
+    block.outputs.iter().for_each(&mut count);
+    let only_reader = |k: u32| readers.get(k as usize) == Some(&1);
+    let mut out = Vec::new();
+    for (i, node) in block.nodes.iter().enumerate() {
+        if node.op.name != "nn.dense" || !is_f32(&node.ty) || rank(&node.ty) != Some(2) {
+            continue;
+        }
+        let Some(BArg::One(BVal::Node(t))) = node.args.get(1) else {
+            continue;
+        };
+        let Some(tn) = block.nodes.get(*t as usize) else {
+            continue;
+        };
+        let swaps = match tn.attrs.ints("axes") {
+            Ok(None) => true,
+            Ok(Some(a)) => {
+                a.is_empty() || a == [1, 0] || a == [-1, -2] || a == [1, -2] || a == [-1, 0]
+            }
+            Err(_) => false,
+        };
+        if tn.op.name != "transpose" || rank(&tn.ty) != Some(2) || !swaps || !only_reader(*t) {
+            continue;
+        }
+        let Some(BArg::One(y)) = tn.args.first() else {
+            continue;
+        };
+        let concat = match y {
+            BVal::Node(c) => block.nodes.get(*c as usize).and_then(|cn| {
+                let axis = cn.attrs.int("axis").ok().flatten().unwrap_or(0);
+                (cn.op.name == "concatenate"
+                    && (axis == 0 || axis == -2)
+                    && rank(&cn.ty) == Some(2)
+                    && only_reader(*c)
+                    && matches!(cn.args.first(), Some(BArg::Tuple(_))))
+                .then_some(*c as usize)
+            }),
+            _ => None,
+        };
+        out.push(Stage::MatMul {
+            dense: i,
+            transpose: *t as usize,
+            concat,
+        });
+    }
+    out
+}
+
 pub fn plan(block: &Block) -> BlockPlan {
     plan_with(block, PlanOptions::default())
 }
@@ -212,9 +301,31 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
     } else {
         Vec::new()
     };
+    let matmuls = if opts.direct_matmul {
+        direct_matmuls(block)
+    } else {
+        Vec::new()
+    };
+    let absorbed = |i: usize| {
+        matmuls.iter().any(|m| match m {
+            Stage::MatMul {
+                transpose, concat, ..
+            } => *transpose == i || *concat == Some(i),
+            _ => false,
+        })
+    };
     let mut stages: Vec<Stage> = Vec::new();
     for (i, node) in block.nodes.iter().enumerate() {
-        if let Some(g) = groups.iter().find(|g| g.contains(&i)) {
+        if absorbed(i) {
+            // Computed inside the product that alone reads it.
+            continue;
+        }
+        if let Some(m) = matmuls
+            .iter()
+            .find(|m| matches!(m, Stage::MatMul { dense, .. } if *dense == i))
+        {
+            stages.push(m.clone());
+        } else if let Some(g) = groups.iter().find(|g| g.contains(&i)) {
             // The group runs where its first member was: its input rows are ready there and its
             // weights are block inputs or constants, ready from the start. Later members' results
             // are then ready before anything reads them.
@@ -243,6 +354,18 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
         match st {
             Stage::Dense(i) | Stage::Gather(i) | Stage::Other(i) => stage_of[*i] = s,
             Stage::Rows(ns) | Stage::HDense(ns) => ns.iter().for_each(|&i| stage_of[i] = s),
+            Stage::MatMul {
+                dense,
+                transpose,
+                concat,
+            } => {
+                for i in [Some(*dense), Some(*transpose), *concat]
+                    .into_iter()
+                    .flatten()
+                {
+                    stage_of[i] = s;
+                }
+            }
         }
     }
     let mut live_out = vec![false; n];
@@ -432,6 +555,8 @@ pub struct FusedStats {
     /// Row-list inputs (gather fusion) stacked because a stage needed a contiguous batch.
     pub row_lists_stacked: u64,
     pub fallbacks: u64,
+    /// Dense stages run as [`Stage::MatMul`] (counted in `dense_stages` too).
+    pub direct_matmuls: u64,
 }
 
 /// Runs `block` for `b` invocations following `plan`.
@@ -547,6 +672,42 @@ pub fn run_planned(
                     }
                 }
             }
+            Stage::MatMul {
+                dense,
+                transpose,
+                concat,
+            } => {
+                let t0 = std::time::Instant::now();
+                let r = matmul_stage(&ex, *dense, *transpose, *concat)?;
+                fstats.dense_time += t0.elapsed();
+                match r {
+                    Some((v, flops)) => {
+                        fstats.dense_stages += 1;
+                        fstats.direct_matmuls += 1;
+                        fstats.dense_flops += flops;
+                        ex.vals[*dense] = Some(v);
+                    }
+                    // Not this launch's operands (a per-invocation X, another dtype): the
+                    // nodes one by one.
+                    None => {
+                        fstats.fallbacks += 1;
+                        for i in [*concat, Some(*transpose)].into_iter().flatten() {
+                            ex.run_node(i, octx, stats)?;
+                        }
+                        let t0 = std::time::Instant::now();
+                        let r = dense_stage(&ex, *dense)?;
+                        fstats.dense_time += t0.elapsed();
+                        match r {
+                            Some((v, flops)) => {
+                                fstats.dense_stages += 1;
+                                fstats.dense_flops += flops;
+                                ex.vals[*dense] = Some(v);
+                            }
+                            None => ex.run_node(*dense, octx, stats)?,
+                        }
+                    }
+                }
+            }
             Stage::Gather(i) => match gather_stage(&ex, *i)? {
                 Some(v) => ex.vals[*i] = Some(v),
                 None => {
@@ -589,7 +750,8 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
     let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1)) else {
         return Ok(None);
     };
-    let w = ex.get(wv)?;
+    // As it lies: per-invocation weights are read in place, not stacked (MV-RNN's word matrices).
+    let w = ex.get_raw(wv)?;
     if let BV::Shared(OpValue::Tensor(w)) = &w {
         // Shared weight: one matrix product over every invocation's rows, read in place.
         let a = ex.get_raw(av)?;
@@ -609,77 +771,195 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
             2 * (rows * k * n) as u64,
         )));
     }
-    match (ex.get(av)?, w) {
-        // Per-invocation weights (MV-RNN's word matrices): a small product per invocation.
-        (x, BV::Batched(OpValue::Tensor(w))) => {
-            let (x_t, x_batched) = match &x {
-                BV::Batched(OpValue::Tensor(t)) => (t, true),
-                BV::Shared(OpValue::Tensor(t)) => (t, false),
-                _ => return Ok(None),
-            };
-            let (Some(xd), Some(wd)) = (x_t.as_f32(), w.as_f32()) else {
-                return Ok(None);
-            };
-            let b = ex.b;
-            let [wb, n, k] = w.shape() else {
-                return Ok(None);
-            };
-            let xs = x_t.shape();
-            let x_inst = if x_batched {
-                xs.get(1..).unwrap_or(&[])
-            } else {
-                xs
-            };
-            let (Some(&xk), true) = (x_inst.last(), x_inst.len() == 2) else {
-                return Ok(None);
-            };
-            if *wb != b || xk != *k || (x_batched && xs.first() != Some(&b)) {
-                return Ok(None);
+    // Per-invocation weights (MV-RNN's word matrices): a small product per invocation, each
+    // weight read where it lies.
+    let b = ex.b;
+    let (w_inst, n, k): (Vec<&[f32]>, usize, usize) = match &w {
+        BV::Batched(OpValue::Tensor(w)) => match (w.as_f32(), w.shape()) {
+            (Some(wd), &[wb, n, k]) if wb == b && n * k > 0 => {
+                (wd.chunks_exact(n * k).collect(), n, k)
             }
-            let m = x_inst.first().copied().unwrap_or(1);
-            let (n, k) = (*n, *k);
-            if !x_batched && m >= SWAP_MIN_ROWS {
-                // A shared left operand (MV-RNN's `W_M · [A; B]`): out_i = X·W_iᵀ = (W_i·Xᵀ)ᵀ, so
-                // every invocation's W_i rows go through one GEMM against X as the (packed, cached)
-                // weight, and each (n × m) result is transposed back.
-                let mut ct = zeroed_f32(b * n * m);
-                let w_rows = tumble_kernels::Rows::Contiguous {
-                    data: wd,
-                    stride: k,
-                };
-                crate::gemm::dense(&w_rows, k, x_t, m, &mut ct, ex.threads)?;
-                let mut c = zeroed_f32(b * m * n);
-                for inst in 0..b {
-                    let src = &ct[inst * n * m..(inst + 1) * n * m];
-                    let dst = &mut c[inst * m * n..(inst + 1) * m * n];
-                    crate::fastops::transpose_2d(src, n, m, dst);
-                }
-                tumble_tensor::pool::recycle(ct);
-                let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
-                return Ok(Some((
-                    BV::Batched(OpValue::Tensor(t)),
-                    2 * (b * m * n * k) as u64,
-                )));
-            }
-            let mut c = zeroed_f32(b * m * n);
-            for inst in 0..b {
-                let xo = if x_batched { inst * m * k } else { 0 };
-                let wo = inst * n * k;
-                for r in 0..m {
-                    let xr = &xd[xo + r * k..xo + (r + 1) * k];
-                    for j in 0..n {
-                        c[(inst * m + r) * n + j] = dot(xr, &wd[wo + j * k..wo + (j + 1) * k]);
-                    }
-                }
-            }
-            let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
-            Ok(Some((
-                BV::Batched(OpValue::Tensor(t)),
-                2 * (b * m * n * k) as u64,
-            )))
-        }
-        _ => Ok(None),
+            _ => return Ok(None),
+        },
+        BV::Rows(r) => match (r.f32_parts(), r.shape()) {
+            (Some(parts), &[n, k]) if parts.len() == b => (parts, n, k),
+            _ => return Ok(None),
+        },
+        _ => return Ok(None),
+    };
+    if w_inst.iter().any(|p| p.len() != n * k) {
+        return Ok(None);
     }
+    let x = ex.get(av)?;
+    let (x_t, x_batched) = match &x {
+        BV::Batched(OpValue::Tensor(t)) => (t, true),
+        BV::Shared(OpValue::Tensor(t)) => (t, false),
+        _ => return Ok(None),
+    };
+    let Some(xd) = x_t.as_f32() else {
+        return Ok(None);
+    };
+    let xs = x_t.shape();
+    let x_inst = if x_batched {
+        xs.get(1..).unwrap_or(&[])
+    } else {
+        xs
+    };
+    let (Some(&xk), true) = (x_inst.last(), x_inst.len() == 2) else {
+        return Ok(None);
+    };
+    if xk != k || (x_batched && xs.first() != Some(&b)) {
+        return Ok(None);
+    }
+    let m = x_inst.first().copied().unwrap_or(1);
+    if !x_batched && m >= SWAP_MIN_ROWS {
+        // A shared left operand (`W_M · [A; B]` without direct products): out_i = X·W_iᵀ =
+        // (W_i·Xᵀ)ᵀ, so every invocation's W_i rows go through one GEMM against X as the
+        // (packed, cached) weight, and each (n × m) result is transposed back.
+        let mut ct = zeroed_f32(b * n * m);
+        let rows: Vec<&[f32]> = w_inst.iter().flat_map(|p| p.chunks_exact(k)).collect();
+        crate::gemm::dense(
+            &tumble_kernels::Rows::Gathered(&rows),
+            k,
+            x_t,
+            m,
+            &mut ct,
+            ex.threads,
+        )?;
+        let mut c = zeroed_f32(b * m * n);
+        for inst in 0..b {
+            let src = &ct[inst * n * m..(inst + 1) * n * m];
+            let dst = &mut c[inst * m * n..(inst + 1) * m * n];
+            crate::fastops::transpose_2d(src, n, m, dst);
+        }
+        tumble_tensor::pool::recycle(ct);
+        let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
+        return Ok(Some((
+            BV::Batched(OpValue::Tensor(t)),
+            2 * (b * m * n * k) as u64,
+        )));
+    }
+    let mut c = zeroed_f32(b * m * n);
+    for (inst, wi) in w_inst.iter().enumerate() {
+        let xo = if x_batched { inst * m * k } else { 0 };
+        for r in 0..m {
+            let xr = &xd[xo + r * k..xo + (r + 1) * k];
+            for j in 0..n {
+                c[(inst * m + r) * n + j] = dot(xr, &wi[j * k..(j + 1) * k]);
+            }
+        }
+    }
+    let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
+    Ok(Some((
+        BV::Batched(OpValue::Tensor(t)),
+        2 * (b * m * n * k) as u64,
+    )))
+}
+
+/// [`Stage::MatMul`]: `X · [Y_1; ..]` per invocation with `X` shared, each invocation's `Y` rows
+/// packed where they lie as the GEMM's weight. `None` when the operands are not of that form.
+fn matmul_stage(
+    ex: &Exec,
+    dense: usize,
+    transpose: usize,
+    concat: Option<usize>,
+) -> Result<Option<(BV, u64)>, String> {
+    let node = ex.block.nodes.get(dense).ok_or("internal: node")?;
+    let Some(BArg::One(xv)) = node.args.first() else {
+        return Ok(None);
+    };
+    let BV::Shared(OpValue::Tensor(x)) = ex.get(xv)? else {
+        return Ok(None);
+    };
+    let (Some(xd), &[m, k]) = (x.as_f32(), x.shape()) else {
+        return Ok(None);
+    };
+    let part_vals: Vec<BVal> = match concat {
+        Some(c) => match ex.block.nodes.get(c).and_then(|n| n.args.first()) {
+            Some(BArg::Tuple(vs)) => vs.clone(),
+            _ => return Ok(None),
+        },
+        None => match ex.block.nodes.get(transpose).and_then(|n| n.args.first()) {
+            Some(BArg::One(v)) => vec![v.clone()],
+            _ => return Ok(None),
+        },
+    };
+    let b = ex.b;
+    // Per part: its rows-by-`n` shape per invocation and each invocation's data.
+    let vals: Vec<BV> = part_vals
+        .iter()
+        .map(|v| ex.get_raw(v))
+        .collect::<Result<_, _>>()?;
+    let mut n = None;
+    let mut parts: Vec<Vec<&[f32]>> = Vec::with_capacity(vals.len());
+    let mut rows_total = 0usize;
+    for v in &vals {
+        let (shape, per_inst): (&[usize], Vec<&[f32]>) = match v {
+            BV::Shared(OpValue::Tensor(t)) => match t.as_f32() {
+                Some(d) => (t.shape(), vec![d; b]),
+                None => return Ok(None),
+            },
+            BV::Batched(OpValue::Tensor(t)) => match (t.as_f32(), t.shape().split_first()) {
+                (Some(d), Some((&tb, rest))) if tb == b => {
+                    let len: usize = rest.iter().product();
+                    (rest, d.chunks_exact(len.max(1)).collect())
+                }
+                _ => return Ok(None),
+            },
+            BV::Rows(r) => match r.f32_parts() {
+                Some(ps) => (r.shape(), ps),
+                None => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        let &[rows, cols] = shape else {
+            return Ok(None);
+        };
+        if per_inst.len() != b || n.is_some_and(|n| n != cols) {
+            return Ok(None);
+        }
+        n = Some(cols);
+        rows_total += rows;
+        parts.push(per_inst);
+    }
+    let Some(n) = n else {
+        return Ok(None);
+    };
+    if rows_total != k || n == 0 || k == 0 {
+        return Ok(None);
+    }
+    let mut c = zeroed_f32(b * m * n);
+    let a = tumble_kernels::Rows::Contiguous {
+        data: xd,
+        stride: k,
+    };
+    let mut y_rows: Vec<&[f32]> = Vec::with_capacity(k);
+    let mut packed: Option<tumble_kernels::PackedWeight> = None;
+    for inst in 0..b {
+        y_rows.clear();
+        for p in &parts {
+            let d = p.get(inst).ok_or("internal: matmul part")?;
+            y_rows.extend(d.chunks_exact(n));
+        }
+        match packed.as_mut() {
+            Some(w) => w.repack_rows_kn(&y_rows, n),
+            None => tumble_kernels::PackedWeight::from_rows_kn(&y_rows, n).map(|w| {
+                packed = Some(w);
+            }),
+        }
+        .map_err(|e| e.to_string())?;
+        let w = packed.as_ref().ok_or("internal: matmul weight")?;
+        let out = c
+            .get_mut(inst * m * n..(inst + 1) * m * n)
+            .ok_or("internal: matmul output")?;
+        tumble_kernels::dense(&a, w, out, &tumble_kernels::NoEpilogue, ex.threads)
+            .map_err(|e| e.to_string())?;
+    }
+    let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
+    Ok(Some((
+        BV::Batched(OpValue::Tensor(t)),
+        2 * (b * m * n * k) as u64,
+    )))
 }
 
 /// Rows of a shared left operand from which swapping the operands of a per-invocation-weight dense

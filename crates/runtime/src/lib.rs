@@ -99,6 +99,10 @@ pub struct Options {
     /// each handful reads 6 MB of weights). When every group at a level could wait, the fullest
     /// launches.
     pub defer: bool,
+    /// Products by a transposed concatenation of per-invocation matrices (MV-RNN's
+    /// `W_M · [A; B]`) pack the matrices' rows straight into the GEMM instead of concatenating,
+    /// transposing, multiplying and transposing back. Needs `fusion`.
+    pub direct_matmul: bool,
 }
 
 /// Rows below which a launch of a weight-bound block waits for more: with f32 weights a row costs
@@ -131,6 +135,7 @@ impl Default for Options {
             sum_fusion: true,
             locality_chunks: true,
             defer: true,
+            direct_matmul: true,
             threads: 1,
         }
     }

@@ -529,6 +529,7 @@ fn every_combination_of_switches() {
                 sum_fusion: phases != hoist,
                 locality_chunks: phases == hoist,
                 defer: phases == hoist,
+                direct_matmul: epilogue,
                 threads: 1,
             };
             check_batched(&x, &program, &reuse, 7, opts, &label);

@@ -610,3 +610,63 @@ def @main(%x: Tensor[(1, 3), float32], %v: Tensor[(4), float32]) -> (Tensor[(), 
         "{profile}"
     );
 }
+
+/// Direct products (`Stage::MatMul`): `X · [A; B]` written as `nn.dense(X, transpose(
+/// concatenate((A, B))))` packs A's and B's rows straight into the GEMM. Covers two parts, a
+/// shared part (a weight), a transpose that feeds no product (left alone) and a
+/// per-instance X (the node-by-node fallback), at odd sizes. Equal to the reference every way;
+/// the direct path runs.
+#[test]
+fn products_by_transposed_concatenations_pack_rows_in_place() {
+    let src = r#"
+def @main(%a: Tensor[(5, 7), float32], %b: Tensor[(3, 7), float32], %x: Tensor[(9, 8), float32],
+          %s: Tensor[(4, 7), float32], %w: Tensor[(6, 12), float32])
+    -> (Tensor[(6, 7), float32], Tensor[(9, 7), float32], Tensor[(6, 7), float32], Tensor[(7, 5), float32]) {
+  let %two = nn.dense(%w, transpose(concatenate((%a, %s, %b), axis=0), axes=[1, 0]));
+  let %bare = nn.dense(%x, transpose(concatenate((%a, %b), axis=0)));
+  let %t = transpose(%a, axes=[1, 0]);
+  let %twice = add(nn.dense(%w, transpose(concatenate((%s, %a, %b), axis=0), axes=[1, 0])), 1f);
+  (%two, %bare, %twice, multiply(%t, 2f))
+}
+"#;
+    let num = |i: usize, j: usize| format!("{:.3}", (((i * 31 + j * 7) % 17) as f64 - 8.0) / 16.0);
+    let mat = |i: usize, rows: usize, cols: usize| {
+        let rs: Vec<String> = (0..rows)
+            .map(|r| {
+                let row: Vec<String> = (0..cols).map(|c| num(i + r, c * 3 + rows)).collect();
+                format!("[{}]", row.join(","))
+            })
+            .collect();
+        format!("[{}]", rs.join(","))
+    };
+    let inputs: Vec<String> = (0..11)
+        .map(|i| {
+            format!(
+                "{{\"a\": {}, \"b\": {}, \"x\": {}}}",
+                mat(i, 5, 7),
+                mat(i + 3, 3, 7),
+                mat(i * 2, 9, 8)
+            )
+        })
+        .collect();
+    let x = expected(
+        "direct_matmul",
+        load_text("direct_matmul", src),
+        &inputs.join("\n"),
+        &["a", "b", "x"],
+    );
+    check_all_ways(&x);
+    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let rngs = (0..x.args.len()).map(common::rng).collect();
+    let (_, profile) = tumble_runtime::run_batch(
+        &program,
+        &reuse,
+        "main",
+        x.args.clone(),
+        rngs,
+        tumble_runtime::Options::default(),
+    )
+    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    // %two and %twice run directly; %bare's X is per-instance (its product falls back).
+    assert!(profile.fused.direct_matmuls >= 2, "{profile}");
+}

@@ -337,6 +337,7 @@ pub fn check_all_ways(x: &Expected) {
                     sum_fusion: fusion,
                     locality_chunks: fusion,
                     defer: fusion,
+                    direct_matmul: planopt,
                     threads: if batch == 7 { 2 } else { 1 },
                 };
                 let label = format!(
