@@ -551,6 +551,25 @@ fn repeat_runs_the_job_again_with_the_same_outputs() {
         line.split(';').next().map(|l| l.split_whitespace().count()),
         Some(7)
     ); // "repeats (ms per run):" and 3 times
+       // The same runs without decoding the instances: one figure per run, none above its wall time.
+    let no_decode = err
+        .lines()
+        .find(|l| l.starts_with("repeats without decoding inputs (ms per run):"))
+        .unwrap_or_else(|| panic!("no repeats-without-decoding line in {err}"));
+    let times = |l: &str| -> Vec<f64> {
+        l.split(';')
+            .next()
+            .and_then(|l| l.split("):").nth(1))
+            .map(|l| {
+                l.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (walls, computes) = (times(line), times(no_decode));
+    assert_eq!((walls.len(), computes.len()), (3, 3), "{err}");
+    assert!(walls.iter().zip(&computes).all(|(w, c)| c <= w), "{err}");
     let zero = run_random(&model, &inputs, &["--repeat", "0"]);
     assert_eq!(zero.status.code(), Some(2));
 }

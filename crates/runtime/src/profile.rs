@@ -55,6 +55,11 @@ pub struct Profile {
     pub time_kernels: Duration,
     /// Time inside mini-batches, summed over them (so over workers too).
     pub time_total: Duration,
+    /// Decoding the mini-batches' instances into values (`load`) and encoding their results
+    /// (`finish`), inside the job's wall time but outside the mini-batches' own
+    /// ([`crate::run_batches`]).
+    pub time_decode: Duration,
+    pub time_encode: Duration,
     /// The whole job's wall time when its mini-batches ran through [`crate::workers`] (zero: the
     /// profile of mini-batches run directly, whose wall time is `time_total`).
     pub time_wall: Duration,
@@ -110,6 +115,8 @@ impl Profile {
         self.time_gather += o.time_gather;
         self.time_kernels += o.time_kernels;
         self.time_total += o.time_total;
+        self.time_decode += o.time_decode;
+        self.time_encode += o.time_encode;
     }
 
     /// The job's wall time: measured around the workers, else the mini-batches' own.
@@ -202,22 +209,32 @@ impl fmt::Display for Profile {
             "peak activation bytes {}; {} outputs in recycled buffers",
             self.activation_bytes, self.pooled_outputs
         )?;
-        // One worker: the breakdown adds up to the wall time (its `other` includes decoding and
-        // encoding instances); several: to the mini-batches' summed time.
-        let whole = if self.workers > 1 {
-            self.time_total
+        // One worker: the breakdown adds up to the wall time, decoding the instances and encoding
+        // the results included; several: to the mini-batches' summed time.
+        let (whole, io) = if self.workers > 1 {
+            (self.time_total, Duration::ZERO)
         } else {
-            self.wall()
+            (self.wall(), self.time_decode + self.time_encode)
         };
         let other = whole.saturating_sub(
             self.time_program
                 + self.time_dfg
                 + self.time_schedule
                 + self.time_gather
-                + self.time_kernels,
+                + self.time_kernels
+                + io,
         );
+        let io_parts = if self.workers > 1 {
+            String::new()
+        } else {
+            format!(
+                " + decode {:.3} + encode {:.3}",
+                ms(self.time_decode),
+                ms(self.time_encode)
+            )
+        };
         let parts = format!(
-            "program {:.3} + dfg {:.3} + scheduling {:.3} + gather {:.3} + kernels {:.3} + other {:.3}",
+            "program {:.3} + dfg {:.3} + scheduling {:.3} + gather {:.3} + kernels {:.3}{io_parts} + other {:.3}",
             ms(self.time_program),
             ms(self.time_dfg),
             ms(self.time_schedule),

@@ -130,23 +130,28 @@ where
     let one = |c: usize| -> Result<Chunk<T>, JobError<E>> {
         let first = c * batch;
         let end = (first + batch).min(job.instances);
+        let t_load = Instant::now();
         let mut args = Vec::with_capacity(end - first);
         for i in first..end {
             args.push(load(i).map_err(|e| JobError::Instance(i, e))?);
         }
+        let t_load = t_load.elapsed();
         let rngs = (first..end).map(&rng).collect();
         let lent = (workers > 1 && opts.lend_threads).then_some(&lending);
-        let (values, profile) =
+        let (values, mut profile) =
             run_batch_lent(job.program, job.reuse, job.entry, args, rngs, opts, lent).map_err(
                 |InstanceError { instance, error }| JobError::Run {
                     instance: first + instance.unwrap_or(0),
                     error,
                 },
             )?;
+        let t_finish = Instant::now();
         let mut out = Vec::with_capacity(values.len());
         for (k, v) in values.into_iter().enumerate() {
             out.push(finish(first + k, v).map_err(|e| JobError::Instance(first + k, e))?);
         }
+        profile.time_decode += t_load;
+        profile.time_encode += t_finish.elapsed();
         Ok((first, out, profile))
     };
     let done: Vec<Result<Chunk<T>, JobError<E>>> = if workers == 1 {
