@@ -346,7 +346,39 @@ impl<'p> Dfg<'p> {
     fn arg_depth(&self, a: &Arg) -> u32 {
         match a {
             Arg::Val(_) => 0,
-            Arg::Lazy(r) => self.nodes.get(r.node as usize).map_or(0, |n| n.depth + 1),
+            // Computed (in an earlier flush): as available as a value.
+            Arg::Lazy(r) => self.nodes.get(r.node as usize).map_or(0, |n| {
+                if n.out.is_some() {
+                    0
+                } else {
+                    n.depth + 1
+                }
+            }),
+        }
+    }
+
+    /// [`Dfg::concrete`] where that copies nothing: a computed whole tensor, a computed row of at
+    /// most one element, or a deferred sum of computed terms (added up here). `None` for an
+    /// uncomputed value and for a computed row of a batch (a copy the launch that reads it does
+    /// not need).
+    fn cheap_concrete(&self, r: LazyRef) -> Result<Option<Tensor>, RunError> {
+        let node = self
+            .nodes
+            .get(r.node as usize)
+            .ok_or_else(|| RunError::new("internal: unknown lazy value"))?;
+        match &node.out {
+            Some(slots) => {
+                let slot = slots
+                    .get(r.output as usize)
+                    .ok_or_else(|| RunError::new("internal: unknown output"))?;
+                let row_len = |t: &Tensor| t.shape().get(1..).map_or(0, |d| d.iter().product());
+                if slot.row.is_none() || row_len(&slot.tensor) <= 1 {
+                    slot.value().map(Some).map_err(RunError::new)
+                } else {
+                    Ok(None)
+                }
+            }
+            None => self.concrete(r),
         }
     }
 
@@ -1048,8 +1080,10 @@ impl Backend for Dfg<'_> {
         for a in args {
             recorded.push(match a {
                 Value::Tensor(t) => Arg::Val(t),
-                Value::Lazy(r) => match self.concrete(r)? {
-                    // Computed values are passed as values, so host-side work can use them.
+                Value::Lazy(r) => match self.cheap_concrete(r)? {
+                    // Computed values are passed as values where that copies nothing, or they
+                    // are scalars (host-side work can use them); a computed row of a batch stays
+                    // a reference, which the launch reads in place.
                     Some(t) => Arg::Val(t),
                     None => Arg::Lazy(r),
                 },
