@@ -90,6 +90,10 @@ pub struct RunArgs {
     /// packing the matrices' rows straight into the GEMM.
     #[arg(long)]
     pub no_direct_matmul: bool,
+    /// No gather views: an embedding lookup copies the rows it reads into a new batch instead of
+    /// referring to them where they lie in the table.
+    #[arg(long)]
+    pub no_gather_views: bool,
     /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
     #[arg(long)]
     pub no_phases: bool,
@@ -367,6 +371,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 locality_chunks: !args.no_locality_chunks,
                 defer: !args.no_defer,
                 direct_matmul: !args.no_direct_matmul,
+                gather_views: !args.no_gather_views,
                 phases: !args.no_phases,
                 hoist: !args.no_hoist,
                 ghosts: !args.no_ghosts,

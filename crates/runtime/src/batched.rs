@@ -59,6 +59,41 @@ impl RowRefs {
         })
     }
 
+    /// The same rows under per-invocation shape `shape` (same element count): each part's tensor
+    /// reshaped, sharing its buffer. `None` if the counts differ.
+    pub fn reshaped(&self, shape: &[usize]) -> Option<RowRefs> {
+        if shape.iter().product::<usize>() != self.shape.iter().product::<usize>() {
+            return None;
+        }
+        let mut last: Option<(usize, Tensor, Tensor)> = None;
+        let mut parts = Vec::with_capacity(self.parts.len());
+        for (t, r) in &self.parts {
+            // Parts usually share one tensor (rows of a table): reshape it once.
+            let reshaped = match &last {
+                Some((id, src, out)) if *id == t.buffer_id() && src.shape() == t.shape() => {
+                    out.clone()
+                }
+                _ => {
+                    let mut s = Vec::with_capacity(shape.len() + 1);
+                    if r.is_some() {
+                        s.push(*t.shape().first()?);
+                    }
+                    s.extend_from_slice(shape);
+                    let out = t.reshape(s).ok()?;
+                    last = Some((t.buffer_id(), t.clone(), out.clone()));
+                    out
+                }
+            };
+            parts.push((reshaped, *r));
+        }
+        RowRefs::new(parts)
+    }
+
+    /// Invocation `i`'s tensor and row, as stored (no copy).
+    pub fn part_ref(&self, i: usize) -> Option<(&Tensor, Option<usize>)> {
+        self.parts.get(i).map(|(t, r)| (t, *r))
+    }
+
     /// The per-invocation shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape

@@ -303,6 +303,7 @@ impl<'p> Dfg<'p> {
                     hfuse: opts.hfuse,
                     epilogue: opts.epilogue,
                     direct_matmul: opts.direct_matmul,
+                    gather_views: opts.gather_views && opts.gather_fusion,
                 };
                 program
                     .blocks
@@ -913,6 +914,14 @@ impl<'p> Dfg<'p> {
                         tensor: t.clone(),
                         row: Some(row as u32),
                     }),
+                    // Gather views: the invocation's own row of the table, where it lies.
+                    BV::Rows(r) => match r.part_ref(row) {
+                        Some((t, at)) => Ok(Slot {
+                            tensor: t.clone(),
+                            row: at.map(|a| a as u32),
+                        }),
+                        None => Err(RunError::new("internal: block output has too few rows")),
+                    },
                     _ => Err(RunError::new("internal: block output is not a tensor")),
                 })
                 .collect::<Result<Vec<_>, _>>()?;

@@ -75,6 +75,10 @@ pub struct PlanOptions {
     /// rows straight into the GEMM ([`Stage::MatMul`]; off: concatenate, transpose, multiply
     /// with swapped operands, transpose back).
     pub direct_matmul: bool,
+    /// An embedding lookup with one index per invocation (`take(table, id, axis=0)`) yields
+    /// references to the table's rows instead of a gathered copy; GEMMs, row programs, direct
+    /// products, reshapes and the next launches read them in place ([`gather_stage`]).
+    pub gather_views: bool,
 }
 
 impl Default for PlanOptions {
@@ -84,6 +88,7 @@ impl Default for PlanOptions {
             hfuse: true,
             epilogue: true,
             direct_matmul: true,
+            gather_views: true,
         }
     }
 }
@@ -100,6 +105,8 @@ pub struct BlockPlan {
     /// Per stage: a GEMM stage whose results only the next stage, a row program, reads; that row
     /// program runs as its epilogue.
     epilogue: Vec<bool>,
+    /// [`PlanOptions::gather_views`].
+    gather_views: bool,
 }
 
 impl Clone for BlockPlan {
@@ -111,6 +118,7 @@ impl Clone for BlockPlan {
             row_ops: self.row_ops.clone(),
             row_cache: self.row_cache.as_ref().map(|_| Mutex::default()),
             epilogue: self.epilogue.clone(),
+            gather_views: self.gather_views,
         }
     }
 }
@@ -433,15 +441,20 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
         row_ops,
         row_cache: opts.row_cache.then(Mutex::default),
         epilogue,
+        gather_views: opts.gather_views,
     }
 }
 
 struct Exec<'a> {
     block: &'a Block,
     inputs: &'a [BV],
+    /// [`PlanOptions::gather_views`].
+    gather_views: bool,
     /// Inputs passed as row lists, stacked on first use by a stage that needs a contiguous batch
     /// (so at most once per launch).
     stacked: RefCell<Vec<Option<BV>>>,
+    /// The same for node values that are row references (gather views).
+    stacked_nodes: RefCell<Vec<Option<BV>>>,
     stacks: Cell<u64>,
     /// Row programs whose rows this launch split across threads.
     row_splits: Cell<u64>,
@@ -464,6 +477,23 @@ impl Exec<'_> {
                         let t = BV::Batched(OpValue::Tensor(r.stack()?));
                         self.stacks.set(self.stacks.get() + 1);
                         if let Some(slot) = self.stacked.borrow_mut().get_mut(i) {
+                            *slot = Some(t.clone());
+                        }
+                        Ok(t)
+                    }
+                    _ => self.get_raw(v),
+                }
+            }
+            BVal::Node(n) => {
+                let n = *n as usize;
+                match self.vals.get(n) {
+                    Some(Some(BV::Rows(r))) => {
+                        if let Some(Some(done)) = self.stacked_nodes.borrow().get(n) {
+                            return Ok(done.clone());
+                        }
+                        let t = BV::Batched(OpValue::Tensor(r.stack()?));
+                        self.stacks.set(self.stacks.get() + 1);
+                        if let Some(slot) = self.stacked_nodes.borrow_mut().get_mut(n) {
                             *slot = Some(t.clone());
                         }
                         Ok(t)
@@ -516,6 +546,23 @@ impl Exec<'_> {
 
     fn run_node(&mut self, i: usize, octx: &mut OpCtx, stats: &mut OpStats) -> Result<(), String> {
         let node = self.block.nodes.get(i).ok_or("internal: node")?;
+        // A reshape of row references (a gather view) is a view too: same rows, new shape.
+        if node.op.name == "reshape" {
+            if let Some(BArg::One(BVal::Node(src))) = node.args.first() {
+                if let Some(Some(BV::Rows(r))) = self.vals.get(*src as usize) {
+                    let dims: Option<Vec<usize>> = node.ty.as_tensor().and_then(|(d, _)| {
+                        d.iter()
+                            .map(|x| x.known().and_then(|k| usize::try_from(k).ok()))
+                            .collect()
+                    });
+                    if let Some(v) = dims.and_then(|d| r.reshaped(&d)) {
+                        stats.batched += 1;
+                        self.vals[i] = Some(BV::Rows(v));
+                        return Ok(());
+                    }
+                }
+            }
+        }
         let args = node
             .args
             .iter()
@@ -557,6 +604,8 @@ pub struct FusedStats {
     pub fallbacks: u64,
     /// Dense stages run as [`Stage::MatMul`] (counted in `dense_stages` too).
     pub direct_matmuls: u64,
+    /// Embedding lookups that referred to the table's rows instead of copying them.
+    pub gather_views: u64,
 }
 
 /// Runs `block` for `b` invocations following `plan`.
@@ -575,7 +624,9 @@ pub fn run_planned(
     let mut ex = Exec {
         block,
         inputs,
+        gather_views: plan.gather_views,
         stacked: RefCell::new(vec![None; inputs.len()]),
+        stacked_nodes: RefCell::new(vec![None; block.nodes.len()]),
         stacks: Cell::new(0),
         row_splits: Cell::new(0),
         vals: vec![None; block.nodes.len()],
@@ -709,7 +760,12 @@ pub fn run_planned(
                 }
             }
             Stage::Gather(i) => match gather_stage(&ex, *i)? {
-                Some(v) => ex.vals[*i] = Some(v),
+                Some(v) => {
+                    if matches!(v, BV::Rows(_)) {
+                        fstats.gather_views += 1;
+                    }
+                    ex.vals[*i] = Some(v);
+                }
                 None => {
                     fstats.fallbacks += 1;
                     ex.run_node(*i, octx, stats)?;
@@ -738,7 +794,15 @@ pub fn run_planned(
             Stage::Other(i) => ex.run_node(*i, octx, stats)?,
         }
     }
-    let outs = block.outputs.iter().map(|v| ex.get(v)).collect();
+    // As they lie: row references (gather views) become the launch's output slots.
+    let outs = block
+        .outputs
+        .iter()
+        .map(|v| match v {
+            BVal::Node(_) => ex.get_raw(v),
+            _ => ex.get(v),
+        })
+        .collect();
     fstats.row_lists_stacked += ex.stacks.get();
     fstats.row_splits += ex.row_splits.get();
     outs
@@ -1273,6 +1337,22 @@ fn gather_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
     }
     let width = table.len() / rows;
     let idx = ids.to_i64_vec();
+    let b = ids.shape().first().copied().unwrap_or(0);
+    if ex.gather_views && b > 0 && idx.len() == b {
+        // One index per invocation: references to the table's rows, viewed with the output's
+        // per-invocation shape (the index's own dims, then a row's).
+        let mut view_shape = vec![rows];
+        view_shape.extend_from_slice(ids.shape().get(1..).unwrap_or(&[]));
+        view_shape.extend_from_slice(&table.shape()[1..]);
+        let view = table.reshape(view_shape).map_err(|e| e.to_string())?;
+        let parts = idx
+            .iter()
+            .map(|&j| (view.clone(), Some(j.clamp(0, rows as i64 - 1) as usize)))
+            .collect();
+        if let Some(r) = crate::batched::RowRefs::new(parts) {
+            return Ok(Some(BV::Rows(r)));
+        }
+    }
     let mut out = with_capacity_f32(idx.len() * width);
     for &j in &idx {
         let j = j.clamp(0, rows as i64 - 1) as usize;

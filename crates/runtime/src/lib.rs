@@ -103,6 +103,10 @@ pub struct Options {
     /// `W_M · [A; B]`) pack the matrices' rows straight into the GEMM instead of concatenating,
     /// transposing, multiplying and transposing back. Needs `fusion`.
     pub direct_matmul: bool,
+    /// Gather views: an embedding lookup with one index per invocation yields references to the
+    /// table's rows instead of a gathered copy (MV-RNN's per-word matrices: 64 KiB each). Needs
+    /// `fusion` and `gather_fusion`.
+    pub gather_views: bool,
 }
 
 /// Rows below which a launch of a weight-bound block waits for more: with f32 weights a row costs
@@ -136,6 +140,7 @@ impl Default for Options {
             locality_chunks: true,
             defer: true,
             direct_matmul: true,
+            gather_views: true,
             threads: 1,
         }
     }

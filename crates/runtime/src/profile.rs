@@ -98,6 +98,8 @@ impl Profile {
         self.fused.row_time += o.fused.row_time;
         self.fused.row_compile_time += o.fused.row_compile_time;
         self.fused.row_splits += o.fused.row_splits;
+        self.fused.direct_matmuls += o.fused.direct_matmuls;
+        self.fused.gather_views += o.fused.gather_views;
         self.fused.fallbacks += o.fused.fallbacks;
         self.fused.dense_flops += o.fused.dense_flops;
         self.fused.dense_time += o.fused.dense_time;
@@ -173,6 +175,13 @@ impl fmt::Display for Profile {
             "kernel plans: {} dense stages ({} horizontally fused from {} denses), {} fused row programs ({} operators; {} run as GEMM epilogues), {} stages fell back",
             self.fused.dense_stages, self.fused.hfused_stages, self.fused.hfused_denses, self.fused.row_programs, self.fused.row_program_ops, self.fused.epilogues, self.fused.fallbacks
         )?;
+        if self.fused.direct_matmuls + self.fused.gather_views > 0 {
+            writeln!(
+                f,
+                "in place: {} direct products (rows packed where they lie), {} embedding lookups as row references",
+                self.fused.direct_matmuls, self.fused.gather_views
+            )?;
+        }
         let secs = self.fused.dense_time.as_secs_f64();
         writeln!(
             f,

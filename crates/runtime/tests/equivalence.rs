@@ -530,6 +530,7 @@ fn every_combination_of_switches() {
                 locality_chunks: phases == hoist,
                 defer: phases == hoist,
                 direct_matmul: epilogue,
+                gather_views: row_cache,
                 threads: 1,
             };
             check_batched(&x, &program, &reuse, 7, opts, &label);

@@ -74,6 +74,7 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         locality_chunks: bit(0.5),
         defer: bit(0.5),
         direct_matmul: bit(0.5),
+        gather_views: bit(0.5),
         threads: if bit(0.2) { 2 } else { 1 },
         ..Options::default()
     };

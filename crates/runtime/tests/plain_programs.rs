@@ -670,3 +670,44 @@ def @main(%a: Tensor[(5, 7), float32], %b: Tensor[(3, 7), float32], %x: Tensor[(
     // %two and %twice run directly; %bare's X is per-instance (its product falls back).
     assert!(profile.fused.direct_matmuls >= 2, "{profile}");
 }
+
+/// Gather views: an embedding lookup with one index per invocation refers to the table's rows
+/// (reshaped, fed to a product, a row program, returned as an output, read by the next launch)
+/// instead of copying them; indices past either end clip. Equal to the reference every way; the
+/// views are used.
+#[test]
+fn embedding_lookups_refer_to_table_rows() {
+    let src = r#"
+def @main(%tok: Tensor[(1), int32], %mats: Tensor[(6, 3, 4), float32], %emb: Tensor[(6, 4), float32])
+    -> (Tensor[(3, 4), float32], Tensor[(1, 3), float32], Tensor[(1, 4), float32], Tensor[(3, 4), float32]) {
+  let %m = reshape(take(%mats, %tok, axis=0, mode="clip"), newshape=[3, 4]);
+  let %e = take(%emb, %tok, axis=0, mode="clip");
+  let %p = nn.dense(%e, %m);
+  let %again = add(%m, 1f);
+  (%m, tanh(%p), %e, %again)
+}
+"#;
+    let inputs: Vec<String> = [0i32, 5, 2, -3, 9, 2, 1, 4, 3]
+        .iter()
+        .map(|t| format!("{{\"tok\": [{t}]}}"))
+        .collect();
+    let x = expected(
+        "gather_views",
+        load_text("gather_views", src),
+        &inputs.join("\n"),
+        &["tok"],
+    );
+    check_all_ways(&x);
+    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let rngs = (0..x.args.len()).map(common::rng).collect();
+    let (_, profile) = tumble_runtime::run_batch(
+        &program,
+        &reuse,
+        "main",
+        x.args.clone(),
+        rngs,
+        tumble_runtime::Options::default(),
+    )
+    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    assert!(profile.fused.gather_views >= 2, "{profile}");
+}

@@ -338,6 +338,7 @@ pub fn check_all_ways(x: &Expected) {
                     locality_chunks: fusion,
                     defer: fusion,
                     direct_matmul: planopt,
+                    gather_views: planopt,
                     threads: if batch == 7 { 2 } else { 1 },
                 };
                 let label = format!(
