@@ -467,42 +467,35 @@ impl Exec<'_> {
     /// A value as a contiguous batch or shared value (row lists stacked).
     fn get(&self, v: &BVal) -> Result<BV, String> {
         match v {
-            BVal::Input(i) => {
-                let i = *i as usize;
-                match self.inputs.get(i) {
-                    Some(BV::Rows(r)) => {
-                        if let Some(Some(done)) = self.stacked.borrow().get(i) {
-                            return Ok(done.clone());
-                        }
-                        let t = BV::Batched(OpValue::Tensor(r.stack()?));
-                        self.stacks.set(self.stacks.get() + 1);
-                        if let Some(slot) = self.stacked.borrow_mut().get_mut(i) {
-                            *slot = Some(t.clone());
-                        }
-                        Ok(t)
-                    }
-                    _ => self.get_raw(v),
-                }
-            }
-            BVal::Node(n) => {
-                let n = *n as usize;
-                match self.vals.get(n) {
-                    Some(Some(BV::Rows(r))) => {
-                        if let Some(Some(done)) = self.stacked_nodes.borrow().get(n) {
-                            return Ok(done.clone());
-                        }
-                        let t = BV::Batched(OpValue::Tensor(r.stack()?));
-                        self.stacks.set(self.stacks.get() + 1);
-                        if let Some(slot) = self.stacked_nodes.borrow_mut().get_mut(n) {
-                            *slot = Some(t.clone());
-                        }
-                        Ok(t)
-                    }
-                    _ => self.get_raw(v),
-                }
-            }
+            BVal::Input(i) => match self.inputs.get(*i as usize) {
+                Some(BV::Rows(r)) => self.stacked_once(&self.stacked, *i as usize, r),
+                _ => self.get_raw(v),
+            },
+            BVal::Node(n) => match self.vals.get(*n as usize) {
+                Some(Some(BV::Rows(r))) => self.stacked_once(&self.stacked_nodes, *n as usize, r),
+                _ => self.get_raw(v),
+            },
             _ => self.get_raw(v),
         }
+    }
+
+    /// Row references `r` (value `i` of `cache`'s kind) stacked into a batch, at most once per
+    /// launch.
+    fn stacked_once(
+        &self,
+        cache: &RefCell<Vec<Option<BV>>>,
+        i: usize,
+        r: &crate::batched::RowRefs,
+    ) -> Result<BV, String> {
+        if let Some(Some(done)) = cache.borrow().get(i) {
+            return Ok(done.clone());
+        }
+        let t = BV::Batched(OpValue::Tensor(r.stack()?));
+        self.stacks.set(self.stacks.get() + 1);
+        if let Some(slot) = cache.borrow_mut().get_mut(i) {
+            *slot = Some(t.clone());
+        }
+        Ok(t)
     }
 
     /// A value as it is, row lists included (for the stages that read rows in place).

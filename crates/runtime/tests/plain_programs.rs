@@ -13,6 +13,16 @@ fn agrees(name: &str, src: &str, inputs: &str, instance_args: &[&str]) {
     check_all_ways(&expected(name, l, inputs, instance_args));
 }
 
+/// The profile of one batched run of `x`'s instances (all static optimizations on) under `opts`.
+fn batch_profile(x: &common::Expected, opts: tumble_runtime::Options) -> tumble_runtime::Profile {
+    let (program, reuse) = common::compile(x, true, tumble_compile::StaticOptions::all());
+    let rngs = (0..x.args.len()).map(common::rng).collect();
+    let (_, profile) =
+        tumble_runtime::run_batch(&program, &reuse, "main", x.args.clone(), rngs, opts)
+            .unwrap_or_else(|e| panic!("{}", e.error.message));
+    profile
+}
+
 /// Instances `{"x": [[...]]}` of `n` float rows of width `w`, all different.
 fn rows(count: usize, w: usize) -> String {
     (0..count)
@@ -467,17 +477,7 @@ def @main(%xs: List[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32] {
         &["xs"],
     );
     check_all_ways(&x);
-    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
-    let rngs = (0..x.args.len()).map(common::rng).collect();
-    let (_, profile) = tumble_runtime::run_batch(
-        &program,
-        &reuse,
-        "main",
-        x.args.clone(),
-        rngs,
-        tumble_runtime::Options::default(),
-    )
-    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    let profile = batch_profile(&x, tumble_runtime::Options::default());
     let add_launches: u64 = profile
         .per_block
         .iter()
@@ -540,16 +540,14 @@ def @main(%seqs: List[List[Tensor[(1, 8), float32]]], %u: Tensor[(256, 8), float
         &["seqs"],
     );
     check_all_ways(&x);
-    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
     let heavy = |defer: bool| {
-        let rngs = (0..x.args.len()).map(common::rng).collect();
-        let opts = tumble_runtime::Options {
-            defer,
-            ..tumble_runtime::Options::default()
-        };
-        let (_, profile) =
-            tumble_runtime::run_batch(&program, &reuse, "main", x.args.clone(), rngs, opts)
-                .unwrap_or_else(|e| panic!("{}", e.error.message));
+        let profile = batch_profile(
+            &x,
+            tumble_runtime::Options {
+                defer,
+                ..tumble_runtime::Options::default()
+            },
+        );
         let launches: u64 = profile
             .per_block
             .iter()
@@ -594,17 +592,7 @@ def @main(%x: Tensor[(1, 3), float32], %v: Tensor[(4), float32]) -> (Tensor[(), 
         &["x"],
     );
     check_all_ways(&x);
-    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
-    let rngs = (0..x.args.len()).map(common::rng).collect();
-    let (_, profile) = tumble_runtime::run_batch(
-        &program,
-        &reuse,
-        "main",
-        x.args.clone(),
-        rngs,
-        tumble_runtime::Options::default(),
-    )
-    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    let profile = batch_profile(&x, tumble_runtime::Options::default());
     assert!(
         profile.ops.looped == 0 && profile.ops.batched > 0,
         "{profile}"
@@ -656,17 +644,7 @@ def @main(%a: Tensor[(5, 7), float32], %b: Tensor[(3, 7), float32], %x: Tensor[(
         &["a", "b", "x"],
     );
     check_all_ways(&x);
-    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
-    let rngs = (0..x.args.len()).map(common::rng).collect();
-    let (_, profile) = tumble_runtime::run_batch(
-        &program,
-        &reuse,
-        "main",
-        x.args.clone(),
-        rngs,
-        tumble_runtime::Options::default(),
-    )
-    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    let profile = batch_profile(&x, tumble_runtime::Options::default());
     // %two and %twice run directly; %bare's X is per-instance (its product falls back).
     assert!(profile.fused.direct_matmuls >= 2, "{profile}");
 }
@@ -698,16 +676,6 @@ def @main(%tok: Tensor[(1), int32], %mats: Tensor[(6, 3, 4), float32], %emb: Ten
         &["tok"],
     );
     check_all_ways(&x);
-    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
-    let rngs = (0..x.args.len()).map(common::rng).collect();
-    let (_, profile) = tumble_runtime::run_batch(
-        &program,
-        &reuse,
-        "main",
-        x.args.clone(),
-        rngs,
-        tumble_runtime::Options::default(),
-    )
-    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    let profile = batch_profile(&x, tumble_runtime::Options::default());
     assert!(profile.fused.gather_views >= 2, "{profile}");
 }
