@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use tumble_compile::{BArg, BVal, Block, BlockNode};
 use tumble_ir::{AttrValue, DType, Ty};
 use tumble_ops::{OpCtx, OpValue};
-use tumble_tensor::pool::{with_capacity_f32, zeroed_f32};
+use tumble_tensor::pool::{scratch_f32, with_capacity_f32, zeroed_f32};
 use tumble_tensor::Tensor;
 
 use tumble_kernels::Rows;
@@ -819,7 +819,8 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
             return Ok(None);
         }
         let rows: usize = shape.iter().product();
-        let mut c = zeroed_f32(rows * n);
+        // Overwritten whole by the GEMM.
+        let mut c = scratch_f32(rows * n);
         crate::gemm::dense(&a_rows.rows(k), k, w, *n, &mut c, ex.threads)?;
         shape.push(*n);
         let t = Tensor::from_f32(shape, c).map_err(|e| e.to_string())?;
@@ -873,7 +874,7 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
         // A shared left operand (`W_M · [A; B]` without direct products): out_i = X·W_iᵀ =
         // (W_i·Xᵀ)ᵀ, so every invocation's W_i rows go through one GEMM against X as the
         // (packed, cached) weight, and each (n × m) result is transposed back.
-        let mut ct = zeroed_f32(b * n * m);
+        let mut ct = scratch_f32(b * n * m);
         let rows: Vec<&[f32]> = w_inst.iter().flat_map(|p| p.chunks_exact(k)).collect();
         crate::gemm::dense(
             &tumble_kernels::Rows::Gathered(&rows),
@@ -985,7 +986,7 @@ fn matmul_stage(
     if rows_total != k || n == 0 || k == 0 {
         return Ok(None);
     }
-    let mut c = zeroed_f32(b * m * n);
+    let mut c = scratch_f32(b * m * n); // each invocation's block is overwritten whole by its GEMM
     let a = tumble_kernels::Rows::Contiguous {
         data: xd,
         stride: k,
@@ -1076,7 +1077,7 @@ fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, Strin
     };
     let n: usize = widths.iter().sum();
     let rows: usize = lead.iter().product();
-    let mut c = zeroed_f32(rows * n);
+    let mut c = scratch_f32(rows * n);
     crate::gemm::dense_concat(&a_rows.rows(k), k, &ws, &mut c, ex.threads)?;
     let mut outs = Vec::with_capacity(ns.len());
     let mut col = 0;
@@ -1192,7 +1193,9 @@ fn gemm_with_epilogue(
     } else {
         crate::gemm::packed_concat(&ws, k)?
     };
-    let mut bufs: Vec<Vec<f32>> = flat_outs(&prog).map(|o| zeroed_f32(rows * o.len)).collect();
+    let mut bufs: Vec<Vec<f32>> = flat_outs(&prog)
+        .map(|o| scratch_f32(rows * o.len))
+        .collect();
     let mut outputs: Vec<tumble_kernels::Output> = bufs
         .iter_mut()
         .zip(flat_outs(&prog))
