@@ -20,6 +20,7 @@ pub(crate) const WORK_STACK_BYTES: usize = 256 << 20;
 
 mod commands;
 mod explain;
+mod files;
 mod run;
 
 #[derive(Parser)]
@@ -78,7 +79,24 @@ enum Command {
     Prelude,
 }
 
+/// Whether a panic is `print!`'s on a closed standard output (`tumble explain m.rly | head -1`).
+fn is_broken_pipe(payload: &(dyn std::any::Any + Send)) -> bool {
+    let msg = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+    msg.is_some_and(|m| m.contains("failed printing to stdout") && m.contains("Broken pipe"))
+}
+
 fn main() -> ExitCode {
+    // A reader that stops early (`| head`) is not an error: the printing thread's panic is silent
+    // and the command exits 0, as `run` does when its writes fail.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !is_broken_pipe(info.payload()) {
+            default_hook(info);
+        }
+    }));
     let cli = Cli::parse();
     let color = match cli.color {
         Color::Always => true,
@@ -114,6 +132,7 @@ fn main() -> ExitCode {
         });
     match worker.map(|h| h.join()) {
         Ok(Ok(code)) => code,
+        Ok(Err(payload)) if is_broken_pipe(payload.as_ref()) => ExitCode::SUCCESS,
         Ok(Err(_)) => {
             eprintln!("error: tumble crashed; this is a bug, please report it with the input that caused it");
             ExitCode::from(101)

@@ -36,7 +36,8 @@ pub struct RunArgs {
     /// on how instances are grouped.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Where to write results (JSON Lines, one per instance, in input order); default stdout.
+    /// Where to write results (JSON Lines, one per instance, in input order); default (or `-`)
+    /// stdout. Written atomically; through a symlink, the link's target is written.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
     /// `json`: one JSON value per instance; `summary`: shapes and a few values, for reading.
@@ -46,7 +47,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = Engine::Batched)]
     pub engine: Engine,
     /// Instances per mini-batch (batched engine); default: all instances in one batch.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub batch: Option<usize>,
     /// How the batched engine orders block invocations into launches.
     #[arg(long, value_enum, default_value_t = SchedulerArg::Inline)]
@@ -111,7 +112,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_dup: bool,
     /// Threads in all (default: $TUMBLE_NUM_THREADS, else the number of cores).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub threads: Option<usize>,
     /// Mini-batches run at once, sharing the threads (default: one per thread, as many as there
     /// are mini-batches; 1: one mini-batch after another, each with every thread). Results do not
@@ -196,16 +197,22 @@ fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
-/// `--threads`, else `TUMBLE_NUM_THREADS`, else the machine's parallelism.
-fn thread_count(flag: Option<usize>) -> usize {
-    flag.or_else(|| {
-        std::env::var("TUMBLE_NUM_THREADS")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-    })
-    .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
-    .unwrap_or(1)
-    .max(1)
+/// `--threads`, else `TUMBLE_NUM_THREADS` (a positive count, else an error), else the machine's
+/// parallelism.
+fn thread_count(flag: Option<usize>) -> Result<usize, Failure> {
+    if let Some(n) = flag {
+        return Ok(n);
+    }
+    if let Some(v) = std::env::var_os("TUMBLE_NUM_THREADS") {
+        let text = v.to_string_lossy();
+        return at_least_one(text.trim()).map_err(|e| {
+            Failure::Message(format!(
+                "TUMBLE_NUM_THREADS={}: {e} (unset it to use every core, or give --threads N)",
+                crate::files::shorten(&text)
+            ))
+        });
+    }
+    Ok(std::thread::available_parallelism().map_or(1, usize::from))
 }
 
 /// The static optimizations the switches leave on.
@@ -253,6 +260,23 @@ impl From<IoError> for Failure {
 }
 
 fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
+    // Refuse, before anything runs, an output that would replace one of the run's own files.
+    let output = crate::files::output_path(args.output.as_deref());
+    let mut reads: Vec<(&str, &std::path::Path)> = vec![
+        ("the model", &args.model),
+        ("the --inputs file", &args.inputs),
+    ];
+    if let Some(p) = &args.params {
+        reads.push(("the --params file", p));
+    }
+    let mut writes: Vec<(&str, &std::path::Path)> = Vec::new();
+    if let Some(p) = output {
+        writes.push(("the output (-o)", p));
+    }
+    if let Some(p) = &args.save_params {
+        writes.push(("the --save-params file", p));
+    }
+    crate::files::refuse_overwrites(&reads, &writes).map_err(Failure::Message)?;
     let text = std::fs::read_to_string(&args.model)
         .map_err(|e| Failure::Message(format!("cannot read {}: {e}", args.model.display())))?;
     let name = args.model.display().to_string();
@@ -292,6 +316,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         eprintln!("warning: {w}");
     }
     if let Some(path) = &args.save_params {
+        let path = &crate::files::through_symlink(path);
         let all: BTreeMap<String, Tensor> = bound
             .args
             .iter()
@@ -356,7 +381,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             out
         }
         Engine::Batched => {
-            let threads = thread_count(args.threads);
+            let threads = thread_count(args.threads)?;
             tumble_tensor::pool::set_enabled(!args.no_buffer_pool);
             let opts = tumble_runtime::Options {
                 scheduler: args.scheduler.into(),
@@ -447,9 +472,10 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         }
         lines.push(line);
     }
-    match &args.output {
+    match output {
         Some(path) => {
-            write_jsonl_atomically(path, lines.into_iter().map(Ok::<String, IoError>))?;
+            let path = crate::files::through_symlink(path);
+            write_jsonl_atomically(&path, lines.into_iter().map(Ok::<String, IoError>))?;
         }
         None => {
             let mut out = std::io::stdout().lock();

@@ -597,3 +597,121 @@ fn a_failing_launch_names_the_failing_instance() {
         );
     }
 }
+
+/// Files and flags (hostile input): an output that would replace one of the run's own files is
+/// refused before anything runs and the file is left as it was; `-o -` is standard output; a
+/// symlink is written through (the link stays, its target gets the results).
+#[test]
+fn outputs_never_replace_inputs_and_follow_links() {
+    let model = zoo_model("treelstm_small");
+    let original = std::fs::read_to_string(example("treelstm"))
+        .unwrap_or_else(|e| panic!("cannot read the example: {e}"));
+    let inputs = temp_file("self.jsonl", &original);
+    let inputs_s = inputs.display().to_string();
+    // -o the inputs file, the model, and two outputs naming one file.
+    let cases: [(&[&str], &str); 3] = [
+        (&["-o", &inputs_s], "the --inputs file"),
+        (&["-o", &model], "the model"),
+        (
+            &["-o", "same.jsonl", "--save-params", "./same.jsonl"],
+            "the --save-params file",
+        ),
+    ];
+    for (extra, what) in cases {
+        let out = run_random(&model, &inputs_s, extra);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(
+            err.contains("is the same file as") && err.contains(what),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&inputs).unwrap_or_default(),
+        original
+    );
+    assert!(!std::path::Path::new("same.jsonl").exists());
+    // `-o -`: standard output, no file named `-`.
+    let dash = run_random(&model, &inputs_s, &["-o", "-"]);
+    assert!(dash.status.success(), "{}", text(&dash.stderr));
+    assert_eq!(text(&dash.stdout).lines().count(), original.lines().count());
+    assert!(!std::path::Path::new("-").exists());
+    // Through a symlink to a file not written yet.
+    let target = temp_path("target.jsonl");
+    let link = temp_path("link.jsonl");
+    #[cfg(unix)]
+    {
+        if let Err(e) = std::os::unix::fs::symlink(&target, &link) {
+            panic!("cannot make a symlink: {e}");
+        }
+        let out = run_random(&model, &inputs_s, &["-o", &link.display().to_string()]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let meta = std::fs::symlink_metadata(&link).unwrap_or_else(|e| panic!("{e}"));
+        assert!(meta.file_type().is_symlink(), "the link was replaced");
+        assert_eq!(
+            std::fs::read_to_string(&target)
+                .unwrap_or_default()
+                .lines()
+                .count(),
+            original.lines().count()
+        );
+    }
+}
+
+/// Counts that would silently mean something else are refused: `--batch 0`, `--threads 0`, and a
+/// `TUMBLE_NUM_THREADS` that is not a positive count.
+#[test]
+fn zero_and_malformed_counts_are_refused() {
+    let model = zoo_model("treelstm_small");
+    let inputs = example("treelstm");
+    for flag in ["--batch", "--threads"] {
+        let out = run_random(&model, &inputs, &[flag, "0"]);
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        assert!(
+            text(&out.stderr).contains("must be at least 1"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    for bad in ["abc", "0", "-2"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tumble"))
+            .args(["run", &model, "--inputs", &inputs, "--random-params", "0"])
+            .env("TUMBLE_NUM_THREADS", bad)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run tumble: {e}"));
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
+        assert!(err.contains(&format!("TUMBLE_NUM_THREADS={bad}")), "{err}");
+    }
+}
+
+/// A reader that closes standard output early (`| head -1`) ends every subcommand quietly: exit
+/// 0, nothing on stderr (they panicked with "Broken pipe ... this is a bug").
+#[test]
+fn a_closed_stdout_ends_every_subcommand_quietly() {
+    let model = zoo_model("treelstm_small");
+    let inputs = example("treelstm");
+    let commands: [&[&str]; 6] = [
+        &["explain", &model],
+        &["check", &model],
+        &["fmt", &model],
+        &["ops"],
+        &["prelude"],
+        &["run", &model, "--inputs", &inputs, "--random-params", "0"],
+    ];
+    for args in commands {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tumble"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run tumble: {e}"));
+        // Close the reading end before the command writes anything.
+        drop(child.stdout.take());
+        let out = child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("cannot wait for tumble: {e}"));
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        assert_eq!(text(&out.stderr), "", "{args:?}");
+    }
+}

@@ -50,7 +50,8 @@ pub enum DataCommand {
 /// Where the output goes.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct OutputArgs {
-    /// Write to FILE (atomically) instead of standard output.
+    /// Write to FILE (atomically; through a symlink, its target) instead of standard output
+    /// (`-`: standard output too).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
 }
@@ -214,7 +215,7 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
             cfg.validate().map_err(DataError::Invalid)?;
             let mut rng = Rng::new(a.seed);
             let lines = (0..a.count).map(|_| Ok(gen::nested_json(&gen::nested(&mut rng, &cfg))));
-            finish(&a.out, write_lines(a.out.output.as_deref(), lines)?)
+            finish(&a.out, write_lines(a.out.path(), lines)?)
         }
         DataCommand::Drnn(a) => {
             let cfg = DrnnConfig {
@@ -227,7 +228,7 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
             cfg.validate().map_err(DataError::Invalid)?;
             let mut rng = Rng::new(a.seed);
             let lines = (0..a.count).map(|_| Ok(gen::drnn_json(&gen::drnn(&mut rng, &cfg))));
-            finish(&a.out, write_lines(a.out.output.as_deref(), lines)?)
+            finish(&a.out, write_lines(a.out.path(), lines)?)
         }
         DataCommand::Berxit(a) => {
             let cfg = BerxitConfig {
@@ -242,13 +243,13 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
                     cfg.threshold,
                 ))
             });
-            finish(&a.out, write_lines(a.out.output.as_deref(), lines)?)
+            finish(&a.out, write_lines(a.out.path(), lines)?)
         }
         DataCommand::Vocab(a) => {
             let dir = find_sst_dir(a.data_dir.as_deref())?;
             let vocab = Vocab::from_sst_dir(&dir)?;
             let lines = vocab.words().iter().map(|w| Ok(w.clone()));
-            finish(&a.out, write_lines(a.out.output.as_deref(), lines)?)
+            finish(&a.out, write_lines(a.out.path(), lines)?)
         }
     }
 }
@@ -273,11 +274,18 @@ fn run_sst(a: &SstArgs) -> Result<(), DataError> {
                 Format::Tokens => sst::tokens_instance(&tree, &vocab),
             })
         });
-    finish(&a.out, write_lines(a.out.output.as_deref(), lines)?)
+    finish(&a.out, write_lines(a.out.path(), lines)?)
+}
+
+impl OutputArgs {
+    /// The file to write, or `None` for standard output (no `-o`, or `-o -`).
+    fn path(&self) -> Option<&Path> {
+        self.output.as_deref().filter(|p| p.as_os_str() != "-")
+    }
 }
 
 fn finish(out: &OutputArgs, lines: usize) -> Result<(), DataError> {
-    if let Some(path) = &out.output {
+    if let Some(path) = out.path() {
         eprintln!("wrote {lines} lines to {}", path.display());
     }
     Ok(())

@@ -95,7 +95,22 @@ where
         Ok(())
     };
     let result = match path {
-        Some(path) => write_atomically(path, |w| write_all(w)),
+        // Through a symlink: its target (the rename would replace the link itself).
+        Some(path) => match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                // (a link to a file not created yet: its target, relative to the link's folder)
+                let target = fs::canonicalize(path)
+                    .or_else(|_| {
+                        fs::read_link(path).map(|t| match path.parent() {
+                            Some(dir) if t.is_relative() => dir.join(t),
+                            _ => t,
+                        })
+                    })
+                    .unwrap_or_else(|_| path.to_path_buf());
+                write_atomically(&target, |w| write_all(w))
+            }
+            _ => write_atomically(path, |w| write_all(w)),
+        },
         None => {
             let stdout = std::io::stdout();
             let mut w = BufWriter::new(stdout.lock());

@@ -1,0 +1,69 @@
+//! Output files: `-` for standard output, symlinks written through, and no output that would
+//! replace one of the command's own inputs.
+
+use std::path::{Path, PathBuf};
+
+/// `-o -` is standard output (`None`), as the Unix convention has it.
+pub fn output_path(flag: Option<&Path>) -> Option<&Path> {
+    flag.filter(|p| p.as_os_str() != "-")
+}
+
+/// The file to write for `path`: a symlink's target (writing replaces a file atomically by a
+/// rename, which would otherwise replace the link itself).
+pub fn through_symlink(path: &Path) -> PathBuf {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path)
+            // A link to a file not created yet: its target, relative to the link's folder.
+            .or_else(|_| {
+                std::fs::read_link(path).map(|t| match path.parent() {
+                    Some(dir) if t.is_relative() => dir.join(t),
+                    _ => t,
+                })
+            })
+            .unwrap_or_else(|_| path.to_path_buf()),
+        _ => path.to_path_buf(),
+    }
+}
+
+/// The file a path names, for comparing: its canonical form, or for a file not created yet its
+/// folder's canonical form and its name (links followed either way).
+fn identity(path: &Path) -> Option<PathBuf> {
+    let path = through_symlink(path);
+    if let Ok(p) = std::fs::canonicalize(&path) {
+        return Some(p);
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Some(std::fs::canonicalize(dir).ok()?.join(path.file_name()?))
+}
+
+/// An error naming the two flags when a file to be written is one of the files read, or another
+/// file to be written (the same file after following links), checked before anything runs.
+pub fn refuse_overwrites(reads: &[(&str, &Path)], writes: &[(&str, &Path)]) -> Result<(), String> {
+    let key = identity;
+    for (k, (what, w)) in writes.iter().enumerate() {
+        let Some(wk) = key(w) else { continue };
+        let others = reads.iter().chain(writes.get(k + 1..).unwrap_or(&[]));
+        for (other, r) in others {
+            if key(r).as_ref() == Some(&wk) {
+                return Err(format!(
+                    "{what} {} is the same file as {other} {}: writing it would replace that file; \
+                     choose another path",
+                    w.display(),
+                    r.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// User text for a message, cut to 80 characters.
+pub fn shorten(s: &str) -> String {
+    match s.char_indices().nth(80) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_string(),
+    }
+}
