@@ -18,6 +18,12 @@ use crate::blocks::is_pure_op;
 /// helpers each calling the next twice cannot make a block (and the compile time) exponential.
 pub const MAX_INLINED_NODES: usize = 4096;
 
+/// A function is inlined only while its body, with everything it inlines in turn, has at most this
+/// many operator calls. Cells and helpers are small (Berxit's attention helpers: tens); without a
+/// bound, a chain of N helpers each calling the next inlined the whole rest of the chain into every
+/// one of them (O(N²) block nodes: 5,000 globals took 9 s and 1.5 GB to run).
+pub const MAX_INLINED_OPS: usize = 256;
+
 /// The inlinable functions of `module`, by name.
 pub fn inlinable(module: &Module) -> HashMap<String, &Function> {
     let defs: HashMap<&str, &Function> = module
@@ -32,35 +38,62 @@ pub fn inlinable(module: &Module) -> HashMap<String, &Function> {
         })
         .map(|d| (d.name.name.as_str(), &d.func))
         .collect();
-    // Straight-line bodies, with the globals each calls.
-    let mut calls: HashMap<&str, HashSet<&str>> = HashMap::new();
+    // Straight-line bodies: their own operator calls and the globals they call (with repeats).
+    let mut bodies: HashMap<&str, (usize, Vec<&str>)> = HashMap::new();
     for (name, f) in &defs {
-        let mut called = HashSet::new();
-        if straight_line(&f.body, &mut called) {
-            calls.insert(name, called);
+        let mut body = (0, Vec::new());
+        if straight_line(&f.body, &mut body) {
+            bodies.insert(name, body);
         }
     }
-    // Drop functions that call something not inlinable, until nothing changes; what remains calls
-    // only inlinable functions. Recursion (a cycle) cannot be straight-line work that ends, so a
-    // function on a cycle is dropped too.
-    loop {
-        let keep: HashSet<&str> = calls.keys().copied().collect();
-        let before = calls.len();
-        calls.retain(|_, called| called.iter().all(|g| keep.contains(g)));
-        if calls.len() == before {
-            break;
+    // Expanded sizes, callees first (an explicit stack: a chain of 100,000 helpers must not
+    // recurse natively). A function on a cycle, calling a function that is not inlinable, or
+    // too large once expanded is not inlinable.
+    let mut size: HashMap<&str, Option<usize>> = HashMap::new();
+    for &root in bodies.keys() {
+        if size.contains_key(root) {
+            continue;
+        }
+        let mut on_stack: HashSet<&str> = HashSet::new();
+        let mut stack: Vec<(&str, bool)> = vec![(root, false)];
+        while let Some((f, expanded)) = stack.pop() {
+            if expanded {
+                on_stack.remove(f);
+                let total = bodies.get(f).and_then(|(own, callees)| {
+                    callees.iter().try_fold(*own, |acc, g| {
+                        acc.checked_add(size.get(g).copied().flatten()?)
+                    })
+                });
+                size.insert(f, total.filter(|&n| n <= MAX_INLINED_OPS));
+                continue;
+            }
+            if size.contains_key(f) {
+                continue;
+            }
+            if !on_stack.insert(f) {
+                // Reached again while its callees are being sized: a cycle.
+                size.insert(f, None);
+                continue;
+            }
+            stack.push((f, true));
+            if let Some((_, callees)) = bodies.get(f) {
+                for &g in callees {
+                    if !bodies.contains_key(g) {
+                        size.insert(g, None);
+                    } else if on_stack.contains(g) {
+                        // A call back into the function being sized: recursion.
+                        size.insert(g, None);
+                        size.insert(f, None);
+                    } else if !size.contains_key(g) {
+                        stack.push((g, false));
+                    }
+                }
+            }
         }
     }
-    let on_cycle: Vec<&str> = calls
+    bodies
         .keys()
-        .copied()
-        .filter(|&f| reaches(f, f, &calls))
-        .collect();
-    for f in on_cycle {
-        calls.remove(f);
-    }
-    calls
-        .keys()
+        .filter(|n| size.get(*n).copied().flatten().is_some())
         .filter_map(|&n| defs.get(n).map(|f| (n.to_string(), *f)))
         .collect()
 }
@@ -73,46 +106,30 @@ fn tensors_only(t: &Ty) -> bool {
     }
 }
 
-/// The body is pure straight-line tensor work; the globals it calls are added to `called`.
-fn straight_line<'e>(e: &'e Expr, called: &mut HashSet<&'e str>) -> bool {
+/// The body is pure straight-line tensor work; its operator calls are counted in `body.0` and the
+/// globals it calls pushed to `body.1` (once per call).
+fn straight_line<'e>(e: &'e Expr, body: &mut (usize, Vec<&'e str>)) -> bool {
     match &e.kind {
         ExprKind::Local(_) | ExprKind::Lit(_) => true,
-        ExprKind::Tuple(es) => es.iter().all(|x| straight_line(x, called)),
-        ExprKind::Proj(inner, _) => straight_line(inner, called),
-        ExprKind::Let(bs, body) => {
-            bs.iter().all(|b| straight_line(&b.value, called)) && straight_line(body, called)
+        ExprKind::Tuple(es) => es.iter().all(|x| straight_line(x, body)),
+        ExprKind::Proj(inner, _) => straight_line(inner, body),
+        ExprKind::Let(bs, rest) => {
+            bs.iter().all(|b| straight_line(&b.value, body)) && straight_line(rest, body)
         }
         ExprKind::Call(c) => {
             let callee_ok = match &c.callee.kind {
-                ExprKind::Op(n) => tumble_ops::lookup(n).is_some_and(is_pure_op),
+                ExprKind::Op(n) => {
+                    body.0 += 1;
+                    tumble_ops::lookup(n).is_some_and(is_pure_op)
+                }
                 ExprKind::Global(g) => {
-                    called.insert(g.as_str());
+                    body.1.push(g.as_str());
                     true
                 }
                 _ => false,
             };
-            callee_ok && c.args.iter().all(|a| straight_line(a, called))
+            callee_ok && c.args.iter().all(|a| straight_line(a, body))
         }
         _ => false,
     }
-}
-
-/// `to` is reachable from `from` by one or more calls.
-fn reaches(from: &str, to: &str, calls: &HashMap<&str, HashSet<&str>>) -> bool {
-    let mut seen = HashSet::new();
-    let mut stack: Vec<&str> = calls
-        .get(from)
-        .map(|c| c.iter().copied().collect())
-        .unwrap_or_default();
-    while let Some(f) = stack.pop() {
-        if f == to {
-            return true;
-        }
-        if seen.insert(f) {
-            if let Some(c) = calls.get(f) {
-                stack.extend(c.iter().copied());
-            }
-        }
-    }
-    false
 }

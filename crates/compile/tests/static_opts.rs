@@ -219,3 +219,75 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32], %U: T
     let (_, r) = compile(&main("%W"));
     assert!(r.duplicated.is_empty(), "{:?}", r.duplicated);
 }
+
+/// `n` helpers, each calling the next on its argument passed through `step`, the last returning
+/// its argument; `@main` calls the first.
+fn chain(n: usize, step: &str, extra: &str, main_body: &str) -> String {
+    let mut s = String::from(extra);
+    for i in 0..n {
+        let body = if i + 1 == n {
+            "%x".to_string()
+        } else {
+            format!("@f{}({step})", i + 1)
+        };
+        s.push_str(&format!(
+            "def @f{i}(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {{ {body} }}\n"
+        ));
+    }
+    s.push_str(main_body);
+    s
+}
+
+/// Scaling (hostile input): a chain of helpers each calling the next inlines only the chain's
+/// tail — a function is inlined while its expanded body has at most `MAX_INLINED_OPS` operators —
+/// instead of copying the whole rest of the chain into every helper (O(N²) nodes).
+#[test]
+fn a_chain_of_helpers_inlines_only_a_bounded_tail() {
+    let n = 600;
+    let src = chain(
+        n,
+        "negative(%x)",
+        "",
+        "def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { @f0(%x) }\n",
+    );
+    let (p, _) = compile(&src);
+    let max = tumble_compile::inline::MAX_INLINED_OPS;
+    // f_i has n - 1 - i operators once expanded: the last max + 1 helpers are inlinable.
+    assert_eq!(p.inlined.len(), max + 1, "{:?}", p.inlined.len());
+    assert!(p.inlined.contains(&format!("f{}", n - 1 - max)));
+    assert!(!p.inlined.contains(&format!("f{}", n - 2 - max)));
+    let nodes: usize = p.blocks.iter().map(|b| b.nodes.len()).sum();
+    assert!(nodes <= n * (max + 1), "{nodes} block nodes");
+}
+
+/// Ghost operators cost a call by its callee's whole chain of blocks, computed callees first in one
+/// pass (was one fixpoint round per link): in a recursion whose one arm runs a chain of 300
+/// helpers, each invoking a `Primitive=1` cell, the other arm is padded to match (the same counts
+/// as the fixpoint gave).
+#[test]
+fn ghosts_cost_a_long_call_chain() {
+    let n = 300;
+    let cell = "def @cell(%h: Tensor[(1, 4), float32], Primitive=1) -> Tensor[(1, 4), float32] { tanh(%h) }\n";
+    let main = "def @loop(%n: int32, %h: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+  if (equal(%n, 0)) {
+    %h
+  } else {
+    let %g = @cell(%h);
+    if (greater(sum(%g), 0f)) {
+      @loop(subtract(%n, 1), @f0(%g))
+    } else {
+      @loop(subtract(%n, 1), %g)
+    }
+  }
+}
+def @main(%n: int32, %x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { @loop(%n, %x) }
+";
+    let (_, r) = compile(&chain(n, "@cell(%x)", cell, main));
+    let in_loop: Vec<&Vec<u32>> = r
+        .ghosts
+        .iter()
+        .filter(|g| g.function == "loop")
+        .map(|g| &g.per_arm)
+        .collect();
+    assert_eq!(in_loop, vec![&vec![0, n as u32]], "{:?}", r.ghosts);
+}
