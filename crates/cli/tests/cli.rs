@@ -691,7 +691,8 @@ fn zero_and_malformed_counts_are_refused() {
 fn a_closed_stdout_ends_every_subcommand_quietly() {
     let model = zoo_model("treelstm_small");
     let inputs = example("treelstm");
-    let commands: [&[&str]; 6] = [
+    let commands: [&[&str]; 7] = [
+        &["data", "nested", "--count", "50", "--seed", "0"],
         &["explain", &model],
         &["check", &model],
         &["fmt", &model],
