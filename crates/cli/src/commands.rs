@@ -6,17 +6,7 @@ use tumble_check::{display_sig, LoadOptions};
 use tumble_ir::{diag, SourceMap};
 
 fn read(path: &Path) -> Result<String, String> {
-    std::fs::read(path)
-        .map_err(|e| format!("error: cannot read {}: {e}", path.display()))
-        .and_then(|bytes| {
-            String::from_utf8(bytes).map_err(|e| {
-                format!(
-                    "error: {} is not UTF-8 text (invalid byte at offset {})",
-                    path.display(),
-                    e.utf8_error().valid_up_to()
-                )
-            })
-        })
+    crate::files::read_source(path).map_err(|e| format!("error: {e}"))
 }
 
 pub fn check(files: &[std::path::PathBuf], quiet: bool, prelude: bool, color: bool) -> ExitCode {

@@ -35,10 +35,10 @@ pub struct ExplainArgs {
 
 pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
     let mut sources = SourceMap::new();
-    let text = match std::fs::read_to_string(&args.model) {
+    let text = match crate::files::read_source(&args.model) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("error: cannot read {}: {e}", args.model.display());
+            eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };

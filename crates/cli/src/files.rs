@@ -67,3 +67,28 @@ pub fn shorten(s: &str) -> String {
         None => s.to_string(),
     }
 }
+
+/// A source file's text; a file that is not UTF-8 is an error naming the line, the column and the
+/// byte offset of the first invalid byte.
+pub fn read_source(path: &Path) -> Result<String, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let before = e.as_bytes().get(..at).unwrap_or(&[]);
+        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+        let line_start = before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |p| p + 1);
+        let column = String::from_utf8_lossy(before.get(line_start..).unwrap_or(&[]))
+            .chars()
+            .count()
+            + 1;
+        format!(
+            "{}:{line}:{column}: the file is not UTF-8 text: invalid byte 0x{:02x} at byte \
+             offset {at}; save it as UTF-8",
+            path.display(),
+            e.as_bytes().get(at).copied().unwrap_or(0)
+        )
+    })
+}

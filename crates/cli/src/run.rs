@@ -277,8 +277,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         writes.push(("the --save-params file", p));
     }
     crate::files::refuse_overwrites(&reads, &writes).map_err(Failure::Message)?;
-    let text = std::fs::read_to_string(&args.model)
-        .map_err(|e| Failure::Message(format!("cannot read {}: {e}", args.model.display())))?;
+    let text = crate::files::read_source(&args.model).map_err(Failure::Message)?;
     let name = args.model.display().to_string();
     let typed = tumble_check::load(sources, &name, &text, LoadOptions::default())
         .map_err(Failure::Diags)?;
@@ -300,6 +299,21 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     let (main_params, ret_ty) = main_signature(&typed, &args.entry)?;
 
     let raw = read_instances_file(&args.inputs)?;
+    if raw.items.is_empty() {
+        return Err(Failure::Message(format!(
+            "{}: no instances (the file is empty, `[]`, or only blank lines): nothing to run; \
+             give one JSON object per line, keyed by @{}'s arguments",
+            args.inputs.display(),
+            args.entry
+        )));
+    }
+    if let Some(item) = raw.items.iter().find(|it| it.json().is_null()) {
+        return Err(Failure::Message(format!(
+            "instance at {} is `null`, not an instance: each instance is a JSON object keyed by \
+             @{}'s arguments (remove the line if it is not meant as one)",
+            item.location, args.entry
+        )));
+    }
     let file = match &args.params {
         Some(p) => {
             let loaded = load_params(p)?;

@@ -716,3 +716,54 @@ fn a_closed_stdout_ends_every_subcommand_quietly() {
         assert_eq!(text(&out.stderr), "", "{args:?}");
     }
 }
+
+/// Messages (hostile input): an instances file with no instances or a `null` line says so; a
+/// source that is not UTF-8 names the line, column and byte offset; a byte-order mark opening a
+/// file is accepted, and one inside it is named (U+FEFF).
+#[test]
+fn empty_inputs_bad_utf8_and_byte_order_marks_are_named() {
+    let model = zoo_model("treelstm_small");
+    for (name, body) in [
+        ("none.jsonl", ""),
+        ("brackets.json", "[]"),
+        ("blank.jsonl", "\n\n"),
+    ] {
+        let f = temp_file(name, body);
+        let out = run_random(&model, &f.display().to_string(), &[]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        assert!(err.contains("no instances"), "{name}: {err}");
+    }
+    let nulls = temp_file("null.jsonl", "null\n");
+    let out = run_random(&model, &nulls.display().to_string(), &[]);
+    assert!(
+        text(&out.stderr).contains("is `null`, not an instance"),
+        "{}",
+        text(&out.stderr)
+    );
+    let src = "def @main(%x: Tensor[(1), float32]) -> Tensor[(1), float32] {\n  %x }\n";
+    let mut bad = src.as_bytes().to_vec();
+    bad.splice(66..66, [0xffu8]);
+    let bad_path = temp_path("bad.rly");
+    std::fs::write(&bad_path, &bad).unwrap_or_else(|e| panic!("{e}"));
+    let column = 66 - src.find('\n').unwrap_or(0);
+    let want = format!(
+        "bad.rly:2:{column}: the file is not UTF-8 text: invalid byte 0xff at byte offset 66"
+    );
+    for cmd in ["check", "explain", "fmt"] {
+        let out = tumble(&[cmd, &bad_path.display().to_string()]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd}: {err}");
+        assert!(err.contains(&want), "{cmd}: {err}");
+    }
+    let bom = temp_file("bom.rly", &format!("\u{feff}{src}"));
+    let out = tumble(&["check", &bom.display().to_string()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let inside = temp_file("bom2.rly", &src.replace("%x }", "\u{feff}%x }"));
+    let out = tumble(&["check", &inside.display().to_string()]);
+    assert!(
+        text(&out.stderr).contains("U+FEFF"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -74,7 +74,8 @@ pub(crate) fn lex(text: &str, src: SourceId) -> (Vec<Token>, Vec<Diagnostic>) {
     let mut lx = Lexer {
         text,
         bytes: text.as_bytes(),
-        pos: 0,
+        // A byte-order mark opening the file (editors on Windows write one) is not program text.
+        pos: if text.starts_with('\u{feff}') { 3 } else { 0 },
         src,
         toks: Vec::new(),
         diags: Vec::new(),
@@ -200,12 +201,15 @@ impl Lexer<'_> {
         while self.pos < self.bytes.len() && !starts_token(self.peek(0)) {
             self.pos += 1;
         }
-        let shown = show(&c.unwrap_or('\u{fffd}').to_string());
-        self.error(
-            lo,
-            lo + len,
-            format!("expected a token, found unknown character `{shown}`"),
-        );
+        let message = if c == Some('\u{feff}') {
+            "expected a token, found a byte-order mark (U+FEFF, invisible in most editors) inside \
+             the file; delete it"
+                .to_string()
+        } else {
+            let shown = show(&c.unwrap_or('\u{fffd}').to_string());
+            format!("expected a token, found unknown character `{shown}`")
+        };
+        self.error(lo, lo + len, message);
         self.push(Tok::Error, lo);
     }
 
