@@ -139,14 +139,18 @@ def @loop(%n: int32, %h: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
 def @main(%n: int32, %h: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { @loop(%n, %h) }
 "#;
     let (_, r) = compile(src);
-    let in_loop: Vec<&Vec<u32>> = r
-        .ghosts
-        .iter()
-        .filter(|g| g.function == "loop")
-        .map(|g| &g.per_arm)
-        .collect();
+    let in_loop = ghosts_in(&r, "loop");
     // The inner conditional is padded; the base case next to the recursive case is not.
     assert_eq!(in_loop, vec![&vec![0, 1]], "{:?}", r.ghosts);
+}
+
+/// The ghost operators added per arm in function `name`'s conditionals.
+fn ghosts_in<'r>(r: &'r StaticReport, name: &str) -> Vec<&'r Vec<u32>> {
+    r.ghosts
+        .iter()
+        .filter(|g| g.function == name)
+        .map(|g| &g.per_arm)
+        .collect()
 }
 
 fn count(code: &Code, pred: &dyn Fn(&Code) -> bool) -> usize {
@@ -283,11 +287,6 @@ fn ghosts_cost_a_long_call_chain() {
 def @main(%n: int32, %x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { @loop(%n, %x) }
 ";
     let (_, r) = compile(&chain(n, "@cell(%x)", cell, main));
-    let in_loop: Vec<&Vec<u32>> = r
-        .ghosts
-        .iter()
-        .filter(|g| g.function == "loop")
-        .map(|g| &g.per_arm)
-        .collect();
+    let in_loop = ghosts_in(&r, "loop");
     assert_eq!(in_loop, vec![&vec![0, n as u32]], "{:?}", r.ghosts);
 }
