@@ -767,3 +767,20 @@ fn empty_inputs_bad_utf8_and_byte_order_marks_are_named() {
         text(&out.stderr)
     );
 }
+
+/// Echoes of user input in messages are cut: an unknown 200,000-character key is named by its
+/// first 80 characters and its length.
+#[test]
+fn long_user_text_is_cut_in_messages() {
+    let key = "k".repeat(200_000);
+    let line = format!("{{\"{key}\": 1, \"tree\": {{\"Rose\": [[1], []]}}}}\n");
+    let f = temp_file("bigkey.jsonl", &line);
+    let out = run_random(&zoo_model("treelstm_small"), &f.display().to_string(), &[]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", err.len());
+    assert!(
+        err.len() < 1_000 && err.contains("(200000 bytes in all)"),
+        "{}",
+        err.len()
+    );
+}

@@ -614,7 +614,8 @@ impl Decoder<'_, '_> {
                 let expected: Vec<&str> = args.iter().map(|(n, _)| n.as_str()).collect();
                 if let Some(k) = m.keys().find(|k| !expected.contains(&k.as_str())) {
                     return self.err(format!(
-                        "unknown key `{k}`; the instances must have the keys: {}",
+                        "unknown key `{}`; the instances must have the keys: {}",
+                        echo(k),
                         expected.join(", ")
                     ));
                 }
@@ -761,8 +762,11 @@ impl Decoder<'_, '_> {
         };
         let Some(c) = self.env.ctor_of(name, args, ctor_name) else {
             let why = match self.env.ctor_adt(ctor_name) {
-                Some(other) => format!("constructor `{ctor_name}` belongs to {other}, not {ty}"),
-                None => format!("unknown constructor `{ctor_name}` for {ty}"),
+                Some(other) => format!(
+                    "constructor `{}` belongs to {other}, not {ty}",
+                    echo(ctor_name)
+                ),
+                None => format!("unknown constructor `{}` for {ty}", echo(ctor_name)),
             };
             return self.err(format!("{why}; expected one of: {}", ctors.join(", ")));
         };
@@ -1076,6 +1080,15 @@ fn integer(n: &serde_json::Number, dtype: &str) -> Result<i64, String> {
         return Err(out_of_range);
     }
     Ok(x as i64)
+}
+
+/// User text quoted in a message, cut to 80 characters (an unknown 50 MB key is not worth printing
+/// whole).
+fn echo(s: &str) -> String {
+    match s.char_indices().nth(80) {
+        Some((at, _)) => format!("{}… ({} bytes in all)", &s[..at], s.len()),
+        None => s.to_string(),
+    }
 }
 
 #[cfg(test)]
