@@ -230,7 +230,6 @@ fn hfuse_groups(block: &Block) -> Vec<Vec<usize>> {
         .collect()
 }
 
-/// Makes the plan of a block, with every plan-level optimization on.
 /// The products [`Stage::MatMul`] runs: an f32 `nn.dense` whose weight is a 2-D `transpose`
 /// (axes `[1, 0]`) of a value or of a `concatenate` along axis 0, each read by nothing else.
 fn direct_matmuls(block: &Block) -> Vec<Stage> {
@@ -297,6 +296,7 @@ fn direct_matmuls(block: &Block) -> Vec<Stage> {
     out
 }
 
+/// Makes the plan of a block, with every plan-level optimization on.
 pub fn plan(block: &Block) -> BlockPlan {
     plan_with(block, PlanOptions::default())
 }
@@ -663,22 +663,7 @@ pub fn run_planned(
             }
         }
         match stage {
-            Stage::Dense(i) => {
-                let t0 = std::time::Instant::now();
-                let r = dense_stage(&ex, *i)?;
-                fstats.dense_time += t0.elapsed();
-                match r {
-                    Some((v, flops)) => {
-                        fstats.dense_stages += 1;
-                        fstats.dense_flops += flops;
-                        ex.vals[*i] = Some(v);
-                    }
-                    None => {
-                        fstats.fallbacks += 1;
-                        ex.run_node(*i, octx, stats)?;
-                    }
-                }
-            }
+            Stage::Dense(i) => run_dense(&mut ex, *i, octx, stats, fstats)?,
             Stage::HDense(ns) => {
                 let t0 = std::time::Instant::now();
                 let r = hdense_stage(&ex, ns)?;
@@ -698,20 +683,7 @@ pub fn run_planned(
                     // Not every weight is shared in this launch: one dense stage per member.
                     None => {
                         for &i in ns {
-                            let t0 = std::time::Instant::now();
-                            let r = dense_stage(&ex, i)?;
-                            fstats.dense_time += t0.elapsed();
-                            match r {
-                                Some((v, flops)) => {
-                                    fstats.dense_stages += 1;
-                                    fstats.dense_flops += flops;
-                                    ex.vals[i] = Some(v);
-                                }
-                                None => {
-                                    fstats.fallbacks += 1;
-                                    ex.run_node(i, octx, stats)?;
-                                }
-                            }
+                            run_dense(&mut ex, i, octx, stats, fstats)?;
                         }
                     }
                 }
@@ -738,17 +710,7 @@ pub fn run_planned(
                         for i in [*concat, Some(*transpose)].into_iter().flatten() {
                             ex.run_node(i, octx, stats)?;
                         }
-                        let t0 = std::time::Instant::now();
-                        let r = dense_stage(&ex, *dense)?;
-                        fstats.dense_time += t0.elapsed();
-                        match r {
-                            Some((v, flops)) => {
-                                fstats.dense_stages += 1;
-                                fstats.dense_flops += flops;
-                                ex.vals[*dense] = Some(v);
-                            }
-                            None => ex.run_node(*dense, octx, stats)?,
-                        }
+                        run_dense(&mut ex, *dense, octx, stats, fstats)?;
                     }
                 }
             }
@@ -801,6 +763,34 @@ pub fn run_planned(
     outs
 }
 
+/// Dense node `i` as a dense stage, or through the batching rules when the launch's operands do
+/// not fit one (counted as a fallback).
+fn run_dense(
+    ex: &mut Exec,
+    i: usize,
+    octx: &mut OpCtx,
+    stats: &mut OpStats,
+    fstats: &mut FusedStats,
+) -> Result<(), String> {
+    let t0 = std::time::Instant::now();
+    let r = dense_stage(ex, i)?;
+    fstats.dense_time += t0.elapsed();
+    match r {
+        Some((v, flops)) => {
+            fstats.dense_stages += 1;
+            fstats.dense_flops += flops;
+            if let Some(slot) = ex.vals.get_mut(i) {
+                *slot = Some(v);
+            }
+            Ok(())
+        }
+        None => {
+            fstats.fallbacks += 1;
+            ex.run_node(i, octx, stats)
+        }
+    }
+}
+
 /// `nn.dense` of batched f32 rows with a shared f32 weight: one product for the whole launch.
 fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
     let node = ex.block.nodes.get(i).ok_or("internal: node")?;
@@ -832,20 +822,10 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
     // Per-invocation weights (MV-RNN's word matrices): a small product per invocation, each
     // weight read where it lies.
     let b = ex.b;
-    let (w_inst, n, k): (Vec<&[f32]>, usize, usize) = match &w {
-        BV::Batched(OpValue::Tensor(w)) => match (w.as_f32(), w.shape()) {
-            (Some(wd), &[wb, n, k]) if wb == b && n * k > 0 => {
-                (wd.chunks_exact(n * k).collect(), n, k)
-            }
-            _ => return Ok(None),
-        },
-        BV::Rows(r) => match (r.f32_parts(), r.shape()) {
-            (Some(parts), &[n, k]) if parts.len() == b => (parts, n, k),
-            _ => return Ok(None),
-        },
-        _ => return Ok(None),
+    let Some((&[n, k], w_inst)) = invocation_parts(&w, b) else {
+        return Ok(None);
     };
-    if w_inst.iter().any(|p| p.len() != n * k) {
+    if n * k == 0 {
         return Ok(None);
     }
     let x = ex.get(av)?;
@@ -914,6 +894,26 @@ fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
     )))
 }
 
+/// Each of `b` invocations' f32 data of value `v`, in place, with the per-invocation shape: a
+/// shared tensor (the same slice for all), a batch (its rows) or row references. `None` for other
+/// dtypes or a batch of another size.
+fn invocation_parts(v: &BV, b: usize) -> Option<(&[usize], Vec<&[f32]>)> {
+    let (shape, parts): (&[usize], Vec<&[f32]>) = match v {
+        BV::Shared(OpValue::Tensor(t)) => (t.shape(), vec![t.as_f32()?; b]),
+        BV::Batched(OpValue::Tensor(t)) => {
+            let (&tb, rest) = t.shape().split_first()?;
+            let len: usize = rest.iter().product();
+            if tb != b || len == 0 {
+                return None;
+            }
+            (rest, t.as_f32()?.chunks_exact(len).collect())
+        }
+        BV::Rows(r) => (r.shape(), r.f32_parts()?),
+        _ => return None,
+    };
+    (parts.len() == b).then_some((shape, parts))
+}
+
 /// [`Stage::MatMul`]: `X · [Y_1; ..]` per invocation with `X` shared, each invocation's `Y` rows
 /// packed where they lie as the GEMM's weight. `None` when the operands are not of that form.
 fn matmul_stage(
@@ -952,28 +952,10 @@ fn matmul_stage(
     let mut parts: Vec<Vec<&[f32]>> = Vec::with_capacity(vals.len());
     let mut rows_total = 0usize;
     for v in &vals {
-        let (shape, per_inst): (&[usize], Vec<&[f32]>) = match v {
-            BV::Shared(OpValue::Tensor(t)) => match t.as_f32() {
-                Some(d) => (t.shape(), vec![d; b]),
-                None => return Ok(None),
-            },
-            BV::Batched(OpValue::Tensor(t)) => match (t.as_f32(), t.shape().split_first()) {
-                (Some(d), Some((&tb, rest))) if tb == b => {
-                    let len: usize = rest.iter().product();
-                    (rest, d.chunks_exact(len.max(1)).collect())
-                }
-                _ => return Ok(None),
-            },
-            BV::Rows(r) => match r.f32_parts() {
-                Some(ps) => (r.shape(), ps),
-                None => return Ok(None),
-            },
-            _ => return Ok(None),
-        };
-        let &[rows, cols] = shape else {
+        let Some((&[rows, cols], per_inst)) = invocation_parts(v, b) else {
             return Ok(None);
         };
-        if per_inst.len() != b || n.is_some_and(|n| n != cols) {
+        if n.is_some_and(|n| n != cols) {
             return Ok(None);
         }
         n = Some(cols);
