@@ -1,5 +1,6 @@
-//! Output files: `-` for standard output, symlinks written through, and no output that would
-//! replace one of the command's own inputs.
+//! Files of a command: `-` for standard output, no output that would replace one of the
+//! command's own inputs (links followed), source text with located UTF-8 errors. (Writing through a
+//! symlink is the atomic writers' own: `tumble_io::through_symlink`.)
 
 use std::path::{Path, PathBuf};
 
@@ -8,27 +9,10 @@ pub fn output_path(flag: Option<&Path>) -> Option<&Path> {
     flag.filter(|p| p.as_os_str() != "-")
 }
 
-/// The file to write for `path`: a symlink's target (writing replaces a file atomically by a
-/// rename, which would otherwise replace the link itself).
-pub fn through_symlink(path: &Path) -> PathBuf {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path)
-            // A link to a file not created yet: its target, relative to the link's folder.
-            .or_else(|_| {
-                std::fs::read_link(path).map(|t| match path.parent() {
-                    Some(dir) if t.is_relative() => dir.join(t),
-                    _ => t,
-                })
-            })
-            .unwrap_or_else(|_| path.to_path_buf()),
-        _ => path.to_path_buf(),
-    }
-}
-
 /// The file a path names, for comparing: its canonical form, or for a file not created yet its
 /// folder's canonical form and its name (links followed either way).
 fn identity(path: &Path) -> Option<PathBuf> {
-    let path = through_symlink(path);
+    let path = tumble_io::through_symlink(path);
     if let Ok(p) = std::fs::canonicalize(&path) {
         return Some(p);
     }
@@ -58,14 +42,6 @@ pub fn refuse_overwrites(reads: &[(&str, &Path)], writes: &[(&str, &Path)]) -> R
         }
     }
     Ok(())
-}
-
-/// User text for a message, cut to 80 characters.
-pub fn shorten(s: &str) -> String {
-    match s.char_indices().nth(80) {
-        Some((at, _)) => format!("{}…", &s[..at]),
-        None => s.to_string(),
-    }
 }
 
 /// A source file's text; a file that is not UTF-8 is an error naming the line, the column and the

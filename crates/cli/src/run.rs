@@ -208,7 +208,7 @@ fn thread_count(flag: Option<usize>) -> Result<usize, Failure> {
         return at_least_one(text.trim()).map_err(|e| {
             Failure::Message(format!(
                 "TUMBLE_NUM_THREADS={}: {e} (unset it to use every core, or give --threads N)",
-                crate::files::shorten(&text)
+                tumble_io::echo(&text)
             ))
         });
     }
@@ -330,7 +330,6 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         eprintln!("warning: {w}");
     }
     if let Some(path) = &args.save_params {
-        let path = &crate::files::through_symlink(path);
         let all: BTreeMap<String, Tensor> = bound
             .args
             .iter()
@@ -488,8 +487,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     }
     match output {
         Some(path) => {
-            let path = crate::files::through_symlink(path);
-            write_jsonl_atomically(&path, lines.into_iter().map(Ok::<String, IoError>))?;
+            write_jsonl_atomically(path, lines.into_iter().map(Ok::<String, IoError>))?;
         }
         None => {
             let mut out = std::io::stdout().lock();

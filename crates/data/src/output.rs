@@ -30,6 +30,20 @@ pub fn write_atomically(
     path: &Path,
     write: impl FnOnce(&mut BufWriter<&File>) -> std::io::Result<()>,
 ) -> Result<(), DataError> {
+    // Through a symlink: its target, also one not created yet (the rename below would replace
+    // the link). This crate may not use tumble-io, whose writer does the same.
+    let target = match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => fs::canonicalize(path)
+            .or_else(|_| {
+                fs::read_link(path).map(|t| match path.parent() {
+                    Some(dir) if t.is_relative() => dir.join(t),
+                    _ => t,
+                })
+            })
+            .unwrap_or_else(|_| path.to_path_buf()),
+        _ => path.to_path_buf(),
+    };
+    let path = target.as_path();
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -95,22 +109,7 @@ where
         Ok(())
     };
     let result = match path {
-        // Through a symlink: its target (the rename would replace the link itself).
-        Some(path) => match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_symlink() => {
-                // (a link to a file not created yet: its target, relative to the link's folder)
-                let target = fs::canonicalize(path)
-                    .or_else(|_| {
-                        fs::read_link(path).map(|t| match path.parent() {
-                            Some(dir) if t.is_relative() => dir.join(t),
-                            _ => t,
-                        })
-                    })
-                    .unwrap_or_else(|_| path.to_path_buf());
-                write_atomically(&target, |w| write_all(w))
-            }
-            _ => write_atomically(path, |w| write_all(w)),
-        },
+        Some(path) => write_atomically(path, |w| write_all(w)),
         None => {
             let stdout = std::io::stdout();
             let mut w = BufWriter::new(stdout.lock());

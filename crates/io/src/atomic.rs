@@ -33,6 +33,9 @@ pub(crate) fn write_atomically(
     what: &str,
     write: impl FnOnce(&mut BufWriter<&File>) -> Result<(), IoError>,
 ) -> Result<(), IoError> {
+    // Through a symlink: its target (the rename below would replace the link).
+    let target = crate::through_symlink(path);
+    let path = target.as_path();
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

@@ -615,7 +615,7 @@ impl Decoder<'_, '_> {
                 if let Some(k) = m.keys().find(|k| !expected.contains(&k.as_str())) {
                     return self.err(format!(
                         "unknown key `{}`; the instances must have the keys: {}",
-                        echo(k),
+                        crate::echo(k),
                         expected.join(", ")
                     ));
                 }
@@ -764,9 +764,9 @@ impl Decoder<'_, '_> {
             let why = match self.env.ctor_adt(ctor_name) {
                 Some(other) => format!(
                     "constructor `{}` belongs to {other}, not {ty}",
-                    echo(ctor_name)
+                    crate::echo(ctor_name)
                 ),
-                None => format!("unknown constructor `{}` for {ty}", echo(ctor_name)),
+                None => format!("unknown constructor `{}` for {ty}", crate::echo(ctor_name)),
             };
             return self.err(format!("{why}; expected one of: {}", ctors.join(", ")));
         };
@@ -1080,15 +1080,6 @@ fn integer(n: &serde_json::Number, dtype: &str) -> Result<i64, String> {
         return Err(out_of_range);
     }
     Ok(x as i64)
-}
-
-/// User text quoted in a message, cut to 80 characters (an unknown 50 MB key is not worth printing
-/// whole).
-fn echo(s: &str) -> String {
-    match s.char_indices().nth(80) {
-        Some((at, _)) => format!("{}… ({} bytes in all)", &s[..at], s.len()),
-        None => s.to_string(),
-    }
 }
 
 #[cfg(test)]
