@@ -648,37 +648,27 @@ impl<'p> Dfg<'p> {
                     n < self.defer_below.get(k.0 as usize).copied().unwrap_or(0)
                         && remaining.get(k).is_some_and(|&r| r > n)
                 };
-                // When every group could wait, the fullest (relative to its threshold) launches.
-                let keep = if groups.iter().all(|(k, ids)| defer(k, ids.len())) {
-                    groups
-                        .iter()
-                        .max_by(|(a, x), (b, y)| {
-                            let fill = |k: &(u32, u64), n: usize| {
-                                n as f64
-                                    / self
-                                        .defer_below
-                                        .get(k.0 as usize)
-                                        .copied()
-                                        .unwrap_or(1)
-                                        .max(1) as f64
-                            };
-                            fill(a, x.len()).total_cmp(&fill(b, y.len()))
-                        })
-                        .map(|(k, _)| *k)
-                } else {
-                    None
-                };
-                {
-                    let deferred: Vec<(u32, u64)> = groups
-                        .iter()
-                        .filter(|(k, ids)| Some(**k) != keep && defer(k, ids.len()))
-                        .map(|(k, _)| *k)
-                        .collect();
-                    for k in deferred {
-                        if let Some(ids) = groups.remove(&k) {
-                            self.profile.deferred += ids.len() as u64;
-                            later.extend(ids);
-                        }
+                let mut waiting: Vec<(u32, u64)> = groups
+                    .iter()
+                    .filter(|(k, ids)| defer(k, ids.len()))
+                    .map(|(k, _)| *k)
+                    .collect();
+                if waiting.len() == groups.len() {
+                    // Every group could wait: the fullest (relative to its threshold) launches.
+                    let fill = |k: &(u32, u64)| {
+                        let below = self.defer_below.get(k.0 as usize).copied().unwrap_or(1);
+                        groups.get(k).map_or(0, Vec::len) as f64 / below.max(1) as f64
+                    };
+                    if let Some(i) = (0..waiting.len())
+                        .max_by(|&a, &b| fill(&waiting[a]).total_cmp(&fill(&waiting[b])))
+                    {
+                        waiting.swap_remove(i);
+                    }
+                }
+                for k in waiting {
+                    if let Some(ids) = groups.remove(&k) {
+                        self.profile.deferred += ids.len() as u64;
+                        later.extend(ids);
                     }
                 }
                 for (k, ids) in &groups {
