@@ -73,7 +73,7 @@ pub fn insert(program: &mut Program) -> Vec<GhostSite> {
     // Callee costs, callees first: a lambda's cost is known once its callees' are; recursive ones
     // stay unknown. (A fixpoint over all lambdas took one round per link of a call chain: O(N²)
     // for N helpers calling each other in turn, 6 s of a 20,000-global program.)
-    cx.summary = summaries(program, &cx);
+    fill_summaries(program, &mut cx);
     let mut found = Vec::new();
     for lambda in &mut program.lambdas {
         let mut sites = Vec::new();
@@ -86,11 +86,9 @@ pub fn insert(program: &mut Program) -> Vec<GhostSite> {
     found
 }
 
-/// Each lambda's cost when called (`None`: it reaches a call of unknown cost, or is recursive), in
-/// one pass over the call graph, callees first, with an explicit stack (a call chain may be 100,000
-/// long). A lambda reached again while its callees are being costed is on a cycle: unknown.
-fn summaries(program: &Program, cx: &Cx) -> Vec<Option<u32>> {
-    let n = program.lambdas.len();
+/// Each lambda's cost when called (`None`: it reaches a call of unknown cost, or is recursive),
+/// callees first in one pass over the call graph.
+fn fill_summaries(program: &Program, cx: &mut Cx) {
     let callees: Vec<Vec<usize>> = program
         .lambdas
         .iter()
@@ -106,56 +104,16 @@ fn summaries(program: &Program, cx: &Cx) -> Vec<Option<u32>> {
             out
         })
         .collect();
-    #[derive(Clone, Copy, PartialEq)]
-    enum State {
-        New,
-        Active,
-        Done,
-    }
-    let mut state = vec![State::New; n];
-    let mut cx = Cx {
-        free: cx.free.clone(),
-        globals: cx.globals.clone(),
-        summary: vec![None; n],
-    };
-    // Lambdas on a cycle, found while the stack holds them.
-    let mut cyclic = vec![false; n];
-    for root in 0..n {
-        if state[root] != State::New {
+    let (order, on_cycle) = crate::callgraph::callees_first(&callees);
+    for l in order {
+        if on_cycle[l] {
             continue;
         }
-        let mut stack: Vec<(usize, bool)> = vec![(root, false)];
-        while let Some((l, expanded)) = stack.pop() {
-            if expanded {
-                state[l] = State::Done;
-                if !cyclic[l] {
-                    if let Some(lambda) = program.lambdas.get(l) {
-                        let c = cost(&lambda.body, &cx);
-                        cx.summary[l] = (!c.open).then_some(c.n);
-                    }
-                }
-                continue;
-            }
-            if state[l] != State::New {
-                continue;
-            }
-            state[l] = State::Active;
-            stack.push((l, true));
-            for &k in callees.get(l).map_or(&[][..], Vec::as_slice) {
-                match state.get(k) {
-                    Some(State::New) => stack.push((k, false)),
-                    Some(State::Active) => {
-                        // A call back into a lambda whose callees are being costed: recursion.
-                        if let Some(c) = cyclic.get_mut(k) {
-                            *c = true;
-                        }
-                    }
-                    _ => {}
-                }
-            }
+        if let Some(lambda) = program.lambdas.get(l) {
+            let c = cost(&lambda.body, cx);
+            cx.summary[l] = (!c.open).then_some(c.n);
         }
     }
-    cx.summary
 }
 
 /// Blocks on scalars run on the host at once (see the runtime's host-scalar rule): no depth.

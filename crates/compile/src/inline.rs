@@ -9,7 +9,7 @@
 //! and a result that are tensors or tuples of tensors. `Primitive=1` functions keep their own
 //! blocks (the user drew that boundary).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use tumble_ir::{Expr, ExprKind, Function, Module, Ty};
 
 use crate::blocks::is_pure_op;
@@ -46,55 +46,41 @@ pub fn inlinable(module: &Module) -> HashMap<String, &Function> {
             bodies.insert(name, body);
         }
     }
-    // Expanded sizes, callees first (an explicit stack: a chain of 100,000 helpers must not
-    // recurse natively). A function on a cycle, calling a function that is not inlinable, or
-    // too large once expanded is not inlinable.
-    let mut size: HashMap<&str, Option<usize>> = HashMap::new();
-    for &root in bodies.keys() {
-        if size.contains_key(root) {
+    // Expanded sizes, callees first. A function on a cycle, calling a function that is not
+    // inlinable, or too large once expanded is not inlinable.
+    let names: Vec<&str> = bodies.keys().copied().collect();
+    let index: HashMap<&str, usize> = names.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let callees: Vec<Vec<usize>> = names
+        .iter()
+        .map(|n| {
+            // A callee that is not straight-line gets an index past the end: never sized.
+            let calls = bodies.get(n).map_or(&[][..], |(_, c)| c.as_slice());
+            calls
+                .iter()
+                .map(|g| index.get(g).copied().unwrap_or(usize::MAX))
+                .collect()
+        })
+        .collect();
+    let (order, on_cycle) = crate::callgraph::callees_first(&callees);
+    let mut size: Vec<Option<usize>> = vec![None; names.len()];
+    for f in order {
+        if on_cycle[f] {
             continue;
         }
-        let mut on_stack: HashSet<&str> = HashSet::new();
-        let mut stack: Vec<(&str, bool)> = vec![(root, false)];
-        while let Some((f, expanded)) = stack.pop() {
-            if expanded {
-                on_stack.remove(f);
-                let total = bodies.get(f).and_then(|(own, callees)| {
-                    callees.iter().try_fold(*own, |acc, g| {
-                        acc.checked_add(size.get(g).copied().flatten()?)
-                    })
-                });
-                size.insert(f, total.filter(|&n| n <= MAX_INLINED_OPS));
-                continue;
-            }
-            if size.contains_key(f) {
-                continue;
-            }
-            if !on_stack.insert(f) {
-                // Reached again while its callees are being sized: a cycle.
-                size.insert(f, None);
-                continue;
-            }
-            stack.push((f, true));
-            if let Some((_, callees)) = bodies.get(f) {
-                for &g in callees {
-                    if !bodies.contains_key(g) {
-                        size.insert(g, None);
-                    } else if on_stack.contains(g) {
-                        // A call back into the function being sized: recursion.
-                        size.insert(g, None);
-                        size.insert(f, None);
-                    } else if !size.contains_key(g) {
-                        stack.push((g, false));
-                    }
-                }
-            }
-        }
+        let own = names
+            .get(f)
+            .and_then(|n| bodies.get(n))
+            .map_or(0, |(own, _)| *own);
+        let total = callees[f].iter().try_fold(own, |acc, &g| {
+            acc.checked_add(size.get(g).copied().flatten()?)
+        });
+        size[f] = total.filter(|&n| n <= MAX_INLINED_OPS);
     }
-    bodies
-        .keys()
-        .filter(|n| size.get(*n).copied().flatten().is_some())
-        .filter_map(|&n| defs.get(n).map(|f| (n.to_string(), *f)))
+    names
+        .iter()
+        .zip(&size)
+        .filter(|(_, s)| s.is_some())
+        .filter_map(|(&n, _)| defs.get(n).map(|f| (n.to_string(), *f)))
         .collect()
 }
 

@@ -8,6 +8,7 @@
 
 mod absint;
 pub mod blocks;
+mod callgraph;
 pub mod dup;
 pub mod ghosts;
 pub mod hoist;
