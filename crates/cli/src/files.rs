@@ -47,7 +47,8 @@ pub fn refuse_overwrites(reads: &[(&str, &Path)], writes: &[(&str, &Path)]) -> R
 /// A source file's text; a file that is not UTF-8 is an error naming the line, the column and the
 /// byte offset of the first invalid byte.
 pub fn read_source(path: &Path) -> Result<String, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let bytes = tumble_limits::read_file(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let before = e.as_bytes().get(..at).unwrap_or(&[]);

@@ -12,8 +12,12 @@ use std::process::ExitCode;
 // touches zeroed ~500 MB of 2 MiB pages per run and, when the kernel had to compact memory for
 // them, stalled the first run of a process by 100-350 ms of system time (the suite's bimodal
 // samples). Packed GEMM weights still ask for huge pages themselves (`tumble_kernels::pack`).
+//
+// Around it, `CountingAlloc` keeps the live heap bytes for the memory budget (`--max-memory`):
+// a thread-local counter per allocation, shared every 256 KiB.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tumble_limits::CountingAlloc<mimalloc::MiMalloc> =
+    tumble_limits::CountingAlloc(mimalloc::MiMalloc);
 
 /// Stack of the threads that do the work (the main work thread and `run`'s mini-batch workers).
 pub(crate) const WORK_STACK_BYTES: usize = 256 << 20;
@@ -35,6 +39,12 @@ struct Cli {
     /// When to color diagnostics.
     #[arg(long, value_enum, default_value_t = Color::Auto, global = true)]
     color: Color,
+    /// Memory budget of the command: tensors, the dataflow graph, pending evaluations and decoded
+    /// input count against it, and a run that would exceed it stops with an error naming what
+    /// grew. A size with an optional unit K, M, G or T (powers of 1024), or `none`. Default: half
+    /// of the machine's memory (or of the container's limit).
+    #[arg(long, global = true, value_name = "SIZE")]
+    max_memory: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -88,6 +98,22 @@ fn is_broken_pipe(payload: &(dyn std::any::Any + Send)) -> bool {
     msg.is_some_and(|m| m.contains("failed printing to stdout") && m.contains("Broken pipe"))
 }
 
+/// Ctrl-C asks the running command to stop at its next safe point (a run, a `tumble data`
+/// write), which then removes what it had half-written; a second Ctrl-C ends the process at once.
+fn watch_interrupts() {
+    use signal_hook::consts::SIGINT;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let flag = Arc::new(AtomicBool::new(false));
+    // Registered first, so the first signal finds the flag still clear and does not exit.
+    let registered =
+        signal_hook::flag::register_conditional_shutdown(SIGINT, 130, Arc::clone(&flag))
+            .and_then(|_| signal_hook::flag::register(SIGINT, Arc::clone(&flag)));
+    if registered.is_ok() {
+        tumble_limits::watch_interrupt(flag);
+    }
+}
+
 fn main() -> ExitCode {
     // A reader that stops early (`| head`) is not an error: the printing thread's panic is silent
     // and the command exits 0, as `run` does when its writes fail.
@@ -98,6 +124,15 @@ fn main() -> ExitCode {
         }
     }));
     let cli = Cli::parse();
+    match cli.max_memory.as_deref().map(tumble_limits::parse_size) {
+        None => tumble_limits::set_limit(tumble_limits::default_limit()),
+        Some(Ok(limit)) => tumble_limits::set_limit(limit),
+        Some(Err(e)) => {
+            eprintln!("error: --max-memory: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    watch_interrupts();
     let color = match cli.color {
         Color::Always => true,
         Color::Never => false,
@@ -130,7 +165,13 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
         });
-    match worker.map(|h| h.join()) {
+    let outcome = worker.map(|h| h.join());
+    if tumble_limits::interrupted() {
+        // The command has stopped at a safe point and written nothing; 128 + SIGINT, as a shell
+        // reports a command ended by Ctrl-C.
+        return ExitCode::from(130);
+    }
+    match outcome {
         Ok(Ok(code)) => code,
         Ok(Err(payload)) if is_broken_pipe(payload.as_ref()) => ExitCode::SUCCESS,
         Ok(Err(_)) => {

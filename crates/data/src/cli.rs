@@ -14,6 +14,9 @@
 //!
 //! Instances are written as JSON Lines (one instance per line), the vocabulary as one word per
 //! line; to `--output FILE` atomically (a temp file renamed into place), else to standard output.
+//! Either way the output streams: each line is made and written before the next, and between
+//! lines an interrupt (Ctrl-C) or an exceeded memory budget stops it; a file is then not written
+//! at all (its temp file is removed) and the error says so ([`crate::output::write_lines`]).
 
 use std::path::{Path, PathBuf};
 

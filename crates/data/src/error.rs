@@ -3,6 +3,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use tumble_limits::Stop;
+
 /// A syntax error in PTB tree text or in a vocabulary file, located by 1-based line and column
 /// (the column counts characters, not bytes).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +50,14 @@ pub enum DataError {
     },
     /// A bad setting or a missing input (the message says which).
     Invalid(String),
+    /// The output stopped early: interrupted (Ctrl-C) or over the memory budget. Nothing was
+    /// written to the output file, if there was one.
+    Stopped {
+        /// Why.
+        stop: Stop,
+        /// The output file as given (None: standard output).
+        path: Option<PathBuf>,
+    },
 }
 
 impl DataError {
@@ -81,6 +91,11 @@ impl fmt::Display for DataError {
             } => write!(f, "{}: {error}", path.display()),
             DataError::Parse { path: None, error } => write!(f, "{error}"),
             DataError::Invalid(msg) => f.write_str(msg),
+            DataError::Stopped {
+                stop: Stop::Interrupted,
+                path: Some(path),
+            } => write!(f, "interrupted; nothing was written to {}", path.display()),
+            DataError::Stopped { stop, .. } => write!(f, "{stop}"),
         }
     }
 }
@@ -90,7 +105,7 @@ impl std::error::Error for DataError {
         match self {
             DataError::Io { source, .. } => Some(source),
             DataError::Parse { error, .. } => Some(error),
-            DataError::Invalid(_) => None,
+            DataError::Invalid(_) | DataError::Stopped { .. } => None,
         }
     }
 }

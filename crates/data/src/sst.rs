@@ -631,7 +631,11 @@ impl Vocab {
     /// Writes a `vocab.txt` file atomically (temp file + rename).
     pub fn write(&self, path: &Path) -> Result<(), DataError> {
         crate::output::write_atomically(path, |w| {
-            std::io::Write::write_all(w, self.to_text().as_bytes())
+            for word in &self.words {
+                w.write_all(word.as_bytes())?;
+                w.write_all(b"\n")?;
+            }
+            Ok(())
         })
     }
 }

@@ -65,6 +65,12 @@ pub trait Backend {
     fn op_args_ready(&mut self, _args: &[Value]) -> Result<bool, RunError> {
         Ok(true)
     }
+
+    /// What this backend holds that grows with the run (e.g. "1,200,000 dataflow nodes not yet
+    /// run"), for the message when a run exceeds its memory budget; empty if nothing.
+    fn growth(&self) -> String {
+        String::new()
+    }
 }
 
 /// How a call to [`Machine::run`] ended.
@@ -101,6 +107,10 @@ impl RunError {
 
 /// Pending calls beyond this are reported as runaway recursion instead of exhausting memory.
 pub const MAX_PENDING: usize = 50_000_000;
+
+/// Steps between two looks at the run limits (memory budget, Ctrl-C): a step costs tens of
+/// nanoseconds, so a runaway is noticed within a fraction of a millisecond of crossing a limit.
+const POLL_EVERY: u32 = 4096;
 
 struct Frame {
     slots: Vec<Option<Value>>,
@@ -162,6 +172,8 @@ pub struct Machine<'p> {
     vals_pool: Vec<Vec<Value>>,
     /// A match's bindings while its arms are tried (kept to reuse the allocation).
     binds: Vec<(u32, Value)>,
+    /// Steps until the next look at the run limits.
+    poll_in: u32,
     pub ctx: InstanceCtx,
 }
 
@@ -190,6 +202,7 @@ impl<'p> Machine<'p> {
             slot_pool: Vec::new(),
             vals_pool: Vec::new(),
             binds: Vec::new(),
+            poll_in: POLL_EVERY,
             ctx,
         }
     }
@@ -208,6 +221,11 @@ impl<'p> Machine<'p> {
             return Err(RunError::new("internal: nothing to run"));
         };
         loop {
+            self.poll_in -= 1;
+            if self.poll_in == 0 {
+                self.poll_in = POLL_EVERY;
+                self.check_limits(backend)?;
+            }
             step = match step {
                 Step::Eval(Code::Phase) => {
                     if self.at_phase {
@@ -242,6 +260,33 @@ impl<'p> Machine<'p> {
                 },
             };
         }
+    }
+
+    /// Stops the run when it was interrupted or is over its memory budget, saying what grew.
+    fn check_limits(&self, backend: &dyn Backend) -> Result<(), RunError> {
+        let Err(stop) = tumble_limits::poll() else {
+            return Ok(());
+        };
+        if stop == tumble_limits::Stop::Interrupted {
+            return Err(RunError::new(stop.to_string()));
+        }
+        let mut held = vec![format!(
+            "{} pending evaluations in this instance",
+            tumble_limits::count_text(self.stack.len())
+        )];
+        let backend_growth = backend.growth();
+        if !backend_growth.is_empty() {
+            held.push(backend_growth);
+        }
+        let hint = if self.stack.len() >= 100_000 {
+            " (a recursion without a base case?)"
+        } else {
+            ""
+        };
+        Err(RunError::new(format!(
+            "{stop}; the run holds {}{hint}",
+            held.join(" and ")
+        )))
     }
 
     fn push(&mut self, k: Kont<'p>) -> Result<(), RunError> {

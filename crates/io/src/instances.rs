@@ -720,6 +720,13 @@ impl Decoder<'_, '_> {
         };
         let mut items = Vec::with_capacity(a.len());
         for (i, j) in a.iter().enumerate() {
+            // A list element is a few hundred bytes of values: a list of millions grows by
+            // gigabytes, so it checks the memory budget as it goes.
+            if i % 4096 == 4095 {
+                if let Err(stop) = tumble_limits::poll() {
+                    return self.err(format!("while decoding element {i} of a list: {stop}"));
+                }
+            }
             self.path.push(Seg::Index(i));
             items.push(self.value(j, elem)?);
             self.path.pop();

@@ -51,7 +51,7 @@ pub fn load_params(path: &Path) -> Result<LoadedParams, IoError> {
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, IoError> {
-    std::fs::read(path).map_err(|e| IoError::file(path, "read the weights file", e))
+    tumble_limits::read_file(path).map_err(|e| IoError::file(path, "read the weights file", e))
 }
 
 fn file_stem(path: &Path) -> String {

@@ -129,6 +129,15 @@ pub fn eval(
     check_attrs(op, attrs).map_err(|(_, message)| KernelError { message })?;
     let tys: Vec<Ty> = args.iter().map(ty_of).collect();
     let want = (op.relation)(&tys, attrs)?;
+    // The output's size is known before the kernel allocates it: a large tensor that would not
+    // fit in the memory budget is refused here, not after the machine has started swapping.
+    // Small ones are left to the executors' polls, which can say what filled the budget.
+    let out_bytes = value_bytes(&want);
+    if out_bytes >= RESERVE_ABOVE {
+        tumble_limits::reserve(out_bytes).map_err(|stop| KernelError {
+            message: format!("{}: {stop}", op.name),
+        })?;
+    }
     let out = (op.kernel)(args, attrs, ctx)?;
     let got = ty_of(&out);
     if got != want {
@@ -138,6 +147,21 @@ pub fn eval(
         )));
     }
     Ok(out)
+}
+
+/// Outputs at least this large are checked against the memory budget before they are allocated.
+pub const RESERVE_ABOVE: usize = 1 << 20;
+
+/// The bytes of the tensors of a value of type `ty` (unknown dims count as 0), saturating.
+pub fn value_bytes(ty: &Ty) -> usize {
+    match ty {
+        Ty::Tensor { shape, dtype } => shape
+            .iter()
+            .map(|d| d.known().map_or(0, |n| usize::try_from(n).unwrap_or(0)))
+            .fold(dtype.size(), usize::saturating_mul),
+        Ty::Tuple(ts) => ts.iter().map(value_bytes).fold(0, usize::saturating_add),
+        _ => 0,
+    }
 }
 
 /// How an operator behaves under fusion (BladeDISC/ACROBAT): decides which kernel stage it joins.

@@ -848,6 +848,33 @@ impl<'p> Dfg<'p> {
     fn launch_batch(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
         let block = self.block(block_id)?;
         let b = ids.len();
+        // Before the launch allocates: at most every node's result for every row (an upper bound:
+        // row programs keep fewer), which must fit in what is left of the memory budget.
+        let launch_bytes = block
+            .nodes
+            .iter()
+            .map(|n| tumble_ops::value_bytes(&n.ty))
+            .fold(0usize, usize::saturating_add)
+            .saturating_mul(b);
+        let span = ids
+            .first()
+            .and_then(|&i| self.nodes.get(i as usize))
+            .map(|n| n.span)
+            .unwrap_or_default();
+        if let Err(stop) = tumble_limits::poll() {
+            return Err(RunError::at(
+                span,
+                format!("{stop}; the run holds {}", self.growth()),
+            ));
+        }
+        if launch_bytes >= tumble_ops::RESERVE_ABOVE {
+            if let Err(stop) = tumble_limits::reserve(launch_bytes) {
+                return Err(RunError::at(
+                    span,
+                    format!("in block {} ({b} invocations): {stop}", block.name),
+                ));
+            }
+        }
         let t0 = Instant::now();
         let mut inputs = Vec::with_capacity(block.inputs.len());
         for i in 0..block.inputs.len() {
@@ -1253,6 +1280,14 @@ impl Backend for Dfg<'_> {
             Value::Tuple(t) => t.0.iter().all(ready),
             other => ready(other),
         }))
+    }
+
+    fn growth(&self) -> String {
+        format!(
+            "{} dataflow nodes recorded ({} not yet run)",
+            tumble_limits::count_text(self.nodes.len()),
+            tumble_limits::count_text(self.pending.len())
+        )
     }
 
     fn condition(&mut self, v: &Value) -> Result<Option<bool>, RunError> {

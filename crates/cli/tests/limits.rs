@@ -1,0 +1,286 @@
+//! The memory budget (`--max-memory`) and Ctrl-C, end to end (issue 25, section 1): each way a
+//! run can grow — the dataflow graph, pending evaluations, a tensor the program builds, decoded
+//! input, a file or stream read whole — stops with an error naming the instance and what grew,
+//! and nothing is written.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn tumble(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args(args)
+        .arg("--color=never")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run tumble: {e}"))
+}
+
+/// A fresh directory for one test's files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tumble-limits-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {dir:?}: {e}"));
+    dir
+}
+
+fn write(dir: &std::path::Path, name: &str, body: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap_or_else(|e| panic!("cannot write {p:?}: {e}"));
+    p.display().to_string()
+}
+
+const X: &str = "{\"x\": [[1, 2, 3, 4]]}\n";
+
+/// Tail recursion without a base case: the batched engine records a node per call and never
+/// flushes, so the dataflow graph is what grows.
+const TAIL: &str = "#[version = \"0.0.5\"]
+def @f(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+  @f(negative(%x))
+}
+def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+  @f(%x)
+}
+";
+
+/// Non-tail recursion without a base case: pending evaluations grow in every engine.
+const NON_TAIL: &str = "#[version = \"0.0.5\"]
+def @f(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+  add(@f(negative(%x)), %x)
+}
+def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+  @f(%x)
+}
+";
+
+fn assert_stopped_without_output(out: &Output, output_file: &std::path::Path, wants: &[&str]) {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for w in wants {
+        assert!(err.contains(w), "wanted {w:?} in: {err}");
+    }
+    assert!(!output_file.exists(), "{output_file:?} was written");
+    assert_eq!(text(&out.stdout), "");
+}
+
+#[test]
+fn a_runaway_recursion_stops_at_the_budget_and_says_what_grew() {
+    let dir = scratch("runaway");
+    let x = write(&dir, "x.jsonl", X);
+    let o = dir.join("out.jsonl");
+    let o_arg = o.display().to_string();
+    let tail = write(&dir, "tail.rly", TAIL);
+    let out = tumble(&[
+        "run",
+        &tail,
+        "--inputs",
+        &x,
+        "--max-memory",
+        "200M",
+        "-o",
+        &o_arg,
+    ]);
+    assert_stopped_without_output(
+        &out,
+        &o,
+        &[
+            "instance at line 1",
+            "memory budget exceeded",
+            "dataflow nodes recorded",
+            "--max-memory",
+        ],
+    );
+    let non_tail = write(&dir, "non_tail.rly", NON_TAIL);
+    for engine in ["batched", "reference"] {
+        let out = tumble(&[
+            "run",
+            &non_tail,
+            "--inputs",
+            &x,
+            "--engine",
+            engine,
+            "--max-memory",
+            "200M",
+            "-o",
+            &o_arg,
+        ]);
+        assert_stopped_without_output(
+            &out,
+            &o,
+            &[
+                "instance at line 1",
+                "memory budget exceeded",
+                "pending evaluations in this instance",
+                "a recursion without a base case?",
+            ],
+        );
+    }
+}
+
+#[test]
+fn a_tensor_larger_than_the_budget_is_refused_before_it_is_allocated() {
+    let dir = scratch("zeros");
+    let x = write(&dir, "x.jsonl", X);
+    let model = write(
+        &dir,
+        "zeros.rly",
+        "#[version = \"0.0.5\"]
+def @main(%x: Tensor[(1, 4), float32]) -> float32 {
+  add(sum(zeros(shape=[100000, 100000], dtype=\"float32\")), sum(%x))
+}
+",
+    );
+    let o = dir.join("out.jsonl");
+    for engine in ["batched", "reference"] {
+        let t = Instant::now();
+        // The default budget (half the machine) is far below 37 GiB too.
+        let out = tumble(&[
+            "run",
+            &model,
+            "--inputs",
+            &x,
+            "--engine",
+            engine,
+            "-o",
+            &o.display().to_string(),
+        ]);
+        assert_stopped_without_output(
+            &out,
+            &o,
+            &["instance at line 1", "needs 37.3 GiB more", "zeros.rly:3:"],
+        );
+        // Refused, not computed: a generous bound that only an allocation of 40 GB would break.
+        assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    }
+}
+
+#[test]
+fn input_too_large_for_the_budget_is_refused_while_it_is_read() {
+    let dir = scratch("input");
+    let model = write(
+        &dir,
+        "list.rly",
+        "#[version = \"0.0.5\"]
+def @main(%xs: List[Tensor[(), int32]]) -> int32 {
+  @sum(%xs)
+}
+",
+    );
+    // 1,000,000 list elements: ~7 MB of text, several hundred MB of values.
+    let mut line = String::from("{\"xs\": [");
+    for i in 0..1_000_000 {
+        if i > 0 {
+            line.push(',');
+        }
+        line.push_str(&(i % 10).to_string());
+    }
+    line.push_str("]}\n");
+    let big = write(&dir, "big.jsonl", &line);
+    let o = dir.join("out.jsonl");
+    let o_arg = o.display().to_string();
+    let out = tumble(&[
+        "run",
+        &model,
+        "--inputs",
+        &big,
+        "--max-memory",
+        "64M",
+        "-o",
+        &o_arg,
+    ]);
+    assert_stopped_without_output(
+        &out,
+        &o,
+        &[
+            "line 1",
+            ".xs",
+            "while decoding element",
+            "memory budget exceeded",
+        ],
+    );
+
+    // An endless stream as the weights, and as the model.
+    let x = write(&dir, "x.jsonl", X);
+    let tail = write(&dir, "tail.rly", TAIL);
+    let out = tumble(&[
+        "run",
+        &tail,
+        "--inputs",
+        &x,
+        "--params",
+        "/dev/zero",
+        "--max-memory",
+        "64M",
+        "-o",
+        &o_arg,
+    ]);
+    assert_stopped_without_output(&out, &o, &["/dev/zero", "read: memory budget exceeded"]);
+    let out = tumble(&["check", "/dev/zero", "--max-memory", "64M"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("read: memory budget exceeded"), "{err}");
+
+    // A regular file larger than the budget is refused by its size, before reading.
+    let huge = write(&dir, "huge.rly", &" ".repeat(3 << 20));
+    let out = tumble(&["check", &huge, "--max-memory", "2M"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("it is 3.0 MiB long"), "{err}");
+}
+
+#[test]
+fn max_memory_values_are_checked() {
+    for bad in ["lots", "0", "-5G", "12 parsecs"] {
+        let flag = format!("--max-memory={bad}");
+        let out = tumble(&["check", &flag, "/nonexistent.rly"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("--max-memory"), "{bad}: {err}");
+    }
+    let dir = scratch("sizes");
+    let tail = write(&dir, "ok.rly", NON_TAIL);
+    for good in ["1G", "512M", "1.5GiB", "none"] {
+        let out = tumble(&["check", "--max-memory", good, &tail]);
+        assert!(out.status.success(), "{good}: {}", text(&out.stderr));
+    }
+}
+
+#[test]
+fn ctrl_c_stops_a_run_with_status_130_and_writes_nothing() {
+    let dir = scratch("sigint");
+    let x = write(&dir, "x.jsonl", X);
+    let tail = write(&dir, "tail.rly", TAIL);
+    let o = dir.join("out.jsonl");
+    // The reference engine runs the tail recursion forever in constant memory: only Ctrl-C ends it.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args(["run", &tail, "--inputs", &x, "--engine", "reference", "-o"])
+        .arg(&o)
+        .arg("--color=never")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run tumble: {e}"));
+    std::thread::sleep(Duration::from_millis(1500));
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    if !matches!(killed, Ok(s) if s.success()) {
+        let _ = child.kill();
+        panic!("cannot send SIGINT: {killed:?}");
+    }
+    let t = Instant::now();
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("cannot wait for tumble: {e}"));
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("interrupted"));
+    assert!(!o.exists());
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert_eq!(leftovers.len(), 2, "{leftovers:?}");
+}

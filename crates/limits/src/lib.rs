@@ -1,0 +1,403 @@
+//! Run limits shared by every layer of tumble: a memory budget and cancellation.
+//!
+//! **Memory.** A binary installs [`CountingAlloc`] around its global allocator; it keeps the
+//! number of live heap bytes (tensors, the dataflow graph, the interpreter's pending evaluations,
+//! decoded input: everything). Allocation never fails on the budget — a global allocator that
+//! returns null aborts the process — so the places where a run grows ask instead, cheaply and
+//! often enough to stop within a fraction of a second of crossing the limit:
+//! - an operator about to allocate its output checks the output's size first ([`reserve`]),
+//!   so `zeros(shape=[100000, 100000])` is refused before a byte is allocated;
+//! - the interpreter polls [`poll`] every few thousand steps (a recursion without a base case,
+//!   a dataflow graph that only grows);
+//! - input readers check a file's size before reading it and poll while decoding.
+//!
+//! Without the counting allocator (a library user's own allocator) only the [`reserve`] checks
+//! apply, against the bytes the caller asks for.
+//!
+//! **Cancellation.** [`interrupt`] (a SIGINT handler calls it) makes the next [`poll`] fail, so a
+//! run stops at its next safe point and writes nothing.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Live heap bytes, summed over threads (each thread adds its changes in steps of [`FLUSH`]).
+static USED: AtomicIsize = AtomicIsize::new(0);
+/// The budget in bytes; 0 is no limit.
+static LIMIT: AtomicUsize = AtomicUsize::new(0);
+/// Set once the counting allocator has counted something: `in_use` means something.
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+static WATCHED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+
+/// A thread's allocations reach the shared counter in steps of this many bytes, so that the
+/// allocator's fast path touches only a thread-local cell (an atomic per allocation cost the
+/// interpreter several percent).
+const FLUSH: isize = 256 << 10;
+
+thread_local! {
+    static DELTA: Cell<isize> = const { Cell::new(0) };
+}
+
+fn count(bytes: isize) {
+    let pending = DELTA.try_with(|d| {
+        let v = d.get() + bytes;
+        if v.abs() >= FLUSH {
+            d.set(0);
+            v
+        } else {
+            d.set(v);
+            0
+        }
+    });
+    let flush = pending.unwrap_or(bytes);
+    if flush != 0 {
+        USED.fetch_add(flush, Ordering::Relaxed);
+        if !COUNTING.load(Ordering::Relaxed) {
+            COUNTING.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A global allocator that counts live bytes for the memory budget and otherwise is `A`.
+pub struct CountingAlloc<A>(pub A);
+
+// SAFETY: every method forwards to the inner allocator with the caller's arguments unchanged and
+// only adds bookkeeping on the side; the contract of `GlobalAlloc` is the inner allocator's.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for CountingAlloc<A> {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is (see the impl).
+        let p = unsafe { self.0.alloc(layout) };
+        if !p.is_null() {
+            count(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is (see the impl).
+        let p = unsafe { self.0.alloc_zeroed(layout) };
+        if !p.is_null() {
+            count(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded as is (see the impl).
+        unsafe { self.0.dealloc(ptr, layout) };
+        count(-(layout.size() as isize));
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded as is (see the impl).
+        let p = unsafe { self.0.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            count(new_size as isize - layout.size() as isize);
+        }
+        p
+    }
+}
+
+/// Live heap bytes as the counting allocator sees them (0 without it); accurate to within
+/// 256 KiB per thread.
+pub fn in_use() -> usize {
+    let own = DELTA.try_with(Cell::get).unwrap_or(0);
+    (USED.load(Ordering::Relaxed) + own).max(0) as usize
+}
+
+/// Whether a counting allocator is installed and has counted.
+pub fn counting() -> bool {
+    COUNTING.load(Ordering::Relaxed)
+}
+
+/// Sets the budget (`None`: no limit).
+pub fn set_limit(bytes: Option<usize>) {
+    LIMIT.store(bytes.unwrap_or(0), Ordering::Relaxed);
+}
+
+/// The budget in bytes, if any.
+pub fn limit() -> Option<usize> {
+    match LIMIT.load(Ordering::Relaxed) {
+        0 => None,
+        n => Some(n),
+    }
+}
+
+/// Why a run must stop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The memory budget is (or would be) exceeded.
+    Memory {
+        /// Bytes in use when it was noticed.
+        in_use: usize,
+        /// Bytes about to be allocated (0 when noticed by polling).
+        more: usize,
+        limit: usize,
+    },
+    /// The run was interrupted (Ctrl-C).
+    Interrupted,
+}
+
+impl fmt::Display for Stop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stop::Memory {
+                in_use,
+                more: 0,
+                limit,
+            } => write!(
+                f,
+                "memory budget exceeded: {} in use, the limit is {} (raise it with --max-memory)",
+                bytes_text(*in_use),
+                bytes_text(*limit)
+            ),
+            Stop::Memory {
+                in_use,
+                more,
+                limit,
+            } => write!(
+                f,
+                "memory budget exceeded: this needs {} more with {} in use, the limit is {} (raise it with --max-memory)",
+                bytes_text(*more),
+                bytes_text(*in_use),
+                bytes_text(*limit)
+            ),
+            Stop::Interrupted => write!(f, "interrupted"),
+        }
+    }
+}
+
+/// Checks that `more` bytes can be allocated within the budget, before allocating them.
+pub fn reserve(more: usize) -> Result<(), Stop> {
+    let Some(limit) = limit() else {
+        return Ok(());
+    };
+    let in_use = in_use();
+    if in_use.saturating_add(more) > limit {
+        return Err(Stop::Memory {
+            in_use,
+            more,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+/// Whether the run must stop now: interrupted, or over its memory budget.
+pub fn poll() -> Result<(), Stop> {
+    if interrupted() {
+        return Err(Stop::Interrupted);
+    }
+    reserve(0)
+}
+
+/// Asks every running computation to stop at its next [`poll`].
+pub fn interrupt() {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// A flag that a signal handler sets (the CLI's SIGINT handler): once set, the run is interrupted.
+pub fn watch_interrupt(flag: Arc<AtomicBool>) {
+    // A second call keeps the first flag: there is one handler per process.
+    let _ = WATCHED.set(flag);
+}
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed) || WATCHED.get().is_some_and(|f| f.load(Ordering::Relaxed))
+}
+
+/// Reads a whole file within the memory budget: a regular file's size is checked before reading
+/// it; a stream (a pipe, `/dev/random`) is read in chunks, each checked before it is read, so an
+/// endless one stops at the budget instead of growing until the machine kills the process.
+pub fn read_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    if meta.is_dir() {
+        return Err(std::io::Error::other("it is a directory"));
+    }
+    let mut out = Vec::new();
+    if meta.is_file() {
+        let len = usize::try_from(meta.len()).unwrap_or(usize::MAX);
+        reserve(len).map_err(|stop| {
+            std::io::Error::other(format!("it is {} long: {stop}", bytes_text(len)))
+        })?;
+        out.reserve_exact(len);
+    }
+    const CHUNK: usize = 1 << 20;
+    loop {
+        poll().and_then(|()| reserve(CHUNK)).map_err(|stop| {
+            std::io::Error::other(format!("after {} read: {stop}", bytes_text(out.len())))
+        })?;
+        let before = out.len();
+        let n = (&mut file).take(CHUNK as u64).read_to_end(&mut out)?;
+        if n == 0 {
+            out.truncate(before);
+            return Ok(out);
+        }
+    }
+}
+
+/// `14678698` → "14,678,698", for counts in limit messages.
+pub fn count_text(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `1536` → "1.5 KiB", in binary units.
+pub fn bytes_text(n: usize) -> String {
+    const UNITS: [&str; 6] = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} bytes")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Parses a size: a number of bytes with an optional binary unit — `K`, `M`, `G`, `T` (or
+/// `KiB`, `MB`, …: all mean powers of 1024) — e.g. `512M`, `1.5G`, `4GiB`, `1000000`; `none` or
+/// `unlimited` is no limit.
+pub fn parse_size(text: &str) -> Result<Option<usize>, String> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("none") || t.eq_ignore_ascii_case("unlimited") {
+        return Ok(None);
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let unit = unit.trim().to_ascii_lowercase();
+    let shift = match unit.as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => {
+            return Err(format!(
+                "`{}` is not a size: use a number with an optional unit K, M, G or T (e.g. 512M, 4G), or `none`",
+                echo(text)
+            ))
+        }
+    };
+    let value: f64 = number.parse().map_err(|_| {
+        format!(
+            "`{}` is not a size: use a number with an optional unit K, M, G or T (e.g. 512M, 4G), or `none`",
+            echo(text)
+        )
+    })?;
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes >= usize::MAX as f64 {
+        return Err(format!("`{}` is too large", echo(text)));
+    }
+    if bytes < 1.0 {
+        return Err(format!(
+            "`{}` is no memory at all; give a positive size or `none`",
+            echo(text)
+        ));
+    }
+    Ok(Some(bytes as usize))
+}
+
+/// User text quoted in a message: its first 40 characters.
+fn echo(text: &str) -> String {
+    let mut s: String = text.chars().take(40).collect();
+    if s.len() < text.len() {
+        s.push('…');
+    }
+    s
+}
+
+/// The default budget: half of the machine's memory, or of the control group's limit where that
+/// is smaller (a container); `None` where neither can be read.
+pub fn default_limit() -> Option<usize> {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+            })
+            .map(|kib| kib.saturating_mul(1024))
+    });
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok());
+    let machine = match (total, cgroup) {
+        (Some(t), Some(c)) => t.min(c),
+        (t, c) => t.or(c)?,
+    };
+    Some(machine / 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_units() {
+        assert_eq!(parse_size("1000"), Ok(Some(1000)));
+        assert_eq!(parse_size("512M"), Ok(Some(512 << 20)));
+        assert_eq!(parse_size("4GiB"), Ok(Some(4 << 30)));
+        assert_eq!(parse_size("1.5g"), Ok(Some(3 << 29)));
+        assert_eq!(parse_size(" 2 kb "), Ok(Some(2048)));
+        assert_eq!(parse_size("none"), Ok(None));
+        assert_eq!(parse_size("Unlimited"), Ok(None));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("12 parsecs").unwrap_err().contains("not a size"));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("1e400G").is_err());
+        assert!(parse_size("99999999999T")
+            .unwrap_err()
+            .contains("too large"));
+    }
+
+    #[test]
+    fn byte_counts_read_in_binary_units() {
+        assert_eq!(bytes_text(100), "100 bytes");
+        assert_eq!(bytes_text(1536), "1.5 KiB");
+        assert_eq!(bytes_text(12 << 30), "12.0 GiB");
+        assert_eq!(count_text(0), "0");
+        assert_eq!(count_text(999), "999");
+        assert_eq!(count_text(1000), "1,000");
+        assert_eq!(count_text(14678698), "14,678,698");
+    }
+
+    #[test]
+    fn a_reservation_past_the_limit_is_refused_and_says_so() {
+        // No counting allocator in this test binary: only the reservation counts.
+        set_limit(Some(1 << 20));
+        assert!(reserve(1 << 10).is_ok());
+        let stop = reserve(2 << 20).unwrap_err();
+        assert!(matches!(stop, Stop::Memory { more, .. } if more == 2 << 20));
+        assert!(stop.to_string().contains("--max-memory"), "{stop}");
+        set_limit(None);
+        assert!(reserve(usize::MAX).is_ok());
+    }
+
+    #[test]
+    fn the_default_is_half_the_machine() {
+        if let Some(d) = default_limit() {
+            assert!(d > 0);
+        }
+    }
+}
