@@ -784,3 +784,35 @@ fn long_user_text_is_cut_in_messages() {
         err.len()
     );
 }
+
+/// Messages (hostile input): an error on a line of megabytes shows a window around the location,
+/// not the line; `expand_dims` with a huge `num_newaxis` says what the bound is.
+#[test]
+fn long_source_lines_are_windowed_and_bad_attributes_say_their_bound() {
+    let long = temp_file(
+        "long_line.rly",
+        &format!(
+            "#[version = \"0.0.5\"]\ndef @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {{ {}%x $ }}\n",
+            " ".repeat(2_600_000)
+        ),
+    );
+    let out = tumble(&["check", &long.display().to_string()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", &err[..err.len().min(500)]);
+    assert!(err.len() < 2_000, "{} bytes of stderr", err.len());
+    assert!(err.contains("long_line.rly:2:2600072"), "{err}");
+    assert!(err.contains("%x $ }"), "{err}");
+    assert!(err.contains("line 2 is 2600075 bytes long"), "{err}");
+
+    let expand = temp_file(
+        "expand.rly",
+        "#[version = \"0.0.5\"]\ndef @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {\n  let %y = expand_dims(%x, axis=0, num_newaxis=100000000);\n  %x\n}\n",
+    );
+    let out = tumble(&["check", &expand.display().to_string()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("num_newaxis must be between 0 and 65536"),
+        "{err}"
+    );
+}

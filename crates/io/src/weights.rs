@@ -231,15 +231,22 @@ fn check_safetensors_header(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
                  {UNSUPPORTED_HINT}"
             )));
         };
-        let shape: Vec<usize> = info
+        let dims = info
             .get("shape")
             .and_then(|s| s.as_array())
-            .and_then(|s| {
-                s.iter()
-                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
-                    .collect()
-            })
             .ok_or_else(|| bad("the header gives no `shape` list of sizes"))?;
+        let mut shape: Vec<usize> = Vec::with_capacity(dims.len());
+        for (i, d) in dims.iter().enumerate() {
+            match d.as_u64().and_then(|d| usize::try_from(d).ok()) {
+                Some(n) => shape.push(n),
+                None => {
+                    let shown: String = d.to_string().chars().take(40).collect();
+                    return Err(bad(&format!(
+                        "dimension {i} of its `shape` is {shown}, not a size (a non-negative integer)"
+                    )));
+                }
+            }
+        }
         let offsets: Vec<usize> = info
             .get("data_offsets")
             .and_then(|s| s.as_array())

@@ -126,6 +126,16 @@ fn corrupt_headers() {
         "weights file `w.safetensors`: tensor `x` ends at byte 16 of the data section, but the \
          file has only 8 data bytes; the file is truncated"
     );
+    // A negative or fractional dimension.
+    let h = r#"{"x":{"dtype":"F32","shape":[-2,4],"data_offsets":[0,32]}}"#;
+    assert_eq!(
+        msg(parse_safetensors(p, &with_header(h, &[0; 32]))),
+        "weights file `w.safetensors`: tensor `x`: dimension 0 of its `shape` is -2, not a size \
+         (a non-negative integer); the file is corrupt"
+    );
+    let h = r#"{"x":{"dtype":"F32","shape":[4,1.5],"data_offsets":[0,32]}}"#;
+    assert!(msg(parse_safetensors(p, &with_header(h, &[0; 32])))
+        .contains("dimension 1 of its `shape` is 1.5, not a size"));
     // Offsets that disagree with the shape.
     let h = r#"{"x":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}}"#;
     assert_eq!(

@@ -106,6 +106,10 @@ pub fn render(diags: &[Diagnostic], sources: &SourceMap, color: bool) -> String 
     let config = term::Config::default();
     let mut out = String::new();
     for d in diags {
+        if let Some(text) = render_long_line(d, sources) {
+            out.push_str(&text);
+            continue;
+        }
         let cd = to_codespan(d);
         let res = if color {
             let mut buf = Vec::new();
@@ -123,6 +127,105 @@ pub fn render(diags: &[Diagnostic], sources: &SourceMap, color: bool) -> String 
         }
     }
     out
+}
+
+/// Source lines longer than this are shown as a window around the location, not whole: a
+/// generated or minified source can have a line of megabytes, and a message must stay readable.
+pub const MAX_EXCERPT_LINE: usize = 300;
+
+/// Characters of a long line shown on each side of the location.
+const WINDOW: usize = 60;
+
+/// The rendering of a diagnostic one of whose labels sits on a line longer than
+/// [`MAX_EXCERPT_LINE`] bytes: the primary location's line cut to a window around it, with a
+/// caret, then the other labels and notes as text; `None` when every labelled line is short.
+fn render_long_line(d: &Diagnostic, sources: &SourceMap) -> Option<String> {
+    let line_of = |span: Span| {
+        let file = sources.get(span.src)?;
+        let starts = file.line_starts();
+        let lo = (span.lo as usize).min(file.text.len());
+        let line = match starts.binary_search(&lo) {
+            Ok(i) => i,
+            Err(i) => i.saturating_sub(1),
+        };
+        let start = *starts.get(line)?;
+        let end = starts.get(line + 1).copied().unwrap_or(file.text.len());
+        Some((file, line, start, end, lo))
+    };
+    let long = d.labels.iter().any(|l| {
+        line_of(l.span).is_some_and(|(_, _, start, end, _)| end - start > MAX_EXCERPT_LINE)
+    });
+    if !long {
+        return None;
+    }
+    let sev = match d.severity {
+        Severity::Error => "error",
+        Severity::Warning => "warning",
+    };
+    let mut out = format!("{sev}: {}\n", d.message);
+    let primary = d.labels.iter().find(|l| l.primary).or(d.labels.first());
+    if let Some(label) = primary {
+        if let Some((file, line, start, end, lo)) = line_of(label.span) {
+            let text = file
+                .text
+                .get(start..end)
+                .unwrap_or("")
+                .trim_end_matches(['\n', '\r']);
+            let before: Vec<char> = text.get(..lo - start).unwrap_or("").chars().collect();
+            let after: Vec<char> = text.get(lo - start..).unwrap_or("").chars().collect();
+            let col = before.len() + 1;
+            let shown_before = before.len().min(WINDOW);
+            let cut_before = shown_before < before.len();
+            let cut_after = after.len() > WINDOW;
+            let mut excerpt = String::new();
+            if cut_before {
+                excerpt.push('…');
+            }
+            excerpt.extend(&before[before.len() - shown_before..]);
+            excerpt.extend(after.iter().take(WINDOW));
+            if cut_after {
+                excerpt.push('…');
+            }
+            let lineno = (line + 1).to_string();
+            let pad = " ".repeat(lineno.len());
+            let span_chars = file
+                .text
+                .get(lo..(label.span.hi as usize).min(end).max(lo))
+                .map_or(1, |s| s.chars().count())
+                .clamp(1, WINDOW);
+            let caret_at = shown_before + usize::from(cut_before);
+            out.push_str(&format!("{pad} ┌─ {}:{}:{col}\n", file.name, line + 1));
+            out.push_str(&format!("{pad} │\n"));
+            out.push_str(&format!("{lineno} │ {excerpt}\n"));
+            out.push_str(&format!(
+                "{pad} │ {}{} {}\n",
+                " ".repeat(caret_at),
+                "^".repeat(span_chars),
+                label.message
+            ));
+            out.push_str(&format!(
+                "{pad} = line {} is {} bytes long; shown from column {} to {}\n",
+                line + 1,
+                end - start,
+                col - shown_before,
+                col + after.len().min(WINDOW) - 1
+            ));
+        }
+    }
+    for l in &d.labels {
+        if primary.is_some_and(|p| std::ptr::eq(p, l)) {
+            continue;
+        }
+        if let Some(file) = sources.get(l.span.src) {
+            let (line, col) = file.line_col(l.span.lo as usize);
+            out.push_str(&format!(" = {}:{line}:{col}: {}\n", file.name, l.message));
+        }
+    }
+    for n in &d.notes {
+        out.push_str(&format!(" = {n}\n"));
+    }
+    out.push('\n');
+    Some(out)
 }
 
 fn to_codespan(d: &Diagnostic) -> cs::Diagnostic<SourceId> {
@@ -204,5 +307,38 @@ mod tests {
         let r = render(&[d], &sm, false);
         assert!(r.contains("m.rly:2:3"), "{r}");
         assert!(r.contains("^^^ not in the operator table"), "{r}");
+    }
+
+    #[test]
+    fn a_long_line_is_shown_as_a_window_around_the_location() {
+        let mut sm = SourceMap::new();
+        let text = format!(
+            "def @f() {{\n  {}foo(1){}\n}}\n",
+            " é".repeat(100_000),
+            "x".repeat(500)
+        );
+        let lo = text.find("foo").unwrap_or(0) as u32;
+        let id = sm.add("m.rly", text);
+        let d = Diagnostic::error(Span::new(id, lo, lo + 3), "unknown operator `foo`")
+            .with_label("not in the operator table")
+            .with_note("a note");
+        let r = render(std::slice::from_ref(&d), &sm, false);
+        assert!(r.len() < 1000, "{} bytes: {}", r.len(), &r[..200]);
+        assert!(r.contains("m.rly:2:200003"), "{r}");
+        assert!(r.contains("… é é"), "{r}");
+        assert!(r.contains("foo(1)xxx"), "{r}");
+        assert!(r.contains("^^^ not in the operator table"), "{r}");
+        assert!(r.contains("line 2 is 300509 bytes long"), "{r}");
+        assert!(r.contains("= a note"), "{r}");
+        // The caret sits under the location.
+        let lines: Vec<&str> = r.lines().collect();
+        let (src, caret) = (lines[3], lines[4]);
+        let at = caret.chars().position(|c| c == '^').unwrap_or(0);
+        let under: String = src.chars().skip(at).take(3).collect();
+        assert_eq!(under, "foo", "{r}");
+        assert_eq!(
+            d.short(&sm),
+            "m.rly:2:200003: error: unknown operator `foo`"
+        );
     }
 }

@@ -1007,7 +1007,7 @@ fn expand_dims_and_squeeze() {
         "expand_dims",
         &[x],
         &[("axis", I(0)), ("num_newaxis", I(-1))],
-        "num_newaxis must be a non-negative count",
+        "num_newaxis must be between 0 and 65536",
     );
 
     let y = f32t(&[1, 3, 1, A]);

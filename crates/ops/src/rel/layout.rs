@@ -403,7 +403,8 @@ pub fn expand_dims(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let num = c.int_or("num_newaxis", 1)?;
     if !(0..=1 << 16).contains(&num) {
         return Err(c.err(format!(
-            "num_newaxis must be a non-negative count, found {num}"
+            "num_newaxis must be between 0 and {} (the new axes of one call), found {num}",
+            1 << 16
         )));
     }
     let at = super::normalize_axis(axis, x.rank() + 1).ok_or_else(|| {
