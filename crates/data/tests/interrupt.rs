@@ -3,42 +3,12 @@
 //! is process-wide and sticky, so this file is its own process and its one test runs the cases
 //! in order: before the interrupt, then after it.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::{names, run_args, scratch};
 
-use clap::Parser;
-use tumble_data::cli::{run, DataArgs};
 use tumble_data::output::write_lines;
 use tumble_data::DataError;
 use tumble_limits::Stop;
-
-#[derive(Parser)]
-#[command(name = "tumble data")]
-struct Data {
-    #[command(flatten)]
-    args: DataArgs,
-}
-
-fn run_args(args: &[&str]) -> Result<(), String> {
-    let data = Data::try_parse_from(std::iter::once("tumble data").chain(args.iter().copied()))
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    run(&data.args)
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tumble-data-int-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
 
 #[test]
 fn interrupted_writes_leave_nothing() {
@@ -48,7 +18,7 @@ fn interrupted_writes_leave_nothing() {
 }
 
 fn an_interrupt_mid_write_leaves_no_file_and_no_temp_file() {
-    let dir = scratch("mid");
+    let dir = scratch("int", "mid");
     let out = dir.join("out.jsonl");
     // Ctrl-C arrives while line 5 of 1000 is being made; the lines so far (large enough to
     // have reached the temp file) are thrown away.
@@ -78,7 +48,7 @@ fn an_interrupt_mid_write_leaves_no_file_and_no_temp_file() {
 
 fn once_interrupted_data_commands_write_nothing() {
     assert!(tumble_limits::interrupted());
-    let dir = scratch("cli");
+    let dir = scratch("int", "cli");
     let out = dir.join("out.jsonl");
     let out_s = out.to_str().unwrap();
     for args in [

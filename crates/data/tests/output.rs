@@ -3,47 +3,15 @@
 //! temp file behind. (Interrupts and the memory budget are process-wide: their tests are in
 //! `interrupt.rs` and `memory_budget.rs`, each its own process.)
 
+mod common;
+use common::{names, run_args, scratch};
 use std::cell::Cell;
-use std::path::{Path, PathBuf};
 
-use clap::Parser;
-use tumble_data::cli::{run, DataArgs};
 use tumble_data::gen::{
     berxit_many, drnn_many, nested_many, BerxitConfig, DrnnConfig, NestedConfig,
 };
 use tumble_data::output::{write_atomically, write_lines, AtomicFile};
 use tumble_data::DataError;
-
-#[derive(Parser)]
-#[command(name = "tumble data")]
-struct Data {
-    #[command(flatten)]
-    args: DataArgs,
-}
-
-fn run_args(args: &[&str]) -> Result<(), String> {
-    let data = Data::try_parse_from(std::iter::once("tumble data").chain(args.iter().copied()))
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    run(&data.args)
-}
-
-/// A fresh, empty directory for one test.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tumble-data-out-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// The names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
 
 /// What the output was before it streamed: every line made, joined, then written.
 fn in_memory(lines: &[String]) -> String {
@@ -57,7 +25,7 @@ fn in_memory(lines: &[String]) -> String {
 
 #[test]
 fn streamed_generator_output_is_the_in_memory_encoding() {
-    let dir = scratch("same");
+    let dir = scratch("out", "same");
     let out = dir.join("out.jsonl");
     let out_s = out.to_str().unwrap();
 
@@ -88,7 +56,7 @@ fn streamed_generator_output_is_the_in_memory_encoding() {
 
 #[test]
 fn lines_reach_the_temp_file_while_later_ones_are_still_to_be_made() {
-    let dir = scratch("stream");
+    let dir = scratch("out", "stream");
     let out = dir.join("big.jsonl");
     // Lines larger than the writer's buffer: each one is on disk before the next is made.
     let line = format!("{{\"pad\": \"{}\"}}", "x".repeat(64 << 10));
@@ -119,7 +87,7 @@ fn lines_reach_the_temp_file_while_later_ones_are_still_to_be_made() {
 
 #[test]
 fn an_error_mid_way_removes_the_temp_file_and_keeps_the_target() {
-    let dir = scratch("err");
+    let dir = scratch("out", "err");
     let out = dir.join("out.jsonl");
     let lines = |fail_at: usize| {
         (0..10).map(move |i| {
@@ -165,7 +133,7 @@ fn an_error_mid_way_removes_the_temp_file_and_keeps_the_target() {
 #[test]
 fn an_atomic_file_dropped_uncommitted_leaves_nothing() {
     use std::io::Write;
-    let dir = scratch("drop");
+    let dir = scratch("out", "drop");
     let out = dir.join("x.jsonl");
     {
         let mut f = AtomicFile::create(&out).unwrap();
@@ -185,7 +153,7 @@ fn an_atomic_file_dropped_uncommitted_leaves_nothing() {
 #[cfg(unix)]
 #[test]
 fn through_a_symlink_the_target_is_written_and_the_link_kept() {
-    let dir = scratch("link");
+    let dir = scratch("out", "link");
     let real = dir.join("real.jsonl");
     let link = dir.join("link.jsonl");
     std::os::unix::fs::symlink("real.jsonl", &link).unwrap();
