@@ -360,7 +360,19 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     let run_error = |i: usize, e: tumble_interp::RunError| {
         let message = format!("{}: {}", location(i), e.message);
         match e.span {
-            Some(span) => Failure::Diags(vec![Diagnostic::error(span, message)]),
+            Some(span) => {
+                let mut d = Diagnostic::error(span, message);
+                for (k, site) in e.trace.iter().enumerate().filter(|(_, s)| **s != span) {
+                    d = d.with_secondary(*site, format!("called from here ({})", k + 1));
+                }
+                if e.trace.len() == tumble_interp::machine::MAX_TRACE {
+                    d = d.with_note(format!(
+                        "only the {} innermost calls are shown",
+                        tumble_interp::machine::MAX_TRACE
+                    ));
+                }
+                Failure::Diags(vec![d])
+            }
             None => Failure::Message(message),
         }
     };

@@ -816,3 +816,45 @@ fn long_source_lines_are_windowed_and_bad_attributes_say_their_bound() {
         "{err}"
     );
 }
+
+/// Messages: a failure inside a prelude function names the calls that led there in the user's
+/// program, innermost first, on both engines.
+#[test]
+fn a_failure_inside_the_prelude_names_the_users_calls() {
+    let model = temp_file(
+        "prelude_trace.rly",
+        "#[version = \"0.0.5\"]
+def @first(%l: List[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32] {
+  let %h = @hd(%l);
+  %h
+}
+def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %y = @first(Nil);
+  add(%y, %x)
+}
+",
+    );
+    let inputs = temp_file("prelude_trace.jsonl", "{\"x\": [[1, 2, 3, 4]]}\n");
+    for engine in ["batched", "reference"] {
+        let out = tumble(&[
+            "run",
+            &model.display().to_string(),
+            "--inputs",
+            &inputs.display().to_string(),
+            "--engine",
+            engine,
+        ]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{engine}: {err}");
+        assert!(err.contains("<prelude>:"), "{engine}: {err}");
+        assert!(err.contains("prelude_trace.rly:3:12"), "{engine}: {err}");
+        let first = err.find("let %h = @hd(%l);");
+        let main = err.find("let %y = @first(Nil);");
+        assert!(
+            matches!((first, main), (Some(a), Some(b)) if a < b),
+            "{engine}: {err}"
+        );
+        assert!(err.contains("called from here (1)"), "{engine}: {err}");
+        assert!(err.contains("called from here (2)"), "{engine}: {err}");
+    }
+}

@@ -170,7 +170,7 @@ fn cost(code: &Code, cx: &Cx) -> Cost {
                 open: false,
             })
         }
-        Code::CallGlobal { global, args } => {
+        Code::CallGlobal { global, args, .. } => {
             seq(args, cx).then(call_cost(cx.globals.get(*global as usize).copied(), cx))
         }
         Code::Call { operands, .. } => seq(operands, cx).then(Cost { n: 0, open: true }),

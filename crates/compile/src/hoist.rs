@@ -259,7 +259,7 @@ impl Analyzer<'_> {
                 out.fresh = true;
                 out
             }
-            Code::CallGlobal { global, args } => {
+            Code::CallGlobal { global, args, .. } => {
                 let avs: Vec<AV> = args.iter().map(|e| self.eval(e, env, me)).collect();
                 match self.program.globals.get(*global as usize) {
                     Some(&l) => self.call(l, avs, Vec::new()),

@@ -39,6 +39,8 @@ pub enum Code {
     CallGlobal {
         global: u32,
         args: Vec<Code>,
+        /// The call, for the call trace of a run-time error inside the callee.
+        span: Span,
     },
     /// `operands[0]` is the callee, the rest are the arguments.
     Call {
@@ -1143,6 +1145,7 @@ impl Lowerer<'_> {
                 ExprKind::Global(n) => Code::CallGlobal {
                     global: self.global(n, call.callee.span)?,
                     args: self.exprs(&call.args)?,
+                    span: e.span,
                 },
                 _ => {
                     let mut operands = vec![self.expr(&call.callee)?];

@@ -24,6 +24,7 @@ pub fn run(
     let index = *program.global_index.get(entry).ok_or_else(|| RunError {
         message: format!("the module has no global `@{entry}`"),
         span: None,
+        trace: Vec::new(),
     })?;
     let ctx = InstanceCtx {
         rng: rng.clone(),

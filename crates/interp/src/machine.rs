@@ -87,6 +87,9 @@ pub enum Outcome {
 pub struct RunError {
     pub message: String,
     pub span: Option<Span>,
+    /// The calls that led to the failure, innermost first (a failure inside a prelude function
+    /// names the user's call of it); calls in tail position leave no frame and are not listed.
+    pub trace: Vec<Span>,
 }
 
 impl RunError {
@@ -94,6 +97,7 @@ impl RunError {
         RunError {
             message: message.into(),
             span: Some(span),
+            trace: Vec::new(),
         }
     }
 
@@ -101,12 +105,16 @@ impl RunError {
         RunError {
             message: message.into(),
             span: None,
+            trace: Vec::new(),
         }
     }
 }
 
 /// Pending calls beyond this are reported as runaway recursion instead of exhausting memory.
 pub const MAX_PENDING: usize = 50_000_000;
+
+/// Calls listed in an error's trace, innermost first.
+pub const MAX_TRACE: usize = 8;
 
 /// Steps between two looks at the run limits (memory budget, Ctrl-C): a step costs tens of
 /// nanoseconds, so a runaway is noticed within a fraction of a millisecond of crossing a limit.
@@ -116,6 +124,8 @@ struct Frame {
     slots: Vec<Option<Value>>,
     /// The closure being run, for `SelfRef`.
     this: Option<Value>,
+    /// The call that entered this frame, for the call trace of an error.
+    call_site: Option<Span>,
 }
 
 enum Kont<'p> {
@@ -195,6 +205,7 @@ impl<'p> Machine<'p> {
             frame: Frame {
                 slots: Vec::new(),
                 this: None,
+                call_site: None,
             },
             stack: Vec::new(),
             pending: None,
@@ -210,13 +221,38 @@ impl<'p> Machine<'p> {
     /// Prepares a call of global `index` on `args`; [`Machine::run`] then evaluates it.
     pub fn start(&mut self, index: u32, args: Vec<Value>) -> Result<(), RunError> {
         let lambda = self.global(index)?;
-        let step = self.enter(lambda, args, None, &[])?;
+        let step = self.enter(lambda, args, None, &[], None)?;
         self.pending = Some(step);
         Ok(())
     }
 
-    /// Runs until the call finishes or needs a tensor value the backend has not computed.
+    /// Runs until the call finishes or needs a tensor value the backend has not computed. An
+    /// error carries the trace of the calls pending when it happened.
     pub fn run(&mut self, backend: &mut dyn Backend) -> Result<Outcome, RunError> {
+        self.run_steps(backend).map_err(|mut e| {
+            if e.trace.is_empty() {
+                e.trace = self.call_trace();
+            }
+            e
+        })
+    }
+
+    /// The call sites of the current frame and of the frames waiting to be returned to,
+    /// innermost first, at most [`MAX_TRACE`] of them (a runaway recursion has millions).
+    fn call_trace(&self) -> Vec<Span> {
+        let outer = self.stack.iter().rev().filter_map(|k| match k {
+            Kont::Return(f) => f.call_site,
+            _ => None,
+        });
+        self.frame
+            .call_site
+            .into_iter()
+            .chain(outer)
+            .take(MAX_TRACE)
+            .collect()
+    }
+
+    fn run_steps(&mut self, backend: &mut dyn Backend) -> Result<Outcome, RunError> {
         let Some(mut step) = self.pending.take() else {
             return Err(RunError::new("internal: nothing to run"));
         };
@@ -622,9 +658,9 @@ impl<'p> Machine<'p> {
                 *span,
             )?)),
             Code::CallCtor { ctor, .. } => Ok(Step::Apply(Value::adt(*ctor, vals))),
-            Code::CallGlobal { global, .. } => {
+            Code::CallGlobal { global, span, .. } => {
                 let lambda = self.global(*global)?;
-                self.enter(lambda, vals, None, &[])
+                self.enter(lambda, vals, None, &[], Some(*span))
             }
             Code::Call { span, .. } => {
                 if vals.is_empty() {
@@ -660,13 +696,13 @@ impl<'p> Machine<'p> {
         match &**c {
             Closure::Global(g) => {
                 let lambda = self.global(*g)?;
-                self.enter(lambda, args, None, &[])
+                self.enter(lambda, args, None, &[], Some(span))
             }
             Closure::Ctor(ctor) => Ok(Step::Apply(Value::adt(*ctor, args))),
             Closure::Lambda { lambda, captured } => {
                 let lambda = self.lambda(*lambda)?;
                 // Installed straight from the closure: no copy of the captured list per call.
-                self.install(lambda, args, Some(callee.clone()), captured)?;
+                self.install(lambda, args, Some(callee.clone()), captured, Some(span))?;
                 Ok(Step::Eval(&lambda.body))
             }
         }
@@ -678,8 +714,9 @@ impl<'p> Machine<'p> {
         args: Vec<Value>,
         this: Option<Value>,
         captured: &[Value],
+        call_site: Option<Span>,
     ) -> Result<Step<'p>, RunError> {
-        self.install(lambda, args, this, captured)?;
+        self.install(lambda, args, this, captured, call_site)?;
         Ok(Step::Eval(&lambda.body))
     }
 
@@ -690,6 +727,7 @@ impl<'p> Machine<'p> {
         mut args: Vec<Value>,
         this: Option<Value>,
         captured: &[Value],
+        call_site: Option<Span>,
     ) -> Result<(), RunError> {
         if args.len() != lambda.n_params as usize {
             return Err(RunError::new(format!(
@@ -711,7 +749,11 @@ impl<'p> Machine<'p> {
                 *s = Some(v.clone());
             }
         }
-        let frame = Frame { slots, this };
+        let frame = Frame {
+            slots,
+            this,
+            call_site,
+        };
         let caller = std::mem::replace(&mut self.frame, frame);
         // In tail position the caller's frame is dead: don't stack another return.
         if !matches!(self.stack.last(), Some(Kont::Return(_))) {
