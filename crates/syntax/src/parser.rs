@@ -41,6 +41,16 @@ static EOF: Token = Token {
 
 const HEIGHT_LIMIT: u32 = MAX_NESTING as u32;
 
+/// What made an expression too deep, for the advice in the message.
+#[derive(Clone, Copy)]
+enum Deep {
+    /// A chain of an infix operator (its symbol).
+    Operator(&'static str),
+    /// Calls nested in arguments (a long `Cons(.., Cons(..))` literal).
+    Call,
+    Other,
+}
+
 /// What is being nested, for the budget and the message.
 #[derive(Clone, Copy)]
 enum Nest {
@@ -126,6 +136,23 @@ fn binop(t: &Tok) -> Option<(&'static str, u8)> {
         Tok::Slash => ("divide", 3),
         _ => return None,
     })
+}
+
+/// The source symbol of an infix operator's operator name (for messages).
+fn op_symbol(name: &str) -> &'static str {
+    match name {
+        "equal" => "==",
+        "not_equal" => "!=",
+        "less" => "<",
+        "greater" => ">",
+        "less_equal" => "<=",
+        "greater_equal" => ">=",
+        "add" => "+",
+        "subtract" => "-",
+        "multiply" => "*",
+        "divide" => "/",
+        _ => "operator",
+    }
 }
 
 fn call_node(callee: Expr, args: Vec<Expr>, attrs: Attrs, span: Span) -> Expr {
@@ -322,11 +349,31 @@ impl<'a> Parser<'a> {
     }
 
     fn check_height(&mut self, h: u32, at: Span) -> PResult<()> {
-        if h > HEIGHT_LIMIT {
-            let message = format!("expression nested deeper than {MAX_NESTING} levels");
-            return self.error_at(at, message);
+        self.check_height_of(h, at, Deep::Other)
+    }
+
+    /// The height limit, with a message that says how to rewrite what grew too deep: the later
+    /// passes walk expressions recursively, while a `let` chain of any length is flat.
+    fn check_height_of(&mut self, h: u32, at: Span, what: Deep) -> PResult<()> {
+        if h <= HEIGHT_LIMIT {
+            return Ok(());
         }
-        Ok(())
+        let how = match what {
+            Deep::Operator(op) => format!(
+                "each `{op}` of a chain adds a level; split the chain with `let`, e.g. \
+                 `let %part1 = x1 {op} x2 {op} ... {op} x200;` and so on, then combine the parts"
+            ),
+            Deep::Call => "each call written inside another call's arguments adds a level; bind \
+                 inner results with `let` (e.g. `let %rest = Cons(%x, ...); Cons(%y, %rest)`), or \
+                 pass a long list as input, where it can have any length"
+                .to_string(),
+            Deep::Other => {
+                "bind inner parts with `let`: a `let` chain of any length adds no levels"
+                    .to_string()
+            }
+        };
+        let message = format!("expression nested deeper than {MAX_NESTING} levels: {how}");
+        self.error_at(at, message)
     }
 
     /// The value of an integer literal `[-]mag` of `dtype`, or a located range error.
@@ -727,7 +774,7 @@ impl<'a> Parser<'a> {
             return self.fail_expected("an expression");
         };
         let h = lh.max(rh) + 1;
-        self.check_height(h, op_span)?;
+        self.check_height_of(h, op_span, Deep::Operator(op_symbol(name)))?;
         let span = lhs.span.to(rhs.span);
         let callee = Expr::new(ExprKind::Op(name.into()), op_span);
         operands.push((call_node(callee, vec![lhs, rhs], Attrs::default(), span), h));
@@ -788,7 +835,7 @@ impl<'a> Parser<'a> {
         }
         self.expect_close(&Tok::RParen, "`)` to close this call", open)?;
         h += 1;
-        self.check_height(h, open)?;
+        self.check_height_of(h, open, Deep::Call)?;
         let span = self.span_from(callee.span);
         Ok((call_node(callee, args, Attrs(attrs), span), h))
     }

@@ -194,6 +194,34 @@ fn syntax_errors_have_exact_located_messages() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Chains that the later passes would walk too deep say how to rewrite them (issue 25).
+#[test]
+fn too_deep_chains_say_how_to_rewrite_them() {
+    let terms = vec!["%x"; 300].join(" + ");
+    let errs = module_errors(&format!("def @main(%x) {{ {terms} }}"));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].contains("each `+` of a chain adds a level; split the chain with `let`"),
+        "{errs:?}"
+    );
+    let product = vec!["%x"; 300].join(" * ");
+    let errs = module_errors(&format!("def @main(%x) {{ {product} }}"));
+    assert!(errs[0].contains("each `*` of a chain"), "{errs:?}");
+    let mut list = "Nil".to_string();
+    for _ in 0..300 {
+        list = format!("Cons(%x, {list})");
+    }
+    let errs = module_errors(&format!("def @main(%x) {{ {list} }}"));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].contains("pass a long list as input"), "{errs:?}");
+    // The advice works: the same 300 terms in `let` parts of 150 parse.
+    let half = vec!["%x"; 150].join(" + ");
+    let errs = module_errors(&format!(
+        "def @main(%x) {{ let %a = {half}; let %b = {half}; %a + %b }}"
+    ));
+    assert!(errs.is_empty(), "{errs:?}");
+}
+
 #[test]
 fn deep_nesting_is_a_located_error() {
     let text = format!(
@@ -209,7 +237,10 @@ fn deep_nesting_is_a_located_error() {
     let text = format!("def @main() {{ %x{} }}", ".0".repeat(1000));
     assert_eq!(
         module_errors(&text),
-        ["t.rly:1:527: error: expression nested deeper than 256 levels"]
+        [
+            "t.rly:1:527: error: expression nested deeper than 256 levels: bind inner parts with \
+          `let`: a `let` chain of any length adds no levels"
+        ]
     );
     let text = format!(
         "def @main(%x: {}A{}) {{ 1 }}",
