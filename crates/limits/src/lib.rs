@@ -41,10 +41,12 @@ thread_local! {
     static DELTA: Cell<isize> = const { Cell::new(0) };
 }
 
+#[inline(always)]
 fn count(bytes: isize) {
     let pending = DELTA.try_with(|d| {
         let v = d.get() + bytes;
-        if v.abs() >= FLUSH {
+        // |v| < FLUSH, as one unsigned comparison.
+        if (v + FLUSH) as usize >= 2 * FLUSH as usize {
             d.set(0);
             v
         } else {
@@ -52,12 +54,20 @@ fn count(bytes: isize) {
             0
         }
     });
-    let flush = pending.unwrap_or(bytes);
-    if flush != 0 {
-        USED.fetch_add(flush, Ordering::Relaxed);
-        if !COUNTING.load(Ordering::Relaxed) {
-            COUNTING.store(true, Ordering::Relaxed);
-        }
+    match pending {
+        Ok(0) => {}
+        Ok(v) => share(v),
+        // The thread's counter is gone (its exit): count straight into the shared one.
+        Err(_) => share(bytes),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn share(bytes: isize) {
+    USED.fetch_add(bytes, Ordering::Relaxed);
+    if !COUNTING.load(Ordering::Relaxed) {
+        COUNTING.store(true, Ordering::Relaxed);
     }
 }
 

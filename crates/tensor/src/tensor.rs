@@ -12,14 +12,16 @@ use crate::TensorError;
 /// An owned n-d tensor: always contiguous and row-major, its elements in an `Arc`-shared buffer.
 ///
 /// Invariant: `data.len() == num_elements(shape)` (checked by every constructor, and kept by the
-/// mutable accessors, which hand out slices, never the `Vec`). Cloning is O(rank): the buffer is
-/// shared, and [`Tensor::make_mut`] copies it on write when it is shared.
+/// mutable accessors, which hand out slices, never the `Vec`). Cloning is two reference-count
+/// increments: shape and buffer are shared (the interpreter clones weights at every call and
+/// closure application, so a clone must not allocate), and [`Tensor::make_mut`] copies the buffer
+/// on write when it is shared.
 ///
 /// `PartialEq` is exact (same shape, dtype and elements; NaN != NaN); use [`Tensor::allclose`] for
 /// numeric comparison.
 #[derive(Clone, PartialEq)]
 pub struct Tensor {
-    shape: Vec<usize>,
+    shape: Arc<[usize]>,
     data: Arc<Buffer>,
 }
 
@@ -55,7 +57,7 @@ impl Tensor {
             });
         }
         Ok(Tensor {
-            shape,
+            shape: shape.into(),
             data: Arc::new(data),
         })
     }
@@ -88,7 +90,7 @@ impl Tensor {
         let shape = shape.into();
         let n = num_elements(&shape)?;
         Ok(Tensor {
-            shape,
+            shape: shape.into(),
             data: Arc::new(Buffer::full(dtype, n, value)),
         })
     }
@@ -96,7 +98,7 @@ impl Tensor {
     /// A rank-0 tensor holding `value`.
     pub fn scalar<T: Element>(value: T) -> Tensor {
         Tensor {
-            shape: Vec::new(),
+            shape: Arc::from([]),
             data: Arc::new(T::into_buffer(vec![value])),
         }
     }
@@ -215,7 +217,7 @@ impl Tensor {
             }
         }
         Err(TensorError::NotScalar {
-            shape: self.shape.clone(),
+            shape: self.shape.to_vec(),
         })
     }
 
@@ -253,12 +255,12 @@ impl Tensor {
         let shape = shape.into();
         if num_elements(&shape)? != self.len() {
             return Err(TensorError::Reshape {
-                from: self.shape.clone(),
+                from: self.shape.to_vec(),
                 to: shape,
             });
         }
         Ok(Tensor {
-            shape,
+            shape: shape.into(),
             data: Arc::clone(&self.data),
         })
     }
@@ -267,14 +269,14 @@ impl Tensor {
     /// broadcast axes (materialized; a plain clone when the shape is already `shape`).
     pub fn broadcast_to(&self, shape: impl Into<Vec<usize>>) -> Result<Tensor, TensorError> {
         let target = shape.into();
-        if target == self.shape {
+        if *target == *self.shape {
             return Ok(self.clone());
         }
         let compatible = target.len() >= self.rank()
             && shape::broadcast_shapes(&self.shape, &target).is_ok_and(|s| s == target);
         if !compatible {
             return Err(TensorError::BroadcastTo {
-                from: self.shape.clone(),
+                from: self.shape.to_vec(),
                 to: target,
             });
         }
@@ -311,7 +313,7 @@ impl Tensor {
             });
         }
         Ok(Tensor {
-            shape,
+            shape: shape.into(),
             data: Arc::new(self.data.take(indices)?),
         })
     }
@@ -321,9 +323,9 @@ impl Tensor {
             Ok(())
         } else {
             Err(TensorError::Mismatch {
-                a_shape: self.shape.clone(),
+                a_shape: self.shape.to_vec(),
                 a_dtype: self.dtype(),
-                b_shape: other.shape.clone(),
+                b_shape: other.shape.to_vec(),
                 b_dtype: other.dtype(),
             })
         }
