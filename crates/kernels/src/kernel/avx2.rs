@@ -8,8 +8,12 @@ use std::arch::x86_64::*;
 
 pub(crate) const MR: usize = 6;
 
-/// Blocking: the BLIS Haswell values scaled to a 32-wide panel (not tuned on an AVX2-only
-/// machine; on the AVX-512 development machine this kernel reaches ~75 GFLOP/s at 512×256×768).
+/// Blocking: the BLIS Haswell values scaled to a 32-wide panel (on the AVX-512 development
+/// machine this kernel reaches ~75 GFLOP/s at 512×256×768; on an AVX2-only AMD EPYC 77-88 with
+/// warm weights). The next weight panel is prefetched into L2 as in the AVX-512 kernel: with
+/// weights streamed from memory (`gemm_bench --cold 8`, 5 alternated runs, medians) 53×512×1536
+/// 52 -> 71 GFLOP/s, 105×512×512 70 -> 77, 315×512×1536 68 -> 78 (`TUMBLE_NO_PREFETCH=1` for
+/// the other figure).
 pub(crate) const KERNEL: Kernel = Kernel {
     mr: MR,
     width: 16,
@@ -30,7 +34,7 @@ pub(crate) unsafe fn tile(
     a: *const f32,
     lda: usize,
     b: *const f32,
-    _prefetch: *const f32,
+    prefetch: *const f32,
     c: *mut f32,
     ldc: usize,
     m: usize,
@@ -40,12 +44,12 @@ pub(crate) unsafe fn tile(
     // SAFETY: forwarded contract; each arm is instantiated for exactly the `m` rows it touches.
     unsafe {
         match m {
-            1 => rows::<1>(kc, a, lda, b, c, ldc, n, accumulate),
-            2 => rows::<2>(kc, a, lda, b, c, ldc, n, accumulate),
-            3 => rows::<3>(kc, a, lda, b, c, ldc, n, accumulate),
-            4 => rows::<4>(kc, a, lda, b, c, ldc, n, accumulate),
-            5 => rows::<5>(kc, a, lda, b, c, ldc, n, accumulate),
-            6 => rows::<6>(kc, a, lda, b, c, ldc, n, accumulate),
+            1 => rows::<1>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            2 => rows::<2>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            3 => rows::<3>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            4 => rows::<4>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            5 => rows::<5>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            6 => rows::<6>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
             _ => {}
         }
     }
@@ -62,6 +66,7 @@ unsafe fn rows<const M: usize>(
     a: *const f32,
     lda: usize,
     b: *const f32,
+    prefetch: *const f32,
     c: *mut f32,
     ldc: usize,
     n: usize,
@@ -71,10 +76,19 @@ unsafe fn rows<const M: usize>(
     let mut c1 = [_mm256_setzero_ps(); M];
     // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 16]` and `a[p*lda .. p*lda + M]` (inside the
     // contract's ranges); the stores are limited to `n` columns of `M` rows by the lane masks.
+    // Prefetches are hints: `prefetch` is null or valid for the same `kc * 32` floats as a panel.
     unsafe {
         let mut ap = a;
         let mut bp = b;
+        let mut pf = prefetch;
         for _ in 0..kc {
+            // The next weight panel into L2 while this one computes (two lines per K step): a
+            // launch streams its weights from memory, and demand misses on them stall the FMAs.
+            if !pf.is_null() {
+                _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(pf.add(16) as *const i8);
+                pf = pf.add(NR);
+            }
             let b0 = _mm256_loadu_ps(bp);
             let b1 = _mm256_loadu_ps(bp.add(8));
             for i in 0..M {
