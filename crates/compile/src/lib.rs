@@ -17,6 +17,7 @@ pub mod passes;
 pub mod phases;
 pub mod program;
 pub mod reuse;
+pub mod verify;
 
 pub use blocks::{BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
 pub use hoist::{analyze as analyze_hoisting, HoistAnalysis};
@@ -25,3 +26,4 @@ pub use program::{
     CaptureFrom, Code, CtorEntry, Lambda, LowerError, LowerOptions, Pat, Program, Site,
 };
 pub use reuse::{analyze as analyze_reuse, InputReuse, ReuseAnalysis};
+pub use verify::{verify, VerifyError};

@@ -60,6 +60,7 @@ pub fn optimize(
     let mut report = StaticReport::default();
     if opts.dup {
         report.duplicated = crate::dup::duplicate(program, entry, weights);
+        crate::verify::debug_check(program, "code duplication");
     }
     if opts.hoist {
         let h = crate::hoist::analyze(program, entry);
@@ -72,9 +73,11 @@ pub fn optimize(
     }
     if opts.ghosts {
         report.ghosts = crate::ghosts::insert(program);
+        crate::verify::debug_check(program, "ghost operators");
     }
     if opts.phases {
         report.phases = crate::phases::insert(program, entry);
+        crate::verify::debug_check(program, "automatic phases");
     }
     report
 }

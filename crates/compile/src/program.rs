@@ -349,7 +349,7 @@ impl Program {
             (lw.lambdas, lw.blocks, lw.sites, lw.notes, lw.folded);
         let mut inlined: Vec<String> = inline.into_keys().collect();
         inlined.sort();
-        Ok(Program {
+        let program = Program {
             lambdas,
             globals,
             global_index,
@@ -360,7 +360,9 @@ impl Program {
             notes,
             folded,
             inlined,
-        })
+        };
+        crate::verify::debug_check(&program, "lowering");
+        Ok(program)
     }
 }
 

@@ -1,0 +1,183 @@
+//! The IR verifier: every zoo model verifies after lowering and after the static passes (in
+//! debug builds the passes check themselves too), and each kind of broken invariant is reported
+//! with its place.
+
+use tumble_check::LoadOptions;
+use tumble_compile::{
+    optimize, verify, BArg, BVal, Code, LowerOptions, Pat, Program, StaticOptions,
+};
+use tumble_ir::SourceMap;
+
+fn lower(src: &str) -> Program {
+    let mut sources = SourceMap::new();
+    let typed = tumble_check::load(&mut sources, "t.rly", src, LoadOptions::default())
+        .unwrap_or_else(|d| panic!("{d:?}"));
+    Program::lower_with(&typed, LowerOptions::batched()).unwrap_or_else(|e| panic!("{}", e.message))
+}
+
+fn root() -> std::path::PathBuf {
+    std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+#[test]
+fn every_zoo_model_verifies_after_each_step() {
+    let mut n = 0;
+    for dir in ["models", "models/plain", "models/acrobat"] {
+        let Ok(entries) = std::fs::read_dir(root().join(dir)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.extension().and_then(|x| x.to_str()) != Some("rly") {
+                continue;
+            }
+            let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+            let mut p = lower(&src);
+            assert_eq!(verify(&p), vec![], "{path:?} after lowering");
+            let n_main = p
+                .global_index
+                .get("main")
+                .and_then(|&g| p.globals.get(g as usize))
+                .and_then(|&l| p.lambdas.get(l as usize))
+                .map_or(0, |l| l.n_params as usize);
+            // Every @main argument after the first as a weight, as the zoo's signatures are.
+            let weights: Vec<bool> = (0..n_main).map(|i| i > 0).collect();
+            optimize(&mut p, "main", &weights, StaticOptions::all());
+            assert_eq!(verify(&p), vec![], "{path:?} after the static passes");
+            n += 1;
+        }
+    }
+    assert!(n >= 20, "only {n} models found");
+}
+
+const TREE: &str = r#"
+def @leaf(%x: Tensor[(1, 4), float32], %W: Tensor[(4, 4), float32], Primitive=1) -> Tensor[(1, 4), float32] {
+  tanh(nn.dense(%x, %W))
+}
+def @main(%t: Tree[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%t) {
+    Rose(%x, Nil) => @leaf(%x, %W),
+    Rose(%x, %cs) => add(@leaf(%x, %W), @main(@hd(%cs), %W)),
+  }
+}
+"#;
+
+/// The first code node in `@main` satisfying `pred`, mutably.
+fn find_in_main<'p>(p: &'p mut Program, pred: &dyn Fn(&Code) -> bool) -> Option<&'p mut Code> {
+    let g = *p.global_index.get("main")?;
+    let l = *p.globals.get(g as usize)?;
+    let mut stack: Vec<&'p mut Code> = vec![&mut p.lambdas.get_mut(l as usize)?.body];
+    while let Some(c) = stack.pop() {
+        if pred(c) {
+            return Some(c);
+        }
+        c.for_each_child_mut(|x| stack.push(x));
+    }
+    None
+}
+
+fn messages(p: &Program) -> String {
+    verify(p)
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn broken_invariants_are_each_reported_with_their_place() {
+    let clean = lower(TREE);
+    assert_eq!(verify(&clean), vec![]);
+
+    let mut p = lower(TREE);
+    if let Some(c) = find_in_main(&mut p, &|c| matches!(c, Code::Slot(_))) {
+        *c = Code::Slot(999);
+    }
+    let m = messages(&p);
+    assert!(
+        m.contains("function `main`") && m.contains("slot 999 is read"),
+        "{m}"
+    );
+
+    let mut p = lower(TREE);
+    if let Some(Code::CallGlobal { global, .. }) =
+        find_in_main(&mut p, &|c| matches!(c, Code::CallGlobal { .. }))
+    {
+        *global = 77;
+    }
+    assert!(
+        messages(&p).contains("global 77 is used"),
+        "{}",
+        messages(&p)
+    );
+
+    let mut p = lower(TREE);
+    if let Some(Code::InvokeBlock { args, .. }) =
+        find_in_main(&mut p, &|c| matches!(c, Code::InvokeBlock { .. }))
+    {
+        args.pop();
+    }
+    assert!(
+        messages(&p).contains("takes 2 inputs, invoked with 1"),
+        "{}",
+        messages(&p)
+    );
+
+    let mut p = lower(TREE);
+    if let Some(Code::InvokeBlock { site, .. }) =
+        find_in_main(&mut p, &|c| matches!(c, Code::InvokeBlock { .. }))
+    {
+        *site = 500;
+    }
+    assert!(
+        messages(&p).contains("site 500 is used"),
+        "{}",
+        messages(&p)
+    );
+
+    let mut p = lower(TREE);
+    if let Some(Code::Match { arms, .. }) =
+        find_in_main(&mut p, &|c| matches!(c, Code::Match { .. }))
+    {
+        if let Some((Pat::Ctor(_, ps), _)) = arms.first_mut() {
+            ps.push(Pat::Wild);
+        }
+    }
+    assert!(
+        messages(&p).contains("a pattern gives constructor"),
+        "{}",
+        messages(&p)
+    );
+
+    let mut p = lower(TREE);
+    if let Some(b) = p.blocks.iter_mut().find(|b| b.name == "leaf") {
+        if let Some(node) = b.nodes.first_mut() {
+            node.args[0] = BArg::One(BVal::Node(5));
+        }
+    }
+    let m = messages(&p);
+    assert!(
+        m.contains("block `leaf`") && m.contains("node 0 reads node 5"),
+        "{m}"
+    );
+
+    let mut p = lower(TREE);
+    if let Some(b) = p.blocks.iter_mut().find(|b| b.name == "leaf") {
+        b.outputs = vec![BVal::Field(0, 3)];
+    }
+    assert!(
+        messages(&p).contains("reads field 3 of node 0"),
+        "{}",
+        messages(&p)
+    );
+
+    let mut p = lower(TREE);
+    if let Some(l) = p.lambdas.first_mut() {
+        l.n_params = l.n_slots + 1;
+    }
+    assert!(
+        messages(&p).contains("parameters in a frame of"),
+        "{}",
+        messages(&p)
+    );
+}
