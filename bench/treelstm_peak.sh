@@ -18,7 +18,8 @@ n=${1:-512}
 rounds=${2:-3}
 cargo build --release -q -p tumble-cli
 cargo build --release -q -p tumble-kernels --example gemm_bench
-t=target/release/tumble
+# TUMBLE_BIN=path runs another build of tumble (e.g. an older commit's) against the same peak.
+t=${TUMBLE_BIN:-target/release/tumble}
 bench=target/release/examples/gemm_bench
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
