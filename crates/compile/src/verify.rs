@@ -139,11 +139,9 @@ impl Verifier<'_> {
             }
             targets.push(*slot);
         }
-        // An explicit stack: bodies can be deep (long `let` chains are flat, but nesting is not).
-        let mut stack: Vec<&Code> = vec![&lambda.body];
-        while let Some(code) = stack.pop() {
+        // `visit` walks iteratively: bodies can nest deeply.
+        lambda.body.visit(&mut |code| {
             self.code(code, lambda.n_slots);
-            code.for_each_child(|c| stack.push(c));
             match code {
                 Code::Let { binds, .. } => {
                     for (slot, _) in binds {
@@ -157,7 +155,7 @@ impl Verifier<'_> {
                 }
                 _ => {}
             }
-        }
+        });
     }
 
     fn slot(&mut self, slot: u32, n_slots: u32, what: &str) {

@@ -31,6 +31,7 @@ pub fn run(
         depth: 0,
         instance: 0,
         phase: 0,
+        pending: 0,
     };
     let mut machine = Machine::new(program, ctx);
     machine.start(index, args)?;

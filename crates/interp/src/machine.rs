@@ -25,6 +25,9 @@ pub struct InstanceCtx {
     pub instance: u32,
     /// Program phases passed so far (`db.phase_change`).
     pub phase: u32,
+    /// The instance's pending evaluations when it last invoked a block, for the message of a
+    /// backend that stops on the memory budget.
+    pub pending: usize,
 }
 
 /// Where tensor work goes.
@@ -112,6 +115,22 @@ impl RunError {
 
 /// Pending calls beyond this are reported as runaway recursion instead of exhausting memory.
 pub const MAX_PENDING: usize = 50_000_000;
+
+/// The error for a run stopped by its limits: an interrupt says only that; a memory budget also
+/// says what the run holds (`held`, empty parts skipped) and `hint`.
+pub fn limit_error(stop: tumble_limits::Stop, held: Vec<String>, hint: &str) -> RunError {
+    if stop == tumble_limits::Stop::Interrupted {
+        return RunError::new(stop.to_string());
+    }
+    let held: Vec<String> = held.into_iter().filter(|h| !h.is_empty()).collect();
+    if held.is_empty() {
+        return RunError::new(format!("{stop}{hint}"));
+    }
+    RunError::new(format!(
+        "{stop}; the run holds {}{hint}",
+        held.join(" and ")
+    ))
+}
 
 /// Calls listed in an error's trace, innermost first.
 pub const MAX_TRACE: usize = 8;
@@ -303,26 +322,19 @@ impl<'p> Machine<'p> {
         let Err(stop) = tumble_limits::poll() else {
             return Ok(());
         };
-        if stop == tumble_limits::Stop::Interrupted {
-            return Err(RunError::new(stop.to_string()));
-        }
-        let mut held = vec![format!(
-            "{} pending evaluations in this instance",
-            tumble_limits::count_text(self.stack.len())
-        )];
-        let backend_growth = backend.growth();
-        if !backend_growth.is_empty() {
-            held.push(backend_growth);
-        }
+        let held = vec![
+            format!(
+                "{} pending evaluations in this instance",
+                tumble_limits::count_text(self.stack.len())
+            ),
+            backend.growth(),
+        ];
         let hint = if self.stack.len() >= 100_000 {
             " (a recursion without a base case?)"
         } else {
             ""
         };
-        Err(RunError::new(format!(
-            "{stop}; the run holds {}{hint}",
-            held.join(" and ")
-        )))
+        Err(limit_error(stop, held, hint))
     }
 
     fn push(&mut self, k: Kont<'p>) -> Result<(), RunError> {
@@ -330,6 +342,21 @@ impl<'p> Machine<'p> {
             return Err(RunError::new(format!(
                 "recursion too deep: more than {MAX_PENDING} pending evaluations (runaway recursion?)"
             )));
+        }
+        if self.stack.len() == self.stack.capacity() {
+            // The stack doubles: check that growth against the memory budget before it happens.
+            let more = self.stack.capacity().max(4) * std::mem::size_of::<Kont>();
+            if let Err(stop) = tumble_limits::reserve(more) {
+                let pending = format!(
+                    "{} pending evaluations in this instance",
+                    tumble_limits::count_text(self.stack.len())
+                );
+                return Err(limit_error(
+                    stop,
+                    vec![pending],
+                    " (a recursion without a base case?)",
+                ));
+            }
         }
         self.stack.push(k);
         Ok(())
@@ -650,13 +677,10 @@ impl<'p> Machine<'p> {
             )?)),
             Code::InvokeBlock {
                 block, site, span, ..
-            } => Ok(Step::Apply(backend.invoke_block(
-                &mut self.ctx,
-                *block,
-                *site,
-                vals,
-                *span,
-            )?)),
+            } => Ok(Step::Apply({
+                self.ctx.pending = self.stack.len();
+                backend.invoke_block(&mut self.ctx, *block, *site, vals, *span)?
+            })),
             Code::CallCtor { ctor, .. } => Ok(Step::Apply(Value::adt(*ctor, vals))),
             Code::CallGlobal { global, span, .. } => {
                 let lambda = self.global(*global)?;

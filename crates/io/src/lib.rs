@@ -36,14 +36,7 @@ pub use instances::{
 pub use output::{encode_json, summarize, write_jsonl_atomically, Encoded};
 pub use weights::{load_params, non_finite_warnings, save_params, LoadedParams};
 
-/// User text quoted in a message, cut to 80 characters with its length (an unknown 50 MB JSON key
-/// or environment value is not worth printing whole).
-pub fn echo(s: &str) -> String {
-    match s.char_indices().nth(80) {
-        Some((at, _)) => format!("{}… ({} bytes in all)", &s[..at], s.len()),
-        None => s.to_string(),
-    }
-}
+pub use tumble_limits::echo;
 
 /// The file to write for `path`: a symlink's target, also one not created yet (relative to the
 /// link's folder). Writing atomically renames a new file over the path, which would otherwise

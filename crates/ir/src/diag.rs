@@ -13,6 +13,16 @@ pub enum Severity {
     Warning,
 }
 
+impl Severity {
+    /// `error` or `warning`, as messages begin.
+    pub fn word(self) -> &'static str {
+        match self {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Label {
     pub span: Span,
@@ -83,10 +93,7 @@ impl Diagnostic {
 
     /// `file:line:col: error: message` — one line, for tests and machine consumption.
     pub fn short(&self, sources: &SourceMap) -> String {
-        let sev = match self.severity {
-            Severity::Error => "error",
-            Severity::Warning => "warning",
-        };
+        let sev = self.severity.word();
         match self
             .primary_span()
             .and_then(|s| sources.get(s.src).map(|f| (f, s)))
@@ -142,15 +149,10 @@ const WINDOW: usize = 60;
 fn render_long_line(d: &Diagnostic, sources: &SourceMap) -> Option<String> {
     let line_of = |span: Span| {
         let file = sources.get(span.src)?;
-        let starts = file.line_starts();
         let lo = (span.lo as usize).min(file.text.len());
-        let line = match starts.binary_search(&lo) {
-            Ok(i) => i,
-            Err(i) => i.saturating_sub(1),
-        };
-        let start = *starts.get(line)?;
-        let end = starts.get(line + 1).copied().unwrap_or(file.text.len());
-        Some((file, line, start, end, lo))
+        let line = file.line_index(lo);
+        let range = file.line_range(line)?;
+        Some((file, line, range.start, range.end, lo))
     };
     let long = d.labels.iter().any(|l| {
         line_of(l.span).is_some_and(|(_, _, start, end, _)| end - start > MAX_EXCERPT_LINE)
@@ -158,11 +160,7 @@ fn render_long_line(d: &Diagnostic, sources: &SourceMap) -> Option<String> {
     if !long {
         return None;
     }
-    let sev = match d.severity {
-        Severity::Error => "error",
-        Severity::Warning => "warning",
-    };
-    let mut out = format!("{sev}: {}\n", d.message);
+    let mut out = format!("{}: {}\n", d.severity.word(), d.message);
     let primary = d.labels.iter().find(|l| l.primary).or(d.labels.first());
     if let Some(label) = primary {
         if let Some((file, line, start, end, lo)) = line_of(label.span) {
@@ -171,18 +169,21 @@ fn render_long_line(d: &Diagnostic, sources: &SourceMap) -> Option<String> {
                 .get(start..end)
                 .unwrap_or("")
                 .trim_end_matches(['\n', '\r']);
-            let before: Vec<char> = text.get(..lo - start).unwrap_or("").chars().collect();
-            let after: Vec<char> = text.get(lo - start..).unwrap_or("").chars().collect();
-            let col = before.len() + 1;
-            let shown_before = before.len().min(WINDOW);
-            let cut_before = shown_before < before.len();
-            let cut_after = after.len() > WINDOW;
+            // Counted and cut by characters, without copying the line.
+            let before = text.get(..lo - start).unwrap_or("");
+            let after = text.get(lo - start..).unwrap_or("");
+            let n_before = before.chars().count();
+            let col = n_before + 1;
+            let shown_before = n_before.min(WINDOW);
+            let cut_before = shown_before < n_before;
+            let n_after = after.chars().take(WINDOW + 1).count();
+            let cut_after = n_after > WINDOW;
             let mut excerpt = String::new();
             if cut_before {
                 excerpt.push('…');
             }
-            excerpt.extend(&before[before.len() - shown_before..]);
-            excerpt.extend(after.iter().take(WINDOW));
+            excerpt.extend(before.chars().skip(n_before - shown_before));
+            excerpt.extend(after.chars().take(WINDOW));
             if cut_after {
                 excerpt.push('…');
             }
@@ -208,7 +209,7 @@ fn render_long_line(d: &Diagnostic, sources: &SourceMap) -> Option<String> {
                 line + 1,
                 end - start,
                 col - shown_before,
-                col + after.len().min(WINDOW) - 1
+                col + n_after.min(WINDOW) - 1
             ));
         }
     }
@@ -275,21 +276,15 @@ impl<'a> Files<'a> for FilesAdapter<'a> {
 
     fn line_index(&'a self, id: SourceId, byte_index: usize) -> Result<usize, FilesError> {
         let f = self.0.get(id).ok_or(FilesError::FileMissing)?;
-        Ok(match f.line_starts().binary_search(&byte_index) {
-            Ok(i) => i,
-            Err(i) => i.saturating_sub(1),
-        })
+        Ok(f.line_index(byte_index))
     }
 
     fn line_range(&'a self, id: SourceId, line_index: usize) -> Result<Range<usize>, FilesError> {
         let f = self.0.get(id).ok_or(FilesError::FileMissing)?;
-        let starts = f.line_starts();
-        let start = *starts.get(line_index).ok_or(FilesError::LineTooLarge {
+        f.line_range(line_index).ok_or(FilesError::LineTooLarge {
             given: line_index,
-            max: starts.len().saturating_sub(1),
-        })?;
-        let end = starts.get(line_index + 1).copied().unwrap_or(f.text.len());
-        Ok(start..end)
+            max: f.line_starts().len().saturating_sub(1),
+        })
     }
 }
 

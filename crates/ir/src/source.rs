@@ -23,14 +23,31 @@ impl SourceFile {
         }
     }
 
+    /// 0-based index of the line holding byte `offset` (clamped to the text).
+    pub fn line_index(&self, offset: usize) -> usize {
+        let offset = offset.min(self.text.len());
+        match self.line_starts.binary_search(&offset) {
+            Ok(i) => i,
+            Err(i) => i.saturating_sub(1),
+        }
+    }
+
+    /// The byte range of line `index` (0-based), its newline included.
+    pub fn line_range(&self, index: usize) -> Option<std::ops::Range<usize>> {
+        let start = *self.line_starts.get(index)?;
+        let end = self
+            .line_starts
+            .get(index + 1)
+            .copied()
+            .unwrap_or(self.text.len());
+        Some(start..end)
+    }
+
     /// 1-based line and column (in characters) of a byte offset.
     pub fn line_col(&self, offset: usize) -> (usize, usize) {
         let offset = offset.min(self.text.len());
-        let line = match self.line_starts.binary_search(&offset) {
-            Ok(i) => i,
-            Err(i) => i - 1,
-        };
-        let start = self.line_starts[line];
+        let line = self.line_index(offset);
+        let start = self.line_starts.get(line).copied().unwrap_or(0);
         let col = self
             .text
             .get(start..offset)

@@ -230,7 +230,9 @@ pub fn read_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
         return Err(std::io::Error::other("it is a directory"));
     }
     let mut out = Vec::new();
-    if meta.is_file() {
+    // A regular file is checked whole, once; a stream chunk by chunk, as it grows.
+    let stream = !meta.is_file();
+    if !stream {
         let len = usize::try_from(meta.len()).unwrap_or(usize::MAX);
         reserve(len).map_err(|stop| {
             std::io::Error::other(format!("it is {} long: {stop}", bytes_text(len)))
@@ -239,13 +241,12 @@ pub fn read_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     }
     const CHUNK: usize = 1 << 20;
     loop {
-        poll().and_then(|()| reserve(CHUNK)).map_err(|stop| {
-            std::io::Error::other(format!("after {} read: {stop}", bytes_text(out.len())))
-        })?;
-        let before = out.len();
-        let n = (&mut file).take(CHUNK as u64).read_to_end(&mut out)?;
-        if n == 0 {
-            out.truncate(before);
+        poll()
+            .and_then(|()| if stream { reserve(CHUNK) } else { Ok(()) })
+            .map_err(|stop| {
+                std::io::Error::other(format!("after {} read: {stop}", bytes_text(out.len())))
+            })?;
+        if (&mut file).take(CHUNK as u64).read_to_end(&mut out)? == 0 {
             return Ok(out);
         }
     }
@@ -325,13 +326,14 @@ pub fn parse_size(text: &str) -> Result<Option<usize>, String> {
     Ok(Some(bytes as usize))
 }
 
-/// User text quoted in a message: its first 40 characters.
-fn echo(text: &str) -> String {
-    let mut s: String = text.chars().take(40).collect();
-    if s.len() < text.len() {
-        s.push('…');
+/// User text quoted in a message, cut to 80 characters with its length (an unknown 50 MB JSON key
+/// or environment value is not worth printing whole). The one limit on echoed input: `tumble_io`
+/// re-exports it for instance decoding and the CLI.
+pub fn echo(s: &str) -> String {
+    match s.char_indices().nth(80) {
+        Some((at, _)) => format!("{}… ({} bytes in all)", &s[..at], s.len()),
+        None => s.to_string(),
     }
-    s
 }
 
 /// The default budget: half of the machine's memory, or of the control group's limit where that

@@ -81,6 +81,9 @@ pub struct Dfg<'p> {
     /// Per block: the most invocations one launch runs ([`locality_chunk`]; `usize::MAX` for
     /// all of them).
     chunk_sizes: Vec<usize>,
+    /// Per block: the bytes every node's result takes for one invocation (from the static node
+    /// types), the bound a launch checks against the memory budget before it allocates.
+    row_bytes: Vec<usize>,
     /// Per block: launches of fewer invocations wait for more under depth scheduling
     /// ([`defer_below`]; 0: never).
     defer_below: Vec<usize>,
@@ -286,6 +289,16 @@ impl<'p> Dfg<'p> {
                 .map(|(i, b)| match opts.locality_chunks {
                     true => locality_chunk(b, reuse, i),
                     false => usize::MAX,
+                })
+                .collect(),
+            row_bytes: program
+                .blocks
+                .iter()
+                .map(|b| {
+                    b.nodes
+                        .iter()
+                        .map(|n| tumble_ops::value_bytes(&n.ty))
+                        .fold(0, usize::saturating_add)
                 })
                 .collect(),
             defer_below: program
@@ -514,8 +527,9 @@ impl<'p> Dfg<'p> {
         block_id: u32,
         args: &[Arg],
         span: Span,
-        instance: u32,
+        ctx: &InstanceCtx,
     ) -> Result<Option<Value>, RunError> {
+        let instance = ctx.instance;
         if !args.iter().any(|a| matches!(a, Arg::Lazy(_))) {
             return Ok(None);
         }
@@ -550,7 +564,7 @@ impl<'p> Dfg<'p> {
             .max()
             .unwrap_or(1)
             .saturating_sub(1);
-        let id = self.nodes.len() as u32;
+        let id = self.reserve_node(ctx.pending)?;
         self.nodes.push(Node {
             block: block_id,
             args: terms,
@@ -566,6 +580,26 @@ impl<'p> Dfg<'p> {
             node: id,
             output: 0,
         })))
+    }
+
+    /// The id of the next node. When the node table is full, its growth (a reallocation that
+    /// doubles it: gigabytes for a runaway recursion) is checked against the memory budget before
+    /// it happens; `pending` is the recording instance's pending evaluations, for the message.
+    fn reserve_node(&mut self, pending: usize) -> Result<u32, RunError> {
+        if self.nodes.len() == self.nodes.capacity() {
+            let more = self.nodes.capacity().max(4) * std::mem::size_of::<Node>();
+            if let Err(stop) = tumble_limits::reserve(more) {
+                let held = vec![
+                    format!(
+                        "{} pending evaluations in this instance",
+                        tumble_limits::count_text(pending)
+                    ),
+                    self.growth(),
+                ];
+                return Err(tumble_interp::machine::limit_error(stop, held, ""));
+            }
+        }
+        Ok(self.nodes.len() as u32)
     }
 
     fn lazy_value(&self, block: &Block, node: u32) -> Value {
@@ -848,29 +882,26 @@ impl<'p> Dfg<'p> {
     fn launch_batch(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
         let block = self.block(block_id)?;
         let b = ids.len();
-        // Before the launch allocates: at most every node's result for every row (an upper bound:
-        // row programs keep fewer), which must fit in what is left of the memory budget.
-        let launch_bytes = block
-            .nodes
-            .iter()
-            .map(|n| tumble_ops::value_bytes(&n.ty))
-            .fold(0usize, usize::saturating_add)
-            .saturating_mul(b);
-        let span = ids
+        let first_span = ids
             .first()
             .and_then(|&i| self.nodes.get(i as usize))
             .map(|n| n.span)
             .unwrap_or_default();
         if let Err(stop) = tumble_limits::poll() {
-            return Err(RunError::at(
-                span,
-                format!("{stop}; the run holds {}", self.growth()),
-            ));
+            let mut e = tumble_interp::machine::limit_error(stop, vec![self.growth()], "");
+            e.span = Some(first_span);
+            return Err(e);
         }
+        // Before the launch allocates: at most every node's result for every row (an upper bound:
+        // row programs keep fewer), which must fit in what is left of the memory budget.
+        let launch_bytes = self
+            .row_bytes
+            .get(block_id as usize)
+            .map_or(0, |r| r.saturating_mul(b));
         if launch_bytes >= tumble_ops::RESERVE_ABOVE {
             if let Err(stop) = tumble_limits::reserve(launch_bytes) {
                 return Err(RunError::at(
-                    span,
+                    first_span,
                     format!("in block {} ({b} invocations): {stop}", block.name),
                 ));
             }
@@ -882,11 +913,6 @@ impl<'p> Dfg<'p> {
         }
         self.profile.time_gather += t0.elapsed();
         let t1 = Instant::now();
-        let first_span = ids
-            .first()
-            .and_then(|&i| self.nodes.get(i as usize))
-            .map(|n| n.span)
-            .unwrap_or_default();
         let mut octx = OpCtx {
             rng: &mut self.launch_rng,
         };
@@ -1153,7 +1179,7 @@ impl Backend for Dfg<'_> {
             && self.opts.scheduler != Scheduler::Eager
             && self.sum_blocks.get(block_id as usize) == Some(&true)
         {
-            if let Some(v) = self.try_sum(block_id, &recorded, span, ctx.instance)? {
+            if let Some(v) = self.try_sum(block_id, &recorded, span, ctx)? {
                 self.profile.time_dfg += t0.elapsed();
                 return Ok(v);
             }
@@ -1240,7 +1266,7 @@ impl Backend for Dfg<'_> {
             }
             _ => dataflow,
         };
-        let id = self.nodes.len() as u32;
+        let id = self.reserve_node(ctx.pending)?;
         self.nodes.push(Node {
             block: block_id,
             args: recorded,

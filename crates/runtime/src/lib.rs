@@ -199,6 +199,7 @@ pub(crate) fn run_batch_lent(
                 depth: 0,
                 instance: i as u32,
                 phase: 0,
+                pending: 0,
             },
         );
         m.start(index, a).map_err(|error| InstanceError {

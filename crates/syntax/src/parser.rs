@@ -122,37 +122,21 @@ fn looks_like_dtype(s: &str) -> bool {
     })
 }
 
-fn binop(t: &Tok) -> Option<(&'static str, u8)> {
+/// An infix operator token: its operator name, its source symbol (for messages) and precedence.
+fn binop(t: &Tok) -> Option<(&'static str, &'static str, u8)> {
     Some(match t {
-        Tok::EqEq => ("equal", 1),
-        Tok::NotEq => ("not_equal", 1),
-        Tok::Lt => ("less", 1),
-        Tok::Gt => ("greater", 1),
-        Tok::Le => ("less_equal", 1),
-        Tok::Ge => ("greater_equal", 1),
-        Tok::Plus => ("add", 2),
-        Tok::Minus => ("subtract", 2),
-        Tok::Star => ("multiply", 3),
-        Tok::Slash => ("divide", 3),
+        Tok::EqEq => ("equal", "==", 1),
+        Tok::NotEq => ("not_equal", "!=", 1),
+        Tok::Lt => ("less", "<", 1),
+        Tok::Gt => ("greater", ">", 1),
+        Tok::Le => ("less_equal", "<=", 1),
+        Tok::Ge => ("greater_equal", ">=", 1),
+        Tok::Plus => ("add", "+", 2),
+        Tok::Minus => ("subtract", "-", 2),
+        Tok::Star => ("multiply", "*", 3),
+        Tok::Slash => ("divide", "/", 3),
         _ => return None,
     })
-}
-
-/// The source symbol of an infix operator's operator name (for messages).
-fn op_symbol(name: &str) -> &'static str {
-    match name {
-        "equal" => "==",
-        "not_equal" => "!=",
-        "less" => "<",
-        "greater" => ">",
-        "less_equal" => "<=",
-        "greater_equal" => ">=",
-        "add" => "+",
-        "subtract" => "-",
-        "multiply" => "*",
-        "divide" => "/",
-        _ => "operator",
-    }
 }
 
 fn call_node(callee: Expr, args: Vec<Expr>, attrs: Attrs, span: Span) -> Expr {
@@ -745,13 +729,13 @@ impl<'a> Parser<'a> {
     /// Infix operators by operator precedence (shunting-yard), so that a long chain costs no stack.
     fn binary(&mut self) -> PResult<Node> {
         let mut operands = vec![self.unary()?];
-        let mut ops: Vec<(&'static str, u8, Span)> = Vec::new();
-        while let Some((name, prec)) = binop(self.peek()) {
-            while ops.last().is_some_and(|&(_, top, _)| top >= prec) {
+        let mut ops: Vec<(&'static str, &'static str, u8, Span)> = Vec::new();
+        while let Some((name, symbol, prec)) = binop(self.peek()) {
+            while ops.last().is_some_and(|&(_, _, top, _)| top >= prec) {
                 self.reduce(&mut operands, &mut ops)?;
             }
             let sp = self.bump();
-            ops.push((name, prec, sp));
+            ops.push((name, symbol, prec, sp));
             operands.push(self.unary()?);
         }
         while !ops.is_empty() {
@@ -766,15 +750,15 @@ impl<'a> Parser<'a> {
     fn reduce(
         &mut self,
         operands: &mut Vec<Node>,
-        ops: &mut Vec<(&'static str, u8, Span)>,
+        ops: &mut Vec<(&'static str, &'static str, u8, Span)>,
     ) -> PResult<()> {
-        let (Some((name, _, op_span)), Some((rhs, rh)), Some((lhs, lh))) =
+        let (Some((name, symbol, _, op_span)), Some((rhs, rh)), Some((lhs, lh))) =
             (ops.pop(), operands.pop(), operands.pop())
         else {
             return self.fail_expected("an expression");
         };
         let h = lh.max(rh) + 1;
-        self.check_height_of(h, op_span, Deep::Operator(op_symbol(name)))?;
+        self.check_height_of(h, op_span, Deep::Operator(symbol))?;
         let span = lhs.span.to(rhs.span);
         let callee = Expr::new(ExprKind::Op(name.into()), op_span);
         operands.push((call_node(callee, vec![lhs, rhs], Attrs::default(), span), h));
