@@ -213,6 +213,40 @@ fn print_static_report(
             );
         }
     }
+    let consts = &report.params;
+    if consts.reads == 0 {
+        println!("  entry arguments: passed down as written");
+    } else {
+        let mut params: Vec<String> = consts
+            .params
+            .iter()
+            .map(|(f, p)| format!("@{f} #{p}"))
+            .collect();
+        params.sort();
+        println!(
+            "  entry arguments read where used: {} reads, {} captures dropped, {} parameters removed{}",
+            consts.reads,
+            consts.captures,
+            consts.params.len(),
+            if params.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", params.join(", "))
+            }
+        );
+    }
+    if !report.specialized.is_empty() {
+        println!("  specialized on closures:");
+        for s in &report.specialized {
+            println!("    {}", s.name);
+        }
+    }
+    if report.leaf_calls_inlined > 0 {
+        println!(
+            "  leaf functions: {} calls replaced by the callee's body",
+            report.leaf_calls_inlined
+        );
+    }
     if report.hoisted.is_empty() {
         println!("  hoisting: no block invocation is independent of recursive state");
     } else {

@@ -111,6 +111,18 @@ pub struct RunArgs {
     /// gathered per invocation).
     #[arg(long)]
     pub no_dup: bool,
+    /// Pass model weights down the program as arguments and captures, as written, instead of
+    /// reading them where they are used (fewer values the interpreter copies per call).
+    #[arg(long)]
+    pub no_param_consts: bool,
+    /// Call small leaf functions (`@hd`, wrappers of `Primitive=1` functions) instead of copying
+    /// their bodies into the callers.
+    #[arg(long)]
+    pub no_leaf_inline: bool,
+    /// Do not clone higher-order functions (`@map`, `@foldl`) per closure that captures nothing:
+    /// call the closure through its value instead.
+    #[arg(long)]
+    pub no_specialize: bool,
     /// Threads in all (default: $TUMBLE_NUM_THREADS, else the number of cores).
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub threads: Option<usize>,
@@ -222,6 +234,9 @@ fn static_options(args: &RunArgs) -> tumble_compile::StaticOptions {
         hoist: !args.no_hoist,
         ghosts: !args.no_ghosts,
         phases: !args.no_phases,
+        params: !args.no_param_consts,
+        leaf_inline: !args.no_leaf_inline,
+        specialize: !args.no_specialize,
     }
 }
 

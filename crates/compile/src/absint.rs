@@ -55,7 +55,7 @@ pub(crate) fn bind<A: Abstract>(p: &Pat, v: &A, env: &mut [A]) {
 
 /// Making closure `l` inside lambda `me` with environment `env`: joins the captured values into
 /// `captures[l]` (over all creation sites) and returns the closure's value. Sets `changed` when
-/// the joined captures grew (the fixpoint must go on).
+/// the joined captures grew (the fixpoint must go on). `param` is the value of an entry argument.
 pub(crate) fn make_closure<A: Abstract>(
     program: &Program,
     l: u32,
@@ -63,6 +63,7 @@ pub(crate) fn make_closure<A: Abstract>(
     env: &[A],
     captures: &mut HashMap<u32, Vec<A>>,
     changed: &mut bool,
+    param: impl Fn(u32) -> A,
 ) -> A {
     let mut captured = Vec::new();
     if let Some(lambda) = program.lambdas.get(l as usize) {
@@ -70,6 +71,7 @@ pub(crate) fn make_closure<A: Abstract>(
             captured.push(match from {
                 CaptureFrom::Slot(s) => env.get(*s as usize).cloned().unwrap_or_else(A::bottom),
                 CaptureFrom::SelfRef => A::callables([FnRef::Lambda(me)].into_iter().collect()),
+                CaptureFrom::Param(k) => param(*k),
             });
         }
     }

@@ -199,7 +199,8 @@ fn clone_for(program: &mut Program, g: u32, reaches: &[bool], copy: usize) -> (u
                 program.sites.push(Site {
                     block: nb,
                     span: old.as_ref().map(|s| s.span).unwrap_or_default(),
-                    hoisted: old.is_some_and(|s| s.hoisted),
+                    hoisted: old.as_ref().is_some_and(|s| s.hoisted),
+                    inlined_from: old.and_then(|s| s.inlined_from),
                 });
                 *block = nb;
             }

@@ -152,6 +152,7 @@ fn cost(code: &Code, cx: &Cx) -> Cost {
     match code {
         Code::Slot(_)
         | Code::SelfRef
+        | Code::Param(_)
         | Code::Global(_)
         | Code::Ctor(_)
         | Code::Lit(_)

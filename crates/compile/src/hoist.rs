@@ -248,7 +248,8 @@ impl Analyzer<'_> {
             Code::SelfRef => AV::callables([FnRef::Lambda(me)].into_iter().collect()),
             Code::Global(g) => AV::callables([FnRef::Global(*g)].into_iter().collect()),
             Code::Ctor(_) => AV::callables([FnRef::Ctor].into_iter().collect()),
-            Code::Lit(_) | Code::Phase => AV::default(),
+            // Weights: received, not computed in any activation.
+            Code::Lit(_) | Code::Param(_) | Code::Phase => AV::default(),
             Code::Ghost(_, body) => self.eval(body, env, me),
             Code::Tuple(es) | Code::Concurrent(es) => self.join_all(es, env, me),
             Code::CallCtor { args, .. } => self.join_all(args, env, me),
@@ -311,6 +312,7 @@ impl Analyzer<'_> {
                 env,
                 &mut self.captures,
                 &mut self.changed,
+                |_| AV::default(),
             ),
             Code::If(c, t, f) => {
                 let cv = self.eval(c, env, me);

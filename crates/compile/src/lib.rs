@@ -9,14 +9,17 @@
 mod absint;
 pub mod blocks;
 mod callgraph;
+pub mod consts;
 pub mod dup;
 pub mod ghosts;
 pub mod hoist;
 pub mod inline;
+pub mod inline_leaves;
 pub mod passes;
 pub mod phases;
 pub mod program;
 pub mod reuse;
+pub mod specialize;
 pub mod verify;
 
 pub use blocks::{BArg, BVal, Block, BlockInput, BlockNode, OutputShape};

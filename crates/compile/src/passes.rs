@@ -1,6 +1,9 @@
 //! The static optimizations of ACROBAT §4.1/§5.1 run over a lowered program, in order: code
-//! duplication (so that the other analyses see one weight per block), hoisting (marks sites),
-//! ghost operators (which count only non-hoisted sites), automatic phases. Each is
+//! duplication (so that the other analyses see one weight per block), entry arguments as per-run
+//! constants (after duplication, which gives each function one set of weights), specialization
+//! of higher-order functions on the closures they get (after that, which leaves most closures
+//! capturing nothing), inlining of leaf functions (after both, so weight-passing wrappers and the
+//! specialized closures' bodies are leaves), hoisting (marks sites), ghost operators (which count only non-hoisted sites), automatic phases. Each is
 //! switchable; what each found is reported for `tumble explain`.
 
 use crate::dup::Duplicate;
@@ -14,6 +17,12 @@ pub struct StaticOptions {
     pub hoist: bool,
     pub ghosts: bool,
     pub phases: bool,
+    /// Entry arguments read where they are used instead of passed down ([`crate::consts`]).
+    pub params: bool,
+    /// Small leaf functions copied into their callers ([`crate::inline_leaves`]).
+    pub leaf_inline: bool,
+    /// Higher-order functions cloned per closure argument ([`crate::specialize`]).
+    pub specialize: bool,
 }
 
 impl StaticOptions {
@@ -23,6 +32,9 @@ impl StaticOptions {
             hoist: true,
             ghosts: true,
             phases: true,
+            params: true,
+            leaf_inline: true,
+            specialize: true,
         }
     }
 
@@ -32,6 +44,9 @@ impl StaticOptions {
             hoist: false,
             ghosts: false,
             phases: false,
+            params: false,
+            leaf_inline: false,
+            specialize: false,
         }
     }
 }
@@ -47,6 +62,12 @@ pub struct StaticReport {
     pub ghosts: Vec<GhostSite>,
     /// Automatic phase boundaries: before which element of the entry's top-level `let` chain.
     pub phases: Vec<usize>,
+    /// What binding entry arguments as per-run constants did.
+    pub params: crate::consts::ConstReport,
+    /// Calls of leaf functions inlined.
+    pub leaf_calls_inlined: usize,
+    /// Functions specialized on a closure argument.
+    pub specialized: Vec<crate::specialize::Specialized>,
 }
 
 /// Runs the switched-on optimizations; `weights` flags the entry's parameters that are model
@@ -61,6 +82,18 @@ pub fn optimize(
     if opts.dup {
         report.duplicated = crate::dup::duplicate(program, entry, weights);
         crate::verify::debug_check(program, "code duplication");
+    }
+    if opts.params {
+        report.params = crate::consts::bind_entry_params(program, entry, weights);
+        crate::verify::debug_check(program, "entry arguments as constants");
+    }
+    if opts.specialize {
+        report.specialized = crate::specialize::specialize(program, entry);
+        crate::verify::debug_check(program, "specialization on closures");
+    }
+    if opts.leaf_inline {
+        report.leaf_calls_inlined = crate::inline_leaves::inline_leaves(program, entry);
+        crate::verify::debug_check(program, "leaf inlining");
     }
     if opts.hoist {
         let h = crate::hoist::analyze(program, entry);

@@ -24,6 +24,10 @@ pub enum Code {
     /// A constructor used as a value: a field-less one is the value itself, others are functions.
     Ctor(u32),
     Lit(Tensor),
+    /// Argument `k` of the run's entry function ([`Program::params_of`]): a model weight read
+    /// where the program would otherwise have passed it down as an argument or captured it
+    /// ([`crate::consts`]).
+    Param(u32),
     Tuple(Vec<Code>),
     Proj(Box<Code>, u32, Span),
     CallOp {
@@ -89,6 +93,7 @@ macro_rules! code_children {
             | Code::Global(_)
             | Code::Ctor(_)
             | Code::Lit(_)
+            | Code::Param(_)
             | Code::MakeClosure(_)
             | Code::Phase => {}
             Code::Ghost(_, b) | Code::Proj(b, _, _) => $f(b),
@@ -204,12 +209,17 @@ pub struct Site {
     /// Static hoisting (ACROBAT §4.1, appendix A): the invocation does not depend on recursive state,
     /// so it is scheduled by its dataflow depth alone, batching across all positions and instances.
     pub hoisted: bool,
+    /// The call whose callee's body this invocation was copied from ([`crate::inline_leaves`]):
+    /// a run-time error here names that call, as it would have from the callee's frame.
+    pub inlined_from: Option<Span>,
 }
 
 #[derive(Debug, Clone, Copy)]
 pub enum CaptureFrom {
     Slot(u32),
     SelfRef,
+    /// Argument `k` of the entry function (see [`Code::Param`]).
+    Param(u32),
 }
 
 /// A function body with its frame layout: parameters occupy slots `0..n_params`, captured values the
@@ -250,6 +260,9 @@ pub struct Program {
     /// Functions whose calls join their caller's block (see [`crate::inline`]), sorted, for
     /// `explain`.
     pub inlined: Vec<String>,
+    /// The global whose arguments [`Code::Param`] reads (set by [`crate::consts`]); an executor
+    /// keeps the arguments it starts this global with.
+    pub params_of: Option<u32>,
 }
 
 /// Switches of the lowering.
@@ -360,6 +373,7 @@ impl Program {
             notes,
             folded,
             inlined,
+            params_of: None,
         };
         crate::verify::debug_check(&program, "lowering");
         Ok(program)
@@ -675,6 +689,7 @@ impl Lowerer<'_> {
             block: id,
             span,
             hoisted: false,
+            inlined_from: None,
         });
         Code::InvokeBlock {
             block: id,

@@ -127,6 +127,8 @@ struct Analyzer<'p> {
     /// Literal sites get source ids above the parameters'.
     next_literal: HashMap<usize, u64>,
     n_params: u64,
+    /// The entry's parameters that are model weights (what [`Code::Param`] reads).
+    weights: Vec<bool>,
 }
 
 /// Analyzes `program` from global `entry`, whose parameters flagged in `param_is_weight` are model
@@ -145,6 +147,7 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
         changed: true,
         next_literal: HashMap::new(),
         n_params: param_is_weight.len() as u64,
+        weights: param_is_weight.to_vec(),
     };
     let entry_lambda = program
         .global_index
@@ -266,6 +269,7 @@ impl Analyzer<'_> {
                 AV::shared_from(id)
             }
             Code::Phase => AV::default(),
+            Code::Param(k) => param_value(&self.weights, *k),
             Code::Ghost(_, body) => self.eval(body, env, me),
             Code::Tuple(es) | Code::Concurrent(es) => {
                 let mut out = AV::default();
@@ -339,6 +343,7 @@ impl Analyzer<'_> {
                 env,
                 &mut self.captures,
                 &mut self.changed,
+                |k| param_value(&self.weights, k),
             ),
             Code::If(c, t, f) => {
                 let cv = self.eval(c, env, me);
@@ -359,5 +364,14 @@ impl Analyzer<'_> {
                 out.with_varying(sv.varying && arms.len() > 1)
             }
         }
+    }
+}
+
+/// Entry argument `k`: shared when it is a weight.
+fn param_value(weights: &[bool], k: u32) -> AV {
+    if weights.get(k as usize).copied().unwrap_or(false) {
+        AV::shared_from(u64::from(k))
+    } else {
+        AV::varying()
     }
 }

@@ -193,6 +193,22 @@ impl Verifier<'_> {
         match code {
             Code::Slot(s) => self.slot(*s, n_slots, "is read"),
             Code::Global(g) => self.global(*g),
+            Code::Param(k) => {
+                let entry = self.program.params_of.and_then(|g| {
+                    let l = *self.program.globals.get(g as usize)?;
+                    self.program.lambdas.get(l as usize)
+                });
+                match entry {
+                    None => self.fail(format!(
+                        "entry argument {k} is read, but no entry function is recorded"
+                    )),
+                    Some(e) if *k >= e.n_params => self.fail(format!(
+                        "entry argument {k} is read, but `{}` takes {}",
+                        e.name, e.n_params
+                    )),
+                    Some(_) => {}
+                }
+            }
             Code::CallGlobal { global, .. } => self.global(*global),
             Code::Ctor(c) => {
                 self.ctor_arity(*c);
@@ -230,8 +246,12 @@ impl Verifier<'_> {
                 )),
                 Some(l) => {
                     for (from, _) in &l.captures {
-                        if let CaptureFrom::Slot(s) = from {
-                            self.slot(*s, n_slots, "is captured by a closure made here");
+                        match from {
+                            CaptureFrom::Slot(s) => {
+                                self.slot(*s, n_slots, "is captured by a closure made here")
+                            }
+                            CaptureFrom::Param(k) => self.code(&Code::Param(*k), n_slots),
+                            CaptureFrom::SelfRef => {}
                         }
                     }
                 }

@@ -203,6 +203,8 @@ pub struct Machine<'p> {
     binds: Vec<(u32, Value)>,
     /// Steps until the next look at the run limits.
     poll_in: u32,
+    /// The arguments the entry was started with, read by `Code::Param`.
+    params: Vec<Value>,
     pub ctx: InstanceCtx,
 }
 
@@ -233,6 +235,7 @@ impl<'p> Machine<'p> {
             vals_pool: Vec::new(),
             binds: Vec::new(),
             poll_in: POLL_EVERY,
+            params: Vec::new(),
             ctx,
         }
     }
@@ -240,6 +243,9 @@ impl<'p> Machine<'p> {
     /// Prepares a call of global `index` on `args`; [`Machine::run`] then evaluates it.
     pub fn start(&mut self, index: u32, args: Vec<Value>) -> Result<(), RunError> {
         let lambda = self.global(index)?;
+        if self.program.params_of == Some(index) {
+            self.params = args.clone();
+        }
         let step = self.enter(lambda, args, None, &[], None)?;
         self.pending = Some(step);
         Ok(())
@@ -370,6 +376,15 @@ impl<'p> Machine<'p> {
             .ok_or_else(|| RunError::new(format!("internal: slot {s} read before it was set")))
     }
 
+    fn param(&self, k: u32) -> Result<Value, RunError> {
+        self.params.get(k as usize).cloned().ok_or_else(|| {
+            RunError::new(format!(
+                "internal: entry argument {k} read, but the run was started with {}",
+                self.params.len()
+            ))
+        })
+    }
+
     /// The value of code that needs no evaluation step of its own — a variable, a literal, a
     /// global, a field of a variable — or `None`. Operands, tuple elements and `let` values are
     /// mostly such code: taking them at once saves a continuation push and pop and a trip through
@@ -377,10 +392,12 @@ impl<'p> Machine<'p> {
     fn immediate(&self, code: &Code) -> Option<Result<Value, RunError>> {
         match code {
             Code::Slot(s) => Some(self.slot(*s)),
+            Code::Param(k) => Some(self.param(*k)),
             Code::Lit(t) => Some(Ok(Value::Tensor(t.clone()))),
             Code::Global(g) => Some(Ok(Value::Closure(Rc::new(Closure::Global(*g))))),
             Code::Proj(inner, i, span) => match &**inner {
                 Code::Slot(s) => Some(self.slot(*s).and_then(|v| project(&v, *i, *span))),
+                Code::Param(k) => Some(self.param(*k).and_then(|v| project(&v, *i, *span))),
                 _ => None,
             },
             _ => None,
@@ -456,6 +473,7 @@ impl<'p> Machine<'p> {
     fn eval(&mut self, code: &'p Code, backend: &mut dyn Backend) -> Result<Step<'p>, RunError> {
         Ok(match code {
             Code::Slot(s) => Step::Apply(self.slot(*s)?),
+            Code::Param(k) => Step::Apply(self.param(*k)?),
             Code::SelfRef => Step::Apply(
                 self.frame
                     .this
@@ -507,6 +525,7 @@ impl<'p> Machine<'p> {
                 for (from, _) in &lambda.captures {
                     captured.push(match from {
                         CaptureFrom::Slot(s) => self.slot(*s)?,
+                        CaptureFrom::Param(k) => self.param(*k)?,
                         CaptureFrom::SelfRef => self.frame.this.clone().ok_or_else(|| {
                             RunError::new("internal: self capture outside a closure")
                         })?,
@@ -679,7 +698,20 @@ impl<'p> Machine<'p> {
                 block, site, span, ..
             } => Ok(Step::Apply({
                 self.ctx.pending = self.stack.len();
-                backend.invoke_block(&mut self.ctx, *block, *site, vals, *span)?
+                backend
+                    .invoke_block(&mut self.ctx, *block, *site, vals, *span)
+                    .map_err(|mut e| {
+                        // Copied from a callee's body: the call is the innermost frame.
+                        let from = self.program.sites.get(*site as usize);
+                        if let Some(call) = from.and_then(|s| s.inlined_from) {
+                            if e.trace.is_empty() {
+                                e.trace = self.call_trace();
+                            }
+                            e.trace.insert(0, call);
+                            e.trace.truncate(MAX_TRACE);
+                        }
+                        e
+                    })?
             })),
             Code::CallCtor { ctor, .. } => Ok(Step::Apply(Value::adt(*ctor, vals))),
             Code::CallGlobal { global, span, .. } => {

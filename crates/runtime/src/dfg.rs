@@ -930,7 +930,8 @@ impl<'p> Dfg<'p> {
             None => run_block(block, &inputs, b, &mut octx, &mut self.profile.ops),
         }
         .map_err(|m| RunError::at(first_span, format!("in block {}: {m}", block.name)))?;
-        self.profile.time_kernels += t1.elapsed();
+        let kernel_time = t1.elapsed();
+        self.profile.time_kernels += kernel_time;
         self.profile.launches += 1;
         let st = self
             .profile
@@ -940,6 +941,7 @@ impl<'p> Dfg<'p> {
         st.launches += 1;
         st.invocations += b as u64;
         st.max_batch = st.max_batch.max(b as u64);
+        st.kernels += kernel_time;
         for o in &outs {
             if let BV::Batched(OpValue::Tensor(t)) = o {
                 self.profile.activation_bytes += (t.len() * t.dtype().size()) as u64;

@@ -12,6 +12,8 @@ pub struct BlockStats {
     pub launches: u64,
     pub invocations: u64,
     pub max_batch: u64,
+    /// Time in this block's kernels (gathering its inputs not included).
+    pub kernels: std::time::Duration,
 }
 
 #[derive(Default, Debug, Clone)]
@@ -84,6 +86,7 @@ impl Profile {
             e.launches += v.launches;
             e.invocations += v.invocations;
             e.max_batch = e.max_batch.max(v.max_batch);
+            e.kernels += v.kernels;
         }
         self.ops.batched += o.ops.batched;
         self.ops.looped += o.ops.looped;
@@ -265,8 +268,8 @@ impl fmt::Display for Profile {
         }
         writeln!(
             f,
-            "{:<40} {:>9} {:>12} {:>10} {:>9}",
-            "block", "launches", "invocations", "mean batch", "max batch"
+            "{:<40} {:>9} {:>12} {:>10} {:>9} {:>11}",
+            "block", "launches", "invocations", "mean batch", "max batch", "kernels ms"
         )?;
         for (name, s) in &self.per_block {
             let mean = if s.launches == 0 {
@@ -276,8 +279,13 @@ impl fmt::Display for Profile {
             };
             writeln!(
                 f,
-                "{:<40} {:>9} {:>12} {:>10.2} {:>9}",
-                name, s.launches, s.invocations, mean, s.max_batch
+                "{:<40} {:>9} {:>12} {:>10.2} {:>9} {:>11.3}",
+                name,
+                s.launches,
+                s.invocations,
+                mean,
+                s.max_batch,
+                ms(s.kernels)
             )?;
         }
         Ok(())

@@ -500,9 +500,12 @@ fn every_combination_of_switches() {
                 continue;
             }
             let label = format!(
-                "{} coarsen={coarsen} fusion={fusion} phases={phases} hoist={hoist} ghosts={ghosts} dup={dup} \
+                "{} coarsen={coarsen} fusion={fusion} phases={phases} hoist={hoist} ghosts={ghosts} dup={dup} params={} leaf_inline={} specialize={} \
                  hfuse={hfuse} gather_fusion={gather_fusion} row_cache={row_cache} epilogue={epilogue} sum_fusion={}",
                 case.model,
+                hoist != dup,
+                ghosts != dup,
+                phases != dup,
                 phases != hoist
             );
             let statics = tumble_compile::StaticOptions {
@@ -510,6 +513,10 @@ fn every_combination_of_switches() {
                 hoist,
                 ghosts,
                 phases,
+                // Entry arguments as constants, on in half the combinations without doubling them.
+                params: hoist != dup,
+                leaf_inline: ghosts != dup,
+                specialize: phases != dup,
             };
             let (program, reuse) = compile(&x, coarsen, statics);
             let opts = Options {

@@ -57,6 +57,9 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         hoist: bit(0.5),
         ghosts: bit(0.5),
         phases: bit(0.5),
+        params: bit(0.5),
+        leaf_inline: bit(0.5),
+        specialize: bit(0.5),
     };
     let opts = Options {
         host_scalars: bit(0.7),

@@ -679,3 +679,33 @@ def @main(%tok: Tensor[(1), int32], %mats: Tensor[(6, 3, 4), float32], %emb: Ten
     let profile = batch_profile(&x, tumble_runtime::Options::default());
     assert!(profile.fused.gather_views >= 2, "{profile}");
 }
+
+/// Weights reached through a value (an option holding one), a closure capturing one inside
+/// another closure, and a parameter that holds different weights on different calls: the
+/// entry-argument pass ([`tumble_compile::consts`]) must keep every one of them right.
+#[test]
+fn weights_through_values_closures_and_varying_parameters() {
+    let src = r#"
+def @walk(%xs: List[Tensor[(1, 4), float32]], %h: Tensor[(1, 4), float32], %W: Tensor[(4, 4), float32], %U: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%xs) {
+    Cons(%x, %rest) => {
+      let %f = fn (%a: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+        let %g = fn (%b: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { nn.dense(%b, %U) };
+        %g(tanh(nn.dense(%a, %W)))
+      };
+      @walk(%rest, add(%f(%x), %h), %U, %U)
+    },
+    Nil => %h,
+  }
+}
+def @main(%x: Tensor[(1, 4), float32], %W: Tensor[(4, 4), float32], %U: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %o = Some(%W);
+  let %w = match (%o) {
+    Some(%v) => %v,
+    None => %U,
+  };
+  @walk(Cons(%x, Cons(nn.dense(%x, %w), Nil)), %x, %w, %U)
+}
+"#;
+    agrees("weights.rly", src, &rows(9, 4), &["x"]);
+}
