@@ -24,6 +24,9 @@ use tumble_tensor::{Rng, Tensor};
 
 pub use tumble_io::{Location, OutTree, RawInstance, RawInstances, ATTACHED_TENSOR_KEY};
 
+/// The deepest nesting of an instance read (JSON arrays/objects, or a face's own values).
+pub const MAX_INPUT_DEPTH: usize = tumble_io::MAX_DEPTH;
+
 /// Stack of the thread a run (and the decoding of deep instances) happens on: the CLI's.
 pub const WORK_STACK_BYTES: usize = 256 << 20;
 
