@@ -183,7 +183,9 @@ impl<'py> Converter<'py> {
             if let Ok(u) = obj.extract::<u64>() {
                 return Ok(Json::Number(u.into()));
             }
-            return self.fail(format!("the integer {obj} is too large for any tumble dtype"));
+            return self.fail(format!(
+                "the integer {obj} is too large for any tumble dtype"
+            ));
         }
         if let Ok(f) = obj.cast::<PyFloat>() {
             let x = f.value();
@@ -373,10 +375,7 @@ fn tensor_param(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
     }
 }
 
-fn params_from(
-    params: Option<&Bound<'_, PyAny>>,
-    random_params: Option<u64>,
-) -> PyResult<Params> {
+fn params_from(params: Option<&Bound<'_, PyAny>>, random_params: Option<u64>) -> PyResult<Params> {
     let mut out = Params {
         random_seed: random_params,
         ..Params::default()
@@ -621,7 +620,12 @@ impl PyModel {
     }
 
     fn __repr__(&self) -> String {
-        let inputs: Vec<&str> = self.inner.inputs().iter().map(|(n, _)| n.as_str()).collect();
+        let inputs: Vec<&str> = self
+            .inner
+            .inputs()
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
         format!(
             "<tumble.Model {} inputs=[{}] parameters={}>",
             self.inner.name(),
@@ -643,7 +647,9 @@ fn set_max_memory(limit: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
                 Some(n)
             } else {
                 let s: String = l.extract().map_err(|_| {
-                    PyValueError::new_err("max memory: expected bytes (int), a size like '4G', or None")
+                    PyValueError::new_err(
+                        "max memory: expected bytes (int), a size like '4G', or None",
+                    )
                 })?;
                 tumble_limits::parse_size(&s).map_err(PyValueError::new_err)?
             }

@@ -481,7 +481,7 @@ impl Model {
                 .decode_one(i, &env, &self.instance_args)
                 .map_err(|e| Error::Input {
                     instance: i,
-                    message: e.to_string(),
+                    message: format!("{e}{}", self.param_key_hint(instances, i)),
                 })?;
             self.bound.assemble(values).map_err(|e| Error::Input {
                 instance: i,
@@ -501,6 +501,33 @@ impl Model {
                     self.run_error(instances, instance, error)
                 }
             },
+        )
+    }
+
+    /// When instance `i` has keys that name parameters: how to make them inputs (which @main
+    /// arguments are inputs is decided at load, before any instance is seen).
+    fn param_key_hint(&self, instances: &RawInstances, i: usize) -> String {
+        let Some(serde_json::Value::Object(m)) = instances.items.get(i).map(RawInstance::json)
+        else {
+            return String::new();
+        };
+        let params: Vec<&str> = m
+            .keys()
+            .filter(|k| self.parameter(k).is_some())
+            .map(String::as_str)
+            .collect();
+        if params.is_empty() {
+            return String::new();
+        }
+        let mut inputs: Vec<&str> = self.instance_args.iter().map(|(n, _)| n.as_str()).collect();
+        inputs.extend(&params);
+        format!(
+            " ({} {} bound as parameters of the model; to give {} per instance, load the model \
+             with the inputs named: inputs = [{}])",
+            params.join(", "),
+            if params.len() == 1 { "is" } else { "are" },
+            if params.len() == 1 { "it" } else { "them" },
+            inputs.join(", ")
         )
     }
 
