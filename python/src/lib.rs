@@ -30,31 +30,31 @@ static GLOBAL: tumble_limits::CountingAlloc<mimalloc::MiMalloc> =
     tumble_limits::CountingAlloc(mimalloc::MiMalloc);
 
 create_exception!(
-    _tumble,
+    tumble,
     Error,
     PyException,
     "Base class of tumble's errors; the message names the place (source line, instance and path in it, parameter)."
 );
 create_exception!(
-    _tumble,
+    tumble,
     CheckError,
     Error,
     "The model does not parse or type-check, or cannot be read."
 );
 create_exception!(
-    _tumble,
+    tumble,
     ParamError,
     Error,
     "A parameter is missing, has the wrong shape or dtype, or the weights file is bad."
 );
 create_exception!(
-    _tumble,
+    tumble,
     InputError,
     Error,
     "An instance does not match @main's argument types; `.instance` is its index."
 );
 create_exception!(
-    _tumble,
+    tumble,
     RunError,
     Error,
     "Running an instance failed (run-time shape error, memory budget, ...); `.instance` is its index."

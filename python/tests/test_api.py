@@ -142,7 +142,7 @@ def test_random_draws_follow_the_seed():
     model = tumble.loads(
         """
 def @main(%x: Tensor[(), float32]) -> Tensor[(), int32] {
-  random.db_uniform(low=0, high=1000000)
+  random.db_uniform(low=0, high=1000000, out_shape=[], out_dtype="int32")
 }
 """
     )

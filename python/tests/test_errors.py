@@ -64,7 +64,7 @@ def test_input_errors_name_the_instance_and_path(adder):
         ({"x": np.array([1], np.uint8), "y": [2.0]}, r"\.x: a numpy array of dtype"),
         ({"x": object(), "y": [2.0]}, r"\.x: cannot take a object"),
         ({"x": [[1.0]], "y": [2.0]}, r"\.x"),
-        ({"x": [float("nan")], "y": [2.0]}, r"\.x\[0\]: nan"),
+        ({"x": [float("nan")], "y": [2.0]}, r"\.x\[0\]: NaN"),
         ({1: [1.0]}, "not a string"),
     ]
     for bad, pattern in cases:
