@@ -129,44 +129,56 @@ fn ctor_class(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
 /// Converts one instance to the CLI's JSON encoding, attaching numpy arrays as tensors.
 struct Converter<'py> {
     py: Python<'py>,
-    path: String,
+    /// Where in the instance the conversion is; rendered only for a message (a string per
+    /// value cost a third of the conversion).
+    path: Vec<Seg>,
     attached: Vec<Tensor>,
-    depth: usize,
+}
+
+enum Seg {
+    Index(usize),
+    Key(String),
 }
 
 impl<'py> Converter<'py> {
     fn fail<T>(&self, what: String) -> Result<T, String> {
         if self.path.is_empty() {
-            Err(what)
-        } else {
-            Err(format!("{}: {what}", self.path))
+            return Err(what);
         }
+        let mut path = String::new();
+        for s in &self.path {
+            match s {
+                Seg::Index(i) => path.push_str(&format!("[{i}]")),
+                Seg::Key(k) => {
+                    path.push('.');
+                    path.push_str(k);
+                }
+            }
+        }
+        Err(format!("{path}: {what}"))
     }
 
     fn nested<T>(
         &mut self,
-        seg: &str,
+        seg: Seg,
         f: impl FnOnce(&mut Self) -> Result<T, String>,
     ) -> Result<T, String> {
-        let len = self.path.len();
-        self.path.push_str(seg);
-        self.depth += 1;
-        let out = if self.depth > MAX_DEPTH {
+        self.path.push(seg);
+        let out = if self.path.len() > MAX_DEPTH {
             self.fail(format!(
                 "nests deeper than {MAX_DEPTH} levels; tumble does not read inputs that deep"
             ))
         } else {
             f(self)
         };
-        self.depth -= 1;
-        self.path.truncate(len);
+        self.path.pop();
         out
     }
 
     fn items(&mut self, seq: impl Iterator<Item = Bound<'py, PyAny>>) -> Result<Json, String> {
         let mut out = Vec::new();
         for (i, item) in seq.enumerate() {
-            out.push(self.nested(&format!("[{i}]"), |c| c.value(&item))?);
+            out.push(self.nested(Seg::Index(i), |c| c.value(&item))?);
         }
         Ok(Json::Array(out))
     }
@@ -197,7 +209,10 @@ impl<'py> Converter<'py> {
             };
         }
         if let Ok(s) = obj.cast::<PyString>() {
-            return Ok(Json::String(s.to_string()));
+            // `to_string` would go through Python's str() and a formatter.
+            return Ok(Json::String(
+                s.to_cow().map_err(|e| e.to_string())?.into_owned(),
+            ));
         }
         if let Ok(d) = obj.cast::<PyDict>() {
             let mut m = Map::new();
@@ -208,9 +223,8 @@ impl<'py> Converter<'py> {
                         short_repr(&k)
                     ));
                 };
-                let key = key.to_string();
-                let seg = format!(".{key}");
-                let v = self.nested(&seg, |c| c.value(&v))?;
+                let key = key.to_cow().map_err(|e| e.to_string())?.into_owned();
+                let v = self.nested(Seg::Key(key.clone()), |c| c.value(&v))?;
                 m.insert(key, v);
             }
             return Ok(Json::Object(m));
@@ -246,8 +260,7 @@ impl<'py> Converter<'py> {
                 .map_err(|e| e.to_string())?;
             let fields = obj.getattr("fields").map_err(|e| e.to_string())?;
             let fields = fields.cast::<PyTuple>().map_err(|e| e.to_string())?;
-            let seg = format!(".{name}");
-            let fields = self.nested(&seg, |c| c.items(fields.iter()))?;
+            let fields = self.nested(Seg::Key(name.clone()), |c| c.items(fields.iter()))?;
             let mut m = Map::new();
             m.insert(name, fields);
             return Ok(Json::Object(m));
@@ -288,9 +301,8 @@ fn convert_instances(py: Python<'_>, instances: &[Py<PyAny>]) -> Result<RawInsta
     for (i, obj) in instances.iter().enumerate() {
         let mut c = Converter {
             py,
-            path: String::new(),
+            path: Vec::new(),
             attached: Vec::new(),
-            depth: 0,
         };
         let json = c.value(obj.bind(py)).map_err(|message| ApiError::Input {
             instance: i,
