@@ -82,9 +82,28 @@ fn drop_json(v: Json) {
 pub struct RawInstance {
     pub location: Location,
     json: DeepJson,
+    /// Tensors a library caller built already (numpy arrays), which the JSON refers to as
+    /// `{ATTACHED_TENSOR_KEY: index}`, so they are checked by type but never spelled out as JSON.
+    attached: Vec<Tensor>,
 }
 
+/// The key of a JSON object that stands for an attached tensor (see
+/// [`RawInstance::with_tensors`]): `{"\u0001tensor": 3}` is the instance's attached tensor 3. A
+/// control character no JSON author types, so it cannot be mistaken for an argument or a
+/// constructor name.
+pub const ATTACHED_TENSOR_KEY: &str = "\u{1}tensor";
+
 impl RawInstance {
+    /// An instance made by a library caller rather than read from text; `attached` are the
+    /// tensors its JSON refers to by [`ATTACHED_TENSOR_KEY`] objects.
+    pub fn with_tensors(location: Location, json: Json, attached: Vec<Tensor>) -> RawInstance {
+        RawInstance {
+            location,
+            json: DeepJson(json),
+            attached,
+        }
+    }
+
     pub fn json(&self) -> &Json {
         &self.json.0
     }
@@ -341,6 +360,7 @@ fn parse_line<R: BufRead>(
     Ok(RawInstance {
         location: Location::Line(no),
         json: DeepJson(json),
+        attached: Vec::new(),
     })
 }
 
@@ -366,6 +386,7 @@ fn try_array<R: BufRead>(
                 .map(|(i, j)| RawInstance {
                     location: Location::Index(i),
                     json: DeepJson(j),
+                    attached: Vec::new(),
                 })
                 .collect(),
         }
@@ -400,6 +421,7 @@ fn try_array<R: BufRead>(
             items.push(RawInstance {
                 location: Location::Line(first_no),
                 json,
+                attached: Vec::new(),
             });
             if let Some(t) = next {
                 let no = lines.line_no;
@@ -515,6 +537,7 @@ impl RawInstances {
         let mut d = Decoder {
             env,
             path: Vec::new(),
+            attached: &item.attached,
         };
         d.instance(item.json(), args)
             .map_err(|e| IoError::Instance {
@@ -544,6 +567,8 @@ struct DecodeError {
 struct Decoder<'a, 'e> {
     env: &'a TypeEnv<'e>,
     path: Vec<Seg>,
+    /// The instance's attached tensors ([`RawInstance::with_tensors`]).
+    attached: &'a [Tensor],
 }
 
 /// A short description of a JSON value for "found ..." messages.
@@ -569,7 +594,9 @@ pub(crate) fn describe(v: &Json) -> String {
 }
 
 fn describe_map(m: &serde_json::Map<String, Json>) -> String {
-    if m.is_empty() {
+    if m.len() == 1 && m.contains_key(ATTACHED_TENSOR_KEY) {
+        "an n-dimensional array".into()
+    } else if m.is_empty() {
         "an empty object".into()
     } else {
         format!("an object with keys {}", key_list(m.keys()))
@@ -661,7 +688,10 @@ impl Decoder<'_, '_> {
     /// `{"shape": .., "data": ..}` for a tensor, `{"Ctor": [..]}` for an ADT.
     fn object_is_value(&self, m: &serde_json::Map<String, Json>, ty: &Ty) -> bool {
         match ty {
-            Ty::Tensor { .. } => m.contains_key("shape") && m.contains_key("data"),
+            Ty::Tensor { .. } => {
+                (m.contains_key("shape") && m.contains_key("data"))
+                    || (m.len() == 1 && m.contains_key(ATTACHED_TENSOR_KEY))
+            }
             Ty::Adt(adt, _) => {
                 m.len() == 1
                     && m.keys()
@@ -827,6 +857,9 @@ impl Decoder<'_, '_> {
         ty: &Ty,
     ) -> Result<Tensor, DecodeError> {
         if let Json::Object(m) = json {
+            if let Some(r) = m.get(ATTACHED_TENSOR_KEY) {
+                return self.attached_tensor(r, dims, dtype, ty);
+            }
             return self.shape_data(m, dims, dtype, ty);
         }
         let rank = dims.len();
@@ -920,6 +953,48 @@ impl Decoder<'_, '_> {
             self.path.pop();
         }
         Ok(())
+    }
+
+    /// An attached tensor (a caller's array), taken as it is: its dtype must be the declared
+    /// one (no silent casts), its shape must fit the declared dims.
+    fn attached_tensor(
+        &mut self,
+        r: &Json,
+        dims: &[Dim],
+        dtype: DType,
+        ty: &Ty,
+    ) -> Result<Tensor, DecodeError> {
+        let Some(t) = r
+            .as_u64()
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| self.attached.get(i))
+        else {
+            return self.err(format!(
+                "expected {ty}, found a reference to an attached tensor that this instance does \
+                 not have ({})",
+                describe(r)
+            ));
+        };
+        if t.dtype() != dtype {
+            return self.err(format!(
+                "expected {ty}, found a {} array of shape {}; convert it (numpy: \
+                 `.astype({})`)",
+                t.dtype(),
+                format_shape(t.shape()),
+                if dtype == DType::Bool {
+                    "bool".to_string()
+                } else {
+                    format!("numpy.{dtype}")
+                }
+            ));
+        }
+        if !crate::bind::shape_matches(dims, t.shape()) {
+            return self.err(format!(
+                "expected {ty}, found an array of shape {}",
+                format_shape(t.shape())
+            ));
+        }
+        Ok(t.clone())
     }
 
     fn shape_data(

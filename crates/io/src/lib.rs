@@ -24,6 +24,7 @@ mod env;
 mod error;
 pub mod instances;
 pub mod output;
+mod tree;
 pub mod weights;
 
 pub use bind::{bind_params, random_param, Binding, BoundArg, BoundParams, MAX_RANDOM_ELEMENTS};
@@ -31,9 +32,10 @@ pub use env::{main_signature, TypeEnv};
 pub use error::IoError;
 pub use instances::{
     read_instances, read_instances_capped, read_instances_file, Location, RawInstance,
-    RawInstances, MAX_DEPTH, MAX_LINE_BYTES,
+    RawInstances, ATTACHED_TENSOR_KEY, MAX_DEPTH, MAX_LINE_BYTES,
 };
 pub use output::{encode_json, summarize, write_jsonl_atomically, Encoded};
+pub use tree::{to_tree, OutTree};
 pub use weights::{load_params, non_finite_warnings, save_params, LoadedParams};
 
 pub use tumble_limits::echo;

@@ -1,0 +1,616 @@
+//! tumble as a library: the sequence of `tumble run` (parse and check → lower → bind parameters
+//! → static optimizations and reuse analysis → decode instances → run mini-batches → results)
+//! as one type, [`Model`], loaded once and run any number of times, from any number of threads.
+//!
+//! Faces (the Python package, a server) build on this crate; the CLI keeps its own copy of the
+//! sequence for its extra switches (reference engine, `--repeat`, summaries) and its output files.
+//!
+//! Instances come in as [`RawInstance`]s: JSON in the CLI's encoding, plus tensors the caller
+//! built already ([`RawInstance::with_tensors`]), so the located messages of the JSON decoder
+//! ("instance at index 3: .tree.Rose[1][0]: expected ...") are the same for every face. Results
+//! go out as [`OutTree`]s, owned trees of tensors that can cross threads.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use tumble_check::{display_sig, LoadOptions as CheckOptions};
+use tumble_compile::{analyze_reuse, InputReuse, LowerOptions, StaticOptions, StaticReport};
+use tumble_interp::{Program, RunError};
+use tumble_io::{bind_params, load_params, main_signature, to_tree, Binding, BoundParams, TypeEnv};
+use tumble_ir::{diag, DType, Diagnostic, SourceMap, Ty};
+use tumble_runtime::{Options, Profile, Reuse, Scheduler};
+use tumble_tensor::{Rng, Tensor};
+
+pub use tumble_io::{Location, OutTree, RawInstance, RawInstances, ATTACHED_TENSOR_KEY};
+
+/// The deepest nesting of an instance read (JSON arrays/objects, or a face's own values).
+pub const MAX_INPUT_DEPTH: usize = tumble_io::MAX_DEPTH;
+
+/// Stack of the thread a run (and the decoding of deep instances) happens on: the CLI's.
+pub const WORK_STACK_BYTES: usize = 256 << 20;
+
+/// Why loading or running a model failed. Every message names the place: the source line for
+/// check errors, the instance and the path inside it for bad instances, the tensor for weights.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Error {
+    /// The model does not parse or type-check (rendered diagnostics), or cannot be read.
+    Check { message: String },
+    /// Weights: a file that cannot be read, a missing, mistyped or ambiguous parameter.
+    Param { message: String },
+    /// Instance `instance` (0-based) does not match `@main`'s argument types.
+    Input { instance: usize, message: String },
+    /// Running instance `instance` failed (shape error at run time, memory budget, ...).
+    Run { instance: usize, message: String },
+    /// The result of `instance` has no data form (e.g. a function).
+    Output { instance: usize, message: String },
+    /// A bad option (`batch=0`, an unknown scheduler, ...).
+    Usage { message: String },
+}
+
+impl Error {
+    pub fn message(&self) -> &str {
+        match self {
+            Error::Check { message }
+            | Error::Param { message }
+            | Error::Input { message, .. }
+            | Error::Run { message, .. }
+            | Error::Output { message, .. }
+            | Error::Usage { message } => message,
+        }
+    }
+
+    /// The instance at fault, for the kinds that have one.
+    pub fn instance(&self) -> Option<usize> {
+        match self {
+            Error::Input { instance, .. }
+            | Error::Run { instance, .. }
+            | Error::Output { instance, .. } => Some(*instance),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message().trim_end())
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Where the model's text comes from.
+pub enum Source<'a> {
+    File(&'a Path),
+    /// Text, with the name messages show for it.
+    Text {
+        name: &'a str,
+        text: &'a str,
+    },
+}
+
+/// Where the parameters (`@main` arguments shared by every instance) come from.
+#[derive(Default, Clone)]
+pub struct Params {
+    /// A safetensors file, a `.npy` file or a directory of `.npy` files.
+    pub file: Option<PathBuf>,
+    /// Tensors by argument name (may add to the file's; a name in both is an error).
+    pub tensors: BTreeMap<String, Tensor>,
+    /// Fill the parameters neither gives with seeded random values (normal, 1/sqrt(fan-in)).
+    pub random_seed: Option<u64>,
+}
+
+/// How a model is compiled.
+#[derive(Clone)]
+pub struct LoadOptions {
+    pub entry: String,
+    /// The `@main` arguments each instance gives. Default: every argument the parameters do not
+    /// give; with a random seed, every argument that is not a tensor (tensors are then weights,
+    /// generated when missing) — name the inputs here when an instance gives a tensor.
+    pub inputs: Option<Vec<String>>,
+    pub lower: LowerOptions,
+    pub statics: StaticOptions,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            entry: "main".into(),
+            inputs: None,
+            lower: LowerOptions::batched(),
+            statics: StaticOptions::all(),
+        }
+    }
+}
+
+/// How a job runs.
+#[derive(Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Instances per mini-batch; `None`: all in one.
+    pub batch: Option<usize>,
+    /// Threads in all; `None`: `$TUMBLE_NUM_THREADS`, else the machine's cores.
+    pub threads: Option<usize>,
+    /// Mini-batches run at once; `None`: one per thread.
+    pub workers: Option<usize>,
+    /// Seed of `random.db_uniform` draws (instance i draws from its own stream).
+    pub seed: u64,
+    /// The runtime's switches (`threads` in it is ignored: see [`RunOptions::threads`]).
+    pub runtime: Options,
+}
+
+/// A scheduler by its CLI name (`inline`, `depth`, `agenda`, `eager`).
+pub fn scheduler(name: &str) -> Result<Scheduler, Error> {
+    match name {
+        "inline" => Ok(Scheduler::Inline),
+        "depth" => Ok(Scheduler::Depth),
+        "agenda" => Ok(Scheduler::Agenda),
+        "eager" => Ok(Scheduler::Eager),
+        other => Err(Error::Usage {
+            message: format!(
+                "unknown scheduler `{}`; expected one of: inline, depth, agenda, eager",
+                tumble_io::echo(other)
+            ),
+        }),
+    }
+}
+
+/// A stream of `random.db_uniform` draws for instance `i`, independent of batching (the CLI's).
+pub fn instance_rng(seed: u64, i: usize) -> Rng {
+    Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// One parameter: name, shape, dtype.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamInfo {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    /// Generated from the random seed (not given by the caller).
+    pub generated: bool,
+}
+
+/// A checked, lowered, optimized model with its parameters bound: ready to run instances.
+pub struct Model {
+    name: String,
+    sources: SourceMap,
+    typed: tumble_check::TypedModule,
+    program: Program,
+    reuse: Reuse,
+    entry: String,
+    bound: BoundParams,
+    instance_args: Vec<(String, Ty)>,
+    ret_ty: Ty,
+    report: Option<StaticReport>,
+    warnings: Vec<String>,
+}
+
+fn param_error(e: tumble_io::IoError) -> Error {
+    Error::Param {
+        message: e.to_string(),
+    }
+}
+
+impl Model {
+    /// Parses, checks and compiles the model and binds its parameters.
+    pub fn load(source: Source, params: &Params, opts: &LoadOptions) -> Result<Model, Error> {
+        let (name, text) = match source {
+            Source::File(path) => {
+                let bytes = tumble_limits::read_file(path).map_err(|e| Error::Check {
+                    message: format!("cannot read the model `{}`: {e}", path.display()),
+                })?;
+                let text = String::from_utf8(bytes).map_err(|e| Error::Check {
+                    message: format!(
+                        "the model `{}` is not UTF-8 text (invalid byte at offset {})",
+                        path.display(),
+                        e.utf8_error().valid_up_to()
+                    ),
+                })?;
+                (path.display().to_string(), text)
+            }
+            Source::Text { name, text } => (name.to_string(), text.to_string()),
+        };
+        let mut sources = SourceMap::new();
+        let typed = tumble_check::load(&mut sources, &name, &text, CheckOptions::default())
+            .map_err(|ds| Error::Check {
+                message: diag::render(&ds, &sources, false),
+            })?;
+        let mut warnings: Vec<String> = typed
+            .warnings
+            .iter()
+            .map(|w| diag::render(std::slice::from_ref(w), &sources, false))
+            .collect();
+        let mut program = Program::lower_with(&typed, opts.lower).map_err(|e| Error::Check {
+            message: diag::render(&[Diagnostic::error(e.span, e.message)], &sources, false),
+        })?;
+        let entry = opts.entry.clone();
+        let (main_params, ret_ty) = main_signature(&typed, &entry).map_err(param_error)?;
+
+        let mut tensors = match &params.file {
+            Some(p) => {
+                let loaded = load_params(p).map_err(param_error)?;
+                warnings.extend(loaded.warnings);
+                loaded.tensors
+            }
+            None => BTreeMap::new(),
+        };
+        for (k, t) in &params.tensors {
+            if tensors.insert(k.clone(), t.clone()).is_some() {
+                return Err(Error::Param {
+                    message: format!(
+                        "parameter `{k}` is given twice: by the weights file and by the tensors \
+                         passed in; remove one of them"
+                    ),
+                });
+            }
+        }
+        let names: Vec<&str> = main_params.iter().map(|(n, _)| n.as_str()).collect();
+        let provided: BTreeSet<String> = match &opts.inputs {
+            Some(inputs) => {
+                for i in inputs {
+                    if !names.contains(&i.as_str()) {
+                        return Err(Error::Param {
+                            message: format!(
+                                "inputs: @{entry} has no argument `{}`; its arguments are: {}",
+                                tumble_io::echo(i),
+                                names.join(", ")
+                            ),
+                        });
+                    }
+                }
+                inputs.iter().cloned().collect()
+            }
+            None => main_params
+                .iter()
+                .filter(|(n, ty)| {
+                    !tensors.contains_key(n)
+                        && (params.random_seed.is_none() || ty.as_tensor().is_none())
+                })
+                .map(|(n, _)| n.clone())
+                .collect(),
+        };
+        let bound = bind_params(&main_params, &provided, &tensors, params.random_seed)
+            .map_err(param_error)?;
+        warnings.extend(bound.warnings.iter().cloned());
+        let weights: Vec<bool> = bound
+            .args
+            .iter()
+            .map(|a| matches!(a.binding, Binding::Param(_)))
+            .collect();
+        let report = opts
+            .lower
+            .blocks
+            .then(|| tumble_compile::optimize(&mut program, &entry, &weights, opts.statics));
+        let reuse = analyze_reuse(&program, &entry, &weights);
+        let instance_args = bound.instance_args();
+        Ok(Model {
+            name,
+            sources,
+            typed,
+            program,
+            reuse,
+            entry,
+            bound,
+            instance_args,
+            ret_ty,
+            report,
+            warnings,
+        })
+    }
+
+    /// The model's name (its path, or the name given with its text).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Warnings of checking and binding (unused weights, NaN weights, ...).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// The parameters, in `@main`'s order.
+    pub fn parameters(&self) -> Vec<ParamInfo> {
+        self.bound
+            .args
+            .iter()
+            .filter_map(|a| match &a.binding {
+                Binding::Param(t) => Some(ParamInfo {
+                    name: a.name.clone(),
+                    shape: t.shape().to_vec(),
+                    dtype: t.dtype(),
+                    generated: self.bound.generated.contains_key(&a.name),
+                }),
+                Binding::Instance => None,
+            })
+            .collect()
+    }
+
+    /// A parameter's tensor.
+    pub fn parameter(&self, name: &str) -> Option<&Tensor> {
+        self.bound.args.iter().find_map(|a| match &a.binding {
+            Binding::Param(t) if a.name == name => Some(t),
+            _ => None,
+        })
+    }
+
+    /// The arguments each instance gives (name, declared type), in `@main`'s order.
+    pub fn inputs(&self) -> &[(String, Ty)] {
+        &self.instance_args
+    }
+
+    /// `@main`'s return type.
+    pub fn output_type(&self) -> &Ty {
+        &self.ret_ty
+    }
+
+    /// What `tumble check` prints: each user global with its inferred type.
+    pub fn check(&self) -> String {
+        let mut out = String::new();
+        for (g, sig) in self.typed.user_globals() {
+            out.push_str(&format!("@{g}: {}\n", display_sig(sig)));
+        }
+        out
+    }
+
+    /// What the compiler made of the model (a short form of `tumble explain`): the static
+    /// optimizations, and each block reached from the entry with its kernel plan and which
+    /// inputs are passed once per launch.
+    pub fn explain(&self) -> String {
+        let mut out = String::new();
+        let per_instance: Vec<&str> = self.instance_args.iter().map(|(n, _)| n.as_str()).collect();
+        out.push_str(&format!("model {}\n", self.name));
+        out.push_str(&format!(
+            "per-instance @{} arguments: {}\n",
+            self.entry,
+            if per_instance.is_empty() {
+                "(none)".to_string()
+            } else {
+                per_instance.join(", ")
+            }
+        ));
+        out.push_str(&format!(
+            "{} static blocks ({} from Primitive=1 functions)\n",
+            self.program.blocks.len(),
+            self.program.blocks.iter().filter(|b| b.primitive).count()
+        ));
+        if let Some(r) = &self.report {
+            out.push_str(&format!(
+                "static optimizations: {} functions duplicated per call site, {} sites hoisted, \
+                 {} conditionals padded with ghost operators, {} automatic phase boundaries\n",
+                r.duplicated.len(),
+                r.hoisted.len(),
+                r.ghosts.len(),
+                r.phases.len()
+            ));
+        }
+        out.push('\n');
+        for (bi, block) in self.program.blocks.iter().enumerate() {
+            let decisions = self.reuse.inputs.get(bi);
+            let reached = decisions.is_some_and(|v| {
+                v.is_empty() || v.iter().any(|d| !matches!(d, InputReuse::Unreached))
+            });
+            if !reached {
+                continue;
+            }
+            out.push_str(&block.to_string());
+            out.push_str("  kernel plan:\n");
+            out.push_str(&tumble_runtime::fused::plan(block).to_string());
+            for (i, inp) in block.inputs.iter().enumerate() {
+                let d = match decisions.and_then(|v| v.get(i)) {
+                    Some(InputReuse::Shared) => "shared (passed once per launch)",
+                    Some(InputReuse::PerInstance) => "per-instance (gathered)",
+                    Some(InputReuse::SharedPerCallSite) => {
+                        "parameter-derived, differs per call site"
+                    }
+                    Some(InputReuse::Unreached) | None => "never reached from the entry point",
+                };
+                out.push_str(&format!("    in{i} {}: {d}\n", inp.name));
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Runs every instance on a new thread with the CLI's stack (deep instances decode by native
+    /// recursion) and returns the results in order, with the run's profile.
+    pub fn run(
+        &self,
+        instances: &RawInstances,
+        opts: &RunOptions,
+    ) -> Result<(Vec<OutTree>, Profile), Error> {
+        with_big_stack(|| self.run_here(instances, opts))?
+    }
+
+    /// [`Model::run`] on the calling thread, which must have a large stack (see
+    /// [`with_big_stack`]) when instances or results nest deeply.
+    pub fn run_here(
+        &self,
+        instances: &RawInstances,
+        opts: &RunOptions,
+    ) -> Result<(Vec<OutTree>, Profile), Error> {
+        let n = instances.len();
+        if n == 0 {
+            return Ok((Vec::new(), Profile::default()));
+        }
+        if !self.program.global_index.contains_key(&self.entry) {
+            return Err(Error::Usage {
+                message: format!("the module has no global `@{}`", self.entry),
+            });
+        }
+        let threads = match opts.threads {
+            Some(0) => {
+                return Err(Error::Usage {
+                    message: "threads must be at least 1".into(),
+                })
+            }
+            Some(t) => t,
+            None => default_threads()?,
+        };
+        let batch = match opts.batch {
+            Some(0) => {
+                return Err(Error::Usage {
+                    message: "batch must be at least 1".into(),
+                })
+            }
+            Some(b) => b,
+            None => n,
+        };
+        let workers = match opts.workers {
+            Some(0) => {
+                return Err(Error::Usage {
+                    message: "workers must be at least 1".into(),
+                })
+            }
+            Some(w) => w,
+            None => threads,
+        };
+        let mut runtime = opts.runtime;
+        runtime.threads = threads;
+        let env = TypeEnv::new(&self.typed, &self.program);
+        let job = tumble_runtime::Job {
+            program: &self.program,
+            reuse: &self.reuse,
+            entry: &self.entry,
+            opts: runtime,
+            instances: n,
+            batch,
+            workers,
+            worker_stack: WORK_STACK_BYTES,
+        };
+        let load = |i: usize| -> Result<Vec<tumble_interp::Value>, Error> {
+            let values = instances
+                .decode_one(i, &env, &self.instance_args)
+                .map_err(|e| Error::Input {
+                    instance: i,
+                    message: format!("{e}{}", self.param_key_hint(instances, i)),
+                })?;
+            self.bound.assemble(values).map_err(|e| Error::Input {
+                instance: i,
+                message: e.to_string(),
+            })
+        };
+        let finish = |i: usize, v: tumble_interp::Value| -> Result<OutTree, Error> {
+            to_tree(&v, &self.ret_ty, &env).map_err(|e| Error::Output {
+                instance: i,
+                message: format!("instance {i}: {e}"),
+            })
+        };
+        tumble_runtime::run_batches(&job, load, |i| instance_rng(opts.seed, i), finish).map_err(
+            |e| match e {
+                tumble_runtime::JobError::Instance(_, e) => e,
+                tumble_runtime::JobError::Run { instance, error } => {
+                    self.run_error(instances, instance, error)
+                }
+            },
+        )
+    }
+
+    /// When instance `i` has keys that name parameters: how to make them inputs (which @main
+    /// arguments are inputs is decided at load, before any instance is seen).
+    fn param_key_hint(&self, instances: &RawInstances, i: usize) -> String {
+        let Some(serde_json::Value::Object(m)) = instances.items.get(i).map(RawInstance::json)
+        else {
+            return String::new();
+        };
+        let params: Vec<&str> = m
+            .keys()
+            .filter(|k| self.parameter(k).is_some())
+            .map(String::as_str)
+            .collect();
+        if params.is_empty() {
+            return String::new();
+        }
+        let mut inputs: Vec<&str> = self.instance_args.iter().map(|(n, _)| n.as_str()).collect();
+        inputs.extend(&params);
+        format!(
+            " ({} {} bound as parameters of the model; to give {} per instance, load the model \
+             with the inputs named: inputs = [{}])",
+            params.join(", "),
+            if params.len() == 1 { "is" } else { "are" },
+            if params.len() == 1 { "it" } else { "them" },
+            inputs.join(", ")
+        )
+    }
+
+    /// A run-time failure rendered like the CLI's: the message, the source line, the calls that
+    /// led there.
+    fn run_error(&self, instances: &RawInstances, i: usize, e: RunError) -> Error {
+        let location = instances.items.get(i).map_or_else(
+            || format!("instance {i}"),
+            |it| format!("instance at {}", it.location),
+        );
+        let message = format!("{location}: {}", e.message);
+        let message = match e.span {
+            Some(span) => {
+                let mut d = Diagnostic::error(span, message);
+                for (k, site) in e.trace.iter().enumerate().filter(|(_, s)| **s != span) {
+                    d = d.with_secondary(*site, format!("called from here ({})", k + 1));
+                }
+                diag::render(&[d], &self.sources, false)
+            }
+            None => message,
+        };
+        Error::Run {
+            instance: i,
+            message,
+        }
+    }
+}
+
+/// `$TUMBLE_NUM_THREADS` (a positive count), else the machine's parallelism.
+fn default_threads() -> Result<usize, Error> {
+    if let Some(v) = std::env::var_os("TUMBLE_NUM_THREADS") {
+        let text = v.to_string_lossy();
+        return match text.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(Error::Usage {
+                message: format!(
+                    "TUMBLE_NUM_THREADS={}: not a positive count (unset it to use every core, or \
+                     pass threads=N)",
+                    tumble_io::echo(&text)
+                ),
+            }),
+        };
+    }
+    Ok(std::thread::available_parallelism().map_or(1, usize::from))
+}
+
+/// Runs `f` on a new thread with [`WORK_STACK_BYTES`] of stack and waits for it. A panic in `f`
+/// comes back as an error rather than unwinding into the caller (a Python interpreter, say).
+pub fn with_big_stack<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, Error> {
+    std::thread::scope(|s| {
+        let handle = std::thread::Builder::new()
+            .name("tumble-run".into())
+            .stack_size(WORK_STACK_BYTES)
+            .spawn_scoped(s, f)
+            .map_err(|e| Error::Usage {
+                message: format!("cannot start a thread for the run: {e}"),
+            })?;
+        handle.join().map_err(|p| {
+            let what = p
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| p.downcast_ref::<&str>().copied())
+                .unwrap_or("(no message)");
+            Error::Run {
+                instance: 0,
+                message: format!("internal error (please report it): {what}"),
+            }
+        })
+    })
+}
+
+/// Instances from JSON values (one object per instance, keyed by `@main`'s argument names), as
+/// a library caller builds them; `source_name` names them in messages.
+pub fn instances_from_json(source_name: &str, items: Vec<serde_json::Value>) -> RawInstances {
+    RawInstances {
+        source_name: source_name.to_string(),
+        items: items
+            .into_iter()
+            .enumerate()
+            .map(|(i, j)| RawInstance::with_tensors(Location::Index(i), j, Vec::new()))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

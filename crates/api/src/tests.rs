@@ -1,0 +1,236 @@
+use super::*;
+use serde_json::json;
+
+/// Sums a list of rows through a weight: lists, tuples, ADTs and parameters in one small model.
+const SRC: &str = r#"
+def @main(%xs: List[Tensor[(1, 2), float32]], %w: Tensor[(2, 2), float32])
+    -> (Tensor[(1, 2), float32], Option[Tensor[(1, 2), float32]]) {
+  let %s = @foldl(fn (%acc: Tensor[(1, 2), float32], %x: Tensor[(1, 2), float32]) {
+    add(%acc, nn.dense(%x, %w))
+  }, zeros(shape=[1, 2], dtype="float32"), %xs);
+  let %h = match (%xs) {
+    Cons(%x, _) => Some(%x),
+    Nil => None,
+  };
+  (%s, %h)
+}
+"#;
+
+fn identity() -> Tensor {
+    Tensor::from_vec(vec![2, 2], vec![1.0f32, 0.0, 0.0, 1.0]).unwrap()
+}
+
+fn model() -> Model {
+    let params = Params {
+        tensors: [("w".to_string(), identity())].into_iter().collect(),
+        ..Params::default()
+    };
+    Model::load(
+        Source::Text {
+            name: "sum.rly",
+            text: SRC,
+        },
+        &params,
+        &LoadOptions::default(),
+    )
+    .unwrap()
+}
+
+fn opts() -> RunOptions {
+    RunOptions {
+        threads: Some(1),
+        ..RunOptions::default()
+    }
+}
+
+fn f32s(t: &OutTree) -> Vec<f32> {
+    match t {
+        OutTree::Tensor(t) => t.as_slice::<f32>().unwrap().to_vec(),
+        other => panic!("not a tensor: {other:?}"),
+    }
+}
+
+#[test]
+fn runs_json_and_attached_tensors_alike() {
+    let m = model();
+    assert_eq!(m.inputs().len(), 1);
+    assert_eq!(m.parameters()[0].name, "w");
+    let json = instances_from_json(
+        "test",
+        vec![
+            json!({"xs": [[[1.0, 2.0]], [[3.0, 4.0]]]}),
+            json!({"xs": []}),
+        ],
+    );
+    let row = Tensor::from_vec(vec![1, 2], vec![1.0f32, 2.0]).unwrap();
+    let row2 = Tensor::from_vec(vec![1, 2], vec![3.0f32, 4.0]).unwrap();
+    let attached = RawInstances {
+        source_name: "test".into(),
+        items: vec![RawInstance::with_tensors(
+            Location::Index(0),
+            json!({"xs": [{ATTACHED_TENSOR_KEY: 0}, {ATTACHED_TENSOR_KEY: 1}]}),
+            vec![row, row2],
+        )],
+    };
+    let (a, _) = m.run(&json, &opts()).unwrap();
+    let (b, _) = m.run(&attached, &opts()).unwrap();
+    assert_eq!(a[0], b[0]);
+    let OutTree::Tuple(fields) = &a[0] else {
+        panic!("not a tuple: {:?}", a[0]);
+    };
+    assert_eq!(f32s(&fields[0]), vec![4.0, 6.0]);
+    assert!(matches!(&fields[1], OutTree::Ctor { name, .. } if name == "Some"));
+    let OutTree::Tuple(empty) = &a[1] else {
+        panic!("not a tuple");
+    };
+    assert!(
+        matches!(&empty[1], OutTree::Ctor { name, fields } if name == "None" && fields.is_empty())
+    );
+}
+
+#[test]
+fn bad_instances_are_located() {
+    let m = model();
+    let bad = instances_from_json(
+        "test",
+        vec![json!({"xs": []}), json!({"xs": [[[1.0, "a"]]]})],
+    );
+    let e = m.run(&bad, &opts()).unwrap_err();
+    assert_eq!(e.instance(), Some(1));
+    assert!(matches!(e, Error::Input { .. }));
+    assert!(e.message().contains("index 1: .xs[0][0][1]"), "{e}");
+    let wrong_dtype = RawInstances {
+        source_name: "test".into(),
+        items: vec![RawInstance::with_tensors(
+            Location::Index(0),
+            json!({"xs": [{ATTACHED_TENSOR_KEY: 0}]}),
+            vec![Tensor::from_vec(vec![1, 2], vec![1.0f64, 2.0]).unwrap()],
+        )],
+    };
+    let e = m.run(&wrong_dtype, &opts()).unwrap_err();
+    assert!(e.message().contains("float64 array of shape (1, 2)"), "{e}");
+    assert!(e.message().contains(".astype(numpy.float32)"), "{e}");
+    let missing_ref = RawInstances {
+        source_name: "test".into(),
+        items: vec![RawInstance::with_tensors(
+            Location::Index(0),
+            json!({"xs": [{ATTACHED_TENSOR_KEY: 3}]}),
+            Vec::new(),
+        )],
+    };
+    let e = m.run(&missing_ref, &opts()).unwrap_err();
+    assert!(e.message().contains("does not have"), "{e}");
+}
+
+#[test]
+fn load_errors_say_what_is_wrong() {
+    let e = Model::load(
+        Source::Text {
+            name: "bad.rly",
+            text: "def @main(%x: Tensor[(1), float32]) -> Tensor[(2), float32] { %x }",
+        },
+        &Params::default(),
+        &LoadOptions::default(),
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(e, Error::Check { .. }), "{e:?}");
+    assert!(e.message().contains("bad.rly"), "{e}");
+    let e = Model::load(
+        Source::Text {
+            name: "sum.rly",
+            text: SRC,
+        },
+        &Params::default(),
+        &LoadOptions {
+            inputs: Some(vec!["xs".into()]),
+            ..LoadOptions::default()
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(e, Error::Param { .. }), "{e:?}");
+    assert!(e.message().contains("%w"), "{e}");
+    let wrong_shape = Params {
+        tensors: [(
+            "w".to_string(),
+            Tensor::from_vec(vec![3], vec![1.0f32, 2.0, 3.0]).unwrap(),
+        )]
+        .into_iter()
+        .collect(),
+        ..Params::default()
+    };
+    let e = Model::load(
+        Source::Text {
+            name: "sum.rly",
+            text: SRC,
+        },
+        &wrong_shape,
+        &LoadOptions::default(),
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(e, Error::Param { .. }), "{e:?}");
+}
+
+#[test]
+fn random_params_fill_tensor_arguments() {
+    let m = Model::load(
+        Source::Text {
+            name: "sum.rly",
+            text: SRC,
+        },
+        &Params {
+            random_seed: Some(0),
+            ..Params::default()
+        },
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let p = m.parameters();
+    assert_eq!(p.len(), 1);
+    assert!(p[0].generated);
+    assert_eq!(p[0].shape, vec![2, 2]);
+    assert!(m.check().contains("@main:"));
+    assert!(m.explain().contains("kernel plan"));
+}
+
+#[test]
+fn models_are_shared_between_threads() {
+    fn shared<T: Send + Sync>(_: &T) {}
+    let m = model();
+    shared(&m);
+    let inst = instances_from_json("test", vec![json!({"xs": [[[1.0, 2.0]]]}); 8]);
+    let outs: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| m.run(&inst, &opts()).unwrap().0))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[0].len(), 8);
+}
+
+#[test]
+fn bad_options_are_errors() {
+    let m = model();
+    let inst = instances_from_json("test", vec![json!({"xs": []})]);
+    for o in [
+        RunOptions {
+            batch: Some(0),
+            ..opts()
+        },
+        RunOptions {
+            threads: Some(0),
+            ..opts()
+        },
+        RunOptions {
+            workers: Some(0),
+            ..opts()
+        },
+    ] {
+        assert!(matches!(m.run(&inst, &o), Err(Error::Usage { .. })));
+    }
+    assert!(scheduler("depth").is_ok());
+    assert!(scheduler("fifo").is_err());
+}

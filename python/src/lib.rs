@@ -1,0 +1,688 @@
+//! The `tumble._tumble` extension: [`tumble_api::Model`] for Python.
+//!
+//! Instances are converted to the JSON encoding the CLI reads — numpy arrays are attached as
+//! tensors instead of being spelled out — so the decoder by type, and its located messages, are
+//! the CLI's. Conversion, the run and the conversion back happen on one thread with the CLI's
+//! stack (deeply nested instances convert by native recursion), which takes the GIL only while it
+//! touches Python objects: other Python threads run meanwhile, and two threads may run the same
+//! model at once.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use serde_json::{Map, Number, Value as Json};
+use tumble_api::{
+    Error as ApiError, LoadOptions, Location, Model, OutTree, Params, RawInstance, RawInstances,
+    RunOptions, Source, ATTACHED_TENSOR_KEY,
+};
+use tumble_tensor::{Buffer, Tensor};
+
+// Same allocator as the CLI (mimalloc without transparent huge pages, counted for the memory
+// budget), so that runs from Python take the same time and stop at the same budget.
+#[global_allocator]
+static GLOBAL: tumble_limits::CountingAlloc<mimalloc::MiMalloc> =
+    tumble_limits::CountingAlloc(mimalloc::MiMalloc);
+
+create_exception!(
+    tumble,
+    Error,
+    PyException,
+    "Base class of tumble's errors; the message names the place (source line, instance and path in it, parameter)."
+);
+create_exception!(
+    tumble,
+    CheckError,
+    Error,
+    "The model does not parse or type-check, or cannot be read."
+);
+create_exception!(
+    tumble,
+    ParamError,
+    Error,
+    "A parameter is missing, has the wrong shape or dtype, or the weights file is bad."
+);
+create_exception!(
+    tumble,
+    InputError,
+    Error,
+    "An instance does not match @main's argument types; `.instance` is its index."
+);
+create_exception!(
+    tumble,
+    RunError,
+    Error,
+    "Running an instance failed (run-time shape error, memory budget, ...); `.instance` is its index."
+);
+
+/// The deepest Python nesting converted (tumble's limit for JSON instances).
+const MAX_DEPTH: usize = tumble_api::MAX_INPUT_DEPTH;
+
+fn to_py_err(py: Python<'_>, e: ApiError) -> PyErr {
+    let message = e.to_string();
+    let err = match &e {
+        ApiError::Check { .. } => CheckError::new_err(message),
+        ApiError::Param { .. } => ParamError::new_err(message),
+        ApiError::Input { .. } => InputError::new_err(message),
+        ApiError::Run { .. } | ApiError::Output { .. } => RunError::new_err(message),
+        ApiError::Usage { .. } => PyValueError::new_err(message),
+    };
+    if let Some(i) = e.instance() {
+        // Best effort: the message already names the instance.
+        let _ = err.value(py).setattr("instance", i);
+    }
+    err
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python → tensors
+
+/// A numpy array as a tensor (one copy: tumble's tensors own their buffers). `None` when `obj`
+/// is not a numpy array.
+fn array_to_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>, String> {
+    let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
+        return Ok(None);
+    };
+    let shape = untyped.shape().to_vec();
+    macro_rules! take {
+        ($($t:ty),*) => {
+            $(
+                if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
+                    let ro = a.readonly();
+                    let data: Vec<$t> = match ro.as_slice() {
+                        Ok(s) => s.to_vec(),
+                        // Not C-contiguous: read it in logical (row-major) order.
+                        Err(_) => ro.as_array().iter().copied().collect(),
+                    };
+                    return Tensor::from_vec(shape, data).map(Some).map_err(|e| e.to_string());
+                }
+            )*
+        };
+    }
+    take!(f32, f64, i32, i64, bool);
+    let dtype = untyped
+        .dtype()
+        .str()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|_| "?".into());
+    Err(format!(
+        "a numpy array of dtype {dtype}, which tumble does not take (float32, float64, int32, \
+         int64, bool); convert it with .astype(...)"
+    ))
+}
+
+fn numpy_generic(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static GENERIC: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    GENERIC.import(py, "numpy", "generic")
+}
+
+fn ctor_class(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static CTOR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    CTOR.import(py, "tumble", "Ctor")
+}
+
+/// Converts one instance to the CLI's JSON encoding, attaching numpy arrays as tensors.
+struct Converter<'py> {
+    py: Python<'py>,
+    /// Where in the instance the conversion is; rendered only for a message (a string per
+    /// value cost a third of the conversion).
+    path: Vec<Seg>,
+    attached: Vec<Tensor>,
+}
+
+enum Seg {
+    Index(usize),
+    Key(String),
+}
+
+impl<'py> Converter<'py> {
+    fn fail<T>(&self, what: String) -> Result<T, String> {
+        if self.path.is_empty() {
+            return Err(what);
+        }
+        let mut path = String::new();
+        for s in &self.path {
+            match s {
+                Seg::Index(i) => path.push_str(&format!("[{i}]")),
+                Seg::Key(k) => {
+                    path.push('.');
+                    path.push_str(k);
+                }
+            }
+        }
+        Err(format!("{path}: {what}"))
+    }
+
+    fn nested<T>(
+        &mut self,
+        seg: Seg,
+        f: impl FnOnce(&mut Self) -> Result<T, String>,
+    ) -> Result<T, String> {
+        self.path.push(seg);
+        let out = if self.path.len() > MAX_DEPTH {
+            self.fail(format!(
+                "nests deeper than {MAX_DEPTH} levels; tumble does not read inputs that deep"
+            ))
+        } else {
+            f(self)
+        };
+        self.path.pop();
+        out
+    }
+
+    fn items(&mut self, seq: impl Iterator<Item = Bound<'py, PyAny>>) -> Result<Json, String> {
+        let mut out = Vec::new();
+        for (i, item) in seq.enumerate() {
+            out.push(self.nested(Seg::Index(i), |c| c.value(&item))?);
+        }
+        Ok(Json::Array(out))
+    }
+
+    fn value(&mut self, obj: &Bound<'py, PyAny>) -> Result<Json, String> {
+        let py = self.py;
+        if let Ok(b) = obj.cast::<PyBool>() {
+            return Ok(Json::Bool(b.is_true()));
+        }
+        if obj.is_instance_of::<PyInt>() {
+            if let Ok(i) = obj.extract::<i64>() {
+                return Ok(Json::Number(i.into()));
+            }
+            if let Ok(u) = obj.extract::<u64>() {
+                return Ok(Json::Number(u.into()));
+            }
+            return self.fail(format!(
+                "the integer {obj} is too large for any tumble dtype"
+            ));
+        }
+        if let Ok(f) = obj.cast::<PyFloat>() {
+            let x = f.value();
+            return match Number::from_f64(x) {
+                Some(n) => Ok(Json::Number(n)),
+                None => self.fail(format!(
+                    "{x} in a Python number or list; pass NaN and infinities in a numpy array"
+                )),
+            };
+        }
+        if let Ok(s) = obj.cast::<PyString>() {
+            // `to_string` would go through Python's str() and a formatter.
+            return Ok(Json::String(
+                s.to_cow().map_err(|e| e.to_string())?.into_owned(),
+            ));
+        }
+        if let Ok(d) = obj.cast::<PyDict>() {
+            let mut m = Map::new();
+            for (k, v) in d.iter() {
+                let Ok(key) = k.cast::<PyString>() else {
+                    return self.fail(format!(
+                        "a dict key {} is not a string (keys are argument or constructor names)",
+                        short_repr(&k)
+                    ));
+                };
+                let key = key.to_cow().map_err(|e| e.to_string())?.into_owned();
+                let v = self.nested(Seg::Key(key.clone()), |c| c.value(&v))?;
+                m.insert(key, v);
+            }
+            return Ok(Json::Object(m));
+        }
+        if let Ok(l) = obj.cast::<PyList>() {
+            return self.items(l.iter());
+        }
+        if let Ok(t) = obj.cast::<PyTuple>() {
+            return self.items(t.iter());
+        }
+        match array_to_tensor(obj) {
+            Ok(Some(t)) => {
+                let index = self.attached.len();
+                self.attached.push(t);
+                let mut m = Map::new();
+                m.insert(ATTACHED_TENSOR_KEY.to_string(), Json::Number(index.into()));
+                return Ok(Json::Object(m));
+            }
+            Ok(None) => {}
+            Err(e) => return self.fail(e),
+        }
+        let generic = numpy_generic(py).map_err(|e| e.to_string())?;
+        if obj.is_instance(generic).unwrap_or(false) {
+            // A numpy scalar: its Python number, decoded by the declared dtype like a JSON one.
+            let item = obj.call_method0("item").map_err(|e| e.to_string())?;
+            return self.value(&item);
+        }
+        let ctor = ctor_class(py).map_err(|e| e.to_string())?;
+        if obj.is_instance(ctor).unwrap_or(false) {
+            let name: String = obj
+                .getattr("name")
+                .and_then(|n| n.extract())
+                .map_err(|e| e.to_string())?;
+            let fields = obj.getattr("fields").map_err(|e| e.to_string())?;
+            let fields = fields.cast::<PyTuple>().map_err(|e| e.to_string())?;
+            let fields = self.nested(Seg::Key(name.clone()), |c| c.items(fields.iter()))?;
+            let mut m = Map::new();
+            m.insert(name, fields);
+            return Ok(Json::Object(m));
+        }
+        if obj.is_none() {
+            return Ok(Json::Null);
+        }
+        self.fail(format!(
+            "cannot take a {} (instances are made of numpy arrays, numbers, lists, tuples, dicts \
+             and tumble.Ctor values)",
+            type_name(obj)
+        ))
+    }
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn short_repr(obj: &Bound<'_, PyAny>) -> String {
+    let r = obj
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let mut s: String = r.chars().take(40).collect();
+    if s.len() < r.len() {
+        s.push('…');
+    }
+    s
+}
+
+/// Every instance of `instances` (Python objects) as raw instances.
+fn convert_instances(py: Python<'_>, instances: &[Py<PyAny>]) -> Result<RawInstances, ApiError> {
+    let mut items = Vec::with_capacity(instances.len());
+    for (i, obj) in instances.iter().enumerate() {
+        let mut c = Converter {
+            py,
+            path: Vec::new(),
+            attached: Vec::new(),
+        };
+        let json = c.value(obj.bind(py)).map_err(|message| ApiError::Input {
+            instance: i,
+            message: format!("instances: instance at index {i}: {message}"),
+        })?;
+        items.push(RawInstance::with_tensors(
+            Location::Index(i),
+            json,
+            c.attached,
+        ));
+    }
+    Ok(RawInstances {
+        source_name: "instances".into(),
+        items,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results → Python
+
+fn tensor_to_py<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
+    let shape = t.shape().to_vec();
+    Ok(match t.buffer() {
+        Buffer::F32(v) => numpy::PyArray1::from_slice(py, v)
+            .reshape(shape)?
+            .into_any(),
+        Buffer::F64(v) => numpy::PyArray1::from_slice(py, v)
+            .reshape(shape)?
+            .into_any(),
+        Buffer::I32(v) => numpy::PyArray1::from_slice(py, v)
+            .reshape(shape)?
+            .into_any(),
+        Buffer::I64(v) => numpy::PyArray1::from_slice(py, v)
+            .reshape(shape)?
+            .into_any(),
+        Buffer::Bool(v) => numpy::PyArray1::from_slice(py, v)
+            .reshape(shape)?
+            .into_any(),
+    })
+}
+
+fn tree_to_py<'py>(py: Python<'py>, t: &OutTree, depth: usize) -> PyResult<Bound<'py, PyAny>> {
+    if depth > MAX_DEPTH * 16 {
+        return Err(RunError::new_err(format!(
+            "the result nests deeper than {} levels",
+            MAX_DEPTH * 16
+        )));
+    }
+    let many = |items: &[OutTree]| -> PyResult<Vec<Bound<'py, PyAny>>> {
+        items.iter().map(|x| tree_to_py(py, x, depth + 1)).collect()
+    };
+    Ok(match t {
+        OutTree::Tensor(t) => tensor_to_py(py, t)?,
+        OutTree::Tuple(items) => PyTuple::new(py, many(items)?)?.into_any(),
+        OutTree::List(items) => PyList::new(py, many(items)?)?.into_any(),
+        OutTree::Ctor { name, fields } => {
+            let mut args = vec![PyString::new(py, name).into_any()];
+            args.extend(many(fields)?);
+            ctor_class(py)?.call1(PyTuple::new(py, args)?)?
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Python classes
+
+/// A model loaded, checked and compiled, its parameters bound: call `run` with instances.
+#[pyclass(frozen, module = "tumble._tumble", name = "Model")]
+struct PyModel {
+    inner: Arc<Model>,
+    last_profile: Mutex<Option<String>>,
+}
+
+fn tensor_param(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+    match array_to_tensor(obj) {
+        Ok(Some(t)) => Ok(t),
+        Ok(None) => Err(ParamError::new_err(format!(
+            "params[{name:?}]: expected a numpy array, found a {}",
+            type_name(obj)
+        ))),
+        Err(e) => Err(ParamError::new_err(format!("params[{name:?}]: {e}"))),
+    }
+}
+
+fn params_from(params: Option<&Bound<'_, PyAny>>, random_params: Option<u64>) -> PyResult<Params> {
+    let mut out = Params {
+        random_seed: random_params,
+        ..Params::default()
+    };
+    let Some(p) = params else {
+        return Ok(out);
+    };
+    if p.is_none() {
+        return Ok(out);
+    }
+    if let Ok(d) = p.cast::<PyDict>() {
+        for (k, v) in d.iter() {
+            let name: String = k.extract().map_err(|_| {
+                ParamError::new_err(format!(
+                    "params: the key {} is not a string (keys are @main's argument names)",
+                    short_repr(&k)
+                ))
+            })?;
+            let t = tensor_param(&name, &v)?;
+            out.tensors.insert(name, t);
+        }
+        return Ok(out);
+    }
+    match p.extract::<PathBuf>() {
+        Ok(path) => {
+            out.file = Some(path);
+            Ok(out)
+        }
+        Err(_) => Err(ParamError::new_err(format!(
+            "params: expected a path (str or os.PathLike) to a safetensors / .npy file or \
+             directory, or a dict of numpy arrays; found a {}",
+            type_name(p)
+        ))),
+    }
+}
+
+fn load_with(
+    py: Python<'_>,
+    source: Source<'_>,
+    params: Option<&Bound<'_, PyAny>>,
+    random_params: Option<u64>,
+    inputs: Option<Vec<String>>,
+    entry: String,
+) -> PyResult<PyModel> {
+    let params = params_from(params, random_params)?;
+    let opts = LoadOptions {
+        entry,
+        inputs,
+        ..LoadOptions::default()
+    };
+    let loaded = py.detach(|| {
+        tumble_api::with_big_stack(|| Model::load(source, &params, &opts)).and_then(|r| r)
+    });
+    let model = loaded.map_err(|e| to_py_err(py, e))?;
+    Ok(PyModel {
+        inner: Arc::new(model),
+        last_profile: Mutex::new(None),
+    })
+}
+
+/// Loads the model at `path` (Relay text format). See `tumble.load`.
+#[pyfunction]
+#[pyo3(signature = (path, params=None, random_params=None, inputs=None, entry="main".to_string()))]
+fn load(
+    py: Python<'_>,
+    path: PathBuf,
+    params: Option<&Bound<'_, PyAny>>,
+    random_params: Option<u64>,
+    inputs: Option<Vec<String>>,
+    entry: String,
+) -> PyResult<PyModel> {
+    load_with(
+        py,
+        Source::File(&path),
+        params,
+        random_params,
+        inputs,
+        entry,
+    )
+}
+
+/// Loads a model from its text. See `tumble.loads`.
+#[pyfunction]
+#[pyo3(signature = (text, params=None, random_params=None, inputs=None, entry="main".to_string(), name="<string>".to_string()))]
+fn loads(
+    py: Python<'_>,
+    text: String,
+    params: Option<&Bound<'_, PyAny>>,
+    random_params: Option<u64>,
+    inputs: Option<Vec<String>>,
+    entry: String,
+    name: String,
+) -> PyResult<PyModel> {
+    load_with(
+        py,
+        Source::Text {
+            name: &name,
+            text: &text,
+        },
+        params,
+        random_params,
+        inputs,
+        entry,
+    )
+}
+
+#[pymethods]
+impl PyModel {
+    /// Runs every instance; returns one output per instance, in order.
+    #[pyo3(signature = (instances, batch=None, threads=None, workers=None, seed=0, scheduler="inline", profile=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        py: Python<'_>,
+        instances: &Bound<'_, PyAny>,
+        batch: Option<usize>,
+        threads: Option<usize>,
+        workers: Option<usize>,
+        seed: u64,
+        scheduler: &str,
+        profile: bool,
+    ) -> PyResult<Py<PyList>> {
+        if instances.is_instance_of::<PyDict>() || instances.is_instance_of::<PyString>() {
+            return Err(PyValueError::new_err(
+                "instances: expected a sequence of instances (a list of dicts), found a single \
+                 dict or string; wrap one instance in a list",
+            ));
+        }
+        let items: Vec<Py<PyAny>> = instances
+            .try_iter()
+            .map_err(|_| {
+                PyValueError::new_err(format!(
+                    "instances: expected a sequence of instances, found a {}",
+                    type_name(instances)
+                ))
+            })?
+            .map(|x| x.map(Bound::unbind))
+            .collect::<PyResult<_>>()?;
+        let mut opts = RunOptions {
+            batch,
+            threads,
+            workers,
+            seed,
+            ..RunOptions::default()
+        };
+        opts.runtime.scheduler = tumble_api::scheduler(scheduler).map_err(|e| to_py_err(py, e))?;
+        let model = &self.inner;
+        let result = py.detach(|| {
+            tumble_api::with_big_stack(|| -> Result<_, ApiError> {
+                let raw = Python::attach(|py| convert_instances(py, &items))?;
+                let (outs, prof) = model.run_here(&raw, &opts)?;
+                drop(raw);
+                let text = profile.then(|| prof.to_string());
+                let py_outs = Python::attach(|py| -> PyResult<Py<PyList>> {
+                    let list = PyList::empty(py);
+                    for o in &outs {
+                        list.append(tree_to_py(py, o, 0)?)?;
+                    }
+                    Ok(list.unbind())
+                });
+                Ok((py_outs, text))
+            })
+            .and_then(|r| r)
+        });
+        let (outs, text) = result.map_err(|e| to_py_err(py, e))?;
+        if let Some(t) = text {
+            if let Ok(mut p) = self.last_profile.lock() {
+                *p = Some(t);
+            }
+        }
+        outs
+    }
+
+    /// Each user function with its inferred type, as `tumble check` prints them.
+    fn check(&self) -> String {
+        self.inner.check()
+    }
+
+    /// What the compiler made of the model: static optimizations, blocks, kernel plans.
+    fn explain(&self) -> String {
+        self.inner.explain()
+    }
+
+    /// Parameters: name -> (shape, dtype name).
+    #[getter]
+    fn parameters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for p in self.inner.parameters() {
+            let shape = PyTuple::new(py, &p.shape)?;
+            d.set_item(p.name, (shape, p.dtype.name()))?;
+        }
+        Ok(d)
+    }
+
+    /// A parameter's values (a copy), e.g. to save generated weights.
+    fn parameter<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        match self.inner.parameter(name) {
+            Some(t) => tensor_to_py(py, t),
+            None => Err(ParamError::new_err(format!(
+                "the model has no parameter `{name}`; it has: {}",
+                self.inner
+                    .parameters()
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
+    /// The arguments each instance gives: name -> declared type.
+    #[getter]
+    fn inputs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (n, ty) in self.inner.inputs() {
+            d.set_item(n, ty.to_string())?;
+        }
+        Ok(d)
+    }
+
+    /// @main's return type.
+    #[getter]
+    fn output_type(&self) -> String {
+        self.inner.output_type().to_string()
+    }
+
+    /// Warnings of checking and binding.
+    #[getter]
+    fn warnings(&self) -> Vec<String> {
+        self.inner.warnings().to_vec()
+    }
+
+    #[getter]
+    fn name(&self) -> String {
+        self.inner.name().to_string()
+    }
+
+    /// The batching profile of the last `run(..., profile=True)`.
+    #[getter]
+    fn last_profile(&self) -> Option<String> {
+        self.last_profile.lock().ok().and_then(|p| p.clone())
+    }
+
+    fn __repr__(&self) -> String {
+        let inputs: Vec<&str> = self
+            .inner
+            .inputs()
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
+        format!(
+            "<tumble.Model {} inputs=[{}] parameters={}>",
+            self.inner.name(),
+            inputs.join(", "),
+            self.inner.parameters().len()
+        )
+    }
+}
+
+/// Sets the memory budget of runs (bytes; None: no limit). Default: half the machine's memory.
+#[pyfunction]
+#[pyo3(signature = (limit))]
+fn set_max_memory(limit: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let bytes = match limit {
+        None => None,
+        Some(l) if l.is_none() => None,
+        Some(l) => {
+            if let Ok(n) = l.extract::<usize>() {
+                Some(n)
+            } else {
+                let s: String = l.extract().map_err(|_| {
+                    PyValueError::new_err(
+                        "max memory: expected bytes (int), a size like '4G', or None",
+                    )
+                })?;
+                tumble_limits::parse_size(&s).map_err(PyValueError::new_err)?
+            }
+        }
+    };
+    tumble_limits::set_limit(bytes);
+    Ok(())
+}
+
+#[pymodule]
+fn _tumble(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    tumble_limits::set_limit(tumble_limits::default_limit());
+    m.add("Error", py.get_type::<Error>())?;
+    m.add("CheckError", py.get_type::<CheckError>())?;
+    m.add("ParamError", py.get_type::<ParamError>())?;
+    m.add("InputError", py.get_type::<InputError>())?;
+    m.add("RunError", py.get_type::<RunError>())?;
+    m.add_class::<PyModel>()?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(loads, m)?)?;
+    m.add_function(wrap_pyfunction!(set_max_memory, m)?)?;
+    Ok(())
+}

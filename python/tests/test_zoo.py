@@ -1,0 +1,54 @@
+"""The Python path gives what `tumble run` gives, on the bundled examples."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import tumble
+from conftest import EXAMPLES, MODELS, read_jsonl
+
+CASES = [
+    ("treelstm_small.rly", "treelstm.jsonl", None),
+    ("birnn_small.rly", "birnn.jsonl", None),
+    ("mvrnn_small.rly", "mvrnn.jsonl", None),
+    ("stackrnn_small.rly", "stackrnn.jsonl", None),
+    ("drnn_small.rly", "drnn_small.jsonl", ["latent", "max_depth", "max_width"]),
+]
+
+
+def close(got, want, path="") -> None:
+    """JSON values equal, floats to 1e-6 relative (the CLI may be a debug build)."""
+    if isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            close(g, w, f"{path}[{i}]")
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), path
+        for k in want:
+            close(got[k], want[k], f"{path}.{k}")
+    elif isinstance(want, float):
+        assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-7), (path, got, want)
+    else:
+        assert got == want, path
+
+
+@pytest.mark.parametrize("model_file,examples,inputs", CASES)
+def test_same_results_as_the_cli(cli, model_file, examples, inputs):
+    expected = cli(
+        "run", f"models/{model_file}", "--inputs", f"examples/{examples}",
+        "--random-params", "0", "--batch", "3", "--threads", "1",
+    )
+    model = tumble.load(MODELS / model_file, random_params=0, inputs=inputs)
+    outs = model.run(read_jsonl(EXAMPLES / examples), batch=3, threads=1)
+    assert len(outs) == len(expected)
+    for i, (got, want) in enumerate(zip(outs, expected)):
+        close(tumble.to_json(got), want, f"instance {i}")
+
+
+def test_parameters_named_in_instances_get_a_hint():
+    model = tumble.load(MODELS / "drnn_small.rly", random_params=0)
+    inst = read_jsonl(EXAMPLES / "drnn_small.jsonl")[:1]
+    with pytest.raises(tumble.InputError, match=r"inputs = \[.*latent"):
+        model.run(inst)
