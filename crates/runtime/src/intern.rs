@@ -10,20 +10,45 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+/// Slots of the recent-lookup cache (a power of two).
+const RECENT: usize = 64;
+
 /// Interns `u64` sequences as consecutive ids (0, 1, 2, ...).
 #[derive(Default)]
 pub(crate) struct Interner {
     ids: HashMap<Box<[u64]>, u32, BuildHasherDefault<WordHasher>>,
+    /// The last sequence seen per value of its first word (a block, or a shape key): a block's
+    /// invocations mostly repeat the same key, and comparing a dozen words is cheaper than
+    /// hashing them and probing the map (the run's most frequent lookup, once per recorded node).
+    recent: Vec<(Vec<u64>, u32)>,
 }
 
 impl Interner {
     /// The id of `words`, a new one the first time they are seen.
     pub(crate) fn id(&mut self, words: &[u64]) -> u32 {
-        if let Some(&id) = self.ids.get(words) {
-            return id;
+        let slot = words.first().map_or(0, |&w| w as usize & (RECENT - 1));
+        if let Some((seen, id)) = self.recent.get(slot) {
+            // `u32::MAX`: a slot not filled yet.
+            if *id != u32::MAX && seen.as_slice() == words {
+                return *id;
+            }
         }
-        let id = self.ids.len() as u32;
-        self.ids.insert(words.into(), id);
+        let id = match self.ids.get(words) {
+            Some(&id) => id,
+            None => {
+                let id = self.ids.len() as u32;
+                self.ids.insert(words.into(), id);
+                id
+            }
+        };
+        if self.recent.is_empty() {
+            self.recent.resize_with(RECENT, || (Vec::new(), u32::MAX));
+        }
+        if let Some(entry) = self.recent.get_mut(slot) {
+            entry.0.clear();
+            entry.0.extend_from_slice(words);
+            entry.1 = id;
+        }
         id
     }
 
@@ -105,5 +130,22 @@ mod tests {
             assert_eq!(id as usize, k);
             assert_eq!(i.id(&[7, k as u64, 1 << 40]), id);
         }
+    }
+
+    #[test]
+    fn the_recent_cache_never_answers_for_another_sequence() {
+        // First words 1 and 65 share a cache slot; empty and one-word sequences too.
+        let mut i = Interner::default();
+        let seqs: [&[u64]; 6] = [&[1, 4], &[65, 4], &[1, 4, 0], &[], &[0], &[1, 5]];
+        let first: Vec<u32> = seqs.iter().map(|s| i.id(s)).collect();
+        for _ in 0..3 {
+            for (s, &id) in seqs.iter().zip(&first).rev() {
+                assert_eq!(i.id(s), id, "{s:?}");
+            }
+        }
+        let mut all = first.clone();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), seqs.len());
     }
 }
