@@ -660,18 +660,24 @@ impl<'p> Dfg<'p> {
                 }
             }
         }
+        // Nodes waiting for an input, by the node that computes it: released to the level after
+        // the one that launches it, instead of being looked at again at every level between
+        // (NestedRNN's chains behind deferred launches made that quadratic).
+        let mut waiting_on: HashMap<u32, Vec<u32>> = HashMap::new();
         self.profile.time_schedule += t0.elapsed();
         while let Some((depth, ids)) = levels.pop_first() {
             let t0 = Instant::now();
             let mut groups: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
             let mut later = Vec::new();
             for id in ids {
-                if self.inputs_ready(id) {
-                    if let Some(n) = self.nodes.get(id as usize) {
-                        groups.entry((n.block, n.key)).or_default().push(id);
+                match self.blocking_input(id) {
+                    None => {
+                        if let Some(n) = self.nodes.get(id as usize) {
+                            groups.entry((n.block, n.key)).or_default().push(id);
+                        }
                     }
-                } else {
-                    later.push(id);
+                    Some(Some(p)) => waiting_on.entry(p).or_default().push(id),
+                    Some(None) => later.push(id),
                 }
             }
             if deferring {
@@ -712,18 +718,56 @@ impl<'p> Dfg<'p> {
                 }
             }
             if !later.is_empty() {
-                // An input is not computed yet (its depth was not smaller): retry one level later.
-                if groups.is_empty() && levels.is_empty() {
-                    return Err(RunError::new("internal: dataflow graph has a cycle"));
-                }
                 levels.entry(depth + 1).or_default().extend(later);
+            }
+            if groups.is_empty() && levels.is_empty() && !waiting_on.is_empty() {
+                return Err(RunError::new("internal: dataflow graph has a cycle"));
             }
             self.profile.time_schedule += t0.elapsed();
             for ((block, _), ids) in groups {
                 self.launch(block, &ids)?;
+                for id in ids {
+                    if let Some(ws) = waiting_on.remove(&id) {
+                        levels.entry(depth + 1).or_default().extend(ws);
+                    }
+                }
             }
         }
+        if !waiting_on.is_empty() {
+            return Err(RunError::new(
+                "internal: a node waits for an input no launch computes",
+            ));
+        }
         Ok(())
+    }
+
+    /// `None` when every input of node `id` is computed; else `Some` of a recorded node not run
+    /// yet that computes one of them (a deferred sum's term rather than the sum), or `Some(None)`
+    /// if there is none to wait for.
+    fn blocking_input(&self, id: u32) -> Option<Option<u32>> {
+        let n = self.nodes.get(id as usize)?;
+        for a in &n.args {
+            let Arg::Lazy(r) = a else {
+                continue;
+            };
+            let Some(m) = self.nodes.get(r.node as usize) else {
+                return Some(None);
+            };
+            if m.out.is_some() {
+                continue;
+            }
+            if !m.sum {
+                return Some(Some(r.node));
+            }
+            for t in &m.args {
+                if let Arg::Lazy(q) = t {
+                    if !self.lazy_ready(*q) {
+                        return Some(Some(q.node));
+                    }
+                }
+            }
+        }
+        None
     }
 
     /// DyNet's agenda: repeatedly launch the group of ready nodes with the same signature whose
@@ -795,12 +839,6 @@ impl<'p> Dfg<'p> {
         } else {
             Err(RunError::new("internal: dataflow graph has a cycle"))
         }
-    }
-
-    fn inputs_ready(&self, id: u32) -> bool {
-        self.nodes
-            .get(id as usize)
-            .is_some_and(|n| n.args.iter().all(|a| self.arg_ready(a)))
     }
 
     /// The argument is computed, or is a deferred sum of computed terms.
