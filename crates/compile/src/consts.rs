@@ -529,26 +529,16 @@ fn remove_dead_params(
 /// code and in the captures of the closures it makes (`made`), and every direct call drops its
 /// argument `p`.
 fn remove_param(program: &mut Program, g: u32, l: u32, p: u32, made: &[u32]) {
-    let shift = |s: &mut u32| {
-        if *s > p {
-            *s -= 1;
-        }
-    };
     if let Some(lambda) = program.lambdas.get_mut(l as usize) {
-        lambda.n_params -= 1;
-        lambda.n_slots -= 1;
-        lambda.body.visit_mut(&mut |c| match c {
-            Code::Slot(s) => shift(s),
-            Code::Let { binds, .. } => binds.iter_mut().for_each(|(s, _)| shift(s)),
-            Code::Match { arms, .. } => arms.iter_mut().for_each(|(pat, _)| shift_pat(pat, p)),
-            _ => {}
-        });
+        lambda.remove_unread_param(p);
     }
     for &m in made {
         if let Some(closure) = program.lambdas.get_mut(m as usize) {
             for (from, _) in &mut closure.captures {
                 if let CaptureFrom::Slot(s) = from {
-                    shift(s);
+                    if *s > p {
+                        *s -= 1;
+                    }
                 }
             }
         }
@@ -561,17 +551,5 @@ fn remove_param(program: &mut Program, g: u32, l: u32, p: u32, made: &[u32]) {
                 }
             }
         });
-    }
-}
-
-fn shift_pat(pat: &mut Pat, p: u32) {
-    match pat {
-        Pat::Wild => {}
-        Pat::Bind(s) => {
-            if *s > p {
-                *s -= 1;
-            }
-        }
-        Pat::Ctor(_, ps) | Pat::Tuple(ps) => ps.iter_mut().for_each(|q| shift_pat(q, p)),
     }
 }

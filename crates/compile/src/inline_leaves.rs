@@ -209,7 +209,7 @@ impl Renumber<'_> {
             }
             Code::Match { arms, .. } => {
                 for (pat, _) in arms.iter_mut() {
-                    self.pat(pat);
+                    pat.for_each_slot_mut(&mut |s| *s = self.slot(*s));
                 }
             }
             Code::InvokeBlock { site, .. } => {
@@ -222,13 +222,5 @@ impl Renumber<'_> {
             _ => {}
         }
         c.for_each_child_mut(|k| self.code(k));
-    }
-
-    fn pat(&self, pat: &mut Pat) {
-        match pat {
-            Pat::Wild => {}
-            Pat::Bind(s) => *s = self.slot(*s),
-            Pat::Ctor(_, ps) | Pat::Tuple(ps) => ps.iter_mut().for_each(|q| self.pat(q)),
-        }
     }
 }

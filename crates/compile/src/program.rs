@@ -201,6 +201,26 @@ pub enum Pat {
     Tuple(Vec<Pat>),
 }
 
+impl Pat {
+    /// Calls `f` on every slot the pattern binds.
+    pub fn for_each_slot(&self, f: &mut impl FnMut(u32)) {
+        match self {
+            Pat::Wild => {}
+            Pat::Bind(s) => f(*s),
+            Pat::Ctor(_, ps) | Pat::Tuple(ps) => ps.iter().for_each(|q| q.for_each_slot(f)),
+        }
+    }
+
+    /// [`Pat::for_each_slot`], mutably (for renumbering).
+    pub fn for_each_slot_mut(&mut self, f: &mut impl FnMut(&mut u32)) {
+        match self {
+            Pat::Wild => {}
+            Pat::Bind(s) => f(s),
+            Pat::Ctor(_, ps) | Pat::Tuple(ps) => ps.iter_mut().for_each(|q| q.for_each_slot_mut(f)),
+        }
+    }
+}
+
 /// One block-invocation site of the program and what the static analyses concluded about it.
 #[derive(Debug, Clone)]
 pub struct Site {
@@ -231,6 +251,29 @@ pub struct Lambda {
     pub n_slots: u32,
     pub captures: Vec<(CaptureFrom, u32)>,
     pub body: Code,
+}
+
+impl Lambda {
+    /// Removes parameter `p`, which no code reads any more: the slots above it move down by one
+    /// in this lambda's code. Closures this lambda makes capture its slots by number, and calls
+    /// pass the argument: the caller fixes those.
+    pub fn remove_unread_param(&mut self, p: u32) {
+        let mut shift = |s: &mut u32| {
+            if *s > p {
+                *s -= 1;
+            }
+        };
+        self.n_params -= 1;
+        self.n_slots -= 1;
+        self.body.visit_mut(&mut |c| match c {
+            Code::Slot(s) => shift(s),
+            Code::Let { binds, .. } => binds.iter_mut().for_each(|(s, _)| shift(s)),
+            Code::Match { arms, .. } => arms
+                .iter_mut()
+                .for_each(|(pat, _)| pat.for_each_slot_mut(&mut shift)),
+            _ => {}
+        });
+    }
 }
 
 #[derive(Debug, Clone)]

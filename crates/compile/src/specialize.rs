@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use crate::program::{CaptureFrom, Code, Lambda, Pat, Program};
+use crate::program::{CaptureFrom, Code, Lambda, Program};
 
 /// Functions a program may grow by through specialization.
 const MAX_NEW: usize = 128;
@@ -194,7 +194,7 @@ fn let_bound_closures(lambda: &Lambda) -> HashMap<u32, u32> {
         }
         Code::Match { arms, .. } => {
             for (p, _) in arms {
-                pat_slots(p, &mut |s| *writes.entry(s).or_default() += 1);
+                p.for_each_slot(&mut |s| *writes.entry(s).or_default() += 1);
             }
         }
         _ => {}
@@ -202,14 +202,6 @@ fn let_bound_closures(lambda: &Lambda) -> HashMap<u32, u32> {
     closure.retain(|s, _| *s >= lambda.n_params && writes.get(s) == Some(&1));
     closure.retain(|s, _| !lambda.captures.iter().any(|(_, t)| t == s));
     closure
-}
-
-fn pat_slots(p: &Pat, f: &mut impl FnMut(u32)) {
-    match p {
-        Pat::Wild => {}
-        Pat::Bind(s) => f(*s),
-        Pat::Ctor(_, ps) | Pat::Tuple(ps) => ps.iter().for_each(|q| pat_slots(q, f)),
-    }
 }
 
 fn closure_ok(program: &Program, c: u32) -> bool {
@@ -305,36 +297,12 @@ fn clone_fixed(
             *k = Code::MakeClosure(c);
         }
     });
-    // Parameter `i` is read nowhere now: slots above it move down.
-    let shift = |s: &mut u32| {
-        if *s > i {
-            *s -= 1;
-        }
-    };
-    lambda.n_params -= 1;
-    lambda.n_slots -= 1;
-    lambda.body.visit_mut(&mut |k| match k {
-        Code::Slot(s) => shift(s),
-        Code::Let { binds, .. } => binds.iter_mut().for_each(|(s, _)| shift(s)),
-        Code::Match { arms, .. } => arms.iter_mut().for_each(|(p, _)| shift_pat(p, i)),
-        _ => {}
-    });
+    // Parameter `i` is read nowhere now (`g` makes no closure capturing a slot).
+    lambda.remove_unread_param(i);
     let l2 = program.lambdas.len() as u32;
     program.lambdas.push(lambda);
     program.globals.push(l2);
     g2
-}
-
-fn shift_pat(p: &mut Pat, i: u32) {
-    match p {
-        Pat::Wild => {}
-        Pat::Bind(s) => {
-            if *s > i {
-                *s -= 1;
-            }
-        }
-        Pat::Ctor(_, ps) | Pat::Tuple(ps) => ps.iter_mut().for_each(|q| shift_pat(q, i)),
-    }
 }
 
 /// Points the call at `path` to `g2`, dropping its argument `i`.
