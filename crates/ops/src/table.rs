@@ -10,7 +10,8 @@ use crate::kernel as k;
 use crate::rel::{broadcast, create, gemm, layout, reduce, unary};
 use crate::AttrKind::{Bool, DType, Float, Int, IntOrInts, Ints, Str};
 use crate::FusionClass::{Broadcast, Elementwise, Gemm, Layout, Opaque, Reduction};
-use crate::{AttrSpec, FusionClass, Kernel, OpDef, Relation};
+use crate::StageRule::{Gather, RowWise, RowWiseOnLastAxis};
+use crate::{AttrSpec, FusionClass, Kernel, OpDef, Relation, StageRule};
 
 const fn opt(name: &'static str, kind: crate::AttrKind, default: &'static str) -> AttrSpec {
     AttrSpec::opt(name, kind, default)
@@ -37,6 +38,7 @@ const fn op(
         relation,
         kernel,
         class,
+        stage: StageRule::Batched,
         doc,
     }
 }
@@ -60,18 +62,18 @@ const CREATE: &[AttrSpec] = &[req("shape", Ints), opt("dtype", DType, "\"float32
 static OPS: &[OpDef] = &[
     // ---- GEMM ----
     op("nn.dense", 2, &[opt("units", Int, "None"), opt("out_dtype", Str, "\"\"")],
-        gemm::dense, k::gemm::dense, Gemm, "data (…, K) times weight (N, K) transposed: (…, N)"),
+        gemm::dense, k::gemm::dense, Gemm, "data (…, K) times weight (N, K) transposed: (…, N)").in_stage(StageRule::Gemm),
     op("nn.batch_matmul", 2,
         &[opt("transpose_a", Bool, "False"), opt("transpose_b", Bool, "True"), opt("out_dtype", Str, "\"\"")],
         gemm::batch_matmul, k::gemm::batch_matmul, Gemm, "batched matrix product (B, M, K) × (B, N, K) → (B, M, N); batch 1 broadcasts"),
     // ---- broadcasting binary ----
-    op("add", 2, NONE, broadcast::add, k::broadcast::add, Broadcast, "elementwise a + b with numpy broadcasting"),
-    op("subtract", 2, NONE, broadcast::subtract, k::broadcast::subtract, Broadcast, "elementwise a - b with numpy broadcasting"),
-    op("multiply", 2, NONE, broadcast::multiply, k::broadcast::multiply, Broadcast, "elementwise a * b with numpy broadcasting"),
-    op("divide", 2, NONE, broadcast::divide, k::broadcast::divide, Broadcast, "elementwise a / b with numpy broadcasting"),
+    op("add", 2, NONE, broadcast::add, k::broadcast::add, Broadcast, "elementwise a + b with numpy broadcasting").in_stage(RowWise),
+    op("subtract", 2, NONE, broadcast::subtract, k::broadcast::subtract, Broadcast, "elementwise a - b with numpy broadcasting").in_stage(RowWise),
+    op("multiply", 2, NONE, broadcast::multiply, k::broadcast::multiply, Broadcast, "elementwise a * b with numpy broadcasting").in_stage(RowWise),
+    op("divide", 2, NONE, broadcast::divide, k::broadcast::divide, Broadcast, "elementwise a / b with numpy broadcasting").in_stage(RowWise),
     op("power", 2, NONE, broadcast::power, k::broadcast::power, Broadcast, "elementwise a ** b with numpy broadcasting"),
-    op("maximum", 2, NONE, broadcast::maximum, k::broadcast::maximum, Broadcast, "elementwise max(a, b) with numpy broadcasting"),
-    op("minimum", 2, NONE, broadcast::minimum, k::broadcast::minimum, Broadcast, "elementwise min(a, b) with numpy broadcasting"),
+    op("maximum", 2, NONE, broadcast::maximum, k::broadcast::maximum, Broadcast, "elementwise max(a, b) with numpy broadcasting").in_stage(RowWise),
+    op("minimum", 2, NONE, broadcast::minimum, k::broadcast::minimum, Broadcast, "elementwise min(a, b) with numpy broadcasting").in_stage(RowWise),
     op("equal", 2, NONE, broadcast::equal, k::broadcast::equal, Broadcast, "elementwise a == b (bool) with numpy broadcasting"),
     op("not_equal", 2, NONE, broadcast::not_equal, k::broadcast::not_equal, Broadcast, "elementwise a != b (bool) with numpy broadcasting"),
     op("less", 2, NONE, broadcast::less, k::broadcast::less, Broadcast, "elementwise a < b (bool) with numpy broadcasting"),
@@ -81,29 +83,29 @@ static OPS: &[OpDef] = &[
     op("logical_and", 2, NONE, broadcast::logical_and, k::broadcast::logical_and, Broadcast, "elementwise a and b on bool tensors, with broadcasting"),
     op("logical_or", 2, NONE, broadcast::logical_or, k::broadcast::logical_or, Broadcast, "elementwise a or b on bool tensors, with broadcasting"),
     op("nn.bias_add", 2, &[opt("axis", Int, "1")], broadcast::bias_add, k::broadcast::bias_add, Broadcast,
-        "adds a 1-D bias along `axis` of data"),
+        "adds a 1-D bias along `axis` of data").in_stage(RowWiseOnLastAxis { default_axis: 1 }),
     op("where", 3, NONE, broadcast::where_, k::broadcast::where_, Broadcast,
         "x where condition holds, else y; all three broadcast"),
     op("clip", 1, &[req("a_min", Float), req("a_max", Float)], unary::clip, k::unary::clip, Broadcast,
-        "clamps every element into [a_min, a_max]"),
+        "clamps every element into [a_min, a_max]").in_stage(RowWise),
     // ---- unary elementwise ----
     op("logical_not", 1, NONE, unary::logical_not, k::unary::logical_not, Elementwise, "elementwise not on a bool tensor"),
-    op("negative", 1, NONE, unary::negative, k::unary::negative, Elementwise, "elementwise -x"),
-    op("sigmoid", 1, NONE, unary::sigmoid, k::unary::sigmoid, Elementwise, "elementwise 1 / (1 + exp(-x)) (float)"),
-    op("tanh", 1, NONE, unary::tanh, k::unary::tanh, Elementwise, "elementwise hyperbolic tangent (float)"),
-    op("exp", 1, NONE, unary::exp, k::unary::exp, Elementwise, "elementwise e^x (float)"),
-    op("log", 1, NONE, unary::log, k::unary::log, Elementwise, "elementwise natural logarithm (float)"),
-    op("sqrt", 1, NONE, unary::sqrt, k::unary::sqrt, Elementwise, "elementwise square root (float)"),
-    op("rsqrt", 1, NONE, unary::rsqrt, k::unary::rsqrt, Elementwise, "elementwise 1 / sqrt(x) (float)"),
-    op("abs", 1, NONE, unary::abs, k::unary::abs, Elementwise, "elementwise |x|"),
-    op("nn.relu", 1, NONE, unary::relu, k::unary::relu, Elementwise, "elementwise max(x, 0)"),
-    op("copy", 1, NONE, unary::copy, k::unary::copy, Layout, "a fresh copy of the tensor"),
+    op("negative", 1, NONE, unary::negative, k::unary::negative, Elementwise, "elementwise -x").in_stage(RowWise),
+    op("sigmoid", 1, NONE, unary::sigmoid, k::unary::sigmoid, Elementwise, "elementwise 1 / (1 + exp(-x)) (float)").in_stage(RowWise),
+    op("tanh", 1, NONE, unary::tanh, k::unary::tanh, Elementwise, "elementwise hyperbolic tangent (float)").in_stage(RowWise),
+    op("exp", 1, NONE, unary::exp, k::unary::exp, Elementwise, "elementwise e^x (float)").in_stage(RowWise),
+    op("log", 1, NONE, unary::log, k::unary::log, Elementwise, "elementwise natural logarithm (float)").in_stage(RowWise),
+    op("sqrt", 1, NONE, unary::sqrt, k::unary::sqrt, Elementwise, "elementwise square root (float)").in_stage(RowWise),
+    op("rsqrt", 1, NONE, unary::rsqrt, k::unary::rsqrt, Elementwise, "elementwise 1 / sqrt(x) (float)").in_stage(RowWise),
+    op("abs", 1, NONE, unary::abs, k::unary::abs, Elementwise, "elementwise |x|").in_stage(RowWise),
+    op("nn.relu", 1, NONE, unary::relu, k::unary::relu, Elementwise, "elementwise max(x, 0)").in_stage(RowWise),
+    op("copy", 1, NONE, unary::copy, k::unary::copy, Layout, "a fresh copy of the tensor").in_stage(RowWise),
     // ---- reductions and normalizations ----
-    op("nn.softmax", 1, SOFTMAX, reduce::softmax, k::reduce::softmax, Reduction, "softmax along `axis`"),
-    op("nn.log_softmax", 1, SOFTMAX, reduce::log_softmax, k::reduce::log_softmax, Reduction, "log of softmax along `axis`"),
+    op("nn.softmax", 1, SOFTMAX, reduce::softmax, k::reduce::softmax, Reduction, "softmax along `axis`").in_stage(RowWiseOnLastAxis { default_axis: -1 }),
+    op("nn.log_softmax", 1, SOFTMAX, reduce::log_softmax, k::reduce::log_softmax, Reduction, "log of softmax along `axis`").in_stage(RowWiseOnLastAxis { default_axis: -1 }),
     op("nn.layer_norm", 3,
         &[opt("axis", Int, "-1"), opt("epsilon", Float, "1e-05"), opt("center", Bool, "True"), opt("scale", Bool, "True")],
-        reduce::layer_norm, k::reduce::layer_norm, Reduction, "layer normalization along `axis`, scaled by gamma and shifted by beta"),
+        reduce::layer_norm, k::reduce::layer_norm, Reduction, "layer normalization along `axis`, scaled by gamma and shifted by beta").in_stage(RowWiseOnLastAxis { default_axis: -1 }),
     op("sum", 1, REDUCE, reduce::sum, k::reduce::sum, Reduction, "sum over `axis` (None: all axes)"),
     op("mean", 1, REDUCE, reduce::mean, k::reduce::mean, Reduction, "mean over `axis` (None: all axes)"),
     op("max", 1, REDUCE, reduce::max, k::reduce::max, Reduction, "maximum over `axis` (None: all axes)"),
@@ -112,9 +114,9 @@ static OPS: &[OpDef] = &[
     op("argmin", 1, ARG_REDUCE, reduce::argmin, k::reduce::argmin, Reduction, "int32 index of the minimum over `axis`"),
     // ---- layout ----
     op("concatenate", 1, &[opt("axis", Int, "0")], layout::concatenate, k::layout::concatenate, Layout,
-        "joins a tuple of tensors along `axis`"),
+        "joins a tuple of tensors along `axis`").in_stage(RowWiseOnLastAxis { default_axis: 0 }),
     op("split", 1, &[req("indices_or_sections", IntOrInts), opt("axis", Int, "0")], layout::split, k::layout::split, Layout,
-        "cuts along `axis` into N equal sections or at the listed indices; a tuple"),
+        "cuts along `axis` into N equal sections or at the listed indices; a tuple").in_stage(RowWiseOnLastAxis { default_axis: 0 }),
     op("reshape", 1, &[req("newshape", Ints), opt("allowzero", Bool, "False")], layout::reshape, k::layout::reshape, Layout,
         "same elements, new shape (0 copies, -1 infers, -2 copies the rest, -3 merges, -4 splits)"),
     op("transpose", 1, &[opt("axes", Ints, "None")], layout::transpose, k::layout::transpose, Layout,
@@ -125,7 +127,7 @@ static OPS: &[OpDef] = &[
         "removes size-1 axes (None: all of them)"),
     op("take", 2,
         &[opt("axis", Int, "None"), opt("batch_dims", Int, "0"), opt("mode", Str, "\"clip\"")],
-        layout::take, k::layout::take, Layout, "gathers entries of data at integer indices along `axis`"),
+        layout::take, k::layout::take, Layout, "gathers entries of data at integer indices along `axis`").in_stage(Gather),
     op("strided_slice", 1,
         &[req("begin", Ints), req("end", Ints), opt("strides", Ints, "None"), opt("axes", Ints, "None"),
           opt("slice_mode", Str, "\"end\"")],

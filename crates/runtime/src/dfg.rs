@@ -12,6 +12,7 @@ use tumble_ops::{OpCtx, OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
 
 use crate::batched::{run_block, RowRefs, BV};
+use crate::executable::Executable;
 use crate::intern::Interner;
 use crate::profile::Profile;
 use crate::reuse::Reuse;
@@ -74,21 +75,8 @@ pub struct Dfg<'p> {
     shape_cache: Vec<Option<std::rc::Rc<Vec<Vec<usize>>>>>,
     /// Draws for operators run inside launches (none are random: those run on the host).
     launch_rng: Rng,
-    /// Per block: `Block::returns_only_scalars` (computed once, read per invocation).
-    scalar_blocks: Vec<bool>,
-    /// Per block: it only adds its two f32 inputs (see [`Block::is_sum`]).
-    sum_blocks: Vec<bool>,
-    /// Per block: the most invocations one launch runs ([`locality_chunk`]; `usize::MAX` for
-    /// all of them).
-    chunk_sizes: Vec<usize>,
-    /// Per block: the bytes every node's result takes for one invocation (from the static node
-    /// types), the bound a launch checks against the memory budget before it allocates.
-    row_bytes: Vec<usize>,
-    /// Per block: launches of fewer invocations wait for more under depth scheduling
-    /// ([`defer_below`]; 0: never).
-    defer_below: Vec<usize>,
-    /// Kernel plan per block (empty when fusion is off).
-    plans: Vec<crate::fused::BlockPlan>,
+    /// What the job computed once for the program: per-block facts and kernel plans.
+    exec: &'p Executable,
     /// The instance whose invocation made the last failed launch fail (see [`Dfg::launch`]).
     pub failed_instance: Option<u32>,
     /// Threads lent by workers that have finished (a share is added to `opts.threads` at each
@@ -160,97 +148,6 @@ fn infer_shapes(block: &Block, inputs: &[Vec<usize>]) -> Result<Vec<Vec<usize>>,
         .collect()
 }
 
-/// Bytes of one invocation's per-instance inputs that a launch of a per-invocation-weight block
-/// may hold per chunk: a quarter of a core's L2 (1 MiB here), leaving room for the intermediates.
-const CHUNK_INPUT_BYTES: usize = 256 << 10;
-
-/// A block with an `nn.dense` whose weight (second operand) is not one shared tensor: MV-RNN's
-/// per-word matrices, `W_M · [A; B]`. Batching such products reuses no weight, and a launch of
-/// every invocation at once streams all their matrices through memory stage by stage (stacking,
-/// concatenation, transposes, products) where launches of a few at a time keep them in cache:
-/// measured, MV-RNN-large b64 batched ran slower than one invocation per launch.
-/// Such a block launches at most as many invocations as fit their per-instance inputs (the inputs
-/// the reuse analysis found to differ per invocation, sized by their static types) in
-/// [`CHUNK_INPUT_BYTES`]; every other block, or one whose input shapes are not static, launches
-/// all of its invocations at once (`usize::MAX`). Computed once per block, not per launch.
-fn locality_chunk(block: &Block, reuse: &Reuse, b: usize) -> usize {
-    use tumble_compile::{BArg, BVal, InputReuse};
-    let per_instance = |i: usize| {
-        matches!(
-            reuse.inputs.get(b).and_then(|v| v.get(i)),
-            Some(InputReuse::PerInstance)
-        )
-    };
-    let per_invocation_weight = block.nodes.iter().any(|n| {
-        n.op.name == "nn.dense"
-            && match n.args.get(1) {
-                Some(BArg::One(BVal::Input(i))) => per_instance(*i as usize),
-                Some(BArg::One(BVal::Node(_) | BVal::Field(..))) => true,
-                _ => false,
-            }
-    });
-    if !per_invocation_weight {
-        return usize::MAX;
-    }
-    let bytes: Option<usize> = block
-        .inputs
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| per_instance(*i))
-        .map(|(_, input)| {
-            let (dims, dtype) = input.ty.as_tensor()?;
-            let n = dims
-                .iter()
-                .try_fold(1usize, |n, d| n.checked_mul(d.known()? as usize))?;
-            n.checked_mul(dtype.size())
-        })
-        .sum();
-    match bytes {
-        Some(bytes) => (CHUNK_INPUT_BYTES / bytes.max(1)).max(1),
-        None => usize::MAX,
-    }
-}
-
-/// Invocations below which a launch of `block` is deferred ([`crate::Options::defer`]): 0 unless
-/// its matrix products read shared weights of at least [`crate::DEFER_WEIGHT_BYTES`] in all;
-/// otherwise enough invocations for [`crate::DEFER_BELOW_ROWS`] rows of the smallest product.
-fn defer_below(block: &Block, reuse: &Reuse, b: usize) -> usize {
-    use tumble_compile::{BArg, BVal, InputReuse};
-    let known_len = |ty: &Ty| -> Option<(usize, usize)> {
-        let (dims, dtype) = ty.as_tensor()?;
-        let dims: Vec<usize> = dims
-            .iter()
-            .map(|d| d.known().map(|x| x as usize))
-            .collect::<Option<_>>()?;
-        let len = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
-        let rows = len / dims.last().copied().unwrap_or(1).max(1);
-        Some((len.checked_mul(dtype.size())?, rows))
-    };
-    let mut weight_bytes = 0usize;
-    let mut rows = usize::MAX;
-    for n in block.nodes.iter().filter(|n| n.op.name == "nn.dense") {
-        let (Some(BArg::One(data)), Some(BArg::One(BVal::Input(w)))) =
-            (n.args.first(), n.args.get(1))
-        else {
-            continue;
-        };
-        let shared = matches!(
-            reuse.inputs.get(b).and_then(|v| v.get(*w as usize)),
-            Some(InputReuse::Shared | InputReuse::SharedPerCallSite)
-        );
-        let weight = block.inputs.get(*w as usize).and_then(|i| known_len(&i.ty));
-        let data = known_len(&block.val_ty(data));
-        if let (true, Some((bytes, _)), Some((_, r))) = (shared, weight, data) {
-            weight_bytes = weight_bytes.saturating_add(bytes);
-            rows = rows.min(r.max(1));
-        }
-    }
-    if weight_bytes < crate::DEFER_WEIGHT_BYTES || rows == usize::MAX {
-        return 0;
-    }
-    crate::DEFER_BELOW_ROWS.div_ceil(rows)
-}
-
 /// The most terms one deferred sum holds. Flattening copies the inner sum's terms, so a fold over
 /// a long list would copy O(n²) terms (and keep every partial sum's list alive); past this many,
 /// the `add` is recorded as an ordinary invocation whose launch materializes the inner sum.
@@ -264,7 +161,12 @@ fn is_zero_term(t: &Tensor) -> bool {
 }
 
 impl<'p> Dfg<'p> {
-    pub fn new(program: &'p Program, reuse: &'p Reuse, opts: Options) -> Self {
+    pub fn new(
+        program: &'p Program,
+        reuse: &'p Reuse,
+        exec: &'p Executable,
+        opts: Options,
+    ) -> Self {
         Dfg {
             program,
             reuse,
@@ -276,56 +178,7 @@ impl<'p> Dfg<'p> {
             key_words: Vec::new(),
             shape_cache: Vec::new(),
             launch_rng: Rng::new(0),
-            scalar_blocks: program
-                .blocks
-                .iter()
-                .map(Block::returns_only_scalars)
-                .collect(),
-            sum_blocks: program.blocks.iter().map(Block::is_sum).collect(),
-            chunk_sizes: program
-                .blocks
-                .iter()
-                .enumerate()
-                .map(|(i, b)| match opts.locality_chunks {
-                    true => locality_chunk(b, reuse, i),
-                    false => usize::MAX,
-                })
-                .collect(),
-            row_bytes: program
-                .blocks
-                .iter()
-                .map(|b| {
-                    b.nodes
-                        .iter()
-                        .map(|n| tumble_ops::value_bytes(&n.ty))
-                        .fold(0, usize::saturating_add)
-                })
-                .collect(),
-            defer_below: program
-                .blocks
-                .iter()
-                .enumerate()
-                .map(|(i, b)| match opts.defer {
-                    true => defer_below(b, reuse, i),
-                    false => 0,
-                })
-                .collect(),
-            plans: if opts.fusion {
-                let popts = crate::fused::PlanOptions {
-                    row_cache: opts.row_cache,
-                    hfuse: opts.hfuse,
-                    epilogue: opts.epilogue,
-                    direct_matmul: opts.direct_matmul,
-                    gather_views: opts.gather_views && opts.gather_fusion,
-                };
-                program
-                    .blocks
-                    .iter()
-                    .map(|b| crate::fused::plan_with(b, popts))
-                    .collect()
-            } else {
-                Vec::new()
-            },
+            exec,
             lent: None,
             failed_instance: None,
             profile: Profile::default(),
@@ -643,13 +496,14 @@ impl<'p> Dfg<'p> {
         }
         // Pending invocations per launch key, for deferring small launches while more of the
         // same key are still to come.
-        let deferring = self.defer_below.iter().any(|&d| d > 1);
+        let deferring = self.exec.defer_below.iter().any(|&d| d > 1);
         let mut remaining: HashMap<(u32, u64), usize> = HashMap::new();
         if deferring {
             for ids in levels.values() {
                 for &id in ids {
                     if let Some(n) = self.nodes.get(id as usize) {
                         if self
+                            .exec
                             .defer_below
                             .get(n.block as usize)
                             .is_some_and(|&d| d > 1)
@@ -685,7 +539,12 @@ impl<'p> Dfg<'p> {
                 // of its key are pending and another group launches at this level (so every
                 // level makes progress and the flush ends).
                 let defer = |k: &(u32, u64), n: usize| {
-                    n < self.defer_below.get(k.0 as usize).copied().unwrap_or(0)
+                    n < self
+                        .exec
+                        .defer_below
+                        .get(k.0 as usize)
+                        .copied()
+                        .unwrap_or(0)
                         && remaining.get(k).is_some_and(|&r| r > n)
                 };
                 let mut waiting: Vec<(u32, u64)> = groups
@@ -696,7 +555,12 @@ impl<'p> Dfg<'p> {
                 if waiting.len() == groups.len() {
                     // Every group could wait: the fullest (relative to its threshold) launches.
                     let fill = |k: &(u32, u64)| {
-                        let below = self.defer_below.get(k.0 as usize).copied().unwrap_or(1);
+                        let below = self
+                            .exec
+                            .defer_below
+                            .get(k.0 as usize)
+                            .copied()
+                            .unwrap_or(1);
                         groups.get(k).map_or(0, Vec::len) as f64 / below.max(1) as f64
                     };
                     if let Some(i) = (0..waiting.len())
@@ -885,6 +749,7 @@ impl<'p> Dfg<'p> {
     /// weights, calls over chunks whose per-instance inputs fit in cache.
     fn launch(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
         let chunk = self
+            .exec
             .chunk_sizes
             .get(block_id as usize)
             .copied()
@@ -933,6 +798,7 @@ impl<'p> Dfg<'p> {
         // Before the launch allocates: at most every node's result for every row (an upper bound:
         // row programs keep fewer), which must fit in what is left of the memory budget.
         let launch_bytes = self
+            .exec
             .row_bytes
             .get(block_id as usize)
             .map_or(0, |r| r.saturating_mul(b));
@@ -954,7 +820,7 @@ impl<'p> Dfg<'p> {
         let mut octx = OpCtx {
             rng: &mut self.launch_rng,
         };
-        let outs = match self.plans.get(block_id as usize) {
+        let outs = match self.exec.plans.get(block_id as usize) {
             Some(plan) => crate::fused::run_planned(
                 block,
                 plan,
@@ -1079,7 +945,7 @@ impl<'p> Dfg<'p> {
         }
         // Rows of earlier outputs (or whole computed tensors) for the plan to read in place: the
         // gather is fused into the kernels (GEMM packing, row programs) instead of copied here.
-        if self.opts.gather_fusion && !self.plans.is_empty() {
+        if self.opts.gather_fusion && !self.exec.plans.is_empty() {
             let parts = args
                 .iter()
                 .map(|a| match a {
@@ -1198,7 +1064,7 @@ impl Backend for Dfg<'_> {
             && recorded
                 .iter()
                 .all(|a| matches!(a, Arg::Val(t) if t.len() <= 1))
-            && self.scalar_blocks.get(block_id as usize) == Some(&true)
+            && self.exec.scalar_blocks.get(block_id as usize) == Some(&true)
         {
             let inputs: Vec<Tensor> = recorded
                 .into_iter()
@@ -1217,7 +1083,7 @@ impl Backend for Dfg<'_> {
         }
         if self.opts.sum_fusion
             && self.opts.scheduler != Scheduler::Eager
-            && self.sum_blocks.get(block_id as usize) == Some(&true)
+            && self.exec.sum_blocks.get(block_id as usize) == Some(&true)
         {
             if let Some(v) = self.try_sum(block_id, &recorded, span, ctx)? {
                 self.profile.time_dfg += t0.elapsed();

@@ -1,42 +1,72 @@
 //! Dense stages on the SIMD kernels of `tumble-kernels`. Weights are packed once per weight tensor
-//! (or per list of weight tensors, for horizontally fused denses) and cached for the life of the
-//! process (the cache holds the tensors, so their buffer identities cannot be reused by other
-//! tensors while the packed copy exists).
+//! (or per list of weight tensors, for horizontally fused denses) and job, in the job's
+//! [`WeightCache`].
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use tumble_kernels::{NoEpilogue, PackedWeight, Rows};
 use tumble_tensor::Tensor;
 
-type Cache = Mutex<HashMap<(usize, usize, usize), (Tensor, Arc<PackedWeight>)>>;
+type Single = HashMap<(usize, usize, usize), (Tensor, Arc<PackedWeight>)>;
+type Concat = HashMap<(Vec<(usize, usize)>, usize), (Vec<Tensor>, Arc<PackedWeight>)>;
 
-fn cache() -> &'static Cache {
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+/// Packed weights of one job ([`crate::Executable`]): keyed by weight buffer (the cache holds
+/// the tensors, so their buffer identities cannot be reused by other tensors while the packed
+/// copy exists) and released with the job.
+#[derive(Default)]
+pub struct WeightCache {
+    single: Mutex<Single>,
+    concat: Mutex<Concat>,
 }
 
-/// The packed form of weight `w` (N, K), packing it on first use.
+thread_local! {
+    /// The cache of the job whose mini-batch this thread is running (see [`WeightCache::enter`]).
+    static CURRENT: RefCell<Option<Arc<WeightCache>>> = const { RefCell::new(None) };
+}
+
+/// Restores the thread's previous cache when the mini-batch ends (or unwinds).
+pub struct Entered(Option<Arc<WeightCache>>);
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        let previous = self.0.take();
+        CURRENT.with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+impl WeightCache {
+    /// Makes `cache` the one GEMMs on this thread use until the guard drops. Launches run on the
+    /// thread of their mini-batch (kernels may fan out, but pack before they do), so a
+    /// thread-local reaches every GEMM without threading the cache through the batching rules.
+    pub fn enter(cache: &Arc<WeightCache>) -> Entered {
+        Entered(CURRENT.with(|c| c.borrow_mut().replace(cache.clone())))
+    }
+
+    /// Runs `f` with the thread's current cache (`None` outside a job: pack without caching).
+    fn with<R>(f: impl FnOnce(Option<&WeightCache>) -> R) -> R {
+        let current = CURRENT.with(|c| c.borrow().clone());
+        f(current.as_deref())
+    }
+}
+
+/// The packed form of weight `w` (N, K), packing it on first use in this job.
 pub fn packed(w: &Tensor, n: usize, k: usize) -> Result<Arc<PackedWeight>, String> {
     let key = (w.buffer_id(), n, k);
-    if let Ok(c) = cache().lock() {
-        if let Some((_, p)) = c.get(&key) {
-            return Ok(p.clone());
+    WeightCache::with(|cache| {
+        if let Some(Ok(c)) = cache.map(|c| c.single.lock()) {
+            if let Some((_, p)) = c.get(&key) {
+                return Ok(p.clone());
+            }
         }
-    }
-    let data = w.as_f32().ok_or("dense stage: the weight is not float32")?;
-    let p = Arc::new(PackedWeight::pack(data, n, k).map_err(|e| e.to_string())?);
-    if let Ok(mut c) = cache().lock() {
-        c.insert(key, (w.clone(), p.clone()));
-    }
-    Ok(p)
-}
-
-type ConcatCache = Mutex<HashMap<(Vec<(usize, usize)>, usize), (Vec<Tensor>, Arc<PackedWeight>)>>;
-
-fn concat_cache() -> &'static ConcatCache {
-    static CACHE: OnceLock<ConcatCache> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+        let data = w.as_f32().ok_or("dense stage: the weight is not float32")?;
+        let p = Arc::new(PackedWeight::pack(data, n, k).map_err(|e| e.to_string())?);
+        if let Some(Ok(mut c)) = cache.map(|c| c.single.lock()) {
+            c.insert(key, (w.clone(), p.clone()));
+        }
+        Ok(p)
+    })
 }
 
 /// The packed form of the weights `ws` (each (N_i, k)) stacked along N, packing on first use.
@@ -47,21 +77,23 @@ pub fn packed_concat(ws: &[Tensor], k: usize) -> Result<Arc<PackedWeight>, Strin
             .collect::<Vec<_>>(),
         k,
     );
-    if let Ok(c) = concat_cache().lock() {
-        if let Some((_, p)) = c.get(&key) {
-            return Ok(p.clone());
+    WeightCache::with(|cache| {
+        if let Some(Ok(c)) = cache.map(|c| c.concat.lock()) {
+            if let Some((_, p)) = c.get(&key) {
+                return Ok(p.clone());
+            }
         }
-    }
-    let n: usize = key.0.iter().map(|(_, n)| n).sum();
-    let mut data = Vec::with_capacity(n * k);
-    for w in ws {
-        data.extend_from_slice(w.as_f32().ok_or("dense stage: a weight is not float32")?);
-    }
-    let p = Arc::new(PackedWeight::pack(&data, n, k).map_err(|e| e.to_string())?);
-    if let Ok(mut c) = concat_cache().lock() {
-        c.insert(key, (ws.to_vec(), p.clone()));
-    }
-    Ok(p)
+        let n: usize = key.0.iter().map(|(_, n)| n).sum();
+        let mut data = Vec::with_capacity(n * k);
+        for w in ws {
+            data.extend_from_slice(w.as_f32().ok_or("dense stage: a weight is not float32")?);
+        }
+        let p = Arc::new(PackedWeight::pack(&data, n, k).map_err(|e| e.to_string())?);
+        if let Some(Ok(mut c)) = cache.map(|c| c.concat.lock()) {
+            c.insert(key.clone(), (ws.to_vec(), p.clone()));
+        }
+        Ok(p)
+    })
 }
 
 /// C (rows, ΣN_i) = A (rows, k) · [W_1; W_2; ...]ᵀ.

@@ -8,6 +8,7 @@
 
 pub mod batched;
 pub mod dfg;
+mod executable;
 mod fastmath;
 mod fastops;
 pub mod fused;
@@ -24,6 +25,7 @@ use tumble_compile::Program;
 use tumble_interp::{InstanceCtx, Machine, Outcome, RunError, Value};
 use tumble_tensor::Rng;
 
+pub use executable::Executable;
 pub use profile::Profile;
 pub use reuse::Reuse;
 pub use workers::{run_batches, Job, JobError};
@@ -164,14 +166,18 @@ pub fn run_batch(
     rngs: Vec<Rng>,
     opts: Options,
 ) -> Result<(Vec<Value>, Profile), InstanceError> {
-    run_batch_lent(program, reuse, entry, args, rngs, opts, None)
+    let exec = Executable::new(program, reuse, &opts);
+    run_batch_lent(program, reuse, &exec, entry, args, rngs, opts, None)
 }
 
-/// [`run_batch`], whose launches also use the threads that finished workers lend to the ones
-/// still running (`lent`, read at each launch; see [`workers`]).
+/// [`run_batch`] on a program already planned (`exec`, made with the same switches as `opts`),
+/// whose launches also use the threads that finished workers lend to the ones still running
+/// (`lent`, read at each launch; see [`workers`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_batch_lent(
     program: &Program,
     reuse: &Reuse,
+    exec: &Executable,
     entry: &str,
     args: Vec<Vec<Value>>,
     rngs: Vec<Rng>,
@@ -187,7 +193,8 @@ pub(crate) fn run_batch_lent(
             error: RunError::new(format!("the module has no global `@{entry}`")),
         })?;
     let pool_hits = tumble_tensor::pool::hits();
-    let mut dfg = dfg::Dfg::new(program, reuse, opts);
+    let _weights = gemm::WeightCache::enter(&exec.weights);
+    let mut dfg = dfg::Dfg::new(program, reuse, exec, opts);
     dfg.lend_threads(lent);
     let n = args.len();
     let mut machines: Vec<Machine> = Vec::with_capacity(n);

@@ -24,7 +24,7 @@ use tumble_compile::Program;
 use tumble_interp::{RunError, Value};
 use tumble_tensor::Rng;
 
-use crate::{run_batch_lent, InstanceError, Options, Profile, Reuse};
+use crate::{run_batch_lent, Executable, InstanceError, Options, Profile, Reuse};
 
 /// A job of `instances` instances run as mini-batches of `batch` on `workers` threads.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +38,10 @@ pub struct Job<'a> {
     pub batch: usize,
     /// At most this many mini-batches at once (1: one after another, each with every thread).
     pub workers: usize,
+    /// The program planned for these options ([`Executable::new`]); `None`: planned once for
+    /// this job. Give one to share plans, compiled row programs and packed weights across jobs
+    /// of the same program (`tumble run --repeat`, a loaded model).
+    pub exec: Option<&'a Executable>,
     /// Stack of each worker thread besides the calling one, which is a worker too: give it the
     /// caller's, so that `load`, `finish` and the run recurse as deep on every worker.
     pub worker_stack: usize,
@@ -127,6 +131,14 @@ where
     // A worker that runs out of mini-batches lends its threads to the launches of those still
     // running, so the job's last mini-batch does not leave cores idle.
     let lending = Lending::new(workers);
+    let planned;
+    let exec = match job.exec {
+        Some(e) => e,
+        None => {
+            planned = Executable::new(job.program, job.reuse, &job.opts);
+            &planned
+        }
+    };
     let one = |c: usize| -> Result<Chunk<T>, JobError<E>> {
         let first = c * batch;
         let end = (first + batch).min(job.instances);
@@ -138,13 +150,20 @@ where
         let t_load = t_load.elapsed();
         let rngs = (first..end).map(&rng).collect();
         let lent = (workers > 1 && opts.lend_threads).then_some(&lending);
-        let (values, mut profile) =
-            run_batch_lent(job.program, job.reuse, job.entry, args, rngs, opts, lent).map_err(
-                |InstanceError { instance, error }| JobError::Run {
-                    instance: first + instance.unwrap_or(0),
-                    error,
-                },
-            )?;
+        let (values, mut profile) = run_batch_lent(
+            job.program,
+            job.reuse,
+            exec,
+            job.entry,
+            args,
+            rngs,
+            opts,
+            lent,
+        )
+        .map_err(|InstanceError { instance, error }| JobError::Run {
+            instance: first + instance.unwrap_or(0),
+            error,
+        })?;
         let t_finish = Instant::now();
         let mut out = Vec::with_capacity(values.len());
         for (k, v) in values.into_iter().enumerate() {

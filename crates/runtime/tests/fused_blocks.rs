@@ -173,7 +173,7 @@ fn block_of(src: &str, name: &str) -> tumble_compile::Block {
 
 fn run_with(
     block: &tumble_compile::Block,
-    p: &tumble_runtime::fused::BlockPlan,
+    p: &tumble_runtime::fused::RunPlan,
     inputs: &[BV],
     b: usize,
 ) -> (Vec<BV>, FusedStats) {
@@ -489,7 +489,7 @@ fn epilogue_fusion_matches_separate_passes_bit_for_bit() {
 
 fn run_threads(
     block: &tumble_compile::Block,
-    p: &tumble_runtime::fused::BlockPlan,
+    p: &tumble_runtime::fused::RunPlan,
     inputs: &[BV],
     b: usize,
     threads: usize,

@@ -1,0 +1,651 @@
+//! Block kernel plans: how a static block runs for a launch, decided once per program.
+//!
+//! A plan splits the block's operators into stages: **dense** stages (`nn.dense` with a shared
+//! weight: one matrix product over every invocation's rows), **row programs** (maximal runs of
+//! elementwise / broadcast / bias / activation / split / concatenate / softmax / layer-norm operators
+//! along the last axis, stitched into one pass per output row), **gathers** (embedding lookups),
+//! **direct products** and **other** operators, which run through the batching rules. Which stage
+//! an operator can join is data in the operator table ([`tumble_ops::StageRule`]), not a list of
+//! names here. The plan also records liveness (which values leave their stage), the row programs'
+//! external operands, and which GEMM stages run the following row program as their epilogue.
+//!
+//! The plan is static: it depends on the block only, never on a launch's values. Whether a stage's
+//! fast path applies (f32, shapes that line up, shared weights) is decided by the runtime at each
+//! launch, which falls back to the batching rules, so a plan never changes results beyond float
+//! rounding. The runtime executes plans (`tumble_runtime::fused`) and owns their caches.
+//!
+//! This is ACROBAT's kernel generation for whole static blocks (seed 000 §5; the fusion of
+//! elementwise tails follows BladeDISC/TAO's fusion stitching, seeds 004/001; horizontal fusion
+//! is ACROBAT appendix B.1, Fig. 9).
+
+use std::fmt;
+
+use tumble_ir::{DType, Ty};
+use tumble_ops::StageRule;
+use tumble_tensor::Tensor;
+
+use crate::{BArg, BVal, Block, BlockNode, Program};
+
+#[derive(Debug, Clone)]
+pub enum Stage {
+    Dense(usize),
+    /// Horizontal fusion: `nn.dense` nodes reading the same rows with different weights (LSTM
+    /// gates, Q/K/V projections), run as one GEMM over their concatenated weights.
+    HDense(Vec<usize>),
+    /// `take(table, ids, axis=0)` of a shared table by batched ids: row copies.
+    Gather(usize),
+    /// `nn.dense(X, transpose(concatenate((Y_1, ..), axis=0)))` = `X · [Y_1; ..]` (MV-RNN's
+    /// `W_M · [A; B]`) with a shared `X`: per invocation, the `Y` rows are packed straight into
+    /// the GEMM's weight panels, so the concatenation and transpose (which nothing else reads)
+    /// are never materialized. `concat` is `None` for `nn.dense(X, transpose(Y))`.
+    MatMul {
+        dense: usize,
+        transpose: usize,
+        concat: Option<usize>,
+    },
+    Rows(Vec<usize>),
+    Other(usize),
+}
+
+/// Switches of the plan-level optimizations (each can be turned off; results do not change).
+#[derive(Debug, Clone, Copy)]
+pub struct PlanOptions {
+    /// Horizontal fusion of denses that share their input rows (off: one GEMM per dense).
+    pub hfuse: bool,
+    /// Run a row program that only a GEMM stage feeds as that GEMM's epilogue, on each block of
+    /// output rows while it is in cache (off: the product is stored whole, then the row program
+    /// runs as a separate pass).
+    pub epilogue: bool,
+    /// Products by a transposed (concatenation of) per-invocation matrices pack those matrices'
+    /// rows straight into the GEMM ([`Stage::MatMul`]; off: concatenate, transpose, multiply
+    /// with swapped operands, transpose back).
+    pub direct_matmul: bool,
+    /// An embedding lookup with one index per invocation (`take(table, id, axis=0)`) yields
+    /// references to the table's rows instead of a gathered copy; GEMMs, row programs, direct
+    /// products, reshapes and the next launches read them in place ([`gather_stage`]).
+    pub gather_views: bool,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            hfuse: true,
+            epilogue: true,
+            direct_matmul: true,
+            gather_views: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BlockPlan {
+    pub stages: Vec<Stage>,
+    /// Nodes whose value is read after their stage (by a later stage or as a block output).
+    pub live_out: Vec<bool>,
+    /// Per stage, the external operands of its row program (empty for other stages).
+    pub row_ops: Vec<RowOperands>,
+    /// Per stage: a GEMM stage whose results only the next stage, a row program, reads; that row
+    /// program runs as its epilogue.
+    pub epilogue: Vec<bool>,
+    /// [`PlanOptions::gather_views`].
+    pub gather_views: bool,
+}
+
+impl fmt::Display for BlockPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (k, s) in self.stages.iter().enumerate() {
+            let fused_tail = k > 0 && self.epilogue.get(k - 1).copied().unwrap_or(false);
+            match s {
+                Stage::Dense(n) => writeln!(f, "    gemm      %{n}")?,
+                Stage::HDense(ns) => writeln!(
+                    f,
+                    "    gemm      {}  (horizontally fused)",
+                    ns.iter()
+                        .map(|n| format!("%{n}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )?,
+                Stage::Gather(n) => writeln!(f, "    gather    %{n}")?,
+                Stage::MatMul {
+                    dense,
+                    transpose,
+                    concat,
+                } => writeln!(
+                    f,
+                    "    matmul    {}%{transpose} %{dense}  (rows packed in place: no concatenation or transpose)",
+                    concat.map(|c| format!("%{c} ")).unwrap_or_default()
+                )?,
+                Stage::Rows(ns) => writeln!(
+                    f,
+                    "    {}  {}",
+                    if fused_tail { "epilogue" } else { "row-prog" },
+                    ns.iter()
+                        .map(|n| format!("%{n}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )?,
+                Stage::Other(n) => writeln!(f, "    batched   %{n}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn rank(t: &Ty) -> Option<usize> {
+    t.as_tensor().map(|(d, _)| d.len())
+}
+
+fn is_f32(t: &Ty) -> bool {
+    match t {
+        Ty::Tensor { dtype, .. } => *dtype == DType::Float32,
+        Ty::Tuple(ts) => ts.iter().all(is_f32),
+        _ => false,
+    }
+}
+
+/// The axis attribute names the last axis of a rank-`r` tensor.
+fn last_axis(node: &BlockNode, default: i64, r: usize) -> bool {
+    let a = node.attrs.int("axis").ok().flatten().unwrap_or(default);
+    a == -1 || (r > 0 && a == r as i64 - 1)
+}
+
+fn is_row_op(node: &BlockNode) -> bool {
+    if !is_f32(&node.ty) {
+        return false;
+    }
+    let r = match &node.ty {
+        Ty::Tuple(ts) => ts.first().and_then(rank).unwrap_or(0),
+        t => rank(t).unwrap_or(0),
+    };
+    match node.op.stage {
+        StageRule::RowWise => r >= 1,
+        StageRule::RowWiseOnLastAxis { default_axis } => r >= 1 && last_axis(node, default_axis, r),
+        StageRule::Gemm | StageRule::Gather | StageRule::Batched => false,
+    }
+}
+
+/// Groups of two or more f32 `nn.dense` nodes with the same first operand and a weight that is a
+/// block input or a constant (so it is ready wherever the group runs), in node order.
+fn hfuse_groups(block: &Block) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(ValKey, Vec<usize>)> = Vec::new();
+    for (i, node) in block.nodes.iter().enumerate() {
+        if node.op.stage != StageRule::Gemm || !is_f32(&node.ty) {
+            continue;
+        }
+        let (Some(BArg::One(a)), Some(BArg::One(w)), 2) =
+            (node.args.first(), node.args.get(1), node.args.len())
+        else {
+            continue;
+        };
+        if !matches!(w, BVal::Input(_) | BVal::Const(_)) {
+            continue;
+        }
+        let key = ValKey::of(a);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(i),
+            None => groups.push((key, vec![i])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(_, g)| g)
+        .filter(|g| g.len() >= 2)
+        .collect()
+}
+
+/// The products [`Stage::MatMul`] runs: an f32 `nn.dense` whose weight is a 2-D `transpose`
+/// (axes `[1, 0]`) of a value or of a `concatenate` along axis 0, each read by nothing else.
+fn direct_matmuls(block: &Block) -> Vec<Stage> {
+    let mut readers = vec![0usize; block.nodes.len()];
+    let mut count = |v: &BVal| {
+        if let BVal::Node(k) | BVal::Field(k, _) = v {
+            if let Some(r) = readers.get_mut(*k as usize) {
+                *r += 1;
+            }
+        }
+    };
+    for node in &block.nodes {
+        for a in &node.args {
+            match a {
+                BArg::One(v) => count(v),
+                BArg::Tuple(vs) => vs.iter().for_each(&mut count),
+            }
+        }
+    }
+    block.outputs.iter().for_each(&mut count);
+    let only_reader = |k: u32| readers.get(k as usize) == Some(&1);
+    let mut out = Vec::new();
+    for (i, node) in block.nodes.iter().enumerate() {
+        if node.op.stage != StageRule::Gemm || !is_f32(&node.ty) || rank(&node.ty) != Some(2) {
+            continue;
+        }
+        let Some(BArg::One(BVal::Node(t))) = node.args.get(1) else {
+            continue;
+        };
+        let Some(tn) = block.nodes.get(*t as usize) else {
+            continue;
+        };
+        let swaps = match tn.attrs.ints("axes") {
+            Ok(None) => true,
+            Ok(Some(a)) => {
+                a.is_empty() || a == [1, 0] || a == [-1, -2] || a == [1, -2] || a == [-1, 0]
+            }
+            Err(_) => false,
+        };
+        if tn.op.name != "transpose" || rank(&tn.ty) != Some(2) || !swaps || !only_reader(*t) {
+            continue;
+        }
+        let Some(BArg::One(y)) = tn.args.first() else {
+            continue;
+        };
+        let concat = match y {
+            BVal::Node(c) => block.nodes.get(*c as usize).and_then(|cn| {
+                let axis = cn.attrs.int("axis").ok().flatten().unwrap_or(0);
+                (cn.op.name == "concatenate"
+                    && (axis == 0 || axis == -2)
+                    && rank(&cn.ty) == Some(2)
+                    && only_reader(*c)
+                    && matches!(cn.args.first(), Some(BArg::Tuple(_))))
+                .then_some(*c as usize)
+            }),
+            _ => None,
+        };
+        out.push(Stage::MatMul {
+            dense: i,
+            transpose: *t as usize,
+            concat,
+        });
+    }
+    out
+}
+
+/// The plan of every block of `program`, in block order. In debug builds each plan is checked
+/// against its block ([`BlockPlan::verify`]); a broken one is a planner bug.
+pub fn plan_program(program: &Program, opts: PlanOptions) -> Vec<BlockPlan> {
+    let plans: Vec<BlockPlan> = program.blocks.iter().map(|b| plan_with(b, opts)).collect();
+    if cfg!(debug_assertions) {
+        for (block, plan) in program.blocks.iter().zip(&plans) {
+            let errors = plan.verify(block);
+            assert!(
+                errors.is_empty(),
+                "internal: the plan of block `{}` is inconsistent with it:\n{}",
+                block.name,
+                errors.join("\n")
+            );
+        }
+    }
+    plans
+}
+
+impl BlockPlan {
+    /// Every way the plan disagrees with `block` (empty: consistent): each node computed by
+    /// exactly one stage; a stage reads only nodes of earlier stages or its own (so running the
+    /// stages in order never reads a value not yet computed); the per-stage tables as long as
+    /// the stages; an epilogue only on a GEMM stage followed by a row program.
+    pub fn verify(&self, block: &Block) -> Vec<String> {
+        let n = block.nodes.len();
+        let mut errors = Vec::new();
+        let mut stage_of: Vec<Option<usize>> = vec![None; n];
+        for (s, st) in self.stages.iter().enumerate() {
+            for i in st.nodes() {
+                match stage_of.get_mut(i) {
+                    None => errors.push(format!("stage {s} names node %{i} of {n}")),
+                    Some(Some(t)) => {
+                        errors.push(format!("node %{i} is computed by stages {t} and {s}"))
+                    }
+                    Some(slot) => *slot = Some(s),
+                }
+            }
+        }
+        for (i, st) in stage_of.iter().enumerate() {
+            let Some(s) = st else {
+                errors.push(format!("node %{i} is computed by no stage"));
+                continue;
+            };
+            let Some(node) = block.nodes.get(i) else {
+                continue;
+            };
+            for a in &node.args {
+                let vals: Vec<&BVal> = match a {
+                    BArg::One(v) => vec![v],
+                    BArg::Tuple(vs) => vs.iter().collect(),
+                };
+                for v in vals {
+                    if let BVal::Node(k) | BVal::Field(k, _) = v {
+                        if let Some(Some(t)) = stage_of.get(*k as usize) {
+                            if t > s {
+                                errors.push(format!(
+                                    "node %{i} (stage {s}) reads %{k}, computed later by stage {t}"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let stages = self.stages.len();
+        if self.row_ops.len() != stages || self.epilogue.len() != stages || self.live_out.len() != n
+        {
+            errors.push(format!(
+                "tables: {} row-operand lists and {} epilogue flags for {stages} stages, {} \
+                 liveness flags for {n} nodes",
+                self.row_ops.len(),
+                self.epilogue.len(),
+                self.live_out.len()
+            ));
+        }
+        for (s, &e) in self.epilogue.iter().enumerate() {
+            let gemm = matches!(self.stages.get(s), Some(Stage::Dense(_) | Stage::HDense(_)));
+            let rows_next = matches!(self.stages.get(s + 1), Some(Stage::Rows(_)));
+            if e && !(gemm && rows_next) {
+                errors.push(format!(
+                    "stage {s} has an epilogue but is not a GEMM stage followed by a row program"
+                ));
+            }
+        }
+        errors
+    }
+}
+
+impl Stage {
+    /// The block nodes this stage computes.
+    pub fn nodes(&self) -> Vec<usize> {
+        match self {
+            Stage::Dense(i) | Stage::Gather(i) | Stage::Other(i) => vec![*i],
+            Stage::HDense(ns) | Stage::Rows(ns) => ns.clone(),
+            Stage::MatMul {
+                dense,
+                transpose,
+                concat,
+            } => [*concat, Some(*transpose), Some(*dense)]
+                .into_iter()
+                .flatten()
+                .collect(),
+        }
+    }
+}
+
+/// Makes the plan of a block, with every plan-level optimization on.
+pub fn plan(block: &Block) -> BlockPlan {
+    plan_with(block, PlanOptions::default())
+}
+
+/// Makes the plan of a block.
+pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
+    let n = block.nodes.len();
+    let groups = if opts.hfuse {
+        hfuse_groups(block)
+    } else {
+        Vec::new()
+    };
+    let matmuls = if opts.direct_matmul {
+        direct_matmuls(block)
+    } else {
+        Vec::new()
+    };
+    let absorbed = |i: usize| {
+        matmuls.iter().any(|m| match m {
+            Stage::MatMul {
+                transpose, concat, ..
+            } => *transpose == i || *concat == Some(i),
+            _ => false,
+        })
+    };
+    let mut stages: Vec<Stage> = Vec::new();
+    for (i, node) in block.nodes.iter().enumerate() {
+        if absorbed(i) {
+            // Computed inside the product that alone reads it.
+            continue;
+        }
+        if let Some(m) = matmuls
+            .iter()
+            .find(|m| matches!(m, Stage::MatMul { dense, .. } if *dense == i))
+        {
+            stages.push(m.clone());
+        } else if let Some(g) = groups.iter().find(|g| g.contains(&i)) {
+            // The group runs where its first member was: its input rows are ready there and its
+            // weights are block inputs or constants, ready from the start. Later members' results
+            // are then ready before anything reads them.
+            if g.first() == Some(&i) {
+                stages.push(Stage::HDense(g.clone()));
+            }
+        } else if node.op.stage == StageRule::Gemm && is_f32(&node.ty) {
+            stages.push(Stage::Dense(i));
+        } else if node.op.stage == StageRule::Gather
+            && node.attrs.int("axis").ok().flatten() == Some(0)
+            && node.attrs.int("batch_dims").ok().flatten().unwrap_or(0) == 0
+        {
+            stages.push(Stage::Gather(i));
+        } else if is_row_op(node) {
+            match stages.last_mut() {
+                Some(Stage::Rows(ns)) => ns.push(i),
+                _ => stages.push(Stage::Rows(vec![i])),
+            }
+        } else {
+            stages.push(Stage::Other(i));
+        }
+    }
+    // Which stage computes each node, then which nodes are read outside their own stage.
+    let mut stage_of = vec![0usize; n];
+    for (s, st) in stages.iter().enumerate() {
+        match st {
+            Stage::Dense(i) | Stage::Gather(i) | Stage::Other(i) => stage_of[*i] = s,
+            Stage::Rows(ns) | Stage::HDense(ns) => ns.iter().for_each(|&i| stage_of[i] = s),
+            Stage::MatMul {
+                dense,
+                transpose,
+                concat,
+            } => {
+                for i in [Some(*dense), Some(*transpose), *concat]
+                    .into_iter()
+                    .flatten()
+                {
+                    stage_of[i] = s;
+                }
+            }
+        }
+    }
+    let mut live_out = vec![false; n];
+    // Per node, the other stages that read it (`usize::MAX` for "a block output").
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let node_of = |v: &BVal| match v {
+        BVal::Node(k) | BVal::Field(k, _) => Some(*k as usize),
+        _ => None,
+    };
+    for (i, node) in block.nodes.iter().enumerate() {
+        for a in &node.args {
+            let vals: Vec<&BVal> = match a {
+                BArg::One(v) => vec![v],
+                BArg::Tuple(vs) => vs.iter().collect(),
+            };
+            for v in vals {
+                if let Some(k) = node_of(v) {
+                    if stage_of.get(k) != stage_of.get(i) {
+                        if let Some(l) = live_out.get_mut(k) {
+                            *l = true;
+                        }
+                        if let (Some(r), Some(&si)) = (readers.get_mut(k), stage_of.get(i)) {
+                            r.push(si);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for v in &block.outputs {
+        if let Some(k) = node_of(v) {
+            if let Some(l) = live_out.get_mut(k) {
+                *l = true;
+            }
+            if let Some(r) = readers.get_mut(k) {
+                r.push(usize::MAX);
+            }
+        }
+    }
+    let epilogue = (0..stages.len())
+        .map(|s| {
+            let members: &[usize] = match stages.get(s) {
+                Some(Stage::Dense(i)) => std::slice::from_ref(i),
+                Some(Stage::HDense(ns)) => ns,
+                _ => return false,
+            };
+            opts.epilogue
+                && matches!(stages.get(s + 1), Some(Stage::Rows(_)))
+                && members.iter().all(|&k| {
+                    let r = readers.get(k).map_or(&[][..], Vec::as_slice);
+                    !r.is_empty() && r.iter().all(|&si| si == s + 1)
+                })
+        })
+        .collect();
+    let row_ops = stages
+        .iter()
+        .map(|st| match st {
+            Stage::Rows(ns) => row_operands(block, ns),
+            _ => RowOperands::default(),
+        })
+        .collect();
+    BlockPlan {
+        stages,
+        live_out,
+        row_ops,
+        epilogue,
+        gather_views: opts.gather_views,
+    }
+}
+
+/// The external operands of a row-program stage, in first-use order, computed once per plan.
+#[derive(Clone, Debug, Default)]
+pub struct RowOperands {
+    pub vals: Vec<BVal>,
+    pub keys: Vec<ValKey>,
+}
+
+pub fn row_operands(block: &Block, ns: &[usize]) -> RowOperands {
+    let mut ops = RowOperands::default();
+    let in_segment =
+        |v: &BVal| matches!(v, BVal::Node(k) | BVal::Field(k, _) if ns.contains(&(*k as usize)));
+    for &i in ns {
+        let Some(node) = block.nodes.get(i) else {
+            continue;
+        };
+        for a in &node.args {
+            let vs: Vec<&BVal> = match a {
+                BArg::One(v) => vec![v],
+                BArg::Tuple(vs) => vs.iter().collect(),
+            };
+            for v in vs {
+                let key = ValKey::of(v);
+                if in_segment(v) || ops.keys.contains(&key) {
+                    continue;
+                }
+                ops.keys.push(key);
+                ops.vals.push(v.clone());
+            }
+        }
+    }
+    ops
+}
+
+/// Identity of a block value, to find an operand seen before (constants by their own identity:
+/// two literals that print alike are still different values).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ValKey {
+    Input(u32),
+    Node(u32),
+    Field(u32, u32),
+    Const(usize),
+}
+
+impl ValKey {
+    pub fn of(v: &BVal) -> ValKey {
+        match v {
+            BVal::Input(i) => ValKey::Input(*i),
+            BVal::Node(n) => ValKey::Node(*n),
+            BVal::Field(n, f) => ValKey::Field(*n, *f),
+            BVal::Const(t) => ValKey::Const(t as *const Tensor as usize),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::LowerOptions;
+
+    fn block_of(src: &str, name: &str) -> Block {
+        let mut sources = tumble_ir::SourceMap::new();
+        let typed = tumble_check::load(&mut sources, "t.rly", src, Default::default())
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let program = Program::lower_with(&typed, LowerOptions::batched())
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        program
+            .blocks
+            .into_iter()
+            .find(|b| b.name == name)
+            .unwrap_or_else(|| panic!("no block {name}"))
+    }
+
+    const CELL: &str = "def @cell(%x: Tensor[(1, 4), float32], %w: Tensor[(3, 4), float32], \
+                        %u: Tensor[(3, 4), float32], Primitive=1) {
+                          let %a = nn.dense(%x, %w);
+                          let %b = nn.dense(%x, %u);
+                          nn.softmax(tanh(add(%a, %b)))
+                        }
+                        def @main(%x: Tensor[(1, 4), float32]) { %x }";
+
+    #[test]
+    fn stages_come_from_the_op_table_and_verify() {
+        let block = block_of(CELL, "cell");
+        let plan = plan_with(&block, PlanOptions::default());
+        assert!(plan.verify(&block).is_empty(), "{:?}", plan.verify(&block));
+        let shown = plan.to_string();
+        assert!(shown.contains("horizontally fused"), "{shown}");
+        assert!(shown.contains("epilogue"), "{shown}");
+        let apart = plan_with(
+            &block,
+            PlanOptions {
+                hfuse: false,
+                epilogue: false,
+                ..PlanOptions::default()
+            },
+        );
+        assert!(apart.verify(&block).is_empty());
+        assert_eq!(
+            apart
+                .stages
+                .iter()
+                .filter(|s| matches!(s, Stage::Dense(_)))
+                .count(),
+            2
+        );
+    }
+
+    #[test]
+    fn the_verifier_rejects_broken_plans() {
+        let block = block_of(CELL, "cell");
+        let good = plan_with(&block, PlanOptions::default());
+        // A node left out.
+        let mut missing = good.clone();
+        missing.stages.pop();
+        missing.row_ops.pop();
+        missing.epilogue.pop();
+        assert!(missing
+            .verify(&block)
+            .iter()
+            .any(|e| e.contains("computed by no stage")));
+        // Stages reversed: a stage reads what a later one computes.
+        let mut reversed = good.clone();
+        reversed.stages.reverse();
+        reversed.epilogue = vec![false; reversed.stages.len()];
+        assert!(reversed
+            .verify(&block)
+            .iter()
+            .any(|e| e.contains("computed later")));
+        // A node in two stages.
+        let mut twice = good.clone();
+        twice.stages.push(Stage::Other(0));
+        twice.row_ops.push(RowOperands::default());
+        twice.epilogue.push(false);
+        assert!(twice.verify(&block).iter().any(|e| e.contains("stages")));
+    }
+}

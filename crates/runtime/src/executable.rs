@@ -1,0 +1,190 @@
+//! What a job computes once for a program before its mini-batches run (Nimble's "executable"
+//! in the runtime's terms): the kernel plan of every block, made by the compiler's planner, with
+//! its row-program cache; the packed weights of its GEMMs; and the per-block facts the scheduler
+//! reads at every invocation. Every mini-batch and worker of the job shares one `Executable`
+//! (it is `Sync`), so nothing here is recomputed per mini-batch, and the packed weights and
+//! compiled row programs are released with it instead of living as long as the process.
+
+use std::sync::Arc;
+
+use tumble_compile::{Block, Program, ReuseAnalysis as Reuse};
+use tumble_ir::Ty;
+
+use crate::fused::{PlanOptions, RunPlan};
+use crate::gemm::WeightCache;
+use crate::Options;
+
+pub struct Executable {
+    /// Per block: `Block::returns_only_scalars` (computed once, read per invocation).
+    pub(crate) scalar_blocks: Vec<bool>,
+    /// Per block: it only adds its two f32 inputs (see [`Block::is_sum`]).
+    pub(crate) sum_blocks: Vec<bool>,
+    /// Per block: the most invocations one launch runs ([`locality_chunk`]; `usize::MAX` for
+    /// all of them).
+    pub(crate) chunk_sizes: Vec<usize>,
+    /// Per block: the bytes every node's result takes for one invocation (from the static node
+    /// types), the bound a launch checks against the memory budget before it allocates.
+    pub(crate) row_bytes: Vec<usize>,
+    /// Per block: launches of fewer invocations wait for more under depth scheduling
+    /// ([`defer_below`]; 0: never).
+    pub(crate) defer_below: Vec<usize>,
+    /// Kernel plan per block (empty when fusion is off).
+    pub(crate) plans: Vec<RunPlan>,
+    /// Packed GEMM weights, by weight buffer (see [`crate::gemm`]).
+    pub(crate) weights: Arc<WeightCache>,
+}
+
+impl Executable {
+    /// Plans `program` (with its reuse analysis) for runs with `opts`. The switches that shape
+    /// plans and per-block facts (`fusion`, `row_cache`, `hfuse`, `epilogue`, `direct_matmul`,
+    /// `gather_views`, `gather_fusion`, `locality_chunks`, `defer`) are read here; runs of the
+    /// executable must use the same ones.
+    pub fn new(program: &Program, reuse: &Reuse, opts: &Options) -> Executable {
+        let blocks = &program.blocks;
+        Executable {
+            scalar_blocks: blocks.iter().map(Block::returns_only_scalars).collect(),
+            sum_blocks: blocks.iter().map(Block::is_sum).collect(),
+            chunk_sizes: blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| match opts.locality_chunks {
+                    true => locality_chunk(b, reuse, i),
+                    false => usize::MAX,
+                })
+                .collect(),
+            row_bytes: blocks
+                .iter()
+                .map(|b| {
+                    b.nodes
+                        .iter()
+                        .map(|n| tumble_ops::value_bytes(&n.ty))
+                        .fold(0, usize::saturating_add)
+                })
+                .collect(),
+            defer_below: blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| match opts.defer {
+                    true => defer_below(b, reuse, i),
+                    false => 0,
+                })
+                .collect(),
+            plans: if opts.fusion {
+                let popts = PlanOptions {
+                    row_cache: opts.row_cache,
+                    hfuse: opts.hfuse,
+                    epilogue: opts.epilogue,
+                    direct_matmul: opts.direct_matmul,
+                    gather_views: opts.gather_views && opts.gather_fusion,
+                };
+                tumble_compile::plan_program(program, popts.statics())
+                    .into_iter()
+                    .map(|p| RunPlan::new(p, popts.row_cache))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            weights: Arc::default(),
+        }
+    }
+}
+
+/// Bytes of one invocation's per-instance inputs that a launch of a per-invocation-weight block
+/// may hold per chunk: a quarter of a core's L2 (1 MiB here), leaving room for the intermediates.
+const CHUNK_INPUT_BYTES: usize = 256 << 10;
+
+/// A block with an `nn.dense` whose weight (second operand) is not one shared tensor: MV-RNN's
+/// per-word matrices, `W_M · [A; B]`. Batching such products reuses no weight, and a launch of
+/// every invocation at once streams all their matrices through memory stage by stage (stacking,
+/// concatenation, transposes, products) where launches of a few at a time keep them in cache:
+/// measured, MV-RNN-large b64 batched ran slower than one invocation per launch.
+/// Such a block launches at most as many invocations as fit their per-instance inputs (the inputs
+/// the reuse analysis found to differ per invocation, sized by their static types) in
+/// [`CHUNK_INPUT_BYTES`]; every other block, or one whose input shapes are not static, launches
+/// all of its invocations at once (`usize::MAX`). Computed once per block, not per launch.
+fn locality_chunk(block: &Block, reuse: &Reuse, b: usize) -> usize {
+    use tumble_compile::{BArg, BVal, InputReuse};
+    let per_instance = |i: usize| {
+        matches!(
+            reuse.inputs.get(b).and_then(|v| v.get(i)),
+            Some(InputReuse::PerInstance)
+        )
+    };
+    let per_invocation_weight = block.nodes.iter().any(|n| {
+        n.op.name == "nn.dense"
+            && match n.args.get(1) {
+                Some(BArg::One(BVal::Input(i))) => per_instance(*i as usize),
+                Some(BArg::One(BVal::Node(_) | BVal::Field(..))) => true,
+                _ => false,
+            }
+    });
+    if !per_invocation_weight {
+        return usize::MAX;
+    }
+    let bytes: Option<usize> = block
+        .inputs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| per_instance(*i))
+        .map(|(_, input)| {
+            let (dims, dtype) = input.ty.as_tensor()?;
+            let n = dims
+                .iter()
+                .try_fold(1usize, |n, d| n.checked_mul(d.known()? as usize))?;
+            n.checked_mul(dtype.size())
+        })
+        .sum();
+    match bytes {
+        Some(bytes) => (CHUNK_INPUT_BYTES / bytes.max(1)).max(1),
+        None => usize::MAX,
+    }
+}
+
+/// Invocations below which a launch of `block` is deferred ([`crate::Options::defer`]): 0 unless
+/// its matrix products read shared weights of at least [`crate::DEFER_WEIGHT_BYTES`] in all;
+/// otherwise enough invocations for [`crate::DEFER_BELOW_ROWS`] rows of the smallest product.
+fn defer_below(block: &Block, reuse: &Reuse, b: usize) -> usize {
+    use tumble_compile::{BArg, BVal, InputReuse};
+    let known_len = |ty: &Ty| -> Option<(usize, usize)> {
+        let (dims, dtype) = ty.as_tensor()?;
+        let dims: Vec<usize> = dims
+            .iter()
+            .map(|d| d.known().map(|x| x as usize))
+            .collect::<Option<_>>()?;
+        let len = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
+        let rows = len / dims.last().copied().unwrap_or(1).max(1);
+        Some((len.checked_mul(dtype.size())?, rows))
+    };
+    let mut weight_bytes = 0usize;
+    let mut rows = usize::MAX;
+    for n in block.nodes.iter().filter(|n| n.op.name == "nn.dense") {
+        let (Some(BArg::One(data)), Some(BArg::One(BVal::Input(w)))) =
+            (n.args.first(), n.args.get(1))
+        else {
+            continue;
+        };
+        let shared = matches!(
+            reuse.inputs.get(b).and_then(|v| v.get(*w as usize)),
+            Some(InputReuse::Shared | InputReuse::SharedPerCallSite)
+        );
+        let weight = block.inputs.get(*w as usize).and_then(|i| known_len(&i.ty));
+        let data = known_len(&block.val_ty(data));
+        if let (true, Some((bytes, _)), Some((_, r))) = (shared, weight, data) {
+            weight_bytes = weight_bytes.saturating_add(bytes);
+            rows = rows.min(r.max(1));
+        }
+    }
+    if weight_bytes < crate::DEFER_WEIGHT_BYTES || rows == usize::MAX {
+        return 0;
+    }
+    crate::DEFER_BELOW_ROWS.div_ceil(rows)
+}
+
+impl std::fmt::Debug for Executable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executable")
+            .field("blocks", &self.row_bytes.len())
+            .field("plans", &self.plans.len())
+            .finish_non_exhaustive()
+    }
+}

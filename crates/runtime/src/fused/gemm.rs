@@ -1,0 +1,553 @@
+//! GEMM stages: dense, horizontally fused dense, direct products (`X · [A; B]`), and GEMMs
+//! whose following row program runs as their epilogue.
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::ops::Range;
+
+use tumble_compile::plan::{RowOperands, ValKey};
+use tumble_compile::{BArg, BVal};
+use tumble_ops::{OpCtx, OpValue};
+use tumble_tensor::pool::{scratch_f32, with_capacity_f32, zeroed_f32};
+use tumble_tensor::Tensor;
+
+use tumble_kernels::Rows;
+
+use super::rowexec::*;
+use super::rowprog::*;
+use super::{Exec, FusedStats, RunPlan};
+use crate::batched::{OpStats, BV};
+
+/// Dense node `i` as a dense stage, or through the batching rules when the launch's operands do
+/// not fit one (counted as a fallback).
+pub(super) fn run_dense(
+    ex: &mut Exec,
+    i: usize,
+    octx: &mut OpCtx,
+    stats: &mut OpStats,
+    fstats: &mut FusedStats,
+) -> Result<(), String> {
+    let t0 = std::time::Instant::now();
+    let r = dense_stage(ex, i)?;
+    fstats.dense_time += t0.elapsed();
+    match r {
+        Some((v, flops)) => {
+            fstats.dense_stages += 1;
+            fstats.dense_flops += flops;
+            if let Some(slot) = ex.vals.get_mut(i) {
+                *slot = Some(v);
+            }
+            Ok(())
+        }
+        None => {
+            fstats.fallbacks += 1;
+            ex.run_node(i, octx, stats)
+        }
+    }
+}
+
+/// `nn.dense` of batched f32 rows with a shared f32 weight: one product for the whole launch.
+pub(super) fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, String> {
+    let node = ex.block.nodes.get(i).ok_or("internal: node")?;
+    let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1)) else {
+        return Ok(None);
+    };
+    // As it lies: per-invocation weights are read in place, not stacked (MV-RNN's word matrices).
+    let w = ex.get_raw(wv)?;
+    if let BV::Shared(OpValue::Tensor(w)) = &w {
+        // Shared weight: one matrix product over every invocation's rows, read in place.
+        let a = ex.get_raw(av)?;
+        let (Some((a_rows, k, mut shape)), [n, wk]) = (gemm_rows(&a), w.shape()) else {
+            return Ok(None);
+        };
+        if *wk != k || w.as_f32().is_none() {
+            return Ok(None);
+        }
+        let rows: usize = shape.iter().product();
+        // Overwritten whole by the GEMM.
+        let mut c = scratch_f32(rows * n);
+        crate::gemm::dense(&a_rows.rows(k), k, w, *n, &mut c, ex.threads)?;
+        shape.push(*n);
+        let t = Tensor::from_f32(shape, c).map_err(|e| e.to_string())?;
+        return Ok(Some((
+            BV::Batched(OpValue::Tensor(t)),
+            2 * (rows * k * n) as u64,
+        )));
+    }
+    // Per-invocation weights (MV-RNN's word matrices): a small product per invocation, each
+    // weight read where it lies.
+    let b = ex.b;
+    let Some((&[n, k], w_inst)) = invocation_parts(&w, b) else {
+        return Ok(None);
+    };
+    if n * k == 0 {
+        return Ok(None);
+    }
+    let x = ex.get(av)?;
+    let (x_t, x_batched) = match &x {
+        BV::Batched(OpValue::Tensor(t)) => (t, true),
+        BV::Shared(OpValue::Tensor(t)) => (t, false),
+        _ => return Ok(None),
+    };
+    let Some(xd) = x_t.as_f32() else {
+        return Ok(None);
+    };
+    let xs = x_t.shape();
+    let x_inst = if x_batched {
+        xs.get(1..).unwrap_or(&[])
+    } else {
+        xs
+    };
+    let (Some(&xk), true) = (x_inst.last(), x_inst.len() == 2) else {
+        return Ok(None);
+    };
+    if xk != k || (x_batched && xs.first() != Some(&b)) {
+        return Ok(None);
+    }
+    let m = x_inst.first().copied().unwrap_or(1);
+    if !x_batched && m >= SWAP_MIN_ROWS {
+        // A shared left operand (`W_M · [A; B]` without direct products): out_i = X·W_iᵀ =
+        // (W_i·Xᵀ)ᵀ, so every invocation's W_i rows go through one GEMM against X as the
+        // (packed, cached) weight, and each (n × m) result is transposed back.
+        let mut ct = scratch_f32(b * n * m);
+        let rows: Vec<&[f32]> = w_inst.iter().flat_map(|p| p.chunks_exact(k)).collect();
+        crate::gemm::dense(
+            &tumble_kernels::Rows::Gathered(&rows),
+            k,
+            x_t,
+            m,
+            &mut ct,
+            ex.threads,
+        )?;
+        let mut c = zeroed_f32(b * m * n);
+        for inst in 0..b {
+            let src = &ct[inst * n * m..(inst + 1) * n * m];
+            let dst = &mut c[inst * m * n..(inst + 1) * m * n];
+            crate::fastops::transpose_2d(src, n, m, dst);
+        }
+        tumble_tensor::pool::recycle(ct);
+        let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
+        return Ok(Some((
+            BV::Batched(OpValue::Tensor(t)),
+            2 * (b * m * n * k) as u64,
+        )));
+    }
+    let mut c = zeroed_f32(b * m * n);
+    for (inst, wi) in w_inst.iter().enumerate() {
+        let xo = if x_batched { inst * m * k } else { 0 };
+        for r in 0..m {
+            let xr = &xd[xo + r * k..xo + (r + 1) * k];
+            for j in 0..n {
+                c[(inst * m + r) * n + j] = dot(xr, &wi[j * k..(j + 1) * k]);
+            }
+        }
+    }
+    let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
+    Ok(Some((
+        BV::Batched(OpValue::Tensor(t)),
+        2 * (b * m * n * k) as u64,
+    )))
+}
+
+/// Each of `b` invocations' f32 data of value `v`, in place, with the per-invocation shape: a
+/// shared tensor (the same slice for all), a batch (its rows) or row references. `None` for other
+/// dtypes or a batch of another size.
+pub(super) fn invocation_parts(v: &BV, b: usize) -> Option<(&[usize], Vec<&[f32]>)> {
+    let (shape, parts): (&[usize], Vec<&[f32]>) = match v {
+        BV::Shared(OpValue::Tensor(t)) => (t.shape(), vec![t.as_f32()?; b]),
+        BV::Batched(OpValue::Tensor(t)) => {
+            let (&tb, rest) = t.shape().split_first()?;
+            let len: usize = rest.iter().product();
+            if tb != b || len == 0 {
+                return None;
+            }
+            (rest, t.as_f32()?.chunks_exact(len).collect())
+        }
+        BV::Rows(r) => (r.shape(), r.f32_parts()?),
+        _ => return None,
+    };
+    (parts.len() == b).then_some((shape, parts))
+}
+
+/// [`Stage::MatMul`]: `X · [Y_1; ..]` per invocation with `X` shared, each invocation's `Y` rows
+/// packed where they lie as the GEMM's weight. `None` when the operands are not of that form.
+pub(super) fn matmul_stage(
+    ex: &Exec,
+    dense: usize,
+    transpose: usize,
+    concat: Option<usize>,
+) -> Result<Option<(BV, u64)>, String> {
+    let node = ex.block.nodes.get(dense).ok_or("internal: node")?;
+    let Some(BArg::One(xv)) = node.args.first() else {
+        return Ok(None);
+    };
+    let BV::Shared(OpValue::Tensor(x)) = ex.get(xv)? else {
+        return Ok(None);
+    };
+    let (Some(xd), &[m, k]) = (x.as_f32(), x.shape()) else {
+        return Ok(None);
+    };
+    let part_vals: Vec<BVal> = match concat {
+        Some(c) => match ex.block.nodes.get(c).and_then(|n| n.args.first()) {
+            Some(BArg::Tuple(vs)) => vs.clone(),
+            _ => return Ok(None),
+        },
+        None => match ex.block.nodes.get(transpose).and_then(|n| n.args.first()) {
+            Some(BArg::One(v)) => vec![v.clone()],
+            _ => return Ok(None),
+        },
+    };
+    let b = ex.b;
+    // Per part: its rows-by-`n` shape per invocation and each invocation's data.
+    let vals: Vec<BV> = part_vals
+        .iter()
+        .map(|v| ex.get_raw(v))
+        .collect::<Result<_, _>>()?;
+    let mut n = None;
+    let mut parts: Vec<Vec<&[f32]>> = Vec::with_capacity(vals.len());
+    let mut rows_total = 0usize;
+    for v in &vals {
+        let Some((&[rows, cols], per_inst)) = invocation_parts(v, b) else {
+            return Ok(None);
+        };
+        if n.is_some_and(|n| n != cols) {
+            return Ok(None);
+        }
+        n = Some(cols);
+        rows_total += rows;
+        parts.push(per_inst);
+    }
+    let Some(n) = n else {
+        return Ok(None);
+    };
+    if rows_total != k || n == 0 || k == 0 {
+        return Ok(None);
+    }
+    let mut c = scratch_f32(b * m * n); // each invocation's block is overwritten whole by its GEMM
+    let a = tumble_kernels::Rows::Contiguous {
+        data: xd,
+        stride: k,
+    };
+    let mut y_rows: Vec<&[f32]> = Vec::with_capacity(k);
+    let mut packed: Option<tumble_kernels::PackedWeight> = None;
+    for inst in 0..b {
+        y_rows.clear();
+        for p in &parts {
+            let d = p.get(inst).ok_or("internal: matmul part")?;
+            y_rows.extend(d.chunks_exact(n));
+        }
+        match packed.as_mut() {
+            Some(w) => w.repack_rows_kn(&y_rows, n),
+            None => tumble_kernels::PackedWeight::from_rows_kn(&y_rows, n).map(|w| {
+                packed = Some(w);
+            }),
+        }
+        .map_err(|e| e.to_string())?;
+        let w = packed.as_ref().ok_or("internal: matmul weight")?;
+        let out = c
+            .get_mut(inst * m * n..(inst + 1) * m * n)
+            .ok_or("internal: matmul output")?;
+        tumble_kernels::dense(&a, w, out, &tumble_kernels::NoEpilogue, ex.threads)
+            .map_err(|e| e.to_string())?;
+    }
+    let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
+    Ok(Some((
+        BV::Batched(OpValue::Tensor(t)),
+        2 * (b * m * n * k) as u64,
+    )))
+}
+
+/// Rows of a shared left operand from which swapping the operands of a per-invocation-weight dense
+/// into one GEMM pays (below, the products are matrix-vector and dot products are as good).
+pub(super) const SWAP_MIN_ROWS: usize = 8;
+
+/// The operands of a GEMM over denses `ns` (one, or a horizontally fused group) that all read the
+/// same rows with shared f32 weights `(N_i, K)`: the rows value as it lies (row lists included),
+/// and the weights. `None` when some member reads other rows or has a weight that is not shared.
+pub(super) fn shared_weight_operands(
+    ex: &Exec,
+    ns: &[usize],
+) -> Result<Option<(BV, Vec<Tensor>)>, String> {
+    let mut a_val: Option<&BVal> = None;
+    let mut ws: Vec<Tensor> = Vec::with_capacity(ns.len());
+    for &i in ns {
+        let node = ex.block.nodes.get(i).ok_or("internal: node")?;
+        let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1))
+        else {
+            return Ok(None);
+        };
+        match a_val {
+            None => a_val = Some(av),
+            Some(prev) if ValKey::of(prev) == ValKey::of(av) => {}
+            Some(_) => return Ok(None),
+        }
+        match ex.get(wv)? {
+            BV::Shared(OpValue::Tensor(w)) if w.as_f32().is_some() && w.rank() == 2 => ws.push(w),
+            _ => return Ok(None),
+        }
+    }
+    match a_val {
+        Some(av) => Ok(Some((ex.get_raw(av)?, ws))),
+        None => Ok(None),
+    }
+}
+
+/// The output widths `N_i` of weights `ws`, when every one has `K = k` columns.
+pub(super) fn weight_widths(ws: &[Tensor], k: usize) -> Option<Vec<usize>> {
+    ws.iter()
+        .map(|w| match w.shape() {
+            [n, wk] if *wk == k => Some(*n),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Horizontally fused denses `ns` (same rows A, shared f32 weights W_i of shapes (N_i, K)): one
+/// GEMM against the weights stacked along N, its columns split back into each node's value.
+/// `None` when some weight is not shared f32 or the rows are not batched f32.
+pub(super) fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, String> {
+    let Some((a, ws)) = shared_weight_operands(ex, ns)? else {
+        return Ok(None);
+    };
+    let Some((a_rows, k, lead)) = gemm_rows(&a) else {
+        return Ok(None);
+    };
+    let Some(widths) = weight_widths(&ws, k) else {
+        return Ok(None);
+    };
+    let n: usize = widths.iter().sum();
+    let rows: usize = lead.iter().product();
+    let mut c = scratch_f32(rows * n);
+    crate::gemm::dense_concat(&a_rows.rows(k), k, &ws, &mut c, ex.threads)?;
+    let mut outs = Vec::with_capacity(ns.len());
+    let mut col = 0;
+    for &w in &widths {
+        let mut part = with_capacity_f32(rows * w);
+        for r in 0..rows {
+            part.extend_from_slice(
+                c.get(r * n + col..r * n + col + w)
+                    .ok_or("internal: split")?,
+            );
+        }
+        col += w;
+        let mut shape = lead.clone();
+        shape.push(w);
+        outs.push(BV::Batched(OpValue::Tensor(
+            Tensor::from_f32(shape, part).map_err(|e| e.to_string())?,
+        )));
+    }
+    // The stacked product was split into the parts: its buffer serves a later launch.
+    tumble_tensor::pool::recycle(c);
+    Ok(Some((outs, 2 * (rows * k * n) as u64)))
+}
+
+/// Values of block nodes, by node index.
+pub(super) type NodeValues = Vec<(usize, BV)>;
+
+thread_local! {
+    /// The product of a GEMM stage with a fused epilogue: scratch, reused by every such launch on
+    /// this thread (grown, never shrunk), so it is neither allocated nor zeroed per launch.
+    static EPILOGUE_C: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A GEMM stage (nodes `dense`: one dense, or a horizontally fused group reading the same rows)
+/// whose results only the row program of the next stage (`rows_stage`, nodes `ns`) reads: the
+/// row program runs as the GEMM's epilogue on each block of output rows while the block is in
+/// cache, and writes its live values straight into their tensors; the product itself is scratch.
+/// Returns those values and the GEMM's flops; `None`, having computed nothing, when the fast path
+/// does not apply (the caller then runs the two stages separately).
+pub(super) fn gemm_with_epilogue(
+    ex: &Exec,
+    rp: &RunPlan,
+    dense: &[usize],
+    rows_stage: usize,
+    ns: &[usize],
+    fstats: &mut FusedStats,
+) -> Result<Option<(NodeValues, u64)>, String> {
+    let Some((a, ws)) = shared_weight_operands(ex, dense)? else {
+        return Ok(None);
+    };
+    let Some((a_rows, k, lead)) = gemm_rows(&a) else {
+        return Ok(None);
+    };
+    let Some(widths) = weight_widths(&ws, k) else {
+        return Ok(None);
+    };
+    let n: usize = widths.iter().sum();
+    let rows: usize = lead.iter().product();
+    if n == 0 || rows == 0 {
+        return Ok(None);
+    }
+    // The row program's operands; the GEMM's results among them are bound block by block to
+    // their columns of C.
+    let empty = RowOperands::default();
+    let ops = rp.plan.row_ops.get(rows_stage).unwrap_or(&empty);
+    let mut vals: Vec<Option<BV>> = Vec::with_capacity(ops.vals.len());
+    let mut sig: Vec<OpSig> = Vec::with_capacity(ops.vals.len());
+    let mut in_c: Vec<Option<(usize, usize)>> = Vec::with_capacity(ops.vals.len());
+    for v in &ops.vals {
+        let member = match v {
+            BVal::Node(k) => dense.iter().position(|&d| d == *k as usize),
+            _ => None,
+        };
+        match member {
+            Some(j) => {
+                let col: usize = widths.iter().take(j).sum();
+                let w = widths.get(j).copied().unwrap_or(0);
+                let mut shape = lead.get(1..).unwrap_or(&[]).to_vec();
+                shape.push(w);
+                sig.push(OpSig::Batched(shape));
+                vals.push(None);
+                in_c.push(Some((col, w)));
+            }
+            None => {
+                let x = ex.get_raw(v)?;
+                sig.push(sig_of(&x));
+                vals.push(Some(x));
+                in_c.push(None);
+            }
+        }
+    }
+    let Some(prog) = compiled_rows(ex, rp, rows_stage, ns, sig, fstats) else {
+        return Ok(None);
+    };
+    let out_lead = row_lead(&prog, ex.b);
+    if out_lead.iter().product::<usize>() != rows {
+        return Ok(None);
+    }
+    let held: Vec<Option<&BV>> = vals.iter().map(Option::as_ref).collect();
+    let Some(bound) = bind(&prog, &held, rows) else {
+        return Ok(None);
+    };
+    // Per batched operand of the program (`Src::Ext` order): its columns of C, if it is one of
+    // the GEMM's results.
+    let ext_in_c: Vec<Option<(usize, usize)>> = prog
+        .held
+        .iter()
+        .zip(&in_c)
+        .filter(|(o, _)| matches!(o.src, Src::Ext(_)))
+        .map(|(_, c)| *c)
+        .collect();
+    let pw = if let [w] = ws.as_slice() {
+        crate::gemm::packed(w, n, k)?
+    } else {
+        crate::gemm::packed_concat(&ws, k)?
+    };
+    let mut bufs: Vec<Vec<f32>> = flat_outs(&prog)
+        .map(|o| scratch_f32(rows * o.len))
+        .collect();
+    let mut outputs: Vec<tumble_kernels::Output> = bufs
+        .iter_mut()
+        .zip(flat_outs(&prog))
+        .map(|(data, o)| tumble_kernels::Output {
+            data: data.as_mut_slice(),
+            width: o.len,
+        })
+        .collect();
+    // The epilogue runs inside the kernel's row blocks (on its threads) and cannot return an
+    // error: the first one is kept here and reported after the product.
+    let epilogue_failure: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    let epilogue = |r: Range<usize>, cblk: &mut [f32], outs: &mut [&mut [f32]]| {
+        let cblk: &[f32] = cblk;
+        let ext = bound
+            .ext
+            .iter()
+            .zip(&ext_in_c)
+            .map(|(full, c)| match *c {
+                Some((col, w)) => cblk
+                    .chunks_exact(n)
+                    .map(|row| row.get(col..col + w).unwrap_or(&[]))
+                    .collect(),
+                None => full.get(r.clone()).unwrap_or(&[]).to_vec(),
+            })
+            .collect();
+        let block = Bound {
+            ext,
+            shared: Cow::Borrowed(&bound.shared),
+            scalars: Cow::Borrowed(&bound.scalars),
+        };
+        if let Err(e) = run_row_block(&prog, &block, r.len(), outs) {
+            if let Ok(mut f) = epilogue_failure.lock() {
+                f.get_or_insert(e);
+            }
+        }
+    };
+    let mut c = EPILOGUE_C.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    if c.len() < rows * n {
+        c.resize(rows * n, 0.0);
+    }
+    let done = tumble_kernels::dense_into(
+        &[(&a_rows.rows(k), &pw)],
+        &mut c[..rows * n],
+        &mut outputs,
+        &epilogue,
+        ex.threads,
+    );
+    EPILOGUE_C.with(|slot| *slot.borrow_mut() = c);
+    done.map_err(|e| e.to_string())?;
+    if let Some(e) = epilogue_failure
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+    {
+        return Err(e);
+    }
+    drop(outputs);
+    let values = assemble(&prog, &out_lead, bufs)?;
+    Ok(Some((values, 2 * (rows * k * n) as u64)))
+}
+
+/// The A operand of a GEMM stage, read where it lies.
+pub(super) enum GemmRows<'a> {
+    Contiguous(&'a [f32]),
+    /// Rows of earlier launches' outputs (gather fusion): the kernel packs them directly.
+    Gathered(Vec<&'a [f32]>),
+}
+
+impl GemmRows<'_> {
+    fn rows(&self, k: usize) -> Rows<'_> {
+        match self {
+            GemmRows::Contiguous(data) => Rows::Contiguous { data, stride: k },
+            GemmRows::Gathered(rows) => Rows::Gathered(rows),
+        }
+    }
+}
+
+/// Batched f32 rows of width K > 0: the rows, K, and the result's shape without its last axis.
+pub(super) fn gemm_rows(v: &BV) -> Option<(GemmRows<'_>, usize, Vec<usize>)> {
+    match v {
+        BV::Batched(OpValue::Tensor(a)) if a.rank() >= 2 => {
+            let (data, &k) = (a.as_f32()?, a.shape().last()?);
+            let lead = a.shape().get(..a.rank() - 1)?.to_vec();
+            (k > 0).then_some((GemmRows::Contiguous(data), k, lead))
+        }
+        BV::Rows(r) if !r.shape().is_empty() => {
+            let k = *r.shape().last()?;
+            if k == 0 {
+                return None;
+            }
+            let parts = r.f32_parts()?;
+            let mut lead = vec![r.len()];
+            lead.extend_from_slice(r.shape().get(..r.shape().len() - 1)?);
+            let rows = parts.iter().flat_map(|p| p.chunks_exact(k)).collect();
+            Some((GemmRows::Gathered(rows), k, lead))
+        }
+        _ => None,
+    }
+}
+
+/// f32 dot product with eight independent accumulators (vectorizes).
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for j in chunks * 8..a.len().min(b.len()) {
+        s += a[j] * b[j];
+    }
+    s
+}

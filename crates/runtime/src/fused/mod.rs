@@ -1,0 +1,433 @@
+//! Executing block kernel plans: how a static block runs for one launch.
+//!
+//! The plan itself — stages, liveness, horizontal-fusion groups, epilogue choices, row-program
+//! operands — is made once per program by the compiler ([`tumble_compile::plan`]). This module
+//! runs it: GEMM stages on `tumble-kernels` ([`gemm`]), embedding gathers ([`gather`]), fused f32
+//! row programs ([`rowprog`] compiles them per operand signature, [`rowexec`] binds and runs
+//! them), and every other operator through the batching rules of [`crate::batched`]. Whether a
+//! stage's fast path applies (f32, shapes that line up, shared weights) is checked at each launch,
+//! falling back to the batching rules, so a plan never changes results beyond float rounding.
+//! `--no-fusion` turns plans off.
+//!
+//! Batched inputs may arrive as **row lists** ([`BV::Rows`], gather fusion, ACROBAT §5.2,
+//! `--no-gather-fusion`), which GEMM stages and row programs read in place while any other stage
+//! gets them stacked (`Exec::get` vs `Exec::get_raw`). Row programs are **compiled once** per stage
+//! and operand signature and cached in the [`RunPlan`], which lives as long as the job's
+//! [`crate::Executable`] (`--no-row-cache` compiles at every launch).
+
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::sync::Mutex;
+
+use tumble_compile::plan::BlockPlan;
+use tumble_compile::{BArg, BVal, Block, Stage};
+use tumble_ops::{OpCtx, OpValue};
+
+use crate::batched::{batched_op, tuple_of, OpStats, BV};
+
+mod gather;
+mod gemm;
+mod rowexec;
+mod rowprog;
+
+use gather::gather_stage;
+pub(crate) use gemm::dot;
+use gemm::{gemm_with_epilogue, hdense_stage, matmul_stage, run_dense};
+use rowexec::row_program;
+use rowprog::RowCache;
+
+/// Switches of the plan-level optimizations (each can be turned off; results do not change).
+#[derive(Debug, Clone, Copy)]
+pub struct PlanOptions {
+    /// Compile each row program once per operand signature and reuse it (off: at every launch).
+    pub row_cache: bool,
+    /// Horizontal fusion of denses that share their input rows (off: one GEMM per dense).
+    pub hfuse: bool,
+    /// A row program that only a GEMM stage feeds runs as that GEMM's epilogue.
+    pub epilogue: bool,
+    /// Products by transposed (concatenations of) per-invocation matrices pack their rows
+    /// straight into the GEMM.
+    pub direct_matmul: bool,
+    /// Embedding lookups yield references to the table's rows.
+    pub gather_views: bool,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            row_cache: true,
+            hfuse: true,
+            epilogue: true,
+            direct_matmul: true,
+            gather_views: true,
+        }
+    }
+}
+
+impl PlanOptions {
+    /// The switches the compiler's planner reads (all but the run-time cache).
+    pub fn statics(&self) -> tumble_compile::PlanOptions {
+        tumble_compile::PlanOptions {
+            hfuse: self.hfuse,
+            epilogue: self.epilogue,
+            direct_matmul: self.direct_matmul,
+            gather_views: self.gather_views,
+        }
+    }
+}
+
+/// A block's plan as a job runs it: the compiler's static plan and the row programs compiled for
+/// it so far, shared by every mini-batch and worker of the job.
+#[derive(Debug)]
+pub struct RunPlan {
+    pub plan: BlockPlan,
+    /// Compiled row programs (`None` when caching is off).
+    row_cache: Option<Mutex<RowCache>>,
+}
+
+impl RunPlan {
+    pub fn new(plan: BlockPlan, row_cache: bool) -> RunPlan {
+        RunPlan {
+            plan,
+            row_cache: row_cache.then(Mutex::default),
+        }
+    }
+}
+
+impl fmt::Display for RunPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.plan.fmt(f)
+    }
+}
+
+/// The plan of a block, with every plan-level optimization on.
+pub fn plan(block: &Block) -> RunPlan {
+    plan_with(block, PlanOptions::default())
+}
+
+/// The plan of a block (made by the compiler's planner) with its row-program cache.
+pub fn plan_with(block: &Block, opts: PlanOptions) -> RunPlan {
+    RunPlan::new(
+        tumble_compile::plan::plan_with(block, opts.statics()),
+        opts.row_cache,
+    )
+}
+
+pub(super) struct Exec<'a> {
+    block: &'a Block,
+    inputs: &'a [BV],
+    /// [`PlanOptions::gather_views`].
+    gather_views: bool,
+    /// Inputs passed as row lists, stacked on first use by a stage that needs a contiguous batch
+    /// (so at most once per launch).
+    stacked: RefCell<Vec<Option<BV>>>,
+    /// The same for node values that are row references (gather views).
+    stacked_nodes: RefCell<Vec<Option<BV>>>,
+    stacks: Cell<u64>,
+    /// Row programs whose rows this launch split across threads.
+    row_splits: Cell<u64>,
+    vals: Vec<Option<BV>>,
+    b: usize,
+    threads: usize,
+}
+
+impl Exec<'_> {
+    /// A value as a contiguous batch or shared value (row lists stacked).
+    fn get(&self, v: &BVal) -> Result<BV, String> {
+        match v {
+            BVal::Input(i) => match self.inputs.get(*i as usize) {
+                Some(BV::Rows(r)) => self.stacked_once(&self.stacked, *i as usize, r),
+                _ => self.get_raw(v),
+            },
+            BVal::Node(n) => match self.vals.get(*n as usize) {
+                Some(Some(BV::Rows(r))) => self.stacked_once(&self.stacked_nodes, *n as usize, r),
+                _ => self.get_raw(v),
+            },
+            _ => self.get_raw(v),
+        }
+    }
+
+    /// Row references `r` (value `i` of `cache`'s kind) stacked into a batch, at most once per
+    /// launch.
+    fn stacked_once(
+        &self,
+        cache: &RefCell<Vec<Option<BV>>>,
+        i: usize,
+        r: &crate::batched::RowRefs,
+    ) -> Result<BV, String> {
+        if let Some(Some(done)) = cache.borrow().get(i) {
+            return Ok(done.clone());
+        }
+        let t = BV::Batched(OpValue::Tensor(r.stack()?));
+        self.stacks.set(self.stacks.get() + 1);
+        if let Some(slot) = cache.borrow_mut().get_mut(i) {
+            *slot = Some(t.clone());
+        }
+        Ok(t)
+    }
+
+    /// A value as it is, row lists included (for the stages that read rows in place).
+    fn get_raw(&self, v: &BVal) -> Result<BV, String> {
+        let missing = || format!("internal: block value {v} is not available");
+        match v {
+            BVal::Input(i) => self.inputs.get(*i as usize).cloned().ok_or_else(missing),
+            BVal::Node(n) => self
+                .vals
+                .get(*n as usize)
+                .cloned()
+                .flatten()
+                .ok_or_else(missing),
+            BVal::Field(n, f) => match self.vals.get(*n as usize).and_then(Option::as_ref) {
+                Some(BV::Shared(OpValue::Tuple(ts))) => ts
+                    .get(*f as usize)
+                    .map(|t| BV::Shared(OpValue::Tensor(t.clone())))
+                    .ok_or_else(missing),
+                Some(BV::Batched(OpValue::Tuple(ts))) => ts
+                    .get(*f as usize)
+                    .map(|t| BV::Batched(OpValue::Tensor(t.clone())))
+                    .ok_or_else(missing),
+                _ => Err(missing()),
+            },
+            BVal::Const(t) => Ok(BV::Shared(OpValue::Tensor(t.clone()))),
+        }
+    }
+
+    fn arg(&self, a: &BArg) -> Result<BV, String> {
+        match a {
+            BArg::One(v) => self.get(v),
+            BArg::Tuple(vs) => {
+                let items = vs
+                    .iter()
+                    .map(|v| self.get(v))
+                    .collect::<Result<Vec<_>, _>>()?;
+                tuple_of(items, self.b)
+            }
+        }
+    }
+
+    fn run_node(&mut self, i: usize, octx: &mut OpCtx, stats: &mut OpStats) -> Result<(), String> {
+        let node = self.block.nodes.get(i).ok_or("internal: node")?;
+        // A reshape of row references (a gather view) is a view too: same rows, new shape.
+        if node.op.name == "reshape" {
+            if let Some(BArg::One(BVal::Node(src))) = node.args.first() {
+                if let Some(Some(BV::Rows(r))) = self.vals.get(*src as usize) {
+                    let dims: Option<Vec<usize>> = node.ty.as_tensor().and_then(|(d, _)| {
+                        d.iter()
+                            .map(|x| x.known().and_then(|k| usize::try_from(k).ok()))
+                            .collect()
+                    });
+                    if let Some(v) = dims.and_then(|d| r.reshaped(&d)) {
+                        stats.batched += 1;
+                        self.vals[i] = Some(BV::Rows(v));
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        let args = node
+            .args
+            .iter()
+            .map(|a| self.arg(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let v = batched_op(node.op, &node.attrs, args, self.b, octx, stats)?;
+        if let Some(slot) = self.vals.get_mut(i) {
+            *slot = Some(v);
+        }
+        Ok(())
+    }
+}
+
+/// Counts of fused execution, for the profile.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct FusedStats {
+    pub dense_stages: u64,
+    /// Multiply-add work of dense stages: 2·rows·K·N each.
+    pub dense_flops: u64,
+    pub dense_time: std::time::Duration,
+    /// Dense stages that ran several denses as one GEMM (horizontal fusion), and those denses.
+    pub hfused_stages: u64,
+    pub hfused_denses: u64,
+    pub row_programs: u64,
+    pub row_program_ops: u64,
+    /// Row programs run as their GEMM's epilogue (counted in `row_programs` too; their time is in
+    /// `dense_time`, not `row_time`).
+    pub epilogues: u64,
+    /// Row programs compiled (once per stage and operand signature with the cache on).
+    pub row_compiles: u64,
+    /// Time in row-program stages, compiling included.
+    pub row_time: std::time::Duration,
+    /// The part of `row_time` spent compiling row programs.
+    pub row_compile_time: std::time::Duration,
+    /// Row programs (separate passes) whose rows were split across threads.
+    pub row_splits: u64,
+    /// Row-list inputs (gather fusion) stacked because a stage needed a contiguous batch.
+    pub row_lists_stacked: u64,
+    pub fallbacks: u64,
+    /// Dense stages run as [`Stage::MatMul`] (counted in `dense_stages` too).
+    pub direct_matmuls: u64,
+    /// Embedding lookups that referred to the table's rows instead of copying them.
+    pub gather_views: u64,
+}
+
+/// Runs `block` for `b` invocations following `plan`.
+// The launch context is passed piecewise because the caller lends disjoint fields of its profile.
+#[allow(clippy::too_many_arguments)]
+pub fn run_planned(
+    block: &Block,
+    run_plan: &RunPlan,
+    inputs: &[BV],
+    b: usize,
+    octx: &mut OpCtx,
+    stats: &mut OpStats,
+    fstats: &mut FusedStats,
+    threads: usize,
+) -> Result<Vec<BV>, String> {
+    let plan = &run_plan.plan;
+    let mut ex = Exec {
+        block,
+        inputs,
+        gather_views: plan.gather_views,
+        stacked: RefCell::new(vec![None; inputs.len()]),
+        stacked_nodes: RefCell::new(vec![None; block.nodes.len()]),
+        stacks: Cell::new(0),
+        row_splits: Cell::new(0),
+        vals: vec![None; block.nodes.len()],
+        b,
+        threads,
+    };
+    // A row-program stage already run as the previous GEMM's epilogue.
+    let mut done_as_epilogue = None;
+    for (s, stage) in plan.stages.iter().enumerate() {
+        if done_as_epilogue == Some(s) {
+            continue;
+        }
+        if plan.epilogue.get(s).copied().unwrap_or(false) {
+            let dense: &[usize] = match stage {
+                Stage::Dense(i) => std::slice::from_ref(i),
+                Stage::HDense(ns) => ns,
+                _ => &[],
+            };
+            if let Some(Stage::Rows(ns)) = plan.stages.get(s + 1) {
+                let t0 = std::time::Instant::now();
+                let r = gemm_with_epilogue(&ex, run_plan, dense, s + 1, ns, fstats)?;
+                if let Some((outs, flops)) = r {
+                    fstats.dense_time += t0.elapsed();
+                    fstats.dense_stages += 1;
+                    fstats.dense_flops += flops;
+                    if dense.len() > 1 {
+                        fstats.hfused_stages += 1;
+                        fstats.hfused_denses += dense.len() as u64;
+                    }
+                    fstats.row_programs += 1;
+                    fstats.row_program_ops += ns.len() as u64;
+                    fstats.epilogues += 1;
+                    for (k, v) in outs {
+                        if let Some(slot) = ex.vals.get_mut(k) {
+                            *slot = Some(v);
+                        }
+                    }
+                    done_as_epilogue = Some(s + 1);
+                    continue;
+                }
+            }
+        }
+        match stage {
+            Stage::Dense(i) => run_dense(&mut ex, *i, octx, stats, fstats)?,
+            Stage::HDense(ns) => {
+                let t0 = std::time::Instant::now();
+                let r = hdense_stage(&ex, ns)?;
+                fstats.dense_time += t0.elapsed();
+                match r {
+                    Some((outs, flops)) => {
+                        fstats.dense_stages += 1;
+                        fstats.hfused_stages += 1;
+                        fstats.hfused_denses += ns.len() as u64;
+                        fstats.dense_flops += flops;
+                        for (i, v) in ns.iter().zip(outs) {
+                            if let Some(slot) = ex.vals.get_mut(*i) {
+                                *slot = Some(v);
+                            }
+                        }
+                    }
+                    // Not every weight is shared in this launch: one dense stage per member.
+                    None => {
+                        for &i in ns {
+                            run_dense(&mut ex, i, octx, stats, fstats)?;
+                        }
+                    }
+                }
+            }
+            Stage::MatMul {
+                dense,
+                transpose,
+                concat,
+            } => {
+                let t0 = std::time::Instant::now();
+                let r = matmul_stage(&ex, *dense, *transpose, *concat)?;
+                fstats.dense_time += t0.elapsed();
+                match r {
+                    Some((v, flops)) => {
+                        fstats.dense_stages += 1;
+                        fstats.direct_matmuls += 1;
+                        fstats.dense_flops += flops;
+                        ex.vals[*dense] = Some(v);
+                    }
+                    // Not this launch's operands (a per-invocation X, another dtype): the
+                    // nodes one by one.
+                    None => {
+                        fstats.fallbacks += 1;
+                        for i in [*concat, Some(*transpose)].into_iter().flatten() {
+                            ex.run_node(i, octx, stats)?;
+                        }
+                        run_dense(&mut ex, *dense, octx, stats, fstats)?;
+                    }
+                }
+            }
+            Stage::Gather(i) => match gather_stage(&ex, *i)? {
+                Some(v) => {
+                    if matches!(v, BV::Rows(_)) {
+                        fstats.gather_views += 1;
+                    }
+                    ex.vals[*i] = Some(v);
+                }
+                None => {
+                    fstats.fallbacks += 1;
+                    ex.run_node(*i, octx, stats)?;
+                }
+            },
+            Stage::Rows(ns) => {
+                let t0 = std::time::Instant::now();
+                let r = row_program(&ex, run_plan, s, ns, fstats)?;
+                fstats.row_time += t0.elapsed();
+                match r {
+                    Some(outs) => {
+                        fstats.row_programs += 1;
+                        fstats.row_program_ops += ns.len() as u64;
+                        for (k, v) in outs {
+                            ex.vals[k] = Some(v);
+                        }
+                    }
+                    None => {
+                        fstats.fallbacks += 1;
+                        for &i in ns {
+                            ex.run_node(i, octx, stats)?;
+                        }
+                    }
+                }
+            }
+            Stage::Other(i) => ex.run_node(*i, octx, stats)?,
+        }
+    }
+    // As they lie: row references (gather views) become the launch's output slots.
+    let outs = block
+        .outputs
+        .iter()
+        .map(|v| match v {
+            BVal::Node(_) => ex.get_raw(v),
+            _ => ex.get(v),
+        })
+        .collect();
+    fstats.row_lists_stacked += ex.stacks.get();
+    fstats.row_splits += ex.row_splits.get();
+    outs
+}

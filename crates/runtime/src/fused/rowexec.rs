@@ -1,0 +1,556 @@
+//! Running row programs: binding a launch's operands (row pointers, shared vectors, scalars),
+//! the per-row interpreter, and splitting rows across threads.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use tumble_compile::plan::RowOperands;
+use tumble_ops::OpValue;
+use tumble_tensor::pool::{with_capacity_f32, zeroed_f32};
+use tumble_tensor::Tensor;
+
+use super::rowprog::*;
+use super::{Exec, FusedStats, RunPlan};
+use crate::batched::BV;
+use crate::fastmath;
+
+/// An operand's rows for one launch, each `width` floats (`None` if it is not batched f32 rows).
+pub(super) fn row_ptrs(v: &BV, width: usize) -> Option<Vec<&[f32]>> {
+    if width == 0 {
+        return None;
+    }
+    match v {
+        BV::Batched(OpValue::Tensor(t)) => t.as_f32().map(|d| d.chunks_exact(width).collect()),
+        BV::Rows(r) => {
+            let parts = r.f32_parts()?;
+            Some(parts.iter().flat_map(|p| p.chunks_exact(width)).collect())
+        }
+        _ => None,
+    }
+}
+
+/// The operands of one launch of a row program.
+pub(super) struct Bound<'a, 'b> {
+    pub(super) ext: Vec<Vec<&'a [f32]>>,
+    /// Borrowed by the per-block and per-thread views of a launch's binding (only `ext` differs
+    /// between them), owned by the binding itself.
+    pub(super) shared: Cow<'b, [&'a [f32]]>,
+    pub(super) scalars: Cow<'b, [f32]>,
+}
+
+/// Runs the row program of stage `s` (nodes `ns`), compiling it on first use of its operands'
+/// signature; `None` when the fast path does not apply.
+pub(super) fn row_program(
+    ex: &Exec,
+    rp: &RunPlan,
+    s: usize,
+    ns: &[usize],
+    fstats: &mut FusedStats,
+) -> Result<Option<Vec<(usize, BV)>>, String> {
+    let empty = RowOperands::default();
+    let ops = rp.plan.row_ops.get(s).unwrap_or(&empty);
+    let vals = ops
+        .vals
+        .iter()
+        .map(|v| ex.get_raw(v))
+        .collect::<Result<Vec<_>, _>>()?;
+    let sig: Vec<OpSig> = vals.iter().map(sig_of).collect();
+    let prog = compiled_rows(ex, rp, s, ns, sig, fstats);
+    match prog {
+        Some(p) => run_rows(ex, &p, &vals),
+        None => Ok(None),
+    }
+}
+
+/// Binds a row program's operands for a launch of `rows` rows. `None` entries of `vals` are
+/// operands bound later, block by block (a GEMM's output read in its epilogue): their row lists are
+/// left empty. `None` when an operand does not fit the program (the stage falls back).
+pub(super) fn bind<'v>(
+    prog: &RowProg,
+    vals: &[Option<&'v BV>],
+    rows: usize,
+) -> Option<Bound<'v, 'v>> {
+    let mut ext = Vec::new();
+    let mut shared = Vec::new();
+    let mut scalars = Vec::new();
+    for (o, v) in prog.held.iter().zip(vals) {
+        match (o.src, v) {
+            (Src::Ext(_), None) => ext.push(Vec::new()),
+            (Src::Ext(_), Some(v)) => match row_ptrs(v, o.len) {
+                Some(r) if r.len() == rows => ext.push(r),
+                _ => return bail(3),
+            },
+            (Src::Shared(_), Some(BV::Shared(OpValue::Tensor(t)))) => match t.as_f32() {
+                Some(d) if d.len() == o.len => shared.push(d),
+                _ => return bail(3),
+            },
+            (Src::Scalar(_), Some(BV::Shared(OpValue::Tensor(t)))) => {
+                match t.as_f32().and_then(|d| d.first()) {
+                    Some(&x) => scalars.push(x),
+                    None => return bail(3),
+                }
+            }
+            _ => return bail(3),
+        }
+    }
+    Some(Bound {
+        ext,
+        shared: Cow::Owned(shared),
+        scalars: Cow::Owned(scalars),
+    })
+}
+
+/// The row program's live values, one operand per (value, field), in `prog.outs` order: the
+/// layout of the flat output buffers.
+pub(super) fn flat_outs(prog: &RowProg) -> impl Iterator<Item = &Opd> {
+    prog.outs.iter().flat_map(|(_, os, _)| os.iter())
+}
+
+/// The rows of a row program's launch: the batch, then the per-instance leading dims.
+pub(super) fn row_lead(prog: &RowProg, b: usize) -> Vec<usize> {
+    let mut lead = vec![b];
+    lead.extend_from_slice(&prog.lead_tail);
+    lead
+}
+
+/// The row program of stage `s` (nodes `ns`) for operands of signature `sig`: from the plan's
+/// cache, or compiled now (and cached). `None` when these operands have no row program.
+pub(super) fn compiled_rows(
+    ex: &Exec,
+    rp: &RunPlan,
+    s: usize,
+    ns: &[usize],
+    sig: Vec<OpSig>,
+    fstats: &mut FusedStats,
+) -> Option<Arc<RowProg>> {
+    let empty = RowOperands::default();
+    let ops = rp.plan.row_ops.get(s).unwrap_or(&empty);
+    let compile = |sig: &[OpSig], fstats: &mut FusedStats| {
+        let t0 = std::time::Instant::now();
+        let p = compile_rows(ex.block, ns, ops, sig, &rp.plan.live_out).map(Arc::new);
+        fstats.row_compiles += 1;
+        fstats.row_compile_time += t0.elapsed();
+        p
+    };
+    match &rp.row_cache {
+        Some(cache) => {
+            let key = (s, sig);
+            let hit = cache.lock().ok().and_then(|c| c.get(&key).cloned());
+            match hit {
+                Some(p) => p,
+                None => {
+                    let p = compile(&key.1, fstats);
+                    if let Ok(mut c) = cache.lock() {
+                        c.insert(key, p.clone());
+                    }
+                    p
+                }
+            }
+        }
+        None => compile(&sig, fstats),
+    }
+}
+
+pub(super) fn run_rows(
+    ex: &Exec,
+    prog: &RowProg,
+    vals: &[BV],
+) -> Result<Option<Vec<(usize, BV)>>, String> {
+    let lead = row_lead(prog, ex.b);
+    let rows: usize = lead.iter().product();
+    let vals: Vec<Option<&BV>> = vals.iter().map(Some).collect();
+    let Some(bound) = bind(prog, &vals, rows) else {
+        return Ok(None);
+    };
+    // Rows are independent: large programs split them across threads, each with its own scratch.
+    // Only very large ones: on the 2-vCPU development machine (two hyperthreads of one core) a
+    // split at 64 Ki scratch floats made TreeLSTM-large's row programs slower (265 vs 234 ms over
+    // 512 trees), at 1 Mi it is neutral (247 ms) and the whole run faster (1016-1060 vs 1098 ms).
+    let threads = if rows * prog.scratch_len.max(1) >= 1 << 20 {
+        ex.threads.clamp(1, rows.max(1))
+    } else {
+        1
+    };
+    let bufs = if threads == 1 {
+        run_rows_in_order(prog, &bound, rows)
+    } else {
+        ex.row_splits.set(ex.row_splits.get() + 1);
+        run_rows_split(prog, &bound, rows, threads)?
+    };
+    assemble(prog, &lead, bufs).map(Some)
+}
+
+/// The result values of a row program from its flat output buffers.
+pub(super) fn assemble(
+    prog: &RowProg,
+    lead: &[usize],
+    bufs: Vec<Vec<f32>>,
+) -> Result<Vec<(usize, BV)>, String> {
+    let mut bufs = bufs.into_iter();
+    let mut result = Vec::with_capacity(prog.outs.len());
+    for &(i, ref os, tuple) in &prog.outs {
+        let mut tensors = Vec::with_capacity(os.len());
+        for o in os {
+            let buf = bufs.next().ok_or("internal: row program output missing")?;
+            let mut shape = lead.to_vec();
+            shape.push(o.len);
+            tensors.push(Tensor::from_f32(shape, buf).map_err(|e| e.to_string())?);
+        }
+        let v = if tuple {
+            BV::Batched(OpValue::Tuple(tensors))
+        } else {
+            match tensors.pop() {
+                Some(t) => BV::Batched(OpValue::Tensor(t)),
+                None => return Err("internal: empty row output".into()),
+            }
+        };
+        result.push((i, v));
+    }
+    Ok(result)
+}
+
+/// One thread: rows in order, each live value appended to its output (no zero-filled buffers).
+pub(super) fn run_rows_in_order(prog: &RowProg, bound: &Bound, rows: usize) -> Vec<Vec<f32>> {
+    let outs: Vec<&Opd> = flat_outs(prog).collect();
+    let mut bufs: Vec<Vec<f32>> = outs
+        .iter()
+        .map(|o| with_capacity_f32(rows * o.len))
+        .collect();
+    let mut scratch = vec![0f32; prog.scratch_len];
+    for r in 0..rows {
+        for ins in &prog.instrs {
+            exec(ins, r, bound, &mut scratch);
+        }
+        for (o, buf) in outs.iter().zip(bufs.iter_mut()) {
+            match o.src {
+                Src::Scalar(sc) => {
+                    let x = bound.scalars.get(sc).copied().unwrap_or(0.0);
+                    buf.resize(buf.len() + o.len, x);
+                }
+                _ => buf.extend_from_slice(slice(o, r, bound, &scratch)),
+            }
+        }
+    }
+    bufs
+}
+
+/// Runs rows `0..rows` of `bound` into `outs` (the flat outputs' slices for those rows). Errors,
+/// before computing anything, when an output slice is too short for `rows` rows (a bug of the
+/// caller's split, reported rather than leaving rows unwritten).
+pub(super) fn run_row_block(
+    prog: &RowProg,
+    bound: &Bound,
+    rows: usize,
+    outs: &mut [&mut [f32]],
+) -> Result<(), String> {
+    for (i, (o, out)) in flat_outs(prog).zip(outs.iter()).enumerate() {
+        if out.len() < rows * o.len {
+            return Err(format!(
+                "internal: row program output {i} holds {} floats, {rows} rows of {} need {}",
+                out.len(),
+                o.len,
+                rows * o.len
+            ));
+        }
+    }
+    let mut scratch = vec![0f32; prog.scratch_len];
+    for r in 0..rows {
+        for ins in &prog.instrs {
+            exec(ins, r, bound, &mut scratch);
+        }
+        for (o, out) in flat_outs(prog).zip(outs.iter_mut()) {
+            let at = r * o.len;
+            if let Some(dst) = out.get_mut(at..at + o.len) {
+                read(o, r, bound, &scratch, dst);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Several threads: each runs a contiguous range of rows into its part of zero-filled outputs.
+pub(super) fn run_rows_split(
+    prog: &RowProg,
+    bound: &Bound,
+    rows: usize,
+    threads: usize,
+) -> Result<Vec<Vec<f32>>, String> {
+    let widths: Vec<usize> = flat_outs(prog).map(|o| o.len).collect();
+    let mut bufs: Vec<Vec<f32>> = widths.iter().map(|w| zeroed_f32(rows * w)).collect();
+    let chunk = rows.div_ceil(threads).max(1);
+    let mut rest: Vec<&mut [f32]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+    let mut parts = Vec::with_capacity(threads);
+    for start in (0..rows).step_by(chunk) {
+        let n = chunk.min(rows - start);
+        let mine: Vec<&mut [f32]> = rest
+            .iter_mut()
+            .zip(&widths)
+            .map(|(r, w)| {
+                // The length is read before `take` empties `r`.
+                let at = (n * w).min(r.len());
+                let (head, tail) = std::mem::take(r).split_at_mut(at);
+                *r = tail;
+                head
+            })
+            .collect();
+        parts.push((start, n, mine));
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = parts
+            .into_iter()
+            .map(|(start, n, mut mine)| {
+                let block = Bound {
+                    ext: bound
+                        .ext
+                        .iter()
+                        .map(|e| e.get(start..start + n).unwrap_or(&[]).to_vec())
+                        .collect(),
+                    shared: Cow::Borrowed(&bound.shared),
+                    scalars: Cow::Borrowed(&bound.scalars),
+                };
+                s.spawn(move || run_row_block(prog, &block, n, &mut mine))
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .map_err(|_| "internal: a row-program thread panicked".to_string())??;
+        }
+        Ok::<(), String>(())
+    })?;
+    Ok(bufs)
+}
+
+/// Copies operand `o` of row `r` into `dst` (broadcasting a scalar).
+pub(super) fn read(o: &Opd, r: usize, b: &Bound, scratch: &[f32], dst: &mut [f32]) {
+    match o.src {
+        Src::Scalar(s) => dst.fill(b.scalars.get(s).copied().unwrap_or(0.0)),
+        _ => dst.copy_from_slice(slice(o, r, b, scratch)),
+    }
+}
+
+pub(super) fn slice<'s>(o: &Opd, r: usize, b: &'s Bound, scratch: &'s [f32]) -> &'s [f32] {
+    match o.src {
+        Src::Ext(e) => &b.ext[e][r][o.off..o.off + o.len],
+        Src::Shared(s) => &b.shared[s][o.off..o.off + o.len],
+        Src::Scratch => &scratch[o.off..o.off + o.len],
+        Src::Scalar(_) => &[],
+    }
+}
+
+/// An operand's values in one row: a slice, or one value broadcast along the row.
+pub(super) enum Vals<'s> {
+    Slice(&'s [f32]),
+    Splat(f32),
+}
+
+impl Vals<'_> {
+    #[inline(always)]
+    fn at(&self, j: usize) -> f32 {
+        match self {
+            Vals::Slice(s) => s.get(j).copied().unwrap_or(0.0),
+            Vals::Splat(x) => *x,
+        }
+    }
+}
+
+/// Operand `o` of row `r`; `src` is the scratch below the destination being written.
+pub(super) fn vals<'s>(o: &Opd, r: usize, b: &'s Bound, src: &'s [f32]) -> Vals<'s> {
+    match o.src {
+        Src::Scalar(s) => Vals::Splat(b.scalars.get(s).copied().unwrap_or(0.0)),
+        _ if o.len == 1 => Vals::Splat(slice(o, r, b, src).first().copied().unwrap_or(0.0)),
+        _ => Vals::Slice(slice(o, r, b, src)),
+    }
+}
+
+pub(super) fn map1(dst: &mut [f32], a: &Vals, f: impl Fn(f32) -> f32) {
+    match a {
+        Vals::Slice(s) => crate::simd::unary(dst, s, f),
+        Vals::Splat(x) => dst.fill(f(*x)),
+    }
+}
+
+pub(super) fn map2(dst: &mut [f32], a: &Vals, b: &Vals, f: impl Fn(f32, f32) -> f32) {
+    match (a, b) {
+        (Vals::Slice(x), Vals::Slice(y)) => crate::simd::binary(dst, x, y, f),
+        (Vals::Slice(x), Vals::Splat(q)) => crate::simd::unary(dst, x, |p| f(p, *q)),
+        (Vals::Splat(p), Vals::Slice(y)) => crate::simd::unary(dst, y, |q| f(*p, q)),
+        (Vals::Splat(p), Vals::Splat(q)) => dst.fill(f(*p, *q)),
+    }
+}
+
+pub(super) fn exec(ins: &Instr, r: usize, b: &Bound, scratch: &mut [f32]) {
+    // Every instruction writes a fresh scratch range above all of its operands' ranges, so the
+    // scratch splits into a read-only part (operands) and the destination.
+    let (d, len) = match ins {
+        Instr::Unary(_, d, a)
+        | Instr::Clip(d, a, ..)
+        | Instr::Softmax(d, a, _)
+        | Instr::LayerNorm(d, a, ..) => (*d, a.len),
+        Instr::Binary(_, d, a, bb) => (*d, a.len.max(bb.len)),
+        Instr::Concat(d, parts) => (*d, parts.iter().map(|p| p.len).sum()),
+    };
+    let (src, rest) = scratch.split_at_mut(d);
+    let Some(dst) = rest.get_mut(..len) else {
+        return;
+    };
+    match ins {
+        Instr::Unary(u, _, a) => {
+            let av = vals(a, r, b, src);
+            match u {
+                Un::Sigmoid => map1(dst, &av, fastmath::sigmoid),
+                Un::Tanh => map1(dst, &av, fastmath::tanh),
+                Un::Exp => map1(dst, &av, fastmath::exp),
+                Un::Log => map1(dst, &av, f32::ln),
+                Un::Sqrt => map1(dst, &av, f32::sqrt),
+                Un::Rsqrt => map1(dst, &av, |x| 1.0 / x.sqrt()),
+                Un::Abs => map1(dst, &av, f32::abs),
+                Un::Neg => map1(dst, &av, |x| -x),
+                Un::Relu => map1(dst, &av, |x| x.max(0.0)),
+                Un::Copy => map1(dst, &av, |x| x),
+            }
+        }
+        Instr::Binary(op, _, a, bb) => {
+            let (av, bv) = (vals(a, r, b, src), vals(bb, r, b, src));
+            match op {
+                Bin::Add => map2(dst, &av, &bv, |x, y| x + y),
+                Bin::Sub => map2(dst, &av, &bv, |x, y| x - y),
+                Bin::Mul => map2(dst, &av, &bv, |x, y| x * y),
+                Bin::Div => map2(dst, &av, &bv, |x, y| x / y),
+                Bin::Max => map2(
+                    dst,
+                    &av,
+                    &bv,
+                    |x, y| if x.is_nan() || x > y { x } else { y },
+                ),
+                Bin::Min => map2(
+                    dst,
+                    &av,
+                    &bv,
+                    |x, y| if x.is_nan() || x < y { x } else { y },
+                ),
+            }
+        }
+        Instr::Clip(_, a, lo, hi) => {
+            let av = vals(a, r, b, src);
+            map1(
+                dst,
+                &av,
+                |x| if x.is_nan() { x } else { x.max(*lo).min(*hi) },
+            );
+        }
+        Instr::Concat(_, parts) => {
+            let mut off = 0;
+            for p in parts {
+                let v = vals(p, r, b, src);
+                if let Some(seg) = dst.get_mut(off..off + p.len) {
+                    map1(seg, &v, |x| x);
+                }
+                off += p.len;
+            }
+        }
+        Instr::Softmax(_, a, log) => {
+            let av = vals(a, r, b, src);
+            let m = (0..len).map(|j| av.at(j)).fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f64;
+            for (j, o) in dst.iter_mut().enumerate() {
+                *o = fastmath::exp(av.at(j) - m);
+                sum += *o as f64;
+            }
+            if *log {
+                let ls = sum.ln() as f32;
+                for (j, o) in dst.iter_mut().enumerate() {
+                    *o = av.at(j) - m - ls;
+                }
+            } else {
+                let inv = (1.0 / sum) as f32;
+                dst.iter_mut().for_each(|o| *o *= inv);
+            }
+        }
+        Instr::LayerNorm(_, a, g, be, eps) => {
+            let av = vals(a, r, b, src);
+            let n = len.max(1) as f64;
+            let mean = (0..len).map(|j| av.at(j) as f64).sum::<f64>() / n;
+            let var = (0..len)
+                .map(|j| (av.at(j) as f64 - mean).powi(2))
+                .sum::<f64>()
+                / n;
+            let inv = (1.0 / (var + *eps as f64).sqrt()) as f32;
+            let mean = mean as f32;
+            let gv = g.map(|g| vals(&g, r, b, src));
+            let bv = be.map(|x| vals(&x, r, b, src));
+            for (j, o) in dst.iter_mut().enumerate() {
+                let mut y = (av.at(j) - mean) * inv;
+                if let Some(g) = &gv {
+                    y *= g.at(j);
+                }
+                if let Some(bb) = &bv {
+                    y += bb.at(j);
+                }
+                *o = y;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row program with no instructions that copies its one batched operand (width `w`) out.
+    fn copy_program(w: usize) -> RowProg {
+        let opd = Opd {
+            src: Src::Ext(0),
+            off: 0,
+            len: w,
+        };
+        RowProg {
+            held: vec![opd],
+            lead_tail: Vec::new(),
+            scratch_len: 0,
+            instrs: Vec::new(),
+            outs: vec![(0, vec![opd], false)],
+        }
+    }
+
+    #[test]
+    fn a_short_output_is_an_error_not_skipped_rows() {
+        let prog = copy_program(3);
+        let rows_data: Vec<Vec<f32>> = (0..7).map(|r| vec![r as f32; 3]).collect();
+        let bound = Bound {
+            ext: vec![rows_data.iter().map(Vec::as_slice).collect()],
+            shared: Cow::Owned(Vec::new()),
+            scalars: Cow::Owned(Vec::new()),
+        };
+        // Room for all 7 rows: every row is written.
+        let mut full = vec![-1f32; 21];
+        run_row_block(&prog, &bound, 7, &mut [full.as_mut_slice()]).unwrap();
+        assert_eq!(full[18..], [6.0, 6.0, 6.0]);
+        // Room for 6: an error naming the sizes, and nothing written.
+        let mut short = vec![-1f32; 18];
+        let err = run_row_block(&prog, &bound, 7, &mut [short.as_mut_slice()]).unwrap_err();
+        assert!(
+            err.contains("holds 18 floats") && err.contains("need 21"),
+            "{err}"
+        );
+        assert!(short.iter().all(|&x| x == -1.0));
+    }
+
+    #[test]
+    fn split_rows_match_rows_in_order_at_odd_sizes() {
+        for (rows, threads) in [(1, 2), (7, 2), (33, 3), (33, 5)] {
+            let prog = copy_program(5);
+            let rows_data: Vec<Vec<f32>> = (0..rows)
+                .map(|r| (0..5).map(|c| (r * 5 + c) as f32).collect())
+                .collect();
+            let bound = Bound {
+                ext: vec![rows_data.iter().map(Vec::as_slice).collect()],
+                shared: Cow::Owned(Vec::new()),
+                scalars: Cow::Owned(Vec::new()),
+            };
+            let split = run_rows_split(&prog, &bound, rows, threads).unwrap();
+            let in_order = run_rows_in_order(&prog, &bound, rows);
+            assert_eq!(split, in_order, "rows {rows}, threads {threads}");
+            assert_eq!(split[0].len(), rows * 5);
+        }
+    }
+}
