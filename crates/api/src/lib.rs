@@ -13,13 +13,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use tumble_check::{display_sig, LoadOptions as CheckOptions};
-use tumble_compile::{analyze_reuse, InputReuse, LowerOptions, StaticOptions, StaticReport};
+use tumble_compile::{
+    CompileOptions, Compiled, InputReuse, LowerOptions, StaticOptions, StaticReport,
+};
 use tumble_interp::{Program, RunError};
 use tumble_io::{bind_params, load_params, main_signature, to_tree, Binding, BoundParams, TypeEnv};
 use tumble_ir::{diag, DType, Diagnostic, SourceMap, Ty};
-use tumble_runtime::{Options, Profile, Reuse, Scheduler};
+use tumble_runtime::{Executable, Options, Profile, Reuse, Scheduler};
 use tumble_tensor::{Rng, Tensor};
 
 pub use tumble_io::{Location, OutTree, RawInstance, RawInstances, ATTACHED_TENSOR_KEY};
@@ -182,6 +185,9 @@ pub struct Model {
     ret_ty: Ty,
     report: Option<StaticReport>,
     warnings: Vec<String>,
+    /// The program planned for the runtime switches of the last run (plans, compiled row
+    /// programs, packed weights), reused while they stay the same.
+    executable: Mutex<Option<(Options, Arc<Executable>)>>,
 }
 
 fn param_error(e: tumble_io::IoError) -> Error {
@@ -219,9 +225,6 @@ impl Model {
             .iter()
             .map(|w| diag::render(std::slice::from_ref(w), &sources, false))
             .collect();
-        let mut program = Program::lower_with(&typed, opts.lower).map_err(|e| Error::Check {
-            message: diag::render(&[Diagnostic::error(e.span, e.message)], &sources, false),
-        })?;
         let entry = opts.entry.clone();
         let (main_params, ret_ty) = main_signature(&typed, &entry).map_err(param_error)?;
 
@@ -276,11 +279,25 @@ impl Model {
             .iter()
             .map(|a| matches!(a.binding, Binding::Param(_)))
             .collect();
-        let report = opts
-            .lower
-            .blocks
-            .then(|| tumble_compile::optimize(&mut program, &entry, &weights, opts.statics));
-        let reuse = analyze_reuse(&program, &entry, &weights);
+        let compiled = tumble_compile::compile(
+            &typed,
+            &entry,
+            &weights,
+            CompileOptions {
+                lower: opts.lower,
+                statics: Some(opts.statics),
+                plans: None,
+            },
+        )
+        .map_err(|e| Error::Check {
+            message: diag::render(&[Diagnostic::error(e.span, e.message)], &sources, false),
+        })?;
+        let Compiled {
+            program,
+            reuse,
+            report,
+            ..
+        } = compiled;
         let instance_args = bound.instance_args();
         Ok(Model {
             name,
@@ -294,6 +311,7 @@ impl Model {
             ret_ty,
             report,
             warnings,
+            executable: Mutex::new(None),
         })
     }
 
@@ -393,7 +411,10 @@ impl Model {
             }
             out.push_str(&block.to_string());
             out.push_str("  kernel plan:\n");
-            out.push_str(&tumble_runtime::fused::plan(block).to_string());
+            out.push_str(
+                &tumble_compile::plan::plan_with(block, tumble_compile::PlanOptions::default())
+                    .to_string(),
+            );
             for (i, inp) in block.inputs.iter().enumerate() {
                 let d = match decisions.and_then(|v| v.get(i)) {
                     Some(InputReuse::Shared) => "shared (passed once per launch)",
@@ -418,6 +439,24 @@ impl Model {
         opts: &RunOptions,
     ) -> Result<(Vec<OutTree>, Profile), Error> {
         with_big_stack(|| self.run_here(instances, opts))?
+    }
+
+    /// The program planned for runs with `runtime` (threads aside): the one kept from the last
+    /// run when its switches are the same, else planned now and kept.
+    fn executable_for(&self, runtime: &Options) -> Arc<Executable> {
+        let key = Options {
+            threads: 1,
+            ..*runtime
+        };
+        let mut kept = self.executable.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((k, e)) = kept.as_ref() {
+            if *k == key {
+                return e.clone();
+            }
+        }
+        let e = Arc::new(Executable::new(&self.program, &self.reuse, runtime));
+        *kept = Some((key, e.clone()));
+        e
     }
 
     /// [`Model::run`] on the calling thread, which must have a large stack (see
@@ -465,6 +504,7 @@ impl Model {
         };
         let mut runtime = opts.runtime;
         runtime.threads = threads;
+        let exec = self.executable_for(&runtime);
         let env = TypeEnv::new(&self.typed, &self.program);
         let job = tumble_runtime::Job {
             program: &self.program,
@@ -474,7 +514,7 @@ impl Model {
             instances: n,
             batch,
             workers,
-            exec: None,
+            exec: Some(&exec),
             worker_stack: WORK_STACK_BYTES,
         };
         let load = |i: usize| -> Result<Vec<tumble_interp::Value>, Error> {

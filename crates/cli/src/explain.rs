@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tumble_check::LoadOptions;
-use tumble_compile::{analyze_reuse, InputReuse, LowerOptions, Program};
+use tumble_compile::{CompileOptions, Compiled, InputReuse, LowerOptions, Program};
 use tumble_ir::{diag, DType, Diagnostic, SourceMap};
 
 #[derive(clap::Args)]
@@ -50,22 +50,6 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let opts = LowerOptions {
-        blocks: true,
-        coarsen: !args.no_coarsen,
-        fold: !args.no_const_fold,
-        inline: !args.no_inline,
-    };
-    let mut program = match Program::lower_with(&typed, opts) {
-        Ok(p) => p,
-        Err(e) => {
-            eprint!(
-                "{}",
-                diag::render(&[Diagnostic::error(e.span, e.message)], &sources, color)
-            );
-            return ExitCode::FAILURE;
-        }
-    };
     let (params, _) = match tumble_io::main_signature(&typed, &args.entry) {
         Ok(p) => p,
         Err(e) => {
@@ -92,13 +76,32 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
             }
         })
         .collect();
-    let report = tumble_compile::optimize(
-        &mut program,
-        &args.entry,
-        &weights,
-        tumble_compile::StaticOptions::all(),
-    );
-    let reuse = analyze_reuse(&program, &args.entry, &weights);
+    let opts = CompileOptions {
+        lower: LowerOptions {
+            blocks: true,
+            coarsen: !args.no_coarsen,
+            fold: !args.no_const_fold,
+            inline: !args.no_inline,
+        },
+        ..CompileOptions::batched()
+    };
+    let compiled = match tumble_compile::compile(&typed, &args.entry, &weights, opts) {
+        Ok(c) => c,
+        Err(e) => {
+            eprint!(
+                "{}",
+                diag::render(&[Diagnostic::error(e.span, e.message)], &sources, color)
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let Compiled {
+        program,
+        reuse,
+        report,
+        plans,
+    } = compiled;
+    let report = report.unwrap_or_default();
     let per_instance: Vec<&str> = params
         .iter()
         .zip(&weights)
@@ -153,10 +156,9 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
         }
         print!("{block}");
         println!("  kernel plan:");
-        print!(
-            "{}",
-            tumble_compile::plan::plan_with(block, tumble_compile::PlanOptions::default())
-        );
+        if let Some(plan) = plans.get(bi) {
+            print!("{plan}");
+        }
         let decisions: Vec<String> = block
             .inputs
             .iter()

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tumble_check::LoadOptions;
-use tumble_compile::LowerOptions;
-use tumble_interp::{Program, Value};
+use tumble_compile::{CompileOptions, Compiled, LowerOptions};
+use tumble_interp::Value;
 use tumble_io::{
     bind_params, encode_json, load_params, main_signature, read_instances_file, save_params,
     summarize, write_jsonl_atomically, Binding, IoError, TypeEnv,
@@ -240,6 +240,30 @@ fn static_options(args: &RunArgs) -> tumble_compile::StaticOptions {
     }
 }
 
+/// The runtime's switches from the flags.
+fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
+    tumble_runtime::Options {
+        scheduler: args.scheduler.into(),
+        host_scalars: !args.no_host_scalars,
+        fusion: !args.no_fusion,
+        row_cache: !args.no_row_cache,
+        hfuse: !args.no_hfuse,
+        gather_fusion: !args.no_gather_fusion,
+        epilogue: !args.no_epilogue,
+        lend_threads: !args.no_lend_threads,
+        sum_fusion: !args.no_sum_fusion,
+        locality_chunks: !args.no_locality_chunks,
+        defer: !args.no_defer,
+        direct_matmul: !args.no_direct_matmul,
+        gather_views: !args.no_gather_views,
+        phases: !args.no_phases,
+        hoist: !args.no_hoist,
+        ghosts: !args.no_ghosts,
+        dup: !args.no_dup,
+        threads,
+    }
+}
+
 /// A stream of `random.db_uniform` draws for instance `i`, independent of batching.
 pub fn instance_rng(seed: u64, i: usize) -> Rng {
     Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
@@ -299,18 +323,6 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     for w in &typed.warnings {
         eprint!("{}", diag::render(std::slice::from_ref(w), sources, false));
     }
-    let lower_opts = match args.engine {
-        Engine::Batched => LowerOptions {
-            blocks: true,
-            coarsen: !args.no_coarsen,
-            fold: !args.no_const_fold,
-            inline: !args.no_inline,
-        },
-        Engine::Reference => LowerOptions::reference(),
-    };
-    let mut program = Program::lower_with(&typed, lower_opts)
-        .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
-
     let (main_params, ret_ty) = main_signature(&typed, &args.entry)?;
 
     let raw = read_instances_file(&args.inputs)?;
@@ -361,9 +373,28 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         .iter()
         .map(|a| matches!(a.binding, Binding::Param(_)))
         .collect();
-    if matches!(args.engine, Engine::Batched) {
-        tumble_compile::optimize(&mut program, &args.entry, &weights, static_options(args));
-    }
+    let threads = thread_count(args.threads)?;
+    let opts = runtime_options(args, threads);
+    let compile_opts = match args.engine {
+        Engine::Batched => CompileOptions {
+            lower: LowerOptions {
+                blocks: true,
+                coarsen: !args.no_coarsen,
+                fold: !args.no_const_fold,
+                inline: !args.no_inline,
+            },
+            statics: Some(static_options(args)),
+            plans: opts.plan_options(),
+        },
+        Engine::Reference => CompileOptions::reference(),
+    };
+    let Compiled {
+        program,
+        reuse,
+        plans,
+        ..
+    } = tumble_compile::compile(&typed, &args.entry, &weights, compile_opts)
+        .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
     let env = TypeEnv::new(&typed, &program);
     let instance_args = bound.instance_args();
     let location = |i: usize| {
@@ -421,32 +452,10 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             out
         }
         Engine::Batched => {
-            let threads = thread_count(args.threads)?;
             tumble_tensor::pool::set_enabled(!args.no_buffer_pool);
-            let opts = tumble_runtime::Options {
-                scheduler: args.scheduler.into(),
-                host_scalars: !args.no_host_scalars,
-                fusion: !args.no_fusion,
-                row_cache: !args.no_row_cache,
-                hfuse: !args.no_hfuse,
-                gather_fusion: !args.no_gather_fusion,
-                epilogue: !args.no_epilogue,
-                lend_threads: !args.no_lend_threads,
-                sum_fusion: !args.no_sum_fusion,
-                locality_chunks: !args.no_locality_chunks,
-                defer: !args.no_defer,
-                direct_matmul: !args.no_direct_matmul,
-                gather_views: !args.no_gather_views,
-                phases: !args.no_phases,
-                hoist: !args.no_hoist,
-                ghosts: !args.no_ghosts,
-                dup: !args.no_dup,
-                threads,
-            };
-            let reuse = tumble_compile::analyze_reuse(&program, &args.entry, &weights);
             // Planned once for every repeat: the warm runs reuse plans, compiled row programs
             // and packed weights, as a long-lived process would.
-            let exec = tumble_runtime::Executable::new(&program, &reuse, &opts);
+            let exec = tumble_runtime::Executable::with_plans(&program, &reuse, plans, &opts);
             let job = tumble_runtime::Job {
                 program: &program,
                 reuse: &reuse,

@@ -17,6 +17,7 @@ pub mod inline;
 pub mod inline_leaves;
 pub mod passes;
 pub mod phases;
+pub mod pipeline;
 pub mod plan;
 pub mod program;
 pub mod reuse;
@@ -26,6 +27,7 @@ pub mod verify;
 pub use blocks::{BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
 pub use hoist::{analyze as analyze_hoisting, HoistAnalysis};
 pub use passes::{optimize, StaticOptions, StaticReport};
+pub use pipeline::{compile, CompileOptions, Compiled};
 pub use plan::{plan_program, BlockPlan, PlanOptions, Stage};
 pub use program::{
     CaptureFrom, Code, CtorEntry, Lambda, LowerError, LowerOptions, Pat, Program, Site,

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use tumble_compile::{Block, Program, ReuseAnalysis as Reuse};
 use tumble_ir::Ty;
 
-use crate::fused::{PlanOptions, RunPlan};
+use tumble_compile::BlockPlan;
+
+use crate::fused::RunPlan;
 use crate::gemm::WeightCache;
 use crate::Options;
 
@@ -35,11 +37,26 @@ pub struct Executable {
 }
 
 impl Executable {
-    /// Plans `program` (with its reuse analysis) for runs with `opts`. The switches that shape
-    /// plans and per-block facts (`fusion`, `row_cache`, `hfuse`, `epilogue`, `direct_matmul`,
-    /// `gather_views`, `gather_fusion`, `locality_chunks`, `defer`) are read here; runs of the
-    /// executable must use the same ones.
+    /// Plans `program` (with its reuse analysis) for runs with `opts`: [`Executable::with_plans`]
+    /// with the plans the compiler's planner makes for `opts` ([`Options::plan_options`]).
     pub fn new(program: &Program, reuse: &Reuse, opts: &Options) -> Executable {
+        let plans = match opts.plan_options() {
+            Some(p) => tumble_compile::plan_program(program, p),
+            None => Vec::new(),
+        };
+        Executable::with_plans(program, reuse, plans, opts)
+    }
+
+    /// `program` (with its reuse analysis) and its kernel plans (from
+    /// [`tumble_compile::compile`], made with `opts.plan_options()`; empty: no plans) ready for
+    /// runs with `opts`. The switches that shape per-block facts (`locality_chunks`, `defer`) and
+    /// the row-program cache (`row_cache`) are read here; runs must use the same ones.
+    pub fn with_plans(
+        program: &Program,
+        reuse: &Reuse,
+        plans: Vec<BlockPlan>,
+        opts: &Options,
+    ) -> Executable {
         let blocks = &program.blocks;
         Executable {
             scalar_blocks: blocks.iter().map(Block::returns_only_scalars).collect(),
@@ -69,21 +86,10 @@ impl Executable {
                     false => 0,
                 })
                 .collect(),
-            plans: if opts.fusion {
-                let popts = PlanOptions {
-                    row_cache: opts.row_cache,
-                    hfuse: opts.hfuse,
-                    epilogue: opts.epilogue,
-                    direct_matmul: opts.direct_matmul,
-                    gather_views: opts.gather_views && opts.gather_fusion,
-                };
-                tumble_compile::plan_program(program, popts.statics())
-                    .into_iter()
-                    .map(|p| RunPlan::new(p, popts.row_cache))
-                    .collect()
-            } else {
-                Vec::new()
-            },
+            plans: plans
+                .into_iter()
+                .map(|p| RunPlan::new(p, opts.row_cache))
+                .collect(),
             weights: Arc::default(),
         }
     }

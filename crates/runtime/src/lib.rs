@@ -44,7 +44,7 @@ pub enum Scheduler {
     Eager,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Options {
     pub scheduler: Scheduler,
     /// Run block invocations whose inputs are known scalars on the host at once.
@@ -122,6 +122,18 @@ pub const DEFER_BELOW_ROWS: usize = 32;
 /// of GRU weights, waiting for more invocations saved 15-27% of the run; no other zoo model's
 /// launches changed.
 pub const DEFER_WEIGHT_BYTES: usize = 256 << 10;
+
+impl Options {
+    /// The plan-level switches for the compiler's planner (`None`: no plans, `fusion` off).
+    pub fn plan_options(&self) -> Option<tumble_compile::PlanOptions> {
+        self.fusion.then_some(tumble_compile::PlanOptions {
+            hfuse: self.hfuse,
+            epilogue: self.epilogue,
+            direct_matmul: self.direct_matmul,
+            gather_views: self.gather_views && self.gather_fusion,
+        })
+    }
+}
 
 impl Default for Options {
     fn default() -> Self {

@@ -257,19 +257,24 @@ pub fn compile(
     coarsen: bool,
     statics: tumble_compile::StaticOptions,
 ) -> (Program, tumble_compile::ReuseAnalysis) {
-    let mut program = Program::lower_with(
+    // The faces' pipeline; plans are made per run by `run_batch`, for each switch set.
+    let compiled = tumble_compile::compile(
         &x.l.typed,
-        LowerOptions {
-            blocks: true,
-            coarsen,
-            fold: coarsen,
-            inline: coarsen,
+        "main",
+        &x.weights,
+        tumble_compile::CompileOptions {
+            lower: LowerOptions {
+                blocks: true,
+                coarsen,
+                fold: coarsen,
+                inline: coarsen,
+            },
+            statics: Some(statics),
+            plans: None,
         },
     )
     .unwrap_or_else(|e| panic!("{}", e.message));
-    tumble_compile::optimize(&mut program, "main", &x.weights, statics);
-    let reuse = tumble_compile::analyze_reuse(&program, "main", &x.weights);
-    (program, reuse)
+    (compiled.program, compiled.reuse)
 }
 
 /// Runs every instance in mini-batches of `batch` and checks each output against the reference.
