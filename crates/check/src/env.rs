@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use tumble_ir::{Diagnostic, Span, Ty, TypeDef, TypeExpr, TypeExprKind};
 
 /// An ADT: its type parameters and constructors in declaration order.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct AdtInfo {
     pub name: String,
     pub params: Vec<String>,
@@ -15,7 +15,7 @@ pub struct AdtInfo {
 
 /// A constructor: the ADT it builds, its tag (index among the ADT's constructors) and field types,
 /// written over the ADT's parameters as `Ty::Param`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct CtorInfo {
     pub adt: String,
     pub tag: usize,
@@ -31,9 +31,11 @@ pub struct GlobalSig {
     pub span: Span,
 }
 
-#[derive(Default, Debug, Clone)]
+#[derive(Default, Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Tables {
+    #[serde(serialize_with = "tumble_ir::serial::sorted")]
     pub adts: HashMap<String, AdtInfo>,
+    #[serde(serialize_with = "tumble_ir::serial::sorted")]
     pub ctors: HashMap<String, CtorInfo>,
 }
 

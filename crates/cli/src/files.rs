@@ -47,8 +47,16 @@ pub fn refuse_overwrites(reads: &[(&str, &Path)], writes: &[(&str, &Path)]) -> R
 /// A source file's text; a file that is not UTF-8 is an error naming the line, the column and the
 /// byte offset of the first invalid byte.
 pub fn read_source(path: &Path) -> Result<String, String> {
-    let bytes = tumble_limits::read_file(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    source_text(path, read_bytes(path)?)
+}
+
+/// The bytes of the model file `path` (within the memory budget).
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>, String> {
+    tumble_limits::read_file(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// `bytes` (read from `path`) as source text, or where they stop being UTF-8.
+pub fn source_text(path: &Path, bytes: Vec<u8>) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let before = e.as_bytes().get(..at).unwrap_or(&[]);

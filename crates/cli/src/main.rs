@@ -23,6 +23,7 @@ static GLOBAL: tumble_limits::CountingAlloc<mimalloc::MiMalloc> =
 pub(crate) const WORK_STACK_BYTES: usize = 256 << 20;
 
 mod commands;
+mod compiled;
 mod explain;
 mod files;
 mod run;
@@ -79,6 +80,9 @@ enum Command {
     },
     /// Run a model on a file of instances and write one result per instance.
     Run(run::RunArgs),
+    /// Compile a model (and optionally its weights) into a `.tumble` file that `tumble run` starts
+    /// from without parsing, type checking or compiling.
+    Compile(compiled::CompileArgs),
     /// Show the static blocks the compiler found and its parameter-reuse decisions.
     Explain(explain::ExplainArgs),
     /// Make instance files: SST trees and sentences, generated inputs for the zoo models.
@@ -152,6 +156,7 @@ fn main() -> ExitCode {
             Command::Fmt { file, check } => commands::fmt(&file, check, color),
             Command::Run(args) => run::run(&args, color),
             Command::Explain(args) => explain::explain(&args, color),
+            Command::Compile(args) => compiled::compile(&args, color),
             Command::Data(args) => match tumble_data::cli::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

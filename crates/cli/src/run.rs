@@ -284,10 +284,16 @@ pub fn run(args: &RunArgs, color: bool) -> ExitCode {
     }
 }
 
+/// Where the program comes from: source text (checked, then compiled here) or a compiled model.
+enum Front {
+    Source(Box<tumble_check::TypedModule>),
+    Compiled(Box<tumble_io::artifact::Loaded>),
+}
+
 /// An instance's output line, and a warning to print with it.
 type Finished = (String, Option<String>);
 
-enum Failure {
+pub(crate) enum Failure {
     Diags(Vec<Diagnostic>),
     Message(String),
 }
@@ -316,14 +322,28 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         writes.push(("the --save-params file", p));
     }
     crate::files::refuse_overwrites(&reads, &writes).map_err(Failure::Message)?;
-    let text = crate::files::read_source(&args.model).map_err(Failure::Message)?;
-    let name = args.model.display().to_string();
-    let typed = tumble_check::load(sources, &name, &text, LoadOptions::default())
-        .map_err(Failure::Diags)?;
-    for w in &typed.warnings {
-        eprint!("{}", diag::render(std::slice::from_ref(w), sources, false));
-    }
-    let (main_params, ret_ty) = main_signature(&typed, &args.entry)?;
+    let t_start = std::time::Instant::now();
+    let bytes = crate::files::read_bytes(&args.model).map_err(Failure::Message)?;
+    let front = if tumble_io::artifact::is_artifact(&bytes) {
+        Front::Compiled(Box::new(crate::compiled::load_for_run(
+            args, &bytes, sources,
+        )?))
+    } else {
+        let text = crate::files::source_text(&args.model, bytes).map_err(Failure::Message)?;
+        let name = args.model.display().to_string();
+        let typed = tumble_check::load(sources, &name, &text, LoadOptions::default())
+            .map_err(Failure::Diags)?;
+        for w in &typed.warnings {
+            eprint!("{}", diag::render(std::slice::from_ref(w), sources, false));
+        }
+        Front::Source(Box::new(typed))
+    };
+    let t_model = t_start.elapsed();
+    let from_compiled = matches!(front, Front::Compiled(_));
+    let (main_params, ret_ty) = match &front {
+        Front::Source(typed) => main_signature(typed, &args.entry)?,
+        Front::Compiled(c) => (c.artifact.params.clone(), c.artifact.ret.clone()),
+    };
 
     let raw = read_instances_file(&args.inputs)?;
     if raw.items.is_empty() {
@@ -341,16 +361,18 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             item.location, args.entry
         )));
     }
-    let file = match &args.params {
-        Some(p) => {
+    let file = match (&args.params, &front) {
+        (None, Front::Compiled(c)) => c.weights.clone(),
+        (Some(p), _) => {
             let loaded = load_params(p)?;
             for w in &loaded.warnings {
                 eprintln!("warning: {w}");
             }
             loaded.tensors
         }
-        None => BTreeMap::new(),
+        (None, Front::Source(_)) => BTreeMap::new(),
     };
+    let t_inputs = t_start.elapsed();
     let provided = raw.provided_args(&main_params, &file);
     let bound = bind_params(&main_params, &provided, &file, args.random_params)?;
     for w in &bound.warnings {
@@ -375,27 +397,48 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         .collect();
     let threads = thread_count(args.threads)?;
     let opts = runtime_options(args, threads);
-    let compile_opts = match args.engine {
-        Engine::Batched => CompileOptions {
-            lower: LowerOptions {
-                blocks: true,
-                coarsen: !args.no_coarsen,
-                fold: !args.no_const_fold,
-                inline: !args.no_inline,
-            },
-            statics: Some(static_options(args)),
-            plans: opts.plan_options(),
-        },
-        Engine::Reference => CompileOptions::reference(),
+    let (program, reuse, plans, tables) = match front {
+        Front::Source(typed) => {
+            let compile_opts = match args.engine {
+                Engine::Batched => CompileOptions {
+                    lower: LowerOptions {
+                        blocks: true,
+                        coarsen: !args.no_coarsen,
+                        fold: !args.no_const_fold,
+                        inline: !args.no_inline,
+                    },
+                    statics: Some(static_options(args)),
+                    plans: opts.plan_options(),
+                },
+                Engine::Reference => CompileOptions::reference(),
+            };
+            let Compiled {
+                program,
+                reuse,
+                plans,
+                ..
+            } = tumble_compile::compile(&typed, &args.entry, &weights, compile_opts)
+                .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
+            (program, reuse, plans, typed.tables)
+        }
+        Front::Compiled(c) => {
+            let c = *c;
+            crate::compiled::check_binding(&c.artifact, &weights).map_err(Failure::Message)?;
+            let a = c.artifact;
+            // The stored plans were made for the switches it was compiled with; other plan
+            // switches on this run plan again (cheap: no parsing, checking or passes).
+            let plans = if opts.plan_options() == a.compiled_with.plans {
+                a.plans
+            } else {
+                opts.plan_options()
+                    .map(|p| tumble_compile::plan_program(&a.program, p))
+                    .unwrap_or_default()
+            };
+            (a.program, a.reuse, plans, a.tables)
+        }
     };
-    let Compiled {
-        program,
-        reuse,
-        plans,
-        ..
-    } = tumble_compile::compile(&typed, &args.entry, &weights, compile_opts)
-        .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
-    let env = TypeEnv::new(&typed, &program);
+    let env = TypeEnv::from_parts(&tables, &program);
+    let t_ready = t_start.elapsed();
     let instance_args = bound.instance_args();
     let location = |i: usize| {
         raw.items.get(i).map_or_else(
@@ -501,6 +544,19 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 return Err(Failure::Message("--repeat: no run".into()));
             };
             if args.profile {
+                eprintln!(
+                    "start-up: model {} {:.1} ms, inputs and weights read {:.1} ms, bound and \
+                     compiled {:.1} ms (ready after {:.1} ms)",
+                    if from_compiled {
+                        "read"
+                    } else {
+                        "parsed and checked"
+                    },
+                    t_model.as_secs_f64() * 1e3,
+                    (t_inputs - t_model).as_secs_f64() * 1e3,
+                    (t_ready - t_inputs).as_secs_f64() * 1e3,
+                    t_ready.as_secs_f64() * 1e3
+                );
                 eprint!("{profile}");
                 if walls.len() > 1 {
                     for (what, runs) in [("", &walls), (" without decoding inputs", &computes)] {

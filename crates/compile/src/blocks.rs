@@ -11,7 +11,7 @@ use tumble_ops::{OpCtx, OpDef, OpValue};
 use tumble_tensor::Tensor;
 
 /// A tensor value inside a block.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum BVal {
     /// The block's `i`-th input.
     Input(u32),
@@ -24,14 +24,15 @@ pub enum BVal {
 }
 
 /// An operator argument: a tensor, or a tuple of tensors (`concatenate`'s input).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum BArg {
     One(BVal),
     Tuple(Vec<BVal>),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BlockNode {
+    #[serde(with = "tumble_ops::by_name")]
     pub op: &'static OpDef,
     pub args: Vec<BArg>,
     pub attrs: Attrs,
@@ -39,7 +40,7 @@ pub struct BlockNode {
     pub ty: Ty,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BlockInput {
     /// What the input is in the source, for `explain` (a variable name or an expression kind).
     pub name: String,
@@ -47,13 +48,13 @@ pub struct BlockInput {
 }
 
 /// How a block's flat outputs are returned: one tensor, or a tuple of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OutputShape {
     Single,
     Tuple,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Block {
     pub name: String,
     pub inputs: Vec<BlockInput>,

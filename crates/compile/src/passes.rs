@@ -11,7 +11,7 @@ use crate::ghosts::GhostSite;
 use crate::program::Program;
 
 /// Which static optimizations run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct StaticOptions {
     pub dup: bool,
     pub hoist: bool,

@@ -26,7 +26,7 @@ use tumble_tensor::Tensor;
 
 use crate::{BArg, BVal, Block, BlockNode, Program};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum Stage {
     Dense(usize),
     /// Horizontal fusion: `nn.dense` nodes reading the same rows with different weights (LSTM
@@ -48,7 +48,7 @@ pub enum Stage {
 }
 
 /// Switches of the plan-level optimizations (each can be turned off; results do not change).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PlanOptions {
     /// Horizontal fusion of denses that share their input rows (off: one GEMM per dense).
     pub hfuse: bool,
@@ -77,7 +77,7 @@ impl Default for PlanOptions {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BlockPlan {
     pub stages: Vec<Stage>,
     /// Nodes whose value is read after their stage (by a later stage or as a block output).
@@ -278,6 +278,16 @@ pub fn plan_program(program: &Program, opts: PlanOptions) -> Vec<BlockPlan> {
 }
 
 impl BlockPlan {
+    /// A plan read back from a file, made whole for `block` (read back with it): the row
+    /// programs' operand identities, which refer to where the block's constants lie.
+    pub fn restore(&mut self, block: &Block) {
+        for (st, ops) in self.stages.iter().zip(self.row_ops.iter_mut()) {
+            if let Stage::Rows(ns) = st {
+                *ops = row_operands(block, ns);
+            }
+        }
+    }
+
     /// Every way the plan disagrees with `block` (empty: consistent): each node computed by
     /// exactly one stage; a stage reads only nodes of earlier stages or its own (so running the
     /// stages in order never reads a value not yet computed); the per-stage tables as long as
@@ -514,9 +524,12 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
 }
 
 /// The external operands of a row-program stage, in first-use order, computed once per plan.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct RowOperands {
     pub vals: Vec<BVal>,
+    /// Identities of `vals` in the block (constants by address): not written to files;
+    /// [`BlockPlan::restore`] recomputes them for the block a plan is read back with.
+    #[serde(skip)]
     pub keys: Vec<ValKey>,
 }
 

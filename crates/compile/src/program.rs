@@ -15,7 +15,7 @@ use tumble_tensor::Tensor;
 
 use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum Code {
     Slot(u32),
     /// The closure being run (a let-bound function calling itself).
@@ -31,6 +31,7 @@ pub enum Code {
     Tuple(Vec<Code>),
     Proj(Box<Code>, u32, Span),
     CallOp {
+        #[serde(with = "tumble_ops::by_name")]
         op: &'static OpDef,
         args: Vec<Code>,
         attrs: Attrs,
@@ -193,7 +194,7 @@ pub fn lambdas_reaching(program: &Program, direct: impl Fn(&Code) -> bool) -> Ve
     reach
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum Pat {
     Wild,
     Bind(u32),
@@ -222,7 +223,7 @@ impl Pat {
 }
 
 /// One block-invocation site of the program and what the static analyses concluded about it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Site {
     pub block: u32,
     pub span: Span,
@@ -234,7 +235,7 @@ pub struct Site {
     pub inlined_from: Option<Span>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub enum CaptureFrom {
     Slot(u32),
     SelfRef,
@@ -244,7 +245,7 @@ pub enum CaptureFrom {
 
 /// A function body with its frame layout: parameters occupy slots `0..n_params`, captured values the
 /// slots listed in `captures`, and every let/pattern variable a slot of its own.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Lambda {
     pub name: String,
     pub n_params: u32,
@@ -276,21 +277,23 @@ impl Lambda {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CtorEntry {
     pub name: String,
     pub adt: String,
     pub arity: usize,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Program {
     /// Every function body: globals and lambdas alike.
     pub lambdas: Vec<Lambda>,
     /// Global index → index into `lambdas`.
     pub globals: Vec<u32>,
+    #[serde(serialize_with = "tumble_ir::serial::sorted")]
     pub global_index: HashMap<String, u32>,
     pub ctors: Vec<CtorEntry>,
+    #[serde(serialize_with = "tumble_ir::serial::sorted")]
     pub ctor_index: HashMap<String, u32>,
     /// Static blocks referenced by `Code::InvokeBlock` (empty without coarsening).
     pub blocks: Vec<Block>,

@@ -81,7 +81,7 @@ impl AV {
 }
 
 /// What the analysis concluded for one block input.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum InputReuse {
     /// One value for every invocation: passed once per launch.
     Shared,
@@ -94,7 +94,7 @@ pub enum InputReuse {
     Unreached,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ReuseAnalysis {
     /// Per block, per input.
     pub inputs: Vec<Vec<InputReuse>>,

@@ -18,6 +18,7 @@
 //! This crate sits just above the interpreter: it depends on `tumble-ir`, `tumble-tensor`,
 //! `tumble-check` (ADT tables) and `tumble-interp` (run-time values), never on the CLI.
 
+pub mod artifact;
 mod atomic;
 mod bind;
 mod env;

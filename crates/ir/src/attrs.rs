@@ -3,7 +3,7 @@
 use crate::span::Span;
 use std::fmt;
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum AttrValue {
     Int(i64),
     Float(f64),
@@ -49,7 +49,7 @@ impl fmt::Display for AttrValue {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Attr {
     pub name: String,
     pub value: AttrValue,
@@ -57,7 +57,7 @@ pub struct Attr {
 }
 
 /// Attributes in source order. Lookups are linear: calls carry a handful at most.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Attrs(pub Vec<Attr>);
 
 impl Attrs {

@@ -1,7 +1,19 @@
 //! Source texts by id, so that spans and diagnostics can name a file, line and column.
 
 /// Index of a source in a [`SourceMap`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct SourceId(pub u32);
 
 #[derive(Debug, Clone)]

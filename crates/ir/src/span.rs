@@ -3,7 +3,9 @@
 use crate::source::SourceId;
 
 /// A half-open byte range `[lo, hi)` in one source file.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct Span {
     pub src: SourceId,
     pub lo: u32,

@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// Element types of tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum DType {
     Float32,
     Float64,
@@ -60,7 +60,7 @@ impl fmt::Display for DType {
 }
 
 /// One dimension of a tensor shape: a known extent or `?` (known only at run time).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Dim {
     Known(i64),
     Any,
@@ -85,10 +85,12 @@ impl fmt::Display for Dim {
 }
 
 /// An inference variable, resolved by the checker's substitution.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct TyVar(pub u32);
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Ty {
     Tensor {
         shape: Vec<Dim>,

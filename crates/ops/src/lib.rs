@@ -400,3 +400,22 @@ pub fn check_attrs(op: &OpDef, attrs: &Attrs) -> Result<(), (Option<String>, Str
     }
     Ok(())
 }
+
+/// Operators in serialized programs, by name (`#[serde(with = "tumble_ops::by_name")]` on a
+/// `&'static OpDef` field): reading one back looks the name up in this build's table, so a file
+/// that names an operator this build lacks is an error.
+pub mod by_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::OpDef;
+
+    pub fn serialize<S: Serializer>(op: &&'static OpDef, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(op.name)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<&'static OpDef, D::Error> {
+        let name = String::deserialize(d)?;
+        crate::lookup(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown operator `{name}`")))
+    }
+}

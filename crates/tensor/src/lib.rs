@@ -48,6 +48,7 @@ mod buffer;
 mod error;
 pub mod pool;
 mod rng;
+mod serial;
 pub mod shape;
 mod stack;
 mod tensor;

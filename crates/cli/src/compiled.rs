@@ -1,0 +1,306 @@
+//! `tumble compile`: a model compiled once into a `.tumble` file (program, reuse analysis, kernel
+//! plans, optionally the weights), and what `tumble run` does with one: no parsing, checking or
+//! static passes at start-up. The file format is `tumble_io::artifact`'s.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use tumble_check::LoadOptions;
+use tumble_compile::{CompileOptions, Compiled, LowerOptions, PlanOptions, StaticOptions};
+use tumble_io::artifact::{save_artifact, Artifact, CompiledWith, Loaded};
+use tumble_io::{bind_params, load_params, main_signature, read_instances_file, Binding};
+use tumble_ir::{diag, DType, Diagnostic, SourceMap};
+use tumble_tensor::Tensor;
+
+use crate::run::RunArgs;
+
+#[derive(clap::Args)]
+pub struct CompileArgs {
+    /// The model, in the Relay text format.
+    pub model: PathBuf,
+    /// Where to write the compiled model (written atomically).
+    #[arg(long, short)]
+    pub output: PathBuf,
+    /// Weights to bind and store in the compiled model (safetensors, `.npy` or a directory of
+    /// `.npy`); `@main` arguments named in it are weights.
+    #[arg(long)]
+    pub params: Option<PathBuf>,
+    /// Fill the weights `--params` does not give with seeded random values and store them.
+    #[arg(long, value_name = "SEED")]
+    pub random_params: Option<u64>,
+    /// Do not store the weights: `tumble run` then binds them from its own `--params`.
+    #[arg(long)]
+    pub no_weights: bool,
+    /// An instances file whose keys name the per-instance `@main` arguments (default: the
+    /// arguments the weights do not give; without weights, every argument that is not a float
+    /// tensor).
+    #[arg(long, short)]
+    pub inputs: Option<PathBuf>,
+    /// The entry function.
+    #[arg(long, default_value = "main")]
+    pub entry: String,
+    /// No grain coarsening, constant folding or inlining (one block per operator call).
+    #[arg(long)]
+    pub no_coarsen: bool,
+    /// Compile without the static optimizations (duplication, constants, specialization, leaf
+    /// inlining, hoisting, ghosts, phases).
+    #[arg(long)]
+    pub no_statics: bool,
+    /// Compile without kernel plans (every operator through the batching rules at run time).
+    #[arg(long)]
+    pub no_fusion: bool,
+}
+
+pub fn compile(args: &CompileArgs, color: bool) -> ExitCode {
+    let mut sources = SourceMap::new();
+    match compile_inner(args, &mut sources) {
+        Ok(summary) => {
+            eprintln!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(Err(ds)) => {
+            eprint!("{}", diag::render(&ds, &sources, color));
+            ExitCode::FAILURE
+        }
+        Err(Ok(m)) => {
+            eprintln!("error: {m}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A failure: a message (`Ok`) or located diagnostics (`Err`).
+type Failed = Result<String, Vec<Diagnostic>>;
+
+fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, Failed> {
+    let mut reads: Vec<(&str, &std::path::Path)> = vec![("the model", &args.model)];
+    if let Some(p) = &args.params {
+        reads.push(("the --params file", p));
+    }
+    if let Some(p) = &args.inputs {
+        reads.push(("the --inputs file", p));
+    }
+    crate::files::refuse_overwrites(&reads, &[("the output (-o)", &args.output)]).map_err(Ok)?;
+    let text = crate::files::read_source(&args.model).map_err(Ok)?;
+    let name = args.model.display().to_string();
+    let typed = tumble_check::load(sources, &name, &text, LoadOptions::default()).map_err(Err)?;
+    for w in &typed.warnings {
+        eprint!("{}", diag::render(std::slice::from_ref(w), sources, false));
+    }
+    let msg = |e: tumble_io::IoError| Ok(e.to_string());
+    let (params, ret) = main_signature(&typed, &args.entry).map_err(msg)?;
+    let file = match &args.params {
+        Some(p) => {
+            let loaded = load_params(p).map_err(msg)?;
+            for w in &loaded.warnings {
+                eprintln!("warning: {w}");
+            }
+            loaded.tensors
+        }
+        None => BTreeMap::new(),
+    };
+    let provided: std::collections::BTreeSet<String> = match &args.inputs {
+        Some(p) => read_instances_file(p)
+            .map_err(msg)?
+            .provided_args(&params, &file),
+        None => params
+            .iter()
+            .filter(|(n, ty)| {
+                let float = matches!(ty.as_tensor(),
+                    Some((_, d)) if d == DType::Float32 || d == DType::Float64);
+                let weights_given = args.params.is_some() || args.random_params.is_some();
+                if weights_given {
+                    !file.contains_key(n) && (args.random_params.is_none() || !float)
+                } else {
+                    !float
+                }
+            })
+            .map(|(n, _)| n.clone())
+            .collect(),
+    };
+    let weights: Vec<bool> = params.iter().map(|(n, _)| !provided.contains(n)).collect();
+    // Bound only to check and store them: a run of the file binds again, from the file's weights
+    // or its own `--params`.
+    let stored: BTreeMap<String, Tensor> =
+        if args.no_weights || (args.params.is_none() && args.random_params.is_none()) {
+            BTreeMap::new()
+        } else {
+            let bound = bind_params(&params, &provided, &file, args.random_params).map_err(msg)?;
+            for w in &bound.warnings {
+                eprintln!("warning: {w}");
+            }
+            bound
+                .args
+                .iter()
+                .filter_map(|a| match &a.binding {
+                    Binding::Param(t) => Some((a.name.clone(), t.clone())),
+                    Binding::Instance => None,
+                })
+                .collect()
+        };
+    let lower = LowerOptions {
+        blocks: true,
+        coarsen: !args.no_coarsen,
+        fold: !args.no_coarsen,
+        inline: !args.no_coarsen,
+    };
+    let statics = if args.no_statics {
+        StaticOptions::none()
+    } else {
+        StaticOptions::all()
+    };
+    let plans = (!args.no_fusion).then(PlanOptions::default);
+    let Compiled {
+        program,
+        reuse,
+        plans: block_plans,
+        ..
+    } = tumble_compile::compile(
+        &typed,
+        &args.entry,
+        &weights,
+        CompileOptions {
+            lower,
+            statics: Some(statics),
+            plans,
+        },
+    )
+    .map_err(|e| Err(vec![Diagnostic::error(e.span, e.message)]))?;
+    let artifact = Artifact {
+        written_by: format!("tumble {}", env!("CARGO_PKG_VERSION")),
+        sources: sources
+            .files()
+            .iter()
+            .map(|f| (f.name.clone(), f.text.clone()))
+            .collect(),
+        tables: typed.tables.clone(),
+        entry: args.entry.clone(),
+        params: params.clone(),
+        ret,
+        weights: weights.clone(),
+        compiled_with: CompiledWith {
+            coarsen: lower.coarsen,
+            fold: lower.fold,
+            inline: lower.inline,
+            statics,
+            plans,
+        },
+        program,
+        reuse,
+        plans: block_plans,
+    };
+    save_artifact(&args.output, &artifact, &stored).map_err(msg)?;
+    let inputs: Vec<&str> = params
+        .iter()
+        .zip(&weights)
+        .filter(|(_, w)| !**w)
+        .map(|((n, _), _)| n.as_str())
+        .collect();
+    Ok(format!(
+        "compiled {} to {}: {} blocks, per-instance arguments: {}; weights {}",
+        args.model.display(),
+        args.output.display(),
+        artifact.program.blocks.len(),
+        if inputs.is_empty() {
+            "(none)".to_string()
+        } else {
+            inputs.join(", ")
+        },
+        if stored.is_empty() {
+            "not stored (give --params when running it)".to_string()
+        } else {
+            format!("stored ({} tensors)", stored.len())
+        }
+    ))
+}
+
+/// The flags of `tumble run` that change how a model is compiled, set in `args`.
+fn compile_time_flags(args: &RunArgs) -> Vec<&'static str> {
+    [
+        (args.no_coarsen, "--no-coarsen"),
+        (args.no_const_fold, "--no-const-fold"),
+        (args.no_inline, "--no-inline"),
+        (args.no_dup, "--no-dup"),
+        (args.no_param_consts, "--no-param-consts"),
+        (args.no_specialize, "--no-specialize"),
+        (args.no_leaf_inline, "--no-leaf-inline"),
+        (args.no_hoist, "--no-hoist"),
+        (args.no_ghosts, "--no-ghosts"),
+        (args.no_phases, "--no-phases"),
+    ]
+    .into_iter()
+    .filter_map(|(on, flag)| on.then_some(flag))
+    .collect()
+}
+
+/// A compiled model for `tumble run`: read, checked against the run's flags, its sources
+/// registered in `sources` (so run-time errors point into them).
+pub fn load_for_run(
+    args: &RunArgs,
+    bytes: &[u8],
+    sources: &mut SourceMap,
+) -> Result<Loaded, crate::run::Failure> {
+    use crate::run::Failure;
+    let loaded = tumble_io::artifact::read_artifact(&args.model, bytes)?;
+    let a = &loaded.artifact;
+    let shown = args.model.display();
+    if matches!(args.engine, crate::run::Engine::Reference) {
+        return Err(Failure::Message(format!(
+            "{shown} is a compiled model: the reference engine runs from source (give the .rly \
+             file)"
+        )));
+    }
+    if a.entry != args.entry {
+        return Err(Failure::Message(format!(
+            "{shown} was compiled for @{}, not @{}: compile it again with --entry {}",
+            a.entry, args.entry, args.entry
+        )));
+    }
+    let flags = compile_time_flags(args);
+    if !flags.is_empty() {
+        return Err(Failure::Message(format!(
+            "{shown} is a compiled model: {} change how a model is compiled; give them to \
+             `tumble compile` (or run the .rly file)",
+            flags.join(", ")
+        )));
+    }
+    if args.params.is_some() && !loaded.weights.is_empty() {
+        return Err(Failure::Message(format!(
+            "{shown} stores its weights; --params would replace them: compile it with \
+             --no-weights to bind weights at run time"
+        )));
+    }
+    for (name, text) in &a.sources {
+        sources.add(name.clone(), text.clone());
+    }
+    Ok(loaded)
+}
+
+/// Refuses a run whose weights are not the ones the model was compiled with as weights.
+pub fn check_binding(a: &Artifact, weights: &[bool]) -> Result<(), String> {
+    if a.weights.as_slice() == weights {
+        return Ok(());
+    }
+    let names = |mask: &[bool]| -> String {
+        let v: Vec<&str> = a
+            .params
+            .iter()
+            .zip(mask)
+            .filter(|(_, w)| **w)
+            .map(|((n, _), _)| n.as_str())
+            .collect();
+        if v.is_empty() {
+            "(none)".into()
+        } else {
+            v.join(", ")
+        }
+    };
+    Err(format!(
+        "the model was compiled with these @{} arguments as weights: {}; this run binds: {}. \
+         Give the same weights (or compile again with this run's --params)",
+        a.entry,
+        names(&a.weights),
+        names(weights)
+    ))
+}

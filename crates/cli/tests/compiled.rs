@@ -1,0 +1,189 @@
+//! `tumble compile` and `tumble run model.tumble`: same outputs as running the source, and clear
+//! errors for stale, corrupt or mismatched compiled models.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn tumble(args: &[&str]) -> Output {
+    match Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args(args)
+        .arg("--color=never")
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => panic!("cannot run tumble: {e}"),
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+fn path_of(rel: &str) -> String {
+    root().join(rel).display().to_string()
+}
+
+fn temp_path(name: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("tumble-compiled-test-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    path.display().to_string()
+}
+
+fn ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+}
+
+fn failed_with(out: &Output, words: &[&str]) {
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    for w in words {
+        assert!(err.contains(w), "expected `{w}` in: {err}");
+    }
+    assert!(
+        out.stdout.is_empty(),
+        "nothing written: {}",
+        text(&out.stdout)
+    );
+}
+
+/// Outputs of the zoo models from a compiled file equal those from source, with the weights
+/// stored in the file and with them given at run time.
+#[test]
+fn compiled_models_give_the_outputs_of_their_source() {
+    for (model, inputs) in [
+        ("treelstm_small", "treelstm"),
+        ("birnn_small", "birnn"),
+        ("mvrnn_small", "mvrnn"),
+        ("stackrnn_small", "stackrnn"),
+        ("drnn_small", "drnn_small"),
+    ] {
+        let rly = path_of(&format!("models/{model}.rly"));
+        let x = path_of(&format!("examples/{inputs}.jsonl"));
+        let weights = temp_path(&format!("{model}.safetensors"));
+        let from_source = tumble(&[
+            "run",
+            &rly,
+            "--inputs",
+            &x,
+            "--random-params",
+            "0",
+            "--save-params",
+            &weights,
+            "--batch",
+            "3",
+        ]);
+        ok(&from_source, model);
+        let stored = temp_path(&format!("{model}.tumble"));
+        ok(
+            &tumble(&["compile", &rly, "--params", &weights, "-o", &stored]),
+            model,
+        );
+        let run = tumble(&["run", &stored, "--inputs", &x, "--batch", "3"]);
+        ok(&run, model);
+        assert_eq!(text(&run.stdout), text(&from_source.stdout), "{model}");
+        let bare = temp_path(&format!("{model}.bare.tumble"));
+        ok(
+            &tumble(&[
+                "compile",
+                &rly,
+                "--params",
+                &weights,
+                "--no-weights",
+                "-o",
+                &bare,
+            ]),
+            model,
+        );
+        let run = tumble(&[
+            "run", &bare, "--inputs", &x, "--params", &weights, "--batch", "3",
+        ]);
+        ok(&run, model);
+        assert_eq!(text(&run.stdout), text(&from_source.stdout), "{model}");
+        // Other plan switches at run time plan again: the outputs of the source run with them.
+        let switches = ["--no-hfuse", "--no-epilogue", "--batch", "3"];
+        let source_switched = tumble(
+            &[
+                &["run", &rly, "--inputs", &x, "--params", &weights][..],
+                &switches[..],
+            ]
+            .concat(),
+        );
+        ok(&source_switched, model);
+        let run = tumble(&[&["run", &stored, "--inputs", &x][..], &switches[..]].concat());
+        ok(&run, model);
+        assert_eq!(text(&run.stdout), text(&source_switched.stdout), "{model}");
+    }
+}
+
+#[test]
+fn damaged_stale_and_mismatched_compiled_models_are_clear_errors() {
+    let rly = path_of("models/treelstm_small.rly");
+    let x = path_of("examples/treelstm.jsonl");
+    let good = temp_path("good.tumble");
+    ok(
+        &tumble(&["compile", &rly, "--random-params", "0", "-o", &good]),
+        "compile",
+    );
+    let bytes = std::fs::read(&good).unwrap_or_else(|e| panic!("{e}"));
+    let write = |name: &str, b: &[u8]| {
+        let p = temp_path(name);
+        std::fs::write(&p, b).unwrap_or_else(|e| panic!("{e}"));
+        p
+    };
+    let truncated = write("truncated.tumble", &bytes[..bytes.len() / 2]);
+    failed_with(
+        &tumble(&["run", &truncated, "--inputs", &x]),
+        &["truncated", "compile the model again"],
+    );
+    let mut flipped = bytes.clone();
+    let mid = 40 + (flipped.len() - 40) / 3;
+    flipped[mid] ^= 0x10;
+    let flipped = write("flipped.tumble", &flipped);
+    failed_with(
+        &tumble(&["run", &flipped, "--inputs", &x]),
+        &["checksum", "corrupt"],
+    );
+    let mut stale = bytes.clone();
+    stale[8] = stale[8].wrapping_add(1);
+    let stale = write("stale.tumble", &stale);
+    failed_with(
+        &tumble(&["run", &stale, "--inputs", &x]),
+        &["stale", "tumble compile"],
+    );
+    failed_with(
+        &tumble(&["run", &good, "--inputs", &x, "--no-dup"]),
+        &["--no-dup", "tumble compile"],
+    );
+    failed_with(
+        &tumble(&["run", &good, "--inputs", &x, "--engine", "reference"]),
+        &["reference engine"],
+    );
+    failed_with(
+        &tumble(&["run", &good, "--inputs", &x, "--params", &good]),
+        &["stores its weights"],
+    );
+    failed_with(
+        &tumble(&["run", &good, "--inputs", &x, "--entry", "other"]),
+        &["compiled for @main"],
+    );
+    // Compiled without weights, run without them.
+    let bare = temp_path("bare.tumble");
+    ok(&tumble(&["compile", &rly, "-o", &bare]), "compile");
+    failed_with(
+        &tumble(&["run", &bare, "--inputs", &x]),
+        &["missing parameters"],
+    );
+    // The output must not replace the model.
+    failed_with(&tumble(&["compile", &rly, "-o", &rly]), &["would replace"]);
+}

@@ -1,0 +1,316 @@
+//! Compiled models (`tumble compile MODEL -o model.tumble`): the lowered, optimized program, its
+//! reuse analysis and kernel plans, what decoding instances and encoding results needs (ADT
+//! tables, the entry's signature), the sources (for located run-time errors) and, optionally, the
+//! weights — so `tumble run model.tumble` starts without parsing, type checking or compiling.
+//!
+//! Layout: the 8-byte magic `TUMBLE\0c`, the format version (u32 LE), the payload and weights
+//! lengths (u64 LE each), a CRC-32 of everything after the header (u64 LE), then the
+//! payload (postcard) and the weights (a safetensors file, possibly empty). A file of another
+//! format version is *stale* (recompile it); a file whose checksum or payload does not read back
+//! is *corrupt*. Either is a clear error, never a half-loaded program. A program read back is
+//! checked by the IR verifier and its plans against their blocks before anything runs.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tumble_check::Tables;
+use tumble_compile::{BlockPlan, PlanOptions, Program, ReuseAnalysis, StaticOptions};
+use tumble_ir::Ty;
+use tumble_tensor::Tensor;
+
+use crate::atomic::write_atomically;
+use crate::weights::{parse_safetensors, safetensors_bytes};
+use crate::IoError;
+
+/// The first bytes of every compiled model.
+pub const MAGIC: &[u8; 8] = b"TUMBLE\0c";
+
+/// Bumped whenever anything written to the payload changes shape (`Code`, `Block`, plans, `Ty`,
+/// ...). `tests::the_format_fingerprint_is_pinned` fails when the serialized form of a sample
+/// program changes without this changing with it.
+pub const FORMAT_VERSION: u32 = 1;
+
+const HEADER: usize = 8 + 4 + 8 + 8 + 8;
+
+/// How the program in a compiled model was compiled (shown by `tumble run --profile`, checked
+/// against the run's switches).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CompiledWith {
+    pub coarsen: bool,
+    pub fold: bool,
+    pub inline: bool,
+    pub statics: StaticOptions,
+    /// The plans' switches (`None`: compiled without kernel plans).
+    pub plans: Option<PlanOptions>,
+}
+
+/// Everything a compiled model holds but the weights.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Artifact {
+    /// The tumble that wrote it (for messages).
+    pub written_by: String,
+    /// The sources, in `SourceMap` order (prelude first), so spans in the program still point
+    /// at the right text.
+    pub sources: Vec<(String, String)>,
+    pub tables: Tables,
+    pub entry: String,
+    /// The entry's arguments and result type.
+    pub params: Vec<(String, Ty)>,
+    pub ret: Ty,
+    /// Which of the entry's arguments the program was compiled with as weights.
+    pub weights: Vec<bool>,
+    pub compiled_with: CompiledWith,
+    pub program: Program,
+    pub reuse: ReuseAnalysis,
+    pub plans: Vec<BlockPlan>,
+}
+
+/// A compiled model read back: the artifact and its embedded weights (empty when it has none).
+pub struct Loaded {
+    pub artifact: Artifact,
+    pub weights: BTreeMap<String, Tensor>,
+}
+
+/// CRC-32 (IEEE) of the parts, in the low half of a u64: detects corruption (a truncated copy,
+/// flipped bits), not tampering. `crc32fast` runs at memory speed, so checking a file with large
+/// embedded weights costs little next to reading it (a byte-at-a-time FNV took 40% of a start-up).
+fn checksum(parts: &[&[u8]]) -> u64 {
+    let mut h = crc32fast::Hasher::new();
+    for part in parts {
+        h.update(part);
+    }
+    u64::from(h.finalize())
+}
+
+/// Whether `bytes` start like a compiled model.
+pub fn is_artifact(bytes: &[u8]) -> bool {
+    bytes.starts_with(MAGIC)
+}
+
+/// The bytes of a compiled model.
+pub fn artifact_bytes(
+    artifact: &Artifact,
+    weights: &BTreeMap<String, Tensor>,
+) -> Result<Vec<u8>, String> {
+    let payload = postcard::to_stdvec(artifact).map_err(|e| e.to_string())?;
+    let weights = if weights.is_empty() {
+        Vec::new()
+    } else {
+        safetensors_bytes(weights)?
+    };
+    let mut out = Vec::with_capacity(HEADER + payload.len() + weights.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(weights.len() as u64).to_le_bytes());
+    out.extend_from_slice(&checksum(&[&payload, &weights]).to_le_bytes());
+    out.extend_from_slice(&payload);
+    out.extend_from_slice(&weights);
+    Ok(out)
+}
+
+/// Writes a compiled model to `path`, atomically.
+pub fn save_artifact(
+    path: &Path,
+    artifact: &Artifact,
+    weights: &BTreeMap<String, Tensor>,
+) -> Result<(), IoError> {
+    let bytes = artifact_bytes(artifact, weights).map_err(|m| IoError::Param {
+        message: format!("cannot serialize the compiled model: {m}"),
+    })?;
+    write_atomically(path, "the compiled model", |w| {
+        w.write_all(&bytes)
+            .map_err(|e| IoError::file(path, "write the compiled model", e))
+    })
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
+    let b: [u8; 8] = bytes.get(at..at + 8)?.try_into().ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
+/// Reads a compiled model from its bytes (`path` names it in messages).
+pub fn read_artifact(path: &Path, bytes: &[u8]) -> Result<Loaded, IoError> {
+    let shown = path.display();
+    let bad = |what: String| IoError::Param {
+        message: format!("{shown}: {what}"),
+    };
+    if !is_artifact(bytes) {
+        return Err(bad(
+            "not a compiled tumble model (no `TUMBLE` header)".into()
+        ));
+    }
+    let version = bytes
+        .get(8..12)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map(u32::from_le_bytes)
+        .ok_or_else(|| bad("the header is truncated: the file is corrupt".into()))?;
+    if version != FORMAT_VERSION {
+        return Err(bad(format!(
+            "compiled model of format {version}, but this tumble reads format {FORMAT_VERSION}: \
+             the file is stale; compile the model again with `tumble compile`"
+        )));
+    }
+    let (Some(payload_len), Some(weights_len), Some(sum)) =
+        (u64_at(bytes, 12), u64_at(bytes, 20), u64_at(bytes, 28))
+    else {
+        return Err(bad("the header is truncated: the file is corrupt".into()));
+    };
+    let body = bytes.get(HEADER..).unwrap_or(&[]);
+    let expect = usize::try_from(payload_len.saturating_add(weights_len)).unwrap_or(usize::MAX);
+    if body.len() != expect {
+        return Err(bad(format!(
+            "the header announces {expect} bytes after it, the file has {}: the file is \
+             truncated or corrupt; compile the model again",
+            body.len()
+        )));
+    }
+    let (payload, weights) = body.split_at(payload_len as usize);
+    if checksum(&[payload, weights]) != sum {
+        return Err(bad(
+            "checksum mismatch: the file is corrupt; compile the model again".into(),
+        ));
+    }
+    let mut artifact: Artifact = postcard::from_bytes(payload)
+        .map_err(|e| bad(format!("the program does not read back ({e}): the file is corrupt or was written by another build of tumble; compile the model again")))?;
+    let errors = tumble_compile::verify(&artifact.program);
+    if let Some(first) = errors.first() {
+        return Err(bad(format!(
+            "the program read back is malformed ({} problems, first: {first}): the file is \
+             corrupt; compile the model again",
+            errors.len()
+        )));
+    }
+    if !artifact.plans.is_empty() && artifact.plans.len() != artifact.program.blocks.len() {
+        return Err(bad(format!(
+            "{} kernel plans for {} blocks: the file is corrupt; compile the model again",
+            artifact.plans.len(),
+            artifact.program.blocks.len()
+        )));
+    }
+    for (plan, block) in artifact.plans.iter_mut().zip(&artifact.program.blocks) {
+        plan.restore(block);
+        if let Some(e) = plan.verify(block).first() {
+            return Err(bad(format!(
+                "the kernel plan of block `{}` is malformed ({e}): the file is corrupt; compile \
+                 the model again",
+                block.name
+            )));
+        }
+    }
+    if artifact.weights.len() != artifact.params.len() {
+        return Err(bad(
+            "the weights mask does not match the entry's arguments: the file is corrupt".into(),
+        ));
+    }
+    let weights = if weights.is_empty() {
+        BTreeMap::new()
+    } else {
+        parse_safetensors(path, weights)?
+    };
+    Ok(Loaded { artifact, weights })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Artifact {
+        let src = "type T { Leaf(Tensor[(1, 3), float32]), Node(T, T) }
+                   def @f(%t: T, %w: Tensor[(3, 3), float32]) -> Tensor[(1, 3), float32] {
+                     match (%t) {
+                       Leaf(%x) => tanh(nn.dense(%x, %w)),
+                       Node(%a, %b) => add(@f(%a, %w), multiply(@f(%b, %w), 0.5f)),
+                     }
+                   }
+                   def @main(%t: T, %w: Tensor[(3, 3), float32]) { @f(%t, %w) }";
+        let mut sources = tumble_ir::SourceMap::new();
+        let typed = tumble_check::load(&mut sources, "t.rly", src, Default::default())
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let (params, ret) = crate::main_signature(&typed, "main").unwrap_or_else(|e| panic!("{e}"));
+        let weights = vec![false, true];
+        let c = tumble_compile::compile(
+            &typed,
+            "main",
+            &weights,
+            tumble_compile::CompileOptions::batched(),
+        )
+        .unwrap_or_else(|e| panic!("{}", e.message));
+        Artifact {
+            written_by: "test".into(),
+            sources: sources
+                .files()
+                .iter()
+                .map(|f| (f.name.clone(), f.text.clone()))
+                .collect(),
+            tables: typed.tables.clone(),
+            entry: "main".into(),
+            params,
+            ret,
+            weights,
+            compiled_with: CompiledWith {
+                coarsen: true,
+                fold: true,
+                inline: true,
+                statics: StaticOptions::all(),
+                plans: Some(PlanOptions::default()),
+            },
+            program: c.program,
+            reuse: c.reuse,
+            plans: c.plans,
+        }
+    }
+
+    #[test]
+    fn a_program_reads_back_to_the_same_bytes() {
+        let a = sample();
+        let w: BTreeMap<String, Tensor> = [(
+            "w".to_string(),
+            Tensor::from_f32(vec![3, 3], (0..9).map(|i| i as f32).collect())
+                .unwrap_or_else(|e| panic!("{e}")),
+        )]
+        .into();
+        let bytes = artifact_bytes(&a, &w).unwrap_or_else(|e| panic!("{e}"));
+        // Deterministic: maps are written in key order.
+        assert_eq!(
+            bytes,
+            artifact_bytes(&a, &w).unwrap_or_else(|e| panic!("{e}"))
+        );
+        let back = read_artifact(Path::new("t.tumble"), &bytes).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back.weights, w);
+        assert_eq!(
+            bytes,
+            artifact_bytes(&back.artifact, &back.weights).unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert_eq!(
+            format!("{:?}", back.artifact.program.blocks),
+            format!("{:?}", a.program.blocks)
+        );
+    }
+
+    #[test]
+    fn damage_is_reported_not_loaded() {
+        let bytes = artifact_bytes(&sample(), &BTreeMap::new()).unwrap_or_else(|e| panic!("{e}"));
+        let err = |b: &[u8]| match read_artifact(Path::new("t.tumble"), b) {
+            Ok(_) => panic!("damaged file loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err(b"not a model").contains("not a compiled tumble model"));
+        assert!(err(&bytes[..20]).contains("corrupt"));
+        assert!(err(&bytes[..bytes.len() - 1]).contains("truncated"));
+        // Every single-bit flip past the header is caught by the checksum.
+        for at in (HEADER..bytes.len()).step_by(97) {
+            let mut b = bytes.clone();
+            b[at] ^= 1;
+            assert!(err(&b).contains("checksum"), "flip at {at}");
+        }
+        // A payload that passes the checksum but does not decode (written by another build).
+        let mut garbled = bytes[..HEADER].to_vec();
+        let junk = vec![0xffu8; bytes.len() - HEADER];
+        garbled[28..36].copy_from_slice(&checksum(&[&junk, &[]]).to_le_bytes());
+        garbled.extend_from_slice(&junk);
+        assert!(err(&garbled).contains("does not read back"));
+    }
+}
