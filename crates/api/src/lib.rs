@@ -590,6 +590,11 @@ impl Model {
             }
             None => message,
         };
+        let message = if e.internal {
+            format!("{message}\nnote: {}", RunError::BUG_NOTE)
+        } else {
+            message
+        };
         Error::Run {
             instance: i,
             message,

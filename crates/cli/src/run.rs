@@ -273,13 +273,24 @@ pub fn run(args: &RunArgs, color: bool) -> ExitCode {
     let mut sources = SourceMap::new();
     match run_inner(args, &mut sources) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Diags(ds)) => {
-            eprint!("{}", diag::render(&ds, &sources, color));
+        Err(f) => report(f, &sources, color),
+    }
+}
+
+fn report(f: Failure, sources: &SourceMap, color: bool) -> ExitCode {
+    match f {
+        Failure::Diags(ds) => {
+            eprint!("{}", diag::render(&ds, sources, color));
             ExitCode::FAILURE
         }
-        Err(Failure::Message(m)) => {
+        Failure::Message(m) => {
             eprintln!("error: {m}");
             ExitCode::FAILURE
+        }
+        Failure::Bug(inner) => {
+            report(*inner, sources, color);
+            eprintln!("note: {}", tumble_interp::RunError::BUG_NOTE);
+            ExitCode::from(BUG_STATUS)
         }
     }
 }
@@ -296,7 +307,13 @@ type Finished = (String, Option<String>);
 pub(crate) enum Failure {
     Diags(Vec<Diagnostic>),
     Message(String),
+    /// A bug in tumble (a broken internal invariant): reported as such, exit status 70.
+    Bug(Box<Failure>),
 }
+
+/// The exit status of a bug in tumble (`EX_SOFTWARE`): scripts can tell it from a bad model or
+/// bad input (status 1).
+const BUG_STATUS: u8 = 70;
 
 impl From<IoError> for Failure {
     fn from(e: IoError) -> Self {
@@ -448,7 +465,8 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     };
     let run_error = |i: usize, e: tumble_interp::RunError| {
         let message = format!("{}: {}", location(i), e.message);
-        match e.span {
+        let internal = e.internal;
+        let failure = match e.span {
             Some(span) => {
                 let mut d = Diagnostic::error(span, message);
                 for (k, site) in e.trace.iter().enumerate().filter(|(_, s)| **s != span) {
@@ -463,6 +481,11 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 Failure::Diags(vec![d])
             }
             None => Failure::Message(message),
+        };
+        if internal {
+            Failure::Bug(Box::new(failure))
+        } else {
+            failure
         }
     };
     let load = |i: usize| -> Result<Vec<Value>, Failure> {

@@ -21,11 +21,10 @@ pub fn run(
     args: Vec<Value>,
     rng: &mut Rng,
 ) -> Result<Value, RunError> {
-    let index = *program.global_index.get(entry).ok_or_else(|| RunError {
-        message: format!("the module has no global `@{entry}`"),
-        span: None,
-        trace: Vec::new(),
-    })?;
+    let index = *program
+        .global_index
+        .get(entry)
+        .ok_or_else(|| RunError::new(format!("the module has no global `@{entry}`")))?;
     let ctx = InstanceCtx {
         rng: rng.clone(),
         depth: 0,

@@ -93,24 +93,49 @@ pub struct RunError {
     /// The calls that led to the failure, innermost first (a failure inside a prelude function
     /// names the user's call of it); calls in tail position leave no frame and are not listed.
     pub trace: Vec<Span>,
+    /// A broken invariant of tumble itself (a bug), not a problem with the user's program or
+    /// data: the faces report it as a bug to report, with their own exit status.
+    pub internal: bool,
 }
+
+/// What the runtime's own invariant checks put in their messages (`internal: ...`): a message
+/// that carries it, however it was wrapped, makes an internal error.
+const INTERNAL: &str = "internal:";
 
 impl RunError {
     pub fn at(span: Span, message: impl Into<String>) -> Self {
+        let message = message.into();
         RunError {
-            message: message.into(),
+            internal: message.contains(INTERNAL),
+            message,
             span: Some(span),
             trace: Vec::new(),
         }
     }
 
     pub fn new(message: impl Into<String>) -> Self {
+        let message = message.into();
         RunError {
-            message: message.into(),
+            internal: message.contains(INTERNAL),
+            message,
             span: None,
             trace: Vec::new(),
         }
     }
+
+    /// A broken invariant of tumble itself.
+    pub fn internal(message: impl Into<String>) -> Self {
+        RunError {
+            message: format!("{INTERNAL} {}", message.into()),
+            span: None,
+            trace: Vec::new(),
+            internal: true,
+        }
+    }
+
+    /// The note the faces print under an internal error.
+    pub const BUG_NOTE: &'static str = "this is a bug in tumble, not in the model or its inputs: \
+        please report it with the model, the instances and the command line";
 }
 
 /// Pending calls beyond this are reported as runaway recursion instead of exhausting memory.
@@ -901,5 +926,19 @@ pub fn from_op_value(v: OpValue) -> Value {
     match v {
         OpValue::Tensor(t) => Value::Tensor(t),
         OpValue::Tuple(ts) => Value::tuple(ts.into_iter().map(Value::Tensor).collect()),
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::RunError;
+
+    #[test]
+    fn broken_invariants_are_told_apart_from_user_errors() {
+        assert!(RunError::internal("slot 3 is empty").internal);
+        assert!(RunError::internal("x").message.starts_with("internal:"));
+        // However the runtime wraps its own check's message, it stays a bug.
+        assert!(RunError::new("in block cell: internal: node").internal);
+        assert!(!RunError::new("nn.dense: input has 5 columns but weight expects 4").internal);
     }
 }
