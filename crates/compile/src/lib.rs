@@ -15,10 +15,12 @@ pub mod ghosts;
 pub mod hoist;
 pub mod inline;
 pub mod inline_leaves;
+pub mod lower;
 pub mod passes;
 pub mod phases;
 pub mod pipeline;
 pub mod plan;
+mod print;
 pub mod program;
 pub mod reuse;
 pub mod specialize;
@@ -26,11 +28,10 @@ pub mod verify;
 
 pub use blocks::{BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
 pub use hoist::{analyze as analyze_hoisting, HoistAnalysis};
+pub use lower::{LowerError, LowerOptions};
 pub use passes::{optimize, StaticOptions, StaticReport};
 pub use pipeline::{compile, CompileOptions, Compiled};
 pub use plan::{plan_program, BlockPlan, PlanOptions, Stage};
-pub use program::{
-    CaptureFrom, Code, CtorEntry, Lambda, LowerError, LowerOptions, Pat, Program, Site,
-};
+pub use program::{CaptureFrom, Code, CtorEntry, Lambda, Pat, Program, Site};
 pub use reuse::{analyze as analyze_reuse, InputReuse, ReuseAnalysis};
 pub use verify::{verify, VerifyError};

@@ -6,9 +6,10 @@
 
 use tumble_check::TypedModule;
 
+use crate::lower::{LowerError, LowerOptions};
 use crate::passes::{optimize, StaticOptions, StaticReport};
 use crate::plan::{plan_program, BlockPlan, PlanOptions};
-use crate::program::{LowerError, LowerOptions, Program};
+use crate::program::Program;
 use crate::reuse::{analyze, ReuseAnalysis};
 
 /// What [`compile`] does besides lowering.

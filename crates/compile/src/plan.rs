@@ -583,7 +583,7 @@ impl ValKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::program::LowerOptions;
+    use crate::lower::LowerOptions;
 
     fn block_of(src: &str, name: &str) -> Block {
         let mut sources = tumble_ir::SourceMap::new();
