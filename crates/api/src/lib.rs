@@ -538,6 +538,11 @@ impl Model {
             || format!("instance {i}"),
             |it| format!("instance at {}", it.location),
         );
+        self.located_run_error(location, i, e)
+    }
+
+    /// [`Model::run_error`] for an instance named by `location` (`instance at index 3`).
+    fn located_run_error(&self, location: String, i: usize, e: RunError) -> Error {
         let message = format!("{location}: {}", e.message);
         let message = match e.span {
             Some(span) => {
@@ -611,6 +616,9 @@ pub fn instances_from_json(source_name: &str, items: Vec<serde_json::Value>) -> 
             .collect(),
     }
 }
+
+mod session;
+pub use session::{Session, Ticket};
 
 #[cfg(test)]
 mod tests;

@@ -618,6 +618,12 @@ impl<'p> Dfg<'p> {
         !self.pending.is_empty()
     }
 
+    /// Nodes recorded so far, run or not: what a long-lived [`crate::session::BatchSession`]
+    /// bounds, since nodes (and their outputs) are only freed with the whole graph.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
     /// Evaluates every pending node, in batched launches chosen by the scheduler.
     pub fn flush(&mut self) -> Result<(), RunError> {
         if self.pending.is_empty() {

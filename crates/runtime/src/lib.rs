@@ -15,6 +15,7 @@ mod gemm;
 mod intern;
 pub mod profile;
 pub mod reuse;
+pub mod session;
 mod simd;
 pub mod workers;
 
@@ -286,7 +287,7 @@ pub(crate) fn run_batch_lent(
 
 /// Replaces every lazy tensor inside `v` by its computed value. Iterative (results can be lists of
 /// 100,000 elements), rebuilding only what contains lazy values.
-fn materialize(v: Value, dfg: &dfg::Dfg) -> Result<Value, RunError> {
+pub(crate) fn materialize(v: Value, dfg: &dfg::Dfg) -> Result<Value, RunError> {
     use std::rc::Rc;
     use tumble_interp::{AdtValue, TupleValue};
     enum Job {
