@@ -26,6 +26,7 @@ mod commands;
 mod explain;
 mod files;
 mod run;
+mod serve;
 
 #[derive(Parser)]
 #[command(
@@ -79,6 +80,8 @@ enum Command {
     },
     /// Run a model on a file of instances and write one result per instance.
     Run(run::RunArgs),
+    /// Serve a model over HTTP (TF-Serving / KServe v1 REST) with continuous batching.
+    Serve(serve::ServeArgs),
     /// Show the static blocks the compiler found and its parameter-reuse decisions.
     Explain(explain::ExplainArgs),
     /// Make instance files: SST trees and sentences, generated inputs for the zoo models.
@@ -132,7 +135,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    watch_interrupts();
+    // A server drains on Ctrl-C instead of stopping its runs at the next safe point.
+    if !matches!(cli.command, Command::Serve(_)) {
+        watch_interrupts();
+    }
     let color = match cli.color {
         Color::Always => true,
         Color::Never => false,
@@ -151,6 +157,7 @@ fn main() -> ExitCode {
             } => commands::check(&files, quiet, !no_prelude, color),
             Command::Fmt { file, check } => commands::fmt(&file, check, color),
             Command::Run(args) => run::run(&args, color),
+            Command::Serve(args) => serve::serve(&args),
             Command::Explain(args) => explain::explain(&args, color),
             Command::Data(args) => match tumble_data::cli::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -1250,7 +1250,7 @@ pub fn read_request_instances(
     let mut json = DeepJson(json);
     let found = match &mut json.0 {
         Json::Object(m) => m.remove(key),
-        _ => return Err(err(format!("expected a JSON object with a `{key}` array"))),
+        _ => return Err(err(format!("expected a JSON object with the key `{key}` (an array of instances)"))),
     };
     let items = match found {
         Some(Json::Array(items)) => items,
