@@ -41,11 +41,8 @@ impl Model {
         };
         let mut runtime = opts.runtime;
         runtime.threads = threads;
-        let inner = BatchSession::new(&self.program, &self.reuse, &self.entry, runtime).map_err(
-            |e| Error::Usage {
-                message: e.message,
-            },
-        )?;
+        let inner = BatchSession::new(&self.program, &self.reuse, &self.entry, runtime)
+            .map_err(|e| Error::Usage { message: e.message })?;
         Ok(Session {
             model: self,
             env: TypeEnv::new(&self.typed, &self.program),

@@ -1250,14 +1250,20 @@ pub fn read_request_instances(
     let mut json = DeepJson(json);
     let found = match &mut json.0 {
         Json::Object(m) => m.remove(key),
-        _ => return Err(err(format!("expected a JSON object with the key `{key}` (an array of instances)"))),
+        _ => {
+            return Err(err(format!(
+                "expected a JSON object with the key `{key}` (an array of instances)"
+            )))
+        }
     };
     let items = match found {
         Some(Json::Array(items)) => items,
         Some(other) => {
             let kind = json_kind(&other);
             drop_json(other);
-            return Err(err(format!("`{key}` must be an array of instances, found {kind}")));
+            return Err(err(format!(
+                "`{key}` must be an array of instances, found {kind}"
+            )));
         }
         None => return Err(err(format!("the object has no `{key}` array"))),
     };

@@ -324,11 +324,7 @@ impl<'p> BatchSession<'p> {
 }
 
 /// Runs `m` until it finishes, blocks, or (with phases on) reaches a phase boundary.
-fn run_machine(
-    m: &mut Machine<'_>,
-    dfg: &mut Dfg<'_>,
-    opts: Options,
-) -> Result<Outcome, RunError> {
+fn run_machine(m: &mut Machine<'_>, dfg: &mut Dfg<'_>, opts: Options) -> Result<Outcome, RunError> {
     loop {
         match m.run(dfg)? {
             Outcome::Phase if !opts.phases => continue,

@@ -134,11 +134,7 @@ async fn model_status(State(s): State<Arc<Shared>>, Path(rest): Path<String>) ->
 }
 
 /// `POST /v1/models/{name}:predict`.
-async fn predict(
-    State(s): State<Arc<Shared>>,
-    Path(rest): Path<String>,
-    body: Bytes,
-) -> Response {
+async fn predict(State(s): State<Arc<Shared>>, Path(rest): Path<String>, body: Bytes) -> Response {
     let Some(asked) = rest.strip_suffix(":predict") else {
         return error(
             StatusCode::NOT_FOUND,
@@ -153,14 +149,18 @@ async fn predict(
     }
     let start = Instant::now();
     let (status, response) = answer(&s, body, start).await;
-    s.metrics.response(status.as_u16(), start.elapsed().as_secs_f64());
+    s.metrics
+        .response(status.as_u16(), start.elapsed().as_secs_f64());
     response
 }
 
 async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Response) {
     let fail = |status: StatusCode, message: &str| (status, error(status, message));
     if s.stopping.load(Ordering::SeqCst) {
-        return fail(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down");
+        return fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        );
     }
     // Deep bodies parse by native recursion: on a blocking thread with a big stack, off the
     // threads that accept connections.
@@ -201,8 +201,7 @@ async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Re
         );
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
-    if s
-        .jobs
+    if s.jobs
         .send(Job::Predict(Request {
             instances,
             reply: tx,
@@ -210,14 +209,18 @@ async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Re
         .is_err()
     {
         s.outstanding.fetch_sub(n, Ordering::SeqCst);
-        return fail(StatusCode::SERVICE_UNAVAILABLE, "the batch thread has stopped");
+        return fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the batch thread has stopped",
+        );
     }
     let left = s.config.timeout.saturating_sub(start.elapsed());
     // Dropping `rx` (timeout here, or the whole future when the client disconnects) tells the
     // worker to drop the request's instances.
     match tokio::time::timeout(left, rx).await {
         Ok(Ok(Reply::Predictions(preds))) => {
-            let mut body = String::with_capacity(preds.iter().map(|p| p.len() + 1).sum::<usize>() + 20);
+            let mut body =
+                String::with_capacity(preds.iter().map(|p| p.len() + 1).sum::<usize>() + 20);
             body.push_str("{\"predictions\":[");
             for (k, p) in preds.iter().enumerate() {
                 if k > 0 {

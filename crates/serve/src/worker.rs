@@ -25,7 +25,10 @@ pub(crate) struct Request {
 pub(crate) enum Reply {
     /// One JSON text per instance, in order.
     Predictions(Vec<String>),
-    Error { status: u16, message: String },
+    Error {
+        status: u16,
+        message: String,
+    },
 }
 
 /// A request being worked on.
@@ -144,10 +147,7 @@ impl Worker<'_> {
     /// While idle with instances waiting: how long before the policy admits them.
     fn admission_wait(&self) -> Duration {
         let cfg = &self.shared.config;
-        if cfg.policy != Policy::Static
-            || self.finishing
-            || self.waiting.len() >= cfg.max_batch
-        {
+        if cfg.policy != Policy::Static || self.finishing || self.waiting.len() >= cfg.max_batch {
             return Duration::ZERO;
         }
         let oldest = self
