@@ -200,9 +200,12 @@ impl Server {
         self.stop_and_join()
     }
 
-    /// Blocks until the HTTP server ends by itself (it does not, short of an error).
     fn stop_and_join(&mut self) -> Result<(), String> {
         self.shared.stopping.store(true, Ordering::SeqCst);
+        // The worker first: it stops waiting for batches to fill and runs what it holds, which
+        // the handlers the HTTP server waits for are waiting on. A request that slips in after
+        // this is still taken while the worker runs, or answered 503 once it has exited.
+        let _ = self.shared.jobs.send(worker::Job::Finish);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -212,8 +215,6 @@ impl Server {
                 .unwrap_or_else(|_| Err("the HTTP thread panicked".into())),
             None => Ok(()),
         };
-        // Every handler has returned: telling the worker to finish lets it drain and exit.
-        let _ = self.shared.jobs.send(worker::Job::Finish);
         if let Some(w) = self.worker.take() {
             if w.join().is_err() {
                 return Err("the batch thread panicked".into());
