@@ -134,6 +134,11 @@ impl<'m> Session<'m> {
         self.inner.max_nodes = n.max(1);
     }
 
+    /// Depth levels launched per step (see [`BatchSession::levels_per_step`]); `None`: all.
+    pub fn set_levels_per_step(&mut self, levels: Option<usize>) {
+        self.inner.levels_per_step = levels.map(|k| k.max(1));
+    }
+
     pub fn stats(&self) -> SessionStats {
         self.inner.stats()
     }

@@ -119,10 +119,16 @@ fn instances_joining_a_running_batch_get_what_run_gives() {
     let instances = instances_from_json("test", items.clone());
     let (want, _) = m.run(&instances, &opts()).unwrap();
     with_big_stack(|| {
-        for phases in [false, true] {
+        for (phases, levels) in [
+            (false, None),
+            (true, None),
+            (false, Some(1)),
+            (true, Some(2)),
+        ] {
             let mut o = opts();
             o.runtime.phases = phases;
             let mut s = m.session(&o).unwrap();
+            s.set_levels_per_step(levels);
             // Arrivals at steps 0, 0, 1, 2, 2, 3, 5, 9: later ones join machines blocked mid-way.
             let (got, most) = run_staggered(&mut s, &instances, &[0, 0, 1, 2, 2, 3, 5, 9]);
             assert!(most >= 3, "instances overlapped in the batch ({most})");
@@ -302,11 +308,18 @@ fn treelstm_session_matches_run_on_the_bundled_trees() {
         tumble_io::read_instances_file(&repo().join("examples/treelstm.jsonl")).unwrap();
     let (want, _) = m.run(&instances, &opts()).unwrap();
     with_big_stack(|| {
-        let mut s = m.session(&opts()).unwrap();
-        let arrive: Vec<usize> = (0..instances.len()).map(|i| i / 3).collect();
-        let (got, _) = run_staggered(&mut s, &instances, &arrive);
-        for (g, w) in got.iter().zip(&want) {
-            assert_eq!(numbers(g.as_ref().unwrap()), f32s(w));
+        for levels in [None, Some(1), Some(3)] {
+            let mut s = m.session(&opts()).unwrap();
+            s.set_levels_per_step(levels);
+            let arrive: Vec<usize> = (0..instances.len()).map(|i| i / 3).collect();
+            let (got, most) = run_staggered(&mut s, &instances, &arrive);
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(numbers(g.as_ref().unwrap()), f32s(w));
+            }
+            if levels.is_some() {
+                // Trees take several steps, so later arrivals join unfinished ones.
+                assert!(most >= 2, "{levels:?}: {most}");
+            }
         }
     })
     .unwrap();

@@ -73,6 +73,10 @@ pub struct ServeArgs {
     /// (off: an instance runs through its phases and leaves at the first flush it can).
     #[arg(long)]
     pub phases: bool,
+    /// continuous: depth levels (cells) launched between two admissions; 0: run every pending
+    /// node before admitting again.
+    #[arg(long, default_value_t = tumble_serve::DEFAULT_CELL_LEVELS, value_name = "N")]
+    pub cell_levels: usize,
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 64 << 20, value_name = "BYTES")]
     pub max_body: usize,
@@ -140,6 +144,7 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
         seed: args.seed,
         phases: args.phases,
         max_body_bytes: args.max_body,
+        cell_levels: (args.cell_levels > 0).then_some(args.cell_levels),
         ..Config::new(name.clone())
     };
     let policy = config.policy.name();

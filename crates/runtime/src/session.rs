@@ -8,6 +8,11 @@
 //! once, and hands back the instances that finished, results materialized. Instances admitted in
 //! the meantime join at the next step, so a flush is the "cell" boundary of cellular batching.
 //!
+//! - **Cells.** By default a step flushes every pending node, so an instance that never waits
+//!   on a value (TreeLSTM: the tree's shape is known up front) runs whole in one step. With
+//!   [`BatchSession::levels_per_step`] a step launches only that many depth levels, and an
+//!   instance admitted meanwhile starts at the depth the graph has reached: its leaves launch
+//!   with the running trees' next level, and a small tree leaves while a deep one still runs.
 //! - **Graph growth.** Nodes (and the tensors they computed) are freed only with the whole graph,
 //!   so a session starts a fresh [`Dfg`] whenever nothing is in flight, and stops letting
 //!   admitted instances join once the graph holds [`BatchSession::max_nodes`] nodes until the
@@ -83,6 +88,9 @@ pub struct BatchSession<'p> {
     opts: Options,
     /// Graph size from which admitted instances wait for those in flight to drain.
     pub max_nodes: usize,
+    /// Depth levels launched per step (see [`Dfg::flush_levels`]); `None`: every pending node
+    /// (a step then lasts until each instance in flight finishes or blocks on a value).
+    pub levels_per_step: Option<usize>,
     dfg: Dfg<'p>,
     queued: VecDeque<Slot<'p>>,
     active: Vec<Slot<'p>>,
@@ -113,6 +121,7 @@ impl<'p> BatchSession<'p> {
             entry,
             opts,
             max_nodes: DEFAULT_MAX_NODES,
+            levels_per_step: None,
             dfg: Dfg::new(program, reuse, opts),
             queued: VecDeque::new(),
             active: Vec::new(),
@@ -246,7 +255,11 @@ impl<'p> BatchSession<'p> {
             });
         }
 
-        if let Err(error) = self.dfg.flush() {
+        let flushed = match self.levels_per_step {
+            Some(k) => self.dfg.flush_levels(k),
+            None => self.dfg.flush(),
+        };
+        if let Err(error) = flushed {
             self.recover(error, &mut finished);
             return finished;
         }
@@ -255,6 +268,10 @@ impl<'p> BatchSession<'p> {
         for mut slot in std::mem::take(&mut self.active) {
             let state = std::mem::replace(&mut slot.state, State::Queued);
             slot.state = match state {
+                // After a partial flush a finished instance may still wait for its tensors.
+                State::Done(v) if self.dfg.has_pending() && !self.dfg.is_computed(&v) => {
+                    State::Done(v)
+                }
                 State::Done(v) => {
                     finished.push((slot.ticket, materialize(v, &self.dfg)));
                     continue;
@@ -276,11 +293,18 @@ impl<'p> BatchSession<'p> {
     fn join(&mut self, mut slot: Slot<'p>) -> Option<Finished> {
         slot.instance = self.next_instance;
         self.next_instance = self.next_instance.wrapping_add(1);
+        // With partial flushes, a newcomer starts at the level the graph has reached, so that
+        // its first invocations launch with the running instances' next ones (cell by cell)
+        // rather than as a level of their own.
+        let depth = match self.levels_per_step {
+            Some(_) => self.dfg.frontier_depth().unwrap_or(0),
+            None => 0,
+        };
         let mut m = Machine::new(
             self.program,
             InstanceCtx {
                 rng: slot.rng.clone(),
-                depth: 0,
+                depth,
                 instance: slot.instance,
                 phase: 0,
                 pending: 0,

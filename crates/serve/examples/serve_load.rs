@@ -148,17 +148,25 @@ fn main() -> Result<(), String> {
     lat.sort_by(f64::total_cmp);
     let span = last.duration_since(start).as_secs_f64().max(1e-9);
     let mean = lat.iter().sum::<f64>() / lat.len().max(1) as f64;
+    // JSON has no NaN: a statistic of no answered request is null.
+    let num = |x: f64| {
+        if x.is_finite() {
+            format!("{x:.3}")
+        } else {
+            "null".into()
+        }
+    };
     println!(
         "{{\"rate\":{rate},\"sent\":{sent},\"ok\":{},\"errors\":{errors},\"codes\":{},\
-         \"throughput\":{:.2},\"p50\":{:.3},\"p90\":{:.3},\"p99\":{:.3},\"mean\":{:.3},\"max\":{:.3}}}",
+         \"throughput\":{:.2},\"p50\":{},\"p90\":{},\"p99\":{},\"mean\":{},\"max\":{}}}",
         lat.len(),
         serde_json::to_string(&codes).unwrap_or_default(),
         lat.len() as f64 / span,
-        percentile(&lat, 50.0),
-        percentile(&lat, 90.0),
-        percentile(&lat, 99.0),
-        mean,
-        lat.last().copied().unwrap_or(f64::NAN),
+        num(percentile(&lat, 50.0)),
+        num(percentile(&lat, 90.0)),
+        num(percentile(&lat, 99.0)),
+        num(if lat.is_empty() { f64::NAN } else { mean }),
+        num(lat.last().copied().unwrap_or(f64::NAN)),
     );
     Ok(())
 }

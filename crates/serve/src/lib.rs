@@ -80,6 +80,9 @@ pub struct Config {
     pub phases: bool,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    /// `continuous`: depth levels launched per step, between which new instances join (see
+    /// `tumble_runtime::session`); `None`: a step runs every pending node.
+    pub cell_levels: Option<usize>,
 }
 
 impl Config {
@@ -97,9 +100,13 @@ impl Config {
             seed: 0,
             phases: false,
             max_body_bytes: 64 << 20,
+            cell_levels: Some(DEFAULT_CELL_LEVELS),
         }
     }
 }
+
+/// Default [`Config::cell_levels`].
+pub const DEFAULT_CELL_LEVELS: usize = 4;
 
 /// State the HTTP handlers share.
 pub(crate) struct Shared {

@@ -76,7 +76,14 @@ pub(crate) fn run(shared: Arc<Shared>, jobs: Receiver<Job>, made: Sender<Result<
         ..RunOptions::default()
     };
     let session = match shared.model.session(&opts) {
-        Ok(s) => s,
+        Ok(mut s) => {
+            // Partial flushes only help instances join a batch that is running; the other
+            // policies run their batch to the end anyway.
+            if cfg.policy == Policy::Continuous {
+                s.set_levels_per_step(cfg.cell_levels);
+            }
+            s
+        }
         Err(e) => {
             let _ = made.send(Err(e.to_string()));
             return;
