@@ -100,13 +100,15 @@ impl Config {
             seed: 0,
             phases: false,
             max_body_bytes: 64 << 20,
-            cell_levels: Some(DEFAULT_CELL_LEVELS),
+            cell_levels: (DEFAULT_CELL_LEVELS > 0).then_some(DEFAULT_CELL_LEVELS),
         }
     }
 }
 
-/// Default [`Config::cell_levels`].
-pub const DEFAULT_CELL_LEVELS: usize = 4;
+/// Default [`Config::cell_levels`] (0: none, every step flushes everything). Measured on
+/// TreeLSTM-large (bench/RESULTS.md): launching a few levels per step let newcomers join
+/// mid-tree but cut the launches' width and the throughput, so whole flushes are the default.
+pub const DEFAULT_CELL_LEVELS: usize = 0;
 
 /// State the HTTP handlers share.
 pub(crate) struct Shared {
