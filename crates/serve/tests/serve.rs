@@ -293,3 +293,57 @@ fn a_client_that_disconnects_cancels_its_instances() {
     });
     server.shutdown().unwrap();
 }
+
+/// Integer division in a block: a zero divisor fails inside a batched launch.
+const DIV: &str = r#"
+def @main(%x: Tensor[(1, 2), float32], %d: Tensor[(1, 2), int32], %w: Tensor[(2, 2), float32])
+    -> Tensor[(1, 2), int32] {
+  let %y = nn.dense(%x, %w);
+  divide(cast(%y, dtype="int32"), %d)
+}
+"#;
+
+#[test]
+fn an_instance_failing_at_run_time_fails_only_its_request() {
+    let w = tumble_tensor::Tensor::from_vec(vec![2, 2], vec![2.0f32, 0.0, 0.0, 2.0]).unwrap();
+    let params = Params {
+        tensors: [("w".to_string(), w)].into_iter().collect(),
+        ..Params::default()
+    };
+    let src = Source::Text {
+        name: "div.rly",
+        text: DIV,
+    };
+    let m = Arc::new(Model::load(src, &params, &LoadOptions::default()).unwrap());
+    let mut c = Config::new("div");
+    // Everything sent below waits for one batch, so the bad instance shares its launch.
+    c.policy = Policy::Static;
+    c.max_batch = 3;
+    c.max_wait = Duration::from_secs(5);
+    let server = Server::start(m, c).unwrap();
+    let addr = server.addr();
+    let send = |x: f32, d: i32| {
+        let body = json!({ "instances": [{ "x": [[x, x]], "d": [[d, d]] }] }).to_string();
+        http(addr, "POST", "/v1/models/div:predict", body.as_bytes())
+    };
+    std::thread::scope(|sc| {
+        let a = sc.spawn(|| send(1.0, 1));
+        let b = sc.spawn(|| send(5.0, 0));
+        let c = sc.spawn(|| send(7.0, 2));
+        assert_eq!(
+            a.join().unwrap(),
+            (200, "{\"predictions\":[[[2,2]]]}".into())
+        );
+        assert_eq!(
+            c.join().unwrap(),
+            (200, "{\"predictions\":[[[7,7]]]}".into())
+        );
+        let (status, body) = b.join().unwrap();
+        assert_eq!(status, 422, "{body}");
+        assert!(
+            body.contains("instance at index 0") && body.contains("division by zero"),
+            "{body}"
+        );
+    });
+    server.shutdown().unwrap();
+}
