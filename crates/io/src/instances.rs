@@ -1164,56 +1164,6 @@ fn integer(n: &serde_json::Number, dtype: &str) -> Result<i64, String> {
     Ok(x as i64)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn depth_scan_ignores_strings_and_escapes() {
-        assert_eq!(nesting_depth("1", 10), 0);
-        assert_eq!(nesting_depth("[[{}]]", 10), 3);
-        assert_eq!(nesting_depth(r#"["[[[", {"a": "\"[["}]"#, 10), 2);
-        assert_eq!(nesting_depth(&"[".repeat(100), 10), 11);
-        // Unbalanced closers do not underflow.
-        assert_eq!(nesting_depth("]]][", 10), 1);
-    }
-
-    #[test]
-    fn integers() {
-        let n = |s: &str| serde_json::from_str::<serde_json::Number>(s).unwrap();
-        assert_eq!(integer(&n("-5"), "int64"), Ok(-5));
-        assert_eq!(integer(&n("3.0"), "int64"), Ok(3));
-        assert_eq!(integer(&n("1e3"), "int64"), Ok(1000));
-        assert!(integer(&n("2.5"), "int64")
-            .unwrap_err()
-            .contains("not an integer"));
-        assert!(integer(&n("18446744073709551615"), "int32")
-            .unwrap_err()
-            .contains("out of range for int32"));
-        assert!(integer(&n("1e19"), "int64")
-            .unwrap_err()
-            .contains("out of range"));
-        assert_eq!(integer(&n("-9223372036854775808"), "int64"), Ok(i64::MIN));
-    }
-
-    #[test]
-    fn deep_json_drops_iteratively() {
-        // 1,000,000 levels built by hand (serde would need a huge stack to parse it); dropping
-        // it through DeepJson must not recurse.
-        let mut v = Json::Null;
-        for _ in 0..1_000_000 {
-            v = Json::Array(vec![v]);
-        }
-        drop(DeepJson(v));
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(size_text(256 << 20), "256 MiB");
-        assert_eq!(size_text(4096), "4096 bytes");
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Request bodies
 
@@ -1289,5 +1239,55 @@ fn json_kind(v: &Json) -> &'static str {
         Json::String(_) => "a string",
         Json::Array(_) => "an array",
         Json::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_scan_ignores_strings_and_escapes() {
+        assert_eq!(nesting_depth("1", 10), 0);
+        assert_eq!(nesting_depth("[[{}]]", 10), 3);
+        assert_eq!(nesting_depth(r#"["[[[", {"a": "\"[["}]"#, 10), 2);
+        assert_eq!(nesting_depth(&"[".repeat(100), 10), 11);
+        // Unbalanced closers do not underflow.
+        assert_eq!(nesting_depth("]]][", 10), 1);
+    }
+
+    #[test]
+    fn integers() {
+        let n = |s: &str| serde_json::from_str::<serde_json::Number>(s).unwrap();
+        assert_eq!(integer(&n("-5"), "int64"), Ok(-5));
+        assert_eq!(integer(&n("3.0"), "int64"), Ok(3));
+        assert_eq!(integer(&n("1e3"), "int64"), Ok(1000));
+        assert!(integer(&n("2.5"), "int64")
+            .unwrap_err()
+            .contains("not an integer"));
+        assert!(integer(&n("18446744073709551615"), "int32")
+            .unwrap_err()
+            .contains("out of range for int32"));
+        assert!(integer(&n("1e19"), "int64")
+            .unwrap_err()
+            .contains("out of range"));
+        assert_eq!(integer(&n("-9223372036854775808"), "int64"), Ok(i64::MIN));
+    }
+
+    #[test]
+    fn deep_json_drops_iteratively() {
+        // 1,000,000 levels built by hand (serde would need a huge stack to parse it); dropping
+        // it through DeepJson must not recurse.
+        let mut v = Json::Null;
+        for _ in 0..1_000_000 {
+            v = Json::Array(vec![v]);
+        }
+        drop(DeepJson(v));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(size_text(256 << 20), "256 MiB");
+        assert_eq!(size_text(4096), "4096 bytes");
     }
 }

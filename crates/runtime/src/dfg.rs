@@ -667,11 +667,7 @@ impl<'p> Dfg<'p> {
         let mut stack = vec![v];
         while let Some(v) = stack.pop() {
             match v {
-                Value::Lazy(r) => {
-                    if !self.lazy_ready(*r) {
-                        return false;
-                    }
-                }
+                Value::Lazy(r) if !self.lazy_ready(*r) => return false,
                 Value::Tuple(t) => stack.extend(t.0.iter()),
                 Value::Adt(a) => stack.extend(a.fields.iter()),
                 _ => {}

@@ -100,7 +100,7 @@ impl Config {
             seed: 0,
             phases: false,
             max_body_bytes: 64 << 20,
-            cell_levels: (DEFAULT_CELL_LEVELS > 0).then_some(DEFAULT_CELL_LEVELS),
+            cell_levels: None,
         }
     }
 }
