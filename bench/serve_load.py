@@ -121,6 +121,70 @@ def fmt(x):
     return "—" if x is None else f"{x:.1f}"
 
 
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def report(rows, args, stem):
+    """Table (median over rounds per rate and policy) to stdout and STEM.md; plot to STEM.png."""
+    policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
+    rates = sorted({r["rate"] for r in rows})
+    points = []
+    for rate in rates:
+        for pol in policies:
+            rs = [r for r in rows if r["rate"] == rate and r["policy"] == pol]
+            if not rs:
+                continue
+            pt = {k: median([r[k] for r in rs]) for k in ("throughput", "p50", "p90", "p99", "mean_batch")}
+            pt.update(rate=rate, policy=pol, errors=sum(r["errors"] for r in rs), n=len(rs))
+            points.append(pt)
+    lines = ["| rate (req/s) | policy | throughput (req/s) | p50 (ms) | p90 (ms) | p99 (ms) | errors | mean batch | rounds |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in points:
+        lines.append(f"| {r['rate']:.0f} | {r['policy']} | {fmt(r['throughput'])} | {fmt(r['p50'])} | "
+                     f"{fmt(r['p90'])} | {fmt(r['p99'])} | {r['errors']} | {fmt(r['mean_batch'])} | {r['n']} |")
+    table = "\n".join(lines)
+    with open(stem + ".md", "w") as f:
+        f.write(table + "\n")
+    print(table)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not available: no plot", file=sys.stderr)
+        return
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for pol in policies:
+        pts = [r for r in points if r["policy"] == pol and r["p99"] is not None]
+        line, = ax.plot([r["throughput"] for r in pts], [r["p99"] for r in pts], "o-", label=f"{pol} p99")
+        ax.plot([r["throughput"] for r in pts], [r["p50"] for r in pts], "x--", alpha=0.5,
+                color=line.get_color(), label=f"{pol} p50")
+        for r in pts:
+            ax.annotate(f"{r['rate']:.0f}", (r["throughput"], r["p99"]), fontsize=7,
+                        textcoords="offset points", xytext=(3, 3))
+        bx.plot([r["rate"] for r in pts], [r["throughput"] for r in pts], "o-", label=pol)
+    ax.set_yscale("log")
+    ax.set_xlabel("throughput (requests/s, 1 tree each); labels: offered rate")
+    ax.set_ylabel("latency (ms)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    bx.plot(rates, rates, ":", color="grey", label="offered")
+    bx.set_xlabel("offered rate (requests/s)")
+    bx.set_ylabel("throughput (requests/s)")
+    bx.grid(True, alpha=0.3)
+    bx.legend(fontsize=7)
+    fig.suptitle(f"tumble serve, TreeLSTM-large, SST test trees, {args.get('threads')} threads "
+                 f"(median of {max(r['n'] for r in points)} round(s))")
+    fig.tight_layout()
+    fig.savefig(stem + ".png", dpi=120)
+    print(f"wrote {stem}.png")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="50,100,200,300,400,500,600")
@@ -133,8 +197,17 @@ def main():
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--soak", type=int, default=0, help="requests of the soak run (0: none)")
     p.add_argument("--soak-rate", type=float, default=400)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="sweeps over the rates; the table shows each point's median over rounds")
     p.add_argument("--out", default=None, help="results stem (default bench/results/serve_load-DATE)")
+    p.add_argument("--replot", default=None, metavar="JSON",
+                   help="only redo the table and plot of an earlier run's JSON")
     a = p.parse_args()
+    if a.replot:
+        with open(a.replot) as f:
+            saved = json.load(f)
+        report(saved["rows"], saved["args"], a.replot[:-len(".json")])
+        return
 
     tumble, gen = build()
     path = trees(tumble)
@@ -146,7 +219,8 @@ def main():
         for s in servers.values():
             load(gen, s, path, 50, 2, 99)  # warm-up: packed weights, allocator, caches
             s.idle()
-        for k, rate in enumerate(rates):
+        sweep = [(rnd, rate) for rnd in range(a.rounds) for rate in rates]
+        for k, (rnd, rate) in enumerate(sweep):
             order = policies[k % len(policies):] + policies[:k % len(policies)]
             for pol in order:
                 s = servers[pol]
@@ -156,7 +230,7 @@ def main():
                 after = s.metrics()
                 steps = after.get("tumble_steps_total", 0) - before.get("tumble_steps_total", 0)
                 inst = after.get("tumble_batch_size_sum", 0) - before.get("tumble_batch_size_sum", 0)
-                r.update(policy=pol, mean_batch=(inst / steps if steps else None))
+                r.update(policy=pol, round=rnd, mean_batch=(inst / steps if steps else None))
                 rows.append(r)
                 print(f"{pol:>10} rate {rate:6.0f}: thr {r['throughput']:7.1f}/s  "
                       f"p50 {fmt(r['p50'])}  p90 {fmt(r['p90'])}  p99 {fmt(r['p99'])} ms  "
@@ -184,37 +258,7 @@ def main():
     with open(stem + ".json", "w") as f:
         json.dump(dict(args=vars(a), rows=rows, soak=soak, cpu=os.cpu_count()), f, indent=1)
 
-    lines = ["| rate (req/s) | policy | throughput (req/s) | p50 (ms) | p90 (ms) | p99 (ms) | errors | mean batch |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(rows, key=lambda r: (r["rate"], POLICIES.index(r["policy"]))):
-        lines.append(f"| {r['rate']:.0f} | {r['policy']} | {r['throughput']:.1f} | {fmt(r['p50'])} | "
-                     f"{fmt(r['p90'])} | {fmt(r['p99'])} | {r['errors']} | {fmt(r['mean_batch'])} |")
-    table = "\n".join(lines)
-    with open(stem + ".md", "w") as f:
-        f.write(table + "\n")
-    print(table)
-
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for pol in policies:
-            pts = [r for r in rows if r["policy"] == pol and r["p99"] is not None]
-            ax.plot([r["throughput"] for r in pts], [r["p99"] for r in pts], "o-", label=f"{pol} p99")
-            ax.plot([r["throughput"] for r in pts], [r["p50"] for r in pts], "x--", alpha=0.5,
-                    label=f"{pol} p50")
-        ax.set_yscale("log")
-        ax.set_xlabel("throughput (requests/s, 1 tree each)")
-        ax.set_ylabel("latency (ms)")
-        ax.set_title(f"tumble serve, TreeLSTM-large, SST test trees, {a.threads} threads")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(stem + ".png", dpi=120)
-        print(f"wrote {stem}.png")
-    except ImportError:
-        print("matplotlib not available: no plot", file=sys.stderr)
+    report(rows, vars(a), stem)
 
 
 if __name__ == "__main__":
