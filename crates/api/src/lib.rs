@@ -443,7 +443,7 @@ impl Model {
 
     /// The program planned for runs with `runtime` (threads aside): the one kept from the last
     /// run when its switches are the same, else planned now and kept.
-    fn executable_for(&self, runtime: &Options) -> Arc<Executable> {
+    pub(crate) fn executable_for(&self, runtime: &Options) -> Arc<Executable> {
         let key = Options {
             threads: 1,
             ..*runtime
@@ -579,6 +579,11 @@ impl Model {
             || format!("instance {i}"),
             |it| format!("instance at {}", it.location),
         );
+        self.located_run_error(location, i, e)
+    }
+
+    /// [`Model::run_error`] for an instance named by `location` (`instance at index 3`).
+    fn located_run_error(&self, location: String, i: usize, e: RunError) -> Error {
         let message = format!("{location}: {}", e.message);
         let message = match e.span {
             Some(span) => {
@@ -657,6 +662,9 @@ pub fn instances_from_json(source_name: &str, items: Vec<serde_json::Value>) -> 
             .collect(),
     }
 }
+
+mod session;
+pub use session::{Session, Ticket};
 
 #[cfg(test)]
 mod tests;

@@ -27,6 +27,7 @@ mod compiled;
 mod explain;
 mod files;
 mod run;
+mod serve;
 
 #[derive(Parser)]
 #[command(
@@ -83,6 +84,8 @@ enum Command {
     /// Compile a model (and optionally its weights) into a `.tumble` file that `tumble run` starts
     /// from without parsing, type checking or compiling.
     Compile(compiled::CompileArgs),
+    /// Serve a model over HTTP (TF-Serving / KServe v1 REST) with continuous batching.
+    Serve(serve::ServeArgs),
     /// Show the static blocks the compiler found and its parameter-reuse decisions.
     Explain(explain::ExplainArgs),
     /// Make instance files: SST trees and sentences, generated inputs for the zoo models.
@@ -136,7 +139,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    watch_interrupts();
+    // A server drains on Ctrl-C instead of stopping its runs at the next safe point.
+    if !matches!(cli.command, Command::Serve(_)) {
+        watch_interrupts();
+    }
     let color = match cli.color {
         Color::Always => true,
         Color::Never => false,
@@ -155,6 +161,7 @@ fn main() -> ExitCode {
             } => commands::check(&files, quiet, !no_prelude, color),
             Command::Fmt { file, check } => commands::fmt(&file, check, color),
             Command::Run(args) => run::run(&args, color),
+            Command::Serve(args) => serve::serve(&args),
             Command::Explain(args) => explain::explain(&args, color),
             Command::Compile(args) => compiled::compile(&args, color),
             Command::Data(args) => match tumble_data::cli::run(&args) {

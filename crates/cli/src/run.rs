@@ -521,7 +521,9 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             tumble_tensor::pool::set_enabled(!args.no_buffer_pool);
             // Planned once for every repeat: the warm runs reuse plans, compiled row programs
             // and packed weights, as a long-lived process would.
-            let exec = tumble_runtime::Executable::with_plans(&program, &reuse, plans, &opts);
+            let exec = std::sync::Arc::new(tumble_runtime::Executable::with_plans(
+                &program, &reuse, plans, &opts,
+            ));
             let job = tumble_runtime::Job {
                 program: &program,
                 reuse: &reuse,

@@ -1164,6 +1164,84 @@ fn integer(n: &serde_json::Number, dtype: &str) -> Result<i64, String> {
     Ok(x as i64)
 }
 
+// ---------------------------------------------------------------------------------------------
+// Request bodies
+
+/// Instances from a request body `{"<key>": [instance, ...]}` (the TF-Serving / KServe v1
+/// `{"instances": [...]}`), located by their index in the array. Same limits and stack use as
+/// [`read_instances`]: at most [`MAX_DEPTH`] levels of nesting, parsed with native recursion, so
+/// call it from a thread with a large stack.
+pub fn read_request_instances(
+    body: &[u8],
+    key: &str,
+    source_name: &str,
+) -> Result<RawInstances, IoError> {
+    let err = |message: String| IoError::Instances {
+        source_name: source_name.to_string(),
+        message,
+    };
+    let text = std::str::from_utf8(body).map_err(|e| {
+        err(format!(
+            "the body is not valid UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        ))
+    })?;
+    if nesting_depth(text, MAX_DEPTH + 2) > MAX_DEPTH + 2 {
+        return Err(err(depth_error("the body")));
+    }
+    let json = parse_json(text).map_err(|e| {
+        err(format!(
+            "line {}, column {}: not valid JSON: {}",
+            e.line(),
+            e.column(),
+            json_message(&e)
+        ))
+    })?;
+    let mut json = DeepJson(json);
+    let found = match &mut json.0 {
+        Json::Object(m) => m.remove(key),
+        _ => {
+            return Err(err(format!(
+                "expected a JSON object with the key `{key}` (an array of instances)"
+            )))
+        }
+    };
+    let items = match found {
+        Some(Json::Array(items)) => items,
+        Some(other) => {
+            let kind = json_kind(&other);
+            drop_json(other);
+            return Err(err(format!(
+                "`{key}` must be an array of instances, found {kind}"
+            )));
+        }
+        None => return Err(err(format!("the object has no `{key}` array"))),
+    };
+    Ok(RawInstances {
+        source_name: source_name.to_string(),
+        items: items
+            .into_iter()
+            .enumerate()
+            .map(|(i, j)| RawInstance {
+                location: Location::Index(i),
+                json: DeepJson(j),
+                attached: Vec::new(),
+            })
+            .collect(),
+    })
+}
+
+fn json_kind(v: &Json) -> &'static str {
+    match v {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "an array",
+        Json::Object(_) => "an object",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

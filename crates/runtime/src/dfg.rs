@@ -12,6 +12,8 @@ use tumble_ops::{OpCtx, OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
 
 use crate::batched::{run_block, RowRefs, BV};
+use std::sync::Arc;
+
 use crate::executable::Executable;
 use crate::intern::Interner;
 use crate::profile::Profile;
@@ -76,7 +78,7 @@ pub struct Dfg<'p> {
     /// Draws for operators run inside launches (none are random: those run on the host).
     launch_rng: Rng,
     /// What the job computed once for the program: per-block facts and kernel plans.
-    exec: &'p Executable,
+    exec: Arc<Executable>,
     /// The instance whose invocation made the last failed launch fail (see [`Dfg::launch`]).
     pub failed_instance: Option<u32>,
     /// Threads lent by workers that have finished (a share is added to `opts.threads` at each
@@ -164,7 +166,7 @@ impl<'p> Dfg<'p> {
     pub fn new(
         program: &'p Program,
         reuse: &'p Reuse,
-        exec: &'p Executable,
+        exec: Arc<Executable>,
         opts: Options,
     ) -> Self {
         Dfg {
@@ -471,6 +473,12 @@ impl<'p> Dfg<'p> {
         !self.pending.is_empty()
     }
 
+    /// Nodes recorded so far, run or not: what a long-lived [`crate::session::BatchSession`]
+    /// bounds, since nodes (and their outputs) are only freed with the whole graph.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
     /// Evaluates every pending node, in batched launches chosen by the scheduler.
     pub fn flush(&mut self) -> Result<(), RunError> {
         if self.pending.is_empty() {
@@ -480,13 +488,52 @@ impl<'p> Dfg<'p> {
         let pending = std::mem::take(&mut self.pending);
         match self.opts.scheduler {
             Scheduler::Agenda => self.flush_agenda(pending),
-            _ => self.flush_by_depth(pending),
+            _ => self.flush_by_depth(pending, usize::MAX),
         }
+    }
+
+    /// [`Dfg::flush`] that stops once `levels` depth levels have launched, leaving the deeper
+    /// nodes pending (the inline and dataflow-depth schedulers; the agenda flushes everything).
+    /// A continuous-batching session flushes this way so that instances arriving meanwhile join
+    /// the level the running ones have reached instead of waiting for their whole trees.
+    pub fn flush_levels(&mut self, levels: usize) -> Result<(), RunError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.profile.flushes += 1;
+        let pending = std::mem::take(&mut self.pending);
+        match self.opts.scheduler {
+            Scheduler::Agenda => self.flush_agenda(pending),
+            _ => self.flush_by_depth(pending, levels.max(1)),
+        }
+    }
+
+    /// The shallowest depth among the nodes not yet run (`None` when none is pending).
+    pub fn frontier_depth(&self) -> Option<u32> {
+        self.pending
+            .iter()
+            .filter_map(|&id| self.nodes.get(id as usize).map(|n| n.depth))
+            .min()
+    }
+
+    /// Whether every lazy tensor inside `v` has been computed (iterative: results can be long
+    /// lists).
+    pub fn is_computed(&self, v: &Value) -> bool {
+        let mut stack = vec![v];
+        while let Some(v) = stack.pop() {
+            match v {
+                Value::Lazy(r) if !self.lazy_ready(*r) => return false,
+                Value::Tuple(t) => stack.extend(t.0.iter()),
+                Value::Adt(a) => stack.extend(a.fields.iter()),
+                _ => {}
+            }
+        }
+        true
     }
 
     /// Inline-depth and dataflow-depth scheduling: all nodes of one (depth, block, shapes) launch
     /// together, depths in increasing order.
-    fn flush_by_depth(&mut self, pending: Vec<u32>) -> Result<(), RunError> {
+    fn flush_by_depth(&mut self, pending: Vec<u32>, max_levels: usize) -> Result<(), RunError> {
         let t0 = Instant::now();
         let mut levels: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for id in pending {
@@ -519,7 +566,15 @@ impl<'p> Dfg<'p> {
         // (NestedRNN's chains behind deferred launches made that quadratic).
         let mut waiting_on: HashMap<u32, Vec<u32>> = HashMap::new();
         self.profile.time_schedule += t0.elapsed();
+        let mut launched_levels = 0;
         while let Some((depth, ids)) = levels.pop_first() {
+            if launched_levels == max_levels {
+                // Out of levels: everything not launched stays pending for the next flush.
+                self.pending.extend(ids);
+                self.pending.extend(levels.into_values().flatten());
+                self.pending.extend(waiting_on.into_values().flatten());
+                return Ok(());
+            }
             let t0 = Instant::now();
             let mut groups: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
             let mut later = Vec::new();
@@ -588,6 +643,9 @@ impl<'p> Dfg<'p> {
                 return Err(RunError::new("internal: dataflow graph has a cycle"));
             }
             self.profile.time_schedule += t0.elapsed();
+            if !groups.is_empty() {
+                launched_levels += 1;
+            }
             for ((block, _), ids) in groups {
                 self.launch(block, &ids)?;
                 for id in ids {

@@ -16,6 +16,7 @@ mod gemm;
 mod intern;
 pub mod profile;
 pub mod reuse;
+pub mod session;
 mod simd;
 pub mod workers;
 
@@ -178,7 +179,7 @@ pub fn run_batch(
     rngs: Vec<Rng>,
     opts: Options,
 ) -> Result<(Vec<Value>, Profile), InstanceError> {
-    let exec = Executable::new(program, reuse, &opts);
+    let exec = std::sync::Arc::new(Executable::new(program, reuse, &opts));
     run_batch_lent(program, reuse, &exec, entry, args, rngs, opts, None)
 }
 
@@ -189,7 +190,7 @@ pub fn run_batch(
 pub(crate) fn run_batch_lent(
     program: &Program,
     reuse: &Reuse,
-    exec: &Executable,
+    exec: &std::sync::Arc<Executable>,
     entry: &str,
     args: Vec<Vec<Value>>,
     rngs: Vec<Rng>,
@@ -206,7 +207,7 @@ pub(crate) fn run_batch_lent(
         })?;
     let pool_hits = tumble_tensor::pool::hits();
     let _weights = gemm::WeightCache::enter(&exec.weights);
-    let mut dfg = dfg::Dfg::new(program, reuse, exec, opts);
+    let mut dfg = dfg::Dfg::new(program, reuse, exec.clone(), opts);
     dfg.lend_threads(lent);
     let n = args.len();
     let mut machines: Vec<Machine> = Vec::with_capacity(n);
@@ -305,7 +306,7 @@ pub(crate) fn run_batch_lent(
 
 /// Replaces every lazy tensor inside `v` by its computed value. Iterative (results can be lists of
 /// 100,000 elements), rebuilding only what contains lazy values.
-fn materialize(v: Value, dfg: &dfg::Dfg) -> Result<Value, RunError> {
+pub(crate) fn materialize(v: Value, dfg: &dfg::Dfg) -> Result<Value, RunError> {
     use std::rc::Rc;
     use tumble_interp::{AdtValue, TupleValue};
     enum Job {

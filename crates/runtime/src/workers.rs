@@ -17,7 +17,7 @@
 //! itself (`load`) and turns results into something it can hand back (`finish`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tumble_compile::Program;
@@ -41,7 +41,7 @@ pub struct Job<'a> {
     /// The program planned for these options ([`Executable::new`]); `None`: planned once for
     /// this job. Give one to share plans, compiled row programs and packed weights across jobs
     /// of the same program (`tumble run --repeat`, a loaded model).
-    pub exec: Option<&'a Executable>,
+    pub exec: Option<&'a Arc<Executable>>,
     /// Stack of each worker thread besides the calling one, which is a worker too: give it the
     /// caller's, so that `load`, `finish` and the run recurse as deep on every worker.
     pub worker_stack: usize,
@@ -135,7 +135,7 @@ where
     let exec = match job.exec {
         Some(e) => e,
         None => {
-            planned = Executable::new(job.program, job.reuse, &job.opts);
+            planned = Arc::new(Executable::new(job.program, job.reuse, &job.opts));
             &planned
         }
     };

@@ -1,0 +1,326 @@
+//! Continuous-batching sessions ([`Model::session`]): instances that join a running batch at
+//! different steps give what [`Model::run`] gives, and one failing instance fails no other.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde_json::json;
+use tumble_api::{
+    instances_from_json, with_big_stack, LoadOptions, Model, OutTree, Params, RawInstances,
+    RunOptions, Session, Source, Ticket,
+};
+use tumble_tensor::Tensor;
+
+fn repo() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// Doubles `x` through a dense layer until its sum passes 100: an `if` on a computed tensor, so
+/// instances block at every step and finish after as many steps as their start value needs
+/// (x = [1, 1]: 6 steps; [60, 60]: 1). Width `?`: an instance of width 3 fails at run time.
+const GROW: &str = r#"
+def @grow(%x: Tensor[(1, ?), float32], %w: Tensor[(2, 2), float32]) -> Tensor[(1, 2), float32] {
+  let %y = nn.dense(%x, %w);
+  if (less(sum(%y), 100f)) { @grow(%y, %w) } else { %y }
+}
+def @main(%x: Tensor[(1, ?), float32], %w: Tensor[(2, 2), float32]) -> Tensor[(1, 2), float32] {
+  @grow(%x, %w)
+}
+"#;
+
+fn grow_model() -> Model {
+    let w = Tensor::from_vec(vec![2, 2], vec![2.0f32, 0.0, 0.0, 2.0]).unwrap();
+    let params = Params {
+        tensors: [("w".to_string(), w)].into_iter().collect(),
+        ..Params::default()
+    };
+    Model::load(
+        Source::Text {
+            name: "grow.rly",
+            text: GROW,
+        },
+        &params,
+        &LoadOptions::default(),
+    )
+    .unwrap()
+}
+
+fn opts() -> RunOptions {
+    RunOptions {
+        threads: Some(1),
+        ..RunOptions::default()
+    }
+}
+
+fn f32s(t: &OutTree) -> Vec<f32> {
+    match t {
+        OutTree::Tensor(t) => t.as_slice::<f32>().unwrap().to_vec(),
+        other => panic!("not a tensor: {other:?}"),
+    }
+}
+
+/// Parses a result line of the session into its numbers.
+fn numbers(json: &str) -> Vec<f32> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<f32>) {
+        match v {
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            serde_json::Value::Number(n) => out.push(n.as_f64().unwrap() as f32),
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let mut out = Vec::new();
+    walk(&serde_json::from_str(json).unwrap(), &mut out);
+    out
+}
+
+/// Admits instance i of `instances` at step `arrive[i]`, steps until all are answered, and
+/// returns each result and the most instances left in flight after a step.
+fn run_staggered(
+    session: &mut Session<'_>,
+    instances: &RawInstances,
+    arrive: &[usize],
+) -> (Vec<Result<String, tumble_api::Error>>, usize) {
+    let n = instances.len();
+    let mut tickets: BTreeMap<Ticket, usize> = BTreeMap::new();
+    let mut results: Vec<Option<Result<String, tumble_api::Error>>> =
+        (0..n).map(|_| None).collect();
+    let mut most = 0;
+    for step in 0..1000 {
+        for (i, _) in arrive.iter().enumerate().filter(|(_, &a)| a == step) {
+            match session.admit(instances, i) {
+                Ok(t) => {
+                    tickets.insert(t, i);
+                }
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        for (t, r) in session.step() {
+            let i = tickets.remove(&t).expect("a ticket answered once");
+            assert!(results[i].is_none());
+            results[i] = Some(r);
+        }
+        most = most.max(session.in_flight());
+        if results.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    assert!(session.is_idle());
+    (
+        results.into_iter().map(|r| r.expect("answered")).collect(),
+        most,
+    )
+}
+
+#[test]
+fn instances_joining_a_running_batch_get_what_run_gives() {
+    let m = grow_model();
+    let xs = [1.0f32, 60.0, 3.0, 0.5, 25.0, 2.0, 7.0, 1.5];
+    let items: Vec<_> = xs.iter().map(|&x| json!({ "x": [[x, x]] })).collect();
+    let instances = instances_from_json("test", items.clone());
+    let (want, _) = m.run(&instances, &opts()).unwrap();
+    with_big_stack(|| {
+        for (phases, levels) in [
+            (false, None),
+            (true, None),
+            (false, Some(1)),
+            (true, Some(2)),
+        ] {
+            let mut o = opts();
+            o.runtime.phases = phases;
+            let mut s = m.session(&o).unwrap();
+            s.set_levels_per_step(levels);
+            // Arrivals at steps 0, 0, 1, 2, 2, 3, 5, 9: later ones join machines blocked mid-way.
+            let (got, most) = run_staggered(&mut s, &instances, &[0, 0, 1, 2, 2, 3, 5, 9]);
+            assert!(most >= 3, "instances overlapped in the batch ({most})");
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(numbers(g.as_ref().unwrap()), f32s(w));
+            }
+            assert!(s.stats().steps > 6);
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_failing_instance_fails_no_other() {
+    let m = grow_model();
+    // Instance 2 has width 3: `nn.dense` with a 2×2 weight fails on it at run time.
+    let items = vec![
+        json!({ "x": [[1.0, 1.0]] }),
+        json!({ "x": [[5.0, 5.0]] }),
+        json!({ "x": [[1.0, 1.0, 1.0]] }),
+        json!({ "x": [[2.0, 2.0]] }),
+    ];
+    let instances = instances_from_json("test", items.clone());
+    let good = instances_from_json(
+        "test",
+        items
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 2)
+            .map(|(_, j)| j.clone())
+            .collect(),
+    );
+    let (want, _) = m.run(&good, &opts()).unwrap();
+    let whole = m.run(&instances, &opts()).unwrap_err();
+    with_big_stack(|| {
+        let mut s = m.session(&opts()).unwrap();
+        let (got, _) = run_staggered(&mut s, &instances, &[0, 0, 1, 1]);
+        let e = got[2].as_ref().unwrap_err();
+        assert_eq!(e.instance(), Some(2));
+        assert_eq!(e.message(), whole.message(), "located like Model::run's");
+        let ok: Vec<_> = got.iter().enumerate().filter(|(i, _)| *i != 2).collect();
+        for ((_, g), w) in ok.iter().zip(&want) {
+            assert_eq!(numbers(g.as_ref().unwrap()), f32s(w));
+        }
+    })
+    .unwrap();
+}
+
+/// Integer division in a block: an instance with a zero divisor fails inside a batched launch.
+const DIV: &str = r#"
+def @main(%x: Tensor[(1, 2), float32], %d: Tensor[(1, 2), int32], %w: Tensor[(2, 2), float32])
+    -> Tensor[(1, 2), int32] {
+  let %y = nn.dense(%x, %w);
+  divide(cast(%y, dtype="int32"), %d)
+}
+"#;
+
+#[test]
+fn an_instance_failing_in_a_launch_fails_no_other() {
+    let w = Tensor::from_vec(vec![2, 2], vec![2.0f32, 0.0, 0.0, 2.0]).unwrap();
+    let params = Params {
+        tensors: [("w".to_string(), w)].into_iter().collect(),
+        ..Params::default()
+    };
+    let src = Source::Text {
+        name: "div.rly",
+        text: DIV,
+    };
+    let m = Model::load(src, &params, &LoadOptions::default()).unwrap();
+    let item = |x: f32, d: i32| json!({ "x": [[x, x]], "d": [[d, d]] });
+    let items = vec![item(1.0, 1), item(3.0, 2), item(5.0, 0), item(7.0, 3)];
+    let instances = instances_from_json("test", items.clone());
+    let whole = m.run(&instances, &opts()).unwrap_err();
+    assert_eq!(whole.instance(), Some(2));
+    with_big_stack(|| {
+        let mut s = m.session(&opts()).unwrap();
+        let (got, _) = run_staggered(&mut s, &instances, &[0, 0, 0, 0]);
+        assert_eq!(
+            s.stats().restarts,
+            1,
+            "the launch failed and the others restarted"
+        );
+        assert_eq!(got[2].as_ref().unwrap_err().message(), whole.message());
+        let want = ["[[2,2]]", "[[3,3]]", "", "[[4,4]]"];
+        for i in [0, 1, 3] {
+            assert_eq!(got[i].as_ref().unwrap(), want[i]);
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn undecodable_instances_are_refused_at_admission() {
+    let m = grow_model();
+    let instances = instances_from_json(
+        "req",
+        vec![json!({ "x": [[1.0, 1.0]] }), json!({ "x": "no" })],
+    );
+    with_big_stack(|| {
+        let mut s = m.session(&opts()).unwrap();
+        let e = s.admit(&instances, 1).unwrap_err();
+        assert_eq!(e.instance(), Some(1));
+        assert!(
+            e.message().contains("instance at index 1: .x"),
+            "{}",
+            e.message()
+        );
+        assert!(s.is_idle());
+    })
+    .unwrap();
+}
+
+#[test]
+fn cancelled_instances_are_never_answered() {
+    let m = grow_model();
+    let items = vec![json!({ "x": [[1.0, 1.0]] }), json!({ "x": [[0.5, 0.5]] })];
+    let instances = instances_from_json("test", items);
+    with_big_stack(|| {
+        let mut s = m.session(&opts()).unwrap();
+        let a = s.admit(&instances, 0).unwrap();
+        let b = s.admit(&instances, 1).unwrap();
+        s.step();
+        assert!(s.cancel(b));
+        assert!(!s.cancel(b));
+        let mut answered = Vec::new();
+        while !s.is_idle() {
+            answered.extend(s.step().into_iter().map(|(t, _)| t));
+        }
+        assert_eq!(answered, vec![a]);
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_bounded_graph_drains_and_starts_afresh() {
+    let m = grow_model();
+    let xs = [1.0f32, 60.0, 3.0, 0.5];
+    let items: Vec<_> = xs.iter().map(|&x| json!({ "x": [[x, x]] })).collect();
+    let instances = instances_from_json("test", items);
+    let (want, _) = m.run(&instances, &opts()).unwrap();
+    with_big_stack(|| {
+        let mut s = m.session(&opts()).unwrap();
+        s.set_max_nodes(1);
+        // Instance 0 needs 6 steps; 1 arrives at its second and waits for it to drain.
+        let a = s.admit(&instances, 0).unwrap();
+        assert!(s.step().is_empty());
+        let b = s.admit(&instances, 1).unwrap();
+        for _ in 0..3 {
+            assert!(s.step().is_empty());
+            assert_eq!((s.in_flight(), s.queued()), (1, 1));
+        }
+        let mut got = BTreeMap::new();
+        while !s.is_idle() {
+            got.extend(s.step());
+        }
+        for (t, w) in [a, b].iter().zip(&want) {
+            assert_eq!(numbers(got[t].as_ref().unwrap()), f32s(w));
+        }
+        assert_eq!(s.stats().graphs, 2, "{:?}", s.stats());
+    })
+    .unwrap();
+}
+
+#[test]
+fn treelstm_session_matches_run_on_the_bundled_trees() {
+    let params = Params {
+        random_seed: Some(0),
+        ..Params::default()
+    };
+    let m = Model::load(
+        Source::File(&repo().join("models/treelstm_small.rly")),
+        &params,
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let instances =
+        tumble_io::read_instances_file(&repo().join("examples/treelstm.jsonl")).unwrap();
+    let (want, _) = m.run(&instances, &opts()).unwrap();
+    with_big_stack(|| {
+        for levels in [None, Some(1), Some(3)] {
+            let mut s = m.session(&opts()).unwrap();
+            s.set_levels_per_step(levels);
+            let arrive: Vec<usize> = (0..instances.len()).map(|i| i / 3).collect();
+            let (got, most) = run_staggered(&mut s, &instances, &arrive);
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(numbers(g.as_ref().unwrap()), f32s(w));
+            }
+            if levels.is_some() {
+                // Trees take several steps, so later arrivals join unfinished ones.
+                assert!(most >= 2, "{levels:?}: {most}");
+            }
+        }
+    })
+    .unwrap();
+}

@@ -1,0 +1,164 @@
+//! `tumble serve`: load a model once and serve it over HTTP (see `tumble-serve`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tumble_api::{LoadOptions, Model, Params, Source};
+use tumble_serve::{Config, Policy};
+
+#[derive(clap::Args)]
+#[command(after_help = "\
+Endpoints (TF-Serving / KServe v1 REST):
+  POST /v1/models/NAME:predict   {\"instances\": [...]} -> {\"predictions\": [...]}, one per
+                                 instance, in order, in `tumble run`'s JSON encoding
+  GET  /v1/models/NAME           status and signature (inputs, output type, parameters)
+  GET  /healthz, /readyz         liveness; readiness (503 while shutting down)
+  GET  /metrics                  Prometheus text: requests by status, latency and batch-size
+                                 histograms, queue depth, launches
+
+Errors: 400 bad JSON or an instance that does not decode (the message names the instance and
+the place in it), 422 an instance that fails at run time, 413 a request larger than
+--max-queue, 503 queue full or shutting down, 504 past --timeout-ms. SIGTERM or Ctrl-C stops
+accepting connections, answers the requests already accepted, and exits 0.
+
+Example:
+  tumble serve models/treelstm_small.rly --random-params 0 --port 8080
+  curl -s localhost:8080/v1/models/treelstm_small:predict \\
+       -d '{\"instances\": [{\"tree\": {\"Rose\": [[0], []]}}]}'")]
+pub struct ServeArgs {
+    /// The model, in the Relay text format.
+    pub model: PathBuf,
+    /// Weights: a safetensors file, a `.npy` file or a directory of `.npy` files.
+    #[arg(long)]
+    pub params: Option<PathBuf>,
+    /// Fill parameters missing from `--params` with seeded random values.
+    #[arg(long, value_name = "SEED")]
+    pub random_params: Option<u64>,
+    /// Port to listen on (0: any free port; the chosen one is printed).
+    #[arg(long)]
+    pub port: u16,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// The NAME in /v1/models/NAME; default: the model file's stem.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Kernel threads of the batch; default `$TUMBLE_NUM_THREADS`, else every core.
+    #[arg(long, value_parser = at_least_one)]
+    pub threads: Option<usize>,
+    /// Most instances in one batch.
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
+    pub max_batch: usize,
+    /// Most instances accepted and not yet answered (waiting or running); past it, 503.
+    #[arg(long, default_value_t = 1024, value_parser = at_least_one)]
+    pub max_queue: usize,
+    /// continuous: instances join the running batch at its next flush and leave it when done;
+    /// static: wait up to --max-wait-ms for --max-batch instances, run them to completion;
+    /// single: one instance at a time.
+    #[arg(long, value_enum, default_value_t = PolicyArg::Continuous)]
+    pub policy: PolicyArg,
+    /// static: how long the first waiting instance waits for the batch to fill.
+    #[arg(long, default_value_t = 10, value_name = "T")]
+    pub max_wait_ms: u64,
+    /// Per request: past this, 504 and its instances are dropped.
+    #[arg(long, default_value_t = 30_000, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_ms: u64,
+    /// Seed of `random.db_uniform` (instance i of a request draws like instance i of
+    /// `tumble run --seed S`).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Hold instances at `db.phase_change()` for one step so the next phase batches with others
+    /// (off: an instance runs through its phases and leaves at the first flush it can).
+    #[arg(long)]
+    pub phases: bool,
+    /// continuous: depth levels (cells) launched between two admissions; 0: run every pending
+    /// node before admitting again.
+    #[arg(long, default_value_t = tumble_serve::DEFAULT_CELL_LEVELS, value_name = "N")]
+    pub cell_levels: usize,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = 64 << 20, value_name = "BYTES")]
+    pub max_body: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum PolicyArg {
+    Continuous,
+    Static,
+    Single,
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}` is not a count of at least 1")),
+    }
+}
+
+pub fn serve(args: &ServeArgs) -> ExitCode {
+    let params = Params {
+        file: args.params.clone(),
+        random_seed: args.random_params,
+        ..Params::default()
+    };
+    let model = match Model::load(Source::File(&args.model), &params, &LoadOptions::default()) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for w in model.warnings() {
+        eprintln!("{}", w.trim_end());
+    }
+    let name = args.name.clone().unwrap_or_else(|| {
+        args.model
+            .file_stem()
+            .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+    });
+    let threads = match args.threads {
+        Some(t) => t,
+        None => match std::env::var("TUMBLE_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+        {
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, usize::from),
+        },
+    };
+    let config = Config {
+        host: args.host.clone(),
+        port: args.port,
+        threads,
+        max_batch: args.max_batch,
+        max_queue: args.max_queue,
+        policy: match args.policy {
+            PolicyArg::Continuous => Policy::Continuous,
+            PolicyArg::Static => Policy::Static,
+            PolicyArg::Single => Policy::Single,
+        },
+        max_wait: Duration::from_millis(args.max_wait_ms),
+        timeout: Duration::from_millis(args.timeout_ms),
+        seed: args.seed,
+        phases: args.phases,
+        max_body_bytes: args.max_body,
+        cell_levels: (args.cell_levels > 0).then_some(args.cell_levels),
+        ..Config::new(name.clone())
+    };
+    let policy = config.policy.name();
+    let result = tumble_serve::serve_until_signal(Arc::new(model), config, |addr| {
+        eprintln!("tumble serve: {name} ({policy}) listening on http://{addr}/v1/models/{name}");
+    });
+    match result {
+        Ok(()) => {
+            eprintln!("tumble serve: stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! `tumble serve` as a process: its predictions are byte for byte `tumble run`'s lines under
+//! every policy, and SIGTERM / SIGINT drain it to exit status 0.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+fn model() -> String {
+    root()
+        .join("models/treelstm_small.rly")
+        .display()
+        .to_string()
+}
+
+fn trees() -> String {
+    root().join("examples/treelstm.jsonl").display().to_string()
+}
+
+/// Starts `tumble serve` on a free port; returns the child and its address.
+fn serve(extra: &[&str]) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args([
+            "serve",
+            &model(),
+            "--random-params",
+            "0",
+            "--port",
+            "0",
+            "--threads",
+            "1",
+        ])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("tumble serve printed its address")
+            .unwrap();
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest.split('/').next().unwrap().to_string();
+        }
+    };
+    // Keep reading stderr so the child never blocks on a full pipe; the last line is checked.
+    std::thread::spawn(move || {
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let _ = std::fs::write(
+            std::env::temp_dir().join(format!("tumble-serve-{}.err", std::process::id())),
+            rest.join("\n"),
+        );
+    });
+    (child, addr)
+}
+
+fn post(addr: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST /v1/models/treelstm_small:predict HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (
+        head.split(' ').nth(1).unwrap().parse().unwrap(),
+        body.to_string(),
+    )
+}
+
+/// Sends `signal` and waits (at most 30 s) for the exit status.
+fn stop(mut child: Child, signal: &str) -> Option<i32> {
+    let ok = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let t = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("tumble serve did not stop on SIG{signal}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn predictions_are_tumble_runs_lines_and_signals_drain_to_status_0() {
+    let run = Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args([
+            "run",
+            &model(),
+            "--inputs",
+            &trees(),
+            "--random-params",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(run.status.success());
+    let lines: Vec<String> = String::from_utf8(run.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    let want = format!("{{\"predictions\":[{}]}}", lines.join(","));
+    let instances = std::fs::read_to_string(trees()).unwrap();
+    let body = format!(
+        "{{\"instances\": [{}]}}",
+        instances.lines().collect::<Vec<_>>().join(",")
+    );
+    for (policy, signal) in [
+        ("continuous", "TERM"),
+        ("static", "INT"),
+        ("single", "TERM"),
+    ] {
+        let (child, addr) = serve(&["--policy", policy, "--max-batch", "3"]);
+        assert_eq!(post(&addr, &body), (200, want.clone()), "{policy}");
+        assert_eq!(stop(child, signal), Some(0), "{policy}: SIG{signal}");
+    }
+}
+
+#[test]
+fn a_model_that_does_not_load_is_an_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args([
+            "serve",
+            &model(),
+            "--port",
+            "0",
+            "--params",
+            "/nonexistent/w.safetensors",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("error:") && err.contains("/nonexistent/w.safetensors"),
+        "{err}"
+    );
+}

@@ -1,0 +1,363 @@
+//! Continuous (cellular) batching: a long-lived mini-batch that instances join and leave between
+//! flushes (BatchMaker, Gao et al., EuroSys 2018).
+//!
+//! [`crate::run_batch`] starts every machine at once and returns when the last one is done; a
+//! server using it makes every request wait for the slowest instance of its batch. A
+//! [`BatchSession`] keeps the machines and their dataflow graph between calls instead: each
+//! [`BatchSession::step`] runs the machines in flight to their next suspension, flushes the graph
+//! once, and hands back the instances that finished, results materialized. Instances admitted in
+//! the meantime join at the next step, so a flush is the "cell" boundary of cellular batching.
+//!
+//! - **Cells.** By default a step flushes every pending node, so an instance that never waits
+//!   on a value (TreeLSTM: the tree's shape is known up front) runs whole in one step. With
+//!   [`BatchSession::levels_per_step`] a step launches only that many depth levels, and an
+//!   instance admitted meanwhile starts at the depth the graph has reached: its leaves launch
+//!   with the running trees' next level, and a small tree leaves while a deep one still runs.
+//! - **Graph growth.** Nodes (and the tensors they computed) are freed only with the whole graph,
+//!   so a session starts a fresh [`Dfg`] whenever nothing is in flight, and stops letting
+//!   admitted instances join once the graph holds [`BatchSession::max_nodes`] nodes until the
+//!   ones in flight drain.
+//! - **Phases.** An instance at a `db.phase_change()` (with [`Options::phases`]) waits for the
+//!   flush that computes what its earlier phase recorded and resumes, at inline depth 0, in the
+//!   next step, together with whatever else reached a boundary or joined then. It does not wait
+//!   for every instance in flight: in a session new ones keep arriving, and waiting for all of
+//!   them could starve it.
+//! - **Failures.** An instance whose machine fails is answered with its error. A flush that fails
+//!   names the instance whose invocation failed ([`Dfg::failed_instance`]); that one is answered
+//!   with the error and every other instance in flight is restarted from its arguments and
+//!   random stream in a fresh graph (their results do not depend on what they were batched
+//!   with), so one bad instance never fails the others.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use tumble_compile::Program;
+use tumble_interp::{InstanceCtx, Machine, Outcome, RunError, Value};
+use tumble_tensor::Rng;
+
+use crate::dfg::Dfg;
+use crate::{materialize, Executable, Options, Reuse};
+
+/// Names an admitted instance in [`BatchSession::step`]'s results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ticket(pub u64);
+
+/// What a session has done so far (for metrics).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SessionStats {
+    /// Steps that ran at least one instance.
+    pub steps: u64,
+    /// Batched launches, over every graph the session has used.
+    pub launches: u64,
+    /// Fresh graphs started (the first one included).
+    pub graphs: u64,
+    /// Flushes that failed, each restarting the instances in flight but the failing one.
+    pub restarts: u64,
+    /// Instances that ran in a step, summed over steps (÷ `steps`: the mean batch).
+    pub instance_steps: u64,
+}
+
+enum State<'p> {
+    /// Admitted, to join at the next step (or restarted after a failed flush).
+    Queued,
+    Running(Machine<'p>),
+    Blocked(Machine<'p>),
+    Parked(Machine<'p>),
+    /// Finished; its lazy tensors are computed by the next flush.
+    Done(Value),
+}
+
+struct Slot<'p> {
+    ticket: Ticket,
+    /// Kept to restart the instance in a fresh graph after a failed flush (values are `Rc`, so
+    /// this costs no copy).
+    args: Vec<Value>,
+    rng: Rng,
+    /// The instance number its machine reports to the graph (`InstanceCtx::instance`).
+    instance: u32,
+    state: State<'p>,
+}
+
+/// The result of one admitted instance.
+pub type Finished = (Ticket, Result<Value, RunError>);
+
+/// A mini-batch that instances join and leave between flushes (see the module docs).
+pub struct BatchSession<'p> {
+    program: &'p Program,
+    reuse: &'p Reuse,
+    entry: u32,
+    opts: Options,
+    /// Graph size from which admitted instances wait for those in flight to drain.
+    pub max_nodes: usize,
+    /// Depth levels launched per step (see [`Dfg::flush_levels`]); `None`: every pending node
+    /// (a step then lasts until each instance in flight finishes or blocks on a value).
+    pub levels_per_step: Option<usize>,
+    /// The program planned for `opts` (kept for the fresh graphs).
+    exec: Arc<Executable>,
+    dfg: Dfg<'p>,
+    queued: VecDeque<Slot<'p>>,
+    active: Vec<Slot<'p>>,
+    next_ticket: u64,
+    next_instance: u32,
+    stats: SessionStats,
+}
+
+/// Default [`BatchSession::max_nodes`]: a few hundred SST trees' worth of TreeLSTM nodes; the
+/// table of a graph that size is tens of MiB.
+pub const DEFAULT_MAX_NODES: usize = 1 << 20;
+
+impl<'p> BatchSession<'p> {
+    /// A session running global `entry` of `program`.
+    pub fn new(
+        program: &'p Program,
+        reuse: &'p Reuse,
+        exec: Arc<Executable>,
+        entry: &str,
+        opts: Options,
+    ) -> Result<Self, RunError> {
+        let entry = *program
+            .global_index
+            .get(entry)
+            .ok_or_else(|| RunError::new(format!("the module has no global `@{entry}`")))?;
+        Ok(BatchSession {
+            program,
+            reuse,
+            entry,
+            opts,
+            max_nodes: DEFAULT_MAX_NODES,
+            levels_per_step: None,
+            dfg: Dfg::new(program, reuse, exec.clone(), opts),
+            exec,
+            queued: VecDeque::new(),
+            active: Vec::new(),
+            next_ticket: 0,
+            next_instance: 0,
+            stats: SessionStats {
+                graphs: 1,
+                ..SessionStats::default()
+            },
+        })
+    }
+
+    /// Admits an instance (`@main`'s arguments, and its stream of `random.db_uniform` draws); it
+    /// joins the instances in flight at the next [`BatchSession::step`].
+    pub fn admit(&mut self, args: Vec<Value>, rng: Rng) -> Ticket {
+        let ticket = Ticket(self.next_ticket);
+        self.next_ticket += 1;
+        self.queued.push_back(Slot {
+            ticket,
+            args,
+            rng,
+            instance: 0,
+            state: State::Queued,
+        });
+        ticket
+    }
+
+    /// Drops an instance that is no longer wanted (its client went away). Work it recorded
+    /// already stays in the graph and is computed with the rest; none is recorded for it after
+    /// this. Returns whether the ticket was still admitted.
+    pub fn cancel(&mut self, ticket: Ticket) -> bool {
+        let before = self.queued.len() + self.active.len();
+        self.queued.retain(|s| s.ticket != ticket);
+        self.active.retain(|s| s.ticket != ticket);
+        self.queued.len() + self.active.len() != before
+    }
+
+    /// Instances admitted that have not joined yet.
+    pub fn queued(&self) -> usize {
+        self.queued.len()
+    }
+
+    /// Instances in flight (joined, not yet answered).
+    pub fn in_flight(&self) -> usize {
+        self.active.len()
+    }
+
+    /// Nothing admitted, nothing in flight.
+    pub fn is_idle(&self) -> bool {
+        self.queued.is_empty() && self.active.is_empty()
+    }
+
+    /// Whether instances admitted now would join at the next step (false while the graph is
+    /// over [`BatchSession::max_nodes`] and draining).
+    pub fn accepting(&self) -> bool {
+        self.active.is_empty() || self.dfg.node_count() < self.max_nodes
+    }
+
+    /// Nodes in the current graph.
+    pub fn graph_nodes(&self) -> usize {
+        self.dfg.node_count()
+    }
+
+    pub fn stats(&self) -> SessionStats {
+        let mut s = self.stats;
+        s.launches += self.dfg.profile.launches;
+        s
+    }
+
+    fn fresh_graph(&mut self) {
+        self.stats.launches += self.dfg.profile.launches;
+        self.stats.graphs += 1;
+        self.dfg = Dfg::new(self.program, self.reuse, self.exec.clone(), self.opts);
+        self.next_instance = 0;
+    }
+
+    /// Runs the instances in flight (after letting the admitted ones join) to their next
+    /// suspension, flushes the graph once, and returns the instances that finished or failed.
+    /// Returns nothing when nothing is in flight.
+    pub fn step(&mut self) -> Vec<Finished> {
+        let mut finished = Vec::new();
+        if self.active.is_empty() && self.dfg.node_count() > 0 {
+            self.fresh_graph();
+        }
+        if self.accepting() {
+            while let Some(slot) = self.queued.pop_front() {
+                if let Some(done) = self.join(slot) {
+                    finished.push(done);
+                }
+            }
+        }
+        if self.active.is_empty() {
+            return finished;
+        }
+        self.stats.steps += 1;
+        self.stats.instance_steps += self.active.len() as u64;
+
+        let mut kept = Vec::with_capacity(self.active.len());
+        for mut slot in std::mem::take(&mut self.active) {
+            let state = std::mem::replace(&mut slot.state, State::Queued);
+            slot.state = match state {
+                State::Running(mut m) => match run_machine(&mut m, &mut self.dfg, self.opts) {
+                    Ok(Outcome::Done(v)) => State::Done(v),
+                    Ok(Outcome::Blocked) => State::Blocked(m),
+                    Ok(Outcome::Phase) => State::Parked(m),
+                    Err(e) => {
+                        finished.push((slot.ticket, Err(e)));
+                        continue;
+                    }
+                },
+                other => other,
+            };
+            kept.push(slot);
+        }
+        self.active = kept;
+
+        if !self.dfg.has_pending() {
+            // A blocked machine waits for a value no node will compute: a runtime bug, answered
+            // as an error rather than a hang.
+            self.active.retain_mut(|slot| {
+                if matches!(slot.state, State::Blocked(_)) {
+                    finished.push((
+                        slot.ticket,
+                        Err(RunError::new(
+                            "internal: an instance waits for a value nothing will compute",
+                        )),
+                    ));
+                    return false;
+                }
+                true
+            });
+        }
+
+        let flushed = match self.levels_per_step {
+            Some(k) => self.dfg.flush_levels(k),
+            None => self.dfg.flush(),
+        };
+        if let Err(error) = flushed {
+            self.recover(error, &mut finished);
+            return finished;
+        }
+
+        let mut kept = Vec::with_capacity(self.active.len());
+        for mut slot in std::mem::take(&mut self.active) {
+            let state = std::mem::replace(&mut slot.state, State::Queued);
+            slot.state = match state {
+                // After a partial flush a finished instance may still wait for its tensors.
+                State::Done(v) if self.dfg.has_pending() && !self.dfg.is_computed(&v) => {
+                    State::Done(v)
+                }
+                State::Done(v) => {
+                    finished.push((slot.ticket, materialize(v, &self.dfg)));
+                    continue;
+                }
+                State::Blocked(m) => State::Running(m),
+                State::Parked(mut m) => {
+                    m.ctx.depth = 0;
+                    State::Running(m)
+                }
+                other => other,
+            };
+            kept.push(slot);
+        }
+        self.active = kept;
+        finished
+    }
+
+    /// Starts `slot`'s machine in the current graph; an instance that cannot start is answered.
+    fn join(&mut self, mut slot: Slot<'p>) -> Option<Finished> {
+        slot.instance = self.next_instance;
+        self.next_instance = self.next_instance.wrapping_add(1);
+        // With partial flushes, a newcomer starts at the level the graph has reached, so that
+        // its first invocations launch with the running instances' next ones (cell by cell)
+        // rather than as a level of their own.
+        let depth = match self.levels_per_step {
+            Some(_) => self.dfg.frontier_depth().unwrap_or(0),
+            None => 0,
+        };
+        let mut m = Machine::new(
+            self.program,
+            InstanceCtx {
+                rng: slot.rng.clone(),
+                depth,
+                instance: slot.instance,
+                phase: 0,
+                pending: 0,
+            },
+        );
+        if let Err(e) = m.start(self.entry, slot.args.clone()) {
+            return Some((slot.ticket, Err(e)));
+        }
+        slot.state = State::Running(m);
+        self.active.push(slot);
+        None
+    }
+
+    /// After a failed flush: the failing instance gets the error, the finished ones whose results
+    /// were computed before the failure are answered, and the rest go back to the front of the
+    /// queue, to start over in a fresh graph.
+    fn recover(&mut self, error: RunError, finished: &mut Vec<Finished>) {
+        self.stats.restarts += 1;
+        let culprit = self.dfg.failed_instance;
+        let mut restart = Vec::new();
+        for mut slot in std::mem::take(&mut self.active) {
+            // Without a culprit no instance can be told apart: all of them get the error, rather
+            // than being restarted into the same failure forever.
+            if culprit.is_none_or(|c| c == slot.instance) {
+                finished.push((slot.ticket, Err(error.clone())));
+                continue;
+            }
+            if let State::Done(v) = std::mem::replace(&mut slot.state, State::Queued) {
+                if let Ok(v) = materialize(v, &self.dfg) {
+                    finished.push((slot.ticket, Ok(v)));
+                    continue;
+                }
+            }
+            restart.push(slot);
+        }
+        for slot in restart.into_iter().rev() {
+            self.queued.push_front(slot);
+        }
+        self.fresh_graph();
+    }
+}
+
+/// Runs `m` until it finishes, blocks, or (with phases on) reaches a phase boundary.
+fn run_machine(m: &mut Machine<'_>, dfg: &mut Dfg<'_>, opts: Options) -> Result<Outcome, RunError> {
+    loop {
+        match m.run(dfg)? {
+            Outcome::Phase if !opts.phases => continue,
+            other => return Ok(other),
+        }
+    }
+}

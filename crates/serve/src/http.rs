@@ -1,0 +1,250 @@
+//! The HTTP face: routes, request parsing, admission to the bounded queue, timeouts.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+
+use crate::worker::{Job, Reply, Request};
+use crate::{Shared, HTTP_STACK_BYTES};
+
+/// Runs the HTTP server on `listener` until `stop` fires, then until every accepted request is
+/// answered.
+pub(crate) fn run(
+    shared: Arc<Shared>,
+    listener: std::net::TcpListener,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> Result<(), String> {
+    // Two threads: handlers only parse bodies (on blocking threads) and wait; the batch runs on
+    // its own thread with the kernel threads.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_stack_size(HTTP_STACK_BYTES)
+        .thread_name("tumble-serve-io")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
+    let limit = shared.config.max_body_bytes;
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/v1/models/{*rest}", get(model_status).post(predict))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(shared);
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)
+            .map_err(|e| format!("cannot listen: {e}"))?;
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.await;
+            })
+            .await
+            .map_err(|e| format!("the HTTP server failed: {e}"))
+    })
+}
+
+fn json_response(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    json_response(
+        status,
+        serde_json::json!({ "error": message.trim_end() }).to_string(),
+    )
+}
+
+async fn not_found() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "no such route; try POST /v1/models/{name}:predict, GET /v1/models/{name}, /healthz, \
+         /readyz or /metrics",
+    )
+}
+
+async fn readyz(State(s): State<Arc<Shared>>) -> Response {
+    if s.stopping.load(Ordering::SeqCst) {
+        (StatusCode::SERVICE_UNAVAILABLE, "stopping\n").into_response()
+    } else {
+        (StatusCode::OK, "ready\n").into_response()
+    }
+}
+
+async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(&s.config.name),
+    )
+        .into_response()
+}
+
+fn unknown_model(s: &Shared, asked: &str) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        &format!(
+            "no model `{}` here; this server serves `{}`",
+            tumble_io::echo(asked),
+            s.config.name
+        ),
+    )
+}
+
+/// `GET /v1/models/{name}`: TF-Serving's model status, plus the signature.
+async fn model_status(State(s): State<Arc<Shared>>, Path(rest): Path<String>) -> Response {
+    if rest != s.config.name {
+        return unknown_model(&s, &rest);
+    }
+    let m = &s.model;
+    let inputs: Vec<_> = m
+        .inputs()
+        .iter()
+        .map(|(n, ty)| serde_json::json!({ "name": n, "type": ty.to_string() }))
+        .collect();
+    let params: Vec<_> = m
+        .parameters()
+        .iter()
+        .map(|p| {
+            serde_json::json!({ "name": p.name, "shape": p.shape, "dtype": p.dtype.to_string() })
+        })
+        .collect();
+    let body = serde_json::json!({
+        "name": s.config.name,
+        "ready": !s.stopping.load(Ordering::SeqCst),
+        "model_version_status": [{
+            "version": "1",
+            "state": "AVAILABLE",
+            "status": { "error_code": "OK", "error_message": "" }
+        }],
+        "policy": s.config.policy.name(),
+        "max_batch": s.config.max_batch,
+        "inputs": inputs,
+        "output": m.output_type().to_string(),
+        "parameters": params,
+    });
+    json_response(StatusCode::OK, body.to_string())
+}
+
+/// `POST /v1/models/{name}:predict`.
+async fn predict(State(s): State<Arc<Shared>>, Path(rest): Path<String>, body: Bytes) -> Response {
+    let Some(asked) = rest.strip_suffix(":predict") else {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "POST /v1/models/{}: the only verb is `:predict`",
+                tumble_io::echo(&rest)
+            ),
+        );
+    };
+    if asked != s.config.name {
+        return unknown_model(&s, asked);
+    }
+    let start = Instant::now();
+    let (status, response) = answer(&s, body, start).await;
+    s.metrics
+        .response(status.as_u16(), start.elapsed().as_secs_f64());
+    response
+}
+
+async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Response) {
+    let fail = |status: StatusCode, message: &str| (status, error(status, message));
+    if s.stopping.load(Ordering::SeqCst) {
+        return fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        );
+    }
+    // Deep bodies parse by native recursion: on a blocking thread with a big stack, off the
+    // threads that accept connections.
+    let parsed = tokio::task::spawn_blocking(move || {
+        tumble_io::read_request_instances(&body, "instances", "request")
+    })
+    .await;
+    let instances = match parsed {
+        Ok(Ok(i)) => i,
+        Ok(Err(e)) => return fail(StatusCode::BAD_REQUEST, &e.to_string()),
+        Err(_) => {
+            return fail(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal: reading the request failed",
+            )
+        }
+    };
+    let n = instances.len();
+    if n == 0 {
+        return (
+            StatusCode::OK,
+            json_response(StatusCode::OK, "{\"predictions\":[]}".into()),
+        );
+    }
+    let max_queue = s.config.max_queue;
+    if n > max_queue {
+        return fail(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("the request has {n} instances; this server takes at most {max_queue} at once (--max-queue)"),
+        );
+    }
+    let before = s.outstanding.fetch_add(n, Ordering::SeqCst);
+    if before + n > max_queue {
+        s.outstanding.fetch_sub(n, Ordering::SeqCst);
+        return fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("the queue is full ({before} of {max_queue} instances waiting or running); retry later"),
+        );
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if s.jobs
+        .send(Job::Predict(Request {
+            instances,
+            reply: tx,
+        }))
+        .is_err()
+    {
+        s.outstanding.fetch_sub(n, Ordering::SeqCst);
+        return fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the batch thread has stopped",
+        );
+    }
+    let left = s.config.timeout.saturating_sub(start.elapsed());
+    // Dropping `rx` (timeout here, or the whole future when the client disconnects) tells the
+    // worker to drop the request's instances.
+    match tokio::time::timeout(left, rx).await {
+        Ok(Ok(Reply::Predictions(preds))) => {
+            let mut body =
+                String::with_capacity(preds.iter().map(|p| p.len() + 1).sum::<usize>() + 20);
+            body.push_str("{\"predictions\":[");
+            for (k, p) in preds.iter().enumerate() {
+                if k > 0 {
+                    body.push(',');
+                }
+                body.push_str(p);
+            }
+            body.push_str("]}");
+            (StatusCode::OK, json_response(StatusCode::OK, body))
+        }
+        Ok(Ok(Reply::Error { status, message })) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            fail(status, &message)
+        }
+        Ok(Err(_)) => fail(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal: the batch thread dropped the request",
+        ),
+        Err(_) => fail(
+            StatusCode::GATEWAY_TIMEOUT,
+            &format!(
+                "no answer within {} ms (--timeout-ms); the request's instances were dropped",
+                s.config.timeout.as_millis()
+            ),
+        ),
+    }
+}

@@ -1,0 +1,279 @@
+//! `tumble serve`: an HTTP inference server for one model, speaking the TF-Serving / KServe v1
+//! REST convention, with continuous (cellular) batching across requests.
+//!
+//! ```text
+//!  client ─▶ axum handler ─(parse body: tumble-io, on a blocking thread)─▶ channel ─▶ worker thread
+//!     ▲                                                                                 │ Session:
+//!     └──── oneshot (JSON lines or a located error) ◀── answered per request ◀──────────┘ admit, step
+//! ```
+//!
+//! Interpreter values are `Rc`, so one worker thread (with the CLI's big stack) owns the
+//! [`tumble_api::Session`]: it decodes instances, runs the batch and encodes results; HTTP
+//! handlers only parse JSON and wait on a oneshot channel. A handler that goes away (client
+//! disconnect, timeout) drops its receiver, and the worker cancels that request's instances.
+//!
+//! Policies ([`Policy`]): `continuous` admits waiting instances into the running batch before
+//! every step (every flush), up to `max_batch` in flight, and answers a request as soon as its
+//! instances are done; `static` waits up to `max_wait` for `max_batch` instances, runs them to
+//! completion and only then takes the next batch (a dynamic batcher like Triton's); `single`
+//! runs one instance at a time.
+
+mod http;
+mod metrics;
+mod worker;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tumble_api::Model;
+
+pub use metrics::Metrics;
+
+/// How instances are grouped into batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Instances join the running batch at its next flush and leave it when done.
+    Continuous,
+    /// Wait up to `max_wait` for `max_batch` instances, run them to completion.
+    Static,
+    /// One instance at a time.
+    Single,
+}
+
+impl Policy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Continuous => "continuous",
+            Policy::Static => "static",
+            Policy::Single => "single",
+        }
+    }
+}
+
+/// Server settings (the `tumble serve` options).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The `{name}` of `/v1/models/{name}`.
+    pub name: String,
+    pub host: String,
+    /// 0: any free port (see [`Server::addr`]).
+    pub port: u16,
+    /// Kernel threads of the batch.
+    pub threads: usize,
+    /// Most instances in one batch (in flight at once).
+    pub max_batch: usize,
+    /// Most instances accepted and not yet answered; a request that would pass it gets 503.
+    pub max_queue: usize,
+    pub policy: Policy,
+    /// `static`: how long the first waiting instance waits for the batch to fill.
+    pub max_wait: Duration,
+    /// Per request, from its arrival: past it the request gets 504 and its instances are dropped.
+    pub timeout: Duration,
+    /// Seed of `random.db_uniform` draws (instance i of a request draws like instance i of
+    /// `tumble run --seed S`).
+    pub seed: u64,
+    /// Honor `db.phase_change()` in the batch (see `tumble_runtime::session`); off by default:
+    /// an instance then finishes in the flush that computes its last phase's work, instead of
+    /// waiting one more step with whatever joined meanwhile.
+    pub phases: bool,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// `continuous`: depth levels launched per step, between which new instances join (see
+    /// `tumble_runtime::session`); `None`: a step runs every pending node.
+    pub cell_levels: Option<usize>,
+}
+
+impl Config {
+    pub fn new(name: impl Into<String>) -> Config {
+        Config {
+            name: name.into(),
+            host: "127.0.0.1".into(),
+            port: 0,
+            threads: 1,
+            max_batch: 64,
+            max_queue: 1024,
+            policy: Policy::Continuous,
+            max_wait: Duration::from_millis(10),
+            timeout: Duration::from_secs(30),
+            seed: 0,
+            phases: false,
+            max_body_bytes: 64 << 20,
+            cell_levels: None,
+        }
+    }
+}
+
+/// Default [`Config::cell_levels`] (0: none, every step flushes everything). Measured on
+/// TreeLSTM-large (bench/RESULTS.md): launching a few levels per step let newcomers join
+/// mid-tree but cut the launches' width and the throughput, so whole flushes are the default.
+pub const DEFAULT_CELL_LEVELS: usize = 0;
+
+/// State the HTTP handlers share.
+pub(crate) struct Shared {
+    pub model: Arc<Model>,
+    pub config: Config,
+    pub metrics: Metrics,
+    /// Instances accepted and not yet answered (what `max_queue` bounds).
+    pub outstanding: AtomicUsize,
+    /// Set when shutdown begins: `/readyz` answers 503.
+    pub stopping: AtomicBool,
+    pub jobs: std::sync::mpsc::Sender<worker::Job>,
+}
+
+/// A running server (see [`Server::start`]).
+pub struct Server {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    http: Option<std::thread::JoinHandle<Result<(), String>>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Stack of the worker thread (instances are decoded, and results encoded, by native recursion
+/// per JSON level): the CLI's.
+const WORKER_STACK_BYTES: usize = tumble_api::WORK_STACK_BYTES;
+/// Stack of the HTTP runtime's threads, where request bodies are parsed (tumble-io asks for 64 MiB
+/// at its deepest accepted nesting).
+const HTTP_STACK_BYTES: usize = 64 << 20;
+
+impl Server {
+    /// Binds `host:port`, starts the worker and the HTTP server, and returns once it accepts
+    /// connections.
+    pub fn start(model: Arc<Model>, config: Config) -> Result<Server, String> {
+        if config.max_batch == 0 || config.max_queue == 0 || config.threads == 0 {
+            return Err("--max-batch, --max-queue and --threads must be at least 1".into());
+        }
+        let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
+        let shared = Arc::new(Shared {
+            model,
+            config,
+            metrics: Metrics::default(),
+            outstanding: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+            jobs: jobs_tx,
+        });
+        // The session is made on the worker thread (it holds `Rc` values); a failure to make it
+        // comes back here before anything listens.
+        let (made_tx, made_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        let worker_shared = Arc::clone(&shared);
+        let worker = std::thread::Builder::new()
+            .name("tumble-serve-batch".into())
+            .stack_size(WORKER_STACK_BYTES)
+            .spawn(move || worker::run(worker_shared, jobs_rx, made_tx))
+            .map_err(|e| format!("cannot start the batch thread: {e}"))?;
+        match made_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err("the batch thread stopped while starting".into()),
+        }
+
+        let host = shared.config.host.clone();
+        let port = shared.config.port;
+        let listener = std::net::TcpListener::bind((host.as_str(), port))
+            .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let http_shared = Arc::clone(&shared);
+        let http = std::thread::Builder::new()
+            .name("tumble-serve-http".into())
+            .spawn(move || http::run(http_shared, listener, stop_rx))
+            .map_err(|e| format!("cannot start the HTTP thread: {e}"))?;
+        Ok(Server {
+            addr,
+            shared,
+            stop: Some(stop_tx),
+            http: Some(http),
+            worker: Some(worker),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// Stops accepting connections, answers every request already accepted, and returns when
+    /// the worker has finished.
+    pub fn shutdown(mut self) -> Result<(), String> {
+        self.stop_and_join()
+    }
+
+    fn stop_and_join(&mut self) -> Result<(), String> {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // The worker first: it stops waiting for batches to fill and runs what it holds, which
+        // the handlers the HTTP server waits for are waiting on. A request that slips in after
+        // this is still taken while the worker runs, or answered 503 once it has exited.
+        let _ = self.shared.jobs.send(worker::Job::Finish);
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let http = match self.http.take() {
+            Some(h) => h
+                .join()
+                .unwrap_or_else(|_| Err("the HTTP thread panicked".into())),
+            None => Ok(()),
+        };
+        if let Some(w) = self.worker.take() {
+            if w.join().is_err() {
+                return Err("the batch thread panicked".into());
+            }
+        }
+        http
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.http.is_some() {
+            let _ = self.stop_and_join();
+        }
+    }
+}
+
+/// Runs a server until SIGTERM or Ctrl-C (SIGINT), then drains it: what the CLI calls.
+/// `on_listening` is told the address once it accepts connections.
+pub fn serve_until_signal(
+    model: Arc<Model>,
+    config: Config,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), String> {
+    let server = Server::start(model, config)?;
+    on_listening(server.addr());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| format!("cannot start the signal watcher: {e}"))?;
+    rt.block_on(async {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    });
+    server.shutdown()
+}

@@ -1,0 +1,349 @@
+//! The server over loopback: predictions equal `Model::run`'s under every policy and with
+//! concurrent clients, and every error case answers as documented without touching the others.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tumble_api::{LoadOptions, Model, OutTree, Params, RunOptions, Source};
+use tumble_serve::{Config, Policy, Server};
+
+fn repo() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// TreeLSTM-small with random weights, loaded once for every test.
+fn model() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    Arc::clone(M.get_or_init(|| {
+        let params = Params {
+            random_seed: Some(0),
+            ..Params::default()
+        };
+        let src = repo().join("models/treelstm_small.rly");
+        Arc::new(Model::load(Source::File(&src), &params, &LoadOptions::default()).unwrap())
+    }))
+}
+
+/// The bundled trees, as JSON values.
+fn trees() -> Vec<Value> {
+    std::fs::read_to_string(repo().join("examples/treelstm.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `Model::run`'s results for the bundled trees, as numbers.
+fn expected() -> Vec<Vec<f32>> {
+    let items = trees();
+    let instances = tumble_api::instances_from_json("test", items);
+    let opts = RunOptions {
+        threads: Some(1),
+        ..RunOptions::default()
+    };
+    let (out, _) = model().run(&instances, &opts).unwrap();
+    out.iter()
+        .map(|t| match t {
+            OutTree::Tensor(t) => t.as_slice::<f32>().unwrap().to_vec(),
+            other => panic!("not a tensor: {other:?}"),
+        })
+        .collect()
+}
+
+fn numbers(v: &Value) -> Vec<f32> {
+    fn walk(v: &Value, out: &mut Vec<f32>) {
+        match v {
+            Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            Value::Number(n) => out.push(n.as_f64().unwrap() as f32),
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let mut out = Vec::new();
+    walk(v, &mut out);
+    out
+}
+
+fn start(policy: Policy, tweak: impl FnOnce(&mut Config)) -> Server {
+    let mut c = Config::new("treelstm_small");
+    c.policy = policy;
+    c.max_batch = 4;
+    c.max_wait = Duration::from_millis(5);
+    tweak(&mut c);
+    Server::start(model(), c).unwrap()
+}
+
+/// One HTTP/1.1 request on a fresh connection: (status, body).
+fn http(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, body.to_string())
+}
+
+fn predict(addr: SocketAddr, instances: &[Value]) -> (u16, Value) {
+    let body = json!({ "instances": instances }).to_string();
+    let (status, text) = http(
+        addr,
+        "POST",
+        "/v1/models/treelstm_small:predict",
+        body.as_bytes(),
+    );
+    (status, serde_json::from_str(&text).unwrap())
+}
+
+fn assert_predictions(got: &Value, want: &[Vec<f32>]) {
+    let preds = got["predictions"].as_array().unwrap();
+    assert_eq!(preds.len(), want.len());
+    for (p, w) in preds.iter().zip(want) {
+        assert_eq!(&numbers(p), w);
+    }
+}
+
+/// Polls `cond` for up to 10 s.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < Duration::from_secs(10), "never: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn every_policy_with_concurrent_clients_predicts_what_run_does() {
+    let trees = trees();
+    let want = expected();
+    for policy in [Policy::Continuous, Policy::Static, Policy::Single] {
+        let server = start(policy, |_| {});
+        let addr = server.addr();
+        // Eight clients at once, each sending a different slice (1-3 trees) twice.
+        std::thread::scope(|sc| {
+            for c in 0..8 {
+                let (trees, want) = (&trees, &want);
+                sc.spawn(move || {
+                    for round in 0..2 {
+                        let lo = (c + round) % trees.len();
+                        let hi = (lo + 1 + c % 3).min(trees.len());
+                        let (status, got) = predict(addr, &trees[lo..hi]);
+                        assert_eq!(status, 200, "{policy:?}: {got}");
+                        assert_predictions(&got, &want[lo..hi]);
+                    }
+                });
+            }
+        });
+        assert_eq!(server.metrics().responses(200), 16);
+        server.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn bad_requests_are_located_and_leave_the_others_alone() {
+    let trees = trees();
+    let want = expected();
+    let server = start(Policy::Continuous, |_| {});
+    let addr = server.addr();
+    let path = "/v1/models/treelstm_small:predict";
+    std::thread::scope(|sc| {
+        let good = sc.spawn(|| predict(addr, &trees));
+        let (status, body) = http(addr, "POST", path, b"{\"instances\": [1,");
+        assert_eq!(status, 400);
+        assert!(body.contains("line 1, column 17: not valid JSON"), "{body}");
+        let (status, body) = http(addr, "POST", path, b"{\"inputs\": []}");
+        assert_eq!(status, 400);
+        assert!(body.contains("`instances`"), "{body}");
+        let bad = vec![trees[0].clone(), json!({ "tree": { "Rose": [[0], 5] } })];
+        let (status, body) = predict(addr, &bad);
+        assert_eq!(status, 400);
+        let msg = body["error"].as_str().unwrap();
+        assert!(msg.contains("instance at index 1: .tree.Rose[1]"), "{msg}");
+        let (status, got) = good.join().unwrap();
+        assert_eq!(status, 200);
+        assert_predictions(&got, &want);
+    });
+    let (status, _) = http(addr, "POST", "/v1/models/other:predict", b"{}");
+    assert_eq!(status, 404);
+    let (status, _) = http(addr, "POST", "/v1/models/treelstm_small:explain", b"{}");
+    assert_eq!(status, 404);
+    let (status, body) = predict(addr, &[]);
+    assert_eq!((status, body), (200, json!({ "predictions": [] })));
+    // Still serving after all that.
+    let (status, got) = predict(addr, &trees[..2]);
+    assert_eq!(status, 200);
+    assert_predictions(&got, &want[..2]);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn status_health_and_metrics_endpoints() {
+    let server = start(Policy::Continuous, |_| {});
+    let addr = server.addr();
+    let (status, body) = http(addr, "GET", "/v1/models/treelstm_small", b"");
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["model_version_status"][0]["state"], "AVAILABLE");
+    assert_eq!(v["inputs"][0]["name"], "tree");
+    assert_eq!(v["output"], "Tensor[(1, 5), float32]");
+    assert_eq!(http(addr, "GET", "/v1/models/nope", b"").0, 404);
+    assert_eq!(http(addr, "GET", "/healthz", b""), (200, "ok\n".into()));
+    assert_eq!(http(addr, "GET", "/readyz", b""), (200, "ready\n".into()));
+    assert_eq!(predict(addr, &trees()[..3]).0, 200);
+    let (status, text) = http(addr, "GET", "/metrics", b"");
+    assert_eq!(status, 200);
+    for line in [
+        "tumble_requests_total{code=\"200\"} 1",
+        "tumble_instances_total 3",
+        "tumble_request_duration_seconds_count 1",
+        "# TYPE tumble_batch_size histogram",
+        "tumble_queue_depth 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+    }
+    server.shutdown().unwrap();
+}
+
+/// `static` with a long wait holds instances in the queue: room for the queue, timeout and
+/// disconnect cases.
+fn holding(tweak: impl FnOnce(&mut Config)) -> Server {
+    start(Policy::Static, |c| {
+        c.max_batch = 100;
+        c.max_wait = Duration::from_secs(60);
+        tweak(c);
+    })
+}
+
+#[test]
+fn a_full_queue_refuses_and_shutdown_drains_what_was_accepted() {
+    let trees = trees();
+    let want = expected();
+    let server = holding(|c| c.max_queue = 3);
+    let addr = server.addr();
+    std::thread::scope(|sc| {
+        let held = sc.spawn(|| predict(addr, &trees[..2]));
+        eventually("two instances queued", || {
+            http(addr, "GET", "/metrics", b"")
+                .1
+                .contains("tumble_queue_depth 2")
+        });
+        let (status, body) = predict(addr, &trees[..2]);
+        assert_eq!(status, 503, "{body}");
+        assert!(body["error"].as_str().unwrap().contains("queue is full"));
+        let (status, _) = predict(addr, &trees[..4]);
+        assert_eq!(status, 413);
+        // Shutdown runs the held batch at once instead of waiting out its minute.
+        let t = Instant::now();
+        server.shutdown().unwrap();
+        let (status, got) = held.join().unwrap();
+        assert_eq!(status, 200);
+        assert_predictions(&got, &want[..2]);
+        assert!(t.elapsed() < Duration::from_secs(30));
+    });
+}
+
+#[test]
+fn a_request_past_its_timeout_gets_504_and_is_dropped() {
+    let trees = trees();
+    let server = holding(|c| c.timeout = Duration::from_millis(200));
+    let addr = server.addr();
+    let (status, body) = predict(addr, &trees[..1]);
+    assert_eq!(status, 504, "{body}");
+    eventually("the instance dropped", || server.metrics().cancelled() == 1);
+    eventually("the queue empty", || {
+        http(addr, "GET", "/metrics", b"")
+            .1
+            .contains("tumble_queue_depth 0")
+    });
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn a_client_that_disconnects_cancels_its_instances() {
+    let trees = trees();
+    let server = holding(|_| {});
+    let addr = server.addr();
+    let body = json!({ "instances": &trees[..3] }).to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    let head = format!(
+        "POST /v1/models/treelstm_small:predict HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    eventually("three instances queued", || {
+        http(addr, "GET", "/metrics", b"")
+            .1
+            .contains("tumble_queue_depth 3")
+    });
+    drop(s);
+    eventually("the instances dropped", || {
+        server.metrics().cancelled() == 3
+    });
+    server.shutdown().unwrap();
+}
+
+/// Integer division in a block: a zero divisor fails inside a batched launch.
+const DIV: &str = r#"
+def @main(%x: Tensor[(1, 2), float32], %d: Tensor[(1, 2), int32], %w: Tensor[(2, 2), float32])
+    -> Tensor[(1, 2), int32] {
+  let %y = nn.dense(%x, %w);
+  divide(cast(%y, dtype="int32"), %d)
+}
+"#;
+
+#[test]
+fn an_instance_failing_at_run_time_fails_only_its_request() {
+    let w = tumble_tensor::Tensor::from_vec(vec![2, 2], vec![2.0f32, 0.0, 0.0, 2.0]).unwrap();
+    let params = Params {
+        tensors: [("w".to_string(), w)].into_iter().collect(),
+        ..Params::default()
+    };
+    let src = Source::Text {
+        name: "div.rly",
+        text: DIV,
+    };
+    let m = Arc::new(Model::load(src, &params, &LoadOptions::default()).unwrap());
+    let mut c = Config::new("div");
+    // Everything sent below waits for one batch, so the bad instance shares its launch.
+    c.policy = Policy::Static;
+    c.max_batch = 3;
+    c.max_wait = Duration::from_secs(5);
+    let server = Server::start(m, c).unwrap();
+    let addr = server.addr();
+    let send = |x: f32, d: i32| {
+        let body = json!({ "instances": [{ "x": [[x, x]], "d": [[d, d]] }] }).to_string();
+        http(addr, "POST", "/v1/models/div:predict", body.as_bytes())
+    };
+    std::thread::scope(|sc| {
+        let a = sc.spawn(|| send(1.0, 1));
+        let b = sc.spawn(|| send(5.0, 0));
+        let c = sc.spawn(|| send(7.0, 2));
+        assert_eq!(
+            a.join().unwrap(),
+            (200, "{\"predictions\":[[[2,2]]]}".into())
+        );
+        assert_eq!(
+            c.join().unwrap(),
+            (200, "{\"predictions\":[[[7,7]]]}".into())
+        );
+        let (status, body) = b.join().unwrap();
+        assert_eq!(status, 422, "{body}");
+        assert!(
+            body.contains("instance at index 0") && body.contains("division by zero"),
+            "{body}"
+        );
+    });
+    server.shutdown().unwrap();
+}
