@@ -256,6 +256,10 @@ pub fn vjp(
         "sum" | "mean" | "max" | "min" => reduction(op, args, attrs, y, g),
         "nn.dense" => dense(args, g).map_err(err),
         "nn.batch_matmul" => batch_matmul(args, attrs, y, g).map_err(err),
+        "take" if float(0) => match take_rows(args, attrs, g)? {
+            Some(dx) => Ok(vec![Some(OpValue::Tensor(dx)), None]),
+            None => layout(op, args, attrs, dy),
+        },
         "concatenate" | "reshape" | "transpose" | "expand_dims" | "squeeze" | "take"
         | "strided_slice" => layout(op, args, attrs, dy),
         "zeros" | "ones" | "db.phase_change" | "db.concurrent" => Ok(vec![None; args.len()]),
@@ -546,6 +550,53 @@ fn batch_matmul(
             .map_err(|e| e.to_string())
     };
     Ok(vec![f(a, da)?, f(b, db)?])
+}
+
+/// `take` along an axis without batch dims (an embedding lookup): `dy`'s slices added to the
+/// rows they were read from, directly. The general index-map rule would build an iota of the
+/// whole table per lookup; this costs the table's zeroing and the lookup's own size. `None` for
+/// other forms of `take`.
+fn take_rows(args: &[OpValue], attrs: &Attrs, g: &Tensor) -> Result<Option<Tensor>, KernelError> {
+    use crate::kernel::layout::resolve_index;
+    use crate::rel::layout::take_spec;
+    let (Some(OpValue::Tensor(x)), Some(OpValue::Tensor(idx))) = (args.first(), args.get(1)) else {
+        return Ok(None);
+    };
+    let tys: Vec<_> = args.iter().map(ty_of).collect();
+    let c = Call::new("take", &tys, attrs, 2)?;
+    let spec = take_spec(&c, c.tensor(0, "input")?, c.tensor(1, "indices")?)?;
+    let Some((axis, 0)) = spec.axis else {
+        return Ok(None);
+    };
+    let err = |m: String| KernelError::new(format!("take: gradient: {m}"));
+    let xs = x.shape();
+    let n = xs.get(axis).copied().unwrap_or(0);
+    let pre: usize = xs.get(..axis).unwrap_or_default().iter().product();
+    let post: usize = xs.get(axis + 1..).unwrap_or_default().iter().product();
+    let iv = idx.to_i64_vec();
+    let gv = g.to_f64_vec();
+    if gv.len() != pre * iv.len() * post {
+        return Err(err("the output gradient does not match the lookup".into()));
+    }
+    let mut rows = Vec::with_capacity(iv.len());
+    for &i in &iv {
+        rows.push(resolve_index(i, n, spec.mode).map_err(err)?);
+    }
+    let mut acc = vec![0.0f64; x.len()];
+    let mut at = 0;
+    for p in 0..pre {
+        for &r in &rows {
+            let base = (p * n + r) * post;
+            if let (Some(dst), Some(src)) = (acc.get_mut(base..base + post), gv.get(at..at + post))
+            {
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+            }
+            at += post;
+        }
+    }
+    make(xs, acc, x.dtype())
+        .map(Some)
+        .map_err(|e| err(e.to_string()))
 }
 
 /// Layout operators: the index map from running the kernel on iotas, `dy` scatter-added back.
