@@ -26,6 +26,7 @@ mod commands;
 mod explain;
 mod files;
 mod run;
+mod train;
 
 #[derive(Parser)]
 #[command(
@@ -79,6 +80,11 @@ enum Command {
     },
     /// Run a model on a file of instances and write one result per instance.
     Run(run::RunArgs),
+    /// The gradient of the sum of `@main`'s outputs (a float scalar per instance) with respect
+    /// to every float parameter, by the batched backward pass; written as safetensors.
+    Grad(train::GradArgs),
+    /// Train the float parameters: minimize the mean of `@main`'s output over mini-batches.
+    Train(train::TrainArgs),
     /// Show the static blocks the compiler found and its parameter-reuse decisions.
     Explain(explain::ExplainArgs),
     /// Make instance files: SST trees and sentences, generated inputs for the zoo models.
@@ -151,6 +157,8 @@ fn main() -> ExitCode {
             } => commands::check(&files, quiet, !no_prelude, color),
             Command::Fmt { file, check } => commands::fmt(&file, check, color),
             Command::Run(args) => run::run(&args, color),
+            Command::Grad(args) => train::grad(&args, color),
+            Command::Train(args) => train::train(&args, color),
             Command::Explain(args) => explain::explain(&args, color),
             Command::Data(args) => match tumble_data::cli::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,

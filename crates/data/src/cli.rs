@@ -112,8 +112,42 @@ pub struct SstArgs {
     /// Map words with this vocab.txt instead of building the vocabulary from the SST files.
     #[arg(long, value_name = "FILE")]
     pub vocab: Option<PathBuf>,
+    /// Add the treebank's sentiment classes (0-4) to each instance: `root` adds `"label"` (the
+    /// sentence's class, a `Tensor[(), int32]`), `all` adds `"labels"` (every node's class, in
+    /// preorder: the node, then its children left to right).
+    #[arg(long, value_enum, default_value_t = Labels::None)]
+    pub labels: Labels,
     #[command(flatten)]
     pub out: OutputArgs,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Labels {
+    /// No labels.
+    None,
+    /// The root's class: `"label": 3`.
+    Root,
+    /// Every node's class, preorder: `"labels": [3, 2, 2, ...]`.
+    All,
+}
+
+/// `instance` (a JSON object) with the labels `mode` asks for added.
+fn with_labels(mut instance: String, tree: &sst::Tree, mode: Labels) -> String {
+    use std::fmt::Write as _;
+    if mode == Labels::None || !instance.ends_with('}') {
+        return instance;
+    }
+    instance.pop();
+    match mode {
+        Labels::Root => {
+            let _ = write!(instance, ", \"label\": {}}}", tree.root().label);
+        }
+        _ => {
+            let labels: Vec<String> = tree.nodes().iter().map(|n| n.label.to_string()).collect();
+            let _ = write!(instance, ", \"labels\": [{}]}}", labels.join(", "));
+        }
+    }
+    instance
 }
 
 /// `tumble data nested`.
@@ -272,10 +306,11 @@ fn run_sst(a: &SstArgs) -> Result<(), DataError> {
         .take(limit)
         .map(|tree| {
             let tree = tree.map_err(|e| DataError::parse(&path, e))?;
-            Ok(match format {
+            let instance = match format {
                 Format::Tree => sst::tree_instance(&tree, &vocab),
                 Format::Tokens => sst::tokens_instance(&tree, &vocab),
-            })
+            };
+            Ok(with_labels(instance, &tree, a.labels))
         });
     finish(&a.out, write_lines(a.out.path(), lines)?)
 }

@@ -81,8 +81,16 @@ pub fn vjp(
                 return Ok(vec![None, None]);
             }
             let shape = y.shape();
-            let av = te(a.broadcast_to(shape))?.to_f64_vec();
-            let bv = te(b.broadcast_to(shape))?.to_f64_vec();
+            // Operands of the result's shape need no broadcast copy.
+            let full = |t: &Tensor| -> Result<Vec<f64>, KernelError> {
+                if t.shape() == shape {
+                    Ok(t.to_f64_vec())
+                } else {
+                    Ok(te(t.broadcast_to(shape))?.to_f64_vec())
+                }
+            };
+            let av = full(a)?;
+            let bv = full(b)?;
             let yv = y.to_f64_vec();
             let gv = g.to_f64_vec();
             let n = gv.len();
@@ -279,7 +287,20 @@ fn unbroadcast(
     to: &[usize],
     dtype: DType,
 ) -> Result<Tensor, tumble_tensor::TensorError> {
+    if from == to {
+        return make(to, g.to_vec(), dtype);
+    }
     let n: usize = to.iter().product();
+    // A trailing-axes operand (a bias `(N)` against `(…, N)`): sum the rows, no index maths.
+    let inner: usize = n.max(1);
+    let core = &to[to.iter().take_while(|&&d| d == 1).count()..];
+    if to.len() <= from.len() && from.ends_with(core) && g.len() % inner == 0 {
+        let mut acc = vec![0.0; n];
+        for row in g.chunks_exact(inner) {
+            acc.iter_mut().zip(row).for_each(|(a, v)| *a += v);
+        }
+        return make(to, acc, dtype);
+    }
     let mut acc = vec![0.0; n];
     if !g.is_empty() {
         let mut idx = vec![0; from.len()];
@@ -302,7 +323,10 @@ fn row_len_err(m: impl std::fmt::Display) -> KernelError {
 }
 
 /// `x` with `axis` moved last, as f64 rows of its length; and the permutation used.
-fn rows_of(x: &Tensor, axis: usize) -> Result<(Vec<f64>, Vec<usize>, Vec<usize>), KernelError> {
+/// A tensor's values with one axis moved last: (values, moved shape, the permutation).
+type Moved = (Vec<f64>, Vec<usize>, Vec<usize>);
+
+fn rows_of(x: &Tensor, axis: usize) -> Result<Moved, KernelError> {
     let mut perm: Vec<usize> = (0..x.rank()).filter(|&a| a != axis).collect();
     perm.push(axis);
     let moved = permute(x, &perm).map_err(row_len_err)?;
@@ -574,29 +598,48 @@ fn take_rows(args: &[OpValue], attrs: &Attrs, g: &Tensor) -> Result<Option<Tenso
     let pre: usize = xs.get(..axis).unwrap_or_default().iter().product();
     let post: usize = xs.get(axis + 1..).unwrap_or_default().iter().product();
     let iv = idx.to_i64_vec();
-    let gv = g.to_f64_vec();
-    if gv.len() != pre * iv.len() * post {
+    if g.len() != pre * iv.len() * post {
         return Err(err("the output gradient does not match the lookup".into()));
     }
     let mut rows = Vec::with_capacity(iv.len());
     for &i in &iv {
         rows.push(resolve_index(i, n, spec.mode).map_err(err)?);
     }
+    // An f32 table's gradient is accumulated in f32: converting a whole embedding table from
+    // f64 per lookup would cost more than the lookup.
+    if let Some(gf) = g.as_slice::<f32>().filter(|_| x.dtype() == DType::Float32) {
+        let mut acc = vec![0.0f32; x.len()];
+        scatter_rows(&mut acc, gf, &rows, pre, n, post);
+        return Tensor::from_vec(xs.to_vec(), acc)
+            .map(Some)
+            .map_err(|e| err(e.to_string()));
+    }
+    let gv = g.to_f64_vec();
     let mut acc = vec![0.0f64; x.len()];
+    scatter_rows(&mut acc, &gv, &rows, pre, n, post);
+    make(xs, acc, x.dtype())
+        .map(Some)
+        .map_err(|e| err(e.to_string()))
+}
+
+fn scatter_rows<T: Copy + std::ops::AddAssign>(
+    acc: &mut [T],
+    g: &[T],
+    rows: &[usize],
+    pre: usize,
+    n: usize,
+    post: usize,
+) {
     let mut at = 0;
     for p in 0..pre {
-        for &r in &rows {
+        for &r in rows {
             let base = (p * n + r) * post;
-            if let (Some(dst), Some(src)) = (acc.get_mut(base..base + post), gv.get(at..at + post))
-            {
-                dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+            if let (Some(dst), Some(src)) = (acc.get_mut(base..base + post), g.get(at..at + post)) {
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d += *s);
             }
             at += post;
         }
     }
-    make(xs, acc, x.dtype())
-        .map(Some)
-        .map_err(|e| err(e.to_string()))
 }
 
 /// Layout operators: the index map from running the kernel on iotas, `dy` scatter-added back.

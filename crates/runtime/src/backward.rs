@@ -30,6 +30,98 @@ use crate::batched::{self, OpStats, BV};
 use crate::dfg::{Arg, Dfg};
 use crate::{InstanceError, Options, Reuse};
 
+/// Switches of the backward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct GradOptions {
+    /// `nn.dense` gradients of f32 operands on the SIMD GEMM of `tumble-kernels` (`dX = dY·W`,
+    /// `dW = dYᵀ·X`, each one GEMM over the launch's rows); off: the operator's reference vjp
+    /// (plain loops in f64).
+    pub gemm: bool,
+}
+
+impl Default for GradOptions {
+    fn default() -> Self {
+        GradOptions { gemm: true }
+    }
+}
+
+/// `nn.dense`'s gradients for f32 operands by two GEMMs: `dX = dY · W` and `dW = dYᵀ · X`,
+/// where X's leading axes (the launch's rows, batched) are all rows of one product. `None` when
+/// the operands are not contiguous f32 of the expected shapes (the reference vjp then runs).
+fn dense_vjp_gemm(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    threads: usize,
+) -> Option<Result<(Tensor, Tensor), RunError>> {
+    use tumble_kernels::{NoEpilogue, PackedWeight, Rows};
+    let (xs, ws, gs) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?);
+    let &[n, k] = w.shape() else { return None };
+    if x.shape().last() != Some(&k) || dy.shape().last() != Some(&n) || k == 0 || n == 0 {
+        return None;
+    }
+    let m = xs.len() / k;
+    if m == 0 || gs.len() != m * n {
+        return None;
+    }
+    let run = || -> Result<(Tensor, Tensor), RunError> {
+        let kerr = |e: tumble_kernels::KernelError| internal(e);
+        // dX (M, K) = dY (M, N) · W (N, K): W packed as the K×N "Y" of an A·Y product.
+        let w_rows: Vec<&[f32]> = ws.chunks_exact(k).collect();
+        let pw = PackedWeight::from_rows_kn(&w_rows, k).map_err(kerr)?;
+        let mut dx = vec![0f32; m * k];
+        let a = Rows::Contiguous {
+            data: gs,
+            stride: n,
+        };
+        tumble_kernels::dense(&a, &pw, &mut dx, &NoEpilogue, threads).map_err(kerr)?;
+        // dW (N, K) = dYᵀ (N, M) · X (M, K): one product over every row of the launch.
+        let mut gt = vec![0f32; n * m];
+        for (r, row) in gs.chunks_exact(n).enumerate() {
+            for (j, v) in row.iter().enumerate() {
+                gt[j * m + r] = *v;
+            }
+        }
+        let x_rows: Vec<&[f32]> = xs.chunks_exact(k).collect();
+        let px = PackedWeight::from_rows_kn(&x_rows, k).map_err(kerr)?;
+        let mut dw = vec![0f32; n * k];
+        let a = Rows::Contiguous {
+            data: &gt,
+            stride: m,
+        };
+        tumble_kernels::dense(&a, &px, &mut dw, &NoEpilogue, threads).map_err(kerr)?;
+        Ok((
+            Tensor::from_vec(x.shape().to_vec(), dx).map_err(internal)?,
+            Tensor::from_vec(w.shape().to_vec(), dw).map_err(internal)?,
+        ))
+    };
+    Some(run())
+}
+
+/// An operator's vjp on plain operands: the GEMM path for f32 `nn.dense`, else the operator
+/// table's rule.
+fn plain_vjp(
+    op: &'static tumble_ops::OpDef,
+    args: &[OpValue],
+    attrs: &tumble_ir::Attrs,
+    out: &OpValue,
+    dy: &OpValue,
+    gopts: GradOptions,
+    threads: usize,
+) -> Result<Vec<Option<OpValue>>, RunError> {
+    if gopts.gemm && op.name == "nn.dense" {
+        if let (Some(OpValue::Tensor(x)), Some(OpValue::Tensor(w)), OpValue::Tensor(g)) =
+            (args.first(), args.get(1), dy)
+        {
+            if let Some(r) = dense_vjp_gemm(x, w, g, threads) {
+                let (dx, dw) = r?;
+                return Ok(vec![Some(OpValue::Tensor(dx)), Some(OpValue::Tensor(dw))]);
+            }
+        }
+    }
+    tumble_ops::vjp::vjp(op, args, attrs, out, dy).map_err(|e| RunError::new(e.message))
+}
+
 /// Counters of one backward pass.
 #[derive(Debug, Default, Clone)]
 pub struct BackwardStats {
@@ -65,6 +157,7 @@ fn at_instance(instance: Option<usize>) -> impl Fn(RunError) -> InstanceError {
 /// Runs global `entry` for every instance as one mini-batch (like [`crate::run_batch`]) and
 /// differentiates the sum of the instances' outputs (float scalars) with respect to `params`:
 /// tensors passed among the instances' arguments (the bound weights), recognized by identity.
+#[allow(clippy::too_many_arguments)]
 pub fn grad_batch(
     program: &Program,
     reuse: &Reuse,
@@ -72,6 +165,7 @@ pub fn grad_batch(
     args: Vec<Vec<Value>>,
     rngs: Vec<Rng>,
     opts: Options,
+    gopts: GradOptions,
     params: &[Tensor],
 ) -> Result<BatchGrad, InstanceError> {
     let t0 = Instant::now();
@@ -196,7 +290,16 @@ pub fn grad_batch(
             .map(|n| n.instance as usize);
         let span = ids.first().and_then(|&id| dfg.node(id)).map(|n| n.span);
         backward_launch(
-            &dfg, ids, params, &active, &mut adj, &mut grads, &mut stats, &mut rng,
+            &dfg,
+            ids,
+            params,
+            &active,
+            &mut adj,
+            &mut grads,
+            &mut stats,
+            &mut rng,
+            gopts,
+            opts.threads,
         )
         .map_err(|mut e| {
             if e.span.is_none() {
@@ -438,13 +541,21 @@ fn vjp_batched(
     dy: BV,
     b: usize,
     stats: &mut BackwardStats,
+    gopts: GradOptions,
+    threads: usize,
 ) -> Result<Vec<Option<BV>>, RunError> {
-    let fail = |e: tumble_ops::KernelError| RunError::new(e.message);
     if args.iter().all(|a| matches!(a, BV::Shared(_))) {
         let plain = args.iter().map(plain_of).collect::<Result<Vec<_>, _>>()?;
         let dy = conform(dy, out, b)?;
-        let gs = tumble_ops::vjp::vjp(op, &plain, attrs, &plain_of(out)?, &plain_of(&dy)?)
-            .map_err(fail)?;
+        let gs = plain_vjp(
+            op,
+            &plain,
+            attrs,
+            &plain_of(out)?,
+            &plain_of(&dy)?,
+            gopts,
+            threads,
+        )?;
         return Ok(gs.into_iter().map(|g| g.map(BV::Shared)).collect());
     }
     let dy = conform(dy, out, b)?;
@@ -462,7 +573,7 @@ fn vjp_batched(
             }
         }
         stats.batched_vjps += 1;
-        let gs = tumble_ops::vjp::vjp(op, &plain, &pattrs, &pout, &pdy).map_err(fail)?;
+        let gs = plain_vjp(op, &plain, &pattrs, &pout, &pdy, gopts, threads)?;
         let mut out = Vec::with_capacity(gs.len());
         for (g, a) in gs.into_iter().zip(args) {
             out.push(match g {
@@ -487,7 +598,7 @@ fn vjp_batched(
             .map_err(internal)?;
         let row_out = batched::row_of(out, r).map_err(internal)?;
         let row_dy = batched::row_of(&dy, r).map_err(internal)?;
-        let gs = tumble_ops::vjp::vjp(op, &row_args, attrs, &row_out, &row_dy).map_err(fail)?;
+        let gs = plain_vjp(op, &row_args, attrs, &row_out, &row_dy, gopts, threads)?;
         for (slot, g) in per_arg.iter_mut().zip(gs) {
             slot.push(g);
         }
@@ -516,6 +627,8 @@ fn backward_launch(
     grads: &mut [Option<Tensor>],
     stats: &mut BackwardStats,
     rng: &mut Rng,
+    gopts: GradOptions,
+    threads: usize,
 ) -> Result<(), RunError> {
     let nodes = ids
         .iter()
@@ -666,7 +779,17 @@ fn backward_launch(
         let Some(dy) = dy_of(out, slots)? else {
             continue;
         };
-        let gs = vjp_batched(node.op, &node.attrs, args, out, dy, b, stats)?;
+        let gs = vjp_batched(
+            node.op,
+            &node.attrs,
+            args,
+            out,
+            dy,
+            b,
+            stats,
+            gopts,
+            threads,
+        )?;
         for (g, a) in gs.into_iter().zip(&node.args) {
             let Some(g) = g else { continue };
             match a {

@@ -88,3 +88,14 @@ pub fn dense(
     let pw = packed(w, n, k)?;
     tumble_kernels::dense(a, &pw, c, &NoEpilogue, threads).map_err(|e| e.to_string())
 }
+
+/// Drops every cached packed weight (and the weight tensors the caches hold). Training replaces
+/// its weights at every step: without this the caches would keep every step's weights alive.
+pub fn forget_packed() {
+    if let Ok(mut c) = cache().lock() {
+        c.clear();
+    }
+    if let Ok(mut c) = concat_cache().lock() {
+        c.clear();
+    }
+}

@@ -147,6 +147,12 @@ impl Default for Options {
     }
 }
 
+/// Forgets the packed copies of weights kept for the GEMM stages (see [`gemm`]): a trainer
+/// calls it after replacing its weights, so that the old ones can be freed.
+pub fn forget_packed_weights() {
+    gemm::forget_packed();
+}
+
 /// A failure of one instance of a mini-batch.
 #[derive(Debug, Clone)]
 pub struct InstanceError {

@@ -7,7 +7,7 @@ mod common;
 
 use common::{compile, expected, load_text, rng, root, Expected};
 use tumble_interp::{tape, Value};
-use tumble_runtime::backward::grad_batch;
+use tumble_runtime::backward::{grad_batch, GradOptions};
 use tumble_runtime::{Options, Scheduler};
 use tumble_tensor::Tensor;
 
@@ -146,7 +146,13 @@ fn reference_grad(x: &Expected, wrt: &[usize]) -> Vec<Option<Tensor>> {
     total
 }
 
-fn batched_grad(x: &Expected, wrt: &[usize], batch: usize, opts: Options) -> Vec<Option<Tensor>> {
+fn batched_grad(
+    x: &Expected,
+    wrt: &[usize],
+    batch: usize,
+    opts: Options,
+    gopts: GradOptions,
+) -> Vec<Option<Tensor>> {
     let (program, reuse) = compile(x, true, tumble_compile::StaticOptions::all());
     let params: Vec<Tensor> = wrt
         .iter()
@@ -162,6 +168,7 @@ fn batched_grad(x: &Expected, wrt: &[usize], batch: usize, opts: Options) -> Vec
             chunk.to_vec(),
             rngs,
             opts,
+            gopts,
             &params,
         )
         .unwrap_or_else(|e| panic!("{}: batched gradient: {}", x.name, e.error.message));
@@ -221,7 +228,7 @@ fn check(x: &Expected) {
     assert!(!wrt.is_empty());
     let want = reference_grad(x, &wrt);
     for batch in [1, 7, 64] {
-        let got = batched_grad(x, &wrt, batch, Options::default());
+        let got = batched_grad(x, &wrt, batch, Options::default(), GradOptions::default());
         compare(x, &wrt, &got, &want, &format!("batch {batch}"));
     }
     let opts = Options {
@@ -229,8 +236,14 @@ fn check(x: &Expected) {
         fusion: false,
         ..Options::default()
     };
-    let got = batched_grad(x, &wrt, 64, opts);
-    compare(x, &wrt, &got, &want, "agenda, no fusion, batch 64");
+    let got = batched_grad(x, &wrt, 64, opts, GradOptions { gemm: false });
+    compare(
+        x,
+        &wrt,
+        &got,
+        &want,
+        "agenda, no fusion, no backward GEMM, batch 64",
+    );
 }
 
 #[test]
