@@ -11,7 +11,7 @@ use tumble_runtime::backward::{grad_batch, GradOptions};
 use tumble_runtime::{Options, Scheduler};
 use tumble_tensor::Tensor;
 
-const INSTANCE_ARGS: &[&str] = &["tree", "tokens", "seqs", "threshold"];
+const INSTANCE_ARGS: &[&str] = &["tree", "tokens", "seqs", "threshold", "label", "labels"];
 
 /// Replaces whole numbers by their mapped values (as `equivalence.rs` scales the zoo).
 fn scale(text: &str, map: &[(&str, &str)]) -> String {
@@ -353,4 +353,63 @@ fn berxit() {
         &inputs,
     );
     check(&x);
+}
+
+/// `tree`'s JSON with every node's `[[id]` turned into `[id % 5`: a label tree of its shape.
+fn label_tree(tree: &str) -> String {
+    let mut out = String::with_capacity(tree.len());
+    let mut rest = tree;
+    while let Some(at) = rest.find("[[") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let digits = after.find(']').unwrap_or(0);
+        let id: u64 = after[..digits].parse().unwrap_or(0);
+        out.push_str(&format!("[{}", id % 5));
+        rest = &after[digits + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The SST training models: the root's cross-entropy, and the sum over every node's.
+#[test]
+fn treelstm_sst_train() {
+    let trees: Vec<String> = example("treelstm.jsonl")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let t = l.trim().strip_prefix("{\"tree\": ").unwrap();
+            t[..t.len() - 1].to_string()
+        })
+        .collect();
+    let map = &[("256", "8"), ("768", "24"), ("21703", "1000")];
+    let root = (0..66)
+        .map(|i| {
+            format!(
+                "{{\"tree\": {}, \"label\": {}}}",
+                trees[i % trees.len()],
+                i % 5
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let x = load_plain("treelstm_sst_train", map, &root);
+    check(&x);
+    let all = (0..66)
+        .map(|i| {
+            let t = &trees[i % trees.len()];
+            format!("{{\"tree\": {t}, \"labels\": {}}}", label_tree(t))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let x = load_plain("treelstm_sst_train_all", map, &all);
+    check(&x);
+}
+
+/// A model that already returns a scalar loss, scaled down.
+fn load_plain(model: &str, map: &[(&str, &str)], inputs: &str) -> Expected {
+    let path = root().join("models").join(format!("{model}.rly"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let l = load_text(model, &scale(&text, map));
+    expected(model, l, inputs, INSTANCE_ARGS)
 }
