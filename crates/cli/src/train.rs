@@ -346,6 +346,7 @@ impl Compiled {
         stats.batched_vjps += g.stats.batched_vjps;
         stats.looped_vjps += g.stats.looped_vjps;
         stats.shared_grads += g.stats.shared_grads;
+        stats.peak_bytes = stats.peak_bytes.max(g.stats.peak_bytes);
         stats.time_forward += g.stats.time_forward;
         stats.time_backward += g.stats.time_backward;
         Ok((g.losses, g.grads))
@@ -501,7 +502,8 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         eprintln!(
             "grad: {} instances, sum of @main {loss:.6}, {} parameters, {:.3} s \
              (forward {:.3} s, backward {:.3} s); backward launches {} (skipped {}), \
-             vjps batched {} / per row {}, shared-weight gradients summed per launch {}",
+             vjps batched {} / per row {}, shared-weight gradients summed per launch {}; \
+             peak heap per mini-batch {}",
             decoded.len(),
             out.len(),
             t0.elapsed().as_secs_f64(),
@@ -511,7 +513,8 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             stats.skipped,
             stats.batched_vjps,
             stats.looped_vjps,
-            stats.shared_grads
+            stats.shared_grads,
+            tumble_limits::bytes_text(stats.peak_bytes)
         );
     }
     Ok(())
@@ -757,11 +760,13 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
         }
         bar.finish_and_clear();
         let mut line = format!(
-            "epoch {epoch}/{}: train loss {:.4} ({:.1} instances/s)",
+            "epoch {epoch}/{}: train loss {:.4} ({:.1} instances/s, peak heap {})",
             args.epochs,
             loss_sum / seen.max(1) as f64,
-            seen as f64 / t_epoch.elapsed().as_secs_f64().max(1e-9)
+            seen as f64 / t_epoch.elapsed().as_secs_f64().max(1e-9),
+            tumble_limits::bytes_text(stats.peak_bytes)
         );
+        stats.peak_bytes = 0;
         let mut score: Option<f64> = None;
         if let Some((raw_dev, decoded_dev, eval)) = &mut dev {
             let losses = main.outputs(

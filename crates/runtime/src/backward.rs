@@ -134,6 +134,9 @@ pub struct BackwardStats {
     pub looped_vjps: u64,
     /// Weight gradients produced as one sum over a launch's rows.
     pub shared_grads: u64,
+    /// The most heap bytes live at once (sampled after the forward and after each backward
+    /// launch; counted by `tumble_limits`' allocator where the binary installs it, else 0).
+    pub peak_bytes: usize,
     pub time_forward: std::time::Duration,
     pub time_backward: std::time::Duration,
 }
@@ -238,6 +241,7 @@ pub fn grad_batch(
     drop(machines);
     let mut stats = BackwardStats {
         time_forward: t0.elapsed(),
+        peak_bytes: tumble_limits::in_use(),
         ..BackwardStats::default()
     };
     let t1 = Instant::now();
@@ -307,6 +311,13 @@ pub fn grad_batch(
             }
             InstanceError { instance, error: e }
         })?;
+        stats.peak_bytes = stats.peak_bytes.max(tumble_limits::in_use());
+        if let Err(stop) = tumble_limits::poll() {
+            return Err(InstanceError {
+                instance,
+                error: RunError::new(format!("in the backward pass: {stop}")),
+            });
+        }
     }
     stats.time_backward = t1.elapsed();
     Ok(BatchGrad {
