@@ -2,7 +2,7 @@
 //! model (so the debug binary is quick).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn tumble(args: &[&str]) -> Output {
@@ -66,7 +66,7 @@ fn instances() -> String {
 }
 
 /// A safetensors file's f32 tensors: name → (shape, values).
-fn read_safetensors(path: &PathBuf) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+fn read_safetensors(path: &Path) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
     let bytes = std::fs::read(path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
@@ -97,7 +97,7 @@ fn read_safetensors(path: &PathBuf) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> 
     out
 }
 
-fn grad(model: &str, inputs: &str, out: &PathBuf, extra: &[&str]) -> Output {
+fn grad(model: &str, inputs: &str, out: &Path, extra: &[&str]) -> Output {
     let o = out.display().to_string();
     let mut a = vec![
         "grad",
@@ -162,7 +162,7 @@ fn grad_of_a_non_scalar_main_is_a_located_error() {
     assert!(!out.exists(), "nothing is written");
 }
 
-fn train(model: &str, train: &str, dev: &str, out: &PathBuf, extra: &[&str]) -> Output {
+fn train(model: &str, train: &str, dev: &str, out: &Path, extra: &[&str]) -> Output {
     let o = out.display().to_string();
     let mut a = vec![
         "train",
@@ -197,7 +197,7 @@ fn dev_losses(stderr: &str) -> Vec<f64> {
     stderr
         .lines()
         .filter_map(|l| l.split("dev loss ").nth(1))
-        .filter_map(|r| r.split(|c: char| c == ',' || c == ' ').next())
+        .filter_map(|r| r.split([',', ' ']).next())
         .filter_map(|v| v.parse().ok())
         .collect()
 }

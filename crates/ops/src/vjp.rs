@@ -498,6 +498,9 @@ fn dense(args: &[OpValue], g: &Tensor) -> Result<Vec<Option<OpValue>>, String> {
         return Err("shapes or dtypes do not match".into());
     }
     let m = x.len() / k.max(1);
+    if g.len() != m * n {
+        return Err("the output gradient does not match the product".into());
+    }
     let (xv, wv, gv) = (x.to_f64_vec(), w.to_f64_vec(), g.to_f64_vec());
     let mut dx = vec![0.0; m * k];
     let mut dw = vec![0.0; n * k];
@@ -539,6 +542,15 @@ fn batch_matmul(
         return Err("inner dimensions differ".into());
     }
     let (av, bv, gv) = (a.to_f64_vec(), b.to_f64_vec(), g.to_f64_vec());
+    let expect = |batch: usize, r: usize, c: usize| batch == 1 || batch == bt || r * c == 0;
+    if gv.len() != bt * m * n
+        || !expect(ba, a1, a2)
+        || !expect(bb, b1, b2)
+        || (if ta { a2 } else { a1 }) != m
+        || (if tb { b1 } else { b2 }) != n
+    {
+        return Err("operand shapes do not match the result".into());
+    }
     let mut da = vec![0.0; av.len()];
     let mut db = vec![0.0; bv.len()];
     for i in 0..bt {
