@@ -28,6 +28,7 @@ mod explain;
 mod files;
 mod run;
 mod serve;
+mod train;
 
 #[derive(Parser)]
 #[command(
@@ -86,6 +87,11 @@ enum Command {
     Compile(compiled::CompileArgs),
     /// Serve a model over HTTP (TF-Serving / KServe v1 REST) with continuous batching.
     Serve(serve::ServeArgs),
+    /// The gradient of the sum of `@main`'s outputs (a float scalar per instance) with respect
+    /// to every float parameter, by the batched backward pass; written as safetensors.
+    Grad(train::GradArgs),
+    /// Train the float parameters: minimize the mean of `@main`'s output over mini-batches.
+    Train(train::TrainArgs),
     /// Show the static blocks the compiler found and its parameter-reuse decisions.
     Explain(explain::ExplainArgs),
     /// Make instance files: SST trees and sentences, generated inputs for the zoo models.
@@ -162,6 +168,8 @@ fn main() -> ExitCode {
             Command::Fmt { file, check } => commands::fmt(&file, check, color),
             Command::Run(args) => run::run(&args, color),
             Command::Serve(args) => serve::serve(&args),
+            Command::Grad(args) => train::grad(&args, color),
+            Command::Train(args) => train::train(&args, color),
             Command::Explain(args) => explain::explain(&args, color),
             Command::Compile(args) => compiled::compile(&args, color),
             Command::Data(args) => match tumble_data::cli::run(&args) {

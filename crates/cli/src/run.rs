@@ -158,8 +158,8 @@ pub struct RunArgs {
     /// lending them to the launches of the mini-batches still running.
     #[arg(long)]
     pub no_lend_threads: bool,
-    /// The entry function.
-    #[arg(long, default_value = "main")]
+    /// The entry function (`@name` or `name`), bound to the same weights by argument name.
+    #[arg(long, default_value = "main", value_parser = entry_arg)]
     pub entry: String,
 }
 
@@ -200,8 +200,17 @@ impl From<SchedulerArg> for tumble_runtime::Scheduler {
     }
 }
 
+/// `--entry @name`: the global's name without `@`.
+fn entry_arg(s: &str) -> Result<String, String> {
+    let name = s.strip_prefix('@').unwrap_or(s);
+    if name.is_empty() {
+        return Err("an entry function name, e.g. `@main`".into());
+    }
+    Ok(name.to_string())
+}
+
 /// A count that must be positive (`--workers`).
-fn at_least_one(s: &str) -> Result<usize, String> {
+pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
@@ -211,7 +220,7 @@ fn at_least_one(s: &str) -> Result<usize, String> {
 
 /// `--threads`, else `TUMBLE_NUM_THREADS` (a positive count, else an error), else the machine's
 /// parallelism.
-fn thread_count(flag: Option<usize>) -> Result<usize, Failure> {
+pub(crate) fn thread_count(flag: Option<usize>) -> Result<usize, Failure> {
     if let Some(n) = flag {
         return Ok(n);
     }
@@ -277,7 +286,7 @@ pub fn run(args: &RunArgs, color: bool) -> ExitCode {
     }
 }
 
-fn report(f: Failure, sources: &SourceMap, color: bool) -> ExitCode {
+pub(crate) fn report(f: Failure, sources: &SourceMap, color: bool) -> ExitCode {
     match f {
         Failure::Diags(ds) => {
             eprint!("{}", diag::render(&ds, sources, color));

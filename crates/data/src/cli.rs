@@ -112,8 +112,93 @@ pub struct SstArgs {
     /// Map words with this vocab.txt instead of building the vocabulary from the SST files.
     #[arg(long, value_name = "FILE")]
     pub vocab: Option<PathBuf>,
+    /// Add the treebank's sentiment classes (0-4) to each instance: `root` adds `"label"` (the
+    /// sentence's class, a `Tensor[(), int32]`), `all` adds `"labels"`: every node's class as a
+    /// tree of the tree's shape (`Tree[Tensor[(), int32]]`), or with `--format tokens` each
+    /// word's class (a list, one per token).
+    #[arg(long, value_enum, default_value_t = Labels::None)]
+    pub labels: Labels,
     #[command(flatten)]
     pub out: OutputArgs,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Labels {
+    /// No labels.
+    None,
+    /// The root's class: `"label": 3`.
+    Root,
+    /// Every node's class: a tree of labels (`--format tree`) or one per word (`tokens`).
+    All,
+}
+
+/// `instance` (a JSON object) with the labels `mode` asks for added: for `all`, a tree of
+/// labels shaped like the instance's tree (`Tree[Tensor[(), int32]]`, a tree model walks both
+/// together), or for the token format the leaves' labels, one per token.
+fn with_labels(mut instance: String, tree: &sst::Tree, mode: Labels, format: Format) -> String {
+    use std::fmt::Write as _;
+    if mode == Labels::None || !instance.ends_with('}') {
+        return instance;
+    }
+    instance.pop();
+    match (mode, format) {
+        (Labels::Root, _) => {
+            let _ = write!(instance, ", \"label\": {}}}", tree.root().label);
+        }
+        (_, Format::Tree) => {
+            let _ = write!(instance, ", \"labels\": {}}}", label_tree_json(tree));
+        }
+        (_, Format::Tokens) => {
+            let labels: Vec<String> = tree
+                .nodes()
+                .iter()
+                .filter(|n| n.is_leaf())
+                .map(|n| n.label.to_string())
+                .collect();
+            let _ = write!(instance, ", \"labels\": [{}]}}", labels.join(", "));
+        }
+    }
+    instance
+}
+
+/// Every node's label as a tree of the tree's shape: `{"Rose": [3, [{"Rose": [2, []]}, ...]]}`.
+/// Iterative, like [`sst::tree_json`].
+fn label_tree_json(tree: &sst::Tree) -> String {
+    use std::fmt::Write as _;
+    let nodes = tree.nodes();
+    let mut out = String::new();
+    let open = |out: &mut String, i: usize| -> bool {
+        let node = &nodes[i];
+        let _ = write!(out, "{{\"Rose\": [{}, [", node.label);
+        if node.children.is_empty() {
+            out.push_str("]]}");
+            false
+        } else {
+            true
+        }
+    };
+    let mut stack: Vec<(usize, usize)> = Vec::new();
+    if !nodes.is_empty() && open(&mut out, 0) {
+        stack.push((0, 0));
+    }
+    while let Some(top) = stack.last_mut() {
+        let (i, k) = *top;
+        let children = &nodes[i].children;
+        if k == children.len() {
+            out.push_str("]]}");
+            stack.pop();
+            continue;
+        }
+        top.1 += 1;
+        if k > 0 {
+            out.push_str(", ");
+        }
+        let child = children[k];
+        if open(&mut out, child) {
+            stack.push((child, 0));
+        }
+    }
+    out
 }
 
 /// `tumble data nested`.
@@ -272,10 +357,11 @@ fn run_sst(a: &SstArgs) -> Result<(), DataError> {
         .take(limit)
         .map(|tree| {
             let tree = tree.map_err(|e| DataError::parse(&path, e))?;
-            Ok(match format {
+            let instance = match format {
                 Format::Tree => sst::tree_instance(&tree, &vocab),
                 Format::Tokens => sst::tokens_instance(&tree, &vocab),
-            })
+            };
+            Ok(with_labels(instance, &tree, a.labels, format))
         });
     finish(&a.out, write_lines(a.out.path(), lines)?)
 }

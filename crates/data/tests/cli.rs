@@ -285,3 +285,42 @@ fn unknown_values_are_rejected_by_clap() {
         );
     }
 }
+
+#[test]
+fn sst_labels_root_and_all() {
+    let dir = scratch("labels");
+    write_sst(&dir, "(3 (2 a) (4 (2 good) (4 film)))\n");
+    let out = dir.join("out.jsonl");
+    let vocab = dir.join("vocab.txt");
+    run_args(&["vocab", "--data-dir", s(&dir), "-o", s(&vocab)]).unwrap();
+    let sst = |extra: &[&str]| {
+        let mut a = vec![
+            "sst",
+            "--data-dir",
+            s(&dir),
+            "--vocab",
+            s(&vocab),
+            "-o",
+            s(&out),
+        ];
+        a.extend_from_slice(extra);
+        run_args(&a).unwrap();
+        std::fs::read_to_string(&out).unwrap()
+    };
+    let root = sst(&["--labels", "root"]);
+    assert!(root.trim_end().ends_with(", \"label\": 3}"), "{root}");
+    let all = sst(&["--labels", "all"]);
+    assert!(
+        all.contains(
+            "\"labels\": {\"Rose\": [3, [{\"Rose\": [2, []]}, {\"Rose\": [4, [{\"Rose\": [2, []]}, {\"Rose\": [4, []]}]]}]]}}"
+        ),
+        "{all}"
+    );
+    let tokens = sst(&["--labels", "all", "--format", "tokens"]);
+    assert!(
+        tokens.trim_end().ends_with("\"labels\": [2, 2, 4]}"),
+        "{tokens}"
+    );
+    let plain = sst(&[]);
+    assert!(!plain.contains("label"), "{plain}");
+}

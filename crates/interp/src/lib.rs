@@ -5,6 +5,7 @@
 
 pub mod machine;
 pub mod reference;
+pub mod tape;
 pub mod value;
 
 pub use machine::{Backend, InstanceCtx, Machine, Outcome, RunError};

@@ -17,6 +17,7 @@ use tumble_tensor::Tensor;
 mod kernel;
 mod rel;
 mod table;
+pub mod vjp;
 
 pub use table::all;
 

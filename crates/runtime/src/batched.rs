@@ -209,7 +209,7 @@ pub fn run_block(
         .collect()
 }
 
-fn lookup(v: &BVal, inputs: &[BV], results: &[BV]) -> Result<BV, String> {
+pub(crate) fn lookup(v: &BVal, inputs: &[BV], results: &[BV]) -> Result<BV, String> {
     let missing = || format!("internal: block value {v} is not available");
     match v {
         BVal::Input(i) => inputs.get(*i as usize).cloned().ok_or_else(missing),
@@ -363,7 +363,12 @@ pub(crate) fn batched_op(
 }
 
 /// How to run `op` once on the whole batch: the operands and attributes to pass, or `None`.
-fn rule(op: &OpDef, attrs: &Attrs, args: &[BV], b: usize) -> Option<(Vec<OpValue>, Attrs)> {
+pub(crate) fn rule(
+    op: &OpDef,
+    attrs: &Attrs,
+    args: &[BV],
+    b: usize,
+) -> Option<(Vec<OpValue>, Attrs)> {
     let rank = |i: usize| args.get(i).map_or(0, per_instance_rank);
     let name = op.name;
     match name {
@@ -624,7 +629,7 @@ fn per_invocation(
     stack_values(outs)
 }
 
-fn row_of(v: &BV, i: usize) -> Result<OpValue, String> {
+pub(crate) fn row_of(v: &BV, i: usize) -> Result<OpValue, String> {
     match v {
         BV::Shared(x) => Ok(x.clone()),
         BV::Batched(OpValue::Tensor(t)) => t.row(i).map(OpValue::Tensor).map_err(|e| e.to_string()),
@@ -637,7 +642,7 @@ fn row_of(v: &BV, i: usize) -> Result<OpValue, String> {
     }
 }
 
-fn stack_values(outs: Vec<OpValue>) -> Result<BV, String> {
+pub(crate) fn stack_values(outs: Vec<OpValue>) -> Result<BV, String> {
     match outs.first() {
         Some(OpValue::Tensor(_)) => {
             let ts: Vec<&Tensor> = outs.iter().filter_map(OpValue::as_tensor).collect();

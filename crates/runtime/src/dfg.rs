@@ -23,7 +23,7 @@ use crate::{Options, Scheduler};
 
 /// A block argument as recorded.
 #[derive(Clone)]
-enum Arg {
+pub(crate) enum Arg {
     Lazy(LazyRef),
     Val(Tensor),
 }
@@ -44,21 +44,21 @@ impl Slot {
     }
 }
 
-struct Node {
-    block: u32,
-    args: Vec<Arg>,
+pub(crate) struct Node {
+    pub(crate) block: u32,
+    pub(crate) args: Vec<Arg>,
     depth: u32,
     /// Launch-grouping key: the block and its inputs' per-instance shapes.
     key: u64,
     /// Output shapes, shared with the shape cache (recording a node allocates no shapes).
     out_shapes: std::rc::Rc<Vec<Vec<usize>>>,
     out: Option<Vec<Slot>>,
-    span: Span,
+    pub(crate) span: Span,
     /// A deferred sum (sum fusion): never launched; `args` are its terms (none of them a deferred
     /// sum), added in order when a launch first reads it ([`Dfg::materialize_sums`]).
     sum: bool,
     /// The instance (index in the mini-batch) that recorded it, to name in errors.
-    instance: u32,
+    pub(crate) instance: u32,
 }
 
 pub struct Dfg<'p> {
@@ -85,6 +85,8 @@ pub struct Dfg<'p> {
     /// launch).
     lent: Option<&'p Lending>,
     pub profile: Profile,
+    /// Recording for the backward pass ([`Dfg::record_for_backward`]): the launches in order.
+    launch_log: Option<Vec<Vec<u32>>>,
 }
 
 /// Output shapes of a block from its inputs' shapes, by its operators' relations (Nimble's shape
@@ -184,7 +186,29 @@ impl<'p> Dfg<'p> {
             lent: None,
             failed_instance: None,
             profile: Profile::default(),
+            launch_log: None,
         }
+    }
+
+    /// Records for the backward pass ([`crate::backward`]): every launch's nodes in order, and
+    /// node arguments kept after their launch. Every float value must stay on the graph for
+    /// the backward to see it, so nothing is computed off it: no host scalars, no deferred
+    /// sums, and a computed input stays a reference to its node instead of becoming a value.
+    pub fn record_for_backward(&mut self) {
+        self.launch_log = Some(Vec::new());
+    }
+
+    /// The launches so far, in order (empty unless recording for the backward).
+    pub(crate) fn launch_log(&self) -> &[Vec<u32>] {
+        self.launch_log.as_deref().unwrap_or_default()
+    }
+
+    pub(crate) fn program(&self) -> &'p Program {
+        self.program
+    }
+
+    pub(crate) fn node(&self, id: u32) -> Option<&Node> {
+        self.nodes.get(id as usize)
     }
 
     /// Launches from now on also use a share of the threads in `lent`, which other workers add to
@@ -934,9 +958,15 @@ impl<'p> Dfg<'p> {
                 .collect::<Result<Vec<_>, _>>()?;
             if let Some(n) = self.nodes.get_mut(id as usize) {
                 n.out = Some(slots);
-                // The arguments are no longer needed; drop them so memory follows liveness.
-                n.args = Vec::new();
+                // The arguments are no longer needed (but by the backward pass); drop them so
+                // memory follows liveness.
+                if self.launch_log.is_none() {
+                    n.args = Vec::new();
+                }
             }
+        }
+        if let Some(log) = &mut self.launch_log {
+            log.push(ids.to_vec());
         }
         Ok(())
     }
@@ -1096,6 +1126,7 @@ impl Backend for Dfg<'_> {
         for a in args {
             recorded.push(match a {
                 Value::Tensor(t) => Arg::Val(t),
+                Value::Lazy(r) if self.launch_log.is_some() => Arg::Lazy(r),
                 Value::Lazy(r) => match self.cheap_concrete(r)? {
                     // Computed values are passed as values where that copies nothing, or they
                     // are scalars (host-side work can use them); a computed row of a batch stays
@@ -1117,7 +1148,9 @@ impl Backend for Dfg<'_> {
         }
         // Small work on known values runs on the host at once (ACROBAT lowers scalar arithmetic to
         // native code), keeping counters and conditions out of the graph.
+        let for_backward = self.launch_log.is_some();
         if self.opts.host_scalars
+            && !for_backward
             && self.opts.scheduler != Scheduler::Eager
             && recorded
                 .iter()
@@ -1140,6 +1173,7 @@ impl Backend for Dfg<'_> {
             return Ok(block_value(block, outs));
         }
         if self.opts.sum_fusion
+            && !for_backward
             && self.opts.scheduler != Scheduler::Eager
             && self.exec.sum_blocks.get(block_id as usize) == Some(&true)
         {

@@ -6,6 +6,7 @@
 //! a computed condition), the pending graph is evaluated in batched launches — all ready nodes of the
 //! same (depth, block, shapes) at once ([`batched`]) — and the waiting executors resume.
 
+pub mod backward;
 pub mod batched;
 pub mod dfg;
 mod executable;

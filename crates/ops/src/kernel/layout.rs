@@ -134,7 +134,7 @@ pub fn transpose(
 }
 
 /// An index into an axis of length `n` under `mode`, or the error message.
-fn resolve_index(i: i64, n: usize, mode: TakeMode) -> Result<usize, String> {
+pub(crate) fn resolve_index(i: i64, n: usize, mode: TakeMode) -> Result<usize, String> {
     let n64 = i64::try_from(n).map_err(|_| "axis too long".to_string())?;
     if n64 == 0 {
         return Err(format!("index {i} is out of range: the axis has length 0"));

@@ -1,0 +1,797 @@
+//! `tumble grad` and `tumble train`: the batched backward pass ([`tumble_runtime::backward`])
+//! from the command line — the gradient of the sum of `@main`'s outputs over a file of
+//! instances, and mini-batch training of the float parameters on it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use tumble_check::{LoadOptions, TypedModule};
+use tumble_compile::{LowerOptions, Program, ReuseAnalysis};
+use tumble_interp::Value;
+use tumble_io::{
+    bind_params, load_params, main_signature, read_instances_file, save_params, Binding,
+    BoundParams, RawInstances, TypeEnv,
+};
+use tumble_ir::{diag, Diagnostic, SourceMap, Ty};
+use tumble_runtime::backward::GradOptions;
+use tumble_runtime::Options;
+use tumble_tensor::{Rng, Tensor};
+
+use crate::run::{instance_rng, Failure};
+
+/// Where the model's weights come from (shared by `grad` and `train`).
+#[derive(clap::Args, Clone)]
+pub struct Weights {
+    /// Weights: a safetensors file, a `.npy` file or a directory of `.npy` files.
+    #[arg(long)]
+    pub params: Option<PathBuf>,
+    /// Fill parameters missing from `--params` with seeded random values.
+    #[arg(long, value_name = "SEED")]
+    pub random_params: Option<u64>,
+    /// Threads for kernels (default: $TUMBLE_NUM_THREADS, else the number of cores).
+    #[arg(long, value_name = "N", value_parser = crate::run::at_least_one)]
+    pub threads: Option<usize>,
+    /// Seed of `random.db_uniform` (instance i draws from its own stream) and, in `train`, of
+    /// the shuffle.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Compute f32 `nn.dense` gradients with the operator's reference vjp (plain loops) instead
+    /// of the SIMD GEMM.
+    #[arg(long)]
+    pub no_backward_gemm: bool,
+}
+
+#[derive(clap::Args)]
+pub struct GradArgs {
+    /// The model, in the Relay text format; `@main` must return a float scalar.
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub weights: Weights,
+    /// Instances: JSON Lines, keyed by `@main` argument name.
+    #[arg(long, short)]
+    pub inputs: PathBuf,
+    /// Instances per mini-batch; default: all at once. The gradient does not depend on it.
+    #[arg(long, value_name = "N", value_parser = crate::run::at_least_one)]
+    pub batch: Option<usize>,
+    /// The gradients: a safetensors file, one tensor per float parameter (its name, dtype and
+    /// shape). Written atomically.
+    #[arg(long, short)]
+    pub output: PathBuf,
+    /// Use the reference engine (a tape per instance) instead of the batched backward.
+    #[arg(long)]
+    pub reference: bool,
+    /// Print the backward's counters and time split to stderr.
+    #[arg(long)]
+    pub profile: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq, Debug)]
+pub enum Optimizer {
+    Sgd,
+    Adagrad,
+    Adam,
+}
+
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// The model; `@main` returns each instance's loss (a float scalar).
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub weights: Weights,
+    /// Training instances (JSON Lines).
+    #[arg(long)]
+    pub train: PathBuf,
+    /// Development instances: after each epoch their mean loss (and `--eval`) is reported and
+    /// the best weights on them are kept.
+    #[arg(long)]
+    pub dev: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Instances per mini-batch (one optimizer step each).
+    #[arg(long, default_value_t = 20, value_parser = crate::run::at_least_one)]
+    pub batch: usize,
+    #[arg(long, value_enum, default_value_t = Optimizer::Adagrad)]
+    pub optimizer: Optimizer,
+    /// Learning rate.
+    #[arg(long, default_value_t = 0.05)]
+    pub lr: f64,
+    /// L2 weight decay, added to each gradient as `decay * w`.
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// A global with `@main`'s parameters returning a float scalar per instance (e.g.
+    /// `@accuracy`): its mean on dev is reported after each epoch and picks the best weights
+    /// (higher is better); without it the lowest dev loss does.
+    #[arg(long, value_name = "@NAME")]
+    pub eval: Option<String>,
+    /// Where the (best) weights are written, atomically, after every epoch that improves them:
+    /// an interrupted run leaves the last complete checkpoint.
+    #[arg(long, short)]
+    pub output: PathBuf,
+    /// No progress bar (one line per epoch only).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// An entry function compiled for the batched runtime with the weights bound.
+struct Compiled {
+    entry: String,
+    program: Program,
+    reuse: ReuseAnalysis,
+    bound: BoundParams,
+}
+
+fn load_typed(path: &Path, sources: &mut SourceMap) -> Result<TypedModule, Failure> {
+    let text = crate::files::read_source(path).map_err(Failure::Message)?;
+    let name = path.display().to_string();
+    let typed = tumble_check::load(sources, &name, &text, LoadOptions::default())
+        .map_err(Failure::Diags)?;
+    for w in &typed.warnings {
+        eprint!("{}", diag::render(std::slice::from_ref(w), sources, false));
+    }
+    Ok(typed)
+}
+
+/// `@entry` must return a float scalar: shape `()` or one element.
+fn check_scalar(typed: &TypedModule, entry: &str, ret: &Ty, why: &str) -> Result<(), Failure> {
+    let ok = match ret.as_tensor() {
+        Some((dims, dtype)) => {
+            dtype.is_float() && dims.iter().all(|d| d.known().is_some_and(|n| n == 1))
+        }
+        None => false,
+    };
+    if ok {
+        return Ok(());
+    }
+    let message = format!(
+        "{why} needs `@{entry}` to return a float scalar (shape () or one element), but it returns {ret}"
+    );
+    match typed.module.defs().find(|d| d.name.name == entry) {
+        Some(def) => Err(Failure::Diags(vec![Diagnostic::error(
+            def.name.span,
+            message,
+        )
+        .with_note(
+            "wrap the model's output in a loss, e.g. `sum(...)` or a cross-entropy",
+        )])),
+        None => Err(Failure::Message(message)),
+    }
+}
+
+fn entry_name(s: &str) -> &str {
+    s.strip_prefix('@').unwrap_or(s)
+}
+
+/// Compiles `entry` with the parameters in `file` (plus random ones from `random`) bound; the
+/// instances `raw` provide the other arguments.
+fn compile(
+    typed: &TypedModule,
+    entry: &str,
+    raw: &RawInstances,
+    file: &BTreeMap<String, Tensor>,
+    random: Option<u64>,
+) -> Result<Compiled, Failure> {
+    let (params, _) = main_signature(typed, entry)?;
+    let provided = raw.provided_args(&params, file);
+    let bound = bind_params(&params, &provided, file, random)?;
+    for w in &bound.warnings {
+        if !w.contains("not an argument") {
+            eprintln!("warning: {w}");
+        }
+    }
+    let weights: Vec<bool> = bound
+        .args
+        .iter()
+        .map(|a| matches!(a.binding, Binding::Param(_)))
+        .collect();
+    // The one pipeline, as `run` compiles; the backward plans per mini-batch itself.
+    let compiled = tumble_compile::compile(
+        typed,
+        entry,
+        &weights,
+        tumble_compile::CompileOptions {
+            plans: None,
+            ..tumble_compile::CompileOptions::batched()
+        },
+    )
+    .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
+    let (program, reuse) = (compiled.program, compiled.reuse);
+    Ok(Compiled {
+        entry: entry.to_string(),
+        program,
+        reuse,
+        bound,
+    })
+}
+
+impl Compiled {
+    /// The float parameters: (name, tensor), in argument order.
+    fn float_params(&self) -> Vec<(String, Tensor)> {
+        self.bound
+            .args
+            .iter()
+            .filter_map(|a| match &a.binding {
+                Binding::Param(t) if t.dtype().is_float() => Some((a.name.clone(), t.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every parameter, by name.
+    fn all_params(&self) -> BTreeMap<String, Tensor> {
+        self.bound
+            .args
+            .iter()
+            .filter_map(|a| match &a.binding {
+                Binding::Param(t) => Some((a.name.clone(), t.clone())),
+                Binding::Instance => None,
+            })
+            .collect()
+    }
+
+    /// Rebinds the parameters named in `w` to its tensors.
+    fn rebind(&mut self, w: &BTreeMap<String, Tensor>) {
+        for a in &mut self.bound.args {
+            if let (Binding::Param(t), Some(new)) = (&mut a.binding, w.get(&a.name)) {
+                *t = new.clone();
+            }
+        }
+    }
+
+    /// The instance arguments of every instance of `raw`, decoded once.
+    fn decode(&self, typed: &TypedModule, raw: &RawInstances) -> Result<Vec<Vec<Value>>, Failure> {
+        let env = TypeEnv::new(typed, &self.program);
+        let args = self.bound.instance_args();
+        (0..raw.items.len())
+            .map(|i| raw.decode_one(i, &env, &args).map_err(Failure::from))
+            .collect()
+    }
+
+    fn location(raw: &RawInstances, i: usize) -> String {
+        raw.items.get(i).map_or_else(
+            || format!("instance {i}"),
+            |it| format!("instance at {}", it.location),
+        )
+    }
+
+    fn run_error(raw: &RawInstances, i: usize, e: tumble_interp::RunError) -> Failure {
+        let message = format!("{}: {}", Self::location(raw, i), e.message);
+        match e.span {
+            Some(span) => Failure::Diags(vec![Diagnostic::error(span, message)]),
+            None => Failure::Message(message),
+        }
+    }
+
+    /// Each instance's output of the entry (a float scalar), in mini-batches of `batch`.
+    fn outputs(
+        &self,
+        raw: &RawInstances,
+        decoded: &[Vec<Value>],
+        batch: usize,
+        opts: Options,
+        seed: u64,
+    ) -> Result<Vec<f64>, Failure> {
+        let mut out = Vec::with_capacity(decoded.len());
+        for (c, chunk) in decoded.chunks(batch.max(1)).enumerate() {
+            let base = c * batch.max(1);
+            let args = chunk
+                .iter()
+                .map(|a| self.bound.assemble(a.clone()))
+                .collect::<Result<Vec<_>, _>>()?;
+            let rngs = (0..chunk.len())
+                .map(|k| instance_rng(seed, base + k))
+                .collect();
+            let (vals, _) = tumble_runtime::run_batch(
+                &self.program,
+                &self.reuse,
+                &self.entry,
+                args,
+                rngs,
+                opts,
+            )
+            .map_err(|e| Self::run_error(raw, base + e.instance.unwrap_or(0), e.error))?;
+            for (k, v) in vals.iter().enumerate() {
+                let t = v.as_tensor().ok_or_else(|| {
+                    Failure::Message(format!(
+                        "{}: @{} returned {}, not a float scalar",
+                        Self::location(raw, base + k),
+                        self.entry,
+                        v.kind()
+                    ))
+                })?;
+                out.push(tumble_interp::tape::scalar_loss(t).map_err(|m| {
+                    Failure::Message(format!("{}: {m}", Self::location(raw, base + k)))
+                })?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The gradient of the sum of the outputs of instances `which` (indices into `decoded`),
+    /// one mini-batch; returns the outputs and one gradient per float parameter (`params`).
+    #[allow(clippy::too_many_arguments)]
+    fn grad(
+        &self,
+        raw: &RawInstances,
+        decoded: &[Vec<Value>],
+        which: &[usize],
+        params: &[Tensor],
+        opts: Options,
+        gopts: GradOptions,
+        seed: u64,
+        stats: &mut tumble_runtime::backward::BackwardStats,
+    ) -> Result<(Vec<f64>, Vec<Option<Tensor>>), Failure> {
+        let mut args = Vec::with_capacity(which.len());
+        for &i in which {
+            let inst = decoded
+                .get(i)
+                .ok_or_else(|| Failure::Message(format!("internal: no instance {i}")))?;
+            args.push(self.bound.assemble(inst.clone())?);
+        }
+        let rngs = which.iter().map(|&i| instance_rng(seed, i)).collect();
+        let g = tumble_runtime::backward::grad_batch(
+            &self.program,
+            &self.reuse,
+            &self.entry,
+            args,
+            rngs,
+            opts,
+            gopts,
+            params,
+        )
+        .map_err(|e| {
+            let i = e.instance.and_then(|k| which.get(k)).copied().unwrap_or(0);
+            Self::run_error(raw, i, e.error)
+        })?;
+        stats.launches += g.stats.launches;
+        stats.skipped += g.stats.skipped;
+        stats.batched_vjps += g.stats.batched_vjps;
+        stats.looped_vjps += g.stats.looped_vjps;
+        stats.shared_grads += g.stats.shared_grads;
+        stats.peak_bytes = stats.peak_bytes.max(g.stats.peak_bytes);
+        stats.time_forward += g.stats.time_forward;
+        stats.time_backward += g.stats.time_backward;
+        Ok((g.losses, g.grads))
+    }
+}
+
+fn report(result: Result<(), Failure>, sources: &SourceMap, color: bool) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => crate::run::report(f, sources, color),
+    }
+}
+
+fn options(threads: Option<usize>) -> Result<Options, Failure> {
+    Ok(Options {
+        threads: crate::run::thread_count(threads)?,
+        ..Options::default()
+    })
+}
+
+fn gopts(w: &Weights) -> GradOptions {
+    GradOptions {
+        gemm: !w.no_backward_gemm,
+    }
+}
+
+fn read_weights(w: &Weights) -> Result<BTreeMap<String, Tensor>, Failure> {
+    match &w.params {
+        Some(p) => {
+            let loaded = load_params(p)?;
+            for w in &loaded.warnings {
+                eprintln!("warning: {w}");
+            }
+            Ok(loaded.tensors)
+        }
+        None => Ok(BTreeMap::new()),
+    }
+}
+
+fn read_raw(path: &Path, what: &str) -> Result<RawInstances, Failure> {
+    let raw = read_instances_file(path)?;
+    if raw.items.is_empty() {
+        return Err(Failure::Message(format!(
+            "{}: no instances in the {what} file",
+            path.display()
+        )));
+    }
+    Ok(raw)
+}
+
+pub fn grad(args: &GradArgs, color: bool) -> ExitCode {
+    let mut sources = SourceMap::new();
+    let r = grad_inner(args, &mut sources);
+    report(r, &sources, color)
+}
+
+fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
+    let mut reads: Vec<(&str, &Path)> = vec![
+        ("the model", &args.model),
+        ("the --inputs file", &args.inputs),
+    ];
+    if let Some(p) = &args.weights.params {
+        reads.push(("the --params file", p));
+    }
+    crate::files::refuse_overwrites(&reads, &[("the output (-o)", &args.output)])
+        .map_err(Failure::Message)?;
+    let typed = load_typed(&args.model, sources)?;
+    let (_, ret) = main_signature(&typed, "main")?;
+    check_scalar(&typed, "main", &ret, "`tumble grad`")?;
+    let raw = read_raw(&args.inputs, "--inputs")?;
+    let file = read_weights(&args.weights)?;
+    let c = compile(&typed, "main", &raw, &file, args.weights.random_params)?;
+    let decoded = c.decode(&typed, &raw)?;
+    let params = c.float_params();
+    let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.clone()).collect();
+    let mut total: Vec<Option<Tensor>> = vec![None; params.len()];
+    let mut stats = tumble_runtime::backward::BackwardStats::default();
+    let t0 = Instant::now();
+    let mut loss = 0.0;
+    if args.reference {
+        let program = Program::lower_with(&typed, LowerOptions::reference())
+            .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
+        let wrt: Vec<usize> = c
+            .bound
+            .args
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| matches!(&a.binding, Binding::Param(t) if t.dtype().is_float()))
+            .map(|(i, _)| i)
+            .collect();
+        for (i, inst) in decoded.iter().enumerate() {
+            let mut rng = instance_rng(args.weights.seed, i);
+            let g = tumble_interp::tape::grad(
+                &program,
+                "main",
+                c.bound.assemble(inst.clone())?,
+                &wrt,
+                &mut rng,
+            )
+            .map_err(|e| Compiled::run_error(&raw, i, e))?;
+            loss += g.loss;
+            for (slot, g) in total.iter_mut().zip(g.grads) {
+                if let Some(g) = g {
+                    tumble_interp::tape::accumulate(slot, g).map_err(Failure::Message)?;
+                }
+            }
+        }
+    } else {
+        let opts = options(args.weights.threads)?;
+        let n = decoded.len();
+        let batch = args.batch.unwrap_or(n).max(1);
+        let all: Vec<usize> = (0..n).collect();
+        for which in all.chunks(batch) {
+            let (losses, gs) = c.grad(
+                &raw,
+                &decoded,
+                which,
+                &tensors,
+                opts,
+                gopts(&args.weights),
+                args.weights.seed,
+                &mut stats,
+            )?;
+            loss += losses.iter().sum::<f64>();
+            for (slot, g) in total.iter_mut().zip(gs) {
+                if let Some(g) = g {
+                    tumble_interp::tape::accumulate(slot, g).map_err(Failure::Message)?;
+                }
+            }
+            if tumble_limits::interrupted() {
+                return Err(Failure::Message("interrupted; nothing written".into()));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for ((name, p), g) in params.iter().zip(total) {
+        let g = match g {
+            Some(g) => g,
+            None => Tensor::zeros(p.shape().to_vec(), p.dtype())
+                .map_err(|e| Failure::Message(e.to_string()))?,
+        };
+        out.insert(name.clone(), g);
+    }
+    save_params(&args.output, &out)?;
+    if args.profile {
+        eprintln!(
+            "grad: {} instances, sum of @main {loss:.6}, {} parameters, {:.3} s \
+             (forward {:.3} s, backward {:.3} s); backward launches {} (skipped {}), \
+             vjps batched {} / per row {}, shared-weight gradients summed per launch {}; \
+             peak heap per mini-batch {}",
+            decoded.len(),
+            out.len(),
+            t0.elapsed().as_secs_f64(),
+            stats.time_forward.as_secs_f64(),
+            stats.time_backward.as_secs_f64(),
+            stats.launches,
+            stats.skipped,
+            stats.batched_vjps,
+            stats.looped_vjps,
+            stats.shared_grads,
+            tumble_limits::bytes_text(stats.peak_bytes)
+        );
+    }
+    Ok(())
+}
+
+/// Optimizer state per parameter, in f32 (the parameters' usual dtype; others convert).
+struct Slot {
+    m: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// One optimizer step on `w` with gradient `g * scale` (the mini-batch's mean) plus
+/// `decay * w`; returns the new weight. Moments are kept in f32, like PyTorch's optimizers.
+#[allow(clippy::too_many_arguments)]
+fn step(
+    opt: Optimizer,
+    lr: f64,
+    decay: f64,
+    t: u64,
+    w: &Tensor,
+    g: &Tensor,
+    scale: f64,
+    s: &mut Slot,
+) -> Result<Tensor, String> {
+    let w32 = w.cast(tumble_ir::DType::Float32);
+    let g32 = g.cast(tumble_ir::DType::Float32);
+    let (Some(wv), Some(gv)) = (w32.as_slice::<f32>(), g32.as_slice::<f32>()) else {
+        return Err("internal: optimizer operands are not float".into());
+    };
+    if wv.len() != gv.len() {
+        return Err("internal: gradient and parameter sizes differ".into());
+    }
+    if s.v.len() != wv.len() {
+        s.m = vec![0.0; wv.len()];
+        s.v = vec![0.0; wv.len()];
+    }
+    let (lr, decay, scale) = (lr as f32, decay as f32, scale as f32);
+    let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
+    let c1 = 1.0 - b1.powi(t.min(i32::MAX as u64) as i32);
+    let c2 = 1.0 - b2.powi(t.min(i32::MAX as u64) as i32);
+    let out: Vec<f32> = match opt {
+        Optimizer::Sgd => wv
+            .iter()
+            .zip(gv)
+            .map(|(x, g)| x - lr * (g * scale + decay * x))
+            .collect(),
+        Optimizer::Adagrad => wv
+            .iter()
+            .zip(gv)
+            .zip(s.v.iter_mut())
+            .map(|((x, g), v)| {
+                let g = g * scale + decay * x;
+                *v += g * g;
+                x - lr * g / (v.sqrt() + 1e-10)
+            })
+            .collect(),
+        Optimizer::Adam => wv
+            .iter()
+            .zip(gv)
+            .zip(s.m.iter_mut().zip(s.v.iter_mut()))
+            .map(|((x, g), (m, v))| {
+                let g = g * scale + decay * x;
+                *m = b1 * *m + (1.0 - b1) * g;
+                *v = b2 * *v + (1.0 - b2) * g * g;
+                x - lr * (*m / c1) / ((*v / c2).sqrt() + eps)
+            })
+            .collect(),
+    };
+    Ok(Tensor::from_vec(w.shape().to_vec(), out)
+        .map_err(|e| e.to_string())?
+        .cast(w.dtype()))
+}
+
+/// `0..n` shuffled by `seed` (Fisher–Yates): the same order on every run.
+fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut rng = Rng::new(seed);
+    let mut v: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+    v
+}
+
+pub fn train(args: &TrainArgs, color: bool) -> ExitCode {
+    let mut sources = SourceMap::new();
+    let r = train_inner(args, &mut sources);
+    if tumble_limits::interrupted() {
+        eprintln!(
+            "interrupted: {} holds the last complete checkpoint (if an epoch finished)",
+            args.output.display()
+        );
+    }
+    report(r, &sources, color)
+}
+
+fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure> {
+    let mut reads: Vec<(&str, &Path)> = vec![
+        ("the model", &args.model),
+        ("the --train file", &args.train),
+    ];
+    if let Some(p) = &args.dev {
+        reads.push(("the --dev file", p));
+    }
+    if let Some(p) = &args.weights.params {
+        reads.push(("the --params file", p));
+    }
+    crate::files::refuse_overwrites(&reads, &[("the output (-o)", &args.output)])
+        .map_err(Failure::Message)?;
+    if !(args.lr.is_finite() && args.lr > 0.0) {
+        return Err(Failure::Message(format!(
+            "--lr {}: must be a positive number",
+            args.lr
+        )));
+    }
+    if !(args.weight_decay.is_finite() && args.weight_decay >= 0.0) {
+        return Err(Failure::Message(format!(
+            "--weight-decay {}: must be a non-negative number",
+            args.weight_decay
+        )));
+    }
+    let typed = load_typed(&args.model, sources)?;
+    let (_, ret) = main_signature(&typed, "main")?;
+    check_scalar(&typed, "main", &ret, "`tumble train`")?;
+    let eval_entry = args.eval.as_deref().map(entry_name).map(str::to_string);
+    if let Some(e) = &eval_entry {
+        let (_, r) = main_signature(&typed, e)?;
+        check_scalar(&typed, e, &r, "--eval")?;
+        if args.dev.is_none() {
+            return Err(Failure::Message(
+                "--eval needs --dev (it is measured on the dev instances)".into(),
+            ));
+        }
+    }
+    let raw = read_raw(&args.train, "--train")?;
+    let file = read_weights(&args.weights)?;
+    let mut main = compile(&typed, "main", &raw, &file, args.weights.random_params)?;
+    let decoded = main.decode(&typed, &raw)?;
+    let mut weights = main.all_params();
+    let trainable: Vec<String> = main.float_params().into_iter().map(|(n, _)| n).collect();
+    if trainable.is_empty() {
+        return Err(Failure::Message(
+            "the model has no float parameters to train".into(),
+        ));
+    }
+    let mut dev = match &args.dev {
+        Some(p) => {
+            let raw_dev = read_raw(p, "--dev")?;
+            let decoded_dev = main.decode(&typed, &raw_dev)?;
+            let eval = match &eval_entry {
+                Some(e) => {
+                    let c = compile(&typed, e, &raw_dev, &weights, None)?;
+                    let d = c.decode(&typed, &raw_dev)?;
+                    Some((c, d))
+                }
+                None => None,
+            };
+            Some((raw_dev, decoded_dev, eval))
+        }
+        None => None,
+    };
+    let opts = options(args.weights.threads)?;
+    let mut slots: BTreeMap<String, Slot> = BTreeMap::new();
+    let mut best: Option<f64> = None;
+    let mut t: u64 = 0;
+    let n = decoded.len();
+    let mut stats = tumble_runtime::backward::BackwardStats::default();
+    for epoch in 1..=args.epochs {
+        let order = shuffled(
+            n,
+            args.weights.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        );
+        let bar = if args.quiet {
+            indicatif::ProgressBar::hidden()
+        } else {
+            let b = indicatif::ProgressBar::new(n as u64);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({per_sec}, eta {eta})",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
+            );
+            b.set_prefix(format!("{epoch}/{}", args.epochs));
+            b
+        };
+        let t_epoch = Instant::now();
+        let mut loss_sum = 0.0;
+        let mut seen = 0usize;
+        for which in order.chunks(args.batch) {
+            if tumble_limits::interrupted() {
+                bar.abandon();
+                return Err(Failure::Message("interrupted".into()));
+            }
+            let params: Vec<Tensor> = trainable
+                .iter()
+                .filter_map(|name| weights.get(name).cloned())
+                .collect();
+            let (losses, grads) = main.grad(
+                &raw,
+                &decoded,
+                which,
+                &params,
+                opts,
+                gopts(&args.weights),
+                args.weights.seed,
+                &mut stats,
+            )?;
+            let b = which.len() as f64;
+            loss_sum += losses.iter().sum::<f64>();
+            seen += which.len();
+            t += 1;
+            // The mean loss of the mini-batch is minimized: its gradient is the sum's over b.
+            for ((name, p), g) in trainable.iter().zip(&params).zip(grads) {
+                let g = match g {
+                    Some(g) => g,
+                    None if args.weight_decay > 0.0 => Tensor::zeros(p.shape().to_vec(), p.dtype())
+                        .map_err(|e| Failure::Message(e.to_string()))?,
+                    None => continue,
+                };
+                let slot = slots.entry(name.clone()).or_insert(Slot {
+                    m: Vec::new(),
+                    v: Vec::new(),
+                });
+                let new = step(
+                    args.optimizer,
+                    args.lr,
+                    args.weight_decay,
+                    t,
+                    p,
+                    &g,
+                    1.0 / b,
+                    slot,
+                )
+                .map_err(Failure::Message)?;
+                weights.insert(name.clone(), new);
+            }
+            main.rebind(&weights);
+            bar.inc(which.len() as u64);
+            bar.set_message(format!("loss {:.4}", loss_sum / seen.max(1) as f64));
+        }
+        bar.finish_and_clear();
+        let mut line = format!(
+            "epoch {epoch}/{}: train loss {:.4} ({:.1} instances/s, peak heap {})",
+            args.epochs,
+            loss_sum / seen.max(1) as f64,
+            seen as f64 / t_epoch.elapsed().as_secs_f64().max(1e-9),
+            tumble_limits::bytes_text(stats.peak_bytes)
+        );
+        stats.peak_bytes = 0;
+        let mut score: Option<f64> = None;
+        if let Some((raw_dev, decoded_dev, eval)) = &mut dev {
+            let losses = main.outputs(
+                raw_dev,
+                decoded_dev,
+                args.batch.max(64),
+                opts,
+                args.weights.seed,
+            )?;
+            let dev_loss = losses.iter().sum::<f64>() / losses.len().max(1) as f64;
+            line.push_str(&format!(", dev loss {dev_loss:.4}"));
+            score = Some(-dev_loss);
+            if let (Some((c, d)), Some(e)) = (eval, &eval_entry) {
+                c.rebind(&weights);
+                let vals = c.outputs(raw_dev, d, args.batch.max(64), opts, args.weights.seed)?;
+                let mean = vals.iter().sum::<f64>() / vals.len().max(1) as f64;
+                line.push_str(&format!(", dev @{e} {mean:.4}"));
+                score = Some(mean);
+            }
+        }
+        let improved = match (score, best) {
+            (None, _) => true,
+            (Some(s), None) => s.is_finite() || best.is_none(),
+            (Some(s), Some(b)) => s > b,
+        };
+        if improved {
+            best = score.or(best);
+            save_params(&args.output, &weights)?;
+            line.push_str(&format!(" -> saved {}", args.output.display()));
+        }
+        eprintln!("{line}");
+    }
+    Ok(())
+}

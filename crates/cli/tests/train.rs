@@ -1,0 +1,284 @@
+//! `tumble grad`, `tumble train` and `tumble run --entry @name` end to end, on a small regression
+//! model (so the debug binary is quick).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn tumble(args: &[&str]) -> Output {
+    match Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args(args)
+        .arg("--color=never")
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => panic!("cannot run tumble: {e}"),
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tumble-train-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn temp_file(name: &str, contents: &str) -> String {
+    let p = temp_path(name);
+    std::fs::write(&p, contents).unwrap();
+    p.display().to_string()
+}
+
+const MODEL: &str = r#"
+def @pred(%x: Tensor[(3), float32], %y: Tensor[(), float32], %w: Tensor[(4, 3), float32],
+          %b: Tensor[(4), float32], %v: Tensor[(1, 4), float32]) -> Tensor[(), float32] {
+  let %h = tanh(nn.bias_add(nn.dense(reshape(%x, newshape=[1, 3]), %w), %b));
+  sum(nn.dense(%h, %v))
+}
+
+def @main(%x: Tensor[(3), float32], %y: Tensor[(), float32], %w: Tensor[(4, 3), float32],
+          %b: Tensor[(4), float32], %v: Tensor[(1, 4), float32]) -> Tensor[(), float32] {
+  let %e = subtract(@pred(%x, %y, %w, %b, %v), %y);
+  multiply(%e, %e)
+}
+"#;
+
+/// Twelve instances of y = x0 - x1 + 0.5 x2.
+fn instances() -> String {
+    (0..12)
+        .map(|i| {
+            let x = [
+                (i as f32 * 0.37).sin(),
+                (i as f32 * 0.91).cos(),
+                (i % 3) as f32 - 1.0,
+            ];
+            let y = x[0] - x[1] + 0.5 * x[2];
+            format!(
+                "{{\"x\": [{:.4}, {:.4}, {:.4}], \"y\": {:.4}}}",
+                x[0], x[1], x[2], y
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A safetensors file's f32 tensors: name → (shape, values).
+fn read_safetensors(path: &Path) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let mut out = BTreeMap::new();
+    for (name, v) in header.as_object().unwrap() {
+        if name == "__metadata__" {
+            continue;
+        }
+        assert_eq!(v["dtype"], "F32", "{name}");
+        let shape = v["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap() as usize)
+            .collect();
+        let off = v["data_offsets"].as_array().unwrap();
+        let (s, e) = (
+            off[0].as_u64().unwrap() as usize,
+            off[1].as_u64().unwrap() as usize,
+        );
+        let vals = data[s..e]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        out.insert(name.clone(), (shape, vals));
+    }
+    out
+}
+
+fn grad(model: &str, inputs: &str, out: &Path, extra: &[&str]) -> Output {
+    let o = out.display().to_string();
+    let mut a = vec![
+        "grad",
+        model,
+        "--random-params",
+        "7",
+        "--inputs",
+        inputs,
+        "-o",
+        &o,
+    ];
+    a.extend_from_slice(extra);
+    tumble(&a)
+}
+
+#[test]
+fn grad_is_the_reference_gradient_at_every_batch_size() {
+    let model = temp_file("reg.rly", MODEL);
+    let inputs = temp_file("reg.jsonl", &instances());
+    let reference = temp_path("g_ref.safetensors");
+    let o = grad(&model, &inputs, &reference, &["--reference"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let want = read_safetensors(&reference);
+    assert_eq!(
+        want.keys().cloned().collect::<Vec<_>>(),
+        ["b", "v", "w"],
+        "one gradient per float parameter, named like it"
+    );
+    assert_eq!(want["w"].0, [4, 3]);
+    assert!(want["w"].1.iter().any(|v| *v != 0.0));
+    for batch in ["1", "5", "12"] {
+        let got_path = temp_path(&format!("g_{batch}.safetensors"));
+        let o = grad(&model, &inputs, &got_path, &["--batch", batch]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let got = read_safetensors(&got_path);
+        for (name, (shape, vals)) in &want {
+            assert_eq!(&got[name].0, shape);
+            let scale = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (a, b) in got[name].1.iter().zip(vals) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * scale.max(1.0),
+                    "batch {batch}, {name}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn grad_of_a_non_scalar_main_is_a_located_error() {
+    let model = temp_file("vec.rly", "def @main(%x: Tensor[(3), float32], %w: Tensor[(2, 3), float32]) -> Tensor[(1, 2), float32] {\n  nn.dense(reshape(%x, newshape=[1, 3]), %w)\n}\n");
+    let inputs = temp_file("vec.jsonl", "{\"x\": [1, 2, 3]}\n");
+    let out = temp_path("never.safetensors");
+    let o = grad(&model, &inputs, &out, &[]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(err.contains("float scalar"), "{err}");
+    assert!(
+        err.contains("vec.rly:1:5"),
+        "the error points at @main: {err}"
+    );
+    assert!(!out.exists(), "nothing is written");
+}
+
+fn train(model: &str, train: &str, dev: &str, out: &Path, extra: &[&str]) -> Output {
+    let o = out.display().to_string();
+    let mut a = vec![
+        "train",
+        model,
+        "--train",
+        train,
+        "--dev",
+        dev,
+        "--random-params",
+        "3",
+        "--epochs",
+        "6",
+        "--batch",
+        "4",
+        "--lr",
+        "0.05",
+        "--seed",
+        "11",
+        "--quiet",
+        "-o",
+        &o,
+    ];
+    a.extend_from_slice(extra);
+    if !extra.contains(&"--optimizer") {
+        a.extend_from_slice(&["--optimizer", "adam"]);
+    }
+    tumble(&a)
+}
+
+/// The dev losses printed after each epoch.
+fn dev_losses(stderr: &str) -> Vec<f64> {
+    stderr
+        .lines()
+        .filter_map(|l| l.split("dev loss ").nth(1))
+        .filter_map(|r| r.split([',', ' ']).next())
+        .filter_map(|v| v.parse().ok())
+        .collect()
+}
+
+#[test]
+fn train_lowers_the_loss_deterministically_and_run_reads_its_weights() {
+    let model = temp_file("reg2.rly", MODEL);
+    let data = temp_file("reg2.jsonl", &instances());
+    let a = temp_path("w_a.safetensors");
+    let b = temp_path("w_b.safetensors");
+    for opt in ["sgd", "adagrad"] {
+        let o = train(
+            &model,
+            &data,
+            &data,
+            &a,
+            &["--optimizer", opt, "--weight-decay", "1e-4"],
+        );
+        assert!(o.status.success(), "{opt}: {}", text(&o.stderr));
+    }
+    let o = train(&model, &data, &data, &a, &[]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    let losses = dev_losses(&err);
+    assert_eq!(losses.len(), 6, "{err}");
+    assert!(
+        losses[5] < 0.5 * losses[0],
+        "training lowers the dev loss: {losses:?}"
+    );
+    // Same seed, same weights: the shuffle and the updates are deterministic.
+    let o = train(&model, &data, &data, &b, &[]);
+    assert!(o.status.success());
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    // --eval reports another global's mean on dev and picks the best epoch by it.
+    let o = train(&model, &data, &data, &b, &["--eval", "@pred"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("dev @pred"));
+    // The trained weights drive `run`, here of @pred.
+    let w = a.display().to_string();
+    let o = tumble(&[
+        "run", &model, "--params", &w, "--inputs", &data, "--entry", "@pred",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).lines().count(), 12);
+}
+
+#[test]
+fn train_refuses_bad_settings() {
+    let model = temp_file("reg3.rly", MODEL);
+    let data = temp_file("reg3.jsonl", &instances());
+    let out = temp_path("w_bad.safetensors");
+    let o = tumble(&[
+        "train",
+        &model,
+        "--train",
+        &data,
+        "--random-params",
+        "1",
+        "--eval",
+        "@pred",
+        "-o",
+        &out.display().to_string(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("--eval needs --dev"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = tumble(&[
+        "train",
+        &model,
+        "--train",
+        &data,
+        "--random-params",
+        "1",
+        "--lr=-1",
+        "-o",
+        &out.display().to_string(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("--lr"));
+    assert!(!out.exists());
+}

@@ -1,0 +1,861 @@
+//! The batched backward pass: reverse-mode autodiff over the recorded dataflow graph.
+//!
+//! The forward runs as usual with the graph recording for the backward
+//! ([`Dfg::record_for_backward`]): every launch's nodes, and every node's arguments. The
+//! backward walks the launches in reverse and differentiates each one **as one batched launch
+//! again**: the launch's inputs are gathered as in the forward (a weight passed once, per-instance
+//! values stacked), the block's operators are recomputed batched (activations inside a block are
+//! not kept: recomputing them is one more forward launch, and memory follows only the block
+//! boundaries), then each operator's vector-Jacobian product runs on the whole batch through the
+//! forward's own batching rules ([`batched::rule`]): the batched operator is a plain operator on
+//! padded or folded operands, so its vjp is the plain vjp on those operands. A weight shared by
+//! the launch is one operand, so its gradient comes out already summed over the launch's rows —
+//! `nn.dense`'s `dW = dYᵀ·X` is one product over all rows, an embedding's gradient one
+//! scatter-add — never accumulated instance by instance. Operators without a batching rule fall
+//! back to a vjp per row (like the forward's per-invocation fallback).
+//!
+//! Control flow needs nothing here: the graph holds exactly what each instance ran.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tumble_compile::{BArg, BVal, Program};
+use tumble_interp::machine::{InstanceCtx, Machine, Outcome};
+use tumble_interp::tape::{accumulate, scalar_loss};
+use tumble_interp::{LazyRef, RunError, Value};
+use tumble_ops::{OpCtx, OpValue};
+use tumble_tensor::{Rng, Tensor};
+
+use crate::batched::{self, OpStats, BV};
+use crate::dfg::{Arg, Dfg};
+use crate::{Executable, InstanceError, Options, Reuse};
+
+/// Switches of the backward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct GradOptions {
+    /// `nn.dense` gradients of f32 operands on the SIMD GEMM of `tumble-kernels` (`dX = dY·W`,
+    /// `dW = dYᵀ·X`, each one GEMM over the launch's rows); off: the operator's reference vjp
+    /// (plain loops in f64).
+    pub gemm: bool,
+}
+
+impl Default for GradOptions {
+    fn default() -> Self {
+        GradOptions { gemm: true }
+    }
+}
+
+/// `nn.dense`'s gradients for f32 operands by two GEMMs: `dX = dY · W` and `dW = dYᵀ · X`,
+/// where X's leading axes (the launch's rows, batched) are all rows of one product. `None` when
+/// the operands are not contiguous f32 of the expected shapes (the reference vjp then runs).
+fn dense_vjp_gemm(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    threads: usize,
+) -> Option<Result<(Tensor, Tensor), RunError>> {
+    use tumble_kernels::{NoEpilogue, PackedWeight, Rows};
+    let (xs, ws, gs) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?);
+    let &[n, k] = w.shape() else { return None };
+    if x.shape().last() != Some(&k) || dy.shape().last() != Some(&n) || k == 0 || n == 0 {
+        return None;
+    }
+    let m = xs.len() / k;
+    if m == 0 || gs.len() != m * n {
+        return None;
+    }
+    let run = || -> Result<(Tensor, Tensor), RunError> {
+        let kerr = |e: tumble_kernels::KernelError| internal(e);
+        // dX (M, K) = dY (M, N) · W (N, K): W packed as the K×N "Y" of an A·Y product.
+        let w_rows: Vec<&[f32]> = ws.chunks_exact(k).collect();
+        let pw = PackedWeight::from_rows_kn(&w_rows, k).map_err(kerr)?;
+        let mut dx = vec![0f32; m * k];
+        let a = Rows::Contiguous {
+            data: gs,
+            stride: n,
+        };
+        tumble_kernels::dense(&a, &pw, &mut dx, &NoEpilogue, threads).map_err(kerr)?;
+        // dW (N, K) = dYᵀ (N, M) · X (M, K): one product over every row of the launch.
+        let mut gt = vec![0f32; n * m];
+        for (r, row) in gs.chunks_exact(n).enumerate() {
+            for (j, v) in row.iter().enumerate() {
+                gt[j * m + r] = *v;
+            }
+        }
+        let x_rows: Vec<&[f32]> = xs.chunks_exact(k).collect();
+        let px = PackedWeight::from_rows_kn(&x_rows, k).map_err(kerr)?;
+        let mut dw = vec![0f32; n * k];
+        let a = Rows::Contiguous {
+            data: &gt,
+            stride: m,
+        };
+        tumble_kernels::dense(&a, &px, &mut dw, &NoEpilogue, threads).map_err(kerr)?;
+        Ok((
+            Tensor::from_vec(x.shape().to_vec(), dx).map_err(internal)?,
+            Tensor::from_vec(w.shape().to_vec(), dw).map_err(internal)?,
+        ))
+    };
+    Some(run())
+}
+
+/// An operator's vjp on plain operands: the GEMM path for f32 `nn.dense`, else the operator
+/// table's rule.
+fn plain_vjp(
+    op: &'static tumble_ops::OpDef,
+    args: &[OpValue],
+    attrs: &tumble_ir::Attrs,
+    out: &OpValue,
+    dy: &OpValue,
+    gopts: GradOptions,
+    threads: usize,
+) -> Result<Vec<Option<OpValue>>, RunError> {
+    if gopts.gemm && op.name == "nn.dense" {
+        if let (Some(OpValue::Tensor(x)), Some(OpValue::Tensor(w)), OpValue::Tensor(g)) =
+            (args.first(), args.get(1), dy)
+        {
+            if let Some(r) = dense_vjp_gemm(x, w, g, threads) {
+                let (dx, dw) = r?;
+                return Ok(vec![Some(OpValue::Tensor(dx)), Some(OpValue::Tensor(dw))]);
+            }
+        }
+    }
+    tumble_ops::vjp::vjp(op, args, attrs, out, dy).map_err(|e| RunError::new(e.message))
+}
+
+/// Counters of one backward pass.
+#[derive(Debug, Default, Clone)]
+pub struct BackwardStats {
+    /// Launches differentiated (each one batched backward launch).
+    pub launches: u64,
+    /// Launches skipped: nothing they computed reaches the output.
+    pub skipped: u64,
+    /// Operator vjps run once for the whole launch / once per row (no batching rule).
+    pub batched_vjps: u64,
+    pub looped_vjps: u64,
+    /// Weight gradients produced as one sum over a launch's rows.
+    pub shared_grads: u64,
+    /// The most heap bytes live at once (sampled after the forward and after each backward
+    /// launch; counted by `tumble_limits`' allocator where the binary installs it, else 0).
+    pub peak_bytes: usize,
+    pub time_forward: std::time::Duration,
+    pub time_backward: std::time::Duration,
+}
+
+/// The result of [`grad_batch`]: each instance's output (the loss) and, per differentiable
+/// parameter, the gradient of the sum of the outputs (`None`: no output depends on it).
+pub struct BatchGrad {
+    pub losses: Vec<f64>,
+    pub grads: Vec<Option<Tensor>>,
+    pub stats: BackwardStats,
+}
+
+fn internal(m: impl std::fmt::Display) -> RunError {
+    RunError::new(format!("internal: backward: {m}"))
+}
+
+fn at_instance(instance: Option<usize>) -> impl Fn(RunError) -> InstanceError {
+    move |error| InstanceError { instance, error }
+}
+
+/// Runs global `entry` for every instance as one mini-batch (like [`crate::run_batch`]) and
+/// differentiates the sum of the instances' outputs (float scalars) with respect to `params`:
+/// tensors passed among the instances' arguments (the bound weights), recognized by identity.
+#[allow(clippy::too_many_arguments)]
+pub fn grad_batch(
+    program: &Program,
+    reuse: &Reuse,
+    entry: &str,
+    args: Vec<Vec<Value>>,
+    rngs: Vec<Rng>,
+    opts: Options,
+    gopts: GradOptions,
+    params: &[Tensor],
+) -> Result<BatchGrad, InstanceError> {
+    let t0 = Instant::now();
+    let index = *program
+        .global_index
+        .get(entry)
+        .ok_or_else(|| RunError::new(format!("the module has no global `@{entry}`")))
+        .map_err(at_instance(None))?;
+    // Planned per mini-batch: a trainer changes its weights at every step, and the packed
+    // copies of this step's weights go with this executable.
+    let exec = Arc::new(Executable::new(program, reuse, &opts));
+    let _weights = crate::gemm::WeightCache::enter(&exec.weights);
+    let mut dfg = Dfg::new(program, reuse, exec, opts);
+    dfg.record_for_backward();
+    let n = args.len();
+    let mut machines: Vec<Machine> = Vec::with_capacity(n);
+    for (i, (a, rng)) in args.into_iter().zip(rngs).enumerate() {
+        let ctx = InstanceCtx {
+            rng,
+            depth: 0,
+            instance: i as u32,
+            phase: 0,
+            pending: 0,
+        };
+        let mut m = Machine::new(program, ctx);
+        m.start(index, a).map_err(at_instance(Some(i)))?;
+        machines.push(m);
+    }
+    let mut results: Vec<Option<Value>> = vec![None; n];
+    let mut running: Vec<usize> = (0..n).collect();
+    let mut parked: Vec<usize> = Vec::new();
+    while !running.is_empty() {
+        let mut still = Vec::new();
+        for &i in &running {
+            let Some(m) = machines.get_mut(i) else {
+                continue;
+            };
+            loop {
+                match m.run(&mut dfg).map_err(at_instance(Some(i)))? {
+                    Outcome::Done(v) => {
+                        if let Some(r) = results.get_mut(i) {
+                            *r = Some(v);
+                        }
+                    }
+                    Outcome::Blocked => still.push(i),
+                    Outcome::Phase if opts.phases => parked.push(i),
+                    Outcome::Phase => continue,
+                }
+                break;
+            }
+        }
+        if !still.is_empty() && !dfg.has_pending() {
+            return Err(InstanceError {
+                instance: still.first().copied(),
+                error: internal("an instance waits for a value nothing will compute"),
+            });
+        }
+        if let Err(error) = dfg.flush() {
+            return Err(InstanceError {
+                instance: dfg.failed_instance.map(|i| i as usize),
+                error,
+            });
+        }
+        running = still;
+        if running.is_empty() && !parked.is_empty() {
+            for &i in &parked {
+                if let Some(m) = machines.get_mut(i) {
+                    m.ctx.depth = 0;
+                }
+            }
+            running = std::mem::take(&mut parked);
+        }
+    }
+    drop(machines);
+    let mut stats = BackwardStats {
+        time_forward: t0.elapsed(),
+        peak_bytes: tumble_limits::in_use(),
+        ..BackwardStats::default()
+    };
+    let t1 = Instant::now();
+    let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
+    let mut adj: HashMap<LazyRef, Tensor> = HashMap::new();
+    let mut losses = Vec::with_capacity(n);
+    for (i, r) in results.into_iter().enumerate() {
+        let fail = at_instance(Some(i));
+        let v = r
+            .ok_or_else(|| internal("instance produced no result"))
+            .map_err(&fail)?;
+        let (t, root) = match &v {
+            Value::Tensor(t) => (t.clone(), None),
+            Value::Lazy(r) => (
+                dfg.concrete(*r)
+                    .map_err(&fail)?
+                    .ok_or_else(|| internal("result not computed"))
+                    .map_err(&fail)?,
+                Some(*r),
+            ),
+            other => {
+                return Err(fail(RunError::new(format!(
+                    "the gradient needs `@{entry}` to return a float scalar (shape () or one \
+                     element), but it returned {}",
+                    other.kind()
+                ))))
+            }
+        };
+        losses.push(scalar_loss(&t).map_err(|m| fail(RunError::new(m)))?);
+        let one =
+            Tensor::full_f64(t.shape().to_vec(), t.dtype(), 1.0).map_err(|e| fail(internal(e)))?;
+        match root {
+            Some(r) => add_to(&mut adj, r, one).map_err(&fail)?,
+            None => {
+                if let Some(k) = param_of(params, &t) {
+                    if let Some(slot) = grads.get_mut(k) {
+                        accumulate(slot, one).map_err(|m| fail(internal(m)))?;
+                    }
+                }
+            }
+        }
+    }
+    let active = activity(&dfg, params);
+    let log: Vec<Vec<u32>> = dfg.launch_log().to_vec();
+    let mut rng = Rng::new(0);
+    for ids in log.iter().rev() {
+        let instance = ids
+            .first()
+            .and_then(|&id| dfg.node(id))
+            .map(|n| n.instance as usize);
+        let span = ids.first().and_then(|&id| dfg.node(id)).map(|n| n.span);
+        backward_launch(
+            &dfg,
+            ids,
+            params,
+            &active,
+            &mut adj,
+            &mut grads,
+            &mut stats,
+            &mut rng,
+            gopts,
+            opts.threads,
+        )
+        .map_err(|mut e| {
+            if e.span.is_none() {
+                e.span = span;
+            }
+            InstanceError { instance, error: e }
+        })?;
+        stats.peak_bytes = stats.peak_bytes.max(tumble_limits::in_use());
+        if let Err(stop) = tumble_limits::poll() {
+            return Err(InstanceError {
+                instance,
+                error: RunError::new(format!("in the backward pass: {stop}")),
+            });
+        }
+    }
+    stats.time_backward = t1.elapsed();
+    Ok(BatchGrad {
+        losses,
+        grads,
+        stats,
+    })
+}
+
+/// Which parameter `t` is (the same buffer and shape), if any.
+fn param_of(params: &[Tensor], t: &Tensor) -> Option<usize> {
+    params
+        .iter()
+        .position(|p| p.shares_buffer(t) && p.shape() == t.shape())
+}
+
+/// Per node: whether it depends on a parameter (others are skipped by the backward). Launches
+/// are in dependency order, so one forward pass over them decides it.
+fn activity(dfg: &Dfg, params: &[Tensor]) -> HashMap<u32, bool> {
+    let mut active: HashMap<u32, bool> = HashMap::new();
+    for ids in dfg.launch_log() {
+        for &id in ids {
+            let a = dfg.node(id).is_some_and(|n| {
+                n.args.iter().any(|a| match a {
+                    Arg::Val(t) => t.dtype().is_float() && param_of(params, t).is_some(),
+                    Arg::Lazy(r) => active.get(&r.node).copied().unwrap_or(false),
+                })
+            });
+            active.insert(id, a);
+        }
+    }
+    active
+}
+
+fn add_to(adj: &mut HashMap<LazyRef, Tensor>, r: LazyRef, g: Tensor) -> Result<(), RunError> {
+    let mut slot = adj.remove(&r);
+    accumulate(&mut slot, g).map_err(internal)?;
+    if let Some(v) = slot {
+        adj.insert(r, v);
+    }
+    Ok(())
+}
+
+/// Where one row's block input came from.
+#[derive(Clone, Copy)]
+enum Source {
+    Node(LazyRef),
+    Param(usize),
+    Const,
+}
+
+/// `t` (of shape `(b, s...)`) summed over its leading axis.
+fn sum_rows(t: &Tensor) -> Result<Tensor, RunError> {
+    let shape = t.shape().get(1..).unwrap_or_default().to_vec();
+    let b = t.shape().first().copied().unwrap_or(0);
+    let len: usize = shape.iter().product();
+    if let Some(v) = t.as_slice::<f32>() {
+        let mut acc = vec![0f32; len];
+        for r in 0..b {
+            for (a, x) in acc.iter_mut().zip(&v[r * len..(r + 1) * len]) {
+                *a += x;
+            }
+        }
+        return Tensor::from_vec(shape, acc).map_err(internal);
+    }
+    let v = t.to_f64_vec();
+    let mut acc = vec![0f64; len];
+    for r in 0..b {
+        for (a, x) in acc.iter_mut().zip(&v[r * len..(r + 1) * len]) {
+            *a += x;
+        }
+    }
+    Ok(Tensor::from_vec(shape, acc)
+        .map_err(internal)?
+        .cast(t.dtype()))
+}
+
+/// The gradient `g` of a value `like` in `like`'s form: a shared value's gradient is the sum
+/// over the rows (a batched gradient is summed), a batched value's is per row.
+fn conform(g: BV, like: &BV, b: usize) -> Result<BV, RunError> {
+    match (g, like) {
+        (BV::Batched(OpValue::Tensor(g)), BV::Shared(OpValue::Tensor(_))) => {
+            Ok(BV::Shared(OpValue::Tensor(sum_rows(&g)?)))
+        }
+        (BV::Batched(OpValue::Tuple(gs)), BV::Shared(OpValue::Tuple(_))) => Ok(BV::Shared(
+            OpValue::Tuple(gs.iter().map(sum_rows).collect::<Result<_, _>>()?),
+        )),
+        (BV::Shared(OpValue::Tensor(g)), BV::Batched(OpValue::Tensor(_))) => Ok(BV::Batched(
+            OpValue::Tensor(batched::broadcast_batch(&g, b).map_err(internal)?),
+        )),
+        (g, _) => Ok(g),
+    }
+}
+
+fn add_bv(slot: &mut Option<BV>, g: BV) -> Result<(), RunError> {
+    let merged = match (slot.take(), g) {
+        (None, g) => g,
+        (Some(BV::Shared(OpValue::Tensor(a))), BV::Shared(OpValue::Tensor(b))) => {
+            let mut s = Some(a);
+            accumulate(&mut s, b).map_err(internal)?;
+            BV::Shared(OpValue::Tensor(s.ok_or_else(|| internal("empty sum"))?))
+        }
+        (Some(BV::Batched(OpValue::Tensor(a))), BV::Batched(OpValue::Tensor(b))) => {
+            let mut s = Some(a);
+            accumulate(&mut s, b).map_err(internal)?;
+            BV::Batched(OpValue::Tensor(s.ok_or_else(|| internal("empty sum"))?))
+        }
+        _ => return Err(internal("gradients of different forms added")),
+    };
+    *slot = Some(merged);
+    Ok(())
+}
+
+/// Adds gradient `g` to the block value `v` (per node result: one slot per tuple field).
+fn route(
+    v: &BVal,
+    g: BV,
+    b: usize,
+    inputs: &[BV],
+    results: &[BV],
+    in_adj: &mut [Option<BV>],
+    node_adj: &mut [Vec<Option<BV>>],
+) -> Result<(), RunError> {
+    match v {
+        BVal::Const(_) => Ok(()),
+        BVal::Input(i) => {
+            let i = *i as usize;
+            let like = inputs.get(i).ok_or_else(|| internal("no input"))?;
+            let g = conform(g, like, b)?;
+            add_bv(in_adj.get_mut(i).ok_or_else(|| internal("no input"))?, g)
+        }
+        BVal::Node(n) | BVal::Field(n, _) => {
+            let f = match v {
+                BVal::Field(_, f) => *f as usize,
+                _ => 0,
+            };
+            let n = *n as usize;
+            let like = match (results.get(n), v) {
+                (Some(BV::Shared(OpValue::Tuple(ts))), BVal::Field(..)) => BV::Shared(
+                    OpValue::Tensor(ts.get(f).cloned().ok_or_else(|| internal("field"))?),
+                ),
+                (Some(BV::Batched(OpValue::Tuple(ts))), BVal::Field(..)) => BV::Batched(
+                    OpValue::Tensor(ts.get(f).cloned().ok_or_else(|| internal("field"))?),
+                ),
+                (Some(r), _) => r.clone(),
+                (None, _) => return Err(internal("no node")),
+            };
+            let g = conform(g, &like, b)?;
+            let slots = node_adj.get_mut(n).ok_or_else(|| internal("no node"))?;
+            if slots.len() <= f {
+                slots.resize(f + 1, None);
+            }
+            add_bv(&mut slots[f], g)
+        }
+    }
+}
+
+/// A batched operand's gradient from the plain operator's: back to the operand's own shape
+/// (rules only pad or fold batched operands), summed over the batch for a shared operand the
+/// rule broadcast.
+fn unplain(g: OpValue, arg: &BV, b: usize) -> Result<BV, RunError> {
+    match (g, arg) {
+        (OpValue::Tensor(g), BV::Shared(OpValue::Tensor(t))) => {
+            if g.shape() == t.shape() {
+                Ok(BV::Shared(OpValue::Tensor(g)))
+            } else {
+                let mut s = vec![b];
+                s.extend_from_slice(t.shape());
+                Ok(BV::Shared(OpValue::Tensor(sum_rows(
+                    &g.reshape(s).map_err(internal)?,
+                )?)))
+            }
+        }
+        (OpValue::Tensor(g), BV::Batched(OpValue::Tensor(t))) => Ok(BV::Batched(OpValue::Tensor(
+            g.reshape(t.shape().to_vec()).map_err(internal)?,
+        ))),
+        (OpValue::Tuple(gs), BV::Batched(OpValue::Tuple(ts))) => Ok(BV::Batched(OpValue::Tuple(
+            gs.into_iter()
+                .zip(ts)
+                .map(|(g, t)| g.reshape(t.shape().to_vec()).map_err(internal))
+                .collect::<Result<_, _>>()?,
+        ))),
+        (OpValue::Tuple(gs), BV::Shared(OpValue::Tuple(_))) => Ok(BV::Shared(OpValue::Tuple(gs))),
+        _ => Err(internal("gradient form does not match its operand")),
+    }
+}
+
+/// The output gradient of a node result `out` from its per-field gradients (zeros where none).
+fn dy_of(out: &BV, slots: &[Option<BV>]) -> Result<Option<BV>, RunError> {
+    if slots.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let zeros = |t: &Tensor| Tensor::zeros(t.shape().to_vec(), t.dtype()).map_err(internal);
+    let field = |i: usize| slots.get(i).and_then(Option::as_ref);
+    Ok(Some(match out {
+        BV::Shared(OpValue::Tensor(_)) | BV::Batched(OpValue::Tensor(_)) => {
+            field(0).cloned().ok_or_else(|| internal("no gradient"))?
+        }
+        BV::Batched(OpValue::Tuple(ts)) | BV::Shared(OpValue::Tuple(ts)) => {
+            let mut fs = Vec::with_capacity(ts.len());
+            for (i, t) in ts.iter().enumerate() {
+                fs.push(match field(i) {
+                    Some(BV::Batched(OpValue::Tensor(g)) | BV::Shared(OpValue::Tensor(g))) => {
+                        g.clone()
+                    }
+                    _ => zeros(t)?,
+                });
+            }
+            match out {
+                BV::Shared(_) => BV::Shared(OpValue::Tuple(fs)),
+                _ => BV::Batched(OpValue::Tuple(fs)),
+            }
+        }
+        BV::Rows(_) => return Err(internal("unexpected value form")),
+    }))
+}
+
+fn plain_of(v: &BV) -> Result<OpValue, RunError> {
+    match v {
+        BV::Shared(x) | BV::Batched(x) => Ok(x.clone()),
+        BV::Rows(r) => r.stack().map(OpValue::Tensor).map_err(internal),
+    }
+}
+
+/// The vjp of one operator of a block over the whole launch.
+#[allow(clippy::too_many_arguments)]
+fn vjp_batched(
+    op: &'static tumble_ops::OpDef,
+    attrs: &tumble_ir::Attrs,
+    args: &[BV],
+    out: &BV,
+    dy: BV,
+    b: usize,
+    stats: &mut BackwardStats,
+    gopts: GradOptions,
+    threads: usize,
+) -> Result<Vec<Option<BV>>, RunError> {
+    if args.iter().all(|a| matches!(a, BV::Shared(_))) {
+        let plain = args.iter().map(plain_of).collect::<Result<Vec<_>, _>>()?;
+        let dy = conform(dy, out, b)?;
+        let gs = plain_vjp(
+            op,
+            &plain,
+            attrs,
+            &plain_of(out)?,
+            &plain_of(&dy)?,
+            gopts,
+            threads,
+        )?;
+        return Ok(gs.into_iter().map(|g| g.map(BV::Shared)).collect());
+    }
+    let dy = conform(dy, out, b)?;
+    if let Some((plain, pattrs)) = batched::rule(op, attrs, args, b) {
+        let mut pout = plain_of(out)?;
+        let mut pdy = plain_of(&dy)?;
+        // batch_matmul's rule folds the batch into the operator's own batch axis.
+        if op.name == "nn.batch_matmul" {
+            for v in [&mut pout, &mut pdy] {
+                if let OpValue::Tensor(t) = v {
+                    if let [bb, g, m, n] = t.shape() {
+                        *v = OpValue::Tensor(t.reshape(vec![bb * g, *m, *n]).map_err(internal)?);
+                    }
+                }
+            }
+        }
+        stats.batched_vjps += 1;
+        let gs = plain_vjp(op, &plain, &pattrs, &pout, &pdy, gopts, threads)?;
+        let mut out = Vec::with_capacity(gs.len());
+        for (g, a) in gs.into_iter().zip(args) {
+            out.push(match g {
+                None => None,
+                Some(g) => {
+                    if matches!(a, BV::Shared(_)) {
+                        stats.shared_grads += 1;
+                    }
+                    Some(unplain(g, a, b)?)
+                }
+            });
+        }
+        return Ok(out);
+    }
+    stats.looped_vjps += 1;
+    let mut per_arg: Vec<Vec<Option<OpValue>>> = vec![Vec::with_capacity(b); args.len()];
+    for r in 0..b {
+        let row_args = args
+            .iter()
+            .map(|a| batched::row_of(a, r))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(internal)?;
+        let row_out = batched::row_of(out, r).map_err(internal)?;
+        let row_dy = batched::row_of(&dy, r).map_err(internal)?;
+        let gs = plain_vjp(op, &row_args, attrs, &row_out, &row_dy, gopts, threads)?;
+        for (slot, g) in per_arg.iter_mut().zip(gs) {
+            slot.push(g);
+        }
+    }
+    let mut grads = Vec::with_capacity(args.len());
+    for (rows, a) in per_arg.into_iter().zip(args) {
+        if rows.iter().any(Option::is_none) {
+            grads.push(None);
+            continue;
+        }
+        let rows: Vec<OpValue> = rows.into_iter().flatten().collect();
+        let stacked = batched::stack_values(rows).map_err(internal)?;
+        grads.push(Some(conform(stacked, a, b)?));
+    }
+    Ok(grads)
+}
+
+/// Differentiates one launch (nodes `ids` of one block), batched.
+#[allow(clippy::too_many_arguments)]
+fn backward_launch(
+    dfg: &Dfg,
+    ids: &[u32],
+    params: &[Tensor],
+    active: &HashMap<u32, bool>,
+    adj: &mut HashMap<LazyRef, Tensor>,
+    grads: &mut [Option<Tensor>],
+    stats: &mut BackwardStats,
+    rng: &mut Rng,
+    gopts: GradOptions,
+    threads: usize,
+) -> Result<(), RunError> {
+    let nodes = ids
+        .iter()
+        .map(|&id| dfg.node(id).ok_or_else(|| internal("unknown node")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(first) = nodes.first() else {
+        return Ok(());
+    };
+    let block = dfg
+        .program()
+        .blocks
+        .get(first.block as usize)
+        .ok_or_else(|| internal("unknown block"))?;
+    let b = ids.len();
+    let n_out = block.outputs.len();
+    // The output gradients, per output, stacked over the rows (zeros for rows without one).
+    let mut any = false;
+    let mut dys: Vec<Option<BV>> = Vec::with_capacity(n_out);
+    for o in 0..n_out {
+        let row_grads: Vec<Option<Tensor>> = ids
+            .iter()
+            .map(|&id| {
+                adj.remove(&LazyRef {
+                    node: id,
+                    output: o as u32,
+                })
+            })
+            .collect();
+        if row_grads.iter().all(Option::is_none)
+            || !ids.iter().any(|id| active.get(id) == Some(&true))
+        {
+            dys.push(None);
+            continue;
+        }
+        any = true;
+        let mut rows = Vec::with_capacity(b);
+        for (g, &id) in row_grads.into_iter().zip(ids) {
+            rows.push(match g {
+                Some(g) => g,
+                None => {
+                    let t = dfg
+                        .concrete(LazyRef {
+                            node: id,
+                            output: o as u32,
+                        })?
+                        .ok_or_else(|| internal("output not computed"))?;
+                    Tensor::zeros(t.shape().to_vec(), t.dtype()).map_err(internal)?
+                }
+            });
+        }
+        let refs: Vec<&Tensor> = rows.iter().collect();
+        dys.push(Some(BV::Batched(OpValue::Tensor(
+            Tensor::stack(&refs).map_err(internal)?,
+        ))));
+    }
+    if !any {
+        stats.skipped += 1;
+        return Ok(());
+    }
+    stats.launches += 1;
+    // The launch's inputs as in the forward: a tensor passed to every row once, else stacked.
+    let mut inputs: Vec<BV> = Vec::with_capacity(block.inputs.len());
+    let mut sources: Vec<Vec<Source>> = Vec::with_capacity(block.inputs.len());
+    for i in 0..block.inputs.len() {
+        let args: Vec<&Arg> = nodes
+            .iter()
+            .map(|n| n.args.get(i).ok_or_else(|| internal("missing argument")))
+            .collect::<Result<_, _>>()?;
+        let src = |a: &Arg| match a {
+            Arg::Lazy(r) => Source::Node(*r),
+            Arg::Val(t) if t.dtype().is_float() => {
+                param_of(params, t).map_or(Source::Const, Source::Param)
+            }
+            Arg::Val(_) => Source::Const,
+        };
+        sources.push(args.iter().map(|a| src(a)).collect());
+        let shared = match args.first() {
+            Some(Arg::Val(f)) => args
+                .iter()
+                .all(|a| matches!(a, Arg::Val(t) if t.shares_buffer(f) && t.shape() == f.shape())),
+            _ => false,
+        };
+        if shared {
+            if let Some(Arg::Val(f)) = args.first() {
+                inputs.push(BV::Shared(OpValue::Tensor(f.clone())));
+                continue;
+            }
+        }
+        let rows = args
+            .iter()
+            .map(|a| match a {
+                Arg::Val(t) => Ok(t.clone()),
+                Arg::Lazy(r) => dfg
+                    .concrete(*r)?
+                    .ok_or_else(|| internal("input not computed")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&Tensor> = rows.iter().collect();
+        inputs.push(BV::Batched(OpValue::Tensor(
+            Tensor::stack(&refs).map_err(internal)?,
+        )));
+    }
+    // Recompute the block's operators batched, keeping every result.
+    let mut results: Vec<BV> = Vec::with_capacity(block.nodes.len());
+    let mut ostats = OpStats::default();
+    let mut octx = OpCtx { rng };
+    let mut node_args: Vec<Vec<BV>> = Vec::with_capacity(block.nodes.len());
+    for node in &block.nodes {
+        let mut args = Vec::with_capacity(node.args.len());
+        for a in &node.args {
+            args.push(match a {
+                BArg::One(v) => batched::lookup(v, &inputs, &results).map_err(internal)?,
+                BArg::Tuple(vs) => {
+                    let items = vs
+                        .iter()
+                        .map(|v| batched::lookup(v, &inputs, &results))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(internal)?;
+                    batched::tuple_of(items, b).map_err(internal)?
+                }
+            });
+        }
+        let r = batched::batched_op(
+            node.op,
+            &node.attrs,
+            args.clone(),
+            b,
+            &mut octx,
+            &mut ostats,
+        )
+        .map_err(RunError::new)?;
+        node_args.push(args);
+        results.push(r);
+    }
+    let mut in_adj: Vec<Option<BV>> = vec![None; inputs.len()];
+    let mut node_adj: Vec<Vec<Option<BV>>> = vec![Vec::new(); block.nodes.len()];
+    for (o, dy) in dys.into_iter().enumerate() {
+        if let (Some(dy), Some(v)) = (dy, block.outputs.get(o)) {
+            route(v, dy, b, &inputs, &results, &mut in_adj, &mut node_adj)?;
+        }
+    }
+    for (k, node) in block.nodes.iter().enumerate().rev() {
+        let (Some(out), Some(args), Some(slots)) =
+            (results.get(k), node_args.get(k), node_adj.get(k))
+        else {
+            continue;
+        };
+        let Some(dy) = dy_of(out, slots)? else {
+            continue;
+        };
+        let gs = vjp_batched(
+            node.op,
+            &node.attrs,
+            args,
+            out,
+            dy,
+            b,
+            stats,
+            gopts,
+            threads,
+        )?;
+        for (g, a) in gs.into_iter().zip(&node.args) {
+            let Some(g) = g else { continue };
+            match a {
+                BArg::One(v) => route(v, g, b, &inputs, &results, &mut in_adj, &mut node_adj)?,
+                BArg::Tuple(vs) => {
+                    let (fields, shared) = match g {
+                        BV::Batched(OpValue::Tuple(fs)) => (fs, false),
+                        BV::Shared(OpValue::Tuple(fs)) => (fs, true),
+                        _ => return Err(internal("tuple gradient expected")),
+                    };
+                    for (f, v) in fields.into_iter().zip(vs) {
+                        let g = match shared {
+                            true => BV::Shared(OpValue::Tensor(f)),
+                            false => BV::Batched(OpValue::Tensor(f)),
+                        };
+                        route(v, g, b, &inputs, &results, &mut in_adj, &mut node_adj)?;
+                    }
+                }
+            }
+        }
+    }
+    // Hand the inputs' gradients back: a shared input's sum to its parameter, rows to the
+    // nodes (or parameters) each row read.
+    for (i, g) in in_adj.into_iter().enumerate() {
+        let (Some(g), Some(srcs)) = (g, sources.get(i)) else {
+            continue;
+        };
+        match g {
+            BV::Shared(OpValue::Tensor(g)) => {
+                if let Some(Source::Param(k)) = srcs.first() {
+                    if let Some(slot) = grads.get_mut(*k) {
+                        accumulate(slot, g).map_err(internal)?;
+                    }
+                }
+            }
+            BV::Batched(OpValue::Tensor(g)) => {
+                for (r, s) in srcs.iter().enumerate() {
+                    match s {
+                        Source::Const => {}
+                        Source::Node(lr) => add_to(adj, *lr, g.row(r).map_err(internal)?)?,
+                        Source::Param(k) => {
+                            if let Some(slot) = grads.get_mut(*k) {
+                                accumulate(slot, g.row(r).map_err(internal)?).map_err(internal)?;
+                            }
+                        }
+                    }
+                }
+            }
+            _ => return Err(internal("input gradient is not a tensor")),
+        }
+    }
+    Ok(())
+}

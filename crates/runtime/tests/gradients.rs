@@ -1,0 +1,415 @@
+//! The batched backward computes the reference gradient: every zoo model whose output has a
+//! float part (scaled down so debug builds stay fast) wrapped in a scalar loss, its gradient with
+//! respect to every float parameter by the batching runtime at mini-batch sizes 1, 7 and 64
+//! against the reference engine's tape, instance by instance, within 1e-4 relative.
+
+mod common;
+
+use common::{compile, expected, load_text, rng, root, Expected};
+use tumble_interp::{tape, Value};
+use tumble_runtime::backward::{grad_batch, GradOptions};
+use tumble_runtime::{Options, Scheduler};
+use tumble_tensor::Tensor;
+
+const INSTANCE_ARGS: &[&str] = &["tree", "tokens", "seqs", "threshold", "label", "labels"];
+
+/// Replaces whole numbers by their mapped values (as `equivalence.rs` scales the zoo).
+fn scale(text: &str, map: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        let prev_word = i > 0 && (bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+        if c.is_ascii_digit() && !prev_word {
+            let start = i;
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                i += 1;
+            }
+            let num = &text[start..i];
+            let next_word = i < bytes.len()
+                && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_' || bytes[i] == b'.');
+            match map.iter().find(|(from, _)| *from == num) {
+                Some((_, to)) if !next_word => out.push_str(to),
+                _ => out.push_str(num),
+            }
+        } else {
+            let ch = text[i..].chars().next().unwrap_or(' ');
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
+/// `text` with `@main` renamed `@main_fwd` and a new `@main` of the same parameters returning
+/// `loss` (an expression of `%o`, `@main_fwd`'s result) as a float scalar.
+fn with_loss(text: &str, loss: &str) -> String {
+    let start = text.find("def @main(").expect("a @main");
+    let close = start + text[start..].find(") ->").expect("a return type");
+    let params = &text[start + "def @main(".len()..close];
+    let names: Vec<String> = params
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let rest = l.strip_prefix('%')?;
+            Some(format!("%{}", rest.split(':').next()?.trim()))
+        })
+        .collect();
+    let renamed = text.replacen("def @main(", "def @main_fwd(", 1);
+    format!(
+        "{renamed}\n\ndef @main({params}) -> Tensor[(), float32] {{\n  let %o = @main_fwd({});\n  {loss}\n}}\n",
+        names.join(", ")
+    )
+}
+
+/// The first `n` lines of `lines` repeated cyclically: enough instances for a batch of 64.
+fn cycle(lines: &str, n: usize) -> String {
+    let ls: Vec<&str> = lines.lines().filter(|l| !l.trim().is_empty()).collect();
+    (0..n)
+        .map(|i| ls[i % ls.len()].to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A bundled example with every token id taken modulo 1000 (the tests scale vocabularies to
+/// 1000 rows: a table gradient is as large as the table, once per lookup in the reference).
+fn example(name: &str) -> String {
+    let text = std::fs::read_to_string(root().join("examples").join(name)).unwrap_or_default();
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i].is_ascii_digit() && (i == 0 || bytes[i - 1] != b'.') {
+            let start = i;
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                i += 1;
+            }
+            let num = &text[start..i];
+            if i < bytes.len() && bytes[i] == b'.' {
+                out.push_str(num);
+            } else {
+                out.push_str(&(num.parse::<u64>().unwrap_or(0) % 1000).to_string());
+            }
+        } else {
+            out.push(bytes[i] as char);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn load(
+    model: &str,
+    map: &[(&str, &str)],
+    edit: impl Fn(String) -> String,
+    loss: &str,
+    inputs: &str,
+) -> Expected {
+    let path = root().join("models").join(format!("{model}.rly"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = with_loss(&edit(scale(&text, map)), loss);
+    let l = load_text(model, &text);
+    expected(model, l, inputs, INSTANCE_ARGS)
+}
+
+const SQUARES: &str = "sum(multiply(%o, %o))";
+
+/// The float parameters: indices into `@main`'s arguments.
+fn float_params(x: &Expected) -> Vec<usize> {
+    x.weights
+        .iter()
+        .enumerate()
+        .filter(|(i, w)| {
+            **w && matches!(x.args[0].get(*i), Some(Value::Tensor(t)) if t.dtype().is_float())
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The reference gradient: the tape, instance by instance, summed.
+fn reference_grad(x: &Expected, wrt: &[usize]) -> Vec<Option<Tensor>> {
+    let program =
+        tumble_compile::Program::lower_with(&x.l.typed, tumble_compile::LowerOptions::reference())
+            .unwrap();
+    let mut total: Vec<Option<Tensor>> = vec![None; wrt.len()];
+    for (i, a) in x.args.iter().enumerate() {
+        let mut r = rng(i);
+        let g = tape::grad(&program, "main", a.clone(), wrt, &mut r)
+            .unwrap_or_else(|e| panic!("{}: reference gradient: {}", x.name, e.message));
+        for (slot, g) in total.iter_mut().zip(g.grads) {
+            if let Some(g) = g {
+                tape::accumulate(slot, g).unwrap();
+            }
+        }
+    }
+    total
+}
+
+fn batched_grad(
+    x: &Expected,
+    wrt: &[usize],
+    batch: usize,
+    opts: Options,
+    gopts: GradOptions,
+) -> Vec<Option<Tensor>> {
+    let (program, reuse) = compile(x, true, tumble_compile::StaticOptions::all());
+    let params: Vec<Tensor> = wrt
+        .iter()
+        .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
+        .collect();
+    let mut total: Vec<Option<Tensor>> = vec![None; wrt.len()];
+    for (c, chunk) in x.args.chunks(batch).enumerate() {
+        let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
+        let g = grad_batch(
+            &program,
+            &reuse,
+            "main",
+            chunk.to_vec(),
+            rngs,
+            opts,
+            gopts,
+            &params,
+        )
+        .unwrap_or_else(|e| panic!("{}: batched gradient: {}", x.name, e.error.message));
+        for (slot, g) in total.iter_mut().zip(g.grads) {
+            if let Some(g) = g {
+                tape::accumulate(slot, g).unwrap();
+            }
+        }
+    }
+    total
+}
+
+/// Each gradient within 1e-4 of the reference, relative to the reference's largest entry.
+fn compare(
+    x: &Expected,
+    wrt: &[usize],
+    got: &[Option<Tensor>],
+    want: &[Option<Tensor>],
+    label: &str,
+) {
+    let mut nonzero = 0;
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        let name = format!("{} {label}: parameter {}", x.name, wrt[k]);
+        match (g, w) {
+            (None, None) => {}
+            (Some(g), Some(w)) => {
+                assert_eq!(g.shape(), w.shape(), "{name}");
+                let scale = w.to_f64_vec().iter().fold(0f64, |m, v| m.max(v.abs()));
+                let diff = g.max_abs_diff(w).unwrap();
+                assert!(
+                    diff <= 1e-4 * scale + 1e-7,
+                    "{name}: max difference {diff} against max |gradient| {scale}"
+                );
+                nonzero += usize::from(scale > 0.0);
+            }
+            (Some(g), None) => {
+                let m = g.to_f64_vec().iter().fold(0f64, |m, v| m.max(v.abs()));
+                assert!(
+                    m == 0.0,
+                    "{name}: batched gradient {m} where the reference has none"
+                );
+            }
+            (None, Some(w)) => {
+                let m = w.to_f64_vec().iter().fold(0f64, |m, v| m.max(v.abs()));
+                assert!(
+                    m == 0.0,
+                    "{name}: no batched gradient where the reference has {m}"
+                );
+            }
+        }
+    }
+    assert!(nonzero > 0, "{} {label}: every gradient is zero", x.name);
+}
+
+fn check(x: &Expected) {
+    let wrt = float_params(x);
+    assert!(!wrt.is_empty());
+    let want = reference_grad(x, &wrt);
+    for batch in [1, 7, 64] {
+        let got = batched_grad(x, &wrt, batch, Options::default(), GradOptions::default());
+        compare(x, &wrt, &got, &want, &format!("batch {batch}"));
+    }
+    let opts = Options {
+        scheduler: Scheduler::Agenda,
+        fusion: false,
+        ..Options::default()
+    };
+    let got = batched_grad(x, &wrt, 64, opts, GradOptions { gemm: false });
+    compare(
+        x,
+        &wrt,
+        &got,
+        &want,
+        "agenda, no fusion, no backward GEMM, batch 64",
+    );
+}
+
+#[test]
+fn treelstm() {
+    let x = load(
+        "treelstm_small",
+        &[("256", "8"), ("768", "24"), ("21703", "1000")],
+        |t| t,
+        SQUARES,
+        &cycle(&example("treelstm.jsonl"), 70),
+    );
+    check(&x);
+}
+
+#[test]
+fn mvrnn() {
+    let x = load(
+        "mvrnn_small",
+        &[("64", "4"), ("128", "8"), ("21703", "1000")],
+        |t| t,
+        SQUARES,
+        &cycle(&example("mvrnn.jsonl"), 70),
+    );
+    check(&x);
+}
+
+#[test]
+fn nestedrnn() {
+    let x = load(
+        "nestedrnn_small",
+        &[("256", "8"), ("768", "24"), ("21703", "1000")],
+        |t| t,
+        SQUARES,
+        &cycle(&example("nestedrnn.jsonl"), 66),
+    );
+    check(&x);
+}
+
+#[test]
+fn stackrnn() {
+    let x = load(
+        "stackrnn_small",
+        &[("256", "8"), ("512", "16"), ("21703", "1000")],
+        |t| t,
+        "sum(multiply(%o.0, %o.0))",
+        &cycle(&example("stackrnn.jsonl"), 70),
+    );
+    check(&x);
+}
+
+/// BiRNN's output is the argmax per token: the loss reads the logits instead.
+#[test]
+fn birnn() {
+    let edit = |t: String| {
+        t.replace("argmax(%logits, axis=[1])", "%logits")
+            .replace(
+                ") -> Tensor[(1), int32] {",
+                ") -> Tensor[(1, 5), float32] {",
+            )
+            .replace(
+                ") -> List[Tensor[(1), int32]] {",
+                ") -> List[Tensor[(1, 5), float32]] {",
+            )
+    };
+    let loss = "@foldl(fn (%acc: Tensor[(), float32], %l: Tensor[(1, 5), float32]) -> Tensor[(), float32] { add(%acc, sum(multiply(%l, %l))) }, zeros(shape=[], dtype=\"float32\"), %o)";
+    let x = load(
+        "birnn_small",
+        &[("256", "8"), ("512", "16"), ("21703", "1000")],
+        edit,
+        loss,
+        &cycle(&example("birnn.jsonl"), 70),
+    );
+    check(&x);
+}
+
+/// Berxit exits early where a layer is confident: the gradient follows the traced exits.
+#[test]
+fn berxit() {
+    let lines: Vec<String> = example("berxit.jsonl")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    let inputs = (0..66)
+        .map(|i| {
+            let l = &lines[i % lines.len()];
+            // 16 of the 128 tokens (the model is scaled to sequences of 16).
+            let open = l.find('[').unwrap();
+            let close = l.find(']').unwrap();
+            let toks: Vec<&str> = l[open + 1..close].split(',').take(16).collect();
+            let t = ["0.0", "2.0", "0.6"][i % 3];
+            format!("{{\"tokens\": [{}], \"threshold\": {t}}}", toks.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let x = load(
+        "berxit_small",
+        &[
+            ("768", "24"),
+            ("64", "2"),
+            ("3072", "48"),
+            ("128", "16"),
+            ("30522", "1000"),
+        ],
+        |t| t,
+        "sum(multiply(%o.0, %o.0))",
+        &inputs,
+    );
+    check(&x);
+}
+
+/// `tree`'s JSON with every node's `[[id]` turned into `[id % 5`: a label tree of its shape.
+fn label_tree(tree: &str) -> String {
+    let mut out = String::with_capacity(tree.len());
+    let mut rest = tree;
+    while let Some(at) = rest.find("[[") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let digits = after.find(']').unwrap_or(0);
+        let id: u64 = after[..digits].parse().unwrap_or(0);
+        out.push_str(&format!("[{}", id % 5));
+        rest = &after[digits + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The SST training models: the root's cross-entropy, and the sum over every node's.
+#[test]
+fn treelstm_sst_train() {
+    let trees: Vec<String> = example("treelstm.jsonl")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let t = l.trim().strip_prefix("{\"tree\": ").unwrap();
+            t[..t.len() - 1].to_string()
+        })
+        .collect();
+    let map = &[("256", "8"), ("768", "24"), ("21703", "1000")];
+    let root = (0..66)
+        .map(|i| {
+            format!(
+                "{{\"tree\": {}, \"label\": {}}}",
+                trees[i % trees.len()],
+                i % 5
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let x = load_plain("treelstm_sst_train", map, &root);
+    check(&x);
+    let all = (0..66)
+        .map(|i| {
+            let t = &trees[i % trees.len()];
+            format!("{{\"tree\": {t}, \"labels\": {}}}", label_tree(t))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let x = load_plain("treelstm_sst_train_all", map, &all);
+    check(&x);
+}
+
+/// A model that already returns a scalar loss, scaled down.
+fn load_plain(model: &str, map: &[(&str, &str)], inputs: &str) -> Expected {
+    let path = root().join("models").join(format!("{model}.rly"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let l = load_text(model, &scale(&text, map));
+    expected(model, l, inputs, INSTANCE_ARGS)
+}
