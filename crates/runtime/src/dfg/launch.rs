@@ -1,0 +1,242 @@
+//! Launching a group of nodes of one block: chunking for locality, attributing a failure to the
+//! first failing invocation, gathering inputs (shared once, earlier outputs in order reused,
+//! others as row lists) and running the block's kernel plan or batching rules.
+
+use super::*;
+
+impl Dfg<'_> {
+    /// Runs `block` for the nodes `ids`: one batched call, or for a block with per-invocation
+    /// weights, calls over chunks whose per-instance inputs fit in cache.
+    pub(super) fn launch(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
+        let chunk = self
+            .exec
+            .chunk_sizes
+            .get(block_id as usize)
+            .copied()
+            .unwrap_or(usize::MAX);
+        for part in ids.chunks(chunk) {
+            self.launch_attributed(block_id, part)?;
+        }
+        Ok(())
+    }
+
+    /// [`Dfg::launch_batch`]; when a launch of several invocations fails, each runs alone so that
+    /// the error is the first failing invocation's own and names its instance
+    /// (`failed_instance`) instead of the whole mini-batch. Launches compute and store values
+    /// only, so running the others alone changes nothing but the time of a run that fails anyway.
+    pub(super) fn launch_attributed(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
+        let Err(batch_error) = self.launch_batch(block_id, ids) else {
+            return Ok(());
+        };
+        let instance_of = |dfg: &Self, id: u32| dfg.nodes.get(id as usize).map(|n| n.instance);
+        if ids.len() > 1 {
+            for &id in ids {
+                if let Err(e) = self.launch_batch(block_id, &[id]) {
+                    self.failed_instance = instance_of(self, id);
+                    return Err(e);
+                }
+            }
+        }
+        self.failed_instance = ids.first().and_then(|&id| instance_of(self, id));
+        Err(batch_error)
+    }
+
+    /// Runs `block` for the nodes `ids` as one batched call.
+    pub(super) fn launch_batch(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
+        let block = self.block(block_id)?;
+        let b = ids.len();
+        let first_span = ids
+            .first()
+            .and_then(|&i| self.nodes.get(i as usize))
+            .map(|n| n.span)
+            .unwrap_or_default();
+        if let Err(stop) = tumble_limits::poll() {
+            let mut e = tumble_interp::machine::limit_error(stop, vec![self.growth()], "");
+            e.span = Some(first_span);
+            return Err(e);
+        }
+        // Before the launch allocates: at most every node's result for every row (an upper bound:
+        // row programs keep fewer), which must fit in what is left of the memory budget.
+        let launch_bytes = self
+            .exec
+            .row_bytes
+            .get(block_id as usize)
+            .map_or(0, |r| r.saturating_mul(b));
+        if launch_bytes >= tumble_ops::RESERVE_ABOVE {
+            if let Err(stop) = tumble_limits::reserve(launch_bytes) {
+                return Err(RunError::at(
+                    first_span,
+                    format!("in block {} ({b} invocations): {stop}", block.name),
+                ));
+            }
+        }
+        let t0 = Instant::now();
+        let mut inputs = Vec::with_capacity(block.inputs.len());
+        for i in 0..block.inputs.len() {
+            inputs.push(self.gather(block_id, i, ids)?);
+        }
+        self.profile.time_gather += t0.elapsed();
+        let t1 = Instant::now();
+        let mut octx = OpCtx {
+            rng: &mut self.launch_rng,
+        };
+        let outs = match self.exec.plans.get(block_id as usize) {
+            Some(plan) => crate::fused::run_planned(
+                block,
+                plan,
+                &inputs,
+                b,
+                &mut octx,
+                &mut self.profile.ops,
+                &mut self.profile.fused,
+                self.opts.threads + self.lent.map_or(0, Lending::share),
+            ),
+            None => run_block(block, &inputs, b, &mut octx, &mut self.profile.ops),
+        }
+        .map_err(|m| RunError::at(first_span, format!("in block {}: {m}", block.name)))?;
+        let kernel_time = t1.elapsed();
+        self.profile.time_kernels += kernel_time;
+        self.profile.launches += 1;
+        let st = self
+            .profile
+            .per_block
+            .entry(block.name.clone())
+            .or_default();
+        st.launches += 1;
+        st.invocations += b as u64;
+        st.max_batch = st.max_batch.max(b as u64);
+        st.kernels += kernel_time;
+        for o in &outs {
+            if let BV::Batched(OpValue::Tensor(t)) = o {
+                self.profile.activation_bytes += (t.len() * t.dtype().size()) as u64;
+            }
+        }
+        for (row, &id) in ids.iter().enumerate() {
+            let slots = outs
+                .iter()
+                .map(|o| match o {
+                    BV::Shared(OpValue::Tensor(t)) => Ok(Slot {
+                        tensor: t.clone(),
+                        row: None,
+                    }),
+                    BV::Batched(OpValue::Tensor(t)) => Ok(Slot {
+                        tensor: t.clone(),
+                        row: Some(row as u32),
+                    }),
+                    // Gather views: the invocation's own row of the table, where it lies.
+                    BV::Rows(r) => match r.part_ref(row) {
+                        Some((t, at)) => Ok(Slot {
+                            tensor: t.clone(),
+                            row: at.map(|a| a as u32),
+                        }),
+                        None => Err(RunError::new("internal: block output has too few rows")),
+                    },
+                    _ => Err(RunError::new("internal: block output is not a tensor")),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Some(n) = self.nodes.get_mut(id as usize) {
+                n.out = Some(slots);
+                // The arguments are no longer needed (but by the backward pass); drop them so
+                // memory follows liveness.
+                if self.launch_log.is_none() {
+                    n.args = Vec::new();
+                }
+            }
+        }
+        if let Some(log) = &mut self.launch_log {
+            log.push(ids.to_vec());
+        }
+        Ok(())
+    }
+
+    /// Input `i` of a launch: passed once if the same for every node, the producer's batch itself
+    /// if it is exactly these rows in order, else a list of the rows where they lie (gather
+    /// fusion) or stacked.
+    pub(super) fn gather(&mut self, block: u32, i: usize, ids: &[u32]) -> Result<BV, RunError> {
+        if self.opts.sum_fusion {
+            self.materialize_sums(i, ids)?;
+        }
+        let args: Vec<&Arg> = ids
+            .iter()
+            .filter_map(|&id| self.nodes.get(id as usize).and_then(|n| n.args.get(i)))
+            .collect();
+        let shared_expected = self.reuse.is_shared(block, i);
+        // Same concrete tensor everywhere (a weight): pass it once. A launch of one invocation
+        // trivially passes "the same" tensor everywhere; a per-instance input there is still a
+        // batch of one (else the plan's dense and row stages, which want batched activations,
+        // would fall back to the reference kernels: Berxit under `--scheduler eager`).
+        let per_instance = matches!(
+            self.reuse.inputs.get(block as usize).and_then(|v| v.get(i)),
+            Some(crate::reuse::InputReuse::PerInstance)
+        );
+        if let Some(Arg::Val(first)) = args.first().filter(|_| args.len() > 1 || !per_instance) {
+            if args.iter().all(|a| matches!(a, Arg::Val(t) if t.shares_buffer(first) && t.shape() == first.shape())) {
+                self.profile.shared_inputs += 1;
+                return Ok(BV::Shared(OpValue::Tensor(first.clone())));
+            }
+        }
+        if shared_expected {
+            self.profile.reuse_misses += 1;
+        }
+        // Exactly rows 0..b of one earlier launch's output: no copy.
+        let mut same_batch: Option<Tensor> = None;
+        let mut contiguous = true;
+        for (k, a) in args.iter().enumerate() {
+            match a {
+                Arg::Lazy(r) => {
+                    let s = self.slot(r)?;
+                    match (&same_batch, s.row) {
+                        (None, Some(0)) if k == 0 => same_batch = Some(s.tensor.clone()),
+                        (Some(t), Some(row)) if row as usize == k && t.shares_buffer(&s.tensor) => {
+                        }
+                        _ => {
+                            contiguous = false;
+                            break;
+                        }
+                    }
+                }
+                Arg::Val(_) => {
+                    contiguous = false;
+                    break;
+                }
+            }
+        }
+        if contiguous {
+            if let Some(t) = same_batch {
+                if t.shape().first() == Some(&args.len()) {
+                    self.profile.zero_copy_inputs += 1;
+                    return Ok(BV::Batched(OpValue::Tensor(t)));
+                }
+            }
+        }
+        // Rows of earlier outputs (or whole computed tensors) for the plan to read in place: the
+        // gather is fused into the kernels (GEMM packing, row programs) instead of copied here.
+        if self.opts.gather_fusion && !self.exec.plans.is_empty() {
+            let parts = args
+                .iter()
+                .map(|a| match a {
+                    Arg::Val(t) => Ok((t.clone(), None)),
+                    Arg::Lazy(r) => self
+                        .slot(r)
+                        .map(|s| (s.tensor.clone(), s.row.map(|x| x as usize))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Some(rows) = RowRefs::new(parts) {
+                self.profile.row_list_inputs += 1;
+                return Ok(BV::Rows(rows));
+            }
+        }
+        self.profile.gathered_inputs += 1;
+        let rows = args
+            .iter()
+            .map(|a| match a {
+                Arg::Val(t) => Ok(t.clone()),
+                Arg::Lazy(r) => self.slot(r)?.value().map_err(RunError::new),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&Tensor> = rows.iter().collect();
+        Tensor::stack(&refs)
+            .map(|t| BV::Batched(OpValue::Tensor(t)))
+            .map_err(|e| RunError::new(format!("internal: gather: {e}")))
+    }
+}

@@ -1,0 +1,628 @@
+//! The lazy backend: instance executors record block invocations as dataflow-graph nodes instead of
+//! computing them; [`Dfg::flush`] evaluates all pending nodes in batched launches. This module
+//! holds the graph and the recording (the `Backend` implementation, launch-grouping keys, shape
+//! inference); `schedule` decides launches, `launch` runs them, `sums` keeps deferred sums.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use tumble_compile::{Block, OutputShape, Program};
+use tumble_interp::reference::block_value;
+use tumble_interp::{Backend, InstanceCtx, LazyRef, RunError, Value};
+use tumble_ir::{Attrs, Span, Ty};
+use tumble_ops::{OpCtx, OpDef, OpValue};
+use tumble_tensor::{Rng, Tensor};
+
+use crate::batched::{run_block, RowRefs, BV};
+use std::sync::Arc;
+
+use crate::executable::Executable;
+use crate::intern::Interner;
+use crate::profile::Profile;
+use crate::reuse::Reuse;
+use crate::workers::Lending;
+use crate::{Options, Scheduler};
+
+mod launch;
+mod schedule;
+mod sums;
+
+/// A block argument as recorded.
+#[derive(Clone)]
+pub(crate) enum Arg {
+    Lazy(LazyRef),
+    Val(Tensor),
+}
+
+/// A computed output: a whole tensor, or row `row` of a launch's batched output.
+#[derive(Clone)]
+struct Slot {
+    tensor: Tensor,
+    row: Option<u32>,
+}
+
+impl Slot {
+    fn value(&self) -> Result<Tensor, String> {
+        match self.row {
+            None => Ok(self.tensor.clone()),
+            Some(r) => self.tensor.row(r as usize).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+pub(crate) struct Node {
+    pub(crate) block: u32,
+    pub(crate) args: Vec<Arg>,
+    depth: u32,
+    /// Launch-grouping key: the block and its inputs' per-instance shapes.
+    key: u64,
+    /// Output shapes, shared with the shape cache (recording a node allocates no shapes).
+    out_shapes: std::rc::Rc<Vec<Vec<usize>>>,
+    out: Option<Vec<Slot>>,
+    pub(crate) span: Span,
+    /// A deferred sum (sum fusion): never launched; `args` are its terms (none of them a deferred
+    /// sum), added in order when a launch first reads it ([`Dfg::materialize_sums`]).
+    sum: bool,
+    /// The instance (index in the mini-batch) that recorded it, to name in errors.
+    pub(crate) instance: u32,
+}
+
+pub struct Dfg<'p> {
+    program: &'p Program,
+    reuse: &'p Reuse,
+    opts: Options,
+    nodes: Vec<Node>,
+    pending: Vec<u32>,
+    /// Ids of (block, input shapes): the shape cache's index.
+    shape_keys: Interner,
+    /// Ids of (shape key, shared weights read): the launch-grouping key under code duplication.
+    dup_keys: Interner,
+    /// The words of the key being built (kept to reuse its allocation).
+    key_words: Vec<u64>,
+    /// Output shapes per shape-key id.
+    shape_cache: Vec<Option<std::rc::Rc<Vec<Vec<usize>>>>>,
+    /// Draws for operators run inside launches (none are random: those run on the host).
+    launch_rng: Rng,
+    /// What the job computed once for the program: per-block facts and kernel plans.
+    exec: Arc<Executable>,
+    /// The instance whose invocation made the last failed launch fail (see [`Dfg::launch`]).
+    pub failed_instance: Option<u32>,
+    /// Threads lent by workers that have finished (a share is added to `opts.threads` at each
+    /// launch).
+    lent: Option<&'p Lending>,
+    pub profile: Profile,
+    /// Recording for the backward pass ([`Dfg::record_for_backward`]): the launches in order.
+    launch_log: Option<Vec<Vec<u32>>>,
+}
+
+/// Output shapes of a block from its inputs' shapes, by its operators' relations (Nimble's shape
+/// functions), so launches can be grouped before anything is computed.
+fn infer_shapes(block: &Block, inputs: &[Vec<usize>]) -> Result<Vec<Vec<usize>>, String> {
+    let to_ty = |s: &[usize], d| Ty::tensor_of(&s.iter().map(|&x| x as i64).collect::<Vec<_>>(), d);
+    let mut node_tys: Vec<Ty> = Vec::with_capacity(block.nodes.len());
+    let ty_of = |v: &tumble_compile::BVal, node_tys: &[Ty]| -> Result<Ty, String> {
+        use tumble_compile::BVal;
+        match v {
+            BVal::Input(i) => {
+                let shape = inputs.get(*i as usize).ok_or("internal: input")?;
+                let dtype = block
+                    .inputs
+                    .get(*i as usize)
+                    .and_then(|x| x.ty.as_tensor().map(|(_, d)| d))
+                    .ok_or("internal: input type")?;
+                Ok(to_ty(shape, dtype))
+            }
+            BVal::Node(n) => node_tys
+                .get(*n as usize)
+                .cloned()
+                .ok_or_else(|| "internal: node".into()),
+            BVal::Field(n, f) => match node_tys.get(*n as usize) {
+                Some(Ty::Tuple(ts)) => ts
+                    .get(*f as usize)
+                    .cloned()
+                    .ok_or_else(|| "internal: field".into()),
+                _ => Err("internal: field of a non-tuple".into()),
+            },
+            BVal::Const(t) => Ok(to_ty(t.shape(), t.dtype())),
+        }
+    };
+    for node in &block.nodes {
+        let args = node
+            .args
+            .iter()
+            .map(|a| match a {
+                tumble_compile::BArg::One(v) => ty_of(v, &node_tys),
+                tumble_compile::BArg::Tuple(vs) => vs
+                    .iter()
+                    .map(|v| ty_of(v, &node_tys))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Ty::Tuple),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let t = (node.op.relation)(&args, &node.attrs).map_err(|e| e.message)?;
+        node_tys.push(t);
+    }
+    block
+        .outputs
+        .iter()
+        .map(|v| {
+            let t = ty_of(v, &node_tys)?;
+            t.as_tensor()
+                .and_then(|(dims, _)| {
+                    dims.iter()
+                        .map(|d| d.known().map(|x| x as usize))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| "internal: output shape unknown".to_string())
+        })
+        .collect()
+}
+
+impl<'p> Dfg<'p> {
+    pub fn new(
+        program: &'p Program,
+        reuse: &'p Reuse,
+        exec: Arc<Executable>,
+        opts: Options,
+    ) -> Self {
+        Dfg {
+            program,
+            reuse,
+            opts,
+            nodes: Vec::new(),
+            pending: Vec::new(),
+            shape_keys: Interner::default(),
+            dup_keys: Interner::default(),
+            key_words: Vec::new(),
+            shape_cache: Vec::new(),
+            launch_rng: Rng::new(0),
+            exec,
+            lent: None,
+            failed_instance: None,
+            profile: Profile::default(),
+            launch_log: None,
+        }
+    }
+
+    /// Records for the backward pass ([`crate::backward`]): every launch's nodes in order, and
+    /// node arguments kept after their launch. Every float value must stay on the graph for
+    /// the backward to see it, so nothing is computed off it: no host scalars, no deferred
+    /// sums, and a computed input stays a reference to its node instead of becoming a value.
+    pub fn record_for_backward(&mut self) {
+        self.launch_log = Some(Vec::new());
+    }
+
+    /// The launches so far, in order (empty unless recording for the backward).
+    pub(crate) fn launch_log(&self) -> &[Vec<u32>] {
+        self.launch_log.as_deref().unwrap_or_default()
+    }
+
+    pub(crate) fn program(&self) -> &'p Program {
+        self.program
+    }
+
+    pub(crate) fn node(&self, id: u32) -> Option<&Node> {
+        self.nodes.get(id as usize)
+    }
+
+    /// Launches from now on also use a share of the threads in `lent`, which other workers add to
+    /// when they run out of mini-batches.
+    pub(crate) fn lend_threads(&mut self, lent: Option<&'p Lending>) {
+        self.lent = lent;
+    }
+
+    fn block(&self, b: u32) -> Result<&'p Block, RunError> {
+        self.program
+            .blocks
+            .get(b as usize)
+            .ok_or_else(|| RunError::new(format!("internal: no block {b}")))
+    }
+
+    fn arg_shape<'s>(&'s self, a: &'s Arg) -> Result<&'s [usize], RunError> {
+        match a {
+            Arg::Val(t) => Ok(t.shape()),
+            Arg::Lazy(r) => self
+                .nodes
+                .get(r.node as usize)
+                .and_then(|n| n.out_shapes.get(r.output as usize))
+                .map(Vec::as_slice)
+                .ok_or_else(|| RunError::new("internal: unknown lazy value")),
+        }
+    }
+
+    fn arg_depth(&self, a: &Arg) -> u32 {
+        match a {
+            Arg::Val(_) => 0,
+            // Computed (in an earlier flush): as available as a value.
+            Arg::Lazy(r) => self.nodes.get(r.node as usize).map_or(0, |n| {
+                if n.out.is_some() {
+                    0
+                } else {
+                    n.depth + 1
+                }
+            }),
+        }
+    }
+
+    /// [`Dfg::concrete`] where that copies nothing: a computed whole tensor, a computed row of at
+    /// most one element, or a deferred sum of computed terms (added up here). `None` for an
+    /// uncomputed value and for a computed row of a batch (a copy the launch that reads it does
+    /// not need).
+    fn cheap_concrete(&self, r: LazyRef) -> Result<Option<Tensor>, RunError> {
+        let node = self
+            .nodes
+            .get(r.node as usize)
+            .ok_or_else(|| RunError::new("internal: unknown lazy value"))?;
+        match &node.out {
+            Some(slots) => {
+                let slot = slots
+                    .get(r.output as usize)
+                    .ok_or_else(|| RunError::new("internal: unknown output"))?;
+                let row_len = |t: &Tensor| t.shape().get(1..).map_or(0, |d| d.iter().product());
+                if slot.row.is_none() || row_len(&slot.tensor) <= 1 {
+                    slot.value().map(Some).map_err(RunError::new)
+                } else {
+                    Ok(None)
+                }
+            }
+            None => self.concrete(r),
+        }
+    }
+
+    /// The tensor behind a value, if it is computed.
+    pub fn concrete(&self, r: LazyRef) -> Result<Option<Tensor>, RunError> {
+        let node = self
+            .nodes
+            .get(r.node as usize)
+            .ok_or_else(|| RunError::new("internal: unknown lazy value"))?;
+        match &node.out {
+            None if node.sum => self.sum_on_host(node),
+            None => Ok(None),
+            Some(slots) => slots
+                .get(r.output as usize)
+                .ok_or_else(|| RunError::new("internal: unknown output"))?
+                .value()
+                .map(Some)
+                .map_err(RunError::new),
+        }
+    }
+
+    /// The id of the next node. When the node table is full, its growth (a reallocation that
+    /// doubles it: gigabytes for a runaway recursion) is checked against the memory budget before
+    /// it happens; `pending` is the recording instance's pending evaluations, for the message.
+    fn reserve_node(&mut self, pending: usize) -> Result<u32, RunError> {
+        if self.nodes.len() == self.nodes.capacity() {
+            let more = self.nodes.capacity().max(4) * std::mem::size_of::<Node>();
+            if let Err(stop) = tumble_limits::reserve(more) {
+                let held = vec![
+                    format!(
+                        "{} pending evaluations in this instance",
+                        tumble_limits::count_text(pending)
+                    ),
+                    self.growth(),
+                ];
+                return Err(tumble_interp::machine::limit_error(stop, held, ""));
+            }
+        }
+        Ok(self.nodes.len() as u32)
+    }
+
+    fn lazy_value(&self, block: &Block, node: u32) -> Value {
+        let n = block.outputs.len() as u32;
+        match (block.output_shape, n) {
+            (OutputShape::Single, 1) => Value::Lazy(LazyRef { node, output: 0 }),
+            _ => Value::tuple(
+                (0..n)
+                    .map(|output| Value::Lazy(LazyRef { node, output }))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The argument is computed, or is a deferred sum of computed terms.
+    fn arg_ready(&self, a: &Arg) -> bool {
+        match a {
+            Arg::Val(_) => true,
+            Arg::Lazy(r) => self.lazy_ready(*r),
+        }
+    }
+
+    /// The value is computed, or is a deferred sum whose terms are (its terms are never sums
+    /// themselves, so this recurses once).
+    fn lazy_ready(&self, r: LazyRef) -> bool {
+        self.nodes
+            .get(r.node as usize)
+            .is_some_and(|m| m.out.is_some() || (m.sum && m.args.iter().all(|t| self.arg_ready(t))))
+    }
+
+    /// The recorded nodes an argument waits for: itself, or a deferred sum's terms.
+    fn arg_deps(&self, a: &Arg, out: &mut Vec<u32>) {
+        if let Arg::Lazy(r) = a {
+            match self.nodes.get(r.node as usize) {
+                Some(m) if m.sum && m.out.is_none() => {
+                    for t in &m.args {
+                        if let Arg::Lazy(q) = t {
+                            out.push(q.node);
+                        }
+                    }
+                }
+                _ => out.push(r.node),
+            }
+        }
+    }
+
+    fn slot(&self, r: &LazyRef) -> Result<&Slot, RunError> {
+        self.nodes
+            .get(r.node as usize)
+            .and_then(|n| n.out.as_ref())
+            .and_then(|o| o.get(r.output as usize))
+            .ok_or_else(|| RunError::new("internal: input not computed"))
+    }
+}
+
+impl Backend for Dfg<'_> {
+    fn call_op(
+        &mut self,
+        ctx: &mut InstanceCtx,
+        op: &'static OpDef,
+        args: Vec<Value>,
+        attrs: &Attrs,
+        span: Span,
+    ) -> Result<Value, RunError> {
+        // Operators outside blocks are the impure ones (random draws, intrinsics): they run on the
+        // host, in the instance's program order, from its own random stream. The machine calls
+        // them only once `op_args_ready` holds, so lazy arguments are computed by now.
+        // A lazy argument, or lazy field of a tuple argument, becomes its computed tensor; the
+        // value then converts like any other.
+        let computed = |dfg: &Self, v: Value| -> Result<Value, RunError> {
+            match v {
+                Value::Lazy(r) => dfg.concrete(r)?.map(Value::Tensor).ok_or_else(|| {
+                    RunError::at(
+                        span,
+                        format!(
+                            "{}: input is not computed yet (operator outside a block)",
+                            op.name
+                        ),
+                    )
+                }),
+                other => Ok(other),
+            }
+        };
+        let mut plain = Vec::with_capacity(args.len());
+        for a in args {
+            let a = match a {
+                Value::Tuple(t) if t.0.iter().any(|f| matches!(f, Value::Lazy(_))) => Value::tuple(
+                    t.0.iter()
+                        .map(|f| computed(self, f.clone()))
+                        .collect::<Result<Vec<_>, _>>()?,
+                ),
+                other => computed(self, other)?,
+            };
+            plain.push(
+                tumble_interp::machine::to_op_value(a)
+                    .map_err(|m| RunError::at(span, format!("{}: {m}", op.name)))?,
+            );
+        }
+        let mut octx = OpCtx { rng: &mut ctx.rng };
+        let out = tumble_ops::eval(op, &plain, attrs, &mut octx)
+            .map_err(|e| RunError::at(span, e.message))?;
+        Ok(tumble_interp::machine::from_op_value(out))
+    }
+
+    fn invoke_block(
+        &mut self,
+        ctx: &mut InstanceCtx,
+        block_id: u32,
+        site: u32,
+        args: Vec<Value>,
+        span: Span,
+    ) -> Result<Value, RunError> {
+        let t0 = Instant::now();
+        let block = self.block(block_id)?;
+        let mut recorded = Vec::with_capacity(args.len());
+        for a in args {
+            recorded.push(match a {
+                Value::Tensor(t) => Arg::Val(t),
+                Value::Lazy(r) if self.launch_log.is_some() => Arg::Lazy(r),
+                Value::Lazy(r) => match self.cheap_concrete(r)? {
+                    // Computed values are passed as values where that copies nothing, or they
+                    // are scalars (host-side work can use them); a computed row of a batch stays
+                    // a reference, which the launch reads in place.
+                    Some(t) => Arg::Val(t),
+                    None => Arg::Lazy(r),
+                },
+                other => {
+                    return Err(RunError::at(
+                        span,
+                        format!(
+                            "block {}: expected a tensor input, found {}",
+                            block.name,
+                            other.kind()
+                        ),
+                    ))
+                }
+            });
+        }
+        // Small work on known values runs on the host at once (ACROBAT lowers scalar arithmetic to
+        // native code), keeping counters and conditions out of the graph.
+        let for_backward = self.launch_log.is_some();
+        if self.opts.host_scalars
+            && !for_backward
+            && self.opts.scheduler != Scheduler::Eager
+            && recorded
+                .iter()
+                .all(|a| matches!(a, Arg::Val(t) if t.len() <= 1))
+            && self.exec.scalar_blocks.get(block_id as usize) == Some(&true)
+        {
+            let inputs: Vec<Tensor> = recorded
+                .into_iter()
+                .filter_map(|a| match a {
+                    Arg::Val(t) => Some(t),
+                    Arg::Lazy(_) => None,
+                })
+                .collect();
+            let mut octx = OpCtx { rng: &mut ctx.rng };
+            let outs = block
+                .eval(&inputs, &mut octx)
+                .map_err(|m| RunError::at(span, m))?;
+            self.profile.host_invocations += 1;
+            self.profile.time_dfg += t0.elapsed();
+            return Ok(block_value(block, outs));
+        }
+        if self.opts.sum_fusion
+            && !for_backward
+            && self.opts.scheduler != Scheduler::Eager
+            && self.exec.sum_blocks.get(block_id as usize) == Some(&true)
+        {
+            if let Some(v) = self.try_sum(block_id, &recorded, span, ctx)? {
+                self.profile.time_dfg += t0.elapsed();
+                return Ok(v);
+            }
+        }
+        // Exact keys (see `intern`): block and input shapes, rank first so that shapes of
+        // different ranks cannot run together.
+        let mut words = std::mem::take(&mut self.key_words);
+        words.clear();
+        words.push(u64::from(block_id));
+        for a in &recorded {
+            let shape = self.arg_shape(a)?;
+            words.push(shape.len() as u64);
+            words.extend(shape.iter().map(|&d| d as u64));
+        }
+        let shape_key = self.shape_keys.id(&words);
+        // Dynamic code duplication (ACROBAT §5.1): invocations passing different weights to the
+        // same block (BiRNN's forward and backward `@rnn`) launch separately, each with its weights
+        // shared, instead of together with the weights gathered per invocation.
+        let key = if self.opts.dup {
+            words.clear();
+            words.push(u64::from(shape_key));
+            for (i, a) in recorded.iter().enumerate() {
+                if let Arg::Val(t) = a {
+                    if !matches!(
+                        self.reuse
+                            .inputs
+                            .get(block_id as usize)
+                            .and_then(|v| v.get(i)),
+                        Some(crate::reuse::InputReuse::PerInstance) | None
+                    ) {
+                        words.push(i as u64);
+                        words.push(t.buffer_id() as u64);
+                    }
+                }
+            }
+            u64::from(self.dup_keys.id(&words))
+        } else {
+            u64::from(shape_key)
+        };
+        self.key_words = words;
+        let cached = self
+            .shape_cache
+            .get(shape_key as usize)
+            .and_then(Option::clone);
+        let out_shapes = match cached {
+            Some(s) => s,
+            None => {
+                let shapes = recorded
+                    .iter()
+                    .map(|a| self.arg_shape(a).map(<[usize]>::to_vec))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let s = std::rc::Rc::new(
+                    infer_shapes(block, &shapes).map_err(|m| RunError::at(span, m))?,
+                );
+                let i = shape_key as usize;
+                if self.shape_cache.len() <= i {
+                    self.shape_cache.resize(i + 1, None);
+                }
+                self.shape_cache[i] = Some(s.clone());
+                s
+            }
+        };
+        let dataflow = recorded
+            .iter()
+            .map(|a| self.arg_depth(a))
+            .max()
+            .unwrap_or(0);
+        let statically_hoisted = self
+            .program
+            .sites
+            .get(site as usize)
+            .is_some_and(|s| s.hoisted);
+        let depth = match self.opts.scheduler {
+            // The taint analysis found it independent of recursive state (static hoisting): its
+            // dataflow depth, without moving the instance's own depth counter.
+            Scheduler::Inline if self.opts.hoist && statically_hoisted => dataflow,
+            // Nothing it reads is pending: it can run at depth 0 with every other such invocation
+            // (dynamic hoisting).
+            Scheduler::Inline if self.opts.hoist && dataflow == 0 => 0,
+            Scheduler::Inline => {
+                let d = ctx.depth.max(dataflow);
+                ctx.depth = d + 1;
+                d
+            }
+            _ => dataflow,
+        };
+        let id = self.reserve_node(ctx.pending)?;
+        self.nodes.push(Node {
+            block: block_id,
+            args: recorded,
+            depth,
+            key,
+            out_shapes,
+            out: None,
+            span,
+            sum: false,
+            instance: ctx.instance,
+        });
+        self.profile.nodes += 1;
+        self.profile.time_dfg += t0.elapsed();
+        if self.opts.scheduler == Scheduler::Eager {
+            // No batching: every invocation is its own launch, at once.
+            self.launch(block_id, &[id])?;
+        } else {
+            self.pending.push(id);
+        }
+        Ok(self.lazy_value(block, id))
+    }
+
+    fn ghost(&mut self, ctx: &mut InstanceCtx, n: u32) {
+        if self.opts.ghosts && self.opts.scheduler == Scheduler::Inline {
+            ctx.depth += n;
+        }
+    }
+
+    fn op_args_ready(&mut self, args: &[Value]) -> Result<bool, RunError> {
+        // Every argument, and every field of a tuple argument, that is lazy is computed (checked
+        // without computing it: a deferred sum is added up once, by `call_op`).
+        let ready = |v: &Value| match v {
+            Value::Lazy(r) => self.lazy_ready(*r),
+            _ => true,
+        };
+        Ok(args.iter().all(|a| match a {
+            Value::Tuple(t) => t.0.iter().all(ready),
+            other => ready(other),
+        }))
+    }
+
+    fn growth(&self) -> String {
+        format!(
+            "{} dataflow nodes recorded ({} not yet run)",
+            tumble_limits::count_text(self.nodes.len()),
+            tumble_limits::count_text(self.pending.len())
+        )
+    }
+
+    fn condition(&mut self, v: &Value) -> Result<Option<bool>, RunError> {
+        let t = match v {
+            Value::Tensor(t) => Some(t.clone()),
+            Value::Lazy(r) => self.concrete(*r)?,
+            _ => return Err(RunError::new("`if` condition is not a bool scalar")),
+        };
+        match t {
+            None => Ok(None),
+            Some(t) => t
+                .scalar_as_bool()
+                .map(Some)
+                .map_err(|e| RunError::new(format!("`if` condition: {e}"))),
+        }
+    }
+}

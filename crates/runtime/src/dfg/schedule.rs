@@ -1,0 +1,305 @@
+//! Scheduling a flush: which pending nodes launch together and in what order — by depth
+//! (inline or dataflow; nodes waiting on an uncomputed input parked on its producer, small
+//! launches of weight-bound blocks deferred) or by DyNet's agenda.
+
+use super::*;
+
+impl Dfg<'_> {
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Nodes recorded so far, run or not: what a long-lived [`crate::session::BatchSession`]
+    /// bounds, since nodes (and their outputs) are only freed with the whole graph.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Evaluates every pending node, in batched launches chosen by the scheduler.
+    pub fn flush(&mut self) -> Result<(), RunError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.profile.flushes += 1;
+        let pending = std::mem::take(&mut self.pending);
+        match self.opts.scheduler {
+            Scheduler::Agenda => self.flush_agenda(pending),
+            _ => self.flush_by_depth(pending, usize::MAX),
+        }
+    }
+
+    /// [`Dfg::flush`] that stops once `levels` depth levels have launched, leaving the deeper
+    /// nodes pending (the inline and dataflow-depth schedulers; the agenda flushes everything).
+    /// A continuous-batching session flushes this way so that instances arriving meanwhile join
+    /// the level the running ones have reached instead of waiting for their whole trees.
+    pub fn flush_levels(&mut self, levels: usize) -> Result<(), RunError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.profile.flushes += 1;
+        let pending = std::mem::take(&mut self.pending);
+        match self.opts.scheduler {
+            Scheduler::Agenda => self.flush_agenda(pending),
+            _ => self.flush_by_depth(pending, levels.max(1)),
+        }
+    }
+
+    /// The shallowest depth among the nodes not yet run (`None` when none is pending).
+    pub fn frontier_depth(&self) -> Option<u32> {
+        self.pending
+            .iter()
+            .filter_map(|&id| self.nodes.get(id as usize).map(|n| n.depth))
+            .min()
+    }
+
+    /// Whether every lazy tensor inside `v` has been computed (iterative: results can be long
+    /// lists).
+    pub fn is_computed(&self, v: &Value) -> bool {
+        let mut stack = vec![v];
+        while let Some(v) = stack.pop() {
+            match v {
+                Value::Lazy(r) if !self.lazy_ready(*r) => return false,
+                Value::Tuple(t) => stack.extend(t.0.iter()),
+                Value::Adt(a) => stack.extend(a.fields.iter()),
+                _ => {}
+            }
+        }
+        true
+    }
+
+    /// Inline-depth and dataflow-depth scheduling: all nodes of one (depth, block, shapes) launch
+    /// together, depths in increasing order.
+    pub(super) fn flush_by_depth(
+        &mut self,
+        pending: Vec<u32>,
+        max_levels: usize,
+    ) -> Result<(), RunError> {
+        let t0 = Instant::now();
+        let mut levels: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for id in pending {
+            if let Some(n) = self.nodes.get(id as usize) {
+                levels.entry(n.depth).or_default().push(id);
+            }
+        }
+        // Pending invocations per launch key, for deferring small launches while more of the
+        // same key are still to come.
+        let deferring = self.exec.defer_below.iter().any(|&d| d > 1);
+        let mut remaining: HashMap<(u32, u64), usize> = HashMap::new();
+        if deferring {
+            for ids in levels.values() {
+                for &id in ids {
+                    if let Some(n) = self.nodes.get(id as usize) {
+                        if self
+                            .exec
+                            .defer_below
+                            .get(n.block as usize)
+                            .is_some_and(|&d| d > 1)
+                        {
+                            *remaining.entry((n.block, n.key)).or_default() += 1;
+                        }
+                    }
+                }
+            }
+        }
+        // Nodes waiting for an input, by the node that computes it: released to the level after
+        // the one that launches it, instead of being looked at again at every level between
+        // (NestedRNN's chains behind deferred launches made that quadratic).
+        let mut waiting_on: HashMap<u32, Vec<u32>> = HashMap::new();
+        self.profile.time_schedule += t0.elapsed();
+        let mut launched_levels = 0;
+        while let Some((depth, ids)) = levels.pop_first() {
+            if launched_levels == max_levels {
+                // Out of levels: everything not launched stays pending for the next flush.
+                self.pending.extend(ids);
+                self.pending.extend(levels.into_values().flatten());
+                self.pending.extend(waiting_on.into_values().flatten());
+                return Ok(());
+            }
+            let t0 = Instant::now();
+            let mut groups: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
+            let mut later = Vec::new();
+            for id in ids {
+                match self.blocking_input(id) {
+                    None => {
+                        if let Some(n) = self.nodes.get(id as usize) {
+                            groups.entry((n.block, n.key)).or_default().push(id);
+                        }
+                    }
+                    Some(Some(p)) => waiting_on.entry(p).or_default().push(id),
+                    Some(None) => later.push(id),
+                }
+            }
+            if deferring {
+                // A small group of a weight-bound block waits one level when more invocations
+                // of its key are pending and another group launches at this level (so every
+                // level makes progress and the flush ends).
+                let defer = |k: &(u32, u64), n: usize| {
+                    n < self
+                        .exec
+                        .defer_below
+                        .get(k.0 as usize)
+                        .copied()
+                        .unwrap_or(0)
+                        && remaining.get(k).is_some_and(|&r| r > n)
+                };
+                let mut waiting: Vec<(u32, u64)> = groups
+                    .iter()
+                    .filter(|(k, ids)| defer(k, ids.len()))
+                    .map(|(k, _)| *k)
+                    .collect();
+                if waiting.len() == groups.len() {
+                    // Every group could wait: the fullest (relative to its threshold) launches.
+                    let fill = |k: &(u32, u64)| {
+                        let below = self
+                            .exec
+                            .defer_below
+                            .get(k.0 as usize)
+                            .copied()
+                            .unwrap_or(1);
+                        groups.get(k).map_or(0, Vec::len) as f64 / below.max(1) as f64
+                    };
+                    if let Some(i) = (0..waiting.len())
+                        .max_by(|&a, &b| fill(&waiting[a]).total_cmp(&fill(&waiting[b])))
+                    {
+                        waiting.swap_remove(i);
+                    }
+                }
+                for k in waiting {
+                    if let Some(ids) = groups.remove(&k) {
+                        self.profile.deferred += ids.len() as u64;
+                        later.extend(ids);
+                    }
+                }
+                for (k, ids) in &groups {
+                    if let Some(r) = remaining.get_mut(k) {
+                        *r = r.saturating_sub(ids.len());
+                    }
+                }
+            }
+            if !later.is_empty() {
+                levels.entry(depth + 1).or_default().extend(later);
+            }
+            if groups.is_empty() && levels.is_empty() && !waiting_on.is_empty() {
+                return Err(RunError::new("internal: dataflow graph has a cycle"));
+            }
+            self.profile.time_schedule += t0.elapsed();
+            if !groups.is_empty() {
+                launched_levels += 1;
+            }
+            for ((block, _), ids) in groups {
+                self.launch(block, &ids)?;
+                for id in ids {
+                    if let Some(ws) = waiting_on.remove(&id) {
+                        levels.entry(depth + 1).or_default().extend(ws);
+                    }
+                }
+            }
+        }
+        if !waiting_on.is_empty() {
+            return Err(RunError::new(
+                "internal: a node waits for an input no launch computes",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `None` when every input of node `id` is computed; else `Some` of a recorded node not run
+    /// yet that computes one of them (a deferred sum's term rather than the sum), or `Some(None)`
+    /// if there is none to wait for.
+    pub(super) fn blocking_input(&self, id: u32) -> Option<Option<u32>> {
+        let n = self.nodes.get(id as usize)?;
+        for a in &n.args {
+            let Arg::Lazy(r) = a else {
+                continue;
+            };
+            let Some(m) = self.nodes.get(r.node as usize) else {
+                return Some(None);
+            };
+            if m.out.is_some() {
+                continue;
+            }
+            if !m.sum {
+                return Some(Some(r.node));
+            }
+            for t in &m.args {
+                if let Arg::Lazy(q) = t {
+                    if !self.lazy_ready(*q) {
+                        return Some(Some(q.node));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// DyNet's agenda: repeatedly launch the group of ready nodes with the same signature whose
+    /// shallowest node is shallowest (larger group on ties).
+    pub(super) fn flush_agenda(&mut self, pending: Vec<u32>) -> Result<(), RunError> {
+        let t0 = Instant::now();
+        let pending_set: std::collections::HashSet<u32> = pending.iter().copied().collect();
+        let mut waiting: HashMap<u32, usize> = HashMap::new();
+        let mut consumers: HashMap<u32, Vec<u32>> = HashMap::new();
+        let mut ready: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
+        for &id in &pending {
+            let Some(n) = self.nodes.get(id as usize) else {
+                continue;
+            };
+            let mut count = 0;
+            let mut deps = Vec::new();
+            for a in &n.args {
+                self.arg_deps(a, &mut deps);
+            }
+            for dep in deps {
+                if pending_set.contains(&dep) {
+                    count += 1;
+                    consumers.entry(dep).or_default().push(id);
+                }
+            }
+            if count == 0 {
+                ready.entry((n.block, n.key)).or_default().push(id);
+            } else {
+                waiting.insert(id, count);
+            }
+        }
+        self.profile.time_schedule += t0.elapsed();
+        loop {
+            let t0 = Instant::now();
+            let pick = ready
+                .iter()
+                .map(|(k, ids)| {
+                    let d = ids
+                        .iter()
+                        .filter_map(|&i| self.nodes.get(i as usize).map(|n| n.depth))
+                        .min()
+                        .unwrap_or(0);
+                    (d, std::cmp::Reverse(ids.len()), *k)
+                })
+                .min()
+                .map(|(_, _, k)| k);
+            let Some(k) = pick else { break };
+            let ids = ready.remove(&k).unwrap_or_default();
+            self.profile.time_schedule += t0.elapsed();
+            self.launch(k.0, &ids)?;
+            let t0 = Instant::now();
+            for id in ids {
+                for c in consumers.remove(&id).unwrap_or_default() {
+                    if let Some(w) = waiting.get_mut(&c) {
+                        *w -= 1;
+                        if *w == 0 {
+                            waiting.remove(&c);
+                            if let Some(n) = self.nodes.get(c as usize) {
+                                ready.entry((n.block, n.key)).or_default().push(c);
+                            }
+                        }
+                    }
+                }
+            }
+            self.profile.time_schedule += t0.elapsed();
+        }
+        if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(RunError::new("internal: dataflow graph has a cycle"))
+        }
+    }
+}

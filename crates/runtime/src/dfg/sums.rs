@@ -1,0 +1,187 @@
+//! Deferred sums (sum fusion): an invocation of a block that only adds two same-shaped f32
+//! tensors is not launched; its terms are kept, chains flatten into n-ary sums, zero literals drop
+//! out, and the rows are added in order when a launch (or the host) first reads them.
+
+use super::*;
+
+/// The most terms one deferred sum holds. Flattening copies the inner sum's terms, so a fold over
+/// a long list would copy O(n²) terms (and keep every partial sum's list alive); past this many,
+/// the `add` is recorded as an ordinary invocation whose launch materializes the inner sum.
+pub(super) const MAX_SUM_TERMS: usize = 32;
+
+/// True for a small f32 tensor of zeros (a fold's initial `zeros(..)`): adding it changes nothing.
+pub(super) fn is_zero_term(t: &Tensor) -> bool {
+    t.len() <= 1 << 16
+        && t.as_slice::<f32>()
+            .is_some_and(|v| v.iter().all(|&x| x == 0.0))
+}
+
+impl Dfg<'_> {
+    /// A deferred sum whose terms are all computed, added on the host (it is read outside any
+    /// launch: a result, a condition, an operator outside a block).
+    pub(super) fn sum_on_host(&self, node: &Node) -> Result<Option<Tensor>, RunError> {
+        if !node.args.iter().all(|a| self.arg_ready(a)) {
+            return Ok(None);
+        }
+        let shape = node.out_shapes.first().cloned().unwrap_or_default();
+        let mut acc = vec![0f32; shape.iter().product()];
+        for a in &node.args {
+            self.add_term(&mut acc, a)?;
+        }
+        Tensor::from_vec(shape, acc)
+            .map(Some)
+            .map_err(|e| RunError::new(format!("internal: sum: {e}")))
+    }
+
+    /// Adds one term of a deferred sum to `acc` (same length).
+    pub(super) fn add_term(&self, acc: &mut [f32], a: &Arg) -> Result<(), RunError> {
+        let (t, row) = match a {
+            Arg::Val(t) => (t, None),
+            Arg::Lazy(r) => {
+                let s = self.slot(r)?;
+                (&s.tensor, s.row)
+            }
+        };
+        let n = acc.len();
+        let all = t
+            .as_slice::<f32>()
+            .ok_or_else(|| RunError::new("internal: sum term is not f32"))?;
+        let src = match row {
+            None => all.get(..n),
+            Some(r) => all.get(r as usize * n..(r as usize + 1) * n),
+        }
+        .filter(|s| s.len() == n)
+        .ok_or_else(|| RunError::new("internal: sum term has another shape"))?;
+        for (d, s) in acc.iter_mut().zip(src) {
+            *d += *s;
+        }
+        Ok(())
+    }
+
+    /// Computes the deferred sums that input `i` of a launch over `ids` reads (each
+    /// once) into one batch, row by row, so that the launch finds ordinary rows of an earlier
+    /// output (contiguous when it reads them in this order: no copy at all).
+    pub(super) fn materialize_sums(&mut self, i: usize, ids: &[u32]) -> Result<(), RunError> {
+        let unmaterialized = |dfg: &Self, id: u32| match dfg.nodes.get(id as usize)?.args.get(i)? {
+            Arg::Lazy(r) => dfg
+                .nodes
+                .get(r.node as usize)
+                .is_some_and(|n| n.sum && n.out.is_none())
+                .then_some(r.node),
+            Arg::Val(_) => None,
+        };
+        if !ids.iter().any(|&id| unmaterialized(self, id).is_some()) {
+            return Ok(());
+        }
+        let mut seen = std::collections::HashSet::new();
+        let todo: Vec<u32> = ids
+            .iter()
+            .filter_map(|&id| unmaterialized(self, id))
+            .filter(|&s| seen.insert(s))
+            .collect();
+        let Some(&first) = todo.first() else {
+            return Ok(());
+        };
+        let shape = self
+            .nodes
+            .get(first as usize)
+            .and_then(|n| n.out_shapes.first().cloned())
+            .unwrap_or_default();
+        let len: usize = shape.iter().product();
+        let mut data = tumble_tensor::pool::zeroed_f32(todo.len() * len);
+        let mut terms = 0;
+        for (k, &id) in todo.iter().enumerate() {
+            let node = self
+                .nodes
+                .get(id as usize)
+                .ok_or_else(|| RunError::new("internal: unknown sum"))?;
+            if node.out_shapes.first() != Some(&shape) {
+                return Err(RunError::new(
+                    "internal: sums of different shapes in one input",
+                ));
+            }
+            for a in &node.args {
+                self.add_term(&mut data[k * len..(k + 1) * len], a)?;
+            }
+            terms += node.args.len() as u64;
+        }
+        let mut batch_shape = Vec::with_capacity(shape.len() + 1);
+        batch_shape.push(todo.len());
+        batch_shape.extend_from_slice(&shape);
+        let batch = Tensor::from_vec(batch_shape, data)
+            .map_err(|e| RunError::new(format!("internal: sum: {e}")))?;
+        for (k, &id) in todo.iter().enumerate() {
+            if let Some(n) = self.nodes.get_mut(id as usize) {
+                n.out = Some(vec![Slot {
+                    tensor: batch.clone(),
+                    row: Some(k as u32),
+                }]);
+                n.args = Vec::new();
+            }
+        }
+        self.profile.sum_terms += terms;
+        Ok(())
+    }
+
+    /// Sum fusion: the value of `add(a, b)` as a deferred sum, or `None` to record it normally
+    /// (no uncomputed term, or shapes that would broadcast).
+    pub(super) fn try_sum(
+        &mut self,
+        block_id: u32,
+        args: &[Arg],
+        span: Span,
+        ctx: &InstanceCtx,
+    ) -> Result<Option<Value>, RunError> {
+        let instance = ctx.instance;
+        if !args.iter().any(|a| matches!(a, Arg::Lazy(_))) {
+            return Ok(None);
+        }
+        let shape = self.arg_shape(&args[0])?.to_vec();
+        for a in &args[1..] {
+            if self.arg_shape(a)? != shape.as_slice() {
+                return Ok(None);
+            }
+        }
+        let mut terms = Vec::with_capacity(args.len());
+        for a in args {
+            match a {
+                Arg::Val(t) if is_zero_term(t) => {}
+                Arg::Lazy(r) => match self.nodes.get(r.node as usize) {
+                    Some(n) if n.sum && n.out.is_none() => terms.extend(n.args.iter().cloned()),
+                    _ => terms.push(a.clone()),
+                },
+                Arg::Val(_) => terms.push(a.clone()),
+            }
+        }
+        if terms.len() > MAX_SUM_TERMS {
+            return Ok(None);
+        }
+        self.profile.sums += 1;
+        if let [Arg::Lazy(r)] = terms[..] {
+            // `x + 0`: the value is `x` itself.
+            return Ok(Some(Value::Lazy(r)));
+        }
+        let depth = terms
+            .iter()
+            .map(|a| self.arg_depth(a))
+            .max()
+            .unwrap_or(1)
+            .saturating_sub(1);
+        let id = self.reserve_node(ctx.pending)?;
+        self.nodes.push(Node {
+            block: block_id,
+            args: terms,
+            depth,
+            key: 0,
+            out_shapes: std::rc::Rc::new(vec![shape]),
+            out: None,
+            span,
+            sum: true,
+            instance,
+        });
+        Ok(Some(Value::Lazy(LazyRef {
+            node: id,
+            output: 0,
+        })))
+    }
+}
