@@ -6,7 +6,11 @@ the way crates/runtime/tests/gradients.rs does it: `@main` is renamed `@main_fwd
 with the same parameters returns
 
     treelstm  sum(o * o)                  o = the root's class logits (1, 5)
-    stackrnn  sum(o.0 * o.0)              o.0 = the sentence's class logits (1, 5) (actions ignored)
+    stackrnn  sum(o.0 * o.0)              o.0 = the sentence's class logits (1, 5) (actions ignored),
+              with the final tracker state added to the final phrase before the classifier
+              (`(%top, Nil)` -> `(add(%top, %h), Nil)` in @stackrnn's base case): otherwise the
+              tracker's W_t, U_t, b_t reach the loss only through argmax and get zero gradient.
+              W_a, b_a (the action classifier) still do: their gradient is 0 on both sides.
     birnn     sum over tokens of sum(l * l), l = the token's logits (1, 5): the classifier's
               argmax is removed, since the class ids have no gradient
 
@@ -64,6 +68,12 @@ def with_loss(text: str, loss: str) -> str:
     renamed = text.replace("def @main(", "def @main_fwd(", 1)
     return (f"{renamed}\n\ndef @main({params}) -> Tensor[(), float32] {{\n"
             f"  let %o = @main_fwd({', '.join(names)});\n  {loss}\n}}\n")
+
+
+def stackrnn_edit(text: str) -> str:
+    old = "(Nil, Cons(%top, Nil)) => (%top, Nil),"
+    assert old in text, "stackrnn's base case moved: update stackrnn_edit"
+    return text.replace(old, "(Nil, Cons(%top, Nil)) => (add(%top, %h), Nil),")
 
 
 def birnn_edit(text: str) -> str:
@@ -144,7 +154,7 @@ def stackrnn_loss(w, toks, actions_out):
             i += 1
             actions.append(0)
     actions_out.append((actions, min(margins) if margins else float("inf")))
-    o = F.linear(stack[0], W_out, b_out)
+    o = F.linear(stack[0] + h, W_out, b_out)  # + h: see stackrnn_edit
     return (o * o).sum()
 
 
@@ -213,6 +223,8 @@ def main():
             text = open(os.path.join(ROOT, "models", model + ".rly")).read()
             if kind == "birnn":
                 text = birnn_edit(text)
+            if kind == "stackrnn":
+                text = stackrnn_edit(text)
             wrapper = os.path.join(tmp, model + "_loss.rly")
             open(wrapper, "w").write(with_loss(text, LOSSES[kind]))
             lines = [l for l in open(os.path.join(data, INPUTS[kind])) if l.strip()][: a.n]
