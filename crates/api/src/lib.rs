@@ -274,11 +274,7 @@ impl Model {
         let bound = bind_params(&main_params, &provided, &tensors, params.random_seed)
             .map_err(param_error)?;
         warnings.extend(bound.warnings.iter().cloned());
-        let weights: Vec<bool> = bound
-            .args
-            .iter()
-            .map(|a| matches!(a.binding, Binding::Param(_)))
-            .collect();
+        let weights: Vec<bool> = bound.weights_mask();
         let compiled = tumble_compile::compile(
             &typed,
             &entry,

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use tumble_check::LoadOptions;
 use tumble_compile::{CompileOptions, Compiled, LowerOptions, PlanOptions, StaticOptions};
 use tumble_io::artifact::{save_artifact, Artifact, CompiledWith, Loaded};
-use tumble_io::{bind_params, load_params, main_signature, read_instances_file, Binding};
+use tumble_io::{bind_params, load_params, main_signature, read_instances_file};
 use tumble_ir::{diag, DType, Diagnostic, SourceMap};
 use tumble_tensor::Tensor;
 
@@ -130,14 +130,7 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
             for w in &bound.warnings {
                 eprintln!("warning: {w}");
             }
-            bound
-                .args
-                .iter()
-                .filter_map(|a| match &a.binding {
-                    Binding::Param(t) => Some((a.name.clone(), t.clone())),
-                    Binding::Instance => None,
-                })
-                .collect()
+            bound.weight_tensors()
         };
     let lower = LowerOptions {
         blocks: true,

@@ -10,7 +10,7 @@ use tumble_compile::{CompileOptions, Compiled, LowerOptions};
 use tumble_interp::Value;
 use tumble_io::{
     bind_params, encode_json, load_params, main_signature, read_instances_file, save_params,
-    summarize, write_jsonl_atomically, Binding, IoError, TypeEnv,
+    summarize, write_jsonl_atomically, IoError, TypeEnv,
 };
 use tumble_ir::{diag, Diagnostic, SourceMap};
 use tumble_tensor::{Rng, Tensor};
@@ -405,22 +405,11 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         eprintln!("warning: {w}");
     }
     if let Some(path) = &args.save_params {
-        let all: BTreeMap<String, Tensor> = bound
-            .args
-            .iter()
-            .filter_map(|a| match &a.binding {
-                Binding::Param(t) => Some((a.name.clone(), t.clone())),
-                Binding::Instance => None,
-            })
-            .collect();
+        let all: BTreeMap<String, Tensor> = bound.weight_tensors();
         save_params(path, &all)?;
     }
     // Which @main arguments are model weights (the same for every instance).
-    let weights: Vec<bool> = bound
-        .args
-        .iter()
-        .map(|a| matches!(a.binding, Binding::Param(_)))
-        .collect();
+    let weights: Vec<bool> = bound.weights_mask();
     let threads = thread_count(args.threads)?;
     let opts = runtime_options(args, threads);
     let (program, reuse, plans, tables) = match front {

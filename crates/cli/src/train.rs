@@ -180,11 +180,7 @@ fn compile(
             eprintln!("warning: {w}");
         }
     }
-    let weights: Vec<bool> = bound
-        .args
-        .iter()
-        .map(|a| matches!(a.binding, Binding::Param(_)))
-        .collect();
+    let weights: Vec<bool> = bound.weights_mask();
     // The one pipeline, as `run` compiles; the backward plans per mini-batch itself.
     let compiled = tumble_compile::compile(
         typed,
@@ -220,14 +216,7 @@ impl Compiled {
 
     /// Every parameter, by name.
     fn all_params(&self) -> BTreeMap<String, Tensor> {
-        self.bound
-            .args
-            .iter()
-            .filter_map(|a| match &a.binding {
-                Binding::Param(t) => Some((a.name.clone(), t.clone())),
-                Binding::Instance => None,
-            })
-            .collect()
+        self.bound.weight_tensors()
     }
 
     /// Rebinds the parameters named in `w` to its tensors.

@@ -438,20 +438,9 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
     // Which stage computes each node, then which nodes are read outside their own stage.
     let mut stage_of = vec![0usize; n];
     for (s, st) in stages.iter().enumerate() {
-        match st {
-            Stage::Dense(i) | Stage::Gather(i) | Stage::Other(i) => stage_of[*i] = s,
-            Stage::Rows(ns) | Stage::HDense(ns) => ns.iter().for_each(|&i| stage_of[i] = s),
-            Stage::MatMul {
-                dense,
-                transpose,
-                concat,
-            } => {
-                for i in [Some(*dense), Some(*transpose), *concat]
-                    .into_iter()
-                    .flatten()
-                {
-                    stage_of[i] = s;
-                }
+        for i in st.nodes() {
+            if let Some(slot) = stage_of.get_mut(i) {
+                *slot = s;
             }
         }
     }

@@ -39,6 +39,26 @@ pub struct BoundParams {
 }
 
 impl BoundParams {
+    /// Per `@main` argument, whether it is bound to a weight (the same for every instance): the
+    /// mask the static passes and the reuse analysis take.
+    pub fn weights_mask(&self) -> Vec<bool> {
+        self.args
+            .iter()
+            .map(|a| matches!(a.binding, Binding::Param(_)))
+            .collect()
+    }
+
+    /// The weights bound, by argument name (what `--save-params` and `tumble compile` write).
+    pub fn weight_tensors(&self) -> BTreeMap<String, Tensor> {
+        self.args
+            .iter()
+            .filter_map(|a| match &a.binding {
+                Binding::Param(t) => Some((a.name.clone(), t.clone())),
+                Binding::Instance => None,
+            })
+            .collect()
+    }
+
     /// The arguments each instance must provide (name, declared type), in declaration order: the
     /// `args` of [`crate::RawInstances::decode`].
     pub fn instance_args(&self) -> Vec<(String, Ty)> {

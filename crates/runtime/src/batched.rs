@@ -25,6 +25,21 @@ pub enum BV {
     Rows(RowRefs),
 }
 
+impl BV {
+    /// Field `f` of a tuple value (shared or batched), `None` for anything else.
+    pub(crate) fn field(&self, f: u32) -> Option<BV> {
+        match self {
+            BV::Shared(OpValue::Tuple(ts)) => ts
+                .get(f as usize)
+                .map(|t| BV::Shared(OpValue::Tensor(t.clone()))),
+            BV::Batched(OpValue::Tuple(ts)) => ts
+                .get(f as usize)
+                .map(|t| BV::Batched(OpValue::Tensor(t.clone()))),
+            _ => None,
+        }
+    }
+}
+
 /// Per invocation, a whole tensor or row `r` of a batched tensor; all of shape `shape` and one
 /// dtype (checked when made).
 #[derive(Clone, Debug)]
@@ -214,17 +229,10 @@ pub(crate) fn lookup(v: &BVal, inputs: &[BV], results: &[BV]) -> Result<BV, Stri
     match v {
         BVal::Input(i) => inputs.get(*i as usize).cloned().ok_or_else(missing),
         BVal::Node(n) => results.get(*n as usize).cloned().ok_or_else(missing),
-        BVal::Field(n, f) => match results.get(*n as usize) {
-            Some(BV::Shared(OpValue::Tuple(ts))) => ts
-                .get(*f as usize)
-                .map(|t| BV::Shared(OpValue::Tensor(t.clone())))
-                .ok_or_else(missing),
-            Some(BV::Batched(OpValue::Tuple(ts))) => ts
-                .get(*f as usize)
-                .map(|t| BV::Batched(OpValue::Tensor(t.clone())))
-                .ok_or_else(missing),
-            _ => Err(missing()),
-        },
+        BVal::Field(n, f) => results
+            .get(*n as usize)
+            .and_then(|v| v.field(*f))
+            .ok_or_else(missing),
         BVal::Const(t) => Ok(BV::Shared(OpValue::Tensor(t.clone()))),
     }
 }

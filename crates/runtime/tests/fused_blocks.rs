@@ -197,23 +197,12 @@ fn identical(a: &[BV], b: &[BV]) -> bool {
 /// scalar input is not baked into the cached program).
 #[test]
 fn cached_row_programs_match_uncached_ones() {
-    use tumble_runtime::fused::{plan_with, PlanOptions};
+    use tumble_compile::PlanOptions;
+    use tumble_runtime::fused::plan_with;
     for h in [1usize, 7, 33] {
         let block = block_of(&cell(h), "cell");
-        let cached = plan_with(
-            &block,
-            PlanOptions {
-                row_cache: true,
-                ..PlanOptions::default()
-            },
-        );
-        let fresh = plan_with(
-            &block,
-            PlanOptions {
-                row_cache: false,
-                ..PlanOptions::default()
-            },
-        );
+        let cached = plan_with(&block, PlanOptions::default(), true);
+        let fresh = plan_with(&block, PlanOptions::default(), false);
         for round in 0..2 {
             for b in [1usize, 7, 33] {
                 let mut rng = Rng::new((h * 1000 + b * 10 + round) as u64);
@@ -231,20 +220,8 @@ fn cached_row_programs_match_uncached_ones() {
                }
                def @main(%x: Tensor[(1, 7), float32]) { %x }";
     let block = block_of(src, "scale");
-    let cached = plan_with(
-        &block,
-        PlanOptions {
-            row_cache: true,
-            ..PlanOptions::default()
-        },
-    );
-    let fresh = plan_with(
-        &block,
-        PlanOptions {
-            row_cache: false,
-            ..PlanOptions::default()
-        },
-    );
+    let cached = plan_with(&block, PlanOptions::default(), true);
+    let fresh = plan_with(&block, PlanOptions::default(), false);
     for (k, s) in [0.5f32, -2.0, 3.0].into_iter().enumerate() {
         let mut rng = Rng::new(k as u64);
         let scalar = Tensor::from_f32(vec![], vec![s]).unwrap_or_else(|e| panic!("{e}"));
@@ -286,16 +263,18 @@ fn projections(h: usize) -> String {
 /// falls back to separate denses when a weight is not shared in a launch.
 #[test]
 fn horizontal_fusion_matches_separate_denses_at_odd_sizes() {
-    use tumble_runtime::fused::{plan_with, PlanOptions};
+    use tumble_compile::PlanOptions;
+    use tumble_runtime::fused::plan_with;
     for h in [1usize, 7, 33] {
         let block = block_of(&projections(h), "proj");
-        let on = plan_with(&block, PlanOptions::default());
+        let on = plan_with(&block, PlanOptions::default(), true);
         let off = plan_with(
             &block,
             PlanOptions {
                 hfuse: false,
                 ..PlanOptions::default()
             },
+            true,
         );
         let shown = on.to_string();
         assert!(shown.contains("horizontally fused"), "{shown}");
@@ -429,7 +408,8 @@ fn row_list_inputs_match_stacked_inputs_at_odd_sizes() {
 /// stage, by a block output) keeps its separate row program.
 #[test]
 fn epilogue_fusion_matches_separate_passes_bit_for_bit() {
-    use tumble_runtime::fused::{plan_with, PlanOptions};
+    use tumble_compile::PlanOptions;
+    use tumble_runtime::fused::plan_with;
     let qkv = |h: usize| {
         format!(
             "def @qkv(%x: Tensor[(1, {h}), float32], %wq: Tensor[({h}, {h}), float32],
@@ -451,13 +431,14 @@ fn epilogue_fusion_matches_separate_passes_bit_for_bit() {
             (qkv(h), "qkv", 1),
         ] {
             let block = block_of(&src, name);
-            let fused = plan_with(&block, PlanOptions::default());
+            let fused = plan_with(&block, PlanOptions::default(), true);
             let apart = plan_with(
                 &block,
                 PlanOptions {
                     epilogue: false,
                     ..PlanOptions::default()
                 },
+                true,
             );
             let shown = fused.to_string();
             assert_eq!(

@@ -20,7 +20,7 @@ use std::fmt;
 use std::sync::Mutex;
 
 use tumble_compile::plan::BlockPlan;
-use tumble_compile::{BArg, BVal, Block, Stage};
+use tumble_compile::{BArg, BVal, Block, PlanOptions, Stage};
 use tumble_ops::{OpCtx, OpValue};
 
 use crate::batched::{batched_op, tuple_of, OpStats, BV};
@@ -35,46 +35,6 @@ pub(crate) use gemm::dot;
 use gemm::{gemm_with_epilogue, hdense_stage, matmul_stage, run_dense};
 use rowexec::row_program;
 use rowprog::RowCache;
-
-/// Switches of the plan-level optimizations (each can be turned off; results do not change).
-#[derive(Debug, Clone, Copy)]
-pub struct PlanOptions {
-    /// Compile each row program once per operand signature and reuse it (off: at every launch).
-    pub row_cache: bool,
-    /// Horizontal fusion of denses that share their input rows (off: one GEMM per dense).
-    pub hfuse: bool,
-    /// A row program that only a GEMM stage feeds runs as that GEMM's epilogue.
-    pub epilogue: bool,
-    /// Products by transposed (concatenations of) per-invocation matrices pack their rows
-    /// straight into the GEMM.
-    pub direct_matmul: bool,
-    /// Embedding lookups yield references to the table's rows.
-    pub gather_views: bool,
-}
-
-impl Default for PlanOptions {
-    fn default() -> Self {
-        PlanOptions {
-            row_cache: true,
-            hfuse: true,
-            epilogue: true,
-            direct_matmul: true,
-            gather_views: true,
-        }
-    }
-}
-
-impl PlanOptions {
-    /// The switches the compiler's planner reads (all but the run-time cache).
-    pub fn statics(&self) -> tumble_compile::PlanOptions {
-        tumble_compile::PlanOptions {
-            hfuse: self.hfuse,
-            epilogue: self.epilogue,
-            direct_matmul: self.direct_matmul,
-            gather_views: self.gather_views,
-        }
-    }
-}
 
 /// A block's plan as a job runs it: the compiler's static plan and the row programs compiled for
 /// it so far, shared by every mini-batch and worker of the job.
@@ -100,23 +60,20 @@ impl fmt::Display for RunPlan {
     }
 }
 
-/// The plan of a block, with every plan-level optimization on.
+/// The plan of a block, with every plan-level optimization and the row-program cache on.
 pub fn plan(block: &Block) -> RunPlan {
-    plan_with(block, PlanOptions::default())
+    plan_with(block, PlanOptions::default(), true)
 }
 
-/// The plan of a block (made by the compiler's planner) with its row-program cache.
-pub fn plan_with(block: &Block, opts: PlanOptions) -> RunPlan {
-    RunPlan::new(
-        tumble_compile::plan::plan_with(block, opts.statics()),
-        opts.row_cache,
-    )
+/// The compiler's plan of a block for `opts`, with a row-program cache when `row_cache`.
+pub fn plan_with(block: &Block, opts: PlanOptions, row_cache: bool) -> RunPlan {
+    RunPlan::new(tumble_compile::plan::plan_with(block, opts), row_cache)
 }
 
 pub(super) struct Exec<'a> {
     block: &'a Block,
     inputs: &'a [BV],
-    /// [`PlanOptions::gather_views`].
+    /// `PlanOptions::gather_views` of the plan.
     gather_views: bool,
     /// Inputs passed as row lists, stacked on first use by a stage that needs a contiguous batch
     /// (so at most once per launch).
@@ -177,17 +134,12 @@ impl Exec<'_> {
                 .cloned()
                 .flatten()
                 .ok_or_else(missing),
-            BVal::Field(n, f) => match self.vals.get(*n as usize).and_then(Option::as_ref) {
-                Some(BV::Shared(OpValue::Tuple(ts))) => ts
-                    .get(*f as usize)
-                    .map(|t| BV::Shared(OpValue::Tensor(t.clone())))
-                    .ok_or_else(missing),
-                Some(BV::Batched(OpValue::Tuple(ts))) => ts
-                    .get(*f as usize)
-                    .map(|t| BV::Batched(OpValue::Tensor(t.clone())))
-                    .ok_or_else(missing),
-                _ => Err(missing()),
-            },
+            BVal::Field(n, f) => self
+                .vals
+                .get(*n as usize)
+                .and_then(Option::as_ref)
+                .and_then(|v| v.field(*f))
+                .ok_or_else(missing),
             BVal::Const(t) => Ok(BV::Shared(OpValue::Tensor(t.clone()))),
         }
     }

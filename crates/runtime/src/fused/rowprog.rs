@@ -3,7 +3,7 @@
 //!
 //! A row program is compiled from the block, the stage and its operands' signatures (batched or
 //! shared, per-instance shape) — never from their values — so it is compiled once per signature and
-//! reused by every later launch (`PlanOptions::row_cache`); each launch only binds the operands'
+//! reused by every later launch (`Options::row_cache`); each launch only binds the operands'
 //! row pointers and runs it.
 
 use std::collections::HashMap;
