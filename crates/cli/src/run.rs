@@ -95,6 +95,11 @@ pub struct RunArgs {
     /// referring to them where they lie in the table.
     #[arg(long)]
     pub no_gather_views: bool,
+    /// No ragged batching: invocations of a block launch together only when their inputs have
+    /// equal shapes, instead of whatever their leading `?` lengths (sentences of different
+    /// lengths then batch only with sentences of their own length).
+    #[arg(long)]
+    pub no_ragged: bool,
     /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
     #[arg(long)]
     pub no_phases: bool,
@@ -265,6 +270,7 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
         defer: !args.no_defer,
         direct_matmul: !args.no_direct_matmul,
         gather_views: !args.no_gather_views,
+        ragged: !args.no_ragged,
         phases: !args.no_phases,
         hoist: !args.no_hoist,
         ghosts: !args.no_ghosts,

@@ -22,6 +22,7 @@ pub mod pipeline;
 pub mod plan;
 mod print;
 pub mod program;
+pub mod ragged;
 pub mod reuse;
 pub mod specialize;
 pub mod verify;

@@ -269,8 +269,52 @@ pub struct BerxitArgs {
     /// Exit threshold on the largest softmax probability.
     #[arg(long, default_value_t = 0.9, value_name = "T")]
     pub threshold: f32,
+    /// Sequence lengths, [CLS] included: `fixed` (128, the zoo's `berxit_*.rly`), `N` (all N),
+    /// `uniform:MIN-MAX`, or `sst` (the lengths of SST's training sentences, in words, plus one
+    /// for [CLS]: 2-57 tokens, mean 20). Any but `fixed` also writes `positions` (0, 1, ...),
+    /// the input of `models/berxit_var_*.rly`.
+    #[arg(long, default_value = "fixed", value_name = "SPEC")]
+    pub lengths: String,
+    /// The SST directory, for `--lengths sst` (see `tumble data sst --help`).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
     #[command(flatten)]
     pub out: OutputArgs,
+}
+
+/// The lengths `--lengths` names.
+fn berxit_lengths(a: &BerxitArgs) -> Result<gen::Lengths, DataError> {
+    let bad = || {
+        DataError::Invalid(format!(
+            "--lengths: expected `fixed`, a length, `uniform:MIN-MAX` or `sst`, got `{}`",
+            a.lengths
+        ))
+    };
+    let spec = a.lengths.trim();
+    if spec == "fixed" {
+        return Ok(gen::Lengths::Fixed(gen::BERXIT_SEQ_LEN));
+    }
+    if spec == "sst" {
+        let dir = find_sst_dir(a.data_dir.as_deref())?;
+        let trees = crate::sst::read_trees(&crate::sst::split_path(&dir, "train"))?;
+        let lens: Vec<usize> = trees
+            .iter()
+            .map(|t| (t.words().count() + 1).min(gen::BERXIT_SEQ_LEN))
+            .collect();
+        if lens.is_empty() {
+            return Err(DataError::Invalid(
+                "SST training split has no sentences".into(),
+            ));
+        }
+        return Ok(gen::Lengths::Drawn(lens));
+    }
+    if let Some(range) = spec.strip_prefix("uniform:") {
+        let (lo, hi) = range.split_once('-').ok_or_else(bad)?;
+        let lo = lo.trim().parse().map_err(|_| bad())?;
+        let hi = hi.trim().parse().map_err(|_| bad())?;
+        return Ok(gen::Lengths::Uniform(lo, hi));
+    }
+    spec.parse().map(gen::Lengths::Fixed).map_err(|_| bad())
 }
 
 /// `tumble data vocab`.
@@ -321,16 +365,13 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
         DataCommand::Berxit(a) => {
             let cfg = BerxitConfig {
                 threshold: a.threshold,
+                lengths: berxit_lengths(a)?,
                 ..BerxitConfig::default()
             };
             cfg.validate().map_err(DataError::Invalid)?;
             let mut rng = Rng::new(a.seed);
-            let lines = (0..a.count).map(|_| {
-                Ok(gen::berxit_json(
-                    &gen::berxit_tokens(&mut rng, &cfg),
-                    cfg.threshold,
-                ))
-            });
+            let lines = (0..a.count)
+                .map(|_| Ok(gen::berxit_line(&gen::berxit_tokens(&mut rng, &cfg), &cfg)));
             finish(&a.out, write_lines(a.out.path(), lines)?)
         }
         DataCommand::Vocab(a) => {

@@ -271,6 +271,35 @@ pub struct BerxitConfig {
     pub threshold: f32,
     /// Token ids after `[CLS]` are drawn from `[0, vocab_size)`.
     pub vocab_size: u32,
+    /// Sequence lengths (`[CLS]` included).
+    pub lengths: Lengths,
+}
+
+/// How long generated sequences are.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Lengths {
+    /// Every sequence this long (the zoo's Berxit: 128, `Tensor[(128), int32]`).
+    Fixed(usize),
+    /// Uniform in `[min, max]`.
+    Uniform(usize, usize),
+    /// Drawn uniformly from these (e.g. the lengths of SST's training sentences).
+    Drawn(Vec<usize>),
+}
+
+impl Lengths {
+    fn draw(&self, rng: &mut Rng) -> usize {
+        match self {
+            Lengths::Fixed(n) => *n,
+            Lengths::Uniform(lo, hi) => {
+                let span = (hi - lo + 1) as u32;
+                lo + uniform_below(rng, 0, span) as usize
+            }
+            Lengths::Drawn(v) => {
+                let i = uniform_below(rng, 0, v.len() as u32) as usize;
+                v.get(i).copied().unwrap_or(1)
+            }
+        }
+    }
 }
 
 impl Default for BerxitConfig {
@@ -278,6 +307,7 @@ impl Default for BerxitConfig {
         BerxitConfig {
             threshold: 0.9,
             vocab_size: BERT_VOCAB_SIZE,
+            lengths: Lengths::Fixed(BERXIT_SEQ_LEN),
         }
     }
 }
@@ -291,6 +321,20 @@ impl BerxitConfig {
                 self.threshold
             ));
         }
+        let (lo, hi) = match &self.lengths {
+            Lengths::Fixed(n) => (*n, *n),
+            Lengths::Uniform(lo, hi) => (*lo, *hi),
+            Lengths::Drawn(v) => (
+                v.iter().copied().min().unwrap_or(0),
+                v.iter().copied().max().unwrap_or(0),
+            ),
+        };
+        if lo < 1 || lo > hi || hi > 512 {
+            return Err(format!(
+                "sequence lengths must be in [1, 512] ([CLS] and BERT's 512 positions), got \
+                 {lo}..{hi}"
+            ));
+        }
         if self.vocab_size <= CLS_ID || self.vocab_size > i32::MAX as u32 {
             return Err(format!(
                 "vocabulary size must be in ({CLS_ID}, 2^31), got {}",
@@ -301,10 +345,11 @@ impl BerxitConfig {
     }
 }
 
-/// One Berxit token sequence: `[CLS]` then 127 uniform ids.
+/// One Berxit token sequence: `[CLS]` then uniform ids, as long as `cfg.lengths` draws.
 pub fn berxit_tokens(rng: &mut Rng, cfg: &BerxitConfig) -> Vec<u32> {
+    let n = cfg.lengths.draw(rng);
     std::iter::once(CLS_ID)
-        .chain((1..BERXIT_SEQ_LEN).map(|_| uniform_below(rng, 0, cfg.vocab_size)))
+        .chain((1..n).map(|_| uniform_below(rng, 0, cfg.vocab_size)))
         .collect()
 }
 
@@ -323,11 +368,35 @@ pub fn berxit_json(tokens: &[u32], threshold: f32) -> String {
     out
 }
 
+/// `{"tokens": [101, ...], "positions": [0, 1, ...], "threshold": t}`: the variable-length
+/// models' input (`models/berxit_var_*.rly` read position embeddings by these ids).
+pub fn berxit_var_json(tokens: &[u32], threshold: f32) -> String {
+    let mut out = berxit_json(tokens, threshold);
+    let at = out.find("], \"threshold\"").unwrap_or(out.len());
+    let mut positions = String::from("], \"positions\": [");
+    for i in 0..tokens.len() {
+        if i > 0 {
+            positions.push_str(", ");
+        }
+        let _ = write!(positions, "{i}");
+    }
+    out.insert_str(at, &positions);
+    out
+}
+
+/// One instance line for `cfg`: with positions unless every sequence has the fixed length.
+pub fn berxit_line(tokens: &[u32], cfg: &BerxitConfig) -> String {
+    match cfg.lengths {
+        Lengths::Fixed(_) => berxit_json(tokens, cfg.threshold),
+        _ => berxit_var_json(tokens, cfg.threshold),
+    }
+}
+
 /// `count` Berxit instances from `seed`, as JSON lines.
 pub fn berxit_many(seed: u64, count: usize, cfg: &BerxitConfig) -> Result<Vec<String>, String> {
     cfg.validate()?;
     let mut rng = Rng::new(seed);
     Ok((0..count)
-        .map(|_| berxit_json(&berxit_tokens(&mut rng, cfg), cfg.threshold))
+        .map(|_| berxit_line(&berxit_tokens(&mut rng, cfg), cfg))
         .collect())
 }

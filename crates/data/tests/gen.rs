@@ -197,9 +197,44 @@ fn berxit_is_deterministic_and_in_range() {
     );
     let bad = BerxitConfig {
         threshold: f32::NAN,
-        ..cfg
+        ..cfg.clone()
     };
     assert!(berxit_many(0, 1, &bad).is_err());
+}
+
+#[test]
+fn variable_length_berxit_inputs_carry_positions() {
+    use tumble_data::gen::{berxit_var_json, Lengths};
+    assert_eq!(
+        berxit_var_json(&[101, 7, 9], 0.5),
+        r#"{"tokens": [101, 7, 9], "positions": [0, 1, 2], "threshold": 0.5}"#
+    );
+    let cfg = BerxitConfig {
+        lengths: Lengths::Uniform(1, 9),
+        ..BerxitConfig::default()
+    };
+    let lines = berxit_many(3, 200, &cfg).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for line in &lines {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let n = v["tokens"].as_array().unwrap().len();
+        assert!((1..=9).contains(&n), "{line}");
+        assert_eq!(v["positions"].as_array().unwrap().len(), n);
+        assert_eq!(v["tokens"][0], 101);
+        seen.insert(n);
+    }
+    assert_eq!(seen.len(), 9, "every length drawn: {seen:?}");
+    for bad in [
+        Lengths::Uniform(0, 4),
+        Lengths::Uniform(5, 4),
+        Lengths::Fixed(513),
+    ] {
+        let cfg = BerxitConfig {
+            lengths: bad,
+            ..BerxitConfig::default()
+        };
+        assert!(berxit_many(0, 1, &cfg).is_err());
+    }
 }
 
 #[test]

@@ -34,6 +34,50 @@ pub struct Executable {
     pub(crate) plans: Vec<RunPlan>,
     /// Packed GEMM weights, by weight buffer (see [`crate::gemm`]).
     pub(crate) weights: Arc<WeightCache>,
+    /// Per block: how a launch of invocations of different `?` lengths runs it (`None`: not
+    /// ragged, or ragged batching is off).
+    pub(crate) ragged: Vec<Option<RaggedRun>>,
+}
+
+/// A block's ragged form ([`tumble_compile::ragged`]) with a kernel plan per segment.
+pub(crate) struct RaggedRun {
+    /// Per block input: rows, per instance, or shared.
+    pub(crate) inputs: Vec<tumble_compile::ragged::RaggedInput>,
+    pub(crate) segments: Vec<(tumble_compile::ragged::Segment, Option<RunPlan>)>,
+    pub(crate) bytes_per_row: usize,
+}
+
+impl RaggedRun {
+    /// The ragged form of block `b`, if it has one: inputs the reuse analysis found to be one
+    /// value per mini-batch (weights) are passed once, the others per invocation.
+    fn new(block: &Block, reuse: &Reuse, b: usize, opts: &Options) -> Option<RaggedRun> {
+        use tumble_compile::InputReuse;
+        let per_instance: Vec<bool> = reuse
+            .inputs
+            .get(b)?
+            .iter()
+            .map(|r| !matches!(r, InputReuse::Shared | InputReuse::SharedPerCallSite))
+            .collect();
+        if per_instance.len() != block.inputs.len() {
+            return None;
+        }
+        let r = tumble_compile::ragged::analyze(block, &per_instance)?;
+        let segments = r
+            .segments
+            .into_iter()
+            .map(|s| {
+                let plan = opts
+                    .plan_options()
+                    .map(|p| crate::fused::plan_with(&s.block, p, opts.row_cache));
+                (s, plan)
+            })
+            .collect();
+        Some(RaggedRun {
+            inputs: r.inputs,
+            segments,
+            bytes_per_row: r.bytes_per_row,
+        })
+    }
 }
 
 impl Executable {
@@ -91,6 +135,14 @@ impl Executable {
                 .map(|p| RunPlan::new(p, opts.row_cache))
                 .collect(),
             weights: Arc::default(),
+            ragged: blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| match opts.ragged {
+                    true => RaggedRun::new(b, reuse, i, opts),
+                    false => None,
+                })
+                .collect(),
         }
     }
 }

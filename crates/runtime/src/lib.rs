@@ -111,6 +111,12 @@ pub struct Options {
     /// table's rows instead of a gathered copy (MV-RNN's per-word matrices: 64 KiB each). Needs
     /// `fusion` and `gather_fusion`.
     pub gather_views: bool,
+    /// Ragged batching: invocations of a block whose inputs differ only in their leading `?`
+    /// length (sentences of different lengths) launch together; the block's row-wise segments
+    /// run once over the rows of all of them, its mixing segments (attention, reductions over
+    /// the rows) once per group of equal length (see [`tumble_compile::ragged`]). Off: only
+    /// invocations of equal shapes launch together.
+    pub ragged: bool,
 }
 
 /// Rows below which a launch of a weight-bound block waits for more: with f32 weights a row costs
@@ -157,6 +163,7 @@ impl Default for Options {
             defer: true,
             direct_matmul: true,
             gather_views: true,
+            ragged: true,
             threads: 1,
         }
     }

@@ -30,6 +30,14 @@ pub struct Profile {
     pub sum_terms: u64,
     /// Times an invocation's launch waited one level for more of its kind (`Options::defer`).
     pub deferred: u64,
+    /// Ragged launches (invocations of different `?` lengths together), the rows their
+    /// row-wise segments ran over in all, and the kernel calls of their mixing segments (one
+    /// per group of equal length).
+    pub ragged_launches: u64,
+    pub ragged_rows: u64,
+    pub ragged_groups: u64,
+    /// The largest bytes of segment results one ragged launch held at once.
+    pub ragged_peak_bytes: u64,
     pub launches: u64,
     /// Times the instances all stopped (done or waiting for a value) and the graph was evaluated.
     pub flushes: u64,
@@ -79,6 +87,10 @@ impl Profile {
         self.sums += o.sums;
         self.sum_terms += o.sum_terms;
         self.deferred += o.deferred;
+        self.ragged_launches += o.ragged_launches;
+        self.ragged_rows += o.ragged_rows;
+        self.ragged_groups += o.ragged_groups;
+        self.ragged_peak_bytes = self.ragged_peak_bytes.max(o.ragged_peak_bytes);
         self.launches += o.launches;
         self.flushes += o.flushes;
         for (k, v) in &o.per_block {
@@ -159,6 +171,19 @@ impl fmt::Display for Profile {
                 f,
                 "sum fusion: {} add invocations kept as sums, {} terms summed inside launches",
                 self.sums, self.sum_terms
+            )?;
+        }
+        if self.ragged_launches > 0 {
+            writeln!(
+                f,
+                "ragged batching: {} launches of mixed lengths, {} rows in their row-wise segments \
+                 (mean {:.1} per launch), {} equal-length groups in their mixing segments; \
+                 peak {} bytes of segment results in one launch",
+                self.ragged_launches,
+                self.ragged_rows,
+                self.ragged_rows as f64 / self.ragged_launches as f64,
+                self.ragged_groups,
+                self.ragged_peak_bytes
             )?;
         }
         if self.deferred > 0 {

@@ -538,6 +538,7 @@ fn every_combination_of_switches() {
                 defer: phases == hoist,
                 direct_matmul: epilogue,
                 gather_views: row_cache,
+                ragged: hfuse,
                 threads: 1,
             };
             check_batched(&x, &program, &reuse, 7, opts, &label);

@@ -78,6 +78,7 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         defer: bit(0.5),
         direct_matmul: bit(0.5),
         gather_views: bit(0.5),
+        ragged: bit(0.5),
         threads: if bit(0.2) { 2 } else { 1 },
         ..Options::default()
     };

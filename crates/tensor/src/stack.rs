@@ -102,6 +102,32 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// Rows `start..start + len` along the leading axis, copied out: shape `(n, s...)` gives
+    /// shape `(len, s...)`.
+    pub fn rows(&self, start: usize, len: usize) -> Result<Tensor, TensorError> {
+        let n = self.shape().first().copied().unwrap_or(0);
+        if start.checked_add(len).is_none_or(|end| end > n) {
+            return Err(TensorError::IndexOutOfBounds {
+                index: start.saturating_add(len),
+                len: n,
+            });
+        }
+        let mut shape = self.shape().to_vec();
+        shape[0] = len;
+        let row_len = self.shape()[1..].iter().product::<usize>();
+        let range = start * row_len..(start + len) * row_len;
+        let buffer = match self.buffer() {
+            Buffer::F32(v) => Buffer::F32(v[range].to_vec()),
+            Buffer::F64(v) => Buffer::F64(v[range].to_vec()),
+            Buffer::I32(v) => Buffer::I32(v[range].to_vec()),
+            Buffer::I64(v) => Buffer::I64(v[range].to_vec()),
+            Buffer::Bool(v) => Buffer::Bool(v[range].to_vec()),
+        };
+        Tensor::new(shape, buffer)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +154,17 @@ mod tests {
         let b = Tensor::from_i32([3], vec![1, 2, 3]).unwrap();
         assert!(Tensor::stack(&[&a, &b]).is_err());
         assert!(Tensor::stack(&[]).is_err());
+    }
+
+    #[test]
+    fn rows_cut_ranges_including_empty_ones() {
+        let t = Tensor::from_i32([5, 2], (0..10).collect()).unwrap();
+        assert_eq!(
+            t.rows(1, 3).unwrap(),
+            Tensor::from_i32([3, 2], (2..8).collect()).unwrap()
+        );
+        assert_eq!(t.rows(5, 0).unwrap().shape(), &[0, 2]);
+        assert!(t.rows(4, 2).is_err());
+        assert!(t.rows(usize::MAX, 2).is_err());
     }
 }

@@ -43,6 +43,13 @@ impl Dfg<'_> {
 
     /// Runs `block` for the nodes `ids` as one batched call.
     pub(super) fn launch_batch(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
+        if ids
+            .first()
+            .and_then(|&i| self.nodes.get(i as usize))
+            .is_some_and(|n| n.ragged)
+        {
+            return self.launch_ragged(block_id, ids);
+        }
         let block = self.block(block_id)?;
         let b = ids.len();
         let first_span = ids
@@ -117,17 +124,17 @@ impl Dfg<'_> {
                 .map(|o| match o {
                     BV::Shared(OpValue::Tensor(t)) => Ok(Slot {
                         tensor: t.clone(),
-                        row: None,
+                        at: At::Whole,
                     }),
                     BV::Batched(OpValue::Tensor(t)) => Ok(Slot {
                         tensor: t.clone(),
-                        row: Some(row as u32),
+                        at: At::Row(row as u32),
                     }),
                     // Gather views: the invocation's own row of the table, where it lies.
                     BV::Rows(r) => match r.part_ref(row) {
                         Some((t, at)) => Ok(Slot {
                             tensor: t.clone(),
-                            row: at.map(|a| a as u32),
+                            at: at.map_or(At::Whole, |a| At::Row(a as u32)),
                         }),
                         None => Err(RunError::new("internal: block output has too few rows")),
                     },
@@ -185,7 +192,7 @@ impl Dfg<'_> {
             match a {
                 Arg::Lazy(r) => {
                     let s = self.slot(r)?;
-                    match (&same_batch, s.row) {
+                    match (&same_batch, s.row()) {
                         (None, Some(0)) if k == 0 => same_batch = Some(s.tensor.clone()),
                         (Some(t), Some(row)) if row as usize == k && t.shares_buffer(&s.tensor) => {
                         }
@@ -216,9 +223,12 @@ impl Dfg<'_> {
                 .iter()
                 .map(|a| match a {
                     Arg::Val(t) => Ok((t.clone(), None)),
-                    Arg::Lazy(r) => self
-                        .slot(r)
-                        .map(|s| (s.tensor.clone(), s.row.map(|x| x as usize))),
+                    Arg::Lazy(r) => self.slot(r).and_then(|s| match s.at {
+                        At::Whole => Ok((s.tensor.clone(), None)),
+                        At::Row(x) => Ok((s.tensor.clone(), Some(x as usize))),
+                        // A ragged launch's rows of one instance: copied out.
+                        At::Rows { .. } => s.value().map(|t| (t, None)).map_err(RunError::new),
+                    }),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             if let Some(rows) = RowRefs::new(parts) {

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
+use tumble_compile::ragged::RaggedInput;
 use tumble_compile::{Block, OutputShape, Program};
 use tumble_interp::reference::block_value;
 use tumble_interp::{Backend, InstanceCtx, LazyRef, RunError, Value};
@@ -24,6 +25,7 @@ use crate::workers::Lending;
 use crate::{Options, Scheduler};
 
 mod launch;
+mod ragged;
 mod schedule;
 mod sums;
 
@@ -34,18 +36,41 @@ pub(crate) enum Arg {
     Val(Tensor),
 }
 
-/// A computed output: a whole tensor, or row `row` of a launch's batched output.
+/// A computed output: where in `tensor` it lies.
 #[derive(Clone)]
 struct Slot {
     tensor: Tensor,
-    row: Option<u32>,
+    at: At,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum At {
+    /// The whole tensor.
+    Whole,
+    /// Row `r` of a launch's batched output.
+    Row(u32),
+    /// Rows `start..start + len` of a ragged launch's output (one instance's rows of all the
+    /// instances' concatenated rows).
+    Rows { start: u32, len: u32 },
 }
 
 impl Slot {
     fn value(&self) -> Result<Tensor, String> {
-        match self.row {
-            None => Ok(self.tensor.clone()),
-            Some(r) => self.tensor.row(r as usize).map_err(|e| e.to_string()),
+        match self.at {
+            At::Whole => Ok(self.tensor.clone()),
+            At::Row(r) => self.tensor.row(r as usize).map_err(|e| e.to_string()),
+            At::Rows { start, len } => self
+                .tensor
+                .rows(start as usize, len as usize)
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// The row of a batched output, if that is what it is.
+    fn row(&self) -> Option<u32> {
+        match self.at {
+            At::Row(r) => Some(r),
+            _ => None,
         }
     }
 }
@@ -65,6 +90,8 @@ pub(crate) struct Node {
     sum: bool,
     /// The instance (index in the mini-batch) that recorded it, to name in errors.
     pub(crate) instance: u32,
+    /// Grouped by its ragged key (see [`Dfg::ragged_key`]): launched with [`Dfg::launch_ragged`].
+    ragged: bool,
 }
 
 pub struct Dfg<'p> {
@@ -259,7 +286,12 @@ impl<'p> Dfg<'p> {
                     .get(r.output as usize)
                     .ok_or_else(|| RunError::new("internal: unknown output"))?;
                 let row_len = |t: &Tensor| t.shape().get(1..).map_or(0, |d| d.iter().product());
-                if slot.row.is_none() || row_len(&slot.tensor) <= 1 {
+                let len = match slot.at {
+                    At::Whole => 0,
+                    At::Row(_) => row_len(&slot.tensor),
+                    At::Rows { len, .. } => (len as usize).saturating_mul(row_len(&slot.tensor)),
+                };
+                if len <= 1 {
                     slot.value().map(Some).map_err(RunError::new)
                 } else {
                     Ok(None)
@@ -349,6 +381,57 @@ impl<'p> Dfg<'p> {
                 _ => out.push(r.node),
             }
         }
+    }
+
+    /// The launch-grouping key of an invocation of a ragged block (see
+    /// [`tumble_compile::ragged`]) whatever its length: the block, the shapes of its row inputs
+    /// but for their leading dim, and the other inputs' shapes and tensors (which the ragged
+    /// launch passes once). `None` when the invocation cannot join a ragged launch: no ragged
+    /// form, row inputs of different or zero lengths, or another input not a known tensor.
+    fn ragged_key(&mut self, block_id: u32, args: &[Arg]) -> Result<Option<u64>, RunError> {
+        let Some(Some(ragged)) = self.exec.ragged.get(block_id as usize) else {
+            return Ok(None);
+        };
+        let mut words = std::mem::take(&mut self.key_words);
+        words.clear();
+        // Above every block id, so that no exact key's words equal these.
+        words.push(u64::MAX);
+        words.push(u64::from(block_id));
+        let mut len = None;
+        for (a, kind) in args.iter().zip(&ragged.inputs) {
+            let shape = self.arg_shape(a)?;
+            words.push(shape.len() as u64);
+            match kind {
+                RaggedInput::Rows => {
+                    let Some((&l, rest)) = shape.split_first() else {
+                        self.key_words = words;
+                        return Ok(None);
+                    };
+                    if l == 0 || len.is_some_and(|m| m != l) {
+                        self.key_words = words;
+                        return Ok(None);
+                    }
+                    len = Some(l);
+                    words.extend(rest.iter().map(|&d| d as u64));
+                }
+                RaggedInput::PerInstance => words.extend(shape.iter().map(|&d| d as u64)),
+                RaggedInput::Shared => {
+                    let Arg::Val(t) = a else {
+                        self.key_words = words;
+                        return Ok(None);
+                    };
+                    words.extend(shape.iter().map(|&d| d as u64));
+                    words.push(t.buffer_id() as u64);
+                }
+            }
+        }
+        // In the interner the exact keys of this run come from, so the two never share an id.
+        let id = match self.opts.dup {
+            true => self.dup_keys.id(&words),
+            false => self.shape_keys.id(&words),
+        };
+        self.key_words = words;
+        Ok(Some(u64::from(id)))
     }
 
     fn slot(&self, r: &LazyRef) -> Result<&Slot, RunError> {
@@ -497,14 +580,19 @@ impl Backend for Dfg<'_> {
             words.clear();
             words.push(u64::from(shape_key));
             for (i, a) in recorded.iter().enumerate() {
+                // Scalars are not weights: a counter or threshold computed on the host per
+                // instance (from literals, so "shared per call site") is a fresh tensor each
+                // time, and keying by it would launch every instance alone.
                 if let Arg::Val(t) = a {
-                    if !matches!(
-                        self.reuse
-                            .inputs
-                            .get(block_id as usize)
-                            .and_then(|v| v.get(i)),
-                        Some(crate::reuse::InputReuse::PerInstance) | None
-                    ) {
+                    if t.len() > 1
+                        && !matches!(
+                            self.reuse
+                                .inputs
+                                .get(block_id as usize)
+                                .and_then(|v| v.get(i)),
+                            Some(crate::reuse::InputReuse::PerInstance) | None
+                        )
+                    {
                         words.push(i as u64);
                         words.push(t.buffer_id() as u64);
                     }
@@ -515,6 +603,14 @@ impl Backend for Dfg<'_> {
             u64::from(shape_key)
         };
         self.key_words = words;
+        let ragged_key = match for_backward || self.opts.scheduler == Scheduler::Eager {
+            true => None,
+            false => self.ragged_key(block_id, &recorded)?,
+        };
+        let (key, ragged) = match ragged_key {
+            Some(k) => (k, true),
+            None => (key, false),
+        };
         let cached = self
             .shape_cache
             .get(shape_key as usize)
@@ -572,6 +668,7 @@ impl Backend for Dfg<'_> {
             span,
             sum: false,
             instance: ctx.instance,
+            ragged,
         });
         self.profile.nodes += 1;
         self.profile.time_dfg += t0.elapsed();

@@ -35,20 +35,25 @@ impl Dfg<'_> {
 
     /// Adds one term of a deferred sum to `acc` (same length).
     pub(super) fn add_term(&self, acc: &mut [f32], a: &Arg) -> Result<(), RunError> {
-        let (t, row) = match a {
-            Arg::Val(t) => (t, None),
+        let (t, at) = match a {
+            Arg::Val(t) => (t, At::Whole),
             Arg::Lazy(r) => {
                 let s = self.slot(r)?;
-                (&s.tensor, s.row)
+                (&s.tensor, s.at)
             }
         };
         let n = acc.len();
         let all = t
             .as_slice::<f32>()
             .ok_or_else(|| RunError::new("internal: sum term is not f32"))?;
-        let src = match row {
-            None => all.get(..n),
-            Some(r) => all.get(r as usize * n..(r as usize + 1) * n),
+        let row_len: usize = t.shape().get(1..).map_or(1, |d| d.iter().product());
+        let src = match at {
+            At::Whole => all.get(..n),
+            At::Row(r) => all.get(r as usize * n..(r as usize + 1) * n),
+            At::Rows { start, .. } => {
+                let from = start as usize * row_len;
+                all.get(from..from + n)
+            }
         }
         .filter(|s| s.len() == n)
         .ok_or_else(|| RunError::new("internal: sum term has another shape"))?;
@@ -114,7 +119,7 @@ impl Dfg<'_> {
             if let Some(n) = self.nodes.get_mut(id as usize) {
                 n.out = Some(vec![Slot {
                     tensor: batch.clone(),
-                    row: Some(k as u32),
+                    at: At::Row(k as u32),
                 }]);
                 n.args = Vec::new();
             }
@@ -178,6 +183,7 @@ impl Dfg<'_> {
             span,
             sum: true,
             instance,
+            ragged: false,
         });
         Ok(Some(Value::Lazy(LazyRef {
             node: id,

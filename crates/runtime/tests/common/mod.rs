@@ -347,6 +347,7 @@ pub fn check_all_ways(x: &Expected) {
                     defer: fusion,
                     direct_matmul: planopt,
                     gather_views: planopt,
+                    ragged: fusion,
                     threads: if batch == 7 { 2 } else { 1 },
                 };
                 let label = format!(

@@ -1,0 +1,732 @@
+//! Ragged batching (dynamic shapes): which blocks can run instances of different `?` lengths in
+//! one launch, and how.
+//!
+//! A block whose inputs have an unknown leading dimension (`Tensor[(?, 768), float32]`: the tokens
+//! of a sentence) is, for most of its operators, a function of each row alone: a dense layer, a
+//! bias, an activation, a layer norm over the last axis. Such operators give the same rows whether
+//! they run on one instance's rows or on the rows of every instance of a launch concatenated, so
+//! instances of any lengths can share one GEMM over all their tokens, without padding. Operators
+//! that mix the rows of one instance (attention's batched products, a softmax or a sum over the
+//! sequence axis) cannot; they run once per group of instances of equal length.
+//!
+//! The analysis follows a symbolic shape per value (BladeDISC's shape constraints in their
+//! simplest form): every input's leading `?` is the same unknown length `L` — the runtime checks
+//! that, per invocation, before it groups invocations this way —, known dims stay known, and
+//! operators carry `L` through where it provably stays the row count (transposes, reshapes with
+//! `-1`, batched products), so rows mixed by attention come back as rows of length `L`. Each
+//! operator is then one of:
+//! - *fixed*: reads nothing that differs between the instances of a launch (weights, literals);
+//! - *row-wise*: varying operands have `L` as their leading dim and nowhere else, and the
+//!   operator keeps axis 0 a row index (`tumble_ops::StageRule` row-wise rules on other axes,
+//!   `nn.dense`, `take` from a table, reshapes and transposes that leave axis 0 alone);
+//! - *mixing*: anything else that reads a varying value.
+//!
+//! The block's operators are assigned to the fewest alternating segments (row-wise, mixing,
+//! row-wise, ...) that keep dependencies in order — fixed operators join their latest producer's
+//! segment —, and each segment becomes a block of its own for the kernel planner
+//! ([`crate::plan`]). A block with no row-wise work is not ragged: grouping by exact shapes does
+//! as well.
+
+use std::collections::HashMap;
+
+use tumble_ir::{Dim, Ty};
+use tumble_ops::StageRule;
+
+use crate::blocks::{BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
+
+/// How a block runs a launch of instances of different lengths.
+#[derive(Debug, Clone)]
+pub struct RaggedBlock {
+    /// Per block input: what it is in a ragged launch.
+    pub inputs: Vec<RaggedInput>,
+    /// The block's operators in dependency order, cut where they alternate between row-wise and
+    /// mixing work.
+    pub segments: Vec<Segment>,
+    /// Bytes of every node's result per row of `L` (unknown dims counted as 1): a launch of `N`
+    /// rows in all reserves about `N` times this before it allocates.
+    pub bytes_per_row: usize,
+}
+
+/// A block input in a ragged launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaggedInput {
+    /// Its leading dim is the instance's length `L`: rows.
+    Rows,
+    /// Differs per instance, but not in shape (a threshold, a counter).
+    PerInstance,
+    /// The same tensor for every instance of the launch (a weight).
+    Shared,
+}
+
+/// A run of a block's operators, as a block of its own.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    /// True: runs once over the concatenated rows of every instance of the launch. False: runs
+    /// once per group of instances whose inputs to it have equal shapes (of equal length for
+    /// mixing work, all of them for work on values of static shape).
+    pub row_wise: bool,
+    pub block: Block,
+    /// Per input of `block`: the value of the parent block it reads (an input, or a node or
+    /// field an earlier segment defines).
+    pub reads: Vec<BVal>,
+    /// Per output of `block`: the value of the parent block it is (a node or a field).
+    pub defines: Vec<BVal>,
+}
+
+/// A dimension as the analysis knows it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum SDim {
+    Known(i64),
+    /// The instance's length (every input's leading `?`).
+    Len,
+    /// Anything else not known statically.
+    Other,
+}
+
+type SShape = Vec<SDim>;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Class {
+    Fixed,
+    RowWise,
+    Mixing,
+    /// Reads varying values, all of static shape (after a mixing operator took the first row):
+    /// every instance of the launch runs it together.
+    Uniform,
+}
+
+impl Class {
+    /// Segments cycle through row-wise, mixing and uniform work: `segment % 3` is its kind.
+    fn cycle(self) -> Option<usize> {
+        match self {
+            Class::Fixed => None,
+            Class::RowWise => Some(0),
+            Class::Mixing => Some(1),
+            Class::Uniform => Some(2),
+        }
+    }
+}
+
+/// What the analysis knows of a value: its symbolic shape, and whether it can differ between
+/// the instances of a ragged launch.
+#[derive(Clone, Debug)]
+struct Fact {
+    shape: SShape,
+    varies: bool,
+}
+
+/// A parent value as a map key (`BVal` holds tensors and has no `Eq`).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+enum Key {
+    Input(u32),
+    Node(u32),
+    Field(u32, u32),
+}
+
+fn key_of(v: &BVal) -> Option<Key> {
+    match v {
+        BVal::Input(i) => Some(Key::Input(*i)),
+        BVal::Node(n) => Some(Key::Node(*n)),
+        BVal::Field(n, f) => Some(Key::Field(*n, *f)),
+        BVal::Const(_) => None,
+    }
+}
+
+fn bval_of(k: Key) -> BVal {
+    match k {
+        Key::Input(i) => BVal::Input(i),
+        Key::Node(n) => BVal::Node(n),
+        Key::Field(n, f) => BVal::Field(n, f),
+    }
+}
+
+/// The ragged form of `block`, whose inputs flagged in `per_instance` differ between instances
+/// (the others are one tensor per mini-batch: weights); `None` when it has no input with a
+/// leading `?`, an input with `?` elsewhere, or no work that batches better this way (row-wise,
+/// or on values of static shape).
+pub fn analyze(block: &Block, per_instance: &[bool]) -> Option<RaggedBlock> {
+    let mut kinds = Vec::with_capacity(block.inputs.len());
+    let mut input_facts = Vec::with_capacity(block.inputs.len());
+    for input in &block.inputs {
+        let (dims, _) = input.ty.as_tensor()?;
+        let mut shape = Vec::with_capacity(dims.len());
+        for (axis, d) in dims.iter().enumerate() {
+            shape.push(match (d, axis) {
+                (Dim::Known(n), _) => SDim::Known(*n),
+                (Dim::Any, 0) => SDim::Len,
+                (Dim::Any, _) => return None,
+            });
+        }
+        let is_rowed = shape.first() == Some(&SDim::Len);
+        let varies = per_instance.get(kinds.len()).copied().unwrap_or(true);
+        kinds.push(match (is_rowed, varies) {
+            (true, _) => RaggedInput::Rows,
+            (false, true) => RaggedInput::PerInstance,
+            (false, false) => RaggedInput::Shared,
+        });
+        input_facts.push(Fact {
+            shape,
+            varies: is_rowed || varies,
+        });
+    }
+    if !kinds.contains(&RaggedInput::Rows) {
+        return None;
+    }
+
+    // Facts per node: one per field for a tuple-valued node.
+    let mut node_facts: Vec<Vec<Fact>> = Vec::with_capacity(block.nodes.len());
+    let mut classes = Vec::with_capacity(block.nodes.len());
+    for node in &block.nodes {
+        let fact = |v: &BVal| -> Option<Fact> {
+            match v {
+                BVal::Input(i) => input_facts.get(*i as usize).cloned(),
+                BVal::Node(n) => node_facts.get(*n as usize)?.first().cloned(),
+                BVal::Field(n, f) => node_facts.get(*n as usize)?.get(*f as usize).cloned(),
+                BVal::Const(t) => Some(Fact {
+                    shape: t.shape().iter().map(|&d| SDim::Known(d as i64)).collect(),
+                    varies: false,
+                }),
+            }
+        };
+        let mut args = Vec::with_capacity(node.args.len());
+        for a in &node.args {
+            args.push(match a {
+                BArg::One(v) => vec![fact(v)?],
+                BArg::Tuple(vs) => vs.iter().map(fact).collect::<Option<Vec<_>>>()?,
+            });
+        }
+        let concrete = concrete_result(block, node, &args);
+        let (class, facts) = classify(node, &args, concrete);
+        classes.push(class);
+        node_facts.push(facts);
+    }
+    if !classes.contains(&Class::RowWise) && !classes.contains(&Class::Uniform) {
+        return None;
+    }
+
+    // Segments: each node in the first one of its kind at or after its producers' (fixed
+    // nodes: at its producers').
+    let producers = |node: &BlockNode| -> Vec<u32> {
+        let mut ps = Vec::new();
+        for a in &node.args {
+            let vs: &[BVal] = match a {
+                BArg::One(v) => std::slice::from_ref(v),
+                BArg::Tuple(vs) => vs,
+            };
+            for v in vs {
+                if let BVal::Node(n) | BVal::Field(n, _) = v {
+                    ps.push(*n);
+                }
+            }
+        }
+        ps
+    };
+    let mut seg_of: Vec<usize> = Vec::with_capacity(block.nodes.len());
+    for (node, class) in block.nodes.iter().zip(&classes) {
+        let at_least = producers(node)
+            .iter()
+            .filter_map(|&p| seg_of.get(p as usize).copied())
+            .max()
+            .unwrap_or(0);
+        seg_of.push(match class.cycle() {
+            None => at_least,
+            Some(kind) => at_least + (kind + 3 - at_least % 3) % 3,
+        });
+    }
+
+    // Where each value is read: by which segments, and by the block's outputs.
+    let n_segs = seg_of.iter().copied().max().unwrap_or(0) + 1;
+    let mut last_use: HashMap<Key, usize> = HashMap::new();
+    for (i, node) in block.nodes.iter().enumerate() {
+        for a in &node.args {
+            let vs: &[BVal] = match a {
+                BArg::One(v) => std::slice::from_ref(v),
+                BArg::Tuple(vs) => vs,
+            };
+            for v in vs {
+                if let Some(k) = key_of(v) {
+                    let e = last_use.entry(k).or_insert(0);
+                    *e = (*e).max(seg_of[i]);
+                }
+            }
+        }
+    }
+    for v in &block.outputs {
+        if let Some(k) = key_of(v) {
+            last_use.insert(k, n_segs);
+        }
+    }
+
+    let mut segments = Vec::new();
+    for s in 0..n_segs {
+        let members: Vec<usize> = (0..block.nodes.len()).filter(|&i| seg_of[i] == s).collect();
+        if members.is_empty() {
+            continue;
+        }
+        segments.push(segment(block, s, &members, &seg_of, &last_use)?);
+    }
+    let bytes_per_row = block
+        .nodes
+        .iter()
+        .map(|n| bytes_with_unknown_as_one(&n.ty))
+        .fold(0, usize::saturating_add);
+    Some(RaggedBlock {
+        inputs: kinds,
+        segments,
+        bytes_per_row,
+    })
+}
+
+/// Segment `s` of `block` (nodes `members`) as a block of its own. `None` when a value crossing
+/// into or out of it is a whole tuple (only tensors cross).
+fn segment(
+    block: &Block,
+    s: usize,
+    members: &[usize],
+    seg_of: &[usize],
+    last_use: &HashMap<Key, usize>,
+) -> Option<Segment> {
+    let local: HashMap<usize, u32> = members
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| (n, k as u32))
+        .collect();
+    let mut reads: Vec<Key> = Vec::new();
+    let mut inputs: Vec<BlockInput> = Vec::new();
+    let map_val = |v: &BVal, reads: &mut Vec<Key>, inputs: &mut Vec<BlockInput>| {
+        let here = |n: &u32| local.get(&(*n as usize)).copied();
+        match v {
+            BVal::Const(t) => Some(BVal::Const(t.clone())),
+            BVal::Node(n) if here(n).is_some() => here(n).map(BVal::Node),
+            BVal::Field(n, f) if here(n).is_some() => here(n).map(|m| BVal::Field(m, *f)),
+            other => {
+                let k = key_of(other)?;
+                let ty = block.val_ty(other);
+                ty.as_tensor()?;
+                let at = match reads.iter().position(|r| *r == k) {
+                    Some(at) => at,
+                    None => {
+                        reads.push(k);
+                        inputs.push(BlockInput {
+                            name: input_name(block, k),
+                            ty,
+                        });
+                        reads.len() - 1
+                    }
+                };
+                Some(BVal::Input(at as u32))
+            }
+        }
+    };
+    let mut nodes = Vec::with_capacity(members.len());
+    for &n in members {
+        let node = block.nodes.get(n)?;
+        let mut args = Vec::with_capacity(node.args.len());
+        for a in &node.args {
+            args.push(match a {
+                BArg::One(v) => BArg::One(map_val(v, &mut reads, &mut inputs)?),
+                BArg::Tuple(vs) => BArg::Tuple(
+                    vs.iter()
+                        .map(|v| map_val(v, &mut reads, &mut inputs))
+                        .collect::<Option<Vec<_>>>()?,
+                ),
+            });
+        }
+        nodes.push(BlockNode {
+            op: node.op,
+            args,
+            attrs: node.attrs.clone(),
+            ty: node.ty.clone(),
+        });
+    }
+    // Outputs: every value defined here and read by a later segment or by the block's outputs.
+    let mut defines = Vec::new();
+    let mut outputs = Vec::new();
+    let mut keys: Vec<(&Key, &usize)> = last_use.iter().collect();
+    keys.sort();
+    for (k, &until) in keys {
+        let (n, out) = match *k {
+            Key::Node(n) => match local.get(&(n as usize)) {
+                Some(&m) => (n, BVal::Node(m)),
+                None => continue,
+            },
+            Key::Field(n, f) => match local.get(&(n as usize)) {
+                Some(&m) => (n, BVal::Field(m, f)),
+                None => continue,
+            },
+            Key::Input(_) => continue,
+        };
+        if seg_of.get(n as usize) != Some(&s) || until <= s {
+            continue;
+        }
+        // A whole tuple does not cross (its fields do).
+        block.val_ty(&bval_of(*k)).as_tensor()?;
+        defines.push(bval_of(*k));
+        outputs.push(out);
+    }
+    let output_shape = match outputs.len() {
+        1 => OutputShape::Single,
+        _ => OutputShape::Tuple,
+    };
+    Some(Segment {
+        row_wise: s % 3 == 0,
+        block: Block {
+            name: format!("{}/{}", block.name, s),
+            inputs,
+            nodes,
+            outputs,
+            output_shape,
+            primitive: block.primitive,
+            span: block.span,
+        },
+        reads: reads.into_iter().map(bval_of).collect(),
+        defines,
+    })
+}
+
+fn input_name(block: &Block, k: Key) -> String {
+    match k {
+        Key::Input(i) => block
+            .inputs
+            .get(i as usize)
+            .map_or_else(|| format!("input {i}"), |x| x.name.clone()),
+        Key::Node(n) => format!("%{n}"),
+        Key::Field(n, f) => format!("%{n}.{f}"),
+    }
+}
+
+fn bytes_with_unknown_as_one(ty: &Ty) -> usize {
+    match ty {
+        Ty::Tensor { shape, dtype } => shape
+            .iter()
+            .map(|d| d.known().map_or(1, |n| usize::try_from(n).unwrap_or(0)))
+            .fold(dtype.size(), usize::saturating_mul),
+        Ty::Tuple(ts) => ts
+            .iter()
+            .map(bytes_with_unknown_as_one)
+            .fold(0, usize::saturating_add),
+        _ => 0,
+    }
+}
+
+/// The node's result type by its operator's shape relation when every operand's shape is known
+/// (after a constant slice, say, where the checker only knew `?`): Nimble's shape functions.
+fn concrete_result(block: &Block, node: &BlockNode, args: &[Vec<Fact>]) -> Option<Ty> {
+    let known = |f: &Fact| -> Option<Vec<i64>> {
+        f.shape
+            .iter()
+            .map(|d| match d {
+                SDim::Known(n) => Some(*n),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut tys = Vec::with_capacity(args.len());
+    for (a, facts) in node.args.iter().zip(args) {
+        let vals: Vec<&BVal> = match a {
+            BArg::One(v) => vec![v],
+            BArg::Tuple(vs) => vs.iter().collect(),
+        };
+        let mut one = Vec::with_capacity(vals.len());
+        for (v, f) in vals.iter().zip(facts) {
+            let (_, dtype) = block.val_ty(v).as_tensor().map(|(d, t)| (d.len(), t))?;
+            one.push(Ty::tensor_of(&known(f)?, dtype));
+        }
+        tys.push(match a {
+            BArg::One(_) => one.pop()?,
+            BArg::Tuple(_) => Ty::Tuple(one),
+        });
+    }
+    (node.op.relation)(&tys, &node.attrs).ok()
+}
+
+/// The node's class and its result's facts (one per field of a tuple result); `concrete`: its
+/// result type from known operand shapes.
+fn classify(node: &BlockNode, args: &[Vec<Fact>], concrete: Option<Ty>) -> (Class, Vec<Fact>) {
+    let node_ty = concrete.as_ref().unwrap_or(&node.ty);
+    let varies = args.iter().flatten().any(|f| f.varies);
+    let from_ty = |ty: &Ty, lead_len: bool| -> SShape {
+        match ty.as_tensor() {
+            Some((dims, _)) => dims
+                .iter()
+                .enumerate()
+                .map(|(axis, d)| match d {
+                    Dim::Known(n) => SDim::Known(*n),
+                    Dim::Any if axis == 0 && lead_len => SDim::Len,
+                    Dim::Any => SDim::Other,
+                })
+                .collect(),
+            None => Vec::new(),
+        }
+    };
+    let result = |lead_len: bool, tracked: Option<SShape>| -> Vec<Fact> {
+        match node_ty {
+            Ty::Tuple(ts) => ts
+                .iter()
+                .map(|t| Fact {
+                    shape: from_ty(t, lead_len),
+                    varies,
+                })
+                .collect(),
+            ty => vec![Fact {
+                shape: tracked.unwrap_or_else(|| from_ty(ty, lead_len)),
+                varies,
+            }],
+        }
+    };
+    if !varies {
+        return (Class::Fixed, result(false, None));
+    }
+    if row_wise(node, args) {
+        let facts = result(true, None);
+        // The result keeps `L` as its leading dim and knows every other one.
+        let ok = facts.iter().all(|f| {
+            f.shape.first() == Some(&SDim::Len) && f.shape[1..].iter().all(|d| *d != SDim::Other)
+        });
+        if ok {
+            return (Class::RowWise, facts);
+        }
+    }
+    let static_shapes = args
+        .iter()
+        .flatten()
+        .all(|f| !f.varies || f.shape.iter().all(|d| matches!(d, SDim::Known(_))));
+    let facts = result(false, track_mixing(node, args));
+    let static_result = facts
+        .iter()
+        .all(|f| f.shape.iter().all(|d| matches!(d, SDim::Known(_))));
+    match static_shapes && static_result {
+        true => (Class::Uniform, facts),
+        false => (Class::Mixing, facts),
+    }
+}
+
+/// The single operand of `args` at `i`.
+fn one(args: &[Vec<Fact>], i: usize) -> Option<&Fact> {
+    match args.get(i).map(Vec::as_slice) {
+        Some([f]) => Some(f),
+        _ => None,
+    }
+}
+
+/// A varying operand is rows: `L` leads, and appears nowhere else, and no dim is unknown.
+fn is_rows(f: &Fact) -> bool {
+    f.shape.first() == Some(&SDim::Len) && f.shape[1..].iter().all(|d| matches!(d, SDim::Known(_)))
+}
+
+fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    (0..r).contains(&a).then_some(a as usize)
+}
+
+/// Whether the node, whose varying operands are all rows (checked here), keeps axis 0 a row
+/// index: its result's row `i` is a function of row `i` of its varying operands alone.
+fn row_wise(node: &BlockNode, args: &[Vec<Fact>]) -> bool {
+    if !args.iter().flatten().all(|f| !f.varies || is_rows(f)) {
+        return false;
+    }
+    let out_rank = node.ty.as_tensor().map(|(d, _)| d.len());
+    let attrs = &node.attrs;
+    let axis_or = |default: i64| attrs.int("axis").ok().flatten().unwrap_or(default);
+    match node.op.stage {
+        StageRule::Gemm => {
+            // nn.dense(rows, weight): a product per row.
+            matches!((one(args, 0), one(args, 1)), (Some(x), Some(w)) if x.varies && !w.varies && x.shape.len() >= 2)
+        }
+        StageRule::RowWise => {
+            // Elementwise with broadcasting: varying operands have the result's rank (so their
+            // axis 0 is the result's), fixed ones a lower rank or a leading 1.
+            let Some(r) = out_rank else { return false };
+            args.iter().flatten().all(|f| {
+                if f.varies {
+                    f.shape.len() == r
+                } else {
+                    f.shape.len() < r || f.shape.first() == Some(&SDim::Known(1))
+                }
+            })
+        }
+        StageRule::RowWiseOnLastAxis { default_axis } => {
+            let Some(x) = args.first().and_then(|a| a.first()) else {
+                return false;
+            };
+            let axis_ok = norm_axis(axis_or(default_axis), x.shape.len()).is_some_and(|a| a != 0);
+            match node.op.name {
+                // Every piece joined or cut must be rows (a fixed piece has no `L` rows).
+                "concatenate" | "split" => axis_ok && args.iter().flatten().all(|f| f.varies),
+                // bias_add, softmax, log_softmax, layer_norm: only the data varies.
+                _ => axis_ok && x.varies && args.iter().flatten().skip(1).all(|f| !f.varies),
+            }
+        }
+        StageRule::Gather => {
+            // take(table, rows of indices, axis=0): one table row per index.
+            matches!((one(args, 0), one(args, 1)), (Some(t), Some(i)) if !t.varies && i.varies)
+                && attrs.int("axis").ok().flatten() == Some(0)
+                && attrs.int("batch_dims").ok().flatten().unwrap_or(0) == 0
+        }
+        StageRule::Batched => {
+            let Some(x) = one(args, 0) else { return false };
+            let rank = x.shape.len();
+            match node.op.name {
+                "cast" | "zeros_like" | "ones_like" => true,
+                "transpose" => match attrs.ints("axes").ok().flatten() {
+                    Some(axes) => axes.first().and_then(|&a| norm_axis(a, rank)) == Some(0),
+                    None => rank == 1,
+                },
+                "reshape" => {
+                    let Some(new) = attrs.ints("newshape").ok().flatten() else {
+                        return false;
+                    };
+                    let known: i64 = x.shape[1..]
+                        .iter()
+                        .map(|d| match d {
+                            SDim::Known(n) => *n,
+                            _ => -1,
+                        })
+                        .product();
+                    matches!(new.first(), Some(-1 | 0))
+                        && new[1..].iter().all(|&d| d > 0)
+                        && new[1..].iter().product::<i64>() == known
+                }
+                "expand_dims" => norm_axis(axis_or(0), rank + 1).is_some_and(|a| a != 0),
+                "squeeze" | "sum" | "mean" | "max" | "min" | "argmax" | "argmin" => {
+                    let Some(axes) = attrs.ints("axis").ok().flatten() else {
+                        return false;
+                    };
+                    attrs.bool("exclude").ok().flatten() != Some(true)
+                        && !axes.is_empty()
+                        && axes
+                            .iter()
+                            .all(|&a| norm_axis(a, rank).is_some_and(|a| a != 0))
+                }
+                _ => false,
+            }
+        }
+    }
+}
+
+/// The symbolic result shape of a mixing operator where `L` provably survives it (so that rows
+/// mixed by attention count as rows again); `None`: from the checker's type, `?` unknown.
+fn track_mixing(node: &BlockNode, args: &[Vec<Fact>]) -> Option<SShape> {
+    let x = one(args, 0)?;
+    let rank = x.shape.len();
+    match node.op.name {
+        "transpose" => {
+            let axes: Vec<usize> = match node.attrs.ints("axes").ok().flatten() {
+                Some(axes) => axes
+                    .iter()
+                    .map(|&a| norm_axis(a, rank))
+                    .collect::<Option<_>>()?,
+                None => (0..rank).rev().collect(),
+            };
+            axes.iter().map(|&a| x.shape.get(a).copied()).collect()
+        }
+        "nn.batch_matmul" => {
+            let y = one(args, 1)?;
+            let ta = node
+                .attrs
+                .bool("transpose_a")
+                .ok()
+                .flatten()
+                .unwrap_or(false);
+            let tb = node
+                .attrs
+                .bool("transpose_b")
+                .ok()
+                .flatten()
+                .unwrap_or(true);
+            let (&[xb, x1, x2], &[yb, y1, y2]) = (x.shape.as_slice(), y.shape.as_slice()) else {
+                return None;
+            };
+            let batch = if xb == SDim::Known(1) { yb } else { xb };
+            Some(vec![
+                batch,
+                if ta { x2 } else { x1 },
+                if tb { y1 } else { y2 },
+            ])
+        }
+        "reshape" => {
+            let new = node.attrs.ints("newshape").ok().flatten()?;
+            let lens = x.shape.iter().filter(|d| **d == SDim::Len).count();
+            let known: Option<i64> = x
+                .shape
+                .iter()
+                .filter(|d| **d != SDim::Len)
+                .map(|d| match d {
+                    SDim::Known(n) => Some(*n),
+                    _ => None,
+                })
+                .product();
+            let rest: i64 = new.iter().filter(|&&d| d != -1).product();
+            let ok = lens == 1
+                && new.iter().filter(|&&d| d == -1).count() == 1
+                && new.iter().all(|&d| d == -1 || d > 0)
+                && Some(rest) == known;
+            ok.then(|| {
+                new.iter()
+                    .map(|&d| if d == -1 { SDim::Len } else { SDim::Known(d) })
+                    .collect()
+            })
+        }
+        "strided_slice" => {
+            // A constant slice of the rows (Berxit's [CLS] row): its length once every instance
+            // has that many rows. Instances with fewer get another shape at run time, and the
+            // runtime groups by actual shapes, so this only decides where work is placed.
+            let a = &node.attrs;
+            let plain = a
+                .get("axes")
+                .is_none_or(|v| matches!(v, tumble_ir::AttrValue::None))
+                && a.str("slice_mode").ok().flatten().unwrap_or("end") == "end";
+            let begin = a.ints("begin").ok().flatten()?;
+            let end = a.ints("end").ok().flatten()?;
+            let strides = a.ints("strides").ok().flatten().unwrap_or_default();
+            let (dims, _) = node.ty.as_tensor()?;
+            let mut out = Vec::with_capacity(dims.len());
+            for (axis, d) in dims.iter().enumerate() {
+                out.push(match (d, x.shape.get(axis)) {
+                    (Dim::Known(n), _) => SDim::Known(*n),
+                    (Dim::Any, Some(SDim::Len)) => {
+                        let (b, e) = (begin.get(axis).copied()?, end.get(axis).copied()?);
+                        let stride = strides.get(axis).copied().unwrap_or(1);
+                        match plain && stride == 1 && b >= 0 && e > b {
+                            true => SDim::Known(e - b),
+                            false => SDim::Other,
+                        }
+                    }
+                    (Dim::Any, _) => SDim::Other,
+                });
+            }
+            Some(out)
+        }
+        _ => match node.op.stage {
+            // Shape-preserving or broadcasting operators: the broadcast of the operands' shapes.
+            StageRule::RowWise | StageRule::RowWiseOnLastAxis { .. }
+                if !matches!(node.op.name, "concatenate" | "split") =>
+            {
+                let r = node.ty.as_tensor()?.0.len();
+                let mut out = Vec::with_capacity(r);
+                for k in 0..r {
+                    let mut d = SDim::Known(1);
+                    for f in args.iter().flatten() {
+                        let Some(at) = (k + f.shape.len()).checked_sub(r) else {
+                            continue;
+                        };
+                        d = match (d, f.shape[at]) {
+                            (SDim::Other, _) | (_, SDim::Other) => SDim::Other,
+                            (SDim::Known(1), e) | (e, SDim::Known(1)) => e,
+                            (a, b) if a == b => a,
+                            _ => SDim::Other,
+                        };
+                    }
+                    out.push(d);
+                }
+                // Only the operands' own dims: the broadcast must agree with the checker's rank.
+                (out.len() == r).then_some(out)
+            }
+            _ => None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;

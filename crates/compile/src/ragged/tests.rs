@@ -1,0 +1,187 @@
+use super::*;
+use crate::lower::LowerOptions;
+use crate::program::Program;
+
+fn block_of(src: &str, name: &str) -> Block {
+    let mut sources = tumble_ir::SourceMap::new();
+    let typed = tumble_check::load(&mut sources, "t.rly", src, Default::default())
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let program =
+        Program::lower_with(&typed, LowerOptions::batched()).unwrap_or_else(|e| panic!("{e:?}"));
+    program
+        .blocks
+        .into_iter()
+        .find(|b| b.name == name)
+        .unwrap_or_else(|| panic!("no block {name}"))
+}
+
+/// The ragged form with the block's `?`-led inputs per instance and the others weights.
+fn ragged(b: &Block) -> Option<RaggedBlock> {
+    let per_instance: Vec<bool> = b
+        .inputs
+        .iter()
+        .map(|i| matches!(i.ty.as_tensor(), Some((d, _)) if d.first() == Some(&Dim::Any)))
+        .collect();
+    analyze(b, &per_instance)
+}
+
+/// Per segment: row-wise or not, and its operators' names.
+fn shape_of(r: &RaggedBlock) -> Vec<(bool, Vec<&'static str>)> {
+    r.segments
+        .iter()
+        .map(|s| {
+            (
+                s.row_wise,
+                s.block.nodes.iter().map(|n| n.op.name).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_row_wise_block_is_one_row_wise_segment() {
+    let src = "def @f(%x: Tensor[(?, 4), float32], %w: Tensor[(8, 4), float32], \
+               %b: Tensor[(8), float32], %g: Tensor[(8), float32], Primitive=1) {
+                 nn.layer_norm(tanh(nn.bias_add(nn.dense(%x, %w), %b)), %g, %b)
+               }
+               def @main(%x: Tensor[(?, 4), float32]) { %x }";
+    let r = ragged(&block_of(src, "f")).expect("ragged");
+    assert_eq!(
+        r.inputs,
+        vec![
+            RaggedInput::Rows,
+            RaggedInput::Shared,
+            RaggedInput::Shared,
+            RaggedInput::Shared
+        ]
+    );
+    assert_eq!(
+        shape_of(&r),
+        vec![(
+            true,
+            vec!["nn.dense", "nn.bias_add", "tanh", "nn.layer_norm"]
+        )]
+    );
+    assert_eq!(r.segments[0].reads.len(), 4);
+    assert_eq!(r.segments[0].defines.len(), 1);
+}
+
+#[test]
+fn reductions_over_the_sequence_axis_are_mixing() {
+    // The issue's example: dense and tanh per row, softmax and sum over the rows.
+    let src = "def @f(%x: Tensor[(?, 4), float32], %w: Tensor[(8, 4), float32], Primitive=1) {
+                 let %h = tanh(nn.dense(%x, %w));
+                 sum(nn.softmax(%h, axis=0), axis=[0])
+               }
+               def @main(%x: Tensor[(?, 4), float32]) { %x }";
+    let r = ragged(&block_of(src, "f")).expect("ragged");
+    assert_eq!(
+        shape_of(&r),
+        vec![
+            (true, vec!["nn.dense", "tanh"]),
+            (false, vec!["nn.softmax", "sum"])
+        ]
+    );
+    // tanh's result crosses into the mixing segment.
+    assert_eq!(r.segments[1].reads.len(), 1);
+    assert!(matches!(r.segments[0].defines[..], [BVal::Node(1)]));
+}
+
+#[test]
+fn attention_rows_come_back_as_rows() {
+    // Projections per row, attention mixing, then the output projection per row again: three
+    // segments, not one per operator.
+    let src = "def @f(%x: Tensor[(?, 8), float32], %wq: Tensor[(8, 8), float32], \
+               %wk: Tensor[(8, 8), float32], %wo: Tensor[(8, 8), float32], Primitive=1) {
+                 let %q = transpose(reshape(nn.dense(%x, %wq), newshape=[-1, 2, 4]), axes=[1, 0, 2]);
+                 let %k = transpose(reshape(nn.dense(%x, %wk), newshape=[-1, 2, 4]), axes=[1, 0, 2]);
+                 let %p = nn.softmax(nn.batch_matmul(%q, %k), axis=-1);
+                 let %c = nn.batch_matmul(%p, %q, transpose_b=False);
+                 let %m = reshape(transpose(%c, axes=[1, 0, 2]), newshape=[-1, 8]);
+                 add(nn.dense(%m, %wo), %x)
+               }
+               def @main(%x: Tensor[(?, 8), float32]) { %x }";
+    let r = ragged(&block_of(src, "f")).expect("ragged");
+    let segs = shape_of(&r);
+    assert_eq!(segs.len(), 3, "{segs:?}");
+    assert_eq!(
+        segs[0],
+        (true, vec!["nn.dense", "reshape", "nn.dense", "reshape"])
+    );
+    assert!(!segs[1].0);
+    assert_eq!(segs[2], (true, vec!["reshape", "nn.dense", "add"]));
+    // The last segment reads the input rows and the attention's rows.
+    assert_eq!(r.segments[2].reads.len(), 3, "{:?}", r.segments[2].reads);
+}
+
+#[test]
+fn blocks_without_a_leading_unknown_dim_or_row_work_are_not_ragged() {
+    let fixed = "def @f(%x: Tensor[(3, 4), float32], %w: Tensor[(8, 4), float32], Primitive=1) {
+                   tanh(nn.dense(%x, %w))
+                 }
+                 def @main(%x: Tensor[(3, 4), float32]) { %x }";
+    assert!(ragged(&block_of(fixed, "f")).is_none());
+    let only_mixing = "def @f(%x: Tensor[(?, 4), float32], Primitive=1) {
+                         sum(%x, axis=[0])
+                       }
+                       def @main(%x: Tensor[(?, 4), float32]) { %x }";
+    assert!(ragged(&block_of(only_mixing, "f")).is_none());
+    let inner_unknown = "def @f(%x: Tensor[(4, ?), float32], Primitive=1) { tanh(%x) }
+                         def @main(%x: Tensor[(4, ?), float32]) { %x }";
+    assert!(ragged(&block_of(inner_unknown, "f")).is_none());
+}
+
+#[test]
+fn a_per_instance_vector_added_to_rows_is_mixing() {
+    // sum over the rows is one vector per instance: adding it back to the rows needs each
+    // instance's own vector, which a launch over concatenated rows does not have.
+    let src = "def @f(%x: Tensor[(?, 4), float32], Primitive=1) {
+                 let %t = tanh(%x);
+                 add(%t, sum(%t, axis=[0]))
+               }
+               def @main(%x: Tensor[(?, 4), float32]) { %x }";
+    let r = ragged(&block_of(src, "f")).expect("ragged");
+    assert_eq!(
+        shape_of(&r),
+        vec![(true, vec!["tanh"]), (false, vec!["sum", "add"])]
+    );
+}
+
+#[test]
+fn embedding_lookups_of_token_rows_are_row_wise() {
+    let src = "def @f(%t: Tensor[(?), int32], %e: Tensor[(10, 4), float32], Primitive=1) {
+                 tanh(take(%e, %t, axis=0))
+               }
+               def @main(%t: Tensor[(?), int32]) { %t }";
+    let r = ragged(&block_of(src, "f")).expect("ragged");
+    assert_eq!(shape_of(&r), vec![(true, vec!["take", "tanh"])]);
+}
+
+#[test]
+fn work_after_the_first_row_is_taken_runs_for_all_instances_at_once() {
+    // Berxit's exit: the [CLS] row of each sentence (mixing: where it lies depends on the
+    // length), then a classifier on it and a per-instance threshold, all of static shape.
+    let src = "def @f(%x: Tensor[(?, 4), float32], %w: Tensor[(2, 4), float32], \
+               %th: Tensor[(), float32], Primitive=1) {
+                 let %cls = strided_slice(%x, begin=[0, 0], end=[1, 4], strides=[1, 1]);
+                 greater(max(nn.softmax(nn.dense(%cls, %w))), %th)
+               }
+               def @main(%x: Tensor[(?, 4), float32]) { %x }";
+    let b = block_of(src, "f");
+    let r = analyze(&b, &[true, false, true]).expect("ragged");
+    assert_eq!(
+        r.inputs,
+        vec![
+            RaggedInput::Rows,
+            RaggedInput::Shared,
+            RaggedInput::PerInstance
+        ]
+    );
+    assert_eq!(
+        shape_of(&r),
+        vec![
+            (false, vec!["strided_slice"]),
+            (false, vec!["nn.dense", "nn.softmax", "max", "greater"])
+        ]
+    );
+}

@@ -1,0 +1,412 @@
+//! Ragged launches: invocations of one block whose row inputs have different leading lengths
+//! (sentences of different lengths), run together by the block's segments
+//! ([`tumble_compile::ragged`]). A row-wise segment runs once over the rows of every invocation
+//! (a batch of `N` rows, each a length-1 instance: the GEMMs see all tokens of all sentences, no
+//! padding); a mixing segment runs once per group of invocations of equal length. Each
+//! invocation's result is where it lies: its rows of a row-wise segment's output
+//! ([`At::Rows`]), or its row of a group's batched output.
+
+use std::collections::HashMap;
+
+use super::*;
+use crate::batched::RowRefs;
+use tumble_compile::ragged::RaggedInput;
+
+/// A value of the parent block during a ragged launch.
+enum RVal {
+    /// The same tensor for every invocation (a weight, a literal, a result computed from them).
+    Shared(Tensor),
+    /// One slot per invocation, in launch order.
+    Each(Vec<Slot>),
+}
+
+/// A parent block value as a map key (`BVal` holds tensors).
+fn key_of(v: &tumble_compile::BVal) -> Option<(u8, u32, u32)> {
+    use tumble_compile::BVal;
+    match v {
+        BVal::Input(i) => Some((0, *i, 0)),
+        BVal::Node(n) => Some((1, *n, 0)),
+        BVal::Field(n, f) => Some((2, *n, *f)),
+        BVal::Const(_) => None,
+    }
+}
+
+/// Where an invocation's rows lie, as a tensor viewed as `(rows, 1, row shape...)` and the range
+/// of its rows there: the per-row view a row-wise segment reads through row pointers.
+fn row_view(slot: &Slot, len: usize) -> Result<(Tensor, usize), String> {
+    let t = &slot.tensor;
+    let (rows_in, first, row_shape) = match slot.at {
+        At::Whole => (
+            t.shape().first().copied().unwrap_or(0),
+            0,
+            t.shape().get(1..),
+        ),
+        At::Row(r) => {
+            let b = t.shape().first().copied().unwrap_or(0);
+            (b * len, r as usize * len, t.shape().get(2..))
+        }
+        At::Rows { start, .. } => (
+            t.shape().first().copied().unwrap_or(0),
+            start as usize,
+            t.shape().get(1..),
+        ),
+    };
+    let row_shape = row_shape.ok_or("internal: ragged rows of a scalar")?;
+    let mut view = Vec::with_capacity(row_shape.len() + 2);
+    view.push(rows_in);
+    view.push(1);
+    view.extend_from_slice(row_shape);
+    let v = t
+        .reshape(view)
+        .map_err(|e| format!("internal: ragged rows: {e}"))?;
+    Ok((v, first))
+}
+
+/// The shape of the value a slot holds.
+fn slot_shape(s: &Slot) -> Vec<usize> {
+    let shape = s.tensor.shape();
+    match s.at {
+        At::Whole => shape.to_vec(),
+        At::Row(_) => shape.get(1..).unwrap_or_default().to_vec(),
+        At::Rows { len, .. } => {
+            let mut v = shape.to_vec();
+            if let Some(first) = v.first_mut() {
+                *first = len as usize;
+            }
+            v
+        }
+    }
+}
+
+impl Dfg<'_> {
+    /// Runs the ragged invocations `ids` of `block_id` (grouped by [`Dfg::ragged_key`]).
+    pub(super) fn launch_ragged(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
+        let exec = Arc::clone(&self.exec);
+        let Some(Some(run)) = exec.ragged.get(block_id as usize) else {
+            return Err(RunError::internal(format!(
+                "block {block_id} launched ragged without a ragged form"
+            )));
+        };
+        let block = self.block(block_id)?;
+        let first_span = ids
+            .first()
+            .and_then(|&i| self.nodes.get(i as usize))
+            .map(|n| n.span)
+            .unwrap_or_default();
+        let fail = |m: String| RunError::at(first_span, format!("in block {}: {m}", block.name));
+        if let Err(stop) = tumble_limits::poll() {
+            let mut e = tumble_interp::machine::limit_error(stop, vec![self.growth()], "");
+            e.span = Some(first_span);
+            return Err(e);
+        }
+        let t0 = Instant::now();
+        // Every invocation's length: the leading dim of its row inputs (equal, by the key).
+        let row_input = run
+            .inputs
+            .iter()
+            .position(|k| *k == RaggedInput::Rows)
+            .unwrap_or(0);
+        let mut lens = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let node = self
+                .nodes
+                .get(id as usize)
+                .ok_or_else(|| RunError::internal("ragged launch of an unknown node"))?;
+            let a = node
+                .args
+                .get(row_input)
+                .ok_or_else(|| RunError::internal("ragged launch: missing row input"))?;
+            lens.push(self.arg_shape(a)?.first().copied().unwrap_or(0));
+        }
+        let total: usize = lens.iter().sum();
+        let launch_bytes = run.bytes_per_row.saturating_mul(total);
+        if launch_bytes >= tumble_ops::RESERVE_ABOVE {
+            if let Err(stop) = tumble_limits::reserve(launch_bytes) {
+                return Err(fail(format!(
+                    "{} invocations of {total} rows in all: {stop}",
+                    ids.len()
+                )));
+            }
+        }
+
+        // The block's inputs: shared ones once, row inputs per invocation where they lie.
+        let mut vals: HashMap<(u8, u32, u32), RVal> = HashMap::new();
+        for (i, &kind) in run.inputs.iter().enumerate() {
+            let rowed = kind == RaggedInput::Rows;
+            if self.opts.sum_fusion {
+                // Row inputs have different shapes: their deferred sums add up one by one.
+                match rowed {
+                    true => {
+                        for id in ids {
+                            self.materialize_sums(i, std::slice::from_ref(id))?;
+                        }
+                    }
+                    false => self.materialize_sums(i, ids)?,
+                }
+            }
+            let mut slots = Vec::with_capacity(ids.len());
+            for &id in ids {
+                let a = self
+                    .nodes
+                    .get(id as usize)
+                    .and_then(|n| n.args.get(i))
+                    .ok_or_else(|| RunError::internal("ragged launch: missing input"))?;
+                slots.push(match a {
+                    Arg::Val(t) => Slot {
+                        tensor: t.clone(),
+                        at: At::Whole,
+                    },
+                    Arg::Lazy(r) => self.slot(r)?.clone(),
+                });
+            }
+            let v = match kind {
+                RaggedInput::Rows | RaggedInput::PerInstance => RVal::Each(slots),
+                RaggedInput::Shared => match slots.into_iter().next() {
+                    Some(s) => RVal::Shared(s.value().map_err(fail)?),
+                    None => return Err(RunError::internal("ragged launch of no invocations")),
+                },
+            };
+            vals.insert((0, i as u32, 0), v);
+        }
+        self.profile.time_gather += t0.elapsed();
+
+        let t1 = Instant::now();
+        let threads = self.opts.threads + self.lent.map_or(0, Lending::share);
+        let mut held_bytes = 0u64;
+        let mut starts = Vec::with_capacity(lens.len());
+        let mut at = 0usize;
+        for &l in &lens {
+            starts.push(at);
+            at += l;
+        }
+        for (seg, plan) in &run.segments {
+            let lookup = |v: &tumble_compile::BVal| {
+                key_of(v)
+                    .and_then(|k| vals.get(&k))
+                    .ok_or_else(|| fail("internal: ragged segment input missing".into()))
+            };
+            let run_seg = |dfg: &mut Self, inputs: &[BV], b: usize| -> Result<Vec<BV>, RunError> {
+                let mut octx = OpCtx {
+                    rng: &mut dfg.launch_rng,
+                };
+                match plan {
+                    Some(p) => crate::fused::run_planned(
+                        &seg.block,
+                        p,
+                        inputs,
+                        b,
+                        &mut octx,
+                        &mut dfg.profile.ops,
+                        &mut dfg.profile.fused,
+                        threads,
+                    ),
+                    None => run_block(&seg.block, inputs, b, &mut octx, &mut dfg.profile.ops),
+                }
+                .map_err(fail)
+            };
+            let mut outs: Vec<RVal> = Vec::with_capacity(seg.defines.len());
+            if seg.row_wise {
+                // One launch over every invocation's rows, each row an instance of length 1.
+                let mut inputs = Vec::with_capacity(seg.reads.len());
+                for r in &seg.reads {
+                    inputs.push(match lookup(r)? {
+                        RVal::Shared(t) => BV::Shared(OpValue::Tensor(t.clone())),
+                        RVal::Each(slots) => {
+                            let mut parts = Vec::with_capacity(total);
+                            for (s, &l) in slots.iter().zip(&lens) {
+                                let (view, first) = row_view(s, l).map_err(fail)?;
+                                parts.extend((first..first + l).map(|j| (view.clone(), Some(j))));
+                            }
+                            BV::Rows(RowRefs::new(parts).ok_or_else(|| {
+                                fail("internal: ragged rows of different shapes".into())
+                            })?)
+                        }
+                    });
+                }
+                let res = run_seg(self, &inputs, total)?;
+                for o in res {
+                    let t = match o {
+                        BV::Shared(OpValue::Tensor(t)) => {
+                            outs.push(RVal::Shared(t));
+                            continue;
+                        }
+                        BV::Batched(OpValue::Tensor(t)) => t,
+                        BV::Rows(r) => r.stack().map_err(fail)?,
+                        _ => return Err(fail("internal: ragged segment result".into())),
+                    };
+                    // (N, 1, row shape...) → (N, row shape...): each invocation's rows in place.
+                    let shape = t.shape().get(2..).map(<[usize]>::to_vec);
+                    let t = match shape {
+                        Some(rest) => t
+                            .reshape([&[total][..], &rest].concat())
+                            .map_err(|e| fail(format!("internal: {e}")))?,
+                        None => return Err(fail("internal: ragged segment result rank".into())),
+                    };
+                    held_bytes += (t.len() * t.dtype().size()) as u64;
+                    outs.push(RVal::Each(
+                        starts
+                            .iter()
+                            .zip(&lens)
+                            .map(|(&s, &l)| Slot {
+                                tensor: t.clone(),
+                                at: At::Rows {
+                                    start: s as u32,
+                                    len: l as u32,
+                                },
+                            })
+                            .collect(),
+                    ));
+                }
+            } else {
+                // Once per group of invocations whose inputs here have equal shapes, a batch of
+                // whole invocations.
+                let mut groups: Vec<(Vec<usize>, Vec<usize>)> = Vec::new();
+                for k in 0..ids.len() {
+                    let mut shapes = Vec::new();
+                    for r in &seg.reads {
+                        if let RVal::Each(slots) = lookup(r)? {
+                            let s = slots
+                                .get(k)
+                                .ok_or_else(|| fail("internal: ragged slot".into()))?;
+                            shapes.extend(slot_shape(s));
+                            shapes.push(usize::MAX);
+                        }
+                    }
+                    match groups.iter_mut().find(|(sh, _)| *sh == shapes) {
+                        Some((_, g)) => g.push(k),
+                        None => groups.push((shapes, vec![k])),
+                    }
+                }
+                let mut each: Vec<Vec<Option<Slot>>> =
+                    vec![vec![None; ids.len()]; seg.defines.len()];
+                let mut shared: Vec<Option<Tensor>> = vec![None; seg.defines.len()];
+                for (_, members) in &groups {
+                    let mut inputs = Vec::with_capacity(seg.reads.len());
+                    for r in &seg.reads {
+                        inputs.push(match lookup(r)? {
+                            RVal::Shared(t) => BV::Shared(OpValue::Tensor(t.clone())),
+                            RVal::Each(slots) => {
+                                let mut parts = Vec::with_capacity(members.len());
+                                for &k in members {
+                                    let s = slots
+                                        .get(k)
+                                        .ok_or_else(|| fail("internal: ragged slot".into()))?;
+                                    parts.push(match s.at {
+                                        At::Whole => (s.tensor.clone(), None),
+                                        At::Row(r) => (s.tensor.clone(), Some(r as usize)),
+                                        At::Rows { .. } => (s.value().map_err(fail)?, None),
+                                    });
+                                }
+                                BV::Rows(RowRefs::new(parts).ok_or_else(|| {
+                                    fail("internal: a length group of different shapes".into())
+                                })?)
+                            }
+                        });
+                    }
+                    let res = run_seg(self, &inputs, members.len())?;
+                    self.profile.ragged_groups += 1;
+                    for (o, r) in res.into_iter().enumerate() {
+                        match r {
+                            BV::Shared(OpValue::Tensor(t)) => {
+                                if let Some(s) = shared.get_mut(o) {
+                                    *s = Some(t);
+                                }
+                            }
+                            BV::Batched(OpValue::Tensor(t)) => {
+                                held_bytes += (t.len() * t.dtype().size()) as u64;
+                                for (row, &k) in members.iter().enumerate() {
+                                    each[o][k] = Some(Slot {
+                                        tensor: t.clone(),
+                                        at: At::Row(row as u32),
+                                    });
+                                }
+                            }
+                            BV::Rows(rows) => {
+                                for (row, &k) in members.iter().enumerate() {
+                                    let (t, at) = rows
+                                        .part_ref(row)
+                                        .ok_or_else(|| fail("internal: ragged rows".into()))?;
+                                    each[o][k] = Some(Slot {
+                                        tensor: t.clone(),
+                                        at: at.map_or(At::Whole, |a| At::Row(a as u32)),
+                                    });
+                                }
+                            }
+                            _ => return Err(fail("internal: ragged segment result".into())),
+                        }
+                    }
+                }
+                for (o, slots) in each.into_iter().enumerate() {
+                    outs.push(match shared.get_mut(o).and_then(Option::take) {
+                        Some(t) => RVal::Shared(t),
+                        None => {
+                            RVal::Each(slots.into_iter().collect::<Option<Vec<_>>>().ok_or_else(
+                                || fail("internal: ragged group result missing".into()),
+                            )?)
+                        }
+                    });
+                }
+            }
+            for (d, v) in seg.defines.iter().zip(outs) {
+                if let Some(k) = key_of(d) {
+                    vals.insert(k, v);
+                }
+            }
+        }
+        let kernel_time = t1.elapsed();
+
+        // Each invocation's outputs.
+        let mut per_node: Vec<Vec<Slot>> = vec![Vec::with_capacity(block.outputs.len()); ids.len()];
+        for o in &block.outputs {
+            let v = match o {
+                tumble_compile::BVal::Const(t) => RVal::Shared(t.clone()),
+                other => match key_of(other).and_then(|k| vals.remove(&k)) {
+                    Some(v) => v,
+                    None => return Err(fail("internal: ragged block output missing".into())),
+                },
+            };
+            match &v {
+                RVal::Shared(t) => {
+                    for slots in &mut per_node {
+                        slots.push(Slot {
+                            tensor: t.clone(),
+                            at: At::Whole,
+                        });
+                    }
+                }
+                RVal::Each(each) => {
+                    for (slots, s) in per_node.iter_mut().zip(each) {
+                        slots.push(s.clone());
+                    }
+                }
+            }
+            // An output read twice (the same value returned twice) is still there for the next.
+            if let Some(k) = key_of(o) {
+                vals.insert(k, v);
+            }
+        }
+        for (&id, slots) in ids.iter().zip(per_node) {
+            if let Some(n) = self.nodes.get_mut(id as usize) {
+                n.out = Some(slots);
+                n.args = Vec::new();
+            }
+        }
+
+        self.profile.time_kernels += kernel_time;
+        self.profile.launches += 1;
+        self.profile.ragged_launches += 1;
+        self.profile.ragged_rows += total as u64;
+        self.profile.ragged_peak_bytes = self.profile.ragged_peak_bytes.max(held_bytes);
+        self.profile.activation_bytes += held_bytes;
+        let st = self
+            .profile
+            .per_block
+            .entry(block.name.clone())
+            .or_default();
+        st.launches += 1;
+        st.invocations += ids.len() as u64;
+        st.max_batch = st.max_batch.max(ids.len() as u64);
+        st.kernels += kernel_time;
+        Ok(())
+    }
+}

@@ -1,0 +1,191 @@
+//! Ragged batching: instances whose inputs have different leading `?` lengths launch together
+//! and agree with the reference, under every scheduler, at batch sizes 1, 7 and 64, with lengths
+//! 1 and 0 among them.
+
+mod common;
+
+use common::{check_all_ways, expected, load_text};
+
+/// `count` instances of `x: (len_i, w)` floats, `len_i` cycling through `lens`.
+fn var_rows(count: usize, w: usize, lens: &[usize]) -> String {
+    (0..count)
+        .map(|i| {
+            let n = lens[i % lens.len()];
+            let rows: Vec<String> = (0..n)
+                .map(|r| {
+                    let row: Vec<String> = (0..w)
+                        .map(|j| {
+                            format!("{:.3}", ((i * 7 + r * 5 + j * 3) % 13) as f64 / 6.0 - 1.0)
+                        })
+                        .collect();
+                    format!("[{}]", row.join(", "))
+                })
+                .collect();
+            format!("{{\"x\": [{}]}}", rows.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `count` instances of token ids `t: (len_i)` below `vocab`, and positions `p: 0..len_i`.
+fn var_tokens(count: usize, vocab: usize, lens: &[usize]) -> String {
+    (0..count)
+        .map(|i| {
+            let n = lens[i % lens.len()];
+            let t: Vec<String> = (0..n)
+                .map(|r| ((i * 3 + r * 7) % vocab).to_string())
+                .collect();
+            let p: Vec<String> = (0..n).map(|r| r.to_string()).collect();
+            format!(
+                "{{\"t\": [{}], \"p\": [{}], \"threshold\": {:.2}}}",
+                t.join(", "),
+                p.join(", "),
+                0.5 + (i % 5) as f64 * 0.1
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The lengths the tests draw from: 1 and 0 included, most different from each other.
+const LENS: &[usize] = &[3, 1, 9, 5, 0, 2, 7, 4, 11, 6, 8, 1, 13];
+
+/// The issue's program: dense and tanh per row, then softmax over the rows and their sum; also
+/// the rows themselves, so row-wise results leave the launch too.
+const PER_ROW_THEN_OVER_ROWS: &str = r#"
+def @main(%x: Tensor[(?, 4), float32], %w: Tensor[(8, 4), float32], %b: Tensor[(8), float32])
+    -> (Tensor[(8), float32], Tensor[(?, 8), float32]) {
+  let %h = tanh(nn.bias_add(nn.dense(%x, %w), %b));
+  let %p = nn.softmax(%h, axis=0);
+  (sum(multiply(%p, %h), axis=[0]), %h)
+}
+"#;
+
+#[test]
+fn rows_then_a_reduction_over_them() {
+    let src = PER_ROW_THEN_OVER_ROWS;
+    let l = load_text("ragged_rows", src);
+    check_all_ways(&expected("ragged_rows", l, &var_rows(70, 4, LENS), &["x"]));
+}
+
+/// A transformer encoder layer over variable-length token sequences with an early exit between
+/// layers (Berxit's shape, small): embedding lookups per token, attention mixing each sentence's
+/// rows, per-row projections, layer norms and a GELU, a loop over layers that stops per instance.
+const TINY_ENCODER: &str = r#"
+def @layer(%x: Tensor[(?, 8), float32], %wq: Tensor[(8, 8), float32],
+           %wk: Tensor[(8, 8), float32], %wv: Tensor[(8, 8), float32],
+           %wo: Tensor[(8, 8), float32], %w1: Tensor[(16, 8), float32],
+           %w2: Tensor[(8, 16), float32], %g: Tensor[(8), float32], %bias: Tensor[(8), float32])
+    -> Tensor[(?, 8), float32] {
+  let %q = transpose(reshape(nn.dense(%x, %wq), newshape=[-1, 2, 4]), axes=[1, 0, 2]);
+  let %k = transpose(reshape(nn.dense(%x, %wk), newshape=[-1, 2, 4]), axes=[1, 0, 2]);
+  let %v = transpose(reshape(nn.dense(%x, %wv), newshape=[-1, 2, 4]), axes=[1, 0, 2]);
+  let %p = nn.softmax(multiply(nn.batch_matmul(%q, %k), 0.5f), axis=-1);
+  let %c = nn.batch_matmul(%p, %v, transpose_b=False);
+  let %m = reshape(transpose(%c, axes=[1, 0, 2]), newshape=[-1, 8]);
+  let %a = nn.layer_norm(add(nn.dense(%m, %wo), %x), %g, %bias);
+  let %u = nn.dense(%a, %w1);
+  let %gelu = multiply(multiply(%u, 0.5f), add(tanh(multiply(%u, 0.79788456f)), 1f));
+  nn.layer_norm(add(nn.dense(%gelu, %w2), %a), %g, %bias)
+}
+
+def @exit(%x: Tensor[(?, 8), float32], %we: Tensor[(2, 8), float32]) -> Tensor[(1, 2), float32] {
+  nn.softmax(nn.dense(strided_slice(%x, begin=[0, 0], end=[1, 8], strides=[1, 1]), %we))
+}
+
+def @encode(%x: Tensor[(?, 8), float32], %n: Tensor[(), int32], %threshold: Tensor[(), float32],
+            %wq: Tensor[(8, 8), float32], %wk: Tensor[(8, 8), float32],
+            %wv: Tensor[(8, 8), float32], %wo: Tensor[(8, 8), float32],
+            %w1: Tensor[(16, 8), float32], %w2: Tensor[(8, 16), float32],
+            %g: Tensor[(8), float32], %bias: Tensor[(8), float32], %we: Tensor[(2, 8), float32])
+    -> (Tensor[(1, 2), float32], Tensor[(), int32]) {
+  let %y = @layer(%x, %wq, %wk, %wv, %wo, %w1, %w2, %g, %bias);
+  let %probs = @exit(%y, %we);
+  if (logical_or(greater_equal(%n, 4), greater(max(%probs), %threshold))) {
+    (%probs, %n)
+  } else {
+    @encode(%y, add(%n, 1), %threshold, %wq, %wk, %wv, %wo, %w1, %w2, %g, %bias, %we)
+  }
+}
+
+def @main(%t: Tensor[(?), int32], %p: Tensor[(?), int32], %threshold: Tensor[(), float32],
+          %emb: Tensor[(10, 8), float32], %pos: Tensor[(16, 8), float32],
+          %wq: Tensor[(8, 8), float32], %wk: Tensor[(8, 8), float32],
+          %wv: Tensor[(8, 8), float32], %wo: Tensor[(8, 8), float32],
+          %w1: Tensor[(16, 8), float32], %w2: Tensor[(8, 16), float32],
+          %g: Tensor[(8), float32], %bias: Tensor[(8), float32], %we: Tensor[(2, 8), float32])
+    -> (Tensor[(1, 2), float32], Tensor[(), int32]) {
+  let %x = add(take(%emb, %t, axis=0), take(%pos, %p, axis=0));
+  @encode(%x, 1, %threshold, %wq, %wk, %wv, %wo, %w1, %w2, %g, %bias, %we)
+}
+"#;
+
+#[test]
+fn an_encoder_with_early_exit_over_sentences_of_different_lengths() {
+    // No length 0 here: the exit reads row 0.
+    let lens: Vec<usize> = LENS.iter().copied().filter(|&n| n > 0).collect();
+    let l = load_text("ragged_encoder", TINY_ENCODER);
+    check_all_ways(&expected(
+        "ragged_encoder",
+        l,
+        &var_tokens(70, 10, &lens),
+        &["t", "p", "threshold"],
+    ));
+}
+
+/// The profile of one batched run of `x`'s instances under `opts`.
+fn profile(x: &common::Expected, opts: tumble_runtime::Options) -> tumble_runtime::Profile {
+    let (program, reuse) = common::compile(x, true, tumble_compile::StaticOptions::all());
+    let rngs = (0..x.args.len()).map(common::rng).collect();
+    let (_, profile) =
+        tumble_runtime::run_batch(&program, &reuse, "main", x.args.clone(), rngs, opts)
+            .unwrap_or_else(|e| panic!("{}", e.error.message));
+    profile
+}
+
+#[test]
+fn sentences_of_different_lengths_share_launches() {
+    let l = load_text("ragged_count", PER_ROW_THEN_OVER_ROWS);
+    let lens: Vec<usize> = (1..=64).collect();
+    let x = expected("ragged_count", l, &var_rows(64, 4, &lens), &["x"]);
+    let on = profile(&x, tumble_runtime::Options::default());
+    let off = profile(
+        &x,
+        tumble_runtime::Options {
+            ragged: false,
+            ..Default::default()
+        },
+    );
+    // 64 lengths: one launch with ragged batching, one per length without.
+    assert_eq!(on.launches, 1, "{on}");
+    assert_eq!(on.ragged_rows, (1..=64).sum::<u64>());
+    assert_eq!(off.launches, 64, "{off}");
+    assert_eq!(off.ragged_launches, 0);
+}
+
+#[test]
+fn the_encoder_batches_across_lengths() {
+    let lens: Vec<usize> = (1..=16).collect();
+    let l = load_text("ragged_encoder_count", TINY_ENCODER);
+    let x = expected(
+        "ragged_encoder_count",
+        l,
+        &var_tokens(64, 10, &lens),
+        &["t", "p", "threshold"],
+    );
+    let on = profile(&x, tumble_runtime::Options::default());
+    let off = profile(
+        &x,
+        tumble_runtime::Options {
+            ragged: false,
+            ..Default::default()
+        },
+    );
+    assert!(on.ragged_launches > 0, "{on}");
+    assert!(
+        on.launches * 4 < off.launches,
+        "ragged {} launches vs {} without",
+        on.launches,
+        off.launches
+    );
+}
