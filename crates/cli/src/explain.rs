@@ -159,6 +159,19 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
         if let Some(plan) = plans.get(bi) {
             print!("{plan}");
         }
+        let per_instance: Vec<bool> = reuse
+            .inputs
+            .get(bi)
+            .map(|v| {
+                v.iter()
+                    .map(|r| !matches!(r, InputReuse::Shared | InputReuse::SharedPerCallSite))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(r) = tumble_compile::ragged::analyze(block, &per_instance) {
+            println!("  ragged batching: invocations of different lengths L launch together");
+            print!("{r}");
+        }
         let decisions: Vec<String> = block
             .inputs
             .iter()

@@ -28,6 +28,7 @@
 //! as well.
 
 use std::collections::HashMap;
+use std::fmt;
 
 use tumble_ir::{Dim, Ty};
 use tumble_ops::StageRule;
@@ -71,18 +72,90 @@ pub struct Segment {
     pub reads: Vec<BVal>,
     /// Per output of `block`: the value of the parent block it is (a node or a field).
     pub defines: Vec<BVal>,
+    /// Per output: its symbolic shape per instance.
+    pub shapes: Vec<Vec<SymDim>>,
 }
 
 /// A dimension as the analysis knows it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum SDim {
+pub enum SymDim {
     Known(i64),
-    /// The instance's length (every input's leading `?`).
+    /// The instance's length (every row input's leading `?`).
     Len,
     /// Anything else not known statically.
     Other,
 }
 
+impl fmt::Display for SymDim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SymDim::Known(n) => write!(f, "{n}"),
+            SymDim::Len => write!(f, "L"),
+            SymDim::Other => write!(f, "?"),
+        }
+    }
+}
+
+/// `(L, 768)`.
+fn shape_text(shape: &[SymDim]) -> String {
+    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
+    match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    }
+}
+
+impl fmt::Display for RaggedBlock {
+    /// For `tumble explain`: the inputs' roles and the segments with their operators and the
+    /// symbolic shapes of what they hand on.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let roles: Vec<String> = self
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let k = match k {
+                    RaggedInput::Rows => "rows",
+                    RaggedInput::PerInstance => "per instance",
+                    RaggedInput::Shared => "shared",
+                };
+                format!("in{i} {k}")
+            })
+            .collect();
+        writeln!(f, "    inputs: {}", roles.join(", "))?;
+        for seg in &self.segments {
+            let how = match seg.row_wise {
+                true => "row-wise, once over all rows of the launch",
+                false => "once per group of equal shapes",
+            };
+            let ops: Vec<&str> = seg.block.nodes.iter().map(|n| n.op.name).collect();
+            let hands: Vec<String> = seg
+                .defines
+                .iter()
+                .zip(&seg.shapes)
+                .map(|(d, s)| {
+                    let v = match d {
+                        BVal::Node(n) => format!("%{n}"),
+                        BVal::Field(n, i) => format!("%{n}.{i}"),
+                        BVal::Input(i) => format!("in{i}"),
+                        BVal::Const(_) => "const".into(),
+                    };
+                    format!("{v} {}", shape_text(s))
+                })
+                .collect();
+            writeln!(
+                f,
+                "    {} ({how}): {} -> {}",
+                seg.block.name,
+                ops.join(", "),
+                hands.join(", ")
+            )?;
+        }
+        Ok(())
+    }
+}
+
+type SDim = SymDim;
 type SShape = Vec<SDim>;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -263,7 +336,14 @@ pub fn analyze(block: &Block, per_instance: &[bool]) -> Option<RaggedBlock> {
         if members.is_empty() {
             continue;
         }
-        segments.push(segment(block, s, &members, &seg_of, &last_use)?);
+        segments.push(segment(
+            block,
+            s,
+            &members,
+            &seg_of,
+            &last_use,
+            &node_facts,
+        )?);
     }
     let bytes_per_row = block
         .nodes
@@ -285,6 +365,7 @@ fn segment(
     members: &[usize],
     seg_of: &[usize],
     last_use: &HashMap<Key, usize>,
+    node_facts: &[Vec<Fact>],
 ) -> Option<Segment> {
     let local: HashMap<usize, u32> = members
         .iter()
@@ -342,6 +423,7 @@ fn segment(
     // Outputs: every value defined here and read by a later segment or by the block's outputs.
     let mut defines = Vec::new();
     let mut outputs = Vec::new();
+    let mut shapes = Vec::new();
     let mut keys: Vec<(&Key, &usize)> = last_use.iter().collect();
     keys.sort();
     for (k, &until) in keys {
@@ -363,6 +445,17 @@ fn segment(
         block.val_ty(&bval_of(*k)).as_tensor()?;
         defines.push(bval_of(*k));
         outputs.push(out);
+        let field = match *k {
+            Key::Field(_, f) => f as usize,
+            _ => 0,
+        };
+        shapes.push(
+            node_facts
+                .get(n as usize)
+                .and_then(|fs| fs.get(field))
+                .map(|f| f.shape.clone())
+                .unwrap_or_default(),
+        );
     }
     let output_shape = match outputs.len() {
         1 => OutputShape::Single,
@@ -381,6 +474,7 @@ fn segment(
         },
         reads: reads.into_iter().map(bval_of).collect(),
         defines,
+        shapes,
     })
 }
 
