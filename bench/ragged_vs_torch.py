@@ -22,6 +22,7 @@ than padded PyTorch by at least that factor, and at least 2x PyTorch eager.
 import argparse
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -138,7 +139,9 @@ def main():
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--lengths", default="sst")
-    ap.add_argument("--threshold", type=float, default=0.9)
+    ap.add_argument("--threshold", default="mixed",
+                    help="exit threshold: a number, or `mixed` (the suite's: each instance's drawn from "
+                         "{0.6, 0.7, 0.8, 0.9}, seeded, so instances exit at different layers)")
     ap.add_argument("--no-eager", action="store_true", help="skip PyTorch eager (slow on large)")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -146,8 +149,16 @@ def main():
     tag = args.lengths.replace(":", "_")
     inputs = os.path.join(DATA, f"berxit_var_{tag}_{args.count}_t{args.threshold}.jsonl")
     if not os.path.exists(inputs):
+        fixed = "0.9" if args.threshold == "mixed" else args.threshold
         subprocess.run([EXE, "data", "berxit", "--lengths", args.lengths, "--count", str(args.count), "--seed", "0",
-                        "--threshold", str(args.threshold), "-o", inputs], cwd=ROOT, check=True)
+                        "--threshold", fixed, "-o", inputs], cwd=ROOT, check=True, capture_output=True)
+        if args.threshold == "mixed":
+            rng = random.Random(0)
+            lines = [json.loads(line) for line in open(inputs) if line.strip()]
+            with open(inputs, "w") as g:
+                for inst in lines:
+                    inst["threshold"] = rng.choice([0.6, 0.7, 0.8, 0.9])
+                    g.write(json.dumps(inst) + "\n")
     params = os.path.join(DATA, "weights", f"{args.model}.seed0.safetensors")
     if not os.path.exists(params):
         subprocess.run([EXE, "run", f"models/{args.model}.rly", "--inputs", inputs, "--random-params", "0",
@@ -156,8 +167,11 @@ def main():
     w = {k: torch.from_numpy(v) for k, v in common.load_safetensors(params).items()}
     insts = [common.decode("berxit", x) for x in common.read_jsonl(inputs)]
     lens = [len(t) for t, _ in insts]
+    exits = {}
+    for r in run_tumble(args.model, params, inputs, len(insts), [])[3]:
+        exits[r[1]] = exits.get(r[1], 0) + 1
     print(f"{args.model}: {len(insts)} instances, lengths {min(lens)}-{max(lens)} (mean {np.mean(lens):.1f}), "
-          f"lengths spec `{args.lengths}`, threshold {args.threshold}, 1 thread")
+          f"lengths spec `{args.lengths}`, threshold {args.threshold}, 1 thread; exit layers {dict(sorted(exits.items()))}")
     padded = torch_berxit(w, padded=True)
     eager = torch_berxit(w, padded=False)
 

@@ -100,6 +100,10 @@ pub struct RunArgs {
     /// lengths then batch only with sentences of their own length).
     #[arg(long)]
     pub no_ragged: bool,
+    /// Rows per chunk of a ragged launch's row-wise segments (default: about 16 MiB of each
+    /// segment's results, at least 256 rows). Results do not depend on it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub ragged_chunk_rows: Option<u32>,
     /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
     #[arg(long)]
     pub no_phases: bool,
@@ -271,6 +275,7 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
         direct_matmul: !args.no_direct_matmul,
         gather_views: !args.no_gather_views,
         ragged: !args.no_ragged,
+        ragged_chunk_rows: args.ragged_chunk_rows.map_or(0, |n| n as usize),
         phases: !args.no_phases,
         hoist: !args.no_hoist,
         ghosts: !args.no_ghosts,

@@ -74,6 +74,8 @@ pub struct Segment {
     pub defines: Vec<BVal>,
     /// Per output: its symbolic shape per instance.
     pub shapes: Vec<Vec<SymDim>>,
+    /// Bytes of every node's result per row of `L` (unknown dims counted as 1).
+    pub bytes_per_row: usize,
 }
 
 /// A dimension as the analysis knows it.
@@ -475,6 +477,11 @@ fn segment(
         reads: reads.into_iter().map(bval_of).collect(),
         defines,
         shapes,
+        bytes_per_row: members
+            .iter()
+            .filter_map(|&n| block.nodes.get(n))
+            .map(|n| bytes_with_unknown_as_one(&n.ty))
+            .fold(0, usize::saturating_add),
     })
 }
 

@@ -117,6 +117,9 @@ pub struct Options {
     /// the rows) once per group of equal length (see [`tumble_compile::ragged`]). Off: only
     /// invocations of equal shapes launch together.
     pub ragged: bool,
+    /// Rows per chunk of a ragged launch's row-wise segments (0: chosen per segment from its
+    /// bytes per row, see `dfg/ragged.rs`). Chunks never change results, only cache use.
+    pub ragged_chunk_rows: usize,
 }
 
 /// Rows below which a launch of a weight-bound block waits for more: with f32 weights a row costs
@@ -164,6 +167,7 @@ impl Default for Options {
             direct_matmul: true,
             gather_views: true,
             ragged: true,
+            ragged_chunk_rows: 0,
             threads: 1,
         }
     }

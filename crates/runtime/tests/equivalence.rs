@@ -539,6 +539,7 @@ fn every_combination_of_switches() {
                 direct_matmul: epilogue,
                 gather_views: row_cache,
                 ragged: hfuse,
+                ragged_chunk_rows: 0,
                 threads: 1,
             };
             check_batched(&x, &program, &reuse, 7, opts, &label);

@@ -78,6 +78,14 @@ fn slot_shape(s: &Slot) -> Vec<usize> {
     }
 }
 
+/// Bytes of a row-wise segment's results per chunk of rows. Why chunks at all: a launch over
+/// every token of 64 sentences at once holds all their intermediate results (the feed-forward's
+/// 3072 floats per token: tens of MB) where launches per length kept them in cache; and it bounds
+/// a launch's memory. Measured on variable-length Berxit-small (64 sentences of 8-128 tokens,
+/// b64): 128-1024 rows per chunk and none all within 3% (noise); chunks are kept for the bound.
+const RAGGED_CHUNK_BYTES: usize = 16 << 20;
+const RAGGED_CHUNK_MIN_ROWS: usize = 256;
+
 impl Dfg<'_> {
     /// Runs the ragged invocations `ids` of `block_id` (grouped by [`Dfg::ragged_key`]).
     pub(super) fn launch_ragged(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
@@ -173,12 +181,6 @@ impl Dfg<'_> {
         let t1 = Instant::now();
         let threads = self.opts.threads + self.lent.map_or(0, Lending::share);
         let mut held_bytes = 0u64;
-        let mut starts = Vec::with_capacity(lens.len());
-        let mut at = 0usize;
-        for &l in &lens {
-            starts.push(at);
-            at += l;
-        }
         for (seg, plan) in &run.segments {
             let lookup = |v: &tumble_compile::BVal| {
                 key_of(v)
@@ -206,56 +208,81 @@ impl Dfg<'_> {
             };
             let mut outs: Vec<RVal> = Vec::with_capacity(seg.defines.len());
             if seg.row_wise {
-                // One launch over every invocation's rows, each row an instance of length 1.
-                let mut inputs = Vec::with_capacity(seg.reads.len());
-                for r in &seg.reads {
-                    inputs.push(match lookup(r)? {
-                        RVal::Shared(t) => BV::Shared(OpValue::Tensor(t.clone())),
-                        RVal::Each(slots) => {
-                            let mut parts = Vec::with_capacity(total);
-                            for (s, &l) in slots.iter().zip(&lens) {
-                                let (view, first) = row_view(s, l).map_err(fail)?;
-                                parts.extend((first..first + l).map(|j| (view.clone(), Some(j))));
+                // Each row an instance of length 1, over chunks of whole invocations of about
+                // `chunk_rows` rows (one chunk: every invocation of the launch).
+                let chunk_rows = self.ragged_chunk_rows(seg);
+                let mut each: Vec<Vec<Slot>> =
+                    vec![Vec::with_capacity(ids.len()); seg.defines.len()];
+                let mut shared: Vec<Option<Tensor>> = vec![None; seg.defines.len()];
+                let mut k0 = 0;
+                while k0 < ids.len() {
+                    let mut k1 = k0;
+                    let mut rows = 0;
+                    while k1 < ids.len() && (k1 == k0 || rows + lens[k1] <= chunk_rows) {
+                        rows += lens[k1];
+                        k1 += 1;
+                    }
+                    let mut inputs = Vec::with_capacity(seg.reads.len());
+                    for r in &seg.reads {
+                        inputs.push(match lookup(r)? {
+                            RVal::Shared(t) => BV::Shared(OpValue::Tensor(t.clone())),
+                            RVal::Each(slots) => {
+                                let mut parts = Vec::with_capacity(rows);
+                                for k in k0..k1 {
+                                    let (s, l) = (&slots[k], lens[k]);
+                                    let (view, first) = row_view(s, l).map_err(fail)?;
+                                    parts.extend(
+                                        (first..first + l).map(|j| (view.clone(), Some(j))),
+                                    );
+                                }
+                                BV::Rows(RowRefs::new(parts).ok_or_else(|| {
+                                    fail("internal: ragged rows of different shapes".into())
+                                })?)
                             }
-                            BV::Rows(RowRefs::new(parts).ok_or_else(|| {
-                                fail("internal: ragged rows of different shapes".into())
-                            })?)
-                        }
-                    });
-                }
-                let res = run_seg(self, &inputs, total)?;
-                for o in res {
-                    let t = match o {
-                        BV::Shared(OpValue::Tensor(t)) => {
-                            outs.push(RVal::Shared(t));
-                            continue;
-                        }
-                        BV::Batched(OpValue::Tensor(t)) => t,
-                        BV::Rows(r) => r.stack().map_err(fail)?,
-                        _ => return Err(fail("internal: ragged segment result".into())),
-                    };
-                    // (N, 1, row shape...) → (N, row shape...): each invocation's rows in place.
-                    let shape = t.shape().get(2..).map(<[usize]>::to_vec);
-                    let t = match shape {
-                        Some(rest) => t
-                            .reshape([&[total][..], &rest].concat())
-                            .map_err(|e| fail(format!("internal: {e}")))?,
-                        None => return Err(fail("internal: ragged segment result rank".into())),
-                    };
-                    held_bytes += (t.len() * t.dtype().size()) as u64;
-                    outs.push(RVal::Each(
-                        starts
-                            .iter()
-                            .zip(&lens)
-                            .map(|(&s, &l)| Slot {
+                        });
+                    }
+                    let res = run_seg(self, &inputs, rows)?;
+                    for (o, r) in res.into_iter().enumerate() {
+                        let t = match r {
+                            BV::Shared(OpValue::Tensor(t)) => {
+                                shared[o] = Some(t);
+                                continue;
+                            }
+                            BV::Batched(OpValue::Tensor(t)) => t,
+                            BV::Rows(r) => r.stack().map_err(fail)?,
+                            _ => return Err(fail("internal: ragged segment result".into())),
+                        };
+                        // (rows, 1, row shape...) → (rows, row shape...): each invocation's rows
+                        // in place.
+                        let t = match t.shape().get(2..).map(<[usize]>::to_vec) {
+                            Some(rest) => t
+                                .reshape([&[rows][..], &rest].concat())
+                                .map_err(|e| fail(format!("internal: {e}")))?,
+                            None => {
+                                return Err(fail("internal: ragged segment result rank".into()))
+                            }
+                        };
+                        held_bytes += (t.len() * t.dtype().size()) as u64;
+                        let mut start = 0;
+                        for &l in &lens[k0..k1] {
+                            each[o].push(Slot {
                                 tensor: t.clone(),
                                 at: At::Rows {
-                                    start: s as u32,
+                                    start: start as u32,
                                     len: l as u32,
                                 },
-                            })
-                            .collect(),
-                    ));
+                            });
+                            start += l;
+                        }
+                    }
+                    k0 = k1;
+                }
+                for (o, slots) in each.into_iter().enumerate() {
+                    outs.push(match shared.get_mut(o).and_then(Option::take) {
+                        Some(t) => RVal::Shared(t),
+                        None if slots.len() == ids.len() => RVal::Each(slots),
+                        None => return Err(fail("internal: ragged chunk results missing".into())),
+                    });
                 }
             } else {
                 // Once per group of invocations whose inputs here have equal shapes, a batch of
@@ -408,5 +435,15 @@ impl Dfg<'_> {
         st.max_batch = st.max_batch.max(ids.len() as u64);
         st.kernels += kernel_time;
         Ok(())
+    }
+
+    /// Rows per chunk of a row-wise segment: [`RAGGED_CHUNK_BYTES`] of its results, and at
+    /// least [`RAGGED_CHUNK_MIN_ROWS`] (GEMMs of fewer rows lose speed).
+    /// `Options::ragged_chunk_rows` overrides it.
+    fn ragged_chunk_rows(&self, seg: &tumble_compile::ragged::Segment) -> usize {
+        match self.opts.ragged_chunk_rows {
+            0 => (RAGGED_CHUNK_BYTES / seg.bytes_per_row.max(1)).max(RAGGED_CHUNK_MIN_ROWS),
+            n => n,
+        }
     }
 }
