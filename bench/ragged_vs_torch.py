@@ -12,6 +12,8 @@ Engines (one thread each, interleaved per round, medians with min-max reported):
 - torch_padded: the hand-batched Berxit of bench/peers/torch_batched.py, each mini-batch padded to
   its longest sentence with an attention mask on the padded keys (the usual PyTorch practice);
   instances that exit leave the batch (compacted), as in the fixed-length peer.
+- torch_nested: PyTorch nested tensors (jagged layout): linear, layer norm and GELU on the nested
+  batch, attention by scaled_dot_product_attention on nested heads; exited instances leave it.
 - torch_eager: one instance at a time at its own length (no padding, no batching).
 
 Inputs: `tumble data berxit --lengths SPEC` (default `sst`: the lengths of SST's training
@@ -118,6 +120,54 @@ def torch_berxit(w, padded=True):
     return lambda insts: [r for i in insts for r in run([i])]
 
 
+def torch_nested_berxit(w):
+    """Berxit on PyTorch nested tensors (jagged layout): no padding, one op call per mini-batch;
+    attention by `scaled_dot_product_attention` on the nested heads."""
+    layers = layers_of(w)
+    D = w["pos_emb"].shape[1]
+    nh = D // 64
+
+    def layer(x, p):
+        def heads(W, b):
+            return F.linear(x, W, b).unflatten(-1, (nh, 64)).transpose(1, 2)
+
+        ctx = F.scaled_dot_product_attention(heads(p["Wq"], p["bq"]), heads(p["Wk"], p["bk"]),
+                                             heads(p["Wv"], p["bv"]), scale=0.125)
+        ctx = ctx.transpose(1, 2).flatten(-2)
+        a = F.layer_norm(F.linear(ctx, p["Wo"], p["bo"]) + x, (D,), p["ln1_g"], p["ln1_b"], eps=1e-12)
+        y = F.linear(gelu(F.linear(a, p["W1"], p["b1"])), p["W2"], p["b2"]) + a
+        return F.layer_norm(y, (D,), p["ln2_g"], p["ln2_b"], eps=1e-12)
+
+    def run(insts):
+        th = torch.tensor([t for _, t in insts], dtype=torch.float32)
+        rows = []
+        for t, _ in insts:
+            ids = torch.from_numpy(t)
+            e = w["word_emb"][ids] + w["pos_emb"][: len(t)] + w["type_emb"][0]
+            rows.append(F.layer_norm(e, (D,), w["emb_ln_g"], w["emb_ln_b"], eps=1e-12))
+        x = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+        alive = list(range(len(insts)))
+        out = [None] * len(insts)
+        for l, p in enumerate(layers, start=1):
+            x = layer(x, p)
+            parts = x.unbind()
+            cls = torch.stack([r[0] for r in parts])
+            logits = F.linear(torch.tanh(F.linear(cls, p["exit_Wp"], p["exit_bp"])), p["exit_W"], p["exit_b"])
+            done = (torch.softmax(logits, dim=-1).max(dim=-1).values > th[alive]).tolist()
+            keep = [j for j in range(len(alive)) if not (done[j] or l == len(layers))]
+            for j, k in enumerate(alive):
+                if j not in keep:
+                    out[k] = [common.f32list(logits[j : j + 1]), l]
+            if not keep:
+                break
+            if len(keep) < len(alive):
+                alive = [alive[j] for j in keep]
+                x = torch.nested.as_nested_tensor([parts[j] for j in keep], layout=torch.jagged)
+        return out
+
+    return run
+
+
 def run_tumble(model, params, inputs, batch, extra):
     cmd = [EXE, "run", f"models/{model}.rly", "--inputs", inputs, "--params", params, "--batch", str(batch),
            "--threads", "1", "--profile", "--repeat", "2", "-o", os.path.join(DATA, "ragged_out.jsonl")] + extra
@@ -173,6 +223,7 @@ def main():
     print(f"{args.model}: {len(insts)} instances, lengths {min(lens)}-{max(lens)} (mean {np.mean(lens):.1f}), "
           f"lengths spec `{args.lengths}`, threshold {args.threshold}, 1 thread; exit layers {dict(sorted(exits.items()))}")
     padded = torch_berxit(w, padded=True)
+    nested = torch_nested_berxit(w)
     eager = torch_berxit(w, padded=False)
 
     def torch_time(fn, b):
@@ -186,7 +237,8 @@ def main():
     rows = []
     for b in args.batches:
         waste = sum(max(lens[i : i + b]) * len(lens[i : i + b]) for i in range(0, len(lens), b)) / sum(lens)
-        times = {"tumble": [], "tumble_no_ragged": [], "torch_padded": [], "torch_eager": []}
+        times = {"tumble": [], "tumble_no_ragged": [], "torch_padded": [], "torch_nested": [],
+                 "torch_eager": []}
         info = {}
         for r in range(args.rounds):
             ms, launches, mean, got = run_tumble(args.model, params, inputs, b, [])
@@ -197,11 +249,14 @@ def main():
             info["tumble_no_ragged"] = (launches, mean)
             ms, want = torch_time(padded, b)
             times["torch_padded"].append(ms)
+            ms, want_nested = torch_time(nested, b)
+            times["torch_nested"].append(ms)
             if not args.no_eager:
                 ms, want_eager = torch_time(eager, b)
                 times["torch_eager"].append(ms)
             if r == 0:
-                for name, other in [("no_ragged", got_off), ("torch_padded", want)] + (
+                for name, other in [("no_ragged", got_off), ("torch_padded", want),
+                                    ("torch_nested", want_nested)] + (
                         [] if args.no_eager else [("torch_eager", want_eager)]):
                     bad = [m for i, (g, o) in enumerate(zip(got, other))
                            for m in common.compare(g, o, path=f"instance {i}")]
@@ -211,8 +266,9 @@ def main():
         rows.append((b, waste, med, spread, info))
     print()
     print("| batch | padding waste | tumble ms (launches, mean batch) | --no-ragged ms (launches, mean batch) | "
-          "PyTorch padded ms | PyTorch eager ms | padded / tumble | eager / tumble |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "PyTorch padded ms | PyTorch nested ms | PyTorch eager ms | padded / tumble | nested / tumble | "
+          "eager / tumble |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for b, waste, med, spread, info in rows:
         def cell(k):
             if k not in med:
@@ -222,7 +278,8 @@ def main():
         eager_ratio = f"{med['torch_eager'] / med['tumble']:.2f}x" if "torch_eager" in med else "-"
         print(f"| {b} | {waste:.2f}x | {cell('tumble')} ({info['tumble'][0]}, {info['tumble'][1]:.1f}) | "
               f"{cell('tumble_no_ragged')} ({info['tumble_no_ragged'][0]}, {info['tumble_no_ragged'][1]:.1f}) | "
-              f"{cell('torch_padded')} | {cell('torch_eager')} | {med['torch_padded'] / med['tumble']:.2f}x | "
+              f"{cell('torch_padded')} | {cell('torch_nested')} | {cell('torch_eager')} | "
+              f"{med['torch_padded'] / med['tumble']:.2f}x | {med['torch_nested'] / med['tumble']:.2f}x | "
               f"{eager_ratio} |")
 
 

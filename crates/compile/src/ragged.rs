@@ -769,6 +769,34 @@ fn track_mixing(node: &BlockNode, args: &[Vec<Fact>]) -> Option<SShape> {
                     .collect()
             })
         }
+        "expand_dims" => {
+            let axis = norm_axis(node.attrs.int("axis").ok().flatten()?, rank + 1)?;
+            let count = node.attrs.int("num_newaxis").ok().flatten().unwrap_or(1);
+            let mut out = x.shape.clone();
+            for _ in 0..count.max(0) {
+                out.insert(axis, SDim::Known(1));
+            }
+            Some(out)
+        }
+        "squeeze" => {
+            let axes: Vec<usize> = match node.attrs.ints("axis").ok().flatten() {
+                Some(axes) => axes
+                    .iter()
+                    .map(|&a| norm_axis(a, rank))
+                    .collect::<Option<_>>()?,
+                None => (0..rank)
+                    .filter(|&a| x.shape[a] == SDim::Known(1))
+                    .collect(),
+            };
+            Some(
+                x.shape
+                    .iter()
+                    .enumerate()
+                    .filter(|(a, _)| !axes.contains(a))
+                    .map(|(_, d)| *d)
+                    .collect(),
+            )
+        }
         "strided_slice" => {
             // A constant slice of the rows (Berxit's [CLS] row): its length once every instance
             // has that many rows. Instances with fewer get another shape at run time, and the

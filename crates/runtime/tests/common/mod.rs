@@ -98,6 +98,8 @@ pub struct Expected {
     pub outputs: Vec<Value>,
     /// Per `@main` parameter: a model weight (not per-instance).
     pub weights: Vec<bool>,
+    /// Absolute tolerance of the comparison with the reference (relative: 1e-5).
+    pub atol: f64,
 }
 
 /// Runs the reference engine on `inputs`; `@main` arguments named in `instance_args` are
@@ -142,6 +144,7 @@ pub fn reference_outcomes(
         args,
         outputs: Vec::new(),
         weights,
+        atol: 1e-6,
     };
     (x, results)
 }
@@ -298,7 +301,7 @@ pub fn check_batched(
     }
     assert_eq!(got.len(), x.outputs.len());
     for (i, (g, e)) in got.iter().zip(&x.outputs).enumerate() {
-        if let Err(m) = same(g, e, "") {
+        if let Err(m) = same_within(g, e, "", x.atol) {
             panic!("{label}, instance {i}: {m}");
         }
     }
