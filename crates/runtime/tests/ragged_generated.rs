@@ -93,7 +93,7 @@ fn generate(seed: u64) -> Program {
                 let f = ["tanh", "sigmoid", "nn.relu", "negative"][g.below(4)];
                 format!("{f}({cur})")
             }
-            4 => match rows.iter().filter(|(_, rw)| *rw == w).nth(0) {
+            4 => match rows.iter().find(|(_, rw)| *rw == w) {
                 Some((other, _)) => format!("add({cur}, multiply({other}, 0.5f))"),
                 None => format!("multiply({cur}, 1.5f)"),
             },
