@@ -215,6 +215,46 @@ fn threads_do_not_change_results() {
 }
 
 #[test]
+fn a_row_does_not_depend_on_the_other_rows_up_to_k_256() {
+    // Batch invariance: row i of a launch of m rows equals the same row launched alone, bit for
+    // bit, whatever m (so continuous batching and `tumble run` agree exactly). Holds while K
+    // fits one K block (256 on every kernel); above it the 1-4-row path sums K unblocked.
+    let mut rng = Rng(11);
+    for kind in kinds() {
+        for k in [1, 7, 64, 255, 256] {
+            for n in [5, 16, 33, 768] {
+                let m = 31;
+                let (_, a, pw) = rng.problem(m, n, k);
+                let mut all = vec![0.0; m * n];
+                let rows = Rows::Contiguous {
+                    data: &a,
+                    stride: k,
+                };
+                dense_with(kind, &rows, &pw, &mut all, &NoEpilogue, 1).unwrap();
+                for count in [1, 2, 3, 4, 5, 15] {
+                    for start in [0, m - count] {
+                        let part = &a[start * k..(start + count) * k];
+                        let mut c = vec![0.0; count * n];
+                        let rows = Rows::Contiguous {
+                            data: part,
+                            stride: k,
+                        };
+                        dense_with(kind, &rows, &pw, &mut c, &NoEpilogue, 1).unwrap();
+                        assert_eq!(
+                            c,
+                            all[start * n..(start + count) * n],
+                            "{} k={k} n={n}: rows {start}..{} alone",
+                            kind.name(),
+                            start + count
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn stride_larger_than_k() {
     let mut rng = Rng(3);
     for kind in kinds() {

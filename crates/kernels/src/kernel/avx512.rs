@@ -50,9 +50,9 @@ pub(crate) unsafe fn tile(
     // SAFETY: forwarded contract; each arm is instantiated for exactly the `m` rows it touches.
     unsafe {
         match m {
-            1 => small::<1, 4>(kc, a, lda, b, c, ldc, n, accumulate),
-            2 => small::<2, 2>(kc, a, lda, b, c, ldc, n, accumulate),
-            3 => small::<3, 2>(kc, a, lda, b, c, ldc, n, accumulate),
+            1 => small::<1, 1>(kc, a, lda, b, c, ldc, n, accumulate),
+            2 => small::<2, 1>(kc, a, lda, b, c, ldc, n, accumulate),
+            3 => small::<3, 1>(kc, a, lda, b, c, ldc, n, accumulate),
             4 => rows::<4>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
             5 => rows::<5>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
             6 => rows::<6>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
@@ -165,8 +165,12 @@ unsafe fn rows<const M: usize>(
     }
 }
 
-/// Few rows (`M <= 3`): `2M` FMA chains cannot hide the FMA latency, so K is unrolled `U` times
-/// into independent accumulator sets (summed at the end). This is the GEMV-like path's kernel.
+/// Few rows (`M <= 3`): K can be unrolled `U` times into independent accumulator sets (summed at
+/// the end) to hide the FMA latency behind more than `2M` chains. `tile` uses `U = 1`: split
+/// sums round differently from `rows`, so a row's result depended on how many rows its launch
+/// had (a served instance differed from `tumble run` in the last bits), and at 1-3 rows the
+/// kernel is bound by streaming the weights anyway: `gemm_bench --stat min`, B = 1/2/3, 256×768
+/// and 512×1536, U = 4/2/2 against U = 1 within 3% either way.
 ///
 /// # Safety
 /// [`TileFn`] contract with `m == M`.
