@@ -52,3 +52,19 @@ def test_parameters_named_in_instances_get_a_hint():
     inst = read_jsonl(EXAMPLES / "drnn_small.jsonl")[:1]
     with pytest.raises(tumble.InputError, match=r"inputs = \[.*latent"):
         model.run(inst)
+
+
+def test_a_compiled_model_loads_and_runs_like_its_source(cli, tmp_path):
+    """`tumble.load` on a `tumble compile` file: its program as compiled, its weights inside."""
+    compiled = tmp_path / "treelstm_small.tumble"
+    cli("compile", "models/treelstm_small.rly", "--random-params", "0", "-o", str(compiled))
+    expected = cli(
+        "run", "models/treelstm_small.rly", "--inputs", "examples/treelstm.jsonl",
+        "--random-params", "0", "--batch", "3", "--threads", "1",
+    )
+    model = tumble.load(compiled)
+    outs = model.run(read_jsonl(EXAMPLES / "treelstm.jsonl"), batch=3, threads=1)
+    for i, (got, want) in enumerate(zip(outs, expected)):
+        close(tumble.to_json(got), want, f"instance {i}")
+    with pytest.raises(tumble.ParamError, match="stores its weights"):
+        tumble.load(compiled, params=str(compiled))

@@ -196,14 +196,46 @@ fn param_error(e: tumble_io::IoError) -> Error {
     }
 }
 
+/// The weights `params` gives: its file's tensors and the tensors passed in (a name in both is
+/// an error); the file's warnings go to `warnings`.
+fn param_tensors(
+    params: &Params,
+    warnings: &mut Vec<String>,
+) -> Result<BTreeMap<String, Tensor>, Error> {
+    let mut tensors = match &params.file {
+        Some(p) => {
+            let loaded = load_params(p).map_err(param_error)?;
+            warnings.extend(loaded.warnings);
+            loaded.tensors
+        }
+        None => BTreeMap::new(),
+    };
+    for (k, t) in &params.tensors {
+        if tensors.insert(k.clone(), t.clone()).is_some() {
+            return Err(Error::Param {
+                message: format!(
+                    "parameter `{k}` is given twice: by the weights file and by the tensors \
+                     passed in; remove one of them"
+                ),
+            });
+        }
+    }
+    Ok(tensors)
+}
+
 impl Model {
-    /// Parses, checks and compiles the model and binds its parameters.
+    /// Parses, checks and compiles the model and binds its parameters. A file written by
+    /// `tumble compile` (a `.tumble` artifact) is loaded as compiled: see
+    /// [`Model::load_compiled`].
     pub fn load(source: Source, params: &Params, opts: &LoadOptions) -> Result<Model, Error> {
         let (name, text) = match source {
             Source::File(path) => {
                 let bytes = tumble_limits::read_file(path).map_err(|e| Error::Check {
                     message: format!("cannot read the model `{}`: {e}", path.display()),
                 })?;
+                if tumble_io::artifact::is_artifact(&bytes) {
+                    return Model::load_compiled(path, &bytes, params, opts);
+                }
                 let text = String::from_utf8(bytes).map_err(|e| Error::Check {
                     message: format!(
                         "the model `{}` is not UTF-8 text (invalid byte at offset {})",
@@ -228,24 +260,7 @@ impl Model {
         let entry = opts.entry.clone();
         let (main_params, ret_ty) = main_signature(&typed, &entry).map_err(param_error)?;
 
-        let mut tensors = match &params.file {
-            Some(p) => {
-                let loaded = load_params(p).map_err(param_error)?;
-                warnings.extend(loaded.warnings);
-                loaded.tensors
-            }
-            None => BTreeMap::new(),
-        };
-        for (k, t) in &params.tensors {
-            if tensors.insert(k.clone(), t.clone()).is_some() {
-                return Err(Error::Param {
-                    message: format!(
-                        "parameter `{k}` is given twice: by the weights file and by the tensors \
-                         passed in; remove one of them"
-                    ),
-                });
-            }
-        }
+        let tensors = param_tensors(params, &mut warnings)?;
         let names: Vec<&str> = main_params.iter().map(|(n, _)| n.as_str()).collect();
         let provided: BTreeSet<String> = match &opts.inputs {
             Some(inputs) => {
@@ -306,6 +321,121 @@ impl Model {
             instance_args,
             ret_ty,
             report,
+            warnings,
+            executable: Mutex::new(None),
+        })
+    }
+
+    /// A model compiled by `tumble compile` (`bytes`, read from `path`): its program and reuse
+    /// analysis are used as compiled (the compile options in `opts` do not apply); its sources
+    /// are checked again for the typed module that decoding instances and `check` read (a few
+    /// ms). Weights: those it stores, or, for one compiled with `--no-weights`, `params`'. The
+    /// arguments bound as weights must be those it was compiled with.
+    pub fn load_compiled(
+        path: &Path,
+        bytes: &[u8],
+        params: &Params,
+        opts: &LoadOptions,
+    ) -> Result<Model, Error> {
+        let shown = path.display();
+        let loaded = tumble_io::artifact::read_artifact(path, bytes).map_err(param_error)?;
+        let a = loaded.artifact;
+        if a.entry != opts.entry {
+            return Err(Error::Usage {
+                message: format!(
+                    "{shown} was compiled for @{}, not @{}: compile it again with --entry {}",
+                    a.entry, opts.entry, opts.entry
+                ),
+            });
+        }
+        // The prelude first, the model last (`SourceMap` order at compile time).
+        let Some((name, text)) = a.sources.last() else {
+            return Err(Error::Check {
+                message: format!("{shown}: the compiled model has no source"),
+            });
+        };
+        let mut sources = SourceMap::new();
+        let typed = tumble_check::load(&mut sources, name, text, CheckOptions::default()).map_err(
+            |ds| Error::Check {
+                message: diag::render(&ds, &sources, false),
+            },
+        )?;
+        let same_sources = sources.files().len() == a.sources.len()
+            && sources
+                .files()
+                .iter()
+                .zip(&a.sources)
+                .all(|(f, (n, t))| &f.name == n && &f.text == t);
+        if !same_sources {
+            return Err(Error::Check {
+                message: format!(
+                    "{shown} was compiled with another prelude (by {}): compile it again with \
+                     this tumble",
+                    a.written_by
+                ),
+            });
+        }
+        let mut warnings: Vec<String> = typed
+            .warnings
+            .iter()
+            .map(|w| diag::render(std::slice::from_ref(w), &sources, false))
+            .collect();
+        let (main_params, ret_ty) = main_signature(&typed, &a.entry).map_err(param_error)?;
+        let given = params.file.is_some() || !params.tensors.is_empty();
+        let tensors = if loaded.weights.is_empty() {
+            param_tensors(params, &mut warnings)?
+        } else if given {
+            return Err(Error::Param {
+                message: format!(
+                    "{shown} stores its weights; the parameters given would replace them: \
+                     compile it with --no-weights to bind weights at load time"
+                ),
+            });
+        } else {
+            loaded.weights
+        };
+        let provided: BTreeSet<String> = main_params
+            .iter()
+            .zip(&a.weights)
+            .filter(|(_, w)| !**w)
+            .map(|((n, _), _)| n.clone())
+            .collect();
+        if let Some(inputs) = &opts.inputs {
+            let named: BTreeSet<String> = inputs.iter().cloned().collect();
+            if named != provided {
+                let list = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(", ");
+                return Err(Error::Param {
+                    message: format!(
+                        "inputs: {shown} was compiled with the per-instance arguments {}, not {}",
+                        list(&provided),
+                        list(&named)
+                    ),
+                });
+            }
+        }
+        let bound = bind_params(&main_params, &provided, &tensors, params.random_seed)
+            .map_err(param_error)?;
+        if bound.weights_mask() != a.weights {
+            return Err(Error::Param {
+                message: format!(
+                    "{shown}: the weights bound are not the ones it was compiled with (give every \
+                     weight it was compiled with, or compile it again)"
+                ),
+            });
+        }
+        warnings.extend(bound.warnings.iter().cloned());
+        let instance_args = bound.instance_args();
+        Ok(Model {
+            name: shown.to_string(),
+            sources,
+            typed,
+            program: a.program,
+            reuse: a.reuse,
+            entry: a.entry,
+            bound,
+            instance_args,
+            ret_ty,
+            report: None,
             warnings,
             executable: Mutex::new(None),
         })

@@ -25,10 +25,12 @@ accepting connections, answers the requests already accepted, and exits 0.
 
 Example:
   tumble serve models/treelstm_small.rly --random-params 0 --port 8080
+  tumble serve treelstm.tumble --port 8080     # compiled by `tumble compile`, weights inside
   curl -s localhost:8080/v1/models/treelstm_small:predict \\
        -d '{\"instances\": [{\"tree\": {\"Rose\": [[0], []]}}]}'")]
 pub struct ServeArgs {
-    /// The model, in the Relay text format.
+    /// The model: a `.rly` file in the Relay text format, or a compiled model written by
+    /// `tumble compile` (its program as compiled; its weights unless compiled with --no-weights).
     pub model: PathBuf,
     /// Weights: a safetensors file, a `.npy` file or a directory of `.npy` files.
     #[arg(long)]

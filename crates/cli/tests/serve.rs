@@ -24,17 +24,15 @@ fn trees() -> String {
 
 /// Starts `tumble serve` on a free port; returns the child and its address.
 fn serve(extra: &[&str]) -> (Child, String) {
+    serve_model(&model(), &["--random-params", "0"], extra)
+}
+
+/// [`serve`] for `model` with weights from `params`.
+fn serve_model(model: &str, params: &[&str], extra: &[&str]) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tumble"))
-        .args([
-            "serve",
-            &model(),
-            "--random-params",
-            "0",
-            "--port",
-            "0",
-            "--threads",
-            "1",
-        ])
+        .args(["serve", model])
+        .args(params)
+        .args(["--port", "0", "--threads", "1"])
         .args(extra)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -135,6 +133,73 @@ fn predictions_are_tumble_runs_lines_and_signals_drain_to_status_0() {
         assert_eq!(post(&addr, &body), (200, want.clone()), "{policy}");
         assert_eq!(stop(child, signal), Some(0), "{policy}: SIG{signal}");
     }
+}
+
+#[test]
+fn a_compiled_model_serves_what_its_source_runs() {
+    // Named like the source: the server's model name is the file's stem.
+    let dir = std::env::temp_dir().join(format!("tumble-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let compiled = dir.join("treelstm_small.tumble");
+    let compiled_text = compiled.display().to_string();
+    let made = Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args([
+            "compile",
+            &model(),
+            "--random-params",
+            "0",
+            "-o",
+            &compiled_text,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let run = Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args([
+            "run",
+            &model(),
+            "--inputs",
+            &trees(),
+            "--random-params",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(run.status.success());
+    let lines: Vec<String> = String::from_utf8(run.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    let want = format!("{{\"predictions\":[{}]}}", lines.join(","));
+    let instances = std::fs::read_to_string(trees()).unwrap();
+    let body = format!(
+        "{{\"instances\": [{}]}}",
+        instances.lines().collect::<Vec<_>>().join(",")
+    );
+    let (child, addr) = serve_model(&compiled_text, &[], &[]);
+    assert_eq!(post(&addr, &body), (200, want));
+    assert_eq!(stop(child, "TERM"), Some(0));
+    // Its weights are inside: a weights file would replace them, which is refused.
+    let refused = Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args([
+            "serve",
+            &compiled_text,
+            "--params",
+            &compiled_text,
+            "--port",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("stores its weights"), "{err}");
 }
 
 #[test]
