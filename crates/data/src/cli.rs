@@ -118,6 +118,10 @@ pub struct SstArgs {
     /// word's class (a list, one per token).
     #[arg(long, value_enum, default_value_t = Labels::None)]
     pub labels: Labels,
+    /// With `--format tokens`: also write each token's position, `"positions": [[0], [1], ...]`
+    /// (a `Tensor[(?, 1), int32]` like the tokens; `models/transformer_sst.rly` reads it).
+    #[arg(long)]
+    pub positions: bool,
     #[command(flatten)]
     pub out: OutputArgs,
 }
@@ -393,6 +397,11 @@ fn run_sst(a: &SstArgs) -> Result<(), DataError> {
     let text = sst::read_text(&path)?;
     let limit = a.limit.unwrap_or(usize::MAX);
     let format = a.format;
+    if a.positions && format != Format::Tokens {
+        return Err(DataError::Invalid(
+            "--positions goes with --format tokens (trees have no positions)".into(),
+        ));
+    }
     let lines = sst::Trees::new(&text)
         .skip(a.offset)
         .take(limit)
@@ -400,6 +409,7 @@ fn run_sst(a: &SstArgs) -> Result<(), DataError> {
             let tree = tree.map_err(|e| DataError::parse(&path, e))?;
             let instance = match format {
                 Format::Tree => sst::tree_instance(&tree, &vocab),
+                Format::Tokens if a.positions => sst::tokens_with_positions(&tree, &vocab),
                 Format::Tokens => sst::tokens_instance(&tree, &vocab),
             };
             Ok(with_labels(instance, &tree, a.labels, format))

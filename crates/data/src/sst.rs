@@ -710,6 +710,19 @@ pub fn tokens_instance(tree: &Tree, vocab: &Vocab) -> String {
     tokens_json(&token_ids(tree, vocab))
 }
 
+/// `{"tokens": [[id], ...], "positions": [[0], [1], ...]}`: the sentence's tokens and their
+/// positions (for models with position embeddings).
+pub fn tokens_with_positions(tree: &Tree, vocab: &Vocab) -> String {
+    let ids = token_ids(tree, vocab);
+    let mut out = String::from("{\"tokens\": ");
+    crate::gen::push_id_list(&mut out, &ids);
+    out.push_str(", \"positions\": ");
+    let positions: Vec<u32> = (0..ids.len() as u32).collect();
+    crate::gen::push_id_list(&mut out, &positions);
+    out.push('}');
+    out
+}
+
 /// `{"tokens": [[id], ...]}` for a list of ids.
 pub fn tokens_json(ids: &[u32]) -> String {
     let mut out = String::from("{\"tokens\": ");
