@@ -323,4 +323,11 @@ fn sst_labels_root_and_all() {
     );
     let plain = sst(&[]);
     assert!(!plain.contains("label"), "{plain}");
+    let positions = sst(&["--format", "tokens", "--positions"]);
+    assert!(
+        positions
+            .trim_end()
+            .ends_with("\"positions\": [[0], [1], [2]]}"),
+        "{positions}"
+    );
 }
