@@ -340,14 +340,8 @@ impl Model {
         let shown = path.display();
         let loaded = tumble_io::artifact::read_artifact(path, bytes).map_err(param_error)?;
         let a = loaded.artifact;
-        if a.entry != opts.entry {
-            return Err(Error::Usage {
-                message: format!(
-                    "{shown} was compiled for @{}, not @{}: compile it again with --entry {}",
-                    a.entry, opts.entry, opts.entry
-                ),
-            });
-        }
+        a.check_entry(&shown.to_string(), &opts.entry)
+            .map_err(|message| Error::Usage { message })?;
         // The prelude first, the model last (`SourceMap` order at compile time).
         let Some((name, text)) = a.sources.last() else {
             return Err(Error::Check {
@@ -415,14 +409,10 @@ impl Model {
         }
         let bound = bind_params(&main_params, &provided, &tensors, params.random_seed)
             .map_err(param_error)?;
-        if bound.weights_mask() != a.weights {
-            return Err(Error::Param {
-                message: format!(
-                    "{shown}: the weights bound are not the ones it was compiled with (give every \
-                     weight it was compiled with, or compile it again)"
-                ),
-            });
-        }
+        a.check_binding(&bound.weights_mask())
+            .map_err(|message| Error::Param {
+                message: format!("{shown}: {message}"),
+            })?;
         warnings.extend(bound.warnings.iter().cloned());
         let instance_args = bound.instance_args();
         Ok(Model {

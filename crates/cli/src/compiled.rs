@@ -244,12 +244,8 @@ pub fn load_for_run(
              file)"
         )));
     }
-    if a.entry != args.entry {
-        return Err(Failure::Message(format!(
-            "{shown} was compiled for @{}, not @{}: compile it again with --entry {}",
-            a.entry, args.entry, args.entry
-        )));
-    }
+    a.check_entry(&shown.to_string(), &args.entry)
+        .map_err(Failure::Message)?;
     let flags = compile_time_flags(args);
     if !flags.is_empty() {
         return Err(Failure::Message(format!(
@@ -268,32 +264,4 @@ pub fn load_for_run(
         sources.add(name.clone(), text.clone());
     }
     Ok(loaded)
-}
-
-/// Refuses a run whose weights are not the ones the model was compiled with as weights.
-pub fn check_binding(a: &Artifact, weights: &[bool]) -> Result<(), String> {
-    if a.weights.as_slice() == weights {
-        return Ok(());
-    }
-    let names = |mask: &[bool]| -> String {
-        let v: Vec<&str> = a
-            .params
-            .iter()
-            .zip(mask)
-            .filter(|(_, w)| **w)
-            .map(|((n, _), _)| n.as_str())
-            .collect();
-        if v.is_empty() {
-            "(none)".into()
-        } else {
-            v.join(", ")
-        }
-    };
-    Err(format!(
-        "the model was compiled with these @{} arguments as weights: {}; this run binds: {}. \
-         Give the same weights (or compile again with this run's --params)",
-        a.entry,
-        names(&a.weights),
-        names(weights)
-    ))
 }

@@ -159,16 +159,7 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
         if let Some(plan) = plans.get(bi) {
             print!("{plan}");
         }
-        let per_instance: Vec<bool> = reuse
-            .inputs
-            .get(bi)
-            .map(|v| {
-                v.iter()
-                    .map(|r| !matches!(r, InputReuse::Shared | InputReuse::SharedPerCallSite))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let Some(r) = tumble_compile::ragged::analyze(block, &per_instance) {
+        if let Some(r) = tumble_compile::ragged::analyze(block, &reuse.varying_inputs(bi)) {
             println!("  ragged batching: invocations of different lengths L launch together");
             print!("{r}");
         }

@@ -449,7 +449,9 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         }
         Front::Compiled(c) => {
             let c = *c;
-            crate::compiled::check_binding(&c.artifact, &weights).map_err(Failure::Message)?;
+            c.artifact
+                .check_binding(&weights)
+                .map_err(Failure::Message)?;
             let a = c.artifact;
             // The stored plans were made for the switches it was compiled with; other plan
             // switches on this run plan again (cheap: no parsing, checking or passes).

@@ -99,8 +99,8 @@ fn stop(mut child: Child, signal: &str) -> Option<i32> {
     }
 }
 
-#[test]
-fn predictions_are_tumble_runs_lines_and_signals_drain_to_status_0() {
+/// A predict request of the bundled trees, and the response `tumble run` says it should get.
+fn request_and_run_answer() -> (String, String) {
     let run = Command::new(env!("CARGO_BIN_EXE_tumble"))
         .args([
             "run",
@@ -124,6 +124,12 @@ fn predictions_are_tumble_runs_lines_and_signals_drain_to_status_0() {
         "{{\"instances\": [{}]}}",
         instances.lines().collect::<Vec<_>>().join(",")
     );
+    (body, want)
+}
+
+#[test]
+fn predictions_are_tumble_runs_lines_and_signals_drain_to_status_0() {
+    let (body, want) = request_and_run_answer();
     for (policy, signal) in [
         ("continuous", "TERM"),
         ("static", "INT"),
@@ -158,29 +164,7 @@ fn a_compiled_model_serves_what_its_source_runs() {
         "{}",
         String::from_utf8_lossy(&made.stderr)
     );
-    let run = Command::new(env!("CARGO_BIN_EXE_tumble"))
-        .args([
-            "run",
-            &model(),
-            "--inputs",
-            &trees(),
-            "--random-params",
-            "0",
-        ])
-        .output()
-        .unwrap();
-    assert!(run.status.success());
-    let lines: Vec<String> = String::from_utf8(run.stdout)
-        .unwrap()
-        .lines()
-        .map(String::from)
-        .collect();
-    let want = format!("{{\"predictions\":[{}]}}", lines.join(","));
-    let instances = std::fs::read_to_string(trees()).unwrap();
-    let body = format!(
-        "{{\"instances\": [{}]}}",
-        instances.lines().collect::<Vec<_>>().join(",")
-    );
+    let (body, want) = request_and_run_answer();
     let (child, addr) = serve_model(&compiled_text, &[], &[]);
     assert_eq!(post(&addr, &body), (200, want));
     assert_eq!(stop(child, "TERM"), Some(0));

@@ -350,7 +350,7 @@ pub fn analyze(block: &Block, per_instance: &[bool]) -> Option<RaggedBlock> {
     let bytes_per_row = block
         .nodes
         .iter()
-        .map(|n| bytes_with_unknown_as_one(&n.ty))
+        .map(|n| tumble_ops::value_bytes_with(&n.ty, 1))
         .fold(0, usize::saturating_add);
     Some(RaggedBlock {
         inputs: kinds,
@@ -480,7 +480,7 @@ fn segment(
         bytes_per_row: members
             .iter()
             .filter_map(|&n| block.nodes.get(n))
-            .map(|n| bytes_with_unknown_as_one(&n.ty))
+            .map(|n| tumble_ops::value_bytes_with(&n.ty, 1))
             .fold(0, usize::saturating_add),
     })
 }
@@ -493,20 +493,6 @@ fn input_name(block: &Block, k: Key) -> String {
             .map_or_else(|| format!("input {i}"), |x| x.name.clone()),
         Key::Node(n) => format!("%{n}"),
         Key::Field(n, f) => format!("%{n}.{f}"),
-    }
-}
-
-fn bytes_with_unknown_as_one(ty: &Ty) -> usize {
-    match ty {
-        Ty::Tensor { shape, dtype } => shape
-            .iter()
-            .map(|d| d.known().map_or(1, |n| usize::try_from(n).unwrap_or(0)))
-            .fold(dtype.size(), usize::saturating_mul),
-        Ty::Tuple(ts) => ts
-            .iter()
-            .map(bytes_with_unknown_as_one)
-            .fold(0, usize::saturating_add),
-        _ => 0,
     }
 }
 

@@ -101,6 +101,17 @@ pub struct ReuseAnalysis {
 }
 
 impl ReuseAnalysis {
+    /// Per input of `block`: may it differ between the invocations of one mini-batch (everything
+    /// but one value per mini-batch, or per call site under code duplication)? The view
+    /// [`crate::ragged::analyze`] takes.
+    pub fn varying_inputs(&self, block: usize) -> Vec<bool> {
+        self.inputs.get(block).map_or_else(Vec::new, |v| {
+            v.iter()
+                .map(|r| !matches!(r, InputReuse::Shared | InputReuse::SharedPerCallSite))
+                .collect()
+        })
+    }
+
     pub fn is_shared(&self, block: u32, input: usize) -> bool {
         matches!(
             self.inputs.get(block as usize).and_then(|v| v.get(input)),

@@ -67,6 +67,48 @@ pub struct Artifact {
     pub plans: Vec<BlockPlan>,
 }
 
+impl Artifact {
+    /// Refuses to run the model (`shown`: its path, for the message) from another entry than the
+    /// one it was compiled for.
+    pub fn check_entry(&self, shown: &str, entry: &str) -> Result<(), String> {
+        if self.entry == entry {
+            return Ok(());
+        }
+        Err(format!(
+            "{shown} was compiled for @{}, not @{entry}: compile it again with --entry {entry}",
+            self.entry
+        ))
+    }
+
+    /// Refuses a run whose weights are not the ones the model was compiled with as weights.
+    pub fn check_binding(&self, weights: &[bool]) -> Result<(), String> {
+        if self.weights.as_slice() == weights {
+            return Ok(());
+        }
+        let names = |mask: &[bool]| -> String {
+            let v: Vec<&str> = self
+                .params
+                .iter()
+                .zip(mask)
+                .filter(|(_, w)| **w)
+                .map(|((n, _), _)| n.as_str())
+                .collect();
+            if v.is_empty() {
+                "(none)".into()
+            } else {
+                v.join(", ")
+            }
+        };
+        Err(format!(
+            "the model was compiled with these @{} arguments as weights: {}; this run binds: {}. \
+             Give the same weights (or compile again with this run's --params)",
+            self.entry,
+            names(&self.weights),
+            names(weights)
+        ))
+    }
+}
+
 /// A compiled model read back: the artifact and its embedded weights (empty when it has none).
 pub struct Loaded {
     pub artifact: Artifact,

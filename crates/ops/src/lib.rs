@@ -155,12 +155,23 @@ pub const RESERVE_ABOVE: usize = 1 << 20;
 
 /// The bytes of the tensors of a value of type `ty` (unknown dims count as 0), saturating.
 pub fn value_bytes(ty: &Ty) -> usize {
+    value_bytes_with(ty, 0)
+}
+
+/// [`value_bytes`] with unknown dims counted as `unknown` (1: bytes per unit of a `?` length).
+pub fn value_bytes_with(ty: &Ty, unknown: usize) -> usize {
     match ty {
         Ty::Tensor { shape, dtype } => shape
             .iter()
-            .map(|d| d.known().map_or(0, |n| usize::try_from(n).unwrap_or(0)))
+            .map(|d| {
+                d.known()
+                    .map_or(unknown, |n| usize::try_from(n).unwrap_or(0))
+            })
             .fold(dtype.size(), usize::saturating_mul),
-        Ty::Tuple(ts) => ts.iter().map(value_bytes).fold(0, usize::saturating_add),
+        Ty::Tuple(ts) => ts
+            .iter()
+            .map(|t| value_bytes_with(t, unknown))
+            .fold(0, usize::saturating_add),
         _ => 0,
     }
 }

@@ -51,17 +51,7 @@ impl RaggedRun {
     /// The ragged form of block `b`, if it has one: inputs the reuse analysis found to be one
     /// value per mini-batch (weights) are passed once, the others per invocation.
     fn new(block: &Block, reuse: &Reuse, b: usize, opts: &Options) -> Option<RaggedRun> {
-        use tumble_compile::InputReuse;
-        let per_instance: Vec<bool> = reuse
-            .inputs
-            .get(b)?
-            .iter()
-            .map(|r| !matches!(r, InputReuse::Shared | InputReuse::SharedPerCallSite))
-            .collect();
-        if per_instance.len() != block.inputs.len() {
-            return None;
-        }
-        let r = tumble_compile::ragged::analyze(block, &per_instance)?;
+        let r = tumble_compile::ragged::analyze(block, &reuse.varying_inputs(b))?;
         let segments = r
             .segments
             .into_iter()

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{check_all_ways, expected, load_text};
+use common::{batch_profile, check_all_ways, expected, load_text};
 
 // The plain TreeLSTM against the reference under every scheduler and batch size: equivalence.rs
 // (`plain_treelstm`).
@@ -11,16 +11,6 @@ use common::{check_all_ways, expected, load_text};
 fn agrees(name: &str, src: &str, inputs: &str, instance_args: &[&str]) {
     let l = load_text(name, src);
     check_all_ways(&expected(name, l, inputs, instance_args));
-}
-
-/// The profile of one batched run of `x`'s instances (all static optimizations on) under `opts`.
-fn batch_profile(x: &common::Expected, opts: tumble_runtime::Options) -> tumble_runtime::Profile {
-    let (program, reuse) = common::compile(x, true, tumble_compile::StaticOptions::all());
-    let rngs = (0..x.args.len()).map(common::rng).collect();
-    let (_, profile) =
-        tumble_runtime::run_batch(&program, &reuse, "main", x.args.clone(), rngs, opts)
-            .unwrap_or_else(|e| panic!("{}", e.error.message));
-    profile
 }
 
 /// Instances `{"x": [[...]]}` of `n` float rows of width `w`, all different.

@@ -247,17 +247,7 @@ fn generated_programs_use_ragged_launches() {
         let args: &[&str] = if p.tokens { &["t"] } else { &["x"] };
         let name = format!("ragged_gen_{seed}");
         let x = expected(&name, load_text(&name, &p.text), &inputs, args);
-        let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
-        let rngs = (0..x.args.len()).map(common::rng).collect();
-        let (_, profile) = tumble_runtime::run_batch(
-            &program,
-            &reuse,
-            "main",
-            x.args.clone(),
-            rngs,
-            tumble_runtime::Options::default(),
-        )
-        .unwrap_or_else(|e| panic!("seed {seed}: {}", e.error.message));
+        let profile = common::batch_profile(&x, tumble_runtime::Options::default());
         if profile.ragged_launches > 0 {
             ragged += 1;
         }

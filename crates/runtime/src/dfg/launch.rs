@@ -4,6 +4,29 @@
 
 use super::*;
 
+/// Where invocation `row`'s value of a launch output lies.
+pub(super) fn slot_of(o: &BV, row: usize) -> Result<Slot, RunError> {
+    match o {
+        BV::Shared(OpValue::Tensor(t)) => Ok(Slot {
+            tensor: t.clone(),
+            at: At::Whole,
+        }),
+        BV::Batched(OpValue::Tensor(t)) => Ok(Slot {
+            tensor: t.clone(),
+            at: At::Row(row as u32),
+        }),
+        // Gather views: the invocation's own row of the table, where it lies.
+        BV::Rows(r) => match r.part_ref(row) {
+            Some((t, at)) => Ok(Slot {
+                tensor: t.clone(),
+                at: at.map_or(At::Whole, |a| At::Row(a as u32)),
+            }),
+            None => Err(RunError::new("internal: block output has too few rows")),
+        },
+        _ => Err(RunError::new("internal: block output is not a tensor")),
+    }
+}
+
 impl Dfg<'_> {
     /// Runs `block` for the nodes `ids`: one batched call, or for a block with per-invocation
     /// weights, calls over chunks whose per-instance inputs fit in cache.
@@ -121,25 +144,7 @@ impl Dfg<'_> {
         for (row, &id) in ids.iter().enumerate() {
             let slots = outs
                 .iter()
-                .map(|o| match o {
-                    BV::Shared(OpValue::Tensor(t)) => Ok(Slot {
-                        tensor: t.clone(),
-                        at: At::Whole,
-                    }),
-                    BV::Batched(OpValue::Tensor(t)) => Ok(Slot {
-                        tensor: t.clone(),
-                        at: At::Row(row as u32),
-                    }),
-                    // Gather views: the invocation's own row of the table, where it lies.
-                    BV::Rows(r) => match r.part_ref(row) {
-                        Some((t, at)) => Ok(Slot {
-                            tensor: t.clone(),
-                            at: at.map_or(At::Whole, |a| At::Row(a as u32)),
-                        }),
-                        None => Err(RunError::new("internal: block output has too few rows")),
-                    },
-                    _ => Err(RunError::new("internal: block output is not a tensor")),
-                })
+                .map(|o| slot_of(o, row))
                 .collect::<Result<Vec<_>, _>>()?;
             if let Some(n) = self.nodes.get_mut(id as usize) {
                 n.out = Some(slots);

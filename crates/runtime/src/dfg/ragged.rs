@@ -339,27 +339,14 @@ impl Dfg<'_> {
                                     *s = Some(t);
                                 }
                             }
-                            BV::Batched(OpValue::Tensor(t)) => {
-                                held_bytes += (t.len() * t.dtype().size()) as u64;
+                            other => {
+                                if let BV::Batched(OpValue::Tensor(t)) = &other {
+                                    held_bytes += (t.len() * t.dtype().size()) as u64;
+                                }
                                 for (row, &k) in members.iter().enumerate() {
-                                    each[o][k] = Some(Slot {
-                                        tensor: t.clone(),
-                                        at: At::Row(row as u32),
-                                    });
+                                    each[o][k] = Some(super::launch::slot_of(&other, row)?);
                                 }
                             }
-                            BV::Rows(rows) => {
-                                for (row, &k) in members.iter().enumerate() {
-                                    let (t, at) = rows
-                                        .part_ref(row)
-                                        .ok_or_else(|| fail("internal: ragged rows".into()))?;
-                                    each[o][k] = Some(Slot {
-                                        tensor: t.clone(),
-                                        at: at.map_or(At::Whole, |a| At::Row(a as u32)),
-                                    });
-                                }
-                            }
-                            _ => return Err(fail("internal: ragged segment result".into())),
                         }
                     }
                 }

@@ -280,6 +280,16 @@ pub fn compile(
     (compiled.program, compiled.reuse)
 }
 
+/// The profile of one batched run of `x`'s instances as one mini-batch (coarsened, all static
+/// optimizations on) under `opts`.
+pub fn batch_profile(x: &Expected, opts: Options) -> tumble_runtime::Profile {
+    let (program, reuse) = compile(x, true, tumble_compile::StaticOptions::all());
+    let rngs = (0..x.args.len()).map(rng).collect();
+    let (_, profile) = run_batch(&program, &reuse, "main", x.args.clone(), rngs, opts)
+        .unwrap_or_else(|e| panic!("{}: {}", x.name, e.error.message));
+    profile
+}
+
 /// Runs every instance in mini-batches of `batch` and checks each output against the reference.
 pub fn check_batched(
     x: &Expected,
