@@ -16,10 +16,9 @@ use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
-use serde_json::{Map, Number, Value as Json};
+use std::borrow::Cow;
 use tumble_api::{
-    Error as ApiError, LoadOptions, Location, Model, OutTree, Params, RawInstance, RawInstances,
-    RunOptions, Source, ATTACHED_TENSOR_KEY,
+    Doc, Error as ApiError, Kind, LoadOptions, Model, Num, OutTree, Params, RunOptions, Source,
 };
 use tumble_tensor::{Buffer, Tensor};
 
@@ -126,153 +125,227 @@ fn ctor_class(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     CTOR.import(py, "tumble", "Ctor")
 }
 
-/// Converts one instance to the CLI's JSON encoding, attaching numpy arrays as tensors.
-struct Converter<'py> {
-    py: Python<'py>,
-    /// Where in the instance the conversion is; rendered only for a message (a string per
-    /// value cost a third of the conversion).
-    path: Vec<Seg<'py>>,
-    attached: Vec<Tensor>,
+/// A Python object as a document the instance decoder reads by type (`tumble_api::Doc`): no JSON
+/// copy is made. Lists and tuples are arrays, dicts and `tumble.Ctor` values objects, numpy
+/// arrays tensors (their dtype checked by the decoder), numpy scalars numbers.
+struct PyDoc<'py>(Bound<'py, PyAny>);
+
+impl<'py> PyDoc<'py> {
+    /// The Python value of a numpy scalar (`numpy.float32(1.5).item()`), else `None`.
+    fn numpy_item(&self) -> Option<Bound<'py, PyAny>> {
+        let generic = numpy_generic(self.0.py()).ok()?;
+        if !self.0.is_instance(generic).unwrap_or(false) {
+            return None;
+        }
+        self.0.call_method0("item").ok()
+    }
+
+    fn is_ctor(&self) -> bool {
+        ctor_class(self.0.py()).is_ok_and(|c| self.0.is_instance(c).unwrap_or(false))
+    }
+
+    /// A `tumble.Ctor`'s name and fields.
+    fn ctor(&self) -> Option<(Bound<'py, PyString>, Bound<'py, PyAny>)> {
+        if !self.is_ctor() {
+            return None;
+        }
+        let name = self.0.getattr("name").ok()?.cast_into::<PyString>().ok()?;
+        let fields = self.0.getattr("fields").ok()?;
+        Some((name, fields))
+    }
 }
 
-enum Seg<'py> {
-    Index(usize),
-    /// A dict key (a Python string: rendered only for a message).
-    Key(Bound<'py, PyString>),
+fn py_str(s: &Bound<'_, PyString>) -> String {
+    s.to_cow().map(|c| c.into_owned()).unwrap_or_default()
 }
 
-impl<'py> Converter<'py> {
-    fn fail<T>(&self, what: String) -> Result<T, String> {
-        if self.path.is_empty() {
-            return Err(what);
+impl Doc for PyDoc<'_> {
+    fn kind(&self) -> Result<Kind, String> {
+        let o = &self.0;
+        if o.is_instance_of::<PyBool>() {
+            return Ok(Kind::Bool);
         }
-        let mut path = String::new();
-        for s in &self.path {
-            match s {
-                Seg::Index(i) => path.push_str(&format!("[{i}]")),
-                Seg::Key(k) => {
-                    path.push('.');
-                    path.push_str(&k.to_cow().map(|c| c.into_owned()).unwrap_or_default());
-                }
+        if o.is_instance_of::<PyInt>() {
+            if o.extract::<i64>().is_err() && o.extract::<u64>().is_err() {
+                return Err(format!("the integer {o} is too large for any tumble dtype"));
             }
+            return Ok(Kind::Number);
         }
-        Err(format!("{path}: {what}"))
-    }
-
-    fn nested<T>(
-        &mut self,
-        seg: Seg<'py>,
-        f: impl FnOnce(&mut Self) -> Result<T, String>,
-    ) -> Result<T, String> {
-        self.path.push(seg);
-        let out = if self.path.len() > MAX_DEPTH {
-            self.fail(format!(
-                "nests deeper than {MAX_DEPTH} levels; tumble does not read inputs that deep"
-            ))
-        } else {
-            f(self)
-        };
-        self.path.pop();
-        out
-    }
-
-    fn items(&mut self, seq: impl Iterator<Item = Bound<'py, PyAny>>) -> Result<Json, String> {
-        let mut out = Vec::new();
-        for (i, item) in seq.enumerate() {
-            out.push(self.nested(Seg::Index(i), |c| c.value(&item))?);
-        }
-        Ok(Json::Array(out))
-    }
-
-    fn value(&mut self, obj: &Bound<'py, PyAny>) -> Result<Json, String> {
-        let py = self.py;
-        if let Ok(b) = obj.cast::<PyBool>() {
-            return Ok(Json::Bool(b.is_true()));
-        }
-        if obj.is_instance_of::<PyInt>() {
-            if let Ok(i) = obj.extract::<i64>() {
-                return Ok(Json::Number(i.into()));
-            }
-            if let Ok(u) = obj.extract::<u64>() {
-                return Ok(Json::Number(u.into()));
-            }
-            return self.fail(format!(
-                "the integer {obj} is too large for any tumble dtype"
-            ));
-        }
-        if let Ok(f) = obj.cast::<PyFloat>() {
+        if let Ok(f) = o.cast::<PyFloat>() {
             let x = f.value();
-            return match Number::from_f64(x) {
-                Some(n) => Ok(Json::Number(n)),
-                None => self.fail(format!(
+            if !x.is_finite() {
+                return Err(format!(
                     "{x} in a Python number or list; pass NaN and infinities in a numpy array"
-                )),
-            };
+                ));
+            }
+            return Ok(Kind::Number);
         }
-        if let Ok(s) = obj.cast::<PyString>() {
-            // `to_string` would go through Python's str() and a formatter.
-            return Ok(Json::String(
-                s.to_cow().map_err(|e| e.to_string())?.into_owned(),
-            ));
-        }
-        if let Ok(d) = obj.cast::<PyDict>() {
-            let mut m = Map::new();
-            for (k, v) in d.iter() {
-                let Ok(key) = k.cast::<PyString>() else {
-                    return self.fail(format!(
+        if let Ok(d) = o.cast::<PyDict>() {
+            for k in d.keys() {
+                if !k.is_instance_of::<PyString>() {
+                    return Err(format!(
                         "a dict key {} is not a string (keys are argument or constructor names)",
                         short_repr(&k)
                     ));
-                };
-                let owned = key.to_cow().map_err(|e| e.to_string())?.into_owned();
-                let v = self.nested(Seg::Key(key.clone()), |c| c.value(&v))?;
-                m.insert(owned, v);
+                }
             }
-            return Ok(Json::Object(m));
+            return Ok(Kind::Object);
         }
-        if let Ok(l) = obj.cast::<PyList>() {
-            return self.items(l.iter());
+        if o.is_instance_of::<PyList>() || o.is_instance_of::<PyTuple>() {
+            return Ok(Kind::Array);
         }
-        if let Ok(t) = obj.cast::<PyTuple>() {
-            return self.items(t.iter());
+        if o.is_instance_of::<PyString>() {
+            return Ok(Kind::String);
         }
-        match array_to_tensor(obj) {
-            Ok(Some(t)) => {
-                let index = self.attached.len();
-                self.attached.push(t);
-                let mut m = Map::new();
-                m.insert(ATTACHED_TENSOR_KEY.to_string(), Json::Number(index.into()));
-                return Ok(Json::Object(m));
-            }
-            Ok(None) => {}
-            Err(e) => return self.fail(e),
+        if o.cast::<PyUntypedArray>().is_ok() {
+            return Ok(Kind::Tensor);
         }
-        let generic = numpy_generic(py).map_err(|e| e.to_string())?;
-        if obj.is_instance(generic).unwrap_or(false) {
-            // A numpy scalar: its Python number, decoded by the declared dtype like a JSON one.
-            let item = obj.call_method0("item").map_err(|e| e.to_string())?;
-            return self.value(&item);
+        if let Some(item) = self.numpy_item() {
+            return PyDoc(item).kind();
         }
-        let ctor = ctor_class(py).map_err(|e| e.to_string())?;
-        if obj.is_instance(ctor).unwrap_or(false) {
-            let key = obj.getattr("name").map_err(|e| e.to_string())?;
-            let key = key.cast_into::<PyString>().map_err(|e| e.to_string())?;
-            let name = key.to_cow().map_err(|e| e.to_string())?.into_owned();
-            let fields = obj.getattr("fields").map_err(|e| e.to_string())?;
-            let fields = fields.cast::<PyTuple>().map_err(|e| e.to_string())?;
-            let fields = self.nested(Seg::Key(key), |c| c.items(fields.iter()))?;
-            let mut m = Map::new();
-            m.insert(name, fields);
-            return Ok(Json::Object(m));
+        if self.is_ctor() {
+            return Ok(Kind::Object);
         }
-        if obj.is_none() {
-            return Ok(Json::Null);
+        if o.is_none() {
+            return Ok(Kind::Null);
         }
-        self.fail(format!(
+        Err(format!(
             "cannot take a {} (instances are made of numpy arrays, numbers, lists, tuples, dicts \
              and tumble.Ctor values)",
-            type_name(obj)
+            type_name(o)
         ))
+    }
+
+    fn as_bool(&self) -> Option<bool> {
+        match self.0.cast::<PyBool>() {
+            Ok(b) => Some(b.is_true()),
+            Err(_) => PyDoc(self.numpy_item()?).as_bool(),
+        }
+    }
+
+    fn as_number(&self) -> Option<Num> {
+        let o = &self.0;
+        if o.is_instance_of::<PyBool>() {
+            return None;
+        }
+        if o.is_instance_of::<PyInt>() {
+            return match o.extract::<i64>() {
+                Ok(i) => Some(Num::Int(i)),
+                Err(_) => o.extract::<u64>().ok().map(Num::UInt),
+            };
+        }
+        if let Ok(f) = o.cast::<PyFloat>() {
+            return Some(Num::Float(f.value()));
+        }
+        PyDoc(self.numpy_item()?).as_number()
+    }
+
+    fn as_str(&self) -> Option<Cow<'_, str>> {
+        self.0.cast::<PyString>().ok()?.to_cow().ok()
+    }
+
+    fn array_len(&self) -> usize {
+        if let Ok(l) = self.0.cast::<PyList>() {
+            l.len()
+        } else if let Ok(t) = self.0.cast::<PyTuple>() {
+            t.len()
+        } else {
+            0
+        }
+    }
+
+    fn item(&self, i: usize) -> Option<Self> {
+        if let Ok(l) = self.0.cast::<PyList>() {
+            l.get_item(i).ok().map(PyDoc)
+        } else if let Ok(t) = self.0.cast::<PyTuple>() {
+            t.get_item(i).ok().map(PyDoc)
+        } else {
+            None
+        }
+    }
+
+    fn keys(&self) -> Vec<String> {
+        if let Ok(d) = self.0.cast::<PyDict>() {
+            return d
+                .keys()
+                .iter()
+                .filter_map(|k| k.cast::<PyString>().ok().map(py_str))
+                .collect();
+        }
+        self.ctor()
+            .map_or_else(Vec::new, |(name, _)| vec![py_str(&name)])
+    }
+
+    fn get(&self, key: &str) -> Option<Self> {
+        if let Ok(d) = self.0.cast::<PyDict>() {
+            return d.get_item(key).ok().flatten().map(PyDoc);
+        }
+        let (name, fields) = self.ctor()?;
+        (py_str(&name) == key).then_some(PyDoc(fields))
+    }
+
+    fn single_entry(&self) -> Option<(Cow<'_, str>, Self)> {
+        if let Ok(d) = self.0.cast::<PyDict>() {
+            if d.len() != 1 {
+                return None;
+            }
+            let (k, v) = d.iter().next()?;
+            let k = k.cast::<PyString>().ok()?.to_cow().ok()?.into_owned();
+            return Some((Cow::Owned(k), PyDoc(v)));
+        }
+        let (name, fields) = self.ctor()?;
+        Some((Cow::Owned(py_str(&name)), PyDoc(fields)))
+    }
+
+    fn tensor(&self) -> Option<Result<Tensor, String>> {
+        array_to_tensor(&self.0).transpose()
+    }
+
+    fn describe(&self) -> String {
+        let o = &self.0;
+        let count = |n: usize, what: &str| match n {
+            0 => format!("an empty {what}"),
+            1 => format!("a {what} of 1 element"),
+            n => format!("a {what} of {n} elements"),
+        };
+        if let Ok(b) = o.cast::<PyBool>() {
+            return format!("the boolean {}", if b.is_true() { "True" } else { "False" });
+        }
+        if o.is_instance_of::<PyInt>() || o.is_instance_of::<PyFloat>() {
+            return format!("the number {}", short_repr(o));
+        }
+        if let Ok(s) = o.cast::<PyString>() {
+            return format!("the string {:?}", tumble_api::shorten(&py_str(s), 40));
+        }
+        if let Ok(l) = o.cast::<PyList>() {
+            return count(l.len(), "list");
+        }
+        if let Ok(t) = o.cast::<PyTuple>() {
+            return count(t.len(), "tuple");
+        }
+        if o.is_instance_of::<PyDict>() {
+            let keys = self.keys();
+            return if keys.is_empty() {
+                "an empty dict".into()
+            } else {
+                format!("a dict with keys {}", keys.join(", "))
+            };
+        }
+        if let Ok(a) = o.cast::<PyUntypedArray>() {
+            let dtype = a
+                .dtype()
+                .str()
+                .map(|s| s.to_string())
+                .unwrap_or_else(|_| "?".into());
+            return format!("a numpy array of shape {:?} and dtype {dtype}", a.shape());
+        }
+        if let Some((name, _)) = self.ctor() {
+            return format!("tumble.Ctor({:?}, ...)", py_str(&name));
+        }
+        if o.is_none() {
+            return "None".into();
+        }
+        format!("a {}", type_name(o))
     }
 }
 
@@ -293,31 +366,6 @@ fn short_repr(obj: &Bound<'_, PyAny>) -> String {
         s.push('…');
     }
     s
-}
-
-/// Every instance of `instances` (Python objects) as raw instances.
-fn convert_instances(py: Python<'_>, instances: &[Py<PyAny>]) -> Result<RawInstances, ApiError> {
-    let mut items = Vec::with_capacity(instances.len());
-    for (i, obj) in instances.iter().enumerate() {
-        let mut c = Converter {
-            py,
-            path: Vec::new(),
-            attached: Vec::new(),
-        };
-        let json = c.value(obj.bind(py)).map_err(|message| ApiError::Input {
-            instance: i,
-            message: format!("instances: instance at index {i}: {message}"),
-        })?;
-        items.push(RawInstance::with_tensors(
-            Location::Index(i),
-            json,
-            c.attached,
-        ));
-    }
-    Ok(RawInstances {
-        source_name: "instances".into(),
-        items,
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -534,17 +582,24 @@ impl PyModel {
             ..RunOptions::default()
         };
         opts.runtime.scheduler = tumble_api::scheduler(scheduler).map_err(|e| to_py_err(py, e))?;
-        let model = &self.inner;
-        let result = py.detach(|| {
-            tumble_api::with_big_stack(|| -> Result<_, ApiError> {
-                let raw = Python::attach(|py| convert_instances(py, &items))?;
-                let (outs, prof) = model.run_here(&raw, &opts)?;
-                // Freeing the instances' JSON values (~24k of them for 128 SST trees: ~1 ms)
-                // need not delay the results: a thread does it (inline if none starts).
-                let _ = std::thread::Builder::new()
-                    .name("tumble-free".into())
-                    .stack_size(tumble_api::WORK_STACK_BYTES)
-                    .spawn(move || drop(raw));
+        let model = self.inner.clone();
+        // On a kept run thread (its buffers stay warm from one call to the next).
+        let result = py.detach(move || {
+            tumble_api::on_run_thread(move || -> Result<_, ApiError> {
+                // Each instance is decoded straight from its Python objects when its
+                // mini-batch starts (holding the GIL only for that), with no JSON copy.
+                let (outs, prof) = model.run_with(
+                    items.len(),
+                    |i, decoding| {
+                        Python::attach(|py| {
+                            let source = format!("instances: instance at index {i}");
+                            let obj = items.get(i).map_or_else(|| py.None(), |o| o.clone_ref(py));
+                            decoding.decode(i, &PyDoc(obj.into_bound(py)), &[], &source)
+                        })
+                    },
+                    |i| format!("instance at index {i}"),
+                    &opts,
+                )?;
                 let text = profile.then(|| prof.to_string());
                 let py_outs = Python::attach(|py| -> PyResult<Py<PyList>> {
                     let list = PyList::empty(py);

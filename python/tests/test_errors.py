@@ -75,11 +75,25 @@ def test_input_errors_name_the_instance_and_path(adder):
 
 
 def test_deep_instances_are_refused_not_crashing(adder):
+    # A tensor nested too deep is a type error at the first level too many.
     deep: list = [1.0]
     for _ in range(20_000):
         deep = [deep]
-    with pytest.raises(tumble.InputError, match="deeper than"):
+    with pytest.raises(tumble.InputError, match=r"\.x\[0\]: expected a float32 element"):
         adder.run([{"x": deep, "y": [1.0]}])
+    # A tree of a legal type but 20,000 levels deep passes the decoder's depth limit.
+    model = tumble.load(MODELS / "treelstm_small.rly", random_params=0)
+    tree = {"Rose": [[1], []]}
+    for _ in range(20_000):
+        tree = {"Rose": [[0], [tree]]}
+    with pytest.raises(tumble.InputError, match="deeper than"):
+        model.run([{"tree": tree}])
+    # The same nesting as tumble.Ctor values.
+    tree = tumble.Ctor("Rose", np.array([1], np.int32), [])
+    for _ in range(20_000):
+        tree = tumble.Ctor("Rose", [0], [tree])
+    with pytest.raises(tumble.InputError, match="deeper than"):
+        model.run([{"tree": tree}])
 
 
 def test_run_error_names_the_instance_and_source(adder):

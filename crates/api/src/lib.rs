@@ -25,7 +25,10 @@ use tumble_ir::{diag, DType, Diagnostic, SourceMap, Ty};
 use tumble_runtime::{Executable, Options, Profile, Reuse, Scheduler};
 use tumble_tensor::{Rng, Tensor};
 
-pub use tumble_io::{Location, OutTree, RawInstance, RawInstances, ATTACHED_TENSOR_KEY};
+pub use tumble_io::decode::shorten;
+pub use tumble_io::{
+    Doc, Kind, Location, Num, OutTree, RawInstance, RawInstances, ATTACHED_TENSOR_KEY,
+};
 
 /// The deepest nesting of an instance read (JSON arrays/objects, or a face's own values).
 pub const MAX_INPUT_DEPTH: usize = tumble_io::MAX_DEPTH;
@@ -582,7 +585,35 @@ impl Model {
         instances: &RawInstances,
         opts: &RunOptions,
     ) -> Result<(Vec<OutTree>, Profile), Error> {
-        let n = instances.len();
+        self.run_with(
+            instances.len(),
+            |i, decoding| decoding.decode_raw(instances, i),
+            |i| {
+                instances.items.get(i).map_or_else(
+                    || format!("instance {i}"),
+                    |it| format!("instance at {}", it.location),
+                )
+            },
+            opts,
+        )
+    }
+
+    /// Runs `n` instances that `load` decodes, each from the caller's own document (a
+    /// [`tumble_io::Doc`]: the Python package reads its lists, dicts and numpy arrays directly,
+    /// without a JSON copy) through the [`Decoding`] it is given. `load` is called on the thread
+    /// that runs the instance's mini-batch, once per instance, when the mini-batch starts;
+    /// `locate(i)` names instance `i` in run-time errors (`instance at index 3`).
+    pub fn run_with<L, N>(
+        &self,
+        n: usize,
+        load: L,
+        locate: N,
+        opts: &RunOptions,
+    ) -> Result<(Vec<OutTree>, Profile), Error>
+    where
+        L: Fn(usize, &Decoding) -> Result<Vec<tumble_interp::Value>, Error> + Sync,
+        N: Fn(usize) -> String,
+    {
         if n == 0 {
             return Ok((Vec::new(), Profile::default()));
         }
@@ -633,13 +664,9 @@ impl Model {
             exec: Some(&exec),
             worker_stack: WORK_STACK_BYTES,
         };
+        let decoding = Decoding::new(self, env);
         let load = |i: usize| -> Result<Vec<tumble_interp::Value>, Error> {
-            let values = instances
-                .decode_one(i, &env, &self.instance_args)
-                .map_err(|e| Error::Input {
-                    instance: i,
-                    message: format!("{e}{}", self.param_key_hint(instances, i)),
-                })?;
+            let values = load(i, &decoding)?;
             self.bound.assemble(values).map_err(|e| Error::Input {
                 instance: i,
                 message: e.to_string(),
@@ -655,21 +682,17 @@ impl Model {
             |e| match e {
                 tumble_runtime::JobError::Instance(_, e) => e,
                 tumble_runtime::JobError::Run { instance, error } => {
-                    self.run_error(instances, instance, error)
+                    self.located_run_error(locate(instance), instance, error)
                 }
             },
         )
     }
 
-    /// When instance `i` has keys that name parameters: how to make them inputs (which @main
-    /// arguments are inputs is decided at load, before any instance is seen).
-    fn param_key_hint(&self, instances: &RawInstances, i: usize) -> String {
-        let Some(serde_json::Value::Object(m)) = instances.items.get(i).map(RawInstance::json)
-        else {
-            return String::new();
-        };
-        let params: Vec<&str> = m
-            .keys()
+    /// When an instance has keys (`keys`) that name parameters: how to make them inputs (which
+    /// @main arguments are inputs is decided at load, before any instance is seen).
+    fn param_key_hint(&self, keys: &[String]) -> String {
+        let params: Vec<&str> = keys
+            .iter()
             .filter(|k| self.parameter(k).is_some())
             .map(String::as_str)
             .collect();
@@ -688,17 +711,8 @@ impl Model {
         )
     }
 
-    /// A run-time failure rendered like the CLI's: the message, the source line, the calls that
-    /// led there.
-    fn run_error(&self, instances: &RawInstances, i: usize, e: RunError) -> Error {
-        let location = instances.items.get(i).map_or_else(
-            || format!("instance {i}"),
-            |it| format!("instance at {}", it.location),
-        );
-        self.located_run_error(location, i, e)
-    }
-
-    /// [`Model::run_error`] for an instance named by `location` (`instance at index 3`).
+    /// A run-time failure rendered like the CLI's (the message, the source line, the calls that
+    /// led there), for an instance named by `location` (`instance at index 3`).
     fn located_run_error(&self, location: String, i: usize, e: RunError) -> Error {
         let message = format!("{location}: {}", e.message);
         let message = match e.span {
@@ -720,6 +734,61 @@ impl Model {
             instance: i,
             message,
         }
+    }
+}
+
+/// How a [`Model::run_with`] loader decodes its instances: by the model's instance arguments
+/// and type tables.
+pub struct Decoding<'m> {
+    model: &'m Model,
+    env: TypeEnv<'m>,
+}
+
+impl<'m> Decoding<'m> {
+    pub(crate) fn new(model: &'m Model, env: TypeEnv<'m>) -> Self {
+        Decoding { model, env }
+    }
+
+    /// Instance `i` from `doc`, whose `{ATTACHED_TENSOR_KEY: k}` objects refer to `attached`;
+    /// an error names it as `source` (`instances: instance at index 3`) and the path inside it.
+    pub fn decode<D: tumble_io::Doc>(
+        &self,
+        i: usize,
+        doc: &D,
+        attached: &[Tensor],
+        source: &str,
+    ) -> Result<Vec<tumble_interp::Value>, Error> {
+        tumble_io::decode_instance(doc, attached, &self.env, &self.model.instance_args).map_err(
+            |e| {
+                let mut message = format!("{source}: ");
+                if !e.path.is_empty() {
+                    message.push_str(&e.path);
+                    message.push_str(": ");
+                }
+                message.push_str(&e.message);
+                if doc.kind() == Ok(tumble_io::Kind::Object) {
+                    message.push_str(&self.model.param_key_hint(&doc.keys()));
+                }
+                Error::Input {
+                    instance: i,
+                    message,
+                }
+            },
+        )
+    }
+
+    /// Instance `i` of `instances`.
+    pub fn decode_raw(
+        &self,
+        instances: &RawInstances,
+        i: usize,
+    ) -> Result<Vec<tumble_interp::Value>, Error> {
+        let item = instances.items.get(i);
+        let json = item.map_or(&serde_json::Value::Null, RawInstance::json);
+        let attached = item.map_or(&[][..], RawInstance::attached);
+        let location = item.map_or(tumble_io::Location::Index(i), |it| it.location);
+        let source = format!("{}: instance at {location}", instances.source_name);
+        self.decode(i, &json, attached, &source)
     }
 }
 
@@ -779,7 +848,9 @@ pub fn instances_from_json(source_name: &str, items: Vec<serde_json::Value>) -> 
     }
 }
 
+mod runner;
 mod session;
+pub use runner::on_run_thread;
 pub use session::{Session, Ticket};
 
 #[cfg(test)]

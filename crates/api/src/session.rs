@@ -60,12 +60,7 @@ impl<'m> Session<'m> {
     /// the same instances.
     pub fn admit(&mut self, instances: &RawInstances, i: usize) -> Result<Ticket, Error> {
         let m = self.model;
-        let values = instances
-            .decode_one(i, &self.env, &m.instance_args)
-            .map_err(|e| Error::Input {
-                instance: i,
-                message: format!("{e}{}", m.param_key_hint(instances, i)),
-            })?;
+        let values = crate::Decoding::new(m, self.env).decode_raw(instances, i)?;
         let args = m.bound.assemble(values).map_err(|e| Error::Input {
             instance: i,
             message: e.to_string(),

@@ -21,6 +21,7 @@
 pub mod artifact;
 mod atomic;
 mod bind;
+pub mod decode;
 mod env;
 mod error;
 pub mod instances;
@@ -29,6 +30,7 @@ mod tree;
 pub mod weights;
 
 pub use bind::{bind_params, random_param, Binding, BoundArg, BoundParams, MAX_RANDOM_ELEMENTS};
+pub use decode::{decode_instance, DecodeError, Doc, Kind, Num};
 pub use env::{main_signature, TypeEnv};
 pub use error::IoError;
 pub use instances::{

@@ -1,0 +1,122 @@
+//! Run threads kept between calls: a library face (Python) runs each job on a thread with the
+//! CLI's big stack, and a thread kept alive keeps what the runtime caches per thread — its
+//! recycled activation buffers and GEMM scratch — so a second call does not page-fault them in
+//! again. A fresh thread per call cost TreeLSTM-small b64 about 2 ms of its ~60 ms in kernels
+//! (bench/RESULTS.md, "Python package").
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{channel, sync_channel, Sender};
+use std::sync::Mutex;
+
+use crate::{Error, WORK_STACK_BYTES};
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Idle run threads, each waiting on its job channel. Concurrent calls take one each (or start
+/// one), so they run in parallel as before.
+static IDLE: Mutex<Vec<Sender<Job>>> = Mutex::new(Vec::new());
+
+/// Threads kept idle at most; more (after a burst of concurrent calls) end.
+const MAX_IDLE: usize = 8;
+
+fn start_thread() -> Result<Sender<Job>, Error> {
+    let (tx, rx) = channel::<Job>();
+    std::thread::Builder::new()
+        .name("tumble-run".into())
+        .stack_size(WORK_STACK_BYTES)
+        .spawn(move || {
+            // Ends when its sender is dropped.
+            for job in rx {
+                job();
+            }
+        })
+        .map_err(|e| Error::Usage {
+            message: format!("cannot start a thread for the run: {e}"),
+        })?;
+    Ok(tx)
+}
+
+fn panic_error(p: Box<dyn std::any::Any + Send>) -> Error {
+    let what = p
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| p.downcast_ref::<&str>().copied())
+        .unwrap_or("(no message)");
+    Error::Run {
+        instance: 0,
+        message: format!("internal error (please report it): {what}"),
+    }
+}
+
+/// Runs `f` on a kept run thread with [`WORK_STACK_BYTES`] of stack and waits for it (see the
+/// module docs). A panic in `f` comes back as an error, and the thread stays usable.
+pub fn on_run_thread<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Error> {
+    let (done_tx, done_rx) = sync_channel(1);
+    let job: Job = Box::new(move || {
+        let _ = done_tx.send(catch_unwind(AssertUnwindSafe(f)));
+    });
+    let kept = IDLE.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    let thread = match kept {
+        Some(t) => t,
+        None => start_thread()?,
+    };
+    // A kept thread cannot have ended (it only ends when its sender drops), so the send
+    // succeeds; were it refused, the job comes back and runs on a fresh thread.
+    let thread = match thread.send(job) {
+        Ok(()) => thread,
+        Err(refused) => {
+            let fresh = start_thread()?;
+            fresh.send(refused.0).map_err(|_| Error::Usage {
+                message: "cannot hand the run to its thread".into(),
+            })?;
+            fresh
+        }
+    };
+    let result = done_rx.recv().map_err(|_| Error::Usage {
+        message: "the run's thread ended without a result".into(),
+    })?;
+    let mut idle = IDLE.lock().unwrap_or_else(|p| p.into_inner());
+    if idle.len() < MAX_IDLE {
+        idle.push(thread);
+    }
+    drop(idle);
+    result.map_err(panic_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_thread_is_reused_and_survives_a_panic() {
+        let id = || std::thread::current().id();
+        let first = on_run_thread(id).unwrap();
+        let e = on_run_thread(|| -> u32 { panic!("boom") }).unwrap_err();
+        assert!(e.to_string().contains("boom"), "{e}");
+        // Another test running at the same time may take the idle thread now and then, but five
+        // calls in a row cannot all have started threads of their own.
+        let mut ids = std::collections::HashSet::new();
+        ids.insert(first);
+        for _ in 0..4 {
+            ids.insert(on_run_thread(id).unwrap());
+        }
+        assert!(ids.len() < 5, "no run thread was kept: {ids:?}");
+        assert!(!ids.contains(&std::thread::current().id()));
+    }
+
+    #[test]
+    fn the_run_thread_has_a_big_stack() {
+        fn depth(n: u64) -> u64 {
+            let pad = [n; 64];
+            if n == 0 {
+                0
+            } else {
+                std::hint::black_box(pad)[0] - n + 1 + depth(n - 1)
+            }
+        }
+        // ~600 bytes a frame x 100k frames: far past a default 8 MiB stack.
+        assert_eq!(on_run_thread(|| depth(100_000)).unwrap(), 100_000);
+    }
+}
