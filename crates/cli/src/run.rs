@@ -163,6 +163,10 @@ pub struct RunArgs {
     /// for the next launches of the same thread.
     #[arg(long)]
     pub no_buffer_pool: bool,
+    /// Products with at most 8 output columns (classifiers) on the blocked GEMM too, instead of
+    /// as dot products per output (also: TUMBLE_NO_NARROW_GEMM=1).
+    #[arg(long)]
+    pub no_narrow_gemm: bool,
     /// With several workers, a worker out of mini-batches keeps its threads to itself instead of
     /// lending them to the launches of the mini-batches still running.
     #[arg(long)]
@@ -530,6 +534,9 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         }
         Engine::Batched => {
             tumble_tensor::pool::set_enabled(!args.no_buffer_pool);
+            if args.no_narrow_gemm {
+                tumble_runtime::set_narrow_products(false);
+            }
             // Planned once for every repeat: the warm runs reuse plans, compiled row programs
             // and packed weights, as a long-lived process would.
             let exec = std::sync::Arc::new(tumble_runtime::Executable::with_plans(

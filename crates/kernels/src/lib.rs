@@ -28,11 +28,13 @@ mod act;
 mod driver;
 mod error;
 mod kernel;
+mod narrow;
 mod pack;
 
 pub use act::{sigmoid_in_place, tanh_in_place, Activation, BiasActivation};
 pub use error::KernelError;
 pub use kernel::KernelKind;
+pub use narrow::set_narrow_products;
 pub use pack::PackedWeight;
 
 use driver::Part;
@@ -210,7 +212,11 @@ pub fn dense_into_with(
         .iter_mut()
         .map(|o| (&mut *o.data, o.width))
         .collect();
-    driver::run(&kernel, &parts, m, n, c, &mut outs, epilogue, threads);
+    if m > 0 && narrow::applies(&parts, n) {
+        narrow::run(kind, &parts, m, n, c, &mut outs, epilogue);
+    } else {
+        driver::run(&kernel, &parts, m, n, c, &mut outs, epilogue, threads);
+    }
     Ok(())
 }
 

@@ -110,6 +110,9 @@ pub struct PackedWeight {
     n: usize,
     k: usize,
     panels: AlignedBuf,
+    /// `W` itself (N × K, row-major) when it has at most [`crate::narrow::MAX_N`] rows: narrow
+    /// products read it as dot products instead of the panels.
+    rows: Option<Vec<f32>>,
 }
 
 impl std::fmt::Debug for PackedWeight {
@@ -160,7 +163,13 @@ impl PackedWeight {
                 }
             }
         }
-        Ok(PackedWeight { n, k, panels: buf })
+        let rows = (n <= crate::narrow::MAX_N).then(|| w.to_vec());
+        Ok(PackedWeight {
+            n,
+            k,
+            panels: buf,
+            rows,
+        })
     }
 
     /// Pack `W = Yᵀ` from the `k` rows of `Y` (`k × n`, each row `n` floats, wherever they lie):
@@ -197,6 +206,16 @@ impl PackedWeight {
         }
         self.n = n;
         self.k = k;
+        // W = Yᵀ: row j of W is column j of Y.
+        self.rows = (n <= crate::narrow::MAX_N).then(|| {
+            let mut w = vec![0f32; n * k];
+            for (kk, r) in rows.iter().enumerate() {
+                for (j, v) in r.iter().enumerate() {
+                    w[j * k + kk] = *v;
+                }
+            }
+            w
+        });
         Ok(())
     }
 
@@ -206,6 +225,7 @@ impl PackedWeight {
             n: 0,
             k: 0,
             panels: AlignedBuf::default(),
+            rows: None,
         };
         w.repack_rows_kn(rows, n)?;
         Ok(w)
@@ -219,6 +239,11 @@ impl PackedWeight {
     /// Contraction length `K` (columns of the unpacked `W`).
     pub fn k(&self) -> usize {
         self.k
+    }
+
+    /// `W` (N × K, row-major) when it is narrow enough to be kept (see [`crate::narrow`]).
+    pub(crate) fn rows(&self) -> Option<&[f32]> {
+        self.rows.as_deref()
     }
 
     /// Panel `p`, rows `k0..k0 + kc` of K: `kc * NR` floats.

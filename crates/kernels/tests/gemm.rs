@@ -298,6 +298,9 @@ fn accumulate_over_parts() {
             (40, 70, vec![33, 0, 257]),
             (3, 64, vec![300, 1, 7]),
             (130, 17, vec![64, 64]),
+            // Narrow products (N <= 8: dot products per output), a part with K = 0 among them.
+            (9, 5, vec![17, 0, 300]),
+            (65, 1, vec![16, 33]),
         ] {
             let ws: Vec<Vec<f32>> = ks.iter().map(|&k| rng.vec(n * k)).collect();
             let pws: Vec<PackedWeight> = ks
@@ -756,6 +759,51 @@ fn l2_blocked_weight_at_odd_sizes() {
             )
             .unwrap();
             check(&c, &want, &scale, &format!("dense m={m} t={threads}"));
+        }
+    }
+}
+
+/// Narrow products (N ≤ 8 take the dot-product path): every N, K around the vector widths, rows
+/// contiguous and gathered, on every micro-kernel family; the same within tolerance with the
+/// path turned off (the blocked GEMM); and a row's bits do not depend on the other rows.
+#[test]
+fn narrow_products_at_odd_sizes_and_off() {
+    let mut rng = Rng(0x5EED);
+    for kind in kinds() {
+        for n in 1..=9 {
+            for k in [1, 7, 8, 15, 16, 17, 31, 33, 300] {
+                for m in [1, 2, 65] {
+                    case(kind, m, n, k, (m + k) % 2 == 0, 1, &mut rng);
+                }
+            }
+        }
+        let (m, n, k) = (70, 5, 37);
+        let (_, a, pw) = rng.problem(m, n, k);
+        let contiguous = Rows::Contiguous {
+            data: &a,
+            stride: k,
+        };
+        let mut on = vec![f32::NAN; m * n];
+        dense_with(kind, &contiguous, &pw, &mut on, &NoEpilogue, 1).unwrap();
+        // Row 3 alone: the same bits as within the launch of 70.
+        let one = Rows::Contiguous {
+            data: &a[3 * k..4 * k],
+            stride: k,
+        };
+        let mut row = vec![f32::NAN; n];
+        dense_with(kind, &one, &pw, &mut row, &NoEpilogue, 1).unwrap();
+        assert_eq!(row, on[3 * n..4 * n], "{}: row 3 alone", kind.name());
+        set_narrow_products(false);
+        let mut off = vec![f32::NAN; m * n];
+        let r = dense_with(kind, &contiguous, &pw, &mut off, &NoEpilogue, 1);
+        set_narrow_products(true);
+        r.unwrap();
+        for (x, y) in on.iter().zip(&off) {
+            assert!(
+                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                "{}: {x} vs {y}",
+                kind.name()
+            );
         }
     }
 }

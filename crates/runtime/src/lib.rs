@@ -30,6 +30,8 @@ use tumble_tensor::Rng;
 pub use executable::Executable;
 pub use profile::Profile;
 pub use reuse::Reuse;
+/// Products with few output columns as dot products, or on the blocked GEMM (process-wide).
+pub use tumble_kernels::set_narrow_products;
 pub use workers::{run_batches, Job, JobError};
 
 /// How block invocations are ordered into launches.
