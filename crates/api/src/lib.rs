@@ -574,6 +574,8 @@ impl Model {
             }
         }
         let e = Arc::new(Executable::new(&self.program, &self.reuse, runtime));
+        // The model's weights packed for the GEMM now, not in the first request's run.
+        e.prepack_weights(&self.program, &self.bound.entry_params());
         *kept = Some((key, e.clone()));
         e
     }

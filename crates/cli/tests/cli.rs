@@ -316,6 +316,8 @@ fn every_optimization_switch_is_accepted_and_keeps_the_outputs() {
         "--no-epilogue",
         "--no-buffer-pool",
         "--no-lend-threads",
+        "--no-narrow-gemm",
+        "--no-prepack",
     ];
     let none = run_random(&model, &inputs, &switches);
     assert!(none.status.success(), "{}", text(&none.stderr));
@@ -363,6 +365,33 @@ fn the_buffer_pool_does_not_change_the_outputs() {
     };
     assert!(recycled(&pooled) > 0, "{}", text(&pooled.stderr));
     assert_eq!(recycled(&fresh), 0);
+}
+
+/// Weights packed before the run (start-up) give the bytes of weights packed at their first
+/// launch, and `--profile` counts them: TreeLSTM-small's four GEMM weights.
+#[test]
+fn prepacked_weights_do_not_change_the_outputs() {
+    let model = zoo_model("treelstm_small");
+    let inputs = example("treelstm");
+    let run = |extra: &[&str]| {
+        let args = [&["--batch", "3", "--threads", "1", "--profile"][..], extra].concat();
+        let out = run_random(&model, &inputs, &args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        out
+    };
+    let packed = |o: &Output| -> u64 {
+        let err = text(&o.stderr);
+        err.lines()
+            .find_map(|l| l.split_once(" weights packed "))
+            .and_then(|(head, _)| head.rsplit_once(", "))
+            .and_then(|(_, n)| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no packed-weight count in:\n{err}"))
+    };
+    let ahead = run(&[]);
+    let lazily = run(&["--no-prepack"]);
+    assert_eq!(text(&ahead.stdout), text(&lazily.stdout));
+    assert_eq!(packed(&ahead), 4, "{}", text(&ahead.stderr));
+    assert_eq!(packed(&lazily), 0);
 }
 
 /// Mini-batches run at once on several workers give the bytes of one mini-batch after another,

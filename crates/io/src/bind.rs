@@ -61,6 +61,18 @@ impl BoundParams {
 
     /// The arguments each instance must provide (name, declared type), in declaration order: the
     /// `args` of [`crate::RawInstances::decode`].
+    /// Per `@main` argument, in order: its weight when it is a parameter (`None`: an instance
+    /// input) — what `Executable::prepack_weights` reads `Code::Param` from.
+    pub fn entry_params(&self) -> Vec<Option<Tensor>> {
+        self.args
+            .iter()
+            .map(|a| match &a.binding {
+                Binding::Param(t) => Some(t.clone()),
+                Binding::Instance => None,
+            })
+            .collect()
+    }
+
     pub fn instance_args(&self) -> Vec<(String, Ty)> {
         self.args
             .iter()
