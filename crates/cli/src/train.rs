@@ -41,6 +41,10 @@ pub struct Weights {
     /// of the SIMD GEMM.
     #[arg(long)]
     pub no_backward_gemm: bool,
+    /// Run the backward's recomputed operators and elementwise/layout gradients with the
+    /// operator table's reference rules (f64) instead of the f32 SIMD fast paths.
+    #[arg(long)]
+    pub no_backward_fast: bool,
 }
 
 #[derive(clap::Args)]
@@ -362,6 +366,7 @@ fn options(threads: Option<usize>) -> Result<Options, Failure> {
 fn gopts(w: &Weights) -> GradOptions {
     GradOptions {
         gemm: !w.no_backward_gemm,
+        fast: !w.no_backward_fast,
     }
 }
 
@@ -540,34 +545,47 @@ fn step(
     let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
     let c1 = 1.0 - b1.powi(t.min(i32::MAX as u64) as i32);
     let c2 = 1.0 - b2.powi(t.min(i32::MAX as u64) as i32);
-    let out: Vec<f32> = match opt {
-        Optimizer::Sgd => wv
-            .iter()
-            .zip(gv)
-            .map(|(x, g)| x - lr * (g * scale + decay * x))
-            .collect(),
-        Optimizer::Adagrad => wv
-            .iter()
-            .zip(gv)
-            .zip(s.v.iter_mut())
-            .map(|((x, g), v)| {
-                let g = g * scale + decay * x;
-                *v += g * g;
-                x - lr * g / (v.sqrt() + 1e-10)
-            })
-            .collect(),
-        Optimizer::Adam => wv
-            .iter()
-            .zip(gv)
-            .zip(s.m.iter_mut().zip(s.v.iter_mut()))
-            .map(|((x, g), (m, v))| {
-                let g = g * scale + decay * x;
-                *m = b1 * *m + (1.0 - b1) * g;
-                *v = b2 * *v + (1.0 - b2) * g * g;
-                x - lr * (*m / c1) / ((*v / c2).sqrt() + eps)
-            })
-            .collect(),
-    };
+    // Rows whose gradient is all zero (an embedding's rows no instance of the mini-batch read)
+    // keep their weights and state exactly under SGD and Adagrad without weight decay (each
+    // element becomes `x - lr·0/…` = x), so they are copied instead of computed; Adam's moments
+    // move even at a zero gradient, so it updates every row.
+    let sparse = opt != Optimizer::Adam && decay == 0.0;
+    let row = w
+        .shape()
+        .last()
+        .copied()
+        .filter(|&d| d > 0 && w.rank() >= 2)
+        .unwrap_or(wv.len().max(1));
+    let mut out: Vec<f32> = wv.to_vec();
+    for (r, (o, g)) in out.chunks_mut(row).zip(gv.chunks(row)).enumerate() {
+        if sparse && g.iter().all(|&v| v == 0.0) {
+            continue;
+        }
+        let at = r * row;
+        match opt {
+            Optimizer::Sgd => {
+                for (x, g) in o.iter_mut().zip(g) {
+                    *x -= lr * (g * scale + decay * *x);
+                }
+            }
+            Optimizer::Adagrad => {
+                for ((x, g), v) in o.iter_mut().zip(g).zip(&mut s.v[at..at + g.len()]) {
+                    let g = g * scale + decay * *x;
+                    *v += g * g;
+                    *x -= lr * g / (v.sqrt() + 1e-10);
+                }
+            }
+            Optimizer::Adam => {
+                let (ms, vs) = (&mut s.m[at..at + g.len()], &mut s.v[at..at + g.len()]);
+                for ((x, g), (m, v)) in o.iter_mut().zip(g).zip(ms.iter_mut().zip(vs.iter_mut())) {
+                    let g = g * scale + decay * *x;
+                    *m = b1 * *m + (1.0 - b1) * g;
+                    *v = b2 * *v + (1.0 - b2) * g * g;
+                    *x -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
+                }
+            }
+        }
+    }
     Ok(Tensor::from_vec(w.shape().to_vec(), out)
         .map_err(|e| e.to_string())?
         .cast(w.dtype()))

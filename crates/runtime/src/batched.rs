@@ -321,6 +321,23 @@ pub(crate) fn batched_op(
     octx: &mut OpCtx,
     stats: &mut OpStats,
 ) -> Result<BV, String> {
+    batched_op_with(op, attrs, args, b, octx, stats, crate::fastops::try_eval)
+}
+
+/// An f32 fast path tried before an operator's reference kernel (`None`: not handled).
+pub(crate) type FastEval = fn(&str, &[OpValue], &Attrs) -> Option<OpValue>;
+
+/// [`batched_op`] with `fast` tried before the reference kernels (the backward's recompute
+/// passes its own, which covers more operators).
+pub(crate) fn batched_op_with(
+    op: &'static OpDef,
+    attrs: &Attrs,
+    args: Vec<BV>,
+    b: usize,
+    octx: &mut OpCtx,
+    stats: &mut OpStats,
+    fast: FastEval,
+) -> Result<BV, String> {
     let args = if args.iter().any(|a| matches!(a, BV::Rows(_))) {
         args.iter()
             .map(BV::materialized)
@@ -337,7 +354,7 @@ pub(crate) fn batched_op(
                 BV::Batched(_) | BV::Rows(_) => None,
             })
             .collect();
-        return match crate::fastops::try_eval(op.name, &plain, attrs) {
+        return match fast(op.name, &plain, attrs) {
             Some(v) => Ok(BV::Shared(v)),
             None => eval(op, &plain, attrs, octx).map(BV::Shared),
         };
@@ -345,7 +362,7 @@ pub(crate) fn batched_op(
     match rule(op, attrs, &args, b) {
         Some((plain, attrs)) => {
             stats.batched += 1;
-            let out = match crate::fastops::try_eval(op.name, &plain, &attrs) {
+            let out = match fast(op.name, &plain, &attrs) {
                 Some(v) => v,
                 None => eval(op, &plain, &attrs, octx)?,
             };

@@ -19,6 +19,8 @@ type Concat = HashMap<(Vec<(usize, usize)>, usize), (Vec<Tensor>, Arc<PackedWeig
 pub struct WeightCache {
     single: Mutex<Single>,
     concat: Mutex<Concat>,
+    /// `Wᵀ` packed (the backward's `dX = dY · W`), keyed like `single`.
+    transposed: Mutex<Single>,
 }
 
 thread_local! {
@@ -63,6 +65,31 @@ pub fn packed(w: &Tensor, n: usize, k: usize) -> Result<Arc<PackedWeight>, Strin
         let data = w.as_f32().ok_or("dense stage: the weight is not float32")?;
         let p = Arc::new(PackedWeight::pack(data, n, k).map_err(|e| e.to_string())?);
         if let Some(Ok(mut c)) = cache.map(|c| c.single.lock()) {
+            c.insert(key, (w.clone(), p.clone()));
+        }
+        Ok(p)
+    })
+}
+
+/// `W` (N, K) packed as the weight of `A · W` (that is, `Wᵀ` packed: the backward's
+/// `dX = dY · W`), packing on first use in this job.
+pub fn packed_transposed(w: &Tensor, n: usize, k: usize) -> Result<Arc<PackedWeight>, String> {
+    let key = (w.buffer_id(), n, k);
+    WeightCache::with(|cache| {
+        if let Some(Ok(c)) = cache.map(|c| c.transposed.lock()) {
+            if let Some((_, p)) = c.get(&key) {
+                return Ok(p.clone());
+            }
+        }
+        let data = w
+            .as_f32()
+            .ok_or("dense gradient: the weight is not float32")?;
+        if k == 0 || data.len() != n * k {
+            return Err("dense gradient: the weight's shape does not match".into());
+        }
+        let rows: Vec<&[f32]> = data.chunks_exact(k).collect();
+        let p = Arc::new(PackedWeight::from_rows_kn(&rows, k).map_err(|e| e.to_string())?);
+        if let Some(Ok(mut c)) = cache.map(|c| c.transposed.lock()) {
             c.insert(key, (w.clone(), p.clone()));
         }
         Ok(p)

@@ -236,7 +236,16 @@ fn check(x: &Expected) {
         fusion: false,
         ..Options::default()
     };
-    let got = batched_grad(x, &wrt, 64, opts, GradOptions { gemm: false });
+    let got = batched_grad(
+        x,
+        &wrt,
+        64,
+        opts,
+        GradOptions {
+            gemm: false,
+            fast: false,
+        },
+    );
     compare(
         x,
         &wrt,

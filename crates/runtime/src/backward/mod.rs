@@ -28,6 +28,8 @@ use tumble_ops::{OpCtx, OpValue};
 use tumble_tensor::{Rng, Tensor};
 
 use crate::batched::{self, OpStats, BV};
+
+mod fast;
 use crate::dfg::{Arg, Dfg};
 use crate::{Executable, InstanceError, Options, Reuse};
 
@@ -38,11 +40,17 @@ pub struct GradOptions {
     /// `dW = dYᵀ·X`, each one GEMM over the launch's rows); off: the operator's reference vjp
     /// (plain loops in f64).
     pub gemm: bool,
+    /// The f32 fast paths ([`fast`]): the recomputed forward operators and the elementwise and
+    /// layout vjps on SIMD loops (off: the operator table's reference rules, in f64).
+    pub fast: bool,
 }
 
 impl Default for GradOptions {
     fn default() -> Self {
-        GradOptions { gemm: true }
+        GradOptions {
+            gemm: true,
+            fast: true,
+        }
     }
 }
 
@@ -56,7 +64,7 @@ fn dense_vjp_gemm(
     threads: usize,
 ) -> Option<Result<(Tensor, Tensor), RunError>> {
     use tumble_kernels::{NoEpilogue, PackedWeight, Rows};
-    let (xs, ws, gs) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?);
+    let (xs, _, gs) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?);
     let &[n, k] = w.shape() else { return None };
     if x.shape().last() != Some(&k) || dy.shape().last() != Some(&n) || k == 0 || n == 0 {
         return None;
@@ -67,30 +75,37 @@ fn dense_vjp_gemm(
     }
     let run = || -> Result<(Tensor, Tensor), RunError> {
         let kerr = |e: tumble_kernels::KernelError| internal(e);
-        // dX (M, K) = dY (M, N) · W (N, K): W packed as the K×N "Y" of an A·Y product.
-        let w_rows: Vec<&[f32]> = ws.chunks_exact(k).collect();
-        let pw = PackedWeight::from_rows_kn(&w_rows, k).map_err(kerr)?;
-        let mut dx = vec![0f32; m * k];
+        // dX (M, K) = dY (M, N) · W (N, K): Wᵀ packed once per mini-batch (the job's cache).
+        let pw = crate::gemm::packed_transposed(w, n, k).map_err(internal)?;
+        let mut dx = tumble_tensor::pool::scratch_f32(m * k);
         let a = Rows::Contiguous {
             data: gs,
             stride: n,
         };
         tumble_kernels::dense(&a, &pw, &mut dx, &NoEpilogue, threads).map_err(kerr)?;
-        // dW (N, K) = dYᵀ (N, M) · X (M, K): one product over every row of the launch.
-        let mut gt = vec![0f32; n * m];
-        for (r, row) in gs.chunks_exact(n).enumerate() {
-            for (j, v) in row.iter().enumerate() {
-                gt[j * m + r] = *v;
+        // dW (N, K) = dYᵀ (N, M) · X (M, K): one product over every row of the launch; dY
+        // transposed in tiles that stay in L1.
+        let mut gt = tumble_tensor::pool::scratch_f32(n * m);
+        const T: usize = 32;
+        for r0 in (0..m).step_by(T) {
+            for j0 in (0..n).step_by(T) {
+                for r in r0..(r0 + T).min(m) {
+                    let row = &gs[r * n..(r + 1) * n];
+                    for j in j0..(j0 + T).min(n) {
+                        gt[j * m + r] = row[j];
+                    }
+                }
             }
         }
         let x_rows: Vec<&[f32]> = xs.chunks_exact(k).collect();
         let px = PackedWeight::from_rows_kn(&x_rows, k).map_err(kerr)?;
-        let mut dw = vec![0f32; n * k];
+        let mut dw = tumble_tensor::pool::scratch_f32(n * k);
         let a = Rows::Contiguous {
             data: &gt,
             stride: m,
         };
         tumble_kernels::dense(&a, &px, &mut dw, &NoEpilogue, threads).map_err(kerr)?;
+        tumble_tensor::pool::recycle(gt);
         Ok((
             Tensor::from_vec(x.shape().to_vec(), dx).map_err(internal)?,
             Tensor::from_vec(w.shape().to_vec(), dw).map_err(internal)?,
@@ -118,6 +133,11 @@ fn plain_vjp(
                 let (dx, dw) = r?;
                 return Ok(vec![Some(OpValue::Tensor(dx)), Some(OpValue::Tensor(dw))]);
             }
+        }
+    }
+    if gopts.fast {
+        if let Some(gs) = fast::vjp(op.name, args, attrs, out, dy) {
+            return Ok(gs);
         }
     }
     tumble_ops::vjp::vjp(op, args, attrs, out, dy).map_err(|e| RunError::new(e.message))
@@ -767,13 +787,18 @@ fn backward_launch(
                 }
             });
         }
-        let r = batched::batched_op(
+        let fast_eval: batched::FastEval = match gopts.fast {
+            true => fast::eval,
+            false => crate::fastops::try_eval,
+        };
+        let r = batched::batched_op_with(
             node.op,
             &node.attrs,
             args.clone(),
             b,
             &mut octx,
             &mut ostats,
+            fast_eval,
         )
         .map_err(RunError::new)?;
         node_args.push(args);
@@ -795,6 +820,28 @@ fn backward_launch(
         let Some(dy) = dy_of(out, slots)? else {
             continue;
         };
+        // An embedding lookup of a model weight: its rows' gradients go straight into the
+        // weight's gradient (no dense table-sized gradient per launch).
+        if gopts.fast && node.op.name == "take" {
+            if let (Some(BArg::One(BVal::Input(i))), Some(idx)) = (node.args.first(), args.get(1)) {
+                let param = match sources.get(*i as usize).map(Vec::as_slice) {
+                    Some([Source::Param(p), rest @ ..])
+                        if rest.iter().all(|s| matches!(s, Source::Param(q) if q == p)) =>
+                    {
+                        Some(*p)
+                    }
+                    _ => None,
+                };
+                let table = inputs.get(*i as usize);
+                if let (Some(p), Some(BV::Shared(OpValue::Tensor(table)))) = (param, table) {
+                    if let Some(slot) = grads.get_mut(p) {
+                        if fast::scatter_rows_into(slot, table, idx, &dy, &node.attrs) {
+                            continue;
+                        }
+                    }
+                }
+            }
+        }
         let gs = vjp_batched(
             node.op,
             &node.attrs,
