@@ -823,17 +823,7 @@ pub fn with_big_stack<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, Error>
             .map_err(|e| Error::Usage {
                 message: format!("cannot start a thread for the run: {e}"),
             })?;
-        handle.join().map_err(|p| {
-            let what = p
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| p.downcast_ref::<&str>().copied())
-                .unwrap_or("(no message)");
-            Error::Run {
-                instance: 0,
-                message: format!("internal error (please report it): {what}"),
-            }
-        })
+        handle.join().map_err(runner::panic_error)
     })
 }
 

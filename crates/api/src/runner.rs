@@ -36,7 +36,8 @@ fn start_thread() -> Result<Sender<Job>, Error> {
     Ok(tx)
 }
 
-fn panic_error(p: Box<dyn std::any::Any + Send>) -> Error {
+/// A caught panic as an error (the message it carried, if any).
+pub(crate) fn panic_error(p: Box<dyn std::any::Any + Send>) -> Error {
     let what = p
         .downcast_ref::<String>()
         .map(String::as_str)

@@ -113,10 +113,10 @@ unsafe impl Send for SharedC {}
 unsafe impl Sync for SharedC {}
 
 /// The epilogue's outputs (each `rows × width` floats, `width` second) for a range of rows.
-type Outs<'o> = Vec<(&'o mut [f32], usize)>;
+pub(crate) type Outs<'o> = Vec<(&'o mut [f32], usize)>;
 
 /// Split the first `rows` rows off every output (which start at the same row).
-fn split_front<'o>(outs: &mut Outs<'o>, rows: usize) -> Outs<'o> {
+pub(crate) fn split_front<'o>(outs: &mut Outs<'o>, rows: usize) -> Outs<'o> {
     outs.iter_mut()
         .map(|(data, w)| {
             let at = (rows * *w).min(data.len());
@@ -128,7 +128,12 @@ fn split_front<'o>(outs: &mut Outs<'o>, rows: usize) -> Outs<'o> {
 }
 
 /// Call the epilogue on rows `rows` with their block of C and of every output.
-fn finish(epilogue: &dyn EpilogueInto, rows: std::ops::Range<usize>, c: &mut [f32], outs: Outs) {
+pub(crate) fn finish(
+    epilogue: &dyn EpilogueInto,
+    rows: std::ops::Range<usize>,
+    c: &mut [f32],
+    outs: Outs,
+) {
     let mut blocks: Vec<&mut [f32]> = outs.into_iter().map(|(d, _)| d).collect();
     epilogue.rows(rows, c, &mut blocks);
 }

@@ -10,7 +10,7 @@
 //! row's partial sums are reduced in a fixed order, so a row's result does not depend on the other
 //! rows of the launch, nor on the thread count.
 
-use crate::driver::Part;
+use crate::driver::{finish, split_front, Outs, Part};
 use crate::kernel::KernelKind;
 use crate::EpilogueInto;
 
@@ -53,7 +53,7 @@ pub(crate) fn run(
     outs: &mut [(&mut [f32], usize)],
     epilogue: &dyn EpilogueInto,
 ) {
-    let mut outs: Vec<(&mut [f32], usize)> = outs.iter_mut().map(|(d, w)| (&mut **d, *w)).collect();
+    let mut outs: Outs = outs.iter_mut().map(|(d, w)| (&mut **d, *w)).collect();
     let mut r0 = 0;
     while r0 < m {
         let r1 = (r0 + BLOCK_ROWS).min(m);
@@ -66,16 +66,8 @@ pub(crate) fn run(
                 rows_dot(kind, a, w, k, n, out, pi > 0);
             }
         }
-        let mut blocks: Vec<&mut [f32]> = outs
-            .iter_mut()
-            .map(|(data, width)| {
-                let at = ((r1 - r0) * *width).min(data.len());
-                let (head, tail) = std::mem::take(data).split_at_mut(at);
-                *data = tail;
-                head
-            })
-            .collect();
-        epilogue.rows(r0..r1, block, &mut blocks);
+        let front = split_front(&mut outs, r1 - r0);
+        finish(epilogue, r0..r1, block, front);
         r0 = r1;
     }
 }

@@ -352,6 +352,31 @@ pub fn grad_batch(
     })
 }
 
+/// A launch input stacked from its rows where they lie (f32 values of one shape), without a copy
+/// of each row first; `None` where a row is not such a value (the general path then copies).
+fn stack_f32(dfg: &Dfg, args: &[&Arg]) -> Option<Tensor> {
+    let mut data: Vec<f32> = Vec::new();
+    let mut row_shape: Option<&[usize]> = None;
+    for a in args {
+        let (v, shape) = match a {
+            Arg::Val(t) => (t.as_f32()?, t.shape()),
+            Arg::Lazy(r) => dfg.f32_view(*r)?,
+        };
+        match row_shape {
+            None => {
+                row_shape = Some(shape);
+                data.reserve(v.len() * args.len());
+            }
+            Some(s) if s != shape => return None,
+            Some(_) => {}
+        }
+        data.extend_from_slice(v);
+    }
+    let mut shape = vec![args.len()];
+    shape.extend_from_slice(row_shape?);
+    Tensor::from_vec(shape, data).ok()
+}
+
 /// Which parameter `t` is (the same buffer and shape), if any.
 fn param_of(params: &[Tensor], t: &Tensor) -> Option<usize> {
     params
@@ -750,6 +775,12 @@ fn backward_launch(
         if shared {
             if let Some(Arg::Val(f)) = args.first() {
                 inputs.push(BV::Shared(OpValue::Tensor(f.clone())));
+                continue;
+            }
+        }
+        if gopts.fast {
+            if let Some(t) = stack_f32(dfg, &args) {
+                inputs.push(BV::Batched(OpValue::Tensor(t)));
                 continue;
             }
         }

@@ -331,6 +331,27 @@ impl<'p> Dfg<'p> {
         }
     }
 
+    /// The f32 elements and shape of a computed value, where it lies (no copy): `None` for a
+    /// value not computed, a deferred sum, or another dtype. The backward stacks a launch's
+    /// inputs from these instead of copying each row out first.
+    pub(crate) fn f32_view(&self, r: LazyRef) -> Option<(&[f32], &[usize])> {
+        let slot = self
+            .nodes
+            .get(r.node as usize)?
+            .out
+            .as_ref()?
+            .get(r.output as usize)?;
+        let (data, shape) = (slot.tensor.as_f32()?, slot.tensor.shape());
+        let inner = shape.get(1..).unwrap_or_default();
+        let len: usize = inner.iter().product();
+        match slot.at {
+            At::Whole => Some((data, shape)),
+            At::Row(i) => Some((data.get(i as usize * len..(i as usize + 1) * len)?, inner)),
+            // A range of a launch's rows has a shape of its own (its length first).
+            At::Rows { .. } => None,
+        }
+    }
+
     /// The id of the next node. When the node table is full, its growth (a reallocation that
     /// doubles it: gigabytes for a runaway recursion) is checked against the memory budget before
     /// it happens; `pending` is the recording instance's pending evaluations, for the message.
