@@ -224,6 +224,39 @@ pub(crate) fn run_batch_lent(
     let mut dfg = dfg::Dfg::new(program, reuse, exec.clone(), opts);
     dfg.lend_threads(lent);
     let n = args.len();
+    let results = drive(program, index, args, rngs, opts, &mut dfg)?;
+    let mut out = Vec::with_capacity(n);
+    for (i, r) in results.into_iter().enumerate() {
+        let v = r.ok_or_else(|| InstanceError {
+            instance: Some(i),
+            error: RunError::new("internal: instance produced no result"),
+        })?;
+        out.push(materialize(v, &dfg).map_err(|error| InstanceError {
+            instance: Some(i),
+            error,
+        })?);
+    }
+    dfg.profile.instances = n as u64;
+    dfg.profile.mini_batches = 1;
+    dfg.profile.time_total = t_start.elapsed();
+    // Launches run on this thread (split parts aside, whose outputs the caller allocates).
+    dfg.profile.pooled_outputs = tumble_tensor::pool::hits() - pool_hits;
+    Ok((out, dfg.profile))
+}
+
+/// Runs global `index` for every instance of a mini-batch on `dfg`: each instance's program until
+/// it finishes or waits for a value, then a flush, until all are done (instances stopped at a
+/// program phase wait for the others and start the next phase together). Returns each
+/// instance's result, which may hold lazy values of `dfg`.
+pub(crate) fn drive(
+    program: &Program,
+    index: u32,
+    args: Vec<Vec<Value>>,
+    rngs: Vec<Rng>,
+    opts: Options,
+    dfg: &mut dfg::Dfg,
+) -> Result<Vec<Option<Value>>, InstanceError> {
+    let n = args.len();
     let mut machines: Vec<Machine> = Vec::with_capacity(n);
     for (i, (a, rng)) in args.into_iter().zip(rngs).enumerate() {
         let mut m = Machine::new(
@@ -254,7 +287,7 @@ pub(crate) fn run_batch_lent(
                 continue;
             };
             loop {
-                match m.run(&mut dfg).map_err(|error| InstanceError {
+                match m.run(dfg).map_err(|error| InstanceError {
                     instance: Some(i),
                     error,
                 })? {
@@ -299,23 +332,7 @@ pub(crate) fn run_batch_lent(
             running = std::mem::take(&mut parked);
         }
     }
-    let mut out = Vec::with_capacity(n);
-    for (i, r) in results.into_iter().enumerate() {
-        let v = r.ok_or_else(|| InstanceError {
-            instance: Some(i),
-            error: RunError::new("internal: instance produced no result"),
-        })?;
-        out.push(materialize(v, &dfg).map_err(|error| InstanceError {
-            instance: Some(i),
-            error,
-        })?);
-    }
-    dfg.profile.instances = n as u64;
-    dfg.profile.mini_batches = 1;
-    dfg.profile.time_total = t_start.elapsed();
-    // Launches run on this thread (split parts aside, whose outputs the caller allocates).
-    dfg.profile.pooled_outputs = tumble_tensor::pool::hits() - pool_hits;
-    Ok((out, dfg.profile))
+    Ok(results)
 }
 
 /// Replaces every lazy tensor inside `v` by its computed value. Iterative (results can be lists of

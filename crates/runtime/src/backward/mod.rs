@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tumble_compile::{BArg, BVal, Program};
-use tumble_interp::machine::{InstanceCtx, Machine, Outcome};
 use tumble_interp::tape::{accumulate, scalar_loss};
 use tumble_interp::{LazyRef, RunError, Value};
 use tumble_ops::{OpCtx, OpValue};
@@ -205,65 +204,7 @@ pub fn grad_batch(
     let mut dfg = Dfg::new(program, reuse, exec, opts);
     dfg.record_for_backward();
     let n = args.len();
-    let mut machines: Vec<Machine> = Vec::with_capacity(n);
-    for (i, (a, rng)) in args.into_iter().zip(rngs).enumerate() {
-        let ctx = InstanceCtx {
-            rng,
-            depth: 0,
-            instance: i as u32,
-            phase: 0,
-            pending: 0,
-        };
-        let mut m = Machine::new(program, ctx);
-        m.start(index, a).map_err(at_instance(Some(i)))?;
-        machines.push(m);
-    }
-    let mut results: Vec<Option<Value>> = vec![None; n];
-    let mut running: Vec<usize> = (0..n).collect();
-    let mut parked: Vec<usize> = Vec::new();
-    while !running.is_empty() {
-        let mut still = Vec::new();
-        for &i in &running {
-            let Some(m) = machines.get_mut(i) else {
-                continue;
-            };
-            loop {
-                match m.run(&mut dfg).map_err(at_instance(Some(i)))? {
-                    Outcome::Done(v) => {
-                        if let Some(r) = results.get_mut(i) {
-                            *r = Some(v);
-                        }
-                    }
-                    Outcome::Blocked => still.push(i),
-                    Outcome::Phase if opts.phases => parked.push(i),
-                    Outcome::Phase => continue,
-                }
-                break;
-            }
-        }
-        if !still.is_empty() && !dfg.has_pending() {
-            return Err(InstanceError {
-                instance: still.first().copied(),
-                error: internal("an instance waits for a value nothing will compute"),
-            });
-        }
-        if let Err(error) = dfg.flush() {
-            return Err(InstanceError {
-                instance: dfg.failed_instance.map(|i| i as usize),
-                error,
-            });
-        }
-        running = still;
-        if running.is_empty() && !parked.is_empty() {
-            for &i in &parked {
-                if let Some(m) = machines.get_mut(i) {
-                    m.ctx.depth = 0;
-                }
-            }
-            running = std::mem::take(&mut parked);
-        }
-    }
-    drop(machines);
+    let results = crate::drive(program, index, args, rngs, opts, &mut dfg)?;
     let mut stats = BackwardStats {
         time_forward: t0.elapsed(),
         peak_bytes: tumble_limits::in_use(),
