@@ -1,5 +1,6 @@
 //! Fast f32 paths for layout, batched-matrix and broadcasting arithmetic operators inside launches
-//! (transpose, concatenate, batch_matmul, add/subtract/multiply/divide), used by the batching rules
+//! (transpose, concatenate, split, take of rows, batch_matmul, add/subtract/multiply/divide and
+//! bias_add along the last axis), used by the batching rules
 //! instead of the generic reference kernels when the operands are f32. Results are identical in
 //! layout; sums are f32 in a fixed order; the arithmetic is bit-identical to the reference's (which
 //! computes in f64 and rounds: for one +, -, * or / of two f32 values that double rounding is
@@ -64,12 +65,109 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs) -> Option<OpValue> {
             *shape.last_mut()? = n;
             Tensor::from_vec(shape, c).ok().map(OpValue::Tensor)
         }
+        "split" => {
+            let t = args.first()?.as_tensor()?;
+            let axis = axis_of(attrs.int("axis").ok()?.unwrap_or(0), t.rank())?;
+            let sizes = split_sizes(attrs, *t.shape().get(axis)?)?;
+            split_f32(t, axis, &sizes).map(OpValue::Tuple)
+        }
+        "take" => {
+            let (table, ids) = (args.first()?.as_tensor()?, args.get(1)?.as_tensor()?);
+            let clip = attrs.str("mode").ok()?.unwrap_or("clip") == "clip";
+            let plain = attrs.int("batch_dims").ok()?.unwrap_or(0) == 0;
+            if attrs.int("axis").ok()? != Some(0) || !clip || !plain {
+                return None;
+            }
+            take_rows_f32(table, ids).map(OpValue::Tensor)
+        }
+        // A bias along the last axis is numpy broadcasting's own trailing-axis add.
+        "nn.bias_add" => {
+            let (x, b) = (args.first()?.as_tensor()?, args.get(1)?.as_tensor()?);
+            let r = x.rank();
+            let axis = axis_of(attrs.int("axis").ok()?.unwrap_or(1), r)?;
+            if axis + 1 != r || b.rank() != 1 || x.shape().last() != Some(&b.len()) {
+                return None;
+            }
+            binary_f32(args, |a, b| a + b)
+        }
         "add" => binary_f32(args, |a, b| a + b),
         "subtract" => binary_f32(args, |a, b| a - b),
         "multiply" => binary_f32(args, |a, b| a * b),
         "divide" => binary_f32(args, |a, b| a / b),
         _ => None,
     }
+}
+
+/// The axis `a` (negative from the end) of a rank-`r` tensor.
+pub(crate) fn axis_of(a: i64, r: usize) -> Option<usize> {
+    usize::try_from(if a < 0 { a + r as i64 } else { a })
+        .ok()
+        .filter(|&a| a < r)
+}
+
+/// The sizes of `split`'s pieces along an axis of extent `d` (`indices_or_sections`: a count of
+/// equal pieces, or the cut points).
+fn split_sizes(attrs: &Attrs, d: usize) -> Option<Vec<usize>> {
+    if let Ok(Some(k)) = attrs.int("indices_or_sections") {
+        let k = usize::try_from(k).ok().filter(|&k| k > 0 && d % k == 0)?;
+        return Some(vec![d / k; k]);
+    }
+    let cuts = attrs.ints("indices_or_sections").ok()??;
+    let mut sizes = Vec::with_capacity(cuts.len() + 1);
+    let mut at = 0usize;
+    for c in cuts {
+        let c = usize::try_from(c).ok().filter(|&c| c >= at && c <= d)?;
+        sizes.push(c - at);
+        at = c;
+    }
+    sizes.push(d - at);
+    Some(sizes)
+}
+
+/// `t` cut along `axis` into pieces of `sizes` (summing to the axis's extent).
+pub fn split_f32(t: &Tensor, axis: usize, sizes: &[usize]) -> Option<Vec<Tensor>> {
+    let x = t.as_f32()?;
+    let shape = t.shape();
+    let d = *shape.get(axis)?;
+    if sizes.iter().sum::<usize>() != d {
+        return None;
+    }
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis + 1..].iter().product();
+    let mut pieces = Vec::with_capacity(sizes.len());
+    let mut begin = 0;
+    for &len in sizes {
+        let mut data = Vec::with_capacity(outer * len * inner);
+        for o in 0..outer {
+            let base = (o * d + begin) * inner;
+            data.extend_from_slice(x.get(base..base + len * inner)?);
+        }
+        let mut piece = shape.to_vec();
+        piece[axis] = len;
+        pieces.push(Tensor::from_vec(piece, data).ok()?);
+        begin += len;
+    }
+    Some(pieces)
+}
+
+/// Rows of an f32 table (axis 0) by integer ids, out-of-range ids clipped to the first or last
+/// row (`take`'s default mode): shape `ids.shape + table.shape[1..]`.
+pub fn take_rows_f32(table: &Tensor, ids: &Tensor) -> Option<Tensor> {
+    let data = table.as_f32()?;
+    let (&rows, row_shape) = table.shape().split_first()?;
+    if rows == 0 || !ids.dtype().is_int() {
+        return None;
+    }
+    let width: usize = row_shape.iter().product();
+    let idx = ids.to_i64_vec();
+    let mut out = tumble_tensor::pool::with_capacity_f32(idx.len() * width);
+    for &j in &idx {
+        let j = j.clamp(0, rows as i64 - 1) as usize;
+        out.extend_from_slice(data.get(j * width..(j + 1) * width)?);
+    }
+    let mut shape = ids.shape().to_vec();
+    shape.extend_from_slice(row_shape);
+    Tensor::from_vec(shape, out).ok()
 }
 
 /// `f(a, b)` elementwise over two f32 tensors broadcast numpy-style (`None` for other dtypes or

@@ -55,41 +55,55 @@ impl WeightCache {
 
 /// The packed form of weight `w` (N, K), packing it on first use in this job.
 pub fn packed(w: &Tensor, n: usize, k: usize) -> Result<Arc<PackedWeight>, String> {
-    let key = (w.buffer_id(), n, k);
-    WeightCache::with(|cache| {
-        if let Some(Ok(c)) = cache.map(|c| c.single.lock()) {
-            if let Some((_, p)) = c.get(&key) {
-                return Ok(p.clone());
-            }
-        }
-        let data = w.as_f32().ok_or("dense stage: the weight is not float32")?;
-        let p = Arc::new(PackedWeight::pack(data, n, k).map_err(|e| e.to_string())?);
-        if let Some(Ok(mut c)) = cache.map(|c| c.single.lock()) {
-            c.insert(key, (w.clone(), p.clone()));
-        }
-        Ok(p)
-    })
+    cached(
+        w,
+        n,
+        k,
+        |c| &c.single,
+        |data| PackedWeight::pack(data, n, k),
+    )
 }
 
 /// `W` (N, K) packed as the weight of `A · W` (that is, `Wᵀ` packed: the backward's
 /// `dX = dY · W`), packing on first use in this job.
 pub fn packed_transposed(w: &Tensor, n: usize, k: usize) -> Result<Arc<PackedWeight>, String> {
+    cached(
+        w,
+        n,
+        k,
+        |c| &c.transposed,
+        |data| {
+            let rows: Vec<&[f32]> = data.chunks_exact(k.max(1)).collect();
+            PackedWeight::from_rows_kn(&rows, k)
+        },
+    )
+}
+
+/// `w` packed by `pack` (from its f32 elements), kept in the job's map `map` under
+/// `(buffer, n, k)`; packed now when it is not there yet (or outside a job).
+fn cached(
+    w: &Tensor,
+    n: usize,
+    k: usize,
+    map: impl Fn(&WeightCache) -> &Mutex<Single>,
+    pack: impl FnOnce(&[f32]) -> Result<PackedWeight, tumble_kernels::KernelError>,
+) -> Result<Arc<PackedWeight>, String> {
     let key = (w.buffer_id(), n, k);
     WeightCache::with(|cache| {
-        if let Some(Ok(c)) = cache.map(|c| c.transposed.lock()) {
+        if let Some(Ok(c)) = cache.map(|c| map(c).lock()) {
             if let Some((_, p)) = c.get(&key) {
                 return Ok(p.clone());
             }
         }
-        let data = w
-            .as_f32()
-            .ok_or("dense gradient: the weight is not float32")?;
-        if k == 0 || data.len() != n * k {
-            return Err("dense gradient: the weight's shape does not match".into());
+        let data = w.as_f32().ok_or("dense stage: the weight is not float32")?;
+        if data.len() != n * k {
+            return Err(format!(
+                "dense stage: a weight of {} elements is not {n} × {k}",
+                data.len()
+            ));
         }
-        let rows: Vec<&[f32]> = data.chunks_exact(k).collect();
-        let p = Arc::new(PackedWeight::from_rows_kn(&rows, k).map_err(|e| e.to_string())?);
-        if let Some(Ok(mut c)) = cache.map(|c| c.transposed.lock()) {
+        let p = Arc::new(pack(data).map_err(|e| e.to_string())?);
+        if let Some(Ok(mut c)) = cache.map(|c| map(c).lock()) {
             c.insert(key, (w.clone(), p.clone()));
         }
         Ok(p)

@@ -79,6 +79,26 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// Counts a launch of `invocations` invocations of block `block` whose kernels took
+    /// `kernels`.
+    pub(crate) fn record_launch(
+        &mut self,
+        block: &str,
+        invocations: usize,
+        kernels: std::time::Duration,
+    ) {
+        self.time_kernels += kernels;
+        self.launches += 1;
+        let st = match self.per_block.get_mut(block) {
+            Some(st) => st,
+            None => self.per_block.entry(block.to_string()).or_default(),
+        };
+        st.launches += 1;
+        st.invocations += invocations as u64;
+        st.max_batch = st.max_batch.max(invocations as u64);
+        st.kernels += kernels;
+    }
+
     pub fn add(&mut self, o: &Profile) {
         self.instances += o.instances;
         self.mini_batches += o.mini_batches;

@@ -88,43 +88,47 @@ impl Tensor {
         if i >= n {
             return Err(TensorError::IndexOutOfBounds { index: i, len: n });
         }
-        let inner: Vec<usize> = self.shape()[1..].to_vec();
-        let len = inner.iter().product::<usize>();
-        let range = i * len..(i + 1) * len;
-        let buffer = match self.buffer() {
-            Buffer::F32(v) => Buffer::F32(v[range].to_vec()),
-            Buffer::F64(v) => Buffer::F64(v[range].to_vec()),
-            Buffer::I32(v) => Buffer::I32(v[range].to_vec()),
-            Buffer::I64(v) => Buffer::I64(v[range].to_vec()),
-            Buffer::Bool(v) => Buffer::Bool(v[range].to_vec()),
-        };
-        Tensor::new(inner, buffer)
+        let buffer = self.leading_range(i, 1);
+        Tensor::new(self.shape()[1..].to_vec(), buffer)
     }
-}
 
-impl Tensor {
     /// Rows `start..start + len` along the leading axis, copied out: shape `(n, s...)` gives
     /// shape `(len, s...)`.
     pub fn rows(&self, start: usize, len: usize) -> Result<Tensor, TensorError> {
-        let n = self.shape().first().copied().unwrap_or(0);
+        let Some((&n, inner)) = self.shape().split_first() else {
+            return Err(TensorError::IndexOutOfBounds {
+                index: start,
+                len: 0,
+            });
+        };
         if start.checked_add(len).is_none_or(|end| end > n) {
             return Err(TensorError::IndexOutOfBounds {
                 index: start.saturating_add(len),
                 len: n,
             });
         }
-        let mut shape = self.shape().to_vec();
-        shape[0] = len;
-        let row_len = self.shape()[1..].iter().product::<usize>();
+        let mut shape = vec![len];
+        shape.extend_from_slice(inner);
+        Tensor::new(shape, self.leading_range(start, len))
+    }
+
+    /// The elements of rows `start..start + len` along the leading axis (in range: checked by
+    /// the callers).
+    fn leading_range(&self, start: usize, len: usize) -> Buffer {
+        let row_len = self
+            .shape()
+            .get(1..)
+            .unwrap_or_default()
+            .iter()
+            .product::<usize>();
         let range = start * row_len..(start + len) * row_len;
-        let buffer = match self.buffer() {
+        match self.buffer() {
             Buffer::F32(v) => Buffer::F32(v[range].to_vec()),
             Buffer::F64(v) => Buffer::F64(v[range].to_vec()),
             Buffer::I32(v) => Buffer::I32(v[range].to_vec()),
             Buffer::I64(v) => Buffer::I64(v[range].to_vec()),
             Buffer::Bool(v) => Buffer::Bool(v[range].to_vec()),
-        };
-        Tensor::new(shape, buffer)
+        }
     }
 }
 
@@ -166,5 +170,7 @@ mod tests {
         assert_eq!(t.rows(5, 0).unwrap().shape(), &[0, 2]);
         assert!(t.rows(4, 2).is_err());
         assert!(t.rows(usize::MAX, 2).is_err());
+        // A scalar has no leading axis: an error, not a panic.
+        assert!(Tensor::from_i32([], vec![7]).unwrap().rows(0, 0).is_err());
     }
 }

@@ -2,7 +2,8 @@
 //! vector-Jacobian products of the elementwise and layout operators, on contiguous f32 tensors
 //! with the runtime's SIMD loops — instead of the operator table's reference rules, which work in
 //! f64 through generic broadcasting and cost TreeLSTM's training most of its backward (its
-//! `sigmoid`, `tanh`, `bias_add`, `split`, `multiply` and `take`). Each returns `None` where it
+//! `sigmoid`, `tanh`, `bias_add`, `split`, `multiply` and `take`; the layout ones are
+//! [`crate::fastops`]'s, shared with the forward's batching rules). Each returns `None` where it
 //! does not apply (another dtype, a broadcast it does not handle, an index out of range), and the
 //! caller falls back to the reference rule, which also reports any error. The results equal the
 //! reference rules' to f32 rounding (the SIMD `sigmoid`/`tanh` are the row programs' own); the
@@ -39,37 +40,7 @@ fn binary(x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32) -> Vec<f32> {
     out
 }
 
-/// The axis `a` (negative from the end) of a rank-`r` tensor.
-fn axis_of(a: i64, r: usize) -> Option<usize> {
-    usize::try_from(if a < 0 { a + r as i64 } else { a })
-        .ok()
-        .filter(|&a| a < r)
-}
-
-/// The sizes of `split`'s pieces along an axis of extent `d`.
-fn split_sizes(attrs: &Attrs, d: usize) -> Option<Vec<usize>> {
-    if let Ok(Some(k)) = attrs.int("indices_or_sections") {
-        let k = usize::try_from(k).ok().filter(|&k| k > 0 && d % k == 0)?;
-        return Some(vec![d / k; k]);
-    }
-    let cuts = attrs.ints("indices_or_sections").ok()??;
-    let mut sizes = Vec::with_capacity(cuts.len() + 1);
-    let mut at = 0usize;
-    for c in cuts {
-        let c = usize::try_from(c).ok().filter(|&c| c >= at && c <= d)?;
-        sizes.push(c - at);
-        at = c;
-    }
-    sizes.push(d - at);
-    Some(sizes)
-}
-
-/// `(outer, extent, inner)` of `shape` around `axis`.
-fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    let outer = shape.get(..axis).unwrap_or_default().iter().product();
-    let inner = shape.get(axis + 1..).unwrap_or_default().iter().product();
-    (outer, shape.get(axis).copied().unwrap_or(0), inner)
-}
+use crate::fastops::axis_of;
 
 /// `nn.bias_add`'s bias runs along the last axis (the only form handled here).
 fn bias_on_last_axis(x: &Tensor, b: &Tensor, attrs: &Attrs) -> bool {
@@ -78,7 +49,8 @@ fn bias_on_last_axis(x: &Tensor, b: &Tensor, attrs: &Attrs) -> bool {
     r >= 1 && axis_of(axis, r) == Some(r - 1) && b.rank() == 1 && x.shape().last() == Some(&b.len())
 }
 
-/// Forward operator `op` for the backward's recompute.
+/// Forward operator `op` for the backward's recompute: the row programs' SIMD `sigmoid`, `tanh`,
+/// `exp` (not bit-identical to the reference), else the bit-identical [`crate::fastops`].
 pub(super) fn eval(op: &str, args: &[OpValue], attrs: &Attrs) -> Option<OpValue> {
     match op {
         "sigmoid" | "tanh" | "exp" | "negative" | "nn.relu" => {
@@ -91,56 +63,6 @@ pub(super) fn eval(op: &str, args: &[OpValue], attrs: &Attrs) -> Option<OpValue>
                 _ => unary(x, |v| v.max(0.0)),
             };
             tensor(t.shape(), out)
-        }
-        "nn.bias_add" => {
-            let ((t, x), (bt, b)) = (f32_of(args.first()?)?, f32_of(args.get(1)?)?);
-            if !bias_on_last_axis(t, bt, attrs) || b.is_empty() {
-                return None;
-            }
-            let mut out = vec![0f32; x.len()];
-            for (o, row) in out.chunks_exact_mut(b.len()).zip(x.chunks_exact(b.len())) {
-                simd::binary(o, row, b, |p, q| p + q);
-            }
-            tensor(t.shape(), out)
-        }
-        "split" => {
-            let (t, x) = f32_of(args.first()?)?;
-            let axis = axis_of(attrs.int("axis").ok().flatten().unwrap_or(0), t.rank())?;
-            let (outer, d, inner) = around(t.shape(), axis);
-            let sizes = split_sizes(attrs, d)?;
-            let mut pieces = Vec::with_capacity(sizes.len());
-            let mut begin = 0;
-            for len in sizes {
-                let mut data = Vec::with_capacity(outer * len * inner);
-                for o in 0..outer {
-                    let base = (o * d + begin) * inner;
-                    data.extend_from_slice(x.get(base..base + len * inner)?);
-                }
-                let mut shape = t.shape().to_vec();
-                shape[axis] = len;
-                pieces.push(Tensor::from_vec(shape, data).ok()?);
-                begin += len;
-            }
-            Some(OpValue::Tuple(pieces))
-        }
-        "take" => {
-            // An embedding lookup: rows of an f32 table by in-range integer ids, axis 0.
-            let (t, table) = f32_of(args.first()?)?;
-            let idx = args.get(1)?.as_tensor()?;
-            if attrs.int("axis").ok().flatten() != Some(0) || t.rank() != 2 || !idx.dtype().is_int()
-            {
-                return None;
-            }
-            let (n, d) = (t.shape()[0], t.shape()[1]);
-            let ids = idx.to_i64_vec();
-            let mut data = Vec::with_capacity(ids.len() * d);
-            for i in ids {
-                let i = usize::try_from(i).ok().filter(|&i| i < n)?;
-                data.extend_from_slice(table.get(i * d..(i + 1) * d)?);
-            }
-            let mut shape = idx.shape().to_vec();
-            shape.push(d);
-            tensor(&shape, data)
         }
         _ => crate::fastops::try_eval(op, args, attrs),
     }
@@ -242,22 +164,8 @@ pub(super) fn vjp(
             let (tx, _) = f32_of(args.first()?)?;
             let OpValue::Tuple(gs) = dy else { return None };
             let axis = axis_of(attrs.int("axis").ok().flatten().unwrap_or(0), tx.rank())?;
-            let (outer, d, inner) = around(tx.shape(), axis);
-            let pieces: Vec<&[f32]> = gs.iter().map(Tensor::as_f32).collect::<Option<_>>()?;
-            let lens: Vec<usize> = gs
-                .iter()
-                .map(|g| g.shape().get(axis).copied())
-                .collect::<Option<_>>()?;
-            if lens.iter().sum::<usize>() != d {
-                return None;
-            }
-            let mut dx = Vec::with_capacity(tx.len());
-            for o in 0..outer {
-                for (p, len) in pieces.iter().zip(&lens) {
-                    dx.extend_from_slice(p.get(o * len * inner..(o + 1) * len * inner)?);
-                }
-            }
-            Some(vec![t(Tensor::from_vec(tx.shape().to_vec(), dx).ok()?)])
+            let dx = crate::fastops::concat_f32(gs, axis)?;
+            (dx.shape() == tx.shape()).then(|| vec![t(dx)])
         }
         _ => None,
     }

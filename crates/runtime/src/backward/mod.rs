@@ -27,10 +27,10 @@ use tumble_ops::{OpCtx, OpValue};
 use tumble_tensor::{Rng, Tensor};
 
 use crate::batched::{self, OpStats, BV};
-
-mod fast;
 use crate::dfg::{Arg, Dfg};
 use crate::{Executable, InstanceError, Options, Reuse};
+
+mod fast;
 
 /// Switches of the backward pass.
 #[derive(Debug, Clone, Copy)]
@@ -82,20 +82,9 @@ fn dense_vjp_gemm(
             stride: n,
         };
         tumble_kernels::dense(&a, &pw, &mut dx, &NoEpilogue, threads).map_err(kerr)?;
-        // dW (N, K) = dYᵀ (N, M) · X (M, K): one product over every row of the launch; dY
-        // transposed in tiles that stay in L1.
+        // dW (N, K) = dYᵀ (N, M) · X (M, K): one product over every row of the launch.
         let mut gt = tumble_tensor::pool::scratch_f32(n * m);
-        const T: usize = 32;
-        for r0 in (0..m).step_by(T) {
-            for j0 in (0..n).step_by(T) {
-                for r in r0..(r0 + T).min(m) {
-                    let row = &gs[r * n..(r + 1) * n];
-                    for j in j0..(j0 + T).min(n) {
-                        gt[j * m + r] = row[j];
-                    }
-                }
-            }
-        }
+        crate::fastops::transpose_2d(gs, m, n, &mut gt);
         let x_rows: Vec<&[f32]> = xs.chunks_exact(k).collect();
         let px = PackedWeight::from_rows_kn(&x_rows, k).map_err(kerr)?;
         let mut dw = tumble_tensor::pool::scratch_f32(n * k);

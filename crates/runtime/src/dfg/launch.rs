@@ -124,18 +124,7 @@ impl Dfg<'_> {
             None => run_block(block, &inputs, b, &mut octx, &mut self.profile.ops),
         }
         .map_err(|m| RunError::at(first_span, format!("in block {}: {m}", block.name)))?;
-        let kernel_time = t1.elapsed();
-        self.profile.time_kernels += kernel_time;
-        self.profile.launches += 1;
-        let st = self
-            .profile
-            .per_block
-            .entry(block.name.clone())
-            .or_default();
-        st.launches += 1;
-        st.invocations += b as u64;
-        st.max_batch = st.max_batch.max(b as u64);
-        st.kernels += kernel_time;
+        self.profile.record_launch(&block.name, b, t1.elapsed());
         for o in &outs {
             if let BV::Batched(OpValue::Tensor(t)) = o {
                 self.profile.activation_bytes += (t.len() * t.dtype().size()) as u64;

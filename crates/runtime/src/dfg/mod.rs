@@ -66,6 +66,19 @@ impl Slot {
         }
     }
 
+    /// [`Slot::value`]'s f32 elements and shape where they lie, without the copy (`None` for
+    /// another dtype, and for a range of rows, whose shape is its own).
+    fn f32_view(&self) -> Option<(&[f32], &[usize])> {
+        let (data, shape) = (self.tensor.as_f32()?, self.tensor.shape());
+        let inner = shape.get(1..).unwrap_or_default();
+        let len: usize = inner.iter().product();
+        match self.at {
+            At::Whole => Some((data, shape)),
+            At::Row(i) => Some((data.get(i as usize * len..(i as usize + 1) * len)?, inner)),
+            At::Rows { .. } => None,
+        }
+    }
+
     /// The row of a batched output, if that is what it is.
     fn row(&self) -> Option<u32> {
         match self.at {
@@ -335,21 +348,12 @@ impl<'p> Dfg<'p> {
     /// value not computed, a deferred sum, or another dtype. The backward stacks a launch's
     /// inputs from these instead of copying each row out first.
     pub(crate) fn f32_view(&self, r: LazyRef) -> Option<(&[f32], &[usize])> {
-        let slot = self
-            .nodes
+        self.nodes
             .get(r.node as usize)?
             .out
             .as_ref()?
-            .get(r.output as usize)?;
-        let (data, shape) = (slot.tensor.as_f32()?, slot.tensor.shape());
-        let inner = shape.get(1..).unwrap_or_default();
-        let len: usize = inner.iter().product();
-        match slot.at {
-            At::Whole => Some((data, shape)),
-            At::Row(i) => Some((data.get(i as usize * len..(i as usize + 1) * len)?, inner)),
-            // A range of a launch's rows has a shape of its own (its length first).
-            At::Rows { .. } => None,
-        }
+            .get(r.output as usize)?
+            .f32_view()
     }
 
     /// The id of the next node. When the node table is full, its growth (a reallocation that
@@ -427,22 +431,40 @@ impl<'p> Dfg<'p> {
         };
         let mut words = std::mem::take(&mut self.key_words);
         words.clear();
+        let joins = self.ragged_words(block_id, args, &ragged.inputs, &mut words);
+        // In the interner the exact keys of this run come from, so the two never share an id.
+        let id = match joins {
+            Ok(true) if self.opts.dup => Some(self.dup_keys.id(&words)),
+            Ok(true) => Some(self.shape_keys.id(&words)),
+            _ => None,
+        };
+        self.key_words = words;
+        joins.map(|_| id.map(u64::from))
+    }
+
+    /// The words of [`Dfg::ragged_key`] into `words`; false when the invocation cannot join a
+    /// ragged launch.
+    fn ragged_words(
+        &self,
+        block_id: u32,
+        args: &[Arg],
+        inputs: &[RaggedInput],
+        words: &mut Vec<u64>,
+    ) -> Result<bool, RunError> {
         // Above every block id, so that no exact key's words equal these.
         words.push(u64::MAX);
         words.push(u64::from(block_id));
         let mut len = None;
-        for (a, kind) in args.iter().zip(&ragged.inputs) {
+        for (a, kind) in args.iter().zip(inputs) {
             let shape = self.arg_shape(a)?;
             words.push(shape.len() as u64);
             match kind {
                 RaggedInput::Rows => {
                     let Some((&l, rest)) = shape.split_first() else {
-                        self.key_words = words;
-                        return Ok(None);
+                        return Ok(false);
                     };
                     if l == 0 || len.is_some_and(|m| m != l) {
-                        self.key_words = words;
-                        return Ok(None);
+                        return Ok(false);
                     }
                     len = Some(l);
                     words.extend(rest.iter().map(|&d| d as u64));
@@ -450,21 +472,14 @@ impl<'p> Dfg<'p> {
                 RaggedInput::PerInstance => words.extend(shape.iter().map(|&d| d as u64)),
                 RaggedInput::Shared => {
                     let Arg::Val(t) = a else {
-                        self.key_words = words;
-                        return Ok(None);
+                        return Ok(false);
                     };
                     words.extend(shape.iter().map(|&d| d as u64));
                     words.push(t.buffer_id() as u64);
                 }
             }
         }
-        // In the interner the exact keys of this run come from, so the two never share an id.
-        let id = match self.opts.dup {
-            true => self.dup_keys.id(&words),
-            false => self.shape_keys.id(&words),
-        };
-        self.key_words = words;
-        Ok(Some(u64::from(id)))
+        Ok(true)
     }
 
     fn slot(&self, r: &LazyRef) -> Result<&Slot, RunError> {
@@ -607,43 +622,46 @@ impl Backend for Dfg<'_> {
             words.extend(shape.iter().map(|&d| d as u64));
         }
         let shape_key = self.shape_keys.id(&words);
-        // Dynamic code duplication (ACROBAT §5.1): invocations passing different weights to the
-        // same block (BiRNN's forward and backward `@rnn`) launch separately, each with its weights
-        // shared, instead of together with the weights gathered per invocation.
-        let key = if self.opts.dup {
-            words.clear();
-            words.push(u64::from(shape_key));
-            for (i, a) in recorded.iter().enumerate() {
-                // Scalars are not weights: a counter or threshold computed on the host per
-                // instance (from literals, so "shared per call site") is a fresh tensor each
-                // time, and keying by it would launch every instance alone.
-                if let Arg::Val(t) = a {
-                    if t.len() > 1
-                        && !matches!(
-                            self.reuse
-                                .inputs
-                                .get(block_id as usize)
-                                .and_then(|v| v.get(i)),
-                            Some(crate::reuse::InputReuse::PerInstance) | None
-                        )
-                    {
-                        words.push(i as u64);
-                        words.push(t.buffer_id() as u64);
-                    }
-                }
-            }
-            u64::from(self.dup_keys.id(&words))
-        } else {
-            u64::from(shape_key)
-        };
         self.key_words = words;
+        // A ragged block's invocations are grouped by their ragged key (no exact key needed).
         let ragged_key = match for_backward || self.opts.scheduler == Scheduler::Eager {
             true => None,
             false => self.ragged_key(block_id, &recorded)?,
         };
-        let (key, ragged) = match ragged_key {
-            Some(k) => (k, true),
-            None => (key, false),
+        let ragged = ragged_key.is_some();
+        let key = match ragged_key {
+            Some(k) => k,
+            // Dynamic code duplication (ACROBAT §5.1): invocations passing different weights to
+            // the same block (BiRNN's forward and backward `@rnn`) launch separately, each with
+            // its weights shared, instead of together with the weights gathered per invocation.
+            None if self.opts.dup => {
+                let mut words = std::mem::take(&mut self.key_words);
+                words.clear();
+                words.push(u64::from(shape_key));
+                for (i, a) in recorded.iter().enumerate() {
+                    // Scalars are not weights: a counter or threshold computed on the host per
+                    // instance (from literals, so "shared per call site") is a fresh tensor each
+                    // time, and keying by it would launch every instance alone.
+                    if let Arg::Val(t) = a {
+                        if t.len() > 1
+                            && !matches!(
+                                self.reuse
+                                    .inputs
+                                    .get(block_id as usize)
+                                    .and_then(|v| v.get(i)),
+                                Some(crate::reuse::InputReuse::PerInstance) | None
+                            )
+                        {
+                            words.push(i as u64);
+                            words.push(t.buffer_id() as u64);
+                        }
+                    }
+                }
+                let id = self.dup_keys.id(&words);
+                self.key_words = words;
+                u64::from(id)
+            }
+            None => u64::from(shape_key),
         };
         let cached = self
             .shape_cache

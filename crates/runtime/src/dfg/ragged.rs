@@ -406,21 +406,12 @@ impl Dfg<'_> {
             }
         }
 
-        self.profile.time_kernels += kernel_time;
-        self.profile.launches += 1;
+        self.profile
+            .record_launch(&block.name, ids.len(), kernel_time);
         self.profile.ragged_launches += 1;
         self.profile.ragged_rows += total as u64;
         self.profile.ragged_peak_bytes = self.profile.ragged_peak_bytes.max(held_bytes);
         self.profile.activation_bytes += held_bytes;
-        let st = self
-            .profile
-            .per_block
-            .entry(block.name.clone())
-            .or_default();
-        st.launches += 1;
-        st.invocations += ids.len() as u64;
-        st.max_batch = st.max_batch.max(ids.len() as u64);
-        st.kernels += kernel_time;
         Ok(())
     }
 

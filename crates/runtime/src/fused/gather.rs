@@ -3,8 +3,6 @@
 
 use tumble_compile::BArg;
 use tumble_ops::OpValue;
-use tumble_tensor::pool::with_capacity_f32;
-use tumble_tensor::Tensor;
 
 use super::Exec;
 use crate::batched::BV;
@@ -22,13 +20,12 @@ pub(super) fn gather_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
         return Ok(None);
     };
     let mode = node.attrs.str("mode").ok().flatten().unwrap_or("clip");
-    let (Some(data), Some(&rows)) = (table.as_f32(), table.shape().first()) else {
+    let (Some(_), Some(&rows)) = (table.as_f32(), table.shape().first()) else {
         return Ok(None);
     };
     if mode != "clip" || rows == 0 {
         return Ok(None);
     }
-    let width = table.len() / rows;
     let idx = ids.to_i64_vec();
     let b = ids.shape().first().copied().unwrap_or(0);
     if ex.gather_views && b > 0 && idx.len() == b {
@@ -46,16 +43,9 @@ pub(super) fn gather_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
             return Ok(Some(BV::Rows(r)));
         }
     }
-    let mut out = with_capacity_f32(idx.len() * width);
-    for &j in &idx {
-        let j = j.clamp(0, rows as i64 - 1) as usize;
-        out.extend_from_slice(&data[j * width..(j + 1) * width]);
-    }
-    let mut shape = ids.shape().to_vec();
-    shape.extend_from_slice(&table.shape()[1..]);
-    Tensor::from_f32(shape, out)
+    crate::fastops::take_rows_f32(&table, &ids)
         .map(|t| Some(BV::Batched(OpValue::Tensor(t))))
-        .map_err(|e| e.to_string())
+        .ok_or_else(|| "internal: embedding lookup".to_string())
 }
 
 // ---------------------------------------------------------------------------------------------
