@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{batch_profile, check_all_ways, expected, load_text};
+use common::{batch_profile, check_all_ways, expected, load_text, Expected};
 
 /// `count` instances of `x: (len_i, w)` floats, `len_i` cycling through `lens`.
 fn var_rows(count: usize, w: usize, lens: &[usize]) -> String {
@@ -133,19 +133,24 @@ fn an_encoder_with_early_exit_over_sentences_of_different_lengths() {
     ));
 }
 
+/// The batched run's profile with ragged batching, and without.
+fn with_and_without_ragged(x: &Expected) -> (tumble_runtime::Profile, tumble_runtime::Profile) {
+    let off = tumble_runtime::Options {
+        ragged: false,
+        ..Default::default()
+    };
+    (
+        batch_profile(x, tumble_runtime::Options::default()),
+        batch_profile(x, off),
+    )
+}
+
 #[test]
 fn sentences_of_different_lengths_share_launches() {
     let l = load_text("ragged_count", PER_ROW_THEN_OVER_ROWS);
     let lens: Vec<usize> = (1..=64).collect();
     let x = expected("ragged_count", l, &var_rows(64, 4, &lens), &["x"]);
-    let on = batch_profile(&x, tumble_runtime::Options::default());
-    let off = batch_profile(
-        &x,
-        tumble_runtime::Options {
-            ragged: false,
-            ..Default::default()
-        },
-    );
+    let (on, off) = with_and_without_ragged(&x);
     // 64 lengths: one launch with ragged batching, one per length without.
     assert_eq!(on.launches, 1, "{on}");
     assert_eq!(on.ragged_rows, (1..=64).sum::<u64>());
@@ -163,14 +168,7 @@ fn the_encoder_batches_across_lengths() {
         &var_tokens(64, 10, &lens),
         &["t", "p", "threshold"],
     );
-    let on = batch_profile(&x, tumble_runtime::Options::default());
-    let off = batch_profile(
-        &x,
-        tumble_runtime::Options {
-            ragged: false,
-            ..Default::default()
-        },
-    );
+    let (on, off) = with_and_without_ragged(&x);
     assert!(on.ragged_launches > 0, "{on}");
     // Four layers and their exit tests: a handful of launches. (The per-instance layer counter,
     // computed on the host, once entered the code-duplication key and launched every instance's
