@@ -15,7 +15,7 @@ use tumble_io::{
     BoundParams, RawInstances, TypeEnv,
 };
 use tumble_ir::{diag, Diagnostic, SourceMap, Ty};
-use tumble_runtime::backward::GradOptions;
+use tumble_runtime::backward::{GradOptions, ParamGrad};
 use tumble_runtime::Options;
 use tumble_tensor::{Rng, Tensor};
 
@@ -223,6 +223,18 @@ impl Compiled {
         self.bound.weight_tensors()
     }
 
+    /// The bound tensor of parameter `name` (the optimizer updates it in place).
+    fn param_mut(&mut self, name: &str) -> Option<&mut Tensor> {
+        self.bound
+            .args
+            .iter_mut()
+            .find(|a| a.name == name)
+            .and_then(|a| match &mut a.binding {
+                Binding::Param(t) => Some(t),
+                _ => None,
+            })
+    }
+
     /// Rebinds the parameters named in `w` to its tensors.
     fn rebind(&mut self, w: &BTreeMap<String, Tensor>) {
         for a in &mut self.bound.args {
@@ -314,7 +326,7 @@ impl Compiled {
         gopts: GradOptions,
         seed: u64,
         stats: &mut tumble_runtime::backward::BackwardStats,
-    ) -> Result<(Vec<f64>, Vec<Option<Tensor>>), Failure> {
+    ) -> Result<(Vec<f64>, Vec<Option<ParamGrad>>), Failure> {
         let mut args = Vec::with_capacity(which.len());
         for &i in which {
             let inst = decoded
@@ -470,7 +482,7 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             loss += losses.iter().sum::<f64>();
             for (slot, g) in total.iter_mut().zip(gs) {
                 if let Some(g) = g {
-                    tumble_interp::tape::accumulate(slot, g).map_err(Failure::Message)?;
+                    g.add_into(slot).map_err(Failure::Message)?;
                 }
             }
             if tumble_limits::interrupted() {
@@ -516,80 +528,146 @@ struct Slot {
     v: Vec<f32>,
 }
 
-/// One optimizer step on `w` with gradient `g * scale` (the mini-batch's mean) plus
-/// `decay * w`; returns the new weight. Moments are kept in f32, like PyTorch's optimizers.
+/// One optimizer step on `w`, in place, with gradient `g * scale` (the mini-batch's mean) plus
+/// `decay * w`. Moments are kept in f32, like PyTorch's optimizers.
 #[allow(clippy::too_many_arguments)]
 fn step(
     opt: Optimizer,
     lr: f64,
     decay: f64,
     t: u64,
-    w: &Tensor,
-    g: &Tensor,
+    w: &mut Tensor,
+    g: &ParamGrad,
     scale: f64,
     s: &mut Slot,
-) -> Result<Tensor, String> {
-    let w32 = w.cast(tumble_ir::DType::Float32);
-    let g32 = g.cast(tumble_ir::DType::Float32);
-    let (Some(wv), Some(gv)) = (w32.as_slice::<f32>(), g32.as_slice::<f32>()) else {
-        return Err("internal: optimizer operands are not float".into());
-    };
-    if wv.len() != gv.len() {
-        return Err("internal: gradient and parameter sizes differ".into());
+) -> Result<(), String> {
+    let n = w.len();
+    if s.v.len() != n {
+        s.m = vec![0.0; n];
+        s.v = vec![0.0; n];
     }
-    if s.v.len() != wv.len() {
-        s.m = vec![0.0; wv.len()];
-        s.v = vec![0.0; wv.len()];
-    }
-    let (lr, decay, scale) = (lr as f32, decay as f32, scale as f32);
-    let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
-    let c1 = 1.0 - b1.powi(t.min(i32::MAX as u64) as i32);
-    let c2 = 1.0 - b2.powi(t.min(i32::MAX as u64) as i32);
+    let rule = Rule::new(opt, lr, decay, t, scale);
     // Rows whose gradient is all zero (an embedding's rows no instance of the mini-batch read)
     // keep their weights and state exactly under SGD and Adagrad without weight decay (each
-    // element becomes `x - lr·0/…` = x), so they are copied instead of computed; Adam's moments
-    // move even at a zero gradient, so it updates every row.
+    // element becomes `x - lr·0/…` = x), so they are skipped; Adam's moments move even at a
+    // zero gradient, so it updates every row.
     let sparse = opt != Optimizer::Adam && decay == 0.0;
-    let row = w
-        .shape()
-        .last()
-        .copied()
-        .filter(|&d| d > 0 && w.rank() >= 2)
-        .unwrap_or(wv.len().max(1));
-    let mut out: Vec<f32> = wv.to_vec();
-    for (r, (o, g)) in out.chunks_mut(row).zip(gv.chunks(row)).enumerate() {
-        if sparse && g.iter().all(|&v| v == 0.0) {
-            continue;
+    let dtype = w.dtype();
+    let mut w32 = w.cast(tumble_ir::DType::Float32);
+    let wv = w32
+        .make_mut_slice::<f32>()
+        .ok_or("internal: optimizer operands are not float")?;
+    match g {
+        ParamGrad::Rows(rows) if sparse => {
+            let [_, d] = rows.shape();
+            if rows.shape().iter().product::<usize>() != n {
+                return Err("internal: gradient and parameter sizes differ".into());
+            }
+            for (r, gr) in rows.iter() {
+                if gr.iter().all(|&v| v == 0.0) {
+                    continue;
+                }
+                let at = r * d;
+                rule.apply(&mut wv[at..at + d], gr, s, at);
+            }
         }
-        let at = r * row;
-        match opt {
+        _ => {
+            let dense;
+            let gt = match g {
+                ParamGrad::Dense(t) => t,
+                ParamGrad::Rows(r) => {
+                    dense = r.to_dense()?;
+                    &dense
+                }
+            };
+            let g32 = gt.cast(tumble_ir::DType::Float32);
+            let gv = g32
+                .as_slice::<f32>()
+                .ok_or("internal: optimizer operands are not float")?;
+            if gv.len() != n {
+                return Err("internal: gradient and parameter sizes differ".into());
+            }
+            let row = w
+                .shape()
+                .last()
+                .copied()
+                .filter(|&d| d > 0 && w.rank() >= 2)
+                .unwrap_or(n.max(1));
+            for (r, (o, g)) in wv.chunks_mut(row).zip(gv.chunks(row)).enumerate() {
+                if sparse && g.iter().all(|&v| v == 0.0) {
+                    continue;
+                }
+                rule.apply(o, g, s, r * row);
+            }
+        }
+    }
+    *w = w32.cast(dtype);
+    Ok(())
+}
+
+/// One optimizer's update of a run of weights.
+struct Rule {
+    opt: Optimizer,
+    lr: f32,
+    decay: f32,
+    scale: f32,
+    c1: f32,
+    c2: f32,
+}
+
+impl Rule {
+    fn new(opt: Optimizer, lr: f64, decay: f64, t: u64, scale: f64) -> Self {
+        let t = t.min(i32::MAX as u64) as i32;
+        Rule {
+            opt,
+            lr: lr as f32,
+            decay: decay as f32,
+            scale: scale as f32,
+            c1: 1.0 - ADAM_B1.powi(t),
+            c2: 1.0 - ADAM_B2.powi(t),
+        }
+    }
+
+    /// Updates the weights `o` (elements `at..` of the parameter) by their gradient `g`.
+    fn apply(&self, o: &mut [f32], g: &[f32], s: &mut Slot, at: usize) {
+        let Rule {
+            lr,
+            decay,
+            scale,
+            c1,
+            c2,
+            ..
+        } = *self;
+        let end = at + g.len();
+        match self.opt {
             Optimizer::Sgd => {
                 for (x, g) in o.iter_mut().zip(g) {
                     *x -= lr * (g * scale + decay * *x);
                 }
             }
             Optimizer::Adagrad => {
-                for ((x, g), v) in o.iter_mut().zip(g).zip(&mut s.v[at..at + g.len()]) {
+                for ((x, g), v) in o.iter_mut().zip(g).zip(&mut s.v[at..end]) {
                     let g = g * scale + decay * *x;
                     *v += g * g;
                     *x -= lr * g / (v.sqrt() + 1e-10);
                 }
             }
             Optimizer::Adam => {
-                let (ms, vs) = (&mut s.m[at..at + g.len()], &mut s.v[at..at + g.len()]);
+                let (ms, vs) = (&mut s.m[at..end], &mut s.v[at..end]);
                 for ((x, g), (m, v)) in o.iter_mut().zip(g).zip(ms.iter_mut().zip(vs.iter_mut())) {
                     let g = g * scale + decay * *x;
-                    *m = b1 * *m + (1.0 - b1) * g;
-                    *v = b2 * *v + (1.0 - b2) * g * g;
-                    *x -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
+                    *m = ADAM_B1 * *m + (1.0 - ADAM_B1) * g;
+                    *v = ADAM_B2 * *v + (1.0 - ADAM_B2) * g * g;
+                    *x -= lr * (*m / c1) / ((*v / c2).sqrt() + ADAM_EPS);
                 }
             }
         }
     }
-    Ok(Tensor::from_vec(w.shape().to_vec(), out)
-        .map_err(|e| e.to_string())?
-        .cast(w.dtype()))
 }
+
+const ADAM_B1: f32 = 0.9;
+const ADAM_B2: f32 = 0.999;
+const ADAM_EPS: f32 = 1e-8;
 
 /// `0..n` shuffled by `seed` (Fisher–Yates): the same order on every run.
 fn shuffled(n: usize, seed: u64) -> Vec<usize> {
@@ -731,31 +809,39 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
             seen += which.len();
             t += 1;
             // The mean loss of the mini-batch is minimized: its gradient is the sum's over b.
-            for ((name, p), g) in trainable.iter().zip(&params).zip(grads) {
+            // The weights are updated in place where the bound tensor is their only holder
+            // (the map's and this step's references are let go first).
+            drop(params);
+            for (name, g) in trainable.iter().zip(grads) {
+                let Some(w) = main.param_mut(name) else {
+                    continue;
+                };
                 let g = match g {
                     Some(g) => g,
-                    None if args.weight_decay > 0.0 => Tensor::zeros(p.shape().to_vec(), p.dtype())
-                        .map_err(|e| Failure::Message(e.to_string()))?,
+                    None if args.weight_decay > 0.0 => ParamGrad::Dense(
+                        Tensor::zeros(w.shape().to_vec(), w.dtype())
+                            .map_err(|e| Failure::Message(e.to_string()))?,
+                    ),
                     None => continue,
                 };
                 let slot = slots.entry(name.clone()).or_insert(Slot {
                     m: Vec::new(),
                     v: Vec::new(),
                 });
-                let new = step(
+                weights.remove(name);
+                step(
                     args.optimizer,
                     args.lr,
                     args.weight_decay,
                     t,
-                    p,
+                    w,
                     &g,
                     1.0 / b,
                     slot,
                 )
                 .map_err(Failure::Message)?;
-                weights.insert(name.clone(), new);
+                weights.insert(name.clone(), w.clone());
             }
-            main.rebind(&weights);
             bar.inc(which.len() as u64);
             bar.set_message(format!("loss {:.4}", loss_sum / seen.max(1) as f64));
         }
@@ -801,4 +887,62 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
         eprintln!("{line}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tumble_runtime::backward::RowGrad;
+
+    /// A row gradient updates only its rows, with exactly the dense update's bits, under every
+    /// optimizer and with weight decay (where it updates every row through the dense path).
+    #[test]
+    fn a_row_gradient_steps_like_its_dense_form() {
+        let (n, d) = (7, 5);
+        let w0 = Tensor::from_vec(
+            vec![n, d],
+            (0..n * d).map(|i| (i as f32 * 0.37).sin()).collect(),
+        )
+        .unwrap();
+        let mut rows = RowGrad::new(n, d).unwrap();
+        rows.add_row(5, &[0.5, -1.0, 0.25, 2.0, -0.125]);
+        rows.add_row(2, &[0.0; 5]); // listed, but zero: skipped like a zero dense row
+        rows.add_row(0, &[1.5, 1.0, -0.5, 0.75, 0.1]);
+        let dense = ParamGrad::Dense(rows.to_dense().unwrap());
+        let sparse = ParamGrad::Rows(rows);
+        for opt in [Optimizer::Sgd, Optimizer::Adagrad, Optimizer::Adam] {
+            for decay in [0.0, 0.01] {
+                let (mut a, mut b) = (w0.clone(), w0.clone());
+                let new_slot = || Slot {
+                    m: Vec::new(),
+                    v: Vec::new(),
+                };
+                let (mut sa, mut sb) = (new_slot(), new_slot());
+                for t in 1..=3 {
+                    step(opt, 0.1, decay, t, &mut a, &dense, 0.5, &mut sa).unwrap();
+                    step(opt, 0.1, decay, t, &mut b, &sparse, 0.5, &mut sb).unwrap();
+                }
+                assert_eq!(a.as_f32(), b.as_f32(), "{opt:?} decay {decay}");
+                assert_eq!(sa.v, sb.v, "{opt:?} decay {decay}");
+                let moved: Vec<usize> = (0..n)
+                    .filter(|&r| a.row(r).unwrap().as_f32() != w0.row(r).unwrap().as_f32())
+                    .collect();
+                // (Adam's moments of a never-nonzero row stay 0: it does not move either.)
+                if decay == 0.0 {
+                    assert_eq!(moved, vec![0, 5], "{opt:?}: only the nonzero rows move");
+                } else {
+                    assert_eq!(moved.len(), n, "{opt:?} decay {decay}: every row moves");
+                }
+            }
+        }
+        // The step does not write through to another holder of the weights.
+        let mut held = w0.clone();
+        let mut s = Slot {
+            m: Vec::new(),
+            v: Vec::new(),
+        };
+        step(Optimizer::Sgd, 0.1, 0.0, 1, &mut held, &sparse, 1.0, &mut s).unwrap();
+        assert_ne!(held.as_f32(), w0.as_f32());
+        assert_eq!(w0.as_f32().unwrap()[0], 0.0);
+    }
 }

@@ -174,7 +174,7 @@ fn batched_grad(
         .unwrap_or_else(|e| panic!("{}: batched gradient: {}", x.name, e.error.message));
         for (slot, g) in total.iter_mut().zip(g.grads) {
             if let Some(g) = g {
-                tape::accumulate(slot, g).unwrap();
+                g.add_into(slot).unwrap();
             }
         }
     }

@@ -13,6 +13,7 @@ use tumble_ir::Attrs;
 use tumble_ops::OpValue;
 use tumble_tensor::Tensor;
 
+use super::param_grad::{ParamGrad, RowGrad};
 use crate::batched::BV;
 use crate::fastmath;
 use crate::simd;
@@ -172,10 +173,11 @@ pub(super) fn vjp(
 }
 
 /// Adds the gradient `dy` of `take(table, idx, axis=0)` (an f32 table of rank 2, in-range
-/// integer ids, batched or shared) into `slot`, the table's gradient, row by row — allocating
-/// it (zeros) on first use. Returns false, having changed nothing, where this does not apply.
+/// integer ids, batched or shared) into `slot`, the table's gradient, row by row: into the rows
+/// of a [`RowGrad`] (made on first use), or into a dense gradient already there. Returns false,
+/// having changed nothing, where this does not apply.
 pub(super) fn scatter_rows_into(
-    slot: &mut Option<Tensor>,
+    slot: &mut Option<ParamGrad>,
     table: &Tensor,
     idx: &BV,
     dy: &BV,
@@ -204,26 +206,38 @@ pub(super) fn scatter_rows_into(
     {
         return false;
     }
-    if slot
-        .as_ref()
-        .is_some_and(|t| t.shape() != table.shape() || t.as_f32().is_none())
-    {
-        return false;
-    }
-    if slot.is_none() {
-        match Tensor::from_vec(vec![n, d], vec![0f32; n * d]) {
-            Ok(zeros) => *slot = Some(zeros),
-            Err(_) => return false,
+    match slot {
+        None => {
+            let Some(mut rows) = RowGrad::new(n, d) else {
+                return false;
+            };
+            for (&i, gr) in ids.iter().zip(gv.chunks_exact(d)) {
+                rows.add_row(i as usize, gr);
+            }
+            *slot = Some(ParamGrad::Rows(rows));
         }
-    }
-    let Some(rows) = slot.as_mut().and_then(|t| t.make_mut_slice::<f32>()) else {
-        return false;
-    };
-    for (&i, gr) in ids.iter().zip(gv.chunks_exact(d)) {
-        let at = i as usize * d;
-        if let Some(dst) = rows.get_mut(at..at + d) {
-            for (a, v) in dst.iter_mut().zip(gr) {
-                *a += v;
+        Some(ParamGrad::Rows(rows)) => {
+            if rows.shape() != [n, d] {
+                return false;
+            }
+            for (&i, gr) in ids.iter().zip(gv.chunks_exact(d)) {
+                rows.add_row(i as usize, gr);
+            }
+        }
+        Some(ParamGrad::Dense(t)) => {
+            if t.shape() != table.shape() {
+                return false;
+            }
+            let Some(rows) = t.make_mut_slice::<f32>() else {
+                return false;
+            };
+            for (&i, gr) in ids.iter().zip(gv.chunks_exact(d)) {
+                let at = i as usize * d;
+                if let Some(dst) = rows.get_mut(at..at + d) {
+                    for (a, v) in dst.iter_mut().zip(gr) {
+                        *a += v;
+                    }
+                }
             }
         }
     }

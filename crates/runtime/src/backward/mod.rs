@@ -31,6 +31,10 @@ use crate::dfg::{Arg, Dfg};
 use crate::{Executable, InstanceError, Options, Reuse};
 
 mod fast;
+mod param_grad;
+
+use param_grad::add_dense;
+pub use param_grad::{ParamGrad, RowGrad};
 
 /// Switches of the backward pass.
 #[derive(Debug, Clone, Copy)]
@@ -154,7 +158,7 @@ pub struct BackwardStats {
 /// parameter, the gradient of the sum of the outputs (`None`: no output depends on it).
 pub struct BatchGrad {
     pub losses: Vec<f64>,
-    pub grads: Vec<Option<Tensor>>,
+    pub grads: Vec<Option<ParamGrad>>,
     pub stats: BackwardStats,
 }
 
@@ -200,7 +204,7 @@ pub fn grad_batch(
         ..BackwardStats::default()
     };
     let t1 = Instant::now();
-    let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
+    let mut grads: Vec<Option<ParamGrad>> = vec![None; params.len()];
     let mut adj: HashMap<LazyRef, Tensor> = HashMap::new();
     let mut losses = Vec::with_capacity(n);
     for (i, r) in results.into_iter().enumerate() {
@@ -233,7 +237,7 @@ pub fn grad_batch(
             None => {
                 if let Some(k) = param_of(params, &t) {
                     if let Some(slot) = grads.get_mut(k) {
-                        accumulate(slot, one).map_err(|m| fail(internal(m)))?;
+                        add_dense(slot, one).map_err(|m| fail(internal(m)))?;
                     }
                 }
             }
@@ -615,7 +619,7 @@ fn backward_launch(
     params: &[Tensor],
     active: &HashMap<u32, bool>,
     adj: &mut HashMap<LazyRef, Tensor>,
-    grads: &mut [Option<Tensor>],
+    grads: &mut [Option<ParamGrad>],
     stats: &mut BackwardStats,
     rng: &mut Rng,
     gopts: GradOptions,
@@ -845,7 +849,7 @@ fn backward_launch(
             BV::Shared(OpValue::Tensor(g)) => {
                 if let Some(Source::Param(k)) = srcs.first() {
                     if let Some(slot) = grads.get_mut(*k) {
-                        accumulate(slot, g).map_err(internal)?;
+                        add_dense(slot, g).map_err(internal)?;
                     }
                 }
             }
@@ -856,7 +860,7 @@ fn backward_launch(
                         Source::Node(lr) => add_to(adj, *lr, g.row(r).map_err(internal)?)?,
                         Source::Param(k) => {
                             if let Some(slot) = grads.get_mut(*k) {
-                                accumulate(slot, g.row(r).map_err(internal)?).map_err(internal)?;
+                                add_dense(slot, g.row(r).map_err(internal)?).map_err(internal)?;
                             }
                         }
                     }

@@ -1,0 +1,192 @@
+//! A parameter's gradient as the backward produces it: dense, or — for an embedding table read
+//! by `take` — only the rows the mini-batch looked up. A TreeLSTM's 21,703 × 256 table gets a
+//! few hundred rows' gradient per mini-batch; a dense one would be a 22 MB zeroed allocation
+//! per step, scanned again by the optimizer. The optimizer updates the listed rows only where
+//! that is exact (see `tumble train`), and [`ParamGrad::add_into`] densifies for `tumble grad`.
+
+use std::collections::HashMap;
+
+use tumble_interp::tape::accumulate;
+use tumble_tensor::Tensor;
+
+/// A gradient that is zero outside some rows of a 2-D f32 parameter (rows, width).
+#[derive(Clone, Debug)]
+pub struct RowGrad {
+    rows_total: usize,
+    width: usize,
+    /// The rows with a gradient, in the order they were first added.
+    rows: Vec<u32>,
+    /// `rows.len() × width` values, row `k` for `rows[k]`.
+    values: Vec<f32>,
+    /// Row id → its position in `rows`.
+    at: HashMap<u32, u32>,
+}
+
+impl RowGrad {
+    /// An all-zero gradient of a `(rows_total, width)` parameter; `None` if a row id would not
+    /// fit 32 bits.
+    pub fn new(rows_total: usize, width: usize) -> Option<Self> {
+        u32::try_from(rows_total).ok()?;
+        Some(RowGrad {
+            rows_total,
+            width,
+            rows: Vec::new(),
+            values: Vec::new(),
+            at: HashMap::new(),
+        })
+    }
+
+    /// The parameter's shape.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.rows_total, self.width]
+    }
+
+    /// Adds `g` (`width` values) to row `row`; false (nothing changed) when out of range.
+    pub fn add_row(&mut self, row: usize, g: &[f32]) -> bool {
+        if row >= self.rows_total || g.len() != self.width {
+            return false;
+        }
+        let id = row as u32;
+        let k = match self.at.get(&id) {
+            Some(&k) => k as usize,
+            None => {
+                let k = self.rows.len();
+                self.at.insert(id, k as u32);
+                self.rows.push(id);
+                self.values.resize(self.values.len() + self.width, 0.0);
+                k
+            }
+        };
+        let dst = &mut self.values[k * self.width..(k + 1) * self.width];
+        for (a, v) in dst.iter_mut().zip(g) {
+            *a += v;
+        }
+        true
+    }
+
+    /// The rows with a gradient and their values, in first-added order.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &[f32])> {
+        self.rows
+            .iter()
+            .zip(self.values.chunks_exact(self.width.max(1)))
+            .map(|(&r, v)| (r as usize, v))
+    }
+
+    /// How many rows have a gradient.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Adds this gradient into the dense f32 tensor `dst` of the same shape.
+    fn scatter_into(&self, dst: &mut Tensor) -> Result<(), String> {
+        if dst.shape() != self.shape() {
+            return Err(format!(
+                "internal: row gradient of shape {:?} added to one of shape {:?}",
+                self.shape(),
+                dst.shape()
+            ));
+        }
+        let d = self.width;
+        let out = dst
+            .make_mut_slice::<f32>()
+            .ok_or("internal: row gradient added to a tensor that is not float32")?;
+        for (r, v) in self.iter() {
+            for (a, x) in out[r * d..(r + 1) * d].iter_mut().zip(v) {
+                *a += x;
+            }
+        }
+        Ok(())
+    }
+
+    /// The dense gradient (zeros outside the rows).
+    pub fn to_dense(&self) -> Result<Tensor, String> {
+        let mut t = Tensor::from_vec(
+            self.shape().to_vec(),
+            vec![0f32; self.rows_total * self.width],
+        )
+        .map_err(|e| e.to_string())?;
+        self.scatter_into(&mut t)?;
+        Ok(t)
+    }
+}
+
+/// One parameter's gradient from [`super::grad_batch`].
+#[derive(Clone, Debug)]
+pub enum ParamGrad {
+    Dense(Tensor),
+    /// Zero outside the listed rows (an embedding table's gradient).
+    Rows(RowGrad),
+}
+
+impl ParamGrad {
+    /// The gradient as one tensor.
+    pub fn into_dense(self) -> Result<Tensor, String> {
+        match self {
+            ParamGrad::Dense(t) => Ok(t),
+            ParamGrad::Rows(r) => r.to_dense(),
+        }
+    }
+
+    /// Adds this gradient into a dense sum (`None`: nothing summed yet).
+    pub fn add_into(self, sum: &mut Option<Tensor>) -> Result<(), String> {
+        match (self, sum.as_mut()) {
+            (ParamGrad::Rows(r), Some(t)) if t.as_f32().is_some() => r.scatter_into(t),
+            (g, _) => accumulate(sum, g.into_dense()?),
+        }
+    }
+}
+
+/// Adds a dense gradient `g` into a parameter's gradient slot (a row gradient there is made
+/// dense first: the sum is no longer confined to rows).
+pub(super) fn add_dense(slot: &mut Option<ParamGrad>, g: Tensor) -> Result<(), String> {
+    let mut dense = match slot.take() {
+        None => None,
+        Some(ParamGrad::Dense(t)) => Some(t),
+        Some(ParamGrad::Rows(r)) => Some(r.to_dense()?),
+    };
+    accumulate(&mut dense, g)?;
+    *slot = dense.map(ParamGrad::Dense);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_sum_like_the_dense_scatter() {
+        let mut r = RowGrad::new(5, 3).unwrap();
+        assert!(r.add_row(4, &[1.0, 2.0, 3.0]));
+        assert!(r.add_row(1, &[0.5, 0.5, 0.5]));
+        assert!(r.add_row(4, &[1.0, 1.0, 1.0]));
+        assert!(!r.add_row(5, &[1.0, 1.0, 1.0]), "row past the end");
+        assert!(!r.add_row(0, &[1.0]), "wrong width");
+        assert_eq!(r.len(), 2);
+        let d = r.to_dense().unwrap();
+        assert_eq!(d.shape(), &[5, 3]);
+        assert_eq!(
+            d.as_f32().unwrap(),
+            &[0., 0., 0., 0.5, 0.5, 0.5, 0., 0., 0., 0., 0., 0., 2., 3., 4.]
+        );
+        // Into a dense sum: scattered where one exists, the dense tensor where none does.
+        let mut sum = None;
+        ParamGrad::Rows(r.clone()).add_into(&mut sum).unwrap();
+        ParamGrad::Rows(r.clone()).add_into(&mut sum).unwrap();
+        assert_eq!(sum.unwrap().as_f32().unwrap()[12..], [4., 6., 8.]);
+        // A dense gradient added to a row gradient makes it dense.
+        let mut slot = Some(ParamGrad::Rows(r));
+        add_dense(
+            &mut slot,
+            Tensor::from_vec(vec![5, 3], vec![1f32; 15]).unwrap(),
+        )
+        .unwrap();
+        match slot {
+            Some(ParamGrad::Dense(t)) => assert_eq!(t.as_f32().unwrap()[0..3], [1., 1., 1.]),
+            other => panic!("expected a dense gradient, got {other:?}"),
+        }
+    }
+}
