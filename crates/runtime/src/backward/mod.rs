@@ -30,8 +30,11 @@ use crate::batched::{self, OpStats, BV};
 use crate::dfg::{Arg, Dfg};
 use crate::{Executable, InstanceError, Options, Reuse};
 
+mod adjoints;
 mod fast;
 mod param_grad;
+
+use adjoints::Adjoints;
 
 use param_grad::add_dense;
 pub use param_grad::{ParamGrad, RowGrad};
@@ -205,7 +208,8 @@ pub fn grad_batch(
     };
     let t1 = Instant::now();
     let mut grads: Vec<Option<ParamGrad>> = vec![None; params.len()];
-    let mut adj: HashMap<LazyRef, Tensor> = HashMap::new();
+    let log: Vec<Vec<u32>> = dfg.launch_log().to_vec();
+    let mut adj = Adjoints::new(dfg.node_count(), &log);
     let mut losses = Vec::with_capacity(n);
     for (i, r) in results.into_iter().enumerate() {
         let fail = at_instance(Some(i));
@@ -233,7 +237,7 @@ pub fn grad_batch(
         let one =
             Tensor::full_f64(t.shape().to_vec(), t.dtype(), 1.0).map_err(|e| fail(internal(e)))?;
         match root {
-            Some(r) => add_to(&mut adj, r, one).map_err(&fail)?,
+            Some(r) => adj.add(&dfg, r, one).map_err(&fail)?,
             None => {
                 if let Some(k) = param_of(params, &t) {
                     if let Some(slot) = grads.get_mut(k) {
@@ -244,9 +248,8 @@ pub fn grad_batch(
         }
     }
     let active = activity(&dfg, params);
-    let log: Vec<Vec<u32>> = dfg.launch_log().to_vec();
     let mut rng = Rng::new(0);
-    for ids in log.iter().rev() {
+    for (l, ids) in log.iter().enumerate().rev() {
         let instance = ids
             .first()
             .and_then(|&id| dfg.node(id))
@@ -254,6 +257,7 @@ pub fn grad_batch(
         let span = ids.first().and_then(|&id| dfg.node(id)).map(|n| n.span);
         backward_launch(
             &dfg,
+            l,
             ids,
             params,
             &active,
@@ -334,15 +338,6 @@ fn activity(dfg: &Dfg, params: &[Tensor]) -> HashMap<u32, bool> {
         }
     }
     active
-}
-
-fn add_to(adj: &mut HashMap<LazyRef, Tensor>, r: LazyRef, g: Tensor) -> Result<(), RunError> {
-    let mut slot = adj.remove(&r);
-    accumulate(&mut slot, g).map_err(internal)?;
-    if let Some(v) = slot {
-        adj.insert(r, v);
-    }
-    Ok(())
 }
 
 /// Where one row's block input came from.
@@ -615,10 +610,11 @@ fn vjp_batched(
 #[allow(clippy::too_many_arguments)]
 fn backward_launch(
     dfg: &Dfg,
+    launch: usize,
     ids: &[u32],
     params: &[Tensor],
     active: &HashMap<u32, bool>,
-    adj: &mut HashMap<LazyRef, Tensor>,
+    adj: &mut Adjoints,
     grads: &mut [Option<ParamGrad>],
     stats: &mut BackwardStats,
     rng: &mut Rng,
@@ -642,42 +638,16 @@ fn backward_launch(
     // The output gradients, per output, stacked over the rows (zeros for rows without one).
     let mut any = false;
     let mut dys: Vec<Option<BV>> = Vec::with_capacity(n_out);
+    let launch_active = ids.iter().any(|id| active.get(id) == Some(&true));
     for o in 0..n_out {
-        let row_grads: Vec<Option<Tensor>> = ids
-            .iter()
-            .map(|&id| {
-                adj.remove(&LazyRef {
-                    node: id,
-                    output: o as u32,
-                })
-            })
-            .collect();
-        if row_grads.iter().all(Option::is_none)
-            || !ids.iter().any(|id| active.get(id) == Some(&true))
-        {
-            dys.push(None);
-            continue;
+        let g = adj.take_output(dfg, launch, ids, o)?;
+        match g {
+            Some(g) if launch_active => {
+                any = true;
+                dys.push(Some(BV::Batched(OpValue::Tensor(g))));
+            }
+            _ => dys.push(None),
         }
-        any = true;
-        let mut rows = Vec::with_capacity(b);
-        for (g, &id) in row_grads.into_iter().zip(ids) {
-            rows.push(match g {
-                Some(g) => g,
-                None => {
-                    let t = dfg
-                        .concrete(LazyRef {
-                            node: id,
-                            output: o as u32,
-                        })?
-                        .ok_or_else(|| internal("output not computed"))?;
-                    Tensor::zeros(t.shape().to_vec(), t.dtype()).map_err(internal)?
-                }
-            });
-        }
-        let refs: Vec<&Tensor> = rows.iter().collect();
-        dys.push(Some(BV::Batched(OpValue::Tensor(
-            Tensor::stack(&refs).map_err(internal)?,
-        ))));
     }
     if !any {
         stats.skipped += 1;
@@ -854,10 +824,18 @@ fn backward_launch(
                 }
             }
             BV::Batched(OpValue::Tensor(g)) => {
+                let row_shape = g.shape().get(1..).unwrap_or_default();
+                let len = row_shape.iter().product::<usize>();
                 for (r, s) in srcs.iter().enumerate() {
                     match s {
                         Source::Const => {}
-                        Source::Node(lr) => add_to(adj, *lr, g.row(r).map_err(internal)?)?,
+                        Source::Node(lr) => {
+                            // A row's gradient goes straight into its producer's buffer.
+                            let row = g.as_f32().and_then(|v| v.get(r * len..(r + 1) * len));
+                            if !row.is_some_and(|v| adj.add_f32(dfg, *lr, v, row_shape)) {
+                                adj.add(dfg, *lr, g.row(r).map_err(internal)?)?;
+                            }
+                        }
                         Source::Param(k) => {
                             if let Some(slot) = grads.get_mut(*k) {
                                 add_dense(slot, g.row(r).map_err(internal)?).map_err(internal)?;

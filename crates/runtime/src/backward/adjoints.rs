@@ -1,0 +1,172 @@
+//! The adjoints (output gradients) of the recorded nodes while the backward walks the launches
+//! in reverse. A node's output is a row of its launch's batched output, so its adjoint is kept
+//! the same way: one f32 buffer per launch and output, with a row per node. A consumer adds a
+//! row's gradient in place (no tensor per row, no map entry), and the launch's own backward
+//! reads all its rows' output gradients as one tensor, rows without a gradient already zero.
+//! Outputs that are not rows of an f32 launch output keep per-node tensors in a map.
+
+use std::collections::HashMap;
+
+use tumble_interp::tape::accumulate;
+use tumble_interp::{LazyRef, RunError};
+use tumble_tensor::Tensor;
+
+use super::internal;
+use crate::dfg::Dfg;
+
+const NOT_LAUNCHED: u32 = u32::MAX;
+
+pub(super) struct Adjoints {
+    /// Per node id: the launch (index into the launch log) that computed it and its row there.
+    at: Vec<(u32, u32)>,
+    /// Per launch: its number of rows.
+    rows: Vec<usize>,
+    /// Per launch, per output: the gradient of every row (`rows × row length`), made zero on the
+    /// first gradient added to any of them.
+    bufs: Vec<Vec<Option<Vec<f32>>>>,
+    /// Gradients that do not fit a launch buffer (another dtype, a node outside the log).
+    other: HashMap<LazyRef, Tensor>,
+}
+
+impl Adjoints {
+    pub(super) fn new(nodes: usize, log: &[Vec<u32>]) -> Self {
+        let mut at = vec![(NOT_LAUNCHED, 0); nodes];
+        for (l, ids) in log.iter().enumerate() {
+            for (row, &id) in ids.iter().enumerate() {
+                if let Some(slot) = at.get_mut(id as usize) {
+                    *slot = (l as u32, row as u32);
+                }
+            }
+        }
+        Adjoints {
+            at,
+            rows: log.iter().map(Vec::len).collect(),
+            bufs: vec![Vec::new(); log.len()],
+            other: HashMap::new(),
+        }
+    }
+
+    /// Adds gradient `g` to output `r`.
+    pub(super) fn add(&mut self, dfg: &Dfg, r: LazyRef, g: Tensor) -> Result<(), RunError> {
+        if let Some(v) = g.as_f32() {
+            if self.add_f32(dfg, r, v, g.shape()) {
+                return Ok(());
+            }
+        }
+        let mut slot = self.other.remove(&r);
+        accumulate(&mut slot, g).map_err(internal)?;
+        if let Some(v) = slot {
+            self.other.insert(r, v);
+        }
+        Ok(())
+    }
+
+    /// Adds the f32 gradient `v` of shape `shape` to output `r` in its launch's buffer; false
+    /// (nothing changed) where `r` is not a row of an f32 launch output of that shape.
+    pub(super) fn add_f32(&mut self, dfg: &Dfg, r: LazyRef, v: &[f32], shape: &[usize]) -> bool {
+        let Some(&(l, row)) = self.at.get(r.node as usize) else {
+            return false;
+        };
+        if l == NOT_LAUNCHED {
+            return false;
+        }
+        let Some((_, out_shape)) = dfg.f32_view(r) else {
+            return false;
+        };
+        if out_shape != shape {
+            return false;
+        }
+        let (l, o, len) = (l as usize, r.output as usize, v.len());
+        let (Some(&b), Some(outs)) = (self.rows.get(l), self.bufs.get_mut(l)) else {
+            return false;
+        };
+        if outs.len() <= o {
+            outs.resize(o + 1, None);
+        }
+        let buf = outs[o].get_or_insert_with(|| vec![0f32; b * len]);
+        let at = row as usize * len;
+        let Some(dst) = buf.get_mut(at..at + len) else {
+            return false;
+        };
+        for (a, x) in dst.iter_mut().zip(v) {
+            *a += x;
+        }
+        true
+    }
+
+    /// The gradient of output `o` of launch `l` (nodes `ids`), all rows stacked, zeros for rows
+    /// without one; `None` when no row has one. Taken: the launch is differentiated once.
+    pub(super) fn take_output(
+        &mut self,
+        dfg: &Dfg,
+        l: usize,
+        ids: &[u32],
+        o: usize,
+    ) -> Result<Option<Tensor>, RunError> {
+        let buf = self
+            .bufs
+            .get_mut(l)
+            .and_then(|outs| outs.get_mut(o))
+            .and_then(Option::take);
+        let mut extra: Vec<(usize, Tensor)> = Vec::new();
+        if !self.other.is_empty() {
+            for (row, &id) in ids.iter().enumerate() {
+                let r = LazyRef {
+                    node: id,
+                    output: o as u32,
+                };
+                if let Some(g) = self.other.remove(&r) {
+                    extra.push((row, g));
+                }
+            }
+        }
+        let b = ids.len();
+        let shape_of = |id: u32| -> Result<Tensor, RunError> {
+            dfg.concrete(LazyRef {
+                node: id,
+                output: o as u32,
+            })?
+            .ok_or_else(|| internal("output not computed"))
+        };
+        if extra.is_empty() {
+            let Some(data) = buf else { return Ok(None) };
+            let first = ids.first().ok_or_else(|| internal("empty launch"))?;
+            let (_, row_shape) = dfg
+                .f32_view(LazyRef {
+                    node: *first,
+                    output: o as u32,
+                })
+                .ok_or_else(|| internal("gradient buffer of a non-f32 output"))?;
+            let mut shape = vec![b];
+            shape.extend_from_slice(row_shape);
+            return Tensor::from_vec(shape, data).map(Some).map_err(internal);
+        }
+        // Rows with gradients of other forms: per row, summed, then stacked.
+        let mut rows: Vec<Option<Tensor>> = vec![None; b];
+        if let Some(data) = buf {
+            let len = data.len() / b.max(1);
+            for (row, slot) in rows.iter_mut().enumerate() {
+                let shape = shape_of(ids[row])?.shape().to_vec();
+                let part = data.get(row * len..(row + 1) * len).unwrap_or_default();
+                *slot = Some(Tensor::from_vec(shape, part.to_vec()).map_err(internal)?);
+            }
+        }
+        for (row, g) in extra {
+            if let Some(slot) = rows.get_mut(row) {
+                accumulate(slot, g).map_err(internal)?;
+            }
+        }
+        let mut full = Vec::with_capacity(b);
+        for (row, g) in rows.into_iter().enumerate() {
+            full.push(match g {
+                Some(g) => g,
+                None => {
+                    let t = shape_of(ids[row])?;
+                    Tensor::zeros(t.shape().to_vec(), t.dtype()).map_err(internal)?
+                }
+            });
+        }
+        let refs: Vec<&Tensor> = full.iter().collect();
+        Tensor::stack(&refs).map(Some).map_err(internal)
+    }
+}
