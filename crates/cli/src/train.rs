@@ -552,8 +552,16 @@ fn step(
     // element becomes `x - lr·0/…` = x), so they are skipped; Adam's moments move even at a
     // zero gradient, so it updates every row.
     let sparse = opt != Optimizer::Adam && decay == 0.0;
+    // The last axis is a row (an embedding's row: skipped whole when its gradient is zero).
+    let row = w
+        .shape()
+        .last()
+        .copied()
+        .filter(|&d| d > 0 && w.rank() >= 2)
+        .unwrap_or(n.max(1));
+    // Updated where it lies (a clone would make `make_mut_slice` copy the whole table).
     let dtype = w.dtype();
-    let mut w32 = w.cast(tumble_ir::DType::Float32);
+    let mut w32 = std::mem::replace(w, Tensor::scalar_f32(0.0)).cast(tumble_ir::DType::Float32);
     let wv = w32
         .make_mut_slice::<f32>()
         .ok_or("internal: optimizer operands are not float")?;
@@ -587,12 +595,6 @@ fn step(
             if gv.len() != n {
                 return Err("internal: gradient and parameter sizes differ".into());
             }
-            let row = w
-                .shape()
-                .last()
-                .copied()
-                .filter(|&d| d > 0 && w.rank() >= 2)
-                .unwrap_or(n.max(1));
             for (r, (o, g)) in wv.chunks_mut(row).zip(gv.chunks(row)).enumerate() {
                 if sparse && g.iter().all(|&v| v == 0.0) {
                     continue;
