@@ -45,6 +45,10 @@ pub struct Weights {
     /// operator table's reference rules (f64) instead of the f32 SIMD fast paths.
     #[arg(long)]
     pub no_backward_fast: bool,
+    /// Run the forward's fused kernel plans and recompute each launch's operators in the
+    /// backward, instead of running the forward operator by operator and keeping its values.
+    #[arg(long)]
+    pub no_backward_keep: bool,
 }
 
 #[derive(clap::Args)]
@@ -379,6 +383,7 @@ fn gopts(w: &Weights) -> GradOptions {
     GradOptions {
         gemm: !w.no_backward_gemm,
         fast: !w.no_backward_fast,
+        keep: !w.no_backward_keep,
     }
 }
 

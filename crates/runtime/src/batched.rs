@@ -224,6 +224,62 @@ pub fn run_block(
         .collect()
 }
 
+/// A launch evaluated operator by operator with every value kept: what the backward pass
+/// differentiates (the launch's inputs, each operator's operands and result).
+pub(crate) struct Kept {
+    pub inputs: Vec<BV>,
+    pub results: Vec<BV>,
+    pub args: Vec<Vec<BV>>,
+}
+
+impl Kept {
+    /// The block's outputs.
+    pub fn outputs(&self, block: &Block) -> Result<Vec<BV>, String> {
+        block
+            .outputs
+            .iter()
+            .map(|v| lookup(v, &self.inputs, &self.results))
+            .collect()
+    }
+}
+
+/// Runs `block` for `b` invocations like [`run_block`], keeping everything ([`Kept`]), with
+/// `fast` tried before each operator's reference kernel.
+pub(crate) fn run_block_kept(
+    block: &Block,
+    inputs: Vec<BV>,
+    b: usize,
+    octx: &mut OpCtx,
+    stats: &mut OpStats,
+    fast: FastEval,
+) -> Result<Kept, String> {
+    let mut results: Vec<BV> = Vec::with_capacity(block.nodes.len());
+    let mut kept_args: Vec<Vec<BV>> = Vec::with_capacity(block.nodes.len());
+    for node in &block.nodes {
+        let mut args = Vec::with_capacity(node.args.len());
+        for a in &node.args {
+            args.push(match a {
+                BArg::One(v) => lookup(v, &inputs, &results)?,
+                BArg::Tuple(vs) => {
+                    let items = vs
+                        .iter()
+                        .map(|v| lookup(v, &inputs, &results))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    tuple_of(items, b)?
+                }
+            });
+        }
+        let r = batched_op_with(node.op, &node.attrs, args.clone(), b, octx, stats, fast)?;
+        kept_args.push(args);
+        results.push(r);
+    }
+    Ok(Kept {
+        inputs,
+        results,
+        args: kept_args,
+    })
+}
+
 pub(crate) fn lookup(v: &BVal, inputs: &[BV], results: &[BV]) -> Result<BV, String> {
     let missing = || format!("internal: block value {v} is not available");
     match v {

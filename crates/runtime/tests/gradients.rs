@@ -231,6 +231,13 @@ fn check(x: &Expected) {
         let got = batched_grad(x, &wrt, batch, Options::default(), GradOptions::default());
         compare(x, &wrt, &got, &want, &format!("batch {batch}"));
     }
+    // The forward's fused plans, each launch recomputed by the backward.
+    let recompute = GradOptions {
+        keep: false,
+        ..GradOptions::default()
+    };
+    let got = batched_grad(x, &wrt, 7, Options::default(), recompute);
+    compare(x, &wrt, &got, &want, "batch 7, recomputed");
     let opts = Options {
         scheduler: Scheduler::Agenda,
         fusion: false,
@@ -244,6 +251,7 @@ fn check(x: &Expected) {
         GradOptions {
             gemm: false,
             fast: false,
+            keep: false,
         },
     );
     compare(

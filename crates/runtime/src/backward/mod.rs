@@ -26,7 +26,7 @@ use tumble_interp::{LazyRef, RunError, Value};
 use tumble_ops::{OpCtx, OpValue};
 use tumble_tensor::{Rng, Tensor};
 
-use crate::batched::{self, OpStats, BV};
+use crate::batched::{self, Kept, OpStats, BV};
 use crate::dfg::{Arg, Dfg};
 use crate::{Executable, InstanceError, Options, Reuse};
 
@@ -49,6 +49,10 @@ pub struct GradOptions {
     /// The f32 fast paths ([`fast`]): the recomputed forward operators and the elementwise and
     /// layout vjps on SIMD loops (off: the operator table's reference rules, in f64).
     pub fast: bool,
+    /// The forward keeps every value of its launches (running them operator by operator
+    /// instead of the fused plans) and the backward differentiates from those; off: the
+    /// forward runs its fused plans and the backward recomputes each launch's operators.
+    pub keep: bool,
 }
 
 impl Default for GradOptions {
@@ -56,6 +60,17 @@ impl Default for GradOptions {
         GradOptions {
             gemm: true,
             fast: true,
+            keep: true,
+        }
+    }
+}
+
+impl GradOptions {
+    /// The f32 fast path the recomputed (or kept) forward operators try first.
+    fn fast_eval(self) -> batched::FastEval {
+        match self.fast {
+            true => fast::eval,
+            false => crate::fastops::try_eval,
         }
     }
 }
@@ -198,7 +213,7 @@ pub fn grad_batch(
     let exec = Arc::new(Executable::new(program, reuse, &opts));
     let _weights = crate::gemm::WeightCache::enter(&exec.weights);
     let mut dfg = Dfg::new(program, reuse, exec, opts);
-    dfg.record_for_backward();
+    dfg.record_for_backward(gopts.keep.then_some(gopts.fast_eval()));
     let n = args.len();
     let results = crate::drive(program, index, args, rngs, opts, &mut dfg)?;
     let mut stats = BackwardStats {
@@ -209,6 +224,7 @@ pub fn grad_batch(
     let t1 = Instant::now();
     let mut grads: Vec<Option<ParamGrad>> = vec![None; params.len()];
     let log: Vec<Vec<u32>> = dfg.launch_log().to_vec();
+    let mut kept = dfg.take_kept();
     let mut adj = Adjoints::new(dfg.node_count(), &log);
     let mut losses = Vec::with_capacity(n);
     for (i, r) in results.into_iter().enumerate() {
@@ -259,6 +275,7 @@ pub fn grad_batch(
             &dfg,
             l,
             ids,
+            kept.get_mut(l).and_then(Option::take),
             params,
             &active,
             &mut adj,
@@ -288,31 +305,6 @@ pub fn grad_batch(
         grads,
         stats,
     })
-}
-
-/// A launch input stacked from its rows where they lie (f32 values of one shape), without a copy
-/// of each row first; `None` where a row is not such a value (the general path then copies).
-fn stack_f32(dfg: &Dfg, args: &[&Arg]) -> Option<Tensor> {
-    let mut data: Vec<f32> = Vec::new();
-    let mut row_shape: Option<&[usize]> = None;
-    for a in args {
-        let (v, shape) = match a {
-            Arg::Val(t) => (t.as_f32()?, t.shape()),
-            Arg::Lazy(r) => dfg.f32_view(*r)?,
-        };
-        match row_shape {
-            None => {
-                row_shape = Some(shape);
-                data.reserve(v.len() * args.len());
-            }
-            Some(s) if s != shape => return None,
-            Some(_) => {}
-        }
-        data.extend_from_slice(v);
-    }
-    let mut shape = vec![args.len()];
-    shape.extend_from_slice(row_shape?);
-    Tensor::from_vec(shape, data).ok()
 }
 
 /// Which parameter `t` is (the same buffer and shape), if any.
@@ -612,6 +604,7 @@ fn backward_launch(
     dfg: &Dfg,
     launch: usize,
     ids: &[u32],
+    kept: Option<Kept>,
     params: &[Tensor],
     active: &HashMap<u32, bool>,
     adj: &mut Adjoints,
@@ -654,91 +647,38 @@ fn backward_launch(
         return Ok(());
     }
     stats.launches += 1;
-    // The launch's inputs as in the forward: a tensor passed to every row once, else stacked.
-    let mut inputs: Vec<BV> = Vec::with_capacity(block.inputs.len());
+    // Where each row's inputs came from, to hand their gradients back.
     let mut sources: Vec<Vec<Source>> = Vec::with_capacity(block.inputs.len());
     for i in 0..block.inputs.len() {
-        let args: Vec<&Arg> = nodes
-            .iter()
-            .map(|n| n.args.get(i).ok_or_else(|| internal("missing argument")))
-            .collect::<Result<_, _>>()?;
-        let src = |a: &Arg| match a {
-            Arg::Lazy(r) => Source::Node(*r),
-            Arg::Val(t) if t.dtype().is_float() => {
-                param_of(params, t).map_or(Source::Const, Source::Param)
-            }
-            Arg::Val(_) => Source::Const,
-        };
-        sources.push(args.iter().map(|a| src(a)).collect());
-        let shared = match args.first() {
-            Some(Arg::Val(f)) => args
-                .iter()
-                .all(|a| matches!(a, Arg::Val(t) if t.shares_buffer(f) && t.shape() == f.shape())),
-            _ => false,
-        };
-        if shared {
-            if let Some(Arg::Val(f)) = args.first() {
-                inputs.push(BV::Shared(OpValue::Tensor(f.clone())));
-                continue;
-            }
-        }
-        if gopts.fast {
-            if let Some(t) = stack_f32(dfg, &args) {
-                inputs.push(BV::Batched(OpValue::Tensor(t)));
-                continue;
-            }
-        }
-        let rows = args
-            .iter()
-            .map(|a| match a {
-                Arg::Val(t) => Ok(t.clone()),
-                Arg::Lazy(r) => dfg
-                    .concrete(*r)?
-                    .ok_or_else(|| internal("input not computed")),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let refs: Vec<&Tensor> = rows.iter().collect();
-        inputs.push(BV::Batched(OpValue::Tensor(
-            Tensor::stack(&refs).map_err(internal)?,
-        )));
-    }
-    // Recompute the block's operators batched, keeping every result.
-    let mut results: Vec<BV> = Vec::with_capacity(block.nodes.len());
-    let mut ostats = OpStats::default();
-    let mut octx = OpCtx { rng };
-    let mut node_args: Vec<Vec<BV>> = Vec::with_capacity(block.nodes.len());
-    for node in &block.nodes {
-        let mut args = Vec::with_capacity(node.args.len());
-        for a in &node.args {
-            args.push(match a {
-                BArg::One(v) => batched::lookup(v, &inputs, &results).map_err(internal)?,
-                BArg::Tuple(vs) => {
-                    let items = vs
-                        .iter()
-                        .map(|v| batched::lookup(v, &inputs, &results))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(internal)?;
-                    batched::tuple_of(items, b).map_err(internal)?
+        let mut row_sources = Vec::with_capacity(b);
+        for n in &nodes {
+            row_sources.push(match n.args.get(i) {
+                Some(Arg::Lazy(r)) => Source::Node(*r),
+                Some(Arg::Val(t)) if t.dtype().is_float() => {
+                    param_of(params, t).map_or(Source::Const, Source::Param)
                 }
+                Some(Arg::Val(_)) => Source::Const,
+                None => return Err(internal("missing argument")),
             });
         }
-        let fast_eval: batched::FastEval = match gopts.fast {
-            true => fast::eval,
-            false => crate::fastops::try_eval,
-        };
-        let r = batched::batched_op_with(
-            node.op,
-            &node.attrs,
-            args.clone(),
-            b,
-            &mut octx,
-            &mut ostats,
-            fast_eval,
-        )
-        .map_err(RunError::new)?;
-        node_args.push(args);
-        results.push(r);
+        sources.push(row_sources);
     }
+    // The launch's values: kept by the forward, else its inputs stacked again (a tensor passed
+    // to every row once) and its operators recomputed batched, keeping every result.
+    let Kept {
+        inputs,
+        results,
+        args: node_args,
+    } = match kept {
+        Some(k) => k,
+        None => {
+            let inputs = dfg.stacked_inputs(block.inputs.len(), ids, gopts.fast)?;
+            let mut ostats = OpStats::default();
+            let mut octx = OpCtx { rng };
+            batched::run_block_kept(block, inputs, b, &mut octx, &mut ostats, gopts.fast_eval())
+                .map_err(RunError::new)?
+        }
+    };
     let mut in_adj: Vec<Option<BV>> = vec![None; inputs.len()];
     let mut node_adj: Vec<Vec<Option<BV>>> = vec![Vec::new(); block.nodes.len()];
     for (o, dy) in dys.into_iter().enumerate() {

@@ -101,30 +101,51 @@ impl Dfg<'_> {
             }
         }
         let t0 = Instant::now();
-        let mut inputs = Vec::with_capacity(block.inputs.len());
-        for i in 0..block.inputs.len() {
-            inputs.push(self.gather(block_id, i, ids)?);
-        }
-        self.profile.time_gather += t0.elapsed();
-        let t1 = Instant::now();
-        let mut octx = OpCtx {
-            rng: &mut self.launch_rng,
+        let in_block =
+            |m: String| RunError::at(first_span, format!("in block {}: {m}", block.name));
+        let mut kept = None;
+        let outs = if let Some(fast) = self.keep {
+            // Recording for a backward that differentiates this launch from what it keeps:
+            // operator by operator, every value kept.
+            let inputs = self.stacked_inputs(block.inputs.len(), ids, true)?;
+            self.profile.time_gather += t0.elapsed();
+            let t1 = Instant::now();
+            let mut octx = OpCtx {
+                rng: &mut self.launch_rng,
+            };
+            let k = run_block_kept(block, inputs, b, &mut octx, &mut self.profile.ops, fast)
+                .map_err(in_block)?;
+            let outs = k.outputs(block).map_err(in_block)?;
+            kept = Some(k);
+            self.profile.record_launch(&block.name, b, t1.elapsed());
+            outs
+        } else {
+            let mut inputs = Vec::with_capacity(block.inputs.len());
+            for i in 0..block.inputs.len() {
+                inputs.push(self.gather(block_id, i, ids)?);
+            }
+            self.profile.time_gather += t0.elapsed();
+            let t1 = Instant::now();
+            let mut octx = OpCtx {
+                rng: &mut self.launch_rng,
+            };
+            let outs = match self.exec.plans.get(block_id as usize) {
+                Some(plan) => crate::fused::run_planned(
+                    block,
+                    plan,
+                    &inputs,
+                    b,
+                    &mut octx,
+                    &mut self.profile.ops,
+                    &mut self.profile.fused,
+                    self.opts.threads + self.lent.map_or(0, Lending::share),
+                ),
+                None => run_block(block, &inputs, b, &mut octx, &mut self.profile.ops),
+            }
+            .map_err(in_block)?;
+            self.profile.record_launch(&block.name, b, t1.elapsed());
+            outs
         };
-        let outs = match self.exec.plans.get(block_id as usize) {
-            Some(plan) => crate::fused::run_planned(
-                block,
-                plan,
-                &inputs,
-                b,
-                &mut octx,
-                &mut self.profile.ops,
-                &mut self.profile.fused,
-                self.opts.threads + self.lent.map_or(0, Lending::share),
-            ),
-            None => run_block(block, &inputs, b, &mut octx, &mut self.profile.ops),
-        }
-        .map_err(|m| RunError::at(first_span, format!("in block {}: {m}", block.name)))?;
-        self.profile.record_launch(&block.name, b, t1.elapsed());
         for o in &outs {
             if let BV::Batched(OpValue::Tensor(t)) = o {
                 self.profile.activation_bytes += (t.len() * t.dtype().size()) as u64;
@@ -146,6 +167,7 @@ impl Dfg<'_> {
         }
         if let Some(log) = &mut self.launch_log {
             log.push(ids.to_vec());
+            self.kept.push(kept);
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use tumble_ir::{Attrs, Span, Ty};
 use tumble_ops::{OpCtx, OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
 
-use crate::batched::{run_block, RowRefs, BV};
+use crate::batched::{run_block, run_block_kept, FastEval, Kept, RowRefs, BV};
 use std::sync::Arc;
 
 use crate::executable::Executable;
@@ -24,6 +24,7 @@ use crate::reuse::Reuse;
 use crate::workers::Lending;
 use crate::{Options, Scheduler};
 
+mod for_backward;
 mod launch;
 mod ragged;
 mod schedule;
@@ -144,6 +145,11 @@ pub struct Dfg<'p> {
     pub profile: Profile,
     /// Recording for the backward pass ([`Dfg::record_for_backward`]): the launches in order.
     launch_log: Option<Vec<Vec<u32>>>,
+    /// Launches run operator by operator keeping every value, with this fast path
+    /// ([`Dfg::record_for_backward`]).
+    keep: Option<FastEval>,
+    /// Per logged launch: what it kept (`None` where it did not keep).
+    kept: Vec<Option<Kept>>,
 }
 
 /// Output shapes of a block from its inputs' shapes, by its operators' relations (Nimble's shape
@@ -233,20 +239,9 @@ impl<'p> Dfg<'p> {
             failed_instance: None,
             profile: Profile::default(),
             launch_log: None,
+            keep: None,
+            kept: Vec::new(),
         }
-    }
-
-    /// Records for the backward pass ([`crate::backward`]): every launch's nodes in order, and
-    /// node arguments kept after their launch. Every float value must stay on the graph for
-    /// the backward to see it, so nothing is computed off it: no host scalars, no deferred
-    /// sums, and a computed input stays a reference to its node instead of becoming a value.
-    pub fn record_for_backward(&mut self) {
-        self.launch_log = Some(Vec::new());
-    }
-
-    /// The launches so far, in order (empty unless recording for the backward).
-    pub(crate) fn launch_log(&self) -> &[Vec<u32>] {
-        self.launch_log.as_deref().unwrap_or_default()
     }
 
     pub(crate) fn program(&self) -> &'p Program {

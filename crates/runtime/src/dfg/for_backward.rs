@@ -1,0 +1,113 @@
+//! Recording for the backward pass ([`crate::backward`]): the launches in order, node arguments
+//! kept after their launch, and — when the backward is to differentiate from kept values instead
+//! of recomputing — every launch run operator by operator with all its values kept.
+
+use super::*;
+
+impl Dfg<'_> {
+    /// Records for the backward pass: every launch's nodes in order, and node arguments kept
+    /// after their launch. Every float value must stay on the graph for the backward to see it,
+    /// so nothing is computed off it: no host scalars, no deferred sums, and a computed input
+    /// stays a reference to its node instead of becoming a value. With `keep`, launches run
+    /// their operators one by one with `keep` tried before each reference kernel (instead of the
+    /// fused plans) and keep every value, so the backward need not recompute them.
+    pub(crate) fn record_for_backward(&mut self, keep: Option<FastEval>) {
+        self.launch_log = Some(Vec::new());
+        self.keep = keep;
+    }
+
+    /// The launches so far, in order (empty unless recording for the backward).
+    pub(crate) fn launch_log(&self) -> &[Vec<u32>] {
+        self.launch_log.as_deref().unwrap_or_default()
+    }
+
+    /// What each logged launch kept (see [`Dfg::record_for_backward`]), taken out of the graph.
+    pub(crate) fn take_kept(&mut self) -> Vec<Option<Kept>> {
+        std::mem::take(&mut self.kept)
+    }
+
+    /// The `n_inputs` inputs of a launch of nodes `ids` the way the backward differentiates
+    /// them: a tensor passed to every row (one buffer and shape) once, else the rows stacked
+    /// (`fast`: f32 rows copied where they lie, without a tensor per row first).
+    pub(crate) fn stacked_inputs(
+        &self,
+        n_inputs: usize,
+        ids: &[u32],
+        fast: bool,
+    ) -> Result<Vec<BV>, RunError> {
+        let internal = |m: &str| RunError::new(format!("internal: backward: {m}"));
+        let nodes = ids
+            .iter()
+            .map(|&id| {
+                self.nodes
+                    .get(id as usize)
+                    .ok_or_else(|| internal("unknown node"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut inputs: Vec<BV> = Vec::with_capacity(n_inputs);
+        for i in 0..n_inputs {
+            let args: Vec<&Arg> = nodes
+                .iter()
+                .map(|n| n.args.get(i).ok_or_else(|| internal("missing argument")))
+                .collect::<Result<_, _>>()?;
+            let shared = match args.first() {
+                Some(Arg::Val(f)) => args.iter().all(
+                    |a| matches!(a, Arg::Val(t) if t.shares_buffer(f) && t.shape() == f.shape()),
+                ),
+                _ => false,
+            };
+            if shared {
+                if let Some(Arg::Val(f)) = args.first() {
+                    inputs.push(BV::Shared(OpValue::Tensor(f.clone())));
+                    continue;
+                }
+            }
+            if fast {
+                if let Some(t) = self.stack_f32(&args) {
+                    inputs.push(BV::Batched(OpValue::Tensor(t)));
+                    continue;
+                }
+            }
+            let rows = args
+                .iter()
+                .map(|a| match a {
+                    Arg::Val(t) => Ok(t.clone()),
+                    Arg::Lazy(r) => self
+                        .concrete(*r)?
+                        .ok_or_else(|| internal("input not computed")),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let refs: Vec<&Tensor> = rows.iter().collect();
+            inputs.push(BV::Batched(OpValue::Tensor(
+                Tensor::stack(&refs).map_err(|e| internal(&e.to_string()))?,
+            )));
+        }
+        Ok(inputs)
+    }
+
+    /// A launch input stacked from its rows where they lie (f32 values of one shape), without a
+    /// copy of each row first; `None` where a row is not such a value (the general path then
+    /// copies).
+    fn stack_f32(&self, args: &[&Arg]) -> Option<Tensor> {
+        let mut data: Vec<f32> = Vec::new();
+        let mut row_shape: Option<&[usize]> = None;
+        for a in args {
+            let (v, shape) = match a {
+                Arg::Val(t) => (t.as_f32()?, t.shape()),
+                Arg::Lazy(r) => self.f32_view(*r)?,
+            };
+            match row_shape {
+                None => {
+                    row_shape = Some(shape);
+                    data.reserve(v.len() * args.len());
+                }
+                Some(s) if s != shape => return None,
+                Some(_) => {}
+            }
+            data.extend_from_slice(v);
+        }
+        let mut shape = vec![args.len()];
+        shape.extend_from_slice(row_shape?);
+        Tensor::from_vec(shape, data).ok()
+    }
+}
