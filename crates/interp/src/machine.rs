@@ -228,6 +228,8 @@ pub struct Machine<'p> {
     binds: Vec<(u32, Value)>,
     /// Steps until the next look at the run limits.
     poll_in: u32,
+    /// Steps taken so far whose count is not yet in `steps_before` (see [`Machine::steps`]).
+    steps_before: u64,
     /// The arguments the entry was started with, read by `Code::Param`.
     params: Vec<Value>,
     pub ctx: InstanceCtx,
@@ -260,6 +262,7 @@ impl<'p> Machine<'p> {
             vals_pool: Vec::new(),
             binds: Vec::new(),
             poll_in: POLL_EVERY,
+            steps_before: 0,
             params: Vec::new(),
             ctx,
         }
@@ -287,6 +290,11 @@ impl<'p> Machine<'p> {
         })
     }
 
+    /// Evaluation steps taken so far (for the profile: the host program's cost per step).
+    pub fn steps(&self) -> u64 {
+        self.steps_before + u64::from(POLL_EVERY - self.poll_in)
+    }
+
     /// The call sites of the current frame and of the frames waiting to be returned to,
     /// innermost first, at most [`MAX_TRACE`] of them (a runaway recursion has millions).
     fn call_trace(&self) -> Vec<Span> {
@@ -310,6 +318,7 @@ impl<'p> Machine<'p> {
             self.poll_in -= 1;
             if self.poll_in == 0 {
                 self.poll_in = POLL_EVERY;
+                self.steps_before += u64::from(POLL_EVERY);
                 self.check_limits(backend)?;
             }
             step = match step {

@@ -332,6 +332,7 @@ pub(crate) fn drive(
             running = std::mem::take(&mut parked);
         }
     }
+    dfg.profile.host_steps += machines.iter().map(Machine::steps).sum::<u64>();
     Ok(results)
 }
 

@@ -59,6 +59,8 @@ pub struct Profile {
     /// Launch outputs placed in buffers recycled from earlier ones (`tumble_tensor::pool`).
     pub pooled_outputs: u64,
     pub time_program: Duration,
+    /// Evaluation steps of the instances' host programs (`time_program` is spent on them).
+    pub host_steps: u64,
     pub time_dfg: Duration,
     pub time_schedule: Duration,
     pub time_gather: Duration,
@@ -147,6 +149,7 @@ impl Profile {
         self.activation_bytes = self.activation_bytes.max(o.activation_bytes);
         self.pooled_outputs += o.pooled_outputs;
         self.time_program += o.time_program;
+        self.host_steps += o.host_steps;
         self.time_dfg += o.time_dfg;
         self.time_schedule += o.time_schedule;
         self.time_gather += o.time_gather;
@@ -186,6 +189,14 @@ impl fmt::Display for Profile {
             self.instances, self.mini_batches, self.nodes, self.host_invocations, self.launches, self.flushes
         )?;
         writeln!(f, "mean batch size {:.2}", self.mean_batch())?;
+        if self.host_steps > 0 {
+            writeln!(
+                f,
+                "host program: {} evaluation steps, {:.1} ns each (recording invocations excluded)",
+                self.host_steps,
+                self.time_program.as_secs_f64() * 1e9 / self.host_steps as f64
+            )?;
+        }
         if self.sums > 0 {
             writeln!(
                 f,
