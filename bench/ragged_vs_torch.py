@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Variable-length Berxit: tumble (ragged batching on and off) against PyTorch padded batches and
-PyTorch eager, same weights, same instances, outputs compared.
+"""Variable-length Berxit: tumble (ragged batching on and off) against PyTorch padded batches,
+nested tensors and eager, and DyNet autobatch; same weights, same instances, outputs compared.
 
     bench/.venv/bin/python bench/ragged_vs_torch.py [--model berxit_var_small] [--count 64]
         [--batches 8 64] [--rounds 3] [--lengths sst] [--threshold 0.9]
@@ -15,6 +15,9 @@ Engines (one thread each, interleaved per round, medians with min-max reported):
 - torch_nested: PyTorch nested tensors (jagged layout): linear, layer norm and GELU on the nested
   batch, attention by scaled_dot_product_attention on nested heads; exited instances leave it.
 - torch_eager: one instance at a time at its own length (no padding, no batching).
+- dynet: DyNet with automatic batching (bench/peers/dynet_auto.py: each instance a batch of its
+  own tokens, at its own length; autobatching joins what it can across instances), in its own
+  process with `--repeats 2`, the warm repeat's time; skipped with --no-dynet.
 
 Inputs: `tumble data berxit --lengths SPEC` (default `sst`: the lengths of SST's training
 sentences plus [CLS]). Weights: `--random-params 0` saved once to bench/.data/weights. Reports the
@@ -182,6 +185,18 @@ def run_tumble(model, params, inputs, batch, extra):
     return float(rep.group(2)), launches, mean, results
 
 
+def run_dynet(model, params, inputs, batch):
+    out = os.path.join(DATA, "ragged_dynet_out.jsonl")
+    cmd = [sys.executable, os.path.join(HERE, "peers", "dynet_auto.py"), model, "--params", params,
+           "--inputs", inputs, "--batch", str(batch), "--repeats", "2", "-o", out]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"dynet failed: {p.stderr[-2000:]}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    results = [json.loads(line) for line in open(out)]
+    return r["ms_per_batch"][-1] * r["batches"], results
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="berxit_var_small")
@@ -193,6 +208,7 @@ def main():
                     help="exit threshold: a number, or `mixed` (the suite's: each instance's drawn from "
                          "{0.6, 0.7, 0.8, 0.9}, seeded, so instances exit at different layers)")
     ap.add_argument("--no-eager", action="store_true", help="skip PyTorch eager (slow on large)")
+    ap.add_argument("--no-dynet", action="store_true", help="skip DyNet autobatch")
     args = ap.parse_args()
     torch.set_num_threads(1)
     os.makedirs(os.path.join(DATA, "weights"), exist_ok=True)
@@ -238,7 +254,7 @@ def main():
     for b in args.batches:
         waste = sum(max(lens[i : i + b]) * len(lens[i : i + b]) for i in range(0, len(lens), b)) / sum(lens)
         times = {"tumble": [], "tumble_no_ragged": [], "torch_padded": [], "torch_nested": [],
-                 "torch_eager": []}
+                 "torch_eager": [], "dynet": []}
         info = {}
         for r in range(args.rounds):
             ms, launches, mean, got = run_tumble(args.model, params, inputs, b, [])
@@ -254,10 +270,14 @@ def main():
             if not args.no_eager:
                 ms, want_eager = torch_time(eager, b)
                 times["torch_eager"].append(ms)
+            if not args.no_dynet:
+                ms, want_dynet = run_dynet(args.model, params, inputs, b)
+                times["dynet"].append(ms)
             if r == 0:
                 for name, other in [("no_ragged", got_off), ("torch_padded", want),
                                     ("torch_nested", want_nested)] + (
-                        [] if args.no_eager else [("torch_eager", want_eager)]):
+                        [] if args.no_eager else [("torch_eager", want_eager)]) + (
+                        [] if args.no_dynet else [("dynet", want_dynet)]):
                     bad = [m for i, (g, o) in enumerate(zip(got, other))
                            for m in common.compare(g, o, path=f"instance {i}")]
                     print(f"  b{b}: tumble vs {name}: {'outputs agree' if not bad else bad[:3]}")
@@ -266,9 +286,9 @@ def main():
         rows.append((b, waste, med, spread, info))
     print()
     print("| batch | padding waste | tumble ms (launches, mean batch) | --no-ragged ms (launches, mean batch) | "
-          "PyTorch padded ms | PyTorch nested ms | PyTorch eager ms | padded / tumble | nested / tumble | "
-          "eager / tumble |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "PyTorch padded ms | PyTorch nested ms | PyTorch eager ms | DyNet autobatch ms | padded / tumble | "
+          "nested / tumble | eager / tumble | DyNet / tumble |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for b, waste, med, spread, info in rows:
         def cell(k):
             if k not in med:
@@ -276,11 +296,12 @@ def main():
             lo, hi = spread[k]
             return f"{med[k]:.0f} ({lo:.0f}-{hi:.0f})"
         eager_ratio = f"{med['torch_eager'] / med['tumble']:.2f}x" if "torch_eager" in med else "-"
+        dynet_ratio = f"{med['dynet'] / med['tumble']:.2f}x" if "dynet" in med else "-"
         print(f"| {b} | {waste:.2f}x | {cell('tumble')} ({info['tumble'][0]}, {info['tumble'][1]:.1f}) | "
               f"{cell('tumble_no_ragged')} ({info['tumble_no_ragged'][0]}, {info['tumble_no_ragged'][1]:.1f}) | "
-              f"{cell('torch_padded')} | {cell('torch_nested')} | {cell('torch_eager')} | "
+              f"{cell('torch_padded')} | {cell('torch_nested')} | {cell('torch_eager')} | {cell('dynet')} | "
               f"{med['torch_padded'] / med['tumble']:.2f}x | {med['torch_nested'] / med['tumble']:.2f}x | "
-              f"{eager_ratio} |")
+              f"{eager_ratio} | {dynet_ratio} |")
 
 
 if __name__ == "__main__":

@@ -284,20 +284,25 @@ def berxit(weights):
 
     def run(insts):
         # One graph per layer: the layer's input values come in as batched input tensors, so that
-        # DyNet's forward memory holds one layer of activations, not the whole network's.
+        # DyNet's forward memory holds one layer of activations, not the whole network's. Each
+        # instance is a batch of its own tokens (its own length: variable-length Berxit too);
+        # DyNet's autobatching joins what it can across instances.
         dy.renew_cg()
-        S = len(insts[0][0])
-        xs = {}
-        for k, (toks, _) in enumerate(insts):
+        lens = [len(toks) for toks, _ in insts]
+        xs = []
+        for toks, _ in insts:
+            S = len(toks)
             e = dy.lookup_batch(P["word_emb"], toks.tolist()) + dy.lookup_batch(P["pos_emb"], list(range(S)))
             e = e + dy.lookup(P["type_emb"], 0)
-            xs[k] = ln(e, P["emb_ln_g"], P["emb_ln_b"])
-        vals = dict(zip(xs, dy.concatenate_to_batch(list(xs.values())).npvalue().reshape(D, len(xs), S).transpose(1, 0, 2)))
+            xs.append(ln(e, P["emb_ln_g"], P["emb_ln_b"]))
+        flat = dy.concatenate_to_batch(xs).npvalue().reshape(D, sum(lens))
+        offs = np.cumsum([0] + lens)
+        vals = {k: flat[:, offs[k] : offs[k + 1]] for k in range(len(insts))}
         alive = list(range(len(insts)))
         out = [None] * len(insts)
         for l in range(1, L + 1):
             dy.renew_cg()
-            xs = {k: layer(dy.inputTensor(vals[k], batched=True), l, S) for k in alive}
+            xs = {k: layer(dy.inputTensor(vals[k], batched=True), l, lens[k]) for k in alive}
             logits = []
             for k in alive:
                 cls = dy.pick_batch_elem(xs[k], 0)
@@ -313,7 +318,7 @@ def berxit(weights):
                     out[k] = [f32list(z[None, :]), l]
                 else:
                     keep.append(k)
-                    vals[k] = xs[k].npvalue()  # (D, S): already computed by the forward above
+                    vals[k] = xs[k].npvalue().reshape(D, lens[k])  # computed by the forward above
             alive = keep
             if not alive:
                 break

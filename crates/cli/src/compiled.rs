@@ -137,6 +137,7 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
         coarsen: !args.no_coarsen,
         fold: !args.no_coarsen,
         inline: !args.no_coarsen,
+        natives: true,
     };
     let statics = if args.no_statics {
         StaticOptions::none()
@@ -214,6 +215,7 @@ fn compile_time_flags(args: &RunArgs) -> Vec<&'static str> {
         (args.no_coarsen, "--no-coarsen"),
         (args.no_const_fold, "--no-const-fold"),
         (args.no_inline, "--no-inline"),
+        (args.no_native_prelude, "--no-native-prelude"),
         (args.no_dup, "--no-dup"),
         (args.no_param_consts, "--no-param-consts"),
         (args.no_specialize, "--no-specialize"),

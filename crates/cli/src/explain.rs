@@ -82,6 +82,7 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
             coarsen: !args.no_coarsen,
             fold: !args.no_const_fold,
             inline: !args.no_inline,
+            natives: true,
         },
         ..CompileOptions::batched()
     };

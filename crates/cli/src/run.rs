@@ -74,6 +74,10 @@ pub struct RunArgs {
     /// makes blocks of its own) instead of joining it.
     #[arg(long)]
     pub no_inline: bool,
+    /// Interpret the prelude's `@hd`, `@tl`, `@zip`, `@rev` and `@concat` instead of running
+    /// them as one native step each.
+    #[arg(long)]
+    pub no_native_prelude: bool,
     /// No sum fusion: every `add` of two tensors in its own block (a child sum) is launched,
     /// instead of its rows being summed where a launch reads them.
     #[arg(long)]
@@ -439,6 +443,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                         coarsen: !args.no_coarsen,
                         fold: !args.no_const_fold,
                         inline: !args.no_inline,
+                        natives: !args.no_native_prelude,
                     },
                     statics: Some(static_options(args)),
                     plans: opts.plan_options(),

@@ -875,7 +875,6 @@ def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
         ]);
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{engine}: {err}");
-        assert!(err.contains("<prelude>:"), "{engine}: {err}");
         assert!(err.contains("prelude_trace.rly:3:12"), "{engine}: {err}");
         let first = err.find("let %h = @hd(%l);");
         let main = err.find("let %y = @first(Nil);");
@@ -884,6 +883,14 @@ def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
             "{engine}: {err}"
         );
         assert!(err.contains("called from here (1)"), "{engine}: {err}");
-        assert!(err.contains("called from here (2)"), "{engine}: {err}");
+        if engine == "batched" {
+            // `@hd` runs natively there: the failing call is the user's own, the innermost.
+            assert!(err.contains("`@hd` of an empty list"), "{engine}: {err}");
+            assert!(!err.contains("called from here (2)"), "{engine}: {err}");
+        } else {
+            // Interpreted, the failure is the prelude's `match?`, under both user calls.
+            assert!(err.contains("<prelude>:"), "{engine}: {err}");
+            assert!(err.contains("called from here (2)"), "{engine}: {err}");
+        }
     }
 }

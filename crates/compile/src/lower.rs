@@ -11,7 +11,7 @@ use tumble_ir::{Expr, ExprKind, Function, Literal, Pattern, PatternKind, Span, T
 use tumble_tensor::Tensor;
 
 use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
-use crate::program::{CaptureFrom, Code, CtorEntry, Lambda, Pat, Program, Site};
+use crate::program::{CaptureFrom, Code, CtorEntry, Lambda, Native, Natives, Pat, Program, Site};
 
 /// Switches of the lowering.
 #[derive(Debug, Clone, Copy, Default)]
@@ -27,6 +27,9 @@ pub struct LowerOptions {
     /// Inlining: calls of ordinary functions whose bodies are straight-line tensor work
     /// ([`crate::inline`]) join their caller's block instead of ending it.
     pub inline: bool,
+    /// The prelude's list functions `@hd`, `@tl`, `@zip`, `@rev` and `@concat` run natively
+    /// ([`crate::program::Native`]) instead of interpreted.
+    pub natives: bool,
 }
 
 /// The largest constant (in elements, per operator result) that folding computes at compile time;
@@ -42,6 +45,7 @@ impl LowerOptions {
             coarsen: false,
             fold: false,
             inline: false,
+            natives: false,
         }
     }
 
@@ -52,6 +56,7 @@ impl LowerOptions {
             coarsen: true,
             fold: true,
             inline: true,
+            natives: true,
         }
     }
 }
@@ -110,6 +115,11 @@ impl Program {
             (lw.lambdas, lw.blocks, lw.sites, lw.notes, lw.folded);
         let mut inlined: Vec<String> = inline.into_keys().collect();
         inlined.sort();
+        let natives = if opts.natives {
+            natives(typed, &global_index, &ctor_index)
+        } else {
+            Natives::default()
+        };
         let program = Program {
             lambdas,
             globals,
@@ -122,9 +132,46 @@ impl Program {
             folded,
             inlined,
             params_of: None,
+            natives,
         };
         crate::verify::debug_check(&program, "lowering");
         Ok(program)
+    }
+}
+
+/// The prelude's list functions that run natively: only the prelude's own definitions (a module
+/// checked without the prelude may define its own `@rev`), with the prelude's arity and the
+/// prelude's `List`.
+fn natives(
+    typed: &TypedModule,
+    global_index: &HashMap<String, u32>,
+    ctor_index: &HashMap<String, u32>,
+) -> Natives {
+    let (Some(&cons), Some(&nil)) = (ctor_index.get("Cons"), ctor_index.get("Nil")) else {
+        return Natives::default();
+    };
+    let mut by_global = vec![None; global_index.len()];
+    for d in typed.module.defs() {
+        if typed.user_sources.contains(&d.name.span.src) {
+            continue;
+        }
+        let Some(native) = Native::of_prelude(&d.name.name) else {
+            continue;
+        };
+        if d.func.params.len() != native.arity() {
+            continue;
+        }
+        if let Some(slot) = global_index
+            .get(&d.name.name)
+            .and_then(|&g| by_global.get_mut(g as usize))
+        {
+            *slot = Some(native);
+        }
+    }
+    Natives {
+        by_global,
+        cons,
+        nil,
     }
 }
 

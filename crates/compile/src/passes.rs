@@ -112,5 +112,9 @@ pub fn optimize(
         report.phases = crate::phases::insert(program, entry);
         crate::verify::debug_check(program, "automatic phases");
     }
+    // A pass that changed a prelude function's signature (the entry-argument pass drops a
+    // parameter every call fills with the same entry argument) made it no longer the function
+    // its native form computes.
+    program.prune_natives();
     report
 }

@@ -280,6 +280,89 @@ pub struct CtorEntry {
     pub arity: usize,
 }
 
+/// A prelude list function the evaluator runs as one native step instead of interpreting its
+/// body: they only rebuild list cells (no tensors, no closures, no blocks), and interpreted they
+/// cost a match, a call and a constructor per element — BiRNN's two `@rev`s and `@zip` were a
+/// third of its host program's steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Native {
+    /// `@hd(xs)`: the first element; an error on `Nil`.
+    Hd,
+    /// `@tl(xs)`: all but the first element; an error on `Nil`.
+    Tl,
+    /// `@zip(xs, ys)`: pairs, as long as the shorter list.
+    Zip,
+    /// `@rev(xs)`.
+    Rev,
+    /// `@concat(xs, ys)`: xs then ys.
+    Concat,
+}
+
+impl Native {
+    /// The native form of prelude global `name`.
+    pub fn of_prelude(name: &str) -> Option<Native> {
+        Some(match name {
+            "hd" => Native::Hd,
+            "tl" => Native::Tl,
+            "zip" => Native::Zip,
+            "rev" => Native::Rev,
+            "concat" => Native::Concat,
+            _ => return None,
+        })
+    }
+
+    /// How many arguments it takes.
+    pub fn arity(self) -> usize {
+        match self {
+            Native::Hd | Native::Tl | Native::Rev => 1,
+            Native::Zip | Native::Concat => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Native::Hd => "hd",
+            Native::Tl => "tl",
+            Native::Zip => "zip",
+            Native::Rev => "rev",
+            Native::Concat => "concat",
+        }
+    }
+}
+
+/// The list constructors and which globals run natively ([`Native`]).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Natives {
+    /// Per global index: its native form, if it has one.
+    pub by_global: Vec<Option<Native>>,
+    /// The constructors `Cons` and `Nil` of the prelude's `List`.
+    pub cons: u32,
+    pub nil: u32,
+}
+
+impl Natives {
+    /// The native form of a call of global `g`, if any.
+    pub fn of(&self, g: u32) -> Option<Native> {
+        self.by_global.get(g as usize).copied().flatten()
+    }
+}
+
+impl Program {
+    /// Drops the native form of every global whose parameters no longer match it.
+    pub fn prune_natives(&mut self) {
+        for (g, slot) in self.natives.by_global.iter_mut().enumerate() {
+            let params = self
+                .globals
+                .get(g)
+                .and_then(|&l| self.lambdas.get(l as usize))
+                .map(|l| l.n_params as usize);
+            if slot.is_some_and(|n| params != Some(n.arity())) {
+                *slot = None;
+            }
+        }
+    }
+}
+
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Program {
     /// Every function body: globals and lambdas alike.
@@ -305,4 +388,6 @@ pub struct Program {
     /// The global whose arguments [`Code::Param`] reads (set by [`crate::consts`]); an executor
     /// keeps the arguments it starts this global with.
     pub params_of: Option<u32>,
+    /// Prelude functions evaluated natively (empty: all interpreted).
+    pub natives: Natives,
 }

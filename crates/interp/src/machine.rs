@@ -10,7 +10,7 @@
 
 use crate::value::{Closure, Value};
 use std::rc::Rc;
-use tumble_compile::{CaptureFrom, Code, Lambda, Pat, Program};
+use tumble_compile::{CaptureFrom, Code, Lambda, Native, Pat, Program};
 use tumble_ir::{Attrs, Span};
 use tumble_ops::{OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
@@ -749,6 +749,9 @@ impl<'p> Machine<'p> {
             })),
             Code::CallCtor { ctor, .. } => Ok(Step::Apply(Value::adt(*ctor, vals))),
             Code::CallGlobal { global, span, .. } => {
+                if let Some(native) = self.program.natives.of(*global) {
+                    return self.native(native, vals, *span);
+                }
                 let lambda = self.global(*global)?;
                 self.enter(lambda, vals, None, &[], Some(*span))
             }
@@ -785,6 +788,9 @@ impl<'p> Machine<'p> {
         };
         match &**c {
             Closure::Global(g) => {
+                if let Some(native) = self.program.natives.of(*g) {
+                    return self.native(native, args, span);
+                }
                 let lambda = self.global(*g)?;
                 self.enter(lambda, args, None, &[], Some(span))
             }
@@ -796,6 +802,105 @@ impl<'p> Machine<'p> {
                 Ok(Step::Eval(&lambda.body))
             }
         }
+    }
+
+    /// A prelude list function run as one step ([`Native`]): the same list the prelude's body
+    /// builds, without interpreting it element by element.
+    fn native(
+        &mut self,
+        native: Native,
+        mut args: Vec<Value>,
+        span: Span,
+    ) -> Result<Step<'p>, RunError> {
+        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
+        if args.len() != native.arity() {
+            return Err(RunError::at(
+                span,
+                format!(
+                    "internal: `@{}` takes {} arguments, got {}",
+                    native.name(),
+                    native.arity(),
+                    args.len()
+                ),
+            ));
+        }
+        // The elements of a list, first first.
+        let items = |v: &Value| -> Result<Vec<Value>, RunError> {
+            let mut out = Vec::new();
+            let mut at = v.clone();
+            loop {
+                let next = match &at {
+                    Value::Adt(a) if a.ctor == cons && a.fields.len() == 2 => {
+                        out.push(a.fields[0].clone());
+                        a.fields[1].clone()
+                    }
+                    Value::Adt(a) if a.ctor == nil => return Ok(out),
+                    other => {
+                        return Err(RunError::at(
+                            span,
+                            format!(
+                                "internal: `@{}` of {}, not a list",
+                                native.name(),
+                                other.kind()
+                            ),
+                        ))
+                    }
+                };
+                at = next;
+            }
+        };
+        // A list of `items` in order, ending in `tail`.
+        let build = |items: Vec<Value>, tail: Value| -> Value {
+            items
+                .into_iter()
+                .rev()
+                .fold(tail, |rest, x| Value::adt(cons, vec![x, rest]))
+        };
+        let first = |v: &Value, field: usize| -> Result<Value, RunError> {
+            match v {
+                Value::Adt(a) if a.ctor == cons => a
+                    .fields
+                    .get(field)
+                    .cloned()
+                    .ok_or_else(|| RunError::at(span, "internal: malformed list cell")),
+                Value::Adt(a) if a.ctor == nil => Err(RunError::at(
+                    span,
+                    format!("`@{}` of an empty list (`Nil`)", native.name()),
+                )),
+                other => Err(RunError::at(
+                    span,
+                    format!(
+                        "internal: `@{}` of {}, not a list",
+                        native.name(),
+                        other.kind()
+                    ),
+                )),
+            }
+        };
+        let xs = args.remove(0);
+        let v = match native {
+            Native::Hd => first(&xs, 0)?,
+            Native::Tl => first(&xs, 1)?,
+            Native::Rev => items(&xs)?
+                .into_iter()
+                .fold(Value::adt(nil, Vec::new()), |rest, x| {
+                    Value::adt(cons, vec![x, rest])
+                }),
+            Native::Zip => {
+                let (a, b) = (items(&xs)?, items(&args.remove(0))?);
+                let pairs = a
+                    .into_iter()
+                    .zip(b)
+                    .map(|(x, y)| Value::tuple(vec![x, y]))
+                    .collect();
+                build(pairs, Value::adt(nil, Vec::new()))
+            }
+            Native::Concat => {
+                let ys = args.remove(0);
+                build(items(&xs)?, ys)
+            }
+        };
+        Ok(Step::Apply(v))
     }
 
     fn enter(

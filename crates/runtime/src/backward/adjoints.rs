@@ -83,7 +83,7 @@ impl Adjoints {
         if outs.len() <= o {
             outs.resize(o + 1, None);
         }
-        let buf = outs[o].get_or_insert_with(|| vec![0f32; b * len]);
+        let buf = outs[o].get_or_insert_with(|| tumble_tensor::pool::zeroed_f32(b * len));
         let at = row as usize * len;
         let Some(dst) = buf.get_mut(at..at + len) else {
             return false;

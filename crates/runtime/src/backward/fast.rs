@@ -29,14 +29,16 @@ fn tensor(shape: &[usize], data: Vec<f32>) -> Option<OpValue> {
         .map(OpValue::Tensor)
 }
 
+// Outputs in recycled buffers (`pool::scratch_f32`, every element written): a fresh zeroed
+// allocation per operator was a memset and, for a large launch, page faults.
 fn unary(x: &[f32], f: impl Fn(f32) -> f32) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
+    let mut out = tumble_tensor::pool::scratch_f32(x.len());
     simd::unary(&mut out, x, f);
     out
 }
 
 fn binary(x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
+    let mut out = tumble_tensor::pool::scratch_f32(x.len());
     simd::binary(&mut out, x, y, f);
     out
 }
