@@ -257,6 +257,14 @@ fn print_static_report(
             report.leaf_calls_inlined
         );
     }
+    let natives = natives_reached(program, entry);
+    if !natives.is_empty() {
+        let names: Vec<String> = natives.iter().map(|n| format!("@{n}")).collect();
+        println!(
+            "  prelude list functions run natively (one step each): {}",
+            names.join(", ")
+        );
+    }
     if report.hoisted.is_empty() {
         println!("  hoisting: no block invocation is independent of recursive state");
     } else {
@@ -336,4 +344,39 @@ fn count_phases(code: &tumble_compile::Code) -> usize {
         n += usize::from(matches!(c, tumble_compile::Code::Phase));
     });
     n
+}
+
+/// The native prelude functions ([`tumble_compile::Native`]) the code reached from `@entry`
+/// calls, by name, sorted (a native's own body is not followed: it does not run).
+fn natives_reached(program: &tumble_compile::Program, entry: &str) -> Vec<&'static str> {
+    use tumble_compile::Code;
+    let lambda_of = |g: u32| program.globals.get(g as usize).copied();
+    let mut seen = vec![false; program.lambdas.len()];
+    let mut stack: Vec<u32> = program
+        .global_index
+        .get(entry)
+        .and_then(|&g| lambda_of(g))
+        .into_iter()
+        .collect();
+    let mut natives: Vec<&'static str> = Vec::new();
+    while let Some(l) = stack.pop() {
+        match seen.get_mut(l as usize) {
+            Some(s) if !*s => *s = true,
+            _ => continue,
+        }
+        let Some(lambda) = program.lambdas.get(l as usize) else {
+            continue;
+        };
+        lambda.body.visit(&mut |c| match c {
+            Code::CallGlobal { global: g, .. } | Code::Global(g) => match program.natives.of(*g) {
+                Some(n) => natives.push(n.name()),
+                None => stack.extend(lambda_of(*g)),
+            },
+            Code::MakeClosure(t) => stack.push(*t),
+            _ => {}
+        });
+    }
+    natives.sort_unstable();
+    natives.dedup();
+    natives
 }
