@@ -564,12 +564,28 @@ fn step(
         .copied()
         .filter(|&d| d > 0 && w.rank() >= 2)
         .unwrap_or(n.max(1));
-    // Updated where it lies (a clone would make `make_mut_slice` copy the whole table).
+    // Updated where it lies (a clone would make `make_mut_slice` copy the whole table); put
+    // back whatever happens.
     let dtype = w.dtype();
     let mut w32 = std::mem::replace(w, Tensor::scalar_f32(0.0)).cast(tumble_ir::DType::Float32);
-    let wv = w32
-        .make_mut_slice::<f32>()
-        .ok_or("internal: optimizer operands are not float")?;
+    let result = match w32.make_mut_slice::<f32>() {
+        Some(wv) => update(wv, g, &rule, sparse, row, s),
+        None => Err("internal: optimizer operands are not float".into()),
+    };
+    *w = w32.cast(dtype);
+    result
+}
+
+/// [`step`]'s update of the f32 weights `wv` (rows of `row` elements).
+fn update(
+    wv: &mut [f32],
+    g: &ParamGrad,
+    rule: &Rule,
+    sparse: bool,
+    row: usize,
+    s: &mut Slot,
+) -> Result<(), String> {
+    let n = wv.len();
     match g {
         ParamGrad::Rows(rows) if sparse => {
             let [_, d] = rows.shape();
@@ -581,7 +597,9 @@ fn step(
                     continue;
                 }
                 let at = r * d;
-                rule.apply(&mut wv[at..at + d], gr, s, at);
+                if let Some(o) = wv.get_mut(at..at + d) {
+                    rule.apply(o, gr, s, at);
+                }
             }
         }
         _ => {
@@ -608,7 +626,6 @@ fn step(
             }
         }
     }
-    *w = w32.cast(dtype);
     Ok(())
 }
 
