@@ -171,6 +171,11 @@ pub struct RunArgs {
     /// as dot products per output (also: TUMBLE_NO_NARROW_GEMM=1).
     #[arg(long)]
     pub no_narrow_gemm: bool,
+    /// Products whose weight is used once (per-invocation weights, `nn.batch_matmul`:
+    /// attention's Q·Kᵀ and P·V) as dot products even with 8 rows or more, instead of packing
+    /// the weight for the GEMM kernel (also: TUMBLE_NO_SMALL_PRODUCT_GEMM=1).
+    #[arg(long)]
+    pub no_small_product_gemm: bool,
     /// Pack each GEMM weight at its first launch instead of before the run (start-up).
     #[arg(long)]
     pub no_prepack: bool,
@@ -544,6 +549,9 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             tumble_tensor::pool::set_enabled(!args.no_buffer_pool);
             if args.no_narrow_gemm {
                 tumble_runtime::set_narrow_products(false);
+            }
+            if args.no_small_product_gemm {
+                tumble_runtime::set_small_product_gemm(false);
             }
             // Planned once for every repeat: the warm runs reuse plans, compiled row programs
             // and packed weights, as a long-lived process would.

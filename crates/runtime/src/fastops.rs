@@ -383,6 +383,21 @@ pub fn bmm_f32(x: &Tensor, y: &Tensor, tb: bool) -> Option<Tensor> {
     let g = (*gx).max(*gy);
     let (m, k) = (*m, *k);
     let mut out = zeroed_f32(g * m * n);
+    if crate::gemm::small_product_applies(m) && k > 0 && n > 0 {
+        // A row per token against each head's keys or values: the GEMM kernel, each operand
+        // packed once (`gemm::small_product`).
+        let threads = crate::gemm::LaunchThreads::current();
+        crate::gemm::small_products(g, m * n, m * n * k, threads, &mut out, |gi, o| {
+            let xo = if *gx == 1 { 0 } else { gi * m * k };
+            let yo = if *gy == 1 { 0 } else { gi * n * k };
+            let (Some(xi), Some(yi)) = (xd.get(xo..xo + m * k), yd.get(yo..yo + n * k)) else {
+                return Err("internal: batch_matmul operand too short".into());
+            };
+            crate::gemm::small_product(xi, m, k, yi, n, tb, o)
+        })
+        .ok()?;
+        return Tensor::from_f32(vec![g, m, n], out).ok();
+    }
     for gi in 0..g {
         let xo = if *gx == 1 { 0 } else { gi * m * k };
         let yo = if *gy == 1 { 0 } else { gi * n * k };
@@ -551,7 +566,15 @@ mod tests {
     #[test]
     fn batch_matmul_matches_the_reference_with_and_without_transpose() {
         let mut rng = Rng::new(2);
-        for (g, m, n, k) in [(1, 1, 1, 1), (3, 7, 5, 33), (2, 1, 9, 8)] {
+        // m ≥ 8: the GEMM kernel (`gemm::small_product`); below, dot products.
+        for (g, m, n, k) in [
+            (1, 1, 1, 1),
+            (3, 7, 5, 33),
+            (2, 1, 9, 8),
+            (3, 8, 5, 3),
+            (2, 19, 33, 65),
+            (1, 130, 17, 64),
+        ] {
             for tb in [true, false] {
                 let x = rand(&[g, m, k], &mut rng);
                 let y = if tb {
@@ -567,6 +590,18 @@ mod tests {
                 let want = reference("nn.batch_matmul", &args, &a);
                 assert!(fast.allclose(&want, 1e-5, 1e-5), "{g} {m} {n} {k} {tb}");
             }
+        }
+        // One side shared by every batch element (broadcast over g).
+        for tb in [true, false] {
+            let x = rand(&[1, 12, 20], &mut rng);
+            let y = rand(&[3, 20, 20], &mut rng);
+            let a = attrs(&[("transpose_b", AttrValue::Bool(tb))]);
+            let args = [OpValue::Tensor(x), OpValue::Tensor(y)];
+            let fast = try_eval("nn.batch_matmul", &args, &a)
+                .and_then(|v| v.as_tensor().cloned())
+                .unwrap_or_else(|| panic!("no fast path"));
+            let want = reference("nn.batch_matmul", &args, &a);
+            assert!(fast.allclose(&want, 1e-5, 1e-5), "broadcast {tb}");
         }
     }
 }

@@ -161,3 +161,209 @@ pub fn dense(
     let pw = packed(w, n, k)?;
     tumble_kernels::dense(a, &pw, c, &NoEpilogue, threads).map_err(|e| e.to_string())
 }
+
+/// Products with fewer rows than this whose weight is used once run as dot products (packing
+/// the weight would cost more than it saves: MV-RNN's one-row compositions); with at least this
+/// many, on the packed GEMM kernel (attention's per-sentence products, a row per token).
+pub const SMALL_PRODUCT_MIN_ROWS: usize = 8;
+
+static SMALL_PRODUCTS_OFF: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Turns the GEMM kernel for per-invocation and batched-matmul products on or off for the whole
+/// process (on by default; off also with `TUMBLE_NO_SMALL_PRODUCT_GEMM` set): off, every such
+/// product runs as dot products.
+pub fn set_small_product_gemm(on: bool) {
+    SMALL_PRODUCTS_OFF.store(!on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether a product of `m` rows with a weight used once takes the GEMM kernel.
+pub fn small_product_applies(m: usize) -> bool {
+    static ENV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    m >= SMALL_PRODUCT_MIN_ROWS
+        && !SMALL_PRODUCTS_OFF.load(std::sync::atomic::Ordering::Relaxed)
+        && !*ENV_OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_SMALL_PRODUCT_GEMM").is_some())
+}
+
+thread_local! {
+    /// The threads the launch running on this thread may use (see [`LaunchThreads::enter`]).
+    static LAUNCH_THREADS: std::cell::Cell<usize> = const { std::cell::Cell::new(1) };
+}
+
+/// Makes a launch's thread budget known to operators that run outside its planned stages
+/// (`nn.batch_matmul` in a batched stage) until the guard drops.
+pub(crate) struct LaunchThreads(usize);
+
+impl LaunchThreads {
+    pub(crate) fn enter(threads: usize) -> LaunchThreads {
+        LaunchThreads(LAUNCH_THREADS.with(|t| t.replace(threads.max(1))))
+    }
+
+    /// The current launch's thread budget (1 outside a launch).
+    pub(crate) fn current() -> usize {
+        LAUNCH_THREADS.with(std::cell::Cell::get)
+    }
+}
+
+impl Drop for LaunchThreads {
+    fn drop(&mut self) {
+        LAUNCH_THREADS.with(|t| t.set(self.0));
+    }
+}
+
+/// Work below which products are not split across threads: starting a thread costs tens of
+/// microseconds, a 2^20-multiply-add product about 20.
+const SPLIT_MIN_MACS: usize = 1 << 20;
+
+/// Runs `count` products, product `i` writing its `c_len` floats of `out` (which holds
+/// `count × c_len`) by `job(i, slice)`, on up to `threads` threads when the products together
+/// (`macs_each` multiply-adds each) are worth splitting.
+pub fn small_products(
+    count: usize,
+    c_len: usize,
+    macs_each: usize,
+    threads: usize,
+    out: &mut [f32],
+    job: impl Fn(usize, &mut [f32]) -> Result<(), String> + Sync,
+) -> Result<(), String> {
+    if out.len() != count * c_len {
+        return Err("internal: products' output of the wrong size".into());
+    }
+    let threads = threads.min(count).max(1);
+    if threads == 1 || count * macs_each < SPLIT_MIN_MACS || c_len == 0 {
+        for (i, c) in out.chunks_exact_mut(c_len.max(1)).enumerate() {
+            job(i, c)?;
+        }
+        return Ok(());
+    }
+    let per = count.div_ceil(threads);
+    std::thread::scope(|s| {
+        let mut parts = out.chunks_mut(per * c_len).enumerate();
+        let first = parts.next();
+        let handles: Vec<_> = parts
+            .map(|(p, part)| {
+                let job = &job;
+                s.spawn(move || {
+                    for (j, c) in part.chunks_exact_mut(c_len).enumerate() {
+                        job(p * per + j, c)?;
+                    }
+                    Ok::<(), String>(())
+                })
+            })
+            .collect();
+        if let Some((_, part)) = first {
+            for (j, c) in part.chunks_exact_mut(c_len).enumerate() {
+                job(j, c)?;
+            }
+        }
+        for h in handles {
+            h.join()
+                .map_err(|_| "internal: a product thread panicked".to_string())??;
+        }
+        Ok(())
+    })
+}
+
+/// C (m × n) = X (m × k) · Wᵀ for `w` given row-major as (n × k) when `transposed`, else
+/// C = X · W for `w` (k × n): one product whose weight is used once, packed here (not cached)
+/// and multiplied on the GEMM kernel on this thread. `c` is overwritten.
+pub fn small_product(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    transposed: bool,
+    c: &mut [f32],
+) -> Result<(), String> {
+    let err = |e: tumble_kernels::KernelError| e.to_string();
+    if x.len() != m * k || w.len() != n * k || c.len() != m * n {
+        return Err(format!(
+            "internal: product of {} × {k} by {n} × {k} into {} floats",
+            x.len() / k.max(1),
+            c.len()
+        ));
+    }
+    let pw = if transposed {
+        PackedWeight::pack(w, n, k).map_err(err)?
+    } else {
+        let rows: Vec<&[f32]> = w.chunks_exact(n.max(1)).collect();
+        PackedWeight::from_rows_kn(&rows, n).map_err(err)?
+    };
+    let a = Rows::Contiguous { data: x, stride: k };
+    tumble_kernels::dense(&a, &pw, c, &NoEpilogue, 1).map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `small_product` against plain loops at odd sizes, both weight layouts.
+    #[test]
+    fn small_products_at_odd_sizes() {
+        let mut seed = 1u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for (m, k, n) in [
+            (8, 1, 1),
+            (9, 3, 17),
+            (14, 64, 128),
+            (33, 65, 7),
+            (128, 128, 64),
+        ] {
+            let x: Vec<f32> = (0..m * k).map(|_| next()).collect();
+            let w: Vec<f32> = (0..n * k).map(|_| next()).collect();
+            for transposed in [true, false] {
+                let mut c = vec![f32::NAN; m * n];
+                small_product(&x, m, k, &w, n, transposed, &mut c).unwrap();
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = (0..k)
+                            .map(|l| {
+                                let wv = if transposed {
+                                    w[j * k + l]
+                                } else {
+                                    w[l * n + j]
+                                };
+                                f64::from(x[i * k + l]) * f64::from(wv)
+                            })
+                            .sum();
+                        let got = f64::from(c[i * n + j]);
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "{m}×{k}×{n} {transposed}: [{i}, {j}] {got} against {want}"
+                        );
+                    }
+                }
+            }
+        }
+        // Split across threads: every product where it belongs, the same bits as on one.
+        let (count, m, k, n) = (7, 64, 48, 40);
+        let x: Vec<f32> = (0..count * m * k).map(|_| next()).collect();
+        let w: Vec<f32> = (0..count * n * k).map(|_| next()).collect();
+        let run = |threads: usize| {
+            let mut out = vec![f32::NAN; count * m * n];
+            small_products(count, m * n, (1 << 20) / 2, threads, &mut out, |i, c| {
+                small_product(
+                    &x[i * m * k..(i + 1) * m * k],
+                    m,
+                    k,
+                    &w[i * n * k..(i + 1) * n * k],
+                    n,
+                    true,
+                    c,
+                )
+            })
+            .unwrap();
+            out
+        };
+        let one = run(1);
+        assert!(one.iter().all(|v| v.is_finite()));
+        assert_eq!(one, run(2));
+        assert_eq!(one, run(5));
+        // Sizes that do not fit are an error, not a panic.
+        assert!(small_product(&[0.0; 3], 1, 2, &[0.0; 2], 1, true, &mut [0.0]).is_err());
+    }
+}

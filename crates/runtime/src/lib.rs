@@ -28,9 +28,10 @@ use tumble_interp::{InstanceCtx, Machine, Outcome, RunError, Value};
 use tumble_tensor::Rng;
 
 pub use executable::Executable;
+/// Products with few output columns as dot products, or on the blocked GEMM (process-wide).
+pub use gemm::set_small_product_gemm;
 pub use profile::Profile;
 pub use reuse::Reuse;
-/// Products with few output columns as dot products, or on the blocked GEMM (process-wide).
 pub use tumble_kernels::set_narrow_products;
 pub use workers::{run_batches, Job, JobError};
 

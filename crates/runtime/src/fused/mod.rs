@@ -235,6 +235,8 @@ pub fn run_planned(
     threads: usize,
 ) -> Result<Vec<BV>, String> {
     let plan = &run_plan.plan;
+    // Operators run by batching rules inside this launch may split across its threads too.
+    let _threads = crate::gemm::LaunchThreads::enter(threads);
     let mut ex = Exec {
         block,
         inputs,
