@@ -566,6 +566,15 @@ mod tests {
     #[test]
     fn batch_matmul_matches_the_reference_with_and_without_transpose() {
         let mut rng = Rng::new(2);
+        let check = |x: Tensor, y: Tensor, tb: bool, what: &str| {
+            let a = attrs(&[("transpose_b", AttrValue::Bool(tb))]);
+            let args = [OpValue::Tensor(x), OpValue::Tensor(y)];
+            let fast = try_eval("nn.batch_matmul", &args, &a)
+                .and_then(|v| v.as_tensor().cloned())
+                .unwrap_or_else(|| panic!("no fast path"));
+            let want = reference("nn.batch_matmul", &args, &a);
+            assert!(fast.allclose(&want, 1e-5, 1e-5), "{what} {tb}");
+        };
         // m ≥ 8: the GEMM kernel (`gemm::small_product`); below, dot products.
         for (g, m, n, k) in [
             (1, 1, 1, 1),
@@ -582,26 +591,14 @@ mod tests {
                 } else {
                     rand(&[g, k, n], &mut rng)
                 };
-                let a = attrs(&[("transpose_b", AttrValue::Bool(tb))]);
-                let args = [OpValue::Tensor(x), OpValue::Tensor(y)];
-                let fast = try_eval("nn.batch_matmul", &args, &a)
-                    .and_then(|v| v.as_tensor().cloned())
-                    .unwrap_or_else(|| panic!("no fast path"));
-                let want = reference("nn.batch_matmul", &args, &a);
-                assert!(fast.allclose(&want, 1e-5, 1e-5), "{g} {m} {n} {k} {tb}");
+                check(x, y, tb, &format!("{g} {m} {n} {k}"));
             }
         }
         // One side shared by every batch element (broadcast over g).
         for tb in [true, false] {
             let x = rand(&[1, 12, 20], &mut rng);
             let y = rand(&[3, 20, 20], &mut rng);
-            let a = attrs(&[("transpose_b", AttrValue::Bool(tb))]);
-            let args = [OpValue::Tensor(x), OpValue::Tensor(y)];
-            let fast = try_eval("nn.batch_matmul", &args, &a)
-                .and_then(|v| v.as_tensor().cloned())
-                .unwrap_or_else(|| panic!("no fast path"));
-            let want = reference("nn.batch_matmul", &args, &a);
-            assert!(fast.allclose(&want, 1e-5, 1e-5), "broadcast {tb}");
+            check(x, y, tb, "broadcast");
         }
     }
 }
