@@ -299,16 +299,17 @@ pub enum Native {
 }
 
 impl Native {
+    const ALL: [Native; 5] = [
+        Native::Hd,
+        Native::Tl,
+        Native::Zip,
+        Native::Rev,
+        Native::Concat,
+    ];
+
     /// The native form of prelude global `name`.
     pub fn of_prelude(name: &str) -> Option<Native> {
-        Some(match name {
-            "hd" => Native::Hd,
-            "tl" => Native::Tl,
-            "zip" => Native::Zip,
-            "rev" => Native::Rev,
-            "concat" => Native::Concat,
-            _ => return None,
-        })
+        Native::ALL.into_iter().find(|n| n.name() == name)
     }
 
     /// How many arguments it takes.

@@ -228,7 +228,8 @@ pub struct Machine<'p> {
     binds: Vec<(u32, Value)>,
     /// Steps until the next look at the run limits.
     poll_in: u32,
-    /// Steps taken so far whose count is not yet in `steps_before` (see [`Machine::steps`]).
+    /// Steps of the poll windows completed so far; the current window's are
+    /// `POLL_EVERY - poll_in` (see [`Machine::steps`]).
     steps_before: u64,
     /// The arguments the entry was started with, read by `Code::Param`.
     params: Vec<Value>,

@@ -7,7 +7,7 @@
 //! operand mixes without a rule run once per invocation (correct, just not batched). Operands shared by
 //! every invocation make shared results, computed once.
 
-use tumble_compile::{BArg, BVal, Block};
+use tumble_compile::{BArg, BVal, Block, BlockNode};
 use tumble_ir::{AttrValue, Attrs, DType};
 use tumble_ops::{FusionClass, OpCtx, OpDef, OpValue};
 use tumble_tensor::Tensor;
@@ -202,19 +202,7 @@ pub fn run_block(
     let inputs = inputs.as_slice();
     let mut results: Vec<BV> = Vec::with_capacity(block.nodes.len());
     for node in &block.nodes {
-        let mut args = Vec::with_capacity(node.args.len());
-        for a in &node.args {
-            args.push(match a {
-                BArg::One(v) => lookup(v, inputs, &results)?,
-                BArg::Tuple(vs) => {
-                    let items = vs
-                        .iter()
-                        .map(|v| lookup(v, inputs, &results))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    tuple_of(items, b)?
-                }
-            });
-        }
+        let args = operands(node, inputs, &results, b)?;
         results.push(batched_op(node.op, &node.attrs, args, b, octx, stats)?);
     }
     block
@@ -256,19 +244,7 @@ pub(crate) fn run_block_kept(
     let mut results: Vec<BV> = Vec::with_capacity(block.nodes.len());
     let mut kept_args: Vec<Vec<BV>> = Vec::with_capacity(block.nodes.len());
     for node in &block.nodes {
-        let mut args = Vec::with_capacity(node.args.len());
-        for a in &node.args {
-            args.push(match a {
-                BArg::One(v) => lookup(v, &inputs, &results)?,
-                BArg::Tuple(vs) => {
-                    let items = vs
-                        .iter()
-                        .map(|v| lookup(v, &inputs, &results))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    tuple_of(items, b)?
-                }
-            });
-        }
+        let args = operands(node, &inputs, &results, b)?;
         let r = batched_op_with(node.op, &node.attrs, args.clone(), b, octx, stats, fast)?;
         kept_args.push(args);
         results.push(r);
@@ -278,6 +254,28 @@ pub(crate) fn run_block_kept(
         results,
         args: kept_args,
     })
+}
+
+/// The operands of block node `node` from the block's inputs and the results so far.
+pub(crate) fn operands(
+    node: &BlockNode,
+    inputs: &[BV],
+    results: &[BV],
+    b: usize,
+) -> Result<Vec<BV>, String> {
+    node.args
+        .iter()
+        .map(|a| match a {
+            BArg::One(v) => lookup(v, inputs, results),
+            BArg::Tuple(vs) => {
+                let items = vs
+                    .iter()
+                    .map(|v| lookup(v, inputs, results))
+                    .collect::<Result<Vec<_>, _>>()?;
+                tuple_of(items, b)
+            }
+        })
+        .collect()
 }
 
 pub(crate) fn lookup(v: &BVal, inputs: &[BV], results: &[BV]) -> Result<BV, String> {

@@ -383,41 +383,18 @@ pub fn bmm_f32(x: &Tensor, y: &Tensor, tb: bool) -> Option<Tensor> {
     let g = (*gx).max(*gy);
     let (m, k) = (*m, *k);
     let mut out = zeroed_f32(g * m * n);
-    if crate::gemm::small_product_applies(m) && k > 0 && n > 0 {
-        // A row per token against each head's keys or values: the GEMM kernel, each operand
-        // packed once (`gemm::small_product`).
-        let threads = crate::gemm::LaunchThreads::current();
-        crate::gemm::small_products(g, m * n, m * n * k, threads, &mut out, |gi, o| {
-            let xo = if *gx == 1 { 0 } else { gi * m * k };
-            let yo = if *gy == 1 { 0 } else { gi * n * k };
-            let (Some(xi), Some(yi)) = (xd.get(xo..xo + m * k), yd.get(yo..yo + n * k)) else {
-                return Err("internal: batch_matmul operand too short".into());
-            };
-            crate::gemm::small_product(xi, m, k, yi, n, tb, o)
-        })
-        .ok()?;
-        return Tensor::from_f32(vec![g, m, n], out).ok();
-    }
-    for gi in 0..g {
+    // One product per batch element (`gemm::small_product`: the GEMM kernel for a row per
+    // token against a head's keys or values, dot products for a few rows).
+    let threads = crate::gemm::LaunchThreads::current();
+    crate::gemm::small_products(g, m * n, m * n * k, threads, &mut out, |gi, o| {
         let xo = if *gx == 1 { 0 } else { gi * m * k };
         let yo = if *gy == 1 { 0 } else { gi * n * k };
-        let o = &mut out[gi * m * n..(gi + 1) * m * n];
-        for i in 0..m {
-            let xr = &xd[xo + i * k..xo + (i + 1) * k];
-            let orow = &mut o[i * n..(i + 1) * n];
-            if tb {
-                for (j, oj) in orow.iter_mut().enumerate() {
-                    *oj = crate::fused::dot(xr, &yd[yo + j * k..yo + (j + 1) * k]);
-                }
-            } else {
-                // out[i, :] = Σ_l x[i, l] · y[l, :], vectorized along the row of y.
-                for (l, &xv) in xr.iter().enumerate() {
-                    let yr = &yd[yo + l * n..yo + (l + 1) * n];
-                    orow.iter_mut().zip(yr).for_each(|(oj, &yv)| *oj += xv * yv);
-                }
-            }
-        }
-    }
+        let (Some(xi), Some(yi)) = (xd.get(xo..xo + m * k), yd.get(yo..yo + n * k)) else {
+            return Err("internal: batch_matmul operand too short".into());
+        };
+        crate::gemm::small_product(xi, m, k, yi, n, tb, o)
+    })
+    .ok()?;
     Tensor::from_f32(vec![g, m, n], out).ok()
 }
 

@@ -178,7 +178,7 @@ pub fn set_small_product_gemm(on: bool) {
 }
 
 /// Whether a product of `m` rows with a weight used once takes the GEMM kernel.
-pub fn small_product_applies(m: usize) -> bool {
+fn small_product_gemm(m: usize) -> bool {
     static ENV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     m >= SMALL_PRODUCT_MIN_ROWS
         && !SMALL_PRODUCTS_OFF.load(std::sync::atomic::Ordering::Relaxed)
@@ -265,8 +265,9 @@ pub fn small_products(
 }
 
 /// C (m × n) = X (m × k) · Wᵀ for `w` given row-major as (n × k) when `transposed`, else
-/// C = X · W for `w` (k × n): one product whose weight is used once, packed here (not cached)
-/// and multiplied on the GEMM kernel on this thread. `c` is overwritten.
+/// C = X · W for `w` (k × n): one product whose weight is used once, on this thread. With at
+/// least [`SMALL_PRODUCT_MIN_ROWS`] rows the weight is packed here (not cached) and the rows go
+/// through the GEMM kernel; with fewer (or the switch off), dot products. `c` is overwritten.
 pub fn small_product(
     x: &[f32],
     m: usize,
@@ -283,6 +284,26 @@ pub fn small_product(
             x.len() / k.max(1),
             c.len()
         ));
+    }
+    if k == 0 || n == 0 {
+        c.fill(0.0);
+        return Ok(());
+    }
+    if !small_product_gemm(m) {
+        for (xr, cr) in x.chunks_exact(k.max(1)).zip(c.chunks_exact_mut(n.max(1))) {
+            if transposed {
+                for (j, cj) in cr.iter_mut().enumerate() {
+                    *cj = crate::fused::dot(xr, &w[j * k..(j + 1) * k]);
+                }
+            } else {
+                // c[i, :] = Σ_l x[i, l] · w[l, :], vectorized along the row of w.
+                cr.fill(0.0);
+                for (&xv, wr) in xr.iter().zip(w.chunks_exact(n.max(1))) {
+                    cr.iter_mut().zip(wr).for_each(|(cj, &wv)| *cj += xv * wv);
+                }
+            }
+        }
+        return Ok(());
     }
     let pw = if transposed {
         PackedWeight::pack(w, n, k).map_err(err)?
@@ -306,7 +327,10 @@ mod tests {
             seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
         };
+        // Below 8 rows dot products, from 8 the GEMM kernel.
         for (m, k, n) in [
+            (1, 5, 3),
+            (7, 9, 2),
             (8, 1, 1),
             (9, 3, 17),
             (14, 64, 128),

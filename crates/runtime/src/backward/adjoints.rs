@@ -121,7 +121,7 @@ impl Adjoints {
             }
         }
         let b = ids.len();
-        let shape_of = |id: u32| -> Result<Tensor, RunError> {
+        let value_of = |id: u32| -> Result<Tensor, RunError> {
             dfg.concrete(LazyRef {
                 node: id,
                 output: o as u32,
@@ -146,7 +146,7 @@ impl Adjoints {
         if let Some(data) = buf {
             let len = data.len() / b.max(1);
             for (row, slot) in rows.iter_mut().enumerate() {
-                let shape = shape_of(ids[row])?.shape().to_vec();
+                let shape = value_of(ids[row])?.shape().to_vec();
                 let part = data.get(row * len..(row + 1) * len).unwrap_or_default();
                 *slot = Some(Tensor::from_vec(shape, part.to_vec()).map_err(internal)?);
             }
@@ -161,7 +161,7 @@ impl Adjoints {
             full.push(match g {
                 Some(g) => g,
                 None => {
-                    let t = shape_of(ids[row])?;
+                    let t = value_of(ids[row])?;
                     Tensor::zeros(t.shape().to_vec(), t.dtype()).map_err(internal)?
                 }
             });

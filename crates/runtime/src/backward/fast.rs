@@ -13,7 +13,7 @@ use tumble_ir::Attrs;
 use tumble_ops::OpValue;
 use tumble_tensor::Tensor;
 
-use super::param_grad::{ParamGrad, RowGrad};
+use super::param_grad::ParamGrad;
 use crate::batched::BV;
 use crate::fastmath;
 use crate::simd;
@@ -175,9 +175,8 @@ pub(super) fn vjp(
 }
 
 /// Adds the gradient `dy` of `take(table, idx, axis=0)` (an f32 table of rank 2, in-range
-/// integer ids, batched or shared) into `slot`, the table's gradient, row by row: into the rows
-/// of a [`RowGrad`] (made on first use), or into a dense gradient already there. Returns false,
-/// having changed nothing, where this does not apply.
+/// integer ids, batched or shared) into `slot`, the table's gradient, row by row
+/// ([`ParamGrad::add_rows`]). Returns false, having changed nothing, where this does not apply.
 pub(super) fn scatter_rows_into(
     slot: &mut Option<ParamGrad>,
     table: &Tensor,
@@ -200,48 +199,13 @@ pub(super) fn scatter_rows_into(
         return false;
     }
     let Some(gv) = g.as_f32() else { return false };
-    let ids = ids.to_i64_vec();
-    if gv.len() != ids.len() * d
-        || ids
-            .iter()
-            .any(|&i| usize::try_from(i).map_or(true, |i| i >= n))
-    {
+    let Some(ids) = ids
+        .to_i64_vec()
+        .into_iter()
+        .map(|i| usize::try_from(i).ok().filter(|&i| i < n))
+        .collect::<Option<Vec<usize>>>()
+    else {
         return false;
-    }
-    match slot {
-        None => {
-            let Some(mut rows) = RowGrad::new(n, d) else {
-                return false;
-            };
-            for (&i, gr) in ids.iter().zip(gv.chunks_exact(d)) {
-                rows.add_row(i as usize, gr);
-            }
-            *slot = Some(ParamGrad::Rows(rows));
-        }
-        Some(ParamGrad::Rows(rows)) => {
-            if rows.shape() != [n, d] {
-                return false;
-            }
-            for (&i, gr) in ids.iter().zip(gv.chunks_exact(d)) {
-                rows.add_row(i as usize, gr);
-            }
-        }
-        Some(ParamGrad::Dense(t)) => {
-            if t.shape() != table.shape() {
-                return false;
-            }
-            let Some(rows) = t.make_mut_slice::<f32>() else {
-                return false;
-            };
-            for (&i, gr) in ids.iter().zip(gv.chunks_exact(d)) {
-                let at = i as usize * d;
-                if let Some(dst) = rows.get_mut(at..at + d) {
-                    for (a, v) in dst.iter_mut().zip(gr) {
-                        *a += v;
-                    }
-                }
-            }
-        }
-    }
-    true
+    };
+    ParamGrad::add_rows(slot, [n, d], &ids, gv)
 }

@@ -16,7 +16,6 @@
 //!
 //! Control flow needs nothing here: the graph holds exactly what each instance ran.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -223,8 +222,7 @@ pub fn grad_batch(
     };
     let t1 = Instant::now();
     let mut grads: Vec<Option<ParamGrad>> = vec![None; params.len()];
-    let log: Vec<Vec<u32>> = dfg.launch_log().to_vec();
-    let mut kept = dfg.take_kept();
+    let (log, mut kept) = dfg.take_backward_record();
     let mut adj = Adjoints::new(dfg.node_count(), &log);
     let mut losses = Vec::with_capacity(n);
     for (i, r) in results.into_iter().enumerate() {
@@ -263,7 +261,7 @@ pub fn grad_batch(
             }
         }
     }
-    let active = activity(&dfg, params);
+    let active = activity(&dfg, &log, params);
     let mut rng = Rng::new(0);
     for (l, ids) in log.iter().enumerate().rev() {
         let instance = ids
@@ -314,19 +312,19 @@ fn param_of(params: &[Tensor], t: &Tensor) -> Option<usize> {
         .position(|p| p.shares_buffer(t) && p.shape() == t.shape())
 }
 
-/// Per node: whether it depends on a parameter (others are skipped by the backward). Launches
-/// are in dependency order, so one forward pass over them decides it.
-fn activity(dfg: &Dfg, params: &[Tensor]) -> HashMap<u32, bool> {
-    let mut active: HashMap<u32, bool> = HashMap::new();
-    for ids in dfg.launch_log() {
-        for &id in ids {
-            let a = dfg.node(id).is_some_and(|n| {
-                n.args.iter().any(|a| match a {
-                    Arg::Val(t) => t.dtype().is_float() && param_of(params, t).is_some(),
-                    Arg::Lazy(r) => active.get(&r.node).copied().unwrap_or(false),
-                })
-            });
-            active.insert(id, a);
+/// Per node id: whether it depends on a parameter (others are skipped by the backward).
+/// Launches (`log`) are in dependency order, so one forward pass over them decides it.
+fn activity(dfg: &Dfg, log: &[Vec<u32>], params: &[Tensor]) -> Vec<bool> {
+    let mut active = vec![false; dfg.node_count()];
+    for &id in log.iter().flatten() {
+        let a = dfg.node(id).is_some_and(|n| {
+            n.args.iter().any(|a| match a {
+                Arg::Val(t) => t.dtype().is_float() && param_of(params, t).is_some(),
+                Arg::Lazy(r) => active.get(r.node as usize).copied().unwrap_or(false),
+            })
+        });
+        if let Some(slot) = active.get_mut(id as usize) {
+            *slot = a;
         }
     }
     active
@@ -606,7 +604,7 @@ fn backward_launch(
     ids: &[u32],
     kept: Option<Kept>,
     params: &[Tensor],
-    active: &HashMap<u32, bool>,
+    active: &[bool],
     adj: &mut Adjoints,
     grads: &mut [Option<ParamGrad>],
     stats: &mut BackwardStats,
@@ -631,7 +629,7 @@ fn backward_launch(
     // The output gradients, per output, stacked over the rows (zeros for rows without one).
     let mut any = false;
     let mut dys: Vec<Option<BV>> = Vec::with_capacity(n_out);
-    let launch_active = ids.iter().any(|id| active.get(id) == Some(&true));
+    let launch_active = ids.iter().any(|&id| active.get(id as usize) == Some(&true));
     for o in 0..n_out {
         let g = adj.take_output(dfg, launch, ids, o)?;
         match g {

@@ -57,9 +57,8 @@ impl RowGrad {
                 k
             }
         };
-        let dst = &mut self.values[k * self.width..(k + 1) * self.width];
-        for (a, v) in dst.iter_mut().zip(g) {
-            *a += v;
+        if let Some(dst) = self.values.get_mut(k * self.width..(k + 1) * self.width) {
+            add_slice(dst, g);
         }
         true
     }
@@ -95,8 +94,8 @@ impl RowGrad {
             .make_mut_slice::<f32>()
             .ok_or("internal: row gradient added to a tensor that is not float32")?;
         for (r, v) in self.iter() {
-            for (a, x) in out[r * d..(r + 1) * d].iter_mut().zip(v) {
-                *a += x;
+            if let Some(dst) = out.get_mut(r * d..(r + 1) * d) {
+                add_slice(dst, v);
             }
         }
         Ok(())
@@ -122,7 +121,53 @@ pub enum ParamGrad {
     Rows(RowGrad),
 }
 
+/// `g` added into `dst`, element by element.
+fn add_slice(dst: &mut [f32], g: &[f32]) {
+    for (a, v) in dst.iter_mut().zip(g) {
+        *a += v;
+    }
+}
+
 impl ParamGrad {
+    /// Adds `g` (a row of the parameter's width per id) to rows `ids` of the gradient in `slot`
+    /// of a `shape` parameter: into a [`RowGrad`] made on first use, or into the dense gradient
+    /// already there. False (nothing changed) where the slot holds a gradient of another shape
+    /// or dtype; ids must be in range.
+    pub(super) fn add_rows(
+        slot: &mut Option<ParamGrad>,
+        shape: [usize; 2],
+        ids: &[usize],
+        g: &[f32],
+    ) -> bool {
+        let [n, d] = shape;
+        if d == 0 || g.len() != ids.len() * d {
+            return false;
+        }
+        if slot.is_none() {
+            *slot = RowGrad::new(n, d).map(ParamGrad::Rows);
+        }
+        match slot {
+            Some(ParamGrad::Rows(rows)) if rows.shape() == shape => {
+                for (&i, gr) in ids.iter().zip(g.chunks_exact(d)) {
+                    rows.add_row(i, gr);
+                }
+                true
+            }
+            Some(ParamGrad::Dense(t)) if t.shape() == shape => {
+                let Some(out) = t.make_mut_slice::<f32>() else {
+                    return false;
+                };
+                for (&i, gr) in ids.iter().zip(g.chunks_exact(d)) {
+                    if let Some(dst) = out.get_mut(i * d..(i + 1) * d) {
+                        add_slice(dst, gr);
+                    }
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The gradient as one tensor.
     pub fn into_dense(self) -> Result<Tensor, String> {
         match self {

@@ -16,14 +16,11 @@ impl Dfg<'_> {
         self.keep = keep;
     }
 
-    /// The launches so far, in order (empty unless recording for the backward).
-    pub(crate) fn launch_log(&self) -> &[Vec<u32>] {
-        self.launch_log.as_deref().unwrap_or_default()
-    }
-
-    /// What each logged launch kept (see [`Dfg::record_for_backward`]), taken out of the graph.
-    pub(crate) fn take_kept(&mut self) -> Vec<Option<Kept>> {
-        std::mem::take(&mut self.kept)
+    /// The launches so far, in order (node ids), and what each kept (see
+    /// [`Dfg::record_for_backward`]), taken out of the graph; recording stops.
+    pub(crate) fn take_backward_record(&mut self) -> (Vec<Vec<u32>>, Vec<Option<Kept>>) {
+        let log = self.launch_log.take().unwrap_or_default();
+        (log, std::mem::take(&mut self.kept))
     }
 
     /// The `n_inputs` inputs of a launch of nodes `ids` the way the backward differentiates

@@ -103,34 +103,29 @@ impl Dfg<'_> {
         let t0 = Instant::now();
         let in_block =
             |m: String| RunError::at(first_span, format!("in block {}: {m}", block.name));
-        let mut kept = None;
-        let outs = if let Some(fast) = self.keep {
-            // Recording for a backward that differentiates this launch from what it keeps:
-            // operator by operator, every value kept.
-            let inputs = self.stacked_inputs(block.inputs.len(), ids, true)?;
-            self.profile.time_gather += t0.elapsed();
-            let t1 = Instant::now();
-            let mut octx = OpCtx {
-                rng: &mut self.launch_rng,
-            };
-            let k = run_block_kept(block, inputs, b, &mut octx, &mut self.profile.ops, fast)
-                .map_err(in_block)?;
-            let outs = k.outputs(block).map_err(in_block)?;
-            kept = Some(k);
-            self.profile.record_launch(&block.name, b, t1.elapsed());
-            outs
-        } else {
-            let mut inputs = Vec::with_capacity(block.inputs.len());
-            for i in 0..block.inputs.len() {
-                inputs.push(self.gather(block_id, i, ids)?);
+        // Recording for a backward that differentiates this launch from what it keeps: inputs
+        // stacked the backward's way, the operators one by one, every value kept.
+        let inputs = match self.keep {
+            Some(_) => self.stacked_inputs(block.inputs.len(), ids, true)?,
+            None => (0..block.inputs.len())
+                .map(|i| self.gather(block_id, i, ids))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        self.profile.time_gather += t0.elapsed();
+        let t1 = Instant::now();
+        let threads = self.opts.threads + self.lent.map_or(0, Lending::share);
+        let _threads = crate::gemm::LaunchThreads::enter(threads);
+        let mut octx = OpCtx {
+            rng: &mut self.launch_rng,
+        };
+        let (outs, kept) = match (self.keep, self.exec.plans.get(block_id as usize)) {
+            (Some(fast), _) => {
+                let k = run_block_kept(block, inputs, b, &mut octx, &mut self.profile.ops, fast)
+                    .map_err(in_block)?;
+                (k.outputs(block).map_err(in_block)?, Some(k))
             }
-            self.profile.time_gather += t0.elapsed();
-            let t1 = Instant::now();
-            let mut octx = OpCtx {
-                rng: &mut self.launch_rng,
-            };
-            let outs = match self.exec.plans.get(block_id as usize) {
-                Some(plan) => crate::fused::run_planned(
+            (None, Some(plan)) => (
+                crate::fused::run_planned(
                     block,
                     plan,
                     &inputs,
@@ -138,14 +133,17 @@ impl Dfg<'_> {
                     &mut octx,
                     &mut self.profile.ops,
                     &mut self.profile.fused,
-                    self.opts.threads + self.lent.map_or(0, Lending::share),
-                ),
-                None => run_block(block, &inputs, b, &mut octx, &mut self.profile.ops),
-            }
-            .map_err(in_block)?;
-            self.profile.record_launch(&block.name, b, t1.elapsed());
-            outs
+                    threads,
+                )
+                .map_err(in_block)?,
+                None,
+            ),
+            (None, None) => (
+                run_block(block, &inputs, b, &mut octx, &mut self.profile.ops).map_err(in_block)?,
+                None,
+            ),
         };
+        self.profile.record_launch(&block.name, b, t1.elapsed());
         for o in &outs {
             if let BV::Batched(OpValue::Tensor(t)) = o {
                 self.profile.activation_bytes += (t.len() * t.dtype().size()) as u64;

@@ -132,32 +132,16 @@ pub(super) fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, Stri
             2 * (b * m * n * k) as u64,
         )));
     }
+    // One product per invocation against its own weight (`gemm::small_product`: the GEMM
+    // kernel for attention's Q·Kᵀ written as a dense, dot products for MV-RNN's single rows).
     let mut c = zeroed_f32(b * m * n);
-    if crate::gemm::small_product_applies(m) {
-        // Several rows against each invocation's weight (attention's Q·Kᵀ written as a dense):
-        // the weight packed once per invocation, the rows on the GEMM kernel.
-        crate::gemm::small_products(b, m * n, m * n * k, ex.threads, &mut c, |inst, ci| {
-            let xo = if x_batched { inst * m * k } else { 0 };
-            let (Some(xi), Some(wi)) = (xd.get(xo..xo + m * k), w_inst.get(inst)) else {
-                return Err("internal: per-invocation product operand too short".into());
-            };
-            crate::gemm::small_product(xi, m, k, wi, n, true, ci)
-        })?;
-        let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
-        return Ok(Some((
-            BV::Batched(OpValue::Tensor(t)),
-            2 * (b * m * n * k) as u64,
-        )));
-    }
-    for (inst, wi) in w_inst.iter().enumerate() {
+    crate::gemm::small_products(b, m * n, m * n * k, ex.threads, &mut c, |inst, ci| {
         let xo = if x_batched { inst * m * k } else { 0 };
-        for r in 0..m {
-            let xr = &xd[xo + r * k..xo + (r + 1) * k];
-            for j in 0..n {
-                c[(inst * m + r) * n + j] = dot(xr, &wi[j * k..(j + 1) * k]);
-            }
-        }
-    }
+        let (Some(xi), Some(wi)) = (xd.get(xo..xo + m * k), w_inst.get(inst)) else {
+            return Err("internal: per-invocation product operand too short".into());
+        };
+        crate::gemm::small_product(xi, m, k, wi, n, true, ci)
+    })?;
     let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
     Ok(Some((
         BV::Batched(OpValue::Tensor(t)),
