@@ -54,7 +54,7 @@ pub(super) fn dense_stage(ex: &Exec, i: usize) -> Result<Option<(BV, u64)>, Stri
     };
     // As it lies: per-invocation weights are read in place, not stacked (MV-RNN's word matrices).
     let w = ex.get_raw(wv)?;
-    if let BV::Shared(OpValue::Tensor(w)) = &w {
+    if let BV::Shared(OpValue::Tensor(w)) = &*w {
         // Shared weight: one matrix product over every invocation's rows, read in place.
         let a = ex.get_raw(av)?;
         let (Some((a_rows, k, mut shape)), [n, wk]) = (gemm_rows(&a), w.shape()) else {
@@ -199,7 +199,7 @@ pub(super) fn matmul_stage(
     };
     let b = ex.b;
     // Per part: its rows-by-`n` shape per invocation and each invocation's data.
-    let vals: Vec<BV> = part_vals
+    let vals: Vec<Cow<BV>> = part_vals
         .iter()
         .map(|v| ex.get_raw(v))
         .collect::<Result<_, _>>()?;
@@ -264,10 +264,10 @@ pub(super) const SWAP_MIN_ROWS: usize = 8;
 /// The operands of a GEMM over denses `ns` (one, or a horizontally fused group) that all read the
 /// same rows with shared f32 weights `(N_i, K)`: the rows value as it lies (row lists included),
 /// and the weights. `None` when some member reads other rows or has a weight that is not shared.
-pub(super) fn shared_weight_operands(
-    ex: &Exec,
+pub(super) fn shared_weight_operands<'e>(
+    ex: &'e Exec,
     ns: &[usize],
-) -> Result<Option<(BV, Vec<Tensor>)>, String> {
+) -> Result<Option<(Cow<'e, BV>, Vec<Tensor>)>, String> {
     let mut a_val: Option<&BVal> = None;
     let mut ws: Vec<Tensor> = Vec::with_capacity(ns.len());
     for &i in ns {
@@ -382,7 +382,7 @@ pub(super) fn gemm_with_epilogue(
     // their columns of C.
     let empty = RowOperands::default();
     let ops = rp.plan.row_ops.get(rows_stage).unwrap_or(&empty);
-    let mut vals: Vec<Option<BV>> = Vec::with_capacity(ops.vals.len());
+    let mut vals: Vec<Option<Cow<BV>>> = Vec::with_capacity(ops.vals.len());
     let mut sig: Vec<OpSig> = Vec::with_capacity(ops.vals.len());
     let mut in_c: Vec<Option<(usize, usize)>> = Vec::with_capacity(ops.vals.len());
     for v in &ops.vals {
@@ -415,7 +415,7 @@ pub(super) fn gemm_with_epilogue(
     if out_lead.iter().product::<usize>() != rows {
         return Ok(None);
     }
-    let held: Vec<Option<&BV>> = vals.iter().map(Option::as_ref).collect();
+    let held: Vec<Option<&BV>> = vals.iter().map(|v| v.as_deref()).collect();
     let Some(bound) = bind(&prog, &held, rows) else {
         return Ok(None);
     };

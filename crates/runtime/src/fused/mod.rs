@@ -15,6 +15,7 @@
 //! and operand signature and cached in the [`RunPlan`], which lives as long as the job's
 //! [`crate::Executable`] (`--no-row-cache` compiles at every launch).
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::sync::Mutex;
@@ -94,13 +95,13 @@ impl Exec<'_> {
         match v {
             BVal::Input(i) => match self.inputs.get(*i as usize) {
                 Some(BV::Rows(r)) => self.stacked_once(&self.stacked, *i as usize, r),
-                _ => self.get_raw(v),
+                _ => self.get_raw(v).map(Cow::into_owned),
             },
             BVal::Node(n) => match self.vals.get(*n as usize) {
                 Some(Some(BV::Rows(r))) => self.stacked_once(&self.stacked_nodes, *n as usize, r),
-                _ => self.get_raw(v),
+                _ => self.get_raw(v).map(Cow::into_owned),
             },
-            _ => self.get_raw(v),
+            _ => self.get_raw(v).map(Cow::into_owned),
         }
     }
 
@@ -124,23 +125,31 @@ impl Exec<'_> {
     }
 
     /// A value as it is, row lists included (for the stages that read rows in place).
-    fn get_raw(&self, v: &BVal) -> Result<BV, String> {
+    ///
+    /// Borrowed where the value is held whole: a launch's row lists have a tensor per row, so a
+    /// copy would cost a reference-count update per row at every read.
+    fn get_raw(&self, v: &BVal) -> Result<Cow<'_, BV>, String> {
         let missing = || format!("internal: block value {v} is not available");
         match v {
-            BVal::Input(i) => self.inputs.get(*i as usize).cloned().ok_or_else(missing),
+            BVal::Input(i) => self
+                .inputs
+                .get(*i as usize)
+                .map(Cow::Borrowed)
+                .ok_or_else(missing),
             BVal::Node(n) => self
                 .vals
                 .get(*n as usize)
-                .cloned()
-                .flatten()
+                .and_then(Option::as_ref)
+                .map(Cow::Borrowed)
                 .ok_or_else(missing),
             BVal::Field(n, f) => self
                 .vals
                 .get(*n as usize)
                 .and_then(Option::as_ref)
                 .and_then(|v| v.field(*f))
+                .map(Cow::Owned)
                 .ok_or_else(missing),
-            BVal::Const(t) => Ok(BV::Shared(OpValue::Tensor(t.clone()))),
+            BVal::Const(t) => Ok(Cow::Owned(BV::Shared(OpValue::Tensor(t.clone())))),
         }
     }
 
@@ -377,7 +386,7 @@ pub fn run_planned(
         .outputs
         .iter()
         .map(|v| match v {
-            BVal::Node(_) => ex.get_raw(v),
+            BVal::Node(_) => ex.get_raw(v).map(Cow::into_owned),
             _ => ex.get(v),
         })
         .collect();

@@ -54,7 +54,7 @@ pub(super) fn row_program(
         .iter()
         .map(|v| ex.get_raw(v))
         .collect::<Result<Vec<_>, _>>()?;
-    let sig: Vec<OpSig> = vals.iter().map(sig_of).collect();
+    let sig: Vec<OpSig> = vals.iter().map(|v| sig_of(v)).collect();
     let prog = compiled_rows(ex, rp, s, ns, sig, fstats);
     match prog {
         Some(p) => run_rows(ex, &p, &vals),
@@ -154,11 +154,11 @@ pub(super) fn compiled_rows(
 pub(super) fn run_rows(
     ex: &Exec,
     prog: &RowProg,
-    vals: &[BV],
+    vals: &[Cow<BV>],
 ) -> Result<Option<Vec<(usize, BV)>>, String> {
     let lead = row_lead(prog, ex.b);
     let rows: usize = lead.iter().product();
-    let vals: Vec<Option<&BV>> = vals.iter().map(Some).collect();
+    let vals: Vec<Option<&BV>> = vals.iter().map(|v| Some(&**v)).collect();
     let Some(bound) = bind(prog, &vals, rows) else {
         return Ok(None);
     };
