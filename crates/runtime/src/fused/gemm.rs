@@ -261,13 +261,16 @@ pub(super) fn matmul_stage(
 /// into one GEMM pays (below, the products are matrix-vector and dot products are as good).
 pub(super) const SWAP_MIN_ROWS: usize = 8;
 
+/// A GEMM's rows operand as it lies (borrowed from the launch) and its shared weights.
+type SharedWeightOperands<'e> = (Cow<'e, BV>, Vec<Tensor>);
+
 /// The operands of a GEMM over denses `ns` (one, or a horizontally fused group) that all read the
 /// same rows with shared f32 weights `(N_i, K)`: the rows value as it lies (row lists included),
 /// and the weights. `None` when some member reads other rows or has a weight that is not shared.
 pub(super) fn shared_weight_operands<'e>(
     ex: &'e Exec,
     ns: &[usize],
-) -> Result<Option<(Cow<'e, BV>, Vec<Tensor>)>, String> {
+) -> Result<Option<SharedWeightOperands<'e>>, String> {
     let mut a_val: Option<&BVal> = None;
     let mut ws: Vec<Tensor> = Vec::with_capacity(ns.len());
     for &i in ns {
