@@ -43,8 +43,7 @@ pub fn load_params(path: &Path) -> Result<LoadedParams, IoError> {
         m.insert(file_stem(path), parse_npy(path, &bytes)?);
         m
     } else {
-        let bytes = read_file(path)?;
-        parse_safetensors(path, &bytes)?
+        read_safetensors_file(path)?
     };
     let warnings = non_finite_warnings(path, &tensors);
     Ok(LoadedParams { tensors, warnings })
@@ -102,25 +101,29 @@ fn count_non_finite(xs: impl Iterator<Item = f64>) -> (usize, usize) {
 // ---------------------------------------------------------------------------------------------
 // Raw little-endian element bytes
 
-/// Decodes `count` little-endian elements of `dtype` from exactly `bytes`.
+/// Decodes the little-endian elements of `dtype` in `bytes` (a whole number of them).
 fn decode_le(dtype: DType, bytes: &[u8]) -> Buffer {
-    fn chunks<const N: usize, T>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
-        bytes
-            .chunks_exact(N)
-            .map(|c| {
-                let mut a = [0u8; N];
-                a.copy_from_slice(c);
-                f(a)
-            })
-            .collect()
+    let mut out = Buffer::with_capacity(dtype, bytes.len() / dtype.size().max(1));
+    append_le(&mut out, bytes);
+    out
+}
+
+/// Appends the little-endian elements in `bytes` to `out` (of their dtype).
+fn append_le(out: &mut Buffer, bytes: &[u8]) {
+    fn extend<const N: usize, T>(out: &mut Vec<T>, bytes: &[u8], f: impl Fn([u8; N]) -> T) {
+        out.extend(bytes.chunks_exact(N).map(|c| {
+            let mut a = [0u8; N];
+            a.copy_from_slice(c);
+            f(a)
+        }));
     }
-    match dtype {
-        DType::Float32 => Buffer::F32(chunks(bytes, f32::from_le_bytes)),
-        DType::Float64 => Buffer::F64(chunks(bytes, f64::from_le_bytes)),
-        DType::Int32 => Buffer::I32(chunks(bytes, i32::from_le_bytes)),
-        DType::Int64 => Buffer::I64(chunks(bytes, i64::from_le_bytes)),
+    match out {
+        Buffer::F32(v) => extend(v, bytes, f32::from_le_bytes),
+        Buffer::F64(v) => extend(v, bytes, f64::from_le_bytes),
+        Buffer::I32(v) => extend(v, bytes, i32::from_le_bytes),
+        Buffer::I64(v) => extend(v, bytes, i64::from_le_bytes),
         // Any nonzero byte is true, as numpy does when it views the bytes as bool.
-        DType::Bool => Buffer::Bool(bytes.iter().map(|&b| b != 0).collect()),
+        Buffer::Bool(v) => v.extend(bytes.iter().map(|&b| b != 0)),
     }
 }
 
@@ -171,15 +174,24 @@ fn st_name(dtype: DType) -> safetensors::Dtype {
 const UNSUPPORTED_HINT: &str = "tumble reads F32, F64, I32, I64 and BOOL; convert the tensor \
                                 (e.g. `t.float()` in PyTorch) and save again";
 
-/// Validates the header ourselves first (so truncation and bad offsets get precise messages and
-/// no arithmetic in the `safetensors` crate can overflow), then lets the crate read the tensors.
-fn check_safetensors_header(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
+/// One tensor of a safetensors file, as its header describes it (validated).
+struct StEntry {
+    name: String,
+    dtype: DType,
+    shape: Vec<usize>,
+    /// Byte range in the data section.
+    start: usize,
+    end: usize,
+}
+
+/// The length of the JSON header from the first 8 bytes of a safetensors file of `len` bytes,
+/// checked against the format's bound and the file's length.
+fn st_header_len(path: &Path, first: &[u8], len: usize) -> Result<usize, IoError> {
     let err = |m: String| IoError::weights(path, m);
-    let Some(len_bytes) = bytes.get(..8) else {
+    let Some(len_bytes) = first.get(..8) else {
         return Err(err(format!(
-            "the file is {} bytes long, too short for a safetensors file (an 8-byte header \
-             length, then a JSON header); it is truncated or not a safetensors file",
-            bytes.len()
+            "the file is {len} bytes long, too short for a safetensors file (an 8-byte header \
+             length, then a JSON header); it is truncated or not a safetensors file"
         )));
     };
     let mut a = [0u8; 8];
@@ -193,14 +205,23 @@ fn check_safetensors_header(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
     }
     // n <= 1e8, so this fits in usize on every platform tumble supports.
     let n = n as usize;
-    let rest = bytes.len() - 8;
-    let Some(header) = bytes.get(8..8 + n) else {
+    let rest = len - 8;
+    if n > rest {
         return Err(err(format!(
             "the header length field says {n} bytes, but only {rest} bytes follow it; \
              the file is truncated"
         )));
-    };
-    let data_len = rest - n;
+    }
+    Ok(n)
+}
+
+/// Validates a safetensors header (the JSON after the length field) for a data section of
+/// `data_len` bytes with precise messages — dtypes, shapes, offsets against the sizes they
+/// imply, truncation, and that the tensors tile the data section as the format requires — and
+/// returns its tensors in data order.
+fn st_entries(path: &Path, header: &[u8], data_len: usize) -> Result<Vec<StEntry>, IoError> {
+    let err = |m: String| IoError::weights(path, m);
+    let mut entries = Vec::new();
     let text = std::str::from_utf8(header).map_err(|e| {
         err(format!(
             "the JSON header is not valid UTF-8 ({e}); the file is corrupt"
@@ -218,6 +239,15 @@ fn check_safetensors_header(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
     };
     for (name, info) in &map {
         if name == "__metadata__" {
+            // Free-form, but of the format's shape: a map of strings.
+            let strings = info
+                .as_object()
+                .is_some_and(|m| m.values().all(serde_json::Value::is_string));
+            if !strings {
+                return Err(err(
+                    "its `__metadata__` is not a map of strings; the file is corrupt".into(),
+                ));
+            }
             continue;
         }
         let bad = |what: &str| err(format!("tensor `{name}`: {what}; the file is corrupt"));
@@ -274,32 +304,125 @@ fn check_safetensors_header(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
                  {data_len} data bytes; the file is truncated"
             )));
         }
+        entries.push(StEntry {
+            name: name.clone(),
+            dtype,
+            shape,
+            start,
+            end,
+        });
     }
-    Ok(())
+    // The format's layout: the tensors, in offset order, cover the data section exactly.
+    entries.sort_by_key(|e| (e.start, e.end));
+    let mut at = 0;
+    for e in &entries {
+        if e.start != at {
+            return Err(err(format!(
+                "tensor `{}` starts at byte {} of the data section, where {} was expected (the \
+                 tensors must follow each other without gaps or overlaps); the file is corrupt",
+                e.name, e.start, at
+            )));
+        }
+        at = e.end;
+    }
+    if at != data_len {
+        return Err(err(format!(
+            "the tensors end at byte {at} of the data section, but it has {data_len} bytes; \
+             the file is corrupt"
+        )));
+    }
+    Ok(entries)
 }
 
 /// Parses the bytes of a safetensors file (`path` is for messages).
 pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, IoError> {
-    check_safetensors_header(path, bytes)?;
-    let st = safetensors::SafeTensors::deserialize(bytes)
-        .map_err(|e| IoError::weights(path, format!("not a valid safetensors file: {e}")))?;
+    let n = st_header_len(path, bytes, bytes.len())?;
+    let (header, data) = bytes.get(8..).unwrap_or_default().split_at(n);
     let mut out = BTreeMap::new();
-    for (name, view) in st.tensors() {
-        let dtype = st_dtype(&view.dtype().to_string()).ok_or_else(|| {
-            IoError::weights(
-                path,
-                format!(
-                    "tensor `{name}` has dtype {}, which tumble does not support; {UNSUPPORTED_HINT}",
-                    view.dtype()
-                ),
-            )
-        })?;
-        let shape = view.shape().to_vec();
-        let tensor = Tensor::new(shape, decode_le(dtype, view.data()))
-            .map_err(|e| IoError::weights(path, format!("tensor `{name}`: {e}")))?;
-        out.insert(name, tensor);
+    for e in st_entries(path, header, data.len())? {
+        let raw = data.get(e.start..e.end).unwrap_or_default();
+        let tensor = Tensor::new(e.shape, decode_le(e.dtype, raw))
+            .map_err(|err| IoError::weights(path, format!("tensor `{}`: {err}", e.name)))?;
+        out.insert(e.name, tensor);
     }
     Ok(out)
+}
+
+/// Reads a safetensors file tensor by tensor, each decoded straight from the file into its own
+/// buffer through one small reused chunk — not the whole file into memory first and then a
+/// decoded copy, which touched every byte of the weights twice in fresh pages (start-up is bound
+/// by weight I/O; `bench/RESULTS.md`). Memory is reserved against the budget per tensor.
+fn read_safetensors_file(path: &Path) -> Result<BTreeMap<String, Tensor>, IoError> {
+    use std::io::Read;
+    let io = |e: std::io::Error| IoError::file(path, "read the weights file", e);
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    let mut first = [0u8; 8];
+    let got = read_up_to(&mut file, &mut first).map_err(io)?;
+    let n = st_header_len(path, &first[..got], len)?;
+    let mut header = vec![0u8; n];
+    file.read_exact(&mut header).map_err(io)?;
+    let data_len = len - 8 - n;
+    let entries = st_entries(path, &header, data_len)?;
+    let limit = |stop: tumble_limits::Stop| {
+        io(std::io::Error::other(format!(
+            "{stop} (while reading the weights)"
+        )))
+    };
+    let mut chunk = vec![0u8; ST_CHUNK];
+    let mut out = BTreeMap::new();
+    // The entries tile the data section in order: one sequential pass over the file.
+    for e in entries {
+        let bytes = e.end - e.start;
+        tumble_limits::reserve(bytes).map_err(limit)?;
+        let mut buffer = Buffer::with_capacity(e.dtype, bytes / e.dtype.size().max(1));
+        let mut left = bytes;
+        while left > 0 {
+            tumble_limits::poll().map_err(limit)?;
+            // Whole elements per chunk (ST_CHUNK is a multiple of every element size).
+            let take = left.min(ST_CHUNK);
+            let part = chunk.get_mut(..take).unwrap_or_default();
+            file.read_exact(part).map_err(|err| {
+                if err.kind() == std::io::ErrorKind::UnexpectedEof {
+                    IoError::weights(
+                        path,
+                        format!(
+                            "tensor `{}` ends past the end of the file; the file is truncated \
+                             (or changed while it was read)",
+                            e.name
+                        ),
+                    )
+                } else {
+                    io(err)
+                }
+            })?;
+            append_le(&mut buffer, part);
+            left -= take;
+        }
+        let tensor = Tensor::new(e.shape, buffer)
+            .map_err(|err| IoError::weights(path, format!("tensor `{}`: {err}", e.name)))?;
+        out.insert(e.name, tensor);
+    }
+    Ok(out)
+}
+
+/// Bytes of a safetensors file decoded per read (a multiple of every element size).
+const ST_CHUNK: usize = 1 << 20;
+
+/// Reads until `buf` is full or the file ends; the bytes read.
+fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::io::Read;
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read(buf.get_mut(got..).unwrap_or_default()) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 /// Serializes `tensors` in the safetensors format.

@@ -295,3 +295,68 @@ fn missing_file_names_the_path() {
         "{e}"
     );
 }
+
+#[test]
+fn tensors_must_tile_the_data_section() {
+    let p = Path::new("w.safetensors");
+    // A gap between two tensors.
+    let h = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#;
+    assert_eq!(
+        msg(parse_safetensors(p, &with_header(h, &[0; 12]))),
+        "weights file `w.safetensors`: tensor `b` starts at byte 8 of the data section, where 4 \
+         was expected (the tensors must follow each other without gaps or overlaps); the file is \
+         corrupt"
+    );
+    // Two tensors over the same bytes.
+    let h = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+    assert!(
+        msg(parse_safetensors(p, &with_header(h, &[0; 8]))).contains("without gaps or overlaps")
+    );
+    // Bytes after the last tensor.
+    let h = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+    assert_eq!(
+        msg(parse_safetensors(p, &with_header(h, &[0; 6]))),
+        "weights file `w.safetensors`: the tensors end at byte 4 of the data section, but it has \
+         6 bytes; the file is corrupt"
+    );
+    // Metadata: a map of strings, or nothing.
+    let h =
+        r#"{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+    assert!(parse_safetensors(p, &with_header(h, &[0; 4])).is_ok());
+    let h = r#"{"__metadata__":5,"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+    assert!(msg(parse_safetensors(p, &with_header(h, &[0; 4]))).contains("`__metadata__`"));
+}
+
+/// The file reader decodes tensor by tensor through a chunk: tensors larger than a chunk, and
+/// every dtype, come back as the in-memory parser reads them; every truncation of the file is
+/// an error naming it.
+#[test]
+fn reading_a_file_equals_parsing_its_bytes() {
+    let dir = temp_dir("stream");
+    let path = dir.join("w.safetensors");
+    let mut tensors = sample();
+    // Over two chunks (1 MiB), an odd length.
+    let n = (1 << 19) + 3;
+    tensors.insert(
+        "large".into(),
+        Tensor::from_f32([n], (0..n).map(|i| i as f32 * 0.5 - 7.0).collect()).unwrap(),
+    );
+    tensors.insert(
+        "large64".into(),
+        Tensor::from_f64([n / 3], (0..n / 3).map(|i| i as f64 / 3.0).collect()).unwrap(),
+    );
+    save_params(&path, &tensors).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(load_params(&path).unwrap().tensors, tensors);
+    assert_eq!(parse_safetensors(&path, &bytes).unwrap(), tensors);
+    for cut in [0, 5, 8, 20, bytes.len() / 2, bytes.len() - 1] {
+        std::fs::write(&path, &bytes[..cut]).unwrap();
+        let e = msg(load_params(&path));
+        assert!(e.contains(&path.display().to_string()), "{e}");
+        assert!(
+            e.contains("truncated") || e.contains("corrupt"),
+            "cut {cut}: {e}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -183,6 +183,18 @@ fn take_slice<T: Element>(src: &[T], indices: &[usize]) -> Result<Buffer, Tensor
 }
 
 impl Buffer {
+    /// An empty buffer of `dtype` with room for `capacity` elements (for buffers filled by
+    /// appending).
+    pub fn with_capacity(dtype: DType, capacity: usize) -> Buffer {
+        match dtype {
+            DType::Float32 => Buffer::F32(Vec::with_capacity(capacity)),
+            DType::Float64 => Buffer::F64(Vec::with_capacity(capacity)),
+            DType::Int32 => Buffer::I32(Vec::with_capacity(capacity)),
+            DType::Int64 => Buffer::I64(Vec::with_capacity(capacity)),
+            DType::Bool => Buffer::Bool(Vec::with_capacity(capacity)),
+        }
+    }
+
     /// `len` zeros (false for bool) of `dtype`.
     pub fn zeros(dtype: DType, len: usize) -> Buffer {
         Buffer::full(dtype, len, 0.0)
