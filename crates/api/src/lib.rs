@@ -233,9 +233,17 @@ impl Model {
     pub fn load(source: Source, params: &Params, opts: &LoadOptions) -> Result<Model, Error> {
         let (name, text) = match source {
             Source::File(path) => {
-                let bytes = tumble_limits::read_file(path).map_err(|e| Error::Check {
+                let model = tumble_io::artifact::open_model(path).map_err(|e| Error::Check {
                     message: format!("cannot read the model `{}`: {e}", path.display()),
                 })?;
+                let bytes = match model {
+                    tumble_io::artifact::ModelFile::Compiled => {
+                        let loaded =
+                            tumble_io::artifact::read_artifact_file(path).map_err(param_error)?;
+                        return Model::from_compiled(path, loaded, params, opts);
+                    }
+                    tumble_io::artifact::ModelFile::Bytes(b) => b,
+                };
                 if tumble_io::artifact::is_artifact(&bytes) {
                     return Model::load_compiled(path, &bytes, params, opts);
                 }
@@ -340,8 +348,18 @@ impl Model {
         params: &Params,
         opts: &LoadOptions,
     ) -> Result<Model, Error> {
-        let shown = path.display();
         let loaded = tumble_io::artifact::read_artifact(path, bytes).map_err(param_error)?;
+        Model::from_compiled(path, loaded, params, opts)
+    }
+
+    /// [`Model::load_compiled`] of a compiled model already read.
+    fn from_compiled(
+        path: &Path,
+        loaded: tumble_io::artifact::Loaded,
+        params: &Params,
+        opts: &LoadOptions,
+    ) -> Result<Model, Error> {
+        let shown = path.display();
         let a = loaded.artifact;
         a.check_entry(&shown.to_string(), &opts.entry)
             .map_err(|message| Error::Usage { message })?;

@@ -229,15 +229,19 @@ fn compile_time_flags(args: &RunArgs) -> Vec<&'static str> {
     .collect()
 }
 
-/// A compiled model for `tumble run`: read, checked against the run's flags, its sources
-/// registered in `sources` (so run-time errors point into them).
+/// A compiled model for `tumble run` (from `bytes` when it was read whole, else from its file):
+/// read, checked against the run's flags, its sources registered in `sources` (so run-time
+/// errors point into them).
 pub fn load_for_run(
     args: &RunArgs,
-    bytes: &[u8],
+    bytes: Option<&[u8]>,
     sources: &mut SourceMap,
 ) -> Result<Loaded, crate::run::Failure> {
     use crate::run::Failure;
-    let loaded = tumble_io::artifact::read_artifact(&args.model, bytes)?;
+    let loaded = match bytes {
+        Some(b) => tumble_io::artifact::read_artifact(&args.model, b)?,
+        None => tumble_io::artifact::read_artifact_file(&args.model)?,
+    };
     let a = &loaded.artifact;
     let shown = args.model.display();
     if matches!(args.engine, crate::run::Engine::Reference) {

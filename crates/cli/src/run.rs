@@ -376,12 +376,23 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     }
     crate::files::refuse_overwrites(&reads, &writes).map_err(Failure::Message)?;
     let t_start = std::time::Instant::now();
-    let bytes = crate::files::read_bytes(&args.model).map_err(Failure::Message)?;
-    let front = if tumble_io::artifact::is_artifact(&bytes) {
+    let model = tumble_io::artifact::open_model(&args.model)
+        .map_err(|e| Failure::Message(format!("cannot read {}: {e}", args.model.display())))?;
+    let bytes = match model {
+        tumble_io::artifact::ModelFile::Compiled => None,
+        tumble_io::artifact::ModelFile::Bytes(b) => Some(b),
+    };
+    let front = if bytes
+        .as_deref()
+        .is_none_or(tumble_io::artifact::is_artifact)
+    {
         Front::Compiled(Box::new(crate::compiled::load_for_run(
-            args, &bytes, sources,
+            args,
+            bytes.as_deref(),
+            sources,
         )?))
     } else {
+        let bytes = bytes.unwrap_or_default();
         let text = crate::files::source_text(&args.model, bytes).map_err(Failure::Message)?;
         let name = args.model.display().to_string();
         let typed = tumble_check::load(sources, &name, &text, LoadOptions::default())

@@ -173,6 +173,77 @@ fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b))
 }
 
+/// A model file as far as it had to be read to tell what it is.
+pub enum ModelFile {
+    /// A compiled model in a regular file: read it with [`read_artifact_file`].
+    Compiled,
+    /// Anything else, read whole (a source file; or a compiled model that is not a regular file,
+    /// such as a pipe, for [`read_artifact`]).
+    Bytes(Vec<u8>),
+}
+
+/// Opens model file `path`: a compiled model in a regular file is recognized by its first bytes
+/// and left unread, so its weights can be decoded straight from the file.
+pub fn open_model(path: &Path) -> std::io::Result<ModelFile> {
+    if std::fs::metadata(path)?.is_file() {
+        let mut magic = [0u8; 8];
+        let got = crate::weights::read_up_to(&mut std::fs::File::open(path)?, &mut magic)?;
+        if got == magic.len() && &magic == MAGIC {
+            return Ok(ModelFile::Compiled);
+        }
+    }
+    tumble_limits::read_file(path).map(ModelFile::Bytes)
+}
+
+/// [`read_artifact`] of the file at `path`, without reading it into memory whole: the header and
+/// the program are read, the weights decoded tensor by tensor straight from the file, the
+/// checksum computed on the way. Any failure reads the file again whole and reports what
+/// [`read_artifact`] says of it, so a damaged file gets the same message either way.
+pub fn read_artifact_file(path: &Path) -> Result<Loaded, IoError> {
+    match stream_artifact(path) {
+        Some(loaded) => Ok(loaded),
+        None => {
+            let bytes = tumble_limits::read_file(path)
+                .map_err(|e| IoError::file(path, "read the compiled model", e))?;
+            read_artifact(path, &bytes)
+        }
+    }
+}
+
+/// The streaming read of [`read_artifact_file`]; `None` on any failure.
+fn stream_artifact(path: &Path) -> Option<Loaded> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).ok()?;
+    let len = usize::try_from(file.metadata().ok()?.len()).ok()?;
+    let mut head = [0u8; HEADER];
+    file.read_exact(&mut head).ok()?;
+    let version = head.get(8..12).and_then(|b| <[u8; 4]>::try_from(b).ok())?;
+    if !head.starts_with(MAGIC) || u32::from_le_bytes(version) != FORMAT_VERSION {
+        return None;
+    }
+    let payload_len = usize::try_from(u64_at(&head, 12)?).ok()?;
+    let weights_len = usize::try_from(u64_at(&head, 20)?).ok()?;
+    let sum = u64_at(&head, 28)?;
+    if HEADER.checked_add(payload_len)?.checked_add(weights_len)? != len {
+        return None;
+    }
+    tumble_limits::reserve(payload_len).ok()?;
+    let mut payload = vec![0u8; payload_len];
+    file.read_exact(&mut payload).ok()?;
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&payload);
+    let weights = if weights_len == 0 {
+        BTreeMap::new()
+    } else {
+        crate::weights::read_safetensors_from(path, &mut file, weights_len, &mut |b| crc.update(b))
+            .ok()?
+    };
+    if u64::from(crc.finalize()) != sum {
+        return None;
+    }
+    finish_artifact(path, &payload, weights).ok()
+}
+
 /// Reads a compiled model from its bytes (`path` names it in messages).
 pub fn read_artifact(path: &Path, bytes: &[u8]) -> Result<Loaded, IoError> {
     let shown = path.display();
@@ -215,6 +286,24 @@ pub fn read_artifact(path: &Path, bytes: &[u8]) -> Result<Loaded, IoError> {
             "checksum mismatch: the file is corrupt; compile the model again".into(),
         ));
     }
+    let weights = if weights.is_empty() {
+        BTreeMap::new()
+    } else {
+        parse_safetensors(path, weights)?
+    };
+    finish_artifact(path, payload, weights)
+}
+
+/// The program of a compiled model from its checksummed payload, checked, with its weights.
+fn finish_artifact(
+    path: &Path,
+    payload: &[u8],
+    weights: BTreeMap<String, Tensor>,
+) -> Result<Loaded, IoError> {
+    let shown = path.display();
+    let bad = |what: String| IoError::Param {
+        message: format!("{shown}: {what}"),
+    };
     let mut artifact: Artifact = postcard::from_bytes(payload)
         .map_err(|e| bad(format!("the program does not read back ({e}): the file is corrupt or was written by another build of tumble; compile the model again")))?;
     let errors = tumble_compile::verify(&artifact.program);
@@ -247,11 +336,6 @@ pub fn read_artifact(path: &Path, bytes: &[u8]) -> Result<Loaded, IoError> {
             "the weights mask does not match the entry's arguments: the file is corrupt".into(),
         ));
     }
-    let weights = if weights.is_empty() {
-        BTreeMap::new()
-    } else {
-        parse_safetensors(path, weights)?
-    };
     Ok(Loaded { artifact, weights })
 }
 
@@ -354,5 +438,45 @@ mod tests {
         garbled[28..36].copy_from_slice(&checksum(&[&junk, &[]]).to_le_bytes());
         garbled.extend_from_slice(&junk);
         assert!(err(&garbled).contains("does not read back"));
+    }
+
+    /// Read from its file (weights decoded straight from it) a compiled model is what its bytes
+    /// give; a damaged file gets the message of the whole-bytes reader.
+    #[test]
+    fn reading_the_file_equals_reading_its_bytes() {
+        let dir = std::env::temp_dir().join(format!("tumble-artifact-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.join("m.tumble");
+        let w: BTreeMap<String, Tensor> = [(
+            "w".to_string(),
+            Tensor::from_f32(vec![300, 5000], (0..1_500_000).map(|i| i as f32).collect())
+                .unwrap_or_else(|e| panic!("{e}")),
+        )]
+        .into();
+        let bytes = artifact_bytes(&sample(), &w).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(open_model(&path), Ok(ModelFile::Compiled)));
+        let from_file = read_artifact_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        let from_bytes = read_artifact(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(from_file.weights, from_bytes.weights);
+        assert_eq!(
+            format!("{:?}", from_file.artifact.program.blocks),
+            format!("{:?}", from_bytes.artifact.program.blocks)
+        );
+        let err = |b: &[u8]| {
+            std::fs::write(&path, b).unwrap_or_else(|e| panic!("{e}"));
+            match read_artifact_file(&path) {
+                Ok(_) => panic!("damaged file loaded"),
+                Err(e) => e.to_string(),
+            }
+        };
+        // A flip in the weights' header and one in their data: the checksum says so.
+        for at in [bytes.len() - 6_000_000 - 20, bytes.len() - 100] {
+            let mut b = bytes.clone();
+            b[at] ^= 1;
+            assert!(err(&b).contains("checksum"), "flip at {at}");
+        }
+        assert!(err(&bytes[..bytes.len() - 1]).contains("truncated"));
+        std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
     }
 }

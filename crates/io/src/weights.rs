@@ -353,16 +353,48 @@ pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, T
 /// decoded copy, which touched every byte of the weights twice in fresh pages (start-up is bound
 /// by weight I/O; `bench/RESULTS.md`). Memory is reserved against the budget per tensor.
 fn read_safetensors_file(path: &Path) -> Result<BTreeMap<String, Tensor>, IoError> {
-    use std::io::Read;
     let io = |e: std::io::Error| IoError::file(path, "read the weights file", e);
     let mut file = std::fs::File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
     let len = usize::try_from(len).unwrap_or(usize::MAX);
+    read_safetensors_from(path, &mut file, len, &mut |_| {})
+}
+
+/// The safetensors file of `len` bytes that `reader` reads next (`path` names it in messages),
+/// decoded tensor by tensor; `seen` is shown every byte read, in order (a checksum).
+pub(crate) fn read_safetensors_from(
+    path: &Path,
+    reader: &mut impl std::io::Read,
+    len: usize,
+    seen: &mut dyn FnMut(&[u8]),
+) -> Result<BTreeMap<String, Tensor>, IoError> {
+    let io = |e: std::io::Error| IoError::file(path, "read the weights file", e);
+    let truncated = |what: &str| {
+        IoError::weights(
+            path,
+            format!("{what} ends past the end of the file; the file is truncated (or changed while it was read)"),
+        )
+    };
+    let mut read = |buf: &mut [u8], what: &str| -> Result<(), IoError> {
+        reader.read_exact(buf).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                truncated(what)
+            } else {
+                io(e)
+            }
+        })?;
+        seen(buf);
+        Ok(())
+    };
     let mut first = [0u8; 8];
-    let got = read_up_to(&mut file, &mut first).map_err(io)?;
-    let n = st_header_len(path, &first[..got], len)?;
+    let got = first.len().min(len);
+    read(
+        first.get_mut(..got).unwrap_or_default(),
+        "the header length",
+    )?;
+    let n = st_header_len(path, first.get(..got).unwrap_or_default(), len)?;
     let mut header = vec![0u8; n];
-    file.read_exact(&mut header).map_err(io)?;
+    read(&mut header, "the header")?;
     let data_len = len - 8 - n;
     let entries = st_entries(path, &header, data_len)?;
     let limit = |stop: tumble_limits::Stop| {
@@ -383,20 +415,7 @@ fn read_safetensors_file(path: &Path) -> Result<BTreeMap<String, Tensor>, IoErro
             // Whole elements per chunk (ST_CHUNK is a multiple of every element size).
             let take = left.min(ST_CHUNK);
             let part = chunk.get_mut(..take).unwrap_or_default();
-            file.read_exact(part).map_err(|err| {
-                if err.kind() == std::io::ErrorKind::UnexpectedEof {
-                    IoError::weights(
-                        path,
-                        format!(
-                            "tensor `{}` ends past the end of the file; the file is truncated \
-                             (or changed while it was read)",
-                            e.name
-                        ),
-                    )
-                } else {
-                    io(err)
-                }
-            })?;
+            read(part, &format!("tensor `{}`", e.name))?;
             append_le(&mut buffer, part);
             left -= take;
         }
@@ -411,7 +430,7 @@ fn read_safetensors_file(path: &Path) -> Result<BTreeMap<String, Tensor>, IoErro
 const ST_CHUNK: usize = 1 << 20;
 
 /// Reads until `buf` is full or the file ends; the bytes read.
-fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+pub(crate) fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
     use std::io::Read;
     let mut got = 0;
     while got < buf.len() {
