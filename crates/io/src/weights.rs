@@ -355,8 +355,12 @@ pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, T
 fn read_safetensors_file(path: &Path) -> Result<BTreeMap<String, Tensor>, IoError> {
     let io = |e: std::io::Error| IoError::file(path, "read the weights file", e);
     let mut file = std::fs::File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
-    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        // A pipe or device has no length to plan by: read it whole, within the memory budget.
+        return parse_safetensors(path, &read_file(path)?);
+    }
+    let len = usize::try_from(meta.len()).unwrap_or(usize::MAX);
     read_safetensors_from(path, &mut file, len, &mut |_| {})
 }
 
