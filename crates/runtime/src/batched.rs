@@ -187,13 +187,43 @@ pub struct OpStats {
     pub shared: u64,
 }
 
-/// Runs `block` for `b` invocations; `inputs[i]` is the block's i-th input for all of them.
+/// An f32 fast path tried before an operator's reference kernel (`None`: not handled); the last
+/// argument is the threads the launch may use.
+pub(crate) type FastEval = fn(&str, &[OpValue], &Attrs, usize) -> Option<OpValue>;
+
+/// How a launch runs the operators it evaluates one at a time: its random stream and counters,
+/// the fast paths tried before each reference kernel, and the threads it may use.
+pub(crate) struct LaunchOps<'a, 'r> {
+    pub octx: &'a mut OpCtx<'r>,
+    pub stats: &'a mut OpStats,
+    pub fast: FastEval,
+    pub threads: usize,
+}
+
+/// Runs `block` for `b` invocations by the batching rules (the f32 fast paths first, one
+/// thread); `inputs[i]` is the block's i-th input for all of them.
 pub fn run_block(
     block: &Block,
     inputs: &[BV],
     b: usize,
     octx: &mut OpCtx,
     stats: &mut OpStats,
+) -> Result<Vec<BV>, String> {
+    let mut ops = LaunchOps {
+        octx,
+        stats,
+        fast: crate::fastops::try_eval,
+        threads: 1,
+    };
+    run_block_with(block, inputs, b, &mut ops)
+}
+
+/// [`run_block`] as launch `ops` runs operators.
+pub(crate) fn run_block_with(
+    block: &Block,
+    inputs: &[BV],
+    b: usize,
+    ops: &mut LaunchOps,
 ) -> Result<Vec<BV>, String> {
     let inputs = inputs
         .iter()
@@ -203,7 +233,7 @@ pub fn run_block(
     let mut results: Vec<BV> = Vec::with_capacity(block.nodes.len());
     for node in &block.nodes {
         let args = operands(node, inputs, &results, b)?;
-        results.push(batched_op(node.op, &node.attrs, args, b, octx, stats)?);
+        results.push(batched_op(node.op, &node.attrs, args, b, ops)?);
     }
     block
         .outputs
@@ -231,21 +261,18 @@ impl Kept {
     }
 }
 
-/// Runs `block` for `b` invocations like [`run_block`], keeping everything ([`Kept`]), with
-/// `fast` tried before each operator's reference kernel.
+/// Runs `block` for `b` invocations like [`run_block`], keeping everything ([`Kept`]).
 pub(crate) fn run_block_kept(
     block: &Block,
     inputs: Vec<BV>,
     b: usize,
-    octx: &mut OpCtx,
-    stats: &mut OpStats,
-    fast: FastEval,
+    ops: &mut LaunchOps,
 ) -> Result<Kept, String> {
     let mut results: Vec<BV> = Vec::with_capacity(block.nodes.len());
     let mut kept_args: Vec<Vec<BV>> = Vec::with_capacity(block.nodes.len());
     for node in &block.nodes {
         let args = operands(node, &inputs, &results, b)?;
-        let r = batched_op_with(node.op, &node.attrs, args.clone(), b, octx, stats, fast)?;
+        let r = batched_op(node.op, &node.attrs, args.clone(), b, ops)?;
         kept_args.push(args);
         results.push(r);
     }
@@ -372,25 +399,7 @@ pub(crate) fn batched_op(
     attrs: &Attrs,
     args: Vec<BV>,
     b: usize,
-    octx: &mut OpCtx,
-    stats: &mut OpStats,
-) -> Result<BV, String> {
-    batched_op_with(op, attrs, args, b, octx, stats, crate::fastops::try_eval)
-}
-
-/// An f32 fast path tried before an operator's reference kernel (`None`: not handled).
-pub(crate) type FastEval = fn(&str, &[OpValue], &Attrs) -> Option<OpValue>;
-
-/// [`batched_op`] with `fast` tried before the reference kernels (the backward's recompute
-/// passes its own, which covers more operators).
-pub(crate) fn batched_op_with(
-    op: &'static OpDef,
-    attrs: &Attrs,
-    args: Vec<BV>,
-    b: usize,
-    octx: &mut OpCtx,
-    stats: &mut OpStats,
-    fast: FastEval,
+    ops: &mut LaunchOps,
 ) -> Result<BV, String> {
     let args = if args.iter().any(|a| matches!(a, BV::Rows(_))) {
         args.iter()
@@ -400,7 +409,7 @@ pub(crate) fn batched_op_with(
         args
     };
     if args.iter().all(|a| matches!(a, BV::Shared(_))) {
-        stats.shared += 1;
+        ops.stats.shared += 1;
         let plain: Vec<OpValue> = args
             .into_iter()
             .filter_map(|a| match a {
@@ -408,17 +417,17 @@ pub(crate) fn batched_op_with(
                 BV::Batched(_) | BV::Rows(_) => None,
             })
             .collect();
-        return match fast(op.name, &plain, attrs) {
+        return match (ops.fast)(op.name, &plain, attrs, ops.threads) {
             Some(v) => Ok(BV::Shared(v)),
-            None => eval(op, &plain, attrs, octx).map(BV::Shared),
+            None => eval(op, &plain, attrs, ops.octx).map(BV::Shared),
         };
     }
     match rule(op, attrs, &args, b) {
         Some((plain, attrs)) => {
-            stats.batched += 1;
-            let out = match fast(op.name, &plain, &attrs) {
+            ops.stats.batched += 1;
+            let out = match (ops.fast)(op.name, &plain, &attrs, ops.threads) {
                 Some(v) => v,
-                None => eval(op, &plain, &attrs, octx)?,
+                None => eval(op, &plain, &attrs, ops.octx)?,
             };
             // batch_matmul ran on (B·G, M, N): put the instance axis back in front.
             if op.name == "nn.batch_matmul" {
@@ -435,8 +444,8 @@ pub(crate) fn batched_op_with(
             Ok(BV::Batched(out))
         }
         None => {
-            stats.looped += 1;
-            per_invocation(op, attrs, &args, b, octx)
+            ops.stats.looped += 1;
+            per_invocation(op, attrs, &args, b, ops.octx)
         }
     }
 }

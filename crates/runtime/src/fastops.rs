@@ -11,8 +11,9 @@ use tumble_ops::OpValue;
 use tumble_tensor::pool::zeroed_f32;
 use tumble_tensor::Tensor;
 
-/// Runs `op` on f32 operands through a fast path if there is one (`None`: use the reference kernel).
-pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs) -> Option<OpValue> {
+/// Runs `op` on f32 operands through a fast path if there is one (`None`: use the reference
+/// kernel), on at most `threads` threads (the launch's budget).
+pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Option<OpValue> {
     match op {
         "transpose" => {
             let t = args.first()?.as_tensor()?;
@@ -44,7 +45,7 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs) -> Option<OpValue> {
             if ta {
                 return None;
             }
-            bmm_f32(x, y, tb).map(OpValue::Tensor)
+            bmm_f32(x, y, tb, threads).map(OpValue::Tensor)
         }
         // Outside a planned GEMM stage (e.g. computed once for a launch whose operands are all
         // shared): the f32 kernels, as planned stages use, instead of the f64 reference loops.
@@ -370,7 +371,7 @@ pub fn permute_f32(t: &Tensor, perm: &[usize]) -> Option<Tensor> {
 
 /// Batched matrix product of 3-D f32 tensors: `x (G, M, K)` times `y (G, N, K)ᵀ` (`tb`) or
 /// `y (G, K, N)`; a batch dimension of 1 on either side broadcasts.
-pub fn bmm_f32(x: &Tensor, y: &Tensor, tb: bool) -> Option<Tensor> {
+pub fn bmm_f32(x: &Tensor, y: &Tensor, tb: bool, threads: usize) -> Option<Tensor> {
     let (xd, yd) = (x.as_f32()?, y.as_f32()?);
     let ([gx, m, k], ys) = (x.shape(), y.shape()) else {
         return None;
@@ -385,7 +386,6 @@ pub fn bmm_f32(x: &Tensor, y: &Tensor, tb: bool) -> Option<Tensor> {
     let mut out = zeroed_f32(g * m * n);
     // One product per batch element (`gemm::small_product`: the GEMM kernel for a row per
     // token against a head's keys or values, dot products for a few rows).
-    let threads = crate::gemm::LaunchThreads::current();
     crate::gemm::small_products(g, m * n, m * n * k, threads, &mut out, |gi, o| {
         let xo = if *gx == 1 { 0 } else { gi * m * k };
         let yo = if *gy == 1 { 0 } else { gi * n * k };
@@ -456,7 +456,7 @@ mod tests {
             let b = rand(sb, &mut rng);
             let args = [OpValue::Tensor(a), OpValue::Tensor(b)];
             for op in ["add", "subtract", "multiply", "divide"] {
-                let fast = match try_eval(op, &args, &Attrs::default()) {
+                let fast = match try_eval(op, &args, &Attrs::default(), 1) {
                     Some(OpValue::Tensor(t)) => t,
                     other => panic!("{op} {sa:?} {sb:?}: {other:?}"),
                 };
@@ -474,10 +474,10 @@ mod tests {
             OpValue::Tensor(rand(&[3], &mut rng)),
             OpValue::Tensor(rand(&[4], &mut rng)),
         ];
-        assert!(try_eval("add", &bad, &Attrs::default()).is_none());
+        assert!(try_eval("add", &bad, &Attrs::default(), 1).is_none());
         let ints = Tensor::from_vec(vec![2], vec![1i32, 2]).unwrap_or_else(|e| panic!("{e}"));
         let mixed = [OpValue::Tensor(ints.clone()), OpValue::Tensor(ints)];
-        assert!(try_eval("multiply", &mixed, &Attrs::default()).is_none());
+        assert!(try_eval("multiply", &mixed, &Attrs::default(), 1).is_none());
     }
 
     #[test]
@@ -497,7 +497,7 @@ mod tests {
                     AttrValue::List(p.iter().map(|&x| AttrValue::Int(x)).collect()),
                 )]);
                 let args = [OpValue::Tensor(t.clone())];
-                let fast = try_eval("transpose", &args, &a).and_then(|v| v.as_tensor().cloned());
+                let fast = try_eval("transpose", &args, &a, 1).and_then(|v| v.as_tensor().cloned());
                 assert_eq!(
                     fast,
                     Some(reference("transpose", &args, &a)),
@@ -531,7 +531,7 @@ mod tests {
             ];
             let a = attrs(&[("axis", AttrValue::Int(axis))]);
             let args = [OpValue::Tuple(parts)];
-            let fast = try_eval("concatenate", &args, &a).and_then(|v| v.as_tensor().cloned());
+            let fast = try_eval("concatenate", &args, &a, 1).and_then(|v| v.as_tensor().cloned());
             assert_eq!(
                 fast,
                 Some(reference("concatenate", &args, &a)),
@@ -546,7 +546,7 @@ mod tests {
         let check = |x: Tensor, y: Tensor, tb: bool, what: &str| {
             let a = attrs(&[("transpose_b", AttrValue::Bool(tb))]);
             let args = [OpValue::Tensor(x), OpValue::Tensor(y)];
-            let fast = try_eval("nn.batch_matmul", &args, &a)
+            let fast = try_eval("nn.batch_matmul", &args, &a, 2)
                 .and_then(|v| v.as_tensor().cloned())
                 .unwrap_or_else(|| panic!("no fast path"));
             let want = reference("nn.batch_matmul", &args, &a);

@@ -185,32 +185,6 @@ fn small_product_gemm(m: usize) -> bool {
         && !*ENV_OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_SMALL_PRODUCT_GEMM").is_some())
 }
 
-thread_local! {
-    /// The threads the launch running on this thread may use (see [`LaunchThreads::enter`]).
-    static LAUNCH_THREADS: std::cell::Cell<usize> = const { std::cell::Cell::new(1) };
-}
-
-/// Makes a launch's thread budget known to operators that run outside its planned stages
-/// (`nn.batch_matmul` in a batched stage) until the guard drops.
-pub(crate) struct LaunchThreads(usize);
-
-impl LaunchThreads {
-    pub(crate) fn enter(threads: usize) -> LaunchThreads {
-        LaunchThreads(LAUNCH_THREADS.with(|t| t.replace(threads.max(1))))
-    }
-
-    /// The current launch's thread budget (1 outside a launch).
-    pub(crate) fn current() -> usize {
-        LAUNCH_THREADS.with(std::cell::Cell::get)
-    }
-}
-
-impl Drop for LaunchThreads {
-    fn drop(&mut self) {
-        LAUNCH_THREADS.with(|t| t.set(self.0));
-    }
-}
-
 /// Work below which products are not split across threads: starting a thread costs tens of
 /// microseconds, a 2^20-multiply-add product about 20.
 const SPLIT_MIN_MACS: usize = 1 << 20;

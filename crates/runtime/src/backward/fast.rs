@@ -53,8 +53,9 @@ fn bias_on_last_axis(x: &Tensor, b: &Tensor, attrs: &Attrs) -> bool {
 }
 
 /// Forward operator `op` for the backward's recompute: the row programs' SIMD `sigmoid`, `tanh`,
-/// `exp` (not bit-identical to the reference), else the bit-identical [`crate::fastops`].
-pub(super) fn eval(op: &str, args: &[OpValue], attrs: &Attrs) -> Option<OpValue> {
+/// `exp` (not bit-identical to the reference), else the bit-identical [`crate::fastops`] on at
+/// most `threads` threads.
+pub(super) fn eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Option<OpValue> {
     match op {
         "sigmoid" | "tanh" | "exp" | "negative" | "nn.relu" => {
             let (t, x) = f32_of(args.first()?)?;
@@ -67,7 +68,7 @@ pub(super) fn eval(op: &str, args: &[OpValue], attrs: &Attrs) -> Option<OpValue>
             };
             tensor(t.shape(), out)
         }
-        _ => crate::fastops::try_eval(op, args, attrs),
+        _ => crate::fastops::try_eval(op, args, attrs, threads),
     }
 }
 

@@ -673,8 +673,13 @@ fn backward_launch(
             let inputs = dfg.stacked_inputs(block.inputs.len(), ids, gopts.fast)?;
             let mut ostats = OpStats::default();
             let mut octx = OpCtx { rng };
-            batched::run_block_kept(block, inputs, b, &mut octx, &mut ostats, gopts.fast_eval())
-                .map_err(RunError::new)?
+            let mut ops = batched::LaunchOps {
+                octx: &mut octx,
+                stats: &mut ostats,
+                fast: gopts.fast_eval(),
+                threads,
+            };
+            batched::run_block_kept(block, inputs, b, &mut ops).map_err(RunError::new)?
         }
     };
     let mut in_adj: Vec<Option<BV>> = vec![None; inputs.len()];

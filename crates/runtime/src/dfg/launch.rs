@@ -114,14 +114,18 @@ impl Dfg<'_> {
         self.profile.time_gather += t0.elapsed();
         let t1 = Instant::now();
         let threads = self.opts.threads + self.lent.map_or(0, Lending::share);
-        let _threads = crate::gemm::LaunchThreads::enter(threads);
         let mut octx = OpCtx {
             rng: &mut self.launch_rng,
         };
         let (outs, kept) = match (self.keep, self.exec.plans.get(block_id as usize)) {
             (Some(fast), _) => {
-                let k = run_block_kept(block, inputs, b, &mut octx, &mut self.profile.ops, fast)
-                    .map_err(in_block)?;
+                let mut ops = LaunchOps {
+                    octx: &mut octx,
+                    stats: &mut self.profile.ops,
+                    fast,
+                    threads,
+                };
+                let k = run_block_kept(block, inputs, b, &mut ops).map_err(in_block)?;
                 (k.outputs(block).map_err(in_block)?, Some(k))
             }
             (None, Some(plan)) => (
@@ -139,7 +143,18 @@ impl Dfg<'_> {
                 None,
             ),
             (None, None) => (
-                run_block(block, &inputs, b, &mut octx, &mut self.profile.ops).map_err(in_block)?,
+                run_block_with(
+                    block,
+                    &inputs,
+                    b,
+                    &mut LaunchOps {
+                        octx: &mut octx,
+                        stats: &mut self.profile.ops,
+                        fast: crate::fastops::try_eval,
+                        threads,
+                    },
+                )
+                .map_err(in_block)?,
                 None,
             ),
         };

@@ -202,7 +202,17 @@ impl Dfg<'_> {
                         &mut dfg.profile.fused,
                         threads,
                     ),
-                    None => run_block(&seg.block, inputs, b, &mut octx, &mut dfg.profile.ops),
+                    None => run_block_with(
+                        &seg.block,
+                        inputs,
+                        b,
+                        &mut LaunchOps {
+                            octx: &mut octx,
+                            stats: &mut dfg.profile.ops,
+                            fast: crate::fastops::try_eval,
+                            threads,
+                        },
+                    ),
                 }
                 .map_err(fail)
             };

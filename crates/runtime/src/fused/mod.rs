@@ -24,7 +24,7 @@ use tumble_compile::plan::BlockPlan;
 use tumble_compile::{BArg, BVal, Block, PlanOptions, Stage};
 use tumble_ops::{OpCtx, OpValue};
 
-use crate::batched::{batched_op, tuple_of, OpStats, BV};
+use crate::batched::{batched_op, tuple_of, LaunchOps, OpStats, BV};
 
 mod gather;
 mod gemm;
@@ -190,7 +190,13 @@ impl Exec<'_> {
             .iter()
             .map(|a| self.arg(a))
             .collect::<Result<Vec<_>, _>>()?;
-        let v = batched_op(node.op, &node.attrs, args, self.b, octx, stats)?;
+        let mut ops = LaunchOps {
+            octx,
+            stats,
+            fast: crate::fastops::try_eval,
+            threads: self.threads,
+        };
+        let v = batched_op(node.op, &node.attrs, args, self.b, &mut ops)?;
         if let Some(slot) = self.vals.get_mut(i) {
             *slot = Some(v);
         }
@@ -244,8 +250,6 @@ pub fn run_planned(
     threads: usize,
 ) -> Result<Vec<BV>, String> {
     let plan = &run_plan.plan;
-    // Operators run by batching rules inside this launch may split across its threads too.
-    let _threads = crate::gemm::LaunchThreads::enter(threads);
     let mut ex = Exec {
         block,
         inputs,
