@@ -21,11 +21,18 @@ pub(super) struct Adjoints {
     at: Vec<(u32, u32)>,
     /// Per launch: its number of rows.
     rows: Vec<usize>,
-    /// Per launch, per output: the gradient of every row (`rows × row length`), made zero on the
-    /// first gradient added to any of them.
-    bufs: Vec<Vec<Option<Vec<f32>>>>,
+    /// Per launch, per output: the gradient of every row, made zero on the first gradient added
+    /// to any of them.
+    bufs: Vec<Vec<Option<OutGrad>>>,
     /// Gradients that do not fit a launch buffer (another dtype, a node outside the log).
     other: HashMap<LazyRef, Tensor>,
+}
+
+/// The gradient of one launch output: `rows × row length` floats, and the shape of a row, read
+/// from the forward value once when the buffer is made (every row of a launch output has it).
+struct OutGrad {
+    data: Vec<f32>,
+    row_shape: Vec<usize>,
 }
 
 impl Adjoints {
@@ -41,7 +48,7 @@ impl Adjoints {
         Adjoints {
             at,
             rows: log.iter().map(Vec::len).collect(),
-            bufs: vec![Vec::new(); log.len()],
+            bufs: log.iter().map(|_| Vec::new()).collect(),
             other: HashMap::new(),
         }
     }
@@ -70,22 +77,30 @@ impl Adjoints {
         if l == NOT_LAUNCHED {
             return false;
         }
-        let Some((_, out_shape)) = dfg.f32_view(r) else {
-            return false;
-        };
-        if out_shape != shape {
-            return false;
-        }
         let (l, o, len) = (l as usize, r.output as usize, v.len());
         let (Some(&b), Some(outs)) = (self.rows.get(l), self.bufs.get_mut(l)) else {
             return false;
         };
         if outs.len() <= o {
-            outs.resize(o + 1, None);
+            outs.resize_with(o + 1, || None);
         }
-        let buf = outs[o].get_or_insert_with(|| tumble_tensor::pool::zeroed_f32(b * len));
+        let Some(slot) = outs.get_mut(o) else {
+            return false;
+        };
+        // The forward value is looked at once per launch output, not per row added.
+        let grad = match slot {
+            Some(g) if g.row_shape == shape => g,
+            Some(_) => return false,
+            None => match dfg.f32_view(r) {
+                Some((_, out_shape)) if out_shape == shape => slot.insert(OutGrad {
+                    data: tumble_tensor::pool::zeroed_f32(b * len),
+                    row_shape: shape.to_vec(),
+                }),
+                _ => return false,
+            },
+        };
         let at = row as usize * len;
-        let Some(dst) = buf.get_mut(at..at + len) else {
+        let Some(dst) = grad.data.get_mut(at..at + len) else {
             return false;
         };
         for (a, x) in dst.iter_mut().zip(v) {
@@ -129,26 +144,20 @@ impl Adjoints {
             .ok_or_else(|| internal("output not computed"))
         };
         if extra.is_empty() {
-            let Some(data) = buf else { return Ok(None) };
-            let first = ids.first().ok_or_else(|| internal("empty launch"))?;
-            let (_, row_shape) = dfg
-                .f32_view(LazyRef {
-                    node: *first,
-                    output: o as u32,
-                })
-                .ok_or_else(|| internal("gradient buffer of a non-f32 output"))?;
+            let Some(OutGrad { data, row_shape }) = buf else {
+                return Ok(None);
+            };
             let mut shape = vec![b];
-            shape.extend_from_slice(row_shape);
+            shape.extend_from_slice(&row_shape);
             return Tensor::from_vec(shape, data).map(Some).map_err(internal);
         }
         // Rows with gradients of other forms: per row, summed, then stacked.
         let mut rows: Vec<Option<Tensor>> = vec![None; b];
-        if let Some(data) = buf {
+        if let Some(OutGrad { data, row_shape }) = buf {
             let len = data.len() / b.max(1);
             for (row, slot) in rows.iter_mut().enumerate() {
-                let shape = value_of(ids[row])?.shape().to_vec();
                 let part = data.get(row * len..(row + 1) * len).unwrap_or_default();
-                *slot = Some(Tensor::from_vec(shape, part.to_vec()).map_err(internal)?);
+                *slot = Some(Tensor::from_vec(row_shape.clone(), part.to_vec()).map_err(internal)?);
             }
         }
         for (row, g) in extra {
