@@ -215,6 +215,36 @@ def @main(%xs: List[Tensor[(), int32]]) -> int32 {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("it is 3.0 MiB long"), "{err}");
+
+    // A weights file (decoded tensor by tensor from the file) whose tensor does not fit.
+    let header = r#"{"w":{"dtype":"F32","shape":[786432],"data_offsets":[0,3145728]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.resize(bytes.len() + (3 << 20), 0);
+    let w = dir.join("w.safetensors");
+    std::fs::write(&w, &bytes).unwrap_or_else(|e| panic!("cannot write {w:?}: {e}"));
+    let w_arg = w.display().to_string();
+    let out = tumble(&[
+        "run",
+        &tail,
+        "--inputs",
+        &x,
+        "--params",
+        &w_arg,
+        "--max-memory",
+        "2M",
+        "-o",
+        &o_arg,
+    ]);
+    assert_stopped_without_output(
+        &out,
+        &o,
+        &[
+            "w.safetensors",
+            "memory budget exceeded",
+            "while reading the weights",
+        ],
+    );
 }
 
 #[test]

@@ -390,6 +390,11 @@ pub(crate) fn read_safetensors_from(
         seen(buf);
         Ok(())
     };
+    let limit = |stop: tumble_limits::Stop| {
+        io(std::io::Error::other(format!(
+            "{stop} (while reading the weights)"
+        )))
+    };
     let mut first = [0u8; 8];
     let got = first.len().min(len);
     read(
@@ -397,15 +402,11 @@ pub(crate) fn read_safetensors_from(
         "the header length",
     )?;
     let n = st_header_len(path, first.get(..got).unwrap_or_default(), len)?;
+    tumble_limits::reserve(n).map_err(limit)?;
     let mut header = vec![0u8; n];
     read(&mut header, "the header")?;
     let data_len = len - 8 - n;
     let entries = st_entries(path, &header, data_len)?;
-    let limit = |stop: tumble_limits::Stop| {
-        io(std::io::Error::other(format!(
-            "{stop} (while reading the weights)"
-        )))
-    };
     let mut chunk = vec![0u8; ST_CHUNK];
     let mut out = BTreeMap::new();
     // The entries tile the data section in order: one sequential pass over the file.
