@@ -167,16 +167,16 @@ def @main(%xs: List[Tensor[(), int32]]) -> int32 {
     let big = write(&dir, "big.jsonl", &line);
     let o = dir.join("out.jsonl");
     let o_arg = o.display().to_string();
-    let out = tumble(&[
-        "run",
-        &model,
-        "--inputs",
-        &big,
-        "--max-memory",
-        "64M",
-        "-o",
-        &o_arg,
-    ]);
+    // `tumble run MODEL --inputs X [--params W] --max-memory BUDGET -o out.jsonl`.
+    let run = |model: &str, x: &str, params: Option<&str>, budget: &str| {
+        let mut args = vec!["run", model, "--inputs", x];
+        if let Some(w) = params {
+            args.extend(["--params", w]);
+        }
+        args.extend(["--max-memory", budget, "-o", &o_arg]);
+        tumble(&args)
+    };
+    let out = run(&model, &big, None, "64M");
     assert_stopped_without_output(
         &out,
         &o,
@@ -191,18 +191,7 @@ def @main(%xs: List[Tensor[(), int32]]) -> int32 {
     // An endless stream as the weights, and as the model.
     let x = write(&dir, "x.jsonl", X);
     let tail = write(&dir, "tail.rly", TAIL);
-    let out = tumble(&[
-        "run",
-        &tail,
-        "--inputs",
-        &x,
-        "--params",
-        "/dev/zero",
-        "--max-memory",
-        "64M",
-        "-o",
-        &o_arg,
-    ]);
+    let out = run(&tail, &x, Some("/dev/zero"), "64M");
     assert_stopped_without_output(&out, &o, &["/dev/zero", "read: memory budget exceeded"]);
     let out = tumble(&["check", "/dev/zero", "--max-memory", "64M"]);
     let err = text(&out.stderr);
@@ -224,18 +213,7 @@ def @main(%xs: List[Tensor[(), int32]]) -> int32 {
     let w = dir.join("w.safetensors");
     std::fs::write(&w, &bytes).unwrap_or_else(|e| panic!("cannot write {w:?}: {e}"));
     let w_arg = w.display().to_string();
-    let out = tumble(&[
-        "run",
-        &tail,
-        "--inputs",
-        &x,
-        "--params",
-        &w_arg,
-        "--max-memory",
-        "2M",
-        "-o",
-        &o_arg,
-    ]);
+    let out = run(&tail, &x, Some(&w_arg), "2M");
     assert_stopped_without_output(
         &out,
         &o,
