@@ -467,14 +467,81 @@ pub fn safetensors_bytes(tensors: &BTreeMap<String, Tensor>) -> Result<Vec<u8>, 
 
 /// Writes `tensors` to `path` as a safetensors file, atomically: the bytes go to a temporary
 /// file in the same directory, which is fsynced and then renamed over `path`, so an interrupted
-/// save never leaves a half-written weights file.
+/// save never leaves a half-written weights file. The tensors are encoded a chunk at a time
+/// straight into the file (not the whole file built in memory first: a checkpoint of `tumble
+/// train` held three copies of the weights); the bytes are those of [`safetensors_bytes`].
 pub fn save_params(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<(), IoError> {
-    let bytes = safetensors_bytes(tensors)
-        .map_err(|m| IoError::weights(path, format!("cannot serialize: {m}")))?;
+    let serialize = |m: String| IoError::weights(path, format!("cannot serialize: {m}"));
+    // The header as the `safetensors` crate lays it out (its tensor order, its padding): the
+    // crate serializes views that announce their data's length but hand it no data.
+    let header = safetensors::serialize(
+        tensors
+            .iter()
+            .map(|(name, t)| (name.as_str(), HeaderOnly(t))),
+        None,
+    )
+    .map_err(|e| serialize(e.to_string()))?;
+    let data_len: usize = tensors.values().map(|t| t.len() * t.dtype().size()).sum();
+    let n = st_header_len(path, &header, header.len() + data_len)?;
+    let json = header.get(8..8 + n).unwrap_or_default();
+    let entries = st_entries(path, json, data_len)?;
+    if header.len() != 8 + n {
+        return Err(serialize("the header has data after it".into()));
+    }
     write_atomically(path, "the weights file", |w| {
-        w.write_all(&bytes)
-            .map_err(|e| IoError::file(path, "write the weights file", e))
+        let io = |e| IoError::file(path, "write the weights file", e);
+        w.write_all(&header).map_err(io)?;
+        let mut chunk = Vec::with_capacity(ST_CHUNK);
+        for e in &entries {
+            let t = tensors
+                .get(&e.name)
+                .ok_or_else(|| serialize(format!("tensor `{}` vanished", e.name)))?;
+            write_le(w, t.buffer(), &mut chunk).map_err(io)?;
+        }
+        Ok(())
     })
+}
+
+/// A tensor as the `safetensors` crate sees it when only the header is to be written.
+struct HeaderOnly<'a>(&'a Tensor);
+
+impl safetensors::View for HeaderOnly<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        st_name(self.0.dtype())
+    }
+    fn shape(&self) -> &[usize] {
+        self.0.shape()
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&[])
+    }
+    fn data_len(&self) -> usize {
+        self.0.len() * self.0.dtype().size()
+    }
+}
+
+/// Writes `buffer`'s elements little-endian to `w`, through `chunk` (reused).
+fn write_le(w: &mut impl Write, buffer: &Buffer, chunk: &mut Vec<u8>) -> std::io::Result<()> {
+    fn each<T: Copy, const N: usize>(
+        w: &mut impl Write,
+        xs: &[T],
+        chunk: &mut Vec<u8>,
+        f: impl Fn(T) -> [u8; N],
+    ) -> std::io::Result<()> {
+        for part in xs.chunks((ST_CHUNK / N).max(1)) {
+            chunk.clear();
+            chunk.extend(part.iter().flat_map(|&x| f(x)));
+            w.write_all(chunk)?;
+        }
+        Ok(())
+    }
+    match buffer {
+        Buffer::F32(v) => each(w, v, chunk, f32::to_le_bytes),
+        Buffer::F64(v) => each(w, v, chunk, f64::to_le_bytes),
+        Buffer::I32(v) => each(w, v, chunk, i32::to_le_bytes),
+        Buffer::I64(v) => each(w, v, chunk, i64::to_le_bytes),
+        Buffer::Bool(v) => each(w, v, chunk, |b| [u8::from(b)]),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -360,3 +360,31 @@ fn reading_a_file_equals_parsing_its_bytes() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `save_params` writes tensor by tensor through a chunk: the file is byte for byte what the
+/// in-memory serializer (the `safetensors` crate's layout) makes, for every dtype, an empty
+/// tensor, tensors over several chunks, and no tensors at all.
+#[test]
+fn saving_writes_the_bytes_of_the_in_memory_serializer() {
+    let dir = temp_dir("save");
+    let path = dir.join("w.safetensors");
+    let mut tensors = sample();
+    let n = (1 << 18) + 5;
+    tensors.insert(
+        "a_large".into(),
+        Tensor::from_f32([n], (0..n).map(|i| i as f32 - 3.5).collect()).unwrap(),
+    );
+    tensors.insert(
+        "z_large_i64".into(),
+        Tensor::from_i64([n], (0..n).map(|i| i as i64 * 7 - 11).collect()).unwrap(),
+    );
+    for t in [tensors, BTreeMap::new()] {
+        save_params(&path, &t).unwrap();
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            safetensors_bytes(&t).unwrap()
+        );
+        assert_eq!(load_params(&path).unwrap().tensors, t);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
