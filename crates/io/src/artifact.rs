@@ -21,7 +21,7 @@ use tumble_ir::Ty;
 use tumble_tensor::Tensor;
 
 use crate::atomic::write_atomically;
-use crate::weights::{parse_safetensors, safetensors_bytes};
+use crate::weights::{parse_safetensors, safetensors_bytes, write_safetensors};
 use crate::IoError;
 
 /// The first bytes of every compiled model.
@@ -153,19 +153,57 @@ pub fn artifact_bytes(
     Ok(out)
 }
 
-/// Writes a compiled model to `path`, atomically.
+/// Writes a compiled model to `path`, atomically; the bytes of [`artifact_bytes`], the weights
+/// encoded a chunk at a time (twice: once for the checksum and length the header needs first,
+/// then into the file) instead of the whole file built in memory.
 pub fn save_artifact(
     path: &Path,
     artifact: &Artifact,
     weights: &BTreeMap<String, Tensor>,
 ) -> Result<(), IoError> {
-    let bytes = artifact_bytes(artifact, weights).map_err(|m| IoError::Param {
-        message: format!("cannot serialize the compiled model: {m}"),
+    let payload = postcard::to_stdvec(artifact).map_err(|e| IoError::Param {
+        message: format!("cannot serialize the compiled model: {e}"),
     })?;
+    let mut sum = Checksum {
+        crc: crc32fast::Hasher::new(),
+        len: 0,
+    };
+    sum.crc.update(&payload);
+    if !weights.is_empty() {
+        write_safetensors(path, weights, &mut sum)?;
+    }
+    let mut header = Vec::with_capacity(HEADER);
+    header.extend_from_slice(MAGIC);
+    header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    header.extend_from_slice(&(sum.len as u64).to_le_bytes());
+    header.extend_from_slice(&u64::from(sum.crc.finalize()).to_le_bytes());
     write_atomically(path, "the compiled model", |w| {
-        w.write_all(&bytes)
-            .map_err(|e| IoError::file(path, "write the compiled model", e))
+        let io = |e| IoError::file(path, "write the compiled model", e);
+        w.write_all(&header).map_err(io)?;
+        w.write_all(&payload).map_err(io)?;
+        if !weights.is_empty() {
+            write_safetensors(path, weights, w)?;
+        }
+        Ok(())
     })
+}
+
+/// A writer that only checksums and counts what it is given.
+struct Checksum {
+    crc: crc32fast::Hasher,
+    len: usize,
+}
+
+impl Write for Checksum {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.crc.update(buf);
+        self.len += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
@@ -454,6 +492,14 @@ mod tests {
         )]
         .into();
         let bytes = artifact_bytes(&sample(), &w).unwrap_or_else(|e| panic!("{e}"));
+        // Written tensor by tensor, the file is these bytes (and without weights too).
+        save_artifact(&path, &sample(), &w).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(std::fs::read(&path).unwrap_or_default(), bytes);
+        save_artifact(&path, &sample(), &BTreeMap::new()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            std::fs::read(&path).unwrap_or_default(),
+            artifact_bytes(&sample(), &BTreeMap::new()).unwrap_or_else(|e| panic!("{e}"))
+        );
         std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(open_model(&path), Ok(ModelFile::Compiled)));
         let from_file = read_artifact_file(&path).unwrap_or_else(|e| panic!("{e}"));

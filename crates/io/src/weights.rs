@@ -471,6 +471,18 @@ pub fn safetensors_bytes(tensors: &BTreeMap<String, Tensor>) -> Result<Vec<u8>, 
 /// straight into the file (not the whole file built in memory first: a checkpoint of `tumble
 /// train` held three copies of the weights); the bytes are those of [`safetensors_bytes`].
 pub fn save_params(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<(), IoError> {
+    write_atomically(path, "the weights file", |w| {
+        write_safetensors(path, tensors, w)
+    })
+}
+
+/// Writes `tensors` as a safetensors file to `w` (`path` names it in messages), a chunk at a time:
+/// the bytes of [`safetensors_bytes`].
+pub(crate) fn write_safetensors(
+    path: &Path,
+    tensors: &BTreeMap<String, Tensor>,
+    w: &mut impl Write,
+) -> Result<(), IoError> {
     let serialize = |m: String| IoError::weights(path, format!("cannot serialize: {m}"));
     // The header as the `safetensors` crate lays it out (its tensor order, its padding): the
     // crate serializes views that announce their data's length but hand it no data.
@@ -488,18 +500,16 @@ pub fn save_params(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<()
     if header.len() != 8 + n {
         return Err(serialize("the header has data after it".into()));
     }
-    write_atomically(path, "the weights file", |w| {
-        let io = |e| IoError::file(path, "write the weights file", e);
-        w.write_all(&header).map_err(io)?;
-        let mut chunk = Vec::with_capacity(ST_CHUNK);
-        for e in &entries {
-            let t = tensors
-                .get(&e.name)
-                .ok_or_else(|| serialize(format!("tensor `{}` vanished", e.name)))?;
-            write_le(w, t.buffer(), &mut chunk).map_err(io)?;
-        }
-        Ok(())
-    })
+    let io = |e| IoError::file(path, "write the weights file", e);
+    w.write_all(&header).map_err(io)?;
+    let mut chunk = Vec::with_capacity(ST_CHUNK);
+    for e in &entries {
+        let t = tensors
+            .get(&e.name)
+            .ok_or_else(|| serialize(format!("tensor `{}` vanished", e.name)))?;
+        write_le(w, t.buffer(), &mut chunk).map_err(io)?;
+    }
+    Ok(())
 }
 
 /// A tensor as the `safetensors` crate sees it when only the header is to be written.
