@@ -451,33 +451,24 @@ pub(crate) fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::R
 
 /// Serializes `tensors` in the safetensors format.
 pub fn safetensors_bytes(tensors: &BTreeMap<String, Tensor>) -> Result<Vec<u8>, String> {
-    let raw: Vec<(&String, Vec<u8>, &Tensor)> = tensors
-        .iter()
-        .map(|(n, t)| (n, encode_le(t.buffer()), t))
-        .collect();
-    let mut views = Vec::with_capacity(raw.len());
-    for (name, bytes, t) in &raw {
-        let view =
-            safetensors::tensor::TensorView::new(st_name(t.dtype()), t.shape().to_vec(), bytes)
-                .map_err(|e| format!("tensor `{name}`: {e}"))?;
-        views.push((name.as_str(), view));
-    }
-    safetensors::serialize(views, None).map_err(|e| e.to_string())
+    let mut out = Vec::new();
+    write_safetensors(Path::new("(in memory)"), tensors, &mut out).map_err(|e| e.to_string())?;
+    Ok(out)
 }
 
 /// Writes `tensors` to `path` as a safetensors file, atomically: the bytes go to a temporary
 /// file in the same directory, which is fsynced and then renamed over `path`, so an interrupted
 /// save never leaves a half-written weights file. The tensors are encoded a chunk at a time
 /// straight into the file (not the whole file built in memory first: a checkpoint of `tumble
-/// train` held three copies of the weights); the bytes are those of [`safetensors_bytes`].
+/// train` held three copies of the weights).
 pub fn save_params(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<(), IoError> {
     write_atomically(path, "the weights file", |w| {
         write_safetensors(path, tensors, w)
     })
 }
 
-/// Writes `tensors` as a safetensors file to `w` (`path` names it in messages), a chunk at a time:
-/// the bytes of [`safetensors_bytes`].
+/// Writes `tensors` as a safetensors file to `w` (`path` names it in messages), a chunk at a time,
+/// laid out as the `safetensors` crate lays it out.
 pub(crate) fn write_safetensors(
     path: &Path,
     tensors: &BTreeMap<String, Tensor>,

@@ -34,6 +34,26 @@ fn sample() -> BTreeMap<String, Tensor> {
     m
 }
 
+/// [`sample`] with tensors over more than one 1 MiB chunk, of odd lengths, first and last in
+/// the file's data order.
+fn sample_with_large() -> BTreeMap<String, Tensor> {
+    let mut m = sample();
+    let n = (1 << 19) + 3;
+    m.insert(
+        "a_large".into(),
+        Tensor::from_f32([n], (0..n).map(|i| i as f32 * 0.5 - 7.0).collect()).unwrap(),
+    );
+    m.insert(
+        "large64".into(),
+        Tensor::from_f64([n / 3], (0..n / 3).map(|i| i as f64 / 3.0).collect()).unwrap(),
+    );
+    m.insert(
+        "z_large_i64".into(),
+        Tensor::from_i64([n / 2], (0..n / 2).map(|i| i as i64 * 7 - 11).collect()).unwrap(),
+    );
+    m
+}
+
 fn msg(r: Result<impl Sized, IoError>) -> String {
     match r {
         Ok(_) => panic!("expected an error"),
@@ -334,17 +354,7 @@ fn tensors_must_tile_the_data_section() {
 fn reading_a_file_equals_parsing_its_bytes() {
     let dir = temp_dir("stream");
     let path = dir.join("w.safetensors");
-    let mut tensors = sample();
-    // Over two chunks (1 MiB), an odd length.
-    let n = (1 << 19) + 3;
-    tensors.insert(
-        "large".into(),
-        Tensor::from_f32([n], (0..n).map(|i| i as f32 * 0.5 - 7.0).collect()).unwrap(),
-    );
-    tensors.insert(
-        "large64".into(),
-        Tensor::from_f64([n / 3], (0..n / 3).map(|i| i as f64 / 3.0).collect()).unwrap(),
-    );
+    let tensors = sample_with_large();
     save_params(&path, &tensors).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     assert_eq!(load_params(&path).unwrap().tensors, tensors);
@@ -361,29 +371,51 @@ fn reading_a_file_equals_parsing_its_bytes() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `save_params` writes tensor by tensor through a chunk: the file is byte for byte what the
-/// in-memory serializer (the `safetensors` crate's layout) makes, for every dtype, an empty
-/// tensor, tensors over several chunks, and no tensors at all.
+/// What the `safetensors` crate's own serializer makes of `tensors` (data encoded whole).
+fn crate_bytes(tensors: &BTreeMap<String, Tensor>) -> Vec<u8> {
+    use tumble_tensor::Buffer;
+    let encoded: Vec<(&String, Vec<u8>, &Tensor)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            let bytes: Vec<u8> = match t.buffer() {
+                Buffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                Buffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                Buffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                Buffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                Buffer::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
+            };
+            (n, bytes, t)
+        })
+        .collect();
+    let dtype = |t: &Tensor| match t.dtype() {
+        tumble_ir::DType::Float32 => safetensors::Dtype::F32,
+        tumble_ir::DType::Float64 => safetensors::Dtype::F64,
+        tumble_ir::DType::Int32 => safetensors::Dtype::I32,
+        tumble_ir::DType::Int64 => safetensors::Dtype::I64,
+        tumble_ir::DType::Bool => safetensors::Dtype::BOOL,
+    };
+    let views: Vec<_> = encoded
+        .iter()
+        .map(|(n, b, t)| {
+            let v = safetensors::tensor::TensorView::new(dtype(t), t.shape().to_vec(), b);
+            (n.as_str(), v.unwrap())
+        })
+        .collect();
+    safetensors::serialize(views, None).unwrap()
+}
+
+/// `save_params` (and `safetensors_bytes`) write tensor by tensor through a chunk: the bytes are
+/// those of the `safetensors` crate's own serializer, for every dtype, an empty tensor, tensors
+/// over several chunks, and no tensors at all.
 #[test]
-fn saving_writes_the_bytes_of_the_in_memory_serializer() {
+fn saving_writes_the_bytes_of_the_crates_serializer() {
     let dir = temp_dir("save");
     let path = dir.join("w.safetensors");
-    let mut tensors = sample();
-    let n = (1 << 18) + 5;
-    tensors.insert(
-        "a_large".into(),
-        Tensor::from_f32([n], (0..n).map(|i| i as f32 - 3.5).collect()).unwrap(),
-    );
-    tensors.insert(
-        "z_large_i64".into(),
-        Tensor::from_i64([n], (0..n).map(|i| i as i64 * 7 - 11).collect()).unwrap(),
-    );
-    for t in [tensors, BTreeMap::new()] {
+    for t in [sample_with_large(), BTreeMap::new()] {
         save_params(&path, &t).unwrap();
-        assert_eq!(
-            std::fs::read(&path).unwrap(),
-            safetensors_bytes(&t).unwrap()
-        );
+        let want = crate_bytes(&t);
+        assert_eq!(std::fs::read(&path).unwrap(), want);
+        assert_eq!(safetensors_bytes(&t).unwrap(), want);
         assert_eq!(load_params(&path).unwrap().tensors, t);
     }
     std::fs::remove_dir_all(&dir).unwrap();
