@@ -75,7 +75,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_inline: bool,
     /// Interpret the prelude's `@hd`, `@tl`, `@zip`, `@rev` and `@concat` instead of running
-    /// them as one native step each.
+    /// them as one native step each, and `@map`'s step (a concurrent pair destructured into a
+    /// list cell) as written instead of as one constructor.
     #[arg(long)]
     pub no_native_prelude: bool,
     /// No sum fusion: every `add` of two tensors in its own block (a child sum) is launched,

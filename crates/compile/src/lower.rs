@@ -28,7 +28,8 @@ pub struct LowerOptions {
     /// ([`crate::inline`]) join their caller's block instead of ending it.
     pub inline: bool,
     /// The prelude's list functions `@hd`, `@tl`, `@zip`, `@rev` and `@concat` run natively
-    /// ([`crate::program::Native`]) instead of interpreted.
+    /// ([`crate::program::Native`]) instead of interpreted, and `@map`'s step as one constructor
+    /// ([`crate::program::Natives::concurrent_cells`]).
     pub natives: bool,
 }
 
@@ -172,6 +173,7 @@ fn natives(
         by_global,
         cons,
         nil,
+        concurrent_cells: true,
     }
 }
 

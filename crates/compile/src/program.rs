@@ -339,6 +339,11 @@ pub struct Natives {
     /// The constructors `Cons` and `Nil` of the prelude's `List`.
     pub cons: u32,
     pub nil: u32,
+    /// `let %r = db.concurrent((e1, .., en)); C(%r.0, .., %r.n-1)` — the prelude's `@map` step,
+    /// kept by its specialized copies — runs as one constructor whose operands are evaluated
+    /// concurrently (each from the same inline depth), without the tuple, the slot and the
+    /// projections: three evaluation steps fewer per list element.
+    pub concurrent_cells: bool,
 }
 
 impl Natives {

@@ -201,6 +201,15 @@ enum Kont<'p> {
         start: u32,
         max: u32,
     },
+    /// [`Kont::Concurrent`] whose elements become the fields of constructor `ctor`
+    /// ([`tumble_compile::Natives::concurrent_cells`]).
+    ConcurrentCell {
+        ctor: u32,
+        elems: &'p [Code],
+        vals: Vec<Value>,
+        start: u32,
+        max: u32,
+    },
     Return(Frame),
 }
 
@@ -483,6 +492,33 @@ impl<'p> Machine<'p> {
     }
 
     /// A `let` chain's bindings from `idx` on, immediate values bound at once, then the body.
+    /// `let %r = db.concurrent((e1, .., en)); C(%r.0, .., %r.n-1)` with the fast path on: the
+    /// constructor and the elements (see [`Kont::ConcurrentCell`]). The tuple bound to `%r` is
+    /// observable nowhere else (the body is exactly the constructor of its fields, in order), so
+    /// building the cell from the elements directly gives the same value at the same depth.
+    fn concurrent_cell(
+        &self,
+        binds: &'p [(u32, Code)],
+        body: &'p Code,
+    ) -> Option<(u32, &'p [Code])> {
+        if !self.program.natives.concurrent_cells {
+            return None;
+        }
+        let [(slot, Code::Concurrent(elems))] = binds else {
+            return None;
+        };
+        let Code::CallCtor { ctor, args } = body else {
+            return None;
+        };
+        let fields_in_order = !elems.is_empty()
+            && args.len() == elems.len()
+            && args.iter().enumerate().all(|(i, a)| {
+                matches!(a, Code::Proj(inner, k, _)
+                    if *k as usize == i && matches!(**inner, Code::Slot(s) if s == *slot))
+            });
+        fields_in_order.then_some((*ctor, elems.as_slice()))
+    }
+
     fn let_from(
         &mut self,
         binds: &'p [(u32, Code)],
@@ -553,7 +589,23 @@ impl<'p> Machine<'p> {
                     self.operands_from(code, operands, vals, backend)?
                 }
             }
-            Code::Let { binds, body } => self.let_from(binds, 0, body)?,
+            Code::Let { binds, body } => match self.concurrent_cell(binds, body) {
+                Some((ctor, elems)) => {
+                    let start = self.ctx.depth;
+                    self.push(Kont::ConcurrentCell {
+                        ctor,
+                        elems,
+                        vals: Vec::with_capacity(elems.len()),
+                        start,
+                        max: start,
+                    })?;
+                    match elems.first() {
+                        Some(first) => Step::Eval(first),
+                        None => return Err(RunError::new("internal: empty concurrent cell")),
+                    }
+                }
+                None => self.let_from(binds, 0, body)?,
+            },
             Code::MakeClosure(index) => {
                 let lambda = self.lambda(*index)?;
                 let mut captured = Vec::with_capacity(lambda.captures.len());
@@ -644,6 +696,33 @@ impl<'p> Machine<'p> {
                     None => {
                         self.ctx.depth = max;
                         Step::Apply(Value::tuple(vals))
+                    }
+                }
+            }
+            Kont::ConcurrentCell {
+                ctor,
+                elems,
+                mut vals,
+                start,
+                max,
+            } => {
+                vals.push(v);
+                let max = max.max(self.ctx.depth);
+                match elems.get(vals.len()) {
+                    Some(next) => {
+                        self.ctx.depth = start;
+                        self.push(Kont::ConcurrentCell {
+                            ctor,
+                            elems,
+                            vals,
+                            start,
+                            max,
+                        })?;
+                        Step::Eval(next)
+                    }
+                    None => {
+                        self.ctx.depth = max;
+                        Step::Apply(Value::adt(ctor, vals))
                     }
                 }
             }

@@ -90,6 +90,20 @@ fn list_functions_agree_with_the_prelude_bodies() {
             INTS,
         ),
         ("@foldl(@concat, Nil, Cons(%xs, Cons(@rev(%ys), Nil)))", INTS),
+        // A concurrent pair destructured into a cell, as `@map`'s step is (one constructor);
+        // the same let used otherwise (fields repeated, the tuple kept) is left alone.
+        (
+            "let %r = db.concurrent((@rev(%xs), @concat(%ys, %xs))); Cons(%r.0, Cons(%r.1, Nil))",
+            "List[List[Tensor[(), int32]]]",
+        ),
+        (
+            "let %r = db.concurrent((@rev(%xs), Cons(%ys, Nil))); Cons(%r.0, %r.1)",
+            "List[List[Tensor[(), int32]]]",
+        ),
+        (
+            "let %r = db.concurrent((@rev(%xs), Cons(%ys, Nil))); Cons(%r.0, Cons(%r.0, %r.1))",
+            "List[List[Tensor[(), int32]]]",
+        ),
     ];
     for (body, ty) in cases {
         let src = format!(

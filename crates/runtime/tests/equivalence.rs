@@ -6,7 +6,8 @@
 mod common;
 
 use common::{
-    check_all_ways, check_batched, compile, expected, load_text, rng, root, same, Expected,
+    check_all_ways, check_batched, compile, compile_natives, expected, load_text, rng, root, same,
+    Expected,
 };
 use tumble_interp::Value;
 use tumble_io::main_signature;
@@ -207,6 +208,46 @@ fn check_plain_case(case: &Case) {
 #[test]
 fn treelstm() {
     check_case(&cases()[0]);
+}
+
+/// The prelude's native forms (list functions, `@map`'s step as one constructor) change how
+/// many evaluation steps the host program takes, not what it records: the same nodes at the same
+/// inline depths, so the same launches — TreeLSTM, MV-RNN and BiRNN all map over lists.
+#[test]
+fn native_prelude_forms_record_the_same_graph() {
+    for case in &cases()[..3] {
+        let x = zoo(case);
+        let go = |natives: bool| {
+            let (program, reuse) =
+                compile_natives(&x, true, tumble_compile::StaticOptions::all(), natives);
+            let rngs = (0..x.args.len()).map(rng).collect();
+            let (out, profile) = run_batch(
+                &program,
+                &reuse,
+                "main",
+                x.args.clone(),
+                rngs,
+                tumble_runtime::Options::default(),
+            )
+            .unwrap_or_else(|e| panic!("{}: {}", x.name, e.error.message));
+            (format!("{out:?}"), profile)
+        };
+        let ((out_on, on), (out_off, off)) = (go(true), go(false));
+        assert_eq!(out_on, out_off, "{}", x.name);
+        assert_eq!(
+            (on.nodes, on.launches),
+            (off.nodes, off.launches),
+            "{}",
+            x.name
+        );
+        assert!(
+            on.host_steps < off.host_steps,
+            "{}: {} steps with natives, {} without",
+            x.name,
+            on.host_steps,
+            off.host_steps
+        );
+    }
 }
 
 #[test]

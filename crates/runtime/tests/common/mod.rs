@@ -272,6 +272,16 @@ pub fn compile(
     coarsen: bool,
     statics: tumble_compile::StaticOptions,
 ) -> (Program, tumble_compile::ReuseAnalysis) {
+    compile_natives(x, coarsen, statics, true)
+}
+
+/// [`compile`] with the prelude's native forms on or off (`LowerOptions::natives`).
+pub fn compile_natives(
+    x: &Expected,
+    coarsen: bool,
+    statics: tumble_compile::StaticOptions,
+    natives: bool,
+) -> (Program, tumble_compile::ReuseAnalysis) {
     // The faces' pipeline; plans are made per run by `run_batch`, for each switch set.
     let compiled = tumble_compile::compile(
         &x.l.typed,
@@ -283,7 +293,7 @@ pub fn compile(
                 coarsen,
                 fold: coarsen,
                 inline: coarsen,
-                natives: true,
+                natives,
             },
             statics: Some(statics),
             plans: None,
