@@ -75,8 +75,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_inline: bool,
     /// Interpret the prelude's `@hd`, `@tl`, `@zip`, `@rev` and `@concat` instead of running
-    /// them as one native step each, and `@map`'s step (a concurrent pair destructured into a
-    /// list cell) as written instead of as one constructor.
+    /// them as one native step each, and take the evaluator's other shortcuts step by step too
+    /// (`@map`'s step as one constructor; block invocations of variables done where they are
+    /// read).
     #[arg(long)]
     pub no_native_prelude: bool,
     /// No sum fusion: every `add` of two tensors in its own block (a child sum) is launched,

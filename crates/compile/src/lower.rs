@@ -28,8 +28,9 @@ pub struct LowerOptions {
     /// ([`crate::inline`]) join their caller's block instead of ending it.
     pub inline: bool,
     /// The prelude's list functions `@hd`, `@tl`, `@zip`, `@rev` and `@concat` run natively
-    /// ([`crate::program::Native`]) instead of interpreted, and `@map`'s step as one constructor
-    /// ([`crate::program::Natives::concurrent_cells`]).
+    /// ([`crate::program::Native`]) instead of interpreted, with the evaluator's shortcuts
+    /// ([`crate::program::Natives::fast_steps`]: `@map`'s step as one constructor, block
+    /// invocations of immediate operands without a step of their own).
     pub natives: bool,
 }
 
@@ -173,7 +174,7 @@ fn natives(
         by_global,
         cons,
         nil,
-        concurrent_cells: true,
+        fast_steps: true,
     }
 }
 

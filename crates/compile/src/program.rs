@@ -339,11 +339,14 @@ pub struct Natives {
     /// The constructors `Cons` and `Nil` of the prelude's `List`.
     pub cons: u32,
     pub nil: u32,
+    /// The evaluator's shortcuts, which change the number of evaluation steps and nothing else:
     /// `let %r = db.concurrent((e1, .., en)); C(%r.0, .., %r.n-1)` — the prelude's `@map` step,
     /// kept by its specialized copies — runs as one constructor whose operands are evaluated
     /// concurrently (each from the same inline depth), without the tuple, the slot and the
-    /// projections: three evaluation steps fewer per list element.
-    pub concurrent_cells: bool,
+    /// projections; and a block invocation whose operands are all variables, fields of them or
+    /// literals, bound by a `let` or passed as an operand or a cell's element, is performed
+    /// where it is read instead of in steps of its own.
+    pub fast_steps: bool,
 }
 
 impl Natives {

@@ -202,7 +202,7 @@ enum Kont<'p> {
         max: u32,
     },
     /// [`Kont::Concurrent`] whose elements become the fields of constructor `ctor`
-    /// ([`tumble_compile::Natives::concurrent_cells`]).
+    /// ([`tumble_compile::Natives::fast_steps`]).
     ConcurrentCell {
         ctor: u32,
         elems: &'p [Code],
@@ -243,6 +243,15 @@ pub struct Machine<'p> {
     /// The arguments the entry was started with, read by `Code::Param`.
     params: Vec<Value>,
     pub ctx: InstanceCtx,
+}
+
+/// Whether [`Machine::immediate`] takes `code` (without evaluating it).
+fn is_immediate(code: &Code) -> bool {
+    match code {
+        Code::Slot(_) | Code::Param(_) | Code::Lit(_) | Code::Global(_) => true,
+        Code::Proj(inner, _, _) => matches!(**inner, Code::Slot(_) | Code::Param(_)),
+        _ => false,
+    }
 }
 
 fn operands_of(code: &Code) -> &[Code] {
@@ -448,6 +457,42 @@ impl<'p> Machine<'p> {
         }
     }
 
+    /// The value of `code` without a step of its own, when it has one: [`Machine::immediate`]
+    /// code, or — with the native fast paths — a block invocation whose operands are all
+    /// immediate. An invocation records a node (or runs on the host) and returns at once; it never
+    /// suspends, so performing it here instead of in a step of its own changes nothing but the
+    /// step count.
+    fn at_once(
+        &mut self,
+        code: &'p Code,
+        backend: &mut dyn Backend,
+    ) -> Option<Result<Value, RunError>> {
+        if let Some(v) = self.immediate(code) {
+            return Some(v);
+        }
+        let Code::InvokeBlock { args, .. } = code else {
+            return None;
+        };
+        if !self.program.natives.fast_steps || !args.iter().all(is_immediate) {
+            return None;
+        }
+        let mut vals = self.vals_pool.pop().unwrap_or_default();
+        for a in args {
+            match self.immediate(a) {
+                Some(Ok(v)) => vals.push(v),
+                Some(Err(e)) => return Some(Err(e)),
+                None => return None,
+            }
+        }
+        Some(match self.call(code, vals, backend) {
+            Ok(Step::Apply(v)) => Ok(v),
+            Ok(_) => Err(RunError::new(
+                "internal: a block invocation did not return a value",
+            )),
+            Err(e) => Err(e),
+        })
+    }
+
     /// Evaluates a call's operands from `vals.len()` on: immediate ones at once, then either
     /// the first that needs steps of its own or, when all are done, the call.
     fn operands_from(
@@ -458,7 +503,7 @@ impl<'p> Machine<'p> {
         backend: &mut dyn Backend,
     ) -> Result<Step<'p>, RunError> {
         while let Some(next) = operands.get(vals.len()) {
-            match self.immediate(next) {
+            match self.at_once(next, backend) {
                 Some(v) => vals.push(v?),
                 None => {
                     self.push(Kont::Operands {
@@ -491,7 +536,6 @@ impl<'p> Machine<'p> {
         Ok(Step::Apply(Value::tuple(vals)))
     }
 
-    /// A `let` chain's bindings from `idx` on, immediate values bound at once, then the body.
     /// `let %r = db.concurrent((e1, .., en)); C(%r.0, .., %r.n-1)` with the fast path on: the
     /// constructor and the elements (see [`Kont::ConcurrentCell`]). The tuple bound to `%r` is
     /// observable nowhere else (the body is exactly the constructor of its fields, in order), so
@@ -501,7 +545,7 @@ impl<'p> Machine<'p> {
         binds: &'p [(u32, Code)],
         body: &'p Code,
     ) -> Option<(u32, &'p [Code])> {
-        if !self.program.natives.concurrent_cells {
+        if !self.program.natives.fast_steps {
             return None;
         }
         let [(slot, Code::Concurrent(elems))] = binds else {
@@ -519,14 +563,53 @@ impl<'p> Machine<'p> {
         fields_in_order.then_some((*ctor, elems.as_slice()))
     }
 
+    /// A concurrent cell's elements from `vals.len()` on, each from depth `start` (immediate ones
+    /// at once: they invoke nothing, so the depth stays), then the cell at the deepest `max`.
+    fn cell_from(
+        &mut self,
+        ctor: u32,
+        elems: &'p [Code],
+        mut vals: Vec<Value>,
+        start: u32,
+        max: u32,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
+        let mut max = max;
+        while let Some(next) = elems.get(vals.len()) {
+            self.ctx.depth = start;
+            match self.at_once(next, backend) {
+                Some(v) => {
+                    vals.push(v?);
+                    // An invocation done at once advanced the depth like any other element.
+                    max = max.max(self.ctx.depth);
+                }
+                None => {
+                    self.push(Kont::ConcurrentCell {
+                        ctor,
+                        elems,
+                        vals,
+                        start,
+                        max,
+                    })?;
+                    return Ok(Step::Eval(next));
+                }
+            }
+        }
+        self.ctx.depth = max;
+        Ok(Step::Apply(Value::adt(ctor, vals)))
+    }
+
+    /// A `let` chain's bindings from `idx` on, immediate values (and block invocations of
+    /// immediate operands) bound at once, then the body.
     fn let_from(
         &mut self,
         binds: &'p [(u32, Code)],
         mut idx: usize,
         body: &'p Code,
+        backend: &mut dyn Backend,
     ) -> Result<Step<'p>, RunError> {
         while let Some((slot, code)) = binds.get(idx) {
-            match self.immediate(code) {
+            match self.at_once(code, backend) {
                 Some(v) => {
                     let v = v?;
                     self.set_slot(*slot, v);
@@ -592,19 +675,10 @@ impl<'p> Machine<'p> {
             Code::Let { binds, body } => match self.concurrent_cell(binds, body) {
                 Some((ctor, elems)) => {
                     let start = self.ctx.depth;
-                    self.push(Kont::ConcurrentCell {
-                        ctor,
-                        elems,
-                        vals: Vec::with_capacity(elems.len()),
-                        start,
-                        max: start,
-                    })?;
-                    match elems.first() {
-                        Some(first) => Step::Eval(first),
-                        None => return Err(RunError::new("internal: empty concurrent cell")),
-                    }
+                    let vals = Vec::with_capacity(elems.len());
+                    self.cell_from(ctor, elems, vals, start, start, backend)?
                 }
-                None => self.let_from(binds, 0, body)?,
+                None => self.let_from(binds, 0, body, backend)?,
             },
             Code::MakeClosure(index) => {
                 let lambda = self.lambda(*index)?;
@@ -708,23 +782,7 @@ impl<'p> Machine<'p> {
             } => {
                 vals.push(v);
                 let max = max.max(self.ctx.depth);
-                match elems.get(vals.len()) {
-                    Some(next) => {
-                        self.ctx.depth = start;
-                        self.push(Kont::ConcurrentCell {
-                            ctor,
-                            elems,
-                            vals,
-                            start,
-                            max,
-                        })?;
-                        Step::Eval(next)
-                    }
-                    None => {
-                        self.ctx.depth = max;
-                        Step::Apply(Value::adt(ctor, vals))
-                    }
-                }
+                self.cell_from(ctor, elems, vals, start, max, backend)?
             }
             Kont::Tuple { elems, mut vals } => {
                 vals.push(v);
@@ -735,7 +793,7 @@ impl<'p> Machine<'p> {
                 if let Some((slot, _)) = binds.get(idx) {
                     self.set_slot(*slot, v);
                 }
-                self.let_from(binds, idx + 1, body)?
+                self.let_from(binds, idx + 1, body, backend)?
             }
             Kont::If(t, f) => match backend.condition(&v)? {
                 Some(c) => Step::Eval(if c { t } else { f }),
