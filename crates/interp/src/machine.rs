@@ -194,17 +194,10 @@ enum Kont<'p> {
         arms: &'p [(Pat, Code)],
         span: Span,
     },
-    /// Evaluating independent elements: each starts at depth `start`; the join takes `max`.
+    /// Evaluating independent elements: each starts at depth `start`; the join takes `max`
+    /// and makes `join` of the values.
     Concurrent {
-        elems: &'p [Code],
-        vals: Vec<Value>,
-        start: u32,
-        max: u32,
-    },
-    /// [`Kont::Concurrent`] whose elements become the fields of constructor `ctor`
-    /// ([`tumble_compile::Natives::fast_steps`]).
-    ConcurrentCell {
-        ctor: u32,
+        join: Join,
         elems: &'p [Code],
         vals: Vec<Value>,
         start: u32,
@@ -245,7 +238,16 @@ pub struct Machine<'p> {
     pub ctx: InstanceCtx,
 }
 
-/// Whether [`Machine::immediate`] takes `code` (without evaluating it).
+/// What the values of a concurrent evaluation become.
+#[derive(Clone, Copy)]
+enum Join {
+    /// `db.concurrent((..))`'s tuple.
+    Tuple,
+    /// The fields of constructor `ctor` (`@map`'s step: [`tumble_compile::Natives::fast_steps`]).
+    Ctor(u32),
+}
+
+/// Whether [`Machine::immediate`] takes `code` (without evaluating it); the two must agree.
 fn is_immediate(code: &Code) -> bool {
     match code {
         Code::Slot(_) | Code::Param(_) | Code::Lit(_) | Code::Global(_) => true,
@@ -537,7 +539,7 @@ impl<'p> Machine<'p> {
     }
 
     /// `let %r = db.concurrent((e1, .., en)); C(%r.0, .., %r.n-1)` with the fast path on: the
-    /// constructor and the elements (see [`Kont::ConcurrentCell`]). The tuple bound to `%r` is
+    /// constructor and the elements (see [`Join::Ctor`]). The tuple bound to `%r` is
     /// observable nowhere else (the body is exactly the constructor of its fields, in order), so
     /// building the cell from the elements directly gives the same value at the same depth.
     fn concurrent_cell(
@@ -563,11 +565,12 @@ impl<'p> Machine<'p> {
         fields_in_order.then_some((*ctor, elems.as_slice()))
     }
 
-    /// A concurrent cell's elements from `vals.len()` on, each from depth `start` (immediate ones
-    /// at once: they invoke nothing, so the depth stays), then the cell at the deepest `max`.
-    fn cell_from(
+    /// Concurrent elements from `vals.len()` on, each from depth `start` (those
+    /// [`Machine::at_once`] takes without a step of their own), then `join` of them at the
+    /// deepest depth any element reached (`max`).
+    fn concurrent_from(
         &mut self,
-        ctor: u32,
+        join: Join,
         elems: &'p [Code],
         mut vals: Vec<Value>,
         start: u32,
@@ -584,8 +587,8 @@ impl<'p> Machine<'p> {
                     max = max.max(self.ctx.depth);
                 }
                 None => {
-                    self.push(Kont::ConcurrentCell {
-                        ctor,
+                    self.push(Kont::Concurrent {
+                        join,
                         elems,
                         vals,
                         start,
@@ -596,7 +599,10 @@ impl<'p> Machine<'p> {
             }
         }
         self.ctx.depth = max;
-        Ok(Step::Apply(Value::adt(ctor, vals)))
+        Ok(Step::Apply(match join {
+            Join::Tuple => Value::tuple(vals),
+            Join::Ctor(ctor) => Value::adt(ctor, vals),
+        }))
     }
 
     /// A `let` chain's bindings from `idx` on, immediate values (and block invocations of
@@ -676,7 +682,7 @@ impl<'p> Machine<'p> {
                 Some((ctor, elems)) => {
                     let start = self.ctx.depth;
                     let vals = Vec::with_capacity(elems.len());
-                    self.cell_from(ctor, elems, vals, start, start, backend)?
+                    self.concurrent_from(Join::Ctor(ctor), elems, vals, start, start, backend)?
                 }
                 None => self.let_from(binds, 0, body, backend)?,
             },
@@ -706,19 +712,11 @@ impl<'p> Machine<'p> {
                 backend.ghost(&mut self.ctx, *n);
                 Step::Eval(body)
             }
-            Code::Concurrent(elems) => match elems.first() {
-                None => Step::Apply(Value::unit()),
-                Some(first) => {
-                    let start = self.ctx.depth;
-                    self.push(Kont::Concurrent {
-                        elems,
-                        vals: Vec::with_capacity(elems.len()),
-                        start,
-                        max: start,
-                    })?;
-                    Step::Eval(first)
-                }
-            },
+            Code::Concurrent(elems) => {
+                let start = self.ctx.depth;
+                let vals = Vec::with_capacity(elems.len());
+                self.concurrent_from(Join::Tuple, elems, vals, start, start, backend)?
+            }
             Code::Match {
                 scrutinee,
                 arms,
@@ -749,6 +747,7 @@ impl<'p> Machine<'p> {
                 self.operands_from(call, operands, vals, backend)?
             }
             Kont::Concurrent {
+                join,
                 elems,
                 mut vals,
                 start,
@@ -756,33 +755,7 @@ impl<'p> Machine<'p> {
             } => {
                 vals.push(v);
                 let max = max.max(self.ctx.depth);
-                match elems.get(vals.len()) {
-                    Some(next) => {
-                        self.ctx.depth = start;
-                        self.push(Kont::Concurrent {
-                            elems,
-                            vals,
-                            start,
-                            max,
-                        })?;
-                        Step::Eval(next)
-                    }
-                    None => {
-                        self.ctx.depth = max;
-                        Step::Apply(Value::tuple(vals))
-                    }
-                }
-            }
-            Kont::ConcurrentCell {
-                ctor,
-                elems,
-                mut vals,
-                start,
-                max,
-            } => {
-                vals.push(v);
-                let max = max.max(self.ctx.depth);
-                self.cell_from(ctor, elems, vals, start, max, backend)?
+                self.concurrent_from(join, elems, vals, start, max, backend)?
             }
             Kont::Tuple { elems, mut vals } => {
                 vals.push(v);
@@ -1192,5 +1165,65 @@ mod error_tests {
         // However the runtime wraps its own check's message, it stays a bug.
         assert!(RunError::new("in block cell: internal: node").internal);
         assert!(!RunError::new("nn.dense: input has 5 columns but weight expects 4").internal);
+    }
+}
+
+#[cfg(test)]
+mod fast_step_tests {
+    use super::{is_immediate, InstanceCtx, Machine};
+    use tumble_compile::{Code, LowerOptions, Program};
+    use tumble_ir::Span;
+    use tumble_tensor::{Rng, Tensor};
+
+    /// `is_immediate` (which `Machine::at_once` asks before evaluating anything) agrees with
+    /// `Machine::immediate` on every kind of code.
+    #[test]
+    fn is_immediate_agrees_with_immediate() {
+        let mut sources = tumble_ir::SourceMap::new();
+        let typed = tumble_check::load(
+            &mut sources,
+            "t.rly",
+            "def @main(%x: Tensor[(), int32]) -> Tensor[(), int32] { %x }",
+            tumble_check::LoadOptions::default(),
+        )
+        .unwrap_or_else(|_| panic!("the test module checks"));
+        let program = Program::lower_with(&typed, LowerOptions::reference())
+            .unwrap_or_else(|e| panic!("{}", e.message));
+        let m = Machine::new(
+            &program,
+            InstanceCtx {
+                rng: Rng::new(0),
+                depth: 0,
+                instance: 0,
+                phase: 0,
+                pending: 0,
+            },
+        );
+        let lit = || Code::Lit(Tensor::scalar_i32(1));
+        let span = Span::default();
+        let codes = [
+            Code::Slot(0),
+            Code::Param(0),
+            lit(),
+            Code::Global(0),
+            Code::SelfRef,
+            Code::Phase,
+            Code::Proj(Box::new(Code::Slot(0)), 0, span),
+            Code::Proj(Box::new(Code::Param(0)), 1, span),
+            Code::Proj(Box::new(lit()), 0, span),
+            Code::Tuple(vec![lit()]),
+            Code::CallCtor {
+                ctor: 0,
+                args: vec![lit()],
+            },
+        ];
+        for c in &codes {
+            assert_eq!(
+                is_immediate(c),
+                m.immediate(c).is_some(),
+                "{:?}",
+                std::mem::discriminant(c)
+            );
+        }
     }
 }

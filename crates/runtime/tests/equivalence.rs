@@ -6,8 +6,8 @@
 mod common;
 
 use common::{
-    check_all_ways, check_batched, compile, compile_natives, expected, load_text, rng, root, same,
-    Expected,
+    check_all_ways, check_batched, compile, compile_natives, expected, load_text, rng, root,
+    run_once, same, Expected,
 };
 use tumble_interp::Value;
 use tumble_io::main_signature;
@@ -221,16 +221,7 @@ fn native_fast_paths_record_the_same_graph() {
         let go = |natives: bool| {
             let (program, reuse) =
                 compile_natives(&x, true, tumble_compile::StaticOptions::all(), natives);
-            let rngs = (0..x.args.len()).map(rng).collect();
-            let (out, profile) = run_batch(
-                &program,
-                &reuse,
-                "main",
-                x.args.clone(),
-                rngs,
-                tumble_runtime::Options::default(),
-            )
-            .unwrap_or_else(|e| panic!("{}: {}", x.name, e.error.message));
+            let (out, profile) = run_once(&x, &program, &reuse, Options::default());
             (format!("{out:?}"), profile)
         };
         let ((out_on, on), (out_off, off)) = (go(true), go(false));

@@ -97,16 +97,7 @@ fn treelstm(plain: bool) -> common::Expected {
 /// Launches of one mini-batch of the examples under the default options.
 fn launches(x: &common::Expected) -> (u64, Vec<tumble_interp::Value>) {
     let (program, reuse) = common::compile(x, true, tumble_compile::StaticOptions::all());
-    let rngs = (0..x.args.len()).map(common::rng).collect();
-    let (vals, profile) = tumble_runtime::run_batch(
-        &program,
-        &reuse,
-        "main",
-        x.args.clone(),
-        rngs,
-        tumble_runtime::Options::default(),
-    )
-    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    let (vals, profile) = common::run_once(x, &program, &reuse, tumble_runtime::Options::default());
     (profile.launches, vals)
 }
 

@@ -307,10 +307,20 @@ pub fn compile_natives(
 /// optimizations on) under `opts`.
 pub fn batch_profile(x: &Expected, opts: Options) -> tumble_runtime::Profile {
     let (program, reuse) = compile(x, true, tumble_compile::StaticOptions::all());
+    run_once(x, &program, &reuse, opts).1
+}
+
+/// `program` run on all of `x`'s instances as one mini-batch under `opts`: the results and the
+/// profile.
+pub fn run_once(
+    x: &Expected,
+    program: &Program,
+    reuse: &tumble_compile::ReuseAnalysis,
+    opts: Options,
+) -> (Vec<tumble_interp::Value>, tumble_runtime::Profile) {
     let rngs = (0..x.args.len()).map(rng).collect();
-    let (_, profile) = run_batch(&program, &reuse, "main", x.args.clone(), rngs, opts)
-        .unwrap_or_else(|e| panic!("{}: {}", x.name, e.error.message));
-    profile
+    run_batch(program, reuse, "main", x.args.clone(), rngs, opts)
+        .unwrap_or_else(|e| panic!("{}: {}", x.name, e.error.message))
 }
 
 /// Runs every instance in mini-batches of `batch` and checks each output against the reference.
