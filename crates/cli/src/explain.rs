@@ -350,30 +350,16 @@ fn count_phases(code: &tumble_compile::Code) -> usize {
 /// calls, by name, sorted (a native's own body is not followed: it does not run).
 fn natives_reached(program: &tumble_compile::Program, entry: &str) -> Vec<&'static str> {
     use tumble_compile::Code;
-    let lambda_of = |g: u32| program.globals.get(g as usize).copied();
-    let mut seen = vec![false; program.lambdas.len()];
-    let mut stack: Vec<u32> = program
-        .global_index
-        .get(entry)
-        .and_then(|&g| lambda_of(g))
-        .into_iter()
-        .collect();
+    let native = |g: u32| program.natives.of(g);
+    let reached = program.reached_from(program.global_index.get(entry).copied(), |g| {
+        native(g).is_some()
+    });
     let mut natives: Vec<&'static str> = Vec::new();
-    while let Some(l) = stack.pop() {
-        match seen.get_mut(l as usize) {
-            Some(s) if !*s => *s = true,
-            _ => continue,
-        }
-        let Some(lambda) = program.lambdas.get(l as usize) else {
-            continue;
-        };
-        lambda.body.visit(&mut |c| match c {
-            Code::CallGlobal { global: g, .. } | Code::Global(g) => match program.natives.of(*g) {
-                Some(n) => natives.push(n.name()),
-                None => stack.extend(lambda_of(*g)),
-            },
-            Code::MakeClosure(t) => stack.push(*t),
-            _ => {}
+    for (lambda, _) in program.lambdas.iter().zip(&reached).filter(|(_, &r)| r) {
+        lambda.body.visit(&mut |c| {
+            if let Code::CallGlobal { global: g, .. } | Code::Global(g) = c {
+                natives.extend(native(*g).map(|n| n.name()));
+            }
         });
     }
     natives.sort_unstable();

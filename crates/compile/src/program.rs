@@ -357,6 +357,31 @@ impl Natives {
 }
 
 impl Program {
+    /// Per lambda: whether global `entry`'s body reaches it through calls, global references
+    /// and closures; a global for which `opaque` holds is not entered (a native's body does not
+    /// run).
+    pub fn reached_from(&self, entry: Option<u32>, opaque: impl Fn(u32) -> bool) -> Vec<bool> {
+        let lambda_of = |g: u32| self.globals.get(g as usize).copied();
+        let mut reached = vec![false; self.lambdas.len()];
+        let mut stack: Vec<u32> = entry.and_then(lambda_of).into_iter().collect();
+        while let Some(l) = stack.pop() {
+            match reached.get_mut(l as usize) {
+                Some(r) if !*r => *r = true,
+                _ => continue,
+            }
+            if let Some(lambda) = self.lambdas.get(l as usize) {
+                lambda.body.visit(&mut |c| match c {
+                    Code::CallGlobal { global, .. } | Code::Global(global) if !opaque(*global) => {
+                        stack.extend(lambda_of(*global));
+                    }
+                    Code::MakeClosure(m) => stack.push(*m),
+                    _ => {}
+                });
+            }
+        }
+        reached
+    }
+
     /// Drops the native form of every global whose parameters no longer match it.
     pub fn prune_natives(&mut self) {
         for (g, slot) in self.natives.by_global.iter_mut().enumerate() {

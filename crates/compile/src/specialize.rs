@@ -39,7 +39,7 @@ pub fn specialize(program: &mut Program, entry: &str) -> Vec<Specialized> {
     let mut report = Vec::new();
     for _ in 0..MAX_ROUNDS {
         let mut changed = false;
-        let reached = reached_from(program, entry_global);
+        let reached = program.reached_from(entry_global, |_| false);
         for l in 0..program.lambdas.len() {
             if !reached.get(l).copied().unwrap_or(false) {
                 continue;
@@ -84,32 +84,6 @@ pub fn specialize(program: &mut Program, entry: &str) -> Vec<Specialized> {
         }
     }
     report
-}
-
-/// Lambdas the entry may run: what it calls, references or makes, transitively.
-fn reached_from(program: &Program, entry: Option<u32>) -> Vec<bool> {
-    let mut reached = vec![false; program.lambdas.len()];
-    let mut stack: Vec<u32> = entry
-        .and_then(|g| program.globals.get(g as usize))
-        .copied()
-        .into_iter()
-        .collect();
-    while let Some(l) = stack.pop() {
-        match reached.get_mut(l as usize) {
-            Some(r) if !*r => *r = true,
-            _ => continue,
-        }
-        if let Some(lambda) = program.lambdas.get(l as usize) {
-            lambda.body.visit(&mut |c| match c {
-                Code::CallGlobal { global, .. } | Code::Global(global) => {
-                    stack.extend(program.globals.get(*global as usize).copied());
-                }
-                Code::MakeClosure(m) => stack.push(*m),
-                _ => {}
-            });
-        }
-    }
-    reached
 }
 
 /// The qualifying calls in lambda `l`: (path to the call in the body, callee, parameter,
