@@ -16,6 +16,7 @@ pub mod hoist;
 pub mod inline;
 pub mod inline_leaves;
 pub mod lower;
+pub mod map_loop;
 pub mod passes;
 pub mod phases;
 pub mod pipeline;

@@ -30,7 +30,8 @@ pub struct LowerOptions {
     /// The prelude's list functions `@hd`, `@tl`, `@zip`, `@rev` and `@concat` run natively
     /// ([`crate::program::Native`]) instead of interpreted, with the evaluator's shortcuts
     /// ([`crate::program::Natives::fast_steps`]: `@map`'s step as one constructor, block
-    /// invocations of immediate operands without a step of their own).
+    /// invocations of immediate operands without a step of their own; and, after the static
+    /// passes, functions shaped like `@map` run as loops: [`crate::map_loop`]).
     pub natives: bool,
 }
 
@@ -175,6 +176,7 @@ fn natives(
         cons,
         nil,
         fast_steps: true,
+        map_loops: Vec::new(),
     }
 }
 

@@ -116,5 +116,8 @@ pub fn optimize(
     // parameter every call fills with the same entry argument) made it no longer the function
     // its native form computes.
     program.prune_natives();
+    if program.natives.fast_steps {
+        program.natives.map_loops = crate::map_loop::find(program);
+    }
     report
 }

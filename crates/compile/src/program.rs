@@ -347,12 +347,20 @@ pub struct Natives {
     /// literals, bound by a `let` or passed as an operand or a cell's element, is performed
     /// where it is read instead of in steps of its own.
     pub fast_steps: bool,
+    /// Per global: it has the shape of the prelude's `@map` and the evaluator runs it as a loop
+    /// over the list ([`crate::map_loop`]; found with the fast steps on, after the static passes).
+    pub map_loops: Vec<bool>,
 }
 
 impl Natives {
     /// The native form of a call of global `g`, if any.
     pub fn of(&self, g: u32) -> Option<Native> {
         self.by_global.get(g as usize).copied().flatten()
+    }
+
+    /// Whether global `g` runs as a loop ([`Natives::map_loops`]).
+    pub fn is_map_loop(&self, g: u32) -> bool {
+        self.map_loops.get(g as usize).copied().unwrap_or(false)
     }
 }
 

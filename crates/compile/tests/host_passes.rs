@@ -270,3 +270,69 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %y: Tensor[(1, 4), float32], %W: T
     assert_eq!(verify(&p), vec![]);
     assert_eq!(report.specialized.len(), 1, "{report:?}");
 }
+
+/// The index of the global whose function is named `name` (specialized copies have no entry in
+/// `global_index`).
+fn global(p: &Program, name: &str) -> u32 {
+    (0..p.globals.len() as u32)
+        .find(|&g| p.lambdas[p.globals[g as usize] as usize].name == name)
+        .unwrap_or_else(|| panic!("no global {name}"))
+}
+
+#[test]
+fn functions_shaped_like_map_run_as_loops() {
+    let src = r#"
+def @f(%x: Tensor[(1, 4), float32], %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  tanh(nn.dense(%x, %W))
+}
+def @first_or(%x: Tensor[(1, 4), float32], %xs: List[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32] {
+  match (%xs) {
+    Cons(%y, _) => add(%x, %y),
+    Nil => %x,
+  }
+}
+def @mine(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> List[Tensor[(1, 4), float32]] {
+  match (%xs) {
+    Cons(%x, %rest) => {
+      let %r = db.concurrent((@f(%x, %W), @mine(%rest, %W)));
+      Cons(%r.0, %r.1)
+    },
+    Nil => Nil,
+  }
+}
+def @peek(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> List[Tensor[(1, 4), float32]] {
+  match (%xs) {
+    Cons(%x, %rest) => {
+      let %r = db.concurrent((@first_or(%x, %rest), @peek(%rest, %W)));
+      Cons(%r.0, %r.1)
+    },
+    Nil => Nil,
+  }
+}
+def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (List[Tensor[(1, 4), float32]], List[Tensor[(1, 4), float32]], List[Tensor[(1, 4), float32]]) {
+  (@mine(%xs, %W), @peek(%xs, %W), @map(fn (%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { @f(%x, %W) }, %xs))
+}
+"#;
+    let (p, report) = compile(src, StaticOptions::all());
+    assert!(p.natives.is_map_loop(global(&p, "mine")));
+    let parts = tumble_compile::map_loop::map_loop_parts(&p, global(&p, "mine"))
+        .unwrap_or_else(|| panic!("@mine is not a loop"));
+    assert_eq!(parts.list, 0);
+    // The element reads the rest of the list: not a loop.
+    assert!(!p.natives.is_map_loop(global(&p, "peek")));
+    // The prelude's @map specialized on the closure is one.
+    assert_eq!(report.specialized.len(), 1, "{report:?}");
+    let copy = global(&p, &report.specialized[0].name);
+    assert!(p.natives.is_map_loop(copy));
+    // Only with the evaluator's fast steps (the reference lowering has none).
+    let mut sources = SourceMap::new();
+    let typed = tumble_check::load(&mut sources, "t.rly", src, LoadOptions::default())
+        .unwrap_or_else(|d| panic!("{d:?}"));
+    let opts = LowerOptions {
+        natives: false,
+        ..LowerOptions::batched()
+    };
+    let mut q = Program::lower_with(&typed, opts).unwrap_or_else(|e| panic!("{}", e.message));
+    optimize(&mut q, "main", &[false, true], StaticOptions::all());
+    assert!(!q.natives.is_map_loop(global(&q, "mine")));
+}

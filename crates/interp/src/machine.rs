@@ -10,6 +10,7 @@
 
 use crate::value::{Closure, Value};
 use std::rc::Rc;
+use tumble_compile::map_loop::{map_loop_parts, MapLoopParts};
 use tumble_compile::{CaptureFrom, Code, Lambda, Native, Pat, Program};
 use tumble_ir::{Attrs, Span};
 use tumble_ops::{OpDef, OpValue};
@@ -199,6 +200,16 @@ enum Kont<'p> {
     Concurrent {
         join: Join,
         elems: &'p [Code],
+        vals: Vec<Value>,
+        start: u32,
+        max: u32,
+    },
+    /// A function run as a loop over a list ([`Machine::map_next`]): the elements not yet
+    /// done (last first), the values so far, the depth each element starts from and the deepest
+    /// reached.
+    MapLoop {
+        parts: MapLoopParts<'p>,
+        items: Vec<Value>,
         vals: Vec<Value>,
         start: u32,
         max: u32,
@@ -758,6 +769,17 @@ impl<'p> Machine<'p> {
                 vals.push(v);
                 self.tuple_from(elems, vals)?
             }
+            Kont::MapLoop {
+                parts,
+                items,
+                mut vals,
+                start,
+                max,
+            } => {
+                vals.push(v);
+                let max = max.max(self.ctx.depth);
+                self.map_next(parts, items, vals, start, max, backend)?
+            }
             Kont::Proj(i, span) => Step::Apply(project(&v, i, span)?),
             Kont::Let { binds, idx, body } => {
                 if let Some((slot, _)) = binds.get(idx) {
@@ -797,6 +819,86 @@ impl<'p> Machine<'p> {
                 Step::Apply(v)
             }
         })
+    }
+
+    /// A call of a function with `@map`'s shape ([`tumble_compile::map_loop`]) as a loop: its
+    /// frame is made as for any call, then the element code runs once per element with the
+    /// element bound, each from the call's inline depth. A list argument that is not a list
+    /// (which the type checker rules out) takes the ordinary call, and its error.
+    fn map_loop(
+        &mut self,
+        lambda: &'p Lambda,
+        parts: MapLoopParts<'p>,
+        args: Vec<Value>,
+        span: Span,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
+        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
+        let mut items = Vec::new();
+        let mut at = args.get(parts.list as usize).cloned();
+        loop {
+            match at {
+                Some(Value::Adt(a)) if a.ctor == cons && a.fields.len() == 2 => {
+                    items.push(a.fields[0].clone());
+                    at = Some(a.fields[1].clone());
+                }
+                Some(Value::Adt(a)) if a.ctor == nil => break,
+                _ => return self.enter(lambda, args, None, &[], Some(span)),
+            }
+        }
+        items.reverse();
+        self.install(lambda, args, None, &[], Some(span))?;
+        let start = self.ctx.depth;
+        let vals = Vec::with_capacity(items.len());
+        self.map_next(parts, items, vals, start, start, backend)
+    }
+
+    /// The loop's elements from the last of `items` on (those [`Machine::at_once`] takes
+    /// without a step of their own), then the list of `vals` at the deepest depth reached, the
+    /// final `Nil`'s ghost operators counted as the interpreted recursion counts them.
+    fn map_next(
+        &mut self,
+        parts: MapLoopParts<'p>,
+        mut items: Vec<Value>,
+        mut vals: Vec<Value>,
+        start: u32,
+        max: u32,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
+        let mut max = max;
+        while let Some(x) = items.pop() {
+            self.ctx.depth = start;
+            self.set_slot(parts.elem_slot, x);
+            match self.at_once(parts.elem, backend) {
+                Some(v) => {
+                    vals.push(v?);
+                    max = max.max(self.ctx.depth);
+                }
+                None => {
+                    self.push(Kont::MapLoop {
+                        parts,
+                        items,
+                        vals,
+                        start,
+                        max,
+                    })?;
+                    return Ok(Step::Eval(parts.elem));
+                }
+            }
+        }
+        self.ctx.depth = start;
+        if parts.nil_ghosts > 0 {
+            backend.ghost(&mut self.ctx, parts.nil_ghosts);
+        }
+        self.ctx.depth = max.max(self.ctx.depth);
+        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
+        let list = vals
+            .into_iter()
+            .rev()
+            .fold(Value::adt(nil, Vec::new()), |rest, x| {
+                Value::adt(cons, vec![x, rest])
+            });
+        Ok(Step::Apply(list))
     }
 
     fn set_slot(&mut self, slot: u32, v: Value) {
@@ -861,6 +963,11 @@ impl<'p> Machine<'p> {
                     return self.native(native, vals, *span);
                 }
                 let lambda = self.global(*global)?;
+                if self.program.natives.is_map_loop(*global) {
+                    if let Some(parts) = map_loop_parts(self.program, *global) {
+                        return self.map_loop(lambda, parts, vals, *span, backend);
+                    }
+                }
                 self.enter(lambda, vals, None, &[], Some(*span))
             }
             Code::Call { span, .. } => {
