@@ -41,72 +41,142 @@ impl BV {
 }
 
 /// Per invocation, a whole tensor or row `r` of a batched tensor; all of shape `shape` and one
-/// dtype (checked when made).
+/// dtype (checked when made). The distinct tensors are held once (`tensors`) and each
+/// invocation names one of them and its row: a launch of a thousand rows of a few earlier
+/// launches' outputs holds a few tensors, not a thousand reference-counted clones.
 #[derive(Clone, Debug)]
 pub struct RowRefs {
-    parts: Vec<(Tensor, Option<usize>)>,
+    tensors: Vec<Tensor>,
+    /// Per tensor: its parts are rows of it (else it is one part, whole).
+    by_rows: Vec<bool>,
+    /// Per invocation: the index in `tensors` and the row ([`WHOLE`]: the whole tensor).
+    rows: Vec<(u32, u32)>,
     shape: Vec<usize>,
     dtype: DType,
+}
+
+/// [`RowRefs::rows`]' mark for a whole tensor.
+const WHOLE: u32 = u32::MAX;
+
+/// Builds a [`RowRefs`] from references, cloning a tensor once per run of parts that read it.
+pub struct RowRefsBuilder {
+    refs: RowRefs,
+    ok: bool,
+}
+
+impl RowRefsBuilder {
+    pub fn with_capacity(n: usize) -> Self {
+        RowRefsBuilder {
+            refs: RowRefs {
+                tensors: Vec::new(),
+                by_rows: Vec::new(),
+                rows: Vec::with_capacity(n),
+                shape: Vec::new(),
+                dtype: DType::Float32,
+            },
+            ok: true,
+        }
+    }
+
+    /// The next invocation's part: `t` whole, or its row `row`.
+    pub fn push(&mut self, t: &Tensor, row: Option<usize>) {
+        if !self.ok {
+            return;
+        }
+        let r = &mut self.refs;
+        // Runs of rows of one tensor are the common case (an embedding table, a launch's output
+        // read in order); a tensor seen earlier but not last is held again, which costs what a
+        // part of its own did before.
+        let found = r.tensors.last().and_then(|u| {
+            let i = r.tensors.len() - 1;
+            (u.shares_buffer(t) && u.shape() == t.shape() && r.by_rows[i] == row.is_some())
+                .then_some(i)
+        });
+        let index = match found {
+            Some(i) => i,
+            None => {
+                let part_shape = match row {
+                    None => Some(t.shape()),
+                    Some(_) => t.shape().get(1..),
+                };
+                let Some(part_shape) = part_shape else {
+                    self.ok = false;
+                    return;
+                };
+                if r.tensors.is_empty() {
+                    r.shape = part_shape.to_vec();
+                    r.dtype = t.dtype();
+                } else if t.dtype() != r.dtype || part_shape != r.shape.as_slice() {
+                    self.ok = false;
+                    return;
+                }
+                r.tensors.push(t.clone());
+                r.by_rows.push(row.is_some());
+                r.tensors.len() - 1
+            }
+        };
+        let rows_in = t.shape().first().copied().unwrap_or(0);
+        let at = match row {
+            None => WHOLE,
+            Some(x) if x < rows_in && x < WHOLE as usize => x as u32,
+            Some(_) => {
+                self.ok = false;
+                return;
+            }
+        };
+        r.rows.push((index as u32, at));
+    }
+
+    /// `None` unless every part had the same per-invocation shape and dtype, its rows existed,
+    /// and there was at least one part.
+    pub fn finish(self) -> Option<RowRefs> {
+        (self.ok && !self.refs.rows.is_empty()).then_some(self.refs)
+    }
 }
 
 impl RowRefs {
     /// `None` unless every part has the same per-invocation shape and dtype, and rows exist.
     pub fn new(parts: Vec<(Tensor, Option<usize>)>) -> Option<RowRefs> {
-        fn shape_of((t, r): &(Tensor, Option<usize>)) -> Option<&[usize]> {
-            match r {
-                None => Some(t.shape()),
-                Some(r) if *r < t.shape().first().copied().unwrap_or(0) => t.shape().get(1..),
-                Some(_) => None,
-            }
+        let mut b = RowRefsBuilder::with_capacity(parts.len());
+        for (t, r) in &parts {
+            b.push(t, *r);
         }
-        let first = parts.first()?;
-        let shape = shape_of(first)?.to_vec();
-        let dtype = first.0.dtype();
-        for p in &parts {
-            if p.0.dtype() != dtype || shape_of(p)? != shape.as_slice() {
-                return None;
-            }
-        }
-        Some(RowRefs {
-            parts,
-            shape,
-            dtype,
-        })
+        b.finish()
     }
 
-    /// The same rows under per-invocation shape `shape` (same element count): each part's tensor
-    /// reshaped, sharing its buffer. `None` if the counts differ.
+    /// The same rows under per-invocation shape `shape` (same element count): each distinct
+    /// tensor reshaped once, sharing its buffer. `None` if the counts differ.
     pub fn reshaped(&self, shape: &[usize]) -> Option<RowRefs> {
         if shape.iter().product::<usize>() != self.shape.iter().product::<usize>() {
             return None;
         }
-        let mut last: Option<(usize, Tensor, Tensor)> = None;
-        let mut parts = Vec::with_capacity(self.parts.len());
-        for (t, r) in &self.parts {
-            // Parts usually share one tensor (rows of a table): reshape it once.
-            let reshaped = match &last {
-                Some((id, src, out)) if *id == t.buffer_id() && src.shape() == t.shape() => {
-                    out.clone()
+        let tensors = self
+            .tensors
+            .iter()
+            .zip(&self.by_rows)
+            .map(|(t, &by_rows)| {
+                let mut s = Vec::with_capacity(shape.len() + 1);
+                if by_rows {
+                    s.push(*t.shape().first()?);
                 }
-                _ => {
-                    let mut s = Vec::with_capacity(shape.len() + 1);
-                    if r.is_some() {
-                        s.push(*t.shape().first()?);
-                    }
-                    s.extend_from_slice(shape);
-                    let out = t.reshape(s).ok()?;
-                    last = Some((t.buffer_id(), t.clone(), out.clone()));
-                    out
-                }
-            };
-            parts.push((reshaped, *r));
-        }
-        RowRefs::new(parts)
+                s.extend_from_slice(shape);
+                t.reshape(s).ok()
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(RowRefs {
+            tensors,
+            by_rows: self.by_rows.clone(),
+            rows: self.rows.clone(),
+            shape: shape.to_vec(),
+            dtype: self.dtype,
+        })
     }
 
     /// Invocation `i`'s tensor and row, as stored (no copy).
     pub fn part_ref(&self, i: usize) -> Option<(&Tensor, Option<usize>)> {
-        self.parts.get(i).map(|(t, r)| (t, *r))
+        let &(t, at) = self.rows.get(i)?;
+        let row = (at != WHOLE).then_some(at as usize);
+        self.tensors.get(t as usize).map(|t| (t, row))
     }
 
     /// The per-invocation shape.
@@ -120,21 +190,26 @@ impl RowRefs {
 
     /// Number of invocations.
     pub fn len(&self) -> usize {
-        self.parts.len()
+        self.rows.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.parts.is_empty()
+        self.rows.is_empty()
     }
 
     /// Each invocation's f32 data, in place (`None` for other dtypes).
     pub fn f32_parts(&self) -> Option<Vec<&[f32]>> {
         let len: usize = self.shape.iter().product();
-        self.parts
+        let data: Vec<&[f32]> = self
+            .tensors
             .iter()
-            .map(|(t, r)| {
-                let d = t.as_f32()?;
-                let at = r.unwrap_or(0) * len;
+            .map(Tensor::as_f32)
+            .collect::<Option<_>>()?;
+        self.rows
+            .iter()
+            .map(|&(t, at)| {
+                let d = data.get(t as usize)?;
+                let at = if at == WHOLE { 0 } else { at as usize * len };
                 d.get(at..at + len)
             })
             .collect()
@@ -142,23 +217,23 @@ impl RowRefs {
 
     /// Invocation `i`'s tensor (a copy for a row of a batched tensor).
     pub fn part(&self, i: usize) -> Result<Tensor, String> {
-        match self.parts.get(i) {
+        match self.part_ref(i) {
             Some((t, None)) => Ok(t.clone()),
-            Some((t, Some(r))) => t.row(*r).map_err(|e| e.to_string()),
+            Some((t, Some(r))) => t.row(r).map_err(|e| e.to_string()),
             None => Err("internal: row index out of range".into()),
         }
     }
 
     /// The parts stacked along a new leading axis.
     pub fn stack(&self) -> Result<Tensor, String> {
-        let mut shape = vec![self.parts.len()];
+        let mut shape = vec![self.rows.len()];
         shape.extend_from_slice(&self.shape);
         if let Some(parts) = self.f32_parts() {
             let mut data = tumble_tensor::pool::with_capacity_f32(shape.iter().product());
             parts.iter().for_each(|p| data.extend_from_slice(p));
             return Tensor::from_f32(shape, data).map_err(|e| e.to_string());
         }
-        let ts = (0..self.parts.len())
+        let ts = (0..self.rows.len())
             .map(|i| self.part(i))
             .collect::<Result<Vec<_>, _>>()?;
         let refs: Vec<&Tensor> = ts.iter().collect();

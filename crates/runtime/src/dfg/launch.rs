@@ -248,19 +248,22 @@ impl Dfg<'_> {
         // Rows of earlier outputs (or whole computed tensors) for the plan to read in place: the
         // gather is fused into the kernels (GEMM packing, row programs) instead of copied here.
         if self.opts.gather_fusion && !self.exec.plans.is_empty() {
-            let parts = args
-                .iter()
-                .map(|a| match a {
-                    Arg::Val(t) => Ok((t.clone(), None)),
-                    Arg::Lazy(r) => self.slot(r).and_then(|s| match s.at {
-                        At::Whole => Ok((s.tensor.clone(), None)),
-                        At::Row(x) => Ok((s.tensor.clone(), Some(x as usize))),
-                        // A ragged launch's rows of one instance: copied out.
-                        At::Rows { .. } => s.value().map(|t| (t, None)).map_err(RunError::new),
-                    }),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            if let Some(rows) = RowRefs::new(parts) {
+            let mut parts = crate::batched::RowRefsBuilder::with_capacity(args.len());
+            for a in &args {
+                match a {
+                    Arg::Val(t) => parts.push(t, None),
+                    Arg::Lazy(r) => {
+                        let s = self.slot(r)?;
+                        match s.at {
+                            At::Whole => parts.push(&s.tensor, None),
+                            At::Row(x) => parts.push(&s.tensor, Some(x as usize)),
+                            // A ragged launch's rows of one instance: copied out.
+                            At::Rows { .. } => parts.push(&s.value().map_err(RunError::new)?, None),
+                        }
+                    }
+                }
+            }
+            if let Some(rows) = parts.finish() {
                 self.profile.row_list_inputs += 1;
                 return Ok(BV::Rows(rows));
             }

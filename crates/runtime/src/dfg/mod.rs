@@ -14,7 +14,7 @@ use tumble_ir::{Attrs, Span, Ty};
 use tumble_ops::{OpCtx, OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
 
-use crate::batched::{run_block_kept, run_block_with, FastEval, Kept, LaunchOps, RowRefs, BV};
+use crate::batched::{run_block_kept, run_block_with, FastEval, Kept, LaunchOps, BV};
 use std::sync::Arc;
 
 use crate::executable::Executable;

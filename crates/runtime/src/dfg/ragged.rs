@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::batched::RowRefs;
+use crate::batched::{RowRefs, RowRefsBuilder};
 use tumble_compile::ragged::RaggedInput;
 
 /// A value of the parent block during a ragged launch.
@@ -237,15 +237,15 @@ impl Dfg<'_> {
                         inputs.push(match lookup(r)? {
                             RVal::Shared(t) => BV::Shared(OpValue::Tensor(t.clone())),
                             RVal::Each(slots) => {
-                                let mut parts = Vec::with_capacity(rows);
+                                let mut parts = RowRefsBuilder::with_capacity(rows);
                                 for k in k0..k1 {
                                     let (s, l) = (&slots[k], lens[k]);
                                     let (view, first) = row_view(s, l).map_err(fail)?;
-                                    parts.extend(
-                                        (first..first + l).map(|j| (view.clone(), Some(j))),
-                                    );
+                                    for j in first..first + l {
+                                        parts.push(&view, Some(j));
+                                    }
                                 }
-                                BV::Rows(RowRefs::new(parts).ok_or_else(|| {
+                                BV::Rows(parts.finish().ok_or_else(|| {
                                     fail("internal: ragged rows of different shapes".into())
                                 })?)
                             }

@@ -35,11 +35,11 @@ pub(super) fn gather_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
         view_shape.extend_from_slice(ids.shape().get(1..).unwrap_or(&[]));
         view_shape.extend_from_slice(&table.shape()[1..]);
         let view = table.reshape(view_shape).map_err(|e| e.to_string())?;
-        let parts = idx
-            .iter()
-            .map(|&j| (view.clone(), Some(j.clamp(0, rows as i64 - 1) as usize)))
-            .collect();
-        if let Some(r) = crate::batched::RowRefs::new(parts) {
+        let mut parts = crate::batched::RowRefsBuilder::with_capacity(idx.len());
+        for &j in &idx {
+            parts.push(&view, Some(j.clamp(0, rows as i64 - 1) as usize));
+        }
+        if let Some(r) = parts.finish() {
             return Ok(Some(BV::Rows(r)));
         }
     }
