@@ -80,14 +80,20 @@ impl Value {
 fn take_children(v: Value, stack: &mut Vec<Value>) {
     match v {
         Value::Tensor(_) | Value::Lazy(_) => {}
+        // Moved one by one (the order of drops is unobservable): the lists are short (a cell's
+        // two fields), where `append`'s bulk copy is a library call per node.
         Value::Tuple(rc) => {
             if let Ok(mut t) = Rc::try_unwrap(rc) {
-                stack.append(&mut t.0);
+                while let Some(v) = t.0.pop() {
+                    stack.push(v);
+                }
             }
         }
         Value::Adt(rc) => {
             if let Ok(mut a) = Rc::try_unwrap(rc) {
-                stack.append(&mut a.fields);
+                while let Some(v) = a.fields.pop() {
+                    stack.push(v);
+                }
             }
         }
         Value::Closure(rc) => {

@@ -89,7 +89,7 @@ impl RowRefsBuilder {
         // part of its own did before.
         let found = r.tensors.last().and_then(|u| {
             let i = r.tensors.len() - 1;
-            (u.shares_buffer(t) && u.shape() == t.shape() && r.by_rows[i] == row.is_some())
+            (u.same_tensor(t) && r.by_rows[i] == row.is_some())
                 .then_some(i)
         });
         let index = match found {

@@ -187,6 +187,13 @@ impl Tensor {
         Arc::ptr_eq(&self.data, &other.data)
     }
 
+    /// Whether `self` and `other` are the same tensor: one buffer and one shape (a clone; a
+    /// shape compared by pointer first, then by value).
+    pub fn same_tensor(&self, other: &Tensor) -> bool {
+        self.shares_buffer(other)
+            && (Arc::ptr_eq(&self.shape, &other.shape) || self.shape == other.shape)
+    }
+
     /// An identity of the shared buffer: equal for tensors that [`Tensor::shares_buffer`], stable
     /// while any of them lives (used to key caches of packed weights and launch groups).
     pub fn buffer_id(&self) -> usize {
