@@ -89,8 +89,7 @@ impl RowRefsBuilder {
         // part of its own did before.
         let found = r.tensors.last().and_then(|u| {
             let i = r.tensors.len() - 1;
-            (u.same_tensor(t) && r.by_rows[i] == row.is_some())
-                .then_some(i)
+            (u.same_tensor(t) && r.by_rows[i] == row.is_some()).then_some(i)
         });
         let index = match found {
             Some(i) => i,

@@ -206,7 +206,10 @@ impl Dfg<'_> {
             Some(crate::reuse::InputReuse::PerInstance)
         );
         if let Some(Arg::Val(first)) = args.first().filter(|_| args.len() > 1 || !per_instance) {
-            if args.iter().all(|a| matches!(a, Arg::Val(t) if t.same_tensor(first))) {
+            if args
+                .iter()
+                .all(|a| matches!(a, Arg::Val(t) if t.same_tensor(first)))
+            {
                 self.profile.shared_inputs += 1;
                 return Ok(BV::Shared(OpValue::Tensor(first.clone())));
             }

@@ -218,6 +218,11 @@ pub(super) fn run_rows_in_order(prog: &RowProg, bound: &Bound, rows: usize) -> V
         .collect();
     let mut scratch = vec![0f32; prog.scratch_len];
     for r in 0..rows {
+        for e in &bound.ext {
+            if let Some(ahead) = e.get(r + PREFETCH_ROWS_AHEAD) {
+                crate::simd::prefetch(ahead);
+            }
+        }
         for ins in &prog.instrs {
             exec(ins, r, bound, &mut scratch);
         }
@@ -255,6 +260,11 @@ pub(super) fn run_row_block(
     }
     let mut scratch = vec![0f32; prog.scratch_len];
     for r in 0..rows {
+        for e in &bound.ext {
+            if let Some(ahead) = e.get(r + PREFETCH_ROWS_AHEAD) {
+                crate::simd::prefetch(ahead);
+            }
+        }
         for ins in &prog.instrs {
             exec(ins, r, bound, &mut scratch);
         }
@@ -267,6 +277,9 @@ pub(super) fn run_row_block(
     }
     Ok(())
 }
+
+/// How many rows ahead a row program prefetches its external operands.
+const PREFETCH_ROWS_AHEAD: usize = 2;
 
 /// Several threads: each runs a contiguous range of rows into its part of zero-filled outputs.
 pub(super) fn run_rows_split(
