@@ -49,6 +49,11 @@ pub struct Weights {
     /// backward, instead of running the forward operator by operator and keeping its values.
     #[arg(long)]
     pub no_backward_keep: bool,
+    /// Sum each parameter's `nn.dense` gradient launch by launch (one GEMM and one add of the
+    /// whole weight-sized gradient per launch) instead of by one GEMM over every launch's rows
+    /// when the backward pass ends.
+    #[arg(long)]
+    pub no_deferred_weight_grads: bool,
 }
 
 #[derive(clap::Args)]
@@ -384,6 +389,7 @@ fn gopts(w: &Weights) -> GradOptions {
         gemm: !w.no_backward_gemm,
         fast: !w.no_backward_fast,
         keep: !w.no_backward_keep,
+        defer_dense: !w.no_deferred_weight_grads,
     }
 }
 

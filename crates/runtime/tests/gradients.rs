@@ -238,6 +238,13 @@ fn check(x: &Expected) {
     };
     let got = batched_grad(x, &wrt, 7, Options::default(), recompute);
     compare(x, &wrt, &got, &want, "batch 7, recomputed");
+    // Each parameter's dense gradient added launch by launch.
+    let per_launch = GradOptions {
+        defer_dense: false,
+        ..GradOptions::default()
+    };
+    let got = batched_grad(x, &wrt, 7, Options::default(), per_launch);
+    compare(x, &wrt, &got, &want, "batch 7, dense gradients per launch");
     let opts = Options {
         scheduler: Scheduler::Agenda,
         fusion: false,
@@ -252,6 +259,7 @@ fn check(x: &Expected) {
             gemm: false,
             fast: false,
             keep: false,
+            defer_dense: false,
         },
     );
     compare(

@@ -30,6 +30,7 @@ use crate::dfg::{Arg, Dfg};
 use crate::{Executable, InstanceError, Options, Reuse};
 
 mod adjoints;
+mod dense_grads;
 mod fast;
 mod param_grad;
 
@@ -52,6 +53,10 @@ pub struct GradOptions {
     /// instead of the fused plans) and the backward differentiates from those; off: the
     /// forward runs its fused plans and the backward recomputes each launch's operators.
     pub keep: bool,
+    /// A parameter's `nn.dense` gradient `dW` summed by one GEMM over the rows of every launch
+    /// that read it, when the backward pass ends ([`dense_grads`]); off: one GEMM per launch,
+    /// added up launch by launch. Needs `gemm`.
+    pub defer_dense: bool,
 }
 
 impl Default for GradOptions {
@@ -60,6 +65,7 @@ impl Default for GradOptions {
             gemm: true,
             fast: true,
             keep: true,
+            defer_dense: true,
         }
     }
 }
@@ -72,55 +78,6 @@ impl GradOptions {
             false => crate::fastops::try_eval,
         }
     }
-}
-
-/// `nn.dense`'s gradients for f32 operands by two GEMMs: `dX = dY · W` and `dW = dYᵀ · X`,
-/// where X's leading axes (the launch's rows, batched) are all rows of one product. `None` when
-/// the operands are not contiguous f32 of the expected shapes (the reference vjp then runs).
-fn dense_vjp_gemm(
-    x: &Tensor,
-    w: &Tensor,
-    dy: &Tensor,
-    threads: usize,
-) -> Option<Result<(Tensor, Tensor), RunError>> {
-    use tumble_kernels::{NoEpilogue, PackedWeight, Rows};
-    let (xs, _, gs) = (x.as_f32()?, w.as_f32()?, dy.as_f32()?);
-    let &[n, k] = w.shape() else { return None };
-    if x.shape().last() != Some(&k) || dy.shape().last() != Some(&n) || k == 0 || n == 0 {
-        return None;
-    }
-    let m = xs.len() / k;
-    if m == 0 || gs.len() != m * n {
-        return None;
-    }
-    let run = || -> Result<(Tensor, Tensor), RunError> {
-        let kerr = |e: tumble_kernels::KernelError| internal(e);
-        // dX (M, K) = dY (M, N) · W (N, K): Wᵀ packed once per mini-batch (the job's cache).
-        let pw = crate::gemm::packed_transposed(w, n, k).map_err(internal)?;
-        let mut dx = tumble_tensor::pool::scratch_f32(m * k);
-        let a = Rows::Contiguous {
-            data: gs,
-            stride: n,
-        };
-        tumble_kernels::dense(&a, &pw, &mut dx, &NoEpilogue, threads).map_err(kerr)?;
-        // dW (N, K) = dYᵀ (N, M) · X (M, K): one product over every row of the launch.
-        let mut gt = tumble_tensor::pool::scratch_f32(n * m);
-        crate::fastops::transpose_2d(gs, m, n, &mut gt);
-        let x_rows: Vec<&[f32]> = xs.chunks_exact(k).collect();
-        let px = PackedWeight::from_rows_kn(&x_rows, k).map_err(kerr)?;
-        let mut dw = tumble_tensor::pool::scratch_f32(n * k);
-        let a = Rows::Contiguous {
-            data: &gt,
-            stride: m,
-        };
-        tumble_kernels::dense(&a, &px, &mut dw, &NoEpilogue, threads).map_err(kerr)?;
-        tumble_tensor::pool::recycle(gt);
-        Ok((
-            Tensor::from_vec(x.shape().to_vec(), dx).map_err(internal)?,
-            Tensor::from_vec(w.shape().to_vec(), dw).map_err(internal)?,
-        ))
-    };
-    Some(run())
 }
 
 /// An operator's vjp on plain operands: the GEMM path for f32 `nn.dense`, else the operator
@@ -138,7 +95,7 @@ fn plain_vjp(
         if let (Some(OpValue::Tensor(x)), Some(OpValue::Tensor(w)), OpValue::Tensor(g)) =
             (args.first(), args.get(1), dy)
         {
-            if let Some(r) = dense_vjp_gemm(x, w, g, threads) {
+            if let Some(r) = dense_grads::dense_vjp_gemm(x, w, g, threads) {
                 let (dx, dw) = r?;
                 return Ok(vec![Some(OpValue::Tensor(dx)), Some(OpValue::Tensor(dw))]);
             }
@@ -164,6 +121,9 @@ pub struct BackwardStats {
     pub looped_vjps: u64,
     /// Weight gradients produced as one sum over a launch's rows.
     pub shared_grads: u64,
+    /// `nn.dense` parameter gradients deferred to one product per parameter at the pass's end
+    /// ([`GradOptions::defer_dense`]).
+    pub deferred_dense: u64,
     /// The most heap bytes live at once (sampled after the forward and after each backward
     /// launch; counted by `tumble_limits`' allocator where the binary installs it, else 0).
     pub peak_bytes: usize,
@@ -263,6 +223,7 @@ pub fn grad_batch(
     }
     let active = activity(&dfg, &log, params);
     let mut rng = Rng::new(0);
+    let mut deferred = dense_grads::DeferredDense::default();
     for (l, ids) in log.iter().enumerate().rev() {
         let instance = ids
             .first()
@@ -278,6 +239,7 @@ pub fn grad_batch(
             &active,
             &mut adj,
             &mut grads,
+            &mut deferred,
             &mut stats,
             &mut rng,
             gopts,
@@ -297,6 +259,9 @@ pub fn grad_batch(
             });
         }
     }
+    deferred
+        .finish(&mut grads, opts.threads)
+        .map_err(at_instance(None))?;
     stats.time_backward = t1.elapsed();
     Ok(BatchGrad {
         losses,
@@ -596,6 +561,18 @@ fn vjp_batched(
     Ok(grads)
 }
 
+/// The parameter every row of input `i` is, if one is.
+fn single_param(sources: &[Vec<Source>], i: usize) -> Option<usize> {
+    match sources.get(i).map(Vec::as_slice) {
+        Some([Source::Param(p), rest @ ..])
+            if rest.iter().all(|s| matches!(s, Source::Param(q) if q == p)) =>
+        {
+            Some(*p)
+        }
+        _ => None,
+    }
+}
+
 /// Differentiates one launch (nodes `ids` of one block), batched.
 #[allow(clippy::too_many_arguments)]
 fn backward_launch(
@@ -607,6 +584,7 @@ fn backward_launch(
     active: &[bool],
     adj: &mut Adjoints,
     grads: &mut [Option<ParamGrad>],
+    deferred: &mut dense_grads::DeferredDense,
     stats: &mut BackwardStats,
     rng: &mut Rng,
     gopts: GradOptions,
@@ -698,18 +676,38 @@ fn backward_launch(
         let Some(dy) = dy_of(out, slots)? else {
             continue;
         };
+        // A product with a parameter read whole by every row: `dX` now, `dW` with the other
+        // launches' when the pass ends (`dense_grads`).
+        if gopts.gemm && gopts.defer_dense && node.op.name == "nn.dense" {
+            if let (Some(BArg::One(x_at)), Some(BArg::One(BVal::Input(i)))) =
+                (node.args.first(), node.args.get(1))
+            {
+                let param = single_param(&sources, *i as usize);
+                let w = inputs.get(*i as usize);
+                if let (
+                    Some(p),
+                    Some(BV::Shared(OpValue::Tensor(w))),
+                    Some(BV::Batched(OpValue::Tensor(x))),
+                    BV::Batched(OpValue::Tensor(g)),
+                ) = (param, w, args.first(), &dy)
+                {
+                    if let Some(dx) =
+                        dense_grads::dense_dx_deferring_dw(x, w, g, p, deferred, threads)
+                    {
+                        let dx = BV::Batched(OpValue::Tensor(dx?));
+                        stats.batched_vjps += 1;
+                        stats.deferred_dense += 1;
+                        route(x_at, dx, b, &inputs, &results, &mut in_adj, &mut node_adj)?;
+                        continue;
+                    }
+                }
+            }
+        }
         // An embedding lookup of a model weight: its rows' gradients go straight into the
         // weight's gradient (no dense table-sized gradient per launch).
         if gopts.fast && node.op.name == "take" {
             if let (Some(BArg::One(BVal::Input(i))), Some(idx)) = (node.args.first(), args.get(1)) {
-                let param = match sources.get(*i as usize).map(Vec::as_slice) {
-                    Some([Source::Param(p), rest @ ..])
-                        if rest.iter().all(|s| matches!(s, Source::Param(q) if q == p)) =>
-                    {
-                        Some(*p)
-                    }
-                    _ => None,
-                };
+                let param = single_param(&sources, *i as usize);
                 let table = inputs.get(*i as usize);
                 if let (Some(p), Some(BV::Shared(OpValue::Tensor(table)))) = (param, table) {
                     if let Some(slot) = grads.get_mut(p) {

@@ -1,0 +1,184 @@
+//! `nn.dense`'s gradients on the GEMM kernels: `dX = dY · W` and `dW = dYᵀ · X`, where X's
+//! leading axes (a launch's rows) are all rows of one product.
+//!
+//! A weight's gradient is the sum of `dYᵀ · X` over every launch that read it. Computed per
+//! launch, each product contracts over that launch's rows only (tens, in a TreeLSTM trained in
+//! mini-batches of 20) but writes and then adds a whole `N × K` matrix: for a 768 × 256 weight,
+//! 786 KB per launch for a contraction of ~30. When the weight is a parameter (read whole by
+//! every row), its launches' `(X, dY)` pairs are kept instead ([`DeferredDense`]) and summed by
+//! one product over all of their rows when the backward pass ends: the same sum, one `N × K`
+//! write per parameter per mini-batch.
+
+use std::collections::BTreeMap;
+
+use tumble_interp::RunError;
+use tumble_kernels::{NoEpilogue, PackedWeight, Rows};
+use tumble_tensor::Tensor;
+
+use super::internal;
+use super::param_grad::{add_dense, ParamGrad};
+
+/// The `(rows, width)` view of an f32 tensor whose last axis is `width`: its leading axes are
+/// rows. `None` for another dtype or a length that is not a whole number of rows.
+fn rows_of(t: &Tensor, width: usize) -> Option<(&[f32], usize)> {
+    let data = t.as_f32()?;
+    if width == 0 || data.len() % width != 0 || t.shape().last() != Some(&width) {
+        return None;
+    }
+    Some((data, data.len() / width))
+}
+
+/// `dX (M, K) = dY (M, N) · W (N, K)`, with Wᵀ packed once per mini-batch (the job's cache).
+fn dx_gemm(
+    gs: &[f32],
+    m: usize,
+    w: &Tensor,
+    n: usize,
+    k: usize,
+    threads: usize,
+) -> Result<Vec<f32>, RunError> {
+    let pw = crate::gemm::packed_transposed(w, n, k).map_err(internal)?;
+    let mut dx = tumble_tensor::pool::scratch_f32(m * k);
+    let a = Rows::Contiguous {
+        data: gs,
+        stride: n,
+    };
+    tumble_kernels::dense(&a, &pw, &mut dx, &NoEpilogue, threads).map_err(internal)?;
+    Ok(dx)
+}
+
+/// `dW (N, K) = Σ dYᵢᵀ · Xᵢ` over pairs of `(X rows (mᵢ, K), dY rows (mᵢ, N))`: one product
+/// contracting over all of their rows.
+fn dw_gemm(
+    pairs: &[(&[f32], &[f32])],
+    n: usize,
+    k: usize,
+    threads: usize,
+) -> Result<Vec<f32>, RunError> {
+    let m: usize = pairs.iter().map(|(x, _)| x.len() / k).sum();
+    // dYᵀ (N, M): each pair's block of columns transposed into place.
+    let mut gt = tumble_tensor::pool::scratch_f32(n * m);
+    if let [(_, g)] = pairs {
+        crate::fastops::transpose_2d(g, m, n, &mut gt);
+    }
+    let mut col = 0;
+    let mut block = Vec::new();
+    for (x, g) in pairs.iter().filter(|_| pairs.len() > 1) {
+        let mi = x.len() / k;
+        block.resize(n * mi, 0.0);
+        crate::fastops::transpose_2d(g, mi, n, &mut block);
+        for (j, row) in block.chunks_exact(mi.max(1)).enumerate().take(n) {
+            if let Some(dst) = gt.get_mut(j * m + col..j * m + col + mi) {
+                dst.copy_from_slice(row);
+            }
+        }
+        col += mi;
+    }
+    // X's rows, wherever each launch left them, packed as the product's (K, M)-transposed weight.
+    let x_rows: Vec<&[f32]> = pairs.iter().flat_map(|(x, _)| x.chunks_exact(k)).collect();
+    let px = PackedWeight::from_rows_kn(&x_rows, k).map_err(internal)?;
+    let mut dw = tumble_tensor::pool::scratch_f32(n * k);
+    let a = Rows::Contiguous {
+        data: &gt,
+        stride: m,
+    };
+    tumble_kernels::dense(&a, &px, &mut dw, &NoEpilogue, threads).map_err(internal)?;
+    tumble_tensor::pool::recycle(gt);
+    Ok(dw)
+}
+
+/// Both gradients of one launch's `nn.dense(x, w)` by two GEMMs. `None` when the operands are
+/// not f32 of matching shapes (the operator's reference vjp then runs).
+pub(super) fn dense_vjp_gemm(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    threads: usize,
+) -> Option<Result<(Tensor, Tensor), RunError>> {
+    let &[n, k] = w.shape() else { return None };
+    w.as_f32()?;
+    let (xs, m) = rows_of(x, k)?;
+    let (gs, mg) = rows_of(dy, n)?;
+    if m == 0 || mg != m {
+        return None;
+    }
+    let run = || -> Result<(Tensor, Tensor), RunError> {
+        let dx = dx_gemm(gs, m, w, n, k, threads)?;
+        let dw = dw_gemm(&[(xs, gs)], n, k, threads)?;
+        Ok((
+            Tensor::from_vec(x.shape().to_vec(), dx).map_err(internal)?,
+            Tensor::from_vec(w.shape().to_vec(), dw).map_err(internal)?,
+        ))
+    };
+    Some(run())
+}
+
+/// `dX` of one launch's `nn.dense(x, w)` now, its `dW` kept for [`DeferredDense::finish`]
+/// under parameter `param`. `None` (nothing kept) when the operands do not fit the GEMM.
+pub(super) fn dense_dx_deferring_dw(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    param: usize,
+    deferred: &mut DeferredDense,
+    threads: usize,
+) -> Option<Result<Tensor, RunError>> {
+    let &[n, k] = w.shape() else { return None };
+    w.as_f32()?;
+    let (_, m) = rows_of(x, k)?;
+    let (gs, mg) = rows_of(dy, n)?;
+    if m == 0 || mg != m {
+        return None;
+    }
+    let dx = dx_gemm(gs, m, w, n, k, threads)
+        .and_then(|dx| Tensor::from_vec(x.shape().to_vec(), dx).map_err(internal));
+    if dx.is_ok() {
+        deferred
+            .by_param
+            .entry(param)
+            .or_insert_with(|| Pending {
+                shape: [n, k],
+                pairs: Vec::new(),
+            })
+            .pairs
+            .push((x.clone(), dy.clone()));
+    }
+    Some(dx)
+}
+
+/// The launches' `(X, dY)` pairs of each parameter whose `dW` waits for the pass's end.
+#[derive(Default)]
+pub(super) struct DeferredDense {
+    by_param: BTreeMap<usize, Pending>,
+}
+
+struct Pending {
+    /// The weight's `(N, K)`.
+    shape: [usize; 2],
+    pairs: Vec<(Tensor, Tensor)>,
+}
+
+impl DeferredDense {
+    /// Adds each parameter's `Σ dYᵀ · X` into its gradient (parameters in index order).
+    pub(super) fn finish(
+        self,
+        grads: &mut [Option<ParamGrad>],
+        threads: usize,
+    ) -> Result<(), RunError> {
+        for (p, pending) in self.by_param {
+            let [n, k] = pending.shape;
+            let pairs = pending
+                .pairs
+                .iter()
+                .map(|(x, g)| Some((rows_of(x, k)?.0, rows_of(g, n)?.0)))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| internal("deferred dense gradient of another shape"))?;
+            let dw = dw_gemm(&pairs, n, k, threads)?;
+            let dw = Tensor::from_vec(vec![n, k], dw).map_err(internal)?;
+            if let Some(slot) = grads.get_mut(p) {
+                add_dense(slot, dw).map_err(internal)?;
+            }
+        }
+        Ok(())
+    }
+}
