@@ -74,7 +74,7 @@ pub(super) fn eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) ->
 
 /// `g` (of shape `full`) summed down to `to`, when `to` is `full`'s trailing axes (with leading
 /// ones): a bias's gradient, rows added in order.
-fn sum_to(g: &[f32], full: &[usize], to: &Tensor) -> Option<Tensor> {
+fn reduce_to(g: &[f32], full: &[usize], to: &Tensor) -> Option<Tensor> {
     if to.shape() == full {
         return Tensor::from_vec(full.to_vec(), g.to_vec()).ok();
     }
@@ -96,16 +96,43 @@ fn sum_to(g: &[f32], full: &[usize], to: &Tensor) -> Option<Tensor> {
     Tensor::from_vec(to.shape().to_vec(), acc).ok()
 }
 
-/// `v` repeated to `len` elements when it is `full`'s trailing axes (a broadcast operand).
-fn broadcast_to(v: &[f32], t: &Tensor, full: &[usize], len: usize) -> Option<Vec<f32>> {
+/// [`reduce_to`] of a gradient computed here: `g` itself, not a copy, when `to` is `full`.
+fn sum_to(g: Vec<f32>, full: &[usize], to: &Tensor) -> Option<Tensor> {
+    if to.shape() == full {
+        return Tensor::from_vec(full.to_vec(), g).ok();
+    }
+    let out = reduce_to(&g, full, to);
+    tumble_tensor::pool::recycle(g);
+    out
+}
+
+/// The gradient `dy` (of shape `full`) passed to an operand of shape `to`: `dy` itself (shared,
+/// not copied) when the operand is not broadcast, else summed down.
+fn pass_to(dy: &Tensor, g: &[f32], full: &[usize], to: &Tensor) -> Option<Tensor> {
+    if to.shape() == full {
+        return Some(dy.clone());
+    }
+    reduce_to(g, full, to)
+}
+
+/// `v` repeated to `len` elements when it is `full`'s trailing axes (a broadcast operand); `v`
+/// itself when it is not broadcast.
+fn broadcast_to<'v>(
+    v: &'v [f32],
+    t: &Tensor,
+    full: &[usize],
+    len: usize,
+) -> Option<std::borrow::Cow<'v, [f32]>> {
     if t.shape() == full {
-        return Some(v.to_vec());
+        return Some(std::borrow::Cow::Borrowed(v));
     }
     let lead = t.shape().iter().take_while(|&&d| d == 1).count();
     if !full.ends_with(&t.shape()[lead..]) || v.is_empty() || len % v.len() != 0 {
         return None;
     }
-    Some(v.iter().copied().cycle().take(len).collect())
+    Some(std::borrow::Cow::Owned(
+        v.iter().copied().cycle().take(len).collect(),
+    ))
 }
 
 /// The vjp of `op` (result `out`, output gradient `dy`), one entry per argument.
@@ -121,23 +148,29 @@ pub(super) fn vjp(
         "add" | "subtract" | "multiply" => {
             let ((ta, a), (tb, b)) = (f32_of(args.first()?)?, f32_of(args.get(1)?)?);
             let (ty, _) = f32_of(out)?;
-            let (_, g) = f32_of(dy)?;
+            let (tg, g) = f32_of(dy)?;
             let full = ty.shape();
-            if g.len() != ty.len() {
+            if g.len() != ty.len() || tg.shape() != full {
                 return None;
             }
-            let (ga, gb) = match op {
-                "add" => (g.to_vec(), g.to_vec()),
-                "subtract" => (g.to_vec(), unary(g, |v| -v)),
+            match op {
+                "add" => Some(vec![
+                    t(pass_to(tg, g, full, ta)?),
+                    t(pass_to(tg, g, full, tb)?),
+                ]),
+                "subtract" => Some(vec![
+                    t(pass_to(tg, g, full, ta)?),
+                    t(sum_to(unary(g, |v| -v), full, tb)?),
+                ]),
                 _ => {
                     let (af, bf) = (
                         broadcast_to(a, ta, full, g.len())?,
                         broadcast_to(b, tb, full, g.len())?,
                     );
-                    (binary(g, &bf, |p, q| p * q), binary(g, &af, |p, q| p * q))
+                    let (ga, gb) = (binary(g, &bf, |p, q| p * q), binary(g, &af, |p, q| p * q));
+                    Some(vec![t(sum_to(ga, full, ta)?), t(sum_to(gb, full, tb)?)])
                 }
-            };
-            Some(vec![t(sum_to(&ga, full, ta)?), t(sum_to(&gb, full, tb)?)])
+            }
         }
         "nn.bias_add" => {
             let ((tx, _), (tb, _)) = (f32_of(args.first()?)?, f32_of(args.get(1)?)?);
@@ -145,7 +178,7 @@ pub(super) fn vjp(
             if !bias_on_last_axis(tx, tb, attrs) || tg.shape() != tx.shape() {
                 return None;
             }
-            Some(vec![t(tg.clone()), t(sum_to(g, tg.shape(), tb)?)])
+            Some(vec![t(tg.clone()), t(reduce_to(g, tg.shape(), tb)?)])
         }
         "sigmoid" | "tanh" | "exp" | "negative" | "nn.relu" => {
             let (tx, x) = f32_of(args.first()?)?;
