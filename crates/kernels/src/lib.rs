@@ -58,6 +58,11 @@ pub enum Rows<'a> {
     /// Row `i` is `rows[i]`, which must have exactly `K` floats. Rows may live anywhere, in any
     /// order, and may alias (the same slice used for several rows).
     Gathered(&'a [&'a [f32]]),
+    /// A's columns: `cols[p]` is column `p` (exactly `M` floats), so row `i` is `(cols[0][i],
+    /// .., cols[K-1][i])` — the transpose of row-major data without transposing it (`dW = dYᵀ·X`
+    /// reads the rows of dY as the columns of dYᵀ). Each step of K packs one run of a column.
+    /// Not taken by the narrow-product path (it reads whole rows).
+    Columns(&'a [&'a [f32]]),
 }
 
 /// Called once per block of finished output rows, while they are hot in cache: `rows` is the range
@@ -257,6 +262,7 @@ fn validate<'a>(
             .iter()
             .find_map(|(a, _)| match a {
                 Rows::Gathered(r) => Some(r.len()),
+                Rows::Columns(cols) => cols.first().map(|c| c.len()),
                 Rows::Contiguous { .. } => None,
             })
             .unwrap_or(0)
@@ -291,6 +297,24 @@ fn validate<'a>(
                     }
                 }
                 RowSource::Gathered(rows)
+            }
+            Rows::Columns(cols) => {
+                if cols.len() != k {
+                    return Err(KernelError::Shape(format!(
+                        "part {i}: {} columns but the weight has K = {k}",
+                        cols.len()
+                    )));
+                }
+                for (p, col) in cols.iter().enumerate() {
+                    if col.len() != m {
+                        return Err(KernelError::Length {
+                            what: format!("part {i}: column {p} (M)"),
+                            expected: m,
+                            actual: col.len(),
+                        });
+                    }
+                }
+                RowSource::Columns(cols)
             }
             Rows::Contiguous { data, stride } => {
                 if stride < k {

@@ -12,6 +12,7 @@
 
 use crate::driver::{finish, split_front, Outs, Part};
 use crate::kernel::KernelKind;
+use crate::pack::RowSource;
 use crate::EpilogueInto;
 
 /// Products with at most this many output columns take this path (when it is on).
@@ -39,7 +40,11 @@ fn enabled() -> bool {
 /// Whether `C (m × n) = Σ parts` runs here: `n ≤ MAX_N`, every weight keeps its rows, and the
 /// path is on.
 pub(crate) fn applies(parts: &[Part<'_>], n: usize) -> bool {
-    n <= MAX_N && enabled() && parts.iter().all(|p| p.w.rows().is_some())
+    n <= MAX_N
+        && enabled()
+        && parts
+            .iter()
+            .all(|p| p.w.rows().is_some() && !matches!(p.a, RowSource::Columns(_)))
 }
 
 /// `C (m × n) = Σ_i A_i · W_iᵀ`, then the epilogue on blocks of rows, `kind` choosing the

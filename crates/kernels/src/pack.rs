@@ -256,17 +256,25 @@ impl PackedWeight {
 /// The A operand after validation: `m` rows of exactly `k` floats each.
 #[derive(Clone, Copy)]
 pub(crate) enum RowSource<'a> {
-    Contiguous { data: &'a [f32], stride: usize },
+    Contiguous {
+        data: &'a [f32],
+        stride: usize,
+    },
     Gathered(&'a [&'a [f32]]),
+    /// `k` columns of exactly `m` floats ([`crate::Rows::Columns`]).
+    Columns(&'a [&'a [f32]]),
 }
 
 impl<'a> RowSource<'a> {
-    /// Row `i`, columns `k0..k0 + kc`. Validation guarantees these are in bounds.
+    /// Row `i`, columns `k0..k0 + kc`. Validation guarantees these are in bounds. A column
+    /// source has no contiguous rows: [`pack_a`] packs it by columns and the narrow-product path
+    /// does not take it, so nothing asks (an empty row would fail any indexing loudly).
     #[inline]
     pub(crate) fn row(&self, i: usize, k0: usize, kc: usize) -> &'a [f32] {
         match *self {
             RowSource::Contiguous { data, stride } => &data[i * stride + k0..i * stride + k0 + kc],
             RowSource::Gathered(rows) => &rows[i][k0..k0 + kc],
+            RowSource::Columns(_) => &[],
         }
     }
 }
@@ -286,6 +294,17 @@ pub(crate) fn pack_a(
     simd: bool,
     dst: &mut [f32],
 ) {
+    if let RowSource::Columns(cols) = a {
+        // Step p of K of a micro-panel is rows r..r + rows of column k0 + p: one copy each.
+        for q in 0..mc.div_ceil(mr) {
+            let (r, rows) = (r0 + q * mr, mr.min(mc - q * mr));
+            let panel = &mut dst[q * mr * kc..(q + 1) * mr * kc];
+            for (out, col) in panel.chunks_exact_mut(mr).zip(&cols[k0..k0 + kc]) {
+                out[..rows].copy_from_slice(&col[r..r + rows]);
+            }
+        }
+        return;
+    }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = simd;
     #[cfg(target_arch = "x86_64")]

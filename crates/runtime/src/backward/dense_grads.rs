@@ -48,42 +48,21 @@ fn dx_gemm(
 }
 
 /// `dW (N, K) = Σ dYᵢᵀ · Xᵢ` over pairs of `(X rows (mᵢ, K), dY rows (mᵢ, N))`: one product
-/// contracting over all of their rows.
+/// contracting over all of their rows. dYᵀ is read by columns (dY's rows, wherever each launch
+/// left them: `Rows::Columns`), X's rows are packed as the product's weight; nothing is
+/// transposed or copied first.
 fn dw_gemm(
     pairs: &[(&[f32], &[f32])],
     n: usize,
     k: usize,
     threads: usize,
 ) -> Result<Vec<f32>, RunError> {
-    let m: usize = pairs.iter().map(|(x, _)| x.len() / k).sum();
-    // dYᵀ (N, M): each pair's block of columns transposed into place.
-    let mut gt = tumble_tensor::pool::scratch_f32(n * m);
-    if let [(_, g)] = pairs {
-        crate::fastops::transpose_2d(g, m, n, &mut gt);
-    }
-    let mut col = 0;
-    let mut block = Vec::new();
-    for (x, g) in pairs.iter().filter(|_| pairs.len() > 1) {
-        let mi = x.len() / k;
-        block.resize(n * mi, 0.0);
-        crate::fastops::transpose_2d(g, mi, n, &mut block);
-        for (j, row) in block.chunks_exact(mi.max(1)).enumerate().take(n) {
-            if let Some(dst) = gt.get_mut(j * m + col..j * m + col + mi) {
-                dst.copy_from_slice(row);
-            }
-        }
-        col += mi;
-    }
-    // X's rows, wherever each launch left them, packed as the product's (K, M)-transposed weight.
+    let dy_cols: Vec<&[f32]> = pairs.iter().flat_map(|(_, g)| g.chunks_exact(n)).collect();
     let x_rows: Vec<&[f32]> = pairs.iter().flat_map(|(x, _)| x.chunks_exact(k)).collect();
     let px = PackedWeight::from_rows_kn(&x_rows, k).map_err(internal)?;
     let mut dw = tumble_tensor::pool::scratch_f32(n * k);
-    let a = Rows::Contiguous {
-        data: &gt,
-        stride: m,
-    };
-    tumble_kernels::dense(&a, &px, &mut dw, &NoEpilogue, threads).map_err(internal)?;
-    tumble_tensor::pool::recycle(gt);
+    tumble_kernels::dense(&Rows::Columns(&dy_cols), &px, &mut dw, &NoEpilogue, threads)
+        .map_err(internal)?;
     Ok(dw)
 }
 
