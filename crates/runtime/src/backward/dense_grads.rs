@@ -66,18 +66,24 @@ fn dw_gemm(
     Ok(dw)
 }
 
-/// The sizes and rows of `nn.dense(x, w)`'s operands and output gradient `dy` where they fit
-/// the GEMM (f32, `w` of shape (N, K), x and dy with the same rows): `(n, k, m, x, dy)`.
-fn dense_operands<'t>(
-    x: &'t Tensor,
-    w: &Tensor,
-    dy: &'t Tensor,
-) -> Option<(usize, usize, usize, &'t [f32], &'t [f32])> {
+/// `nn.dense(x, w)`'s operands and output gradient as the GEMMs read them.
+struct DenseOperands<'t> {
+    /// `w`'s (N, K) and the rows M of `x` and `dy`.
+    n: usize,
+    k: usize,
+    m: usize,
+    x: &'t [f32],
+    dy: &'t [f32],
+}
+
+/// [`DenseOperands`] where they fit the GEMM: f32, `w` of shape (N, K), `x` and `dy` with the
+/// same (nonzero) number of rows.
+fn dense_operands<'t>(x: &'t Tensor, w: &Tensor, dy: &'t Tensor) -> Option<DenseOperands<'t>> {
     let &[n, k] = w.shape() else { return None };
     w.as_f32()?;
-    let (xs, m) = rows_of(x, k)?;
-    let (gs, mg) = rows_of(dy, n)?;
-    (m > 0 && mg == m).then_some((n, k, m, xs, gs))
+    let (x, m) = rows_of(x, k)?;
+    let (dy, mg) = rows_of(dy, n)?;
+    (m > 0 && mg == m).then_some(DenseOperands { n, k, m, x, dy })
 }
 
 /// Both gradients of one launch's `nn.dense(x, w)` by two GEMMs. `None` when the operands are
@@ -88,7 +94,13 @@ pub(super) fn dense_vjp_gemm(
     dy: &Tensor,
     threads: usize,
 ) -> Option<Result<(Tensor, Tensor), RunError>> {
-    let (n, k, m, xs, gs) = dense_operands(x, w, dy)?;
+    let DenseOperands {
+        n,
+        k,
+        m,
+        x: xs,
+        dy: gs,
+    } = dense_operands(x, w, dy)?;
     let run = || -> Result<(Tensor, Tensor), RunError> {
         let dx = dx_gemm(gs, m, w, n, k, threads)?;
         let dw = dw_gemm(&[(xs, gs)], n, k, threads)?;
@@ -110,7 +122,9 @@ pub(super) fn dense_dx_deferring_dw(
     deferred: &mut DeferredDense,
     threads: usize,
 ) -> Option<Result<Tensor, RunError>> {
-    let (n, k, m, _, gs) = dense_operands(x, w, dy)?;
+    let DenseOperands {
+        n, k, m, dy: gs, ..
+    } = dense_operands(x, w, dy)?;
     let dx = dx_gemm(gs, m, w, n, k, threads)
         .and_then(|dx| Tensor::from_vec(x.shape().to_vec(), dx).map_err(internal));
     if dx.is_ok() {
