@@ -338,12 +338,7 @@ impl<'p> Machine<'p> {
             return Err(RunError::new("internal: nothing to run"));
         };
         loop {
-            self.poll_in -= 1;
-            if self.poll_in == 0 {
-                self.poll_in = POLL_EVERY;
-                self.steps_before += u64::from(POLL_EVERY);
-                self.check_limits(backend)?;
-            }
+            self.tick(backend)?;
             step = match step {
                 Step::Eval(Code::Phase) => {
                     if self.at_phase {
@@ -378,6 +373,17 @@ impl<'p> Machine<'p> {
                 },
             };
         }
+    }
+
+    /// Counts one evaluation step, looking at the run limits every [`POLL_EVERY`] steps.
+    fn tick(&mut self, backend: &dyn Backend) -> Result<(), RunError> {
+        self.poll_in -= 1;
+        if self.poll_in == 0 {
+            self.poll_in = POLL_EVERY;
+            self.steps_before += u64::from(POLL_EVERY);
+            self.check_limits(backend)?;
+        }
+        Ok(())
     }
 
     /// Stops the run when it was interrupted or is over its memory budget, saying what grew.
@@ -867,6 +873,10 @@ impl<'p> Machine<'p> {
     ) -> Result<Step<'p>, RunError> {
         let mut max = max;
         while let Some(x) = items.pop() {
+            // An element done at once takes no step of the run loop, and a list is as long as
+            // the data: each counts as one, so the run limits are still looked at (Ctrl-C, the
+            // memory budget) however long the list.
+            self.tick(backend)?;
             self.ctx.depth = start;
             self.set_slot(parts.elem_slot, x);
             match self.at_once(parts.elem, backend) {
