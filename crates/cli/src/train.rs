@@ -363,6 +363,7 @@ impl Compiled {
         stats.batched_vjps += g.stats.batched_vjps;
         stats.looped_vjps += g.stats.looped_vjps;
         stats.shared_grads += g.stats.shared_grads;
+        stats.deferred_dense += g.stats.deferred_dense;
         stats.peak_bytes = stats.peak_bytes.max(g.stats.peak_bytes);
         stats.time_forward += g.stats.time_forward;
         stats.time_backward += g.stats.time_backward;
@@ -515,7 +516,8 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         eprintln!(
             "grad: {} instances, sum of @main {loss:.6}, {} parameters, {:.3} s \
              (forward {:.3} s, backward {:.3} s); backward launches {} (skipped {}), \
-             vjps batched {} / per row {}, shared-weight gradients summed per launch {}; \
+             vjps batched {} / per row {}, shared-weight gradients summed per launch {}, \
+             dense parameter gradients deferred to one product per parameter {}; \
              peak heap per mini-batch {}",
             decoded.len(),
             out.len(),
@@ -527,6 +529,7 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             stats.batched_vjps,
             stats.looped_vjps,
             stats.shared_grads,
+            stats.deferred_dense,
             tumble_limits::bytes_text(stats.peak_bytes)
         );
     }
