@@ -25,7 +25,7 @@
 //! The first K block of the first part overwrites C (so C is never zeroed or read first), later
 //! blocks accumulate.
 
-use crate::kernel::Kernel;
+use crate::kernel::{Kernel, DIRECT_MAX_ROWS};
 use crate::pack::{pack_a, AlignedBuf, PackedWeight, RowSource, NR};
 use crate::EpilogueInto;
 use std::cell::RefCell;
@@ -83,6 +83,13 @@ const L2_GROUP_MC: usize = 4;
 /// 137/172/160 vs 142; 512×768×3072 152/176/179 vs 168 (noise ±25%). 2 keeps several tasks per
 /// thread for the dynamic balance.
 const L2_TASK_MIN_MC: usize = 2;
+
+/// Row blocks of a few rows read where they lie (`Kernel::direct`); `TUMBLE_NO_DIRECT_A=1`
+/// packs them as any other.
+fn direct_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DIRECT_A").is_none())
+}
 
 fn prefetch_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -396,18 +403,31 @@ fn block_rows(
         let micro = mg.div_ceil(mr);
         let mut first = true;
         for part in parts {
+            // A block of a few rows is read where it lies (no packing) when the kernel can.
+            let direct = kernel.direct.filter(|_| {
+                mg <= DIRECT_MAX_ROWS
+                    && direct_enabled()
+                    && !matches!(part.a, RowSource::Columns(_))
+            });
             for (k0, kc) in k_blocks(part.w.k(), kc_max) {
-                scratch.ensure(micro * mr * kc);
-                pack_a(
-                    &part.a,
-                    ic,
-                    mg,
-                    k0,
-                    kc,
-                    mr,
-                    kernel.simd_pack,
-                    scratch.as_mut_slice(),
-                );
+                let mut row_ptrs = [std::ptr::null::<f32>(); DIRECT_MAX_ROWS];
+                if direct.is_some() {
+                    for (i, p) in row_ptrs.iter_mut().enumerate().take(mg) {
+                        *p = part.a.row(ic + i, k0, kc).as_ptr();
+                    }
+                } else {
+                    scratch.ensure(micro * mr * kc);
+                    pack_a(
+                        &part.a,
+                        ic,
+                        mg,
+                        k0,
+                        kc,
+                        mr,
+                        kernel.simd_pack,
+                        scratch.as_mut_slice(),
+                    );
+                }
                 let apack = scratch.as_slice();
                 let mut pc0 = p0;
                 while pc0 < p1 {
@@ -428,6 +448,29 @@ fn block_rows(
                             while off < NR && jp * NR + off < n {
                                 let col = jp * NR + off;
                                 let nn = kernel.width.min(n - col);
+                                if let Some(direct) = direct {
+                                    // SAFETY: DirectTileFn contract — the kernel was built for
+                                    // an available KernelKind; 1 <= mg <= DIRECT_MAX_ROWS;
+                                    // `row_ptrs[i]` for i < mg is row `ic + i`'s `kc` floats
+                                    // from `k0` (validated rows, `RowSource::row`); the weight
+                                    // and C ranges are as for the packed tile below (one
+                                    // micro-panel: mg < mr).
+                                    unsafe {
+                                        direct(
+                                            kc,
+                                            &row_ptrs,
+                                            bpanel.as_ptr().add(off),
+                                            if off == 0 { next } else { std::ptr::null() },
+                                            cblock.add(col),
+                                            n,
+                                            mg,
+                                            nn,
+                                            !first,
+                                        );
+                                    }
+                                    off += kernel.width;
+                                    continue;
+                                }
                                 for q in q0..q1 {
                                     let rows = mr.min(mg - q * mr);
                                     let a_q = &apack[q * mr * kc..(q + 1) * mr * kc];

@@ -18,6 +18,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     mr: MR,
     width: 16,
     tile: tile as TileFn,
+    direct: None,
     kc: 256,
     mc: 16 * MR,
     small_m: 4,

@@ -3,7 +3,7 @@
 //! Edge tiles: fewer rows use the same code instantiated for `M < 14` rows; fewer columns use
 //! masked loads/stores, so there is no scalar tail and no temporary.
 
-use super::{Kernel, TileFn};
+use super::{DirectTileFn, Kernel, TileFn, DIRECT_MAX_ROWS};
 use crate::pack::NR;
 use std::arch::x86_64::*;
 
@@ -24,6 +24,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     mr: MR,
     width: 32,
     tile: tile as TileFn,
+    direct: Some(tile_direct as DirectTileFn),
     kc: 256,
     mc: 4 * MR,
     small_m: 4,
@@ -65,6 +66,84 @@ pub(crate) unsafe fn tile(
             13 => rows::<13>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
             14 => rows::<14>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
             _ => {}
+        }
+    }
+}
+
+/// [`tile`] on rows of A read where they lie: row `i` is `rows[i]` (its K floats contiguous),
+/// no packed micro-panel; see [`DirectTileFn`] for the contract. The same multiply-adds in the
+/// same order as [`tile`] on the packed rows, so the bits are the same.
+///
+/// # Safety
+/// The [`DirectTileFn`] contract; in particular the CPU supports AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn tile_direct(
+    kc: usize,
+    rows: &[*const f32; DIRECT_MAX_ROWS],
+    b: *const f32,
+    prefetch: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract; each arm reads exactly the `m` rows it is instantiated for.
+    unsafe {
+        match m {
+            1 => direct::<1>(kc, rows, b, prefetch, c, ldc, n, accumulate),
+            2 => direct::<2>(kc, rows, b, prefetch, c, ldc, n, accumulate),
+            3 => direct::<3>(kc, rows, b, prefetch, c, ldc, n, accumulate),
+            4 => direct::<4>(kc, rows, b, prefetch, c, ldc, n, accumulate),
+            5 => direct::<5>(kc, rows, b, prefetch, c, ldc, n, accumulate),
+            6 => direct::<6>(kc, rows, b, prefetch, c, ldc, n, accumulate),
+            7 => direct::<7>(kc, rows, b, prefetch, c, ldc, n, accumulate),
+            8 => direct::<8>(kc, rows, b, prefetch, c, ldc, n, accumulate),
+            _ => {}
+        }
+    }
+}
+
+/// [`rows`] with A's element `(i, p)` at `rows[i][p]`.
+///
+/// # Safety
+/// [`DirectTileFn`] contract with `m == M`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn direct<const M: usize>(
+    kc: usize,
+    rows: &[*const f32; DIRECT_MAX_ROWS],
+    b: *const f32,
+    prefetch: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    let mut c0 = [_mm512_setzero_ps(); M];
+    let mut c1 = [_mm512_setzero_ps(); M];
+    // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 32]` and `rows[i][p]` for `i < M`, inside
+    // the ranges the contract guarantees; the stores touch `M` rows of `n` columns of `c`.
+    unsafe {
+        let mut bp = b;
+        let mut pf = prefetch;
+        for p in 0..kc {
+            if !pf.is_null() {
+                _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(pf.add(16) as *const i8);
+                pf = pf.add(NR);
+            }
+            let b0 = _mm512_loadu_ps(bp);
+            let b1 = _mm512_loadu_ps(bp.add(16));
+            for i in 0..M {
+                let ai = _mm512_set1_ps(*rows[i].add(p));
+                c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
+                c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
+            }
+            bp = bp.add(NR);
+        }
+        for i in 0..M {
+            store_row(c.add(i * ldc), n, c0[i], c1[i], accumulate);
         }
     }
 }

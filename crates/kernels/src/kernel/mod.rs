@@ -54,6 +54,28 @@ pub(crate) type TileFn = unsafe fn(
     accumulate: bool,
 );
 
+/// Rows a [`DirectTileFn`] reads where they lie, at most.
+pub(crate) const DIRECT_MAX_ROWS: usize = 8;
+
+/// A [`TileFn`] reading A's rows where they lie instead of from a packed micro-panel: row `i`
+/// of the tile is `rows[i]`, its K floats contiguous. For launches of a few rows, where packing
+/// (register transposes for 16 rows, most of them zeros) costs a tenth of the product.
+///
+/// # Safety (contract every caller upholds)
+/// As [`TileFn`]'s, with `1 <= m <= DIRECT_MAX_ROWS` and, instead of `a`/`lda`: if `kc > 0`,
+/// `rows[i]` for `i < m` is valid for reads of `kc` floats.
+pub(crate) type DirectTileFn = unsafe fn(
+    kc: usize,
+    rows: &[*const f32; DIRECT_MAX_ROWS],
+    b: *const f32,
+    prefetch: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+);
+
 /// Which micro-kernel family computes the tiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelKind {
@@ -142,6 +164,9 @@ pub(crate) struct Kernel {
     pub(crate) width: usize,
     /// The tile function. Only callable under the [`TileFn`] contract.
     pub(crate) tile: TileFn,
+    /// The tile function on rows where they lie, for row blocks of at most
+    /// [`DIRECT_MAX_ROWS`] rows (`None`: always pack). Only callable under its contract.
+    pub(crate) direct: Option<DirectTileFn>,
     /// K block (rows of a weight panel kept in L1 while a row block streams past).
     pub(crate) kc: usize,
     /// M block (rows of A packed at once; `mc × kc` floats stay in L2). A multiple of `mr`.

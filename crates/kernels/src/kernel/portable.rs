@@ -12,6 +12,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     mr: MR,
     width: W,
     tile: tile as TileFn,
+    direct: None,
     kc: 256,
     mc: 16 * MR,
     small_m: 4,
