@@ -265,6 +265,13 @@ fn print_static_report(
             names.join(", ")
         );
     }
+    let loops = map_loops_reached(program, entry);
+    if !loops.is_empty() {
+        println!(
+            "  run as loops over their list (`@map`'s shape): {}",
+            loops.join(", ")
+        );
+    }
     if report.hoisted.is_empty() {
         println!("  hoisting: no block invocation is independent of recursive state");
     } else {
@@ -348,6 +355,23 @@ fn count_phases(code: &tumble_compile::Code) -> usize {
 
 /// The native prelude functions ([`tumble_compile::Native`]) the code reached from `@entry`
 /// calls, by name, sorted (a native's own body is not followed: it does not run).
+/// The functions reached from `entry` that the evaluator runs as loops
+/// ([`tumble_compile::map_loop`]), by name.
+fn map_loops_reached(program: &tumble_compile::Program, entry: &str) -> Vec<String> {
+    let reached = program.reached_from(program.global_index.get(entry).copied(), |g| {
+        program.natives.of(g).is_some()
+    });
+    let mut names: Vec<String> = (0..program.globals.len() as u32)
+        .filter(|&g| program.natives.is_map_loop(g))
+        .filter_map(|g| {
+            let l = *program.globals.get(g as usize)? as usize;
+            (*reached.get(l)?).then(|| program.lambdas.get(l).map(|f| format!("@{}", f.name)))?
+        })
+        .collect();
+    names.sort_unstable();
+    names
+}
+
 fn natives_reached(program: &tumble_compile::Program, entry: &str) -> Vec<&'static str> {
     use tumble_compile::Code;
     let native = |g: u32| program.natives.of(g);

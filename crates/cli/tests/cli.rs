@@ -283,6 +283,8 @@ fn explain_reports_what_each_static_optimization_found() {
         "hoisting: independent of recursive state",
         "rnn_input at ",
         "phases: 1 boundaries in @main",
+        // The classifier's `@map`, specialized on its closure, runs as a loop.
+        "run as loops over their list (`@map`'s shape): @map[0=",
     ] {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
