@@ -19,24 +19,29 @@
 //! `E` reads no slot of the arm but `%x` (not `%rest`, not `%r`), the recursive call passes the
 //! function's own parameters unchanged but for `%rest` in the list's place, and the `Nil` arm is
 //! the empty list (under ghosts or not).
+//!
+//! The check runs once per program ([`find`]); the evaluator keeps what it found
+//! ([`MapLoop`](crate::program::MapLoop)) and reaches the element code at its fixed place ([`elem_of`]).
 
-use crate::program::{Code, Pat, Program};
+use crate::program::{Code, MapLoop, Pat, Program};
 
-/// What a qualifying function's body says, with references into it.
-#[derive(Clone, Copy)]
-pub struct MapLoopParts<'p> {
-    /// The parameter holding the list.
-    pub list: u32,
-    /// The slot `%x` the element is bound to while `elem` runs.
-    pub elem_slot: u32,
-    /// The element's code `E`.
-    pub elem: &'p Code,
-    /// Ghost operators around the final `Nil` (0 when none).
-    pub nil_ghosts: u32,
+/// The element code `E` of a body of `@map`'s shape: the first element of the `db.concurrent`
+/// bound by the `Cons` arm's `let` (the place [`find`] checked).
+pub fn elem_of(body: &Code) -> Option<&Code> {
+    let Code::Match { arms, .. } = body else {
+        return None;
+    };
+    let (_, Code::Let { binds, .. }) = arms.first()? else {
+        return None;
+    };
+    let (_, Code::Concurrent(elems)) = binds.first()? else {
+        return None;
+    };
+    elems.first()
 }
 
-/// The parts of global `global`'s body, if it has `@map`'s shape (see the module's comment).
-pub fn map_loop_parts(program: &Program, global: u32) -> Option<MapLoopParts<'_>> {
+/// How global `global` runs as a loop, if its body has `@map`'s shape (see the module's comment).
+fn map_loop_of(program: &Program, global: u32) -> Option<MapLoop> {
     let natives = &program.natives;
     let lambda = program
         .lambdas
@@ -113,17 +118,17 @@ pub fn map_loop_parts(program: &Program, global: u32) -> Option<MapLoopParts<'_>
             reads_arm_slots = true;
         }
     });
-    (passes_along && cell && !reads_arm_slots).then_some(MapLoopParts {
+    let at_its_place = elem_of(&lambda.body).is_some_and(|e| std::ptr::eq(e, elem));
+    (passes_along && cell && !reads_arm_slots && at_its_place).then_some(MapLoop {
         list,
         elem_slot: *x,
-        elem,
         nil_ghosts,
     })
 }
 
-/// Per global: whether the evaluator runs it as a loop.
-pub fn find(program: &Program) -> Vec<bool> {
+/// Per global: how the evaluator runs it as a loop, if it does.
+pub fn find(program: &Program) -> Vec<Option<MapLoop>> {
     (0..program.globals.len() as u32)
-        .map(|g| map_loop_parts(program, g).is_some())
+        .map(|g| map_loop_of(program, g))
         .collect()
 }

@@ -349,7 +349,19 @@ pub struct Natives {
     pub fast_steps: bool,
     /// Per global: it has the shape of the prelude's `@map` and the evaluator runs it as a loop
     /// over the list ([`crate::map_loop`]; found with the fast steps on, after the static passes).
-    pub map_loops: Vec<bool>,
+    pub map_loops: Vec<Option<MapLoop>>,
+}
+
+/// What the evaluator needs of a function run as a loop over a list ([`crate::map_loop`]); its
+/// element code is at a fixed place in the body ([`crate::map_loop::elem_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MapLoop {
+    /// The parameter holding the list.
+    pub list: u32,
+    /// The slot the element is bound to while the element code runs.
+    pub elem_slot: u32,
+    /// Ghost operators around the final `Nil` (0 when none).
+    pub nil_ghosts: u32,
 }
 
 impl Natives {
@@ -358,9 +370,14 @@ impl Natives {
         self.by_global.get(g as usize).copied().flatten()
     }
 
-    /// Whether global `g` runs as a loop ([`Natives::map_loops`]).
+    /// How global `g` runs as a loop, if it does ([`Natives::map_loops`]).
+    pub fn map_loop(&self, g: u32) -> Option<MapLoop> {
+        self.map_loops.get(g as usize).copied().flatten()
+    }
+
+    /// Whether global `g` runs as a loop.
     pub fn is_map_loop(&self, g: u32) -> bool {
-        self.map_loops.get(g as usize).copied().unwrap_or(false)
+        self.map_loop(g).is_some()
     }
 }
 

@@ -315,9 +315,11 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (L
 "#;
     let (p, report) = compile(src, StaticOptions::all());
     assert!(p.natives.is_map_loop(global(&p, "mine")));
-    let parts = tumble_compile::map_loop::map_loop_parts(&p, global(&p, "mine"))
+    let ml = p
+        .natives
+        .map_loop(global(&p, "mine"))
         .unwrap_or_else(|| panic!("@mine is not a loop"));
-    assert_eq!(parts.list, 0);
+    assert_eq!(ml.list, 0);
     // The element reads the rest of the list: not a loop.
     assert!(!p.natives.is_map_loop(global(&p, "peek")));
     // The prelude's @map specialized on the closure is one.

@@ -10,8 +10,7 @@
 
 use crate::value::{Closure, Value};
 use std::rc::Rc;
-use tumble_compile::map_loop::{map_loop_parts, MapLoopParts};
-use tumble_compile::{CaptureFrom, Code, Lambda, Native, Pat, Program};
+use tumble_compile::{CaptureFrom, Code, Lambda, MapLoop, Native, Pat, Program};
 use tumble_ir::{Attrs, Span};
 use tumble_ops::{OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
@@ -208,7 +207,8 @@ enum Kont<'p> {
     /// done (last first), the values so far, the depth each element starts from and the deepest
     /// reached.
     MapLoop {
-        parts: MapLoopParts<'p>,
+        ml: MapLoop,
+        elem: &'p Code,
         items: Vec<Value>,
         vals: Vec<Value>,
         start: u32,
@@ -776,7 +776,8 @@ impl<'p> Machine<'p> {
                 self.tuple_from(elems, vals)?
             }
             Kont::MapLoop {
-                parts,
+                ml,
+                elem,
                 items,
                 mut vals,
                 start,
@@ -784,7 +785,7 @@ impl<'p> Machine<'p> {
             } => {
                 vals.push(v);
                 let max = max.max(self.ctx.depth);
-                self.map_next(parts, items, vals, start, max, backend)?
+                self.map_next(ml, elem, items, vals, start, max, backend)?
             }
             Kont::Proj(i, span) => Step::Apply(project(&v, i, span)?),
             Kont::Let { binds, idx, body } => {
@@ -834,37 +835,32 @@ impl<'p> Machine<'p> {
     fn map_loop(
         &mut self,
         lambda: &'p Lambda,
-        parts: MapLoopParts<'p>,
+        ml: MapLoop,
+        elem: &'p Code,
         args: Vec<Value>,
         span: Span,
         backend: &mut dyn Backend,
     ) -> Result<Step<'p>, RunError> {
         let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
-        let mut items = Vec::new();
-        let mut at = args.get(parts.list as usize).cloned();
-        loop {
-            match at {
-                Some(Value::Adt(a)) if a.ctor == cons && a.fields.len() == 2 => {
-                    items.push(a.fields[0].clone());
-                    at = Some(a.fields[1].clone());
-                }
-                Some(Value::Adt(a)) if a.ctor == nil => break,
-                _ => return self.enter(lambda, args, None, &[], Some(span)),
-            }
-        }
+        let list = args.get(ml.list as usize).map(|v| list_items(v, cons, nil));
+        let Some(Ok(mut items)) = list else {
+            return self.enter(lambda, args, None, &[], Some(span));
+        };
         items.reverse();
         self.install(lambda, args, None, &[], Some(span))?;
         let start = self.ctx.depth;
         let vals = Vec::with_capacity(items.len());
-        self.map_next(parts, items, vals, start, start, backend)
+        self.map_next(ml, elem, items, vals, start, start, backend)
     }
 
     /// The loop's elements from the last of `items` on (those [`Machine::at_once`] takes
     /// without a step of their own), then the list of `vals` at the deepest depth reached, the
     /// final `Nil`'s ghost operators counted as the interpreted recursion counts them.
+    #[allow(clippy::too_many_arguments)]
     fn map_next(
         &mut self,
-        parts: MapLoopParts<'p>,
+        ml: MapLoop,
+        elem: &'p Code,
         mut items: Vec<Value>,
         mut vals: Vec<Value>,
         start: u32,
@@ -878,37 +874,36 @@ impl<'p> Machine<'p> {
             // memory budget) however long the list.
             self.tick(backend)?;
             self.ctx.depth = start;
-            self.set_slot(parts.elem_slot, x);
-            match self.at_once(parts.elem, backend) {
+            self.set_slot(ml.elem_slot, x);
+            match self.at_once(elem, backend) {
                 Some(v) => {
                     vals.push(v?);
                     max = max.max(self.ctx.depth);
                 }
                 None => {
                     self.push(Kont::MapLoop {
-                        parts,
+                        ml,
+                        elem,
                         items,
                         vals,
                         start,
                         max,
                     })?;
-                    return Ok(Step::Eval(parts.elem));
+                    return Ok(Step::Eval(elem));
                 }
             }
         }
         self.ctx.depth = start;
-        if parts.nil_ghosts > 0 {
-            backend.ghost(&mut self.ctx, parts.nil_ghosts);
+        if ml.nil_ghosts > 0 {
+            backend.ghost(&mut self.ctx, ml.nil_ghosts);
         }
         self.ctx.depth = max.max(self.ctx.depth);
         let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
-        let list = vals
-            .into_iter()
-            .rev()
-            .fold(Value::adt(nil, Vec::new()), |rest, x| {
-                Value::adt(cons, vec![x, rest])
-            });
-        Ok(Step::Apply(list))
+        Ok(Step::Apply(list_of(
+            vals,
+            Value::adt(nil, Vec::new()),
+            cons,
+        )))
     }
 
     fn set_slot(&mut self, slot: u32, v: Value) {
@@ -973,9 +968,9 @@ impl<'p> Machine<'p> {
                     return self.native(native, vals, *span);
                 }
                 let lambda = self.global(*global)?;
-                if self.program.natives.is_map_loop(*global) {
-                    if let Some(parts) = map_loop_parts(self.program, *global) {
-                        return self.map_loop(lambda, parts, vals, *span, backend);
+                if let Some(ml) = self.program.natives.map_loop(*global) {
+                    if let Some(elem) = tumble_compile::map_loop::elem_of(&lambda.body) {
+                        return self.map_loop(lambda, ml, elem, vals, *span, backend);
                     }
                 }
                 self.enter(lambda, vals, None, &[], Some(*span))
@@ -1049,38 +1044,15 @@ impl<'p> Machine<'p> {
                 ),
             ));
         }
-        // The elements of a list, first first.
         let items = |v: &Value| -> Result<Vec<Value>, RunError> {
-            let mut out = Vec::new();
-            let mut at = v.clone();
-            loop {
-                let next = match &at {
-                    Value::Adt(a) if a.ctor == cons && a.fields.len() == 2 => {
-                        out.push(a.fields[0].clone());
-                        a.fields[1].clone()
-                    }
-                    Value::Adt(a) if a.ctor == nil => return Ok(out),
-                    other => {
-                        return Err(RunError::at(
-                            span,
-                            format!(
-                                "internal: `@{}` of {}, not a list",
-                                native.name(),
-                                other.kind()
-                            ),
-                        ))
-                    }
-                };
-                at = next;
-            }
+            list_items(v, cons, nil).map_err(|kind| {
+                RunError::at(
+                    span,
+                    format!("internal: `@{}` of {kind}, not a list", native.name()),
+                )
+            })
         };
-        // A list of `items` in order, ending in `tail`.
-        let build = |items: Vec<Value>, tail: Value| -> Value {
-            items
-                .into_iter()
-                .rev()
-                .fold(tail, |rest, x| Value::adt(cons, vec![x, rest]))
-        };
+        let build = |items: Vec<Value>, tail: Value| list_of(items, tail, cons);
         let first = |v: &Value, field: usize| -> Result<Value, RunError> {
             match v {
                 Value::Adt(a) if a.ctor == cons => a
@@ -1193,6 +1165,32 @@ impl<'p> Machine<'p> {
             self.slot_pool.push(slots);
         }
     }
+}
+
+/// The elements of list `v` (cells of constructor `cons`, ended by `nil`), first first; the kind
+/// of the first value that is neither.
+fn list_items(v: &Value, cons: u32, nil: u32) -> Result<Vec<Value>, &'static str> {
+    let mut out = Vec::new();
+    let mut at = v.clone();
+    loop {
+        let next = match &at {
+            Value::Adt(a) if a.ctor == cons && a.fields.len() == 2 => {
+                out.push(a.fields[0].clone());
+                a.fields[1].clone()
+            }
+            Value::Adt(a) if a.ctor == nil => return Ok(out),
+            other => return Err(other.kind()),
+        };
+        at = next;
+    }
+}
+
+/// The list of `items` in order, ending in `tail`.
+fn list_of(items: Vec<Value>, tail: Value, cons: u32) -> Value {
+    items
+        .into_iter()
+        .rev()
+        .fold(tail, |rest, x| Value::adt(cons, vec![x, rest]))
 }
 
 /// Field `i` of a tuple value.

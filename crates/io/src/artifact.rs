@@ -21,7 +21,7 @@ use tumble_ir::Ty;
 use tumble_tensor::Tensor;
 
 use crate::atomic::write_atomically;
-use crate::weights::{parse_safetensors, safetensors_bytes, write_safetensors};
+use crate::weights::{parse_safetensors, write_safetensors};
 use crate::IoError;
 
 /// The first bytes of every compiled model.
@@ -29,7 +29,7 @@ pub const MAGIC: &[u8; 8] = b"TUMBLE\0c";
 
 /// Bumped whenever anything written to the payload changes shape (`Code`, `Block`, plans, `Ty`,
 /// the natives table, ...): a file of another version is refused as stale.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 
 const HEADER: usize = 8 + 4 + 8 + 8 + 8;
 
@@ -136,25 +136,14 @@ pub fn artifact_bytes(
     weights: &BTreeMap<String, Tensor>,
 ) -> Result<Vec<u8>, String> {
     let payload = postcard::to_stdvec(artifact).map_err(|e| e.to_string())?;
-    let weights = if weights.is_empty() {
-        Vec::new()
-    } else {
-        safetensors_bytes(weights)?
-    };
-    let mut out = Vec::with_capacity(HEADER + payload.len() + weights.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&(weights.len() as u64).to_le_bytes());
-    out.extend_from_slice(&checksum(&[&payload, &weights]).to_le_bytes());
-    out.extend_from_slice(&payload);
-    out.extend_from_slice(&weights);
+    let mut out = Vec::new();
+    write_artifact(Path::new("(in memory)"), &payload, weights, &mut out)
+        .map_err(|e| e.to_string())?;
     Ok(out)
 }
 
-/// Writes a compiled model to `path`, atomically; the bytes of [`artifact_bytes`], the weights
-/// encoded a chunk at a time (twice: once for the checksum and length the header needs first,
-/// then into the file) instead of the whole file built in memory.
+/// Writes a compiled model to `path`, atomically ([`write_artifact`]'s bytes, not the whole file
+/// built in memory first).
 pub fn save_artifact(
     path: &Path,
     artifact: &Artifact,
@@ -163,29 +152,41 @@ pub fn save_artifact(
     let payload = postcard::to_stdvec(artifact).map_err(|e| IoError::Param {
         message: format!("cannot serialize the compiled model: {e}"),
     })?;
+    write_atomically(path, "the compiled model", |w| {
+        write_artifact(path, &payload, weights, w)
+    })
+}
+
+/// A compiled model to `w` (`path` names it in messages): the header, the serialized program
+/// `payload`, the weights. The weights are encoded a chunk at a time, twice: once for the
+/// checksum and length the header carries before them, then into `w`.
+fn write_artifact(
+    path: &Path,
+    payload: &[u8],
+    weights: &BTreeMap<String, Tensor>,
+    w: &mut impl Write,
+) -> Result<(), IoError> {
     let mut sum = Checksum {
         crc: crc32fast::Hasher::new(),
         len: 0,
     };
-    sum.crc.update(&payload);
+    sum.crc.update(payload);
     if !weights.is_empty() {
         write_safetensors(path, weights, &mut sum)?;
     }
-    let mut header = Vec::with_capacity(HEADER);
-    header.extend_from_slice(MAGIC);
-    header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    header.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    header.extend_from_slice(&(sum.len as u64).to_le_bytes());
-    header.extend_from_slice(&u64::from(sum.crc.finalize()).to_le_bytes());
-    write_atomically(path, "the compiled model", |w| {
-        let io = |e| IoError::file(path, "write the compiled model", e);
-        w.write_all(&header).map_err(io)?;
-        w.write_all(&payload).map_err(io)?;
-        if !weights.is_empty() {
-            write_safetensors(path, weights, w)?;
-        }
-        Ok(())
-    })
+    let io = |e| IoError::file(path, "write the compiled model", e);
+    w.write_all(MAGIC).map_err(io)?;
+    w.write_all(&FORMAT_VERSION.to_le_bytes()).map_err(io)?;
+    w.write_all(&(payload.len() as u64).to_le_bytes())
+        .map_err(io)?;
+    w.write_all(&(sum.len as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&u64::from(sum.crc.finalize()).to_le_bytes())
+        .map_err(io)?;
+    w.write_all(payload).map_err(io)?;
+    if !weights.is_empty() {
+        write_safetensors(path, weights, w)?;
+    }
+    Ok(())
 }
 
 /// A writer that only checksums and counts what it is given.

@@ -274,6 +274,18 @@ pub(crate) struct LaunchOps<'a, 'r> {
     pub threads: usize,
 }
 
+impl<'a, 'r> LaunchOps<'a, 'r> {
+    /// A launch's operators on the forward's f32 fast paths ([`crate::fastops::try_eval`]).
+    pub(crate) fn new(octx: &'a mut OpCtx<'r>, stats: &'a mut OpStats, threads: usize) -> Self {
+        LaunchOps {
+            octx,
+            stats,
+            fast: crate::fastops::try_eval,
+            threads,
+        }
+    }
+}
+
 /// Runs `block` for `b` invocations by the batching rules (the f32 fast paths first, one
 /// thread); `inputs[i]` is the block's i-th input for all of them.
 pub fn run_block(
@@ -283,13 +295,7 @@ pub fn run_block(
     octx: &mut OpCtx,
     stats: &mut OpStats,
 ) -> Result<Vec<BV>, String> {
-    let mut ops = LaunchOps {
-        octx,
-        stats,
-        fast: crate::fastops::try_eval,
-        threads: 1,
-    };
-    run_block_with(block, inputs, b, &mut ops)
+    run_block_with(block, inputs, b, &mut LaunchOps::new(octx, stats, 1))
 }
 
 /// [`run_block`] as launch `ops` runs operators.

@@ -147,12 +147,7 @@ impl Dfg<'_> {
                     block,
                     &inputs,
                     b,
-                    &mut LaunchOps {
-                        octx: &mut octx,
-                        stats: &mut self.profile.ops,
-                        fast: crate::fastops::try_eval,
-                        threads,
-                    },
+                    &mut LaunchOps::new(&mut octx, &mut self.profile.ops, threads),
                 )
                 .map_err(in_block)?,
                 None,

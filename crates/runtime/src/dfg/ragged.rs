@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::batched::{RowRefs, RowRefsBuilder};
+use crate::batched::RowRefsBuilder;
 use tumble_compile::ragged::RaggedInput;
 
 /// A value of the parent block during a ragged launch.
@@ -206,12 +206,7 @@ impl Dfg<'_> {
                         &seg.block,
                         inputs,
                         b,
-                        &mut LaunchOps {
-                            octx: &mut octx,
-                            stats: &mut dfg.profile.ops,
-                            fast: crate::fastops::try_eval,
-                            threads,
-                        },
+                        &mut LaunchOps::new(&mut octx, &mut dfg.profile.ops, threads),
                     ),
                 }
                 .map_err(fail)
@@ -323,18 +318,20 @@ impl Dfg<'_> {
                         inputs.push(match lookup(r)? {
                             RVal::Shared(t) => BV::Shared(OpValue::Tensor(t.clone())),
                             RVal::Each(slots) => {
-                                let mut parts = Vec::with_capacity(members.len());
+                                let mut parts = RowRefsBuilder::with_capacity(members.len());
                                 for &k in members {
                                     let s = slots
                                         .get(k)
                                         .ok_or_else(|| fail("internal: ragged slot".into()))?;
-                                    parts.push(match s.at {
-                                        At::Whole => (s.tensor.clone(), None),
-                                        At::Row(r) => (s.tensor.clone(), Some(r as usize)),
-                                        At::Rows { .. } => (s.value().map_err(fail)?, None),
-                                    });
+                                    match s.at {
+                                        At::Whole => parts.push(&s.tensor, None),
+                                        At::Row(r) => parts.push(&s.tensor, Some(r as usize)),
+                                        At::Rows { .. } => {
+                                            parts.push(&s.value().map_err(fail)?, None)
+                                        }
+                                    }
                                 }
-                                BV::Rows(RowRefs::new(parts).ok_or_else(|| {
+                                BV::Rows(parts.finish().ok_or_else(|| {
                                     fail("internal: a length group of different shapes".into())
                                 })?)
                             }

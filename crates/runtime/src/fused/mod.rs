@@ -190,12 +190,7 @@ impl Exec<'_> {
             .iter()
             .map(|a| self.arg(a))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut ops = LaunchOps {
-            octx,
-            stats,
-            fast: crate::fastops::try_eval,
-            threads: self.threads,
-        };
+        let mut ops = LaunchOps::new(octx, stats, self.threads);
         let v = batched_op(node.op, &node.attrs, args, self.b, &mut ops)?;
         if let Some(slot) = self.vals.get_mut(i) {
             *slot = Some(v);

@@ -218,11 +218,7 @@ pub(super) fn run_rows_in_order(prog: &RowProg, bound: &Bound, rows: usize) -> V
         .collect();
     let mut scratch = vec![0f32; prog.scratch_len];
     for r in 0..rows {
-        for e in &bound.ext {
-            if let Some(ahead) = e.get(r + PREFETCH_ROWS_AHEAD) {
-                crate::simd::prefetch(ahead);
-            }
-        }
+        prefetch_ahead(bound, r);
         for ins in &prog.instrs {
             exec(ins, r, bound, &mut scratch);
         }
@@ -260,11 +256,7 @@ pub(super) fn run_row_block(
     }
     let mut scratch = vec![0f32; prog.scratch_len];
     for r in 0..rows {
-        for e in &bound.ext {
-            if let Some(ahead) = e.get(r + PREFETCH_ROWS_AHEAD) {
-                crate::simd::prefetch(ahead);
-            }
-        }
+        prefetch_ahead(bound, r);
         for ins in &prog.instrs {
             exec(ins, r, bound, &mut scratch);
         }
@@ -280,6 +272,16 @@ pub(super) fn run_row_block(
 
 /// How many rows ahead a row program prefetches its external operands.
 const PREFETCH_ROWS_AHEAD: usize = 2;
+
+/// Asks for row `r + PREFETCH_ROWS_AHEAD` of every external operand (rows lie where earlier
+/// launches left them, scattered over megabytes).
+fn prefetch_ahead(bound: &Bound, r: usize) {
+    for e in &bound.ext {
+        if let Some(ahead) = e.get(r + PREFETCH_ROWS_AHEAD) {
+            crate::simd::prefetch(ahead);
+        }
+    }
+}
 
 /// Several threads: each runs a contiguous range of rows into its part of zero-filled outputs.
 pub(super) fn run_rows_split(
