@@ -91,6 +91,26 @@ pub fn prefetch(data: &[f32]) {
     let _ = data;
 }
 
+/// Asks the CPU to bring the cache lines of `*value` into its caches: a hint, as [`prefetch`].
+/// The scheduler walks a level's nodes in an order unrelated to where they were recorded
+/// (megabytes of graph for a mini-batch of 64), one cache miss per node and another per node's
+/// argument list; fetching a few nodes ahead overlaps those misses.
+#[inline]
+pub fn prefetch_value<T: ?Sized>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let p = (value as *const T).cast::<i8>();
+        for off in (0..std::mem::size_of_val(value).max(1)).step_by(64) {
+            // SAFETY: a hint, as in `prefetch`; `off` stays inside `*value`, a live reference.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.add(off))
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
 /// `dst[i] = f(src[i])` over the common length.
 #[inline]
 pub fn unary(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {

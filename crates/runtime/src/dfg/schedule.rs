@@ -4,6 +4,25 @@
 
 use super::*;
 
+/// How many nodes ahead of the one looked at the level loop prefetches (its argument list at
+/// half that distance).
+const PREFETCH_NODES: usize = 8;
+
+/// `TUMBLE_NO_NODE_PREFETCH=1` turns the level loop's prefetching off (a hint: results never
+/// depend on it).
+fn node_prefetch_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_NODE_PREFETCH").is_none())
+}
+
+/// What [`Dfg::prefetch_node`] fetches.
+#[derive(Clone, Copy)]
+enum Prefetch {
+    Node,
+    Args,
+    Producers,
+}
+
 impl Dfg<'_> {
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
@@ -118,7 +137,13 @@ impl Dfg<'_> {
             let t0 = Instant::now();
             let mut groups: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
             let mut later = Vec::new();
-            for id in ids {
+            for (k, &id) in ids.iter().enumerate() {
+                self.prefetch_node(ids.get(k + PREFETCH_NODES).copied(), Prefetch::Node);
+                self.prefetch_node(ids.get(k + PREFETCH_NODES / 2).copied(), Prefetch::Args);
+                self.prefetch_node(
+                    ids.get(k + PREFETCH_NODES / 4).copied(),
+                    Prefetch::Producers,
+                );
                 match self.blocking_input(id) {
                     None => {
                         if let Some(n) = self.nodes.get(id as usize) {
@@ -201,6 +226,32 @@ impl Dfg<'_> {
             ));
         }
         Ok(())
+    }
+
+    /// Prefetches what [`Dfg::blocking_input`] will read of node `id`: the node, its argument
+    /// list (whose address the node holds: asked for a node prefetched earlier, so reading it
+    /// rarely stalls) or the nodes that compute its arguments.
+    #[inline]
+    fn prefetch_node(&self, id: Option<u32>, what: Prefetch) {
+        if !node_prefetch_enabled() {
+            return;
+        }
+        let Some(n) = id.and_then(|id| self.nodes.get(id as usize)) else {
+            return;
+        };
+        match what {
+            Prefetch::Node => crate::simd::prefetch_value(n),
+            Prefetch::Args => crate::simd::prefetch_value(n.args.as_slice()),
+            Prefetch::Producers => {
+                for a in &n.args {
+                    if let Arg::Lazy(r) = a {
+                        if let Some(m) = self.nodes.get(r.node as usize) {
+                            crate::simd::prefetch_value(m);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// `None` when every input of node `id` is computed; else `Some` of a recorded node not run
