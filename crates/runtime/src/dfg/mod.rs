@@ -3,7 +3,7 @@
 //! holds the graph and the recording (the `Backend` implementation, launch-grouping keys, shape
 //! inference); `schedule` decides launches, `launch` runs them, `sums` keeps deferred sums.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use tumble_compile::ragged::RaggedInput;

@@ -3,6 +3,7 @@
 //! launches of weight-bound blocks deferred) or by DyNet's agenda.
 
 use super::*;
+use crate::intern::WordMap;
 
 /// How many nodes ahead of the one looked at the level loop prefetches (its argument list at
 /// half that distance).
@@ -103,7 +104,7 @@ impl Dfg<'_> {
         // Pending invocations per launch key, for deferring small launches while more of the
         // same key are still to come.
         let deferring = self.exec.defer_below.iter().any(|&d| d > 1);
-        let mut remaining: HashMap<(u32, u64), usize> = HashMap::new();
+        let mut remaining: WordMap<(u32, u64), usize> = WordMap::default();
         if deferring {
             for ids in levels.values() {
                 for &id in ids {
@@ -123,7 +124,7 @@ impl Dfg<'_> {
         // Nodes waiting for an input, by the node that computes it: released to the level after
         // the one that launches it, instead of being looked at again at every level between
         // (NestedRNN's chains behind deferred launches made that quadratic).
-        let mut waiting_on: HashMap<u32, Vec<u32>> = HashMap::new();
+        let mut waiting_on: WordMap<u32, Vec<u32>> = WordMap::default();
         self.profile.time_schedule += t0.elapsed();
         let mut launched_levels = 0;
         while let Some((depth, ids)) = levels.pop_first() {
@@ -288,8 +289,8 @@ impl Dfg<'_> {
     pub(super) fn flush_agenda(&mut self, pending: Vec<u32>) -> Result<(), RunError> {
         let t0 = Instant::now();
         let pending_set: std::collections::HashSet<u32> = pending.iter().copied().collect();
-        let mut waiting: HashMap<u32, usize> = HashMap::new();
-        let mut consumers: HashMap<u32, Vec<u32>> = HashMap::new();
+        let mut waiting: WordMap<u32, usize> = WordMap::default();
+        let mut consumers: WordMap<u32, Vec<u32>> = WordMap::default();
         let mut ready: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
         for &id in &pending {
             let Some(n) = self.nodes.get(id as usize) else {

@@ -254,16 +254,30 @@ pub(super) fn run_row_block(
             ));
         }
     }
+    // The output the last instruction computes straight into its row, skipping the scratch
+    // and the copy out (`RowProg::last_into`).
+    let direct = prog.last_into.filter(|_| direct_outputs_enabled());
+    let (body, last) = match direct {
+        Some(_) => prog.instrs.split_at(prog.instrs.len().saturating_sub(1)),
+        None => (prog.instrs.as_slice(), &[][..]),
+    };
     let mut scratch = vec![0f32; prog.scratch_len];
     for r in 0..rows {
         prefetch_ahead(bound, r);
-        for ins in &prog.instrs {
+        for ins in body {
             exec(ins, r, bound, &mut scratch);
         }
-        for (o, out) in flat_outs(prog).zip(outs.iter_mut()) {
+        for (k, (o, out)) in flat_outs(prog).zip(outs.iter_mut()).enumerate() {
             let at = r * o.len;
-            if let Some(dst) = out.get_mut(at..at + o.len) {
-                read(o, r, bound, &scratch, dst);
+            let Some(dst) = out.get_mut(at..at + o.len) else {
+                continue;
+            };
+            match last.first() {
+                Some(ins) if Some(k) == direct => {
+                    let (d, _) = ins.dest();
+                    exec_to(ins, r, bound, scratch.get(..d).unwrap_or(&[]), dst);
+                }
+                _ => read(o, r, bound, &scratch, dst),
             }
         }
     }
@@ -396,18 +410,25 @@ pub(super) fn map2(dst: &mut [f32], a: &Vals, b: &Vals, f: impl Fn(f32, f32) -> 
 pub(super) fn exec(ins: &Instr, r: usize, b: &Bound, scratch: &mut [f32]) {
     // Every instruction writes a fresh scratch range above all of its operands' ranges, so the
     // scratch splits into a read-only part (operands) and the destination.
-    let (d, len) = match ins {
-        Instr::Unary(_, d, a)
-        | Instr::Clip(d, a, ..)
-        | Instr::Softmax(d, a, _)
-        | Instr::LayerNorm(d, a, ..) => (*d, a.len),
-        Instr::Binary(_, d, a, bb) => (*d, a.len.max(bb.len)),
-        Instr::Concat(d, parts) => (*d, parts.iter().map(|p| p.len).sum()),
-    };
+    let (d, len) = ins.dest();
     let (src, rest) = scratch.split_at_mut(d);
     let Some(dst) = rest.get_mut(..len) else {
         return;
     };
+    exec_to(ins, r, b, src, dst);
+}
+
+/// `TUMBLE_NO_DIRECT_ROW_OUTPUT=1` computes every row-program output in the scratch and copies
+/// it out (the same values: only where the last instruction writes changes).
+fn direct_outputs_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DIRECT_ROW_OUTPUT").is_none())
+}
+
+/// Instruction `ins` for row `r`: operands from `src` (the scratch below its destination) and
+/// the bound operands, results into `dst` (its destination's length).
+fn exec_to(ins: &Instr, r: usize, b: &Bound, src: &[f32], dst: &mut [f32]) {
+    let len = dst.len();
     match ins {
         Instr::Unary(u, _, a) => {
             let av = vals(a, r, b, src);
@@ -524,6 +545,7 @@ mod tests {
             scratch_len: 0,
             instrs: Vec::new(),
             outs: vec![(0, vec![opd], false)],
+            last_into: None,
         }
     }
 
@@ -548,6 +570,93 @@ mod tests {
             "{err}"
         );
         assert!(short.iter().all(|&x| x == -1.0));
+    }
+
+    /// `tanh(x) + x` with `tanh(x)` live too when `both`: the sum is the last instruction's
+    /// destination.
+    fn tanh_plus_program(w: usize, both: bool) -> RowProg {
+        let x = Opd {
+            src: Src::Ext(0),
+            off: 0,
+            len: w,
+        };
+        let t = Opd {
+            src: Src::Scratch,
+            off: 0,
+            len: w,
+        };
+        let sum = Opd {
+            src: Src::Scratch,
+            off: w,
+            len: w,
+        };
+        let instrs = vec![
+            Instr::Unary(Un::Tanh, 0, x),
+            Instr::Binary(Bin::Add, w, t, x),
+        ];
+        let mut outs = vec![(1, vec![sum], false)];
+        if both {
+            outs.insert(0, (0, vec![t], false));
+        }
+        let last_into = last_into(&instrs, &outs);
+        RowProg {
+            held: vec![x],
+            lead_tail: Vec::new(),
+            scratch_len: 2 * w,
+            instrs,
+            outs,
+            last_into,
+        }
+    }
+
+    #[test]
+    fn the_last_instruction_writes_its_output_in_place_with_the_same_values() {
+        for (rows, w, both) in [(1, 1, false), (7, 5, false), (33, 17, true), (3, 40, true)] {
+            let prog = tanh_plus_program(w, both);
+            assert_eq!(prog.last_into, Some(usize::from(both)));
+            let rows_data: Vec<Vec<f32>> = (0..rows)
+                .map(|r| (0..w).map(|c| (r * w + c) as f32 * 0.01 - 0.3).collect())
+                .collect();
+            let bound = Bound {
+                ext: vec![rows_data.iter().map(Vec::as_slice).collect()],
+                shared: Cow::Owned(Vec::new()),
+                scalars: Cow::Owned(Vec::new()),
+            };
+            let nouts = prog.outs.len();
+            let mut direct = vec![vec![f32::NAN; rows * w]; nouts];
+            let mut refs: Vec<&mut [f32]> = direct.iter_mut().map(Vec::as_mut_slice).collect();
+            run_row_block(&prog, &bound, rows, &mut refs).unwrap();
+            // Through the scratch: the same program without the in-place output.
+            let copied = RowProg {
+                last_into: None,
+                ..tanh_plus_program(w, both)
+            };
+            let mut via = vec![vec![f32::NAN; rows * w]; nouts];
+            let mut refs: Vec<&mut [f32]> = via.iter_mut().map(Vec::as_mut_slice).collect();
+            run_row_block(&copied, &bound, rows, &mut refs).unwrap();
+            assert_eq!(direct, via, "rows {rows}, width {w}");
+            let in_order = run_rows_in_order(&prog, &bound, rows);
+            assert_eq!(direct, in_order);
+            let x = rows_data[rows - 1][w - 1];
+            assert_eq!(direct[nouts - 1][rows * w - 1], fastmath::tanh(x) + x);
+        }
+    }
+
+    #[test]
+    fn an_output_overlapping_the_last_destination_keeps_the_copy() {
+        let w = 4;
+        let mut prog = tanh_plus_program(w, false);
+        // A second output viewing half of the sum.
+        prog.outs.push((
+            2,
+            vec![Opd {
+                src: Src::Scratch,
+                off: w + 2,
+                len: 2,
+            }],
+            false,
+        ));
+        assert_eq!(last_into(&prog.instrs, &prog.outs), None);
     }
 
     #[test]

@@ -111,6 +111,36 @@ pub struct RowProg {
     pub(super) instrs: Vec<Instr>,
     /// Live values copied out: node, its fields' operands, whether it is a tuple.
     pub(super) outs: Vec<(usize, Vec<Opd>, bool)>,
+    /// The flat output (index in `outs`' fields, in order) that is exactly the last
+    /// instruction's destination and overlaps no other output: computed straight into the
+    /// output row where the rows are written into preallocated outputs (epilogues, split rows).
+    pub(super) last_into: Option<usize>,
+}
+
+impl Instr {
+    /// The scratch range an instruction writes: its start and length.
+    pub(super) fn dest(&self) -> (usize, usize) {
+        match self {
+            Instr::Unary(_, d, a)
+            | Instr::Clip(d, a, ..)
+            | Instr::Softmax(d, a, _)
+            | Instr::LayerNorm(d, a, ..) => (*d, a.len),
+            Instr::Binary(_, d, a, bb) => (*d, a.len.max(bb.len)),
+            Instr::Concat(d, parts) => (*d, parts.iter().map(|p| p.len).sum()),
+        }
+    }
+}
+
+/// See [`RowProg::last_into`].
+pub(super) fn last_into(instrs: &[Instr], outs: &[(usize, Vec<Opd>, bool)]) -> Option<usize> {
+    let (d, len) = instrs.last()?.dest();
+    let flat: Vec<&Opd> = outs.iter().flat_map(|(_, os, _)| os.iter()).collect();
+    let overlaps = |o: &Opd| matches!(o.src, Src::Scratch) && o.off < d + len && d < o.off + o.len;
+    let mut hits = flat.iter().enumerate().filter(|(_, o)| overlaps(o));
+    match (hits.next(), hits.next()) {
+        (Some((k, o)), None) if o.off == d && o.len == len => Some(k),
+        _ => None,
+    }
 }
 
 /// Row programs compiled so far, per (stage, operand signatures); `None` records that the
@@ -431,12 +461,14 @@ pub(super) fn compile_rows(
             })
         })
         .collect();
+    let last_into = last_into(&bld.instrs, &outs);
     Some(RowProg {
         held: held_opd,
         lead_tail,
         scratch_len: bld.scratch_len,
         instrs: bld.instrs,
         outs,
+        last_into,
     })
 }
 
