@@ -24,7 +24,9 @@ Timing (ms per mini-batch, median over rounds):
   spent decoding the instances from parsed JSON into tumble values), divided by K. That covers
   the host program, graph building, scheduling, gathers, kernels and encoding the results to JSON
   text; model parsing/type checking, weight loading, reading the JSON file and decoding the
-  instances are outside it, as for the peers. (Until 2026-11-24's second session the decoding was
+  instances are outside it, as for the peers (and, from 2026-11-25's ninth session, freeing the
+  decoded instances after the run, which the peers never do inside their timed loops: it is
+  counted with the decoding). (Until 2026-11-24's second session the decoding was
   inside: the `total` line, which includes it, is kept in the JSON as `ms_with_decode`.) The
   process wall time is recorded too.
 - peers: wall-clock time of the K mini-batches inside a long-lived peer process (weights loaded
