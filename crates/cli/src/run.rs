@@ -101,6 +101,11 @@ pub struct RunArgs {
     /// referring to them where they lie in the table.
     #[arg(long)]
     pub no_gather_views: bool,
+    /// No sums of products as one GEMM: `dense(x, W) + dense(h, U)` runs as two products and a
+    /// sum, `dense(concatenate((a, b)), W)` copies the concatenation first, instead of one
+    /// product over the parts' rows where they lie.
+    #[arg(long)]
+    pub no_dense_sums: bool,
     /// No ragged batching: invocations of a block launch together only when their inputs have
     /// equal shapes, instead of whatever their leading `?` lengths (sentences of different
     /// lengths then batch only with sentences of their own length).
@@ -292,6 +297,7 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
         defer: !args.no_defer,
         direct_matmul: !args.no_direct_matmul,
         gather_views: !args.no_gather_views,
+        dense_sums: !args.no_dense_sums,
         ragged: !args.no_ragged,
         ragged_chunk_rows: args.ragged_chunk_rows.map_or(0, |n| n as usize),
         phases: !args.no_phases,

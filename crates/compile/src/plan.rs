@@ -43,6 +43,20 @@ pub enum Stage {
         transpose: usize,
         concat: Option<usize>,
     },
+    /// A sum of products as one GEMM: `add` nodes (`adds`; the last is the result, the others
+    /// read only by the next) summing f32 `nn.dense` nodes (`denses`) whose weights are block
+    /// inputs or constants, each dense read only by its `add`; a dense's rows may be a
+    /// `concatenate` along the last axis (`concats`) that nothing else reads. One GEMM runs
+    /// over the K-concatenation of every term's rows (each concatenation's parts read where
+    /// they lie) against the weights' column blocks: neither the concatenation nor the terms
+    /// are materialized. An RNN cell written plainly, `dense(x, W) + dense(h, U)` or
+    /// `dense(concatenate((s, x)), W) + dense(h, U)`, is one product with `K = Σ K_i`. Without
+    /// `adds`, one dense over a concatenation.
+    DenseSum {
+        denses: Vec<usize>,
+        concats: Vec<usize>,
+        adds: Vec<usize>,
+    },
     Rows(Vec<usize>),
     Other(usize),
 }
@@ -64,6 +78,9 @@ pub struct PlanOptions {
     /// references to the table's rows instead of a gathered copy; GEMMs, row programs, direct
     /// products, reshapes and the next launches read them in place ([`gather_stage`]).
     pub gather_views: bool,
+    /// Sums of products (and products over a concatenation) as one GEMM ([`Stage::DenseSum`];
+    /// off: each product on its own, the concatenation copied, the sum a row program).
+    pub dense_sums: bool,
 }
 
 impl Default for PlanOptions {
@@ -73,6 +90,7 @@ impl Default for PlanOptions {
             epilogue: true,
             direct_matmul: true,
             gather_views: true,
+            dense_sums: true,
         }
     }
 }
@@ -115,6 +133,26 @@ impl fmt::Display for BlockPlan {
                     "    matmul    {}%{transpose} %{dense}  (rows packed in place: no concatenation or transpose)",
                     concat.map(|c| format!("%{c} ")).unwrap_or_default()
                 )?,
+                Stage::DenseSum {
+                    denses,
+                    concats,
+                    adds,
+                } => {
+                    let list = |ns: &[usize]| {
+                        ns.iter()
+                            .map(|n| format!("%{n}"))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    };
+                    write!(f, "    gemm      {}", list(denses))?;
+                    if !adds.is_empty() {
+                        write!(f, " summed by {}", list(adds))?;
+                    }
+                    if !concats.is_empty() {
+                        write!(f, "  (rows of {} read in place)", list(concats))?;
+                    }
+                    writeln!(f)?
+                }
                 Stage::Rows(ns) => writeln!(
                     f,
                     "    {}  {}",
@@ -259,6 +297,126 @@ fn direct_matmuls(block: &Block) -> Vec<Stage> {
     out
 }
 
+/// Per node, the nodes that read it, once per read (`usize::MAX` for a block output).
+fn node_readers(block: &Block) -> Vec<Vec<usize>> {
+    let mut readers = vec![Vec::new(); block.nodes.len()];
+    let mut note = |v: &BVal, by: usize| {
+        if let BVal::Node(k) | BVal::Field(k, _) = v {
+            if let Some(r) = readers.get_mut(*k as usize) {
+                r.push(by);
+            }
+        }
+    };
+    for (i, node) in block.nodes.iter().enumerate() {
+        for a in &node.args {
+            match a {
+                BArg::One(v) => note(v, i),
+                BArg::Tuple(vs) => vs.iter().for_each(|v| note(v, i)),
+            }
+        }
+    }
+    for v in &block.outputs {
+        note(v, usize::MAX);
+    }
+    readers
+}
+
+/// The [`Stage::DenseSum`]s of a block: maximal trees of `add`s over at least two products (or
+/// one product over a concatenation), other addends allowed (a bias, a row computed earlier:
+/// added to the product's rows); `taken` are the denses other stages run (horizontal fusion).
+fn dense_sums(block: &Block, taken: &[usize]) -> Vec<Stage> {
+    let readers = node_readers(block);
+    let only_reader = |k: usize, by: usize| readers.get(k).is_some_and(|r| r.as_slice() == [by]);
+    let node = |k: usize| block.nodes.get(k);
+    let rank2_f32 = |n: &BlockNode| is_f32(&n.ty) && rank(&n.ty) == Some(2);
+    // A dense this stage can take (read only by `by`; `None`: the stage's result, whoever reads
+    // it), and the concatenation of its rows if it reads one along the last axis that nothing
+    // else reads.
+    let product = |d: usize, by: Option<usize>| -> Option<Option<usize>> {
+        let n = node(d)?;
+        if n.op.stage != StageRule::Gemm
+            || n.op.name != "nn.dense"
+            || !rank2_f32(n)
+            || taken.contains(&d)
+            || by.is_some_and(|by| !only_reader(d, by))
+        {
+            return None;
+        }
+        let (Some(BArg::One(a)), Some(BArg::One(BVal::Input(_) | BVal::Const(_))), 2) =
+            (n.args.first(), n.args.get(1), n.args.len())
+        else {
+            return None;
+        };
+        let concat = match a {
+            BVal::Node(c) => node(*c as usize).and_then(|cn| {
+                let r = rank(&cn.ty)?;
+                (cn.op.name == "concatenate"
+                    && rank2_f32(cn)
+                    && last_axis(cn, 0, r)
+                    && only_reader(*c as usize, d)
+                    && matches!(cn.args.first(), Some(BArg::Tuple(vs)) if vs.len() >= 2))
+                .then_some(*c as usize)
+            }),
+            _ => None,
+        };
+        Some(concat)
+    };
+    let is_add = |n: &BlockNode| n.op.name == "add" && rank2_f32(n) && n.args.len() == 2;
+    let mut stages = Vec::new();
+    let mut absorbed = vec![false; block.nodes.len()];
+    for root in (0..block.nodes.len()).rev() {
+        let Some(rn) = node(root) else { continue };
+        if absorbed.get(root).copied().unwrap_or(true) {
+            continue;
+        }
+        let (mut denses, mut concats, mut adds) = (Vec::new(), Vec::new(), Vec::new());
+        if is_add(rn) {
+            // Walk the tree: an operand is a product, an inner add of the same type read only
+            // here, or another addend (a bias, rows computed earlier), added to the product's
+            // rows as it is.
+            let mut work = vec![root];
+            while let Some(a) = work.pop() {
+                adds.push(a);
+                let Some(an) = node(a) else { continue };
+                for arg in &an.args {
+                    let BArg::One(BVal::Node(k)) = arg else {
+                        continue;
+                    };
+                    let k = *k as usize;
+                    if let Some(c) = product(k, Some(a)) {
+                        denses.push(k);
+                        concats.extend(c);
+                    } else if node(k).is_some_and(|kn| is_add(kn) && kn.ty == an.ty)
+                        && only_reader(k, a)
+                    {
+                        work.push(k);
+                    }
+                }
+            }
+        } else if let Some(Some(c)) = product(root, None) {
+            denses.push(root);
+            concats.push(c);
+        }
+        if denses.len() < 2 && concats.is_empty() {
+            continue;
+        }
+        denses.sort_unstable();
+        concats.sort_unstable();
+        adds.sort_unstable();
+        for &k in denses.iter().chain(&concats).chain(&adds) {
+            if let Some(slot) = absorbed.get_mut(k) {
+                *slot = true;
+            }
+        }
+        stages.push(Stage::DenseSum {
+            denses,
+            concats,
+            adds,
+        });
+    }
+    stages
+}
+
 /// The plan of every block of `program`, in block order. In debug builds each plan is checked
 /// against its block ([`BlockPlan::verify`]); a broken one is a planner bug.
 pub fn plan_program(program: &Program, opts: PlanOptions) -> Vec<BlockPlan> {
@@ -345,7 +503,10 @@ impl BlockPlan {
             ));
         }
         for (s, &e) in self.epilogue.iter().enumerate() {
-            let gemm = matches!(self.stages.get(s), Some(Stage::Dense(_) | Stage::HDense(_)));
+            let gemm = matches!(
+                self.stages.get(s),
+                Some(Stage::Dense(_) | Stage::HDense(_) | Stage::DenseSum { .. })
+            );
             let rows_next = matches!(self.stages.get(s + 1), Some(Stage::Rows(_)));
             if e && !(gemm && rows_next) {
                 errors.push(format!(
@@ -358,11 +519,29 @@ impl BlockPlan {
 }
 
 impl Stage {
+    /// The node whose value a [`Stage::DenseSum`] yields: its last add, or its one product.
+    pub fn result(&self) -> Option<usize> {
+        match self {
+            Stage::DenseSum { denses, adds, .. } => adds.last().or(denses.last()).copied(),
+            _ => None,
+        }
+    }
+
     /// The block nodes this stage computes.
     pub fn nodes(&self) -> Vec<usize> {
         match self {
             Stage::Dense(i) | Stage::Gather(i) | Stage::Other(i) => vec![*i],
             Stage::HDense(ns) | Stage::Rows(ns) => ns.clone(),
+            Stage::DenseSum {
+                denses,
+                concats,
+                adds,
+            } => {
+                let mut all: Vec<usize> =
+                    concats.iter().chain(denses).chain(adds).copied().collect();
+                all.sort_unstable();
+                all
+            }
             Stage::MatMul {
                 dense,
                 transpose,
@@ -393,6 +572,12 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
     } else {
         Vec::new()
     };
+    let sums = if opts.dense_sums {
+        let fused: Vec<usize> = groups.iter().flatten().copied().collect();
+        dense_sums(block, &fused)
+    } else {
+        Vec::new()
+    };
     let absorbed = |i: usize| {
         matmuls.iter().any(|m| match m {
             Stage::MatMul {
@@ -405,6 +590,14 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
     for (i, node) in block.nodes.iter().enumerate() {
         if absorbed(i) {
             // Computed inside the product that alone reads it.
+            continue;
+        }
+        if let Some(sum) = sums.iter().find(|st| st.nodes().contains(&i)) {
+            // The sum runs where its result is computed: every operand of its members is
+            // computed before that, and nothing but the sum reads its other members.
+            if sum.result() == Some(i) {
+                stages.push(sum.clone());
+            }
             continue;
         }
         if let Some(m) = matmuls
@@ -483,9 +676,17 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
     }
     let epilogue = (0..stages.len())
         .map(|s| {
+            let root;
             let members: &[usize] = match stages.get(s) {
                 Some(Stage::Dense(i)) => std::slice::from_ref(i),
                 Some(Stage::HDense(ns)) => ns,
+                Some(st @ Stage::DenseSum { .. }) => match st.result() {
+                    Some(r) => {
+                        root = r;
+                        std::slice::from_ref(&root)
+                    }
+                    None => return false,
+                },
                 _ => return false,
             };
             opts.epilogue
@@ -608,6 +809,7 @@ mod tests {
             PlanOptions {
                 hfuse: false,
                 epilogue: false,
+                dense_sums: false,
                 ..PlanOptions::default()
             },
         );
@@ -620,6 +822,53 @@ mod tests {
                 .count(),
             2
         );
+    }
+
+    #[test]
+    fn sums_of_products_are_found_only_where_nothing_else_reads_their_terms() {
+        let src = "def @step(%x: Tensor[(1, 4), float32], %h: Tensor[(1, 4), float32], \
+                   %w: Tensor[(3, 8), float32], %u: Tensor[(3, 4), float32], \
+                   %v: Tensor[(3, 4), float32], Primitive=1) {
+                     let %p = nn.dense(concatenate((%x, %h), axis=1), %w);
+                     let %q = nn.dense(%h, %u);
+                     let %r = nn.dense(%x, %v);
+                     (tanh(add(add(%p, %q), %r)), add(%q, %r))
+                   }
+                   def @main(%x: Tensor[(1, 4), float32]) { %x }";
+        let block = block_of(src, "step");
+        let plan = plan_with(&block, PlanOptions::default());
+        assert!(plan.verify(&block).is_empty(), "{:?}", plan.verify(&block));
+        // %q and %r are read twice: the first sum takes them as addends (computed by stages
+        // of their own), its one product is the one over the concatenation; the second add
+        // sums two products read elsewhere too, so it is no sum stage.
+        let sums: Vec<&Stage> = plan
+            .stages
+            .iter()
+            .filter(|s| matches!(s, Stage::DenseSum { .. }))
+            .collect();
+        assert_eq!(sums.len(), 1, "{plan}");
+        let Stage::DenseSum {
+            denses,
+            concats,
+            adds,
+        } = sums[0]
+        else {
+            unreachable!()
+        };
+        assert_eq!(
+            (denses.len(), concats.len(), adds.len()),
+            (1, 1, 2),
+            "{plan}"
+        );
+        let off = plan_with(
+            &block,
+            PlanOptions {
+                dense_sums: false,
+                ..PlanOptions::default()
+            },
+        );
+        assert!(off.verify(&block).is_empty());
+        assert!(!off.to_string().contains("read in place"), "{off}");
     }
 
     #[test]

@@ -284,6 +284,19 @@ impl Executable {
                     let nodes: Vec<usize> = match stage {
                         tumble_compile::Stage::Dense(d) => vec![*d],
                         tumble_compile::Stage::HDense(ns) => ns.clone(),
+                        tumble_compile::Stage::DenseSum {
+                            denses, concats, ..
+                        } => {
+                            for &d in denses {
+                                if let Some(w) = weight(d) {
+                                    let widths = concat_part_widths(b, d, concats);
+                                    if packed.insert(vec![w.buffer_id(), widths.len()]) {
+                                        prepack_columns(&w, &widths);
+                                    }
+                                }
+                            }
+                            continue;
+                        }
                         _ => continue,
                     };
                     let Some(ws) = nodes.iter().map(|&d| weight(d)).collect::<Option<Vec<_>>>()
@@ -312,5 +325,57 @@ impl Executable {
             });
         }
         packed.len()
+    }
+}
+
+/// The widths of the parts of the concatenation dense `d` of `block` reads (one of `concats`),
+/// from their static types; empty when it reads no concatenation or a width is not known.
+fn concat_part_widths(block: &tumble_compile::Block, d: usize, concats: &[usize]) -> Vec<usize> {
+    use tumble_compile::{BArg, BVal};
+    let Some(BArg::One(BVal::Node(c))) = block.nodes.get(d).and_then(|n| n.args.first()) else {
+        return Vec::new();
+    };
+    if !concats.contains(&(*c as usize)) {
+        return Vec::new();
+    }
+    let Some(BArg::Tuple(parts)) = block.nodes.get(*c as usize).and_then(|n| n.args.first()) else {
+        return Vec::new();
+    };
+    let last_dim = |ty: &tumble_ir::Ty| {
+        ty.as_tensor()
+            .and_then(|(dims, _)| dims.last().copied())
+            .and_then(|d| d.known())
+            .and_then(|d| usize::try_from(d).ok())
+    };
+    parts
+        .iter()
+        .map(|v| match v {
+            BVal::Input(i) => block.inputs.get(*i as usize).and_then(|x| last_dim(&x.ty)),
+            BVal::Node(k) => block.nodes.get(*k as usize).and_then(|x| last_dim(&x.ty)),
+            BVal::Field(k, f) => match block.nodes.get(*k as usize).map(|x| &x.ty) {
+                Some(tumble_ir::Ty::Tuple(ts)) => ts.get(*f as usize).and_then(last_dim),
+                _ => None,
+            },
+            BVal::Const(t) => t.shape().last().copied(),
+        })
+        .collect::<Option<Vec<_>>>()
+        .unwrap_or_default()
+}
+
+/// Packs weight `w` (N, K) as a sum stage's launches will: whole, or (`widths` of a
+/// concatenation's parts) one column block per part.
+fn prepack_columns(w: &tumble_tensor::Tensor, widths: &[usize]) {
+    let (Some(&n), Some(&k)) = (w.shape().first(), w.shape().get(1)) else {
+        return;
+    };
+    // A failure only leaves the packing to the first launch.
+    if widths.is_empty() || widths.iter().sum::<usize>() != k {
+        let _ = crate::gemm::packed(w, n, k);
+        return;
+    }
+    let mut k0 = 0;
+    for &kp in widths {
+        let _ = crate::gemm::packed_columns(w, n, k, k0, kp);
+        k0 += kp;
     }
 }

@@ -21,6 +21,51 @@ pub struct WeightCache {
     concat: Mutex<Concat>,
     /// `Wᵀ` packed (the backward's `dX = dY · W`), keyed like `single`.
     transposed: Mutex<Single>,
+    /// Column blocks `W[:, k0..k0 + k]` packed (a product over a concatenation, one block per
+    /// part), keyed by (buffer, N, K, k0, k).
+    columns: Mutex<Columns>,
+}
+
+type Columns = HashMap<(usize, usize, usize, usize, usize), (Tensor, Arc<PackedWeight>)>;
+
+/// Columns `k0..k0 + k` of weight `w` (N, K) packed as a weight of their own (the weight of one
+/// part of a product over a concatenation), packing on first use in this job.
+pub fn packed_columns(
+    w: &Tensor,
+    n: usize,
+    kk: usize,
+    k0: usize,
+    k: usize,
+) -> Result<Arc<PackedWeight>, String> {
+    if k0 == 0 && k == kk {
+        return packed(w, n, kk);
+    }
+    let key = (w.buffer_id(), n, kk, k0, k);
+    WeightCache::with(|cache| {
+        if let Some(Ok(c)) = cache.map(|c| c.columns.lock()) {
+            if let Some((_, p)) = c.get(&key) {
+                return Ok(p.clone());
+            }
+        }
+        let data = w.as_f32().ok_or("dense stage: the weight is not float32")?;
+        if data.len() != n * kk || k0 + k > kk {
+            return Err(format!(
+                "dense stage: columns {k0}..{} of a weight of {} elements, not {n} × {kk}",
+                k0 + k,
+                data.len()
+            ));
+        }
+        let block: Vec<f32> = data
+            .chunks_exact(kk.max(1))
+            .flat_map(|row| row.get(k0..k0 + k).unwrap_or(&[]))
+            .copied()
+            .collect();
+        let p = Arc::new(PackedWeight::pack(&block, n, k).map_err(|e| e.to_string())?);
+        if let Some(Ok(mut c)) = cache.map(|c| c.columns.lock()) {
+            c.insert(key, (w.clone(), p.clone()));
+        }
+        Ok(p)
+    })
 }
 
 thread_local! {

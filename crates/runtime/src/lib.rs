@@ -114,6 +114,10 @@ pub struct Options {
     /// table's rows instead of a gathered copy (MV-RNN's per-word matrices: 64 KiB each). Needs
     /// `fusion` and `gather_fusion`.
     pub gather_views: bool,
+    /// Sums of products (`dense(x, W) + dense(h, U)`) and products over a concatenation as one
+    /// GEMM over the parts' rows where they lie ([`tumble_compile::Stage::DenseSum`]); off: each
+    /// product alone, the concatenation copied, the sum a row program. Needs `fusion`.
+    pub dense_sums: bool,
     /// Ragged batching: invocations of a block whose inputs differ only in their leading `?`
     /// length (sentences of different lengths) launch together; the block's row-wise segments
     /// run once over the rows of all of them, its mixing segments (attention, reductions over
@@ -145,6 +149,7 @@ impl Options {
             epilogue: self.epilogue,
             direct_matmul: self.direct_matmul,
             gather_views: self.gather_views && self.gather_fusion,
+            dense_sums: self.dense_sums,
         })
     }
 }
@@ -169,6 +174,7 @@ impl Default for Options {
             defer: true,
             direct_matmul: true,
             gather_views: true,
+            dense_sums: true,
             ragged: true,
             ragged_chunk_rows: 0,
             threads: 1,

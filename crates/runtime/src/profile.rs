@@ -137,6 +137,7 @@ impl Profile {
         self.fused.row_splits += o.fused.row_splits;
         self.fused.direct_matmuls += o.fused.direct_matmuls;
         self.fused.gather_views += o.fused.gather_views;
+        self.fused.dense_sums += o.fused.dense_sums;
         self.fused.fallbacks += o.fused.fallbacks;
         self.fused.dense_flops += o.fused.dense_flops;
         self.fused.dense_time += o.fused.dense_time;
@@ -234,11 +235,11 @@ impl fmt::Display for Profile {
             "kernel plans: {} dense stages ({} horizontally fused from {} denses), {} fused row programs ({} operators; {} run as GEMM epilogues), {} stages fell back",
             self.fused.dense_stages, self.fused.hfused_stages, self.fused.hfused_denses, self.fused.row_programs, self.fused.row_program_ops, self.fused.epilogues, self.fused.fallbacks
         )?;
-        if self.fused.direct_matmuls + self.fused.gather_views > 0 {
+        if self.fused.direct_matmuls + self.fused.gather_views + self.fused.dense_sums > 0 {
             writeln!(
                 f,
-                "in place: {} direct products (rows packed where they lie), {} embedding lookups as row references",
-                self.fused.direct_matmuls, self.fused.gather_views
+                "in place: {} direct products (rows packed where they lie), {} embedding lookups as row references, {} sums of products as one GEMM",
+                self.fused.direct_matmuls, self.fused.gather_views, self.fused.dense_sums
             )?;
         }
         let secs = self.fused.dense_time.as_secs_f64();

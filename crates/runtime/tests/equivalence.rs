@@ -571,6 +571,7 @@ fn every_combination_of_switches() {
                 defer: phases == hoist,
                 direct_matmul: epilogue,
                 gather_views: row_cache,
+                dense_sums: row_cache != epilogue,
                 ragged: hfuse,
                 ragged_chunk_rows: 0,
                 threads: 1,

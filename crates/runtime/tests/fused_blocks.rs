@@ -531,3 +531,99 @@ fn row_programs_split_across_threads_match_one_thread() {
         assert!(identical(&one, &many), "b {b}, {threads} threads");
     }
 }
+
+/// An RNN step written plainly: a product over a concatenation plus a bias plus another
+/// product; `also_sum` returns the sum too (so it is not fused into the epilogue).
+fn plain_step(h: usize, also_sum: bool) -> String {
+    let s = h + 2;
+    let ret = if also_sum {
+        "(tanh(%sum), %sum)"
+    } else {
+        "tanh(%sum)"
+    };
+    format!(
+        "def @step(%x: Tensor[(1, {h}), float32], %s: Tensor[(1, {s}), float32],
+                   %y: Tensor[(1, {h}), float32], %w: Tensor[({h}, {hs}), float32],
+                   %u: Tensor[({h}, {h}), float32], %b: Tensor[({h}), float32], Primitive=1) {{
+           let %sum = add(add(nn.dense(concatenate((%x, %s), axis=1), %w), %b), nn.dense(%y, %u));
+           {ret}
+         }}
+         def @main(%x: Tensor[(1, {h}), float32]) {{ %x }}",
+        hs = h + s
+    )
+}
+
+/// Sums of products as one GEMM (`Stage::DenseSum`) give the batching rules' values (to
+/// rounding: the sum is reassociated) at odd sizes, with batched, row-list and shared parts,
+/// with and without an epilogue; off, the plan has no such stage.
+#[test]
+fn sums_of_products_match_the_batching_rules_at_odd_sizes() {
+    use tumble_compile::PlanOptions;
+    use tumble_runtime::fused::plan_with;
+    for also_sum in [false, true] {
+        for h in [1usize, 7, 33] {
+            let block = block_of(&plain_step(h, also_sum), "step");
+            let on = plan_with(&block, PlanOptions::default(), true);
+            let off = plan_with(
+                &block,
+                PlanOptions {
+                    dense_sums: false,
+                    ..PlanOptions::default()
+                },
+                true,
+            );
+            let shown = on.to_string();
+            assert!(
+                shown.contains("summed by") && shown.contains("read in place"),
+                "{shown}"
+            );
+            assert_eq!(shown.contains("epilogue"), !also_sum, "{shown}");
+            assert!(!off.to_string().contains("summed by"));
+            for b in [1usize, 7, 33] {
+                for layout in ["stacked", "rows", "shared state"] {
+                    let mut rng = Rng::new((h * 1000 + b * 10) as u64 + u64::from(also_sum));
+                    let inputs: Vec<BV> = block
+                        .inputs
+                        .iter()
+                        .map(|inp| {
+                            let t =
+                                |shape: &[usize], rng: &mut Rng| OpValue::Tensor(rand(shape, rng));
+                            match inp.name.as_str() {
+                                "%s" if layout == "shared state" => {
+                                    BV::Shared(t(&[1, h + 2], &mut rng))
+                                }
+                                "%s" => BV::Batched(t(&[b, 1, h + 2], &mut rng)),
+                                "%x" | "%y" => BV::Batched(t(&[b, 1, h], &mut rng)),
+                                "%w" => BV::Shared(t(&[h, 2 * h + 2], &mut rng)),
+                                "%u" => BV::Shared(t(&[h, h], &mut rng)),
+                                "%b" => BV::Shared(t(&[h], &mut rng)),
+                                other => panic!("unexpected block input {other}"),
+                            }
+                        })
+                        .collect();
+                    let inputs = if layout == "rows" {
+                        as_row_lists(&inputs, &mut rng)
+                    } else {
+                        inputs
+                    };
+                    let mut r = Rng::new(0);
+                    let mut octx = OpCtx { rng: &mut r };
+                    let mut stats = OpStats::default();
+                    let want = run_block(&block, &inputs, b, &mut octx, &mut stats)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    let (got_on, s_on) = run_with(&block, &on, &inputs, b);
+                    let (got_off, s_off) = run_with(&block, &off, &inputs, b);
+                    assert_eq!(got_on.len(), want.len());
+                    for (k, ((x, y), w)) in got_on.iter().zip(&got_off).zip(&want).enumerate() {
+                        let at = format!("h {h} b {b} {layout} sum out {also_sum} output {k}");
+                        assert!(close(x, w), "{at}: {x:?} vs {w:?}");
+                        assert!(close(y, w), "{at} (off)");
+                    }
+                    assert_eq!(s_on.dense_sums, 1, "h {h} b {b} {layout}: {s_on:?}");
+                    assert_eq!(s_on.fallbacks, 0, "h {h} b {b} {layout}: {s_on:?}");
+                    assert_eq!(s_off.dense_sums, 0);
+                }
+            }
+        }
+    }
+}

@@ -11,7 +11,9 @@ use tumble_ops::{OpCtx, OpValue};
 use tumble_tensor::pool::{scratch_f32, with_capacity_f32, zeroed_f32};
 use tumble_tensor::Tensor;
 
-use tumble_kernels::Rows;
+use std::sync::Arc;
+
+use tumble_kernels::{PackedWeight, Rows};
 
 use super::rowexec::*;
 use super::rowprog::*;
@@ -353,50 +355,175 @@ thread_local! {
     static EPILOGUE_C: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A GEMM stage (nodes `dense`: one dense, or a horizontally fused group reading the same rows)
-/// whose results only the row program of the next stage (`rows_stage`, nodes `ns`) reads: the
-/// row program runs as the GEMM's epilogue on each block of output rows while the block is in
-/// cache, and writes its live values straight into their tensors; the product itself is scratch.
-/// Returns those values and the GEMM's flops; `None`, having computed nothing, when the fast path
-/// does not apply (the caller then runs the two stages separately).
-pub(super) fn gemm_with_epilogue(
-    ex: &Exec,
-    rp: &RunPlan,
+/// A GEMM stage's operands for one launch: `C = Σ_i A_i · W_iᵀ` over parts (each part's rows
+/// as they lie, its `K`, its packed weight `N × K`), which node's value is which columns of `C`
+/// (one part and several values for horizontal fusion; several parts and one value for a sum
+/// of products), and the addends of a sum that are not products (added to `C`'s rows).
+pub(super) struct GemmOperands<'e> {
+    pub(super) a: Vec<Cow<'e, BV>>,
+    pub(super) w: Vec<(usize, Arc<PackedWeight>)>,
+    pub(super) n: usize,
+    /// Node, first column, width.
+    pub(super) outs: Vec<(usize, usize, usize)>,
+    pub(super) addends: Vec<Cow<'e, BV>>,
+}
+
+/// The operands of denses `dense` (one, or a horizontally fused group reading the same rows
+/// with shared f32 weights): `None` when they are not of that form.
+pub(super) fn dense_operands<'e>(
+    ex: &'e Exec,
     dense: &[usize],
-    rows_stage: usize,
-    ns: &[usize],
-    fstats: &mut FusedStats,
-) -> Result<Option<(NodeValues, u64)>, String> {
+) -> Result<Option<GemmOperands<'e>>, String> {
     let Some((a, ws)) = shared_weight_operands(ex, dense)? else {
         return Ok(None);
     };
-    let Some((a_rows, k, lead)) = gemm_rows(&a) else {
+    let Some(k) = gemm_rows(&a).map(|(_, k, _)| k) else {
         return Ok(None);
     };
     let Some(widths) = weight_widths(&ws, k) else {
         return Ok(None);
     };
     let n: usize = widths.iter().sum();
+    let pw = if let [w] = ws.as_slice() {
+        crate::gemm::packed(w, n, k)?
+    } else {
+        crate::gemm::packed_concat(&ws, k)?
+    };
+    let mut outs = Vec::with_capacity(dense.len());
+    let mut col = 0;
+    for (&d, &w) in dense.iter().zip(&widths) {
+        outs.push((d, col, w));
+        col += w;
+    }
+    Ok(Some(GemmOperands {
+        a: vec![a],
+        w: vec![(k, pw)],
+        n,
+        outs,
+        addends: Vec::new(),
+    }))
+}
+
+/// An addend of a sum of products, bound for a launch: per-row values, or one vector (a bias)
+/// or value added to every row.
+pub(super) enum Addend<'a> {
+    Rows(Vec<&'a [f32]>),
+    Vector(&'a [f32]),
+    Scalar(f32),
+}
+
+impl<'a> Addend<'a> {
+    /// `v` as an addend of rows of width `n` (`rows` of them); `None` when it is not one.
+    pub(super) fn bind(v: &'a BV, n: usize, rows: usize) -> Option<Addend<'a>> {
+        match v {
+            BV::Shared(OpValue::Tensor(t)) => match t.as_f32()? {
+                [x] => Some(Addend::Scalar(*x)),
+                d if d.len() == n => Some(Addend::Vector(d)),
+                _ => None,
+            },
+            _ => row_ptrs(v, n).filter(|r| r.len() == rows).map(Addend::Rows),
+        }
+    }
+}
+
+/// Adds `addends` to the rows `first..` of a sum's product (`c`: whole rows of width `n`).
+pub(super) fn add_addends(c: &mut [f32], n: usize, first: usize, addends: &[Addend]) {
+    for (r, row) in c.chunks_exact_mut(n.max(1)).enumerate() {
+        for a in addends {
+            match a {
+                Addend::Rows(rs) => {
+                    if let Some(x) = rs.get(first + r) {
+                        row.iter_mut().zip(x.iter()).for_each(|(c, x)| *c += *x);
+                    }
+                }
+                Addend::Vector(v) => row.iter_mut().zip(v.iter()).for_each(|(c, x)| *c += *x),
+                Addend::Scalar(x) => row.iter_mut().for_each(|c| *c += *x),
+            }
+        }
+    }
+}
+
+/// Each part's rows, checked against its weight's `K`, and the rows' leading shape (the same
+/// for every part); `None` when a part is not batched f32 rows of that width.
+/// A part passed once for the whole launch (a shared initial state, e.g. `zeros`) is that row
+/// repeated, read in place.
+pub(super) fn part_rows<'a>(ops: &'a GemmOperands) -> Option<(Vec<GemmRows<'a>>, Vec<usize>)> {
+    let mut lead: Option<Vec<usize>> = None;
+    let mut rows: Vec<Option<GemmRows>> = Vec::with_capacity(ops.a.len());
+    for (a, (k, _)) in ops.a.iter().zip(&ops.w) {
+        if matches!(**a, BV::Shared(_)) {
+            rows.push(None);
+            continue;
+        }
+        let (r, ka, l) = gemm_rows(a)?;
+        if ka != *k || lead.as_ref().is_some_and(|prev| *prev != l) {
+            return None;
+        }
+        lead = Some(l);
+        rows.push(Some(r));
+    }
+    let lead = lead?;
+    let m: usize = lead.iter().product();
+    let rows = rows
+        .into_iter()
+        .zip(ops.a.iter().zip(&ops.w))
+        .map(|(r, (a, (k, _)))| match (r, &**a) {
+            (Some(r), _) => Some(r),
+            // One row of K values, the same for every row of the launch.
+            (None, BV::Shared(OpValue::Tensor(t))) => t
+                .as_f32()
+                .filter(|d| d.len() == *k && *k > 0)
+                .map(|d| GemmRows::Gathered(vec![d; m])),
+            (None, _) => None,
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((rows, lead))
+}
+
+/// A GEMM stage (`ops`: one dense, a horizontally fused group reading the same rows, or a sum
+/// of products) whose results only the row program of the next stage (`rows_stage`, nodes `ns`)
+/// reads: the row program runs as the GEMM's epilogue on each block of output rows while the
+/// block is in cache, and writes its live values straight into their tensors; the product
+/// itself is scratch. Returns those values and the GEMM's flops; `None`, having computed
+/// nothing, when the fast path does not apply (the caller then runs the two stages separately).
+pub(super) fn gemm_with_epilogue(
+    ex: &Exec,
+    rp: &RunPlan,
+    ops: &GemmOperands,
+    rows_stage: usize,
+    ns: &[usize],
+    fstats: &mut FusedStats,
+) -> Result<Option<(NodeValues, u64)>, String> {
+    let Some((a_rows, lead)) = part_rows(ops) else {
+        return Ok(None);
+    };
+    let n = ops.n;
     let rows: usize = lead.iter().product();
     if n == 0 || rows == 0 {
         return Ok(None);
     }
+    let Some(addends) = ops
+        .addends
+        .iter()
+        .map(|v| Addend::bind(v, n, rows))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return Ok(None);
+    };
     // The row program's operands; the GEMM's results among them are bound block by block to
     // their columns of C.
     let empty = RowOperands::default();
-    let ops = rp.plan.row_ops.get(rows_stage).unwrap_or(&empty);
-    let mut vals: Vec<Option<Cow<BV>>> = Vec::with_capacity(ops.vals.len());
-    let mut sig: Vec<OpSig> = Vec::with_capacity(ops.vals.len());
-    let mut in_c: Vec<Option<(usize, usize)>> = Vec::with_capacity(ops.vals.len());
-    for v in &ops.vals {
+    let row_ops = rp.plan.row_ops.get(rows_stage).unwrap_or(&empty);
+    let mut vals: Vec<Option<Cow<BV>>> = Vec::with_capacity(row_ops.vals.len());
+    let mut sig: Vec<OpSig> = Vec::with_capacity(row_ops.vals.len());
+    let mut in_c: Vec<Option<(usize, usize)>> = Vec::with_capacity(row_ops.vals.len());
+    for v in &row_ops.vals {
         let member = match v {
-            BVal::Node(k) => dense.iter().position(|&d| d == *k as usize),
+            BVal::Node(k) => ops.outs.iter().find(|(d, ..)| *d == *k as usize),
             _ => None,
         };
         match member {
-            Some(j) => {
-                let col: usize = widths.iter().take(j).sum();
-                let w = widths.get(j).copied().unwrap_or(0);
+            Some(&(_, col, w)) => {
                 let mut shape = lead.get(1..).unwrap_or(&[]).to_vec();
                 shape.push(w);
                 sig.push(OpSig::Batched(shape));
@@ -431,11 +558,12 @@ pub(super) fn gemm_with_epilogue(
         .filter(|(o, _)| matches!(o.src, Src::Ext(_)))
         .map(|(_, c)| *c)
         .collect();
-    let pw = if let [w] = ws.as_slice() {
-        crate::gemm::packed(w, n, k)?
-    } else {
-        crate::gemm::packed_concat(&ws, k)?
-    };
+    let k_total: usize = ops.w.iter().map(|(k, _)| k).sum();
+    let weight_bytes = ops
+        .w
+        .iter()
+        .map(|(k, _)| n.saturating_mul(*k).saturating_mul(4))
+        .sum();
     let mut bufs: Vec<Vec<f32>> = flat_outs(&prog)
         .map(|o| scratch_f32(rows * o.len))
         .collect();
@@ -443,7 +571,7 @@ pub(super) fn gemm_with_epilogue(
     // The epilogue runs inside the kernel's row blocks (on its threads) and cannot return an
     // error: the first one is kept here and reported after the product.
     let epilogue_failure: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-    let chunks = epilogue_chunks(rows, n, n.saturating_mul(k).saturating_mul(4));
+    let chunks = epilogue_chunks(rows, n, weight_bytes);
     let chunk_max = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
     let mut c = EPILOGUE_C.with(|c| std::mem::take(&mut *c.borrow_mut()));
     if c.len() < chunk_max * n {
@@ -463,6 +591,7 @@ pub(super) fn gemm_with_epilogue(
         // `r` is relative to the chunk; the program's other operands are indexed by the
         // launch's rows.
         let epilogue = |r: Range<usize>, cblk: &mut [f32], outs: &mut [&mut [f32]]| {
+            add_addends(cblk, n, r.start + off, &addends);
             let cblk: &[f32] = cblk;
             let ext = bound
                 .ext
@@ -487,9 +616,18 @@ pub(super) fn gemm_with_epilogue(
                 }
             }
         };
-        let a = a_rows.rows_in(k, chunk.clone());
+        let part_rows: Vec<Rows> = a_rows
+            .iter()
+            .zip(&ops.w)
+            .map(|(a, (k, _))| a.rows_in(*k, chunk.clone()))
+            .collect();
+        let parts: Vec<(&Rows, &PackedWeight)> = part_rows
+            .iter()
+            .zip(&ops.w)
+            .map(|(a, (_, w))| (a, &**w))
+            .collect();
         done = tumble_kernels::dense_into(
-            &[(&a, &pw)],
+            &parts,
             &mut c[..chunk.len() * n],
             &mut outputs,
             &epilogue,
@@ -508,7 +646,7 @@ pub(super) fn gemm_with_epilogue(
         return Err(e);
     }
     let values = assemble(&prog, &out_lead, bufs)?;
-    Ok(Some((values, 2 * (rows * k * n) as u64)))
+    Ok(Some((values, 2 * (rows * k_total * n) as u64)))
 }
 
 /// The A operand of a GEMM stage, read where it lies.
@@ -527,7 +665,7 @@ impl GemmRows<'_> {
     }
 
     /// Rows `range` of the operand (an empty operand past the end).
-    fn rows_in(&self, k: usize, range: Range<usize>) -> Rows<'_> {
+    pub(super) fn rows_in(&self, k: usize, range: Range<usize>) -> Rows<'_> {
         match self {
             GemmRows::Contiguous(data) => Rows::Contiguous {
                 data: data.get(range.start * k..range.end * k).unwrap_or(&[]),

@@ -26,14 +26,16 @@ use tumble_ops::{OpCtx, OpValue};
 
 use crate::batched::{batched_op, tuple_of, LaunchOps, OpStats, BV};
 
+mod dense_sum;
 mod gather;
 mod gemm;
 mod rowexec;
 mod rowprog;
 
+use dense_sum::{sum_operands, sum_stage};
 use gather::gather_stage;
 pub(crate) use gemm::dot;
-use gemm::{gemm_with_epilogue, hdense_stage, matmul_stage, run_dense};
+use gemm::{dense_operands, gemm_with_epilogue, hdense_stage, matmul_stage, run_dense};
 use rowexec::row_program;
 use rowprog::RowCache;
 
@@ -229,6 +231,8 @@ pub struct FusedStats {
     pub direct_matmuls: u64,
     /// Embedding lookups that referred to the table's rows instead of copying them.
     pub gather_views: u64,
+    /// Dense stages run as [`Stage::DenseSum`] (counted in `dense_stages` too).
+    pub dense_sums: u64,
 }
 
 /// Runs `block` for `b` invocations following `plan`.
@@ -264,21 +268,35 @@ pub fn run_planned(
             continue;
         }
         if plan.epilogue.get(s).copied().unwrap_or(false) {
-            let dense: &[usize] = match stage {
-                Stage::Dense(i) => std::slice::from_ref(i),
-                Stage::HDense(ns) => ns,
-                _ => &[],
-            };
             if let Some(Stage::Rows(ns)) = plan.stages.get(s + 1) {
                 let t0 = std::time::Instant::now();
-                let r = gemm_with_epilogue(&ex, run_plan, dense, s + 1, ns, fstats)?;
-                if let Some((outs, flops)) = r {
+                let ops = match stage {
+                    Stage::Dense(i) => dense_operands(&ex, std::slice::from_ref(i))?,
+                    Stage::HDense(ds) => dense_operands(&ex, ds)?,
+                    Stage::DenseSum {
+                        denses,
+                        concats,
+                        adds,
+                    } => match stage.result() {
+                        Some(r) => sum_operands(&ex, denses, concats, adds, r)?,
+                        None => None,
+                    },
+                    _ => None,
+                };
+                let r = match &ops {
+                    Some(ops) => gemm_with_epilogue(&ex, run_plan, ops, s + 1, ns, fstats)?,
+                    None => None,
+                };
+                if let (Some((outs, flops)), Some(ops)) = (r, &ops) {
                     fstats.dense_time += t0.elapsed();
                     fstats.dense_stages += 1;
                     fstats.dense_flops += flops;
-                    if dense.len() > 1 {
+                    if matches!(stage, Stage::HDense(_)) {
                         fstats.hfused_stages += 1;
-                        fstats.hfused_denses += dense.len() as u64;
+                        fstats.hfused_denses += ops.outs.len() as u64;
+                    }
+                    if matches!(stage, Stage::DenseSum { .. }) {
+                        fstats.dense_sums += 1;
                     }
                     fstats.row_programs += 1;
                     fstats.row_program_ops += ns.len() as u64;
@@ -342,6 +360,39 @@ pub fn run_planned(
                             ex.run_node(i, octx, stats)?;
                         }
                         run_dense(&mut ex, *dense, octx, stats, fstats)?;
+                    }
+                }
+            }
+            Stage::DenseSum {
+                denses,
+                concats,
+                adds,
+            } => {
+                let t0 = std::time::Instant::now();
+                let r = match stage.result() {
+                    Some(res) => match sum_operands(&ex, denses, concats, adds, res)? {
+                        Some(ops) => sum_stage(&ex, &ops)?.map(|v| (res, v)),
+                        None => None,
+                    },
+                    None => None,
+                };
+                fstats.dense_time += t0.elapsed();
+                match r {
+                    Some((res, (v, flops))) => {
+                        fstats.dense_stages += 1;
+                        fstats.dense_sums += 1;
+                        fstats.dense_flops += flops;
+                        if let Some(slot) = ex.vals.get_mut(res) {
+                            *slot = Some(v);
+                        }
+                    }
+                    // Not this launch's operands: the concatenations, products and sums one by
+                    // one, in node order.
+                    None => {
+                        fstats.fallbacks += 1;
+                        for i in stage.nodes() {
+                            ex.run_node(i, octx, stats)?;
+                        }
                     }
                 }
             }

@@ -393,6 +393,7 @@ pub fn check_all_ways(x: &Expected) {
                     defer: fusion,
                     direct_matmul: planopt,
                     gather_views: planopt,
+                    dense_sums: planopt,
                     ragged: fusion,
                     // Tiny chunks at one batch size: chunking must not change results.
                     ragged_chunk_rows: if batch == 7 { 3 } else { 0 },

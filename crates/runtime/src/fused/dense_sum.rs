@@ -1,0 +1,145 @@
+//! [`Stage::DenseSum`](tumble_compile::Stage::DenseSum): a sum of products, and a product over
+//! a concatenation, as one GEMM over the parts' rows where they lie (see the plan's docs).
+
+use tumble_compile::{BArg, BVal};
+use tumble_ops::OpValue;
+use tumble_tensor::pool::scratch_f32;
+use tumble_tensor::Tensor;
+
+use super::gemm::{add_addends, gemm_rows, part_rows, Addend, GemmOperands};
+use super::Exec;
+use crate::batched::BV;
+
+/// The operands of a sum stage for this launch: every product's rows (a concatenation's parts
+/// each a part of its own, against its weight's column block), the other addends, the result
+/// node `result`. `None` when a weight is not shared f32 or a part is not batched f32 rows.
+pub(super) fn sum_operands<'e>(
+    ex: &'e Exec,
+    denses: &[usize],
+    concats: &[usize],
+    adds: &[usize],
+    result: usize,
+) -> Result<Option<GemmOperands<'e>>, String> {
+    let mut ops = GemmOperands {
+        a: Vec::new(),
+        w: Vec::new(),
+        n: 0,
+        outs: Vec::new(),
+        addends: Vec::new(),
+    };
+    let mut n: Option<usize> = None;
+    for &d in denses {
+        let node = ex.block.nodes.get(d).ok_or("internal: node")?;
+        let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1))
+        else {
+            return Ok(None);
+        };
+        let BV::Shared(OpValue::Tensor(w)) = ex.get(wv)? else {
+            return Ok(None);
+        };
+        let (&[wn, wk], Some(_)) = (w.shape(), w.as_f32()) else {
+            return Ok(None);
+        };
+        if n.is_some_and(|n| n != wn) {
+            return Ok(None);
+        }
+        n = Some(wn);
+        let parts: Vec<BVal> = match av {
+            BVal::Node(c) if concats.contains(&(*c as usize)) => {
+                match ex
+                    .block
+                    .nodes
+                    .get(*c as usize)
+                    .and_then(|cn| cn.args.first())
+                {
+                    Some(BArg::Tuple(vs)) => vs.clone(),
+                    _ => return Ok(None),
+                }
+            }
+            other => vec![other.clone()],
+        };
+        let mut k0 = 0;
+        for p in &parts {
+            let v = ex.get_raw(p)?;
+            let k = match &*v {
+                // One row for the whole launch (see `part_rows`).
+                BV::Shared(OpValue::Tensor(t)) => t.shape().last().copied().unwrap_or(0),
+                other => match gemm_rows(other) {
+                    Some((_, k, _)) => k,
+                    None => return Ok(None),
+                },
+            };
+            if k == 0 {
+                return Ok(None);
+            }
+            if k0 + k > wk {
+                return Ok(None);
+            }
+            ops.w
+                .push((k, crate::gemm::packed_columns(&w, wn, wk, k0, k)?));
+            ops.a.push(v);
+            k0 += k;
+        }
+        if k0 != wk {
+            return Ok(None);
+        }
+    }
+    let Some(n) = n else {
+        return Ok(None);
+    };
+    ops.n = n;
+    ops.outs.push((result, 0, n));
+    let inside = |v: &BVal| matches!(v, BVal::Node(k) if denses.contains(&(*k as usize)) || adds.contains(&(*k as usize)));
+    for &a in adds {
+        let node = ex.block.nodes.get(a).ok_or("internal: node")?;
+        for arg in &node.args {
+            match arg {
+                BArg::One(v) if inside(v) => {}
+                BArg::One(v) => ops.addends.push(ex.get_raw(v)?),
+                BArg::Tuple(_) => return Ok(None),
+            }
+        }
+    }
+    Ok(Some(ops))
+}
+
+/// The sum stage without an epilogue: the product (and addends) stored as the result's batch.
+/// `None`, having computed nothing, when the operands do not fit.
+pub(super) fn sum_stage(ex: &Exec, ops: &GemmOperands) -> Result<Option<(BV, u64)>, String> {
+    let Some((a_rows, lead)) = part_rows(ops) else {
+        return Ok(None);
+    };
+    let n = ops.n;
+    let rows: usize = lead.iter().product();
+    let Some(addends) = ops
+        .addends
+        .iter()
+        .map(|v| Addend::bind(v, n, rows))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return Ok(None);
+    };
+    // Overwritten whole by the GEMM.
+    let mut c = scratch_f32(rows * n);
+    let part_rows: Vec<tumble_kernels::Rows> = a_rows
+        .iter()
+        .zip(&ops.w)
+        .map(|(a, (k, _))| a.rows_in(*k, 0..rows))
+        .collect();
+    let parts: Vec<(&tumble_kernels::Rows, &tumble_kernels::PackedWeight)> = part_rows
+        .iter()
+        .zip(&ops.w)
+        .map(|(a, (_, w))| (a, &**w))
+        .collect();
+    tumble_kernels::dense_accumulate(&parts, &mut c, &tumble_kernels::NoEpilogue, ex.threads)
+        .map_err(|e| e.to_string())?;
+    add_addends(&mut c, n, 0, &addends);
+    let mut shape = lead;
+    shape.push(n);
+    let k_total: usize = ops.w.iter().map(|(k, _)| k).sum();
+    let t = Tensor::from_f32(shape, c).map_err(|e| e.to_string())?;
+    Ok(Some((
+        BV::Batched(OpValue::Tensor(t)),
+        2 * (rows * k_total * n) as u64,
+    )))
+}
