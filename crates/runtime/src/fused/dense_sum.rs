@@ -1,6 +1,8 @@
 //! [`Stage::DenseSum`](tumble_compile::Stage::DenseSum): a sum of products, and a product over
 //! a concatenation, as one GEMM over the parts' rows where they lie (see the plan's docs).
 
+use std::borrow::Cow;
+
 use tumble_compile::{BArg, BVal};
 use tumble_ops::OpValue;
 use tumble_tensor::pool::scratch_f32;
@@ -61,17 +63,28 @@ pub(super) fn sum_operands<'e>(
         let mut k0 = 0;
         for p in &parts {
             let v = ex.get_raw(p)?;
-            let k = match &*v {
-                // One row for the whole launch (see `part_rows`).
-                BV::Shared(OpValue::Tensor(t)) => t.shape().last().copied().unwrap_or(0),
-                other => match gemm_rows(other) {
-                    Some((_, k, _)) => k,
-                    None => return Ok(None),
-                },
-            };
-            if k == 0 {
-                return Ok(None);
+            if let BV::Shared(OpValue::Tensor(t)) = &*v {
+                // One row passed once for the whole launch (a `zeros` initial state): its
+                // product is one row, computed here and added to every row as a vector.
+                let (Some(x), Some(&k)) = (t.as_f32(), t.shape().last()) else {
+                    return Ok(None);
+                };
+                if k == 0 || x.len() != k || k0 + k > wk {
+                    return Ok(None);
+                }
+                let pw = crate::gemm::packed_columns(&w, wn, wk, k0, k)?;
+                let mut y = vec![0f32; wn];
+                let one = tumble_kernels::Rows::Contiguous { data: x, stride: k };
+                tumble_kernels::dense(&one, &pw, &mut y, &tumble_kernels::NoEpilogue, 1)
+                    .map_err(|e| e.to_string())?;
+                let y = Tensor::from_f32(vec![wn], y).map_err(|e| e.to_string())?;
+                ops.addends.push(Cow::Owned(BV::Shared(OpValue::Tensor(y))));
+                k0 += k;
+                continue;
             }
+            let Some(k) = gemm_rows(&v).map(|(_, k, _)| k) else {
+                return Ok(None);
+            };
             if k0 + k > wk {
                 return Ok(None);
             }

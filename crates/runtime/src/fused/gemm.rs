@@ -445,39 +445,18 @@ pub(super) fn add_addends(c: &mut [f32], n: usize, first: usize, addends: &[Adde
 
 /// Each part's rows, checked against its weight's `K`, and the rows' leading shape (the same
 /// for every part); `None` when a part is not batched f32 rows of that width.
-/// A part passed once for the whole launch (a shared initial state, e.g. `zeros`) is that row
-/// repeated, read in place.
 pub(super) fn part_rows<'a>(ops: &'a GemmOperands) -> Option<(Vec<GemmRows<'a>>, Vec<usize>)> {
     let mut lead: Option<Vec<usize>> = None;
-    let mut rows: Vec<Option<GemmRows>> = Vec::with_capacity(ops.a.len());
+    let mut rows = Vec::with_capacity(ops.a.len());
     for (a, (k, _)) in ops.a.iter().zip(&ops.w) {
-        if matches!(**a, BV::Shared(_)) {
-            rows.push(None);
-            continue;
-        }
         let (r, ka, l) = gemm_rows(a)?;
         if ka != *k || lead.as_ref().is_some_and(|prev| *prev != l) {
             return None;
         }
         lead = Some(l);
-        rows.push(Some(r));
+        rows.push(r);
     }
-    let lead = lead?;
-    let m: usize = lead.iter().product();
-    let rows = rows
-        .into_iter()
-        .zip(ops.a.iter().zip(&ops.w))
-        .map(|(r, (a, (k, _)))| match (r, &**a) {
-            (Some(r), _) => Some(r),
-            // One row of K values, the same for every row of the launch.
-            (None, BV::Shared(OpValue::Tensor(t))) => t
-                .as_f32()
-                .filter(|d| d.len() == *k && *k > 0)
-                .map(|d| GemmRows::Gathered(vec![d; m])),
-            (None, _) => None,
-        })
-        .collect::<Option<Vec<_>>>()?;
-    Some((rows, lead))
+    Some((rows, lead?))
 }
 
 /// A GEMM stage (`ops`: one dense, a horizontally fused group reading the same rows, or a sum
