@@ -286,6 +286,19 @@ fn print_static_report(
             }
         }
     }
+    if !report.merged.is_empty() {
+        println!(
+            "  block merging (`run` merges for mini-batches of at least {} instances; --no-block-merge): hoisted blocks run inside the block that reads them:",
+            tumble_compile::merge::MERGE_MIN_BATCH
+        );
+        for m in &report.merged {
+            let sites = if m.sites == 1 { "site" } else { "sites" };
+            println!(
+                "    {} into {} ({} call {sites})",
+                m.producer, m.consumer, m.sites
+            );
+        }
+    }
     if report.ghosts.is_empty() {
         println!("  ghosts: every conditional's arms advance the inline depth alike");
     } else {

@@ -122,6 +122,11 @@ pub struct RunArgs {
     /// static taint analysis nor the dynamic rule moves work out of recursion).
     #[arg(long)]
     pub no_hoist: bool,
+    /// No block merging: a hoisted block read only by another block's invocation (an RNN's
+    /// input transform) keeps its own launch. Merging is on only for mini-batches of at least 32
+    /// instances, where it pays; `tumble explain` lists what merges.
+    #[arg(long)]
+    pub no_block_merge: bool,
     /// No ghost operators: arms of a conditional that run different numbers of blocks leave
     /// instances at different inline depths.
     #[arg(long)]
@@ -278,6 +283,11 @@ fn static_options(args: &RunArgs) -> tumble_compile::StaticOptions {
         params: !args.no_param_consts,
         leaf_inline: !args.no_leaf_inline,
         specialize: !args.no_specialize,
+        // Without `--batch`, every instance is in one mini-batch: more than enough.
+        merge: !args.no_block_merge
+            && args
+                .batch
+                .is_none_or(|b| b >= tumble_compile::merge::MERGE_MIN_BATCH),
     }
 }
 

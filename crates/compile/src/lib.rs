@@ -17,6 +17,7 @@ pub mod inline;
 pub mod inline_leaves;
 pub mod lower;
 pub mod map_loop;
+pub mod merge;
 pub mod passes;
 pub mod phases;
 pub mod pipeline;

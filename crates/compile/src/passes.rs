@@ -23,6 +23,9 @@ pub struct StaticOptions {
     pub leaf_inline: bool,
     /// Higher-order functions cloned per closure argument ([`crate::specialize`]).
     pub specialize: bool,
+    /// Hoisted blocks read only by another block's invocation run inside it ([`crate::merge`];
+    /// callers that know the mini-batch size enable it from [`crate::merge::MERGE_MIN_BATCH`]).
+    pub merge: bool,
 }
 
 impl StaticOptions {
@@ -35,6 +38,7 @@ impl StaticOptions {
             params: true,
             leaf_inline: true,
             specialize: true,
+            merge: true,
         }
     }
 
@@ -47,6 +51,7 @@ impl StaticOptions {
             params: false,
             leaf_inline: false,
             specialize: false,
+            merge: false,
         }
     }
 }
@@ -68,6 +73,8 @@ pub struct StaticReport {
     pub leaf_calls_inlined: usize,
     /// Functions specialized on a closure argument.
     pub specialized: Vec<crate::specialize::Specialized>,
+    /// Hoisted blocks merged into the block that reads them.
+    pub merged: Vec<crate::merge::Merged>,
 }
 
 /// Runs the switched-on optimizations; `weights` flags the entry's parameters that are model
@@ -103,6 +110,10 @@ pub fn optimize(
                 report.hoisted.push(i as u32);
             }
         }
+    }
+    if opts.hoist && opts.merge {
+        report.merged = crate::merge::merge_hoisted(program);
+        crate::verify::debug_check(program, "block merging");
     }
     if opts.ghosts {
         report.ghosts = crate::ghosts::insert(program);

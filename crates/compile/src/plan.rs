@@ -43,8 +43,8 @@ pub enum Stage {
         transpose: usize,
         concat: Option<usize>,
     },
-    /// A sum of products as one GEMM: `add` nodes (`adds`; the last is the result, the others
-    /// read only by the next) summing f32 `nn.dense` nodes (`denses`) whose weights are block
+    /// A sum of products as one GEMM: `add` (or last-axis `nn.bias_add`) nodes (`adds`; the
+    /// last is the result, the others read only by the next) summing f32 `nn.dense` nodes (`denses`) whose weights are block
     /// inputs or constants, each dense read only by its `add`; a dense's rows may be a
     /// `concatenate` along the last axis (`concats`) that nothing else reads. One GEMM runs
     /// over the K-concatenation of every term's rows (each concatenation's parts read where
@@ -361,7 +361,12 @@ fn dense_sums(block: &Block, taken: &[usize]) -> Vec<Stage> {
         };
         Some(concat)
     };
-    let is_add = |n: &BlockNode| n.op.name == "add" && rank2_f32(n) && n.args.len() == 2;
+    // `add`, or `nn.bias_add` along the last axis (its bias an addend like any other).
+    let is_add = |n: &BlockNode| {
+        rank2_f32(n)
+            && n.args.len() == 2
+            && (n.op.name == "add" || (n.op.name == "nn.bias_add" && last_axis(n, 1, 2)))
+    };
     let mut stages = Vec::new();
     let mut absorbed = vec![false; block.nodes.len()];
     for root in (0..block.nodes.len()).rev() {

@@ -290,3 +290,90 @@ def @main(%n: int32, %x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { @
     let in_loop = ghosts_in(&r, "loop");
     assert_eq!(in_loop, vec![&vec![0, n as u32]], "{:?}", r.ghosts);
 }
+
+fn compile_with(src: &str, opts: StaticOptions) -> (Program, StaticReport) {
+    let mut sources = SourceMap::new();
+    let typed = tumble_check::load(&mut sources, "t.rly", src, LoadOptions::default())
+        .unwrap_or_else(|d| panic!("{d:?}"));
+    let mut p = Program::lower_with(&typed, LowerOptions::batched())
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    let weights = vec![false, true, true];
+    let r = optimize(&mut p, "main", &weights, opts);
+    (p, r)
+}
+
+/// The names of the blocks the code of `@rnn` invokes.
+fn invoked_blocks(p: &Program) -> Vec<String> {
+    let mut names = Vec::new();
+    for l in p.lambdas.iter().filter(|l| l.name == "rnn") {
+        l.body.visit(&mut |c| {
+            if let Code::InvokeBlock { block, .. } = c {
+                names.push(p.blocks[*block as usize].name.clone());
+            }
+        });
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+const RNN_MAIN: &str = "
+def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32], %U: Tensor[(4, 4), float32]) -> List[Tensor[(1, 4), float32]] {
+  @rnn(%xs, zeros(shape=[1, 4], dtype=\"float32\"), %W, %U)
+}";
+
+#[test]
+fn a_hoisted_input_transform_merges_into_the_step_that_reads_it() {
+    // Written as the step's operand, and let-bound.
+    let let_bound = RNN.replace(
+        "let %h2 = @step(@input(%x, %W), %h, %U);",
+        "let %xw = @input(%x, %W);\n      let %h2 = @step(%xw, %h, %U);",
+    );
+    assert_ne!(let_bound, RNN);
+    for rnn in [RNN.to_string(), let_bound] {
+        let src = format!("{rnn}{RNN_MAIN}");
+        let (p, r) = compile_with(&src, StaticOptions::all());
+        assert_eq!(r.merged.len(), 1, "{:?}", r.merged);
+        assert_eq!(
+            (r.merged[0].producer.as_str(), r.merged[0].consumer.as_str()),
+            ("input", "step")
+        );
+        assert_eq!(invoked_blocks(&p), ["input+step"], "{p}");
+        let merged = p.blocks.iter().find(|b| b.name == "input+step").unwrap();
+        // The producer's inputs, then the step's others (`%xw` is the producer's output).
+        let inputs: Vec<&str> = merged.inputs.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(inputs.len(), 4, "{inputs:?}");
+        assert!(tumble_compile::verify(&p).is_empty());
+        // Off: the two blocks as written.
+        let (p, r) = compile_with(
+            &src,
+            StaticOptions {
+                merge: false,
+                ..StaticOptions::all()
+            },
+        );
+        assert!(r.merged.is_empty());
+        assert_eq!(invoked_blocks(&p), ["input", "step"]);
+    }
+}
+
+#[test]
+fn a_transform_read_twice_or_not_hoisted_is_not_merged() {
+    // `%xw` read by the step and kept in the output list: no merge.
+    let twice = RNN.replace(
+        "let %h2 = @step(@input(%x, %W), %h, %U);\n      Cons(%h2,",
+        "let %xw = @input(%x, %W);\n      let %h2 = @step(%xw, %h, %U);\n      Cons(add(%h2, %xw),",
+    );
+    assert_ne!(twice, RNN);
+    let (p, r) = compile_with(&format!("{twice}{RNN_MAIN}"), StaticOptions::all());
+    assert!(r.merged.is_empty(), "{:?}", r.merged);
+    assert!(invoked_blocks(&p).contains(&"input".to_string()));
+    // The input transform reading the state: not hoisted, so nothing merges.
+    let stateful = RNN.replace(
+        "@step(@input(%x, %W), %h, %U)",
+        "@step(@input(%h, %W), %h, %U)",
+    );
+    assert_ne!(stateful, RNN);
+    let (_, r) = compile_with(&format!("{stateful}{RNN_MAIN}"), StaticOptions::all());
+    assert!(r.merged.is_empty(), "{:?}", r.merged);
+}

@@ -550,6 +550,7 @@ fn every_combination_of_switches() {
                 params: hoist != dup,
                 leaf_inline: ghosts != dup,
                 specialize: phases != dup,
+                merge: ghosts == phases,
             };
             let (program, reuse) = compile(&x, coarsen, statics);
             let opts = Options {

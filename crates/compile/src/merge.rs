@@ -1,0 +1,327 @@
+//! Block merging: a hoisted block whose one result only another block's invocation reads (an
+//! RNN's input transform `W·x + b`, read only by its step `tanh(xw + U·h)`) runs inside that
+//! invocation's block instead of as a launch of its own.
+//!
+//! Hoisting (ACROBAT §4.1) runs the input transform of every token of every instance as one
+//! launch before the recurrence; the step then reads its row of that launch's output. Merged,
+//! the step's block computes `W·x + U·h + b` itself, which its kernel plan runs as one GEMM over
+//! `[x; h]` (a sum stage, [`crate::plan::Stage::DenseSum`]) with the embedding rows read where
+//! they lie: no intermediate of every token's transform written and read back (page faults on a
+//! first run), one graph node per token fewer. It pays once a step's launches have enough rows
+//! to amortize the larger weight each step then streams; with a few rows per launch, hoisting's
+//! one big launch is better. Callers enable it from the mini-batch size
+//! ([`MERGE_MIN_BATCH`]); `tumble explain` lists what merged.
+//!
+//! A merge needs: the producer's site hoisted, its block pure with one single-tensor output,
+//! bound by a `let` to a slot read exactly once in its lambda (closures' captures counted), as a
+//! whole operand of a block invocation whose site is not hoisted and whose block is pure; the
+//! producer's operands immediate (slots, entry arguments, literals), so evaluating them at the
+//! consumer instead computes the same values. The merged block takes the producer's inputs, then
+//! the consumer's others; one merged block per (producer, consumer, operand) however many sites.
+
+use std::collections::HashMap;
+
+use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, OutputShape};
+use crate::program::{CaptureFrom, Code, Program};
+
+/// Mini-batches of at least this many instances merge (a step's launches then have about this
+/// many rows: the row count from which a launch is no longer bound by streaming its weights, as
+/// the runtime's deferred launches assume). Measured on BiRNN and NestedRNN: merged 2–9% faster
+/// at 64 per mini-batch, 0–5% slower at 8.
+pub const MERGE_MIN_BATCH: usize = 32;
+
+/// One merged pair, for `explain`.
+#[derive(Debug, Clone)]
+pub struct Merged {
+    pub producer: String,
+    pub consumer: String,
+    /// Call sites rewritten.
+    pub sites: usize,
+}
+
+/// A producer found in a `let`: its slot's block invocation.
+struct Producer {
+    block: u32,
+    args: Vec<Code>,
+}
+
+/// Merges hoisted producers into their consumers in every lambda of `program`.
+pub fn merge_hoisted(program: &mut Program) -> Vec<Merged> {
+    let mut merged_blocks: HashMap<(u32, u32, usize), u32> = HashMap::new();
+    let mut report: Vec<Merged> = Vec::new();
+    for li in 0..program.lambdas.len() {
+        let uses = slot_uses(program, li);
+        let Some(lambda) = program.lambdas.get(li) else {
+            continue;
+        };
+        // Producers: `let $s = invoke A[hoisted](immediates)` with `$s` read once.
+        let mut producers: HashMap<u32, Producer> = HashMap::new();
+        lambda.body.visit(&mut |c| {
+            let Code::Let { binds, .. } = c else { return };
+            for (slot, value) in binds {
+                let Code::InvokeBlock {
+                    block, site, args, ..
+                } = value
+                else {
+                    continue;
+                };
+                let hoisted = program.sites.get(*site as usize).is_some_and(|s| s.hoisted);
+                if hoisted
+                    && uses.get(*slot as usize) == Some(&1)
+                    && args.iter().all(immediate)
+                    && program.blocks.get(*block as usize).is_some_and(single_pure)
+                {
+                    producers.insert(
+                        *slot,
+                        Producer {
+                            block: *block,
+                            args: args.clone(),
+                        },
+                    );
+                }
+            }
+        });
+        if producers.is_empty() {
+            continue;
+        }
+        // Consumers: a non-hoisted pure block invocation with `$s` as a whole operand, or with a
+        // producer invocation written as the operand itself (`@step(@input(%x, %W), %h, %U)`).
+        // One producer per consumer site.
+        let mut consumers: HashMap<u32, (u32, usize)> = HashMap::new();
+        let mut nested: Vec<(u32, usize, Producer)> = Vec::new();
+        lambda.body.visit(&mut |c| {
+            let Code::InvokeBlock {
+                block, site, args, ..
+            } = c
+            else {
+                return;
+            };
+            let hoisted = program.sites.get(*site as usize).is_some_and(|s| s.hoisted);
+            let pure = program.blocks.get(*block as usize).is_some_and(pure_block);
+            if hoisted || !pure {
+                return;
+            }
+            for (j, a) in args.iter().enumerate() {
+                match a {
+                    Code::Slot(s) if producers.contains_key(s) => {
+                        consumers.insert(*s, (*site, j));
+                        return;
+                    }
+                    Code::InvokeBlock {
+                        block: pb,
+                        site: ps,
+                        args: pargs,
+                        ..
+                    } if program.sites.get(*ps as usize).is_some_and(|s| s.hoisted)
+                        && pargs.iter().all(immediate)
+                        && program.blocks.get(*pb as usize).is_some_and(single_pure) =>
+                    {
+                        nested.push((
+                            *site,
+                            j,
+                            Producer {
+                                block: *pb,
+                                args: pargs.clone(),
+                            },
+                        ));
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+        });
+        producers.retain(|s, _| consumers.contains_key(s));
+        if producers.is_empty() && nested.is_empty() {
+            continue;
+        }
+        // The merged blocks, then the rewrite: consumers take the producer's work and operands,
+        // producers' bindings go. Per consumer site: (merged block, producer operands, j).
+        let mut plan: HashMap<u32, (u32, Vec<Code>, usize)> = HashMap::new();
+        let pairs = producers
+            .iter()
+            .filter_map(|(slot, p)| consumers.get(slot).map(|&(site, j)| (site, j, p)))
+            .chain(nested.iter().map(|(site, j, p)| (*site, *j, p)));
+        for (site, j, p) in pairs {
+            let Some(b) = program.sites.get(site as usize).map(|s| s.block) else {
+                continue;
+            };
+            let key = (p.block, b, j);
+            let ab = match merged_blocks.get(&key) {
+                Some(&ab) => ab,
+                None => {
+                    let (Some(a), Some(bb)) = (
+                        program.blocks.get(p.block as usize),
+                        program.blocks.get(b as usize),
+                    ) else {
+                        continue;
+                    };
+                    let Some(block) = merge_blocks(a, bb, j) else {
+                        continue;
+                    };
+                    let ab = program.blocks.len() as u32;
+                    program.blocks.push(block);
+                    merged_blocks.insert(key, ab);
+                    ab
+                }
+            };
+            plan.insert(site, (ab, p.args.clone(), j));
+            let (producer, consumer) = (
+                program.blocks.get(p.block as usize).map(|x| x.name.clone()),
+                program.blocks.get(b as usize).map(|x| x.name.clone()),
+            );
+            if let (Some(producer), Some(consumer)) = (producer, consumer) {
+                match report
+                    .iter_mut()
+                    .find(|m| m.producer == producer && m.consumer == consumer)
+                {
+                    Some(m) => m.sites += 1,
+                    None => report.push(Merged {
+                        producer,
+                        consumer,
+                        sites: 1,
+                    }),
+                }
+            }
+        }
+        let merged_slots: Vec<u32> = producers
+            .keys()
+            .copied()
+            .filter(|s| {
+                consumers
+                    .get(s)
+                    .is_some_and(|(site, _)| plan.contains_key(site))
+            })
+            .collect();
+        let Some(lambda) = program.lambdas.get_mut(li) else {
+            continue;
+        };
+        lambda.body.visit_mut(&mut |c| {
+            // A `let` left without bindings is its body, which may be a `let` or the consumer
+            // itself: look again at what replaced it.
+            while let Code::Let { binds, body } = c {
+                binds.retain(|(s, _)| !merged_slots.contains(s));
+                if !binds.is_empty() {
+                    break;
+                }
+                let body = std::mem::replace(&mut **body, Code::Phase);
+                *c = body;
+            }
+            if let Code::InvokeBlock {
+                block, site, args, ..
+            } = c
+            {
+                if let Some((ab, pargs, j)) = plan.get(site) {
+                    let mut all = pargs.clone();
+                    all.extend(
+                        std::mem::take(args)
+                            .into_iter()
+                            .enumerate()
+                            .filter(|(k, _)| k != j)
+                            .map(|(_, a)| a),
+                    );
+                    *args = all;
+                    *block = *ab;
+                }
+            }
+        });
+        for (site, (ab, _, _)) in &plan {
+            if let Some(s) = program.sites.get_mut(*site as usize) {
+                s.block = *ab;
+            }
+        }
+    }
+    report
+}
+
+/// How often each frame slot of lambda `li` is read: `Slot` code and closures' captures.
+fn slot_uses(program: &Program, li: usize) -> Vec<u32> {
+    let Some(lambda) = program.lambdas.get(li) else {
+        return Vec::new();
+    };
+    let mut uses = vec![0u32; lambda.n_slots as usize];
+    let mut note = |s: u32| {
+        if let Some(u) = uses.get_mut(s as usize) {
+            *u += 1;
+        }
+    };
+    lambda.body.visit(&mut |c| match c {
+        Code::Slot(s) => note(*s),
+        Code::MakeClosure(k) => {
+            for (from, _) in program
+                .lambdas
+                .get(*k as usize)
+                .map_or(&[][..], |l| l.captures.as_slice())
+            {
+                if let CaptureFrom::Slot(s) = from {
+                    note(*s);
+                }
+            }
+        }
+        _ => {}
+    });
+    uses
+}
+
+/// Code whose value is at hand without evaluating anything.
+fn immediate(c: &Code) -> bool {
+    matches!(c, Code::Slot(_) | Code::Param(_) | Code::Lit(_))
+}
+
+fn pure_block(b: &Block) -> bool {
+    b.nodes.iter().all(|n| is_pure_op(n.op))
+}
+
+/// Pure, with one single-tensor output.
+fn single_pure(b: &Block) -> bool {
+    pure_block(b)
+        && b.output_shape == OutputShape::Single
+        && b.outputs.len() == 1
+        && b.outputs
+            .first()
+            .is_some_and(|v| b.val_ty(v).as_tensor().is_some())
+}
+
+/// Block `a` then block `b`, `b`'s input `j` being `a`'s output: `a`'s inputs, then `b`'s others.
+fn merge_blocks(a: &Block, b: &Block, j: usize) -> Option<Block> {
+    let a_out = a.outputs.first()?.clone();
+    let off_nodes = a.nodes.len() as u32;
+    let off_inputs = a.inputs.len() as u32;
+    let remap = |v: &BVal| -> BVal {
+        match v {
+            BVal::Input(i) if *i as usize == j => a_out.clone(),
+            BVal::Input(i) if (*i as usize) < j => BVal::Input(off_inputs + i),
+            BVal::Input(i) => BVal::Input(off_inputs + i - 1),
+            BVal::Node(n) => BVal::Node(off_nodes + n),
+            BVal::Field(n, f) => BVal::Field(off_nodes + n, *f),
+            BVal::Const(t) => BVal::Const(t.clone()),
+        }
+    };
+    let mut inputs: Vec<BlockInput> = a.inputs.clone();
+    inputs.extend(
+        b.inputs
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| *k != j)
+            .map(|(_, x)| x.clone()),
+    );
+    let mut nodes = a.nodes.clone();
+    for n in &b.nodes {
+        let mut n = n.clone();
+        for arg in &mut n.args {
+            match arg {
+                BArg::One(v) => *v = remap(v),
+                BArg::Tuple(vs) => vs.iter_mut().for_each(|v| *v = remap(v)),
+            }
+        }
+        nodes.push(n);
+    }
+    Some(Block {
+        name: format!("{}+{}", a.name, b.name),
+        inputs,
+        nodes,
+        outputs: b.outputs.iter().map(remap).collect(),
+        output_shape: b.output_shape,
+        primitive: a.primitive && b.primitive,
+        span: b.span,
+    })
+}
