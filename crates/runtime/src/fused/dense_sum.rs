@@ -8,7 +8,7 @@ use tumble_ops::OpValue;
 use tumble_tensor::pool::scratch_f32;
 use tumble_tensor::Tensor;
 
-use super::gemm::{add_addends, gemm_rows, part_rows, Addend, GemmOperands};
+use super::gemm::{add_addends, gemm_rows, part_rows, GemmOperands};
 use super::Exec;
 use crate::batched::BV;
 
@@ -124,12 +124,7 @@ pub(super) fn sum_stage(ex: &Exec, ops: &GemmOperands) -> Result<Option<(BV, u64
     };
     let n = ops.n;
     let rows: usize = lead.iter().product();
-    let Some(addends) = ops
-        .addends
-        .iter()
-        .map(|v| Addend::bind(v, n, rows))
-        .collect::<Option<Vec<_>>>()
-    else {
+    let Some(addends) = ops.bind_addends(rows) else {
         return Ok(None);
     };
     // Overwritten whole by the GEMM.

@@ -368,6 +368,16 @@ pub(super) struct GemmOperands<'e> {
     pub(super) addends: Vec<Cow<'e, BV>>,
 }
 
+impl GemmOperands<'_> {
+    /// The addends bound for a launch of `rows` rows (`None`: one does not fit).
+    pub(super) fn bind_addends(&self, rows: usize) -> Option<Vec<Addend<'_>>> {
+        self.addends
+            .iter()
+            .map(|v| Addend::bind(v, self.n, rows))
+            .collect()
+    }
+}
+
 /// The operands of denses `dense` (one, or a horizontally fused group reading the same rows
 /// with shared f32 weights): `None` when they are not of that form.
 pub(super) fn dense_operands<'e>(
@@ -481,12 +491,7 @@ pub(super) fn gemm_with_epilogue(
     if n == 0 || rows == 0 {
         return Ok(None);
     }
-    let Some(addends) = ops
-        .addends
-        .iter()
-        .map(|v| Addend::bind(v, n, rows))
-        .collect::<Option<Vec<_>>>()
-    else {
+    let Some(addends) = ops.bind_addends(rows) else {
         return Ok(None);
     };
     // The row program's operands; the GEMM's results among them are bound block by block to
