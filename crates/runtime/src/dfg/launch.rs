@@ -160,10 +160,14 @@ impl Dfg<'_> {
             }
         }
         for (row, &id) in ids.iter().enumerate() {
-            let slots = outs
-                .iter()
-                .map(|o| slot_of(o, row))
-                .collect::<Result<Vec<_>, _>>()?;
+            let slots = match outs.as_slice() {
+                [o] => Outs::One(slot_of(o, row)?),
+                _ => Outs::from_vec(
+                    outs.iter()
+                        .map(|o| slot_of(o, row))
+                        .collect::<Result<Vec<_>, _>>()?,
+                ),
+            };
             if let Some(n) = self.nodes.get_mut(id as usize) {
                 n.out = Some(slots);
                 // The arguments are no longer needed (but by the backward pass); drop them so

@@ -55,6 +55,33 @@ enum At {
     Rows { start: u32, len: u32 },
 }
 
+/// A node's computed outputs, where they lie: almost every block has one, kept inline (no
+/// allocation per recorded node, no pointer to follow when a launch reads it).
+#[derive(Clone)]
+enum Outs {
+    One(Slot),
+    Many(Box<[Slot]>),
+}
+
+impl Outs {
+    fn from_vec(mut slots: Vec<Slot>) -> Outs {
+        match (slots.len(), slots.pop()) {
+            (1, Some(s)) => Outs::One(s),
+            (_, last) => {
+                slots.extend(last);
+                Outs::Many(slots.into_boxed_slice())
+            }
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<&Slot> {
+        match self {
+            Outs::One(s) => (i == 0).then_some(s),
+            Outs::Many(v) => v.get(i),
+        }
+    }
+}
+
 impl Slot {
     fn value(&self) -> Result<Tensor, String> {
         match self.at {
@@ -97,7 +124,7 @@ pub(crate) struct Node {
     key: u64,
     /// Output shapes, shared with the shape cache (recording a node allocates no shapes).
     out_shapes: std::rc::Rc<Vec<Vec<usize>>>,
-    out: Option<Vec<Slot>>,
+    out: Option<Outs>,
     pub(crate) span: Span,
     /// A deferred sum (sum fusion): never launched; `args` are its terms (none of them a deferred
     /// sum), added in order when a launch first reads it ([`Dfg::materialize_sums`]).

@@ -408,7 +408,7 @@ impl Dfg<'_> {
         }
         for (&id, slots) in ids.iter().zip(per_node) {
             if let Some(n) = self.nodes.get_mut(id as usize) {
-                n.out = Some(slots);
+                n.out = Some(Outs::from_vec(slots));
                 n.args = Vec::new();
             }
         }

@@ -117,10 +117,10 @@ impl Dfg<'_> {
             .map_err(|e| RunError::new(format!("internal: sum: {e}")))?;
         for (k, &id) in todo.iter().enumerate() {
             if let Some(n) = self.nodes.get_mut(id as usize) {
-                n.out = Some(vec![Slot {
+                n.out = Some(Outs::One(Slot {
                     tensor: batch.clone(),
                     at: At::Row(k as u32),
-                }]);
+                }));
                 n.args = Vec::new();
             }
         }
