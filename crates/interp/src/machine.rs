@@ -43,13 +43,14 @@ pub trait Backend {
     ) -> Result<Value, RunError>;
 
     /// A static block invoked on evaluated arguments, from invocation site `site` (an index into
-    /// `Program::sites`).
+    /// `Program::sites`). The backend takes the arguments out of `args`; the caller reuses the
+    /// vector for the next invocation (one allocation fewer per invocation).
     fn invoke_block(
         &mut self,
         ctx: &mut InstanceCtx,
         block: u32,
         site: u32,
-        args: Vec<Value>,
+        args: &mut Vec<Value>,
         span: Span,
     ) -> Result<Value, RunError>;
 
@@ -947,20 +948,22 @@ impl<'p> Machine<'p> {
                 block, site, span, ..
             } => Ok(Step::Apply({
                 self.ctx.pending = self.stack.len();
-                backend
-                    .invoke_block(&mut self.ctx, *block, *site, vals, *span)
-                    .map_err(|mut e| {
-                        // Copied from a callee's body: the call is the innermost frame.
-                        let from = self.program.sites.get(*site as usize);
-                        if let Some(call) = from.and_then(|s| s.inlined_from) {
-                            if e.trace.is_empty() {
-                                e.trace = self.call_trace();
-                            }
-                            e.trace.insert(0, call);
-                            e.trace.truncate(MAX_TRACE);
+                let mut vals = vals;
+                let r = backend.invoke_block(&mut self.ctx, *block, *site, &mut vals, *span);
+                vals.clear();
+                self.vals_pool.push(vals);
+                r.map_err(|mut e| {
+                    // Copied from a callee's body: the call is the innermost frame.
+                    let from = self.program.sites.get(*site as usize);
+                    if let Some(call) = from.and_then(|s| s.inlined_from) {
+                        if e.trace.is_empty() {
+                            e.trace = self.call_trace();
                         }
-                        e
-                    })?
+                        e.trace.insert(0, call);
+                        e.trace.truncate(MAX_TRACE);
+                    }
+                    e
+                })?
             })),
             Code::CallCtor { ctor, .. } => Ok(Step::Apply(Value::adt(*ctor, vals))),
             Code::CallGlobal { global, span, .. } => {

@@ -37,7 +37,7 @@ impl Backend for ReferenceBackend<'_> {
         ctx: &mut InstanceCtx,
         block: u32,
         _site: u32,
-        args: Vec<Value>,
+        args: &mut Vec<Value>,
         span: Span,
     ) -> Result<Value, RunError> {
         let b = self
@@ -46,7 +46,7 @@ impl Backend for ReferenceBackend<'_> {
             .get(block as usize)
             .ok_or_else(|| RunError::new(format!("internal: no block {block}")))?;
         let inputs = args
-            .into_iter()
+            .drain(..)
             .map(|v| match v {
                 Value::Tensor(t) => Ok(t),
                 other => Err(RunError::at(

@@ -172,7 +172,7 @@ impl Backend for TapeBackend<'_> {
         ctx: &mut InstanceCtx,
         block: u32,
         _site: u32,
-        args: Vec<Value>,
+        args: &mut Vec<Value>,
         span: Span,
     ) -> Result<Value, RunError> {
         let program = self.program;

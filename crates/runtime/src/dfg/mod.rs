@@ -567,14 +567,14 @@ impl Backend for Dfg<'_> {
         ctx: &mut InstanceCtx,
         block_id: u32,
         site: u32,
-        args: Vec<Value>,
+        args: &mut Vec<Value>,
         span: Span,
     ) -> Result<Value, RunError> {
         self.invocations = self.invocations.wrapping_add(1);
         let t0 = (self.invocations % DFG_TIME_SAMPLE == 0).then(Instant::now);
         let block = self.block(block_id)?;
         let mut recorded = Vec::with_capacity(args.len());
-        for a in args {
+        for a in args.drain(..) {
             recorded.push(match a {
                 Value::Tensor(t) => Arg::Val(t),
                 Value::Lazy(r) if self.launch_log.is_some() => Arg::Lazy(r),
