@@ -161,6 +161,17 @@ pub fn limit_error(stop: tumble_limits::Stop, held: Vec<String>, hint: &str) -> 
 /// Calls listed in an error's trace, innermost first.
 pub const MAX_TRACE: usize = 8;
 
+/// What a run stopped at a limit adds to its message when one instance has this many
+/// evaluations pending: deep pending work is what a recursion without a base case grows, whichever
+/// allocation (the evaluator's stack, the graph's node table) crossed the budget first.
+pub fn runaway_hint(pending: usize) -> &'static str {
+    if pending >= 100_000 {
+        " (a recursion without a base case?)"
+    } else {
+        ""
+    }
+}
+
 /// Steps between two looks at the run limits (memory budget, Ctrl-C): a step costs tens of
 /// nanoseconds, so a runaway is noticed within a fraction of a millisecond of crossing a limit.
 const POLL_EVERY: u32 = 4096;
@@ -399,12 +410,7 @@ impl<'p> Machine<'p> {
             ),
             backend.growth(),
         ];
-        let hint = if self.stack.len() >= 100_000 {
-            " (a recursion without a base case?)"
-        } else {
-            ""
-        };
-        Err(limit_error(stop, held, hint))
+        Err(limit_error(stop, held, runaway_hint(self.stack.len())))
     }
 
     fn push(&mut self, k: Kont<'p>) -> Result<(), RunError> {

@@ -392,7 +392,11 @@ impl<'p> Dfg<'p> {
                     ),
                     self.growth(),
                 ];
-                return Err(tumble_interp::machine::limit_error(stop, held, ""));
+                return Err(tumble_interp::machine::limit_error(
+                    stop,
+                    held,
+                    tumble_interp::machine::runaway_hint(pending),
+                ));
             }
         }
         Ok(self.nodes.len() as u32)
