@@ -6,12 +6,17 @@ use tumble_compile::{optimize, Code, LowerOptions, Program, StaticOptions, Stati
 use tumble_ir::SourceMap;
 
 fn compile(src: &str) -> (Program, StaticReport) {
+    compile_with(src, StaticOptions::all())
+}
+
+/// Compiles `src` with the static optimizations `opts`. Float tensors of @main named `W…` or
+/// `U…` are weights, the rest per instance (like `tumble explain`).
+fn compile_with(src: &str, opts: StaticOptions) -> (Program, StaticReport) {
     let mut sources = SourceMap::new();
     let typed = tumble_check::load(&mut sources, "t.rly", src, LoadOptions::default())
         .unwrap_or_else(|d| panic!("{d:?}"));
     let mut p = Program::lower_with(&typed, LowerOptions::batched())
         .unwrap_or_else(|e| panic!("{}", e.message));
-    // Float tensors of @main are weights, the rest per instance (like `tumble explain`).
     let weights: Vec<bool> = typed
         .module
         .defs()
@@ -24,7 +29,7 @@ fn compile(src: &str) -> (Program, StaticReport) {
                 .collect()
         })
         .unwrap_or_default();
-    let r = optimize(&mut p, "main", &weights, StaticOptions::all());
+    let r = optimize(&mut p, "main", &weights, opts);
     (p, r)
 }
 
@@ -289,17 +294,6 @@ def @main(%n: int32, %x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { @
     let (_, r) = compile(&chain(n, "@cell(%x)", cell, main));
     let in_loop = ghosts_in(&r, "loop");
     assert_eq!(in_loop, vec![&vec![0, n as u32]], "{:?}", r.ghosts);
-}
-
-fn compile_with(src: &str, opts: StaticOptions) -> (Program, StaticReport) {
-    let mut sources = SourceMap::new();
-    let typed = tumble_check::load(&mut sources, "t.rly", src, LoadOptions::default())
-        .unwrap_or_else(|d| panic!("{d:?}"));
-    let mut p = Program::lower_with(&typed, LowerOptions::batched())
-        .unwrap_or_else(|e| panic!("{}", e.message));
-    let weights = vec![false, true, true];
-    let r = optimize(&mut p, "main", &weights, opts);
-    (p, r)
 }
 
 /// The names of the blocks the code of `@rnn` invokes.

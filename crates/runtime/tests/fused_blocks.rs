@@ -171,6 +171,16 @@ fn block_of(src: &str, name: &str) -> tumble_compile::Block {
         .unwrap_or_else(|| panic!("no block for @{name}"))
 }
 
+/// The plan of `block` with the plan options `off` changes (the row-program cache on).
+fn plan_without(
+    block: &tumble_compile::Block,
+    off: impl FnOnce(&mut tumble_compile::PlanOptions),
+) -> tumble_runtime::fused::RunPlan {
+    let mut opts = tumble_compile::PlanOptions::default();
+    off(&mut opts);
+    tumble_runtime::fused::plan_with(block, opts, true)
+}
+
 fn run_with(
     block: &tumble_compile::Block,
     p: &tumble_runtime::fused::RunPlan,
@@ -432,14 +442,7 @@ fn epilogue_fusion_matches_separate_passes_bit_for_bit() {
         ] {
             let block = block_of(&src, name);
             let fused = plan_with(&block, PlanOptions::default(), true);
-            let apart = plan_with(
-                &block,
-                PlanOptions {
-                    epilogue: false,
-                    ..PlanOptions::default()
-                },
-                true,
-            );
+            let apart = plan_without(&block, |o| o.epilogue = false);
             let shown = fused.to_string();
             assert_eq!(
                 shown.matches("epilogue").count() as u64,
@@ -564,14 +567,7 @@ fn sums_of_products_match_the_batching_rules_at_odd_sizes() {
         for h in [1usize, 7, 33] {
             let block = block_of(&plain_step(h, also_sum), "step");
             let on = plan_with(&block, PlanOptions::default(), true);
-            let off = plan_with(
-                &block,
-                PlanOptions {
-                    dense_sums: false,
-                    ..PlanOptions::default()
-                },
-                true,
-            );
+            let off = plan_without(&block, |o| o.dense_sums = false);
             let shown = on.to_string();
             assert!(
                 shown.contains("summed by") && shown.contains("read in place"),
