@@ -171,6 +171,14 @@ fn block_of(src: &str, name: &str) -> tumble_compile::Block {
         .unwrap_or_else(|| panic!("no block for @{name}"))
 }
 
+/// `block`'s outputs for `b` invocations by the batching rules on the reference kernels.
+fn by_batching_rules(block: &tumble_compile::Block, inputs: &[BV], b: usize) -> Vec<BV> {
+    let mut r = Rng::new(0);
+    let mut octx = OpCtx { rng: &mut r };
+    let mut stats = OpStats::default();
+    run_block(block, inputs, b, &mut octx, &mut stats).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// The plan of `block` with the plan options `off` changes (the row-program cache on).
 fn plan_without(
     block: &tumble_compile::Block,
@@ -307,11 +315,7 @@ fn horizontal_fusion_matches_separate_denses_at_odd_sizes() {
                         other => panic!("unexpected block input {other}"),
                     })
                     .collect();
-                let mut r = Rng::new(0);
-                let mut octx = OpCtx { rng: &mut r };
-                let mut stats = OpStats::default();
-                let want = run_block(&block, &inputs, b, &mut octx, &mut stats)
-                    .unwrap_or_else(|e| panic!("{e}"));
+                let want = by_batching_rules(&block, &inputs, b);
                 let (got_on, s_on) = run_with(&block, &on, &inputs, b);
                 let (got_off, s_off) = run_with(&block, &off, &inputs, b);
                 for (k, ((x, y), w)) in got_on.iter().zip(&got_off).zip(&want).enumerate() {
@@ -602,11 +606,7 @@ fn sums_of_products_match_the_batching_rules_at_odd_sizes() {
                     } else {
                         inputs
                     };
-                    let mut r = Rng::new(0);
-                    let mut octx = OpCtx { rng: &mut r };
-                    let mut stats = OpStats::default();
-                    let want = run_block(&block, &inputs, b, &mut octx, &mut stats)
-                        .unwrap_or_else(|e| panic!("{e}"));
+                    let want = by_batching_rules(&block, &inputs, b);
                     let (got_on, s_on) = run_with(&block, &on, &inputs, b);
                     let (got_off, s_off) = run_with(&block, &off, &inputs, b);
                     assert_eq!(got_on.len(), want.len());
