@@ -273,8 +273,10 @@ pub(crate) fn thread_count(flag: Option<usize>) -> Result<usize, Failure> {
     Ok(std::thread::available_parallelism().map_or(1, usize::from))
 }
 
-/// The static optimizations the switches leave on.
-fn static_options(args: &RunArgs) -> tumble_compile::StaticOptions {
+/// The static optimizations the switches leave on, for a job of `instances` instances.
+fn static_options(args: &RunArgs, instances: usize) -> tumble_compile::StaticOptions {
+    // The mini-batch the job runs: `--batch`, or every instance at once.
+    let batch = args.batch.unwrap_or(instances).min(instances);
     tumble_compile::StaticOptions {
         dup: !args.no_dup,
         hoist: !args.no_hoist,
@@ -283,11 +285,7 @@ fn static_options(args: &RunArgs) -> tumble_compile::StaticOptions {
         params: !args.no_param_consts,
         leaf_inline: !args.no_leaf_inline,
         specialize: !args.no_specialize,
-        // Without `--batch`, every instance is in one mini-batch: more than enough.
-        merge: !args.no_block_merge
-            && args
-                .batch
-                .is_none_or(|b| b >= tumble_compile::merge::MERGE_MIN_BATCH),
+        merge: !args.no_block_merge && batch >= tumble_compile::merge::MERGE_MIN_BATCH,
     }
 }
 
@@ -479,7 +477,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                         inline: !args.no_inline,
                         natives: !args.no_native_prelude,
                     },
-                    statics: Some(static_options(args)),
+                    statics: Some(static_options(args, raw.items.len())),
                     plans: opts.plan_options(),
                 },
                 Engine::Reference => CompileOptions::reference(),

@@ -896,3 +896,32 @@ def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
         }
     }
 }
+
+/// Block merging follows the job's mini-batch: BiRNN's input transform runs inside its step
+/// (`rnn_input+rnn_step` in the profile) for mini-batches of at least 32 instances, in launches
+/// of its own below that or with `--no-block-merge`, and the predicted classes are the same.
+#[test]
+fn block_merging_follows_the_mini_batch_size() {
+    let model = zoo_model("birnn_small");
+    let sentences = std::fs::read_to_string(example("birnn")).unwrap();
+    let inputs = temp_path("merge-sentences.jsonl");
+    std::fs::write(&inputs, sentences.repeat(4)).unwrap();
+    let inputs = inputs.display().to_string();
+    let run = |extra: &[&str]| {
+        let args = [&["--threads", "1", "--profile"][..], extra].concat();
+        let out = run_random(&model, &inputs, &args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        out
+    };
+    let merged_block = |o: &Output| text(&o.stderr).contains("rnn_input+rnn_step");
+    let big = run(&["--batch", "32"]);
+    let all = run(&[]);
+    let small = run(&["--batch", "8"]);
+    let off = run(&["--batch", "32", "--no-block-merge"]);
+    assert!(merged_block(&big), "{}", text(&big.stderr));
+    assert!(merged_block(&all), "{}", text(&all.stderr));
+    assert!(!merged_block(&small), "{}", text(&small.stderr));
+    assert!(!merged_block(&off), "{}", text(&off.stderr));
+    assert_eq!(text(&big.stdout), text(&off.stdout));
+    assert_eq!(text(&big.stdout), text(&small.stdout));
+}
