@@ -39,7 +39,7 @@ pub struct Merged {
     pub sites: usize,
 }
 
-/// A producer found in a `let`: its slot's block invocation.
+/// A producer bound by a `let`: its block and operands.
 struct Producer {
     block: u32,
     args: Vec<Code>,
@@ -81,14 +81,9 @@ pub fn merge_hoisted(program: &mut Program) -> Vec<Merged> {
                 }
             }
         });
-        if producers.is_empty() {
-            continue;
-        }
-        // Consumers: a non-hoisted pure block invocation with `$s` as a whole operand, or with a
-        // producer invocation written as the operand itself (`@step(@input(%x, %W), %h, %U)`).
-        // One producer per consumer site.
+        // Consumers: a non-hoisted pure block invocation with `$s` as a whole operand (one
+        // producer per consumer site).
         let mut consumers: HashMap<u32, (u32, usize)> = HashMap::new();
-        let mut nested: Vec<(u32, usize, Producer)> = Vec::new();
         lambda.body.visit(&mut |c| {
             let Code::InvokeBlock {
                 block, site, args, ..
@@ -101,37 +96,16 @@ pub fn merge_hoisted(program: &mut Program) -> Vec<Merged> {
             if hoisted || !pure {
                 return;
             }
-            for (j, a) in args.iter().enumerate() {
-                match a {
-                    Code::Slot(s) if producers.contains_key(s) => {
-                        consumers.insert(*s, (*site, j));
-                        return;
-                    }
-                    Code::InvokeBlock {
-                        block: pb,
-                        site: ps,
-                        args: pargs,
-                        ..
-                    } if program.sites.get(*ps as usize).is_some_and(|s| s.hoisted)
-                        && pargs.iter().all(immediate)
-                        && program.blocks.get(*pb as usize).is_some_and(single_pure) =>
-                    {
-                        nested.push((
-                            *site,
-                            j,
-                            Producer {
-                                block: *pb,
-                                args: pargs.clone(),
-                            },
-                        ));
-                        return;
-                    }
-                    _ => {}
-                }
+            let operand = args.iter().enumerate().find_map(|(j, a)| match a {
+                Code::Slot(s) if producers.contains_key(s) => Some((*s, j)),
+                _ => None,
+            });
+            if let Some((s, j)) = operand {
+                consumers.insert(s, (*site, j));
             }
         });
         producers.retain(|s, _| consumers.contains_key(s));
-        if producers.is_empty() && nested.is_empty() {
+        if producers.is_empty() {
             continue;
         }
         // The merged blocks, then the rewrite: consumers take the producer's work and operands,
@@ -139,8 +113,7 @@ pub fn merge_hoisted(program: &mut Program) -> Vec<Merged> {
         let mut plan: HashMap<u32, (u32, Vec<Code>, usize)> = HashMap::new();
         let pairs = producers
             .iter()
-            .filter_map(|(slot, p)| consumers.get(slot).map(|&(site, j)| (site, j, p)))
-            .chain(nested.iter().map(|(site, j, p)| (*site, *j, p)));
+            .filter_map(|(slot, p)| consumers.get(slot).map(|&(site, j)| (site, j, p)));
         for (site, j, p) in pairs {
             let Some(b) = program.sites.get(site as usize).map(|s| s.block) else {
                 continue;

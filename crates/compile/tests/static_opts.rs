@@ -318,7 +318,7 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32], %U: T
 
 #[test]
 fn a_hoisted_input_transform_merges_into_the_step_that_reads_it() {
-    // Written as the step's operand, and let-bound.
+    // Written as the step's operand (leaf inlining binds it with a `let`), and let-bound.
     let let_bound = RNN.replace(
         "let %h2 = @step(@input(%x, %W), %h, %U);",
         "let %xw = @input(%x, %W);\n      let %h2 = @step(%xw, %h, %U);",
