@@ -54,17 +54,17 @@ pub(crate) unsafe fn tile(
             1 => small::<1, 1>(kc, a, lda, b, c, ldc, n, accumulate),
             2 => small::<2, 1>(kc, a, lda, b, c, ldc, n, accumulate),
             3 => small::<3, 1>(kc, a, lda, b, c, ldc, n, accumulate),
-            4 => rows::<4>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            5 => rows::<5>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            6 => rows::<6>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            7 => rows::<7>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            8 => rows::<8>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            9 => rows::<9>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            10 => rows::<10>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            11 => rows::<11>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            12 => rows::<12>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            13 => rows::<13>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            14 => rows::<14>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            4 => rows::<4, _>(kc, Packed { a, lda }, b, prefetch, c, ldc, n, accumulate),
+            5 => rows::<5, _>(kc, Packed { a, lda }, b, prefetch, c, ldc, n, accumulate),
+            6 => rows::<6, _>(kc, Packed { a, lda }, b, prefetch, c, ldc, n, accumulate),
+            7 => rows::<7, _>(kc, Packed { a, lda }, b, prefetch, c, ldc, n, accumulate),
+            8 => rows::<8, _>(kc, Packed { a, lda }, b, prefetch, c, ldc, n, accumulate),
+            9 => rows::<9, _>(kc, Packed { a, lda }, b, prefetch, c, ldc, n, accumulate),
+            10 => rows::<10, _>(kc, Packed { a, lda }, b, prefetch, c, ldc, n, accumulate),
+            11 => rows::<11, _>(kc, Packed { a, lda }, b, prefetch, c, ldc, n, accumulate),
+            12 => rows::<12, _>(kc, Packed { a, lda }, b, prefetch, c, ldc, n, accumulate),
+            13 => rows::<13, _>(kc, Packed { a, lda }, b, prefetch, c, ldc, n, accumulate),
+            14 => rows::<14, _>(kc, Packed { a, lda }, b, prefetch, c, ldc, n, accumulate),
             _ => {}
         }
     }
@@ -91,59 +91,87 @@ pub(crate) unsafe fn tile_direct(
     // SAFETY: forwarded contract; each arm reads exactly the `m` rows it is instantiated for.
     unsafe {
         match m {
-            1 => direct::<1>(kc, rows, b, prefetch, c, ldc, n, accumulate),
-            2 => direct::<2>(kc, rows, b, prefetch, c, ldc, n, accumulate),
-            3 => direct::<3>(kc, rows, b, prefetch, c, ldc, n, accumulate),
-            4 => direct::<4>(kc, rows, b, prefetch, c, ldc, n, accumulate),
-            5 => direct::<5>(kc, rows, b, prefetch, c, ldc, n, accumulate),
-            6 => direct::<6>(kc, rows, b, prefetch, c, ldc, n, accumulate),
-            7 => direct::<7>(kc, rows, b, prefetch, c, ldc, n, accumulate),
-            8 => direct::<8>(kc, rows, b, prefetch, c, ldc, n, accumulate),
+            1 => self::rows::<1, _>(
+                kc,
+                InPlace { rows, p: 0 },
+                b,
+                prefetch,
+                c,
+                ldc,
+                n,
+                accumulate,
+            ),
+            2 => self::rows::<2, _>(
+                kc,
+                InPlace { rows, p: 0 },
+                b,
+                prefetch,
+                c,
+                ldc,
+                n,
+                accumulate,
+            ),
+            3 => self::rows::<3, _>(
+                kc,
+                InPlace { rows, p: 0 },
+                b,
+                prefetch,
+                c,
+                ldc,
+                n,
+                accumulate,
+            ),
+            4 => self::rows::<4, _>(
+                kc,
+                InPlace { rows, p: 0 },
+                b,
+                prefetch,
+                c,
+                ldc,
+                n,
+                accumulate,
+            ),
+            5 => self::rows::<5, _>(
+                kc,
+                InPlace { rows, p: 0 },
+                b,
+                prefetch,
+                c,
+                ldc,
+                n,
+                accumulate,
+            ),
+            6 => self::rows::<6, _>(
+                kc,
+                InPlace { rows, p: 0 },
+                b,
+                prefetch,
+                c,
+                ldc,
+                n,
+                accumulate,
+            ),
+            7 => self::rows::<7, _>(
+                kc,
+                InPlace { rows, p: 0 },
+                b,
+                prefetch,
+                c,
+                ldc,
+                n,
+                accumulate,
+            ),
+            8 => self::rows::<8, _>(
+                kc,
+                InPlace { rows, p: 0 },
+                b,
+                prefetch,
+                c,
+                ldc,
+                n,
+                accumulate,
+            ),
             _ => {}
-        }
-    }
-}
-
-/// [`rows`] with A's element `(i, p)` at `rows[i][p]`.
-///
-/// # Safety
-/// [`DirectTileFn`] contract with `m == M`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn direct<const M: usize>(
-    kc: usize,
-    rows: &[*const f32; DIRECT_MAX_ROWS],
-    b: *const f32,
-    prefetch: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    n: usize,
-    accumulate: bool,
-) {
-    let mut c0 = [_mm512_setzero_ps(); M];
-    let mut c1 = [_mm512_setzero_ps(); M];
-    // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 32]` and `rows[i][p]` for `i < M`, inside
-    // the ranges the contract guarantees; the stores touch `M` rows of `n` columns of `c`.
-    unsafe {
-        let mut bp = b;
-        let mut pf = prefetch;
-        for p in 0..kc {
-            if !pf.is_null() {
-                _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
-                _mm_prefetch::<_MM_HINT_T1>(pf.add(16) as *const i8);
-                pf = pf.add(NR);
-            }
-            let b0 = _mm512_loadu_ps(bp);
-            let b1 = _mm512_loadu_ps(bp.add(16));
-            for i in 0..M {
-                let ai = _mm512_set1_ps(*rows[i].add(p));
-                c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
-                c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
-            }
-            bp = bp.add(NR);
-        }
-        for i in 0..M {
-            store_row(c.add(i * ldc), n, c0[i], c1[i], accumulate);
         }
     }
 }
@@ -194,16 +222,64 @@ unsafe fn store_row(cp: *mut f32, n: usize, mut v0: __m512, mut v1: __m512, accu
     }
 }
 
-/// `M` rows × 32 columns, one accumulator pair per row.
-///
-/// # Safety
-/// [`TileFn`] contract with `m == M`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn rows<const M: usize>(
-    kc: usize,
+/// Where a tile's A elements come from, one K step at a time: the packed micro-panel, or the
+/// rows where they lie (the direct tile). One tile body reads both, so the two compute the same
+/// multiply-adds in the same order (the same bits).
+trait TileA {
+    /// Row `i`'s element at the current K step.
+    ///
+    /// # Safety
+    /// `i` is below the tile's rows and the step below `kc` (the tile's contract).
+    unsafe fn at(&self, i: usize) -> f32;
+    /// On to the next K step.
+    fn step(&mut self);
+}
+
+/// A packed micro-panel: step `p`'s elements at `a[p*lda ..]`.
+struct Packed {
     a: *const f32,
     lda: usize,
+}
+
+impl TileA for Packed {
+    #[inline(always)]
+    unsafe fn at(&self, i: usize) -> f32 {
+        // SAFETY: the caller's contract (the TileFn ranges).
+        unsafe { *self.a.add(i) }
+    }
+    #[inline(always)]
+    fn step(&mut self) {
+        self.a = self.a.wrapping_add(self.lda);
+    }
+}
+
+/// Rows where they lie: step `p`'s element of row `i` at `rows[i][p]`.
+struct InPlace<'r> {
+    rows: &'r [*const f32; DIRECT_MAX_ROWS],
+    p: usize,
+}
+
+impl TileA for InPlace<'_> {
+    #[inline(always)]
+    unsafe fn at(&self, i: usize) -> f32 {
+        // SAFETY: the caller's contract (the DirectTileFn ranges).
+        unsafe { *self.rows[i].add(self.p) }
+    }
+    #[inline(always)]
+    fn step(&mut self) {
+        self.p += 1;
+    }
+}
+
+/// `M` rows × 32 columns, one accumulator pair per row, A read through `a`.
+///
+/// # Safety
+/// [`TileFn`] contract with `m == M` (for [`Packed`]), or [`DirectTileFn`]'s (for [`InPlace`]).
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn rows<const M: usize, A: TileA>(
+    kc: usize,
+    mut a: A,
     b: *const f32,
     prefetch: *const f32,
     c: *mut f32,
@@ -213,13 +289,12 @@ unsafe fn rows<const M: usize>(
 ) {
     let mut c0 = [_mm512_setzero_ps(); M];
     let mut c1 = [_mm512_setzero_ps(); M];
-    // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 32]` and `a[p*lda .. p*lda + M]`, inside the
-    // ranges the contract guarantees; the stores touch `M` rows of `n` columns of `c`.
+    // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 32]` and A's `M` elements of step `p`, inside
+    // the ranges the contract guarantees; the stores touch `M` rows of `n` columns of `c`.
     unsafe {
         for i in 0..M {
             _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
         }
-        let mut ap = a;
         let mut bp = b;
         let mut pf = prefetch;
         for _ in 0..kc {
@@ -231,11 +306,11 @@ unsafe fn rows<const M: usize>(
             let b0 = _mm512_loadu_ps(bp);
             let b1 = _mm512_loadu_ps(bp.add(16));
             for i in 0..M {
-                let ai = _mm512_set1_ps(*ap.add(i));
+                let ai = _mm512_set1_ps(a.at(i));
                 c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
                 c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
             }
-            ap = ap.add(lda);
+            a.step();
             bp = bp.add(NR);
         }
         for i in 0..M {
