@@ -65,13 +65,12 @@ enum Outs {
 
 impl Outs {
     fn from_vec(mut slots: Vec<Slot>) -> Outs {
-        match (slots.len(), slots.pop()) {
-            (1, Some(s)) => Outs::One(s),
-            (_, last) => {
-                slots.extend(last);
-                Outs::Many(slots.into_boxed_slice())
+        if slots.len() == 1 {
+            if let Some(s) = slots.pop() {
+                return Outs::One(s);
             }
         }
+        Outs::Many(slots.into_boxed_slice())
     }
 
     fn get(&self, i: usize) -> Option<&Slot> {

@@ -127,6 +127,7 @@ impl Dfg<'_> {
         let mut waiting_on: WordMap<u32, Vec<u32>> = WordMap::default();
         self.profile.time_schedule += t0.elapsed();
         let mut launched_levels = 0;
+        let prefetch = node_prefetch_enabled();
         while let Some((depth, ids)) = levels.pop_first() {
             if launched_levels == max_levels {
                 // Out of levels: everything not launched stays pending for the next flush.
@@ -139,12 +140,14 @@ impl Dfg<'_> {
             let mut groups: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
             let mut later = Vec::new();
             for (k, &id) in ids.iter().enumerate() {
-                self.prefetch_node(ids.get(k + PREFETCH_NODES).copied(), Prefetch::Node);
-                self.prefetch_node(ids.get(k + PREFETCH_NODES / 2).copied(), Prefetch::Args);
-                self.prefetch_node(
-                    ids.get(k + PREFETCH_NODES / 4).copied(),
-                    Prefetch::Producers,
-                );
+                if prefetch {
+                    self.prefetch_node(ids.get(k + PREFETCH_NODES).copied(), Prefetch::Node);
+                    self.prefetch_node(ids.get(k + PREFETCH_NODES / 2).copied(), Prefetch::Args);
+                    self.prefetch_node(
+                        ids.get(k + PREFETCH_NODES / 4).copied(),
+                        Prefetch::Producers,
+                    );
+                }
                 match self.blocking_input(id) {
                     None => {
                         if let Some(n) = self.nodes.get(id as usize) {
@@ -234,9 +237,6 @@ impl Dfg<'_> {
     /// rarely stalls) or the nodes that compute its arguments.
     #[inline]
     fn prefetch_node(&self, id: Option<u32>, what: Prefetch) {
-        if !node_prefetch_enabled() {
-            return;
-        }
         let Some(n) = id.and_then(|id| self.nodes.get(id as usize)) else {
             return;
         };
