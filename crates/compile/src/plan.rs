@@ -56,6 +56,12 @@ pub enum Stage {
         denses: Vec<usize>,
         concats: Vec<usize>,
         adds: Vec<usize>,
+        /// Per product (in `denses` order), its rows' parts: the one value it reads, or its
+        /// concatenation's parts, in order (each a part of the GEMM's K).
+        parts: Vec<Vec<BVal>>,
+        /// The adds' operands that are neither products nor adds of the stage, added to the
+        /// product's rows in this order.
+        addends: Vec<BVal>,
     },
     Rows(Vec<usize>),
     Other(usize),
@@ -137,6 +143,7 @@ impl fmt::Display for BlockPlan {
                     denses,
                     concats,
                     adds,
+                    ..
                 } => {
                     let list = |ns: &[usize]| {
                         ns.iter()
@@ -408,6 +415,33 @@ fn dense_sums(block: &Block, taken: &[usize]) -> Vec<Stage> {
         denses.sort_unstable();
         concats.sort_unstable();
         adds.sort_unstable();
+        let parts: Vec<Vec<BVal>> = denses
+            .iter()
+            .map(|&d| match node(d).and_then(|n| n.args.first()) {
+                Some(BArg::One(BVal::Node(c))) if concats.contains(&(*c as usize)) => {
+                    match node(*c as usize).and_then(|cn| cn.args.first()) {
+                        Some(BArg::Tuple(vs)) => vs.clone(),
+                        _ => Vec::new(),
+                    }
+                }
+                Some(BArg::One(v)) => vec![v.clone()],
+                _ => Vec::new(),
+            })
+            .collect();
+        let inside = |v: &BVal| matches!(v, BVal::Node(k) if denses.contains(&(*k as usize)) || adds.contains(&(*k as usize)));
+        let addends: Option<Vec<BVal>> = adds
+            .iter()
+            .filter_map(|&a| node(a))
+            .flat_map(|an| an.args.iter())
+            .filter_map(|arg| match arg {
+                BArg::One(v) if inside(v) => None,
+                BArg::One(v) => Some(Some(v.clone())),
+                BArg::Tuple(_) => Some(None),
+            })
+            .collect();
+        let (Some(addends), false) = (addends, parts.iter().any(Vec::is_empty)) else {
+            continue;
+        };
         for &k in denses.iter().chain(&concats).chain(&adds) {
             if let Some(slot) = absorbed.get_mut(k) {
                 *slot = true;
@@ -417,6 +451,8 @@ fn dense_sums(block: &Block, taken: &[usize]) -> Vec<Stage> {
             denses,
             concats,
             adds,
+            parts,
+            addends,
         });
     }
     stages
@@ -541,6 +577,7 @@ impl Stage {
                 denses,
                 concats,
                 adds,
+                ..
             } => {
                 let mut all: Vec<usize> =
                     concats.iter().chain(denses).chain(adds).copied().collect();
@@ -856,6 +893,8 @@ mod tests {
             denses,
             concats,
             adds,
+            parts,
+            addends,
         } = sums[0]
         else {
             unreachable!()
@@ -865,6 +904,13 @@ mod tests {
             (1, 1, 2),
             "{plan}"
         );
+        // The product's rows are the concatenation's two parts; %q and %r are the addends.
+        assert_eq!(
+            parts.iter().map(Vec::len).collect::<Vec<_>>(),
+            [2],
+            "{plan}"
+        );
+        assert_eq!(addends.len(), 2, "{plan}");
         let off = plan_with(
             &block,
             PlanOptions {

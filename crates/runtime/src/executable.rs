@@ -284,12 +284,10 @@ impl Executable {
                     let nodes: Vec<usize> = match stage {
                         tumble_compile::Stage::Dense(d) => vec![*d],
                         tumble_compile::Stage::HDense(ns) => ns.clone(),
-                        tumble_compile::Stage::DenseSum {
-                            denses, concats, ..
-                        } => {
-                            for &d in denses {
+                        tumble_compile::Stage::DenseSum { denses, parts, .. } => {
+                            for (&d, parts) in denses.iter().zip(parts) {
                                 if let Some(w) = weight(d) {
-                                    let widths = concat_part_widths(b, d, concats);
+                                    let widths = part_widths(b, parts);
                                     if packed.insert(vec![w.buffer_id(), widths.len()]) {
                                         prepack_columns(&w, &widths);
                                     }
@@ -328,42 +326,25 @@ impl Executable {
     }
 }
 
-/// The widths of the parts of the concatenation dense `d` of `block` reads (one of `concats`),
-/// from their static types; empty when it reads no concatenation or a width is not known.
-fn concat_part_widths(block: &tumble_compile::Block, d: usize, concats: &[usize]) -> Vec<usize> {
-    use tumble_compile::{BArg, BVal};
-    let Some(BArg::One(BVal::Node(c))) = block.nodes.get(d).and_then(|n| n.args.first()) else {
-        return Vec::new();
-    };
-    if !concats.contains(&(*c as usize)) {
-        return Vec::new();
-    }
-    let Some(BArg::Tuple(parts)) = block.nodes.get(*c as usize).and_then(|n| n.args.first()) else {
-        return Vec::new();
-    };
-    let last_dim = |ty: &tumble_ir::Ty| {
-        ty.as_tensor()
-            .and_then(|(dims, _)| dims.last().copied())
-            .and_then(|d| d.known())
-            .and_then(|d| usize::try_from(d).ok())
-    };
+/// The last-axis widths of a sum stage's product's `parts` (its K per part), from their static
+/// types; empty when one is not known.
+fn part_widths(block: &tumble_compile::Block, parts: &[tumble_compile::BVal]) -> Vec<usize> {
     parts
         .iter()
-        .map(|v| match v {
-            BVal::Input(i) => block.inputs.get(*i as usize).and_then(|x| last_dim(&x.ty)),
-            BVal::Node(k) => block.nodes.get(*k as usize).and_then(|x| last_dim(&x.ty)),
-            BVal::Field(k, f) => match block.nodes.get(*k as usize).map(|x| &x.ty) {
-                Some(tumble_ir::Ty::Tuple(ts)) => ts.get(*f as usize).and_then(last_dim),
-                _ => None,
-            },
-            BVal::Const(t) => t.shape().last().copied(),
+        .map(|v| {
+            block
+                .val_ty(v)
+                .as_tensor()
+                .and_then(|(dims, _)| dims.last().copied())
+                .and_then(|d| d.known())
+                .and_then(|d| usize::try_from(d).ok())
         })
         .collect::<Option<Vec<_>>>()
         .unwrap_or_default()
 }
 
-/// Packs weight `w` (N, K) as a sum stage's launches will: whole, or (`widths` of a
-/// concatenation's parts) one column block per part.
+/// Packs weight `w` (N, K) as a sum stage's launches will: one column block per part (`widths`),
+/// or whole when they are not known.
 fn prepack_columns(w: &tumble_tensor::Tensor, widths: &[usize]) {
     let (Some(&n), Some(&k)) = (w.shape().first(), w.shape().get(1)) else {
         return;

@@ -12,14 +12,15 @@ use super::gemm::{add_addends, gemm_rows, part_rows, GemmOperands};
 use super::Exec;
 use crate::batched::BV;
 
-/// The operands of a sum stage for this launch: every product's rows (a concatenation's parts
-/// each a part of its own, against its weight's column block), the other addends, the result
-/// node `result`. `None` when a weight is not shared f32 or a part is not batched f32 rows.
+/// The operands of a sum stage for this launch: every product's rows (each of its `parts`, the
+/// plan's, a part of the GEMM against its weight's column block), the plan's other `addends`,
+/// the result node `result`. `None` when a weight is not shared f32 or a part is not batched
+/// f32 rows.
 pub(super) fn sum_operands<'e>(
     ex: &'e Exec,
     denses: &[usize],
-    concats: &[usize],
-    adds: &[usize],
+    parts: &[Vec<BVal>],
+    addends: &[BVal],
     result: usize,
 ) -> Result<Option<GemmOperands<'e>>, String> {
     let mut ops = GemmOperands {
@@ -30,10 +31,9 @@ pub(super) fn sum_operands<'e>(
         addends: Vec::new(),
     };
     let mut n: Option<usize> = None;
-    for &d in denses {
+    for (&d, parts) in denses.iter().zip(parts) {
         let node = ex.block.nodes.get(d).ok_or("internal: node")?;
-        let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1))
-        else {
+        let Some(BArg::One(wv)) = node.args.get(1) else {
             return Ok(None);
         };
         let BV::Shared(OpValue::Tensor(w)) = ex.get(wv)? else {
@@ -46,22 +46,8 @@ pub(super) fn sum_operands<'e>(
             return Ok(None);
         }
         n = Some(wn);
-        let parts: Vec<BVal> = match av {
-            BVal::Node(c) if concats.contains(&(*c as usize)) => {
-                match ex
-                    .block
-                    .nodes
-                    .get(*c as usize)
-                    .and_then(|cn| cn.args.first())
-                {
-                    Some(BArg::Tuple(vs)) => vs.clone(),
-                    _ => return Ok(None),
-                }
-            }
-            other => vec![other.clone()],
-        };
         let mut k0 = 0;
-        for p in &parts {
+        for p in parts {
             let v = ex.get_raw(p)?;
             if let BV::Shared(OpValue::Tensor(t)) = &*v {
                 // One row passed once for the whole launch (a `zeros` initial state): its
@@ -102,16 +88,8 @@ pub(super) fn sum_operands<'e>(
     };
     ops.n = n;
     ops.outs.push((result, 0, n));
-    let inside = |v: &BVal| matches!(v, BVal::Node(k) if denses.contains(&(*k as usize)) || adds.contains(&(*k as usize)));
-    for &a in adds {
-        let node = ex.block.nodes.get(a).ok_or("internal: node")?;
-        for arg in &node.args {
-            match arg {
-                BArg::One(v) if inside(v) => {}
-                BArg::One(v) => ops.addends.push(ex.get_raw(v)?),
-                BArg::Tuple(_) => return Ok(None),
-            }
-        }
+    for v in addends {
+        ops.addends.push(ex.get_raw(v)?);
     }
     Ok(Some(ops))
 }

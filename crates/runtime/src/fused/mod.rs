@@ -275,10 +275,11 @@ pub fn run_planned(
                     Stage::HDense(ds) => dense_operands(&ex, ds)?,
                     Stage::DenseSum {
                         denses,
-                        concats,
-                        adds,
+                        parts,
+                        addends,
+                        ..
                     } => match stage.result() {
-                        Some(r) => sum_operands(&ex, denses, concats, adds, r)?,
+                        Some(r) => sum_operands(&ex, denses, parts, addends, r)?,
                         None => None,
                     },
                     _ => None,
@@ -365,12 +366,13 @@ pub fn run_planned(
             }
             Stage::DenseSum {
                 denses,
-                concats,
-                adds,
+                parts,
+                addends,
+                ..
             } => {
                 let t0 = std::time::Instant::now();
                 let r = match stage.result() {
-                    Some(res) => match sum_operands(&ex, denses, concats, adds, res)? {
+                    Some(res) => match sum_operands(&ex, denses, parts, addends, res)? {
                         Some(ops) => sum_stage(&ex, &ops)?.map(|v| (res, v)),
                         None => None,
                     },
