@@ -182,18 +182,6 @@ pub fn packed_concat(ws: &[Tensor], k: usize) -> Result<Arc<PackedWeight>, Strin
     })
 }
 
-/// C (rows, ΣN_i) = A (rows, k) · [W_1; W_2; ...]ᵀ.
-pub fn dense_concat(
-    a: &Rows,
-    k: usize,
-    ws: &[Tensor],
-    c: &mut [f32],
-    threads: usize,
-) -> Result<(), String> {
-    let pw = packed_concat(ws, k)?;
-    tumble_kernels::dense(a, &pw, c, &NoEpilogue, threads).map_err(|e| e.to_string())
-}
-
 /// C (rows, n) = A (rows, k) · Wᵀ, the rows contiguous or gathered.
 pub fn dense(
     a: &Rows,

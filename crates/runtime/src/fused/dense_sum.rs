@@ -5,10 +5,9 @@ use std::borrow::Cow;
 
 use tumble_compile::{BArg, BVal};
 use tumble_ops::OpValue;
-use tumble_tensor::pool::scratch_f32;
 use tumble_tensor::Tensor;
 
-use super::gemm::{add_addends, gemm_rows, part_rows, GemmOperands};
+use super::gemm::{gemm_rows, product, GemmOperands};
 use super::Exec;
 use crate::batched::BV;
 
@@ -97,35 +96,10 @@ pub(super) fn sum_operands<'e>(
 /// The sum stage without an epilogue: the product (and addends) stored as the result's batch.
 /// `None`, having computed nothing, when the operands do not fit.
 pub(super) fn sum_stage(ex: &Exec, ops: &GemmOperands) -> Result<Option<(BV, u64)>, String> {
-    let Some((a_rows, lead)) = part_rows(ops) else {
+    let Some((c, mut shape, flops)) = product(ex, ops)? else {
         return Ok(None);
     };
-    let n = ops.n;
-    let rows: usize = lead.iter().product();
-    let Some(addends) = ops.bind_addends(rows) else {
-        return Ok(None);
-    };
-    // Overwritten whole by the GEMM.
-    let mut c = scratch_f32(rows * n);
-    let part_rows: Vec<tumble_kernels::Rows> = a_rows
-        .iter()
-        .zip(&ops.w)
-        .map(|(a, (k, _))| a.rows_in(*k, 0..rows))
-        .collect();
-    let parts: Vec<(&tumble_kernels::Rows, &tumble_kernels::PackedWeight)> = part_rows
-        .iter()
-        .zip(&ops.w)
-        .map(|(a, (_, w))| (a, &**w))
-        .collect();
-    tumble_kernels::dense_accumulate(&parts, &mut c, &tumble_kernels::NoEpilogue, ex.threads)
-        .map_err(|e| e.to_string())?;
-    add_addends(&mut c, n, 0, &addends);
-    let mut shape = lead;
-    shape.push(n);
-    let k_total: usize = ops.w.iter().map(|(k, _)| k).sum();
+    shape.push(ops.n);
     let t = Tensor::from_f32(shape, c).map_err(|e| e.to_string())?;
-    Ok(Some((
-        BV::Batched(OpValue::Tensor(t)),
-        2 * (rows * k_total * n) as u64,
-    )))
+    Ok(Some((BV::Batched(OpValue::Tensor(t)), flops)))
 }

@@ -311,22 +311,15 @@ pub(super) fn weight_widths(ws: &[Tensor], k: usize) -> Option<Vec<usize>> {
 /// GEMM against the weights stacked along N, its columns split back into each node's value.
 /// `None` when some weight is not shared f32 or the rows are not batched f32.
 pub(super) fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u64)>, String> {
-    let Some((a, ws)) = shared_weight_operands(ex, ns)? else {
+    let Some(ops) = dense_operands(ex, ns)? else {
         return Ok(None);
     };
-    let Some((a_rows, k, lead)) = gemm_rows(&a) else {
+    let Some((c, lead, flops)) = product(ex, &ops)? else {
         return Ok(None);
     };
-    let Some(widths) = weight_widths(&ws, k) else {
-        return Ok(None);
-    };
-    let n: usize = widths.iter().sum();
-    let rows: usize = lead.iter().product();
-    let mut c = scratch_f32(rows * n);
-    crate::gemm::dense_concat(&a_rows.rows(k), k, &ws, &mut c, ex.threads)?;
-    let mut outs = Vec::with_capacity(ns.len());
-    let mut col = 0;
-    for &w in &widths {
+    let (n, rows) = (ops.n, lead.iter().product::<usize>());
+    let mut outs = Vec::with_capacity(ops.outs.len());
+    for &(_, col, w) in &ops.outs {
         let mut part = with_capacity_f32(rows * w);
         for r in 0..rows {
             part.extend_from_slice(
@@ -334,7 +327,6 @@ pub(super) fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u
                     .ok_or("internal: split")?,
             );
         }
-        col += w;
         let mut shape = lead.clone();
         shape.push(w);
         outs.push(BV::Batched(OpValue::Tensor(
@@ -343,7 +335,41 @@ pub(super) fn hdense_stage(ex: &Exec, ns: &[usize]) -> Result<Option<(Vec<BV>, u
     }
     // The stacked product was split into the parts: its buffer serves a later launch.
     tumble_tensor::pool::recycle(c);
-    Ok(Some((outs, 2 * (rows * k * n) as u64)))
+    Ok(Some((outs, flops)))
+}
+
+/// A product's C, its rows' leading shape and its flops (see [`product`]).
+pub(super) type Product = (Vec<f32>, Vec<usize>, u64);
+
+/// `C = Σ_i A_i · W_iᵀ` of `ops` over the launch's rows, its addends added: C (rows × N, row
+/// major), the rows' leading shape and the product's flops. `None`, having computed nothing,
+/// when the operands do not fit.
+pub(super) fn product(ex: &Exec, ops: &GemmOperands) -> Result<Option<Product>, String> {
+    let Some((a_rows, lead)) = part_rows(ops) else {
+        return Ok(None);
+    };
+    let n = ops.n;
+    let rows: usize = lead.iter().product();
+    let Some(addends) = ops.bind_addends(rows) else {
+        return Ok(None);
+    };
+    // Overwritten whole by the GEMM.
+    let mut c = scratch_f32(rows * n);
+    let part_rows: Vec<Rows> = a_rows
+        .iter()
+        .zip(&ops.w)
+        .map(|(a, (k, _))| a.rows_in(*k, 0..rows))
+        .collect();
+    let parts: Vec<(&Rows, &PackedWeight)> = part_rows
+        .iter()
+        .zip(&ops.w)
+        .map(|(a, (_, w))| (a, &**w))
+        .collect();
+    tumble_kernels::dense_accumulate(&parts, &mut c, &tumble_kernels::NoEpilogue, ex.threads)
+        .map_err(|e| e.to_string())?;
+    add_addends(&mut c, n, 0, &addends);
+    let k_total: usize = ops.w.iter().map(|(k, _)| k).sum();
+    Ok(Some((c, lead, 2 * (rows * k_total * n) as u64)))
 }
 
 /// Values of block nodes, by node index.
