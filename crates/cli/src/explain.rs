@@ -366,8 +366,6 @@ fn count_phases(code: &tumble_compile::Code) -> usize {
     n
 }
 
-/// The native prelude functions ([`tumble_compile::Native`]) the code reached from `@entry`
-/// calls, by name, sorted (a native's own body is not followed: it does not run).
 /// The functions reached from `entry` that the evaluator runs as loops
 /// ([`tumble_compile::map_loop`]), by name.
 fn map_loops_reached(program: &tumble_compile::Program, entry: &str) -> Vec<String> {
@@ -385,6 +383,8 @@ fn map_loops_reached(program: &tumble_compile::Program, entry: &str) -> Vec<Stri
     names
 }
 
+/// The native prelude functions ([`tumble_compile::Native`]) the code reached from `@entry`
+/// calls, by name, sorted (a native's own body is not followed: it does not run).
 fn natives_reached(program: &tumble_compile::Program, entry: &str) -> Vec<&'static str> {
     use tumble_compile::Code;
     let native = |g: u32| program.natives.of(g);

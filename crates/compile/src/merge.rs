@@ -19,7 +19,7 @@
 //! consumer instead computes the same values. The merged block takes the producer's inputs, then
 //! the consumer's others; one merged block per (producer, consumer, operand) however many sites.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, OutputShape};
 use crate::program::{CaptureFrom, Code, Program};
@@ -55,7 +55,7 @@ pub fn merge_hoisted(program: &mut Program) -> Vec<Merged> {
             continue;
         };
         // Producers: `let $s = invoke A[hoisted](immediates)` with `$s` read once.
-        let mut producers: HashMap<u32, Producer> = HashMap::new();
+        let mut producers: BTreeMap<u32, Producer> = BTreeMap::new();
         lambda.body.visit(&mut |c| {
             let Code::Let { binds, .. } = c else { return };
             for (slot, value) in binds {
@@ -83,7 +83,7 @@ pub fn merge_hoisted(program: &mut Program) -> Vec<Merged> {
         });
         // Consumers: a non-hoisted pure block invocation with `$s` as a whole operand (one
         // producer per consumer site).
-        let mut consumers: HashMap<u32, (u32, usize)> = HashMap::new();
+        let mut consumers: BTreeMap<u32, (u32, usize)> = BTreeMap::new();
         lambda.body.visit(&mut |c| {
             let Code::InvokeBlock {
                 block, site, args, ..
@@ -110,6 +110,7 @@ pub fn merge_hoisted(program: &mut Program) -> Vec<Merged> {
         }
         // The merged blocks, then the rewrite: consumers take the producer's work and operands,
         // producers' bindings go. Per consumer site: (merged block, producer operands, j).
+        // Producers in slot order, so merged blocks get the same indices in every compile.
         let mut plan: HashMap<u32, (u32, Vec<Code>, usize)> = HashMap::new();
         let pairs = producers
             .iter()

@@ -77,18 +77,7 @@ fn binary_avx2(dst: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f3
 /// hides that latency.
 #[inline]
 pub fn prefetch(data: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in data.chunks(16) {
-        // SAFETY: `_mm_prefetch` (SSE, part of every x86_64 CPU) is a hint: it never faults
-        // and writes nothing; the address is inside a live slice regardless.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast::<i8>(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
+    prefetch_value(data);
 }
 
 /// Asks the CPU to bring the cache lines of `*value` into its caches: a hint, as [`prefetch`].
@@ -100,7 +89,7 @@ pub fn prefetch_value<T: ?Sized>(value: &T) {
     #[cfg(target_arch = "x86_64")]
     {
         let p = (value as *const T).cast::<i8>();
-        for off in (0..std::mem::size_of_val(value).max(1)).step_by(64) {
+        for off in (0..std::mem::size_of_val(value)).step_by(64) {
             // SAFETY: a hint, as in `prefetch`; `off` stays inside `*value`, a live reference.
             unsafe {
                 std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.add(off))
