@@ -355,18 +355,10 @@ pub(super) fn product(ex: &Exec, ops: &GemmOperands) -> Result<Option<Product>, 
     };
     // Overwritten whole by the GEMM.
     let mut c = scratch_f32(rows * n);
-    let part_rows: Vec<Rows> = a_rows
-        .iter()
-        .zip(&ops.w)
-        .map(|(a, (k, _))| a.rows_in(*k, 0..rows))
-        .collect();
-    let parts: Vec<(&Rows, &PackedWeight)> = part_rows
-        .iter()
-        .zip(&ops.w)
-        .map(|(a, (_, w))| (a, &**w))
-        .collect();
-    tumble_kernels::dense_accumulate(&parts, &mut c, &tumble_kernels::NoEpilogue, ex.threads)
-        .map_err(|e| e.to_string())?;
+    with_parts(&a_rows, ops, 0..rows, |parts| {
+        tumble_kernels::dense_accumulate(parts, &mut c, &tumble_kernels::NoEpilogue, ex.threads)
+    })
+    .map_err(|e| e.to_string())?;
     add_addends(&mut c, n, 0, &addends);
     let k_total: usize = ops.w.iter().map(|(k, _)| k).sum();
     Ok(Some((c, lead, 2 * (rows * k_total * n) as u64)))
@@ -477,6 +469,26 @@ pub(super) fn add_addends(c: &mut [f32], n: usize, first: usize, addends: &[Adde
             }
         }
     }
+}
+
+/// Rows `range` of each part paired with its packed weight, as the kernels take them, for `f`.
+fn with_parts<R>(
+    a_rows: &[GemmRows],
+    ops: &GemmOperands,
+    range: Range<usize>,
+    f: impl FnOnce(&[(&Rows, &PackedWeight)]) -> R,
+) -> R {
+    let rows: Vec<Rows> = a_rows
+        .iter()
+        .zip(&ops.w)
+        .map(|(a, (k, _))| a.rows_in(*k, range.clone()))
+        .collect();
+    let parts: Vec<(&Rows, &PackedWeight)> = rows
+        .iter()
+        .zip(&ops.w)
+        .map(|(a, (_, w))| (a, &**w))
+        .collect();
+    f(&parts)
 }
 
 /// Each part's rows, checked against its weight's `K`, and the rows' leading shape (the same
@@ -626,23 +638,15 @@ pub(super) fn gemm_with_epilogue(
                 }
             }
         };
-        let part_rows: Vec<Rows> = a_rows
-            .iter()
-            .zip(&ops.w)
-            .map(|(a, (k, _))| a.rows_in(*k, chunk.clone()))
-            .collect();
-        let parts: Vec<(&Rows, &PackedWeight)> = part_rows
-            .iter()
-            .zip(&ops.w)
-            .map(|(a, (_, w))| (a, &**w))
-            .collect();
-        done = tumble_kernels::dense_into(
-            &parts,
-            &mut c[..chunk.len() * n],
-            &mut outputs,
-            &epilogue,
-            ex.threads,
-        );
+        done = with_parts(&a_rows, ops, chunk.clone(), |parts| {
+            tumble_kernels::dense_into(
+                parts,
+                &mut c[..chunk.len() * n],
+                &mut outputs,
+                &epilogue,
+                ex.threads,
+            )
+        });
         if done.is_err() {
             break;
         }
