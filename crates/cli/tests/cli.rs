@@ -925,3 +925,29 @@ fn block_merging_follows_the_mini_batch_size() {
     assert_eq!(text(&big.stdout), text(&off.stdout));
     assert_eq!(text(&big.stdout), text(&small.stdout));
 }
+
+/// The evaluator's shared values (field-less constructors, `()`, globals as values made once per
+/// instance) and its tuple-scrutinee `match` change no output: StackRNN matches
+/// `(%buffer, %stack)` and makes `True`/`False`/`Nil` at every transition.
+#[test]
+fn shared_values_and_tuple_matches_change_no_output() {
+    let model = zoo_model("stackrnn_small");
+    let inputs = example("stackrnn");
+    let run = |env_off: bool, extra: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tumble"));
+        cmd.args(["run", &model, "--inputs", &inputs, "--random-params", "0"])
+            .args(extra)
+            .arg("--color=never");
+        if env_off {
+            cmd.env("TUMBLE_NO_SHARED_VALUES", "1");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let on = run(false, &[]);
+    assert!(!on.is_empty());
+    assert_eq!(on, run(true, &[]));
+    // Without the evaluator's shortcuts the tuple is made and matched as a value.
+    assert_eq!(on, run(false, &["--no-native-prelude"]));
+}

@@ -258,7 +258,71 @@ pub struct Machine<'p> {
     steps_before: u64,
     /// The arguments the entry was started with, read by `Code::Param`.
     params: Vec<Value>,
+    /// Values that are the same every time the program makes them, made once per machine.
+    shared: SharedValues,
     pub ctx: InstanceCtx,
+}
+
+/// Field-less constructor values (`Nil`, `True`), `()` and globals used as values, each made on
+/// first use and then shared: values are immutable, so handing out one `Rc` for all uses is
+/// unobservable, where making each afresh was an allocation and a free (a list's `Nil`, every
+/// `if`'s `True`/`False`, every empty tuple). `TUMBLE_NO_SHARED_VALUES=1` makes each afresh.
+struct SharedValues {
+    on: bool,
+    unit: Option<Value>,
+    /// By constructor index; `None` until first made.
+    nullary: Vec<Option<Value>>,
+    /// By global index.
+    globals: Vec<Option<Value>>,
+}
+
+impl SharedValues {
+    fn new() -> Self {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let off = *OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_SHARED_VALUES").is_some());
+        SharedValues {
+            on: !off,
+            unit: None,
+            nullary: Vec::new(),
+            globals: Vec::new(),
+        }
+    }
+
+    fn unit(&mut self) -> Value {
+        if !self.on {
+            return Value::unit();
+        }
+        self.unit.get_or_insert_with(Value::unit).clone()
+    }
+
+    /// Field-less constructor `c`.
+    fn nullary(&mut self, c: u32) -> Value {
+        if !self.on {
+            return Value::adt(c, Vec::new());
+        }
+        Self::cached(&mut self.nullary, c, || Value::adt(c, Vec::new()))
+    }
+
+    /// Global `g` as a function value.
+    fn global(&mut self, g: u32) -> Value {
+        if !self.on {
+            return Value::Closure(Rc::new(Closure::Global(g)));
+        }
+        Self::cached(&mut self.globals, g, || {
+            Value::Closure(Rc::new(Closure::Global(g)))
+        })
+    }
+
+    fn cached(table: &mut Vec<Option<Value>>, i: u32, make: impl FnOnce() -> Value) -> Value {
+        let i = i as usize;
+        if table.len() <= i {
+            table.resize(i + 1, None);
+        }
+        match table.get_mut(i) {
+            Some(v) => v.get_or_insert_with(make).clone(),
+            None => make(),
+        }
+    }
 }
 
 /// What the values of a concurrent evaluation become.
@@ -299,6 +363,7 @@ impl<'p> Machine<'p> {
             poll_in: POLL_EVERY,
             steps_before: 0,
             params: Vec::new(),
+            shared: SharedValues::new(),
             ctx,
         }
     }
@@ -356,7 +421,7 @@ impl<'p> Machine<'p> {
                     if self.at_phase {
                         self.at_phase = false;
                         self.ctx.phase += 1;
-                        Step::Apply(Value::unit())
+                        Step::Apply(self.shared.unit())
                     } else {
                         self.at_phase = true;
                         self.pending = Some(step);
@@ -459,12 +524,15 @@ impl<'p> Machine<'p> {
     /// global, a field of a variable — or `None`. Operands, tuple elements and `let` values are
     /// mostly such code: taking them at once saves a continuation push and pop and a trip through
     /// the run loop each (they have no effects, so the evaluation order is unchanged).
-    fn immediate(&self, code: &Code) -> Option<Result<Value, RunError>> {
+    fn immediate(&mut self, code: &Code) -> Option<Result<Value, RunError>> {
         match code {
             Code::Slot(s) => Some(self.slot(*s)),
             Code::Param(k) => Some(self.param(*k)),
             Code::Lit(t) => Some(Ok(Value::Tensor(t.clone()))),
-            Code::Global(g) => Some(Ok(Value::Closure(Rc::new(Closure::Global(*g))))),
+            Code::Global(g) => Some(Ok(self.shared.global(*g))),
+            Code::Ctor(c) if self.shared.on && self.arity(*c) == 0 => {
+                Some(Ok(self.shared.nullary(*c)))
+            }
             Code::Proj(inner, i, span) => match &**inner {
                 Code::Slot(s) => Some(self.slot(*s).and_then(|v| project(&v, *i, *span))),
                 Code::Param(k) => Some(self.param(*k).and_then(|v| project(&v, *i, *span))),
@@ -661,11 +729,10 @@ impl<'p> Machine<'p> {
                     .clone()
                     .ok_or_else(|| RunError::new("internal: self reference outside a closure"))?,
             ),
-            Code::Global(g) => Step::Apply(Value::Closure(Rc::new(Closure::Global(*g)))),
+            Code::Global(g) => Step::Apply(self.shared.global(*g)),
             Code::Ctor(c) => {
-                let arity = self.program.ctors.get(*c as usize).map_or(0, |e| e.arity);
-                if arity == 0 {
-                    Step::Apply(Value::adt(*c, Vec::new()))
+                if self.arity(*c) == 0 {
+                    Step::Apply(self.shared.nullary(*c))
                 } else {
                     Step::Apply(Value::Closure(Rc::new(Closure::Ctor(*c))))
                 }
@@ -673,7 +740,7 @@ impl<'p> Machine<'p> {
             Code::Lit(t) => Step::Apply(Value::Tensor(t.clone())),
             Code::Tuple(elems) => {
                 if elems.is_empty() {
-                    Step::Apply(Value::unit())
+                    Step::Apply(self.shared.unit())
                 } else {
                     self.tuple_from(elems, Vec::with_capacity(elems.len()))?
                 }
@@ -728,7 +795,7 @@ impl<'p> Machine<'p> {
                 self.push(Kont::If(t, f))?;
                 Step::Eval(c)
             }
-            Code::Phase => Step::Apply(Value::unit()),
+            Code::Phase => Step::Apply(self.shared.unit()),
             Code::Ghost(n, body) => {
                 backend.ghost(&mut self.ctx, *n);
                 Step::Eval(body)
@@ -742,14 +809,88 @@ impl<'p> Machine<'p> {
                 scrutinee,
                 arms,
                 span,
-            } => match self.immediate(scrutinee) {
-                Some(v) => self.resume(Kont::Match { arms, span: *span }, v?, backend)?,
-                None => {
-                    self.push(Kont::Match { arms, span: *span })?;
-                    Step::Eval(scrutinee)
-                }
+            } => match self.match_tuple(scrutinee, arms) {
+                Some(step) => step?,
+                None => self.match_value(scrutinee, arms, *span, backend)?,
             },
         })
+    }
+
+    /// A `match` on a value computed by steps of its own, or immediate.
+    fn match_value(
+        &mut self,
+        scrutinee: &'p Code,
+        arms: &'p [(Pat, Code)],
+        span: Span,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
+        match self.immediate(scrutinee) {
+            Some(v) => self.resume(Kont::Match { arms, span }, v?, backend),
+            None => {
+                self.push(Kont::Match { arms, span })?;
+                Ok(Step::Eval(scrutinee))
+            }
+        }
+    }
+
+    /// `match (a, b) { (P, Q) => .., _ => .. }` with the evaluator's shortcuts on: a tuple of
+    /// immediate elements matched element by element, without making the tuple. `None` (nothing
+    /// done, nothing to undo: immediate code has no effects) where an element is not immediate,
+    /// an arm binds the whole tuple, or no arm matches (the general path makes the value for
+    /// the error).
+    fn match_tuple(
+        &mut self,
+        scrutinee: &'p Code,
+        arms: &'p [(Pat, Code)],
+    ) -> Option<Result<Step<'p>, RunError>> {
+        let Code::Tuple(elems) = scrutinee else {
+            return None;
+        };
+        if !self.program.natives.fast_steps
+            || elems.is_empty()
+            || arms.iter().any(|(p, _)| matches!(p, Pat::Bind(_)))
+        {
+            return None;
+        }
+        let mut vals = self.vals_pool.pop().unwrap_or_default();
+        for e in elems {
+            match self.immediate(e) {
+                Some(Ok(v)) => vals.push(v),
+                Some(Err(e)) => return Some(Err(e)),
+                None => {
+                    vals.clear();
+                    self.vals_pool.push(vals);
+                    return None;
+                }
+            }
+        }
+        let mut binds = std::mem::take(&mut self.binds);
+        let mut chosen = None;
+        for (pat, body) in arms {
+            binds.clear();
+            let hit = match pat {
+                Pat::Wild => true,
+                Pat::Tuple(ps) => {
+                    ps.len() == vals.len()
+                        && ps.iter().zip(&vals).all(|(p, v)| matches(p, v, &mut binds))
+                }
+                Pat::Bind(_) | Pat::Ctor(..) => false,
+            };
+            if hit {
+                chosen = Some(body);
+                break;
+            }
+        }
+        if chosen.is_some() {
+            for (slot, val) in binds.drain(..) {
+                self.set_slot(slot, val);
+            }
+        }
+        binds.clear();
+        self.binds = binds;
+        vals.clear();
+        self.vals_pool.push(vals);
+        chosen.map(|body| Ok(Step::Eval(body)))
     }
 
     fn resume(
@@ -906,11 +1047,8 @@ impl<'p> Machine<'p> {
         }
         self.ctx.depth = max.max(self.ctx.depth);
         let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
-        Ok(Step::Apply(list_of(
-            vals,
-            Value::adt(nil, Vec::new()),
-            cons,
-        )))
+        let tail = self.shared.nullary(nil);
+        Ok(Step::Apply(list_of(vals, tail, cons)))
     }
 
     fn set_slot(&mut self, slot: u32, v: Value) {
@@ -971,6 +1109,10 @@ impl<'p> Machine<'p> {
                     e
                 })?
             })),
+            Code::CallCtor { ctor, .. } if vals.is_empty() => {
+                self.vals_pool.push(vals);
+                Ok(Step::Apply(self.shared.nullary(*ctor)))
+            }
             Code::CallCtor { ctor, .. } => Ok(Step::Apply(Value::adt(*ctor, vals))),
             Code::CallGlobal { global, span, .. } => {
                 if let Some(native) = self.program.natives.of(*global) {
@@ -1009,6 +1151,11 @@ impl<'p> Machine<'p> {
             .get(g as usize)
             .ok_or_else(|| RunError::new(format!("internal: no global {g}")))?;
         self.lambda(*index)
+    }
+
+    /// The number of fields of constructor `c`.
+    fn arity(&self, c: u32) -> usize {
+        self.program.ctors.get(c as usize).map_or(0, |e| e.arity)
     }
 
     fn apply(&mut self, callee: Value, args: Vec<Value>, span: Span) -> Result<Step<'p>, RunError> {
@@ -1089,7 +1236,7 @@ impl<'p> Machine<'p> {
             Native::Tl => first(&xs, 1)?,
             Native::Rev => items(&xs)?
                 .into_iter()
-                .fold(Value::adt(nil, Vec::new()), |rest, x| {
+                .fold(self.shared.nullary(nil), |rest, x| {
                     Value::adt(cons, vec![x, rest])
                 }),
             Native::Zip => {
@@ -1099,7 +1246,7 @@ impl<'p> Machine<'p> {
                     .zip(b)
                     .map(|(x, y)| Value::tuple(vec![x, y]))
                     .collect();
-                build(pairs, Value::adt(nil, Vec::new()))
+                build(pairs, self.shared.nullary(nil))
             }
             Native::Concat => {
                 let ys = args.remove(0);

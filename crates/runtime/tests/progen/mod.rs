@@ -847,6 +847,26 @@ impl Gen {
             format!("{{\n{}\n  }}", indent(&indent(&b)))
         };
         match t {
+            Ty::List(e) if self.chance(0.25) => {
+                // A tuple scrutinee, as hand-written transition systems match their state
+                // (`match (%buffer, %stack)`); the last arm binds the whole tuple or ignores it.
+                let w = self.pick_var(sc, t).unwrap_or_else(|| v.to_string());
+                let (h, r) = (self.name("h"), self.name("tl"));
+                let a = arm(
+                    self,
+                    vec![(h.clone(), (**e).clone()), (r.clone(), t.clone())],
+                );
+                let b = arm(self, vec![]);
+                let c = arm(self, vec![]);
+                let last = if self.chance(0.5) {
+                    self.name("pair")
+                } else {
+                    "_".to_string()
+                };
+                format!(
+                    "match ({v}, {w}) {{\n  (Cons({h}, {r}), Nil) => {a},\n  (Nil, Cons(_, _)) => {b},\n  {last} => {c},\n}}"
+                )
+            }
             Ty::List(e) => {
                 let (h, r) = (self.name("h"), self.name("tl"));
                 let a = arm(
