@@ -299,6 +299,20 @@ fn print_static_report(
             );
         }
     }
+    if !report.derived.is_empty() {
+        println!(
+            "  derived parameters (--no-derived-params): weight-only operators computed once per run, read as weights:"
+        );
+        for d in &report.derived {
+            let values = if d.values == 1 { "value" } else { "values" };
+            println!(
+                "    in {}: {} ({} {values})",
+                d.from,
+                d.ops.join(", "),
+                d.values
+            );
+        }
+    }
     if report.ghosts.is_empty() {
         println!("  ghosts: every conditional's arms advance the inline depth alike");
     } else {

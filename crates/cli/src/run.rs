@@ -127,6 +127,11 @@ pub struct RunArgs {
     /// instances, where it pays; `tumble explain` lists what merges.
     #[arg(long)]
     pub no_block_merge: bool,
+    /// No derived parameters: operators inside a block that read only weights
+    /// (`transpose(%W)`, `split(%W)`, ...) run at every launch instead of once per run, and the
+    /// products reading them are planned on computed weights.
+    #[arg(long)]
+    pub no_derived_params: bool,
     /// No ghost operators: arms of a conditional that run different numbers of blocks leave
     /// instances at different inline depths.
     #[arg(long)]
@@ -286,6 +291,7 @@ fn static_options(args: &RunArgs, instances: usize) -> tumble_compile::StaticOpt
         leaf_inline: !args.no_leaf_inline,
         specialize: !args.no_specialize,
         merge: !args.no_block_merge && batch >= tumble_compile::merge::MERGE_MIN_BATCH,
+        derive: !args.no_derived_params,
     }
 }
 

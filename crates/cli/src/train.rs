@@ -201,6 +201,11 @@ fn compile(
         &weights,
         tumble_compile::CompileOptions {
             plans: None,
+            // Gradients do not flow through weight transforms computed once per run.
+            statics: Some(tumble_compile::StaticOptions {
+                derive: false,
+                ..tumble_compile::StaticOptions::all()
+            }),
             ..tumble_compile::CompileOptions::batched()
         },
     )

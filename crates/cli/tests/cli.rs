@@ -951,3 +951,28 @@ fn shared_values_and_tuple_matches_change_no_output() {
     // Without the evaluator's shortcuts the tuple is made and matched as a value.
     assert_eq!(on, run(false, &["--no-native-prelude"]));
 }
+
+/// A plain BiRNN whose recurrent weights are laid out for `h · U` (`transpose(%W_h)`): the
+/// transposes become derived parameters (`explain` lists them), computed once per run, and the
+/// predictions are those of `--no-derived-params`.
+#[test]
+fn weight_transforms_become_derived_parameters() {
+    let source = std::fs::read_to_string(root().join("models/plain/birnn_small.rly")).unwrap();
+    assert!(source.contains("nn.dense(%h, %W_h)"));
+    let source = source.replace("nn.dense(%h, %W_h)", "nn.dense(%h, transpose(%W_h))");
+    let model = temp_file("birnn_transposed.rly", &source)
+        .display()
+        .to_string();
+    let inputs = example("birnn");
+    let explain = tumble(&["explain", &model]);
+    assert!(explain.status.success(), "{}", text(&explain.stderr));
+    let shown = text(&explain.stdout);
+    assert!(shown.contains("derived parameters"), "{shown}");
+    assert!(shown.contains("in rnn:x: transpose"), "{shown}");
+    let on = run_random(&model, &inputs, &[]);
+    let off = run_random(&model, &inputs, &["--no-derived-params"]);
+    assert!(on.status.success(), "{}", text(&on.stderr));
+    assert!(off.status.success(), "{}", text(&off.stderr));
+    assert!(!on.stdout.is_empty());
+    assert_eq!(text(&on.stdout), text(&off.stdout));
+}

@@ -10,6 +10,7 @@ mod absint;
 pub mod blocks;
 mod callgraph;
 pub mod consts;
+pub mod derived;
 pub mod dup;
 pub mod ghosts;
 pub mod hoist;

@@ -136,6 +136,7 @@ impl Program {
             inlined,
             params_of: None,
             natives,
+            derived: Vec::new(),
         };
         crate::verify::debug_check(&program, "lowering");
         Ok(program)

@@ -26,6 +26,9 @@ pub struct StaticOptions {
     /// Hoisted blocks read only by another block's invocation run inside it ([`crate::merge`];
     /// callers that know the mini-batch size enable it from [`crate::merge::MERGE_MIN_BATCH`]).
     pub merge: bool,
+    /// Weight transforms inside blocks computed once per run ([`crate::derived`]; off for
+    /// gradients, which do not flow through them).
+    pub derive: bool,
 }
 
 impl StaticOptions {
@@ -39,6 +42,7 @@ impl StaticOptions {
             leaf_inline: true,
             specialize: true,
             merge: true,
+            derive: true,
         }
     }
 
@@ -52,6 +56,7 @@ impl StaticOptions {
             leaf_inline: false,
             specialize: false,
             merge: false,
+            derive: false,
         }
     }
 }
@@ -75,6 +80,8 @@ pub struct StaticReport {
     pub specialized: Vec<crate::specialize::Specialized>,
     /// Hoisted blocks merged into the block that reads them.
     pub merged: Vec<crate::merge::Merged>,
+    /// Weight transforms moved out of blocks, computed once per run.
+    pub derived: Vec<crate::derived::DerivedReport>,
 }
 
 /// Runs the switched-on optimizations; `weights` flags the entry's parameters that are model
@@ -114,6 +121,10 @@ pub fn optimize(
     if opts.hoist && opts.merge {
         report.merged = crate::merge::merge_hoisted(program);
         crate::verify::debug_check(program, "block merging");
+    }
+    if opts.params && opts.derive {
+        report.derived = crate::derived::derive_params(program, weights);
+        crate::verify::debug_check(program, "derived parameters");
     }
     if opts.ghosts {
         report.ghosts = crate::ghosts::insert(program);

@@ -382,6 +382,21 @@ impl Natives {
 }
 
 impl Program {
+    /// The entry function [`Code::Param`] reads the arguments of.
+    pub fn entry_lambda(&self) -> Option<&Lambda> {
+        let g = self.params_of?;
+        let l = *self.globals.get(g as usize)?;
+        self.lambdas.get(l as usize)
+    }
+
+    /// The number of derived parameters ([`Program::derived`]).
+    pub fn derived_count(&self) -> u32 {
+        self.derived
+            .iter()
+            .map(|d| d.block.outputs.len() as u32)
+            .sum()
+    }
+
     /// Per lambda: whether global `entry`'s body reaches it through calls, global references
     /// and closures; a global for which `opaque` holds is not entered (a native's body does not
     /// run).
@@ -449,4 +464,7 @@ pub struct Program {
     pub params_of: Option<u32>,
     /// Prelude functions evaluated natively (empty: all interpreted).
     pub natives: Natives,
+    /// Weight transforms computed once per run ([`crate::derived`]): their outputs are entry
+    /// arguments numbered after the entry's own, in order.
+    pub derived: Vec<crate::derived::Derived>,
 }

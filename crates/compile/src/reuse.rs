@@ -145,6 +145,15 @@ struct Analyzer<'p> {
 /// Analyzes `program` from global `entry`, whose parameters flagged in `param_is_weight` are model
 /// parameters (the same for every instance); the others come from the instances.
 pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> ReuseAnalysis {
+    // Derived parameters (weight transforms, numbered after the entry's own) are weights too.
+    let mut weights = param_is_weight.to_vec();
+    if !program.derived.is_empty() {
+        let n_entry = program
+            .entry_lambda()
+            .map_or(weights.len(), |l| l.n_params as usize);
+        weights.resize(n_entry, false);
+        weights.resize(n_entry + program.derived_count() as usize, true);
+    }
     let mut a = Analyzer {
         program,
         summaries: HashMap::new(),
@@ -157,8 +166,8 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
             .collect(),
         changed: true,
         next_literal: HashMap::new(),
-        n_params: param_is_weight.len() as u64,
-        weights: param_is_weight.to_vec(),
+        n_params: weights.len() as u64,
+        weights,
     };
     let entry_lambda = program
         .global_index

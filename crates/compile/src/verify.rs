@@ -202,10 +202,14 @@ impl Verifier<'_> {
                     None => self.fail(format!(
                         "entry argument {k} is read, but no entry function is recorded"
                     )),
-                    Some(e) if *k >= e.n_params => self.fail(format!(
-                        "entry argument {k} is read, but `{}` takes {}",
-                        e.name, e.n_params
-                    )),
+                    Some(e) if *k >= e.n_params + self.program.derived_count() => {
+                        self.fail(format!(
+                            "entry argument {k} is read, but `{}` takes {} and {} are derived",
+                            e.name,
+                            e.n_params,
+                            self.program.derived_count()
+                        ))
+                    }
                     Some(_) => {}
                 }
             }

@@ -370,9 +370,30 @@ impl<'p> Machine<'p> {
 
     /// Prepares a call of global `index` on `args`; [`Machine::run`] then evaluates it.
     pub fn start(&mut self, index: u32, args: Vec<Value>) -> Result<(), RunError> {
+        self.start_derived(index, args, None)
+    }
+
+    /// [`Machine::start`] with the program's derived parameters already computed for these
+    /// weights ([`derived_params`]; the batching runtime computes them once per mini-batch
+    /// instead of once per instance). `None`: computed here.
+    pub fn start_derived(
+        &mut self,
+        index: u32,
+        args: Vec<Value>,
+        derived: Option<&[Value]>,
+    ) -> Result<(), RunError> {
         let lambda = self.global(index)?;
         if self.program.params_of == Some(index) {
             self.params = args.clone();
+            if !self.program.derived.is_empty() {
+                match derived {
+                    Some(d) => self.params.extend_from_slice(d),
+                    None => {
+                        let d = derived_params(self.program, &args)?;
+                        self.params.extend(d);
+                    }
+                }
+            }
         }
         let step = self.enter(lambda, args, None, &[], None)?;
         self.pending = Some(step);
@@ -1321,6 +1342,39 @@ impl<'p> Machine<'p> {
             self.slot_pool.push(slots);
         }
     }
+}
+
+/// The program's derived parameters ([`Program::derived`]: weight transforms moved out of
+/// blocks) for a run whose entry arguments are `params`, in order: each derived block evaluated
+/// once on the weights it reads.
+pub fn derived_params(program: &Program, params: &[Value]) -> Result<Vec<Value>, RunError> {
+    let mut out = Vec::with_capacity(program.derived_count() as usize);
+    let mut rng = tumble_tensor::Rng::new(0);
+    for d in &program.derived {
+        let inputs = d
+            .params
+            .iter()
+            .map(|&k| match params.get(k as usize) {
+                Some(Value::Tensor(t)) => Ok(t.clone()),
+                _ => Err(RunError::new(format!(
+                    "internal: derived parameters of `{}` read entry argument {k}, which is not a \
+                     computed tensor",
+                    d.block.name
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let values = d
+            .block
+            .eval(&inputs, &mut tumble_ops::OpCtx { rng: &mut rng })
+            .map_err(|e| {
+                RunError::new(format!(
+                    "in the weight transforms of `{}`: {e}",
+                    d.block.name
+                ))
+            })?;
+        out.extend(values.into_iter().map(Value::Tensor));
+    }
+    Ok(out)
 }
 
 /// The elements of list `v` (cells of constructor `cons`, ended by `nil`), first first; the kind

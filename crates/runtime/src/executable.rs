@@ -12,6 +12,10 @@ use tumble_ir::Ty;
 
 use tumble_compile::BlockPlan;
 
+use tumble_interp::machine::RunError;
+use tumble_interp::Value;
+use tumble_tensor::Tensor;
+
 use crate::fused::RunPlan;
 use crate::gemm::WeightCache;
 use crate::Options;
@@ -37,6 +41,16 @@ pub struct Executable {
     /// Per block: how a launch of invocations of different `?` lengths runs it (`None`: not
     /// ragged, or ragged batching is off).
     pub(crate) ragged: Vec<Option<RaggedRun>>,
+    /// The program's derived parameters (weight transforms, [`tumble_compile::derived`]) for the
+    /// weights they were last computed from: once per job, so their packed copies are made once
+    /// and every launch reads the same tensors.
+    derived: std::sync::Mutex<Option<DerivedValues>>,
+}
+
+/// Derived parameters and the weight tensors they were computed from.
+struct DerivedValues {
+    sources: Vec<Tensor>,
+    values: Vec<Tensor>,
 }
 
 /// A block's ragged form ([`tumble_compile::ragged`]) with a kernel plan per segment.
@@ -133,7 +147,62 @@ impl Executable {
                     false => None,
                 })
                 .collect(),
+            derived: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The program's derived parameters for a run whose entry arguments are `args`, computed
+    /// once for the same weight tensors and then shared (by every mini-batch and worker of the
+    /// job, and by a serving session's instances).
+    pub fn derived_params(
+        &self,
+        program: &Program,
+        args: &[Value],
+    ) -> Result<Vec<Value>, RunError> {
+        if program.derived.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut sources = Vec::new();
+        for d in &program.derived {
+            for &k in &d.params {
+                match args.get(k as usize) {
+                    Some(Value::Tensor(t)) => sources.push(t.clone()),
+                    _ => {
+                        return Err(RunError::new(format!(
+                            "internal: derived parameters of `{}` read entry argument {k}, which \
+                             is not a computed tensor",
+                            d.block.name
+                        )))
+                    }
+                }
+            }
+        }
+        let mut cached = self
+            .derived
+            .lock()
+            .map_err(|_| RunError::new("internal: derived parameters poisoned"))?;
+        if let Some(c) = cached.as_ref() {
+            let same = c.sources.len() == sources.len()
+                && c.sources
+                    .iter()
+                    .zip(&sources)
+                    .all(|(a, b)| a.same_tensor(b));
+            if same {
+                return Ok(c.values.iter().cloned().map(Value::Tensor).collect());
+            }
+        }
+        let values: Vec<Tensor> = tumble_interp::machine::derived_params(program, args)?
+            .into_iter()
+            .map(|v| match v {
+                Value::Tensor(t) => Ok(t),
+                _ => Err(RunError::new(
+                    "internal: a derived parameter is not a tensor",
+                )),
+            })
+            .collect::<Result<_, _>>()?;
+        let out = values.iter().cloned().map(Value::Tensor).collect();
+        *cached = Some(DerivedValues { sources, values });
+        Ok(out)
     }
 }
 
@@ -252,6 +321,24 @@ impl Executable {
         params: &[Option<tumble_tensor::Tensor>],
     ) -> usize {
         let _cache = WeightCache::enter(&self.weights);
+        // Weights reached through derived parameters are packed too: computed here once, the
+        // runs then read the same tensors.
+        let mut with_derived: Vec<Option<Tensor>> = params.to_vec();
+        if !program.derived.is_empty() {
+            let args: Vec<Value> = params
+                .iter()
+                .map(|p| p.clone().map_or_else(Value::unit, Value::Tensor))
+                .collect();
+            if let Ok(d) = self.derived_params(program, &args) {
+                let n_entry = program.entry_lambda().map_or(0, |l| l.n_params as usize);
+                with_derived.resize(n_entry, None);
+                with_derived.extend(d.into_iter().map(|v| match v {
+                    Value::Tensor(t) => Some(t),
+                    _ => None,
+                }));
+            }
+        }
+        let params = with_derived.as_slice();
         let mut packed = std::collections::HashSet::new();
         for lambda in &program.lambdas {
             lambda.body.visit(&mut |code| {

@@ -264,6 +264,20 @@ pub(crate) fn drive(
     dfg: &mut dfg::Dfg,
 ) -> Result<Vec<Option<Value>>, InstanceError> {
     let n = args.len();
+    // Weight transforms once for the mini-batch: every instance has the same weights.
+    let derived = match (program.derived.is_empty(), args.first()) {
+        (false, Some(a)) => {
+            Some(
+                dfg.exec
+                    .derived_params(program, a)
+                    .map_err(|error| InstanceError {
+                        instance: Some(0),
+                        error,
+                    })?,
+            )
+        }
+        _ => None,
+    };
     let mut machines: Vec<Machine> = Vec::with_capacity(n);
     for (i, (a, rng)) in args.into_iter().zip(rngs).enumerate() {
         let mut m = Machine::new(
@@ -276,10 +290,11 @@ pub(crate) fn drive(
                 pending: 0,
             },
         );
-        m.start(index, a).map_err(|error| InstanceError {
-            instance: Some(i),
-            error,
-        })?;
+        m.start_derived(index, a, derived.as_deref())
+            .map_err(|error| InstanceError {
+                instance: Some(i),
+                error,
+            })?;
         machines.push(m);
     }
     let mut results: Vec<Option<Value>> = vec![None; n];

@@ -315,7 +315,11 @@ impl<'p> BatchSession<'p> {
                 pending: 0,
             },
         );
-        if let Err(e) = m.start(self.entry, slot.args.clone()) {
+        let derived = match self.exec.derived_params(self.program, &slot.args) {
+            Ok(d) => d,
+            Err(e) => return Some((slot.ticket, Err(e))),
+        };
+        if let Err(e) = m.start_derived(self.entry, slot.args.clone(), Some(&derived)) {
             return Some((slot.ticket, Err(e)));
         }
         slot.state = State::Running(m);

@@ -551,6 +551,7 @@ fn every_combination_of_switches() {
                 leaf_inline: ghosts != dup,
                 specialize: phases != dup,
                 merge: ghosts == phases,
+                derive: hoist == phases,
             };
             let (program, reuse) = compile(&x, coarsen, statics);
             let opts = Options {

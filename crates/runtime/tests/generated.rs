@@ -61,6 +61,7 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         leaf_inline: bit(0.5),
         specialize: bit(0.5),
         merge: bit(0.5),
+        derive: bit(0.5),
     };
     let opts = Options {
         host_scalars: bit(0.7),

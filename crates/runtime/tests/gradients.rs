@@ -153,7 +153,13 @@ fn batched_grad(
     opts: Options,
     gopts: GradOptions,
 ) -> Vec<Option<Tensor>> {
-    let (program, reuse) = compile(x, true, tumble_compile::StaticOptions::all());
+    // As `tumble grad` compiles: gradients do not flow through weight transforms computed
+    // once per run.
+    let statics = tumble_compile::StaticOptions {
+        derive: false,
+        ..tumble_compile::StaticOptions::all()
+    };
+    let (program, reuse) = compile(x, true, statics);
     let params: Vec<Tensor> = wrt
         .iter()
         .map(|&i| x.args[0][i].as_tensor().unwrap().clone())

@@ -167,6 +167,14 @@ pub fn grad_batch(
         .get(entry)
         .ok_or_else(|| RunError::new(format!("the module has no global `@{entry}`")))
         .map_err(at_instance(None))?;
+    if !program.derived.is_empty() {
+        // Their values are computed outside the recorded graph: no gradient would reach the
+        // weights they read.
+        return Err(at_instance(None)(RunError::new(
+            "internal: gradients of a program compiled with derived parameters \
+             (compile it with `StaticOptions::derive` off)",
+        )));
+    }
     // Planned per mini-batch: a trainer changes its weights at every step, and the packed
     // copies of this step's weights go with this executable.
     let exec = Arc::new(Executable::new(program, reuse, &opts));

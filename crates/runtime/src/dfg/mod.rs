@@ -162,7 +162,7 @@ pub struct Dfg<'p> {
     /// Draws for operators run inside launches (none are random: those run on the host).
     launch_rng: Rng,
     /// What the job computed once for the program: per-block facts and kernel plans.
-    exec: Arc<Executable>,
+    pub(crate) exec: Arc<Executable>,
     /// The instance whose invocation made the last failed launch fail (see [`Dfg::launch`]).
     pub failed_instance: Option<u32>,
     /// Threads lent by workers that have finished (a share is added to `opts.threads` at each

@@ -1,0 +1,333 @@
+//! Weight transforms computed once per run ("derived parameters"). A plainly written model
+//! often reshapes its weights where it uses them: `nn.dense(%h, transpose(%W))` for a weight kept
+//! as `(in, out)`, `split(%W_topo)` to score two decisions with the rows of one matrix,
+//! `strided_slice(%pos_emb)` for the positions a sentence needs. Inside a block such a node
+//! reads only weights, so every launch recomputed it — a 256×256 transpose copied per launch —
+//! and, worse, the planner saw a computed weight where it plans a GEMM on a packed input weight:
+//! the product ran as a per-launch repack (BiRNN with `transpose(%W_h)` was 3.7× slower than with
+//! `%W_h` laid out for `nn.dense`), and denses of one row set with split weights could not be
+//! fused horizontally.
+//!
+//! This pass finds, in every block whose call sites all pass the same weight entry arguments
+//! (`Code::Param(k)` with `k` a weight) for some inputs, the nodes computed only from those inputs
+//! and literals, and moves them into a [`Derived`] block evaluated once per run on the weights
+//! (the executors append its outputs to the entry's arguments, so [`Code::Param`] reads them).
+//! The block takes each moved value that the rest of it reads as a new input, passed as that
+//! derived parameter at every call site: to the planner, the reuse analysis and the runtime it is
+//! a weight like any other (shared per launch, packed once, horizontally fusable).
+//!
+//! Gradients do not flow through derived parameters: the training and gradient pipelines run
+//! without this pass ([`crate::StaticOptions::derive`]), and the batched backward refuses a
+//! program that has any.
+
+use std::collections::BTreeMap;
+
+use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
+use crate::program::{Code, Program};
+
+/// A block of weight transforms: its inputs are entry arguments `params[i]`, its outputs become
+/// entry arguments `first`, `first + 1`, ….
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Derived {
+    pub block: Block,
+    pub params: Vec<u32>,
+    pub first: u32,
+}
+
+/// What the pass moved, for `explain`.
+#[derive(Debug, Clone)]
+pub struct DerivedReport {
+    /// The block the transforms came from.
+    pub from: String,
+    /// The operators moved, in order (`transpose`, `split`, …).
+    pub ops: Vec<&'static str>,
+    /// Derived parameters it reads instead.
+    pub values: usize,
+}
+
+/// Moves weight-only nodes of every block into derived blocks; `weights` flags the entry's
+/// arguments that are model weights.
+pub fn derive_params(program: &mut Program, weights: &[bool]) -> Vec<DerivedReport> {
+    let Some(n_entry) = program.entry_lambda().map(|l| l.n_params) else {
+        return Vec::new();
+    };
+    // Per block, per input: the weight argument every call site passes there, if they agree.
+    let mut known: Vec<Option<Vec<Option<u32>>>> = vec![None; program.blocks.len()];
+    for lambda in &program.lambdas {
+        lambda.body.visit(&mut |c| {
+            let Code::InvokeBlock { block, args, .. } = c else {
+                return;
+            };
+            let Some(k) = known.get_mut(*block as usize) else {
+                return;
+            };
+            let here: Vec<Option<u32>> = args
+                .iter()
+                .map(|a| match a {
+                    Code::Param(p) if weights.get(*p as usize).copied().unwrap_or(false) => {
+                        Some(*p)
+                    }
+                    _ => None,
+                })
+                .collect();
+            *k = Some(match k.take() {
+                None => here,
+                Some(before) => before
+                    .into_iter()
+                    .zip(here)
+                    .map(|(a, b)| if a == b { a } else { None })
+                    .collect(),
+            });
+        });
+    }
+    let mut report = Vec::new();
+    let mut next = n_entry + program.derived_count();
+    let mut new_args: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (bi, k) in known.into_iter().enumerate() {
+        let Some(k) = k else { continue };
+        let Some(block) = program.blocks.get(bi) else {
+            continue;
+        };
+        let Some(split) = split_block(block, &k, next) else {
+            continue;
+        };
+        report.push(DerivedReport {
+            from: block.name.clone(),
+            ops: split
+                .derived
+                .block
+                .nodes
+                .iter()
+                .map(|n| n.op.name)
+                .collect(),
+            values: split.derived.block.outputs.len(),
+        });
+        let added: Vec<u32> = (0..split.derived.block.outputs.len() as u32)
+            .map(|j| next + j)
+            .collect();
+        next += added.len() as u32;
+        new_args.insert(bi as u32, added);
+        program.derived.push(split.derived);
+        if let Some(b) = program.blocks.get_mut(bi) {
+            *b = split.rest;
+        }
+    }
+    if new_args.is_empty() {
+        return report;
+    }
+    for lambda in &mut program.lambdas {
+        lambda.body.visit_mut(&mut |c| {
+            if let Code::InvokeBlock { block, args, .. } = c {
+                if let Some(added) = new_args.get(block) {
+                    args.extend(added.iter().map(|&p| Code::Param(p)));
+                }
+            }
+        });
+    }
+    report
+}
+
+struct Split {
+    derived: Derived,
+    rest: Block,
+}
+
+/// The block cut into its weight transforms (nodes reading only inputs that are weight
+/// arguments `known[i]`, literals, and one another) and the rest, which reads the transforms'
+/// results it needs as new inputs numbered from its current inputs on; `None` when nothing
+/// worth moving is there.
+fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split> {
+    let n = block.nodes.len();
+    let mut derivable = vec![false; n];
+    let is_derivable = |v: &BVal, derivable: &[bool]| match v {
+        BVal::Input(i) => known.get(*i as usize).copied().flatten().is_some(),
+        BVal::Node(m) | BVal::Field(m, _) => derivable.get(*m as usize).copied().unwrap_or(false),
+        BVal::Const(_) => true,
+    };
+    let reads_non_const = |node: &BlockNode| {
+        node.args.iter().any(|a| match a {
+            BArg::One(v) => !matches!(v, BVal::Const(_)),
+            BArg::Tuple(vs) => vs.iter().any(|v| !matches!(v, BVal::Const(_))),
+        })
+    };
+    for (i, node) in block.nodes.iter().enumerate() {
+        let all = node.args.iter().all(|a| match a {
+            BArg::One(v) => is_derivable(v, &derivable),
+            BArg::Tuple(vs) => vs.iter().all(|v| is_derivable(v, &derivable)),
+        });
+        derivable[i] = all && is_pure_op(node.op) && reads_non_const(node);
+    }
+    // A block of weight transforms only is left alone: its invocation would become the
+    // derived parameters themselves, a rewrite of the host code this pass does not make.
+    if !derivable.iter().any(|&d| d) || derivable.iter().all(|&d| d) {
+        return None;
+    }
+    // The derived values the rest reads (nodes left in the block, and the block's outputs).
+    let mut frontier: Vec<BVal> = Vec::new();
+    let note = |v: &BVal, frontier: &mut Vec<BVal>| {
+        if let BVal::Node(m) | BVal::Field(m, _) = v {
+            if derivable.get(*m as usize).copied().unwrap_or(false)
+                && !frontier.iter().any(|f| same(f, v))
+            {
+                frontier.push(v.clone());
+            }
+        }
+    };
+    for (i, node) in block.nodes.iter().enumerate() {
+        if derivable[i] {
+            continue;
+        }
+        for a in &node.args {
+            match a {
+                BArg::One(v) => note(v, &mut frontier),
+                BArg::Tuple(vs) => vs.iter().for_each(|v| note(v, &mut frontier)),
+            }
+        }
+    }
+    for v in &block.outputs {
+        note(v, &mut frontier);
+    }
+    // Only tensors become parameters (a tuple-valued node is read through its fields).
+    if frontier.is_empty()
+        || frontier
+            .iter()
+            .any(|v| block.val_ty(v).as_tensor().is_none())
+    {
+        return None;
+    }
+
+    // The derived block: the known inputs it reads, the derivable nodes, the frontier as outputs.
+    let mut d_inputs: Vec<(u32, u32)> = Vec::new(); // (input of the block, entry argument)
+    let mut d_nodes: Vec<BlockNode> = Vec::new();
+    let mut d_index: Vec<Option<u32>> = vec![None; n];
+    let d_val = |v: &BVal, d_inputs: &mut Vec<(u32, u32)>, d_index: &[Option<u32>]| -> BVal {
+        match v {
+            BVal::Input(i) => {
+                let pos = match d_inputs.iter().position(|(b, _)| b == i) {
+                    Some(p) => p,
+                    None => {
+                        let p = known.get(*i as usize).copied().flatten().unwrap_or(0);
+                        d_inputs.push((*i, p));
+                        d_inputs.len() - 1
+                    }
+                };
+                BVal::Input(pos as u32)
+            }
+            BVal::Node(m) => BVal::Node(d_index[*m as usize].unwrap_or(0)),
+            BVal::Field(m, f) => BVal::Field(d_index[*m as usize].unwrap_or(0), *f),
+            BVal::Const(t) => BVal::Const(t.clone()),
+        }
+    };
+    for (i, node) in block.nodes.iter().enumerate() {
+        if !derivable[i] {
+            continue;
+        }
+        let args = node
+            .args
+            .iter()
+            .map(|a| match a {
+                BArg::One(v) => BArg::One(d_val(v, &mut d_inputs, &d_index)),
+                BArg::Tuple(vs) => BArg::Tuple(
+                    vs.iter()
+                        .map(|v| d_val(v, &mut d_inputs, &d_index))
+                        .collect(),
+                ),
+            })
+            .collect();
+        d_index[i] = Some(d_nodes.len() as u32);
+        d_nodes.push(BlockNode {
+            op: node.op,
+            args,
+            attrs: node.attrs.clone(),
+            ty: node.ty.clone(),
+        });
+    }
+    let d_outputs: Vec<BVal> = frontier
+        .iter()
+        .map(|v| d_val(v, &mut d_inputs, &d_index))
+        .collect();
+    let derived = Derived {
+        block: Block {
+            name: format!("{}:weights", block.name),
+            inputs: d_inputs
+                .iter()
+                .map(|(b, _)| BlockInput {
+                    name: block
+                        .inputs
+                        .get(*b as usize)
+                        .map_or_else(String::new, |x| x.name.clone()),
+                    ty: block.val_ty(&BVal::Input(*b)),
+                })
+                .collect(),
+            nodes: d_nodes,
+            outputs: d_outputs,
+            output_shape: OutputShape::Tuple,
+            primitive: false,
+            span: block.span,
+        },
+        params: d_inputs.iter().map(|(_, p)| *p).collect(),
+        first,
+    };
+
+    // The rest: the other nodes renumbered, frontier reads turned into the new inputs.
+    let base = block.inputs.len() as u32;
+    let mut r_index: Vec<Option<u32>> = vec![None; n];
+    let r_val = |v: &BVal, r_index: &[Option<u32>]| -> BVal {
+        if let Some(j) = frontier.iter().position(|f| same(f, v)) {
+            return BVal::Input(base + j as u32);
+        }
+        match v {
+            BVal::Node(m) => BVal::Node(r_index[*m as usize].unwrap_or(0)),
+            BVal::Field(m, f) => BVal::Field(r_index[*m as usize].unwrap_or(0), *f),
+            other => other.clone(),
+        }
+    };
+    let mut r_nodes = Vec::with_capacity(n);
+    for (i, node) in block.nodes.iter().enumerate() {
+        if derivable[i] {
+            continue;
+        }
+        let args = node
+            .args
+            .iter()
+            .map(|a| match a {
+                BArg::One(v) => BArg::One(r_val(v, &r_index)),
+                BArg::Tuple(vs) => BArg::Tuple(vs.iter().map(|v| r_val(v, &r_index)).collect()),
+            })
+            .collect();
+        r_index[i] = Some(r_nodes.len() as u32);
+        r_nodes.push(BlockNode {
+            op: node.op,
+            args,
+            attrs: node.attrs.clone(),
+            ty: node.ty.clone(),
+        });
+    }
+    let mut inputs = block.inputs.clone();
+    for (j, v) in frontier.iter().enumerate() {
+        inputs.push(BlockInput {
+            name: format!("derived param {}", first + j as u32),
+            ty: block.val_ty(v),
+        });
+    }
+    let rest = Block {
+        name: block.name.clone(),
+        inputs,
+        nodes: r_nodes,
+        outputs: block.outputs.iter().map(|v| r_val(v, &r_index)).collect(),
+        output_shape: block.output_shape,
+        primitive: block.primitive,
+        span: block.span,
+    };
+    Some(Split { derived, rest })
+}
+
+/// The same block value (literals never are: they are not derived values).
+fn same(a: &BVal, b: &BVal) -> bool {
+    match (a, b) {
+        (BVal::Node(x), BVal::Node(y)) => x == y,
+        (BVal::Field(x, f), BVal::Field(y, g)) => x == y && f == g,
+        (BVal::Input(x), BVal::Input(y)) => x == y,
+        _ => false,
+    }
+}
