@@ -299,6 +299,12 @@ fn print_static_report(
             );
         }
     }
+    if report.canonical > 0 {
+        println!(
+            "  canonical products (--no-canonical-products): {} column-vector products, transposes and reshapes rewritten onto the instances' rows",
+            report.canonical
+        );
+    }
     if !report.derived.is_empty() {
         println!(
             "  derived parameters (--no-derived-params): weight-only operators computed once per run, read as weights:"

@@ -132,6 +132,11 @@ pub struct RunArgs {
     /// products reading them are planned on computed weights.
     #[arg(long)]
     pub no_derived_params: bool,
+    /// No canonical products: a product written with column vectors (`nn.dense(%W,
+    /// transpose(%h))`) and the transposes around it run as written, one matrix-vector product
+    /// per instance, instead of as one GEMM over the instances' rows.
+    #[arg(long)]
+    pub no_canonical_products: bool,
     /// No ghost operators: arms of a conditional that run different numbers of blocks leave
     /// instances at different inline depths.
     #[arg(long)]
@@ -292,6 +297,7 @@ fn static_options(args: &RunArgs, instances: usize) -> tumble_compile::StaticOpt
         specialize: !args.no_specialize,
         merge: !args.no_block_merge && batch >= tumble_compile::merge::MERGE_MIN_BATCH,
         derive: !args.no_derived_params,
+        canon: !args.no_canonical_products,
     }
 }
 

@@ -976,3 +976,60 @@ fn weight_transforms_become_derived_parameters() {
     assert!(!on.stdout.is_empty());
     assert_eq!(text(&on.stdout), text(&off.stdout));
 }
+
+/// The plain BiRNN written with column vectors (`W · x`, states `(256, 1)`): `explain` reports
+/// the canonical products, and the predictions equal the row-vector model's and
+/// `--no-canonical-products`' (the same weights by name).
+#[test]
+fn column_vector_birnn_predicts_like_the_row_vector_one() {
+    let row = std::fs::read_to_string(root().join("models/plain/birnn_small.rly")).unwrap();
+    let mut col = row.clone();
+    for (from, to) in [
+        ("%h: Tensor[(1, 256), float32],\n  %emb", "%h: Tensor[(256, 1), float32],\n  %emb"),
+        (") -> List[Tensor[(1, 256), float32]] {", ") -> List[Tensor[(256, 1), float32]] {"),
+        (
+            "let %x = take(%emb, %tok, axis=0);",
+            "let %x = transpose(take(%emb, %tok, axis=0));",
+        ),
+        (
+            "tanh(add(add(nn.dense(%x, %W_x), %b), nn.dense(%h, %W_h)))",
+            "tanh(add(add(nn.dense(%W_x, transpose(%x)), reshape(%b, newshape=[256, 1])), nn.dense(%W_h, transpose(%h))))",
+        ),
+        (
+            "zeros(shape=[1, 256], dtype=\"float32\")",
+            "zeros(shape=[256, 1], dtype=\"float32\")",
+        ),
+        (
+            "(%hh: (Tensor[(1, 256), float32], Tensor[(1, 256), float32]))",
+            "(%hh: (Tensor[(256, 1), float32], Tensor[(256, 1), float32]))",
+        ),
+        (
+            "nn.dense(concatenate((%hh.0, %hh.1), axis=1), %W_out)",
+            "transpose(nn.dense(%W_out, transpose(concatenate((%hh.0, %hh.1), axis=0))))",
+        ),
+    ] {
+        assert!(col.contains(from), "{from}");
+        col = col.replace(from, to);
+    }
+    let row_model = temp_file("birnn_rows.rly", &row).display().to_string();
+    let col_model = temp_file("birnn_columns.rly", &col).display().to_string();
+    let explain = tumble(&["explain", &col_model]);
+    assert!(explain.status.success(), "{}", text(&explain.stderr));
+    assert!(text(&explain.stdout).contains("canonical products"));
+    let inputs = example("birnn");
+    let outs: Vec<String> = [
+        (&row_model, &[][..]),
+        (&col_model, &[][..]),
+        (&col_model, &["--no-canonical-products"][..]),
+    ]
+    .iter()
+    .map(|(m, extra)| {
+        let o = run_random(m, &inputs, extra);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        text(&o.stdout)
+    })
+    .collect();
+    assert!(!outs[0].is_empty());
+    assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[1], outs[2]);
+}

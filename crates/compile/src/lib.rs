@@ -9,6 +9,7 @@
 mod absint;
 pub mod blocks;
 mod callgraph;
+pub mod canon;
 pub mod consts;
 pub mod derived;
 pub mod dup;

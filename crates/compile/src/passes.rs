@@ -29,6 +29,9 @@ pub struct StaticOptions {
     /// Weight transforms inside blocks computed once per run ([`crate::derived`]; off for
     /// gradients, which do not flow through them).
     pub derive: bool,
+    /// Products in the layout the kernels batch: column-vector products and the transposes
+    /// around them rewritten on the instance's rows ([`crate::canon`]).
+    pub canon: bool,
 }
 
 impl StaticOptions {
@@ -43,6 +46,7 @@ impl StaticOptions {
             specialize: true,
             merge: true,
             derive: true,
+            canon: true,
         }
     }
 
@@ -57,6 +61,7 @@ impl StaticOptions {
             specialize: false,
             merge: false,
             derive: false,
+            canon: false,
         }
     }
 }
@@ -82,6 +87,8 @@ pub struct StaticReport {
     pub merged: Vec<crate::merge::Merged>,
     /// Weight transforms moved out of blocks, computed once per run.
     pub derived: Vec<crate::derived::DerivedReport>,
+    /// Products and transposes rewritten into the batched layout.
+    pub canonical: usize,
 }
 
 /// Runs the switched-on optimizations; `weights` flags the entry's parameters that are model
@@ -121,6 +128,13 @@ pub fn optimize(
     if opts.hoist && opts.merge {
         report.merged = crate::merge::merge_hoisted(program);
         crate::verify::debug_check(program, "block merging");
+    }
+    if opts.canon {
+        // On which block inputs are one value per launch: a product keeps its weight as the
+        // packed operand.
+        let reuse = crate::reuse::analyze(program, entry, weights);
+        report.canonical = crate::canon::canonicalize(program, &reuse);
+        crate::verify::debug_check(program, "canonical products");
     }
     if opts.params && opts.derive {
         report.derived = crate::derived::derive_params(program, weights);

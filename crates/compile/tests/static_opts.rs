@@ -371,3 +371,88 @@ fn a_transform_read_twice_or_not_hoisted_is_not_merged() {
     let (_, r) = compile_with(&format!("{stateful}{RNN_MAIN}"), StaticOptions::all());
     assert!(r.merged.is_empty(), "{:?}", r.merged);
 }
+
+/// A column-vector RNN step (`h: (4, 1)`, `W · h`): with canonical products the step's block
+/// multiplies the instance's row by the weight (`nn.dense(row, W)`) and keeps its elementwise
+/// tail on rows, one reshape at the end; the transposes and the weight-left products are gone.
+/// Off: the block as written.
+const COLUMN_RNN: &str = r#"
+def @rnn(%xs: List[Tensor[(4, 1), float32]], %h: Tensor[(4, 1), float32], %W: Tensor[(4, 4), float32],
+         %U: Tensor[(4, 4), float32], %Wb: Tensor[(4), float32]) -> List[Tensor[(4, 1), float32]] {
+  match (%xs) {
+    Cons(%x, %rest) => {
+      let %h2 = tanh(add(add(nn.dense(%W, transpose(%x)), reshape(%Wb, newshape=[4, 1])),
+                         transpose(nn.dense(transpose(%h), %U))));
+      Cons(%h2, @rnn(%rest, %h2, %W, %U, %Wb))
+    },
+    Nil => Nil,
+  }
+}
+def @main(%xs: List[Tensor[(4, 1), float32]], %W: Tensor[(4, 4), float32], %U: Tensor[(4, 4), float32],
+          %Wb: Tensor[(4), float32]) -> List[Tensor[(4, 1), float32]] {
+  @rnn(%xs, zeros(shape=[4, 1], dtype="float32"), %W, %U, %Wb)
+}
+"#;
+
+fn step_block(p: &Program) -> &tumble_compile::Block {
+    p.blocks
+        .iter()
+        .filter(|b| b.nodes.iter().any(|n| n.op.name == "tanh"))
+        .max_by_key(|b| b.nodes.len())
+        .expect("the step's block")
+}
+
+fn ops(b: &tumble_compile::Block) -> Vec<&'static str> {
+    b.nodes.iter().map(|n| n.op.name).collect()
+}
+
+#[test]
+fn column_vector_products_run_on_the_instances_rows() {
+    let (p, r) = compile(COLUMN_RNN);
+    assert!(r.canonical >= 4, "{}", r.canonical);
+    let step = step_block(&p);
+    let names = ops(step);
+    assert!(!names.contains(&"transpose"), "{names:?}");
+    // Every product has the instance's row on the left, a weight-derived operand on the right.
+    for n in step.nodes.iter().filter(|n| n.op.name == "nn.dense") {
+        let rows = match &n.args[0] {
+            tumble_compile::BArg::One(v) => step.val_ty(v),
+            _ => panic!("dense of a tuple"),
+        };
+        assert_eq!(rows.to_string(), "Tensor[(1, 4), float32]", "{names:?}");
+    }
+    // The tail (adds, tanh) is on rows; one reshape back to the column at the end.
+    let tanh = step.nodes.iter().find(|n| n.op.name == "tanh").unwrap();
+    assert_eq!(tanh.ty.to_string(), "Tensor[(1, 4), float32]");
+    assert_eq!(names.last(), Some(&"reshape"), "{names:?}");
+    assert!(tumble_compile::verify(&p).is_empty());
+
+    let (p, r) = compile_with(
+        COLUMN_RNN,
+        StaticOptions {
+            canon: false,
+            ..StaticOptions::all()
+        },
+    );
+    assert_eq!(r.canonical, 0);
+    let names = ops(step_block(&p));
+    assert!(names.contains(&"transpose"), "{names:?}");
+}
+
+/// A product whose left operand is the instance's (`X · Wᵀ` with `X` of one row, MV-RNN's
+/// per-node matrices the other way round) is left alone: only a weight on the left is moved.
+#[test]
+fn products_with_the_instance_on_the_left_stay() {
+    let src = r#"
+def @main(%x: Tensor[(3, 4), float32], %v: Tensor[(1, 4), float32], %W: Tensor[(1, 4), float32])
+    -> (Tensor[(3, 1), float32], Tensor[(1, 1), float32]) {
+  (nn.dense(%x, %W), nn.dense(%x, %v).0)
+}
+"#;
+    let src = src.replace(
+        "nn.dense(%x, %v).0",
+        "sum(nn.dense(%v, %W), axis=[1], keepdims=True)",
+    );
+    let (p, r) = compile(&src);
+    assert_eq!(r.canonical, 0, "{p}");
+}

@@ -552,6 +552,7 @@ fn every_combination_of_switches() {
                 specialize: phases != dup,
                 merge: ghosts == phases,
                 derive: hoist == phases,
+                canon: dup == phases,
             };
             let (program, reuse) = compile(&x, coarsen, statics);
             let opts = Options {

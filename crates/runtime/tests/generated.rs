@@ -62,6 +62,7 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         specialize: bit(0.5),
         merge: bit(0.5),
         derive: bit(0.5),
+        canon: bit(0.5),
     };
     let opts = Options {
         host_scalars: bit(0.7),

@@ -1048,6 +1048,23 @@ impl Gen {
                         }
                     };
                 }
+                10..=13 if r == 2 && self.chance(0.25) => {
+                    // Weight on the left, as column-vector code writes it: `W · Xᵀ`, or its
+                    // transpose `(W · Xᵀ)ᵀ` (the compiler's canonical products rewrite both).
+                    let k = self.dim();
+                    if self.chance(0.5) {
+                        let w = self.weight(&[s[0], k]);
+                        let x = if self.chance(0.5) {
+                            self.tensor(sc, &[s[1], k], d)
+                        } else {
+                            format!("transpose({})", self.tensor(sc, &[k, s[1]], d))
+                        };
+                        return format!("nn.dense({w}, {x})");
+                    }
+                    let w = self.weight(&[s[1], k]);
+                    let x = self.tensor(sc, &[s[0], k], d);
+                    return format!("transpose(nn.dense({w}, {x}))");
+                }
                 10..=13 if r >= 1 => {
                     // nn.dense: mostly a shared weight, sometimes a per-instance right operand.
                     let n = s[r - 1];
