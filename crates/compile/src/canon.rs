@@ -13,6 +13,8 @@
 //!   `B·Aᵀ`, so the product becomes the batched GEMM of every instance's row against the packed
 //!   weight;
 //! - `transpose(nn.dense(A, B))` with `A` shared and `B` the instance's is `nn.dense(B, A)`;
+//! - `nn.dense(x, W)` of an instance's 1-D vector `x` is the product of its one row, reshaped
+//!   back;
 //! - an elementwise operator whose instance operands are reshapes from one other shape runs in
 //!   that shape (shared operands reshaped to it), with one reshape after it: a chain of them
 //!   over column vectors runs on the products' rows, as row programs and GEMM epilogues;
@@ -184,6 +186,58 @@ fn canonicalize_block(block: &mut Block, varying: &[bool]) -> usize {
                             &ty_of,
                         )
                         .0
+                    }
+                    // A vector times a weight: the product of its one row, reshaped back (its
+                    // elementwise tail then follows it onto the row).
+                    (Some(a), Some(b))
+                        if matches!(node.ty.as_tensor(), Some((d, DType::Float32)) if d.len() == 1)
+                            && is_shared(&b, &nodes, &shared_node)
+                            && !is_shared(&a, &nodes, &shared_node) =>
+                    {
+                        let at = ty_of(&a, &nodes);
+                        let k = at.as_ref().and_then(known_dims).and_then(|d| match d[..] {
+                            [k] => Some(k),
+                            _ => None,
+                        });
+                        let n = known_dims(&node.ty).and_then(|d| d.first().copied());
+                        match (k, n, at.and_then(|t| t.as_tensor().map(|(_, dt)| dt))) {
+                            (Some(k), Some(n), Some(dt)) => {
+                                rewrites += 1;
+                                let row_in = Ty::tensor(vec![Dim::Known(1), Dim::Known(k)], dt);
+                                let (x, _) = fold_reshape(
+                                    &mut nodes,
+                                    &mut shared_node,
+                                    &mut push,
+                                    reshape,
+                                    a,
+                                    &row_in,
+                                    &ty_of,
+                                );
+                                let row_out =
+                                    Ty::tensor(vec![Dim::Known(1), Dim::Known(n)], DType::Float32);
+                                let d = push(
+                                    &mut nodes,
+                                    &mut shared_node,
+                                    BlockNode {
+                                        op: dense,
+                                        args: vec![BArg::One(x), BArg::One(b)],
+                                        attrs: node.attrs.clone(),
+                                        ty: row_out,
+                                    },
+                                );
+                                fold_reshape(
+                                    &mut nodes,
+                                    &mut shared_node,
+                                    &mut push,
+                                    reshape,
+                                    d,
+                                    &node.ty,
+                                    &ty_of,
+                                )
+                                .0
+                            }
+                            _ => push(&mut nodes, &mut shared_node, node),
+                        }
                     }
                     _ => push(&mut nodes, &mut shared_node, node),
                 }
