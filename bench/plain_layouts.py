@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Plain BiRNN-small written four ways a user might write it, timed against each other with the
-compiler's layout passes on and off: the zoo's row-vector form (`nn.dense(%x, %W)`), weights kept
-as `(in, out)` (`nn.dense(%h, transpose(%W_h))`), textbook column vectors (`W · x` as
-`nn.dense(%W_x, transpose(%x))`, states `(256, 1)`, a reshaped bias), and 1-D vectors (states
-`(256)`). Every form computes the same function of the same weights (by name), so every output
-must equal the row form's.
+compiler's layout passes on and off: the zoo's row-vector form (`nn.dense(%x, %W)`), recurrent
+weights kept as `(in, out)` (`nn.dense(%h, transpose(%W_h))`, run on a weights file holding those
+two matrices transposed), textbook column vectors (`W · x` as `nn.dense(%W_x, transpose(%x))`,
+states `(256, 1)`, a reshaped bias), and 1-D vectors (states `(256)`). Every form computes the
+same function, so every output must equal the row form's.
 
 Each round runs every (form, switches) pair once, in rotated order, with `--repeat R --profile`;
 the time is the warm median of the repeats (decoding excluded). Reported: the median over rounds,
@@ -17,7 +17,9 @@ Needs only python3 and target/release/tumble (it builds it)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import struct
 import re
 import statistics
 import subprocess
@@ -65,6 +67,33 @@ SWITCHES = {
     "default": [],
     "--no-canonical-products --no-derived-params": ["--no-canonical-products", "--no-derived-params"],
 }
+
+
+# Forms whose weights file holds these matrices transposed.
+TRANSPOSED = {"transposed weights": ["W_h_fwd", "W_h_bwd"]}
+
+
+def transpose_weights(src: str, dst: str, names: list[str]):
+    """A copy of safetensors file `src` with the 2-D f32 tensors `names` transposed."""
+    with open(src, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = bytearray(f.read())
+    for name in names:
+        meta = header[name]
+        if meta["dtype"] != "F32" or len(meta["shape"]) != 2:
+            sys.exit(f"{name}: not a 2-D f32 tensor")
+        rows, cols = meta["shape"]
+        a, b = meta["data_offsets"]
+        vals = struct.unpack(f"<{rows * cols}f", data[a:b])
+        t = [vals[r * cols + c] for c in range(cols) for r in range(rows)]
+        data[a:b] = struct.pack(f"<{rows * cols}f", *t)
+        meta["shape"] = [cols, rows]
+    head = json.dumps(header).encode()
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        f.write(data)
 
 
 def build():
@@ -116,6 +145,10 @@ def main():
         subprocess.run([EXE, "run", paths["rows"], "--inputs", inputs, "--random-params", "0",
                         "--save-params", weights, "-o", os.path.join(tmp, "x.jsonl")],
                        check=True, capture_output=True)
+        files = {f: weights for f in FORMS}
+        for f, names in TRANSPOSED.items():
+            files[f] = os.path.join(tmp, "w_transposed.safetensors")
+            transpose_weights(weights, files[f], names)
         pairs = [(f, s) for f in FORMS for s in SWITCHES]
         times: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
         ratios: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
@@ -126,7 +159,7 @@ def main():
             outs: dict[tuple[str, str], str] = {}
             for f, s in order:
                 out = os.path.join(tmp, "out.jsonl")
-                this[(f, s)] = run(paths[f], inputs, weights, SWITCHES[s], a, out)
+                this[(f, s)] = run(paths[f], inputs, files[f], SWITCHES[s], a, out)
                 with open(out) as fh:
                     outs[(f, s)] = fh.read()
             if r == 0:
