@@ -299,6 +299,12 @@ fn print_static_report(
             );
         }
     }
+    if report.cse > 0 {
+        println!(
+            "  common subexpressions (--no-cse): {} repeated operators inside blocks computed once",
+            report.cse
+        );
+    }
     if report.canonical > 0 {
         println!(
             "  canonical products (--no-canonical-products): {} column-vector products, transposes and reshapes rewritten onto the instances' rows",

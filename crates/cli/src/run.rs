@@ -137,6 +137,10 @@ pub struct RunArgs {
     /// per instance, instead of as one GEMM over the instances' rows.
     #[arg(long)]
     pub no_canonical_products: bool,
+    /// No common subexpression elimination: an operator written twice on the same operands
+    /// inside a block (a gate's `split(nn.dense(%x, %W), 3)` spelled per gate) runs twice.
+    #[arg(long)]
+    pub no_cse: bool,
     /// No ghost operators: arms of a conditional that run different numbers of blocks leave
     /// instances at different inline depths.
     #[arg(long)]
@@ -298,6 +302,7 @@ fn static_options(args: &RunArgs, instances: usize) -> tumble_compile::StaticOpt
         merge: !args.no_block_merge && batch >= tumble_compile::merge::MERGE_MIN_BATCH,
         derive: !args.no_derived_params,
         canon: !args.no_canonical_products,
+        cse: !args.no_cse,
     }
 }
 

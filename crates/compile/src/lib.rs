@@ -11,6 +11,7 @@ pub mod blocks;
 mod callgraph;
 pub mod canon;
 pub mod consts;
+pub mod cse;
 pub mod derived;
 pub mod dup;
 pub mod ghosts;

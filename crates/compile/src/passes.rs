@@ -32,6 +32,8 @@ pub struct StaticOptions {
     /// Products in the layout the kernels batch: column-vector products and the transposes
     /// around them rewritten on the instance's rows ([`crate::canon`]).
     pub canon: bool,
+    /// Repeated pure operators inside a block computed once ([`crate::cse`]).
+    pub cse: bool,
 }
 
 impl StaticOptions {
@@ -47,6 +49,7 @@ impl StaticOptions {
             merge: true,
             derive: true,
             canon: true,
+            cse: true,
         }
     }
 
@@ -62,6 +65,7 @@ impl StaticOptions {
             merge: false,
             derive: false,
             canon: false,
+            cse: false,
         }
     }
 }
@@ -89,6 +93,8 @@ pub struct StaticReport {
     pub derived: Vec<crate::derived::DerivedReport>,
     /// Products and transposes rewritten into the batched layout.
     pub canonical: usize,
+    /// Repeated operators inside blocks merged.
+    pub cse: usize,
 }
 
 /// Runs the switched-on optimizations; `weights` flags the entry's parameters that are model
@@ -128,6 +134,10 @@ pub fn optimize(
     if opts.hoist && opts.merge {
         report.merged = crate::merge::merge_hoisted(program);
         crate::verify::debug_check(program, "block merging");
+    }
+    if opts.cse {
+        report.cse = crate::cse::eliminate(program);
+        crate::verify::debug_check(program, "common subexpressions");
     }
     if opts.canon {
         // On which block inputs are one value per launch: a product keeps its weight as the

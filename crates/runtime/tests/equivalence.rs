@@ -553,6 +553,7 @@ fn every_combination_of_switches() {
                 merge: ghosts == phases,
                 derive: hoist == phases,
                 canon: dup == phases,
+                cse: hoist != phases,
             };
             let (program, reuse) = compile(&x, coarsen, statics);
             let opts = Options {

@@ -63,6 +63,7 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         merge: bit(0.5),
         derive: bit(0.5),
         canon: bit(0.5),
+        cse: bit(0.5),
     };
     let opts = Options {
         host_scalars: bit(0.7),

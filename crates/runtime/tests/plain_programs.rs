@@ -838,3 +838,39 @@ def @main(%xs: List[Tensor[(5, 1), float32]], %W: Tensor[(5, 5), float32], %U: T
             .unwrap_or_else(|e| panic!("canonical products on vs off: {e}"));
     }
 }
+
+/// An LSTM-style cell that spells `split(nn.dense(%x, %W), 3)` once per gate and adds two random
+/// draws written alike: the repeated products and splits are computed once (one product in the
+/// block), the draws stay two draws. Equal to the reference every way, with and without the pass.
+#[test]
+fn repeated_operators_are_computed_once_but_draws_are_not_merged() {
+    let src = r#"
+def @main(%x: Tensor[(1, 6), float32], %W: Tensor[(12, 6), float32]) -> Tensor[(1, 4), float32] {
+  let %i = sigmoid(split(nn.dense(%x, %W), indices_or_sections=3, axis=1).0);
+  let %o = sigmoid(split(nn.dense(%x, %W), indices_or_sections=3, axis=1).1);
+  let %u = tanh(split(nn.dense(%x, %W), indices_or_sections=3, axis=1).2);
+  let %n = add(random.db_uniform(low=0.0, high=1.0, out_shape=[1, 4], out_dtype="float32"),
+               random.db_uniform(low=0.0, high=1.0, out_shape=[1, 4], out_dtype="float32"));
+  add(multiply(%o, tanh(multiply(%i, %u))), multiply(%n, 0.01f))
+}
+"#;
+    let x = expected("cse", load_text("cse", src), &rows(9, 6), &["x"]);
+    check_all_ways(&x);
+    let (program, _) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let count = |p: &tumble_compile::Program, name: &str| -> usize {
+        p.blocks
+            .iter()
+            .map(|b| b.nodes.iter().filter(|n| n.op.name == name).count())
+            .sum()
+    };
+    assert_eq!(count(&program, "nn.dense"), 1);
+    assert_eq!(count(&program, "split"), 1);
+    // The draws are not block operators (they run where the program reaches them, each its
+    // own); the comparison with the reference above sees two different draws added.
+    let statics = tumble_compile::StaticOptions {
+        cse: false,
+        ..tumble_compile::StaticOptions::all()
+    };
+    let (off, _) = common::compile(&x, true, statics);
+    assert_eq!(count(&off, "nn.dense"), 3);
+}
