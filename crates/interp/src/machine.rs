@@ -1367,10 +1367,10 @@ pub fn derived_params(program: &Program, params: &[Value]) -> Result<Vec<Value>,
             .block
             .eval(&inputs, &mut tumble_ops::OpCtx { rng: &mut rng })
             .map_err(|e| {
-                RunError::new(format!(
-                    "in the weight transforms of `{}`: {e}",
-                    d.block.name
-                ))
+                RunError::at(
+                    d.block.span,
+                    format!("in the weight transforms of `{}`: {e}", d.block.name),
+                )
             })?;
         out.extend(values.into_iter().map(Value::Tensor));
     }
