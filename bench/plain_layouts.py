@@ -65,7 +65,23 @@ FORMS = {
 
 SWITCHES = {
     "default": [],
-    "--no-canonical-products --no-derived-params": ["--no-canonical-products", "--no-derived-params"],
+    "--no-canonical-products --no-derived-params --no-cse":
+        ["--no-canonical-products", "--no-derived-params", "--no-cse"],
+}
+
+# Plain TreeLSTM-small with each gate spelling its product again (`sigmoid(split(add(nn.dense(
+# %h_sum, %U_iou), %b_iou), 3).0)` per gate), against the zoo's plain form.
+TREE_BASE = os.path.join(ROOT, "models", "plain", "treelstm_small.rly")
+_G = "split(add(nn.dense(%h_sum, %U_iou), %b_iou), indices_or_sections=3, axis=1)"
+TREE_FORMS = {
+    "tree: one product per cell": [],
+    "tree: the product spelled per gate": [
+        ("""      let %iou = split(add(nn.dense(%h_sum, %U_iou), %b_iou), indices_or_sections=3, axis=1);
+      let %c = add(multiply(sigmoid(%iou.0), tanh(%iou.2)), %fc_sum);
+      (multiply(sigmoid(%iou.1), tanh(%c)), %c)""",
+         f"""      let %c = add(multiply(sigmoid({_G}.0), tanh({_G}.2)), %fc_sum);
+      (multiply(sigmoid({_G}.1), tanh(%c)), %c)"""),
+    ],
 }
 
 
@@ -100,16 +116,16 @@ def build():
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "tumble-cli"], cwd=ROOT, check=True)
 
 
-def write_forms(tmp: str) -> dict[str, str]:
-    base = open(BASE).read()
+def write_forms(tmp: str, base_path: str = BASE, forms: dict = FORMS) -> dict[str, str]:
+    base = open(base_path).read()
     paths = {}
-    for form, subs in FORMS.items():
+    for form, subs in forms.items():
         text = base
         for a, b in subs:
             if a not in text:
-                sys.exit(f"{form}: `{a}` is not in {BASE}")
+                sys.exit(f"{form}: `{a}` is not in {base_path}")
             text = text.replace(a, b)
-        path = os.path.join(tmp, form.replace(" ", "_") + ".rly")
+        path = os.path.join(tmp, re.sub(r"[^a-z0-9]+", "_", form) + ".rly")
         with open(path, "w") as f:
             f.write(text)
         paths[form] = path
@@ -138,6 +154,14 @@ def main():
     build()
     with tempfile.TemporaryDirectory(prefix="plain_layouts.") as tmp:
         paths = write_forms(tmp)
+        paths.update(write_forms(tmp, TREE_BASE, TREE_FORMS))
+        trees = os.path.join(tmp, "trees.jsonl")
+        subprocess.run([EXE, "data", "sst", "--split", "test", "--format", "tree", "--limit",
+                        str(a.limit), "-o", trees], check=True, capture_output=True)
+        tree_weights = os.path.join(tmp, "tree_w.safetensors")
+        subprocess.run([EXE, "run", paths["tree: one product per cell"], "--inputs", trees,
+                        "--random-params", "0", "--save-params", tree_weights, "-o",
+                        os.path.join(tmp, "x.jsonl")], check=True, capture_output=True)
         inputs = os.path.join(tmp, "sentences.jsonl")
         subprocess.run([EXE, "data", "sst", "--split", "test", "--format", "tokens", "--limit",
                         str(a.limit), "-o", inputs], check=True, capture_output=True)
@@ -146,10 +170,15 @@ def main():
                         "--save-params", weights, "-o", os.path.join(tmp, "x.jsonl")],
                        check=True, capture_output=True)
         files = {f: weights for f in FORMS}
+        files.update({f: tree_weights for f in TREE_FORMS})
+        data = {f: inputs for f in FORMS}
+        data.update({f: trees for f in TREE_FORMS})
+        base_form = {f: "rows" for f in FORMS}
+        base_form.update({f: "tree: one product per cell" for f in TREE_FORMS})
         for f, names in TRANSPOSED.items():
             files[f] = os.path.join(tmp, "w_transposed.safetensors")
             transpose_weights(weights, files[f], names)
-        pairs = [(f, s) for f in FORMS for s in SWITCHES]
+        pairs = [(f, s) for f in list(FORMS) + list(TREE_FORMS) for s in SWITCHES]
         times: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
         ratios: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
         mismatches: list[tuple[str, str]] = []
@@ -159,19 +188,19 @@ def main():
             outs: dict[tuple[str, str], str] = {}
             for f, s in order:
                 out = os.path.join(tmp, "out.jsonl")
-                this[(f, s)] = run(paths[f], inputs, files[f], SWITCHES[s], a, out)
+                this[(f, s)] = run(paths[f], data[f], files[f], SWITCHES[s], a, out)
                 with open(out) as fh:
                     outs[(f, s)] = fh.read()
             if r == 0:
-                mismatches = [p for p, o in outs.items() if o != outs[("rows", "default")]]
+                mismatches = [p for p, o in outs.items() if o != outs[(base_form[p[0]], "default")]]
             for p in pairs:
                 times[p].append(this[p])
-                ratios[p].append(this[p] / this[("rows", "default")])
+                ratios[p].append(this[p] / this[(base_form[p[0]], "default")])
             print(f"round {r + 1}: " + ", ".join(f"{f} / {s}: {this[(f, s)]:.1f}" for f, s in pairs),
                   file=sys.stderr)
-    print(f"\nplain BiRNN-small, {a.limit} SST test sentences, batch {a.batch}, 1 thread, warm median "
+    print(f"\nplain BiRNN-small ({a.limit} SST test sentences) and TreeLSTM-small (trees), batch {a.batch}, 1 thread, warm median "
           f"of {a.repeat - 1} repeats, median of {a.rounds} rounds (min-max)\n")
-    print("| form | switches | ms | / rows (same round) | outputs = rows |")
+    print("| form | switches | ms | / first form (same round) | outputs = first form's |")
     print("|---|---|---:|---:|---|")
     for f, s in pairs:
         t, q = times[(f, s)], ratios[(f, s)]
