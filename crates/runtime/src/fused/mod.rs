@@ -170,10 +170,12 @@ impl Exec<'_> {
 
     fn run_node(&mut self, i: usize, octx: &mut OpCtx, stats: &mut OpStats) -> Result<(), String> {
         let node = self.block.nodes.get(i).ok_or("internal: node")?;
-        // A reshape of row references (a gather view) is a view too: same rows, new shape.
+        // A reshape of row references (a gather view, or an input passed as rows where they
+        // lie: a column-vector state entering a canonical product) is a view too: same rows,
+        // new shape.
         if node.op.name == "reshape" {
-            if let Some(BArg::One(BVal::Node(src))) = node.args.first() {
-                if let Some(Some(BV::Rows(r))) = self.vals.get(*src as usize) {
+            if let Some(BArg::One(src @ (BVal::Node(_) | BVal::Input(_)))) = node.args.first() {
+                if let Ok(Cow::Borrowed(BV::Rows(r))) = self.get_raw(src) {
                     let dims: Option<Vec<usize>> = node.ty.as_tensor().and_then(|(d, _)| {
                         d.iter()
                             .map(|x| x.known().and_then(|k| usize::try_from(k).ok()))
