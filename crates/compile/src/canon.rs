@@ -18,6 +18,7 @@
 //! - an elementwise operator whose instance operands are reshapes from one other shape runs in
 //!   that shape (shared operands reshaped to it), with one reshape after it: a chain of them
 //!   over column vectors runs on the products' rows, as row programs and GEMM epilogues;
+//! - columns concatenated along axis 0 are their rows concatenated along axis 1, reshaped;
 //! - a `reshape` of a `reshape` is one `reshape`, a `reshape` to the type it has is its
 //!   operand.
 //!
@@ -242,6 +243,54 @@ fn canonicalize_block(block: &mut Block, varying: &[bool]) -> usize {
                     _ => push(&mut nodes, &mut shared_node, node),
                 }
             }
+            // Columns stacked along axis 0 are the concatenation of their rows, reshaped: the
+            // parts then lie as rows, which a product reads in place.
+            "concatenate" if column_concat(&node, &nodes, &ty_of).is_some() => {
+                match column_concat(&node, &nodes, &ty_of) {
+                    Some((parts, total, dtype)) => {
+                        rewrites += 1;
+                        let mut rows = Vec::with_capacity(parts.len());
+                        for (v, n) in parts {
+                            let row = Ty::tensor(vec![Dim::Known(1), Dim::Known(n)], dtype);
+                            let (r, _) = fold_reshape(
+                                &mut nodes,
+                                &mut shared_node,
+                                &mut push,
+                                reshape,
+                                v,
+                                &row,
+                                &ty_of,
+                            );
+                            rows.push(r);
+                        }
+                        let cat = push(
+                            &mut nodes,
+                            &mut shared_node,
+                            BlockNode {
+                                op: node.op,
+                                args: vec![BArg::Tuple(rows)],
+                                attrs: Attrs(vec![Attr {
+                                    name: "axis".into(),
+                                    value: AttrValue::Int(1),
+                                    span: Span::default(),
+                                }]),
+                                ty: Ty::tensor(vec![Dim::Known(1), Dim::Known(total)], dtype),
+                            },
+                        );
+                        fold_reshape(
+                            &mut nodes,
+                            &mut shared_node,
+                            &mut push,
+                            reshape,
+                            cat,
+                            &node.ty,
+                            &ty_of,
+                        )
+                        .0
+                    }
+                    None => push(&mut nodes, &mut shared_node, node),
+                }
+            }
             "reshape" if node.args.len() == 1 && known_dims(&node.ty).is_some() => match one(0) {
                 Some(x) => {
                     let (v, simpler) = fold_reshape(
@@ -388,6 +437,39 @@ fn swappable(
     };
     (is_shared(a, nodes, shared_node) && !is_shared(b, nodes, shared_node))
         .then(|| (a.clone(), b.clone()))
+}
+
+/// The parts of a concatenation of columns, each with its length; the total length; the dtype.
+type Columns = (Vec<(BVal, i64)>, i64, DType);
+
+/// `concatenate` of 2-D columns `(n_i, 1)` along axis 0.
+fn column_concat(
+    node: &BlockNode,
+    nodes: &[BlockNode],
+    ty_of: &impl Fn(&BVal, &[BlockNode]) -> Option<Ty>,
+) -> Option<Columns> {
+    let axis = match node.attrs.get("axis") {
+        None | Some(AttrValue::None) => 0,
+        Some(AttrValue::Int(a)) => *a,
+        _ => return None,
+    };
+    let (out, dtype) = node.ty.as_tensor()?;
+    if !matches!(axis, 0 | -2) || out.len() != 2 || out.get(1)?.known()? != 1 {
+        return None;
+    }
+    let [BArg::Tuple(vs)] = node.args.as_slice() else {
+        return None;
+    };
+    let mut parts = Vec::with_capacity(vs.len());
+    for v in vs {
+        let (n, one) = dims2(&ty_of(v, nodes)?)?;
+        if one != 1 {
+            return None;
+        }
+        parts.push((v.clone(), n));
+    }
+    let total = parts.iter().map(|(_, n)| n).sum();
+    Some((parts, total, dtype))
 }
 
 /// An operand of an elementwise node moved to its operands' layout.

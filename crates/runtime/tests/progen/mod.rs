@@ -1028,7 +1028,11 @@ impl Gen {
                     let b = self.tensor(sc, &sb, d);
                     // Sometimes the same expression twice, as plain code repeats itself (the
                     // compiler's common subexpressions merge it; draws in it stay two).
-                    let b = if sa == sb && self.chance(0.1) { a.clone() } else { b };
+                    let b = if sa == sb && self.chance(0.1) {
+                        a.clone()
+                    } else {
+                        b
+                    };
                     return match self.below(11) {
                         0 => format!("add({a}, {b})"),
                         1 => format!("subtract({a}, {b})"),
