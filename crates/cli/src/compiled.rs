@@ -223,6 +223,10 @@ fn compile_time_flags(args: &RunArgs) -> Vec<&'static str> {
         (args.no_hoist, "--no-hoist"),
         (args.no_ghosts, "--no-ghosts"),
         (args.no_phases, "--no-phases"),
+        (args.no_block_merge, "--no-block-merge"),
+        (args.no_derived_params, "--no-derived-params"),
+        (args.no_canonical_products, "--no-canonical-products"),
+        (args.no_cse, "--no-cse"),
     ]
     .into_iter()
     .filter_map(|(on, flag)| on.then_some(flag))
