@@ -830,28 +830,23 @@ impl<'p> Machine<'p> {
                 scrutinee,
                 arms,
                 span,
-            } => match self.match_tuple(scrutinee, arms) {
-                Some(step) => step?,
-                None => self.match_value(scrutinee, arms, *span, backend)?,
-            },
-        })
-    }
-
-    /// A `match` on a value computed by steps of its own, or immediate.
-    fn match_value(
-        &mut self,
-        scrutinee: &'p Code,
-        arms: &'p [(Pat, Code)],
-        span: Span,
-        backend: &mut dyn Backend,
-    ) -> Result<Step<'p>, RunError> {
-        match self.immediate(scrutinee) {
-            Some(v) => self.resume(Kont::Match { arms, span }, v?, backend),
-            None => {
-                self.push(Kont::Match { arms, span })?;
-                Ok(Step::Eval(scrutinee))
+            } => {
+                let tuple = match &**scrutinee {
+                    Code::Tuple(_) => self.match_tuple(scrutinee, arms),
+                    _ => None,
+                };
+                match tuple {
+                    Some(step) => step?,
+                    None => match self.immediate(scrutinee) {
+                        Some(v) => self.resume(Kont::Match { arms, span: *span }, v?, backend)?,
+                        None => {
+                            self.push(Kont::Match { arms, span: *span })?;
+                            Step::Eval(scrutinee)
+                        }
+                    },
+                }
             }
-        }
+        })
     }
 
     /// `match (a, b) { (P, Q) => .., _ => .. }` with the evaluator's shortcuts on: a tuple of
