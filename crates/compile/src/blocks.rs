@@ -129,23 +129,45 @@ impl Block {
     }
 
     pub fn val_ty(&self, v: &BVal) -> Ty {
-        match v {
-            BVal::Input(i) => self
-                .inputs
-                .get(*i as usize)
-                .map_or_else(Ty::unit, |x| x.ty.clone()),
-            BVal::Node(n) => self
-                .nodes
-                .get(*n as usize)
-                .map_or_else(Ty::unit, |x| x.ty.clone()),
-            BVal::Field(n, f) => match self.nodes.get(*n as usize).map(|x| &x.ty) {
-                Some(Ty::Tuple(ts)) => ts.get(*f as usize).cloned().unwrap_or_else(Ty::unit),
-                _ => Ty::unit(),
-            },
-            BVal::Const(t) => Ty::tensor_of(
-                &t.shape().iter().map(|&d| d as i64).collect::<Vec<_>>(),
-                t.dtype(),
-            ),
+        value_ty(&self.inputs, &self.nodes, v)
+    }
+}
+
+/// The type of value `v` of a block with these inputs and nodes (also for a node list being
+/// rebuilt by a pass).
+pub fn value_ty(inputs: &[BlockInput], nodes: &[BlockNode], v: &BVal) -> Ty {
+    match v {
+        BVal::Input(i) => inputs
+            .get(*i as usize)
+            .map_or_else(Ty::unit, |x| x.ty.clone()),
+        BVal::Node(n) => nodes
+            .get(*n as usize)
+            .map_or_else(Ty::unit, |x| x.ty.clone()),
+        BVal::Field(n, f) => match nodes.get(*n as usize).map(|x| &x.ty) {
+            Some(Ty::Tuple(ts)) => ts.get(*f as usize).cloned().unwrap_or_else(Ty::unit),
+            _ => Ty::unit(),
+        },
+        BVal::Const(t) => Ty::tensor_of(
+            &t.shape().iter().map(|&d| d as i64).collect::<Vec<_>>(),
+            t.dtype(),
+        ),
+    }
+}
+
+impl BArg {
+    /// The same argument with every value replaced by `f` of it.
+    pub fn map(&self, mut f: impl FnMut(&BVal) -> BVal) -> BArg {
+        match self {
+            BArg::One(v) => BArg::One(f(v)),
+            BArg::Tuple(vs) => BArg::Tuple(vs.iter().map(f).collect()),
+        }
+    }
+
+    /// Every value the argument reads.
+    pub fn values(&self) -> &[BVal] {
+        match self {
+            BArg::One(v) => std::slice::from_ref(v),
+            BArg::Tuple(vs) => vs,
         }
     }
 }

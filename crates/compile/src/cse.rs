@@ -59,13 +59,10 @@ fn eliminate_in(block: &mut Block) -> usize {
     };
     let mut merged = 0;
     for node in old {
-        let args: Vec<BArg> = node
+        let args = node
             .args
             .iter()
-            .map(|a| match a {
-                BArg::One(v) => BArg::One(remap(v, &map)),
-                BArg::Tuple(vs) => BArg::Tuple(vs.iter().map(|v| remap(v, &map)).collect()),
-            })
+            .map(|a| a.map(|v| remap(v, &map)))
             .collect();
         let node = BlockNode { args, ..node };
         if is_pure_op(node.op) {

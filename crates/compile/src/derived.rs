@@ -225,14 +225,7 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
         let args = node
             .args
             .iter()
-            .map(|a| match a {
-                BArg::One(v) => BArg::One(d_val(v, &mut d_inputs, &d_index)),
-                BArg::Tuple(vs) => BArg::Tuple(
-                    vs.iter()
-                        .map(|v| d_val(v, &mut d_inputs, &d_index))
-                        .collect(),
-                ),
-            })
+            .map(|a| a.map(|v| d_val(v, &mut d_inputs, &d_index)))
             .collect();
         d_index[i] = Some(d_nodes.len() as u32);
         d_nodes.push(BlockNode {
@@ -290,10 +283,7 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
         let args = node
             .args
             .iter()
-            .map(|a| match a {
-                BArg::One(v) => BArg::One(r_val(v, &r_index)),
-                BArg::Tuple(vs) => BArg::Tuple(vs.iter().map(|v| r_val(v, &r_index)).collect()),
-            })
+            .map(|a| a.map(|v| r_val(v, &r_index)))
             .collect();
         r_index[i] = Some(r_nodes.len() as u32);
         r_nodes.push(BlockNode {

@@ -563,6 +563,25 @@ impl<'p> Machine<'p> {
         }
     }
 
+    /// The values of `codes` when every one is immediate ([`Machine::immediate`]), in a vector
+    /// from the pool; `None` at the first that is not. Immediate code has no effects: giving up
+    /// there leaves nothing to undo but the values taken so far.
+    fn immediates(&mut self, codes: &[Code]) -> Option<Result<Vec<Value>, RunError>> {
+        let mut vals = self.vals_pool.pop().unwrap_or_default();
+        for c in codes {
+            match self.immediate(c) {
+                Some(Ok(v)) => vals.push(v),
+                Some(Err(e)) => return Some(Err(e)),
+                None => {
+                    vals.clear();
+                    self.vals_pool.push(vals);
+                    return None;
+                }
+            }
+        }
+        Some(Ok(vals))
+    }
+
     /// The value of `code` without a step of its own, when it has one: [`Machine::immediate`]
     /// code, or — with the native fast paths — a block invocation whose operands are all
     /// immediate. An invocation records a node (or runs on the host) and returns at once; it never
@@ -582,20 +601,10 @@ impl<'p> Machine<'p> {
         if !self.program.natives.fast_steps {
             return None;
         }
-        // Immediate code has no effects: giving up at an operand that is not leaves nothing to
-        // undo but the values taken so far.
-        let mut vals = self.vals_pool.pop().unwrap_or_default();
-        for a in args {
-            match self.immediate(a) {
-                Some(Ok(v)) => vals.push(v),
-                Some(Err(e)) => return Some(Err(e)),
-                None => {
-                    vals.clear();
-                    self.vals_pool.push(vals);
-                    return None;
-                }
-            }
-        }
+        let vals = match self.immediates(args)? {
+            Ok(vals) => vals,
+            Err(e) => return Some(Err(e)),
+        };
         Some(match self.call(code, vals, backend) {
             Ok(Step::Apply(v)) => Ok(v),
             Ok(_) => Err(RunError::new(
@@ -868,18 +877,10 @@ impl<'p> Machine<'p> {
         {
             return None;
         }
-        let mut vals = self.vals_pool.pop().unwrap_or_default();
-        for e in elems {
-            match self.immediate(e) {
-                Some(Ok(v)) => vals.push(v),
-                Some(Err(e)) => return Some(Err(e)),
-                None => {
-                    vals.clear();
-                    self.vals_pool.push(vals);
-                    return None;
-                }
-            }
-        }
+        let mut vals = match self.immediates(elems)? {
+            Ok(vals) => vals,
+            Err(e) => return Some(Err(e)),
+        };
         let mut binds = std::mem::take(&mut self.binds);
         let mut chosen = None;
         for (pat, body) in arms {
