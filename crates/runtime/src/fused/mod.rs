@@ -170,22 +170,34 @@ impl Exec<'_> {
 
     fn run_node(&mut self, i: usize, octx: &mut OpCtx, stats: &mut OpStats) -> Result<(), String> {
         let node = self.block.nodes.get(i).ok_or("internal: node")?;
-        // A reshape of row references (a gather view, or an input passed as rows where they
-        // lie: a column-vector state entering a canonical product) is a view too: same rows,
-        // new shape.
-        if node.op.name == "reshape" {
+        // A reshape (or a squeeze, an expand_dims) of one instance's elements, its result type
+        // known: the same elements under another shape. Of row references (a gather view, or an
+        // input passed as rows where they lie: a column-vector state entering a canonical
+        // product) a view of the same rows; of a batch, the batch under the new shape — neither
+        // copies, and neither takes the batching rule's way through the relation.
+        if matches!(node.op.name, "reshape" | "squeeze" | "expand_dims") {
             if let Some(BArg::One(src @ (BVal::Node(_) | BVal::Input(_)))) = node.args.first() {
-                if let Ok(Cow::Borrowed(BV::Rows(r))) = self.get_raw(src) {
-                    let dims: Option<Vec<usize>> = node.ty.as_tensor().and_then(|(d, _)| {
-                        d.iter()
-                            .map(|x| x.known().and_then(|k| usize::try_from(k).ok()))
-                            .collect()
-                    });
-                    if let Some(v) = dims.and_then(|d| r.reshaped(&d)) {
-                        stats.batched += 1;
-                        self.vals[i] = Some(BV::Rows(v));
-                        return Ok(());
+                let dims: Option<Vec<usize>> = node.ty.as_tensor().and_then(|(d, _)| {
+                    d.iter()
+                        .map(|x| x.known().and_then(|k| usize::try_from(k).ok()))
+                        .collect()
+                });
+                let viewed = match (self.get_raw(src), dims) {
+                    (Ok(Cow::Borrowed(BV::Rows(r))), Some(d)) => r.reshaped(&d).map(BV::Rows),
+                    (Ok(Cow::Borrowed(BV::Batched(OpValue::Tensor(t)))), Some(d)) => {
+                        let mut shape = Vec::with_capacity(d.len() + 1);
+                        shape.push(self.b);
+                        shape.extend_from_slice(&d);
+                        t.reshape(shape)
+                            .ok()
+                            .map(|t| BV::Batched(OpValue::Tensor(t)))
                     }
+                    _ => None,
+                };
+                if let Some(v) = viewed {
+                    stats.batched += 1;
+                    self.vals[i] = Some(v);
+                    return Ok(());
                 }
             }
         }
