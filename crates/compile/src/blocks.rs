@@ -154,6 +154,32 @@ pub fn value_ty(inputs: &[BlockInput], nodes: &[BlockNode], v: &BVal) -> Ty {
     }
 }
 
+/// `v` with its node reference renumbered by `map` (old node index → the node's value in a
+/// rebuilt list; a tuple node's fields follow its node, so only tensor-valued nodes may become
+/// other values).
+pub fn renumbered(v: &BVal, map: &[BVal]) -> BVal {
+    match v {
+        BVal::Node(n) => map.get(*n as usize).cloned().unwrap_or(BVal::Node(*n)),
+        BVal::Field(n, f) => match map.get(*n as usize) {
+            Some(BVal::Node(m)) => BVal::Field(*m, *f),
+            _ => BVal::Field(*n, *f),
+        },
+        other => other.clone(),
+    }
+}
+
+impl BlockNode {
+    /// The node with its operands renumbered by `map` ([`renumbered`]).
+    pub fn renumbered(self, map: &[BVal]) -> BlockNode {
+        let args = self
+            .args
+            .iter()
+            .map(|a| a.map(|v| renumbered(v, map)))
+            .collect();
+        BlockNode { args, ..self }
+    }
+}
+
 impl BArg {
     /// The same argument with every value replaced by `f` of it.
     pub fn map(&self, mut f: impl FnMut(&BVal) -> BVal) -> BArg {

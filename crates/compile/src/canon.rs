@@ -31,7 +31,7 @@ use tumble_ir::{AttrValue, Attrs, DType, Dim, Span, Ty};
 
 use tumble_ops::OpDef;
 
-use crate::blocks::{is_pure_op, value_ty, BArg, BVal, Block, BlockInput, BlockNode};
+use crate::blocks::{is_pure_op, renumbered, value_ty, BArg, BVal, Block, BlockInput, BlockNode};
 use crate::program::Program;
 use crate::reuse::ReuseAnalysis;
 
@@ -382,32 +382,16 @@ fn canonicalize_block(block: &mut Block, varying: &[bool]) -> usize {
         reshape,
         dense,
     };
-    // Old node index → its value in the new list (a rewritten node may become another's value;
-    // only tensor-valued nodes are ever replaced, so a tuple node keeps a node of its own).
+    // Old node index → its value in the new list (a rewritten node may become another's value).
     let mut map: Vec<BVal> = Vec::with_capacity(old.len());
-    let remap = |v: &BVal, map: &[BVal]| -> BVal {
-        match v {
-            BVal::Node(n) => map.get(*n as usize).cloned().unwrap_or(BVal::Node(*n)),
-            BVal::Field(n, f) => match map.get(*n as usize) {
-                Some(BVal::Node(m)) => BVal::Field(*m, *f),
-                _ => BVal::Field(*n, *f),
-            },
-            other => other.clone(),
-        }
-    };
     let mut rewrites = 0;
     for node in old {
-        let args = node
-            .args
-            .iter()
-            .map(|a| a.map(|v| remap(v, &map)))
-            .collect();
-        let (value, rewritten) = r.rewrite(BlockNode { args, ..node });
+        let (value, rewritten) = r.rewrite(node.renumbered(&map));
         rewrites += usize::from(rewritten);
         map.push(value);
     }
     let nodes = r.nodes;
-    block.outputs = block.outputs.iter().map(|v| remap(v, &map)).collect();
+    block.outputs = block.outputs.iter().map(|v| renumbered(v, &map)).collect();
     block.nodes = nodes;
     if rewrites > 0 {
         drop_dead_nodes(block);

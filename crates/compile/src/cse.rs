@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockNode};
+use crate::blocks::{is_pure_op, renumbered, BArg, BVal, Block, BlockNode};
 use crate::program::Program;
 
 /// Merges repeated nodes in every block of `program`; returns how many nodes went.
@@ -49,22 +49,12 @@ fn key(v: &BVal) -> Key {
 fn eliminate_in(block: &mut Block) -> usize {
     let old = std::mem::take(&mut block.nodes);
     let mut nodes: Vec<BlockNode> = Vec::with_capacity(old.len());
-    // Old node index → new node index.
-    let mut map: Vec<u32> = Vec::with_capacity(old.len());
+    // Old node index → the node that computes it in the new list.
+    let mut map: Vec<BVal> = Vec::with_capacity(old.len());
     let mut seen: HashMap<(String, Vec<Vec<Key>>, String), u32> = HashMap::new();
-    let remap = |v: &BVal, map: &[u32]| match v {
-        BVal::Node(n) => BVal::Node(map.get(*n as usize).copied().unwrap_or(*n)),
-        BVal::Field(n, f) => BVal::Field(map.get(*n as usize).copied().unwrap_or(*n), *f),
-        other => other.clone(),
-    };
     let mut merged = 0;
     for node in old {
-        let args = node
-            .args
-            .iter()
-            .map(|a| a.map(|v| remap(v, &map)))
-            .collect();
-        let node = BlockNode { args, ..node };
+        let node = node.renumbered(&map);
         if is_pure_op(node.op) {
             let k = (
                 node.op.name.to_string(),
@@ -87,16 +77,16 @@ fn eliminate_in(block: &mut Block) -> usize {
                 ),
             );
             if let Some(&same) = seen.get(&k) {
-                map.push(same);
+                map.push(BVal::Node(same));
                 merged += 1;
                 continue;
             }
             seen.insert(k, nodes.len() as u32);
         }
-        map.push(nodes.len() as u32);
+        map.push(BVal::Node(nodes.len() as u32));
         nodes.push(node);
     }
-    block.outputs = block.outputs.iter().map(|v| remap(v, &map)).collect();
+    block.outputs = block.outputs.iter().map(|v| renumbered(v, &map)).collect();
     block.nodes = nodes;
     merged
 }
