@@ -133,6 +133,48 @@ impl Block {
     }
 }
 
+impl Block {
+    /// Removes the nodes `removable` accepts whose results no output depends on (and the nodes
+    /// only those read), renumbering the rest.
+    pub fn drop_dead_nodes(&mut self, removable: impl Fn(&BlockNode) -> bool) {
+        let n = self.nodes.len();
+        let mut live = vec![false; n];
+        let mark = |v: &BVal, live: &mut Vec<bool>| {
+            if let BVal::Node(m) | BVal::Field(m, _) = v {
+                if let Some(l) = live.get_mut(*m as usize) {
+                    *l = true;
+                }
+            }
+        };
+        for v in &self.outputs {
+            mark(v, &mut live);
+        }
+        for i in (0..n).rev() {
+            let node = &self.nodes[i];
+            live[i] |= !removable(node);
+            if live[i] {
+                for v in node.args.iter().flat_map(BArg::values) {
+                    mark(v, &mut live);
+                }
+            }
+        }
+        if live.iter().all(|&l| l) {
+            return;
+        }
+        let mut map: Vec<BVal> = Vec::with_capacity(n);
+        let mut kept = Vec::with_capacity(n);
+        for (i, node) in std::mem::take(&mut self.nodes).into_iter().enumerate() {
+            // A dead node's entry is never read.
+            map.push(BVal::Node(kept.len() as u32));
+            if live[i] {
+                kept.push(node.renumbered(&map));
+            }
+        }
+        self.outputs = self.outputs.iter().map(|v| renumbered(v, &map)).collect();
+        self.nodes = kept;
+    }
+}
+
 /// The type of value `v` of a block with these inputs and nodes (also for a node list being
 /// rebuilt by a pass).
 pub fn value_ty(inputs: &[BlockInput], nodes: &[BlockNode], v: &BVal) -> Ty {

@@ -394,7 +394,10 @@ fn canonicalize_block(block: &mut Block, varying: &[bool]) -> usize {
     block.outputs = block.outputs.iter().map(|v| renumbered(v, &map)).collect();
     block.nodes = nodes;
     if rewrites > 0 {
-        drop_dead_nodes(block);
+        // The products, reshapes and transposes the rewrites left behind. Only those: a user's
+        // dead operator that can fail at run time (an integer division by zero) still fails as
+        // the reference engine's does.
+        block.drop_dead_nodes(|n| matches!(n.op.name, "nn.dense" | "reshape" | "transpose"));
     }
     rewrites
 }
@@ -442,62 +445,4 @@ fn dims2(ty: &Ty) -> Option<(i64, i64)> {
 
 fn known_dims(ty: &Ty) -> Option<Vec<i64>> {
     ty.as_tensor()?.0.iter().map(|d| d.known()).collect()
-}
-
-/// Removes the products, reshapes and transposes whose results nothing reads (the rewrites left
-/// them behind). Only those: a user's dead operator that can fail at run time (an integer
-/// division by zero) still fails as the reference engine's does.
-fn drop_dead_nodes(block: &mut Block) {
-    let n = block.nodes.len();
-    let mut live = vec![false; n];
-    let mark = |v: &BVal, live: &mut Vec<bool>| {
-        if let BVal::Node(m) | BVal::Field(m, _) = v {
-            if let Some(l) = live.get_mut(*m as usize) {
-                *l = true;
-            }
-        }
-    };
-    for v in &block.outputs {
-        mark(v, &mut live);
-    }
-    for i in (0..n).rev() {
-        let node = &block.nodes[i];
-        if !matches!(node.op.name, "nn.dense" | "reshape" | "transpose") {
-            live[i] = true;
-        }
-        if live[i] {
-            for a in &node.args {
-                match a {
-                    BArg::One(v) => mark(v, &mut live),
-                    BArg::Tuple(vs) => vs.iter().for_each(|v| mark(v, &mut live)),
-                }
-            }
-        }
-    }
-    if live.iter().all(|&l| l) {
-        return;
-    }
-    let mut index: Vec<u32> = vec![0; n];
-    let mut kept = Vec::with_capacity(n);
-    for (i, node) in std::mem::take(&mut block.nodes).into_iter().enumerate() {
-        if live[i] {
-            index[i] = kept.len() as u32;
-            kept.push(node);
-        }
-    }
-    let renumber = |v: &BVal| match v {
-        BVal::Node(m) => BVal::Node(index[*m as usize]),
-        BVal::Field(m, f) => BVal::Field(index[*m as usize], *f),
-        other => other.clone(),
-    };
-    for node in &mut kept {
-        for a in &mut node.args {
-            match a {
-                BArg::One(v) => *v = renumber(v),
-                BArg::Tuple(vs) => vs.iter_mut().for_each(|v| *v = renumber(v)),
-            }
-        }
-    }
-    block.outputs = block.outputs.iter().map(renumber).collect();
-    block.nodes = kept;
 }

@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 
 use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
 use crate::program::{Code, Program};
+use tumble_tensor::Tensor;
 
 /// A block of weight transforms: its inputs are entry arguments `params[i]`, its outputs become
 /// entry arguments `first`, `first + 1`, ….
@@ -32,6 +33,56 @@ pub struct Derived {
     pub block: Block,
     pub params: Vec<u32>,
     pub first: u32,
+}
+
+/// Why derived parameters could not be computed: where, and the message.
+#[derive(Debug, Clone)]
+pub struct DeriveError {
+    pub span: tumble_ir::Span,
+    pub message: String,
+}
+
+impl Program {
+    /// The derived parameters ([`Program::derived`]) of a run whose entry argument `k` is
+    /// `param(k)` (only weights are read), in order: each derived block evaluated once with the
+    /// reference kernels.
+    pub fn derived_values(
+        &self,
+        param: impl Fn(u32) -> Option<Tensor>,
+    ) -> Result<Vec<Tensor>, DeriveError> {
+        let mut out = Vec::with_capacity(self.derived_count() as usize);
+        let mut rng = tumble_tensor::Rng::new(0);
+        for d in &self.derived {
+            let fail = |message: String| DeriveError {
+                span: d.block.span,
+                message,
+            };
+            let inputs = d
+                .params
+                .iter()
+                .map(|&k| {
+                    param(k).ok_or_else(|| {
+                        fail(format!(
+                            "internal: the weight transforms of `{}` read entry argument {k}, \
+                             which is not a tensor",
+                            d.block.name
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let values = d
+                .block
+                .eval(&inputs, &mut tumble_ops::OpCtx { rng: &mut rng })
+                .map_err(|e| {
+                    fail(format!(
+                        "in the weight transforms of `{}`: {e}",
+                        d.block.name
+                    ))
+                })?;
+            out.extend(values);
+        }
+        Ok(out)
+    }
 }
 
 /// What the pass moved, for `explain`.
@@ -144,18 +195,11 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
         BVal::Node(m) | BVal::Field(m, _) => derivable.get(*m as usize).copied().unwrap_or(false),
         BVal::Const(_) => true,
     };
-    let reads_non_const = |node: &BlockNode| {
-        node.args.iter().any(|a| match a {
-            BArg::One(v) => !matches!(v, BVal::Const(_)),
-            BArg::Tuple(vs) => vs.iter().any(|v| !matches!(v, BVal::Const(_))),
-        })
-    };
     for (i, node) in block.nodes.iter().enumerate() {
-        let all = node.args.iter().all(|a| match a {
-            BArg::One(v) => is_derivable(v, &derivable),
-            BArg::Tuple(vs) => vs.iter().all(|v| is_derivable(v, &derivable)),
-        });
-        derivable[i] = all && is_pure_op(node.op) && reads_non_const(node);
+        let mut operands = node.args.iter().flat_map(BArg::values);
+        let all = operands.clone().all(|v| is_derivable(v, &derivable));
+        let reads_non_const = operands.any(|v| !matches!(v, BVal::Const(_)));
+        derivable[i] = all && is_pure_op(node.op) && reads_non_const;
     }
     // A block of weight transforms only is left alone: its invocation would become the
     // derived parameters themselves, a rewrite of the host code this pass does not make.
@@ -177,11 +221,8 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
         if derivable[i] {
             continue;
         }
-        for a in &node.args {
-            match a {
-                BArg::One(v) => note(v, &mut frontier),
-                BArg::Tuple(vs) => vs.iter().for_each(|v| note(v, &mut frontier)),
-            }
+        for v in node.args.iter().flat_map(BArg::values) {
+            note(v, &mut frontier);
         }
     }
     for v in &block.outputs {

@@ -1095,53 +1095,7 @@ fn describe(e: &Expr) -> String {
 
 /// Removes nodes no output depends on (left behind when a candidate region was abandoned).
 fn prune(mut block: Block) -> Block {
-    let mut live = vec![false; block.nodes.len()];
-    let mark = |v: &BVal, live: &mut Vec<bool>| match v {
-        BVal::Node(n) | BVal::Field(n, _) => {
-            if let Some(l) = live.get_mut(*n as usize) {
-                *l = true;
-            }
-        }
-        _ => {}
-    };
-    for v in &block.outputs {
-        mark(v, &mut live);
-    }
-    for n in (0..block.nodes.len()).rev() {
-        if live[n] {
-            for a in &block.nodes[n].args {
-                match a {
-                    BArg::One(v) => mark(v, &mut live),
-                    BArg::Tuple(vs) => vs.iter().for_each(|v| mark(v, &mut live)),
-                }
-            }
-        }
-    }
-    if live.iter().all(|&l| l) {
-        return block;
-    }
-    let mut remap = vec![0u32; block.nodes.len()];
-    let mut kept = Vec::new();
-    for (n, node) in block.nodes.drain(..).enumerate() {
-        if live[n] {
-            remap[n] = kept.len() as u32;
-            kept.push(node);
-        }
-    }
-    let fix = |v: &mut BVal| match v {
-        BVal::Node(n) | BVal::Field(n, _) => *n = remap[*n as usize],
-        _ => {}
-    };
-    for node in &mut kept {
-        for a in &mut node.args {
-            match a {
-                BArg::One(v) => fix(v),
-                BArg::Tuple(vs) => vs.iter_mut().for_each(fix),
-            }
-        }
-    }
-    block.outputs.iter_mut().for_each(fix);
-    block.nodes = kept;
+    block.drop_dead_nodes(|_| true);
     block
 }
 

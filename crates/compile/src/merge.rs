@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, OutputShape};
+use crate::blocks::{is_pure_op, BVal, Block, BlockInput, BlockNode, OutputShape};
 use crate::program::{CaptureFrom, Code, Program};
 
 /// Mini-batches of at least this many instances merge (a step's launches then have about this
@@ -279,16 +279,10 @@ fn merge_blocks(a: &Block, b: &Block, j: usize) -> Option<Block> {
             .map(|(_, x)| x.clone()),
     );
     let mut nodes = a.nodes.clone();
-    for n in &b.nodes {
-        let mut n = n.clone();
-        for arg in &mut n.args {
-            match arg {
-                BArg::One(v) => *v = remap(v),
-                BArg::Tuple(vs) => vs.iter_mut().for_each(|v| *v = remap(v)),
-            }
-        }
-        nodes.push(n);
-    }
+    nodes.extend(b.nodes.iter().map(|n| BlockNode {
+        args: n.args.iter().map(|arg| arg.map(remap)).collect(),
+        ..n.clone()
+    }));
     Some(Block {
         name: format!("{}+{}", a.name, b.name),
         inputs,

@@ -1344,33 +1344,10 @@ impl<'p> Machine<'p> {
 /// blocks) for a run whose entry arguments are `params`, in order: each derived block evaluated
 /// once on the weights it reads.
 pub fn derived_params(program: &Program, params: &[Value]) -> Result<Vec<Value>, RunError> {
-    let mut out = Vec::with_capacity(program.derived_count() as usize);
-    let mut rng = tumble_tensor::Rng::new(0);
-    for d in &program.derived {
-        let inputs = d
-            .params
-            .iter()
-            .map(|&k| match params.get(k as usize) {
-                Some(Value::Tensor(t)) => Ok(t.clone()),
-                _ => Err(RunError::new(format!(
-                    "internal: derived parameters of `{}` read entry argument {k}, which is not a \
-                     computed tensor",
-                    d.block.name
-                ))),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let values = d
-            .block
-            .eval(&inputs, &mut tumble_ops::OpCtx { rng: &mut rng })
-            .map_err(|e| {
-                RunError::at(
-                    d.block.span,
-                    format!("in the weight transforms of `{}`: {e}", d.block.name),
-                )
-            })?;
-        out.extend(values.into_iter().map(Value::Tensor));
-    }
-    Ok(out)
+    program
+        .derived_values(|k| params.get(k as usize).and_then(Value::as_tensor).cloned())
+        .map(|ts| ts.into_iter().map(Value::Tensor).collect())
+        .map_err(|e| RunError::at(e.span, e.message))
 }
 
 /// The elements of list `v` (cells of constructor `cons`, ended by `nil`), first first; the kind

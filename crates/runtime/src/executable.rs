@@ -13,7 +13,6 @@ use tumble_ir::Ty;
 use tumble_compile::BlockPlan;
 
 use tumble_interp::machine::RunError;
-use tumble_interp::Value;
 use tumble_tensor::Tensor;
 
 use crate::fused::RunPlan;
@@ -49,7 +48,7 @@ pub struct Executable {
 
 /// Derived parameters and the weight tensors they were computed from.
 struct DerivedValues {
-    sources: Vec<Tensor>,
+    sources: Vec<Option<Tensor>>,
     values: Vec<Tensor>,
 }
 
@@ -151,58 +150,44 @@ impl Executable {
         }
     }
 
-    /// The program's derived parameters for a run whose entry arguments are `args`, computed
-    /// once for the same weight tensors and then shared (by every mini-batch and worker of the
-    /// job, and by a serving session's instances).
+    /// The program's derived parameters for a run whose entry argument `k` is `param(k)`,
+    /// computed once for the same weight tensors and then shared (by every mini-batch and worker
+    /// of the job, by a serving session's instances, and by the weights packed at start-up).
     pub fn derived_params(
         &self,
         program: &Program,
-        args: &[Value],
-    ) -> Result<Vec<Value>, RunError> {
+        param: impl Fn(u32) -> Option<Tensor>,
+    ) -> Result<Vec<Tensor>, RunError> {
         if program.derived.is_empty() {
             return Ok(Vec::new());
         }
-        let mut sources = Vec::new();
-        for d in &program.derived {
-            for &k in &d.params {
-                match args.get(k as usize) {
-                    Some(Value::Tensor(t)) => sources.push(t.clone()),
-                    _ => {
-                        return Err(RunError::new(format!(
-                            "internal: derived parameters of `{}` read entry argument {k}, which \
-                             is not a computed tensor",
-                            d.block.name
-                        )))
-                    }
-                }
-            }
-        }
+        let sources: Vec<Option<Tensor>> = program
+            .derived
+            .iter()
+            .flat_map(|d| d.params.iter().map(|&k| param(k)))
+            .collect();
         let mut cached = self
             .derived
             .lock()
             .map_err(|_| RunError::new("internal: derived parameters poisoned"))?;
         if let Some(c) = cached.as_ref() {
             let same = c.sources.len() == sources.len()
-                && c.sources
-                    .iter()
-                    .zip(&sources)
-                    .all(|(a, b)| a.same_tensor(b));
+                && c.sources.iter().zip(&sources).all(|(a, b)| match (a, b) {
+                    (Some(a), Some(b)) => a.same_tensor(b),
+                    _ => false,
+                });
             if same {
-                return Ok(c.values.iter().cloned().map(Value::Tensor).collect());
+                return Ok(c.values.clone());
             }
         }
-        let values: Vec<Tensor> = tumble_interp::machine::derived_params(program, args)?
-            .into_iter()
-            .map(|v| match v {
-                Value::Tensor(t) => Ok(t),
-                _ => Err(RunError::new(
-                    "internal: a derived parameter is not a tensor",
-                )),
-            })
-            .collect::<Result<_, _>>()?;
-        let out = values.iter().cloned().map(Value::Tensor).collect();
-        *cached = Some(DerivedValues { sources, values });
-        Ok(out)
+        let values = program
+            .derived_values(param)
+            .map_err(|e| RunError::at(e.span, e.message))?;
+        *cached = Some(DerivedValues {
+            sources,
+            values: values.clone(),
+        });
+        Ok(values)
     }
 }
 
@@ -325,17 +310,11 @@ impl Executable {
         // runs then read the same tensors.
         let mut with_derived: Vec<Option<Tensor>> = params.to_vec();
         if !program.derived.is_empty() {
-            let args: Vec<Value> = params
-                .iter()
-                .map(|p| p.clone().map_or_else(Value::unit, Value::Tensor))
-                .collect();
-            if let Ok(d) = self.derived_params(program, &args) {
+            let weight = |k: u32| params.get(k as usize).cloned().flatten();
+            if let Ok(d) = self.derived_params(program, weight) {
                 let n_entry = program.entry_lambda().map_or(0, |l| l.n_params as usize);
                 with_derived.resize(n_entry, None);
-                with_derived.extend(d.into_iter().map(|v| match v {
-                    Value::Tensor(t) => Some(t),
-                    _ => None,
-                }));
+                with_derived.extend(d.into_iter().map(Some));
             }
         }
         let params = with_derived.as_slice();

@@ -267,14 +267,15 @@ pub(crate) fn drive(
     // Weight transforms once for the mini-batch: every instance has the same weights.
     let derived = match (program.derived.is_empty(), args.first()) {
         (false, Some(a)) => {
-            Some(
-                dfg.exec
-                    .derived_params(program, a)
-                    .map_err(|error| InstanceError {
-                        instance: Some(0),
-                        error,
-                    })?,
-            )
+            let weight = |k: u32| a.get(k as usize).and_then(Value::as_tensor).cloned();
+            let d = dfg
+                .exec
+                .derived_params(program, weight)
+                .map_err(|error| InstanceError {
+                    instance: Some(0),
+                    error,
+                })?;
+            Some(d.into_iter().map(Value::Tensor).collect::<Vec<_>>())
         }
         _ => None,
     };

@@ -315,8 +315,14 @@ impl<'p> BatchSession<'p> {
                 pending: 0,
             },
         );
-        let derived = match self.exec.derived_params(self.program, &slot.args) {
-            Ok(d) => d,
+        let weight = |k: u32| {
+            slot.args
+                .get(k as usize)
+                .and_then(Value::as_tensor)
+                .cloned()
+        };
+        let derived: Vec<Value> = match self.exec.derived_params(self.program, weight) {
+            Ok(d) => d.into_iter().map(Value::Tensor).collect(),
             Err(e) => return Some((slot.ticket, Err(e))),
         };
         if let Err(e) = m.start_derived(self.entry, slot.args.clone(), Some(&derived)) {
