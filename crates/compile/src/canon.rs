@@ -3,7 +3,8 @@
 //! transpose(%h))` — the weight on the left, the instance's vector as a one-row right operand —
 //! and transposes vectors back and forth. Batched, that is one matrix-vector product per
 //! instance (the right operand differs per instance, so each is packed as a weight of its own):
-//! BiRNN in that form ran 5.4× slower than written with row vectors, with the same outputs.
+//! BiRNN in that form ran 5.1–5.8× slower than written with row vectors, with the same outputs
+//! (`bench/plain_layouts.py`).
 //!
 //! Per block, with the reuse analysis' facts on which inputs are one value per launch:
 //! - `transpose(x)` of a 2-D `x` with a dimension of 1 is `reshape(x)` (the same elements in
