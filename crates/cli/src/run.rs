@@ -84,6 +84,14 @@ pub struct RunArgs {
     /// instead of its rows being summed where a launch reads them.
     #[arg(long)]
     pub no_sum_fusion: bool,
+    /// No early release: keep every launch's outputs until the mini-batch ends, instead of
+    /// freeing each as soon as nothing reads or names it.
+    #[arg(long)]
+    pub no_early_release: bool,
+    /// Early release tracks nodes whose outputs take at least N bytes per invocation (default
+    /// 16384; 0: every node). Results do not depend on it.
+    #[arg(long, value_name = "N")]
+    pub release_min_bytes: Option<usize>,
     /// No locality chunks: launch every invocation of a block with per-invocation matrix weights
     /// at once instead of in chunks that fit in cache.
     #[arg(long)]
@@ -318,6 +326,10 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
         epilogue: !args.no_epilogue,
         lend_threads: !args.no_lend_threads,
         sum_fusion: !args.no_sum_fusion,
+        early_release: !args.no_early_release,
+        release_min_bytes: args
+            .release_min_bytes
+            .unwrap_or(tumble_runtime::RELEASE_MIN_BYTES),
         locality_chunks: !args.no_locality_chunks,
         defer: !args.no_defer,
         direct_matmul: !args.no_direct_matmul,

@@ -27,6 +27,7 @@ use tumble_compile::Program;
 use tumble_interp::{InstanceCtx, Machine, Outcome, RunError, Value};
 use tumble_tensor::Rng;
 
+pub use dfg::RELEASE_MIN_BYTES;
 pub use executable::Executable;
 /// Products with few output columns as dot products, or on the blocked GEMM (process-wide).
 pub use gemm::set_small_product_gemm;
@@ -95,6 +96,16 @@ pub struct Options {
     /// flatten into one n-ary sum, zero literals drop out, and the rows are summed where a launch
     /// reads them.
     pub sum_fusion: bool,
+    /// Early release: a computed node's outputs are freed as soon as every node reading them has
+    /// launched and no host value names them (each `Value::Lazy` holds a claim), instead of with
+    /// the whole graph at the end of the mini-batch, so the buffer pool hands them to later
+    /// launches of the same run (fewer fresh pages, a lower peak). Off while recording for the
+    /// backward, which reads every output.
+    pub early_release: bool,
+    /// Early release tracks the nodes whose outputs take at least this many bytes per invocation
+    /// (default [`RELEASE_MIN_BYTES`]; 0: every node, as the tests run it). Smaller outputs are
+    /// kept to the end: tracking a value's claims costs the evaluator a count per copy.
+    pub release_min_bytes: usize,
     /// Locality chunks: a block whose matrix products have per-invocation weights (MV-RNN's word
     /// matrices) is launched over chunks of invocations whose inputs fit in cache, instead of all
     /// at once (batching such products reuses no weight; it only streams them through memory).
@@ -170,6 +181,8 @@ impl Default for Options {
             epilogue: true,
             lend_threads: true,
             sum_fusion: true,
+            early_release: true,
+            release_min_bytes: RELEASE_MIN_BYTES,
             locality_chunks: true,
             defer: true,
             direct_matmul: true,
@@ -373,7 +386,7 @@ pub(crate) fn materialize(v: Value, dfg: &dfg::Dfg) -> Result<Value, RunError> {
     let mut done: Vec<Value> = Vec::new();
     while let Some(job) = jobs.pop() {
         match job {
-            Job::Visit(Value::Lazy(r)) => done
+            Job::Visit(Value::Lazy(r, _)) => done
                 .push(Value::Tensor(dfg.concrete(r)?.ok_or_else(|| {
                     RunError::new("internal: result not computed")
                 })?)),

@@ -196,6 +196,11 @@ impl Tensor {
 
     /// An identity of the shared buffer: equal for tensors that [`Tensor::shares_buffer`], stable
     /// while any of them lives (used to key caches of packed weights and launch groups).
+    /// How many tensors share this one's buffer (itself included).
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.data)
+    }
+
     pub fn buffer_id(&self) -> usize {
         Arc::as_ptr(&self.data) as usize
     }

@@ -14,6 +14,8 @@ impl Dfg<'_> {
     pub(crate) fn record_for_backward(&mut self, keep: Option<FastEval>) {
         self.launch_log = Some(Vec::new());
         self.keep = keep;
+        // The backward reads every output the forward computed.
+        self.opts.early_release = false;
     }
 
     /// The launches so far, in order (node ids), and what each kept (see

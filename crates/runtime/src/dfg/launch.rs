@@ -117,48 +117,57 @@ impl Dfg<'_> {
         let mut octx = OpCtx {
             rng: &mut self.launch_rng,
         };
-        let (outs, kept) = match (self.keep, self.exec.plans.get(block_id as usize)) {
-            (Some(fast), _) => {
-                let mut ops = LaunchOps {
-                    octx: &mut octx,
-                    stats: &mut self.profile.ops,
-                    fast,
-                    threads,
-                };
-                let k = run_block_kept(block, inputs, b, &mut ops).map_err(in_block)?;
-                (k.outputs(block).map_err(in_block)?, Some(k))
+        // The inputs go with the match (moved or dropped): the producers they reference may be
+        // released below.
+        let (outs, kept) = {
+            let inputs = inputs;
+            match (self.keep, self.exec.plans.get(block_id as usize)) {
+                (Some(fast), _) => {
+                    let mut ops = LaunchOps {
+                        octx: &mut octx,
+                        stats: &mut self.profile.ops,
+                        fast,
+                        threads,
+                    };
+                    let k = run_block_kept(block, inputs, b, &mut ops).map_err(in_block)?;
+                    (k.outputs(block).map_err(in_block)?, Some(k))
+                }
+                (None, Some(plan)) => (
+                    crate::fused::run_planned(
+                        block,
+                        plan,
+                        &inputs,
+                        b,
+                        &mut octx,
+                        &mut self.profile.ops,
+                        &mut self.profile.fused,
+                        threads,
+                    )
+                    .map_err(in_block)?,
+                    None,
+                ),
+                (None, None) => (
+                    run_block_with(
+                        block,
+                        &inputs,
+                        b,
+                        &mut LaunchOps::new(&mut octx, &mut self.profile.ops, threads),
+                    )
+                    .map_err(in_block)?,
+                    None,
+                ),
             }
-            (None, Some(plan)) => (
-                crate::fused::run_planned(
-                    block,
-                    plan,
-                    &inputs,
-                    b,
-                    &mut octx,
-                    &mut self.profile.ops,
-                    &mut self.profile.fused,
-                    threads,
-                )
-                .map_err(in_block)?,
-                None,
-            ),
-            (None, None) => (
-                run_block_with(
-                    block,
-                    &inputs,
-                    b,
-                    &mut LaunchOps::new(&mut octx, &mut self.profile.ops, threads),
-                )
-                .map_err(in_block)?,
-                None,
-            ),
         };
         self.profile.record_launch(&block.name, b, t1.elapsed());
-        for o in &outs {
-            if let BV::Batched(OpValue::Tensor(t)) = o {
-                self.profile.activation_bytes += (t.len() * t.dtype().size()) as u64;
-            }
-        }
+        let bytes = outs
+            .iter()
+            .map(|o| match o {
+                BV::Batched(OpValue::Tensor(t)) => (t.len() * t.dtype().size()) as u64,
+                _ => 0,
+            })
+            .sum();
+        self.produced(bytes);
+        let mut read = Vec::new();
         for (row, &id) in ids.iter().enumerate() {
             let slots = match outs.as_slice() {
                 [o] => Outs::One(slot_of(o, row)?),
@@ -173,10 +182,18 @@ impl Dfg<'_> {
                 // The arguments are no longer needed (but by the backward pass); drop them so
                 // memory follows liveness.
                 if self.launch_log.is_none() {
-                    n.args = Vec::new();
+                    read.append(&mut n.args);
                 }
             }
         }
+        self.consumed(read);
+        // Outputs nobody reads or names (a value the host dropped before the launch) go at once.
+        for &id in ids {
+            if self.nodes.get(id as usize).is_some_and(|n| n.readers == 0) {
+                self.try_release(id);
+            }
+        }
+        self.release_unclaimed_amortized();
         if let Some(log) = &mut self.launch_log {
             log.push(ids.to_vec());
             self.kept.push(kept);

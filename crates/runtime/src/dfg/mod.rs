@@ -9,7 +9,7 @@ use std::time::Instant;
 use tumble_compile::ragged::RaggedInput;
 use tumble_compile::{Block, OutputShape, Program};
 use tumble_interp::reference::block_value;
-use tumble_interp::{Backend, InstanceCtx, LazyRef, RunError, Value};
+use tumble_interp::{unclaimed, Backend, Hold, InstanceCtx, LazyRef, RunError, Value};
 use tumble_ir::{Attrs, Span, Ty};
 use tumble_ops::{OpCtx, OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
@@ -27,6 +27,9 @@ use crate::{Options, Scheduler};
 mod for_backward;
 mod launch;
 mod ragged;
+mod release;
+use release::released_error;
+pub use release::RELEASE_MIN_BYTES;
 mod schedule;
 mod sums;
 
@@ -106,6 +109,15 @@ impl Slot {
         }
     }
 
+    /// Bytes freed when this slot goes: its tensor's, if the slot is the tensor's last holder.
+    fn freed_bytes(&self) -> u64 {
+        if self.tensor.holders() == 1 {
+            (self.tensor.len() * self.tensor.dtype().size()) as u64
+        } else {
+            0
+        }
+    }
+
     /// The row of a batched output, if that is what it is.
     fn row(&self) -> Option<u32> {
         match self.at {
@@ -132,6 +144,18 @@ pub(crate) struct Node {
     pub(crate) instance: u32,
     /// Grouped by its ragged key (see [`Dfg::ragged_key`]): launched with [`Dfg::launch_ragged`].
     ragged: bool,
+    /// The node's own claim token: every `Value::Lazy` naming the node holds a clone (see
+    /// [`tumble_interp::Hold`]), so the host's claims are its count less one. Only nodes whose
+    /// outputs are worth freeing early have one ([`RELEASE_MIN_BYTES`]); the others are kept to
+    /// the end, and their values cost the evaluator no counting.
+    token: Option<std::rc::Rc<()>>,
+    /// Recorded nodes whose arguments read this node's outputs and have not launched yet (one per
+    /// argument: a node reading it twice counts twice).
+    readers: u32,
+    /// Its outputs were freed ([`Dfg::try_release`]): nothing may read them again.
+    released: bool,
+    /// On [`Dfg::watch`]: unread by nodes but claimed by the host when last looked at.
+    watched: bool,
 }
 
 /// One invocation in this many has its recording timed (see [`Dfg::invocations`]).
@@ -176,6 +200,14 @@ pub struct Dfg<'p> {
     keep: Option<FastEval>,
     /// Per logged launch: what it kept (`None` where it did not keep).
     kept: Vec<Option<Kept>>,
+    /// Computed nodes no recorded node reads any more that a host value still named when they were
+    /// last looked at: released by [`Dfg::release_unclaimed`] once the host lets go.
+    watch: Vec<u32>,
+    /// The watch list's length after [`Dfg::release_unclaimed`] last ran.
+    watch_checked: usize,
+    /// Bytes of launch outputs not yet released (an upper bound: a buffer also held elsewhere is
+    /// counted until its last node is released); its maximum is the profile's peak.
+    live_bytes: u64,
 }
 
 /// Output shapes of a block from its inputs' shapes, by its operators' relations (Nimble's shape
@@ -246,8 +278,10 @@ impl<'p> Dfg<'p> {
         program: &'p Program,
         reuse: &'p Reuse,
         exec: Arc<Executable>,
-        opts: Options,
+        mut opts: Options,
     ) -> Self {
+        // Nothing to track: no block's outputs reach the bound.
+        opts.early_release &= exec.out_bytes.iter().any(|&b| b >= opts.release_min_bytes);
         Dfg {
             program,
             reuse,
@@ -267,6 +301,9 @@ impl<'p> Dfg<'p> {
             launch_log: None,
             keep: None,
             kept: Vec::new(),
+            watch: Vec::new(),
+            watch_checked: 0,
+            live_bytes: 0,
         }
     }
 
@@ -354,6 +391,7 @@ impl<'p> Dfg<'p> {
             .get(r.node as usize)
             .ok_or_else(|| RunError::new("internal: unknown lazy value"))?;
         match &node.out {
+            None if node.released => Err(released_error()),
             None if node.sum => self.sum_on_host(node),
             None => Ok(None),
             Some(slots) => slots
@@ -404,10 +442,10 @@ impl<'p> Dfg<'p> {
     fn lazy_value(&self, block: &Block, node: u32) -> Value {
         let n = block.outputs.len() as u32;
         match (block.output_shape, n) {
-            (OutputShape::Single, 1) => Value::Lazy(LazyRef { node, output: 0 }),
+            (OutputShape::Single, 1) => self.claim(LazyRef { node, output: 0 }),
             _ => Value::tuple(
                 (0..n)
-                    .map(|output| Value::Lazy(LazyRef { node, output }))
+                    .map(|output| self.claim(LazyRef { node, output }))
                     .collect(),
             ),
         }
@@ -508,9 +546,11 @@ impl<'p> Dfg<'p> {
     }
 
     fn slot(&self, r: &LazyRef) -> Result<&Slot, RunError> {
-        self.nodes
-            .get(r.node as usize)
-            .and_then(|n| n.out.as_ref())
+        let node = self.nodes.get(r.node as usize);
+        if node.is_some_and(|n| n.released) {
+            return Err(released_error());
+        }
+        node.and_then(|n| n.out.as_ref())
             .and_then(|o| o.get(r.output as usize))
             .ok_or_else(|| RunError::new("internal: input not computed"))
     }
@@ -532,7 +572,7 @@ impl Backend for Dfg<'_> {
         // value then converts like any other.
         let computed = |dfg: &Self, v: Value| -> Result<Value, RunError> {
             match v {
-                Value::Lazy(r) => dfg.concrete(r)?.map(Value::Tensor).ok_or_else(|| {
+                Value::Lazy(r, _) => dfg.concrete(r)?.map(Value::Tensor).ok_or_else(|| {
                     RunError::at(
                         span,
                         format!(
@@ -547,11 +587,13 @@ impl Backend for Dfg<'_> {
         let mut plain = Vec::with_capacity(args.len());
         for a in args {
             let a = match a {
-                Value::Tuple(t) if t.0.iter().any(|f| matches!(f, Value::Lazy(_))) => Value::tuple(
-                    t.0.iter()
-                        .map(|f| computed(self, f.clone()))
-                        .collect::<Result<Vec<_>, _>>()?,
-                ),
+                Value::Tuple(t) if t.0.iter().any(|f| matches!(f, Value::Lazy(..))) => {
+                    Value::tuple(
+                        t.0.iter()
+                            .map(|f| computed(self, f.clone()))
+                            .collect::<Result<Vec<_>, _>>()?,
+                    )
+                }
                 other => computed(self, other)?,
             };
             plain.push(
@@ -580,8 +622,8 @@ impl Backend for Dfg<'_> {
         for a in args.drain(..) {
             recorded.push(match a {
                 Value::Tensor(t) => Arg::Val(t),
-                Value::Lazy(r) if self.launch_log.is_some() => Arg::Lazy(r),
-                Value::Lazy(r) => match self.cheap_concrete(r)? {
+                Value::Lazy(r, _) if self.launch_log.is_some() => Arg::Lazy(r),
+                Value::Lazy(r, _) => match self.cheap_concrete(r)? {
                     // Computed values are passed as values where that copies nothing, or they
                     // are scalars (host-side work can use them); a computed row of a batch stays
                     // a reference, which the launch reads in place.
@@ -735,6 +777,8 @@ impl Backend for Dfg<'_> {
             _ => dataflow,
         };
         let id = self.reserve_node(ctx.pending)?;
+        self.count_readers(&recorded);
+        let token = self.token_for(&out_shapes);
         self.nodes.push(Node {
             block: block_id,
             args: recorded,
@@ -746,16 +790,22 @@ impl Backend for Dfg<'_> {
             sum: false,
             instance: ctx.instance,
             ragged,
+            token,
+            readers: 0,
+            released: false,
+            watched: false,
         });
         self.profile.nodes += 1;
         self.profile.time_dfg += sampled(t0);
+        // The value first: it claims the node before its launch could release it.
+        let value = self.lazy_value(block, id);
         if self.opts.scheduler == Scheduler::Eager {
             // No batching: every invocation is its own launch, at once.
             self.launch(block_id, &[id])?;
         } else {
             self.pending.push(id);
         }
-        Ok(self.lazy_value(block, id))
+        Ok(value)
     }
 
     fn ghost(&mut self, ctx: &mut InstanceCtx, n: u32) {
@@ -768,7 +818,7 @@ impl Backend for Dfg<'_> {
         // Every argument, and every field of a tuple argument, that is lazy is computed (checked
         // without computing it: a deferred sum is added up once, by `call_op`).
         let ready = |v: &Value| match v {
-            Value::Lazy(r) => self.lazy_ready(*r),
+            Value::Lazy(r, _) => self.lazy_ready(*r),
             _ => true,
         };
         Ok(args.iter().all(|a| match a {
@@ -788,7 +838,7 @@ impl Backend for Dfg<'_> {
     fn condition(&mut self, v: &Value) -> Result<Option<bool>, RunError> {
         let t = match v {
             Value::Tensor(t) => Some(t.clone()),
-            Value::Lazy(r) => self.concrete(*r)?,
+            Value::Lazy(r, _) => self.concrete(*r)?,
             _ => return Err(RunError::new("`if` condition is not a bool scalar")),
         };
         match t {

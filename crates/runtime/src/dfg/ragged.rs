@@ -406,19 +406,23 @@ impl Dfg<'_> {
                 vals.insert(k, v);
             }
         }
+        // The launch's inputs and intermediates: the producers they reference may be released.
+        drop(vals);
+        let mut read = Vec::new();
         for (&id, slots) in ids.iter().zip(per_node) {
             if let Some(n) = self.nodes.get_mut(id as usize) {
                 n.out = Some(Outs::from_vec(slots));
-                n.args = Vec::new();
+                read.append(&mut n.args);
             }
         }
+        self.consumed(read);
 
         self.profile
             .record_launch(&block.name, ids.len(), kernel_time);
         self.profile.ragged_launches += 1;
         self.profile.ragged_rows += total as u64;
         self.profile.ragged_peak_bytes = self.profile.ragged_peak_bytes.max(held_bytes);
-        self.profile.activation_bytes += held_bytes;
+        self.produced(held_bytes);
         Ok(())
     }
 

@@ -115,15 +115,18 @@ impl Dfg<'_> {
         batch_shape.extend_from_slice(&shape);
         let batch = Tensor::from_vec(batch_shape, data)
             .map_err(|e| RunError::new(format!("internal: sum: {e}")))?;
+        let mut read = Vec::new();
         for (k, &id) in todo.iter().enumerate() {
             if let Some(n) = self.nodes.get_mut(id as usize) {
                 n.out = Some(Outs::One(Slot {
                     tensor: batch.clone(),
                     at: At::Row(k as u32),
                 }));
-                n.args = Vec::new();
+                read.append(&mut n.args);
             }
         }
+        self.produced((batch.len() * 4) as u64);
+        self.consumed(read);
         self.profile.sum_terms += terms;
         Ok(())
     }
@@ -164,7 +167,7 @@ impl Dfg<'_> {
         self.profile.sums += 1;
         if let [Arg::Lazy(r)] = terms[..] {
             // `x + 0`: the value is `x` itself.
-            return Ok(Some(Value::Lazy(r)));
+            return Ok(Some(self.claim(r)));
         }
         let depth = terms
             .iter()
@@ -173,19 +176,26 @@ impl Dfg<'_> {
             .unwrap_or(1)
             .saturating_sub(1);
         let id = self.reserve_node(ctx.pending)?;
+        self.count_readers(&terms);
+        let out_shapes = vec![shape];
+        let token = self.token_for(&out_shapes);
         self.nodes.push(Node {
             block: block_id,
             args: terms,
             depth,
             key: 0,
-            out_shapes: std::rc::Rc::new(vec![shape]),
+            out_shapes: std::rc::Rc::new(out_shapes),
             out: None,
             span,
             sum: true,
             instance,
             ragged: false,
+            token,
+            readers: 0,
+            released: false,
+            watched: false,
         });
-        Ok(Some(Value::Lazy(LazyRef {
+        Ok(Some(self.claim(LazyRef {
             node: id,
             output: 0,
         })))
