@@ -88,10 +88,11 @@ pub struct RunArgs {
     /// freeing each as soon as nothing reads or names it.
     #[arg(long)]
     pub no_early_release: bool,
-    /// Early release tracks nodes whose outputs take at least N bytes per invocation (default
-    /// 16384; 0: every node). Results do not depend on it.
+    /// Early release scans the instances' values before a flush once N bytes of outputs were
+    /// recorded since the last scan (default 1048576; 0: before every flush). Results do not
+    /// depend on it.
     #[arg(long, value_name = "N")]
-    pub release_min_bytes: Option<usize>,
+    pub release_scan_bytes: Option<usize>,
     /// No locality chunks: launch every invocation of a block with per-invocation matrix weights
     /// at once instead of in chunks that fit in cache.
     #[arg(long)]
@@ -327,9 +328,9 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
         lend_threads: !args.no_lend_threads,
         sum_fusion: !args.no_sum_fusion,
         early_release: !args.no_early_release,
-        release_min_bytes: args
-            .release_min_bytes
-            .unwrap_or(tumble_runtime::RELEASE_MIN_BYTES),
+        release_scan_bytes: args
+            .release_scan_bytes
+            .unwrap_or(tumble_runtime::RELEASE_SCAN_BYTES),
         locality_chunks: !args.no_locality_chunks,
         defer: !args.no_defer,
         direct_matmul: !args.no_direct_matmul,

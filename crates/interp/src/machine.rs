@@ -411,6 +411,36 @@ impl<'p> Machine<'p> {
         })
     }
 
+    /// Calls `f` with every value this instance holds between two `run`s — its frames' slots and
+    /// closures, the values its continuations have gathered, the step it resumes with — but for
+    /// its entry arguments and the shared constants, which are never lazy (the batching runtime's
+    /// early release: a recorded node none of these names can be freed once no node reads it).
+    pub fn visit_values(&self, f: &mut dyn FnMut(&Value)) {
+        let frame = |fr: &Frame, f: &mut dyn FnMut(&Value)| {
+            fr.slots.iter().flatten().for_each(&mut *f);
+            fr.this.iter().for_each(&mut *f);
+        };
+        frame(&self.frame, f);
+        self.binds.iter().for_each(|(_, v)| f(v));
+        for k in &self.stack {
+            match k {
+                Kont::Operands { vals, .. }
+                | Kont::Tuple { vals, .. }
+                | Kont::Concurrent { vals, .. } => vals.iter().for_each(&mut *f),
+                Kont::MapLoop { items, vals, .. } => {
+                    items.iter().chain(vals).for_each(&mut *f);
+                }
+                Kont::Return(fr) => frame(fr, f),
+                Kont::Proj(..) | Kont::Let { .. } | Kont::If(..) | Kont::Match { .. } => {}
+            }
+        }
+        match &self.pending {
+            Some(Step::Apply(v)) => f(v),
+            Some(Step::CallOp(_, vs)) => vs.iter().for_each(&mut *f),
+            Some(Step::Eval(_)) | None => {}
+        }
+    }
+
     /// Evaluation steps taken so far (for the profile: the host program's cost per step).
     pub fn steps(&self) -> u64 {
         self.steps_before + u64::from(POLL_EVERY - self.poll_in)

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use crate::machine::{Backend, InstanceCtx, Machine, Outcome, RunError};
-use crate::value::{Hold, LazyRef, Value};
+use crate::value::{LazyRef, Value};
 use tumble_compile::{BArg, BVal, OutputShape, Program};
 use tumble_ir::{Attrs, Span};
 use tumble_ops::{OpCtx, OpDef, OpValue};
@@ -77,7 +77,7 @@ impl TapeBackend<'_> {
     fn resolve(&self, v: &Value) -> Result<(Tensor, Src), String> {
         match v {
             Value::Tensor(t) => Ok((t.clone(), Src::Const)),
-            Value::Lazy(r, _) => self
+            Value::Lazy(r) => self
                 .field(*r)
                 .map(|t| (t, Src::Ref(*r)))
                 .map_err(|e| e.message),
@@ -124,10 +124,10 @@ impl TapeBackend<'_> {
         let node = u32::try_from(self.entries.len())
             .map_err(|_| RunError::at(span, "the gradient tape is full"))?;
         let value = match &out {
-            OpValue::Tensor(_) => Value::Lazy(LazyRef { node, output: 0 }, Hold::NONE),
+            OpValue::Tensor(_) => Value::Lazy(LazyRef { node, output: 0 }),
             OpValue::Tuple(ts) => Value::tuple(
                 (0..ts.len() as u32)
-                    .map(|output| Value::Lazy(LazyRef { node, output }, Hold::NONE))
+                    .map(|output| Value::Lazy(LazyRef { node, output }))
                     .collect(),
             ),
         };
@@ -307,13 +307,10 @@ pub fn grad(
             )));
         };
         backend.entries.push(Entry::Param(k, t.clone()));
-        *slot = Value::Lazy(
-            LazyRef {
-                node: k as u32,
-                output: 0,
-            },
-            Hold::NONE,
-        );
+        *slot = Value::Lazy(LazyRef {
+            node: k as u32,
+            output: 0,
+        });
     }
     let ctx = InstanceCtx {
         rng: rng.clone(),

@@ -16,36 +16,10 @@ pub struct LazyRef {
     pub output: u32,
 }
 
-/// A value's claim on the outputs of the dataflow node it names. The batching runtime frees a
-/// computed node's outputs once no recorded node still reads them and no value holds a claim:
-/// every `Value::Lazy` it hands out carries one (a clone of the node's own `Rc`, so a claim costs
-/// a count, not an allocation), and the tape's own lazy values none.
-#[derive(Clone, Default)]
-pub struct Hold {
-    _claim: Option<Rc<()>>,
-}
-
-impl Hold {
-    /// No claim (values that name nothing freeable: the tape's).
-    pub const NONE: Hold = Hold { _claim: None };
-
-    /// A claim on `token`, the node's own (see [`Hold::is_only`]).
-    pub fn on(token: &Rc<()>) -> Hold {
-        Hold {
-            _claim: Some(token.clone()),
-        }
-    }
-}
-
-/// True when no [`Hold`] on `token` exists but the caller's.
-pub fn unclaimed(token: &Rc<()>) -> bool {
-    Rc::strong_count(token) == 1
-}
-
 #[derive(Clone)]
 pub enum Value {
     Tensor(Tensor),
-    Lazy(LazyRef, Hold),
+    Lazy(LazyRef),
     Tuple(Rc<TupleValue>),
     Adt(Rc<AdtValue>),
     Closure(Rc<Closure>),
@@ -93,7 +67,7 @@ impl Value {
 
     pub fn kind(&self) -> &'static str {
         match self {
-            Value::Tensor(_) | Value::Lazy(..) => "a tensor",
+            Value::Tensor(_) | Value::Lazy(_) => "a tensor",
             Value::Tuple(_) => "a tuple",
             Value::Adt(_) => "a constructor value",
             Value::Closure(_) => "a function",
@@ -105,7 +79,7 @@ impl Value {
 /// own drops find nothing left to recurse into.
 fn take_children(v: Value, stack: &mut Vec<Value>) {
     match v {
-        Value::Tensor(_) | Value::Lazy(..) => {}
+        Value::Tensor(_) | Value::Lazy(_) => {}
         // Moved one by one (the order of drops is unobservable): the lists are short (a cell's
         // two fields), where `append`'s bulk copy is a library call per node.
         Value::Tuple(rc) => {
@@ -172,7 +146,7 @@ impl fmt::Debug for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Value::Tensor(t) => write!(f, "{t}"),
-            Value::Lazy(r, _) => write!(f, "lazy %{}.{}", r.node, r.output),
+            Value::Lazy(r) => write!(f, "lazy %{}.{}", r.node, r.output),
             Value::Tuple(t) => write!(f, "tuple of {}", t.0.len()),
             Value::Adt(a) => write!(f, "ctor #{} with {} fields", a.ctor, a.fields.len()),
             Value::Closure(_) => f.write_str("closure"),

@@ -30,10 +30,6 @@ pub struct Executable {
     /// Per block: the bytes every node's result takes for one invocation (from the static node
     /// types), the bound a launch checks against the memory budget before it allocates.
     pub(crate) row_bytes: Vec<usize>,
-    /// Per block: the most bytes its outputs may take for one invocation (`usize::MAX` where a
-    /// dim is `?`). A graph of blocks that all stay under `Options::release_min_bytes` tracks
-    /// nothing for early release, and pays nothing for it.
-    pub(crate) out_bytes: Vec<usize>,
     /// Per block: launches of fewer invocations wait for more under depth scheduling
     /// ([`defer_below`]; 0: never).
     pub(crate) defer_below: Vec<usize>,
@@ -126,18 +122,6 @@ impl Executable {
                     b.nodes
                         .iter()
                         .map(|n| tumble_ops::value_bytes(&n.ty))
-                        .fold(0, usize::saturating_add)
-                })
-                .collect(),
-            out_bytes: blocks
-                .iter()
-                .map(|b| {
-                    b.outputs
-                        .iter()
-                        .map(|v| {
-                            let ty = tumble_compile::blocks::value_ty(&b.inputs, &b.nodes, v);
-                            tumble_ops::value_bytes_with(&ty, usize::MAX)
-                        })
                         .fold(0, usize::saturating_add)
                 })
                 .collect(),

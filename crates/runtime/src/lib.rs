@@ -27,7 +27,7 @@ use tumble_compile::Program;
 use tumble_interp::{InstanceCtx, Machine, Outcome, RunError, Value};
 use tumble_tensor::Rng;
 
-pub use dfg::RELEASE_MIN_BYTES;
+pub use dfg::RELEASE_SCAN_BYTES;
 pub use executable::Executable;
 /// Products with few output columns as dot products, or on the blocked GEMM (process-wide).
 pub use gemm::set_small_product_gemm;
@@ -97,15 +97,15 @@ pub struct Options {
     /// reads them.
     pub sum_fusion: bool,
     /// Early release: a computed node's outputs are freed as soon as every node reading them has
-    /// launched and no host value names them (each `Value::Lazy` holds a claim), instead of with
-    /// the whole graph at the end of the mini-batch, so the buffer pool hands them to later
-    /// launches of the same run (fewer fresh pages, a lower peak). Off while recording for the
-    /// backward, which reads every output.
+    /// launched and no host value names them (found by a scan of the instances' values before a
+    /// flush), instead of with the whole graph at the end of the mini-batch, so the buffer pool
+    /// hands them to later launches of the same run (fewer fresh pages, a lower peak). Off while
+    /// recording for the backward, which reads every output; the eager scheduler never scans.
     pub early_release: bool,
-    /// Early release tracks the nodes whose outputs take at least this many bytes per invocation
-    /// (default [`RELEASE_MIN_BYTES`]; 0: every node, as the tests run it). Smaller outputs are
-    /// kept to the end: tracking a value's claims costs the evaluator a count per copy.
-    pub release_min_bytes: usize,
+    /// A flush scans the host's values for early release once this many output bytes were
+    /// recorded since the last scan (default [`RELEASE_SCAN_BYTES`]; 0: before every flush, as
+    /// the tests run it). Results never depend on it.
+    pub release_scan_bytes: usize,
     /// Locality chunks: a block whose matrix products have per-invocation weights (MV-RNN's word
     /// matrices) is launched over chunks of invocations whose inputs fit in cache, instead of all
     /// at once (batching such products reuses no weight; it only streams them through memory).
@@ -182,7 +182,7 @@ impl Default for Options {
             lend_threads: true,
             sum_fusion: true,
             early_release: true,
-            release_min_bytes: RELEASE_MIN_BYTES,
+            release_scan_bytes: RELEASE_SCAN_BYTES,
             locality_chunks: true,
             defer: true,
             direct_matmul: true,
@@ -350,6 +350,13 @@ pub(crate) fn drive(
                 ),
             });
         }
+        if dfg.wants_scan() {
+            // Early release: what the instances still hold stays; the rest can go once read.
+            dfg.scan_claims(|f| {
+                machines.iter().for_each(|m| m.visit_values(f));
+                results.iter().flatten().for_each(&mut *f);
+            });
+        }
         if let Err(error) = dfg.flush() {
             return Err(InstanceError {
                 instance: dfg.failed_instance.map(|i| i as usize),
@@ -386,7 +393,7 @@ pub(crate) fn materialize(v: Value, dfg: &dfg::Dfg) -> Result<Value, RunError> {
     let mut done: Vec<Value> = Vec::new();
     while let Some(job) = jobs.pop() {
         match job {
-            Job::Visit(Value::Lazy(r, _)) => done
+            Job::Visit(Value::Lazy(r)) => done
                 .push(Value::Tensor(dfg.concrete(r)?.ok_or_else(|| {
                     RunError::new("internal: result not computed")
                 })?)),

@@ -54,10 +54,13 @@ pub struct Profile {
     pub gathered_inputs: u64,
     /// Launch inputs passed as lists of rows where they lie (gather fusion).
     pub row_list_inputs: u64,
-    /// Bytes of activations produced by launches (they live until the mini-batch ends).
+    /// Peak bytes of launch outputs held at once in a mini-batch (until the mini-batch ends, or
+    /// their early release).
     pub activation_bytes: u64,
     /// Launch outputs placed in buffers recycled from earlier ones (`tumble_tensor::pool`).
     pub pooled_outputs: u64,
+    /// Scans of the host's values for early release (see `dfg/release.rs`).
+    pub release_scans: u64,
     pub time_program: Duration,
     /// Evaluation steps of the instances' host programs (`time_program` is spent on them).
     pub host_steps: u64,
@@ -149,6 +152,7 @@ impl Profile {
         self.fused.row_lists_stacked += o.fused.row_lists_stacked;
         self.activation_bytes = self.activation_bytes.max(o.activation_bytes);
         self.pooled_outputs += o.pooled_outputs;
+        self.release_scans += o.release_scans;
         self.time_program += o.time_program;
         self.host_steps += o.host_steps;
         self.time_dfg += o.time_dfg;
@@ -275,8 +279,8 @@ impl fmt::Display for Profile {
         )?;
         writeln!(
             f,
-            "peak activation bytes {}; {} outputs in recycled buffers",
-            self.activation_bytes, self.pooled_outputs
+            "peak activation bytes {}; {} outputs in recycled buffers; {} early-release scans",
+            self.activation_bytes, self.pooled_outputs, self.release_scans
         )?;
         // One worker: the breakdown adds up to the wall time, decoding the instances and encoding
         // the results included; several: to the mini-batches' summed time.

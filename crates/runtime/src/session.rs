@@ -260,6 +260,22 @@ impl<'p> BatchSession<'p> {
             });
         }
 
+        if self.dfg.wants_scan() {
+            // Early release: what the instances in flight hold stays (admitted ones hold only
+            // their decoded inputs).
+            let active = &self.active;
+            self.dfg.scan_claims(|f| {
+                for slot in active {
+                    match &slot.state {
+                        State::Running(m) | State::Blocked(m) | State::Parked(m) => {
+                            m.visit_values(f)
+                        }
+                        State::Done(v) => f(v),
+                        State::Queued => {}
+                    }
+                }
+            });
+        }
         let flushed = match self.levels_per_step {
             Some(k) => self.dfg.flush_levels(k),
             None => self.dfg.flush(),

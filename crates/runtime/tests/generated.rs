@@ -79,7 +79,7 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         lend_threads: bit(0.5),
         sum_fusion: bit(0.5),
         early_release: bit(0.8),
-        release_min_bytes: if bit(0.8) { 0 } else { 64 },
+        release_scan_bytes: if bit(0.8) { 0 } else { 4096 },
         locality_chunks: bit(0.5),
         defer: bit(0.5),
         direct_matmul: bit(0.5),

@@ -200,7 +200,7 @@ pub fn grad_batch(
             .map_err(&fail)?;
         let (t, root) = match &v {
             Value::Tensor(t) => (t.clone(), None),
-            Value::Lazy(r, _) => (
+            Value::Lazy(r) => (
                 dfg.concrete(*r)
                     .map_err(&fail)?
                     .ok_or_else(|| internal("result not computed"))

@@ -193,7 +193,6 @@ impl Dfg<'_> {
                 self.try_release(id);
             }
         }
-        self.release_unclaimed_amortized();
         if let Some(log) = &mut self.launch_log {
             log.push(ids.to_vec());
             self.kept.push(kept);

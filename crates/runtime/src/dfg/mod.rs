@@ -9,7 +9,7 @@ use std::time::Instant;
 use tumble_compile::ragged::RaggedInput;
 use tumble_compile::{Block, OutputShape, Program};
 use tumble_interp::reference::block_value;
-use tumble_interp::{unclaimed, Backend, Hold, InstanceCtx, LazyRef, RunError, Value};
+use tumble_interp::{Backend, InstanceCtx, LazyRef, RunError, Value};
 use tumble_ir::{Attrs, Span, Ty};
 use tumble_ops::{OpCtx, OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
@@ -29,7 +29,7 @@ mod launch;
 mod ragged;
 mod release;
 use release::released_error;
-pub use release::RELEASE_MIN_BYTES;
+pub use release::RELEASE_SCAN_BYTES;
 mod schedule;
 mod sums;
 
@@ -144,17 +144,16 @@ pub(crate) struct Node {
     pub(crate) instance: u32,
     /// Grouped by its ragged key (see [`Dfg::ragged_key`]): launched with [`Dfg::launch_ragged`].
     ragged: bool,
-    /// The node's own claim token: every `Value::Lazy` naming the node holds a clone (see
-    /// [`tumble_interp::Hold`]), so the host's claims are its count less one. Only nodes whose
-    /// outputs are worth freeing early have one ([`RELEASE_MIN_BYTES`]); the others are kept to
-    /// the end, and their values cost the evaluator no counting.
-    token: Option<std::rc::Rc<()>>,
+    /// The claims epoch in which a host value may still name it: the node's recording (a new node
+    /// is named by the value its invocation returned) or the last scan that found it (see
+    /// `release`). Older than [`Dfg::epoch`]: no host value names it.
+    claimed: u32,
     /// Recorded nodes whose arguments read this node's outputs and have not launched yet (one per
     /// argument: a node reading it twice counts twice).
     readers: u32,
     /// Its outputs were freed ([`Dfg::try_release`]): nothing may read them again.
     released: bool,
-    /// On [`Dfg::watch`]: unread by nodes but claimed by the host when last looked at.
+    /// On [`Dfg::watch`]: unread by nodes but possibly named by the host when last looked at.
     watched: bool,
 }
 
@@ -200,11 +199,17 @@ pub struct Dfg<'p> {
     keep: Option<FastEval>,
     /// Per logged launch: what it kept (`None` where it did not keep).
     kept: Vec<Option<Kept>>,
-    /// Computed nodes no recorded node reads any more that a host value still named when they were
-    /// last looked at: released by [`Dfg::release_unclaimed`] once the host lets go.
+    /// Computed nodes no recorded node reads any more that a host value might still name when
+    /// they were last looked at: released after a scan finds the host has let go.
     watch: Vec<u32>,
-    /// The watch list's length after [`Dfg::release_unclaimed`] last ran.
-    watch_checked: usize,
+    /// The current claims epoch (see [`Node::claimed`]); a scan of the host's values starts a new
+    /// one.
+    epoch: u32,
+    /// Output bytes recorded since the last scan: a scan is worth its cost only when enough could
+    /// be freed (see `release`).
+    bytes_since_scan: u64,
+    /// Composite values the last scan walked (its cost).
+    last_scan_visits: u64,
     /// Bytes of launch outputs not yet released (an upper bound: a buffer also held elsewhere is
     /// counted until its last node is released); its maximum is the profile's peak.
     live_bytes: u64,
@@ -278,10 +283,8 @@ impl<'p> Dfg<'p> {
         program: &'p Program,
         reuse: &'p Reuse,
         exec: Arc<Executable>,
-        mut opts: Options,
+        opts: Options,
     ) -> Self {
-        // Nothing to track: no block's outputs reach the bound.
-        opts.early_release &= exec.out_bytes.iter().any(|&b| b >= opts.release_min_bytes);
         Dfg {
             program,
             reuse,
@@ -302,7 +305,9 @@ impl<'p> Dfg<'p> {
             keep: None,
             kept: Vec::new(),
             watch: Vec::new(),
-            watch_checked: 0,
+            epoch: 1,
+            bytes_since_scan: 0,
+            last_scan_visits: 0,
             live_bytes: 0,
         }
     }
@@ -442,10 +447,10 @@ impl<'p> Dfg<'p> {
     fn lazy_value(&self, block: &Block, node: u32) -> Value {
         let n = block.outputs.len() as u32;
         match (block.output_shape, n) {
-            (OutputShape::Single, 1) => self.claim(LazyRef { node, output: 0 }),
+            (OutputShape::Single, 1) => Value::Lazy(LazyRef { node, output: 0 }),
             _ => Value::tuple(
                 (0..n)
-                    .map(|output| self.claim(LazyRef { node, output }))
+                    .map(|output| Value::Lazy(LazyRef { node, output }))
                     .collect(),
             ),
         }
@@ -572,7 +577,7 @@ impl Backend for Dfg<'_> {
         // value then converts like any other.
         let computed = |dfg: &Self, v: Value| -> Result<Value, RunError> {
             match v {
-                Value::Lazy(r, _) => dfg.concrete(r)?.map(Value::Tensor).ok_or_else(|| {
+                Value::Lazy(r) => dfg.concrete(r)?.map(Value::Tensor).ok_or_else(|| {
                     RunError::at(
                         span,
                         format!(
@@ -587,13 +592,11 @@ impl Backend for Dfg<'_> {
         let mut plain = Vec::with_capacity(args.len());
         for a in args {
             let a = match a {
-                Value::Tuple(t) if t.0.iter().any(|f| matches!(f, Value::Lazy(..))) => {
-                    Value::tuple(
-                        t.0.iter()
-                            .map(|f| computed(self, f.clone()))
-                            .collect::<Result<Vec<_>, _>>()?,
-                    )
-                }
+                Value::Tuple(t) if t.0.iter().any(|f| matches!(f, Value::Lazy(_))) => Value::tuple(
+                    t.0.iter()
+                        .map(|f| computed(self, f.clone()))
+                        .collect::<Result<Vec<_>, _>>()?,
+                ),
                 other => computed(self, other)?,
             };
             plain.push(
@@ -622,8 +625,8 @@ impl Backend for Dfg<'_> {
         for a in args.drain(..) {
             recorded.push(match a {
                 Value::Tensor(t) => Arg::Val(t),
-                Value::Lazy(r, _) if self.launch_log.is_some() => Arg::Lazy(r),
-                Value::Lazy(r, _) => match self.cheap_concrete(r)? {
+                Value::Lazy(r) if self.launch_log.is_some() => Arg::Lazy(r),
+                Value::Lazy(r) => match self.cheap_concrete(r)? {
                     // Computed values are passed as values where that copies nothing, or they
                     // are scalars (host-side work can use them); a computed row of a batch stays
                     // a reference, which the launch reads in place.
@@ -778,7 +781,7 @@ impl Backend for Dfg<'_> {
         };
         let id = self.reserve_node(ctx.pending)?;
         self.count_readers(&recorded);
-        let token = self.token_for(&out_shapes);
+        self.recorded_bytes(&out_shapes);
         self.nodes.push(Node {
             block: block_id,
             args: recorded,
@@ -790,14 +793,13 @@ impl Backend for Dfg<'_> {
             sum: false,
             instance: ctx.instance,
             ragged,
-            token,
+            claimed: self.epoch,
             readers: 0,
             released: false,
             watched: false,
         });
         self.profile.nodes += 1;
         self.profile.time_dfg += sampled(t0);
-        // The value first: it claims the node before its launch could release it.
         let value = self.lazy_value(block, id);
         if self.opts.scheduler == Scheduler::Eager {
             // No batching: every invocation is its own launch, at once.
@@ -818,7 +820,7 @@ impl Backend for Dfg<'_> {
         // Every argument, and every field of a tuple argument, that is lazy is computed (checked
         // without computing it: a deferred sum is added up once, by `call_op`).
         let ready = |v: &Value| match v {
-            Value::Lazy(r, _) => self.lazy_ready(*r),
+            Value::Lazy(r) => self.lazy_ready(*r),
             _ => true,
         };
         Ok(args.iter().all(|a| match a {
@@ -838,7 +840,7 @@ impl Backend for Dfg<'_> {
     fn condition(&mut self, v: &Value) -> Result<Option<bool>, RunError> {
         let t = match v {
             Value::Tensor(t) => Some(t.clone()),
-            Value::Lazy(r, _) => self.concrete(*r)?,
+            Value::Lazy(r) => self.concrete(*r)?,
             _ => return Err(RunError::new("`if` condition is not a bool scalar")),
         };
         match t {

@@ -4,22 +4,30 @@
 //! (64 KiB each) no longer pile up to 86 MB a mini-batch, and a process's first run touches
 //! fewer fresh pages.
 //!
-//! Two counts decide it. Readers: each recorded node counts the nodes whose arguments read it and
-//! have not launched (a launch, a deferred sum added up, hands its arguments to
-//! [`Dfg::consumed`]). Claims: every `Value::Lazy` the runtime gives the evaluator holds a clone
-//! of the node's token ([`tumble_interp::Hold`]), so the host's claims are the token's count less
-//! the node's own. A node no node reads that the host still names waits on a watch list, looked
-//! at again once it has doubled. Only nodes whose outputs reach `Options::release_min_bytes` get a
-//! token; a graph whose blocks all stay under it tracks nothing.
+//! Two facts decide it. Readers: each recorded node counts the nodes whose arguments read it and
+//! have not launched (a launch, or a deferred sum added up, hands its arguments to
+//! [`Dfg::consumed`]). Claims: whether a host value (an instance's frames, its continuation
+//! stack, a finished result) may name it, found by a scan of those values before a flush
+//! ([`Dfg::scan_claims`]), which starts a new claims epoch. A host program can only name a node it
+//! named at the scan or one recorded since, so a node recorded in the current epoch counts as
+//! claimed, one the last scan did not find as free for good — the evaluator pays nothing (no
+//! counting per value copy), and a scan runs only once enough output bytes were recorded to be
+//! worth its walk ([`Dfg::wants_scan`]). A node no node reads that may still be claimed waits on
+//! the watch list for the next scan. The eager scheduler launches while instances run and never
+//! scans: it releases nothing.
 
 use super::*;
+use std::collections::HashSet;
 
-/// By default early release tracks only nodes whose outputs take at least this many bytes per
-/// invocation (MV-RNN's per-node matrices, a sentence's activations): counting the host's claims
-/// on every value cost the evaluator 10% on StackRNN-small, whose 1 KiB rows gain nothing from it.
-pub const RELEASE_MIN_BYTES: usize = 16 << 10;
+/// By default a scan of the host's values runs before a flush once this many output bytes were
+/// recorded since the last scan (and at least [`SCAN_BYTES_PER_VISIT`] per composite value the
+/// last scan walked, so that StackRNN's 82 small flushes over long-lived stacks scan rarely).
+pub const RELEASE_SCAN_BYTES: usize = 1 << 20;
 
-/// A read of outputs [`Dfg::try_release`] freed: a bug in the reader counts or claims.
+/// Recorded output bytes a scan must be able to free per composite value it walked last time.
+const SCAN_BYTES_PER_VISIT: u64 = 1024;
+
+/// A read of outputs [`Dfg::try_release`] freed: a bug in the reader counts or the scan's roots.
 pub(super) fn released_error() -> RunError {
     RunError::new(
         "internal: a value was read after its early release (`--no-early-release` avoids it)",
@@ -27,30 +35,18 @@ pub(super) fn released_error() -> RunError {
 }
 
 impl Dfg<'_> {
-    /// A claim token for a node whose outputs have these shapes (f32 assumed: the bound is a
-    /// size class, not an exact figure), or none if they are not tracked.
-    pub(super) fn token_for(&self, shapes: &[Vec<usize>]) -> Option<std::rc::Rc<()>> {
-        let elems: usize = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
-        (self.releasing() && elems.saturating_mul(4) >= self.opts.release_min_bytes)
-            .then(|| std::rc::Rc::new(()))
-    }
-
-    /// A host value naming `r`, holding a claim on its node (see [`Dfg::try_release`]).
-    pub(super) fn claim(&self, r: LazyRef) -> Value {
-        let hold = match self
-            .nodes
-            .get(r.node as usize)
-            .and_then(|n| n.token.as_ref())
-        {
-            Some(token) => Hold::on(token),
-            None => Hold::NONE,
-        };
-        Value::Lazy(r, hold)
-    }
-
     /// Whether outputs are freed before the graph is (see [`crate::Options::early_release`]).
     pub(super) fn releasing(&self) -> bool {
         self.opts.early_release && self.launch_log.is_none()
+    }
+
+    /// A node with outputs of these shapes was recorded (f32 assumed: the scan's trigger is a size
+    /// class, not an exact figure).
+    pub(super) fn recorded_bytes(&mut self, shapes: &[Vec<usize>]) {
+        if self.releasing() {
+            let elems: usize = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
+            self.bytes_since_scan += elems as u64 * 4;
+        }
     }
 
     /// A node about to be recorded reads `args`: their producers count one more reader each.
@@ -90,22 +86,20 @@ impl Dfg<'_> {
     }
 
     /// Frees node `id`'s outputs if it is computed, no recorded node reads them and no host value
-    /// names them; one the host still names goes on the watch list. An unread, unclaimed deferred
-    /// sum that was never added up is dropped with its terms.
+    /// names them; one the host may still name goes on the watch list. An unread, unclaimed
+    /// deferred sum that was never added up is dropped with its terms.
     pub(super) fn try_release(&mut self, id: u32) {
         if !self.releasing() {
             return;
         }
+        let epoch = self.epoch;
         let Some(n) = self.nodes.get_mut(id as usize) else {
             return;
         };
         if n.released || n.readers > 0 {
             return;
         }
-        let Some(token) = &n.token else {
-            return;
-        };
-        if !unclaimed(token) {
+        if n.claimed == epoch {
             if !n.watched {
                 n.watched = true;
                 self.watch.push(id);
@@ -118,38 +112,55 @@ impl Dfg<'_> {
         }
         n.released = true;
         let terms = std::mem::take(&mut n.args);
-        let mut freed = 0u64;
-        match n.out.take() {
-            Some(Outs::One(s)) => freed += s.freed_bytes(),
-            Some(Outs::Many(v)) => freed += v.iter().map(Slot::freed_bytes).sum::<u64>(),
-            None => {}
-        }
+        let freed = match n.out.take() {
+            Some(Outs::One(s)) => s.freed_bytes(),
+            Some(Outs::Many(v)) => v.iter().map(Slot::freed_bytes).sum::<u64>(),
+            None => 0,
+        };
         self.live_bytes = self.live_bytes.saturating_sub(freed);
         // An unlaunched sum's terms (a launched node has no arguments left).
         self.consumed(terms);
     }
 
-    /// Releases the watched nodes the host no longer names (at a flush's start or after a launch,
-    /// once the list has doubled since the last look: amortized constant cost however long the
-    /// host keeps the values it names, e.g. a stack of phrases across a parser's every step).
-    pub(super) fn release_unclaimed(&mut self) {
-        if self.watch.is_empty() {
+    /// Whether a scan of the host's values ([`Dfg::scan_claims`]) is worth running before the
+    /// next flush: enough output bytes were recorded since the last one.
+    pub fn wants_scan(&self) -> bool {
+        let bound = (self.opts.release_scan_bytes as u64)
+            .max(self.last_scan_visits.saturating_mul(SCAN_BYTES_PER_VISIT));
+        // The eager scheduler has launched everything by the time it flushes.
+        self.releasing()
+            && self.opts.scheduler != Scheduler::Eager
+            && self.bytes_since_scan >= bound
+    }
+
+    /// Starts a new claims epoch: `roots` hands over every value the host holds (each instance's
+    /// [`tumble_interp::Machine::visit_values`], the results not yet read); the nodes they name
+    /// stay claimed, every other one is free once no node reads it. Then the watched nodes the
+    /// host let go of are released.
+    pub fn scan_claims(&mut self, roots: impl FnOnce(&mut dyn FnMut(&Value))) {
+        if !self.releasing() {
             return;
         }
-        let watch = std::mem::take(&mut self.watch);
-        for id in watch {
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let nodes = &mut self.nodes;
+        let mut seen: HashSet<*const ()> = HashSet::new();
+        let mut stack: Vec<Value> = Vec::new();
+        roots(&mut |v: &Value| {
+            walk_lazies(v, &mut seen, &mut stack, &mut |r| {
+                if let Some(n) = nodes.get_mut(r.node as usize) {
+                    n.claimed = epoch;
+                }
+            })
+        });
+        self.last_scan_visits = seen.len() as u64;
+        self.bytes_since_scan = 0;
+        self.profile.release_scans += 1;
+        for id in std::mem::take(&mut self.watch) {
             if let Some(n) = self.nodes.get_mut(id as usize) {
                 n.watched = false;
             }
             self.try_release(id);
-        }
-        self.watch_checked = self.watch.len();
-    }
-
-    /// [`Dfg::release_unclaimed`] if the watch list has doubled since it last ran.
-    pub(super) fn release_unclaimed_amortized(&mut self) {
-        if self.watch.len() >= 2 * self.watch_checked + 64 {
-            self.release_unclaimed();
         }
     }
 
@@ -157,5 +168,41 @@ impl Dfg<'_> {
     pub(super) fn produced(&mut self, bytes: u64) {
         self.live_bytes += bytes;
         self.profile.activation_bytes = self.profile.activation_bytes.max(self.live_bytes);
+    }
+}
+
+/// Calls `mark` for every lazy tensor inside `v`, each shared tuple, constructor value or closure
+/// walked once (`seen`); iterative, as results can be lists of 100,000 elements. `stack` is
+/// scratch (values are `Rc`s: pushing one is a count, not a copy).
+fn walk_lazies(
+    v: &Value,
+    seen: &mut HashSet<*const ()>,
+    stack: &mut Vec<Value>,
+    mark: &mut dyn FnMut(LazyRef),
+) {
+    let mut visit = |v: &Value, stack: &mut Vec<Value>| match v {
+        Value::Lazy(r) => mark(*r),
+        Value::Tensor(_) => {}
+        Value::Tuple(t) => {
+            if seen.insert(std::rc::Rc::as_ptr(t).cast()) {
+                stack.extend(t.0.iter().cloned());
+            }
+        }
+        Value::Adt(a) => {
+            if seen.insert(std::rc::Rc::as_ptr(a).cast()) {
+                stack.extend(a.fields.iter().cloned());
+            }
+        }
+        Value::Closure(c) => {
+            if seen.insert(std::rc::Rc::as_ptr(c).cast()) {
+                if let tumble_interp::Closure::Lambda { captured, .. } = &**c {
+                    stack.extend(captured.iter().cloned());
+                }
+            }
+        }
+    };
+    visit(v, stack);
+    while let Some(v) = stack.pop() {
+        visit(&v, stack);
     }
 }

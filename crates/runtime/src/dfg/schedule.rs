@@ -38,7 +38,6 @@ impl Dfg<'_> {
 
     /// Evaluates every pending node, in batched launches chosen by the scheduler.
     pub fn flush(&mut self) -> Result<(), RunError> {
-        self.release_unclaimed_amortized();
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -59,7 +58,6 @@ impl Dfg<'_> {
             return Ok(());
         }
         self.profile.flushes += 1;
-        self.release_unclaimed_amortized();
         let pending = std::mem::take(&mut self.pending);
         match self.opts.scheduler {
             Scheduler::Agenda => self.flush_agenda(pending),
@@ -81,7 +79,7 @@ impl Dfg<'_> {
         let mut stack = vec![v];
         while let Some(v) = stack.pop() {
             match v {
-                Value::Lazy(r, _) if !self.lazy_ready(*r) => return false,
+                Value::Lazy(r) if !self.lazy_ready(*r) => return false,
                 Value::Tuple(t) => stack.extend(t.0.iter()),
                 Value::Adt(a) => stack.extend(a.fields.iter()),
                 _ => {}

@@ -167,7 +167,7 @@ impl Dfg<'_> {
         self.profile.sums += 1;
         if let [Arg::Lazy(r)] = terms[..] {
             // `x + 0`: the value is `x` itself.
-            return Ok(Some(self.claim(r)));
+            return Ok(Some(Value::Lazy(r)));
         }
         let depth = terms
             .iter()
@@ -178,7 +178,7 @@ impl Dfg<'_> {
         let id = self.reserve_node(ctx.pending)?;
         self.count_readers(&terms);
         let out_shapes = vec![shape];
-        let token = self.token_for(&out_shapes);
+        self.recorded_bytes(&out_shapes);
         self.nodes.push(Node {
             block: block_id,
             args: terms,
@@ -190,12 +190,12 @@ impl Dfg<'_> {
             sum: true,
             instance,
             ragged: false,
-            token,
+            claimed: self.epoch,
             readers: 0,
             released: false,
             watched: false,
         });
-        Ok(Some(self.claim(LazyRef {
+        Ok(Some(Value::Lazy(LazyRef {
             node: id,
             output: 0,
         })))

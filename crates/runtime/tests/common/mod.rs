@@ -414,8 +414,8 @@ pub fn check_all_ways(x: &Expected) {
                     sum_fusion: fusion,
                     // Off at one configuration: outputs are kept to the end there.
                     early_release: planopt || batch == 7,
-                    // Every node tracked (the zoo's outputs are small once scaled down).
-                    release_min_bytes: 0,
+                    // A scan before every flush (the zoo's outputs are small once scaled down).
+                    release_scan_bytes: 0,
                     locality_chunks: fusion,
                     defer: fusion,
                     direct_matmul: planopt,
