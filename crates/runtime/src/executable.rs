@@ -30,6 +30,10 @@ pub struct Executable {
     /// Per block: the bytes every node's result takes for one invocation (from the static node
     /// types), the bound a launch checks against the memory budget before it allocates.
     pub(crate) row_bytes: Vec<usize>,
+    /// Values the job's last early-release scan walked (see `dfg/release.rs`): the next scan, in
+    /// this mini-batch or the next, must be able to free bytes in proportion. Shared by workers;
+    /// a hint, so relaxed.
+    pub(crate) last_scan_visits: std::sync::atomic::AtomicU64,
     /// Per block: launches of fewer invocations wait for more under depth scheduling
     /// ([`defer_below`]; 0: never).
     pub(crate) defer_below: Vec<usize>,
@@ -116,6 +120,7 @@ impl Executable {
                     false => usize::MAX,
                 })
                 .collect(),
+            last_scan_visits: Default::default(),
             row_bytes: blocks
                 .iter()
                 .map(|b| {

@@ -182,6 +182,9 @@ pub struct Dfg<'p> {
     key_words: Vec<u64>,
     /// Output shapes per shape-key id.
     shape_cache: Vec<Option<std::rc::Rc<Vec<Vec<usize>>>>>,
+    /// Output bytes per shape-key id (f32 assumed; for early release's scan trigger), filled with
+    /// `shape_cache`.
+    shape_bytes: Vec<u64>,
     /// Draws for operators run inside launches (none are random: those run on the host).
     launch_rng: Rng,
     /// What the job computed once for the program: per-block facts and kernel plans.
@@ -208,8 +211,7 @@ pub struct Dfg<'p> {
     /// Output bytes recorded since the last scan: a scan is worth its cost only when enough could
     /// be freed (see `release`).
     bytes_since_scan: u64,
-    /// Composite values the last scan walked (its cost).
-    last_scan_visits: u64,
+
     /// Bytes of launch outputs not yet released (an upper bound: a buffer also held elsewhere is
     /// counted until its last node is released); its maximum is the profile's peak.
     live_bytes: u64,
@@ -296,6 +298,7 @@ impl<'p> Dfg<'p> {
             key_words: Vec::new(),
             invocations: 0,
             shape_cache: Vec::new(),
+            shape_bytes: Vec::new(),
             launch_rng: Rng::new(0),
             exec,
             lent: None,
@@ -307,7 +310,7 @@ impl<'p> Dfg<'p> {
             watch: Vec::new(),
             epoch: 1,
             bytes_since_scan: 0,
-            last_scan_visits: 0,
+
             live_bytes: 0,
         }
     }
@@ -750,8 +753,10 @@ impl Backend for Dfg<'_> {
                 let i = shape_key as usize;
                 if self.shape_cache.len() <= i {
                     self.shape_cache.resize(i + 1, None);
+                    self.shape_bytes.resize(i + 1, 0);
                 }
                 self.shape_cache[i] = Some(s.clone());
+                self.shape_bytes[i] = release::output_bytes(&s);
                 s
             }
         };
@@ -781,7 +786,13 @@ impl Backend for Dfg<'_> {
         };
         let id = self.reserve_node(ctx.pending)?;
         self.count_readers(&recorded);
-        self.recorded_bytes(&out_shapes);
+        if self.releasing() {
+            self.bytes_since_scan += self
+                .shape_bytes
+                .get(shape_key as usize)
+                .copied()
+                .unwrap_or(0);
+        }
         self.nodes.push(Node {
             block: block_id,
             args: recorded,

@@ -178,7 +178,9 @@ impl Dfg<'_> {
         let id = self.reserve_node(ctx.pending)?;
         self.count_readers(&terms);
         let out_shapes = vec![shape];
-        self.recorded_bytes(&out_shapes);
+        if self.releasing() {
+            self.bytes_since_scan += release::output_bytes(&out_shapes);
+        }
         self.nodes.push(Node {
             block: block_id,
             args: terms,
