@@ -260,3 +260,56 @@ impl Walk<'_> {
         std::rc::Rc::strong_count(rc) == 1 || self.seen.insert(std::rc::Rc::as_ptr(rc).cast())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lazy(node: u32) -> Value {
+        Value::Lazy(LazyRef { node, output: 0 })
+    }
+
+    /// Every lazy tensor is found once however the values nest: a long list (walked along its
+    /// tail), a tree nested far deeper than the recursion bound in head position, values shared
+    /// between roots and inside one, and closures' captures.
+    #[test]
+    fn the_walk_finds_every_lazy_value_once() {
+        let n = 100_000u32;
+        let mut list = Value::adt(0, Vec::new());
+        for i in 0..n {
+            list = Value::adt(1, vec![lazy(i), list]);
+        }
+        let mut deep = lazy(n);
+        for _ in 0..3 * WALK_DEPTH {
+            deep = Value::adt(
+                2,
+                vec![deep, Value::Tensor(tumble_tensor::Tensor::scalar_f32(0.0))],
+            );
+        }
+        let shared = Value::tuple(vec![lazy(n + 1), lazy(n + 2)]);
+        let closure = Value::Closure(std::rc::Rc::new(tumble_interp::Closure::Lambda {
+            lambda: 0,
+            captured: vec![shared.clone(), lazy(n + 3)],
+        }));
+        let roots = [
+            list,
+            deep,
+            shared.clone(),
+            Value::tuple(vec![shared, closure]),
+        ];
+        let mut found = vec![0u32; n as usize + 4];
+        let mut mark = |r: LazyRef| found[r.node as usize] += 1;
+        let mut walk = Walk {
+            seen: HashSet::new(),
+            deep: Vec::new(),
+            visits: 0,
+            mark: &mut mark,
+        };
+        for r in &roots {
+            walk.root(r);
+        }
+        assert!(walk.visits > u64::from(n));
+        // The shared tuple's lazies are met once (the tuple is walked once).
+        assert!(found.iter().all(|&c| c == 1), "{:?}", &found[n as usize..]);
+    }
+}
