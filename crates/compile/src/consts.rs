@@ -72,16 +72,26 @@ impl CV {
         }
     }
 
-    /// A tuple, ADT or closure holding these values.
+    /// A tuple, ADT or closure holding these values. One with a field that has no value yet (a
+    /// parameter of a closure that is made but never called) has none either: evaluation is
+    /// strict, so it is never built. Joining that field's bottom into the contents instead would
+    /// let `(%p, %W).0` in such dead code read as `%W` — a read of the wrong weight that derived
+    /// parameters, evaluated once per run whatever is called, then ran (seed 1504143).
     fn holding<'a>(fields: impl IntoIterator<Item = &'a CV>) -> CV {
         let mut out = CV {
             is: Is::Other,
             inner: Is::Nothing,
             fns: BTreeSet::new(),
         };
+        let mut unbuilt = false;
         for f in fields {
+            unbuilt |= f.is == Is::Nothing;
             out.inner = out.inner.join(f.is).join(f.inner);
             out.fns.extend(f.fns.iter().copied());
+        }
+        if unbuilt {
+            out.is = Is::Nothing;
+            out.inner = Is::Nothing;
         }
         out
     }

@@ -197,6 +197,9 @@ impl Dfg<'_> {
             released: false,
             watched: false,
         });
+        // Never launched: a sum the host lets go of unread (a fold's partial sum, flattened into
+        // the next) is released from the watch list, and its terms with it.
+        self.try_release(id);
         Ok(Some(Value::Lazy(LazyRef {
             node: id,
             output: 0,
