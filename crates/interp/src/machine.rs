@@ -584,9 +584,16 @@ impl<'p> Machine<'p> {
             Code::Ctor(c) if self.shared.on && self.arity(*c) == 0 => {
                 Some(Ok(self.shared.nullary(*c)))
             }
+            // The field is taken where the tuple lies (no count up and down on the tuple).
             Code::Proj(inner, i, span) => match &**inner {
-                Code::Slot(s) => Some(self.slot(*s).and_then(|v| project(&v, *i, *span))),
-                Code::Param(k) => Some(self.param(*k).and_then(|v| project(&v, *i, *span))),
+                Code::Slot(s) => Some(match self.frame.slots.get(*s as usize) {
+                    Some(Some(v)) => project(v, *i, *span),
+                    _ => self.slot(*s),
+                }),
+                Code::Param(k) => Some(match self.params.get(*k as usize) {
+                    Some(v) => project(v, *i, *span),
+                    None => self.param(*k),
+                }),
                 _ => None,
             },
             _ => None,
