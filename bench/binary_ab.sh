@@ -9,9 +9,9 @@ OLD=${OLD:?set OLD to the baseline binary}; NEW=${NEW:-target/release/tumble}
 ROUNDS=${1:-3}
 D=bench/.data
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
-declare -A IN=( [treelstm]=sst_tree_128.first128.jsonl [mvrnn]=sst_tree_128.first128.jsonl [birnn]=sst_tokens_128.first128.jsonl [stackrnn]=sst_tokens_128.first128.jsonl [nestedrnn]=nested_128.first128.jsonl )
+. bench/ab_inputs.sh
 for m in treelstm birnn stackrnn nestedrnn mvrnn drnn; do for s in small large; do
-  if [ $m = drnn ]; then h=256; [ $s = large ] && h=512; in=$D/drnn${h}_128.first128.jsonl; else in=$D/${IN[$m]}; fi
+  in=$(ab_input "${m}_$s" 64)
   for r in $(seq "$ROUNDS"); do
     for v in new old; do
       bin=$NEW; [ $v = old ] && bin=$OLD

@@ -9,9 +9,9 @@ OLD=${OLD:?set OLD to the baseline binary}; NEW=${NEW:-target/release/tumble}
 ROUNDS=${1:-5}
 D=bench/.data
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
-declare -A IN=( [treelstm]=sst_tree_128.first128.jsonl [mvrnn]=sst_tree_128.first128.jsonl [birnn]=sst_tokens_128.first128.jsonl [stackrnn]=sst_tokens_128.first128.jsonl [nestedrnn]=nested_128.first128.jsonl )
+. bench/ab_inputs.sh
 for ms in ${MODELS:-mvrnn_large mvrnn_small treelstm_small nestedrnn_small birnn_small}; do
-  m=${ms%_*}; in=$D/${IN[$m]}
+  in=$(ab_input "$ms" 64)
   for r in $(seq "$ROUNDS"); do
     for v in old new; do
       bin=$OLD; [ $v = new ] && bin=$NEW

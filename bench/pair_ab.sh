@@ -11,16 +11,9 @@ OLD=${OLD:?set OLD to the baseline command}; NEW=${NEW:?set NEW to the command t
 ROUNDS=${1:?rounds}; shift
 D=bench/.data
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
-input() {
-  case $1 in
-    treelstm*|mvrnn*) f=sst_tree_128;; birnn*|stackrnn*) f=sst_tokens_128;; nestedrnn*) f=nested_128;;
-    drnn_small) f=drnn256_128;; drnn_large) f=drnn512_128;; *) echo "no inputs for $1" >&2; exit 2;;
-  esac
-  # 32 instances at batch 8, 128 at batch 64 (as bench/binary_ab.sh).
-  if [ "$2" -le 8 ]; then echo "$D/$f.first32.jsonl"; else echo "$D/$f.first128.jsonl"; fi
-}
+. bench/ab_inputs.sh
 while [ $# -ge 2 ]; do
-  m=$1; b=$2; shift 2; in=$(input "$m" "$b")
+  m=$1; b=$2; shift 2; in=$(ab_input "$m" "$b")
   for r in $(seq "$ROUNDS"); do
     for v in old new; do
       cmd=$NEW; [ $v = old ] && cmd=$OLD

@@ -131,9 +131,7 @@ impl Block {
     pub fn val_ty(&self, v: &BVal) -> Ty {
         value_ty(&self.inputs, &self.nodes, v)
     }
-}
 
-impl Block {
     /// Removes the nodes `removable` accepts whose results no output depends on (and the nodes
     /// only those read), renumbering the rest.
     pub fn drop_dead_nodes(&mut self, removable: impl Fn(&BlockNode) -> bool) {

@@ -555,15 +555,24 @@ impl<'p> Machine<'p> {
     }
 
     fn slot(&self, s: u32) -> Result<Value, RunError> {
+        self.slot_ref(s).cloned()
+    }
+
+    /// Slot `s` where it lies (a projection reads one field without copying the tuple).
+    fn slot_ref(&self, s: u32) -> Result<&Value, RunError> {
         self.frame
             .slots
             .get(s as usize)
-            .and_then(Clone::clone)
+            .and_then(Option::as_ref)
             .ok_or_else(|| RunError::new(format!("internal: slot {s} read before it was set")))
     }
 
     fn param(&self, k: u32) -> Result<Value, RunError> {
-        self.params.get(k as usize).cloned().ok_or_else(|| {
+        self.param_ref(k).cloned()
+    }
+
+    fn param_ref(&self, k: u32) -> Result<&Value, RunError> {
+        self.params.get(k as usize).ok_or_else(|| {
             RunError::new(format!(
                 "internal: entry argument {k} read, but the run was started with {}",
                 self.params.len()
@@ -586,14 +595,8 @@ impl<'p> Machine<'p> {
             }
             // The field is taken where the tuple lies (no count up and down on the tuple).
             Code::Proj(inner, i, span) => match &**inner {
-                Code::Slot(s) => Some(match self.frame.slots.get(*s as usize) {
-                    Some(Some(v)) => project(v, *i, *span),
-                    _ => self.slot(*s),
-                }),
-                Code::Param(k) => Some(match self.params.get(*k as usize) {
-                    Some(v) => project(v, *i, *span),
-                    None => self.param(*k),
-                }),
+                Code::Slot(s) => Some(self.slot_ref(*s).and_then(|v| project(v, *i, *span))),
+                Code::Param(k) => Some(self.param_ref(*k).and_then(|v| project(v, *i, *span))),
                 _ => None,
             },
             _ => None,

@@ -155,6 +155,25 @@ impl Executable {
         }
     }
 
+    /// [`Executable::derived_params`] for an instance's entry arguments, as the values a machine
+    /// starts with ([`tumble_interp::Machine::start_derived`]).
+    pub fn derived_args(
+        &self,
+        program: &Program,
+        args: &[tumble_interp::Value],
+    ) -> Result<Vec<tumble_interp::Value>, RunError> {
+        let weight = |k: u32| {
+            args.get(k as usize)
+                .and_then(tumble_interp::Value::as_tensor)
+                .cloned()
+        };
+        Ok(self
+            .derived_params(program, weight)?
+            .into_iter()
+            .map(tumble_interp::Value::Tensor)
+            .collect())
+    }
+
     /// The program's derived parameters for a run whose entry argument `k` is `param(k)`,
     /// computed once for the same weight tensors and then shared (by every mini-batch and worker
     /// of the job, by a serving session's instances, and by the weights packed at start-up).

@@ -280,15 +280,14 @@ pub(crate) fn drive(
     // Weight transforms once for the mini-batch: every instance has the same weights.
     let derived = match (program.derived.is_empty(), args.first()) {
         (false, Some(a)) => {
-            let weight = |k: u32| a.get(k as usize).and_then(Value::as_tensor).cloned();
-            let d = dfg
-                .exec
-                .derived_params(program, weight)
-                .map_err(|error| InstanceError {
-                    instance: Some(0),
-                    error,
-                })?;
-            Some(d.into_iter().map(Value::Tensor).collect::<Vec<_>>())
+            Some(
+                dfg.exec
+                    .derived_args(program, a)
+                    .map_err(|error| InstanceError {
+                        instance: Some(0),
+                        error,
+                    })?,
+            )
         }
         _ => None,
     };

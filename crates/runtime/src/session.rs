@@ -331,14 +331,8 @@ impl<'p> BatchSession<'p> {
                 pending: 0,
             },
         );
-        let weight = |k: u32| {
-            slot.args
-                .get(k as usize)
-                .and_then(Value::as_tensor)
-                .cloned()
-        };
-        let derived: Vec<Value> = match self.exec.derived_params(self.program, weight) {
-            Ok(d) => d.into_iter().map(Value::Tensor).collect(),
+        let derived = match self.exec.derived_args(self.program, &slot.args) {
+            Ok(d) => d,
             Err(e) => return Some((slot.ticket, Err(e))),
         };
         if let Err(e) = m.start_derived(self.entry, slot.args.clone(), Some(&derived)) {

@@ -167,32 +167,17 @@ impl Dfg<'_> {
             })
             .sum();
         self.produced(bytes);
-        let mut read = Vec::new();
-        for (row, &id) in ids.iter().enumerate() {
-            let slots = match outs.as_slice() {
-                [o] => Outs::One(slot_of(o, row)?),
-                _ => Outs::from_vec(
-                    outs.iter()
-                        .map(|o| slot_of(o, row))
-                        .collect::<Result<Vec<_>, _>>()?,
-                ),
-            };
-            if let Some(n) = self.nodes.get_mut(id as usize) {
-                n.out = Some(slots);
-                // The arguments are no longer needed (but by the backward pass); drop them so
-                // memory follows liveness.
-                if self.launch_log.is_none() {
-                    read.append(&mut n.args);
-                }
-            }
-        }
-        self.consumed(read);
-        // Outputs nobody reads or names (a value the host dropped before the launch) go at once.
-        for &id in ids {
-            if self.nodes.get(id as usize).is_some_and(|n| n.readers == 0) {
-                self.try_release(id);
-            }
-        }
+        let per_node = (0..ids.len())
+            .map(|row| match outs.as_slice() {
+                [o] => slot_of(o, row).map(Outs::One),
+                _ => outs
+                    .iter()
+                    .map(|o| slot_of(o, row))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Outs::from_vec),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.store_outputs(ids, per_node);
         if let Some(log) = &mut self.launch_log {
             log.push(ids.to_vec());
             self.kept.push(kept);

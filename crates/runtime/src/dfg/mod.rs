@@ -144,18 +144,13 @@ pub(crate) struct Node {
     pub(crate) instance: u32,
     /// Grouped by its ragged key (see [`Dfg::ragged_key`]): launched with [`Dfg::launch_ragged`].
     ragged: bool,
-    /// The claims epoch in which a host value may still name it: the node's recording (a new node
-    /// is named by the value its invocation returned) or the last scan that found it (see
-    /// `release`). Older than [`Dfg::epoch`]: no host value names it.
-    claimed: u32,
-    /// Recorded nodes whose arguments read this node's outputs and have not launched yet (one per
-    /// argument: a node reading it twice counts twice).
-    readers: u32,
-    /// Its outputs were freed ([`Dfg::try_release`]): nothing may read them again.
-    released: bool,
-    /// On [`Dfg::watch`]: unread by nodes but possibly named by the host when last looked at.
-    watched: bool,
+    /// Early release's facts about it (see `release`).
+    life: release::Life,
 }
+
+/// A block's output shapes for one shape key, shared by the nodes recorded with it, and their
+/// bytes (f32 assumed; early release's scan trigger).
+type CachedShapes = (std::rc::Rc<Vec<Vec<usize>>>, u64);
 
 /// One invocation in this many has its recording timed (see [`Dfg::invocations`]).
 const DFG_TIME_SAMPLE: u32 = 16;
@@ -181,10 +176,7 @@ pub struct Dfg<'p> {
     /// The words of the key being built (kept to reuse its allocation).
     key_words: Vec<u64>,
     /// Output shapes per shape-key id.
-    shape_cache: Vec<Option<std::rc::Rc<Vec<Vec<usize>>>>>,
-    /// Output bytes per shape-key id (f32 assumed; for early release's scan trigger), filled with
-    /// `shape_cache`.
-    shape_bytes: Vec<u64>,
+    shape_cache: Vec<Option<CachedShapes>>,
     /// Draws for operators run inside launches (none are random: those run on the host).
     launch_rng: Rng,
     /// What the job computed once for the program: per-block facts and kernel plans.
@@ -211,7 +203,6 @@ pub struct Dfg<'p> {
     /// Output bytes recorded since the last scan: a scan is worth its cost only when enough could
     /// be freed (see `release`).
     bytes_since_scan: u64,
-
     /// Bytes of launch outputs not yet released (an upper bound: a buffer also held elsewhere is
     /// counted until its last node is released); its maximum is the profile's peak.
     live_bytes: u64,
@@ -298,7 +289,6 @@ impl<'p> Dfg<'p> {
             key_words: Vec::new(),
             invocations: 0,
             shape_cache: Vec::new(),
-            shape_bytes: Vec::new(),
             launch_rng: Rng::new(0),
             exec,
             lent: None,
@@ -310,7 +300,6 @@ impl<'p> Dfg<'p> {
             watch: Vec::new(),
             epoch: 1,
             bytes_since_scan: 0,
-
             live_bytes: 0,
         }
     }
@@ -399,7 +388,7 @@ impl<'p> Dfg<'p> {
             .get(r.node as usize)
             .ok_or_else(|| RunError::new("internal: unknown lazy value"))?;
         match &node.out {
-            None if node.released => Err(released_error()),
+            None if node.life.released => Err(released_error()),
             None if node.sum => self.sum_on_host(node),
             None => Ok(None),
             Some(slots) => slots
@@ -555,7 +544,7 @@ impl<'p> Dfg<'p> {
 
     fn slot(&self, r: &LazyRef) -> Result<&Slot, RunError> {
         let node = self.nodes.get(r.node as usize);
-        if node.is_some_and(|n| n.released) {
+        if node.is_some_and(|n| n.life.released) {
             return Err(released_error());
         }
         node.and_then(|n| n.out.as_ref())
@@ -740,7 +729,7 @@ impl Backend for Dfg<'_> {
             .shape_cache
             .get(shape_key as usize)
             .and_then(Option::clone);
-        let out_shapes = match cached {
+        let (out_shapes, out_bytes) = match cached {
             Some(s) => s,
             None => {
                 let shapes = recorded
@@ -750,14 +739,14 @@ impl Backend for Dfg<'_> {
                 let s = std::rc::Rc::new(
                     infer_shapes(block, &shapes).map_err(|m| RunError::at(span, m))?,
                 );
+                let bytes = release::output_bytes(&s);
+                let entry = (s, bytes);
                 let i = shape_key as usize;
                 if self.shape_cache.len() <= i {
                     self.shape_cache.resize(i + 1, None);
-                    self.shape_bytes.resize(i + 1, 0);
                 }
-                self.shape_cache[i] = Some(s.clone());
-                self.shape_bytes[i] = release::output_bytes(&s);
-                s
+                self.shape_cache[i] = Some(entry.clone());
+                entry
             }
         };
         let dataflow = recorded
@@ -785,14 +774,7 @@ impl Backend for Dfg<'_> {
             _ => dataflow,
         };
         let id = self.reserve_node(ctx.pending)?;
-        self.count_readers(&recorded);
-        if self.releasing() {
-            self.bytes_since_scan += self
-                .shape_bytes
-                .get(shape_key as usize)
-                .copied()
-                .unwrap_or(0);
-        }
+        let life = self.recorded(&recorded, out_bytes);
         self.nodes.push(Node {
             block: block_id,
             args: recorded,
@@ -804,10 +786,7 @@ impl Backend for Dfg<'_> {
             sum: false,
             instance: ctx.instance,
             ragged,
-            claimed: self.epoch,
-            readers: 0,
-            released: false,
-            watched: false,
+            life,
         });
         self.profile.nodes += 1;
         self.profile.time_dfg += sampled(t0);

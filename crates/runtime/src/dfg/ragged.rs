@@ -408,14 +408,7 @@ impl Dfg<'_> {
         }
         // The launch's inputs and intermediates: the producers they reference may be released.
         drop(vals);
-        let mut read = Vec::new();
-        for (&id, slots) in ids.iter().zip(per_node) {
-            if let Some(n) = self.nodes.get_mut(id as usize) {
-                n.out = Some(Outs::from_vec(slots));
-                read.append(&mut n.args);
-            }
-        }
-        self.consumed(read);
+        self.store_outputs(ids, per_node.into_iter().map(Outs::from_vec));
 
         self.profile
             .record_launch(&block.name, ids.len(), kernel_time);

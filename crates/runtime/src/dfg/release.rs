@@ -6,7 +6,7 @@
 //!
 //! Two facts decide it. Readers: each recorded node counts the nodes whose arguments read it and
 //! have not launched (a launch, or a deferred sum added up, hands its arguments to
-//! [`Dfg::consumed`]). Claims: whether a host value (an instance's frames, its continuation
+//! [`Dfg::store_outputs`]). Claims: whether a host value (an instance's frames, its continuation
 //! stack, a finished result) may name it, found by a scan of those values before a flush
 //! ([`Dfg::scan_claims`]), which starts a new claims epoch. A host program can only name a node it
 //! named at the scan or one recorded since, so a node recorded in the current epoch counts as
@@ -38,6 +38,22 @@ pub(super) fn output_bytes(shapes: &[Vec<usize>]) -> u64 {
     elems as u64 * 4
 }
 
+/// What early release knows of a node.
+#[derive(Clone, Copy)]
+pub(super) struct Life {
+    /// The claims epoch in which a host value may still name it: the node's recording (a new node
+    /// is named by the value its invocation returned) or the last scan that found it. Older than
+    /// [`Dfg::epoch`]: no host value names it.
+    claimed: u32,
+    /// Recorded nodes whose arguments read this node's outputs and have not launched yet (one per
+    /// argument: a node reading it twice counts twice).
+    readers: u32,
+    /// Its outputs were freed ([`Dfg::try_release`]): nothing may read them again.
+    pub(super) released: bool,
+    /// On [`Dfg::watch`]: unread by nodes but possibly named by the host when last looked at.
+    watched: bool,
+}
+
 /// A read of outputs [`Dfg::try_release`] freed: a bug in the reader counts or the scan's roots.
 pub(super) fn released_error() -> RunError {
     RunError::new(
@@ -51,23 +67,57 @@ impl Dfg<'_> {
         self.opts.early_release && self.launch_log.is_none()
     }
 
-    /// A node about to be recorded reads `args`: their producers count one more reader each.
-    pub(super) fn count_readers(&mut self, args: &[Arg]) {
-        if !self.releasing() {
-            return;
-        }
-        for a in args {
-            if let Arg::Lazy(r) = a {
-                if let Some(p) = self.nodes.get_mut(r.node as usize) {
-                    p.readers += 1;
+    /// A node reading `args`, with outputs of `out_bytes`, is being recorded: its producers count
+    /// one more reader each, the bytes count towards the next scan, and the node starts claimed
+    /// (the host holds the value its invocation returns).
+    pub(super) fn recorded(&mut self, args: &[Arg], out_bytes: u64) -> Life {
+        if self.releasing() {
+            self.bytes_since_scan += out_bytes;
+            for a in args {
+                if let Arg::Lazy(r) = a {
+                    if let Some(p) = self.nodes.get_mut(r.node as usize) {
+                        p.life.readers += 1;
+                    }
                 }
+            }
+        }
+        Life {
+            claimed: self.epoch,
+            readers: 0,
+            released: false,
+            watched: false,
+        }
+    }
+
+    /// Nodes `ids` are computed (a launch, ragged or not, or deferred sums added up): each gets
+    /// its outputs, gives back the arguments it read (kept for the backward, which reads them),
+    /// and one nobody reads or names (a value the host dropped before the launch) goes at once.
+    pub(super) fn store_outputs(&mut self, ids: &[u32], outs: impl IntoIterator<Item = Outs>) {
+        let keep_args = self.launch_log.is_some();
+        let mut read = Vec::new();
+        for (&id, out) in ids.iter().zip(outs) {
+            if let Some(n) = self.nodes.get_mut(id as usize) {
+                n.out = Some(out);
+                if !keep_args {
+                    read.append(&mut n.args);
+                }
+            }
+        }
+        self.consumed(read);
+        for &id in ids {
+            if self
+                .nodes
+                .get(id as usize)
+                .is_some_and(|n| n.life.readers == 0)
+            {
+                self.try_release(id);
             }
         }
     }
 
     /// A node has launched (or a deferred sum was added up or dropped): it no longer reads
     /// `args`, and producers no one reads any more may be released.
-    pub(super) fn consumed(&mut self, args: Vec<Arg>) {
+    fn consumed(&mut self, args: Vec<Arg>) {
         if !self.releasing() {
             return;
         }
@@ -75,8 +125,8 @@ impl Dfg<'_> {
             if let Arg::Lazy(r) = a {
                 let last = match self.nodes.get_mut(r.node as usize) {
                     Some(p) => {
-                        p.readers = p.readers.saturating_sub(1);
-                        p.readers == 0
+                        p.life.readers = p.life.readers.saturating_sub(1);
+                        p.life.readers == 0
                     }
                     None => false,
                 };
@@ -98,12 +148,12 @@ impl Dfg<'_> {
         let Some(n) = self.nodes.get_mut(id as usize) else {
             return;
         };
-        if n.released || n.readers > 0 {
+        if n.life.released || n.life.readers > 0 {
             return;
         }
-        if n.claimed == epoch {
-            if !n.watched {
-                n.watched = true;
+        if n.life.claimed == epoch {
+            if !n.life.watched {
+                n.life.watched = true;
                 self.watch.push(id);
             }
             return;
@@ -112,7 +162,7 @@ impl Dfg<'_> {
             // Not computed yet (a pending node the host let go of): its launch computes it.
             return;
         }
-        n.released = true;
+        n.life.released = true;
         let terms = std::mem::take(&mut n.args);
         let freed = match n.out.take() {
             Some(Outs::One(s)) => s.freed_bytes(),
@@ -156,7 +206,7 @@ impl Dfg<'_> {
             visits: 0,
             mark: &mut |r: LazyRef| {
                 if let Some(n) = nodes.get_mut(r.node as usize) {
-                    n.claimed = epoch;
+                    n.life.claimed = epoch;
                 }
             },
         };
@@ -167,7 +217,7 @@ impl Dfg<'_> {
         self.profile.release_scans += 1;
         for id in std::mem::take(&mut self.watch) {
             if let Some(n) = self.nodes.get_mut(id as usize) {
-                n.watched = false;
+                n.life.watched = false;
             }
             self.try_release(id);
         }

@@ -115,18 +115,14 @@ impl Dfg<'_> {
         batch_shape.extend_from_slice(&shape);
         let batch = Tensor::from_vec(batch_shape, data)
             .map_err(|e| RunError::new(format!("internal: sum: {e}")))?;
-        let mut read = Vec::new();
-        for (k, &id) in todo.iter().enumerate() {
-            if let Some(n) = self.nodes.get_mut(id as usize) {
-                n.out = Some(Outs::One(Slot {
-                    tensor: batch.clone(),
-                    at: At::Row(k as u32),
-                }));
-                read.append(&mut n.args);
-            }
-        }
         self.produced((batch.len() * 4) as u64);
-        self.consumed(read);
+        let outs = (0..todo.len()).map(|k| {
+            Outs::One(Slot {
+                tensor: batch.clone(),
+                at: At::Row(k as u32),
+            })
+        });
+        self.store_outputs(&todo, outs);
         self.profile.sum_terms += terms;
         Ok(())
     }
@@ -176,11 +172,8 @@ impl Dfg<'_> {
             .unwrap_or(1)
             .saturating_sub(1);
         let id = self.reserve_node(ctx.pending)?;
-        self.count_readers(&terms);
         let out_shapes = vec![shape];
-        if self.releasing() {
-            self.bytes_since_scan += release::output_bytes(&out_shapes);
-        }
+        let life = self.recorded(&terms, release::output_bytes(&out_shapes));
         self.nodes.push(Node {
             block: block_id,
             args: terms,
@@ -192,10 +185,7 @@ impl Dfg<'_> {
             sum: true,
             instance,
             ragged: false,
-            claimed: self.epoch,
-            readers: 0,
-            released: false,
-            watched: false,
+            life,
         });
         // Never launched: a sum the host lets go of unread (a fold's partial sum, flattened into
         // the next) is released from the watch list, and its terms with it.
