@@ -84,6 +84,17 @@ const L2_GROUP_MC: usize = 4;
 /// thread for the dynamic balance.
 const L2_TASK_MIN_MC: usize = 2;
 
+/// Rows after which the driver's blocking of a launch starts afresh: one `mc` block, or one
+/// group of them when a weight of `weight_bytes` is L2-blocked. A launch cut into row chunks
+/// that are multiples of this streams its weight as often as the whole launch does.
+pub(crate) fn row_unit(kernel: &Kernel, weight_bytes: usize) -> usize {
+    if weight_bytes >= L2_BLOCK_MIN_WEIGHT_BYTES {
+        L2_GROUP_MC * kernel.mc
+    } else {
+        kernel.mc
+    }
+}
+
 /// Row blocks of a few rows read where they lie (`Kernel::direct`); `TUMBLE_NO_DIRECT_A=1`
 /// packs them as any other.
 fn direct_enabled() -> bool {

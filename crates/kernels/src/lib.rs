@@ -225,6 +225,15 @@ pub fn dense_into_with(
     Ok(())
 }
 
+/// Rows after which [`dense_into`]'s blocking starts afresh for a weight of `weight_bytes` (on
+/// this machine's kernel): a caller that runs a launch in row chunks (to keep its scratch C
+/// small) and makes them multiples of this streams the weight no more often than one call would.
+pub fn row_unit(weight_bytes: usize) -> usize {
+    KernelKind::selected()
+        .kernel()
+        .map_or(64, |k| driver::row_unit(&k, weight_bytes))
+}
+
 /// Which micro-kernel [`dense`] uses on this machine: `"avx512"`, `"avx2+fma"` or `"portable"`.
 pub fn cpu_features() -> &'static str {
     KernelKind::selected().name()

@@ -875,3 +875,35 @@ fn a_given_by_columns_equals_a_given_by_rows() {
     let short: Vec<&[f32]> = cols.iter().map(|c| &c[..3]).collect();
     assert!(dense(&Rows::Columns(&short), &pw, &mut c, &NoEpilogue, 1).is_err());
 }
+
+#[test]
+fn row_chunks_at_the_row_unit_compute_the_same_bits() {
+    // The runtime runs a large launch in row chunks that are multiples of `row_unit` (to keep its
+    // scratch C small); each chunk must give the bits of the whole launch, K above one K block and
+    // an L2-blocked weight included.
+    let mut rng = Rng(43);
+    for (n, k) in [(96usize, 300usize), (2000, 920)] {
+        let unit = row_unit(n * k * 4);
+        assert!(unit >= 8, "{unit}");
+        let m = 2 * unit + 37;
+        let (_, a, pw) = rng.problem(m, n, k);
+        let mut whole = vec![0.0; m * n];
+        let rows = Rows::Contiguous {
+            data: &a,
+            stride: k,
+        };
+        dense(&rows, &pw, &mut whole, &NoEpilogue, 1).unwrap();
+        for (start, end) in [(0, unit), (unit, 2 * unit), (2 * unit, m), (unit, m)] {
+            let mut c = vec![0.0; (end - start) * n];
+            let rows = Rows::Contiguous {
+                data: &a[start * k..end * k],
+                stride: k,
+            };
+            dense(&rows, &pw, &mut c, &NoEpilogue, 1).unwrap();
+            assert!(
+                c == whole[start * n..end * n],
+                "n={n} k={k}: rows {start}..{end} as a chunk differ"
+            );
+        }
+    }
+}

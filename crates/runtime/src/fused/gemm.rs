@@ -593,10 +593,13 @@ pub(super) fn gemm_with_epilogue(
     // The epilogue runs inside the kernel's row blocks (on its threads) and cannot return an
     // error: the first one is kept here and reported after the product.
     let epilogue_failure: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-    let chunks = epilogue_chunks(rows, n, weight_bytes);
+    let chunks = epilogue_chunks(rows, n, tumble_kernels::row_unit(weight_bytes));
     let chunk_max = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
     let mut c = EPILOGUE_C.with(|c| std::mem::take(&mut *c.borrow_mut()));
     if c.len() < chunk_max * n {
+        // The old scratch is freed first: growing it in place would copy it into the new one.
+        // (Not `vec![0.0; _]` either: zeroed memory comes from fresh pages, not from those freed.)
+        c = Vec::new();
         c.resize(chunk_max * n, 0.0);
     }
     let mut done = Ok(());
@@ -695,25 +698,25 @@ impl GemmRows<'_> {
 /// for NestedRNN-small's 9,538-row input launch, first-touched by a process's first run.
 const EPILOGUE_C_CHUNK_FLOATS: usize = 1 << 18;
 
-/// ... when the weight is at most this big (streamed again per chunk, from L2 or L3).
-const EPILOGUE_CHUNK_MAX_WEIGHT_BYTES: usize = 1 << 20;
-
-/// The row chunks of a launch of `rows` rows whose product has `n` columns and whose weight is
-/// `weight_bytes` big: one chunk, unless C would exceed [`EPILOGUE_C_CHUNK_FLOATS`] and the
-/// weight is small. Chunks have at least 64 rows (the last one absorbs a short rest), so each
-/// takes the kernel's blocked path as the whole launch would: the same bits.
-fn epilogue_chunks(rows: usize, n: usize, weight_bytes: usize) -> Vec<Range<usize>> {
-    if rows.saturating_mul(n) <= EPILOGUE_C_CHUNK_FLOATS
-        || weight_bytes > EPILOGUE_CHUNK_MAX_WEIGHT_BYTES
-        || n == 0
-    {
+/// The row chunks of a launch of `rows` rows whose product has `n` columns: one chunk, unless C
+/// would exceed [`EPILOGUE_C_CHUNK_FLOATS`]. Chunks are multiples of `unit` rows (the kernel's
+/// [`tumble_kernels::row_unit`] for the launch's weight, at least 56: its blocked path, as the
+/// whole launch; the last chunk absorbs a rest shorter than a chunk), so the weight streams as often as for the
+/// whole launch and every chunk computes the same bits. Before the unit, chunking was kept to
+/// weights of at most 1 MiB, and TreeLSTM-large's 1,216-row leaf launch first-touched a 7.5 MB C.
+fn epilogue_chunks(rows: usize, n: usize, unit: usize) -> Vec<Range<usize>> {
+    if rows.saturating_mul(n) <= EPILOGUE_C_CHUNK_FLOATS || n == 0 || !chunks_enabled() {
         return std::iter::once(0..rows).collect();
     }
-    let per = (EPILOGUE_C_CHUNK_FLOATS / n).max(64);
+    let unit = unit.max(1);
+    let per = (EPILOGUE_C_CHUNK_FLOATS / n)
+        .max(unit)
+        .next_multiple_of(unit);
     let mut out = Vec::with_capacity(rows.div_ceil(per));
     let mut start = 0;
     while start < rows {
-        let end = if rows - start < per + per / 2 {
+        // The last chunk takes a rest shorter than `per` (so it is never below the unit).
+        let end = if rows - start < 2 * per {
             rows
         } else {
             start + per
@@ -722,6 +725,13 @@ fn epilogue_chunks(rows: usize, n: usize, weight_bytes: usize) -> Vec<Range<usiz
         start = end;
     }
     out
+}
+
+/// `TUMBLE_NO_EPILOGUE_CHUNKS=1`: every GEMM stage with a fused epilogue runs whole (one C for
+/// the launch), the A/B baseline of the chunks.
+fn chunks_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_EPILOGUE_CHUNKS").is_none())
 }
 
 /// Batched f32 rows of width K > 0: the rows, K, and the result's shape without its last axis.
@@ -768,31 +778,32 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 mod chunk_tests {
     use super::*;
 
-    /// Chunks tile the launch in order, every one of at least 64 rows (the kernel's blocked
-    /// path, as the whole launch), and a launch whose C is small or whose weight is big stays
-    /// whole.
+    /// Chunks tile the launch in order, every one a multiple of the unit (the last may absorb a
+    /// short rest) and none shorter than it, and a launch whose C is small stays whole.
     #[test]
     fn epilogue_chunks_tile_the_rows() {
-        for (rows, n) in [
-            (9538usize, 256usize),
-            (1363, 768),
-            (100_000, 7),
-            (2000, 300),
+        for (rows, n, unit) in [
+            (9538usize, 256usize, 56usize),
+            (1363, 768, 56),
+            (100_000, 7, 56),
+            (2000, 300, 96),
+            (1216, 2048, 224),
+            (1024, 3072, 224),
         ] {
-            let chunks = epilogue_chunks(rows, n, 256 * 1024);
+            let chunks = epilogue_chunks(rows, n, unit);
             assert_eq!(chunks.first().map(|c| c.start), Some(0));
             assert_eq!(chunks.last().map(|c| c.end), Some(rows));
             for w in chunks.windows(2) {
                 assert_eq!(w[0].end, w[1].start);
             }
+            let (last, rest) = chunks.split_last().expect("at least one chunk");
             assert!(
-                chunks.iter().all(|c| c.len() >= 64),
+                rest.iter().all(|c| c.len() % unit == 0) && last.len() >= unit,
                 "{rows} x {n}: {chunks:?}"
             );
             assert!(chunks.len() > 1, "{rows} x {n}");
         }
-        assert_eq!(epilogue_chunks(100, 256, 1024), vec![0..100]);
-        assert_eq!(epilogue_chunks(9538, 3072, 9 << 20).len(), 1);
-        assert_eq!(epilogue_chunks(0, 256, 1024), vec![0..0]);
+        assert_eq!(epilogue_chunks(100, 256, 56), vec![0..100]);
+        assert_eq!(epilogue_chunks(0, 256, 56), vec![0..0]);
     }
 }
