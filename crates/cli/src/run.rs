@@ -124,6 +124,13 @@ pub struct RunArgs {
     /// segment's results, at least 256 rows). Results do not depend on it.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub ragged_chunk_rows: Option<u32>,
+    /// The padding baseline of ragged batching (what a hand-batched PyTorch program does): a
+    /// ragged launch's row-wise segments (its GEMMs and row programs over tokens) run over every
+    /// invocation padded to the launch's longest, instead of over the real rows only. Results do
+    /// not change (padding rows are computed and dropped); the time shows what padding costs.
+    /// Segments that mix rows run per group of equal length either way.
+    #[arg(long, conflicts_with = "no_ragged")]
+    pub ragged_padding: bool,
     /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
     #[arg(long)]
     pub no_phases: bool,
@@ -338,6 +345,7 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
         dense_sums: !args.no_dense_sums,
         ragged: !args.no_ragged,
         ragged_chunk_rows: args.ragged_chunk_rows.map_or(0, |n| n as usize),
+        ragged_padding: args.ragged_padding,
         phases: !args.no_phases,
         hoist: !args.no_hoist,
         ghosts: !args.no_ghosts,

@@ -138,6 +138,10 @@ pub struct Options {
     /// Rows per chunk of a ragged launch's row-wise segments (0: chosen per segment from its
     /// bytes per row, see `dfg/ragged.rs`). Chunks never change results, only cache use.
     pub ragged_chunk_rows: usize,
+    /// The padding baseline: a ragged launch's row-wise segments run over every invocation padded
+    /// to the launch's longest (the padding rows repeat an invocation's last row and are dropped),
+    /// as a padded batch would; results do not change.
+    pub ragged_padding: bool,
 }
 
 /// Rows below which a launch of a weight-bound block waits for more: with f32 weights a row costs
@@ -190,6 +194,7 @@ impl Default for Options {
             dense_sums: true,
             ragged: true,
             ragged_chunk_rows: 0,
+            ragged_padding: false,
             threads: 1,
         }
     }

@@ -35,6 +35,8 @@ pub struct Profile {
     /// per group of equal length).
     pub ragged_launches: u64,
     pub ragged_rows: u64,
+    /// Padding rows the row-wise segments computed and dropped (`Options::ragged_padding`).
+    pub ragged_padding_rows: u64,
     pub ragged_groups: u64,
     /// The largest bytes of segment results one ragged launch held at once.
     pub ragged_peak_bytes: u64,
@@ -114,6 +116,7 @@ impl Profile {
         self.deferred += o.deferred;
         self.ragged_launches += o.ragged_launches;
         self.ragged_rows += o.ragged_rows;
+        self.ragged_padding_rows += o.ragged_padding_rows;
         self.ragged_groups += o.ragged_groups;
         self.ragged_peak_bytes = self.ragged_peak_bytes.max(o.ragged_peak_bytes);
         self.launches += o.launches;
@@ -221,6 +224,15 @@ impl fmt::Display for Profile {
                 self.ragged_groups,
                 self.ragged_peak_bytes
             )?;
+            if self.ragged_padding_rows > 0 {
+                writeln!(
+                    f,
+                    "ragged padding baseline: {} padding rows computed and dropped ({:.2}× the real rows)",
+                    self.ragged_padding_rows,
+                    (self.ragged_rows + self.ragged_padding_rows) as f64
+                        / self.ragged_rows.max(1) as f64
+                )?;
+            }
         }
         if self.deferred > 0 {
             writeln!(

@@ -580,6 +580,7 @@ fn every_combination_of_switches() {
                 dense_sums: row_cache != epilogue,
                 ragged: hfuse,
                 ragged_chunk_rows: 0,
+                ragged_padding: hfuse && !gather_fusion,
                 threads: 1,
             };
             check_batched(&x, &program, &reuse, 7, opts, &label);

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{batch_profile, check_all_ways, expected, load_text, Expected};
+use common::{batch_profile, check_all_ways, check_batched, expected, load_text, Expected};
 
 /// `count` instances of `x: (len_i, w)` floats, `len_i` cycling through `lens`.
 fn var_rows(count: usize, w: usize, lens: &[usize]) -> String {
@@ -156,6 +156,26 @@ fn sentences_of_different_lengths_share_launches() {
     assert_eq!(on.ragged_rows, (1..=64).sum::<u64>());
     assert_eq!(off.launches, 64, "{off}");
     assert_eq!(off.ragged_launches, 0);
+}
+
+#[test]
+fn the_padding_baseline_computes_padded_rows_and_the_same_results() {
+    let l = load_text("ragged_padding", PER_ROW_THEN_OVER_ROWS);
+    // One launch of lengths 1..=9 twice: padded to 9 rows each.
+    let lens: Vec<usize> = (1..=9).collect();
+    let x = expected("ragged_padding", l, &var_rows(18, 4, &lens), &["x"]);
+    let padded = tumble_runtime::Options {
+        ragged_padding: true,
+        ..Default::default()
+    };
+    let on = batch_profile(&x, padded);
+    let real: u64 = 2 * (1..=9).sum::<u64>();
+    assert_eq!(on.launches, 1, "{on}");
+    assert_eq!(on.ragged_rows, real);
+    assert_eq!(on.ragged_padding_rows, 18 * 9 - real, "{on}");
+    assert_eq!(batch_profile(&x, Default::default()).ragged_padding_rows, 0);
+    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    check_batched(&x, &program, &reuse, 18, padded, "padded");
 }
 
 #[test]

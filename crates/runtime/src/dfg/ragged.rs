@@ -127,6 +127,12 @@ impl Dfg<'_> {
             lens.push(self.arg_shape(a)?.first().copied().unwrap_or(0));
         }
         let total: usize = lens.iter().sum();
+        // The padding baseline (`Options::ragged_padding`): rows per invocation in the row-wise
+        // segments (0: each its own).
+        let pad_to = match self.opts.ragged_padding {
+            true => lens.iter().copied().max().unwrap_or(0),
+            false => 0,
+        };
         let launch_bytes = run.bytes_per_row.saturating_mul(total);
         if launch_bytes >= tumble_ops::RESERVE_ABOVE {
             if let Err(stop) = tumble_limits::reserve(launch_bytes) {
@@ -214,8 +220,10 @@ impl Dfg<'_> {
             let mut outs: Vec<RVal> = Vec::with_capacity(seg.defines.len());
             if seg.row_wise {
                 // Each row an instance of length 1, over chunks of whole invocations of about
-                // `chunk_rows` rows (one chunk: every invocation of the launch).
+                // `chunk_rows` rows (one chunk: every invocation of the launch). With the padding
+                // baseline every invocation takes `pad_to` rows: its own, then its last again.
                 let chunk_rows = self.ragged_chunk_rows(seg);
+                let span = |l: usize| if pad_to > 0 { pad_to } else { l };
                 let mut each: Vec<Vec<Slot>> =
                     vec![Vec::with_capacity(ids.len()); seg.defines.len()];
                 let mut shared: Vec<Option<Tensor>> = vec![None; seg.defines.len()];
@@ -223,8 +231,8 @@ impl Dfg<'_> {
                 while k0 < ids.len() {
                     let mut k1 = k0;
                     let mut rows = 0;
-                    while k1 < ids.len() && (k1 == k0 || rows + lens[k1] <= chunk_rows) {
-                        rows += lens[k1];
+                    while k1 < ids.len() && (k1 == k0 || rows + span(lens[k1]) <= chunk_rows) {
+                        rows += span(lens[k1]);
                         k1 += 1;
                     }
                     let mut inputs = Vec::with_capacity(seg.reads.len());
@@ -233,11 +241,35 @@ impl Dfg<'_> {
                             RVal::Shared(t) => BV::Shared(OpValue::Tensor(t.clone())),
                             RVal::Each(slots) => {
                                 let mut parts = RowRefsBuilder::with_capacity(rows);
+                                // A row to pad an invocation of no rows with: any real one.
+                                let filler = match pad_to {
+                                    0 => None,
+                                    _ => match lens.iter().position(|&l| l > 0) {
+                                        Some(k) => {
+                                            Some(row_view(&slots[k], lens[k]).map_err(fail)?)
+                                        }
+                                        None => None,
+                                    },
+                                };
                                 for k in k0..k1 {
                                     let (s, l) = (&slots[k], lens[k]);
                                     let (view, first) = row_view(s, l).map_err(fail)?;
                                     for j in first..first + l {
                                         parts.push(&view, Some(j));
+                                    }
+                                    if pad_to > l {
+                                        let (pv, pj) = match (l, &filler) {
+                                            (0, Some((fv, fj))) => (fv, *fj),
+                                            (0, None) => {
+                                                return Err(fail(
+                                                    "internal: padding with no real row".into(),
+                                                ))
+                                            }
+                                            _ => (&view, first + l - 1),
+                                        };
+                                        for _ in l..pad_to {
+                                            parts.push(pv, Some(pj));
+                                        }
                                     }
                                 }
                                 BV::Rows(parts.finish().ok_or_else(|| {
@@ -277,7 +309,7 @@ impl Dfg<'_> {
                                     len: l as u32,
                                 },
                             });
-                            start += l;
+                            start += span(l);
                         }
                     }
                     k0 = k1;
@@ -414,6 +446,7 @@ impl Dfg<'_> {
             .record_launch(&block.name, ids.len(), kernel_time);
         self.profile.ragged_launches += 1;
         self.profile.ragged_rows += total as u64;
+        self.profile.ragged_padding_rows += (pad_to * ids.len()).saturating_sub(total) as u64;
         self.profile.ragged_peak_bytes = self.profile.ragged_peak_bytes.max(held_bytes);
         self.produced(held_bytes);
         Ok(())

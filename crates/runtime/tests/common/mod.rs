@@ -424,6 +424,8 @@ pub fn check_all_ways(x: &Expected) {
                     ragged: fusion,
                     // Tiny chunks at one batch size: chunking must not change results.
                     ragged_chunk_rows: if batch == 7 { 3 } else { 0 },
+                    // The padding baseline at one configuration: it must not change results.
+                    ragged_padding: batch == 64 && !planopt,
                     threads: if batch == 7 { 2 } else { 1 },
                 };
                 let label = format!(
