@@ -29,7 +29,10 @@ impl Activation {
     pub fn apply(self, x: &mut [f32]) {
         match self {
             Activation::Identity => {}
-            Activation::Relu => x.iter_mut().for_each(|v| *v = v.max(0.0)),
+            // NaN stays NaN (`f32::max` would make it 0), as in the reference.
+            Activation::Relu => x
+                .iter_mut()
+                .for_each(|v| *v = if *v < 0.0 { 0.0 } else { *v }),
             Activation::Sigmoid => sigmoid_in_place(x),
             Activation::Tanh => tanh_in_place(x),
         }

@@ -6,20 +6,23 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_145_75;
 const LN2_LO: f32 = 1.428_606_8e-6;
 
-/// e^x for f32 (clamped to the finite range).
+/// e^x for f32: inf past ln(f32::MAX) and 0 below about -87.3, as the reference's `exp` (up to
+/// the denormals it flushes).
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    let x = x.clamp(-87.33, 88.0);
+    // Up to ln(f32::MAX) (88.72284): an earlier clamp at 88.0 returned e^88 = 1.65e38 for every
+    // larger x, where the reference overflows to inf (generated program 1803315 and its class).
+    let xc = x.clamp(-87.33, 88.722_83);
     // Round to nearest by adding and subtracting 1.5·2^23 (plain float ops, so loops vectorize;
     // `f32::round` is a libm call).
     const SHIFT: f32 = 12_582_912.0;
-    let t = x * LOG2E + SHIFT;
+    let t = xc * LOG2E + SHIFT;
     let k = t - SHIFT;
     // k as an integer, read from the mantissa of `t` (t stays in [2^23, 2^24), where consecutive
     // floats are 1 apart). Not `k as i32`: Rust's saturating cast does not vectorize (it became
     // per-lane scalar conversions with NaN checks, 4× slower loops); this is exact for the clamped k.
     let ki = t.to_bits() as i32 - SHIFT.to_bits() as i32;
-    let r = x - k * LN2_HI - k * LN2_LO;
+    let r = xc - k * LN2_HI - k * LN2_LO;
     // Taylor polynomial of e^r on |r| <= ln2/2, degree 7 (error < 2e-8 relative before scaling).
     let p = 1.0
         + r * (1.0
@@ -27,9 +30,15 @@ pub fn exp(x: f32) -> f32 {
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    // 2^k by building the exponent bits; k is in [-126, 128) after the clamp.
-    let scale = f32::from_bits(((ki + 127) as u32) << 23);
-    p * scale
+    // 2^k as 2^(k-1)·2: k is in [-126, 128] after the clamp, and 2^128 has no exponent field
+    // (k = -126 gives 0: the sliver of x just above -87.33 flushes to zero).
+    let scale = f32::from_bits(((ki + 126).max(0) as u32) << 23);
+    let y = p * scale * 2.0;
+    if x > 88.722_84 {
+        f32::INFINITY
+    } else {
+        y
+    }
 }
 
 #[inline(always)]
@@ -84,8 +93,19 @@ mod tests {
         assert!(worst.0 < 4e-7, "exp {worst:?}");
         assert!(worst.1 < 4e-7, "sigmoid {worst:?}");
         assert!(worst.2 < 5e-7, "tanh {worst:?}");
-        assert_eq!(exp(-1000.0), exp(-87.33));
-        assert!(exp(1000.0).is_finite());
+        // The ends of the range, as the reference's `exp` (f64, rounded to f32) has them.
+        for x in [-87.3f32, -80.0, 80.0, 88.0, 88.5, 88.72] {
+            let want = (x as f64).exp();
+            assert!(rel(exp(x), want) < 4e-7, "exp({x}) = {} vs {want}", exp(x));
+        }
+        assert_eq!(exp(88.8), f32::INFINITY);
+        assert_eq!(exp(1000.0), f32::INFINITY);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp(-1000.0), 0.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert!(exp(f32::NAN).is_nan());
+        assert_eq!(sigmoid(-1000.0), 0.0);
+        assert_eq!(sigmoid(1000.0), 1.0);
         assert!(sigmoid(-1000.0) >= 0.0 && sigmoid(1000.0) <= 1.0);
         // Bounded by 1 in magnitude, odd, and exact at 0.
         for x in [7.9f32, 9.0, 100.0, f32::MAX, f32::INFINITY] {

@@ -64,7 +64,8 @@ pub(super) fn eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) ->
                 "tanh" => unary(x, fastmath::tanh),
                 "exp" => unary(x, fastmath::exp),
                 "negative" => unary(x, |v| -v),
-                _ => unary(x, |v| v.max(0.0)),
+                // NaN stays NaN, as in the reference (`max(0.0)` would make it 0).
+                _ => unary(x, |v| if v < 0.0 { 0.0 } else { v }),
             };
             tensor(t.shape(), out)
         }

@@ -441,7 +441,8 @@ fn exec_to(ins: &Instr, r: usize, b: &Bound, src: &[f32], dst: &mut [f32]) {
                 Un::Rsqrt => map1(dst, &av, |x| 1.0 / x.sqrt()),
                 Un::Abs => map1(dst, &av, f32::abs),
                 Un::Neg => map1(dst, &av, |x| -x),
-                Un::Relu => map1(dst, &av, |x| x.max(0.0)),
+                // Not `x.max(0.0)`: that maps NaN to 0, where the reference (and PyTorch) keep NaN.
+                Un::Relu => map1(dst, &av, |x| if x < 0.0 { 0.0 } else { x }),
                 Un::Copy => map1(dst, &av, |x| x),
             }
         }
