@@ -559,6 +559,66 @@ impl BlockPlan {
     }
 }
 
+impl BlockPlan {
+    /// Per stage, the nodes whose values no later stage and no block output reads: an executor
+    /// may drop them once the stage has run (a GEMM stage and the row program run as its
+    /// epilogue count as one: the epilogue stage's list covers both). A pure function of the plan
+    /// and its block, computed once per job by the runtime.
+    pub fn dead_after(&self, block: &Block) -> Vec<Vec<usize>> {
+        let n = block.nodes.len();
+        let mut stage_of = vec![0usize; n];
+        for (s, st) in self.stages.iter().enumerate() {
+            for i in st.nodes() {
+                if let Some(slot) = stage_of.get_mut(i) {
+                    *slot = s;
+                }
+            }
+        }
+        // The last stage that reads each node (its own stage when nothing else does).
+        let mut last = stage_of.clone();
+        let node_of = |v: &BVal| match v {
+            BVal::Node(k) | BVal::Field(k, _) => Some(*k as usize),
+            _ => None,
+        };
+        for (i, node) in block.nodes.iter().enumerate() {
+            let reader = stage_of.get(i).copied().unwrap_or(0);
+            for a in &node.args {
+                let vals: Vec<&BVal> = match a {
+                    BArg::One(v) => vec![v],
+                    BArg::Tuple(vs) => vs.iter().collect(),
+                };
+                for k in vals.into_iter().filter_map(node_of) {
+                    if let Some(l) = last.get_mut(k) {
+                        *l = (*l).max(reader);
+                    }
+                }
+            }
+        }
+        let mut kept = vec![false; n];
+        for k in block.outputs.iter().filter_map(node_of) {
+            if let Some(x) = kept.get_mut(k) {
+                *x = true;
+            }
+        }
+        let mut dead = vec![Vec::new(); self.stages.len()];
+        for (k, &l) in last.iter().enumerate() {
+            if kept.get(k).copied().unwrap_or(true) {
+                continue;
+            }
+            // A GEMM stage's values are read by its epilogue, which runs with it.
+            let l = if self.epilogue.get(l).copied().unwrap_or(false) {
+                l + 1
+            } else {
+                l
+            };
+            if let Some(d) = dead.get_mut(l) {
+                d.push(k);
+            }
+        }
+        dead
+    }
+}
+
 impl Stage {
     /// The node whose value a [`Stage::DenseSum`] yields: its last add, or its one product.
     pub fn result(&self) -> Option<usize> {
@@ -920,6 +980,67 @@ mod tests {
         );
         assert!(off.verify(&block).is_empty());
         assert!(!off.to_string().contains("read in place"), "{off}");
+    }
+
+    #[test]
+    fn values_die_after_their_last_reader_and_outputs_never() {
+        // %a feeds a later stage (after a batched transpose); %t is an output.
+        let src =
+            "def @blk(%x: Tensor[(2, 4), float32], %w: Tensor[(3, 4), float32], Primitive=1) {
+                     let %a = nn.dense(%x, %w);
+                     let %t = transpose(%a, axes=[1, 0]);
+                     let %s = nn.softmax(%a);
+                     (%t, sum(%s))
+                   }
+                   def @main(%x: Tensor[(2, 4), float32]) { %x }";
+        let block = block_of(src, "blk");
+        for opts in [
+            PlanOptions::default(),
+            PlanOptions {
+                epilogue: false,
+                ..PlanOptions::default()
+            },
+        ] {
+            let plan = plan_with(&block, opts);
+            let dead = plan.dead_after(&block);
+            assert_eq!(dead.len(), plan.stages.len());
+            let stage_of = |k: usize| plan.stages.iter().position(|st| st.nodes().contains(&k));
+            let outputs: Vec<usize> = block
+                .outputs
+                .iter()
+                .filter_map(|v| match v {
+                    BVal::Node(k) | BVal::Field(k, _) => Some(*k as usize),
+                    _ => None,
+                })
+                .collect();
+            for (s, ks) in dead.iter().enumerate() {
+                for &k in ks {
+                    assert!(!outputs.contains(&k), "output %{k} dropped after stage {s}");
+                    // Dead only after every stage that reads it.
+                    for (i, node) in block.nodes.iter().enumerate() {
+                        let reads = node.args.iter().any(|a| match a {
+                            BArg::One(v) => matches!(v, BVal::Node(n) | BVal::Field(n, _) if *n as usize == k),
+                            BArg::Tuple(vs) => vs.iter().any(|v| matches!(v, BVal::Node(n) | BVal::Field(n, _) if *n as usize == k)),
+                        });
+                        if reads {
+                            let r = stage_of(i).expect("every node has a stage");
+                            assert!(r <= s, "%{k} dropped after stage {s} but read by stage {r}");
+                        }
+                    }
+                }
+            }
+            // The dense's value is read twice and dropped once.
+            let a = block
+                .nodes
+                .iter()
+                .position(|n| n.op.name == "nn.dense")
+                .expect("a dense");
+            assert_eq!(
+                dead.iter().flatten().filter(|&&k| k == a).count(),
+                1,
+                "{dead:?}"
+            );
+        }
     }
 
     #[test]

@@ -140,7 +140,8 @@ impl Executable {
                 .collect(),
             plans: plans
                 .into_iter()
-                .map(|p| RunPlan::new(p, opts.row_cache))
+                .zip(blocks.iter())
+                .map(|(p, b)| RunPlan::new(b, p, opts.row_cache))
                 .collect(),
             weights: Arc::default(),
             ragged: blocks

@@ -46,15 +46,31 @@ pub struct RunPlan {
     pub plan: BlockPlan,
     /// Compiled row programs (`None` when caching is off).
     row_cache: Option<Mutex<RowCache>>,
+    /// Per stage, the values a launch drops once the stage has run ([`BlockPlan::dead_after`]):
+    /// a launch held every intermediate to its end (Berxit's layer: ~55 MB for 8 sentences, a
+    /// first run's fresh pages; the buffer pool now hands them to the same launch's next stages).
+    dead_after: Vec<Vec<usize>>,
 }
 
 impl RunPlan {
-    pub fn new(plan: BlockPlan, row_cache: bool) -> RunPlan {
+    pub fn new(block: &Block, plan: BlockPlan, row_cache: bool) -> RunPlan {
+        let dead_after = match keep_launch_values() {
+            true => Vec::new(),
+            false => plan.dead_after(block),
+        };
         RunPlan {
             plan,
             row_cache: row_cache.then(Mutex::default),
+            dead_after,
         }
     }
+}
+
+/// `TUMBLE_KEEP_LAUNCH_VALUES=1`: a launch keeps every intermediate value to its end (the A/B
+/// baseline of [`RunPlan::dead_after`]).
+fn keep_launch_values() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_KEEP_LAUNCH_VALUES").is_some())
 }
 
 impl fmt::Display for RunPlan {
@@ -70,7 +86,11 @@ pub fn plan(block: &Block) -> RunPlan {
 
 /// The compiler's plan of a block for `opts`, with a row-program cache when `row_cache`.
 pub fn plan_with(block: &Block, opts: PlanOptions, row_cache: bool) -> RunPlan {
-    RunPlan::new(tumble_compile::plan::plan_with(block, opts), row_cache)
+    RunPlan::new(
+        block,
+        tumble_compile::plan::plan_with(block, opts),
+        row_cache,
+    )
 }
 
 pub(super) struct Exec<'a> {
@@ -92,6 +112,20 @@ pub(super) struct Exec<'a> {
 }
 
 impl Exec<'_> {
+    /// Drops the values of nodes `dead` (and their stacked copies): their buffers go back to the
+    /// pool for the launch's later stages.
+    fn drop_values(&mut self, dead: &[usize]) {
+        let stacked = self.stacked_nodes.get_mut();
+        for &k in dead {
+            if let Some(v) = self.vals.get_mut(k) {
+                *v = None;
+            }
+            if let Some(v) = stacked.get_mut(k) {
+                *v = None;
+            }
+        }
+    }
+
     /// A value as a contiguous batch or shared value (row lists stacked).
     fn get(&self, v: &BVal) -> Result<BV, String> {
         match v {
@@ -278,6 +312,10 @@ pub fn run_planned(
     // A row-program stage already run as the previous GEMM's epilogue.
     let mut done_as_epilogue = None;
     for (s, stage) in plan.stages.iter().enumerate() {
+        // Values nothing after the last stage run reads (a stage run as an epilogue included).
+        if let Some(dead) = s.checked_sub(1).and_then(|d| run_plan.dead_after.get(d)) {
+            ex.drop_values(dead);
+        }
         if done_as_epilogue == Some(s) {
             continue;
         }
