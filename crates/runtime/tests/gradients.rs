@@ -437,6 +437,38 @@ fn treelstm_sst_train() {
     check(&x);
 }
 
+/// Instances of different leading `?` lengths (0 and 1 among them): the forward records without
+/// ragged launches (each length launches apart), and the gradients still equal the reference's.
+#[test]
+fn rows_of_different_lengths() {
+    let src = r#"
+def @main(%x: Tensor[(?, 4), float32], %w: Tensor[(8, 4), float32], %b: Tensor[(8), float32])
+    -> Tensor[(), float32] {
+  let %h = tanh(nn.bias_add(nn.dense(%x, %w), %b));
+  sum(multiply(nn.softmax(%h, axis=0), %h))
+}
+"#;
+    let lens = [3usize, 1, 9, 5, 0, 2, 7, 4, 11, 6, 8, 1, 13];
+    let inputs: Vec<String> = (0..40)
+        .map(|i| {
+            let n = lens[i % lens.len()];
+            let rows: Vec<String> = (0..n)
+                .map(|r| {
+                    let row: Vec<String> = (0..4)
+                        .map(|j| {
+                            format!("{:.3}", ((i * 7 + r * 5 + j * 3) % 13) as f64 / 6.0 - 1.0)
+                        })
+                        .collect();
+                    format!("[{}]", row.join(", "))
+                })
+                .collect();
+            format!("{{\"x\": [{}]}}", rows.join(", "))
+        })
+        .collect();
+    let l = load_text("grad_rows", src);
+    check(&expected("grad_rows", l, &inputs.join("\n"), &["x"]));
+}
+
 /// A model that already returns a scalar loss, scaled down.
 fn load_plain(model: &str, map: &[(&str, &str)], inputs: &str) -> Expected {
     let path = root().join("models").join(format!("{model}.rly"));
