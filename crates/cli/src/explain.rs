@@ -28,6 +28,10 @@ pub struct ExplainArgs {
     /// makes blocks of its own) instead of joining it.
     #[arg(long)]
     pub no_inline: bool,
+    /// No derived parameters: weight-only operators stay in their blocks (as `tumble run
+    /// --no-derived-params` compiles them).
+    #[arg(long)]
+    pub no_derived_params: bool,
     /// The entry function.
     #[arg(long, default_value = "main")]
     pub entry: String,
@@ -84,6 +88,10 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
             inline: !args.no_inline,
             natives: true,
         },
+        statics: Some(tumble_compile::StaticOptions {
+            derive: !args.no_derived_params,
+            ..tumble_compile::StaticOptions::all()
+        }),
         ..CompileOptions::batched()
     };
     let compiled = match tumble_compile::compile(&typed, &args.entry, &weights, opts) {

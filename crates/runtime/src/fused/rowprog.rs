@@ -223,17 +223,29 @@ pub(super) fn compile_rows(
     // weight's `divide`) next to per-instance work of another row shape would be computed once
     // per row and come out with the rows of the other operands (found by the program generator,
     // seed 17871: a (1, 2) result returned as (4, 2)).
+    // A tuple result (`split`) is checked field by field: a shared `split` next to per-instance
+    // rows of another shape came out with their rows too (program generator, seed 2200278: a
+    // (1, 3) field returned as (3, 3)).
     let lead = strip(&lead_tail);
     for &n in ns {
-        let Some((dims, _)) = block.nodes.get(n).and_then(|node| node.ty.as_tensor()) else {
-            continue; // tuple results (split) are checked through the fields that are used
+        let Some(ty) = block.nodes.get(n).map(|node| &node.ty) else {
+            continue;
         };
-        let known: Option<Vec<usize>> =
-            dims.iter().map(|d| d.known().map(|x| x as usize)).collect();
-        match known {
-            Some(d) if strip(d.get(..d.len().saturating_sub(1)).unwrap_or(&[])) == lead => {}
-            Some(_) => return bail(9),
-            None => {}
+        let parts: Vec<&Ty> = match ty {
+            Ty::Tuple(fields) => fields.iter().collect(),
+            other => vec![other],
+        };
+        for part in parts {
+            let Some((dims, _)) = part.as_tensor() else {
+                return bail(9);
+            };
+            let known: Option<Vec<usize>> =
+                dims.iter().map(|d| d.known().map(|x| x as usize)).collect();
+            match known {
+                Some(d) if strip(d.get(..d.len().saturating_sub(1)).unwrap_or(&[])) == lead => {}
+                Some(_) => return bail(9),
+                None => {}
+            }
         }
     }
     let mut bld = Builder {
