@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{compile, expected, load_text, rng, root, Expected};
+use common::{compile, expected, load_text, rng, root, var_rows, Expected};
 use tumble_interp::{tape, Value};
 use tumble_runtime::backward::{grad_batch, GradOptions};
 use tumble_runtime::{Options, Scheduler};
@@ -449,24 +449,8 @@ def @main(%x: Tensor[(?, 4), float32], %w: Tensor[(8, 4), float32], %b: Tensor[(
 }
 "#;
     let lens = [3usize, 1, 9, 5, 0, 2, 7, 4, 11, 6, 8, 1, 13];
-    let inputs: Vec<String> = (0..40)
-        .map(|i| {
-            let n = lens[i % lens.len()];
-            let rows: Vec<String> = (0..n)
-                .map(|r| {
-                    let row: Vec<String> = (0..4)
-                        .map(|j| {
-                            format!("{:.3}", ((i * 7 + r * 5 + j * 3) % 13) as f64 / 6.0 - 1.0)
-                        })
-                        .collect();
-                    format!("[{}]", row.join(", "))
-                })
-                .collect();
-            format!("{{\"x\": [{}]}}", rows.join(", "))
-        })
-        .collect();
     let l = load_text("grad_rows", src);
-    check(&expected("grad_rows", l, &inputs.join("\n"), &["x"]));
+    check(&expected("grad_rows", l, &var_rows(40, 4, &lens), &["x"]));
 }
 
 /// A model that already returns a scalar loss, scaled down.

@@ -4,28 +4,9 @@
 
 mod common;
 
-use common::{batch_profile, check_all_ways, check_batched, expected, load_text, Expected};
-
-/// `count` instances of `x: (len_i, w)` floats, `len_i` cycling through `lens`.
-fn var_rows(count: usize, w: usize, lens: &[usize]) -> String {
-    (0..count)
-        .map(|i| {
-            let n = lens[i % lens.len()];
-            let rows: Vec<String> = (0..n)
-                .map(|r| {
-                    let row: Vec<String> = (0..w)
-                        .map(|j| {
-                            format!("{:.3}", ((i * 7 + r * 5 + j * 3) % 13) as f64 / 6.0 - 1.0)
-                        })
-                        .collect();
-                    format!("[{}]", row.join(", "))
-                })
-                .collect();
-            format!("{{\"x\": [{}]}}", rows.join(", "))
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+use common::{
+    batch_profile, check_all_ways, check_batched, expected, load_text, var_rows, Expected,
+};
 
 /// `count` instances of token ids `t: (len_i)` below `vocab`, and positions `p: 0..len_i`.
 fn var_tokens(count: usize, vocab: usize, lens: &[usize]) -> String {

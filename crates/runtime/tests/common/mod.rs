@@ -437,3 +437,24 @@ pub fn check_all_ways(x: &Expected) {
         }
     }
 }
+
+/// `count` instances of `x: (len_i, w)` floats, `len_i` cycling through `lens`.
+pub fn var_rows(count: usize, w: usize, lens: &[usize]) -> String {
+    (0..count)
+        .map(|i| {
+            let n = lens[i % lens.len()];
+            let rows: Vec<String> = (0..n)
+                .map(|r| {
+                    let row: Vec<String> = (0..w)
+                        .map(|j| {
+                            format!("{:.3}", ((i * 7 + r * 5 + j * 3) % 13) as f64 / 6.0 - 1.0)
+                        })
+                        .collect();
+                    format!("[{}]", row.join(", "))
+                })
+                .collect();
+            format!("{{\"x\": [{}]}}", rows.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
