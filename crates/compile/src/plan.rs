@@ -557,66 +557,76 @@ impl BlockPlan {
         }
         errors
     }
-}
 
-impl BlockPlan {
     /// Per stage, the nodes whose values no later stage and no block output reads: an executor
     /// may drop them once the stage has run (a GEMM stage and the row program run as its
     /// epilogue count as one: the epilogue stage's list covers both). A pure function of the plan
     /// and its block, computed once per job by the runtime.
     pub fn dead_after(&self, block: &Block) -> Vec<Vec<usize>> {
-        let n = block.nodes.len();
-        let mut stage_of = vec![0usize; n];
-        for (s, st) in self.stages.iter().enumerate() {
-            for i in st.nodes() {
-                if let Some(slot) = stage_of.get_mut(i) {
-                    *slot = s;
-                }
-            }
-        }
-        // The last stage that reads each node (its own stage when nothing else does).
-        let mut last = stage_of.clone();
-        let node_of = |v: &BVal| match v {
-            BVal::Node(k) | BVal::Field(k, _) => Some(*k as usize),
-            _ => None,
-        };
-        for (i, node) in block.nodes.iter().enumerate() {
-            let reader = stage_of.get(i).copied().unwrap_or(0);
-            for a in &node.args {
-                let vals: Vec<&BVal> = match a {
-                    BArg::One(v) => vec![v],
-                    BArg::Tuple(vs) => vs.iter().collect(),
-                };
-                for k in vals.into_iter().filter_map(node_of) {
-                    if let Some(l) = last.get_mut(k) {
-                        *l = (*l).max(reader);
-                    }
-                }
-            }
-        }
-        let mut kept = vec![false; n];
-        for k in block.outputs.iter().filter_map(node_of) {
-            if let Some(x) = kept.get_mut(k) {
-                *x = true;
-            }
-        }
+        let (stage_of, readers) = stage_readers(block, &self.stages);
         let mut dead = vec![Vec::new(); self.stages.len()];
-        for (k, &l) in last.iter().enumerate() {
-            if kept.get(k).copied().unwrap_or(true) {
+        for (k, (&own, r)) in stage_of.iter().zip(&readers).enumerate() {
+            // A block output lives on; anything else after its last reader (its own stage when
+            // nothing else reads it).
+            if r.contains(&usize::MAX) {
                 continue;
             }
+            let last = r.iter().copied().fold(own, usize::max);
             // A GEMM stage's values are read by its epilogue, which runs with it.
-            let l = if self.epilogue.get(l).copied().unwrap_or(false) {
-                l + 1
-            } else {
-                l
-            };
-            if let Some(d) = dead.get_mut(l) {
+            let last = last + usize::from(self.epilogue.get(last).copied().unwrap_or(false));
+            if let Some(d) = dead.get_mut(last) {
                 d.push(k);
             }
         }
         dead
     }
+}
+
+/// The block node a value reads (`%n`, or a field of it).
+fn node_of(v: &BVal) -> Option<usize> {
+    match v {
+        BVal::Node(k) | BVal::Field(k, _) => Some(*k as usize),
+        _ => None,
+    }
+}
+
+/// For `stages` of `block`: the stage that computes each node, and per node the other stages
+/// that read it (`usize::MAX` for "a block output").
+fn stage_readers(block: &Block, stages: &[Stage]) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let n = block.nodes.len();
+    let mut stage_of = vec![0usize; n];
+    for (s, st) in stages.iter().enumerate() {
+        for i in st.nodes() {
+            if let Some(slot) = stage_of.get_mut(i) {
+                *slot = s;
+            }
+        }
+    }
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, node) in block.nodes.iter().enumerate() {
+        let Some(&si) = stage_of.get(i) else {
+            continue;
+        };
+        for a in &node.args {
+            let vals = match a {
+                BArg::One(v) => std::slice::from_ref(v),
+                BArg::Tuple(vs) => vs.as_slice(),
+            };
+            for k in vals.iter().filter_map(node_of) {
+                if stage_of.get(k) != Some(&si) {
+                    if let Some(r) = readers.get_mut(k) {
+                        r.push(si);
+                    }
+                }
+            }
+        }
+    }
+    for k in block.outputs.iter().filter_map(node_of) {
+        if let Some(r) = readers.get_mut(k) {
+            r.push(usize::MAX);
+        }
+    }
+    (stage_of, readers)
 }
 
 impl Stage {
@@ -663,7 +673,6 @@ pub fn plan(block: &Block) -> BlockPlan {
 
 /// Makes the plan of a block.
 pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
-    let n = block.nodes.len();
     let groups = if opts.hfuse {
         hfuse_groups(block)
     } else {
@@ -730,52 +739,9 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
             stages.push(Stage::Other(i));
         }
     }
-    // Which stage computes each node, then which nodes are read outside their own stage.
-    let mut stage_of = vec![0usize; n];
-    for (s, st) in stages.iter().enumerate() {
-        for i in st.nodes() {
-            if let Some(slot) = stage_of.get_mut(i) {
-                *slot = s;
-            }
-        }
-    }
-    let mut live_out = vec![false; n];
-    // Per node, the other stages that read it (`usize::MAX` for "a block output").
-    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
-    let node_of = |v: &BVal| match v {
-        BVal::Node(k) | BVal::Field(k, _) => Some(*k as usize),
-        _ => None,
-    };
-    for (i, node) in block.nodes.iter().enumerate() {
-        for a in &node.args {
-            let vals: Vec<&BVal> = match a {
-                BArg::One(v) => vec![v],
-                BArg::Tuple(vs) => vs.iter().collect(),
-            };
-            for v in vals {
-                if let Some(k) = node_of(v) {
-                    if stage_of.get(k) != stage_of.get(i) {
-                        if let Some(l) = live_out.get_mut(k) {
-                            *l = true;
-                        }
-                        if let (Some(r), Some(&si)) = (readers.get_mut(k), stage_of.get(i)) {
-                            r.push(si);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    for v in &block.outputs {
-        if let Some(k) = node_of(v) {
-            if let Some(l) = live_out.get_mut(k) {
-                *l = true;
-            }
-            if let Some(r) = readers.get_mut(k) {
-                r.push(usize::MAX);
-            }
-        }
-    }
+    // Which nodes are read outside their own stage.
+    let (_, readers) = stage_readers(block, &stages);
+    let live_out: Vec<bool> = readers.iter().map(|r| !r.is_empty()).collect();
     let epilogue = (0..stages.len())
         .map(|s| {
             let root;

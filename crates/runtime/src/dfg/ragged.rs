@@ -133,6 +133,9 @@ impl Dfg<'_> {
             true => lens.iter().copied().max().unwrap_or(0),
             false => 0,
         };
+        // What an invocation of no rows pads with: the first row of the first one that has rows
+        // (there is one whenever `pad_to` > 0).
+        let filler = lens.iter().position(|&l| l > 0).unwrap_or(0);
         let launch_bytes = run.bytes_per_row.saturating_mul(total);
         if launch_bytes >= tumble_ops::RESERVE_ABOVE {
             if let Err(stop) = tumble_limits::reserve(launch_bytes) {
@@ -241,16 +244,6 @@ impl Dfg<'_> {
                             RVal::Shared(t) => BV::Shared(OpValue::Tensor(t.clone())),
                             RVal::Each(slots) => {
                                 let mut parts = RowRefsBuilder::with_capacity(rows);
-                                // A row to pad an invocation of no rows with: any real one.
-                                let filler = match pad_to {
-                                    0 => None,
-                                    _ => match lens.iter().position(|&l| l > 0) {
-                                        Some(k) => {
-                                            Some(row_view(&slots[k], lens[k]).map_err(fail)?)
-                                        }
-                                        None => None,
-                                    },
-                                };
                                 for k in k0..k1 {
                                     let (s, l) = (&slots[k], lens[k]);
                                     let (view, first) = row_view(s, l).map_err(fail)?;
@@ -258,17 +251,14 @@ impl Dfg<'_> {
                                         parts.push(&view, Some(j));
                                     }
                                     if pad_to > l {
-                                        let (pv, pj) = match (l, &filler) {
-                                            (0, Some((fv, fj))) => (fv, *fj),
-                                            (0, None) => {
-                                                return Err(fail(
-                                                    "internal: padding with no real row".into(),
-                                                ))
-                                            }
-                                            _ => (&view, first + l - 1),
+                                        // Padding repeats the invocation's last row.
+                                        let (pv, pj) = match l {
+                                            0 => row_view(&slots[filler], lens[filler])
+                                                .map_err(fail)?,
+                                            _ => (view, first + l - 1),
                                         };
                                         for _ in l..pad_to {
-                                            parts.push(pv, Some(pj));
+                                            parts.push(&pv, Some(pj));
                                         }
                                     }
                                 }

@@ -231,9 +231,9 @@ pub(super) fn compile_rows(
         let Some(ty) = block.nodes.get(n).map(|node| &node.ty) else {
             continue;
         };
-        let parts: Vec<&Ty> = match ty {
-            Ty::Tuple(fields) => fields.iter().collect(),
-            other => vec![other],
+        let parts = match ty {
+            Ty::Tuple(fields) => fields.as_slice(),
+            other => std::slice::from_ref(other),
         };
         for part in parts {
             let Some((dims, _)) = part.as_tensor() else {
