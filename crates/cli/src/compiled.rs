@@ -223,6 +223,7 @@ fn compile_time_flags(args: &RunArgs) -> Vec<&'static str> {
         (args.no_hoist, "--no-hoist"),
         (args.no_ghosts, "--no-ghosts"),
         (args.no_phases, "--no-phases"),
+        (args.no_auto_concurrency, "--no-auto-concurrency"),
         (args.no_block_merge, "--no-block-merge"),
         (args.no_derived_params, "--no-derived-params"),
         (args.no_canonical_products, "--no-canonical-products"),

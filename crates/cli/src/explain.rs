@@ -333,6 +333,17 @@ fn print_static_report(
             );
         }
     }
+    if report.concurrent.is_empty() {
+        println!("  concurrency: no independent calls written one after the other");
+    } else {
+        println!(
+            "  concurrency (--no-auto-concurrency): independent calls run side by side, as db.concurrent would:"
+        );
+        for c in &report.concurrent {
+            let runs: Vec<String> = c.calls.iter().map(|n| format!("{n} calls")).collect();
+            println!("    in @{}: {}", c.function, runs.join(", "));
+        }
+    }
     if report.ghosts.is_empty() {
         println!("  ghosts: every conditional's arms advance the inline depth alike");
     } else {

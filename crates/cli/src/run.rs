@@ -134,6 +134,11 @@ pub struct RunArgs {
     /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
     #[arg(long)]
     pub no_phases: bool,
+    /// No automatic concurrency: consecutive `let`s calling independent recursions run one
+    /// after the other in depth (as written) instead of side by side, as `db.concurrent`
+    /// would run them.
+    #[arg(long)]
+    pub no_auto_concurrency: bool,
     /// No hoisting: every block invocation takes its inline depth from program order (neither the
     /// static taint analysis nor the dynamic rule moves work out of recursion).
     #[arg(long)]
@@ -319,6 +324,7 @@ fn static_options(args: &RunArgs, instances: usize) -> tumble_compile::StaticOpt
         derive: !args.no_derived_params,
         canon: !args.no_canonical_products,
         cse: !args.no_cse,
+        concurrency: !args.no_auto_concurrency,
     }
 }
 

@@ -10,6 +10,7 @@ mod absint;
 pub mod blocks;
 mod callgraph;
 pub mod canon;
+pub mod concurrency;
 pub mod consts;
 pub mod cse;
 pub mod derived;

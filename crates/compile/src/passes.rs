@@ -3,7 +3,9 @@
 //! constants (after duplication, which gives each function one set of weights), specialization
 //! of higher-order functions on the closures they get (after that, which leaves most closures
 //! capturing nothing), inlining of leaf functions (after both, so weight-passing wrappers and the
-//! specialized closures' bodies are leaves), hoisting (marks sites), ghost operators (which count only non-hoisted sites), automatic phases. Each is
+//! specialized closures' bodies are leaves), independent calls made concurrent (after inlining,
+//! so a call of an inlined leaf is no longer a call; before hoisting and ghosts, which count
+//! depths through the concurrent joins), hoisting (marks sites), ghost operators (which count only non-hoisted sites), automatic phases. Each is
 //! switchable; what each found is reported for `tumble explain`.
 
 use crate::dup::Duplicate;
@@ -34,6 +36,10 @@ pub struct StaticOptions {
     pub canon: bool,
     /// Repeated pure operators inside a block computed once ([`crate::cse`]).
     pub cse: bool,
+    /// Consecutive independent calls run side by side ([`crate::concurrency`]). Absent from
+    /// artifacts compiled before it existed, which were compiled without it.
+    #[serde(default)]
+    pub concurrency: bool,
 }
 
 impl StaticOptions {
@@ -50,6 +56,7 @@ impl StaticOptions {
             derive: true,
             canon: true,
             cse: true,
+            concurrency: true,
         }
     }
 
@@ -66,6 +73,7 @@ impl StaticOptions {
             derive: false,
             canon: false,
             cse: false,
+            concurrency: false,
         }
     }
 }
@@ -95,6 +103,8 @@ pub struct StaticReport {
     pub canonical: usize,
     /// Repeated operators inside blocks merged.
     pub cse: usize,
+    /// Runs of independent calls made concurrent.
+    pub concurrent: Vec<crate::concurrency::Concurrent>,
 }
 
 /// Runs the switched-on optimizations; `weights` flags the entry's parameters that are model
@@ -121,6 +131,10 @@ pub fn optimize(
     if opts.leaf_inline {
         report.leaf_calls_inlined = crate::inline_leaves::inline_leaves(program, entry);
         crate::verify::debug_check(program, "leaf inlining");
+    }
+    if opts.concurrency {
+        report.concurrent = crate::concurrency::find(program);
+        crate::verify::debug_check(program, "independent calls made concurrent");
     }
     if opts.hoist {
         let h = crate::hoist::analyze(program, entry);

@@ -4,7 +4,9 @@
 //! recursion and then runs as one launch, instead of trickling out at each instance's own depth.
 //!
 //! Heuristic: in the entry function's top-level `let` chain, a boundary goes before the first
-//! element that invokes a block directly when an earlier element of the current phase called a
+//! element that invokes a block directly, or calls a function that does (a second recursion: a
+//! refinement loop after an encoder, whose steps otherwise start at each instance's own depth and
+//! launch two or three at a time), when an earlier element of the current phase called a
 //! function that (transitively) invokes blocks. An explicit `db.phase_change()` starts a new phase
 //! and suppresses the automatic boundary there. Every instance runs the top-level chain exactly
 //! once, so every instance reaches every boundary.
@@ -39,7 +41,7 @@ pub fn insert(program: &mut Program, entry: &str) -> Vec<usize> {
     for (i, (slot, value)) in elements.into_iter().enumerate() {
         if matches!(value, Code::Phase) {
             called = false;
-        } else if called && invokes_block(&value) {
+        } else if called && starts_tensor_work(&value, &does_tensor_work, &globals) {
             inserted.push(i);
             new_binds.push((phase_slot, Code::Phase));
             called = false;
@@ -47,7 +49,7 @@ pub fn insert(program: &mut Program, entry: &str) -> Vec<usize> {
         called |= calls_into(&value, &does_tensor_work, &globals);
         new_binds.push((slot, value));
     }
-    if called && invokes_block(body) {
+    if called && starts_tensor_work(body, &does_tensor_work, &globals) {
         inserted.push(n);
         new_binds.push((phase_slot, Code::Phase));
     }
@@ -56,6 +58,14 @@ pub fn insert(program: &mut Program, entry: &str) -> Vec<usize> {
         lambda.n_slots += 1;
     }
     inserted
+}
+
+/// Does evaluating `code` do tensor work: invoke a block, or call a function that does (a
+/// second recursion after the first: a refinement loop, a decoder after an encoder)? Making a
+/// closure is not running it.
+fn starts_tensor_work(code: &Code, tensor_fns: &[bool], globals: &[u32]) -> bool {
+    invokes_block(code)
+        || (!matches!(code, Code::MakeClosure(_)) && calls_into(code, tensor_fns, globals))
 }
 
 fn invokes_block(code: &Code) -> bool {

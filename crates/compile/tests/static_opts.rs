@@ -456,3 +456,154 @@ def @main(%x: Tensor[(3, 4), float32], %v: Tensor[(1, 4), float32], %W: Tensor[(
     let (p, r) = compile(&src);
     assert_eq!(r.canonical, 0, "{p}");
 }
+
+/// A binary-tree recursion whose second call is `second` (reading `%hl` or not), after `pre`.
+fn two_calls(pre: &str, second: &str) -> String {
+    format!(
+        r#"
+type BTree {{
+  Leaf(Tensor[(1, 4), float32]),
+  Node(BTree, BTree),
+}}
+def @enc(%t: BTree, %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {{
+  match (%t) {{
+    Leaf(%x) => tanh(%x),
+    Node(%l, %r) => {{
+      {pre}
+      let %hl = @enc(%l, %W);
+      let %hr = {second};
+      tanh(add(nn.dense(%hl, %W), %hr))
+    }},
+  }}
+}}
+def @gate(%h: Tensor[(1, 4), float32], %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {{
+  if (greater(sum(%h), 0f)) {{ nn.dense(%h, %W) }} else {{ %h }}
+}}
+def @main(%t: BTree, %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {{ @enc(%t, %W) }}
+"#
+    )
+}
+
+fn concurrent_in(r: &StaticReport, function: &str) -> Vec<usize> {
+    r.concurrent
+        .iter()
+        .filter(|c| c.function == function)
+        .flat_map(|c| c.calls.clone())
+        .collect()
+}
+
+#[test]
+fn independent_calls_in_sequence_are_made_concurrent() {
+    // Independent: one concurrent evaluation of the two calls, the bindings read from its tuple.
+    let (p, r) = compile(&two_calls("", "@enc(%r, %W)"));
+    assert_eq!(concurrent_in(&r, "enc"), vec![2], "{:?}", r.concurrent);
+    let enc = p.globals[p.global_index["enc"] as usize] as usize;
+    assert_eq!(
+        count(
+            &p.lambdas[enc].body,
+            &|c| matches!(c, Code::Concurrent(es) if es.len() == 2)
+        ),
+        1
+    );
+    // The switch leaves the program as written.
+    let off = StaticOptions {
+        concurrency: false,
+        ..StaticOptions::all()
+    };
+    let (p, r) = compile_with(&two_calls("", "@enc(%r, %W)"), off);
+    assert!(r.concurrent.is_empty());
+    let enc = p.globals[p.global_index["enc"] as usize] as usize;
+    assert_eq!(
+        count(&p.lambdas[enc].body, &|c| matches!(c, Code::Concurrent(_))),
+        0
+    );
+    // The second reads the first's result, directly or through a closure: as written.
+    for second in [
+        "add(@enc(%r, %W), %hl)",
+        "{ let %f = fn (%y: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { add(%y, %hl) }; %f(@enc(%r, %W)) }",
+    ] {
+        let (_, r) = compile(&two_calls("", second));
+        assert!(r.concurrent.is_empty(), "{second}: {:?}", r.concurrent);
+    }
+    // A call that may wait on a computed tensor (a conditional on one) stays in sequence.
+    let (_, r) = compile(&two_calls("", "@gate(@enc(%r, %W), %W)"));
+    assert!(r.concurrent.is_empty(), "{:?}", r.concurrent);
+    // A bare closure is not a call; an operator between the calls ends the run.
+    let (_, r) = compile(&two_calls(
+        "let %id = fn (%y: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { %y };",
+        "@enc(%r, %W)",
+    ));
+    assert_eq!(concurrent_in(&r, "enc"), vec![2], "{:?}", r.concurrent);
+}
+
+/// The node's value a field of a tuple holding the two calls, `first` and `last` around them.
+fn nested_calls(first: &str, last: &str) -> String {
+    let at = usize::from(!first.is_empty());
+    format!(
+        r#"
+type BTree {{
+  Leaf(Tensor[(1, 4), float32]),
+  Node(BTree, BTree),
+}}
+def @enc(%t: BTree, %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {{
+  match (%t) {{
+    Leaf(%x) => tanh(%x),
+    Node(%l, %r) => ({first}@enc(%l, %W), @enc(%r, %W){last}).{at},
+  }}
+}}
+def @main(%t: BTree, %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {{ @enc(%t, %W) }}
+"#
+    )
+}
+
+#[test]
+fn independent_calls_among_operands_are_made_concurrent() {
+    // Calls as operands: independent by construction.
+    for (first, last) in [
+        ("", ""),
+        ("%W, ", ""),
+        (
+            "",
+            ", random.db_uniform(low=0.0, high=1.0, out_shape=[1, 4], out_dtype=\"float32\")",
+        ),
+    ] {
+        let (_, r) = compile(&nested_calls(first, last));
+        assert_eq!(
+            concurrent_in(&r, "enc"),
+            vec![2],
+            "{first}|{last}: {:?}",
+            r.concurrent
+        );
+    }
+    // An operand with an effect (a random draw) before the calls: moving the calls ahead of it
+    // would change the order of draws, so they stay.
+    let draw = "random.db_uniform(low=0.0, high=1.0, out_shape=[1, 4], out_dtype=\"float32\"), ";
+    let (_, r) = compile(&nested_calls(draw, ""));
+    assert!(r.concurrent.is_empty(), "{:?}", r.concurrent);
+}
+
+#[test]
+fn a_second_recursion_after_the_first_gets_a_phase_boundary() {
+    let src = r#"
+type BTree {
+  Leaf(Tensor[(1, 4), float32]),
+  Node(BTree, BTree),
+}
+def @enc(%t: BTree, %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%t) {
+    Leaf(%x) => tanh(%x),
+    Node(%l, %r) => tanh(add(nn.dense(@enc(%l, %W), %W), @enc(%r, %W))),
+  }
+}
+def @refine(%h: Tensor[(1, 4), float32], %n: int32, %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  if (greater(%n, 0)) { @refine(tanh(nn.dense(%h, %W)), subtract(%n, 1), %W) } else { %h }
+}
+def @main(%t: BTree, %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %h = @enc(%t, %W);
+  let %g = @refine(%h, 3, %W);
+  %g
+}
+"#;
+    let (_, r) = compile(src);
+    assert_eq!(r.phases, vec![1], "{:?}", r.phases);
+}

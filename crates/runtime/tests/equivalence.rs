@@ -554,6 +554,7 @@ fn every_combination_of_switches() {
                 derive: hoist == phases,
                 canon: dup == phases,
                 cse: hoist != phases,
+                concurrency: ghosts != hoist,
             };
             let (program, reuse) = compile(&x, coarsen, statics);
             let opts = Options {

@@ -150,6 +150,18 @@ fn sum_fusion_changes_launches_not_outputs() {
 
 /// Launches of one mini-batch of `inputs` with coarsening on and the given inlining switch.
 fn launches_of(src: &str, inputs: &str, instance_args: &[&str], inline: bool) -> u64 {
+    let statics = tumble_compile::StaticOptions::all();
+    launches_with(src, inputs, instance_args, inline, statics)
+}
+
+/// [`launches_of`] under the given static optimizations (outputs checked against the reference).
+fn launches_with(
+    src: &str,
+    inputs: &str,
+    instance_args: &[&str],
+    inline: bool,
+    statics: tumble_compile::StaticOptions,
+) -> u64 {
     let x = expected(
         "launches",
         load_text("launches", src),
@@ -164,7 +176,6 @@ fn launches_of(src: &str, inputs: &str, instance_args: &[&str], inline: bool) ->
         },
     )
     .unwrap_or_else(|e| panic!("{}", e.message));
-    let statics = tumble_compile::StaticOptions::all();
     tumble_compile::optimize(&mut program, "main", &x.weights, statics);
     let reuse = tumble_compile::analyze_reuse(&program, "main", &x.weights);
     let rngs = (0..x.args.len()).map(common::rng).collect();
@@ -873,4 +884,112 @@ def @main(%x: Tensor[(1, 6), float32], %W: Tensor[(12, 6), float32]) -> Tensor[(
     };
     let (off, _) = common::compile(&x, true, statics);
     assert_eq!(count(&off, "nn.dense"), 3);
+}
+
+const BINARY_TREE: &str = r#"
+type BTree {
+  Leaf(Tensor[(1, 4), float32]),
+  Node(BTree, BTree),
+}
+def @enc(%t: BTree, %wl: Tensor[(4, 4), float32], %wr: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%t) {
+    Leaf(%x) => tanh(%x),
+    Node(%l, %r) => {
+      let %hl = @enc(%l, %wl, %wr);
+      let %hr = @enc(%r, %wl, %wr);
+      let %noise = random.db_uniform(low=0.0, high=0.01, out_shape=[1, 4], out_dtype="float32");
+      tanh(add(add(nn.dense(%hl, %wl), nn.dense(%hr, %wr)), %noise))
+    },
+  }
+}
+def @refine(%h: Tensor[(1, 4), float32], %n: int32, %u: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  if (greater(sum(%h), 0f)) {
+    if (greater(%n, 0)) { @refine(tanh(nn.dense(%h, %u)), subtract(%n, 1), %u) } else { %h }
+  } else { %h }
+}
+def @main(%t: BTree, %wl: Tensor[(4, 4), float32], %wr: Tensor[(4, 4), float32], %u: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %h = @enc(%t, %wl, %wr);
+  @refine(%h, 3, %u)
+}
+"#;
+
+/// [`BINARY_TREE`]'s encoder with the calls as operands of the node's expression, a random draw
+/// after them.
+const BINARY_TREE_NESTED: &str = r#"
+type BTree {
+  Leaf(Tensor[(1, 4), float32]),
+  Node(BTree, BTree),
+}
+def @enc(%t: BTree, %wl: Tensor[(4, 4), float32], %wr: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%t) {
+    Leaf(%x) => tanh(%x),
+    Node(%l, %r) => tanh(add(add(nn.dense(@enc(%l, %wl, %wr), %wl), nn.dense(@enc(%r, %wl, %wr), %wr)),
+      random.db_uniform(low=0.0, high=0.01, out_shape=[1, 4], out_dtype="float32"))),
+  }
+}
+def @main(%t: BTree, %wl: Tensor[(4, 4), float32], %wr: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  @enc(%t, %wl, %wr)
+}
+"#;
+
+/// Random binary trees of 1 to 2^depth leaves, `{"t": ...}` per instance.
+fn binary_trees(count: usize) -> String {
+    fn tree(seed: &mut u64, depth: u32) -> String {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let r = (*seed >> 33) % 10;
+        if depth == 0 || r < 3 {
+            let v = ((*seed >> 40) % 17) as f64 / 8.0 - 1.0;
+            format!("{{\"Leaf\": [[[{v:.3}, {:.3}, 0.5, -0.25]]]}}", -v)
+        } else {
+            let l = tree(seed, depth - 1);
+            let r = tree(seed, depth - 1);
+            format!("{{\"Node\": [{l}, {r}]}}")
+        }
+    }
+    let mut seed = 7u64;
+    (0..count)
+        .map(|i| format!("{{\"t\": {}}}", tree(&mut seed, (i % 6) as u32)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Two recursive calls written one after the other (`let %hl = @enc(%l); let %hr = @enc(%r)`)
+/// run side by side as `db.concurrent` would run them, and a second recursion after the first
+/// (`@refine` after `@enc`) starts after a phase boundary: fewer launches, the same outputs (and
+/// random draws) as the reference, under every scheduler and batch size.
+#[test]
+fn independent_calls_written_in_sequence_run_side_by_side() {
+    let inputs = binary_trees(40);
+    agrees("binary_tree", BINARY_TREE, &inputs, &["t"]);
+    let all = tumble_compile::StaticOptions::all();
+    let on = launches_with(BINARY_TREE, &inputs, &["t"], true, all);
+    let off = launches_with(
+        BINARY_TREE,
+        &inputs,
+        &["t"],
+        true,
+        tumble_compile::StaticOptions {
+            concurrency: false,
+            ..all
+        },
+    );
+    assert!(on < off, "launches with concurrency {on}, without {off}");
+    agrees("binary_tree_nested", BINARY_TREE_NESTED, &inputs, &["t"]);
+    let on = launches_with(BINARY_TREE_NESTED, &inputs, &["t"], true, all);
+    let off = launches_with(
+        BINARY_TREE_NESTED,
+        &inputs,
+        &["t"],
+        true,
+        tumble_compile::StaticOptions {
+            concurrency: false,
+            ..all
+        },
+    );
+    assert!(
+        on < off,
+        "nested: launches with concurrency {on}, without {off}"
+    );
 }
