@@ -7,7 +7,7 @@ vocabulary 21,703), a 5-class classifier at every node, the loss of a tree = the
 of the cross-entropy; the loss of a mini-batch = the mean over its trees. Every engine: one epoch
 over the first N SST training trees (`tumble data sst --split train --labels all`), mini-batches of
 20 (shuffled with a fixed seed), Adagrad lr 0.05, no weight decay, the same initial weights
-(bench/.data/weights/treelstm_small.seed0.safetensors: same names and shapes), 1 thread.
+(bench/.data/weights/treelstm_small.seed0.safetensors: same names and shapes), 1 thread (`--threads`).
 
     tumble       tumble train models/treelstm_sst_train_all.rly --train X --params W --epochs 1
                  --batch 20 --optimizer adagrad --lr 0.05 --threads 1 --quiet -o OUT
@@ -26,7 +26,7 @@ the epoch's training loop (tumble: its own epoch report, N / instances-per-secon
 wall clock around the loop, after data decoding and weight loading). Process wall time (start-up,
 compile, loading, writing tumble's output included) is recorded too.
 
-    bench/.venv/bin/python bench/train_speed.py [--tumble PATH] [--n 1000] [--rounds 3]
+    bench/.venv/bin/python bench/train_speed.py [--tumble PATH] [--n 1000] [--rounds 3] [--threads 1]
         [--engines tumble,dynet,torch_batch,torch_eager] [--json OUT]
 """
 
@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.join(HERE, "peers"))
 WEIGHTS = os.path.join(HERE, ".data", "weights", "treelstm_small.seed0.safetensors")
 MODEL = os.path.join(ROOT, "models", "treelstm_sst_train_all.rly")
 BATCH, LR, SEED = 20, 0.05, 0
+THREADS = 1  # --threads: every engine's thread count
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ def torch_train(kind, weights, trees):
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     w = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in weights.items()}
     opt = torch.optim.Adagrad(list(w.values()), lr=LR)
@@ -252,7 +253,7 @@ def tumble_train(tumble, train_path, n):
     with tempfile.TemporaryDirectory(prefix="train_speed.") as tmp:
         cmd = [tumble, "train", MODEL, "--train", train_path, "--params", WEIGHTS, "--epochs", "1",
                "--batch", str(BATCH), "--optimizer", "adagrad", "--lr", str(LR), "--seed", str(SEED),
-               "--threads", "1", "--quiet", "-o", os.path.join(tmp, "out.safetensors")]
+               "--threads", str(THREADS), "--quiet", "-o", os.path.join(tmp, "out.safetensors")]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"tumble train failed: {r.stderr[-2000:]}")
@@ -268,6 +269,10 @@ def tumble_train(tumble, train_path, n):
 
 
 def worker(a):
+    global THREADS
+    THREADS = a.threads
+    # DyNet's CPU kernels (Eigen) and any MKL/OpenMP under PyTorch read these at import.
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(a.threads)
     import common
 
     lines = [l for l in open(a.train) if l.strip()][: a.n]
@@ -296,6 +301,9 @@ def main():
     ap.add_argument("--engines", default="tumble,dynet,torch_batch,torch_eager")
     ap.add_argument("--train", help="SST train with --labels all (default: made with tumble data sst)")
     ap.add_argument("--json", help="write every measurement here")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads of every engine (tumble: --threads T, its default --workers T; PyTorch: "
+                         "set_num_threads; DyNet: OMP/MKL_NUM_THREADS, its autobatched CPU run is single-threaded)")
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # worker mode
     a = ap.parse_args()
     if a.engine:
@@ -311,7 +319,8 @@ def main():
         for e in engines:
             t0 = time.perf_counter()
             p = subprocess.run([sys.executable, os.path.abspath(__file__), "--engine", e, "--train", a.train,
-                                "--n", str(a.n), "--tumble", a.tumble], capture_output=True, text=True)
+                                "--n", str(a.n), "--tumble", a.tumble, "--threads", str(a.threads)],
+                               capture_output=True, text=True)
             wall = time.perf_counter() - t0
             if p.returncode != 0:
                 print(f"round {r + 1} {e}: FAILED\n{p.stderr[-3000:]}", file=sys.stderr)
@@ -321,7 +330,7 @@ def main():
             runs[e].append(res)
             print(f"round {r + 1} {e:<12} {res['trees_per_s']:8.1f} trees/s  (epoch {res['seconds']:.2f} s, "
                   f"process {wall:.2f} s, mean train loss {res['mean_train_loss']:.4f})", flush=True)
-    print(f"\nchild-sum TreeLSTM, SST train first {a.n} trees, batch {BATCH}, Adagrad lr {LR}, 1 thread, "
+    print(f"\nchild-sum TreeLSTM, SST train first {a.n} trees, batch {BATCH}, Adagrad lr {LR}, {a.threads} thread(s), "
           f"{a.rounds} interleaved rounds: median trees/s [min, max]")
     med = {}
     for e in engines:

@@ -244,6 +244,62 @@ fn train_lowers_the_loss_deterministically_and_run_reads_its_weights() {
     assert_eq!(text(&o.stdout).lines().count(), 12);
 }
 
+/// `--workers` splits each mini-batch among threads and sums the parts' gradients: the same
+/// training as one worker up to float rounding (plain SGD, whose updates are linear in the
+/// gradient), and deterministic for a given count.
+#[test]
+fn workers_split_mini_batches_with_the_same_gradient() {
+    let model = temp_file("reg_workers.rly", MODEL);
+    let data = temp_file("reg_workers.jsonl", &instances());
+    let run = |workers: &str, name: &str| {
+        let out = temp_path(name);
+        let o = train(
+            &model,
+            &data,
+            &data,
+            &out,
+            &["--optimizer", "sgd", "--threads", "4", "--workers", workers],
+        );
+        assert!(o.status.success(), "{workers}: {}", text(&o.stderr));
+        let on = format!("on {workers} workers");
+        assert_eq!(
+            text(&o.stderr).contains(&on),
+            workers != "1",
+            "{}",
+            text(&o.stderr)
+        );
+        (read_safetensors(&out), dev_losses(&text(&o.stderr)), out)
+    };
+    let (one, losses_one, _) = run("1", "w_workers1.safetensors");
+    for workers in ["2", "4"] {
+        let (many, losses, out) = run(workers, &format!("w_workers{workers}.safetensors"));
+        assert_eq!(
+            one.keys().collect::<Vec<_>>(),
+            many.keys().collect::<Vec<_>>()
+        );
+        for (name, (shape, a)) in &one {
+            let (shape_b, b) = &many[name];
+            assert_eq!(shape, shape_b, "{name}");
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * (1.0 + x.abs()),
+                    "{workers} workers, {name}: {x} vs {y}"
+                );
+            }
+        }
+        assert_eq!(losses.len(), losses_one.len());
+        for (x, y) in losses.iter().zip(&losses_one) {
+            assert!(
+                (x - y).abs() <= 1e-5 * (1.0 + x.abs()),
+                "{losses:?} vs {losses_one:?}"
+            );
+        }
+        // The same count again: the same bits.
+        let (_, _, again) = run(workers, &format!("w_workers{workers}b.safetensors"));
+        assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&again).unwrap());
+    }
+}
+
 #[test]
 fn train_refuses_bad_settings() {
     let model = temp_file("reg3.rly", MODEL);

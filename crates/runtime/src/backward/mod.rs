@@ -131,6 +131,21 @@ pub struct BackwardStats {
     pub time_backward: std::time::Duration,
 }
 
+impl BackwardStats {
+    /// Adds the counters of another pass (peak bytes: the larger).
+    pub fn add(&mut self, o: &BackwardStats) {
+        self.launches += o.launches;
+        self.skipped += o.skipped;
+        self.batched_vjps += o.batched_vjps;
+        self.looped_vjps += o.looped_vjps;
+        self.shared_grads += o.shared_grads;
+        self.deferred_dense += o.deferred_dense;
+        self.peak_bytes = self.peak_bytes.max(o.peak_bytes);
+        self.time_forward += o.time_forward;
+        self.time_backward += o.time_backward;
+    }
+}
+
 /// The result of [`grad_batch`]: each instance's output (the loss) and, per differentiable
 /// parameter, the gradient of the sum of the outputs (`None`: no output depends on it).
 pub struct BatchGrad {

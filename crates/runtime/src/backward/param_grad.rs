@@ -176,6 +176,33 @@ impl ParamGrad {
         }
     }
 
+    /// The sum of two gradients of one parameter (computed on different instances): row
+    /// gradients stay rows, anything else is summed dense.
+    pub fn merge(self, other: ParamGrad) -> Result<ParamGrad, String> {
+        match (self, other) {
+            (ParamGrad::Rows(mut a), ParamGrad::Rows(b)) if a.shape() == b.shape() => {
+                for (r, g) in b.iter() {
+                    if !a.add_row(r, g) {
+                        return Err("internal: row gradients of different widths merged".into());
+                    }
+                }
+                Ok(ParamGrad::Rows(a))
+            }
+            (ParamGrad::Rows(a), b) | (b, ParamGrad::Rows(a)) => {
+                let mut sum = Some(b.into_dense()?);
+                ParamGrad::Rows(a).add_into(&mut sum)?;
+                sum.map(ParamGrad::Dense)
+                    .ok_or_else(|| "internal: empty gradient sum".to_string())
+            }
+            (ParamGrad::Dense(a), ParamGrad::Dense(b)) => {
+                let mut sum = Some(a);
+                accumulate(&mut sum, b)?;
+                sum.map(ParamGrad::Dense)
+                    .ok_or_else(|| "internal: empty gradient sum".to_string())
+            }
+        }
+    }
+
     /// Adds this gradient into a dense sum (`None`: nothing summed yet).
     pub fn add_into(self, sum: &mut Option<Tensor>) -> Result<(), String> {
         match (self, sum.as_mut()) {
@@ -233,5 +260,39 @@ mod tests {
             Some(ParamGrad::Dense(t)) => assert_eq!(t.as_f32().unwrap()[0..3], [1., 1., 1.]),
             other => panic!("expected a dense gradient, got {other:?}"),
         }
+    }
+
+    fn rows(entries: &[(usize, [f32; 2])]) -> RowGrad {
+        let mut r = RowGrad::new(4, 2).unwrap();
+        for (i, g) in entries {
+            r.add_row(*i, g);
+        }
+        r
+    }
+
+    /// Two parts' gradients of one parameter sum to the whole one's, rows staying rows.
+    #[test]
+    fn merged_gradients_are_the_sum() {
+        let a = rows(&[(1, [1.0, 2.0]), (3, [0.5, 0.5])]);
+        let b = rows(&[(3, [1.5, -0.5]), (0, [4.0, 4.0])]);
+        let want = [4.0, 4.0, 1.0, 2.0, 0.0, 0.0, 2.0, 0.0];
+        let merged = ParamGrad::Rows(a.clone())
+            .merge(ParamGrad::Rows(b.clone()))
+            .unwrap();
+        assert!(matches!(&merged, ParamGrad::Rows(r) if r.len() == 3));
+        assert_eq!(merged.into_dense().unwrap().as_f32().unwrap(), want);
+        // Rows with a dense gradient, either way round, and two dense ones.
+        let dense_b = ParamGrad::Dense(b.to_dense().unwrap());
+        let m = ParamGrad::Rows(a.clone()).merge(dense_b.clone()).unwrap();
+        assert_eq!(m.into_dense().unwrap().as_f32().unwrap(), want);
+        let m = dense_b.merge(ParamGrad::Rows(a.clone())).unwrap();
+        assert_eq!(m.into_dense().unwrap().as_f32().unwrap(), want);
+        let m = ParamGrad::Dense(a.to_dense().unwrap())
+            .merge(ParamGrad::Dense(b.to_dense().unwrap()))
+            .unwrap();
+        assert_eq!(m.into_dense().unwrap().as_f32().unwrap(), want);
+        // Different shapes are an internal error, not a wrong sum.
+        let other = RowGrad::new(4, 3).unwrap();
+        assert!(ParamGrad::Rows(a).merge(ParamGrad::Rows(other)).is_err());
     }
 }

@@ -21,6 +21,8 @@ use tumble_tensor::{Rng, Tensor};
 
 use crate::run::{instance_rng, Failure};
 
+mod workers;
+
 /// Where the model's weights come from (shared by `grad` and `train`).
 #[derive(clap::Args, Clone)]
 pub struct Weights {
@@ -125,13 +127,20 @@ pub struct TrainArgs {
     /// No progress bar (one line per epoch only).
     #[arg(long)]
     pub quiet: bool,
+    /// Threads each mini-batch's instances are split among, each differentiating its part with
+    /// `threads / workers` kernel threads; the parts' gradients are summed before the step (the
+    /// same gradient; float sums in another order, so the weights' last bits depend on it).
+    /// Default: one per thread, at most one per instance of a mini-batch.
+    #[arg(long, value_name = "N", value_parser = crate::run::at_least_one)]
+    pub workers: Option<usize>,
 }
 
 /// An entry function compiled for the batched runtime with the weights bound.
+#[derive(Clone)]
 struct Compiled {
     entry: String,
-    program: Program,
-    reuse: ReuseAnalysis,
+    program: std::sync::Arc<Program>,
+    reuse: std::sync::Arc<ReuseAnalysis>,
     bound: BoundParams,
 }
 
@@ -213,8 +222,8 @@ fn compile(
     let (program, reuse) = (compiled.program, compiled.reuse);
     Ok(Compiled {
         entry: entry.to_string(),
-        program,
-        reuse,
+        program: std::sync::Arc::new(program),
+        reuse: std::sync::Arc::new(reuse),
         bound,
     })
 }
@@ -254,6 +263,18 @@ impl Compiled {
         for a in &mut self.bound.args {
             if let (Binding::Param(t), Some(new)) = (&mut a.binding, w.get(&a.name)) {
                 *t = new.clone();
+            }
+        }
+    }
+
+    /// Lets go of the bound tensors of parameters `names` (a training worker between steps: the
+    /// optimizer updates weights in place only where it holds the one reference).
+    fn release(&mut self, names: &[String]) {
+        for a in &mut self.bound.args {
+            if let Binding::Param(t) = &mut a.binding {
+                if names.contains(&a.name) {
+                    *t = Tensor::scalar_f32(0.0);
+                }
             }
         }
     }
@@ -363,15 +384,7 @@ impl Compiled {
             let i = e.instance.and_then(|k| which.get(k)).copied().unwrap_or(0);
             Self::run_error(raw, i, e.error)
         })?;
-        stats.launches += g.stats.launches;
-        stats.skipped += g.stats.skipped;
-        stats.batched_vjps += g.stats.batched_vjps;
-        stats.looped_vjps += g.stats.looped_vjps;
-        stats.shared_grads += g.stats.shared_grads;
-        stats.deferred_dense += g.stats.deferred_dense;
-        stats.peak_bytes = stats.peak_bytes.max(g.stats.peak_bytes);
-        stats.time_forward += g.stats.time_forward;
-        stats.time_backward += g.stats.time_backward;
+        stats.add(&g.stats);
         Ok((g.losses, g.grads))
     }
 }
@@ -801,130 +814,149 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
     let mut t: u64 = 0;
     let n = decoded.len();
     let mut stats = tumble_runtime::backward::BackwardStats::default();
-    for epoch in 1..=args.epochs {
-        let order = shuffled(
-            n,
-            args.weights.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        );
-        let bar = if args.quiet {
-            indicatif::ProgressBar::hidden()
-        } else {
-            let b = indicatif::ProgressBar::new(n as u64);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({per_sec}, eta {eta})",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-                .progress_chars("=> "),
+    // Each mini-batch split among the workers (see `workers`), at least one instance each.
+    let workers = args
+        .workers
+        .unwrap_or(opts.threads)
+        .min(opts.threads)
+        .min(args.batch)
+        .max(1);
+    let setup = workers::Setup {
+        typed: &typed,
+        raw: &raw,
+        trainable: &trainable,
+        opts: Options {
+            threads: (opts.threads / workers).max(1),
+            ..opts
+        },
+        gopts: gopts(&args.weights),
+        seed: args.weights.seed,
+    };
+    std::thread::scope(|scope| -> Result<(), Failure> {
+        let pool = workers::Workers::start(scope, workers, &main, &decoded, setup)?;
+        for epoch in 1..=args.epochs {
+            let order = shuffled(
+                n,
+                args.weights.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
             );
-            b.set_prefix(format!("{epoch}/{}", args.epochs));
-            b
-        };
-        let t_epoch = Instant::now();
-        let mut loss_sum = 0.0;
-        let mut seen = 0usize;
-        for which in order.chunks(args.batch) {
-            if tumble_limits::interrupted() {
-                bar.abandon();
-                return Err(Failure::Message("interrupted".into()));
+            let bar = if args.quiet {
+                indicatif::ProgressBar::hidden()
+            } else {
+                let b = indicatif::ProgressBar::new(n as u64);
+                b.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({per_sec}, eta {eta})",
+                    )
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+                );
+                b.set_prefix(format!("{epoch}/{}", args.epochs));
+                b
+            };
+            let t_epoch = Instant::now();
+            let mut loss_sum = 0.0;
+            let mut seen = 0usize;
+            for which in order.chunks(args.batch) {
+                if tumble_limits::interrupted() {
+                    bar.abandon();
+                    return Err(Failure::Message("interrupted".into()));
+                }
+                let params: Vec<Tensor> = trainable
+                    .iter()
+                    .filter_map(|name| weights.get(name).cloned())
+                    .collect();
+                let (losses, grads) =
+                    pool.grad(&main, &decoded, which, &params, &weights, setup, &mut stats)?;
+                let b = which.len() as f64;
+                loss_sum += losses.iter().sum::<f64>();
+                seen += which.len();
+                t += 1;
+                // The mean loss of the mini-batch is minimized: its gradient is the sum's over b.
+                // The weights are updated in place where the bound tensor is their only holder
+                // (the map's and this step's references are let go first).
+                drop(params);
+                for (name, g) in trainable.iter().zip(grads) {
+                    let Some(w) = main.param_mut(name) else {
+                        continue;
+                    };
+                    let g = match g {
+                        Some(g) => g,
+                        None if args.weight_decay > 0.0 => ParamGrad::Dense(
+                            Tensor::zeros(w.shape().to_vec(), w.dtype())
+                                .map_err(|e| Failure::Message(e.to_string()))?,
+                        ),
+                        None => continue,
+                    };
+                    let slot = slots.entry(name.clone()).or_insert(Slot {
+                        m: Vec::new(),
+                        v: Vec::new(),
+                    });
+                    weights.remove(name);
+                    step(
+                        args.optimizer,
+                        args.lr,
+                        args.weight_decay,
+                        t,
+                        w,
+                        &g,
+                        1.0 / b,
+                        slot,
+                    )
+                    .map_err(Failure::Message)?;
+                    weights.insert(name.clone(), w.clone());
+                }
+                bar.inc(which.len() as u64);
+                bar.set_message(format!("loss {:.4}", loss_sum / seen.max(1) as f64));
             }
-            let params: Vec<Tensor> = trainable
-                .iter()
-                .filter_map(|name| weights.get(name).cloned())
-                .collect();
-            let (losses, grads) = main.grad(
-                &raw,
-                &decoded,
-                which,
-                &params,
-                opts,
-                gopts(&args.weights),
-                args.weights.seed,
-                &mut stats,
-            )?;
-            let b = which.len() as f64;
-            loss_sum += losses.iter().sum::<f64>();
-            seen += which.len();
-            t += 1;
-            // The mean loss of the mini-batch is minimized: its gradient is the sum's over b.
-            // The weights are updated in place where the bound tensor is their only holder
-            // (the map's and this step's references are let go first).
-            drop(params);
-            for (name, g) in trainable.iter().zip(grads) {
-                let Some(w) = main.param_mut(name) else {
-                    continue;
-                };
-                let g = match g {
-                    Some(g) => g,
-                    None if args.weight_decay > 0.0 => ParamGrad::Dense(
-                        Tensor::zeros(w.shape().to_vec(), w.dtype())
-                            .map_err(|e| Failure::Message(e.to_string()))?,
-                    ),
-                    None => continue,
-                };
-                let slot = slots.entry(name.clone()).or_insert(Slot {
-                    m: Vec::new(),
-                    v: Vec::new(),
-                });
-                weights.remove(name);
-                step(
-                    args.optimizer,
-                    args.lr,
-                    args.weight_decay,
-                    t,
-                    w,
-                    &g,
-                    1.0 / b,
-                    slot,
-                )
-                .map_err(Failure::Message)?;
-                weights.insert(name.clone(), w.clone());
+            bar.finish_and_clear();
+            let mut line = format!(
+                "epoch {epoch}/{}: train loss {:.4} ({:.1} instances/s{}, peak heap {})",
+                args.epochs,
+                loss_sum / seen.max(1) as f64,
+                seen as f64 / t_epoch.elapsed().as_secs_f64().max(1e-9),
+                if workers > 1 {
+                    format!(" on {workers} workers")
+                } else {
+                    String::new()
+                },
+                tumble_limits::bytes_text(stats.peak_bytes)
+            );
+            stats.peak_bytes = 0;
+            let mut score: Option<f64> = None;
+            if let Some((raw_dev, decoded_dev, eval)) = &mut dev {
+                let losses = main.outputs(
+                    raw_dev,
+                    decoded_dev,
+                    args.batch.max(64),
+                    opts,
+                    args.weights.seed,
+                )?;
+                let dev_loss = losses.iter().sum::<f64>() / losses.len().max(1) as f64;
+                line.push_str(&format!(", dev loss {dev_loss:.4}"));
+                score = Some(-dev_loss);
+                if let (Some((c, d)), Some(e)) = (eval, &eval_entry) {
+                    c.rebind(&weights);
+                    let vals =
+                        c.outputs(raw_dev, d, args.batch.max(64), opts, args.weights.seed)?;
+                    let mean = vals.iter().sum::<f64>() / vals.len().max(1) as f64;
+                    line.push_str(&format!(", dev @{e} {mean:.4}"));
+                    score = Some(mean);
+                }
             }
-            bar.inc(which.len() as u64);
-            bar.set_message(format!("loss {:.4}", loss_sum / seen.max(1) as f64));
-        }
-        bar.finish_and_clear();
-        let mut line = format!(
-            "epoch {epoch}/{}: train loss {:.4} ({:.1} instances/s, peak heap {})",
-            args.epochs,
-            loss_sum / seen.max(1) as f64,
-            seen as f64 / t_epoch.elapsed().as_secs_f64().max(1e-9),
-            tumble_limits::bytes_text(stats.peak_bytes)
-        );
-        stats.peak_bytes = 0;
-        let mut score: Option<f64> = None;
-        if let Some((raw_dev, decoded_dev, eval)) = &mut dev {
-            let losses = main.outputs(
-                raw_dev,
-                decoded_dev,
-                args.batch.max(64),
-                opts,
-                args.weights.seed,
-            )?;
-            let dev_loss = losses.iter().sum::<f64>() / losses.len().max(1) as f64;
-            line.push_str(&format!(", dev loss {dev_loss:.4}"));
-            score = Some(-dev_loss);
-            if let (Some((c, d)), Some(e)) = (eval, &eval_entry) {
-                c.rebind(&weights);
-                let vals = c.outputs(raw_dev, d, args.batch.max(64), opts, args.weights.seed)?;
-                let mean = vals.iter().sum::<f64>() / vals.len().max(1) as f64;
-                line.push_str(&format!(", dev @{e} {mean:.4}"));
-                score = Some(mean);
+            let improved = match (score, best) {
+                (None, _) => true,
+                (Some(s), None) => s.is_finite() || best.is_none(),
+                (Some(s), Some(b)) => s > b,
+            };
+            if improved {
+                best = score.or(best);
+                save_params(&args.output, &weights)?;
+                line.push_str(&format!(" -> saved {}", args.output.display()));
             }
+            eprintln!("{line}");
         }
-        let improved = match (score, best) {
-            (None, _) => true,
-            (Some(s), None) => s.is_finite() || best.is_none(),
-            (Some(s), Some(b)) => s > b,
-        };
-        if improved {
-            best = score.or(best);
-            save_params(&args.output, &weights)?;
-            line.push_str(&format!(" -> saved {}", args.output.display()));
-        }
-        eprintln!("{line}");
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 #[cfg(test)]
