@@ -132,19 +132,20 @@ fn every_pass() {
     check(
         StaticOptions::all(),
         expect![[r#"
-        fn @cell (lambda 32): params 1, slots 1
-          invoke cell#9[site 9]($0, param1)
-        fn @half (lambda 33): params 1, slots 1
-          invoke half:multiply(..)#10[site 10]($0)
-        fn @walk (lambda 34): params 1, slots 4
-          match $0
-          | Leaf($1) =>
-            invoke cell#9[site 12, hoisted]($1, param1)
-          | Node($2, $3) =>
-            invoke walk:@half(..)#11[site 11](@walk($2), @walk($3))
-        fn @main (lambda 35, entry): params 2, slots 2
-          @walk(param0)
-    "#]],
+            fn @cell (lambda 32): params 1, slots 1
+              invoke cell#9[site 9]($0, param1)
+            fn @half (lambda 33): params 1, slots 1
+              invoke half:multiply(..)#10[site 10]($0)
+            fn @walk (lambda 34): params 1, slots 5
+              match $0
+              | Leaf($1) =>
+                invoke cell#9[site 12, hoisted]($1, param1)
+              | Node($2, $3) =>
+                let $4 = concurrent(@walk($2), @walk($3))
+                invoke walk:@half(..)#11[site 11]($4.0, $4.1)
+            fn @main (lambda 35, entry): params 2, slots 2
+              @walk(param0)
+        "#]],
     );
 }
 
