@@ -128,9 +128,15 @@ fn grad_is_the_reference_gradient_at_every_batch_size() {
     );
     assert_eq!(want["w"].0, [4, 3]);
     assert!(want["w"].1.iter().any(|v| *v != 0.0));
-    for batch in ["1", "5", "12"] {
-        let got_path = temp_path(&format!("g_{batch}.safetensors"));
-        let o = grad(&model, &inputs, &got_path, &["--batch", batch]);
+    // Mini-batches of 1, 5 and 12 instances, each one worker's or split among three.
+    for (batch, workers) in [("1", "1"), ("5", "1"), ("12", "1"), ("5", "3"), ("12", "3")] {
+        let got_path = temp_path(&format!("g_{batch}_{workers}.safetensors"));
+        let o = grad(
+            &model,
+            &inputs,
+            &got_path,
+            &["--batch", batch, "--threads", "3", "--workers", workers],
+        );
         assert!(o.status.success(), "{}", text(&o.stderr));
         let got = read_safetensors(&got_path);
         for (name, (shape, vals)) in &want {
@@ -139,7 +145,7 @@ fn grad_is_the_reference_gradient_at_every_batch_size() {
             for (a, b) in got[name].1.iter().zip(vals) {
                 assert!(
                     (a - b).abs() <= 1e-5 * scale.max(1.0),
-                    "batch {batch}, {name}: {a} vs {b}"
+                    "batch {batch}, {workers} workers, {name}: {a} vs {b}"
                 );
             }
         }

@@ -35,6 +35,12 @@ pub struct Weights {
     /// Threads for kernels (default: $TUMBLE_NUM_THREADS, else the number of cores).
     #[arg(long, value_name = "N", value_parser = crate::run::at_least_one)]
     pub threads: Option<usize>,
+    /// Threads each mini-batch's instances are split among, each differentiating its part with
+    /// `threads / workers` kernel threads; the parts' gradients are summed (the same gradient,
+    /// its float sums in another order: the last bits depend on the count, not on the run).
+    /// Default: one per thread, at most one per instance of a mini-batch.
+    #[arg(long, value_name = "N", value_parser = crate::run::at_least_one)]
+    pub workers: Option<usize>,
     /// Seed of `random.db_uniform` (instance i draws from its own stream) and, in `train`, of
     /// the shuffle.
     #[arg(long, default_value_t = 0)]
@@ -127,12 +133,6 @@ pub struct TrainArgs {
     /// No progress bar (one line per epoch only).
     #[arg(long)]
     pub quiet: bool,
-    /// Threads each mini-batch's instances are split among, each differentiating its part with
-    /// `threads / workers` kernel threads; the parts' gradients are summed before the step (the
-    /// same gradient; float sums in another order, so the weights' last bits depend on it).
-    /// Default: one per thread, at most one per instance of a mini-batch.
-    #[arg(long, value_name = "N", value_parser = crate::run::at_least_one)]
-    pub workers: Option<usize>,
 }
 
 /// An entry function compiled for the batched runtime with the weights bound.
@@ -403,6 +403,12 @@ fn options(threads: Option<usize>) -> Result<Options, Failure> {
     })
 }
 
+/// Workers each mini-batch of `batch` is split among (see `workers`): `--workers`, else one per
+/// thread, never more than the threads or the instances of a mini-batch.
+fn worker_count(w: &Weights, threads: usize, batch: usize) -> usize {
+    w.workers.unwrap_or(threads).min(threads).min(batch).max(1)
+}
+
 fn gopts(w: &Weights) -> GradOptions {
     GradOptions {
         gemm: !w.no_backward_gemm,
@@ -465,6 +471,7 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     let mut stats = tumble_runtime::backward::BackwardStats::default();
     let t0 = Instant::now();
     let mut loss = 0.0;
+    let mut used_workers = 1;
     if args.reference {
         let program = Program::lower_with(&typed, LowerOptions::reference())
             .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
@@ -498,27 +505,38 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         let n = decoded.len();
         let batch = args.batch.unwrap_or(n).max(1);
         let all: Vec<usize> = (0..n).collect();
-        for which in all.chunks(batch) {
-            let (losses, gs) = c.grad(
-                &raw,
-                &decoded,
-                which,
-                &tensors,
-                opts,
-                gopts(&args.weights),
-                args.weights.seed,
-                &mut stats,
-            )?;
-            loss += losses.iter().sum::<f64>();
-            for (slot, g) in total.iter_mut().zip(gs) {
-                if let Some(g) = g {
-                    g.add_into(slot).map_err(Failure::Message)?;
+        let workers = worker_count(&args.weights, opts.threads, batch);
+        used_workers = workers;
+        let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+        let by_name: BTreeMap<String, Tensor> = params.iter().cloned().collect();
+        let setup = workers::Setup {
+            typed: &typed,
+            raw: &raw,
+            trainable: &names,
+            opts: Options {
+                threads: (opts.threads / workers).max(1),
+                ..opts
+            },
+            gopts: gopts(&args.weights),
+            seed: args.weights.seed,
+        };
+        std::thread::scope(|scope| -> Result<(), Failure> {
+            let pool = workers::Workers::start(scope, workers, &c, &decoded, setup)?;
+            for which in all.chunks(batch) {
+                let (losses, gs) =
+                    pool.grad(&c, &decoded, which, &tensors, &by_name, setup, &mut stats)?;
+                loss += losses.iter().sum::<f64>();
+                for (slot, g) in total.iter_mut().zip(gs) {
+                    if let Some(g) = g {
+                        g.add_into(slot).map_err(Failure::Message)?;
+                    }
+                }
+                if tumble_limits::interrupted() {
+                    return Err(Failure::Message("interrupted; nothing written".into()));
                 }
             }
-            if tumble_limits::interrupted() {
-                return Err(Failure::Message("interrupted; nothing written".into()));
-            }
-        }
+            Ok(())
+        })?;
     }
     let mut out = BTreeMap::new();
     for ((name, p), g) in params.iter().zip(total) {
@@ -533,7 +551,7 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     if args.profile {
         eprintln!(
             "grad: {} instances, sum of @main {loss:.6}, {} parameters, {:.3} s \
-             (forward {:.3} s, backward {:.3} s); backward launches {} (skipped {}), \
+             (forward {:.3} s, backward {:.3} s{}); backward launches {} (skipped {}), \
              vjps batched {} / per row {}, shared-weight gradients summed per launch {}, \
              dense parameter gradients deferred to one product per parameter {}; \
              peak heap per mini-batch {}",
@@ -542,6 +560,11 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             t0.elapsed().as_secs_f64(),
             stats.time_forward.as_secs_f64(),
             stats.time_backward.as_secs_f64(),
+            if used_workers > 1 {
+                format!(", summed over {used_workers} workers")
+            } else {
+                String::new()
+            },
             stats.launches,
             stats.skipped,
             stats.batched_vjps,
@@ -814,13 +837,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
     let mut t: u64 = 0;
     let n = decoded.len();
     let mut stats = tumble_runtime::backward::BackwardStats::default();
-    // Each mini-batch split among the workers (see `workers`), at least one instance each.
-    let workers = args
-        .workers
-        .unwrap_or(opts.threads)
-        .min(opts.threads)
-        .min(args.batch)
-        .max(1);
+    let workers = worker_count(&args.weights, opts.threads, args.batch);
     let setup = workers::Setup {
         typed: &typed,
         raw: &raw,

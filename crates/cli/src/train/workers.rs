@@ -1,7 +1,8 @@
-//! Data-parallel gradients for `tumble train --workers N`: each mini-batch's instances are split
-//! into N parts, the calling thread differentiates the first and N − 1 helper threads the others,
-//! and the parts' gradients are summed before the optimizer step — the gradient of the
-//! mini-batch's summed loss, as one worker computes it, but for the order of float additions.
+//! Data-parallel gradients for `tumble train` and `tumble grad` (`--workers N`): each mini-batch's
+//! instances are split into N parts, the calling thread differentiates the first and N − 1 helper
+//! threads the others, and the parts' gradients are summed (before the optimizer step) — the
+//! gradient of the mini-batch's summed loss, as one worker computes it, but for the order of
+//! float additions.
 //!
 //! Why: a training step is mostly host work and small launches (a TreeLSTM mini-batch of 20 SST
 //! trees: the GEMMs are under a third of it), which one thread's kernels cannot speed up, while
