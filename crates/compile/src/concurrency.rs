@@ -75,10 +75,11 @@ pub fn find(program: &mut Program) -> Vec<Concurrent> {
 
 /// Code at which an instance may stop until the runtime has computed a tensor: a conditional on a
 /// tensor, an operator outside a block that reads values (one of literals only, such as a random
-/// draw, runs at once).
+/// draw, runs at once), or a closure applied through a value, which could run anything (the
+/// call graph does not follow values).
 fn suspends(c: &Code) -> bool {
     match c {
-        Code::If(..) => true,
+        Code::If(..) | Code::Call { .. } => true,
         Code::CallOp { args, .. } => !args.iter().all(|a| matches!(a, Code::Lit(_))),
         _ => false,
     }

@@ -105,8 +105,8 @@ impl<'scope> Workers<'scope> {
         })
     }
 
-    /// The losses (instance order of `which`) and gradients of mini-batch `which`: the first part
-    /// on this thread with `main`, the others on the helpers.
+    /// The losses (one per instance, part by part) and gradients of mini-batch `which`: the first
+    /// part on this thread with `main`, the others on the helpers.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn grad(
         &self,
@@ -243,6 +243,9 @@ fn merge(
 
 /// A helper's loop: decodes the instances once, then computes each part it is sent.
 fn helper(mut c: Compiled, setup: Setup<'_>, parts: Receiver<Part>, results: Sender<PartResult>) {
+    // The copy came with the starting weights bound: until a part brings the current ones, it
+    // holds none (else the first step would copy every weight it updates).
+    c.release(setup.trainable);
     let decoded = c.decode(setup.typed, setup.raw);
     while let Ok(part) = parts.recv() {
         let result = match &decoded {
