@@ -457,18 +457,21 @@ def @main(%x: Tensor[(3, 4), float32], %v: Tensor[(1, 4), float32], %W: Tensor[(
     assert_eq!(r.canonical, 0, "{p}");
 }
 
+/// The start of a binary-tree encoder `@enc`, up to its `Node` arm (format strings continue it).
+const BTREE_ENC: &str = "type BTree {
+  Leaf(Tensor[(1, 4), float32]),
+  Node(BTree, BTree),
+}
+def @enc(%t: BTree, %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%t) {
+    Leaf(%x) => tanh(%x),
+";
+
 /// A binary-tree recursion whose second call is `second` (reading `%hl` or not), after `pre`.
 fn two_calls(pre: &str, second: &str) -> String {
     format!(
         r#"
-type BTree {{
-  Leaf(Tensor[(1, 4), float32]),
-  Node(BTree, BTree),
-}}
-def @enc(%t: BTree, %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {{
-  match (%t) {{
-    Leaf(%x) => tanh(%x),
-    Node(%l, %r) => {{
+{BTREE_ENC}    Node(%l, %r) => {{
       {pre}
       let %hl = @enc(%l, %W);
       let %hr = {second};
@@ -547,14 +550,7 @@ fn nested_calls(first: &str, last: &str) -> String {
     let at = usize::from(!first.is_empty());
     format!(
         r#"
-type BTree {{
-  Leaf(Tensor[(1, 4), float32]),
-  Node(BTree, BTree),
-}}
-def @enc(%t: BTree, %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {{
-  match (%t) {{
-    Leaf(%x) => tanh(%x),
-    Node(%l, %r) => ({first}@enc(%l, %W), @enc(%r, %W){last}).{at},
+{BTREE_ENC}    Node(%l, %r) => ({first}@enc(%l, %W), @enc(%r, %W){last}).{at},
   }}
 }}
 def @main(%t: BTree, %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {{ @enc(%t, %W) }}

@@ -962,34 +962,21 @@ fn binary_trees(count: usize) -> String {
 #[test]
 fn independent_calls_written_in_sequence_run_side_by_side() {
     let inputs = binary_trees(40);
-    agrees("binary_tree", BINARY_TREE, &inputs, &["t"]);
     let all = tumble_compile::StaticOptions::all();
-    let on = launches_with(BINARY_TREE, &inputs, &["t"], true, all);
-    let off = launches_with(
-        BINARY_TREE,
-        &inputs,
-        &["t"],
-        true,
-        tumble_compile::StaticOptions {
-            concurrency: false,
-            ..all
-        },
-    );
-    assert!(on < off, "launches with concurrency {on}, without {off}");
-    agrees("binary_tree_nested", BINARY_TREE_NESTED, &inputs, &["t"]);
-    let on = launches_with(BINARY_TREE_NESTED, &inputs, &["t"], true, all);
-    let off = launches_with(
-        BINARY_TREE_NESTED,
-        &inputs,
-        &["t"],
-        true,
-        tumble_compile::StaticOptions {
-            concurrency: false,
-            ..all
-        },
-    );
-    assert!(
-        on < off,
-        "nested: launches with concurrency {on}, without {off}"
-    );
+    let without = tumble_compile::StaticOptions {
+        concurrency: false,
+        ..all
+    };
+    for (name, src) in [
+        ("binary_tree", BINARY_TREE),
+        ("binary_tree_nested", BINARY_TREE_NESTED),
+    ] {
+        agrees(name, src, &inputs, &["t"]);
+        let on = launches_with(src, &inputs, &["t"], true, all);
+        let off = launches_with(src, &inputs, &["t"], true, without);
+        assert!(
+            on < off,
+            "{name}: launches with concurrency {on}, without {off}"
+        );
+    }
 }

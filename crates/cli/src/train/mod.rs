@@ -509,17 +509,15 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         used_workers = workers;
         let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
         let by_name: BTreeMap<String, Tensor> = params.iter().cloned().collect();
-        let setup = workers::Setup {
-            typed: &typed,
-            raw: &raw,
-            trainable: &names,
-            opts: Options {
-                threads: (opts.threads / workers).max(1),
-                ..opts
-            },
-            gopts: gopts(&args.weights),
-            seed: args.weights.seed,
-        };
+        let setup = workers::Setup::new(
+            &typed,
+            &raw,
+            &names,
+            opts,
+            workers,
+            gopts(&args.weights),
+            args.weights.seed,
+        );
         std::thread::scope(|scope| -> Result<(), Failure> {
             let pool = workers::Workers::start(scope, workers, &c, &decoded, setup)?;
             for which in all.chunks(batch) {
@@ -838,17 +836,15 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
     let n = decoded.len();
     let mut stats = tumble_runtime::backward::BackwardStats::default();
     let workers = worker_count(&args.weights, opts.threads, args.batch);
-    let setup = workers::Setup {
-        typed: &typed,
-        raw: &raw,
-        trainable: &trainable,
-        opts: Options {
-            threads: (opts.threads / workers).max(1),
-            ..opts
-        },
-        gopts: gopts(&args.weights),
-        seed: args.weights.seed,
-    };
+    let setup = workers::Setup::new(
+        &typed,
+        &raw,
+        &trainable,
+        opts,
+        workers,
+        gopts(&args.weights),
+        args.weights.seed,
+    );
     std::thread::scope(|scope| -> Result<(), Failure> {
         let pool = workers::Workers::start(scope, workers, &main, &decoded, setup)?;
         for epoch in 1..=args.epochs {

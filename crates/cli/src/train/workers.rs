@@ -68,6 +68,31 @@ pub(super) struct Setup<'env> {
     pub seed: u64,
 }
 
+impl<'env> Setup<'env> {
+    /// The setup of `workers` workers sharing the `opts.threads` kernel threads.
+    pub(super) fn new(
+        typed: &'env TypedModule,
+        raw: &'env RawInstances,
+        trainable: &'env [String],
+        opts: Options,
+        workers: usize,
+        gopts: GradOptions,
+        seed: u64,
+    ) -> Self {
+        Setup {
+            typed,
+            raw,
+            trainable,
+            opts: Options {
+                threads: (opts.threads / workers.max(1)).max(1),
+                ..opts
+            },
+            gopts,
+            seed,
+        }
+    }
+}
+
 impl<'scope> Workers<'scope> {
     /// Starts `workers − 1` helpers, each with its own copy of `main`.
     pub(super) fn start<'env: 'scope>(
