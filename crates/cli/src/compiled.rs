@@ -259,9 +259,15 @@ pub fn load_for_run(
         .map_err(Failure::Message)?;
     let flags = compile_time_flags(args);
     if !flags.is_empty() {
+        let (verb, them) = if flags.len() == 1 {
+            ("changes", "it")
+        } else {
+            ("change", "them")
+        };
         return Err(Failure::Message(format!(
-            "{shown} is a compiled model: {} change how a model is compiled; give them to \
-             `tumble compile` (or run the .rly file)",
+            "{shown} is a compiled model: {} {verb} how a model is compiled, which its file \
+             has fixed; run the .rly file with {them} (`tumble compile` takes --no-statics, \
+             --no-coarsen and --no-fusion)",
             flags.join(", ")
         )));
     }
