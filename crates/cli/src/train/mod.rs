@@ -288,6 +288,32 @@ impl Compiled {
             .collect()
     }
 
+    /// Decodes the instances `which` of `raw` not decoded yet into `cache` (indexed like `raw`;
+    /// `done` says which are): a training worker decodes only the instances its parts bring.
+    fn decode_some(
+        &self,
+        typed: &TypedModule,
+        raw: &RawInstances,
+        which: &[usize],
+        cache: &mut [Vec<Value>],
+        done: &mut [bool],
+    ) -> Result<(), Failure> {
+        if which.iter().all(|&i| done.get(i) == Some(&true)) {
+            return Ok(());
+        }
+        let env = TypeEnv::new(typed, &self.program);
+        let args = self.bound.instance_args();
+        for &i in which {
+            if let (Some(slot), Some(d)) = (cache.get_mut(i), done.get_mut(i)) {
+                if !*d {
+                    *slot = raw.decode_one(i, &env, &args).map_err(Failure::from)?;
+                    *d = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn location(raw: &RawInstances, i: usize) -> String {
         raw.items.get(i).map_or_else(
             || format!("instance {i}"),
