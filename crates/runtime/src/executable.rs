@@ -24,6 +24,9 @@ pub struct Executable {
     pub(crate) scalar_blocks: Vec<bool>,
     /// Per block: it only adds its two f32 inputs (see [`Block::is_sum`]).
     pub(crate) sum_blocks: Vec<bool>,
+    /// Per block: it draws no random numbers, so invocations on the same inputs compute the
+    /// same results (a launch runs each such group once: `Dfg::identical_invocations`).
+    pub(crate) pure_blocks: Vec<bool>,
     /// Per block: the most invocations one launch runs ([`locality_chunk`]; `usize::MAX` for
     /// all of them).
     pub(crate) chunk_sizes: Vec<usize>,
@@ -112,6 +115,10 @@ impl Executable {
         Executable {
             scalar_blocks: blocks.iter().map(Block::returns_only_scalars).collect(),
             sum_blocks: blocks.iter().map(Block::is_sum).collect(),
+            pure_blocks: blocks
+                .iter()
+                .map(|b| !b.nodes.iter().any(|n| n.op.name.starts_with("random.")))
+                .collect(),
             chunk_sizes: blocks
                 .iter()
                 .enumerate()

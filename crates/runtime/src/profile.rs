@@ -63,6 +63,9 @@ pub struct Profile {
     pub pooled_outputs: u64,
     /// Scans of the host's values for early release (see `dfg/release.rs`).
     pub release_scans: u64,
+    /// Invocations that took the results of an identical one in their launch instead of
+    /// computing their own (`Dfg::identical_invocations`).
+    pub memoized: u64,
     pub time_program: Duration,
     /// Evaluation steps of the instances' host programs (`time_program` is spent on them).
     pub host_steps: u64,
@@ -156,6 +159,7 @@ impl Profile {
         self.activation_bytes = self.activation_bytes.max(o.activation_bytes);
         self.pooled_outputs += o.pooled_outputs;
         self.release_scans += o.release_scans;
+        self.memoized += o.memoized;
         self.time_program += o.time_program;
         self.host_steps += o.host_steps;
         self.time_dfg += o.time_dfg;
@@ -203,6 +207,13 @@ impl fmt::Display for Profile {
                 "host program: {} evaluation steps, {:.1} ns each (recording invocations excluded)",
                 self.host_steps,
                 self.time_program.as_secs_f64() * 1e9 / self.host_steps as f64
+            )?;
+        }
+        if self.memoized > 0 {
+            writeln!(
+                f,
+                "identical invocations: {} took the results of an identical one in their launch",
+                self.memoized
             )?;
         }
         if self.sums > 0 {

@@ -980,3 +980,54 @@ fn independent_calls_written_in_sequence_run_side_by_side() {
         );
     }
 }
+
+/// Invocations of a launch on the same token (a mini-batch's leaves repeat words) take the
+/// results of one of them: counted by the profile, outputs equal to the reference under every
+/// scheduler and batch size; a block with a random draw computes every invocation.
+#[test]
+fn identical_invocations_are_computed_once() {
+    let src = |noise: &str| {
+        format!(
+            r#"
+def @leaf(%tok: Tensor[(1), int32], %emb: Tensor[(7, 4), float32], %w: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {{
+  tanh(add(nn.dense(take(%emb, %tok, axis=0), %w), {noise}))
+}}
+def @encode(%xs: List[Tensor[(1), int32]], %emb: Tensor[(7, 4), float32], %w: Tensor[(4, 4), float32]) -> List[Tensor[(1, 4), float32]] {{
+  @map(fn (%t: Tensor[(1), int32]) -> Tensor[(1, 4), float32] {{ @leaf(%t, %emb, %w) }}, %xs)
+}}
+def @main(%xs: List[Tensor[(1), int32]], %emb: Tensor[(7, 4), float32], %w: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {{
+  @foldl(fn (%a: Tensor[(1, 4), float32], %b: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {{ add(%a, %b) }},
+    zeros(shape=[1, 4], dtype="float32"), @encode(%xs, %emb, %w))
+}}
+"#
+        )
+    };
+    // Tokens 0..7 in every instance, in different orders and counts: most leaves repeat one.
+    let inputs: String = (0..12)
+        .map(|i| {
+            let toks: Vec<String> = (0..(3 + i % 5))
+                .map(|k| format!("[{}]", (i * 3 + k * 5) % 7))
+                .collect();
+            format!("{{\"xs\": [{}]}}\n", toks.join(", "))
+        })
+        .collect();
+    let plain = src("0f");
+    agrees("memo", &plain, &inputs, &["xs"]);
+    let x = expected("memo", load_text("memo", &plain), &inputs, &["xs"]);
+    let p = batch_profile(&x, tumble_runtime::Options::default());
+    assert!(p.memoized > 0, "repeated tokens were computed again");
+    let random =
+        src("random.db_uniform(low=0.0, high=1.0, out_shape=[1, 4], out_dtype=\"float32\")");
+    agrees("memo_random", &random, &inputs, &["xs"]);
+    let x = expected(
+        "memo_random",
+        load_text("memo_random", &random),
+        &inputs,
+        &["xs"],
+    );
+    let p = batch_profile(&x, tumble_runtime::Options::default());
+    assert_eq!(
+        p.memoized, 0,
+        "a block with a random draw computes every invocation"
+    );
+}

@@ -2,6 +2,8 @@
 //! first failing invocation, gathering inputs (shared once, earlier outputs in order reused,
 //! others as row lists) and running the block's kernel plan or batching rules.
 
+use std::collections::HashMap;
+
 use super::*;
 
 /// Where invocation `row`'s value of a launch output lies.
@@ -25,6 +27,45 @@ pub(super) fn slot_of(o: &BV, row: usize) -> Result<Slot, RunError> {
         },
         _ => Err(RunError::new("internal: block output is not a tensor")),
     }
+}
+
+/// Per-invocation input values above this many elements are not compared (memoizing is for
+/// small keys such as token ids; larger inputs rarely repeat and cost a comparison each).
+const MEMO_MAX_ELEMENTS: usize = 64;
+
+/// The elements of `t` as bit patterns, tagged with the element type (floats by their bits:
+/// `-0.0` and `0.0`, or two NaNs, differ — a key, not a comparison of values).
+fn push_bits(t: &Tensor, key: &mut Vec<u64>) -> Option<()> {
+    use tumble_ir::DType;
+    match t.dtype() {
+        DType::Float32 => {
+            key.push(1);
+            key.extend(t.as_slice::<f32>()?.iter().map(|v| u64::from(v.to_bits())));
+        }
+        DType::Float64 => {
+            key.push(2);
+            key.extend(t.as_slice::<f64>()?.iter().map(|v| v.to_bits()));
+        }
+        DType::Int32 => {
+            key.push(3);
+            key.extend(t.as_slice::<i32>()?.iter().map(|&v| v as u32 as u64));
+        }
+        DType::Int64 => {
+            key.push(4);
+            key.extend(t.as_slice::<i64>()?.iter().map(|&v| v as u64));
+        }
+        DType::Bool => {
+            key.push(5);
+            key.extend(t.as_slice::<bool>()?.iter().map(|&v| u64::from(v)));
+        }
+    }
+    Some(())
+}
+
+/// `TUMBLE_NO_MEMO=1`: every invocation of a launch computes its own results.
+fn memo_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_MEMO").is_none())
 }
 
 impl Dfg<'_> {
@@ -64,7 +105,9 @@ impl Dfg<'_> {
         Err(batch_error)
     }
 
-    /// Runs `block` for the nodes `ids` as one batched call.
+    /// Runs `block` for the nodes `ids` as one batched call; invocations identical to an earlier
+    /// one of the launch (see [`Dfg::identical_invocations`]) take its results instead of rows
+    /// of their own.
     pub(super) fn launch_batch(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
         if ids
             .first()
@@ -73,6 +116,109 @@ impl Dfg<'_> {
         {
             return self.launch_ragged(block_id, ids);
         }
+        let (per_node, kept) = match self.identical_invocations(block_id, ids) {
+            Some((distinct, of)) => {
+                let (outs, kept) = self.run_launch(block_id, &distinct)?;
+                self.profile.memoized += (ids.len() - distinct.len()) as u64;
+                let outs = of
+                    .iter()
+                    .map(|&k| {
+                        outs.get(k).cloned().ok_or_else(|| {
+                            RunError::new("internal: memoized invocation without a result")
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                (outs, kept)
+            }
+            None => self.run_launch(block_id, ids)?,
+        };
+        self.store_outputs(ids, per_node);
+        if let Some(log) = &mut self.launch_log {
+            log.push(ids.to_vec());
+            self.kept.push(kept);
+        }
+        Ok(())
+    }
+
+    /// The invocations of a launch that compute something new, when some repeat an earlier one:
+    /// the distinct ones and, per invocation, its distinct one's position. Two invocations of a
+    /// block without random draws compute the same results when their inputs are the same —
+    /// the same weights (one tensor for the whole launch), and per invocation the same small
+    /// input value the host holds (a token id: a mini-batch's leaves repeat ",", "the", ".").
+    /// Row by row the kernels compute each invocation alone, so the shared results are the bits
+    /// its own row would have had. `None`: nothing repeats, an input is computed, or memoizing
+    /// is off (`TUMBLE_NO_MEMO=1`; recording for a backward, which differentiates every
+    /// invocation).
+    fn identical_invocations(&self, block_id: u32, ids: &[u32]) -> Option<(Vec<u32>, Vec<usize>)> {
+        if ids.len() < 2 || self.keep.is_some() || !memo_enabled() {
+            return None;
+        }
+        if !self.exec.pure_blocks.get(block_id as usize).copied()? {
+            return None;
+        }
+        // Only invocations that differ by values the host holds (a token id): a computed input
+        // (a recurrent state) differs from invocation to invocation.
+        let first = self.nodes.get(*ids.first()? as usize)?;
+        if first.args.iter().any(|a| matches!(a, Arg::Lazy(_))) {
+            return None;
+        }
+        let nodes: Vec<&Node> = ids
+            .iter()
+            .map(|&i| self.nodes.get(i as usize))
+            .collect::<Option<_>>()?;
+        let n_args = first.args.len();
+        // Per input: the same tensor everywhere (a weight), or part of each invocation's key.
+        let mut keyed = Vec::with_capacity(n_args);
+        for i in 0..n_args {
+            let shared = match first.args.get(i)? {
+                Arg::Val(t) => nodes
+                    .iter()
+                    .all(|n| matches!(n.args.get(i), Some(Arg::Val(u)) if u.same_tensor(t))),
+                Arg::Lazy(_) => false,
+            };
+            if !shared {
+                keyed.push(i);
+            }
+        }
+        let mut index: HashMap<Vec<u64>, usize> = HashMap::with_capacity(ids.len());
+        let mut distinct = Vec::new();
+        let mut of = Vec::with_capacity(ids.len());
+        let mut key = Vec::new();
+        for (&id, n) in ids.iter().zip(&nodes) {
+            key.clear();
+            for &i in &keyed {
+                match n.args.get(i)? {
+                    Arg::Lazy(_) => return None,
+                    Arg::Val(t) => {
+                        if t.len() > MEMO_MAX_ELEMENTS {
+                            return None;
+                        }
+                        key.extend(t.shape().iter().map(|&d| d as u64));
+                        key.push(u64::MAX);
+                        push_bits(t, &mut key)?;
+                    }
+                }
+            }
+            let k = match index.get(&key) {
+                Some(&k) => k,
+                None => {
+                    distinct.push(id);
+                    index.insert(key.clone(), distinct.len() - 1);
+                    distinct.len() - 1
+                }
+            };
+            of.push(k);
+        }
+        (distinct.len() < ids.len()).then_some((distinct, of))
+    }
+
+    /// Runs `block` for the nodes `ids` as one batched call: each node's results, and what the
+    /// launch kept for a backward.
+    fn run_launch(
+        &mut self,
+        block_id: u32,
+        ids: &[u32],
+    ) -> Result<(Vec<Outs>, Option<crate::batched::Kept>), RunError> {
         let block = self.block(block_id)?;
         let b = ids.len();
         let first_span = ids
@@ -177,12 +323,7 @@ impl Dfg<'_> {
                     .map(Outs::from_vec),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        self.store_outputs(ids, per_node);
-        if let Some(log) = &mut self.launch_log {
-            log.push(ids.to_vec());
-            self.kept.push(kept);
-        }
-        Ok(())
+        Ok((per_node, kept))
     }
 
     /// Input `i` of a launch: passed once if the same for every node, the producer's batch itself
