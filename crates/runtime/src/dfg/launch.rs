@@ -145,8 +145,8 @@ impl Dfg<'_> {
     /// block without random draws compute the same results when their inputs are the same —
     /// the same weights (one tensor for the whole launch), and per invocation the same small
     /// input value the host holds (a token id: a mini-batch's leaves repeat ",", "the", ".").
-    /// Row by row the kernels compute each invocation alone, so the shared results are the bits
-    /// its own row would have had. `None`: nothing repeats, an input is computed, or memoizing
+    /// (The zoo's outputs are byte-identical with it on and off.) `None`: nothing repeats, an
+    /// input is computed, or memoizing
     /// is off (`TUMBLE_NO_MEMO=1`; recording for a backward, which differentiates every
     /// invocation).
     fn identical_invocations(&self, block_id: u32, ids: &[u32]) -> Option<(Vec<u32>, Vec<usize>)> {
