@@ -20,7 +20,7 @@
 
 use tumble_ir::Span;
 
-use crate::program::{CaptureFrom, Code, Program};
+use crate::program::{code_reaches, CaptureFrom, Code, Program};
 
 /// Independent calls made concurrent in one function.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,28 +103,13 @@ impl Facts<'_> {
         if matches!(code, Code::MakeClosure(_)) {
             return false;
         }
-        self.reaches(code, self.tensor_fns) && !self.reaches(code, self.blocking_fns) && {
-            let mut direct = false;
-            code.visit(&mut |c| direct |= suspends(c));
-            !direct
-        }
-    }
-
-    /// Does `code` call, reference as a value or make a closure of a lambda flagged in `fns`?
-    fn reaches(&self, code: &Code, fns: &[bool]) -> bool {
-        let flagged = |l: u32| fns.get(l as usize) == Some(&true);
-        let mut found = false;
-        code.visit(&mut |c| match c {
-            Code::CallGlobal { global, .. } | Code::Global(global) => {
-                found |= self
-                    .globals
-                    .get(*global as usize)
-                    .is_some_and(|&l| flagged(l));
+        code_reaches(code, self.tensor_fns, self.globals)
+            && !code_reaches(code, self.blocking_fns, self.globals)
+            && {
+                let mut direct = false;
+                code.visit(&mut |c| direct |= suspends(c));
+                !direct
             }
-            Code::MakeClosure(l) => found |= flagged(*l),
-            _ => {}
-        });
-        found
     }
 
     /// Does `code` read frame slot `s` (directly, or by capturing it in a closure it makes)?

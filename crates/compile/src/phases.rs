@@ -11,7 +11,7 @@
 //! and suppresses the automatic boundary there. Every instance runs the top-level chain exactly
 //! once, so every instance reaches every boundary.
 
-use crate::program::{Code, Program};
+use crate::program::{code_reaches, Code, Program};
 
 /// Where boundaries were added: the index, in the entry's top-level chain, of the element each one
 /// precedes.
@@ -46,7 +46,7 @@ pub fn insert(program: &mut Program, entry: &str) -> Vec<usize> {
             new_binds.push((phase_slot, Code::Phase));
             called = false;
         }
-        called |= calls_into(&value, &does_tensor_work, &globals);
+        called |= code_reaches(&value, &does_tensor_work, &globals);
         new_binds.push((slot, value));
     }
     if called && starts_tensor_work(body, &does_tensor_work, &globals) {
@@ -65,25 +65,11 @@ pub fn insert(program: &mut Program, entry: &str) -> Vec<usize> {
 /// closure is not running it.
 fn starts_tensor_work(code: &Code, tensor_fns: &[bool], globals: &[u32]) -> bool {
     invokes_block(code)
-        || (!matches!(code, Code::MakeClosure(_)) && calls_into(code, tensor_fns, globals))
+        || (!matches!(code, Code::MakeClosure(_)) && code_reaches(code, tensor_fns, globals))
 }
 
 fn invokes_block(code: &Code) -> bool {
     let mut found = false;
     code.visit(&mut |c| found |= matches!(c, Code::InvokeBlock { .. }));
-    found
-}
-
-/// Does `code` call a function, or a closure made from a lambda, that invokes blocks?
-fn calls_into(code: &Code, tensor_fns: &[bool], globals: &[u32]) -> bool {
-    let mut found = false;
-    let works = |l: u32| tensor_fns.get(l as usize) == Some(&true);
-    code.visit(&mut |c| match c {
-        Code::CallGlobal { global, .. } | Code::Global(global) => {
-            found |= globals.get(*global as usize).is_some_and(|&l| works(l));
-        }
-        Code::MakeClosure(l) => found |= works(*l),
-        _ => {}
-    });
     found
 }

@@ -152,6 +152,23 @@ impl Code {
     }
 }
 
+/// Does `code` call, reference as a value, or make a closure of a lambda flagged in `lambdas`
+/// (indexed like [`Program::lambdas`]; `globals` maps globals to their lambdas)? The call-graph
+/// question the automatic phases and the concurrency pass ask of one piece of code, with
+/// [`lambdas_reaching`]'s answer per lambda.
+pub fn code_reaches(code: &Code, lambdas: &[bool], globals: &[u32]) -> bool {
+    let flagged = |l: u32| lambdas.get(l as usize) == Some(&true);
+    let mut found = false;
+    code.visit(&mut |c| match c {
+        Code::CallGlobal { global, .. } | Code::Global(global) => {
+            found |= globals.get(*global as usize).is_some_and(|&l| flagged(l));
+        }
+        Code::MakeClosure(l) => found |= flagged(*l),
+        _ => {}
+    });
+    found
+}
+
 /// Per lambda: does it, or anything it may call or create (globals it references, closures it
 /// makes, transitively), contain code for which `direct` holds? Call-graph reachability shared by
 /// the automatic phases and code duplication.

@@ -29,8 +29,9 @@ pub(super) fn slot_of(o: &BV, row: usize) -> Result<Slot, RunError> {
     }
 }
 
-/// Per-invocation input values above this many elements are not compared (memoizing is for
-/// small keys such as token ids; larger inputs rarely repeat and cost a comparison each).
+/// Per-invocation input values above this many elements are keyed by their buffer (a weight:
+/// one tensor for every invocation) instead of compared element by element (memoizing is for
+/// small keys such as token ids).
 const MEMO_MAX_ELEMENTS: usize = 64;
 
 /// The elements of `t` as bit patterns, tagged with the element type (floats by their bits:
@@ -142,13 +143,12 @@ impl Dfg<'_> {
 
     /// The invocations of a launch that compute something new, when some repeat an earlier one:
     /// the distinct ones and, per invocation, its distinct one's position. Two invocations of a
-    /// block without random draws compute the same results when their inputs are the same —
-    /// the same weights (one tensor for the whole launch), and per invocation the same small
-    /// input value the host holds (a token id: a mini-batch's leaves repeat ",", "the", ".").
-    /// (The zoo's outputs are byte-identical with it on and off.) `None`: nothing repeats, an
-    /// input is computed, or memoizing
-    /// is off (`TUMBLE_NO_MEMO=1`; recording for a backward, which differentiates every
-    /// invocation).
+    /// block without random draws compute the same results when their inputs are the same: a
+    /// small value the host holds compared by content (a token id: a mini-batch's leaves repeat
+    /// ",", "the", "."), a larger one (a weight) by identity. (The zoo's outputs are
+    /// byte-identical with it on and off.) `None`: nothing repeats, an input is computed (a
+    /// recurrent state, different per invocation), or memoizing is off (`TUMBLE_NO_MEMO=1`;
+    /// recording for a backward, which differentiates every invocation).
     fn identical_invocations(&self, block_id: u32, ids: &[u32]) -> Option<(Vec<u32>, Vec<usize>)> {
         if ids.len() < 2 || self.keep.is_some() || !memo_enabled() {
             return None;
@@ -156,47 +156,22 @@ impl Dfg<'_> {
         if !self.exec.pure_blocks.get(block_id as usize).copied()? {
             return None;
         }
-        // Only invocations that differ by values the host holds (a token id): a computed input
-        // (a recurrent state) differs from invocation to invocation.
-        let first = self.nodes.get(*ids.first()? as usize)?;
-        if first.args.iter().any(|a| matches!(a, Arg::Lazy(_))) {
-            return None;
-        }
-        let nodes: Vec<&Node> = ids
-            .iter()
-            .map(|&i| self.nodes.get(i as usize))
-            .collect::<Option<_>>()?;
-        let n_args = first.args.len();
-        // Per input: the same tensor everywhere (a weight), or part of each invocation's key.
-        let mut keyed = Vec::with_capacity(n_args);
-        for i in 0..n_args {
-            let shared = match first.args.get(i)? {
-                Arg::Val(t) => nodes
-                    .iter()
-                    .all(|n| matches!(n.args.get(i), Some(Arg::Val(u)) if u.same_tensor(t))),
-                Arg::Lazy(_) => false,
-            };
-            if !shared {
-                keyed.push(i);
-            }
-        }
         let mut index: HashMap<Vec<u64>, usize> = HashMap::with_capacity(ids.len());
         let mut distinct = Vec::new();
         let mut of = Vec::with_capacity(ids.len());
         let mut key = Vec::new();
-        for (&id, n) in ids.iter().zip(&nodes) {
+        for &id in ids {
             key.clear();
-            for &i in &keyed {
-                match n.args.get(i)? {
-                    Arg::Lazy(_) => return None,
-                    Arg::Val(t) => {
-                        if t.len() > MEMO_MAX_ELEMENTS {
-                            return None;
-                        }
-                        key.extend(t.shape().iter().map(|&d| d as u64));
-                        key.push(u64::MAX);
-                        push_bits(t, &mut key)?;
-                    }
+            for a in &self.nodes.get(id as usize)?.args {
+                let Arg::Val(t) = a else {
+                    return None;
+                };
+                key.extend(t.shape().iter().map(|&d| d as u64));
+                key.push(u64::MAX);
+                if t.len() > MEMO_MAX_ELEMENTS {
+                    key.push(t.buffer_id() as u64);
+                } else {
+                    push_bits(t, &mut key)?;
                 }
             }
             let k = match index.get(&key) {
