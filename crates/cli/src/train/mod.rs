@@ -492,7 +492,6 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     let c = compile(&typed, "main", &raw, &file, args.weights.random_params)?;
     let decoded = c.decode(&typed, &raw)?;
     let params = c.float_params();
-    let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.clone()).collect();
     let mut total: Vec<Option<Tensor>> = vec![None; params.len()];
     let mut stats = tumble_runtime::backward::BackwardStats::default();
     let t0 = Instant::now();
@@ -547,8 +546,7 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         std::thread::scope(|scope| -> Result<(), Failure> {
             let pool = workers::Workers::start(scope, workers, &c, &decoded, setup)?;
             for which in all.chunks(batch) {
-                let (losses, gs) =
-                    pool.grad(&c, &decoded, which, &tensors, &by_name, setup, &mut stats)?;
+                let (losses, gs) = pool.grad(&c, &decoded, which, &by_name, setup, &mut stats)?;
                 loss += losses.iter().sum::<f64>();
                 for (slot, g) in total.iter_mut().zip(gs) {
                     if let Some(g) = g {
@@ -900,20 +898,15 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
                     bar.abandon();
                     return Err(Failure::Message("interrupted".into()));
                 }
-                let params: Vec<Tensor> = trainable
-                    .iter()
-                    .filter_map(|name| weights.get(name).cloned())
-                    .collect();
                 let (losses, grads) =
-                    pool.grad(&main, &decoded, which, &params, &weights, setup, &mut stats)?;
+                    pool.grad(&main, &decoded, which, &weights, setup, &mut stats)?;
                 let b = which.len() as f64;
                 loss_sum += losses.iter().sum::<f64>();
                 seen += which.len();
                 t += 1;
                 // The mean loss of the mini-batch is minimized: its gradient is the sum's over b.
                 // The weights are updated in place where the bound tensor is their only holder
-                // (the map's and this step's references are let go first).
-                drop(params);
+                // (the map's reference is let go first; the step's were, in `grad`).
                 for (name, g) in trainable.iter().zip(grads) {
                     let Some(w) = main.param_mut(name) else {
                         continue;

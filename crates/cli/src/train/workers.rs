@@ -130,15 +130,15 @@ impl<'scope> Workers<'scope> {
         })
     }
 
-    /// The losses (one per instance, part by part) and gradients of mini-batch `which`: the first
-    /// part on this thread with `main`, the others on the helpers.
+    /// The losses (one per instance, part by part) and gradients of mini-batch `which` at the
+    /// trainable parameters' values in `weights`: the first part on this thread with `main`, the
+    /// others on the helpers.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn grad(
         &self,
         main: &Compiled,
         decoded: &[Vec<Value>],
         which: &[usize],
-        params: &[Tensor],
         weights: &BTreeMap<String, Tensor>,
         setup: Setup<'_>,
         stats: &mut BackwardStats,
@@ -169,19 +169,27 @@ impl<'scope> Workers<'scope> {
             }
             sent.push(k);
         }
+        // The trainable parameters' current tensors, in their order, held only for this part
+        // (the optimizer updates them in place once every holder has let go).
+        let params: Vec<Tensor> = self
+            .trainable
+            .iter()
+            .filter_map(|n| weights.get(n).cloned())
+            .collect();
         let mine = match send_failure {
             Some(f) => Err(f),
             None => main.grad(
                 setup.raw,
                 decoded,
                 own,
-                params,
+                &params,
                 setup.opts,
                 setup.gopts,
                 setup.seed,
                 stats,
             ),
         };
+        drop(params);
         // Every part sent is waited for, failed or not: no helper holds the weights afterwards.
         let theirs: Vec<PartResult> = sent
             .iter()
