@@ -153,6 +153,17 @@ fn batched_grad(
     opts: Options,
     gopts: GradOptions,
 ) -> Vec<Option<Tensor>> {
+    batched_grad_counted(x, wrt, batch, opts, gopts).0
+}
+
+/// [`batched_grad`], and how many invocations took an identical one's results.
+fn batched_grad_counted(
+    x: &Expected,
+    wrt: &[usize],
+    batch: usize,
+    opts: Options,
+    gopts: GradOptions,
+) -> (Vec<Option<Tensor>>, u64) {
     // As `tumble grad` compiles: gradients do not flow through weight transforms computed
     // once per run.
     let statics = tumble_compile::StaticOptions {
@@ -165,6 +176,7 @@ fn batched_grad(
         .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
         .collect();
     let mut total: Vec<Option<Tensor>> = vec![None; wrt.len()];
+    let mut memoized = 0;
     for (c, chunk) in x.args.chunks(batch).enumerate() {
         let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
         let g = grad_batch(
@@ -178,13 +190,14 @@ fn batched_grad(
             &params,
         )
         .unwrap_or_else(|e| panic!("{}: batched gradient: {}", x.name, e.error.message));
+        memoized += g.stats.memoized;
         for (slot, g) in total.iter_mut().zip(g.grads) {
             if let Some(g) = g {
                 g.add_into(slot).unwrap();
             }
         }
     }
-    total
+    (total, memoized)
 }
 
 /// Each gradient within 1e-4 of the reference, relative to the reference's largest entry.
@@ -287,6 +300,31 @@ fn treelstm() {
         &cycle(&example("treelstm.jsonl"), 70),
     );
     check(&x);
+}
+
+/// Leaves of one launch that read the same token compute the same state: the forward computes
+/// it once and the backward differentiates it once with their output gradients summed. The
+/// gradients equal the reference's, from kept values and recomputed.
+#[test]
+fn identical_invocations_differentiated_once() {
+    let x = load(
+        "treelstm_small",
+        &[("256", "8"), ("768", "24"), ("21703", "1000")],
+        |t| t,
+        SQUARES,
+        &cycle(&example("treelstm.jsonl"), 70),
+    );
+    let wrt = float_params(&x);
+    let want = reference_grad(&x, &wrt);
+    for keep in [true, false] {
+        let gopts = GradOptions {
+            keep,
+            ..GradOptions::default()
+        };
+        let (got, memoized) = batched_grad_counted(&x, &wrt, 64, Options::default(), gopts);
+        assert!(memoized > 0, "keep {keep}: no invocation computed once");
+        compare(&x, &wrt, &got, &want, &format!("batch 64, keep {keep}"));
+    }
 }
 
 #[test]

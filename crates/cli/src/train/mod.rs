@@ -575,8 +575,8 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             "grad: {} instances, sum of @main {loss:.6}, {} parameters, {:.3} s \
              (forward {:.3} s, backward {:.3} s{}); backward launches {} (skipped {}), \
              vjps batched {} / per row {}, shared-weight gradients summed per launch {}, \
-             dense parameter gradients deferred to one product per parameter {}; \
-             peak heap per mini-batch {}",
+             dense parameter gradients deferred to one product per parameter {}, \
+             invocations computed once for identical ones {}; peak heap per mini-batch {}",
             decoded.len(),
             out.len(),
             t0.elapsed().as_secs_f64(),
@@ -593,6 +593,7 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             stats.looped_vjps,
             stats.shared_grads,
             stats.deferred_dense,
+            stats.memoized,
             tumble_limits::bytes_text(stats.peak_bytes)
         );
     }

@@ -26,6 +26,9 @@ pub(super) struct Adjoints {
     bufs: Vec<Vec<Option<OutGrad>>>,
     /// Gradients that do not fit a launch buffer (another dtype, a node outside the log).
     other: HashMap<LazyRef, Tensor>,
+    /// Nodes that took an identical invocation's results, and that invocation: a gradient of
+    /// one is added to the other's, so the launch differentiates their sum once.
+    alias: HashMap<u32, u32>,
 }
 
 /// The gradient of one launch output: `rows × row length` floats, and the shape of a row, read
@@ -36,7 +39,9 @@ struct OutGrad {
 }
 
 impl Adjoints {
-    pub(super) fn new(nodes: usize, log: &[Vec<u32>]) -> Self {
+    /// `aliases`: `(node, the node whose results it took)` (see
+    /// [`crate::dfg::BackwardRecord::aliases`]); a gradient of the first goes to the second's row.
+    pub(super) fn new(nodes: usize, log: &[Vec<u32>], aliases: &[(u32, u32)]) -> Self {
         let mut at = vec![(NOT_LAUNCHED, 0); nodes];
         for (l, ids) in log.iter().enumerate() {
             for (row, &id) in ids.iter().enumerate() {
@@ -45,16 +50,26 @@ impl Adjoints {
                 }
             }
         }
+        for &(dup, rep) in aliases {
+            if let (Some(&place), Some(_)) = (at.get(rep as usize), at.get(dup as usize)) {
+                at[dup as usize] = place;
+            }
+        }
         Adjoints {
             at,
             rows: log.iter().map(Vec::len).collect(),
             bufs: log.iter().map(|_| Vec::new()).collect(),
             other: HashMap::new(),
+            alias: aliases.iter().copied().collect(),
         }
     }
 
     /// Adds gradient `g` to output `r`.
     pub(super) fn add(&mut self, dfg: &Dfg, r: LazyRef, g: Tensor) -> Result<(), RunError> {
+        let r = match self.alias.get(&r.node) {
+            Some(&node) => LazyRef { node, ..r },
+            None => r,
+        };
         if let Some(v) = g.as_f32() {
             if self.add_f32(dfg, r, v, g.shape()) {
                 return Ok(());

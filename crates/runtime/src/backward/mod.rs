@@ -124,6 +124,9 @@ pub struct BackwardStats {
     /// `nn.dense` parameter gradients deferred to one product per parameter at the pass's end
     /// ([`GradOptions::defer_dense`]).
     pub deferred_dense: u64,
+    /// Invocations that took the results of an identical one of their launch (differentiated
+    /// once, their output gradients summed).
+    pub memoized: u64,
     /// The most heap bytes live at once (sampled after the forward and after each backward
     /// launch; counted by `tumble_limits`' allocator where the binary installs it, else 0).
     pub peak_bytes: usize,
@@ -140,6 +143,7 @@ impl BackwardStats {
         self.looped_vjps += o.looped_vjps;
         self.shared_grads += o.shared_grads;
         self.deferred_dense += o.deferred_dense;
+        self.memoized += o.memoized;
         self.peak_bytes = self.peak_bytes.max(o.peak_bytes);
         self.time_forward += o.time_forward;
         self.time_backward += o.time_backward;
@@ -205,8 +209,13 @@ pub fn grad_batch(
     };
     let t1 = Instant::now();
     let mut grads: Vec<Option<ParamGrad>> = vec![None; params.len()];
-    let (log, mut kept) = dfg.take_backward_record();
-    let mut adj = Adjoints::new(dfg.node_count(), &log);
+    let crate::dfg::BackwardRecord {
+        log,
+        mut kept,
+        aliases,
+    } = dfg.take_backward_record();
+    stats.memoized = aliases.len() as u64;
+    let mut adj = Adjoints::new(dfg.node_count(), &log, &aliases);
     let mut losses = Vec::with_capacity(n);
     for (i, r) in results.into_iter().enumerate() {
         let fail = at_instance(Some(i));
@@ -244,7 +253,7 @@ pub fn grad_batch(
             }
         }
     }
-    let active = activity(&dfg, &log, params);
+    let active = activity(&dfg, &log, &aliases, params);
     let mut rng = Rng::new(0);
     let mut deferred = dense_grads::DeferredDense::default();
     for (l, ids) in log.iter().enumerate().rev() {
@@ -301,10 +310,16 @@ fn param_of(params: &[Tensor], t: &Tensor) -> Option<usize> {
 }
 
 /// Per node id: whether it depends on a parameter (others are skipped by the backward).
-/// Launches (`log`) are in dependency order, so one forward pass over them decides it.
-fn activity(dfg: &Dfg, log: &[Vec<u32>], params: &[Tensor]) -> Vec<bool> {
+/// Launches (`log`) are in dependency order, so one forward pass over them decides it; the
+/// invocations that took an identical one's results (`aliases`) read no computed input, so
+/// they are decided first.
+fn activity(dfg: &Dfg, log: &[Vec<u32>], aliases: &[(u32, u32)], params: &[Tensor]) -> Vec<bool> {
     let mut active = vec![false; dfg.node_count()];
-    for &id in log.iter().flatten() {
+    for id in aliases
+        .iter()
+        .map(|&(dup, _)| dup)
+        .chain(log.iter().flatten().copied())
+    {
         let a = dfg.node(id).is_some_and(|n| {
             n.args.iter().any(|a| match a {
                 Arg::Val(t) => t.dtype().is_float() && param_of(params, t).is_some(),

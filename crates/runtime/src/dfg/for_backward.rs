@@ -4,6 +4,16 @@
 
 use super::*;
 
+/// What the forward recorded for the backward pass ([`Dfg::take_backward_record`]).
+pub(crate) struct BackwardRecord {
+    /// The launches in order: the nodes each computed.
+    pub log: Vec<Vec<u32>>,
+    /// Per launch, what it kept.
+    pub kept: Vec<Option<Kept>>,
+    /// `(node, the node it took its results from)` for the invocations computed once.
+    pub aliases: Vec<(u32, u32)>,
+}
+
 impl Dfg<'_> {
     /// Records for the backward pass: every launch's nodes in order, and node arguments kept
     /// after their launch. Every float value must stay on the graph for the backward to see it,
@@ -18,11 +28,16 @@ impl Dfg<'_> {
         self.opts.early_release = false;
     }
 
-    /// The launches so far, in order (node ids), and what each kept (see
-    /// [`Dfg::record_for_backward`]), taken out of the graph; recording stops.
-    pub(crate) fn take_backward_record(&mut self) -> (Vec<Vec<u32>>, Vec<Option<Kept>>) {
-        let log = self.launch_log.take().unwrap_or_default();
-        (log, std::mem::take(&mut self.kept))
+    /// The launches so far, in order (the nodes each computed), what each kept (see
+    /// [`Dfg::record_for_backward`]), and the invocations that took an identical one's results
+    /// instead (`(node, the node it took them from)`: its adjoint is that node's), taken out of
+    /// the graph; recording stops.
+    pub(crate) fn take_backward_record(&mut self) -> BackwardRecord {
+        BackwardRecord {
+            log: self.launch_log.take().unwrap_or_default(),
+            kept: std::mem::take(&mut self.kept),
+            aliases: std::mem::take(&mut self.memo_aliases),
+        }
     }
 
     /// The `n_inputs` inputs of a launch of nodes `ids` the way the backward differentiates

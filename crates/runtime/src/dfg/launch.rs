@@ -2,6 +2,7 @@
 //! first failing invocation, gathering inputs (shared once, earlier outputs in order reused,
 //! others as row lists) and running the block's kernel plan or batching rules.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::*;
@@ -117,7 +118,7 @@ impl Dfg<'_> {
         {
             return self.launch_ragged(block_id, ids);
         }
-        let (per_node, kept) = match self.identical_invocations(block_id, ids) {
+        let (per_node, kept, ran) = match self.identical_invocations(block_id, ids) {
             Some((distinct, of)) => {
                 let (outs, kept) = self.run_launch(block_id, &distinct)?;
                 self.profile.memoized += (ids.len() - distinct.len()) as u64;
@@ -129,13 +130,26 @@ impl Dfg<'_> {
                         })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                (outs, kept)
+                if self.launch_log.is_some() {
+                    for (&id, &k) in ids.iter().zip(&of) {
+                        match distinct.get(k) {
+                            Some(&rep) if rep != id => self.memo_aliases.push((id, rep)),
+                            _ => {}
+                        }
+                    }
+                }
+                (outs, kept, Cow::Owned(distinct))
             }
-            None => self.run_launch(block_id, ids)?,
+            None => {
+                let (outs, kept) = self.run_launch(block_id, ids)?;
+                (outs, kept, Cow::Borrowed(ids))
+            }
         };
         self.store_outputs(ids, per_node);
         if let Some(log) = &mut self.launch_log {
-            log.push(ids.to_vec());
+            // The backward differentiates the invocations that ran; the others' adjoints are
+            // added to theirs (`memo_aliases`), which is their sum's vjp.
+            log.push(ran.into_owned());
             self.kept.push(kept);
         }
         Ok(())
@@ -147,12 +161,14 @@ impl Dfg<'_> {
     /// small value the host holds compared by content (a token id: a mini-batch's leaves repeat
     /// ",", "the", "."), a larger one (a weight) by identity. (The zoo's outputs are
     /// byte-identical with it on and off.) `None`: nothing repeats, an input is computed (a
-    /// recurrent state, different per invocation), or memoizing is off (`TUMBLE_NO_MEMO=1`;
-    /// recording for a backward, which differentiates every invocation).
+    /// recurrent state, different per invocation), or memoizing is off (`TUMBLE_NO_MEMO=1`).
+    /// While recording for a backward, float inputs are compared by identity only, so that
+    /// invocations taking one's results read the same parameters — the same gradients.
     fn identical_invocations(&self, block_id: u32, ids: &[u32]) -> Option<(Vec<u32>, Vec<usize>)> {
-        if ids.len() < 2 || self.keep.is_some() || !memo_enabled() {
+        if ids.len() < 2 || !memo_enabled() {
             return None;
         }
+        let floats_by_identity = self.launch_log.is_some();
         if !self.exec.pure_blocks.get(block_id as usize).copied()? {
             return None;
         }
@@ -168,7 +184,7 @@ impl Dfg<'_> {
                 };
                 key.extend(t.shape().iter().map(|&d| d as u64));
                 key.push(u64::MAX);
-                if t.len() > MEMO_MAX_ELEMENTS {
+                if t.len() > MEMO_MAX_ELEMENTS || (floats_by_identity && t.dtype().is_float()) {
                     key.push(t.buffer_id() as u64);
                 } else {
                     push_bits(t, &mut key)?;

@@ -25,6 +25,7 @@ use crate::workers::Lending;
 use crate::{Options, Scheduler};
 
 mod for_backward;
+pub(crate) use for_backward::BackwardRecord;
 mod launch;
 mod ragged;
 mod release;
@@ -194,6 +195,9 @@ pub struct Dfg<'p> {
     keep: Option<FastEval>,
     /// Per logged launch: what it kept (`None` where it did not keep).
     kept: Vec<Option<Kept>>,
+    /// Recording for the backward pass: invocations that took the results of an identical one
+    /// of their launch (`(node, the node it took them from)`), which the log does not list.
+    memo_aliases: Vec<(u32, u32)>,
     /// Computed nodes no recorded node reads any more that a host value might still name when
     /// they were last looked at: released after a scan finds the host has let go.
     watch: Vec<u32>,
@@ -297,6 +301,7 @@ impl<'p> Dfg<'p> {
             launch_log: None,
             keep: None,
             kept: Vec::new(),
+            memo_aliases: Vec::new(),
             watch: Vec::new(),
             epoch: 1,
             bytes_since_scan: 0,
