@@ -1031,3 +1031,38 @@ def @main(%xs: List[Tensor[(1), int32]], %emb: Tensor[(7, 4), float32], %w: Tens
         "a block with a random draw computes every invocation"
     );
 }
+
+/// An invocation whose computed inputs come from invocations that took an identical one's
+/// results reads what that one's readers read: a launch of those readers computes each distinct
+/// one once too (the forget gate of two leaves of one word). Twelve instances over three pairs
+/// of four tokens: the leaves repeat 20 times whatever their launches, the pairs 9 times.
+#[test]
+fn readers_of_identical_invocations_are_computed_once() {
+    let src = r#"
+def @leaf(%tok: Tensor[(1), int32], %emb: Tensor[(7, 4), float32], %w: Tensor[(4, 4), float32], Primitive=1) -> Tensor[(1, 4), float32] {
+  tanh(nn.dense(take(%emb, %tok, axis=0), %w))
+}
+def @pair(%a: Tensor[(1, 4), float32], %b: Tensor[(1, 4), float32], %u: Tensor[(4, 4), float32], Primitive=1) -> Tensor[(1, 4), float32] {
+  sigmoid(add(nn.dense(%a, %u), nn.dense(%b, %u)))
+}
+def @main(%a: Tensor[(1), int32], %b: Tensor[(1), int32], %emb: Tensor[(7, 4), float32], %w: Tensor[(4, 4), float32], %u: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %r = db.concurrent((@leaf(%a, %emb, %w), @leaf(%b, %emb, %w)));
+  @pair(%r.0, %r.1, %u)
+}
+"#;
+    let inputs: String = (0..12)
+        .map(|i| {
+            let (a, b) = [(0, 1), (2, 3), (0, 3)][i % 3];
+            format!("{{\"a\": [{a}], \"b\": [{b}]}}\n")
+        })
+        .collect();
+    agrees("memo_readers", src, &inputs, &["a", "b"]);
+    let x = expected(
+        "memo_readers",
+        load_text("memo_readers", src),
+        &inputs,
+        &["a", "b"],
+    );
+    let p = batch_profile(&x, tumble_runtime::Options::default());
+    assert_eq!(p.memoized, 29, "leaves 20, pairs 9");
+}

@@ -16,6 +16,7 @@
 //!
 //! Control flow needs nothing here: the graph holds exactly what each instance ran.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -310,24 +311,26 @@ fn param_of(params: &[Tensor], t: &Tensor) -> Option<usize> {
 }
 
 /// Per node id: whether it depends on a parameter (others are skipped by the backward).
-/// Launches (`log`) are in dependency order, so one forward pass over them decides it; the
-/// invocations that took an identical one's results (`aliases`) read no computed input, so
-/// they are decided first.
+/// Launches (`log`) are in dependency order, so one forward pass over them decides it; an
+/// invocation that took an identical one's results (`aliases`) read the same parameters and
+/// the same computed values, so it is decided with that one.
 fn activity(dfg: &Dfg, log: &[Vec<u32>], aliases: &[(u32, u32)], params: &[Tensor]) -> Vec<bool> {
     let mut active = vec![false; dfg.node_count()];
-    for id in aliases
-        .iter()
-        .map(|&(dup, _)| dup)
-        .chain(log.iter().flatten().copied())
-    {
+    let mut twins: HashMap<u32, Vec<u32>> = HashMap::new();
+    for &(dup, rep) in aliases {
+        twins.entry(rep).or_default().push(dup);
+    }
+    for &id in log.iter().flatten() {
         let a = dfg.node(id).is_some_and(|n| {
             n.args.iter().any(|a| match a {
                 Arg::Val(t) => t.dtype().is_float() && param_of(params, t).is_some(),
                 Arg::Lazy(r) => active.get(r.node as usize).copied().unwrap_or(false),
             })
         });
-        if let Some(slot) = active.get_mut(id as usize) {
-            *slot = a;
+        for &n in std::iter::once(&id).chain(twins.get(&id).into_iter().flatten()) {
+            if let Some(slot) = active.get_mut(n as usize) {
+                *slot = a;
+            }
         }
     }
     active

@@ -35,6 +35,9 @@ pub(super) fn slot_of(o: &BV, row: usize) -> Result<Slot, RunError> {
 /// small keys such as token ids).
 const MEMO_MAX_ELEMENTS: usize = 64;
 
+/// A node in no class of identical invocations ([`Dfg::memo_class`]).
+pub(super) const NO_CLASS: u32 = u32::MAX;
+
 /// The elements of `t` as bit patterns, tagged with the element type (floats by their bits:
 /// `-0.0` and `0.0`, or two NaNs, differ — a key, not a comparison of values).
 fn push_bits(t: &Tensor, key: &mut Vec<u64>) -> Option<()> {
@@ -130,12 +133,15 @@ impl Dfg<'_> {
                         })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                if self.launch_log.is_some() {
-                    for (&id, &k) in ids.iter().zip(&of) {
-                        match distinct.get(k) {
-                            Some(&rep) if rep != id => self.memo_aliases.push((id, rep)),
-                            _ => {}
+                for (&id, &k) in ids.iter().zip(&of) {
+                    match distinct.get(k) {
+                        Some(&rep) if rep != id => {
+                            self.join_memo_class(id, rep);
+                            if self.launch_log.is_some() {
+                                self.memo_aliases.push((id, rep));
+                            }
                         }
+                        _ => {}
                     }
                 }
                 (outs, kept, Cow::Owned(distinct))
@@ -159,9 +165,11 @@ impl Dfg<'_> {
     /// the distinct ones and, per invocation, its distinct one's position. Two invocations of a
     /// block without random draws compute the same results when their inputs are the same: a
     /// small value the host holds compared by content (a token id: a mini-batch's leaves repeat
-    /// ",", "the", "."), a larger one (a weight) by identity. (The zoo's outputs are
-    /// byte-identical with it on and off.) `None`: nothing repeats, an input is computed (a
-    /// recurrent state, different per invocation), or memoizing is off (`TUMBLE_NO_MEMO=1`).
+    /// ",", "the", "."), a larger one (a weight) by identity, and a computed one by the
+    /// invocation that computed it, once that one took an identical invocation's results (the
+    /// forget gate over two leaves of one word). (The zoo's outputs are byte-identical with it
+    /// on and off.) `None`: nothing repeats, an input is computed by an invocation of its own
+    /// (a recurrent state, different per invocation), or memoizing is off (`TUMBLE_NO_MEMO=1`).
     /// While recording for a backward, float inputs are compared by identity only, so that
     /// invocations taking one's results read the same parameters — the same gradients.
     fn identical_invocations(&self, block_id: u32, ids: &[u32]) -> Option<(Vec<u32>, Vec<usize>)> {
@@ -178,29 +186,63 @@ impl Dfg<'_> {
         let mut key = Vec::new();
         for &id in ids {
             key.clear();
+            let mut own = false;
             for a in &self.nodes.get(id as usize)?.args {
-                let Arg::Val(t) = a else {
-                    return None;
-                };
-                key.extend(t.shape().iter().map(|&d| d as u64));
-                key.push(u64::MAX);
-                if t.len() > MEMO_MAX_ELEMENTS || (floats_by_identity && t.dtype().is_float()) {
-                    key.push(t.buffer_id() as u64);
-                } else {
-                    push_bits(t, &mut key)?;
+                match a {
+                    Arg::Val(t) => {
+                        key.extend(t.shape().iter().map(|&d| d as u64));
+                        key.push(u64::MAX);
+                        if t.len() > MEMO_MAX_ELEMENTS
+                            || (floats_by_identity && t.dtype().is_float())
+                        {
+                            key.push(t.buffer_id() as u64);
+                        } else {
+                            push_bits(t, &mut key)?;
+                        }
+                    }
+                    Arg::Lazy(r) => match self.memo_class.get(r.node as usize) {
+                        Some(&rep) if rep != NO_CLASS => {
+                            key.extend([u64::MAX - 1, u64::from(rep), u64::from(r.output)]);
+                        }
+                        // Computed by an invocation no other one repeats: this one is unlike
+                        // the others (or, before any invocation repeated, the launch is).
+                        _ if self.memo_class.is_empty() => return None,
+                        _ => {
+                            own = true;
+                            break;
+                        }
+                    },
                 }
             }
-            let k = match index.get(&key) {
-                Some(&k) => k,
-                None => {
+            let k = match (own, index.get(&key)) {
+                (false, Some(&k)) => k,
+                (false, None) => {
                     distinct.push(id);
                     index.insert(key.clone(), distinct.len() - 1);
+                    distinct.len() - 1
+                }
+                (true, _) => {
+                    distinct.push(id);
                     distinct.len() - 1
                 }
             };
             of.push(k);
         }
         (distinct.len() < ids.len()).then_some((distinct, of))
+    }
+
+    /// Invocation `id` took the results of `rep` (an invocation of its launch that ran): both
+    /// join `rep`'s class, which [`Dfg::identical_invocations`] compares their readers by.
+    fn join_memo_class(&mut self, id: u32, rep: u32) {
+        let need = (id.max(rep) as usize) + 1;
+        if self.memo_class.len() < need {
+            self.memo_class.resize(need.max(self.nodes.len()), NO_CLASS);
+        }
+        for n in [id, rep] {
+            if let Some(c) = self.memo_class.get_mut(n as usize) {
+                *c = rep;
+            }
+        }
     }
 
     /// Runs `block` for the nodes `ids` as one batched call: each node's results, and what the

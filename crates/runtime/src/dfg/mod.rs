@@ -198,6 +198,9 @@ pub struct Dfg<'p> {
     /// Recording for the backward pass: invocations that took the results of an identical one
     /// of their launch (`(node, the node it took them from)`), which the log does not list.
     memo_aliases: Vec<(u32, u32)>,
+    /// Per node id, for invocations that took an identical one's results and the ones they
+    /// took them from: that one (`launch::NO_CLASS` elsewhere; empty until a launch had any).
+    memo_class: Vec<u32>,
     /// Computed nodes no recorded node reads any more that a host value might still name when
     /// they were last looked at: released after a scan finds the host has let go.
     watch: Vec<u32>,
@@ -302,6 +305,7 @@ impl<'p> Dfg<'p> {
             keep: None,
             kept: Vec::new(),
             memo_aliases: Vec::new(),
+            memo_class: Vec::new(),
             watch: Vec::new(),
             epoch: 1,
             bytes_since_scan: 0,
