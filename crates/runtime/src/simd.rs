@@ -129,6 +129,149 @@ pub fn binary(dst: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32
     }
 }
 
+/// Per-ISA copies of a loop, and its dispatching entry point: `$name` runs `$body` compiled for
+/// AVX-512, AVX2 or the baseline, as [`unary`] does.
+macro_rules! dispatched {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty $body:block) => {
+        $(#[$doc])*
+        #[inline]
+        pub fn $name($($arg: $ty),*) -> $ret {
+            #[inline(always)]
+            fn body($($arg: $ty),*) -> $ret $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512dq,avx2")]
+            fn avx512($($arg: $ty),*) -> $ret {
+                body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2")]
+            fn avx2($($arg: $ty),*) -> $ret {
+                body($($arg),*)
+            }
+            match isa() {
+                // SAFETY: as in `unary`.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { avx512($($arg),*) },
+                // SAFETY: as in `unary`.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { avx2($($arg),*) },
+                Isa::Base => body($($arg),*),
+            }
+        }
+    };
+}
+
+/// Independent accumulators of the reductions below: enough lanes for two AVX-512 registers of
+/// f64, so the loop carries no dependency from one element to the next.
+const LANES: usize = 16;
+
+dispatched! {
+    /// The largest element, NaNs ignored (`fold(-inf, f32::max)`: the same value whatever the
+    /// order, so the lanes change nothing); `-inf` for an empty slice.
+    pub fn max(x: &[f32]) -> f32 {
+        let mut acc = [f32::NEG_INFINITY; LANES];
+        let chunks = x.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for (a, &v) in acc.iter_mut().zip(c) {
+                *a = a.max(v);
+            }
+        }
+        tail.iter().chain(&acc).fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+    }
+}
+
+dispatched! {
+    /// The sum of the elements in f64 (lanes added pairwise at the end: an order of additions
+    /// other than left to right, exact here unless the partial sums need more than f64's 53 bits).
+    pub fn sum_f64(x: &[f32]) -> f64 {
+        let mut acc = [0f64; LANES];
+        let chunks = x.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for (a, &v) in acc.iter_mut().zip(c) {
+                *a += f64::from(v);
+            }
+        }
+        fold_lanes(acc) + tail.iter().map(|&v| f64::from(v)).sum::<f64>()
+    }
+}
+
+dispatched! {
+    /// `Σ (x_i - mean)²` in f64, as [`sum_f64`] adds.
+    pub fn sum_sq_dev_f64(x: &[f32], mean: f64) -> f64 {
+        let mut acc = [0f64; LANES];
+        let chunks = x.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for (a, &v) in acc.iter_mut().zip(c) {
+                let d = f64::from(v) - mean;
+                *a += d * d;
+            }
+        }
+        let t: f64 = tail
+            .iter()
+            .map(|&v| {
+                let d = f64::from(v) - mean;
+                d * d
+            })
+            .sum();
+        fold_lanes(acc) + t
+    }
+}
+
+#[inline(always)]
+fn fold_lanes(acc: [f64; LANES]) -> f64 {
+    let mut a = acc;
+    let mut w = LANES / 2;
+    while w > 0 {
+        for k in 0..w {
+            a[k] += a[k + w];
+        }
+        w /= 2;
+    }
+    a[0]
+}
+
+dispatched! {
+    /// `dst[i] *= k`.
+    pub fn scale(dst: &mut [f32], k: f32) -> () {
+        for o in dst.iter_mut() {
+            *o *= k;
+        }
+    }
+}
+
+/// `dst[i] = f(dst[i], y[i])` over the common length.
+#[inline]
+pub fn update(dst: &mut [f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
+    #[inline(always)]
+    fn body(dst: &mut [f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
+        for (o, &q) in dst.iter_mut().zip(y) {
+            *o = f(*o, q);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq,avx2")]
+    fn avx512(dst: &mut [f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
+        body(dst, y, f)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn avx2(dst: &mut [f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
+        body(dst, y, f)
+    }
+    match isa() {
+        // SAFETY: as in `unary`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512(dst, y, f) },
+        // SAFETY: as in `unary`.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2(dst, y, f) },
+        Isa::Base => body(dst, y, f),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +303,50 @@ mod tests {
                 "binary n={n}"
             );
         }
+    }
+
+    /// The reductions agree with their sequential definitions at odd lengths (max exactly; the
+    /// f64 sums to the last bit of their f32 rounding on these values), NaNs ignored by `max`.
+    #[test]
+    fn reductions_equal_the_sequential_ones_at_odd_lengths() {
+        for n in [0usize, 1, 7, 15, 16, 17, 31, 33, 64, 129, 768, 1001] {
+            let x: Vec<f32> = (0..n)
+                .map(|i| (i as f32 * 0.37).sin() * 9.0 + 0.5)
+                .collect();
+            assert_eq!(
+                max(&x).to_bits(),
+                x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)).to_bits(),
+                "max n={n}"
+            );
+            let want: f64 = x.iter().map(|&v| f64::from(v)).sum();
+            assert_eq!(sum_f64(&x) as f32, want as f32, "sum n={n}");
+            assert!(
+                (sum_f64(&x) - want).abs() <= 1e-9 * want.abs().max(1.0),
+                "sum n={n}"
+            );
+            let mean = want / n.max(1) as f64;
+            let want_sq: f64 = x.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum();
+            let got_sq = sum_sq_dev_f64(&x, mean);
+            assert!(
+                (got_sq - want_sq).abs() <= 1e-9 * want_sq.max(1.0),
+                "sq n={n}"
+            );
+            let mut y = x.clone();
+            scale(&mut y, 0.25);
+            assert!(y
+                .iter()
+                .zip(&x)
+                .all(|(a, b)| a.to_bits() == (b * 0.25).to_bits()));
+            update(&mut y, &x, |p, q| p - q);
+            assert!(y
+                .iter()
+                .zip(&x)
+                .all(|(a, b)| a.to_bits() == (b * 0.25 - b).to_bits()));
+        }
+        let mut x = vec![1f32; 40];
+        x[3] = f32::NAN;
+        x[37] = 7.0;
+        assert_eq!(max(&x), 7.0);
+        assert_eq!(max(&[]), f32::NEG_INFINITY);
     }
 }
