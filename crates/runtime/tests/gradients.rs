@@ -290,16 +290,21 @@ fn check(x: &Expected) {
     );
 }
 
-#[test]
-fn treelstm() {
-    let x = load(
+/// TreeLSTM-small shrunk (H = 8), over the bundled trees repeated to 70 instances: a launch's
+/// leaves repeat tokens.
+fn treelstm_small() -> Expected {
+    load(
         "treelstm_small",
         &[("256", "8"), ("768", "24"), ("21703", "1000")],
         |t| t,
         SQUARES,
         &cycle(&example("treelstm.jsonl"), 70),
-    );
-    check(&x);
+    )
+}
+
+#[test]
+fn treelstm() {
+    check(&treelstm_small());
 }
 
 /// Leaves of one launch that read the same token compute the same state: the forward computes
@@ -307,13 +312,7 @@ fn treelstm() {
 /// gradients equal the reference's, from kept values and recomputed.
 #[test]
 fn identical_invocations_differentiated_once() {
-    let x = load(
-        "treelstm_small",
-        &[("256", "8"), ("768", "24"), ("21703", "1000")],
-        |t| t,
-        SQUARES,
-        &cycle(&example("treelstm.jsonl"), 70),
-    );
+    let x = treelstm_small();
     let wrt = float_params(&x);
     let want = reference_grad(&x, &wrt);
     for keep in [true, false] {
