@@ -102,6 +102,17 @@ fn direct_enabled() -> bool {
     *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DIRECT_A").is_none())
 }
 
+/// Weights of at most this many panels (N ≤ 128) read every row block where it lies, in blocks
+/// of [`DIRECT_MAX_ROWS`], instead of packing it: A is used against so few panels that packing
+/// it costs about what the products do (MV-RNN's `W_M · [A; B]`, M = 128, K = 256, N = 128, per
+/// node: a tenth of the run packing the same `W_M`). `TUMBLE_NO_DIRECT_NARROW_W=1` packs.
+const DIRECT_MAX_PANELS: usize = 4;
+
+fn direct_narrow_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DIRECT_NARROW_W").is_none())
+}
+
 fn prefetch_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_PREFETCH").is_none())
@@ -416,15 +427,22 @@ fn block_rows(
         for part in parts {
             // A block of a few rows is read where it lies (no packing) when the kernel can.
             let direct = kernel.direct.filter(|_| {
-                mg <= DIRECT_MAX_ROWS
+                (mg <= DIRECT_MAX_ROWS
+                    || (part.w.n().div_ceil(NR) <= DIRECT_MAX_PANELS && direct_narrow_enabled()))
                     && direct_enabled()
                     && !matches!(part.a, RowSource::Columns(_))
             });
             for (k0, kc) in k_blocks(part.w.k(), kc_max) {
-                let mut row_ptrs = [std::ptr::null::<f32>(); DIRECT_MAX_ROWS];
+                // Row pointers of the group, in blocks of DIRECT_MAX_ROWS (the last may be short).
+                let mut row_ptrs: Vec<[*const f32; DIRECT_MAX_ROWS]> = Vec::new();
                 if direct.is_some() {
-                    for (i, p) in row_ptrs.iter_mut().enumerate().take(mg) {
-                        *p = part.a.row(ic + i, k0, kc).as_ptr();
+                    row_ptrs.resize(
+                        mg.div_ceil(DIRECT_MAX_ROWS),
+                        [std::ptr::null(); DIRECT_MAX_ROWS],
+                    );
+                    for i in 0..mg {
+                        row_ptrs[i / DIRECT_MAX_ROWS][i % DIRECT_MAX_ROWS] =
+                            part.a.row(ic + i, k0, kc).as_ptr();
                     }
                 } else {
                     scratch.ensure(micro * mr * kc);
@@ -460,24 +478,33 @@ fn block_rows(
                                 let col = jp * NR + off;
                                 let nn = kernel.width.min(n - col);
                                 if let Some(direct) = direct {
-                                    // SAFETY: DirectTileFn contract — the kernel was built for
-                                    // an available KernelKind; 1 <= mg <= DIRECT_MAX_ROWS;
-                                    // `row_ptrs[i]` for i < mg is row `ic + i`'s `kc` floats
-                                    // from `k0` (validated rows, `RowSource::row`); the weight
-                                    // and C ranges are as for the packed tile below (one
-                                    // micro-panel: mg < mr).
-                                    unsafe {
-                                        direct(
-                                            kc,
-                                            &row_ptrs,
-                                            bpanel.as_ptr().add(off),
-                                            if off == 0 { next } else { std::ptr::null() },
-                                            cblock.add(col),
-                                            n,
-                                            mg,
-                                            nn,
-                                            !first,
-                                        );
+                                    for (blk, ptrs) in row_ptrs.iter().enumerate() {
+                                        let r = blk * DIRECT_MAX_ROWS;
+                                        let rows = DIRECT_MAX_ROWS.min(mg - r);
+                                        // SAFETY: DirectTileFn contract — the kernel was built
+                                        // for an available KernelKind; 1 <= rows <=
+                                        // DIRECT_MAX_ROWS; `ptrs[i]` for i < rows is row
+                                        // `ic + r + i`'s `kc` floats from `k0` (validated rows,
+                                        // `RowSource::row`); C rows `ic + r .. + rows` (r + rows
+                                        // <= mg), columns `col .. col + nn <= n` lie in this
+                                        // task's block, as for the packed tile below.
+                                        unsafe {
+                                            direct(
+                                                kc,
+                                                ptrs,
+                                                bpanel.as_ptr().add(off),
+                                                if off == 0 && blk == 0 {
+                                                    next
+                                                } else {
+                                                    std::ptr::null()
+                                                },
+                                                cblock.add(r * n + col),
+                                                n,
+                                                rows,
+                                                nn,
+                                                !first,
+                                            );
+                                        }
                                     }
                                     off += kernel.width;
                                     continue;
