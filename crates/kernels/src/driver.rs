@@ -414,6 +414,8 @@ fn block_rows(
     let group_max = if small { mc_max } else { bl.group };
     let sub = mc_max.div_ceil(mr).max(1); // micro-panels per mc sub-block
     let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    // Direct row blocks' row pointers, refilled per K block (one allocation per call).
+    let mut row_ptrs: Vec<[*const f32; DIRECT_MAX_ROWS]> = Vec::new();
     let mut ic = r0;
     while ic < r1 {
         let mg = group_max.min(r1 - ic);
@@ -434,7 +436,7 @@ fn block_rows(
             });
             for (k0, kc) in k_blocks(part.w.k(), kc_max) {
                 // Row pointers of the group, in blocks of DIRECT_MAX_ROWS (the last may be short).
-                let mut row_ptrs: Vec<[*const f32; DIRECT_MAX_ROWS]> = Vec::new();
+                row_ptrs.clear();
                 if direct.is_some() {
                     row_ptrs.resize(
                         mg.div_ceil(DIRECT_MAX_ROWS),

@@ -33,42 +33,37 @@ fn isa() -> Isa {
     })
 }
 
-#[inline(always)]
-fn unary_loop(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {
-    for (o, &x) in dst.iter_mut().zip(src) {
-        *o = f(x);
-    }
-}
-
-#[inline(always)]
-fn binary_loop(dst: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
-    for (o, (&p, &q)) in dst.iter_mut().zip(x.iter().zip(y)) {
-        *o = f(p, q);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq,avx2")]
-fn unary_avx512(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {
-    unary_loop(dst, src, f)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn unary_avx2(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {
-    unary_loop(dst, src, f)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq,avx2")]
-fn binary_avx512(dst: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
-    binary_loop(dst, x, y, f)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn binary_avx2(dst: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
-    binary_loop(dst, x, y, f)
+/// Per-ISA copies of a loop, and its dispatching entry point: `$name` runs `$body` compiled for
+/// AVX-512, AVX2 or the baseline, whichever the CPU runs ([`isa`]).
+macro_rules! dispatched {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty $body:block) => {
+        $(#[$doc])*
+        #[inline]
+        pub fn $name($($arg: $ty),*) -> $ret {
+            #[inline(always)]
+            fn body($($arg: $ty),*) -> $ret $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512dq,avx2")]
+            fn avx512($($arg: $ty),*) -> $ret {
+                body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2")]
+            fn avx2($($arg: $ty),*) -> $ret {
+                body($($arg),*)
+            }
+            match isa() {
+                // SAFETY: `isa()` returns Avx512 only when the CPU reports avx512f and avx512dq
+                // (which imply avx2), so the features `avx512` was compiled for are present.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { avx512($($arg),*) },
+                // SAFETY: `isa()` returns Avx2 only when the CPU reports avx2.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { avx2($($arg),*) },
+                Isa::Base => body($($arg),*),
+            }
+        }
+    };
 }
 
 /// Asks the CPU to bring `data` into its caches ahead of use: a hint, which reads nothing
@@ -100,65 +95,22 @@ pub fn prefetch_value<T: ?Sized>(value: &T) {
     let _ = value;
 }
 
-/// `dst[i] = f(src[i])` over the common length.
-#[inline]
-pub fn unary(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {
-    match isa() {
-        // SAFETY: `isa()` returns Avx512 only when the CPU reports avx512f and avx512dq (which
-        // imply avx2), so the features these functions were compiled for are present.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { unary_avx512(dst, src, f) },
-        // SAFETY: `isa()` returns Avx2 only when the CPU reports avx2.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { unary_avx2(dst, src, f) },
-        Isa::Base => unary_loop(dst, src, f),
-    }
-}
-
-/// `dst[i] = f(x[i], y[i])` over the common length.
-#[inline]
-pub fn binary(dst: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
-    match isa() {
-        // SAFETY: as in `unary`.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { binary_avx512(dst, x, y, f) },
-        // SAFETY: as in `unary`.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { binary_avx2(dst, x, y, f) },
-        Isa::Base => binary_loop(dst, x, y, f),
-    }
-}
-
-/// Per-ISA copies of a loop, and its dispatching entry point: `$name` runs `$body` compiled for
-/// AVX-512, AVX2 or the baseline, as [`unary`] does.
-macro_rules! dispatched {
-    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty $body:block) => {
-        $(#[$doc])*
-        #[inline]
-        pub fn $name($($arg: $ty),*) -> $ret {
-            #[inline(always)]
-            fn body($($arg: $ty),*) -> $ret $body
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx512f,avx512dq,avx2")]
-            fn avx512($($arg: $ty),*) -> $ret {
-                body($($arg),*)
-            }
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx2")]
-            fn avx2($($arg: $ty),*) -> $ret {
-                body($($arg),*)
-            }
-            match isa() {
-                // SAFETY: as in `unary`.
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => unsafe { avx512($($arg),*) },
-                // SAFETY: as in `unary`.
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { avx2($($arg),*) },
-                Isa::Base => body($($arg),*),
-            }
+dispatched! {
+    /// `dst[i] = f(src[i])` over the common length.
+    pub fn unary(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) -> () {
+        for (o, &x) in dst.iter_mut().zip(src) {
+            *o = f(x);
         }
-    };
+    }
+}
+
+dispatched! {
+    /// `dst[i] = f(x[i], y[i])` over the common length.
+    pub fn binary(dst: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32) -> () {
+        for (o, (&p, &q)) in dst.iter_mut().zip(x.iter().zip(y)) {
+            *o = f(p, q);
+        }
+    }
 }
 
 /// Independent accumulators of the reductions below: enough lanes for two AVX-512 registers of
@@ -242,33 +194,12 @@ dispatched! {
     }
 }
 
-/// `dst[i] = f(dst[i], y[i])` over the common length.
-#[inline]
-pub fn update(dst: &mut [f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
-    #[inline(always)]
-    fn body(dst: &mut [f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
+dispatched! {
+    /// `dst[i] = f(dst[i], y[i])` over the common length.
+    pub fn update(dst: &mut [f32], y: &[f32], f: impl Fn(f32, f32) -> f32) -> () {
         for (o, &q) in dst.iter_mut().zip(y) {
             *o = f(*o, q);
         }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512dq,avx2")]
-    fn avx512(dst: &mut [f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
-        body(dst, y, f)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn avx2(dst: &mut [f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
-        body(dst, y, f)
-    }
-    match isa() {
-        // SAFETY: as in `unary`.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512(dst, y, f) },
-        // SAFETY: as in `unary`.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2(dst, y, f) },
-        Isa::Base => body(dst, y, f),
     }
 }
 

@@ -12,7 +12,7 @@ use tumble_interp::{LazyRef, RunError};
 use tumble_tensor::Tensor;
 
 use super::internal;
-use crate::dfg::Dfg;
+use crate::dfg::{Dfg, Twins};
 
 const NOT_LAUNCHED: u32 = u32::MAX;
 
@@ -26,9 +26,9 @@ pub(super) struct Adjoints {
     bufs: Vec<Vec<Option<OutGrad>>>,
     /// Gradients that do not fit a launch buffer (another dtype, a node outside the log).
     other: HashMap<LazyRef, Tensor>,
-    /// Nodes that took an identical invocation's results, and that invocation: a gradient of
-    /// one is added to the other's, so the launch differentiates their sum once.
-    alias: HashMap<u32, u32>,
+    /// Nodes that took an identical invocation's results: a gradient of one is added to that
+    /// invocation's, so the launch differentiates their sum once.
+    twins: Twins,
 }
 
 /// The gradient of one launch output: `rows × row length` floats, and the shape of a row, read
@@ -39,9 +39,8 @@ struct OutGrad {
 }
 
 impl Adjoints {
-    /// `aliases`: `(node, the node whose results it took)` (see
-    /// [`crate::dfg::BackwardRecord::aliases`]); a gradient of the first goes to the second's row.
-    pub(super) fn new(nodes: usize, log: &[Vec<u32>], aliases: &[(u32, u32)]) -> Self {
+    /// `twins`: a node that took another's results has its gradients added to that one's row.
+    pub(super) fn new(nodes: usize, log: &[Vec<u32>], twins: Twins) -> Self {
         let mut at = vec![(NOT_LAUNCHED, 0); nodes];
         for (l, ids) in log.iter().enumerate() {
             for (row, &id) in ids.iter().enumerate() {
@@ -50,7 +49,7 @@ impl Adjoints {
                 }
             }
         }
-        for &(dup, rep) in aliases {
+        for (dup, rep) in twins.aliases() {
             if let (Some(&place), Some(_)) = (at.get(rep as usize), at.get(dup as usize)) {
                 at[dup as usize] = place;
             }
@@ -60,15 +59,15 @@ impl Adjoints {
             rows: log.iter().map(Vec::len).collect(),
             bufs: log.iter().map(|_| Vec::new()).collect(),
             other: HashMap::new(),
-            alias: aliases.iter().copied().collect(),
+            twins,
         }
     }
 
     /// Adds gradient `g` to output `r`.
     pub(super) fn add(&mut self, dfg: &Dfg, r: LazyRef, g: Tensor) -> Result<(), RunError> {
-        let r = match self.alias.get(&r.node) {
-            Some(&node) => LazyRef { node, ..r },
-            None => r,
+        let r = LazyRef {
+            node: self.twins.canonical(r.node),
+            ..r
         };
         if let Some(v) = g.as_f32() {
             if self.add_f32(dfg, r, v, g.shape()) {

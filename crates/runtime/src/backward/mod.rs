@@ -16,7 +16,6 @@
 //!
 //! Control flow needs nothing here: the graph holds exactly what each instance ran.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,7 +26,7 @@ use tumble_ops::{OpCtx, OpValue};
 use tumble_tensor::{Rng, Tensor};
 
 use crate::batched::{self, Kept, OpStats, BV};
-use crate::dfg::{Arg, Dfg};
+use crate::dfg::{Arg, Dfg, Twins};
 use crate::{Executable, InstanceError, Options, Reuse};
 
 mod adjoints;
@@ -213,10 +212,11 @@ pub fn grad_batch(
     let crate::dfg::BackwardRecord {
         log,
         mut kept,
-        aliases,
+        twins,
     } = dfg.take_backward_record();
-    stats.memoized = aliases.len() as u64;
-    let mut adj = Adjoints::new(dfg.node_count(), &log, &aliases);
+    stats.memoized = twins.aliases().count() as u64;
+    let active = activity(&dfg, &log, &twins, params);
+    let mut adj = Adjoints::new(dfg.node_count(), &log, twins);
     let mut losses = Vec::with_capacity(n);
     for (i, r) in results.into_iter().enumerate() {
         let fail = at_instance(Some(i));
@@ -254,7 +254,6 @@ pub fn grad_batch(
             }
         }
     }
-    let active = activity(&dfg, &log, &aliases, params);
     let mut rng = Rng::new(0);
     let mut deferred = dense_grads::DeferredDense::default();
     for (l, ids) in log.iter().enumerate().rev() {
@@ -311,26 +310,23 @@ fn param_of(params: &[Tensor], t: &Tensor) -> Option<usize> {
 }
 
 /// Per node id: whether it depends on a parameter (others are skipped by the backward).
-/// Launches (`log`) are in dependency order, so one forward pass over them decides it; an
-/// invocation that took an identical one's results (`aliases`) read the same parameters and
-/// the same computed values, so it is decided with that one.
-fn activity(dfg: &Dfg, log: &[Vec<u32>], aliases: &[(u32, u32)], params: &[Tensor]) -> Vec<bool> {
+/// Launches (`log`) are in dependency order, so one forward pass over them decides it; an input
+/// computed by an invocation that took a twin's results is the twin's (`twins`), which the log
+/// lists.
+fn activity(dfg: &Dfg, log: &[Vec<u32>], twins: &Twins, params: &[Tensor]) -> Vec<bool> {
     let mut active = vec![false; dfg.node_count()];
-    let mut twins: HashMap<u32, Vec<u32>> = HashMap::new();
-    for &(dup, rep) in aliases {
-        twins.entry(rep).or_default().push(dup);
-    }
     for &id in log.iter().flatten() {
         let a = dfg.node(id).is_some_and(|n| {
             n.args.iter().any(|a| match a {
                 Arg::Val(t) => t.dtype().is_float() && param_of(params, t).is_some(),
-                Arg::Lazy(r) => active.get(r.node as usize).copied().unwrap_or(false),
+                Arg::Lazy(r) => active
+                    .get(twins.canonical(r.node) as usize)
+                    .copied()
+                    .unwrap_or(false),
             })
         });
-        for &n in std::iter::once(&id).chain(twins.get(&id).into_iter().flatten()) {
-            if let Some(slot) = active.get_mut(n as usize) {
-                *slot = a;
-            }
+        if let Some(slot) = active.get_mut(id as usize) {
+            *slot = a;
         }
     }
     active

@@ -10,8 +10,30 @@ pub(crate) struct BackwardRecord {
     pub log: Vec<Vec<u32>>,
     /// Per launch, what it kept.
     pub kept: Vec<Option<Kept>>,
-    /// `(node, the node it took its results from)` for the invocations computed once.
-    pub aliases: Vec<(u32, u32)>,
+    /// The invocations computed once for identical ones.
+    pub twins: Twins,
+}
+
+/// Per node id, the invocation whose results it holds when it took an identical one's
+/// ([`Dfg::identical_invocations`]; the launch log lists only that one).
+pub(crate) struct Twins(Vec<u32>);
+
+impl Twins {
+    /// The node that computed `node`'s results: itself, or the twin it took them from.
+    pub(crate) fn canonical(&self, node: u32) -> u32 {
+        match self.0.get(node as usize) {
+            Some(&c) if c != NO_CLASS => c,
+            _ => node,
+        }
+    }
+
+    /// `(node, the node it took its results from)` for every invocation that took a twin's.
+    pub(crate) fn aliases(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        (0u32..)
+            .zip(&self.0)
+            .filter(|&(n, &c)| c != NO_CLASS && c != n)
+            .map(|(n, &c)| (n, c))
+    }
 }
 
 impl Dfg<'_> {
@@ -36,7 +58,7 @@ impl Dfg<'_> {
         BackwardRecord {
             log: self.launch_log.take().unwrap_or_default(),
             kept: std::mem::take(&mut self.kept),
-            aliases: std::mem::take(&mut self.memo_aliases),
+            twins: Twins(std::mem::take(&mut self.memo_class)),
         }
     }
 

@@ -35,9 +35,6 @@ pub(super) fn slot_of(o: &BV, row: usize) -> Result<Slot, RunError> {
 /// small keys such as token ids).
 const MEMO_MAX_ELEMENTS: usize = 64;
 
-/// A node in no class of identical invocations ([`Dfg::memo_class`]).
-pub(super) const NO_CLASS: u32 = u32::MAX;
-
 /// The elements of `t` as bit patterns, tagged with the element type (floats by their bits:
 /// `-0.0` and `0.0`, or two NaNs, differ — a key, not a comparison of values).
 fn push_bits(t: &Tensor, key: &mut Vec<u64>) -> Option<()> {
@@ -135,12 +132,7 @@ impl Dfg<'_> {
                     .collect::<Result<Vec<_>, _>>()?;
                 for (&id, &k) in ids.iter().zip(&of) {
                     match distinct.get(k) {
-                        Some(&rep) if rep != id => {
-                            self.join_memo_class(id, rep);
-                            if self.launch_log.is_some() {
-                                self.memo_aliases.push((id, rep));
-                            }
-                        }
+                        Some(&rep) if rep != id => self.join_memo_class(id, rep),
                         _ => {}
                     }
                 }
@@ -154,7 +146,7 @@ impl Dfg<'_> {
         self.store_outputs(ids, per_node);
         if let Some(log) = &mut self.launch_log {
             // The backward differentiates the invocations that ran; the others' adjoints are
-            // added to theirs (`memo_aliases`), which is their sum's vjp.
+            // added to theirs (`memo_class`), which is their sum's vjp.
             log.push(ran.into_owned());
             self.kept.push(kept);
         }

@@ -24,8 +24,11 @@ use crate::reuse::Reuse;
 use crate::workers::Lending;
 use crate::{Options, Scheduler};
 
+/// A node in no class of identical invocations ([`Dfg::memo_class`]).
+const NO_CLASS: u32 = u32::MAX;
+
 mod for_backward;
-pub(crate) use for_backward::BackwardRecord;
+pub(crate) use for_backward::{BackwardRecord, Twins};
 mod launch;
 mod ragged;
 mod release;
@@ -195,11 +198,10 @@ pub struct Dfg<'p> {
     keep: Option<FastEval>,
     /// Per logged launch: what it kept (`None` where it did not keep).
     kept: Vec<Option<Kept>>,
-    /// Recording for the backward pass: invocations that took the results of an identical one
-    /// of their launch (`(node, the node it took them from)`), which the log does not list.
-    memo_aliases: Vec<(u32, u32)>,
     /// Per node id, for invocations that took an identical one's results and the ones they
-    /// took them from: that one (`launch::NO_CLASS` elsewhere; empty until a launch had any).
+    /// took them from: that one (`NO_CLASS` elsewhere; empty until a launch had any). The
+    /// backward reads it too: a node whose entry is another node is not in the launch log, and
+    /// its adjoint is that node's.
     memo_class: Vec<u32>,
     /// Computed nodes no recorded node reads any more that a host value might still name when
     /// they were last looked at: released after a scan finds the host has let go.
@@ -304,7 +306,6 @@ impl<'p> Dfg<'p> {
             launch_log: None,
             keep: None,
             kept: Vec::new(),
-            memo_aliases: Vec::new(),
             memo_class: Vec::new(),
             watch: Vec::new(),
             epoch: 1,
