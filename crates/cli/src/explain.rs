@@ -273,11 +273,18 @@ fn print_static_report(
             names.join(", ")
         );
     }
-    let loops = map_loops_reached(program, entry);
+    let loops = loops_reached(program, entry, |g| program.natives.is_map_loop(g));
     if !loops.is_empty() {
         println!(
             "  run as loops over their list (`@map`'s shape): {}",
             loops.join(", ")
+        );
+    }
+    let folds = loops_reached(program, entry, |g| program.natives.fold_loop(g).is_some());
+    if !folds.is_empty() {
+        println!(
+            "  run as left folds over their list (`@foldl`'s shape): {}",
+            folds.join(", ")
         );
     }
     if report.hoisted.is_empty() {
@@ -412,13 +419,17 @@ fn count_phases(code: &tumble_compile::Code) -> usize {
 }
 
 /// The functions reached from `entry` that the evaluator runs as loops
-/// ([`tumble_compile::map_loop`]), by name.
-fn map_loops_reached(program: &tumble_compile::Program, entry: &str) -> Vec<String> {
+/// ([`tumble_compile::map_loop`]) of the kind `is_loop` picks, by name.
+fn loops_reached(
+    program: &tumble_compile::Program,
+    entry: &str,
+    is_loop: impl Fn(u32) -> bool,
+) -> Vec<String> {
     let reached = program.reached_from(program.global_index.get(entry).copied(), |g| {
         program.natives.of(g).is_some()
     });
     let mut names: Vec<String> = (0..program.globals.len() as u32)
-        .filter(|&g| program.natives.is_map_loop(g))
+        .filter(|&g| is_loop(g))
         .filter_map(|g| {
             let l = *program.globals.get(g as usize)? as usize;
             (*reached.get(l)?).then(|| program.lambdas.get(l).map(|f| format!("@{}", f.name)))?

@@ -178,6 +178,7 @@ fn natives(
         nil,
         fast_steps: true,
         map_loops: Vec::new(),
+        fold_loops: Vec::new(),
     }
 }
 

@@ -1,5 +1,6 @@
-//! Functions with the shape of the prelude's `@map`, found once per program so that the evaluator
-//! runs them as a loop ([`crate::program::Natives::map_loops`]).
+//! Functions that recurse once per list element with the shape of the prelude's `@map` or
+//! `@foldl`, found once per program so that the evaluator runs them as loops
+//! ([`crate::program::Natives::map_loops`], [`crate::program::Natives::fold_loops`]).
 //!
 //! `@map` and its copies specialized on a closure recurse once per list element:
 //!
@@ -22,8 +23,26 @@
 //!
 //! The check runs once per program ([`find`]); the evaluator keeps what it found
 //! ([`MapLoop`](crate::program::MapLoop)) and reaches the element code at its fixed place ([`elem_of`]).
+//!
+//! `@foldl` and its specialized copies (a child sum's `@foldl(%add, @hd(%xs), @tl(%xs))`):
+//!
+//! ```text
+//! def @g(.., %acc, .., %xs, ..) {
+//!   match (%xs) {
+//!     Cons(%x, %rest) => @g(.., S, .., %rest, ..),   // S in %acc's place, the rest unchanged
+//!     Nil => %acc,                                     // possibly under ghost operators
+//!   }
+//! }
+//! ```
+//!
+//! Interpreted, each element costs a call, a match and a tail call. Its meaning: `S` with `%x`
+//! bound to each element in turn and `%acc` to the value so far, one after the other (the inline
+//! depth carried from each to the next, as the recursion carries it), then the final `Nil`'s
+//! ghosts and the last value. The evaluator does that when `S` reads no slot of the arm but `%x`
+//! (the recursive call evaluates `S` before `%rest`, and the frame it reads is the call's, so the
+//! same values and effects in the same order) ([`find_folds`], [`fold_step_of`]).
 
-use crate::program::{Code, MapLoop, Pat, Program};
+use crate::program::{Code, FoldLoop, MapLoop, Pat, Program};
 
 /// The element code `E` of a body of `@map`'s shape: the first element of the `db.concurrent`
 /// bound by the `Cons` arm's `let` (the place [`find`] checked).
@@ -130,5 +149,110 @@ fn map_loop_of(program: &Program, global: u32) -> Option<MapLoop> {
 pub fn find(program: &Program) -> Vec<Option<MapLoop>> {
     (0..program.globals.len() as u32)
         .map(|g| map_loop_of(program, g))
+        .collect()
+}
+
+/// The step code `S` of a body of `@foldl`'s shape: the recursive call's argument in the
+/// accumulator's place (the place [`find_folds`] checked).
+pub fn fold_step_of(body: &Code, fl: FoldLoop) -> Option<&Code> {
+    let Code::Match { arms, .. } = body else {
+        return None;
+    };
+    let (_, Code::CallGlobal { args, .. }) = arms.first()? else {
+        return None;
+    };
+    args.get(fl.acc as usize)
+}
+
+/// How global `global` runs as a left fold, if its body has `@foldl`'s shape (see the module's
+/// comment).
+fn fold_loop_of(program: &Program, global: u32) -> Option<FoldLoop> {
+    let natives = &program.natives;
+    let lambda = program
+        .lambdas
+        .get(*program.globals.get(global as usize)? as usize)?;
+    if !lambda.captures.is_empty() {
+        return None;
+    }
+    let Code::Match {
+        scrutinee, arms, ..
+    } = &lambda.body
+    else {
+        return None;
+    };
+    let Code::Slot(list) = **scrutinee else {
+        return None;
+    };
+    if list >= lambda.n_params {
+        return None;
+    }
+    let [(cons_pat, cons_arm), (nil_pat, nil_arm)] = arms.as_slice() else {
+        return None;
+    };
+    let Pat::Ctor(c, fields) = cons_pat else {
+        return None;
+    };
+    let [Pat::Bind(x), Pat::Bind(rest)] = fields.as_slice() else {
+        return None;
+    };
+    if *c != natives.cons
+        || !matches!(nil_pat, Pat::Ctor(n, fs) if *n == natives.nil && fs.is_empty())
+    {
+        return None;
+    }
+    let (mut nil_ghosts, mut nil_value) = (0u32, nil_arm);
+    while let Code::Ghost(n, body) = nil_value {
+        nil_ghosts = nil_ghosts.checked_add(*n)?;
+        nil_value = body;
+    }
+    let Code::Slot(acc) = *nil_value else {
+        return None;
+    };
+    if acc >= lambda.n_params || acc == list {
+        return None;
+    }
+    let Code::CallGlobal {
+        global: again,
+        args,
+        ..
+    } = cons_arm
+    else {
+        return None;
+    };
+    let passes_along = *again == global
+        && args.len() == lambda.n_params as usize
+        && args.iter().enumerate().all(|(i, a)| match a {
+            _ if i as u32 == acc => true,
+            Code::Slot(s) if i as u32 == list => s == rest,
+            Code::Slot(s) => *s == i as u32,
+            _ => false,
+        });
+    let step = args.get(acc as usize)?;
+    let mut reads_rest = false;
+    step.visit(&mut |c| {
+        // The list parameter holds the current tail in the recursion, the original list in the
+        // loop: a step reading it (or the tail) runs interpreted.
+        if matches!(c, Code::Slot(s) if s == rest || *s == list) {
+            reads_rest = true;
+        }
+    });
+    let fl = FoldLoop {
+        list,
+        acc,
+        elem_slot: *x,
+        nil_ghosts,
+    };
+    let at_its_place = fold_step_of(&lambda.body, fl).is_some_and(|s| std::ptr::eq(s, step));
+    (passes_along && !reads_rest && at_its_place).then_some(fl)
+}
+
+/// Per global: how the evaluator runs it as a left fold, if it does. `TUMBLE_NO_FOLD_LOOPS=1`
+/// finds none (every fold interpreted: the A/B switch).
+pub fn find_folds(program: &Program) -> Vec<Option<FoldLoop>> {
+    if std::env::var_os("TUMBLE_NO_FOLD_LOOPS").is_some() {
+        return Vec::new();
+    }
+    (0..program.globals.len() as u32)
+        .map(|g| fold_loop_of(program, g))
         .collect()
 }

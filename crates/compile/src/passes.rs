@@ -178,6 +178,7 @@ pub fn optimize(
     program.prune_natives();
     if program.natives.fast_steps {
         program.natives.map_loops = crate::map_loop::find(program);
+        program.natives.fold_loops = crate::map_loop::find_folds(program);
     }
     report
 }

@@ -362,11 +362,15 @@ pub struct Natives {
     /// concurrently (each from the same inline depth), without the tuple, the slot and the
     /// projections; and a block invocation whose operands are all variables, fields of them or
     /// literals, bound by a `let` or passed as an operand or a cell's element, is performed
-    /// where it is read instead of in steps of its own.
+    /// where it is read instead of in steps of its own, as is a native prelude call (`@hd`,
+    /// `@tl`, ..) of such operands.
     pub fast_steps: bool,
     /// Per global: it has the shape of the prelude's `@map` and the evaluator runs it as a loop
     /// over the list ([`crate::map_loop`]; found with the fast steps on, after the static passes).
     pub map_loops: Vec<Option<MapLoop>>,
+    /// Per global: it has the shape of the prelude's `@foldl` and the evaluator runs it as a loop
+    /// over the list ([`crate::map_loop::find_folds`]; with the fast steps on, after the passes).
+    pub fold_loops: Vec<Option<FoldLoop>>,
 }
 
 /// What the evaluator needs of a function run as a loop over a list ([`crate::map_loop`]); its
@@ -378,6 +382,21 @@ pub struct MapLoop {
     /// The slot the element is bound to while the element code runs.
     pub elem_slot: u32,
     /// Ghost operators around the final `Nil` (0 when none).
+    pub nil_ghosts: u32,
+}
+
+/// What the evaluator needs of a function run as a left fold over a list
+/// ([`crate::map_loop::find_folds`]); its step code is at a fixed place in the body
+/// ([`crate::map_loop::fold_step_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FoldLoop {
+    /// The parameter holding the list.
+    pub list: u32,
+    /// The parameter holding the accumulator (the step's value replaces it per element).
+    pub acc: u32,
+    /// The slot the element is bound to while the step code runs.
+    pub elem_slot: u32,
+    /// Ghost operators around the final `Nil` arm's accumulator (0 when none).
     pub nil_ghosts: u32,
 }
 
@@ -395,6 +414,11 @@ impl Natives {
     /// Whether global `g` runs as a loop.
     pub fn is_map_loop(&self, g: u32) -> bool {
         self.map_loop(g).is_some()
+    }
+
+    /// How global `g` runs as a left fold, if it does ([`Natives::fold_loops`]).
+    pub fn fold_loop(&self, g: u32) -> Option<FoldLoop> {
+        self.fold_loops.get(g as usize).copied().flatten()
     }
 }
 

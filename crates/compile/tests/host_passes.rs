@@ -338,3 +338,42 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (L
     optimize(&mut q, "main", &[false, true], StaticOptions::all());
     assert!(!q.natives.is_map_loop(global(&q, "mine")));
 }
+
+#[test]
+fn functions_shaped_like_foldl_run_as_loops() {
+    let src = r#"
+def @fsum(%acc: Tensor[(1, 4), float32], %xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%xs) {
+    Cons(%x, %rest) => @fsum(tanh(add(nn.dense(%acc, %W), %x)), %rest, %W),
+    Nil => %acc,
+  }
+}
+def @peek(%acc: Tensor[(1, 4), float32], %xs: List[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32] {
+  match (%xs) {
+    Cons(%x, %rest) => @peek(add(%acc, @hd(%xs)), %rest),
+    Nil => %acc,
+  }
+}
+def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (Tensor[(1, 4), float32], Tensor[(1, 4), float32], Tensor[(1, 4), float32]) {
+  let %z = zeros(shape=[1, 4], dtype="float32");
+  (@fsum(%z, %xs, %W), @peek(%z, %xs), @foldl(fn (%a: Tensor[(1, 4), float32], %x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { multiply(%a, %x) }, %z, %xs))
+}
+"#;
+    let (p, report) = compile(src, StaticOptions::all());
+    let fl = p
+        .natives
+        .fold_loop(global(&p, "fsum"))
+        .unwrap_or_else(|| panic!("@fsum is not a loop"));
+    assert_eq!((fl.acc, fl.list), (0, 1));
+    // The step reads the list itself (the current tail in the recursion): not a loop.
+    assert!(p.natives.fold_loop(global(&p, "peek")).is_none());
+    // The prelude's @foldl specialized on the closure is one.
+    let copy = report
+        .specialized
+        .iter()
+        .find(|s| s.name.starts_with("foldl"))
+        .unwrap_or_else(|| panic!("@foldl not specialized: {report:?}"));
+    assert!(p.natives.fold_loop(global(&p, &copy.name)).is_some());
+    // Not a map loop, and a map loop is not a fold.
+    assert!(!p.natives.is_map_loop(global(&p, "fsum")));
+}

@@ -10,7 +10,7 @@
 
 use crate::value::{Closure, Value};
 use std::rc::Rc;
-use tumble_compile::{CaptureFrom, Code, Lambda, MapLoop, Native, Pat, Program};
+use tumble_compile::{CaptureFrom, Code, FoldLoop, Lambda, MapLoop, Native, Pat, Program};
 use tumble_ir::{Attrs, Span};
 use tumble_ops::{OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
@@ -226,6 +226,13 @@ enum Kont<'p> {
         start: u32,
         max: u32,
     },
+    /// A function run as a left fold over a list ([`Machine::fold_next`]): the elements not yet
+    /// done, last first; the accumulator is the frame's slot `fl.acc`.
+    FoldLoop {
+        fl: FoldLoop,
+        step: &'p Code,
+        items: Vec<Value>,
+    },
     Return(Frame),
 }
 
@@ -430,6 +437,7 @@ impl<'p> Machine<'p> {
                 Kont::MapLoop { items, vals, .. } => {
                     items.iter().chain(vals).for_each(&mut *f);
                 }
+                Kont::FoldLoop { items, .. } => items.iter().for_each(&mut *f),
                 Kont::Return(fr) => frame(fr, f),
                 Kont::Proj(..) | Kont::Let { .. } | Kont::If(..) | Kont::Match { .. } => {}
             }
@@ -635,12 +643,28 @@ impl<'p> Machine<'p> {
         if let Some(v) = self.immediate(code) {
             return Some(v);
         }
-        let Code::InvokeBlock { args, .. } = code else {
-            return None;
-        };
         if !self.program.natives.fast_steps {
             return None;
         }
+        // A native prelude function (`@hd`, `@tl`, ..) of immediate operands: a pure function
+        // of values at hand, computed where it is read.
+        if let Code::CallGlobal { global, args, span } = code {
+            let native = self.program.natives.of(*global)?;
+            let vals = match self.immediates(args)? {
+                Ok(vals) => vals,
+                Err(e) => return Some(Err(e)),
+            };
+            return Some(match self.native(native, vals, *span) {
+                Ok(Step::Apply(v)) => Ok(v),
+                Ok(_) => Err(RunError::new(
+                    "internal: a native call did not return a value",
+                )),
+                Err(e) => Err(e),
+            });
+        }
+        let Code::InvokeBlock { args, .. } = code else {
+            return None;
+        };
         let vals = match self.immediates(args)? {
             Ok(vals) => vals,
             Err(e) => return Some(Err(e)),
@@ -992,6 +1016,10 @@ impl<'p> Machine<'p> {
                 let max = max.max(self.ctx.depth);
                 self.map_next(ml, elem, items, vals, start, max, backend)?
             }
+            Kont::FoldLoop { fl, step, items } => {
+                self.set_slot(fl.acc, v);
+                self.fold_next(fl, step, items, backend)?
+            }
             Kont::Proj(i, span) => Step::Apply(project(&v, i, span)?),
             Kont::Let { binds, idx, body } => {
                 if let Some((slot, _)) = binds.get(idx) {
@@ -1108,6 +1136,58 @@ impl<'p> Machine<'p> {
         Ok(Step::Apply(list_of(vals, tail, cons)))
     }
 
+    /// A call of a function with `@foldl`'s shape ([`tumble_compile::map_loop`]) as a loop: its
+    /// frame is made as for any call, then the step code runs once per element with the element
+    /// and the value so far bound, one after the other. A list argument that is not a list
+    /// (which the type checker rules out) takes the ordinary call, and its error.
+    fn fold_loop(
+        &mut self,
+        lambda: &'p Lambda,
+        fl: FoldLoop,
+        step: &'p Code,
+        args: Vec<Value>,
+        span: Span,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
+        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
+        let list = args.get(fl.list as usize).map(|v| list_items(v, cons, nil));
+        let Some(Ok(mut items)) = list else {
+            return self.enter(lambda, args, None, &[], Some(span));
+        };
+        items.reverse();
+        self.install(lambda, args, None, &[], Some(span))?;
+        self.fold_next(fl, step, items, backend)
+    }
+
+    /// The fold's elements from the last of `items` on (those [`Machine::at_once`] takes
+    /// without a step of their own), each step's value the next one's accumulator, then the
+    /// final `Nil`'s ghost operators and the accumulator, as the interpreted recursion ends.
+    fn fold_next(
+        &mut self,
+        fl: FoldLoop,
+        step: &'p Code,
+        mut items: Vec<Value>,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
+        while let Some(x) = items.pop() {
+            // One step per element, as in `map_next`: the run limits are looked at however
+            // long the list.
+            self.tick(backend)?;
+            self.set_slot(fl.elem_slot, x);
+            match self.at_once(step, backend) {
+                Some(v) => self.set_slot(fl.acc, v?),
+                None => {
+                    self.push(Kont::FoldLoop { fl, step, items })?;
+                    return Ok(Step::Eval(step));
+                }
+            }
+        }
+        if fl.nil_ghosts > 0 {
+            backend.ghost(&mut self.ctx, fl.nil_ghosts);
+        }
+        Ok(Step::Apply(self.slot(fl.acc)?))
+    }
+
     fn set_slot(&mut self, slot: u32, v: Value) {
         if let Some(s) = self.frame.slots.get_mut(slot as usize) {
             *s = Some(v);
@@ -1179,6 +1259,11 @@ impl<'p> Machine<'p> {
                 if let Some(ml) = self.program.natives.map_loop(*global) {
                     if let Some(elem) = tumble_compile::map_loop::elem_of(&lambda.body) {
                         return self.map_loop(lambda, ml, elem, vals, *span, backend);
+                    }
+                }
+                if let Some(fl) = self.program.natives.fold_loop(*global) {
+                    if let Some(step) = tumble_compile::map_loop::fold_step_of(&lambda.body, fl) {
+                        return self.fold_loop(lambda, fl, step, vals, *span, backend);
                     }
                 }
                 self.enter(lambda, vals, None, &[], Some(*span))

@@ -1066,3 +1066,76 @@ def @main(%a: Tensor[(1), int32], %b: Tensor[(1), int32], %emb: Tensor[(7, 4), f
     let p = batch_profile(&x, tumble_runtime::Options::default());
     assert_eq!(p.memoized, 29, "leaves 20, pairs 9");
 }
+
+/// Folds run as loops (`@foldl`'s shape: a user's recursion and the prelude's, specialized or
+/// calling a closure that captures an instance's value, so its step takes steps of its own)
+/// record the same graph as the interpreted recursion — the same nodes at the same inline
+/// depths, so the same launches — in fewer evaluation steps, and agree with the reference.
+#[test]
+fn folds_run_as_loops_record_the_same_graph() {
+    let src = r#"
+def @acc_rnn(%h: Tensor[(1, 4), float32], %xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%xs) {
+    Cons(%x, %rest) => @acc_rnn(tanh(add(nn.dense(%h, %W), %x)), %rest, %W),
+    Nil => %h,
+  }
+}
+def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (Tensor[(1, 4), float32], Tensor[(1, 4), float32], Tensor[(1, 4), float32]) {
+  let %z = zeros(shape=[1, 4], dtype="float32");
+  let %h = @acc_rnn(%z, %xs, %W);
+  let %scaled = fn (%a: Tensor[(1, 4), float32], %x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+    add(multiply(%a, %h), sigmoid(%x))
+  };
+  let %plus = fn (%a: Tensor[(1, 4), float32], %b: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+    add(%a, %b)
+  };
+  (%h, @foldl(%scaled, %z, %xs), @foldl(%plus, @hd(%xs), @tl(%xs)))
+}
+"#;
+    let inputs: Vec<String> = (0..7)
+        .map(|i| {
+            let xs: Vec<String> = (0..1 + i % 4)
+                .map(|j| {
+                    let v: Vec<String> = (0..4)
+                        .map(|c| format!("{:.2}", ((i + j * 3 + c) % 9) as f64 / 8.0 - 0.4))
+                        .collect();
+                    format!("[[{}]]", v.join(", "))
+                })
+                .collect();
+            let w: Vec<String> = (0..4)
+                .map(|r| {
+                    let v: Vec<String> = (0..4)
+                        .map(|c| format!("{:.2}", ((r * 5 + c * 3) % 7) as f64 / 7.0 - 0.5))
+                        .collect();
+                    format!("[{}]", v.join(", "))
+                })
+                .collect();
+            format!("{{\"xs\": [{}], \"W\": [{}]}}", xs.join(", "), w.join(", "))
+        })
+        .collect();
+    let x = expected(
+        "folds",
+        load_text("folds", src),
+        &inputs.join("\n"),
+        &["xs"],
+    );
+    check_all_ways(&x);
+    let go = |natives: bool| {
+        let (program, reuse) =
+            common::compile_natives(&x, true, tumble_compile::StaticOptions::all(), natives);
+        let loops = program.natives.fold_loops.iter().flatten().count();
+        let (out, profile) = common::run_once(&x, &program, &reuse, Default::default());
+        (format!("{out:?}"), profile, loops)
+    };
+    let ((out_on, on, loops_on), (out_off, off, loops_off)) = (go(true), go(false));
+    assert_eq!(out_on, out_off);
+    // @acc_rnn and the two copies of @foldl (one per closure: the capturing one calls it).
+    assert!(loops_on >= 2 && loops_off == 0, "{loops_on} fold loops");
+    assert_eq!((on.nodes, on.launches), (off.nodes, off.launches));
+    assert!(
+        on.host_steps < off.host_steps,
+        "{} steps as loops, {} interpreted",
+        on.host_steps,
+        off.host_steps
+    );
+}
