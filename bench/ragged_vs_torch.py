@@ -8,8 +8,9 @@ nested tensors and eager, and DyNet autobatch; same weights, same instances, out
 Engines (one thread each, interleaved per round, medians with min-max reported):
 - tumble: `tumble run models/MODEL.rly --batch B --threads 1 --repeat 2`, the warm run's time
   without decoding inputs (what the peers time: they decode before their timer starts); with
-  `--no-ragged` as the second tumble column (instances batch only with equal lengths) and
-  `--ragged-padding` as the third (tumble's padding baseline: the row-wise segments run over every
+  `--no-mixing-kernels` as the second tumble column (attention and the [CLS] slice once per group
+  of equal length), `--no-ragged` as the third (instances batch only with equal lengths) and
+  `--ragged-padding` as the fourth (tumble's padding baseline: the row-wise segments run over every
   sentence padded to its launch's longest, as a padded batch does).
 - torch_padded: the hand-batched Berxit of bench/peers/torch_batched.py, each mini-batch padded to
   its longest sentence with an attention mask on the padded keys (the usual PyTorch practice);
@@ -255,13 +256,16 @@ def main():
     rows = []
     for b in args.batches:
         waste = sum(max(lens[i : i + b]) * len(lens[i : i + b]) for i in range(0, len(lens), b)) / sum(lens)
-        times = {"tumble": [], "tumble_no_ragged": [], "tumble_padding": [], "torch_padded": [], "torch_nested": [],
+        times = {"tumble": [], "tumble_grouped": [], "tumble_no_ragged": [], "tumble_padding": [],
+                 "torch_padded": [], "torch_nested": [],
                  "torch_eager": [], "dynet": []}
         info = {}
         for r in range(args.rounds):
             ms, launches, mean, got = run_tumble(args.model, params, inputs, b, [])
             times["tumble"].append(ms)
             info["tumble"] = (launches, mean)
+            ms, _, _, got_grouped = run_tumble(args.model, params, inputs, b, ["--no-mixing-kernels"])
+            times["tumble_grouped"].append(ms)
             ms, launches, mean, got_off = run_tumble(args.model, params, inputs, b, ["--no-ragged"])
             times["tumble_no_ragged"].append(ms)
             info["tumble_no_ragged"] = (launches, mean)
@@ -279,7 +283,7 @@ def main():
                 ms, want_dynet = run_dynet(args.model, params, inputs, b)
                 times["dynet"].append(ms)
             if r == 0:
-                for name, other in [("no_ragged", got_off), ("ragged_padding", got_pad), ("torch_padded", want),
+                for name, other in [("no_mixing_kernels", got_grouped), ("no_ragged", got_off), ("ragged_padding", got_pad), ("torch_padded", want),
                                     ("torch_nested", want_nested)] + (
                         [] if args.no_eager else [("torch_eager", want_eager)]) + (
                         [] if args.no_dynet else [("dynet", want_dynet)]):
@@ -290,10 +294,10 @@ def main():
         spread = {k: (min(v), max(v)) for k, v in times.items() if v}
         rows.append((b, waste, med, spread, info))
     print()
-    print("| batch | padding waste | tumble ms (launches, mean batch) | --no-ragged ms (launches, mean batch) | "
-          "--ragged-padding ms | PyTorch padded ms | PyTorch nested ms | PyTorch eager ms | DyNet autobatch ms | padded / tumble | "
+    print("| batch | padding waste | tumble ms (launches, mean batch) | --no-mixing-kernels ms | "
+          "--no-ragged ms (launches, mean batch) | --ragged-padding ms | PyTorch padded ms | PyTorch nested ms | PyTorch eager ms | DyNet autobatch ms | padded / tumble | "
           "nested / tumble | eager / tumble | DyNet / tumble |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for b, waste, med, spread, info in rows:
         def cell(k):
             if k not in med:
@@ -303,7 +307,7 @@ def main():
         eager_ratio = f"{med['torch_eager'] / med['tumble']:.2f}x" if "torch_eager" in med else "-"
         dynet_ratio = f"{med['dynet'] / med['tumble']:.2f}x" if "dynet" in med else "-"
         print(f"| {b} | {waste:.2f}x | {cell('tumble')} ({info['tumble'][0]}, {info['tumble'][1]:.1f}) | "
-              f"{cell('tumble_no_ragged')} ({info['tumble_no_ragged'][0]}, {info['tumble_no_ragged'][1]:.1f}) | "
+              f"{cell('tumble_grouped')} | {cell('tumble_no_ragged')} ({info['tumble_no_ragged'][0]}, {info['tumble_no_ragged'][1]:.1f}) | "
               f"{cell('tumble_padding')} | {cell('torch_padded')} | {cell('torch_nested')} | {cell('torch_eager')} | {cell('dynet')} | "
               f"{med['torch_padded'] / med['tumble']:.2f}x | {med['torch_nested'] / med['tumble']:.2f}x | "
               f"{eager_ratio} | {dynet_ratio} |")

@@ -131,6 +131,11 @@ pub struct RunArgs {
     /// Segments that mix rows run per group of equal length either way.
     #[arg(long, conflicts_with = "no_ragged")]
     pub ragged_padding: bool,
+    /// Run every mixing segment of a ragged launch once per group of invocations of equal
+    /// length, instead of attention as one kernel over every invocation's rows and a slice of
+    /// whole rows (a sequence's first token) as ranges of rows where they lie.
+    #[arg(long)]
+    pub no_mixing_kernels: bool,
     /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
     #[arg(long)]
     pub no_phases: bool,
@@ -352,6 +357,7 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
         ragged: !args.no_ragged,
         ragged_chunk_rows: args.ragged_chunk_rows.map_or(0, |n| n as usize),
         ragged_padding: args.ragged_padding,
+        mixing_kernels: !args.no_mixing_kernels,
         phases: !args.no_phases,
         hoist: !args.no_hoist,
         ghosts: !args.no_ghosts,

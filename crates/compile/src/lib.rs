@@ -7,6 +7,7 @@
 //! Nothing here executes tensors; the reference interpreter and the batching runtime do.
 
 mod absint;
+pub mod attention;
 pub mod blocks;
 mod callgraph;
 pub mod canon;

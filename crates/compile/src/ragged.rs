@@ -76,6 +76,46 @@ pub struct Segment {
     pub shapes: Vec<Vec<SymDim>>,
     /// Bytes of every node's result per row of `L` (unknown dims counted as 1).
     pub bytes_per_row: usize,
+    /// A mixing segment an executor may run over every instance's rows where they lie, whatever
+    /// their lengths, instead of once per group of equal length.
+    pub kernel: Option<MixingKernel>,
+}
+
+/// Mixing work with a form that needs no grouping by length ([`Segment::kernel`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MixingKernel {
+    /// Scaled dot-product attention ([`crate::attention`]).
+    Attention(crate::attention::Attention),
+    /// A `strided_slice` of whole rows of block input `input` (a sequence's first token): each
+    /// instance's result is a range of its rows ([`tumble_ops::leading_rows`]), taken where
+    /// they lie.
+    RowSlice { input: u32 },
+}
+
+impl MixingKernel {
+    /// The form of a mixing segment's block, if it has one of these.
+    pub fn find(block: &Block) -> Option<MixingKernel> {
+        if let Some(a) = crate::attention::find(block) {
+            return Some(MixingKernel::Attention(a));
+        }
+        let ([node], [BVal::Node(0)]) = (block.nodes.as_slice(), block.outputs.as_slice()) else {
+            return None;
+        };
+        let [BArg::One(BVal::Input(input))] = node.args.as_slice() else {
+            return None;
+        };
+        if node.op.name != "strided_slice" {
+            return None;
+        }
+        // Whole rows whatever the length: the inner axes (known) kept whole for a long input.
+        let (dims, _) = block.inputs.get(*input as usize)?.ty.as_tensor()?;
+        let mut shape = vec![1usize << 20];
+        for d in dims.get(1..)? {
+            shape.push(usize::try_from(d.known()?).ok()?);
+        }
+        tumble_ops::leading_rows(&node.attrs, &shape)?;
+        Some(MixingKernel::RowSlice { input: *input })
+    }
 }
 
 /// A dimension as the analysis knows it.
@@ -126,9 +166,15 @@ impl fmt::Display for RaggedBlock {
             .collect();
         writeln!(f, "    inputs: {}", roles.join(", "))?;
         for seg in &self.segments {
-            let how = match seg.row_wise {
-                true => "row-wise, once over all rows of the launch",
-                false => "once per group of equal shapes",
+            let how = match (seg.row_wise, seg.kernel) {
+                (true, _) => "row-wise, once over all rows of the launch",
+                (false, Some(MixingKernel::Attention(_))) => {
+                    "attention, one kernel over every instance's rows"
+                }
+                (false, Some(MixingKernel::RowSlice { .. })) => {
+                    "whole rows, taken where they lie for every instance"
+                }
+                (false, None) => "once per group of equal shapes",
             };
             let ops: Vec<&str> = seg.block.nodes.iter().map(|n| n.op.name).collect();
             let hands: Vec<String> = seg
@@ -463,17 +509,24 @@ fn segment(
         1 => OutputShape::Single,
         _ => OutputShape::Tuple,
     };
+    let seg_block = Block {
+        name: format!("{}/{}", block.name, s),
+        inputs,
+        nodes,
+        outputs,
+        output_shape,
+        primitive: block.primitive,
+        span: block.span,
+    };
+    let row_wise = s % 3 == 0;
     Some(Segment {
-        row_wise: s % 3 == 0,
-        block: Block {
-            name: format!("{}/{}", block.name, s),
-            inputs,
-            nodes,
-            outputs,
-            output_shape,
-            primitive: block.primitive,
-            span: block.span,
+        row_wise,
+        kernel: if row_wise {
+            None
+        } else {
+            MixingKernel::find(&seg_block)
         },
+        block: seg_block,
         reads: reads.into_iter().map(bval_of).collect(),
         defines,
         shapes,

@@ -142,6 +142,11 @@ pub struct Options {
     /// to the launch's longest (the padding rows repeat an invocation's last row and are dropped),
     /// as a padded batch would; results do not change.
     pub ragged_padding: bool,
+    /// Mixing segments of a form that needs no grouping by length (`ragged::MixingKernel`:
+    /// attention, whole-row slices) run once over every invocation of a ragged launch instead of
+    /// once per group of equal length; results agree within rounding (attention's sums run in
+    /// another order).
+    pub mixing_kernels: bool,
 }
 
 /// Rows below which a launch of a weight-bound block waits for more: with f32 weights a row costs
@@ -195,6 +200,7 @@ impl Default for Options {
             ragged: true,
             ragged_chunk_rows: 0,
             ragged_padding: false,
+            mixing_kernels: true,
             threads: 1,
         }
     }

@@ -38,6 +38,13 @@ pub struct Profile {
     /// Padding rows the row-wise segments computed and dropped (`Options::ragged_padding`).
     pub ragged_padding_rows: u64,
     pub ragged_groups: u64,
+    /// Time in the mixing segments (all groups), a part of the kernels' time: what ragged
+    /// kernels over per-instance offsets could at most save against groups of equal length.
+    pub time_ragged_mixing: Duration,
+    /// Mixing segments run as one attention kernel over every invocation of their launch.
+    pub ragged_attention: u64,
+    /// Mixing segments that were whole-row slices, taken as ranges of rows where they lie.
+    pub ragged_row_slices: u64,
     /// The largest bytes of segment results one ragged launch held at once.
     pub ragged_peak_bytes: u64,
     pub launches: u64,
@@ -121,6 +128,9 @@ impl Profile {
         self.ragged_rows += o.ragged_rows;
         self.ragged_padding_rows += o.ragged_padding_rows;
         self.ragged_groups += o.ragged_groups;
+        self.time_ragged_mixing += o.time_ragged_mixing;
+        self.ragged_attention += o.ragged_attention;
+        self.ragged_row_slices += o.ragged_row_slices;
         self.ragged_peak_bytes = self.ragged_peak_bytes.max(o.ragged_peak_bytes);
         self.launches += o.launches;
         self.flushes += o.flushes;
@@ -227,12 +237,16 @@ impl fmt::Display for Profile {
             writeln!(
                 f,
                 "ragged batching: {} launches of mixed lengths, {} rows in their row-wise segments \
-                 (mean {:.1} per launch), {} equal-length groups in their mixing segments; \
-                 peak {} bytes of segment results in one launch",
+                 (mean {:.1} per launch); mixing segments: {} equal-length groups, {} attention \
+                 kernels and {} row slices over every length ({:.3} ms); peak {} bytes of \
+                 segment results in one launch",
                 self.ragged_launches,
                 self.ragged_rows,
                 self.ragged_rows as f64 / self.ragged_launches as f64,
                 self.ragged_groups,
+                self.ragged_attention,
+                self.ragged_row_slices,
+                ms(self.time_ragged_mixing),
                 self.ragged_peak_bytes
             )?;
             if self.ragged_padding_rows > 0 {

@@ -6,7 +6,7 @@
 //! run at SSE2 width, 10% after. `TUMBLE_NO_SIMD_DISPATCH=1` forces the baseline loops (to compare).
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Isa {
+pub(crate) enum Isa {
     #[cfg(target_arch = "x86_64")]
     Avx512,
     #[cfg(target_arch = "x86_64")]
@@ -14,7 +14,7 @@ enum Isa {
     Base,
 }
 
-fn isa() -> Isa {
+pub(crate) fn isa() -> Isa {
     static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
@@ -65,6 +65,7 @@ macro_rules! dispatched {
         }
     };
 }
+pub(crate) use dispatched;
 
 /// Asks the CPU to bring `data` into its caches ahead of use: a hint, which reads nothing
 /// architecturally and cannot fault. Row programs read their operands' rows where earlier

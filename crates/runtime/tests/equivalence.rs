@@ -582,6 +582,7 @@ fn every_combination_of_switches() {
                 ragged: hfuse,
                 ragged_chunk_rows: 0,
                 ragged_padding: hfuse && !gather_fusion,
+                mixing_kernels: !hfuse || gather_fusion,
                 threads: 1,
             };
             check_batched(&x, &program, &reuse, 7, opts, &label);

@@ -89,6 +89,7 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         ragged: bit(0.5),
         ragged_chunk_rows: if bit(0.3) { 2 } else { 0 },
         ragged_padding: bit(0.2),
+        mixing_kernels: bit(0.7),
         threads: if bit(0.2) { 2 } else { 1 },
         ..Options::default()
     };

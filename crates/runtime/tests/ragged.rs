@@ -182,3 +182,39 @@ fn the_encoder_batches_across_lengths() {
         off.launches
     );
 }
+
+/// The mixing segments with a form that needs no grouping by length — the encoder's attention
+/// (one kernel over every sentence's rows) and its exit's first-token slice (ranges of rows
+/// where they lie) — replace the groups of equal length, and agree with them and with the
+/// reference (which `check_all_ways` checks with them on and, at batch 7, off).
+#[test]
+fn attention_and_row_slices_run_over_every_length_at_once() {
+    let lens: Vec<usize> = LENS.iter().copied().filter(|&n| n > 0).collect();
+    let l = load_text("ragged_mixing", TINY_ENCODER);
+    let x = expected(
+        "ragged_mixing",
+        l,
+        &var_tokens(70, 10, &lens),
+        &["t", "p", "threshold"],
+    );
+    let on = batch_profile(&x, tumble_runtime::Options::default());
+    let off = batch_profile(
+        &x,
+        tumble_runtime::Options {
+            mixing_kernels: false,
+            ..Default::default()
+        },
+    );
+    assert!(on.ragged_attention > 0 && on.ragged_row_slices > 0, "{on}");
+    assert_eq!(
+        (off.ragged_attention, off.ragged_row_slices),
+        (0, 0),
+        "{off}"
+    );
+    // Every layer's attention and every exit's slice was a group per length without them.
+    assert!(
+        off.ragged_groups >= on.ragged_groups + 2 * on.ragged_attention,
+        "{on}\n{off}"
+    );
+    assert_eq!(on.launches, off.launches);
+}

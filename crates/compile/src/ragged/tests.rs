@@ -185,3 +185,71 @@ fn work_after_the_first_row_is_taken_runs_for_all_instances_at_once() {
         ]
     );
 }
+
+/// An attention block written as the encoder writes it, its mixing segments' kernels.
+fn mixing_kernels_of(attention: &str, exit: &str) -> Vec<Option<MixingKernel>> {
+    let src = format!(
+        "def @f(%x: Tensor[(?, 8), float32], %wq: Tensor[(8, 8), float32], \
+           %wk: Tensor[(8, 8), float32], %wv: Tensor[(8, 8), float32], Primitive=1) {{
+             let %q = transpose(reshape(nn.dense(%x, %wq), newshape=[-1, 2, 4]), axes=[1, 0, 2]);
+             let %k = transpose(reshape(nn.dense(%x, %wk), newshape=[-1, 2, 4]), axes=[1, 0, 2]);
+             let %v = transpose(reshape(nn.dense(%x, %wv), newshape=[-1, 2, 4]), axes=[1, 0, 2]);
+             let %c = {attention};
+             let %y = reshape(transpose(%c, axes=[1, 0, 2]), newshape=[-1, 8]);
+             {exit}
+           }}
+           def @main(%x: Tensor[(?, 8), float32]) {{ %x }}"
+    );
+    let r = ragged(&block_of(&src, "f")).expect("ragged");
+    r.segments
+        .iter()
+        .filter(|s| !s.row_wise)
+        .map(|s| s.kernel)
+        .collect()
+}
+
+#[test]
+fn attention_and_whole_row_slices_are_found_and_near_misses_are_not() {
+    let attention = "nn.batch_matmul(nn.softmax(multiply(nn.batch_matmul(%q, %k), 0.5f), \
+                     axis=-1), %v, transpose_b=False)";
+    let first_row = "strided_slice(%y, begin=[0, 0], end=[1, 8], strides=[1, 1])";
+    let ks = mixing_kernels_of(attention, first_row);
+    assert_eq!(
+        ks,
+        vec![
+            Some(MixingKernel::Attention(crate::attention::Attention {
+                q: 0,
+                k: 1,
+                v: 2,
+                heads: 2,
+                width: 4,
+                scale: 0.5
+            })),
+            Some(MixingKernel::RowSlice { input: 0 })
+        ],
+        "{ks:?}"
+    );
+    // Softmax over the queries, not the keys: not attention.
+    let wrong_axis = attention.replace("axis=-1", "axis=1");
+    assert_eq!(
+        mixing_kernels_of(&wrong_axis, first_row).first(),
+        Some(&None)
+    );
+    // Keys not transposed in the product: not attention.
+    let no_t = attention.replace(
+        "nn.batch_matmul(%q, %k)",
+        "nn.batch_matmul(%q, %k, transpose_b=False)",
+    );
+    assert!(mixing_kernels_of(&no_t, "%y").iter().all(Option::is_none));
+    // Every other row, or part of a row: not whole rows.
+    for exit in [
+        "strided_slice(%y, begin=[0, 0], end=[4, 8], strides=[2, 1])",
+        "strided_slice(%y, begin=[0, 1], end=[1, 8], strides=[1, 1])",
+    ] {
+        assert_eq!(
+            mixing_kernels_of(attention, exit).get(1),
+            Some(&None),
+            "{exit}"
+        );
+    }
+}

@@ -652,6 +652,42 @@ pub(crate) fn slice_spec(c: &Call, x: Tensor) -> Result<SliceSpec, RelError> {
     })
 }
 
+/// The rows `[start, start + len)` of a tensor of shape `shape` that `strided_slice` with `attrs`
+/// selects, when it selects whole rows: step 1 along axis 0 and every other axis kept whole
+/// (`strided_slice(%x, begin=[0, 0], end=[1, 768])`, a sequence's first token). `None` for any
+/// other slice (axes listed, sizes, strides, a narrowed inner axis) and for attributes the
+/// relation would refuse: the caller then runs the operator. The range is the relation's and the
+/// kernel's (`slice_range`), so a result built from it is the operator's.
+pub fn leading_rows(attrs: &Attrs, shape: &[usize]) -> Option<(usize, usize)> {
+    let begin = attrs.ints("begin").ok()??;
+    let end = attrs.ints("end").ok()??;
+    let strides = attrs.ints("strides").ok()?.unwrap_or_default();
+    if attrs.get("axes").is_some()
+        || !matches!(attrs.str("slice_mode").ok()?, None | Some("end"))
+        || strides.iter().any(|&s| s != 1)
+        || begin.is_empty()
+        || begin.len().max(end.len()) > shape.len()
+    {
+        return None;
+    }
+    for (axis, &d) in shape.iter().enumerate().skip(1) {
+        let d = i64::try_from(d).ok()?;
+        let (start, _, len) = slice_range(
+            d,
+            begin.get(axis).copied(),
+            end.get(axis).copied(),
+            1,
+            false,
+        );
+        if start != 0 || len != d {
+            return None;
+        }
+    }
+    let d = i64::try_from(*shape.first()?).ok()?;
+    let (start, _, len) = slice_range(d, begin.first().copied(), end.first().copied(), 1, false);
+    Some((usize::try_from(start).ok()?, usize::try_from(len).ok()?))
+}
+
 /// `range(d)[begin:end:stride]` (Python semantics; `None` bounds are open) as `(start, step, len)`:
 /// the selected positions are `start + i * step` for `i` in `0..len`. With `size_mode`, the range
 /// is `[begin, begin + size)` clamped (size -1 or absent: to the end), step 1. When `len > 0`,

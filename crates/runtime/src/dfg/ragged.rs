@@ -2,15 +2,17 @@
 //! (sentences of different lengths), run together by the block's segments
 //! ([`tumble_compile::ragged`]). A row-wise segment runs once over the rows of every invocation
 //! (a batch of `N` rows, each a length-1 instance: the GEMMs see all tokens of all sentences, no
-//! padding); a mixing segment runs once per group of invocations of equal length. Each
-//! invocation's result is where it lies: its rows of a row-wise segment's output
-//! ([`At::Rows`]), or its row of a group's batched output.
+//! padding); a mixing segment runs once per group of invocations of equal length — but for
+//! the forms that need no grouping ([`MixingKernel`], `Options::mixing_kernels`): attention, one
+//! kernel over every invocation's rows ([`crate::fused::attention`]), and a slice of whole rows,
+//! ranges of the rows where they lie. Each invocation's result is where it lies: its rows of a
+//! segment's output ([`At::Rows`]), or its row of a group's batched output.
 
 use std::collections::HashMap;
 
 use super::*;
 use crate::batched::RowRefsBuilder;
-use tumble_compile::ragged::RaggedInput;
+use tumble_compile::ragged::{MixingKernel, RaggedInput};
 
 /// A value of the parent block during a ragged launch.
 enum RVal {
@@ -60,6 +62,72 @@ fn row_view(slot: &Slot, len: usize) -> Result<(Tensor, usize), String> {
         .reshape(view)
         .map_err(|e| format!("internal: ragged rows: {e}"))?;
     Ok((v, first))
+}
+
+/// The `len` rows of `row` floats an invocation's slot holds, when it holds exactly that: an
+/// `(len, heads, width)` f32 value (attention's operands, read where they lie).
+fn rows_of(slot: &Slot, len: usize, row: usize, (heads, width): (usize, usize)) -> Option<&[f32]> {
+    if slot_shape(slot) != [len, heads, width] {
+        return None;
+    }
+    let first = match slot.at {
+        At::Whole => 0,
+        At::Rows { start, .. } => start as usize,
+        At::Row(r) => r as usize * len,
+    };
+    slot.tensor.as_f32()?.get(first * row..(first + len) * row)
+}
+
+/// Each invocation's Q, K and V rows for the attention kernel, read where they lie; `None` (the
+/// segment then runs grouped) when any is not `(L, heads, width)` f32 rows.
+fn attention_operands<'a>(
+    [q, k, v]: [&'a [Slot]; 3],
+    lens: &[usize],
+    att: tumble_compile::attention::Attention,
+) -> Option<Vec<crate::fused::attention::Qkv<'a>>> {
+    let (row, dims) = (att.heads * att.width, (att.heads, att.width));
+    lens.iter()
+        .enumerate()
+        .map(|(j, &l)| {
+            Some((
+                rows_of(q.get(j)?, l, row, dims)?,
+                rows_of(k.get(j)?, l, row, dims)?,
+                rows_of(v.get(j)?, l, row, dims)?,
+            ))
+        })
+        .collect()
+}
+
+/// Each invocation's result of a segment that is one `strided_slice` of whole rows
+/// ([`MixingKernel::RowSlice`]): the range of its rows the slice selects, in the tensor they lie
+/// in. `None` (the segment then runs grouped) when any invocation's slice is not such a range.
+fn row_slices(slots: &[Slot], block: &tumble_compile::Block) -> Option<Vec<Slot>> {
+    let attrs = &block.nodes.first()?.attrs;
+    slots
+        .iter()
+        .map(|s| {
+            let shape = slot_shape(s);
+            let (start, len) = tumble_ops::leading_rows(attrs, &shape)?;
+            let (tensor, first) = match s.at {
+                At::Whole => (s.tensor.clone(), 0),
+                At::Rows { start, .. } => (s.tensor.clone(), start as usize),
+                // A row of a batch of (B, L, ...): its L rows among B·L.
+                At::Row(r) => {
+                    let l = *shape.first()?;
+                    let mut flat = vec![s.tensor.shape().first()? * l];
+                    flat.extend_from_slice(shape.get(1..)?);
+                    (s.tensor.reshape(flat).ok()?, r as usize * l)
+                }
+            };
+            Some(Slot {
+                tensor,
+                at: At::Rows {
+                    start: u32::try_from(first + start).ok()?,
+                    len: u32::try_from(len).ok()?,
+                },
+            })
+        })
+        .collect()
 }
 
 /// The shape of the value a slot holds.
@@ -311,9 +379,75 @@ impl Dfg<'_> {
                         None => return Err(fail("internal: ragged chunk results missing".into())),
                     });
                 }
+            } else if let Some(rows) = match seg.kernel {
+                Some(MixingKernel::RowSlice { input }) if self.opts.mixing_kernels => {
+                    match seg.reads.get(input as usize).map(lookup).transpose()? {
+                        Some(RVal::Each(slots)) => row_slices(slots, &seg.block),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            } {
+                // Whole rows of each invocation's input: ranges of its rows where they lie.
+                outs.push(RVal::Each(rows));
+                self.profile.ragged_row_slices += 1;
+            } else if let Some((att, parts)) = match seg.kernel {
+                Some(MixingKernel::Attention(att)) if self.opts.mixing_kernels => {
+                    let each = |i: u32| match seg.reads.get(i as usize).map(lookup) {
+                        Some(Ok(RVal::Each(slots))) if slots.len() == ids.len() => Some(slots),
+                        _ => None,
+                    };
+                    match (each(att.q), each(att.k), each(att.v)) {
+                        (Some(q), Some(k), Some(v)) => {
+                            attention_operands([q, k, v], &lens, att).map(|p| (att, p))
+                        }
+                        _ => None,
+                    }
+                }
+                _ => None,
+            } {
+                // Attention: one kernel over every invocation's rows where they lie.
+                let t_mix = Instant::now();
+                let row = att.heads * att.width;
+                // Every element is written: each instance's rows, every head and column.
+                let mut out = tumble_tensor::pool::scratch_f32(total * row);
+                let qkv = |i: usize| {
+                    parts
+                        .get(i)
+                        .copied()
+                        .ok_or_else(|| "internal: attention instance".to_string())
+                };
+                let r = crate::fused::attention::attend_all(
+                    &lens,
+                    &qkv,
+                    &mut out,
+                    (att.heads, att.width, att.scale),
+                    threads,
+                );
+                r.map_err(fail)?;
+                drop(parts);
+                let t = Tensor::from_vec(vec![total, att.heads, att.width], out)
+                    .map_err(|e| fail(format!("internal: {e}")))?;
+                held_bytes += (t.len() * t.dtype().size()) as u64;
+                let mut slots = Vec::with_capacity(ids.len());
+                let mut start = 0;
+                for &l in &lens {
+                    slots.push(Slot {
+                        tensor: t.clone(),
+                        at: At::Rows {
+                            start: start as u32,
+                            len: l as u32,
+                        },
+                    });
+                    start += l;
+                }
+                outs.push(RVal::Each(slots));
+                self.profile.ragged_attention += 1;
+                self.profile.time_ragged_mixing += t_mix.elapsed();
             } else {
                 // Once per group of invocations whose inputs here have equal shapes, a batch of
                 // whole invocations.
+                let t_mix = Instant::now();
                 let mut groups: Vec<(Vec<usize>, Vec<usize>)> = Vec::new();
                 for k in 0..ids.len() {
                     let mut shapes = Vec::new();
@@ -379,6 +513,7 @@ impl Dfg<'_> {
                         }
                     }
                 }
+                self.profile.time_ragged_mixing += t_mix.elapsed();
                 for (o, slots) in each.into_iter().enumerate() {
                     outs.push(match shared.get_mut(o).and_then(Option::take) {
                         Some(t) => RVal::Shared(t),

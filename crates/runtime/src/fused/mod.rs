@@ -26,6 +26,7 @@ use tumble_ops::{OpCtx, OpValue};
 
 use crate::batched::{batched_op, tuple_of, LaunchOps, OpStats, BV};
 
+pub(crate) mod attention;
 mod dense_sum;
 mod gather;
 mod gemm;

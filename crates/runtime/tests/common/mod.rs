@@ -426,6 +426,8 @@ pub fn check_all_ways(x: &Expected) {
                     ragged_chunk_rows: if batch == 7 { 3 } else { 0 },
                     // The padding baseline at one configuration: it must not change results.
                     ragged_padding: batch == 64 && !planopt,
+                    // Off at one configuration: the grouped mixing segments stay checked.
+                    mixing_kernels: batch != 7,
                     threads: if batch == 7 { 2 } else { 1 },
                 };
                 let label = format!(
