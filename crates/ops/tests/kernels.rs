@@ -266,3 +266,55 @@ fn kernels_never_panic_on_bad_input() {
     }
     assert!(calls > 10_000, "{calls}");
 }
+
+/// `leading_rows` (whole rows of a `strided_slice`, for callers that take them where they lie)
+/// agrees with the operator: wherever it names a range, the kernel's result is exactly those
+/// rows; for negative bounds, bounds past the end, empty inputs and empty ranges too. Where it
+/// declines (a stride, a narrowed inner axis, listed axes, sizes), it says nothing.
+#[test]
+fn leading_rows_are_the_rows_strided_slice_selects() {
+    let list = |v: &[i64]| AttrValue::List(v.iter().map(|&n| I(n)).collect());
+    let mut named = 0;
+    for rows in [0usize, 1, 5] {
+        let x = Tensor::from_vec(
+            vec![rows, 3],
+            (0..rows * 3).map(|i| i as f32).collect::<Vec<f32>>(),
+        )
+        .unwrap();
+        for (b, e) in [(0, 1), (1, 4), (-2, 100), (3, 1), (0, -1), (-9, 2), (4, 5)] {
+            for extra in [
+                vec![],
+                vec![("strides", list(&[1, 1]))],
+                vec![("strides", list(&[2, 1]))],
+                vec![("slice_mode", S("size".into()))],
+                vec![("axes", list(&[0, 1]))],
+            ] {
+                for inner in [(0, 3), (0, 100), (1, 3)] {
+                    let mut a = vec![("begin", list(&[b, inner.0])), ("end", list(&[e, inner.1]))];
+                    a.extend(extra.iter().cloned());
+                    let a = attrs(&a);
+                    let Some((start, len)) = tumble_ops::leading_rows(&a, x.shape()) else {
+                        continue;
+                    };
+                    named += 1;
+                    let got = run("strided_slice", &[OpValue::Tensor(x.clone())], &a).unwrap();
+                    let want: Vec<f32> = (start * 3..(start + len) * 3).map(|i| i as f32).collect();
+                    let OpValue::Tensor(got) = got else {
+                        panic!("not a tensor")
+                    };
+                    assert_eq!(got.shape(), [len, 3], "rows {rows} begin {b} end {e} {a:?}");
+                    assert_eq!(
+                        got.to_f64_vec(),
+                        want.iter().map(|&v| v as f64).collect::<Vec<_>>()
+                    );
+                    // Only step-1, whole-row slices are named.
+                    assert!(inner.0 == 0 && inner.1 >= 3, "{a:?}");
+                    assert!(!extra
+                        .iter()
+                        .any(|(k, v)| *k != "strides" || *v != list(&[1, 1])));
+                }
+            }
+        }
+    }
+    assert!(named > 20, "{named}");
+}
