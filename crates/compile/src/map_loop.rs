@@ -59,8 +59,20 @@ pub fn elem_of(body: &Code) -> Option<&Code> {
     elems.first()
 }
 
-/// How global `global` runs as a loop, if its body has `@map`'s shape (see the module's comment).
-fn map_loop_of(program: &Program, global: u32) -> Option<MapLoop> {
+/// A global's body as a recursion over a list: `match` on list parameter `list`, a `Cons(%x,
+/// %rest)` arm and a `Nil` arm (its value under `nil_ghosts` ghost operators), the function
+/// capturing nothing — what `@map`'s and `@foldl`'s shapes share.
+struct ListRecursion<'p> {
+    lambda: &'p crate::program::Lambda,
+    list: u32,
+    x: u32,
+    rest: u32,
+    cons_arm: &'p Code,
+    nil_value: &'p Code,
+    nil_ghosts: u32,
+}
+
+fn list_recursion(program: &Program, global: u32) -> Option<ListRecursion<'_>> {
     let natives = &program.natives;
     let lambda = program
         .lambdas
@@ -99,6 +111,23 @@ fn map_loop_of(program: &Program, global: u32) -> Option<MapLoop> {
         nil_ghosts = nil_ghosts.checked_add(*n)?;
         nil_value = body;
     }
+    Some(ListRecursion {
+        lambda,
+        list,
+        x: *x,
+        rest: *rest,
+        cons_arm,
+        nil_value,
+        nil_ghosts,
+    })
+}
+
+/// How global `global` runs as a loop, if its body has `@map`'s shape (see the module's comment).
+fn map_loop_of(program: &Program, global: u32) -> Option<MapLoop> {
+    let natives = &program.natives;
+    let r = list_recursion(program, global)?;
+    let (lambda, list, cons_arm, nil_value) = (r.lambda, r.list, r.cons_arm, r.nil_value);
+    let (x, rest, nil_ghosts) = (&r.x, &r.rest, r.nil_ghosts);
     let is_nil = match nil_value {
         Code::Ctor(n) => *n == natives.nil,
         Code::CallCtor { ctor, args } => *ctor == natives.nil && args.is_empty(),
@@ -167,44 +196,9 @@ pub fn fold_step_of(body: &Code, fl: FoldLoop) -> Option<&Code> {
 /// How global `global` runs as a left fold, if its body has `@foldl`'s shape (see the module's
 /// comment).
 fn fold_loop_of(program: &Program, global: u32) -> Option<FoldLoop> {
-    let natives = &program.natives;
-    let lambda = program
-        .lambdas
-        .get(*program.globals.get(global as usize)? as usize)?;
-    if !lambda.captures.is_empty() {
-        return None;
-    }
-    let Code::Match {
-        scrutinee, arms, ..
-    } = &lambda.body
-    else {
-        return None;
-    };
-    let Code::Slot(list) = **scrutinee else {
-        return None;
-    };
-    if list >= lambda.n_params {
-        return None;
-    }
-    let [(cons_pat, cons_arm), (nil_pat, nil_arm)] = arms.as_slice() else {
-        return None;
-    };
-    let Pat::Ctor(c, fields) = cons_pat else {
-        return None;
-    };
-    let [Pat::Bind(x), Pat::Bind(rest)] = fields.as_slice() else {
-        return None;
-    };
-    if *c != natives.cons
-        || !matches!(nil_pat, Pat::Ctor(n, fs) if *n == natives.nil && fs.is_empty())
-    {
-        return None;
-    }
-    let (mut nil_ghosts, mut nil_value) = (0u32, nil_arm);
-    while let Code::Ghost(n, body) = nil_value {
-        nil_ghosts = nil_ghosts.checked_add(*n)?;
-        nil_value = body;
-    }
+    let r = list_recursion(program, global)?;
+    let (lambda, list, x, rest) = (r.lambda, r.list, r.x, r.rest);
+    let (cons_arm, nil_value, nil_ghosts) = (r.cons_arm, r.nil_value, r.nil_ghosts);
     let Code::Slot(acc) = *nil_value else {
         return None;
     };
@@ -223,7 +217,7 @@ fn fold_loop_of(program: &Program, global: u32) -> Option<FoldLoop> {
         && args.len() == lambda.n_params as usize
         && args.iter().enumerate().all(|(i, a)| match a {
             _ if i as u32 == acc => true,
-            Code::Slot(s) if i as u32 == list => s == rest,
+            Code::Slot(s) if i as u32 == list => *s == rest,
             Code::Slot(s) => *s == i as u32,
             _ => false,
         });
@@ -232,14 +226,14 @@ fn fold_loop_of(program: &Program, global: u32) -> Option<FoldLoop> {
     step.visit(&mut |c| {
         // The list parameter holds the current tail in the recursion, the original list in the
         // loop: a step reading it (or the tail) runs interpreted.
-        if matches!(c, Code::Slot(s) if s == rest || *s == list) {
+        if matches!(c, Code::Slot(s) if *s == rest || *s == list) {
             reads_rest = true;
         }
     });
     let fl = FoldLoop {
         list,
         acc,
-        elem_slot: *x,
+        elem_slot: x,
         nil_ghosts,
     };
     let at_its_place = fold_step_of(&lambda.body, fl).is_some_and(|s| std::ptr::eq(s, step));

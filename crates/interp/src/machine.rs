@@ -1074,13 +1074,10 @@ impl<'p> Machine<'p> {
         span: Span,
         backend: &mut dyn Backend,
     ) -> Result<Step<'p>, RunError> {
-        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
-        let list = args.get(ml.list as usize).map(|v| list_items(v, cons, nil));
-        let Some(Ok(mut items)) = list else {
-            return self.enter(lambda, args, None, &[], Some(span));
+        let items = match self.enter_list_loop(lambda, ml.list, args, span)? {
+            Ok(items) => items,
+            Err(interpreted) => return Ok(interpreted),
         };
-        items.reverse();
-        self.install(lambda, args, None, &[], Some(span))?;
         let start = self.ctx.depth;
         let vals = Vec::with_capacity(items.len());
         self.map_next(ml, elem, items, vals, start, start, backend)
@@ -1136,6 +1133,26 @@ impl<'p> Machine<'p> {
         Ok(Step::Apply(list_of(vals, tail, cons)))
     }
 
+    /// The frame of a function run as a loop over the list in parameter `list`, made as for any
+    /// call, and the list's elements, last first. A list argument that is not a list (which the
+    /// type checker rules out) takes the ordinary call instead: `Err` holds its step.
+    fn enter_list_loop(
+        &mut self,
+        lambda: &'p Lambda,
+        list: u32,
+        args: Vec<Value>,
+        span: Span,
+    ) -> Result<Result<Vec<Value>, Step<'p>>, RunError> {
+        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
+        let items = args.get(list as usize).map(|v| list_items(v, cons, nil));
+        let Some(Ok(mut items)) = items else {
+            return self.enter(lambda, args, None, &[], Some(span)).map(Err);
+        };
+        items.reverse();
+        self.install(lambda, args, None, &[], Some(span))?;
+        Ok(Ok(items))
+    }
+
     /// A call of a function with `@foldl`'s shape ([`tumble_compile::map_loop`]) as a loop: its
     /// frame is made as for any call, then the step code runs once per element with the element
     /// and the value so far bound, one after the other. A list argument that is not a list
@@ -1149,14 +1166,10 @@ impl<'p> Machine<'p> {
         span: Span,
         backend: &mut dyn Backend,
     ) -> Result<Step<'p>, RunError> {
-        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
-        let list = args.get(fl.list as usize).map(|v| list_items(v, cons, nil));
-        let Some(Ok(mut items)) = list else {
-            return self.enter(lambda, args, None, &[], Some(span));
-        };
-        items.reverse();
-        self.install(lambda, args, None, &[], Some(span))?;
-        self.fold_next(fl, step, items, backend)
+        match self.enter_list_loop(lambda, fl.list, args, span)? {
+            Ok(items) => self.fold_next(fl, step, items, backend),
+            Err(interpreted) => Ok(interpreted),
+        }
     }
 
     /// The fold's elements from the last of `items` on (those [`Machine::at_once`] takes
