@@ -2,7 +2,8 @@
 //! operators (dense, biases, activations, layer norms, softmax over the row, reshapes and
 //! transposes that keep the row axis, lookups from a table) over inputs of a `?` length,
 //! interleaved with operators that mix an instance's rows (softmax and sums over the rows,
-//! self-attention by batched products) and work on a constant slice of the rows (the first row),
+//! self-attention by batched products, single-head and two-head in a BERT layer's form) and work
+//! on a constant slice of the rows (the first row),
 //! checked against the reference under every scheduler and batch size, with ragged batching on,
 //! off and in tiny chunks (`check_all_ways`), on instances of lengths 0 to 12.
 //!
@@ -75,7 +76,7 @@ fn generate(seed: u64) -> Program {
     let steps = 3 + g.below(8);
     for _ in 0..steps {
         let v = fresh("v");
-        let expr = match g.below(13) {
+        let expr = match g.below(14) {
             0 | 1 => {
                 let w2 = widths[g.below(widths.len())];
                 let p = fresh("w");
@@ -119,6 +120,25 @@ fn generate(seed: u64) -> Program {
                  expand_dims({cur}, axis=0)), axis=-1), expand_dims({cur}, axis=0), \
                  transpose_b=False), newshape=[-1, {w}])"
             ),
+            // Two-head attention as a BERT layer writes it (Q, K, V split into heads by a
+            // reshape and a transpose, the context transposed back): the ragged attention kernel.
+            12 if w % 2 == 0 => {
+                let heads = |x: String| {
+                    format!(
+                        "transpose(reshape({x}, newshape=[-1, 2, {h}]), axes=[1, 0, 2])",
+                        h = w / 2
+                    )
+                };
+                let (q, k, v) = (
+                    heads(cur.clone()),
+                    heads(format!("tanh({cur})")),
+                    heads(format!("sigmoid({cur})")),
+                );
+                format!(
+                    "reshape(transpose(nn.batch_matmul(nn.softmax(multiply(nn.batch_matmul({q}, {k}), \
+                     0.7f), axis=-1), {v}, transpose_b=False), axes=[1, 0, 2]), newshape=[-1, {w}])"
+                )
+            }
             // The first row, then static-shape work on it.
             11 if summary.is_none() => {
                 min_len = 1;
