@@ -2,6 +2,7 @@
 """tumble-kernels' GEMM against PyTorch (MKL) on the zoo's batched dense shapes, side by side.
 
     bench/.venv/bin/python bench/gemm_vs_torch.py [--threads T] [--rounds R] [--min-time S]
+        [--kn 'K,N;K,N'] [--batches 'B,B']
 
 Runs `gemm_bench` (ours) and `torch_gemm.py` (torch, same shapes, same thread count) alternately
 for R rounds — the machine's speed drifts, so the two are interleaved — keeps each cell's best
@@ -43,7 +44,15 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--min-time", type=float, default=0.2)
+    ap.add_argument("--kn", help="weight shapes `K,N;K,N...` instead of the zoo's (e.g. an RNN step's)")
+    ap.add_argument("--batches", help="row counts `B,B...` instead of 1, 8, 64, 512, 2048")
     args = ap.parse_args()
+    global SHAPES
+    if args.kn or args.batches:
+        kns = [tuple(int(v) for v in kn.split(",")) for kn in args.kn.split(";")] if args.kn else \
+            sorted({s[1:] for s in SHAPES}, key=lambda kn: [s[1:] for s in SHAPES].index(kn))
+        bs = [int(b) for b in args.batches.split(",")] if args.batches else sorted({s[0] for s in SHAPES})
+        SHAPES = [(b, k, n) for (k, n) in kns for b in bs]
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "tumble-kernels", "--example",
                     "gemm_bench"], cwd=ROOT, check=True)
     shapes = ";".join(f"{b},{k},{n}" for (b, k, n) in SHAPES)

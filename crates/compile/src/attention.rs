@@ -44,21 +44,20 @@ fn one(args: &[BArg], i: usize) -> Option<&BVal> {
 
 /// `block`'s attention form, if it has it.
 pub fn find(block: &Block) -> Option<Attention> {
-    if block.nodes.len() < 7 || block.nodes.len() > 8 || block.outputs.len() != 1 {
+    let [output] = block.outputs.as_slice() else {
         return None;
-    }
-    let node = |v: &BVal| match v {
-        BVal::Node(n) => block.nodes.get(*n as usize).map(|x| (*n, x)),
+    };
+    let named = |v: &BVal, name: &str| match v {
+        BVal::Node(n) => block.nodes.get(*n as usize).filter(|x| x.op.name == name),
         _ => None,
     };
-    let named = |v: &BVal, name: &str| node(v).filter(|(_, x)| x.op.name == name);
     let swap_01 = |n: &crate::blocks::BlockNode| matches!(n.attrs.ints("axes"), Ok(Some(a)) if a == [1, 0, 2]);
     // Read back from the output: transpose(batch_matmul(softmax(..), transpose(%v))).
-    let (_, out) = named(block.outputs.first()?, "transpose")?;
+    let out = named(output, "transpose")?;
     if !swap_01(out) {
         return None;
     }
-    let (_, pv) = named(one(&out.args, 0)?, "nn.batch_matmul")?;
+    let pv = named(one(&out.args, 0)?, "nn.batch_matmul")?;
     // The operator's defaults: transpose_a=False, transpose_b=True.
     let flags = |n: &crate::blocks::BlockNode| {
         (
@@ -69,7 +68,7 @@ pub fn find(block: &Block) -> Option<Attention> {
     if flags(pv) != (false, false) {
         return None;
     }
-    let (_, soft) = named(one(&pv.args, 0)?, "nn.softmax")?;
+    let soft = named(one(&pv.args, 0)?, "nn.softmax")?;
     let axis = soft.attrs.int("axis").ok().flatten().unwrap_or(-1);
     if axis != -1 && axis != 2 {
         return None;
@@ -78,7 +77,7 @@ pub fn find(block: &Block) -> Option<Attention> {
     let mut scores = one(&soft.args, 0)?;
     let mut scale = 1f32;
     let mut nodes_seen = 0;
-    if let Some((_, m)) = named(scores, "multiply") {
+    if let Some(m) = named(scores, "multiply") {
         let (a, b) = (one(&m.args, 0)?, one(&m.args, 1)?);
         let (s, c) = match (a, b) {
             (BVal::Const(c), s) | (s, BVal::Const(c)) => (s, c),
@@ -90,12 +89,12 @@ pub fn find(block: &Block) -> Option<Attention> {
         scores = s;
         nodes_seen += 1;
     }
-    let (_, qk) = named(scores, "nn.batch_matmul")?;
+    let qk = named(scores, "nn.batch_matmul")?;
     if flags(qk) != (false, true) {
         return None;
     }
     let input_of = |v: &BVal| -> Option<u32> {
-        let (_, t) = named(v, "transpose")?;
+        let t = named(v, "transpose")?;
         if !swap_01(t) {
             return None;
         }

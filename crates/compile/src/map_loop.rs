@@ -126,8 +126,8 @@ fn list_recursion(program: &Program, global: u32) -> Option<ListRecursion<'_>> {
 fn map_loop_of(program: &Program, global: u32) -> Option<MapLoop> {
     let natives = &program.natives;
     let r = list_recursion(program, global)?;
-    let (lambda, list, cons_arm, nil_value) = (r.lambda, r.list, r.cons_arm, r.nil_value);
-    let (x, rest, nil_ghosts) = (&r.x, &r.rest, r.nil_ghosts);
+    let (lambda, list, x, rest) = (r.lambda, r.list, r.x, r.rest);
+    let (cons_arm, nil_value, nil_ghosts) = (r.cons_arm, r.nil_value, r.nil_ghosts);
     let is_nil = match nil_value {
         Code::Ctor(n) => *n == natives.nil,
         Code::CallCtor { ctor, args } => *ctor == natives.nil && args.is_empty(),
@@ -153,7 +153,7 @@ fn map_loop_of(program: &Program, global: u32) -> Option<MapLoop> {
     let passes_along = *again == global
         && args.len() == lambda.n_params as usize
         && args.iter().enumerate().all(|(i, a)| match a {
-            Code::Slot(s) if i as u32 == list => s == rest,
+            Code::Slot(s) if i as u32 == list => *s == rest,
             Code::Slot(s) => *s == i as u32,
             _ => false,
         });
@@ -162,14 +162,14 @@ fn map_loop_of(program: &Program, global: u32) -> Option<MapLoop> {
             if matches!(**a, Code::Slot(s) if s == *r) && matches!(**b, Code::Slot(s) if s == *r)));
     let mut reads_arm_slots = false;
     elem.visit(&mut |c| {
-        if matches!(c, Code::Slot(s) if s == rest || s == r) {
+        if matches!(c, Code::Slot(s) if *s == rest || s == r) {
             reads_arm_slots = true;
         }
     });
     let at_its_place = elem_of(&lambda.body).is_some_and(|e| std::ptr::eq(e, elem));
     (passes_along && cell && !reads_arm_slots && at_its_place).then_some(MapLoop {
         list,
-        elem_slot: *x,
+        elem_slot: x,
         nil_ghosts,
     })
 }
@@ -240,12 +240,8 @@ fn fold_loop_of(program: &Program, global: u32) -> Option<FoldLoop> {
     (passes_along && !reads_rest && at_its_place).then_some(fl)
 }
 
-/// Per global: how the evaluator runs it as a left fold, if it does. `TUMBLE_NO_FOLD_LOOPS=1`
-/// finds none (every fold interpreted: the A/B switch).
+/// Per global: how the evaluator runs it as a left fold, if it does.
 pub fn find_folds(program: &Program) -> Vec<Option<FoldLoop>> {
-    if std::env::var_os("TUMBLE_NO_FOLD_LOOPS").is_some() {
-        return Vec::new();
-    }
     (0..program.globals.len() as u32)
         .map(|g| fold_loop_of(program, g))
         .collect()

@@ -267,6 +267,9 @@ pub struct Machine<'p> {
     params: Vec<Value>,
     /// Values that are the same every time the program makes them, made once per machine.
     shared: SharedValues,
+    /// Functions of `@foldl`'s shape run as loops ([`Machine::fold_loop`]);
+    /// `TUMBLE_NO_FOLD_LOOPS=1` interprets them (the A/B switch; the program is the same).
+    fold_loops: bool,
     pub ctx: InstanceCtx,
 }
 
@@ -371,6 +374,10 @@ impl<'p> Machine<'p> {
             steps_before: 0,
             params: Vec::new(),
             shared: SharedValues::new(),
+            fold_loops: {
+                static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_FOLD_LOOPS").is_some())
+            },
             ctx,
         }
     }
@@ -1274,7 +1281,12 @@ impl<'p> Machine<'p> {
                         return self.map_loop(lambda, ml, elem, vals, *span, backend);
                     }
                 }
-                if let Some(fl) = self.program.natives.fold_loop(*global) {
+                if let Some(fl) = self
+                    .program
+                    .natives
+                    .fold_loop(*global)
+                    .filter(|_| self.fold_loops)
+                {
                     if let Some(step) = tumble_compile::map_loop::fold_step_of(&lambda.body, fl) {
                         return self.fold_loop(lambda, fl, step, vals, *span, backend);
                     }

@@ -38,8 +38,8 @@ pub struct Profile {
     /// Padding rows the row-wise segments computed and dropped (`Options::ragged_padding`).
     pub ragged_padding_rows: u64,
     pub ragged_groups: u64,
-    /// Time in the mixing segments (all groups), a part of the kernels' time: what ragged
-    /// kernels over per-instance offsets could at most save against groups of equal length.
+    /// Time in the mixing segments (groups of equal length, attention kernels and row slices
+    /// alike), a part of the kernels' time.
     pub time_ragged_mixing: Duration,
     /// Mixing segments run as one attention kernel over every invocation of their launch.
     pub ragged_attention: u64,

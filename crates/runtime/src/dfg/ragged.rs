@@ -33,25 +33,24 @@ fn key_of(v: &tumble_compile::BVal) -> Option<(u8, u32, u32)> {
     }
 }
 
+/// The first of an invocation's `len` rows among the leading rows of its slot's tensor (an
+/// `At::Row` of a batch `(B, L, ...)` counted among its `B·L` rows).
+fn first_row(at: At, len: usize) -> usize {
+    match at {
+        At::Whole => 0,
+        At::Rows { start, .. } => start as usize,
+        At::Row(r) => r as usize * len,
+    }
+}
+
 /// Where an invocation's rows lie, as a tensor viewed as `(rows, 1, row shape...)` and the range
 /// of its rows there: the per-row view a row-wise segment reads through row pointers.
 fn row_view(slot: &Slot, len: usize) -> Result<(Tensor, usize), String> {
     let t = &slot.tensor;
-    let (rows_in, first, row_shape) = match slot.at {
-        At::Whole => (
-            t.shape().first().copied().unwrap_or(0),
-            0,
-            t.shape().get(1..),
-        ),
-        At::Row(r) => {
-            let b = t.shape().first().copied().unwrap_or(0);
-            (b * len, r as usize * len, t.shape().get(2..))
-        }
-        At::Rows { start, .. } => (
-            t.shape().first().copied().unwrap_or(0),
-            start as usize,
-            t.shape().get(1..),
-        ),
+    let lead = t.shape().first().copied().unwrap_or(0);
+    let (rows_in, row_shape) = match slot.at {
+        At::Row(_) => (lead * len, t.shape().get(2..)),
+        At::Whole | At::Rows { .. } => (lead, t.shape().get(1..)),
     };
     let row_shape = row_shape.ok_or("internal: ragged rows of a scalar")?;
     let mut view = Vec::with_capacity(row_shape.len() + 2);
@@ -61,7 +60,7 @@ fn row_view(slot: &Slot, len: usize) -> Result<(Tensor, usize), String> {
     let v = t
         .reshape(view)
         .map_err(|e| format!("internal: ragged rows: {e}"))?;
-    Ok((v, first))
+    Ok((v, first_row(slot.at, len)))
 }
 
 /// The `len` rows of `row` floats an invocation's slot holds, when it holds exactly that: an
@@ -70,11 +69,7 @@ fn rows_of(slot: &Slot, len: usize, row: usize, (heads, width): (usize, usize)) 
     if slot_shape(slot) != [len, heads, width] {
         return None;
     }
-    let first = match slot.at {
-        At::Whole => 0,
-        At::Rows { start, .. } => start as usize,
-        At::Row(r) => r as usize * len,
-    };
+    let first = first_row(slot.at, len);
     slot.tensor.as_f32()?.get(first * row..(first + len) * row)
 }
 
@@ -108,21 +103,20 @@ fn row_slices(slots: &[Slot], block: &tumble_compile::Block) -> Option<Vec<Slot>
         .map(|s| {
             let shape = slot_shape(s);
             let (start, len) = tumble_ops::leading_rows(attrs, &shape)?;
-            let (tensor, first) = match s.at {
-                At::Whole => (s.tensor.clone(), 0),
-                At::Rows { start, .. } => (s.tensor.clone(), start as usize),
+            let l = *shape.first()?;
+            let tensor = match s.at {
+                At::Whole | At::Rows { .. } => s.tensor.clone(),
                 // A row of a batch of (B, L, ...): its L rows among B·L.
-                At::Row(r) => {
-                    let l = *shape.first()?;
+                At::Row(_) => {
                     let mut flat = vec![s.tensor.shape().first()? * l];
                     flat.extend_from_slice(shape.get(1..)?);
-                    (s.tensor.reshape(flat).ok()?, r as usize * l)
+                    s.tensor.reshape(flat).ok()?
                 }
             };
             Some(Slot {
                 tensor,
                 at: At::Rows {
-                    start: u32::try_from(first + start).ok()?,
+                    start: u32::try_from(first_row(s.at, l) + start).ok()?,
                     len: u32::try_from(len).ok()?,
                 },
             })
@@ -289,6 +283,7 @@ impl Dfg<'_> {
                 .map_err(fail)
             };
             let mut outs: Vec<RVal> = Vec::with_capacity(seg.defines.len());
+            let t_seg = Instant::now();
             if seg.row_wise {
                 // Each row an instance of length 1, over chunks of whole invocations of about
                 // `chunk_rows` rows (one chunk: every invocation of the launch). With the padding
@@ -407,24 +402,17 @@ impl Dfg<'_> {
                 _ => None,
             } {
                 // Attention: one kernel over every invocation's rows where they lie.
-                let t_mix = Instant::now();
                 let row = att.heads * att.width;
                 // Every element is written: each instance's rows, every head and column.
                 let mut out = tumble_tensor::pool::scratch_f32(total * row);
-                let qkv = |i: usize| {
-                    parts
-                        .get(i)
-                        .copied()
-                        .ok_or_else(|| "internal: attention instance".to_string())
-                };
-                let r = crate::fused::attention::attend_all(
+                crate::fused::attention::attend_all(
                     &lens,
-                    &qkv,
+                    &parts,
                     &mut out,
                     (att.heads, att.width, att.scale),
                     threads,
-                );
-                r.map_err(fail)?;
+                )
+                .map_err(fail)?;
                 drop(parts);
                 let t = Tensor::from_vec(vec![total, att.heads, att.width], out)
                     .map_err(|e| fail(format!("internal: {e}")))?;
@@ -443,11 +431,9 @@ impl Dfg<'_> {
                 }
                 outs.push(RVal::Each(slots));
                 self.profile.ragged_attention += 1;
-                self.profile.time_ragged_mixing += t_mix.elapsed();
             } else {
                 // Once per group of invocations whose inputs here have equal shapes, a batch of
                 // whole invocations.
-                let t_mix = Instant::now();
                 let mut groups: Vec<(Vec<usize>, Vec<usize>)> = Vec::new();
                 for k in 0..ids.len() {
                     let mut shapes = Vec::new();
@@ -513,7 +499,6 @@ impl Dfg<'_> {
                         }
                     }
                 }
-                self.profile.time_ragged_mixing += t_mix.elapsed();
                 for (o, slots) in each.into_iter().enumerate() {
                     outs.push(match shared.get_mut(o).and_then(Option::take) {
                         Some(t) => RVal::Shared(t),
@@ -524,6 +509,9 @@ impl Dfg<'_> {
                         }
                     });
                 }
+            }
+            if !seg.row_wise {
+                self.profile.time_ragged_mixing += t_seg.elapsed();
             }
             for (d, v) in seg.defines.iter().zip(outs) {
                 if let Some(k) = key_of(d) {

@@ -5,11 +5,12 @@
 //! every length share one call instead of one batched call per group of equal length.
 //!
 //! Per instance and head `h`, row `a` of the output is `Σ_b p_b · v[b, h]` with
-//! `p = softmax_b(scale · (q[a, h] · k[b, h]))`: the scores of one query row at a time (the
-//! products in f32 lanes, as the GEMM kernel accumulates; the softmax as the row programs' vector
-//! one — maximum, `exp`, f64 sum), so nothing of size `L × L` per head is ever stored.
+//! `p = softmax_b(scale · (q[a, h] · k[b, h]))`, four query rows at a time: their scores against
+//! the head's keys transposed once (vectors over `b`, no horizontal sums), each row's softmax by
+//! the row programs' own ([`super::rowexec::softmax_row`]: the same bits), then their outputs;
+//! nothing of size `L × L` per head is ever stored.
 
-use crate::fastmath;
+use super::rowexec::softmax_row;
 use crate::simd::{self, isa, Isa};
 
 /// Where one head of one instance lies: `len` rows of `row` floats, the head's `width` floats
@@ -22,9 +23,6 @@ pub(crate) struct Head {
     width: usize,
     scale: f32,
 }
-
-/// Lanes of the f64 sums of the softmax: the loop carries no dependency from one to the next.
-const SUM_LANES: usize = 8;
 
 /// Lanes of the score and output accumulators: one AVX-512 register of f32, kept in a register
 /// across the whole sum (a sum through memory would wait on its own stores).
@@ -40,14 +38,15 @@ fn padded(n: usize) -> usize {
 const ROWS: usize = 4;
 
 simd::dispatched! {
-    /// One head of one instance: `kt` (scratch, `width × padded(len)`) takes the head's keys
+    /// One head of one instance: `scratch.kt` (`width × padded(len)`) takes the head's keys
     /// transposed, zero-padded, so that a query row's scores are sums of `width` vectors of
-    /// keys (no horizontal sums); `s` (scratch, `ROWS × padded(len)`) [`ROWS`] query rows'
-    /// scores, then their probabilities.
-    pub fn attend_head(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], h: Head, kt: &mut [f32], s: &mut [f32]) -> () {
+    /// keys (no horizontal sums); `scratch.s` and `scratch.p` (`ROWS × padded(len)` each)
+    /// [`ROWS`] query rows' scaled scores and their probabilities.
+    pub fn attend_head(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], h: Head, scratch: &mut Scratch) -> () {
         let Head { len, row, off, width, scale } = h;
         let lp = padded(len);
-        let (kt, s) = (&mut kt[..width * lp], &mut s[..ROWS * lp]);
+        let Scratch { kt, s, p } = scratch;
+        let (kt, s, p) = (&mut kt[..width * lp], &mut s[..ROWS * lp], &mut p[..ROWS * lp]);
         kt.fill(0.0);
         for b in 0..len {
             let kb = &k[b * row + off..b * row + off + width];
@@ -76,49 +75,24 @@ simd::dispatched! {
                         }
                     }
                 }
+                // The written form's `multiply` by the scale, on the finished products.
                 for (i, acc) in acc.iter().enumerate() {
-                    s[i * lp + c * LANES..i * lp + c * LANES + LANES].copy_from_slice(acc);
+                    let si = &mut s[i * lp + c * LANES..i * lp + c * LANES + LANES];
+                    for (x, &y) in si.iter_mut().zip(acc) {
+                        *x = y * scale;
+                    }
                 }
             }
             for i in 0..rows {
-                let si = &mut s[i * lp..i * lp + len];
-                // The written form's `multiply` by the scale, then the row programs' softmax: the
-                // maximum (NaNs ignored), exp(x - max), their sum in f64, the scale by its inverse.
-                let mut lanes = [f32::NEG_INFINITY; LANES];
-                let mut chunks = si.chunks_exact_mut(LANES);
-                for c in &mut chunks {
-                    for (x, l) in c.iter_mut().zip(lanes.iter_mut()) {
-                        *x *= scale;
-                        *l = l.max(*x);
-                    }
-                }
-                for (x, l) in chunks.into_remainder().iter_mut().zip(lanes.iter_mut()) {
-                    *x *= scale;
-                    *l = l.max(*x);
-                }
-                let m = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
-                let mut sum = [0f64; SUM_LANES];
-                let mut chunks = si.chunks_exact_mut(SUM_LANES);
-                for c in &mut chunks {
-                    for (x, acc) in c.iter_mut().zip(sum.iter_mut()) {
-                        *x = fastmath::exp(*x - m);
-                        *acc += f64::from(*x);
-                    }
-                }
-                for (x, acc) in chunks.into_remainder().iter_mut().zip(sum.iter_mut()) {
-                    *x = fastmath::exp(*x - m);
-                    *acc += f64::from(*x);
-                }
-                let inv = (1.0 / sum.iter().sum::<f64>()) as f32;
-                si.iter_mut().for_each(|x| *x *= inv);
+                softmax_row(&mut p[i * lp..i * lp + len], &s[i * lp..i * lp + len], false);
             }
             // The output rows, LANES columns at a time, each summed over the keys in registers.
-            let (s0, rest) = s.split_at(lp);
-            let (s1, rest) = rest.split_at(lp);
-            let (s2, s3) = rest.split_at(lp);
+            let (p0, rest) = p.split_at(lp);
+            let (p1, rest) = rest.split_at(lp);
+            let (p2, p3) = rest.split_at(lp);
             for c in (0..full).step_by(LANES) {
                 let mut acc = [[0f32; LANES]; ROWS];
-                let pb = s0.iter().zip(s1).zip(s2.iter().zip(s3));
+                let pb = p0.iter().zip(p1).zip(p2.iter().zip(p3));
                 for (vrow, ((&p0, &p1), (&p2, &p3))) in v.chunks_exact(row).take(len).zip(pb) {
                     let vb = &vrow[off + c..off + c + LANES];
                     for (acc, p) in acc.iter_mut().zip([p0, p1, p2, p3]) {
@@ -135,7 +109,7 @@ simd::dispatched! {
             for i in 0..rows {
                 let at = (a + i) * row + off;
                 for j in full..width {
-                    out[at + j] = (0..len).map(|b| s[i * lp + b] * v[b * row + off + j]).sum();
+                    out[at + j] = (0..len).map(|b| p[i * lp + b] * v[b * row + off + j]).sum();
                 }
             }
             a += rows;
@@ -143,8 +117,17 @@ simd::dispatched! {
     }
 }
 
+/// Per-thread scratch of [`attend`]: the transposed keys, scores and probabilities.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    kt: Vec<f32>,
+    s: Vec<f32>,
+    p: Vec<f32>,
+}
+
 /// One instance: `q`, `k`, `v` and `out` hold its `len` rows of `heads · width` floats each.
-/// `scratch` holds the transposed keys and a row's scores (resized here).
+/// `scratch` holds the transposed keys and [`ROWS`] rows' scores and probabilities (resized
+/// here).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
     q: &[f32],
@@ -155,7 +138,7 @@ pub(crate) fn attend(
     heads: usize,
     width: usize,
     scale: f32,
-    scratch: &mut (Vec<f32>, Vec<f32>),
+    scratch: &mut Scratch,
 ) -> Result<(), String> {
     let row = heads * width;
     let n = len * row;
@@ -168,9 +151,9 @@ pub(crate) fn attend(
             out.len()
         ));
     }
-    let (kt, s) = scratch;
-    kt.resize(width * padded(len), 0.0);
-    s.resize(ROWS * padded(len), 0.0);
+    scratch.kt.resize(width * padded(len), 0.0);
+    scratch.s.resize(ROWS * padded(len), 0.0);
+    scratch.p.resize(ROWS * padded(len), 0.0);
     for h in 0..heads {
         let head = Head {
             len,
@@ -179,7 +162,7 @@ pub(crate) fn attend(
             width,
             scale,
         };
-        attend_head(q, k, v, out, head, kt, s);
+        attend_head(q, k, v, out, head, scratch);
     }
     Ok(())
 }
@@ -190,15 +173,12 @@ const SPLIT_MIN_MACS: usize = 1 << 20;
 /// One instance's Q, K and V rows.
 pub(crate) type Qkv<'a> = (&'a [f32], &'a [f32], &'a [f32]);
 
-/// Q, K and V rows of instance `i` of a launch.
-pub(crate) type Operands<'a> = dyn Fn(usize) -> Result<Qkv<'a>, String> + Sync + 'a;
-
 /// Every instance of a launch: instance `i` has `lens[i]` rows, its Q, K and V rows are
-/// `qkv(i)`, and its output rows follow the previous instance's in `out`. On up to `threads`
+/// `qkv[i]`, and its output rows follow the previous instance's in `out`. On up to `threads`
 /// threads (contiguous runs of instances of about equal work) when worth it.
-pub(crate) fn attend_all<'a>(
+pub(crate) fn attend_all(
     lens: &[usize],
-    qkv: &Operands<'a>,
+    qkv: &[Qkv],
     out: &mut [f32],
     (heads, width, scale): (usize, usize, f32),
     threads: usize,
@@ -214,9 +194,9 @@ pub(crate) fn attend_all<'a>(
 }
 
 /// [`attend_all`], splitting across threads from `split_min` multiply-adds on.
-fn attend_split<'a>(
+fn attend_split(
     lens: &[usize],
-    qkv: &Operands<'a>,
+    qkv: &[Qkv],
     out: &mut [f32],
     (heads, width, scale): (usize, usize, f32),
     threads: usize,
@@ -225,11 +205,13 @@ fn attend_split<'a>(
     let row = heads * width;
     let work: Vec<usize> = lens.iter().map(|&l| 2 * l * l * row).collect();
     let total: usize = work.iter().sum();
+    if qkv.len() != lens.len() {
+        return Err("internal: attention operands of another count than the lengths".into());
+    }
     let run = |from: usize, to: usize, out: &mut [f32]| -> Result<(), String> {
-        let mut scratch = (Vec::new(), Vec::new());
+        let mut scratch = Scratch::default();
         let mut at = 0;
-        for (i, &l) in lens.iter().enumerate().take(to).skip(from) {
-            let (q, k, v) = qkv(i)?;
+        for (&l, &(q, k, v)) in lens[from..to].iter().zip(&qkv[from..to]) {
             let o = out
                 .get_mut(at..at + l * row)
                 .ok_or("internal: attention output too short")?;
@@ -348,10 +330,12 @@ mod tests {
                     Some(at)
                 })
                 .collect();
-            let qkv = |i: usize| -> Result<Qkv, String> {
-                let r = starts[i] * row..(starts[i] + lens[i]) * row;
-                Ok((&q[r.clone()], &k[r.clone()], &v[r]))
-            };
+            let qkv: Vec<Qkv> = (0..lens.len())
+                .map(|i| {
+                    let r = starts[i] * row..(starts[i] + lens[i]) * row;
+                    (&q[r.clone()], &k[r.clone()], &v[r])
+                })
+                .collect();
             for threads in [1, 3] {
                 let mut out = vec![f32::NAN; total * row];
                 // Split from the first multiply-add on: the path `threads > 1` takes on real work.
@@ -381,7 +365,7 @@ mod tests {
     /// Operands of the wrong size are an error, not a panic or a partial write.
     #[test]
     fn operands_of_the_wrong_size_are_refused() {
-        let mut scratch = (Vec::new(), Vec::new());
+        let mut scratch = Scratch::default();
         let mut out = vec![0f32; 6];
         let e = attend(
             &[0.0; 6],

@@ -556,7 +556,7 @@ fn softmax_scalar(dst: &mut [f32], av: &Vals, log: bool) {
 
 /// [`softmax_scalar`] on the vector loops (attention's scores: 12% of Berxit-small's time
 /// element by element).
-fn softmax_row(dst: &mut [f32], x: &[f32], log: bool) {
+pub(crate) fn softmax_row(dst: &mut [f32], x: &[f32], log: bool) {
     let m = crate::simd::max(x);
     crate::simd::unary(dst, x, |v| fastmath::exp(v - m));
     let sum = crate::simd::sum_f64(dst);
