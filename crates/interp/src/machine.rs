@@ -270,6 +270,10 @@ pub struct Machine<'p> {
     /// Functions of `@foldl`'s shape run as loops ([`Machine::fold_loop`]);
     /// `TUMBLE_NO_FOLD_LOOPS=1` interprets them (the A/B switch; the program is the same).
     fold_loops: bool,
+    /// Loops whose element code is taken at once are themselves taken at once
+    /// ([`Machine::loop_at_once`]); `TUMBLE_NO_LOOPS_AT_ONCE=1` runs them in steps (the A/B
+    /// switch; the recorded graph is the same).
+    loops_at_once: bool,
     pub ctx: InstanceCtx,
 }
 
@@ -378,6 +382,10 @@ impl<'p> Machine<'p> {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
                 !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_FOLD_LOOPS").is_some())
             },
+            loops_at_once: {
+                static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_LOOPS_AT_ONCE").is_some())
+            },
             ctx,
         }
     }
@@ -454,6 +462,12 @@ impl<'p> Machine<'p> {
             Some(Step::CallOp(_, vs)) => vs.iter().for_each(&mut *f),
             Some(Step::Eval(_)) | None => {}
         }
+    }
+
+    /// Turns [`Machine::loop_at_once`] on or off for this machine (by default on, unless
+    /// `TUMBLE_NO_LOOPS_AT_ONCE` is set): the recorded graph is the same either way.
+    pub fn set_loops_at_once(&mut self, on: bool) {
+        self.loops_at_once = on;
     }
 
     /// Evaluation steps taken so far (for the profile: the host program's cost per step).
@@ -656,7 +670,9 @@ impl<'p> Machine<'p> {
         // A native prelude function (`@hd`, `@tl`, ..) of immediate operands: a pure function
         // of values at hand, computed where it is read.
         if let Code::CallGlobal { global, args, span } = code {
-            let native = self.program.natives.of(*global)?;
+            let Some(native) = self.program.natives.of(*global) else {
+                return self.loop_at_once(*global, args, *span, backend);
+            };
             let vals = match self.immediates(args)? {
                 Ok(vals) => vals,
                 Err(e) => return Some(Err(e)),
@@ -683,6 +699,160 @@ impl<'p> Machine<'p> {
             )),
             Err(e) => Err(e),
         })
+    }
+
+    /// Whether [`Machine::immediate`] takes `code` (decided by its form alone).
+    fn is_immediate(&self, code: &Code) -> bool {
+        match code {
+            Code::Slot(_) | Code::Param(_) | Code::Lit(_) | Code::Global(_) => true,
+            Code::Ctor(c) => self.shared.on && self.arity(*c) == 0,
+            Code::Proj(inner, ..) => matches!(**inner, Code::Slot(_) | Code::Param(_)),
+            _ => false,
+        }
+    }
+
+    /// Whether [`Machine::at_once`] takes `code` without a step and without effects (decided by
+    /// its form alone: immediate code, or a native call of immediate operands).
+    fn pure_at_once(&self, code: &Code) -> bool {
+        self.is_immediate(code)
+            || matches!(code, Code::CallGlobal { global, args, .. }
+                if self.program.natives.fast_steps
+                    && self.program.natives.of(*global).is_some()
+                    && args.iter().all(|a| self.is_immediate(a)))
+    }
+
+    /// Whether [`Machine::at_once`] takes `code` without a step, other than as a loop (decided
+    /// by its form alone: [`Machine::pure_at_once`] code, or a block invocation of immediate
+    /// operands).
+    fn takes_at_once(&self, code: &Code) -> bool {
+        self.pure_at_once(code)
+            || matches!(code, Code::InvokeBlock { args, .. }
+                if self.program.natives.fast_steps && args.iter().all(|a| self.is_immediate(a)))
+    }
+
+    /// A call of a function run as a loop over its list (`@map`'s or `@foldl`'s shape) whose
+    /// element code [`Machine::at_once`] takes, performed where it is read: the loop's frame is
+    /// made and dropped here, and its elements run as [`Machine::map_next`] and
+    /// [`Machine::fold_next`] run them — at the same depths, recording the same invocations —
+    /// without the call's step, its return's, or the caller's continuation. (TreeLSTM: the maps
+    /// over a node's child states and the folds summing them, 12 of the ~20 steps of an inner
+    /// node.) `None`, nothing done, for any other call or operands that are not immediate.
+    fn loop_at_once(
+        &mut self,
+        global: u32,
+        args: &'p [Code],
+        span: Span,
+        backend: &mut dyn Backend,
+    ) -> Option<Result<Value, RunError>> {
+        if !self.program.natives.fast_steps || !self.loops_at_once {
+            return None;
+        }
+        let lambda = self.global(global).ok()?;
+        let natives = &self.program.natives;
+        let (list, body) = if let Some(ml) = natives.map_loop(global) {
+            (ml.list, tumble_compile::map_loop::elem_of(&lambda.body)?)
+        } else {
+            let fl = natives.fold_loop(global).filter(|_| self.fold_loops)?;
+            (
+                fl.list,
+                tumble_compile::map_loop::fold_step_of(&lambda.body, fl)?,
+            )
+        };
+        if !self.takes_at_once(body) || !args.iter().all(|a| self.pure_at_once(a)) {
+            return None;
+        }
+        // (`@foldl(%f, @hd(%xs), @tl(%xs))`: operands computed at once, without effects.)
+        let mut vals = self.vals_pool.pop().unwrap_or_default();
+        for a in args {
+            match self.at_once(a, backend)? {
+                Ok(v) => vals.push(v),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        let (cons, nil) = (natives.cons, natives.nil);
+        // Not a list (which the type checker rules out): the ordinary call reports it.
+        let Some(Ok(items)) = vals.get(list as usize).map(|v| list_items(v, cons, nil)) else {
+            return None;
+        };
+        let frame = match self.frame_for(lambda, vals, None, &[], Some(span)) {
+            Ok(frame) => frame,
+            Err(e) => return Some(Err(e)),
+        };
+        // The caller's frame waits on the stack as in a call, so an error's call trace is the same.
+        let caller = std::mem::replace(&mut self.frame, frame);
+        if let Err(e) = self.push(Kont::Return(caller)) {
+            return Some(Err(e));
+        }
+        let value = match natives.map_loop(global) {
+            Some(ml) => self.map_at_once(ml, body, items, backend),
+            None => match natives.fold_loop(global) {
+                Some(fl) => self.fold_at_once(fl, body, items, backend),
+                None => Err(RunError::new("internal: loop without its shape")),
+            },
+        };
+        let Some(Kont::Return(caller)) = self.stack.pop() else {
+            return Some(Err(RunError::new(
+                "internal: a loop taken at once lost its caller's frame",
+            )));
+        };
+        let done = std::mem::replace(&mut self.frame, caller);
+        self.recycle(done);
+        Some(value)
+    }
+
+    /// [`Machine::map_next`]'s loop for element code [`Machine::at_once`] takes, in the loop's
+    /// frame.
+    fn map_at_once(
+        &mut self,
+        ml: MapLoop,
+        elem: &'p Code,
+        items: Vec<Value>,
+        backend: &mut dyn Backend,
+    ) -> Result<Value, RunError> {
+        let start = self.ctx.depth;
+        let mut max = start;
+        let mut vals = Vec::with_capacity(items.len());
+        for x in items {
+            self.tick(backend)?;
+            self.ctx.depth = start;
+            self.set_slot(ml.elem_slot, x);
+            let v = self.at_once(elem, backend).ok_or_else(|| {
+                RunError::new("internal: a loop's element code was not taken at once")
+            })??;
+            vals.push(v);
+            max = max.max(self.ctx.depth);
+        }
+        self.ctx.depth = start;
+        if ml.nil_ghosts > 0 {
+            backend.ghost(&mut self.ctx, ml.nil_ghosts);
+        }
+        self.ctx.depth = max.max(self.ctx.depth);
+        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
+        let tail = self.shared.nullary(nil);
+        Ok(list_of(vals, tail, cons))
+    }
+
+    /// [`Machine::fold_next`]'s loop for step code [`Machine::at_once`] takes, in the loop's
+    /// frame.
+    fn fold_at_once(
+        &mut self,
+        fl: FoldLoop,
+        step: &'p Code,
+        items: Vec<Value>,
+        backend: &mut dyn Backend,
+    ) -> Result<Value, RunError> {
+        for x in items {
+            self.tick(backend)?;
+            self.set_slot(fl.elem_slot, x);
+            let v = self.at_once(step, backend).ok_or_else(|| {
+                RunError::new("internal: a fold's step code was not taken at once")
+            })??;
+            self.set_slot(fl.acc, v);
+        }
+        if fl.nil_ghosts > 0 {
+            backend.ghost(&mut self.ctx, fl.nil_ghosts);
+        }
+        self.slot(fl.acc)
     }
 
     /// Evaluates a call's operands from `vals.len()` on: immediate ones at once, then either
@@ -1439,11 +1609,31 @@ impl<'p> Machine<'p> {
     fn install(
         &mut self,
         lambda: &Lambda,
-        mut args: Vec<Value>,
+        args: Vec<Value>,
         this: Option<Value>,
         captured: &[Value],
         call_site: Option<Span>,
     ) -> Result<(), RunError> {
+        let frame = self.frame_for(lambda, args, this, captured, call_site)?;
+        let caller = std::mem::replace(&mut self.frame, frame);
+        // In tail position the caller's frame is dead: don't stack another return.
+        if !matches!(self.stack.last(), Some(Kont::Return(_))) {
+            self.push(Kont::Return(caller))?;
+        } else {
+            self.recycle(caller);
+        }
+        Ok(())
+    }
+
+    /// A new frame for `lambda`: its parameters bound to `args`, its captures to `captured`.
+    fn frame_for(
+        &mut self,
+        lambda: &Lambda,
+        mut args: Vec<Value>,
+        this: Option<Value>,
+        captured: &[Value],
+        call_site: Option<Span>,
+    ) -> Result<Frame, RunError> {
         if args.len() != lambda.n_params as usize {
             return Err(RunError::new(format!(
                 "`{}` takes {} arguments, got {}",
@@ -1464,19 +1654,11 @@ impl<'p> Machine<'p> {
                 *s = Some(v.clone());
             }
         }
-        let frame = Frame {
+        Ok(Frame {
             slots,
             this,
             call_site,
-        };
-        let caller = std::mem::replace(&mut self.frame, frame);
-        // In tail position the caller's frame is dead: don't stack another return.
-        if !matches!(self.stack.last(), Some(Kont::Return(_))) {
-            self.push(Kont::Return(caller))?;
-        } else {
-            self.recycle(caller);
-        }
-        Ok(())
+        })
     }
 
     /// Keeps a finished frame's slot vector for the next call (calls are the machine's most frequent

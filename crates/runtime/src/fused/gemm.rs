@@ -231,7 +231,9 @@ pub(super) fn matmul_stage(
         stride: k,
     };
     let mut y_rows: Vec<&[f32]> = Vec::with_capacity(k);
-    let mut packed: Option<tumble_kernels::PackedWeight> = None;
+    // The panels of the last such product on this thread, packed over again rather than allocated
+    // and zeroed anew: MV-RNN runs one launch per node, each packing a 256 × 128 weight.
+    let mut packed = MATMUL_PACK.with(|p| p.take());
     for inst in 0..b {
         y_rows.clear();
         for p in &parts {
@@ -252,11 +254,20 @@ pub(super) fn matmul_stage(
         tumble_kernels::dense(&a, w, out, &tumble_kernels::NoEpilogue, ex.threads)
             .map_err(|e| e.to_string())?;
     }
+    // (Not kept past 4 MiB: the memory budget does not see this buffer.)
+    let packed = packed.filter(|w| w.n() * w.k() <= 1 << 20);
+    MATMUL_PACK.with(|p| p.set(packed));
     let t = Tensor::from_f32(vec![b, m, n], c).map_err(|e| e.to_string())?;
     Ok(Some((
         BV::Batched(OpValue::Tensor(t)),
         2 * (b * m * n * k) as u64,
     )))
+}
+
+thread_local! {
+    /// The packed per-invocation weight `matmul_stage` last used on this thread (see there).
+    static MATMUL_PACK: std::cell::Cell<Option<tumble_kernels::PackedWeight>> =
+        const { std::cell::Cell::new(None) };
 }
 
 /// Rows of a shared left operand from which swapping the operands of a per-invocation-weight dense
