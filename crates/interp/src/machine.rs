@@ -270,10 +270,12 @@ pub struct Machine<'p> {
     /// Functions of `@foldl`'s shape run as loops ([`Machine::fold_loop`]);
     /// `TUMBLE_NO_FOLD_LOOPS=1` interprets them (the A/B switch; the program is the same).
     fold_loops: bool,
-    /// Loops whose element code is taken at once are themselves taken at once
-    /// ([`Machine::loop_at_once`]); `TUMBLE_NO_LOOPS_AT_ONCE=1` runs them in steps (the A/B
-    /// switch; the recorded graph is the same).
-    loops_at_once: bool,
+    /// More code taken at once ([`Machine::at_once`]): loops whose element code is
+    /// ([`Machine::loop_at_once`]), constructors and tuples of immediate operands, conditionals
+    /// and matches on immediate values, and an `if` on a computed immediate condition goes
+    /// straight to its arm. `TUMBLE_NO_WIDER_AT_ONCE=1` takes steps for them (the A/B switch;
+    /// the recorded graph is the same).
+    wider_at_once: bool,
     pub ctx: InstanceCtx,
 }
 
@@ -382,9 +384,9 @@ impl<'p> Machine<'p> {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
                 !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_FOLD_LOOPS").is_some())
             },
-            loops_at_once: {
+            wider_at_once: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_LOOPS_AT_ONCE").is_some())
+                !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_WIDER_AT_ONCE").is_some())
             },
             ctx,
         }
@@ -464,10 +466,11 @@ impl<'p> Machine<'p> {
         }
     }
 
-    /// Turns [`Machine::loop_at_once`] on or off for this machine (by default on, unless
-    /// `TUMBLE_NO_LOOPS_AT_ONCE` is set): the recorded graph is the same either way.
-    pub fn set_loops_at_once(&mut self, on: bool) {
-        self.loops_at_once = on;
+    /// Turns the wider at-once evaluation on or off for this machine (see
+    /// [`Machine::at_once`]; by default on, unless `TUMBLE_NO_WIDER_AT_ONCE` is set): the
+    /// recorded graph is the same either way.
+    pub fn set_wider_at_once(&mut self, on: bool) {
+        self.wider_at_once = on;
     }
 
     /// Evaluation steps taken so far (for the profile: the host program's cost per step).
@@ -686,7 +689,7 @@ impl<'p> Machine<'p> {
             });
         }
         let Code::InvokeBlock { args, .. } = code else {
-            return None;
+            return self.wider_at_once(code, backend);
         };
         let vals = match self.immediates(args)? {
             Ok(vals) => vals,
@@ -699,6 +702,109 @@ impl<'p> Machine<'p> {
             )),
             Err(e) => Err(e),
         })
+    }
+
+    /// [`Machine::at_once`] for constructors and tuples of immediate operands (pure), and for
+    /// code that chooses by values at hand: an `if` whose condition is immediate and computed,
+    /// a `match` on an immediate value whose chosen arm is [`Machine::total_at_once`], ghost
+    /// operators before such code. `None` leaves nothing done: a condition not computed yet,
+    /// no arm matching (the step path reports it), or a form not taken — an arm's bindings and
+    /// a ghost's depth are only made where what follows surely completes.
+    fn wider_at_once(
+        &mut self,
+        code: &'p Code,
+        backend: &mut dyn Backend,
+    ) -> Option<Result<Value, RunError>> {
+        if !self.wider_at_once {
+            return None;
+        }
+        match code {
+            Code::CallCtor { ctor, args } => {
+                let vals = match self.immediates(args)? {
+                    Ok(vals) => vals,
+                    Err(e) => return Some(Err(e)),
+                };
+                if vals.is_empty() {
+                    self.vals_pool.push(vals);
+                    return Some(Ok(self.shared.nullary(*ctor)));
+                }
+                Some(Ok(Value::adt(*ctor, vals)))
+            }
+            Code::Tuple(elems) if elems.is_empty() => Some(Ok(self.shared.unit())),
+            Code::Tuple(elems) => {
+                let mut vals = Vec::with_capacity(elems.len());
+                for e in elems {
+                    match self.immediate(e)? {
+                        Ok(v) => vals.push(v),
+                        Err(e) => return Some(Err(e)),
+                    }
+                }
+                Some(Ok(Value::tuple(vals)))
+            }
+            Code::If(c, t, f) => {
+                let v = match self.immediate(c)? {
+                    Ok(v) => v,
+                    Err(e) => return Some(Err(e)),
+                };
+                match backend.condition(&v) {
+                    Ok(Some(b)) => self.at_once(if b { t } else { f }, backend),
+                    Ok(None) => None,
+                    Err(e) => Some(Err(e)),
+                }
+            }
+            Code::Match {
+                scrutinee, arms, ..
+            } => {
+                let v = match self.immediate(scrutinee)? {
+                    Ok(v) => v,
+                    Err(e) => return Some(Err(e)),
+                };
+                let mut binds = std::mem::take(&mut self.binds);
+                let mut chosen = None;
+                for (pat, body) in arms {
+                    binds.clear();
+                    if matches(pat, &v, &mut binds) {
+                        chosen = Some(body);
+                        break;
+                    }
+                }
+                let body = chosen.filter(|b| self.total_at_once(b));
+                if body.is_some() {
+                    for (slot, val) in binds.drain(..) {
+                        self.set_slot(slot, val);
+                    }
+                }
+                binds.clear();
+                self.binds = binds;
+                self.at_once(body?, backend)
+            }
+            Code::Ghost(n, body) if self.total_at_once(body) => {
+                backend.ghost(&mut self.ctx, *n);
+                self.at_once(body, backend)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether [`Machine::at_once`] surely takes `code` (it returns a value or an error, never
+    /// `None`): immediate code, and natives, block invocations, constructors and tuples of
+    /// immediate operands, maybe after ghost operators. (Conditionals and matches may find
+    /// nothing to take, so they are not.)
+    fn total_at_once(&self, code: &Code) -> bool {
+        match code {
+            Code::Ghost(_, body) => self.wider_at_once && self.total_at_once(body),
+            Code::CallCtor { args, .. } => {
+                self.wider_at_once
+                    && self.program.natives.fast_steps
+                    && args.iter().all(|a| self.is_immediate(a))
+            }
+            Code::Tuple(elems) => {
+                self.wider_at_once
+                    && self.program.natives.fast_steps
+                    && elems.iter().all(|a| self.is_immediate(a))
+            }
+            _ => self.takes_at_once(code),
+        }
     }
 
     /// Whether [`Machine::immediate`] takes `code` (decided by its form alone).
@@ -744,7 +850,7 @@ impl<'p> Machine<'p> {
         span: Span,
         backend: &mut dyn Backend,
     ) -> Option<Result<Value, RunError>> {
-        if !self.program.natives.fast_steps || !self.loops_at_once {
+        if !self.program.natives.fast_steps || !self.wider_at_once {
             return None;
         }
         let lambda = self.global(global).ok()?;
@@ -1062,10 +1168,23 @@ impl<'p> Machine<'p> {
                     captured,
                 })))
             }
-            Code::If(c, t, f) => {
-                self.push(Kont::If(t, f))?;
-                Step::Eval(c)
-            }
+            Code::If(c, t, f) => match self.immediate(c).filter(|_| self.wider_at_once) {
+                // A computed condition at hand: straight to the arm.
+                Some(v) => {
+                    let v = v?;
+                    match backend.condition(&v)? {
+                        Some(b) => Step::Eval(if b { t } else { f }),
+                        None => {
+                            self.push(Kont::If(t, f))?;
+                            Step::Apply(v)
+                        }
+                    }
+                }
+                None => {
+                    self.push(Kont::If(t, f))?;
+                    Step::Eval(c)
+                }
+            },
             Code::Phase => Step::Apply(self.shared.unit()),
             Code::Ghost(n, body) => {
                 backend.ghost(&mut self.ctx, *n);
