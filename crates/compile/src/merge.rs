@@ -10,7 +10,8 @@
 //! first run), one graph node per token fewer. It pays once a step's launches have enough rows
 //! to amortize the larger weight each step then streams; with a few rows per launch, hoisting's
 //! one big launch is better. Callers enable it from the mini-batch size
-//! ([`MERGE_MIN_BATCH`]); `tumble explain` lists what merged.
+//! ([`MERGE_MIN_BATCH`]); a merge whose block would read more product weight than fits beside
+//! the rest in L2 is not made ([`MERGE_MAX_WEIGHT_BYTES`]); `tumble explain` lists what merged.
 //!
 //! A merge needs: the producer's site hoisted, its block pure with one single-tensor output,
 //! bound by a `let` to a slot read exactly once in its lambda (closures' captures counted), as a
@@ -21,7 +22,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::blocks::{is_pure_op, BVal, Block, BlockInput, BlockNode, OutputShape};
+use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
 use crate::program::{CaptureFrom, Code, Program};
 
 /// Mini-batches of at least this many instances merge (a step's launches then have about this
@@ -29,6 +30,32 @@ use crate::program::{CaptureFrom, Code, Program};
 /// the runtime's deferred launches assume). Measured on BiRNN and NestedRNN: merged 2–9% faster
 /// at 64 per mini-batch, 0–5% slower at 8.
 pub const MERGE_MIN_BATCH: usize = 32;
+
+/// The most bytes of product weights a merged block may read. Merging moves the producer's
+/// weight into every step's launch: a step that reads more than about half of a core's L2
+/// (2 MiB on the Xeon measured) evicts it between steps — and BiRNN's two directions alternate —
+/// so each step streams its weights from memory, where unmerged the step's own weight stays in
+/// L2 and the producer's runs as one large launch. Measured (`pair_ab.sh 10`, Xeon, 1 thread):
+/// BiRNN-large b64 (2 MiB merged per direction) unmerged 0.81–0.90× the time; NestedRNN-large
+/// (2 MiB, one direction) no difference either way; the small models (512 KiB) keep merging.
+pub const MERGE_MAX_WEIGHT_BYTES: usize = 1 << 20;
+
+/// Bytes of the weights of `b`'s products (`nn.dense`'s second operand where it is an input).
+fn dense_weight_bytes(b: &Block) -> usize {
+    b.nodes
+        .iter()
+        .filter(|n| n.op.name == "nn.dense")
+        .filter_map(|n| match n.args.get(1) {
+            Some(BArg::One(BVal::Input(i))) => b.inputs.get(*i as usize),
+            _ => None,
+        })
+        .filter_map(|input| {
+            let (dims, dtype) = input.ty.as_tensor()?;
+            dims.iter()
+                .try_fold(dtype.size(), |n, d| n.checked_mul(d.known()? as usize))
+        })
+        .fold(0usize, usize::saturating_add)
+}
 
 /// One merged pair, for `explain`.
 #[derive(Debug, Clone)]
@@ -129,6 +156,11 @@ pub fn merge_hoisted(program: &mut Program) -> Vec<Merged> {
                     ) else {
                         continue;
                     };
+                    if dense_weight_bytes(a).saturating_add(dense_weight_bytes(bb))
+                        > MERGE_MAX_WEIGHT_BYTES
+                    {
+                        continue;
+                    }
                     let Some(block) = merge_blocks(a, bb, j) else {
                         continue;
                     };

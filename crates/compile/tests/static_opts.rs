@@ -351,6 +351,32 @@ fn a_hoisted_input_transform_merges_into_the_step_that_reads_it() {
     }
 }
 
+/// A merged step reading more product weight than `MERGE_MAX_WEIGHT_BYTES` (BiRNN-large's
+/// 512 × 512 pair: 2 MiB) stays two blocks; 362 × 362 (1 MiB in all, just under) merges.
+#[test]
+fn a_merge_whose_step_would_read_weights_past_the_limit_is_not_made() {
+    for (h, merges) in [(512usize, false), (362, true)] {
+        let bytes = 2 * h * h * 4;
+        assert_eq!(
+            bytes <= tumble_compile::merge::MERGE_MAX_WEIGHT_BYTES,
+            merges,
+            "{h}: {bytes} bytes"
+        );
+        let src = format!("{RNN}{RNN_MAIN}")
+            .replace("(1, 4)", &format!("(1, {h})"))
+            .replace("(4, 4)", &format!("({h}, {h})"))
+            .replace("shape=[1, 4]", &format!("shape=[1, {h}]"));
+        let (p, r) = compile_with(&src, StaticOptions::all());
+        assert_eq!(r.merged.len(), usize::from(merges), "{h}: {:?}", r.merged);
+        let want: &[&str] = if merges {
+            &["input+step"]
+        } else {
+            &["input", "step"]
+        };
+        assert_eq!(invoked_blocks(&p), want, "{h}");
+    }
+}
+
 #[test]
 fn a_transform_read_twice_or_not_hoisted_is_not_merged() {
     // `%xw` read by the step and kept in the output list: no merge.
