@@ -314,6 +314,20 @@ fn print_static_report(
             );
         }
     }
+    if !report.not_merged.is_empty() {
+        println!(
+            "  block merging: kept apart, the merged step would read more than {} KiB of product weights (half a core's L2) every launch:",
+            tumble_compile::merge::MERGE_MAX_WEIGHT_BYTES >> 10
+        );
+        for m in &report.not_merged {
+            println!(
+                "    {} and {} ({} KiB)",
+                m.producer,
+                m.consumer,
+                m.weight_bytes >> 10
+            );
+        }
+    }
     if report.cse > 0 {
         println!(
             "  common subexpressions (--no-cse): {} repeated operators inside blocks computed once",

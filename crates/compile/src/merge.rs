@@ -57,13 +57,50 @@ fn dense_weight_bytes(b: &Block) -> usize {
         .fold(0usize, usize::saturating_add)
 }
 
-/// One merged pair, for `explain`.
+/// One merged pair — or, in [`MergeReport::too_heavy`], a pair left apart — for `explain`.
 #[derive(Debug, Clone)]
 pub struct Merged {
     pub producer: String,
     pub consumer: String,
-    /// Call sites rewritten.
+    /// Call sites rewritten (or left).
     pub sites: usize,
+    /// Bytes of product weights the merged block reads (would read).
+    pub weight_bytes: usize,
+}
+
+/// What [`merge_hoisted`] did.
+#[derive(Debug, Clone, Default)]
+pub struct MergeReport {
+    pub merged: Vec<Merged>,
+    /// Pairs not merged because the merged block would read more than
+    /// [`MERGE_MAX_WEIGHT_BYTES`] of product weights.
+    pub too_heavy: Vec<Merged>,
+}
+
+/// Counts one more site of pair (`producer`, `consumer`) in `list`.
+fn note_site(
+    list: &mut Vec<Merged>,
+    program: &Program,
+    producer: u32,
+    consumer: u32,
+    bytes: usize,
+) {
+    let name = |b: u32| program.blocks.get(b as usize).map(|x| x.name.clone());
+    let (Some(producer), Some(consumer)) = (name(producer), name(consumer)) else {
+        return;
+    };
+    match list
+        .iter_mut()
+        .find(|m| m.producer == producer && m.consumer == consumer)
+    {
+        Some(m) => m.sites += 1,
+        None => list.push(Merged {
+            producer,
+            consumer,
+            sites: 1,
+            weight_bytes: bytes,
+        }),
+    }
 }
 
 /// A producer bound by a `let`: its block and operands.
@@ -73,9 +110,9 @@ struct Producer {
 }
 
 /// Merges hoisted producers into their consumers in every lambda of `program`.
-pub fn merge_hoisted(program: &mut Program) -> Vec<Merged> {
+pub fn merge_hoisted(program: &mut Program) -> MergeReport {
     let mut merged_blocks: HashMap<(u32, u32, usize), u32> = HashMap::new();
-    let mut report: Vec<Merged> = Vec::new();
+    let mut report = MergeReport::default();
     for li in 0..program.lambdas.len() {
         let uses = slot_uses(program, li);
         let Some(lambda) = program.lambdas.get(li) else {
@@ -156,9 +193,9 @@ pub fn merge_hoisted(program: &mut Program) -> Vec<Merged> {
                     ) else {
                         continue;
                     };
-                    if dense_weight_bytes(a).saturating_add(dense_weight_bytes(bb))
-                        > MERGE_MAX_WEIGHT_BYTES
-                    {
+                    let bytes = dense_weight_bytes(a).saturating_add(dense_weight_bytes(bb));
+                    if bytes > MERGE_MAX_WEIGHT_BYTES {
+                        note_site(&mut report.too_heavy, program, p.block, b, bytes);
                         continue;
                     }
                     let Some(block) = merge_blocks(a, bb, j) else {
@@ -171,23 +208,11 @@ pub fn merge_hoisted(program: &mut Program) -> Vec<Merged> {
                 }
             };
             plan.insert(site, (ab, p.args.clone(), j));
-            let (producer, consumer) = (
-                program.blocks.get(p.block as usize).map(|x| x.name.clone()),
-                program.blocks.get(b as usize).map(|x| x.name.clone()),
-            );
-            if let (Some(producer), Some(consumer)) = (producer, consumer) {
-                match report
-                    .iter_mut()
-                    .find(|m| m.producer == producer && m.consumer == consumer)
-                {
-                    Some(m) => m.sites += 1,
-                    None => report.push(Merged {
-                        producer,
-                        consumer,
-                        sites: 1,
-                    }),
-                }
-            }
+            let bytes = program
+                .blocks
+                .get(ab as usize)
+                .map_or(0, dense_weight_bytes);
+            note_site(&mut report.merged, program, p.block, b, bytes);
         }
         let merged_slots: Vec<u32> = producers
             .keys()

@@ -97,6 +97,9 @@ pub struct StaticReport {
     pub specialized: Vec<crate::specialize::Specialized>,
     /// Hoisted blocks merged into the block that reads them.
     pub merged: Vec<crate::merge::Merged>,
+    /// Pairs that would merge but for the weights the merged block would read
+    /// ([`crate::merge::MERGE_MAX_WEIGHT_BYTES`]).
+    pub not_merged: Vec<crate::merge::Merged>,
     /// Weight transforms moved out of blocks, computed once per run.
     pub derived: Vec<crate::derived::DerivedReport>,
     /// Products and transposes rewritten into the batched layout.
@@ -146,7 +149,9 @@ pub fn optimize(
         }
     }
     if opts.hoist && opts.merge {
-        report.merged = crate::merge::merge_hoisted(program);
+        let merges = crate::merge::merge_hoisted(program);
+        report.merged = merges.merged;
+        report.not_merged = merges.too_heavy;
         crate::verify::debug_check(program, "block merging");
     }
     if opts.cse {

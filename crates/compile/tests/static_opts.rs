@@ -368,6 +368,20 @@ fn a_merge_whose_step_would_read_weights_past_the_limit_is_not_made() {
             .replace("shape=[1, 4]", &format!("shape=[1, {h}]"));
         let (p, r) = compile_with(&src, StaticOptions::all());
         assert_eq!(r.merged.len(), usize::from(merges), "{h}: {:?}", r.merged);
+        // `explain` lists the pair kept apart, with the bytes it would have read.
+        assert_eq!(
+            r.not_merged.len(),
+            usize::from(!merges),
+            "{h}: {:?}",
+            r.not_merged
+        );
+        if let Some(m) = r.merged.first().or(r.not_merged.first()) {
+            assert_eq!(
+                (m.producer.as_str(), m.consumer.as_str()),
+                ("input", "step")
+            );
+            assert_eq!(m.weight_bytes, bytes, "{h}");
+        }
         let want: &[&str] = if merges {
             &["input+step"]
         } else {
