@@ -37,6 +37,7 @@ pub fn specialize(program: &mut Program, entry: &str) -> Vec<Specialized> {
     let mut made: HashMap<(u32, u32, u32), u32> = HashMap::new();
     let mut as_global: HashMap<u32, u32> = HashMap::new();
     let mut report = Vec::new();
+    let mut retargeted: Vec<usize> = Vec::new();
     for _ in 0..MAX_ROUNDS {
         let mut changed = false;
         let reached = program.reached_from(entry_global, |_| false);
@@ -76,6 +77,7 @@ pub fn specialize(program: &mut Program, entry: &str) -> Vec<Specialized> {
                 if let Some(lambda) = program.lambdas.get_mut(l) {
                     retarget(&mut lambda.body, &path, g2, i);
                     changed = true;
+                    retargeted.push(l);
                 }
             }
         }
@@ -83,7 +85,59 @@ pub fn specialize(program: &mut Program, entry: &str) -> Vec<Specialized> {
             break;
         }
     }
+    retargeted.sort_unstable();
+    retargeted.dedup();
+    for l in retargeted {
+        drop_unread_closures(program, l);
+    }
     report
+}
+
+/// Removes from lambda `l` the `let` bindings of closures that nothing reads any more (the
+/// specialized call no longer passes them): building one was an evaluation step, an allocation
+/// and a `let` continuation per call of `l` (TreeLSTM's `%add2`, once per inner node).
+fn drop_unread_closures(program: &mut Program, l: usize) {
+    let Some(lambda) = program.lambdas.get(l) else {
+        return;
+    };
+    let mut reads = vec![0u32; lambda.n_slots as usize];
+    lambda.body.visit(&mut |c| {
+        let mut note = |s: u32| {
+            if let Some(r) = reads.get_mut(s as usize) {
+                *r += 1;
+            }
+        };
+        match c {
+            Code::Slot(s) => note(*s),
+            Code::MakeClosure(k) => {
+                let captures = program
+                    .lambdas
+                    .get(*k as usize)
+                    .map_or(&[][..], |x| x.captures.as_slice());
+                for (from, _) in captures {
+                    if let CaptureFrom::Slot(s) = from {
+                        note(*s);
+                    }
+                }
+            }
+            _ => {}
+        }
+    });
+    let unread = |s: u32| reads.get(s as usize) == Some(&0);
+    let Some(lambda) = program.lambdas.get_mut(l) else {
+        return;
+    };
+    lambda.body.visit_mut(&mut |c| {
+        // A `let` left without bindings is its body (which may itself be a `let`).
+        while let Code::Let { binds, body } = c {
+            binds.retain(|(s, v)| !(matches!(v, Code::MakeClosure(_)) && unread(*s)));
+            if !binds.is_empty() {
+                break;
+            }
+            let body = std::mem::replace(&mut **body, Code::Phase);
+            *c = body;
+        }
+    });
 }
 
 /// The qualifying calls in lambda `l`: (path to the call in the body, callee, parameter,

@@ -252,6 +252,31 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> Li
     assert!(report.specialized.is_empty());
 }
 
+/// A `let`-bound closure that every call it was passed to no longer takes is not made at all;
+/// one still read elsewhere stays.
+#[test]
+fn a_let_bound_closure_left_unread_by_specialization_goes() {
+    let src = r#"
+def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (Tensor[(1, 4), float32], Tensor[(1, 4), float32]) {
+  let %plus = fn (%a: Tensor[(1, 4), float32], %b: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { add(%a, %b) };
+  let %times = fn (%a: Tensor[(1, 4), float32], %b: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { multiply(%a, %b) };
+  let %z = zeros(shape=[1, 4], dtype="float32");
+  (@foldl(%plus, %z, %xs), %times(@foldl(%plus, %z, %xs), %z))
+}
+"#;
+    let (p, report) = compile(src, StaticOptions::all());
+    assert!(!report.specialized.is_empty(), "{report:?}");
+    let mut made = Vec::new();
+    lambda(&p, "main").body.visit(&mut |c| {
+        if let Code::MakeClosure(k) = c {
+            made.push(p.lambdas[*k as usize].name.clone());
+        }
+    });
+    // `%plus` went with its specialized calls; `%times`, called through its value, stays.
+    assert_eq!(made.len(), 1, "{made:?}: {:?}", lambda(&p, "main").body);
+    assert!(made[0].contains("times"), "{made:?}");
+}
+
 #[test]
 fn a_closure_capturing_an_instance_input_is_specialized_too() {
     let src = r#"
