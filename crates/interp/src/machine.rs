@@ -759,23 +759,11 @@ impl<'p> Machine<'p> {
                     Ok(v) => v,
                     Err(e) => return Some(Err(e)),
                 };
-                let mut binds = std::mem::take(&mut self.binds);
-                let mut chosen = None;
-                for (pat, body) in arms {
-                    binds.clear();
-                    if matches(pat, &v, &mut binds) {
-                        chosen = Some(body);
-                        break;
-                    }
+                let body = self.choose_arm(arms, &v).filter(|b| self.total_at_once(b));
+                match body {
+                    Some(_) => self.bind_arm(),
+                    None => self.binds.clear(),
                 }
-                let body = chosen.filter(|b| self.total_at_once(b));
-                if body.is_some() {
-                    for (slot, val) in binds.drain(..) {
-                        self.set_slot(slot, val);
-                    }
-                }
-                binds.clear();
-                self.binds = binds;
                 self.at_once(body?, backend)
             }
             Code::Ghost(n, body) if self.total_at_once(body) => {
@@ -805,6 +793,34 @@ impl<'p> Machine<'p> {
             }
             _ => self.takes_at_once(code),
         }
+    }
+
+    /// The first of `arms` whose pattern matches `v`, its bindings left in `self.binds` for
+    /// [`Machine::bind_arm`] (cleared when no arm matches).
+    fn choose_arm(&mut self, arms: &'p [(Pat, Code)], v: &Value) -> Option<&'p Code> {
+        let mut binds = std::mem::take(&mut self.binds);
+        let mut chosen = None;
+        for (pat, body) in arms {
+            binds.clear();
+            if matches(pat, v, &mut binds) {
+                chosen = Some(body);
+                break;
+            }
+        }
+        if chosen.is_none() {
+            binds.clear();
+        }
+        self.binds = binds;
+        chosen
+    }
+
+    /// Binds the variables of the arm [`Machine::choose_arm`] chose.
+    fn bind_arm(&mut self) {
+        let mut binds = std::mem::take(&mut self.binds);
+        for (slot, val) in binds.drain(..) {
+            self.set_slot(slot, val);
+        }
+        self.binds = binds;
     }
 
     /// Whether [`Machine::immediate`] takes `code` (decided by its form alone).
@@ -1328,19 +1344,10 @@ impl<'p> Machine<'p> {
                 None => return Err(RunError::new("internal: condition not ready after resume")),
             },
             Kont::Match { arms, span } => {
-                let mut binds = std::mem::take(&mut self.binds);
-                for (pat, body) in arms {
-                    binds.clear();
-                    if matches(pat, &v, &mut binds) {
-                        for (slot, val) in binds.drain(..) {
-                            self.set_slot(slot, val);
-                        }
-                        self.binds = binds;
-                        return Ok(Step::Eval(body));
-                    }
+                if let Some(body) = self.choose_arm(arms, &v) {
+                    self.bind_arm();
+                    return Ok(Step::Eval(body));
                 }
-                binds.clear();
-                self.binds = binds;
                 return Err(RunError::at(
                     span,
                     format!(
