@@ -1002,14 +1002,20 @@ impl<'p> Machine<'p> {
         self.call_step(call, vals, backend)
     }
 
-    /// A tuple's elements from `vals.len()` on, immediate ones at once.
+    /// A tuple's elements from `vals.len()` on, those [`Machine::at_once`] takes at once (in
+    /// order, as the steps would: `(%r.0, Cons(1, %r.1))` makes its `Cons` without a step).
     fn tuple_from(
         &mut self,
         elems: &'p [Code],
         mut vals: Vec<Value>,
+        backend: &mut dyn Backend,
     ) -> Result<Step<'p>, RunError> {
         while let Some(next) = elems.get(vals.len()) {
-            match self.immediate(next) {
+            let v = match self.wider_at_once {
+                true => self.at_once(next, backend),
+                false => self.immediate(next),
+            };
+            match v {
                 Some(v) => vals.push(v?),
                 None => {
                     self.push(Kont::Tuple { elems, vals })?;
@@ -1135,7 +1141,7 @@ impl<'p> Machine<'p> {
                 if elems.is_empty() {
                     Step::Apply(self.shared.unit())
                 } else {
-                    self.tuple_from(elems, Vec::with_capacity(elems.len()))?
+                    self.tuple_from(elems, Vec::with_capacity(elems.len()), backend)?
                 }
             }
             Code::Proj(inner, i, span) => match self.immediate(inner) {
@@ -1314,7 +1320,7 @@ impl<'p> Machine<'p> {
             }
             Kont::Tuple { elems, mut vals } => {
                 vals.push(v);
-                self.tuple_from(elems, vals)?
+                self.tuple_from(elems, vals, backend)?
             }
             Kont::MapLoop {
                 ml,
