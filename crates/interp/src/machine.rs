@@ -944,6 +944,19 @@ impl<'p> Machine<'p> {
             vals.push(v);
             max = max.max(self.ctx.depth);
         }
+        Ok(self.end_map(ml, vals, start, max, backend))
+    }
+
+    /// A map loop's list of `vals`, at the deepest depth any element reached (`max`), the final
+    /// `Nil`'s ghost operators counted from `start` as the interpreted recursion counts them.
+    fn end_map(
+        &mut self,
+        ml: MapLoop,
+        vals: Vec<Value>,
+        start: u32,
+        max: u32,
+        backend: &mut dyn Backend,
+    ) -> Value {
         self.ctx.depth = start;
         if ml.nil_ghosts > 0 {
             backend.ghost(&mut self.ctx, ml.nil_ghosts);
@@ -951,7 +964,7 @@ impl<'p> Machine<'p> {
         self.ctx.depth = max.max(self.ctx.depth);
         let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
         let tail = self.shared.nullary(nil);
-        Ok(list_of(vals, tail, cons))
+        list_of(vals, tail, cons)
     }
 
     /// [`Machine::fold_next`]'s loop for step code [`Machine::at_once`] takes, in the loop's
@@ -1432,14 +1445,7 @@ impl<'p> Machine<'p> {
                 }
             }
         }
-        self.ctx.depth = start;
-        if ml.nil_ghosts > 0 {
-            backend.ghost(&mut self.ctx, ml.nil_ghosts);
-        }
-        self.ctx.depth = max.max(self.ctx.depth);
-        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
-        let tail = self.shared.nullary(nil);
-        Ok(Step::Apply(list_of(vals, tail, cons)))
+        Ok(Step::Apply(self.end_map(ml, vals, start, max, backend)))
     }
 
     /// The frame of a function run as a loop over the list in parameter `list`, made as for any
