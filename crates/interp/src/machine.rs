@@ -894,6 +894,8 @@ impl<'p> Machine<'p> {
         let (cons, nil) = (natives.cons, natives.nil);
         // Not a list (which the type checker rules out): the ordinary call reports it.
         let Some(Ok(items)) = vals.get(list as usize).map(|v| list_items(v, cons, nil)) else {
+            vals.clear();
+            self.vals_pool.push(vals);
             return None;
         };
         let frame = match self.frame_for(lambda, vals, None, &[], Some(span)) {
