@@ -265,7 +265,7 @@ pub fn merge_hoisted(program: &mut Program) -> MergeReport {
 }
 
 /// How often each frame slot of lambda `li` is read: `Slot` code and closures' captures.
-fn slot_uses(program: &Program, li: usize) -> Vec<u32> {
+pub(crate) fn slot_uses(program: &Program, li: usize) -> Vec<u32> {
     let Some(lambda) = program.lambdas.get(li) else {
         return Vec::new();
     };

@@ -97,32 +97,7 @@ pub fn specialize(program: &mut Program, entry: &str) -> Vec<Specialized> {
 /// specialized call no longer passes them): building one was an evaluation step, an allocation
 /// and a `let` continuation per call of `l` (TreeLSTM's `%add2`, once per inner node).
 fn drop_unread_closures(program: &mut Program, l: usize) {
-    let Some(lambda) = program.lambdas.get(l) else {
-        return;
-    };
-    let mut reads = vec![0u32; lambda.n_slots as usize];
-    lambda.body.visit(&mut |c| {
-        let mut note = |s: u32| {
-            if let Some(r) = reads.get_mut(s as usize) {
-                *r += 1;
-            }
-        };
-        match c {
-            Code::Slot(s) => note(*s),
-            Code::MakeClosure(k) => {
-                let captures = program
-                    .lambdas
-                    .get(*k as usize)
-                    .map_or(&[][..], |x| x.captures.as_slice());
-                for (from, _) in captures {
-                    if let CaptureFrom::Slot(s) = from {
-                        note(*s);
-                    }
-                }
-            }
-            _ => {}
-        }
-    });
+    let reads = crate::merge::slot_uses(program, l);
     let unread = |s: u32| reads.get(s as usize) == Some(&0);
     let Some(lambda) = program.lambdas.get_mut(l) else {
         return;

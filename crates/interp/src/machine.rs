@@ -854,8 +854,8 @@ impl<'p> Machine<'p> {
 
     /// A call of a function run as a loop over its list (`@map`'s or `@foldl`'s shape) whose
     /// element code [`Machine::at_once`] takes, performed where it is read: the loop's frame is
-    /// made and dropped here, and its elements run as [`Machine::map_next`] and
-    /// [`Machine::fold_next`] run them — at the same depths, recording the same invocations —
+    /// made and dropped here, and [`Machine::map_next`] or [`Machine::fold_next`] runs its
+    /// elements — the step path's own loops, so the same depths and invocations —
     /// without the call's step, its return's, or the caller's continuation. (TreeLSTM: the maps
     /// over a node's child states and the folds summing them, 12 of the ~20 steps of an inner
     /// node.) `None`, nothing done, for any other call or operands that are not immediate.
@@ -907,12 +907,24 @@ impl<'p> Machine<'p> {
         if let Err(e) = self.push(Kont::Return(caller)) {
             return Some(Err(e));
         }
-        let value = match natives.map_loop(global) {
-            Some(ml) => self.map_at_once(ml, body, items, backend),
+        // The loops the step path runs, from the last element (they pop); every element is
+        // taken at once (checked above), so they finish without a continuation.
+        let mut items = items;
+        items.reverse();
+        let start = self.ctx.depth;
+        let step = match natives.map_loop(global) {
+            Some(ml) => self.map_next(ml, body, items, Vec::new(), start, start, backend),
             None => match natives.fold_loop(global) {
-                Some(fl) => self.fold_at_once(fl, body, items, backend),
+                Some(fl) => self.fold_next(fl, body, items, backend),
                 None => Err(RunError::new("internal: loop without its shape")),
             },
+        };
+        let value = match step {
+            Ok(Step::Apply(v)) => Ok(v),
+            Ok(_) => Err(RunError::new(
+                "internal: a loop's element code was not taken at once",
+            )),
+            Err(e) => Err(e),
         };
         let Some(Kont::Return(caller)) = self.stack.pop() else {
             return Some(Err(RunError::new(
@@ -922,74 +934,6 @@ impl<'p> Machine<'p> {
         let done = std::mem::replace(&mut self.frame, caller);
         self.recycle(done);
         Some(value)
-    }
-
-    /// [`Machine::map_next`]'s loop for element code [`Machine::at_once`] takes, in the loop's
-    /// frame.
-    fn map_at_once(
-        &mut self,
-        ml: MapLoop,
-        elem: &'p Code,
-        items: Vec<Value>,
-        backend: &mut dyn Backend,
-    ) -> Result<Value, RunError> {
-        let start = self.ctx.depth;
-        let mut max = start;
-        let mut vals = Vec::with_capacity(items.len());
-        for x in items {
-            self.tick(backend)?;
-            self.ctx.depth = start;
-            self.set_slot(ml.elem_slot, x);
-            let v = self.at_once(elem, backend).ok_or_else(|| {
-                RunError::new("internal: a loop's element code was not taken at once")
-            })??;
-            vals.push(v);
-            max = max.max(self.ctx.depth);
-        }
-        Ok(self.end_map(ml, vals, start, max, backend))
-    }
-
-    /// A map loop's list of `vals`, at the deepest depth any element reached (`max`), the final
-    /// `Nil`'s ghost operators counted from `start` as the interpreted recursion counts them.
-    fn end_map(
-        &mut self,
-        ml: MapLoop,
-        vals: Vec<Value>,
-        start: u32,
-        max: u32,
-        backend: &mut dyn Backend,
-    ) -> Value {
-        self.ctx.depth = start;
-        if ml.nil_ghosts > 0 {
-            backend.ghost(&mut self.ctx, ml.nil_ghosts);
-        }
-        self.ctx.depth = max.max(self.ctx.depth);
-        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
-        let tail = self.shared.nullary(nil);
-        list_of(vals, tail, cons)
-    }
-
-    /// [`Machine::fold_next`]'s loop for step code [`Machine::at_once`] takes, in the loop's
-    /// frame.
-    fn fold_at_once(
-        &mut self,
-        fl: FoldLoop,
-        step: &'p Code,
-        items: Vec<Value>,
-        backend: &mut dyn Backend,
-    ) -> Result<Value, RunError> {
-        for x in items {
-            self.tick(backend)?;
-            self.set_slot(fl.elem_slot, x);
-            let v = self.at_once(step, backend).ok_or_else(|| {
-                RunError::new("internal: a fold's step code was not taken at once")
-            })??;
-            self.set_slot(fl.acc, v);
-        }
-        if fl.nil_ghosts > 0 {
-            backend.ghost(&mut self.ctx, fl.nil_ghosts);
-        }
-        self.slot(fl.acc)
     }
 
     /// Evaluates a call's operands from `vals.len()` on: immediate ones at once, then either
@@ -1447,7 +1391,14 @@ impl<'p> Machine<'p> {
                 }
             }
         }
-        Ok(Step::Apply(self.end_map(ml, vals, start, max, backend)))
+        self.ctx.depth = start;
+        if ml.nil_ghosts > 0 {
+            backend.ghost(&mut self.ctx, ml.nil_ghosts);
+        }
+        self.ctx.depth = max.max(self.ctx.depth);
+        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
+        let tail = self.shared.nullary(nil);
+        Ok(Step::Apply(list_of(vals, tail, cons)))
     }
 
     /// The frame of a function run as a loop over the list in parameter `list`, made as for any
