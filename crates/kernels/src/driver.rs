@@ -113,6 +113,13 @@ fn direct_narrow_enabled() -> bool {
     *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DIRECT_NARROW_W").is_none())
 }
 
+/// A micro-panels packed with register transposes (`Kernel::simd_pack`); `TUMBLE_NO_SIMD_PACK=1`
+/// packs them element by element (the same bits).
+fn simd_pack_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_SIMD_PACK").is_none())
+}
+
 fn prefetch_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_PREFETCH").is_none())
@@ -416,6 +423,7 @@ fn block_rows(
     let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
     // Direct row blocks' row pointers, refilled per K block (one allocation per call).
     let mut row_ptrs: Vec<[*const f32; DIRECT_MAX_ROWS]> = Vec::new();
+    let dr = kernel.direct_rows.clamp(1, DIRECT_MAX_ROWS);
     let mut ic = r0;
     while ic < r1 {
         let mg = group_max.min(r1 - ic);
@@ -435,16 +443,13 @@ fn block_rows(
                     && !matches!(part.a, RowSource::Columns(_))
             });
             for (k0, kc) in k_blocks(part.w.k(), kc_max) {
-                // Row pointers of the group, in blocks of DIRECT_MAX_ROWS (the last may be short).
+                // Row pointers of the group, in blocks of the kernel's `direct_rows` (the last
+                // may be short).
                 row_ptrs.clear();
                 if direct.is_some() {
-                    row_ptrs.resize(
-                        mg.div_ceil(DIRECT_MAX_ROWS),
-                        [std::ptr::null(); DIRECT_MAX_ROWS],
-                    );
+                    row_ptrs.resize(mg.div_ceil(dr), [std::ptr::null(); DIRECT_MAX_ROWS]);
                     for i in 0..mg {
-                        row_ptrs[i / DIRECT_MAX_ROWS][i % DIRECT_MAX_ROWS] =
-                            part.a.row(ic + i, k0, kc).as_ptr();
+                        row_ptrs[i / dr][i % dr] = part.a.row(ic + i, k0, kc).as_ptr();
                     }
                 } else {
                     scratch.ensure(micro * mr * kc);
@@ -455,7 +460,7 @@ fn block_rows(
                         k0,
                         kc,
                         mr,
-                        kernel.simd_pack,
+                        kernel.simd_pack && simd_pack_enabled(),
                         scratch.as_mut_slice(),
                     );
                 }
@@ -481,11 +486,11 @@ fn block_rows(
                                 let nn = kernel.width.min(n - col);
                                 if let Some(direct) = direct {
                                     for (blk, ptrs) in row_ptrs.iter().enumerate() {
-                                        let r = blk * DIRECT_MAX_ROWS;
-                                        let rows = DIRECT_MAX_ROWS.min(mg - r);
+                                        let r = blk * dr;
+                                        let rows = dr.min(mg - r);
                                         // SAFETY: DirectTileFn contract — the kernel was built
-                                        // for an available KernelKind; 1 <= rows <=
-                                        // DIRECT_MAX_ROWS; `ptrs[i]` for i < rows is row
+                                        // for an available KernelKind; 1 <= rows <= dr =
+                                        // the kernel's direct_rows; `ptrs[i]` for i < rows is row
                                         // `ic + r + i`'s `kc` floats from `k0` (validated rows,
                                         // `RowSource::row`); C rows `ic + r .. + rows` (r + rows
                                         // <= mg), columns `col .. col + nn <= n` lie in this

@@ -322,19 +322,28 @@ pub(crate) fn pack_a(
     #[cfg(not(target_arch = "x86_64"))]
     let _ = simd;
     #[cfg(target_arch = "x86_64")]
-    let transpose = simd && mr <= 16 && kc >= 16 && std::arch::is_x86_feature_detected!("avx512f");
+    let transpose16 =
+        simd && mr > 8 && mr <= 16 && kc >= 16 && std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(target_arch = "x86_64")]
+    let transpose8 = simd && mr <= 8 && kc >= 8 && std::arch::is_x86_feature_detected!("avx2");
     for q in 0..mc.div_ceil(mr) {
         let rows = mr.min(mc - q * mr);
         let panel = &mut dst[q * mr * kc..(q + 1) * mr * kc];
         #[cfg(target_arch = "x86_64")]
-        if transpose {
+        if transpose16 || transpose8 {
             let mut srcs: [&[f32]; 16] = [&[]; 16];
             for (i, s) in srcs.iter_mut().enumerate().take(rows) {
                 *s = a.row(r0 + q * mr + i, k0, kc);
             }
-            // SAFETY: AVX-512F was detected above; `srcs[..rows]` are `kc` floats each, the rest
-            // empty and `rows <= mr <= 16`; `panel` is `mr * kc` floats.
-            unsafe { pack_panel_avx512(&srcs[..rows], kc, mr, panel) };
+            if transpose16 {
+                // SAFETY: AVX-512F was detected above; `srcs[..rows]` are `kc` floats each, the
+                // rest empty and `rows <= mr <= 16`; `panel` is `mr * kc` floats.
+                unsafe { pack_panel_avx512(&srcs[..rows], kc, mr, panel) };
+            } else {
+                // SAFETY: AVX2 was detected above; `srcs[..rows]` are `kc` floats each and
+                // `rows <= mr <= 8`; `panel` is `mr * kc` floats.
+                unsafe { pack_panel_avx2(&srcs[..rows], kc, mr, panel) };
+            }
             continue;
         }
         pack_panel_portable(a, r0 + q * mr, rows, k0, kc, mr, panel);
@@ -422,6 +431,87 @@ unsafe fn pack_panel_avx512(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [
         p += 16;
     }
     // The last `kc % 16` columns one by one.
+    for c in p..kc {
+        let out = &mut panel[c * mr..(c + 1) * mr];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = srcs.get(i).map_or(0.0, |s| s[c]);
+        }
+    }
+}
+
+/// A micro-panel of `srcs.len() <= mr <= 8` rows (`kc` floats each) by 8×8 register transposes
+/// (the AVX2 kernel's 6-row panels): 8 columns of every row are loaded (missing rows as zeros),
+/// transposed, and written as 8 runs of `mr` floats. Each run is stored as 8 floats, whose last
+/// `8 - mr` the next run overwrites, so only a store past the panel's end is masked.
+///
+/// # Safety
+/// AVX2 is available; every `srcs[i]` holds at least `kc` floats; `panel` holds `mr * kc`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn pack_panel_avx2(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [f32]) {
+    use std::arch::x86_64::*;
+    debug_assert!(srcs.len() <= mr && mr <= 8 && panel.len() >= mr * kc);
+    debug_assert!(srcs.iter().all(|s| s.len() >= kc));
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(mr as i32), lanes);
+    let dst = panel.as_mut_ptr();
+    let len = mr * kc;
+    let mut p = 0;
+    while p + 8 <= kc {
+        let mut r = [_mm256_setzero_ps(); 8];
+        for (ri, s) in r.iter_mut().zip(srcs) {
+            // SAFETY: `p + 8 <= kc <= s.len()`.
+            *ri = unsafe { _mm256_loadu_ps(s.as_ptr().add(p)) };
+        }
+        // Pairs of rows interleaved, then pairs of pairs: u[m] holds column m (low half) and
+        // column 4 + m (high half) of rows 0..4, u[4 + m] the same of rows 4..8.
+        let t = [
+            _mm256_unpacklo_ps(r[0], r[1]),
+            _mm256_unpackhi_ps(r[0], r[1]),
+            _mm256_unpacklo_ps(r[2], r[3]),
+            _mm256_unpackhi_ps(r[2], r[3]),
+            _mm256_unpacklo_ps(r[4], r[5]),
+            _mm256_unpackhi_ps(r[4], r[5]),
+            _mm256_unpacklo_ps(r[6], r[7]),
+            _mm256_unpackhi_ps(r[6], r[7]),
+        ];
+        let u = [
+            _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+            _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+            _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+            _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+            _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+            _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+            _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+            _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+        ];
+        let cols = [
+            _mm256_permute2f128_ps::<0x20>(u[0], u[4]),
+            _mm256_permute2f128_ps::<0x20>(u[1], u[5]),
+            _mm256_permute2f128_ps::<0x20>(u[2], u[6]),
+            _mm256_permute2f128_ps::<0x20>(u[3], u[7]),
+            _mm256_permute2f128_ps::<0x31>(u[0], u[4]),
+            _mm256_permute2f128_ps::<0x31>(u[1], u[5]),
+            _mm256_permute2f128_ps::<0x31>(u[2], u[6]),
+            _mm256_permute2f128_ps::<0x31>(u[3], u[7]),
+        ];
+        // In ascending column order: each store's spill past its `mr` floats is overwritten by
+        // the next column's store.
+        for (l, v) in cols.into_iter().enumerate() {
+            let at = (p + l) * mr;
+            // SAFETY: `p + l < kc`, so `at + mr <= len`: the `mr` floats the column owns lie
+            // inside `panel`; the unmasked store writes `8 - mr` more only where `at + 8 <= len`.
+            unsafe {
+                if at + 8 <= len {
+                    _mm256_storeu_ps(dst.add(at), v);
+                } else {
+                    _mm256_maskstore_ps(dst.add(at), mask, v);
+                }
+            }
+        }
+        p += 8;
+    }
+    // The last `kc % 8` columns one by one.
     for c in p..kc {
         let out = &mut panel[c * mr..(c + 1) * mr];
         for (i, o) in out.iter_mut().enumerate() {

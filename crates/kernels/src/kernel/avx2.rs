@@ -2,7 +2,7 @@
 //! 1 broadcast). A 32-wide weight panel is consumed in two 16-column halves. Edge tiles: fewer
 //! rows use the same code instantiated for `M < 6`; fewer columns use `vmaskmovps`.
 
-use super::{Kernel, TileFn};
+use super::{DirectTileFn, InPlace, Kernel, Packed, TileA, TileFn, DIRECT_MAX_ROWS};
 use crate::pack::NR;
 use std::arch::x86_64::*;
 
@@ -18,11 +18,12 @@ pub(crate) const KERNEL: Kernel = Kernel {
     mr: MR,
     width: 16,
     tile: tile as TileFn,
-    direct: None,
+    direct: Some(tile_direct as DirectTileFn),
+    direct_rows: MR,
     kc: 256,
     mc: 16 * MR,
     small_m: 4,
-    simd_pack: false,
+    simd_pack: true,
 };
 
 /// Dispatch on the number of rows; see [`TileFn`] for the contract.
@@ -42,30 +43,64 @@ pub(crate) unsafe fn tile(
     n: usize,
     accumulate: bool,
 ) {
+    let a = Packed { a, lda };
     // SAFETY: forwarded contract; each arm is instantiated for exactly the `m` rows it touches.
     unsafe {
         match m {
-            1 => rows::<1>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            2 => rows::<2>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            3 => rows::<3>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            4 => rows::<4>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            5 => rows::<5>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
-            6 => rows::<6>(kc, a, lda, b, prefetch, c, ldc, n, accumulate),
+            1 => rows::<1, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            2 => rows::<2, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            3 => rows::<3, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            4 => rows::<4, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            5 => rows::<5, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            6 => rows::<6, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
             _ => {}
         }
     }
 }
 
-/// `M` rows × 16 columns.
+/// [`tile`] on rows of A read where they lie (at most [`MR`] of them): row `i` is `rows[i]`, no
+/// packed micro-panel; see [`DirectTileFn`] for the contract. The same multiply-adds in the same
+/// order as [`tile`] on the packed rows, so the bits are the same.
 ///
 /// # Safety
-/// [`TileFn`] contract with `m == M`, `n <= 16`.
+/// The [`DirectTileFn`] contract with `m <= MR`; in particular the CPU supports AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn tile_direct(
+    kc: usize,
+    rows: &[*const f32; DIRECT_MAX_ROWS],
+    b: *const f32,
+    prefetch: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    let a = InPlace { rows, p: 0 };
+    // SAFETY: forwarded contract; each arm reads exactly the `m` rows it is instantiated for.
+    unsafe {
+        match m {
+            1 => self::rows::<1, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            2 => self::rows::<2, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            3 => self::rows::<3, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            4 => self::rows::<4, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            5 => self::rows::<5, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            6 => self::rows::<6, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            _ => {}
+        }
+    }
+}
+
+/// `M` rows × 16 columns, A read through `a`.
+///
+/// # Safety
+/// [`TileFn`] contract with `m == M`, `n <= 16` (for [`Packed`]), or [`DirectTileFn`]'s (for
+/// [`InPlace`]).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn rows<const M: usize>(
+unsafe fn rows<const M: usize, A: TileA>(
     kc: usize,
-    a: *const f32,
-    lda: usize,
+    mut a: A,
     b: *const f32,
     prefetch: *const f32,
     c: *mut f32,
@@ -75,11 +110,10 @@ unsafe fn rows<const M: usize>(
 ) {
     let mut c0 = [_mm256_setzero_ps(); M];
     let mut c1 = [_mm256_setzero_ps(); M];
-    // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 16]` and `a[p*lda .. p*lda + M]` (inside the
-    // contract's ranges); the stores are limited to `n` columns of `M` rows by the lane masks.
+    // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 16]` and A's `M` elements of step `p` (inside
+    // the contract's ranges); the stores are limited to `n` columns of `M` rows by the lane masks.
     // Prefetches are hints: `prefetch` is null or valid for the same `kc * 32` floats as a panel.
     unsafe {
-        let mut ap = a;
         let mut bp = b;
         let mut pf = prefetch;
         for _ in 0..kc {
@@ -93,11 +127,11 @@ unsafe fn rows<const M: usize>(
             let b0 = _mm256_loadu_ps(bp);
             let b1 = _mm256_loadu_ps(bp.add(8));
             for i in 0..M {
-                let ai = _mm256_broadcast_ss(&*ap.add(i));
+                let ai = _mm256_set1_ps(a.at(i));
                 c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
                 c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
             }
-            ap = ap.add(lda);
+            a.step();
             bp = bp.add(NR);
         }
         if n >= 16 {

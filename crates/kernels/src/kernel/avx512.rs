@@ -3,7 +3,7 @@
 //! Edge tiles: fewer rows use the same code instantiated for `M < 14` rows; fewer columns use
 //! masked loads/stores, so there is no scalar tail and no temporary.
 
-use super::{DirectTileFn, Kernel, TileFn, DIRECT_MAX_ROWS};
+use super::{DirectTileFn, InPlace, Kernel, Packed, TileA, TileFn, DIRECT_MAX_ROWS};
 use crate::pack::NR;
 use std::arch::x86_64::*;
 
@@ -25,6 +25,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     width: 32,
     tile: tile as TileFn,
     direct: Some(tile_direct as DirectTileFn),
+    direct_rows: DIRECT_MAX_ROWS,
     kc: 256,
     mc: 4 * MR,
     small_m: 4,
@@ -148,55 +149,6 @@ unsafe fn store_row(cp: *mut f32, n: usize, mut v0: __m512, mut v1: __m512, accu
             _mm512_mask_storeu_ps(cp, m0, v0);
             _mm512_mask_storeu_ps(cp.add(16), m1, v1);
         }
-    }
-}
-
-/// Where a tile's A elements come from, one K step at a time: the packed micro-panel, or the
-/// rows where they lie (the direct tile). One tile body reads both, so the two compute the same
-/// multiply-adds in the same order (the same bits).
-trait TileA {
-    /// Row `i`'s element at the current K step.
-    ///
-    /// # Safety
-    /// `i` is below the tile's rows and the step below `kc` (the tile's contract).
-    unsafe fn at(&self, i: usize) -> f32;
-    /// On to the next K step.
-    fn step(&mut self);
-}
-
-/// A packed micro-panel: step `p`'s elements at `a[p*lda ..]`.
-struct Packed {
-    a: *const f32,
-    lda: usize,
-}
-
-impl TileA for Packed {
-    #[inline(always)]
-    unsafe fn at(&self, i: usize) -> f32 {
-        // SAFETY: the caller's contract (the TileFn ranges).
-        unsafe { *self.a.add(i) }
-    }
-    #[inline(always)]
-    fn step(&mut self) {
-        self.a = self.a.wrapping_add(self.lda);
-    }
-}
-
-/// Rows where they lie: step `p`'s element of row `i` at `rows[i][p]`.
-struct InPlace<'r> {
-    rows: &'r [*const f32; DIRECT_MAX_ROWS],
-    p: usize,
-}
-
-impl TileA for InPlace<'_> {
-    #[inline(always)]
-    unsafe fn at(&self, i: usize) -> f32 {
-        // SAFETY: the caller's contract (the DirectTileFn ranges).
-        unsafe { *self.rows[i].add(self.p) }
-    }
-    #[inline(always)]
-    fn step(&mut self) {
-        self.p += 1;
     }
 }
 

@@ -62,8 +62,8 @@ pub(crate) const DIRECT_MAX_ROWS: usize = 8;
 /// (register transposes for 16 rows, most of them zeros) costs a tenth of the product.
 ///
 /// # Safety (contract every caller upholds)
-/// As [`TileFn`]'s, with `1 <= m <= DIRECT_MAX_ROWS` and, instead of `a`/`lda`: if `kc > 0`,
-/// `rows[i]` for `i < m` is valid for reads of `kc` floats.
+/// As [`TileFn`]'s, with `1 <= m <=` the kernel's [`Kernel::direct_rows`] and, instead of
+/// `a`/`lda`: if `kc > 0`, `rows[i]` for `i < m` is valid for reads of `kc` floats.
 pub(crate) type DirectTileFn = unsafe fn(
     kc: usize,
     rows: &[*const f32; DIRECT_MAX_ROWS],
@@ -155,6 +155,55 @@ impl KernelKind {
     }
 }
 
+/// Where a tile's A elements come from, one K step at a time: the packed micro-panel, or the
+/// rows where they lie (the direct tile). One tile body reads both, so the two compute the same
+/// multiply-adds in the same order (the same bits).
+pub(crate) trait TileA {
+    /// Row `i`'s element at the current K step.
+    ///
+    /// # Safety
+    /// `i` is below the tile's rows and the step below `kc` (the tile's contract).
+    unsafe fn at(&self, i: usize) -> f32;
+    /// On to the next K step.
+    fn step(&mut self);
+}
+
+/// A packed micro-panel: step `p`'s elements at `a[p*lda ..]`.
+pub(crate) struct Packed {
+    pub(crate) a: *const f32,
+    pub(crate) lda: usize,
+}
+
+impl TileA for Packed {
+    #[inline(always)]
+    unsafe fn at(&self, i: usize) -> f32 {
+        // SAFETY: the caller's contract (the TileFn ranges).
+        unsafe { *self.a.add(i) }
+    }
+    #[inline(always)]
+    fn step(&mut self) {
+        self.a = self.a.wrapping_add(self.lda);
+    }
+}
+
+/// Rows where they lie: step `p`'s element of row `i` at `rows[i][p]`.
+pub(crate) struct InPlace<'r> {
+    pub(crate) rows: &'r [*const f32; DIRECT_MAX_ROWS],
+    pub(crate) p: usize,
+}
+
+impl TileA for InPlace<'_> {
+    #[inline(always)]
+    unsafe fn at(&self, i: usize) -> f32 {
+        // SAFETY: the caller's contract (the DirectTileFn ranges).
+        unsafe { *self.rows[i].add(self.p) }
+    }
+    #[inline(always)]
+    fn step(&mut self) {
+        self.p += 1;
+    }
+}
+
 /// A micro-kernel plus the blocking parameters tuned for it.
 #[derive(Clone, Copy)]
 pub(crate) struct Kernel {
@@ -167,6 +216,9 @@ pub(crate) struct Kernel {
     /// The tile function on rows where they lie, for row blocks of at most
     /// [`DIRECT_MAX_ROWS`] rows (`None`: always pack). Only callable under its contract.
     pub(crate) direct: Option<DirectTileFn>,
+    /// Rows per direct tile (`1..=DIRECT_MAX_ROWS`): a launch's rows are read where they lie in
+    /// blocks of this many (the AVX2 tile holds 6 rows in registers, the AVX-512 one 8 of 14).
+    pub(crate) direct_rows: usize,
     /// K block (rows of a weight panel kept in L1 while a row block streams past).
     pub(crate) kc: usize,
     /// M block (rows of A packed at once; `mc × kc` floats stay in L2). A multiple of `mr`.
@@ -174,7 +226,7 @@ pub(crate) struct Kernel {
     /// Launches with at most this many rows take the small-M path: A packed whole (tiny), no K
     /// blocking, threads split the weight's columns. Chosen by measurement (see `driver.rs`).
     pub(crate) small_m: usize,
-    /// Pack A micro-panels with AVX-512 register transposes (the AVX-512 kernel only, so
-    /// `TUMBLE_GEMM_KERNEL=avx2|portable` also turns it off; the packed bits are the same).
+    /// Pack A micro-panels with register transposes: 16×16 on AVX-512 (14-row panels), 8×8 on
+    /// AVX2 (6-row panels); off for the portable kernel. The packed bits are the same either way.
     pub(crate) simd_pack: bool,
 }

@@ -13,6 +13,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     width: W,
     tile: tile as TileFn,
     direct: None,
+    direct_rows: 1,
     kc: 256,
     mc: 16 * MR,
     small_m: 4,
