@@ -43,19 +43,8 @@ pub(crate) unsafe fn tile(
     n: usize,
     accumulate: bool,
 ) {
-    let a = Packed { a, lda };
-    // SAFETY: forwarded contract; each arm is instantiated for exactly the `m` rows it touches.
-    unsafe {
-        match m {
-            1 => rows::<1, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            2 => rows::<2, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            3 => rows::<3, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            4 => rows::<4, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            5 => rows::<5, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            6 => rows::<6, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            _ => {}
-        }
-    }
+    // SAFETY: forwarded contract (`m <= MR` rows of a packed micro-panel).
+    unsafe { by_rows(kc, Packed { a, lda }, b, prefetch, c, ldc, m, n, accumulate) }
 }
 
 /// [`tile`] on rows of A read where they lie (at most [`MR`] of them): row `i` is `rows[i]`, no
@@ -76,16 +65,48 @@ pub(crate) unsafe fn tile_direct(
     n: usize,
     accumulate: bool,
 ) {
-    let a = InPlace { rows, p: 0 };
-    // SAFETY: forwarded contract; each arm reads exactly the `m` rows it is instantiated for.
+    // SAFETY: forwarded contract (`m <= MR` rows read where they lie).
+    unsafe {
+        by_rows(
+            kc,
+            InPlace { rows, p: 0 },
+            b,
+            prefetch,
+            c,
+            ldc,
+            m,
+            n,
+            accumulate,
+        )
+    }
+}
+
+/// [`rows`] instantiated for the tile's `m` rows (1..=[`MR`]; anything else computes nothing).
+///
+/// # Safety
+/// The contract of [`rows`] with `M == m`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn by_rows<A: TileA>(
+    kc: usize,
+    a: A,
+    b: *const f32,
+    prefetch: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract; each arm is instantiated for exactly the `m` rows it touches.
     unsafe {
         match m {
-            1 => self::rows::<1, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            2 => self::rows::<2, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            3 => self::rows::<3, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            4 => self::rows::<4, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            5 => self::rows::<5, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            6 => self::rows::<6, _>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            1 => rows::<1, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            2 => rows::<2, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            3 => rows::<3, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            4 => rows::<4, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            5 => rows::<5, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            6 => rows::<6, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
             _ => {}
         }
     }
