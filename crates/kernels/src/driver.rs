@@ -25,7 +25,7 @@
 //! The first K block of the first part overwrites C (so C is never zeroed or read first), later
 //! blocks accumulate.
 
-use crate::kernel::{Kernel, DIRECT_MAX_ROWS};
+use crate::kernel::{DirectTile, Kernel, DIRECT_MAX_ROWS};
 use crate::pack::{pack_a, AlignedBuf, PackedWeight, RowSource, NR};
 use crate::EpilogueInto;
 use std::cell::RefCell;
@@ -103,7 +103,7 @@ fn direct_enabled() -> bool {
 }
 
 /// Weights of at most this many panels (N ≤ 128) read every row block where it lies, in blocks
-/// of [`DIRECT_MAX_ROWS`], instead of packing it: A is used against so few panels that packing
+/// of the direct tile's rows, instead of packing it: A is used against so few panels that packing
 /// it costs about what the products do (MV-RNN's `W_M · [A; B]`, M = 128, K = 256, N = 128, per
 /// node: a tenth of the run packing the same `W_M`). `TUMBLE_NO_DIRECT_NARROW_W=1` packs.
 const DIRECT_MAX_PANELS: usize = 4;
@@ -113,7 +113,7 @@ fn direct_narrow_enabled() -> bool {
     *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DIRECT_NARROW_W").is_none())
 }
 
-/// A micro-panels packed with register transposes (`Kernel::simd_pack`); `TUMBLE_NO_SIMD_PACK=1`
+/// A micro-panels packed with register transposes (`Kernel::pack_panel`); `TUMBLE_NO_SIMD_PACK=1`
 /// packs them element by element (the same bits).
 fn simd_pack_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -423,7 +423,7 @@ fn block_rows(
     let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
     // Direct row blocks' row pointers, refilled per K block (one allocation per call).
     let mut row_ptrs: Vec<[*const f32; DIRECT_MAX_ROWS]> = Vec::new();
-    let dr = kernel.direct_rows.clamp(1, DIRECT_MAX_ROWS);
+    let transposer = kernel.pack_panel.filter(|_| simd_pack_enabled());
     let mut ic = r0;
     while ic < r1 {
         let mg = group_max.min(r1 - ic);
@@ -443,10 +443,10 @@ fn block_rows(
                     && !matches!(part.a, RowSource::Columns(_))
             });
             for (k0, kc) in k_blocks(part.w.k(), kc_max) {
-                // Row pointers of the group, in blocks of the kernel's `direct_rows` (the last
-                // may be short).
+                // Row pointers of the group, in blocks of the direct tile's rows (the last may
+                // be short).
                 row_ptrs.clear();
-                if direct.is_some() {
+                if let Some(DirectTile { rows: dr, .. }) = direct {
                     row_ptrs.resize(mg.div_ceil(dr), [std::ptr::null(); DIRECT_MAX_ROWS]);
                     for i in 0..mg {
                         row_ptrs[i / dr][i % dr] = part.a.row(ic + i, k0, kc).as_ptr();
@@ -460,7 +460,7 @@ fn block_rows(
                         k0,
                         kc,
                         mr,
-                        kernel.simd_pack && simd_pack_enabled(),
+                        transposer,
                         scratch.as_mut_slice(),
                     );
                 }
@@ -484,19 +484,19 @@ fn block_rows(
                             while off < NR && jp * NR + off < n {
                                 let col = jp * NR + off;
                                 let nn = kernel.width.min(n - col);
-                                if let Some(direct) = direct {
+                                if let Some(DirectTile { tile, rows: dr }) = direct {
                                     for (blk, ptrs) in row_ptrs.iter().enumerate() {
                                         let r = blk * dr;
                                         let rows = dr.min(mg - r);
                                         // SAFETY: DirectTileFn contract — the kernel was built
-                                        // for an available KernelKind; 1 <= rows <= dr =
-                                        // the kernel's direct_rows; `ptrs[i]` for i < rows is row
+                                        // for an available KernelKind; 1 <= rows <= dr, the
+                                        // tile's rows; `ptrs[i]` for i < rows is row
                                         // `ic + r + i`'s `kc` floats from `k0` (validated rows,
                                         // `RowSource::row`); C rows `ic + r .. + rows` (r + rows
                                         // <= mg), columns `col .. col + nn <= n` lie in this
                                         // task's block, as for the packed tile below.
                                         unsafe {
-                                            direct(
+                                            tile(
                                                 kc,
                                                 ptrs,
                                                 bpanel.as_ptr().add(off),

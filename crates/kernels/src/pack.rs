@@ -105,8 +105,9 @@ impl Drop for AlignedBuf {
 /// every weight afresh per mini-batch (the weights change) and the backward packs `dY` as a
 /// weight per product, so without reuse each pack paid an allocation, zeroing it (`memset`,
 /// or the kernel's page faults and clearing for large ones): 6% of a TreeLSTM training step.
-/// At most [`RECYCLE_MAX_BUFS`] buffers and [`RECYCLE_MAX_BYTES`] per thread (outside the
-/// memory budget, like the packing scratch); `TUMBLE_NO_PACK_RECYCLE=1` turns it off.
+/// At most [`RECYCLE_MAX_BUFS`] buffers and [`RECYCLE_MAX_BYTES`] per thread: live bytes the
+/// memory budget's allocator counts, but neither reserved by a launch nor given back under
+/// pressure (like the packing scratch), hence the bound; `TUMBLE_NO_PACK_RECYCLE=1` turns it off.
 const RECYCLE_MAX_BUFS: usize = 32;
 const RECYCLE_MAX_BYTES: usize = 64 << 20;
 
@@ -360,10 +361,22 @@ impl<'a> RowSource<'a> {
     }
 }
 
+/// A micro-panel packer by register transposes (`pack_panel_avx512`, `pack_panel_avx2`): the
+/// `srcs.len() <= mr` rows (`kc` floats each) into `panel` (`mr * kc` floats) as `pack_a` lays
+/// them out, rows past `srcs.len()` zeroed; the same bits as the portable packer. A
+/// [`crate::kernel::Kernel`] carries the one of its own instruction set.
+///
+/// # Safety (contract every caller upholds)
+/// The CPU supports the packer's instruction set (guaranteed for a kernel's own packer: a kernel
+/// is only built for an available kind); `mr` is at most the packer's rows (16 / 8: the kernel's
+/// `mr` is); every `srcs[i]` holds at least `kc` floats; `panel` holds `mr * kc`.
+pub(crate) type PanelPackFn = unsafe fn(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [f32]);
+
 /// Pack rows `r0..r0 + mc`, columns `k0..k0 + kc` of `a` into `dst` as micro-panels of `mr` rows:
 /// micro-panel `q` starts at `q * mr * kc`, element `(i, p)` of it at `p * mr + i`. Rows past
 /// `mc` in the last micro-panel are left as they are or zeroed (the micro-kernels never read
-/// them). `simd`: transpose with AVX-512 where the CPU has it (same bits).
+/// them). `transposer`: the kernel's register-transposing packer, when it has one and it is on
+/// (same bits).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pack_a(
     a: &RowSource<'_>,
@@ -372,7 +385,7 @@ pub(crate) fn pack_a(
     k0: usize,
     kc: usize,
     mr: usize,
-    simd: bool,
+    transposer: Option<PanelPackFn>,
     dst: &mut [f32],
 ) {
     if let RowSource::Columns(cols) = a {
@@ -386,31 +399,18 @@ pub(crate) fn pack_a(
         }
         return;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = simd;
-    #[cfg(target_arch = "x86_64")]
-    let transpose16 =
-        simd && mr > 8 && mr <= 16 && kc >= 16 && std::arch::is_x86_feature_detected!("avx512f");
-    #[cfg(target_arch = "x86_64")]
-    let transpose8 = simd && mr <= 8 && kc >= 8 && std::arch::is_x86_feature_detected!("avx2");
     for q in 0..mc.div_ceil(mr) {
         let rows = mr.min(mc - q * mr);
         let panel = &mut dst[q * mr * kc..(q + 1) * mr * kc];
-        #[cfg(target_arch = "x86_64")]
-        if transpose16 || transpose8 {
+        if let Some(transpose) = transposer.filter(|_| mr <= 16) {
             let mut srcs: [&[f32]; 16] = [&[]; 16];
             for (i, s) in srcs.iter_mut().enumerate().take(rows) {
                 *s = a.row(r0 + q * mr + i, k0, kc);
             }
-            if transpose16 {
-                // SAFETY: AVX-512F was detected above; `srcs[..rows]` are `kc` floats each, the
-                // rest empty and `rows <= mr <= 16`; `panel` is `mr * kc` floats.
-                unsafe { pack_panel_avx512(&srcs[..rows], kc, mr, panel) };
-            } else {
-                // SAFETY: AVX2 was detected above; `srcs[..rows]` are `kc` floats each and
-                // `rows <= mr <= 8`; `panel` is `mr * kc` floats.
-                unsafe { pack_panel_avx2(&srcs[..rows], kc, mr, panel) };
-            }
+            // SAFETY: PanelPackFn contract — the caller passes its kernel's own packer (an
+            // available instruction set, `mr` within the packer's rows); `srcs[..rows]` are `kc`
+            // floats each (`RowSource::row`), `rows <= mr`; `panel` is `mr * kc` floats.
+            unsafe { transpose(&srcs[..rows], kc, mr, panel) };
             continue;
         }
         pack_panel_portable(a, r0 + q * mr, rows, k0, kc, mr, panel);
@@ -449,7 +449,7 @@ fn pack_panel_portable(
 /// AVX-512F is available; every `srcs[i]` holds at least `kc` floats; `panel` holds `mr * kc`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn pack_panel_avx512(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [f32]) {
+pub(crate) unsafe fn pack_panel_avx512(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [f32]) {
     use std::arch::x86_64::*;
     debug_assert!(srcs.len() <= mr && mr <= 16 && panel.len() >= mr * kc);
     debug_assert!(srcs.iter().all(|s| s.len() >= kc));
@@ -498,12 +498,7 @@ unsafe fn pack_panel_avx512(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [
         p += 16;
     }
     // The last `kc % 16` columns one by one.
-    for c in p..kc {
-        let out = &mut panel[c * mr..(c + 1) * mr];
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = srcs.get(i).map_or(0.0, |s| s[c]);
-        }
-    }
+    pack_columns(srcs, p..kc, mr, panel);
 }
 
 /// A micro-panel of `srcs.len() <= mr <= 8` rows (`kc` floats each) by 8×8 register transposes
@@ -515,7 +510,7 @@ unsafe fn pack_panel_avx512(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [
 /// AVX2 is available; every `srcs[i]` holds at least `kc` floats; `panel` holds `mr * kc`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn pack_panel_avx2(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [f32]) {
+pub(crate) unsafe fn pack_panel_avx2(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [f32]) {
     use std::arch::x86_64::*;
     debug_assert!(srcs.len() <= mr && mr <= 8 && panel.len() >= mr * kc);
     debug_assert!(srcs.iter().all(|s| s.len() >= kc));
@@ -579,7 +574,14 @@ unsafe fn pack_panel_avx2(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [f3
         p += 8;
     }
     // The last `kc % 8` columns one by one.
-    for c in p..kc {
+    pack_columns(srcs, p..kc, mr, panel);
+}
+
+/// Columns `cols` of `srcs` into `panel` one by one, as runs of `mr` floats (rows past
+/// `srcs.len()` zeroed): the transposing packers' last columns.
+#[cfg(target_arch = "x86_64")]
+fn pack_columns(srcs: &[&[f32]], cols: std::ops::Range<usize>, mr: usize, panel: &mut [f32]) {
+    for c in cols {
         let out = &mut panel[c * mr..(c + 1) * mr];
         for (i, o) in out.iter_mut().enumerate() {
             *o = srcs.get(i).map_or(0.0, |s| s[c]);
@@ -629,8 +631,17 @@ mod tests {
             },
             RowSource::Gathered(&rows),
         ];
+        // Each available kernel's own packer, at its `mr` and at the most rows the packer takes.
+        let packers: Vec<(PanelPackFn, usize)> = [
+            (crate::KernelKind::Avx2Fma, [6usize, 8]),
+            (crate::KernelKind::Avx512, [14, 16]),
+        ]
+        .into_iter()
+        .filter_map(|(kind, mrs)| Some((kind.kernel().ok()?.pack_panel?, mrs)))
+        .flat_map(|(packer, mrs)| mrs.map(|mr| (packer, mr)))
+        .collect();
         for a in &sources {
-            for mr in [6usize, 14, 16] {
+            for &(packer, mr) in &packers {
                 for (k0, kc) in [
                     (0usize, 1usize),
                     (3, 7),
@@ -642,7 +653,7 @@ mod tests {
                 ] {
                     for (r0, mc) in [(0usize, 1usize), (2, 5), (0, mr), (1, mr + 1), (3, 29)] {
                         let mut got = vec![f32::NAN; mc.div_ceil(mr) * mr * kc];
-                        pack_a(a, r0, mc, k0, kc, mr, true, &mut got);
+                        pack_a(a, r0, mc, k0, kc, mr, Some(packer), &mut got);
                         let mut want = vec![f32::NAN; got.len()];
                         for q in 0..mc.div_ceil(mr) {
                             let rows = mr.min(mc - q * mr);

@@ -2,8 +2,8 @@
 //! 1 broadcast). A 32-wide weight panel is consumed in two 16-column halves. Edge tiles: fewer
 //! rows use the same code instantiated for `M < 6`; fewer columns use `vmaskmovps`.
 
-use super::{DirectTileFn, InPlace, Kernel, Packed, TileA, TileFn, DIRECT_MAX_ROWS};
-use crate::pack::NR;
+use super::{DirectTile, DirectTileFn, InPlace, Kernel, Packed, TileA, TileFn, DIRECT_MAX_ROWS};
+use crate::pack::{PanelPackFn, NR};
 use std::arch::x86_64::*;
 
 pub(crate) const MR: usize = 6;
@@ -18,12 +18,14 @@ pub(crate) const KERNEL: Kernel = Kernel {
     mr: MR,
     width: 16,
     tile: tile as TileFn,
-    direct: Some(tile_direct as DirectTileFn),
-    direct_rows: MR,
+    direct: Some(DirectTile {
+        tile: tile_direct as DirectTileFn,
+        rows: MR,
+    }),
     kc: 256,
     mc: 16 * MR,
     small_m: 4,
-    simd_pack: true,
+    pack_panel: Some(crate::pack::pack_panel_avx2 as PanelPackFn),
 };
 
 /// Dispatch on the number of rows; see [`TileFn`] for the contract.

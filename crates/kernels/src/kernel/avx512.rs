@@ -3,8 +3,8 @@
 //! Edge tiles: fewer rows use the same code instantiated for `M < 14` rows; fewer columns use
 //! masked loads/stores, so there is no scalar tail and no temporary.
 
-use super::{DirectTileFn, InPlace, Kernel, Packed, TileA, TileFn, DIRECT_MAX_ROWS};
-use crate::pack::NR;
+use super::{DirectTile, DirectTileFn, InPlace, Kernel, Packed, TileA, TileFn, DIRECT_MAX_ROWS};
+use crate::pack::{PanelPackFn, NR};
 use std::arch::x86_64::*;
 
 pub(crate) const MR: usize = 14;
@@ -24,12 +24,14 @@ pub(crate) const KERNEL: Kernel = Kernel {
     mr: MR,
     width: 32,
     tile: tile as TileFn,
-    direct: Some(tile_direct as DirectTileFn),
-    direct_rows: DIRECT_MAX_ROWS,
+    direct: Some(DirectTile {
+        tile: tile_direct as DirectTileFn,
+        rows: DIRECT_MAX_ROWS,
+    }),
     kc: 256,
     mc: 4 * MR,
     small_m: 4,
-    simd_pack: true,
+    pack_panel: Some(crate::pack::pack_panel_avx512 as PanelPackFn),
 };
 
 /// Dispatch on the number of rows; see [`TileFn`] for the contract.

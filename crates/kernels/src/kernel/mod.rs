@@ -18,6 +18,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use crate::error::KernelError;
+use crate::pack::PanelPackFn;
 use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
@@ -62,7 +63,7 @@ pub(crate) const DIRECT_MAX_ROWS: usize = 8;
 /// (register transposes for 16 rows, most of them zeros) costs a tenth of the product.
 ///
 /// # Safety (contract every caller upholds)
-/// As [`TileFn`]'s, with `1 <= m <=` the kernel's [`Kernel::direct_rows`] and, instead of
+/// As [`TileFn`]'s, with `1 <= m <=` the kernel's [`DirectTile::rows`] and, instead of
 /// `a`/`lda`: if `kc > 0`, `rows[i]` for `i < m` is valid for reads of `kc` floats.
 pub(crate) type DirectTileFn = unsafe fn(
     kc: usize,
@@ -213,12 +214,8 @@ pub(crate) struct Kernel {
     pub(crate) width: usize,
     /// The tile function. Only callable under the [`TileFn`] contract.
     pub(crate) tile: TileFn,
-    /// The tile function on rows where they lie, for row blocks of at most
-    /// [`DIRECT_MAX_ROWS`] rows (`None`: always pack). Only callable under its contract.
-    pub(crate) direct: Option<DirectTileFn>,
-    /// Rows per direct tile (`1..=DIRECT_MAX_ROWS`): a launch's rows are read where they lie in
-    /// blocks of this many (the AVX2 tile holds 6 rows in registers, the AVX-512 one 8 of 14).
-    pub(crate) direct_rows: usize,
+    /// The tile on rows where they lie (`None`: always pack). Only callable under its contract.
+    pub(crate) direct: Option<DirectTile>,
     /// K block (rows of a weight panel kept in L1 while a row block streams past).
     pub(crate) kc: usize,
     /// M block (rows of A packed at once; `mc × kc` floats stay in L2). A multiple of `mr`.
@@ -226,7 +223,37 @@ pub(crate) struct Kernel {
     /// Launches with at most this many rows take the small-M path: A packed whole (tiny), no K
     /// blocking, threads split the weight's columns. Chosen by measurement (see `driver.rs`).
     pub(crate) small_m: usize,
-    /// Pack A micro-panels with register transposes: 16×16 on AVX-512 (14-row panels), 8×8 on
-    /// AVX2 (6-row panels); off for the portable kernel. The packed bits are the same either way.
-    pub(crate) simd_pack: bool,
+    /// Packs A micro-panels with register transposes: 16×16 on AVX-512 (14-row panels), 8×8 on
+    /// AVX2 (6-row panels); `None` for the portable kernel. The packed bits are the same either
+    /// way. Only callable under the [`PanelPackFn`] contract (this kernel's `mr`).
+    pub(crate) pack_panel: Option<PanelPackFn>,
+}
+
+/// A kernel's [`DirectTileFn`] and how many rows one call of it takes (`1..=DIRECT_MAX_ROWS`):
+/// a launch's rows are read where they lie in blocks of that many (the AVX2 tile holds 6 rows
+/// in registers, the AVX-512 one 8 of its 14).
+#[derive(Clone, Copy)]
+pub(crate) struct DirectTile {
+    pub(crate) tile: DirectTileFn,
+    pub(crate) rows: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The driver indexes row-pointer blocks by a direct tile's rows: every kernel's (available
+    /// here or not) must lie in `1..=DIRECT_MAX_ROWS`, and within its register tile.
+    #[test]
+    fn direct_tiles_take_between_one_and_the_most_rows() {
+        #[cfg(target_arch = "x86_64")]
+        let kernels = [avx512::KERNEL, avx2::KERNEL, portable::KERNEL];
+        #[cfg(not(target_arch = "x86_64"))]
+        let kernels = [portable::KERNEL];
+        for k in kernels {
+            if let Some(d) = k.direct {
+                assert!((1..=DIRECT_MAX_ROWS).contains(&d.rows) && d.rows <= k.mr);
+            }
+        }
+    }
 }

@@ -13,11 +13,10 @@ pub(crate) const KERNEL: Kernel = Kernel {
     width: W,
     tile: tile as TileFn,
     direct: None,
-    direct_rows: 1,
     kc: 256,
     mc: 16 * MR,
     small_m: 4,
-    simd_pack: false,
+    pack_panel: None,
 };
 
 /// See [`TileFn`] for the contract.
