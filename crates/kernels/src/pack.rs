@@ -104,7 +104,7 @@ impl Drop for AlignedBuf {
 /// Buffers of dropped [`AlignedBuf`]s kept for the next ones on this thread: training packs
 /// every weight afresh per mini-batch (the weights change) and the backward packs `dY` as a
 /// weight per product, so without reuse each pack paid an allocation, zeroing it (`memset`,
-/// or the kernel's page faults and clearing for large ones): 6% of a TreeLSTM training step.
+/// or the kernel's page faults and clearing for large ones): 2.5% of a TreeLSTM training step.
 /// At most [`RECYCLE_MAX_BUFS`] buffers and [`RECYCLE_MAX_BYTES`] per thread: live bytes the
 /// memory budget's allocator counts, but neither reserved by a launch nor given back under
 /// pressure (like the packing scratch), hence the bound; `TUMBLE_NO_PACK_RECYCLE=1` turns it off.
