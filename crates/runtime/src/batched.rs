@@ -745,6 +745,28 @@ pub(crate) fn rule(
                 with_attr(attrs, "axis", AttrValue::Int(axis)),
             ))
         }
+        // Per-invocation indices into per-invocation data (a loss's `take(log_probs, %label)`):
+        // the batch axis becomes take's batch dimension, each row looked up by its own indices.
+        "take"
+            if matches!(
+                (args.first(), args.get(1)),
+                (Some(BV::Batched(_)), Some(BV::Batched(_)))
+            ) =>
+        {
+            let x = batched_tensor(args.first()?)?;
+            let idx = batched_tensor(args.get(1)?)?;
+            let axis = attrs.int("axis").ok()??;
+            let batch_dims = attrs.int("batch_dims").ok()?.unwrap_or(0);
+            if batch_dims != 0 || idx.shape().first() != x.shape().first() {
+                return None;
+            }
+            let axis = shift_axis(axis, rank(0))?;
+            let attrs = with_attr(attrs, "axis", AttrValue::Int(axis));
+            Some((
+                vec![OpValue::Tensor(x.clone()), OpValue::Tensor(idx.clone())],
+                with_attr(&attrs, "batch_dims", AttrValue::Int(1)),
+            ))
+        }
         "take" => {
             // An embedding lookup: shared table, per-invocation indices along axis 0.
             let BV::Shared(data) = args.first()? else {

@@ -591,6 +591,56 @@ def @main(%x: Tensor[(1, 3), float32], %v: Tensor[(4), float32]) -> (Tensor[(), 
     );
 }
 
+/// Per-invocation indices into per-invocation data (a loss's `-log_softmax(..)[label]`, a row
+/// picked by a computed index) batch as one lookup with the batch axis as take's batch dimension
+/// instead of one call per invocation: scalar and vector indices, a negative one (clipped and
+/// wrapped), a lookup along an inner axis. Equal to the reference every way; nothing loops.
+#[test]
+fn batched_indices_into_batched_data_are_one_lookup() {
+    let src = r#"
+def @main(%x: Tensor[(2, 5), float32], %label: Tensor[(), int32], %pick: Tensor[(3), int32])
+    -> (Tensor[(), float32], Tensor[(2, 3), float32], Tensor[(3, 5), float32], Tensor[(3), float32]) {
+  let %logp = nn.log_softmax(%x, axis=1);
+  let %row = reshape(take(%logp, 1, axis=0), newshape=[5]);
+  let %loss = negative(take(%row, %label, axis=0));
+  let %cols = take(sigmoid(%x), %pick, axis=1, mode="wrap");
+  let %rows = take(%x, %pick, axis=0);
+  (%loss, %cols, %rows, take(%row, %pick, axis=0, mode="clip"))
+}
+"#;
+    let inputs: Vec<String> = (0..13)
+        .map(|i| {
+            let row = |r: usize| -> String {
+                let v: Vec<String> = (0..5)
+                    .map(|c| format!("{:.2}", ((i * 5 + c * 3 + r * 2) % 7) as f64 / 3.0 - 1.0))
+                    .collect();
+                format!("[{}]", v.join(", "))
+            };
+            format!(
+                "{{\"x\": [{}, {}], \"label\": {}, \"pick\": [{}, {}, {}]}}",
+                row(0),
+                row(1),
+                i % 5,
+                (i % 4) as i64 - 1,
+                (i * 3) % 7,
+                i % 2
+            )
+        })
+        .collect();
+    let x = expected(
+        "take_batched",
+        load_text("take_batched", src),
+        &inputs.join("\n"),
+        &["x", "label", "pick"],
+    );
+    check_all_ways(&x);
+    let profile = batch_profile(&x, tumble_runtime::Options::default());
+    assert!(
+        profile.ops.looped == 0 && profile.ops.batched > 0,
+        "{profile}"
+    );
+}
+
 /// Direct products (`Stage::MatMul`): `X · [A; B]` written as `nn.dense(X, transpose(
 /// concatenate((A, B))))` packs A's and B's rows straight into the GEMM. Covers two parts, a
 /// shared part (a weight), a transpose that feeds no product (left alone) and a
