@@ -3,14 +3,14 @@
 //! [`WeightCache`].
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use crate::intern::WordMap;
 use std::sync::{Arc, Mutex};
 
 use tumble_kernels::{NoEpilogue, PackedWeight, Rows};
 use tumble_tensor::Tensor;
 
-type Single = HashMap<(usize, usize, usize), (Tensor, Arc<PackedWeight>)>;
-type Concat = HashMap<(Vec<(usize, usize)>, usize), (Vec<Tensor>, Arc<PackedWeight>)>;
+type Single = WordMap<(usize, usize, usize), (Tensor, Arc<PackedWeight>)>;
+type Concat = WordMap<(Vec<(usize, usize)>, usize), (Vec<Tensor>, Arc<PackedWeight>)>;
 
 /// Packed weights of one job ([`crate::Executable`]): keyed by weight buffer (the cache holds
 /// the tensors, so their buffer identities cannot be reused by other tensors while the packed
@@ -26,7 +26,7 @@ pub struct WeightCache {
     columns: Mutex<Columns>,
 }
 
-type Columns = HashMap<(usize, usize, usize, usize, usize), (Tensor, Arc<PackedWeight>)>;
+type Columns = WordMap<(usize, usize, usize, usize, usize), (Tensor, Arc<PackedWeight>)>;
 
 /// Columns `k0..k0 + k` of weight `w` (N, K) packed as a weight of their own (the weight of one
 /// part of a product over a concatenation), packing on first use in this job.

@@ -107,6 +107,9 @@ impl Hasher for WordHasher {
 /// maps: SipHash was ~1% of NestedRNN's run).
 pub(crate) type WordMap<K, V> = HashMap<K, V, BuildHasherDefault<WordHasher>>;
 
+/// A hash set hashed by [`WordHasher`], for the same kind of keys.
+pub(crate) type WordSet<K> = std::collections::HashSet<K, BuildHasherDefault<WordHasher>>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 //! reads all its rows' output gradients as one tensor, rows without a gradient already zero.
 //! Outputs that are not rows of an f32 launch output keep per-node tensors in a map.
 
-use std::collections::HashMap;
+use crate::intern::WordMap;
 
 use tumble_interp::tape::accumulate;
 use tumble_interp::{LazyRef, RunError};
@@ -25,7 +25,7 @@ pub(super) struct Adjoints {
     /// to any of them.
     bufs: Vec<Vec<Option<OutGrad>>>,
     /// Gradients that do not fit a launch buffer (another dtype, a node outside the log).
-    other: HashMap<LazyRef, Tensor>,
+    other: WordMap<LazyRef, Tensor>,
     /// Nodes that took an identical invocation's results: a gradient of one is added to that
     /// invocation's, so the launch differentiates their sum once.
     twins: Twins,
@@ -58,7 +58,7 @@ impl Adjoints {
             at,
             rows: log.iter().map(Vec::len).collect(),
             bufs: log.iter().map(|_| Vec::new()).collect(),
-            other: HashMap::new(),
+            other: WordMap::default(),
             twins,
         }
     }

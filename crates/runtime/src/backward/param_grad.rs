@@ -4,7 +4,7 @@
 //! per step, scanned again by the optimizer. The optimizer updates the listed rows only where
 //! that is exact (see `tumble train`), and [`ParamGrad::add_into`] densifies for `tumble grad`.
 
-use std::collections::HashMap;
+use crate::intern::WordMap;
 
 use tumble_interp::tape::accumulate;
 use tumble_tensor::Tensor;
@@ -19,7 +19,7 @@ pub struct RowGrad {
     /// `rows.len() × width` values, row `k` for `rows[k]`.
     values: Vec<f32>,
     /// Row id → its position in `rows`.
-    at: HashMap<u32, u32>,
+    at: WordMap<u32, u32>,
 }
 
 impl RowGrad {
@@ -32,7 +32,7 @@ impl RowGrad {
             width,
             rows: Vec::new(),
             values: Vec::new(),
-            at: HashMap::new(),
+            at: WordMap::default(),
         })
     }
 

@@ -3,7 +3,6 @@
 //! others as row lists) and running the block's kernel plan or batching rules.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use super::*;
 
@@ -172,7 +171,8 @@ impl Dfg<'_> {
         if !self.exec.pure_blocks.get(block_id as usize).copied()? {
             return None;
         }
-        let mut index: HashMap<Vec<u64>, usize> = HashMap::with_capacity(ids.len());
+        let mut index: crate::intern::WordMap<Vec<u64>, usize> =
+            crate::intern::WordMap::with_capacity_and_hasher(ids.len(), Default::default());
         let mut distinct = Vec::new();
         let mut of = Vec::with_capacity(ids.len());
         let mut key = Vec::new();

@@ -17,7 +17,7 @@
 //! scans: it releases nothing.
 
 use super::*;
-use std::collections::HashSet;
+use crate::intern::WordSet;
 use std::sync::atomic::Ordering;
 
 /// By default a scan of the host's values runs before a flush once this many output bytes were
@@ -201,7 +201,7 @@ impl Dfg<'_> {
         let epoch = self.epoch;
         let nodes = &mut self.nodes;
         let mut walk = Walk {
-            seen: HashSet::new(),
+            seen: WordSet::default(),
             deep: Vec::new(),
             visits: 0,
             mark: &mut |r: LazyRef| {
@@ -234,7 +234,7 @@ impl Dfg<'_> {
 struct Walk<'m> {
     /// Shared tuples, constructor values and closures already walked (a value with one owner
     /// cannot be met twice, so only shared ones are recorded).
-    seen: HashSet<*const ()>,
+    seen: WordSet<*const ()>,
     /// Values met deeper than [`WALK_DEPTH`], walked from the top again.
     deep: Vec<Value>,
     /// Values walked, leaves included (the scan's cost).
@@ -350,7 +350,7 @@ mod tests {
         let mut found = vec![0u32; n as usize + 4];
         let mut mark = |r: LazyRef| found[r.node as usize] += 1;
         let mut walk = Walk {
-            seen: HashSet::new(),
+            seen: WordSet::default(),
             deep: Vec::new(),
             visits: 0,
             mark: &mut mark,

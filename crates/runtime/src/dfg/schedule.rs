@@ -289,7 +289,7 @@ impl Dfg<'_> {
     /// shallowest node is shallowest (larger group on ties).
     pub(super) fn flush_agenda(&mut self, pending: Vec<u32>) -> Result<(), RunError> {
         let t0 = Instant::now();
-        let pending_set: std::collections::HashSet<u32> = pending.iter().copied().collect();
+        let pending_set: crate::intern::WordSet<u32> = pending.iter().copied().collect();
         let mut waiting: WordMap<u32, usize> = WordMap::default();
         let mut consumers: WordMap<u32, Vec<u32>> = WordMap::default();
         let mut ready: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();

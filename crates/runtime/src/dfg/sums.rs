@@ -78,7 +78,7 @@ impl Dfg<'_> {
         if !ids.iter().any(|&id| unmaterialized(self, id).is_some()) {
             return Ok(());
         }
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = crate::intern::WordSet::default();
         let todo: Vec<u32> = ids
             .iter()
             .filter_map(|&id| unmaterialized(self, id))
