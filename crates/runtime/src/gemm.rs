@@ -2,8 +2,8 @@
 //! (or per list of weight tensors, for horizontally fused denses) and job, in the job's
 //! [`WeightCache`].
 
-use std::cell::RefCell;
 use crate::intern::WordMap;
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use tumble_kernels::{NoEpilogue, PackedWeight, Rows};

@@ -1107,6 +1107,15 @@ impl Gen {
                     table.extend_from_slice(&s[1..]);
                     if !toks.is_empty() {
                         let t = toks[self.below(toks.len())].to_string();
+                        if self.chance(0.3) {
+                            // A per-instance index into per-instance data (a loss's
+                            // `log_probs[label]`): tokens past the axis clip or wrap.
+                            let mut sx = s.to_vec();
+                            sx[0] = self.dim();
+                            let x = self.tensor(sc, &sx, d);
+                            let mode = ["clip", "wrap"][self.below(2)];
+                            return format!("take({x}, {t}, axis=0, mode=\"{mode}\")");
+                        }
                         let w = self.weight(&table);
                         return format!("take({w}, {t}, axis=0)");
                     }
