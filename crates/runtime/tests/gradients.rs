@@ -156,14 +156,15 @@ fn batched_grad(
     batched_grad_counted(x, wrt, batch, opts, gopts).0
 }
 
-/// [`batched_grad`], and how many invocations took an identical one's results.
+/// [`batched_grad`], how many invocations took an identical one's results, and how many
+/// launches the backward differentiated.
 fn batched_grad_counted(
     x: &Expected,
     wrt: &[usize],
     batch: usize,
     opts: Options,
     gopts: GradOptions,
-) -> (Vec<Option<Tensor>>, u64) {
+) -> (Vec<Option<Tensor>>, u64, u64) {
     // As `tumble grad` compiles: gradients do not flow through weight transforms computed
     // once per run.
     let statics = tumble_compile::StaticOptions {
@@ -177,6 +178,7 @@ fn batched_grad_counted(
         .collect();
     let mut total: Vec<Option<Tensor>> = vec![None; wrt.len()];
     let mut memoized = 0;
+    let mut launches = 0;
     for (c, chunk) in x.args.chunks(batch).enumerate() {
         let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
         let g = grad_batch(
@@ -191,13 +193,14 @@ fn batched_grad_counted(
         )
         .unwrap_or_else(|e| panic!("{}: batched gradient: {}", x.name, e.error.message));
         memoized += g.stats.memoized;
+        launches += g.stats.launches;
         for (slot, g) in total.iter_mut().zip(g.grads) {
             if let Some(g) = g {
                 g.add_into(slot).unwrap();
             }
         }
     }
-    (total, memoized)
+    (total, memoized, launches)
 }
 
 /// Each gradient within 1e-4 of the reference, relative to the reference's largest entry.
@@ -279,6 +282,7 @@ fn check(x: &Expected) {
             fast: false,
             keep: false,
             defer_dense: false,
+            sums: false,
         },
     );
     compare(
@@ -320,7 +324,7 @@ fn identical_invocations_differentiated_once() {
             keep,
             ..GradOptions::default()
         };
-        let (got, memoized) = batched_grad_counted(&x, &wrt, 64, Options::default(), gopts);
+        let (got, memoized, _) = batched_grad_counted(&x, &wrt, 64, Options::default(), gopts);
         assert!(memoized > 0, "keep {keep}: no invocation computed once");
         compare(&x, &wrt, &got, &want, &format!("batch 64, keep {keep}"));
     }
@@ -472,6 +476,79 @@ fn treelstm_sst_train() {
         .join("\n");
     let x = load_plain("treelstm_sst_train_all", map, &all);
     check(&x);
+}
+
+/// `add`s of computed tensors recorded as deferred sums (no launch of their own, forward or
+/// backward; a sum's adjoint handed to its terms) give the reference's gradients, as they do
+/// launched one by one, in fewer launches: the SST model's child sums (terms that are nodes),
+/// and a fold from a parameter (a term that is a value: its gradient goes to the parameter).
+#[test]
+fn deferred_sums_hand_their_gradient_to_their_terms() {
+    let trees: Vec<String> = example("treelstm.jsonl")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let t = l.trim().strip_prefix("{\"tree\": ").unwrap();
+            t[..t.len() - 1].to_string()
+        })
+        .collect();
+    let all = (0..20)
+        .map(|i| {
+            let t = &trees[i % trees.len()];
+            format!("{{\"tree\": {t}, \"labels\": {}}}", label_tree(t))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let map = &[("256", "8"), ("768", "24"), ("21703", "1000")];
+    let sst = load_plain("treelstm_sst_train_all", map, &all);
+    let src = r#"
+def @main(%xs: List[Tensor[(1, 4), float32]], %w: Tensor[(4, 4), float32], %c: Tensor[(1, 4), float32])
+    -> Tensor[(), float32] {
+  let %hs = @map(fn (%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+    tanh(nn.dense(%x, %w))
+  }, %xs);
+  let %s = @foldl(fn (%a: Tensor[(1, 4), float32], %b: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+    add(%a, %b)
+  }, %c, %hs);
+  sum(multiply(%s, tanh(nn.dense(%s, %w))))
+}
+"#;
+    let inputs = (0..13)
+        .map(|i| {
+            let rows: Vec<String> = (0..(i % 5 + 1))
+                .map(|k| {
+                    let v: Vec<String> = (0..4)
+                        .map(|c| {
+                            format!("{:.2}", ((i * 7 + k * 3 + c * 5) % 11) as f64 / 5.0 - 1.0)
+                        })
+                        .collect();
+                    format!("[[{}]]", v.join(", "))
+                })
+                .collect();
+            format!("{{\"xs\": [{}]}}", rows.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let fold = expected("grad_fold", load_text("grad_fold", src), &inputs, &["xs"]);
+    for x in [&sst, &fold] {
+        let wrt = float_params(x);
+        let want = reference_grad(x, &wrt);
+        let mut launched = Vec::new();
+        for sums in [true, false] {
+            let gopts = GradOptions {
+                sums,
+                ..GradOptions::default()
+            };
+            let (got, _, launches) = batched_grad_counted(x, &wrt, 7, Options::default(), gopts);
+            compare(x, &wrt, &got, &want, &format!("batch 7, sums {sums}"));
+            launched.push(launches);
+        }
+        assert!(
+            launched[0] < launched[1],
+            "{}: launches {launched:?}",
+            x.name
+        );
+    }
 }
 
 /// Instances of different leading `?` lengths (0 and 1 among them): the forward records without

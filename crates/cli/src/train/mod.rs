@@ -62,6 +62,11 @@ pub struct Weights {
     /// when the backward pass ends.
     #[arg(long)]
     pub no_deferred_weight_grads: bool,
+    /// Record every `add` of two computed tensors as a launch of its own, forward and backward,
+    /// instead of keeping it a deferred sum (added where a launch reads it) whose gradient goes
+    /// to its terms.
+    #[arg(long)]
+    pub no_backward_sums: bool,
 }
 
 #[derive(clap::Args)]
@@ -441,6 +446,7 @@ fn gopts(w: &Weights) -> GradOptions {
         fast: !w.no_backward_fast,
         keep: !w.no_backward_keep,
         defer_dense: !w.no_deferred_weight_grads,
+        sums: !w.no_backward_sums,
     }
 }
 

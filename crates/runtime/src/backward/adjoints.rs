@@ -12,7 +12,7 @@ use tumble_interp::{LazyRef, RunError};
 use tumble_tensor::Tensor;
 
 use super::internal;
-use crate::dfg::{Dfg, Twins};
+use crate::dfg::{Arg, Dfg, Twins};
 
 const NOT_LAUNCHED: u32 = u32::MAX;
 
@@ -29,6 +29,9 @@ pub(super) struct Adjoints {
     /// Nodes that took an identical invocation's results: a gradient of one is added to that
     /// invocation's, so the launch differentiates their sum once.
     twins: Twins,
+    /// Gradients of deferred sums' terms that are values, not nodes (a parameter, a literal):
+    /// the backward hands them to the parameters ([`Adjoints::take_value_grads`]).
+    value_grads: Vec<(Tensor, Tensor)>,
 }
 
 /// The gradient of one launch output: `rows × row length` floats, and the shape of a row, read
@@ -60,7 +63,14 @@ impl Adjoints {
             bufs: log.iter().map(|_| Vec::new()).collect(),
             other: WordMap::default(),
             twins,
+            value_grads: Vec::new(),
         }
+    }
+
+    /// The gradients of value terms of deferred sums added since the last call, with the value
+    /// each is the gradient of.
+    pub(super) fn take_value_grads(&mut self) -> Vec<(Tensor, Tensor)> {
+        std::mem::take(&mut self.value_grads)
     }
 
     /// Adds gradient `g` to output `r`.
@@ -69,6 +79,16 @@ impl Adjoints {
             node: self.twins.canonical(r.node),
             ..r
         };
+        // A deferred sum is linear in its terms: its adjoint is each term's.
+        if let Some(terms) = dfg.sum_terms(r.node) {
+            for t in terms {
+                match t {
+                    Arg::Lazy(tr) => self.add(dfg, *tr, g.clone())?,
+                    Arg::Val(v) => self.value_grads.push((v.clone(), g.clone())),
+                }
+            }
+            return Ok(());
+        }
         if let Some(v) = g.as_f32() {
             if self.add_f32(dfg, r, v, g.shape()) {
                 return Ok(());
@@ -85,6 +105,10 @@ impl Adjoints {
     /// Adds the f32 gradient `v` of shape `shape` to output `r` in its launch's buffer; false
     /// (nothing changed) where `r` is not a row of an f32 launch output of that shape.
     pub(super) fn add_f32(&mut self, dfg: &Dfg, r: LazyRef, v: &[f32], shape: &[usize]) -> bool {
+        if dfg.sum_terms(r.node).is_some() {
+            // Through `add`, which hands it to the sum's terms.
+            return false;
+        }
         let Some(&(l, row)) = self.at.get(r.node as usize) else {
             return false;
         };

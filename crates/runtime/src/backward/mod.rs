@@ -57,6 +57,10 @@ pub struct GradOptions {
     /// that read it, when the backward pass ends ([`dense_grads`]); off: one GEMM per launch,
     /// added up launch by launch. Needs `gemm`.
     pub defer_dense: bool,
+    /// The forward keeps `add`s of computed tensors as deferred sums (the runtime's sum fusion,
+    /// when its option is on): no launch of their own forward or backward; a sum's adjoint goes
+    /// to each of its terms. Off: every such `add` is a launch, differentiated as one.
+    pub sums: bool,
 }
 
 impl Default for GradOptions {
@@ -66,6 +70,7 @@ impl Default for GradOptions {
             fast: true,
             keep: true,
             defer_dense: true,
+            sums: true,
         }
     }
 }
@@ -199,7 +204,7 @@ pub fn grad_batch(
     let exec = Arc::new(Executable::new(program, reuse, &opts));
     let _weights = crate::gemm::WeightCache::enter(&exec.weights);
     let mut dfg = Dfg::new(program, reuse, exec, opts);
-    dfg.record_for_backward(gopts.keep.then_some(gopts.fast_eval()));
+    dfg.record_for_backward(gopts.keep.then_some(gopts.fast_eval()), gopts.sums);
     let n = args.len();
     let results = crate::drive(program, index, args, rngs, opts, &mut dfg)?;
     let mut stats = BackwardStats {
@@ -254,6 +259,7 @@ pub fn grad_batch(
             }
         }
     }
+    hand_value_grads(&mut adj, params, &mut grads).map_err(at_instance(None))?;
     let mut rng = Rng::new(0);
     let mut deferred = dense_grads::DeferredDense::default();
     for (l, ids) in log.iter().enumerate().rev() {
@@ -277,6 +283,7 @@ pub fn grad_batch(
             gopts,
             opts.threads,
         )
+        .and_then(|()| hand_value_grads(&mut adj, params, &mut grads))
         .map_err(|mut e| {
             if e.span.is_none() {
                 e.span = span;
@@ -309,21 +316,47 @@ fn param_of(params: &[Tensor], t: &Tensor) -> Option<usize> {
         .position(|p| p.shares_buffer(t) && p.shape() == t.shape())
 }
 
+/// The gradients the adjoints collected for value terms of deferred sums, added to the
+/// parameters they are (a literal term's is dropped).
+fn hand_value_grads(
+    adj: &mut Adjoints,
+    params: &[Tensor],
+    grads: &mut [Option<ParamGrad>],
+) -> Result<(), RunError> {
+    for (v, g) in adj.take_value_grads() {
+        if let Some(slot) = param_of(params, &v).and_then(|k| grads.get_mut(k)) {
+            add_dense(slot, g).map_err(internal)?;
+        }
+    }
+    Ok(())
+}
+
 /// Per node id: whether it depends on a parameter (others are skipped by the backward).
 /// Launches (`log`) are in dependency order, so one forward pass over them decides it; an input
 /// computed by an invocation that took a twin's results is the twin's (`twins`), which the log
 /// lists.
 fn activity(dfg: &Dfg, log: &[Vec<u32>], twins: &Twins, params: &[Tensor]) -> Vec<bool> {
     let mut active = vec![false; dfg.node_count()];
-    for &id in log.iter().flatten() {
-        let a = dfg.node(id).is_some_and(|n| {
-            n.args.iter().any(|a| match a {
-                Arg::Val(t) => t.dtype().is_float() && param_of(params, t).is_some(),
-                Arg::Lazy(r) => active
+    // A deferred sum (never launched) depends on a parameter where one of its terms does.
+    fn arg_active(dfg: &Dfg, active: &[bool], twins: &Twins, params: &[Tensor], a: &Arg) -> bool {
+        match a {
+            Arg::Val(t) => t.dtype().is_float() && param_of(params, t).is_some(),
+            Arg::Lazy(r) => match dfg.sum_terms(r.node) {
+                Some(terms) => terms
+                    .iter()
+                    .any(|t| arg_active(dfg, active, twins, params, t)),
+                None => active
                     .get(twins.canonical(r.node) as usize)
                     .copied()
                     .unwrap_or(false),
-            })
+            },
+        }
+    }
+    for &id in log.iter().flatten() {
+        let a = dfg.node(id).is_some_and(|n| {
+            n.args
+                .iter()
+                .any(|a| arg_active(dfg, &active, twins, params, a))
         });
         if let Some(slot) = active.get_mut(id as usize) {
             *slot = a;

@@ -39,15 +39,28 @@ impl Twins {
 impl Dfg<'_> {
     /// Records for the backward pass: every launch's nodes in order, and node arguments kept
     /// after their launch. Every float value must stay on the graph for the backward to see it,
-    /// so nothing is computed off it: no host scalars, no deferred sums, and a computed input
-    /// stays a reference to its node instead of becoming a value. With `keep`, launches run
-    /// their operators one by one with `keep` tried before each reference kernel (instead of the
-    /// fused plans) and keep every value, so the backward need not recompute them.
-    pub(crate) fn record_for_backward(&mut self, keep: Option<FastEval>) {
+    /// so nothing is computed off it: no host scalars, and a computed input stays a reference to
+    /// its node instead of becoming a value. With `keep`, launches run their operators one by
+    /// one with `keep` tried before each reference kernel (instead of the fused plans) and keep
+    /// every value, so the backward need not recompute them. With `sums` (and the runtime's sum
+    /// fusion on), `add`s of computed tensors stay deferred sums as in a forward-only run: no
+    /// launch of their own, their terms added where a launch reads them; the backward hands a
+    /// sum's adjoint to its terms ([`Dfg::sum_terms`]).
+    pub(crate) fn record_for_backward(&mut self, keep: Option<FastEval>, sums: bool) {
         self.launch_log = Some(Vec::new());
         self.keep = keep;
+        self.backward_sums = sums;
         // The backward reads every output the forward computed.
         self.opts.early_release = false;
+    }
+
+    /// The terms of node `id` if it is a deferred sum (sum fusion): its value is their sum, so
+    /// its adjoint is each term's.
+    pub(crate) fn sum_terms(&self, id: u32) -> Option<&[Arg]> {
+        self.nodes
+            .get(id as usize)
+            .filter(|n| n.sum)
+            .map(|n| n.args.as_slice())
     }
 
     /// The launches so far, in order (the nodes each computed), what each kept (see

@@ -277,7 +277,14 @@ impl Dfg<'_> {
         // Recording for a backward that differentiates this launch from what it keeps: inputs
         // stacked the backward's way, the operators one by one, every value kept.
         let inputs = match self.keep {
-            Some(_) => self.stacked_inputs(block.inputs.len(), ids, true)?,
+            Some(_) => {
+                if self.backward_sums {
+                    for i in 0..block.inputs.len() {
+                        self.materialize_sums(i, ids)?;
+                    }
+                }
+                self.stacked_inputs(block.inputs.len(), ids, true)?
+            }
             None => (0..block.inputs.len())
                 .map(|i| self.gather(block_id, i, ids))
                 .collect::<Result<Vec<_>, _>>()?,

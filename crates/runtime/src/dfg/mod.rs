@@ -196,6 +196,9 @@ pub struct Dfg<'p> {
     /// Launches run operator by operator keeping every value, with this fast path
     /// ([`Dfg::record_for_backward`]).
     keep: Option<FastEval>,
+    /// Recording for the backward pass with sum fusion: `add`s of two computed tensors become
+    /// deferred sums, whose adjoints the backward hands to their terms ([`Dfg::sum_terms`]).
+    backward_sums: bool,
     /// Per logged launch: what it kept (`None` where it did not keep).
     kept: Vec<Option<Kept>>,
     /// Per node id, for invocations that took an identical one's results and the ones they
@@ -305,6 +308,7 @@ impl<'p> Dfg<'p> {
             profile: Profile::default(),
             launch_log: None,
             keep: None,
+            backward_sums: false,
             kept: Vec::new(),
             memo_class: Vec::new(),
             watch: Vec::new(),
@@ -674,7 +678,7 @@ impl Backend for Dfg<'_> {
             return Ok(block_value(block, outs));
         }
         if self.opts.sum_fusion
-            && !for_backward
+            && (!for_backward || self.backward_sums)
             && self.opts.scheduler != Scheduler::Eager
             && self.exec.sum_blocks.get(block_id as usize) == Some(&true)
         {
