@@ -443,17 +443,22 @@ fn label_tree(tree: &str) -> String {
     out
 }
 
-/// The SST training models: the root's cross-entropy, and the sum over every node's.
-#[test]
-fn treelstm_sst_train() {
-    let trees: Vec<String> = example("treelstm.jsonl")
+/// The bundled example's trees, as JSON.
+fn bundled_trees() -> Vec<String> {
+    example("treelstm.jsonl")
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let t = l.trim().strip_prefix("{\"tree\": ").unwrap();
             t[..t.len() - 1].to_string()
         })
-        .collect();
+        .collect()
+}
+
+/// The SST training models: the root's cross-entropy, and the sum over every node's.
+#[test]
+fn treelstm_sst_train() {
+    let trees = bundled_trees();
     let map = &[("256", "8"), ("768", "24"), ("21703", "1000")];
     let root = (0..66)
         .map(|i| {
@@ -484,14 +489,7 @@ fn treelstm_sst_train() {
 /// and a fold from a parameter (a term that is a value: its gradient goes to the parameter).
 #[test]
 fn deferred_sums_hand_their_gradient_to_their_terms() {
-    let trees: Vec<String> = example("treelstm.jsonl")
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let t = l.trim().strip_prefix("{\"tree\": ").unwrap();
-            t[..t.len() - 1].to_string()
-        })
-        .collect();
+    let trees = bundled_trees();
     let all = (0..20)
         .map(|i| {
             let t = &trees[i % trees.len()];
