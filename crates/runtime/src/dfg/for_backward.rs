@@ -111,6 +111,13 @@ impl Dfg<'_> {
                     continue;
                 }
             }
+            // Exactly rows 0..b of one earlier launch's output, in order: that output itself.
+            if fast && kept_zero_copy_enabled() {
+                if let Some(t) = self.whole_batch(&args)? {
+                    inputs.push(BV::Batched(OpValue::Tensor(t)));
+                    continue;
+                }
+            }
             if fast {
                 if let Some(t) = self.stack_f32(&args) {
                     inputs.push(BV::Batched(OpValue::Tensor(t)));
@@ -132,6 +139,27 @@ impl Dfg<'_> {
             )));
         }
         Ok(inputs)
+    }
+
+    /// The output of one earlier launch when `args` are exactly its rows 0..b in order (no copy
+    /// needed: the stacked input would equal it), else `None`.
+    fn whole_batch(&self, args: &[&Arg]) -> Result<Option<Tensor>, RunError> {
+        let mut batch: Option<&Tensor> = None;
+        for (k, a) in args.iter().enumerate() {
+            let Arg::Lazy(r) = a else {
+                return Ok(None);
+            };
+            let s = self.slot(r)?;
+            match (batch, s.row()) {
+                (None, Some(0)) if k == 0 => batch = Some(&s.tensor),
+                (Some(t), Some(row)) if row as usize == k && t.shares_buffer(&s.tensor) => {}
+                _ => return Ok(None),
+            }
+        }
+        // All of its rows (stacking them would give the same tensor: rows of its inner shape).
+        Ok(batch
+            .filter(|t| t.shape().first() == Some(&args.len()))
+            .cloned())
     }
 
     /// A launch input stacked from its rows where they lie (f32 values of one shape), without a
@@ -159,4 +187,11 @@ impl Dfg<'_> {
         shape.extend_from_slice(row_shape?);
         Tensor::from_vec(shape, data).ok()
     }
+}
+
+/// Launch inputs that are exactly an earlier launch's output are kept as that output, not
+/// copied (`TUMBLE_NO_KEPT_ZERO_COPY=1` copies them, the A/B baseline).
+fn kept_zero_copy_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_KEPT_ZERO_COPY").is_none())
 }
