@@ -722,50 +722,27 @@ pub(crate) fn rule(
                 with_attr(attrs, "axis", ints(&s)),
             ))
         }
-        // Shared indices into per-invocation data (`take(%p, 0, axis=0)` of a batched vector):
-        // the same lookup one axis further in.
-        "take"
-            if matches!(
-                (args.first(), args.get(1)),
-                (Some(BV::Batched(_)), Some(BV::Shared(_)))
-            ) =>
-        {
+        // Lookups in per-invocation data, one axis further in: shared indices (`take(%p, 0,
+        // axis=0)` of a batched vector) are the same lookup in every row; per-invocation ones (a
+        // loss's `take(log_probs, %label)`) make the batch axis take's batch dimension, each row
+        // looked up by its own indices.
+        "take" if matches!(args.first(), Some(BV::Batched(_))) => {
             let x = batched_tensor(args.first()?)?;
-            let BV::Shared(idx) = args.get(1)? else {
-                return None;
-            };
-            let axis = attrs.int("axis").ok()??;
-            let batch_dims = attrs.int("batch_dims").ok()?.unwrap_or(0);
-            if batch_dims != 0 {
+            if attrs.int("batch_dims").ok()?.unwrap_or(0) != 0 {
                 return None;
             }
-            let axis = shift_axis(axis, rank(0))?;
-            Some((
-                vec![OpValue::Tensor(x.clone()), idx.clone()],
-                with_attr(attrs, "axis", AttrValue::Int(axis)),
-            ))
-        }
-        // Per-invocation indices into per-invocation data (a loss's `take(log_probs, %label)`):
-        // the batch axis becomes take's batch dimension, each row looked up by its own indices.
-        "take"
-            if matches!(
-                (args.first(), args.get(1)),
-                (Some(BV::Batched(_)), Some(BV::Batched(_)))
-            ) =>
-        {
-            let x = batched_tensor(args.first()?)?;
-            let idx = batched_tensor(args.get(1)?)?;
-            let axis = attrs.int("axis").ok()??;
-            let batch_dims = attrs.int("batch_dims").ok()?.unwrap_or(0);
-            if batch_dims != 0 || idx.shape().first() != x.shape().first() {
-                return None;
-            }
-            let axis = shift_axis(axis, rank(0))?;
+            let axis = shift_axis(attrs.int("axis").ok()??, rank(0))?;
             let attrs = with_attr(attrs, "axis", AttrValue::Int(axis));
-            Some((
-                vec![OpValue::Tensor(x.clone()), OpValue::Tensor(idx.clone())],
-                with_attr(&attrs, "batch_dims", AttrValue::Int(1)),
-            ))
+            match args.get(1)? {
+                BV::Shared(idx) => Some((vec![OpValue::Tensor(x.clone()), idx.clone()], attrs)),
+                BV::Batched(OpValue::Tensor(idx)) if idx.shape().first() == x.shape().first() => {
+                    Some((
+                        vec![OpValue::Tensor(x.clone()), OpValue::Tensor(idx.clone())],
+                        with_attr(&attrs, "batch_dims", AttrValue::Int(1)),
+                    ))
+                }
+                _ => None,
+            }
         }
         "take" => {
             // An embedding lookup: shared table, per-invocation indices along axis 0.

@@ -143,7 +143,7 @@ impl Dfg<'_> {
 
     /// The output of one earlier launch when `args` are exactly its rows 0..b in order (no copy
     /// needed: the stacked input would equal it), else `None`.
-    fn whole_batch(&self, args: &[&Arg]) -> Result<Option<Tensor>, RunError> {
+    pub(super) fn whole_batch(&self, args: &[&Arg]) -> Result<Option<Tensor>, RunError> {
         let mut batch: Option<&Tensor> = None;
         for (k, a) in args.iter().enumerate() {
             let Arg::Lazy(r) = a else {

@@ -278,7 +278,7 @@ impl Dfg<'_> {
         // stacked the backward's way, the operators one by one, every value kept.
         let inputs = match self.keep {
             Some(_) => {
-                if self.backward_sums {
+                if self.records_sums() {
                     for i in 0..block.inputs.len() {
                         self.materialize_sums(i, ids)?;
                     }
@@ -362,7 +362,7 @@ impl Dfg<'_> {
     /// if it is exactly these rows in order, else a list of the rows where they lie (gather
     /// fusion) or stacked.
     pub(super) fn gather(&mut self, block: u32, i: usize, ids: &[u32]) -> Result<BV, RunError> {
-        if self.opts.sum_fusion {
+        if self.records_sums() {
             self.materialize_sums(i, ids)?;
         }
         let args: Vec<&Arg> = ids
@@ -391,35 +391,9 @@ impl Dfg<'_> {
             self.profile.reuse_misses += 1;
         }
         // Exactly rows 0..b of one earlier launch's output: no copy.
-        let mut same_batch: Option<Tensor> = None;
-        let mut contiguous = true;
-        for (k, a) in args.iter().enumerate() {
-            match a {
-                Arg::Lazy(r) => {
-                    let s = self.slot(r)?;
-                    match (&same_batch, s.row()) {
-                        (None, Some(0)) if k == 0 => same_batch = Some(s.tensor.clone()),
-                        (Some(t), Some(row)) if row as usize == k && t.shares_buffer(&s.tensor) => {
-                        }
-                        _ => {
-                            contiguous = false;
-                            break;
-                        }
-                    }
-                }
-                Arg::Val(_) => {
-                    contiguous = false;
-                    break;
-                }
-            }
-        }
-        if contiguous {
-            if let Some(t) = same_batch {
-                if t.shape().first() == Some(&args.len()) {
-                    self.profile.zero_copy_inputs += 1;
-                    return Ok(BV::Batched(OpValue::Tensor(t)));
-                }
-            }
+        if let Some(t) = self.whole_batch(&args)? {
+            self.profile.zero_copy_inputs += 1;
+            return Ok(BV::Batched(OpValue::Tensor(t)));
         }
         // Rows of earlier outputs (or whole computed tensors) for the plan to read in place: the
         // gather is fused into the kernels (GEMM packing, row programs) instead of copied here.

@@ -677,8 +677,7 @@ impl Backend for Dfg<'_> {
             self.profile.time_dfg += sampled(t0);
             return Ok(block_value(block, outs));
         }
-        if self.opts.sum_fusion
-            && (!for_backward || self.backward_sums)
+        if self.records_sums()
             && self.opts.scheduler != Scheduler::Eager
             && self.exec.sum_blocks.get(block_id as usize) == Some(&true)
         {

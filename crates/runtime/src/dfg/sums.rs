@@ -17,6 +17,12 @@ pub(super) fn is_zero_term(t: &Tensor) -> bool {
 }
 
 impl Dfg<'_> {
+    /// Whether `add`s of computed tensors become deferred sums in this graph: sum fusion on, and
+    /// not recording for a backward that launches them ([`Dfg::record_for_backward`]'s `sums`).
+    pub(super) fn records_sums(&self) -> bool {
+        self.opts.sum_fusion && (self.launch_log.is_none() || self.backward_sums)
+    }
+
     /// A deferred sum whose terms are all computed, added on the host (it is read outside any
     /// launch: a result, a condition, an operator outside a block).
     pub(super) fn sum_on_host(&self, node: &Node) -> Result<Option<Tensor>, RunError> {
