@@ -107,7 +107,20 @@ def kind_of(model: str) -> str:
     return os.path.basename(model).split("_")[0].replace(".rly", "")
 
 
+# Where the PyTorch peers run: `cpu`, or `cuda` for the GPU comparison (bench/gpu_suite.py).
+DEVICE = os.environ.get("TUMBLE_PEER_DEVICE", "cpu")
+
+
+def to_device(a):
+    """A numpy array as a torch tensor on the peers' device."""
+    import torch
+
+    return torch.from_numpy(a).to(DEVICE)
+
+
 def f32list(x) -> list:
+    if hasattr(x, "detach"):  # a torch tensor, maybe on the GPU
+        x = x.detach().cpu().numpy()
     return np.asarray(x, dtype=np.float32).astype(np.float64).tolist()
 
 

@@ -157,7 +157,9 @@ def birnn(w):
         ids = torch.zeros(len(nz), Tmax, dtype=torch.long)
         for r, k in enumerate(nz):
             ids[r, : lens[k]] = torch.tensor(sents[k])
-        packed = pack_padded_sequence(emb[ids], torch.tensor([lens[k] for k in nz]), batch_first=True,
+        # pack_padded_sequence takes its lengths on the CPU, wherever the data is.
+        packed = pack_padded_sequence(emb[ids], torch.tensor([lens[k] for k in nz], device="cpu"),
+                                      batch_first=True,
                                       enforce_sorted=False)
         hs, _ = pad_packed_sequence(rnn(packed)[0], batch_first=True)  # (B, Tmax, 2H)
         mask = torch.arange(Tmax)[None, :] < torch.tensor([lens[k] for k in nz])[:, None]
@@ -196,7 +198,7 @@ def nestedrnn(w):
             x = h[act].clone()  # inner final state; an empty inner sequence leaves the outer state
             ne = [r for r, s in enumerate(seqs) if s]
             if ne:
-                lens = torch.tensor([len(seqs[r]) for r in ne])
+                lens = torch.tensor([len(seqs[r]) for r in ne], device="cpu")
                 ids = torch.zeros(len(ne), int(lens.max()), dtype=torch.long)
                 for j, r in enumerate(ne):
                     ids[j, : len(seqs[r])] = torch.tensor(seqs[r])
@@ -266,7 +268,7 @@ def drnn(w):
     def run(insts):
         # a pending node: (h_a, h_f, depth, width, max_width, list to append its tree to)
         roots = [[] for _ in insts]
-        pend = [(torch.from_numpy(lat), torch.zeros(1, H), d, 1, mw, roots[k])
+        pend = [(common.to_device(lat), torch.zeros(1, H), d, 1, mw, roots[k])
                 for k, (lat, d, mw) in enumerate(insts)]
         while pend:
             ha = torch.cat([p[0] for p in pend])
@@ -320,7 +322,7 @@ def berxit(w):
         return F.layer_norm(y, (D,), p["ln2_g"], p["ln2_b"], eps=1e-12)
 
     def run(insts):
-        toks = torch.from_numpy(np.stack([t for t, _ in insts]))
+        toks = common.to_device(np.stack([t for t, _ in insts]))
         S = toks.shape[1]
         th = torch.tensor([t for _, t in insts], dtype=torch.float32)
         x = w["word_emb"][toks] + w["pos_emb"][:S] + w["type_emb"][0]

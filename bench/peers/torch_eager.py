@@ -18,9 +18,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from common import f32list  # noqa: E402
 
+if common.DEVICE != "cpu":
+    # Factories (zeros, tensor, arange) make their tensors on the GPU too.
+    torch.set_default_device(common.DEVICE)
+
 
 def T(weights):
-    return {k: torch.from_numpy(v) for k, v in weights.items()}
+    return {k: common.to_device(v) for k, v in weights.items()}
 
 
 def treelstm(w):
@@ -179,7 +183,7 @@ def drnn(w):
 
     def run(inst):
         latent, max_depth, max_width = inst
-        return gen(torch.from_numpy(latent), torch.zeros(1, H), max_depth, 1, max_width)[0]
+        return gen(common.to_device(latent), torch.zeros(1, H), max_depth, 1, max_width)[0]
 
     return run
 
@@ -212,7 +216,7 @@ def berxit(w):
     def run(inst):
         toks, threshold = inst
         S = len(toks)
-        x = w["word_emb"][torch.from_numpy(toks)] + w["pos_emb"][:S] + w["type_emb"][0]
+        x = w["word_emb"][common.to_device(toks)] + w["pos_emb"][:S] + w["type_emb"][0]
         x = F.layer_norm(x, (D,), w["emb_ln_g"], w["emb_ln_b"], eps=1e-12)
         for l, p in enumerate(layers, start=1):
             x = layer(x, p)

@@ -46,6 +46,11 @@ pub struct RunArgs {
     /// Which engine evaluates the model.
     #[arg(long, value_enum, default_value_t = Engine::Batched)]
     pub engine: Engine,
+    /// Where the batched engine runs its kernel plans: `cuda` runs GEMM stages and row programs
+    /// on the first NVIDIA GPU (kernels compiled at run time by NVRTC; gathers and other operators
+    /// stay on the host), with one worker. An error where no GPU, driver or NVRTC is found.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    pub device: DeviceArg,
     /// Instances per mini-batch (batched engine); default: all instances in one batch.
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub batch: Option<usize>,
@@ -252,6 +257,14 @@ pub enum Engine {
     Batched,
     /// The reference interpreter: one instance at a time, plain-loop kernels (the oracle).
     Reference,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    /// This machine's processors.
+    Cpu,
+    /// The first NVIDIA GPU, through the CUDA driver and NVRTC (loaded at run time).
+    Cuda,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -611,6 +624,12 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         })
     };
     let n = raw.items.len();
+    if matches!(args.engine, Engine::Reference) && args.device == DeviceArg::Cuda {
+        return Err(Failure::Message(
+            "--device cuda runs the batched engine; the reference engine runs on the CPU only"
+                .into(),
+        ));
+    }
     let finished: Vec<Finished> = match args.engine {
         Engine::Reference => {
             let mut out = Vec::with_capacity(n);
@@ -632,9 +651,16 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             }
             // Planned once for every repeat: the warm runs reuse plans, compiled row programs
             // and packed weights, as a long-lived process would.
-            let exec = std::sync::Arc::new(tumble_runtime::Executable::with_plans(
-                &program, &reuse, plans, &opts,
-            ));
+            let mut exec = tumble_runtime::Executable::with_plans(&program, &reuse, plans, &opts);
+            if args.device == DeviceArg::Cuda {
+                let gpu = tumble_cuda::Gpu::open(0)
+                    .map_err(|e| Failure::Message(format!("--device cuda: {e}")))?;
+                if args.profile {
+                    eprintln!("device: {}", gpu.describe());
+                }
+                exec = exec.with_device(gpu);
+            }
+            let exec = std::sync::Arc::new(exec);
             // Weights are constants of the program: packed for the GEMM before the first run,
             // as part of start-up.
             let t_pack = std::time::Instant::now();
@@ -650,7 +676,11 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 opts,
                 instances: n,
                 batch: args.batch.unwrap_or(n).max(1),
-                workers: args.workers.unwrap_or(threads),
+                // A GPU's launches share one stream: one worker drives it.
+                workers: match args.device {
+                    DeviceArg::Cuda => 1,
+                    DeviceArg::Cpu => args.workers.unwrap_or(threads),
+                },
                 exec: Some(&exec),
                 worker_stack: crate::WORK_STACK_BYTES,
             };

@@ -51,6 +51,8 @@ pub struct Executable {
     /// weights they were last computed from: once per job, so their packed copies are made once
     /// and every launch reads the same tensors.
     derived: std::sync::Mutex<Option<DerivedValues>>,
+    /// The GPU that runs the kernel plans' launches (`tumble run --device cuda`); `None`: the CPU.
+    pub(crate) device: Option<Arc<crate::fused::device::DeviceRun>>,
 }
 
 /// Derived parameters and the weight tensors they were computed from.
@@ -91,6 +93,19 @@ impl RaggedRun {
 }
 
 impl Executable {
+    /// Runs the kernel plans' launches on `gpu` (stages the device does not run, and blocks
+    /// without a plan, stay on the host). One worker should drive it: its launches share one
+    /// stream.
+    pub fn with_device(mut self, gpu: tumble_cuda::Gpu) -> Executable {
+        self.device = Some(Arc::new(crate::fused::device::DeviceRun::new(gpu)));
+        self
+    }
+
+    /// The GPU the job runs on, if any.
+    pub fn device(&self) -> Option<&tumble_cuda::Gpu> {
+        self.device.as_deref().map(|d| &d.gpu)
+    }
+
     /// Plans `program` (with its reuse analysis) for runs with `opts`: [`Executable::with_plans`]
     /// with the plans the compiler's planner makes for `opts` ([`Options::plan_options`]).
     pub fn new(program: &Program, reuse: &Reuse, opts: &Options) -> Executable {
@@ -160,6 +175,7 @@ impl Executable {
                 })
                 .collect(),
             derived: std::sync::Mutex::new(None),
+            device: None,
         }
     }
 

@@ -160,6 +160,9 @@ impl Profile {
         self.fused.fallbacks += o.fused.fallbacks;
         self.fused.dense_flops += o.fused.dense_flops;
         self.fused.dense_time += o.fused.dense_time;
+        self.fused.device_stages += o.fused.device_stages;
+        self.fused.host_stages += o.fused.host_stages;
+        self.fused.device_time += o.fused.device_time;
         self.reuse_misses += o.reuse_misses;
         self.shared_inputs += o.shared_inputs;
         self.zero_copy_inputs += o.zero_copy_inputs;
@@ -281,6 +284,15 @@ impl fmt::Display for Profile {
                 f,
                 "in place: {} direct products (rows packed where they lie), {} embedding lookups as row references, {} sums of products as one GEMM",
                 self.fused.direct_matmuls, self.fused.gather_views, self.fused.dense_sums
+            )?;
+        }
+        if self.fused.device_stages + self.fused.host_stages > 0 {
+            writeln!(
+                f,
+                "device: {} stages on the GPU, {} on the host (gathers, other operators); {:.3} ms queuing stages and copying outputs back",
+                self.fused.device_stages,
+                self.fused.host_stages,
+                ms(self.fused.device_time)
             )?;
         }
         let secs = self.fused.dense_time.as_secs_f64();

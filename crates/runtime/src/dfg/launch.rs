@@ -311,16 +311,29 @@ impl Dfg<'_> {
                     (k.outputs(block).map_err(in_block)?, Some(k))
                 }
                 (None, Some(plan)) => (
-                    crate::fused::run_planned(
-                        block,
-                        plan,
-                        &inputs,
-                        b,
-                        &mut octx,
-                        &mut self.profile.ops,
-                        &mut self.profile.fused,
-                        threads,
-                    )
+                    match &self.exec.device {
+                        Some(device) => crate::fused::device::run_planned_on_device(
+                            device,
+                            block,
+                            plan,
+                            &inputs,
+                            b,
+                            &mut octx,
+                            &mut self.profile.ops,
+                            &mut self.profile.fused,
+                            threads,
+                        ),
+                        None => crate::fused::run_planned(
+                            block,
+                            plan,
+                            &inputs,
+                            b,
+                            &mut octx,
+                            &mut self.profile.ops,
+                            &mut self.profile.fused,
+                            threads,
+                        ),
+                    }
                     .map_err(in_block)?,
                     None,
                 ),

@@ -28,8 +28,10 @@ use crate::batched::{batched_op, tuple_of, LaunchOps, OpStats, BV};
 
 pub(crate) mod attention;
 mod dense_sum;
+pub mod device;
 mod gather;
 mod gemm;
+mod rowcuda;
 mod rowexec;
 mod rowprog;
 
@@ -112,7 +114,28 @@ pub(super) struct Exec<'a> {
     threads: usize,
 }
 
-impl Exec<'_> {
+impl<'a> Exec<'a> {
+    fn new(
+        block: &'a Block,
+        inputs: &'a [BV],
+        gather_views: bool,
+        b: usize,
+        threads: usize,
+    ) -> Exec<'a> {
+        Exec {
+            block,
+            inputs,
+            gather_views,
+            stacked: RefCell::new(vec![None; inputs.len()]),
+            stacked_nodes: RefCell::new(vec![None; block.nodes.len()]),
+            stacks: Cell::new(0),
+            row_splits: Cell::new(0),
+            vals: vec![None; block.nodes.len()],
+            b,
+            threads,
+        }
+    }
+
     /// Drops the values of nodes `dead` (and their stacked copies): their buffers go back to the
     /// pool for the launch's later stages.
     fn drop_values(&mut self, dead: &[usize]) {
@@ -282,6 +305,14 @@ pub struct FusedStats {
     pub gather_views: u64,
     /// Dense stages run as [`Stage::DenseSum`] (counted in `dense_stages` too).
     pub dense_sums: u64,
+    /// With a GPU (`--device cuda`): stages that ran on the device, and stages of device
+    /// launches that ran on the host (gathers, other operators, operands the device does not
+    /// take).
+    pub device_stages: u64,
+    pub host_stages: u64,
+    /// Time queuing device stages and copying launch outputs back (kernels run asynchronously:
+    /// their time shows up in the copies).
+    pub device_time: std::time::Duration,
 }
 
 /// Runs `block` for `b` invocations following `plan`.
@@ -298,18 +329,7 @@ pub fn run_planned(
     threads: usize,
 ) -> Result<Vec<BV>, String> {
     let plan = &run_plan.plan;
-    let mut ex = Exec {
-        block,
-        inputs,
-        gather_views: plan.gather_views,
-        stacked: RefCell::new(vec![None; inputs.len()]),
-        stacked_nodes: RefCell::new(vec![None; block.nodes.len()]),
-        stacks: Cell::new(0),
-        row_splits: Cell::new(0),
-        vals: vec![None; block.nodes.len()],
-        b,
-        threads,
-    };
+    let mut ex = Exec::new(block, inputs, plan.gather_views, b, threads);
     // A row-program stage already run as the previous GEMM's epilogue.
     let mut done_as_epilogue = None;
     for (s, stage) in plan.stages.iter().enumerate() {
@@ -365,126 +385,7 @@ pub fn run_planned(
                 }
             }
         }
-        match stage {
-            Stage::Dense(i) => run_dense(&mut ex, *i, octx, stats, fstats)?,
-            Stage::HDense(ns) => {
-                let t0 = std::time::Instant::now();
-                let r = hdense_stage(&ex, ns)?;
-                fstats.dense_time += t0.elapsed();
-                match r {
-                    Some((outs, flops)) => {
-                        fstats.dense_stages += 1;
-                        fstats.hfused_stages += 1;
-                        fstats.hfused_denses += ns.len() as u64;
-                        fstats.dense_flops += flops;
-                        for (i, v) in ns.iter().zip(outs) {
-                            if let Some(slot) = ex.vals.get_mut(*i) {
-                                *slot = Some(v);
-                            }
-                        }
-                    }
-                    // Not every weight is shared in this launch: one dense stage per member.
-                    None => {
-                        for &i in ns {
-                            run_dense(&mut ex, i, octx, stats, fstats)?;
-                        }
-                    }
-                }
-            }
-            Stage::MatMul {
-                dense,
-                transpose,
-                concat,
-            } => {
-                let t0 = std::time::Instant::now();
-                let r = matmul_stage(&ex, *dense, *transpose, *concat)?;
-                fstats.dense_time += t0.elapsed();
-                match r {
-                    Some((v, flops)) => {
-                        fstats.dense_stages += 1;
-                        fstats.direct_matmuls += 1;
-                        fstats.dense_flops += flops;
-                        ex.vals[*dense] = Some(v);
-                    }
-                    // Not this launch's operands (a per-invocation X, another dtype): the
-                    // nodes one by one.
-                    None => {
-                        fstats.fallbacks += 1;
-                        for i in [*concat, Some(*transpose)].into_iter().flatten() {
-                            ex.run_node(i, octx, stats)?;
-                        }
-                        run_dense(&mut ex, *dense, octx, stats, fstats)?;
-                    }
-                }
-            }
-            Stage::DenseSum {
-                denses,
-                parts,
-                addends,
-                ..
-            } => {
-                let t0 = std::time::Instant::now();
-                let r = match stage.result() {
-                    Some(res) => match sum_operands(&ex, denses, parts, addends, res)? {
-                        Some(ops) => sum_stage(&ex, &ops)?.map(|v| (res, v)),
-                        None => None,
-                    },
-                    None => None,
-                };
-                fstats.dense_time += t0.elapsed();
-                match r {
-                    Some((res, (v, flops))) => {
-                        fstats.dense_stages += 1;
-                        fstats.dense_sums += 1;
-                        fstats.dense_flops += flops;
-                        if let Some(slot) = ex.vals.get_mut(res) {
-                            *slot = Some(v);
-                        }
-                    }
-                    // Not this launch's operands: the concatenations, products and sums one by
-                    // one, in node order.
-                    None => {
-                        fstats.fallbacks += 1;
-                        for i in stage.nodes() {
-                            ex.run_node(i, octx, stats)?;
-                        }
-                    }
-                }
-            }
-            Stage::Gather(i) => match gather_stage(&ex, *i)? {
-                Some(v) => {
-                    if matches!(v, BV::Rows(_)) {
-                        fstats.gather_views += 1;
-                    }
-                    ex.vals[*i] = Some(v);
-                }
-                None => {
-                    fstats.fallbacks += 1;
-                    ex.run_node(*i, octx, stats)?;
-                }
-            },
-            Stage::Rows(ns) => {
-                let t0 = std::time::Instant::now();
-                let r = row_program(&ex, run_plan, s, ns, fstats)?;
-                fstats.row_time += t0.elapsed();
-                match r {
-                    Some(outs) => {
-                        fstats.row_programs += 1;
-                        fstats.row_program_ops += ns.len() as u64;
-                        for (k, v) in outs {
-                            ex.vals[k] = Some(v);
-                        }
-                    }
-                    None => {
-                        fstats.fallbacks += 1;
-                        for &i in ns {
-                            ex.run_node(i, octx, stats)?;
-                        }
-                    }
-                }
-            }
-            Stage::Other(i) => ex.run_node(*i, octx, stats)?,
-        }
+        run_stage(&mut ex, run_plan, s, stage, octx, stats, fstats)?;
     }
     // As they lie: row references (gather views) become the launch's output slots.
     let outs = block
@@ -498,4 +399,140 @@ pub fn run_planned(
     fstats.row_lists_stacked += ex.stacks.get();
     fstats.row_splits += ex.row_splits.get();
     outs
+}
+
+/// Runs stage `s` of the plan on its own (not as an epilogue): its fast path where this launch's
+/// operands allow it, else its nodes one by one through the batching rules.
+// The launch context is passed piecewise, as in `run_planned`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_stage(
+    ex: &mut Exec,
+    run_plan: &RunPlan,
+    s: usize,
+    stage: &Stage,
+    octx: &mut OpCtx,
+    stats: &mut OpStats,
+    fstats: &mut FusedStats,
+) -> Result<(), String> {
+    match stage {
+        Stage::Dense(i) => run_dense(ex, *i, octx, stats, fstats)?,
+        Stage::HDense(ns) => {
+            let t0 = std::time::Instant::now();
+            let r = hdense_stage(ex, ns)?;
+            fstats.dense_time += t0.elapsed();
+            match r {
+                Some((outs, flops)) => {
+                    fstats.dense_stages += 1;
+                    fstats.hfused_stages += 1;
+                    fstats.hfused_denses += ns.len() as u64;
+                    fstats.dense_flops += flops;
+                    for (i, v) in ns.iter().zip(outs) {
+                        if let Some(slot) = ex.vals.get_mut(*i) {
+                            *slot = Some(v);
+                        }
+                    }
+                }
+                // Not every weight is shared in this launch: one dense stage per member.
+                None => {
+                    for &i in ns {
+                        run_dense(ex, i, octx, stats, fstats)?;
+                    }
+                }
+            }
+        }
+        Stage::MatMul {
+            dense,
+            transpose,
+            concat,
+        } => {
+            let t0 = std::time::Instant::now();
+            let r = matmul_stage(ex, *dense, *transpose, *concat)?;
+            fstats.dense_time += t0.elapsed();
+            match r {
+                Some((v, flops)) => {
+                    fstats.dense_stages += 1;
+                    fstats.direct_matmuls += 1;
+                    fstats.dense_flops += flops;
+                    ex.vals[*dense] = Some(v);
+                }
+                // Not this launch's operands (a per-invocation X, another dtype): the
+                // nodes one by one.
+                None => {
+                    fstats.fallbacks += 1;
+                    for i in [*concat, Some(*transpose)].into_iter().flatten() {
+                        ex.run_node(i, octx, stats)?;
+                    }
+                    run_dense(ex, *dense, octx, stats, fstats)?;
+                }
+            }
+        }
+        Stage::DenseSum {
+            denses,
+            parts,
+            addends,
+            ..
+        } => {
+            let t0 = std::time::Instant::now();
+            let r = match stage.result() {
+                Some(res) => match sum_operands(ex, denses, parts, addends, res)? {
+                    Some(ops) => sum_stage(ex, &ops)?.map(|v| (res, v)),
+                    None => None,
+                },
+                None => None,
+            };
+            fstats.dense_time += t0.elapsed();
+            match r {
+                Some((res, (v, flops))) => {
+                    fstats.dense_stages += 1;
+                    fstats.dense_sums += 1;
+                    fstats.dense_flops += flops;
+                    if let Some(slot) = ex.vals.get_mut(res) {
+                        *slot = Some(v);
+                    }
+                }
+                // Not this launch's operands: the concatenations, products and sums one by
+                // one, in node order.
+                None => {
+                    fstats.fallbacks += 1;
+                    for i in stage.nodes() {
+                        ex.run_node(i, octx, stats)?;
+                    }
+                }
+            }
+        }
+        Stage::Gather(i) => match gather_stage(ex, *i)? {
+            Some(v) => {
+                if matches!(v, BV::Rows(_)) {
+                    fstats.gather_views += 1;
+                }
+                ex.vals[*i] = Some(v);
+            }
+            None => {
+                fstats.fallbacks += 1;
+                ex.run_node(*i, octx, stats)?;
+            }
+        },
+        Stage::Rows(ns) => {
+            let t0 = std::time::Instant::now();
+            let r = row_program(ex, run_plan, s, ns, fstats)?;
+            fstats.row_time += t0.elapsed();
+            match r {
+                Some(outs) => {
+                    fstats.row_programs += 1;
+                    fstats.row_program_ops += ns.len() as u64;
+                    for (k, v) in outs {
+                        ex.vals[k] = Some(v);
+                    }
+                }
+                None => {
+                    fstats.fallbacks += 1;
+                    for &i in ns {
+                        ex.run_node(i, octx, stats)?;
+                    }
+                }
+            }
+        }
+        Stage::Other(i) => ex.run_node(*i, octx, stats)?,
+    }
+    Ok(())
 }

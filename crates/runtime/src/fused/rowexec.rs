@@ -128,6 +128,9 @@ pub(super) fn compiled_rows(
     let compile = |sig: &[OpSig], fstats: &mut FusedStats| {
         let t0 = std::time::Instant::now();
         let p = compile_rows(ex.block, ns, ops, sig, &rp.plan.live_out).map(Arc::new);
+        if let Some(p) = &p {
+            super::rowcuda::check_if_asked(p);
+        }
         fstats.row_compiles += 1;
         fstats.row_compile_time += t0.elapsed();
         p

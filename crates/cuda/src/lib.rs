@@ -1,0 +1,514 @@
+//! tumble's CUDA device layer: what the runtime's device executor (`tumble_runtime::fused::device`)
+//! needs of a GPU, and nothing of tumble's plans.
+//!
+//! The CUDA driver (`libcuda.so.1`) and NVRTC (`libnvrtc.so.13`) are loaded when a device is
+//! opened, not linked: the workspace builds and its tests run on machines without CUDA, and
+//! [`Gpu::open`] says which library is missing where none is found. One [`Gpu`] is one context
+//! and one stream: every copy and kernel of a job is ordered on it, so a buffer dropped after a
+//! kernel that reads it is freed after that kernel (stream-ordered allocation).
+//!
+//! The fixed kernels (`kernels.cu`: the product `X · Wᵀ` of `nn.dense`, strided row copies and
+//! row sums) are compiled once when the device opens; generated kernels (the runtime's row
+//! programs) with [`Gpu::compile`], cached by their source text.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+
+const FIXED_SOURCE: &str = include_str!("kernels.cu");
+
+/// Why the device could not be used.
+#[derive(Debug, Clone)]
+pub enum GpuError {
+    /// `libcuda.so` (the NVIDIA driver) is not installed.
+    NoDriver,
+    /// NVRTC (`libnvrtc.so.13`) is not on the library path.
+    NoNvrtc,
+    /// A driver call failed.
+    Driver(String),
+    /// NVRTC rejected a kernel: its name and the compiler's log.
+    Compile { kernel: String, log: String },
+    /// A buffer view that does not fit its buffer, or arguments that do not fit a kernel.
+    Bounds(String),
+}
+
+impl fmt::Display for GpuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuError::NoDriver => write!(
+                f,
+                "no CUDA driver found (libcuda.so): `--device cuda` needs an NVIDIA GPU with its \
+                 driver installed; use `--device cpu` (the default) on this machine"
+            ),
+            GpuError::NoNvrtc => write!(
+                f,
+                "the CUDA driver is present but NVRTC (libnvrtc.so.13, CUDA 13's run-time \
+                 compiler) is not on the library path: install the CUDA toolkit or the \
+                 `nvidia-cuda-nvrtc` package and add its lib folder to LD_LIBRARY_PATH"
+            ),
+            GpuError::Driver(m) => write!(f, "CUDA: {m}"),
+            GpuError::Compile { kernel, log } => {
+                write!(
+                    f,
+                    "internal: NVRTC could not compile kernel `{kernel}`:\n{log}"
+                )
+            }
+            GpuError::Bounds(m) => write!(f, "internal: device buffer bounds: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for GpuError {}
+
+fn driver(e: cudarc::driver::DriverError) -> GpuError {
+    GpuError::Driver(e.to_string())
+}
+
+/// An f32 buffer in device memory.
+pub struct DevBuf {
+    slice: CudaSlice<f32>,
+}
+
+impl DevBuf {
+    /// Length in floats.
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+}
+
+impl fmt::Debug for DevBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DevBuf({} floats)", self.len())
+    }
+}
+
+/// A row-major matrix inside a device buffer: `rows` rows of `cols` floats, row `r` starting at
+/// `off + r · ld`.
+#[derive(Clone, Copy, Debug)]
+pub struct Mat<'a> {
+    pub buf: &'a DevBuf,
+    pub off: usize,
+    pub ld: usize,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Mat<'_> {
+    /// The floats the view spans, checked against its buffer.
+    fn extent(&self) -> Result<(), GpuError> {
+        let end = match self.rows {
+            0 => self.off,
+            r => (r - 1)
+                .checked_mul(self.ld)
+                .and_then(|x| x.checked_add(self.off))
+                .and_then(|x| x.checked_add(self.cols))
+                .ok_or_else(|| GpuError::Bounds("view size overflows".into()))?,
+        };
+        if end > self.buf.len() || (self.rows > 1 && self.ld < self.cols) {
+            return Err(GpuError::Bounds(format!(
+                "{} x {} at {} (row stride {}) in a buffer of {} floats",
+                self.rows,
+                self.cols,
+                self.off,
+                self.ld,
+                self.buf.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A generated kernel, compiled.
+#[derive(Clone)]
+pub struct Kernel {
+    func: CudaFunction,
+}
+
+/// A kernel argument: a device address (checked views only, see [`Gpu::ptr`]), an int, a float.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    F32(f32),
+}
+
+/// One GPU: its context, the job's stream, the fixed kernels and the generated kernels so far.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    _fixed: Arc<CudaModule>,
+    gemm: CudaFunction,
+    copy: CudaFunction,
+    add: CudaFunction,
+    generated: Mutex<HashMap<String, Kernel>>,
+    name: String,
+    arch: String,
+}
+
+impl fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gpu({}, {})", self.name, self.arch)
+    }
+}
+
+fn to_i32(x: usize, what: &str) -> Result<i32, GpuError> {
+    i32::try_from(x).map_err(|_| GpuError::Bounds(format!("{what} {x} exceeds a kernel's int")))
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal`: loads the driver and NVRTC, makes a context and a stream, and compiles
+    /// the fixed kernels for the device's architecture.
+    pub fn open(ordinal: usize) -> Result<Gpu, GpuError> {
+        // SAFETY: `is_culib_present` only tries to dlopen the library by its usual names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(GpuError::NoDriver);
+        }
+        // SAFETY: as above.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(GpuError::NoNvrtc);
+        }
+        // cudarc panics where a driver lacks a symbol its bindings name: an error here, not a
+        // crash.
+        std::panic::catch_unwind(|| Gpu::open_present(ordinal)).unwrap_or_else(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "the CUDA libraries could not be used".into());
+            Err(GpuError::Driver(msg))
+        })
+    }
+
+    fn open_present(ordinal: usize) -> Result<Gpu, GpuError> {
+        let count = CudaContext::device_count().map_err(driver)?;
+        if count <= 0 || ordinal >= count as usize {
+            return Err(GpuError::Driver(format!(
+                "no GPU {ordinal}: the driver reports {count} device(s)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver)?;
+        // One stream orders everything, so cudarc's per-buffer events are not needed (they cost
+        // an event record per use).
+        // SAFETY: every buffer and kernel of this context goes through `stream` alone.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver)?;
+        let name = ctx.name().map_err(driver)?;
+        let (major, minor) = ctx.compute_capability().map_err(driver)?;
+        let arch = format!("sm_{major}{minor}");
+        let fixed = compile(&ctx, "tumble_fixed", FIXED_SOURCE, &arch)?;
+        let load = |f: &str| fixed.load_function(f).map_err(driver);
+        Ok(Gpu {
+            gemm: load("gemm_nt")?,
+            copy: load("copy_rows")?,
+            add: load("add_rows")?,
+            _fixed: fixed,
+            ctx,
+            stream,
+            generated: Mutex::default(),
+            name,
+            arch,
+        })
+    }
+
+    /// The device's name and architecture, for profiles and results.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.name, self.arch)
+    }
+
+    /// A buffer of `len` zeros.
+    pub fn zeros(&self, len: usize) -> Result<DevBuf, GpuError> {
+        let slice = self.stream.alloc_zeros::<f32>(len.max(1)).map_err(driver)?;
+        Ok(DevBuf { slice })
+    }
+
+    /// A buffer of `len` floats whose contents are undefined until a kernel writes them.
+    pub fn uninit(&self, len: usize) -> Result<DevBuf, GpuError> {
+        // SAFETY: f32 has no invalid bit patterns; callers overwrite what they read.
+        let slice = unsafe { self.stream.alloc::<f32>(len.max(1)) }.map_err(driver)?;
+        Ok(DevBuf { slice })
+    }
+
+    /// A copy of `data` on the device (queued on the stream).
+    pub fn upload(&self, data: &[f32]) -> Result<DevBuf, GpuError> {
+        if data.is_empty() {
+            return self.zeros(1);
+        }
+        let slice = self.stream.clone_htod(data).map_err(driver)?;
+        Ok(DevBuf { slice })
+    }
+
+    /// `len` floats of `buf` from `off`, copied back (waits for the stream).
+    pub fn download(&self, buf: &DevBuf, off: usize, len: usize) -> Result<Vec<f32>, GpuError> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= buf.len())
+            .ok_or_else(|| GpuError::Bounds(format!("download {off}+{len} of {}", buf.len())))?;
+        self.stream
+            .clone_dtoh(&buf.slice.slice(off..end))
+            .map_err(driver)
+    }
+
+    /// The device address of a view's first float, after checking the view against its buffer.
+    pub fn ptr(&self, m: &Mat) -> Result<u64, GpuError> {
+        m.extent()?;
+        let (base, _sync) = m.buf.slice.device_ptr(&self.stream);
+        Ok(base + (m.off * std::mem::size_of::<f32>()) as u64)
+    }
+
+    /// `c (+)= a · wᵀ`: `a` is M × K, `w` N × K (nn.dense's weight as stored), `c` M × N.
+    pub fn gemm_nt(&self, a: &Mat, w: &Mat, c: &Mat, accumulate: bool) -> Result<(), GpuError> {
+        let (m, k, n) = (a.rows, a.cols, w.rows);
+        if w.cols != k || c.rows != m || c.cols != n {
+            return Err(GpuError::Bounds(format!(
+                "gemm of {m}x{k} by ({}x{})ᵀ into {}x{}",
+                w.rows, w.cols, c.rows, c.cols
+            )));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let (pa, pw, pc) = (self.ptr(a)?, self.ptr(w)?, self.ptr(c)?);
+        let args = [
+            Arg::Ptr(pa),
+            Arg::I32(to_i32(a.ld, "stride")?),
+            Arg::Ptr(pw),
+            Arg::I32(to_i32(w.ld, "stride")?),
+            Arg::Ptr(pc),
+            Arg::I32(to_i32(c.ld, "stride")?),
+            Arg::I32(to_i32(m, "rows")?),
+            Arg::I32(to_i32(n, "columns")?),
+            Arg::I32(to_i32(k, "depth")?),
+            Arg::I32(accumulate as i32),
+        ];
+        let grid = (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1);
+        // SAFETY: the three views were checked against their buffers and the kernel reads and
+        // writes only rows < M, columns < N / K of them.
+        unsafe { self.launch_fn(&self.gemm, grid, 256, 0, &args) }
+    }
+
+    /// `dst = src` (`add`: `dst += src`), both `rows × cols`; a `src` of one row with `ld` 0 is
+    /// broadcast to every row (only with `add`).
+    pub fn copy_rows(&self, src: &Mat, dst: &Mat, add: bool) -> Result<(), GpuError> {
+        let broadcast = add && src.rows == 1 && src.ld == 0;
+        if src.cols != dst.cols || (src.rows != dst.rows && !broadcast) {
+            return Err(GpuError::Bounds(format!(
+                "copy of {}x{} into {}x{}",
+                src.rows, src.cols, dst.rows, dst.cols
+            )));
+        }
+        let total = dst.rows * dst.cols;
+        if total == 0 {
+            return Ok(());
+        }
+        let (ps, pd) = (self.ptr(src)?, self.ptr(dst)?);
+        let args = [
+            Arg::Ptr(ps),
+            Arg::I32(to_i32(src.ld, "stride")?),
+            Arg::Ptr(pd),
+            Arg::I32(to_i32(dst.ld, "stride")?),
+            Arg::I32(to_i32(dst.rows, "rows")?),
+            Arg::I32(to_i32(dst.cols, "columns")?),
+        ];
+        let blocks = total.div_ceil(256).min(4096) as u32;
+        let f = if add { &self.add } else { &self.copy };
+        // SAFETY: both views were checked; the kernel touches rows < rows, columns < cols, and
+        // a broadcast source's one row.
+        unsafe { self.launch_fn(f, (blocks, 1, 1), 256, 0, &args) }
+    }
+
+    /// A generated kernel `name` from CUDA source `src`, compiled once per distinct source.
+    pub fn compile(&self, name: &str, src: &str) -> Result<Kernel, GpuError> {
+        if let Some(k) = self.generated.lock().ok().and_then(|g| g.get(src).cloned()) {
+            return Ok(k);
+        }
+        let module = compile(&self.ctx, name, src, &self.arch)?;
+        let func = module.load_function(name).map_err(driver)?;
+        let k = Kernel { func };
+        if let Ok(mut g) = self.generated.lock() {
+            g.insert(src.to_string(), k.clone());
+        }
+        Ok(k)
+    }
+
+    /// Kernels compiled so far (generated ones).
+    pub fn compiled(&self) -> usize {
+        self.generated.lock().map(|g| g.len()).unwrap_or(0)
+    }
+
+    /// Launches `k` on `grid` blocks of `block` threads with `smem` bytes of dynamic shared memory.
+    ///
+    /// # Safety
+    /// Every `Arg::Ptr` must come from [`Gpu::ptr`] of a view the kernel stays inside, and the
+    /// arguments must match the kernel's parameters in number and type.
+    pub unsafe fn launch(
+        &self,
+        k: &Kernel,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<(), GpuError> {
+        // SAFETY: the caller's contract is this function's.
+        unsafe { self.launch_fn(&k.func, grid, block, smem, args) }
+    }
+
+    /// # Safety
+    /// As [`Gpu::launch`].
+    unsafe fn launch_fn(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<(), GpuError> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::Ptr(p) => b.arg(p),
+                Arg::I32(x) => b.arg(x),
+                Arg::F32(x) => b.arg(x),
+            };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(driver)
+    }
+
+    /// Waits for everything queued so far.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.stream.synchronize().map_err(driver)
+    }
+}
+
+/// Whether NVRTC can be loaded here (a machine without a GPU may still have it: then generated
+/// kernels can be compiled, though not run).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen the library by its usual names.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Compiles `src` with NVRTC for `arch` (e.g. `sm_90`) without loading it: the check the tests
+/// run on machines with NVRTC and no GPU.
+pub fn check_source(name: &str, src: &str, arch: &str) -> Result<(), GpuError> {
+    if !nvrtc_present() {
+        return Err(GpuError::NoNvrtc);
+    }
+    ptx_of(name, src, arch).map(|_| ())
+}
+
+fn ptx_of(name: &str, src: &str, arch: &str) -> Result<cudarc::nvrtc::Ptx, GpuError> {
+    let opts = CompileOptions {
+        options: vec![format!("--gpu-architecture={arch}")],
+        name: Some(format!("{name}.cu")),
+        ..Default::default()
+    };
+    compile_ptx_with_opts(src, opts).map_err(|e| GpuError::Compile {
+        kernel: name.to_string(),
+        log: format!("{e:?}"),
+    })
+}
+
+fn compile(
+    ctx: &Arc<CudaContext>,
+    name: &str,
+    src: &str,
+    arch: &str,
+) -> Result<Arc<CudaModule>, GpuError> {
+    let ptx = ptx_of(name, src, arch)?;
+    ctx.load_module(ptx).map_err(driver)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a machine without CUDA, opening the device is an error that says what is missing (and
+    /// never a panic); with one, the fixed kernels compute what the host does.
+    #[test]
+    fn open_reports_what_is_missing_or_computes() {
+        match Gpu::open(0) {
+            Err(e) => {
+                let m = e.to_string();
+                assert!(
+                    m.contains("libcuda") || m.contains("NVRTC") || m.contains("CUDA"),
+                    "{m}"
+                );
+            }
+            Ok(gpu) => {
+                // 37 x 29 by (13 x 29)ᵀ: odd sizes, partial tiles.
+                let (m, k, n) = (37, 29, 13);
+                let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+                let w: Vec<f32> = (0..n * k).map(|i| ((i * 5) % 13) as f32 * 0.25).collect();
+                let (da, dw) = (gpu.upload(&a).unwrap(), gpu.upload(&w).unwrap());
+                let dc = gpu.zeros(m * n).unwrap();
+                let mat = |buf, rows, cols| Mat {
+                    buf,
+                    off: 0,
+                    ld: cols,
+                    rows,
+                    cols,
+                };
+                gpu.gemm_nt(&mat(&da, m, k), &mat(&dw, n, k), &mat(&dc, m, n), false)
+                    .unwrap();
+                let c = gpu.download(&dc, 0, m * n).unwrap();
+                for r in 0..m {
+                    for j in 0..n {
+                        let want: f32 = (0..k).map(|x| a[r * k + x] * w[j * k + x]).sum();
+                        assert!((c[r * n + j] - want).abs() <= 1e-3 * want.abs().max(1.0));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The fixed kernels compile wherever NVRTC is found (CI has none: then there is nothing to
+    /// check here; the GPU machine's run checks them for real).
+    #[test]
+    fn fixed_kernels_compile() {
+        if !nvrtc_present() {
+            eprintln!("NVRTC not found: fixed kernels not compiled");
+            return;
+        }
+        check_source("tumble_fixed", FIXED_SOURCE, "sm_90").unwrap();
+        // A broken kernel is reported with the compiler's log, not a panic.
+        let err = check_source("broken", "extern \"C\" __global__ void k() { x; }", "sm_90");
+        assert!(matches!(err, Err(GpuError::Compile { .. })), "{err:?}");
+    }
+
+    #[test]
+    fn views_outside_their_buffer_are_refused() {
+        // Checked without a device: `extent` is pure arithmetic, but a `DevBuf` needs one, so
+        // this runs only where a GPU opens.
+        let Ok(gpu) = Gpu::open(0) else { return };
+        let buf = gpu.zeros(10).unwrap();
+        let m = Mat {
+            buf: &buf,
+            off: 4,
+            ld: 3,
+            rows: 3,
+            cols: 3,
+        };
+        assert!(gpu.ptr(&m).is_err());
+    }
+}
