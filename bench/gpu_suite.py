@@ -49,11 +49,11 @@ def inputs_for(data, model, batch):
     return os.path.join(data, f"{stem}.first{32 if batch <= 8 else 128}.jsonl")
 
 
-def tumble(exe, model, params, inputs, batch, device, repeat, out):
+def tumble(exe, model, params, inputs, batch, device, repeat, out, env=None):
     cmd = [exe, "run", os.path.join(ROOT, "models", f"{model}.rly"), "--inputs", inputs, "--params",
            params, "--batch", str(batch), "--device", device, "--profile", "--repeat", str(repeat),
            "-o", out]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **(env or {})))
     if p.returncode != 0:
         return {"ok": False, "error": p.stderr[-3000:]}
     rep = REPEATS_NO_DECODE.search(p.stderr)
@@ -105,6 +105,8 @@ def main():
     ap.add_argument("--work", default="/tmp/gpu_suite")
     ap.add_argument("--json")
     ap.add_argument("--device", default="cuda", help="tumble's device (cpu: a dry run of this script)")
+    ap.add_argument("--ab", metavar="VAR=VALUE",
+                    help="also time tumble on the GPU with this environment variable set (an A/B column)")
     ap.add_argument("--skip-cpu", action="store_true", help="no --device cpu comparison")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
@@ -133,8 +135,14 @@ def main():
                    "by_hand": peer(by_hand, model, params, inputs, batch, args.repeat, o["hand"])}
             if row["tumble"]["ok"] and row["by_hand"]["ok"]:
                 row["vs_by_hand"] = compare_files(o["gpu"], o["hand"])
+            if args.ab:
+                var, _, val = args.ab.partition("=")
+                row["tumble_ab"] = tumble(args.tumble, model, params, inputs, batch, args.device, args.repeat,
+                                          os.devnull, {var: val})
             if not args.skip_cpu and row["tumble"]["ok"]:
-                cpu = tumble(args.tumble, model, params, inputs, batch, "cpu", 1, o["cpu"])
+                # tumble on this machine's processors (every core), for reference
+                cpu = tumble(args.tumble, model, params, inputs, batch, "cpu", args.repeat, o["cpu"])
+                row["tumble_cpu"] = cpu
                 row["vs_cpu"] = compare_files(o["gpu"], o["cpu"]) if cpu["ok"] else [cpu["error"][-300:]]
             rows.append(row)
             t, e, h = row["tumble"], row["eager"], row["by_hand"]
@@ -145,6 +153,9 @@ def main():
                   f"{f(e, 'cold')} warm {f(e, 'warm')} | by hand cold {f(h, 'cold')} warm {f(h, 'warm')} ms/batch"
                   f" | stages gpu/host {t.get('stages')} | mismatches vs by hand {bad(row, 'vs_by_hand')}, vs cpu "
                   f"{bad(row, 'vs_cpu')} ({time.time() - t0:.0f} s)", flush=True)
+            for k, what in (("tumble_ab", f"tumble with {args.ab}"), ("tumble_cpu", "tumble on the CPU")):
+                if k in row:
+                    print(f"    {what}: cold {f(row[k], 'cold')} warm {f(row[k], 'warm')} ms/batch", flush=True)
             for k in ("vs_by_hand", "vs_cpu"):
                 if row.get(k):
                     print(f"    {k}: {row[k][:3]}", flush=True)

@@ -151,9 +151,72 @@ pub struct Gpu {
     copy: CudaFunction,
     add: CudaFunction,
     generated: Mutex<HashMap<String, Kernel>>,
+    staging: Mutex<Staging>,
     name: String,
     arch: String,
 }
+
+/// Page-locked host memory, so copies between it and the device are asynchronous.
+struct Pinned {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value; access goes through `Gpu::staging`'s
+// mutex.
+unsafe impl Send for Pinned {}
+
+impl Pinned {
+    fn new(ctx: &CudaContext, len: usize) -> Result<Pinned, GpuError> {
+        ctx.bind_to_thread().map_err(driver)?;
+        let bytes = len.max(1) * std::mem::size_of::<f32>();
+        // SAFETY: a fresh page-locked allocation of `bytes`; freed once, in `drop`.
+        let ptr = unsafe { cudarc::driver::result::malloc_host(bytes, 0) }.map_err(driver)?;
+        Ok(Pinned {
+            ptr: ptr.cast(),
+            len: len.max(1),
+        })
+    }
+
+    fn slice_mut(&mut self, at: usize, len: usize) -> &mut [f32] {
+        let len = len.min(self.len.saturating_sub(at));
+        // SAFETY: `ptr` holds `self.len` floats (f32 has no invalid bit patterns) and the range
+        // was clamped to them; `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at.min(self.len)), len) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `malloc_host` and is freed only here.
+        let _ = unsafe { cudarc::driver::result::free_host(self.ptr.cast()) };
+    }
+}
+
+/// The pinned buffers of a stream's copies: uploads are staged at `up_used..` until the next
+/// synchronization (the copies may still be reading them), downloads land in `down`.
+struct Staging {
+    up: Option<Pinned>,
+    up_used: usize,
+    down: Option<Pinned>,
+}
+
+/// A download: `len` floats of a buffer from `off`.
+pub struct Fetch<'a> {
+    pub buf: &'a DevBuf,
+    pub off: usize,
+    pub len: usize,
+}
+
+/// `TUMBLE_NO_PINNED_STAGING=1`: copies from and to pageable memory, each waiting for the
+/// device (the A/B baseline of the pinned staging buffers).
+fn pinned_staging() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_PINNED_STAGING").is_none())
+}
+
+/// Floats staged for uploads before a grow (4 MiB).
+const STAGING_FLOATS: usize = 1 << 20;
 
 impl fmt::Debug for Gpu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -215,6 +278,11 @@ impl Gpu {
             ctx,
             stream,
             generated: Mutex::default(),
+            staging: Mutex::new(Staging {
+                up: None,
+                up_used: 0,
+                down: None,
+            }),
             name,
             arch,
         })
@@ -238,27 +306,118 @@ impl Gpu {
         Ok(DevBuf { slice })
     }
 
-    /// A copy of `data` on the device (queued on the stream).
+    /// A copy of `data` on the device, queued on the stream: staged in pinned memory, so the
+    /// call returns before the copy is done.
     pub fn upload(&self, data: &[f32]) -> Result<DevBuf, GpuError> {
         if data.is_empty() {
             return self.zeros(1);
         }
-        let slice = self.stream.clone_htod(data).map_err(driver)?;
-        Ok(DevBuf { slice })
+        if !pinned_staging() {
+            let slice = self.stream.clone_htod(data).map_err(driver)?;
+            return Ok(DevBuf { slice });
+        }
+        let mut dst = self.uninit(data.len())?;
+        let mut st = self
+            .staging
+            .lock()
+            .map_err(|_| GpuError::Driver("staging lock poisoned".into()))?;
+        let cap = st.up.as_ref().map_or(0, |p| p.len);
+        if st.up_used + data.len() > cap {
+            // Earlier uploads may still read the staging buffer: wait for them first.
+            self.stream.synchronize().map_err(driver)?;
+            st.up_used = 0;
+            if data.len() > cap {
+                st.up = None;
+                st.up = Some(Pinned::new(&self.ctx, data.len().max(STAGING_FLOATS))?);
+            }
+        }
+        let at = st.up_used;
+        let Some(pinned) = st.up.as_mut() else {
+            return Err(GpuError::Driver("no staging buffer".into()));
+        };
+        let staged = pinned.slice_mut(at, data.len());
+        staged.copy_from_slice(data);
+        {
+            let (dptr, _sync) =
+                cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dst.slice, &self.stream);
+            // SAFETY: `dst` holds `data.len()` floats; the staged range stays untouched until
+            // the next synchronization of the stream (`up_used` only grows until then), after
+            // this copy.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(dptr, staged, self.stream.cu_stream())
+            }
+            .map_err(driver)?;
+        }
+        st.up_used = at + data.len();
+        Ok(dst)
     }
 
     /// `len` floats of `buf` from `off`, copied back (waits for the stream).
     pub fn download(&self, buf: &DevBuf, off: usize, len: usize) -> Result<Vec<f32>, GpuError> {
-        if len == 0 {
-            return Ok(Vec::new());
+        let mut all = self.download_many(&[Fetch { buf, off, len }])?;
+        Ok(all.pop().unwrap_or_default())
+    }
+
+    /// Several ranges copied back with one wait for the stream.
+    pub fn download_many(&self, fetches: &[Fetch]) -> Result<Vec<Vec<f32>>, GpuError> {
+        let total: usize = fetches.iter().map(|f| f.len).sum();
+        if total == 0 {
+            return Ok(fetches.iter().map(|_| Vec::new()).collect());
         }
-        let end = off
-            .checked_add(len)
-            .filter(|&e| e <= buf.len())
-            .ok_or_else(|| GpuError::Bounds(format!("download {off}+{len} of {}", buf.len())))?;
-        self.stream
-            .clone_dtoh(&buf.slice.slice(off..end))
-            .map_err(driver)
+        for f in fetches {
+            if f.off.checked_add(f.len).is_none_or(|e| e > f.buf.len()) {
+                return Err(GpuError::Bounds(format!(
+                    "download {}+{} of {}",
+                    f.off,
+                    f.len,
+                    f.buf.len()
+                )));
+            }
+        }
+        if !pinned_staging() {
+            return fetches
+                .iter()
+                .map(|f| {
+                    let range = f.buf.slice.slice(f.off..f.off + f.len);
+                    self.stream.clone_dtoh(&range).map_err(driver)
+                })
+                .collect();
+        }
+        let mut st = self
+            .staging
+            .lock()
+            .map_err(|_| GpuError::Driver("staging lock poisoned".into()))?;
+        if st.down.as_ref().map_or(0, |p| p.len) < total {
+            st.down = None;
+            st.down = Some(Pinned::new(&self.ctx, total.max(STAGING_FLOATS))?);
+        }
+        let Some(down) = st.down.as_mut() else {
+            return Err(GpuError::Driver("no staging buffer".into()));
+        };
+        let mut at = 0;
+        for f in fetches {
+            if f.len == 0 {
+                continue;
+            }
+            let (base, _sync) = f.buf.slice.device_ptr(&self.stream);
+            let src = base + (f.off * std::mem::size_of::<f32>()) as u64;
+            let dst = down.slice_mut(at, f.len);
+            // SAFETY: the source range was checked against its buffer above; `dst` is pinned
+            // memory of `f.len` floats that nothing reads until the stream is synchronized below.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+                .map_err(driver)?;
+            at += f.len;
+        }
+        self.stream.synchronize().map_err(driver)?;
+        let mut out = Vec::with_capacity(fetches.len());
+        let mut at = 0;
+        for f in fetches {
+            out.push(down.slice_mut(at, f.len).to_vec());
+            at += f.len;
+        }
+        // Synchronized: every staged upload is done.
+        st.up_used = 0;
+        Ok(out)
     }
 
     /// The device address of a view's first float, after checking the view against its buffer.
@@ -397,7 +556,11 @@ impl Gpu {
 
     /// Waits for everything queued so far.
     pub fn synchronize(&self) -> Result<(), GpuError> {
-        self.stream.synchronize().map_err(driver)
+        self.stream.synchronize().map_err(driver)?;
+        if let Ok(mut st) = self.staging.lock() {
+            st.up_used = 0;
+        }
+        Ok(())
     }
 }
 
@@ -472,6 +635,35 @@ mod tests {
                 gpu.gemm_nt(&mat(&da, m, k), &mat(&dw, n, k), &mat(&dc, m, n), false)
                     .unwrap();
                 let c = gpu.download(&dc, 0, m * n).unwrap();
+                // Several ranges at once (and an empty one), through the pinned staging buffers.
+                let parts = gpu
+                    .download_many(&[
+                        Fetch {
+                            buf: &da,
+                            off: 3,
+                            len: 5,
+                        },
+                        Fetch {
+                            buf: &dw,
+                            off: 0,
+                            len: 0,
+                        },
+                        Fetch {
+                            buf: &dc,
+                            off: n,
+                            len: n,
+                        },
+                    ])
+                    .unwrap();
+                assert_eq!(parts[0], a[3..8].to_vec());
+                assert!(parts[1].is_empty());
+                assert_eq!(parts[2], c[n..2 * n].to_vec());
+                assert!(gpu.download_many(&[]).unwrap().is_empty());
+                // More than the staging buffer holds: it grows after waiting for earlier copies.
+                let big: Vec<f32> = (0..(STAGING_FLOATS + 7)).map(|i| i as f32).collect();
+                let db = gpu.upload(&big).unwrap();
+                let back = gpu.download(&db, STAGING_FLOATS, 7).unwrap();
+                assert_eq!(back, big[STAGING_FLOATS..].to_vec());
                 for r in 0..m {
                     for j in 0..n {
                         let want: f32 = (0..k).map(|x| a[r * k + x] * w[j * k + x]).sum();

@@ -18,14 +18,14 @@ use std::sync::{Arc, Mutex};
 
 use tumble_compile::plan::{RowOperands, ValKey};
 use tumble_compile::{BArg, BVal, Block, Stage};
-use tumble_cuda::{Arg, DevBuf, Gpu, GpuError, Mat};
+use tumble_cuda::{Arg, DevBuf, Fetch, Gpu, GpuError, Kernel, Mat};
 use tumble_ir::DType;
 use tumble_ops::{OpCtx, OpValue};
 use tumble_tensor::Tensor;
 
 use super::rowcuda::row_kernel;
 use super::rowexec::compiled_rows;
-use super::rowprog::{OpSig, Src};
+use super::rowprog::{OpSig, RowProg, Src};
 use super::{run_stage, Exec, FusedStats, RunPlan};
 use crate::batched::{OpStats, BV};
 
@@ -34,6 +34,20 @@ use crate::batched::{OpStats, BV};
 pub struct DeviceRun {
     pub gpu: Gpu,
     weights: Mutex<HashMap<WeightKey, Arc<DevWeight>>>,
+    /// Compiled row-program kernels by program (the row cache's `Arc`, kept so its address is
+    /// not reused): a launch neither writes the source again nor hashes it.
+    kernels: Mutex<HashMap<usize, KernelEntry>>,
+}
+
+/// A compiled row program and the program it was made from.
+type KernelEntry = (Arc<RowProg>, Arc<RowLaunch>);
+
+/// A row program's kernel and how to launch it.
+struct RowLaunch {
+    kernel: Kernel,
+    threads: u32,
+    shared_bytes: u32,
+    global_scratch: bool,
 }
 
 /// Tensors by identity (buffer and shape), and how they are laid side by side.
@@ -59,10 +73,33 @@ fn gpu_err(e: GpuError) -> String {
 }
 
 impl DeviceRun {
+    /// The kernel of row program `prog`, generated and compiled on its first launch.
+    fn row_launch(&self, prog: &Arc<RowProg>) -> Result<Arc<RowLaunch>, String> {
+        let key = Arc::as_ptr(prog) as usize;
+        if let Some((_, k)) = self.kernels.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(k);
+        }
+        let k = row_kernel(prog);
+        let launch = Arc::new(RowLaunch {
+            kernel: self.gpu.compile(&k.name, &k.source).map_err(gpu_err)?,
+            threads: k.threads,
+            shared_bytes: k.shared_bytes,
+            global_scratch: k.global_scratch,
+        });
+        if let Ok(mut m) = self.kernels.lock() {
+            if m.len() >= MAX_CACHED {
+                m.clear();
+            }
+            m.insert(key, (prog.clone(), launch.clone()));
+        }
+        Ok(launch)
+    }
+
     pub fn new(gpu: Gpu) -> DeviceRun {
         DeviceRun {
             gpu,
             weights: Mutex::default(),
+            kernels: Mutex::default(),
         }
     }
 
@@ -299,36 +336,69 @@ impl DevExec<'_> {
         Ok(())
     }
 
-    fn download_rows(&self, r: &DRows) -> Result<Tensor, String> {
-        let gpu = self.gpu();
-        let data = if r.ld == r.width || r.rows <= 1 {
-            gpu.download(&r.buf, r.off, r.rows * r.width)
-                .map_err(gpu_err)?
-        } else {
-            let span = (r.rows - 1) * r.ld + r.width;
-            let all = gpu.download(&r.buf, r.off, span).map_err(gpu_err)?;
-            let mut out = Vec::with_capacity(r.rows * r.width);
-            for row in 0..r.rows {
-                out.extend_from_slice(
-                    all.get(row * r.ld..row * r.ld + r.width)
-                        .ok_or("internal: device row")?,
-                );
+    /// Device values copied back, with one wait for the device.
+    fn download_all(&self, ds: &[&DVal]) -> Result<Vec<BV>, String> {
+        let rows_of = |d: &DVal| -> Vec<DRows> {
+            match d {
+                DVal::Rows(r) => vec![r.clone()],
+                DVal::Tuple(fs) => fs.clone(),
             }
-            out
         };
-        Tensor::from_f32(r.shape.clone(), data).map_err(|e| e.to_string())
+        let all: Vec<Vec<DRows>> = ds.iter().map(|d| rows_of(d)).collect();
+        // A strided view comes back as the span of its rows, then compacted.
+        let span = |r: &DRows| match r.rows {
+            0 => 0,
+            n if r.ld == r.width => n * r.width,
+            n => (n - 1) * r.ld + r.width,
+        };
+        let fetches: Vec<Fetch> = all
+            .iter()
+            .flatten()
+            .map(|r| Fetch {
+                buf: &r.buf,
+                off: r.off,
+                len: span(r),
+            })
+            .collect();
+        let mut datas = self
+            .gpu()
+            .download_many(&fetches)
+            .map_err(gpu_err)?
+            .into_iter();
+        let mut tensor = |r: &DRows| -> Result<Tensor, String> {
+            let data = datas.next().ok_or("internal: device download")?;
+            let data = match r.ld == r.width || r.rows <= 1 {
+                true => data,
+                false => {
+                    let mut out = Vec::with_capacity(r.rows * r.width);
+                    for row in 0..r.rows {
+                        out.extend_from_slice(
+                            data.get(row * r.ld..row * r.ld + r.width)
+                                .ok_or("internal: device row")?,
+                        );
+                    }
+                    out
+                }
+            };
+            Tensor::from_f32(r.shape.clone(), data).map_err(|e| e.to_string())
+        };
+        let mut out = Vec::with_capacity(ds.len());
+        for (d, rows) in ds.iter().zip(&all) {
+            out.push(match d {
+                DVal::Rows(r) if r.shared => BV::Shared(OpValue::Tensor(tensor(r)?)),
+                DVal::Rows(r) => BV::Batched(OpValue::Tensor(tensor(r)?)),
+                DVal::Tuple(_) => BV::Batched(OpValue::Tuple(
+                    rows.iter().map(&mut tensor).collect::<Result<_, _>>()?,
+                )),
+            });
+        }
+        Ok(out)
     }
 
     fn download(&self, d: &DVal) -> Result<BV, String> {
-        Ok(match d {
-            DVal::Rows(r) if r.shared => BV::Shared(OpValue::Tensor(self.download_rows(r)?)),
-            DVal::Rows(r) => BV::Batched(OpValue::Tensor(self.download_rows(r)?)),
-            DVal::Tuple(fs) => BV::Batched(OpValue::Tuple(
-                fs.iter()
-                    .map(|r| self.download_rows(r))
-                    .collect::<Result<_, _>>()?,
-            )),
-        })
+        self.download_all(&[d])?
+            .pop()
+            .ok_or_else(|| "internal: device download".to_string())
     }
 
     /// Runs stage `s` on the device; `false` (having computed nothing) where it does not apply.
@@ -578,7 +648,7 @@ impl DevExec<'_> {
         let mut lead = vec![ex.b];
         lead.extend_from_slice(&prog.lead_tail);
         let rows: usize = lead.iter().product();
-        let kernel = row_kernel(&prog);
+        let kernel = self.run.row_launch(&prog)?;
         let gpu = self.gpu();
         let mut args = Vec::with_capacity(2 * dvs.len() + prog.outs.len() + 2);
         for (h, (o, r)) in prog.held.iter().zip(&dvs).enumerate() {
@@ -613,7 +683,6 @@ impl DevExec<'_> {
                 Src::Scratch => return Ok(false),
             }
         }
-        let compiled = gpu.compile(&kernel.name, &kernel.source).map_err(gpu_err)?;
         let mut outs = Vec::new();
         for o in prog.outs.iter().flat_map(|(_, os, _)| os.iter()) {
             let mut shape = lead.clone();
@@ -644,8 +713,14 @@ impl DevExec<'_> {
         // were allocated `rows × len`, and its global scratch `rows × scratch_len`; the
         // arguments follow the generated parameter list in order (`rowcuda`).
         unsafe {
-            gpu.launch(&compiled, grid, kernel.threads, kernel.shared_bytes, &args)
-                .map_err(gpu_err)?
+            gpu.launch(
+                &kernel.kernel,
+                grid,
+                kernel.threads,
+                kernel.shared_bytes,
+                &args,
+            )
+            .map_err(gpu_err)?
         };
         // Stream-ordered: freed after the kernel.
         drop(scratch);
@@ -754,21 +829,28 @@ pub fn run_planned_on_device(
         fstats.host_stages += 1;
     }
     let t0 = std::time::Instant::now();
-    let mut outs = Vec::with_capacity(block.outputs.len());
-    for v in &block.outputs {
-        let host = match v {
+    // Outputs computed on the device only come back together, with one wait.
+    let on_device: Vec<Option<DVal>> = block
+        .outputs
+        .iter()
+        .map(|v| match v {
             BVal::Node(n) | BVal::Field(n, _) => match ex.vals.get(*n as usize) {
                 Some(Some(_)) => None,
                 _ => dx.vals.get(*n as usize).cloned().flatten(),
             },
             _ => None,
-        };
-        let out = match (host, v) {
-            (Some(d), BVal::Field(_, f)) => dx
-                .download(&d)?
-                .field(*f)
+        })
+        .collect();
+    let wanted: Vec<&DVal> = on_device.iter().flatten().collect();
+    let mut fetched = dx.download_all(&wanted)?.into_iter();
+    let mut outs = Vec::with_capacity(block.outputs.len());
+    for (v, d) in block.outputs.iter().zip(&on_device) {
+        let out = match (d, v) {
+            (Some(_), BVal::Field(_, f)) => fetched
+                .next()
+                .and_then(|whole| whole.field(*f))
                 .ok_or("internal: device output is not a tuple")?,
-            (Some(d), _) => dx.download(&d)?,
+            (Some(_), _) => fetched.next().ok_or("internal: device output")?,
             (None, BVal::Node(_)) => ex.get_raw(v)?.into_owned(),
             (None, _) => ex.get(v)?,
         };
