@@ -152,6 +152,8 @@ pub struct Gpu {
     add: CudaFunction,
     generated: Mutex<HashMap<String, Kernel>>,
     staging: Mutex<Staging>,
+    /// [`pinned_staging`], switchable per device (the tests take both paths).
+    pinned: std::sync::atomic::AtomicBool,
     name: String,
     arch: String,
 }
@@ -208,11 +210,13 @@ pub struct Fetch<'a> {
     pub len: usize,
 }
 
-/// `TUMBLE_NO_PINNED_STAGING=1`: copies from and to pageable memory, each waiting for the
-/// device (the A/B baseline of the pinned staging buffers).
+/// `TUMBLE_PINNED_STAGING=1`: uploads staged in page-locked memory (asynchronous) and a launch's
+/// downloads through it with one wait. Off by default: on an H100 it measured no faster than
+/// pageable copies over the suite (geometric mean of warm times 4% slower, points from 0.6x to
+/// 1.6x; bench/RESULTS.md, "CUDA backend") and its first allocation costs a cold run tens of ms.
 fn pinned_staging() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_PINNED_STAGING").is_none())
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_PINNED_STAGING").is_some())
 }
 
 /// Floats staged for uploads before a grow (4 MiB).
@@ -283,9 +287,19 @@ impl Gpu {
                 up_used: 0,
                 down: None,
             }),
+            pinned: pinned_staging().into(),
             name,
             arch,
         })
+    }
+
+    fn pinned(&self) -> bool {
+        self.pinned.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Copies through page-locked staging buffers (`true`) or from and to pageable memory.
+    pub fn set_pinned_staging(&self, on: bool) {
+        self.pinned.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The device's name and architecture, for profiles and results.
@@ -312,7 +326,7 @@ impl Gpu {
         if data.is_empty() {
             return self.zeros(1);
         }
-        if !pinned_staging() {
+        if !self.pinned() {
             let slice = self.stream.clone_htod(data).map_err(driver)?;
             return Ok(DevBuf { slice });
         }
@@ -374,7 +388,7 @@ impl Gpu {
                 )));
             }
         }
-        if !pinned_staging() {
+        if !self.pinned() {
             return fetches
                 .iter()
                 .map(|f| {
@@ -635,35 +649,38 @@ mod tests {
                 gpu.gemm_nt(&mat(&da, m, k), &mat(&dw, n, k), &mat(&dc, m, n), false)
                     .unwrap();
                 let c = gpu.download(&dc, 0, m * n).unwrap();
-                // Several ranges at once (and an empty one), through the pinned staging buffers.
-                let parts = gpu
-                    .download_many(&[
-                        Fetch {
-                            buf: &da,
-                            off: 3,
-                            len: 5,
-                        },
-                        Fetch {
-                            buf: &dw,
-                            off: 0,
-                            len: 0,
-                        },
-                        Fetch {
-                            buf: &dc,
-                            off: n,
-                            len: n,
-                        },
-                    ])
-                    .unwrap();
-                assert_eq!(parts[0], a[3..8].to_vec());
-                assert!(parts[1].is_empty());
-                assert_eq!(parts[2], c[n..2 * n].to_vec());
-                assert!(gpu.download_many(&[]).unwrap().is_empty());
-                // More than the staging buffer holds: it grows after waiting for earlier copies.
-                let big: Vec<f32> = (0..(STAGING_FLOATS + 7)).map(|i| i as f32).collect();
-                let db = gpu.upload(&big).unwrap();
-                let back = gpu.download(&db, STAGING_FLOATS, 7).unwrap();
-                assert_eq!(back, big[STAGING_FLOATS..].to_vec());
+                // Several ranges at once (and an empty one), both ways of copying.
+                for pinned in [false, true] {
+                    gpu.set_pinned_staging(pinned);
+                    let parts = gpu
+                        .download_many(&[
+                            Fetch {
+                                buf: &da,
+                                off: 3,
+                                len: 5,
+                            },
+                            Fetch {
+                                buf: &dw,
+                                off: 0,
+                                len: 0,
+                            },
+                            Fetch {
+                                buf: &dc,
+                                off: n,
+                                len: n,
+                            },
+                        ])
+                        .unwrap();
+                    assert_eq!(parts[0], a[3..8].to_vec());
+                    assert!(parts[1].is_empty());
+                    assert_eq!(parts[2], c[n..2 * n].to_vec());
+                    assert!(gpu.download_many(&[]).unwrap().is_empty());
+                    // More than the staging buffer holds: it grows after waiting for earlier copies.
+                    let big: Vec<f32> = (0..(STAGING_FLOATS + 7)).map(|i| i as f32).collect();
+                    let db = gpu.upload(&big).unwrap();
+                    let back = gpu.download(&db, STAGING_FLOATS, 7).unwrap();
+                    assert_eq!(back, big[STAGING_FLOATS..].to_vec());
+                }
                 for r in 0..m {
                     for j in 0..n {
                         let want: f32 = (0..k).map(|x| a[r * k + x] * w[j * k + x]).sum();
