@@ -94,7 +94,37 @@ def bad(row, key):
     return len(row[key]) if key in row else "-"
 
 
+def table(path):
+    """A results file of this script as a markdown table, warm times and the ratios."""
+    import math
+    rows = json.load(open(path))
+
+    def w(r, k):
+        x = r.get(k) or {}
+        return x.get("warm") if x.get("ok") else None
+    print("| model | batch | tumble GPU | PyTorch by hand GPU | PyTorch eager GPU | tumble CPU | by hand / tumble GPU"
+          " | eager / tumble GPU | outputs |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    hand, eager = [], []
+    for r in rows:
+        t, h, e, c = w(r, "tumble"), w(r, "by_hand"), w(r, "eager"), w(r, "tumble_cpu")
+        fmt = lambda x: f"{x:.2f}" if x is not None else "n/a"  # noqa: E731
+        ratio = lambda a, b: f"{a / b:.2f}×" if a and b else "n/a"  # noqa: E731
+        if t and h:
+            hand.append(h / t)
+        if t and e:
+            eager.append(e / t)
+        agree = f"= CPU: {bad(r, 'vs_cpu')} bad; by hand: {bad(r, 'vs_by_hand')} bad"
+        print(f"| {r['model']} | {r['batch']} | {fmt(t)} | {fmt(h)} | {fmt(e)} | {fmt(c)} | {ratio(h, t)} |"
+              f" {ratio(e, t)} | {agree} |")
+    gm = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")  # noqa: E731
+    print(f"\ngeometric mean: by hand / tumble GPU {gm(hand):.2f}×, eager / tumble GPU {gm(eager):.2f}×; tumble GPU "
+          f"fastest of the three GPU engines on {sum(1 for r in rows if w(r, 'tumble') and w(r, 'by_hand') and w(r, 'eager') and w(r, 'tumble') < min(w(r, 'by_hand'), w(r, 'eager')))} of {len(rows)} points")
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--table":
+        return table(sys.argv[2])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tumble", required=True)
     ap.add_argument("--data", required=True)
