@@ -515,11 +515,7 @@ impl BlockPlan {
                 continue;
             };
             for a in &node.args {
-                let vals: Vec<&BVal> = match a {
-                    BArg::One(v) => vec![v],
-                    BArg::Tuple(vs) => vs.iter().collect(),
-                };
-                for v in vals {
+                for v in a.values() {
                     if let BVal::Node(k) | BVal::Field(k, _) = v {
                         if let Some(Some(t)) = stage_of.get(*k as usize) {
                             if t > s {
@@ -800,11 +796,7 @@ pub fn row_operands(block: &Block, ns: &[usize]) -> RowOperands {
             continue;
         };
         for a in &node.args {
-            let vs: Vec<&BVal> = match a {
-                BArg::One(v) => vec![v],
-                BArg::Tuple(vs) => vs.iter().collect(),
-            };
-            for v in vs {
+            for v in a.values() {
                 let key = ValKey::of(v);
                 if in_segment(v) || ops.keys.contains(&key) {
                     continue;

@@ -563,10 +563,7 @@ fn concrete_result(block: &Block, node: &BlockNode, args: &[Vec<Fact>]) -> Optio
     };
     let mut tys = Vec::with_capacity(args.len());
     for (a, facts) in node.args.iter().zip(args) {
-        let vals: Vec<&BVal> = match a {
-            BArg::One(v) => vec![v],
-            BArg::Tuple(vs) => vs.iter().collect(),
-        };
+        let vals = a.values();
         let mut one = Vec::with_capacity(vals.len());
         for (v, f) in vals.iter().zip(facts) {
             let (_, dtype) = block.val_ty(v).as_tensor().map(|(d, t)| (d.len(), t))?;

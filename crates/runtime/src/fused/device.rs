@@ -314,11 +314,7 @@ impl DevExec<'_> {
                 continue;
             };
             for a in &node.args {
-                let vs: Vec<&BVal> = match a {
-                    BArg::One(v) => vec![v],
-                    BArg::Tuple(vs) => vs.iter().collect(),
-                };
-                for v in vs {
+                for v in a.values() {
                     if let BVal::Node(k) | BVal::Field(k, _) = v {
                         let k = *k as usize;
                         if matches!(ex.vals.get(k), Some(None)) {
