@@ -1,0 +1,404 @@
+//! The stages a GPU runs: products (single, horizontally fused, summed), row programs as
+//! generated kernels, reshapes as views. Each returns `false`, having computed nothing, where this
+//! launch's operands are not ones it takes, and the stage then runs on the host.
+
+use tumble_compile::plan::{RowOperands, ValKey};
+use tumble_compile::{BArg, BVal, Stage};
+use tumble_cuda::{Arg, Mat};
+use tumble_ir::DType;
+use tumble_ops::OpValue;
+use tumble_tensor::Tensor;
+
+use super::{gpu_err, rows_of, DRows, DVal, DevExec};
+use crate::batched::BV;
+use crate::fused::rowexec::compiled_rows;
+use crate::fused::rowprog::{OpSig, Src};
+use crate::fused::{Exec, FusedStats, RunPlan};
+
+impl DevExec<'_> {
+    /// Runs stage `s` on the device; `false` (having computed nothing) where it does not apply.
+    pub(super) fn stage(
+        &mut self,
+        ex: &Exec,
+        rp: &RunPlan,
+        s: usize,
+        stage: &Stage,
+        fstats: &mut FusedStats,
+    ) -> Result<bool, String> {
+        match stage {
+            Stage::Dense(i) => self.products(ex, std::slice::from_ref(i), fstats),
+            Stage::HDense(ns) => self.products(ex, ns, fstats),
+            Stage::DenseSum {
+                denses,
+                parts,
+                addends,
+                ..
+            } => match stage.result() {
+                Some(res) => self.sum(ex, denses, parts, addends, res, fstats),
+                None => Ok(false),
+            },
+            Stage::Rows(ns) => self.row_program(ex, rp, s, ns, fstats),
+            Stage::Other(i) => self.view(ex, *i),
+            Stage::Gather(_) | Stage::MatMul { .. } => Ok(false),
+        }
+    }
+
+    /// A shared f32 matrix `(N, K)` operand (a weight), on the host.
+    fn weight_of(ex: &Exec, v: &BVal) -> Result<Option<Tensor>, String> {
+        Ok(match &*ex.get_raw(v)? {
+            BV::Shared(OpValue::Tensor(w)) if w.dtype() == DType::Float32 && w.rank() == 2 => {
+                Some(w.clone())
+            }
+            _ => None,
+        })
+    }
+
+    /// Denses `ns` reading the same rows with shared weights: one product against the weights
+    /// stacked along N, each node's value a column block of it.
+    fn products(
+        &mut self,
+        ex: &Exec,
+        ns: &[usize],
+        fstats: &mut FusedStats,
+    ) -> Result<bool, String> {
+        let mut a_val: Option<&BVal> = None;
+        let mut ws = Vec::with_capacity(ns.len());
+        for &i in ns {
+            let node = ex.block.nodes.get(i).ok_or("internal: node")?;
+            let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1))
+            else {
+                return Ok(false);
+            };
+            match a_val {
+                None => a_val = Some(av),
+                Some(prev) if ValKey::of(prev) == ValKey::of(av) => {}
+                Some(_) => return Ok(false),
+            }
+            match Self::weight_of(ex, wv)? {
+                Some(w) => ws.push(w),
+                None => return Ok(false),
+            }
+        }
+        let Some(av) = a_val else {
+            return Ok(false);
+        };
+        let Some(a) = self.rows(ex, av)? else {
+            return Ok(false);
+        };
+        let k = a.width;
+        if a.shared || a.shape.len() < 2 || ws.iter().any(|w| w.shape().get(1) != Some(&k)) {
+            return Ok(false);
+        }
+        let widths: Vec<usize> = ws.iter().map(|w| w.shape()[0]).collect();
+        let n_all: usize = widths.iter().sum();
+        let w = self.run.weight(&ws, true)?;
+        let mut shape = a.shape.clone();
+        if let Some(last) = shape.last_mut() {
+            *last = n_all;
+        }
+        let c = DRows::fresh(self.gpu(), shape, n_all)?;
+        let wmat = Mat {
+            buf: &w,
+            off: 0,
+            ld: k,
+            rows: n_all,
+            cols: k,
+        };
+        self.gpu()
+            .gemm_nt(&a.mat(), &wmat, &c.mat(), false)
+            .map_err(gpu_err)?;
+        let mut col = 0;
+        for (&i, &n) in ns.iter().zip(&widths) {
+            let mut shape = c.shape.clone();
+            if let Some(last) = shape.last_mut() {
+                *last = n;
+            }
+            let v = DRows {
+                off: col,
+                width: n,
+                shape,
+                ..c.clone()
+            };
+            col += n;
+            if let Some(slot) = self.vals.get_mut(i) {
+                *slot = Some(DVal::Rows(v));
+            }
+        }
+        fstats.dense_stages += 1;
+        fstats.dense_flops += 2 * (a.rows * k * n_all) as u64;
+        Ok(true)
+    }
+
+    /// A sum of products (`Stage::DenseSum`): the products' row parts copied side by side into
+    /// one `(M, Σ K)` operand, one product against the weights joined along K, then the addends.
+    fn sum(
+        &mut self,
+        ex: &Exec,
+        denses: &[usize],
+        parts: &[Vec<BVal>],
+        addends: &[BVal],
+        res: usize,
+        fstats: &mut FusedStats,
+    ) -> Result<bool, String> {
+        let mut ws = Vec::with_capacity(denses.len());
+        let mut row_parts: Vec<DRows> = Vec::new();
+        for (&d, ps) in denses.iter().zip(parts) {
+            let node = ex.block.nodes.get(d).ok_or("internal: node")?;
+            let Some(BArg::One(wv)) = node.args.get(1) else {
+                return Ok(false);
+            };
+            let Some(w) = Self::weight_of(ex, wv)? else {
+                return Ok(false);
+            };
+            let mut k = 0;
+            for p in ps {
+                match self.rows(ex, p)? {
+                    Some(r) if !r.shared && r.shape.len() >= 2 => {
+                        k += r.width;
+                        row_parts.push(r);
+                    }
+                    _ => return Ok(false),
+                }
+            }
+            if w.shape().get(1) != Some(&k) {
+                return Ok(false);
+            }
+            ws.push(w);
+        }
+        let (Some(first), Some(n)) = (row_parts.first(), ws.first().map(|w| w.shape()[0])) else {
+            return Ok(false);
+        };
+        let m = first.rows;
+        if row_parts.iter().any(|r| r.rows != m) || ws.iter().any(|w| w.shape()[0] != n) {
+            return Ok(false);
+        }
+        let mut adds = Vec::with_capacity(addends.len());
+        for v in addends {
+            match self.rows(ex, v)? {
+                Some(r) if r.shared && r.rows * r.width == n => adds.push(DRows {
+                    rows: 1,
+                    width: n,
+                    ld: 0,
+                    ..r
+                }),
+                Some(r) if !r.shared && r.rows == m && r.width == n => adds.push(r),
+                _ => return Ok(false),
+            }
+        }
+        let k_all: usize = row_parts.iter().map(|r| r.width).sum();
+        let gpu = self.gpu();
+        // One part read where it lies; several copied side by side.
+        let a = match row_parts.as_slice() {
+            [one] => one.clone(),
+            _ => {
+                let a = DRows::fresh(gpu, vec![m, k_all], k_all)?;
+                let mut col = 0;
+                for r in &row_parts {
+                    let dst = Mat {
+                        off: col,
+                        cols: r.width,
+                        ..a.mat()
+                    };
+                    gpu.copy_rows(&r.mat(), &dst, false).map_err(gpu_err)?;
+                    col += r.width;
+                }
+                a
+            }
+        };
+        let w = self.run.weight(&ws, false)?;
+        let mut shape = first.shape.clone();
+        if let Some(last) = shape.last_mut() {
+            *last = n;
+        }
+        let c = DRows::fresh(gpu, shape, n)?;
+        let wmat = Mat {
+            buf: &w,
+            off: 0,
+            ld: k_all,
+            rows: n,
+            cols: k_all,
+        };
+        gpu.gemm_nt(&a.mat(), &wmat, &c.mat(), false)
+            .map_err(gpu_err)?;
+        for add in &adds {
+            gpu.copy_rows(&add.mat(), &c.mat(), true).map_err(gpu_err)?;
+        }
+        if let Some(slot) = self.vals.get_mut(res) {
+            *slot = Some(DVal::Rows(c));
+        }
+        fstats.dense_stages += 1;
+        fstats.dense_sums += 1;
+        fstats.dense_flops += 2 * (m * k_all * n) as u64;
+        Ok(true)
+    }
+
+    /// A row-program stage as a generated kernel: one thread block per row.
+    fn row_program(
+        &mut self,
+        ex: &Exec,
+        rp: &RunPlan,
+        s: usize,
+        ns: &[usize],
+        fstats: &mut FusedStats,
+    ) -> Result<bool, String> {
+        let empty = RowOperands::default();
+        let ops = rp.plan.row_ops.get(s).unwrap_or(&empty);
+        let mut dvs = Vec::with_capacity(ops.vals.len());
+        for v in &ops.vals {
+            match self.rows(ex, v)? {
+                Some(r) => dvs.push(r),
+                None => return Ok(false),
+            }
+        }
+        let sig: Vec<OpSig> = dvs
+            .iter()
+            .map(|r| match r.shared {
+                true => OpSig::Shared(r.shape.clone()),
+                false => OpSig::Batched(r.shape.get(1..).unwrap_or(&[]).to_vec()),
+            })
+            .collect();
+        let Some(prog) = compiled_rows(ex, rp, s, ns, sig, fstats) else {
+            return Ok(false);
+        };
+        let mut lead = vec![ex.b];
+        lead.extend_from_slice(&prog.lead_tail);
+        let rows: usize = lead.iter().product();
+        let kernel = self.run.row_launch(&prog)?;
+        let gpu = self.gpu();
+        let mut args = Vec::with_capacity(2 * dvs.len() + prog.outs.len() + 2);
+        for (h, (o, r)) in prog.held.iter().zip(&dvs).enumerate() {
+            match o.src {
+                Src::Ext(_) => {
+                    if r.rows != rows || r.width != o.len {
+                        return Ok(false);
+                    }
+                    args.push(Arg::Ptr(gpu.ptr(&r.mat()).map_err(gpu_err)?));
+                    args.push(Arg::I32(i32::try_from(r.ld).map_err(|e| e.to_string())?));
+                }
+                Src::Shared(_) => {
+                    if r.rows * r.width != o.len {
+                        return Ok(false);
+                    }
+                    args.push(Arg::Ptr(gpu.ptr(&r.mat()).map_err(gpu_err)?));
+                }
+                // A shared scalar is a launch constant: passed by value, read on the host.
+                Src::Scalar(_) => {
+                    let v = ops.vals.get(h).ok_or("internal: row operand")?;
+                    let x = match &*ex.get_raw(v)? {
+                        BV::Shared(OpValue::Tensor(t)) => {
+                            t.as_f32().and_then(|d| d.first().copied())
+                        }
+                        _ => None,
+                    };
+                    match x {
+                        Some(x) => args.push(Arg::F32(x)),
+                        None => return Ok(false),
+                    }
+                }
+                Src::Scratch => return Ok(false),
+            }
+        }
+        let mut outs = Vec::new();
+        for o in prog.outs.iter().flat_map(|(_, os, _)| os.iter()) {
+            let mut shape = lead.clone();
+            shape.push(o.len);
+            let r = DRows::fresh(gpu, shape, o.len)?;
+            args.push(Arg::Ptr(gpu.ptr(&r.mat()).map_err(gpu_err)?));
+            outs.push(r);
+        }
+        args.push(Arg::I32(i32::try_from(rows).map_err(|e| e.to_string())?));
+        let scratch = match kernel.global_scratch {
+            true => {
+                let g = gpu.uninit(rows * prog.scratch_len).map_err(gpu_err)?;
+                let m = Mat {
+                    buf: &g,
+                    off: 0,
+                    ld: prog.scratch_len,
+                    rows,
+                    cols: prog.scratch_len,
+                };
+                args.push(Arg::Ptr(gpu.ptr(&m).map_err(gpu_err)?));
+                Some(g)
+            }
+            false => None,
+        };
+        let grid = (u32::try_from(rows).map_err(|e| e.to_string())?, 1, 1);
+        // SAFETY: the kernel was generated from `prog`, whose operands were checked above to
+        // have `rows` rows of the widths it reads (shared ones their whole length), its outputs
+        // were allocated `rows × len`, and its global scratch `rows × scratch_len`; the
+        // arguments follow the generated parameter list in order (`rowcuda`).
+        unsafe {
+            gpu.launch(
+                &kernel.kernel,
+                grid,
+                kernel.threads,
+                kernel.shared_bytes,
+                &args,
+            )
+            .map_err(gpu_err)?
+        };
+        // Stream-ordered: freed after the kernel.
+        drop(scratch);
+        let mut outs = outs.into_iter();
+        for (node, os, tuple) in &prog.outs {
+            let fields: Vec<DRows> = outs.by_ref().take(os.len()).collect();
+            let v = match (tuple, fields.as_slice()) {
+                (false, [one]) => DVal::Rows(one.clone()),
+                _ => DVal::Tuple(fields),
+            };
+            if let Some(slot) = self.vals.get_mut(*node) {
+                *slot = Some(v);
+            }
+        }
+        fstats.row_programs += 1;
+        fstats.row_program_ops += ns.len() as u64;
+        Ok(true)
+    }
+
+    /// A reshape of a contiguous device value: the same rows under another shape.
+    fn view(&mut self, ex: &Exec, i: usize) -> Result<bool, String> {
+        let node = ex.block.nodes.get(i).ok_or("internal: node")?;
+        if !matches!(node.op.name, "reshape" | "squeeze" | "expand_dims") {
+            return Ok(false);
+        }
+        let Some(BArg::One(src @ (BVal::Node(_) | BVal::Input(_)))) = node.args.first() else {
+            return Ok(false);
+        };
+        // Only values already on the device: a host value stays on the host.
+        let on_device = match src {
+            BVal::Node(n) => matches!(self.vals.get(*n as usize), Some(Some(_))),
+            _ => false,
+        };
+        let dims: Option<Vec<usize>> = node.ty.as_tensor().and_then(|(d, _)| {
+            d.iter()
+                .map(|x| x.known().and_then(|k| usize::try_from(k).ok()))
+                .collect()
+        });
+        let (true, Some(dims)) = (on_device, dims) else {
+            return Ok(false);
+        };
+        let Some(r) = self.rows(ex, src)? else {
+            return Ok(false);
+        };
+        let mut shape = vec![ex.b];
+        shape.extend_from_slice(&dims);
+        if r.shared
+            || (r.ld != r.width && r.rows > 1)
+            || shape.iter().product::<usize>() != r.rows * r.width
+        {
+            return Ok(false);
+        }
+        let (rows, width) = rows_of(&shape);
+        let v = DRows {
+            rows,
+            width,
+            ld: width,
+            shape,
+            ..r
+        };
+        if let Some(slot) = self.vals.get_mut(i) {
+            *slot = Some(DVal::Rows(v));
+        }
+        Ok(true)
+    }
+}
