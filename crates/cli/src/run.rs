@@ -371,6 +371,8 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
         ragged_chunk_rows: args.ragged_chunk_rows.map_or(0, |n| n as usize),
         ragged_padding: args.ragged_padding,
         mixing_kernels: !args.no_mixing_kernels,
+        // `--device cuda` attaches a real GPU to the executable instead.
+        emulated_device: false,
         phases: !args.no_phases,
         hoist: !args.no_hoist,
         ghosts: !args.no_ghosts,

@@ -10,16 +10,23 @@
 //! The fixed kernels (`kernels.cu`: the product `X · Wᵀ` of `nn.dense`, strided row copies and
 //! row sums) are compiled once when the device opens; generated kernels (the runtime's row
 //! programs) with [`Gpu::compile`], cached by their source text.
+//!
+//! [`Gpu::emulated`] is a device in host memory: buffers are vectors and the fixed kernels plain
+//! loops (`host.rs`). It runs no generated kernels; the runtime runs their row programs on the
+//! host instead. It exists so that the runtime's device executor — which stages go to the device,
+//! the views, strides and copies between them — is checked by the CPU test suites, on every
+//! machine, against the reference engine.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::RwLock;
 
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg,
-};
+use cudarc::driver::{CudaFunction, CudaSlice};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+
+mod cuda;
+mod host;
+
+use cuda::CudaDevice;
 
 const FIXED_SOURCE: &str = include_str!("kernels.cu");
 
@@ -70,19 +77,50 @@ fn driver(e: cudarc::driver::DriverError) -> GpuError {
     GpuError::Driver(e.to_string())
 }
 
-/// An f32 buffer in device memory.
+/// An f32 buffer in device memory (or, on an emulated device, in host memory).
 pub struct DevBuf {
-    slice: CudaSlice<f32>,
+    mem: Mem,
+}
+
+enum Mem {
+    Cuda(CudaSlice<f32>),
+    Host(RwLock<Vec<f32>>),
 }
 
 impl DevBuf {
     /// Length in floats.
     pub fn len(&self) -> usize {
-        self.slice.len()
+        match &self.mem {
+            Mem::Cuda(s) => s.len(),
+            Mem::Host(v) => v.read().map_or(0, |v| v.len()),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slice.len() == 0
+        self.len() == 0
+    }
+
+    fn cuda(&self) -> Result<&CudaSlice<f32>, GpuError> {
+        match &self.mem {
+            Mem::Cuda(s) => Ok(s),
+            Mem::Host(_) => Err(GpuError::Bounds("an emulated buffer on the GPU".into())),
+        }
+    }
+
+    fn cuda_mut(&mut self) -> Result<&mut CudaSlice<f32>, GpuError> {
+        match &mut self.mem {
+            Mem::Cuda(s) => Ok(s),
+            Mem::Host(_) => Err(GpuError::Bounds("an emulated buffer on the GPU".into())),
+        }
+    }
+
+    fn host(&self) -> Result<&RwLock<Vec<f32>>, GpuError> {
+        match &self.mem {
+            Mem::Host(v) => Ok(v),
+            Mem::Cuda(_) => Err(GpuError::Bounds(
+                "a GPU buffer on the emulated device".into(),
+            )),
+        }
     }
 }
 
@@ -142,228 +180,88 @@ pub enum Arg {
     F32(f32),
 }
 
-/// One GPU: its context, the job's stream, the fixed kernels and the generated kernels so far.
+/// One GPU (or its emulation in host memory, [`Gpu::emulated`]).
 pub struct Gpu {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    _fixed: Arc<CudaModule>,
-    gemm: CudaFunction,
-    copy: CudaFunction,
-    add: CudaFunction,
-    generated: Mutex<HashMap<String, Kernel>>,
-    staging: Mutex<Staging>,
-    /// [`pinned_staging`], switchable per device (the tests take both paths).
-    pinned: std::sync::atomic::AtomicBool,
-    name: String,
-    arch: String,
+    imp: Imp,
 }
 
-/// Page-locked host memory, so copies between it and the device are asynchronous.
-struct Pinned {
-    ptr: *mut f32,
-    len: usize,
+enum Imp {
+    Cuda(Box<CudaDevice>),
+    Host,
 }
-
-// SAFETY: the buffer is plain memory owned by this value; access goes through `Gpu::staging`'s
-// mutex.
-unsafe impl Send for Pinned {}
-
-impl Pinned {
-    fn new(ctx: &CudaContext, len: usize) -> Result<Pinned, GpuError> {
-        ctx.bind_to_thread().map_err(driver)?;
-        let bytes = len.max(1) * std::mem::size_of::<f32>();
-        // SAFETY: a fresh page-locked allocation of `bytes`; freed once, in `drop`.
-        let ptr = unsafe { cudarc::driver::result::malloc_host(bytes, 0) }.map_err(driver)?;
-        Ok(Pinned {
-            ptr: ptr.cast(),
-            len: len.max(1),
-        })
-    }
-
-    fn slice_mut(&mut self, at: usize, len: usize) -> &mut [f32] {
-        let len = len.min(self.len.saturating_sub(at));
-        // SAFETY: `ptr` holds `self.len` floats (f32 has no invalid bit patterns) and the range
-        // was clamped to them; `&mut self` makes the borrow unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at.min(self.len)), len) }
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        // SAFETY: `ptr` came from `malloc_host` and is freed only here.
-        let _ = unsafe { cudarc::driver::result::free_host(self.ptr.cast()) };
-    }
-}
-
-/// The pinned buffers of a stream's copies: uploads are staged at `up_used..` until the next
-/// synchronization (the copies may still be reading them), downloads land in `down`.
-struct Staging {
-    up: Option<Pinned>,
-    up_used: usize,
-    down: Option<Pinned>,
-}
-
-/// A download: `len` floats of a buffer from `off`.
-pub struct Fetch<'a> {
-    pub buf: &'a DevBuf,
-    pub off: usize,
-    pub len: usize,
-}
-
-/// `TUMBLE_PINNED_STAGING=1`: uploads staged in page-locked memory (asynchronous) and a launch's
-/// downloads through it with one wait. Off by default: on an H100 it measured no faster than
-/// pageable copies over the suite (geometric mean of warm times 4% slower, points from 0.6x to
-/// 1.6x; bench/RESULTS.md, "CUDA backend") and its first allocation costs a cold run tens of ms.
-fn pinned_staging() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_PINNED_STAGING").is_some())
-}
-
-/// Floats staged for uploads before a grow (4 MiB).
-const STAGING_FLOATS: usize = 1 << 20;
 
 impl fmt::Debug for Gpu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Gpu({}, {})", self.name, self.arch)
+        match &self.imp {
+            Imp::Cuda(d) => d.fmt(f),
+            Imp::Host => write!(f, "Gpu(emulated)"),
+        }
     }
 }
 
-fn to_i32(x: usize, what: &str) -> Result<i32, GpuError> {
-    i32::try_from(x).map_err(|_| GpuError::Bounds(format!("{what} {x} exceeds a kernel's int")))
+/// Generated kernels do not run on an emulated device.
+fn no_kernels() -> GpuError {
+    GpuError::Bounds("an emulated device runs no generated kernels".into())
 }
 
 impl Gpu {
     /// Opens GPU `ordinal`: loads the driver and NVRTC, makes a context and a stream, and compiles
     /// the fixed kernels for the device's architecture.
     pub fn open(ordinal: usize) -> Result<Gpu, GpuError> {
-        // SAFETY: `is_culib_present` only tries to dlopen the library by its usual names.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(GpuError::NoDriver);
-        }
-        // SAFETY: as above.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(GpuError::NoNvrtc);
-        }
-        // cudarc panics where a driver lacks a symbol its bindings name: an error here, not a
-        // crash.
-        std::panic::catch_unwind(|| Gpu::open_present(ordinal)).unwrap_or_else(|p| {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "the CUDA libraries could not be used".into());
-            Err(GpuError::Driver(msg))
-        })
-    }
-
-    fn open_present(ordinal: usize) -> Result<Gpu, GpuError> {
-        let count = CudaContext::device_count().map_err(driver)?;
-        if count <= 0 || ordinal >= count as usize {
-            return Err(GpuError::Driver(format!(
-                "no GPU {ordinal}: the driver reports {count} device(s)"
-            )));
-        }
-        let ctx = CudaContext::new(ordinal).map_err(driver)?;
-        // One stream orders everything, so cudarc's per-buffer events are not needed (they cost
-        // an event record per use).
-        // SAFETY: every buffer and kernel of this context goes through `stream` alone.
-        unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(driver)?;
-        let name = ctx.name().map_err(driver)?;
-        let (major, minor) = ctx.compute_capability().map_err(driver)?;
-        let arch = format!("sm_{major}{minor}");
-        let fixed = compile(&ctx, "tumble_fixed", FIXED_SOURCE, &arch)?;
-        let load = |f: &str| fixed.load_function(f).map_err(driver);
         Ok(Gpu {
-            gemm: load("gemm_nt")?,
-            copy: load("copy_rows")?,
-            add: load("add_rows")?,
-            _fixed: fixed,
-            ctx,
-            stream,
-            generated: Mutex::default(),
-            staging: Mutex::new(Staging {
-                up: None,
-                up_used: 0,
-                down: None,
-            }),
-            pinned: pinned_staging().into(),
-            name,
-            arch,
+            imp: Imp::Cuda(Box::new(CudaDevice::open(ordinal)?)),
         })
     }
 
-    fn pinned(&self) -> bool {
-        self.pinned.load(std::sync::atomic::Ordering::Relaxed)
+    /// A device emulated in host memory (tests; see the crate's documentation).
+    pub fn emulated() -> Gpu {
+        Gpu { imp: Imp::Host }
     }
 
-    /// Copies through page-locked staging buffers (`true`) or from and to pageable memory.
-    pub fn set_pinned_staging(&self, on: bool) {
-        self.pinned.store(on, std::sync::atomic::Ordering::Relaxed);
+    /// Whether this is [`Gpu::emulated`].
+    pub fn is_emulated(&self) -> bool {
+        matches!(self.imp, Imp::Host)
     }
 
     /// The device's name and architecture, for profiles and results.
     pub fn describe(&self) -> String {
-        format!("{} ({})", self.name, self.arch)
+        match &self.imp {
+            Imp::Cuda(d) => d.describe(),
+            Imp::Host => "a GPU emulated in host memory".into(),
+        }
+    }
+
+    /// Copies through page-locked staging buffers (`true`) or from and to pageable memory.
+    pub fn set_pinned_staging(&self, on: bool) {
+        if let Imp::Cuda(d) = &self.imp {
+            d.set_pinned_staging(on);
+        }
     }
 
     /// A buffer of `len` zeros.
     pub fn zeros(&self, len: usize) -> Result<DevBuf, GpuError> {
-        let slice = self.stream.alloc_zeros::<f32>(len.max(1)).map_err(driver)?;
-        Ok(DevBuf { slice })
+        match &self.imp {
+            Imp::Cuda(d) => d.zeros(len),
+            Imp::Host => Ok(host::buffer(vec![0.0; len.max(1)])),
+        }
     }
 
-    /// A buffer of `len` floats whose contents are undefined until a kernel writes them.
+    /// A buffer of `len` floats whose contents are undefined until a kernel writes them (NaN on
+    /// an emulated device, so that reading them shows).
     pub fn uninit(&self, len: usize) -> Result<DevBuf, GpuError> {
-        // SAFETY: f32 has no invalid bit patterns; callers overwrite what they read.
-        let slice = unsafe { self.stream.alloc::<f32>(len.max(1)) }.map_err(driver)?;
-        Ok(DevBuf { slice })
+        match &self.imp {
+            Imp::Cuda(d) => d.uninit(len),
+            Imp::Host => Ok(host::buffer(vec![f32::NAN; len.max(1)])),
+        }
     }
 
-    /// A copy of `data` on the device, queued on the stream: staged in pinned memory, so the
-    /// call returns before the copy is done.
+    /// A copy of `data` on the device, queued on the stream.
     pub fn upload(&self, data: &[f32]) -> Result<DevBuf, GpuError> {
-        if data.is_empty() {
-            return self.zeros(1);
+        match &self.imp {
+            Imp::Cuda(d) => d.upload(data),
+            Imp::Host if data.is_empty() => self.zeros(1),
+            Imp::Host => Ok(host::buffer(data.to_vec())),
         }
-        if !self.pinned() {
-            let slice = self.stream.clone_htod(data).map_err(driver)?;
-            return Ok(DevBuf { slice });
-        }
-        let mut dst = self.uninit(data.len())?;
-        let mut st = self
-            .staging
-            .lock()
-            .map_err(|_| GpuError::Driver("staging lock poisoned".into()))?;
-        let cap = st.up.as_ref().map_or(0, |p| p.len);
-        if st.up_used + data.len() > cap {
-            // Earlier uploads may still read the staging buffer: wait for them first.
-            self.stream.synchronize().map_err(driver)?;
-            st.up_used = 0;
-            if data.len() > cap {
-                st.up = None;
-                st.up = Some(Pinned::new(&self.ctx, data.len().max(STAGING_FLOATS))?);
-            }
-        }
-        let at = st.up_used;
-        let Some(pinned) = st.up.as_mut() else {
-            return Err(GpuError::Driver("no staging buffer".into()));
-        };
-        let staged = pinned.slice_mut(at, data.len());
-        staged.copy_from_slice(data);
-        {
-            let (dptr, _sync) =
-                cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dst.slice, &self.stream);
-            // SAFETY: `dst` holds `data.len()` floats; the staged range stays untouched until
-            // the next synchronization of the stream (`up_used` only grows until then), after
-            // this copy.
-            unsafe {
-                cudarc::driver::result::memcpy_htod_async(dptr, staged, self.stream.cu_stream())
-            }
-            .map_err(driver)?;
-        }
-        st.up_used = at + data.len();
-        Ok(dst)
     }
 
     /// `len` floats of `buf` from `off`, copied back (waits for the stream).
@@ -374,10 +272,6 @@ impl Gpu {
 
     /// Several ranges copied back with one wait for the stream.
     pub fn download_many(&self, fetches: &[Fetch]) -> Result<Vec<Vec<f32>>, GpuError> {
-        let total: usize = fetches.iter().map(|f| f.len).sum();
-        if total == 0 {
-            return Ok(fetches.iter().map(|_| Vec::new()).collect());
-        }
         for f in fetches {
             if f.off.checked_add(f.len).is_none_or(|e| e > f.buf.len()) {
                 return Err(GpuError::Bounds(format!(
@@ -388,57 +282,18 @@ impl Gpu {
                 )));
             }
         }
-        if !self.pinned() {
-            return fetches
-                .iter()
-                .map(|f| {
-                    let range = f.buf.slice.slice(f.off..f.off + f.len);
-                    self.stream.clone_dtoh(&range).map_err(driver)
-                })
-                .collect();
+        match &self.imp {
+            Imp::Cuda(d) => d.download_many(fetches),
+            Imp::Host => host::download_many(fetches),
         }
-        let mut st = self
-            .staging
-            .lock()
-            .map_err(|_| GpuError::Driver("staging lock poisoned".into()))?;
-        if st.down.as_ref().map_or(0, |p| p.len) < total {
-            st.down = None;
-            st.down = Some(Pinned::new(&self.ctx, total.max(STAGING_FLOATS))?);
-        }
-        let Some(down) = st.down.as_mut() else {
-            return Err(GpuError::Driver("no staging buffer".into()));
-        };
-        let mut at = 0;
-        for f in fetches {
-            if f.len == 0 {
-                continue;
-            }
-            let (base, _sync) = f.buf.slice.device_ptr(&self.stream);
-            let src = base + (f.off * std::mem::size_of::<f32>()) as u64;
-            let dst = down.slice_mut(at, f.len);
-            // SAFETY: the source range was checked against its buffer above; `dst` is pinned
-            // memory of `f.len` floats that nothing reads until the stream is synchronized below.
-            unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
-                .map_err(driver)?;
-            at += f.len;
-        }
-        self.stream.synchronize().map_err(driver)?;
-        let mut out = Vec::with_capacity(fetches.len());
-        let mut at = 0;
-        for f in fetches {
-            out.push(down.slice_mut(at, f.len).to_vec());
-            at += f.len;
-        }
-        // Synchronized: every staged upload is done.
-        st.up_used = 0;
-        Ok(out)
     }
 
     /// The device address of a view's first float, after checking the view against its buffer.
     pub fn ptr(&self, m: &Mat) -> Result<u64, GpuError> {
-        m.extent()?;
-        let (base, _sync) = m.buf.slice.device_ptr(&self.stream);
-        Ok(base + (m.off * std::mem::size_of::<f32>()) as u64)
+        match &self.imp {
+            Imp::Cuda(d) => d.ptr(m),
+            Imp::Host => Err(no_kernels()),
+        }
     }
 
     /// `c (+)= a · wᵀ`: `a` is M × K, `w` N × K (nn.dense's weight as stored), `c` M × N.
@@ -453,23 +308,10 @@ impl Gpu {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let (pa, pw, pc) = (self.ptr(a)?, self.ptr(w)?, self.ptr(c)?);
-        let args = [
-            Arg::Ptr(pa),
-            Arg::I32(to_i32(a.ld, "stride")?),
-            Arg::Ptr(pw),
-            Arg::I32(to_i32(w.ld, "stride")?),
-            Arg::Ptr(pc),
-            Arg::I32(to_i32(c.ld, "stride")?),
-            Arg::I32(to_i32(m, "rows")?),
-            Arg::I32(to_i32(n, "columns")?),
-            Arg::I32(to_i32(k, "depth")?),
-            Arg::I32(accumulate as i32),
-        ];
-        let grid = (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1);
-        // SAFETY: the three views were checked against their buffers and the kernel reads and
-        // writes only rows < M, columns < N / K of them.
-        unsafe { self.launch_fn(&self.gemm, grid, 256, 0, &args) }
+        match &self.imp {
+            Imp::Cuda(d) => d.gemm_nt(a, w, c, accumulate),
+            Imp::Host => host::gemm_nt(a, w, c, accumulate),
+        }
     }
 
     /// `dst = src` (`add`: `dst += src`), both `rows × cols`; a `src` of one row with `ld` 0 is
@@ -482,43 +324,29 @@ impl Gpu {
                 src.rows, src.cols, dst.rows, dst.cols
             )));
         }
-        let total = dst.rows * dst.cols;
-        if total == 0 {
+        if dst.rows * dst.cols == 0 {
             return Ok(());
         }
-        let (ps, pd) = (self.ptr(src)?, self.ptr(dst)?);
-        let args = [
-            Arg::Ptr(ps),
-            Arg::I32(to_i32(src.ld, "stride")?),
-            Arg::Ptr(pd),
-            Arg::I32(to_i32(dst.ld, "stride")?),
-            Arg::I32(to_i32(dst.rows, "rows")?),
-            Arg::I32(to_i32(dst.cols, "columns")?),
-        ];
-        let blocks = total.div_ceil(256).min(4096) as u32;
-        let f = if add { &self.add } else { &self.copy };
-        // SAFETY: both views were checked; the kernel touches rows < rows, columns < cols, and
-        // a broadcast source's one row.
-        unsafe { self.launch_fn(f, (blocks, 1, 1), 256, 0, &args) }
+        match &self.imp {
+            Imp::Cuda(d) => d.copy_rows(src, dst, add),
+            Imp::Host => host::copy_rows(src, dst, add, broadcast),
+        }
     }
 
     /// A generated kernel `name` from CUDA source `src`, compiled once per distinct source.
     pub fn compile(&self, name: &str, src: &str) -> Result<Kernel, GpuError> {
-        if let Some(k) = self.generated.lock().ok().and_then(|g| g.get(src).cloned()) {
-            return Ok(k);
+        match &self.imp {
+            Imp::Cuda(d) => d.compile(name, src),
+            Imp::Host => Err(no_kernels()),
         }
-        let module = compile(&self.ctx, name, src, &self.arch)?;
-        let func = module.load_function(name).map_err(driver)?;
-        let k = Kernel { func };
-        if let Ok(mut g) = self.generated.lock() {
-            g.insert(src.to_string(), k.clone());
-        }
-        Ok(k)
     }
 
-    /// Kernels compiled so far (generated ones).
+    /// Generated kernels compiled so far.
     pub fn compiled(&self) -> usize {
-        self.generated.lock().map(|g| g.len()).unwrap_or(0)
+        match &self.imp {
+            Imp::Cuda(d) => d.compiled(),
+            Imp::Host => 0,
+        }
     }
 
     /// Launches `k` on `grid` blocks of `block` threads with `smem` bytes of dynamic shared memory.
@@ -534,48 +362,27 @@ impl Gpu {
         smem: u32,
         args: &[Arg],
     ) -> Result<(), GpuError> {
-        // SAFETY: the caller's contract is this function's.
-        unsafe { self.launch_fn(&k.func, grid, block, smem, args) }
-    }
-
-    /// # Safety
-    /// As [`Gpu::launch`].
-    unsafe fn launch_fn(
-        &self,
-        f: &CudaFunction,
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
-        args: &[Arg],
-    ) -> Result<(), GpuError> {
-        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
-            return Ok(());
+        match &self.imp {
+            // SAFETY: the caller's contract is this function's.
+            Imp::Cuda(d) => unsafe { d.launch(k, grid, block, smem, args) },
+            Imp::Host => Err(no_kernels()),
         }
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: smem,
-        };
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::Ptr(p) => b.arg(p),
-                Arg::I32(x) => b.arg(x),
-                Arg::F32(x) => b.arg(x),
-            };
-        }
-        // SAFETY: the caller's contract.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(driver)
     }
 
     /// Waits for everything queued so far.
     pub fn synchronize(&self) -> Result<(), GpuError> {
-        self.stream.synchronize().map_err(driver)?;
-        if let Ok(mut st) = self.staging.lock() {
-            st.up_used = 0;
+        match &self.imp {
+            Imp::Cuda(d) => d.synchronize(),
+            Imp::Host => Ok(()),
         }
-        Ok(())
     }
+}
+
+/// A download: `len` floats of a buffer from `off`.
+pub struct Fetch<'a> {
+    pub buf: &'a DevBuf,
+    pub off: usize,
+    pub len: usize,
 }
 
 /// Whether NVRTC can be loaded here (a machine without a GPU may still have it: then generated
@@ -606,19 +413,139 @@ fn ptx_of(name: &str, src: &str, arch: &str) -> Result<cudarc::nvrtc::Ptx, GpuEr
     })
 }
 
-fn compile(
-    ctx: &Arc<CudaContext>,
-    name: &str,
-    src: &str,
-    arch: &str,
-) -> Result<Arc<CudaModule>, GpuError> {
-    let ptx = ptx_of(name, src, arch)?;
-    ctx.load_module(ptx).map_err(driver)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fixed kernels at odd sizes (partial tiles) against the host, and the copies.
+    fn check_fixed_kernels(gpu: &Gpu) {
+        let (m, k, n) = (37, 29, 13);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 5) % 13) as f32 * 0.25).collect();
+        let (da, dw) = (gpu.upload(&a).unwrap(), gpu.upload(&w).unwrap());
+        let dc = gpu.zeros(m * n).unwrap();
+        let mat = |buf, rows, cols| Mat {
+            buf,
+            off: 0,
+            ld: cols,
+            rows,
+            cols,
+        };
+        gpu.gemm_nt(&mat(&da, m, k), &mat(&dw, n, k), &mat(&dc, m, n), false)
+            .unwrap();
+        let c = gpu.download(&dc, 0, m * n).unwrap();
+        for r in 0..m {
+            for j in 0..n {
+                let want: f32 = (0..k).map(|x| a[r * k + x] * w[j * k + x]).sum();
+                assert!((c[r * n + j] - want).abs() <= 1e-3 * want.abs().max(1.0));
+            }
+        }
+        // Accumulating into a strided column block: C[:, 2..5] += A · W[0..3]ᵀ.
+        let block = Mat {
+            buf: &dc,
+            off: 2,
+            ld: n,
+            rows: m,
+            cols: 3,
+        };
+        gpu.gemm_nt(&mat(&da, m, k), &mat(&dw, 3, k), &block, true)
+            .unwrap();
+        let c2 = gpu.download(&dc, 0, m * n).unwrap();
+        for r in 0..m {
+            for j in 0..n {
+                let extra: f32 = match j {
+                    2..=4 => (0..k).map(|x| a[r * k + x] * w[(j - 2) * k + x]).sum(),
+                    _ => 0.0,
+                };
+                let want = c[r * n + j] + extra;
+                assert!((c2[r * n + j] - want).abs() <= 1e-3 * want.abs().max(1.0));
+            }
+        }
+        // A row added to every row (a bias), then rows copied into a wider buffer's columns.
+        let bias: Vec<f32> = (0..n).map(|j| j as f32).collect();
+        let db = gpu.upload(&bias).unwrap();
+        let one_row = Mat {
+            buf: &db,
+            off: 0,
+            ld: 0,
+            rows: 1,
+            cols: n,
+        };
+        gpu.copy_rows(&one_row, &mat(&dc, m, n), true).unwrap();
+        let wide = gpu.zeros(m * (n + 4)).unwrap();
+        let cols = Mat {
+            buf: &wide,
+            off: 4,
+            ld: n + 4,
+            rows: m,
+            cols: n,
+        };
+        gpu.copy_rows(&mat(&dc, m, n), &cols, false).unwrap();
+        let back = gpu.download(&wide, 0, m * (n + 4)).unwrap();
+        for r in 0..m {
+            assert!(back[r * (n + 4)..r * (n + 4) + 4].iter().all(|&x| x == 0.0));
+            for j in 0..n {
+                assert_eq!(back[r * (n + 4) + 4 + j], c2[r * n + j] + j as f32);
+            }
+        }
+        // Several ranges at once (and an empty one), both ways of copying.
+        for pinned in [false, true] {
+            gpu.set_pinned_staging(pinned);
+            let parts = gpu
+                .download_many(&[
+                    Fetch {
+                        buf: &da,
+                        off: 3,
+                        len: 5,
+                    },
+                    Fetch {
+                        buf: &dw,
+                        off: 0,
+                        len: 0,
+                    },
+                    Fetch {
+                        buf: &dc,
+                        off: n,
+                        len: n,
+                    },
+                ])
+                .unwrap();
+            assert_eq!(parts[0], a[3..8].to_vec());
+            assert!(parts[1].is_empty());
+            assert_eq!(parts[2].len(), n);
+            assert!(gpu.download_many(&[]).unwrap().is_empty());
+            // More than a staging buffer holds: it grows after waiting for earlier copies.
+            let big: Vec<f32> = (0..(1 << 20) + 7).map(|i| i as f32).collect();
+            let dbig = gpu.upload(&big).unwrap();
+            let tail = gpu.download(&dbig, 1 << 20, 7).unwrap();
+            assert_eq!(tail, big[1 << 20..].to_vec());
+        }
+        // Views outside their buffer and mismatched shapes are errors, not reads out of bounds.
+        let past = Mat {
+            buf: &dc,
+            off: 4,
+            ld: n,
+            rows: m,
+            cols: n,
+        };
+        assert!(gpu
+            .gemm_nt(&mat(&da, m, k), &mat(&dw, n, k), &past, false)
+            .is_err());
+        assert!(gpu
+            .gemm_nt(&mat(&da, m, k), &mat(&dw, n, k - 1), &mat(&dc, m, n), false)
+            .is_err());
+        assert!(gpu.download(&dc, m * n - 1, 2).is_err());
+    }
+
+    #[test]
+    fn the_emulated_device_computes_what_the_host_does() {
+        let gpu = Gpu::emulated();
+        check_fixed_kernels(&gpu);
+        // No generated kernels there: an error, not a crash.
+        assert!(gpu
+            .compile("k", "extern \"C\" __global__ void k() {}")
+            .is_err());
+    }
 
     /// On a machine without CUDA, opening the device is an error that says what is missing (and
     /// never a panic); with one, the fixed kernels compute what the host does.
@@ -632,62 +559,7 @@ mod tests {
                     "{m}"
                 );
             }
-            Ok(gpu) => {
-                // 37 x 29 by (13 x 29)ᵀ: odd sizes, partial tiles.
-                let (m, k, n) = (37, 29, 13);
-                let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
-                let w: Vec<f32> = (0..n * k).map(|i| ((i * 5) % 13) as f32 * 0.25).collect();
-                let (da, dw) = (gpu.upload(&a).unwrap(), gpu.upload(&w).unwrap());
-                let dc = gpu.zeros(m * n).unwrap();
-                let mat = |buf, rows, cols| Mat {
-                    buf,
-                    off: 0,
-                    ld: cols,
-                    rows,
-                    cols,
-                };
-                gpu.gemm_nt(&mat(&da, m, k), &mat(&dw, n, k), &mat(&dc, m, n), false)
-                    .unwrap();
-                let c = gpu.download(&dc, 0, m * n).unwrap();
-                // Several ranges at once (and an empty one), both ways of copying.
-                for pinned in [false, true] {
-                    gpu.set_pinned_staging(pinned);
-                    let parts = gpu
-                        .download_many(&[
-                            Fetch {
-                                buf: &da,
-                                off: 3,
-                                len: 5,
-                            },
-                            Fetch {
-                                buf: &dw,
-                                off: 0,
-                                len: 0,
-                            },
-                            Fetch {
-                                buf: &dc,
-                                off: n,
-                                len: n,
-                            },
-                        ])
-                        .unwrap();
-                    assert_eq!(parts[0], a[3..8].to_vec());
-                    assert!(parts[1].is_empty());
-                    assert_eq!(parts[2], c[n..2 * n].to_vec());
-                    assert!(gpu.download_many(&[]).unwrap().is_empty());
-                    // More than the staging buffer holds: it grows after waiting for earlier copies.
-                    let big: Vec<f32> = (0..(STAGING_FLOATS + 7)).map(|i| i as f32).collect();
-                    let db = gpu.upload(&big).unwrap();
-                    let back = gpu.download(&db, STAGING_FLOATS, 7).unwrap();
-                    assert_eq!(back, big[STAGING_FLOATS..].to_vec());
-                }
-                for r in 0..m {
-                    for j in 0..n {
-                        let want: f32 = (0..k).map(|x| a[r * k + x] * w[j * k + x]).sum();
-                        assert!((c[r * n + j] - want).abs() <= 1e-3 * want.abs().max(1.0));
-                    }
-                }
-            }
+            Ok(gpu) => check_fixed_kernels(&gpu),
         }
     }
 
@@ -703,21 +575,5 @@ mod tests {
         // A broken kernel is reported with the compiler's log, not a panic.
         let err = check_source("broken", "extern \"C\" __global__ void k() { x; }", "sm_90");
         assert!(matches!(err, Err(GpuError::Compile { .. })), "{err:?}");
-    }
-
-    #[test]
-    fn views_outside_their_buffer_are_refused() {
-        // Checked without a device: `extent` is pure arithmetic, but a `DevBuf` needs one, so
-        // this runs only where a GPU opens.
-        let Ok(gpu) = Gpu::open(0) else { return };
-        let buf = gpu.zeros(10).unwrap();
-        let m = Mat {
-            buf: &buf,
-            off: 4,
-            ld: 3,
-            rows: 3,
-            cols: 3,
-        };
-        assert!(gpu.ptr(&m).is_err());
     }
 }

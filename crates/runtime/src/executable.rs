@@ -175,7 +175,11 @@ impl Executable {
                 })
                 .collect(),
             derived: std::sync::Mutex::new(None),
-            device: None,
+            device: opts.emulated_device.then(|| {
+                Arc::new(crate::fused::device::DeviceRun::new(
+                    tumble_cuda::Gpu::emulated(),
+                ))
+            }),
         }
     }
 

@@ -147,6 +147,12 @@ pub struct Options {
     /// once per group of equal length; results agree within rounding (attention's sums run in
     /// another order).
     pub mixing_kernels: bool,
+    /// Run the kernel plans' launches through the GPU executor on a device emulated in host memory
+    /// (`tumble_cuda::Gpu::emulated`: its fixed kernels as loops, row programs on the host): the
+    /// executor's stage choices, views, strides and copies checked by the CPU test suites.
+    /// Results equal the CPU path's within rounding. Tests only; `tumble run --device cuda` takes
+    /// a real GPU instead.
+    pub emulated_device: bool,
 }
 
 /// Rows below which a launch of a weight-bound block waits for more: with f32 weights a row costs
@@ -201,6 +207,7 @@ impl Default for Options {
             ragged_chunk_rows: 0,
             ragged_padding: false,
             mixing_kernels: true,
+            emulated_device: false,
             threads: 1,
         }
     }

@@ -205,6 +205,31 @@ fn check_plain_case(case: &Case) {
     check_all_ways(&zoo_plain(case));
 }
 
+/// On the emulated device the GPU executor takes the stages a GPU would (the products and row
+/// programs of every zoo model run there, gathers and other operators on the host), and the
+/// results are the CPU path's (`check_all_ways` compares them with the reference).
+#[test]
+fn the_emulated_device_runs_the_products_and_row_programs() {
+    for case in cases() {
+        let x = zoo(&case);
+        let opts = Options {
+            emulated_device: true,
+            ..Options::default()
+        };
+        let p = common::batch_profile(&x, opts);
+        assert!(
+            p.fused.device_stages > 0 && p.fused.dense_stages > 0,
+            "{}: {} stages on the device, {} on the host",
+            case.model,
+            p.fused.device_stages,
+            p.fused.host_stages
+        );
+        // Without it, nothing is counted as a device stage.
+        let cpu = common::batch_profile(&x, Options::default());
+        assert_eq!(cpu.fused.device_stages + cpu.fused.host_stages, 0);
+    }
+}
+
 #[test]
 fn treelstm() {
     check_case(&cases()[0]);
@@ -583,6 +608,7 @@ fn every_combination_of_switches() {
                 ragged_chunk_rows: 0,
                 ragged_padding: hfuse && !gather_fusion,
                 mixing_kernels: !hfuse || gather_fusion,
+                emulated_device: false,
                 threads: 1,
             };
             check_batched(&x, &program, &reuse, 7, opts, &label);

@@ -90,6 +90,9 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         ragged_chunk_rows: if bit(0.3) { 2 } else { 0 },
         ragged_padding: bit(0.2),
         mixing_kernels: bit(0.7),
+        // The GPU executor on an emulated device for some programs: its stage choices, views
+        // and copies against the reference.
+        emulated_device: bit(0.3),
         threads: if bit(0.2) { 2 } else { 1 },
         ..Options::default()
     };

@@ -452,12 +452,26 @@ pub fn check_all_ways(x: &Expected) {
                     ragged_padding: batch == 64 && !planopt,
                     // Off at one configuration: the grouped mixing segments stay checked.
                     mixing_kernels: batch != 7,
+                    emulated_device: false,
                     threads: if batch == 7 { 2 } else { 1 },
                 };
                 let label = format!(
                     "{} {scheduler:?} batch {batch} coarsen {coarsen} fusion {fusion} planopt {planopt}",
                     x.name
                 );
+                check_batched(x, &program, &reuse, batch, opts, &label);
+            }
+        }
+        // The GPU executor (on a device emulated in host memory), with every plan on: what goes
+        // to the device, its views, strides and copies, against the reference.
+        if fusion && planopt {
+            for batch in [7usize, 64] {
+                let opts = Options {
+                    emulated_device: true,
+                    release_scan_bytes: 0,
+                    ..Options::default()
+                };
+                let label = format!("{} emulated device batch {batch} coarsen {coarsen}", x.name);
                 check_batched(x, &program, &reuse, batch, opts, &label);
             }
         }

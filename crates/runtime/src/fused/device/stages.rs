@@ -2,6 +2,8 @@
 //! generated kernels, reshapes as views. Each returns `false`, having computed nothing, where this
 //! launch's operands are not ones it takes, and the stage then runs on the host.
 
+use std::borrow::Cow;
+
 use tumble_compile::plan::{RowOperands, ValKey};
 use tumble_compile::{BArg, BVal, Stage};
 use tumble_cuda::{Arg, Mat};
@@ -11,8 +13,8 @@ use tumble_tensor::Tensor;
 
 use super::{gpu_err, rows_of, DRows, DVal, DevExec};
 use crate::batched::BV;
-use crate::fused::rowexec::compiled_rows;
-use crate::fused::rowprog::{OpSig, Src};
+use crate::fused::rowexec::{compiled_rows, run_rows};
+use crate::fused::rowprog::{OpSig, RowProg, Src};
 use crate::fused::{Exec, FusedStats, RunPlan};
 
 impl DevExec<'_> {
@@ -43,8 +45,16 @@ impl DevExec<'_> {
         }
     }
 
-    /// A shared f32 matrix `(N, K)` operand (a weight), on the host.
-    fn weight_of(ex: &Exec, v: &BVal) -> Result<Option<Tensor>, String> {
+    /// A shared f32 matrix `(N, K)` operand (a weight), on the host. A value the device computed
+    /// is per invocation (the device computes no shared values): not a weight (a program
+    /// generator's `nn.dense(W, nn.dense(x, U))` reads such a product as its second operand).
+    fn weight_of(&self, ex: &Exec, v: &BVal) -> Result<Option<Tensor>, String> {
+        if let BVal::Node(k) | BVal::Field(k, _) = v {
+            let k = *k as usize;
+            if matches!(ex.vals.get(k), Some(None)) {
+                return Ok(None);
+            }
+        }
         Ok(match &*ex.get_raw(v)? {
             BV::Shared(OpValue::Tensor(w)) if w.dtype() == DType::Float32 && w.rank() == 2 => {
                 Some(w.clone())
@@ -74,7 +84,7 @@ impl DevExec<'_> {
                 Some(prev) if ValKey::of(prev) == ValKey::of(av) => {}
                 Some(_) => return Ok(false),
             }
-            match Self::weight_of(ex, wv)? {
+            match self.weight_of(ex, wv)? {
                 Some(w) => ws.push(w),
                 None => return Ok(false),
             }
@@ -147,7 +157,7 @@ impl DevExec<'_> {
             let Some(BArg::One(wv)) = node.args.get(1) else {
                 return Ok(false);
             };
-            let Some(w) = Self::weight_of(ex, wv)? else {
+            let Some(w) = self.weight_of(ex, wv)? else {
                 return Ok(false);
             };
             let mut k = 0;
@@ -263,25 +273,13 @@ impl DevExec<'_> {
         let mut lead = vec![ex.b];
         lead.extend_from_slice(&prog.lead_tail);
         let rows: usize = lead.iter().product();
-        let kernel = self.run.row_launch(&prog)?;
-        let gpu = self.gpu();
-        let mut args = Vec::with_capacity(2 * dvs.len() + prog.outs.len() + 2);
+        // Operands that fit the program (a launch's rows, the widths it reads), and the scalars,
+        // which are launch constants read on the host.
+        let mut scalars = Vec::new();
         for (h, (o, r)) in prog.held.iter().zip(&dvs).enumerate() {
-            match o.src {
-                Src::Ext(_) => {
-                    if r.rows != rows || r.width != o.len {
-                        return Ok(false);
-                    }
-                    args.push(Arg::Ptr(gpu.ptr(&r.mat()).map_err(gpu_err)?));
-                    args.push(Arg::I32(i32::try_from(r.ld).map_err(|e| e.to_string())?));
-                }
-                Src::Shared(_) => {
-                    if r.rows * r.width != o.len {
-                        return Ok(false);
-                    }
-                    args.push(Arg::Ptr(gpu.ptr(&r.mat()).map_err(gpu_err)?));
-                }
-                // A shared scalar is a launch constant: passed by value, read on the host.
+            let fits = match o.src {
+                Src::Ext(_) => r.rows == rows && r.width == o.len,
+                Src::Shared(_) => r.rows * r.width == o.len,
                 Src::Scalar(_) => {
                     let v = ops.vals.get(h).ok_or("internal: row operand")?;
                     let x = match &*ex.get_raw(v)? {
@@ -290,10 +288,31 @@ impl DevExec<'_> {
                         }
                         _ => None,
                     };
-                    match x {
-                        Some(x) => args.push(Arg::F32(x)),
-                        None => return Ok(false),
-                    }
+                    scalars.extend(x);
+                    x.is_some()
+                }
+                Src::Scratch => false,
+            };
+            if !fits {
+                return Ok(false);
+            }
+        }
+        if self.gpu().is_emulated() {
+            return self.emulate_rows(ex, &prog, &dvs, ns, fstats);
+        }
+        let kernel = self.run.row_launch(&prog)?;
+        let gpu = self.gpu();
+        let mut args = Vec::with_capacity(2 * dvs.len() + prog.outs.len() + 2);
+        let mut scalars = scalars.into_iter();
+        for (o, r) in prog.held.iter().zip(&dvs) {
+            match o.src {
+                Src::Ext(_) => {
+                    args.push(Arg::Ptr(gpu.ptr(&r.mat()).map_err(gpu_err)?));
+                    args.push(Arg::I32(i32::try_from(r.ld).map_err(|e| e.to_string())?));
+                }
+                Src::Shared(_) => args.push(Arg::Ptr(gpu.ptr(&r.mat()).map_err(gpu_err)?)),
+                Src::Scalar(_) => {
+                    args.push(Arg::F32(scalars.next().ok_or("internal: row scalar")?));
                 }
                 Src::Scratch => return Ok(false),
             }
@@ -348,6 +367,36 @@ impl DevExec<'_> {
             };
             if let Some(slot) = self.vals.get_mut(*node) {
                 *slot = Some(v);
+            }
+        }
+        fstats.row_programs += 1;
+        fstats.row_program_ops += ns.len() as u64;
+        Ok(true)
+    }
+
+    /// A row-program stage on an emulated device: its operands read back through the same views
+    /// the kernel would get, the program run by the CPU's interpreter, its results put back.
+    fn emulate_rows(
+        &mut self,
+        ex: &Exec,
+        prog: &RowProg,
+        dvs: &[DRows],
+        ns: &[usize],
+        fstats: &mut FusedStats,
+    ) -> Result<bool, String> {
+        let dvals: Vec<DVal> = dvs.iter().cloned().map(DVal::Rows).collect();
+        let refs: Vec<&DVal> = dvals.iter().collect();
+        let host = self.download_all(&refs)?;
+        let cows: Vec<Cow<BV>> = host.iter().map(Cow::Borrowed).collect();
+        let Some(outs) = run_rows(ex, prog, &cows)? else {
+            return Ok(false);
+        };
+        for (node, v) in outs {
+            let d = self
+                .upload(&v)?
+                .ok_or("internal: row program output not f32")?;
+            if let Some(slot) = self.vals.get_mut(node) {
+                *slot = Some(d);
             }
         }
         fstats.row_programs += 1;

@@ -1,0 +1,98 @@
+//! The emulated device ([`crate::Gpu::emulated`]): buffers in host memory, the fixed kernels as
+//! plain loops with the CUDA kernels' semantics (the same views, strides and bounds checks), so
+//! the runtime's device executor can be tested on any machine.
+
+use std::sync::RwLock;
+
+use crate::{DevBuf, Fetch, GpuError, Mat, Mem};
+
+pub(crate) fn buffer(v: Vec<f32>) -> DevBuf {
+    DevBuf {
+        mem: Mem::Host(RwLock::new(v)),
+    }
+}
+
+fn poisoned() -> GpuError {
+    GpuError::Driver("an emulated buffer's lock is poisoned".into())
+}
+
+pub(crate) fn download_many(fetches: &[Fetch]) -> Result<Vec<Vec<f32>>, GpuError> {
+    fetches
+        .iter()
+        .map(|f| {
+            let v = f.buf.host()?.read().map_err(|_| poisoned())?;
+            v.get(f.off..f.off + f.len)
+                .map(<[f32]>::to_vec)
+                .ok_or_else(|| GpuError::Bounds("download".into()))
+        })
+        .collect()
+}
+
+/// The floats a view reads: `rows` rows of `cols`, `ld` apart.
+fn rows_of<'v>(m: &Mat, data: &'v [f32]) -> Result<Vec<&'v [f32]>, GpuError> {
+    m.extent()?;
+    (0..m.rows)
+        .map(|r| {
+            let at = m.off + r * m.ld;
+            data.get(at..at + m.cols)
+                .ok_or_else(|| GpuError::Bounds("view row".into()))
+        })
+        .collect()
+}
+
+/// A kernel's output may not be one of its inputs (the CUDA kernels read and write without
+/// ordering between blocks).
+fn distinct(out: &Mat, ins: &[&Mat]) -> Result<(), GpuError> {
+    if ins.iter().any(|m| std::ptr::eq(m.buf, out.buf)) {
+        return Err(GpuError::Bounds(
+            "a kernel's output aliases its input".into(),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn gemm_nt(a: &Mat, w: &Mat, c: &Mat, accumulate: bool) -> Result<(), GpuError> {
+    distinct(c, &[a, w])?;
+    let (av, wv) = (
+        a.buf.host()?.read().map_err(|_| poisoned())?,
+        w.buf.host()?.read().map_err(|_| poisoned())?,
+    );
+    let (ar, wr) = (rows_of(a, &av)?, rows_of(w, &wv)?);
+    c.extent()?;
+    let mut cv = c.buf.host()?.write().map_err(|_| poisoned())?;
+    for (i, arow) in ar.iter().enumerate() {
+        for (j, wrow) in wr.iter().enumerate() {
+            let dot = arow
+                .iter()
+                .zip(wrow.iter())
+                .fold(0.0f32, |s, (x, y)| x.mul_add(*y, s));
+            let at = c.off + i * c.ld + j;
+            let slot = cv
+                .get_mut(at)
+                .ok_or_else(|| GpuError::Bounds("gemm output".into()))?;
+            *slot = if accumulate { *slot + dot } else { dot };
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn copy_rows(src: &Mat, dst: &Mat, add: bool, broadcast: bool) -> Result<(), GpuError> {
+    distinct(dst, &[src])?;
+    let sv = src.buf.host()?.read().map_err(|_| poisoned())?;
+    let sr = rows_of(src, &sv)?;
+    dst.extent()?;
+    let mut dv = dst.buf.host()?.write().map_err(|_| poisoned())?;
+    for r in 0..dst.rows {
+        let from = sr
+            .get(if broadcast { 0 } else { r })
+            .ok_or_else(|| GpuError::Bounds("copy source row".into()))?;
+        let at = dst.off + r * dst.ld;
+        let to = dv
+            .get_mut(at..at + dst.cols)
+            .ok_or_else(|| GpuError::Bounds("copy destination row".into()))?;
+        for (t, f) in to.iter_mut().zip(from.iter()) {
+            *t = if add { *t + f } else { *f };
+        }
+    }
+    Ok(())
+}
