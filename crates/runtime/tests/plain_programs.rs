@@ -42,6 +42,39 @@ def @main(%x: Tensor[(1, 6), float32], %w: Tensor[(6, 6), float32])
     agrees("split_run", src, &rows(9, 6), &["x"]);
 }
 
+/// A product whose second operand is a per-instance product computed in the same block: on the
+/// GPU executor (here the emulated device, through `check_all_ways`) it was looked up as a host
+/// weight and failed the launch ("block value %0 is not available"; program generator, seed 9).
+#[test]
+fn a_product_by_a_computed_product_on_the_device() {
+    let src = r#"
+def @main(%x: Tensor[(1, 2), float32], %y: Tensor[(3, 4), float32], %u: Tensor[(4, 2), float32])
+    -> Tensor[(1, 3), float32] {
+  tanh(transpose(nn.dense(%y, nn.dense(%x, %u))))
+}
+"#;
+    // `%y` per instance: the product stays `nn.dense(Y, P)` (no canonical swap to a weight).
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let y: Vec<String> = (0..3)
+                .map(|r| {
+                    let row: Vec<String> = (0..4)
+                        .map(|j| format!("{:.2}", ((i + r * 5 + j * 3) % 7) as f64 / 4.0 - 0.7))
+                        .collect();
+                    format!("[{}]", row.join(", "))
+                })
+                .collect();
+            format!(
+                "{{\"x\": [[{:.2}, {:.2}]], \"y\": [{}]}}",
+                i as f64 / 5.0 - 0.8,
+                0.3 - i as f64 / 7.0,
+                y.join(", ")
+            )
+        })
+        .collect();
+    agrees("product_by_product", src, &inputs.join("\n"), &["x", "y"]);
+}
+
 /// A let-bound tuple of operator results, projected later ("tuple has no field 1").
 #[test]
 fn let_bound_tuple_projected() {
