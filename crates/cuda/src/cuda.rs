@@ -362,26 +362,9 @@ impl CudaDevice {
         self.generated.lock().map(|g| g.len()).unwrap_or(0)
     }
 
-    /// Launches `k` on `grid` blocks of `block` threads with `smem` bytes of dynamic shared memory.
-    ///
     /// # Safety
-    /// Every `Arg::Ptr` must come from [`Gpu::ptr`] of a view the kernel stays inside, and the
-    /// arguments must match the kernel's parameters in number and type.
-    pub(crate) unsafe fn launch(
-        &self,
-        k: &Kernel,
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
-        args: &[Arg],
-    ) -> Result<(), GpuError> {
-        // SAFETY: the caller's contract is this function's.
-        unsafe { self.launch_fn(&k.func, grid, block, smem, args) }
-    }
-
-    /// # Safety
-    /// As [`Gpu::launch`].
-    unsafe fn launch_fn(
+    /// As [`crate::Gpu::launch`].
+    pub(crate) unsafe fn launch_fn(
         &self,
         f: &CudaFunction,
         grid: (u32, u32, u32),

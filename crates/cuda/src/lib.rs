@@ -364,7 +364,7 @@ impl Gpu {
     ) -> Result<(), GpuError> {
         match &self.imp {
             // SAFETY: the caller's contract is this function's.
-            Imp::Cuda(d) => unsafe { d.launch(k, grid, block, smem, args) },
+            Imp::Cuda(d) => unsafe { d.launch_fn(&k.func, grid, block, smem, args) },
             Imp::Host => Err(no_kernels()),
         }
     }
