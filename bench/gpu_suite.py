@@ -31,15 +31,13 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "peers"))
 
 import common  # noqa: E402
+from suite import PROFILE_HEAD, PROFILE_REPEATS_NO_DECODE  # noqa: E402
 
 INPUTS = {
     "treelstm": "sst_tree_128", "mvrnn": "sst_tree_128", "birnn": "sst_tokens_128",
     "stackrnn": "sst_tokens_128", "nestedrnn": "nested_128", "drnn_small": "drnn256_128",
     "drnn_large": "drnn512_128",
 }
-REPEATS_NO_DECODE = re.compile(
-    r"^repeats without decoding inputs \(ms per run\): ([0-9. ]+); warm median ([0-9.]+)$", re.M)
-HEAD = re.compile(r"mini-batches (\d+)")
 DEVICE_LINE = re.compile(r"^device: (\d+) stages on the GPU, (\d+) on the host.*$", re.M)
 
 
@@ -56,8 +54,9 @@ def tumble(exe, model, params, inputs, batch, device, repeat, out, env=None):
     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **(env or {})))
     if p.returncode != 0:
         return {"ok": False, "error": p.stderr[-3000:]}
-    rep = REPEATS_NO_DECODE.search(p.stderr)
-    k = int(HEAD.search(p.stderr).group(1)) if HEAD.search(p.stderr) else 1
+    rep = PROFILE_REPEATS_NO_DECODE.search(p.stderr)
+    head = PROFILE_HEAD.search(p.stderr)
+    k = int(head.group(1)) if head else 1
     runs = [float(x) / k for x in rep.group(1).split()] if rep else []
     dev = DEVICE_LINE.search(p.stderr)
     return {"ok": True, "cold": runs[0] if runs else None,

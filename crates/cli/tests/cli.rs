@@ -1,26 +1,11 @@
 //! End-to-end tests of the `tumble` binary: exit statuses, what goes to stdout and stderr.
 
+mod common;
+
+use common::{root, text, tumble};
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
-
-fn tumble(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_tumble"))
-        .args(args)
-        .arg("--color=never")
-        .output();
-    match out {
-        Ok(o) => o,
-        Err(e) => panic!("cannot run tumble: {e}"),
-    }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
 
 /// The path of zoo model `models/NAME.rly`.
 fn zoo_model(name: &str) -> String {

@@ -1,27 +1,11 @@
 //! `tumble compile` and `tumble run model.tumble`: same outputs as running the source, and clear
 //! errors for stale, corrupt or mismatched compiled models.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn tumble(args: &[&str]) -> Output {
-    match Command::new(env!("CARGO_BIN_EXE_tumble"))
-        .args(args)
-        .arg("--color=never")
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => panic!("cannot run tumble: {e}"),
-    }
-}
+use common::{root, text, tumble};
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
+use std::process::Output;
 
 fn path_of(rel: &str) -> String {
     root().join(rel).display().to_string()

@@ -5,58 +5,9 @@
 //! CI has no GPU, so there this checks the error path; the GPU half runs where one is present (the
 //! development workplace's GPU machine runs this test binary, see bench/gpu_check.sh).
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn tumble(args: &[&str]) -> Output {
-    match Command::new(env!("CARGO_BIN_EXE_tumble"))
-        .args(args)
-        .arg("--color=never")
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => panic!("cannot run tumble: {e}"),
-    }
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// Numbers within `atol + rtol · |want|`, everything else equal.
-fn close(got: &serde_json::Value, want: &serde_json::Value, path: &str) -> Result<(), String> {
-    use serde_json::Value as J;
-    match (got, want) {
-        (J::Number(g), J::Number(w)) => {
-            let (g, w) = (
-                g.as_f64().unwrap_or(f64::NAN),
-                w.as_f64().unwrap_or(f64::NAN),
-            );
-            if (g - w).abs() <= 1e-4 + 1e-4 * w.abs() {
-                Ok(())
-            } else {
-                Err(format!("{path}: {g} vs {w}"))
-            }
-        }
-        (J::Array(g), J::Array(w)) if g.len() == w.len() => g
-            .iter()
-            .zip(w)
-            .enumerate()
-            .try_for_each(|(i, (g, w))| close(g, w, &format!("{path}[{i}]"))),
-        (J::Object(g), J::Object(w)) if g.len() == w.len() => {
-            w.iter().try_for_each(|(k, wv)| match g.get(k) {
-                Some(gv) => close(gv, wv, &format!("{path}.{k}")),
-                None => Err(format!("{path}: no key {k}")),
-            })
-        }
-        (g, w) if g == w => Ok(()),
-        (g, w) => Err(format!("{path}: {g} vs {w}")),
-    }
-}
+use common::{compare, root, text, tumble};
 
 /// `examples/NAME.jsonl`'s instances repeated to 72 (a mini-batch of 64 and a partial one).
 fn inputs_72(name: &str, dir: &std::path::Path) -> String {
@@ -156,17 +107,14 @@ fn device_cuda_runs_the_zoo_as_the_cpu_does_or_says_why_not() {
             }
             for (i, (gline, cline)) in gl.iter().zip(&cl).enumerate() {
                 let parse = |s: &str| serde_json::from_str::<serde_json::Value>(s);
+                let mut errs = Vec::new();
                 match (parse(gline), parse(cline)) {
-                    (Ok(gv), Ok(cv)) => {
-                        if let Err(e) = close(&gv, &cv, "") {
-                            failures.push(format!("{m} b{batch} instance {i}: {e}"));
-                            break;
-                        }
-                    }
-                    _ => {
-                        failures.push(format!("{m} b{batch} instance {i}: not JSON"));
-                        break;
-                    }
+                    (Ok(gv), Ok(cv)) => compare(&gv, &cv, "", &mut errs),
+                    _ => errs.push("not JSON".into()),
+                }
+                if let Some(e) = errs.first() {
+                    failures.push(format!("{m} b{batch} instance {i}: {e}"));
+                    break;
                 }
             }
             eprintln!("{m} b{batch}: compared");

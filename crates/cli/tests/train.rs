@@ -1,24 +1,13 @@
 //! `tumble grad`, `tumble train` and `tumble run --entry @name` end to end, on a small regression
 //! model (so the debug binary is quick).
 
+mod common;
+
+use common::{text, tumble};
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn tumble(args: &[&str]) -> Output {
-    match Command::new(env!("CARGO_BIN_EXE_tumble"))
-        .args(args)
-        .arg("--color=never")
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => panic!("cannot run tumble: {e}"),
-    }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use std::process::Output;
 
 fn temp_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tumble-train-tests-{}", std::process::id()));

@@ -23,6 +23,16 @@ pub enum BVal {
     Const(Tensor),
 }
 
+impl BVal {
+    /// The block node the value reads (`%n`, or a field of it).
+    pub fn node(&self) -> Option<usize> {
+        match self {
+            BVal::Node(k) | BVal::Field(k, _) => Some(*k as usize),
+            _ => None,
+        }
+    }
+}
+
 /// An operator argument: a tensor, or a tuple of tensors (`concatenate`'s input).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum BArg {

@@ -578,14 +578,6 @@ impl BlockPlan {
     }
 }
 
-/// The block node a value reads (`%n`, or a field of it).
-fn node_of(v: &BVal) -> Option<usize> {
-    match v {
-        BVal::Node(k) | BVal::Field(k, _) => Some(*k as usize),
-        _ => None,
-    }
-}
-
 /// For `stages` of `block`: the stage that computes each node, and per node the other stages
 /// that read it (`usize::MAX` for "a block output").
 fn stage_readers(block: &Block, stages: &[Stage]) -> (Vec<usize>, Vec<Vec<usize>>) {
@@ -608,7 +600,7 @@ fn stage_readers(block: &Block, stages: &[Stage]) -> (Vec<usize>, Vec<Vec<usize>
                 BArg::One(v) => std::slice::from_ref(v),
                 BArg::Tuple(vs) => vs.as_slice(),
             };
-            for k in vals.iter().filter_map(node_of) {
+            for k in vals.iter().filter_map(BVal::node) {
                 if stage_of.get(k) != Some(&si) {
                     if let Some(r) = readers.get_mut(k) {
                         r.push(si);
@@ -617,7 +609,7 @@ fn stage_readers(block: &Block, stages: &[Stage]) -> (Vec<usize>, Vec<Vec<usize>
             }
         }
     }
-    for k in block.outputs.iter().filter_map(node_of) {
+    for k in block.outputs.iter().filter_map(BVal::node) {
         if let Some(r) = readers.get_mut(k) {
             r.push(usize::MAX);
         }

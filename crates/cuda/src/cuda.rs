@@ -18,7 +18,6 @@ pub(crate) struct CudaDevice {
     _fixed: Arc<CudaModule>,
     gemm: CudaFunction,
     copy: CudaFunction,
-    add: CudaFunction,
     generated: Mutex<HashMap<String, Kernel>>,
     staging: Mutex<Staging>,
     /// [`pinned_staging`], switchable per device (the tests take both paths).
@@ -139,7 +138,6 @@ impl CudaDevice {
         Ok(CudaDevice {
             gemm: load("gemm_nt")?,
             copy: load("copy_rows")?,
-            add: load("add_rows")?,
             _fixed: fixed,
             ctx,
             stream,
@@ -335,12 +333,12 @@ impl CudaDevice {
             Arg::I32(to_i32(dst.ld, "stride")?),
             Arg::I32(to_i32(dst.rows, "rows")?),
             Arg::I32(to_i32(dst.cols, "columns")?),
+            Arg::I32(i32::from(add)),
         ];
         let blocks = total.div_ceil(256).min(4096) as u32;
-        let f = if add { &self.add } else { &self.copy };
         // SAFETY: both views were checked; the kernel touches rows < rows, columns < cols, and
         // a broadcast source's one row.
-        unsafe { self.launch_fn(f, (blocks, 1, 1), 256, 0, &args) }
+        unsafe { self.launch_fn(&self.copy, (blocks, 1, 1), 256, 0, &args) }
     }
 
     /// A generated kernel `name` from CUDA source `src`, compiled once per distinct source.

@@ -58,27 +58,17 @@ gemm_nt(const float* __restrict__ A, int lda, const float* __restrict__ W, int l
     }
 }
 
-// dst[r, c] = src[r, c] for r < rows, c < width (strided rows: a part of a GEMM's K, a column
-// block of a fused product).
+// dst[r, c] = src[r, c] (add: dst[r, c] += src[r, c]) for r < rows, c < width: a part of a
+// GEMM's K copied into place, a column block of a fused product, a bias added (lds = 0: one row,
+// broadcast to every row).
 extern "C" __global__ void copy_rows(const float* __restrict__ src, int lds,
-                                     float* __restrict__ dst, int ldd, int rows, int width)
+                                     float* __restrict__ dst, int ldd, int rows, int width, int add)
 {
     const size_t total = (size_t)rows * width;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
          e += (size_t)gridDim.x * blockDim.x) {
         const size_t r = e / width, c = e % width;
-        dst[r * ldd + c] = src[r * lds + c];
-    }
-}
-
-// dst[r, c] += src[r, c] (lds = 0: one row, broadcast to every row: a bias).
-extern "C" __global__ void add_rows(const float* __restrict__ src, int lds,
-                                    float* __restrict__ dst, int ldd, int rows, int width)
-{
-    const size_t total = (size_t)rows * width;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
-         e += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = e / width, c = e % width;
-        dst[r * ldd + c] += src[r * lds + c];
+        const float x = src[r * lds + c];
+        dst[r * ldd + c] = add ? dst[r * ldd + c] + x : x;
     }
 }

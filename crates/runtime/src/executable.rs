@@ -101,11 +101,6 @@ impl Executable {
         self
     }
 
-    /// The GPU the job runs on, if any.
-    pub fn device(&self) -> Option<&tumble_cuda::Gpu> {
-        self.device.as_deref().map(|d| &d.gpu)
-    }
-
     /// Plans `program` (with its reuse analysis) for runs with `opts`: [`Executable::with_plans`]
     /// with the plans the compiler's planner makes for `opts` ([`Options::plan_options`]).
     pub fn new(program: &Program, reuse: &Reuse, opts: &Options) -> Executable {

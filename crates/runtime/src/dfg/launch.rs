@@ -311,29 +311,17 @@ impl Dfg<'_> {
                     (k.outputs(block).map_err(in_block)?, Some(k))
                 }
                 (None, Some(plan)) => (
-                    match &self.exec.device {
-                        Some(device) => crate::fused::device::run_planned_on_device(
-                            device,
-                            block,
-                            plan,
-                            &inputs,
-                            b,
-                            &mut octx,
-                            &mut self.profile.ops,
-                            &mut self.profile.fused,
-                            threads,
-                        ),
-                        None => crate::fused::run_planned(
-                            block,
-                            plan,
-                            &inputs,
-                            b,
-                            &mut octx,
-                            &mut self.profile.ops,
-                            &mut self.profile.fused,
-                            threads,
-                        ),
-                    }
+                    crate::fused::run_planned_on(
+                        self.exec.device.as_deref(),
+                        block,
+                        plan,
+                        &inputs,
+                        b,
+                        &mut octx,
+                        &mut self.profile.ops,
+                        &mut self.profile.fused,
+                        threads,
+                    )
                     .map_err(in_block)?,
                     None,
                 ),

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use tumble_compile::plan::{RowOperands, ValKey};
-use tumble_compile::{BArg, BVal};
+use tumble_compile::{BArg, BVal, Block};
 use tumble_ops::{OpCtx, OpValue};
 use tumble_tensor::pool::{scratch_f32, with_capacity_f32, zeroed_f32};
 use tumble_tensor::Tensor;
@@ -277,17 +277,17 @@ pub(super) const SWAP_MIN_ROWS: usize = 8;
 /// A GEMM's rows operand as it lies (borrowed from the launch) and its shared weights.
 type SharedWeightOperands<'e> = (Cow<'e, BV>, Vec<Tensor>);
 
-/// The operands of a GEMM over denses `ns` (one, or a horizontally fused group) that all read the
-/// same rows with shared f32 weights `(N_i, K)`: the rows value as it lies (row lists included),
-/// and the weights. `None` when some member reads other rows or has a weight that is not shared.
-pub(super) fn shared_weight_operands<'e>(
-    ex: &'e Exec,
+/// The members of a GEMM over denses `ns` (one, or a horizontally fused group): the rows value
+/// they all read and each one's weight value, from the block alone. `None` when some member
+/// reads other rows.
+pub(super) fn product_members<'b>(
+    block: &'b Block,
     ns: &[usize],
-) -> Result<Option<SharedWeightOperands<'e>>, String> {
+) -> Result<Option<(&'b BVal, Vec<&'b BVal>)>, String> {
     let mut a_val: Option<&BVal> = None;
-    let mut ws: Vec<Tensor> = Vec::with_capacity(ns.len());
+    let mut ws = Vec::with_capacity(ns.len());
     for &i in ns {
-        let node = ex.block.nodes.get(i).ok_or("internal: node")?;
+        let node = block.nodes.get(i).ok_or("internal: node")?;
         let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1))
         else {
             return Ok(None);
@@ -297,15 +297,29 @@ pub(super) fn shared_weight_operands<'e>(
             Some(prev) if ValKey::of(prev) == ValKey::of(av) => {}
             Some(_) => return Ok(None),
         }
+        ws.push(wv);
+    }
+    Ok(a_val.map(|a| (a, ws)))
+}
+
+/// The operands of a GEMM over denses `ns` that all read the same rows with shared f32 weights
+/// `(N_i, K)`: the rows value as it lies (row lists included), and the weights. `None` when some
+/// member reads other rows or has a weight that is not shared.
+pub(super) fn shared_weight_operands<'e>(
+    ex: &'e Exec,
+    ns: &[usize],
+) -> Result<Option<SharedWeightOperands<'e>>, String> {
+    let Some((av, wvs)) = product_members(ex.block, ns)? else {
+        return Ok(None);
+    };
+    let mut ws: Vec<Tensor> = Vec::with_capacity(wvs.len());
+    for wv in wvs {
         match ex.get(wv)? {
             BV::Shared(OpValue::Tensor(w)) if w.as_f32().is_some() && w.rank() == 2 => ws.push(w),
             _ => return Ok(None),
         }
     }
-    match a_val {
-        Some(av) => Ok(Some((ex.get_raw(av)?, ws))),
-        None => Ok(None),
-    }
+    Ok(Some((ex.get_raw(av)?, ws)))
 }
 
 /// The output widths `N_i` of weights `ws`, when every one has `K = k` columns.

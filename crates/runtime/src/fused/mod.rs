@@ -184,6 +184,15 @@ impl<'a> Exec<'a> {
         Ok(t)
     }
 
+    /// Block output `v` as it lies: row references (gather views) become the launch's output
+    /// slots; inputs and constants as a batch or a shared value.
+    fn output(&self, v: &BVal) -> Result<BV, String> {
+        match v {
+            BVal::Node(_) => self.get_raw(v).map(Cow::into_owned),
+            _ => self.get(v),
+        }
+    }
+
     /// A value as it is, row lists included (for the stages that read rows in place).
     ///
     /// Borrowed where the value is held whole: a launch's row lists have a tensor per row, so a
@@ -328,8 +337,45 @@ pub fn run_planned(
     fstats: &mut FusedStats,
     threads: usize,
 ) -> Result<Vec<BV>, String> {
+    run_planned_on(
+        None, block, run_plan, inputs, b, octx, stats, fstats, threads,
+    )
+}
+
+/// [`run_planned`], on `device` when one is given: the stages it takes run there
+/// ([`device::run_stages`]), the others on the host.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_planned_on(
+    device: Option<&device::DeviceRun>,
+    block: &Block,
+    run_plan: &RunPlan,
+    inputs: &[BV],
+    b: usize,
+    octx: &mut OpCtx,
+    stats: &mut OpStats,
+    fstats: &mut FusedStats,
+    threads: usize,
+) -> Result<Vec<BV>, String> {
+    let mut ex = Exec::new(block, inputs, run_plan.plan.gather_views, b, threads);
+    let outs = match device {
+        Some(d) => device::run_stages(d, &mut ex, run_plan, octx, stats, fstats),
+        None => run_stages_on_host(&mut ex, run_plan, octx, stats, fstats)
+            .and_then(|()| block.outputs.iter().map(|v| ex.output(v)).collect()),
+    };
+    fstats.row_lists_stacked += ex.stacks.get();
+    fstats.row_splits += ex.row_splits.get();
+    outs
+}
+
+/// Every stage of the plan on the host, GEMM stages with their epilogues.
+fn run_stages_on_host(
+    ex: &mut Exec,
+    run_plan: &RunPlan,
+    octx: &mut OpCtx,
+    stats: &mut OpStats,
+    fstats: &mut FusedStats,
+) -> Result<(), String> {
     let plan = &run_plan.plan;
-    let mut ex = Exec::new(block, inputs, plan.gather_views, b, threads);
     // A row-program stage already run as the previous GEMM's epilogue.
     let mut done_as_epilogue = None;
     for (s, stage) in plan.stages.iter().enumerate() {
@@ -344,21 +390,21 @@ pub fn run_planned(
             if let Some(Stage::Rows(ns)) = plan.stages.get(s + 1) {
                 let t0 = std::time::Instant::now();
                 let ops = match stage {
-                    Stage::Dense(i) => dense_operands(&ex, std::slice::from_ref(i))?,
-                    Stage::HDense(ds) => dense_operands(&ex, ds)?,
+                    Stage::Dense(i) => dense_operands(ex, std::slice::from_ref(i))?,
+                    Stage::HDense(ds) => dense_operands(ex, ds)?,
                     Stage::DenseSum {
                         denses,
                         parts,
                         addends,
                         ..
                     } => match stage.result() {
-                        Some(r) => sum_operands(&ex, denses, parts, addends, r)?,
+                        Some(r) => sum_operands(ex, denses, parts, addends, r)?,
                         None => None,
                     },
                     _ => None,
                 };
                 let r = match &ops {
-                    Some(ops) => gemm_with_epilogue(&ex, run_plan, ops, s + 1, ns, fstats)?,
+                    Some(ops) => gemm_with_epilogue(ex, run_plan, ops, s + 1, ns, fstats)?,
                     None => None,
                 };
                 if let (Some((outs, flops)), Some(ops)) = (r, &ops) {
@@ -385,20 +431,9 @@ pub fn run_planned(
                 }
             }
         }
-        run_stage(&mut ex, run_plan, s, stage, octx, stats, fstats)?;
+        run_stage(ex, run_plan, s, stage, octx, stats, fstats)?;
     }
-    // As they lie: row references (gather views) become the launch's output slots.
-    let outs = block
-        .outputs
-        .iter()
-        .map(|v| match v {
-            BVal::Node(_) => ex.get_raw(v).map(Cow::into_owned),
-            _ => ex.get(v),
-        })
-        .collect();
-    fstats.row_lists_stacked += ex.stacks.get();
-    fstats.row_splits += ex.row_splits.get();
-    outs
+    Ok(())
 }
 
 /// Runs stage `s` of the plan on its own (not as an epilogue): its fast path where this launch's

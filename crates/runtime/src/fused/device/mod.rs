@@ -14,10 +14,9 @@
 //! copied back together at its end, so values cross the bus once per launch, not once per stage;
 //! the host keeps driving control flow. The stages themselves are in [`stages`].
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tumble_compile::{BVal, Block, Stage};
+use tumble_compile::{BVal, Stage};
 use tumble_cuda::{DevBuf, Fetch, Gpu, GpuError, Kernel, Mat};
 use tumble_ir::DType;
 use tumble_ops::{OpCtx, OpValue};
@@ -29,15 +28,16 @@ use super::rowcuda::row_kernel;
 use super::rowprog::RowProg;
 use super::{run_stage, Exec, FusedStats, RunPlan};
 use crate::batched::{OpStats, BV};
+use crate::intern::WordMap;
 
 /// A job's GPU: the device and the weights uploaded so far (by tensor identity, each kept alive
 /// so its address is never reused while it is cached).
 pub struct DeviceRun {
     pub gpu: Gpu,
-    weights: Mutex<HashMap<WeightKey, Arc<DevWeight>>>,
+    weights: Mutex<WordMap<WeightKey, Arc<DevWeight>>>,
     /// Compiled row-program kernels by program (the row cache's `Arc`, kept so its address is
     /// not reused): a launch neither writes the source again nor hashes it.
-    kernels: Mutex<HashMap<usize, KernelEntry>>,
+    kernels: Mutex<WordMap<usize, KernelEntry>>,
 }
 
 /// A compiled row program and the program it was made from.
@@ -112,8 +112,10 @@ impl DeviceRun {
             .iter()
             .map(|t| (t.buffer_id(), t.shape().to_vec()))
             .collect();
-        // The two layouts of one list differ.
-        key.push((along_rows as usize, Vec::new()));
+        // The two layouts of several tensors differ; of one tensor, both are the tensor.
+        if parts.len() > 1 {
+            key.push((usize::from(along_rows), Vec::new()));
+        }
         if let Some(w) = self.weights.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(w.buf.clone());
         }
@@ -275,28 +277,27 @@ impl DevExec<'_> {
             }
             BVal::Node(n) | BVal::Field(n, _) => {
                 let n = *n as usize;
-                let whole = match self.vals.get(n) {
-                    Some(Some(d)) => Some(d.clone()),
-                    _ => match ex.vals.get(n) {
-                        Some(Some(host)) => {
-                            let d = self.upload(host)?;
-                            if let (Some(slot), Some(d)) = (self.vals.get_mut(n), &d) {
-                                *slot = Some(d.clone());
-                            }
-                            d
-                        }
-                        _ => return Err(format!("internal: block value {v} is not available")),
-                    },
-                };
-                Ok(match (v, whole) {
-                    (BVal::Field(_, f), Some(DVal::Tuple(fs))) => {
-                        fs.get(*f as usize).cloned().map(DVal::Rows)
+                if !matches!(self.vals.get(n), Some(Some(_))) {
+                    let Some(Some(host)) = ex.vals.get(n) else {
+                        return Err(format!("internal: block value {v} is not available"));
+                    };
+                    let d = self.upload(host)?;
+                    if let Some(slot) = self.vals.get_mut(n) {
+                        *slot = d;
                     }
-                    (BVal::Field(..), _) => None,
-                    (_, d) => d,
-                })
+                }
+                Ok(self.field(v))
             }
             BVal::Const(t) => self.upload(&BV::Shared(OpValue::Tensor(t.clone()))),
+        }
+    }
+
+    /// Value `v` if the device holds it (a tuple's field alone), without uploading anything.
+    fn field(&self, v: &BVal) -> Option<DVal> {
+        match (v, self.vals.get(v.node()?)?.as_ref()?) {
+            (BVal::Field(_, f), DVal::Tuple(fs)) => fs.get(*f as usize).cloned().map(DVal::Rows),
+            (BVal::Field(..), DVal::Rows(_)) => None,
+            (_, d) => Some(d.clone()),
         }
     }
 
@@ -308,26 +309,34 @@ impl DevExec<'_> {
         })
     }
 
-    /// Copies back the device-only values that stage `stage` reads, so the host can run it.
+    /// Copies back the device-only values that stage `stage` reads (with one wait), so the host
+    /// can run it.
     fn to_host(&self, ex: &mut Exec, stage: &Stage) -> Result<(), String> {
+        let mut wanted: Vec<usize> = Vec::new();
         for n in stage.nodes() {
             let Some(node) = ex.block.nodes.get(n) else {
                 continue;
             };
-            for a in &node.args {
-                for v in a.values() {
-                    if let BVal::Node(k) | BVal::Field(k, _) = v {
-                        let k = *k as usize;
-                        if matches!(ex.vals.get(k), Some(None)) {
-                            if let Some(Some(d)) = self.vals.get(k) {
-                                let host = self.download(d)?;
-                                if let Some(slot) = ex.vals.get_mut(k) {
-                                    *slot = Some(host);
-                                }
-                            }
-                        }
-                    }
+            for k in node
+                .args
+                .iter()
+                .flat_map(|a| a.values())
+                .filter_map(BVal::node)
+            {
+                let device_only = matches!(ex.vals.get(k), Some(None))
+                    && matches!(self.vals.get(k), Some(Some(_)));
+                if device_only && !wanted.contains(&k) {
+                    wanted.push(k);
                 }
+            }
+        }
+        let ds: Vec<&DVal> = wanted
+            .iter()
+            .filter_map(|&k| self.vals.get(k).and_then(Option::as_ref))
+            .collect();
+        for (k, host) in wanted.iter().zip(self.download_all(&ds)?) {
+            if let Some(slot) = ex.vals.get_mut(*k) {
+                *slot = Some(host);
             }
         }
         Ok(())
@@ -335,13 +344,13 @@ impl DevExec<'_> {
 
     /// Device values copied back, with one wait for the device.
     fn download_all(&self, ds: &[&DVal]) -> Result<Vec<BV>, String> {
-        let rows_of = |d: &DVal| -> Vec<DRows> {
+        let parts = |d: &DVal| -> Vec<DRows> {
             match d {
                 DVal::Rows(r) => vec![r.clone()],
                 DVal::Tuple(fs) => fs.clone(),
             }
         };
-        let all: Vec<Vec<DRows>> = ds.iter().map(|d| rows_of(d)).collect();
+        let all: Vec<Vec<DRows>> = ds.iter().map(|d| parts(d)).collect();
         // A strided view comes back as the span of its rows, then compacted.
         let span = |r: &DRows| match r.rows {
             0 => 0,
@@ -391,36 +400,25 @@ impl DevExec<'_> {
         }
         Ok(out)
     }
-
-    fn download(&self, d: &DVal) -> Result<BV, String> {
-        self.download_all(&[d])?
-            .pop()
-            .ok_or_else(|| "internal: device download".to_string())
-    }
 }
 
-/// Runs `block` for `b` invocations following `plan`, its stages on `run`'s GPU where they
-/// apply and on the host otherwise ([`super::run_planned`]'s contract).
-#[allow(clippy::too_many_arguments)]
-pub fn run_planned_on_device(
+/// The stages of `run_plan` for launch `ex`: on `run`'s GPU where they apply, on the host
+/// otherwise; the block's outputs, those the device computed copied back with one wait.
+pub(super) fn run_stages(
     run: &DeviceRun,
-    block: &Block,
+    ex: &mut Exec,
     run_plan: &RunPlan,
-    inputs: &[BV],
-    b: usize,
     octx: &mut OpCtx,
     stats: &mut OpStats,
     fstats: &mut FusedStats,
-    threads: usize,
 ) -> Result<Vec<BV>, String> {
-    let plan = &run_plan.plan;
-    let mut ex = Exec::new(block, inputs, plan.gather_views, b, threads);
+    let block = ex.block;
     let mut dx = DevExec {
         run,
-        inputs: vec![None; inputs.len()],
+        inputs: vec![None; ex.inputs.len()],
         vals: vec![None; block.nodes.len()],
     };
-    for (s, stage) in plan.stages.iter().enumerate() {
+    for (s, stage) in run_plan.plan.stages.iter().enumerate() {
         if let Some(dead) = s.checked_sub(1).and_then(|d| run_plan.dead_after.get(d)) {
             ex.drop_values(dead);
             for &k in dead {
@@ -430,44 +428,42 @@ pub fn run_planned_on_device(
             }
         }
         let t0 = std::time::Instant::now();
-        if dx.stage(&ex, run_plan, s, stage, fstats)? {
+        if dx.stage(ex, run_plan, s, stage, fstats)? {
             fstats.device_stages += 1;
             fstats.device_time += t0.elapsed();
             continue;
         }
-        dx.to_host(&mut ex, stage)?;
-        run_stage(&mut ex, run_plan, s, stage, octx, stats, fstats)?;
+        dx.to_host(ex, stage)?;
+        run_stage(ex, run_plan, s, stage, octx, stats, fstats)?;
         fstats.host_stages += 1;
     }
     let t0 = std::time::Instant::now();
-    // Outputs computed on the device only come back together, with one wait.
+    // The outputs only the device holds (a tuple's field alone), copied back together.
     let on_device: Vec<Option<DVal>> = block
         .outputs
         .iter()
         .map(|v| match v {
-            BVal::Node(n) | BVal::Field(n, _) => match ex.vals.get(*n as usize) {
-                Some(Some(_)) => None,
-                _ => dx.vals.get(*n as usize).cloned().flatten(),
-            },
+            BVal::Node(n) | BVal::Field(n, _)
+                if ex.vals.get(*n as usize).is_some_and(Option::is_none) =>
+            {
+                dx.field(v)
+            }
             _ => None,
         })
         .collect();
     let wanted: Vec<&DVal> = on_device.iter().flatten().collect();
     let mut fetched = dx.download_all(&wanted)?.into_iter();
-    let mut outs = Vec::with_capacity(block.outputs.len());
-    for (v, d) in block.outputs.iter().zip(&on_device) {
-        let out = match (d, v) {
-            (Some(_), BVal::Field(_, f)) => fetched
+    let outs = block
+        .outputs
+        .iter()
+        .zip(&on_device)
+        .map(|(v, d)| match d {
+            Some(_) => fetched
                 .next()
-                .and_then(|whole| whole.field(*f))
-                .ok_or("internal: device output is not a tuple")?,
-            (Some(_), _) => fetched.next().ok_or("internal: device output")?,
-            (None, BVal::Node(_)) => ex.get_raw(v)?.into_owned(),
-            (None, _) => ex.get(v)?,
-        };
-        outs.push(out);
-    }
+                .ok_or_else(|| "internal: device output".to_string()),
+            None => ex.output(v),
+        })
+        .collect();
     fstats.device_time += t0.elapsed();
-    fstats.row_lists_stacked += ex.stacks.get();
-    Ok(outs)
+    outs
 }

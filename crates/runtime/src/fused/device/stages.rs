@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use tumble_compile::plan::{RowOperands, ValKey};
+use tumble_compile::plan::RowOperands;
 use tumble_compile::{BArg, BVal, Stage};
 use tumble_cuda::{Arg, Mat};
 use tumble_ir::DType;
@@ -13,6 +13,7 @@ use tumble_tensor::Tensor;
 
 use super::{gpu_err, rows_of, DRows, DVal, DevExec};
 use crate::batched::BV;
+use crate::fused::gemm::{product_members, weight_widths};
 use crate::fused::rowexec::{compiled_rows, run_rows};
 use crate::fused::rowprog::{OpSig, RowProg, Src};
 use crate::fused::{Exec, FusedStats, RunPlan};
@@ -71,35 +72,26 @@ impl DevExec<'_> {
         ns: &[usize],
         fstats: &mut FusedStats,
     ) -> Result<bool, String> {
-        let mut a_val: Option<&BVal> = None;
-        let mut ws = Vec::with_capacity(ns.len());
-        for &i in ns {
-            let node = ex.block.nodes.get(i).ok_or("internal: node")?;
-            let (Some(BArg::One(av)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1))
-            else {
-                return Ok(false);
-            };
-            match a_val {
-                None => a_val = Some(av),
-                Some(prev) if ValKey::of(prev) == ValKey::of(av) => {}
-                Some(_) => return Ok(false),
-            }
+        let Some((av, wvs)) = product_members(ex.block, ns)? else {
+            return Ok(false);
+        };
+        let mut ws = Vec::with_capacity(wvs.len());
+        for wv in wvs {
             match self.weight_of(ex, wv)? {
                 Some(w) => ws.push(w),
                 None => return Ok(false),
             }
         }
-        let Some(av) = a_val else {
-            return Ok(false);
-        };
         let Some(a) = self.rows(ex, av)? else {
             return Ok(false);
         };
         let k = a.width;
-        if a.shared || a.shape.len() < 2 || ws.iter().any(|w| w.shape().get(1) != Some(&k)) {
+        let Some(widths) = weight_widths(&ws, k) else {
+            return Ok(false);
+        };
+        if a.shared || a.shape.len() < 2 {
             return Ok(false);
         }
-        let widths: Vec<usize> = ws.iter().map(|w| w.shape()[0]).collect();
         let n_all: usize = widths.iter().sum();
         let w = self.run.weight(&ws, true)?;
         let mut shape = a.shape.clone();
