@@ -393,7 +393,15 @@ def main():
                          "first run is the cold figure, the median of the others the warm one (peers are warm "
                          "long-lived processes); 1: cold only")
     ap.add_argument("--tag", help="results file stem (default <date>-<machine>)")
+    ap.add_argument("--table", metavar="JSON",
+                    help="run nothing: print the report (tables and issue 17's targets per point) of an "
+                         "earlier run's results JSON")
     args = ap.parse_args()
+    if args.table:
+        with open(args.table) as f:
+            res = json.load(f)
+        print(make_table(res["points"], res["meta"]["engines"], res["meta"]), end="")
+        return 0
     if args.quick:
         args.sizes, args.batches, args.rounds, args.minibatches = ["small"], [8], 2, 2
         args.berxit_tumble = "none"
@@ -692,7 +700,81 @@ def make_table(points, engines, meta):
     ex = [f"{p['model']} b{p['batch']}: {p['exit_layers']}" for p in points if p.get("exit_layers")]
     if ex:
         lines += ["", "Berxit exit layers (layer: instances): " + "; ".join(ex) + "."]
+    lines += [""] + make_targets(points, engines)
     return "\n".join(lines) + "\n"
+
+
+# Issue 17's targets, per point: which points each applies to.
+ROOFLINE_TARGET = 0.75  # GEMM-bound points at b64: dense FLOPs / sgemm peak over tumble's time
+ROOFLINE_MODELS = {"treelstm_large", "birnn_large", "stackrnn_large", "berxit_small", "berxit_large"}
+HOST_TARGET = 0.10  # host program, DFG, scheduling, gathers, other: at most this share at b64
+HOST_PARTS = ("program", "dfg", "scheduling", "gather", "other")
+
+
+def host_share(p):
+    """tumble's median share of time outside its kernels over the point's rounds (the profile each
+    round prints is its process's last run; decoding the instances is left out, as for the peers),
+    or None without a profile."""
+    shares = []
+    for r in p.get("tumble_profile", {}).get("tumble", []):
+        parts = r.get("parts") or {}
+        host = sum(parts.get(k, 0.0) for k in HOST_PARTS)
+        total = host + parts.get("kernels", 0.0) + parts.get("encode", 0.0)
+        if total > 0:
+            shares.append(host / total)
+    return median(shares) if shares else None
+
+
+def make_targets(points, engines):
+    """Issue 17's targets marked per point: faster than every peer and than tumble's own eager
+    scheduler (cold, and warm against the peers), the roofline share of the GEMM-bound points at
+    b64, and the host share at b64 (not DRNN, whose work is control flow)."""
+    mark = lambda ok: "—" if ok is None else ("✓" if ok else "✗")  # noqa: E731
+    rivals = [e for e in ("torch_eager", "torch_batched", "dynet", "tumble_eager") if e in engines]
+    head = ["model", "batch"] + [f"faster than {LABEL[e]}" for e in rivals] + \
+        ["fastest (cold)", "fastest (warm)", "roofline cold / warm", "host share (b64)"]
+    out = ["### Issue 17's targets per point (✓ met, ✗ not, — not applicable or not run)", "",
+           f"Fastest: tumble's time below every peer's (and, cold, below `{LABEL['tumble_eager']}`); "
+           f"roofline: ≥ {ROOFLINE_TARGET:.0%} at b64 on {', '.join(sorted(ROOFLINE_MODELS))}; host share: "
+           f"{' + '.join(HOST_PARTS)} ≤ {HOST_TARGET:.0%} of tumble's time at b64 on every model but DRNN "
+           "(median over the rounds of the profile each process prints, decoding left out).", "",
+           "| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + [":---:"] * (len(head) - 2)) + "|"]
+    met = {k: [0, 0] for k in ("fastest cold", "fastest warm", "roofline", "host")}
+
+    def count(key, ok):
+        if ok is not None:
+            met[key][0] += bool(ok)
+            met[key][1] += 1
+        return ok
+
+    for p in points:
+        t, w = p["median_ms"].get("tumble"), p.get("warm_median_ms")
+        if not t:
+            continue
+        row = [p["model"], str(p["batch"])]
+        for e in rivals:
+            v = p["median_ms"].get(e)
+            row.append(f"{mark(t < v)} {v / t:.2f}×" if v else "—")
+        peers = [p["median_ms"].get(e) for e in rivals if not e.startswith("tumble")]
+        peers = [v for v in peers if v]
+        own = [p["median_ms"].get(e) for e in rivals if e.startswith("tumble")]
+        own = [v for v in own if v]
+        row.append(mark(count("fastest cold", all(t < v for v in peers + own) if peers else None)))
+        row.append(mark(count("fastest warm", all(w < v for v in peers) if (w and peers) else None)))
+        roof = p.get("roofline_ms")
+        if p["model"] in ROOFLINE_MODELS and p["batch"] >= 64 and roof:
+            ok = count("roofline", roof / t >= ROOFLINE_TARGET)
+            row.append(f"{mark(ok)} {roof / t:.0%} / {roof / w:.0%}" if w else f"{mark(ok)} {roof / t:.0%}")
+        else:
+            row.append("—")
+        h = host_share(p)
+        if p["batch"] >= 64 and p["kind"] != "drnn" and h is not None:
+            row.append(f"{mark(count('host', h <= HOST_TARGET))} {h:.0%}")
+        else:
+            row.append(f"({h:.0%})" if h is not None else "—")
+        out.append("| " + " | ".join(row) + " |")
+    out += ["", "Targets met: " + "; ".join(f"{k} {a} of {n}" for k, (a, n) in met.items()) + "."]
+    return out
 
 
 def make_plot(points, engines, path, meta):
