@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release -p tumble-kernels --example gemm_bench -- [--threads T] [--kernel avx512|avx2|portable]
 //!     [--shapes B,K,N;B,K,N...] [--no-peak] [--min-time SECONDS] [--stat median|min] [--cold N]
+//!     [--ab KEY=VALUE,...]
 //! ```
 //! (`--help` describes each option.)
 //!
@@ -12,6 +13,14 @@
 //! (b) gathered A — B rows in random order out of a buffer of 2B rows — with a sigmoid epilogue,
 //! then the machine's measured sgemm peak (best of several 2048×1024×1024 contiguous runs).
 //! `examples/torch_gemm.py` prints the same table for PyTorch.
+//!
+//! `--ab l2_chunk=262144` (keys: `l2_min`, `l2_chunk`, `l2_group`, `wide_columns`,
+//! `whole_row_tasks`, see
+//! [`Tuning`]) compares the default blocking (A) with the one given (B) instead: one call of A,
+//! one of B, alternately (the order swapped every pair), for each shape and case, and prints the
+//! median of the per-pair ratios B/A with its quartiles and how many pairs B won. Pairs of calls
+//! microseconds apart see the same machine, so the drift of a shared VM (20–50% over minutes,
+//! which hides a 10% difference between two runs) cancels out of each ratio.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -79,6 +88,85 @@ struct Opts {
     /// streams its weight from memory as a launch in a real run does.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     cold: u64,
+    /// Compare the default blocking with this one, call by call: `KEY=VALUE,...` with keys
+    /// `l2_min` (bytes), `l2_chunk` (bytes), `l2_group` (row blocks), `wide_columns` (bytes, or
+    /// `off`), `whole_row_tasks` (0 or 1).
+    #[arg(long, value_parser = tuning_spec)]
+    ab: Option<Tuning>,
+}
+
+/// A `--ab` blocking: the defaults with the given keys changed.
+fn tuning_spec(v: &str) -> Result<Tuning, String> {
+    let mut t = Tuning::default();
+    for item in v.split(',').filter(|s| !s.trim().is_empty()) {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("`{item}` is not KEY=VALUE"))?;
+        let value = value.trim();
+        let number = || {
+            value
+                .parse::<usize>()
+                .map_err(|_| format!("`{item}`: expected a non-negative integer"))
+        };
+        match key.trim() {
+            "l2_min" => t.l2_block_min_weight_bytes = number()?,
+            "l2_chunk" => t.l2_chunk_bytes = number()?.max(1),
+            "l2_group" => t.l2_group_mc = number()?.max(1),
+            "wide_columns" if value == "off" => t.wide_column_split_min_weight_bytes = usize::MAX,
+            "wide_columns" => t.wide_column_split_min_weight_bytes = number()?,
+            "whole_row_tasks" => t.whole_row_tasks_per_thread = number()? != 0,
+            other => {
+                return Err(format!(
+                    "unknown key `{other}` (expected l2_min, l2_chunk, l2_group, wide_columns or whole_row_tasks)"
+                ))
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// Per-pair ratios of B's time over A's, one call each, alternating (the order swapped every
+/// pair), for `min_time` seconds (at least 9 pairs, after a warm-up call of each): the medians of
+/// A and B, and the ratios sorted.
+fn paired(
+    min_time: f64,
+    b_tuning: Tuning,
+    mut f: impl FnMut() -> Result<(), KernelError>,
+) -> Result<(f64, f64, Vec<f64>), KernelError> {
+    let a_tuning = Tuning::default();
+    let time = |t: Tuning, f: &mut dyn FnMut() -> Result<(), KernelError>| {
+        set_tuning(t);
+        let start = Instant::now();
+        let r = f();
+        (start.elapsed().as_secs_f64(), r)
+    };
+    for t in [a_tuning, b_tuning] {
+        time(t, &mut f).1?;
+    }
+    let (mut ta, mut tb, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let start = Instant::now();
+    while ratios.len() < 9 || (start.elapsed().as_secs_f64() < min_time && ratios.len() < 5000) {
+        let (a, b) = if ratios.len() % 2 == 0 {
+            let a = time(a_tuning, &mut f);
+            (a, time(b_tuning, &mut f))
+        } else {
+            let b = time(b_tuning, &mut f);
+            (time(a_tuning, &mut f), b)
+        };
+        a.1?;
+        b.1?;
+        ta.push(a.0);
+        tb.push(b.0);
+        ratios.push(b.0 / a.0);
+    }
+    set_tuning(a_tuning);
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|x, y| x.total_cmp(y));
+        v[v.len() / 2]
+    };
+    let (ma, mb) = (med(&mut ta), med(&mut tb));
+    ratios.sort_by(|x, y| x.total_cmp(y));
+    Ok((ma, mb, ratios))
 }
 
 #[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
@@ -150,10 +238,19 @@ fn run(o: Opts) -> Result<(), KernelError> {
         "# tumble-kernels gemm_bench: kernel {}, threads {threads}",
         kind.name()
     );
-    println!(
-        "{:>5} {:>4} {:>5} | {:>11} {:>8} | {:>11} {:>8}",
-        "B", "K", "N", "contig us", "GFLOP/s", "gath+sig us", "GFLOP/s"
-    );
+    if let Some(t) = o.ab {
+        println!("# --ab: A = {:?}", Tuning::default());
+        println!("#       B = {t:?}");
+        println!(
+            "{:>5} {:>4} {:>5} | {:>8} | {:>9} {:>9} | {:>6} [{:>5}, {:>5}] | B faster",
+            "B", "K", "N", "case", "A us", "B us", "B/A", "q1", "q3"
+        );
+    } else {
+        println!(
+            "{:>5} {:>4} {:>5} | {:>11} {:>8} | {:>11} {:>8}",
+            "B", "K", "N", "contig us", "GFLOP/s", "gath+sig us", "GFLOP/s"
+        );
+    }
     let mut rng = Rng(0x1234_5678_9ABC_DEF1);
     let sigmoid = BiasActivation {
         bias: None,
@@ -188,10 +285,32 @@ fn run(o: Opts) -> Result<(), KernelError> {
             data: &x,
             stride: k,
         };
+        let gathered = Rows::Gathered(&rows);
+        if let Some(b_tuning) = o.ab {
+            let cases: [(&str, &Rows, &dyn Epilogue); 2] = [
+                ("contig", &contiguous, &NoEpilogue),
+                ("gath+sig", &gathered, &sigmoid),
+            ];
+            for (name, a, epi) in cases {
+                let (ma, mb, r) = paired(min_time, b_tuning, || {
+                    dense_with(kind, a, next_w(), &mut c, epi, threads)
+                })?;
+                let won = r.iter().filter(|&&x| x < 1.0).count();
+                println!(
+                    "{b:>5} {k:>4} {n:>5} | {name:>8} | {:>9.1} {:>9.1} | {:>6.3} [{:.3}, {:.3}] | {won}/{}",
+                    ma * 1e6,
+                    mb * 1e6,
+                    r[r.len() / 2],
+                    r[r.len() / 4],
+                    r[3 * r.len() / 4],
+                    r.len()
+                );
+            }
+            continue;
+        }
         let ta = median_time(min_time, use_min, || {
             dense_with(kind, &contiguous, next_w(), &mut c, &NoEpilogue, threads)
         })?;
-        let gathered = Rows::Gathered(&rows);
         let tb = median_time(min_time, use_min, || {
             dense_with(kind, &gathered, next_w(), &mut c, &sigmoid, threads)
         })?;
@@ -203,7 +322,7 @@ fn run(o: Opts) -> Result<(), KernelError> {
             flops / tb * 1e-9
         );
     }
-    if peak {
+    if peak && o.ab.is_none() {
         let (m, n, k) = (2048, 1024, 1024);
         let w = rng.vec(n * k);
         let pw = PackedWeight::pack(&w, n, k)?;

@@ -84,12 +84,75 @@ const L2_GROUP_MC: usize = 4;
 /// thread for the dynamic balance.
 const L2_TASK_MIN_MC: usize = 2;
 
+/// The driver's blocking choices that depend on the memory system, which a benchmark may change
+/// at run time to compare two of them in one process, call by call (`gemm_bench --ab`): on a
+/// shared VM whose speed drifts by 20–50% between runs, only comparisons that close together
+/// resolve a 10% difference. Everything else leaves the defaults (the constants above).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// Weights of at least this many bytes (all parts together) are L2-blocked.
+    pub l2_block_min_weight_bytes: usize,
+    /// Weight bytes per column chunk of the L2 blocking.
+    pub l2_chunk_bytes: usize,
+    /// `mc` row blocks per group of the L2 blocking (at least 1).
+    pub l2_group_mc: usize,
+    /// With several threads, split a weight of at least this many bytes whose N is at least twice
+    /// its K by columns even when the rows would give every thread a block: each thread streams
+    /// only its share of the weight, at the price of packing A once per column task. `usize::MAX`
+    /// (the default): never.
+    pub wide_column_split_min_weight_bytes: usize,
+    /// Row tasks a whole number per thread (their count rounded down to a multiple of the
+    /// threads): 3 equal tasks on 2 threads leave one idle for the last third.
+    pub whole_row_tasks_per_thread: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            l2_block_min_weight_bytes: L2_BLOCK_MIN_WEIGHT_BYTES,
+            l2_chunk_bytes: L2_CHUNK_BYTES,
+            l2_group_mc: L2_GROUP_MC,
+            wide_column_split_min_weight_bytes: usize::MAX,
+            whole_row_tasks_per_thread: false,
+        }
+    }
+}
+
+static TUNE_L2_MIN: AtomicUsize = AtomicUsize::new(L2_BLOCK_MIN_WEIGHT_BYTES);
+static TUNE_L2_CHUNK: AtomicUsize = AtomicUsize::new(L2_CHUNK_BYTES);
+static TUNE_L2_GROUP: AtomicUsize = AtomicUsize::new(L2_GROUP_MC);
+static TUNE_WIDE_COLUMNS: AtomicUsize = AtomicUsize::new(usize::MAX);
+static TUNE_WHOLE_ROW_TASKS: AtomicUsize = AtomicUsize::new(0);
+
+/// Replaces the driver's [`Tuning`] for every later product, on every thread (a product already
+/// running keeps what it read). Outputs do not change: every choice here only reorders the same
+/// tiles, each element's K sum staying in one order.
+pub fn set_tuning(t: Tuning) {
+    TUNE_L2_MIN.store(t.l2_block_min_weight_bytes, Ordering::Relaxed);
+    TUNE_L2_CHUNK.store(t.l2_chunk_bytes.max(1), Ordering::Relaxed);
+    TUNE_L2_GROUP.store(t.l2_group_mc.max(1), Ordering::Relaxed);
+    TUNE_WIDE_COLUMNS.store(t.wide_column_split_min_weight_bytes, Ordering::Relaxed);
+    TUNE_WHOLE_ROW_TASKS.store(usize::from(t.whole_row_tasks_per_thread), Ordering::Relaxed);
+}
+
+/// The driver's current [`Tuning`].
+pub fn tuning() -> Tuning {
+    Tuning {
+        l2_block_min_weight_bytes: TUNE_L2_MIN.load(Ordering::Relaxed),
+        l2_chunk_bytes: TUNE_L2_CHUNK.load(Ordering::Relaxed),
+        l2_group_mc: TUNE_L2_GROUP.load(Ordering::Relaxed),
+        wide_column_split_min_weight_bytes: TUNE_WIDE_COLUMNS.load(Ordering::Relaxed),
+        whole_row_tasks_per_thread: TUNE_WHOLE_ROW_TASKS.load(Ordering::Relaxed) != 0,
+    }
+}
+
 /// Rows after which the driver's blocking of a launch starts afresh: one `mc` block, or one
 /// group of them when a weight of `weight_bytes` is L2-blocked. A launch cut into row chunks
 /// that are multiples of this streams its weight as often as the whole launch does.
 pub(crate) fn row_unit(kernel: &Kernel, weight_bytes: usize) -> usize {
-    if weight_bytes >= L2_BLOCK_MIN_WEIGHT_BYTES {
-        L2_GROUP_MC * kernel.mc
+    let tune = tuning();
+    if weight_bytes >= tune.l2_block_min_weight_bytes {
+        tune.l2_group_mc * kernel.mc
     } else {
         kernel.mc
     }
@@ -212,7 +275,8 @@ pub(crate) fn run(
     let w_bytes = parts.iter().fold(0usize, |acc, p| {
         acc.saturating_add(p.w.k().saturating_mul(n).saturating_mul(4))
     });
-    let l2 = !small && w_bytes >= L2_BLOCK_MIN_WEIGHT_BYTES;
+    let tune = tuning();
+    let l2 = !small && w_bytes >= tune.l2_block_min_weight_bytes;
     if flops < MIN_PARALLEL_FLOPS && w_bytes < MIN_PARALLEL_WEIGHT_BYTES {
         t = 1;
     }
@@ -232,7 +296,8 @@ pub(crate) fn run(
         );
         return;
     }
-    if split_rows(kernel, m, panels, t) {
+    let wide_columns = w_bytes >= tune.wide_column_split_min_weight_bytes && n >= 2 * k_total;
+    if split_rows(kernel, m, panels, t) && !wide_columns {
         // Up to 4 chunks per thread, each at least one `mc` block, handed out dynamically: a
         // thread whose core is busy with other work takes fewer (this machine is shared).
         let chunks = m.div_ceil(kernel.mc).clamp(t, 4 * t);
@@ -240,6 +305,11 @@ pub(crate) fn run(
         // weight loaded into a core's L2 serves more than one block of that task's rows.
         let chunks = if l2 {
             (m / (L2_TASK_MIN_MC * kernel.mc)).clamp(t, 4 * t)
+        } else {
+            chunks
+        };
+        let chunks = if tune.whole_row_tasks_per_thread {
+            (chunks / t).max(1) * t
         } else {
             chunks
         };
@@ -373,7 +443,14 @@ struct Blocking {
 
 /// The blocking of a task of `rows` rows and `panels` weight panels (K blocks of at most
 /// `kc_max`); `l2` when the launch's weight is big enough for L2 blocking to pay.
-fn blocking(kernel: &Kernel, rows: usize, panels: usize, kc_max: usize, l2: bool) -> Blocking {
+fn blocking(
+    kernel: &Kernel,
+    rows: usize,
+    panels: usize,
+    kc_max: usize,
+    l2: bool,
+    tune: &Tuning,
+) -> Blocking {
     let plain = Blocking {
         group: kernel.mc,
         chunk: panels.max(1),
@@ -384,14 +461,14 @@ fn blocking(kernel: &Kernel, rows: usize, panels: usize, kc_max: usize, l2: bool
     }
     // Balanced groups of at most L2_GROUP_MC row blocks (rounded to whole micro-panels), so a
     // task of 2 × 224 + 14 rows is not cut into two full groups and a 14-row one.
-    let groups = rows.div_ceil(L2_GROUP_MC * kernel.mc);
+    let groups = rows.div_ceil(tune.l2_group_mc * kernel.mc);
     let group = rows.div_ceil(groups).next_multiple_of(kernel.mr);
     let kc_bytes = kc_max
         .saturating_mul(NR * std::mem::size_of::<f32>())
         .max(1);
     Blocking {
         group,
-        chunk: (L2_CHUNK_BYTES / kc_bytes).clamp(1, panels.max(1)),
+        chunk: (tune.l2_chunk_bytes / kc_bytes).clamp(1, panels.max(1)),
     }
 }
 
@@ -417,7 +494,7 @@ fn block_rows(
     } else {
         (kernel.mc, kernel.kc)
     };
-    let bl = blocking(kernel, r1 - r0, p1 - p0, kc_max, l2);
+    let bl = blocking(kernel, r1 - r0, p1 - p0, kc_max, l2, &tuning());
     let group_max = if small { mc_max } else { bl.group };
     let sub = mc_max.div_ceil(mr).max(1); // micro-panels per mc sub-block
     let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));

@@ -1,0 +1,100 @@
+//! The driver's run-time [`Tuning`] only reorders tiles: every setting gives the same bits as the
+//! defaults. A test binary of its own, since `set_tuning` is process-wide and would change the
+//! paths the other tests mean to cover while they run.
+
+use tumble_kernels::*;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn vec(&mut self, len: usize) -> Vec<f32> {
+        (0..len)
+            .map(|_| ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+            .collect()
+    }
+}
+
+/// `(m, n, k)` products, gathered rows with a sigmoid epilogue, on 1 and 2 threads, under each
+/// tuning: bit-identical to the defaults. The tunings' thresholds are scaled down to these
+/// shapes (weights of 40–820 KiB, so that the test stays quick in a debug build): L2 blocking
+/// with column chunks of a few panels and groups of 1, 3 and 7 row blocks, two K blocks
+/// (K = 300), the column split of a wide weight, row task counts that are not a multiple of the
+/// threads (580 rows: 3 tasks when L2-blocked), odd sizes everywhere.
+#[test]
+fn every_tuning_gives_the_defaults_bits() {
+    let defaults = Tuning::default();
+    assert_eq!(tuning(), defaults);
+    let tunings = [
+        Tuning {
+            l2_block_min_weight_bytes: 32 << 10,
+            l2_chunk_bytes: 40 << 10,
+            l2_group_mc: 1,
+            ..defaults
+        },
+        Tuning {
+            l2_block_min_weight_bytes: 32 << 10,
+            l2_chunk_bytes: 100 << 10,
+            l2_group_mc: 3,
+            whole_row_tasks_per_thread: true,
+            ..defaults
+        },
+        Tuning {
+            l2_block_min_weight_bytes: 0,
+            l2_group_mc: 7,
+            ..defaults
+        },
+        Tuning {
+            wide_column_split_min_weight_bytes: 128 << 10,
+            ..defaults
+        },
+        Tuning {
+            wide_column_split_min_weight_bytes: 0,
+            whole_row_tasks_per_thread: true,
+            ..defaults
+        },
+    ];
+    let mut rng = Rng(2026);
+    let sigmoid = BiasActivation {
+        bias: None,
+        act: Activation::Sigmoid,
+    };
+    for (m, n, k) in [
+        (580, 520, 130),
+        (257, 700, 300),
+        (97, 401, 77),
+        (5, 600, 100),
+    ] {
+        let w = rng.vec(n * k);
+        let pw = PackedWeight::pack(&w, n, k).unwrap();
+        let pool = rng.vec((m + 3) * k);
+        let rows: Vec<&[f32]> = (0..m)
+            .map(|i| {
+                let r = (i * 7 + 2) % (m + 3);
+                &pool[r * k..(r + 1) * k]
+            })
+            .collect();
+        let gathered = Rows::Gathered(&rows);
+        for threads in [1, 2] {
+            set_tuning(defaults);
+            let mut want = vec![f32::NAN; m * n];
+            dense(&gathered, &pw, &mut want, &sigmoid, threads).unwrap();
+            assert!(want.iter().all(|x| x.is_finite()));
+            for t in tunings {
+                set_tuning(t);
+                assert_eq!(tuning(), t);
+                let mut got = vec![f32::NAN; m * n];
+                dense(&gathered, &pw, &mut got, &sigmoid, threads).unwrap();
+                set_tuning(defaults);
+                assert!(
+                    got == want,
+                    "m={m} n={n} k={k} threads={threads}: {t:?} changed the output"
+                );
+            }
+        }
+    }
+}
