@@ -99,10 +99,21 @@ pub struct Tuning {
     /// With several threads, split a weight of at least this many bytes whose N is at least twice
     /// its K by columns even when the rows would give every thread a block: each thread streams
     /// only its share of the weight, at the price of packing A once per column task. `usize::MAX`
-    /// (the default): never.
+    /// (the default): never — on the AVX2 EPYC (2 threads, paired calls) a 4 MiB threshold was
+    /// neutral (0.95–1.08) on every shape but those whose row tasks did not divide among the
+    /// threads, which the whole row tasks fix.
     pub wide_column_split_min_weight_bytes: usize,
-    /// Row tasks a whole number per thread (their count rounded down to a multiple of the
-    /// threads): 3 equal tasks on 2 threads leave one idle for the last third.
+    /// Fewer than 3 row tasks per thread are rounded down to a whole number per thread: 3 equal
+    /// tasks on 2 threads leave one idle for the last third, 5 for the last fifth (from 3 per
+    /// thread on, taking the next task dynamically balances well enough, and the finer tasks
+    /// absorb a core that another process holds). Measured on the AVX2 EPYC, 2 threads, paired
+    /// calls (`gemm_bench --threads 2 --ab whole_row_tasks=…`, median ratio of times, rounded
+    /// / not): 640×768×3072 (3 tasks → 2) 0.92–0.99, 1024×768×3072 (5 → 4) 0.88–0.92,
+    /// 640×3072×768 0.93–0.97, 250×256×768 (3 → 2) 0.93–0.95, 200×512×1536 0.96; 896×768×3072
+    /// (4 tasks) 1.00; but 640×768×2304 (7 → 6) 1.03–1.06, hence only below 3 per thread. The
+    /// rule as it stands against none (`--ab whole_row_tasks=0`, ratio none / rounded): 1.04–1.19
+    /// on those shapes, 1.00 on 640×768×2304 (unchanged). `TUMBLE_NO_WHOLE_ROW_TASKS=1` turns it
+    /// off (the default's value).
     pub whole_row_tasks_per_thread: bool,
 }
 
@@ -113,21 +124,33 @@ impl Default for Tuning {
             l2_chunk_bytes: L2_CHUNK_BYTES,
             l2_group_mc: L2_GROUP_MC,
             wide_column_split_min_weight_bytes: usize::MAX,
-            whole_row_tasks_per_thread: false,
+            whole_row_tasks_per_thread: std::env::var_os("TUMBLE_NO_WHOLE_ROW_TASKS").is_none(),
         }
     }
+}
+
+/// The atomics below start as the defaults, environment included, on first use.
+static TUNING_INIT: std::sync::Once = std::sync::Once::new();
+
+fn init_tuning() {
+    TUNING_INIT.call_once(|| store_tuning(Tuning::default()));
 }
 
 static TUNE_L2_MIN: AtomicUsize = AtomicUsize::new(L2_BLOCK_MIN_WEIGHT_BYTES);
 static TUNE_L2_CHUNK: AtomicUsize = AtomicUsize::new(L2_CHUNK_BYTES);
 static TUNE_L2_GROUP: AtomicUsize = AtomicUsize::new(L2_GROUP_MC);
 static TUNE_WIDE_COLUMNS: AtomicUsize = AtomicUsize::new(usize::MAX);
-static TUNE_WHOLE_ROW_TASKS: AtomicUsize = AtomicUsize::new(0);
+static TUNE_WHOLE_ROW_TASKS: AtomicUsize = AtomicUsize::new(1);
 
 /// Replaces the driver's [`Tuning`] for every later product, on every thread (a product already
 /// running keeps what it read). Outputs do not change: every choice here only reorders the same
 /// tiles, each element's K sum staying in one order.
 pub fn set_tuning(t: Tuning) {
+    init_tuning();
+    store_tuning(t);
+}
+
+fn store_tuning(t: Tuning) {
     TUNE_L2_MIN.store(t.l2_block_min_weight_bytes, Ordering::Relaxed);
     TUNE_L2_CHUNK.store(t.l2_chunk_bytes.max(1), Ordering::Relaxed);
     TUNE_L2_GROUP.store(t.l2_group_mc.max(1), Ordering::Relaxed);
@@ -137,6 +160,7 @@ pub fn set_tuning(t: Tuning) {
 
 /// The driver's current [`Tuning`].
 pub fn tuning() -> Tuning {
+    init_tuning();
     Tuning {
         l2_block_min_weight_bytes: TUNE_L2_MIN.load(Ordering::Relaxed),
         l2_chunk_bytes: TUNE_L2_CHUNK.load(Ordering::Relaxed),
@@ -308,7 +332,7 @@ pub(crate) fn run(
         } else {
             chunks
         };
-        let chunks = if tune.whole_row_tasks_per_thread {
+        let chunks = if tune.whole_row_tasks_per_thread && chunks < 3 * t {
             (chunks / t).max(1) * t
         } else {
             chunks

@@ -54,7 +54,12 @@ fn every_tuning_gives_the_defaults_bits() {
         },
         Tuning {
             wide_column_split_min_weight_bytes: 0,
-            whole_row_tasks_per_thread: true,
+            whole_row_tasks_per_thread: !defaults.whole_row_tasks_per_thread,
+            ..defaults
+        },
+        Tuning {
+            l2_block_min_weight_bytes: 32 << 10,
+            whole_row_tasks_per_thread: !defaults.whole_row_tasks_per_thread,
             ..defaults
         },
     ];
