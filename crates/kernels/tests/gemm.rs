@@ -12,31 +12,8 @@ use tumble_kernels::*;
 
 const SIZES: [usize; 8] = [1, 3, 7, 8, 33, 64, 255, 257];
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, len: usize) -> Vec<f32> {
-        (0..len).map(|_| self.f()).collect()
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    /// A random product of `m` rows, `n` outputs, `k` inputs: W (n × k, also packed) and A (m × k).
-    fn problem(&mut self, m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>, PackedWeight) {
-        let w = self.vec(n * k);
-        let a = self.vec(m * k);
-        let pw = PackedWeight::pack(&w, n, k).unwrap();
-        (w, a, pw)
-    }
-}
+mod common;
+use common::Rng;
 
 /// The `m` rows of a row-major `a` with `k` columns (possibly 0), as a gathered operand's
 /// pointer list.

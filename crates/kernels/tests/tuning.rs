@@ -4,20 +4,8 @@
 
 use tumble_kernels::*;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn vec(&mut self, len: usize) -> Vec<f32> {
-        (0..len)
-            .map(|_| ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
-            .collect()
-    }
-}
+mod common;
+use common::Rng;
 
 /// `(m, n, k)` products, gathered rows with a sigmoid epilogue, on 1 and 2 threads, under each
 /// tuning: bit-identical to the defaults. The tunings' thresholds are scaled down to these
