@@ -30,7 +30,7 @@ use crate::pack::{pack_a, AlignedBuf, PackedWeight, RowSource, NR};
 use crate::EpilogueInto;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock, RwLock};
 
 /// One operand pair of `C = Σ_i A_i · W_iᵀ`, validated: `a` has the launch's `m` rows of
 /// `w.k()` floats.
@@ -129,45 +129,28 @@ impl Default for Tuning {
     }
 }
 
-/// The atomics below start as the defaults, environment included, on first use.
-static TUNING_INIT: std::sync::Once = std::sync::Once::new();
-
-fn init_tuning() {
-    TUNING_INIT.call_once(|| store_tuning(Tuning::default()));
+/// The current tuning: the defaults (environment included) until [`set_tuning`]. Read once per
+/// product, so a lock costs nothing against the microseconds of the product itself.
+fn tuning_cell() -> &'static RwLock<Tuning> {
+    static CELL: OnceLock<RwLock<Tuning>> = OnceLock::new();
+    CELL.get_or_init(|| RwLock::new(Tuning::default()))
 }
-
-static TUNE_L2_MIN: AtomicUsize = AtomicUsize::new(L2_BLOCK_MIN_WEIGHT_BYTES);
-static TUNE_L2_CHUNK: AtomicUsize = AtomicUsize::new(L2_CHUNK_BYTES);
-static TUNE_L2_GROUP: AtomicUsize = AtomicUsize::new(L2_GROUP_MC);
-static TUNE_WIDE_COLUMNS: AtomicUsize = AtomicUsize::new(usize::MAX);
-static TUNE_WHOLE_ROW_TASKS: AtomicUsize = AtomicUsize::new(1);
 
 /// Replaces the driver's [`Tuning`] for every later product, on every thread (a product already
-/// running keeps what it read). Outputs do not change: every choice here only reorders the same
-/// tiles, each element's K sum staying in one order.
+/// running keeps the one it read when it started). Outputs do not change: every choice here only
+/// reorders the same tiles, each element's K sum staying in one order.
 pub fn set_tuning(t: Tuning) {
-    init_tuning();
-    store_tuning(t);
-}
-
-fn store_tuning(t: Tuning) {
-    TUNE_L2_MIN.store(t.l2_block_min_weight_bytes, Ordering::Relaxed);
-    TUNE_L2_CHUNK.store(t.l2_chunk_bytes.max(1), Ordering::Relaxed);
-    TUNE_L2_GROUP.store(t.l2_group_mc.max(1), Ordering::Relaxed);
-    TUNE_WIDE_COLUMNS.store(t.wide_column_split_min_weight_bytes, Ordering::Relaxed);
-    TUNE_WHOLE_ROW_TASKS.store(usize::from(t.whole_row_tasks_per_thread), Ordering::Relaxed);
+    let mut cur = tuning_cell().write().unwrap_or_else(|e| e.into_inner());
+    *cur = Tuning {
+        l2_chunk_bytes: t.l2_chunk_bytes.max(1),
+        l2_group_mc: t.l2_group_mc.max(1),
+        ..t
+    };
 }
 
 /// The driver's current [`Tuning`].
 pub fn tuning() -> Tuning {
-    init_tuning();
-    Tuning {
-        l2_block_min_weight_bytes: TUNE_L2_MIN.load(Ordering::Relaxed),
-        l2_chunk_bytes: TUNE_L2_CHUNK.load(Ordering::Relaxed),
-        l2_group_mc: TUNE_L2_GROUP.load(Ordering::Relaxed),
-        wide_column_split_min_weight_bytes: TUNE_WIDE_COLUMNS.load(Ordering::Relaxed),
-        whole_row_tasks_per_thread: TUNE_WHOLE_ROW_TASKS.load(Ordering::Relaxed) != 0,
-    }
+    *tuning_cell().read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Rows after which the driver's blocking of a launch starts afresh: one `mc` block, or one
@@ -299,8 +282,9 @@ pub(crate) fn run(
     let w_bytes = parts.iter().fold(0usize, |acc, p| {
         acc.saturating_add(p.w.k().saturating_mul(n).saturating_mul(4))
     });
+    // One read per product: its tasks all block alike even if the tuning changes meanwhile.
     let tune = tuning();
-    let l2 = !small && w_bytes >= tune.l2_block_min_weight_bytes;
+    let l2 = (!small && w_bytes >= tune.l2_block_min_weight_bytes).then_some(&tune);
     if flops < MIN_PARALLEL_FLOPS && w_bytes < MIN_PARALLEL_WEIGHT_BYTES {
         t = 1;
     }
@@ -322,22 +306,9 @@ pub(crate) fn run(
     }
     let wide_columns = w_bytes >= tune.wide_column_split_min_weight_bytes && n >= 2 * k_total;
     if split_rows(kernel, m, panels, t) && !wide_columns {
-        // Up to 4 chunks per thread, each at least one `mc` block, handed out dynamically: a
-        // thread whose core is busy with other work takes fewer (this machine is shared).
-        let chunks = m.div_ceil(kernel.mc).clamp(t, 4 * t);
-        // With L2 blocking, tasks of at least `L2_TASK_MIN_MC` row blocks, so that a chunk of the
-        // weight loaded into a core's L2 serves more than one block of that task's rows.
-        let chunks = if l2 {
-            (m / (L2_TASK_MIN_MC * kernel.mc)).clamp(t, 4 * t)
-        } else {
-            chunks
-        };
-        let chunks = if tune.whole_row_tasks_per_thread && chunks < 3 * t {
-            (chunks / t).max(1) * t
-        } else {
-            chunks
-        };
-        let chunk = m.div_ceil(chunks).next_multiple_of(kernel.mr);
+        let chunk = m
+            .div_ceil(row_task_count(kernel, m, t, l2.is_some(), &tune))
+            .next_multiple_of(kernel.mr);
         let tasks = row_tasks(c, n, chunk, &mut outs);
         run_tasks(t, tasks, |(r0, s, o)| {
             let r1 = r0 + s.len() / n;
@@ -382,6 +353,24 @@ pub(crate) fn run(
         run_tasks(t, tasks, |(r0, s, o)| {
             finish(epilogue, r0..r0 + s.len() / n, s, o)
         });
+    }
+}
+
+/// How many row tasks a launch of `m` rows is cut into for `t` threads: up to 4 per thread, each
+/// at least one `mc` block, handed out dynamically (a thread whose core is busy with other work
+/// takes fewer: this machine is shared); with L2 blocking (`l2`) tasks of at least
+/// `L2_TASK_MIN_MC` row blocks, so that a chunk of the weight loaded into a core's L2 serves more
+/// than one block of the task's rows; below 3 per thread a whole number per thread
+/// ([`Tuning::whole_row_tasks_per_thread`]).
+fn row_task_count(kernel: &Kernel, m: usize, t: usize, l2: bool, tune: &Tuning) -> usize {
+    let blocks = match l2 {
+        true => m / (L2_TASK_MIN_MC * kernel.mc),
+        false => m.div_ceil(kernel.mc),
+    };
+    let chunks = blocks.clamp(t, 4 * t);
+    match tune.whole_row_tasks_per_thread && chunks < 3 * t {
+        true => (chunks / t).max(1) * t,
+        false => chunks,
     }
 }
 
@@ -466,23 +455,22 @@ struct Blocking {
 }
 
 /// The blocking of a task of `rows` rows and `panels` weight panels (K blocks of at most
-/// `kc_max`); `l2` when the launch's weight is big enough for L2 blocking to pay.
+/// `kc_max`); `l2`: the product's tuning when its weight is big enough for L2 blocking to pay.
 fn blocking(
     kernel: &Kernel,
     rows: usize,
     panels: usize,
     kc_max: usize,
-    l2: bool,
-    tune: &Tuning,
+    l2: Option<&Tuning>,
 ) -> Blocking {
     let plain = Blocking {
         group: kernel.mc,
         chunk: panels.max(1),
     };
     // A single row block streams the weight once either way.
-    if !l2 || rows <= kernel.mc {
+    let Some(tune) = l2.filter(|_| rows > kernel.mc) else {
         return plain;
-    }
+    };
     // Balanced groups of at most L2_GROUP_MC row blocks (rounded to whole micro-panels), so a
     // task of 2 × 224 + 14 rows is not cut into two full groups and a 14-row one.
     let groups = rows.div_ceil(tune.l2_group_mc * kernel.mc);
@@ -507,7 +495,7 @@ fn block_rows(
     p1: usize,
     n: usize,
     small: bool,
-    l2: bool,
+    l2: Option<&Tuning>,
     mut out: Out<'_>,
     mut epilogue: Option<(&dyn EpilogueInto, Outs)>,
 ) {
@@ -518,7 +506,7 @@ fn block_rows(
     } else {
         (kernel.mc, kernel.kc)
     };
-    let bl = blocking(kernel, r1 - r0, p1 - p0, kc_max, l2, &tuning());
+    let bl = blocking(kernel, r1 - r0, p1 - p0, kc_max, l2);
     let group_max = if small { mc_max } else { bl.group };
     let sub = mc_max.div_ceil(mr).max(1); // micro-panels per mc sub-block
     let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
