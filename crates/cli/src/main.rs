@@ -13,15 +13,19 @@ use std::process::ExitCode;
 // them, stalled the first run of a process by 100-350 ms of system time (the suite's bimodal
 // samples). Packed GEMM weights still ask for huge pages themselves (`tumble_kernels::pack`).
 //
+// It is asked for plain blocks where their alignment suffices (`alloc::MiMallocPlain`: the
+// aligned entry point serves only blocks up to 1 KiB quickly).
+//
 // Around it, `CountingAlloc` keeps the live heap bytes for the memory budget (`--max-memory`):
 // a thread-local counter per allocation, shared every 256 KiB.
 #[global_allocator]
-static GLOBAL: tumble_limits::CountingAlloc<mimalloc::MiMalloc> =
-    tumble_limits::CountingAlloc(mimalloc::MiMalloc);
+static GLOBAL: tumble_limits::CountingAlloc<alloc::MiMallocPlain> =
+    tumble_limits::CountingAlloc(alloc::MiMallocPlain);
 
 /// Stack of the threads that do the work (the main work thread and `run`'s mini-batch workers).
 pub(crate) const WORK_STACK_BYTES: usize = 256 << 20;
 
+mod alloc;
 mod commands;
 mod compiled;
 mod explain;
