@@ -178,8 +178,30 @@ impl Dfg<'_> {
         let mut key = Vec::new();
         for &id in ids {
             key.clear();
+            let args = &self.nodes.get(id as usize)?.args;
+            // Computed inputs first: one computed by an invocation no other one repeated makes
+            // this invocation unlike the others (a recurrent state, most of a launch of steps),
+            // known before hashing the rest of its inputs.
             let mut own = false;
-            for a in &self.nodes.get(id as usize)?.args {
+            for a in args {
+                if let Arg::Lazy(r) = a {
+                    match self.memo_class.get(r.node as usize) {
+                        Some(&rep) if rep != NO_CLASS => {}
+                        // Before any invocation repeated, the whole launch is unlike.
+                        _ if self.memo_class.is_empty() => return None,
+                        _ => {
+                            own = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            if own {
+                distinct.push(id);
+                of.push(distinct.len() - 1);
+                continue;
+            }
+            for a in args {
                 match a {
                     Arg::Val(t) => {
                         key.extend(t.shape().iter().map(|&d| d as u64));
@@ -192,29 +214,18 @@ impl Dfg<'_> {
                             push_bits(t, &mut key)?;
                         }
                     }
-                    Arg::Lazy(r) => match self.memo_class.get(r.node as usize) {
-                        Some(&rep) if rep != NO_CLASS => {
-                            key.extend([u64::MAX - 1, u64::from(rep), u64::from(r.output)]);
-                        }
-                        // Computed by an invocation no other one repeats: this one is unlike
-                        // the others (or, before any invocation repeated, the launch is).
-                        _ if self.memo_class.is_empty() => return None,
-                        _ => {
-                            own = true;
-                            break;
-                        }
-                    },
+                    // Every computed input has a class here (checked above).
+                    Arg::Lazy(r) => {
+                        let rep = self.memo_class.get(r.node as usize).copied()?;
+                        key.extend([u64::MAX - 1, u64::from(rep), u64::from(r.output)]);
+                    }
                 }
             }
-            let k = match (own, index.get(&key)) {
-                (false, Some(&k)) => k,
-                (false, None) => {
+            let k = match index.get(&key) {
+                Some(&k) => k,
+                None => {
                     distinct.push(id);
                     index.insert(key.clone(), distinct.len() - 1);
-                    distinct.len() - 1
-                }
-                (true, _) => {
-                    distinct.push(id);
                     distinct.len() - 1
                 }
             };
