@@ -7,7 +7,7 @@ use tumble_compile::{LowerOptions, Program};
 use tumble_ir::SourceMap;
 use tumble_ops::{OpCtx, OpValue};
 use tumble_runtime::batched::{run_block, OpStats, RowRefs, BV};
-use tumble_runtime::fused::{plan, run_planned, FusedStats};
+use tumble_runtime::fused::{plan, run_planned, FusedStats, LaunchCtx};
 use tumble_tensor::{Rng, Tensor};
 
 fn cell(h: usize) -> String {
@@ -135,10 +135,12 @@ fn kernel_plans_match_the_batching_rules_at_odd_sizes() {
                     &p,
                     &inputs,
                     b,
-                    &mut octx,
-                    &mut stats,
-                    &mut fstats,
-                    threads,
+                    &mut LaunchCtx {
+                        octx: &mut octx,
+                        stats: &mut stats,
+                        fstats: &mut fstats,
+                        threads,
+                    },
                 )
                 .unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(got.len(), want.len());
@@ -491,10 +493,12 @@ fn run_threads(
         p,
         inputs,
         b,
-        &mut octx,
-        &mut stats,
-        &mut fstats,
-        threads,
+        &mut LaunchCtx {
+            octx: &mut octx,
+            stats: &mut stats,
+            fstats: &mut fstats,
+            threads,
+        },
     )
     .unwrap_or_else(|e| panic!("{e}"));
     (got, fstats)

@@ -7,7 +7,7 @@ use tumble_compile::{LowerOptions, Program};
 use tumble_ir::SourceMap;
 use tumble_ops::{OpCtx, OpValue};
 use tumble_runtime::batched::{run_block, OpStats, BV};
-use tumble_runtime::fused::{plan, run_planned, FusedStats};
+use tumble_runtime::fused::{plan, run_planned, FusedStats, LaunchCtx};
 use tumble_tensor::{Rng, Tensor};
 
 fn rand(shape: &[usize], rng: &mut Rng) -> Tensor {
@@ -58,8 +58,19 @@ fn per_invocation_weights_match_the_batching_rules_at_odd_sizes() {
                 let want = run_block(block, &inputs, b, &mut octx, &mut stats)
                     .unwrap_or_else(|e| panic!("{e}"));
                 let mut fstats = FusedStats::default();
-                let got = run_planned(block, &p, &inputs, b, &mut octx, &mut stats, &mut fstats, 1)
-                    .unwrap_or_else(|e| panic!("{e}"));
+                let got = run_planned(
+                    block,
+                    &p,
+                    &inputs,
+                    b,
+                    &mut LaunchCtx {
+                        octx: &mut octx,
+                        stats: &mut stats,
+                        fstats: &mut fstats,
+                        threads: 1,
+                    },
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
                 let t = |v: &BV| match v {
                     BV::Batched(OpValue::Tensor(t)) => t.clone(),
                     other => panic!("not a batched tensor: {other:?}"),

@@ -268,10 +268,12 @@ impl Dfg<'_> {
                         p,
                         inputs,
                         b,
-                        &mut octx,
-                        &mut dfg.profile.ops,
-                        &mut dfg.profile.fused,
-                        threads,
+                        &mut crate::fused::LaunchCtx {
+                            octx: &mut octx,
+                            stats: &mut dfg.profile.ops,
+                            fstats: &mut dfg.profile.fused,
+                            threads,
+                        },
                     ),
                     None => run_block_with(
                         &seg.block,

@@ -324,38 +324,44 @@ pub struct FusedStats {
     pub device_time: std::time::Duration,
 }
 
-/// Runs `block` for `b` invocations following `plan`.
-// The launch context is passed piecewise because the caller lends disjoint fields of its profile.
-#[allow(clippy::too_many_arguments)]
+/// What a planned launch runs with: the random stream of its operators, the counters it adds
+/// to, and its share of threads. The fields are separate borrows, so a caller can lend disjoint
+/// parts of its profile.
+pub struct LaunchCtx<'a, 'r> {
+    pub octx: &'a mut OpCtx<'r>,
+    pub stats: &'a mut OpStats,
+    pub fstats: &'a mut FusedStats,
+    pub threads: usize,
+}
+
+/// Runs `block` for `b` invocations following `plan`, on the host.
 pub fn run_planned(
     block: &Block,
     run_plan: &RunPlan,
     inputs: &[BV],
     b: usize,
-    octx: &mut OpCtx,
-    stats: &mut OpStats,
-    fstats: &mut FusedStats,
-    threads: usize,
+    cx: &mut LaunchCtx,
 ) -> Result<Vec<BV>, String> {
-    run_planned_on(
-        None, block, run_plan, inputs, b, octx, stats, fstats, threads,
-    )
+    run_planned_on(None, block, run_plan, inputs, b, cx)
 }
 
 /// [`run_planned`], on `device` when one is given: the stages it takes run there
 /// ([`device::run_stages`]), the others on the host.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_planned_on(
     device: Option<&device::DeviceRun>,
     block: &Block,
     run_plan: &RunPlan,
     inputs: &[BV],
     b: usize,
-    octx: &mut OpCtx,
-    stats: &mut OpStats,
-    fstats: &mut FusedStats,
-    threads: usize,
+    cx: &mut LaunchCtx,
 ) -> Result<Vec<BV>, String> {
+    let LaunchCtx {
+        octx,
+        stats,
+        fstats,
+        threads,
+    } = cx;
+    let (octx, stats, fstats, threads) = (&mut **octx, &mut **stats, &mut **fstats, *threads);
     let mut ex = Exec::new(block, inputs, run_plan.plan.gather_views, b, threads);
     let outs = match device {
         Some(d) => device::run_stages(d, &mut ex, run_plan, octx, stats, fstats),
@@ -438,8 +444,6 @@ fn run_stages_on_host(
 
 /// Runs stage `s` of the plan on its own (not as an epilogue): its fast path where this launch's
 /// operands allow it, else its nodes one by one through the batching rules.
-// The launch context is passed piecewise, as in `run_planned`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn run_stage(
     ex: &mut Exec,
     run_plan: &RunPlan,
