@@ -355,21 +355,14 @@ pub(crate) fn run_planned_on(
     b: usize,
     cx: &mut LaunchCtx,
 ) -> Result<Vec<BV>, String> {
-    let LaunchCtx {
-        octx,
-        stats,
-        fstats,
-        threads,
-    } = cx;
-    let (octx, stats, fstats, threads) = (&mut **octx, &mut **stats, &mut **fstats, *threads);
-    let mut ex = Exec::new(block, inputs, run_plan.plan.gather_views, b, threads);
+    let mut ex = Exec::new(block, inputs, run_plan.plan.gather_views, b, cx.threads);
     let outs = match device {
-        Some(d) => device::run_stages(d, &mut ex, run_plan, octx, stats, fstats),
-        None => run_stages_on_host(&mut ex, run_plan, octx, stats, fstats)
+        Some(d) => device::run_stages(d, &mut ex, run_plan, cx.octx, cx.stats, cx.fstats),
+        None => run_stages_on_host(&mut ex, run_plan, cx.octx, cx.stats, cx.fstats)
             .and_then(|()| block.outputs.iter().map(|v| ex.output(v)).collect()),
     };
-    fstats.row_lists_stacked += ex.stacks.get();
-    fstats.row_splits += ex.row_splits.get();
+    cx.fstats.row_lists_stacked += ex.stacks.get();
+    cx.fstats.row_splits += ex.row_splits.get();
     outs
 }
 
