@@ -115,6 +115,17 @@ pub struct Tuning {
     /// on those shapes, 1.00 on 640×768×2304 (unchanged). `TUMBLE_NO_WHOLE_ROW_TASKS=1` turns it
     /// off (the default's value).
     pub whole_row_tasks_per_thread: bool,
+    /// Before a tile that accumulates into C (every K block after a product's first), its C
+    /// rows are prefetched into L1. The tile reads them only after its whole K loop, when the
+    /// out-of-order window cannot reach ahead to them: where the row block's C does not fit L2
+    /// (an `mc` block of 96 rows × N ≥ 1,366 columns on a 512 KiB L2), those loads wait on L3.
+    /// `TUMBLE_NO_PREFETCH_C=1` turns it off. Unlike the other fields it is read by each tile
+    /// call (a flag the AVX2 tile loads), so a change reaches products already running; it
+    /// moves no bits either way. Paired calls on the AVX2 EPYC (`gemm_bench --ab prefetch_c=0`,
+    /// 1 thread, median ratio off / on): 1024×768×3072 1.10–1.19, 1024×3072×768 1.12–1.13,
+    /// 1024×768×2304 1.07–1.11, 300×512×1536 1.09, 640×512×2048 1.06–1.09, 1024×768×768
+    /// 1.05–1.06, 96×512×2048 1.03–1.04; 64×256×768, 53×512×1536, 200×512×512 1.00–1.01.
+    pub prefetch_c: bool,
 }
 
 impl Default for Tuning {
@@ -125,6 +136,7 @@ impl Default for Tuning {
             l2_group_mc: L2_GROUP_MC,
             wide_column_split_min_weight_bytes: usize::MAX,
             whole_row_tasks_per_thread: std::env::var_os("TUMBLE_NO_WHOLE_ROW_TASKS").is_none(),
+            prefetch_c: std::env::var_os("TUMBLE_NO_PREFETCH_C").is_none(),
         }
     }
 }
@@ -133,13 +145,18 @@ impl Default for Tuning {
 /// product, so a lock costs nothing against the microseconds of the product itself.
 fn tuning_cell() -> &'static RwLock<Tuning> {
     static CELL: OnceLock<RwLock<Tuning>> = OnceLock::new();
-    CELL.get_or_init(|| RwLock::new(Tuning::default()))
+    CELL.get_or_init(|| {
+        let t = Tuning::default();
+        crate::kernel::set_prefetch_c(t.prefetch_c);
+        RwLock::new(t)
+    })
 }
 
 /// Replaces the driver's [`Tuning`] for every later product, on every thread (a product already
 /// running keeps the one it read when it started). Outputs do not change: every choice here only
 /// reorders the same tiles, each element's K sum staying in one order.
 pub fn set_tuning(t: Tuning) {
+    crate::kernel::set_prefetch_c(t.prefetch_c);
     let mut cur = tuning_cell().write().unwrap_or_else(|e| e.into_inner());
     *cur = Tuning {
         l2_chunk_bytes: t.l2_chunk_bytes.max(1),

@@ -50,6 +50,10 @@ fn every_tuning_gives_the_defaults_bits() {
             whole_row_tasks_per_thread: !defaults.whole_row_tasks_per_thread,
             ..defaults
         },
+        Tuning {
+            prefetch_c: !defaults.prefetch_c,
+            ..defaults
+        },
     ];
     let mut rng = Rng(2026);
     let sigmoid = BiasActivation {

@@ -205,6 +205,17 @@ impl TileA for InPlace<'_> {
     }
 }
 
+/// Whether the AVX2 tile prefetches its C rows ([`crate::Tuning::prefetch_c`], which sets it).
+static PREFETCH_C: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+pub(crate) fn prefetch_c() -> bool {
+    PREFETCH_C.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub(crate) fn set_prefetch_c(on: bool) {
+    PREFETCH_C.store(on, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A micro-kernel plus the blocking parameters tuned for it.
 #[derive(Clone, Copy)]
 pub(crate) struct Kernel {
