@@ -132,8 +132,9 @@ pub struct BackwardStats {
     /// Invocations that took the results of an identical one of their launch (differentiated
     /// once, their output gradients summed).
     pub memoized: u64,
-    /// The most heap bytes live at once (sampled after the forward and after each backward
-    /// launch; counted by `tumble_limits`' allocator where the binary installs it, else 0).
+    /// The most heap bytes live at once beyond those live when the mini-batch started (sampled
+    /// after the forward and after each backward launch; counted by `tumble_limits`' allocator
+    /// where the binary installs it, else 0).
     pub peak_bytes: usize,
     pub time_forward: std::time::Duration,
     pub time_backward: std::time::Duration,
@@ -186,6 +187,9 @@ pub fn grad_batch(
     params: &[Tensor],
 ) -> Result<BatchGrad, InstanceError> {
     let t0 = Instant::now();
+    // The mini-batch's own bytes: what was live before it (weights, the job's decoded
+    // instances, other workers' state) is not its peak.
+    let base_bytes = tumble_limits::in_use();
     let index = *program
         .global_index
         .get(entry)
@@ -209,7 +213,7 @@ pub fn grad_batch(
     let results = crate::drive(program, index, args, rngs, opts, &mut dfg)?;
     let mut stats = BackwardStats {
         time_forward: t0.elapsed(),
-        peak_bytes: tumble_limits::in_use(),
+        peak_bytes: tumble_limits::in_use().saturating_sub(base_bytes),
         ..BackwardStats::default()
     };
     let t1 = Instant::now();
@@ -290,7 +294,9 @@ pub fn grad_batch(
             }
             InstanceError { instance, error: e }
         })?;
-        stats.peak_bytes = stats.peak_bytes.max(tumble_limits::in_use());
+        stats.peak_bytes = stats
+            .peak_bytes
+            .max(tumble_limits::in_use().saturating_sub(base_bytes));
         if let Err(stop) = tumble_limits::poll() {
             return Err(InstanceError {
                 instance,
