@@ -135,12 +135,7 @@ fn kernel_plans_match_the_batching_rules_at_odd_sizes() {
                     &p,
                     &inputs,
                     b,
-                    &mut LaunchCtx {
-                        octx: &mut octx,
-                        stats: &mut stats,
-                        fstats: &mut fstats,
-                        threads,
-                    },
+                    &mut LaunchCtx::new(&mut octx, &mut stats, &mut fstats, threads),
                 )
                 .unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(got.len(), want.len());
@@ -493,12 +488,7 @@ fn run_threads(
         p,
         inputs,
         b,
-        &mut LaunchCtx {
-            octx: &mut octx,
-            stats: &mut stats,
-            fstats: &mut fstats,
-            threads,
-        },
+        &mut LaunchCtx::new(&mut octx, &mut stats, &mut fstats, threads),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     (got, fstats)

@@ -63,12 +63,7 @@ fn per_invocation_weights_match_the_batching_rules_at_odd_sizes() {
                     &p,
                     &inputs,
                     b,
-                    &mut LaunchCtx {
-                        octx: &mut octx,
-                        stats: &mut stats,
-                        fstats: &mut fstats,
-                        threads: 1,
-                    },
+                    &mut LaunchCtx::new(&mut octx, &mut stats, &mut fstats, 1),
                 )
                 .unwrap_or_else(|e| panic!("{e}"));
                 let t = |v: &BV| match v {

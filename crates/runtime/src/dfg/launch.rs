@@ -328,12 +328,12 @@ impl Dfg<'_> {
                         plan,
                         &inputs,
                         b,
-                        &mut crate::fused::LaunchCtx {
-                            octx: &mut octx,
-                            stats: &mut self.profile.ops,
-                            fstats: &mut self.profile.fused,
+                        &mut crate::fused::LaunchCtx::new(
+                            &mut octx,
+                            &mut self.profile.ops,
+                            &mut self.profile.fused,
                             threads,
-                        },
+                        ),
                     )
                     .map_err(in_block)?,
                     None,

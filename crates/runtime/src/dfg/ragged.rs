@@ -268,12 +268,12 @@ impl Dfg<'_> {
                         p,
                         inputs,
                         b,
-                        &mut crate::fused::LaunchCtx {
-                            octx: &mut octx,
-                            stats: &mut dfg.profile.ops,
-                            fstats: &mut dfg.profile.fused,
+                        &mut crate::fused::LaunchCtx::new(
+                            &mut octx,
+                            &mut dfg.profile.ops,
+                            &mut dfg.profile.fused,
                             threads,
-                        },
+                        ),
                     ),
                     None => run_block_with(
                         &seg.block,

@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use tumble_compile::plan::{RowOperands, ValKey};
 use tumble_compile::{BArg, BVal, Block};
-use tumble_ops::{OpCtx, OpValue};
+use tumble_ops::OpValue;
 use tumble_tensor::pool::{scratch_f32, with_capacity_f32, zeroed_f32};
 use tumble_tensor::Tensor;
 
@@ -18,15 +18,14 @@ use tumble_kernels::{PackedWeight, Rows};
 use super::rowexec::*;
 use super::rowprog::*;
 use super::{Exec, FusedStats, RunPlan};
-use crate::batched::{OpStats, BV};
+use crate::batched::{LaunchOps, BV};
 
 /// Dense node `i` as a dense stage, or through the batching rules when the launch's operands do
 /// not fit one (counted as a fallback).
 pub(super) fn run_dense(
     ex: &mut Exec,
     i: usize,
-    octx: &mut OpCtx,
-    stats: &mut OpStats,
+    ops: &mut LaunchOps,
     fstats: &mut FusedStats,
 ) -> Result<(), String> {
     let t0 = std::time::Instant::now();
@@ -43,7 +42,7 @@ pub(super) fn run_dense(
         }
         None => {
             fstats.fallbacks += 1;
-            ex.run_node(i, octx, stats)
+            ex.run_node(i, ops)
         }
     }
 }

@@ -235,7 +235,7 @@ impl<'a> Exec<'a> {
         }
     }
 
-    fn run_node(&mut self, i: usize, octx: &mut OpCtx, stats: &mut OpStats) -> Result<(), String> {
+    fn run_node(&mut self, i: usize, ops: &mut LaunchOps) -> Result<(), String> {
         let node = self.block.nodes.get(i).ok_or("internal: node")?;
         // A reshape (or a squeeze, an expand_dims) of one instance's elements, its result type
         // known: the same elements under another shape. Of row references (a gather view, or an
@@ -262,7 +262,7 @@ impl<'a> Exec<'a> {
                     _ => None,
                 };
                 if let Some(v) = viewed {
-                    stats.batched += 1;
+                    ops.stats.batched += 1;
                     self.vals[i] = Some(v);
                     return Ok(());
                 }
@@ -273,8 +273,7 @@ impl<'a> Exec<'a> {
             .iter()
             .map(|a| self.arg(a))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut ops = LaunchOps::new(octx, stats, self.threads);
-        let v = batched_op(node.op, &node.attrs, args, self.b, &mut ops)?;
+        let v = batched_op(node.op, &node.attrs, args, self.b, ops)?;
         if let Some(slot) = self.vals.get_mut(i) {
             *slot = Some(v);
         }
@@ -324,14 +323,28 @@ pub struct FusedStats {
     pub device_time: std::time::Duration,
 }
 
-/// What a planned launch runs with: the random stream of its operators, the counters it adds
-/// to, and its share of threads. The fields are separate borrows, so a caller can lend disjoint
-/// parts of its profile.
+/// What a planned launch runs with: what its operators need outside the plan's fast paths
+/// (the batching rules' [`LaunchOps`]: the random stream, their counters, the launch's share of
+/// threads) and the counters of the fused stages. The parts are separate borrows, so a caller can
+/// lend disjoint parts of its profile.
 pub struct LaunchCtx<'a, 'r> {
-    pub octx: &'a mut OpCtx<'r>,
-    pub stats: &'a mut OpStats,
+    pub(crate) ops: LaunchOps<'a, 'r>,
     pub fstats: &'a mut FusedStats,
-    pub threads: usize,
+}
+
+impl<'a, 'r> LaunchCtx<'a, 'r> {
+    /// A launch on `threads` threads whose operators run on the forward's f32 fast paths.
+    pub fn new(
+        octx: &'a mut OpCtx<'r>,
+        stats: &'a mut OpStats,
+        fstats: &'a mut FusedStats,
+        threads: usize,
+    ) -> Self {
+        LaunchCtx {
+            ops: LaunchOps::new(octx, stats, threads),
+            fstats,
+        }
+    }
 }
 
 /// Runs `block` for `b` invocations following `plan`, on the host.
@@ -355,10 +368,10 @@ pub(crate) fn run_planned_on(
     b: usize,
     cx: &mut LaunchCtx,
 ) -> Result<Vec<BV>, String> {
-    let mut ex = Exec::new(block, inputs, run_plan.plan.gather_views, b, cx.threads);
+    let mut ex = Exec::new(block, inputs, run_plan.plan.gather_views, b, cx.ops.threads);
     let outs = match device {
-        Some(d) => device::run_stages(d, &mut ex, run_plan, cx.octx, cx.stats, cx.fstats),
-        None => run_stages_on_host(&mut ex, run_plan, cx.octx, cx.stats, cx.fstats)
+        Some(d) => device::run_stages(d, &mut ex, run_plan, cx),
+        None => run_stages_on_host(&mut ex, run_plan, cx)
             .and_then(|()| block.outputs.iter().map(|v| ex.output(v)).collect()),
     };
     cx.fstats.row_lists_stacked += ex.stacks.get();
@@ -367,13 +380,8 @@ pub(crate) fn run_planned_on(
 }
 
 /// Every stage of the plan on the host, GEMM stages with their epilogues.
-fn run_stages_on_host(
-    ex: &mut Exec,
-    run_plan: &RunPlan,
-    octx: &mut OpCtx,
-    stats: &mut OpStats,
-    fstats: &mut FusedStats,
-) -> Result<(), String> {
+fn run_stages_on_host(ex: &mut Exec, run_plan: &RunPlan, cx: &mut LaunchCtx) -> Result<(), String> {
+    let fstats = &mut *cx.fstats;
     let plan = &run_plan.plan;
     // A row-program stage already run as the previous GEMM's epilogue.
     let mut done_as_epilogue = None;
@@ -430,7 +438,7 @@ fn run_stages_on_host(
                 }
             }
         }
-        run_stage(ex, run_plan, s, stage, octx, stats, fstats)?;
+        run_stage(ex, run_plan, s, stage, &mut cx.ops, fstats)?;
     }
     Ok(())
 }
@@ -442,12 +450,11 @@ pub(super) fn run_stage(
     run_plan: &RunPlan,
     s: usize,
     stage: &Stage,
-    octx: &mut OpCtx,
-    stats: &mut OpStats,
+    ops: &mut LaunchOps,
     fstats: &mut FusedStats,
 ) -> Result<(), String> {
     match stage {
-        Stage::Dense(i) => run_dense(ex, *i, octx, stats, fstats)?,
+        Stage::Dense(i) => run_dense(ex, *i, ops, fstats)?,
         Stage::HDense(ns) => {
             let t0 = std::time::Instant::now();
             let r = hdense_stage(ex, ns)?;
@@ -467,7 +474,7 @@ pub(super) fn run_stage(
                 // Not every weight is shared in this launch: one dense stage per member.
                 None => {
                     for &i in ns {
-                        run_dense(ex, i, octx, stats, fstats)?;
+                        run_dense(ex, i, ops, fstats)?;
                     }
                 }
             }
@@ -492,9 +499,9 @@ pub(super) fn run_stage(
                 None => {
                     fstats.fallbacks += 1;
                     for i in [*concat, Some(*transpose)].into_iter().flatten() {
-                        ex.run_node(i, octx, stats)?;
+                        ex.run_node(i, ops)?;
                     }
-                    run_dense(ex, *dense, octx, stats, fstats)?;
+                    run_dense(ex, *dense, ops, fstats)?;
                 }
             }
         }
@@ -527,7 +534,7 @@ pub(super) fn run_stage(
                 None => {
                     fstats.fallbacks += 1;
                     for i in stage.nodes() {
-                        ex.run_node(i, octx, stats)?;
+                        ex.run_node(i, ops)?;
                     }
                 }
             }
@@ -541,7 +548,7 @@ pub(super) fn run_stage(
             }
             None => {
                 fstats.fallbacks += 1;
-                ex.run_node(*i, octx, stats)?;
+                ex.run_node(*i, ops)?;
             }
         },
         Stage::Rows(ns) => {
@@ -559,12 +566,12 @@ pub(super) fn run_stage(
                 None => {
                     fstats.fallbacks += 1;
                     for &i in ns {
-                        ex.run_node(i, octx, stats)?;
+                        ex.run_node(i, ops)?;
                     }
                 }
             }
         }
-        Stage::Other(i) => ex.run_node(*i, octx, stats)?,
+        Stage::Other(i) => ex.run_node(*i, ops)?,
     }
     Ok(())
 }

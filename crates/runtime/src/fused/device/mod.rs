@@ -19,15 +19,15 @@ use std::sync::{Arc, Mutex};
 use tumble_compile::{BVal, Stage};
 use tumble_cuda::{DevBuf, Fetch, Gpu, GpuError, Kernel, Mat};
 use tumble_ir::DType;
-use tumble_ops::{OpCtx, OpValue};
+use tumble_ops::OpValue;
 use tumble_tensor::Tensor;
 
 mod stages;
 
 use super::rowcuda::row_kernel;
 use super::rowprog::RowProg;
-use super::{run_stage, Exec, FusedStats, RunPlan};
-use crate::batched::{OpStats, BV};
+use super::{run_stage, Exec, LaunchCtx, RunPlan};
+use crate::batched::BV;
 use crate::intern::WordMap;
 
 /// A job's GPU: the device and the weights uploaded so far (by tensor identity, each kept alive
@@ -408,10 +408,9 @@ pub(super) fn run_stages(
     run: &DeviceRun,
     ex: &mut Exec,
     run_plan: &RunPlan,
-    octx: &mut OpCtx,
-    stats: &mut OpStats,
-    fstats: &mut FusedStats,
+    cx: &mut LaunchCtx,
 ) -> Result<Vec<BV>, String> {
+    let fstats = &mut *cx.fstats;
     let block = ex.block;
     let mut dx = DevExec {
         run,
@@ -434,7 +433,7 @@ pub(super) fn run_stages(
             continue;
         }
         dx.to_host(ex, stage)?;
-        run_stage(ex, run_plan, s, stage, octx, stats, fstats)?;
+        run_stage(ex, run_plan, s, stage, &mut cx.ops, fstats)?;
         fstats.host_stages += 1;
     }
     let t0 = std::time::Instant::now();
