@@ -176,8 +176,12 @@ impl Dfg<'_> {
         let mut distinct = Vec::new();
         let mut of = Vec::with_capacity(ids.len());
         let mut key = Vec::new();
+        // The classes of an invocation's computed inputs, in order: looked up once, before any
+        // hashing, and read again when its key is built.
+        let mut reps: Vec<u32> = Vec::new();
         for &id in ids {
             key.clear();
+            reps.clear();
             let args = &self.nodes.get(id as usize)?.args;
             // Computed inputs first: one computed by an invocation no other one repeated makes
             // this invocation unlike the others (a recurrent state, most of a launch of steps),
@@ -186,7 +190,7 @@ impl Dfg<'_> {
             for a in args {
                 if let Arg::Lazy(r) = a {
                     match self.memo_class.get(r.node as usize) {
-                        Some(&rep) if rep != NO_CLASS => {}
+                        Some(&rep) if rep != NO_CLASS => reps.push(rep),
                         // Before any invocation repeated, the whole launch is unlike.
                         _ if self.memo_class.is_empty() => return None,
                         _ => {
@@ -201,6 +205,7 @@ impl Dfg<'_> {
                 of.push(distinct.len() - 1);
                 continue;
             }
+            let mut rep_of_lazy = reps.iter();
             for a in args {
                 match a {
                     Arg::Val(t) => {
@@ -214,9 +219,9 @@ impl Dfg<'_> {
                             push_bits(t, &mut key)?;
                         }
                     }
-                    // Every computed input has a class here (checked above).
+                    // Every computed input has its class in `reps` (the walk above).
                     Arg::Lazy(r) => {
-                        let rep = self.memo_class.get(r.node as usize).copied()?;
+                        let &rep = rep_of_lazy.next()?;
                         key.extend([u64::MAX - 1, u64::from(rep), u64::from(r.output)]);
                     }
                 }
