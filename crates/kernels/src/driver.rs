@@ -84,6 +84,14 @@ const L2_GROUP_MC: usize = 4;
 /// thread for the dynamic balance.
 const L2_TASK_MIN_MC: usize = 2;
 
+/// The driver prefetches C for tiles only in products whose row block of C (`mc` rows × N) is at
+/// least this big, half of this EPYC's 512 KiB L2: there the block, the packed A and the weight
+/// panels streaming past no longer all stay in L2 between a tile's visits to its C (paired calls,
+/// off / on: 1024×768×3072 1.09–1.19, 1024×3072×768 1.03–1.13, 300×512×1536 1.06, 1024×768×768
+/// 1.00–1.06); below it the prefetches only cost their issue (53×256×768, 88×256×256: 0.986–0.992
+/// with them, 1.000 without).
+const PREFETCH_C_MIN_BLOCK_BYTES: usize = 256 << 10;
+
 /// The driver's blocking choices that depend on the memory system, which a benchmark may change
 /// at run time to compare two of them in one process, call by call (`gemm_bench --ab`): on a
 /// shared VM whose speed drifts by 20–50% between runs, only comparisons that close together
@@ -115,13 +123,14 @@ pub struct Tuning {
     /// on those shapes, 1.00 on 640×768×2304 (unchanged). `TUMBLE_NO_WHOLE_ROW_TASKS=1` turns it
     /// off (the default's value).
     pub whole_row_tasks_per_thread: bool,
-    /// Before a tile that accumulates into C (every K block after a product's first), its C
-    /// rows are prefetched into L1. The tile reads them only after its whole K loop, when the
-    /// out-of-order window cannot reach ahead to them: where the row block's C does not fit L2
-    /// (an `mc` block of 96 rows × N ≥ 1,366 columns on a 512 KiB L2), those loads wait on L3.
-    /// `TUMBLE_NO_PREFETCH_C=1` turns it off. Unlike the other fields it is read by each tile
-    /// call (a flag the AVX2 tile loads), so a change reaches products already running; it
-    /// moves no bits either way. Paired calls on the AVX2 EPYC (`gemm_bench --ab prefetch_c=0`,
+    /// Before each tile call the driver prefetches the tile's C rows into L1, for the kernels
+    /// whose tile does not do so itself (AVX2, portable; the AVX-512 tile always has), in
+    /// products whose row block of C is at least [`PREFETCH_C_MIN_BLOCK_BYTES`]. A tile
+    /// reads C (K blocks after the first) or writes it (the first) only after its whole K loop,
+    /// when the out-of-order window cannot reach ahead to it: where the row block's C does not
+    /// fit L2 (an `mc` block of 96 rows × N ≥ 1,366 columns on a 512 KiB L2), those accesses wait
+    /// on L3. `TUMBLE_NO_PREFETCH_C=1` turns it off; it moves no bits either way. Paired calls
+    /// on the AVX2 EPYC (`gemm_bench --ab prefetch_c=0`,
     /// 1 thread, median ratio off / on): 1024×768×3072 1.10–1.19, 1024×3072×768 1.12–1.13,
     /// 1024×768×2304 1.07–1.11, 300×512×1536 1.09, 640×512×2048 1.06–1.09, 1024×768×768
     /// 1.05–1.06, 96×512×2048 1.03–1.04; 64×256×768, 53×512×1536, 200×512×512 1.00–1.01.
@@ -145,18 +154,13 @@ impl Default for Tuning {
 /// product, so a lock costs nothing against the microseconds of the product itself.
 fn tuning_cell() -> &'static RwLock<Tuning> {
     static CELL: OnceLock<RwLock<Tuning>> = OnceLock::new();
-    CELL.get_or_init(|| {
-        let t = Tuning::default();
-        crate::kernel::set_prefetch_c(t.prefetch_c);
-        RwLock::new(t)
-    })
+    CELL.get_or_init(|| RwLock::new(Tuning::default()))
 }
 
 /// Replaces the driver's [`Tuning`] for every later product, on every thread (a product already
 /// running keeps the one it read when it started). Outputs do not change: every choice here only
 /// reorders the same tiles, each element's K sum staying in one order.
 pub fn set_tuning(t: Tuning) {
-    crate::kernel::set_prefetch_c(t.prefetch_c);
     let mut cur = tuning_cell().write().unwrap_or_else(|e| e.into_inner());
     *cur = Tuning {
         l2_chunk_bytes: t.l2_chunk_bytes.max(1),
@@ -302,6 +306,13 @@ pub(crate) fn run(
     // One read per product: its tasks all block alike even if the tuning changes meanwhile.
     let tune = tuning();
     let l2 = (!small && w_bytes >= tune.l2_block_min_weight_bytes).then_some(&tune);
+    let walk = Walk {
+        small,
+        l2,
+        prefetch_c: tune.prefetch_c
+            && !kernel.prefetches_c
+            && m.min(kernel.mc).saturating_mul(n).saturating_mul(4) >= PREFETCH_C_MIN_BLOCK_BYTES,
+    };
     if flops < MIN_PARALLEL_FLOPS && w_bytes < MIN_PARALLEL_WEIGHT_BYTES {
         t = 1;
     }
@@ -314,8 +325,7 @@ pub(crate) fn run(
             0,
             panels,
             n,
-            small,
-            l2,
+            walk,
             Out::Rows(c),
             Some((epilogue, outs)),
         );
@@ -337,8 +347,7 @@ pub(crate) fn run(
                 0,
                 panels,
                 n,
-                small,
-                l2,
+                walk,
                 Out::Rows(s),
                 Some((epilogue, o)),
             );
@@ -358,8 +367,7 @@ pub(crate) fn run(
                 p0,
                 p1,
                 n,
-                small,
-                l2,
+                walk,
                 Out::Shared(shared),
                 None,
             );
@@ -501,6 +509,40 @@ fn blocking(
     }
 }
 
+/// How every task of one product walks its part of C, decided once per product from its shape
+/// and the [`Tuning`] read for it.
+#[derive(Clone, Copy)]
+struct Walk<'t> {
+    /// The small-M variant: one row block, K unblocked.
+    small: bool,
+    /// The product's tuning when its weight is big enough for L2 blocking to pay.
+    l2: Option<&'t Tuning>,
+    /// The driver prefetches each tile's C rows ([`Tuning::prefetch_c`] for a kernel whose
+    /// tile does not).
+    prefetch_c: bool,
+}
+
+/// C's rows `rows` × `cols` floats from `c` (row stride `ldc`) into L1: the first and the last
+/// element of each row, which cover a tile's row of at most 16 floats (two lines at most).
+#[inline]
+fn prefetch_rows(c: *const f32, ldc: usize, rows: usize, cols: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for i in 0..rows {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let row = c.wrapping_add(i * ldc);
+        // SAFETY: SSE, the intrinsic's one feature, is part of every x86_64 CPU; a prefetch is
+        // a hint that never faults or reads into the program, so the addresses need no validity
+        // (they are inside C anyway; `wrapping_add` computes them without pointer arithmetic's
+        // contract).
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(cols.saturating_sub(1)) as *const i8);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (c, ldc, rows, cols);
+}
+
 /// Compute rows `r0..r1`, weight panels `p0..p1` of C.
 #[allow(clippy::too_many_arguments)]
 fn block_rows(
@@ -511,11 +553,11 @@ fn block_rows(
     p0: usize,
     p1: usize,
     n: usize,
-    small: bool,
-    l2: Option<&Tuning>,
+    walk: Walk<'_>,
     mut out: Out<'_>,
     mut epilogue: Option<(&dyn EpilogueInto, Outs)>,
 ) {
+    let Walk { small, l2, .. } = walk;
     let mr = kernel.mr;
     // Small-M variant: one row block, K unblocked (the packed A is only m × K floats).
     let (mc_max, kc_max) = if small {
@@ -594,6 +636,10 @@ fn block_rows(
                                     for (blk, ptrs) in row_ptrs.iter().enumerate() {
                                         let r = blk * dr;
                                         let rows = dr.min(mg - r);
+                                        let c_tile = cblock.wrapping_add(r * n + col);
+                                        if walk.prefetch_c {
+                                            prefetch_rows(c_tile, n, rows, nn);
+                                        }
                                         // SAFETY: DirectTileFn contract — the kernel was built
                                         // for an available KernelKind; 1 <= rows <= dr, the
                                         // tile's rows; `ptrs[i]` for i < rows is row
@@ -611,7 +657,7 @@ fn block_rows(
                                                 } else {
                                                     std::ptr::null()
                                                 },
-                                                cblock.add(r * n + col),
+                                                c_tile,
                                                 n,
                                                 rows,
                                                 nn,
@@ -625,6 +671,10 @@ fn block_rows(
                                 for q in q0..q1 {
                                     let rows = mr.min(mg - q * mr);
                                     let a_q = &apack[q * mr * kc..(q + 1) * mr * kc];
+                                    let c_tile = cblock.wrapping_add(q * mr * n + col);
+                                    if walk.prefetch_c {
+                                        prefetch_rows(c_tile, n, rows, nn);
+                                    }
                                     // SAFETY: TileFn contract —
                                     // - the kernel was built for an available KernelKind;
                                     // - 1 <= rows <= mr, 1 <= nn <= width, lda = mr >= rows;
@@ -645,7 +695,7 @@ fn block_rows(
                                             } else {
                                                 std::ptr::null()
                                             },
-                                            cblock.add(q * mr * n + col),
+                                            c_tile,
                                             n,
                                             rows,
                                             nn,

@@ -12,7 +12,8 @@ use common::Rng;
 /// shapes (weights of 40–820 KiB, so that the test stays quick in a debug build): L2 blocking
 /// with column chunks of a few panels and groups of 1, 3 and 7 row blocks, two K blocks
 /// (K = 300), the column split of a wide weight, row task counts that are not a multiple of the
-/// threads (580 rows: 3 tasks when L2-blocked), odd sizes everywhere.
+/// threads (580 rows: 3 tasks when L2-blocked), the driver's C prefetch on and off (N = 700:
+/// an AVX2 row block of C over its 256 KiB threshold), odd sizes everywhere.
 #[test]
 fn every_tuning_gives_the_defaults_bits() {
     let defaults = Tuning::default();

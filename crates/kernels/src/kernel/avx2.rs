@@ -26,6 +26,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     mc: 16 * MR,
     small_m: 4,
     pack_panel: Some(crate::pack::pack_panel_avx2 as PanelPackFn),
+    prefetches_c: false,
 };
 
 /// Dispatch on the number of rows; see [`TileFn`] for the contract.
@@ -137,15 +138,6 @@ unsafe fn rows<const M: usize, A: TileA>(
     // the contract's ranges); the stores are limited to `n` columns of `M` rows by the lane masks.
     // Prefetches are hints: `prefetch` is null or valid for the same `kc * 32` floats as a panel.
     unsafe {
-        // C's rows into L1 while the K loop runs (as the AVX-512 tile does): the tile reads or
-        // writes them only after its last step, beyond the reach of the out-of-order window, and
-        // a row block's C that does not fit L2 (96 rows × N ≥ 1,366 on a 512 KiB L2) waits on L3.
-        if super::prefetch_c() {
-            for i in 0..M {
-                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + 15) as *const i8);
-            }
-        }
         let mut bp = b;
         let mut pf = prefetch;
         for _ in 0..kc {

@@ -32,6 +32,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     mc: 4 * MR,
     small_m: 4,
     pack_panel: Some(crate::pack::pack_panel_avx512 as PanelPackFn),
+    prefetches_c: true,
 };
 
 /// Dispatch on the number of rows; see [`TileFn`] for the contract.

@@ -205,17 +205,6 @@ impl TileA for InPlace<'_> {
     }
 }
 
-/// Whether the AVX2 tile prefetches its C rows ([`crate::Tuning::prefetch_c`], which sets it).
-static PREFETCH_C: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-pub(crate) fn prefetch_c() -> bool {
-    PREFETCH_C.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-pub(crate) fn set_prefetch_c(on: bool) {
-    PREFETCH_C.store(on, std::sync::atomic::Ordering::Relaxed)
-}
-
 /// A micro-kernel plus the blocking parameters tuned for it.
 #[derive(Clone, Copy)]
 pub(crate) struct Kernel {
@@ -238,6 +227,9 @@ pub(crate) struct Kernel {
     /// AVX2 (6-row panels); `None` for the portable kernel. The packed bits are the same either
     /// way. Only callable under the [`PanelPackFn`] contract (this kernel's `mr`).
     pub(crate) pack_panel: Option<PanelPackFn>,
+    /// The tile prefetches its C rows itself (AVX-512); for the others the driver does, before
+    /// each tile call ([`crate::Tuning::prefetch_c`]).
+    pub(crate) prefetches_c: bool,
 }
 
 /// A kernel's [`DirectTileFn`] and how many rows one call of it takes (`1..=DIRECT_MAX_ROWS`):

@@ -17,6 +17,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     mc: 16 * MR,
     small_m: 4,
     pack_panel: None,
+    prefetches_c: false,
 };
 
 /// See [`TileFn`] for the contract.

@@ -190,6 +190,7 @@ pub fn grad_batch(
     // The mini-batch's own bytes: what was live before it (weights, the job's decoded
     // instances, other workers' state) is not its peak.
     let base_bytes = tumble_limits::in_use();
+    let own_bytes = || tumble_limits::in_use().saturating_sub(base_bytes);
     let index = *program
         .global_index
         .get(entry)
@@ -213,7 +214,7 @@ pub fn grad_batch(
     let results = crate::drive(program, index, args, rngs, opts, &mut dfg)?;
     let mut stats = BackwardStats {
         time_forward: t0.elapsed(),
-        peak_bytes: tumble_limits::in_use().saturating_sub(base_bytes),
+        peak_bytes: own_bytes(),
         ..BackwardStats::default()
     };
     let t1 = Instant::now();
@@ -294,9 +295,7 @@ pub fn grad_batch(
             }
             InstanceError { instance, error: e }
         })?;
-        stats.peak_bytes = stats
-            .peak_bytes
-            .max(tumble_limits::in_use().saturating_sub(base_bytes));
+        stats.peak_bytes = stats.peak_bytes.max(own_bytes());
         if let Err(stop) = tumble_limits::poll() {
             return Err(InstanceError {
                 instance,
