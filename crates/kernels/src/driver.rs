@@ -129,11 +129,9 @@ pub struct Tuning {
     /// reads C (K blocks after the first) or writes it (the first) only after its whole K loop,
     /// when the out-of-order window cannot reach ahead to it: where the row block's C does not
     /// fit L2 (an `mc` block of 96 rows × N ≥ 1,366 columns on a 512 KiB L2), those accesses wait
-    /// on L3. `TUMBLE_NO_PREFETCH_C=1` turns it off; it moves no bits either way. Paired calls
-    /// on the AVX2 EPYC (`gemm_bench --ab prefetch_c=0`,
-    /// 1 thread, median ratio off / on): 1024×768×3072 1.10–1.19, 1024×3072×768 1.12–1.13,
-    /// 1024×768×2304 1.07–1.11, 300×512×1536 1.09, 640×512×2048 1.06–1.09, 1024×768×768
-    /// 1.05–1.06, 96×512×2048 1.03–1.04; 64×256×768, 53×512×1536, 200×512×512 1.00–1.01.
+    /// on L3. `TUMBLE_NO_PREFETCH_C=1` turns it off; it moves no bits either way. Measured with
+    /// `gemm_bench --ab prefetch_c=0` (the figures at [`PREFETCH_C_MIN_BLOCK_BYTES`] and in
+    /// `bench/RESULTS.md`, twenty-second session).
     pub prefetch_c: bool,
 }
 
