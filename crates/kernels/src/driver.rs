@@ -125,12 +125,12 @@ pub struct Tuning {
     pub whole_row_tasks_per_thread: bool,
     /// Before each tile call the driver prefetches the tile's C rows into L1, for the kernels
     /// whose tile does not do so itself (AVX2, portable; the AVX-512 tile always has), in
-    /// products whose row block of C is at least [`PREFETCH_C_MIN_BLOCK_BYTES`]. A tile
+    /// products whose row block of C is at least 256 KiB (`PREFETCH_C_MIN_BLOCK_BYTES`). A tile
     /// reads C (K blocks after the first) or writes it (the first) only after its whole K loop,
     /// when the out-of-order window cannot reach ahead to it: where the row block's C does not
     /// fit L2 (an `mc` block of 96 rows × N ≥ 1,366 columns on a 512 KiB L2), those accesses wait
     /// on L3. `TUMBLE_NO_PREFETCH_C=1` turns it off; it moves no bits either way. Measured with
-    /// `gemm_bench --ab prefetch_c=0` (the figures at [`PREFETCH_C_MIN_BLOCK_BYTES`] and in
+    /// `gemm_bench --ab prefetch_c=0` (the figures at `PREFETCH_C_MIN_BLOCK_BYTES` and in
     /// `bench/RESULTS.md`, twenty-second session).
     pub prefetch_c: bool,
 }
