@@ -287,6 +287,13 @@ fn print_static_report(
             folds.join(", ")
         );
     }
+    let scans = loops_reached(program, entry, |g| program.natives.scan_loop(g).is_some());
+    if !scans.is_empty() {
+        println!(
+            "  run as scans over their list (a recursion returning the list of its states): {}",
+            scans.join(", ")
+        );
+    }
     if report.hoisted.is_empty() {
         println!("  hoisting: no block invocation is independent of recursive state");
     } else {

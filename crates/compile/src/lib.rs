@@ -41,7 +41,8 @@ pub use passes::{optimize, StaticOptions, StaticReport};
 pub use pipeline::{compile, CompileOptions, Compiled};
 pub use plan::{plan_program, BlockPlan, PlanOptions, Stage};
 pub use program::{
-    CaptureFrom, Code, CtorEntry, FoldLoop, Lambda, MapLoop, Native, Natives, Pat, Program, Site,
+    CaptureFrom, Code, CtorEntry, FoldLoop, Lambda, MapLoop, Native, Natives, Pat, Program,
+    ScanLoop, Site,
 };
 pub use reuse::{analyze as analyze_reuse, InputReuse, ReuseAnalysis};
 pub use verify::{verify, VerifyError};

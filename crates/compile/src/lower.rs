@@ -179,6 +179,7 @@ fn natives(
         fast_steps: true,
         map_loops: Vec::new(),
         fold_loops: Vec::new(),
+        scan_loops: Vec::new(),
     }
 }
 

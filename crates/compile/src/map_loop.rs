@@ -41,8 +41,32 @@
 //! ghosts and the last value. The evaluator does that when `S` reads no slot of the arm but `%x`
 //! (the recursive call evaluates `S` before `%rest`, and the frame it reads is the call's, so the
 //! same values and effects in the same order) ([`find_folds`], [`fold_step_of`]).
+//!
+//! A scan — an RNN over a list that returns the list of its states, as a recursion:
+//!
+//! ```text
+//! def @g(.., %h, .., %xs, ..) {
+//!   match (%xs) {
+//!     Cons(%x, %rest) => {
+//!       let %s1 = S1; .. let %sn = Sn;
+//!       Cons(Y, @g(.., A, .., %rest, ..))   // A in %h's place, the rest unchanged
+//!     },
+//!     Nil => Nil,                            // possibly under ghost operators
+//!   }
+//! }
+//! ```
+//!
+//! with `Y` and `A` each one of the `%si` or a field of it (`%s.0`: an LSTM's output `h` of its
+//! state `(h, c)`). Interpreted, each element costs a call, a frame, a match, the `let`s, the
+//! operands' continuation, the return and a cell. Its meaning: the bindings with `%x` bound to
+//! each element in turn and `%h` to the state so far, one element after the other (the inline
+//! depth carried from each to the next), the list of the `Y`s, and the final `Nil`'s ghosts.
+//! The evaluator does that when each `Si` reads no slot of the arm but `%x` and the bindings
+//! before it (not the list, the tail, nor its own or later bindings): the recursion evaluates
+//! the bindings, then `Y` and `A` (reads of a slot, without effects), then enters the next call,
+//! so the same values and effects in the same order ([`find_scans`], [`scan_binds_of`]).
 
-use crate::program::{Code, FoldLoop, MapLoop, Pat, Program};
+use crate::program::{Code, FoldLoop, MapLoop, Pat, Program, ScanLoop};
 
 /// The element code `E` of a body of `@map`'s shape: the first element of the `db.concurrent`
 /// bound by the `Cons` arm's `let` (the place [`find`] checked).
@@ -244,5 +268,114 @@ fn fold_loop_of(program: &Program, global: u32) -> Option<FoldLoop> {
 pub fn find_folds(program: &Program) -> Vec<Option<FoldLoop>> {
     (0..program.globals.len() as u32)
         .map(|g| fold_loop_of(program, g))
+        .collect()
+}
+
+/// The `let` bindings of the step of a body of a scan's shape (the place [`find_scans`]
+/// checked).
+pub fn scan_binds_of(body: &Code) -> Option<&[(u32, Code)]> {
+    let Code::Match { arms, .. } = body else {
+        return None;
+    };
+    let (_, Code::Let { binds, .. }) = arms.first()? else {
+        return None;
+    };
+    Some(binds)
+}
+
+/// `Slot(s)` (`(s, None)`) or `Slot(s).i` (`(s, Some((i, span)))`) for a slot `s` bound by
+/// `binds`; `None` for anything else.
+fn bound_part(code: &Code, binds: &[(u32, Code)]) -> Option<(u32, Option<(u32, tumble_ir::Span)>)> {
+    let bound = |s: u32| binds.iter().any(|(b, _)| *b == s);
+    match code {
+        Code::Slot(s) if bound(*s) => Some((*s, None)),
+        Code::Proj(inner, i, span) => match **inner {
+            Code::Slot(s) if bound(s) => Some((s, Some((*i, *span)))),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// How global `global` runs as a scan, if its body has a scan's shape (see the module's
+/// comment).
+fn scan_loop_of(program: &Program, global: u32) -> Option<ScanLoop> {
+    let natives = &program.natives;
+    let r = list_recursion(program, global)?;
+    let (lambda, list, x, rest) = (r.lambda, r.list, r.x, r.rest);
+    let (cons_arm, nil_value, nil_ghosts) = (r.cons_arm, r.nil_value, r.nil_ghosts);
+    let is_nil = match nil_value {
+        Code::Ctor(n) => *n == natives.nil,
+        Code::CallCtor { ctor, args } => *ctor == natives.nil && args.is_empty(),
+        _ => false,
+    };
+    if !is_nil {
+        return None;
+    }
+    let Code::Let { binds, body } = cons_arm else {
+        return None;
+    };
+    let Code::CallCtor { ctor, args: cell } = &**body else {
+        return None;
+    };
+    let [y, Code::CallGlobal {
+        global: again,
+        args,
+        ..
+    }] = cell.as_slice()
+    else {
+        return None;
+    };
+    if *ctor != natives.cons || *again != global || args.len() != lambda.n_params as usize {
+        return None;
+    }
+    let head = bound_part(y, binds)?;
+    // The state: the one argument that is not passed along (a binding or a field of one).
+    let mut acc = None;
+    for (i, a) in args.iter().enumerate() {
+        let i = i as u32;
+        match (a, bound_part(a, binds)) {
+            (_, Some(next)) if i != list && acc.is_none() => acc = Some((i, next)),
+            (Code::Slot(v), None) if i == list && *v == rest => {}
+            (Code::Slot(v), None) if i != list && *v == i => {}
+            _ => return None,
+        }
+    }
+    let (acc, next) = acc?;
+    // Each binding reads the element, parameters and the bindings before it only: the list
+    // parameter holds the current tail in the recursion but the original list in the loop.
+    for (k, (_, step)) in binds.iter().enumerate() {
+        let mut reads_arm = false;
+        step.visit(&mut |c| {
+            if let Code::Slot(v) = c {
+                let later = binds
+                    .get(k..)
+                    .is_some_and(|bs| bs.iter().any(|(b, _)| b == v));
+                if *v == rest || *v == list || later {
+                    reads_arm = true;
+                }
+            }
+        });
+        if reads_arm {
+            return None;
+        }
+    }
+    let at_its_place =
+        scan_binds_of(&lambda.body).is_some_and(|b| std::ptr::eq(b, binds.as_slice()));
+    at_its_place.then_some(ScanLoop {
+        list,
+        acc,
+        elem_slot: x,
+        head,
+        next,
+        nil_ghosts,
+    })
+}
+
+/// Per global: how the evaluator runs it as a scan, if it does (the shapes of `@map`, `@foldl`
+/// and a scan exclude each other).
+pub fn find_scans(program: &Program) -> Vec<Option<ScanLoop>> {
+    (0..program.globals.len() as u32)
+        .map(|g| scan_loop_of(program, g))
         .collect()
 }

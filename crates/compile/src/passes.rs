@@ -184,6 +184,7 @@ pub fn optimize(
     if program.natives.fast_steps {
         program.natives.map_loops = crate::map_loop::find(program);
         program.natives.fold_loops = crate::map_loop::find_folds(program);
+        program.natives.scan_loops = crate::map_loop::find_scans(program);
     }
     report
 }

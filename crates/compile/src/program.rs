@@ -371,6 +371,10 @@ pub struct Natives {
     /// Per global: it has the shape of the prelude's `@foldl` and the evaluator runs it as a loop
     /// over the list ([`crate::map_loop::find_folds`]; with the fast steps on, after the passes).
     pub fold_loops: Vec<Option<FoldLoop>>,
+    /// Per global: it has the shape of a scan (an RNN over a list returning the list of its
+    /// states) and the evaluator runs it as a loop over the list ([`crate::map_loop::find_scans`];
+    /// with the fast steps on, after the passes).
+    pub scan_loops: Vec<Option<ScanLoop>>,
 }
 
 /// What the evaluator needs of a function run as a loop over a list ([`crate::map_loop`]); its
@@ -400,6 +404,25 @@ pub struct FoldLoop {
     pub nil_ghosts: u32,
 }
 
+/// What the evaluator needs of a function run as a scan over a list
+/// ([`crate::map_loop::find_scans`]); its step's `let` bindings are at a fixed place in the
+/// body ([`crate::map_loop::scan_binds_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ScanLoop {
+    /// The parameter holding the list.
+    pub list: u32,
+    /// The parameter holding the state (replaced per element by `next`).
+    pub acc: u32,
+    /// The slot the element is bound to while the step's bindings run.
+    pub elem_slot: u32,
+    /// The output list's element and the next state: a slot the step's bindings set, whole
+    /// (`None`) or its field `i` (`Some((i, span of the projection))`).
+    pub head: (u32, Option<(u32, Span)>),
+    pub next: (u32, Option<(u32, Span)>),
+    /// Ghost operators around the final `Nil` (0 when none).
+    pub nil_ghosts: u32,
+}
+
 impl Natives {
     /// The native form of a call of global `g`, if any.
     pub fn of(&self, g: u32) -> Option<Native> {
@@ -414,6 +437,11 @@ impl Natives {
     /// Whether global `g` runs as a loop.
     pub fn is_map_loop(&self, g: u32) -> bool {
         self.map_loop(g).is_some()
+    }
+
+    /// How global `g` runs as a scan, if it does ([`Natives::scan_loops`]).
+    pub fn scan_loop(&self, g: u32) -> Option<ScanLoop> {
+        self.scan_loops.get(g as usize).copied().flatten()
     }
 
     /// How global `g` runs as a left fold, if it does ([`Natives::fold_loops`]).

@@ -10,7 +10,9 @@
 
 use crate::value::{Closure, Value};
 use std::rc::Rc;
-use tumble_compile::{CaptureFrom, Code, FoldLoop, Lambda, MapLoop, Native, Pat, Program};
+use tumble_compile::{
+    CaptureFrom, Code, FoldLoop, Lambda, MapLoop, Native, Pat, Program, ScanLoop,
+};
 use tumble_ir::{Attrs, Span};
 use tumble_ops::{OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
@@ -233,7 +235,25 @@ enum Kont<'p> {
         step: &'p Code,
         items: Vec<Value>,
     },
+    /// A function run as a scan over a list ([`Machine::scan_next`]), waiting for binding
+    /// `idx` of its step: the elements not yet done, last first, and the outputs so far; the
+    /// state is the frame's slot `sl.acc`.
+    ScanLoop {
+        sl: ScanLoop,
+        binds: &'p [(u32, Code)],
+        idx: usize,
+        items: Vec<Value>,
+        vals: Vec<Value>,
+    },
     Return(Frame),
+}
+
+/// The code a function run as a loop runs per element ([`Machine::loop_at_once`]).
+#[derive(Clone, Copy)]
+enum LoopCode<'p> {
+    Map(MapLoop, &'p Code),
+    Fold(FoldLoop, &'p Code),
+    Scan(ScanLoop, &'p [(u32, Code)]),
 }
 
 enum Step<'p> {
@@ -270,6 +290,9 @@ pub struct Machine<'p> {
     /// Functions of `@foldl`'s shape run as loops ([`Machine::fold_loop`]);
     /// `TUMBLE_NO_FOLD_LOOPS=1` interprets them (the A/B switch; the program is the same).
     fold_loops: bool,
+    /// Functions of a scan's shape run as loops ([`Machine::scan_loop`]);
+    /// `TUMBLE_NO_SCAN_LOOPS=1` interprets them (the A/B switch; the program is the same).
+    scan_loops: bool,
     /// More code taken at once ([`Machine::at_once`]): loops whose element code is
     /// ([`Machine::loop_at_once`]), constructors and tuples of immediate operands, conditionals
     /// and matches on immediate values, and an `if` on a computed immediate condition goes
@@ -384,6 +407,10 @@ impl<'p> Machine<'p> {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
                 !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_FOLD_LOOPS").is_some())
             },
+            scan_loops: {
+                static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_SCAN_LOOPS").is_some())
+            },
             wider_at_once: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
                 !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_WIDER_AT_ONCE").is_some())
@@ -455,6 +482,7 @@ impl<'p> Machine<'p> {
                     items.iter().chain(vals).for_each(&mut *f);
                 }
                 Kont::FoldLoop { items, .. } => items.iter().for_each(&mut *f),
+                Kont::ScanLoop { items, vals, .. } => items.iter().chain(vals).for_each(&mut *f),
                 Kont::Return(fr) => frame(fr, f),
                 Kont::Proj(..) | Kont::Let { .. } | Kont::If(..) | Kont::Match { .. } => {}
             }
@@ -871,16 +899,23 @@ impl<'p> Machine<'p> {
         }
         let lambda = self.global(global).ok()?;
         let natives = &self.program.natives;
-        let (list, body) = if let Some(ml) = natives.map_loop(global) {
-            (ml.list, tumble_compile::map_loop::elem_of(&lambda.body)?)
+        // The loop, its list parameter and the code it runs per element.
+        let (shape, list) = if let Some(ml) = natives.map_loop(global) {
+            let elem = tumble_compile::map_loop::elem_of(&lambda.body)?;
+            (LoopCode::Map(ml, elem), ml.list)
+        } else if let Some(fl) = natives.fold_loop(global).filter(|_| self.fold_loops) {
+            let step = tumble_compile::map_loop::fold_step_of(&lambda.body, fl)?;
+            (LoopCode::Fold(fl, step), fl.list)
         } else {
-            let fl = natives.fold_loop(global).filter(|_| self.fold_loops)?;
-            (
-                fl.list,
-                tumble_compile::map_loop::fold_step_of(&lambda.body, fl)?,
-            )
+            let sl = natives.scan_loop(global).filter(|_| self.scan_loops)?;
+            let binds = tumble_compile::map_loop::scan_binds_of(&lambda.body)?;
+            (LoopCode::Scan(sl, binds), sl.list)
         };
-        if !self.takes_at_once(body) || !args.iter().all(|a| self.pure_at_once(a)) {
+        let at_once = match shape {
+            LoopCode::Map(_, c) | LoopCode::Fold(_, c) => self.takes_at_once(c),
+            LoopCode::Scan(_, binds) => binds.iter().all(|(_, c)| self.takes_at_once(c)),
+        };
+        if !at_once || !args.iter().all(|a| self.pure_at_once(a)) {
             return None;
         }
         // (`@foldl(%f, @hd(%xs), @tl(%xs))`: operands computed at once, without effects.)
@@ -912,12 +947,14 @@ impl<'p> Machine<'p> {
         let mut items = items;
         items.reverse();
         let start = self.ctx.depth;
-        let step = match natives.map_loop(global) {
-            Some(ml) => self.map_next(ml, body, items, Vec::new(), start, start, backend),
-            None => match natives.fold_loop(global) {
-                Some(fl) => self.fold_next(fl, body, items, backend),
-                None => Err(RunError::new("internal: loop without its shape")),
-            },
+        let step = match shape {
+            LoopCode::Map(ml, elem) => {
+                self.map_next(ml, elem, items, Vec::new(), start, start, backend)
+            }
+            LoopCode::Fold(fl, step) => self.fold_next(fl, step, items, backend),
+            LoopCode::Scan(sl, binds) => {
+                self.scan_next(sl, binds, None, items, Vec::new(), backend)
+            }
         };
         let value = match step {
             Ok(Step::Apply(v)) => Ok(v),
@@ -1297,6 +1334,18 @@ impl<'p> Machine<'p> {
                 self.set_slot(fl.acc, v);
                 self.fold_next(fl, step, items, backend)?
             }
+            Kont::ScanLoop {
+                sl,
+                binds,
+                idx,
+                items,
+                vals,
+            } => {
+                if let Some((slot, _)) = binds.get(idx) {
+                    self.set_slot(*slot, v);
+                }
+                self.scan_next(sl, binds, Some(idx + 1), items, vals, backend)?
+            }
             Kont::Proj(i, span) => Step::Apply(project(&v, i, span)?),
             Kont::Let { binds, idx, body } => {
                 if let Some((slot, _)) = binds.get(idx) {
@@ -1469,6 +1518,88 @@ impl<'p> Machine<'p> {
         Ok(Step::Apply(self.slot(fl.acc)?))
     }
 
+    /// A call of a function with a scan's shape ([`tumble_compile::map_loop`]) as a loop: its
+    /// frame is made as for any call, then the step's bindings run once per element with the
+    /// element and the state so far bound, one element after the other. A list argument that
+    /// is not a list (which the type checker rules out) takes the ordinary call, and its error.
+    fn scan_loop(
+        &mut self,
+        lambda: &'p Lambda,
+        sl: ScanLoop,
+        binds: &'p [(u32, Code)],
+        args: Vec<Value>,
+        span: Span,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
+        match self.enter_list_loop(lambda, sl.list, args, span)? {
+            Ok(items) => {
+                let vals = Vec::with_capacity(items.len());
+                self.scan_next(sl, binds, None, items, vals, backend)
+            }
+            Err(interpreted) => Ok(interpreted),
+        }
+    }
+
+    /// The scan from binding `at` of the current element's step on (`None`: no element
+    /// begun), then the elements from the last of `items` on, each binding taken at once or in
+    /// steps of its own; after an element's bindings, its output joins `vals` and the next state
+    /// replaces the current one; at the end the final `Nil`'s ghost operators and the list of
+    /// the outputs, as the interpreted recursion ends.
+    fn scan_next(
+        &mut self,
+        sl: ScanLoop,
+        binds: &'p [(u32, Code)],
+        mut at: Option<usize>,
+        mut items: Vec<Value>,
+        mut vals: Vec<Value>,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
+        loop {
+            if let Some(mut idx) = at {
+                while let Some((slot, code)) = binds.get(idx) {
+                    match self.at_once(code, backend) {
+                        Some(v) => self.set_slot(*slot, v?),
+                        None => {
+                            self.push(Kont::ScanLoop {
+                                sl,
+                                binds,
+                                idx,
+                                items,
+                                vals,
+                            })?;
+                            return Ok(Step::Eval(code));
+                        }
+                    }
+                    idx += 1;
+                }
+                // The recursion's `Cons(Y, @g(.., A, ..))`: reads of the bindings' slots.
+                vals.push(self.bound_part(sl.head)?);
+                let next = self.bound_part(sl.next)?;
+                self.set_slot(sl.acc, next);
+            }
+            let Some(x) = items.pop() else { break };
+            // One step per element, as in `map_next`: the run limits are looked at however
+            // long the list.
+            self.tick(backend)?;
+            self.set_slot(sl.elem_slot, x);
+            at = Some(0);
+        }
+        if sl.nil_ghosts > 0 {
+            backend.ghost(&mut self.ctx, sl.nil_ghosts);
+        }
+        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
+        let tail = self.shared.nullary(nil);
+        Ok(Step::Apply(list_of(vals, tail, cons)))
+    }
+
+    /// Slot `slot`'s value, or its field `i`.
+    fn bound_part(&self, (slot, field): (u32, Option<(u32, Span)>)) -> Result<Value, RunError> {
+        match field {
+            None => self.slot(slot),
+            Some((i, span)) => project(self.slot_ref(slot)?, i, span),
+        }
+    }
+
     fn set_slot(&mut self, slot: u32, v: Value) {
         if let Some(s) = self.frame.slots.get_mut(slot as usize) {
             *s = Some(v);
@@ -1550,6 +1681,16 @@ impl<'p> Machine<'p> {
                 {
                     if let Some(step) = tumble_compile::map_loop::fold_step_of(&lambda.body, fl) {
                         return self.fold_loop(lambda, fl, step, vals, *span, backend);
+                    }
+                }
+                if let Some(sl) = self
+                    .program
+                    .natives
+                    .scan_loop(*global)
+                    .filter(|_| self.scan_loops)
+                {
+                    if let Some(binds) = tumble_compile::map_loop::scan_binds_of(&lambda.body) {
+                        return self.scan_loop(lambda, sl, binds, vals, *span, backend);
                     }
                 }
                 self.enter(lambda, vals, None, &[], Some(*span))

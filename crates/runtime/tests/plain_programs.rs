@@ -1222,3 +1222,107 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (T
         off.host_steps
     );
 }
+
+/// Scans run as loops (an RNN over a list returning the list of its states: one binding, a
+/// tuple state read by field, and a step with an `if` on a computed tensor, which suspends the
+/// loop mid-element) record the same graph as the interpreted recursion in fewer evaluation
+/// steps, and agree with the reference; a step that reads the list's tail is not a scan.
+#[test]
+fn scans_run_as_loops_record_the_same_graph() {
+    let src = r#"
+def @rnn(%xs: List[Tensor[(1, 4), float32]], %h: Tensor[(1, 4), float32], %W: Tensor[(4, 4), float32]) -> List[Tensor[(1, 4), float32]] {
+  match (%xs) {
+    Cons(%x, %rest) => {
+      let %h2 = tanh(add(nn.dense(%h, %W), %x));
+      Cons(%h2, @rnn(%rest, %h2, %W))
+    },
+    Nil => Nil,
+  }
+}
+def @lstm(%xs: List[Tensor[(1, 4), float32]], %s: (Tensor[(1, 4), float32], Tensor[(1, 4), float32]), %W: Tensor[(4, 4), float32]) -> List[Tensor[(1, 4), float32]] {
+  match (%xs) {
+    Cons(%x, %rest) => {
+      let %g = sigmoid(add(nn.dense(%s.0, %W), %x));
+      let %c = add(multiply(%g, %s.1), %x);
+      let %n = (multiply(%g, tanh(%c)), %c);
+      Cons(%n.0, @lstm(%rest, %n, %W))
+    },
+    Nil => Nil,
+  }
+}
+def @gated(%xs: List[Tensor[(1, 4), float32]], %h: Tensor[(1, 4), float32], %W: Tensor[(4, 4), float32]) -> List[Tensor[(1, 4), float32]] {
+  match (%xs) {
+    Cons(%x, %rest) => {
+      let %h2 = if (greater(sum(%x), 0f)) { tanh(add(nn.dense(%h, %W), %x)) } else { multiply(%h, 0.5f) };
+      Cons(%h2, @gated(%rest, %h2, %W))
+    },
+    Nil => Nil,
+  }
+}
+def @peek(%xs: List[Tensor[(1, 4), float32]], %h: Tensor[(1, 4), float32]) -> List[Tensor[(1, 4), float32]] {
+  match (%xs) {
+    Cons(%x, %rest) => {
+      let %h2 = add(%h, @hd(Cons(%x, %rest)));
+      Cons(%h2, @peek(%rest, %h2))
+    },
+    Nil => Nil,
+  }
+}
+def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (List[Tensor[(1, 4), float32]], List[Tensor[(1, 4), float32]], List[Tensor[(1, 4), float32]], List[Tensor[(1, 4), float32]]) {
+  let %z = zeros(shape=[1, 4], dtype="float32");
+  (@rnn(%xs, %z, %W), @lstm(%xs, (%z, %z), %W), @gated(%xs, %z, %W), @peek(%xs, %z))
+}
+"#;
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let xs: Vec<String> = (0..i % 5)
+                .map(|j| {
+                    let v: Vec<String> = (0..4)
+                        .map(|c| format!("{:.2}", ((i + j * 3 + c) % 9) as f64 / 8.0 - 0.45))
+                        .collect();
+                    format!("[[{}]]", v.join(", "))
+                })
+                .collect();
+            let w: Vec<String> = (0..4)
+                .map(|r| {
+                    let v: Vec<String> = (0..4)
+                        .map(|c| format!("{:.2}", ((r * 5 + c * 3) % 7) as f64 / 7.0 - 0.5))
+                        .collect();
+                    format!("[{}]", v.join(", "))
+                })
+                .collect();
+            format!("{{\"xs\": [{}], \"W\": [{}]}}", xs.join(", "), w.join(", "))
+        })
+        .collect();
+    let x = expected(
+        "scans",
+        load_text("scans", src),
+        &inputs.join("\n"),
+        &["xs"],
+    );
+    check_all_ways(&x);
+    let go = |natives: bool| {
+        let (program, reuse) =
+            common::compile_natives(&x, true, tumble_compile::StaticOptions::all(), natives);
+        let scans: Vec<String> = program
+            .global_index
+            .iter()
+            .filter(|(_, g)| program.natives.scan_loop(**g).is_some())
+            .map(|(name, _)| name.clone())
+            .collect();
+        let (out, profile) = common::run_once(&x, &program, &reuse, Default::default());
+        (format!("{out:?}"), profile, scans)
+    };
+    let ((out_on, on, mut scans_on), (out_off, off, scans_off)) = (go(true), go(false));
+    assert_eq!(out_on, out_off);
+    scans_on.sort();
+    assert_eq!(scans_on, ["gated", "lstm", "rnn"], "scans found");
+    assert!(scans_off.is_empty());
+    assert_eq!((on.nodes, on.launches), (off.nodes, off.launches));
+    assert!(
+        on.host_steps < off.host_steps,
+        "{} steps as loops, {} interpreted",
+        on.host_steps,
+        off.host_steps
+    );
+}
