@@ -441,7 +441,12 @@ impl Natives {
 
     /// How global `g` runs as a scan, if it does ([`Natives::scan_loops`]).
     pub fn scan_loop(&self, g: u32) -> Option<ScanLoop> {
-        self.scan_loops.get(g as usize).copied().flatten()
+        self.scan_loop_ref(g).copied()
+    }
+
+    /// [`Natives::scan_loop`] by reference (the evaluator keeps it in its continuations).
+    pub fn scan_loop_ref(&self, g: u32) -> Option<&ScanLoop> {
+        self.scan_loops.get(g as usize).and_then(Option::as_ref)
     }
 
     /// How global `g` runs as a left fold, if it does ([`Natives::fold_loops`]).

@@ -239,9 +239,11 @@ enum Kont<'p> {
     /// `idx` of its step: the elements not yet done, last first, and the outputs so far; the
     /// state is the frame's slot `sl.acc`.
     ScanLoop {
-        sl: ScanLoop,
+        // By reference, and `idx` a u32: every continuation is as large as the largest kind,
+        // and each push and pop moves it (80 bytes, where a copied `ScanLoop` made 136).
+        sl: &'p ScanLoop,
         binds: &'p [(u32, Code)],
-        idx: usize,
+        idx: u32,
         items: Vec<Value>,
         vals: Vec<Value>,
     },
@@ -253,7 +255,7 @@ enum Kont<'p> {
 enum LoopCode<'p> {
     Map(MapLoop, &'p Code),
     Fold(FoldLoop, &'p Code),
-    Scan(ScanLoop, &'p [(u32, Code)]),
+    Scan(&'p ScanLoop, &'p [(u32, Code)]),
 }
 
 enum Step<'p> {
@@ -907,7 +909,7 @@ impl<'p> Machine<'p> {
             let step = tumble_compile::map_loop::fold_step_of(&lambda.body, fl)?;
             (LoopCode::Fold(fl, step), fl.list)
         } else {
-            let sl = natives.scan_loop(global).filter(|_| self.scan_loops)?;
+            let sl = natives.scan_loop_ref(global).filter(|_| self.scan_loops)?;
             let binds = tumble_compile::map_loop::scan_binds_of(&lambda.body)?;
             (LoopCode::Scan(sl, binds), sl.list)
         };
@@ -1341,10 +1343,10 @@ impl<'p> Machine<'p> {
                 items,
                 vals,
             } => {
-                if let Some((slot, _)) = binds.get(idx) {
+                if let Some((slot, _)) = binds.get(idx as usize) {
                     self.set_slot(*slot, v);
                 }
-                self.scan_next(sl, binds, Some(idx + 1), items, vals, backend)?
+                self.scan_next(sl, binds, Some(idx as usize + 1), items, vals, backend)?
             }
             Kont::Proj(i, span) => Step::Apply(project(&v, i, span)?),
             Kont::Let { binds, idx, body } => {
@@ -1525,7 +1527,7 @@ impl<'p> Machine<'p> {
     fn scan_loop(
         &mut self,
         lambda: &'p Lambda,
-        sl: ScanLoop,
+        sl: &'p ScanLoop,
         binds: &'p [(u32, Code)],
         args: Vec<Value>,
         span: Span,
@@ -1547,7 +1549,7 @@ impl<'p> Machine<'p> {
     /// the outputs, as the interpreted recursion ends.
     fn scan_next(
         &mut self,
-        sl: ScanLoop,
+        sl: &'p ScanLoop,
         binds: &'p [(u32, Code)],
         mut at: Option<usize>,
         mut items: Vec<Value>,
@@ -1563,7 +1565,7 @@ impl<'p> Machine<'p> {
                             self.push(Kont::ScanLoop {
                                 sl,
                                 binds,
-                                idx,
+                                idx: idx as u32,
                                 items,
                                 vals,
                             })?;
@@ -1686,7 +1688,7 @@ impl<'p> Machine<'p> {
                 if let Some(sl) = self
                     .program
                     .natives
-                    .scan_loop(*global)
+                    .scan_loop_ref(*global)
                     .filter(|_| self.scan_loops)
                 {
                     if let Some(binds) = tumble_compile::map_loop::scan_binds_of(&lambda.body) {
@@ -2024,5 +2026,15 @@ mod error_tests {
         // However the runtime wraps its own check's message, it stays a bug.
         assert!(RunError::new("in block cell: internal: node").internal);
         assert!(!RunError::new("nn.dense: input has 5 columns but weight expects 4").internal);
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    /// Every continuation is as large as the largest kind, and each push and pop moves one: a
+    /// kind that grows them all shows here.
+    #[test]
+    fn continuations_stay_small() {
+        assert!(std::mem::size_of::<super::Kont>() <= 80);
     }
 }
