@@ -1,4 +1,5 @@
-//! Inlining of small leaf functions into the host program. A call costs the interpreter a frame:
+//! Inlining of small leaf functions, and of forwarders (a body that only calls another function
+//! on its parameters), into the host program. A call costs the interpreter a frame:
 //! installing the arguments, a return continuation, dropping the frame. The prelude's `@hd` and
 //! `@tl` and the wrappers a `Primitive=1` function leaves behind (a body that only invokes its
 //! block) are called several times per tree node, so their bodies are copied into the callers.
@@ -43,9 +44,11 @@ fn inline_round(program: &mut Program, entry: &str) -> usize {
     let leaves: Vec<Option<Lambda>> = program
         .globals
         .iter()
-        .map(|&l| {
+        .enumerate()
+        .map(|(g, &l)| {
             let lambda = program.lambdas.get(l as usize)?;
-            (Some(l) != entry_lambda && is_leaf(program, lambda)).then(|| lambda.clone())
+            let qualifies = is_leaf(program, lambda) || is_forwarder(lambda, g as u32);
+            (Some(l) != entry_lambda && qualifies).then(|| lambda.clone())
         })
         .collect();
     if leaves.iter().all(Option::is_none) {
@@ -99,6 +102,17 @@ fn is_leaf(program: &Program, lambda: &Lambda) -> bool {
         };
     });
     leaf && size <= MAX_BODY
+}
+
+/// A body that only calls another global on reads of the parameters — `specialize`'s lifted
+/// closure around a recursive call, `fn (%c) { @treelstm(%c, ..) }`, through which a tree's
+/// `@map` reached every child: a call, a frame and a tail call per child where the caller can
+/// call the target itself. The call is in tail position, so it leaves no frame in an error's call
+/// trace with or without the forwarder; a call of itself is not a forwarder.
+fn is_forwarder(lambda: &Lambda, this: u32) -> bool {
+    lambda.captures.is_empty()
+        && matches!(&lambda.body, Code::CallGlobal { global, args, .. }
+            if *global != this && args.iter().all(is_read))
 }
 
 /// Whether some arm matches every value: a variable or `_`, or one arm per constructor of the

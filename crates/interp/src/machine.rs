@@ -295,6 +295,10 @@ pub struct Machine<'p> {
     /// Functions of a scan's shape run as loops ([`Machine::scan_loop`]);
     /// `TUMBLE_NO_SCAN_LOOPS=1` interprets them (the A/B switch; the program is the same).
     scan_loops: bool,
+    /// Calls whose chosen arm completes at once are taken at once ([`Machine::call_at_once`]);
+    /// `TUMBLE_NO_CALLS_AT_ONCE=1` takes steps for them (the A/B switch; the recorded graph is
+    /// the same).
+    calls_at_once: bool,
     /// More code taken at once ([`Machine::at_once`]): loops whose element code is
     /// ([`Machine::loop_at_once`]), constructors and tuples of immediate operands, conditionals
     /// and matches on immediate values, and an `if` on a computed immediate condition goes
@@ -412,6 +416,10 @@ impl<'p> Machine<'p> {
             scan_loops: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
                 !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_SCAN_LOOPS").is_some())
+            },
+            calls_at_once: {
+                static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_CALLS_AT_ONCE").is_some())
             },
             wider_at_once: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -704,7 +712,10 @@ impl<'p> Machine<'p> {
         // of values at hand, computed where it is read.
         if let Code::CallGlobal { global, args, span } = code {
             let Some(native) = self.program.natives.of(*global) else {
-                return self.loop_at_once(*global, args, *span, backend);
+                return match self.loop_at_once(*global, args, *span, backend) {
+                    Some(v) => Some(v),
+                    None => self.call_at_once(*global, args, *span, backend),
+                };
             };
             let vals = match self.immediates(args)? {
                 Ok(vals) => vals,
@@ -968,6 +979,98 @@ impl<'p> Machine<'p> {
         let Some(Kont::Return(caller)) = self.stack.pop() else {
             return Some(Err(RunError::new(
                 "internal: a loop taken at once lost its caller's frame",
+            )));
+        };
+        let done = std::mem::replace(&mut self.frame, caller);
+        self.recycle(done);
+        Some(value)
+    }
+
+    /// A call of an ordinary global whose body is a `match` on one of its parameters, where the
+    /// arm the argument chooses is [`Machine::total_at_once`] (TreeLSTM's leaf, `Rose(%tok, Nil)
+    /// => @leaf(%tok, ..)`, half of a tree's calls): performed where it is read, in the callee's
+    /// frame made and dropped here — the step path's call, match and arm without their steps, the
+    /// return's, or the caller's continuation. The arm is chosen from the argument before
+    /// anything is made, so `None` (an operand not immediate, no arm matching, an arm that may
+    /// not complete at once: the recursive arms) leaves nothing done. Functions run as loops are
+    /// [`Machine::loop_at_once`]'s.
+    fn call_at_once(
+        &mut self,
+        global: u32,
+        args: &'p [Code],
+        span: Span,
+        backend: &mut dyn Backend,
+    ) -> Option<Result<Value, RunError>> {
+        if !self.wider_at_once || !self.calls_at_once {
+            return None;
+        }
+        let natives = &self.program.natives;
+        if natives.map_loop(global).is_some()
+            || natives.fold_loop(global).is_some()
+            || natives.scan_loop_ref(global).is_some()
+        {
+            return None;
+        }
+        let lambda = self.global(global).ok()?;
+        let Code::Match {
+            scrutinee, arms, ..
+        } = &lambda.body
+        else {
+            return None;
+        };
+        let Code::Slot(k) = **scrutinee else {
+            return None;
+        };
+        if !lambda.captures.is_empty()
+            || k >= lambda.n_params
+            || args.len() != lambda.n_params as usize
+            || !args.iter().all(|a| self.is_immediate(a))
+        {
+            return None;
+        }
+        let v = match self.immediate(args.get(k as usize)?)? {
+            Ok(v) => v,
+            Err(e) => return Some(Err(e)),
+        };
+        let Some(arm) = self.choose_arm(arms, &v).filter(|b| self.total_at_once(b)) else {
+            self.binds.clear();
+            return None;
+        };
+        drop(v);
+        let vals = match self.immediates(args) {
+            Some(Ok(vals)) => vals,
+            Some(Err(e)) => {
+                self.binds.clear();
+                return Some(Err(e));
+            }
+            None => {
+                self.binds.clear();
+                return None;
+            }
+        };
+        let frame = match self.frame_for(lambda, vals, None, &[], Some(span)) {
+            Ok(frame) => frame,
+            Err(e) => {
+                self.binds.clear();
+                return Some(Err(e));
+            }
+        };
+        // The caller's frame waits on the stack as in a call, so an error's call trace is the same.
+        let caller = std::mem::replace(&mut self.frame, frame);
+        if let Err(e) = self.push(Kont::Return(caller)) {
+            self.binds.clear();
+            return Some(Err(e));
+        }
+        self.bind_arm();
+        let value = match self.at_once(arm, backend) {
+            Some(v) => v,
+            None => Err(RunError::new(
+                "internal: a call's arm was not taken at once",
+            )),
+        };
+        let Some(Kont::Return(caller)) = self.stack.pop() else {
+            return Some(Err(RunError::new(
+                "internal: a call taken at once lost its caller's frame",
             )));
         };
         let done = std::mem::replace(&mut self.frame, caller);

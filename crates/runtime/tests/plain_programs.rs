@@ -1326,3 +1326,103 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (L
         off.host_steps
     );
 }
+
+/// A tree recursion through `@map` over a closure (specialized into a forwarder
+/// `fn (%c) { @enc(%c, ..) }`, which leaf inlining replaces by the call itself) whose leaf arm is
+/// taken at once where the map reads it: the same outputs, nodes and launches as the interpreted
+/// calls, in fewer steps; a leaf arm that cannot complete at once (an `if` on a computed tensor)
+/// takes steps, and the reference agrees every way.
+#[test]
+fn calls_at_once_record_the_same_graph() {
+    let src = r#"
+def @enc(%t: Tree[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%t) {
+    Rose(%x, Nil) => tanh(nn.dense(%x, %W)),
+    Rose(%x, %kids) => {
+      let %hs = @map(fn (%c: Tree[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32] { @enc(%c, %W) }, %kids);
+      let %plus = fn (%a: Tensor[(1, 4), float32], %b: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { add(%a, %b) };
+      tanh(add(nn.dense(@foldl(%plus, %x, %hs), %W), %x))
+    },
+  }
+}
+def @gate(%t: Tree[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%t) {
+    Rose(%x, Nil) => if (greater(sum(%x), 0f)) { sigmoid(nn.dense(%x, %W)) } else { %x },
+    Rose(%x, %kids) => {
+      let %hs = @map(fn (%c: Tree[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32] { @gate(%c, %W) }, %kids);
+      multiply(@hd(%hs), %x)
+    },
+  }
+}
+def @main(%t: Tree[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (Tensor[(1, 4), float32], Tensor[(1, 4), float32]) {
+  (@enc(%t, %W), @gate(%t, %W))
+}
+"#;
+    // Trees of 1 to 9 leaves, each node a (1, 4) tensor.
+    fn tree(i: usize, depth: usize) -> String {
+        let v: Vec<String> = (0..4)
+            .map(|c| format!("{:.2}", ((i * 7 + depth * 3 + c) % 11) as f64 / 10.0 - 0.45))
+            .collect();
+        let kids: Vec<String> = if depth == 0 || (i + depth) % 4 == 0 {
+            Vec::new()
+        } else {
+            (0..1 + (i + depth) % 3)
+                .map(|k| tree(i + k, depth - 1))
+                .collect()
+        };
+        format!(
+            "{{\"Rose\": [[[{}]], [{}]]}}",
+            v.join(", "),
+            kids.join(", ")
+        )
+    }
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let w: Vec<String> = (0..4)
+                .map(|r| {
+                    let v: Vec<String> = (0..4)
+                        .map(|c| format!("{:.2}", ((r * 5 + c * 3) % 7) as f64 / 7.0 - 0.5))
+                        .collect();
+                    format!("[{}]", v.join(", "))
+                })
+                .collect();
+            format!("{{\"t\": {}, \"W\": [{}]}}", tree(i, i % 4), w.join(", "))
+        })
+        .collect();
+    let x = expected("calls", load_text("calls", src), &inputs.join("\n"), &["t"]);
+    check_all_ways(&x);
+    let go = |natives: bool| {
+        let (program, reuse) =
+            common::compile_natives(&x, true, tumble_compile::StaticOptions::all(), natives);
+        let (out, profile) = common::run_once(&x, &program, &reuse, Default::default());
+        (format!("{out:?}"), profile)
+    };
+    let ((out_on, on), (out_off, off)) = (go(true), go(false));
+    assert_eq!(out_on, out_off);
+    assert_eq!((on.nodes, on.launches), (off.nodes, off.launches));
+    assert!(
+        on.host_steps < off.host_steps,
+        "{} steps at once, {} interpreted",
+        on.host_steps,
+        off.host_steps
+    );
+    // No call of a forwarder is left (the specialized `@map`s call @enc and @gate themselves).
+    let (program, _) =
+        common::compile_natives(&x, true, tumble_compile::StaticOptions::all(), true);
+    let forwards = |g: u32| {
+        program
+            .globals
+            .get(g as usize)
+            .and_then(|&l| program.lambdas.get(l as usize))
+            .is_some_and(|l| matches!(l.body, tumble_compile::Code::CallGlobal { .. }))
+    };
+    let mut calls_of_forwarders = 0;
+    for l in &program.lambdas {
+        l.body.visit(&mut |c| {
+            if matches!(c, tumble_compile::Code::CallGlobal { global, .. } if forwards(*global)) {
+                calls_of_forwarders += 1;
+            }
+        });
+    }
+    assert_eq!(calls_of_forwarders, 0);
+}

@@ -30,17 +30,38 @@ impl Dfg<'_> {
             return Ok(None);
         }
         let shape = node.out_shapes.first().cloned().unwrap_or_default();
-        let mut acc = vec![0f32; shape.iter().product()];
-        for a in &node.args {
-            self.add_term(&mut acc, a)?;
-        }
+        let mut acc = Vec::with_capacity(shape.iter().product());
+        self.sum_terms_into(&mut acc, shape.iter().product(), &node.args)?;
         Tensor::from_vec(shape, acc)
             .map(Some)
             .map_err(|e| RunError::new(format!("internal: sum: {e}")))
     }
 
-    /// Adds one term of a deferred sum to `acc` (same length).
-    pub(super) fn add_term(&self, acc: &mut [f32], a: &Arg) -> Result<(), RunError> {
+    /// Appends the sum of `terms` (each `n` floats) to `out`: the first term copied, the others
+    /// added in order — `(t1 + t2) + t3`, the reference's association, where a zero start
+    /// `0 + t1` would turn a `-0.0` first term into `+0.0`.
+    pub(super) fn sum_terms_into(
+        &self,
+        out: &mut Vec<f32>,
+        n: usize,
+        terms: &[Arg],
+    ) -> Result<(), RunError> {
+        let start = out.len();
+        let Some((first, rest)) = terms.split_first() else {
+            out.resize(start + n, 0.0);
+            return Ok(());
+        };
+        out.extend_from_slice(self.term(first, n)?);
+        let acc = out.get_mut(start..).unwrap_or_default();
+        for a in rest {
+            // The CPU's widest vectors (the same additions, element by element).
+            crate::simd::update(acc, self.term(a, n)?, |d, s| d + s);
+        }
+        Ok(())
+    }
+
+    /// The `n` floats of one term of a deferred sum, where they lie.
+    fn term<'a>(&'a self, a: &'a Arg, n: usize) -> Result<&'a [f32], RunError> {
         let (t, at) = match a {
             Arg::Val(t) => (t, At::Whole),
             Arg::Lazy(r) => {
@@ -48,12 +69,11 @@ impl Dfg<'_> {
                 (&s.tensor, s.at)
             }
         };
-        let n = acc.len();
         let all = t
             .as_slice::<f32>()
             .ok_or_else(|| RunError::new("internal: sum term is not f32"))?;
         let row_len: usize = t.shape().get(1..).map_or(1, |d| d.iter().product());
-        let src = match at {
+        match at {
             At::Whole => all.get(..n),
             At::Row(r) => all.get(r as usize * n..(r as usize + 1) * n),
             At::Rows { start, .. } => {
@@ -62,11 +82,7 @@ impl Dfg<'_> {
             }
         }
         .filter(|s| s.len() == n)
-        .ok_or_else(|| RunError::new("internal: sum term has another shape"))?;
-        for (d, s) in acc.iter_mut().zip(src) {
-            *d += *s;
-        }
-        Ok(())
+        .ok_or_else(|| RunError::new("internal: sum term has another shape"))
     }
 
     /// Computes the deferred sums that input `i` of a launch over `ids` reads (each
@@ -99,7 +115,7 @@ impl Dfg<'_> {
             .and_then(|n| n.out_shapes.first().cloned())
             .unwrap_or_default();
         let len: usize = shape.iter().product();
-        let mut data = tumble_tensor::pool::zeroed_f32(todo.len() * len);
+        let mut data = tumble_tensor::pool::with_capacity_f32(todo.len() * len);
         let mut terms = 0;
         for (k, &id) in todo.iter().enumerate() {
             let node = self
@@ -111,9 +127,8 @@ impl Dfg<'_> {
                     "internal: sums of different shapes in one input",
                 ));
             }
-            for a in &node.args {
-                self.add_term(&mut data[k * len..(k + 1) * len], a)?;
-            }
+            debug_assert_eq!(data.len(), k * len);
+            self.sum_terms_into(&mut data, len, &node.args)?;
             terms += node.args.len() as u64;
         }
         let mut batch_shape = Vec::with_capacity(shape.len() + 1);
