@@ -146,24 +146,35 @@ fn list_recursion(program: &Program, global: u32) -> Option<ListRecursion<'_>> {
     })
 }
 
+/// A list recursion whose `Nil` arm is the empty list and whose `Cons` arm is a `let` chain —
+/// what `@map`'s and a scan's shapes share: the recursion, the chain's bindings and its body.
+fn let_recursion_to_empty(program: &Program, global: u32) -> Option<LetRecursion<'_>> {
+    let nil = program.natives.nil;
+    let r = list_recursion(program, global)?;
+    let ends_in_empty = match r.nil_value {
+        Code::Ctor(n) => *n == nil,
+        Code::CallCtor { ctor, args } => *ctor == nil && args.is_empty(),
+        _ => false,
+    };
+    let Code::Let { binds, body } = r.cons_arm else {
+        return None;
+    };
+    ends_in_empty.then_some(LetRecursion { binds, body, r })
+}
+
+/// [`let_recursion_to_empty`]'s finding.
+struct LetRecursion<'p> {
+    r: ListRecursion<'p>,
+    binds: &'p [(u32, Code)],
+    body: &'p Code,
+}
+
 /// How global `global` runs as a loop, if its body has `@map`'s shape (see the module's comment).
 fn map_loop_of(program: &Program, global: u32) -> Option<MapLoop> {
     let natives = &program.natives;
-    let r = list_recursion(program, global)?;
-    let (lambda, list, x, rest) = (r.lambda, r.list, r.x, r.rest);
-    let (cons_arm, nil_value, nil_ghosts) = (r.cons_arm, r.nil_value, r.nil_ghosts);
-    let is_nil = match nil_value {
-        Code::Ctor(n) => *n == natives.nil,
-        Code::CallCtor { ctor, args } => *ctor == natives.nil && args.is_empty(),
-        _ => false,
-    };
-    if !is_nil {
-        return None;
-    }
-    let Code::Let { binds, body } = cons_arm else {
-        return None;
-    };
-    let [(r, Code::Concurrent(elems))] = binds.as_slice() else {
+    let LetRecursion { r, binds, body } = let_recursion_to_empty(program, global)?;
+    let (lambda, list, x, rest, nil_ghosts) = (r.lambda, r.list, r.x, r.rest, r.nil_ghosts);
+    let [(r, Code::Concurrent(elems))] = binds else {
         return None;
     };
     let [elem, Code::CallGlobal {
@@ -181,7 +192,7 @@ fn map_loop_of(program: &Program, global: u32) -> Option<MapLoop> {
             Code::Slot(s) => *s == i as u32,
             _ => false,
         });
-    let cell = matches!(&**body, Code::CallCtor { ctor, args } if *ctor == natives.cons
+    let cell = matches!(body, Code::CallCtor { ctor, args } if *ctor == natives.cons
         && matches!(args.as_slice(), [Code::Proj(a, 0, _), Code::Proj(b, 1, _)]
             if matches!(**a, Code::Slot(s) if s == *r) && matches!(**b, Code::Slot(s) if s == *r)));
     let mut reads_arm_slots = false;
@@ -301,21 +312,9 @@ fn bound_part(code: &Code, binds: &[(u32, Code)]) -> Option<(u32, Option<(u32, t
 /// comment).
 fn scan_loop_of(program: &Program, global: u32) -> Option<ScanLoop> {
     let natives = &program.natives;
-    let r = list_recursion(program, global)?;
-    let (lambda, list, x, rest) = (r.lambda, r.list, r.x, r.rest);
-    let (cons_arm, nil_value, nil_ghosts) = (r.cons_arm, r.nil_value, r.nil_ghosts);
-    let is_nil = match nil_value {
-        Code::Ctor(n) => *n == natives.nil,
-        Code::CallCtor { ctor, args } => *ctor == natives.nil && args.is_empty(),
-        _ => false,
-    };
-    if !is_nil {
-        return None;
-    }
-    let Code::Let { binds, body } = cons_arm else {
-        return None;
-    };
-    let Code::CallCtor { ctor, args: cell } = &**body else {
+    let LetRecursion { r, binds, body } = let_recursion_to_empty(program, global)?;
+    let (lambda, list, x, rest, nil_ghosts) = (r.lambda, r.list, r.x, r.rest, r.nil_ghosts);
+    let Code::CallCtor { ctor, args: cell } = body else {
         return None;
     };
     let [y, Code::CallGlobal {
@@ -360,8 +359,7 @@ fn scan_loop_of(program: &Program, global: u32) -> Option<ScanLoop> {
             return None;
         }
     }
-    let at_its_place =
-        scan_binds_of(&lambda.body).is_some_and(|b| std::ptr::eq(b, binds.as_slice()));
+    let at_its_place = scan_binds_of(&lambda.body).is_some_and(|b| std::ptr::eq(b, binds));
     at_its_place.then_some(ScanLoop {
         list,
         acc,

@@ -950,9 +950,7 @@ impl<'p> Machine<'p> {
             Ok(frame) => frame,
             Err(e) => return Some(Err(e)),
         };
-        // The caller's frame waits on the stack as in a call, so an error's call trace is the same.
-        let caller = std::mem::replace(&mut self.frame, frame);
-        if let Err(e) = self.push(Kont::Return(caller)) {
+        if let Err(e) = self.enter_at_once(frame) {
             return Some(Err(e));
         }
         // The loops the step path runs, from the last element (they pop); every element is
@@ -976,14 +974,30 @@ impl<'p> Machine<'p> {
             )),
             Err(e) => Err(e),
         };
+        if let Err(e) = self.leave_at_once() {
+            return Some(Err(e));
+        }
+        Some(value)
+    }
+
+    /// Makes `frame` current for code taken at once, the caller's frame waiting on the stack as
+    /// in a call, so an error's call trace is the same.
+    fn enter_at_once(&mut self, frame: Frame) -> Result<(), RunError> {
+        let caller = std::mem::replace(&mut self.frame, frame);
+        self.push(Kont::Return(caller))
+    }
+
+    /// Back to the caller's frame after [`Machine::enter_at_once`]; the finished frame's slots
+    /// are kept for the next call.
+    fn leave_at_once(&mut self) -> Result<(), RunError> {
         let Some(Kont::Return(caller)) = self.stack.pop() else {
-            return Some(Err(RunError::new(
-                "internal: a loop taken at once lost its caller's frame",
-            )));
+            return Err(RunError::new(
+                "internal: code taken at once lost its caller's frame",
+            ));
         };
         let done = std::mem::replace(&mut self.frame, caller);
         self.recycle(done);
-        Some(value)
+        Ok(())
     }
 
     /// A call of an ordinary global whose body is a `match` on one of its parameters, where the
@@ -1055,9 +1069,7 @@ impl<'p> Machine<'p> {
                 return Some(Err(e));
             }
         };
-        // The caller's frame waits on the stack as in a call, so an error's call trace is the same.
-        let caller = std::mem::replace(&mut self.frame, frame);
-        if let Err(e) = self.push(Kont::Return(caller)) {
+        if let Err(e) = self.enter_at_once(frame) {
             self.binds.clear();
             return Some(Err(e));
         }
@@ -1068,13 +1080,9 @@ impl<'p> Machine<'p> {
                 "internal: a call's arm was not taken at once",
             )),
         };
-        let Some(Kont::Return(caller)) = self.stack.pop() else {
-            return Some(Err(RunError::new(
-                "internal: a call taken at once lost its caller's frame",
-            )));
-        };
-        let done = std::mem::replace(&mut self.frame, caller);
-        self.recycle(done);
+        if let Err(e) = self.leave_at_once() {
+            return Some(Err(e));
+        }
         Some(value)
     }
 

@@ -1176,25 +1176,7 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (T
 }
 "#;
     let inputs: Vec<String> = (0..7)
-        .map(|i| {
-            let xs: Vec<String> = (0..1 + i % 4)
-                .map(|j| {
-                    let v: Vec<String> = (0..4)
-                        .map(|c| format!("{:.2}", ((i + j * 3 + c) % 9) as f64 / 8.0 - 0.4))
-                        .collect();
-                    format!("[[{}]]", v.join(", "))
-                })
-                .collect();
-            let w: Vec<String> = (0..4)
-                .map(|r| {
-                    let v: Vec<String> = (0..4)
-                        .map(|c| format!("{:.2}", ((r * 5 + c * 3) % 7) as f64 / 7.0 - 0.5))
-                        .collect();
-                    format!("[{}]", v.join(", "))
-                })
-                .collect();
-            format!("{{\"xs\": [{}], \"W\": [{}]}}", xs.join(", "), w.join(", "))
-        })
+        .map(|i| list_and_weight_json(i, 1 + i % 4, 0.4))
         .collect();
     let x = expected(
         "folds",
@@ -1203,24 +1185,15 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (T
         &["xs"],
     );
     check_all_ways(&x);
-    let go = |natives: bool| {
-        let (program, reuse) =
+    same_graph_in_fewer_steps(&x);
+    let loops_of = |natives: bool| {
+        let (program, _) =
             common::compile_natives(&x, true, tumble_compile::StaticOptions::all(), natives);
-        let loops = program.natives.fold_loops.iter().flatten().count();
-        let (out, profile) = common::run_once(&x, &program, &reuse, Default::default());
-        (format!("{out:?}"), profile, loops)
+        program.natives.fold_loops.iter().flatten().count()
     };
-    let ((out_on, on, loops_on), (out_off, off, loops_off)) = (go(true), go(false));
-    assert_eq!(out_on, out_off);
+    let (loops_on, loops_off) = (loops_of(true), loops_of(false));
     // @acc_rnn and the two copies of @foldl (one per closure: the capturing one calls it).
     assert!(loops_on >= 2 && loops_off == 0, "{loops_on} fold loops");
-    assert_eq!((on.nodes, on.launches), (off.nodes, off.launches));
-    assert!(
-        on.host_steps < off.host_steps,
-        "{} steps as loops, {} interpreted",
-        on.host_steps,
-        off.host_steps
-    );
 }
 
 /// Scans run as loops (an RNN over a list returning the list of its states: one binding, a
@@ -1274,25 +1247,7 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (L
 }
 "#;
     let inputs: Vec<String> = (0..9)
-        .map(|i| {
-            let xs: Vec<String> = (0..i % 5)
-                .map(|j| {
-                    let v: Vec<String> = (0..4)
-                        .map(|c| format!("{:.2}", ((i + j * 3 + c) % 9) as f64 / 8.0 - 0.45))
-                        .collect();
-                    format!("[[{}]]", v.join(", "))
-                })
-                .collect();
-            let w: Vec<String> = (0..4)
-                .map(|r| {
-                    let v: Vec<String> = (0..4)
-                        .map(|c| format!("{:.2}", ((r * 5 + c * 3) % 7) as f64 / 7.0 - 0.5))
-                        .collect();
-                    format!("[{}]", v.join(", "))
-                })
-                .collect();
-            format!("{{\"xs\": [{}], \"W\": [{}]}}", xs.join(", "), w.join(", "))
-        })
+        .map(|i| list_and_weight_json(i, i % 5, 0.45))
         .collect();
     let x = expected(
         "scans",
@@ -1301,30 +1256,21 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (L
         &["xs"],
     );
     check_all_ways(&x);
-    let go = |natives: bool| {
-        let (program, reuse) =
+    same_graph_in_fewer_steps(&x);
+    let scans_of = |natives: bool| {
+        let (program, _) =
             common::compile_natives(&x, true, tumble_compile::StaticOptions::all(), natives);
-        let scans: Vec<String> = program
+        let mut scans: Vec<String> = program
             .global_index
             .iter()
             .filter(|(_, g)| program.natives.scan_loop(**g).is_some())
             .map(|(name, _)| name.clone())
             .collect();
-        let (out, profile) = common::run_once(&x, &program, &reuse, Default::default());
-        (format!("{out:?}"), profile, scans)
+        scans.sort();
+        scans
     };
-    let ((out_on, on, mut scans_on), (out_off, off, scans_off)) = (go(true), go(false));
-    assert_eq!(out_on, out_off);
-    scans_on.sort();
-    assert_eq!(scans_on, ["gated", "lstm", "rnn"], "scans found");
-    assert!(scans_off.is_empty());
-    assert_eq!((on.nodes, on.launches), (off.nodes, off.launches));
-    assert!(
-        on.host_steps < off.host_steps,
-        "{} steps as loops, {} interpreted",
-        on.host_steps,
-        off.host_steps
-    );
+    assert_eq!(scans_of(true), ["gated", "lstm", "rnn"], "scans found");
+    assert!(scans_of(false).is_empty());
 }
 
 /// A tree recursion through `@map` over a closure (specialized into a forwarder
@@ -1377,35 +1323,11 @@ def @main(%t: Tree[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (Te
         )
     }
     let inputs: Vec<String> = (0..9)
-        .map(|i| {
-            let w: Vec<String> = (0..4)
-                .map(|r| {
-                    let v: Vec<String> = (0..4)
-                        .map(|c| format!("{:.2}", ((r * 5 + c * 3) % 7) as f64 / 7.0 - 0.5))
-                        .collect();
-                    format!("[{}]", v.join(", "))
-                })
-                .collect();
-            format!("{{\"t\": {}, \"W\": [{}]}}", tree(i, i % 4), w.join(", "))
-        })
+        .map(|i| format!("{{\"t\": {}, \"W\": {}}}", tree(i, i % 4), weight4_json()))
         .collect();
     let x = expected("calls", load_text("calls", src), &inputs.join("\n"), &["t"]);
     check_all_ways(&x);
-    let go = |natives: bool| {
-        let (program, reuse) =
-            common::compile_natives(&x, true, tumble_compile::StaticOptions::all(), natives);
-        let (out, profile) = common::run_once(&x, &program, &reuse, Default::default());
-        (format!("{out:?}"), profile)
-    };
-    let ((out_on, on), (out_off, off)) = (go(true), go(false));
-    assert_eq!(out_on, out_off);
-    assert_eq!((on.nodes, on.launches), (off.nodes, off.launches));
-    assert!(
-        on.host_steps < off.host_steps,
-        "{} steps at once, {} interpreted",
-        on.host_steps,
-        off.host_steps
-    );
+    same_graph_in_fewer_steps(&x);
     // No call of a forwarder is left (the specialized `@map`s call @enc and @gate themselves).
     let (program, _) =
         common::compile_natives(&x, true, tumble_compile::StaticOptions::all(), true);
@@ -1425,4 +1347,51 @@ def @main(%t: Tree[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> (Te
         });
     }
     assert_eq!(calls_of_forwarders, 0);
+}
+
+/// A 4 × 4 weight as JSON, the same in every instance.
+fn weight4_json() -> String {
+    let w: Vec<String> = (0..4)
+        .map(|r| {
+            let v: Vec<String> = (0..4)
+                .map(|c| format!("{:.2}", ((r * 5 + c * 3) % 7) as f64 / 7.0 - 0.5))
+                .collect();
+            format!("[{}]", v.join(", "))
+        })
+        .collect();
+    format!("[{}]", w.join(", "))
+}
+
+/// Instance `i` of a list program: `{"xs": [n tensors of shape (1, 4)], "W": weight}`, the
+/// values in [-shift, 1 - shift].
+fn list_and_weight_json(i: usize, n: usize, shift: f64) -> String {
+    let xs: Vec<String> = (0..n)
+        .map(|j| {
+            let v: Vec<String> = (0..4)
+                .map(|c| format!("{:.2}", ((i + j * 3 + c) % 9) as f64 / 8.0 - shift))
+                .collect();
+            format!("[[{}]]", v.join(", "))
+        })
+        .collect();
+    format!("{{\"xs\": [{}], \"W\": {}}}", xs.join(", "), weight4_json())
+}
+
+/// The evaluator's shortcuts (natives) on and off record the same graph — the same nodes, so
+/// the same launches — and compute the same outputs, on fewer evaluation steps when on.
+fn same_graph_in_fewer_steps(x: &common::Expected) {
+    let go = |natives: bool| {
+        let (program, reuse) =
+            common::compile_natives(x, true, tumble_compile::StaticOptions::all(), natives);
+        let (out, profile) = common::run_once(x, &program, &reuse, Default::default());
+        (format!("{out:?}"), profile)
+    };
+    let ((out_on, on), (out_off, off)) = (go(true), go(false));
+    assert_eq!(out_on, out_off);
+    assert_eq!((on.nodes, on.launches), (off.nodes, off.launches));
+    assert!(
+        on.host_steps < off.host_steps,
+        "{} steps with the shortcuts, {} without",
+        on.host_steps,
+        off.host_steps
+    );
 }
