@@ -250,12 +250,24 @@ enum Kont<'p> {
     Return(Frame),
 }
 
-/// The code a function run as a loop runs per element ([`Machine::loop_at_once`]).
+/// How a function runs as a loop over a list, and the code it runs per element
+/// ([`Machine::loop_code`]).
 #[derive(Clone, Copy)]
 enum LoopCode<'p> {
     Map(MapLoop, &'p Code),
     Fold(FoldLoop, &'p Code),
     Scan(&'p ScanLoop, &'p [(u32, Code)]),
+}
+
+impl LoopCode<'_> {
+    /// The parameter holding the list.
+    fn list(self) -> u32 {
+        match self {
+            LoopCode::Map(ml, _) => ml.list,
+            LoopCode::Fold(fl, _) => fl.list,
+            LoopCode::Scan(sl, _) => sl.list,
+        }
+    }
 }
 
 enum Step<'p> {
@@ -712,9 +724,12 @@ impl<'p> Machine<'p> {
         // of values at hand, computed where it is read.
         if let Code::CallGlobal { global, args, span } = code {
             let Some(native) = self.program.natives.of(*global) else {
-                return match self.loop_at_once(*global, args, *span, backend) {
-                    Some(v) => Some(v),
-                    None => self.call_at_once(*global, args, *span, backend),
+                // One look at the callee's shape: a loop's function is taken as a loop or not
+                // at all (its body's arms would only be chosen to be declined).
+                let lambda = self.global(*global).ok()?;
+                return match self.loop_code(*global, lambda) {
+                    Some(shape) => self.loop_at_once(shape, lambda, args, *span, backend),
+                    None => self.call_at_once(lambda, args, *span, backend),
                 };
             };
             let vals = match self.immediates(args)? {
@@ -902,7 +917,8 @@ impl<'p> Machine<'p> {
     /// node.) `None`, nothing done, for any other call or operands that are not immediate.
     fn loop_at_once(
         &mut self,
-        global: u32,
+        shape: LoopCode<'p>,
+        lambda: &'p Lambda,
         args: &'p [Code],
         span: Span,
         backend: &mut dyn Backend,
@@ -910,20 +926,8 @@ impl<'p> Machine<'p> {
         if !self.program.natives.fast_steps || !self.wider_at_once {
             return None;
         }
-        let lambda = self.global(global).ok()?;
         let natives = &self.program.natives;
-        // The loop, its list parameter and the code it runs per element.
-        let (shape, list) = if let Some(ml) = natives.map_loop(global) {
-            let elem = tumble_compile::map_loop::elem_of(&lambda.body)?;
-            (LoopCode::Map(ml, elem), ml.list)
-        } else if let Some(fl) = natives.fold_loop(global).filter(|_| self.fold_loops) {
-            let step = tumble_compile::map_loop::fold_step_of(&lambda.body, fl)?;
-            (LoopCode::Fold(fl, step), fl.list)
-        } else {
-            let sl = natives.scan_loop_ref(global).filter(|_| self.scan_loops)?;
-            let binds = tumble_compile::map_loop::scan_binds_of(&lambda.body)?;
-            (LoopCode::Scan(sl, binds), sl.list)
-        };
+        let list = shape.list();
         let at_once = match shape {
             LoopCode::Map(_, c) | LoopCode::Fold(_, c) => self.takes_at_once(c),
             LoopCode::Scan(_, binds) => binds.iter().all(|(_, c)| self.takes_at_once(c)),
@@ -980,6 +984,22 @@ impl<'p> Machine<'p> {
         Some(value)
     }
 
+    /// How global `global` (whose body is `lambda`'s) runs as a loop over its list, if it does
+    /// and its switch is on: the step path's calls and [`Machine::loop_at_once`] both ask here.
+    fn loop_code(&self, global: u32, lambda: &'p Lambda) -> Option<LoopCode<'p>> {
+        use tumble_compile::map_loop::{elem_of, fold_step_of, scan_binds_of};
+        let natives = &self.program.natives;
+        if let Some(ml) = natives.map_loop(global) {
+            return Some(LoopCode::Map(ml, elem_of(&lambda.body)?));
+        }
+        if let Some(fl) = natives.fold_loop(global) {
+            let step = fold_step_of(&lambda.body, fl).filter(|_| self.fold_loops)?;
+            return Some(LoopCode::Fold(fl, step));
+        }
+        let sl = natives.scan_loop_ref(global).filter(|_| self.scan_loops)?;
+        Some(LoopCode::Scan(sl, scan_binds_of(&lambda.body)?))
+    }
+
     /// Makes `frame` current for code taken at once, the caller's frame waiting on the stack as
     /// in a call, so an error's call trace is the same.
     fn enter_at_once(&mut self, frame: Frame) -> Result<(), RunError> {
@@ -1010,7 +1030,7 @@ impl<'p> Machine<'p> {
     /// [`Machine::loop_at_once`]'s.
     fn call_at_once(
         &mut self,
-        global: u32,
+        lambda: &'p Lambda,
         args: &'p [Code],
         span: Span,
         backend: &mut dyn Backend,
@@ -1018,14 +1038,6 @@ impl<'p> Machine<'p> {
         if !self.wider_at_once || !self.calls_at_once {
             return None;
         }
-        let natives = &self.program.natives;
-        if natives.map_loop(global).is_some()
-            || natives.fold_loop(global).is_some()
-            || natives.scan_loop_ref(global).is_some()
-        {
-            return None;
-        }
-        let lambda = self.global(global).ok()?;
         let Code::Match {
             scrutinee, arms, ..
         } = &lambda.body
@@ -1050,29 +1062,21 @@ impl<'p> Machine<'p> {
             self.binds.clear();
             return None;
         };
-        drop(v);
-        let vals = match self.immediates(args) {
-            Some(Ok(vals)) => vals,
-            Some(Err(e)) => {
-                self.binds.clear();
-                return Some(Err(e));
-            }
-            None => {
-                self.binds.clear();
-                return None;
-            }
+        // The arm's bindings wait here until the callee's frame is made (an error on the way
+        // drops them, so none is left for the next match).
+        let chosen = std::mem::take(&mut self.binds);
+        let vals = match self.immediates(args)? {
+            Ok(vals) => vals,
+            Err(e) => return Some(Err(e)),
         };
         let frame = match self.frame_for(lambda, vals, None, &[], Some(span)) {
             Ok(frame) => frame,
-            Err(e) => {
-                self.binds.clear();
-                return Some(Err(e));
-            }
+            Err(e) => return Some(Err(e)),
         };
         if let Err(e) = self.enter_at_once(frame) {
-            self.binds.clear();
             return Some(Err(e));
         }
+        self.binds = chosen;
         self.bind_arm();
         let value = match self.at_once(arm, backend) {
             Some(v) => v,
@@ -1781,32 +1785,18 @@ impl<'p> Machine<'p> {
                     return self.native(native, vals, *span);
                 }
                 let lambda = self.global(*global)?;
-                if let Some(ml) = self.program.natives.map_loop(*global) {
-                    if let Some(elem) = tumble_compile::map_loop::elem_of(&lambda.body) {
-                        return self.map_loop(lambda, ml, elem, vals, *span, backend);
+                match self.loop_code(*global, lambda) {
+                    Some(LoopCode::Map(ml, elem)) => {
+                        self.map_loop(lambda, ml, elem, vals, *span, backend)
                     }
-                }
-                if let Some(fl) = self
-                    .program
-                    .natives
-                    .fold_loop(*global)
-                    .filter(|_| self.fold_loops)
-                {
-                    if let Some(step) = tumble_compile::map_loop::fold_step_of(&lambda.body, fl) {
-                        return self.fold_loop(lambda, fl, step, vals, *span, backend);
+                    Some(LoopCode::Fold(fl, step)) => {
+                        self.fold_loop(lambda, fl, step, vals, *span, backend)
                     }
-                }
-                if let Some(sl) = self
-                    .program
-                    .natives
-                    .scan_loop_ref(*global)
-                    .filter(|_| self.scan_loops)
-                {
-                    if let Some(binds) = tumble_compile::map_loop::scan_binds_of(&lambda.body) {
-                        return self.scan_loop(lambda, sl, binds, vals, *span, backend);
+                    Some(LoopCode::Scan(sl, binds)) => {
+                        self.scan_loop(lambda, sl, binds, vals, *span, backend)
                     }
+                    None => self.enter(lambda, vals, None, &[], Some(*span)),
                 }
-                self.enter(lambda, vals, None, &[], Some(*span))
             }
             Code::Call { span, .. } => {
                 if vals.is_empty() {

@@ -30,8 +30,9 @@ impl Dfg<'_> {
             return Ok(None);
         }
         let shape = node.out_shapes.first().cloned().unwrap_or_default();
-        let mut acc = Vec::with_capacity(shape.iter().product());
-        self.sum_terms_into(&mut acc, shape.iter().product(), &node.args)?;
+        let n = shape.iter().product();
+        let mut acc = Vec::with_capacity(n);
+        self.sum_terms_into(&mut acc, n, &node.args)?;
         Tensor::from_vec(shape, acc)
             .map(Some)
             .map_err(|e| RunError::new(format!("internal: sum: {e}")))
