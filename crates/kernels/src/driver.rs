@@ -25,7 +25,7 @@
 //! The first K block of the first part overwrites C (so C is never zeroed or read first), later
 //! blocks accumulate.
 
-use crate::kernel::{DirectTile, Kernel, DIRECT_MAX_ROWS};
+use crate::kernel::{DirectTile, Kernel, WideTile, DIRECT_MAX_ROWS};
 use crate::pack::{pack_a, AlignedBuf, PackedWeight, RowSource, NR};
 use crate::EpilogueInto;
 use std::cell::RefCell;
@@ -133,6 +133,11 @@ pub struct Tuning {
     /// `gemm_bench --ab prefetch_c=0` (the figures at `PREFETCH_C_MIN_BLOCK_BYTES` and in
     /// `bench/RESULTS.md`, twenty-second session).
     pub prefetch_c: bool,
+    /// Tiles of at most 3 rows take a whole 32-wide weight panel in one call on kernels that have
+    /// such a tile (AVX2; see `kernel::avx2`): a launch of a few rows, and the last rows of any
+    /// launch. The same multiply-adds in the same order: the bits do not change.
+    /// `TUMBLE_NO_WIDE_TILES=1` turns it off.
+    pub wide_tiles: bool,
 }
 
 impl Default for Tuning {
@@ -144,6 +149,7 @@ impl Default for Tuning {
             wide_column_split_min_weight_bytes: usize::MAX,
             whole_row_tasks_per_thread: std::env::var_os("TUMBLE_NO_WHOLE_ROW_TASKS").is_none(),
             prefetch_c: std::env::var_os("TUMBLE_NO_PREFETCH_C").is_none(),
+            wide_tiles: std::env::var_os("TUMBLE_NO_WIDE_TILES").is_none(),
         }
     }
 }
@@ -310,6 +316,7 @@ pub(crate) fn run(
         prefetch_c: tune.prefetch_c
             && !kernel.prefetches_c
             && m.min(kernel.mc).saturating_mul(n).saturating_mul(4) >= PREFETCH_C_MIN_BLOCK_BYTES,
+        wide: kernel.wide.filter(|_| tune.wide_tiles),
     };
     if flops < MIN_PARALLEL_FLOPS && w_bytes < MIN_PARALLEL_WEIGHT_BYTES {
         t = 1;
@@ -518,6 +525,8 @@ struct Walk<'t> {
     /// The driver prefetches each tile's C rows ([`Tuning::prefetch_c`] for a kernel whose
     /// tile does not).
     prefetch_c: bool,
+    /// The kernel's whole-panel tile for tiles of a few rows ([`Tuning::wide_tiles`]).
+    wide: Option<WideTile>,
 }
 
 /// C's rows `rows` × `cols` floats from `c` (row stride `ldc`) into L1: the first and the last
@@ -635,6 +644,34 @@ fn block_rows(
                                         let r = blk * dr;
                                         let rows = dr.min(mg - r);
                                         let c_tile = cblock.wrapping_add(r * n + col);
+                                        if let Some(w) = walk.wide.filter(|w| rows <= w.rows) {
+                                            // The whole panel in one call, at its first half.
+                                            if off != 0 {
+                                                continue;
+                                            }
+                                            let nw = NR.min(n - col);
+                                            if walk.prefetch_c {
+                                                prefetch_rows(c_tile, n, rows, nw);
+                                            }
+                                            // SAFETY: WideTile's contract — the DirectTileFn
+                                            // contract as below with 1 <= rows <= w.rows, the
+                                            // panel's `kc * 32` floats (`bpanel`, off == 0) and
+                                            // columns `col .. col + nw <= n` of this task's block.
+                                            unsafe {
+                                                (w.direct)(
+                                                    kc,
+                                                    ptrs,
+                                                    bpanel.as_ptr(),
+                                                    if blk == 0 { next } else { std::ptr::null() },
+                                                    c_tile,
+                                                    n,
+                                                    rows,
+                                                    nw,
+                                                    !first,
+                                                );
+                                            }
+                                            continue;
+                                        }
                                         if walk.prefetch_c {
                                             prefetch_rows(c_tile, n, rows, nn);
                                         }
@@ -670,6 +707,35 @@ fn block_rows(
                                     let rows = mr.min(mg - q * mr);
                                     let a_q = &apack[q * mr * kc..(q + 1) * mr * kc];
                                     let c_tile = cblock.wrapping_add(q * mr * n + col);
+                                    if let Some(w) = walk.wide.filter(|w| rows <= w.rows) {
+                                        // The whole panel in one call, at its first half.
+                                        if off != 0 {
+                                            continue;
+                                        }
+                                        let nw = NR.min(n - col);
+                                        if walk.prefetch_c {
+                                            prefetch_rows(c_tile, n, rows, nw);
+                                        }
+                                        // SAFETY: WideTile's contract — the TileFn contract as
+                                        // below with 1 <= rows <= w.rows, the panel's `kc * 32`
+                                        // floats (`bpanel`, off == 0) and columns
+                                        // `col .. col + nw <= n` of this task's block.
+                                        unsafe {
+                                            (w.tile)(
+                                                kc,
+                                                a_q.as_ptr(),
+                                                mr,
+                                                bpanel.as_ptr(),
+                                                if q == q0 { next } else { std::ptr::null() },
+                                                c_tile,
+                                                n,
+                                                rows,
+                                                nw,
+                                                !first,
+                                            );
+                                        }
+                                        continue;
+                                    }
                                     if walk.prefetch_c {
                                         prefetch_rows(c_tile, n, rows, nn);
                                     }

@@ -13,7 +13,9 @@ use common::Rng;
 /// with column chunks of a few panels and groups of 1, 3 and 7 row blocks, two K blocks
 /// (K = 300), the column split of a wide weight, row task counts that are not a multiple of the
 /// threads (580 rows: 3 tasks when L2-blocked), the driver's C prefetch on and off (N = 700:
-/// an AVX2 row block of C over its 256 KiB threshold), odd sizes everywhere.
+/// an AVX2 row block of C over its 256 KiB threshold), whole-panel tiles on and off (launches
+/// of 1–13 rows read in place or packed, last micro-panels of 1–3 rows, partial last panels of
+/// more and of fewer than 16 columns), odd sizes everywhere.
 #[test]
 fn every_tuning_gives_the_defaults_bits() {
     let defaults = Tuning::default();
@@ -55,6 +57,10 @@ fn every_tuning_gives_the_defaults_bits() {
             prefetch_c: !defaults.prefetch_c,
             ..defaults
         },
+        Tuning {
+            wide_tiles: !defaults.wide_tiles,
+            ..defaults
+        },
     ];
     let mut rng = Rng(2026);
     let sigmoid = BiasActivation {
@@ -66,6 +72,13 @@ fn every_tuning_gives_the_defaults_bits() {
         (257, 700, 300),
         (97, 401, 77),
         (5, 600, 100),
+        (1, 77, 300),
+        (2, 50, 40),
+        (3, 33, 257),
+        (7, 130, 99),
+        (8, 20, 300),
+        (13, 48, 300),
+        (45, 70, 260),
     ] {
         let w = rng.vec(n * k);
         let pw = PackedWeight::pack(&w, n, k).unwrap();

@@ -1,8 +1,17 @@
 //! AVX2 + FMA micro-kernel: the classic 6 × 16 tile (12 ymm accumulators, 2 for the weight row,
 //! 1 broadcast). A 32-wide weight panel is consumed in two 16-column halves. Edge tiles: fewer
 //! rows use the same code instantiated for `M < 6`; fewer columns use `vmaskmovps`.
+//!
+//! A tile of at most [`WIDE_ROWS`] rows takes the whole 32-wide panel instead ([`tile_wide`]):
+//! an FMA's result is ready 4 cycles after it issues and the core issues two a cycle, so a K
+//! step needs 8 independent accumulators to keep both FMA units busy. The 16-column tile has
+//! only 2 per row: with 1–3 rows (a launch of a few rows, the last rows of any launch) each K
+//! step waits on the latency, 2 to 6 FMAs in 4 cycles. Across 32 columns the same rows have 4
+//! accumulators each: twice the FMAs per step for one and two rows, 1.33× for three.
 
-use super::{DirectTile, DirectTileFn, InPlace, Kernel, Packed, TileA, TileFn, DIRECT_MAX_ROWS};
+use super::{
+    DirectTile, DirectTileFn, InPlace, Kernel, Packed, TileA, TileFn, WideTile, DIRECT_MAX_ROWS,
+};
 use crate::pack::{PanelPackFn, NR};
 use std::arch::x86_64::*;
 
@@ -27,7 +36,17 @@ pub(crate) const KERNEL: Kernel = Kernel {
     small_m: 4,
     pack_panel: Some(crate::pack::pack_panel_avx2 as PanelPackFn),
     prefetches_c: false,
+    wide: Some(WideTile {
+        tile: tile_wide as TileFn,
+        direct: tile_wide_direct as DirectTileFn,
+        rows: WIDE_ROWS,
+    }),
 };
+
+/// Rows the 32-column tile takes at most: 2 rows × 4 accumulators, 4 weight vectors and a
+/// broadcast use 13 of the 16 ymm registers. (3 rows would need 17: measured 0.72–0.75× the
+/// speed of the 16-column tile on 3 × 256 × 256.)
+pub(crate) const WIDE_ROWS: usize = 2;
 
 /// Dispatch on the number of rows; see [`TileFn`] for the contract.
 ///
@@ -182,6 +201,156 @@ unsafe fn rows<const M: usize, A: TileA>(
                 }
                 _mm256_maskstore_ps(cp, m0, v0);
                 _mm256_maskstore_ps(cp.add(8), m1, v1);
+            }
+        }
+    }
+}
+
+/// [`tile`] over a whole 32-wide panel for `m <= WIDE_ROWS` rows (`n <= 32` columns): the same
+/// multiply-adds of each element in the same order, so the same bits (see the module comment for
+/// why it is faster). The [`TileFn`] contract with width 32 and `m <= WIDE_ROWS`.
+///
+/// # Safety
+/// The [`TileFn`] contract with `1 <= m <= WIDE_ROWS`, `1 <= n <= 32` and `b` valid for reads
+/// of `kc * 32` floats; the CPU supports AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn tile_wide(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    prefetch: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract (`m <= WIDE_ROWS` rows of a packed micro-panel).
+    unsafe { wide_by_rows(kc, Packed { a, lda }, b, prefetch, c, ldc, m, n, accumulate) }
+}
+
+/// [`tile_wide`] on rows read where they lie.
+///
+/// # Safety
+/// The [`DirectTileFn`] contract with `1 <= m <= WIDE_ROWS`, `1 <= n <= 32` and `b` valid for
+/// reads of `kc * 32` floats; the CPU supports AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn tile_wide_direct(
+    kc: usize,
+    rows: &[*const f32; DIRECT_MAX_ROWS],
+    b: *const f32,
+    prefetch: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract (`m <= WIDE_ROWS` rows read where they lie).
+    unsafe {
+        wide_by_rows(
+            kc,
+            InPlace { rows, p: 0 },
+            b,
+            prefetch,
+            c,
+            ldc,
+            m,
+            n,
+            accumulate,
+        )
+    }
+}
+
+/// [`wide_rows`] instantiated for the tile's `m` rows (1..=[`WIDE_ROWS`]; anything else computes
+/// nothing).
+///
+/// # Safety
+/// The contract of [`wide_rows`] with `M == m`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn wide_by_rows<A: TileA>(
+    kc: usize,
+    a: A,
+    b: *const f32,
+    prefetch: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract; each arm is instantiated for exactly the `m` rows it touches.
+    unsafe {
+        match m {
+            1 => wide_rows::<1, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            2 => wide_rows::<2, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            _ => {}
+        }
+    }
+}
+
+/// `M` rows × 32 columns, A read through `a`.
+///
+/// # Safety
+/// [`tile_wide`]'s contract with `m == M` (for [`Packed`]) or [`tile_wide_direct`]'s (for
+/// [`InPlace`]).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn wide_rows<const M: usize, A: TileA>(
+    kc: usize,
+    mut a: A,
+    b: *const f32,
+    prefetch: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    let mut acc = [[_mm256_setzero_ps(); 4]; M];
+    // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 32]` and A's `M` elements of step `p` (inside
+    // the contract's ranges); the stores are limited to `n` columns of `M` rows by the lane masks.
+    // Prefetches are hints: `prefetch` is null or valid for the same `kc * 32` floats as a panel.
+    unsafe {
+        let mut bp = b;
+        let mut pf = prefetch;
+        for _ in 0..kc {
+            if !pf.is_null() {
+                _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(pf.add(16) as *const i8);
+                pf = pf.add(NR);
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let ai = _mm256_set1_ps(a.at(i));
+                for (j, v) in row.iter_mut().enumerate() {
+                    *v = _mm256_fmadd_ps(ai, _mm256_loadu_ps(bp.add(8 * j)), *v);
+                }
+            }
+            a.step();
+            bp = bp.add(NR);
+        }
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for (i, row) in acc.iter().enumerate() {
+            let cp = c.add(i * ldc);
+            for (j, &v) in row.iter().enumerate() {
+                let at = cp.add(8 * j);
+                if n >= 8 * j + 8 {
+                    let v = if accumulate {
+                        _mm256_add_ps(v, _mm256_loadu_ps(at))
+                    } else {
+                        v
+                    };
+                    _mm256_storeu_ps(at, v);
+                } else if n > 8 * j {
+                    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((n - 8 * j) as i32), lanes);
+                    let v = if accumulate {
+                        _mm256_add_ps(v, _mm256_maskload_ps(at, mask))
+                    } else {
+                        v
+                    };
+                    _mm256_maskstore_ps(at, mask, v);
+                }
             }
         }
     }

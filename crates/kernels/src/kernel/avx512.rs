@@ -33,6 +33,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     small_m: 4,
     pack_panel: Some(crate::pack::pack_panel_avx512 as PanelPackFn),
     prefetches_c: true,
+    wide: None,
 };
 
 /// Dispatch on the number of rows; see [`TileFn`] for the contract.

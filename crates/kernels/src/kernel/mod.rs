@@ -230,6 +230,20 @@ pub(crate) struct Kernel {
     /// The tile prefetches its C rows itself (AVX-512); for the others the driver does, before
     /// each tile call ([`crate::Tuning::prefetch_c`]).
     pub(crate) prefetches_c: bool,
+    /// For a kernel whose tile is half a panel wide: a tile of a few rows over the whole panel
+    /// (AVX2: 1–3 rows, where the half-panel tile waits on FMA latency). `None`: none.
+    pub(crate) wide: Option<WideTile>,
+}
+
+/// A kernel's tiles over a whole 32-wide panel for at most `rows` rows, packed ([`TileFn`]) and
+/// in place ([`DirectTileFn`]); their contracts are those types' with width 32 and `m <= rows`.
+/// They compute each element's multiply-adds in the same order as the kernel's own tiles, so
+/// the driver may use either for any rows (the same bits).
+#[derive(Clone, Copy)]
+pub(crate) struct WideTile {
+    pub(crate) tile: TileFn,
+    pub(crate) direct: DirectTileFn,
+    pub(crate) rows: usize,
 }
 
 /// A kernel's [`DirectTileFn`] and how many rows one call of it takes (`1..=DIRECT_MAX_ROWS`):

@@ -18,6 +18,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     small_m: 4,
     pack_panel: None,
     prefetches_c: false,
+    wide: None,
 };
 
 /// See [`TileFn`] for the contract.
