@@ -133,7 +133,7 @@ pub struct Tuning {
     /// `gemm_bench --ab prefetch_c=0` (the figures at `PREFETCH_C_MIN_BLOCK_BYTES` and in
     /// `bench/RESULTS.md`, twenty-second session).
     pub prefetch_c: bool,
-    /// Tiles of at most 3 rows take a whole 32-wide weight panel in one call on kernels that have
+    /// Tiles of at most 2 rows take a whole 32-wide weight panel in one call on kernels that have
     /// such a tile (AVX2; see `kernel::avx2`): a launch of a few rows, and the last rows of any
     /// launch. The same multiply-adds in the same order: the bits do not change.
     /// `TUMBLE_NO_WIDE_TILES=1` turns it off.

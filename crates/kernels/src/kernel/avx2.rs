@@ -5,9 +5,10 @@
 //! A tile of at most [`WIDE_ROWS`] rows takes the whole 32-wide panel instead ([`tile_wide`]):
 //! an FMA's result is ready 4 cycles after it issues and the core issues two a cycle, so a K
 //! step needs 8 independent accumulators to keep both FMA units busy. The 16-column tile has
-//! only 2 per row: with 1–3 rows (a launch of a few rows, the last rows of any launch) each K
-//! step waits on the latency, 2 to 6 FMAs in 4 cycles. Across 32 columns the same rows have 4
-//! accumulators each: twice the FMAs per step for one and two rows, 1.33× for three.
+//! only 2 per row: with 1 or 2 rows (a launch of a few rows, the last rows of a launch of
+//! 6k + 1 or 6k + 2) each K step waits on the latency, 2 or 4 FMAs in 4 cycles. Across 32
+//! columns the same rows have 4 accumulators each, twice the FMAs per step (measured with
+//! `gemm_bench --ab wide_tiles=0`: 1.1–1.4× on 1 and 2 rows, 1.06–1.15× on 7 and 8).
 
 use super::{
     DirectTile, DirectTileFn, InPlace, Kernel, Packed, TileA, TileFn, WideTile, DIRECT_MAX_ROWS,
@@ -45,7 +46,8 @@ pub(crate) const KERNEL: Kernel = Kernel {
 
 /// Rows the 32-column tile takes at most: 2 rows × 4 accumulators, 4 weight vectors and a
 /// broadcast use 13 of the 16 ymm registers. (3 rows would need 17: measured 0.72–0.75× the
-/// speed of the 16-column tile on 3 × 256 × 256.)
+/// speed of the 16-column tile on 3 × 256 × 256; loading the weight half a panel at a time to
+/// stay within 15, 0.70–0.99×, and 0.83–0.87× on 9 × 512 × 512.)
 pub(crate) const WIDE_ROWS: usize = 2;
 
 /// Dispatch on the number of rows; see [`TileFn`] for the contract.

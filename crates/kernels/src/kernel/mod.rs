@@ -231,7 +231,7 @@ pub(crate) struct Kernel {
     /// each tile call ([`crate::Tuning::prefetch_c`]).
     pub(crate) prefetches_c: bool,
     /// For a kernel whose tile is half a panel wide: a tile of a few rows over the whole panel
-    /// (AVX2: 1–3 rows, where the half-panel tile waits on FMA latency). `None`: none.
+    /// (AVX2: 1 or 2 rows, where the half-panel tile waits on FMA latency). `None`: none.
     pub(crate) wide: Option<WideTile>,
 }
 
