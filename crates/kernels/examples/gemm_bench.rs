@@ -90,7 +90,7 @@ struct Opts {
     cold: u64,
     /// Compare the default blocking with this one, call by call: `KEY=VALUE,...` with keys
     /// `l2_min` (bytes), `l2_chunk` (bytes), `l2_group` (row blocks), `wide_columns` (bytes, or
-    /// `off`), `whole_row_tasks` (0 or 1), `prefetch_c` (0 or 1), `wide_tiles` (0 or 1).
+    /// `off`), `whole_row_tasks` (0 or 1), `prefetch_c` (0 or 1), `wide_tiles` (0 or 1), `unrolled_tiles` (0 or 1).
     #[arg(long, value_parser = tuning_spec)]
     ab: Option<Tuning>,
 }
@@ -117,9 +117,10 @@ fn tuning_spec(v: &str) -> Result<Tuning, String> {
             "whole_row_tasks" => t.whole_row_tasks_per_thread = number()? != 0,
             "prefetch_c" => t.prefetch_c = number()? != 0,
             "wide_tiles" => t.wide_tiles = number()? != 0,
+            "unrolled_tiles" => t.unrolled_tiles = number()? != 0,
             other => {
                 return Err(format!(
-                    "unknown key `{other}` (expected l2_min, l2_chunk, l2_group, wide_columns, whole_row_tasks, prefetch_c or wide_tiles)"
+                    "unknown key `{other}` (expected l2_min, l2_chunk, l2_group, wide_columns, whole_row_tasks, prefetch_c, wide_tiles or unrolled_tiles)"
                 ))
             }
         }

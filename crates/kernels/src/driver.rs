@@ -138,6 +138,10 @@ pub struct Tuning {
     /// launch. The same multiply-adds in the same order: the bits do not change.
     /// `TUMBLE_NO_WIDE_TILES=1` turns it off.
     pub wide_tiles: bool,
+    /// Tiles run their K loop unrolled 4 times (AVX2; see `kernel::avx2`). The same
+    /// multiply-adds in the same order: the bits do not change. `TUMBLE_NO_UNROLLED_TILES=1`
+    /// turns it off.
+    pub unrolled_tiles: bool,
 }
 
 impl Default for Tuning {
@@ -150,6 +154,7 @@ impl Default for Tuning {
             whole_row_tasks_per_thread: std::env::var_os("TUMBLE_NO_WHOLE_ROW_TASKS").is_none(),
             prefetch_c: std::env::var_os("TUMBLE_NO_PREFETCH_C").is_none(),
             wide_tiles: std::env::var_os("TUMBLE_NO_WIDE_TILES").is_none(),
+            unrolled_tiles: std::env::var_os("TUMBLE_NO_UNROLLED_TILES").is_none(),
         }
     }
 }
@@ -283,6 +288,12 @@ pub(crate) fn run(
     threads: usize,
 ) {
     debug_assert_eq!(c.len(), m * n);
+    // One read per product: its tasks all block alike even if the tuning changes meanwhile.
+    let tune = tuning();
+    let kernel = match kernel.rolled {
+        Some(rolled) if !tune.unrolled_tiles => rolled,
+        _ => kernel,
+    };
     let mut outs: Outs = outs.iter_mut().map(|(d, w)| (&mut **d, *w)).collect();
     if m == 0 {
         return;
@@ -307,8 +318,6 @@ pub(crate) fn run(
     let w_bytes = parts.iter().fold(0usize, |acc, p| {
         acc.saturating_add(p.w.k().saturating_mul(n).saturating_mul(4))
     });
-    // One read per product: its tasks all block alike even if the tuning changes meanwhile.
-    let tune = tuning();
     let l2 = (!small && w_bytes >= tune.l2_block_min_weight_bytes).then_some(&tune);
     let walk = Walk {
         small,

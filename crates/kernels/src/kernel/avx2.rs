@@ -27,9 +27,9 @@ pub(crate) const MR: usize = 6;
 pub(crate) const KERNEL: Kernel = Kernel {
     mr: MR,
     width: 16,
-    tile: tile as TileFn,
+    tile: tile::<UNROLL> as TileFn,
     direct: Some(DirectTile {
-        tile: tile_direct as DirectTileFn,
+        tile: tile_direct::<UNROLL> as DirectTileFn,
         rows: MR,
     }),
     kc: 256,
@@ -38,11 +38,40 @@ pub(crate) const KERNEL: Kernel = Kernel {
     pack_panel: Some(crate::pack::pack_panel_avx2 as PanelPackFn),
     prefetches_c: false,
     wide: Some(WideTile {
-        tile: tile_wide as TileFn,
-        direct: tile_wide_direct as DirectTileFn,
+        tile: tile_wide::<UNROLL> as TileFn,
+        direct: tile_wide_direct::<UNROLL> as DirectTileFn,
         rows: WIDE_ROWS,
     }),
+    rolled: Some(&KERNEL_ROLLED),
 };
+
+/// [`KERNEL`] with its K loops not unrolled ([`crate::Tuning::unrolled_tiles`] off).
+const KERNEL_ROLLED: Kernel = Kernel {
+    mr: MR,
+    width: 16,
+    tile: tile::<1> as TileFn,
+    direct: Some(DirectTile {
+        tile: tile_direct::<1> as DirectTileFn,
+        rows: MR,
+    }),
+    kc: 256,
+    mc: 16 * MR,
+    small_m: 4,
+    pack_panel: Some(crate::pack::pack_panel_avx2 as PanelPackFn),
+    prefetches_c: false,
+    wide: Some(WideTile {
+        tile: tile_wide::<1> as TileFn,
+        direct: tile_wide_direct::<1> as DirectTileFn,
+        rows: WIDE_ROWS,
+    }),
+    rolled: None,
+};
+
+/// K steps per trip of a tile's loop. The loop's own instructions (the trip count, the test
+/// for a prefetch, the pointer steps) are a fifth of a 6-row step's: unrolled 4 times they are a
+/// twentieth, and the FMAs issue without waiting on the loop. Paired calls
+/// (`gemm_bench --ab unrolled_tiles=0`) before/after: see `bench/RESULTS.md`.
+const UNROLL: usize = 4;
 
 /// Rows the 32-column tile takes at most: 2 rows × 4 accumulators, 4 weight vectors and a
 /// broadcast use 13 of the 16 ymm registers. (3 rows would need 17: measured 0.72–0.75× the
@@ -55,7 +84,7 @@ pub(crate) const WIDE_ROWS: usize = 2;
 /// # Safety
 /// The [`TileFn`] contract; in particular the CPU supports AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn tile(
+pub(crate) unsafe fn tile<const U: usize>(
     kc: usize,
     a: *const f32,
     lda: usize,
@@ -68,7 +97,7 @@ pub(crate) unsafe fn tile(
     accumulate: bool,
 ) {
     // SAFETY: forwarded contract (`m <= MR` rows of a packed micro-panel).
-    unsafe { by_rows(kc, Packed { a, lda }, b, prefetch, c, ldc, m, n, accumulate) }
+    unsafe { by_rows::<Packed, U>(kc, Packed { a, lda }, b, prefetch, c, ldc, m, n, accumulate) }
 }
 
 /// [`tile`] on rows of A read where they lie (at most [`MR`] of them): row `i` is `rows[i]`, no
@@ -78,7 +107,7 @@ pub(crate) unsafe fn tile(
 /// # Safety
 /// The [`DirectTileFn`] contract with `m <= MR`; in particular the CPU supports AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn tile_direct(
+pub(crate) unsafe fn tile_direct<const U: usize>(
     kc: usize,
     rows: &[*const f32; DIRECT_MAX_ROWS],
     b: *const f32,
@@ -91,7 +120,7 @@ pub(crate) unsafe fn tile_direct(
 ) {
     // SAFETY: forwarded contract (`m <= MR` rows read where they lie).
     unsafe {
-        by_rows(
+        by_rows::<InPlace<'_>, U>(
             kc,
             InPlace { rows, p: 0 },
             b,
@@ -111,7 +140,7 @@ pub(crate) unsafe fn tile_direct(
 /// The contract of [`rows`] with `M == m`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn by_rows<A: TileA>(
+unsafe fn by_rows<A: TileA, const U: usize>(
     kc: usize,
     a: A,
     b: *const f32,
@@ -125,12 +154,12 @@ unsafe fn by_rows<A: TileA>(
     // SAFETY: forwarded contract; each arm is instantiated for exactly the `m` rows it touches.
     unsafe {
         match m {
-            1 => rows::<1, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            2 => rows::<2, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            3 => rows::<3, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            4 => rows::<4, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            5 => rows::<5, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            6 => rows::<6, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            1 => rows::<1, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            2 => rows::<2, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            3 => rows::<3, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            4 => rows::<4, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            5 => rows::<5, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            6 => rows::<6, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
             _ => {}
         }
     }
@@ -143,7 +172,7 @@ unsafe fn by_rows<A: TileA>(
 /// [`InPlace`]).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn rows<const M: usize, A: TileA>(
+unsafe fn rows<const M: usize, A: TileA, const U: usize>(
     kc: usize,
     mut a: A,
     b: *const f32,
@@ -160,15 +189,7 @@ unsafe fn rows<const M: usize, A: TileA>(
     // Prefetches are hints: `prefetch` is null or valid for the same `kc * 32` floats as a panel.
     unsafe {
         let mut bp = b;
-        let mut pf = prefetch;
-        for _ in 0..kc {
-            // The next weight panel into L2 while this one computes (two lines per K step): a
-            // launch streams its weights from memory, and demand misses on them stall the FMAs.
-            if !pf.is_null() {
-                _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
-                _mm_prefetch::<_MM_HINT_T1>(pf.add(16) as *const i8);
-                pf = pf.add(NR);
-            }
+        let mut step = || {
             let b0 = _mm256_loadu_ps(bp);
             let b1 = _mm256_loadu_ps(bp.add(8));
             for i in 0..M {
@@ -178,7 +199,8 @@ unsafe fn rows<const M: usize, A: TileA>(
             }
             a.step();
             bp = bp.add(NR);
-        }
+        };
+        k_loop::<U>(kc, prefetch, &mut step);
         if n >= 16 {
             for i in 0..M {
                 let cp = c.add(i * ldc);
@@ -216,7 +238,7 @@ unsafe fn rows<const M: usize, A: TileA>(
 /// The [`TileFn`] contract with `1 <= m <= WIDE_ROWS`, `1 <= n <= 32` and `b` valid for reads
 /// of `kc * 32` floats; the CPU supports AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn tile_wide(
+pub(crate) unsafe fn tile_wide<const U: usize>(
     kc: usize,
     a: *const f32,
     lda: usize,
@@ -229,7 +251,9 @@ pub(crate) unsafe fn tile_wide(
     accumulate: bool,
 ) {
     // SAFETY: forwarded contract (`m <= WIDE_ROWS` rows of a packed micro-panel).
-    unsafe { wide_by_rows(kc, Packed { a, lda }, b, prefetch, c, ldc, m, n, accumulate) }
+    unsafe {
+        wide_by_rows::<Packed, U>(kc, Packed { a, lda }, b, prefetch, c, ldc, m, n, accumulate)
+    }
 }
 
 /// [`tile_wide`] on rows read where they lie.
@@ -238,7 +262,7 @@ pub(crate) unsafe fn tile_wide(
 /// The [`DirectTileFn`] contract with `1 <= m <= WIDE_ROWS`, `1 <= n <= 32` and `b` valid for
 /// reads of `kc * 32` floats; the CPU supports AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn tile_wide_direct(
+pub(crate) unsafe fn tile_wide_direct<const U: usize>(
     kc: usize,
     rows: &[*const f32; DIRECT_MAX_ROWS],
     b: *const f32,
@@ -251,7 +275,7 @@ pub(crate) unsafe fn tile_wide_direct(
 ) {
     // SAFETY: forwarded contract (`m <= WIDE_ROWS` rows read where they lie).
     unsafe {
-        wide_by_rows(
+        wide_by_rows::<InPlace<'_>, U>(
             kc,
             InPlace { rows, p: 0 },
             b,
@@ -272,7 +296,7 @@ pub(crate) unsafe fn tile_wide_direct(
 /// The contract of [`wide_rows`] with `M == m`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn wide_by_rows<A: TileA>(
+unsafe fn wide_by_rows<A: TileA, const U: usize>(
     kc: usize,
     a: A,
     b: *const f32,
@@ -286,8 +310,8 @@ unsafe fn wide_by_rows<A: TileA>(
     // SAFETY: forwarded contract; each arm is instantiated for exactly the `m` rows it touches.
     unsafe {
         match m {
-            1 => wide_rows::<1, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            2 => wide_rows::<2, A>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            1 => wide_rows::<1, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            2 => wide_rows::<2, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
             _ => {}
         }
     }
@@ -300,7 +324,7 @@ unsafe fn wide_by_rows<A: TileA>(
 /// [`InPlace`]).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn wide_rows<const M: usize, A: TileA>(
+unsafe fn wide_rows<const M: usize, A: TileA, const U: usize>(
     kc: usize,
     mut a: A,
     b: *const f32,
@@ -316,13 +340,7 @@ unsafe fn wide_rows<const M: usize, A: TileA>(
     // Prefetches are hints: `prefetch` is null or valid for the same `kc * 32` floats as a panel.
     unsafe {
         let mut bp = b;
-        let mut pf = prefetch;
-        for _ in 0..kc {
-            if !pf.is_null() {
-                _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
-                _mm_prefetch::<_MM_HINT_T1>(pf.add(16) as *const i8);
-                pf = pf.add(NR);
-            }
+        let mut step = || {
             for (i, row) in acc.iter_mut().enumerate() {
                 let ai = _mm256_set1_ps(a.at(i));
                 for (j, v) in row.iter_mut().enumerate() {
@@ -331,7 +349,8 @@ unsafe fn wide_rows<const M: usize, A: TileA>(
             }
             a.step();
             bp = bp.add(NR);
-        }
+        };
+        k_loop::<U>(kc, prefetch, &mut step);
         let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         for (i, row) in acc.iter().enumerate() {
             let cp = c.add(i * ldc);
@@ -355,5 +374,44 @@ unsafe fn wide_rows<const M: usize, A: TileA>(
                 }
             }
         }
+    }
+}
+
+/// Runs `step` `kc` times, `U` steps a trip. With a `prefetch` panel (not null) each step also
+/// prefetches that panel's row of the same step into L2 (two lines): the next weight panel
+/// arrives while this one computes, since a launch streams its weights from memory and demand
+/// misses on them stall the FMAs. Two loops, so the steps of the common case (no prefetch)
+/// test nothing.
+///
+/// # Safety
+/// `prefetch` is null or valid for reads of `kc * 32` floats (prefetches are hints, but the
+/// pointer arithmetic stays inside that panel); `step` is safe to call `kc` times.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn k_loop<const U: usize>(kc: usize, prefetch: *const f32, step: &mut impl FnMut()) {
+    let trips = kc / U;
+    let rest = kc % U;
+    if prefetch.is_null() {
+        for _ in 0..trips {
+            for _ in 0..U {
+                step();
+            }
+        }
+    } else {
+        let mut pf = prefetch;
+        for _ in 0..trips {
+            for _ in 0..U {
+                // SAFETY: `pf` walks the prefetch panel one 32-float row per step, `kc` rows.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                    _mm_prefetch::<_MM_HINT_T1>(pf.add(16) as *const i8);
+                    pf = pf.add(NR);
+                }
+                step();
+            }
+        }
+    }
+    for _ in 0..rest {
+        step();
     }
 }

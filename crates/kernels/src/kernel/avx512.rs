@@ -34,6 +34,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     pack_panel: Some(crate::pack::pack_panel_avx512 as PanelPackFn),
     prefetches_c: true,
     wide: None,
+    rolled: None,
 };
 
 /// Dispatch on the number of rows; see [`TileFn`] for the contract.

@@ -233,6 +233,9 @@ pub(crate) struct Kernel {
     /// For a kernel whose tile is half a panel wide: a tile of a few rows over the whole panel
     /// (AVX2: 1 or 2 rows, where the half-panel tile waits on FMA latency). `None`: none.
     pub(crate) wide: Option<WideTile>,
+    /// The same kernel with its tiles' K loops not unrolled ([`crate::Tuning::unrolled_tiles`]
+    /// off; the same bits); `None` where there is no other.
+    pub(crate) rolled: Option<&'static Kernel>,
 }
 
 /// A kernel's tiles over a whole 32-wide panel for at most `rows` rows, packed ([`TileFn`]) and
