@@ -653,46 +653,30 @@ fn block_rows(
                                         let r = blk * dr;
                                         let rows = dr.min(mg - r);
                                         let c_tile = cblock.wrapping_add(r * n + col);
-                                        if let Some(w) = walk.wide.filter(|w| rows <= w.rows) {
-                                            // The whole panel in one call, at its first half.
-                                            if off != 0 {
-                                                continue;
+                                        // A tile of a few rows takes the whole panel at
+                                        // its first half (the kernel's wide tile), and nothing
+                                        // at its second.
+                                        let (f, cols) = match walk.wide {
+                                            Some(w) if rows <= w.rows && off == 0 => {
+                                                (w.direct, NR.min(n - col))
                                             }
-                                            let nw = NR.min(n - col);
-                                            if walk.prefetch_c {
-                                                prefetch_rows(c_tile, n, rows, nw);
-                                            }
-                                            // SAFETY: WideTile's contract — the DirectTileFn
-                                            // contract as below with 1 <= rows <= w.rows, the
-                                            // panel's `kc * 32` floats (`bpanel`, off == 0) and
-                                            // columns `col .. col + nw <= n` of this task's block.
-                                            unsafe {
-                                                (w.direct)(
-                                                    kc,
-                                                    ptrs,
-                                                    bpanel.as_ptr(),
-                                                    if blk == 0 { next } else { std::ptr::null() },
-                                                    c_tile,
-                                                    n,
-                                                    rows,
-                                                    nw,
-                                                    !first,
-                                                );
-                                            }
-                                            continue;
-                                        }
+                                            Some(w) if rows <= w.rows => continue,
+                                            _ => (tile, nn),
+                                        };
                                         if walk.prefetch_c {
-                                            prefetch_rows(c_tile, n, rows, nn);
+                                            prefetch_rows(c_tile, n, rows, cols);
                                         }
                                         // SAFETY: DirectTileFn contract — the kernel was built
                                         // for an available KernelKind; 1 <= rows <= dr, the
-                                        // tile's rows; `ptrs[i]` for i < rows is row
-                                        // `ic + r + i`'s `kc` floats from `k0` (validated rows,
-                                        // `RowSource::row`); C rows `ic + r .. + rows` (r + rows
-                                        // <= mg), columns `col .. col + nn <= n` lie in this
-                                        // task's block, as for the packed tile below.
+                                        // tile's rows (<= w.rows for the wide tile); `ptrs[i]`
+                                        // for i < rows is row `ic + r + i`'s `kc` floats from
+                                        // `k0` (validated rows, `RowSource::row`); C rows
+                                        // `ic + r .. + rows` (r + rows <= mg), columns
+                                        // `col .. col + cols <= n` lie in this task's block, as
+                                        // for the packed tile below; the wide tile reads the
+                                        // panel's `kc * 32` floats from its start (off == 0).
                                         unsafe {
-                                            tile(
+                                            f(
                                                 kc,
                                                 ptrs,
                                                 bpanel.as_ptr().add(off),
@@ -704,7 +688,7 @@ fn block_rows(
                                                 c_tile,
                                                 n,
                                                 rows,
-                                                nn,
+                                                cols,
                                                 !first,
                                             );
                                         }
@@ -716,49 +700,30 @@ fn block_rows(
                                     let rows = mr.min(mg - q * mr);
                                     let a_q = &apack[q * mr * kc..(q + 1) * mr * kc];
                                     let c_tile = cblock.wrapping_add(q * mr * n + col);
-                                    if let Some(w) = walk.wide.filter(|w| rows <= w.rows) {
-                                        // The whole panel in one call, at its first half.
-                                        if off != 0 {
-                                            continue;
+                                    let (f, cols) = match walk.wide {
+                                        Some(w) if rows <= w.rows && off == 0 => {
+                                            (w.tile, NR.min(n - col))
                                         }
-                                        let nw = NR.min(n - col);
-                                        if walk.prefetch_c {
-                                            prefetch_rows(c_tile, n, rows, nw);
-                                        }
-                                        // SAFETY: WideTile's contract — the TileFn contract as
-                                        // below with 1 <= rows <= w.rows, the panel's `kc * 32`
-                                        // floats (`bpanel`, off == 0) and columns
-                                        // `col .. col + nw <= n` of this task's block.
-                                        unsafe {
-                                            (w.tile)(
-                                                kc,
-                                                a_q.as_ptr(),
-                                                mr,
-                                                bpanel.as_ptr(),
-                                                if q == q0 { next } else { std::ptr::null() },
-                                                c_tile,
-                                                n,
-                                                rows,
-                                                nw,
-                                                !first,
-                                            );
-                                        }
-                                        continue;
-                                    }
+                                        Some(w) if rows <= w.rows => continue,
+                                        _ => (kernel.tile, nn),
+                                    };
                                     if walk.prefetch_c {
-                                        prefetch_rows(c_tile, n, rows, nn);
+                                        prefetch_rows(c_tile, n, rows, cols);
                                     }
                                     // SAFETY: TileFn contract —
                                     // - the kernel was built for an available KernelKind;
-                                    // - 1 <= rows <= mr, 1 <= nn <= width, lda = mr >= rows;
+                                    // - 1 <= rows <= mr (<= w.rows for the wide tile),
+                                    //   1 <= cols <= its width, lda = mr >= rows;
                                     // - `a_q` holds `mr * kc >= (kc-1)*mr + rows` floats;
-                                    // - `bpanel` holds `kc * 32` floats and `off + width <= 32`, so
+                                    // - `bpanel` holds `kc * 32` floats and `off + width <= 32`
+                                    //   (the wide tile: off == 0, width 32), so
                                     //   `off + (kc-1)*32 + width <= kc*32` are in bounds;
-                                    // - C rows `ic + q*mr .. + rows`, columns `col .. col + nn <= n`
-                                    //   lie in this task's block; `cblock` points at row `ic`, and
-                                    //   no other task writes these elements (disjoint rows or panels).
+                                    // - C rows `ic + q*mr .. + rows`, columns
+                                    //   `col .. col + cols <= n` lie in this task's block;
+                                    //   `cblock` points at row `ic`, and no other task writes
+                                    //   these elements (disjoint rows or panels).
                                     unsafe {
-                                        (kernel.tile)(
+                                        f(
                                             kc,
                                             a_q.as_ptr(),
                                             mr,
@@ -771,7 +736,7 @@ fn block_rows(
                                             c_tile,
                                             n,
                                             rows,
-                                            nn,
+                                            cols,
                                             !first,
                                         );
                                     }

@@ -2,7 +2,7 @@
 //! 1 broadcast). A 32-wide weight panel is consumed in two 16-column halves. Edge tiles: fewer
 //! rows use the same code instantiated for `M < 6`; fewer columns use `vmaskmovps`.
 //!
-//! A tile of at most [`WIDE_ROWS`] rows takes the whole 32-wide panel instead ([`tile_wide`]):
+//! A tile of at most [`WIDE_ROWS`] rows takes the whole 32-wide panel instead ([`wide_rows`]):
 //! an FMA's result is ready 4 cycles after it issues and the core issues two a cycle, so a K
 //! step needs 8 independent accumulators to keep both FMA units busy. The 16-column tile has
 //! only 2 per row: with 1 or 2 rows (a launch of a few rows, the last rows of a launch of
@@ -27,9 +27,9 @@ pub(crate) const MR: usize = 6;
 pub(crate) const KERNEL: Kernel = Kernel {
     mr: MR,
     width: 16,
-    tile: tile::<UNROLL> as TileFn,
+    tile: tile::<UNROLL, false> as TileFn,
     direct: Some(DirectTile {
-        tile: tile_direct::<UNROLL> as DirectTileFn,
+        tile: tile_direct::<UNROLL, false> as DirectTileFn,
         rows: MR,
     }),
     kc: 256,
@@ -38,8 +38,8 @@ pub(crate) const KERNEL: Kernel = Kernel {
     pack_panel: Some(crate::pack::pack_panel_avx2 as PanelPackFn),
     prefetches_c: false,
     wide: Some(WideTile {
-        tile: tile_wide::<UNROLL> as TileFn,
-        direct: tile_wide_direct::<UNROLL> as DirectTileFn,
+        tile: tile::<UNROLL, true> as TileFn,
+        direct: tile_direct::<UNROLL, true> as DirectTileFn,
         rows: WIDE_ROWS,
     }),
     rolled: Some(&KERNEL_ROLLED),
@@ -49,9 +49,9 @@ pub(crate) const KERNEL: Kernel = Kernel {
 const KERNEL_ROLLED: Kernel = Kernel {
     mr: MR,
     width: 16,
-    tile: tile::<1> as TileFn,
+    tile: tile::<1, false> as TileFn,
     direct: Some(DirectTile {
-        tile: tile_direct::<1> as DirectTileFn,
+        tile: tile_direct::<1, false> as DirectTileFn,
         rows: MR,
     }),
     kc: 256,
@@ -60,8 +60,8 @@ const KERNEL_ROLLED: Kernel = Kernel {
     pack_panel: Some(crate::pack::pack_panel_avx2 as PanelPackFn),
     prefetches_c: false,
     wide: Some(WideTile {
-        tile: tile_wide::<1> as TileFn,
-        direct: tile_wide_direct::<1> as DirectTileFn,
+        tile: tile::<1, true> as TileFn,
+        direct: tile_direct::<1, true> as DirectTileFn,
         rows: WIDE_ROWS,
     }),
     rolled: None,
@@ -79,12 +79,13 @@ const UNROLL: usize = 4;
 /// stay within 15, 0.70–0.99×, and 0.83–0.87× on 9 × 512 × 512.)
 pub(crate) const WIDE_ROWS: usize = 2;
 
-/// Dispatch on the number of rows; see [`TileFn`] for the contract.
+/// Dispatch on the number of rows; see [`TileFn`] for the contract. `WIDE`: the whole-panel
+/// tile ([`WideTile`]: at most [`WIDE_ROWS`] rows, 32 columns); `U`: K steps a loop trip.
 ///
 /// # Safety
-/// The [`TileFn`] contract; in particular the CPU supports AVX2 and FMA.
+/// The [`TileFn`] contract (with `WIDE`, [`WideTile`]'s); the CPU supports AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn tile<const U: usize>(
+pub(crate) unsafe fn tile<const U: usize, const WIDE: bool>(
     kc: usize,
     a: *const f32,
     lda: usize,
@@ -97,7 +98,9 @@ pub(crate) unsafe fn tile<const U: usize>(
     accumulate: bool,
 ) {
     // SAFETY: forwarded contract (`m <= MR` rows of a packed micro-panel).
-    unsafe { by_rows::<Packed, U>(kc, Packed { a, lda }, b, prefetch, c, ldc, m, n, accumulate) }
+    unsafe {
+        by_rows::<Packed, U, WIDE>(kc, Packed { a, lda }, b, prefetch, c, ldc, m, n, accumulate)
+    }
 }
 
 /// [`tile`] on rows of A read where they lie (at most [`MR`] of them): row `i` is `rows[i]`, no
@@ -105,9 +108,10 @@ pub(crate) unsafe fn tile<const U: usize>(
 /// order as [`tile`] on the packed rows, so the bits are the same.
 ///
 /// # Safety
-/// The [`DirectTileFn`] contract with `m <= MR`; in particular the CPU supports AVX2 and FMA.
+/// The [`DirectTileFn`] contract with `m <= MR` (with `WIDE`, [`WideTile`]'s); the CPU supports
+/// AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn tile_direct<const U: usize>(
+pub(crate) unsafe fn tile_direct<const U: usize, const WIDE: bool>(
     kc: usize,
     rows: &[*const f32; DIRECT_MAX_ROWS],
     b: *const f32,
@@ -120,7 +124,7 @@ pub(crate) unsafe fn tile_direct<const U: usize>(
 ) {
     // SAFETY: forwarded contract (`m <= MR` rows read where they lie).
     unsafe {
-        by_rows::<InPlace<'_>, U>(
+        by_rows::<InPlace<'_>, U, WIDE>(
             kc,
             InPlace { rows, p: 0 },
             b,
@@ -134,13 +138,14 @@ pub(crate) unsafe fn tile_direct<const U: usize>(
     }
 }
 
-/// [`rows`] instantiated for the tile's `m` rows (1..=[`MR`]; anything else computes nothing).
+/// [`rows`] (or with `WIDE`, [`wide_rows`]) instantiated for the tile's `m` rows (1..=[`MR`],
+/// or 1..=[`WIDE_ROWS`]; anything else computes nothing).
 ///
 /// # Safety
-/// The contract of [`rows`] with `M == m`.
+/// The contract of [`rows`] or [`wide_rows`] with `M == m`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn by_rows<A: TileA, const U: usize>(
+unsafe fn by_rows<A: TileA, const U: usize, const WIDE: bool>(
     kc: usize,
     a: A,
     b: *const f32,
@@ -153,14 +158,17 @@ unsafe fn by_rows<A: TileA, const U: usize>(
 ) {
     // SAFETY: forwarded contract; each arm is instantiated for exactly the `m` rows it touches.
     unsafe {
-        match m {
-            1 => rows::<1, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            2 => rows::<2, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            3 => rows::<3, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            4 => rows::<4, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            5 => rows::<5, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            6 => rows::<6, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            _ => {}
+        match (WIDE, m) {
+            (true, 1) => wide_rows::<1, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            (true, 2) => wide_rows::<2, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            (true, _) => {}
+            (false, 1) => rows::<1, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            (false, 2) => rows::<2, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            (false, 3) => rows::<3, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            (false, 4) => rows::<4, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            (false, 5) => rows::<5, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            (false, 6) => rows::<6, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
+            (false, _) => {}
         }
     }
 }
@@ -230,98 +238,12 @@ unsafe fn rows<const M: usize, A: TileA, const U: usize>(
     }
 }
 
-/// [`tile`] over a whole 32-wide panel for `m <= WIDE_ROWS` rows (`n <= 32` columns): the same
-/// multiply-adds of each element in the same order, so the same bits (see the module comment for
-/// why it is faster). The [`TileFn`] contract with width 32 and `m <= WIDE_ROWS`.
+/// `M` rows × 32 columns, A read through `a`: [`rows`] over a whole panel, the same
+/// multiply-adds of each element in the same order (the same bits).
 ///
 /// # Safety
-/// The [`TileFn`] contract with `1 <= m <= WIDE_ROWS`, `1 <= n <= 32` and `b` valid for reads
-/// of `kc * 32` floats; the CPU supports AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn tile_wide<const U: usize>(
-    kc: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    prefetch: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    m: usize,
-    n: usize,
-    accumulate: bool,
-) {
-    // SAFETY: forwarded contract (`m <= WIDE_ROWS` rows of a packed micro-panel).
-    unsafe {
-        wide_by_rows::<Packed, U>(kc, Packed { a, lda }, b, prefetch, c, ldc, m, n, accumulate)
-    }
-}
-
-/// [`tile_wide`] on rows read where they lie.
-///
-/// # Safety
-/// The [`DirectTileFn`] contract with `1 <= m <= WIDE_ROWS`, `1 <= n <= 32` and `b` valid for
-/// reads of `kc * 32` floats; the CPU supports AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn tile_wide_direct<const U: usize>(
-    kc: usize,
-    rows: &[*const f32; DIRECT_MAX_ROWS],
-    b: *const f32,
-    prefetch: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    m: usize,
-    n: usize,
-    accumulate: bool,
-) {
-    // SAFETY: forwarded contract (`m <= WIDE_ROWS` rows read where they lie).
-    unsafe {
-        wide_by_rows::<InPlace<'_>, U>(
-            kc,
-            InPlace { rows, p: 0 },
-            b,
-            prefetch,
-            c,
-            ldc,
-            m,
-            n,
-            accumulate,
-        )
-    }
-}
-
-/// [`wide_rows`] instantiated for the tile's `m` rows (1..=[`WIDE_ROWS`]; anything else computes
-/// nothing).
-///
-/// # Safety
-/// The contract of [`wide_rows`] with `M == m`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn wide_by_rows<A: TileA, const U: usize>(
-    kc: usize,
-    a: A,
-    b: *const f32,
-    prefetch: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    m: usize,
-    n: usize,
-    accumulate: bool,
-) {
-    // SAFETY: forwarded contract; each arm is instantiated for exactly the `m` rows it touches.
-    unsafe {
-        match m {
-            1 => wide_rows::<1, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            2 => wide_rows::<2, A, U>(kc, a, b, prefetch, c, ldc, n, accumulate),
-            _ => {}
-        }
-    }
-}
-
-/// `M` rows × 32 columns, A read through `a`.
-///
-/// # Safety
-/// [`tile_wide`]'s contract with `m == M` (for [`Packed`]) or [`tile_wide_direct`]'s (for
-/// [`InPlace`]).
+/// [`WideTile`]'s contract with `m == M`: [`TileFn`]'s or [`DirectTileFn`]'s with width 32,
+/// `b` valid for reads of `kc * 32` floats.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn wide_rows<const M: usize, A: TileA, const U: usize>(
