@@ -90,7 +90,8 @@ struct Opts {
     cold: u64,
     /// Compare the default blocking with this one, call by call: `KEY=VALUE,...` with keys
     /// `l2_min` (bytes), `l2_chunk` (bytes), `l2_group` (row blocks), `wide_columns` (bytes, or
-    /// `off`), `whole_row_tasks` (0 or 1), `prefetch_c` (0 or 1), `wide_tiles` (0 or 1), `unrolled_tiles` (0 or 1).
+    /// `off`), `whole_row_tasks` (0 or 1), `prefetch_c` (0 or 1), `wide_tiles` (0 or 1),
+    /// `unrolled_tiles` (0 or 1).
     #[arg(long, value_parser = tuning_spec)]
     ab: Option<Tuning>,
 }

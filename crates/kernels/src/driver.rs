@@ -138,9 +138,9 @@ pub struct Tuning {
     /// launch. The same multiply-adds in the same order: the bits do not change.
     /// `TUMBLE_NO_WIDE_TILES=1` turns it off.
     pub wide_tiles: bool,
-    /// Tiles run their K loop unrolled 4 times (AVX2; see `kernel::avx2`). The same
-    /// multiply-adds in the same order: the bits do not change. `TUMBLE_NO_UNROLLED_TILES=1`
-    /// turns it off.
+    /// Tiles run their K loop unrolled 4 times (AVX2; see `kernel::avx2`); off, one K step a
+    /// trip (the test for a prefetch stays outside the loop either way). The same multiply-adds
+    /// in the same order: the bits do not change. `TUMBLE_NO_UNROLLED_TILES=1` turns it off.
     pub unrolled_tiles: bool,
 }
 

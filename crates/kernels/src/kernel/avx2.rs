@@ -24,48 +24,34 @@ pub(crate) const MR: usize = 6;
 /// weights streamed from memory (`gemm_bench --cold 8`, 5 alternated runs, medians) 53×512×1536
 /// 52 -> 71 GFLOP/s, 105×512×512 70 -> 77, 315×512×1536 68 -> 78 (`TUMBLE_NO_PREFETCH=1` for
 /// the other figure).
-pub(crate) const KERNEL: Kernel = Kernel {
-    mr: MR,
-    width: 16,
-    tile: tile::<UNROLL, false> as TileFn,
-    direct: Some(DirectTile {
-        tile: tile_direct::<UNROLL, false> as DirectTileFn,
-        rows: MR,
-    }),
-    kc: 256,
-    mc: 16 * MR,
-    small_m: 4,
-    pack_panel: Some(crate::pack::pack_panel_avx2 as PanelPackFn),
-    prefetches_c: false,
-    wide: Some(WideTile {
-        tile: tile::<UNROLL, true> as TileFn,
-        direct: tile_direct::<UNROLL, true> as DirectTileFn,
-        rows: WIDE_ROWS,
-    }),
-    rolled: Some(&KERNEL_ROLLED),
-};
+pub(crate) const KERNEL: Kernel = kernel::<UNROLL>(Some(&KERNEL_ROLLED));
 
 /// [`KERNEL`] with its K loops not unrolled ([`crate::Tuning::unrolled_tiles`] off).
-const KERNEL_ROLLED: Kernel = Kernel {
-    mr: MR,
-    width: 16,
-    tile: tile::<1, false> as TileFn,
-    direct: Some(DirectTile {
-        tile: tile_direct::<1, false> as DirectTileFn,
-        rows: MR,
-    }),
-    kc: 256,
-    mc: 16 * MR,
-    small_m: 4,
-    pack_panel: Some(crate::pack::pack_panel_avx2 as PanelPackFn),
-    prefetches_c: false,
-    wide: Some(WideTile {
-        tile: tile::<1, true> as TileFn,
-        direct: tile_direct::<1, true> as DirectTileFn,
-        rows: WIDE_ROWS,
-    }),
-    rolled: None,
-};
+const KERNEL_ROLLED: Kernel = kernel::<1>(None);
+
+/// The kernel whose tiles make `U` K steps a loop trip.
+const fn kernel<const U: usize>(rolled: Option<&'static Kernel>) -> Kernel {
+    Kernel {
+        mr: MR,
+        width: 16,
+        tile: tile::<U, false> as TileFn,
+        direct: Some(DirectTile {
+            tile: tile_direct::<U, false> as DirectTileFn,
+            rows: MR,
+        }),
+        kc: 256,
+        mc: 16 * MR,
+        small_m: 4,
+        pack_panel: Some(crate::pack::pack_panel_avx2 as PanelPackFn),
+        prefetches_c: false,
+        wide: Some(WideTile {
+            tile: tile::<U, true> as TileFn,
+            direct: tile_direct::<U, true> as DirectTileFn,
+            rows: WIDE_ROWS,
+        }),
+        rolled,
+    }
+}
 
 /// K steps per trip of a tile's loop. The loop's own instructions (the trip count, the test
 /// for a prefetch, the pointer steps) are a fifth of a 6-row step's: unrolled 4 times they are a
@@ -209,31 +195,8 @@ unsafe fn rows<const M: usize, A: TileA, const U: usize>(
             bp = bp.add(NR);
         };
         k_loop::<U>(kc, prefetch, &mut step);
-        if n >= 16 {
-            for i in 0..M {
-                let cp = c.add(i * ldc);
-                let (mut v0, mut v1) = (c0[i], c1[i]);
-                if accumulate {
-                    v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cp));
-                    v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cp.add(8)));
-                }
-                _mm256_storeu_ps(cp, v0);
-                _mm256_storeu_ps(cp.add(8), v1);
-            }
-        } else {
-            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            let m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lanes);
-            let m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32 - 8), lanes);
-            for i in 0..M {
-                let cp = c.add(i * ldc);
-                let (mut v0, mut v1) = (c0[i], c1[i]);
-                if accumulate {
-                    v0 = _mm256_add_ps(v0, _mm256_maskload_ps(cp, m0));
-                    v1 = _mm256_add_ps(v1, _mm256_maskload_ps(cp.add(8), m1));
-                }
-                _mm256_maskstore_ps(cp, m0, v0);
-                _mm256_maskstore_ps(cp.add(8), m1, v1);
-            }
+        for i in 0..M {
+            store_row(c.add(i * ldc), &[c0[i], c1[i]], n, accumulate);
         }
     }
 }
@@ -273,27 +236,40 @@ unsafe fn wide_rows<const M: usize, A: TileA, const U: usize>(
             bp = bp.add(NR);
         };
         k_loop::<U>(kc, prefetch, &mut step);
-        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         for (i, row) in acc.iter().enumerate() {
-            let cp = c.add(i * ldc);
-            for (j, &v) in row.iter().enumerate() {
-                let at = cp.add(8 * j);
-                if n >= 8 * j + 8 {
-                    let v = if accumulate {
-                        _mm256_add_ps(v, _mm256_loadu_ps(at))
-                    } else {
-                        v
-                    };
-                    _mm256_storeu_ps(at, v);
-                } else if n > 8 * j {
-                    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((n - 8 * j) as i32), lanes);
-                    let v = if accumulate {
-                        _mm256_add_ps(v, _mm256_maskload_ps(at, mask))
-                    } else {
-                        v
-                    };
-                    _mm256_maskstore_ps(at, mask, v);
-                }
+            store_row(c.add(i * ldc), row, n, accumulate);
+        }
+    }
+}
+
+/// Writes one row of a tile, `vs` (8 columns a vector), at `cp`: its first `n` columns only
+/// (lane masks past them), added to what is there with `accumulate`.
+///
+/// # Safety
+/// `cp` is valid for reads and writes of `min(n, 8 * vs.len())` floats; the CPU supports AVX2.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn store_row(cp: *mut f32, vs: &[__m256], n: usize, accumulate: bool) {
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (j, &v) in vs.iter().enumerate() {
+        // SAFETY: columns `8j ..` are inside the row's `n` (a full vector) or masked to them.
+        unsafe {
+            let at = cp.add(8 * j);
+            if n >= 8 * j + 8 {
+                let v = if accumulate {
+                    _mm256_add_ps(v, _mm256_loadu_ps(at))
+                } else {
+                    v
+                };
+                _mm256_storeu_ps(at, v);
+            } else if n > 8 * j {
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((n - 8 * j) as i32), lanes);
+                let v = if accumulate {
+                    _mm256_add_ps(v, _mm256_maskload_ps(at, mask))
+                } else {
+                    v
+                };
+                _mm256_maskstore_ps(at, mask, v);
             }
         }
     }
