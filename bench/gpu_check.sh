@@ -11,6 +11,8 @@
 #   2. crates/cli/tests/device.rs: every zoo model at mini-batches 8 and 64, --device cuda
 #      against --device cpu within 1e-4,
 #   3. bench/gpu_suite.py: tumble on the GPU against PyTorch eager and by hand on the same GPU.
+# bench/gpu_probe.sh (same preparation) is the short run: the unit tests, the latencies of the
+# device's basic operations and products (cuda_bench), and a few models' device profiles.
 set -u
 if [ "${1:-}" = "--prepare" ]; then
   set -e
@@ -24,6 +26,8 @@ if [ "${1:-}" = "--prepare" ]; then
   bin=$(cargo test --release -p tumble-cuda --lib --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable")]')
   strip -o .gpu/cuda-test "$bin"
+  cargo build --release -p tumble-cuda --example cuda_bench
+  strip -o .gpu/cuda-bench target/release/examples/cuda_bench
   for f in sst_tree_128 sst_tokens_128 nested_128 drnn256_128 drnn512_128; do
     cp bench/.data/$f.first32.jsonl bench/.data/$f.first128.jsonl .gpu/data/
   done

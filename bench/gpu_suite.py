@@ -47,10 +47,10 @@ def inputs_for(data, model, batch):
     return os.path.join(data, f"{stem}.first{32 if batch <= 8 else 128}.jsonl")
 
 
-def tumble(exe, model, params, inputs, batch, device, repeat, out, env=None):
+def tumble(exe, model, params, inputs, batch, device, repeat, out, env=None, extra=()):
     cmd = [exe, "run", os.path.join(ROOT, "models", f"{model}.rly"), "--inputs", inputs, "--params",
            params, "--batch", str(batch), "--device", device, "--profile", "--repeat", str(repeat),
-           "-o", out]
+           "-o", out, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **(env or {})))
     if p.returncode != 0:
         return {"ok": False, "error": p.stderr[-3000:]}
@@ -135,7 +135,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--device", default="cuda", help="tumble's device (cpu: a dry run of this script)")
     ap.add_argument("--ab", metavar="VAR=VALUE",
-                    help="also time tumble on the GPU with this environment variable set (an A/B column)")
+                    help="also time tumble on the GPU with this environment variable set, or with this "
+                         "option (--workers=1) (an A/B column)")
     ap.add_argument("--skip-cpu", action="store_true", help="no --device cpu comparison")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
@@ -165,9 +166,11 @@ def main():
             if row["tumble"]["ok"] and row["by_hand"]["ok"]:
                 row["vs_by_hand"] = compare_files(o["gpu"], o["hand"])
             if args.ab:
-                var, _, val = args.ab.partition("=")
+                # --flag=value: a command-line option; VAR=VALUE: an environment variable
+                env, extra = ({}, args.ab.split("=", 1)) if args.ab.startswith("--") else \
+                    (dict([args.ab.split("=", 1)]), [])
                 row["tumble_ab"] = tumble(args.tumble, model, params, inputs, batch, args.device, args.repeat,
-                                          os.devnull, {var: val})
+                                          os.devnull, env, extra)
             if not args.skip_cpu and row["tumble"]["ok"]:
                 # tumble on this machine's processors (every core), for reference
                 cpu = tumble(args.tumble, model, params, inputs, batch, "cpu", args.repeat, o["cpu"])

@@ -48,7 +48,8 @@ pub struct RunArgs {
     pub engine: Engine,
     /// Where the batched engine runs its kernel plans: `cuda` runs GEMM stages and row programs
     /// on the first NVIDIA GPU (kernels compiled at run time by NVRTC; gathers and other operators
-    /// stay on the host), with one worker. An error where no GPU, driver or NVRTC is found.
+    /// stay on the host), up to 4 mini-batches at once by default (`--workers`: their host work
+    /// overlaps the device's). An error where no GPU, driver or NVRTC is found.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
     /// Instances per mini-batch (batched engine); default: all instances in one batch.
@@ -298,6 +299,9 @@ fn entry_arg(s: &str) -> Result<String, String> {
     }
     Ok(name.to_string())
 }
+
+/// Mini-batches run at once on a GPU unless `--workers` says otherwise.
+const DEVICE_WORKERS: usize = 4;
 
 /// A count that must be positive (`--workers`).
 pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
@@ -678,9 +682,11 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 opts,
                 instances: n,
                 batch: args.batch.unwrap_or(n).max(1),
-                // A GPU's launches share one stream: one worker drives it.
+                // A GPU's workers queue their launches on one stream: a few overlap one
+                // mini-batch's host work (its program, gathers, waits) with another's kernels;
+                // more would wait on each other.
                 workers: match args.device {
-                    DeviceArg::Cuda => 1,
+                    DeviceArg::Cuda => args.workers.unwrap_or(threads.min(DEVICE_WORKERS)),
                     DeviceArg::Cpu => args.workers.unwrap_or(threads),
                 },
                 exec: Some(&exec),

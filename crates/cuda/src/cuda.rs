@@ -5,11 +5,15 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use cudarc::cublas::{sys as blas_sys, CudaBlas};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 
-use crate::{driver, ptx_of, Arg, DevBuf, Fetch, GpuError, Kernel, Mat, Mem, FIXED_SOURCE};
+use crate::{
+    driver, ptx_of, Arg, DevBuf, Fetch, GemmKernel, GpuError, Kernel, Mat, Mem, Staging,
+    FIXED_SOURCE,
+};
 
 /// One GPU: its context, the job's stream, the fixed kernels and the generated kernels so far.
 pub(crate) struct CudaDevice {
@@ -17,11 +21,24 @@ pub(crate) struct CudaDevice {
     stream: Arc<CudaStream>,
     _fixed: Arc<CudaModule>,
     gemm: CudaFunction,
+    gemm_plain: CudaFunction,
+    gemm_part: CudaFunction,
+    sum_parts: CudaFunction,
     copy: CudaFunction,
+    /// Multiprocessors: a product of fewer tiles than this splits its depth.
+    sms: usize,
+    /// [`GemmKernel`], switchable per device (the benchmark compares them in one process).
+    gemm_kernel: std::sync::atomic::AtomicU8,
+    /// cuBLAS on the job's stream, where the library is found (`None`: the own kernels run); a
+    /// handle is not for two threads at once.
+    blas: Option<Mutex<CudaBlas>>,
     generated: Mutex<HashMap<String, Kernel>>,
-    staging: Mutex<Staging>,
-    /// [`pinned_staging`], switchable per device (the tests take both paths).
-    pinned: std::sync::atomic::AtomicBool,
+    /// Uploads staged so far, and the buffer downloads land in: separate locks, so that one
+    /// worker's wait for its downloads does not hold up another's uploads.
+    up: Mutex<UpStaging>,
+    down: Mutex<Option<Pinned>>,
+    /// [`Staging`], switchable per device (the tests take every path).
+    staging_mode: std::sync::atomic::AtomicU8,
     name: String,
     arch: String,
 }
@@ -63,22 +80,32 @@ impl Drop for Pinned {
     }
 }
 
-/// The pinned buffers of a stream's copies: uploads are staged at `up_used..` until the next
-/// synchronization (the copies may still be reading them), downloads land in `down`.
-struct Staging {
-    up: Option<Pinned>,
-    up_used: usize,
-    down: Option<Pinned>,
+/// Uploads staged in page-locked memory: at `used..` of `buf` until a wait shows the copies done
+/// (several workers share the stream, so a wait proves done only what was queued before it:
+/// `staged` counts the uploads, and a wait resets `used` only if none was staged since it was
+/// queued).
+struct UpStaging {
+    buf: Option<Pinned>,
+    used: usize,
+    staged: u64,
 }
 
-/// `TUMBLE_PINNED_STAGING=1`: uploads staged in page-locked memory (asynchronous) and a launch's
-/// downloads through it with one wait. Off by default: on an H100 it measured no faster than
-/// pageable copies over the suite (geometric mean of warm times 4% slower, points from 0.6x to
-/// 1.6x; bench/RESULTS.md, "CUDA backend") and its first allocation costs a cold run tens of ms.
-fn pinned_staging() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_PINNED_STAGING").is_some())
+/// How copies are staged unless a test or benchmark says otherwise (`TUMBLE_STAGING=pageable|
+/// pinned|mixed`, default mixed). Measured on an H200 (`cuda_bench`, bench/RESULTS.md): a download
+/// through page-locked memory is as fast as a pageable one for one range and waits once for
+/// several (two ranges of 256 floats 9.9 µs against 17.0); an upload through it returns sooner up
+/// to a few hundred KiB (16,384 floats 10.6 µs against 18.1) and later above (262,144: 99 against
+/// 73). So mixed: downloads pinned, uploads pinned up to [`PINNED_UPLOAD_FLOATS`].
+fn default_staging() -> Staging {
+    match std::env::var("TUMBLE_STAGING").as_deref() {
+        Ok("pageable") => Staging::Pageable,
+        Ok("pinned") => Staging::Pinned,
+        _ => Staging::Mixed,
+    }
 }
+
+/// Uploads up to this many floats go through pinned memory under [`Staging::Mixed`] (256 KiB).
+const PINNED_UPLOAD_FLOATS: usize = 1 << 16;
 
 /// Floats staged for uploads before a grow (4 MiB).
 const STAGING_FLOATS: usize = 1 << 20;
@@ -87,6 +114,10 @@ impl fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Gpu({}, {})", self.name, self.arch)
     }
+}
+
+fn poisoned() -> GpuError {
+    GpuError::Driver("a staging lock was poisoned".into())
 }
 
 fn to_i32(x: usize, what: &str) -> Result<i32, GpuError> {
@@ -135,31 +166,58 @@ impl CudaDevice {
         let arch = format!("sm_{major}{minor}");
         let fixed = compile(&ctx, "tumble_fixed", FIXED_SOURCE, &arch)?;
         let load = |f: &str| fixed.load_function(f).map_err(driver);
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(driver)?;
+        let blas = open_blas(&stream)?;
+        let gemm_kernel = match (GemmKernel::from_env(), &blas) {
+            (Some(k), _) => k,
+            (None, Some(_)) => GemmKernel::Blas,
+            (None, None) => GemmKernel::Split,
+        };
         Ok(CudaDevice {
+            blas,
             gemm: load("gemm_nt")?,
+            gemm_plain: load("gemm_nt_plain")?,
+            gemm_part: load("gemm_nt_part")?,
+            sum_parts: load("sum_parts")?,
+            sms: usize::try_from(sms).unwrap_or(1).max(1),
+            gemm_kernel: (gemm_kernel as u8).into(),
             copy: load("copy_rows")?,
             _fixed: fixed,
             ctx,
             stream,
             generated: Mutex::default(),
-            staging: Mutex::new(Staging {
-                up: None,
-                up_used: 0,
-                down: None,
+            up: Mutex::new(UpStaging {
+                buf: None,
+                used: 0,
+                staged: 0,
             }),
-            pinned: pinned_staging().into(),
+            down: Mutex::new(None),
+            staging_mode: (default_staging() as u8).into(),
             name,
             arch,
         })
     }
 
-    fn pinned(&self) -> bool {
-        self.pinned.load(std::sync::atomic::Ordering::Relaxed)
+    fn staging(&self) -> Staging {
+        Staging::from_u8(self.staging_mode.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Copies through page-locked staging buffers (`true`) or from and to pageable memory.
-    pub(crate) fn set_pinned_staging(&self, on: bool) {
-        self.pinned.store(on, std::sync::atomic::Ordering::Relaxed);
+    /// Whether an upload of `len` floats goes through pinned memory.
+    fn pinned_up(&self, len: usize) -> bool {
+        match self.staging() {
+            Staging::Pageable => false,
+            Staging::Pinned => true,
+            Staging::Mixed => len <= PINNED_UPLOAD_FLOATS,
+        }
+    }
+
+    pub(crate) fn set_staging(&self, s: Staging) {
+        self.staging_mode
+            .store(s as u8, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The device's name and architecture, for profiles and results.
@@ -190,29 +248,27 @@ impl CudaDevice {
         if data.is_empty() {
             return self.zeros(1);
         }
-        if !self.pinned() {
+        if !self.pinned_up(data.len()) {
             let slice = self.stream.clone_htod(data).map_err(driver)?;
             return Ok(DevBuf {
                 mem: Mem::Cuda(slice),
             });
         }
         let mut dst = self.uninit(data.len())?;
-        let mut st = self
-            .staging
-            .lock()
-            .map_err(|_| GpuError::Driver("staging lock poisoned".into()))?;
-        let cap = st.up.as_ref().map_or(0, |p| p.len);
-        if st.up_used + data.len() > cap {
-            // Earlier uploads may still read the staging buffer: wait for them first.
+        let mut st = self.up.lock().map_err(|_| poisoned())?;
+        let cap = st.buf.as_ref().map_or(0, |p| p.len);
+        if st.used + data.len() > cap {
+            // Earlier uploads may still read the staging buffer: wait for them first (the lock
+            // is held, so nothing is staged meanwhile).
             self.stream.synchronize().map_err(driver)?;
-            st.up_used = 0;
+            st.used = 0;
             if data.len() > cap {
-                st.up = None;
-                st.up = Some(Pinned::new(&self.ctx, data.len().max(STAGING_FLOATS))?);
+                st.buf = None;
+                st.buf = Some(Pinned::new(&self.ctx, data.len().max(STAGING_FLOATS))?);
             }
         }
-        let at = st.up_used;
-        let Some(pinned) = st.up.as_mut() else {
+        let at = st.used;
+        let Some(pinned) = st.buf.as_mut() else {
             return Err(GpuError::Driver("no staging buffer".into()));
         };
         let staged = pinned.slice_mut(at, data.len());
@@ -220,15 +276,15 @@ impl CudaDevice {
         {
             let (dptr, _sync) =
                 cudarc::driver::DevicePtrMut::device_ptr_mut(dst.cuda_mut()?, &self.stream);
-            // SAFETY: `dst` holds `data.len()` floats; the staged range stays untouched until
-            // the next synchronization of the stream (`up_used` only grows until then), after
-            // this copy.
+            // SAFETY: `dst` holds `data.len()` floats; the staged range stays untouched until a
+            // wait shows this copy done (`used` only grows until then: `UpStaging`).
             unsafe {
                 cudarc::driver::result::memcpy_htod_async(dptr, staged, self.stream.cu_stream())
             }
             .map_err(driver)?;
         }
-        st.up_used = at + data.len();
+        st.used = at + data.len();
+        st.staged += 1;
         Ok(dst)
     }
 
@@ -238,7 +294,7 @@ impl CudaDevice {
         if total == 0 {
             return Ok(fetches.iter().map(|_| Vec::new()).collect());
         }
-        if !self.pinned() {
+        if self.staging() == Staging::Pageable {
             return fetches
                 .iter()
                 .map(|f| {
@@ -247,15 +303,13 @@ impl CudaDevice {
                 })
                 .collect();
         }
-        let mut st = self
-            .staging
-            .lock()
-            .map_err(|_| GpuError::Driver("staging lock poisoned".into()))?;
-        if st.down.as_ref().map_or(0, |p| p.len) < total {
-            st.down = None;
-            st.down = Some(Pinned::new(&self.ctx, total.max(STAGING_FLOATS))?);
+        self.ctx.bind_to_thread().map_err(driver)?;
+        let mut down_buf = self.down.lock().map_err(|_| poisoned())?;
+        if down_buf.as_ref().map_or(0, |p| p.len) < total {
+            *down_buf = None;
+            *down_buf = Some(Pinned::new(&self.ctx, total.max(STAGING_FLOATS))?);
         }
-        let Some(down) = st.down.as_mut() else {
+        let Some(down) = down_buf.as_mut() else {
             return Err(GpuError::Driver("no staging buffer".into()));
         };
         let mut at = 0;
@@ -267,20 +321,33 @@ impl CudaDevice {
             let src = base + (f.off * std::mem::size_of::<f32>()) as u64;
             let dst = down.slice_mut(at, f.len);
             // SAFETY: the source range was checked against its buffer above; `dst` is pinned
-            // memory of `f.len` floats that nothing reads until the stream is synchronized below.
+            // memory of `f.len` floats that nothing reads until the event below is reached.
             unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
                 .map_err(driver)?;
             at += f.len;
         }
-        self.stream.synchronize().map_err(driver)?;
+        // Wait for this worker's copies, not for what others queued after them.
+        let staged_before = self.up.lock().map_err(|_| poisoned())?.staged;
+        let done = self
+            .stream
+            .record_event(Some(
+                cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+            ))
+            .map_err(driver)?;
+        done.synchronize().map_err(driver)?;
         let mut out = Vec::with_capacity(fetches.len());
         let mut at = 0;
         for f in fetches {
             out.push(down.slice_mut(at, f.len).to_vec());
             at += f.len;
         }
-        // Synchronized: every staged upload is done.
-        st.up_used = 0;
+        drop(down_buf);
+        // Every upload staged before the event is done; if none was staged since, the staging
+        // buffer is free again.
+        let mut st = self.up.lock().map_err(|_| poisoned())?;
+        if st.staged == staged_before {
+            st.used = 0;
+        }
         Ok(out)
     }
 
@@ -302,22 +369,129 @@ impl CudaDevice {
         // Shapes checked by `Gpu::gemm_nt`.
         let (m, k, n) = (a.rows, a.cols, w.rows);
         let (pa, pw, pc) = (self.ptr(a)?, self.ptr(w)?, self.ptr(c)?);
+        let (lda, ldw) = (to_i32(a.ld, "stride")?, to_i32(w.ld, "stride")?);
+        let (mi, ni, ki) = (
+            to_i32(m, "rows")?,
+            to_i32(n, "columns")?,
+            to_i32(k, "depth")?,
+        );
+        let tiles = (n.div_ceil(64) as u32, m.div_ceil(64) as u32);
+        let kernel = self.gemm_kernel();
+        if let (GemmKernel::Blas, Some(blas)) = (kernel, &self.blas) {
+            let blas = blas.lock().map_err(|_| poisoned())?;
+            // Row-major C = A · Wᵀ is column-major Cᵀ = W · Aᵀ, where W (N × K row-major) is
+            // column-major K × N, taken transposed, and A (M × K) column-major K × M.
+            let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
+            self.ctx.bind_to_thread().map_err(driver)?;
+            // SAFETY: the views were checked against their buffers: W holds N rows of K floats
+            // at stride ldw ≥ K, A M rows at lda ≥ K, C M rows of N at ldc ≥ N (or one row);
+            // cuBLAS runs on the job's stream, ordered with every kernel and copy of it.
+            unsafe {
+                cudarc::cublas::result::sgemm(
+                    *blas.handle(),
+                    blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                    ni,
+                    mi,
+                    ki,
+                    &alpha,
+                    pw as *const f32,
+                    ldw.max(ki).max(1),
+                    pa as *const f32,
+                    lda.max(ki).max(1),
+                    &beta,
+                    pc as *mut f32,
+                    to_i32(c.ld, "stride")?.max(ni).max(1),
+                )
+            }
+            .map_err(|e| GpuError::Driver(format!("cuBLAS: {e:?}")))?;
+            return Ok(());
+        }
+        // `Blas` here: no cuBLAS, so the split kernel.
+        if let (GemmKernel::Split | GemmKernel::Blas, Some((parts, kc))) = (
+            kernel,
+            split_depth(m.div_ceil(64) * n.div_ceil(64), k, self.sms),
+        ) {
+            let p = self.uninit(parts * m * n)?;
+            let pp = self.ptr(&Mat {
+                buf: &p,
+                off: 0,
+                ld: n,
+                rows: parts * m,
+                cols: n,
+            })?;
+            let args = [
+                Arg::Ptr(pa),
+                Arg::I32(lda),
+                Arg::Ptr(pw),
+                Arg::I32(ldw),
+                Arg::Ptr(pp),
+                Arg::I32(mi),
+                Arg::I32(ni),
+                Arg::I32(ki),
+                Arg::I32(to_i32(kc, "depth")?),
+            ];
+            // SAFETY: the views were checked against their buffers; block z reads depths
+            // [z · kc, min(K, (z + 1) · kc)) of rows < M of `a` and < N of `w` and writes the
+            // M × N part z of `p`, which holds `parts` of them.
+            unsafe {
+                self.launch_fn(
+                    &self.gemm_part,
+                    (tiles.0, tiles.1, parts as u32),
+                    256,
+                    0,
+                    &args,
+                )?
+            };
+            let args = [
+                Arg::Ptr(pp),
+                Arg::I32(to_i32(parts, "parts")?),
+                Arg::Ptr(pc),
+                Arg::I32(to_i32(c.ld, "stride")?),
+                Arg::I32(mi),
+                Arg::I32(ni),
+                Arg::I32(accumulate as i32),
+            ];
+            let blocks = (m * n).div_ceil(256).min(4096) as u32;
+            // SAFETY: `p` holds `parts` parts of M × N; `c` was checked as M × N with its stride.
+            unsafe { self.launch_fn(&self.sum_parts, (blocks, 1, 1), 256, 0, &args)? };
+            // Stream-ordered: freed after the kernels that read it.
+            drop(p);
+            return Ok(());
+        }
         let args = [
             Arg::Ptr(pa),
-            Arg::I32(to_i32(a.ld, "stride")?),
+            Arg::I32(lda),
             Arg::Ptr(pw),
-            Arg::I32(to_i32(w.ld, "stride")?),
+            Arg::I32(ldw),
             Arg::Ptr(pc),
             Arg::I32(to_i32(c.ld, "stride")?),
-            Arg::I32(to_i32(m, "rows")?),
-            Arg::I32(to_i32(n, "columns")?),
-            Arg::I32(to_i32(k, "depth")?),
+            Arg::I32(mi),
+            Arg::I32(ni),
+            Arg::I32(ki),
             Arg::I32(accumulate as i32),
         ];
-        let grid = (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1);
+        let f = match kernel {
+            GemmKernel::Plain => &self.gemm_plain,
+            _ => &self.gemm,
+        };
         // SAFETY: the three views were checked against their buffers and the kernel reads and
         // writes only rows < M, columns < N / K of them.
-        unsafe { self.launch_fn(&self.gemm, grid, 256, 0, &args) }
+        unsafe { self.launch_fn(f, (tiles.0, tiles.1, 1), 256, 0, &args) }
+    }
+
+    fn gemm_kernel(&self) -> GemmKernel {
+        GemmKernel::from_u8(self.gemm_kernel.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Whether cuBLAS was found (products can run as [`GemmKernel::Blas`]).
+    pub(crate) fn has_blas(&self) -> bool {
+        self.blas.is_some()
+    }
+
+    pub(crate) fn set_gemm_kernel(&self, k: GemmKernel) {
+        self.gemm_kernel
+            .store(k as u8, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// `dst = src` (`add`: `dst += src`), both `rows × cols`; a `src` of one row with `ld` 0 is
@@ -392,12 +566,56 @@ impl CudaDevice {
 
     /// Waits for everything queued so far.
     pub(crate) fn synchronize(&self) -> Result<(), GpuError> {
+        // Uploads staged before the wait are done after it; if none was staged meanwhile (by
+        // another worker), the staging buffer is free again.
+        let before = self.up.lock().map_err(|_| poisoned())?.staged;
         self.stream.synchronize().map_err(driver)?;
-        if let Ok(mut st) = self.staging.lock() {
-            st.up_used = 0;
+        let mut st = self.up.lock().map_err(|_| poisoned())?;
+        if st.staged == before {
+            st.used = 0;
         }
         Ok(())
     }
+}
+
+/// cuBLAS on `stream` where `libcublas` is found: `None` otherwise (the own kernels run), or
+/// where `TUMBLE_NO_CUBLAS` is set. `TUMBLE_GPU_TF32=1` lets it use TF32 tensor cores (10-bit
+/// mantissas: results differ from f32 by about 1e-3, beyond the engines' 1e-4 agreement).
+fn open_blas(stream: &Arc<CudaStream>) -> Result<Option<Mutex<CudaBlas>>, GpuError> {
+    // SAFETY: only tries to dlopen the library by its usual names.
+    if std::env::var_os("TUMBLE_NO_CUBLAS").is_some() || !unsafe { blas_sys::is_culib_present() } {
+        return Ok(None);
+    }
+    let blas = CudaBlas::new(stream.clone())
+        .map_err(|e| GpuError::Driver(format!("cuBLAS could not start: {e:?}")))?;
+    if std::env::var_os("TUMBLE_GPU_TF32").is_some() {
+        // SAFETY: a live handle; the mode only changes which instructions its products use.
+        unsafe {
+            blas_sys::cublasSetMathMode(
+                *blas.handle(),
+                blas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+            )
+        }
+        .result()
+        .map_err(|e| GpuError::Driver(format!("cuBLAS: {e:?}")))?;
+    }
+    Ok(Some(Mutex::new(blas)))
+}
+
+/// How a product of `tiles` 64 × 64 tiles and depth `k` splits its depth on `sms`
+/// multiprocessors: `(parts, depth per part)`, or `None` to run it whole. A product that fills the
+/// GPU runs whole; otherwise enough parts to give every multiprocessor about two blocks, each
+/// part at least 128 deep (eight of the tile's slices), so the sum of the parts stays cheap.
+pub(crate) fn split_depth(tiles: usize, k: usize, sms: usize) -> Option<(usize, usize)> {
+    if tiles == 0 || tiles >= sms {
+        return None;
+    }
+    let parts = (2 * sms).div_ceil(tiles).min(k / 128);
+    if parts < 2 {
+        return None;
+    }
+    let kc = k.div_ceil(parts).next_multiple_of(16);
+    Some((k.div_ceil(kc), kc))
 }
 
 fn compile(

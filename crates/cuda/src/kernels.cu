@@ -5,11 +5,123 @@
 #define BN 64
 #define BK 16
 
+// The 64 × 64 tile of C (+)= A · Wᵀ over depths [kbeg, kend) into acc: each thread 4 × 4 outputs
+// spread by 16, so that loads and stores are coalesced. The next depth slice is loaded into
+// registers while the current one is multiplied from shared memory, so a block waits on global
+// memory once per slice less (at small M a launch has few blocks and the loop's latency is its
+// time).
+__device__ __forceinline__ void tile_nt(const float* __restrict__ A, int lda,
+                                        const float* __restrict__ W, int ldw, int M, int N,
+                                        int m0, int n0, int kbeg, int kend, float acc[4][4])
+{
+    __shared__ float As[BK][BM + 1];
+    __shared__ float Ws[BK][BN + 1];
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    // Each thread loads 4 of the slice's 64 × 16 floats of A and 4 of W.
+    float ra[4], rw[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int e = threadIdx.x + 256 * i, r = e / BK, gk = kbeg + e % BK;
+        ra[i] = (m0 + r < M && gk < kend) ? A[(size_t)(m0 + r) * lda + gk] : 0.f;
+        rw[i] = (n0 + r < N && gk < kend) ? W[(size_t)(n0 + r) * ldw + gk] : 0.f;
+    }
+    for (int k0 = kbeg; k0 < kend; k0 += BK) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int e = threadIdx.x + 256 * i;
+            As[e % BK][e / BK] = ra[i];
+            Ws[e % BK][e / BK] = rw[i];
+        }
+        __syncthreads();
+        const int k1 = k0 + BK;
+        if (k1 < kend) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int e = threadIdx.x + 256 * i, r = e / BK, gk = k1 + e % BK;
+                ra[i] = (m0 + r < M && gk < kend) ? A[(size_t)(m0 + r) * lda + gk] : 0.f;
+                rw[i] = (n0 + r < N && gk < kend) ? W[(size_t)(n0 + r) * ldw + gk] : 0.f;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {
+            float a[4], w[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) w[j] = Ws[kk][tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], w[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+}
+
+// Stores a tile: C[m, n] = acc (accumulate: C[m, n] += acc).
+__device__ __forceinline__ void store_tile(float* __restrict__ C, int ldc, int M, int N, int m0,
+                                           int n0, const float acc[4][4], int accumulate)
+{
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int m = m0 + ty + 16 * i;
+        if (m >= M) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int n = n0 + tx + 16 * j;
+            if (n >= N) continue;
+            float* c = &C[(size_t)m * ldc + n];
+            *c = accumulate ? *c + acc[i][j] : acc[i][j];
+        }
+    }
+}
+
 // C[m, n] (+)= sum_k A[m, k] * W[n, k]: nn.dense's X · Wᵀ with W as the model stores it (N × K),
-// every operand row-major with its own row stride. 256 threads, a 64 × 64 tile each, each
-// thread 4 × 4 outputs spread by 16 so that loads and stores are coalesced.
+// every operand row-major with its own row stride. 256 threads, a 64 × 64 tile each.
 extern "C" __global__ void __launch_bounds__(256)
 gemm_nt(const float* __restrict__ A, int lda, const float* __restrict__ W, int ldw,
+        float* __restrict__ C, int ldc, int M, int N, int K, int accumulate)
+{
+    float acc[4][4] = {};
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    tile_nt(A, lda, W, ldw, M, N, m0, n0, 0, K, acc);
+    store_tile(C, ldc, M, N, m0, n0, acc, accumulate);
+}
+
+// Split depth: block z multiplies depths [z · kc, (z + 1) · kc) into P + z · M · N (M × N, row
+// stride N). A product of few tiles (a small launch) otherwise leaves most of the GPU idle while
+// each block walks the whole depth; sum_parts adds the parts in order, so results do not depend
+// on timing.
+extern "C" __global__ void __launch_bounds__(256)
+gemm_nt_part(const float* __restrict__ A, int lda, const float* __restrict__ W, int ldw,
+             float* __restrict__ P, int M, int N, int K, int kc)
+{
+    float acc[4][4] = {};
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int kbeg = blockIdx.z * kc, kend = min(K, kbeg + kc);
+    tile_nt(A, lda, W, ldw, M, N, m0, n0, kbeg, kend, acc);
+    store_tile(P + (size_t)blockIdx.z * M * N, N, M, N, m0, n0, acc, 0);
+}
+
+// C[m, n] (+)= P[0][m, n] + P[1][m, n] + ... + P[parts - 1][m, n], in that order.
+extern "C" __global__ void sum_parts(const float* __restrict__ P, int parts, float* __restrict__ C,
+                                     int ldc, int M, int N, int accumulate)
+{
+    const size_t total = (size_t)M * N;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
+         e += (size_t)gridDim.x * blockDim.x) {
+        float s = P[e];
+        for (int z = 1; z < parts; ++z) s += P[(size_t)z * total + e];
+        float* c = &C[(e / N) * ldc + e % N];
+        *c = accumulate ? *c + s : s;
+    }
+}
+
+// The first kernel, kept for comparison (TUMBLE_GPU_GEMM=plain): the same tile without the
+// next slice's loads overlapping the multiplications.
+extern "C" __global__ void __launch_bounds__(256)
+gemm_nt_plain(const float* __restrict__ A, int lda, const float* __restrict__ W, int ldw,
         float* __restrict__ C, int ldc, int M, int N, int K, int accumulate)
 {
     __shared__ float As[BK][BM + 1];

@@ -231,10 +231,26 @@ impl Gpu {
         }
     }
 
-    /// Copies through page-locked staging buffers (`true`) or from and to pageable memory.
-    pub fn set_pinned_staging(&self, on: bool) {
+    /// How copies are staged from now on (the tests take every path).
+    pub fn set_staging(&self, s: Staging) {
         if let Imp::Cuda(d) = &self.imp {
-            d.set_pinned_staging(on);
+            d.set_staging(s);
+        }
+    }
+
+    /// Whether products can run on cuBLAS ([`GemmKernel::Blas`]; the emulated device has none).
+    pub fn has_blas(&self) -> bool {
+        match &self.imp {
+            Imp::Cuda(d) => d.has_blas(),
+            Imp::Host => false,
+        }
+    }
+
+    /// Runs products with kernel `k` from now on (the benchmark's comparisons; the emulated
+    /// device has one). [`GemmKernel::Blas`] without cuBLAS runs [`GemmKernel::Split`].
+    pub fn set_gemm_kernel(&self, k: GemmKernel) {
+        if let Imp::Cuda(d) = &self.imp {
+            d.set_gemm_kernel(k);
         }
     }
 
@@ -378,6 +394,66 @@ impl Gpu {
     }
 }
 
+/// Which GEMM kernel a device runs (`TUMBLE_GPU_GEMM=plain|pipelined|split|cublas`; default
+/// `cublas` where the library is found, else `split`): the first tile kernel; the tile loading its
+/// next depth slice while it multiplies the current one; that, with the depth of a product too
+/// small to fill the GPU split across blocks; cuBLAS's `sgemm`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmKernel {
+    Plain = 0,
+    Pipelined = 1,
+    Split = 2,
+    Blas = 3,
+}
+
+impl GemmKernel {
+    fn from_u8(x: u8) -> GemmKernel {
+        match x {
+            0 => GemmKernel::Plain,
+            1 => GemmKernel::Pipelined,
+            2 => GemmKernel::Split,
+            _ => GemmKernel::Blas,
+        }
+    }
+
+    /// The kernel `name` names (`plain`, `pipelined`, `split`).
+    pub fn parse(name: &str) -> Option<GemmKernel> {
+        match name {
+            "plain" => Some(GemmKernel::Plain),
+            "pipelined" => Some(GemmKernel::Pipelined),
+            "split" => Some(GemmKernel::Split),
+            "cublas" => Some(GemmKernel::Blas),
+            _ => None,
+        }
+    }
+
+    fn from_env() -> Option<GemmKernel> {
+        std::env::var("TUMBLE_GPU_GEMM")
+            .ok()
+            .and_then(|v| GemmKernel::parse(&v))
+    }
+}
+
+/// How copies between host and device are staged: from and to pageable memory (each download
+/// waits for the stream), through page-locked buffers (uploads return at once, several downloads
+/// wait once), or downloads and small uploads through them (the default; `TUMBLE_STAGING`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Staging {
+    Pageable = 0,
+    Pinned = 1,
+    Mixed = 2,
+}
+
+impl Staging {
+    fn from_u8(x: u8) -> Staging {
+        match x {
+            0 => Staging::Pageable,
+            1 => Staging::Pinned,
+            _ => Staging::Mixed,
+        }
+    }
+}
+
 /// A download: `len` floats of a buffer from `off`.
 pub struct Fetch<'a> {
     pub buf: &'a DevBuf,
@@ -489,8 +565,8 @@ mod tests {
             }
         }
         // Several ranges at once (and an empty one), both ways of copying.
-        for pinned in [false, true] {
-            gpu.set_pinned_staging(pinned);
+        for staging in [Staging::Pageable, Staging::Pinned, Staging::Mixed] {
+            gpu.set_staging(staging);
             let parts = gpu
                 .download_many(&[
                     Fetch {
@@ -541,6 +617,7 @@ mod tests {
     fn the_emulated_device_computes_what_the_host_does() {
         let gpu = Gpu::emulated();
         check_fixed_kernels(&gpu);
+        check_products(&gpu, GemmKernel::Split);
         // No generated kernels there: an error, not a crash.
         assert!(gpu
             .compile("k", "extern \"C\" __global__ void k() {}")
@@ -559,7 +636,94 @@ mod tests {
                     "{m}"
                 );
             }
-            Ok(gpu) => check_fixed_kernels(&gpu),
+            Ok(gpu) => {
+                check_fixed_kernels(&gpu);
+                for kernel in [
+                    GemmKernel::Plain,
+                    GemmKernel::Pipelined,
+                    GemmKernel::Split,
+                    GemmKernel::Blas,
+                ] {
+                    check_products(&gpu, kernel);
+                }
+            }
+        }
+    }
+
+    /// Products with strided operands, accumulating and not, at sizes that split their depth
+    /// (few tiles, deep) and that do not, against the host in f64.
+    fn check_products(gpu: &Gpu, kernel: GemmKernel) {
+        gpu.set_gemm_kernel(kernel);
+        for (m, k, n) in [(5, 1000, 70), (1, 4099, 64), (70, 333, 130), (129, 17, 65)] {
+            let (lda, ldw, ldc) = (k + 3, k + 1, n + 2);
+            let a: Vec<f32> = (0..m * lda).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+            let w: Vec<f32> = (0..n * ldw).map(|i| ((i * 5) % 13) as f32 * 0.25).collect();
+            let c0: Vec<f32> = (0..m * ldc).map(|i| (i % 3) as f32).collect();
+            let (da, dw) = (gpu.upload(&a).unwrap(), gpu.upload(&w).unwrap());
+            for accumulate in [false, true] {
+                let dc = gpu.upload(&c0).unwrap();
+                let view = |buf, ld, rows, cols| Mat {
+                    buf,
+                    off: 0,
+                    ld,
+                    rows,
+                    cols,
+                };
+                gpu.gemm_nt(
+                    &view(&da, lda, m, k),
+                    &view(&dw, ldw, n, k),
+                    &view(&dc, ldc, m, n),
+                    accumulate,
+                )
+                .unwrap();
+                let c = gpu.download(&dc, 0, m * ldc).unwrap();
+                for r in 0..m {
+                    for j in 0..ldc {
+                        let got = c[r * ldc + j];
+                        if j >= n {
+                            assert_eq!(got, c0[r * ldc + j], "{kernel:?} wrote past column {n}");
+                            continue;
+                        }
+                        let dot: f64 = (0..k)
+                            .map(|x| f64::from(a[r * lda + x]) * f64::from(w[j * ldw + x]))
+                            .sum();
+                        let want = dot
+                            + if accumulate {
+                                f64::from(c0[r * ldc + j])
+                            } else {
+                                0.0
+                            };
+                        assert!(
+                            (f64::from(got) - want).abs() <= 1e-4 * want.abs().max(1.0),
+                            "{kernel:?} {m}x{k}x{n} acc {accumulate} [{r},{j}]: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+        gpu.set_gemm_kernel(match gpu.has_blas() {
+            true => GemmKernel::Blas,
+            false => GemmKernel::Split,
+        });
+    }
+
+    /// Split depths cover the depth once, in parts of whole slices, none empty; a product that
+    /// fills the GPU or is shallow is not split.
+    #[test]
+    fn split_depth_covers_the_depth() {
+        assert_eq!(cuda::split_depth(132, 4096, 132), None);
+        assert_eq!(cuda::split_depth(10, 200, 132), None);
+        for tiles in [1, 2, 5, 40, 131] {
+            for k in [256, 257, 333, 1000, 4099] {
+                if let Some((parts, kc)) = cuda::split_depth(tiles, k, 132) {
+                    assert!(parts >= 2 && kc % 16 == 0, "{tiles} {k}: {parts} x {kc}");
+                    assert!(
+                        (parts - 1) * kc < k && parts * kc >= k,
+                        "{tiles} {k}: {parts} x {kc}"
+                    );
+                    assert!(tiles * parts <= 4 * 132);
+                }
+            }
         }
     }
 

@@ -96,8 +96,12 @@ impl Executable {
     /// Runs the kernel plans' launches on `gpu` (stages the device does not run, and blocks
     /// without a plan, stay on the host). One worker should drive it: its launches share one
     /// stream.
+    ///
+    /// Locality chunks are a cache idea of the CPU (a launch's per-invocation weights kept within
+    /// L2): on a device every launch costs copies and a wait, so a block launches whole.
     pub fn with_device(mut self, gpu: tumble_cuda::Gpu) -> Executable {
         self.device = Some(Arc::new(crate::fused::device::DeviceRun::new(gpu)));
+        self.chunk_sizes.fill(usize::MAX);
         self
     }
 
@@ -132,10 +136,12 @@ impl Executable {
             chunk_sizes: blocks
                 .iter()
                 .enumerate()
-                .map(|(i, b)| match opts.locality_chunks {
-                    true => locality_chunk(b, reuse, i),
-                    false => usize::MAX,
-                })
+                .map(
+                    |(i, b)| match opts.locality_chunks && !opts.emulated_device {
+                        true => locality_chunk(b, reuse, i),
+                        false => usize::MAX,
+                    },
+                )
                 .collect(),
             last_scan_visits: Default::default(),
             row_bytes: blocks

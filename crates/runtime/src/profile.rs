@@ -163,6 +163,12 @@ impl Profile {
         self.fused.device_stages += o.fused.device_stages;
         self.fused.host_stages += o.fused.host_stages;
         self.fused.device_time += o.fused.device_time;
+        self.fused.device_uploads += o.fused.device_uploads;
+        self.fused.device_upload_bytes += o.fused.device_upload_bytes;
+        self.fused.device_upload_time += o.fused.device_upload_time;
+        self.fused.device_waits += o.fused.device_waits;
+        self.fused.device_wait_time += o.fused.device_wait_time;
+        self.fused.device_host_stage_time += o.fused.device_host_stage_time;
         self.reuse_misses += o.reuse_misses;
         self.shared_inputs += o.shared_inputs;
         self.zero_copy_inputs += o.zero_copy_inputs;
@@ -293,6 +299,16 @@ impl fmt::Display for Profile {
                 self.fused.device_stages,
                 self.fused.host_stages,
                 ms(self.fused.device_time)
+            )?;
+            writeln!(
+                f,
+                "device copies: {} uploads ({:.2} MB) in {:.3} ms, {} waits for outputs in {:.3} ms; host stages {:.3} ms",
+                self.fused.device_uploads,
+                self.fused.device_upload_bytes as f64 / 1e6,
+                ms(self.fused.device_upload_time),
+                self.fused.device_waits,
+                ms(self.fused.device_wait_time),
+                ms(self.fused.device_host_stage_time)
             )?;
         }
         let secs = self.fused.dense_time.as_secs_f64();

@@ -321,6 +321,14 @@ pub struct FusedStats {
     /// Time queuing device stages and copying launch outputs back (kernels run asynchronously:
     /// their time shows up in the copies).
     pub device_time: std::time::Duration,
+    /// Of which: host values copied to the device (count, bytes, time of the calls), downloads
+    /// (each one wait for the stream: count, time), and the host stages of device launches.
+    pub device_uploads: u64,
+    pub device_upload_bytes: u64,
+    pub device_upload_time: std::time::Duration,
+    pub device_waits: u64,
+    pub device_wait_time: std::time::Duration,
+    pub device_host_stage_time: std::time::Duration,
 }
 
 /// What a planned launch runs with: what its operators need outside the plan's fast paths

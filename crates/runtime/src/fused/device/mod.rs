@@ -14,7 +14,9 @@
 //! copied back together at its end, so values cross the bus once per launch, not once per stage;
 //! the host keeps driving control flow. The stages themselves are in [`stages`].
 
+use std::cell::Cell;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tumble_compile::{BVal, Stage};
 use tumble_cuda::{DevBuf, Fetch, Gpu, GpuError, Kernel, Mat};
@@ -26,7 +28,7 @@ mod stages;
 
 use super::rowcuda::row_kernel;
 use super::rowprog::RowProg;
-use super::{run_stage, Exec, LaunchCtx, RunPlan};
+use super::{run_stage, Exec, FusedStats, LaunchCtx, RunPlan};
 use crate::batched::BV;
 use crate::intern::WordMap;
 
@@ -216,6 +218,39 @@ struct DevExec<'r> {
     run: &'r DeviceRun,
     inputs: Vec<Option<DVal>>,
     vals: Vec<Option<DVal>>,
+    copies: Copies,
+}
+
+/// A launch's copies between host and device, for the profile.
+#[derive(Default)]
+struct Copies {
+    uploads: Cell<u64>,
+    upload_bytes: Cell<u64>,
+    upload_time: Cell<Duration>,
+    waits: Cell<u64>,
+    wait_time: Cell<Duration>,
+}
+
+impl Copies {
+    fn upload(&self, floats: usize, t0: Instant) {
+        self.uploads.set(self.uploads.get() + 1);
+        self.upload_bytes
+            .set(self.upload_bytes.get() + 4 * floats as u64);
+        self.upload_time.set(self.upload_time.get() + t0.elapsed());
+    }
+
+    fn wait(&self, t0: Instant) {
+        self.waits.set(self.waits.get() + 1);
+        self.wait_time.set(self.wait_time.get() + t0.elapsed());
+    }
+
+    fn add_to(&self, fstats: &mut FusedStats) {
+        fstats.device_uploads += self.uploads.get();
+        fstats.device_upload_bytes += self.upload_bytes.get();
+        fstats.device_upload_time += self.upload_time.get();
+        fstats.device_waits += self.waits.get();
+        fstats.device_wait_time += self.wait_time.get();
+    }
 }
 
 impl DevExec<'_> {
@@ -233,7 +268,10 @@ impl DevExec<'_> {
                 true => self.run.weight(std::slice::from_ref(t), true)?,
                 false => {
                     let d = t.as_f32().ok_or("internal: f32 tensor without f32 data")?;
-                    Arc::new(self.gpu().upload(d).map_err(gpu_err)?)
+                    let t0 = Instant::now();
+                    let buf = Arc::new(self.gpu().upload(d).map_err(gpu_err)?);
+                    self.copies.upload(d.len(), t0);
+                    buf
                 }
             };
             let (r, width) = rows_of(t.shape());
@@ -366,11 +404,15 @@ impl DevExec<'_> {
                 len: span(r),
             })
             .collect();
+        let t0 = Instant::now();
         let mut datas = self
             .gpu()
             .download_many(&fetches)
             .map_err(gpu_err)?
             .into_iter();
+        if !fetches.is_empty() {
+            self.copies.wait(t0);
+        }
         let mut tensor = |r: &DRows| -> Result<Tensor, String> {
             let data = datas.next().ok_or("internal: device download")?;
             let data = match r.ld == r.width || r.rows <= 1 {
@@ -416,6 +458,7 @@ pub(super) fn run_stages(
         run,
         inputs: vec![None; ex.inputs.len()],
         vals: vec![None; block.nodes.len()],
+        copies: Copies::default(),
     };
     for (s, stage) in run_plan.plan.stages.iter().enumerate() {
         if let Some(dead) = s.checked_sub(1).and_then(|d| run_plan.dead_after.get(d)) {
@@ -433,7 +476,9 @@ pub(super) fn run_stages(
             continue;
         }
         dx.to_host(ex, stage)?;
+        let t1 = Instant::now();
         run_stage(ex, run_plan, s, stage, &mut cx.ops, fstats)?;
+        fstats.device_host_stage_time += t1.elapsed();
         fstats.host_stages += 1;
     }
     let t0 = std::time::Instant::now();
@@ -464,5 +509,6 @@ pub(super) fn run_stages(
         })
         .collect();
     fstats.device_time += t0.elapsed();
+    dx.copies.add_to(fstats);
     outs
 }
