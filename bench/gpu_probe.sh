@@ -1,30 +1,42 @@
 #!/usr/bin/env bash
 # The short GPU run (after `bench/gpu_check.sh --prepare`, on the GPU machine, from the
 # repository root): tumble-cuda's unit tests, cuda_bench's latencies of copies, waits and products
-# for each GEMM kernel, and the device profile of a few models with each kernel.
-#   bench/gpu_probe.sh [OUTDIR]     MODELS='treelstm_small:64 ...' to choose the points
+# for each GEMM kernel, optionally the device test for some models, and the device profile of a
+# few models with the default workers and with one.
+#   bench/gpu_probe.sh [OUTDIR]
+#   MODELS='treelstm_small:64 ...'   the points profiled
+#   DEVICE_MODELS=mvrnn,treelstm     also run crates/cli/tests/device.rs for these models
 set -u
 OUTDIR=${1:-/tmp/gpu_probe}
 mkdir -p "$OUTDIR"
 nvidia-smi -L
-NVRTC=$(find /usr/local /usr/lib /opt -name 'libnvrtc.so.13*' 2>/dev/null | grep -v builtins | head -1)
-export LD_LIBRARY_PATH=$(dirname "$NVRTC"):${LD_LIBRARY_PATH:-}
+LIBS=$(find /usr/local /usr/lib /opt -name 'libnvrtc.so.13*' -o -name 'libcublas.so.13*' 2>/dev/null \
+  | grep -v -e builtins -e stub | xargs -r -n1 dirname | sort -u | paste -sd:)
+echo "libraries: $LIBS"
+export LD_LIBRARY_PATH=$LIBS:${LD_LIBRARY_PATH:-}
+mkdir -p target/release && cp .gpu/tumble target/release/tumble
+[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 echo "== tumble-cuda unit tests"
 timeout 120 .gpu/cuda-test --nocapture 2>&1 | tail -8
 echo "== cuda_bench"
 timeout 120 .gpu/cuda-bench --reps ${REPS:-30} 2>&1 | tee "$OUTDIR/cuda-bench.log"
+if [ -n "${DEVICE_MODELS:-}" ]; then
+  echo "== device test: $DEVICE_MODELS"
+  TUMBLE_DEVICE_TEST_MODELS=$DEVICE_MODELS timeout ${DEVICE_TEST_TIMEOUT:-200} .gpu/device-test --nocapture 2>&1 \
+    | tee "$OUTDIR/device-test.log" | tail -30
+fi
 declare -A INPUT=([treelstm]=sst_tree_128 [mvrnn]=sst_tree_128 [birnn]=sst_tokens_128
   [stackrnn]=sst_tokens_128 [nestedrnn]=nested_128 [drnn]=drnn256_128)
-for point in ${MODELS:-treelstm_small:64 treelstm_large:8 birnn_small:64 stackrnn_small:8 mvrnn_large:64}; do
+for point in ${MODELS:-treelstm_small:64 mvrnn_large:64 stackrnn_small:8}; do
   model=${point%:*}; b=${point#*:}; kind=${model%%_*}
   n=$([ "$b" -le 8 ] && echo 32 || echo 128)
-  for gemm in split plain; do
-    echo "== $model b$b TUMBLE_GPU_GEMM=$gemm"
-    TUMBLE_GPU_GEMM=$gemm timeout 120 .gpu/tumble run models/$model.rly \
+  for workers in 4 1; do
+    echo "== $model b$b --workers $workers"
+    timeout 120 target/release/tumble run models/$model.rly \
       --inputs .gpu/data/${INPUT[$kind]}.first$n.jsonl --random-params 0 --batch $b \
-      --device cuda --profile --repeat 4 -o "$OUTDIR/$model.b$b.$gemm.jsonl" 2>&1 \
-      | grep -E "^(device|time|repeats|block|[a-z_:.]+ +[0-9]+ +[0-9]+)" | head -14
+      --device cuda --workers $workers --profile --repeat 4 -o "$OUTDIR/$model.b$b.w$workers.jsonl" 2>&1 \
+      | grep -E "^(device|time|repeats|[a-z_:.]+ +[0-9]+ +[0-9]+)" | head -14
   done
-  cmp -s "$OUTDIR/$model.b$b.split.jsonl" "$OUTDIR/$model.b$b.plain.jsonl" \
-    && echo "outputs: identical" || echo "outputs: differ (float rounding of split depths)"
+  cmp -s "$OUTDIR/$model.b$b.w4.jsonl" "$OUTDIR/$model.b$b.w1.jsonl" \
+    && echo "outputs: identical" || echo "outputs: DIFFER between worker counts"
 done

@@ -68,6 +68,11 @@ fn device_cuda_runs_the_zoo_as_the_cpu_does_or_says_why_not() {
         let ex = format!("drnn_{size}.jsonl");
         runs.push((format!("drnn_{size}"), inputs_72(&ex, &dir)));
     }
+    // `TUMBLE_DEVICE_TEST_MODELS=mvrnn,berxit`: only the models whose names contain one of these
+    // (a short run on the GPU machine).
+    if let Ok(only) = std::env::var("TUMBLE_DEVICE_TEST_MODELS") {
+        runs.retain(|(m, _)| only.split(',').any(|o| !o.is_empty() && m.contains(o)));
+    }
     for (m, inputs) in &runs {
         for batch in ["8", "64"] {
             let args = |device: &'static str| {

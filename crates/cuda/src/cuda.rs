@@ -11,8 +11,8 @@ use cudarc::driver::{
 };
 
 use crate::{
-    driver, ptx_of, Arg, DevBuf, Fetch, GemmKernel, GpuError, Kernel, Mat, Mem, Staging,
-    FIXED_SOURCE,
+    driver, ptx_of, Arg, Batch, Block, DevBuf, Fetch, GemmKernel, GpuError, Kernel, Mat, Mem,
+    Staging, FIXED_SOURCE,
 };
 
 /// One GPU: its context, the job's stream, the fixed kernels and the generated kernels so far.
@@ -25,6 +25,7 @@ pub(crate) struct CudaDevice {
     gemm_part: CudaFunction,
     sum_parts: CudaFunction,
     copy: CudaFunction,
+    gather: CudaFunction,
     /// Multiprocessors: a product of fewer tiles than this splits its depth.
     sms: usize,
     /// [`GemmKernel`], switchable per device (the benchmark compares them in one process).
@@ -186,6 +187,7 @@ impl CudaDevice {
             sms: usize::try_from(sms).unwrap_or(1).max(1),
             gemm_kernel: (gemm_kernel as u8).into(),
             copy: load("copy_rows")?,
+            gather: load("gather_blocks")?,
             _fixed: fixed,
             ctx,
             stream,
@@ -515,6 +517,109 @@ impl CudaDevice {
         unsafe { self.launch_fn(&self.copy, (blocks, 1, 1), 256, 0, &args) }
     }
 
+    /// `srcs`' blocks side by side in `dst` (checked by `Gpu::gather`): their addresses go up as
+    /// a table (two floats' bits each, read by the kernel as 64-bit addresses).
+    pub(crate) fn gather(
+        &self,
+        srcs: &[Block],
+        len: usize,
+        dst: &DevBuf,
+        dst_off: usize,
+        stride: usize,
+    ) -> Result<(), GpuError> {
+        let mut table = Vec::with_capacity(2 * srcs.len());
+        for b in srcs {
+            let (base, _sync) = b.buf.cuda()?.device_ptr(&self.stream);
+            let p = base + (b.off * std::mem::size_of::<f32>()) as u64;
+            table.push(f32::from_bits(p as u32));
+            table.push(f32::from_bits((p >> 32) as u32));
+        }
+        let table = self.upload(&table)?;
+        let whole = |buf, len| Mat {
+            buf,
+            off: 0,
+            ld: len,
+            rows: 1,
+            cols: len,
+        };
+        let pt = self.ptr(&whole(&table, 2 * srcs.len()))?;
+        let pd = self.ptr(&Mat {
+            off: dst_off,
+            ..whole(dst, dst.len() - dst_off)
+        })?;
+        let args = [
+            Arg::Ptr(pt),
+            Arg::I32(to_i32(srcs.len(), "blocks")?),
+            Arg::I32(to_i32(len, "block length")?),
+            Arg::Ptr(pd),
+            Arg::I64(i64::try_from(stride).map_err(|_| GpuError::Bounds("stride".into()))?),
+        ];
+        let threads = len.next_multiple_of(32).min(256) as u32;
+        let blocks = srcs.len().min(65535) as u32;
+        // SAFETY: every source block of `len` floats and the `n` destination blocks `stride`
+        // apart were checked against their buffers; the table holds `n` addresses of them.
+        unsafe { self.launch_fn(&self.gather, (blocks, 1, 1), threads, 0, &args)? };
+        // Stream-ordered: freed after the kernel.
+        drop(table);
+        Ok(())
+    }
+
+    /// cuBLAS's strided batched product (checked by `Gpu::gemm_batched`).
+    pub(crate) fn gemm_batched(
+        &self,
+        a: &Batch,
+        b: &Batch,
+        b_transposed: bool,
+        c: &Batch,
+        count: usize,
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
+        let Some(blas) = &self.blas else {
+            return Err(GpuError::Driver(
+                "batched products need cuBLAS, which was not found".into(),
+            ));
+        };
+        let (m, k, n) = (a.mat.rows, a.mat.cols, c.mat.cols);
+        let (pa, pb, pc) = (self.ptr(&a.mat)?, self.ptr(&b.mat)?, self.ptr(&c.mat)?);
+        let int = |x: usize, what| to_i32(x, what);
+        let long = |x: usize| i64::try_from(x).map_err(|_| GpuError::Bounds("stride".into()));
+        // Row-major C = A · op(B) is column-major Cᵀ = op(B)ᵀ · Aᵀ: B's buffer read column-major
+        // is Bᵀ, so op(B)ᵀ is it transposed when B is N × K and as it is when K × N.
+        let (op_b, ldb) = match b_transposed {
+            true => (blas_sys::cublasOperation_t::CUBLAS_OP_T, b.mat.ld.max(k)),
+            false => (blas_sys::cublasOperation_t::CUBLAS_OP_N, b.mat.ld.max(n)),
+        };
+        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
+        let blas = blas.lock().map_err(|_| poisoned())?;
+        self.ctx.bind_to_thread().map_err(driver)?;
+        // SAFETY: every instance's view of A (M × K), B and C (M × N) was checked against its
+        // buffer (`Batch::extent`), the outputs do not overlap, and cuBLAS runs on the job's
+        // stream.
+        unsafe {
+            cudarc::cublas::result::sgemm_strided_batched(
+                *blas.handle(),
+                op_b,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                int(n, "columns")?,
+                int(m, "rows")?,
+                int(k, "depth")?,
+                &alpha,
+                pb as *const f32,
+                int(ldb.max(1), "stride")?,
+                long(b.stride)?,
+                pa as *const f32,
+                int(a.mat.ld.max(k).max(1), "stride")?,
+                long(a.stride)?,
+                &beta,
+                pc as *mut f32,
+                int(c.mat.ld.max(n).max(1), "stride")?,
+                long(c.stride)?,
+                int(count, "batch")?,
+            )
+        }
+        .map_err(|e| GpuError::Driver(format!("cuBLAS: {e:?}")))
+    }
+
     /// A generated kernel `name` from CUDA source `src`, compiled once per distinct source.
     pub(crate) fn compile(&self, name: &str, src: &str) -> Result<Kernel, GpuError> {
         if let Some(k) = self.generated.lock().ok().and_then(|g| g.get(src).cloned()) {
@@ -558,6 +663,7 @@ impl CudaDevice {
                 Arg::Ptr(p) => b.arg(p),
                 Arg::I32(x) => b.arg(x),
                 Arg::F32(x) => b.arg(x),
+                Arg::I64(x) => b.arg(x),
             };
         }
         // SAFETY: the caller's contract.

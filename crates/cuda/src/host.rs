@@ -4,7 +4,7 @@
 
 use std::sync::RwLock;
 
-use crate::{DevBuf, Fetch, GpuError, Mat, Mem};
+use crate::{Batch, Block, DevBuf, Fetch, GpuError, Mat, Mem};
 
 pub(crate) fn buffer(v: Vec<f32>) -> DevBuf {
     DevBuf {
@@ -92,6 +92,73 @@ pub(crate) fn copy_rows(src: &Mat, dst: &Mat, add: bool, broadcast: bool) -> Res
             .ok_or_else(|| GpuError::Bounds("copy destination row".into()))?;
         for (t, f) in to.iter_mut().zip(from.iter()) {
             *t = if add { *t + f } else { *f };
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn gather(
+    srcs: &[Block],
+    len: usize,
+    dst: &DevBuf,
+    dst_off: usize,
+    stride: usize,
+) -> Result<(), GpuError> {
+    if srcs.iter().any(|b| std::ptr::eq(b.buf, dst)) {
+        return Err(GpuError::Bounds(
+            "a gather's output aliases its input".into(),
+        ));
+    }
+    let mut dv = dst.host()?.write().map_err(|_| poisoned())?;
+    for (i, b) in srcs.iter().enumerate() {
+        let sv = b.buf.host()?.read().map_err(|_| poisoned())?;
+        let from = sv
+            .get(b.off..b.off + len)
+            .ok_or_else(|| GpuError::Bounds("gather source".into()))?;
+        let at = dst_off + i * stride;
+        dv.get_mut(at..at + len)
+            .ok_or_else(|| GpuError::Bounds("gather destination".into()))?
+            .copy_from_slice(from);
+    }
+    Ok(())
+}
+
+pub(crate) fn gemm_batched(
+    a: &Batch,
+    b: &Batch,
+    b_transposed: bool,
+    c: &Batch,
+    count: usize,
+    accumulate: bool,
+) -> Result<(), GpuError> {
+    distinct(&c.mat, &[&a.mat, &b.mat])?;
+    let (av, bv) = (
+        a.mat.buf.host()?.read().map_err(|_| poisoned())?,
+        b.mat.buf.host()?.read().map_err(|_| poisoned())?,
+    );
+    let mut cv = c.mat.buf.host()?.write().map_err(|_| poisoned())?;
+    let (m, k, n) = (a.mat.rows, a.mat.cols, c.mat.cols);
+    let at = |v: &[f32], x: &Batch, i: usize, r: usize, col: usize| -> Result<f32, GpuError> {
+        v.get(x.mat.off + i * x.stride + r * x.mat.ld + col)
+            .copied()
+            .ok_or_else(|| GpuError::Bounds("batched gemm operand".into()))
+    };
+    for i in 0..count {
+        for r in 0..m {
+            for j in 0..n {
+                let mut dot = 0.0f32;
+                for x in 0..k {
+                    let y = match b_transposed {
+                        true => at(&bv, b, i, j, x)?,
+                        false => at(&bv, b, i, x, j)?,
+                    };
+                    dot = at(&av, a, i, r, x)?.mul_add(y, dot);
+                }
+                let slot = cv
+                    .get_mut(c.mat.off + i * c.stride + r * c.mat.ld + j)
+                    .ok_or_else(|| GpuError::Bounds("batched gemm output".into()))?;
+                *slot = if accumulate { *slot + dot } else { dot };
+            }
         }
     }
     Ok(())

@@ -184,3 +184,16 @@ extern "C" __global__ void copy_rows(const float* __restrict__ src, int lds,
         dst[r * ldd + c] = add ? dst[r * ldd + c] + x : x;
     }
 }
+
+// dst[b * stride + e] = src[b][e] for b < n, e < len: blocks of floats that lie anywhere on the
+// device (an earlier launch's rows, a table's rows) copied side by side. `src` is a table of n
+// device addresses.
+extern "C" __global__ void gather_blocks(const unsigned long long* __restrict__ src, int n, int len,
+                                         float* __restrict__ dst, long long stride)
+{
+    for (int b = blockIdx.x; b < n; b += gridDim.x) {
+        const float* s = (const float*)src[b];
+        float* d = dst + b * stride;
+        for (int e = threadIdx.x; e < len; e += blockDim.x) d[e] = s[e];
+    }
+}

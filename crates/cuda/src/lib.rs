@@ -177,6 +177,7 @@ pub struct Kernel {
 pub enum Arg {
     Ptr(u64),
     I32(i32),
+    I64(i64),
     F32(f32),
 }
 
@@ -349,6 +350,91 @@ impl Gpu {
         }
     }
 
+    /// Copies `len` floats from each block of `srcs` to `dst`: block `i` to
+    /// `dst_off + i · stride`.
+    pub fn gather(
+        &self,
+        srcs: &[Block],
+        len: usize,
+        dst: &DevBuf,
+        dst_off: usize,
+        stride: usize,
+    ) -> Result<(), GpuError> {
+        for b in srcs {
+            if b.off.checked_add(len).is_none_or(|e| e > b.buf.len()) {
+                return Err(GpuError::Bounds(format!(
+                    "gather of {len} floats at {} of {}",
+                    b.off,
+                    b.buf.len()
+                )));
+            }
+        }
+        let n = srcs.len();
+        let end = n
+            .checked_sub(1)
+            .and_then(|l| l.checked_mul(stride))
+            .and_then(|x| x.checked_add(dst_off))
+            .and_then(|x| x.checked_add(len));
+        if n > 0 && (stride < len || end.is_none_or(|e| e > dst.len())) {
+            return Err(GpuError::Bounds(format!(
+                "gather of {n} x {len} floats into {} at {dst_off} (stride {stride})",
+                dst.len()
+            )));
+        }
+        if n == 0 || len == 0 {
+            return Ok(());
+        }
+        match &self.imp {
+            Imp::Cuda(d) => d.gather(srcs, len, dst, dst_off, stride),
+            Imp::Host => host::gather(srcs, len, dst, dst_off, stride),
+        }
+    }
+
+    /// Whether [`Gpu::gemm_batched`] runs here (cuBLAS found, or the emulated device).
+    pub fn batched_products(&self) -> bool {
+        match &self.imp {
+            Imp::Cuda(d) => d.has_blas(),
+            Imp::Host => true,
+        }
+    }
+
+    /// `C_i (+)= A_i · op(B_i)` for `i < count`, `op(B) = Bᵀ` (`B_i` N × K, as `nn.dense` stores a
+    /// weight) if `b_transposed`, else `B` (K × N).
+    pub fn gemm_batched(
+        &self,
+        a: &Batch,
+        b: &Batch,
+        b_transposed: bool,
+        c: &Batch,
+        count: usize,
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
+        let (m, k) = (a.mat.rows, a.mat.cols);
+        let (bk, n) = match b_transposed {
+            true => (b.mat.cols, b.mat.rows),
+            false => (b.mat.rows, b.mat.cols),
+        };
+        if bk != k || c.mat.rows != m || c.mat.cols != n {
+            return Err(GpuError::Bounds(format!(
+                "batched gemm of {m}x{k} by {}x{} (transposed: {b_transposed}) into {}x{}",
+                b.mat.rows, b.mat.cols, c.mat.rows, c.mat.cols
+            )));
+        }
+        if count == 0 || m == 0 || n == 0 {
+            return Ok(());
+        }
+        for x in [a, b, c] {
+            x.extent(count)?;
+        }
+        if c.stride < c.mat.rows.saturating_sub(1) * c.mat.ld + c.mat.cols && count > 1 {
+            return Err(GpuError::Bounds("batched gemm outputs overlap".into()));
+        }
+        match &self.imp {
+            Imp::Cuda(d) => d.gemm_batched(a, b, b_transposed, c, count, accumulate),
+            Imp::Host => host::gemm_batched(a, b, b_transposed, c, count, accumulate),
+        }
+    }
+
     /// A generated kernel `name` from CUDA source `src`, compiled once per distinct source.
     pub fn compile(&self, name: &str, src: &str) -> Result<Kernel, GpuError> {
         match &self.imp {
@@ -451,6 +537,38 @@ impl Staging {
             1 => Staging::Pinned,
             _ => Staging::Mixed,
         }
+    }
+}
+
+/// A block of floats on the device: `buf` from `off` (a source of [`Gpu::gather`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Block<'a> {
+    pub buf: &'a DevBuf,
+    pub off: usize,
+}
+
+/// Instance `i` of a batch of equally shaped matrices: `mat` moved `i · stride` floats on
+/// ([`Gpu::gemm_batched`]; a stride of 0 repeats one matrix).
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    pub mat: Mat<'a>,
+    pub stride: usize,
+}
+
+impl Batch<'_> {
+    /// Whether all `count` instances lie in the buffer.
+    fn extent(&self, count: usize) -> Result<(), GpuError> {
+        let last = count
+            .checked_sub(1)
+            .and_then(|c| c.checked_mul(self.stride))
+            .and_then(|x| x.checked_add(self.mat.off))
+            .ok_or_else(|| GpuError::Bounds("batch size overflows".into()))?;
+        Mat {
+            off: last,
+            ..self.mat
+        }
+        .extent()?;
+        self.mat.extent()
     }
 }
 
@@ -618,6 +736,7 @@ mod tests {
         let gpu = Gpu::emulated();
         check_fixed_kernels(&gpu);
         check_products(&gpu, GemmKernel::Split);
+        check_gather_and_batches(&gpu);
         // No generated kernels there: an error, not a crash.
         assert!(gpu
             .compile("k", "extern \"C\" __global__ void k() {}")
@@ -646,6 +765,7 @@ mod tests {
                 ] {
                     check_products(&gpu, kernel);
                 }
+                check_gather_and_batches(&gpu);
             }
         }
     }
@@ -705,6 +825,84 @@ mod tests {
             true => GemmKernel::Blas,
             false => GemmKernel::Split,
         });
+    }
+
+    /// Gathers of blocks from anywhere, and batched products (shared and strided operands, both
+    /// layouts of B, accumulating and not) against the host.
+    fn check_gather_and_batches(gpu: &Gpu) {
+        let src: Vec<f32> = (0..100).map(|i| i as f32).collect();
+        let ds = gpu.upload(&src).unwrap();
+        let dst = gpu.zeros(2 + 3 * 9 + 7).unwrap();
+        let blocks = [5, 50, 90].map(|off| Block { buf: &ds, off });
+        gpu.gather(&blocks, 7, &dst, 2, 9).unwrap();
+        let back = gpu.download(&dst, 0, dst.len()).unwrap();
+        for (i, off) in [5, 50, 90].into_iter().enumerate() {
+            assert_eq!(back[2 + 9 * i..2 + 9 * i + 7], src[off..off + 7]);
+            assert!(back[2 + 9 * i + 7..2 + 9 * i + 9].iter().all(|&x| x == 0.0));
+        }
+        let past = [Block { buf: &ds, off: 95 }];
+        assert!(gpu.gather(&past, 7, &dst, 0, 7).is_err());
+        assert!(gpu.gather(&blocks, 7, &dst, 12, 9).is_err());
+        assert!(gpu.gather(&blocks, 7, &dst, 0, 6).is_err());
+        if !gpu.batched_products() {
+            return;
+        }
+        let (count, m, k, n) = (3, 2, 5, 4);
+        let a: Vec<f32> = (0..count * (m * k + 1))
+            .map(|i| (i % 7) as f32 - 3.0)
+            .collect();
+        let b: Vec<f32> = (0..count * (n * k + 3))
+            .map(|i| (i % 5) as f32 * 0.5)
+            .collect();
+        let (da, db) = (gpu.upload(&a).unwrap(), gpu.upload(&b).unwrap());
+        for (b_transposed, b_stride) in [(true, n * k + 3), (false, n * k + 3), (true, 0)] {
+            for accumulate in [false, true] {
+                let c0: Vec<f32> = (0..count * (m * n + 2)).map(|i| (i % 3) as f32).collect();
+                let dc = gpu.upload(&c0).unwrap();
+                let batch = |buf, rows, cols, stride| Batch {
+                    mat: Mat {
+                        buf,
+                        off: 1,
+                        ld: cols,
+                        rows,
+                        cols,
+                    },
+                    stride,
+                };
+                let bb = match b_transposed {
+                    true => batch(&db, n, k, b_stride),
+                    false => batch(&db, k, n, b_stride),
+                };
+                gpu.gemm_batched(
+                    &batch(&da, m, k, m * k + 1),
+                    &bb,
+                    b_transposed,
+                    &batch(&dc, m, n, m * n + 2),
+                    count,
+                    accumulate,
+                )
+                .unwrap();
+                let c = gpu.download(&dc, 0, c0.len()).unwrap();
+                for i in 0..count {
+                    for r in 0..m {
+                        for j in 0..n {
+                            let dot: f32 = (0..k)
+                                .map(|x| {
+                                    let y = match b_transposed {
+                                        true => b[1 + i * b_stride + j * k + x],
+                                        false => b[1 + i * b_stride + x * n + j],
+                                    };
+                                    a[1 + i * (m * k + 1) + r * k + x] * y
+                                })
+                                .sum();
+                            let at = 1 + i * (m * n + 2) + r * n + j;
+                            let want = dot + if accumulate { c0[at] } else { 0.0 };
+                            assert!((c[at] - want).abs() <= 1e-4 * want.abs().max(1.0));
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Split depths cover the depth once, in parts of whole slices, none empty; a product that

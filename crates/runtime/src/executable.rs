@@ -371,6 +371,11 @@ impl Executable {
             }
         }
         let params = with_derived.as_slice();
+        if let Some(device) = &self.device {
+            // A failure (device memory) only leaves those rows to be stacked and uploaded by
+            // the launches that read them.
+            let _ = device.mirror_weights(params);
+        }
         let mut packed = std::collections::HashSet::new();
         for lambda in &program.lambdas {
             lambda.body.visit(&mut |code| {

@@ -169,6 +169,8 @@ impl Profile {
         self.fused.device_waits += o.fused.device_waits;
         self.fused.device_wait_time += o.fused.device_wait_time;
         self.fused.device_host_stage_time += o.fused.device_host_stage_time;
+        self.fused.device_gathers += o.fused.device_gathers;
+        self.fused.device_in_place += o.fused.device_in_place;
         self.reuse_misses += o.reuse_misses;
         self.shared_inputs += o.shared_inputs;
         self.zero_copy_inputs += o.zero_copy_inputs;
@@ -302,7 +304,9 @@ impl fmt::Display for Profile {
             )?;
             writeln!(
                 f,
-                "device copies: {} uploads ({:.2} MB) in {:.3} ms, {} waits for outputs in {:.3} ms; host stages {:.3} ms",
+                "device copies: {} row lists gathered on the device, {} inputs read in place there, {} uploads ({:.2} MB) in {:.3} ms, {} waits for outputs in {:.3} ms; host stages {:.3} ms",
+                self.fused.device_gathers,
+                self.fused.device_in_place,
                 self.fused.device_uploads,
                 self.fused.device_upload_bytes as f64 / 1e6,
                 ms(self.fused.device_upload_time),

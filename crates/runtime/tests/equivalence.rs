@@ -224,6 +224,16 @@ fn the_emulated_device_runs_the_products_and_row_programs() {
             p.fused.device_stages,
             p.fused.host_stages
         );
+        eprintln!(
+            "{}: {} device stages, {} host, {} gathered, {} in place, {} uploads, {} direct",
+            case.model,
+            p.fused.device_stages,
+            p.fused.host_stages,
+            p.fused.device_gathers,
+            p.fused.device_in_place,
+            p.fused.device_uploads,
+            p.fused.direct_matmuls
+        );
         // Without it, nothing is counted as a device stage.
         let cpu = common::batch_profile(&x, Options::default());
         assert_eq!(cpu.fused.device_stages + cpu.fused.host_stages, 0);

@@ -194,15 +194,22 @@ impl Tensor {
             && (Arc::ptr_eq(&self.shape, &other.shape) || self.shape == other.shape)
     }
 
-    /// An identity of the shared buffer: equal for tensors that [`Tensor::shares_buffer`], stable
-    /// while any of them lives (used to key caches of packed weights and launch groups).
     /// How many tensors share this one's buffer (itself included).
     pub fn holders(&self) -> usize {
         Arc::strong_count(&self.data)
     }
 
+    /// An identity of the shared buffer: equal for tensors that [`Tensor::shares_buffer`], stable
+    /// while any of them lives (used to key caches of packed weights and launch groups).
     pub fn buffer_id(&self) -> usize {
         Arc::as_ptr(&self.data) as usize
+    }
+
+    /// A handle that recognizes this tensor's buffer without keeping it alive: a cache keyed by
+    /// [`Tensor::buffer_id`] can tell a live entry from a buffer that was freed and whose address
+    /// came back (while the handle lives, the address is not reused).
+    pub fn watch(&self) -> BufferWatch {
+        BufferWatch(Arc::downgrade(&self.data))
     }
 
     /// All elements as f64 (bool as 0/1; i64 beyond 2^53 rounds).
@@ -704,5 +711,22 @@ mod tests {
             Tensor::zeros([0], DType::Float64).unwrap().to_string(),
             "Tensor[(0,), float64] []"
         );
+    }
+}
+
+/// What [`Tensor::watch`] returns.
+#[derive(Clone, Debug)]
+pub struct BufferWatch(std::sync::Weak<Buffer>);
+
+impl BufferWatch {
+    /// Whether `t` holds the watched buffer (which is then alive and, being shared with `t`'s
+    /// holders, unchanged: tensors copy a shared buffer before writing).
+    pub fn holds(&self, t: &Tensor) -> bool {
+        std::ptr::eq(self.0.as_ptr(), Arc::as_ptr(&t.data))
+    }
+
+    /// Whether any tensor still holds the buffer.
+    pub fn alive(&self) -> bool {
+        self.0.strong_count() > 0
     }
 }

@@ -329,6 +329,11 @@ pub struct FusedStats {
     pub device_waits: u64,
     pub device_wait_time: std::time::Duration,
     pub device_host_stage_time: std::time::Duration,
+    /// Row-list inputs gathered on the device from copies it holds (instead of stacked on the
+    /// host and uploaded).
+    pub device_gathers: u64,
+    /// Batched inputs that were an earlier launch's output, read where the device holds it.
+    pub device_in_place: u64,
 }
 
 /// What a planned launch runs with: what its operators need outside the plan's fast paths

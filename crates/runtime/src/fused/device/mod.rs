@@ -19,17 +19,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tumble_compile::{BVal, Stage};
-use tumble_cuda::{DevBuf, Fetch, Gpu, GpuError, Kernel, Mat};
+use tumble_cuda::{Block, DevBuf, Fetch, Gpu, GpuError, Kernel, Mat};
 use tumble_ir::DType;
 use tumble_ops::OpValue;
-use tumble_tensor::Tensor;
+use tumble_tensor::{BufferWatch, Tensor};
 
 mod stages;
 
 use super::rowcuda::row_kernel;
 use super::rowprog::RowProg;
 use super::{run_stage, Exec, FusedStats, LaunchCtx, RunPlan};
-use crate::batched::BV;
+use crate::batched::{RowRefs, BV};
 use crate::intern::WordMap;
 
 /// A job's GPU: the device and the weights uploaded so far (by tensor identity, each kept alive
@@ -40,6 +40,51 @@ pub struct DeviceRun {
     /// Compiled row-program kernels by program (the row cache's `Arc`, kept so its address is
     /// not reused): a launch neither writes the source again nor hashes it.
     kernels: Mutex<WordMap<usize, KernelEntry>>,
+    /// Host tensors whose data is also on the device, by buffer: the job's weights (uploaded
+    /// once) and the outputs launches copied back. A launch input made of their rows (a row
+    /// list: children's states, a table's rows) is gathered on the device instead of stacked on
+    /// the host and uploaded. An entry lives while its tensor does ([`BufferWatch`]).
+    mirrors: Mutex<Mirrors>,
+}
+
+#[derive(Default)]
+struct Mirrors {
+    map: WordMap<usize, Mirror>,
+    /// Entries after the last sweep of dead ones: the next sweep runs at twice as many.
+    swept: usize,
+}
+
+/// A tensor's data on the device: `len` floats from `off` of `buf`, contiguous.
+struct Mirror {
+    watch: BufferWatch,
+    buf: Arc<DevBuf>,
+    off: usize,
+    len: usize,
+}
+
+impl Mirrors {
+    fn insert(&mut self, t: &Tensor, buf: Arc<DevBuf>, off: usize) {
+        if self.map.len() >= self.swept.max(1024) {
+            self.map.retain(|_, m| m.watch.alive());
+            self.swept = 2 * self.map.len();
+        }
+        self.map.insert(
+            t.buffer_id(),
+            Mirror {
+                watch: t.watch(),
+                buf,
+                off,
+                len: t.len(),
+            },
+        );
+    }
+
+    /// The device copy of `t`'s data, if there is one.
+    fn get(&self, t: &Tensor) -> Option<&Mirror> {
+        self.map
+            .get(&t.buffer_id())
+            .filter(|m| m.watch.holds(t) && m.len == t.len())
+    }
 }
 
 /// A compiled row program and the program it was made from.
@@ -103,7 +148,86 @@ impl DeviceRun {
             gpu,
             weights: Mutex::default(),
             kernels: Mutex::default(),
+            mirrors: Mutex::default(),
         }
+    }
+
+    /// Puts the job's f32 weights on the device once (before the first run), so launches read
+    /// their rows (embedding tables, per-word matrices) where they lie there.
+    pub(crate) fn mirror_weights(&self, params: &[Option<Tensor>]) -> Result<(), String> {
+        for t in params.iter().flatten() {
+            let Some(d) = t.as_f32() else {
+                continue;
+            };
+            let known = self
+                .mirrors
+                .lock()
+                .map_err(|_| "internal: device mirrors poisoned")?
+                .get(t)
+                .is_some();
+            if d.is_empty() || known {
+                continue;
+            }
+            let buf = Arc::new(self.gpu.upload(d).map_err(gpu_err)?);
+            if let Ok(mut m) = self.mirrors.lock() {
+                m.insert(t, buf, 0);
+            }
+        }
+        Ok(())
+    }
+
+    /// Remembers that `t`'s data is also at `r` on the device (if `r` is contiguous).
+    fn mirror(&self, t: &Tensor, r: &DRows) {
+        if r.ld == r.width || r.rows <= 1 {
+            if let Ok(mut m) = self.mirrors.lock() {
+                m.insert(t, r.buf.clone(), r.off);
+            }
+        }
+    }
+
+    /// Where `t`'s data lies on the device, if it does.
+    fn mirror_of(&self, t: &Tensor) -> Option<(Arc<DevBuf>, usize)> {
+        let m = self.mirrors.lock().ok()?;
+        m.get(t).map(|m| (m.buf.clone(), m.off))
+    }
+
+    /// A row list gathered on the device from the mirrors of the tensors it reads (`None`
+    /// where one has none: then it is stacked on the host).
+    fn gather(&self, r: &RowRefs, b: usize) -> Result<Option<DRows>, String> {
+        let len: usize = r.shape().iter().product();
+        let mut srcs: Vec<(Arc<DevBuf>, usize)> = Vec::with_capacity(r.len());
+        {
+            let mirrors = self
+                .mirrors
+                .lock()
+                .map_err(|_| "internal: device mirrors poisoned")?;
+            for i in 0..r.len() {
+                let Some((t, row)) = r.part_ref(i) else {
+                    return Ok(None);
+                };
+                let Some(m) = mirrors.get(t) else {
+                    return Ok(None);
+                };
+                let at = row.unwrap_or(0) * len;
+                if at + len > m.len {
+                    return Ok(None);
+                }
+                srcs.push((m.buf.clone(), m.off + at));
+            }
+        }
+        let mut shape = vec![b];
+        shape.extend_from_slice(r.shape());
+        let (rows, width) = rows_of(&shape);
+        let out = DRows::fresh(&self.gpu, shape, width)?;
+        debug_assert_eq!(out.rows, rows);
+        let blocks: Vec<Block> = srcs
+            .iter()
+            .map(|(buf, off)| Block { buf, off: *off })
+            .collect();
+        self.gpu
+            .gather(&blocks, len, &out.buf, 0, len)
+            .map_err(gpu_err)?;
+        Ok(Some(out))
     }
 
     /// The device copy of `parts` laid side by side: `along_rows` stacks them (a fused product's
@@ -229,6 +353,9 @@ struct Copies {
     upload_time: Cell<Duration>,
     waits: Cell<u64>,
     wait_time: Cell<Duration>,
+    /// Row lists gathered on the device from mirrors, and batched values read in place there.
+    gathered: Cell<u64>,
+    mirrored: Cell<u64>,
 }
 
 impl Copies {
@@ -250,6 +377,8 @@ impl Copies {
         fstats.device_upload_time += self.upload_time.get();
         fstats.device_waits += self.waits.get();
         fstats.device_wait_time += self.wait_time.get();
+        fstats.device_gathers += self.gathered.get();
+        fstats.device_in_place += self.mirrored.get();
     }
 }
 
@@ -264,20 +393,27 @@ impl DevExec<'_> {
             if t.dtype() != DType::Float32 {
                 return Ok(None);
             }
-            let buf = match shared {
-                true => self.run.weight(std::slice::from_ref(t), true)?,
-                false => {
-                    let d = t.as_f32().ok_or("internal: f32 tensor without f32 data")?;
-                    let t0 = Instant::now();
-                    let buf = Arc::new(self.gpu().upload(d).map_err(gpu_err)?);
-                    self.copies.upload(d.len(), t0);
-                    buf
-                }
+            let (buf, off) = match shared {
+                true => (self.run.weight(std::slice::from_ref(t), true)?, 0),
+                false => match self.run.mirror_of(t) {
+                    // An earlier launch's output, read where it lies on the device.
+                    Some(at) => {
+                        self.copies.mirrored.set(self.copies.mirrored.get() + 1);
+                        at
+                    }
+                    None => {
+                        let d = t.as_f32().ok_or("internal: f32 tensor without f32 data")?;
+                        let t0 = Instant::now();
+                        let buf = Arc::new(self.gpu().upload(d).map_err(gpu_err)?);
+                        self.copies.upload(d.len(), t0);
+                        (buf, 0)
+                    }
+                },
             };
             let (r, width) = rows_of(t.shape());
             Ok(Some(DRows {
                 buf,
-                off: 0,
+                off,
                 ld: width,
                 rows: r,
                 width,
@@ -288,7 +424,13 @@ impl DevExec<'_> {
         Ok(match v {
             BV::Batched(OpValue::Tensor(t)) => rows(t, false)?.map(DVal::Rows),
             BV::Shared(OpValue::Tensor(t)) => rows(t, true)?.map(DVal::Rows),
-            BV::Rows(r) if r.dtype() == DType::Float32 => rows(&r.stack()?, false)?.map(DVal::Rows),
+            BV::Rows(r) if r.dtype() == DType::Float32 => match self.run.gather(r, r.len())? {
+                Some(d) => {
+                    self.copies.gathered.set(self.copies.gathered.get() + 1);
+                    Some(DVal::Rows(d))
+                }
+                None => rows(&r.stack()?, false)?.map(DVal::Rows),
+            },
             BV::Batched(OpValue::Tuple(ts)) => ts
                 .iter()
                 .map(|t| rows(t, false))
@@ -428,7 +570,9 @@ impl DevExec<'_> {
                     out
                 }
             };
-            Tensor::from_f32(r.shape.clone(), data).map_err(|e| e.to_string())
+            let t = Tensor::from_f32(r.shape.clone(), data).map_err(|e| e.to_string())?;
+            self.run.mirror(&t, r);
+            Ok(t)
         };
         let mut out = Vec::with_capacity(ds.len());
         for (d, rows) in ds.iter().zip(&all) {

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use tumble_compile::plan::RowOperands;
 use tumble_compile::{BArg, BVal, Stage};
-use tumble_cuda::{Arg, Mat};
+use tumble_cuda::{Arg, Batch, Mat};
 use tumble_ir::DType;
 use tumble_ops::OpValue;
 use tumble_tensor::Tensor;
@@ -29,7 +29,10 @@ impl DevExec<'_> {
         fstats: &mut FusedStats,
     ) -> Result<bool, String> {
         match stage {
-            Stage::Dense(i) => self.products(ex, std::slice::from_ref(i), fstats),
+            Stage::Dense(i) => match self.products(ex, std::slice::from_ref(i), fstats)? {
+                true => Ok(true),
+                false => self.own_weight_product(ex, *i, fstats),
+            },
             Stage::HDense(ns) => self.products(ex, ns, fstats),
             Stage::DenseSum {
                 denses,
@@ -42,7 +45,12 @@ impl DevExec<'_> {
             },
             Stage::Rows(ns) => self.row_program(ex, rp, s, ns, fstats),
             Stage::Other(i) => self.view(ex, *i),
-            Stage::Gather(_) | Stage::MatMul { .. } => Ok(false),
+            Stage::MatMul {
+                dense,
+                transpose,
+                concat,
+            } => self.direct_product(ex, *dense, *transpose, *concat, fstats),
+            Stage::Gather(_) => Ok(false),
         }
     }
 
@@ -128,6 +136,175 @@ impl DevExec<'_> {
         }
         fstats.dense_stages += 1;
         fstats.dense_flops += 2 * (a.rows * k * n_all) as u64;
+        Ok(true)
+    }
+
+    /// `nn.dense(X, W)` with a weight per invocation (MV-RNN's `a · Bᵀ`): one batched product,
+    /// invocation `i`'s rows of `X` (or a shared `X`) by its `W_i` (N × K).
+    fn own_weight_product(
+        &mut self,
+        ex: &Exec,
+        i: usize,
+        fstats: &mut FusedStats,
+    ) -> Result<bool, String> {
+        let node = ex.block.nodes.get(i).ok_or("internal: node")?;
+        let (Some(BArg::One(xv)), Some(BArg::One(wv))) = (node.args.first(), node.args.get(1))
+        else {
+            return Ok(false);
+        };
+        if !self.gpu().batched_products() {
+            return Ok(false);
+        }
+        let (Some(x), Some(w)) = (self.rows(ex, xv)?, self.rows(ex, wv)?) else {
+            return Ok(false);
+        };
+        let b = ex.b;
+        let k = x.width;
+        // W: B contiguous N × K matrices.
+        if w.shared || w.width != k || w.shape.len() != 3 || w.shape[0] != b || w.ld != k {
+            return Ok(false);
+        }
+        let n = w.shape[1];
+        let Some(x) = per_invocation(&x, b) else {
+            return Ok(false);
+        };
+        let m = x.mat.rows;
+        let mut shape = vec![b];
+        shape.extend_from_slice(x_rows_shape(&x, &node.ty).as_slice());
+        if shape.iter().product::<usize>() != b * m * n {
+            return Ok(false);
+        }
+        let c = DRows::fresh(self.gpu(), shape, n)?;
+        let wb = Batch {
+            mat: Mat {
+                buf: &w.buf,
+                off: w.off,
+                ld: k,
+                rows: n,
+                cols: k,
+            },
+            stride: n * k,
+        };
+        let cb = Batch {
+            mat: Mat {
+                buf: &c.buf,
+                off: 0,
+                ld: n,
+                rows: m,
+                cols: n,
+            },
+            stride: m * n,
+        };
+        self.gpu()
+            .gemm_batched(&x.batch(), &wb, true, &cb, b, false)
+            .map_err(gpu_err)?;
+        if let Some(slot) = self.vals.get_mut(i) {
+            *slot = Some(DVal::Rows(c));
+        }
+        fstats.dense_stages += 1;
+        fstats.dense_flops += 2 * (b * m * k * n) as u64;
+        Ok(true)
+    }
+
+    /// `nn.dense(X, transpose(concatenate((Y_1, ..))))` = `X · [Y_1; ..]` with `Y_p` per
+    /// invocation (MV-RNN's `W_M · [A; B]`): per part one batched product of `X`'s column block
+    /// by the invocations' `Y_p` (K_p × N), summed into the result; nothing is concatenated or
+    /// transposed.
+    fn direct_product(
+        &mut self,
+        ex: &Exec,
+        dense: usize,
+        transpose: usize,
+        concat: Option<usize>,
+        fstats: &mut FusedStats,
+    ) -> Result<bool, String> {
+        let nodes = &ex.block.nodes;
+        let (Some(dn), Some(tn)) = (nodes.get(dense), nodes.get(transpose)) else {
+            return Ok(false);
+        };
+        let (Some(BArg::One(xv)), Some(BArg::One(yv))) = (dn.args.first(), tn.args.first()) else {
+            return Ok(false);
+        };
+        let parts: Vec<BVal> = match concat.and_then(|c| nodes.get(c)) {
+            Some(cn) => match cn.args.first() {
+                Some(BArg::Tuple(vs)) => vs.clone(),
+                _ => return Ok(false),
+            },
+            None => vec![yv.clone()],
+        };
+        if !self.gpu().batched_products() {
+            return Ok(false);
+        }
+        let b = ex.b;
+        let Some(x) = self.rows(ex, xv)? else {
+            return Ok(false);
+        };
+        let Some(x) = per_invocation(&x, b) else {
+            return Ok(false);
+        };
+        let (m, k_all) = (x.mat.rows, x.mat.cols);
+        let mut ys = Vec::with_capacity(parts.len());
+        for p in &parts {
+            // Y_p: B contiguous K_p × N matrices.
+            match self.rows(ex, p)? {
+                Some(y)
+                    if !y.shared && y.shape.len() == 3 && y.shape[0] == b && y.ld == y.width =>
+                {
+                    ys.push(y)
+                }
+                _ => return Ok(false),
+            }
+        }
+        let Some(n) = ys.first().map(|y| y.width) else {
+            return Ok(false);
+        };
+        if ys.iter().any(|y| y.width != n) || ys.iter().map(|y| y.shape[1]).sum::<usize>() != k_all
+        {
+            return Ok(false);
+        }
+        let c = DRows::fresh(self.gpu(), vec![b, m, n], n)?;
+        let cb = Batch {
+            mat: Mat {
+                buf: &c.buf,
+                off: 0,
+                ld: n,
+                rows: m,
+                cols: n,
+            },
+            stride: m * n,
+        };
+        let mut k0 = 0;
+        for (p, y) in ys.iter().enumerate() {
+            let kp = y.shape[1];
+            let xb = Batch {
+                mat: Mat {
+                    off: x.mat.off + k0,
+                    cols: kp,
+                    ..x.mat
+                },
+                stride: x.stride,
+            };
+            let yb = Batch {
+                mat: Mat {
+                    buf: &y.buf,
+                    off: y.off,
+                    ld: n,
+                    rows: kp,
+                    cols: n,
+                },
+                stride: kp * n,
+            };
+            self.gpu()
+                .gemm_batched(&xb, &yb, false, &cb, b, p > 0)
+                .map_err(gpu_err)?;
+            k0 += kp;
+        }
+        if let Some(slot) = self.vals.get_mut(dense) {
+            *slot = Some(DVal::Rows(c));
+        }
+        fstats.dense_stages += 1;
+        fstats.direct_matmuls += 1;
+        fstats.dense_flops += 2 * (b * m * k_all * n) as u64;
         Ok(true)
     }
 
@@ -442,4 +619,48 @@ impl DevExec<'_> {
         }
         Ok(true)
     }
+}
+
+/// A value's rows as a batch of per-invocation matrices: a shared matrix repeated (stride 0), or
+/// each of `b` invocations' equal share of the rows.
+struct PerInvocation<'a> {
+    mat: Mat<'a>,
+    stride: usize,
+}
+
+impl PerInvocation<'_> {
+    fn batch(&self) -> Batch<'_> {
+        Batch {
+            mat: self.mat,
+            stride: self.stride,
+        }
+    }
+}
+
+fn per_invocation(x: &DRows, b: usize) -> Option<PerInvocation<'_>> {
+    if x.shared {
+        return Some(PerInvocation {
+            mat: x.mat(),
+            stride: 0,
+        });
+    }
+    if b == 0 || x.rows % b != 0 || x.shape.first() != Some(&b) {
+        return None;
+    }
+    let m = x.rows / b;
+    Some(PerInvocation {
+        mat: Mat { rows: m, ..x.mat() },
+        stride: m * x.ld,
+    })
+}
+
+/// The per-invocation shape of a product's result: its node's type (rows of `x` by `N`).
+fn x_rows_shape(x: &PerInvocation, ty: &tumble_ir::Ty) -> Vec<usize> {
+    ty.as_tensor()
+        .and_then(|(d, _)| {
+            d.iter()
+                .map(|x| x.known().and_then(|k| usize::try_from(k).ok()))
+                .collect::<Option<Vec<usize>>>()
+        })
+        .unwrap_or_else(|| vec![x.mat.rows])
 }
