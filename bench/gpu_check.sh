@@ -8,9 +8,9 @@
 #
 # then on the GPU machine (with .gpu carried): bench/gpu_check.sh [OUTDIR]
 #   1. tumble-cuda's unit tests (the fixed kernels at odd sizes against the host),
-#   2. crates/cli/tests/device.rs: every zoo model at mini-batches 8 and 64, --device cuda
-#      against --device cpu within 1e-4,
-#   3. bench/gpu_suite.py: tumble on the GPU against PyTorch eager and by hand on the same GPU.
+#   2. bench/gpu_suite.py: tumble on the GPU against PyTorch eager and by hand on the same GPU,
+#   3. crates/cli/tests/device.rs: every zoo model at mini-batches 8 and 64, --device cuda
+#      against --device cpu within 1e-4.
 # bench/gpu_probe.sh (same preparation) is the short run: the unit tests, the latencies of the
 # device's basic operations and products (cuda_bench), and a few models' device profiles.
 set -u
@@ -38,17 +38,19 @@ fi
 OUTDIR=${1:-/tmp/gpu_check}
 mkdir -p "$OUTDIR"
 nvidia-smi -L
-NVRTC=$(find /usr/local /usr/lib /opt -name 'libnvrtc.so.13*' 2>/dev/null | grep -v builtins | head -1)
-echo "NVRTC: $NVRTC"
-export LD_LIBRARY_PATH=$(dirname "$NVRTC"):${LD_LIBRARY_PATH:-}
+# NVRTC and cuBLAS (CUDA 13), wherever the machine has them.
+LIBS=$(find /usr/local /usr/lib /opt -name 'libnvrtc.so.13*' -o -name 'libcublas.so.13*' 2>/dev/null \
+  | grep -v -e builtins -e stub | xargs -r -n1 dirname | sort -u | paste -sd:)
+echo "libraries: $LIBS"
+export LD_LIBRARY_PATH=$LIBS:${LD_LIBRARY_PATH:-}
 mkdir -p target/release && cp .gpu/tumble target/release/tumble
 # The test binaries name the checkout they were built in.
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 echo "== tumble-cuda unit tests"
 timeout 120 .gpu/cuda-test --nocapture 2>&1 | tee "$OUTDIR/cuda-test.log" | tail -15
-echo "== zoo: --device cuda against --device cpu"
-[ "${DEVICE_TEST_TIMEOUT:-300}" = 0 ] || timeout "${DEVICE_TEST_TIMEOUT:-300}" .gpu/device-test --nocapture 2>&1 | tee "$OUTDIR/device-test.log" | tail -40
 echo "== suite against PyTorch on the GPU"
 PYTHONUNBUFFERED=1 timeout "${SUITE_TIMEOUT:-400}" python3 bench/gpu_suite.py --tumble target/release/tumble \
   --data .gpu/data --repeat "${SUITE_REPEAT:-4}" --json "$OUTDIR/gpu_suite.json" ${SUITE_ARGS:-} 2>&1 \
   | tee "$OUTDIR/gpu_suite.log"
+echo "== zoo: --device cuda against --device cpu"
+[ "${DEVICE_TEST_TIMEOUT:-300}" = 0 ] || timeout "${DEVICE_TEST_TIMEOUT:-300}" .gpu/device-test --nocapture 2>&1 | tee "$OUTDIR/device-test.log" | tail -40

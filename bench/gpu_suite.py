@@ -194,9 +194,10 @@ def main():
             for k in ("tumble", "eager", "by_hand"):
                 if not row[k].get("ok"):
                     print(f"    {k} failed: {row[k].get('error', '')[-1500:]}", flush=True)
-    if args.json:
-        with open(args.json, "w") as fo:
-            json.dump(rows, fo, indent=1)
+            # After every point: a run stopped at its time limit keeps what it measured.
+            if args.json:
+                with open(args.json, "w") as fo:
+                    json.dump(rows, fo, indent=1)
 
 
 if __name__ == "__main__":
