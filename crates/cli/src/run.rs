@@ -48,8 +48,8 @@ pub struct RunArgs {
     pub engine: Engine,
     /// Where the batched engine runs its kernel plans: `cuda` runs GEMM stages and row programs
     /// on the first NVIDIA GPU (kernels compiled at run time by NVRTC; gathers and other operators
-    /// stay on the host), up to 4 mini-batches at once by default (`--workers`: their host work
-    /// overlaps the device's). An error where no GPU, driver or NVRTC is found.
+    /// stay on the host), 2 mini-batches at once by default (`--workers`: one's host work
+    /// overlaps the other's kernels). An error where no GPU, driver or NVRTC is found.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
     /// Instances per mini-batch (batched engine); default: all instances in one batch.
@@ -266,6 +266,10 @@ pub enum DeviceArg {
     Cpu,
     /// The first NVIDIA GPU, through the CUDA driver and NVRTC (loaded at run time).
     Cuda,
+    /// The GPU executor on a device emulated in host memory (slow): which stages a GPU would run
+    /// and what they copy, on a machine without one (developers' profiles and tests).
+    #[value(hide = true)]
+    Emulated,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -300,8 +304,11 @@ fn entry_arg(s: &str) -> Result<String, String> {
     Ok(name.to_string())
 }
 
-/// Mini-batches run at once on a GPU unless `--workers` says otherwise.
-const DEVICE_WORKERS: usize = 4;
+/// Mini-batches run at once on a GPU unless `--workers` says otherwise. On an H200 four workers
+/// were 0.95x the time of one over the GPU suite (geometric mean) but slower at mini-batches of 8
+/// (StackRNN 1.35x, NestedRNN 1.22x: four workers' launches wait on each other in one stream),
+/// and two is what mini-batches of 64 used there (128 instances): bench/RESULTS.md.
+const DEVICE_WORKERS: usize = 2;
 
 /// A count that must be positive (`--workers`).
 pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
@@ -630,7 +637,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         })
     };
     let n = raw.items.len();
-    if matches!(args.engine, Engine::Reference) && args.device == DeviceArg::Cuda {
+    if matches!(args.engine, Engine::Reference) && args.device != DeviceArg::Cpu {
         return Err(Failure::Message(
             "--device cuda runs the batched engine; the reference engine runs on the CPU only"
                 .into(),
@@ -658,9 +665,12 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             // Planned once for every repeat: the warm runs reuse plans, compiled row programs
             // and packed weights, as a long-lived process would.
             let mut exec = tumble_runtime::Executable::with_plans(&program, &reuse, plans, &opts);
-            if args.device == DeviceArg::Cuda {
-                let gpu = tumble_cuda::Gpu::open(0)
-                    .map_err(|e| Failure::Message(format!("--device cuda: {e}")))?;
+            if args.device != DeviceArg::Cpu {
+                let gpu = match args.device {
+                    DeviceArg::Emulated => tumble_cuda::Gpu::emulated(),
+                    _ => tumble_cuda::Gpu::open(0)
+                        .map_err(|e| Failure::Message(format!("--device cuda: {e}")))?,
+                };
                 if args.profile {
                     eprintln!("device: {}", gpu.describe());
                 }
@@ -686,7 +696,9 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 // mini-batch's host work (its program, gathers, waits) with another's kernels;
                 // more would wait on each other.
                 workers: match args.device {
-                    DeviceArg::Cuda => args.workers.unwrap_or(threads.min(DEVICE_WORKERS)),
+                    DeviceArg::Cuda | DeviceArg::Emulated => {
+                        args.workers.unwrap_or(threads.min(DEVICE_WORKERS))
+                    }
                     DeviceArg::Cpu => args.workers.unwrap_or(threads),
                 },
                 exec: Some(&exec),

@@ -20,9 +20,79 @@ fn inputs_72(name: &str, dir: &std::path::Path) -> String {
     path.display().to_string()
 }
 
+fn model(m: &str) -> String {
+    root().join(format!("models/{m}.rly")).display().to_string()
+}
+
+/// Where `tumble run` of model `m` on `inputs` at mini-batch `batch` on `device` does not compute
+/// what it computes on the CPU (within 1e-4): a message, or `None`.
+fn disagreement(m: &str, inputs: &str, batch: &str, device: &str) -> Option<String> {
+    let run = |device: &str| {
+        tumble(&[
+            "run",
+            &model(m),
+            "--inputs",
+            inputs,
+            "--random-params",
+            "0",
+            "--batch",
+            batch,
+            "--device",
+            device,
+        ])
+    };
+    let (cpu, dev) = (run("cpu"), run(device));
+    if !cpu.status.success() || !dev.status.success() {
+        return Some(format!(
+            "{m} b{batch}: cpu {} / {device} {}: {}",
+            cpu.status,
+            dev.status,
+            text(&dev.stderr)
+        ));
+    }
+    let (c, g) = (text(&cpu.stdout), text(&dev.stdout));
+    let (cl, gl): (Vec<&str>, Vec<&str>) = (c.lines().collect(), g.lines().collect());
+    if cl.len() != gl.len() {
+        return Some(format!("{m} b{batch}: {} vs {} lines", gl.len(), cl.len()));
+    }
+    for (i, (gline, cline)) in gl.iter().zip(&cl).enumerate() {
+        let parse = |s: &str| serde_json::from_str::<serde_json::Value>(s);
+        let mut errs = Vec::new();
+        match (parse(gline), parse(cline)) {
+            (Ok(gv), Ok(cv)) => compare(&gv, &cv, "", &mut errs),
+            _ => errs.push("not JSON".into()),
+        }
+        if let Some(e) = errs.first() {
+            return Some(format!("{m} b{batch} instance {i}: {e}"));
+        }
+    }
+    None
+}
+
+/// The GPU executor on the emulated device (`--device emulated`, hidden: a developers' tool) from
+/// the command line, where start-up puts the weights on the device: embedding lookups, row lists
+/// gathered from the weights' and earlier launches' device copies, per-invocation products.
+#[test]
+fn device_emulated_runs_as_the_cpu_does() {
+    let dir = std::env::temp_dir().join(format!("tumble-emulated-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let mut failures = Vec::new();
+    for (m, ex) in [
+        ("treelstm_small", "treelstm.jsonl"),
+        ("mvrnn_small", "mvrnn.jsonl"),
+        ("birnn_small", "birnn.jsonl"),
+    ] {
+        let inputs = inputs_72(ex, &dir);
+        for batch in ["8", "64"] {
+            failures.extend(disagreement(m, &inputs, batch, "emulated"));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn device_cuda_runs_the_zoo_as_the_cpu_does_or_says_why_not() {
-    let model = |m: &str| root().join(format!("models/{m}.rly")).display().to_string();
     let gpu = tumble_cuda::Gpu::open(0);
     if let Err(why) = &gpu {
         // No GPU here: one clear error, nothing written to stdout, a failure status.
@@ -75,53 +145,7 @@ fn device_cuda_runs_the_zoo_as_the_cpu_does_or_says_why_not() {
     }
     for (m, inputs) in &runs {
         for batch in ["8", "64"] {
-            let args = |device: &'static str| {
-                vec![
-                    "run".to_string(),
-                    model(m),
-                    "--inputs".into(),
-                    inputs.clone(),
-                    "--random-params".into(),
-                    "0".into(),
-                    "--batch".into(),
-                    batch.into(),
-                    "--device".into(),
-                    device.into(),
-                ]
-            };
-            let run = |device| {
-                let a = args(device);
-                let a: Vec<&str> = a.iter().map(String::as_str).collect();
-                tumble(&a)
-            };
-            let (cpu, gpu) = (run("cpu"), run("cuda"));
-            if !cpu.status.success() || !gpu.status.success() {
-                failures.push(format!(
-                    "{m} b{batch}: cpu {} / cuda {}: {}",
-                    cpu.status,
-                    gpu.status,
-                    text(&gpu.stderr)
-                ));
-                continue;
-            }
-            let (c, g) = (text(&cpu.stdout), text(&gpu.stdout));
-            let (cl, gl): (Vec<&str>, Vec<&str>) = (c.lines().collect(), g.lines().collect());
-            if cl.len() != gl.len() {
-                failures.push(format!("{m} b{batch}: {} vs {} lines", gl.len(), cl.len()));
-                continue;
-            }
-            for (i, (gline, cline)) in gl.iter().zip(&cl).enumerate() {
-                let parse = |s: &str| serde_json::from_str::<serde_json::Value>(s);
-                let mut errs = Vec::new();
-                match (parse(gline), parse(cline)) {
-                    (Ok(gv), Ok(cv)) => compare(&gv, &cv, "", &mut errs),
-                    _ => errs.push("not JSON".into()),
-                }
-                if let Some(e) = errs.first() {
-                    failures.push(format!("{m} b{batch} instance {i}: {e}"));
-                    break;
-                }
-            }
+            failures.extend(disagreement(m, inputs, batch, "cuda"));
             eprintln!("{m} b{batch}: compared");
         }
     }

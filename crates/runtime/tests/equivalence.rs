@@ -224,16 +224,21 @@ fn the_emulated_device_runs_the_products_and_row_programs() {
             p.fused.device_stages,
             p.fused.host_stages
         );
-        eprintln!(
-            "{}: {} device stages, {} host, {} gathered, {} in place, {} uploads, {} direct",
-            case.model,
-            p.fused.device_stages,
-            p.fused.host_stages,
-            p.fused.device_gathers,
-            p.fused.device_in_place,
-            p.fused.device_uploads,
-            p.fused.direct_matmuls
-        );
+        // The products with a weight per invocation and the direct products (MV-RNN) and the
+        // embedding lookups (BiRNN's, merged into its step) run there too; what stays on the
+        // host is a launch's first step (a shared zero state) and its classifier's argmax.
+        if case.model == "mvrnn_small" {
+            assert!(p.fused.direct_matmuls > 0, "{}", case.model);
+        }
+        if case.model == "birnn_small" {
+            assert!(
+                20 * p.fused.host_stages < p.fused.device_stages,
+                "{}: {} stages on the device, {} on the host",
+                case.model,
+                p.fused.device_stages,
+                p.fused.host_stages
+            );
+        }
         // Without it, nothing is counted as a device stage.
         let cpu = common::batch_profile(&x, Options::default());
         assert_eq!(cpu.fused.device_stages + cpu.fused.host_stages, 0);

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use tumble_compile::plan::RowOperands;
 use tumble_compile::{BArg, BVal, Stage};
-use tumble_cuda::{Arg, Batch, Mat};
+use tumble_cuda::{Arg, Batch, Block, Mat};
 use tumble_ir::DType;
 use tumble_ops::OpValue;
 use tumble_tensor::Tensor;
@@ -50,7 +50,7 @@ impl DevExec<'_> {
                 transpose,
                 concat,
             } => self.direct_product(ex, *dense, *transpose, *concat, fstats),
-            Stage::Gather(_) => Ok(false),
+            Stage::Gather(i) => self.lookup(ex, *i),
         }
     }
 
@@ -136,6 +136,57 @@ impl DevExec<'_> {
         }
         fstats.dense_stages += 1;
         fstats.dense_flops += 2 * (a.rows * k * n_all) as u64;
+        Ok(true)
+    }
+
+    /// An embedding lookup (`take(table, ids, axis=0)`, clip mode, a shared f32 table, ids on
+    /// the host): the table's rows copied on the device from its copy there (made once per job).
+    fn lookup(&mut self, ex: &Exec, i: usize) -> Result<bool, String> {
+        let node = ex.block.nodes.get(i).ok_or("internal: node")?;
+        let (Some(BArg::One(tv)), Some(BArg::One(iv))) = (node.args.first(), node.args.get(1))
+        else {
+            return Ok(false);
+        };
+        // Ids the device computed (none today: it computes floats only) stay off this path.
+        for v in [tv, iv] {
+            if let BVal::Node(k) | BVal::Field(k, _) = v {
+                if matches!(ex.vals.get(*k as usize), Some(None)) {
+                    return Ok(false);
+                }
+            }
+        }
+        let (BV::Shared(OpValue::Tensor(table)), BV::Batched(OpValue::Tensor(ids))) =
+            (ex.get(tv)?, ex.get(iv)?)
+        else {
+            return Ok(false);
+        };
+        let mode = node.attrs.str("mode").ok().flatten().unwrap_or("clip");
+        let (Some(_), Some(&rows)) = (table.as_f32(), table.shape().first()) else {
+            return Ok(false);
+        };
+        if mode != "clip" || rows == 0 || ids.dtype().is_float() {
+            return Ok(false);
+        }
+        let row_len: usize = table.shape()[1..].iter().product();
+        let w = self.run.weight(std::slice::from_ref(&table), true)?;
+        let blocks: Vec<Block> = ids
+            .to_i64_vec()
+            .iter()
+            .map(|&j| Block {
+                buf: &w,
+                off: j.clamp(0, rows as i64 - 1) as usize * row_len,
+            })
+            .collect();
+        let mut shape = ids.shape().to_vec();
+        shape.extend_from_slice(&table.shape()[1..]);
+        let (_, width) = rows_of(&shape);
+        let out = DRows::fresh(self.gpu(), shape, width)?;
+        self.gpu()
+            .gather(&blocks, row_len, &out.buf, 0, row_len)
+            .map_err(gpu_err)?;
+        if let Some(slot) = self.vals.get_mut(i) {
+            *slot = Some(DVal::Rows(out));
+        }
         Ok(true)
     }
 
