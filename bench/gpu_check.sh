@@ -37,15 +37,7 @@ if [ "${1:-}" = "--prepare" ]; then
 fi
 OUTDIR=${1:-/tmp/gpu_check}
 mkdir -p "$OUTDIR"
-nvidia-smi -L
-# NVRTC and cuBLAS (CUDA 13), wherever the machine has them.
-LIBS=$(find /usr/local /usr/lib /opt -name 'libnvrtc.so.13*' -o -name 'libcublas.so.13*' 2>/dev/null \
-  | grep -v -e builtins -e stub | xargs -r -n1 dirname | sort -u | paste -sd:)
-echo "libraries: $LIBS"
-export LD_LIBRARY_PATH=$LIBS:${LD_LIBRARY_PATH:-}
-mkdir -p target/release && cp .gpu/tumble target/release/tumble
-# The test binaries name the checkout they were built in.
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+. bench/gpu_env.sh
 echo "== tumble-cuda unit tests"
 timeout 120 .gpu/cuda-test --nocapture 2>&1 | tee "$OUTDIR/cuda-test.log" | tail -15
 echo "== suite against PyTorch on the GPU"

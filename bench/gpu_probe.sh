@@ -9,13 +9,7 @@
 set -u
 OUTDIR=${1:-/tmp/gpu_probe}
 mkdir -p "$OUTDIR"
-nvidia-smi -L
-LIBS=$(find /usr/local /usr/lib /opt -name 'libnvrtc.so.13*' -o -name 'libcublas.so.13*' 2>/dev/null \
-  | grep -v -e builtins -e stub | xargs -r -n1 dirname | sort -u | paste -sd:)
-echo "libraries: $LIBS"
-export LD_LIBRARY_PATH=$LIBS:${LD_LIBRARY_PATH:-}
-mkdir -p target/release && cp .gpu/tumble target/release/tumble
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+. bench/gpu_env.sh
 echo "== tumble-cuda unit tests"
 timeout 120 .gpu/cuda-test --nocapture 2>&1 | tail -8
 echo "== cuda_bench"

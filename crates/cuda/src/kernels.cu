@@ -5,6 +5,26 @@
 #define BN 64
 #define BK 16
 
+// One depth slice of a 64 × 64 tile from shared memory: each thread's 4 × 4 outputs, rows and
+// columns spread by 16 so that loads and stores are coalesced.
+__device__ __forceinline__ void multiply_slice(const float (*As)[BM + 1], const float (*Ws)[BN + 1],
+                                               float acc[4][4])
+{
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+        float a[4], w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = Ws[kk][tx + 16 * j];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], w[j], acc[i][j]);
+    }
+}
+
 // The 64 × 64 tile of C (+)= A · Wᵀ over depths [kbeg, kend) into acc: each thread 4 × 4 outputs
 // spread by 16, so that loads and stores are coalesced. The next depth slice is loaded into
 // registers while the current one is multiplied from shared memory, so a block waits on global
@@ -16,7 +36,6 @@ __device__ __forceinline__ void tile_nt(const float* __restrict__ A, int lda,
 {
     __shared__ float As[BK][BM + 1];
     __shared__ float Ws[BK][BN + 1];
-    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     // Each thread loads 4 of the slice's 64 × 16 floats of A and 4 of W.
     float ra[4], rw[4];
 #pragma unroll
@@ -42,18 +61,7 @@ __device__ __forceinline__ void tile_nt(const float* __restrict__ A, int lda,
                 rw[i] = (n0 + r < N && gk < kend) ? W[(size_t)(n0 + r) * ldw + gk] : 0.f;
             }
         }
-#pragma unroll
-        for (int kk = 0; kk < BK; ++kk) {
-            float a[4], w[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) w[j] = Ws[kk][tx + 16 * j];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], w[j], acc[i][j]);
-        }
+        multiply_slice(As, Ws, acc);
         __syncthreads();
     }
 }
@@ -126,13 +134,8 @@ gemm_nt_plain(const float* __restrict__ A, int lda, const float* __restrict__ W,
 {
     __shared__ float As[BK][BM + 1];
     __shared__ float Ws[BK][BN + 1];
-    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-    float acc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+    float acc[4][4] = {};
     for (int k0 = 0; k0 < K; k0 += BK) {
         for (int e = threadIdx.x; e < BM * BK; e += 256) {
             const int r = e / BK, c = e % BK;
@@ -142,32 +145,10 @@ gemm_nt_plain(const float* __restrict__ A, int lda, const float* __restrict__ W,
             Ws[c][r] = (gn < N && gk < K) ? W[(size_t)gn * ldw + gk] : 0.f;
         }
         __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < BK; ++kk) {
-            float a[4], w[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) w[j] = Ws[kk][tx + 16 * j];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], w[j], acc[i][j]);
-        }
+        multiply_slice(As, Ws, acc);
         __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int m = m0 + ty + 16 * i;
-        if (m >= M) continue;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int n = n0 + tx + 16 * j;
-            if (n >= N) continue;
-            float* c = &C[(size_t)m * ldc + n];
-            *c = accumulate ? *c + acc[i][j] : acc[i][j];
-        }
-    }
+    store_tile(C, ldc, M, N, m0, n0, acc, accumulate);
 }
 
 // dst[r, c] = src[r, c] (add: dst[r, c] += src[r, c]) for r < rows, c < width: a part of a

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tumble_compile::{BVal, Stage};
-use tumble_cuda::{Block, DevBuf, Fetch, Gpu, GpuError, Kernel, Mat};
+use tumble_cuda::{Batch, Block, DevBuf, Fetch, Gpu, GpuError, Kernel, Mat};
 use tumble_ir::DType;
 use tumble_ops::OpValue;
 use tumble_tensor::{BufferWatch, Tensor};
@@ -308,6 +308,21 @@ impl DRows {
             ld: self.ld,
             rows: self.rows,
             cols: self.width,
+        }
+    }
+
+    /// The value as matrices of `rows × cols` back to back (a batched value of contiguous
+    /// per-invocation matrices), for batched products.
+    fn matrices(&self, rows: usize, cols: usize) -> Batch<'_> {
+        Batch {
+            mat: Mat {
+                buf: &self.buf,
+                off: self.off,
+                ld: cols,
+                rows,
+                cols,
+            },
+            stride: rows * cols,
         }
     }
 

@@ -226,28 +226,15 @@ impl DevExec<'_> {
             return Ok(false);
         }
         let c = DRows::fresh(self.gpu(), shape, n)?;
-        let wb = Batch {
-            mat: Mat {
-                buf: &w.buf,
-                off: w.off,
-                ld: k,
-                rows: n,
-                cols: k,
-            },
-            stride: n * k,
-        };
-        let cb = Batch {
-            mat: Mat {
-                buf: &c.buf,
-                off: 0,
-                ld: n,
-                rows: m,
-                cols: n,
-            },
-            stride: m * n,
-        };
         self.gpu()
-            .gemm_batched(&x.batch(), &wb, true, &cb, b, false)
+            .gemm_batched(
+                &x.batch(),
+                &w.matrices(n, k),
+                true,
+                &c.matrices(m, n),
+                b,
+                false,
+            )
             .map_err(gpu_err)?;
         if let Some(slot) = self.vals.get_mut(i) {
             *slot = Some(DVal::Rows(c));
@@ -314,16 +301,7 @@ impl DevExec<'_> {
             return Ok(false);
         }
         let c = DRows::fresh(self.gpu(), vec![b, m, n], n)?;
-        let cb = Batch {
-            mat: Mat {
-                buf: &c.buf,
-                off: 0,
-                ld: n,
-                rows: m,
-                cols: n,
-            },
-            stride: m * n,
-        };
+        let cb = c.matrices(m, n);
         let mut k0 = 0;
         for (p, y) in ys.iter().enumerate() {
             let kp = y.shape[1];
@@ -335,18 +313,8 @@ impl DevExec<'_> {
                 },
                 stride: x.stride,
             };
-            let yb = Batch {
-                mat: Mat {
-                    buf: &y.buf,
-                    off: y.off,
-                    ld: n,
-                    rows: kp,
-                    cols: n,
-                },
-                stride: kp * n,
-            };
             self.gpu()
-                .gemm_batched(&xb, &yb, false, &cb, b, p > 0)
+                .gemm_batched(&xb, &y.matrices(kp, n), false, &cb, b, p > 0)
                 .map_err(gpu_err)?;
             k0 += kp;
         }
