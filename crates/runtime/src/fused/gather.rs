@@ -3,13 +3,18 @@
 
 use tumble_compile::BArg;
 use tumble_ops::OpValue;
+use tumble_tensor::Tensor;
 
 use super::Exec;
 use crate::batched::BV;
 
-/// Embedding lookup: rows of a shared f32 table selected by batched int ids (clip mode clamps,
-/// like the reference kernel; other modes fall back).
-pub(super) fn gather_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
+/// The operands of embedding lookup `i` that the fast paths take: a shared f32 table of `rows`
+/// rows, batched int ids, clip mode (which clamps, like the reference kernel); `None` otherwise
+/// (other modes fall back).
+pub(super) fn lookup_operands(
+    ex: &Exec,
+    i: usize,
+) -> Result<Option<(Tensor, Tensor, usize)>, String> {
     let node = ex.block.nodes.get(i).ok_or("internal: node")?;
     let (Some(BArg::One(tv)), Some(BArg::One(iv))) = (node.args.first(), node.args.get(1)) else {
         return Ok(None);
@@ -26,6 +31,15 @@ pub(super) fn gather_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
     if mode != "clip" || rows == 0 {
         return Ok(None);
     }
+    Ok(Some((table, ids, rows)))
+}
+
+/// Embedding lookup: rows of a shared f32 table selected by batched int ids (clip mode clamps,
+/// like the reference kernel; other modes fall back).
+pub(super) fn gather_stage(ex: &Exec, i: usize) -> Result<Option<BV>, String> {
+    let Some((table, ids, rows)) = lookup_operands(ex, i)? else {
+        return Ok(None);
+    };
     let idx = ids.to_i64_vec();
     let b = ids.shape().first().copied().unwrap_or(0);
     if ex.gather_views && b > 0 && idx.len() == b {

@@ -186,7 +186,7 @@ impl DeviceRun {
     }
 
     /// Where `t`'s data lies on the device, if it does.
-    fn mirror_of(&self, t: &Tensor) -> Option<(Arc<DevBuf>, usize)> {
+    pub(super) fn mirror_of(&self, t: &Tensor) -> Option<(Arc<DevBuf>, usize)> {
         let m = self.mirrors.lock().ok()?;
         m.get(t).map(|m| (m.buf.clone(), m.off))
     }

@@ -13,6 +13,7 @@ use tumble_tensor::Tensor;
 
 use super::{gpu_err, rows_of, DRows, DVal, DevExec};
 use crate::batched::BV;
+use crate::fused::gather::lookup_operands;
 use crate::fused::gemm::{product_members, weight_widths};
 use crate::fused::rowexec::{compiled_rows, run_rows};
 use crate::fused::rowprog::{OpSig, RowProg, Src};
@@ -155,26 +156,21 @@ impl DevExec<'_> {
                 }
             }
         }
-        let (BV::Shared(OpValue::Tensor(table)), BV::Batched(OpValue::Tensor(ids))) =
-            (ex.get(tv)?, ex.get(iv)?)
-        else {
+        let Some((table, ids, rows)) = lookup_operands(ex, i)? else {
             return Ok(false);
         };
-        let mode = node.attrs.str("mode").ok().flatten().unwrap_or("clip");
-        let (Some(_), Some(&rows)) = (table.as_f32(), table.shape().first()) else {
-            return Ok(false);
-        };
-        if mode != "clip" || rows == 0 || ids.dtype().is_float() {
-            return Ok(false);
-        }
         let row_len: usize = table.shape()[1..].iter().product();
-        let w = self.run.weight(std::slice::from_ref(&table), true)?;
+        // The table's copy made at start-up, or one made now and kept for the job.
+        let (w, base) = match self.run.mirror_of(&table) {
+            Some(at) => at,
+            None => (self.run.weight(std::slice::from_ref(&table), true)?, 0),
+        };
         let blocks: Vec<Block> = ids
             .to_i64_vec()
             .iter()
             .map(|&j| Block {
                 buf: &w,
-                off: j.clamp(0, rows as i64 - 1) as usize * row_len,
+                off: base + j.clamp(0, rows as i64 - 1) as usize * row_len,
             })
             .collect();
         let mut shape = ids.shape().to_vec();
