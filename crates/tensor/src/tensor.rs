@@ -428,6 +428,29 @@ mod tests {
         Tensor::from_f32(shape, v.to_vec()).unwrap()
     }
 
+    /// A watch recognizes its buffer through clones and reshapes, never a tensor written after
+    /// it was taken (the write moves or copies the data), and says when the buffer is gone.
+    #[test]
+    fn buffer_watch_follows_the_buffer_not_the_address() {
+        let t = t_f32(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+        let w = t.watch();
+        let clone = t.clone();
+        let flat = t.reshape(vec![4]).unwrap();
+        assert!(w.holds(&t) && w.holds(&clone) && w.holds(&flat) && w.alive());
+        assert!(!w.holds(&t_f32(&[2, 2], &[1.0, 2.0, 3.0, 4.0])));
+        // Written while shared: a copy, which the watch does not hold.
+        let mut shared = t.clone();
+        shared.make_mut_slice::<f32>().unwrap()[0] = 9.0;
+        assert!(!w.holds(&shared) && w.holds(&t));
+        drop((clone, flat));
+        // Written by its only holder: the data moves out of the watched allocation.
+        let mut only = t;
+        only.make_mut_slice::<f32>().unwrap()[0] = 7.0;
+        assert!(!w.holds(&only));
+        drop(only);
+        assert!(!w.alive());
+    }
+
     #[test]
     fn construction_checks_counts() {
         let t = Tensor::from_f32([2, 3], vec![0.0; 6]).unwrap();

@@ -671,3 +671,42 @@ pub(super) fn run_stages(
     dx.copies.add_to(fstats);
     outs
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mirrors are found for the tensors they were made for, not for others, and entries of
+    /// freed tensors are swept so the map (and the device memory it holds) stays bounded.
+    #[test]
+    fn mirrors_find_their_tensors_and_sweep_the_dead() {
+        let run = DeviceRun::new(Gpu::emulated());
+        let keep = Tensor::from_f32([2, 3], vec![1.0; 6]).unwrap_or_else(|e| panic!("{e}"));
+        let dev = DRows::fresh(&run.gpu, vec![2, 3], 3).unwrap_or_else(|e| panic!("{e}"));
+        run.mirror(&keep, &dev);
+        assert!(run.mirror_of(&keep).is_some());
+        assert!(run.mirror_of(&keep.clone()).is_some());
+        let other = Tensor::from_f32([2, 3], vec![1.0; 6]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(run.mirror_of(&other).is_none());
+        // A strided view (a column block) is not a tensor's contiguous copy: not remembered.
+        let strided = DRows {
+            ld: 6,
+            rows: 2,
+            width: 3,
+            ..dev.clone()
+        };
+        run.mirror(&other, &strided);
+        assert!(run.mirror_of(&other).is_none());
+        for i in 0..5000 {
+            let t = Tensor::from_f32([1], vec![i as f32]).unwrap_or_else(|e| panic!("{e}"));
+            run.mirror(&t, &dev);
+        }
+        let len = run
+            .mirrors
+            .lock()
+            .map(|m| m.map.len())
+            .unwrap_or(usize::MAX);
+        assert!(len <= 1025, "{len} mirrors kept");
+        assert!(run.mirror_of(&keep).is_some());
+    }
+}
