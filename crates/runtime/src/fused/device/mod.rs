@@ -1,18 +1,20 @@
 //! Running a block's kernel plan on a GPU (`tumble run --device cuda`).
 //!
 //! The same plan the CPU runs, stage by stage: GEMM stages (one product, horizontally fused
-//! products, sums of products) run as `tumble_cuda`'s `X · Wᵀ` kernel, row programs as CUDA kernels
-//! generated from the same compiled [`RowProg`] the CPU interprets ([`super::rowcuda`]), reshapes
-//! as views. A stage the device does not run (embedding gathers, per-invocation weights, other
-//! operators, other dtypes) runs on the host exactly as on the CPU path, its operands copied back
-//! first; its results go to the device when a later device stage reads them. Results never depend
-//! on where a stage ran beyond float rounding.
+//! products, sums of products) run as `tumble_cuda`'s `X · Wᵀ` product, products with a weight
+//! per invocation and direct products as batched products, embedding lookups as row gathers, row
+//! programs as CUDA kernels generated from the same compiled [`RowProg`] the CPU interprets
+//! ([`super::rowcuda`]), reshapes as views. A stage the device does not run (an argmax the host
+//! branches on, other operators, other dtypes) runs on the host exactly as on the CPU path, its
+//! operands copied back first; its results go to the device when a later device stage reads them.
+//! Results never depend on where a stage ran beyond float rounding.
 //!
 //! What lives on the device: the weights (uploaded once per job and kept, with the
-//! concatenations the fused products read, in [`DeviceRun`]) and a launch's intermediate values.
-//! A launch's batched inputs are uploaded when a device stage first reads them and its outputs
-//! copied back together at its end, so values cross the bus once per launch, not once per stage;
-//! the host keeps driving control flow. The stages themselves are in [`stages`].
+//! concatenations the fused products read, in [`DeviceRun`]), a launch's intermediate values, and
+//! copies of the outputs launches copied back ([`Mirrors`]). A launch's inputs are gathered from
+//! those copies where they lie there, else uploaded when a device stage first reads them; its
+//! outputs are copied back together at its end (one wait), so values cross the bus at most once
+//! per launch; the host keeps driving control flow. The stages themselves are in [`stages`].
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
@@ -244,6 +246,15 @@ impl DeviceRun {
         }
         if let Some(w) = self.weights.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(w.buf.clone());
+        }
+        // One tensor put on the device whole at start-up ([`DeviceRun::mirror_weights`]): that
+        // copy, not a second.
+        if let [t] = parts {
+            if let Some((buf, 0)) = self.mirror_of(t) {
+                if buf.len() == t.len() {
+                    return Ok(buf);
+                }
+            }
         }
         let datas = parts
             .iter()
