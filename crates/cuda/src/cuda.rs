@@ -173,19 +173,14 @@ impl CudaDevice {
             )
             .map_err(driver)?;
         let blas = open_blas(&stream)?;
-        let gemm_kernel = match (GemmKernel::from_env(), &blas) {
-            (Some(k), _) => k,
-            (None, Some(_)) => GemmKernel::Blas,
-            (None, None) => GemmKernel::Split,
-        };
-        Ok(CudaDevice {
+        let device = CudaDevice {
             blas,
             gemm: load("gemm_nt")?,
             gemm_plain: load("gemm_nt_plain")?,
             gemm_part: load("gemm_nt_part")?,
             sum_parts: load("sum_parts")?,
             sms: usize::try_from(sms).unwrap_or(1).max(1),
-            gemm_kernel: (gemm_kernel as u8).into(),
+            gemm_kernel: (GemmKernel::Blas as u8).into(),
             copy: load("copy_rows")?,
             gather: load("gather_blocks")?,
             _fixed: fixed,
@@ -201,7 +196,9 @@ impl CudaDevice {
             staging_mode: (default_staging() as u8).into(),
             name,
             arch,
-        })
+        };
+        device.set_gemm_kernel(GemmKernel::from_env().unwrap_or(GemmKernel::Blas));
+        Ok(device)
     }
 
     fn staging(&self) -> Staging {
@@ -369,6 +366,11 @@ impl CudaDevice {
         accumulate: bool,
     ) -> Result<(), GpuError> {
         // Shapes checked by `Gpu::gemm_nt`.
+        let kernel = self.gemm_kernel();
+        if kernel == GemmKernel::Blas {
+            let [a, w, c] = [a, w, c].map(|&mat| Batch { mat, stride: 0 });
+            return self.blas_product(&a, &w, true, &c, 1, accumulate);
+        }
         let (m, k, n) = (a.rows, a.cols, w.rows);
         let (pa, pw, pc) = (self.ptr(a)?, self.ptr(w)?, self.ptr(c)?);
         let (lda, ldw) = (to_i32(a.ld, "stride")?, to_i32(w.ld, "stride")?);
@@ -378,39 +380,7 @@ impl CudaDevice {
             to_i32(k, "depth")?,
         );
         let tiles = (n.div_ceil(64) as u32, m.div_ceil(64) as u32);
-        let kernel = self.gemm_kernel();
-        if let (GemmKernel::Blas, Some(blas)) = (kernel, &self.blas) {
-            let blas = blas.lock().map_err(|_| poisoned())?;
-            // Row-major C = A · Wᵀ is column-major Cᵀ = W · Aᵀ, where W (N × K row-major) is
-            // column-major K × N, taken transposed, and A (M × K) column-major K × M.
-            let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
-            self.ctx.bind_to_thread().map_err(driver)?;
-            // SAFETY: the views were checked against their buffers: W holds N rows of K floats
-            // at stride ldw ≥ K, A M rows at lda ≥ K, C M rows of N at ldc ≥ N (or one row);
-            // cuBLAS runs on the job's stream, ordered with every kernel and copy of it.
-            unsafe {
-                cudarc::cublas::result::sgemm(
-                    *blas.handle(),
-                    blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                    ni,
-                    mi,
-                    ki,
-                    &alpha,
-                    pw as *const f32,
-                    ldw.max(ki).max(1),
-                    pa as *const f32,
-                    lda.max(ki).max(1),
-                    &beta,
-                    pc as *mut f32,
-                    to_i32(c.ld, "stride")?.max(ni).max(1),
-                )
-            }
-            .map_err(|e| GpuError::Driver(format!("cuBLAS: {e:?}")))?;
-            return Ok(());
-        }
-        // `Blas` here: no cuBLAS, so the split kernel.
-        if let (GemmKernel::Split | GemmKernel::Blas, Some((parts, kc))) = (
+        if let (GemmKernel::Split, Some((parts, kc))) = (
             kernel,
             split_depth(m.div_ceil(64) * n.div_ceil(64), k, self.sms),
         ) {
@@ -491,7 +461,13 @@ impl CudaDevice {
         self.blas.is_some()
     }
 
+    /// Products run with `k` from now on; [`GemmKernel::Blas`] without cuBLAS is
+    /// [`GemmKernel::Split`].
     pub(crate) fn set_gemm_kernel(&self, k: GemmKernel) {
+        let k = match (k, &self.blas) {
+            (GemmKernel::Blas, None) => GemmKernel::Split,
+            _ => k,
+        };
         self.gemm_kernel
             .store(k as u8, std::sync::atomic::Ordering::Relaxed);
     }
@@ -564,8 +540,9 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// cuBLAS's strided batched product (checked by `Gpu::gemm_batched`).
-    pub(crate) fn gemm_batched(
+    /// `C_i (+)= A_i · op(B_i)` on cuBLAS (checked by `Gpu::gemm_batched` or `Gpu::gemm_nt`):
+    /// `sgemm` for one product, the strided batched product for several.
+    pub(crate) fn blas_product(
         &self,
         a: &Batch,
         b: &Batch,
@@ -584,40 +561,64 @@ impl CudaDevice {
         let int = |x: usize, what| to_i32(x, what);
         let long = |x: usize| i64::try_from(x).map_err(|_| GpuError::Bounds("stride".into()));
         // Row-major C = A · op(B) is column-major Cᵀ = op(B)ᵀ · Aᵀ: B's buffer read column-major
-        // is Bᵀ, so op(B)ᵀ is it transposed when B is N × K and as it is when K × N.
+        // is Bᵀ, so op(B)ᵀ is it transposed when B is N × K and as it is when K × N; A's is Aᵀ.
         let (op_b, ldb) = match b_transposed {
             true => (blas_sys::cublasOperation_t::CUBLAS_OP_T, b.mat.ld.max(k)),
             false => (blas_sys::cublasOperation_t::CUBLAS_OP_N, b.mat.ld.max(n)),
         };
+        let op_a = blas_sys::cublasOperation_t::CUBLAS_OP_N;
+        let (mi, ni, ki) = (int(m, "rows")?, int(n, "columns")?, int(k, "depth")?);
+        let ldb = int(ldb.max(1), "stride")?;
+        let lda = int(a.mat.ld.max(k).max(1), "stride")?;
+        let ldc = int(c.mat.ld.max(n).max(1), "stride")?;
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
         let blas = blas.lock().map_err(|_| poisoned())?;
         self.ctx.bind_to_thread().map_err(driver)?;
+        let (pb, pa, pc) = (pb as *const f32, pa as *const f32, pc as *mut f32);
         // SAFETY: every instance's view of A (M × K), B and C (M × N) was checked against its
-        // buffer (`Batch::extent`), the outputs do not overlap, and cuBLAS runs on the job's
-        // stream.
-        unsafe {
-            cudarc::cublas::result::sgemm_strided_batched(
-                *blas.handle(),
-                op_b,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                int(n, "columns")?,
-                int(m, "rows")?,
-                int(k, "depth")?,
-                &alpha,
-                pb as *const f32,
-                int(ldb.max(1), "stride")?,
-                long(b.stride)?,
-                pa as *const f32,
-                int(a.mat.ld.max(k).max(1), "stride")?,
-                long(a.stride)?,
-                &beta,
-                pc as *mut f32,
-                int(c.mat.ld.max(n).max(1), "stride")?,
-                long(c.stride)?,
-                int(count, "batch")?,
-            )
-        }
-        .map_err(|e| GpuError::Driver(format!("cuBLAS: {e:?}")))
+        // buffer (`Mat::extent`, `Batch::extent`), the outputs do not overlap, and cuBLAS runs
+        // on the job's stream, ordered with every kernel and copy of it.
+        let done = unsafe {
+            match count {
+                1 => cudarc::cublas::result::sgemm(
+                    *blas.handle(),
+                    op_b,
+                    op_a,
+                    ni,
+                    mi,
+                    ki,
+                    &alpha,
+                    pb,
+                    ldb,
+                    pa,
+                    lda,
+                    &beta,
+                    pc,
+                    ldc,
+                ),
+                _ => cudarc::cublas::result::sgemm_strided_batched(
+                    *blas.handle(),
+                    op_b,
+                    op_a,
+                    ni,
+                    mi,
+                    ki,
+                    &alpha,
+                    pb,
+                    ldb,
+                    long(b.stride)?,
+                    pa,
+                    lda,
+                    long(a.stride)?,
+                    &beta,
+                    pc,
+                    ldc,
+                    long(c.stride)?,
+                    int(count, "batch")?,
+                ),
+            }
+        };
+        done.map_err(|e| GpuError::Driver(format!("cuBLAS: {e:?}")))
     }
 
     /// A generated kernel `name` from CUDA source `src`, compiled once per distinct source.

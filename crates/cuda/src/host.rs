@@ -51,29 +51,13 @@ fn distinct(out: &Mat, ins: &[&Mat]) -> Result<(), GpuError> {
     Ok(())
 }
 
+/// One product of [`gemm_batched`]'s (the same multiply-adds in the same order).
 pub(crate) fn gemm_nt(a: &Mat, w: &Mat, c: &Mat, accumulate: bool) -> Result<(), GpuError> {
-    distinct(c, &[a, w])?;
-    let (av, wv) = (
-        a.buf.host()?.read().map_err(|_| poisoned())?,
-        w.buf.host()?.read().map_err(|_| poisoned())?,
-    );
-    let (ar, wr) = (rows_of(a, &av)?, rows_of(w, &wv)?);
-    c.extent()?;
-    let mut cv = c.buf.host()?.write().map_err(|_| poisoned())?;
-    for (i, arow) in ar.iter().enumerate() {
-        for (j, wrow) in wr.iter().enumerate() {
-            let dot = arow
-                .iter()
-                .zip(wrow.iter())
-                .fold(0.0f32, |s, (x, y)| x.mul_add(*y, s));
-            let at = c.off + i * c.ld + j;
-            let slot = cv
-                .get_mut(at)
-                .ok_or_else(|| GpuError::Bounds("gemm output".into()))?;
-            *slot = if accumulate { *slot + dot } else { dot };
-        }
+    for m in [a, w, c] {
+        m.extent()?;
     }
-    Ok(())
+    let [a, w, c] = [a, w, c].map(|&mat| Batch { mat, stride: 0 });
+    gemm_batched(&a, &w, true, &c, 1, accumulate)
 }
 
 pub(crate) fn copy_rows(src: &Mat, dst: &Mat, add: bool, broadcast: bool) -> Result<(), GpuError> {

@@ -25,6 +25,21 @@ __device__ __forceinline__ void multiply_slice(const float (*As)[BM + 1], const 
     }
 }
 
+// A thread's share of the depth slice [k0, k0 + BK) of a tile's A and W rows (4 floats of each
+// 64 × 16), zero past M, N or kend, into registers.
+__device__ __forceinline__ void load_slice(const float* __restrict__ A, int lda,
+                                           const float* __restrict__ W, int ldw, int M, int N,
+                                           int m0, int n0, int k0, int kend, float ra[4],
+                                           float rw[4])
+{
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int e = threadIdx.x + 256 * i, r = e / BK, gk = k0 + e % BK;
+        ra[i] = (m0 + r < M && gk < kend) ? A[(size_t)(m0 + r) * lda + gk] : 0.f;
+        rw[i] = (n0 + r < N && gk < kend) ? W[(size_t)(n0 + r) * ldw + gk] : 0.f;
+    }
+}
+
 // The 64 × 64 tile of C (+)= A · Wᵀ over depths [kbeg, kend) into acc: each thread 4 × 4 outputs
 // spread by 16, so that loads and stores are coalesced. The next depth slice is loaded into
 // registers while the current one is multiplied from shared memory, so a block waits on global
@@ -36,14 +51,8 @@ __device__ __forceinline__ void tile_nt(const float* __restrict__ A, int lda,
 {
     __shared__ float As[BK][BM + 1];
     __shared__ float Ws[BK][BN + 1];
-    // Each thread loads 4 of the slice's 64 × 16 floats of A and 4 of W.
     float ra[4], rw[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int e = threadIdx.x + 256 * i, r = e / BK, gk = kbeg + e % BK;
-        ra[i] = (m0 + r < M && gk < kend) ? A[(size_t)(m0 + r) * lda + gk] : 0.f;
-        rw[i] = (n0 + r < N && gk < kend) ? W[(size_t)(n0 + r) * ldw + gk] : 0.f;
-    }
+    load_slice(A, lda, W, ldw, M, N, m0, n0, kbeg, kend, ra, rw);
     for (int k0 = kbeg; k0 < kend; k0 += BK) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -52,15 +61,7 @@ __device__ __forceinline__ void tile_nt(const float* __restrict__ A, int lda,
             Ws[e % BK][e / BK] = rw[i];
         }
         __syncthreads();
-        const int k1 = k0 + BK;
-        if (k1 < kend) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int e = threadIdx.x + 256 * i, r = e / BK, gk = k1 + e % BK;
-                ra[i] = (m0 + r < M && gk < kend) ? A[(size_t)(m0 + r) * lda + gk] : 0.f;
-                rw[i] = (n0 + r < N && gk < kend) ? W[(size_t)(n0 + r) * ldw + gk] : 0.f;
-            }
-        }
+        if (k0 + BK < kend) load_slice(A, lda, W, ldw, M, N, m0, n0, k0 + BK, kend, ra, rw);
         multiply_slice(As, Ws, acc);
         __syncthreads();
     }

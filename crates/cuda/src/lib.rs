@@ -248,7 +248,7 @@ impl Gpu {
     }
 
     /// Runs products with kernel `k` from now on (the benchmark's comparisons; the emulated
-    /// device has one). [`GemmKernel::Blas`] without cuBLAS runs [`GemmKernel::Split`].
+    /// device has one): [`GemmKernel::Blas`] without cuBLAS is [`GemmKernel::Split`].
     pub fn set_gemm_kernel(&self, k: GemmKernel) {
         if let Imp::Cuda(d) = &self.imp {
             d.set_gemm_kernel(k);
@@ -430,7 +430,7 @@ impl Gpu {
             return Err(GpuError::Bounds("batched gemm outputs overlap".into()));
         }
         match &self.imp {
-            Imp::Cuda(d) => d.gemm_batched(a, b, b_transposed, c, count, accumulate),
+            Imp::Cuda(d) => d.blas_product(a, b, b_transposed, c, count, accumulate),
             Imp::Host => host::gemm_batched(a, b, b_transposed, c, count, accumulate),
         }
     }
@@ -502,7 +502,7 @@ impl GemmKernel {
         }
     }
 
-    /// The kernel `name` names (`plain`, `pipelined`, `split`).
+    /// The kernel `name` names (`plain`, `pipelined`, `split`, `cublas`).
     pub fn parse(name: &str) -> Option<GemmKernel> {
         match name {
             "plain" => Some(GemmKernel::Plain),
@@ -821,10 +821,7 @@ mod tests {
                 }
             }
         }
-        gpu.set_gemm_kernel(match gpu.has_blas() {
-            true => GemmKernel::Blas,
-            false => GemmKernel::Split,
-        });
+        gpu.set_gemm_kernel(GemmKernel::Blas);
     }
 
     /// Gathers of blocks from anywhere, and batched products (shared and strided operands, both

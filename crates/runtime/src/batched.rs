@@ -178,6 +178,17 @@ impl RowRefs {
         self.tensors.get(t as usize).map(|t| (t, row))
     }
 
+    /// The distinct tensors the parts read (a run of rows of one tensor is one entry), and per
+    /// invocation the index of its tensor here and its row (`None`: the whole tensor): what a
+    /// reader that resolves each tensor once (the device's copies) walks.
+    pub fn by_tensor(&self) -> (&[Tensor], impl Iterator<Item = (usize, Option<usize>)> + '_) {
+        let rows = self
+            .rows
+            .iter()
+            .map(|&(t, at)| (t as usize, (at != WHOLE).then_some(at as usize)));
+        (&self.tensors, rows)
+    }
+
     /// The per-invocation shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape

@@ -94,8 +94,8 @@ impl RaggedRun {
 
 impl Executable {
     /// Runs the kernel plans' launches on `gpu` (stages the device does not run, and blocks
-    /// without a plan, stay on the host). One worker should drive it: its launches share one
-    /// stream.
+    /// without a plan, stay on the host). Several workers may drive it: their launches queue on
+    /// its one stream.
     ///
     /// Locality chunks are a cache idea of the CPU (a launch's per-invocation weights kept within
     /// L2): on a device every launch costs copies and a wait, so a block launches whole.
@@ -126,7 +126,7 @@ impl Executable {
         opts: &Options,
     ) -> Executable {
         let blocks = &program.blocks;
-        Executable {
+        let exec = Executable {
             scalar_blocks: blocks.iter().map(Block::returns_only_scalars).collect(),
             sum_blocks: blocks.iter().map(Block::is_sum).collect(),
             pure_blocks: blocks
@@ -136,12 +136,10 @@ impl Executable {
             chunk_sizes: blocks
                 .iter()
                 .enumerate()
-                .map(
-                    |(i, b)| match opts.locality_chunks && !opts.emulated_device {
-                        true => locality_chunk(b, reuse, i),
-                        false => usize::MAX,
-                    },
-                )
+                .map(|(i, b)| match opts.locality_chunks {
+                    true => locality_chunk(b, reuse, i),
+                    false => usize::MAX,
+                })
                 .collect(),
             last_scan_visits: Default::default(),
             row_bytes: blocks
@@ -176,11 +174,11 @@ impl Executable {
                 })
                 .collect(),
             derived: std::sync::Mutex::new(None),
-            device: opts.emulated_device.then(|| {
-                Arc::new(crate::fused::device::DeviceRun::new(
-                    tumble_cuda::Gpu::emulated(),
-                ))
-            }),
+            device: None,
+        };
+        match opts.emulated_device {
+            true => exec.with_device(tumble_cuda::Gpu::emulated()),
+            false => exec,
         }
     }
 

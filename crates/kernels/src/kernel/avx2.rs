@@ -295,21 +295,28 @@ unsafe fn k_loop<const U: usize>(kc: usize, prefetch: *const f32, step: &mut imp
                 step();
             }
         }
+        for _ in 0..rest {
+            step();
+        }
     } else {
         let mut pf = prefetch;
+        let mut prefetched = || {
+            // SAFETY: `pf` walks the prefetch panel one 32-float row per step, `kc` rows.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(pf.add(16) as *const i8);
+                pf = pf.add(NR);
+            }
+            step();
+        };
         for _ in 0..trips {
             for _ in 0..U {
-                // SAFETY: `pf` walks the prefetch panel one 32-float row per step, `kc` rows.
-                unsafe {
-                    _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
-                    _mm_prefetch::<_MM_HINT_T1>(pf.add(16) as *const i8);
-                    pf = pf.add(NR);
-                }
-                step();
+                prefetched();
             }
         }
-    }
-    for _ in 0..rest {
-        step();
+        // The last `kc % U` rows of the next panel too.
+        for _ in 0..rest {
+            prefetched();
+        }
     }
 }

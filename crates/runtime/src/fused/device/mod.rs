@@ -34,8 +34,10 @@ use super::{run_stage, Exec, FusedStats, LaunchCtx, RunPlan};
 use crate::batched::{RowRefs, BV};
 use crate::intern::WordMap;
 
-/// A job's GPU: the device and the weights uploaded so far (by tensor identity, each kept alive
-/// so its address is never reused while it is cached).
+/// A job's GPU: the device, the weights uploaded so far (by tensor identity, each kept alive
+/// so its address is never reused while it is cached), compiled row kernels, and the device's
+/// copies of host tensors. Shared by the job's workers (their launches share the device's one
+/// stream).
 pub struct DeviceRun {
     pub gpu: Gpu,
     weights: Mutex<WordMap<WeightKey, Arc<DevWeight>>>,
@@ -188,7 +190,7 @@ impl DeviceRun {
     }
 
     /// Where `t`'s data lies on the device, if it does.
-    pub(super) fn mirror_of(&self, t: &Tensor) -> Option<(Arc<DevBuf>, usize)> {
+    fn mirror_of(&self, t: &Tensor) -> Option<(Arc<DevBuf>, usize)> {
         let m = self.mirrors.lock().ok()?;
         m.get(t).map(|m| (m.buf.clone(), m.off))
     }
@@ -197,35 +199,38 @@ impl DeviceRun {
     /// where one has none: then it is stacked on the host).
     fn gather(&self, r: &RowRefs, b: usize) -> Result<Option<DRows>, String> {
         let len: usize = r.shape().iter().product();
-        let mut srcs: Vec<(Arc<DevBuf>, usize)> = Vec::with_capacity(r.len());
-        {
+        let (tensors, parts) = r.by_tensor();
+        // Each tensor's copy looked up once: a launch's row list reads a few tensors' rows.
+        let copies: Vec<(Arc<DevBuf>, usize, usize)> = {
             let mirrors = self
                 .mirrors
                 .lock()
                 .map_err(|_| "internal: device mirrors poisoned")?;
-            for i in 0..r.len() {
-                let Some((t, row)) = r.part_ref(i) else {
-                    return Ok(None);
-                };
-                let Some(m) = mirrors.get(t) else {
-                    return Ok(None);
-                };
-                let at = row.unwrap_or(0) * len;
-                if at + len > m.len {
-                    return Ok(None);
-                }
-                srcs.push((m.buf.clone(), m.off + at));
+            let found: Option<Vec<_>> = tensors
+                .iter()
+                .map(|t| mirrors.get(t).map(|m| (m.buf.clone(), m.off, m.len)))
+                .collect();
+            match found {
+                Some(f) => f,
+                None => return Ok(None),
             }
+        };
+        let mut blocks: Vec<Block> = Vec::with_capacity(r.len());
+        for (t, row) in parts {
+            let Some((buf, off, have)) = copies.get(t) else {
+                return Ok(None);
+            };
+            let at = row.unwrap_or(0) * len;
+            if at + len > *have {
+                return Ok(None);
+            }
+            blocks.push(Block { buf, off: off + at });
         }
         let mut shape = vec![b];
         shape.extend_from_slice(r.shape());
         let (rows, width) = rows_of(&shape);
         let out = DRows::fresh(&self.gpu, shape, width)?;
         debug_assert_eq!(out.rows, rows);
-        let blocks: Vec<Block> = srcs
-            .iter()
-            .map(|(buf, off)| Block { buf, off: *off })
-            .collect();
         self.gpu
             .gather(&blocks, len, &out.buf, 0, len)
             .map_err(gpu_err)?;

@@ -59,11 +59,8 @@ impl DevExec<'_> {
     /// is per invocation (the device computes no shared values): not a weight (a program
     /// generator's `nn.dense(W, nn.dense(x, U))` reads such a product as its second operand).
     fn weight_of(&self, ex: &Exec, v: &BVal) -> Result<Option<Tensor>, String> {
-        if let BVal::Node(k) | BVal::Field(k, _) = v {
-            let k = *k as usize;
-            if matches!(ex.vals.get(k), Some(None)) {
-                return Ok(None);
-            }
+        if device_only(ex, v) {
+            return Ok(None);
         }
         Ok(match &*ex.get_raw(v)? {
             BV::Shared(OpValue::Tensor(w)) if w.dtype() == DType::Float32 && w.rank() == 2 => {
@@ -149,28 +146,21 @@ impl DevExec<'_> {
             return Ok(false);
         };
         // Ids the device computed (none today: it computes floats only) stay off this path.
-        for v in [tv, iv] {
-            if let BVal::Node(k) | BVal::Field(k, _) = v {
-                if matches!(ex.vals.get(*k as usize), Some(None)) {
-                    return Ok(false);
-                }
-            }
+        if device_only(ex, tv) || device_only(ex, iv) {
+            return Ok(false);
         }
         let Some((table, ids, rows)) = lookup_operands(ex, i)? else {
             return Ok(false);
         };
         let row_len: usize = table.shape()[1..].iter().product();
-        // The table's copy made at start-up, or one made now and kept for the job.
-        let (w, base) = match self.run.mirror_of(&table) {
-            Some(at) => at,
-            None => (self.run.weight(std::slice::from_ref(&table), true)?, 0),
-        };
+        // The table's copy made at start-up (or now, kept for the job).
+        let w = self.run.weight(std::slice::from_ref(&table), true)?;
         let blocks: Vec<Block> = ids
             .to_i64_vec()
             .iter()
             .map(|&j| Block {
                 buf: &w,
-                off: base + j.clamp(0, rows as i64 - 1) as usize * row_len,
+                off: j.clamp(0, rows as i64 - 1) as usize * row_len,
             })
             .collect();
         let mut shape = ids.shape().to_vec();
@@ -212,25 +202,18 @@ impl DevExec<'_> {
             return Ok(false);
         }
         let n = w.shape[1];
-        let Some(x) = per_invocation(&x, b) else {
+        let (Some(x), Some(dims)) = (per_invocation(&x, b), static_dims(&node.ty)) else {
             return Ok(false);
         };
         let m = x.mat.rows;
         let mut shape = vec![b];
-        shape.extend_from_slice(x_rows_shape(&x, &node.ty).as_slice());
+        shape.extend_from_slice(&dims);
         if shape.iter().product::<usize>() != b * m * n {
             return Ok(false);
         }
         let c = DRows::fresh(self.gpu(), shape, n)?;
         self.gpu()
-            .gemm_batched(
-                &x.batch(),
-                &w.matrices(n, k),
-                true,
-                &c.matrices(m, n),
-                b,
-                false,
-            )
+            .gemm_batched(&x, &w.matrices(n, k), true, &c.matrices(m, n), b, false)
             .map_err(gpu_err)?;
         if let Some(slot) = self.vals.get_mut(i) {
             *slot = Some(DVal::Rows(c));
@@ -602,12 +585,7 @@ impl DevExec<'_> {
             BVal::Node(n) => matches!(self.vals.get(*n as usize), Some(Some(_))),
             _ => false,
         };
-        let dims: Option<Vec<usize>> = node.ty.as_tensor().and_then(|(d, _)| {
-            d.iter()
-                .map(|x| x.known().and_then(|k| usize::try_from(k).ok()))
-                .collect()
-        });
-        let (true, Some(dims)) = (on_device, dims) else {
+        let (true, Some(dims)) = (on_device, static_dims(&node.ty)) else {
             return Ok(false);
         };
         let Some(r) = self.rows(ex, src)? else {
@@ -638,23 +616,9 @@ impl DevExec<'_> {
 
 /// A value's rows as a batch of per-invocation matrices: a shared matrix repeated (stride 0), or
 /// each of `b` invocations' equal share of the rows.
-struct PerInvocation<'a> {
-    mat: Mat<'a>,
-    stride: usize,
-}
-
-impl PerInvocation<'_> {
-    fn batch(&self) -> Batch<'_> {
-        Batch {
-            mat: self.mat,
-            stride: self.stride,
-        }
-    }
-}
-
-fn per_invocation(x: &DRows, b: usize) -> Option<PerInvocation<'_>> {
+fn per_invocation(x: &DRows, b: usize) -> Option<Batch<'_>> {
     if x.shared {
-        return Some(PerInvocation {
+        return Some(Batch {
             mat: x.mat(),
             stride: 0,
         });
@@ -663,19 +627,24 @@ fn per_invocation(x: &DRows, b: usize) -> Option<PerInvocation<'_>> {
         return None;
     }
     let m = x.rows / b;
-    Some(PerInvocation {
+    Some(Batch {
         mat: Mat { rows: m, ..x.mat() },
         stride: m * x.ld,
     })
 }
 
-/// The per-invocation shape of a product's result: its node's type (rows of `x` by `N`).
-fn x_rows_shape(x: &PerInvocation, ty: &tumble_ir::Ty) -> Vec<usize> {
-    ty.as_tensor()
-        .and_then(|(d, _)| {
-            d.iter()
-                .map(|x| x.known().and_then(|k| usize::try_from(k).ok()))
-                .collect::<Option<Vec<usize>>>()
-        })
-        .unwrap_or_else(|| vec![x.mat.rows])
+/// A node's per-invocation shape where its type states every dimension.
+fn static_dims(ty: &tumble_ir::Ty) -> Option<Vec<usize>> {
+    ty.as_tensor().and_then(|(d, _)| {
+        d.iter()
+            .map(|x| x.known().and_then(|k| usize::try_from(k).ok()))
+            .collect()
+    })
+}
+
+/// Whether value `v` is only on the device (a node a device stage computed and the host has not
+/// copied back).
+fn device_only(ex: &Exec, v: &BVal) -> bool {
+    v.node()
+        .is_some_and(|k| matches!(ex.vals.get(k), Some(None)))
 }
