@@ -24,8 +24,13 @@
 //!
 //! The first K block of the first part overwrites C (so C is never zeroed or read first), later
 //! blocks accumulate.
+//!
+//! Tiles of a few rows (a launch of 1–3 rows, the last rows of a launch) take several weight
+//! panels per call on a kernel with a multi-panel tile (AVX-512: [`Tuning::multi_panel_tiles`]):
+//! the panels of the walk are taken in groups from its first, the group's first panel making one
+//! call over the group and the others nothing; each element's multiply-adds are unchanged.
 
-use crate::kernel::{DirectTile, Kernel, WideTile, DIRECT_MAX_ROWS};
+use crate::kernel::{DirectTile, Kernel, MultiTile, WideTile, DIRECT_MAX_ROWS};
 use crate::pack::{pack_a, AlignedBuf, PackedWeight, RowSource, NR};
 use crate::EpilogueInto;
 use std::cell::RefCell;
@@ -142,6 +147,11 @@ pub struct Tuning {
     /// trip (the test for a prefetch stays outside the loop either way). The same multiply-adds
     /// in the same order: the bits do not change. `TUMBLE_NO_UNROLLED_TILES=1` turns it off.
     pub unrolled_tiles: bool,
+    /// Tiles of 1–3 rows take up to 4 weight panels in one call on kernels that have such a tile
+    /// (AVX-512; see `kernel::avx512::MULTI_ROWS`): a launch of a few rows, and the last rows of
+    /// any launch. The same multiply-adds in the same order: the bits do not change.
+    /// `TUMBLE_NO_MULTI_PANEL_TILES=1` turns it off.
+    pub multi_panel_tiles: bool,
 }
 
 impl Default for Tuning {
@@ -155,6 +165,7 @@ impl Default for Tuning {
             prefetch_c: std::env::var_os("TUMBLE_NO_PREFETCH_C").is_none(),
             wide_tiles: std::env::var_os("TUMBLE_NO_WIDE_TILES").is_none(),
             unrolled_tiles: std::env::var_os("TUMBLE_NO_UNROLLED_TILES").is_none(),
+            multi_panel_tiles: std::env::var_os("TUMBLE_NO_MULTI_PANEL_TILES").is_none(),
         }
     }
 }
@@ -326,6 +337,7 @@ pub(crate) fn run(
             && !kernel.prefetches_c
             && m.min(kernel.mc).saturating_mul(n).saturating_mul(4) >= PREFETCH_C_MIN_BLOCK_BYTES,
         wide: kernel.wide.filter(|_| tune.wide_tiles),
+        multi: kernel.multi.filter(|_| tune.multi_panel_tiles),
     };
     if flops < MIN_PARALLEL_FLOPS && w_bytes < MIN_PARALLEL_WEIGHT_BYTES {
         t = 1;
@@ -536,6 +548,100 @@ struct Walk<'t> {
     prefetch_c: bool,
     /// The kernel's whole-panel tile for tiles of a few rows ([`Tuning::wide_tiles`]).
     wide: Option<WideTile>,
+    /// The kernel's multi-panel tile for tiles of a few rows ([`Tuning::multi_panel_tiles`]).
+    multi: Option<MultiTile>,
+}
+
+/// A multi-panel tile's A: a packed micro-panel (and its `lda`), or rows where they lie.
+#[derive(Clone, Copy)]
+enum MultiA<'a> {
+    Packed(&'a [f32], usize),
+    Rows(&'a [*const f32; DIRECT_MAX_ROWS]),
+}
+
+/// What a tile of `rows` rows does at panel `jp` of the panels `pc0..pc1` it walks, at column
+/// offset `off` within the panel, given the multi-panel tile (if any).
+enum MultiStep {
+    /// One multi-panel call over this many panels from `jp`.
+    Call(MultiTile, usize),
+    /// An earlier call covered this panel.
+    Covered,
+    /// The kernel's own tile.
+    No,
+}
+
+/// Panels `pc0..` are taken in groups of the multi tile's panels from `pc0`: the group's first
+/// panel calls it over the group (when the group has 2 panels or more), the others are covered.
+fn multi_panels(
+    multi: Option<MultiTile>,
+    rows: usize,
+    off: usize,
+    jp: usize,
+    pc0: usize,
+    pc1: usize,
+) -> MultiStep {
+    let Some(mt) = multi.filter(|mt| rows <= mt.rows) else {
+        return MultiStep::No;
+    };
+    if off > 0 || !(jp - pc0).is_multiple_of(mt.panels) {
+        return MultiStep::Covered;
+    }
+    match mt.panels.min(pc1 - jp) {
+        panels if panels >= 2 => MultiStep::Call(mt, panels),
+        _ => MultiStep::No,
+    }
+}
+
+/// One multi-panel tile call: `rows` rows of A over panels `jp..jp + panels` of `w`'s K block
+/// `k0..k0 + kc`, into C at `c_tile` (row stride `n`, the tile's first column `col`).
+///
+/// # Safety
+/// As for the kernel's own tile at panel `jp` ([`TileFn`] or [`DirectTileFn`]): the kernel is
+/// available, `rows <=` the tile's rows (packed: `a`'s micro-panel holds `lda * kc` floats;
+/// in place: each of the `rows` pointers is valid for `kc` floats), panels `jp..jp + panels`
+/// exist, and C's rows `rows` × columns `col..min(n, col + panels * 32)` at `c_tile` lie in this
+/// task's block.
+#[allow(clippy::too_many_arguments)]
+unsafe fn call_multi(
+    mt: MultiTile,
+    w: &PackedWeight,
+    jp: usize,
+    panels: usize,
+    k0: usize,
+    kc: usize,
+    a: MultiA<'_>,
+    c_tile: *mut f32,
+    n: usize,
+    col: usize,
+    rows: usize,
+    accumulate: bool,
+) {
+    let run = w.panel_run(jp, panels, k0, kc);
+    let cols = (n - col).min(panels * NR);
+    let (ap, lda, rp) = match a {
+        MultiA::Packed(a, lda) => (a.as_ptr(), lda, std::ptr::null()),
+        MultiA::Rows(r) => (std::ptr::null(), 0, r as *const _),
+    };
+    // SAFETY: MultiTileFn contract — `2 <= panels <= mt.panels` (`multi_panels`), `rows <=
+    // mt.rows`; the panels `jp..jp + panels` exist, so the last has a column below `n` and
+    // `(panels - 1) * 32 < cols <= panels * 32`; `run` spans every panel's `kc * 32` floats at
+    // the panel stride; A and C as the caller guarantees.
+    unsafe {
+        (mt.tile)(
+            kc,
+            ap,
+            lda,
+            rp,
+            run.as_ptr(),
+            w.panel_stride(),
+            panels,
+            c_tile,
+            n,
+            rows,
+            cols,
+            accumulate,
+        )
+    }
 }
 
 /// C's rows `rows` × `cols` floats from `c` (row stride `ldc`) into L1: the first and the last
@@ -653,6 +759,22 @@ fn block_rows(
                                         let r = blk * dr;
                                         let rows = dr.min(mg - r);
                                         let c_tile = cblock.wrapping_add(r * n + col);
+                                        let a = MultiA::Rows(ptrs);
+                                        match multi_panels(walk.multi, rows, off, jp, pc0, pc1) {
+                                            MultiStep::Call(mt, panels) => {
+                                                // SAFETY: as for the tiles below, over the
+                                                // `panels` panels from `jp` (all below `pc1`).
+                                                unsafe {
+                                                    call_multi(
+                                                        mt, part.w, jp, panels, k0, kc, a, c_tile,
+                                                        n, col, rows, !first,
+                                                    )
+                                                };
+                                                continue;
+                                            }
+                                            MultiStep::Covered => continue,
+                                            MultiStep::No => {}
+                                        }
                                         // A tile of a few rows takes the whole panel at
                                         // its first half (the kernel's wide tile), and nothing
                                         // at its second.
@@ -700,6 +822,22 @@ fn block_rows(
                                     let rows = mr.min(mg - q * mr);
                                     let a_q = &apack[q * mr * kc..(q + 1) * mr * kc];
                                     let c_tile = cblock.wrapping_add(q * mr * n + col);
+                                    let a = MultiA::Packed(a_q, mr);
+                                    match multi_panels(walk.multi, rows, off, jp, pc0, pc1) {
+                                        MultiStep::Call(mt, panels) => {
+                                            // SAFETY: as for the tile below, over the `panels`
+                                            // panels from `jp` (all below `pc1`).
+                                            unsafe {
+                                                call_multi(
+                                                    mt, part.w, jp, panels, k0, kc, a, c_tile, n,
+                                                    col, rows, !first,
+                                                )
+                                            };
+                                            continue;
+                                        }
+                                        MultiStep::Covered => continue,
+                                        MultiStep::No => {}
+                                    }
                                     let (f, cols) = match walk.wide {
                                         Some(w) if rows <= w.rows && off == 0 => {
                                             (w.tile, NR.min(n - col))

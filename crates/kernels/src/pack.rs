@@ -333,6 +333,20 @@ impl PackedWeight {
         let base = p * self.k * NR + k0 * NR;
         &self.panels.as_slice()[base..base + kc * NR]
     }
+
+    /// Panels `p..p + count`, rows `k0..k0 + kc` of K of each: from panel `p`'s first such row to
+    /// panel `p + count - 1`'s last, panel `p + j`'s rows starting `j * k * NR` floats in (the
+    /// stride [`PackedWeight::panel_stride`]). `count >= 1`, `p + count` at most the panels.
+    pub(crate) fn panel_run(&self, p: usize, count: usize, k0: usize, kc: usize) -> &[f32] {
+        let base = p * self.k * NR + k0 * NR;
+        let end = (p + count - 1) * self.k * NR + (k0 + kc) * NR;
+        &self.panels.as_slice()[base..end]
+    }
+
+    /// Floats from one panel's row of K to the next panel's same row.
+    pub(crate) fn panel_stride(&self) -> usize {
+        self.k * NR
+    }
 }
 
 /// The A operand after validation: `m` rows of exactly `k` floats each.

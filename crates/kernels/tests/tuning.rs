@@ -14,9 +14,9 @@ use common::Rng;
 /// (K = 300), the column split of a wide weight, row task counts that are not a multiple of the
 /// threads (580 rows: 3 tasks when L2-blocked), the driver's C prefetch on and off (N = 700:
 /// an AVX2 row block of C over its 256 KiB threshold), K loops unrolled and not (K of 40–300,
-/// not all multiples of 4), whole-panel tiles on and off (launches of 1–13 rows read in place
+/// not all multiples of 4), whole-panel and multi-panel tiles on and off (launches of 1–13 rows read in place
 /// or packed, last micro-panels of 1–3 rows, partial last panels of more and of fewer than 16
-/// columns), odd sizes everywhere.
+/// columns, 1–13 panels: groups of 4 and a last group of 1–3), odd sizes everywhere.
 #[test]
 fn every_tuning_gives_the_defaults_bits() {
     let defaults = Tuning::default();
@@ -64,6 +64,10 @@ fn every_tuning_gives_the_defaults_bits() {
         },
         Tuning {
             unrolled_tiles: !defaults.unrolled_tiles,
+            ..defaults
+        },
+        Tuning {
+            multi_panel_tiles: !defaults.multi_panel_tiles,
             ..defaults
         },
     ];

@@ -333,7 +333,12 @@ pub(crate) fn drive(
     let mut parked: Vec<usize> = Vec::new();
     while !running.is_empty() {
         let t0 = Instant::now();
-        let dfg_before = dfg.profile.time_dfg;
+        // What the instances' steps spend recording nodes, and launching them at once (the
+        // eager scheduler), is counted in those parts, not in the program's.
+        let inner = |p: &Profile| {
+            p.time_dfg + p.time_schedule + p.time_gather + p.time_kernels + p.time_outputs
+        };
+        let inner_before = inner(&dfg.profile);
         let mut still = Vec::new();
         for &i in &running {
             let Some(m) = machines.get_mut(i) else {
@@ -358,7 +363,7 @@ pub(crate) fn drive(
         }
         dfg.profile.time_program += t0
             .elapsed()
-            .saturating_sub(dfg.profile.time_dfg - dfg_before);
+            .saturating_sub(inner(&dfg.profile) - inner_before);
         if !still.is_empty() && !dfg.has_pending() {
             return Err(InstanceError {
                 instance: still.first().copied(),
@@ -368,11 +373,13 @@ pub(crate) fn drive(
             });
         }
         if dfg.wants_scan() {
+            let t_scan = Instant::now();
             // Early release: what the instances still hold stays; the rest can go once read.
             dfg.scan_claims(|f| {
                 machines.iter().for_each(|m| m.visit_values(f));
                 results.iter().flatten().for_each(&mut *f);
             });
+            dfg.profile.time_outputs += t_scan.elapsed();
         }
         if let Err(error) = dfg.flush() {
             return Err(InstanceError {

@@ -80,6 +80,11 @@ pub struct Profile {
     pub time_schedule: Duration,
     pub time_gather: Duration,
     pub time_kernels: Duration,
+    /// A launch's bookkeeping around its gather and kernels: the keys of identical invocations,
+    /// each invocation's output slots stored on its node, the inputs it consumed let go and the
+    /// outputs no one reads any more released; and the scans of the host's values for early
+    /// release. (Untimed before the twenty-sixth session, it was most of `other`.)
+    pub time_outputs: Duration,
     /// Time inside mini-batches, summed over them (so over workers too).
     pub time_total: Duration,
     /// Decoding the mini-batches' instances into values (`load`) and encoding their results
@@ -187,6 +192,7 @@ impl Profile {
         self.time_schedule += o.time_schedule;
         self.time_gather += o.time_gather;
         self.time_kernels += o.time_kernels;
+        self.time_outputs += o.time_outputs;
         self.time_total += o.time_total;
         self.time_decode += o.time_decode;
         self.time_encode += o.time_encode;
@@ -364,6 +370,7 @@ impl fmt::Display for Profile {
                 + self.time_schedule
                 + self.time_gather
                 + self.time_kernels
+                + self.time_outputs
                 + io,
         );
         let io_parts = if self.workers > 1 {
@@ -376,12 +383,13 @@ impl fmt::Display for Profile {
             )
         };
         let parts = format!(
-            "program {:.3} + dfg {:.3} + scheduling {:.3} + gather {:.3} + kernels {:.3}{io_parts} + other {:.3}",
+            "program {:.3} + dfg {:.3} + scheduling {:.3} + gather {:.3} + kernels {:.3} + outputs {:.3}{io_parts} + other {:.3}",
             ms(self.time_program),
             ms(self.time_dfg),
             ms(self.time_schedule),
             ms(self.time_gather),
             ms(self.time_kernels),
+            ms(self.time_outputs),
             ms(other)
         );
         if self.workers > 1 {

@@ -49,6 +49,7 @@ const fn kernel<const U: usize>(rolled: Option<&'static Kernel>) -> Kernel {
             direct: tile_direct::<U, true> as DirectTileFn,
             rows: WIDE_ROWS,
         }),
+        multi: None,
         rolled,
     }
 }

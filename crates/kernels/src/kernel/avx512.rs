@@ -3,7 +3,10 @@
 //! Edge tiles: fewer rows use the same code instantiated for `M < 14` rows; fewer columns use
 //! masked loads/stores, so there is no scalar tail and no temporary.
 
-use super::{DirectTile, DirectTileFn, InPlace, Kernel, Packed, TileA, TileFn, DIRECT_MAX_ROWS};
+use super::{
+    DirectTile, DirectTileFn, InPlace, Kernel, MultiTile, MultiTileFn, Packed, TileA, TileFn,
+    DIRECT_MAX_ROWS,
+};
 use crate::pack::{PanelPackFn, NR};
 use std::arch::x86_64::*;
 
@@ -34,8 +37,22 @@ pub(crate) const KERNEL: Kernel = Kernel {
     pack_panel: Some(crate::pack::pack_panel_avx512 as PanelPackFn),
     prefetches_c: true,
     wide: None,
+    multi: Some(MultiTile {
+        tile: multi_tile as MultiTileFn,
+        rows: MULTI_ROWS,
+        panels: MULTI_PANELS,
+    }),
     rolled: None,
 };
+
+/// Rows a multi-panel tile takes at most: with 1–3 rows the one-panel tile has 2–6 accumulators,
+/// and an FMA's result is ready 4 cycles after it issues with two issuing a cycle (Zen 5, and
+/// Intel's server cores), so it waits on latency for most of each K step. Over 4 panels the same
+/// rows have 8–24 (3 rows × 4 panels: 24 accumulators, 2 weight vectors: within the 32 zmm).
+pub(crate) const MULTI_ROWS: usize = 3;
+
+/// Panels a multi-panel tile takes at most (see [`MULTI_ROWS`]).
+pub(crate) const MULTI_PANELS: usize = 4;
 
 /// Dispatch on the number of rows; see [`TileFn`] for the contract.
 ///
@@ -267,6 +284,148 @@ unsafe fn small<const M: usize, const U: usize>(
                 v1 = _mm512_add_ps(v1, c1[u][i]);
             }
             store_row(c.add(i * ldc), n, v0, v1, accumulate);
+        }
+    }
+}
+
+/// [`MultiTileFn`]: dispatch on the rows and panels; packed A, or rows where they lie.
+///
+/// # Safety
+/// The [`MultiTileFn`] contract (`m <= MULTI_ROWS`, `panels <= MULTI_PANELS`); the CPU supports
+/// AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn multi_tile(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    rows: *const [*const f32; DIRECT_MAX_ROWS],
+    b: *const f32,
+    pstride: usize,
+    panels: usize,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract; `rows`, when not null, points at the caller's row pointers.
+    unsafe {
+        match rows.as_ref() {
+            Some(rows) => multi_panels(
+                kc,
+                InPlace { rows, p: 0 },
+                b,
+                pstride,
+                panels,
+                c,
+                ldc,
+                m,
+                n,
+                accumulate,
+            ),
+            None => multi_panels(
+                kc,
+                Packed { a, lda },
+                b,
+                pstride,
+                panels,
+                c,
+                ldc,
+                m,
+                n,
+                accumulate,
+            ),
+        }
+    }
+}
+
+/// [`multi_rows`] instantiated for `m` rows and `panels` panels (anything outside
+/// `1..=MULTI_ROWS` × `2..=MULTI_PANELS` computes nothing).
+///
+/// # Safety
+/// [`multi_rows`]'s contract with `M == m`, `P == panels`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn multi_panels<A: TileA>(
+    kc: usize,
+    a: A,
+    b: *const f32,
+    pstride: usize,
+    panels: usize,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract; each arm is instantiated for exactly its rows and panels.
+    unsafe {
+        match (m, panels) {
+            (1, 2) => multi_rows::<1, 2, A>(kc, a, b, pstride, c, ldc, n, accumulate),
+            (1, 3) => multi_rows::<1, 3, A>(kc, a, b, pstride, c, ldc, n, accumulate),
+            (1, 4) => multi_rows::<1, 4, A>(kc, a, b, pstride, c, ldc, n, accumulate),
+            (2, 2) => multi_rows::<2, 2, A>(kc, a, b, pstride, c, ldc, n, accumulate),
+            (2, 3) => multi_rows::<2, 3, A>(kc, a, b, pstride, c, ldc, n, accumulate),
+            (2, 4) => multi_rows::<2, 4, A>(kc, a, b, pstride, c, ldc, n, accumulate),
+            (3, 2) => multi_rows::<3, 2, A>(kc, a, b, pstride, c, ldc, n, accumulate),
+            (3, 3) => multi_rows::<3, 3, A>(kc, a, b, pstride, c, ldc, n, accumulate),
+            (3, 4) => multi_rows::<3, 4, A>(kc, a, b, pstride, c, ldc, n, accumulate),
+            _ => {}
+        }
+    }
+}
+
+/// `M` rows × `P` panels of 32 columns, A read through `a`: per element the multiply-adds of
+/// [`small`] and [`rows`] in the same order (from zero, K ascending, C added last), so the same
+/// bits as the one-panel tiles.
+///
+/// # Safety
+/// [`MultiTileFn`]'s contract with `m == M`, `panels == P`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn multi_rows<const M: usize, const P: usize, A: TileA>(
+    kc: usize,
+    mut a: A,
+    b: *const f32,
+    pstride: usize,
+    c: *mut f32,
+    ldc: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    let mut acc = [[[_mm512_setzero_ps(); 2]; P]; M];
+    // SAFETY: step `p < kc` reads `b[j * pstride + p*32 ..][..32]` for `j < P` and A's `M`
+    // elements of step `p`, inside the contract's ranges; the stores touch `M` rows of the
+    // columns below `n` (each panel's share masked by `store_row`).
+    unsafe {
+        let mut bp = b;
+        for _ in 0..kc {
+            for j in 0..P {
+                let bj = bp.add(j * pstride);
+                let b0 = _mm512_loadu_ps(bj);
+                let b1 = _mm512_loadu_ps(bj.add(16));
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let ai = _mm512_set1_ps(a.at(i));
+                    row[j][0] = _mm512_fmadd_ps(ai, b0, row[j][0]);
+                    row[j][1] = _mm512_fmadd_ps(ai, b1, row[j][1]);
+                }
+            }
+            a.step();
+            bp = bp.add(NR);
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (j, v) in row.iter().enumerate() {
+                let col = j * NR;
+                if col < n {
+                    store_row(
+                        c.add(i * ldc + col),
+                        (n - col).min(NR),
+                        v[0],
+                        v[1],
+                        accumulate,
+                    );
+                }
+            }
         }
     }
 }

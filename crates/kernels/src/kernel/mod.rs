@@ -77,6 +77,41 @@ pub(crate) type DirectTileFn = unsafe fn(
     accumulate: bool,
 );
 
+/// A tile over `panels` consecutive 32-wide weight panels at once (`2..=` the kernel's
+/// [`MultiTile::panels`]) for a few rows: more independent accumulators per row than one
+/// panel's, so that a launch of 1–3 rows (or the last rows of a launch) does not wait on FMA
+/// latency. Packed A (`a`, `lda`) or rows where they lie (`rows`, non-null; then `a` is
+/// ignored).
+///
+/// # Safety (contract every caller upholds)
+/// As [`TileFn`]'s (packed) or [`DirectTileFn`]'s (`rows`), with `1 <= m <=` the kernel's
+/// [`MultiTile::rows`] and, instead of one panel: `2 <= panels <=` [`MultiTile::panels`],
+/// `(panels - 1) * 32 < n <= panels * 32`, and if `kc > 0`, `b + j * pstride` valid for reads of
+/// `kc * 32` floats for every `j < panels`. Each element's multiply-adds are those of the
+/// kernel's own tile in the same order (the same bits).
+pub(crate) type MultiTileFn = unsafe fn(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    rows: *const [*const f32; DIRECT_MAX_ROWS],
+    b: *const f32,
+    pstride: usize,
+    panels: usize,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+);
+
+/// A kernel's [`MultiTileFn`], for at most `rows` rows over at most `panels` panels.
+#[derive(Clone, Copy)]
+pub(crate) struct MultiTile {
+    pub(crate) tile: MultiTileFn,
+    pub(crate) rows: usize,
+    pub(crate) panels: usize,
+}
+
 /// Which micro-kernel family computes the tiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelKind {
@@ -233,6 +268,9 @@ pub(crate) struct Kernel {
     /// For a kernel whose tile is half a panel wide: a tile of a few rows over the whole panel
     /// (AVX2: 1 or 2 rows, where the half-panel tile waits on FMA latency). `None`: none.
     pub(crate) wide: Option<WideTile>,
+    /// Tiles of a few rows over several weight panels at once ([`crate::Tuning::multi_panel_tiles`];
+    /// AVX-512, whose one-panel tile is already 32 columns wide). `None`: none.
+    pub(crate) multi: Option<MultiTile>,
     /// The same kernel with its tiles' K loops not unrolled ([`crate::Tuning::unrolled_tiles`]
     /// off; the same bits); `None` where there is no other.
     pub(crate) rolled: Option<&'static Kernel>,

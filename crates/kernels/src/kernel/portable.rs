@@ -19,6 +19,7 @@ pub(crate) const KERNEL: Kernel = Kernel {
     pack_panel: None,
     prefetches_c: false,
     wide: None,
+    multi: None,
     rolled: None,
 };
 

@@ -80,7 +80,13 @@ impl Dfg<'_> {
             .copied()
             .unwrap_or(usize::MAX);
         for part in ids.chunks(chunk) {
-            self.launch_attributed(block_id, part)?;
+            // What the launch spends outside its gather and kernels is its bookkeeping.
+            let t0 = Instant::now();
+            let inner = self.profile.time_gather + self.profile.time_kernels;
+            let r = self.launch_attributed(block_id, part);
+            let inner = self.profile.time_gather + self.profile.time_kernels - inner;
+            self.profile.time_outputs += t0.elapsed().saturating_sub(inner);
+            r?;
         }
         Ok(())
     }
