@@ -407,8 +407,19 @@ pub(crate) fn pack_a(
         for q in 0..mc.div_ceil(mr) {
             let (r, rows) = (r0 + q * mr, mr.min(mc - q * mr));
             let panel = &mut dst[q * mr * kc..(q + 1) * mr * kc];
-            for (out, col) in panel.chunks_exact_mut(mr).zip(&cols[k0..k0 + kc]) {
-                out[..rows].copy_from_slice(&col[r..r + rows]);
+            let cols = &cols[k0..k0 + kc];
+            // A whole micro-panel of the kernels' row counts: fixed-size copies the compiler
+            // inlines as vector moves, where a copy of run-time length calls `memcpy` per K step
+            // (the backward's `dW = dYᵀ·X` packs every step of its contraction this way).
+            match (mr, rows) {
+                (14, 14) => copy_runs::<14>(panel, cols, r),
+                (6, 6) => copy_runs::<6>(panel, cols, r),
+                (4, 4) => copy_runs::<4>(panel, cols, r),
+                _ => {
+                    for (out, col) in panel.chunks_exact_mut(mr).zip(cols) {
+                        out[..rows].copy_from_slice(&col[r..r + rows]);
+                    }
+                }
             }
         }
         return;
@@ -428,6 +439,19 @@ pub(crate) fn pack_a(
             continue;
         }
         pack_panel_portable(a, r0 + q * mr, rows, k0, kc, mr, panel);
+    }
+}
+
+/// [`pack_a`] from columns, a micro-panel of `R` rows (its `lda`): step `p`'s `R` floats are
+/// `cols[p][r..r + R]`.
+fn copy_runs<const R: usize>(panel: &mut [f32], cols: &[&[f32]], r: usize) {
+    for (out, col) in panel.chunks_exact_mut(R).zip(cols) {
+        if let (Ok(out), Some(Ok(src))) = (
+            <&mut [f32; R]>::try_from(out),
+            col.get(r..r + R).map(<&[f32; R]>::try_from),
+        ) {
+            *out = *src;
+        }
     }
 }
 

@@ -198,6 +198,20 @@ impl Profile {
         self.time_encode += o.time_encode;
     }
 
+    /// The parts of the time spent running mini-batches, in ms: `program P + dfg D + scheduling
+    /// S + gather G + kernels K + outputs O` (no decoding, encoding or other).
+    pub fn run_split(&self) -> String {
+        format!(
+            "program {:.3} + dfg {:.3} + scheduling {:.3} + gather {:.3} + kernels {:.3} + outputs {:.3}",
+            ms(self.time_program),
+            ms(self.time_dfg),
+            ms(self.time_schedule),
+            ms(self.time_gather),
+            ms(self.time_kernels),
+            ms(self.time_outputs),
+        )
+    }
+
     /// The job's wall time: measured around the workers, else the mini-batches' own.
     pub fn wall(&self) -> Duration {
         if self.time_wall.is_zero() {

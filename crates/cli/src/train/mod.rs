@@ -582,7 +582,8 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
              (forward {:.3} s, backward {:.3} s{}); backward launches {} (skipped {}), \
              vjps batched {} / per row {}, shared-weight gradients summed per launch {}, \
              dense parameter gradients deferred to one product per parameter {}, \
-             invocations computed once for identical ones {}; peak heap per mini-batch {}",
+             invocations computed once for identical ones {}; peak heap per mini-batch {}\n\
+             forward (ms): {}",
             decoded.len(),
             out.len(),
             t0.elapsed().as_secs_f64(),
@@ -600,7 +601,8 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             stats.shared_grads,
             stats.deferred_dense,
             stats.memoized,
-            tumble_limits::bytes_text(stats.peak_bytes)
+            tumble_limits::bytes_text(stats.peak_bytes),
+            stats.forward.run_split()
         );
     }
     Ok(())

@@ -138,6 +138,9 @@ pub struct BackwardStats {
     pub peak_bytes: usize,
     pub time_forward: std::time::Duration,
     pub time_backward: std::time::Duration,
+    /// The recorded forward's own split (host program, graph, launches): the batched engine's
+    /// profile of the mini-batch's forward.
+    pub forward: crate::Profile,
 }
 
 impl BackwardStats {
@@ -153,6 +156,7 @@ impl BackwardStats {
         self.peak_bytes = self.peak_bytes.max(o.peak_bytes);
         self.time_forward += o.time_forward;
         self.time_backward += o.time_backward;
+        self.forward.add(&o.forward);
     }
 }
 
@@ -217,6 +221,7 @@ pub fn grad_batch(
         peak_bytes: own_bytes(),
         ..BackwardStats::default()
     };
+    stats.forward.add(&dfg.profile);
     let t1 = Instant::now();
     let mut grads: Vec<Option<ParamGrad>> = vec![None; params.len()];
     let crate::dfg::BackwardRecord {
