@@ -396,16 +396,7 @@ impl fmt::Display for Profile {
                 ms(self.time_encode)
             )
         };
-        let parts = format!(
-            "program {:.3} + dfg {:.3} + scheduling {:.3} + gather {:.3} + kernels {:.3} + outputs {:.3}{io_parts} + other {:.3}",
-            ms(self.time_program),
-            ms(self.time_dfg),
-            ms(self.time_schedule),
-            ms(self.time_gather),
-            ms(self.time_kernels),
-            ms(self.time_outputs),
-            ms(other)
-        );
+        let parts = format!("{}{io_parts} + other {:.3}", self.run_split(), ms(other));
         if self.workers > 1 {
             writeln!(
                 f,

@@ -308,35 +308,32 @@ pub(crate) unsafe fn multi_tile(
     n: usize,
     accumulate: bool,
 ) {
+    let out = MultiOut {
+        b,
+        pstride,
+        c,
+        ldc,
+        n,
+        accumulate,
+    };
     // SAFETY: forwarded contract; `rows`, when not null, points at the caller's row pointers.
     unsafe {
         match rows.as_ref() {
-            Some(rows) => multi_panels(
-                kc,
-                InPlace { rows, p: 0 },
-                b,
-                pstride,
-                panels,
-                c,
-                ldc,
-                m,
-                n,
-                accumulate,
-            ),
-            None => multi_panels(
-                kc,
-                Packed { a, lda },
-                b,
-                pstride,
-                panels,
-                c,
-                ldc,
-                m,
-                n,
-                accumulate,
-            ),
+            Some(rows) => multi_panels(kc, InPlace { rows, p: 0 }, m, panels, out),
+            None => multi_panels(kc, Packed { a, lda }, m, panels, out),
         }
     }
+}
+
+/// A multi-panel tile's weight panels (the first, and the stride to the next) and its C block.
+#[derive(Clone, Copy)]
+struct MultiOut {
+    b: *const f32,
+    pstride: usize,
+    c: *mut f32,
+    ldc: usize,
+    n: usize,
+    accumulate: bool,
 }
 
 /// [`multi_rows`] instantiated for `m` rows and `panels` panels (anything outside
@@ -346,30 +343,19 @@ pub(crate) unsafe fn multi_tile(
 /// [`multi_rows`]'s contract with `M == m`, `P == panels`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn multi_panels<A: TileA>(
-    kc: usize,
-    a: A,
-    b: *const f32,
-    pstride: usize,
-    panels: usize,
-    c: *mut f32,
-    ldc: usize,
-    m: usize,
-    n: usize,
-    accumulate: bool,
-) {
+unsafe fn multi_panels<A: TileA>(kc: usize, a: A, m: usize, panels: usize, out: MultiOut) {
     // SAFETY: forwarded contract; each arm is instantiated for exactly its rows and panels.
     unsafe {
         match (m, panels) {
-            (1, 2) => multi_rows::<1, 2, A>(kc, a, b, pstride, c, ldc, n, accumulate),
-            (1, 3) => multi_rows::<1, 3, A>(kc, a, b, pstride, c, ldc, n, accumulate),
-            (1, 4) => multi_rows::<1, 4, A>(kc, a, b, pstride, c, ldc, n, accumulate),
-            (2, 2) => multi_rows::<2, 2, A>(kc, a, b, pstride, c, ldc, n, accumulate),
-            (2, 3) => multi_rows::<2, 3, A>(kc, a, b, pstride, c, ldc, n, accumulate),
-            (2, 4) => multi_rows::<2, 4, A>(kc, a, b, pstride, c, ldc, n, accumulate),
-            (3, 2) => multi_rows::<3, 2, A>(kc, a, b, pstride, c, ldc, n, accumulate),
-            (3, 3) => multi_rows::<3, 3, A>(kc, a, b, pstride, c, ldc, n, accumulate),
-            (3, 4) => multi_rows::<3, 4, A>(kc, a, b, pstride, c, ldc, n, accumulate),
+            (1, 2) => multi_rows::<1, 2, A>(kc, a, out),
+            (1, 3) => multi_rows::<1, 3, A>(kc, a, out),
+            (1, 4) => multi_rows::<1, 4, A>(kc, a, out),
+            (2, 2) => multi_rows::<2, 2, A>(kc, a, out),
+            (2, 3) => multi_rows::<2, 3, A>(kc, a, out),
+            (2, 4) => multi_rows::<2, 4, A>(kc, a, out),
+            (3, 2) => multi_rows::<3, 2, A>(kc, a, out),
+            (3, 3) => multi_rows::<3, 3, A>(kc, a, out),
+            (3, 4) => multi_rows::<3, 4, A>(kc, a, out),
             _ => {}
         }
     }
@@ -383,16 +369,15 @@ unsafe fn multi_panels<A: TileA>(
 /// [`MultiTileFn`]'s contract with `m == M`, `panels == P`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn multi_rows<const M: usize, const P: usize, A: TileA>(
-    kc: usize,
-    mut a: A,
-    b: *const f32,
-    pstride: usize,
-    c: *mut f32,
-    ldc: usize,
-    n: usize,
-    accumulate: bool,
-) {
+unsafe fn multi_rows<const M: usize, const P: usize, A: TileA>(kc: usize, mut a: A, out: MultiOut) {
+    let MultiOut {
+        b,
+        pstride,
+        c,
+        ldc,
+        n,
+        accumulate,
+    } = out;
     let mut acc = [[[_mm512_setzero_ps(); 2]; P]; M];
     // SAFETY: step `p < kc` reads `b[j * pstride + p*32 ..][..32]` for `j < P` and A's `M`
     // elements of step `p`, inside the contract's ranges; the stores touch `M` rows of the
