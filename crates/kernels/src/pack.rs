@@ -212,24 +212,17 @@ impl PackedWeight {
         let mut buf = AlignedBuf::default();
         buf.ensure(total);
         let dst = buf.as_mut_slice();
-        // Tiles of 32 columns × 8 steps of K: 32 short sequential reads, 8 whole panel rows written
-        // while they are in L1. (Row by row, every float of a row lands in a different cache line
-        // of a panel larger than L1: packing Berxit's weights took half as long as using them.)
-        const KT: usize = 8;
-        for (p, panel) in dst.chunks_exact_mut((k * NR).max(1)).enumerate() {
-            let cols = NR.min(n - p * NR);
-            for k0 in (0..k).step_by(KT) {
-                let kc = KT.min(k - k0);
-                for j in 0..cols {
-                    let row = (p * NR + j) * k + k0;
-                    for (t, &v) in w[row..row + kc].iter().enumerate() {
-                        panel[(k0 + t) * NR + j] = v;
-                    }
-                }
-                for t in 0..kc {
-                    panel[(k0 + t) * NR + cols..(k0 + t + 1) * NR].fill(0.0);
-                }
-            }
+        #[cfg(target_arch = "x86_64")]
+        let packed = simd_weight_pack() && {
+            // SAFETY: `simd_weight_pack` checked AVX-512F; `w` is `n × k`, `dst` the panels'
+            // `ceil(n / 32) * k * 32` floats.
+            unsafe { pack_panels_avx512(w, n, k, dst) };
+            true
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let packed = false;
+        if !packed {
+            pack_panels_portable(w, n, k, dst);
         }
         let rows = (n <= crate::narrow::MAX_N).then(|| w.to_vec());
         Ok(PackedWeight {
@@ -239,7 +232,62 @@ impl PackedWeight {
             rows,
         })
     }
+}
 
+/// [`PackedWeight::pack`]'s panels of `w` (`n × k`, row-major) into `dst` (`ceil(n / 32)`
+/// panels of `k × 32` floats, columns past `n` zero): tiles of 32 columns × 8 steps of K, 32
+/// short sequential reads and 8 whole panel rows written while they are in L1. (Row by row,
+/// every float of a row lands in a different cache line of a panel larger than L1: packing
+/// Berxit's weights took half as long as using them.)
+fn pack_panels_portable(w: &[f32], n: usize, k: usize, dst: &mut [f32]) {
+    const KT: usize = 8;
+    for (p, panel) in dst.chunks_exact_mut((k * NR).max(1)).enumerate() {
+        let cols = NR.min(n - p * NR);
+        for k0 in (0..k).step_by(KT) {
+            let kc = KT.min(k - k0);
+            for j in 0..cols {
+                let row = (p * NR + j) * k + k0;
+                for (t, &v) in w[row..row + kc].iter().enumerate() {
+                    panel[(k0 + t) * NR + j] = v;
+                }
+            }
+            for t in 0..kc {
+                panel[(k0 + t) * NR + cols..(k0 + t + 1) * NR].fill(0.0);
+            }
+        }
+    }
+}
+
+/// [`pack_panels_portable`] by 16 × 16 register transposes: each panel is two halves of 16 rows
+/// of `w` ([`transpose_rows_avx512`], runs 32 floats apart). The same bits. Against the portable
+/// tiles: see `bench/RESULTS.md` (twenty-sixth session).
+///
+/// # Safety
+/// AVX-512F is available; `w` holds `n * k` floats and `dst` `ceil(n / 32) * k * 32`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_panels_avx512(w: &[f32], n: usize, k: usize, dst: &mut [f32]) {
+    if k == 0 {
+        return;
+    }
+    let mut rows: Vec<&[f32]> = Vec::with_capacity(NR);
+    for (p, panel) in dst.chunks_exact_mut(k * NR).enumerate() {
+        let cols = NR.min(n - p * NR);
+        rows.clear();
+        rows.extend((0..cols).map(|j| &w[(p * NR + j) * k..(p * NR + j + 1) * k]));
+        let (lo, hi) = rows.split_at(cols.min(16));
+        let at = panel.as_mut_ptr();
+        // SAFETY: each row holds `k` floats; the panel holds `k * 32`, so each half's runs of 16
+        // at `c * 32` (the low half) and `c * 32 + 16` (the high half) for `c < k` lie inside it,
+        // and the two halves write disjoint floats; missing rows are written as zeros.
+        unsafe {
+            transpose_rows_avx512(lo, k, 16, NR, at);
+            transpose_rows_avx512(hi, k, 16, NR, at.add(16));
+        }
+    }
+}
+
+impl PackedWeight {
     /// Pack `W = Yᵀ` from the `k` rows of `Y` (`k × n`, each row `n` floats, wherever they lie):
     /// the product `A · Wᵀ` is then `A · Y`. Each panel row is a contiguous run of a `Y` row, so
     /// this costs one copy of `Y` and no transpose (MV-RNN's `W_M · [A; B]` packs `[A; B]` this
@@ -375,6 +423,19 @@ impl<'a> RowSource<'a> {
     }
 }
 
+/// Whether [`PackedWeight::pack`] transposes with AVX-512 registers (the CPU has AVX-512F, and
+/// neither `TUMBLE_NO_SIMD_PACK` nor `TUMBLE_NO_SIMD_WEIGHT_PACK` is set); the same bits as the
+/// portable tiles either way.
+#[cfg(target_arch = "x86_64")]
+fn simd_weight_pack() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::env::var_os("TUMBLE_NO_SIMD_PACK").is_none()
+            && std::env::var_os("TUMBLE_NO_SIMD_WEIGHT_PACK").is_none()
+    })
+}
+
 /// A micro-panel packer by register transposes (`pack_panel_avx512`, `pack_panel_avx2`): the
 /// `srcs.len() <= mr` rows (`kc` floats each) into `panel` (`mr * kc` floats) as `pack_a` lays
 /// them out, rows past `srcs.len()` zeroed; the same bits as the portable packer. A
@@ -488,11 +549,30 @@ fn pack_panel_portable(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn pack_panel_avx512(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [f32]) {
-    use std::arch::x86_64::*;
     debug_assert!(srcs.len() <= mr && mr <= 16 && panel.len() >= mr * kc);
     debug_assert!(srcs.iter().all(|s| s.len() >= kc));
+    // SAFETY: the contract above: run `c`'s `mr` floats at `c * mr` lie in `panel`.
+    unsafe { transpose_rows_avx512(srcs, kc, mr, mr, panel.as_mut_ptr()) }
+}
+
+/// [`pack_panel_avx512`]'s transposes with the runs `stride` floats apart: column `c` of the
+/// `srcs.len() <= mr <= 16` rows goes to `dst[c * stride ..][..mr]` (rows past `srcs.len()` as
+/// zeros). A weight panel is two such halves of 16 rows, 32 floats apart.
+///
+/// # Safety
+/// AVX-512F is available; every `srcs[i]` holds at least `kc` floats; `dst` is valid for writes
+/// of `mr` floats at `c * stride` for every `c < kc`, and nothing else accesses them meanwhile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_rows_avx512(
+    srcs: &[&[f32]],
+    kc: usize,
+    mr: usize,
+    stride: usize,
+    dst: *mut f32,
+) {
+    use std::arch::x86_64::*;
     let mask: __mmask16 = ((1u32 << mr) - 1) as __mmask16;
-    let dst = panel.as_mut_ptr();
     let mut p = 0;
     while p + 16 <= kc {
         let mut r = [_mm512_setzero_ps(); 16];
@@ -528,15 +608,20 @@ pub(crate) unsafe fn pack_panel_avx512(srcs: &[&[f32]], kc: usize, mr: usize, pa
             ];
             for (l, v) in cols.into_iter().enumerate() {
                 let c = p + 4 * l + m;
-                // SAFETY: `c < kc`, so the `mr` stored floats `c * mr .. (c + 1) * mr` lie inside
-                // `panel` (`mr * kc` floats); the mask limits the store to `mr` lanes.
-                unsafe { _mm512_mask_storeu_ps(dst.add(c * mr), mask, v) };
+                // SAFETY: `c < kc`, so the `mr` floats at `c * stride` are `dst`'s to write (the
+                // contract); the mask limits the store to `mr` lanes.
+                unsafe { _mm512_mask_storeu_ps(dst.add(c * stride), mask, v) };
             }
         }
         p += 16;
     }
     // The last `kc % 16` columns one by one.
-    pack_columns(srcs, p..kc, mr, panel);
+    for c in p..kc {
+        for i in 0..mr {
+            // SAFETY: `c < kc`, `i < mr`: inside the run at `c * stride` (the contract).
+            unsafe { *dst.add(c * stride + i) = srcs.get(i).map_or(0.0, |s| s[c]) };
+        }
+    }
 }
 
 /// A micro-panel of `srcs.len() <= mr <= 8` rows (`kc` floats each) by 8×8 register transposes
@@ -652,6 +737,32 @@ fn pack_panel_full(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Weight panels by register transposes are the portable tiles' bits: widths and depths
+    /// around the transposes' 16 (partial panels of fewer and more than 16 columns, K tails).
+    #[test]
+    fn simd_weight_panels_match_the_portable_panels() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            for n in [1usize, 5, 16, 17, 31, 32, 33, 77, 130] {
+                for k in [1usize, 7, 15, 16, 17, 40, 300] {
+                    let w: Vec<f32> = (0..n * k).map(|i| (i as f32) * 0.25 - 3.0).collect();
+                    let len = n.div_ceil(NR) * k * NR;
+                    let mut want = vec![f32::NAN; len];
+                    pack_panels_portable(&w, n, k, &mut want);
+                    let mut got = vec![f32::NAN; len];
+                    // SAFETY: AVX-512F was detected; `w` is `n × k`, the panels `len` floats.
+                    unsafe { pack_panels_avx512(&w, n, k, &mut got) };
+                    assert!(
+                        want.iter()
+                            .zip(&got)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "n={n} k={k}"
+                    );
+                }
+            }
+        }
+    }
 
     /// The transposing path packs what the portable one does, at odd row counts, K offsets and
     /// widths (not multiples of 16), from contiguous and gathered rows.
