@@ -9,6 +9,7 @@
 //! bytes per level), so call it from a thread with a large stack.
 
 use std::borrow::Cow;
+use std::rc::Rc;
 
 use serde_json::Value as Json;
 use tumble_interp::Value;
@@ -16,7 +17,7 @@ use tumble_ir::{DType, Dim, Ty};
 use tumble_tensor::shape::format_shape;
 use tumble_tensor::{Buffer, Tensor};
 
-use crate::env::TypeEnv;
+use crate::env::{CtorRef, TypeEnv};
 use crate::instances::{ATTACHED_TENSOR_KEY, MAX_DEPTH};
 
 /// What a document node is.
@@ -87,6 +88,7 @@ pub fn decode_instance<D: Doc>(
         env,
         path: Vec::new(),
         attached,
+        ctors: Vec::new(),
     };
     d.instance(doc, args)
 }
@@ -219,6 +221,8 @@ fn elements(n: usize) -> String {
 /// A step of the path inside an instance.
 enum Seg<'a> {
     Field(Cow<'a, str>),
+    /// Inside a constructor's fields (its name, from [`Decoder::ctors`]).
+    Ctor(Rc<CtorRef>),
     Index(usize),
 }
 
@@ -227,6 +231,10 @@ struct Decoder<'a, 'e> {
     path: Vec<Seg<'a>>,
     /// The instance's attached tensors ([`crate::RawInstance::with_tensors`]).
     attached: &'a [Tensor],
+    /// Constructors instantiated so far, with the ADT and type arguments they were instantiated
+    /// at: an instance names the same few thousands of times (every node of a tree), and
+    /// instantiating one builds its name and its field types anew.
+    ctors: Vec<(Rc<CtorRef>, String, Vec<Ty>)>,
 }
 
 impl<'a> Decoder<'a, '_> {
@@ -237,6 +245,10 @@ impl<'a> Decoder<'a, '_> {
                 Seg::Field(n) => {
                     path.push('.');
                     path.push_str(n);
+                }
+                Seg::Ctor(c) => {
+                    path.push('.');
+                    path.push_str(&c.name);
                 }
                 Seg::Index(i) => path.push_str(&format!("[{i}]")),
             }
@@ -444,7 +456,17 @@ impl<'a> Decoder<'a, '_> {
                 doc.describe()
             ));
         };
-        let Some(c) = self.env.ctor_of(name, args, &ctor_name) else {
+        let cached = self
+            .ctors
+            .iter()
+            .find(|(c, adt, at)| c.name == *ctor_name && adt == name && at.as_slice() == args)
+            .map(|(c, _, _)| c.clone());
+        let Some(c) = cached.or_else(|| {
+            let c = Rc::new(self.env.ctor_of(name, args, &ctor_name)?);
+            self.ctors
+                .push((c.clone(), name.to_string(), args.to_vec()));
+            Some(c)
+        }) else {
             let why = match self.env.ctor_adt(&ctor_name) {
                 Some(other) => format!(
                     "constructor `{}` belongs to {other}, not {ty}",
@@ -466,7 +488,7 @@ impl<'a> Decoder<'a, '_> {
                 c.name
             ));
         };
-        self.enter(Seg::Field(Cow::Owned(c.name.clone())))?;
+        self.enter(Seg::Ctor(c.clone()))?;
         if self.kind(&fields)? != Kind::Array {
             return self.err(format!(
                 "expected the {} of {} as an array, found {}",

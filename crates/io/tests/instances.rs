@@ -546,3 +546,44 @@ fn instance_file_errors_name_the_file() {
         "{e}"
     );
 }
+
+/// One constructor at two type arguments in one instance, given as objects (`{"Some": [..]}`):
+/// each is decoded with its own field types (the decoder keeps constructors it instantiated,
+/// keyed by their type arguments), and an error inside either names its path.
+#[test]
+fn one_constructor_at_two_type_arguments() {
+    let m = module(
+        r#"
+type Pair {
+  MkPair(Tensor[(2), float32], Tensor[(), int32]),
+}
+
+def @main(%o: Option[Pair], %q: Option[Tensor[(), int32]], %r: Option[Pair]) -> Option[Pair] {
+  %o
+}
+"#,
+    );
+    let (params, _) = m.main();
+    let good =
+        r#"{"o": {"Some": [{"MkPair": [[0.5, 1], -3]}]}, "q": {"Some": [7]}, "r": {"None": []}}"#;
+    let vals = match read(good).decode(&m.env(), &params) {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    };
+    let [o, q, r] = vals[0].as_slice() else {
+        panic!("three values expected")
+    };
+    let (Value::Adt(o), Value::Adt(q), Value::Adt(r)) = (o, q, r) else {
+        panic!("three constructors expected")
+    };
+    assert!(matches!(&o.fields[0], Value::Adt(p) if p.fields.len() == 2));
+    assert!(matches!(&q.fields[0], Value::Tensor(t) if t.as_slice::<i32>() == Some(&[7][..])));
+    assert!(r.fields.is_empty());
+    // The second `Some` wants a scalar, not a pair: the error is at its own path.
+    let bad = r#"{"o": {"Some": [{"MkPair": [[0.5, 1], -3]}]}, "q": {"Some": [{"MkPair": [[0.5, 1], -3]}]}, "r": {"None": []}}"#;
+    let e = match read(bad).decode(&m.env(), &params) {
+        Ok(_) => panic!("expected a decode error"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("q.Some[0]"), "{e}");
+}
