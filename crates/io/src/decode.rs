@@ -396,8 +396,7 @@ impl<'a> Decoder<'a, '_> {
 
     /// `List[T]` from an array, built from the end without recursion.
     fn list<D: Doc>(&mut self, doc: &D, elem: &Ty) -> Result<Value, DecodeError> {
-        let (Some(cons), Some(nil)) = (self.env.ctor_index("Cons"), self.env.ctor_index("Nil"))
-        else {
+        let Some((cons, nil)) = self.env.list_ctors() else {
             return self.err("the module has no List constructors".into());
         };
         let n = doc.array_len();
@@ -429,9 +428,11 @@ impl<'a> Decoder<'a, '_> {
         name: &str,
         args: &[Ty],
     ) -> Result<Value, DecodeError> {
-        let ctors = match self.env.ctor_names(name) {
-            Ok(c) => c,
-            Err(_) => return self.err(format!("the module declares no type `{name}`")),
+        // The type's constructors, for messages (looked up on failure only: this runs for every
+        // node of every instance).
+        let ctors = |d: &Self| match d.env.ctor_names(name) {
+            Ok(c) => Ok(c),
+            Err(_) => d.err(format!("the module declares no type `{name}`")),
         };
         let kind = self.kind(doc)?;
         let entry = match kind {
@@ -446,7 +447,7 @@ impl<'a> Decoder<'a, '_> {
             } else {
                 ""
             };
-            let example = match ctors.first() {
+            let example = match ctors(self)?.first() {
                 Some(c) => format!("{{\"{c}\": [fields...]}}"),
                 None => "{\"Ctor\": [fields...]}".into(),
             };
@@ -474,7 +475,10 @@ impl<'a> Decoder<'a, '_> {
                 ),
                 None => format!("unknown constructor `{}` for {ty}", crate::echo(&ctor_name)),
             };
-            return self.err(format!("{why}; expected one of: {}", ctors.join(", ")));
+            return self.err(format!(
+                "{why}; expected one of: {}",
+                ctors(self)?.join(", ")
+            ));
         };
         let arity = c.fields.len();
         let Some(fields) = fields else {

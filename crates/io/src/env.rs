@@ -12,6 +12,10 @@ use crate::IoError;
 pub struct TypeEnv<'a> {
     tables: &'a Tables,
     program: &'a Program,
+    /// `Cons` and `Nil`'s constructor numbers when the module's `List` is the prelude's (two
+    /// parameters-one constructors `Cons(A, List[A])` and `Nil`): looked up once, since every
+    /// list value of every instance asks.
+    list: Option<(u32, u32)>,
 }
 
 /// One constructor, resolved against the type arguments of its ADT.
@@ -30,31 +34,46 @@ impl<'a> TypeEnv<'a> {
     }
 
     pub fn from_parts(tables: &'a Tables, program: &'a Program) -> TypeEnv<'a> {
-        TypeEnv { tables, program }
+        let mut env = TypeEnv {
+            tables,
+            program,
+            list: None,
+        };
+        env.list = env.prelude_list();
+        env
+    }
+
+    /// `Cons` and `Nil`'s numbers if the module's `List` has the prelude's shape.
+    fn prelude_list(&self) -> Option<(u32, u32)> {
+        let info = self.tables.adts.get("List")?;
+        let is_prelude_list = info.params.len() == 1
+            && info.ctors.len() == 2
+            && self
+                .tables
+                .ctors
+                .get("Cons")
+                .is_some_and(|c| c.fields.len() == 2)
+            && self
+                .tables
+                .ctors
+                .get("Nil")
+                .is_some_and(|c| c.fields.is_empty());
+        if !is_prelude_list {
+            return None;
+        }
+        Some((self.ctor_index("Cons")?, self.ctor_index("Nil")?))
+    }
+
+    /// The prelude's `List` constructors' numbers, `(Cons, Nil)` (see [`TypeEnv::list_elem`]).
+    pub(crate) fn list_ctors(&self) -> Option<(u32, u32)> {
+        self.list
     }
 
     /// The element type if `ty` is the prelude's `List[T]` (constructors `Cons(A, List[A])` and
     /// `Nil`), which is written as a plain JSON array.
     pub(crate) fn list_elem<'t>(&self, ty: &'t Ty) -> Option<&'t Ty> {
         match ty {
-            Ty::Adt(name, args) if name == "List" && args.len() == 1 => {
-                let info = self.tables.adts.get("List")?;
-                let is_prelude_list = info.params.len() == 1
-                    && info.ctors.len() == 2
-                    && self.ctor_index("Cons").is_some()
-                    && self.ctor_index("Nil").is_some()
-                    && self
-                        .tables
-                        .ctors
-                        .get("Cons")
-                        .is_some_and(|c| c.fields.len() == 2)
-                    && self
-                        .tables
-                        .ctors
-                        .get("Nil")
-                        .is_some_and(|c| c.fields.is_empty());
-                is_prelude_list.then(|| &args[0])
-            }
+            Ty::Adt(name, args) if name == "List" && args.len() == 1 => self.list.map(|_| &args[0]),
             _ => None,
         }
     }
