@@ -68,6 +68,8 @@ class Server:
                "--policy", policy, "--max-batch", str(a.max_batch),
                "--max-wait-ms", str(a.max_wait_ms), "--max-queue", str(a.max_queue),
                "--timeout-ms", str(a.timeout_ms)]
+        if policy == "continuous" and a.cell_levels:
+            cmd += ["--cell-levels", str(a.cell_levels)]
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         line = self.proc.stderr.readline()
@@ -195,6 +197,8 @@ def main():
     p.add_argument("--max-queue", type=int, default=1024)
     p.add_argument("--timeout-ms", type=int, default=30000)
     p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--cell-levels", type=int, default=0,
+                   help="the continuous server's --cell-levels (0: whole flushes, its default)")
     p.add_argument("--soak", type=int, default=0, help="requests of the soak run (0: none)")
     p.add_argument("--soak-rate", type=float, default=400)
     p.add_argument("--rounds", type=int, default=1,
