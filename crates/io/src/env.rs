@@ -12,9 +12,9 @@ use crate::IoError;
 pub struct TypeEnv<'a> {
     tables: &'a Tables,
     program: &'a Program,
-    /// `Cons` and `Nil`'s constructor numbers when the module's `List` is the prelude's (two
-    /// parameters-one constructors `Cons(A, List[A])` and `Nil`): looked up once, since every
-    /// list value of every instance asks.
+    /// `Cons` and `Nil`'s constructor numbers when the module's `List` has the prelude's shape
+    /// (one type parameter, the two constructors `Cons(A, List[A])` and `Nil`): looked up once,
+    /// since every list value of every instance asks.
     list: Option<(u32, u32)>,
 }
 

@@ -30,7 +30,7 @@
 //! the panels of the walk are taken in groups from its first, the group's first panel making one
 //! call over the group and the others nothing; each element's multiply-adds are unchanged.
 
-use crate::kernel::{DirectTile, Kernel, MultiTile, WideTile, DIRECT_MAX_ROWS};
+use crate::kernel::{DirectTile, Kernel, MultiA, MultiTile, WideTile, DIRECT_MAX_ROWS};
 use crate::pack::{pack_a, AlignedBuf, PackedWeight, RowSource, NR};
 use crate::EpilogueInto;
 use std::cell::RefCell;
@@ -226,7 +226,7 @@ fn direct_narrow_enabled() -> bool {
 
 /// A micro-panels packed with register transposes (`Kernel::pack_panel`); `TUMBLE_NO_SIMD_PACK=1`
 /// packs them element by element (the same bits).
-fn simd_pack_enabled() -> bool {
+pub(crate) fn simd_pack_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_SIMD_PACK").is_none())
 }
@@ -552,13 +552,6 @@ struct Walk<'t> {
     multi: Option<MultiTile>,
 }
 
-/// A multi-panel tile's A: a packed micro-panel (and its `lda`), or rows where they lie.
-#[derive(Clone, Copy)]
-enum MultiA<'a> {
-    Packed(&'a [f32], usize),
-    Rows(&'a [*const f32; DIRECT_MAX_ROWS]),
-}
-
 /// What a tile of `rows` rows does at panel `jp` of the panels `pc0..pc1` it walks, at column
 /// offset `off` within the panel, given the multi-panel tile (if any).
 enum MultiStep {
@@ -618,10 +611,6 @@ unsafe fn call_multi(
 ) {
     let run = w.panel_run(jp, panels, k0, kc);
     let cols = (n - col).min(panels * NR);
-    let (ap, lda, rp) = match a {
-        MultiA::Packed(a, lda) => (a.as_ptr(), lda, std::ptr::null()),
-        MultiA::Rows(r) => (std::ptr::null(), 0, r as *const _),
-    };
     // SAFETY: MultiTileFn contract — `2 <= panels <= mt.panels` (`multi_panels`), `rows <=
     // mt.rows`; the panels `jp..jp + panels` exist, so the last has a column below `n` and
     // `(panels - 1) * 32 < cols <= panels * 32`; `run` spans every panel's `kc * 32` floats at
@@ -629,9 +618,7 @@ unsafe fn call_multi(
     unsafe {
         (mt.tile)(
             kc,
-            ap,
-            lda,
-            rp,
+            a,
             run.as_ptr(),
             w.panel_stride(),
             panels,
@@ -822,7 +809,10 @@ fn block_rows(
                                     let rows = mr.min(mg - q * mr);
                                     let a_q = &apack[q * mr * kc..(q + 1) * mr * kc];
                                     let c_tile = cblock.wrapping_add(q * mr * n + col);
-                                    let a = MultiA::Packed(a_q, mr);
+                                    let a = MultiA::Packed {
+                                        a: a_q.as_ptr(),
+                                        lda: mr,
+                                    };
                                     match multi_panels(walk.multi, rows, off, jp, pc0, pc1) {
                                         MultiStep::Call(mt, panels) => {
                                             // SAFETY: as for the tile below, over the `panels`

@@ -276,13 +276,12 @@ unsafe fn pack_panels_avx512(w: &[f32], n: usize, k: usize, dst: &mut [f32]) {
         rows.clear();
         rows.extend((0..cols).map(|j| &w[(p * NR + j) * k..(p * NR + j + 1) * k]));
         let (lo, hi) = rows.split_at(cols.min(16));
-        let at = panel.as_mut_ptr();
-        // SAFETY: each row holds `k` floats; the panel holds `k * 32`, so each half's runs of 16
-        // at `c * 32` (the low half) and `c * 32 + 16` (the high half) for `c < k` lie inside it,
-        // and the two halves write disjoint floats; missing rows are written as zeros.
+        // SAFETY: AVX-512F (the caller); each row holds `k` floats; the low half's runs of 16 at
+        // `c * 32` lie in the panel's `k * 32` floats, the high half's in the panel from float 16
+        // (`(k - 1) * 32 + 16 <= k * 32 - 16`); missing rows are written as zeros.
         unsafe {
-            transpose_rows_avx512(lo, k, 16, NR, at);
-            transpose_rows_avx512(hi, k, 16, NR, at.add(16));
+            transpose_rows_avx512(lo, k, 16, NR, panel);
+            transpose_rows_avx512(hi, k, 16, NR, &mut panel[16..]);
         }
     }
 }
@@ -423,15 +422,15 @@ impl<'a> RowSource<'a> {
     }
 }
 
-/// Whether [`PackedWeight::pack`] transposes with AVX-512 registers (the CPU has AVX-512F, and
-/// neither `TUMBLE_NO_SIMD_PACK` nor `TUMBLE_NO_SIMD_WEIGHT_PACK` is set); the same bits as the
-/// portable tiles either way.
+/// Whether [`PackedWeight::pack`] transposes with AVX-512 registers (the CPU runs AVX-512, the
+/// A packers' transposes are on — `TUMBLE_NO_SIMD_PACK` — and `TUMBLE_NO_SIMD_WEIGHT_PACK` is not
+/// set); the same bits as the portable tiles either way.
 #[cfg(target_arch = "x86_64")]
 fn simd_weight_pack() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::env::var_os("TUMBLE_NO_SIMD_PACK").is_none()
+        crate::KernelKind::Avx512.is_available()
+            && crate::driver::simd_pack_enabled()
             && std::env::var_os("TUMBLE_NO_SIMD_WEIGHT_PACK").is_none()
     })
 }
@@ -472,10 +471,15 @@ pub(crate) fn pack_a(
             // A whole micro-panel of the kernels' row counts: fixed-size copies the compiler
             // inlines as vector moves, where a copy of run-time length calls `memcpy` per K step
             // (the backward's `dW = dYᵀ·X` packs every step of its contraction this way).
+            use crate::kernel::portable;
+            #[cfg(target_arch = "x86_64")]
+            use crate::kernel::{avx2, avx512};
             match (mr, rows) {
-                (14, 14) => copy_runs::<14>(panel, cols, r),
-                (6, 6) => copy_runs::<6>(panel, cols, r),
-                (4, 4) => copy_runs::<4>(panel, cols, r),
+                #[cfg(target_arch = "x86_64")]
+                (avx512::MR, avx512::MR) => copy_runs::<{ avx512::MR }>(panel, cols, r),
+                #[cfg(target_arch = "x86_64")]
+                (avx2::MR, avx2::MR) => copy_runs::<{ avx2::MR }>(panel, cols, r),
+                (portable::MR, portable::MR) => copy_runs::<{ portable::MR }>(panel, cols, r),
                 _ => {
                     for (out, col) in panel.chunks_exact_mut(mr).zip(cols) {
                         out[..rows].copy_from_slice(&col[r..r + rows]);
@@ -551,8 +555,9 @@ fn pack_panel_portable(
 pub(crate) unsafe fn pack_panel_avx512(srcs: &[&[f32]], kc: usize, mr: usize, panel: &mut [f32]) {
     debug_assert!(srcs.len() <= mr && mr <= 16 && panel.len() >= mr * kc);
     debug_assert!(srcs.iter().all(|s| s.len() >= kc));
-    // SAFETY: the contract above: run `c`'s `mr` floats at `c * mr` lie in `panel`.
-    unsafe { transpose_rows_avx512(srcs, kc, mr, mr, panel.as_mut_ptr()) }
+    // SAFETY: AVX-512F and the rows' lengths (the contract above); run `c`'s `mr` floats at
+    // `c * mr` lie in `panel`'s `mr * kc`.
+    unsafe { transpose_rows_avx512(srcs, kc, mr, mr, panel) }
 }
 
 /// [`pack_panel_avx512`]'s transposes with the runs `stride` floats apart: column `c` of the
@@ -560,8 +565,8 @@ pub(crate) unsafe fn pack_panel_avx512(srcs: &[&[f32]], kc: usize, mr: usize, pa
 /// zeros). A weight panel is two such halves of 16 rows, 32 floats apart.
 ///
 /// # Safety
-/// AVX-512F is available; every `srcs[i]` holds at least `kc` floats; `dst` is valid for writes
-/// of `mr` floats at `c * stride` for every `c < kc`, and nothing else accesses them meanwhile.
+/// AVX-512F is available; every `srcs[i]` holds at least `kc` floats; `dst` holds
+/// `(kc - 1) * stride + mr` floats when `kc > 0`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn transpose_rows_avx512(
@@ -569,10 +574,13 @@ unsafe fn transpose_rows_avx512(
     kc: usize,
     mr: usize,
     stride: usize,
-    dst: *mut f32,
+    dst: &mut [f32],
 ) {
     use std::arch::x86_64::*;
+    debug_assert!(srcs.len() <= mr && mr <= 16 && mr <= stride);
+    debug_assert!(kc == 0 || dst.len() >= (kc - 1) * stride + mr);
     let mask: __mmask16 = ((1u32 << mr) - 1) as __mmask16;
+    let at = dst.as_mut_ptr();
     let mut p = 0;
     while p + 16 <= kc {
         let mut r = [_mm512_setzero_ps(); 16];
@@ -608,20 +616,15 @@ unsafe fn transpose_rows_avx512(
             ];
             for (l, v) in cols.into_iter().enumerate() {
                 let c = p + 4 * l + m;
-                // SAFETY: `c < kc`, so the `mr` floats at `c * stride` are `dst`'s to write (the
+                // SAFETY: `c < kc`, so the `mr` floats at `c * stride` lie in `dst` (the
                 // contract); the mask limits the store to `mr` lanes.
-                unsafe { _mm512_mask_storeu_ps(dst.add(c * stride), mask, v) };
+                unsafe { _mm512_mask_storeu_ps(at.add(c * stride), mask, v) };
             }
         }
         p += 16;
     }
     // The last `kc % 16` columns one by one.
-    for c in p..kc {
-        for i in 0..mr {
-            // SAFETY: `c < kc`, `i < mr`: inside the run at `c * stride` (the contract).
-            unsafe { *dst.add(c * stride + i) = srcs.get(i).map_or(0.0, |s| s[c]) };
-        }
-    }
+    pack_columns(srcs, p..kc, mr, stride, dst);
 }
 
 /// A micro-panel of `srcs.len() <= mr <= 8` rows (`kc` floats each) by 8×8 register transposes
@@ -697,15 +700,21 @@ pub(crate) unsafe fn pack_panel_avx2(srcs: &[&[f32]], kc: usize, mr: usize, pane
         p += 8;
     }
     // The last `kc % 8` columns one by one.
-    pack_columns(srcs, p..kc, mr, panel);
+    pack_columns(srcs, p..kc, mr, mr, panel);
 }
 
-/// Columns `cols` of `srcs` into `panel` one by one, as runs of `mr` floats (rows past
-/// `srcs.len()` zeroed): the transposing packers' last columns.
+/// Columns `cols` of `srcs` into `panel` one by one, as runs of `mr` floats `stride` apart (rows
+/// past `srcs.len()` zeroed): the transposing packers' last columns.
 #[cfg(target_arch = "x86_64")]
-fn pack_columns(srcs: &[&[f32]], cols: std::ops::Range<usize>, mr: usize, panel: &mut [f32]) {
+fn pack_columns(
+    srcs: &[&[f32]],
+    cols: std::ops::Range<usize>,
+    mr: usize,
+    stride: usize,
+    panel: &mut [f32],
+) {
     for c in cols {
-        let out = &mut panel[c * mr..(c + 1) * mr];
+        let out = &mut panel[c * stride..c * stride + mr];
         for (i, o) in out.iter_mut().enumerate() {
             *o = srcs.get(i).map_or(0.0, |s| s[c]);
         }

@@ -4,8 +4,8 @@
 //! masked loads/stores, so there is no scalar tail and no temporary.
 
 use super::{
-    DirectTile, DirectTileFn, InPlace, Kernel, MultiTile, MultiTileFn, Packed, TileA, TileFn,
-    DIRECT_MAX_ROWS,
+    DirectTile, DirectTileFn, InPlace, Kernel, MultiA, MultiTile, MultiTileFn, Packed, TileA,
+    TileFn, DIRECT_MAX_ROWS,
 };
 use crate::pack::{PanelPackFn, NR};
 use std::arch::x86_64::*;
@@ -296,9 +296,7 @@ unsafe fn small<const M: usize, const U: usize>(
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn multi_tile(
     kc: usize,
-    a: *const f32,
-    lda: usize,
-    rows: *const [*const f32; DIRECT_MAX_ROWS],
+    a: MultiA<'_>,
     b: *const f32,
     pstride: usize,
     panels: usize,
@@ -316,11 +314,11 @@ pub(crate) unsafe fn multi_tile(
         n,
         accumulate,
     };
-    // SAFETY: forwarded contract; `rows`, when not null, points at the caller's row pointers.
+    // SAFETY: forwarded contract.
     unsafe {
-        match rows.as_ref() {
-            Some(rows) => multi_panels(kc, InPlace { rows, p: 0 }, m, panels, out),
-            None => multi_panels(kc, Packed { a, lda }, m, panels, out),
+        match a {
+            MultiA::Rows(rows) => multi_panels(kc, InPlace { rows, p: 0 }, m, panels, out),
+            MultiA::Packed { a, lda } => multi_panels(kc, Packed { a, lda }, m, panels, out),
         }
     }
 }

@@ -77,23 +77,28 @@ pub(crate) type DirectTileFn = unsafe fn(
     accumulate: bool,
 );
 
+/// Where a multi-panel tile's A comes from: a packed micro-panel of `lda` floats a K step (as a
+/// [`TileFn`] reads it), or rows where they lie (as a [`DirectTileFn`] does).
+#[derive(Clone, Copy)]
+pub(crate) enum MultiA<'a> {
+    Packed { a: *const f32, lda: usize },
+    Rows(&'a [*const f32; DIRECT_MAX_ROWS]),
+}
+
 /// A tile over `panels` consecutive 32-wide weight panels at once (`2..=` the kernel's
 /// [`MultiTile::panels`]) for a few rows: more independent accumulators per row than one
 /// panel's, so that a launch of 1–3 rows (or the last rows of a launch) does not wait on FMA
-/// latency. Packed A (`a`, `lda`) or rows where they lie (`rows`, non-null; then `a` is
-/// ignored).
+/// latency.
 ///
 /// # Safety (contract every caller upholds)
-/// As [`TileFn`]'s (packed) or [`DirectTileFn`]'s (`rows`), with `1 <= m <=` the kernel's
-/// [`MultiTile::rows`] and, instead of one panel: `2 <= panels <=` [`MultiTile::panels`],
-/// `(panels - 1) * 32 < n <= panels * 32`, and if `kc > 0`, `b + j * pstride` valid for reads of
-/// `kc * 32` floats for every `j < panels`. Each element's multiply-adds are those of the
-/// kernel's own tile in the same order (the same bits).
+/// As [`TileFn`]'s ([`MultiA::Packed`]) or [`DirectTileFn`]'s ([`MultiA::Rows`]), with
+/// `1 <= m <=` the kernel's [`MultiTile::rows`] and, instead of one panel: `2 <= panels <=`
+/// [`MultiTile::panels`], `(panels - 1) * 32 < n <= panels * 32`, and if `kc > 0`,
+/// `b + j * pstride` valid for reads of `kc * 32` floats for every `j < panels`. Each element's
+/// multiply-adds are those of the kernel's own tile in the same order (the same bits).
 pub(crate) type MultiTileFn = unsafe fn(
     kc: usize,
-    a: *const f32,
-    lda: usize,
-    rows: *const [*const f32; DIRECT_MAX_ROWS],
+    a: MultiA<'_>,
     b: *const f32,
     pstride: usize,
     panels: usize,
