@@ -11,7 +11,7 @@ pub mod value;
 pub use machine::{Backend, InstanceCtx, Machine, Outcome, RunError};
 pub use reference::ReferenceBackend;
 pub use tumble_compile::{LowerError, Program};
-pub use value::{AdtValue, Closure, LazyRef, TupleValue, Value};
+pub use value::{AdtValue, Closure, Fields, LazyRef, TupleValue, Value};
 
 use tumble_tensor::Rng;
 

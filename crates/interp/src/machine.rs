@@ -8,7 +8,8 @@
 //! `if` needs a tensor that is not computed yet ([`Outcome::Blocked`]) and resume later (ACROBAT
 //! §4.2's fibers without threads). The machine also keeps the instance's inline depth (§4.1).
 
-use crate::value::{Closure, Value};
+use crate::value::{Closure, Fields, Value};
+use smallvec::smallvec;
 use std::rc::Rc;
 use tumble_compile::{
     CaptureFrom, Code, FoldLoop, Lambda, MapLoop, Native, Pat, Program, ScanLoop,
@@ -355,9 +356,9 @@ impl SharedValues {
     /// Field-less constructor `c`.
     fn nullary(&mut self, c: u32) -> Value {
         if !self.on {
-            return Value::adt(c, Vec::new());
+            return Value::adt(c, Fields::new());
         }
-        Self::cached(&mut self.nullary, c, || Value::adt(c, Vec::new()))
+        Self::cached(&mut self.nullary, c, || Value::adt(c, Fields::new()))
     }
 
     /// Global `g` as a function value.
@@ -784,11 +785,12 @@ impl<'p> Machine<'p> {
                     self.vals_pool.push(vals);
                     return Some(Ok(self.shared.nullary(*ctor)));
                 }
-                Some(Ok(Value::adt(*ctor, vals)))
+                let fields = self.fields_of(vals);
+                Some(Ok(Value::adt(*ctor, fields)))
             }
             Code::Tuple(elems) if elems.is_empty() => Some(Ok(self.shared.unit())),
             Code::Tuple(elems) => {
-                let mut vals = Vec::with_capacity(elems.len());
+                let mut vals = Fields::new();
                 for e in elems {
                     match self.immediate(e)? {
                         Ok(v) => vals.push(v),
@@ -945,7 +947,11 @@ impl<'p> Machine<'p> {
         }
         let (cons, nil) = (natives.cons, natives.nil);
         // Not a list (which the type checker rules out): the ordinary call reports it.
-        let Some(Ok(items)) = vals.get(list as usize).map(|v| list_items(v, cons, nil)) else {
+        let pooled = self.vals_pool.pop().unwrap_or_default();
+        let Some(Ok(items)) = vals
+            .get(list as usize)
+            .map(|v| list_items_into(v, cons, nil, pooled))
+        else {
             vals.clear();
             self.vals_pool.push(vals);
             return None;
@@ -964,7 +970,8 @@ impl<'p> Machine<'p> {
         let start = self.ctx.depth;
         let step = match shape {
             LoopCode::Map(ml, elem) => {
-                self.map_next(ml, elem, items, Vec::new(), start, start, backend)
+                let vals = self.vals_pool.pop().unwrap_or_default();
+                self.map_next(ml, elem, items, vals, start, start, backend)
             }
             LoopCode::Fold(fl, step) => self.fold_next(fl, step, items, backend),
             LoopCode::Scan(sl, binds) => {
@@ -1136,7 +1143,7 @@ impl<'p> Machine<'p> {
                 }
             }
         }
-        Ok(Step::Apply(Value::tuple(vals)))
+        Ok(Step::Apply(Value::tuple(self.fields_of(vals))))
     }
 
     /// `let %r = db.concurrent((e1, .., en)); C(%r.0, .., %r.n-1)` with the fast path on: the
@@ -1201,8 +1208,8 @@ impl<'p> Machine<'p> {
         }
         self.ctx.depth = max;
         Ok(Step::Apply(match join {
-            Join::Tuple => Value::tuple(vals),
-            Join::Ctor(ctor) => Value::adt(ctor, vals),
+            Join::Tuple => Value::tuple(self.fields_of(vals)),
+            Join::Ctor(ctor) => Value::adt(ctor, self.fields_of(vals)),
         }))
     }
 
@@ -1254,7 +1261,10 @@ impl<'p> Machine<'p> {
                 if elems.is_empty() {
                     Step::Apply(self.shared.unit())
                 } else {
-                    self.tuple_from(elems, Vec::with_capacity(elems.len()), backend)?
+                    {
+                        let vals = self.vals_pool.pop().unwrap_or_default();
+                        self.tuple_from(elems, vals, backend)?
+                    }
                 }
             }
             Code::Proj(inner, i, span) => match self.immediate(inner) {
@@ -1281,7 +1291,7 @@ impl<'p> Machine<'p> {
             Code::Let { binds, body } => match self.concurrent_cell(binds, body) {
                 Some((ctor, elems)) => {
                     let start = self.ctx.depth;
-                    let vals = Vec::with_capacity(elems.len());
+                    let vals = self.vals_pool.pop().unwrap_or_default();
                     self.concurrent_from(Join::Ctor(ctor), elems, vals, start, start, backend)?
                 }
                 None => self.let_from(binds, 0, body, backend)?,
@@ -1327,7 +1337,7 @@ impl<'p> Machine<'p> {
             }
             Code::Concurrent(elems) => {
                 let start = self.ctx.depth;
-                let vals = Vec::with_capacity(elems.len());
+                let vals = self.vals_pool.pop().unwrap_or_default();
                 self.concurrent_from(Join::Tuple, elems, vals, start, start, backend)?
             }
             Code::Match {
@@ -1513,7 +1523,7 @@ impl<'p> Machine<'p> {
             Err(interpreted) => return Ok(interpreted),
         };
         let start = self.ctx.depth;
-        let vals = Vec::with_capacity(items.len());
+        let vals = self.vals_pool.pop().unwrap_or_default();
         self.map_next(ml, elem, items, vals, start, start, backend)
     }
 
@@ -1564,7 +1574,10 @@ impl<'p> Machine<'p> {
         self.ctx.depth = max.max(self.ctx.depth);
         let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
         let tail = self.shared.nullary(nil);
-        Ok(Step::Apply(list_of(vals, tail, cons)))
+        let list = list_of_drained(&mut vals, tail, cons);
+        self.give_back(vals);
+        self.give_back(items);
+        Ok(Step::Apply(list))
     }
 
     /// The frame of a function run as a loop over the list in parameter `list`, made as for any
@@ -1578,7 +1591,10 @@ impl<'p> Machine<'p> {
         span: Span,
     ) -> Result<Result<Vec<Value>, Step<'p>>, RunError> {
         let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
-        let items = args.get(list as usize).map(|v| list_items(v, cons, nil));
+        let pooled = self.vals_pool.pop().unwrap_or_default();
+        let items = args
+            .get(list as usize)
+            .map(|v| list_items_into(v, cons, nil, pooled));
         let Some(Ok(mut items)) = items else {
             return self.enter(lambda, args, None, &[], Some(span)).map(Err);
         };
@@ -1632,6 +1648,7 @@ impl<'p> Machine<'p> {
         if fl.nil_ghosts > 0 {
             backend.ghost(&mut self.ctx, fl.nil_ghosts);
         }
+        self.give_back(items);
         Ok(Step::Apply(self.slot(fl.acc)?))
     }
 
@@ -1706,7 +1723,10 @@ impl<'p> Machine<'p> {
         }
         let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
         let tail = self.shared.nullary(nil);
-        Ok(Step::Apply(list_of(vals, tail, cons)))
+        let list = list_of_drained(&mut vals, tail, cons);
+        self.give_back(vals);
+        self.give_back(items);
+        Ok(Step::Apply(list))
     }
 
     /// Slot `slot`'s value, or its field `i`.
@@ -1779,7 +1799,10 @@ impl<'p> Machine<'p> {
                 self.vals_pool.push(vals);
                 Ok(Step::Apply(self.shared.nullary(*ctor)))
             }
-            Code::CallCtor { ctor, .. } => Ok(Step::Apply(Value::adt(*ctor, vals))),
+            Code::CallCtor { ctor, .. } => {
+                let fields = self.fields_of(vals);
+                Ok(Step::Apply(Value::adt(*ctor, fields)))
+            }
             Code::CallGlobal { global, span, .. } => {
                 if let Some(native) = self.program.natives.of(*global) {
                     return self.native(native, vals, *span);
@@ -1909,14 +1932,14 @@ impl<'p> Machine<'p> {
             Native::Rev => items(&xs)?
                 .into_iter()
                 .fold(self.shared.nullary(nil), |rest, x| {
-                    Value::adt(cons, vec![x, rest])
+                    Value::adt(cons, smallvec![x, rest])
                 }),
             Native::Zip => {
                 let (a, b) = (items(&xs)?, items(&args.remove(0))?);
                 let pairs = a
                     .into_iter()
                     .zip(b)
-                    .map(|(x, y)| Value::tuple(vec![x, y]))
+                    .map(|(x, y)| Value::tuple(smallvec![x, y]))
                     .collect();
                 build(pairs, self.shared.nullary(nil))
             }
@@ -1998,6 +2021,23 @@ impl<'p> Machine<'p> {
 
     /// Keeps a finished frame's slot vector for the next call (calls are the machine's most frequent
     /// allocation).
+    /// An emptied vector back to the pool (up to its bound).
+    fn give_back(&mut self, mut vals: Vec<Value>) {
+        vals.clear();
+        if self.vals_pool.len() < 256 {
+            self.vals_pool.push(vals);
+        }
+    }
+
+    /// A constructor's or tuple's fields from operand vector `vals`, which goes back to the pool.
+    fn fields_of(&mut self, mut vals: Vec<Value>) -> Fields {
+        let fields = vals.drain(..).collect();
+        if self.vals_pool.len() < 256 {
+            self.vals_pool.push(vals);
+        }
+        fields
+    }
+
     fn recycle(&mut self, frame: Frame) {
         let mut slots = frame.slots;
         slots.clear();
@@ -2020,27 +2060,42 @@ pub fn derived_params(program: &Program, params: &[Value]) -> Result<Vec<Value>,
 /// The elements of list `v` (cells of constructor `cons`, ended by `nil`), first first; the kind
 /// of the first value that is neither.
 fn list_items(v: &Value, cons: u32, nil: u32) -> Result<Vec<Value>, &'static str> {
-    let mut out = Vec::new();
-    let mut at = v.clone();
+    list_items_into(v, cons, nil, Vec::new())
+}
+
+/// [`list_items`] appended to `out` (an emptied vector from the pool), the cells walked by
+/// reference.
+fn list_items_into(
+    v: &Value,
+    cons: u32,
+    nil: u32,
+    mut out: Vec<Value>,
+) -> Result<Vec<Value>, &'static str> {
+    let mut at = v;
     loop {
-        let next = match &at {
+        match at {
             Value::Adt(a) if a.ctor == cons && a.fields.len() == 2 => {
                 out.push(a.fields[0].clone());
-                a.fields[1].clone()
+                at = &a.fields[1];
             }
             Value::Adt(a) if a.ctor == nil => return Ok(out),
             other => return Err(other.kind()),
-        };
-        at = next;
+        }
     }
 }
 
 /// The list of `items` in order, ending in `tail`.
 fn list_of(items: Vec<Value>, tail: Value, cons: u32) -> Value {
+    let mut items = items;
+    list_of_drained(&mut items, tail, cons)
+}
+
+/// [`list_of`] taking the items out of `items`, which is left empty (for the pool).
+fn list_of_drained(items: &mut Vec<Value>, tail: Value, cons: u32) -> Value {
     items
-        .into_iter()
+        .drain(..)
         .rev()
-        .fold(tail, |rest, x| Value::adt(cons, vec![x, rest]))
+        .fold(tail, |rest, x| Value::adt(cons, smallvec![x, rest]))
 }
 
 /// Field `i` of a tuple value.
@@ -2112,7 +2167,7 @@ pub fn to_op_value(v: Value) -> Result<OpValue, String> {
 pub fn from_op_value(v: OpValue) -> Value {
     match v {
         OpValue::Tensor(t) => Value::Tensor(t),
-        OpValue::Tuple(ts) => Value::tuple(ts.into_iter().map(Value::Tensor).collect()),
+        OpValue::Tuple(ts) => Value::tuple(ts.into_iter().map(Value::Tensor).collect::<Fields>()),
     }
 }
 

@@ -78,6 +78,10 @@ impl Backend for ReferenceBackend<'_> {
 pub fn block_value(b: &Block, mut outs: Vec<Tensor>) -> Value {
     match (b.output_shape, outs.len()) {
         (OutputShape::Single, 1) => Value::Tensor(outs.remove(0)),
-        _ => Value::tuple(outs.into_iter().map(Value::Tensor).collect()),
+        _ => Value::tuple(
+            outs.into_iter()
+                .map(Value::Tensor)
+                .collect::<crate::Fields>(),
+        ),
     }
 }

@@ -128,7 +128,7 @@ impl TapeBackend<'_> {
             OpValue::Tuple(ts) => Value::tuple(
                 (0..ts.len() as u32)
                     .map(|output| Value::Lazy(LazyRef { node, output }))
-                    .collect(),
+                    .collect::<crate::Fields>(),
             ),
         };
         self.entries.push(Entry::Op {

@@ -8,6 +8,11 @@ use std::fmt;
 use std::rc::Rc;
 use tumble_tensor::Tensor;
 
+/// The fields of a constructor value or the elements of a tuple. Two inline: a list cell, a tree
+/// node and a `(h, c)` state are then one allocation each (the reference count with the fields),
+/// where a `Vec` made two — the evaluator builds and frees one or more per recorded invocation.
+pub type Fields = smallvec::SmallVec<[Value; 2]>;
+
 /// A tensor the batching runtime has recorded but maybe not computed yet: output `output` of
 /// dataflow node `node`. The reference backend never makes one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -25,12 +30,12 @@ pub enum Value {
     Closure(Rc<Closure>),
 }
 
-pub struct TupleValue(pub Vec<Value>);
+pub struct TupleValue(pub Fields);
 
 pub struct AdtValue {
     /// Index into [`crate::Program::ctors`].
     pub ctor: u32,
-    pub fields: Vec<Value>,
+    pub fields: Fields,
 }
 
 pub enum Closure {
@@ -47,15 +52,18 @@ pub enum Closure {
 
 impl Value {
     pub fn unit() -> Value {
-        Value::Tuple(Rc::new(TupleValue(Vec::new())))
+        Value::Tuple(Rc::new(TupleValue(Fields::new())))
     }
 
-    pub fn tuple(vs: Vec<Value>) -> Value {
-        Value::Tuple(Rc::new(TupleValue(vs)))
+    pub fn tuple(vs: impl Into<Fields>) -> Value {
+        Value::Tuple(Rc::new(TupleValue(vs.into())))
     }
 
-    pub fn adt(ctor: u32, fields: Vec<Value>) -> Value {
-        Value::Adt(Rc::new(AdtValue { ctor, fields }))
+    pub fn adt(ctor: u32, fields: impl Into<Fields>) -> Value {
+        Value::Adt(Rc::new(AdtValue {
+            ctor,
+            fields: fields.into(),
+        }))
     }
 
     pub fn as_tensor(&self) -> Option<&Tensor> {
@@ -114,15 +122,27 @@ fn drop_iteratively(children: &mut Vec<Value>) {
     }
 }
 
+/// [`drop_iteratively`] for inline fields: a stack is made only when a field is the last
+/// reference to a value with fields of its own (a list's tail being freed), not for every cell.
+fn drop_fields(fields: &mut Fields) {
+    let mut stack = Vec::new();
+    for v in fields.drain(..) {
+        take_children(v, &mut stack);
+    }
+    while let Some(v) = stack.pop() {
+        take_children(v, &mut stack);
+    }
+}
+
 impl Drop for AdtValue {
     fn drop(&mut self) {
-        drop_iteratively(&mut self.fields);
+        drop_fields(&mut self.fields);
     }
 }
 
 impl Drop for TupleValue {
     fn drop(&mut self) {
-        drop_iteratively(&mut self.0);
+        drop_fields(&mut self.0);
     }
 }
 

@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use std::rc::Rc;
 
 use serde_json::Value as Json;
-use tumble_interp::Value;
+use tumble_interp::{Fields, Value};
 use tumble_ir::{DType, Dim, Ty};
 use tumble_tensor::shape::format_shape;
 use tumble_tensor::{Buffer, Tensor};
@@ -368,7 +368,7 @@ impl<'a> Decoder<'a, '_> {
                         doc.describe()
                     ));
                 }
-                let mut out = Vec::with_capacity(ts.len());
+                let mut out = Fields::with_capacity(ts.len());
                 for (i, t) in ts.iter().enumerate() {
                     let Some(item) = doc.item(i) else { break };
                     self.enter(Seg::Index(i))?;
@@ -414,9 +414,9 @@ impl<'a> Decoder<'a, '_> {
             items.push(self.value(&item, elem)?);
             self.pop();
         }
-        let mut acc = Value::adt(nil, Vec::new());
+        let mut acc = Value::adt(nil, Fields::new());
         while let Some(v) = items.pop() {
-            acc = Value::adt(cons, vec![v, acc]);
+            acc = Value::adt(cons, Fields::from_buf([v, acc]));
         }
         Ok(acc)
     }
@@ -483,7 +483,7 @@ impl<'a> Decoder<'a, '_> {
         let arity = c.fields.len();
         let Some(fields) = fields else {
             if arity == 0 {
-                return Ok(Value::adt(c.index, Vec::new()));
+                return Ok(Value::adt(c.index, Fields::new()));
             }
             return self.err(format!(
                 "constructor {} takes {}; write {{\"{}\": [...]}}",
@@ -509,7 +509,7 @@ impl<'a> Decoder<'a, '_> {
                 fields.describe()
             ));
         }
-        let mut out = Vec::with_capacity(arity);
+        let mut out = Fields::with_capacity(arity);
         for (i, t) in c.fields.iter().enumerate() {
             let Some(item) = fields.item(i) else { break };
             self.enter(Seg::Index(i))?;

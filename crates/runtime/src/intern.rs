@@ -29,7 +29,7 @@ impl Interner {
         let slot = words.first().map_or(0, |&w| w as usize & (RECENT - 1));
         if let Some((seen, id)) = self.recent.get(slot) {
             // `u32::MAX`: a slot not filled yet.
-            if *id != u32::MAX && seen.as_slice() == words {
+            if *id != u32::MAX && same_words(seen, words) {
                 return *id;
             }
         }
@@ -57,6 +57,13 @@ impl Interner {
     pub(crate) fn len(&self) -> usize {
         self.ids.len()
     }
+}
+
+/// `a == b` for the short word sequences of keys (a dozen words): the differences OR-ed together
+/// in one pass, inline, where slice equality calls `bcmp` for every lookup.
+#[inline]
+fn same_words(a: &[u64], b: &[u64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// FxHash's word step (rotate, xor, multiply by an odd constant): a few cycles per word, and the

@@ -431,11 +431,11 @@ pub(crate) fn materialize(v: Value, dfg: &dfg::Dfg) -> Result<Value, RunError> {
             }
             Job::Visit(other) => done.push(other),
             Job::BuildTuple(k) => {
-                let fields = done.split_off(done.len().saturating_sub(k));
+                let fields = done.drain(done.len().saturating_sub(k)..).collect();
                 done.push(Value::Tuple(Rc::new(TupleValue(fields))));
             }
             Job::BuildAdt(c, k) => {
-                let fields = done.split_off(done.len().saturating_sub(k));
+                let fields = done.drain(done.len().saturating_sub(k)..).collect();
                 done.push(Value::Adt(Rc::new(AdtValue { ctor: c, fields })));
             }
         }

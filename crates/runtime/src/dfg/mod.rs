@@ -457,7 +457,7 @@ impl<'p> Dfg<'p> {
             _ => Value::tuple(
                 (0..n)
                     .map(|output| Value::Lazy(LazyRef { node, output }))
-                    .collect(),
+                    .collect::<tumble_interp::Fields>(),
             ),
         }
     }
