@@ -35,6 +35,10 @@ pub struct ExplainArgs {
     /// The entry function.
     #[arg(long, default_value = "main")]
     pub entry: String,
+    /// Also print the executable program the host evaluator runs: every function's code after
+    /// the static passes, with its frame size (`slots`), block invocations and their sites.
+    #[arg(long)]
+    pub code: bool,
 }
 
 pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
@@ -111,6 +115,10 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
         plans,
     } = compiled;
     let report = report.unwrap_or_default();
+    if args.code {
+        print!("{program}");
+        println!();
+    }
     let per_instance: Vec<&str> = params
         .iter()
         .zip(&weights)
