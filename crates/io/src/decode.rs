@@ -10,6 +10,9 @@
 
 use std::borrow::Cow;
 use std::rc::Rc;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
 
 use serde_json::Value as Json;
 use tumble_interp::{Fields, Value};
@@ -89,6 +92,7 @@ pub fn decode_instance<D: Doc>(
         path: Vec::new(),
         attached,
         ctors: Vec::new(),
+        shapes: Vec::new(),
     };
     d.instance(doc, args)
 }
@@ -235,7 +239,17 @@ struct Decoder<'a, 'e> {
     /// at: an instance names the same few thousands of times (every node of a tree), and
     /// instantiating one builds its name and its field types anew.
     ctors: Vec<(Rc<CtorRef>, String, Vec<Ty>)>,
+    /// Shapes of the tensors decoded so far, shared by the later ones of the same shape
+    /// ([`Decoder::shared_shape`]).
+    shapes: Vec<Arc<[usize]>>,
 }
+
+/// Distinct tensor shapes a decoder shares (an instance has a few: a token, an embedding row).
+const SHARED_SHAPES: usize = 8;
+
+/// Elements reserved up front for a tensor of fully known shape, at most: a larger one grows as it
+/// is read (a wrong count is reported, not allocated for).
+const MAX_PRESIZED: usize = 1 << 16;
 
 impl<'a> Decoder<'a, '_> {
     fn err<T>(&self, message: String) -> Result<T, DecodeError> {
@@ -547,10 +561,17 @@ impl<'a> Decoder<'a, '_> {
             _ => {}
         }
         let rank = dims.len();
-        let mut extents: Vec<Option<usize>> = vec![None; rank];
-        let mut elems = Elems::new(dtype);
+        // Instances hold many small tensors (a tree's token per node): the extents on the stack,
+        // the elements in one allocation of the size a fully known shape gives, and the shape
+        // shared with the instance's earlier tensors of that shape.
+        let mut extents: SmallVec<[Option<usize>; 4]> = smallvec::smallvec![None; rank];
+        let known: Option<usize> = dims
+            .iter()
+            .map(|d| d.known().and_then(|n| usize::try_from(n).ok()))
+            .try_fold(1usize, |acc, n| n.and_then(|n| acc.checked_mul(n)));
+        let mut elems = Elems::with_capacity(dtype, known.unwrap_or(0).min(MAX_PRESIZED));
         self.nested(doc, 0, dims, dtype, ty, &mut extents, &mut elems)?;
-        let shape: Vec<usize> = extents
+        let shape: SmallVec<[usize; 4]> = extents
             .iter()
             .zip(dims)
             .map(|(e, d)| {
@@ -563,10 +584,24 @@ impl<'a> Decoder<'a, '_> {
                 format_shape(&shape)
             ));
         }
-        match Tensor::new(shape, elems.into_buffer()) {
+        let shared = self.shared_shape(&shape);
+        match Tensor::with_shape(shared, elems.into_buffer()) {
             Ok(t) => Ok(t),
             Err(e) => self.err(format!("expected {ty}: {e}")),
         }
+    }
+
+    /// `shape` as a shape the instance's earlier tensors of that shape already share (the
+    /// last few kept), else a new one kept for the next.
+    fn shared_shape(&mut self, shape: &[usize]) -> Arc<[usize]> {
+        if let Some(s) = self.shapes.iter().find(|s| ***s == *shape) {
+            return s.clone();
+        }
+        let s: Arc<[usize]> = Arc::from(shape);
+        if self.shapes.len() < SHARED_SHAPES {
+            self.shapes.push(s.clone());
+        }
+        s
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -805,12 +840,16 @@ enum Elems {
 
 impl Elems {
     fn new(dtype: DType) -> Elems {
+        Elems::with_capacity(dtype, 0)
+    }
+
+    fn with_capacity(dtype: DType, n: usize) -> Elems {
         match dtype {
-            DType::Float32 => Elems::F32(Vec::new()),
-            DType::Float64 => Elems::F64(Vec::new()),
-            DType::Int32 => Elems::I32(Vec::new()),
-            DType::Int64 => Elems::I64(Vec::new()),
-            DType::Bool => Elems::Bool(Vec::new()),
+            DType::Float32 => Elems::F32(Vec::with_capacity(n)),
+            DType::Float64 => Elems::F64(Vec::with_capacity(n)),
+            DType::Int32 => Elems::I32(Vec::with_capacity(n)),
+            DType::Int64 => Elems::I64(Vec::with_capacity(n)),
+            DType::Bool => Elems::Bool(Vec::with_capacity(n)),
         }
     }
 

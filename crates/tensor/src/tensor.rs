@@ -62,6 +62,23 @@ impl Tensor {
         })
     }
 
+    /// [`Tensor::new`] with a shape shared with other tensors (decoding shares one per distinct
+    /// shape of an instance instead of allocating one per tensor).
+    pub fn with_shape(shape: Arc<[usize]>, data: Buffer) -> Result<Tensor, TensorError> {
+        let expected = num_elements(&shape)?;
+        if data.len() != expected {
+            return Err(TensorError::ElementCount {
+                shape: shape.to_vec(),
+                expected,
+                got: data.len(),
+            });
+        }
+        Ok(Tensor {
+            shape,
+            data: Arc::new(data),
+        })
+    }
+
     /// [`Tensor::new`] from a typed `Vec`; the dtype follows `T`.
     pub fn from_vec<T: Element>(
         shape: impl Into<Vec<usize>>,
