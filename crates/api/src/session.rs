@@ -43,7 +43,9 @@ impl Model {
         runtime.threads = threads;
         let exec = self.executable_for(&runtime);
         let inner = BatchSession::new(&self.program, &self.reuse, exec, &self.entry, runtime)
-            .map_err(|e| Error::Usage { message: e.message })?;
+            .map_err(|e| Error::Usage {
+                message: e.into_info().message,
+            })?;
         Ok(Session {
             model: self,
             env: TypeEnv::new(&self.typed, &self.program),

@@ -89,9 +89,15 @@ pub enum Outcome {
     Phase,
 }
 
-/// A run-time failure, located at the program point that failed where known.
+/// A run-time failure, located at the program point that failed where known. Boxed: every
+/// evaluation step returns a `Result<_, RunError>`, and the failure is rare, so the success path
+/// moves a value the size of a [`Value`] instead of one the size of the error's fields.
 #[derive(Debug, Clone)]
-pub struct RunError {
+pub struct RunError(Box<RunErrorInfo>);
+
+/// What a [`RunError`] says (its fields, reached through it).
+#[derive(Debug, Clone)]
+pub struct RunErrorInfo {
     pub message: String,
     pub span: Option<Span>,
     /// The calls that led to the failure, innermost first (a failure inside a prelude function
@@ -109,37 +115,55 @@ const INTERNAL: &str = "internal:";
 impl RunError {
     pub fn at(span: Span, message: impl Into<String>) -> Self {
         let message = message.into();
-        RunError {
+        RunError(Box::new(RunErrorInfo {
             internal: message.contains(INTERNAL),
             message,
             span: Some(span),
             trace: Vec::new(),
-        }
+        }))
     }
 
     pub fn new(message: impl Into<String>) -> Self {
         let message = message.into();
-        RunError {
+        RunError(Box::new(RunErrorInfo {
             internal: message.contains(INTERNAL),
             message,
             span: None,
             trace: Vec::new(),
-        }
+        }))
     }
 
     /// A broken invariant of tumble itself.
     pub fn internal(message: impl Into<String>) -> Self {
-        RunError {
+        RunError(Box::new(RunErrorInfo {
             message: format!("{INTERNAL} {}", message.into()),
             span: None,
             trace: Vec::new(),
             internal: true,
-        }
+        }))
+    }
+
+    /// The error's fields, to take apart.
+    pub fn into_info(self) -> RunErrorInfo {
+        *self.0
     }
 
     /// The note the faces print under an internal error.
     pub const BUG_NOTE: &'static str = "this is a bug in tumble, not in the model or its inputs: \
         please report it with the model, the instances and the command line";
+}
+
+impl std::ops::Deref for RunError {
+    type Target = RunErrorInfo;
+    fn deref(&self) -> &RunErrorInfo {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for RunError {
+    fn deref_mut(&mut self) -> &mut RunErrorInfo {
+        &mut self.0
+    }
 }
 
 /// Pending calls beyond this are reported as runaway recursion instead of exhausting memory.

@@ -80,7 +80,7 @@ impl TapeBackend<'_> {
             Value::Lazy(r) => self
                 .field(*r)
                 .map(|t| (t, Src::Ref(*r)))
-                .map_err(|e| e.message),
+                .map_err(|e| e.into_info().message),
             other => Err(format!("expected a tensor, found {}", other.kind())),
         }
     }

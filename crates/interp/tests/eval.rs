@@ -172,7 +172,7 @@ fn partial_match_failure_is_a_located_error() {
     let nil = Value::adt(p.ctor_index["Nil"], Vec::new());
     let err = run(&p, "main", vec![nil], &mut rng)
         .err()
-        .map(|e| e.message);
+        .map(|e| e.into_info().message);
     assert!(err.is_some_and(|m| m.contains("no arm")));
 }
 
@@ -191,7 +191,7 @@ fn run_time_shape_errors_from_unknown_dims_are_reported() {
         &mut rng,
     )
     .err()
-    .map(|e| (e.message, e.span.is_some()));
+    .map(|e| (e.message.clone(), e.span.is_some()));
     assert_eq!(
         err,
         Some((

@@ -70,7 +70,7 @@ fn both(src: &str, xs: &[i32], ys: &[i32]) -> (Result<String, String>, Result<St
         let args = vec![int_list(&p, xs), int_list(&p, ys)];
         run(&p, "main", args, &mut Rng::new(0))
             .map(|v| show(&p, &v))
-            .map_err(|e| e.message)
+            .map_err(|e| e.into_info().message)
     };
     (go(true), go(false))
 }
