@@ -85,7 +85,7 @@ impl Value {
 
 /// Moves the children of a value being dropped onto `stack` when this is the last reference, so their
 /// own drops find nothing left to recurse into.
-fn take_children(v: Value, stack: &mut Vec<Value>) {
+fn take_children(v: Value, stack: &mut DropStack) {
     match v {
         Value::Tensor(_) | Value::Lazy(_) => {}
         // Moved one by one (the order of drops is unobservable): the lists are short (a cell's
@@ -112,20 +112,23 @@ fn take_children(v: Value, stack: &mut Vec<Value>) {
     }
 }
 
+/// The values waiting to be dropped: a tree or list being freed keeps a few (a cell's fields, a
+/// node's children) at a time, so they stay on the machine stack; a wide node spills to the heap.
+type DropStack = smallvec::SmallVec<[Value; 8]>;
+
 fn drop_iteratively(children: &mut Vec<Value>) {
     if children.is_empty() {
         return;
     }
-    let mut stack = std::mem::take(children);
+    let mut stack: DropStack = children.drain(..).collect();
     while let Some(v) = stack.pop() {
         take_children(v, &mut stack);
     }
 }
 
-/// [`drop_iteratively`] for inline fields: a stack is made only when a field is the last
-/// reference to a value with fields of its own (a list's tail being freed), not for every cell.
+/// [`drop_iteratively`] for inline fields.
 fn drop_fields(fields: &mut Fields) {
-    let mut stack = Vec::new();
+    let mut stack = DropStack::new();
     for v in fields.drain(..) {
         take_children(v, &mut stack);
     }
@@ -147,9 +150,9 @@ impl Drop for TupleValue {
 }
 
 impl Closure {
-    fn move_captured_to(&mut self, stack: &mut Vec<Value>) {
+    fn move_captured_to(&mut self, stack: &mut DropStack) {
         if let Closure::Lambda { captured, .. } = self {
-            stack.append(captured);
+            stack.extend(captured.drain(..));
         }
     }
 }
