@@ -408,6 +408,9 @@ def main():
                     help="tumble (inline) runs each point this many times in one process (`--repeat`): the "
                          "first run is the cold figure, the median of the others the warm one (peers are warm "
                          "long-lived processes); 1: cold only")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds to wait before each engine's run of a point (lets whatever the previous "
+                         "run left behind -- freed memory, a peer's background work -- settle)")
     ap.add_argument("--tag", help="results file stem (default <date>-<machine>)")
     ap.add_argument("--table", metavar="JSON",
                     help="run nothing: print the report (tables and issue 17's targets per point) of an "
@@ -521,6 +524,8 @@ def main():
     for n, (r, i, e) in enumerate(work, 1):
         p = points[i]
         first = r == 0
+        if args.settle > 0:
+            time.sleep(args.settle)
         out = os.path.join(DATA, "out", f"{p['model']}.b{p['batch']}.{e}.jsonl") if first else None
         if out:
             os.makedirs(os.path.dirname(out), exist_ok=True)

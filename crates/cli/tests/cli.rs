@@ -282,6 +282,23 @@ fn explain_reports_what_each_static_optimization_found() {
         berxit.contains("(horizontally fused)"),
         "no fused Q/K/V group"
     );
+    // `--code`: the program after the static passes, before the report; without it, none.
+    let tree = tumble(&["explain", &zoo_model("treelstm_small"), "--code"]);
+    assert!(tree.status.success(), "{}", text(&tree.stderr));
+    let code = text(&tree.stdout);
+    for want in [
+        "fn @treelstm (lambda",
+        "invoke treelstm_leaf#",
+        "@map[0=fn#",
+        "fn @main (lambda",
+    ] {
+        assert!(code.contains(want), "missing {want:?} in:\n{code}");
+    }
+    let (program, report) = code
+        .split_once("model ")
+        .unwrap_or_else(|| panic!("no report after the code:\n{code}"));
+    assert!(program.contains("entry") && report.contains("static optimizations:"));
+    assert!(!text(&tumble(&["explain", &zoo_model("treelstm_small")]).stdout).contains("fn @"));
 }
 
 #[test]
