@@ -166,6 +166,9 @@ impl std::ops::DerefMut for RunError {
     }
 }
 
+/// Emptied argument vectors the evaluator keeps for reuse, at most.
+const VALS_POOL_MAX: usize = 256;
+
 /// Pending calls beyond this are reported as runaway recursion instead of exhausting memory.
 pub const MAX_PENDING: usize = 50_000_000;
 
@@ -2027,9 +2030,7 @@ impl<'p> Machine<'p> {
         let mut slots: Vec<Option<Value>> = self.slot_pool.pop().unwrap_or_default();
         slots.reserve(lambda.n_slots as usize);
         slots.extend(args.drain(..).map(Some));
-        if self.vals_pool.len() < 256 {
-            self.vals_pool.push(args);
-        }
+        self.give_back(args);
         slots.resize(lambda.n_slots as usize, None);
         for ((_, slot), v) in lambda.captures.iter().zip(captured) {
             if let Some(s) = slots.get_mut(*slot as usize) {
@@ -2045,10 +2046,10 @@ impl<'p> Machine<'p> {
 
     /// Keeps a finished frame's slot vector for the next call (calls are the machine's most frequent
     /// allocation).
-    /// An emptied vector back to the pool (up to its bound).
+    /// A vector back to the pool, emptied (up to the pool's bound).
     fn give_back(&mut self, mut vals: Vec<Value>) {
         vals.clear();
-        if self.vals_pool.len() < 256 {
+        if self.vals_pool.len() < VALS_POOL_MAX {
             self.vals_pool.push(vals);
         }
     }
@@ -2056,9 +2057,7 @@ impl<'p> Machine<'p> {
     /// A constructor's or tuple's fields from operand vector `vals`, which goes back to the pool.
     fn fields_of(&mut self, mut vals: Vec<Value>) -> Fields {
         let fields = vals.drain(..).collect();
-        if self.vals_pool.len() < 256 {
-            self.vals_pool.push(vals);
-        }
+        self.give_back(vals);
         fields
     }
 
