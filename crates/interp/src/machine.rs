@@ -717,14 +717,13 @@ impl<'p> Machine<'p> {
     /// from the pool; `None` at the first that is not. Immediate code has no effects: giving up
     /// there leaves nothing to undo but the values taken so far.
     fn immediates(&mut self, codes: &[Code]) -> Option<Result<Vec<Value>, RunError>> {
-        let mut vals = self.vals_pool.pop().unwrap_or_default();
+        let mut vals = self.pooled();
         for c in codes {
             match self.immediate(c) {
                 Some(Ok(v)) => vals.push(v),
                 Some(Err(e)) => return Some(Err(e)),
                 None => {
-                    vals.clear();
-                    self.vals_pool.push(vals);
+                    self.give_back(vals);
                     return None;
                 }
             }
@@ -809,7 +808,7 @@ impl<'p> Machine<'p> {
                     Err(e) => return Some(Err(e)),
                 };
                 if vals.is_empty() {
-                    self.vals_pool.push(vals);
+                    self.give_back(vals);
                     return Some(Ok(self.shared.nullary(*ctor)));
                 }
                 let fields = self.fields_of(vals);
@@ -965,7 +964,7 @@ impl<'p> Machine<'p> {
             return None;
         }
         // (`@foldl(%f, @hd(%xs), @tl(%xs))`: operands computed at once, without effects.)
-        let mut vals = self.vals_pool.pop().unwrap_or_default();
+        let mut vals = self.pooled();
         for a in args {
             match self.at_once(a, backend)? {
                 Ok(v) => vals.push(v),
@@ -974,13 +973,12 @@ impl<'p> Machine<'p> {
         }
         let (cons, nil) = (natives.cons, natives.nil);
         // Not a list (which the type checker rules out): the ordinary call reports it.
-        let pooled = self.vals_pool.pop().unwrap_or_default();
+        let pooled = self.pooled();
         let Some(Ok(items)) = vals
             .get(list as usize)
             .map(|v| list_items_into(v, cons, nil, pooled))
         else {
-            vals.clear();
-            self.vals_pool.push(vals);
+            self.give_back(vals);
             return None;
         };
         let frame = match self.frame_for(lambda, vals, None, &[], Some(span)) {
@@ -997,7 +995,7 @@ impl<'p> Machine<'p> {
         let start = self.ctx.depth;
         let step = match shape {
             LoopCode::Map(ml, elem) => {
-                let vals = self.vals_pool.pop().unwrap_or_default();
+                let vals = self.pooled();
                 self.map_next(ml, elem, items, vals, start, start, backend)
             }
             LoopCode::Fold(fl, step) => self.fold_next(fl, step, items, backend),
@@ -1288,10 +1286,8 @@ impl<'p> Machine<'p> {
                 if elems.is_empty() {
                     Step::Apply(self.shared.unit())
                 } else {
-                    {
-                        let vals = self.vals_pool.pop().unwrap_or_default();
-                        self.tuple_from(elems, vals, backend)?
-                    }
+                    let vals = self.pooled();
+                    self.tuple_from(elems, vals, backend)?
                 }
             }
             Code::Proj(inner, i, span) => match self.immediate(inner) {
@@ -1310,7 +1306,7 @@ impl<'p> Machine<'p> {
                 if operands.is_empty() {
                     self.call_step(code, Vec::new(), backend)?
                 } else {
-                    let mut vals = self.vals_pool.pop().unwrap_or_default();
+                    let mut vals = self.pooled();
                     vals.reserve(operands.len());
                     self.operands_from(code, operands, vals, backend)?
                 }
@@ -1318,7 +1314,7 @@ impl<'p> Machine<'p> {
             Code::Let { binds, body } => match self.concurrent_cell(binds, body) {
                 Some((ctor, elems)) => {
                     let start = self.ctx.depth;
-                    let vals = self.vals_pool.pop().unwrap_or_default();
+                    let vals = self.pooled();
                     self.concurrent_from(Join::Ctor(ctor), elems, vals, start, start, backend)?
                 }
                 None => self.let_from(binds, 0, body, backend)?,
@@ -1364,7 +1360,7 @@ impl<'p> Machine<'p> {
             }
             Code::Concurrent(elems) => {
                 let start = self.ctx.depth;
-                let vals = self.vals_pool.pop().unwrap_or_default();
+                let vals = self.pooled();
                 self.concurrent_from(Join::Tuple, elems, vals, start, start, backend)?
             }
             Code::Match {
@@ -1409,7 +1405,7 @@ impl<'p> Machine<'p> {
         {
             return None;
         }
-        let mut vals = match self.immediates(elems)? {
+        let vals = match self.immediates(elems)? {
             Ok(vals) => vals,
             Err(e) => return Some(Err(e)),
         };
@@ -1437,8 +1433,7 @@ impl<'p> Machine<'p> {
         }
         binds.clear();
         self.binds = binds;
-        vals.clear();
-        self.vals_pool.push(vals);
+        self.give_back(vals);
         chosen.map(|body| Ok(Step::Eval(body)))
     }
 
@@ -1550,7 +1545,7 @@ impl<'p> Machine<'p> {
             Err(interpreted) => return Ok(interpreted),
         };
         let start = self.ctx.depth;
-        let vals = self.vals_pool.pop().unwrap_or_default();
+        let vals = self.pooled();
         self.map_next(ml, elem, items, vals, start, start, backend)
     }
 
@@ -1618,7 +1613,7 @@ impl<'p> Machine<'p> {
         span: Span,
     ) -> Result<Result<Vec<Value>, Step<'p>>, RunError> {
         let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
-        let pooled = self.vals_pool.pop().unwrap_or_default();
+        let pooled = self.pooled();
         let items = args
             .get(list as usize)
             .map(|v| list_items_into(v, cons, nil, pooled));
@@ -1807,8 +1802,7 @@ impl<'p> Machine<'p> {
                 self.ctx.pending = self.stack.len();
                 let mut vals = vals;
                 let r = backend.invoke_block(&mut self.ctx, *block, *site, &mut vals, *span);
-                vals.clear();
-                self.vals_pool.push(vals);
+                self.give_back(vals);
                 r.map_err(|mut e| {
                     // Copied from a callee's body: the call is the innermost frame.
                     let from = self.program.sites.get(*site as usize);
@@ -1823,7 +1817,7 @@ impl<'p> Machine<'p> {
                 })?
             })),
             Code::CallCtor { ctor, .. } if vals.is_empty() => {
-                self.vals_pool.push(vals);
+                self.give_back(vals);
                 Ok(Step::Apply(self.shared.nullary(*ctor)))
             }
             Code::CallCtor { ctor, .. } => {
@@ -2044,9 +2038,14 @@ impl<'p> Machine<'p> {
         })
     }
 
-    /// Keeps a finished frame's slot vector for the next call (calls are the machine's most frequent
-    /// allocation).
+    /// An emptied vector from the pool (a new one when the pool is empty).
+    #[inline]
+    fn pooled(&mut self) -> Vec<Value> {
+        self.vals_pool.pop().unwrap_or_default()
+    }
+
     /// A vector back to the pool, emptied (up to the pool's bound).
+    #[inline]
     fn give_back(&mut self, mut vals: Vec<Value>) {
         vals.clear();
         if self.vals_pool.len() < VALS_POOL_MAX {
@@ -2061,6 +2060,8 @@ impl<'p> Machine<'p> {
         fields
     }
 
+    /// Keeps a finished frame's slot vector for the next call (calls are the machine's most frequent
+    /// allocation).
     fn recycle(&mut self, frame: Frame) {
         let mut slots = frame.slots;
         slots.clear();

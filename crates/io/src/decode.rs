@@ -244,6 +244,11 @@ struct Decoder<'a, 'e> {
     shapes: Vec<Arc<[usize]>>,
 }
 
+/// A dimension's size when the type states it.
+fn known_extent(d: &Dim) -> Option<usize> {
+    d.known().and_then(|n| usize::try_from(n).ok())
+}
+
 /// Distinct tensor shapes a decoder shares (an instance has a few: a token, an embedding row).
 const SHARED_SHAPES: usize = 8;
 
@@ -567,16 +572,14 @@ impl<'a> Decoder<'a, '_> {
         let mut extents: SmallVec<[Option<usize>; 4]> = smallvec::smallvec![None; rank];
         let known: Option<usize> = dims
             .iter()
-            .map(|d| d.known().and_then(|n| usize::try_from(n).ok()))
+            .map(known_extent)
             .try_fold(1usize, |acc, n| n.and_then(|n| acc.checked_mul(n)));
         let mut elems = Elems::with_capacity(dtype, known.unwrap_or(0).min(MAX_PRESIZED));
         self.nested(doc, 0, dims, dtype, ty, &mut extents, &mut elems)?;
         let shape: SmallVec<[usize; 4]> = extents
             .iter()
             .zip(dims)
-            .map(|(e, d)| {
-                e.unwrap_or_else(|| d.known().and_then(|n| usize::try_from(n).ok()).unwrap_or(0))
-            })
+            .map(|(e, d)| e.or_else(|| known_extent(d)).unwrap_or(0))
             .collect();
         if !crate::bind::shape_matches(dims, &shape) {
             return self.err(format!(
@@ -591,8 +594,8 @@ impl<'a> Decoder<'a, '_> {
         }
     }
 
-    /// `shape` as a shape the instance's earlier tensors of that shape already share (the
-    /// last few kept), else a new one kept for the next.
+    /// `shape` as the instance's earlier tensors of that shape share it (the first
+    /// [`SHARED_SHAPES`] distinct shapes are kept), else a new one.
     fn shared_shape(&mut self, shape: &[usize]) -> Arc<[usize]> {
         if let Some(s) = self.shapes.iter().find(|s| ***s == *shape) {
             return s.clone();

@@ -30,7 +30,7 @@
 //! the panels of the walk are taken in groups from its first, the group's first panel making one
 //! call over the group and the others nothing; each element's multiply-adds are unchanged.
 
-use crate::kernel::{DirectTile, Kernel, MultiA, MultiTile, WideTile, DIRECT_MAX_ROWS};
+use crate::kernel::{DirectTile, Kernel, MultiA, MultiOut, MultiTile, WideTile, DIRECT_MAX_ROWS};
 use crate::pack::{pack_a, AlignedBuf, PackedWeight, RowSource, NR};
 use crate::EpilogueInto;
 use std::cell::RefCell;
@@ -611,24 +611,19 @@ unsafe fn call_multi(
 ) {
     let run = w.panel_run(jp, panels, k0, kc);
     let cols = (n - col).min(panels * NR);
+    let out = MultiOut {
+        b: run.as_ptr(),
+        pstride: w.panel_stride(),
+        c: c_tile,
+        ldc: n,
+        n: cols,
+        accumulate,
+    };
     // SAFETY: MultiTileFn contract — `2 <= panels <= mt.panels` (`multi_panels`), `rows <=
     // mt.rows`; the panels `jp..jp + panels` exist, so the last has a column below `n` and
     // `(panels - 1) * 32 < cols <= panels * 32`; `run` spans every panel's `kc * 32` floats at
     // the panel stride; A and C as the caller guarantees.
-    unsafe {
-        (mt.tile)(
-            kc,
-            a,
-            run.as_ptr(),
-            w.panel_stride(),
-            panels,
-            c_tile,
-            n,
-            rows,
-            cols,
-            accumulate,
-        )
-    }
+    unsafe { (mt.tile)(kc, a, rows, panels, out) }
 }
 
 /// C's rows `rows` × `cols` floats from `c` (row stride `ldc`) into L1: the first and the last

@@ -212,18 +212,7 @@ impl PackedWeight {
         let mut buf = AlignedBuf::default();
         buf.ensure(total);
         let dst = buf.as_mut_slice();
-        #[cfg(target_arch = "x86_64")]
-        let packed = simd_weight_pack() && {
-            // SAFETY: `simd_weight_pack` checked AVX-512F; `w` is `n × k`, `dst` the panels'
-            // `ceil(n / 32) * k * 32` floats.
-            unsafe { pack_panels_avx512(w, n, k, dst) };
-            true
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let packed = false;
-        if !packed {
-            pack_panels_portable(w, n, k, dst);
-        }
+        pack_panels(w, n, k, dst);
         let rows = (n <= crate::narrow::MAX_N).then(|| w.to_vec());
         Ok(PackedWeight {
             n,
@@ -256,6 +245,19 @@ fn pack_panels_portable(w: &[f32], n: usize, k: usize, dst: &mut [f32]) {
             }
         }
     }
+}
+
+/// [`PackedWeight::pack`]'s panels: by register transposes where [`simd_weight_pack`] allows,
+/// else by the portable tiles (the same bits).
+fn pack_panels(w: &[f32], n: usize, k: usize, dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd_weight_pack() {
+        // SAFETY: `simd_weight_pack` checked AVX-512F; `w` is `n × k`, `dst` the panels'
+        // `ceil(n / 32) * k * 32` floats.
+        unsafe { pack_panels_avx512(w, n, k, dst) };
+        return;
+    }
+    pack_panels_portable(w, n, k, dst);
 }
 
 /// [`pack_panels_portable`] by 16 × 16 register transposes: each panel is two halves of 16 rows
@@ -377,8 +379,7 @@ impl PackedWeight {
 
     /// Panel `p`, rows `k0..k0 + kc` of K: `kc * NR` floats.
     pub(crate) fn panel(&self, p: usize, k0: usize, kc: usize) -> &[f32] {
-        let base = p * self.k * NR + k0 * NR;
-        &self.panels.as_slice()[base..base + kc * NR]
+        self.panel_run(p, 1, k0, kc)
     }
 
     /// Panels `p..p + count`, rows `k0..k0 + kc` of K of each: from panel `p`'s first such row to

@@ -47,19 +47,7 @@ impl Tensor {
     /// Pairs a shape with a buffer, checking that the element counts agree (and that the shape's
     /// element count does not overflow).
     pub fn new(shape: impl Into<Vec<usize>>, data: Buffer) -> Result<Tensor, TensorError> {
-        let shape = shape.into();
-        let expected = num_elements(&shape)?;
-        if data.len() != expected {
-            return Err(TensorError::ElementCount {
-                shape,
-                expected,
-                got: data.len(),
-            });
-        }
-        Ok(Tensor {
-            shape: shape.into(),
-            data: Arc::new(data),
-        })
+        Tensor::with_shape(shape.into().into(), data)
     }
 
     /// [`Tensor::new`] with a shape shared with other tensors (decoding shares one per distinct

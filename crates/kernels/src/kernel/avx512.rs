@@ -4,8 +4,8 @@
 //! masked loads/stores, so there is no scalar tail and no temporary.
 
 use super::{
-    DirectTile, DirectTileFn, InPlace, Kernel, MultiA, MultiTile, MultiTileFn, Packed, TileA,
-    TileFn, DIRECT_MAX_ROWS,
+    DirectTile, DirectTileFn, InPlace, Kernel, MultiA, MultiOut, MultiTile, MultiTileFn, Packed,
+    TileA, TileFn, DIRECT_MAX_ROWS,
 };
 use crate::pack::{PanelPackFn, NR};
 use std::arch::x86_64::*;
@@ -294,26 +294,7 @@ unsafe fn small<const M: usize, const U: usize>(
 /// The [`MultiTileFn`] contract (`m <= MULTI_ROWS`, `panels <= MULTI_PANELS`); the CPU supports
 /// AVX-512F.
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn multi_tile(
-    kc: usize,
-    a: MultiA<'_>,
-    b: *const f32,
-    pstride: usize,
-    panels: usize,
-    c: *mut f32,
-    ldc: usize,
-    m: usize,
-    n: usize,
-    accumulate: bool,
-) {
-    let out = MultiOut {
-        b,
-        pstride,
-        c,
-        ldc,
-        n,
-        accumulate,
-    };
+pub(crate) unsafe fn multi_tile(kc: usize, a: MultiA<'_>, m: usize, panels: usize, out: MultiOut) {
     // SAFETY: forwarded contract.
     unsafe {
         match a {
@@ -321,17 +302,6 @@ pub(crate) unsafe fn multi_tile(
             MultiA::Packed { a, lda } => multi_panels(kc, Packed { a, lda }, m, panels, out),
         }
     }
-}
-
-/// A multi-panel tile's weight panels (the first, and the stride to the next) and its C block.
-#[derive(Clone, Copy)]
-struct MultiOut {
-    b: *const f32,
-    pstride: usize,
-    c: *mut f32,
-    ldc: usize,
-    n: usize,
-    accumulate: bool,
 }
 
 /// [`multi_rows`] instantiated for `m` rows and `panels` panels (anything outside

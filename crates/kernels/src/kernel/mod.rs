@@ -85,29 +85,32 @@ pub(crate) enum MultiA<'a> {
     Rows(&'a [*const f32; DIRECT_MAX_ROWS]),
 }
 
+/// A multi-panel tile's weight panels (`b`, the first; `pstride` floats to the next panel's same
+/// K step) and its C block (`c`, row stride `ldc`, `n` columns from the first panel's first;
+/// `accumulate`: add to C instead of storing).
+#[derive(Clone, Copy)]
+pub(crate) struct MultiOut {
+    pub(crate) b: *const f32,
+    pub(crate) pstride: usize,
+    pub(crate) c: *mut f32,
+    pub(crate) ldc: usize,
+    pub(crate) n: usize,
+    pub(crate) accumulate: bool,
+}
+
 /// A tile over `panels` consecutive 32-wide weight panels at once (`2..=` the kernel's
-/// [`MultiTile::panels`]) for a few rows: more independent accumulators per row than one
+/// [`MultiTile::panels`]) for `m` rows: more independent accumulators per row than one
 /// panel's, so that a launch of 1–3 rows (or the last rows of a launch) does not wait on FMA
 /// latency.
 ///
 /// # Safety (contract every caller upholds)
 /// As [`TileFn`]'s ([`MultiA::Packed`]) or [`DirectTileFn`]'s ([`MultiA::Rows`]), with
 /// `1 <= m <=` the kernel's [`MultiTile::rows`] and, instead of one panel: `2 <= panels <=`
-/// [`MultiTile::panels`], `(panels - 1) * 32 < n <= panels * 32`, and if `kc > 0`,
-/// `b + j * pstride` valid for reads of `kc * 32` floats for every `j < panels`. Each element's
-/// multiply-adds are those of the kernel's own tile in the same order (the same bits).
-pub(crate) type MultiTileFn = unsafe fn(
-    kc: usize,
-    a: MultiA<'_>,
-    b: *const f32,
-    pstride: usize,
-    panels: usize,
-    c: *mut f32,
-    ldc: usize,
-    m: usize,
-    n: usize,
-    accumulate: bool,
-);
+/// [`MultiTile::panels`], `(panels - 1) * 32 < out.n <= panels * 32`, and if `kc > 0`,
+/// `out.b + j * out.pstride` valid for reads of `kc * 32` floats for every `j < panels`. Each
+/// element's multiply-adds are those of the kernel's own tile in the same order (the same bits).
+pub(crate) type MultiTileFn =
+    unsafe fn(kc: usize, a: MultiA<'_>, m: usize, panels: usize, out: MultiOut);
 
 /// A kernel's [`MultiTileFn`], for at most `rows` rows over at most `panels` panels.
 #[derive(Clone, Copy)]

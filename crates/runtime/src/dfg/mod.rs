@@ -426,9 +426,6 @@ impl<'p> Dfg<'p> {
             .f32_view()
     }
 
-    /// The id of the next node. When the node table is full, its growth (a reallocation that
-    /// doubles it: gigabytes for a runaway recursion) is checked against the memory budget before
-    /// it happens; `pending` is the recording instance's pending evaluations, for the message.
     /// Room for the nodes `instances` instances are expected to record, from the job's earlier
     /// mini-batches ([`Executable::nodes_per_instance_milli`]); nothing when there were none or
     /// the memory budget would not allow it (the table then grows as it fills, as without a hint).
@@ -461,6 +458,9 @@ impl<'p> Dfg<'p> {
             .fetch_max(per, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// The id of the next node. When the node table is full, its growth (a reallocation that
+    /// doubles it: gigabytes for a runaway recursion) is checked against the memory budget before
+    /// it happens; `pending` is the recording instance's pending evaluations, for the message.
     fn reserve_node(&mut self, pending: usize) -> Result<u32, RunError> {
         if self.nodes.len() == self.nodes.capacity() {
             let more = self.nodes.capacity().max(4) * std::mem::size_of::<Node>();

@@ -114,7 +114,7 @@ impl Dfg<'_> {
         else {
             return Err(RunError::new("internal: unknown sum"));
         };
-        let shape = first_shapes.first().cloned().unwrap_or_default();
+        let shape: &[usize] = first_shapes.first().map_or(&[], Vec::as_slice);
         let len: usize = shape.iter().product();
         let mut data = tumble_tensor::pool::with_capacity_f32(todo.len() * len);
         let mut terms = 0;
@@ -126,7 +126,7 @@ impl Dfg<'_> {
             // Nodes recorded with one shape key share their shapes (`Dfg::shape_cache`): one
             // pointer comparison instead of comparing the shapes, for all but the odd one.
             if !std::rc::Rc::ptr_eq(&node.out_shapes, &first_shapes)
-                && node.out_shapes.first() != Some(&shape)
+                && node.out_shapes.first().map(Vec::as_slice) != Some(shape)
             {
                 return Err(RunError::new(
                     "internal: sums of different shapes in one input",
@@ -138,7 +138,7 @@ impl Dfg<'_> {
         }
         let mut batch_shape = Vec::with_capacity(shape.len() + 1);
         batch_shape.push(todo.len());
-        batch_shape.extend_from_slice(&shape);
+        batch_shape.extend_from_slice(shape);
         let batch = Tensor::from_vec(batch_shape, data)
             .map_err(|e| RunError::new(format!("internal: sum: {e}")))?;
         self.produced((batch.len() * 4) as u64);
