@@ -35,7 +35,7 @@ pub use act::{sigmoid_in_place, tanh_in_place, Activation, BiasActivation};
 pub use driver::{set_tuning, tuning, Tuning};
 pub use error::KernelError;
 pub use kernel::KernelKind;
-pub use narrow::set_narrow_products;
+pub use narrow::{dot_rows, set_narrow_products};
 pub use pack::PackedWeight;
 
 use driver::Part;

@@ -77,6 +77,26 @@ pub(crate) fn run(
     }
 }
 
+/// `out[j] = a · w_j` for every row `w_j` of `w` (row-major, `out.len()` rows of `k` floats):
+/// a vector-matrix product against a weight used once (MV-RNN's per-word matrices), eight
+/// weight rows at a time on the selected kernel family's vector loops, `a` loaded once per eight.
+/// Each output's lanes are reduced in a fixed order, so it does not depend on `out.len()`.
+/// Lengths that do not fit (`a` shorter than `k`, `w` shorter than `out.len() × k`) leave the
+/// outputs they cannot compute untouched; callers check them.
+pub fn dot_rows(a: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+    if a.len() < k {
+        return;
+    }
+    let kind = KernelKind::selected();
+    for (j0, o) in (0..).step_by(MAX_N).zip(out.chunks_mut(MAX_N)) {
+        let Some(rows) = w.get(j0 * k..(j0 + o.len()) * k) else {
+            return;
+        };
+        let n = o.len();
+        rows_dot(kind, a, rows, k, n, o, false);
+    }
+}
+
 /// `out[j] (+)= a · w_j` for the `n` rows `w_j` of `w` (each `k` floats).
 fn rows_dot(
     kind: KernelKind,
@@ -248,5 +268,54 @@ mod x86 {
             }
             out[j] = if add { out[j] + s } else { s };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `dot_rows` against f64 sums at odd sizes (tails of K, of the eight-row groups, K = 0).
+    #[test]
+    fn dot_rows_at_odd_sizes() {
+        let mut seed = 7u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for (k, n) in [
+            (0, 3),
+            (1, 1),
+            (5, 9),
+            (16, 8),
+            (17, 17),
+            (33, 7),
+            (128, 128),
+            (129, 65),
+        ] {
+            let a: Vec<f32> = (0..k).map(|_| next()).collect();
+            let w: Vec<f32> = (0..n * k).map(|_| next()).collect();
+            let mut out = vec![f32::NAN; n];
+            dot_rows(&a, &w, k, &mut out);
+            for (j, got) in out.iter().enumerate() {
+                let want: f64 = (0..k)
+                    .map(|l| f64::from(a[l]) * f64::from(w[j * k + l]))
+                    .sum();
+                assert!(
+                    (f64::from(*got) - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "k {k} n {n}: [{j}] {got} against {want}"
+                );
+            }
+            // A row's result does not depend on how many rows are computed with it.
+            if n > 1 {
+                let mut first = vec![f32::NAN; 1];
+                dot_rows(&a, &w, k, &mut first);
+                assert_eq!(first[0].to_bits(), out[0].to_bits());
+            }
+        }
+        // Too short an operand computes nothing rather than panicking.
+        let mut out = [f32::NAN; 2];
+        dot_rows(&[1.0], &[1.0; 4], 2, &mut out);
+        assert!(out.iter().all(|v| v.is_nan()));
     }
 }
