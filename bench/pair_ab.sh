@@ -2,6 +2,8 @@
 # Interleaved A/B of two tumble commands on a few points: warm medians (decoding excluded) and
 # first runs of `--repeat 4`, 1 thread. OLD and NEW are commands (a binary, or `env VAR=1 binary`
 # to toggle a switch on one binary). Outputs of the two are compared with `cmp` on round 1.
+# OLD_ARGS and NEW_ARGS (optional) are flags of `tumble run` added to that side's command line,
+# for switches that are flags rather than environment variables (`NEW_ARGS=--no-locality-chunks`).
 # Usage: OLD=... NEW=... bench/pair_ab.sh ROUNDS MODEL BATCH [MODEL BATCH ...]
 #   e.g. OLD="env TUMBLE_NO_DIRECT_A=1 target/release/tumble" NEW=target/release/tumble \
 #        bench/pair_ab.sh 6 stackrnn_small 8 nestedrnn_small 8
@@ -16,9 +18,10 @@ while [ $# -ge 2 ]; do
   m=$1; b=$2; shift 2; in=$(ab_input "$m" "$b")
   for r in $(seq "$ROUNDS"); do
     for v in old new; do
-      cmd=$NEW; [ $v = old ] && cmd=$OLD
+      cmd=$NEW; args=${NEW_ARGS:-}; [ $v = old ] && { cmd=$OLD; args=${OLD_ARGS:-}; }
+      # shellcheck disable=SC2086 # $cmd and $args are word lists
       out=$($cmd run "models/$m.rly" --inputs "$in" --params "$D/weights/$m.seed0.safetensors" \
-        --batch "$b" --threads 1 --profile --repeat 4 -o "$TMP/$v.jsonl" 2>&1)
+        --batch "$b" --threads 1 --profile --repeat 4 $args -o "$TMP/$v.jsonl" 2>&1)
       line=$(sed -n 's/^repeats without decoding inputs (ms per run): //p' <<<"$out")
       echo "$m b$b $v first ${line%% *} warm ${line##* }"
     done
