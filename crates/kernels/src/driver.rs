@@ -488,8 +488,18 @@ fn run_tasks<T: Send>(t: usize, tasks: Vec<T>, f: impl Fn(T) + Sync) {
     });
 }
 
+/// The largest K block of a product of `m` rows on `kernel`: K unblocked for the small-M
+/// variant (its packed A is only `m × K` floats), the kernel's `kc` otherwise.
+pub(crate) fn kc_max(kernel: &Kernel, m: usize) -> usize {
+    if m <= kernel.small_m {
+        usize::MAX
+    } else {
+        kernel.kc
+    }
+}
+
 /// K blocks of at most `kc_max`, balanced: `[k0, k0 + kc)` pairs.
-fn k_blocks(k: usize, kc_max: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(crate) fn k_blocks(k: usize, kc_max: usize) -> impl Iterator<Item = (usize, usize)> {
     let nb = k.div_ceil(kc_max.max(1)).max(1);
     let kc = k.div_ceil(nb).max(1);
     (0..k).step_by(kc).map(move |k0| (k0, kc.min(k - k0)))
@@ -692,7 +702,7 @@ fn block_rows(
                 (mg <= DIRECT_MAX_ROWS
                     || (part.w.n().div_ceil(NR) <= DIRECT_MAX_PANELS && direct_narrow_enabled()))
                     && direct_enabled()
-                    && !matches!(part.a, RowSource::Columns(_))
+                    && !matches!(part.a, RowSource::Columns(_) | RowSource::Packed(_))
             });
             for (k0, kc) in k_blocks(part.w.k(), kc_max) {
                 // Row pointers of the group, in blocks of the direct tile's rows (the last may
@@ -703,7 +713,13 @@ fn block_rows(
                     for i in 0..mg {
                         row_ptrs[i / dr][i % dr] = part.a.row(ic + i, k0, kc).as_ptr();
                     }
-                } else {
+                }
+                // A packed once for every product (`Rows::Packed`) is read where it lies.
+                let prepacked = match part.a {
+                    RowSource::Packed(p) if direct.is_none() => p.panels(ic, mg, k0, kc, mr),
+                    _ => None,
+                };
+                if direct.is_none() && prepacked.is_none() {
                     scratch.ensure(micro * mr * kc);
                     pack_a(
                         &part.a,
@@ -716,7 +732,7 @@ fn block_rows(
                         scratch.as_mut_slice(),
                     );
                 }
-                let apack = scratch.as_slice();
+                let apack = prepacked.unwrap_or(scratch.as_slice());
                 let mut pc0 = p0;
                 while pc0 < p1 {
                     let pc1 = (pc0 + bl.chunk).min(p1);

@@ -36,7 +36,7 @@ pub use driver::{set_tuning, tuning, Tuning};
 pub use error::KernelError;
 pub use kernel::KernelKind;
 pub use narrow::{dot_rows, set_narrow_products};
-pub use pack::PackedWeight;
+pub use pack::{PackedRows, PackedWeight};
 
 use driver::Part;
 use pack::RowSource;
@@ -64,6 +64,10 @@ pub enum Rows<'a> {
     /// reads the rows of dY as the columns of dYᵀ). Each step of K packs one run of a column.
     /// Not taken by the narrow-product path (it reads whole rows).
     Columns(&'a [&'a [f32]]),
+    /// A packed once for many products ([`PackedRows::pack`]): its `M` rows of `K` floats, whose
+    /// micro-panels the products read where they lie instead of packing A at every call (the
+    /// same bits as [`Rows::Contiguous`] over the data it was packed from).
+    Packed(&'a PackedRows),
 }
 
 /// Called once per block of finished output rows, while they are hot in cache: `rows` is the range
@@ -273,6 +277,7 @@ fn validate<'a>(
             .find_map(|(a, _)| match a {
                 Rows::Gathered(r) => Some(r.len()),
                 Rows::Columns(cols) => cols.first().map(|c| c.len()),
+                Rows::Packed(p) => Some(p.m()),
                 Rows::Contiguous { .. } => None,
             })
             .unwrap_or(0)
@@ -325,6 +330,16 @@ fn validate<'a>(
                     }
                 }
                 RowSource::Columns(cols)
+            }
+            Rows::Packed(p) => {
+                if p.m() != m || p.k() != k {
+                    return Err(KernelError::Shape(format!(
+                        "part {i}: A packed as {} × {} for a product of {m} rows and K = {k}",
+                        p.m(),
+                        p.k()
+                    )));
+                }
+                RowSource::Packed(p)
             }
             Rows::Contiguous { data, stride } => {
                 if stride < k {

@@ -397,6 +397,107 @@ impl PackedWeight {
     }
 }
 
+/// A left operand `A` (M × K) packed once for every product that reads it
+/// ([`crate::Rows::Packed`]): the micro-panels the driver would otherwise pack at every call, for
+/// every K block and all M rows, and A's rows as they are (for the paths that read rows where
+/// they lie). A shared left operand of many products — MV-RNN's `W_M` in `W_M · [A; B]`, one
+/// product per tree node — is packed once per job instead of once per product, and the products
+/// run on the packed tiles. The panels are those of the kernel family selected when packing
+/// (`KernelKind::selected`); a product whose blocking differs packs from the rows as usual.
+pub struct PackedRows {
+    m: usize,
+    k: usize,
+    rows: Vec<f32>,
+    mr: usize,
+    panels: AlignedBuf,
+    /// Per K block: its `(k0, kc)` and where its micro-panels start in `panels`.
+    blocks: Vec<(usize, usize, usize)>,
+}
+
+impl std::fmt::Debug for PackedRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PackedRows({} × {}, micro-panels of {})",
+            self.m, self.k, self.mr
+        )
+    }
+}
+
+impl PackedRows {
+    /// Packs `data`, `m` rows of `k` floats (row-major), as the selected kernel's driver packs
+    /// the A of a product of `m` rows: the same micro-panels, so the same bits.
+    pub fn pack(data: &[f32], m: usize, k: usize) -> Result<PackedRows, KernelError> {
+        let len = m.checked_mul(k).ok_or(KernelError::Overflow)?;
+        if data.len() != len {
+            return Err(KernelError::Length {
+                what: "A (M × K)".into(),
+                expected: len,
+                actual: data.len(),
+            });
+        }
+        let kernel = crate::KernelKind::selected().kernel()?;
+        let mr = kernel.mr;
+        let kc_max = crate::driver::kc_max(&kernel, m);
+        let mpad = m.div_ceil(mr) * mr;
+        let mut panels = AlignedBuf::default();
+        panels.ensure(mpad.checked_mul(k).ok_or(KernelError::Overflow)?);
+        let mut blocks = Vec::new();
+        if m > 0 && k > 0 {
+            let src = RowSource::Contiguous { data, stride: k };
+            let transposer = kernel
+                .pack_panel
+                .filter(|_| crate::driver::simd_pack_enabled());
+            let mut off = 0;
+            for (k0, kc) in crate::driver::k_blocks(k, kc_max) {
+                let dst = &mut panels.as_mut_slice()[off..off + mpad * kc];
+                pack_a(&src, 0, m, k0, kc, mr, transposer, dst);
+                blocks.push((k0, kc, off));
+                off += mpad * kc;
+            }
+        }
+        Ok(PackedRows {
+            m,
+            k,
+            rows: data.to_vec(),
+            mr,
+            panels,
+            blocks,
+        })
+    }
+
+    /// Rows (M).
+    pub fn m(&self) -> usize {
+        self.m
+    }
+
+    /// Columns (K).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The packed micro-panels of rows `r0..r0 + mc`, columns `k0..k0 + kc`, as [`pack_a`] would
+    /// lay them out with micro-panels of `mr` rows; `None` when they were not packed that way.
+    pub(crate) fn panels(
+        &self,
+        r0: usize,
+        mc: usize,
+        k0: usize,
+        kc: usize,
+        mr: usize,
+    ) -> Option<&[f32]> {
+        if mr != self.mr || !r0.is_multiple_of(mr) || r0 + mc > self.m {
+            return None;
+        }
+        let &(_, _, off) = self.blocks.iter().find(|b| b.0 == k0 && b.1 == kc)?;
+        // Micro-panel `r0 / mr` of the block starts `r0 * kc` floats in.
+        let start = off + r0 * kc;
+        self.panels
+            .as_slice()
+            .get(start..start + mc.div_ceil(mr) * mr * kc)
+    }
+}
+
 /// The A operand after validation: `m` rows of exactly `k` floats each.
 #[derive(Clone, Copy)]
 pub(crate) enum RowSource<'a> {
@@ -407,6 +508,9 @@ pub(crate) enum RowSource<'a> {
     Gathered(&'a [&'a [f32]]),
     /// `k` columns of exactly `m` floats ([`crate::Rows::Columns`]).
     Columns(&'a [&'a [f32]]),
+    /// Packed once ([`crate::Rows::Packed`]): its micro-panels where the blocking matches, else
+    /// its rows.
+    Packed(&'a PackedRows),
 }
 
 impl<'a> RowSource<'a> {
@@ -419,6 +523,7 @@ impl<'a> RowSource<'a> {
             RowSource::Contiguous { data, stride } => &data[i * stride + k0..i * stride + k0 + kc],
             RowSource::Gathered(rows) => &rows[i][k0..k0 + kc],
             RowSource::Columns(_) => &[],
+            RowSource::Packed(p) => &p.rows[i * p.k + k0..i * p.k + k0 + kc],
         }
     }
 }

@@ -6,7 +6,7 @@ use crate::intern::WordMap;
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
-use tumble_kernels::{NoEpilogue, PackedWeight, Rows};
+use tumble_kernels::{NoEpilogue, PackedRows, PackedWeight, Rows};
 use tumble_tensor::Tensor;
 
 type Single = WordMap<(usize, usize, usize), (Tensor, Arc<PackedWeight>)>;
@@ -24,6 +24,40 @@ pub struct WeightCache {
     /// Column blocks `W[:, k0..k0 + k]` packed (a product over a concatenation, one block per
     /// part), keyed by (buffer, N, K, k0, k).
     columns: Mutex<Columns>,
+    /// Shared left operands packed as the GEMM's A (`X` of `X · [Y_1; ..]`), keyed by
+    /// (buffer, M, K).
+    rows: Mutex<LeftRows>,
+}
+
+type LeftRows = WordMap<(usize, usize, usize), (Tensor, Arc<PackedRows>)>;
+
+/// `x` (M × K), a left operand shared by many products, packed as their A once per job
+/// ([`tumble_kernels::Rows::Packed`]: MV-RNN's `W_M` in `W_M · [A; B]`, a product per node).
+pub fn packed_rows(x: &Tensor, m: usize, k: usize) -> Result<Arc<PackedRows>, String> {
+    let key = (x.buffer_id(), m, k);
+    WeightCache::with(|cache| {
+        if let Some(Ok(c)) = cache.map(|c| c.rows.lock()) {
+            if let Some((_, p)) = c.get(&key) {
+                return Ok(p.clone());
+            }
+        }
+        let data = x
+            .as_f32()
+            .ok_or("product: the left operand is not float32")?;
+        let p = Arc::new(PackedRows::pack(data, m, k).map_err(|e| e.to_string())?);
+        if let Some(Ok(mut c)) = cache.map(|c| c.rows.lock()) {
+            c.insert(key, (x.clone(), p.clone()));
+        }
+        Ok(p)
+    })
+}
+
+/// Whether a shared left operand of per-invocation products is packed once per job
+/// ([`packed_rows`]) instead of read in place or packed at every product;
+/// `TUMBLE_NO_PREPACKED_A=1` turns it off (the A/B baseline; the same bits either way).
+pub fn prepacked_a_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_PREPACKED_A").is_none())
 }
 
 type Columns = WordMap<(usize, usize, usize, usize, usize), (Tensor, Arc<PackedWeight>)>;

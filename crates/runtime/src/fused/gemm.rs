@@ -225,9 +225,17 @@ pub(super) fn matmul_stage(
         return Ok(None);
     }
     let mut c = scratch_f32(b * m * n); // each invocation's block is overwritten whole by its GEMM
-    let a = tumble_kernels::Rows::Contiguous {
-        data: xd,
-        stride: k,
+                                        // X is the same for every invocation and every launch: packed as A once per job.
+    let x_packed = match crate::gemm::prepacked_a_enabled() {
+        true => Some(crate::gemm::packed_rows(&x, m, k)?),
+        false => None,
+    };
+    let a = match &x_packed {
+        Some(p) => tumble_kernels::Rows::Packed(p),
+        None => tumble_kernels::Rows::Contiguous {
+            data: xd,
+            stride: k,
+        },
     };
     let mut y_rows: Vec<&[f32]> = Vec::with_capacity(k);
     // The panels of the last such product on this thread, packed over again rather than allocated
