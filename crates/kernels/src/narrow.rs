@@ -68,7 +68,7 @@ pub(crate) fn run(
             let k = part.w.k();
             for (i, out) in (r0..r1).zip(block.chunks_exact_mut(n.max(1))) {
                 let a = part.a.row(i, 0, k);
-                rows_dot(kind, a, w, k, n, out, pi > 0);
+                rows_dot(kind, a, w, k, n, out, pi > 0, std::ptr::null());
             }
         }
         let front = split_front(&mut outs, r1 - r0);
@@ -88,16 +88,33 @@ pub fn dot_rows(a: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
         return;
     }
     let kind = KernelKind::selected();
+    let prefetch = dot_prefetch_enabled();
     for (j0, o) in (0..).step_by(MAX_N).zip(out.chunks_mut(MAX_N)) {
         let Some(rows) = w.get(j0 * k..(j0 + o.len()) * k) else {
             return;
         };
         let n = o.len();
-        rows_dot(kind, a, rows, k, n, o, false);
+        // The next eight rows (often the next 4 KiB page, where the hardware's streams stop)
+        // are prefetched while these are multiplied: a weight used once comes from memory.
+        let next = match w.get((j0 + n) * k..) {
+            Some(rest) if prefetch && rest.len() >= n * k => rest.as_ptr(),
+            _ => std::ptr::null(),
+        };
+        rows_dot(kind, a, rows, k, n, o, false, next);
     }
 }
 
-/// `out[j] (+)= a · w_j` for the `n` rows `w_j` of `w` (each `k` floats).
+/// `TUMBLE_NO_DOT_PREFETCH=1`: [`dot_rows`] does not prefetch the next rows (a hint: the
+/// results never depend on it).
+fn dot_prefetch_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DOT_PREFETCH").is_none())
+}
+
+/// `out[j] (+)= a · w_j` for the `n` rows `w_j` of `w` (each `k` floats); `next`, when not null,
+/// is `n` more rows of `k` floats the vector kernels prefetch meanwhile, a line for each line
+/// they read.
+#[allow(clippy::too_many_arguments)]
 fn rows_dot(
     kind: KernelKind,
     a: &[f32],
@@ -106,27 +123,31 @@ fn rows_dot(
     n: usize,
     out: &mut [f32],
     add: bool,
+    next: *const f32,
 ) {
     macro_rules! by_n {
-        ($f:ident) => {
+        ($f:ident $(, $next:ident)?) => {
             match n {
-                1 => $f::<1>(a, w, k, out, add),
-                2 => $f::<2>(a, w, k, out, add),
-                3 => $f::<3>(a, w, k, out, add),
-                4 => $f::<4>(a, w, k, out, add),
-                5 => $f::<5>(a, w, k, out, add),
-                6 => $f::<6>(a, w, k, out, add),
-                7 => $f::<7>(a, w, k, out, add),
-                _ => $f::<8>(a, w, k, out, add),
+                1 => $f::<1>(a, w, k, out, add $(, $next)?),
+                2 => $f::<2>(a, w, k, out, add $(, $next)?),
+                3 => $f::<3>(a, w, k, out, add $(, $next)?),
+                4 => $f::<4>(a, w, k, out, add $(, $next)?),
+                5 => $f::<5>(a, w, k, out, add $(, $next)?),
+                6 => $f::<6>(a, w, k, out, add $(, $next)?),
+                7 => $f::<7>(a, w, k, out, add $(, $next)?),
+                _ => $f::<8>(a, w, k, out, add $(, $next)?),
             }
         };
     }
     match kind {
         #[cfg(target_arch = "x86_64")]
-        KernelKind::Avx512 => by_n!(dot_avx512),
+        KernelKind::Avx512 => by_n!(dot_avx512, next),
         #[cfg(target_arch = "x86_64")]
         KernelKind::Avx2Fma => by_n!(dot_avx2),
-        _ => by_n!(dot_portable),
+        _ => {
+            let _ = next;
+            by_n!(dot_portable)
+        }
     }
 }
 
@@ -185,20 +206,28 @@ fn dot_avx2<const N: usize>(a: &[f32], w: &[f32], k: usize, out: &mut [f32], add
 }
 
 #[cfg(target_arch = "x86_64")]
-fn dot_avx512<const N: usize>(a: &[f32], w: &[f32], k: usize, out: &mut [f32], add: bool) {
+fn dot_avx512<const N: usize>(
+    a: &[f32],
+    w: &[f32],
+    k: usize,
+    out: &mut [f32],
+    add: bool,
+    next: *const f32,
+) {
     if a.len() < k || w.len() < N * k || out.len() < N {
         return dot_portable::<N>(a, w, k, out, add);
     }
     // SAFETY: `KernelKind::Avx512` is only selected (and only accepted by `kind.kernel()`) where
-    // the CPU reports AVX-512F; the lengths were checked just above.
-    unsafe { x86::dot_avx512::<N>(a, w, k, out, add) }
+    // the CPU reports AVX-512F; the lengths were checked just above; `next` is only prefetched.
+    unsafe { x86::dot_avx512::<N>(a, w, k, out, add, next) }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// Callers guarantee `a.len() >= k`, `w.len() >= N * k`, `out.len() >= N` and AVX-512F.
+    /// Callers guarantee `a.len() >= k`, `w.len() >= N * k`, `out.len() >= N` and AVX-512F;
+    /// `next` (null: none) is only prefetched, `N` rows of `k` floats like `w`'s.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn dot_avx512<const N: usize>(
         a: &[f32],
@@ -206,12 +235,19 @@ mod x86 {
         k: usize,
         out: &mut [f32],
         add: bool,
+        next: *const f32,
     ) {
         let (ap, wp) = (a.as_ptr(), w.as_ptr());
         let mut acc = [_mm512_setzero_ps(); N];
         let full = k / 16 * 16;
         let mut c = 0;
         while c < full {
+            if !next.is_null() {
+                for j in 0..N {
+                    // A hint only: the address is computed without dereferencing it.
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(j * k + c) as *const i8);
+                }
+            }
             // SAFETY: c + 16 <= full <= k: in bounds of a and of every weight row.
             let av = unsafe { _mm512_loadu_ps(ap.add(c)) };
             for (j, acc) in acc.iter_mut().enumerate() {
