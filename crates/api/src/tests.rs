@@ -234,3 +234,39 @@ fn bad_options_are_errors() {
     assert!(scheduler("depth").is_ok());
     assert!(scheduler("fifo").is_err());
 }
+
+/// A continuous-batching session's launches read the job's packed weights: none packs a weight
+/// outside the job's cache (before the twenty-eighth session every launch of a session packed
+/// its weights again — serving's GEMMs repacked a 3 MB weight per launch).
+#[test]
+fn session_launches_use_the_jobs_packed_weights() {
+    let m = model();
+    let json = instances_from_json(
+        "test",
+        vec![
+            json!({"xs": [[[1.0, 2.0]], [[3.0, 4.0]]]}),
+            json!({"xs": [[[5.0, 6.0]]]}),
+        ],
+    );
+    let (want, _) = m.run(&json, &opts()).unwrap();
+    let mut s = m.session(&opts()).unwrap();
+    for i in 0..2 {
+        s.admit(&json, i).unwrap();
+    }
+    let before = tumble_runtime::uncached_packs();
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got.extend(s.step());
+        if s.is_idle() {
+            break;
+        }
+    }
+    assert_eq!(tumble_runtime::uncached_packs(), before);
+    assert_eq!(got.len(), 2);
+    let first = got
+        .iter()
+        .find(|(t, _)| t.0 == 0)
+        .map(|(_, r)| r.as_ref().unwrap().clone());
+    assert!(first.is_some_and(|line| line.contains("4")), "{got:?}");
+    assert_eq!(want.len(), 2);
+}

@@ -105,6 +105,15 @@ pub fn packed_columns(
 thread_local! {
     /// The cache of the job whose mini-batch this thread is running (see [`WeightCache::enter`]).
     static CURRENT: RefCell<Option<Arc<WeightCache>>> = const { RefCell::new(None) };
+    /// Weights this thread looked up outside any job's cache ([`uncached_packs`]).
+    static UNCACHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many weights this thread has packed (or looked up) outside a job's cache: a launch that
+/// runs without [`WeightCache::enter`] packs its weights again every time, which tests check
+/// does not happen on the paths that run jobs (runs, sessions, training).
+pub fn uncached_packs() -> u64 {
+    UNCACHED.with(|n| n.get())
 }
 
 /// Restores the thread's previous cache when the mini-batch ends (or unwinds).
@@ -125,9 +134,13 @@ impl WeightCache {
         Entered(CURRENT.with(|c| c.borrow_mut().replace(cache.clone())))
     }
 
-    /// Runs `f` with the thread's current cache (`None` outside a job: pack without caching).
+    /// Runs `f` with the thread's current cache (`None` outside a job: pack without caching,
+    /// counted by [`uncached_packs`]).
     fn with<R>(f: impl FnOnce(Option<&WeightCache>) -> R) -> R {
         let current = CURRENT.with(|c| c.borrow().clone());
+        if current.is_none() {
+            UNCACHED.with(|n| n.set(n.get() + 1));
+        }
         f(current.as_deref())
     }
 }

@@ -30,7 +30,7 @@ use tumble_tensor::Rng;
 pub use dfg::RELEASE_SCAN_BYTES;
 pub use executable::Executable;
 /// Products with few output columns as dot products, or on the blocked GEMM (process-wide).
-pub use gemm::set_small_product_gemm;
+pub use gemm::{set_small_product_gemm, uncached_packs};
 pub use profile::Profile;
 pub use reuse::Reuse;
 pub use tumble_kernels::set_narrow_products;
