@@ -714,9 +714,10 @@ fn block_rows(
                         row_ptrs[i / dr][i % dr] = part.a.row(ic + i, k0, kc).as_ptr();
                     }
                 }
-                // A packed once for every product (`Rows::Packed`) is read where it lies.
+                // A packed once for every product (`Rows::Packed`, never direct) is read where
+                // it lies.
                 let prepacked = match part.a {
-                    RowSource::Packed(p) if direct.is_none() => p.panels(ic, mg, k0, kc, mr),
+                    RowSource::Packed(p) => p.panels(ic, mg, k0, kc, mr),
                     _ => None,
                 };
                 if direct.is_none() && prepacked.is_none() {

@@ -207,10 +207,6 @@ impl<'p> BatchSession<'p> {
     /// suspension, flushes the graph once, and returns the instances that finished or failed.
     /// Returns nothing when nothing is in flight.
     pub fn step(&mut self) -> Vec<Finished> {
-        // The job's packed weights (packed at start-up by `prepack_weights`, or at a first
-        // launch): without the cache every launch would pack its weights again.
-        let _weights =
-            (!session_cache_off()).then(|| crate::gemm::WeightCache::enter(&self.exec.weights));
         let mut finished = Vec::new();
         if self.active.is_empty() && self.dfg.node_count() > 0 {
             self.fresh_graph();
@@ -377,13 +373,6 @@ impl<'p> BatchSession<'p> {
 }
 
 /// Runs `m` until it finishes, blocks, or (with phases on) reaches a phase boundary.
-/// `TUMBLE_NO_SESSION_WEIGHT_CACHE=1`: a session's launches pack their weights at every launch,
-/// as before the twenty-eighth session (the A/B baseline of serving's packed weights).
-fn session_cache_off() -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_SESSION_WEIGHT_CACHE").is_some())
-}
-
 fn run_machine(m: &mut Machine<'_>, dfg: &mut Dfg<'_>, opts: Options) -> Result<Outcome, RunError> {
     loop {
         match m.run(dfg)? {

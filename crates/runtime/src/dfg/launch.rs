@@ -73,6 +73,10 @@ impl Dfg<'_> {
     /// Runs `block` for the nodes `ids`: one batched call, or for a block with per-invocation
     /// weights, calls over chunks whose per-instance inputs fit in cache.
     pub(super) fn launch(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
+        // Every launch reads the job's packed weights, whoever owns the graph (a run's
+        // mini-batch, a serving session, a recorded forward): outside the cache each GEMM stage
+        // packs its weight again (sessions did, until the twenty-eighth session).
+        let _weights = crate::gemm::WeightCache::enter(&self.exec.weights);
         let chunk = self
             .exec
             .chunk_sizes

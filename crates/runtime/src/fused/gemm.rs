@@ -224,8 +224,9 @@ pub(super) fn matmul_stage(
     if rows_total != k || n == 0 || k == 0 {
         return Ok(None);
     }
-    let mut c = scratch_f32(b * m * n); // each invocation's block is overwritten whole by its GEMM
-                                        // X is the same for every invocation and every launch: packed as A once per job.
+    // Each invocation's block is overwritten whole by its GEMM.
+    let mut c = scratch_f32(b * m * n);
+    // X is the same for every invocation and every launch: packed as A once per job.
     let x_packed = match crate::gemm::prepacked_a_enabled() {
         true => Some(crate::gemm::packed_rows(&x, m, k)?),
         false => None,
