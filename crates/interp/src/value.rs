@@ -126,8 +126,26 @@ fn drop_iteratively(children: &mut Vec<Value>) {
     }
 }
 
+/// Whether dropping `n` references to `v` may free a value with fields of its own (a tuple,
+/// constructor value or closure), which is what can recurse.
+fn may_free_children(v: &Value, n: usize) -> bool {
+    match v {
+        Value::Tensor(_) | Value::Lazy(_) => false,
+        Value::Tuple(rc) => Rc::strong_count(rc) <= n,
+        Value::Adt(rc) => Rc::strong_count(rc) <= n,
+        Value::Closure(rc) => Rc::strong_count(rc) <= n,
+    }
+}
+
 /// [`drop_iteratively`] for inline fields.
 fn drop_fields(fields: &mut Fields) {
+    // Fields that surely free nothing with fields of its own — tensors, and cells held more
+    // often than this value holds anything (most of a tree the program still reads) — drop
+    // where they are, one level deep, even if several of them are one cell.
+    let n = fields.len();
+    if !fields.iter().any(|v| may_free_children(v, n)) {
+        return;
+    }
     let mut stack = DropStack::new();
     for v in fields.drain(..) {
         take_children(v, &mut stack);
@@ -174,5 +192,30 @@ impl fmt::Debug for Value {
             Value::Adt(a) => write!(f, "ctor #{} with {} fields", a.ctor, a.fields.len()),
             Value::Closure(_) => f.write_str("closure"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_chains_drop_without_recursion_even_through_shared_cells() {
+        // Each cell holds the one before it twice, so that cell's count is 2, both references
+        // this cell's: dropping the cell frees it. A million deep: recursion would overflow the
+        // test thread's stack.
+        let mut v = Value::unit();
+        for _ in 0..1_000_000 {
+            v = Value::adt(0, [v.clone(), v]);
+        }
+        drop(v);
+        // A list sharing its cells with another holder frees none of them.
+        let mut list = Value::adt(1, Fields::new());
+        for _ in 0..1_000_000 {
+            list = Value::adt(0, [Value::unit(), list]);
+        }
+        let other = list.clone();
+        drop(list);
+        drop(other);
     }
 }

@@ -12,17 +12,35 @@ use crate::TensorError;
 /// An owned n-d tensor: always contiguous and row-major, its elements in an `Arc`-shared buffer.
 ///
 /// Invariant: `data.len() == num_elements(shape)` (checked by every constructor, and kept by the
-/// mutable accessors, which hand out slices, never the `Vec`). Cloning is two reference-count
-/// increments: shape and buffer are shared (the interpreter clones weights at every call and
-/// closure application, so a clone must not allocate), and [`Tensor::make_mut`] copies the buffer
-/// on write when it is shared.
+/// mutable accessors, which hand out slices, never the `Vec`). A tensor is one pointer to its
+/// [`Inner`] (shape and buffer): cloning is one reference-count increment and allocates nothing
+/// (the interpreter clones weights at every call and block invocation, and every value it moves
+/// is a pointer wide), reshapes and same-dtype casts share the buffer under a new `Inner`, and
+/// [`Tensor::make_mut`] copies the buffer on write when it is shared.
 ///
 /// `PartialEq` is exact (same shape, dtype and elements; NaN != NaN); use [`Tensor::allclose`] for
 /// numeric comparison.
 #[derive(Clone, PartialEq)]
-pub struct Tensor {
-    shape: Arc<[usize]>,
+pub struct Tensor(Arc<Inner>);
+
+/// What a tensor points to: its shape (inline up to rank 4, the zoo's ranks) and its buffer,
+/// which reshapes share.
+#[derive(Clone, PartialEq)]
+struct Inner {
+    shape: Shape,
     data: Arc<Buffer>,
+}
+
+type Shape = smallvec::SmallVec<[usize; 4]>;
+
+impl Tensor {
+    fn of(shape: Shape, data: Arc<Buffer>) -> Tensor {
+        Tensor(Arc::new(Inner { shape, data }))
+    }
+
+    fn data(&self) -> &Arc<Buffer> {
+        &self.0.data
+    }
 }
 
 macro_rules! typed_ctor {
@@ -38,7 +56,7 @@ macro_rules! typed_view {
     ($name:ident, $t:ty) => {
         #[doc = concat!("The elements as `&[", stringify!($t), "]` if that is the dtype.")]
         pub fn $name(&self) -> Option<&[$t]> {
-            self.data.as_slice()
+            self.data().as_slice()
         }
     };
 }
@@ -47,12 +65,16 @@ impl Tensor {
     /// Pairs a shape with a buffer, checking that the element counts agree (and that the shape's
     /// element count does not overflow).
     pub fn new(shape: impl Into<Vec<usize>>, data: Buffer) -> Result<Tensor, TensorError> {
-        Tensor::with_shape(shape.into().into(), data)
+        Tensor::checked(Shape::from_vec(shape.into()), data)
     }
 
     /// [`Tensor::new`] with a shape shared with other tensors (decoding shares one per distinct
     /// shape of an instance instead of allocating one per tensor).
     pub fn with_shape(shape: Arc<[usize]>, data: Buffer) -> Result<Tensor, TensorError> {
+        Tensor::checked(Shape::from_slice(&shape), data)
+    }
+
+    fn checked(shape: Shape, data: Buffer) -> Result<Tensor, TensorError> {
         let expected = num_elements(&shape)?;
         if data.len() != expected {
             return Err(TensorError::ElementCount {
@@ -61,10 +83,7 @@ impl Tensor {
                 got: data.len(),
             });
         }
-        Ok(Tensor {
-            shape,
-            data: Arc::new(data),
-        })
+        Ok(Tensor::of(shape, Arc::new(data)))
     }
 
     /// [`Tensor::new`] from a typed `Vec`; the dtype follows `T`.
@@ -94,18 +113,15 @@ impl Tensor {
     ) -> Result<Tensor, TensorError> {
         let shape = shape.into();
         let n = num_elements(&shape)?;
-        Ok(Tensor {
-            shape: shape.into(),
-            data: Arc::new(Buffer::full(dtype, n, value)),
-        })
+        Ok(Tensor::of(
+            Shape::from_vec(shape),
+            Arc::new(Buffer::full(dtype, n, value)),
+        ))
     }
 
     /// A rank-0 tensor holding `value`.
     pub fn scalar<T: Element>(value: T) -> Tensor {
-        Tensor {
-            shape: Arc::from([]),
-            data: Arc::new(T::into_buffer(vec![value])),
-        }
+        Tensor::of(Shape::new(), Arc::new(T::into_buffer(vec![value])))
     }
 
     pub fn scalar_f32(value: f32) -> Tensor {
@@ -129,43 +145,43 @@ impl Tensor {
     }
 
     pub fn shape(&self) -> &[usize] {
-        &self.shape
+        &self.0.shape
     }
 
     pub fn dtype(&self) -> DType {
-        self.data.dtype()
+        self.data().dtype()
     }
 
     pub fn rank(&self) -> usize {
-        self.shape.len()
+        self.shape().len()
     }
 
     /// Number of elements (1 for rank 0).
     pub fn len(&self) -> usize {
-        self.data.len()
+        self.data().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.data().is_empty()
     }
 
     /// Row-major strides in elements (see [`shape::strides`]).
     pub fn strides(&self) -> Vec<usize> {
-        shape::strides(&self.shape)
+        shape::strides(self.shape())
     }
 
     pub fn buffer(&self) -> &Buffer {
-        &self.data
+        self.data()
     }
 
     /// The buffer, without copying when this tensor is its only owner.
     pub fn into_buffer(self) -> Buffer {
-        Arc::unwrap_or_clone(self.data)
+        Arc::unwrap_or_clone(Arc::unwrap_or_clone(self.0).data)
     }
 
     /// The elements as `&[T]` if `T` is the dtype.
     pub fn as_slice<T: Element>(&self) -> Option<&[T]> {
-        self.data.as_slice()
+        self.data().as_slice()
     }
 
     typed_view!(as_f32, f32);
@@ -176,7 +192,7 @@ impl Tensor {
 
     /// Mutable access to the elements, copying the buffer first if another tensor shares it.
     pub fn make_mut(&mut self) -> BufferMut<'_> {
-        Arc::make_mut(&mut self.data).as_buffer_mut()
+        Arc::make_mut(&mut Arc::make_mut(&mut self.0).data).as_buffer_mut()
     }
 
     /// [`Tensor::make_mut`] as `&mut [T]` if `T` is the dtype (no copy is made otherwise).
@@ -184,64 +200,65 @@ impl Tensor {
         if self.dtype() != T::DTYPE {
             return None;
         }
-        Arc::make_mut(&mut self.data).as_mut_slice()
+        Arc::make_mut(&mut Arc::make_mut(&mut self.0).data).as_mut_slice()
     }
 
     /// Whether `self` and `other` share one buffer (clones, reshapes and same-dtype casts do).
     pub fn shares_buffer(&self, other: &Tensor) -> bool {
-        Arc::ptr_eq(&self.data, &other.data)
+        Arc::ptr_eq(self.data(), other.data())
     }
 
     /// Whether `self` and `other` are the same tensor: one buffer and one shape (a clone; a
     /// shape compared by pointer first, then by value).
     pub fn same_tensor(&self, other: &Tensor) -> bool {
-        self.shares_buffer(other)
-            && (Arc::ptr_eq(&self.shape, &other.shape) || self.shape == other.shape)
+        Arc::ptr_eq(&self.0, &other.0)
+            || (self.shares_buffer(other) && self.0.shape == other.0.shape)
     }
 
-    /// How many tensors share this one's buffer (itself included).
+    /// How many tensors share this one's buffer (itself included): exact when it is 1, a lower
+    /// bound otherwise (clones share one `Inner`, reshapes one buffer).
     pub fn holders(&self) -> usize {
-        Arc::strong_count(&self.data)
+        Arc::strong_count(&self.0) + Arc::strong_count(self.data()) - 1
     }
 
     /// An identity of the shared buffer: equal for tensors that [`Tensor::shares_buffer`], stable
     /// while any of them lives (used to key caches of packed weights and launch groups).
     pub fn buffer_id(&self) -> usize {
-        Arc::as_ptr(&self.data) as usize
+        Arc::as_ptr(self.data()) as usize
     }
 
     /// A handle that recognizes this tensor's buffer without keeping it alive: a cache keyed by
     /// [`Tensor::buffer_id`] can tell a live entry from a buffer that was freed and whose address
     /// came back (while the handle lives, the address is not reused).
     pub fn watch(&self) -> BufferWatch {
-        BufferWatch(Arc::downgrade(&self.data))
+        BufferWatch(Arc::downgrade(self.data()))
     }
 
     /// All elements as f64 (bool as 0/1; i64 beyond 2^53 rounds).
     pub fn to_f64_vec(&self) -> Vec<f64> {
-        self.data.to_f64_vec()
+        self.data().to_f64_vec()
     }
 
     /// All elements as i64 (exact for int and bool tensors; floats truncate toward zero,
     /// saturating, NaN → 0).
     pub fn to_i64_vec(&self) -> Vec<i64> {
-        self.data.to_i64_vec()
+        self.data().to_i64_vec()
     }
 
     /// Element at a flat (row-major) position as f64, `None` past the end.
     pub fn get_f64(&self, flat: usize) -> Option<f64> {
-        self.data.get_f64(flat)
+        self.data().get_f64(flat)
     }
 
     /// The single element, for a tensor with exactly one element (rank 0 or all dims 1).
     fn single<R>(&self, f: impl FnOnce(&Buffer) -> Option<R>) -> Result<R, TensorError> {
         if self.len() == 1 {
-            if let Some(r) = f(&self.data) {
+            if let Some(r) = f(self.data()) {
                 return Ok(r);
             }
         }
         Err(TensorError::NotScalar {
-            shape: self.shape.to_vec(),
+            shape: self.shape().to_vec(),
         })
     }
 
@@ -268,10 +285,7 @@ impl Tensor {
         if self.dtype() == dtype {
             return self.clone();
         }
-        Tensor {
-            shape: self.shape.clone(),
-            data: Arc::new(self.data.cast(dtype)),
-        }
+        Tensor::of(self.0.shape.clone(), Arc::new(self.data().cast(dtype)))
     }
 
     /// The same elements under another shape with the same element count; shares the buffer.
@@ -279,28 +293,25 @@ impl Tensor {
         let shape = shape.into();
         if num_elements(&shape)? != self.len() {
             return Err(TensorError::Reshape {
-                from: self.shape.to_vec(),
+                from: self.shape().to_vec(),
                 to: shape,
             });
         }
-        Ok(Tensor {
-            shape: shape.into(),
-            data: Arc::clone(&self.data),
-        })
+        Ok(Tensor::of(Shape::from_vec(shape), Arc::clone(self.data())))
     }
 
     /// The numpy `broadcast_to`: a tensor of `shape` whose elements repeat this one's along the
     /// broadcast axes (materialized; a plain clone when the shape is already `shape`).
     pub fn broadcast_to(&self, shape: impl Into<Vec<usize>>) -> Result<Tensor, TensorError> {
         let target = shape.into();
-        if *target == *self.shape {
+        if *target == *self.shape() {
             return Ok(self.clone());
         }
         let compatible = target.len() >= self.rank()
-            && shape::broadcast_shapes(&self.shape, &target).is_ok_and(|s| s == target);
+            && shape::broadcast_shapes(self.shape(), &target).is_ok_and(|s| s == target);
         if !compatible {
             return Err(TensorError::BroadcastTo {
-                from: self.shape.to_vec(),
+                from: self.shape().to_vec(),
                 to: target,
             });
         }
@@ -309,7 +320,7 @@ impl Tensor {
         if n > 0 {
             let mut idx = vec![0; target.len()];
             loop {
-                indices.push(shape::broadcast_index(&idx, &self.shape));
+                indices.push(shape::broadcast_index(&idx, self.shape()));
                 if !shape::increment_index(&mut idx, &target) {
                     break;
                 }
@@ -336,20 +347,20 @@ impl Tensor {
                 got: indices.len(),
             });
         }
-        Ok(Tensor {
-            shape: shape.into(),
-            data: Arc::new(self.data.take(indices)?),
-        })
+        Ok(Tensor::of(
+            Shape::from_vec(shape),
+            Arc::new(self.data().take(indices)?),
+        ))
     }
 
     fn check_comparable(&self, other: &Tensor) -> Result<(), TensorError> {
-        if self.shape == other.shape && self.dtype() == other.dtype() {
+        if self.shape() == other.shape() && self.dtype() == other.dtype() {
             Ok(())
         } else {
             Err(TensorError::Mismatch {
-                a_shape: self.shape.to_vec(),
+                a_shape: self.shape().to_vec(),
                 a_dtype: self.dtype(),
-                b_shape: other.shape.to_vec(),
+                b_shape: other.shape().to_vec(),
                 b_dtype: other.dtype(),
             })
         }
@@ -411,10 +422,10 @@ impl fmt::Display for Tensor {
         write!(
             f,
             "Tensor[{}, {}] [",
-            format_shape(&self.shape),
+            format_shape(self.shape()),
             self.dtype()
         )?;
-        self.data.fmt_head(f, SHOWN)?;
+        self.data().fmt_head(f, SHOWN)?;
         f.write_str("]")
     }
 }
@@ -622,6 +633,44 @@ mod tests {
     }
 
     #[test]
+    fn clones_and_reshapes_share_one_buffer_two_ways() {
+        // A clone shares the tensor's `Inner`, a reshape only its buffer: both count as holders,
+        // both are copied away from on write, and neither sees the other's writes.
+        let mut a = Tensor::from_f32([2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+        assert_eq!(a.holders(), 1);
+        let clone = a.clone();
+        let view = a.reshape([4]).unwrap();
+        assert!(a.holders() >= 2 && view.holders() >= 2);
+        assert!(a.same_tensor(&clone) && !a.same_tensor(&view) && a.shares_buffer(&view));
+        assert!(a.same_tensor(&view.reshape([2, 2]).unwrap()));
+        if let Some(s) = a.make_mut_slice::<f32>() {
+            s[0] = 9.0;
+        }
+        assert_eq!(a.as_f32(), Some(&[9.0, 2.0, 3.0, 4.0][..]));
+        assert_eq!(clone.as_f32(), Some(&[1.0, 2.0, 3.0, 4.0][..]));
+        assert_eq!(view.as_f32(), Some(&[1.0, 2.0, 3.0, 4.0][..]));
+        assert_eq!(a.holders(), 1);
+        // The reshape alone holds the first buffer once the clone is gone.
+        drop(clone);
+        assert_eq!(view.holders(), 1);
+        let ptr = view.as_f32().map(<[f32]>::as_ptr);
+        assert_eq!(
+            view.into_buffer().as_slice::<f32>().map(<[f32]>::as_ptr),
+            ptr
+        );
+        // A shared `Inner` is copied out of, not taken, by `into_buffer`.
+        let b = a.clone();
+        let buf = a.into_buffer();
+        assert_eq!(buf.as_slice::<f32>(), b.as_f32());
+        assert_ne!(
+            buf.as_slice::<f32>().map(<[f32]>::as_ptr),
+            b.as_f32().map(<[f32]>::as_ptr)
+        );
+        // A clone is one pointer: values holding tensors stay small.
+        assert_eq!(std::mem::size_of::<Tensor>(), std::mem::size_of::<usize>());
+    }
+
+    #[test]
     fn accessors_in_f64() {
         let t = Tensor::from_bool([2], vec![false, true]).unwrap();
         assert_eq!(t.to_f64_vec(), vec![0.0, 1.0]);
@@ -750,7 +799,7 @@ impl BufferWatch {
     /// Whether `t` holds the watched buffer (which is then alive and, being shared with `t`'s
     /// holders, unchanged: tensors copy a shared buffer before writing).
     pub fn holds(&self, t: &Tensor) -> bool {
-        std::ptr::eq(self.0.as_ptr(), Arc::as_ptr(&t.data))
+        std::ptr::eq(self.0.as_ptr(), Arc::as_ptr(t.data()))
     }
 
     /// Whether any tensor still holds the buffer.

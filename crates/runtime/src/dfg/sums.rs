@@ -16,7 +16,35 @@ pub(super) fn is_zero_term(t: &Tensor) -> bool {
             .is_some_and(|v| v.iter().all(|&x| x == 0.0))
 }
 
+/// An argument's shape, borrowed from its tensor or held through its node's shared list of output
+/// shapes (a clone of the list's `Rc`, so the graph can be added to meanwhile).
+enum ShapeOf<'t> {
+    Val(&'t Tensor),
+    Node(std::rc::Rc<Vec<Vec<usize>>>, usize),
+}
+
+impl ShapeOf<'_> {
+    fn get(&self) -> &[usize] {
+        match self {
+            ShapeOf::Val(t) => t.shape(),
+            ShapeOf::Node(rc, i) => rc.get(*i).map_or(&[], Vec::as_slice),
+        }
+    }
+}
+
 impl Dfg<'_> {
+    fn shapes_of<'t>(&self, a: &'t Arg) -> Result<ShapeOf<'t>, RunError> {
+        match a {
+            Arg::Val(t) => Ok(ShapeOf::Val(t)),
+            Arg::Lazy(r) => self
+                .nodes
+                .get(r.node as usize)
+                .filter(|n| (r.output as usize) < n.out_shapes.len())
+                .map(|n| ShapeOf::Node(n.out_shapes.clone(), r.output as usize))
+                .ok_or_else(|| RunError::new("internal: unknown lazy value")),
+        }
+    }
+
     /// Whether `add`s of computed tensors become deferred sums in this graph: sum fusion on, and
     /// not recording for a backward that launches them ([`Dfg::record_for_backward`]'s `sums`).
     pub(super) fn records_sums(&self) -> bool {
@@ -166,13 +194,31 @@ impl Dfg<'_> {
         if !args.iter().any(|a| matches!(a, Arg::Lazy(_))) {
             return Ok(None);
         }
-        let shape = self.arg_shape(&args[0])?.to_vec();
+        // The terms' one shape, compared where the nodes keep it (shape lists shared through the
+        // shape cache compare by pointer).
+        let first = self.shapes_of(&args[0])?;
         for a in &args[1..] {
-            if self.arg_shape(a)? != shape.as_slice() {
+            let other = self.shapes_of(a)?;
+            let same = match (&first, &other) {
+                (ShapeOf::Node(x, i), ShapeOf::Node(y, j))
+                    if std::rc::Rc::ptr_eq(x, y) && i == j =>
+                {
+                    true
+                }
+                _ => first.get() == other.get(),
+            };
+            if !same {
                 return Ok(None);
             }
         }
-        let mut terms = Vec::with_capacity(args.len());
+        let flat = |dfg: &Self, a: &Arg| match a {
+            Arg::Lazy(r) => match dfg.nodes.get(r.node as usize) {
+                Some(n) if n.sum && n.out.is_none() => n.args.len(),
+                _ => 1,
+            },
+            Arg::Val(_) => 1,
+        };
+        let mut terms = Vec::with_capacity(args.iter().map(|a| flat(self, a)).sum());
         for a in args {
             match a {
                 Arg::Val(t) if is_zero_term(t) => {}
@@ -198,14 +244,19 @@ impl Dfg<'_> {
             .unwrap_or(1)
             .saturating_sub(1);
         let id = self.reserve_node(ctx.pending)?;
-        let out_shapes = vec![shape];
+        // A term's own shape list when it is exactly the sum's (one output: the usual case,
+        // shared, no allocation), else a new one.
+        let out_shapes = match first {
+            ShapeOf::Node(rc, 0) if rc.len() == 1 => rc,
+            other => std::rc::Rc::new(vec![other.get().to_vec()]),
+        };
         let life = self.recorded(&terms, release::output_bytes(&out_shapes));
         self.nodes.push(Node {
             block: block_id,
             args: terms,
             depth,
             key: 0,
-            out_shapes: std::rc::Rc::new(out_shapes),
+            out_shapes,
             out: None,
             span,
             sum: true,
