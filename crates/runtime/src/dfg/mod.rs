@@ -181,6 +181,8 @@ pub struct Dfg<'p> {
     key_words: Vec<u64>,
     /// Output shapes per shape-key id.
     shape_cache: Vec<Option<CachedShapes>>,
+    /// Output-shape lists of deferred sums whose first term has several outputs (`sums`).
+    sum_shape_lists: Vec<std::rc::Rc<Vec<Vec<usize>>>>,
     /// Draws for operators run inside launches (none are random: those run on the host).
     launch_rng: Rng,
     /// What the job computed once for the program: per-block facts and kernel plans.
@@ -301,6 +303,7 @@ impl<'p> Dfg<'p> {
             key_words: Vec::new(),
             invocations: 0,
             shape_cache: Vec::new(),
+            sum_shape_lists: Vec::new(),
             launch_rng: Rng::new(0),
             exec,
             lent: None,

@@ -9,6 +9,10 @@ use super::*;
 /// the `add` is recorded as an ordinary invocation whose launch materializes the inner sum.
 pub(super) const MAX_SUM_TERMS: usize = 32;
 
+/// How many distinct shapes of deferred sums [`Dfg::sum_shapes`] keeps a list for (a model sums
+/// a few: its hidden states, its losses).
+const SUM_SHAPE_LISTS: usize = 8;
+
 /// True for a small f32 tensor of zeros (a fold's initial `zeros(..)`): adding it changes nothing.
 pub(super) fn is_zero_term(t: &Tensor) -> bool {
     t.len() <= 1 << 16
@@ -33,6 +37,19 @@ impl ShapeOf<'_> {
 }
 
 impl Dfg<'_> {
+    /// A one-shape list for deferred sums of `shape` (a term that is a field of a tuple, such as
+    /// a tree node's `h`, has a list of two): shared by every such sum, from a short list.
+    fn sum_shapes(&mut self, shape: &[usize]) -> std::rc::Rc<Vec<Vec<usize>>> {
+        if let Some(rc) = self.sum_shape_lists.iter().find(|rc| rc[0] == shape) {
+            return rc.clone();
+        }
+        let rc = std::rc::Rc::new(vec![shape.to_vec()]);
+        if self.sum_shape_lists.len() < SUM_SHAPE_LISTS {
+            self.sum_shape_lists.push(rc.clone());
+        }
+        rc
+    }
+
     fn shapes_of<'t>(&self, a: &'t Arg) -> Result<ShapeOf<'t>, RunError> {
         match a {
             Arg::Val(t) => Ok(ShapeOf::Val(t)),
@@ -248,7 +265,7 @@ impl Dfg<'_> {
         // shared, no allocation), else a new one.
         let out_shapes = match first {
             ShapeOf::Node(rc, 0) if rc.len() == 1 => rc,
-            other => std::rc::Rc::new(vec![other.get().to_vec()]),
+            other => self.sum_shapes(other.get()),
         };
         let life = self.recorded(&terms, release::output_bytes(&out_shapes));
         self.nodes.push(Node {
