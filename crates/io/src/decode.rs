@@ -10,7 +10,6 @@
 
 use std::borrow::Cow;
 use std::rc::Rc;
-use std::sync::Arc;
 
 use smallvec::SmallVec;
 
@@ -92,7 +91,6 @@ pub fn decode_instance<D: Doc>(
         path: Vec::new(),
         attached,
         ctors: Vec::new(),
-        shapes: Vec::new(),
     };
     d.instance(doc, args)
 }
@@ -239,18 +237,12 @@ struct Decoder<'a, 'e> {
     /// at: an instance names the same few thousands of times (every node of a tree), and
     /// instantiating one builds its name and its field types anew.
     ctors: Vec<(Rc<CtorRef>, String, Vec<Ty>)>,
-    /// Shapes of the tensors decoded so far, shared by the later ones of the same shape
-    /// ([`Decoder::shared_shape`]).
-    shapes: Vec<Arc<[usize]>>,
 }
 
 /// A dimension's size when the type states it.
 fn known_extent(d: &Dim) -> Option<usize> {
     d.known().and_then(|n| usize::try_from(n).ok())
 }
-
-/// Distinct tensor shapes a decoder shares (an instance has a few: a token, an embedding row).
-const SHARED_SHAPES: usize = 8;
 
 /// Elements reserved up front for a tensor of fully known shape, at most: a larger one grows as it
 /// is read (a wrong count is reported, not allocated for).
@@ -568,7 +560,7 @@ impl<'a> Decoder<'a, '_> {
         let rank = dims.len();
         // Instances hold many small tensors (a tree's token per node): the extents on the stack,
         // the elements in one allocation of the size a fully known shape gives, and the shape
-        // shared with the instance's earlier tensors of that shape.
+        // inline in the tensor.
         let mut extents: SmallVec<[Option<usize>; 4]> = smallvec::smallvec![None; rank];
         let known: Option<usize> = dims
             .iter()
@@ -587,24 +579,10 @@ impl<'a> Decoder<'a, '_> {
                 format_shape(&shape)
             ));
         }
-        let shared = self.shared_shape(&shape);
-        match Tensor::with_shape(shared, elems.into_buffer()) {
+        match Tensor::with_shape(&shape, elems.into_buffer()) {
             Ok(t) => Ok(t),
             Err(e) => self.err(format!("expected {ty}: {e}")),
         }
-    }
-
-    /// `shape` as the instance's earlier tensors of that shape share it (the first
-    /// [`SHARED_SHAPES`] distinct shapes are kept), else a new one.
-    fn shared_shape(&mut self, shape: &[usize]) -> Arc<[usize]> {
-        if let Some(s) = self.shapes.iter().find(|s| ***s == *shape) {
-            return s.clone();
-        }
-        let s: Arc<[usize]> = Arc::from(shape);
-        if self.shapes.len() < SHARED_SHAPES {
-            self.shapes.push(s.clone());
-        }
-        s
     }
 
     #[allow(clippy::too_many_arguments)]

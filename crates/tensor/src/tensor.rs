@@ -68,10 +68,10 @@ impl Tensor {
         Tensor::checked(Shape::from_vec(shape.into()), data)
     }
 
-    /// [`Tensor::new`] with a shape shared with other tensors (decoding shares one per distinct
-    /// shape of an instance instead of allocating one per tensor).
-    pub fn with_shape(shape: Arc<[usize]>, data: Buffer) -> Result<Tensor, TensorError> {
-        Tensor::checked(Shape::from_slice(&shape), data)
+    /// [`Tensor::new`] from a borrowed shape: no allocation for the shape up to rank 4 (decoding
+    /// makes a small tensor per tree node).
+    pub fn with_shape(shape: &[usize], data: Buffer) -> Result<Tensor, TensorError> {
+        Tensor::checked(Shape::from_slice(shape), data)
     }
 
     fn checked(shape: Shape, data: Buffer) -> Result<Tensor, TensorError> {
