@@ -139,7 +139,7 @@ fn may_free_children(v: &Value, n: usize) -> bool {
 
 /// [`drop_iteratively`] for inline fields.
 fn drop_fields(fields: &mut Fields) {
-    // Fields that surely free nothing with fields of its own — tensors, and cells held more
+    // Fields that surely free no value with fields of its own — tensors, and cells held more
     // often than this value holds anything (most of a tree the program still reads) — drop
     // where they are, one level deep, even if several of them are one cell.
     let n = fields.len();

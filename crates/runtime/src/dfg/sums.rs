@@ -261,8 +261,8 @@ impl Dfg<'_> {
             .unwrap_or(1)
             .saturating_sub(1);
         let id = self.reserve_node(ctx.pending)?;
-        // A term's own shape list when it is exactly the sum's (one output: the usual case,
-        // shared, no allocation), else a new one.
+        // A term's own shape list when it is exactly the sum's (one output: the usual case),
+        // else the list shared by sums of this shape: no allocation either way.
         let out_shapes = match first {
             ShapeOf::Node(rc, 0) if rc.len() == 1 => rc,
             other => self.sum_shapes(other.get()),
