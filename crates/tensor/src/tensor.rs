@@ -41,6 +41,11 @@ impl Tensor {
     fn data(&self) -> &Arc<Buffer> {
         &self.0.data
     }
+
+    /// The buffer to write, copied first where either level is shared.
+    fn buffer_mut(&mut self) -> &mut Buffer {
+        Arc::make_mut(&mut Arc::make_mut(&mut self.0).data)
+    }
 }
 
 macro_rules! typed_ctor {
@@ -192,7 +197,7 @@ impl Tensor {
 
     /// Mutable access to the elements, copying the buffer first if another tensor shares it.
     pub fn make_mut(&mut self) -> BufferMut<'_> {
-        Arc::make_mut(&mut Arc::make_mut(&mut self.0).data).as_buffer_mut()
+        self.buffer_mut().as_buffer_mut()
     }
 
     /// [`Tensor::make_mut`] as `&mut [T]` if `T` is the dtype (no copy is made otherwise).
@@ -200,7 +205,7 @@ impl Tensor {
         if self.dtype() != T::DTYPE {
             return None;
         }
-        Arc::make_mut(&mut Arc::make_mut(&mut self.0).data).as_mut_slice()
+        self.buffer_mut().as_mut_slice()
     }
 
     /// Whether `self` and `other` share one buffer (clones, reshapes and same-dtype casts do).
@@ -208,8 +213,8 @@ impl Tensor {
         Arc::ptr_eq(self.data(), other.data())
     }
 
-    /// Whether `self` and `other` are the same tensor: one buffer and one shape (a clone; a
-    /// shape compared by pointer first, then by value).
+    /// Whether `self` and `other` are the same tensor: one buffer and one shape (a clone shares
+    /// the whole tensor, compared by pointer first; otherwise the shapes by value).
     pub fn same_tensor(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
             || (self.shares_buffer(other) && self.0.shape == other.0.shape)

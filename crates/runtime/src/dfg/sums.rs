@@ -50,6 +50,18 @@ impl Dfg<'_> {
         rc
     }
 
+    /// The terms of `a` when it is a deferred sum not yet added up (a chain flattens into them).
+    fn unlaunched_sum_terms(&self, a: &Arg) -> Option<&[Arg]> {
+        match a {
+            Arg::Lazy(r) => self
+                .nodes
+                .get(r.node as usize)
+                .filter(|n| n.sum && n.out.is_none())
+                .map(|n| n.args.as_slice()),
+            Arg::Val(_) => None,
+        }
+    }
+
     fn shapes_of<'t>(&self, a: &'t Arg) -> Result<ShapeOf<'t>, RunError> {
         match a {
             Arg::Val(t) => Ok(ShapeOf::Val(t)),
@@ -228,22 +240,16 @@ impl Dfg<'_> {
                 return Ok(None);
             }
         }
-        let flat = |dfg: &Self, a: &Arg| match a {
-            Arg::Lazy(r) => match dfg.nodes.get(r.node as usize) {
-                Some(n) if n.sum && n.out.is_none() => n.args.len(),
-                _ => 1,
-            },
-            Arg::Val(_) => 1,
-        };
-        let mut terms = Vec::with_capacity(args.iter().map(|a| flat(self, a)).sum());
+        let count = args
+            .iter()
+            .map(|a| self.unlaunched_sum_terms(a).map_or(1, <[Arg]>::len))
+            .sum();
+        let mut terms = Vec::with_capacity(count);
         for a in args {
-            match a {
-                Arg::Val(t) if is_zero_term(t) => {}
-                Arg::Lazy(r) => match self.nodes.get(r.node as usize) {
-                    Some(n) if n.sum && n.out.is_none() => terms.extend(n.args.iter().cloned()),
-                    _ => terms.push(a.clone()),
-                },
-                Arg::Val(_) => terms.push(a.clone()),
+            match (a, self.unlaunched_sum_terms(a)) {
+                (_, Some(inner)) => terms.extend(inner.iter().cloned()),
+                (Arg::Val(t), None) if is_zero_term(t) => {}
+                (_, None) => terms.push(a.clone()),
             }
         }
         if terms.len() > MAX_SUM_TERMS {
