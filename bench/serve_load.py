@@ -61,15 +61,21 @@ def free_port():
 
 class Server:
     def __init__(self, tumble, policy, a):
+        # "continuous@N": the continuous policy with `--cell-levels N`; a "-nomemo" suffix: the
+        # server with `--no-job-memo` — variants compared side by side like policies.
         self.policy = policy
+        policy, nomemo = (policy[:-len("-nomemo")], True) if policy.endswith("-nomemo") else (policy, False)
+        policy, _, cells = policy.partition("@")
         self.port = free_port()
         cmd = [tumble, "serve", os.path.join(ROOT, "models", "treelstm_large.rly"),
                "--random-params", "0", "--port", str(self.port), "--threads", str(a.threads),
                "--policy", policy, "--max-batch", str(a.max_batch),
                "--max-wait-ms", str(a.max_wait_ms), "--max-queue", str(a.max_queue),
                "--timeout-ms", str(a.timeout_ms)]
-        if policy == "continuous" and a.cell_levels:
-            cmd += ["--cell-levels", str(a.cell_levels)]
+        if nomemo:
+            cmd.append("--no-job-memo")
+        if policy == "continuous" and (cells or a.cell_levels):
+            cmd += ["--cell-levels", cells or str(a.cell_levels)]
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         line = self.proc.stderr.readline()
@@ -133,7 +139,7 @@ def median(xs):
 
 def report(rows, args, stem):
     """Table (median over rounds per rate and policy) to stdout and STEM.md; plot to STEM.png."""
-    policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
     rates = sorted({r["rate"] for r in rows})
     points = []
     for rate in rates:
@@ -196,7 +202,9 @@ def main():
     p.add_argument("--max-wait-ms", type=int, default=10)
     p.add_argument("--max-queue", type=int, default=1024)
     p.add_argument("--timeout-ms", type=int, default=30000)
-    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--policies", default=",".join(POLICIES),
+                   help="comma-separated; continuous@N is the continuous policy with --cell-levels N, "
+                        "a -nomemo suffix the server with --no-job-memo")
     p.add_argument("--cell-levels", type=int, default=0,
                    help="the continuous server's --cell-levels (0: whole flushes, its default)")
     p.add_argument("--soak", type=int, default=0, help="requests of the soak run (0: none)")
@@ -241,8 +249,9 @@ def main():
                       f"errors {r['errors']} {r['codes']}  mean batch {fmt(r['mean_batch'])}",
                       flush=True)
         soak = None
-        if a.soak and "continuous" in servers:
-            s = servers["continuous"]
+        soak_server = next((p for p in policies if p.startswith("continuous")), None)
+        if a.soak and soak_server:
+            s = servers[soak_server]
             rss0 = s.rss_kib()
             seconds = a.soak / a.soak_rate * 1.5 + 10
             r = load(gen, s, path, a.soak_rate, seconds, 7, a.soak)

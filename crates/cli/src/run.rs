@@ -126,6 +126,11 @@ pub struct RunArgs {
     /// lengths then batch only with sentences of their own length).
     #[arg(long)]
     pub no_ragged: bool,
+    /// Compute every launch's invocations, instead of taking the results an earlier launch of
+    /// the job computed for an invocation of the same block on the same host values (a leaf on a
+    /// word seen before; see `tumble_runtime::Options::job_memo`).
+    #[arg(long)]
+    pub no_job_memo: bool,
     /// Rows per chunk of a ragged launch's row-wise segments (default: about 16 MiB of each
     /// segment's results, at least 256 rows). Results do not depend on it.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -382,6 +387,7 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
         ragged_chunk_rows: args.ragged_chunk_rows.map_or(0, |n| n as usize),
         ragged_padding: args.ragged_padding,
         mixing_kernels: !args.no_mixing_kernels,
+        job_memo: !args.no_job_memo,
         // `--device cuda` attaches a real GPU to the executable instead.
         emulated_device: false,
         phases: !args.no_phases,

@@ -79,6 +79,11 @@ pub struct ServeArgs {
     /// node before admitting again.
     #[arg(long, default_value_t = tumble_serve::DEFAULT_CELL_LEVELS, value_name = "N")]
     pub cell_levels: usize,
+    /// Compute every request's invocations, instead of taking the results the server computed
+    /// for an earlier request's identical ones (a leaf on a word seen before; see `tumble run
+    /// --no-job-memo`).
+    #[arg(long)]
+    pub no_job_memo: bool,
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 64 << 20, value_name = "BYTES")]
     pub max_body: usize,
@@ -147,6 +152,7 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
         phases: args.phases,
         max_body_bytes: args.max_body,
         cell_levels: (args.cell_levels > 0).then_some(args.cell_levels),
+        job_memo: !args.no_job_memo,
         ..Config::new(name.clone())
     };
     let policy = config.policy.name();

@@ -49,6 +49,8 @@ pub struct Executable {
     pub(crate) plans: Vec<RunPlan>,
     /// Packed GEMM weights, by weight buffer (see [`crate::gemm`]).
     pub(crate) weights: Arc<WeightCache>,
+    /// Results of pure invocations of host values, kept for the job's later launches.
+    pub(crate) memo: crate::memo::JobMemo,
     /// Per block: how a launch of invocations of different `?` lengths runs it (`None`: not
     /// ragged, or ragged batching is off).
     pub(crate) ragged: Vec<Option<RaggedRun>>,
@@ -171,6 +173,7 @@ impl Executable {
                 .map(|(p, b)| RunPlan::new(b, p, opts.row_cache))
                 .collect(),
             weights: Arc::default(),
+            memo: Default::default(),
             ragged: blocks
                 .iter()
                 .enumerate()

@@ -15,6 +15,7 @@ mod fastops;
 pub mod fused;
 mod gemm;
 mod intern;
+mod memo;
 pub mod profile;
 pub mod reuse;
 pub mod session;
@@ -153,6 +154,10 @@ pub struct Options {
     /// Results equal the CPU path's within rounding. Tests only; `tumble run --device cuda` takes
     /// a real GPU instead.
     pub emulated_device: bool,
+    /// Keep the results of pure invocations of host values (a leaf on a token) for the job's later
+    /// launches ([`memo`]): later mini-batches, and a serving session's later steps, take them
+    /// instead of computing them again. `TUMBLE_NO_JOB_MEMO=1` turns it off too.
+    pub job_memo: bool,
 }
 
 /// Rows below which a launch of a weight-bound block waits for more: with f32 weights a row costs
@@ -208,6 +213,7 @@ impl Default for Options {
             ragged_padding: false,
             mixing_kernels: true,
             emulated_device: false,
+            job_memo: true,
             threads: 1,
         }
     }
@@ -233,6 +239,21 @@ pub fn run_batch(
 ) -> Result<(Vec<Value>, Profile), InstanceError> {
     let exec = std::sync::Arc::new(Executable::new(program, reuse, &opts));
     run_batch_lent(program, reuse, &exec, entry, args, rngs, opts, None)
+}
+
+/// [`run_batch`] on a program already planned (`exec`, made by [`Executable::new`] with the same
+/// switches as `opts`): several mini-batches of one job share its packed weights and kept
+/// results ([`memo`]).
+pub fn run_batch_on(
+    program: &Program,
+    reuse: &Reuse,
+    exec: &std::sync::Arc<Executable>,
+    entry: &str,
+    args: Vec<Vec<Value>>,
+    rngs: Vec<Rng>,
+    opts: Options,
+) -> Result<(Vec<Value>, Profile), InstanceError> {
+    run_batch_lent(program, reuse, exec, entry, args, rngs, opts, None)
 }
 
 /// [`run_batch`] on a program already planned (`exec`, made with the same switches as `opts`),

@@ -73,6 +73,9 @@ pub struct Profile {
     /// Invocations that took the results of an identical one in their launch instead of
     /// computing their own (`Dfg::identical_invocations`).
     pub memoized: u64,
+    /// Invocations that took the results an earlier launch of the job computed
+    /// ([`crate::memo`]).
+    pub job_memoized: u64,
     pub time_program: Duration,
     /// Evaluation steps of the instances' host programs (`time_program` is spent on them).
     pub host_steps: u64,
@@ -186,6 +189,7 @@ impl Profile {
         self.pooled_outputs += o.pooled_outputs;
         self.release_scans += o.release_scans;
         self.memoized += o.memoized;
+        self.job_memoized += o.job_memoized;
         self.time_program += o.time_program;
         self.host_steps += o.host_steps;
         self.time_dfg += o.time_dfg;
@@ -255,6 +259,13 @@ impl fmt::Display for Profile {
                 f,
                 "identical invocations: {} took the results of an identical one in their launch",
                 self.memoized
+            )?;
+        }
+        if self.job_memoized > 0 {
+            writeln!(
+                f,
+                "kept results: {} invocations took the results an earlier launch of the job computed",
+                self.job_memoized
             )?;
         }
         if self.sums > 0 {

@@ -624,6 +624,7 @@ fn every_combination_of_switches() {
                 ragged_padding: hfuse && !gather_fusion,
                 mixing_kernels: !hfuse || gather_fusion,
                 emulated_device: false,
+                job_memo: !hfuse || gather_fusion,
                 threads: 1,
             };
             check_batched(&x, &program, &reuse, 7, opts, &label);

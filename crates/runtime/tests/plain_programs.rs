@@ -1115,6 +1115,91 @@ def @main(%xs: List[Tensor[(1), int32]], %emb: Tensor[(7, 4), float32], %w: Tens
     );
 }
 
+/// Mini-batches of one job take the results earlier ones computed for an invocation of the same
+/// block on the same host values (`tumble_runtime::Options::job_memo`): a leaf on a word seen in
+/// an earlier mini-batch is not computed again. The outputs are bit for bit those of the job
+/// computing everything, and a block with a random draw keeps nothing.
+#[test]
+fn later_mini_batches_take_kept_results() {
+    let src = |noise: &str| {
+        format!(
+            r#"
+def @leaf(%tok: Tensor[(1), int32], %emb: Tensor[(7, 4), float32], %w: Tensor[(4, 4), float32], Primitive=1) -> Tensor[(1, 4), float32] {{
+  tanh(add(nn.dense(take(%emb, %tok, axis=0), %w), {noise}))
+}}
+def @step(%h: Tensor[(1, 4), float32], %x: Tensor[(1, 4), float32], %u: Tensor[(4, 4), float32], Primitive=1) -> Tensor[(1, 4), float32] {{
+  sigmoid(add(nn.dense(%h, %u), %x))
+}}
+def @main(%xs: List[Tensor[(1), int32]], %emb: Tensor[(7, 4), float32], %w: Tensor[(4, 4), float32], %u: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {{
+  @foldl(fn (%h: Tensor[(1, 4), float32], %t: Tensor[(1), int32]) -> Tensor[(1, 4), float32] {{
+    @step(%h, @leaf(%t, %emb, %w), %u)
+  }}, zeros(shape=[1, 4], dtype="float32"), %xs)
+}}
+"#
+        )
+    };
+    let inputs: String = (0..10)
+        .map(|i| {
+            let toks: Vec<String> = (0..(2 + i % 4))
+                .map(|k| format!("[{}]", (i * 2 + k * 3) % 7))
+                .collect();
+            format!("{{\"xs\": [{}]}}\n", toks.join(", "))
+        })
+        .collect();
+    // Mini-batches of 3 on one job, with the kept results and without.
+    let run = |x: &common::Expected, job_memo: bool| {
+        let (program, reuse) = common::compile(x, true, tumble_compile::StaticOptions::all());
+        let opts = tumble_runtime::Options {
+            job_memo,
+            ..tumble_runtime::Options::default()
+        };
+        let exec = std::sync::Arc::new(tumble_runtime::Executable::new(&program, &reuse, &opts));
+        let mut outs = Vec::new();
+        let mut kept = 0;
+        for (c, chunk) in x.args.chunks(3).enumerate() {
+            let rngs = (0..chunk.len()).map(|k| common::rng(c * 3 + k)).collect();
+            let (vals, p) = tumble_runtime::run_batch_on(
+                &program,
+                &reuse,
+                &exec,
+                "main",
+                chunk.to_vec(),
+                rngs,
+                opts,
+            )
+            .unwrap_or_else(|e| panic!("{}", e.error.message));
+            outs.extend(vals);
+            kept += p.job_memoized;
+        }
+        (outs, kept)
+    };
+    let plain = src("0f");
+    agrees("job_memo", &plain, &inputs, &["xs"]);
+    let x = expected("job_memo", load_text("job_memo", &plain), &inputs, &["xs"]);
+    let (on, kept) = run(&x, true);
+    let (off, none) = run(&x, false);
+    assert!(kept > 0, "no leaf took a result an earlier mini-batch kept");
+    assert_eq!(none, 0, "kept results taken with them off");
+    for (i, ((a, b), e)) in on.iter().zip(&off).zip(&x.outputs).enumerate() {
+        common::same_within(a, b, "", 0.0)
+            .unwrap_or_else(|m| panic!("instance {i}: kept vs computed: {m}"));
+        common::same(a, e, "").unwrap_or_else(|m| panic!("instance {i}: vs reference: {m}"));
+    }
+    let random =
+        src("random.db_uniform(low=0.0, high=1.0, out_shape=[1, 4], out_dtype=\"float32\")");
+    let x = expected(
+        "job_memo_random",
+        load_text("job_memo_random", &random),
+        &inputs,
+        &["xs"],
+    );
+    assert_eq!(
+        run(&x, true).1,
+        0,
+        "a block with a random draw kept its results"
+    );
+}
+
 /// An invocation whose computed inputs come from invocations that took an identical one's
 /// results reads what that one's readers read: a launch of those readers computes each distinct
 /// one once too (the forget gate of two leaves of one word). Twelve instances over three pairs

@@ -112,7 +112,7 @@ fn main() -> Result<(), String> {
             let addr = addr.clone();
             tasks.push(tokio::spawn(async move {
                 let r = request(&addr, &head, &body).await;
-                (r, due.elapsed().as_secs_f64(), Instant::now())
+                (r, due.elapsed().as_secs_f64(), Instant::now(), at)
             }));
         }
         let mut out = Vec::with_capacity(tasks.len());
@@ -129,7 +129,22 @@ fn main() -> Result<(), String> {
     let mut errors = 0usize;
     let mut codes = std::collections::BTreeMap::<String, usize>::new();
     let mut last = start;
-    for (r, secs, done) in &results {
+    // With SERVE_LOAD_TRACE=FILE, one line per request: scheduled arrival (s), latency (ms),
+    // status — to see when a tail happens, not only how long it is.
+    if let Ok(path) = std::env::var("SERVE_LOAD_TRACE") {
+        let lines: String = results
+            .iter()
+            .map(|(r, secs, _, at)| {
+                let code = r
+                    .as_ref()
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|_| "io".into());
+                format!("{at:.6} {:.3} {code}\n", secs * 1000.0)
+            })
+            .collect();
+        std::fs::write(&path, lines).map_err(|e| format!("{path}: {e}"))?;
+    }
+    for (r, secs, done, _) in &results {
         match r {
             Ok(200) => {
                 lat.push(secs * 1000.0);

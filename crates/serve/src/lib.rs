@@ -83,6 +83,9 @@ pub struct Config {
     /// `continuous`: depth levels launched per step, between which new instances join (see
     /// `tumble_runtime::session`); `None`: a step runs every pending node.
     pub cell_levels: Option<usize>,
+    /// Keep the results of pure invocations of host values for later requests
+    /// (`tumble_runtime::Options::job_memo`).
+    pub job_memo: bool,
 }
 
 impl Config {
@@ -101,6 +104,7 @@ impl Config {
             phases: false,
             max_body_bytes: 64 << 20,
             cell_levels: None,
+            job_memo: true,
         }
     }
 }

@@ -69,6 +69,7 @@ pub(crate) fn run(shared: Arc<Shared>, jobs: Receiver<Job>, made: Sender<Result<
     let cfg = &shared.config;
     let mut runtime = tumble_api::RunOptions::default().runtime;
     runtime.phases = cfg.phases;
+    runtime.job_memo = cfg.job_memo;
     let opts = RunOptions {
         threads: Some(cfg.threads),
         seed: cfg.seed,

@@ -63,6 +63,21 @@ fn push_bits(t: &Tensor, key: &mut Vec<u64>) -> Option<()> {
     Some(())
 }
 
+/// Appends host value `t` to an invocation's key: its shape, then its elements (small values) or
+/// its buffer's identity (large ones, and floats when `floats_by_identity`). True when keyed by
+/// identity (the key then names `t`'s buffer: whoever keeps the key must keep `t`).
+fn push_value_key(t: &Tensor, floats_by_identity: bool, key: &mut Vec<u64>) -> Option<bool> {
+    key.extend(t.shape().iter().map(|&d| d as u64));
+    key.push(u64::MAX);
+    if t.len() > MEMO_MAX_ELEMENTS || (floats_by_identity && t.dtype().is_float()) {
+        key.push(t.buffer_id() as u64);
+        Some(true)
+    } else {
+        push_bits(t, key)?;
+        Some(false)
+    }
+}
+
 /// `TUMBLE_NO_MEMO=1`: every invocation of a launch computes its own results.
 fn memo_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -127,6 +142,130 @@ impl Dfg<'_> {
         {
             return self.launch_ragged(block_id, ids);
         }
+        if let Some(keys) = self.job_memo_keys(block_id, ids) {
+            return self.launch_with_job_memo(block_id, ids, keys);
+        }
+        self.launch_computing(block_id, ids)
+    }
+
+    /// The job-memo keys of a launch's invocations ([`crate::memo`]): `None` when the launch
+    /// cannot use the memo (off, recording for a backward, a block with random draws); per
+    /// invocation `None` when an input is computed (only invocations of host values are kept).
+    fn job_memo_keys(&self, block_id: u32, ids: &[u32]) -> Option<Vec<Option<Vec<u64>>>> {
+        // (On a device a launch's outputs may live there: kept rows are a host idea.)
+        if self.launch_log.is_some()
+            || self.exec.device.is_some()
+            || !self.opts.job_memo
+            || !crate::memo::job_memo_enabled()
+            || !self.exec.pure_blocks.get(block_id as usize).copied()?
+        {
+            return None;
+        }
+        let keys: Vec<Option<Vec<u64>>> = ids
+            .iter()
+            .map(|&id| {
+                let args = &self.nodes.get(id as usize)?.args;
+                let mut key = vec![u64::from(block_id)];
+                for a in args {
+                    let Arg::Val(t) = a else { return None };
+                    push_value_key(t, false, &mut key)?;
+                }
+                Some(key)
+            })
+            .collect();
+        keys.iter().any(Option::is_some).then_some(keys)
+    }
+
+    /// [`Dfg::launch_batch`] for invocations some of which an earlier launch of the job may have
+    /// computed: those take the kept results (invocations of one launch taking the same ones join
+    /// one class of identical invocations, as a launch's own repeats do), the others run, and
+    /// what they computed is kept for later launches.
+    fn launch_with_job_memo(
+        &mut self,
+        block_id: u32,
+        ids: &[u32],
+        keys: Vec<Option<Vec<u64>>>,
+    ) -> Result<(), RunError> {
+        let found = self.exec.memo.lookup(&keys);
+        let mut run = Vec::with_capacity(ids.len());
+        // Per invocation that runs with a key: the tensors its key names by identity, which the
+        // memo must hold while it keeps the key (read now: a launch consumes its arguments).
+        let mut pinned: Vec<Vec<Tensor>> = Vec::new();
+        let mut first: crate::intern::WordMap<&[u64], u32> = Default::default();
+        let mut classes = Vec::new();
+        for ((&id, f), k) in ids.iter().zip(&found).zip(&keys) {
+            match (f, k) {
+                (Some(results), Some(k)) => {
+                    let outs = Outs::from_vec(
+                        results
+                            .iter()
+                            .map(|t| Slot {
+                                tensor: t.clone(),
+                                at: At::Whole,
+                            })
+                            .collect(),
+                    );
+                    self.store_outputs(&[id], [outs]);
+                    // Invocations of this launch that took the same kept results: one class.
+                    match first.get(k.as_slice()) {
+                        Some(&rep) => classes.push((id, rep)),
+                        None => {
+                            first.insert(k.as_slice(), id);
+                        }
+                    }
+                }
+                _ => {
+                    run.push(id);
+                    if k.is_some() {
+                        pinned.push(self.identity_keyed_args(id));
+                    }
+                }
+            }
+        }
+        self.profile.job_memoized += (ids.len() - run.len()) as u64;
+        for (id, rep) in classes {
+            self.join_memo_class(id, rep);
+        }
+        if run.is_empty() {
+            return Ok(());
+        }
+        self.launch_computing(block_id, &run)?;
+        // Keep what ran (its rows copied out, so that no entry holds a launch's whole output).
+        let mut pinned = pinned.into_iter();
+        for ((&id, f), k) in ids.iter().zip(&found).zip(keys) {
+            let (None, Some(k)) = (f, k) else { continue };
+            let Some(pins) = pinned.next() else { break };
+            let Some(Some(outs)) = self.nodes.get(id as usize).map(|n| n.out.as_ref()) else {
+                continue;
+            };
+            let results = (0..)
+                .map_while(|i| outs.get(i))
+                .map(Slot::value)
+                .collect::<Result<Vec<_>, _>>();
+            if let Ok(results) = results {
+                self.exec.memo.insert(k, results.into_boxed_slice(), &pins);
+            }
+        }
+        Ok(())
+    }
+
+    /// The host values of node `id` that a key names by buffer identity (see
+    /// [`push_value_key`]).
+    fn identity_keyed_args(&self, id: u32) -> Vec<Tensor> {
+        self.nodes.get(id as usize).map_or_else(Vec::new, |n| {
+            n.args
+                .iter()
+                .filter_map(|a| match a {
+                    Arg::Val(t) if t.len() > MEMO_MAX_ELEMENTS => Some(t.clone()),
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+
+    /// Runs `block` for the nodes `ids`, each repeat of an identical invocation of the launch
+    /// taking its results.
+    fn launch_computing(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
         let (per_node, kept, ran) = match self.identical_invocations(block_id, ids) {
             Some((distinct, of)) => {
                 let (outs, kept) = self.run_launch(block_id, &distinct)?;
@@ -219,15 +358,7 @@ impl Dfg<'_> {
             for a in args {
                 match a {
                     Arg::Val(t) => {
-                        key.extend(t.shape().iter().map(|&d| d as u64));
-                        key.push(u64::MAX);
-                        if t.len() > MEMO_MAX_ELEMENTS
-                            || (floats_by_identity && t.dtype().is_float())
-                        {
-                            key.push(t.buffer_id() as u64);
-                        } else {
-                            push_bits(t, &mut key)?;
-                        }
+                        push_value_key(t, floats_by_identity, &mut key)?;
                     }
                     // Every computed input has its class in `reps` (the walk above).
                     Arg::Lazy(r) => {

@@ -383,10 +383,13 @@ pub fn check_batched(
     // unwritten shows up as a mismatch.
     tumble_tensor::pool::set_poison_scratch(true);
     let mut got = Vec::new();
+    // One job for every mini-batch: later ones take the results earlier ones kept.
+    let exec = std::sync::Arc::new(tumble_runtime::Executable::new(program, reuse, &opts));
     for (c, chunk) in x.args.chunks(batch).enumerate() {
         let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
-        let (vals, _) = run_batch(program, reuse, "main", chunk.to_vec(), rngs, opts)
-            .unwrap_or_else(|e| panic!("{label}: {}", e.error.message));
+        let (vals, _) =
+            tumble_runtime::run_batch_on(program, reuse, &exec, "main", chunk.to_vec(), rngs, opts)
+                .unwrap_or_else(|e| panic!("{label}: {}", e.error.message));
         got.extend(vals);
     }
     assert_eq!(got.len(), x.outputs.len());
@@ -453,6 +456,8 @@ pub fn check_all_ways(x: &Expected) {
                     // Off at one configuration: the grouped mixing segments stay checked.
                     mixing_kernels: batch != 7,
                     emulated_device: false,
+                    // Off at one configuration: the launches computing everything stay checked.
+                    job_memo: batch != 64 || planopt,
                     threads: if batch == 7 { 2 } else { 1 },
                 };
                 let label = format!(
