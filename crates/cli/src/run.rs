@@ -714,6 +714,10 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             let mut computes = Vec::with_capacity(args.repeat as usize);
             let mut last: Option<(Vec<Finished>, tumble_runtime::Profile)> = None;
             for _ in 0..args.repeat {
+                // Each run is the whole job again: plans and packed weights stay, as in a
+                // long-lived process, but no results kept by the run before (a warm run would
+                // otherwise take every leaf's results from it).
+                exec.forget_kept_results();
                 let (out, profile) =
                     tumble_runtime::run_batches(&job, load, |i| instance_rng(args.seed, i), finish)
                         .map_err(|e| match e {

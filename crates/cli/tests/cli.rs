@@ -561,6 +561,33 @@ fn acrobat_form_models_check_and_agree_across_engines() {
     assert_eq!(one, run(&["--engine", "reference"]));
 }
 
+/// Later mini-batches take the results earlier ones kept (a leaf on a word seen before), the
+/// same outputs as with `--no-job-memo`; and every `--repeat` run does the whole job's work
+/// again: its last run takes as many kept results as a single run (none from the run before).
+#[test]
+fn kept_results_are_per_run_and_change_no_output() {
+    let model = zoo_model("treelstm_small");
+    let inputs = example("treelstm");
+    let kept = |extra: &[&str]| {
+        let out = run_random(
+            &model,
+            &inputs,
+            &[&["--batch", "3", "--profile"], extra].concat(),
+        );
+        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
+        let n = text(&out.stderr)
+            .lines()
+            .find_map(|l| l.strip_prefix("kept results: "))
+            .and_then(|l| l.split_whitespace().next())
+            .map_or(0, |n| n.parse::<u64>().unwrap_or(0));
+        (text(&out.stdout), n)
+    };
+    let (once, n) = kept(&[]);
+    assert!(n > 0, "no leaf took a result an earlier mini-batch kept");
+    assert_eq!(kept(&["--repeat", "3"]), (once.clone(), n));
+    assert_eq!(kept(&["--no-job-memo"]), (once, 0));
+}
+
 /// `--repeat N` runs the job N times in one process: the same outputs as one run, and the
 /// profile lists every run's time.
 #[test]

@@ -100,6 +100,13 @@ impl RaggedRun {
 }
 
 impl Executable {
+    /// Forgets the results kept for later launches ([`crate::memo`]): the next run computes
+    /// every invocation again (`tumble run --repeat`'s runs each do one job's work, not take
+    /// what the run before computed).
+    pub fn forget_kept_results(&self) {
+        self.memo.clear();
+    }
+
     /// Runs the kernel plans' launches on `gpu` (stages the device does not run, and blocks
     /// without a plan, stay on the host). Several workers may drive it: their launches queue on
     /// its one stream.

@@ -92,6 +92,13 @@ impl JobMemo {
         e.results.insert(key, results);
     }
 
+    /// Drops every entry (the next launches compute everything again).
+    pub(crate) fn clear(&self) {
+        if let Ok(mut e) = self.entries.lock() {
+            *e = Entries::default();
+        }
+    }
+
     /// Entries kept, and their bytes.
     #[cfg(test)]
     pub(crate) fn size(&self) -> (usize, usize) {

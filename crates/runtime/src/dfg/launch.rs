@@ -191,45 +191,47 @@ impl Dfg<'_> {
         // Per invocation that runs with a key: the tensors its key names by identity, which the
         // memo must hold while it keeps the key (read now: a launch consumes its arguments).
         let mut pinned: Vec<Vec<Tensor>> = Vec::new();
-        let mut first: crate::intern::WordMap<&[u64], u32> = Default::default();
-        let mut classes = Vec::new();
         for ((&id, f), k) in ids.iter().zip(&found).zip(&keys) {
-            match (f, k) {
-                (Some(results), Some(k)) => {
-                    let outs = Outs::from_vec(
-                        results
-                            .iter()
-                            .map(|t| Slot {
-                                tensor: t.clone(),
-                                at: At::Whole,
-                            })
-                            .collect(),
-                    );
-                    self.store_outputs(&[id], [outs]);
-                    // Invocations of this launch that took the same kept results: one class.
-                    match first.get(k.as_slice()) {
-                        Some(&rep) => classes.push((id, rep)),
-                        None => {
-                            first.insert(k.as_slice(), id);
-                        }
-                    }
-                }
-                _ => {
-                    run.push(id);
-                    if k.is_some() {
-                        pinned.push(self.identity_keyed_args(id));
-                    }
+            if f.is_none() {
+                run.push(id);
+                if k.is_some() {
+                    pinned.push(self.identity_keyed_args(id));
                 }
             }
         }
+        // The others first: when their launch fails, nothing of this one is stored, so that
+        // running its invocations one by one (`launch_attributed`) starts from where it was.
+        if !run.is_empty() {
+            self.launch_computing(block_id, &run)?;
+        }
         self.profile.job_memoized += (ids.len() - run.len()) as u64;
+        let mut first: crate::intern::WordMap<&[u64], u32> = Default::default();
+        let mut classes = Vec::new();
+        for ((&id, f), k) in ids.iter().zip(&found).zip(&keys) {
+            let (Some(results), Some(k)) = (f, k) else {
+                continue;
+            };
+            let outs = Outs::from_vec(
+                results
+                    .iter()
+                    .map(|t| Slot {
+                        tensor: t.clone(),
+                        at: At::Whole,
+                    })
+                    .collect(),
+            );
+            self.store_outputs(&[id], [outs]);
+            // Invocations of this launch that took the same kept results: one class.
+            match first.get(k.as_slice()) {
+                Some(&rep) => classes.push((id, rep)),
+                None => {
+                    first.insert(k.as_slice(), id);
+                }
+            }
+        }
         for (id, rep) in classes {
             self.join_memo_class(id, rep);
         }
-        if run.is_empty() {
-            return Ok(());
-        }
-        self.launch_computing(block_id, &run)?;
         // Keep what ran (its rows copied out, so that no entry holds a launch's whole output).
         let mut pinned = pinned.into_iter();
         for ((&id, f), k) in ids.iter().zip(&found).zip(keys) {
