@@ -9,9 +9,10 @@
 //! the launch's identical invocations (small values by content, large ones — weights — by
 //! buffer), and later launches take them instead of computing them again.
 //!
-//! Bounded: entries stop being added once they hold [`JobMemo::capacity`] bytes (no eviction: a
-//! job's first words are its most frequent ones). The results kept are copies of their rows, so
-//! an entry never holds a whole launch's output alive. `TUMBLE_NO_JOB_MEMO=1` turns it off.
+//! Bounded: entries stop being added once they hold the memo's capacity in bytes (an eighth of
+//! the memory budget at most; no eviction: a job's first words are its most frequent ones). The
+//! results kept are copies of their rows, so an entry never holds a whole launch's output alive.
+//! `TUMBLE_NO_JOB_MEMO=1` turns it off.
 
 use std::sync::Mutex;
 
@@ -19,7 +20,7 @@ use tumble_tensor::Tensor;
 
 use crate::intern::WordMap;
 
-/// Default [`JobMemo::capacity`]: TreeLSTM-large's leaf results (4 KiB a word) for 16k words.
+/// Default capacity of a [`JobMemo`]: TreeLSTM-large's leaf results (4 KiB a word) for 16k words.
 pub const DEFAULT_JOB_MEMO_BYTES: usize = 64 << 20;
 
 /// `TUMBLE_NO_JOB_MEMO=1`: every launch computes its invocations, whatever earlier ones computed.
@@ -82,7 +83,13 @@ impl JobMemo {
         let Ok(mut e) = self.entries.lock() else {
             return;
         };
-        if e.bytes + bytes > self.capacity || e.results.contains_key(&key) {
+        // Under a memory budget, at most an eighth of it, and never what the budget cannot spare:
+        // kept results are an optimization, never the reason a run stops.
+        let capacity = tumble_limits::limit().map_or(self.capacity, |l| self.capacity.min(l / 8));
+        if e.bytes + bytes > capacity
+            || e.results.contains_key(&key)
+            || tumble_limits::reserve(bytes).is_err()
+        {
             return;
         }
         for t in pinned {
