@@ -51,6 +51,9 @@ pub struct Executable {
     pub(crate) weights: Arc<WeightCache>,
     /// Results of pure invocations of host values, kept for the job's later launches.
     pub(crate) memo: crate::memo::JobMemo,
+    /// Per block: pure, and computing a product — worth keeping results for (a lookup alone is
+    /// a view of its table already: copying its rows into the memo would cost, not save).
+    pub(crate) memo_blocks: Vec<bool>,
     /// Per block: how a launch of invocations of different `?` lengths runs it (`None`: not
     /// ragged, or ragged batching is off).
     pub(crate) ragged: Vec<Option<RaggedRun>>,
@@ -181,6 +184,15 @@ impl Executable {
                 .collect(),
             weights: Arc::default(),
             memo: Default::default(),
+            memo_blocks: blocks
+                .iter()
+                .map(|b| {
+                    b.nodes.iter().all(|n| !n.op.name.starts_with("random."))
+                        && b.nodes.iter().any(|n| {
+                            matches!(n.op.name, "nn.dense" | "nn.batch_matmul" | "nn.matmul")
+                        })
+                })
+                .collect(),
             ragged: blocks
                 .iter()
                 .enumerate()

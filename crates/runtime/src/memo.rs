@@ -39,10 +39,27 @@ struct Entries {
     bytes: usize,
 }
 
+/// Invocations looked at before deciding whether a block's invocations repeat enough to keep.
+const TRIAL_INVOCATIONS: u64 = 256;
+
+/// What a job has learned of a block's invocations.
+#[derive(Clone, Copy)]
+enum Trial {
+    /// Invocations looked at so far, and how many repeated one (kept, or earlier in their
+    /// launch).
+    Open { seen: u64, repeats: u64 },
+    /// Decided: look them up (at least one in eight repeated), or not.
+    Decided(bool),
+}
+
 /// One job's kept results (see the module doc).
 pub(crate) struct JobMemo {
     entries: Mutex<Entries>,
     capacity: usize,
+    /// Per block: a block whose first [`TRIAL_INVOCATIONS`] invocations repeat fewer than one
+    /// in eight (inputs that are instance data, a float vector per character) stops being
+    /// looked up for the job: its keys, hashing and copied rows would only cost.
+    trials: Mutex<WordMap<u32, Trial>>,
 }
 
 impl Default for JobMemo {
@@ -56,6 +73,48 @@ impl JobMemo {
         JobMemo {
             entries: Mutex::new(Entries::default()),
             capacity,
+            trials: Mutex::default(),
+        }
+    }
+
+    /// Whether launches of `block` should look their invocations up (see [`JobMemo::trials`]).
+    pub(crate) fn worth_trying(&self, block: u32) -> bool {
+        self.trials
+            .lock()
+            .is_ok_and(|t| !matches!(t.get(&block), Some(Trial::Decided(false))))
+    }
+
+    /// Whether `block` is still on trial (its launches count their repeats for [`JobMemo::record`]).
+    pub(crate) fn on_trial(&self, block: u32) -> bool {
+        self.trials
+            .lock()
+            .is_ok_and(|t| !matches!(t.get(&block), Some(Trial::Decided(_))))
+    }
+
+    /// Counts `seen` invocations of `block`, `repeats` of which repeated an earlier one; decides
+    /// once [`TRIAL_INVOCATIONS`] were seen.
+    pub(crate) fn record(&self, block: u32, seen: usize, repeats: usize) {
+        let Ok(mut t) = self.trials.lock() else {
+            return;
+        };
+        let e = t.entry(block).or_insert(Trial::Open {
+            seen: 0,
+            repeats: 0,
+        });
+        if let Trial::Open {
+            seen: s,
+            repeats: r,
+        } = *e
+        {
+            let (s, r) = (s + seen as u64, r + repeats as u64);
+            *e = if s >= TRIAL_INVOCATIONS {
+                Trial::Decided(r * 8 >= s)
+            } else {
+                Trial::Open {
+                    seen: s,
+                    repeats: r,
+                }
+            };
         }
     }
 
@@ -99,10 +158,14 @@ impl JobMemo {
         e.results.insert(key, results);
     }
 
-    /// Drops every entry (the next launches compute everything again).
+    /// Drops every entry and what it learned of each block (the next launches compute
+    /// everything again).
     pub(crate) fn clear(&self) {
         if let Ok(mut e) = self.entries.lock() {
             *e = Entries::default();
+        }
+        if let Ok(mut t) = self.trials.lock() {
+            t.clear();
         }
     }
 
@@ -143,5 +206,23 @@ mod tests {
         assert!(got[1].is_none() && got[2].is_none());
         // The weight a key names by identity is held by the memo.
         assert_eq!(weight.holders(), 2);
+    }
+
+    #[test]
+    fn blocks_whose_invocations_rarely_repeat_stop_being_looked_up() {
+        let memo = JobMemo::default();
+        memo.record(1, 200, 0);
+        assert!(memo.worth_trying(1) && memo.on_trial(1), "still on trial");
+        memo.record(1, 100, 30);
+        assert!(!memo.worth_trying(1), "30 repeats in 300 invocations");
+        memo.record(1, 1000, 1000);
+        assert!(!memo.worth_trying(1), "a decision stands");
+        memo.record(2, 300, 40);
+        assert!(
+            memo.worth_trying(2) && !memo.on_trial(2),
+            "40 repeats in 300"
+        );
+        memo.clear();
+        assert!(memo.worth_trying(1), "a cleared memo tries again");
     }
 }

@@ -149,7 +149,8 @@ impl Dfg<'_> {
     }
 
     /// The job-memo keys of a launch's invocations ([`crate::memo`]): `None` when the launch
-    /// cannot use the memo (off, recording for a backward, a block with random draws); per
+    /// cannot use the memo (off, recording for a backward, a block with random draws or without
+    /// a product: `Executable::memo_blocks`); per
     /// invocation `None` when an input is computed (only invocations of host values are kept).
     fn job_memo_keys(&self, block_id: u32, ids: &[u32]) -> Option<Vec<Option<Vec<u64>>>> {
         // (On a device a launch's outputs may live there: kept rows are a host idea.)
@@ -157,7 +158,8 @@ impl Dfg<'_> {
             || self.exec.device.is_some()
             || !self.opts.job_memo
             || !crate::memo::job_memo_enabled()
-            || !self.exec.pure_blocks.get(block_id as usize).copied()?
+            || !self.exec.memo_blocks.get(block_id as usize).copied()?
+            || !self.exec.memo.worth_trying(block_id)
         {
             return None;
         }
@@ -187,6 +189,19 @@ impl Dfg<'_> {
         keys: Vec<Option<Vec<u64>>>,
     ) -> Result<(), RunError> {
         let found = self.exec.memo.lookup(&keys);
+        if self.exec.memo.on_trial(block_id) {
+            // Repeats: kept results found, and keys met earlier in this launch.
+            let mut distinct: crate::intern::WordMap<&[u64], ()> = Default::default();
+            let (mut seen, mut repeats) = (0, 0);
+            for (f, k) in found.iter().zip(&keys) {
+                let Some(k) = k else { continue };
+                seen += 1;
+                if f.is_some() || distinct.insert(k.as_slice(), ()).is_some() {
+                    repeats += 1;
+                }
+            }
+            self.exec.memo.record(block_id, seen, repeats);
+        }
         let mut run = Vec::with_capacity(ids.len());
         // Per invocation that runs with a key: the tensors its key names by identity, which the
         // memo must hold while it keeps the key (read now: a launch consumes its arguments).
