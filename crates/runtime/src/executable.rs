@@ -143,13 +143,24 @@ impl Executable {
         opts: &Options,
     ) -> Executable {
         let blocks = &program.blocks;
+        let pure_blocks: Vec<bool> = blocks
+            .iter()
+            .map(|b| !b.nodes.iter().any(|n| n.op.name.starts_with("random.")))
+            .collect();
+        let memo_blocks = blocks
+            .iter()
+            .zip(&pure_blocks)
+            .map(|(b, &pure)| {
+                pure && b
+                    .nodes
+                    .iter()
+                    .any(|n| matches!(n.op.name, "nn.dense" | "nn.batch_matmul" | "nn.matmul"))
+            })
+            .collect();
         let exec = Executable {
             scalar_blocks: blocks.iter().map(Block::returns_only_scalars).collect(),
             sum_blocks: blocks.iter().map(Block::is_sum).collect(),
-            pure_blocks: blocks
-                .iter()
-                .map(|b| !b.nodes.iter().any(|n| n.op.name.starts_with("random.")))
-                .collect(),
+            pure_blocks,
             chunk_sizes: blocks
                 .iter()
                 .enumerate()
@@ -184,15 +195,7 @@ impl Executable {
                 .collect(),
             weights: Arc::default(),
             memo: Default::default(),
-            memo_blocks: blocks
-                .iter()
-                .map(|b| {
-                    b.nodes.iter().all(|n| !n.op.name.starts_with("random."))
-                        && b.nodes.iter().any(|n| {
-                            matches!(n.op.name, "nn.dense" | "nn.batch_matmul" | "nn.matmul")
-                        })
-                })
-                .collect(),
+            memo_blocks,
             ragged: blocks
                 .iter()
                 .enumerate()

@@ -156,7 +156,7 @@ pub struct Options {
     pub emulated_device: bool,
     /// Keep the results of pure invocations of host values (a leaf on a token) for the job's later
     /// launches ([`memo`]): later mini-batches, and a serving session's later steps, take them
-    /// instead of computing them again. `TUMBLE_NO_JOB_MEMO=1` turns it off too.
+    /// instead of computing them again.
     pub job_memo: bool,
 }
 
@@ -238,7 +238,7 @@ pub fn run_batch(
     opts: Options,
 ) -> Result<(Vec<Value>, Profile), InstanceError> {
     let exec = std::sync::Arc::new(Executable::new(program, reuse, &opts));
-    run_batch_lent(program, reuse, &exec, entry, args, rngs, opts, None)
+    run_batch_on(program, reuse, &exec, entry, args, rngs, opts)
 }
 
 /// [`run_batch`] on a program already planned (`exec`, made by [`Executable::new`] with the same

@@ -12,7 +12,7 @@
 //! Bounded: entries stop being added once they hold the memo's capacity in bytes (an eighth of
 //! the memory budget at most; no eviction: a job's first words are its most frequent ones). The
 //! results kept are copies of their rows, so an entry never holds a whole launch's output alive.
-//! `TUMBLE_NO_JOB_MEMO=1` turns it off.
+//! `Options::job_memo` (`--no-job-memo`) turns it off.
 
 use std::sync::Mutex;
 
@@ -22,12 +22,6 @@ use crate::intern::WordMap;
 
 /// Default capacity of a [`JobMemo`]: TreeLSTM-large's leaf results (4 KiB a word) for 16k words.
 pub const DEFAULT_JOB_MEMO_BYTES: usize = 64 << 20;
-
-/// `TUMBLE_NO_JOB_MEMO=1`: every launch computes its invocations, whatever earlier ones computed.
-pub(crate) fn job_memo_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_JOB_MEMO").is_none())
-}
 
 #[derive(Default)]
 struct Entries {
@@ -77,18 +71,14 @@ impl JobMemo {
         }
     }
 
-    /// Whether launches of `block` should look their invocations up (see [`JobMemo::trials`]).
-    pub(crate) fn worth_trying(&self, block: u32) -> bool {
-        self.trials
-            .lock()
-            .is_ok_and(|t| !matches!(t.get(&block), Some(Trial::Decided(false))))
-    }
-
-    /// Whether `block` is still on trial (its launches count their repeats for [`JobMemo::record`]).
-    pub(crate) fn on_trial(&self, block: u32) -> bool {
-        self.trials
-            .lock()
-            .is_ok_and(|t| !matches!(t.get(&block), Some(Trial::Decided(_))))
+    /// What the job has decided for `block` (see [`JobMemo::trials`]): `None` while on trial
+    /// (look its invocations up and count their repeats for [`JobMemo::record`]), else whether
+    /// to look them up.
+    pub(crate) fn trial(&self, block: u32) -> Option<bool> {
+        match self.trials.lock().ok()?.get(&block) {
+            Some(Trial::Decided(d)) => Some(*d),
+            _ => None,
+        }
     }
 
     /// Counts `seen` invocations of `block`, `repeats` of which repeated an earlier one; decides
@@ -212,17 +202,14 @@ mod tests {
     fn blocks_whose_invocations_rarely_repeat_stop_being_looked_up() {
         let memo = JobMemo::default();
         memo.record(1, 200, 0);
-        assert!(memo.worth_trying(1) && memo.on_trial(1), "still on trial");
+        assert_eq!(memo.trial(1), None, "still on trial");
         memo.record(1, 100, 30);
-        assert!(!memo.worth_trying(1), "30 repeats in 300 invocations");
+        assert_eq!(memo.trial(1), Some(false), "30 repeats in 300 invocations");
         memo.record(1, 1000, 1000);
-        assert!(!memo.worth_trying(1), "a decision stands");
+        assert_eq!(memo.trial(1), Some(false), "a decision stands");
         memo.record(2, 300, 40);
-        assert!(
-            memo.worth_trying(2) && !memo.on_trial(2),
-            "40 repeats in 300"
-        );
+        assert_eq!(memo.trial(2), Some(true), "40 repeats in 300");
         memo.clear();
-        assert!(memo.worth_trying(1), "a cleared memo tries again");
+        assert_eq!(memo.trial(1), None, "a cleared memo tries again");
     }
 }

@@ -1153,25 +1153,8 @@ def @main(%xs: List[Tensor[(1), int32]], %emb: Tensor[(7, 4), float32], %w: Tens
             job_memo,
             ..tumble_runtime::Options::default()
         };
-        let exec = std::sync::Arc::new(tumble_runtime::Executable::new(&program, &reuse, &opts));
-        let mut outs = Vec::new();
-        let mut kept = 0;
-        for (c, chunk) in x.args.chunks(3).enumerate() {
-            let rngs = (0..chunk.len()).map(|k| common::rng(c * 3 + k)).collect();
-            let (vals, p) = tumble_runtime::run_batch_on(
-                &program,
-                &reuse,
-                &exec,
-                "main",
-                chunk.to_vec(),
-                rngs,
-                opts,
-            )
-            .unwrap_or_else(|e| panic!("{}", e.error.message));
-            outs.extend(vals);
-            kept += p.job_memoized;
-        }
-        (outs, kept)
+        let (outs, p) = common::run_in_mini_batches(x, &program, &reuse, 3, opts, &x.name);
+        (outs, p.job_memoized)
     };
     let plain = src("0f");
     agrees("job_memo", &plain, &inputs, &["xs"]);

@@ -69,13 +69,18 @@ fn push_bits(t: &Tensor, key: &mut Vec<u64>) -> Option<()> {
 fn push_value_key(t: &Tensor, floats_by_identity: bool, key: &mut Vec<u64>) -> Option<bool> {
     key.extend(t.shape().iter().map(|&d| d as u64));
     key.push(u64::MAX);
-    if t.len() > MEMO_MAX_ELEMENTS || (floats_by_identity && t.dtype().is_float()) {
+    if keyed_by_identity(t, floats_by_identity) {
         key.push(t.buffer_id() as u64);
         Some(true)
     } else {
         push_bits(t, key)?;
         Some(false)
     }
+}
+
+/// Whether [`push_value_key`] keys `t` by its buffer rather than its elements.
+fn keyed_by_identity(t: &Tensor, floats_by_identity: bool) -> bool {
+    t.len() > MEMO_MAX_ELEMENTS || (floats_by_identity && t.dtype().is_float())
 }
 
 /// `TUMBLE_NO_MEMO=1`: every invocation of a launch computes its own results.
@@ -157,9 +162,8 @@ impl Dfg<'_> {
         if self.launch_log.is_some()
             || self.exec.device.is_some()
             || !self.opts.job_memo
-            || !crate::memo::job_memo_enabled()
             || !self.exec.memo_blocks.get(block_id as usize).copied()?
-            || !self.exec.memo.worth_trying(block_id)
+            || self.exec.memo.trial(block_id) == Some(false)
         {
             return None;
         }
@@ -189,7 +193,7 @@ impl Dfg<'_> {
         keys: Vec<Option<Vec<u64>>>,
     ) -> Result<(), RunError> {
         let found = self.exec.memo.lookup(&keys);
-        if self.exec.memo.on_trial(block_id) {
+        if self.exec.memo.trial(block_id).is_none() {
             // Repeats: kept results found, and keys met earlier in this launch.
             let mut distinct: crate::intern::WordMap<&[u64], ()> = Default::default();
             let (mut seen, mut repeats) = (0, 0);
@@ -222,11 +226,13 @@ impl Dfg<'_> {
         self.profile.job_memoized += (ids.len() - run.len()) as u64;
         let mut first: crate::intern::WordMap<&[u64], u32> = Default::default();
         let mut classes = Vec::new();
+        let (mut hit_ids, mut hit_outs) = (Vec::new(), Vec::new());
         for ((&id, f), k) in ids.iter().zip(&found).zip(&keys) {
             let (Some(results), Some(k)) = (f, k) else {
                 continue;
             };
-            let outs = Outs::from_vec(
+            hit_ids.push(id);
+            hit_outs.push(Outs::from_vec(
                 results
                     .iter()
                     .map(|t| Slot {
@@ -234,8 +240,7 @@ impl Dfg<'_> {
                         at: At::Whole,
                     })
                     .collect(),
-            );
-            self.store_outputs(&[id], [outs]);
+            ));
             // Invocations of this launch that took the same kept results: one class.
             match first.get(k.as_slice()) {
                 Some(&rep) => classes.push((id, rep)),
@@ -244,6 +249,7 @@ impl Dfg<'_> {
                 }
             }
         }
+        self.store_outputs(&hit_ids, hit_outs);
         for (id, rep) in classes {
             self.join_memo_class(id, rep);
         }
@@ -273,7 +279,7 @@ impl Dfg<'_> {
             n.args
                 .iter()
                 .filter_map(|a| match a {
-                    Arg::Val(t) if t.len() > MEMO_MAX_ELEMENTS => Some(t.clone()),
+                    Arg::Val(t) if keyed_by_identity(t, false) => Some(t.clone()),
                     _ => None,
                 })
                 .collect()

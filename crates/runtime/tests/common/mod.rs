@@ -371,6 +371,30 @@ pub fn run_once(
 }
 
 /// Runs every instance in mini-batches of `batch` and checks each output against the reference.
+/// `x`'s instances run as mini-batches of `batch` of one job (later ones take the results
+/// earlier ones kept): the results, and the mini-batches' profiles added up.
+pub fn run_in_mini_batches(
+    x: &Expected,
+    program: &Program,
+    reuse: &tumble_compile::ReuseAnalysis,
+    batch: usize,
+    opts: Options,
+    label: &str,
+) -> (Vec<Value>, tumble_runtime::Profile) {
+    let exec = std::sync::Arc::new(tumble_runtime::Executable::new(program, reuse, &opts));
+    let mut got = Vec::new();
+    let mut profile = tumble_runtime::Profile::default();
+    for (c, chunk) in x.args.chunks(batch).enumerate() {
+        let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
+        let (vals, p) =
+            tumble_runtime::run_batch_on(program, reuse, &exec, "main", chunk.to_vec(), rngs, opts)
+                .unwrap_or_else(|e| panic!("{label}: {}", e.error.message));
+        got.extend(vals);
+        profile.add(&p);
+    }
+    (got, profile)
+}
+
 pub fn check_batched(
     x: &Expected,
     program: &Program,
@@ -382,16 +406,7 @@ pub fn check_batched(
     // Outputs the kernels claim to overwrite whole start as NaN here: anything they leave
     // unwritten shows up as a mismatch.
     tumble_tensor::pool::set_poison_scratch(true);
-    let mut got = Vec::new();
-    // One job for every mini-batch: later ones take the results earlier ones kept.
-    let exec = std::sync::Arc::new(tumble_runtime::Executable::new(program, reuse, &opts));
-    for (c, chunk) in x.args.chunks(batch).enumerate() {
-        let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
-        let (vals, _) =
-            tumble_runtime::run_batch_on(program, reuse, &exec, "main", chunk.to_vec(), rngs, opts)
-                .unwrap_or_else(|e| panic!("{label}: {}", e.error.message));
-        got.extend(vals);
-    }
+    let (got, _) = run_in_mini_batches(x, program, reuse, batch, opts, label);
     assert_eq!(got.len(), x.outputs.len());
     for (i, (g, e)) in got.iter().zip(&x.outputs).enumerate() {
         if let Err(m) = same_within(g, e, "", x.atol) {
