@@ -8,6 +8,7 @@
 
 use tumble_ir::Attrs;
 use tumble_ops::OpValue;
+use crate::simd;
 use tumble_tensor::pool::zeroed_f32;
 use tumble_tensor::Tensor;
 
@@ -192,10 +193,12 @@ fn binary_f32(args: &[OpValue], f: impl Fn(f32, f32) -> f32) -> Option<OpValue> 
         out
     };
     let (sa, sb) = (strides(a.shape()), strides(b.shape()));
-    let mut out = tumble_tensor::pool::with_capacity_f32(total);
+    // Written row by row through the dispatched SIMD loops (an `extend` over a zip compiles for
+    // the baseline ISA only: 2.3% of a training step in the kept forward's adds and products).
+    let mut out = tumble_tensor::pool::scratch_f32(total);
     if total > 0 {
         let r = shape.len();
-        let inner = if r == 0 { 1 } else { shape[r - 1] };
+        let inner = if r == 0 { 1 } else { shape[r - 1] }.max(1);
         let (ia, ib) = if r == 0 {
             (1, 1)
         } else {
@@ -203,26 +206,18 @@ fn binary_f32(args: &[OpValue], f: impl Fn(f32, f32) -> f32) -> Option<OpValue> 
         };
         let mut index = vec![0usize; r.saturating_sub(1)];
         let (mut oa, mut ob) = (0usize, 0usize);
-        for _ in 0..total / inner.max(1) {
+        for dst in out.chunks_exact_mut(inner) {
             match (ia, ib) {
-                (1, 1) => out.extend(
-                    x.get(oa..oa + inner)?
-                        .iter()
-                        .zip(y.get(ob..ob + inner)?)
-                        .map(|(&p, &q)| f(p, q)),
-                ),
+                (1, 1) => simd::binary(dst, x.get(oa..oa + inner)?, y.get(ob..ob + inner)?, &f),
                 (1, _) => {
                     let q = *y.get(ob)?;
-                    out.extend(x.get(oa..oa + inner)?.iter().map(|&p| f(p, q)));
+                    simd::unary(dst, x.get(oa..oa + inner)?, |p| f(p, q));
                 }
                 (_, 1) => {
                     let p = *x.get(oa)?;
-                    out.extend(y.get(ob..ob + inner)?.iter().map(|&q| f(p, q)));
+                    simd::unary(dst, y.get(ob..ob + inner)?, |q| f(p, q));
                 }
-                _ => {
-                    let (p, q) = (*x.get(oa)?, *y.get(ob)?);
-                    out.extend(std::iter::repeat_n(f(p, q), inner));
-                }
+                _ => dst.fill(f(*x.get(oa)?, *y.get(ob)?)),
             }
             // Next outer index (odometer over the axes before the innermost).
             for ax in (0..index.len()).rev() {

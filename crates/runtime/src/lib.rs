@@ -16,6 +16,7 @@ pub mod fused;
 mod gemm;
 mod intern;
 mod memo;
+pub mod optim;
 pub mod profile;
 pub mod reuse;
 pub mod session;

@@ -16,6 +16,7 @@ use tumble_io::{
 };
 use tumble_ir::{diag, Diagnostic, SourceMap, Ty};
 use tumble_runtime::backward::{GradOptions, ParamGrad};
+use tumble_runtime::optim::{self, Step};
 use tumble_runtime::Options;
 use tumble_tensor::{Rng, Tensor};
 
@@ -744,27 +745,19 @@ impl Rule {
             ..
         } = *self;
         let end = at + g.len();
+        let st = Step { lr, decay, scale };
         match self.opt {
-            Optimizer::Sgd => {
-                for (x, g) in o.iter_mut().zip(g) {
-                    *x -= lr * (g * scale + decay * *x);
-                }
-            }
-            Optimizer::Adagrad => {
-                for ((x, g), v) in o.iter_mut().zip(g).zip(&mut s.v[at..end]) {
-                    let g = g * scale + decay * *x;
-                    *v += g * g;
-                    *x -= lr * g / (v.sqrt() + 1e-10);
-                }
-            }
+            Optimizer::Sgd => optim::sgd(o, g, st),
+            Optimizer::Adagrad => optim::adagrad(o, g, &mut s.v[at..end], st),
             Optimizer::Adam => {
-                let (ms, vs) = (&mut s.m[at..end], &mut s.v[at..end]);
-                for ((x, g), (m, v)) in o.iter_mut().zip(g).zip(ms.iter_mut().zip(vs.iter_mut())) {
-                    let g = g * scale + decay * *x;
-                    *m = ADAM_B1 * *m + (1.0 - ADAM_B1) * g;
-                    *v = ADAM_B2 * *v + (1.0 - ADAM_B2) * g * g;
-                    *x -= lr * (*m / c1) / ((*v / c2).sqrt() + ADAM_EPS);
-                }
+                let k = optim::Adam {
+                    b1: ADAM_B1,
+                    b2: ADAM_B2,
+                    eps: ADAM_EPS,
+                    c1,
+                    c2,
+                };
+                optim::adam(o, g, &mut s.m[at..end], &mut s.v[at..end], st, k)
             }
         }
     }
@@ -838,6 +831,9 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
     let raw = read_raw(&args.train, "--train")?;
     let file = read_weights(&args.weights)?;
     let mut main = compile(&typed, "main", &raw, &file, args.weights.random_params)?;
+    // The file's tensors are bound now; kept, they would make the first update of every weight
+    // copy it (the embedding table: 22 MB and its page faults inside the first epoch).
+    drop(file);
     let decoded = main.decode(&typed, &raw)?;
     let mut weights = main.all_params();
     let trainable: Vec<String> = main.float_params().into_iter().map(|(n, _)| n).collect();
@@ -852,8 +848,12 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
             let decoded_dev = main.decode(&typed, &raw_dev)?;
             let eval = match &eval_entry {
                 Some(e) => {
-                    let c = compile(&typed, e, &raw_dev, &weights, None)?;
+                    let mut c = compile(&typed, e, &raw_dev, &weights, None)?;
                     let d = c.decode(&typed, &raw_dev)?;
+                    // Bound again for each evaluation: held between them, the weights would be
+                    // copied whole by every update (the optimizer writes in place only where it
+                    // holds the one reference).
+                    c.release(&trainable);
                     Some((c, d))
                 }
                 None => None,
@@ -978,7 +978,9 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
                 if let (Some((c, d)), Some(e)) = (eval, &eval_entry) {
                     c.rebind(&weights);
                     let vals =
-                        c.outputs(raw_dev, d, args.batch.max(64), opts, args.weights.seed)?;
+                        c.outputs(raw_dev, d, args.batch.max(64), opts, args.weights.seed);
+                    c.release(&trainable);
+                    let vals = vals?;
                     let mean = vals.iter().sum::<f64>() / vals.len().max(1) as f64;
                     line.push_str(&format!(", dev @{e} {mean:.4}"));
                     score = Some(mean);
