@@ -6,9 +6,9 @@
 //! computes in f64 and rounds: for one +, -, * or / of two f32 values that double rounding is
 //! innocuous, since f64 has more than 2·24 + 2 significand bits).
 
+use crate::simd;
 use tumble_ir::Attrs;
 use tumble_ops::OpValue;
-use crate::simd;
 use tumble_tensor::pool::zeroed_f32;
 use tumble_tensor::Tensor;
 

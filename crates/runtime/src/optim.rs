@@ -88,10 +88,19 @@ mod tests {
                 let gi = g[i] * scale + decay * x0[i];
                 let vi = v0[i] + gi * gi;
                 assert_eq!(v[i].to_bits(), vi.to_bits());
-                assert_eq!(x[i].to_bits(), (x0[i] - lr * gi / (vi.sqrt() + 1e-10)).to_bits());
+                assert_eq!(
+                    x[i].to_bits(),
+                    (x0[i] - lr * gi / (vi.sqrt() + 1e-10)).to_bits()
+                );
             }
 
-            let k = Adam { b1: 0.9, b2: 0.999, eps: 1e-8, c1: 0.1, c2: 0.001 };
+            let k = Adam {
+                b1: 0.9,
+                b2: 0.999,
+                eps: 1e-8,
+                c1: 0.1,
+                c2: 0.001,
+            };
             let (mut x, mut m, mut v) = (x0.clone(), v0.clone(), v0.clone());
             adam(&mut x, &g, &mut m, &mut v, st, k);
             for i in 0..n {
@@ -99,7 +108,10 @@ mod tests {
                 let mi = k.b1 * v0[i] + (1.0 - k.b1) * gi;
                 let vi = k.b2 * v0[i] + (1.0 - k.b2) * gi * gi;
                 let xi = x0[i] - lr * (mi / k.c1) / ((vi / k.c2).sqrt() + k.eps);
-                assert_eq!((m[i].to_bits(), v[i].to_bits()), (mi.to_bits(), vi.to_bits()));
+                assert_eq!(
+                    (m[i].to_bits(), v[i].to_bits()),
+                    (mi.to_bits(), vi.to_bits())
+                );
                 assert_eq!(x[i].to_bits(), xi.to_bits());
             }
         }

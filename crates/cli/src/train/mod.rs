@@ -977,8 +977,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
                 score = Some(-dev_loss);
                 if let (Some((c, d)), Some(e)) = (eval, &eval_entry) {
                     c.rebind(&weights);
-                    let vals =
-                        c.outputs(raw_dev, d, args.batch.max(64), opts, args.weights.seed);
+                    let vals = c.outputs(raw_dev, d, args.batch.max(64), opts, args.weights.seed);
                     c.release(&trainable);
                     let vals = vals?;
                     let mean = vals.iter().sum::<f64>() / vals.len().max(1) as f64;
