@@ -27,7 +27,10 @@ wall clock around the loop, after data decoding and weight loading). Process wal
 compile, loading, writing tumble's output included) is recorded too.
 
     bench/.venv/bin/python bench/train_speed.py [--tumble PATH] [--n 1000] [--rounds 3] [--threads 1]
-        [--engines tumble,dynet,torch_batch,torch_eager] [--json OUT]
+        [--epochs 1] [--engines tumble,dynet,torch_batch,torch_eager] [--json OUT]
+
+With --epochs E (E ≥ 2) each process trains E epochs, each timed; the first epoch's figures stay
+the headline (a one-epoch run), and the last epoch's are reported beside them (the steady state).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ WEIGHTS = os.path.join(HERE, ".data", "weights", "treelstm_small.seed0.safetenso
 MODEL = os.path.join(ROOT, "models", "treelstm_sst_train_all.rly")
 BATCH, LR, SEED = 20, 0.05, 0
 THREADS = 1  # --threads: every engine's thread count
+EPOCHS = 1  # --epochs: epochs each engine trains, each timed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,16 +178,19 @@ def torch_train(kind, weights, trees):
 
     loss_of = eager_loss if kind == "torch_eager" else batched_loss
     bs = batches(trees)
-    t0 = time.perf_counter()
-    total = 0.0
-    for b in bs:
-        opt.zero_grad(set_to_none=True)
-        loss = loss_of(b)
-        loss.backward()
-        opt.step()
-        total += float(loss.detach()) * len(b)
-    dt = time.perf_counter() - t0
-    return dt, total / len(trees)
+    times, losses = [], []
+    for _ in range(EPOCHS):
+        t0 = time.perf_counter()
+        total = 0.0
+        for b in bs:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_of(b)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(b)
+        times.append(time.perf_counter() - t0)
+        losses.append(total / len(trees))
+    return times, losses
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,15 +241,18 @@ def dynet_train(weights, trees):
         return dy.esum(losses) * (1.0 / len(trees))
 
     bs = batches(trees)
-    t0 = time.perf_counter()
-    total = 0.0
-    for b in bs:
-        loss = loss_of(b)
-        total += loss.value() * len(b)  # the forward (autobatched)
-        loss.backward()
-        trainer.update()
-    dt = time.perf_counter() - t0
-    return dt, total / len(trees)
+    times, losses = [], []
+    for _ in range(EPOCHS):
+        t0 = time.perf_counter()
+        total = 0.0
+        for b in bs:
+            loss = loss_of(b)
+            total += loss.value() * len(b)  # the forward (autobatched)
+            loss.backward()
+            trainer.update()
+        times.append(time.perf_counter() - t0)
+        losses.append(total / len(trees))
+    return times, losses
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,17 +261,17 @@ def dynet_train(weights, trees):
 
 def tumble_train(tumble, train_path, n):
     with tempfile.TemporaryDirectory(prefix="train_speed.") as tmp:
-        cmd = [tumble, "train", MODEL, "--train", train_path, "--params", WEIGHTS, "--epochs", "1",
+        cmd = [tumble, "train", MODEL, "--train", train_path, "--params", WEIGHTS, "--epochs", str(EPOCHS),
                "--batch", str(BATCH), "--optimizer", "adagrad", "--lr", str(LR), "--seed", str(SEED),
                "--threads", str(THREADS), "--quiet", "-o", os.path.join(tmp, "out.safetensors")]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"tumble train failed: {r.stderr[-2000:]}")
         out = r.stdout + r.stderr
-        m = re.search(r"train loss ([0-9.eE+-]+) \(([0-9.eE+-]+) instances/s", out)
-        if not m:
-            raise RuntimeError(f"cannot read tumble's epoch report: {out[-500:]}")
-        return n / float(m.group(2)), float(m.group(1))
+        ms = re.findall(r"train loss ([0-9.eE+-]+) \(([0-9.eE+-]+) instances/s", out)
+        if len(ms) != EPOCHS:
+            raise RuntimeError(f"cannot read tumble's epoch reports: {out[-500:]}")
+        return [n / float(rate) for _, rate in ms], [float(loss) for loss, _ in ms]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,8 +279,8 @@ def tumble_train(tumble, train_path, n):
 
 
 def worker(a):
-    global THREADS
-    THREADS = a.threads
+    global THREADS, EPOCHS
+    THREADS, EPOCHS = a.threads, a.epochs
     # DyNet's CPU kernels (Eigen) and any MKL/OpenMP under PyTorch read these at import.
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(a.threads)
     import common
@@ -281,16 +291,20 @@ def worker(a):
             first = os.path.join(tmp, "train.jsonl")  # tumble trains on the whole file: its first N
             with open(first, "w") as f:
                 f.write("".join(lines))
-            dt, loss = tumble_train(a.tumble, first, len(lines))
+            times, losses = tumble_train(a.tumble, first, len(lines))
     else:
         trees = [decode(json.loads(l)) for l in lines]
         weights = common.load_safetensors(WEIGHTS)
         if a.engine == "dynet":
-            dt, loss = dynet_train(weights, trees)
+            times, losses = dynet_train(weights, trees)
         else:
-            dt, loss = torch_train(a.engine, weights, trees)
-    print(json.dumps({"engine": a.engine, "trees": len(lines), "seconds": dt, "trees_per_s": len(lines) / dt,
-                      "mean_train_loss": loss}))
+            times, losses = torch_train(a.engine, weights, trees)
+    n = len(lines)
+    # The first epoch (what a single-epoch run sees) and the last (the steady state of a longer
+    # run: every engine's allocator, caches and lazily built state warm).
+    print(json.dumps({"engine": a.engine, "trees": n, "seconds": times[0], "trees_per_s": n / times[0],
+                      "epoch_seconds": times, "last_epoch_trees_per_s": n / times[-1],
+                      "mean_train_loss": losses[0], "epoch_losses": losses}))
 
 
 def main():
@@ -304,6 +318,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1,
                     help="threads of every engine (tumble: --threads T, its default --workers T; PyTorch: "
                          "set_num_threads; DyNet: OMP/MKL_NUM_THREADS, its autobatched CPU run is single-threaded)")
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="epochs each engine trains in its process; with 2 or more the last epoch is "
+                         "reported too (the steady state), beside the first")
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # worker mode
     a = ap.parse_args()
     if a.engine:
@@ -319,7 +336,8 @@ def main():
         for e in engines:
             t0 = time.perf_counter()
             p = subprocess.run([sys.executable, os.path.abspath(__file__), "--engine", e, "--train", a.train,
-                                "--n", str(a.n), "--tumble", a.tumble, "--threads", str(a.threads)],
+                                "--n", str(a.n), "--tumble", a.tumble, "--threads", str(a.threads),
+                                "--epochs", str(a.epochs)],
                                capture_output=True, text=True)
             wall = time.perf_counter() - t0
             if p.returncode != 0:
@@ -328,8 +346,9 @@ def main():
             res = json.loads(p.stdout.strip().splitlines()[-1])
             res["process_wall_s"] = wall
             runs[e].append(res)
+            last = f", last epoch {res['last_epoch_trees_per_s']:.1f} trees/s" if a.epochs > 1 else ""
             print(f"round {r + 1} {e:<12} {res['trees_per_s']:8.1f} trees/s  (epoch {res['seconds']:.2f} s, "
-                  f"process {wall:.2f} s, mean train loss {res['mean_train_loss']:.4f})", flush=True)
+                  f"process {wall:.2f} s, mean train loss {res['mean_train_loss']:.4f}{last})", flush=True)
     print(f"\nchild-sum TreeLSTM, SST train first {a.n} trees, batch {BATCH}, Adagrad lr {LR}, {a.threads} thread(s), "
           f"{a.rounds} interleaved rounds: median trees/s [min, max]")
     med = {}
@@ -345,9 +364,22 @@ def main():
         for e in engines:
             if e != "tumble" and e in med:
                 print(f"  tumble / {e}: {med['tumble'] / med[e]:.2f}x")
+    last_med = {}
+    if a.epochs > 1:
+        print(f"\nlast epoch (epoch {a.epochs} of each process): median trees/s [min, max]")
+        for e in engines:
+            v = [x["last_epoch_trees_per_s"] for x in runs[e]]
+            if v:
+                last_med[e] = statistics.median(v)
+                print(f"  {e:<12} {last_med[e]:8.1f}  [{min(v):.1f}, {max(v):.1f}]")
+        if "tumble" in last_med:
+            for e in engines:
+                if e != "tumble" and e in last_med:
+                    print(f"  tumble / {e}: {last_med['tumble'] / last_med[e]:.2f}x")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"n": a.n, "rounds": a.rounds, "runs": runs, "median_trees_per_s": med}, f, indent=1)
+            json.dump({"n": a.n, "rounds": a.rounds, "epochs": a.epochs, "runs": runs,
+                       "median_trees_per_s": med, "median_last_epoch_trees_per_s": last_med}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -630,7 +630,13 @@ fn step(
 ) -> Result<(), String> {
     let n = w.len();
     if s.v.len() != n {
-        s.m = vec![0.0; n];
+        // Adam's first moments only: Adagrad's would be a second table the size of the
+        // embedding's, never read.
+        s.m = if opt == Optimizer::Adam {
+            vec![0.0; n]
+        } else {
+            Vec::new()
+        };
         s.v = vec![0.0; n];
     }
     let rule = Rule::new(opt, lr, decay, t, scale);
