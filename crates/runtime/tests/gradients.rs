@@ -172,6 +172,9 @@ fn batched_grad_counted(
         ..tumble_compile::StaticOptions::all()
     };
     let (program, reuse) = compile(x, true, statics);
+    // Buffers the backward claims to write whole (output gradients, products) start as NaN:
+    // a row it leaves unwritten shows up as a mismatch.
+    tumble_tensor::pool::set_poison_scratch(true);
     let params: Vec<Tensor> = wrt
         .iter()
         .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
