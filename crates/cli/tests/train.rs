@@ -333,3 +333,41 @@ fn train_refuses_bad_settings() {
     assert!(text(&o.stderr).contains("--lr"));
     assert!(!out.exists());
 }
+
+/// A training instance that fails in a launch is named by its line, with one worker (whose
+/// instances' JSON is let go once they are decoded: only their places are kept) and with two
+/// (whose helper decodes its parts from the JSON as they come), in the training file and in the
+/// dev file.
+#[test]
+fn a_failing_instance_is_named_by_its_line_after_its_json_is_let_go() {
+    let model = temp_file(
+        "fail_train.rly",
+        "def @main(%tok: Tensor[(1), int32], %emb: Tensor[(10, 4), float32]) -> Tensor[(), float32] {\n  sum(tanh(take(%emb, %tok, axis=0, mode=\"fast\")))\n}\n",
+    );
+    let good = temp_file(
+        "fail_train_good.jsonl",
+        "{\"tok\": [1]}\n{\"tok\": [2]}\n{\"tok\": [3]}\n{\"tok\": [4]}\n",
+    );
+    let bad = temp_file(
+        "fail_train_bad.jsonl",
+        "{\"tok\": [1]}\n{\"tok\": [2]}\n{\"tok\": [3]}\n{\"tok\": [12]}\n{\"tok\": [4]}\n",
+    );
+    let out = temp_path("w_fail.safetensors");
+    for (train_file, dev_file) in [(&bad, &good), (&good, &bad)] {
+        for workers in ["1", "2"] {
+            let o = train(
+                &model,
+                train_file,
+                dev_file,
+                &out,
+                &["--workers", workers, "--threads", workers],
+            );
+            let err = text(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{workers} workers: {err}");
+            assert!(
+                err.contains("line 4") && err.contains("index 12 is out of range"),
+                "{workers} workers: {err}"
+            );
+        }
+    }
+}

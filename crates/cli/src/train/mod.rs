@@ -834,7 +834,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
             ));
         }
     }
-    let raw = read_raw(&args.train, "--train")?;
+    let mut raw = read_raw(&args.train, "--train")?;
     let file = read_weights(&args.weights)?;
     let mut main = compile(&typed, "main", &raw, &file, args.weights.random_params)?;
     // The file's tensors are bound now; kept, they would make the first update of every weight
@@ -850,7 +850,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
     }
     let mut dev = match &args.dev {
         Some(p) => {
-            let raw_dev = read_raw(p, "--dev")?;
+            let mut raw_dev = read_raw(p, "--dev")?;
             let decoded_dev = main.decode(&typed, &raw_dev)?;
             let eval = match &eval_entry {
                 Some(e) => {
@@ -864,6 +864,8 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
                 }
                 None => None,
             };
+            // Decoded for good: the instances stay only to be named in messages.
+            raw_dev.forget_json();
             Some((raw_dev, decoded_dev, eval))
         }
         None => None,
@@ -875,6 +877,10 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
     let n = decoded.len();
     let mut stats = tumble_runtime::backward::BackwardStats::default();
     let workers = worker_count(&args.weights, opts.threads, args.batch);
+    if workers <= 1 {
+        // Decoded for good (helper workers decode their parts from the JSON as they come).
+        raw.forget_json();
+    }
     let setup = workers::Setup::new(
         &typed,
         &raw,
