@@ -804,7 +804,15 @@ impl<'m> Decoding<'m> {
         i: usize,
     ) -> Result<Vec<tumble_interp::Value>, Error> {
         let item = instances.items.get(i);
-        let json = item.map_or(&serde_json::Value::Null, RawInstance::json);
+        let null = serde_json::Value::Null;
+        let view = match item {
+            Some(it) => it.json().map_err(|message| Error::Input {
+                instance: i,
+                message,
+            })?,
+            None => tumble_io::JsonView::Borrowed(&null),
+        };
+        let json: &serde_json::Value = &view;
         let attached = item.map_or(&[][..], RawInstance::attached);
         let location = item.map_or(tumble_io::Location::Index(i), |it| it.location);
         let source = format!("{}: instance at {location}", instances.source_name);

@@ -516,7 +516,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             args.entry
         )));
     }
-    if let Some(item) = raw.items.iter().find(|it| it.json().is_null()) {
+    if let Some(item) = raw.items.iter().find(|it| it.is_null()) {
         return Err(Failure::Message(format!(
             "instance at {} is `null`, not an instance: each instance is a JSON object keyed by \
              @{}'s arguments (remove the line if it is not meant as one)",

@@ -77,10 +77,39 @@ fn drop_json(v: Json) {
     }
 }
 
-/// One instance as parsed JSON, not yet checked against any type.
+/// An instance's JSON: a line of JSON Lines kept as its text (checked to be valid JSON when
+/// read, parsed again when it is decoded: parsed JSON is ~45 times its text, a tree node an object
+/// with a map of its own, and a whole file of it held at once was most of a run's memory), or a
+/// value parsed with others (an array input, a request's body, a library caller's).
+enum Body {
+    Text(Box<str>),
+    Parsed(DeepJson),
+}
+
+/// An instance's parsed JSON, borrowed or parsed from its text for the caller (and dropped
+/// iteratively with it).
+pub enum JsonView<'a> {
+    Borrowed(&'a Json),
+    Parsed(DeepJsonOwned),
+}
+
+/// Parsed JSON owned by a [`JsonView`], dropped without recursion.
+pub struct DeepJsonOwned(DeepJson);
+
+impl std::ops::Deref for JsonView<'_> {
+    type Target = Json;
+    fn deref(&self) -> &Json {
+        match self {
+            JsonView::Borrowed(j) => j,
+            JsonView::Parsed(DeepJsonOwned(d)) => &d.0,
+        }
+    }
+}
+
+/// One instance's JSON, not yet checked against any type.
 pub struct RawInstance {
     pub location: Location,
-    json: DeepJson,
+    body: Body,
     /// Tensors a library caller built already (numpy arrays), which the JSON refers to as
     /// `{ATTACHED_TENSOR_KEY: index}`, so they are checked by type but never spelled out as JSON.
     attached: Vec<Tensor>,
@@ -98,13 +127,48 @@ impl RawInstance {
     pub fn with_tensors(location: Location, json: Json, attached: Vec<Tensor>) -> RawInstance {
         RawInstance {
             location,
-            json: DeepJson(json),
+            body: Body::Parsed(DeepJson(json)),
             attached,
         }
     }
 
-    pub fn json(&self) -> &Json {
-        &self.json.0
+    /// The instance's JSON (parsed now when it was kept as text; valid JSON was checked when it
+    /// was read, so an error here is an internal one).
+    pub fn json(&self) -> Result<JsonView<'_>, String> {
+        match &self.body {
+            Body::Parsed(d) => Ok(JsonView::Borrowed(&d.0)),
+            Body::Text(t) => parse_json(t)
+                .map(|j| JsonView::Parsed(DeepJsonOwned(DeepJson(j))))
+                .map_err(|e| format!("internal: JSON checked when read no longer parses: {e}")),
+        }
+    }
+
+    /// Whether the instance is JSON's `null` (not an instance).
+    pub fn is_null(&self) -> bool {
+        match &self.body {
+            Body::Parsed(d) => d.0.is_null(),
+            Body::Text(t) => t.trim() == "null",
+        }
+    }
+
+    /// The keys of the instance's top-level object (`None` for a bare value), without parsing
+    /// the values under them.
+    fn top_keys(&self) -> Option<Vec<String>> {
+        match &self.body {
+            Body::Parsed(d) => d.0.as_object().map(|m| m.keys().cloned().collect()),
+            Body::Text(t) => {
+                if !t.trim_start().starts_with('{') {
+                    return None;
+                }
+                let mut de = serde_json::Deserializer::from_str(t);
+                de.disable_recursion_limit();
+                let m = std::collections::BTreeMap::<String, serde::de::IgnoredAny>::deserialize(
+                    &mut de,
+                )
+                .ok()?;
+                Some(m.into_keys().collect())
+            }
+        }
     }
 
     /// The tensors the JSON refers to by [`ATTACHED_TENSOR_KEY`] objects.
@@ -265,6 +329,14 @@ fn parse_json(text: &str) -> Result<Json, serde_json::Error> {
     Ok(v)
 }
 
+/// Checks that `text` is one JSON document, as [`parse_json`] would, without building it.
+fn check_json(text: &str) -> Result<(), serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.disable_recursion_limit();
+    serde::de::IgnoredAny::deserialize(&mut de)?;
+    de.end()
+}
+
 /// serde_json's message without its trailing ` at line L column C`.
 fn json_message(e: &serde_json::Error) -> String {
     let s = e.to_string();
@@ -354,7 +426,7 @@ fn parse_line<R: BufRead>(
     if nesting_depth(text, MAX_DEPTH) > MAX_DEPTH {
         return Err(lines.err(depth_error(&format!("the instance at line {no}"))));
     }
-    let json = parse_json(text).map_err(|e| {
+    check_json(text).map_err(|e| {
         lines.err(format!(
             "line {no}, column {}: not valid JSON: {}",
             e.column(),
@@ -363,7 +435,7 @@ fn parse_line<R: BufRead>(
     })?;
     Ok(RawInstance {
         location: Location::Line(no),
-        json: DeepJson(json),
+        body: Body::Text(text.into()),
         attached: Vec::new(),
     })
 }
@@ -389,7 +461,7 @@ fn try_array<R: BufRead>(
                 .enumerate()
                 .map(|(i, j)| RawInstance {
                     location: Location::Index(i),
-                    json: DeepJson(j),
+                    body: Body::Parsed(DeepJson(j)),
                     attached: Vec::new(),
                 })
                 .collect(),
@@ -424,7 +496,7 @@ fn try_array<R: BufRead>(
             }
             items.push(RawInstance {
                 location: Location::Line(first_no),
-                json,
+                body: Body::Parsed(json),
                 attached: Vec::new(),
             });
             if let Some(t) = next {
@@ -481,7 +553,7 @@ impl RawInstances {
     /// map of its own): `tumble train` held 570 MB of it for SST's 12.5 MB training file.
     pub fn forget_json(&mut self) {
         for it in &mut self.items {
-            it.json = DeepJson(Json::Null);
+            it.body = Body::Text("null".into());
         }
     }
 
@@ -505,16 +577,17 @@ impl RawInstances {
         let mut keys = BTreeSet::new();
         let mut bare = false;
         for item in &self.items {
-            match item.json() {
-                Json::Object(m) => {
+            match item.top_keys() {
+                Some(ks) => {
                     let mut any = false;
-                    for k in m.keys() {
+                    let empty = ks.is_empty();
+                    for k in ks {
                         any |= names.contains(k.as_str());
-                        keys.insert(k.clone());
+                        keys.insert(k);
                     }
-                    bare |= !any && !m.is_empty();
+                    bare |= !any && !empty;
                 }
-                _ => bare = true,
+                None => bare = true,
             }
         }
         if bare {
@@ -548,14 +621,16 @@ impl RawInstances {
         let Some(item) = self.items.get(index) else {
             return Ok(Vec::new());
         };
-        crate::decode::decode_instance(&item.json(), &item.attached, env, args).map_err(|e| {
-            IoError::Instance {
-                source_name: self.source_name.clone(),
-                location: item.location.to_string(),
-                path: e.path,
-                message: e.message,
-            }
-        })
+        let instance_error = |path: String, message: String| IoError::Instance {
+            source_name: self.source_name.clone(),
+            location: item.location.to_string(),
+            path,
+            message,
+        };
+        let json = item.json().map_err(|m| instance_error(String::new(), m))?;
+        let doc: &Json = &json;
+        crate::decode::decode_instance(&doc, &item.attached, env, args)
+            .map_err(|e| instance_error(e.path, e.message))
     }
 }
 
@@ -619,7 +694,7 @@ pub fn read_request_instances(
             .enumerate()
             .map(|(i, j)| RawInstance {
                 location: Location::Index(i),
-                json: DeepJson(j),
+                body: Body::Parsed(DeepJson(j)),
                 attached: Vec::new(),
             })
             .collect(),
@@ -660,6 +735,35 @@ mod tests {
             v = Json::Array(vec![v]);
         }
         drop(DeepJson(v));
+    }
+
+    // JSON Lines instances are kept as text: what is read from them (their keys, whether one is
+    // `null`, their parsed JSON) is what the parsed form gives, and letting go keeps the places.
+    #[test]
+    fn instances_kept_as_text_read_as_parsed_ones() {
+        let lines = "{\"x\": [1, 2], \"t\": {\"Rose\": [3, []]}}\n\n[4, 5]\nnull\n{}\n";
+        let text = read_instances(lines.as_bytes(), "<test>").unwrap();
+        let docs: Vec<Json> = lines
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(text.items.len(), docs.len());
+        for (item, doc) in text.items.iter().zip(&docs) {
+            assert!(matches!(item.body, Body::Text(_)));
+            assert_eq!(&*item.json().unwrap(), doc);
+            assert_eq!(item.is_null(), doc.is_null());
+            let parsed = RawInstance::with_tensors(item.location, doc.clone(), Vec::new());
+            assert_eq!(item.top_keys(), parsed.top_keys());
+        }
+        assert_eq!(
+            text.items.iter().map(|i| i.location).collect::<Vec<_>>(),
+            [1, 3, 4, 5].map(Location::Line)
+        );
+        let mut forgotten = text;
+        forgotten.forget_json();
+        assert!(forgotten.items.iter().all(RawInstance::is_null));
+        assert_eq!(forgotten.items[1].location, Location::Line(3));
     }
 
     #[test]

@@ -34,8 +34,8 @@ pub use decode::{decode_instance, DecodeError, Doc, Kind, Num};
 pub use env::{main_signature, TypeEnv};
 pub use error::IoError;
 pub use instances::{
-    read_instances, read_instances_capped, read_instances_file, read_request_instances, Location,
-    RawInstance, RawInstances, ATTACHED_TENSOR_KEY, MAX_DEPTH, MAX_LINE_BYTES,
+    read_instances, read_instances_capped, read_instances_file, read_request_instances, JsonView,
+    Location, RawInstance, RawInstances, ATTACHED_TENSOR_KEY, MAX_DEPTH, MAX_LINE_BYTES,
 };
 pub use output::{encode_json, summarize, write_jsonl_atomically, Encoded};
 pub use tree::{to_tree, OutTree};
