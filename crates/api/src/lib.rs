@@ -804,13 +804,12 @@ impl<'m> Decoding<'m> {
         i: usize,
     ) -> Result<Vec<tumble_interp::Value>, Error> {
         let item = instances.items.get(i);
-        let null = serde_json::Value::Null;
         let view = match item {
             Some(it) => it.json().map_err(|message| Error::Input {
                 instance: i,
                 message,
             })?,
-            None => tumble_io::JsonView::Borrowed(&null),
+            None => tumble_io::JsonView::null(),
         };
         let json: &serde_json::Value = &view;
         let attached = item.map_or(&[][..], RawInstance::attached);

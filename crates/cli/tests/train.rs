@@ -334,12 +334,11 @@ fn train_refuses_bad_settings() {
     assert!(!out.exists());
 }
 
-/// A training instance that fails in a launch is named by its line, with one worker (whose
-/// instances' JSON is let go once they are decoded: only their places are kept) and with two
-/// (whose helper decodes its parts from the JSON as they come), in the training file and in the
-/// dev file.
+/// A training instance that fails in a launch is named by its line (instances are kept as their
+/// text, parsed only to be decoded), with one worker (every instance decoded up front) and with
+/// two (whose helper decodes its parts as they come), in the training file and in the dev file.
 #[test]
-fn a_failing_instance_is_named_by_its_line_after_its_json_is_let_go() {
+fn a_failing_training_instance_is_named_by_its_line() {
     let model = temp_file(
         "fail_train.rly",
         "def @main(%tok: Tensor[(1), int32], %emb: Tensor[(10, 4), float32]) -> Tensor[(), float32] {\n  sum(tanh(take(%emb, %tok, axis=0, mode=\"fast\")))\n}\n",

@@ -79,29 +79,40 @@ fn drop_json(v: Json) {
 
 /// An instance's JSON: a line of JSON Lines kept as its text (checked to be valid JSON when
 /// read, parsed again when it is decoded: parsed JSON is ~45 times its text, a tree node an object
-/// with a map of its own, and a whole file of it held at once was most of a run's memory), or a
-/// value parsed with others (an array input, a request's body, a library caller's).
+/// with a map of its own, and a whole file of it held at once was most of a run's memory), with
+/// its top-level keys when it is an object (read in the same scan, for
+/// [`RawInstances::provided_args`]); or a value parsed with others (an array input, a request's
+/// body, a library caller's).
 enum Body {
-    Text(Box<str>),
+    Text {
+        text: Box<str>,
+        keys: Option<Box<[String]>>,
+    },
     Parsed(DeepJson),
 }
 
-/// An instance's parsed JSON, borrowed or parsed from its text for the caller (and dropped
-/// iteratively with it).
-pub enum JsonView<'a> {
+/// An instance's parsed JSON (`Deref` to the value), borrowed or parsed from its text for the
+/// caller and dropped iteratively with it.
+pub struct JsonView<'a>(View<'a>);
+
+enum View<'a> {
     Borrowed(&'a Json),
-    Parsed(DeepJsonOwned),
+    Parsed(DeepJson),
 }
 
-/// Parsed JSON owned by a [`JsonView`], dropped without recursion.
-pub struct DeepJsonOwned(DeepJson);
+impl JsonView<'_> {
+    /// JSON's `null`, for a caller with no instance at hand.
+    pub fn null() -> JsonView<'static> {
+        JsonView(View::Parsed(DeepJson(Json::Null)))
+    }
+}
 
 impl std::ops::Deref for JsonView<'_> {
     type Target = Json;
     fn deref(&self) -> &Json {
-        match self {
-            JsonView::Borrowed(j) => j,
-            JsonView::Parsed(DeepJsonOwned(d)) => &d.0,
+        match &self.0 {
+            View::Borrowed(j) => j,
+            View::Parsed(d) => &d.0,
         }
     }
 }
@@ -136,9 +147,9 @@ impl RawInstance {
     /// was read, so an error here is an internal one).
     pub fn json(&self) -> Result<JsonView<'_>, String> {
         match &self.body {
-            Body::Parsed(d) => Ok(JsonView::Borrowed(&d.0)),
-            Body::Text(t) => parse_json(t)
-                .map(|j| JsonView::Parsed(DeepJsonOwned(DeepJson(j))))
+            Body::Parsed(d) => Ok(JsonView(View::Borrowed(&d.0))),
+            Body::Text { text, .. } => parse_json(text)
+                .map(|j| JsonView(View::Parsed(DeepJson(j))))
                 .map_err(|e| format!("internal: JSON checked when read no longer parses: {e}")),
         }
     }
@@ -147,27 +158,20 @@ impl RawInstance {
     pub fn is_null(&self) -> bool {
         match &self.body {
             Body::Parsed(d) => d.0.is_null(),
-            Body::Text(t) => t.trim() == "null",
+            Body::Text { text, .. } => text.trim() == "null",
         }
     }
 
-    /// The keys of the instance's top-level object (`None` for a bare value), without parsing
-    /// the values under them.
-    fn top_keys(&self) -> Option<Vec<String>> {
+    /// The keys of the instance's top-level object (`None` for a bare value).
+    fn top_keys(&self) -> Option<Vec<&str>> {
         match &self.body {
-            Body::Parsed(d) => d.0.as_object().map(|m| m.keys().cloned().collect()),
-            Body::Text(t) => {
-                if !t.trim_start().starts_with('{') {
-                    return None;
-                }
-                let mut de = serde_json::Deserializer::from_str(t);
-                de.disable_recursion_limit();
-                let m = std::collections::BTreeMap::<String, serde::de::IgnoredAny>::deserialize(
-                    &mut de,
-                )
-                .ok()?;
-                Some(m.into_keys().collect())
+            Body::Parsed(d) => {
+                d.0.as_object()
+                    .map(|m| m.keys().map(String::as_str).collect())
             }
+            Body::Text { keys, .. } => keys
+                .as_ref()
+                .map(|ks| ks.iter().map(String::as_str).collect()),
         }
     }
 
@@ -329,12 +333,20 @@ fn parse_json(text: &str) -> Result<Json, serde_json::Error> {
     Ok(v)
 }
 
-/// Checks that `text` is one JSON document, as [`parse_json`] would, without building it.
-fn check_json(text: &str) -> Result<(), serde_json::Error> {
+/// Checks that `text` is one JSON document, as [`parse_json`] would, without building it; an
+/// object's top-level keys come out of the same scan.
+fn check_json(text: &str) -> Result<Option<Box<[String]>>, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_str(text);
     de.disable_recursion_limit();
-    serde::de::IgnoredAny::deserialize(&mut de)?;
-    de.end()
+    let keys = if text.trim_start().starts_with('{') {
+        let m = std::collections::BTreeMap::<String, serde::de::IgnoredAny>::deserialize(&mut de)?;
+        Some(m.into_keys().collect())
+    } else {
+        serde::de::IgnoredAny::deserialize(&mut de)?;
+        None
+    };
+    de.end()?;
+    Ok(keys)
 }
 
 /// serde_json's message without its trailing ` at line L column C`.
@@ -426,7 +438,7 @@ fn parse_line<R: BufRead>(
     if nesting_depth(text, MAX_DEPTH) > MAX_DEPTH {
         return Err(lines.err(depth_error(&format!("the instance at line {no}"))));
     }
-    check_json(text).map_err(|e| {
+    let keys = check_json(text).map_err(|e| {
         lines.err(format!(
             "line {no}, column {}: not valid JSON: {}",
             e.column(),
@@ -435,7 +447,10 @@ fn parse_line<R: BufRead>(
     })?;
     Ok(RawInstance {
         location: Location::Line(no),
-        body: Body::Text(text.into()),
+        body: Body::Text {
+            text: text.into(),
+            keys,
+        },
         attached: Vec::new(),
     })
 }
@@ -547,16 +562,6 @@ impl RawInstances {
         self.items.len()
     }
 
-    /// Lets go of every instance's parsed JSON, keeping where each came from (for messages) and
-    /// any attached tensors: for a caller that has decoded all of them and keeps them only to
-    /// name one in an error. Parsed JSON is tens of times its text (a tree node an object with a
-    /// map of its own): `tumble train` held 570 MB of it for SST's 12.5 MB training file.
-    pub fn forget_json(&mut self) {
-        for it in &mut self.items {
-            it.body = Body::Text("null".into());
-        }
-    }
-
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
@@ -580,12 +585,11 @@ impl RawInstances {
             match item.top_keys() {
                 Some(ks) => {
                     let mut any = false;
-                    let empty = ks.is_empty();
-                    for k in ks {
-                        any |= names.contains(k.as_str());
-                        keys.insert(k);
+                    for &k in &ks {
+                        any |= names.contains(k);
+                        keys.insert(k.to_string());
                     }
-                    bare |= !any && !empty;
+                    bare |= !any && !ks.is_empty();
                 }
                 None => bare = true,
             }
@@ -738,7 +742,7 @@ mod tests {
     }
 
     // JSON Lines instances are kept as text: what is read from them (their keys, whether one is
-    // `null`, their parsed JSON) is what the parsed form gives, and letting go keeps the places.
+    // `null`, their parsed JSON, their places) is what the parsed form gives.
     #[test]
     fn instances_kept_as_text_read_as_parsed_ones() {
         let lines = "{\"x\": [1, 2], \"t\": {\"Rose\": [3, []]}}\n\n[4, 5]\nnull\n{}\n";
@@ -750,7 +754,7 @@ mod tests {
             .collect();
         assert_eq!(text.items.len(), docs.len());
         for (item, doc) in text.items.iter().zip(&docs) {
-            assert!(matches!(item.body, Body::Text(_)));
+            assert!(matches!(item.body, Body::Text { .. }));
             assert_eq!(&*item.json().unwrap(), doc);
             assert_eq!(item.is_null(), doc.is_null());
             let parsed = RawInstance::with_tensors(item.location, doc.clone(), Vec::new());
@@ -760,10 +764,6 @@ mod tests {
             text.items.iter().map(|i| i.location).collect::<Vec<_>>(),
             [1, 3, 4, 5].map(Location::Line)
         );
-        let mut forgotten = text;
-        forgotten.forget_json();
-        assert!(forgotten.items.iter().all(RawInstance::is_null));
-        assert_eq!(forgotten.items[1].location, Location::Line(3));
     }
 
     #[test]

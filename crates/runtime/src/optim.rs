@@ -47,6 +47,21 @@ pub struct Adam {
     pub c2: f32,
 }
 
+impl Adam {
+    /// The usual constants (β1 0.9, β2 0.999, ε 1e-8, as PyTorch's) at step `t` (1-based).
+    pub fn at_step(t: u64) -> Adam {
+        let (b1, b2) = (0.9f32, 0.999f32);
+        let t = t.min(i32::MAX as u64) as i32;
+        Adam {
+            b1,
+            b2,
+            eps: 1e-8,
+            c1: 1.0 - b1.powi(t),
+            c2: 1.0 - b2.powi(t),
+        }
+    }
+}
+
 dispatched! {
     /// Adam: first and second moments `m`, `v` of `g' = g * scale + decay * x`, then
     /// `x -= lr * (m / c1) / (sqrt(v / c2) + eps)`.

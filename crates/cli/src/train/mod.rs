@@ -720,58 +720,40 @@ fn update(
 /// One optimizer's update of a run of weights.
 struct Rule {
     opt: Optimizer,
-    lr: f32,
-    decay: f32,
-    scale: f32,
-    c1: f32,
-    c2: f32,
+    step: Step,
+    adam: optim::Adam,
 }
 
 impl Rule {
     fn new(opt: Optimizer, lr: f64, decay: f64, t: u64, scale: f64) -> Self {
-        let t = t.min(i32::MAX as u64) as i32;
         Rule {
             opt,
-            lr: lr as f32,
-            decay: decay as f32,
-            scale: scale as f32,
-            c1: 1.0 - ADAM_B1.powi(t),
-            c2: 1.0 - ADAM_B2.powi(t),
+            step: Step {
+                lr: lr as f32,
+                decay: decay as f32,
+                scale: scale as f32,
+            },
+            adam: optim::Adam::at_step(t),
         }
     }
 
     /// Updates the weights `o` (elements `at..` of the parameter) by their gradient `g`.
     fn apply(&self, o: &mut [f32], g: &[f32], s: &mut Slot, at: usize) {
-        let Rule {
-            lr,
-            decay,
-            scale,
-            c1,
-            c2,
-            ..
-        } = *self;
         let end = at + g.len();
-        let st = Step { lr, decay, scale };
         match self.opt {
-            Optimizer::Sgd => optim::sgd(o, g, st),
-            Optimizer::Adagrad => optim::adagrad(o, g, &mut s.v[at..end], st),
-            Optimizer::Adam => {
-                let k = optim::Adam {
-                    b1: ADAM_B1,
-                    b2: ADAM_B2,
-                    eps: ADAM_EPS,
-                    c1,
-                    c2,
-                };
-                optim::adam(o, g, &mut s.m[at..end], &mut s.v[at..end], st, k)
-            }
+            Optimizer::Sgd => optim::sgd(o, g, self.step),
+            Optimizer::Adagrad => optim::adagrad(o, g, &mut s.v[at..end], self.step),
+            Optimizer::Adam => optim::adam(
+                o,
+                g,
+                &mut s.m[at..end],
+                &mut s.v[at..end],
+                self.step,
+                self.adam,
+            ),
         }
     }
 }
-
-const ADAM_B1: f32 = 0.9;
-const ADAM_B2: f32 = 0.999;
-const ADAM_EPS: f32 = 1e-8;
 
 /// `0..n` shuffled by `seed` (Fisher–Yates): the same order on every run.
 fn shuffled(n: usize, seed: u64) -> Vec<usize> {
@@ -834,7 +816,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
             ));
         }
     }
-    let mut raw = read_raw(&args.train, "--train")?;
+    let raw = read_raw(&args.train, "--train")?;
     let file = read_weights(&args.weights)?;
     let mut main = compile(&typed, "main", &raw, &file, args.weights.random_params)?;
     // The file's tensors are bound now; kept, they would make the first update of every weight
@@ -850,7 +832,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
     }
     let mut dev = match &args.dev {
         Some(p) => {
-            let mut raw_dev = read_raw(p, "--dev")?;
+            let raw_dev = read_raw(p, "--dev")?;
             let decoded_dev = main.decode(&typed, &raw_dev)?;
             let eval = match &eval_entry {
                 Some(e) => {
@@ -864,8 +846,6 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
                 }
                 None => None,
             };
-            // Decoded for good: the instances stay only to be named in messages.
-            raw_dev.forget_json();
             Some((raw_dev, decoded_dev, eval))
         }
         None => None,
@@ -877,10 +857,6 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
     let n = decoded.len();
     let mut stats = tumble_runtime::backward::BackwardStats::default();
     let workers = worker_count(&args.weights, opts.threads, args.batch);
-    if workers <= 1 {
-        // Decoded for good (helper workers decode their parts from the JSON as they come).
-        raw.forget_json();
-    }
     let setup = workers::Setup::new(
         &typed,
         &raw,

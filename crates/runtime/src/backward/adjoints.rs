@@ -46,10 +46,12 @@ struct OutGrad {
 }
 
 impl OutGrad {
-    /// The buffer with every row written: rows never reached are zeros.
-    fn into_data(self) -> Vec<f32> {
+    /// The buffer with every row written (rows never reached are zeros), and a row's shape.
+    fn into_parts(self) -> (Vec<f32>, Vec<usize>) {
         let OutGrad {
-            mut data, written, ..
+            mut data,
+            written,
+            row_shape,
         } = self;
         let len = data.len() / written.len().max(1);
         for (row, done) in written.iter().enumerate() {
@@ -59,7 +61,7 @@ impl OutGrad {
                 }
             }
         }
-        data
+        (data, row_shape)
     }
 }
 
@@ -212,20 +214,16 @@ impl Adjoints {
             .ok_or_else(|| internal("output not computed"))
         };
         if extra.is_empty() {
-            let Some(g) = buf else {
+            let Some((data, row_shape)) = buf.map(OutGrad::into_parts) else {
                 return Ok(None);
             };
-            let row_shape = g.row_shape.clone();
-            let data = g.into_data();
             let mut shape = vec![b];
             shape.extend_from_slice(&row_shape);
             return Tensor::from_vec(shape, data).map(Some).map_err(internal);
         }
         // Rows with gradients of other forms: per row, summed, then stacked.
         let mut rows: Vec<Option<Tensor>> = vec![None; b];
-        if let Some(g) = buf {
-            let row_shape = g.row_shape.clone();
-            let data = g.into_data();
+        if let Some((data, row_shape)) = buf.map(OutGrad::into_parts) {
             let len = data.len() / b.max(1);
             for (row, slot) in rows.iter_mut().enumerate() {
                 let part = data.get(row * len..(row + 1) * len).unwrap_or_default();
