@@ -141,7 +141,8 @@ pub fn split_f32(t: &Tensor, axis: usize, sizes: &[usize]) -> Option<Vec<Tensor>
     let mut pieces = Vec::with_capacity(sizes.len());
     let mut begin = 0;
     for &len in sizes {
-        let mut data = Vec::with_capacity(outer * len * inner);
+        // A recycled buffer when one fits (the training forward splits every launch's gates).
+        let mut data = tumble_tensor::pool::with_capacity_f32(outer * len * inner);
         for o in 0..outer {
             let base = (o * d + begin) * inner;
             data.extend_from_slice(x.get(base..base + len * inner)?);

@@ -176,7 +176,8 @@ impl Dfg<'_> {
             match row_shape {
                 None => {
                     row_shape = Some(shape);
-                    data.reserve(v.len() * args.len());
+                    // A recycled buffer when one fits: a launch's stacked inputs, every step.
+                    data = tumble_tensor::pool::with_capacity_f32(v.len() * args.len());
                 }
                 Some(s) if s != shape => return None,
                 Some(_) => {}
