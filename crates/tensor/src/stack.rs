@@ -5,31 +5,34 @@ use crate::buffer::Buffer;
 use crate::error::TensorError;
 use crate::tensor::Tensor;
 
+/// `$body(&mut v, parts, get)` into a vector `v` of `$first`'s element type with room for
+/// `$len` elements: f32 from the thread's buffer pool (a batch stacked at every launch or step
+/// comes back in a recycled buffer, and grows no vector by doubling), the others allocated.
 macro_rules! per_dtype {
-    ($first:expr, $parts:expr, $v:ident => $body:expr) => {
+    ($first:expr, $parts:expr, $len:expr, $v:ident => $body:expr) => {
         match $first.buffer() {
             Buffer::F32(_) => {
-                let mut $v: Vec<f32> = Vec::new();
+                let mut $v: Vec<f32> = crate::pool::with_capacity_f32($len);
                 $body(&mut $v, $parts, |t: &Tensor| t.as_f32())?;
                 Buffer::F32($v)
             }
             Buffer::F64(_) => {
-                let mut $v: Vec<f64> = Vec::new();
+                let mut $v: Vec<f64> = Vec::with_capacity($len);
                 $body(&mut $v, $parts, |t: &Tensor| t.as_f64())?;
                 Buffer::F64($v)
             }
             Buffer::I32(_) => {
-                let mut $v: Vec<i32> = Vec::new();
+                let mut $v: Vec<i32> = Vec::with_capacity($len);
                 $body(&mut $v, $parts, |t: &Tensor| t.as_i32())?;
                 Buffer::I32($v)
             }
             Buffer::I64(_) => {
-                let mut $v: Vec<i64> = Vec::new();
+                let mut $v: Vec<i64> = Vec::with_capacity($len);
                 $body(&mut $v, $parts, |t: &Tensor| t.as_i64())?;
                 Buffer::I64($v)
             }
             Buffer::Bool(_) => {
-                let mut $v: Vec<bool> = Vec::new();
+                let mut $v: Vec<bool> = Vec::with_capacity($len);
                 $body(&mut $v, $parts, |t: &Tensor| t.as_bool())?;
                 Buffer::Bool($v)
             }
@@ -78,7 +81,7 @@ impl Tensor {
         let mut shape = Vec::with_capacity(first.rank() + 1);
         shape.push(parts.len());
         shape.extend_from_slice(first.shape());
-        let buffer = per_dtype!(first, parts, v => append_all);
+        let buffer = per_dtype!(first, parts, parts.len() * first.len(), v => append_all);
         Tensor::new(shape, buffer)
     }
 
