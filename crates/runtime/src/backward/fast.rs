@@ -69,8 +69,70 @@ pub(super) fn eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) ->
             };
             tensor(t.shape(), out)
         }
+        "nn.softmax" | "nn.log_softmax" => {
+            let (t, x) = f32_of(args.first()?)?;
+            let w = last_axis_width(t, attrs)?;
+            let mut out = tumble_tensor::pool::scratch_f32(x.len());
+            for (o, r) in out.chunks_exact_mut(w).zip(x.chunks_exact(w)) {
+                crate::fused::softmax_row(o, r, op == "nn.log_softmax");
+            }
+            tensor(t.shape(), out)
+        }
+        "reshape" => {
+            let t = args.first()?.as_tensor()?;
+            let shape = plain_newshape(attrs, t.len())?;
+            t.reshape(shape).ok().map(OpValue::Tensor)
+        }
+        "take" if attrs.int("batch_dims").ok().flatten() == Some(1) => {
+            let (t, x) = f32_of(args.first()?)?;
+            let (c, picks) = row_picks(t, args.get(1)?.as_tensor()?, attrs)?;
+            let out = picks
+                .iter()
+                .enumerate()
+                .map(|(r, &i)| x.get(r * c + i).copied())
+                .collect::<Option<Vec<f32>>>()?;
+            tensor(&[picks.len()], out)
+        }
         _ => crate::fastops::try_eval(op, args, attrs, threads),
     }
+}
+
+/// The width of the rows `nn.softmax`/`nn.log_softmax` normalize when `attrs`' axis is `t`'s
+/// last (the only form handled here), else `None`.
+fn last_axis_width(t: &Tensor, attrs: &Attrs) -> Option<usize> {
+    let r = t.rank();
+    let axis = attrs.int("axis").ok().flatten().unwrap_or(-1);
+    let w = *t.shape().last()?;
+    (r >= 1 && axis_of(axis, r) == Some(r - 1) && w > 0 && t.len() % w == 0).then_some(w)
+}
+
+/// `reshape`'s `newshape` when every entry is a plain dimension (none of Relay's special
+/// values 0, -1, -2, -3, -4) and they hold `len` elements.
+fn plain_newshape(attrs: &Attrs, len: usize) -> Option<Vec<usize>> {
+    let s = attrs.ints("newshape").ok()??;
+    let dims = s
+        .iter()
+        .map(|&d| usize::try_from(d).ok().filter(|&d| d > 0))
+        .collect::<Option<Vec<usize>>>()?;
+    (dims.iter().product::<usize>() == len).then_some(dims)
+}
+
+/// `take(x, idx, axis=1, batch_dims=1)` on a `(rows, c)` table with one index per row (the
+/// batched form of a loss's `take(log_probs, %label)`): `c` and each row's column, when every
+/// index is in range (out-of-range ones, which the modes treat differently, go to the
+/// reference rule).
+fn row_picks(x: &Tensor, idx: &Tensor, attrs: &Attrs) -> Option<(usize, Vec<usize>)> {
+    let &[rows, c] = x.shape() else { return None };
+    if !idx.dtype().is_int() || idx.shape() != [rows] || attrs.int("axis").ok().flatten() != Some(1)
+    {
+        return None;
+    }
+    let picks = idx
+        .to_i64_vec()
+        .into_iter()
+        .map(|i| usize::try_from(i).ok().filter(|&i| i < c))
+        .collect::<Option<Vec<usize>>>()?;
+    Some((c, picks))
 }
 
 /// `g` (of shape `full`) summed down to `to`, when `to` is `full`'s trailing axes (with leading
@@ -197,6 +259,60 @@ pub(super) fn vjp(
             };
             Some(vec![t(Tensor::from_vec(tx.shape().to_vec(), dx).ok()?)])
         }
+        "nn.softmax" | "nn.log_softmax" => {
+            let (tx, _) = f32_of(args.first()?)?;
+            let w = last_axis_width(tx, attrs)?;
+            let (_, y) = f32_of(out)?;
+            let (_, g) = f32_of(dy)?;
+            if g.len() != tx.len() || y.len() != tx.len() {
+                return None;
+            }
+            // The reference rules, row by row, with the row's sum in f64 as they take it.
+            let mut dx = tumble_tensor::pool::scratch_f32(g.len());
+            for ((d, ys), gs) in dx
+                .chunks_exact_mut(w)
+                .zip(y.chunks_exact(w))
+                .zip(g.chunks_exact(w))
+            {
+                if op == "nn.log_softmax" {
+                    let s: f64 = gs.iter().map(|&v| f64::from(v)).sum();
+                    for ((o, &yv), &gv) in d.iter_mut().zip(ys).zip(gs) {
+                        *o = (f64::from(gv) - f64::from(yv).exp() * s) as f32;
+                    }
+                } else {
+                    let dot: f64 = ys
+                        .iter()
+                        .zip(gs)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum();
+                    for ((o, &yv), &gv) in d.iter_mut().zip(ys).zip(gs) {
+                        *o = (f64::from(yv) * (f64::from(gv) - dot)) as f32;
+                    }
+                }
+            }
+            Some(vec![t(Tensor::from_vec(tx.shape().to_vec(), dx).ok()?)])
+        }
+        "reshape" => {
+            let (tx, _) = f32_of(args.first()?)?;
+            let (tg, _) = f32_of(dy)?;
+            Some(vec![t(tg.reshape(tx.shape().to_vec()).ok()?)])
+        }
+        "take" if attrs.int("batch_dims").ok().flatten() == Some(1) => {
+            let (tx, _) = f32_of(args.first()?)?;
+            let (c, picks) = row_picks(tx, args.get(1)?.as_tensor()?, attrs)?;
+            let (_, g) = f32_of(dy)?;
+            if g.len() != picks.len() {
+                return None;
+            }
+            let mut dx = vec![0f32; tx.len()];
+            for (r, (&i, &gv)) in picks.iter().zip(g).enumerate() {
+                *dx.get_mut(r * c + i)? += gv;
+            }
+            Some(vec![
+                t(Tensor::from_vec(tx.shape().to_vec(), dx).ok()?),
+                None,
+            ])
+        }
         "split" => {
             // The pieces' gradients put back side by side along the axis.
             let (tx, _) = f32_of(args.first()?)?;
@@ -243,4 +359,136 @@ pub(super) fn scatter_rows_into(
         return false;
     };
     ParamGrad::add_rows(slot, [n, d], &ids, gv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tumble_ir::attrs::Attr;
+    use tumble_ir::{AttrValue, Span};
+    use tumble_ops::OpCtx;
+    use tumble_tensor::Rng;
+
+    fn rand(shape: &[usize], rng: &mut Rng) -> Tensor {
+        let n = shape.iter().product();
+        Tensor::from_f32(
+            shape.to_vec(),
+            (0..n).map(|_| rng.normal_f64() as f32 * 3.0).collect(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn attrs(kv: &[(&str, AttrValue)]) -> Attrs {
+        Attrs(
+            kv.iter()
+                .map(|(k, v)| Attr {
+                    name: k.to_string(),
+                    value: v.clone(),
+                    span: Span::default(),
+                })
+                .collect(),
+        )
+    }
+
+    fn def(op: &str) -> &'static tumble_ops::OpDef {
+        tumble_ops::lookup(op).unwrap_or_else(|| panic!("no {op}"))
+    }
+
+    fn reference_eval(op: &str, args: &[OpValue], a: &Attrs) -> OpValue {
+        let mut rng = Rng::new(0);
+        let mut ctx = OpCtx { rng: &mut rng };
+        tumble_ops::eval(def(op), args, a, &mut ctx).unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    fn f32s(v: &OpValue) -> Vec<f32> {
+        v.as_tensor()
+            .and_then(Tensor::as_f32)
+            .unwrap_or_else(|| panic!("not f32: {v:?}"))
+            .to_vec()
+    }
+
+    /// Largest difference relative to the reference's largest entry (at least 1).
+    fn rel_diff(got: &[f32], want: &[f32]) -> f32 {
+        assert_eq!(got.len(), want.len());
+        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+        got.iter()
+            .zip(want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+            / scale
+    }
+
+    /// The fast softmax paths (recompute and vjp) agree with the operator table's f64 rules at
+    /// row widths around the vector width, on the last axis given as 1, -1 or 2.
+    #[test]
+    fn softmax_paths_agree_with_the_reference() {
+        let mut rng = Rng::new(3);
+        for op in ["nn.softmax", "nn.log_softmax"] {
+            for w in [1usize, 5, 16, 17, 33] {
+                for (shape, axis) in [(vec![7, w], 1i64), (vec![7, w], -1), (vec![3, 1, w], 2)] {
+                    let a = attrs(&[("axis", AttrValue::Int(axis))]);
+                    let x = OpValue::Tensor(rand(&shape, &mut rng));
+                    let y = eval(op, std::slice::from_ref(&x), &a, 1)
+                        .unwrap_or_else(|| panic!("{op} w {w}: no fast path"));
+                    let want = reference_eval(op, std::slice::from_ref(&x), &a);
+                    assert!(rel_diff(&f32s(&y), &f32s(&want)) < 1e-6, "{op} w {w}");
+                    let dy = OpValue::Tensor(rand(&shape, &mut rng));
+                    let got = vjp(op, std::slice::from_ref(&x), &a, &y, &dy).expect("fast vjp");
+                    let want = tumble_ops::vjp::vjp(def(op), std::slice::from_ref(&x), &a, &y, &dy)
+                        .unwrap_or_else(|e| panic!("{e:?}"));
+                    let (g, r) = (got[0].as_ref().expect("dx"), want[0].as_ref().expect("dx"));
+                    assert!(
+                        rel_diff(&f32s(g), &f32s(r)) < 1e-5,
+                        "{op} w {w} axis {axis}"
+                    );
+                }
+            }
+        }
+        // Another axis is left to the reference.
+        let a = attrs(&[("axis", AttrValue::Int(0))]);
+        let x = OpValue::Tensor(rand(&[4, 3], &mut rng));
+        assert!(eval("nn.softmax", std::slice::from_ref(&x), &a, 1).is_none());
+    }
+
+    /// A loss's per-row `take(log_probs, %label)` (batch_dims=1) and the `reshape` before it:
+    /// values and gradients equal the reference's; an index out of range is left to the
+    /// reference (whose modes clip, wrap or fail).
+    #[test]
+    fn per_row_take_and_reshape_agree_with_the_reference() {
+        let mut rng = Rng::new(5);
+        let x = OpValue::Tensor(rand(&[9, 5], &mut rng));
+        let ids: Vec<i32> = (0..9).map(|i| i * 3 % 5).collect();
+        let idx = OpValue::Tensor(Tensor::from_i32([9], ids).unwrap_or_else(|e| panic!("{e}")));
+        let a = attrs(&[
+            ("axis", AttrValue::Int(1)),
+            ("batch_dims", AttrValue::Int(1)),
+        ]);
+        let args = [x.clone(), idx];
+        let y = eval("take", &args, &a, 1).expect("fast take");
+        let want = reference_eval("take", &args, &a);
+        assert_eq!(f32s(&y), f32s(&want));
+        let dy = OpValue::Tensor(rand(&[9], &mut rng));
+        let got = vjp("take", &args, &a, &y, &dy).expect("fast vjp");
+        let want = tumble_ops::vjp::vjp(def("take"), &args, &a, &y, &dy)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(
+            f32s(got[0].as_ref().expect("dx")),
+            f32s(want[0].as_ref().expect("dx"))
+        );
+        assert!(got[1].is_none());
+
+        let far =
+            OpValue::Tensor(Tensor::from_i32([9], vec![7; 9]).unwrap_or_else(|e| panic!("{e}")));
+        assert!(eval("take", &[x.clone(), far], &a, 1).is_none());
+
+        let r = attrs(&[("newshape", AttrValue::List(vec![AttrValue::Int(45)]))]);
+        let flat = eval("reshape", std::slice::from_ref(&x), &r, 1).expect("fast reshape");
+        assert_eq!(f32s(&flat), f32s(&x));
+        let dflat = OpValue::Tensor(rand(&[45], &mut rng));
+        let back = vjp("reshape", std::slice::from_ref(&x), &r, &flat, &dflat).expect("vjp");
+        let back = back[0].as_ref().expect("dx").as_tensor().expect("tensor");
+        assert_eq!(back.shape(), &[9, 5]);
+        // Relay's special dimensions go to the reference.
+        let infer = attrs(&[("newshape", AttrValue::List(vec![AttrValue::Int(-1)]))]);
+        assert!(eval("reshape", std::slice::from_ref(&x), &infer, 1).is_none());
+    }
 }

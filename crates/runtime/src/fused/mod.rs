@@ -40,6 +40,7 @@ use gather::gather_stage;
 pub(crate) use gemm::dot;
 use gemm::{dense_operands, gemm_with_epilogue, hdense_stage, matmul_stage, run_dense};
 use rowexec::row_program;
+pub(crate) use rowexec::softmax_row;
 use rowprog::RowCache;
 
 /// A block's plan as a job runs it: the compiler's static plan and the row programs compiled for
