@@ -648,6 +648,14 @@ impl Model {
                     message: "threads must be at least 1".into(),
                 })
             }
+            Some(t) if t > tumble_runtime::MAX_THREADS => {
+                return Err(Error::Usage {
+                    message: format!(
+                        "threads={t} is more than the {} tumble can use",
+                        tumble_runtime::MAX_THREADS
+                    ),
+                })
+            }
             Some(t) => t,
             None => default_threads()?,
         };
@@ -824,12 +832,13 @@ fn default_threads() -> Result<usize, Error> {
     if let Some(v) = std::env::var_os("TUMBLE_NUM_THREADS") {
         let text = v.to_string_lossy();
         return match text.trim().parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
+            Ok(n) if n > 0 && n <= tumble_runtime::MAX_THREADS => Ok(n),
             _ => Err(Error::Usage {
                 message: format!(
-                    "TUMBLE_NUM_THREADS={}: not a positive count (unset it to use every core, or \
-                     pass threads=N)",
-                    tumble_io::echo(&text)
+                    "TUMBLE_NUM_THREADS={}: not a positive count of at most {} (unset it to use \
+                     every core, or pass threads=N)",
+                    tumble_io::echo(&text),
+                    tumble_runtime::MAX_THREADS,
                 ),
             }),
         };

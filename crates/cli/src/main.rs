@@ -1,7 +1,7 @@
 //! `tumble`: the command-line face of the compiler.
 
 use clap::{Parser, Subcommand, ValueEnum};
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -106,13 +106,19 @@ enum Command {
     Prelude,
 }
 
-/// Whether a panic is `print!`'s on a closed standard output (`tumble explain m.rly | head -1`).
-fn is_broken_pipe(payload: &(dyn std::any::Any + Send)) -> bool {
+/// The message of a panic that is `print!`'s (or `eprint!`'s) failing to write: `Some(message)`.
+fn print_failure(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
     let msg = payload
         .downcast_ref::<&str>()
         .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
-    msg.is_some_and(|m| m.contains("failed printing to stdout") && m.contains("Broken pipe"))
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))?;
+    (msg.contains("failed printing to stdout") || msg.contains("failed printing to stderr"))
+        .then_some(msg)
+}
+
+/// Whether a panic is `print!`'s on a closed standard output (`tumble explain m.rly | head -1`).
+fn is_broken_pipe(payload: &(dyn std::any::Any + Send)) -> bool {
+    print_failure(payload).is_some_and(|m| m.contains("Broken pipe"))
 }
 
 /// Ctrl-C asks the running command to stop at its next safe point (a run, a `tumble data`
@@ -135,8 +141,10 @@ fn main() -> ExitCode {
     // A reader that stops early (`| head`) is not an error: the printing thread's panic is silent
     // and the command exits 0, as `run` does when its writes fail.
     let default_hook = std::panic::take_hook();
+    // Any other failed print (`tumble prelude > /dev/full`) is reported as an error below, not as
+    // a crash.
     std::panic::set_hook(Box::new(move |info| {
-        if !is_broken_pipe(info.payload()) {
+        if print_failure(info.payload()).is_none() {
             default_hook(info);
         }
     }));
@@ -198,6 +206,13 @@ fn main() -> ExitCode {
     match outcome {
         Ok(Ok(code)) => code,
         Ok(Err(payload)) if is_broken_pipe(payload.as_ref()) => ExitCode::SUCCESS,
+        Ok(Err(payload)) if print_failure(payload.as_ref()).is_some() => {
+            let why = print_failure(payload.as_ref()).unwrap_or_default();
+            let why = why.split_once(": ").map_or(why, |(_, e)| e);
+            // stderr itself may be what failed: best effort.
+            let _ = writeln!(std::io::stderr(), "error: cannot write the output: {why}");
+            ExitCode::FAILURE
+        }
         Ok(Err(_)) => {
             eprintln!("error: tumble crashed; this is a bug, please report it with the input that caused it");
             ExitCode::from(101)

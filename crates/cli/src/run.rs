@@ -200,7 +200,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_specialize: bool,
     /// Threads in all (default: $TUMBLE_NUM_THREADS, else the number of cores).
-    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    #[arg(long, value_name = "N", value_parser = thread_arg)]
     pub threads: Option<usize>,
     /// Mini-batches run at once, sharing the threads (default: one per thread, as many as there
     /// are mini-batches; 1: one mini-batch after another, each with every thread). Results do not
@@ -324,6 +324,19 @@ pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A thread count: at least 1, at most [`tumble_runtime::MAX_THREADS`] (`--threads`, and
+/// `TUMBLE_NUM_THREADS`).
+pub(crate) fn thread_arg(s: &str) -> Result<usize, String> {
+    let n = at_least_one(s)?;
+    if n > tumble_runtime::MAX_THREADS {
+        return Err(format!(
+            "{n} threads is more than the {} tumble can use",
+            tumble_runtime::MAX_THREADS
+        ));
+    }
+    Ok(n)
+}
+
 /// `--threads`, else `TUMBLE_NUM_THREADS` (a positive count, else an error), else the machine's
 /// parallelism.
 pub(crate) fn thread_count(flag: Option<usize>) -> Result<usize, Failure> {
@@ -332,7 +345,7 @@ pub(crate) fn thread_count(flag: Option<usize>) -> Result<usize, Failure> {
     }
     if let Some(v) = std::env::var_os("TUMBLE_NUM_THREADS") {
         let text = v.to_string_lossy();
-        return at_least_one(text.trim()).map_err(|e| {
+        return thread_arg(text.trim()).map_err(|e| {
             Failure::Message(format!(
                 "TUMBLE_NUM_THREADS={}: {e} (unset it to use every core, or give --threads N)",
                 tumble_io::echo(&text)
@@ -540,10 +553,12 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     for w in &bound.warnings {
         eprintln!("warning: {w}");
     }
-    if let Some(path) = &args.save_params {
-        let all: BTreeMap<String, Tensor> = bound.weight_tensors();
-        save_params(path, &all)?;
-    }
+    // Written only once the run has succeeded and its output is written: a run that fails (bad
+    // instances, the memory budget, an unwritable output, Ctrl-C) leaves no weights file behind.
+    let saved_params: Option<(&std::path::Path, BTreeMap<String, Tensor>)> = args
+        .save_params
+        .as_deref()
+        .map(|path| (path, bound.weight_tensors()));
     // Which @main arguments are model weights (the same for every instance).
     let weights: Vec<bool> = bound.weights_mask();
     let threads = thread_count(args.threads)?;
@@ -792,13 +807,23 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         }
         None => {
             let mut out = std::io::stdout().lock();
-            for l in &lines {
-                if writeln!(out, "{l}").is_err() {
-                    // A closed pipe (e.g. `| head`) is not an error worth reporting.
-                    break;
+            let written = lines
+                .iter()
+                .try_for_each(|l| writeln!(out, "{l}"))
+                .and_then(|()| out.flush());
+            match written {
+                // A closed pipe (e.g. `| head`) is not an error worth reporting.
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    return Err(Failure::Message(format!(
+                        "cannot write the results to standard output: {e}"
+                    )));
                 }
+                _ => {}
             }
         }
+    }
+    if let Some((params, all)) = &saved_params {
+        save_params(params, all)?;
     }
     Ok(())
 }

@@ -48,7 +48,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub name: Option<String>,
     /// Kernel threads of the batch; default `$TUMBLE_NUM_THREADS`, else every core.
-    #[arg(long, value_parser = at_least_one)]
+    #[arg(long, value_parser = crate::run::thread_arg)]
     pub threads: Option<usize>,
     /// Most instances in one batch.
     #[arg(long, default_value_t = 64, value_parser = at_least_one)]

@@ -1064,3 +1064,82 @@ fn column_vector_birnn_predicts_like_the_row_vector_one() {
     assert_eq!(outs[0], outs[1]);
     assert_eq!(outs[1], outs[2]);
 }
+
+/// `--save-params` is written only by a run that succeeds: a bad instance, or an output that
+/// cannot be written, leaves no weights file (it was written before the instances were read).
+#[test]
+fn save_params_is_written_only_by_a_run_that_succeeds() {
+    let model = zoo_model("treelstm_small");
+    let good = std::fs::read_to_string(example("treelstm"))
+        .unwrap_or_else(|e| panic!("cannot read the example: {e}"));
+    let bad = temp_file("save_params_bad.jsonl", "{\"tree\": 1, \"extra\": 2}\n");
+    let good = temp_file("save_params_good.jsonl", &good);
+    let params = temp_path("save_params.safetensors");
+    let _ = std::fs::remove_file(&params);
+    let p = params.display().to_string();
+    let out = run_random(&model, &bad.display().to_string(), &["--save-params", &p]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(!params.exists(), "a failed run wrote --save-params");
+    let unwritable = temp_path("no_such_dir/out.jsonl").display().to_string();
+    let out = run_random(
+        &model,
+        &good.display().to_string(),
+        &["--save-params", &p, "-o", &unwritable],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        !params.exists(),
+        "a run whose output failed wrote --save-params"
+    );
+    let out = run_random(&model, &good.display().to_string(), &["--save-params", &p]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(params.exists());
+}
+
+/// Standard output that cannot be written (a full device) is an error with status 1 and a
+/// message, not a crash (status 101) and not a silent success with the output cut short; a
+/// closed pipe stays a quiet success.
+#[test]
+fn an_unwritable_standard_output_is_an_error() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        return;
+    };
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tumble"))
+            .args(args)
+            .stdout(full.try_clone().unwrap_or_else(|e| panic!("{e}")))
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let model = zoo_model("treelstm_small");
+    let inputs = example("treelstm");
+    for args in [
+        vec!["prelude"],
+        vec!["ops"],
+        vec!["run", &model, "--random-params", "0", "--inputs", &inputs],
+    ] {
+        let out = run(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("No space left"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// A thread count no machine has is refused with a message (it overflowed the kernels' task
+/// arithmetic and panicked), from the flag and from `TUMBLE_NUM_THREADS`.
+#[test]
+fn an_absurd_thread_count_is_refused() {
+    let model = zoo_model("treelstm_small");
+    let inputs = example("treelstm");
+    let out = run_random(&model, &inputs, &["--threads", "9223372036854775808"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("more than the"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args(["run", &model, "--random-params", "0", "--inputs", &inputs])
+        .env("TUMBLE_NUM_THREADS", "18446744073709551615")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("TUMBLE_NUM_THREADS"));
+}

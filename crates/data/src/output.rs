@@ -25,8 +25,9 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 pub struct AtomicFile {
     /// The file to replace (a symlink's target, not the link).
     target: PathBuf,
-    /// The temp file in `target`'s directory.
-    temp: PathBuf,
+    /// The temp file in `target`'s directory; `None` when the target is a stream written in
+    /// place ([`is_stream`]).
+    temp: Option<PathBuf>,
     /// `None` only once committed.
     writer: Option<BufWriter<File>>,
     committed: bool,
@@ -51,6 +52,18 @@ fn resolve_target(path: &Path) -> PathBuf {
 impl AtomicFile {
     /// Creates the temp file for writing `path` (through a symlink: its target).
     pub fn create(path: &Path) -> Result<AtomicFile, DataError> {
+        if is_stream(path) {
+            let file = OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| DataError::io(path, "open", e))?;
+            return Ok(AtomicFile {
+                target: path.to_path_buf(),
+                temp: None,
+                writer: Some(BufWriter::new(file)),
+                committed: false,
+            });
+        }
         let target = resolve_target(path);
         let dir = match target.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -75,7 +88,7 @@ impl AtomicFile {
             .map_err(|e| DataError::io(&temp, "create", e))?;
         Ok(AtomicFile {
             target,
-            temp,
+            temp: Some(temp),
             writer: Some(BufWriter::new(file)),
             committed: false,
         })
@@ -86,9 +99,9 @@ impl AtomicFile {
         &self.target
     }
 
-    /// The temp file being written.
-    pub fn temp_path(&self) -> &Path {
-        &self.temp
+    /// The temp file being written (`None`: the target is a stream, written in place).
+    pub fn temp_path(&self) -> Option<&Path> {
+        self.temp.as_deref()
     }
 
     /// Flushes and syncs the temp file and renames it over the target. On an error the temp file
@@ -101,11 +114,14 @@ impl AtomicFile {
         // Whatever the flush left in the buffer is dropped, not written again.
         let (file, _) = writer.into_parts();
         flushed.map_err(|e| DataError::io(&self.target, "write", e))?;
+        let Some(temp) = &self.temp else {
+            self.committed = true;
+            return Ok(());
+        };
         file.sync_all()
             .map_err(|e| DataError::io(&self.target, "write", e))?;
         drop(file);
-        fs::rename(&self.temp, &self.target)
-            .map_err(|e| DataError::io(&self.target, "write", e))?;
+        fs::rename(temp, &self.target).map_err(|e| DataError::io(&self.target, "write", e))?;
         self.committed = true;
         Ok(())
     }
@@ -140,8 +156,18 @@ impl Drop for AtomicFile {
             // Closed without flushing: the buffered rest is discarded with the file.
             drop(writer.into_parts());
         }
-        let _ = fs::remove_file(&self.temp);
+        if let Some(temp) = &self.temp {
+            let _ = fs::remove_file(temp);
+        }
     }
+}
+
+/// Whether `path` (through symlinks) is an existing device, FIFO or socket (`/dev/null`,
+/// `/dev/stdout` on a pipe, a named pipe): written in place, since a rename over it would
+/// replace the special file with a regular one (as root, `/dev/null` itself) and a stream has
+/// no old contents to keep. (tumble-io's writer makes the same test.)
+fn is_stream(path: &Path) -> bool {
+    fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
 }
 
 /// Writes `path` atomically: `write` fills a temp file in the same directory, which is then

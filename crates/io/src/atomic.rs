@@ -33,6 +33,9 @@ pub(crate) fn write_atomically(
     what: &str,
     write: impl FnOnce(&mut BufWriter<&File>) -> Result<(), IoError>,
 ) -> Result<(), IoError> {
+    if is_stream(path) {
+        return write_in_place(path, what, write);
+    }
     // Through a symlink: its target (the rename below would replace the link).
     let target = crate::through_symlink(path);
     let path = target.as_path();
@@ -85,4 +88,98 @@ pub(crate) fn write_atomically(
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+/// Whether `path` (through symlinks) is an existing device, FIFO or socket — `/dev/null`,
+/// `/dev/stdout` on a pipe, a named pipe. Such a target is written where it is: renaming a temp
+/// file over it would replace the special file with a regular one (run as root, `-o /dev/null`
+/// replaced `/dev/null` itself), and a stream has no old contents to keep.
+pub(crate) fn is_stream(path: &Path) -> bool {
+    fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
+}
+
+/// [`write_atomically`] for a [`is_stream`] target: opened for writing (not created, not
+/// renamed), filled and flushed; an error is reported as for a file (`/dev/full`: no space).
+fn write_in_place(
+    path: &Path,
+    what: &str,
+    write: impl FnOnce(&mut BufWriter<&File>) -> Result<(), IoError>,
+) -> Result<(), IoError> {
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| IoError::file(path, format!("open {what}"), e))?;
+    let mut w = BufWriter::new(&file);
+    write(&mut w)?;
+    w.flush()
+        .map_err(|e| IoError::file(path, format!("write {what}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// A named pipe given as the output stays a pipe and its reader gets the bytes (a rename
+    /// over it made it a regular file the reader never saw; for `/dev/null` as root, the
+    /// device itself was replaced). Skipped where `mkfifo` is missing.
+    #[test]
+    fn a_fifo_is_written_in_place_not_replaced() {
+        let dir = std::env::temp_dir().join(format!("tumble-atomic-fifo-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let fifo = dir.join("out.pipe");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            let _ = fs::remove_dir_all(&dir);
+            return;
+        }
+        assert!(is_stream(&fifo));
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let mut got = String::new();
+                File::open(&fifo)
+                    .and_then(|mut f| f.read_to_string(&mut got))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                got
+            })
+        };
+        write_atomically(&fifo, "the output file", |w| {
+            w.write_all(b"hello\n")
+                .map_err(|e| IoError::file(&fifo, "write", e))
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            reader.join().unwrap_or_else(|_| panic!("reader")),
+            "hello\n"
+        );
+        let still = fs::symlink_metadata(&fifo).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!still.is_file(), "the pipe was replaced by a regular file");
+        let leftovers: Vec<_> = fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name() != "out.pipe")
+            .collect();
+        assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A regular file is still replaced whole (a longer old file leaves no tail).
+    #[test]
+    fn a_regular_file_is_replaced_whole() {
+        let dir = std::env::temp_dir().join(format!("tumble-atomic-file-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.join("out.txt");
+        fs::write(&path, "a much longer old content\n").unwrap_or_else(|e| panic!("{e}"));
+        assert!(!is_stream(&path));
+        write_atomically(&path, "the output file", |w| {
+            w.write_all(b"new\n")
+                .map_err(|e| IoError::file(&path, "write", e))
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs::read_to_string(&path).unwrap_or_default(), "new\n");
+        let _ = fs::remove_dir_all(&dir);
+    }
 }

@@ -299,6 +299,9 @@ pub(crate) fn run(
     threads: usize,
 ) {
     debug_assert_eq!(c.len(), m * n);
+    // A count no machine has (`--threads 9223372036854775808` reached here) would overflow the
+    // task arithmetic below; the callers validate theirs, this keeps the kernels total.
+    let threads = threads.clamp(1, crate::MAX_THREADS);
     // One read per product: its tasks all block alike even if the tuning changes meanwhile.
     let tune = tuning();
     let kernel = match kernel.rolled {

@@ -230,6 +230,10 @@ pub fn dense_into_with(
     Ok(())
 }
 
+/// The most threads a product is split over; counts above it are taken as it (the CLI and the
+/// API refuse them with a message).
+pub const MAX_THREADS: usize = 4096;
+
 /// Rows after which [`dense_into`]'s blocking starts afresh for a weight of `weight_bytes` (on
 /// this machine's kernel): a caller that runs a launch in row chunks (to keep its scratch C
 /// small) and makes them multiples of this streams the weight no more often than one call would.

@@ -35,7 +35,7 @@ pub use executable::Executable;
 pub use gemm::{set_small_product_gemm, uncached_packs};
 pub use profile::Profile;
 pub use reuse::Reuse;
-pub use tumble_kernels::set_narrow_products;
+pub use tumble_kernels::{set_narrow_products, MAX_THREADS};
 pub use workers::{run_batches, Job, JobError};
 
 /// How block invocations are ordered into launches.

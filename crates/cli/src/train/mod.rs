@@ -34,7 +34,7 @@ pub struct Weights {
     #[arg(long, value_name = "SEED")]
     pub random_params: Option<u64>,
     /// Threads for kernels (default: $TUMBLE_NUM_THREADS, else the number of cores).
-    #[arg(long, value_name = "N", value_parser = crate::run::at_least_one)]
+    #[arg(long, value_name = "N", value_parser = crate::run::thread_arg)]
     pub threads: Option<usize>,
     /// Threads each mini-batch's instances are split among, each differentiating its part with
     /// `threads / workers` kernel threads; the parts' gradients are summed (the same gradient,
