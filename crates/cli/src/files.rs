@@ -31,7 +31,17 @@ pub fn refuse_overwrites(reads: &[(&str, &Path)], writes: &[(&str, &Path)]) -> R
         let Some(wk) = key(w) else { continue };
         let others = reads.iter().chain(writes.get(k + 1..).unwrap_or(&[]));
         for (other, r) in others {
-            if key(r).as_ref() == Some(&wk) {
+            let Some(rk) = key(r) else { continue };
+            // A folder read (a `.npy` weights folder): nothing inside it may be written either.
+            if rk != wk && rk.is_dir() && wk.starts_with(&rk) {
+                return Err(format!(
+                    "{what} {} is inside {other} {}: writing it would change what is read; \
+                     choose another path",
+                    w.display(),
+                    r.display()
+                ));
+            }
+            if rk == wk {
                 return Err(format!(
                     "{what} {} is the same file as {other} {}: writing it would replace that file; \
                      choose another path",

@@ -121,18 +121,30 @@ fn is_broken_pipe(payload: &(dyn std::any::Any + Send)) -> bool {
     print_failure(payload).is_some_and(|m| m.contains("Broken pipe"))
 }
 
-/// Ctrl-C asks the running command to stop at its next safe point (a run, a `tumble data`
-/// write), which then removes what it had half-written; a second Ctrl-C ends the process at once.
+/// Set by SIGTERM (as well as the interrupt flag): the exit status is then 143, not 130.
+static TERMINATED: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicBool>> =
+    std::sync::OnceLock::new();
+
+/// Ctrl-C (SIGINT) or SIGTERM (`kill`, `timeout`) asks the running command to stop at its next
+/// safe point (a run, a `tumble data` write), which then removes what it had half-written; a
+/// second signal ends the process at once.
 fn watch_interrupts() {
-    use signal_hook::consts::SIGINT;
+    use signal_hook::consts::{SIGINT, SIGTERM};
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
     let flag = Arc::new(AtomicBool::new(false));
+    let term = Arc::new(AtomicBool::new(false));
     // Registered first, so the first signal finds the flag still clear and does not exit.
     let registered =
         signal_hook::flag::register_conditional_shutdown(SIGINT, 130, Arc::clone(&flag))
-            .and_then(|_| signal_hook::flag::register(SIGINT, Arc::clone(&flag)));
+            .and_then(|_| {
+                signal_hook::flag::register_conditional_shutdown(SIGTERM, 143, Arc::clone(&flag))
+            })
+            .and_then(|_| signal_hook::flag::register(SIGINT, Arc::clone(&flag)))
+            .and_then(|_| signal_hook::flag::register(SIGTERM, Arc::clone(&term)))
+            .and_then(|_| signal_hook::flag::register(SIGTERM, Arc::clone(&flag)));
     if registered.is_ok() {
+        let _ = TERMINATED.set(term);
         tumble_limits::watch_interrupt(flag);
     }
 }
@@ -199,9 +211,12 @@ fn main() -> ExitCode {
         });
     let outcome = worker.map(|h| h.join());
     if tumble_limits::interrupted() {
-        // The command has stopped at a safe point and written nothing; 128 + SIGINT, as a shell
-        // reports a command ended by Ctrl-C.
-        return ExitCode::from(130);
+        // The command has stopped at a safe point and written nothing; 128 + the signal, as a
+        // shell reports a command ended by it.
+        let term = TERMINATED
+            .get()
+            .is_some_and(|t| t.load(std::sync::atomic::Ordering::Relaxed));
+        return ExitCode::from(if term { 143 } else { 130 });
     }
     match outcome {
         Ok(Ok(code)) => code,

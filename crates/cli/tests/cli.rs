@@ -1143,3 +1143,23 @@ fn an_absurd_thread_count_is_refused() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("TUMBLE_NUM_THREADS"));
 }
+
+/// An output inside a weights folder read by `--params` (`.npy` files) is refused before
+/// anything runs: it would change what the next run reads.
+#[test]
+fn an_output_inside_the_params_folder_is_refused() {
+    let model = zoo_model("treelstm_small");
+    let inputs = example("treelstm");
+    let dir = temp_path("npy_params");
+    let _ = std::fs::create_dir_all(&dir);
+    let inside = dir.join("b_out.npy").display().to_string();
+    let out = run_random(
+        &model,
+        &inputs,
+        &["--params", &dir.display().to_string(), "-o", &inside],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("is inside the --params file"), "{err}");
+    assert!(!std::path::Path::new(&inside).exists());
+}

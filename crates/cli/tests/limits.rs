@@ -244,7 +244,18 @@ fn max_memory_values_are_checked() {
 
 #[test]
 fn ctrl_c_stops_a_run_with_status_130_and_writes_nothing() {
-    let dir = scratch("sigint");
+    stopped_by_signal("INT", 130);
+}
+
+/// SIGTERM (`kill`, `timeout`) stops a run like Ctrl-C: status 143, nothing written and no temp
+/// file left (it used to kill the process where it stood).
+#[test]
+fn sigterm_stops_a_run_with_status_143_and_writes_nothing() {
+    stopped_by_signal("TERM", 143);
+}
+
+fn stopped_by_signal(signal: &str, status: i32) {
+    let dir = scratch(&format!("sig{signal}"));
     let x = write(&dir, "x.jsonl", X);
     let tail = write(&dir, "tail.rly", TAIL);
     let o = dir.join("out.jsonl");
@@ -259,18 +270,18 @@ fn ctrl_c_stops_a_run_with_status_130_and_writes_nothing() {
         .unwrap_or_else(|e| panic!("cannot run tumble: {e}"));
     std::thread::sleep(Duration::from_millis(1500));
     let killed = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([&format!("-{signal}"), &child.id().to_string()])
         .status();
     if !matches!(killed, Ok(s) if s.success()) {
         let _ = child.kill();
-        panic!("cannot send SIGINT: {killed:?}");
+        panic!("cannot send SIG{signal}: {killed:?}");
     }
     let t = Instant::now();
     let out = child
         .wait_with_output()
         .unwrap_or_else(|e| panic!("cannot wait for tumble: {e}"));
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
-    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(status), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("interrupted"));
     assert!(!o.exists());
     let leftovers: Vec<_> = std::fs::read_dir(&dir)

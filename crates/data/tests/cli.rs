@@ -331,3 +331,42 @@ fn sst_labels_root_and_all() {
         "{positions}"
     );
 }
+
+/// An output that would replace what the command reads — its `--vocab` file, or a split file of
+/// the SST folder — is refused and the file is left as it was (it was read first, then
+/// replaced: a success that lost the input). Another file in the folder is fine.
+#[test]
+fn outputs_never_replace_the_inputs() {
+    let dir = scratch("self_overwrite");
+    write_sst(&dir, "(3 (2 a) (3 b))\n");
+    let vocab = dir.join("vocab.txt");
+    run_args(&["vocab", "--data-dir", s(&dir), "-o", s(&vocab)]).unwrap();
+    let before = std::fs::read_to_string(&vocab).unwrap();
+    let e = run_args(&[
+        "sst",
+        "--data-dir",
+        s(&dir),
+        "--vocab",
+        s(&vocab),
+        "-o",
+        s(&vocab),
+    ])
+    .unwrap_err();
+    assert!(e.contains("--vocab"), "{e}");
+    assert_eq!(std::fs::read_to_string(&vocab).unwrap(), before);
+    let test = dir.join("test.txt");
+    let before = std::fs::read_to_string(&test).unwrap();
+    for cmd in ["sst", "vocab"] {
+        let e = run_args(&[cmd, "--data-dir", s(&dir), "-o", s(&test)]).unwrap_err();
+        assert!(e.contains("an SST file read"), "{cmd}: {e}");
+        assert_eq!(std::fs::read_to_string(&test).unwrap(), before, "{cmd}");
+    }
+    run_args(&[
+        "sst",
+        "--data-dir",
+        s(&dir),
+        "-o",
+        s(&dir.join("new.jsonl")),
+    ])
+    .unwrap();
+}
