@@ -61,13 +61,26 @@ impl<'m> Session<'m> {
     /// `tumble run` gives instance `i` of a file, so a request's results equal `tumble run` on
     /// the same instances.
     pub fn admit(&mut self, instances: &RawInstances, i: usize) -> Result<Ticket, Error> {
+        self.admit_until(instances, i, None)
+    }
+
+    /// [`Session::admit`] with a deadline after which the instance's evaluation stops with an
+    /// error (see [`BatchSession::admit_until`]).
+    pub fn admit_until(
+        &mut self,
+        instances: &RawInstances,
+        i: usize,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Ticket, Error> {
         let m = self.model;
         let values = crate::Decoding::new(m, self.env).decode_raw(instances, i)?;
         let args = m.bound.assemble(values).map_err(|e| Error::Input {
             instance: i,
             message: e.to_string(),
         })?;
-        let ticket = self.inner.admit(args, instance_rng(self.seed, i));
+        let ticket = self
+            .inner
+            .admit_until(args, instance_rng(self.seed, i), deadline);
         let location = instances.items.get(i).map_or_else(
             || format!("instance {i}"),
             |it| format!("instance at {}", it.location),

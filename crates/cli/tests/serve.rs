@@ -206,3 +206,42 @@ fn a_model_that_does_not_load_is_an_error() {
         "{err}"
     );
 }
+
+/// An instance that never suspends (a recursion without a base case, in constant memory) is
+/// answered 504 at the request's timeout and then stopped, so the server goes on serving and
+/// still drains on SIGINT (the batch thread ran it forever: every later request got 504 and the
+/// server had to be killed).
+#[test]
+fn a_request_that_never_ends_does_not_wedge_the_server() {
+    let dir = std::env::temp_dir().join(format!("tumble-serve-loop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("loop.rly");
+    std::fs::write(
+        &model,
+        "def @f(%n: Tensor[(), int32]) -> Tensor[(), int32] {\n  if (greater(%n, 0)) { @f(%n) } else { %n }\n}\n\
+         def @main(%n: Tensor[(), int32]) -> Tensor[(), int32] {\n  @f(%n)\n}\n",
+    )
+    .unwrap();
+    let (child, addr) = serve_model(
+        &model.display().to_string(),
+        &[],
+        &["--timeout-ms", "500", "--name", "treelstm_small"],
+    );
+    let (status, _) = post(&addr, "{\"instances\": [{\"n\": 1}]}");
+    assert_eq!(status, 504);
+    let t = Instant::now();
+    loop {
+        let (status, body) = post(&addr, "{\"instances\": [{\"n\": 0}]}");
+        if status == 200 {
+            assert_eq!(body, "{\"predictions\":[0]}");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "still {status} after the timeout"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(stop(child, "INT"), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -322,6 +322,10 @@ pub struct Machine<'p> {
     binds: Vec<(u32, Value)>,
     /// Steps until the next look at the run limits.
     poll_in: u32,
+    /// When set, the run stops with an error once this time has passed (looked at with the run
+    /// limits): a served request's `--timeout-ms`, so that an instance that never suspends (a
+    /// recursion without a base case in constant memory) cannot hold the batch thread forever.
+    deadline: Option<std::time::Instant>,
     /// Steps of the poll windows completed so far; the current window's are
     /// `POLL_EVERY - poll_in` (see [`Machine::steps`]).
     steps_before: u64,
@@ -446,6 +450,7 @@ impl<'p> Machine<'p> {
             vals_pool: Vec::new(),
             binds: Vec::new(),
             poll_in: POLL_EVERY,
+            deadline: None,
             steps_before: 0,
             params: Vec::new(),
             shared: SharedValues::new(),
@@ -624,8 +629,24 @@ impl<'p> Machine<'p> {
         Ok(())
     }
 
-    /// Stops the run when it was interrupted or is over its memory budget, saying what grew.
+    /// Sets (or clears) the time after which the run stops with an error (see `deadline`).
+    pub fn set_deadline(&mut self, deadline: Option<std::time::Instant>) {
+        self.deadline = deadline;
+    }
+
+    /// Stops the run when it was interrupted, is over its memory budget (saying what grew) or
+    /// ran past its deadline.
     fn check_limits(&self, backend: &dyn Backend) -> Result<(), RunError> {
+        if self
+            .deadline
+            .is_some_and(|d| std::time::Instant::now() >= d)
+        {
+            return Err(RunError::new(format!(
+                "stopped after {} evaluation steps: the instance ran past its deadline (a \
+                 recursion without a base case?)",
+                self.steps()
+            )));
+        }
         let Err(stop) = tumble_limits::poll() else {
             return Ok(());
         };

@@ -75,6 +75,8 @@ struct Slot<'p> {
     rng: Rng,
     /// The instance number its machine reports to the graph (`InstanceCtx::instance`).
     instance: u32,
+    /// When its machine stops with an error if it is still running (see [`BatchSession::admit_until`]).
+    deadline: Option<std::time::Instant>,
     state: State<'p>,
 }
 
@@ -142,6 +144,18 @@ impl<'p> BatchSession<'p> {
     /// Admits an instance (`@main`'s arguments, and its stream of `random.db_uniform` draws); it
     /// joins the instances in flight at the next [`BatchSession::step`].
     pub fn admit(&mut self, args: Vec<Value>, rng: Rng) -> Ticket {
+        self.admit_until(args, rng, None)
+    }
+
+    /// [`BatchSession::admit`] with a deadline: past it, the instance's evaluation stops with an
+    /// error at its next look at the run limits, so one that never suspends (and so never lets
+    /// the step end) cannot hold the session forever.
+    pub fn admit_until(
+        &mut self,
+        args: Vec<Value>,
+        rng: Rng,
+        deadline: Option<std::time::Instant>,
+    ) -> Ticket {
         let ticket = Ticket(self.next_ticket);
         self.next_ticket += 1;
         self.queued.push_back(Slot {
@@ -149,6 +163,7 @@ impl<'p> BatchSession<'p> {
             args,
             rng,
             instance: 0,
+            deadline,
             state: State::Queued,
         });
         ticket
@@ -331,6 +346,7 @@ impl<'p> BatchSession<'p> {
                 pending: 0,
             },
         );
+        m.set_deadline(slot.deadline);
         let derived = match self.exec.derived_args(self.program, &slot.args) {
             Ok(d) => d,
             Err(e) => return Some((slot.ticket, Err(e))),

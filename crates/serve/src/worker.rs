@@ -268,7 +268,10 @@ impl Worker<'_> {
             let Some(o) = self.open.get(&id) else {
                 continue;
             };
-            match self.session.admit(&o.instances, i) {
+            // Past the request's timeout its handler has answered 504; an instance still running
+            // then (one that never suspends) stops, instead of holding this thread for good.
+            let deadline = o.arrived.checked_add(self.shared.config.timeout);
+            match self.session.admit_until(&o.instances, i, deadline) {
                 Ok(t) => {
                     self.tickets.insert(t, (id, i));
                     if let Some(o) = self.open.get_mut(&id) {
@@ -316,7 +319,26 @@ impl Worker<'_> {
                         }
                     }
                 }
-                Err(e) => self.fail(id, status_of(&e), e.to_string()),
+                Err(e) => {
+                    let timeout = self.shared.config.timeout;
+                    let late = self
+                        .open
+                        .get(&id)
+                        .is_some_and(|o| o.arrived.elapsed() >= timeout);
+                    if late {
+                        // Stopped at its deadline: the timeout's answer, whichever got there first.
+                        self.fail(
+                            id,
+                            504,
+                            format!(
+                                "no answer within {} ms (--timeout-ms): {e}",
+                                timeout.as_millis()
+                            ),
+                        );
+                    } else {
+                        self.fail(id, status_of(&e), e.to_string());
+                    }
+                }
             }
         }
     }
