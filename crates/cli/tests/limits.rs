@@ -289,3 +289,39 @@ fn stopped_by_signal(signal: &str, status: i32) {
         .unwrap_or_default();
     assert_eq!(leftovers.len(), 2, "{leftovers:?}");
 }
+
+/// A result that shares a subtree (`Rose(x, [t, t])`, n levels deep: n nodes, 2^n paths) is
+/// materialized once per node, so both engines give the same small results; a deep one, whose
+/// JSON text is exponential, stops at the budget with a message (it was rebuilt per path and
+/// grew until the allocator aborted the process, past `--max-memory`).
+#[test]
+fn a_shared_result_is_bounded_by_the_budget() {
+    const DAG: &str = "def @b(%x: Tensor[(1), int32], %n: Tensor[(), int32]) -> Tree[Tensor[(1), int32]] {\n  if (greater(%n, 0)) {\n    let %t = @b(%x, subtract(%n, 1));\n    Rose(%x, Cons(%t, Cons(%t, Nil)))\n  } else {\n    Rose(%x, Nil)\n  }\n}\ndef @main(%x: Tensor[(1), int32], %n: Tensor[(), int32]) -> Tree[Tensor[(1), int32]] {\n  @b(%x, %n)\n}\n";
+    let dir = scratch("dag");
+    let model = write(&dir, "dag.rly", DAG);
+    let small = write(
+        &dir,
+        "small.jsonl",
+        "{\"x\": [1], \"n\": 3}\n{\"x\": [2], \"n\": 0}\n",
+    );
+    let batched = tumble(&["run", &model, "--inputs", &small]);
+    let reference = tumble(&["run", &model, "--inputs", &small, "--engine", "reference"]);
+    assert!(batched.status.success(), "{}", text(&batched.stderr));
+    assert_eq!(text(&batched.stdout), text(&reference.stdout));
+    assert_eq!(text(&batched.stdout).matches("Rose").count(), 15 + 1);
+    let deep = write(&dir, "deep.jsonl", "{\"x\": [1], \"n\": 40}\n");
+    let o = dir.join("out.jsonl");
+    let t = Instant::now();
+    let out = tumble(&[
+        "--max-memory",
+        "48M",
+        "run",
+        &model,
+        "--inputs",
+        &deep,
+        "-o",
+        &o.display().to_string(),
+    ]);
+    assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
+    assert_stopped_without_output(&out, &o, &["memory budget exceeded", "JSON"]);
+}

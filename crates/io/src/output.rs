@@ -75,6 +75,20 @@ pub fn encode_json(value: &Value, ty: &Ty, env: &TypeEnv) -> Result<Encoded, IoE
     };
     let mut stack = vec![Task::Value(value, ty.clone())];
     while let Some(task) = stack.pop() {
+        // A result whose parts are shared (a tree holding one subtree twice, n levels deep) is
+        // small in memory but 2^n in JSON: before the text doubles, the doubling is checked
+        // against the memory budget (it grew until the allocator aborted the process, and a
+        // server with it).
+        if out.json.capacity() - out.json.len() < 64 {
+            let more = out.json.capacity().max(64);
+            tumble_limits::reserve(more).map_err(|stop| {
+                IoError::output(format!(
+                    "its JSON text would pass {}: {stop}",
+                    tumble_limits::bytes_text(out.json.len())
+                ))
+            })?;
+            out.json.reserve(more);
+        }
         match task {
             Task::Lit(s) => out.json.push_str(s),
             Task::List { node, elem, first } => {

@@ -428,16 +428,24 @@ pub(crate) fn drive(
 }
 
 /// Replaces every lazy tensor inside `v` by its computed value. Iterative (results can be lists of
-/// 100,000 elements), rebuilding only what contains lazy values.
+/// 100,000 elements). A tuple or constructor reached more than once (a result that shares a
+/// subtree, `Rose(x, [t, t])` n levels deep: 2^n paths over n nodes) is rebuilt once and shared
+/// again in the result: rebuilt per path, it took memory exponential in the depth, past any
+/// budget.
 pub(crate) fn materialize(v: Value, dfg: &dfg::Dfg) -> Result<Value, RunError> {
+    use std::collections::HashMap;
     use std::rc::Rc;
     use tumble_interp::{AdtValue, TupleValue};
     enum Job {
         Visit(Value),
-        BuildTuple(usize),
-        BuildAdt(u32, usize),
+        BuildTuple(Rc<TupleValue>),
+        BuildAdt(Rc<AdtValue>),
     }
+    // Shared composites already rebuilt, by address; the originals are held by the jobs or by
+    // `v`'s owners until the end, so an address is not reused meanwhile.
+    let mut rebuilt: HashMap<*const (), Value> = HashMap::new();
     let mut jobs = vec![Job::Visit(v)];
+    let mut held: Vec<Value> = Vec::new();
     let mut done: Vec<Value> = Vec::new();
     while let Some(job) = jobs.pop() {
         match job {
@@ -446,24 +454,49 @@ pub(crate) fn materialize(v: Value, dfg: &dfg::Dfg) -> Result<Value, RunError> {
                     RunError::new("internal: result not computed")
                 })?)),
             Job::Visit(Value::Tuple(t)) => {
-                jobs.push(Job::BuildTuple(t.0.len()));
+                if let Some(v) = rebuilt.get(&Rc::as_ptr(&t).cast::<()>()) {
+                    done.push(v.clone());
+                    continue;
+                }
+                // The build below its fields' visits, which run first.
                 jobs.extend(t.0.iter().rev().cloned().map(Job::Visit));
+                jobs.insert(jobs.len() - t.0.len(), Job::BuildTuple(t));
             }
             Job::Visit(Value::Adt(a)) => {
-                jobs.push(Job::BuildAdt(a.ctor, a.fields.len()));
+                if let Some(v) = rebuilt.get(&Rc::as_ptr(&a).cast::<()>()) {
+                    done.push(v.clone());
+                    continue;
+                }
                 jobs.extend(a.fields.iter().rev().cloned().map(Job::Visit));
+                jobs.insert(jobs.len() - a.fields.len(), Job::BuildAdt(a));
             }
             Job::Visit(other) => done.push(other),
-            Job::BuildTuple(k) => {
-                let fields = done.drain(done.len().saturating_sub(k)..).collect();
-                done.push(Value::Tuple(Rc::new(TupleValue(fields))));
+            Job::BuildTuple(t) => {
+                let fields = done.drain(done.len().saturating_sub(t.0.len())..).collect();
+                let v = Value::Tuple(Rc::new(TupleValue(fields)));
+                if Rc::strong_count(&t) > 1 {
+                    rebuilt.insert(Rc::as_ptr(&t).cast::<()>(), v.clone());
+                    held.push(Value::Tuple(t));
+                }
+                done.push(v);
             }
-            Job::BuildAdt(c, k) => {
-                let fields = done.drain(done.len().saturating_sub(k)..).collect();
-                done.push(Value::Adt(Rc::new(AdtValue { ctor: c, fields })));
+            Job::BuildAdt(a) => {
+                let fields = done
+                    .drain(done.len().saturating_sub(a.fields.len())..)
+                    .collect();
+                let v = Value::Adt(Rc::new(AdtValue {
+                    ctor: a.ctor,
+                    fields,
+                }));
+                if Rc::strong_count(&a) > 1 {
+                    rebuilt.insert(Rc::as_ptr(&a).cast::<()>(), v.clone());
+                    held.push(Value::Adt(a));
+                }
+                done.push(v);
             }
         }
     }
+    drop(held);
     done.pop()
         .ok_or_else(|| RunError::new("internal: materialize produced nothing"))
 }

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::intern::WordMap;
+use std::rc::Rc;
 
 /// How many nodes ahead of the one looked at the level loop prefetches (its argument list at
 /// half that distance).
@@ -76,12 +77,20 @@ impl Dfg<'_> {
     /// Whether every lazy tensor inside `v` has been computed (iterative: results can be long
     /// lists).
     pub fn is_computed(&self, v: &Value) -> bool {
+        // Shared composites are looked into once (a result holding one subtree twice, n levels
+        // deep, has 2^n paths over n nodes).
+        let mut seen: std::collections::HashSet<*const ()> = Default::default();
+        let mut first = |p: *const (), shared: bool| !shared || seen.insert(p);
         let mut stack = vec![v];
         while let Some(v) = stack.pop() {
             match v {
                 Value::Lazy(r) if !self.lazy_ready(*r) => return false,
-                Value::Tuple(t) => stack.extend(t.0.iter()),
-                Value::Adt(a) => stack.extend(a.fields.iter()),
+                Value::Tuple(t) if first(Rc::as_ptr(t).cast(), Rc::strong_count(t) > 1) => {
+                    stack.extend(t.0.iter());
+                }
+                Value::Adt(a) if first(Rc::as_ptr(a).cast(), Rc::strong_count(a) > 1) => {
+                    stack.extend(a.fields.iter());
+                }
                 _ => {}
             }
         }
