@@ -14,6 +14,10 @@ use std::collections::HashMap;
 use tumble_ir::*;
 use tumble_ops::{OpDef, RelError};
 
+/// The most parts an expression's type may have (see the end of `infer`): far above any
+/// program's, far below what would exhaust the machine.
+const MAX_TYPE_PARTS: usize = 1 << 16;
+
 enum Deferred {
     Op {
         op: &'static OpDef,
@@ -338,6 +342,22 @@ impl<'t> Checker<'t> {
                 }
                 result
             }
+        };
+        // A type that doubles at each step — `let %b = (%a, %a)` line after line, or through a
+        // polymorphic `@dup: A -> (A, A)` applied to its own result — has 2^n parts after n
+        // steps: 80 lines took the checker's time and memory past any machine (outside the
+        // memory budget). Such an expression is an error, and its type stops growing there.
+        let ty = if self.subst.size_at_most(&ty, MAX_TYPE_PARTS) >= MAX_TYPE_PARTS {
+            self.err(Diagnostic::error(
+                span,
+                format!(
+                    "this expression's type has more than {MAX_TYPE_PARTS} parts (a type that \
+                     doubles at each step?); tumble cannot check types this large"
+                ),
+            ));
+            self.subst.fresh()
+        } else {
+            ty
         };
         e.ty = Some(ty.clone());
         ty

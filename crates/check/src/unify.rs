@@ -42,6 +42,35 @@ impl Subst {
         t
     }
 
+    /// How many parts `ty` has once its variables are followed (each tuple, function,
+    /// constructor, tensor, type parameter or unbound variable is one), counting no further than
+    /// `cap`: the cost is at most `cap` steps, whatever the type's size.
+    pub fn size_at_most(&self, ty: &Ty, cap: usize) -> usize {
+        let mut n = 0usize;
+        let mut stack: Vec<&Ty> = vec![ty];
+        while let Some(mut t) = stack.pop() {
+            while let Ty::Var(v) = t {
+                match self.binding(*v) {
+                    Some(b) => t = b,
+                    None => break,
+                }
+            }
+            n += 1;
+            if n >= cap {
+                return cap;
+            }
+            match t {
+                Ty::Tuple(ts) | Ty::Adt(_, ts) => stack.extend(ts.iter()),
+                Ty::Func(ps, r) => {
+                    stack.extend(ps.iter());
+                    stack.push(r);
+                }
+                _ => {}
+            }
+        }
+        n
+    }
+
     /// Replaces every bound variable, deeply.
     pub fn resolve(&self, ty: &Ty) -> Ty {
         match self.shallow(ty) {
@@ -55,13 +84,40 @@ impl Subst {
         }
     }
 
+    /// Whether `v` occurs in `ty`. Each bound variable's binding is looked into once: a type
+    /// built by doubling through variables (`@dup(@dup(..(%x)))`, `dup: A -> (A, A)`) has 2^n
+    /// paths over n bindings, which a walk of every path took exponential time over.
     fn occurs(&self, v: TyVar, ty: &Ty) -> bool {
-        match self.shallow(ty) {
-            Ty::Var(w) => w == v,
-            Ty::Tuple(ts) | Ty::Adt(_, ts) => ts.iter().any(|t| self.occurs(v, t)),
-            Ty::Func(ps, r) => ps.iter().any(|t| self.occurs(v, t)) || self.occurs(v, &r),
-            Ty::Tensor { .. } | Ty::Param(_) => false,
+        let mut seen: std::collections::HashSet<TyVar> = Default::default();
+        let mut stack: Vec<&Ty> = vec![ty];
+        while let Some(mut t) = stack.pop() {
+            let mut looked = false;
+            while let Ty::Var(w) = t {
+                if *w == v {
+                    return true;
+                }
+                if !seen.insert(*w) {
+                    looked = true;
+                    break;
+                }
+                match self.binding(*w) {
+                    Some(b) => t = b,
+                    None => break,
+                }
+            }
+            if looked {
+                continue;
+            }
+            match t {
+                Ty::Tuple(ts) | Ty::Adt(_, ts) => stack.extend(ts.iter()),
+                Ty::Func(ps, r) => {
+                    stack.extend(ps.iter());
+                    stack.push(r);
+                }
+                Ty::Var(_) | Ty::Tensor { .. } | Ty::Param(_) => {}
+            }
         }
+        false
     }
 
     fn bind(&mut self, v: TyVar, ty: Ty) {

@@ -323,3 +323,27 @@ fn an_error_does_not_cascade_into_cannot_infer_noise() {
         vec!["t.rly:2:12: error: unknown global `@nope`".to_string()]
     );
 }
+
+/// Types that double at each step — a tuple of the previous line's value twice, or a
+/// polymorphic `@dup` applied to its own result — are an error once they pass the checker's
+/// size limit, found in bounded time and memory (80 lines took 2^80 of both).
+#[test]
+fn doubling_types_are_an_error_not_an_exhaustion() {
+    let start = std::time::Instant::now();
+    let mut tuples =
+        String::from("def @main(%a0: Tensor[(1), float32]) -> Tensor[(1), float32] {\n");
+    let mut dups = String::from(
+        "def @dup[A](%x: A) -> (A, A) { (%x, %x) }\ndef @main(%a0: Tensor[(1), float32]) -> Tensor[(1), float32] {\n",
+    );
+    for i in 1..=80 {
+        tuples.push_str(&format!("  let %a{i} = (%a{}, %a{});\n", i - 1, i - 1));
+        dups.push_str(&format!("  let %a{i} = @dup(%a{});\n", i - 1));
+    }
+    for src in [&mut tuples, &mut dups] {
+        src.push_str("  %a0\n}\n");
+        let errs = errors(src);
+        assert!(!errs.is_empty());
+        assert!(errs.iter().all(|e| e.contains("parts")), "{errs:?}");
+    }
+    assert!(start.elapsed() < std::time::Duration::from_secs(30));
+}

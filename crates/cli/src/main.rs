@@ -144,10 +144,31 @@ fn watch_interrupts() {
             .and_then(|_| signal_hook::flag::register(SIGTERM, Arc::clone(&term)))
             .and_then(|_| signal_hook::flag::register(SIGTERM, Arc::clone(&flag)));
     if registered.is_ok() {
-        let _ = TERMINATED.set(term);
-        tumble_limits::watch_interrupt(flag);
+        let _ = TERMINATED.set(Arc::clone(&term));
+        tumble_limits::watch_interrupt(Arc::clone(&flag));
+        // Work that never reaches a safe point (type checking, compiling) would otherwise
+        // outlive the signal: `timeout` sends SIGTERM once. A grace period after the first
+        // signal, then the process ends as the default action would have ended it.
+        let _ = std::thread::Builder::new()
+            .name("tumble-signals".into())
+            .spawn(move || loop {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(SIGNAL_GRACE);
+                    let _ = writeln!(std::io::stderr(), "error: interrupted");
+                    std::process::exit(if term.load(std::sync::atomic::Ordering::Relaxed) {
+                        143
+                    } else {
+                        130
+                    });
+                }
+            });
     }
 }
+
+/// How long a command may take after SIGINT or SIGTERM to stop at a safe point (removing what it
+/// had half-written) before the process ends anyway.
+const SIGNAL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 fn main() -> ExitCode {
     // A reader that stops early (`| head`) is not an error: the printing thread's panic is silent
