@@ -370,3 +370,44 @@ fn a_failing_training_instance_is_named_by_its_line() {
         }
     }
 }
+
+/// Training that diverges (a learning rate of 1e30) stops with status 1 and a message at the
+/// first epoch whose loss is not finite, and writes nothing: a NaN dev loss is never "the best"
+/// (it was saved as the best, and then no later epoch could beat it).
+#[test]
+fn a_diverging_training_stops_and_keeps_no_nan_weights() {
+    let data = temp_file("diverge.jsonl", &instances());
+    let model = temp_file("diverge.rly", MODEL);
+    let out = temp_path("diverged.safetensors");
+    let _ = std::fs::remove_file(&out);
+    let o = out.display().to_string();
+    let r = tumble(&[
+        "train",
+        &model,
+        "--train",
+        &data,
+        "--dev",
+        &data,
+        "--random-params",
+        "3",
+        "--epochs",
+        "6",
+        "--batch",
+        "4",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "1e30",
+        "--quiet",
+        "-o",
+        &o,
+    ]);
+    let err = text(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("diverged") || err.contains("no epoch had a finite dev score"),
+        "{err}"
+    );
+    assert!(!err.contains("NaN -> saved"), "{err}");
+    assert!(!out.exists(), "{err}");
+}

@@ -81,7 +81,7 @@ pub(crate) fn write_atomically(
         .map_err(|e| IoError::file(path, format!("write {what}"), e))?;
     drop(file);
     fs::rename(&temp.path, path)
-        .map_err(|e| IoError::file(path, format!("move the finished {what} into place at"), e))?;
+        .map_err(|e| IoError::file(path, format!("move {what} into place at"), e))?;
     temp.armed = false;
     // Make the rename itself durable where the platform allows (best effort).
     if let Ok(d) = File::open(&dir) {

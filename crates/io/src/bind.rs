@@ -232,7 +232,8 @@ fn missing_error(args: &[BoundArg], missing: &[usize], file: &BTreeMap<String, T
     };
     if file.is_empty() {
         return IoError::param(format!(
-            "{head} (no weights file given; pass --params FILE or --random-params SEED)"
+            "{head} (no weights: no weights file was given, or it holds no tensors; pass \
+             --params FILE with these tensors, or --random-params SEED)"
         ));
     }
     let have: Vec<&str> = file.keys().map(String::as_str).collect();

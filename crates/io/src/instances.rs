@@ -143,14 +143,15 @@ impl RawInstance {
         }
     }
 
-    /// The instance's JSON (parsed now when it was kept as text; valid JSON was checked when it
-    /// was read, so an error here is an internal one).
+    /// The instance's JSON (parsed now when it was kept as text). Its syntax was checked when it
+    /// was read; what fails here is a value the syntax allows but a JSON value cannot hold (a
+    /// number out of range, `1e400`).
     pub fn json(&self) -> Result<JsonView<'_>, String> {
         match &self.body {
             Body::Parsed(d) => Ok(JsonView(View::Borrowed(&d.0))),
             Body::Text { text, .. } => parse_json(text)
                 .map(|j| JsonView(View::Parsed(DeepJson(j))))
-                .map_err(|e| format!("internal: JSON checked when read no longer parses: {e}")),
+                .map_err(|e| format!("the instance's JSON cannot be read: {e}")),
         }
     }
 
@@ -252,6 +253,18 @@ impl<R: BufRead> LineReader<R> {
             if buf.len() + take > self.max_line.saturating_add(2) {
                 return Err(self.too_long(self.line_no + 1));
             }
+            // A line of hundreds of megabytes stops at the memory budget while it is read, not
+            // after it has been read and parsed (which takes many times its size).
+            if buf.capacity() - buf.len() < take {
+                let more = take.max(buf.capacity());
+                if let Err(stop) = tumble_limits::reserve(more) {
+                    return Err(self.err(format!(
+                        "line {}: {stop} while reading it ({} read so far)",
+                        self.line_no + 1,
+                        tumble_limits::bytes_text(buf.len())
+                    )));
+                }
+            }
             buf.extend_from_slice(&chunk[..take]);
             self.reader.consume(take);
             if done {
@@ -259,6 +272,10 @@ impl<R: BufRead> LineReader<R> {
             }
         }
         self.line_no += 1;
+        // A byte order mark some editors put first (`.rly` files accept it too).
+        if self.line_no == 1 && buf.starts_with(b"\xEF\xBB\xBF") {
+            buf.drain(..3);
+        }
         if buf.last() == Some(&b'\n') {
             buf.pop();
             if buf.last() == Some(&b'\r') {

@@ -127,8 +127,8 @@ fn missing_parameter_lists_the_file() {
             &BTreeMap::new(),
             None
         )),
-        "missing parameters %W_iou, %emb, %b (no weights file given; pass --params FILE or \
-         --random-params SEED)"
+        "missing parameters %W_iou, %emb, %b (no weights: no weights file was given, or it \
+         holds no tensors; pass --params FILE with these tensors, or --random-params SEED)"
     );
 }
 

@@ -587,3 +587,20 @@ def @main(%o: Option[Pair], %q: Option[Tensor[(), int32]], %r: Option[Pair]) -> 
     };
     assert!(e.contains("q.Some[0]"), "{e}");
 }
+
+/// A UTF-8 byte order mark before the first line (some editors write one) is not part of the
+/// JSON: the file reads as without it.
+#[test]
+fn a_byte_order_mark_is_skipped() {
+    let text = "{\"x\": 1}\n{\"x\": 2}\n";
+    let with_bom = format!("\u{feff}{text}");
+    let plain = read_instances(text.as_bytes(), "plain.jsonl").unwrap_or_else(|e| panic!("{e}"));
+    let bom = read_instances(with_bom.as_bytes(), "bom.jsonl").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(bom.items.len(), plain.items.len());
+    for (a, b) in bom.items.iter().zip(&plain.items) {
+        assert_eq!(
+            a.json().map(|j| j.to_string()).unwrap_or_default(),
+            b.json().map(|j| j.to_string()).unwrap_or_default()
+        );
+    }
+}

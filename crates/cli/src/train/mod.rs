@@ -853,6 +853,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
     let opts = options(args.weights.threads)?;
     let mut slots: BTreeMap<String, Slot> = BTreeMap::new();
     let mut best: Option<f64> = None;
+    let mut saved_any = false;
     let mut t: u64 = 0;
     let n = decoded.len();
     let mut stats = tumble_runtime::backward::BackwardStats::default();
@@ -951,6 +952,24 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
                 tumble_limits::bytes_text(stats.peak_bytes)
             );
             stats.peak_bytes = 0;
+            let train_loss = loss_sum / seen.max(1) as f64;
+            if !train_loss.is_finite() {
+                // The weights are NaN or infinite from here on: another epoch cannot mend them,
+                // and they are not saved over the last good ones.
+                eprintln!("{line}");
+                return Err(Failure::Message(format!(
+                    "the training loss is {train_loss} at epoch {epoch}: the weights diverged \
+                     (lower --lr, or add --weight-decay); {}",
+                    if saved_any {
+                        format!(
+                            "{} keeps the last epoch saved before",
+                            args.output.display()
+                        )
+                    } else {
+                        format!("nothing was written to {}", args.output.display())
+                    }
+                )));
+            }
             let mut score: Option<f64> = None;
             if let Some((raw_dev, decoded_dev, eval)) = &mut dev {
                 let losses = main.outputs(
@@ -973,17 +992,32 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
                     score = Some(mean);
                 }
             }
+            // A dev score that is not finite (NaN: weights or dev instances that overflow) is
+            // never the best: that epoch is not saved.
             let improved = match (score, best) {
                 (None, _) => true,
-                (Some(s), None) => s.is_finite() || best.is_none(),
+                (Some(s), _) if !s.is_finite() => false,
+                (Some(_), None) => true,
                 (Some(s), Some(b)) => s > b,
             };
             if improved {
-                best = score.or(best);
+                if score.is_some_and(f64::is_finite) {
+                    best = score;
+                }
                 save_params(&args.output, &weights)?;
+                saved_any = true;
                 line.push_str(&format!(" -> saved {}", args.output.display()));
+            } else if score.is_some_and(|s| !s.is_finite()) {
+                line.push_str(" (not finite: not saved)");
             }
             eprintln!("{line}");
+        }
+        if !saved_any {
+            return Err(Failure::Message(format!(
+                "no epoch had a finite dev score, so no weights were kept; nothing was written to \
+                 {}",
+                args.output.display()
+            )));
         }
         Ok(())
     })
