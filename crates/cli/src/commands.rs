@@ -62,6 +62,16 @@ pub fn fmt(path: &Path, check: bool, color: bool) -> ExitCode {
     match tumble_syntax::parse_module(&text, id) {
         Ok(m) => {
             let out = tumble_syntax::print_module(&m);
+            // The canonical form is printed from the parsed module, which has no comments: say
+            // so rather than drop them unannounced from a file formatted in place.
+            let comments = tumble_syntax::comment_count(&text);
+            if comments > 0 && !check {
+                eprintln!(
+                    "warning: {}: the canonical form leaves out the file's {comments} comment{}",
+                    path.display(),
+                    if comments == 1 { "" } else { "s" }
+                );
+            }
             if check {
                 if out == text {
                     ExitCode::SUCCESS

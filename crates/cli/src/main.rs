@@ -77,7 +77,7 @@ enum Command {
         #[arg(long)]
         no_prelude: bool,
     },
-    /// Print a model file in canonical form.
+    /// Print a model file in canonical form (comments are not kept: a warning counts them).
     Fmt {
         file: PathBuf,
         /// Exit with status 1 if the file is not already in canonical form (prints nothing).

@@ -356,14 +356,50 @@ fn check_json(text: &str) -> Result<Option<Box<[String]>>, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_str(text);
     de.disable_recursion_limit();
     let keys = if text.trim_start().starts_with('{') {
-        let m = std::collections::BTreeMap::<String, serde::de::IgnoredAny>::deserialize(&mut de)?;
-        Some(m.into_keys().collect())
+        let DistinctKeys(mut keys) = DistinctKeys::deserialize(&mut de)?;
+        keys.sort_unstable();
+        Some(keys.into_boxed_slice())
     } else {
         serde::de::IgnoredAny::deserialize(&mut de)?;
         None
     };
     de.end()?;
     Ok(keys)
+}
+
+/// A JSON object's keys, each once: a key given twice is an error (serde_json's own maps keep
+/// the last value silently, so `{"x": 1, "x": 2}` ran with x = 2).
+struct DistinctKeys(Vec<String>);
+
+impl<'de> Deserialize<'de> for DistinctKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = DistinctKeys;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<DistinctKeys, A::Error> {
+                let mut keys = Vec::new();
+                let mut seen = std::collections::HashSet::new();
+                while let Some(k) = m.next_key::<String>()? {
+                    m.next_value::<serde::de::IgnoredAny>()?;
+                    if !seen.insert(k.clone()) {
+                        return Err(serde::de::Error::custom(format!(
+                            "the key `{}` is given twice",
+                            crate::echo(&k)
+                        )));
+                    }
+                    keys.push(k);
+                }
+                Ok(DistinctKeys(keys))
+            }
+        }
+        d.deserialize_map(Keys)
+    }
 }
 
 /// serde_json's message without its trailing ` at line L column C`.

@@ -604,3 +604,19 @@ fn a_byte_order_mark_is_skipped() {
         );
     }
 }
+
+/// A top-level key given twice is an error naming it (serde_json's maps kept the last value, so
+/// the instance ran with a value the author may not have meant).
+#[test]
+fn a_key_given_twice_is_an_error() {
+    match read_instances("{\"x\": 1, \"y\": 2, \"x\": 3}\n".as_bytes(), "dup.jsonl") {
+        Ok(_) => panic!("a duplicate key was accepted"),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("`x` is given twice") && msg.contains("line 1"),
+                "{msg}"
+            );
+        }
+    }
+}

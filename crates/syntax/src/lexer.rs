@@ -71,6 +71,17 @@ pub(crate) fn offset(i: usize) -> u32 {
 
 /// Splits `text` into tokens ending with [`Tok::Eof`], plus the lexical errors found.
 pub(crate) fn lex(text: &str, src: SourceId) -> (Vec<Token>, Vec<Diagnostic>) {
+    let lx = lexed(text, src);
+    (lx.toks, lx.diags)
+}
+
+/// How many comments (`// …` and `/* … */`) `text` has: what `tumble fmt`, which prints the
+/// parsed module, would leave out.
+pub fn comment_count(text: &str) -> usize {
+    lexed(text, SourceId(0)).comments
+}
+
+fn lexed(text: &str, src: SourceId) -> Lexer<'_> {
     let mut lx = Lexer {
         text,
         bytes: text.as_bytes(),
@@ -79,9 +90,10 @@ pub(crate) fn lex(text: &str, src: SourceId) -> (Vec<Token>, Vec<Diagnostic>) {
         src,
         toks: Vec::new(),
         diags: Vec::new(),
+        comments: 0,
     };
     lx.run();
-    (lx.toks, lx.diags)
+    lx
 }
 
 struct Lexer<'a> {
@@ -91,6 +103,7 @@ struct Lexer<'a> {
     src: SourceId,
     toks: Vec<Token>,
     diags: Vec<Diagnostic>,
+    comments: usize,
 }
 
 fn is_ident_start(b: u8) -> bool {
@@ -176,6 +189,7 @@ impl Lexer<'_> {
             match b {
                 b' ' | b'\t' | b'\n' | b'\r' => self.pos += 1,
                 b'/' if self.peek(1) == b'/' => {
+                    self.comments += 1;
                     while self.pos < self.bytes.len() && self.peek(0) != b'\n' {
                         self.pos += 1;
                     }
@@ -214,6 +228,7 @@ impl Lexer<'_> {
     }
 
     fn block_comment(&mut self) {
+        self.comments += 1;
         let lo = self.pos;
         self.pos += 2;
         let mut depth = 1usize;
@@ -586,6 +601,14 @@ mod tests {
             kinds("a // x\n/* b /* c */ d */ e"),
             vec![Tok::Ident("a".into()), Tok::Ident("e".into()), Tok::Eof]
         );
+    }
+
+    /// What `tumble fmt` warns it leaves out: line and block comments, a nested one counted
+    /// with its outer one; `/` and strings holding `//` are not comments.
+    #[test]
+    fn comments_are_counted() {
+        assert_eq!(comment_count("a // x\n/* b /* c */ d */ e // y"), 3);
+        assert_eq!(comment_count("f(a / b, mode=\"//x\")"), 0);
     }
 
     #[test]

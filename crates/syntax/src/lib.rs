@@ -10,6 +10,8 @@ mod lexer;
 mod parser;
 mod printer;
 
+pub use lexer::comment_count;
+
 use tumble_ir::{Diagnostic, Expr, Module, SourceId, TypeExpr};
 
 /// How deep expressions, types, patterns and attribute lists may nest. Deeper input is a located
