@@ -100,6 +100,31 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
         }
         None => BTreeMap::new(),
     };
+    // A weights file that names none of @main's arguments (empty, or another model's) would make
+    // every argument an instance input without a word; `--random-params` fills them instead.
+    if let Some(p) = &args.params {
+        if args.random_params.is_none() && !params.iter().any(|(n, _)| file.contains_key(n)) {
+            let mut have: Vec<&str> = file.keys().map(String::as_str).take(8).collect();
+            if file.len() > have.len() {
+                have.push("…");
+            }
+            return Err(Ok(format!(
+                "the weights file {} gives none of @{}'s arguments ({}); it holds {}",
+                p.display(),
+                args.entry.trim_start_matches('@'),
+                params
+                    .iter()
+                    .map(|(n, _)| format!("%{n}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if have.is_empty() {
+                    "no tensors".to_string()
+                } else {
+                    format!("tensors {}", have.join(", "))
+                }
+            )));
+        }
+    }
     let provided: std::collections::BTreeSet<String> = match &args.inputs {
         Some(p) => read_instances_file(p)
             .map_err(msg)?

@@ -171,3 +171,23 @@ fn damaged_stale_and_mismatched_compiled_models_are_clear_errors() {
     // The output must not replace the model.
     failed_with(&tumble(&["compile", &rly, "-o", &rly]), &["would replace"]);
 }
+
+/// A weights file that gives none of @main's arguments (one with no tensors, or another
+/// model's) is an error naming the arguments and what the file holds: it made every argument an
+/// instance input without a word.
+#[test]
+fn a_weights_file_with_none_of_the_arguments_is_an_error() {
+    let empty = temp_path("no_tensors.safetensors");
+    let header = b"{}";
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header);
+    std::fs::write(&empty, bytes).unwrap();
+    let out = temp_path("no_tensors.tumble");
+    let model = path_of("models/treelstm_small.rly");
+    let r = tumble(&["compile", &model, "--params", &empty, "-o", &out]);
+    failed_with(
+        &r,
+        &["gives none of @main's arguments", "%emb", "no tensors"],
+    );
+    assert!(!std::path::Path::new(&out).exists());
+}
