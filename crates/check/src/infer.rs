@@ -9,6 +9,7 @@
 
 use crate::env::{check_distinct_params, plural, substitute_params, suggest, GlobalSig, Tables};
 use crate::exhaustive::{missing_case, Pat};
+use crate::scope::Scope;
 use crate::unify::{Mismatch, Subst};
 use std::collections::HashMap;
 use tumble_ir::*;
@@ -43,7 +44,7 @@ pub struct Checker<'t> {
     pub subst: Subst,
     pub diags: Vec<Diagnostic>,
     deferred: Vec<Deferred>,
-    scope: Vec<(String, Ty)>,
+    scope: Scope,
     type_params: Vec<String>,
     /// Errors reported so far; deferred constraints created after an error stay quiet, since an
     /// unresolved type there is usually a consequence of that error.
@@ -92,7 +93,7 @@ impl<'t> Checker<'t> {
             subst: Subst::default(),
             diags: Vec::new(),
             deferred: Vec::new(),
-            scope: Vec::new(),
+            scope: Scope::default(),
             type_params: Vec::new(),
             errors_at_start_of_def: 0,
         }
@@ -364,11 +365,11 @@ impl<'t> Checker<'t> {
     }
 
     fn infer_local(&mut self, name: &str, span: Span) -> Ty {
-        if let Some((_, t)) = self.scope.iter().rev().find(|(n, _)| n == name) {
+        if let Some(t) = self.scope.lookup(name) {
             return t.clone();
         }
         let mut d = Diagnostic::error(span, format!("unknown variable `%{name}`"));
-        if let Some(s) = suggest(name, self.scope.iter().map(|(n, _)| n.as_str())) {
+        if let Some(s) = suggest(name, self.scope.names()) {
             d = d.with_note(format!("did you mean `%{s}`?"));
         }
         self.err(d);

@@ -6,6 +6,7 @@
 mod env;
 mod exhaustive;
 mod infer;
+mod scope;
 mod unify;
 
 pub use env::{AdtInfo, CtorInfo, GlobalSig, Tables};

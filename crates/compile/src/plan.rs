@@ -410,6 +410,14 @@ fn dense_sums(block: &Block, taken: &[usize]) -> Vec<Stage> {
             concats.push(c);
         }
         if denses.len() < 2 && concats.is_empty() {
+            // A walk from any add of this tree finds a part of these products, so no fewer than
+            // two either: they are not walked again (a chain of n adds walked from each of its
+            // adds in turn took n² steps).
+            for &a in &adds {
+                if let Some(slot) = absorbed.get_mut(a) {
+                    *slot = true;
+                }
+            }
             continue;
         }
         denses.sort_unstable();
@@ -781,8 +789,14 @@ pub struct RowOperands {
 
 pub fn row_operands(block: &Block, ns: &[usize]) -> RowOperands {
     let mut ops = RowOperands::default();
-    let in_segment =
-        |v: &BVal| matches!(v, BVal::Node(k) | BVal::Field(k, _) if ns.contains(&(*k as usize)));
+    // Membership by index (a search of `ns` per operand made a stage of n operators cost n²).
+    let mut member = vec![false; block.nodes.len()];
+    for &i in ns {
+        if let Some(m) = member.get_mut(i) {
+            *m = true;
+        }
+    }
+    let in_segment = |v: &BVal| matches!(v, BVal::Node(k) | BVal::Field(k, _) if member.get(*k as usize).copied().unwrap_or(false));
     for &i in ns {
         let Some(node) = block.nodes.get(i) else {
             continue;

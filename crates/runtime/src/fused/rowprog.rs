@@ -252,24 +252,19 @@ pub(super) fn compile_rows(
         scratch_len: 0,
         instrs: Vec::new(),
     };
-    let mut env: Vec<(usize, RVal)> = Vec::new();
-    let lookup = |v: &BVal, env: &[(usize, RVal)]| -> Option<Opd> {
+    // The program's value of each node compiled so far, by node index (a search of a list per
+    // operand made a stage of n operators cost n² to compile).
+    let mut env: crate::intern::WordMap<usize, RVal> = Default::default();
+    let lookup = |v: &BVal, env: &crate::intern::WordMap<usize, RVal>| -> Option<Opd> {
         let inside = match v {
-            BVal::Node(k) => env
-                .iter()
-                .find(|(n, _)| *n == *k as usize)
-                .map(|(_, r)| match r {
-                    RVal::One(o) => Some(*o),
-                    RVal::Tuple(_) => None,
-                }),
-            BVal::Field(k, f) => {
-                env.iter()
-                    .find(|(n, _)| *n == *k as usize)
-                    .map(|(_, r)| match r {
-                        RVal::Tuple(os) => os.get(*f as usize).copied(),
-                        RVal::One(_) => None,
-                    })
-            }
+            BVal::Node(k) => env.get(&(*k as usize)).map(|r| match r {
+                RVal::One(o) => Some(*o),
+                RVal::Tuple(_) => None,
+            }),
+            BVal::Field(k, f) => env.get(&(*k as usize)).map(|r| match r {
+                RVal::Tuple(os) => os.get(*f as usize).copied(),
+                RVal::One(_) => None,
+            }),
             _ => None,
         };
         match inside {
@@ -285,7 +280,7 @@ pub(super) fn compile_rows(
     };
     for &i in ns {
         let node = block.nodes.get(i)?;
-        let one = |j: usize, env: &[(usize, RVal)]| -> Option<Opd> {
+        let one = |j: usize, env: &crate::intern::WordMap<usize, RVal>| -> Option<Opd> {
             match node.args.get(j) {
                 Some(BArg::One(v)) => lookup(v, env),
                 _ => None,
@@ -461,13 +456,13 @@ pub(super) fn compile_rows(
         if node_rank != Some(expect_rank) {
             return bail(24);
         }
-        env.push((i, result));
+        env.insert(i, result);
     }
     let outs: Vec<(usize, Vec<Opd>, bool)> = ns
         .iter()
         .filter(|&&i| live_out.get(i).copied().unwrap_or(false))
         .filter_map(|&i| {
-            env.iter().find(|(n, _)| *n == i).map(|(_, r)| match r {
+            env.get(&i).map(|r| match r {
                 RVal::One(o) => (i, vec![*o], false),
                 RVal::Tuple(os) => (i, os.clone(), true),
             })
