@@ -124,16 +124,26 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
             .file_stem()
             .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     });
-    let threads = match args.threads {
-        Some(t) => t,
-        None => match std::env::var("TUMBLE_NUM_THREADS")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&n| n > 0)
-        {
-            Some(n) => n,
-            None => std::thread::available_parallelism().map_or(1, usize::from),
-        },
+    if args.params.is_none() && args.random_params.is_none() {
+        // Without weights every tensor argument is an instance input: right for a model whose
+        // requests carry them, a surprise for one that forgot `--params`.
+        let big: Vec<String> = model
+            .inputs()
+            .iter()
+            .filter(|(_, ty)| ty.as_tensor().is_some_and(|(dims, _)| dims.len() >= 2))
+            .map(|(n, _)| format!("%{}", n.trim_start_matches('%')))
+            .collect();
+        if !big.is_empty() {
+            eprintln!(
+                "warning: no weights given (--params FILE or --random-params SEED): every request \
+                 must carry {} as instance keys",
+                big.join(", ")
+            );
+        }
+    }
+    let threads = match crate::run::thread_count(args.threads) {
+        Ok(t) => t,
+        Err(e) => return crate::run::report(e, &tumble_ir::SourceMap::new(), false),
     };
     let config = Config {
         host: args.host.clone(),
