@@ -775,7 +775,13 @@ fn a_closed_stdout_ends_every_subcommand_quietly() {
             .wait_with_output()
             .unwrap_or_else(|e| panic!("cannot wait for tumble: {e}"));
         assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
-        assert_eq!(text(&out.stderr), "", "{args:?}");
+        // `fmt` says what the canonical form leaves out (the model's comments); nothing else.
+        let stderr = text(&out.stderr);
+        let noise: Vec<&str> = stderr
+            .lines()
+            .filter(|l| !(args[0] == "fmt" && l.contains("leaves out the file's")))
+            .collect();
+        assert!(noise.is_empty(), "{args:?}: {stderr}");
     }
 }
 
