@@ -27,6 +27,15 @@ fn identity(path: &Path) -> Option<PathBuf> {
 /// file to be written (the same file after following links), checked before anything runs.
 pub fn refuse_overwrites(reads: &[(&str, &Path)], writes: &[(&str, &Path)]) -> Result<(), String> {
     let key = identity;
+    for (what, w) in writes {
+        // Found now, not when the finished output is renamed over it (after a whole run or epoch).
+        if std::fs::metadata(w).is_ok_and(|m| m.is_dir()) {
+            return Err(format!(
+                "{what} {} is a folder; give a file name",
+                w.display()
+            ));
+        }
+    }
     for (k, (what, w)) in writes.iter().enumerate() {
         let Some(wk) = key(w) else { continue };
         let others = reads.iter().chain(writes.get(k + 1..).unwrap_or(&[]));

@@ -411,3 +411,134 @@ fn a_diverging_training_stops_and_keeps_no_nan_weights() {
     assert!(!err.contains("NaN -> saved"), "{err}");
     assert!(!out.exists(), "{err}");
 }
+
+/// An f64 parameter is updated in f64: an SGD step of 1e-12 moves it by 1e-12 × its gradient
+/// (through the f32 path every update rounded it to f32: a change of ~1e-8).
+#[test]
+fn f64_parameters_train_in_f64() {
+    let model = temp_file(
+        "f64.rly",
+        "def @main(%x: Tensor[(1, 2), float64], %W: Tensor[(2, 2), float64]) -> Tensor[(), float64] {\n  sum(nn.dense(%x, %W))\n}\n",
+    );
+    let data = temp_file("f64.jsonl", "{\"x\": [[1.0, 2.0]]}\n");
+    let init = temp_path("f64_init.safetensors");
+    let out = temp_path("f64_out.safetensors");
+    let (i, o) = (init.display().to_string(), out.display().to_string());
+    let r = tumble(&[
+        "run",
+        &model,
+        "--inputs",
+        &data,
+        "--random-params",
+        "0",
+        "--save-params",
+        &i,
+    ]);
+    assert!(r.status.success(), "{}", text(&r.stderr));
+    let r = tumble(&[
+        "train",
+        &model,
+        "--train",
+        &data,
+        "--params",
+        &i,
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "1e-12",
+        "--quiet",
+        "-o",
+        &o,
+    ]);
+    assert!(r.status.success(), "{}", text(&r.stderr));
+    let read = |p: &Path| -> Vec<f64> {
+        let bytes = std::fs::read(p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let w = &header["W"];
+        assert_eq!(w["dtype"], "F64");
+        let (s, e) = (
+            w["data_offsets"][0].as_u64().unwrap() as usize,
+            w["data_offsets"][1].as_u64().unwrap() as usize,
+        );
+        bytes[8 + n + s..8 + n + e]
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let (a, b) = (read(&init), read(&out));
+    // dW = xᵀ · 1 for every output: rows of W (outputs) get x = [1, 2].
+    for (k, (x, y)) in a.iter().zip(&b).enumerate() {
+        let want = -1e-12 * [1.0, 2.0][k % 2];
+        assert!(((y - x) - want).abs() < 1e-15, "W[{k}] moved by {}", y - x);
+    }
+}
+
+/// A step that overflows the weights after a finite loss (no --dev to notice) stops the training
+/// with status 1 and writes nothing; `--epochs 0` is refused; a gradient of a model with no float
+/// parameters is an error, not an empty file; an output that is a folder is refused at once.
+#[test]
+fn diverged_weights_empty_gradients_and_bad_outputs_are_errors() {
+    let model = temp_file(
+        "overflow.rly",
+        "def @main(%x: Tensor[(1, 2), float32], %W: Tensor[(2, 2), float32]) -> Tensor[(), float32] {\n  sum(nn.dense(%x, %W))\n}\n",
+    );
+    let data = temp_file("overflow.jsonl", "{\"x\": [[2.0, 2.0]]}\n");
+    let out = temp_path("overflow.safetensors");
+    let _ = std::fs::remove_file(&out);
+    let o = out.display().to_string();
+    let base = [
+        "train",
+        &model,
+        "--train",
+        &data,
+        "--random-params",
+        "0",
+        "--quiet",
+    ];
+    let r = tumble(
+        &[
+            &base[..],
+            &[
+                "--optimizer",
+                "sgd",
+                "--lr",
+                "3e38",
+                "--batch",
+                "1",
+                "-o",
+                &o,
+            ],
+        ]
+        .concat(),
+    );
+    let err = text(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(err.contains("%W has NaN or infinite values"), "{err}");
+    assert!(!out.exists());
+    let r = tumble(&[&base[..], &["--epochs", "0", "-o", &o]].concat());
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r.stderr));
+    let dir = temp_path("a_folder");
+    let _ = std::fs::create_dir_all(&dir);
+    let r = tumble(&[&base[..], &["-o", &dir.display().to_string()]].concat());
+    assert!(
+        text(&r.stderr).contains("is a folder"),
+        "{}",
+        text(&r.stderr)
+    );
+    let ints = temp_file(
+        "ints.rly",
+        "def @main(%x: Tensor[(2), float32], %k: Tensor[(2), int32]) -> Tensor[(), float32] {\n  sum(multiply(%x, cast(%k, dtype=\"float32\")))\n}\n",
+    );
+    let xs = temp_file("ints.jsonl", "{\"x\": [1.0, 2.0]}\n");
+    let g = temp_path("ints_grad.safetensors");
+    let _ = std::fs::remove_file(&g);
+    let r = grad(&ints, &xs, &g, &[]);
+    assert_eq!(r.status.code(), Some(1), "{}", text(&r.stderr));
+    assert!(
+        text(&r.stderr).contains("no float parameters"),
+        "{}",
+        text(&r.stderr)
+    );
+    assert!(!g.exists());
+}

@@ -114,7 +114,7 @@ pub struct TrainArgs {
     /// the best weights on them are kept.
     #[arg(long)]
     pub dev: Option<PathBuf>,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::run::at_least_one)]
     pub epochs: usize,
     /// Instances per mini-batch (one optimizer step each).
     #[arg(long, default_value_t = 20, value_parser = crate::run::at_least_one)]
@@ -478,7 +478,35 @@ fn read_raw(path: &Path, what: &str) -> Result<RawInstances, Failure> {
 pub fn grad(args: &GradArgs, color: bool) -> ExitCode {
     let mut sources = SourceMap::new();
     let r = grad_inner(args, &mut sources);
+    if tumble_limits::interrupted() {
+        // The run stopped where it was: no instance is to blame.
+        eprintln!(
+            "interrupted: nothing was written to {}",
+            args.output.display()
+        );
+        return ExitCode::from(130);
+    }
     report(r, &sources, color)
+}
+
+/// Set once `train` has written a checkpoint, for the message of an interrupted run.
+static SAVED_A_CHECKPOINT: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// The first of `weights` that holds a NaN or an infinite value.
+fn non_finite_param(weights: &BTreeMap<String, Tensor>) -> Option<&str> {
+    weights
+        .iter()
+        .find(|(_, t)| {
+            t.as_f32()
+                .map(|v| v.iter().any(|x| !x.is_finite()))
+                .or_else(|| {
+                    t.as_slice::<f64>()
+                        .map(|v| v.iter().any(|x| !x.is_finite()))
+                })
+                .unwrap_or(false)
+        })
+        .map(|(n, _)| n.as_str())
 }
 
 fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
@@ -499,6 +527,14 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     let c = compile(&typed, "main", &raw, &file, args.weights.random_params)?;
     let decoded = c.decode(&typed, &raw)?;
     let params = c.float_params();
+    if params.is_empty() {
+        // Nothing to differentiate with respect to: an empty file would look like a result.
+        return Err(Failure::Message(
+            "the model has no float parameters (weights bound from --params or --random-params) \
+             to take the gradient with respect to; nothing was written"
+                .into(),
+        ));
+    }
     let mut total: Vec<Option<Tensor>> = vec![None; params.len()];
     let mut stats = tumble_runtime::backward::BackwardStats::default();
     let t0 = Instant::now();
@@ -613,6 +649,9 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
 struct Slot {
     m: Vec<f32>,
     v: Vec<f32>,
+    /// An f64 parameter's moments ([`step_f64`]).
+    m64: Vec<f64>,
+    v64: Vec<f64>,
 }
 
 /// One optimizer step on `w`, in place, with gradient `g * scale` (the mini-batch's mean) plus
@@ -628,6 +667,9 @@ fn step(
     scale: f64,
     s: &mut Slot,
 ) -> Result<(), String> {
+    if w.dtype() == tumble_ir::DType::Float64 {
+        return step_f64(opt, lr, decay, t, w, g, scale, s);
+    }
     let n = w.len();
     if s.v.len() != n {
         // Adam's first moments only: Adagrad's would be a second table the size of the
@@ -717,6 +759,66 @@ fn update(
     Ok(())
 }
 
+/// [`step`] for an f64 parameter: the same rules in f64, with f64 moments (through the f32 path
+/// every update rounded the weights to f32: an f64 model trained at f32 precision).
+#[allow(clippy::too_many_arguments)]
+fn step_f64(
+    opt: Optimizer,
+    lr: f64,
+    decay: f64,
+    t: u64,
+    w: &mut Tensor,
+    g: &ParamGrad,
+    scale: f64,
+    s: &mut Slot,
+) -> Result<(), String> {
+    let n = w.len();
+    if s.v64.len() != n {
+        s.m64 = if opt == Optimizer::Adam {
+            vec![0.0; n]
+        } else {
+            Vec::new()
+        };
+        s.v64 = vec![0.0; n];
+    }
+    let dense;
+    let gt = match g {
+        ParamGrad::Dense(t) => t,
+        ParamGrad::Rows(r) => {
+            dense = r.to_dense()?;
+            &dense
+        }
+    };
+    let gv = gt.to_f64_vec();
+    let Some(wv) = w.make_mut_slice::<f64>() else {
+        return Err("internal: an f64 parameter's values are not f64".into());
+    };
+    if gv.len() != n || wv.len() != n {
+        return Err("internal: gradient and parameter sizes differ".into());
+    }
+    let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-8f64);
+    let k = i32::try_from(t).unwrap_or(i32::MAX);
+    let (c1, c2) = (1.0 - b1.powi(k), 1.0 - b2.powi(k));
+    for (i, (x, &g)) in wv.iter_mut().zip(&gv).enumerate() {
+        let g = g * scale + decay * *x;
+        match opt {
+            Optimizer::Sgd => *x -= lr * g,
+            Optimizer::Adagrad => {
+                let v = &mut s.v64[i];
+                *v += g * g;
+                *x -= lr * g / (v.sqrt() + 1e-10);
+            }
+            Optimizer::Adam => {
+                let (m, v) = (&mut s.m64[i], &mut s.v64[i]);
+                *m = b1 * *m + (1.0 - b1) * g;
+                *v = b2 * *v + (1.0 - b2) * g * g;
+                *x -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One optimizer's update of a run of weights.
 struct Rule {
     opt: Optimizer,
@@ -770,10 +872,19 @@ pub fn train(args: &TrainArgs, color: bool) -> ExitCode {
     let mut sources = SourceMap::new();
     let r = train_inner(args, &mut sources);
     if tumble_limits::interrupted() {
-        eprintln!(
-            "interrupted: {} holds the last complete checkpoint (if an epoch finished)",
-            args.output.display()
-        );
+        // The run stopped where it was: no instance is to blame.
+        if SAVED_A_CHECKPOINT.load(std::sync::atomic::Ordering::Relaxed) {
+            eprintln!(
+                "interrupted: {} holds the last complete checkpoint",
+                args.output.display()
+            );
+        } else {
+            eprintln!(
+                "interrupted before a checkpoint was kept: nothing was written to {}",
+                args.output.display()
+            );
+        }
+        return ExitCode::from(130);
     }
     report(r, &sources, color)
 }
@@ -920,6 +1031,8 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
                     let slot = slots.entry(name.clone()).or_insert(Slot {
                         m: Vec::new(),
                         v: Vec::new(),
+                        m64: Vec::new(),
+                        v64: Vec::new(),
                     });
                     weights.remove(name);
                     step(
@@ -953,13 +1066,20 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
             );
             stats.peak_bytes = 0;
             let train_loss = loss_sum / seen.max(1) as f64;
-            if !train_loss.is_finite() {
+            // The loss is measured before each step, so the last step's weights are looked at
+            // too (a step can overflow them after a finite loss).
+            let bad = non_finite_param(&weights);
+            if !train_loss.is_finite() || bad.is_some() {
                 // The weights are NaN or infinite from here on: another epoch cannot mend them,
                 // and they are not saved over the last good ones.
                 eprintln!("{line}");
+                let what = match bad {
+                    Some(p) if train_loss.is_finite() => format!("%{p} has NaN or infinite values"),
+                    _ => format!("the training loss is {train_loss}"),
+                };
                 return Err(Failure::Message(format!(
-                    "the training loss is {train_loss} at epoch {epoch}: the weights diverged \
-                     (lower --lr, or add --weight-decay); {}",
+                    "{what} at epoch {epoch}: the weights diverged (lower --lr, or add \
+                     --weight-decay); {}",
                     if saved_any {
                         format!(
                             "{} keeps the last epoch saved before",
@@ -1006,6 +1126,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
                 }
                 save_params(&args.output, &weights)?;
                 saved_any = true;
+                SAVED_A_CHECKPOINT.store(true, std::sync::atomic::Ordering::Relaxed);
                 line.push_str(&format!(" -> saved {}", args.output.display()));
             } else if score.is_some_and(|s| !s.is_finite()) {
                 line.push_str(" (not finite: not saved)");
