@@ -646,6 +646,7 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
 }
 
 /// Optimizer state per parameter, in f32 (the parameters' usual dtype; others convert).
+#[derive(Default)]
 struct Slot {
     m: Vec<f32>,
     v: Vec<f32>,
@@ -1028,12 +1029,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
                         ),
                         None => continue,
                     };
-                    let slot = slots.entry(name.clone()).or_insert(Slot {
-                        m: Vec::new(),
-                        v: Vec::new(),
-                        m64: Vec::new(),
-                        v64: Vec::new(),
-                    });
+                    let slot = slots.entry(name.clone()).or_default();
                     weights.remove(name);
                     step(
                         args.optimizer,
@@ -1168,10 +1164,7 @@ mod tests {
         for opt in [Optimizer::Sgd, Optimizer::Adagrad, Optimizer::Adam] {
             for decay in [0.0, 0.01] {
                 let (mut a, mut b) = (w0.clone(), w0.clone());
-                let new_slot = || Slot {
-                    m: Vec::new(),
-                    v: Vec::new(),
-                };
+                let new_slot = Slot::default;
                 let (mut sa, mut sb) = (new_slot(), new_slot());
                 for t in 1..=3 {
                     step(opt, 0.1, decay, t, &mut a, &dense, 0.5, &mut sa).unwrap();
@@ -1192,10 +1185,7 @@ mod tests {
         }
         // The step does not write through to another holder of the weights.
         let mut held = w0.clone();
-        let mut s = Slot {
-            m: Vec::new(),
-            v: Vec::new(),
-        };
+        let mut s = Slot::default();
         step(Optimizer::Sgd, 0.1, 0.0, 1, &mut held, &sparse, 1.0, &mut s).unwrap();
         assert_ne!(held.as_f32(), w0.as_f32());
         assert_eq!(w0.as_f32().unwrap()[0], 0.0);
