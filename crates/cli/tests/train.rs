@@ -367,6 +367,11 @@ fn a_failing_training_instance_is_named_by_its_line() {
                 err.contains("line 4") && err.contains("index 12 is out of range"),
                 "{workers} workers: {err}"
             );
+            // Which of the two files: `--train` and `--dev` fail alike.
+            assert!(
+                err.contains("fail_train_bad.jsonl"),
+                "{workers} workers: {err}"
+            );
         }
     }
 }

@@ -238,9 +238,15 @@ fn missing_error(args: &[BoundArg], missing: &[usize], file: &BTreeMap<String, T
     }
     let have: Vec<&str> = file.keys().map(String::as_str).collect();
     let mut msg = format!("{head}: the weights file has: {}", list_names(&have));
+    // A tensor that is already an argument's own (`O` for %O) is no typo for another one.
+    let unused: Vec<&str> = have
+        .iter()
+        .copied()
+        .filter(|h| !args.iter().any(|a| a.name == *h))
+        .collect();
     for &i in missing {
         let name = &args[i].name;
-        if let Some(s) = suggest(name, &have) {
+        if let Some(s) = suggest(name, &unused) {
             msg.push_str(&format!("; did you mean `{s}` for %{name}?"));
         }
     }

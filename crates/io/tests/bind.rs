@@ -120,6 +120,15 @@ fn missing_parameter_lists_the_file() {
         err(bind_params(&params(), &keys(&["tree"]), &f, None)),
         "missing parameters %emb, %b: the weights file has: W_iou"
     );
+    // `O` is %O's own tensor: no typo for %W or %U, however close the names.
+    let wuo: Vec<(String, Ty)> = ["W", "U", "O"]
+        .iter()
+        .map(|n| (n.to_string(), f32s(&[3])))
+        .collect();
+    let f = file(vec![("O", zeros(&[3]))]);
+    let msg = err(bind_params(&wuo, &keys(&[]), &f, None));
+    assert!(msg.starts_with("missing parameters %W, %U"), "{msg}");
+    assert!(!msg.contains("did you mean"), "{msg}");
     assert_eq!(
         err(bind_params(
             &params(),

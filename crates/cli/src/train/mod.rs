@@ -320,10 +320,11 @@ impl Compiled {
         Ok(())
     }
 
+    /// Where instance `i` is: its file (`--train` or `--dev` can fail alike) and line.
     fn location(raw: &RawInstances, i: usize) -> String {
         raw.items.get(i).map_or_else(
-            || format!("instance {i}"),
-            |it| format!("instance at {}", it.location),
+            || format!("{}: instance {i}", raw.source_name),
+            |it| format!("{}: instance at {}", raw.source_name, it.location),
         )
     }
 
@@ -948,7 +949,19 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
             let decoded_dev = main.decode(&typed, &raw_dev)?;
             let eval = match &eval_entry {
                 Some(e) => {
-                    let mut c = compile(&typed, e, &raw_dev, &weights, None)?;
+                    // Bound from the model's weights: a parameter @main does not have is not
+                    // trained, and the binder's "weights file" is this run's weights.
+                    let mut c =
+                        compile(&typed, e, &raw_dev, &weights, None).map_err(|f| match f {
+                            Failure::Message(m) if m.starts_with("missing parameter") => {
+                                Failure::Message(format!(
+                                "--eval @{e}: {}; @{e}'s parameters must be @main's, which are \
+                                 the weights training learns",
+                                m.replace("the weights file has", "the model's weights are")
+                            ))
+                            }
+                            other => other,
+                        })?;
                     let d = c.decode(&typed, &raw_dev)?;
                     // Bound again for each evaluation: held between them, the weights would be
                     // copied whole by every update (the optimizer writes in place only where it
