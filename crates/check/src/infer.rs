@@ -9,7 +9,6 @@
 
 use crate::env::{check_distinct_params, plural, substitute_params, suggest, GlobalSig, Tables};
 use crate::exhaustive::{missing_case, Pat};
-use crate::scope::Scope;
 use crate::unify::{Mismatch, Subst};
 use std::collections::HashMap;
 use tumble_ir::*;
@@ -44,7 +43,7 @@ pub struct Checker<'t> {
     pub subst: Subst,
     pub diags: Vec<Diagnostic>,
     deferred: Vec<Deferred>,
-    scope: Scope,
+    scope: tumble_ir::scope::Scope<Ty>,
     type_params: Vec<String>,
     /// Errors reported so far; deferred constraints created after an error stay quiet, since an
     /// unresolved type there is usually a consequence of that error.
@@ -93,7 +92,7 @@ impl<'t> Checker<'t> {
             subst: Subst::default(),
             diags: Vec::new(),
             deferred: Vec::new(),
-            scope: Scope::default(),
+            scope: Default::default(),
             type_params: Vec::new(),
             errors_at_start_of_def: 0,
         }

@@ -6,7 +6,6 @@
 mod env;
 mod exhaustive;
 mod infer;
-mod scope;
 mod unify;
 
 pub use env::{AdtInfo, CtorInfo, GlobalSig, Tables};

@@ -232,7 +232,7 @@ struct BlockBuilder {
     input_by_local: HashMap<String, u32>,
     nodes: Vec<BlockNode>,
     /// Names bound inside the block, innermost last.
-    env: BlockEnv,
+    env: tumble_ir::scope::Scope<BRef>,
     /// Inside an inlined function body: only `env[floor..]` is in scope, and nothing may become an
     /// input (the body's free names are its parameters, bound in `env`).
     floor: usize,
@@ -267,68 +267,7 @@ impl BlockBuilder {
 
     /// What `name` is bound to inside the block, in the current scope.
     fn lookup(&self, name: &str) -> Option<&BRef> {
-        self.env.lookup(name, self.floor)
-    }
-}
-
-/// The names bound inside a block being built, innermost last, with an index by name: a scan
-/// per lookup made a block of n `let`s that each read an input cost n² (80,000 lines took
-/// minutes to compile).
-#[derive(Default)]
-struct BlockEnv {
-    entries: Vec<(String, BRef)>,
-    /// Name → its positions in `entries`, innermost last.
-    by_name: HashMap<String, Vec<usize>>,
-}
-
-impl BlockEnv {
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    fn iter(&self) -> std::slice::Iter<'_, (String, BRef)> {
-        self.entries.iter()
-    }
-
-    fn last(&self) -> Option<&(String, BRef)> {
-        self.entries.last()
-    }
-
-    fn push(&mut self, entry: (String, BRef)) {
-        self.by_name
-            .entry(entry.0.clone())
-            .or_default()
-            .push(self.entries.len());
-        self.entries.push(entry);
-    }
-
-    fn truncate(&mut self, mark: usize) {
-        while self.entries.len() > mark {
-            let Some((name, _)) = self.entries.pop() else {
-                break;
-            };
-            if let Some(at) = self.by_name.get_mut(&name) {
-                at.pop();
-                if at.is_empty() {
-                    self.by_name.remove(&name);
-                }
-            }
-        }
-    }
-
-    fn clear(&mut self) {
-        self.entries.clear();
-        self.by_name.clear();
-    }
-
-    /// The innermost binding of `name` at position `floor` or later.
-    fn lookup(&self, name: &str, floor: usize) -> Option<&BRef> {
-        let &i = self.by_name.get(name)?.last()?;
-        self.entries.get(i).filter(|_| i >= floor).map(|(_, r)| r)
+        self.env.lookup_from(name, self.floor)
     }
 }
 

@@ -7,6 +7,7 @@
 pub mod ast;
 pub mod attrs;
 pub mod diag;
+pub mod scope;
 pub mod serial;
 pub mod source;
 pub mod span;
