@@ -673,16 +673,7 @@ fn step(
         return step_f64(opt, lr, decay, t, w, g, scale, s);
     }
     let n = w.len();
-    if s.v.len() != n {
-        // Adam's first moments only: Adagrad's would be a second table the size of the
-        // embedding's, never read.
-        s.m = if opt == Optimizer::Adam {
-            vec![0.0; n]
-        } else {
-            Vec::new()
-        };
-        s.v = vec![0.0; n];
-    }
+    moments(opt, n, &mut s.m, &mut s.v);
     let rule = Rule::new(opt, lr, decay, t, scale);
     // Rows whose gradient is all zero (an embedding's rows no instance of the mini-batch read)
     // keep their weights and state exactly under SGD and Adagrad without weight decay (each
@@ -761,6 +752,20 @@ fn update(
     Ok(())
 }
 
+/// The optimizer's moments for `n` weights, zero, made at the first step: the second moments
+/// always, the first only for Adam (Adagrad's would be a second table the size of the
+/// embedding's, never read).
+fn moments<T: Clone + Default>(opt: Optimizer, n: usize, m: &mut Vec<T>, v: &mut Vec<T>) {
+    if v.len() != n {
+        *m = if opt == Optimizer::Adam {
+            vec![T::default(); n]
+        } else {
+            Vec::new()
+        };
+        *v = vec![T::default(); n];
+    }
+}
+
 /// [`step`] for an f64 parameter: the same rules in f64, with f64 moments (through the f32 path
 /// every update rounded the weights to f32: an f64 model trained at f32 precision).
 #[allow(clippy::too_many_arguments)]
@@ -775,14 +780,7 @@ fn step_f64(
     s: &mut Slot,
 ) -> Result<(), String> {
     let n = w.len();
-    if s.v64.len() != n {
-        s.m64 = if opt == Optimizer::Adam {
-            vec![0.0; n]
-        } else {
-            Vec::new()
-        };
-        s.v64 = vec![0.0; n];
-    }
+    moments(opt, n, &mut s.m64, &mut s.v64);
     let dense;
     let gt = match g {
         ParamGrad::Dense(t) => t,
