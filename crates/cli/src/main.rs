@@ -116,11 +116,6 @@ fn print_failure(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
         .then_some(msg)
 }
 
-/// Whether a panic is `print!`'s on a closed standard output (`tumble explain m.rly | head -1`).
-fn is_broken_pipe(payload: &(dyn std::any::Any + Send)) -> bool {
-    print_failure(payload).is_some_and(|m| m.contains("Broken pipe"))
-}
-
 /// Set by SIGTERM (as well as the interrupt flag): the exit status is then 143, not 130.
 static TERMINATED: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicBool>> =
     std::sync::OnceLock::new();
@@ -217,13 +212,26 @@ fn main() -> ExitCode {
             Command::Train(args) => train::train(&args, color),
             Command::Explain(args) => explain::explain(&args, color),
             Command::Compile(args) => compiled::compile(&args, color),
-            Command::Data(args) => match tumble_data::cli::run(&args) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
+            Command::Data(args) => {
+                // An output that would replace one of its inputs, refused as every command's is.
+                let reads = args.files_read();
+                let reads: Vec<(&str, &std::path::Path)> =
+                    reads.iter().map(|(w, p)| (*w, p.as_path())).collect();
+                let writes: Vec<(&str, &std::path::Path)> = args
+                    .output()
+                    .map(|o| ("the output (-o)", o))
+                    .into_iter()
+                    .collect();
+                match files::refuse_overwrites(&reads, &writes)
+                    .and_then(|()| tumble_data::cli::run(&args))
+                {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        ExitCode::FAILURE
+                    }
                 }
-            },
+            }
             Command::Ops => commands::ops(),
             Command::Prelude => {
                 print!("{}", tumble_check::PRELUDE);
@@ -241,18 +249,19 @@ fn main() -> ExitCode {
     }
     match outcome {
         Ok(Ok(code)) => code,
-        Ok(Err(payload)) if is_broken_pipe(payload.as_ref()) => ExitCode::SUCCESS,
-        Ok(Err(payload)) if print_failure(payload.as_ref()).is_some() => {
-            let why = print_failure(payload.as_ref()).unwrap_or_default();
-            let why = why.split_once(": ").map_or(why, |(_, e)| e);
-            // stderr itself may be what failed: best effort.
-            let _ = writeln!(std::io::stderr(), "error: cannot write the output: {why}");
-            ExitCode::FAILURE
-        }
-        Ok(Err(_)) => {
-            eprintln!("error: tumble crashed; this is a bug, please report it with the input that caused it");
-            ExitCode::from(101)
-        }
+        Ok(Err(payload)) => match print_failure(payload.as_ref()) {
+            Some(m) if m.contains("Broken pipe") => ExitCode::SUCCESS,
+            Some(m) => {
+                let why = m.split_once(": ").map_or(m, |(_, e)| e);
+                // stderr itself may be what failed: best effort.
+                let _ = writeln!(std::io::stderr(), "error: cannot write the output: {why}");
+                ExitCode::FAILURE
+            }
+            None => {
+                eprintln!("error: tumble crashed; this is a bug, please report it with the input that caused it");
+                ExitCode::from(101)
+            }
+        },
         Err(e) => {
             eprintln!("error: cannot start a worker thread: {e}");
             ExitCode::FAILURE

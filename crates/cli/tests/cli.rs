@@ -1169,3 +1169,61 @@ fn an_output_inside_the_params_folder_is_refused() {
     assert!(err.contains("is inside the --params file"), "{err}");
     assert!(!std::path::Path::new(&inside).exists());
 }
+
+/// `tumble data`: an output that would replace what the command reads — its `--vocab` file, or
+/// a split file of the SST folder — is refused and the file is left as it was (it was read
+/// first, then replaced: a success that lost the input). Another file in the folder is fine.
+#[test]
+fn data_outputs_never_replace_the_inputs() {
+    let dir = temp_path("data_self_overwrite");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    for (split, text) in [
+        ("train", "(3 (2 the) (3 good))\n(1 (2 the) (1 bad))\n"),
+        ("dev", "(2 (2 the) (2 film))\n"),
+        ("test", "(3 (2 a) (3 b))\n"),
+    ] {
+        std::fs::write(dir.join(format!("{split}.txt")), text).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let s = |p: &std::path::Path| p.display().to_string();
+    let data = |args: &[&str]| {
+        let out = common::tumble(&[&["data"][..], args].concat());
+        (out.status.code(), text(&out.stderr))
+    };
+    let vocab = dir.join("vocab.txt");
+    let (code, err) = data(&["vocab", "--data-dir", &s(&dir), "-o", &s(&vocab)]);
+    assert_eq!(code, Some(0), "{err}");
+    let before = std::fs::read_to_string(&vocab).unwrap_or_default();
+    let (code, e) = data(&[
+        "sst",
+        "--data-dir",
+        &s(&dir),
+        "--vocab",
+        &s(&vocab),
+        "-o",
+        &s(&vocab),
+    ]);
+    assert_eq!(code, Some(1), "{e}");
+    assert!(e.contains("--vocab"), "{e}");
+    assert_eq!(std::fs::read_to_string(&vocab).unwrap_or_default(), before);
+    let test = dir.join("test.txt");
+    let before = std::fs::read_to_string(&test).unwrap_or_default();
+    for cmd in ["sst", "vocab"] {
+        let (code, e) = data(&[cmd, "--data-dir", &s(&dir), "-o", &s(&test)]);
+        assert_eq!(code, Some(1), "{cmd}: {e}");
+        assert!(e.contains("an SST file read"), "{cmd}: {e}");
+        assert_eq!(
+            std::fs::read_to_string(&test).unwrap_or_default(),
+            before,
+            "{cmd}"
+        );
+    }
+    let (code, e) = data(&[
+        "sst",
+        "--data-dir",
+        &s(&dir),
+        "-o",
+        &s(&dir.join("new.jsonl")),
+    ]);
+    assert_eq!(code, Some(0), "{e}");
+}

@@ -410,9 +410,9 @@ fn dense_sums(block: &Block, taken: &[usize]) -> Vec<Stage> {
             concats.push(c);
         }
         if denses.len() < 2 && concats.is_empty() {
-            // A walk from any add of this tree finds a part of these products, so no fewer than
-            // two either: they are not walked again (a chain of n adds walked from each of its
-            // adds in turn took n² steps).
+            // A walk from any add of this tree finds only some of these products, so fewer than
+            // two as well: its adds are not walked again (a chain of n adds walked from each of
+            // its adds in turn took n² steps).
             for &a in &adds {
                 if let Some(slot) = absorbed.get_mut(a) {
                     *slot = true;
@@ -789,14 +789,10 @@ pub struct RowOperands {
 
 pub fn row_operands(block: &Block, ns: &[usize]) -> RowOperands {
     let mut ops = RowOperands::default();
-    // Membership by index (a search of `ns` per operand made a stage of n operators cost n²).
-    let mut member = vec![false; block.nodes.len()];
-    for &i in ns {
-        if let Some(m) = member.get_mut(i) {
-            *m = true;
-        }
-    }
-    let in_segment = |v: &BVal| matches!(v, BVal::Node(k) | BVal::Field(k, _) if member.get(*k as usize).copied().unwrap_or(false));
+    // Membership by a set of the stage's own nodes (a search of `ns` per operand made a stage of n
+    // operators cost n²; a flag per block node would cost the block's size per stage).
+    let member: std::collections::HashSet<usize> = ns.iter().copied().collect();
+    let in_segment = |v: &BVal| matches!(v, BVal::Node(k) | BVal::Field(k, _) if member.contains(&(*k as usize)));
     for &i in ns {
         let Some(node) = block.nodes.get(i) else {
             continue;

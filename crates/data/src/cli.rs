@@ -380,7 +380,6 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
         }
         DataCommand::Vocab(a) => {
             let dir = find_sst_dir(a.data_dir.as_deref())?;
-            refuse_overwrite_sst(&a.out, &dir)?;
             let vocab = Vocab::from_sst_dir(&dir)?;
             let lines = vocab.words().iter().map(|w| Ok(w.clone()));
             finish(&a.out, write_lines(a.out.path(), lines)?)
@@ -390,10 +389,6 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
 
 fn run_sst(a: &SstArgs) -> Result<(), DataError> {
     let dir = find_sst_dir(a.data_dir.as_deref())?;
-    refuse_overwrite_sst(&a.out, &dir)?;
-    if let Some(v) = &a.vocab {
-        refuse_overwrite(&a.out, "the --vocab file", v)?;
-    }
     let vocab = match &a.vocab {
         Some(path) => Vocab::read(path)?,
         None => Vocab::from_sst_dir(&dir)?,
@@ -422,49 +417,45 @@ fn run_sst(a: &SstArgs) -> Result<(), DataError> {
     finish(&a.out, write_lines(a.out.path(), lines)?)
 }
 
+impl DataArgs {
+    /// The file the command writes (`None`: standard output).
+    pub fn output(&self) -> Option<&Path> {
+        match &self.command {
+            DataCommand::Sst(a) => a.out.path(),
+            DataCommand::Nested(a) => a.out.path(),
+            DataCommand::Drnn(a) => a.out.path(),
+            DataCommand::Berxit(a) => a.out.path(),
+            DataCommand::Vocab(a) => a.out.path(),
+        }
+    }
+
+    /// The files the command reads, each with what it is (the SST splits of the folder it finds,
+    /// a `--vocab` file), for a caller that refuses an output that would replace one: the
+    /// output is written only after they are read, so it would succeed and lose the input.
+    pub fn files_read(&self) -> Vec<(&'static str, PathBuf)> {
+        let (data_dir, vocab) = match &self.command {
+            DataCommand::Sst(a) => (Some(a.data_dir.as_deref()), a.vocab.as_deref()),
+            DataCommand::Vocab(a) => (Some(a.data_dir.as_deref()), None),
+            _ => (None, None),
+        };
+        let mut files: Vec<(&'static str, PathBuf)> = Vec::new();
+        if let Some(dir) = data_dir.and_then(|d| find_sst_dir(d).ok()) {
+            for s in SST_SPLITS {
+                files.push(("an SST file read", sst::split_path(&dir, s)));
+            }
+        }
+        if let Some(v) = vocab {
+            files.push(("the --vocab file", v.to_path_buf()));
+        }
+        files
+    }
+}
+
 impl OutputArgs {
     /// The file to write, or `None` for standard output (no `-o`, or `-o -`).
     fn path(&self) -> Option<&Path> {
         self.output.as_deref().filter(|p| p.as_os_str() != "-")
     }
-}
-
-/// The file a path names, for comparing: canonical, or for a file not created yet its folder's
-/// canonical form and its name (links followed).
-fn identity(path: &Path) -> Option<PathBuf> {
-    if let Ok(p) = std::fs::canonicalize(path) {
-        return Some(p);
-    }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    Some(std::fs::canonicalize(dir).ok()?.join(path.file_name()?))
-}
-
-/// An error when the output would replace `input`, a file the command reads: the output is
-/// written only after the input is read, so it would succeed and lose the input.
-fn refuse_overwrite(out: &OutputArgs, what: &str, input: &Path) -> Result<(), DataError> {
-    let Some(o) = out.path().and_then(identity) else {
-        return Ok(());
-    };
-    if identity(input).is_some_and(|i| i == o) {
-        return Err(DataError::Invalid(format!(
-            "the output (-o) {} is {what} {}: writing it would replace that file; choose another \
-             path",
-            out.path()
-                .map_or_else(String::new, |p| p.display().to_string()),
-            input.display()
-        )));
-    }
-    Ok(())
-}
-
-/// [`refuse_overwrite`] for each split file of the SST folder `dir`.
-fn refuse_overwrite_sst(out: &OutputArgs, dir: &Path) -> Result<(), DataError> {
-    SST_SPLITS
-        .iter()
-        .try_for_each(|s| refuse_overwrite(out, "an SST file read", &sst::split_path(dir, s)))
 }
 
 fn finish(out: &OutputArgs, lines: usize) -> Result<(), DataError> {

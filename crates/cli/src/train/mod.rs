@@ -490,10 +490,6 @@ pub fn grad(args: &GradArgs, color: bool) -> ExitCode {
     report(r, &sources, color)
 }
 
-/// Set once `train` has written a checkpoint, for the message of an interrupted run.
-static SAVED_A_CHECKPOINT: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
 /// The first of `weights` that holds a NaN or an infinite value.
 fn non_finite_param(weights: &BTreeMap<String, Tensor>) -> Option<&str> {
     weights
@@ -870,10 +866,11 @@ fn shuffled(n: usize, seed: u64) -> Vec<usize> {
 
 pub fn train(args: &TrainArgs, color: bool) -> ExitCode {
     let mut sources = SourceMap::new();
-    let r = train_inner(args, &mut sources);
+    let mut saved = false;
+    let r = train_inner(args, &mut sources, &mut saved);
     if tumble_limits::interrupted() {
         // The run stopped where it was: no instance is to blame.
-        if SAVED_A_CHECKPOINT.load(std::sync::atomic::Ordering::Relaxed) {
+        if saved {
             eprintln!(
                 "interrupted: {} holds the last complete checkpoint",
                 args.output.display()
@@ -889,7 +886,8 @@ pub fn train(args: &TrainArgs, color: bool) -> ExitCode {
     report(r, &sources, color)
 }
 
-fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure> {
+/// Trains; `saved` is set once a checkpoint is written (what an interrupted run's message says).
+fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> Result<(), Failure> {
     let mut reads: Vec<(&str, &Path)> = vec![
         ("the model", &args.model),
         ("the --train file", &args.train),
@@ -947,19 +945,24 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
             let decoded_dev = main.decode(&typed, &raw_dev)?;
             let eval = match &eval_entry {
                 Some(e) => {
-                    // Bound from the model's weights: a parameter @main does not have is not
-                    // trained, and the binder's "weights file" is this run's weights.
-                    let mut c =
-                        compile(&typed, e, &raw_dev, &weights, None).map_err(|f| match f {
-                            Failure::Message(m) if m.starts_with("missing parameter") => {
-                                Failure::Message(format!(
-                                "--eval @{e}: {}; @{e}'s parameters must be @main's, which are \
-                                 the weights training learns",
-                                m.replace("the weights file has", "the model's weights are")
-                            ))
-                            }
-                            other => other,
-                        })?;
+                    // Bound from the model's weights, the ones training learns: a parameter
+                    // @main lacks has none (and the binder would speak of a weights file).
+                    let (eparams, _) = main_signature(&typed, e)?;
+                    let provided = raw_dev.provided_args(&eparams, &weights);
+                    let foreign: Vec<String> = eparams
+                        .iter()
+                        .filter(|(n, _)| !provided.contains(n) && !weights.contains_key(n))
+                        .map(|(n, _)| format!("%{n}"))
+                        .collect();
+                    if !foreign.is_empty() {
+                        return Err(Failure::Message(format!(
+                            "--eval @{e}: {} is neither an argument of the dev instances nor a \
+                             weight of @main; @{e}'s parameters must be @main's, the weights \
+                             training learns",
+                            foreign.join(", ")
+                        )));
+                    }
+                    let mut c = compile(&typed, e, &raw_dev, &weights, None)?;
                     let d = c.decode(&typed, &raw_dev)?;
                     // Bound again for each evaluation: held between them, the weights would be
                     // copied whole by every update (the optimizer writes in place only where it
@@ -976,7 +979,6 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
     let opts = options(args.weights.threads)?;
     let mut slots: BTreeMap<String, Slot> = BTreeMap::new();
     let mut best: Option<f64> = None;
-    let mut saved_any = false;
     let mut t: u64 = 0;
     let n = decoded.len();
     let mut stats = tumble_runtime::backward::BackwardStats::default();
@@ -1087,7 +1089,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
                 return Err(Failure::Message(format!(
                     "{what} at epoch {epoch}: the weights diverged (lower --lr, or add \
                      --weight-decay); {}",
-                    if saved_any {
+                    if *saved {
                         format!(
                             "{} keeps the last epoch saved before",
                             args.output.display()
@@ -1132,15 +1134,14 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap) -> Result<(), Failure>
                     best = score;
                 }
                 save_params(&args.output, &weights)?;
-                saved_any = true;
-                SAVED_A_CHECKPOINT.store(true, std::sync::atomic::Ordering::Relaxed);
+                *saved = true;
                 line.push_str(&format!(" -> saved {}", args.output.display()));
             } else if score.is_some_and(|s| !s.is_finite()) {
                 line.push_str(" (not finite: not saved)");
             }
             eprintln!("{line}");
         }
-        if !saved_any {
+        if !*saved {
             return Err(Failure::Message(format!(
                 "no epoch had a finite dev score, so no weights were kept; nothing was written to \
                  {}",
