@@ -396,15 +396,17 @@ pub fn bmm_f32(x: &Tensor, y: &Tensor, tb: bool, threads: usize) -> Option<Tenso
     Tensor::from_f32(vec![g, m, n], out).ok()
 }
 
+/// Also the helpers of the other fast paths' tests (`backward::fast`).
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tumble_ir::attrs::Attr;
     use tumble_ir::{AttrValue, Span};
     use tumble_ops::OpCtx;
     use tumble_tensor::Rng;
 
-    fn rand(shape: &[usize], rng: &mut Rng) -> Tensor {
+    /// An f32 tensor of `shape` with N(0, 1) values.
+    pub(crate) fn rand(shape: &[usize], rng: &mut Rng) -> Tensor {
         let n = shape.iter().product();
         Tensor::from_f32(
             shape.to_vec(),
@@ -413,7 +415,7 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    fn attrs(kv: &[(&str, AttrValue)]) -> Attrs {
+    pub(crate) fn attrs(kv: &[(&str, AttrValue)]) -> Attrs {
         Attrs(
             kv.iter()
                 .map(|(k, v)| Attr {
@@ -425,7 +427,8 @@ mod tests {
         )
     }
 
-    fn reference(op: &str, args: &[OpValue], a: &Attrs) -> Tensor {
+    /// `op` on `args` by the operator table's reference rule.
+    pub(crate) fn reference(op: &str, args: &[OpValue], a: &Attrs) -> Tensor {
         let def = tumble_ops::lookup(op).unwrap_or_else(|| panic!("no {op}"));
         let mut rng = Rng::new(0);
         let mut ctx = OpCtx { rng: &mut rng };

@@ -364,40 +364,16 @@ pub(super) fn scatter_rows_into(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tumble_ir::attrs::Attr;
-    use tumble_ir::{AttrValue, Span};
-    use tumble_ops::OpCtx;
+    use crate::fastops::tests::{attrs, rand, reference};
+    use tumble_ir::AttrValue;
     use tumble_tensor::Rng;
-
-    fn rand(shape: &[usize], rng: &mut Rng) -> Tensor {
-        let n = shape.iter().product();
-        Tensor::from_f32(
-            shape.to_vec(),
-            (0..n).map(|_| rng.normal_f64() as f32 * 3.0).collect(),
-        )
-        .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    fn attrs(kv: &[(&str, AttrValue)]) -> Attrs {
-        Attrs(
-            kv.iter()
-                .map(|(k, v)| Attr {
-                    name: k.to_string(),
-                    value: v.clone(),
-                    span: Span::default(),
-                })
-                .collect(),
-        )
-    }
 
     fn def(op: &str) -> &'static tumble_ops::OpDef {
         tumble_ops::lookup(op).unwrap_or_else(|| panic!("no {op}"))
     }
 
     fn reference_eval(op: &str, args: &[OpValue], a: &Attrs) -> OpValue {
-        let mut rng = Rng::new(0);
-        let mut ctx = OpCtx { rng: &mut rng };
-        tumble_ops::eval(def(op), args, a, &mut ctx).unwrap_or_else(|e| panic!("{e:?}"))
+        OpValue::Tensor(reference(op, args, a))
     }
 
     fn f32s(v: &OpValue) -> Vec<f32> {
