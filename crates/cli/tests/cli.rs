@@ -934,6 +934,57 @@ def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
     }
 }
 
+/// Messages: an operator failing inside a block launch points at that operator (here in a
+/// helper inlined into the caller's block), with the block's invocation as the call that led
+/// there, as the reference engine points — in a launch of one instance and in a launch of
+/// several (located after the launch is split to find its failing instance), under the fused
+/// plans and operator by operator (`--no-fusion`).
+#[test]
+fn a_failing_operator_in_a_block_is_pointed_at() {
+    let model = temp_file(
+        "block_error.rly",
+        "#[version = \"0.0.5\"]
+def @f(%x: Tensor[(2), int32], %y: Tensor[(2), int32]) -> Tensor[(2), int32] {
+  let %a = add(%x, %y);
+  let %b = divide(%a, %y);
+  multiply(%b, %x)
+}
+def @main(%x: Tensor[(2), int32], %y: Tensor[(2), int32]) -> Tensor[(2), int32] {
+  @f(%x, %y)
+}
+",
+    );
+    let inputs = temp_file(
+        "block_error.jsonl",
+        "{\"x\": [1, 2], \"y\": [1, 1]}\n{\"x\": [1, 2], \"y\": [1, 0]}\n{\"x\": [3, 4], \"y\": [2, 2]}\n",
+    );
+    let runs: [&[&str]; 4] = [
+        &["--engine", "reference"],
+        &["--batch", "1"],
+        &["--batch", "3"],
+        &["--batch", "3", "--no-fusion"],
+    ];
+    let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
+    for extra in runs {
+        let mut args = vec!["run", &model, "--inputs", &inputs];
+        args.extend_from_slice(extra);
+        let out = tumble(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.contains("instance at line 2"), "{extra:?}: {err}");
+        assert!(err.contains("integer division by zero"), "{extra:?}: {err}");
+        // The divide's own line and column, then the call of @f from @main.
+        assert!(err.contains("block_error.rly:4:12"), "{extra:?}: {err}");
+        let op = err.find("let %b = divide(%a, %y);");
+        let call = err.find("@f(%x, %y)\n");
+        assert!(
+            matches!((op, call), (Some(a), Some(b)) if a < b),
+            "{extra:?}: {err}"
+        );
+        assert!(err.contains("called from here (1)"), "{extra:?}: {err}");
+    }
+}
+
 /// Block merging follows the job's mini-batch: BiRNN's input transform runs inside its step
 /// (`rnn_input+rnn_step` in the profile) for mini-batches of at least 32 instances, in launches
 /// of its own below that or with `--no-block-merge`, and the predicted classes are the same.

@@ -48,6 +48,11 @@ pub struct BlockNode {
     pub attrs: Attrs,
     /// The node's result type as the checker inferred it (a tensor or a tuple of tensors).
     pub ty: Ty,
+    /// The operator call in the source (inside the function the block was inlined from, for
+    /// an inlined helper's operators): where a run-time failure of this operator points, the
+    /// block's invocation being the call that led there. Nodes the compiler makes (a canonical
+    /// product's reshape) carry the span of the node they replace.
+    pub span: Span,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

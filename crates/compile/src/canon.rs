@@ -60,6 +60,8 @@ struct Rewriter<'b> {
     shared: Vec<bool>,
     reshape: &'static OpDef,
     dense: &'static OpDef,
+    /// The span of the node being rewritten: the nodes made in its place point where it did.
+    span: Span,
 }
 
 impl Rewriter<'_> {
@@ -121,6 +123,7 @@ impl Rewriter<'_> {
                 AttrValue::List(dims.into_iter().map(AttrValue::Int).collect()),
             )]),
             ty: ty.clone(),
+            span: self.span,
         });
         (v, simpler)
     }
@@ -132,12 +135,14 @@ impl Rewriter<'_> {
             args: vec![BArg::One(rows), BArg::One(weight)],
             attrs,
             ty,
+            span: self.span,
         })
     }
 
     /// The value of `node` (its operands already renumbered) in the new list, and whether it
     /// was rewritten.
     fn rewrite(&mut self, node: BlockNode) -> (BVal, bool) {
+        self.span = node.span;
         let one = |i: usize| match node.args.get(i) {
             Some(BArg::One(v)) => Some(v.clone()),
             _ => None,
@@ -216,6 +221,7 @@ impl Rewriter<'_> {
                         args: vec![BArg::Tuple(rows)],
                         attrs: Attrs(vec![attr("axis", AttrValue::Int(1))]),
                         ty: Ty::tensor(vec![Dim::Known(1), Dim::Known(total)], dtype),
+                        span: node.span,
                     });
                     (self.reshape_to(cat, &node.ty).0, true)
                 }
@@ -382,6 +388,7 @@ fn canonicalize_block(block: &mut Block, varying: &[bool]) -> usize {
         shared: Vec::with_capacity(old.len()),
         reshape,
         dense,
+        span: Span::default(),
     };
     // Old node index → its value in the new list (a rewritten node may become another's value).
     let mut map: Vec<BVal> = Vec::with_capacity(old.len());

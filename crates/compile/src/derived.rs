@@ -274,6 +274,7 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
             args,
             attrs: node.attrs.clone(),
             ty: node.ty.clone(),
+            span: node.span,
         });
     }
     let d_outputs: Vec<BVal> = frontier
@@ -332,6 +333,7 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
             args,
             attrs: node.attrs.clone(),
             ty: node.ty.clone(),
+            span: node.span,
         });
     }
     let mut inputs = block.inputs.clone();

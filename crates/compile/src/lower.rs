@@ -701,6 +701,7 @@ impl Lowerer<'_> {
                     args,
                     attrs: c.attrs.clone(),
                     ty,
+                    span: e.span,
                 });
                 Ok(Some(r))
             }

@@ -466,6 +466,7 @@ fn segment(
             args,
             attrs: node.attrs.clone(),
             ty: node.ty.clone(),
+            span: node.span,
         });
     }
     // Outputs: every value defined here and read by a later segment or by the block's outputs.

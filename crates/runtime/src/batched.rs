@@ -333,6 +333,32 @@ pub(crate) fn run_block_with(
         .collect()
 }
 
+/// The first node of `block` whose operator fails on these `b` invocations, running the nodes
+/// one by one by the batching rules ([`run_block_with`]'s way): a failed launch is located after
+/// the fact, so no launch path carries bookkeeping for it. `None` when every operator succeeds
+/// this way (the failure was not one operator's).
+pub(crate) fn failing_node(
+    block: &Block,
+    inputs: &[BV],
+    b: usize,
+    ops: &mut LaunchOps,
+) -> Option<usize> {
+    let inputs = inputs
+        .iter()
+        .map(BV::materialized)
+        .collect::<Result<Vec<_>, _>>()
+        .ok()?;
+    let mut results: Vec<BV> = Vec::with_capacity(block.nodes.len());
+    for (i, node) in block.nodes.iter().enumerate() {
+        let args = operands(node, &inputs, &results, b).ok()?;
+        match batched_op(node.op, &node.attrs, args, b, ops) {
+            Ok(v) => results.push(v),
+            Err(_) => return Some(i),
+        }
+    }
+    None
+}
+
 /// A launch evaluated operator by operator with every value kept: what the backward pass
 /// differentiates (the launch's inputs, each operator's operands and result).
 pub(crate) struct Kept {

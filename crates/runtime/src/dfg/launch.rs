@@ -452,8 +452,6 @@ impl Dfg<'_> {
             }
         }
         let t0 = Instant::now();
-        let in_block =
-            |m: String| RunError::at(first_span, format!("in block {}: {m}", block.name));
         // Recording for a backward that differentiates this launch from what it keeps: inputs
         // stacked the backward's way, the operators one by one, every value kept.
         let inputs = match self.keep {
@@ -477,7 +475,7 @@ impl Dfg<'_> {
         };
         // The inputs go with the match (moved or dropped): the producers they reference may be
         // released below.
-        let (outs, kept) = {
+        let ran = {
             let inputs = inputs;
             match (self.keep, self.exec.plans.get(block_id as usize)) {
                 (Some(fast), _) => {
@@ -487,37 +485,35 @@ impl Dfg<'_> {
                         fast,
                         threads,
                     };
-                    let k = run_block_kept(block, inputs, b, &mut ops).map_err(in_block)?;
-                    (k.outputs(block).map_err(in_block)?, Some(k))
+                    run_block_kept(block, inputs, b, &mut ops)
+                        .and_then(|k| Ok((k.outputs(block)?, Some(k))))
                 }
-                (None, Some(plan)) => (
-                    crate::fused::run_planned_on(
-                        self.exec.device.as_deref(),
-                        block,
-                        plan,
-                        &inputs,
-                        b,
-                        &mut crate::fused::LaunchCtx::new(
-                            &mut octx,
-                            &mut self.profile.ops,
-                            &mut self.profile.fused,
-                            threads,
-                        ),
-                    )
-                    .map_err(in_block)?,
-                    None,
-                ),
-                (None, None) => (
-                    run_block_with(
-                        block,
-                        &inputs,
-                        b,
-                        &mut LaunchOps::new(&mut octx, &mut self.profile.ops, threads),
-                    )
-                    .map_err(in_block)?,
-                    None,
-                ),
+                (None, Some(plan)) => crate::fused::run_planned_on(
+                    self.exec.device.as_deref(),
+                    block,
+                    plan,
+                    &inputs,
+                    b,
+                    &mut crate::fused::LaunchCtx::new(
+                        &mut octx,
+                        &mut self.profile.ops,
+                        &mut self.profile.fused,
+                        threads,
+                    ),
+                )
+                .map(|outs| (outs, None)),
+                (None, None) => run_block_with(
+                    block,
+                    &inputs,
+                    b,
+                    &mut LaunchOps::new(&mut octx, &mut self.profile.ops, threads),
+                )
+                .map(|outs| (outs, None)),
             }
+        };
+        let (outs, kept) = match ran {
+            Ok(r) => r,
+            Err(m) => return Err(self.launch_failure(block_id, ids, first_span, m)),
         };
         self.profile.record_launch(&block.name, b, t1.elapsed());
         let bytes = outs
@@ -539,6 +535,59 @@ impl Dfg<'_> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok((per_node, kept))
+    }
+
+    /// The failure `message` of a launch of `block_id` for the nodes `ids`, invoked at `site` (the
+    /// first's), as a located error: at the operator that fails — found by running the block
+    /// again node by node on its gathered inputs ([`batched::failing_node`]), a cold path only a
+    /// failing run takes — with the invocation as the call that led there; at the invocation when
+    /// no one operator fails that way (or on an interrupt or an internal error, which running the
+    /// block again would only repeat).
+    fn launch_failure(
+        &mut self,
+        block_id: u32,
+        ids: &[u32],
+        site: Span,
+        message: String,
+    ) -> RunError {
+        let Ok(block) = self.block(block_id) else {
+            return RunError::at(site, message);
+        };
+        let text = format!("in block {}: {message}", block.name);
+        let retry = !tumble_limits::interrupted() && !message.contains("internal:");
+        let node = if retry {
+            self.failing_node(block_id, ids)
+        } else {
+            None
+        };
+        match node
+            .and_then(|i| block.nodes.get(i))
+            .map(|n| n.span)
+            .filter(|s| *s != Span::default() && *s != site)
+        {
+            Some(at) => {
+                let mut e = RunError::at(at, text);
+                e.trace.push(site);
+                e
+            }
+            None => RunError::at(site, text),
+        }
+    }
+
+    /// [`batched::failing_node`] of a launch of `block_id` for the nodes `ids`, on inputs gathered
+    /// as an inference launch gathers them.
+    fn failing_node(&mut self, block_id: u32, ids: &[u32]) -> Option<usize> {
+        let block = self.block(block_id).ok()?;
+        let inputs = (0..block.inputs.len())
+            .map(|i| self.gather(block_id, i, ids))
+            .collect::<Result<Vec<_>, _>>()
+            .ok()?;
+        let mut stats = crate::batched::OpStats::default();
+        let mut octx = OpCtx {
+            rng: &mut self.launch_rng,
+        };
+        let mut ops = LaunchOps::new(&mut octx, &mut stats, 1);
+        crate::batched::failing_node(block, &inputs, ids.len(), &mut ops)
     }
 
     /// Input `i` of a launch: passed once if the same for every node, the producer's batch itself
