@@ -52,6 +52,13 @@ struct Cli {
     /// of the machine's memory (or of the container's limit).
     #[arg(long, global = true, value_name = "SIZE")]
     max_memory: Option<String>,
+    /// Time limit of the command: past it, a run stops at its next safe point with an error
+    /// (status 124) and writes nothing, as on Ctrl-C — a recursion without a base case in
+    /// constant memory, which no memory budget stops, included. Seconds, or a number with a unit
+    /// `ms`, `s`, `m` or `h` (`30`, `1.5s`, `10m`). Default: none. (`tumble serve` bounds each
+    /// request instead: `--timeout-ms`.)
+    #[arg(long, global = true, value_name = "DURATION")]
+    timeout: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -157,9 +164,22 @@ fn watch_interrupts() {
                         130
                     });
                 }
+                // Past `--timeout` the same grace, for work that never polls.
+                if let Some(limit) = tumble_limits::timed_out() {
+                    std::thread::sleep(SIGNAL_GRACE);
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "error: {}",
+                        tumble_limits::Stop::TimedOut { limit }
+                    );
+                    std::process::exit(TIMED_OUT_STATUS);
+                }
             });
     }
 }
+
+/// The status of a command stopped by `--timeout` (coreutils `timeout`'s).
+const TIMED_OUT_STATUS: i32 = 124;
 
 /// How long a command may take after SIGINT or SIGTERM to stop at a safe point (removing what it
 /// had half-written) before the process ends anyway.
@@ -183,6 +203,21 @@ fn main() -> ExitCode {
         Some(Err(e)) => {
             eprintln!("error: --max-memory: {e}");
             return ExitCode::from(2);
+        }
+    }
+    if let Some(text) = cli.timeout.as_deref() {
+        if matches!(cli.command, Command::Serve(_)) {
+            eprintln!(
+                "error: --timeout: a server runs until stopped; bound each request with --timeout-ms"
+            );
+            return ExitCode::from(2);
+        }
+        match tumble_limits::parse_duration(text) {
+            Ok(limit) => tumble_limits::set_time_limit(limit),
+            Err(e) => {
+                eprintln!("error: --timeout: {e}");
+                return ExitCode::from(2);
+            }
         }
     }
     // A server drains on Ctrl-C instead of stopping its runs at the next safe point.
@@ -239,6 +274,12 @@ fn main() -> ExitCode {
             }
         });
     let outcome = worker.map(|h| h.join());
+    if tumble_limits::timed_out().is_some()
+        && !matches!(outcome, Ok(Ok(c)) if c == ExitCode::SUCCESS)
+    {
+        // The command stopped at a safe point, said why and wrote nothing.
+        return ExitCode::from(TIMED_OUT_STATUS as u8);
+    }
     if tumble_limits::interrupted() {
         // The command has stopped at a safe point and written nothing; 128 + the signal, as a
         // shell reports a command ended by it.

@@ -242,6 +242,68 @@ fn max_memory_values_are_checked() {
     }
 }
 
+/// `--timeout`: a tail recursion without a base case runs forever in constant memory (no budget
+/// stops it); past the time limit each engine stops it at a safe point with status 124, a message
+/// naming the instance, and nothing written. Bad durations are refused; a run within its limit is
+/// unaffected; a server is pointed to its per-request `--timeout-ms`.
+#[test]
+fn a_run_past_its_time_limit_stops_with_status_124_and_writes_nothing() {
+    let dir = scratch("timeout");
+    let x = write(&dir, "x.jsonl", X);
+    let tail = write(&dir, "tail.rly", TAIL);
+    let o = dir.join("out.jsonl");
+    let out_path = o.display().to_string();
+    // The reference engine in constant memory; the batched engine until its graph would grow
+    // past a budget large enough not to be reached first.
+    for engine in ["reference", "batched"] {
+        let t = Instant::now();
+        let out = tumble(&[
+            "run",
+            &tail,
+            "--inputs",
+            &x,
+            "--engine",
+            engine,
+            "--timeout",
+            "500ms",
+            "--max-memory",
+            "8G",
+            "-o",
+            &out_path,
+        ]);
+        let err = text(&out.stderr);
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{engine}: {:?}",
+            t.elapsed()
+        );
+        assert_eq!(out.status.code(), Some(124), "{engine}: {err}");
+        assert!(err.contains("instance at line 1"), "{engine}: {err}");
+        assert!(
+            err.contains("the time limit of 500 ms passed (raise it with --timeout)"),
+            "{engine}: {err}"
+        );
+        assert!(!o.exists(), "{engine}: {o:?} was written");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert_eq!(leftovers.len(), 2, "{leftovers:?}");
+    for bad in ["0", "-1s", "soon", "3 days"] {
+        let flag = format!("--timeout={bad}");
+        let out = tumble(&["check", &flag, &tail]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("--timeout"), "{bad}: {err}");
+    }
+    let ok = write(&dir, "ok.rly", NON_TAIL);
+    let out = tumble(&["check", "--timeout", "10m", &ok]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = tumble(&["serve", &ok, "--port", "0", "--timeout", "10s"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--timeout-ms"));
+}
+
 #[test]
 fn ctrl_c_stops_a_run_with_status_130_and_writes_nothing() {
     stopped_by_signal("INT", 130);

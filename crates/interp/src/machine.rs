@@ -172,11 +172,13 @@ const VALS_POOL_MAX: usize = 256;
 /// Pending calls beyond this are reported as runaway recursion instead of exhausting memory.
 pub const MAX_PENDING: usize = 50_000_000;
 
-/// The error for a run stopped by its limits: an interrupt says only that; a memory budget also
-/// says what the run holds (`held`, empty parts skipped) and `hint`.
+/// The error for a run stopped by its limits: an interrupt says only that, a time limit that and
+/// `hint`; a memory budget also says what the run holds (`held`, empty parts skipped) and `hint`.
 pub fn limit_error(stop: tumble_limits::Stop, held: Vec<String>, hint: &str) -> RunError {
-    if stop == tumble_limits::Stop::Interrupted {
-        return RunError::new(stop.to_string());
+    match stop {
+        tumble_limits::Stop::Interrupted => return RunError::new(stop.to_string()),
+        tumble_limits::Stop::TimedOut { .. } => return RunError::new(format!("{stop}{hint}")),
+        tumble_limits::Stop::Memory { .. } => {}
     }
     let held: Vec<String> = held.into_iter().filter(|h| !h.is_empty()).collect();
     if held.is_empty() {

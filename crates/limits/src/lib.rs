@@ -16,6 +16,10 @@
 //!
 //! **Cancellation.** [`interrupt`] (a SIGINT handler calls it) makes the next [`poll`] fail, so a
 //! run stops at its next safe point and writes nothing.
+//!
+//! **Time.** [`set_time_limit`] (the CLI's `--timeout`) makes every [`poll`] after the deadline
+//! fail the same way: a recursion without a base case in constant memory, which no memory budget
+//! stops, stops there.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
@@ -31,6 +35,8 @@ static LIMIT: AtomicUsize = AtomicUsize::new(0);
 static COUNTING: AtomicBool = AtomicBool::new(false);
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 static WATCHED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+/// The time limit and when it runs out (see [`set_time_limit`]).
+static DEADLINE: OnceLock<(std::time::Duration, std::time::Instant)> = OnceLock::new();
 
 /// A thread's allocations reach the shared counter in steps of this many bytes, so that the
 /// allocator's fast path touches only a thread-local cell (an atomic per allocation cost the
@@ -149,6 +155,8 @@ pub enum Stop {
     },
     /// The run was interrupted (Ctrl-C).
     Interrupted,
+    /// The run passed its time limit ([`set_time_limit`]).
+    TimedOut { limit: std::time::Duration },
 }
 
 impl fmt::Display for Stop {
@@ -176,6 +184,11 @@ impl fmt::Display for Stop {
                 bytes_text(*limit)
             ),
             Stop::Interrupted => write!(f, "interrupted"),
+            Stop::TimedOut { limit } => write!(
+                f,
+                "the time limit of {} passed (raise it with --timeout)",
+                duration_text(*limit)
+            ),
         }
     }
 }
@@ -201,7 +214,74 @@ pub fn poll() -> Result<(), Stop> {
     if interrupted() {
         return Err(Stop::Interrupted);
     }
+    if let Some(limit) = timed_out() {
+        return Err(Stop::TimedOut { limit });
+    }
     reserve(0)
+}
+
+/// Makes every [`poll`] fail once `limit` has passed from now. Once per process: a second call
+/// keeps the first limit.
+pub fn set_time_limit(limit: std::time::Duration) {
+    let now = std::time::Instant::now();
+    let _ = DEADLINE.set((limit, now.checked_add(limit).unwrap_or(now)));
+}
+
+/// The time limit, when it has passed.
+pub fn timed_out() -> Option<std::time::Duration> {
+    DEADLINE
+        .get()
+        .filter(|(_, at)| std::time::Instant::now() >= *at)
+        .map(|&(limit, _)| limit)
+}
+
+/// A duration as a person writes it: `1.5 s`, `2 min`, `250 ms`.
+pub fn duration_text(d: std::time::Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 1.0 {
+        format!("{} ms", (s * 1000.0).round())
+    } else if s < 120.0 {
+        format!("{} s", (s * 10.0).round() / 10.0)
+    } else {
+        format!("{} min", (s / 6.0).round() / 10.0)
+    }
+}
+
+/// Parses a duration: a number of seconds, or a number with a unit `ms`, `s`, `m` (minutes) or
+/// `h` (`30`, `1.5s`, `10m`, `250ms`); positive and finite.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let t = text.trim();
+    let (number, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        other => {
+            return Err(format!(
+                "`{}`: unknown unit `{}` (use ms, s, m or h, e.g. `30s`)",
+                echo(text),
+                echo(other)
+            ))
+        }
+    };
+    let value: f64 = number.trim().parse().map_err(|_| {
+        format!(
+            "`{}` is not a duration (e.g. `30`, `1.5s`, `10m`)",
+            echo(text)
+        )
+    })?;
+    let secs = value * scale;
+    if !secs.is_finite() || secs <= 0.0 || secs > 1e9 {
+        return Err(format!(
+            "`{}`: a duration must be positive (and under ~30 years)",
+            echo(text)
+        ));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 /// Asks every running computation to stop at its next [`poll`].
@@ -404,6 +484,33 @@ mod tests {
         assert!(stop.to_string().contains("--max-memory"), "{stop}");
         set_limit(None);
         assert!(reserve(usize::MAX).is_ok());
+    }
+
+    #[test]
+    fn durations_parse_with_units_and_read_back() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration(" 250ms "), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("2 min"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "0", "-3", "abc", "3 days", "nan", "inf", "1e300"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert!(parse_duration("3 fortnights")
+            .unwrap_err()
+            .contains("unknown unit"));
+        assert_eq!(duration_text(Duration::from_millis(250)), "250 ms");
+        assert_eq!(duration_text(Duration::from_millis(1500)), "1.5 s");
+        assert_eq!(duration_text(Duration::from_secs(600)), "10 min");
+        let stop = Stop::TimedOut {
+            limit: Duration::from_secs(2),
+        };
+        assert_eq!(
+            stop.to_string(),
+            "the time limit of 2 s passed (raise it with --timeout)"
+        );
     }
 
     #[test]
