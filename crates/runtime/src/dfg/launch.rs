@@ -541,8 +541,8 @@ impl Dfg<'_> {
     /// first's), as a located error: at the operator that fails — found by running the block
     /// again node by node on its gathered inputs ([`batched::failing_node`]), a cold path only a
     /// failing run takes — with the invocation as the call that led there; at the invocation when
-    /// no one operator fails that way (or on an interrupt or an internal error, which running the
-    /// block again would only repeat).
+    /// no one operator fails that way (or on an interrupt, past the time limit or on an internal
+    /// error, where running the block again would only take longer).
     fn launch_failure(
         &mut self,
         block_id: u32,
@@ -554,7 +554,9 @@ impl Dfg<'_> {
             return RunError::at(site, message);
         };
         let text = format!("in block {}: {message}", block.name);
-        let retry = !tumble_limits::interrupted() && !message.contains("internal:");
+        let retry = !tumble_limits::interrupted()
+            && tumble_limits::timed_out().is_none()
+            && !message.contains("internal:");
         let node = if retry {
             self.failing_node(block_id, ids)
         } else {
