@@ -52,11 +52,11 @@ struct Cli {
     /// of the machine's memory (or of the container's limit).
     #[arg(long, global = true, value_name = "SIZE")]
     max_memory: Option<String>,
-    /// Time limit of the command: past it, a run stops at its next safe point with an error
-    /// (status 124) and writes nothing, as on Ctrl-C — a recursion without a base case in
-    /// constant memory, which no memory budget stops, included. Seconds, or a number with a unit
-    /// `ms`, `s`, `m` or `h` (`30`, `1.5s`, `10m`). Default: none. (`tumble serve` bounds each
-    /// request instead: `--timeout-ms`.)
+    /// Time limit of the command: past it, the command stops at its next safe point with an
+    /// error and status 124, as on Ctrl-C (a run writes nothing; `train` keeps its last complete
+    /// checkpoint) — a recursion without a base case in constant memory, which no memory budget
+    /// stops, included. Seconds, or a number with a unit `ms`, `s`, `m` or `h` (`30`, `1.5s`,
+    /// `10m`). Default: none. (`tumble serve` bounds each request instead: `--timeout-ms`.)
     #[arg(long, global = true, value_name = "DURATION")]
     timeout: Option<String>,
     #[command(subcommand)]
@@ -274,12 +274,6 @@ fn main() -> ExitCode {
             }
         });
     let outcome = worker.map(|h| h.join());
-    if tumble_limits::timed_out().is_some()
-        && !matches!(outcome, Ok(Ok(c)) if c == ExitCode::SUCCESS)
-    {
-        // The command stopped at a safe point, said why and wrote nothing.
-        return ExitCode::from(TIMED_OUT_STATUS as u8);
-    }
     if tumble_limits::interrupted() {
         // The command has stopped at a safe point and written nothing; 128 + the signal, as a
         // shell reports a command ended by it.
@@ -287,6 +281,14 @@ fn main() -> ExitCode {
             .get()
             .is_some_and(|t| t.load(std::sync::atomic::Ordering::Relaxed));
         return ExitCode::from(if term { 143 } else { 130 });
+    }
+    if let (Some(tumble_limits::Stop::TimedOut { .. }), Ok(Ok(code))) =
+        (tumble_limits::halt_seen(), &outcome)
+    {
+        // A safe point saw the time limit pass: the command stopped there and said so.
+        if *code != ExitCode::SUCCESS {
+            return ExitCode::from(TIMED_OUT_STATUS as u8);
+        }
     }
     match outcome {
         Ok(Ok(code)) => code,

@@ -547,3 +547,51 @@ fn diverged_weights_empty_gradients_and_bad_outputs_are_errors() {
     );
     assert!(!g.exists());
 }
+
+/// `--timeout` stops training like Ctrl-C: at the next safe point, with status 124, saying so,
+/// and the output holding the last complete checkpoint (an epoch is milliseconds here: one is
+/// done long before the limit, a million are not).
+#[test]
+fn training_past_its_time_limit_keeps_the_last_checkpoint() {
+    let model = temp_file("timeout_model.rly", MODEL);
+    let data = temp_file("timeout_train.jsonl", &instances());
+    let out = temp_path("timeout_out.safetensors");
+    let _ = std::fs::remove_file(&out);
+    let o = out.display().to_string();
+    let t = std::time::Instant::now();
+    let r = tumble(&[
+        "train",
+        &model,
+        "--train",
+        &data,
+        "--random-params",
+        "3",
+        "--epochs",
+        "1000000",
+        "--batch",
+        "4",
+        "--quiet",
+        "--timeout",
+        "1500ms",
+        "-o",
+        &o,
+    ]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(r.status.code(), Some(124), "{err}");
+    assert!(
+        err.contains("the time limit of 1.5 s passed (raise it with --timeout)"),
+        "{err}"
+    );
+    assert!(err.contains("holds the last complete checkpoint"), "{err}");
+    assert!(!err.contains("instance at line"), "{err}");
+    let weights = read_safetensors(&out);
+    assert!(
+        weights.contains_key("w") && weights.contains_key("v"),
+        "{weights:?}"
+    );
+}

@@ -92,9 +92,9 @@ impl fmt::Display for DataError {
             DataError::Parse { path: None, error } => write!(f, "{error}"),
             DataError::Invalid(msg) => f.write_str(msg),
             DataError::Stopped {
-                stop: Stop::Interrupted,
+                stop: stop @ (Stop::Interrupted | Stop::TimedOut { .. }),
                 path: Some(path),
-            } => write!(f, "interrupted; nothing was written to {}", path.display()),
+            } => write!(f, "{stop}; nothing was written to {}", path.display()),
             DataError::Stopped { stop, .. } => write!(f, "{stop}"),
         }
     }

@@ -186,7 +186,7 @@ pub fn write_atomically(
 enum Halt {
     /// The writer failed.
     Io(std::io::Error),
-    /// Interrupted, or over the memory budget.
+    /// Interrupted, past the time limit, or over the memory budget.
     Stop(Stop),
     /// The line source failed.
     Data(DataError),
@@ -214,7 +214,7 @@ where
 /// Writes `lines` (each without its `\n`) as JSON Lines to `path` atomically, or to standard
 /// output when `path` is `None` (a closed pipe, as in `| head`, ends the output quietly). Lines
 /// are made and written one at a time. Between lines [`tumble_limits::poll`] is asked whether to
-/// go on: on an interrupt or an exceeded memory budget the output stops with
+/// go on: on an interrupt, a passed time limit or an exceeded memory budget the output stops with
 /// [`DataError::Stopped`] and, for a file, the temp file is removed, so nothing is written at
 /// `path`; so it is on any other error. Returns the number of lines written.
 pub fn write_lines<I>(path: Option<&Path>, lines: I) -> Result<usize, DataError>

@@ -37,6 +37,9 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 static WATCHED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 /// The time limit and when it runs out (see [`set_time_limit`]).
 static DEADLINE: OnceLock<(std::time::Duration, std::time::Instant)> = OnceLock::new();
+/// Set once a [`poll`] (or [`halted`]) has told a run that the time limit passed: the run was
+/// stopped by it, not merely finished (or failed otherwise) after it.
+static TIMED_OUT_SEEN: AtomicBool = AtomicBool::new(false);
 
 /// A thread's allocations reach the shared counter in steps of this many bytes, so that the
 /// allocator's fast path touches only a thread-local cell (an atomic per allocation cost the
@@ -209,22 +212,44 @@ pub fn reserve(more: usize) -> Result<(), Stop> {
     Ok(())
 }
 
-/// Whether the run must stop now: interrupted, or over its memory budget.
+/// Whether the run must stop now: interrupted, past its time limit, or over its memory budget.
 pub fn poll() -> Result<(), Stop> {
-    if interrupted() {
-        return Err(Stop::Interrupted);
-    }
-    if let Some(limit) = timed_out() {
-        return Err(Stop::TimedOut { limit });
+    if let Some(stop) = halted() {
+        return Err(stop);
     }
     reserve(0)
 }
 
+/// Whether the whole command must stop now for a reason that is not one run's own: interrupted,
+/// or past its time limit (which is then noted as what stopped it: [`halt_seen`]).
+pub fn halted() -> Option<Stop> {
+    if interrupted() {
+        return Some(Stop::Interrupted);
+    }
+    let limit = timed_out()?;
+    TIMED_OUT_SEEN.store(true, Ordering::Relaxed);
+    Some(Stop::TimedOut { limit })
+}
+
+/// What stopped the command, once [`poll`] or [`halted`] has said so: an interrupt, or the time
+/// limit. `None` for a command that finished, or failed for its own reasons, even after the
+/// deadline (no safe point saw it).
+pub fn halt_seen() -> Option<Stop> {
+    if interrupted() {
+        return Some(Stop::Interrupted);
+    }
+    if !TIMED_OUT_SEEN.load(Ordering::Relaxed) {
+        return None;
+    }
+    DEADLINE.get().map(|&(limit, _)| Stop::TimedOut { limit })
+}
+
 /// Makes every [`poll`] fail once `limit` has passed from now. Once per process: a second call
-/// keeps the first limit.
+/// keeps the first limit. A limit past what the clock can represent is no limit.
 pub fn set_time_limit(limit: std::time::Duration) {
-    let now = std::time::Instant::now();
-    let _ = DEADLINE.set((limit, now.checked_add(limit).unwrap_or(now)));
+    if let Some(at) = std::time::Instant::now().checked_add(limit) {
+        let _ = DEADLINE.set((limit, at));
+    }
 }
 
 /// The time limit, when it has passed.
@@ -247,37 +272,33 @@ pub fn duration_text(d: std::time::Duration) -> String {
     }
 }
 
-/// Parses a duration: a number of seconds, or a number with a unit `ms`, `s`, `m` (minutes) or
-/// `h` (`30`, `1.5s`, `10m`, `250ms`); positive and finite.
+/// Parses a duration: a number of seconds, or a number with a unit `ms`, `s`, `m` or `min`
+/// (minutes) or `h` (`30`, `1.5s`, `10m`, `250ms`, `1e3`); at least 1 ms and under ~30 years.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let t = text.trim();
-    let (number, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => t.split_at(i),
-        None => (t, "s"),
-    };
-    let scale = match unit.trim() {
-        "ms" => 0.001,
-        "s" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        other => {
-            return Err(format!(
-                "`{}`: unknown unit `{}` (use ms, s, m or h, e.g. `30s`)",
-                echo(text),
-                echo(other)
-            ))
-        }
-    };
-    let value: f64 = number.trim().parse().map_err(|_| {
+    let lower = t.to_ascii_lowercase();
+    // Longest unit first (`ms` before `s`, `min` before `m`); no unit: seconds.
+    let (number, scale) = [
+        ("ms", 0.001),
+        ("min", 60.0),
+        ("s", 1.0),
+        ("m", 60.0),
+        ("h", 3600.0),
+    ]
+    .iter()
+    .find_map(|&(unit, scale)| lower.strip_suffix(unit).map(|n| (n.trim_end(), scale)))
+    .unwrap_or((lower.as_str(), 1.0));
+    let value: f64 = number.parse().map_err(|_| {
         format!(
-            "`{}` is not a duration (e.g. `30`, `1.5s`, `10m`)",
+            "`{}` is not a duration (a number of seconds, or with a unit ms, s, m or h: `30`, \
+             `1.5s`, `10m`)",
             echo(text)
         )
     })?;
     let secs = value * scale;
-    if !secs.is_finite() || secs <= 0.0 || secs > 1e9 {
+    if !secs.is_finite() || !(0.001..=1e9).contains(&secs) {
         return Err(format!(
-            "`{}`: a duration must be positive (and under ~30 years)",
+            "`{}`: a time limit must be at least 1 ms and under ~30 years",
             echo(text)
         ));
     }
@@ -495,12 +516,21 @@ mod tests {
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_duration("2 min"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "0", "-3", "abc", "3 days", "nan", "inf", "1e300"] {
+        assert_eq!(parse_duration("1e3"), Ok(Duration::from_secs(1000)));
+        assert_eq!(parse_duration("5S"), Ok(Duration::from_secs(5)));
+        let huge = "9".repeat(400);
+        for bad in [
+            "", "0", "-3", "abc", "3 days", "nan", "inf", "1e300", "0.0004", "1e-13", &huge,
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+        assert!(parse_duration("1e300")
+            .unwrap_err()
+            .contains("at least 1 ms"));
+        assert!(parse_duration(&huge).unwrap_err().contains("at least 1 ms"));
         assert!(parse_duration("3 fortnights")
             .unwrap_err()
-            .contains("unknown unit"));
+            .contains("not a duration"));
         assert_eq!(duration_text(Duration::from_millis(250)), "250 ms");
         assert_eq!(duration_text(Duration::from_millis(1500)), "1.5 s");
         assert_eq!(duration_text(Duration::from_secs(600)), "10 min");

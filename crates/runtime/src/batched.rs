@@ -333,16 +333,16 @@ pub(crate) fn run_block_with(
         .collect()
 }
 
-/// The first node of `block` whose operator fails on these `b` invocations, running the nodes
-/// one by one by the batching rules ([`run_block_with`]'s way): a failed launch is located after
-/// the fact, so no launch path carries bookkeeping for it. `None` when every operator succeeds
-/// this way (the failure was not one operator's).
+/// The first node of `block` whose operator fails on these `b` invocations, with its message,
+/// running the nodes one by one by the batching rules ([`run_block_with`]'s way): a failed
+/// launch is located after the fact, so no launch path carries bookkeeping for it. `None` when
+/// every operator succeeds this way (the failure was not one operator's).
 pub(crate) fn failing_node(
     block: &Block,
     inputs: &[BV],
     b: usize,
     ops: &mut LaunchOps,
-) -> Option<usize> {
+) -> Option<(usize, String)> {
     let inputs = inputs
         .iter()
         .map(BV::materialized)
@@ -353,7 +353,7 @@ pub(crate) fn failing_node(
         let args = operands(node, &inputs, &results, b).ok()?;
         match batched_op(node.op, &node.attrs, args, b, ops) {
             Ok(v) => results.push(v),
-            Err(_) => return Some(i),
+            Err(m) => return Some((i, m)),
         }
     }
     None

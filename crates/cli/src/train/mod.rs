@@ -479,13 +479,10 @@ fn read_raw(path: &Path, what: &str) -> Result<RawInstances, Failure> {
 pub fn grad(args: &GradArgs, color: bool) -> ExitCode {
     let mut sources = SourceMap::new();
     let r = grad_inner(args, &mut sources);
-    if tumble_limits::interrupted() {
-        // The run stopped where it was: no instance is to blame.
-        eprintln!(
-            "interrupted: nothing was written to {}",
-            args.output.display()
-        );
-        return ExitCode::from(130);
+    if let Some(stop) = tumble_limits::halt_seen() {
+        // The run stopped where it was (Ctrl-C, `--timeout`): no instance is to blame.
+        eprintln!("{stop}: nothing was written to {}", args.output.display());
+        return ExitCode::FAILURE;
     }
     report(r, &sources, color)
 }
@@ -593,8 +590,8 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                         g.add_into(slot).map_err(Failure::Message)?;
                     }
                 }
-                if tumble_limits::interrupted() {
-                    return Err(Failure::Message("interrupted; nothing written".into()));
+                if let Some(stop) = tumble_limits::halted() {
+                    return Err(Failure::Message(format!("{stop}; nothing written")));
                 }
             }
             Ok(())
@@ -868,20 +865,20 @@ pub fn train(args: &TrainArgs, color: bool) -> ExitCode {
     let mut sources = SourceMap::new();
     let mut saved = false;
     let r = train_inner(args, &mut sources, &mut saved);
-    if tumble_limits::interrupted() {
-        // The run stopped where it was: no instance is to blame.
+    if let Some(stop) = tumble_limits::halt_seen() {
+        // The run stopped where it was (Ctrl-C, `--timeout`): no instance is to blame.
         if saved {
             eprintln!(
-                "interrupted: {} holds the last complete checkpoint",
+                "{stop}: {} holds the last complete checkpoint",
                 args.output.display()
             );
         } else {
             eprintln!(
-                "interrupted before a checkpoint was kept: nothing was written to {}",
+                "{stop} before a checkpoint was kept: nothing was written to {}",
                 args.output.display()
             );
         }
-        return ExitCode::from(130);
+        return ExitCode::FAILURE;
     }
     report(r, &sources, color)
 }
@@ -1017,9 +1014,9 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
             let mut loss_sum = 0.0;
             let mut seen = 0usize;
             for which in order.chunks(args.batch) {
-                if tumble_limits::interrupted() {
+                if let Some(stop) = tumble_limits::halted() {
                     bar.abandon();
-                    return Err(Failure::Message("interrupted".into()));
+                    return Err(Failure::Message(stop.to_string()));
                 }
                 let (losses, grads) =
                     pool.grad(&main, &decoded, which, &weights, setup, &mut stats)?;

@@ -538,11 +538,13 @@ impl Dfg<'_> {
     }
 
     /// The failure `message` of a launch of `block_id` for the nodes `ids`, invoked at `site` (the
-    /// first's), as a located error: at the operator that fails — found by running the block
-    /// again node by node on its gathered inputs ([`batched::failing_node`]), a cold path only a
-    /// failing run takes — with the invocation as the call that led there; at the invocation when
-    /// no one operator fails that way (or on an interrupt, past the time limit or on an internal
-    /// error, where running the block again would only take longer).
+    /// first's), as a located error: at the operator that fails with that very message — found
+    /// by running the block again node by node on its gathered inputs
+    /// ([`batched::failing_node`]), a cold path only a failing run takes — with the invocation as
+    /// the call that led there; at the invocation otherwise: no operator fails that way, a launch
+    /// of several invocations (`launch_attributed` runs each alone next, and locates that one),
+    /// an interrupt, a passed time limit, a memory budget or an internal error (where running the
+    /// block again would only repeat it, or fail elsewhere for another reason).
     fn launch_failure(
         &mut self,
         block_id: u32,
@@ -554,11 +556,15 @@ impl Dfg<'_> {
             return RunError::at(site, message);
         };
         let text = format!("in block {}: {message}", block.name);
-        let retry = !tumble_limits::interrupted()
-            && tumble_limits::timed_out().is_none()
-            && !message.contains("internal:");
+        let retry = ids.len() == 1
+            && tumble_limits::halted().is_none()
+            && !message.contains("memory budget")
+            && !message.contains("internal:")
+            && !message.contains("internal error");
         let node = if retry {
             self.failing_node(block_id, ids)
+                .filter(|(_, m)| *m == message)
+                .map(|(i, _)| i)
         } else {
             None
         };
@@ -577,19 +583,24 @@ impl Dfg<'_> {
     }
 
     /// [`batched::failing_node`] of a launch of `block_id` for the nodes `ids`, on inputs gathered
-    /// as an inference launch gathers them.
-    fn failing_node(&mut self, block_id: u32, ids: &[u32]) -> Option<usize> {
+    /// as an inference launch gathers them; the profile's counts are left as the failed launch
+    /// left them.
+    fn failing_node(&mut self, block_id: u32, ids: &[u32]) -> Option<(usize, String)> {
         let block = self.block(block_id).ok()?;
+        let counted = self.profile.clone();
         let inputs = (0..block.inputs.len())
             .map(|i| self.gather(block_id, i, ids))
-            .collect::<Result<Vec<_>, _>>()
-            .ok()?;
-        let mut stats = crate::batched::OpStats::default();
-        let mut octx = OpCtx {
-            rng: &mut self.launch_rng,
-        };
-        let mut ops = LaunchOps::new(&mut octx, &mut stats, 1);
-        crate::batched::failing_node(block, &inputs, ids.len(), &mut ops)
+            .collect::<Result<Vec<_>, _>>();
+        let found = inputs.ok().and_then(|inputs| {
+            let mut stats = crate::batched::OpStats::default();
+            let mut octx = OpCtx {
+                rng: &mut self.launch_rng,
+            };
+            let mut ops = LaunchOps::new(&mut octx, &mut stats, 1);
+            crate::batched::failing_node(block, &inputs, ids.len(), &mut ops)
+        });
+        self.profile = counted;
+        found
     }
 
     /// Input `i` of a launch: passed once if the same for every node, the producer's batch itself
