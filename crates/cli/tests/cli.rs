@@ -985,6 +985,43 @@ def @main(%x: Tensor[(2), int32], %y: Tensor[(2), int32]) -> Tensor[(2), int32] 
     }
 }
 
+/// The same for a ragged launch (rows of every length batched together, `dfg/ragged.rs`): the
+/// failing operator, not the invocation, with and without the ragged form.
+#[test]
+fn a_failing_operator_in_a_ragged_launch_is_pointed_at() {
+    let model = temp_file(
+        "ragged_error.rly",
+        "#[version = \"0.0.5\"]
+def @f(%x: Tensor[(?, 4), int32], %y: Tensor[(?, 4), int32]) -> Tensor[(?, 4), int32] {
+  let %a = add(%x, %y);
+  let %b = divide(%a, %y);
+  multiply(%b, %x)
+}
+def @main(%x: Tensor[(?, 4), int32], %y: Tensor[(?, 4), int32]) -> Tensor[(?, 4), int32] {
+  @f(%x, %y)
+}
+",
+    );
+    let inputs = temp_file(
+        "ragged_error.jsonl",
+        "{\"x\": [[1, 2, 3, 4]], \"y\": [[1, 1, 1, 1]]}\n\
+         {\"x\": [[1, 2, 3, 4], [5, 6, 7, 8]], \"y\": [[1, 1, 1, 1], [1, 0, 1, 1]]}\n\
+         {\"x\": [[3, 4, 5, 6]], \"y\": [[2, 2, 2, 2]]}\n",
+    );
+    let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
+    let runs: [&[&str]; 3] = [&["--engine", "reference"], &[], &["--no-ragged"]];
+    for extra in runs {
+        let mut args = vec!["run", &model, "--inputs", &inputs];
+        args.extend_from_slice(extra);
+        let out = tumble(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.contains("instance at line 2"), "{extra:?}: {err}");
+        assert!(err.contains("ragged_error.rly:4:12"), "{extra:?}: {err}");
+        assert!(err.contains("called from here (1)"), "{extra:?}: {err}");
+    }
+}
+
 /// Block merging follows the job's mini-batch: BiRNN's input transform runs inside its step
 /// (`rnn_input+rnn_step` in the profile) for mini-batches of at least 32 instances, in launches
 /// of its own below that or with `--no-block-merge`, and the predicted classes are the same.

@@ -145,7 +145,10 @@ impl Dfg<'_> {
             .and_then(|&i| self.nodes.get(i as usize))
             .is_some_and(|n| n.ragged)
         {
-            return self.launch_ragged(block_id, ids);
+            return match self.launch_ragged(block_id, ids) {
+                Err(e) if ids.len() == 1 => Err(self.locate_ragged(block_id, ids, e)),
+                r => r,
+            };
         }
         if let Some(keys) = self.job_memo_keys(block_id, ids) {
             return self.launch_with_job_memo(block_id, ids, keys);
@@ -579,6 +582,24 @@ impl Dfg<'_> {
                 e
             }
             None => RunError::at(site, text),
+        }
+    }
+
+    /// A ragged launch's failure `e` (reported at the invocation, "in block NAME: message"),
+    /// located like any launch's ([`Dfg::launch_failure`]): the block's operators are the same
+    /// whichever way its rows were grouped, so a launch of one invocation is run again node by
+    /// node as a plain launch.
+    fn locate_ragged(&mut self, block_id: u32, ids: &[u32], e: RunError) -> RunError {
+        let Ok(block) = self.block(block_id) else {
+            return e;
+        };
+        let prefix = format!("in block {}: ", block.name);
+        match (e.span, e.message.strip_prefix(&prefix)) {
+            (Some(site), Some(message)) if e.trace.is_empty() && !e.internal => {
+                let message = message.to_string();
+                self.launch_failure(block_id, ids, site, message)
+            }
+            _ => e,
         }
     }
 
