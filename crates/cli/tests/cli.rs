@@ -985,6 +985,63 @@ def @main(%x: Tensor[(2), int32], %y: Tensor[(2), int32]) -> Tensor[(2), int32] 
     }
 }
 
+/// An operator of a helper inlined into another inlined helper: the batched engine's trace lists
+/// both calls, innermost first, as the reference's does — and nothing more (the block's own
+/// extent is not a call); an operator directly in `@main`'s block has no trace on either engine.
+#[test]
+fn a_failure_in_nested_inlined_helpers_lists_their_calls() {
+    let model = temp_file(
+        "nested_error.rly",
+        "#[version = \"0.0.5\"]
+def @g(%a: Tensor[(2), int32], %y: Tensor[(2), int32]) -> Tensor[(2), int32] {
+  divide(%a, %y)
+}
+def @f(%x: Tensor[(2), int32], %y: Tensor[(2), int32]) -> Tensor[(2), int32] {
+  let %a = add(%x, %y);
+  multiply(@g(%a, %y), %x)
+}
+def @main(%x: Tensor[(2), int32], %y: Tensor[(2), int32]) -> Tensor[(2), int32] {
+  let %r = @f(%x, %y);
+  add(%r, %x)
+}
+",
+    );
+    let direct = temp_file(
+        "direct_error.rly",
+        "#[version = \"0.0.5\"]
+def @main(%x: Tensor[(2), int32], %y: Tensor[(2), int32]) -> Tensor[(2), int32] {
+  let %a = add(%x, %y);
+  let %b = divide(%a, %y);
+  multiply(%b, %x)
+}
+",
+    );
+    let inputs = temp_file("nested_error.jsonl", "{\"x\": [1, 2], \"y\": [1, 0]}\n");
+    let (model, direct, inputs) = (
+        model.display().to_string(),
+        direct.display().to_string(),
+        inputs.display().to_string(),
+    );
+    for engine in ["batched", "reference"] {
+        let out = tumble(&["run", &model, "--inputs", &inputs, "--engine", engine]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{engine}: {err}");
+        assert!(err.contains("nested_error.rly:3:3"), "{engine}: {err}");
+        let g = err.find("multiply(@g(%a, %y), %x)");
+        let f = err.find("let %r = @f(%x, %y);");
+        assert!(
+            matches!((g, f), (Some(a), Some(b)) if a < b),
+            "{engine}: {err}"
+        );
+        assert!(err.contains("called from here (2)"), "{engine}: {err}");
+        assert!(!err.contains("called from here (3)"), "{engine}: {err}");
+        let out = tumble(&["run", &direct, "--inputs", &inputs, "--engine", engine]);
+        let err = text(&out.stderr);
+        assert!(err.contains("direct_error.rly:4:12"), "{engine}: {err}");
+        assert!(!err.contains("called from here"), "{engine}: {err}");
+    }
+}
+
 /// The same for a ragged launch (rows of every length batched together, `dfg/ragged.rs`): the
 /// failing operator, not the invocation, with and without the ragged form.
 #[test]

@@ -53,6 +53,10 @@ pub struct BlockNode {
     /// block's invocation being the call that led there. Nodes the compiler makes (a canonical
     /// product's reshape) carry the span of the node they replace.
     pub span: Span,
+    /// For an operator of an inlined function: the calls through which it was inlined,
+    /// innermost first (the call of its function, then that call's caller's, ...), so a failure
+    /// lists them as the reference engine's trace does.
+    pub calls: Vec<Span>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

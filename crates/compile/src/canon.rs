@@ -60,8 +60,10 @@ struct Rewriter<'b> {
     shared: Vec<bool>,
     reshape: &'static OpDef,
     dense: &'static OpDef,
-    /// The span of the node being rewritten: the nodes made in its place point where it did.
+    /// The span and inlining calls of the node being rewritten: the nodes made in its place
+    /// point where it did.
     span: Span,
+    calls: Vec<Span>,
 }
 
 impl Rewriter<'_> {
@@ -124,6 +126,7 @@ impl Rewriter<'_> {
             )]),
             ty: ty.clone(),
             span: self.span,
+            calls: self.calls.clone(),
         });
         (v, simpler)
     }
@@ -136,6 +139,7 @@ impl Rewriter<'_> {
             attrs,
             ty,
             span: self.span,
+            calls: self.calls.clone(),
         })
     }
 
@@ -143,6 +147,7 @@ impl Rewriter<'_> {
     /// was rewritten.
     fn rewrite(&mut self, node: BlockNode) -> (BVal, bool) {
         self.span = node.span;
+        self.calls.clone_from(&node.calls);
         let one = |i: usize| match node.args.get(i) {
             Some(BArg::One(v)) => Some(v.clone()),
             _ => None,
@@ -222,6 +227,7 @@ impl Rewriter<'_> {
                         attrs: Attrs(vec![attr("axis", AttrValue::Int(1))]),
                         ty: Ty::tensor(vec![Dim::Known(1), Dim::Known(total)], dtype),
                         span: node.span,
+                        calls: node.calls.clone(),
                     });
                     (self.reshape_to(cat, &node.ty).0, true)
                 }
@@ -389,6 +395,7 @@ fn canonicalize_block(block: &mut Block, varying: &[bool]) -> usize {
         reshape,
         dense,
         span: Span::default(),
+        calls: Vec::new(),
     };
     // Old node index → its value in the new list (a rewritten node may become another's value).
     let mut map: Vec<BVal> = Vec::with_capacity(old.len());

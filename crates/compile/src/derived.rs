@@ -275,6 +275,7 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
             attrs: node.attrs.clone(),
             ty: node.ty.clone(),
             span: node.span,
+            calls: node.calls.clone(),
         });
     }
     let d_outputs: Vec<BVal> = frontier
@@ -334,6 +335,7 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
             attrs: node.attrs.clone(),
             ty: node.ty.clone(),
             span: node.span,
+            calls: node.calls.clone(),
         });
     }
     let mut inputs = block.inputs.clone();

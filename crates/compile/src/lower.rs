@@ -237,6 +237,9 @@ struct BlockBuilder {
     /// input (the body's free names are its parameters, bound in `env`).
     floor: usize,
     closed: bool,
+    /// The calls of the inlined functions being lowered, outermost first: each node made inside
+    /// them records them ([`BlockNode::calls`]).
+    calls: Vec<Span>,
 }
 
 /// How far a [`BlockBuilder`] had got: what [`BlockBuilder::rollback`] returns to.
@@ -640,7 +643,7 @@ impl Lowerer<'_> {
             ExprKind::Call(c) => {
                 if let ExprKind::Global(g) = &c.callee.kind {
                     if let Some(&f) = self.inline.get(g) {
-                        return self.inline_call(b, f, &c.args);
+                        return self.inline_call(b, f, &c.args, e.span);
                     }
                 }
                 let op = match &c.callee.kind {
@@ -702,6 +705,7 @@ impl Lowerer<'_> {
                     attrs: c.attrs.clone(),
                     ty,
                     span: e.span,
+                    calls: b.calls.iter().rev().copied().collect(),
                 });
                 Ok(Some(r))
             }
@@ -732,6 +736,7 @@ impl Lowerer<'_> {
         b: &mut BlockBuilder,
         f: &Function,
         args: &[Expr],
+        call: Span,
     ) -> Result<Option<BRef>, LowerError> {
         if b.nodes.len() >= crate::inline::MAX_INLINED_NODES || args.len() != f.params.len() {
             return Ok(None);
@@ -749,7 +754,9 @@ impl Lowerer<'_> {
             b.env.push((p.name.name.clone(), r));
         }
         (b.floor, b.closed) = (mark, true);
+        b.calls.push(call);
         let r = self.block_expr(b, &f.body);
+        b.calls.pop();
         (b.floor, b.closed) = saved;
         b.env.truncate(mark);
         r

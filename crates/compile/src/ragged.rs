@@ -467,6 +467,7 @@ fn segment(
             attrs: node.attrs.clone(),
             ty: node.ty.clone(),
             span: node.span,
+            calls: node.calls.clone(),
         });
     }
     // Outputs: every value defined here and read by a later segment or by the block's outputs.
