@@ -885,6 +885,16 @@ fn long_source_lines_are_windowed_and_bad_attributes_say_their_bound() {
     );
 }
 
+/// `tumble run MODEL --inputs INPUTS EXTRA..`, which must fail with status 1: its stderr.
+fn failing_run(model: &str, inputs: &str, extra: &[&str]) -> String {
+    let mut args = vec!["run", model, "--inputs", inputs];
+    args.extend_from_slice(extra);
+    let out = tumble(&args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+    err
+}
+
 /// Messages: a failure inside a prelude function names the calls that led there in the user's
 /// program, innermost first, on both engines.
 #[test]
@@ -903,17 +913,9 @@ def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
 ",
     );
     let inputs = temp_file("prelude_trace.jsonl", "{\"x\": [[1, 2, 3, 4]]}\n");
+    let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
     for engine in ["batched", "reference"] {
-        let out = tumble(&[
-            "run",
-            &model.display().to_string(),
-            "--inputs",
-            &inputs.display().to_string(),
-            "--engine",
-            engine,
-        ]);
-        let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{engine}: {err}");
+        let err = failing_run(&model, &inputs, &["--engine", engine]);
         assert!(err.contains("prelude_trace.rly:3:12"), "{engine}: {err}");
         let first = err.find("let %h = @hd(%l);");
         let main = err.find("let %y = @first(Nil);");
@@ -966,11 +968,7 @@ def @main(%x: Tensor[(2), int32], %y: Tensor[(2), int32]) -> Tensor[(2), int32] 
     ];
     let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
     for extra in runs {
-        let mut args = vec!["run", &model, "--inputs", &inputs];
-        args.extend_from_slice(extra);
-        let out = tumble(&args);
-        let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        let err = failing_run(&model, &inputs, extra);
         assert!(err.contains("instance at line 2"), "{extra:?}: {err}");
         assert!(err.contains("integer division by zero"), "{extra:?}: {err}");
         // The divide's own line and column, then the call of @f from @main.
@@ -1023,9 +1021,7 @@ def @main(%x: Tensor[(2), int32], %y: Tensor[(2), int32]) -> Tensor[(2), int32] 
         inputs.display().to_string(),
     );
     for engine in ["batched", "reference"] {
-        let out = tumble(&["run", &model, "--inputs", &inputs, "--engine", engine]);
-        let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{engine}: {err}");
+        let err = failing_run(&model, &inputs, &["--engine", engine]);
         assert!(err.contains("nested_error.rly:3:3"), "{engine}: {err}");
         let g = err.find("multiply(@g(%a, %y), %x)");
         let f = err.find("let %r = @f(%x, %y);");
@@ -1035,8 +1031,7 @@ def @main(%x: Tensor[(2), int32], %y: Tensor[(2), int32]) -> Tensor[(2), int32] 
         );
         assert!(err.contains("called from here (2)"), "{engine}: {err}");
         assert!(!err.contains("called from here (3)"), "{engine}: {err}");
-        let out = tumble(&["run", &direct, "--inputs", &inputs, "--engine", engine]);
-        let err = text(&out.stderr);
+        let err = failing_run(&direct, &inputs, &["--engine", engine]);
         assert!(err.contains("direct_error.rly:4:12"), "{engine}: {err}");
         assert!(!err.contains("called from here"), "{engine}: {err}");
     }
@@ -1068,11 +1063,7 @@ def @main(%x: Tensor[(?, 4), int32], %y: Tensor[(?, 4), int32]) -> Tensor[(?, 4)
     let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
     let runs: [&[&str]; 3] = [&["--engine", "reference"], &[], &["--no-ragged"]];
     for extra in runs {
-        let mut args = vec!["run", &model, "--inputs", &inputs];
-        args.extend_from_slice(extra);
-        let out = tumble(&args);
-        let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        let err = failing_run(&model, &inputs, extra);
         assert!(err.contains("instance at line 2"), "{extra:?}: {err}");
         assert!(err.contains("ragged_error.rly:4:12"), "{extra:?}: {err}");
         assert!(err.contains("called from here (1)"), "{extra:?}: {err}");

@@ -33,6 +33,13 @@ fn write(dir: &std::path::Path, name: &str, body: &str) -> String {
     p.display().to_string()
 }
 
+/// The names of the files in `dir` (a stopped run must leave no output or temp file there).
+fn files_in(dir: &std::path::Path) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default()
+}
+
 const X: &str = "{\"x\": [[1, 2, 3, 4]]}\n";
 
 /// Tail recursion without a base case: the batched engine records a node per call and never
@@ -285,9 +292,7 @@ fn a_run_past_its_time_limit_stops_with_status_124_and_writes_nothing() {
         );
         assert!(!o.exists(), "{engine}: {o:?} was written");
     }
-    let leftovers: Vec<_> = std::fs::read_dir(&dir)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
+    let leftovers = files_in(&dir);
     assert_eq!(leftovers.len(), 2, "{leftovers:?}");
     for bad in ["0", "-1s", "soon", "3 days"] {
         let flag = format!("--timeout={bad}");
@@ -346,9 +351,7 @@ fn stopped_by_signal(signal: &str, status: i32) {
     assert_eq!(out.status.code(), Some(status), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("interrupted"));
     assert!(!o.exists());
-    let leftovers: Vec<_> = std::fs::read_dir(&dir)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
+    let leftovers = files_in(&dir);
     assert_eq!(leftovers.len(), 2, "{leftovers:?}");
 }
 

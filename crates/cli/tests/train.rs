@@ -417,14 +417,22 @@ fn a_diverging_training_stops_and_keeps_no_nan_weights() {
     assert!(!out.exists(), "{err}");
 }
 
+/// A model file `name`: the sum of `nn.dense(%x, %W)` for `%x` (1, 2) and the parameter `%W`
+/// (2, 2), both of `dtype`.
+fn sum_of_product_model(name: &str, dtype: &str) -> String {
+    temp_file(
+        name,
+        &format!(
+            "def @main(%x: Tensor[(1, 2), {dtype}], %W: Tensor[(2, 2), {dtype}]) -> Tensor[(), {dtype}] {{\n  sum(nn.dense(%x, %W))\n}}\n"
+        ),
+    )
+}
+
 /// An f64 parameter is updated in f64: an SGD step of 1e-12 moves it by 1e-12 × its gradient
 /// (through the f32 path every update rounded it to f32: a change of ~1e-8).
 #[test]
 fn f64_parameters_train_in_f64() {
-    let model = temp_file(
-        "f64.rly",
-        "def @main(%x: Tensor[(1, 2), float64], %W: Tensor[(2, 2), float64]) -> Tensor[(), float64] {\n  sum(nn.dense(%x, %W))\n}\n",
-    );
+    let model = sum_of_product_model("f64.rly", "float64");
     let data = temp_file("f64.jsonl", "{\"x\": [[1.0, 2.0]]}\n");
     let init = temp_path("f64_init.safetensors");
     let out = temp_path("f64_out.safetensors");
@@ -484,10 +492,7 @@ fn f64_parameters_train_in_f64() {
 /// parameters is an error, not an empty file; an output that is a folder is refused at once.
 #[test]
 fn diverged_weights_empty_gradients_and_bad_outputs_are_errors() {
-    let model = temp_file(
-        "overflow.rly",
-        "def @main(%x: Tensor[(1, 2), float32], %W: Tensor[(2, 2), float32]) -> Tensor[(), float32] {\n  sum(nn.dense(%x, %W))\n}\n",
-    );
+    let model = sum_of_product_model("overflow.rly", "float32");
     let data = temp_file("overflow.jsonl", "{\"x\": [[2.0, 2.0]]}\n");
     let out = temp_path("overflow.safetensors");
     let _ = std::fs::remove_file(&out);

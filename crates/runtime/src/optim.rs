@@ -6,6 +6,13 @@
 
 use crate::simd::{dispatched, isa, Isa};
 
+/// Adagrad's ε, and Adam's β1, β2 and ε (PyTorch's defaults): one definition for the f32 rules
+/// and the f64 ones ([`update_f64`]).
+pub const ADAGRAD_EPS: f64 = 1e-10;
+pub const ADAM_BETA1: f64 = 0.9;
+pub const ADAM_BETA2: f64 = 0.999;
+pub const ADAM_EPS: f64 = 1e-8;
+
 /// What every rule reads: the learning rate, the weight decay and the gradient's scale (the
 /// mini-batch mean's `1 / b`).
 #[derive(Clone, Copy, Debug)]
@@ -32,7 +39,7 @@ dispatched! {
         for ((x, g), v) in x.iter_mut().zip(g).zip(v.iter_mut()) {
             let g = g * scale + decay * *x;
             *v += g * g;
-            *x -= lr * g / (v.sqrt() + 1e-10);
+            *x -= lr * g / (v.sqrt() + ADAGRAD_EPS as f32);
         }
     }
 }
@@ -50,12 +57,12 @@ pub struct Adam {
 impl Adam {
     /// The usual constants (β1 0.9, β2 0.999, ε 1e-8, as PyTorch's) at step `t` (1-based).
     pub fn at_step(t: u64) -> Adam {
-        let (b1, b2) = (0.9f32, 0.999f32);
+        let (b1, b2) = (ADAM_BETA1 as f32, ADAM_BETA2 as f32);
         let t = t.min(i32::MAX as u64) as i32;
         Adam {
             b1,
             b2,
-            eps: 1e-8,
+            eps: ADAM_EPS as f32,
             c1: 1.0 - b1.powi(t),
             c2: 1.0 - b2.powi(t),
         }
@@ -76,11 +83,60 @@ dispatched! {
     }
 }
 
+/// Which rule [`update_f64`] applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    Sgd,
+    Adagrad,
+    Adam,
+}
+
+/// The three rules on f64 weights with f64 moments `m` (Adam's only) and `v` (an f64 parameter
+/// trained in f64), step `t` (1-based), one weight at a time: the same formulas as the f32 ones.
+pub fn update_f64(
+    rule: Rule,
+    x: &mut [f64],
+    g: &[f64],
+    m: &mut [f64],
+    v: &mut [f64],
+    (lr, decay, scale): (f64, f64, f64),
+    t: u64,
+) {
+    let k = i32::try_from(t).unwrap_or(i32::MAX);
+    let (c1, c2) = (1.0 - ADAM_BETA1.powi(k), 1.0 - ADAM_BETA2.powi(k));
+    for (i, (x, &g)) in x.iter_mut().zip(g).enumerate() {
+        let g = g * scale + decay * *x;
+        match rule {
+            Rule::Sgd => *x -= lr * g,
+            Rule::Adagrad => {
+                let v = &mut v[i];
+                *v += g * g;
+                *x -= lr * g / (v.sqrt() + ADAGRAD_EPS);
+            }
+            Rule::Adam => {
+                let (m, v) = (&mut m[i], &mut v[i]);
+                *m = ADAM_BETA1 * *m + (1.0 - ADAM_BETA1) * g;
+                *v = ADAM_BETA2 * *v + (1.0 - ADAM_BETA2) * g * g;
+                *x -= lr * (*m / c1) / ((*v / c2).sqrt() + ADAM_EPS);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     // Odd lengths: every vector width's remainder loop runs.
+    /// The shared constants read as the f32 rules' literals did (the weights stay bit-identical).
+    #[test]
+    fn the_shared_constants_are_the_f32_literals() {
+        assert_eq!((ADAGRAD_EPS as f32).to_bits(), 1e-10f32.to_bits());
+        assert_eq!((ADAM_BETA1 as f32).to_bits(), 0.9f32.to_bits());
+        assert_eq!((ADAM_BETA2 as f32).to_bits(), 0.999f32.to_bits());
+        assert_eq!((ADAM_EPS as f32).to_bits(), 1e-8f32.to_bits());
+    }
+
     #[test]
     fn updates_equal_the_scalar_rules_bit_for_bit() {
         for n in [0usize, 1, 7, 15, 16, 17, 33, 257] {

@@ -649,25 +649,27 @@ struct Slot {
     v64: Vec<f64>,
 }
 
-/// One optimizer step on `w`, in place, with gradient `g * scale` (the mini-batch's mean) plus
-/// `decay * w`. Moments are kept in f32, like PyTorch's optimizers.
-#[allow(clippy::too_many_arguments)]
-fn step(
+/// What one optimizer step applies: the rule, the learning rate, the weight decay, the step
+/// number `t` (1-based) and the gradient's scale (the mini-batch mean's `1 / b`).
+#[derive(Clone, Copy, Debug)]
+struct StepSettings {
     opt: Optimizer,
     lr: f64,
     decay: f64,
     t: u64,
-    w: &mut Tensor,
-    g: &ParamGrad,
     scale: f64,
-    s: &mut Slot,
-) -> Result<(), String> {
+}
+
+/// One optimizer step on `w`, in place, with gradient `g * scale` (the mini-batch's mean) plus
+/// `decay * w`. Moments are kept in f32, like PyTorch's optimizers (f64 for an f64 parameter).
+fn step(h: StepSettings, w: &mut Tensor, g: &ParamGrad, s: &mut Slot) -> Result<(), String> {
     if w.dtype() == tumble_ir::DType::Float64 {
-        return step_f64(opt, lr, decay, t, w, g, scale, s);
+        return step_f64(h, w, g, s);
     }
+    let (opt, decay) = (h.opt, h.decay);
     let n = w.len();
     moments(opt, n, &mut s.m, &mut s.v);
-    let rule = Rule::new(opt, lr, decay, t, scale);
+    let rule = Rule::new(h);
     // Rows whose gradient is all zero (an embedding's rows no instance of the mini-batch read)
     // keep their weights and state exactly under SGD and Adagrad without weight decay (each
     // element becomes `x - lr·0/…` = x), so they are skipped; Adam's moments move even at a
@@ -759,21 +761,12 @@ fn moments<T: Clone + Default>(opt: Optimizer, n: usize, m: &mut Vec<T>, v: &mut
     }
 }
 
-/// [`step`] for an f64 parameter: the same rules in f64, with f64 moments (through the f32 path
-/// every update rounded the weights to f32: an f64 model trained at f32 precision).
-#[allow(clippy::too_many_arguments)]
-fn step_f64(
-    opt: Optimizer,
-    lr: f64,
-    decay: f64,
-    t: u64,
-    w: &mut Tensor,
-    g: &ParamGrad,
-    scale: f64,
-    s: &mut Slot,
-) -> Result<(), String> {
+/// [`step`] for an f64 parameter: the same rules in f64 (`optim::update_f64`), with f64 moments
+/// (through the f32 path every update rounded the weights to f32: an f64 model trained at f32
+/// precision).
+fn step_f64(h: StepSettings, w: &mut Tensor, g: &ParamGrad, s: &mut Slot) -> Result<(), String> {
     let n = w.len();
-    moments(opt, n, &mut s.m64, &mut s.v64);
+    moments(h.opt, n, &mut s.m64, &mut s.v64);
     let dense;
     let gt = match g {
         ParamGrad::Dense(t) => t,
@@ -789,26 +782,20 @@ fn step_f64(
     if gv.len() != n || wv.len() != n {
         return Err("internal: gradient and parameter sizes differ".into());
     }
-    let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-8f64);
-    let k = i32::try_from(t).unwrap_or(i32::MAX);
-    let (c1, c2) = (1.0 - b1.powi(k), 1.0 - b2.powi(k));
-    for (i, (x, &g)) in wv.iter_mut().zip(&gv).enumerate() {
-        let g = g * scale + decay * *x;
-        match opt {
-            Optimizer::Sgd => *x -= lr * g,
-            Optimizer::Adagrad => {
-                let v = &mut s.v64[i];
-                *v += g * g;
-                *x -= lr * g / (v.sqrt() + 1e-10);
-            }
-            Optimizer::Adam => {
-                let (m, v) = (&mut s.m64[i], &mut s.v64[i]);
-                *m = b1 * *m + (1.0 - b1) * g;
-                *v = b2 * *v + (1.0 - b2) * g * g;
-                *x -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
-            }
-        }
-    }
+    let rule = match h.opt {
+        Optimizer::Sgd => optim::Rule::Sgd,
+        Optimizer::Adagrad => optim::Rule::Adagrad,
+        Optimizer::Adam => optim::Rule::Adam,
+    };
+    optim::update_f64(
+        rule,
+        wv,
+        &gv,
+        &mut s.m64,
+        &mut s.v64,
+        (h.lr, h.decay, h.scale),
+        h.t,
+    );
     Ok(())
 }
 
@@ -820,15 +807,15 @@ struct Rule {
 }
 
 impl Rule {
-    fn new(opt: Optimizer, lr: f64, decay: f64, t: u64, scale: f64) -> Self {
+    fn new(h: StepSettings) -> Self {
         Rule {
-            opt,
+            opt: h.opt,
             step: Step {
-                lr: lr as f32,
-                decay: decay as f32,
-                scale: scale as f32,
+                lr: h.lr as f32,
+                decay: h.decay as f32,
+                scale: h.scale as f32,
             },
-            adam: optim::Adam::at_step(t),
+            adam: optim::Adam::at_step(h.t),
         }
     }
 
@@ -1041,17 +1028,14 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                     };
                     let slot = slots.entry(name.clone()).or_default();
                     weights.remove(name);
-                    step(
-                        args.optimizer,
-                        args.lr,
-                        args.weight_decay,
+                    let h = StepSettings {
+                        opt: args.optimizer,
+                        lr: args.lr,
+                        decay: args.weight_decay,
                         t,
-                        w,
-                        &g,
-                        1.0 / b,
-                        slot,
-                    )
-                    .map_err(Failure::Message)?;
+                        scale: 1.0 / b,
+                    };
+                    step(h, w, &g, slot).map_err(Failure::Message)?;
                     weights.insert(name.clone(), w.clone());
                 }
                 bar.inc(which.len() as u64);
@@ -1176,8 +1160,15 @@ mod tests {
                 let new_slot = Slot::default;
                 let (mut sa, mut sb) = (new_slot(), new_slot());
                 for t in 1..=3 {
-                    step(opt, 0.1, decay, t, &mut a, &dense, 0.5, &mut sa).unwrap();
-                    step(opt, 0.1, decay, t, &mut b, &sparse, 0.5, &mut sb).unwrap();
+                    let h = StepSettings {
+                        opt,
+                        lr: 0.1,
+                        decay,
+                        t,
+                        scale: 0.5,
+                    };
+                    step(h, &mut a, &dense, &mut sa).unwrap();
+                    step(h, &mut b, &sparse, &mut sb).unwrap();
                 }
                 assert_eq!(a.as_f32(), b.as_f32(), "{opt:?} decay {decay}");
                 assert_eq!(sa.v, sb.v, "{opt:?} decay {decay}");
@@ -1195,7 +1186,14 @@ mod tests {
         // The step does not write through to another holder of the weights.
         let mut held = w0.clone();
         let mut s = Slot::default();
-        step(Optimizer::Sgd, 0.1, 0.0, 1, &mut held, &sparse, 1.0, &mut s).unwrap();
+        let h = StepSettings {
+            opt: Optimizer::Sgd,
+            lr: 0.1,
+            decay: 0.0,
+            t: 1,
+            scale: 1.0,
+        };
+        step(h, &mut held, &sparse, &mut s).unwrap();
         assert_ne!(held.as_f32(), w0.as_f32());
         assert_eq!(w0.as_f32().unwrap()[0], 0.0);
     }
