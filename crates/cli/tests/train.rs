@@ -600,3 +600,97 @@ fn training_past_its_time_limit_keeps_the_last_checkpoint() {
         "{weights:?}"
     );
 }
+
+/// A tree regression: each node's state from its own vector and its children's summed states.
+const TREE_MODEL: &str = r#"
+def @enc(%t: Tree[Tensor[(1, 4), float32]], %w: Tensor[(4, 4), float32], %u: Tensor[(4, 4), float32])
+    -> Tensor[(1, 4), float32] {
+  match (%t) {
+    Rose(%x, Nil) => tanh(nn.dense(%x, %w)),
+    Rose(%x, %cs) => {
+      let %hs = @map(fn (%c: Tree[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32] {
+        @enc(%c, %w, %u)
+      }, %cs);
+      let %s = @foldl(fn (%a: Tensor[(1, 4), float32], %b: Tensor[(1, 4), float32])
+          -> Tensor[(1, 4), float32] { add(%a, %b) }, @hd(%hs), @tl(%hs));
+      tanh(add(nn.dense(%x, %w), nn.dense(%s, %u)))
+    },
+  }
+}
+
+def @main(%t: Tree[Tensor[(1, 4), float32]], %y: Tensor[(), float32], %w: Tensor[(4, 4), float32],
+          %u: Tensor[(4, 4), float32], %v: Tensor[(1, 4), float32]) -> Tensor[(), float32] {
+  let %e = subtract(sum(multiply(@enc(%t, %w, %u), %v)), %y);
+  multiply(%e, %e)
+}
+"#;
+
+/// Trees of 1 to 7 nodes, each a different shape.
+fn tree_instances() -> String {
+    fn node(seed: usize, size: usize) -> String {
+        let x: Vec<String> = (0..4)
+            .map(|k| format!("{:.3}", ((seed * 4 + k) as f32 * 0.77).sin()))
+            .collect();
+        let mut children = Vec::new();
+        let mut left = size.saturating_sub(1);
+        let mut k = 1;
+        while left > 0 {
+            let take = left.min(k);
+            children.push(node(seed * 3 + k, take));
+            left -= take;
+            k += 1;
+        }
+        format!(
+            "{{\"Rose\": [[[{}]], [{}]]}}",
+            x.join(", "),
+            children.join(", ")
+        )
+    }
+    (0..14)
+        .map(|i| {
+            format!(
+                "{{\"t\": {}, \"y\": {:.3}}}",
+                node(i, i % 7 + 1),
+                (i as f32 * 0.4).cos()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Epochs after the first replay the block invocations each instance's first run recorded
+/// instead of interpreting its program: the trained weights are the same bits as with
+/// `--no-trace-replay`, on one worker and on two.
+#[test]
+fn replayed_epochs_train_the_same_weights_as_interpreted_ones() {
+    let model = temp_file("tree_replay.rly", TREE_MODEL);
+    let data = temp_file("tree_replay.jsonl", &tree_instances());
+    for workers in ["1", "2"] {
+        let out = |name: &str| temp_path(&format!("w_replay_{workers}_{name}.safetensors"));
+        let (replayed, interpreted) = (out("replayed"), out("interpreted"));
+        let extra = [
+            "--optimizer",
+            "adagrad",
+            "--threads",
+            "2",
+            "--workers",
+            workers,
+        ];
+        let o = train(&model, &data, &data, &replayed, &extra);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let err = text(&o.stderr);
+        assert!(err.contains("14 of 14 instances traced"), "{err}");
+        let losses = dev_losses(&err);
+        assert!(losses[5] < losses[0], "{losses:?}");
+        let mut off = extra.to_vec();
+        off.push("--no-trace-replay");
+        let o = train(&model, &data, &data, &interpreted, &off);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        assert!(!text(&o.stderr).contains("traced"));
+        assert_eq!(
+            std::fs::read(&replayed).unwrap(),
+            std::fs::read(&interpreted).unwrap(),
+            "{workers} workers"
+        );
+    }
+}

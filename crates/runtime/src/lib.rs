@@ -21,8 +21,10 @@ pub mod profile;
 pub mod reuse;
 pub mod session;
 mod simd;
+pub mod trace;
 pub mod workers;
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use tumble_compile::Program;
@@ -285,7 +287,7 @@ pub(crate) fn run_batch_lent(
     dfg.lend_threads(lent);
     let n = args.len();
     dfg.reserve_for(n);
-    let results = drive(program, index, args, rngs, opts, &mut dfg)?;
+    let results = drive(program, index, args, rngs, opts, &mut dfg, None)?;
     dfg.note_nodes_per_instance(n);
     let mut out = Vec::with_capacity(n);
     for (i, r) in results.into_iter().enumerate() {
@@ -317,6 +319,7 @@ pub(crate) fn drive(
     rngs: Vec<Rng>,
     opts: Options,
     dfg: &mut dfg::Dfg,
+    traces: Option<&[Option<&trace::TraceSlot>]>,
 ) -> Result<Vec<Option<Value>>, InstanceError> {
     let n = args.len();
     // Weight transforms once for the mini-batch: every instance has the same weights.
@@ -333,8 +336,39 @@ pub(crate) fn drive(
         }
         _ => None,
     };
-    let mut machines: Vec<Machine> = Vec::with_capacity(n);
+    let mut machines: Vec<Option<Machine>> = Vec::with_capacity(n);
+    let mut results: Vec<Option<Value>> = vec![None; n];
+    // Instances with a trace are replayed, first and in order (the same calls in the same order
+    // as their interpreted runs, so the same graph); the others run on machines, recorded on
+    // their first run where a slot waits for a trace.
+    let slot = |i: usize| traces.and_then(|t| t.get(i).copied().flatten());
+    let mut untraced: Vec<(usize, Vec<Value>)> = Vec::new();
+    let t0 = Instant::now();
+    let inner_before = dfg.profile.inner();
     for (i, (a, rng)) in args.into_iter().zip(rngs).enumerate() {
+        if let Some(Some(t)) = slot(i).and_then(|s| s.get()) {
+            let mut ctx = InstanceCtx {
+                rng,
+                depth: 0,
+                instance: i as u32,
+                phase: 0,
+                pending: 0,
+            };
+            let v = trace::replay(t, &a, &mut ctx, dfg).map_err(|error| InstanceError {
+                instance: Some(i),
+                error,
+            })?;
+            if let Some(r) = results.get_mut(i) {
+                *r = Some(v);
+            }
+            machines.push(None);
+            continue;
+        }
+        // Traces are a speed-up, not a need: none is recorded past half the memory budget.
+        let room = || tumble_limits::reserve(tumble_limits::in_use()).is_ok();
+        if slot(i).is_some() && derived.is_none() && room() {
+            untraced.push((i, a.clone()));
+        }
         let mut m = Machine::new(
             program,
             InstanceCtx {
@@ -350,26 +384,51 @@ pub(crate) fn drive(
                 instance: Some(i),
                 error,
             })?;
-        machines.push(m);
+        machines.push(Some(m));
     }
-    let mut results: Vec<Option<Value>> = vec![None; n];
-    let mut running: Vec<usize> = (0..n).collect();
+    dfg.profile.time_program += t0
+        .elapsed()
+        .saturating_sub(dfg.profile.inner() - inner_before);
+    let mut running: Vec<usize> = (0..n).filter(|&i| results[i].is_none()).collect();
+    // The entry arguments of the instances to record, by instance.
+    let mut recording: HashMap<usize, Vec<Value>> = untraced.into_iter().collect();
+    if running.is_empty() {
+        // Every instance was replayed: their graph is computed by the one flush the loop below
+        // would have made after their programs.
+        dfg.flush().map_err(|error| InstanceError {
+            instance: dfg.failed_instance.map(|i| i as usize),
+            error,
+        })?;
+    }
     let mut parked: Vec<usize> = Vec::new();
     while !running.is_empty() {
         let t0 = Instant::now();
         // What the instances' steps spend recording nodes, and launching them at once (the
         // eager scheduler), is counted in those parts, not in the program's.
-        let inner = |p: &Profile| {
-            p.time_dfg + p.time_schedule + p.time_gather + p.time_kernels + p.time_outputs
-        };
-        let inner_before = inner(&dfg.profile);
+        let inner_before = dfg.profile.inner();
         let mut still = Vec::new();
         for &i in &running {
-            let Some(m) = machines.get_mut(i) else {
+            let Some(m) = machines.get_mut(i).and_then(Option::as_mut) else {
                 continue;
             };
             loop {
-                match m.run(dfg).map_err(|error| InstanceError {
+                let outcome = match recording.remove(&i) {
+                    // Its first run, through a recorder: a trace if it finishes in one go.
+                    Some(params) => {
+                        let mut rec = trace::Recorder::new(dfg, &params);
+                        let outcome = m.run(&mut rec);
+                        let t = match &outcome {
+                            Ok(Outcome::Done(v)) => rec.finish(v),
+                            _ => None,
+                        };
+                        if let Some(s) = slot(i) {
+                            let _ = s.set(t);
+                        }
+                        outcome
+                    }
+                    None => m.run(dfg),
+                };
+                match outcome.map_err(|error| InstanceError {
                     instance: Some(i),
                     error,
                 })? {
@@ -387,7 +446,7 @@ pub(crate) fn drive(
         }
         dfg.profile.time_program += t0
             .elapsed()
-            .saturating_sub(inner(&dfg.profile) - inner_before);
+            .saturating_sub(dfg.profile.inner() - inner_before);
         if !still.is_empty() && !dfg.has_pending() {
             return Err(InstanceError {
                 instance: still.first().copied(),
@@ -400,7 +459,7 @@ pub(crate) fn drive(
             let t_scan = Instant::now();
             // Early release: what the instances still hold stays; the rest can go once read.
             dfg.scan_claims(|f| {
-                machines.iter().for_each(|m| m.visit_values(f));
+                machines.iter().flatten().for_each(|m| m.visit_values(f));
                 results.iter().flatten().for_each(&mut *f);
             });
             dfg.profile.time_outputs += t_scan.elapsed();
@@ -416,14 +475,14 @@ pub(crate) fn drive(
             // Every unfinished instance is at the phase boundary and the graph is evaluated: the
             // next phase starts, at inline depth 0 for all of them.
             for &i in &parked {
-                if let Some(m) = machines.get_mut(i) {
+                if let Some(m) = machines.get_mut(i).and_then(Option::as_mut) {
                     m.ctx.depth = 0;
                 }
             }
             running = std::mem::take(&mut parked);
         }
     }
-    dfg.profile.host_steps += machines.iter().map(Machine::steps).sum::<u64>();
+    dfg.profile.host_steps += machines.iter().flatten().map(Machine::steps).sum::<u64>();
     Ok(results)
 }
 

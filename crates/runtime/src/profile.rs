@@ -202,6 +202,15 @@ impl Profile {
         self.time_encode += o.time_encode;
     }
 
+    /// What recording and launching nodes took (counted in those parts, not in the program's).
+    pub fn inner(&self) -> std::time::Duration {
+        self.time_dfg
+            + self.time_schedule
+            + self.time_gather
+            + self.time_kernels
+            + self.time_outputs
+    }
+
     /// The parts of the time spent running mini-batches, in ms: `program P + dfg D + scheduling
     /// S + gather G + kernels K + outputs O` (no decoding, encoding or other).
     pub fn run_split(&self) -> String {

@@ -7,7 +7,8 @@ mod common;
 
 use common::{compile, expected, load_text, rng, root, var_rows, Expected};
 use tumble_interp::{tape, Value};
-use tumble_runtime::backward::{grad_batch, GradOptions};
+use tumble_runtime::backward::{grad_batch, grad_batch_traced, GradOptions};
+use tumble_runtime::trace::TraceCache;
 use tumble_runtime::{Options, Scheduler};
 use tumble_tensor::Tensor;
 
@@ -574,4 +575,133 @@ fn load_plain(model: &str, map: &[(&str, &str)], inputs: &str) -> Expected {
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let l = load_text(model, &scale(&text, map));
     expected(model, l, inputs, INSTANCE_ARGS)
+}
+
+/// The gradients of `x`'s instances taken in mini-batches of `batch` in the order `order`, each
+/// mini-batch's instances recorded into or replayed from `cache` (indices are `x`'s).
+fn traced_grads(
+    x: &Expected,
+    wrt: &[usize],
+    order: &[usize],
+    batch: usize,
+    cache: Option<&TraceCache>,
+) -> Vec<Vec<Option<Tensor>>> {
+    let statics = tumble_compile::StaticOptions {
+        derive: false,
+        ..tumble_compile::StaticOptions::all()
+    };
+    let (program, reuse) = compile(x, true, statics);
+    let params: Vec<Tensor> = wrt
+        .iter()
+        .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
+        .collect();
+    order
+        .chunks(batch)
+        .map(|which| {
+            let args = which.iter().map(|&i| x.args[i].clone()).collect();
+            let rngs = which.iter().map(|&i| rng(i)).collect();
+            let slots = cache.map(|c| c.slots(which));
+            grad_batch_traced(
+                &program,
+                &reuse,
+                "main",
+                args,
+                rngs,
+                Options::default(),
+                GradOptions::default(),
+                &params,
+                slots.as_deref(),
+            )
+            .unwrap_or_else(|e| panic!("{}: batched gradient: {}", x.name, e.error.message))
+            .grads
+            .into_iter()
+            .map(|g| g.map(|g| g.into_dense().unwrap()))
+            .collect()
+        })
+        .collect()
+}
+
+/// Training's second epoch replays what each instance's first run recorded (`tumble train`):
+/// mini-batches of other instances in another order give the same gradients, bit for bit, as
+/// interpreting the program — and an instance whose control flow reads computed values (Berxit's
+/// exits) is not traced, and still differentiated right.
+#[test]
+fn replayed_traces_give_the_interpreted_gradients_bit_for_bit() {
+    let trees = bundled_trees();
+    let all = (0..23)
+        .map(|i| {
+            let t = &trees[i % trees.len()];
+            format!("{{\"tree\": {t}, \"labels\": {}}}", label_tree(t))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let map = &[("256", "8"), ("768", "24"), ("21703", "1000")];
+    let sst = load_plain("treelstm_sst_train_all", map, &all);
+    let wrt = float_params(&sst);
+    let n = sst.args.len();
+    let first: Vec<usize> = (0..n).collect();
+    let second: Vec<usize> = (0..n).map(|i| (i * 7 + 3) % n).collect();
+    let cache = TraceCache::new(n);
+    let recorded = traced_grads(&sst, &wrt, &first, 5, Some(&cache));
+    assert_eq!(cache.traced().0, n, "every tree instance is traced");
+    let replayed = traced_grads(&sst, &wrt, &second, 6, Some(&cache));
+    let plain_first = traced_grads(&sst, &wrt, &first, 5, None);
+    let plain_second = traced_grads(&sst, &wrt, &second, 6, None);
+    let bits = |a: &[Vec<Option<Tensor>>], b: &[Vec<Option<Tensor>>], what: &str| {
+        assert_eq!(a.len(), b.len());
+        for (ga, gb) in a.iter().zip(b) {
+            for (x, y) in ga.iter().zip(gb) {
+                match (x, y) {
+                    (Some(x), Some(y)) => assert_eq!(x.to_f64_vec(), y.to_f64_vec(), "{what}"),
+                    (None, None) => {}
+                    _ => panic!("{what}: a gradient on one side only"),
+                }
+            }
+        }
+    };
+    bits(&recorded, &plain_first, "recording changed the gradients");
+    bits(&replayed, &plain_second, "replaying changed the gradients");
+
+    // Berxit: whether a layer exits is a computed value's; nothing is traced.
+    let lines: Vec<String> = example("berxit.jsonl")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    let inputs = (0..6)
+        .map(|i| {
+            let l = &lines[i % lines.len()];
+            let open = l.find('[').unwrap();
+            let close = l.find(']').unwrap();
+            let toks: Vec<&str> = l[open + 1..close].split(',').take(16).collect();
+            format!("{{\"tokens\": [{}], \"threshold\": 0.6}}", toks.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let x = load(
+        "berxit_small",
+        &[
+            ("768", "24"),
+            ("64", "2"),
+            ("3072", "48"),
+            ("128", "16"),
+            ("30522", "1000"),
+        ],
+        |t| t,
+        "sum(multiply(%o.0, %o.0))",
+        &inputs,
+    );
+    let wrt = float_params(&x);
+    let order: Vec<usize> = (0..x.args.len()).collect();
+    let cache = TraceCache::new(order.len());
+    let once = traced_grads(&x, &wrt, &order, 3, Some(&cache));
+    assert_eq!(
+        cache.traced().0,
+        0,
+        "an exit by a computed value is not traced"
+    );
+    let again = traced_grads(&x, &wrt, &order, 3, Some(&cache));
+    let plain = traced_grads(&x, &wrt, &order, 3, None);
+    bits(&once, &plain, "berxit, first run");
+    bits(&again, &plain, "berxit, second run");
 }

@@ -17,6 +17,7 @@ use tumble_io::{
 use tumble_ir::{diag, Diagnostic, SourceMap, Ty};
 use tumble_runtime::backward::{GradOptions, ParamGrad};
 use tumble_runtime::optim::{self, Step};
+use tumble_runtime::trace::TraceCache;
 use tumble_runtime::Options;
 use tumble_tensor::{Rng, Tensor};
 
@@ -139,6 +140,11 @@ pub struct TrainArgs {
     /// No progress bar (one line per epoch only).
     #[arg(long)]
     pub quiet: bool,
+    /// Interpret every instance's program at every epoch, instead of replaying the block
+    /// invocations its first run recorded (instances whose control flow depends only on their
+    /// own data: the same graph, the same bits, without the host program's steps).
+    #[arg(long)]
+    pub no_trace_replay: bool,
 }
 
 /// An entry function compiled for the batched runtime with the weights bound.
@@ -393,6 +399,7 @@ impl Compiled {
         opts: Options,
         gopts: GradOptions,
         seed: u64,
+        traces: Option<&TraceCache>,
         stats: &mut tumble_runtime::backward::BackwardStats,
     ) -> Result<(Vec<f64>, Vec<Option<ParamGrad>>), Failure> {
         let mut args = Vec::with_capacity(which.len());
@@ -403,7 +410,8 @@ impl Compiled {
             args.push(self.bound.assemble(inst.clone())?);
         }
         let rngs = which.iter().map(|&i| instance_rng(seed, i)).collect();
-        let g = tumble_runtime::backward::grad_batch(
+        let slots = traces.map(|c| c.slots(which));
+        let g = tumble_runtime::backward::grad_batch_traced(
             &self.program,
             &self.reuse,
             &self.entry,
@@ -412,6 +420,7 @@ impl Compiled {
             opts,
             gopts,
             params,
+            slots.as_deref(),
         )
         .map_err(|e| {
             let i = e.instance.and_then(|k| which.get(k)).copied().unwrap_or(0);
@@ -967,15 +976,21 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
     let n = decoded.len();
     let mut stats = tumble_runtime::backward::BackwardStats::default();
     let workers = worker_count(&args.weights, opts.threads, args.batch);
-    let setup = workers::Setup::new(
-        &typed,
-        &raw,
-        &trainable,
-        opts,
-        workers,
-        gopts(&args.weights),
-        args.weights.seed,
-    );
+    // Every epoch runs every training instance: the first run records, the later ones replay.
+    let traces = (!args.no_trace_replay && tumble_runtime::trace::replay_enabled())
+        .then(|| TraceCache::new(n));
+    let setup = workers::Setup {
+        traces: traces.as_ref(),
+        ..workers::Setup::new(
+            &typed,
+            &raw,
+            &trainable,
+            opts,
+            workers,
+            gopts(&args.weights),
+            args.weights.seed,
+        )
+    };
     std::thread::scope(|scope| -> Result<(), Failure> {
         let pool = workers::Workers::start(scope, workers, &main, &decoded, setup)?;
         for epoch in 1..=args.epochs {
@@ -1055,6 +1070,10 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                 tumble_limits::bytes_text(stats.peak_bytes)
             );
             stats.peak_bytes = 0;
+            if let (1, Some(c)) = (epoch, &traces) {
+                // What the next epochs replay instead of interpreting.
+                line.push_str(&format!(", {} of {n} instances traced", c.traced().0));
+            }
             let train_loss = loss_sum / seen.max(1) as f64;
             // The loss is measured before each step, so the last step's weights are looked at
             // too (a step can overflow them after a finite loss).

@@ -24,6 +24,7 @@ use tumble_check::TypedModule;
 use tumble_interp::Value;
 use tumble_io::instances::RawInstances;
 use tumble_runtime::backward::{BackwardStats, GradOptions, ParamGrad};
+use tumble_runtime::trace::TraceCache;
 use tumble_runtime::Options;
 use tumble_tensor::Tensor;
 
@@ -66,6 +67,9 @@ pub(super) struct Setup<'env> {
     pub opts: Options,
     pub gopts: GradOptions,
     pub seed: u64,
+    /// The training instances' traces (`train`; none with `--no-trace-replay`, or in `grad`,
+    /// which runs each instance once).
+    pub traces: Option<&'env TraceCache>,
 }
 
 impl<'env> Setup<'env> {
@@ -89,6 +93,7 @@ impl<'env> Setup<'env> {
             },
             gopts,
             seed,
+            traces: None,
         }
     }
 }
@@ -186,6 +191,7 @@ impl<'scope> Workers<'scope> {
                 setup.opts,
                 setup.gopts,
                 setup.seed,
+                setup.traces,
                 stats,
             ),
         };
@@ -303,6 +309,7 @@ fn helper(mut c: Compiled, setup: Setup<'_>, parts: Receiver<Part>, results: Sen
                     setup.opts,
                     setup.gopts,
                     setup.seed,
+                    setup.traces,
                     &mut stats,
                 );
                 drop(params);

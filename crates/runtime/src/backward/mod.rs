@@ -190,6 +190,24 @@ pub fn grad_batch(
     gopts: GradOptions,
     params: &[Tensor],
 ) -> Result<BatchGrad, InstanceError> {
+    grad_batch_traced(program, reuse, entry, args, rngs, opts, gopts, params, None)
+}
+
+/// [`grad_batch`] with a trace slot per instance (`traces[i]` for `args[i]`; see
+/// [`crate::trace`]): an instance whose slot holds a trace is replayed instead of interpreted,
+/// one whose slot is empty is recorded. The same graph either way, so the same gradient bits.
+#[allow(clippy::too_many_arguments)]
+pub fn grad_batch_traced(
+    program: &Program,
+    reuse: &Reuse,
+    entry: &str,
+    args: Vec<Vec<Value>>,
+    rngs: Vec<Rng>,
+    opts: Options,
+    gopts: GradOptions,
+    params: &[Tensor],
+    traces: Option<&[Option<&crate::trace::TraceSlot>]>,
+) -> Result<BatchGrad, InstanceError> {
     let t0 = Instant::now();
     // The mini-batch's own bytes: what was live before it (weights, the job's decoded
     // instances, other workers' state) is not its peak.
@@ -215,7 +233,7 @@ pub fn grad_batch(
     let mut dfg = Dfg::new(program, reuse, exec, opts);
     dfg.record_for_backward(gopts.keep.then_some(gopts.fast_eval()), gopts.sums);
     let n = args.len();
-    let results = crate::drive(program, index, args, rngs, opts, &mut dfg)?;
+    let results = crate::drive(program, index, args, rngs, opts, &mut dfg, traces)?;
     let mut stats = BackwardStats {
         time_forward: t0.elapsed(),
         peak_bytes: own_bytes(),

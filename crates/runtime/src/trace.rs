@@ -1,0 +1,416 @@
+//! Instance traces: the block invocations one run of an instance's program made, replayed
+//! into a later mini-batch's graph instead of interpreting the program again.
+//!
+//! An instance whose control flow depends only on its own inputs — it never chose a branch by
+//! a computed value, never called an operator outside a block, never waited for a value —
+//! makes the same invocations every time it runs, with the same arguments up to the weights and
+//! the invocations' own results. `tumble train` runs every training instance once per epoch:
+//! the first run records what the program asked of the graph ([`Recorder`]), the later ones
+//! replay it ([`replay`]) — the same calls in the same order at the same inline depths, so the
+//! same nodes, launches and bits, without the host program's evaluation steps (about a tenth of
+//! a TreeLSTM's training step). ACROBAT moves such input-determined work out of the run with
+//! its ahead-of-time compilation; a trace is the same idea for a program whose structure is
+//! only known per instance.
+//!
+//! A recorded argument is a weight (by position among the entry's arguments: a step's weights
+//! are new tensors), a constant (the instance's own data, a literal: kept by the trace) or a
+//! leaf of an earlier invocation's result (whatever node it is this time). Anything else — a
+//! lazy value the trace did not make, a closure in the result — leaves the instance untraced,
+//! and it is interpreted every time, as before.
+
+use std::sync::OnceLock;
+
+use tumble_interp::machine::{Backend, InstanceCtx};
+use tumble_interp::{LazyRef, RunError, Value};
+use tumble_ir::{Attrs, Span};
+use tumble_ops::OpDef;
+use tumble_tensor::Tensor;
+
+use crate::intern::WordMap;
+
+/// One argument of a recorded invocation, or one leaf of the recorded result.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Leaf {
+    /// Entry argument `k` (a weight: bound anew at every step).
+    Param(u32),
+    /// A tensor the trace keeps (the instance's own data, a literal).
+    Const(u32),
+    /// Leaf `k` of the results so far, in the order [`leaves`] walks them.
+    Out(u32),
+}
+
+/// The shape of the instance's result around its leaves.
+#[derive(Debug)]
+enum Shape {
+    Leaf(Leaf),
+    Tuple(Vec<Shape>),
+    Adt(u32, Vec<Shape>),
+}
+
+#[derive(Debug)]
+struct Call {
+    block: u32,
+    site: u32,
+    /// The instance's inline depth and phase when it made the call (the machine's bookkeeping:
+    /// concurrent elements start at one depth, their join takes the deepest).
+    depth: u32,
+    phase: u32,
+    span: Span,
+    /// Its arguments: `args[first..first + count]` of the trace.
+    first: u32,
+    count: u32,
+    /// Leaves of its result (a block's outputs).
+    leaves: u32,
+}
+
+/// What one instance's run asked of the graph (see the module's documentation).
+#[derive(Debug)]
+pub struct InstanceTrace {
+    calls: Vec<Call>,
+    args: Vec<Leaf>,
+    consts: Vec<Tensor>,
+    result: Shape,
+    /// Leaves of every call's result together.
+    outs: u32,
+}
+
+impl InstanceTrace {
+    /// Bytes the trace holds besides its constants' buffers (shared with the instance's data).
+    pub fn bytes(&self) -> usize {
+        self.calls.len() * std::mem::size_of::<Call>()
+            + self.args.len() * std::mem::size_of::<Leaf>()
+            + self.consts.len() * std::mem::size_of::<Tensor>()
+    }
+
+    pub fn calls(&self) -> usize {
+        self.calls.len()
+    }
+}
+
+/// One slot per instance of a job (a training set): empty until the instance first runs, then
+/// its trace, or `None` for an instance that cannot be traced (it is never recorded again).
+pub struct TraceCache {
+    slots: Vec<OnceLock<Option<InstanceTrace>>>,
+}
+
+impl TraceCache {
+    pub fn new(instances: usize) -> Self {
+        TraceCache {
+            slots: (0..instances).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// The slots of the instances `which` (indices into the job), in that order.
+    pub fn slots(&self, which: &[usize]) -> Vec<Option<&TraceSlot>> {
+        which.iter().map(|&i| self.slots.get(i)).collect()
+    }
+
+    /// Instances traced so far, and the calls their traces hold.
+    pub fn traced(&self) -> (usize, usize) {
+        self.slots
+            .iter()
+            .filter_map(|s| s.get().and_then(Option::as_ref))
+            .fold((0, 0), |(n, c), t| (n + 1, c + t.calls()))
+    }
+}
+
+pub type TraceSlot = OnceLock<Option<InstanceTrace>>;
+
+/// Whether instance traces are recorded and replayed (`TUMBLE_NO_TRACE_REPLAY=1`: never; the
+/// CLI's `train --no-trace-replay` passes no cache instead).
+pub fn replay_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_TRACE_REPLAY").is_none())
+}
+
+/// A [`Backend`] in front of another that records the invocations made through it, until
+/// something makes the run untraceable (then it only forwards).
+pub struct Recorder<'r> {
+    inner: &'r mut dyn Backend,
+    /// The run's entry arguments (a tensor among them is named by its position).
+    params: &'r [Value],
+    building: Option<Building>,
+}
+
+#[derive(Default)]
+struct Building {
+    calls: Vec<Call>,
+    args: Vec<Leaf>,
+    consts: Vec<Tensor>,
+    /// Lazy result leaves so far, by `node << 32 | output`.
+    lazy_outs: WordMap<u64, u32>,
+    /// Tensor result leaves so far (a block run on the host at once): rare, scanned.
+    tensor_outs: Vec<(Tensor, u32)>,
+    n_outs: u32,
+}
+
+fn lazy_key(r: LazyRef) -> u64 {
+    (u64::from(r.node) << 32) | u64::from(r.output)
+}
+
+/// The same buffer seen as the same shape (a view of another shape is another value).
+fn same_tensor(a: &Tensor, b: &Tensor) -> bool {
+    a.buffer_id() == b.buffer_id() && a.shape() == b.shape()
+}
+
+impl<'r> Recorder<'r> {
+    /// Records calls made through `inner` by a run started on entry arguments `params`.
+    pub fn new(inner: &'r mut dyn Backend, params: &'r [Value]) -> Self {
+        Recorder {
+            inner,
+            params,
+            building: Some(Building::default()),
+        }
+    }
+
+    /// The trace, if the run finished with `result` and stayed traceable.
+    pub fn finish(self, result: &Value) -> Option<InstanceTrace> {
+        let mut b = self.building?;
+        let result = b.shape_of(self.params, result)?;
+        Some(InstanceTrace {
+            calls: b.calls,
+            args: b.args,
+            consts: b.consts,
+            result,
+            outs: b.n_outs,
+        })
+    }
+
+    fn give_up(&mut self) {
+        self.building = None;
+    }
+}
+
+impl Building {
+    /// How a recorded run passed tensor value `v`; `None` when it is nothing the trace can name.
+    fn leaf_of(&mut self, params: &[Value], v: &Value) -> Option<Leaf> {
+        match v {
+            Value::Lazy(r) => self.lazy_outs.get(&lazy_key(*r)).map(|&k| Leaf::Out(k)),
+            Value::Tensor(t) => {
+                if let Some((_, k)) = self.tensor_outs.iter().find(|(o, _)| same_tensor(o, t)) {
+                    return Some(Leaf::Out(*k));
+                }
+                let param = params
+                    .iter()
+                    .position(|p| matches!(p, Value::Tensor(p) if same_tensor(p, t)));
+                if let Some(k) = param {
+                    return Some(Leaf::Param(k as u32));
+                }
+                self.consts.push(t.clone());
+                Some(Leaf::Const(self.consts.len() as u32 - 1))
+            }
+            _ => None,
+        }
+    }
+
+    /// Numbers the leaves of a call's result, in [`leaves`]' order; `None` for a result the trace
+    /// cannot rebuild.
+    fn note_result(&mut self, v: &Value) -> Option<u32> {
+        let mut n = 0;
+        let mut ok = true;
+        leaves(v, &mut |leaf| {
+            let k = self.n_outs + n;
+            match leaf {
+                Value::Lazy(r) => {
+                    self.lazy_outs.insert(lazy_key(*r), k);
+                }
+                Value::Tensor(t) => self.tensor_outs.push((t.clone(), k)),
+                _ => ok = false,
+            }
+            n += 1;
+        });
+        self.n_outs += n;
+        ok.then_some(n)
+    }
+
+    /// Whether `t` is a result leaf or an entry argument: a value the next run may not have.
+    fn varies(&self, params: &[Value], t: &Tensor) -> bool {
+        self.tensor_outs
+            .iter()
+            .any(|(o, _)| o.buffer_id() == t.buffer_id())
+            || params
+                .iter()
+                .any(|p| matches!(p, Value::Tensor(p) if p.buffer_id() == t.buffer_id()))
+    }
+
+    fn shape_of(&mut self, params: &[Value], v: &Value) -> Option<Shape> {
+        Some(match v {
+            Value::Tuple(t) => Shape::Tuple(
+                t.0.iter()
+                    .map(|f| self.shape_of(params, f))
+                    .collect::<Option<_>>()?,
+            ),
+            Value::Adt(a) => Shape::Adt(
+                a.ctor,
+                a.fields
+                    .iter()
+                    .map(|f| self.shape_of(params, f))
+                    .collect::<Option<_>>()?,
+            ),
+            Value::Closure(_) => return None,
+            leaf => Shape::Leaf(self.leaf_of(params, leaf)?),
+        })
+    }
+}
+
+/// Calls `f` on every tensor and lazy leaf of `v`, depth first, fields in order (and on a
+/// closure, which no trace holds).
+fn leaves(v: &Value, f: &mut dyn FnMut(&Value)) {
+    match v {
+        Value::Tuple(t) => t.0.iter().for_each(|x| leaves(x, f)),
+        Value::Adt(a) => a.fields.iter().for_each(|x| leaves(x, f)),
+        other => f(other),
+    }
+}
+
+impl Backend for Recorder<'_> {
+    fn call_op(
+        &mut self,
+        ctx: &mut InstanceCtx,
+        op: &'static OpDef,
+        args: Vec<Value>,
+        attrs: &Attrs,
+        span: Span,
+    ) -> Result<Value, RunError> {
+        // Host work in the program's order (random draws): not replayed.
+        self.give_up();
+        self.inner.call_op(ctx, op, args, attrs, span)
+    }
+
+    fn invoke_block(
+        &mut self,
+        ctx: &mut InstanceCtx,
+        block: u32,
+        site: u32,
+        args: &mut Vec<Value>,
+        span: Span,
+    ) -> Result<Value, RunError> {
+        let (depth, phase) = (ctx.depth, ctx.phase);
+        let mut first = 0;
+        if let Some(b) = &mut self.building {
+            first = b.args.len() as u32;
+            for a in args.iter() {
+                match b.leaf_of(self.params, a) {
+                    Some(l) => b.args.push(l),
+                    None => {
+                        self.building = None;
+                        break;
+                    }
+                }
+            }
+        }
+        let count = args.len() as u32;
+        let v = self.inner.invoke_block(ctx, block, site, args, span)?;
+        if let Some(b) = &mut self.building {
+            match b.note_result(&v) {
+                Some(leaves) => b.calls.push(Call {
+                    block,
+                    site,
+                    depth,
+                    phase,
+                    span,
+                    first,
+                    count,
+                    leaves,
+                }),
+                None => self.building = None,
+            }
+        }
+        Ok(v)
+    }
+
+    fn ghost(&mut self, ctx: &mut InstanceCtx, n: u32) {
+        // Only moves the depth, which each recorded call carries.
+        self.inner.ghost(ctx, n);
+    }
+
+    fn condition(&mut self, v: &Value) -> Result<Option<bool>, RunError> {
+        // A branch on a computed value, a result's tensor or a weight may go the other way next
+        // time; one on the instance's own data or a literal goes the same way.
+        let fixed = match (v, &self.building) {
+            (Value::Tensor(t), Some(b)) => !b.varies(self.params, t),
+            _ => false,
+        };
+        if !fixed {
+            self.give_up();
+        }
+        self.inner.condition(v)
+    }
+
+    fn op_args_ready(&mut self, args: &[Value]) -> Result<bool, RunError> {
+        self.inner.op_args_ready(args)
+    }
+
+    fn growth(&self) -> String {
+        self.inner.growth()
+    }
+}
+
+/// Makes `trace`'s invocations on `backend` for an instance started on entry arguments
+/// `params`, and returns its result.
+pub fn replay(
+    trace: &InstanceTrace,
+    params: &[Value],
+    ctx: &mut InstanceCtx,
+    backend: &mut dyn Backend,
+) -> Result<Value, RunError> {
+    let mut outs: Vec<Value> = Vec::with_capacity(trace.outs as usize);
+    let mut args: Vec<Value> = Vec::new();
+    let missing = || RunError::internal("a replayed trace names a value it does not have");
+    let value = |leaf: Leaf, outs: &[Value]| -> Result<Value, RunError> {
+        match leaf {
+            Leaf::Param(k) => params.get(k as usize).cloned().ok_or_else(missing),
+            Leaf::Const(k) => trace
+                .consts
+                .get(k as usize)
+                .map(|t| Value::Tensor(t.clone()))
+                .ok_or_else(missing),
+            Leaf::Out(k) => outs.get(k as usize).cloned().ok_or_else(missing),
+        }
+    };
+    for (i, call) in trace.calls.iter().enumerate() {
+        // As often as the machine looks at the run limits (Ctrl-C, --timeout, the memory budget).
+        if i % 4096 == 4095 {
+            if let Err(stop) = tumble_limits::poll() {
+                let held = vec![backend.growth()];
+                return Err(tumble_interp::machine::limit_error(stop, held, ""));
+            }
+        }
+        args.clear();
+        let range = call.first as usize..(call.first + call.count) as usize;
+        for &leaf in trace.args.get(range).ok_or_else(missing)? {
+            args.push(value(leaf, &outs)?);
+        }
+        ctx.depth = call.depth;
+        ctx.phase = call.phase;
+        let v = backend.invoke_block(ctx, call.block, call.site, &mut args, call.span)?;
+        let before = outs.len();
+        leaves(&v, &mut |l| outs.push(l.clone()));
+        if outs.len() - before != call.leaves as usize {
+            return Err(RunError::internal(
+                "a replayed invocation returned another number of values than recorded",
+            ));
+        }
+    }
+    build(&trace.result, &|leaf| value(leaf, &outs))
+}
+
+fn build(
+    shape: &Shape,
+    value: &dyn Fn(Leaf) -> Result<Value, RunError>,
+) -> Result<Value, RunError> {
+    Ok(match shape {
+        Shape::Leaf(l) => value(*l)?,
+        Shape::Tuple(fs) => Value::tuple(
+            fs.iter()
+                .map(|f| build(f, value))
+                .collect::<Result<tumble_interp::Fields, _>>()?,
+        ),
+        Shape::Adt(ctor, fs) => Value::adt(
+            *ctor,
+            fs.iter()
+                .map(|f| build(f, value))
+                .collect::<Result<tumble_interp::Fields, _>>()?,
+        ),
+    })
+}
