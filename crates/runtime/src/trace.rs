@@ -26,8 +26,6 @@ use tumble_ir::{Attrs, Span};
 use tumble_ops::OpDef;
 use tumble_tensor::Tensor;
 
-use crate::intern::WordMap;
-
 /// One argument of a recorded invocation, or one leaf of the recorded result.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Leaf {
@@ -137,29 +135,38 @@ struct Building {
     calls: Vec<Call>,
     args: Vec<Leaf>,
     consts: Vec<Tensor>,
-    /// Lazy result leaves so far, by `node << 32 | output`.
-    lazy_outs: WordMap<u64, u32>,
+    /// Lazy result leaves so far, by node: `by_node[node - base]` is (the leaf of output 0,
+    /// outputs seen). The run's own nodes are numbered upwards from its first: no hashing.
+    base: Option<u32>,
+    by_node: Vec<(u32, u32)>,
     /// Tensor result leaves so far (a block run on the host at once): rare, scanned.
     tensor_outs: Vec<(Tensor, u32)>,
     n_outs: u32,
 }
 
-fn lazy_key(r: LazyRef) -> u64 {
-    (u64::from(r.node) << 32) | u64::from(r.output)
-}
-
 /// The same buffer seen as the same shape (a view of another shape is another value).
+#[inline]
 fn same_tensor(a: &Tensor, b: &Tensor) -> bool {
-    a.buffer_id() == b.buffer_id() && a.shape() == b.shape()
+    // Element by element: shapes are a few dimensions, and slice equality calls `memcmp`.
+    a.buffer_id() == b.buffer_id()
+        && a.shape().len() == b.shape().len()
+        && a.shape().iter().zip(b.shape()).all(|(x, y)| x == y)
 }
 
 impl<'r> Recorder<'r> {
     /// Records calls made through `inner` by a run started on entry arguments `params`.
     pub fn new(inner: &'r mut dyn Backend, params: &'r [Value]) -> Self {
+        let building = Building {
+            // A TreeLSTM tree of SST's: ~120 invocations, ~200 result leaves.
+            calls: Vec::with_capacity(128),
+            args: Vec::with_capacity(512),
+            by_node: Vec::with_capacity(256),
+            ..Building::default()
+        };
         Recorder {
             inner,
             params,
-            building: Some(Building::default()),
+            building: Some(building),
         }
     }
 
@@ -167,6 +174,10 @@ impl<'r> Recorder<'r> {
     pub fn finish(self, result: &Value) -> Option<InstanceTrace> {
         let mut b = self.building?;
         let result = b.shape_of(self.params, result)?;
+        // Kept for the whole job: no room to spare.
+        b.calls.shrink_to_fit();
+        b.args.shrink_to_fit();
+        b.consts.shrink_to_fit();
         Some(InstanceTrace {
             calls: b.calls,
             args: b.args,
@@ -185,7 +196,7 @@ impl Building {
     /// How a recorded run passed tensor value `v`; `None` when it is nothing the trace can name.
     fn leaf_of(&mut self, params: &[Value], v: &Value) -> Option<Leaf> {
         match v {
-            Value::Lazy(r) => self.lazy_outs.get(&lazy_key(*r)).map(|&k| Leaf::Out(k)),
+            Value::Lazy(r) => self.lazy_leaf(*r).map(Leaf::Out),
             Value::Tensor(t) => {
                 if let Some((_, k)) = self.tensor_outs.iter().find(|(o, _)| same_tensor(o, t)) {
                     return Some(Leaf::Out(*k));
@@ -203,6 +214,40 @@ impl Building {
         }
     }
 
+    /// The result leaf that is lazy value `r`, if a call returned it.
+    fn lazy_leaf(&self, r: LazyRef) -> Option<u32> {
+        let i = r.node.checked_sub(self.base?)?;
+        let &(first, outputs) = self.by_node.get(i as usize)?;
+        (r.output < outputs).then_some(first + r.output)
+    }
+
+    /// Notes that result leaf `k` is lazy value `r`; false where the numbering cannot say it
+    /// (a node older than the run's first, a node's outputs not as consecutive leaves from its
+    /// output 0).
+    fn note_lazy(&mut self, r: LazyRef, k: u32) -> bool {
+        let base = *self.base.get_or_insert(r.node);
+        let Some(i) = r.node.checked_sub(base).map(|i| i as usize) else {
+            return false;
+        };
+        if self.by_node.len() <= i {
+            self.by_node.resize(i + 1, (0, 0));
+        }
+        let Some(entry) = self.by_node.get_mut(i) else {
+            return false;
+        };
+        match *entry {
+            (_, 0) if r.output == 0 => {
+                *entry = (k, 1);
+                true
+            }
+            (first, seen) if first + r.output == k && r.output == seen => {
+                entry.1 = seen + 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Numbers the leaves of a call's result, in [`leaves`]' order; `None` for a result the trace
     /// cannot rebuild.
     fn note_result(&mut self, v: &Value) -> Option<u32> {
@@ -211,9 +256,7 @@ impl Building {
         leaves(v, &mut |leaf| {
             let k = self.n_outs + n;
             match leaf {
-                Value::Lazy(r) => {
-                    self.lazy_outs.insert(lazy_key(*r), k);
-                }
+                Value::Lazy(r) => ok &= self.note_lazy(*r, k),
                 Value::Tensor(t) => self.tensor_outs.push((t.clone(), k)),
                 _ => ok = false,
             }
@@ -255,7 +298,7 @@ impl Building {
 
 /// Calls `f` on every tensor and lazy leaf of `v`, depth first, fields in order (and on a
 /// closure, which no trace holds).
-fn leaves(v: &Value, f: &mut dyn FnMut(&Value)) {
+fn leaves(v: &Value, f: &mut impl FnMut(&Value)) {
     match v {
         Value::Tuple(t) => t.0.iter().for_each(|x| leaves(x, f)),
         Value::Adt(a) => a.fields.iter().for_each(|x| leaves(x, f)),
