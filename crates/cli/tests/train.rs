@@ -679,7 +679,7 @@ fn replayed_epochs_train_the_same_weights_as_interpreted_ones() {
         let o = train(&model, &data, &data, &replayed, &extra);
         assert!(o.status.success(), "{}", text(&o.stderr));
         let err = text(&o.stderr);
-        assert!(err.contains("14 of 14 instances traced"), "{err}");
+        assert!(err.contains("14 of 14 instances traced ("), "{err}");
         let losses = dev_losses(&err);
         assert!(losses[5] < losses[0], "{losses:?}");
         let mut off = extra.to_vec();

@@ -37,6 +37,33 @@ enum Leaf {
     Out(u32),
 }
 
+/// A [`Leaf`] in 4 bytes (a trace holds one per argument of every invocation): the kind in the
+/// top two bits.
+#[derive(Clone, Copy, Debug)]
+struct PackedLeaf(u32);
+
+impl PackedLeaf {
+    const INDEX: u32 = (1 << 30) - 1;
+
+    fn new(leaf: Leaf) -> Option<Self> {
+        let (kind, k) = match leaf {
+            Leaf::Param(k) => (0, k),
+            Leaf::Const(k) => (1, k),
+            Leaf::Out(k) => (2, k),
+        };
+        (k <= Self::INDEX).then_some(PackedLeaf(kind << 30 | k))
+    }
+
+    fn leaf(self) -> Leaf {
+        let k = self.0 & Self::INDEX;
+        match self.0 >> 30 {
+            0 => Leaf::Param(k),
+            1 => Leaf::Const(k),
+            _ => Leaf::Out(k),
+        }
+    }
+}
+
 /// The shape of the instance's result around its leaves.
 #[derive(Debug)]
 enum Shape {
@@ -45,6 +72,7 @@ enum Shape {
     Adt(u32, Vec<Shape>),
 }
 
+/// 32 bytes (a trace holds one per invocation: ~200 for an SST tree with a loss per node).
 #[derive(Debug)]
 struct Call {
     block: u32,
@@ -52,20 +80,20 @@ struct Call {
     /// The instance's inline depth and phase when it made the call (the machine's bookkeeping:
     /// concurrent elements start at one depth, their join takes the deepest).
     depth: u32,
-    phase: u32,
     span: Span,
     /// Its arguments: `args[first..first + count]` of the trace.
     first: u32,
-    count: u32,
+    phase: u16,
+    count: u8,
     /// Leaves of its result (a block's outputs).
-    leaves: u32,
+    leaves: u8,
 }
 
 /// What one instance's run asked of the graph (see the module's documentation).
 #[derive(Debug)]
 pub struct InstanceTrace {
     calls: Vec<Call>,
-    args: Vec<Leaf>,
+    args: Vec<PackedLeaf>,
     consts: Vec<Tensor>,
     result: Shape,
     /// Leaves of every call's result together.
@@ -75,13 +103,10 @@ pub struct InstanceTrace {
 impl InstanceTrace {
     /// Bytes the trace holds besides its constants' buffers (shared with the instance's data).
     pub fn bytes(&self) -> usize {
-        self.calls.len() * std::mem::size_of::<Call>()
-            + self.args.len() * std::mem::size_of::<Leaf>()
-            + self.consts.len() * std::mem::size_of::<Tensor>()
-    }
-
-    pub fn calls(&self) -> usize {
-        self.calls.len()
+        std::mem::size_of::<Self>()
+            + self.calls.capacity() * std::mem::size_of::<Call>()
+            + self.args.capacity() * std::mem::size_of::<PackedLeaf>()
+            + self.consts.capacity() * std::mem::size_of::<Tensor>()
     }
 }
 
@@ -103,12 +128,12 @@ impl TraceCache {
         which.iter().map(|&i| self.slots.get(i)).collect()
     }
 
-    /// Instances traced so far, and the calls their traces hold.
+    /// Instances traced so far, and the bytes their traces hold.
     pub fn traced(&self) -> (usize, usize) {
         self.slots
             .iter()
             .filter_map(|s| s.get().and_then(Option::as_ref))
-            .fold((0, 0), |(n, c), t| (n + 1, c + t.calls()))
+            .fold((0, 0), |(n, b), t| (n + 1, b + t.bytes()))
     }
 }
 
@@ -133,7 +158,7 @@ pub struct Recorder<'r> {
 #[derive(Default)]
 struct Building {
     calls: Vec<Call>,
-    args: Vec<Leaf>,
+    args: Vec<PackedLeaf>,
     consts: Vec<Tensor>,
     /// Lazy result leaves so far, by node: `by_node[node - base]` is (the leaf of output 0,
     /// outputs seen). The run's own nodes are numbered upwards from its first: no hashing.
@@ -333,7 +358,7 @@ impl Backend for Recorder<'_> {
         if let Some(b) = &mut self.building {
             first = b.args.len() as u32;
             for a in args.iter() {
-                match b.leaf_of(self.params, a) {
+                match b.leaf_of(self.params, a).and_then(PackedLeaf::new) {
                     Some(l) => b.args.push(l),
                     None => {
                         self.building = None;
@@ -342,21 +367,23 @@ impl Backend for Recorder<'_> {
                 }
             }
         }
-        let count = args.len() as u32;
+        let count = u8::try_from(args.len());
         let v = self.inner.invoke_block(ctx, block, site, args, span)?;
         if let Some(b) = &mut self.building {
-            match b.note_result(&v) {
-                Some(leaves) => b.calls.push(Call {
+            let leaves = b.note_result(&v).and_then(|n| u8::try_from(n).ok());
+            match (leaves, count, u16::try_from(phase)) {
+                (Some(leaves), Ok(count), Ok(phase)) => b.calls.push(Call {
                     block,
                     site,
                     depth,
-                    phase,
                     span,
                     first,
+                    phase,
                     count,
                     leaves,
                 }),
-                None => self.building = None,
+                // (Hundreds of arguments or outputs, thousands of phases: not worth a wider call.)
+                _ => self.building = None,
             }
         }
         Ok(v)
@@ -420,16 +447,16 @@ pub fn replay(
             }
         }
         args.clear();
-        let range = call.first as usize..(call.first + call.count) as usize;
-        for &leaf in trace.args.get(range).ok_or_else(missing)? {
-            args.push(value(leaf, &outs)?);
+        let range = call.first as usize..call.first as usize + usize::from(call.count);
+        for leaf in trace.args.get(range).ok_or_else(missing)? {
+            args.push(value(leaf.leaf(), &outs)?);
         }
         ctx.depth = call.depth;
-        ctx.phase = call.phase;
+        ctx.phase = u32::from(call.phase);
         let v = backend.invoke_block(ctx, call.block, call.site, &mut args, call.span)?;
         let before = outs.len();
         leaves(&v, &mut |l| outs.push(l.clone()));
-        if outs.len() - before != call.leaves as usize {
+        if outs.len() - before != usize::from(call.leaves) {
             return Err(RunError::internal(
                 "a replayed invocation returned another number of values than recorded",
             ));
@@ -456,4 +483,25 @@ fn build(
                 .collect::<Result<tumble_interp::Fields, _>>()?,
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Leaf, PackedLeaf};
+
+    #[test]
+    fn packed_leaves_keep_their_kind_and_index() {
+        for leaf in [
+            Leaf::Param(0),
+            Leaf::Param(7),
+            Leaf::Const(0),
+            Leaf::Const(PackedLeaf::INDEX),
+            Leaf::Out(3),
+            Leaf::Out(PackedLeaf::INDEX),
+        ] {
+            assert_eq!(PackedLeaf::new(leaf).map(PackedLeaf::leaf), Some(leaf));
+        }
+        // An index that does not fit is refused (the instance is then not traced).
+        assert!(PackedLeaf::new(Leaf::Out(PackedLeaf::INDEX + 1)).is_none());
+    }
 }

@@ -1072,7 +1072,11 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
             stats.peak_bytes = 0;
             if let (1, Some(c)) = (epoch, &traces) {
                 // What the next epochs replay instead of interpreting.
-                line.push_str(&format!(", {} of {n} instances traced", c.traced().0));
+                let (traced, bytes) = c.traced();
+                line.push_str(&format!(
+                    ", {traced} of {n} instances traced ({})",
+                    tumble_limits::bytes_text(bytes)
+                ));
             }
             let train_loss = loss_sum / seen.max(1) as f64;
             // The loss is measured before each step, so the last step's weights are looked at
