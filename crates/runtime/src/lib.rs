@@ -256,7 +256,34 @@ pub fn run_batch_on(
     rngs: Vec<Rng>,
     opts: Options,
 ) -> Result<(Vec<Value>, Profile), InstanceError> {
-    run_batch_lent(program, reuse, exec, entry, args, rngs, opts, None)
+    run_batch_lent(program, reuse, exec, entry, args, rngs, opts, None, None)
+}
+
+/// [`run_batch_on`] with a trace slot per instance (`traces[i]` for `args[i]`; see [`trace`]):
+/// an instance whose slot holds a trace is replayed instead of interpreted, one whose slot is
+/// empty is recorded.
+#[allow(clippy::too_many_arguments)]
+pub fn run_batch_traced(
+    program: &Program,
+    reuse: &Reuse,
+    exec: &std::sync::Arc<Executable>,
+    entry: &str,
+    args: Vec<Vec<Value>>,
+    rngs: Vec<Rng>,
+    opts: Options,
+    traces: &[Option<&trace::TraceSlot>],
+) -> Result<(Vec<Value>, Profile), InstanceError> {
+    run_batch_lent(
+        program,
+        reuse,
+        exec,
+        entry,
+        args,
+        rngs,
+        opts,
+        None,
+        Some(traces),
+    )
 }
 
 /// [`run_batch`] on a program already planned (`exec`, made with the same switches as `opts`),
@@ -272,6 +299,7 @@ pub(crate) fn run_batch_lent(
     rngs: Vec<Rng>,
     opts: Options,
     lent: Option<&workers::Lending>,
+    traces: Option<&[Option<&trace::TraceSlot>]>,
 ) -> Result<(Vec<Value>, Profile), InstanceError> {
     let t_start = Instant::now();
     let index = *program
@@ -287,7 +315,7 @@ pub(crate) fn run_batch_lent(
     dfg.lend_threads(lent);
     let n = args.len();
     dfg.reserve_for(n);
-    let results = drive(program, index, args, rngs, opts, &mut dfg, None)?;
+    let results = drive(program, index, args, rngs, opts, &mut dfg, traces)?;
     dfg.note_nodes_per_instance(n);
     let mut out = Vec::with_capacity(n);
     for (i, r) in results.into_iter().enumerate() {

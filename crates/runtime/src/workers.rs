@@ -164,6 +164,7 @@ where
             rngs,
             opts,
             lent,
+            None,
         )
         .map_err(|InstanceError { instance, error }| JobError::Run {
             instance: first + instance.unwrap_or(0),

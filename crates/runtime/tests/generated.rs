@@ -152,6 +152,19 @@ fn check_seed(seed: u64, configs: usize, tally: &mut Tally) {
                 }
             }
         }
+        // Traces recorded under the weights, replayed under others: what a replayed instance
+        // computes must be what interpreting it under those weights computes (a trace taken of a
+        // run whose path read a computed value would replay the old path).
+        {
+            // As `tumble train` compiles: no weight transforms computed outside the graph.
+            let statics = StaticOptions {
+                derive: false,
+                ..StaticOptions::all()
+            };
+            let (program, reuse) = compile(&x, false, statics);
+            check_traces(&x, &program, &reuse).map_err(|m| format!("traces: {m}"))?;
+            cases += 1;
+        }
         Ok(results.iter().any(|r| r.is_err()))
     }));
     tally.cases += cases;
@@ -168,6 +181,106 @@ fn check_seed(seed: u64, configs: usize, tally: &mut Tally) {
                 .failures
                 .push((seed, report(format!("panicked: {m}"))));
         }
+    }
+}
+
+/// `x`'s instances with every float weight scaled by -0.75 (one new tensor per weight, shared
+/// by every instance as the weights are): values, signs and branches taken all change.
+fn other_weights(x: &common::Expected) -> Vec<Vec<tumble_interp::Value>> {
+    use tumble_interp::Value;
+    let scaled: Vec<Option<Value>> = x
+        .weights
+        .iter()
+        .enumerate()
+        .map(|(j, &w)| match x.args.first().and_then(|a| a.get(j)) {
+            Some(Value::Tensor(t)) if w && t.dtype().is_float() => {
+                let v: Vec<f64> = t.to_f64_vec().iter().map(|v| v * -0.75).collect();
+                let f = tumble_tensor::Tensor::from_vec(t.shape().to_vec(), v).ok()?;
+                Some(Value::Tensor(f.cast(t.dtype())))
+            }
+            _ => None,
+        })
+        .collect();
+    x.args
+        .iter()
+        .map(|a| {
+            a.iter()
+                .zip(&scaled)
+                .map(|(v, s)| s.clone().unwrap_or_else(|| v.clone()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Records every instance's trace in mini-batches of 3 under `x`'s weights, then runs the
+/// instances under [`other_weights`] twice — replaying the traces, and interpreted — and
+/// demands the same outcome: the same values (within the batched engine's own tolerance: the
+/// mini-batches hold other instances in another order) or the same error.
+fn check_traces(
+    x: &common::Expected,
+    program: &tumble_compile::Program,
+    reuse: &tumble_compile::ReuseAnalysis,
+) -> Result<usize, String> {
+    use tumble_runtime::trace::TraceCache;
+    use tumble_runtime::{run_batch, run_batch_traced, Executable};
+    let opts = Options::default();
+    let n = x.args.len();
+    let cache = TraceCache::new(n);
+    let order: Vec<usize> = (0..n).collect();
+    for which in order.chunks(3) {
+        let exec = std::sync::Arc::new(Executable::new(program, reuse, &opts));
+        let args = which.iter().map(|&i| x.args[i].clone()).collect();
+        let rngs = which.iter().map(|&i| common::rng(i)).collect();
+        // A failing mini-batch records what ran before the failure; the rest stay untraced.
+        let _ = run_batch_traced(
+            program,
+            reuse,
+            &exec,
+            "main",
+            args,
+            rngs,
+            opts,
+            &cache.slots(which),
+        );
+    }
+    let traced = cache.traced().0;
+    let other = other_weights(x);
+    // Replayed in one mini-batch of all (other neighbours than when recorded).
+    let exec = std::sync::Arc::new(Executable::new(program, reuse, &opts));
+    let rngs = (0..n).map(common::rng).collect();
+    let replayed = run_batch_traced(
+        program,
+        reuse,
+        &exec,
+        "main",
+        other.clone(),
+        rngs,
+        opts,
+        &cache.slots(&order),
+    );
+    let rngs = (0..n).map(common::rng).collect();
+    let interpreted = run_batch(program, reuse, "main", other, rngs, opts);
+    match (replayed, interpreted) {
+        (Ok((r, _)), Ok((i, _))) => {
+            for (k, (a, b)) in r.iter().zip(&i).enumerate() {
+                common::same_within(a, b, "", 1e-5)
+                    .map_err(|m| format!("instance {k}, replayed against interpreted: {m}"))?;
+            }
+            Ok(traced)
+        }
+        (Err(a), Err(b)) if a.error.message == b.error.message => Ok(traced),
+        (Err(a), Err(b)) => Err(format!(
+            "replayed fails with `{}`, interpreted with `{}`",
+            a.error.message, b.error.message
+        )),
+        (Ok(_), Err(e)) => Err(format!(
+            "interpreted fails (`{}`), replayed does not",
+            e.error.message
+        )),
+        (Err(e), Ok(_)) => Err(format!(
+            "replayed fails (`{}`), interpreted does not",
+            e.error.message
+        )),
     }
 }
 
@@ -258,4 +371,49 @@ fn seeds_the_long_runs_found() {
         check_seed(seed, 3, &mut tally);
     }
     assert_clean(&tally);
+}
+
+/// A branch on a weight's value (a scalar the host compares at once) goes the other way under
+/// other weights: such an instance is not traced, so never replayed down the recorded path. The
+/// same program without the branch is traced whole. (A branch on any computed value is
+/// refused alike, even one computed from the instance's own data only: conservative.)
+#[test]
+fn a_branch_on_a_weight_is_not_replayed() {
+    let program = |branch: bool| {
+        let g = if branch {
+            "if (greater(%t, 0f)) { multiply(%h, 2f) } else { subtract(%h, 1f) }"
+        } else {
+            "multiply(%h, add(%t, 1f))"
+        };
+        format!(
+            r#"
+def @main(%x: Tensor[(1, 4), float32], %w: Tensor[(4, 4), float32], %t: Tensor[(), float32])
+    -> Tensor[(1, 4), float32] {{
+  let %h = tanh(nn.dense(%x, %w));
+  {g}
+}}
+"#
+        )
+    };
+    let inputs = (0..7)
+        .map(|i| {
+            format!(
+                "{{\"x\": [[{:.2}, 0.5, -0.25, {:.2}]]}}",
+                i as f32 * 0.1,
+                1.0 - i as f32 * 0.2
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    for (branch, want) in [(true, 0), (false, 7)] {
+        let l = load_text("branch", &program(branch));
+        let (x, _) = reference_outcomes("branch", l, &inputs, &["x"]);
+        let statics = StaticOptions {
+            derive: false,
+            ..StaticOptions::all()
+        };
+        let (p, reuse) = compile(&x, false, statics);
+        let traced = check_traces(&x, &p, &reuse).unwrap_or_else(|m| panic!("{m}"));
+        assert_eq!(traced, want, "branch on a weight: {branch}");
+    }
 }
