@@ -366,47 +366,39 @@ pub(crate) fn drive(
     };
     let mut machines: Vec<Option<Machine>> = Vec::with_capacity(n);
     let mut results: Vec<Option<Value>> = vec![None; n];
-    // Instances with a trace are replayed, first and in order (the same calls in the same order
-    // as their interpreted runs, so the same graph); the others run on machines, recorded on
-    // their first run where a slot waits for a trace.
+    // An instance with a trace is replayed in its turn of the first round, where its
+    // interpreted run would have made the same calls (it runs to its end in one go): the same
+    // nodes in the same order as with every instance interpreted. The others run on machines,
+    // recorded on their first run where a slot waits for a trace.
     let slot = |i: usize| traces.and_then(|t| t.get(i).copied().flatten());
-    let mut untraced: Vec<(usize, Vec<Value>)> = Vec::new();
-    let t0 = Instant::now();
-    let inner_before = dfg.profile.inner();
+    let mut replays: Vec<Option<(Vec<Value>, InstanceCtx, &trace::InstanceTrace)>> =
+        Vec::with_capacity(n);
+    let mut recording: HashMap<usize, Vec<Value>> = HashMap::new();
     for (i, (a, rng)) in args.into_iter().zip(rngs).enumerate() {
-        if let Some(Some(t)) = slot(i).and_then(|s| s.get()) {
-            let mut ctx = InstanceCtx {
-                rng,
-                depth: 0,
-                instance: i as u32,
-                phase: 0,
-                pending: 0,
-            };
-            let v = trace::replay(t, &a, &mut ctx, dfg).map_err(|error| InstanceError {
-                instance: Some(i),
-                error,
-            })?;
-            if let Some(r) = results.get_mut(i) {
-                *r = Some(v);
+        let ctx = InstanceCtx {
+            rng,
+            depth: 0,
+            instance: i as u32,
+            phase: 0,
+            pending: 0,
+        };
+        let empty = match slot(i).map(|s| s.get()) {
+            Some(Some(Some(t))) => {
+                replays.push(Some((a, ctx, t)));
+                machines.push(None);
+                continue;
             }
-            machines.push(None);
-            continue;
-        }
+            Some(None) => true,
+            // No slot, or one holding "cannot be traced".
+            _ => false,
+        };
+        replays.push(None);
         // Traces are a speed-up, not a need: none is recorded past half the memory budget.
         let room = || tumble_limits::reserve(tumble_limits::in_use()).is_ok();
-        if slot(i).is_some() && derived.is_none() && room() {
-            untraced.push((i, a.clone()));
+        if empty && derived.is_none() && room() {
+            recording.insert(i, a.clone());
         }
-        let mut m = Machine::new(
-            program,
-            InstanceCtx {
-                rng,
-                depth: 0,
-                instance: i as u32,
-                phase: 0,
-                pending: 0,
-            },
-        );
+        let mut m = Machine::new(program, ctx);
         m.start_derived(index, a, derived.as_deref())
             .map_err(|error| InstanceError {
                 instance: Some(i),
@@ -414,20 +406,7 @@ pub(crate) fn drive(
             })?;
         machines.push(Some(m));
     }
-    dfg.profile.time_program += t0
-        .elapsed()
-        .saturating_sub(dfg.profile.inner() - inner_before);
-    let mut running: Vec<usize> = (0..n).filter(|&i| results[i].is_none()).collect();
-    // The entry arguments of the instances to record, by instance.
-    let mut recording: HashMap<usize, Vec<Value>> = untraced.into_iter().collect();
-    if running.is_empty() {
-        // Every instance was replayed: their graph is computed by the one flush the loop below
-        // would have made after their programs.
-        dfg.flush().map_err(|error| InstanceError {
-            instance: dfg.failed_instance.map(|i| i as usize),
-            error,
-        })?;
-    }
+    let mut running: Vec<usize> = (0..n).collect();
     let mut parked: Vec<usize> = Vec::new();
     while !running.is_empty() {
         let t0 = Instant::now();
@@ -436,6 +415,16 @@ pub(crate) fn drive(
         let inner_before = dfg.profile.inner();
         let mut still = Vec::new();
         for &i in &running {
+            if let Some((a, mut ctx, t)) = replays.get_mut(i).and_then(Option::take) {
+                let v = trace::replay(t, &a, &mut ctx, dfg).map_err(|error| InstanceError {
+                    instance: Some(i),
+                    error,
+                })?;
+                if let Some(r) = results.get_mut(i) {
+                    *r = Some(v);
+                }
+                continue;
+            }
             let Some(m) = machines.get_mut(i).and_then(Option::as_mut) else {
                 continue;
             };

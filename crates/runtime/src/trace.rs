@@ -110,6 +110,10 @@ impl InstanceTrace {
     }
 }
 
+/// Values (tensors, tuples, constructor cells) a traced result may have: a training loss has
+/// one.
+const RESULT_MAX_VALUES: usize = 1024;
+
 /// One slot per instance of a job (a training set): empty until the instance first runs, then
 /// its trace, or `None` for an instance that cannot be traced (it is never recorded again).
 pub struct TraceCache {
@@ -198,7 +202,7 @@ impl<'r> Recorder<'r> {
     /// The trace, if the run finished with `result` and stayed traceable.
     pub fn finish(self, result: &Value) -> Option<InstanceTrace> {
         let mut b = self.building?;
-        let result = b.shape_of(self.params, result)?;
+        let result = b.shape_of(self.params, result, &mut { RESULT_MAX_VALUES })?;
         // Kept for the whole job: no room to spare.
         b.calls.shrink_to_fit();
         b.args.shrink_to_fit();
@@ -301,18 +305,22 @@ impl Building {
                 .any(|p| matches!(p, Value::Tensor(p) if p.buffer_id() == t.buffer_id()))
     }
 
-    fn shape_of(&mut self, params: &[Value], v: &Value) -> Option<Shape> {
+    /// The result's shape, if it has at most `budget` values: past that (a long list, a tree
+    /// sharing subtrees, walked once per path) it is not traced, and the recursions here, in
+    /// [`build`] and in `Shape`'s drop stay shallow.
+    fn shape_of(&mut self, params: &[Value], v: &Value, budget: &mut usize) -> Option<Shape> {
+        *budget = budget.checked_sub(1)?;
         Some(match v {
             Value::Tuple(t) => Shape::Tuple(
                 t.0.iter()
-                    .map(|f| self.shape_of(params, f))
+                    .map(|f| self.shape_of(params, f, budget))
                     .collect::<Option<_>>()?,
             ),
             Value::Adt(a) => Shape::Adt(
                 a.ctor,
                 a.fields
                     .iter()
-                    .map(|f| self.shape_of(params, f))
+                    .map(|f| self.shape_of(params, f, budget))
                     .collect::<Option<_>>()?,
             ),
             Value::Closure(_) => return None,

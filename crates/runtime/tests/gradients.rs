@@ -705,3 +705,65 @@ fn replayed_traces_give_the_interpreted_gradients_bit_for_bit() {
     bits(&once, &plain, "berxit, first run");
     bits(&again, &plain, "berxit, second run");
 }
+
+/// Mini-batches mixing replayed instances with interpreted ones (whose branch reads a computed
+/// value: never traced) make the graph interpreting them all makes, node for node: the same
+/// gradients bit for bit.
+#[test]
+fn mixed_replayed_and_interpreted_instances_give_the_same_gradients() {
+    let src = r#"
+def @main(%x: Tensor[(1, 4), float32], %t: Option[Tensor[(), float32]], %w: Tensor[(4, 4), float32])
+    -> Tensor[(), float32] {
+  let %h = tanh(nn.dense(%x, %w));
+  let %s = sum(multiply(%h, %h));
+  match (%t) {
+    Some(%c) => if (greater(%s, %c)) { multiply(%s, %s) } else { negative(%s) },
+    None => multiply(tanh(nn.dense(%h, %w)), 2f),
+  }
+}
+"#;
+    let src = src.replace(
+        "multiply(tanh(nn.dense(%h, %w)), 2f)",
+        "sum(multiply(tanh(nn.dense(%h, %w)), 2f))",
+    );
+    let inputs = (0..17)
+        .map(|i| {
+            let t = if i % 3 == 0 {
+                format!("{{\"Some\": [{:.2}]}}", 0.2 + i as f32 * 0.05)
+            } else {
+                "\"None\"".to_string()
+            };
+            format!(
+                "{{\"x\": [[{:.2}, 0.5, -0.25, {:.2}]], \"t\": {t}}}",
+                i as f32 * 0.1,
+                1.0 - i as f32 * 0.15
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let l = load_text("mixed", &src);
+    let x = expected("mixed", l, &inputs, &["x", "t"]);
+    let wrt = float_params(&x);
+    let n = x.args.len();
+    let first: Vec<usize> = (0..n).collect();
+    let second: Vec<usize> = (0..n).map(|i| (i * 5 + 2) % n).collect();
+    let cache = TraceCache::new(n);
+    traced_grads(&x, &wrt, &first, 4, Some(&cache));
+    let (traced, _) = cache.traced();
+    assert_eq!(
+        traced,
+        n - n.div_ceil(3),
+        "the instances without a computed branch"
+    );
+    let replayed = traced_grads(&x, &wrt, &second, 6, Some(&cache));
+    let interpreted = traced_grads(&x, &wrt, &second, 6, None);
+    for (a, b) in replayed.iter().zip(&interpreted) {
+        for (x, y) in a.iter().zip(b) {
+            match (x, y) {
+                (Some(x), Some(y)) => assert_eq!(x.to_f64_vec(), y.to_f64_vec()),
+                (None, None) => {}
+                _ => panic!("a gradient on one side only"),
+            }
+        }
+    }
+}
