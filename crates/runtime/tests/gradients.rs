@@ -395,27 +395,27 @@ fn birnn() {
     check(&x);
 }
 
-/// Berxit exits early where a layer is confident: the gradient follows the traced exits.
-#[test]
-fn berxit() {
+/// Berxit-small scaled down (sequences of 16 tokens), `n` instances of the bundled example with
+/// thresholds cycling through `thresholds`, its loss the sum of squares of the logits.
+fn berxit_small(n: usize, thresholds: &[&str]) -> Expected {
     let lines: Vec<String> = example("berxit.jsonl")
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(str::to_string)
         .collect();
-    let inputs = (0..66)
+    let inputs = (0..n)
         .map(|i| {
             let l = &lines[i % lines.len()];
             // 16 of the 128 tokens (the model is scaled to sequences of 16).
             let open = l.find('[').unwrap();
             let close = l.find(']').unwrap();
             let toks: Vec<&str> = l[open + 1..close].split(',').take(16).collect();
-            let t = ["0.0", "2.0", "0.6"][i % 3];
+            let t = thresholds[i % thresholds.len()];
             format!("{{\"tokens\": [{}], \"threshold\": {t}}}", toks.join(","))
         })
         .collect::<Vec<_>>()
         .join("\n");
-    let x = load(
+    load(
         "berxit_small",
         &[
             ("768", "24"),
@@ -427,8 +427,13 @@ fn berxit() {
         |t| t,
         "sum(multiply(%o.0, %o.0))",
         &inputs,
-    );
-    check(&x);
+    )
+}
+
+/// Berxit exits early where a layer is confident: the gradient follows the traced exits.
+#[test]
+fn berxit() {
+    check(&berxit_small(66, &["0.0", "2.0", "0.6"]));
 }
 
 /// `tree`'s JSON with every node's `[[id]` turned into `[id % 5`: a label tree of its shape.
@@ -476,15 +481,22 @@ fn treelstm_sst_train() {
         .join("\n");
     let x = load_plain("treelstm_sst_train", map, &root);
     check(&x);
-    let all = (0..66)
+    check(&sst_train_all(66));
+}
+
+/// The SST training model with a loss per node, scaled down (H = 8), over `n` instances of the
+/// bundled trees with labels of their shapes.
+fn sst_train_all(n: usize) -> Expected {
+    let trees = bundled_trees();
+    let all = (0..n)
         .map(|i| {
             let t = &trees[i % trees.len()];
             format!("{{\"tree\": {t}, \"labels\": {}}}", label_tree(t))
         })
         .collect::<Vec<_>>()
         .join("\n");
-    let x = load_plain("treelstm_sst_train_all", map, &all);
-    check(&x);
+    let map = &[("256", "8"), ("768", "24"), ("21703", "1000")];
+    load_plain("treelstm_sst_train_all", map, &all)
 }
 
 /// `add`s of computed tensors recorded as deferred sums (no launch of their own, forward or
@@ -493,16 +505,7 @@ fn treelstm_sst_train() {
 /// and a fold from a parameter (a term that is a value: its gradient goes to the parameter).
 #[test]
 fn deferred_sums_hand_their_gradient_to_their_terms() {
-    let trees = bundled_trees();
-    let all = (0..20)
-        .map(|i| {
-            let t = &trees[i % trees.len()];
-            format!("{{\"tree\": {t}, \"labels\": {}}}", label_tree(t))
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let map = &[("256", "8"), ("768", "24"), ("21703", "1000")];
-    let sst = load_plain("treelstm_sst_train_all", map, &all);
+    let sst = sst_train_all(20);
     let src = r#"
 def @main(%xs: List[Tensor[(1, 4), float32]], %w: Tensor[(4, 4), float32], %c: Tensor[(1, 4), float32])
     -> Tensor[(), float32] {
@@ -627,16 +630,7 @@ fn traced_grads(
 /// exits) is not traced, and still differentiated right.
 #[test]
 fn replayed_traces_give_the_interpreted_gradients_bit_for_bit() {
-    let trees = bundled_trees();
-    let all = (0..23)
-        .map(|i| {
-            let t = &trees[i % trees.len()];
-            format!("{{\"tree\": {t}, \"labels\": {}}}", label_tree(t))
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let map = &[("256", "8"), ("768", "24"), ("21703", "1000")];
-    let sst = load_plain("treelstm_sst_train_all", map, &all);
+    let sst = sst_train_all(23);
     let wrt = float_params(&sst);
     let n = sst.args.len();
     let first: Vec<usize> = (0..n).collect();
@@ -663,34 +657,7 @@ fn replayed_traces_give_the_interpreted_gradients_bit_for_bit() {
     bits(&replayed, &plain_second, "replaying changed the gradients");
 
     // Berxit: whether a layer exits is a computed value's; nothing is traced.
-    let lines: Vec<String> = example("berxit.jsonl")
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(str::to_string)
-        .collect();
-    let inputs = (0..6)
-        .map(|i| {
-            let l = &lines[i % lines.len()];
-            let open = l.find('[').unwrap();
-            let close = l.find(']').unwrap();
-            let toks: Vec<&str> = l[open + 1..close].split(',').take(16).collect();
-            format!("{{\"tokens\": [{}], \"threshold\": 0.6}}", toks.join(","))
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let x = load(
-        "berxit_small",
-        &[
-            ("768", "24"),
-            ("64", "2"),
-            ("3072", "48"),
-            ("128", "16"),
-            ("30522", "1000"),
-        ],
-        |t| t,
-        "sum(multiply(%o.0, %o.0))",
-        &inputs,
-    );
+    let x = berxit_small(6, &["0.6"]);
     let wrt = float_params(&x);
     let order: Vec<usize> = (0..x.args.len()).collect();
     let cache = TraceCache::new(order.len());
