@@ -110,6 +110,10 @@ impl InstanceTrace {
     }
 }
 
+/// Results computed on the host at once (scalar blocks outside a backward's recording) a traced
+/// run may have.
+const TENSOR_OUTS_MAX: usize = 256;
+
 /// Values (tensors, tuples, constructor cells) a traced result may have: a training loss has
 /// one.
 const RESULT_MAX_VALUES: usize = 1024;
@@ -286,6 +290,8 @@ impl Building {
             let k = self.n_outs + n;
             match leaf {
                 Value::Lazy(r) => ok &= self.note_lazy(*r, k),
+                // (Scanned per tensor argument: past a few hundred, not traced.)
+                Value::Tensor(_) if self.tensor_outs.len() >= TENSOR_OUTS_MAX => ok = false,
                 Value::Tensor(t) => self.tensor_outs.push((t.clone(), k)),
                 _ => ok = false,
             }
