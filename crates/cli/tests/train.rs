@@ -659,8 +659,8 @@ fn tree_instances() -> String {
 }
 
 /// Epochs after the first replay the block invocations each instance's first run recorded
-/// instead of interpreting its program: the trained weights are the same bits as with
-/// `--no-trace-replay`, on one worker and on two.
+/// instead of interpreting its program, training and dev instances alike: the trained weights
+/// and the dev losses are the same as with `--no-trace-replay`, on one worker and on two.
 #[test]
 fn replayed_epochs_train_the_same_weights_as_interpreted_ones() {
     let model = temp_file("tree_replay.rly", TREE_MODEL);
@@ -680,6 +680,10 @@ fn replayed_epochs_train_the_same_weights_as_interpreted_ones() {
         assert!(o.status.success(), "{}", text(&o.stderr));
         let err = text(&o.stderr);
         assert!(err.contains("14 of 14 instances traced ("), "{err}");
+        assert!(
+            err.contains("dev loss 0.") && err.contains(" (14 of 14 traced)"),
+            "the dev set: {err}"
+        );
         let losses = dev_losses(&err);
         assert!(losses[5] < losses[0], "{losses:?}");
         let mut off = extra.to_vec();
@@ -687,6 +691,8 @@ fn replayed_epochs_train_the_same_weights_as_interpreted_ones() {
         let o = train(&model, &data, &data, &interpreted, &off);
         assert!(o.status.success(), "{}", text(&o.stderr));
         assert!(!text(&o.stderr).contains("traced"));
+        // The dev set, evaluated after every epoch, is replayed too: the same losses.
+        assert_eq!(dev_losses(&text(&o.stderr)), losses, "{workers} workers");
         assert_eq!(
             std::fs::read(&replayed).unwrap(),
             std::fs::read(&interpreted).unwrap(),

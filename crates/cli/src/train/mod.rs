@@ -342,7 +342,9 @@ impl Compiled {
         }
     }
 
-    /// Each instance's output of the entry (a float scalar), in mini-batches of `batch`.
+    /// Each instance's output of the entry (a float scalar), in mini-batches of `batch`; with
+    /// `traces` (one slot per instance of `decoded`), each instance's first run is recorded and
+    /// the later ones replay it (the dev set, evaluated after every epoch).
     fn outputs(
         &self,
         raw: &RawInstances,
@@ -350,6 +352,7 @@ impl Compiled {
         batch: usize,
         opts: Options,
         seed: u64,
+        traces: Option<&TraceCache>,
     ) -> Result<Vec<f64>, Failure> {
         let mut out = Vec::with_capacity(decoded.len());
         for (c, chunk) in decoded.chunks(batch.max(1)).enumerate() {
@@ -361,15 +364,36 @@ impl Compiled {
             let rngs = (0..chunk.len())
                 .map(|k| instance_rng(seed, base + k))
                 .collect();
-            let (vals, _) = tumble_runtime::run_batch(
-                &self.program,
-                &self.reuse,
-                &self.entry,
-                args,
-                rngs,
-                opts,
-            )
-            .map_err(|e| Self::run_error(raw, base + e.instance.unwrap_or(0), e.error))?;
+            let ran = match traces {
+                Some(cache) => {
+                    let which: Vec<usize> = (base..base + chunk.len()).collect();
+                    let exec = std::sync::Arc::new(tumble_runtime::Executable::new(
+                        &self.program,
+                        &self.reuse,
+                        &opts,
+                    ));
+                    tumble_runtime::run_batch_traced(
+                        &self.program,
+                        &self.reuse,
+                        &exec,
+                        &self.entry,
+                        args,
+                        rngs,
+                        opts,
+                        &cache.slots(&which),
+                    )
+                }
+                None => tumble_runtime::run_batch(
+                    &self.program,
+                    &self.reuse,
+                    &self.entry,
+                    args,
+                    rngs,
+                    opts,
+                ),
+            };
+            let (vals, _) =
+                ran.map_err(|e| Self::run_error(raw, base + e.instance.unwrap_or(0), e.error))?;
             for (k, v) in vals.iter().enumerate() {
                 let t = v.as_tensor().ok_or_else(|| {
                     Failure::Message(format!(
@@ -976,9 +1000,18 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
     let n = decoded.len();
     let mut stats = tumble_runtime::backward::BackwardStats::default();
     let workers = worker_count(&args.weights, opts.threads, args.batch);
-    // Every epoch runs every training instance: the first run records, the later ones replay.
-    let traces = (!args.no_trace_replay && tumble_runtime::trace::replay_enabled())
-        .then(|| TraceCache::new(n));
+    // Every epoch runs every training instance, and evaluates every dev instance: the first run
+    // records, the later ones replay.
+    let replay = !args.no_trace_replay && tumble_runtime::trace::replay_enabled();
+    let traces = replay.then(|| TraceCache::new(n));
+    let dev_traces = match &dev {
+        Some((_, d, _)) if replay => Some(TraceCache::new(d.len())),
+        _ => None,
+    };
+    let eval_traces = match &dev {
+        Some((_, _, Some((_, d)))) if replay => Some(TraceCache::new(d.len())),
+        _ => None,
+    };
     let setup = workers::Setup {
         traces: traces.as_ref(),
         ..workers::Setup::new(
@@ -1111,13 +1144,25 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                     args.batch.max(64),
                     opts,
                     args.weights.seed,
+                    dev_traces.as_ref(),
                 )?;
                 let dev_loss = losses.iter().sum::<f64>() / losses.len().max(1) as f64;
                 line.push_str(&format!(", dev loss {dev_loss:.4}"));
+                if let (1, Some(c)) = (epoch, &dev_traces) {
+                    let (traced, _) = c.traced();
+                    line.push_str(&format!(" ({traced} of {} traced)", decoded_dev.len()));
+                }
                 score = Some(-dev_loss);
                 if let (Some((c, d)), Some(e)) = (eval, &eval_entry) {
                     c.rebind(&weights);
-                    let vals = c.outputs(raw_dev, d, args.batch.max(64), opts, args.weights.seed);
+                    let vals = c.outputs(
+                        raw_dev,
+                        d,
+                        args.batch.max(64),
+                        opts,
+                        args.weights.seed,
+                        eval_traces.as_ref(),
+                    );
                     c.release(&trainable);
                     let vals = vals?;
                     let mean = vals.iter().sum::<f64>() / vals.len().max(1) as f64;
