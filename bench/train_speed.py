@@ -365,38 +365,36 @@ def main():
         for e in engines:
             if e != "tumble" and e in med:
                 print(f"  tumble / {e}: {med['tumble'] / med[e]:.2f}x")
-    last_med = {}
+    last_med, run_med = {}, {}
     if a.epochs > 1:
-        print(f"\nlast epoch (epoch {a.epochs} of each process): median trees/s [min, max]")
-        for e in engines:
-            v = [x["last_epoch_trees_per_s"] for x in runs[e]]
-            if v:
-                last_med[e] = statistics.median(v)
-                print(f"  {e:<12} {last_med[e]:8.1f}  [{min(v):.1f}, {max(v):.1f}]")
-        if "tumble" in last_med:
-            for e in engines:
-                if e != "tumble" and e in last_med:
-                    print(f"  tumble / {e}: {last_med['tumble'] / last_med[e]:.2f}x")
-    run_med = {}
-    if a.epochs > 1:
+        last_med = summary(f"last epoch (epoch {a.epochs} of each process)", engines, runs,
+                           lambda x: x["last_epoch_trees_per_s"])
         # The whole run: every epoch's trees over every epoch's training loop (a training run is
         # many epochs; tumble's first records each instance's trace, the later ones replay it).
-        print(f"\nall {a.epochs} epochs (the training run, loops only): median trees/s [min, max]")
-        for e in engines:
-            v = [x["trees"] * len(x["epoch_seconds"]) / sum(x["epoch_seconds"]) for x in runs[e]
-                 if x.get("epoch_seconds")]
-            if v:
-                run_med[e] = statistics.median(v)
-                print(f"  {e:<12} {run_med[e]:8.1f}  [{min(v):.1f}, {max(v):.1f}]")
-        if "tumble" in run_med:
-            for e in engines:
-                if e != "tumble" and e in run_med:
-                    print(f"  tumble / {e}: {run_med['tumble'] / run_med[e]:.2f}x")
+        run_med = summary(f"all {a.epochs} epochs (the training run, loops only)", engines, runs,
+                          lambda x: x["trees"] * len(x["epoch_seconds"]) / sum(x["epoch_seconds"]))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"n": a.n, "rounds": a.rounds, "epochs": a.epochs, "runs": runs,
                        "median_trees_per_s": med, "median_last_epoch_trees_per_s": last_med,
                        "median_run_trees_per_s": run_med}, f, indent=1)
+
+
+def summary(title, engines, runs, value):
+    """Prints each engine's median of `value(run)` [min, max] and tumble's ratios; returns the
+    medians by engine."""
+    print(f"\n{title}: median trees/s [min, max]")
+    med = {}
+    for e in engines:
+        v = [value(x) for x in runs[e]]
+        if v:
+            med[e] = statistics.median(v)
+            print(f"  {e:<12} {med[e]:8.1f}  [{min(v):.1f}, {max(v):.1f}]")
+    if "tumble" in med:
+        for e in engines:
+            if e != "tumble" and e in med:
+                print(f"  tumble / {e}: {med['tumble'] / med[e]:.2f}x")
+    return med
 
 
 if __name__ == "__main__":

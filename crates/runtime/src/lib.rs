@@ -24,7 +24,6 @@ mod simd;
 pub mod trace;
 pub mod workers;
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use tumble_compile::Program;
@@ -336,6 +335,27 @@ pub(crate) fn run_batch_lent(
     Ok((out, dfg.profile))
 }
 
+/// How one instance of a mini-batch runs in [`drive`]. (Unboxed: one per instance, in one
+/// vector, most of them `Run`; a box would be one more allocation per instance.)
+#[allow(clippy::large_enum_variant)]
+enum Turn<'p, 't> {
+    /// Replayed from its trace at its first turn: its entry arguments and context until then.
+    Replay(Vec<Value>, InstanceCtx, &'t trace::InstanceTrace),
+    /// Replayed; its result is in.
+    Replayed,
+    /// On the evaluator, with its entry arguments while its first run is to be recorded.
+    Run(Machine<'p>, Option<Vec<Value>>),
+}
+
+impl<'p> Turn<'p, '_> {
+    fn machine(&self) -> Option<&Machine<'p>> {
+        match self {
+            Turn::Run(m, _) => Some(m),
+            _ => None,
+        }
+    }
+}
+
 /// Runs global `index` for every instance of a mini-batch on `dfg`: each instance's program until
 /// it finishes or waits for a value, then a flush, until all are done (instances stopped at a
 /// program phase wait for the others and start the next phase together). Returns each
@@ -364,16 +384,13 @@ pub(crate) fn drive(
         }
         _ => None,
     };
-    let mut machines: Vec<Option<Machine>> = Vec::with_capacity(n);
     let mut results: Vec<Option<Value>> = vec![None; n];
     // An instance with a trace is replayed in its turn of the first round, where its
     // interpreted run would have made the same calls (it runs to its end in one go): the same
     // nodes in the same order as with every instance interpreted. The others run on machines,
     // recorded on their first run where a slot waits for a trace.
     let slot = |i: usize| traces.and_then(|t| t.get(i).copied().flatten());
-    let mut replays: Vec<Option<(Vec<Value>, InstanceCtx, &trace::InstanceTrace)>> =
-        Vec::with_capacity(n);
-    let mut recording: HashMap<usize, Vec<Value>> = HashMap::new();
+    let mut turns: Vec<Turn> = Vec::with_capacity(n);
     for (i, (a, rng)) in args.into_iter().zip(rngs).enumerate() {
         let ctx = InstanceCtx {
             rng,
@@ -384,27 +401,23 @@ pub(crate) fn drive(
         };
         let empty = match slot(i).map(|s| s.get()) {
             Some(Some(Some(t))) => {
-                replays.push(Some((a, ctx, t)));
-                machines.push(None);
+                turns.push(Turn::Replay(a, ctx, t));
                 continue;
             }
             Some(None) => true,
             // No slot, or one holding "cannot be traced".
             _ => false,
         };
-        replays.push(None);
         // Traces are a speed-up, not a need: none is recorded past half the memory budget.
         let room = || tumble_limits::reserve(tumble_limits::in_use()).is_ok();
-        if empty && derived.is_none() && room() {
-            recording.insert(i, a.clone());
-        }
+        let record = (empty && derived.is_none() && room()).then(|| a.clone());
         let mut m = Machine::new(program, ctx);
         m.start_derived(index, a, derived.as_deref())
             .map_err(|error| InstanceError {
                 instance: Some(i),
                 error,
             })?;
-        machines.push(Some(m));
+        turns.push(Turn::Run(m, record));
     }
     let mut running: Vec<usize> = (0..n).collect();
     let mut parked: Vec<usize> = Vec::new();
@@ -415,21 +428,25 @@ pub(crate) fn drive(
         let inner_before = dfg.profile.inner();
         let mut still = Vec::new();
         for &i in &running {
-            if let Some((a, mut ctx, t)) = replays.get_mut(i).and_then(Option::take) {
-                let v = trace::replay(t, &a, &mut ctx, dfg).map_err(|error| InstanceError {
-                    instance: Some(i),
-                    error,
-                })?;
-                if let Some(r) = results.get_mut(i) {
-                    *r = Some(v);
+            let (m, record) = match turns.get_mut(i) {
+                Some(Turn::Run(m, record)) => (m, record),
+                Some(turn @ Turn::Replay(..)) => {
+                    if let Turn::Replay(a, mut ctx, t) = std::mem::replace(turn, Turn::Replayed) {
+                        let v =
+                            trace::replay(t, &a, &mut ctx, dfg).map_err(|error| InstanceError {
+                                instance: Some(i),
+                                error,
+                            })?;
+                        if let Some(r) = results.get_mut(i) {
+                            *r = Some(v);
+                        }
+                    }
+                    continue;
                 }
-                continue;
-            }
-            let Some(m) = machines.get_mut(i).and_then(Option::as_mut) else {
-                continue;
+                Some(Turn::Replayed) | None => continue,
             };
             loop {
-                let outcome = match recording.remove(&i) {
+                let outcome = match record.take() {
                     // Its first run, through a recorder: a trace if it finishes in one go.
                     Some(params) => {
                         let mut rec = trace::Recorder::new(dfg, &params);
@@ -476,7 +493,10 @@ pub(crate) fn drive(
             let t_scan = Instant::now();
             // Early release: what the instances still hold stays; the rest can go once read.
             dfg.scan_claims(|f| {
-                machines.iter().flatten().for_each(|m| m.visit_values(f));
+                turns
+                    .iter()
+                    .filter_map(Turn::machine)
+                    .for_each(|m| m.visit_values(f));
                 results.iter().flatten().for_each(&mut *f);
             });
             dfg.profile.time_outputs += t_scan.elapsed();
@@ -492,14 +512,18 @@ pub(crate) fn drive(
             // Every unfinished instance is at the phase boundary and the graph is evaluated: the
             // next phase starts, at inline depth 0 for all of them.
             for &i in &parked {
-                if let Some(m) = machines.get_mut(i).and_then(Option::as_mut) {
+                if let Some(Turn::Run(m, _)) = turns.get_mut(i) {
                     m.ctx.depth = 0;
                 }
             }
             running = std::mem::take(&mut parked);
         }
     }
-    dfg.profile.host_steps += machines.iter().flatten().map(Machine::steps).sum::<u64>();
+    dfg.profile.host_steps += turns
+        .iter()
+        .filter_map(Turn::machine)
+        .map(Machine::steps)
+        .sum::<u64>();
     Ok(results)
 }
 

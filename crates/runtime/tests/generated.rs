@@ -156,12 +156,7 @@ fn check_seed(seed: u64, configs: usize, tally: &mut Tally) {
         // computes must be what interpreting it under those weights computes (a trace taken of a
         // run whose path read a computed value would replay the old path).
         {
-            // As `tumble train` compiles: no weight transforms computed outside the graph.
-            let statics = StaticOptions {
-                derive: false,
-                ..StaticOptions::all()
-            };
-            let (program, reuse) = compile(&x, false, statics);
+            let (program, reuse) = compile(&x, false, common::training_statics());
             check_traces(&x, &program, &reuse).map_err(|m| format!("traces: {m}"))?;
             cases += 1;
         }
@@ -408,11 +403,7 @@ def @main(%x: Tensor[(1, 4), float32], %w: Tensor[(4, 4), float32], %t: Tensor[(
     for (branch, want) in [(true, 0), (false, 7)] {
         let l = load_text("branch", &program(branch));
         let (x, _) = reference_outcomes("branch", l, &inputs, &["x"]);
-        let statics = StaticOptions {
-            derive: false,
-            ..StaticOptions::all()
-        };
-        let (p, reuse) = compile(&x, false, statics);
+        let (p, reuse) = compile(&x, false, common::training_statics());
         let traced = check_traces(&x, &p, &reuse).unwrap_or_else(|m| panic!("{m}"));
         assert_eq!(traced, want, "branch on a weight: {branch}");
     }

@@ -166,13 +166,7 @@ fn batched_grad_counted(
     opts: Options,
     gopts: GradOptions,
 ) -> (Vec<Option<Tensor>>, u64, u64) {
-    // As `tumble grad` compiles: gradients do not flow through weight transforms computed
-    // once per run.
-    let statics = tumble_compile::StaticOptions {
-        derive: false,
-        ..tumble_compile::StaticOptions::all()
-    };
-    let (program, reuse) = compile(x, true, statics);
+    let (program, reuse) = compile(x, true, common::training_statics());
     // Buffers the backward claims to write whole (output gradients, products) start as NaN:
     // a row it leaves unwritten shows up as a mismatch.
     tumble_tensor::pool::set_poison_scratch(true);
@@ -580,6 +574,20 @@ fn load_plain(model: &str, map: &[(&str, &str)], inputs: &str) -> Expected {
     expected(model, l, inputs, INSTANCE_ARGS)
 }
 
+/// Each mini-batch's gradients equal bit for bit.
+fn same_bits(a: &[Vec<Option<Tensor>>], b: &[Vec<Option<Tensor>>], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (ga, gb) in a.iter().zip(b) {
+        for (x, y) in ga.iter().zip(gb) {
+            match (x, y) {
+                (Some(x), Some(y)) => assert_eq!(x.to_f64_vec(), y.to_f64_vec(), "{what}"),
+                (None, None) => {}
+                _ => panic!("{what}: a gradient on one side only"),
+            }
+        }
+    }
+}
+
 /// The gradients of `x`'s instances taken in mini-batches of `batch` in the order `order`, each
 /// mini-batch's instances recorded into or replayed from `cache` (indices are `x`'s).
 fn traced_grads(
@@ -589,11 +597,7 @@ fn traced_grads(
     batch: usize,
     cache: Option<&TraceCache>,
 ) -> Vec<Vec<Option<Tensor>>> {
-    let statics = tumble_compile::StaticOptions {
-        derive: false,
-        ..tumble_compile::StaticOptions::all()
-    };
-    let (program, reuse) = compile(x, true, statics);
+    let (program, reuse) = compile(x, true, common::training_statics());
     let params: Vec<Tensor> = wrt
         .iter()
         .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
@@ -641,20 +645,8 @@ fn replayed_traces_give_the_interpreted_gradients_bit_for_bit() {
     let replayed = traced_grads(&sst, &wrt, &second, 6, Some(&cache));
     let plain_first = traced_grads(&sst, &wrt, &first, 5, None);
     let plain_second = traced_grads(&sst, &wrt, &second, 6, None);
-    let bits = |a: &[Vec<Option<Tensor>>], b: &[Vec<Option<Tensor>>], what: &str| {
-        assert_eq!(a.len(), b.len());
-        for (ga, gb) in a.iter().zip(b) {
-            for (x, y) in ga.iter().zip(gb) {
-                match (x, y) {
-                    (Some(x), Some(y)) => assert_eq!(x.to_f64_vec(), y.to_f64_vec(), "{what}"),
-                    (None, None) => {}
-                    _ => panic!("{what}: a gradient on one side only"),
-                }
-            }
-        }
-    };
-    bits(&recorded, &plain_first, "recording changed the gradients");
-    bits(&replayed, &plain_second, "replaying changed the gradients");
+    same_bits(&recorded, &plain_first, "recording changed the gradients");
+    same_bits(&replayed, &plain_second, "replaying changed the gradients");
 
     // Berxit: whether a layer exits is a computed value's; nothing is traced.
     let x = berxit_small(6, &["0.6"]);
@@ -669,8 +661,8 @@ fn replayed_traces_give_the_interpreted_gradients_bit_for_bit() {
     );
     let again = traced_grads(&x, &wrt, &order, 3, Some(&cache));
     let plain = traced_grads(&x, &wrt, &order, 3, None);
-    bits(&once, &plain, "berxit, first run");
-    bits(&again, &plain, "berxit, second run");
+    same_bits(&once, &plain, "berxit, first run");
+    same_bits(&again, &plain, "berxit, second run");
 }
 
 /// Mini-batches mixing replayed instances with interpreted ones (whose branch reads a computed
@@ -685,14 +677,10 @@ def @main(%x: Tensor[(1, 4), float32], %t: Option[Tensor[(), float32]], %w: Tens
   let %s = sum(multiply(%h, %h));
   match (%t) {
     Some(%c) => if (greater(%s, %c)) { multiply(%s, %s) } else { negative(%s) },
-    None => multiply(tanh(nn.dense(%h, %w)), 2f),
+    None => sum(multiply(tanh(nn.dense(%h, %w)), 2f)),
   }
 }
 "#;
-    let src = src.replace(
-        "multiply(tanh(nn.dense(%h, %w)), 2f)",
-        "sum(multiply(tanh(nn.dense(%h, %w)), 2f))",
-    );
     let inputs = (0..17)
         .map(|i| {
             let t = if i % 3 == 0 {
@@ -708,7 +696,7 @@ def @main(%x: Tensor[(1, 4), float32], %t: Option[Tensor[(), float32]], %w: Tens
         })
         .collect::<Vec<_>>()
         .join("\n");
-    let l = load_text("mixed", &src);
+    let l = load_text("mixed", src);
     let x = expected("mixed", l, &inputs, &["x", "t"]);
     let wrt = float_params(&x);
     let n = x.args.len();
@@ -724,13 +712,5 @@ def @main(%x: Tensor[(1, 4), float32], %t: Option[Tensor[(), float32]], %w: Tens
     );
     let replayed = traced_grads(&x, &wrt, &second, 6, Some(&cache));
     let interpreted = traced_grads(&x, &wrt, &second, 6, None);
-    for (a, b) in replayed.iter().zip(&interpreted) {
-        for (x, y) in a.iter().zip(b) {
-            match (x, y) {
-                (Some(x), Some(y)) => assert_eq!(x.to_f64_vec(), y.to_f64_vec()),
-                (None, None) => {}
-                _ => panic!("a gradient on one side only"),
-            }
-        }
-    }
+    same_bits(&replayed, &interpreted, "mixed mini-batches");
 }

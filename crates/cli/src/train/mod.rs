@@ -364,34 +364,24 @@ impl Compiled {
             let rngs = (0..chunk.len())
                 .map(|k| instance_rng(seed, base + k))
                 .collect();
-            let ran = match traces {
-                Some(cache) => {
-                    let which: Vec<usize> = (base..base + chunk.len()).collect();
-                    let exec = std::sync::Arc::new(tumble_runtime::Executable::new(
-                        &self.program,
-                        &self.reuse,
-                        &opts,
-                    ));
-                    tumble_runtime::run_batch_traced(
-                        &self.program,
-                        &self.reuse,
-                        &exec,
-                        &self.entry,
-                        args,
-                        rngs,
-                        opts,
-                        &cache.slots(&which),
-                    )
-                }
-                None => tumble_runtime::run_batch(
-                    &self.program,
-                    &self.reuse,
-                    &self.entry,
-                    args,
-                    rngs,
-                    opts,
-                ),
-            };
+            // Without a cache every slot is absent: nothing is recorded or replayed.
+            let which: Vec<usize> = (base..base + chunk.len()).collect();
+            let slots = traces.map_or_else(|| vec![None; chunk.len()], |c| c.slots(&which));
+            let exec = std::sync::Arc::new(tumble_runtime::Executable::new(
+                &self.program,
+                &self.reuse,
+                &opts,
+            ));
+            let ran = tumble_runtime::run_batch_traced(
+                &self.program,
+                &self.reuse,
+                &exec,
+                &self.entry,
+                args,
+                rngs,
+                opts,
+                &slots,
+            );
             let (vals, _) =
                 ran.map_err(|e| Self::run_error(raw, base + e.instance.unwrap_or(0), e.error))?;
             for (k, v) in vals.iter().enumerate() {

@@ -51,6 +51,16 @@ pub fn instances(l: &Loaded, program: &Program, inputs: &str) -> Vec<Vec<Value>>
 }
 
 /// Instance `i`'s random stream: the same in every engine and at every batch size.
+/// The static optimizations `tumble grad` and `tumble train` compile with: all but derived
+/// parameters (weight transforms computed once per run, outside the graph no gradient or
+/// trace sees).
+pub fn training_statics() -> tumble_compile::StaticOptions {
+    tumble_compile::StaticOptions {
+        derive: false,
+        ..tumble_compile::StaticOptions::all()
+    }
+}
+
 pub fn rng(i: usize) -> Rng {
     Rng::new(1000 + i as u64)
 }
