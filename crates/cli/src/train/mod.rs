@@ -774,13 +774,34 @@ fn update(
 /// always, the first only for Adam (Adagrad's would be a second table the size of the
 /// embedding's, never read).
 fn moments<T: Clone + Default>(opt: Optimizer, n: usize, m: &mut Vec<T>, v: &mut Vec<T>) {
-    if v.len() != n {
-        *m = if opt == Optimizer::Adam {
-            vec![T::default(); n]
+    // SGD keeps no state; Adagrad its sums of squares; Adam both moments.
+    let (m_len, v_len) = match opt {
+        Optimizer::Sgd => (0, 0),
+        Optimizer::Adagrad => (0, n),
+        Optimizer::Adam => (n, n),
+    };
+    if v.len() != v_len || m.len() != m_len {
+        *m = written(m_len);
+        *v = written(v_len);
+    }
+}
+
+/// `n` default values, written now: `vec![0.0; n]` maps zero pages lazily, and a sparse update
+/// would fault them in one by one during training.
+fn written<T: Clone + Default>(n: usize) -> Vec<T> {
+    let mut v = Vec::with_capacity(n);
+    v.resize(n, T::default());
+    v
+}
+
+impl Slot {
+    /// The state `opt` keeps for parameter `w`, made now (see `train`).
+    fn prepare(&mut self, opt: Optimizer, w: &Tensor) {
+        if w.dtype() == tumble_ir::DType::Float64 {
+            moments(opt, w.len(), &mut self.m64, &mut self.v64);
         } else {
-            Vec::new()
-        };
-        *v = vec![T::default(); n];
+            moments(opt, w.len(), &mut self.m, &mut self.v);
+        }
     }
 }
 
@@ -984,7 +1005,19 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
         None => None,
     };
     let opts = options(args.weights.threads)?;
+    // The optimizer's state is made (and written) before the first epoch, as the peers'
+    // trainers make theirs when they are built: made lazily, a sparse update first touched an
+    // embedding's accumulator page by page through the first epoch (page faults, 2.5 µs each on
+    // a VM), and a memory budget too small for it fails here, not mid-epoch.
     let mut slots: BTreeMap<String, Slot> = BTreeMap::new();
+    for name in &trainable {
+        if let Some(w) = main.param_mut(name) {
+            slots
+                .entry(name.clone())
+                .or_default()
+                .prepare(args.optimizer, w);
+        }
+    }
     let mut best: Option<f64> = None;
     let mut t: u64 = 0;
     let n = decoded.len();
