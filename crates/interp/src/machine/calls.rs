@@ -1,0 +1,285 @@
+//! Calls with evaluated operands: operators (through the backend), blocks, globals, closures,
+//! constructors and the prelude's list functions run natively; entering a function makes its frame
+//! current, keeping the caller's only when the call is not in tail position.
+
+use super::*;
+
+impl<'p> Machine<'p> {
+    /// A call whose operands are evaluated: operator calls go through [`Step::CallOp`] (which may
+    /// suspend), every other call is performed at once.
+    pub(super) fn call_step(
+        &mut self,
+        code: &'p Code,
+        vals: Vec<Value>,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
+        match code {
+            Code::CallOp { .. } => Ok(Step::CallOp(code, vals)),
+            _ => self.call(code, vals, backend),
+        }
+    }
+
+    /// Performs a call whose operands are evaluated.
+    pub(super) fn call(
+        &mut self,
+        code: &'p Code,
+        mut vals: Vec<Value>,
+        backend: &mut dyn Backend,
+    ) -> Result<Step<'p>, RunError> {
+        match code {
+            Code::CallOp {
+                op, attrs, span, ..
+            } => Ok(Step::Apply(backend.call_op(
+                &mut self.ctx,
+                op,
+                vals,
+                attrs,
+                *span,
+            )?)),
+            Code::InvokeBlock {
+                block, site, span, ..
+            } => Ok(Step::Apply({
+                self.ctx.pending = self.stack.len();
+                let mut vals = vals;
+                let r = backend.invoke_block(&mut self.ctx, *block, *site, &mut vals, *span);
+                self.give_back(vals);
+                r.map_err(|mut e| {
+                    // Copied from a callee's body: the call is the innermost frame.
+                    let from = self.program.sites.get(*site as usize);
+                    if let Some(call) = from.and_then(|s| s.inlined_from) {
+                        if e.trace.is_empty() {
+                            e.trace = self.call_trace();
+                        }
+                        e.trace.insert(0, call);
+                        e.trace.truncate(MAX_TRACE);
+                    }
+                    e
+                })?
+            })),
+            Code::CallCtor { ctor, .. } if vals.is_empty() => {
+                self.give_back(vals);
+                Ok(Step::Apply(self.shared.nullary(*ctor)))
+            }
+            Code::CallCtor { ctor, .. } => {
+                let fields = self.fields_of(vals);
+                Ok(Step::Apply(Value::adt(*ctor, fields)))
+            }
+            Code::CallGlobal { global, span, .. } => {
+                if let Some(native) = self.program.natives.of(*global) {
+                    return self.native(native, vals, *span);
+                }
+                let lambda = self.global(*global)?;
+                match self.loop_code(*global, lambda) {
+                    Some(LoopCode::Map(ml, elem)) => {
+                        self.map_loop(lambda, ml, elem, vals, *span, backend)
+                    }
+                    Some(LoopCode::Fold(fl, step)) => {
+                        self.fold_loop(lambda, fl, step, vals, *span, backend)
+                    }
+                    Some(LoopCode::Scan(sl, binds)) => {
+                        self.scan_loop(lambda, sl, binds, vals, *span, backend)
+                    }
+                    None => self.enter(lambda, vals, None, &[], Some(*span)),
+                }
+            }
+            Code::Call { span, .. } => {
+                if vals.is_empty() {
+                    return Err(RunError::at(*span, "internal: call without a callee"));
+                }
+                let callee = vals.remove(0);
+                self.apply(callee, vals, *span)
+            }
+            _ => Err(RunError::new("internal: not a call")),
+        }
+    }
+
+    pub(super) fn lambda(&self, index: u32) -> Result<&'p Lambda, RunError> {
+        self.program
+            .lambdas
+            .get(index as usize)
+            .ok_or_else(|| RunError::new(format!("internal: no function {index}")))
+    }
+
+    pub(super) fn global(&self, g: u32) -> Result<&'p Lambda, RunError> {
+        let index = self
+            .program
+            .globals
+            .get(g as usize)
+            .ok_or_else(|| RunError::new(format!("internal: no global {g}")))?;
+        self.lambda(*index)
+    }
+
+    /// The number of fields of constructor `c`.
+    pub(super) fn arity(&self, c: u32) -> usize {
+        self.program.ctors.get(c as usize).map_or(0, |e| e.arity)
+    }
+
+    pub(super) fn apply(
+        &mut self,
+        callee: Value,
+        args: Vec<Value>,
+        span: Span,
+    ) -> Result<Step<'p>, RunError> {
+        let Value::Closure(c) = &callee else {
+            return Err(RunError::at(span, format!("cannot call {}", callee.kind())));
+        };
+        match &**c {
+            Closure::Global(g) => {
+                if let Some(native) = self.program.natives.of(*g) {
+                    return self.native(native, args, span);
+                }
+                let lambda = self.global(*g)?;
+                self.enter(lambda, args, None, &[], Some(span))
+            }
+            Closure::Ctor(ctor) => Ok(Step::Apply(Value::adt(*ctor, args))),
+            Closure::Lambda { lambda, captured } => {
+                let lambda = self.lambda(*lambda)?;
+                // Installed straight from the closure: no copy of the captured list per call.
+                self.install(lambda, args, Some(callee.clone()), captured, Some(span))?;
+                Ok(Step::Eval(&lambda.body))
+            }
+        }
+    }
+
+    /// A prelude list function run as one step ([`Native`]): the same list the prelude's body
+    /// builds, without interpreting it element by element.
+    pub(super) fn native(
+        &mut self,
+        native: Native,
+        mut args: Vec<Value>,
+        span: Span,
+    ) -> Result<Step<'p>, RunError> {
+        let (cons, nil) = (self.program.natives.cons, self.program.natives.nil);
+        if args.len() != native.arity() {
+            return Err(RunError::at(
+                span,
+                format!(
+                    "internal: `@{}` takes {} arguments, got {}",
+                    native.name(),
+                    native.arity(),
+                    args.len()
+                ),
+            ));
+        }
+        let items = |v: &Value| -> Result<Vec<Value>, RunError> {
+            list_items(v, cons, nil).map_err(|kind| {
+                RunError::at(
+                    span,
+                    format!("internal: `@{}` of {kind}, not a list", native.name()),
+                )
+            })
+        };
+        let build = |items: Vec<Value>, tail: Value| list_of(items, tail, cons);
+        let first = |v: &Value, field: usize| -> Result<Value, RunError> {
+            match v {
+                Value::Adt(a) if a.ctor == cons => a
+                    .fields
+                    .get(field)
+                    .cloned()
+                    .ok_or_else(|| RunError::at(span, "internal: malformed list cell")),
+                Value::Adt(a) if a.ctor == nil => Err(RunError::at(
+                    span,
+                    format!("`@{}` of an empty list (`Nil`)", native.name()),
+                )),
+                other => Err(RunError::at(
+                    span,
+                    format!(
+                        "internal: `@{}` of {}, not a list",
+                        native.name(),
+                        other.kind()
+                    ),
+                )),
+            }
+        };
+        let xs = args.remove(0);
+        let v = match native {
+            Native::Hd => first(&xs, 0)?,
+            Native::Tl => first(&xs, 1)?,
+            Native::Rev => items(&xs)?
+                .into_iter()
+                .fold(self.shared.nullary(nil), |rest, x| {
+                    Value::adt(cons, smallvec![x, rest])
+                }),
+            Native::Zip => {
+                let (a, b) = (items(&xs)?, items(&args.remove(0))?);
+                let pairs = a
+                    .into_iter()
+                    .zip(b)
+                    .map(|(x, y)| Value::tuple(smallvec![x, y]))
+                    .collect();
+                build(pairs, self.shared.nullary(nil))
+            }
+            Native::Concat => {
+                let ys = args.remove(0);
+                build(items(&xs)?, ys)
+            }
+        };
+        Ok(Step::Apply(v))
+    }
+
+    pub(super) fn enter(
+        &mut self,
+        lambda: &'p Lambda,
+        args: Vec<Value>,
+        this: Option<Value>,
+        captured: &[Value],
+        call_site: Option<Span>,
+    ) -> Result<Step<'p>, RunError> {
+        self.install(lambda, args, this, captured, call_site)?;
+        Ok(Step::Eval(&lambda.body))
+    }
+
+    /// Makes a new frame for `lambda` current, saving the caller's unless this is a tail call.
+    pub(super) fn install(
+        &mut self,
+        lambda: &Lambda,
+        args: Vec<Value>,
+        this: Option<Value>,
+        captured: &[Value],
+        call_site: Option<Span>,
+    ) -> Result<(), RunError> {
+        let frame = self.frame_for(lambda, args, this, captured, call_site)?;
+        let caller = std::mem::replace(&mut self.frame, frame);
+        // In tail position the caller's frame is dead: don't stack another return.
+        if !matches!(self.stack.last(), Some(Kont::Return(_))) {
+            self.push(Kont::Return(caller))?;
+        } else {
+            self.recycle(caller);
+        }
+        Ok(())
+    }
+
+    /// A new frame for `lambda`: its parameters bound to `args`, its captures to `captured`.
+    pub(super) fn frame_for(
+        &mut self,
+        lambda: &Lambda,
+        mut args: Vec<Value>,
+        this: Option<Value>,
+        captured: &[Value],
+        call_site: Option<Span>,
+    ) -> Result<Frame, RunError> {
+        if args.len() != lambda.n_params as usize {
+            return Err(RunError::new(format!(
+                "`{}` takes {} arguments, got {}",
+                lambda.name,
+                lambda.n_params,
+                args.len()
+            )));
+        }
+        let mut slots: Vec<Option<Value>> = self.slot_pool.pop().unwrap_or_default();
+        slots.reserve(lambda.n_slots as usize);
+        slots.extend(args.drain(..).map(Some));
+        self.give_back(args);
+        slots.resize(lambda.n_slots as usize, None);
+        for ((_, slot), v) in lambda.captures.iter().zip(captured) {
+            if let Some(s) = slots.get_mut(*slot as usize) {
+                *s = Some(v.clone());
+            }
+        }
+        Ok(Frame {
+            slots,
+            this,
+            call_site,
+        })
+    }
+}
