@@ -64,11 +64,9 @@ pub fn non_finite_warnings(path: &Path, tensors: &BTreeMap<String, Tensor>) -> V
     let mut out = Vec::new();
     for (name, t) in tensors {
         let (nan, inf) = match t.buffer() {
-            // Almost every weight file is all finite: a branch-free pass (vectorized) says so
-            // before the counting pass runs (~0.1 s for 13 M floats otherwise).
-            Buffer::F32(v) if v.iter().map(|x| usize::from(!x.is_finite())).sum::<usize>() == 0 => {
-                (0, 0)
-            }
+            // Almost every weight file is all finite: a vectorized pass says so before the
+            // counting pass runs (~0.1 s for 13 M floats otherwise).
+            _ if t.all_finite() => (0, 0),
             Buffer::F32(v) => count_non_finite(v.iter().map(|&x| f64::from(x))),
             Buffer::F64(v) => count_non_finite(v.iter().copied()),
             _ => (0, 0),

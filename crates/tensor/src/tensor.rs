@@ -179,6 +179,19 @@ impl Tensor {
         self.data()
     }
 
+    /// Whether no element is NaN or infinite (always, for integer and boolean tensors).
+    pub fn all_finite(&self) -> bool {
+        match self.buffer() {
+            Buffer::F32(v) => all_finite_f32(v),
+            Buffer::F64(v) => v.chunks(FINITE_CHUNK).all(|c| {
+                c.iter().fold(0u64, |a, x| {
+                    a | u64::from(x.to_bits() & F64_EXPONENT == F64_EXPONENT)
+                }) == 0
+            }),
+            _ => true,
+        }
+    }
+
     /// The buffer, without copying when this tensor is its only owner.
     pub fn into_buffer(self) -> Buffer {
         Arc::unwrap_or_clone(Arc::unwrap_or_clone(self.0).data)
@@ -444,6 +457,45 @@ impl fmt::Debug for Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A NaN or an infinity anywhere — first, last, across a chunk boundary — is found; the
+    /// largest finite values, subnormals and signed zeros are finite.
+    #[test]
+    fn non_finite_elements_are_found_wherever_they_are() {
+        for n in [
+            1usize,
+            7,
+            FINITE_CHUNK - 1,
+            FINITE_CHUNK,
+            FINITE_CHUNK + 1,
+            3 * FINITE_CHUNK + 5,
+        ] {
+            let mut v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 1e3).collect();
+            v[0] = f32::MAX;
+            v[n - 1] = -f32::MIN_POSITIVE / 2.0;
+            let t = Tensor::from_vec(vec![n], v.clone()).unwrap();
+            assert!(t.all_finite(), "n {n}");
+            let d = Tensor::from_vec(vec![n], v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>())
+                .unwrap();
+            assert!(d.all_finite(), "n {n} f64");
+            for at in [0, n / 2, n.saturating_sub(2), n - 1] {
+                for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -f32::NAN] {
+                    let mut w = v.clone();
+                    w[at] = bad;
+                    assert!(!all_finite_f32(&w), "n {n} at {at} {bad}");
+                    let mut w64: Vec<f64> = v.iter().map(|&x| f64::from(x)).collect();
+                    w64[at] = f64::from(bad);
+                    assert!(!Tensor::from_vec(vec![n], w64).unwrap().all_finite());
+                }
+            }
+        }
+        assert!(Tensor::from_vec(vec![2], vec![1i32, -5])
+            .unwrap()
+            .all_finite());
+        assert!(Tensor::from_vec(vec![0], Vec::<f32>::new())
+            .unwrap()
+            .all_finite());
+    }
 
     fn t_f32(shape: &[usize], v: &[f32]) -> Tensor {
         Tensor::from_f32(shape, v.to_vec()).unwrap()
@@ -811,4 +863,21 @@ impl BufferWatch {
     pub fn alive(&self) -> bool {
         self.0.strong_count() > 0
     }
+}
+
+/// Elements per chunk of [`Tensor::all_finite`]'s scan: it stops at the first chunk with a NaN or
+/// an infinity, and within a chunk runs without a branch per element, so the compiler vectorizes
+/// it (a short-circuiting `any(|x| !x.is_finite())` ran element by element: 5.6 M weights of the
+/// SST model at ~4 instructions each, at load and after every training epoch).
+const FINITE_CHUNK: usize = 4096;
+const F32_EXPONENT: u32 = 0x7f80_0000;
+const F64_EXPONENT: u64 = 0x7ff0_0000_0000_0000;
+
+/// [`Tensor::all_finite`] of f32 elements: no element has every exponent bit set (NaN, ±inf).
+pub fn all_finite_f32(v: &[f32]) -> bool {
+    v.chunks(FINITE_CHUNK).all(|c| {
+        c.iter().fold(0u32, |a, x| {
+            a | u32::from(x.to_bits() & F32_EXPONENT == F32_EXPONENT)
+        }) == 0
+    })
 }

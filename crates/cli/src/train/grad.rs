@@ -18,15 +18,7 @@ pub fn grad(args: &GradArgs, color: bool) -> ExitCode {
 pub(super) fn non_finite_param(weights: &BTreeMap<String, Tensor>) -> Option<&str> {
     weights
         .iter()
-        .find(|(_, t)| {
-            t.as_f32()
-                .map(|v| v.iter().any(|x| !x.is_finite()))
-                .or_else(|| {
-                    t.as_slice::<f64>()
-                        .map(|v| v.iter().any(|x| !x.is_finite()))
-                })
-                .unwrap_or(false)
-        })
+        .find(|(_, t)| !t.all_finite())
         .map(|(n, _)| n.as_str())
 }
 
