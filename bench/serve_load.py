@@ -61,15 +61,17 @@ def free_port():
 
 class Server:
     def __init__(self, tumble, policy, a):
-        # "continuous@N": the continuous policy with `--cell-levels N`; a "-nomemo" suffix: the
-        # server with `--no-job-memo` — variants compared side by side like policies.
+        # "continuous@N": the continuous policy with `--cell-levels N`; "POLICY#B": the server
+        # with `--max-batch B` instead of the run's; a "-nomemo" suffix: the server with
+        # `--no-job-memo` — variants compared side by side like policies.
         self.policy = policy
         policy, nomemo = (policy[:-len("-nomemo")], True) if policy.endswith("-nomemo") else (policy, False)
+        policy, _, max_batch = policy.partition("#")
         policy, _, cells = policy.partition("@")
         self.port = free_port()
         cmd = [tumble, "serve", os.path.join(ROOT, "models", "treelstm_large.rly"),
                "--random-params", "0", "--port", str(self.port), "--threads", str(a.threads),
-               "--policy", policy, "--max-batch", str(a.max_batch),
+               "--policy", policy, "--max-batch", max_batch or str(a.max_batch),
                "--max-wait-ms", str(a.max_wait_ms), "--max-queue", str(a.max_queue),
                "--timeout-ms", str(a.timeout_ms)]
         if nomemo:

@@ -37,8 +37,8 @@ pub struct CompileArgs {
     /// tensor).
     #[arg(long, short)]
     pub inputs: Option<PathBuf>,
-    /// The entry function.
-    #[arg(long, default_value = "main")]
+    /// The entry function (`@name` or `name`).
+    #[arg(long, default_value = "main", value_parser = crate::run::entry_arg)]
     pub entry: String,
     /// No grain coarsening, constant folding or inlining (one block per operator call).
     #[arg(long)]
@@ -296,11 +296,20 @@ pub fn load_for_run(
             flags.join(", ")
         )));
     }
-    if args.params.is_some() && !loaded.weights.is_empty() {
-        return Err(Failure::Message(format!(
-            "{shown} stores its weights; --params would replace them: compile it with \
-             --no-weights to bind weights at run time"
-        )));
+    if !loaded.weights.is_empty() {
+        let flag = if args.params.is_some() {
+            Some("--params")
+        } else if args.random_params.is_some() {
+            Some("--random-params")
+        } else {
+            None
+        };
+        if let Some(flag) = flag {
+            return Err(Failure::Message(format!(
+                "{shown} stores its weights; {flag} would replace them: compile it with \
+                 --no-weights to bind weights at run time"
+            )));
+        }
     }
     for (name, text) in &a.sources {
         sources.add(name.clone(), text.clone());

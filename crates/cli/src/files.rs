@@ -24,16 +24,47 @@ fn identity(path: &Path) -> Option<PathBuf> {
 }
 
 /// An error naming the two flags when a file to be written is one of the files read, or another
-/// file to be written (the same file after following links), checked before anything runs.
+/// file to be written (the same file after following links), checked before anything runs; also
+/// when a file to be written is a folder, `-`, or in a folder that does not exist.
 pub fn refuse_overwrites(reads: &[(&str, &Path)], writes: &[(&str, &Path)]) -> Result<(), String> {
     let key = identity;
     for (what, w) in writes {
+        // Commands whose output can go to standard output take `-` out first (`output_path`).
+        if w.as_os_str() == "-" {
+            return Err(format!(
+                "{what} cannot be standard output (`-`): it is a binary file; give a file name"
+            ));
+        }
         // Found now, not when the finished output is renamed over it (after a whole run or epoch).
         if std::fs::metadata(w).is_ok_and(|m| m.is_dir()) {
             return Err(format!(
                 "{what} {} is a folder; give a file name",
                 w.display()
             ));
+        }
+        // Likewise a file in a folder that does not exist: the atomic writer's temporary file
+        // beside it could not be made, after all the work.
+        let target = tumble_io::through_symlink(w);
+        let folder = match target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        match std::fs::metadata(folder) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(format!(
+                    "{what} {}: {} is not a folder",
+                    w.display(),
+                    folder.display()
+                ))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "{what} {}: its folder {} cannot be used ({e}); create it first",
+                    w.display(),
+                    folder.display()
+                ))
+            }
         }
     }
     for (k, (what, w)) in writes.iter().enumerate() {
@@ -76,6 +107,13 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>, String> {
 
 /// `bytes` (read from `path`) as source text, or where they stop being UTF-8.
 pub fn source_text(path: &Path, bytes: Vec<u8>) -> Result<String, String> {
+    if tumble_io::artifact::is_artifact(&bytes) {
+        return Err(format!(
+            "{} is a compiled model (`tumble compile`); this command reads the model's source \
+             (the .rly file)",
+            path.display()
+        ));
+    }
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let before = e.as_bytes().get(..at).unwrap_or(&[]);

@@ -300,8 +300,8 @@ impl From<SchedulerArg> for tumble_runtime::Scheduler {
     }
 }
 
-/// `--entry @name`: the global's name without `@`.
-fn entry_arg(s: &str) -> Result<String, String> {
+/// `--entry @name` (and `compile --entry`, `train --eval`): the global's name without `@`.
+pub(crate) fn entry_arg(s: &str) -> Result<String, String> {
     let name = s.strip_prefix('@').unwrap_or(s);
     if name.is_empty() {
         return Err("an entry function name, e.g. `@main`".into());

@@ -158,6 +158,41 @@ fn damaged_stale_and_mismatched_compiled_models_are_clear_errors() {
         &["stores its weights"],
     );
     failed_with(
+        &tumble(&["run", &good, "--inputs", &x, "--random-params", "5"]),
+        &["stores its weights", "--random-params"],
+    );
+    // Commands that read the source say so when given the compiled file.
+    failed_with(&tumble(&["check", &good]), &["is a compiled model", ".rly"]);
+    let w = temp_path("from_compiled.safetensors");
+    failed_with(
+        &tumble(&[
+            "train",
+            &good,
+            "--train",
+            &x,
+            "--random-params",
+            "0",
+            "-o",
+            &w,
+        ]),
+        &["is a compiled model", ".rly"],
+    );
+    // `--entry` takes `@name` as `run` does.
+    let at = temp_path("at_main.tumble");
+    ok(
+        &tumble(&[
+            "compile",
+            &rly,
+            "--entry",
+            "@main",
+            "--random-params",
+            "0",
+            "-o",
+            &at,
+        ]),
+        "compile --entry @main",
+    );
+    failed_with(
         &tumble(&["run", &good, "--inputs", &x, "--entry", "other"]),
         &["compiled for @main"],
     );

@@ -204,6 +204,18 @@ def @main(%xs: List[Tensor[(), int32]]) -> int32 {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("read: memory budget exceeded"), "{err}");
+    // It stopped within the budget: the buffer's growth is checked before it happens (it used to
+    // double unchecked, to "4.0 GiB in use, the limit is 3.0 GiB").
+    let in_use = err
+        .split(" in use")
+        .next()
+        .and_then(|s| s.rsplit("with ").next())
+        .unwrap_or_default();
+    let mib = in_use
+        .strip_suffix(" MiB")
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no \"with N MiB in use\" in: {err}"));
+    assert!(mib <= 64.0, "{err}");
 
     // A regular file larger than the budget is refused by its size, before reading.
     let huge = write(&dir, "huge.rly", &" ".repeat(3 << 20));

@@ -8,6 +8,7 @@ use common::{text, tumble};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use tumble_tensor::Tensor;
 
 fn temp_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tumble-train-tests-{}", std::process::id()));
@@ -332,6 +333,28 @@ fn train_refuses_bad_settings() {
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o.stderr).contains("--lr"));
     assert!(!out.exists());
+    let base = ["train", &model, "--train", &data, "--random-params", "1"];
+    // A rate float32 rounds to 0 would train nothing; a weight decay likewise.
+    for bad in [["--lr", "1e-50"], ["--weight-decay", "1e-60"]] {
+        let o = tumble(&[&base[..], &bad, &["-o", &out.display().to_string()]].concat());
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{bad:?}: {err}");
+        assert!(err.contains(bad[0]) && err.contains("float32"), "{err}");
+    }
+    // Outputs refused before any work: standard output (the weights are a binary file), a file
+    // in a folder that does not exist.
+    let missing = temp_path("no_such_folder").join("w.safetensors");
+    for (o_flag, says) in [
+        ("-".to_string(), "standard output"),
+        (missing.display().to_string(), "create it first"),
+    ] {
+        let o = tumble(&[&base[..], &["-o", &o_flag]].concat());
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{o_flag}: {err}");
+        assert!(err.contains(says), "{o_flag}: {err}");
+        assert!(!err.contains("epoch"), "refused before training: {err}");
+    }
+    assert!(!std::path::Path::new("-").exists());
 }
 
 /// A training instance that fails in a launch is named by its line (instances are kept as their
@@ -526,6 +549,28 @@ fn diverged_weights_empty_gradients_and_bad_outputs_are_errors() {
     assert_eq!(r.status.code(), Some(1), "{err}");
     assert!(err.contains("%W has NaN or infinite values"), "{err}");
     assert!(!out.exists());
+    // Weights that are not finite to begin with are refused before the first epoch, as such.
+    let nan_weights = temp_path("nan_start.safetensors");
+    let mut w = BTreeMap::new();
+    w.insert(
+        "W".to_string(),
+        Tensor::from_vec(vec![2, 2], vec![f32::NAN, 1.0, 0.5, 0.25]).unwrap(),
+    );
+    tumble_io::weights::save_params(&nan_weights, &w).unwrap();
+    let r = tumble(&[
+        "train",
+        &model,
+        "--train",
+        &data,
+        "--params",
+        &nan_weights.display().to_string(),
+        "-o",
+        &o,
+    ]);
+    let err = text(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(err.contains("before training"), "{err}");
+    assert!(!err.contains("diverged") && !out.exists(), "{err}");
     let r = tumble(&[&base[..], &["--epochs", "0", "-o", &o]].concat());
     assert_eq!(r.status.code(), Some(2), "{}", text(&r.stderr));
     let dir = temp_path("a_folder");

@@ -342,11 +342,20 @@ pub fn read_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     }
     const CHUNK: usize = 1 << 20;
     loop {
-        poll()
-            .and_then(|()| if stream { reserve(CHUNK) } else { Ok(()) })
-            .map_err(|stop| {
-                std::io::Error::other(format!("after {} read: {stop}", bytes_text(out.len())))
-            })?;
+        // A stream's buffer grows here, checked first: the new block is allocated while the old
+        // one is still held (left to `read_to_end`, it doubled unchecked: 5 GiB in use under a
+        // 3 GiB budget, and past the machine's memory under the default one).
+        let grow = if stream && out.capacity() - out.len() < CHUNK {
+            out.capacity().saturating_mul(2).max(out.len() + CHUNK)
+        } else {
+            0
+        };
+        poll().and_then(|()| reserve(grow)).map_err(|stop| {
+            std::io::Error::other(format!("after {} read: {stop}", bytes_text(out.len())))
+        })?;
+        if grow > 0 {
+            out.reserve_exact(grow - out.len());
+        }
         if (&mut file).take(CHUNK as u64).read_to_end(&mut out)? == 0 {
             return Ok(out);
         }
@@ -438,8 +447,36 @@ pub fn echo(s: &str) -> String {
 }
 
 /// The default budget: half of the machine's memory, or of the control group's limit where that
-/// is smaller (a container); `None` where neither can be read.
+/// is smaller (a container), or of the process's address-space or data-size limit (`ulimit -v`,
+/// `ulimit -d`) where that is smaller still — past those an allocation fails and aborts the process
+/// instead of stopping the run; `None` where none can be read.
 pub fn default_limit() -> Option<usize> {
+    let rlimit = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|text| process_memory_limit(&text));
+    let machine = machine_limit();
+    match (machine, rlimit) {
+        (Some(m), Some(r)) => Some(m.min(r / 2)),
+        (m, r) => m.or(r.map(|r| r / 2)),
+    }
+}
+
+/// The smaller soft limit of "Max address space" and "Max data size" in `/proc/self/limits`'s
+/// text, in bytes (`None`: both unlimited or unreadable).
+fn process_memory_limit(text: &str) -> Option<usize> {
+    text.lines()
+        .filter(|l| l.starts_with("Max address space") || l.starts_with("Max data size"))
+        .filter_map(|l| {
+            // "Max address space   4096000000   unlimited   bytes": the first number is the soft one.
+            l.split_whitespace()
+                .find(|w| w.bytes().all(|b| b.is_ascii_digit()) || *w == "unlimited")
+                .and_then(|w| w.parse::<usize>().ok())
+        })
+        .min()
+}
+
+/// Half of the machine's memory, or of the control group's limit where that is smaller.
+fn machine_limit() -> Option<usize> {
     let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         m.lines()
             .find_map(|l| l.strip_prefix("MemTotal:"))
@@ -465,6 +502,27 @@ pub fn default_limit() -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_limits_are_read_from_proc_self_limits() {
+        let unlimited =
+            "Limit                     Soft Limit           Hard Limit           Units     \n\
+            Max data size             unlimited            unlimited            bytes     \n\
+            Max stack size            8388608              unlimited            bytes     \n\
+            Max address space         unlimited            unlimited            bytes     \n";
+        assert_eq!(process_memory_limit(unlimited), None);
+        let v = unlimited.replace(
+            "Max address space         unlimited",
+            "Max address space         4096000000",
+        );
+        assert_eq!(process_memory_limit(&v), Some(4_096_000_000));
+        let both = v.replace(
+            "Max data size             unlimited",
+            "Max data size             1000000   ",
+        );
+        assert_eq!(process_memory_limit(&both), Some(1_000_000));
+        assert_eq!(process_memory_limit(""), None);
+    }
 
     #[test]
     fn sizes_parse_in_binary_units() {

@@ -142,7 +142,7 @@ pub struct TrainArgs {
     /// A global with `@main`'s parameters returning a float scalar per instance (e.g.
     /// `@accuracy`): its mean on dev is reported after each epoch and picks the best weights
     /// (higher is better); without it the lowest dev loss does.
-    #[arg(long, value_name = "@NAME")]
+    #[arg(long, value_name = "@NAME", value_parser = crate::run::entry_arg)]
     pub eval: Option<String>,
     /// Where the (best) weights are written, atomically, after every epoch that improves them:
     /// an interrupted run leaves the last complete checkpoint.
@@ -259,15 +259,20 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
     }
     crate::files::refuse_overwrites(&reads, &[("the output (-o)", &args.output)])
         .map_err(Failure::Message)?;
-    if !(args.lr.is_finite() && args.lr > 0.0) {
+    // The updates run in float32: a rate that rounds to 0 there would train nothing, silently.
+    let f32_positive = |x: f64| (x as f32) > 0.0 && (x as f32).is_finite();
+    if !(args.lr.is_finite() && args.lr > 0.0 && f32_positive(args.lr)) {
         return Err(Failure::Message(format!(
-            "--lr {}: must be a positive number",
+            "--lr {}: must be a positive number within float32's range (1e-45 to 3e38)",
             args.lr
         )));
     }
-    if !(args.weight_decay.is_finite() && args.weight_decay >= 0.0) {
+    if !(args.weight_decay.is_finite()
+        && args.weight_decay >= 0.0
+        && (args.weight_decay == 0.0 || f32_positive(args.weight_decay)))
+    {
         return Err(Failure::Message(format!(
-            "--weight-decay {}: must be a non-negative number",
+            "--weight-decay {}: must be 0 or a positive number within float32's range",
             args.weight_decay
         )));
     }
@@ -297,6 +302,13 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
         return Err(Failure::Message(
             "the model has no float parameters to train".into(),
         ));
+    }
+    // Checked after every epoch too; found now, it is the starting point's fault, not the rate's.
+    if let Some(p) = non_finite_param(&weights) {
+        return Err(Failure::Message(format!(
+            "%{p} has NaN or infinite values before training; training cannot start from them \
+             (check the weights file, or use --random-params)"
+        )));
     }
     let mut dev = match &args.dev {
         Some(p) => {

@@ -378,7 +378,8 @@ impl<'p> Machine<'p> {
         }
         if self.stack.len() == self.stack.capacity() {
             // The stack doubles: check that growth against the memory budget before it happens.
-            let more = self.stack.capacity().max(4) * std::mem::size_of::<Kont>();
+            // The new block is allocated while the old one is still held, so it counts whole.
+            let more = 2 * self.stack.capacity().max(4) * std::mem::size_of::<Kont>();
             if let Err(stop) = tumble_limits::reserve(more) {
                 let pending = format!(
                     "{} pending evaluations in this instance",

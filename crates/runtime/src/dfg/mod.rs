@@ -466,7 +466,8 @@ impl<'p> Dfg<'p> {
     /// it happens; `pending` is the recording instance's pending evaluations, for the message.
     fn reserve_node(&mut self, pending: usize) -> Result<u32, RunError> {
         if self.nodes.len() == self.nodes.capacity() {
-            let more = self.nodes.capacity().max(4) * std::mem::size_of::<Node>();
+            // The table doubles; its new block is allocated while the old one is still held.
+            let more = 2 * self.nodes.capacity().max(4) * std::mem::size_of::<Node>();
             if let Err(stop) = tumble_limits::reserve(more) {
                 let held = vec![
                     format!(
