@@ -9,8 +9,8 @@ use tumble_check::LoadOptions;
 use tumble_compile::{CompileOptions, Compiled, LowerOptions};
 use tumble_interp::Value;
 use tumble_io::{
-    bind_params, encode_json, load_params, main_signature, read_instances_file, save_params,
-    summarize, write_jsonl_atomically, IoError, TypeEnv,
+    bind_params, encode_json, load_params, main_signature, read_instances_file, stage_jsonl,
+    stage_params, summarize, IoError, TypeEnv,
 };
 use tumble_ir::{diag, Diagnostic, SourceMap};
 use tumble_tensor::{Rng, Tensor};
@@ -801,9 +801,17 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         }
         lines.push(line);
     }
+    // Both files are written in full before either is moved into place: a failure writing the
+    // second (a full disk) leaves neither.
+    let params_file = match &saved_params {
+        Some((params, all)) => Some(stage_params(params, all)?),
+        None => None,
+    };
     match output {
         Some(path) => {
-            write_jsonl_atomically(path, lines.into_iter().map(Ok::<String, IoError>))?;
+            let (results_file, _) =
+                stage_jsonl(path, lines.into_iter().map(Ok::<String, IoError>))?;
+            results_file.commit()?;
         }
         None => {
             let mut out = std::io::stdout().lock();
@@ -822,8 +830,8 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             }
         }
     }
-    if let Some((params, all)) = &saved_params {
-        save_params(params, all)?;
+    if let Some(f) = params_file {
+        f.commit()?;
     }
     Ok(())
 }

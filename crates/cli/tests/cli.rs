@@ -1208,7 +1208,8 @@ fn column_vector_birnn_predicts_like_the_row_vector_one() {
 }
 
 /// `--save-params` is written only by a run that succeeds: a bad instance, or an output that
-/// cannot be written, leaves no weights file (it was written before the instances were read).
+/// cannot be written, leaves no weights file, and a weights file that cannot be written leaves
+/// no output.
 #[test]
 fn save_params_is_written_only_by_a_run_that_succeeds() {
     let model = zoo_model("treelstm_small");
@@ -1233,6 +1234,26 @@ fn save_params_is_written_only_by_a_run_that_succeeds() {
         !params.exists(),
         "a run whose output failed wrote --save-params"
     );
+    // Nor the other way round: a weights file that cannot be written leaves no results (both are
+    // written in full before either is moved into place).
+    if std::path::Path::new("/dev/full").exists() {
+        let results = temp_path("save_params_results.jsonl");
+        let out = run_random(
+            &model,
+            &good.display().to_string(),
+            &[
+                "--save-params",
+                "/dev/full",
+                "-o",
+                &results.display().to_string(),
+            ],
+        );
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        assert!(
+            !results.exists(),
+            "a run whose --save-params failed wrote -o"
+        );
+    }
     let out = run_random(&model, &good.display().to_string(), &["--save-params", &p]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(params.exists());

@@ -33,10 +33,56 @@ pub(crate) fn write_atomically(
     what: &str,
     write: impl FnOnce(&mut BufWriter<&File>) -> Result<(), IoError>,
 ) -> Result<(), IoError> {
-    if is_stream(path) {
-        return write_in_place(path, what, write);
+    stage(path, what, write)?.commit()
+}
+
+/// A file written in full next to its destination and not yet moved there: [`Staged::commit`]
+/// renames it into place; dropped uncommitted, it is removed and the destination left as it was.
+/// A command with two outputs stages both before committing either, so a failure writing the
+/// second leaves neither (a stream destination, written in place, is already written).
+pub struct Staged {
+    temp: Option<TempFile>,
+    target: PathBuf,
+    what: String,
+}
+
+impl Staged {
+    /// Moves the staged file into place (a no-op for a stream written in place).
+    pub fn commit(mut self) -> Result<(), IoError> {
+        let Some(mut temp) = self.temp.take() else {
+            return Ok(());
+        };
+        let path = self.target.as_path();
+        fs::rename(&temp.path, path)
+            .map_err(|e| IoError::file(path, format!("move {} into place at", self.what), e))?;
+        temp.armed = false;
+        // Make the rename itself durable where the platform allows (best effort).
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if let Ok(d) = File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
     }
-    // Through a symlink: its target (the rename below would replace the link).
+}
+
+/// [`write_atomically`] up to the rename: the temp file written, flushed and fsynced.
+pub(crate) fn stage(
+    path: &Path,
+    what: &str,
+    write: impl FnOnce(&mut BufWriter<&File>) -> Result<(), IoError>,
+) -> Result<Staged, IoError> {
+    if is_stream(path) {
+        write_in_place(path, what, write)?;
+        return Ok(Staged {
+            temp: None,
+            target: path.to_path_buf(),
+            what: what.to_string(),
+        });
+    }
+    // Through a symlink: its target (the rename would replace the link).
     let target = crate::through_symlink(path);
     let path = target.as_path();
     let dir = match path.parent() {
@@ -80,14 +126,11 @@ pub(crate) fn write_atomically(
     file.sync_all()
         .map_err(|e| IoError::file(path, format!("write {what}"), e))?;
     drop(file);
-    fs::rename(&temp.path, path)
-        .map_err(|e| IoError::file(path, format!("move {what} into place at"), e))?;
-    temp.armed = false;
-    // Make the rename itself durable where the platform allows (best effort).
-    if let Ok(d) = File::open(&dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    Ok(Staged {
+        temp: Some(temp),
+        target: path.to_path_buf(),
+        what: what.to_string(),
+    })
 }
 
 /// Whether `path` (through symlinks) is an existing device, FIFO or socket — `/dev/null`,

@@ -29,6 +29,7 @@ pub mod output;
 mod tree;
 pub mod weights;
 
+pub use atomic::Staged;
 pub use bind::{bind_params, random_param, Binding, BoundArg, BoundParams, MAX_RANDOM_ELEMENTS};
 pub use decode::{decode_instance, DecodeError, Doc, Kind, Num};
 pub use env::{main_signature, TypeEnv};
@@ -37,9 +38,9 @@ pub use instances::{
     read_instances, read_instances_capped, read_instances_file, read_request_instances, JsonView,
     Location, RawInstance, RawInstances, ATTACHED_TENSOR_KEY, MAX_DEPTH, MAX_LINE_BYTES,
 };
-pub use output::{encode_json, summarize, write_jsonl_atomically, Encoded};
+pub use output::{encode_json, stage_jsonl, summarize, write_jsonl_atomically, Encoded};
 pub use tree::{to_tree, OutTree};
-pub use weights::{load_params, non_finite_warnings, save_params, LoadedParams};
+pub use weights::{load_params, non_finite_warnings, save_params, stage_params, LoadedParams};
 
 pub use tumble_limits::echo;
 

@@ -23,7 +23,7 @@ use tumble_ir::Ty;
 use tumble_tensor::shape::format_shape;
 use tumble_tensor::{Buffer, Tensor};
 
-use crate::atomic::write_atomically;
+use crate::atomic::{stage, Staged};
 use crate::env::TypeEnv;
 use crate::IoError;
 
@@ -389,8 +389,20 @@ where
     I: IntoIterator<Item = Result<S, IoError>>,
     S: AsRef<str>,
 {
+    let (staged, count) = stage_jsonl(path, lines)?;
+    staged.commit()?;
+    Ok(count)
+}
+
+/// [`write_jsonl_atomically`] up to moving the file into place ([`Staged::commit`]), with the
+/// number of lines.
+pub fn stage_jsonl<I, S>(path: &Path, lines: I) -> Result<(Staged, usize), IoError>
+where
+    I: IntoIterator<Item = Result<S, IoError>>,
+    S: AsRef<str>,
+{
     let mut count = 0;
-    write_atomically(path, "the output file", |w| {
+    let staged = stage(path, "the output file", |w| {
         for line in lines {
             let line = line?;
             let line = line.as_ref();
@@ -407,5 +419,5 @@ where
         }
         Ok(())
     })?;
-    Ok(count)
+    Ok((staged, count))
 }

@@ -12,7 +12,7 @@ use tumble_ir::DType;
 use tumble_tensor::shape::format_shape;
 use tumble_tensor::{Buffer, Tensor};
 
-use crate::atomic::write_atomically;
+use crate::atomic::{stage, write_atomically, Staged};
 use crate::IoError;
 
 /// The tensors of a weights file, by name, plus warnings about their values (NaN or infinite
@@ -461,6 +461,13 @@ pub fn safetensors_bytes(tensors: &BTreeMap<String, Tensor>) -> Result<Vec<u8>, 
 /// train` held three copies of the weights).
 pub fn save_params(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<(), IoError> {
     write_atomically(path, "the weights file", |w| {
+        write_safetensors(path, tensors, w)
+    })
+}
+
+/// [`save_params`] up to moving the file into place ([`Staged::commit`]).
+pub fn stage_params(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<Staged, IoError> {
+    stage(path, "the weights file", |w| {
         write_safetensors(path, tensors, w)
     })
 }
