@@ -300,11 +300,19 @@ impl<'a> Decoder<'a, '_> {
                 let keys = doc.keys();
                 let expected: Vec<&str> = args.iter().map(|(n, _)| n.as_str()).collect();
                 if let Some(k) = keys.iter().find(|k| !expected.contains(&k.as_str())) {
-                    return self.err(format!(
-                        "unknown key `{}`; the instances must have the keys: {}",
-                        crate::echo(k),
-                        expected.join(", ")
-                    ));
+                    return self.err(if expected.is_empty() {
+                        format!(
+                            "unknown key `{}`: the entry takes no per-instance arguments (every \
+                             argument is a weight), so an instance is `{{}}`",
+                            crate::echo(k)
+                        )
+                    } else {
+                        format!(
+                            "unknown key `{}`; the instances must have the keys: {}",
+                            crate::echo(k),
+                            expected.join(", ")
+                        )
+                    });
                 }
                 let mut out = Vec::with_capacity(args.len());
                 for (name, ty) in args {
