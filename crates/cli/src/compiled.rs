@@ -10,7 +10,7 @@ use tumble_check::LoadOptions;
 use tumble_compile::{CompileOptions, Compiled, LowerOptions, PlanOptions, StaticOptions};
 use tumble_io::artifact::{save_artifact, Artifact, CompiledWith, Loaded};
 use tumble_io::{bind_params, load_params, main_signature, read_instances_file};
-use tumble_ir::{diag, DType, Diagnostic, SourceMap};
+use tumble_ir::{diag, DType, Diagnostic, SourceMap, Ty};
 use tumble_tensor::Tensor;
 
 use crate::run::RunArgs;
@@ -145,6 +145,30 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
             .collect(),
     };
     let weights: Vec<bool> = params.iter().map(|(n, _)| !provided.contains(n)).collect();
+    // A file no run could use is refused now: a weight is a tensor (a tree or a list comes with
+    // each instance), and no instance can give a function.
+    for ((name, ty), weight) in params.iter().zip(&weights) {
+        let problem = match ty {
+            Ty::Tensor { .. } => None,
+            Ty::Func(..) => Some("a function, which no instance can give"),
+            _ if *weight => Some("not a tensor, so it cannot be a weight"),
+            _ => None,
+        };
+        if let Some(problem) = problem {
+            let fix = if *weight {
+                format!(
+                    "give --inputs a file whose instances have the key `{name}`, so it is \
+                     compiled as a per-instance argument"
+                )
+            } else {
+                format!("compile an entry without the argument %{name}")
+            };
+            return Err(Ok(format!(
+                "@{}'s argument %{name}: {ty} is {problem}; {fix}",
+                args.entry
+            )));
+        }
+    }
     // Bound only to check and store them: a run of the file binds again, from the file's weights
     // or its own `--params`.
     let stored: BTreeMap<String, Tensor> =

@@ -177,6 +177,24 @@ fn damaged_stale_and_mismatched_compiled_models_are_clear_errors() {
         ]),
         &["is a compiled model", ".rly"],
     );
+    // A file no run could use: the tree (an instance's argument) taken for a weight because the
+    // --inputs file's instances do not have it.
+    let empty = temp_path("no_keys.jsonl");
+    std::fs::write(&empty, "{}\n").unwrap_or_else(|e| panic!("{e}"));
+    let unusable = temp_path("unusable.tumble");
+    failed_with(
+        &tumble(&[
+            "compile",
+            &rly,
+            "--no-weights",
+            "-i",
+            &empty,
+            "-o",
+            &unusable,
+        ]),
+        &["%tree", "cannot be a weight", "--inputs"],
+    );
+    assert!(!std::path::Path::new(&unusable).exists());
     // `--entry` takes `@name` as `run` does.
     let at = temp_path("at_main.tumble");
     ok(
