@@ -708,10 +708,28 @@ fn tree_instances() -> String {
 /// and the dev losses are the same as with `--no-trace-replay`, on one worker and on two.
 #[test]
 fn replayed_epochs_train_the_same_weights_as_interpreted_ones() {
-    let model = temp_file("tree_replay.rly", TREE_MODEL);
     let data = temp_file("tree_replay.jsonl", &tree_instances());
+    // The loss after a phase boundary too (every tree encoded, then every loss): recorded across
+    // the boundary, replayed up to it and on after the barrier.
+    let phased = TREE_MODEL.replace(
+        "  let %e = subtract(",
+        "  let %h = @enc(%t, %w, %u);\n  let %p = db.phase_change();\n  let %e = subtract(",
+    );
+    let phased = phased.replace(
+        "sum(multiply(@enc(%t, %w, %u), %v))",
+        "sum(multiply(%h, %v))",
+    );
+    assert!(phased.contains("db.phase_change") && phased.contains("multiply(%h, %v)"));
+    for (name, text_of_model) in [("plain", TREE_MODEL), ("phased", phased.as_str())] {
+        replayed_and_interpreted_agree(name, text_of_model, &data);
+    }
+}
+
+fn replayed_and_interpreted_agree(name: &str, model_text: &str, data: &str) {
+    let model = temp_file(&format!("tree_replay_{name}.rly"), model_text);
+    let data = data.to_string();
     for workers in ["1", "2"] {
-        let out = |name: &str| temp_path(&format!("w_replay_{workers}_{name}.safetensors"));
+        let out = |what: &str| temp_path(&format!("w_replay_{name}_{workers}_{what}.safetensors"));
         let (replayed, interpreted) = (out("replayed"), out("interpreted"));
         let extra = [
             "--optimizer",
@@ -741,7 +759,7 @@ fn replayed_epochs_train_the_same_weights_as_interpreted_ones() {
         assert_eq!(
             std::fs::read(&replayed).unwrap(),
             std::fs::read(&interpreted).unwrap(),
-            "{workers} workers"
+            "{name}, {workers} workers"
         );
     }
 }

@@ -339,12 +339,13 @@ pub(crate) fn run_batch_lent(
 /// vector, most of them `Run`; a box would be one more allocation per instance.)
 #[allow(clippy::large_enum_variant)]
 enum Turn<'p, 't> {
-    /// Replayed from its trace at its first turn: its entry arguments and context until then.
-    Replay(Vec<Value>, InstanceCtx, &'t trace::InstanceTrace),
+    /// Replayed from its trace in its turns (up to each phase stop): its entry arguments, its
+    /// context and how far the replay got.
+    Replay(Vec<Value>, InstanceCtx, trace::Replaying<'t>),
     /// Replayed; its result is in.
     Replayed,
-    /// On the evaluator, with its entry arguments while its first run is to be recorded.
-    Run(Machine<'p>, Option<Vec<Value>>),
+    /// On the evaluator, with what its first run recorded so far while it is being recorded.
+    Run(Machine<'p>, Option<trace::Recording>),
 }
 
 impl<'p> Turn<'p, '_> {
@@ -385,10 +386,10 @@ pub(crate) fn drive(
         _ => None,
     };
     let mut results: Vec<Option<Value>> = vec![None; n];
-    // An instance with a trace is replayed in its turn of the first round, where its
-    // interpreted run would have made the same calls (it runs to its end in one go): the same
-    // nodes in the same order as with every instance interpreted. The others run on machines,
-    // recorded on their first run where a slot waits for a trace.
+    // An instance with a trace is replayed in its turns, where its interpreted run would have
+    // made the same calls (it never waits for a value: its turns are the first round of each
+    // phase): the same nodes in the same order as with every instance interpreted. The others
+    // run on machines, recorded on their first run where a slot waits for a trace.
     let slot = |i: usize| traces.and_then(|t| t.get(i).copied().flatten());
     let mut turns: Vec<Turn> = Vec::with_capacity(n);
     for (i, (a, rng)) in args.into_iter().zip(rngs).enumerate() {
@@ -401,7 +402,7 @@ pub(crate) fn drive(
         };
         let empty = match slot(i).map(|s| s.get()) {
             Some(Some(Some(t))) => {
-                turns.push(Turn::Replay(a, ctx, t));
+                turns.push(Turn::Replay(a, ctx, trace::Replaying::new(t)));
                 continue;
             }
             Some(None) => true,
@@ -410,7 +411,8 @@ pub(crate) fn drive(
         };
         // Traces are a speed-up, not a need: none is recorded past half the memory budget.
         let room = || tumble_limits::reserve(tumble_limits::in_use()).is_ok();
-        let record = (empty && derived.is_none() && room()).then(|| a.clone());
+        let record =
+            (empty && derived.is_none() && room()).then(|| trace::Recording::new(a.clone()));
         let mut m = Machine::new(program, ctx);
         m.start_derived(index, a, derived.as_deref())
             .map_err(|error| InstanceError {
@@ -430,15 +432,22 @@ pub(crate) fn drive(
         for &i in &running {
             let (m, record) = match turns.get_mut(i) {
                 Some(Turn::Run(m, record)) => (m, record),
-                Some(turn @ Turn::Replay(..)) => {
-                    if let Turn::Replay(a, mut ctx, t) = std::mem::replace(turn, Turn::Replayed) {
-                        let v =
-                            trace::replay(t, &a, &mut ctx, dfg).map_err(|error| InstanceError {
-                                instance: Some(i),
-                                error,
-                            })?;
-                        if let Some(r) = results.get_mut(i) {
-                            *r = Some(v);
+                Some(Turn::Replay(a, ctx, replaying)) => {
+                    let done = replaying
+                        .resume(a, ctx, dfg, opts.phases)
+                        .map_err(|error| InstanceError {
+                            instance: Some(i),
+                            error,
+                        })?;
+                    match done {
+                        trace::Replayed::Phase => parked.push(i),
+                        trace::Replayed::Done(v) => {
+                            if let Some(r) = results.get_mut(i) {
+                                *r = Some(v);
+                            }
+                            if let Some(turn) = turns.get_mut(i) {
+                                *turn = Turn::Replayed;
+                            }
                         }
                     }
                     continue;
@@ -447,16 +456,25 @@ pub(crate) fn drive(
             };
             loop {
                 let outcome = match record.take() {
-                    // Its first run, through a recorder: a trace if it finishes in one go.
-                    Some(params) => {
-                        let mut rec = trace::Recorder::new(dfg, &params);
-                        let outcome = m.run(&mut rec);
-                        let t = match &outcome {
-                            Ok(Outcome::Done(v)) => rec.finish(v),
-                            _ => None,
-                        };
-                        if let Some(s) = slot(i) {
-                            let _ = s.set(t);
+                    // Its first run, through a recorder: a trace if it finishes without waiting
+                    // for a value (stopping at phase boundaries on the way).
+                    Some(mut recording) => {
+                        let outcome = m.run(&mut trace::Recorder::new(dfg, &mut recording));
+                        match &outcome {
+                            Ok(Outcome::Phase) => {
+                                recording.phase_stop();
+                                *record = Some(recording);
+                            }
+                            Ok(Outcome::Done(v)) => {
+                                if let Some(s) = slot(i) {
+                                    let _ = s.set(recording.finish(v));
+                                }
+                            }
+                            _ => {
+                                if let Some(s) = slot(i) {
+                                    let _ = s.set(None);
+                                }
+                            }
                         }
                         outcome
                     }

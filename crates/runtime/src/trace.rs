@@ -17,6 +17,11 @@
 //! leaf of an earlier invocation's result (whatever node it is this time). Anything else — a
 //! lazy value the trace did not make, a closure in the result — leaves the instance untraced,
 //! and it is interpreted every time, as before.
+//!
+//! A run that stops at program phase boundaries (its loss after its tree, batched across the
+//! mini-batch) is recorded across them: the trace keeps where each stop came, and a replay
+//! stops there too ([`Replaying::resume`]), so the barriers fall where the interpreted run's
+//! would.
 
 use std::sync::OnceLock;
 
@@ -98,6 +103,9 @@ pub struct InstanceTrace {
     result: Shape,
     /// Leaves of every call's result together.
     outs: u32,
+    /// Where the run stopped at a phase boundary: before call `stops[j]` (one entry per stop,
+    /// so a phase without calls is a stop too).
+    stops: Vec<u32>,
 }
 
 impl InstanceTrace {
@@ -107,6 +115,7 @@ impl InstanceTrace {
             + self.calls.capacity() * std::mem::size_of::<Call>()
             + self.args.capacity() * std::mem::size_of::<PackedLeaf>()
             + self.consts.capacity() * std::mem::size_of::<Tensor>()
+            + self.stops.capacity() * std::mem::size_of::<u32>()
     }
 }
 
@@ -154,13 +163,65 @@ pub fn replay_enabled() -> bool {
     *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_TRACE_REPLAY").is_none())
 }
 
-/// A [`Backend`] in front of another that records the invocations made through it, until
-/// something makes the run untraceable (then it only forwards).
+/// What an instance's first run has recorded so far, kept across the phase boundaries it stops
+/// at ([`Recorder`] records through a graph for one stretch of the run).
+pub struct Recording {
+    /// The run's entry arguments (a tensor among them is named by its position).
+    params: Vec<Value>,
+    building: Option<Building>,
+}
+
+impl Recording {
+    /// Recording of a run started on entry arguments `params`.
+    pub fn new(params: Vec<Value>) -> Self {
+        let building = Building {
+            // A TreeLSTM tree of SST's: ~120 invocations, ~200 result leaves.
+            calls: Vec::with_capacity(128),
+            args: Vec::with_capacity(512),
+            by_node: Vec::with_capacity(256),
+            ..Building::default()
+        };
+        Recording {
+            params,
+            building: Some(building),
+        }
+    }
+
+    /// Notes that the run stopped at a phase boundary (it goes on after the barrier).
+    pub fn phase_stop(&mut self) {
+        if let Some(b) = &mut self.building {
+            match u32::try_from(b.calls.len()) {
+                Ok(at) => b.stops.push(at),
+                Err(_) => self.building = None,
+            }
+        }
+    }
+
+    /// The trace, if the run finished with `result` and stayed traceable.
+    pub fn finish(self, result: &Value) -> Option<InstanceTrace> {
+        let mut b = self.building?;
+        let result = b.shape_of(&self.params, result, &mut { RESULT_MAX_VALUES })?;
+        // Kept for the whole job: no room to spare.
+        b.calls.shrink_to_fit();
+        b.args.shrink_to_fit();
+        b.consts.shrink_to_fit();
+        b.stops.shrink_to_fit();
+        Some(InstanceTrace {
+            calls: b.calls,
+            args: b.args,
+            consts: b.consts,
+            result,
+            outs: b.n_outs,
+            stops: b.stops,
+        })
+    }
+}
+
+/// A [`Backend`] in front of another that records the invocations made through it into a
+/// [`Recording`], until something makes the run untraceable (then it only forwards).
 pub struct Recorder<'r> {
     inner: &'r mut dyn Backend,
-    /// The run's entry arguments (a tensor among them is named by its position).
-    params: &'r [Value],
-    building: Option<Building>,
+    rec: &'r mut Recording,
 }
 
 #[derive(Default)]
@@ -175,6 +236,7 @@ struct Building {
     /// Tensor result leaves so far (a block run on the host at once): rare, scanned.
     tensor_outs: Vec<(Tensor, u32)>,
     n_outs: u32,
+    stops: Vec<u32>,
 }
 
 /// The same buffer seen as the same shape (a view of another shape is another value).
@@ -187,41 +249,13 @@ fn same_tensor(a: &Tensor, b: &Tensor) -> bool {
 }
 
 impl<'r> Recorder<'r> {
-    /// Records calls made through `inner` by a run started on entry arguments `params`.
-    pub fn new(inner: &'r mut dyn Backend, params: &'r [Value]) -> Self {
-        let building = Building {
-            // A TreeLSTM tree of SST's: ~120 invocations, ~200 result leaves.
-            calls: Vec::with_capacity(128),
-            args: Vec::with_capacity(512),
-            by_node: Vec::with_capacity(256),
-            ..Building::default()
-        };
-        Recorder {
-            inner,
-            params,
-            building: Some(building),
-        }
-    }
-
-    /// The trace, if the run finished with `result` and stayed traceable.
-    pub fn finish(self, result: &Value) -> Option<InstanceTrace> {
-        let mut b = self.building?;
-        let result = b.shape_of(self.params, result, &mut { RESULT_MAX_VALUES })?;
-        // Kept for the whole job: no room to spare.
-        b.calls.shrink_to_fit();
-        b.args.shrink_to_fit();
-        b.consts.shrink_to_fit();
-        Some(InstanceTrace {
-            calls: b.calls,
-            args: b.args,
-            consts: b.consts,
-            result,
-            outs: b.n_outs,
-        })
+    /// Records into `rec` the calls made through `inner`.
+    pub fn new(inner: &'r mut dyn Backend, rec: &'r mut Recording) -> Self {
+        Recorder { inner, rec }
     }
 
     fn give_up(&mut self) {
-        self.building = None;
+        self.rec.building = None;
     }
 }
 
@@ -369,13 +403,14 @@ impl Backend for Recorder<'_> {
     ) -> Result<Value, RunError> {
         let (depth, phase) = (ctx.depth, ctx.phase);
         let mut first = 0;
-        if let Some(b) = &mut self.building {
+        let rec = &mut *self.rec;
+        if let Some(b) = &mut rec.building {
             first = b.args.len() as u32;
             for a in args.iter() {
-                match b.leaf_of(self.params, a).and_then(PackedLeaf::new) {
+                match b.leaf_of(&rec.params, a).and_then(PackedLeaf::new) {
                     Some(l) => b.args.push(l),
                     None => {
-                        self.building = None;
+                        rec.building = None;
                         break;
                     }
                 }
@@ -383,7 +418,7 @@ impl Backend for Recorder<'_> {
         }
         let count = u8::try_from(args.len());
         let v = self.inner.invoke_block(ctx, block, site, args, span)?;
-        if let Some(b) = &mut self.building {
+        if let Some(b) = &mut self.rec.building {
             let leaves = b.note_result(&v).and_then(|n| u8::try_from(n).ok());
             match (leaves, count, u16::try_from(phase)) {
                 (Some(leaves), Ok(count), Ok(phase)) => b.calls.push(Call {
@@ -397,7 +432,7 @@ impl Backend for Recorder<'_> {
                     leaves,
                 }),
                 // (Hundreds of arguments or outputs, thousands of phases: not worth a wider call.)
-                _ => self.building = None,
+                _ => self.rec.building = None,
             }
         }
         Ok(v)
@@ -411,8 +446,8 @@ impl Backend for Recorder<'_> {
     fn condition(&mut self, v: &Value) -> Result<Option<bool>, RunError> {
         // A branch on a computed value, a result's tensor or a weight may go the other way next
         // time; one on the instance's own data or a literal goes the same way.
-        let fixed = match (v, &self.building) {
-            (Value::Tensor(t), Some(b)) => !b.varies(self.params, t),
+        let fixed = match (v, &self.rec.building) {
+            (Value::Tensor(t), Some(b)) => !b.varies(&self.rec.params, t),
             _ => false,
         };
         if !fixed {
@@ -430,53 +465,96 @@ impl Backend for Recorder<'_> {
     }
 }
 
-/// Makes `trace`'s invocations on `backend` for an instance started on entry arguments
-/// `params`, and returns its result.
-pub fn replay(
-    trace: &InstanceTrace,
-    params: &[Value],
-    ctx: &mut InstanceCtx,
-    backend: &mut dyn Backend,
-) -> Result<Value, RunError> {
-    let mut outs: Vec<Value> = Vec::with_capacity(trace.outs as usize);
-    let mut args: Vec<Value> = Vec::new();
-    let missing = || RunError::internal("a replayed trace names a value it does not have");
-    let value = |leaf: Leaf, outs: &[Value]| -> Result<Value, RunError> {
-        match leaf {
-            Leaf::Param(k) => params.get(k as usize).cloned().ok_or_else(missing),
-            Leaf::Const(k) => trace
-                .consts
-                .get(k as usize)
-                .map(|t| Value::Tensor(t.clone()))
-                .ok_or_else(missing),
-            Leaf::Out(k) => outs.get(k as usize).cloned().ok_or_else(missing),
-        }
-    };
-    for (i, call) in trace.calls.iter().enumerate() {
-        // As often as the machine looks at the run limits (Ctrl-C, --timeout, the memory budget).
-        if i % 4096 == 4095 {
-            if let Err(stop) = tumble_limits::poll() {
-                let held = vec![backend.growth()];
-                return Err(tumble_interp::machine::limit_error(stop, held, ""));
-            }
-        }
-        args.clear();
-        let range = call.first as usize..call.first as usize + usize::from(call.count);
-        for leaf in trace.args.get(range).ok_or_else(missing)? {
-            args.push(value(leaf.leaf(), &outs)?);
-        }
-        ctx.depth = call.depth;
-        ctx.phase = u32::from(call.phase);
-        let v = backend.invoke_block(ctx, call.block, call.site, &mut args, call.span)?;
-        let before = outs.len();
-        leaves(&v, &mut |l| outs.push(l.clone()));
-        if outs.len() - before != usize::from(call.leaves) {
-            return Err(RunError::internal(
-                "a replayed invocation returned another number of values than recorded",
-            ));
+/// Where a replay of a trace has got to: [`Replaying::resume`] makes its invocations up to the
+/// next phase stop or the end.
+pub struct Replaying<'t> {
+    trace: &'t InstanceTrace,
+    /// The leaves of the results of the calls made so far.
+    outs: Vec<Value>,
+    next: usize,
+    next_stop: usize,
+}
+
+/// How far a [`Replaying::resume`] went.
+pub enum Replayed {
+    /// To the end: the instance's result.
+    Done(Value),
+    /// To a phase boundary (the instance waits for the others there).
+    Phase,
+}
+
+impl<'t> Replaying<'t> {
+    pub fn new(trace: &'t InstanceTrace) -> Self {
+        Replaying {
+            trace,
+            outs: Vec::with_capacity(trace.outs as usize),
+            next: 0,
+            next_stop: 0,
         }
     }
-    build(&trace.result, &|leaf| value(leaf, &outs))
+
+    /// Makes the trace's next invocations on `backend` for an instance started on entry
+    /// arguments `params`: to its next phase stop when `phases` (the barriers are kept), else
+    /// through it.
+    pub fn resume(
+        &mut self,
+        params: &[Value],
+        ctx: &mut InstanceCtx,
+        backend: &mut dyn Backend,
+        phases: bool,
+    ) -> Result<Replayed, RunError> {
+        let trace = self.trace;
+        let missing = || RunError::internal("a replayed trace names a value it does not have");
+        let value = |leaf: Leaf, outs: &[Value]| -> Result<Value, RunError> {
+            match leaf {
+                Leaf::Param(k) => params.get(k as usize).cloned().ok_or_else(missing),
+                Leaf::Const(k) => trace
+                    .consts
+                    .get(k as usize)
+                    .map(|t| Value::Tensor(t.clone()))
+                    .ok_or_else(missing),
+                Leaf::Out(k) => outs.get(k as usize).cloned().ok_or_else(missing),
+            }
+        };
+        let mut args: Vec<Value> = Vec::new();
+        let mut made = 0usize;
+        loop {
+            while trace.stops.get(self.next_stop).map(|&c| c as usize) == Some(self.next) {
+                self.next_stop += 1;
+                if phases {
+                    return Ok(Replayed::Phase);
+                }
+            }
+            let Some(call) = trace.calls.get(self.next) else {
+                let outs = &self.outs;
+                return build(&trace.result, &|leaf| value(leaf, outs)).map(Replayed::Done);
+            };
+            // As often as the machine looks at the run limits (Ctrl-C, --timeout, the budget).
+            made += 1;
+            if made % 4096 == 0 {
+                if let Err(stop) = tumble_limits::poll() {
+                    let held = vec![backend.growth()];
+                    return Err(tumble_interp::machine::limit_error(stop, held, ""));
+                }
+            }
+            args.clear();
+            let range = call.first as usize..call.first as usize + usize::from(call.count);
+            for leaf in trace.args.get(range).ok_or_else(missing)? {
+                args.push(value(leaf.leaf(), &self.outs)?);
+            }
+            ctx.depth = call.depth;
+            ctx.phase = u32::from(call.phase);
+            let v = backend.invoke_block(ctx, call.block, call.site, &mut args, call.span)?;
+            let before = self.outs.len();
+            leaves(&v, &mut |l| self.outs.push(l.clone()));
+            if self.outs.len() - before != usize::from(call.leaves) {
+                return Err(RunError::internal(
+                    "a replayed invocation returned another number of values than recorded",
+                ));
+            }
+            self.next += 1;
+        }
+    }
 }
 
 fn build(
