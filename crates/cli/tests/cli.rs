@@ -1384,3 +1384,38 @@ fn data_outputs_never_replace_the_inputs() {
     ]);
     assert_eq!(code, Some(0), "{e}");
 }
+
+/// The compiler's analyses take each call of a function once per context: a chain of 40
+/// functions that each call the next twice (2^40 calls if followed) compiles at once — it never
+/// finished — and runs until its graph meets the memory budget (the work is the program's).
+#[test]
+fn a_chain_of_doubling_calls_compiles_at_once() {
+    let mut src = String::new();
+    for i in 0..40 {
+        src.push_str(&format!(
+            "def @f{i}(%x: Tensor[(2), float32]) -> Tensor[(2), float32] {{ add(@f{j}(%x), @f{j}(%x)) }}\n",
+            j = i + 1
+        ));
+    }
+    src.push_str("def @f40(%x: Tensor[(2), float32]) -> Tensor[(2), float32] { %x }\n");
+    src.push_str("def @main(%x: Tensor[(2), float32]) -> Tensor[(2), float32] { @f0(%x) }\n");
+    let model = temp_file("doubling_chain.rly", &src);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args(["explain", &model.display().to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start tumble: {e}"));
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap_or_else(|e| panic!("{e}")) {
+            break status;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("`tumble explain` of a 40-level doubling chain did not finish in 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+}

@@ -22,7 +22,7 @@
 //! tracked by the lambdas they may be, their captured values joined over creation sites; recursion
 //! is solved by iterating to a fixpoint.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::absint::{Abstract, FnRef};
 use crate::program::{Code, Program};
@@ -95,6 +95,11 @@ struct Analyzer<'p> {
     program: &'p Program,
     summaries: HashMap<(u32, Vec<AV>), AV>,
     in_progress: BTreeSet<(u32, Vec<AV>)>,
+    /// Calls evaluated in this round of the fixpoint, with the functions active around them
+    /// (what a body's taints depend on): a call seen again in the same context takes its
+    /// summary. A body evaluated anew per call took time exponential in the depth of a chain of
+    /// functions that each call the next twice.
+    done: HashSet<(u32, Vec<AV>, Vec<u32>)>,
     /// Lambdas with an activation on the analysis stack, with their multiplicity.
     active: HashMap<u32, u32>,
     captures: HashMap<u32, Vec<AV>>,
@@ -111,6 +116,7 @@ pub fn analyze(program: &Program, entry: &str) -> HoistAnalysis {
         program,
         summaries: HashMap::new(),
         in_progress: BTreeSet::new(),
+        done: HashSet::new(),
         active: HashMap::new(),
         captures: HashMap::new(),
         seen: vec![false; n_sites],
@@ -128,12 +134,17 @@ pub fn analyze(program: &Program, entry: &str) -> HoistAnalysis {
         // Summaries and captures only grow, so this terminates; the bound is a guard.
         for _ in 0..64 {
             a.changed = false;
+            a.done.clear();
             a.seen.iter_mut().for_each(|x| *x = false);
             a.tainted.iter_mut().for_each(|x| *x = false);
             a.call(l, args.clone(), Vec::new());
             if !a.changed {
                 break;
             }
+        }
+        if a.changed {
+            // Not settled within the bound: nothing is hoisted (always right, only slower).
+            a.tainted.iter_mut().for_each(|x| *x = true);
         }
     }
     HoistAnalysis {
@@ -174,9 +185,18 @@ impl Analyzer<'_> {
             })
             .collect();
         let key = (lambda, args.clone());
-        let result = if self.in_progress.contains(&key) {
+        let mut context: Vec<u32> = self
+            .active
+            .iter()
+            .filter(|(_, &n)| n > 0)
+            .map(|(&l, _)| l)
+            .collect();
+        context.sort_unstable();
+        let context = (lambda, args.clone(), context);
+        let result = if self.in_progress.contains(&key) || self.done.contains(&context) {
             self.summaries.get(&key).cloned().unwrap_or_else(AV::bottom)
         } else {
+            self.done.insert(context);
             match self.program.lambdas.get(lambda as usize) {
                 None => AV::default(),
                 Some(l) => {

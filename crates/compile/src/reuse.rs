@@ -132,6 +132,10 @@ struct Analyzer<'p> {
     program: &'p Program,
     summaries: HashMap<(u32, Vec<AV>), AV>,
     in_progress: BTreeSet<(u32, Vec<AV>)>,
+    /// Calls evaluated in this round of the fixpoint: a call seen again takes its summary. A
+    /// body evaluated anew per call took time exponential in the depth of a chain of functions
+    /// that each call the next twice (40 levels: the compiler never finished).
+    done: std::collections::HashSet<(u32, Vec<AV>)>,
     captures: HashMap<u32, Vec<AV>>,
     facts: Vec<Vec<InputFacts>>,
     changed: bool,
@@ -158,6 +162,7 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
         program,
         summaries: HashMap::new(),
         in_progress: BTreeSet::new(),
+        done: std::collections::HashSet::new(),
         captures: HashMap::new(),
         facts: program
             .blocks
@@ -174,6 +179,7 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
         .get(entry)
         .and_then(|g| program.globals.get(*g as usize))
         .copied();
+    let mut settled = true;
     if let Some(l) = entry_lambda {
         let args: Vec<AV> = param_is_weight
             .iter()
@@ -189,6 +195,9 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
         // Fixpoint: summaries and captured values only grow, so this terminates; the bound is a guard.
         for _ in 0..64 {
             a.changed = false;
+            // A round evaluates each call once; what it records (block input facts, joins) is
+            // the same however often the same call is met, and a change found means another round.
+            a.done.clear();
             for f in a.facts.iter_mut().flatten() {
                 *f = InputFacts::default();
             }
@@ -197,6 +206,9 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
                 break;
             }
         }
+        // Not settled within the bound: nothing is claimed shared (every input read per
+        // instance, which is always right, only slower).
+        settled = !a.changed;
     }
     let inputs = a
         .facts
@@ -205,7 +217,9 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
             per_block
                 .iter()
                 .map(|f| {
-                    if !f.seen {
+                    if !settled {
+                        InputReuse::PerInstance
+                    } else if !f.seen {
                         InputReuse::Unreached
                     } else if f.varying {
                         InputReuse::PerInstance
@@ -224,7 +238,7 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
 impl Analyzer<'_> {
     fn call(&mut self, lambda: u32, args: Vec<AV>, captured: Vec<AV>) -> AV {
         let key = (lambda, args.clone());
-        if self.in_progress.contains(&key) {
+        if self.in_progress.contains(&key) || self.done.contains(&key) {
             return self.summaries.get(&key).cloned().unwrap_or_else(AV::bottom);
         }
         let Some(l) = self.program.lambdas.get(lambda as usize) else {
@@ -244,6 +258,7 @@ impl Analyzer<'_> {
         }
         let result = self.eval(&l.body, &mut env, lambda);
         self.in_progress.remove(&key);
+        self.done.insert(key.clone());
         let old = self.summaries.get(&key).cloned().unwrap_or_else(AV::bottom);
         let new = old.join(&result);
         if new != old {
