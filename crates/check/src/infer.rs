@@ -160,9 +160,26 @@ impl<'t> Checker<'t> {
             Some(te) => self.lower(te),
             None => self.subst.fresh(),
         };
+        let ty = Ty::Func(params, Box::new(ret));
+        // A missing annotation is one variable shared by every use: in a generic function it
+        // would take the function's own type parameters out to its callers (`@d(@d(%x))` with
+        // `def @d[A](%x: A) { (%x, %x) }` typed `(A, A)`, and run-time errors after it).
+        if !def.type_params.is_empty() && contains_var(&ty) {
+            self.err(
+                Diagnostic::error(
+                    def.name.span,
+                    format!(
+                        "`@{}` has type parameters, so its parameters' and return types must be \
+                         written out: they are not inferred",
+                        def.name.name
+                    ),
+                )
+                .with_note("e.g. `def @f[A](%x: A) -> (A, A) { (%x, %x) }`"),
+            );
+        }
         GlobalSig {
             type_params: self.type_params.clone(),
-            ty: Ty::Func(params, Box::new(ret)),
+            ty,
             span: def.name.span,
         }
     }
@@ -949,5 +966,15 @@ fn collect_pattern_vars(p: &Pattern, out: &mut Vec<Ident>) {
         PatternKind::Var(v) => out.push(v.name.clone()),
         PatternKind::Ctor { args, .. } => args.iter().for_each(|a| collect_pattern_vars(a, out)),
         PatternKind::Tuple(ps) => ps.iter().for_each(|a| collect_pattern_vars(a, out)),
+    }
+}
+
+/// Whether `t` holds an inference variable (a type left to inference).
+fn contains_var(t: &Ty) -> bool {
+    match t {
+        Ty::Var(_) => true,
+        Ty::Tensor { .. } | Ty::Param(_) => false,
+        Ty::Tuple(ts) | Ty::Adt(_, ts) => ts.iter().any(contains_var),
+        Ty::Func(ps, r) => ps.iter().any(contains_var) || contains_var(r),
     }
 }

@@ -269,6 +269,13 @@ const CASES: &[(&str, &str, &str)] = &[
         "t.rly:2:12: error: cast: attribute `dtype` must be a dtype name (float32, float64, int32, int64, bool), found `\"float16\"`",
     ),
     (
+        // Its return type would be one variable shared by every use, and take `A` out to the
+        // caller: `@d(@d(%x))` was typed `(A, A)`.
+        "generic_return_not_written",
+        "def @d[A](%x: A) { (%x, %x) }\ndef @main(%x: Tensor[(), int32]) { @d(@d(%x)) }",
+        "t.rly:1:5: error: `@d` has type parameters, so its parameters' and return types must be written out: they are not inferred",
+    ),
+    (
         "type_param_with_args",
         "def @f[A](%x: A[Tensor[(), int32]]) {\n  %x\n}",
         "t.rly:1:15: error: type parameter `A` takes no type arguments",
