@@ -195,6 +195,21 @@ def @main(%xs: List[Tensor[(), int32]]) -> int32 {
         ],
     );
 
+    // A line whose parsed form could not fit is refused before it is parsed (parsing builds the
+    // whole document at once: a 120 MB line took 4.1 GB under a 300 MB budget).
+    let huge_line = format!("{{\"xs\": [{}0]}}\n", "1,".repeat(4_000_000));
+    let huge = write(&dir, "huge_line.jsonl", &huge_line);
+    let out = run(&model, &huge, None, "64M");
+    assert_stopped_without_output(
+        &out,
+        &o,
+        &[
+            "line 1",
+            "of JSON would not fit once parsed",
+            "memory budget exceeded",
+        ],
+    );
+
     // An endless stream as the weights, and as the model.
     let x = write(&dir, "x.jsonl", X);
     let tail = write(&dir, "tail.rly", TAIL);

@@ -149,9 +149,12 @@ impl RawInstance {
     pub fn json(&self) -> Result<JsonView<'_>, String> {
         match &self.body {
             Body::Parsed(d) => Ok(JsonView(View::Borrowed(&d.0))),
-            Body::Text { text, .. } => parse_json(text)
-                .map(|j| JsonView(View::Parsed(DeepJson(j))))
-                .map_err(|e| format!("the instance's JSON cannot be read: {e}")),
+            Body::Text { text, .. } => {
+                reserve_for_json(text.len())?;
+                parse_json(text)
+                    .map(|j| JsonView(View::Parsed(DeepJson(j))))
+                    .map_err(|e| format!("the instance's JSON cannot be read: {e}"))
+            }
         }
     }
 
@@ -339,6 +342,22 @@ fn nesting_depth(text: &str, limit: usize) -> usize {
 }
 
 /// Parses one JSON document with serde_json's recursion limit off (the caller checked depth).
+/// Bytes a parsed JSON document may take per byte of its text: a number of two characters is a
+/// 32-byte value, in an array grown by doubling (a 120 MB line of numbers took 4.1 GB). Parsing
+/// builds the whole document at once, so the memory budget is asked for this much first
+/// ([`reserve_for_json`]).
+pub const PARSED_BYTES_PER_TEXT_BYTE: usize = 32;
+
+/// Checks that parsing `len` bytes of JSON fits the memory budget.
+pub fn reserve_for_json(len: usize) -> Result<(), String> {
+    tumble_limits::reserve(len.saturating_mul(PARSED_BYTES_PER_TEXT_BYTE)).map_err(|stop| {
+        format!(
+            "{} of JSON would not fit once parsed: {stop}",
+            tumble_limits::bytes_text(len)
+        )
+    })
+}
+
 fn parse_json(text: &str) -> Result<Json, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_str(text);
     de.disable_recursion_limit();
@@ -537,6 +556,7 @@ fn try_array<R: BufRead>(
     };
     // The first line on its own is a complete JSON value: the input is an array only if nothing
     // else follows.
+    reserve_for_json(first.len()).map_err(|m| lines.err(format!("line {first_no}: {m}")))?;
     if nesting_depth(&first, MAX_DEPTH + 1) <= MAX_DEPTH + 1 {
         if let Ok(json) = parse_json(&first) {
             let json = DeepJson(json);
@@ -595,6 +615,7 @@ fn try_array<R: BufRead>(
     if nesting_depth(&text, MAX_DEPTH + 1) > MAX_DEPTH + 1 {
         return Err(lines.err(depth_error("an instance of the JSON array")));
     }
+    reserve_for_json(text.len()).map_err(|m| lines.err(format!("the JSON array: {m}")))?;
     match parse_json(&text) {
         Ok(json) => Ok(Some(whole_array(json, lines))),
         Err(e) => Err(lines.err(format!(
@@ -716,6 +737,7 @@ pub fn read_request_instances(
     if nesting_depth(text, MAX_DEPTH + 2) > MAX_DEPTH + 2 {
         return Err(err(depth_error("the body")));
     }
+    reserve_for_json(text.len()).map_err(|m| err(format!("the body: {m}")))?;
     let json = parse_json(text).map_err(|e| {
         err(format!(
             "line {}, column {}: not valid JSON: {}",
