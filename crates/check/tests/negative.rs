@@ -234,6 +234,16 @@ const CASES: &[(&str, &str, &str)] = &[
         "t.rly:2:3: error: reshape: cannot reshape Tensor[(2, 3), float32] (6 elements) to (4, 2) (8 elements)",
     ),
     (
+        "reshape_count_overflows",
+        "def @f(%x: Tensor[(2, 3), float32]) {\n  reshape(%x, newshape=[4611686018427387904, 4])\n}",
+        "t.rly:2:3: error: reshape: cannot reshape Tensor[(2, 3), float32] to (4611686018427387904, 4): that shape has more than 2^63 elements",
+    ),
+    (
+        "attribute_given_twice",
+        "def @f() {\n  zeros(shape=[2, 2], dtype=\"float32\", shape=[3])\n}",
+        "t.rly:2:40: error: attribute `shape` is given twice",
+    ),
+    (
         "missing_required_attr",
         "def @f(%x: Tensor[(2, 3), float32]) {\n  reshape(%x)\n}",
         "t.rly:2:3: error: reshape: missing required attribute `newshape`",

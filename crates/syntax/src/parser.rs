@@ -566,7 +566,8 @@ impl<'a> Parser<'a> {
         let mut attrs = Vec::new();
         while !self.at(&Tok::RParen) {
             if self.at_attr() {
-                attrs.push(self.attr()?);
+                let a = self.attr_after(&attrs)?;
+                attrs.push(a);
             } else if matches!(self.peek(), Tok::Local(_)) {
                 params.push(self.param()?);
             } else {
@@ -603,6 +604,16 @@ impl<'a> Parser<'a> {
 
     fn at_attr(&self) -> bool {
         matches!(self.peek(), Tok::Ident(_)) && self.peek_at(1) == &Tok::Eq
+    }
+
+    /// An attribute of a call or a function, after those before it (`attrs`): a name given twice
+    /// is an error (which of two values would count is nothing a reader can see).
+    fn attr_after(&mut self, attrs: &[Attr]) -> PResult<Attr> {
+        let a = self.attr()?;
+        if attrs.iter().any(|b| b.name == a.name) {
+            return self.error_at(a.span, format!("attribute `{}` is given twice", a.name));
+        }
+        Ok(a)
     }
 
     fn attr(&mut self) -> PResult<Attr> {
@@ -803,7 +814,8 @@ impl<'a> Parser<'a> {
         let mut attrs = Vec::new();
         while !self.at(&Tok::RParen) {
             if self.at_attr() {
-                attrs.push(self.attr()?);
+                let a = self.attr_after(&attrs)?;
+                attrs.push(a);
             } else if !attrs.is_empty() {
                 return self.fail_expected(
                     "a keyword attribute `name=value` (positional arguments come first)",

@@ -299,6 +299,13 @@ pub fn reshape(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
         }
     }
     let (in_part, out_part) = (partial_product(x.shape), partial_product(&out));
+    // No tensor has that many elements (and the checks below could not compare the counts).
+    if in_part.is_some() && out_part.is_none() {
+        return Err(c.err(format!(
+            "cannot reshape {x} to {}: that shape has more than 2^63 elements",
+            fmt_dims(&out)
+        )));
+    }
     // With cancelled `?` dims the known parts need not agree: a `?` may be 0 at run time, and then
     // both sides are empty. (Inferring -1 above is still exact: with a zero `?` the call fails.)
     if cancel && any_in == 0 {
