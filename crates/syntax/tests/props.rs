@@ -90,8 +90,15 @@ fn attrs() -> impl Strategy<Value = Attrs> {
         0..3,
     )
     .prop_map(|v| {
+        // Distinct names: a name given twice is a parse error.
+        let mut seen = Vec::new();
         Attrs(
             v.into_iter()
+                .filter(|(name, _)| {
+                    let fresh = !seen.contains(name);
+                    seen.push(name.clone());
+                    fresh
+                })
                 .map(|(name, value)| Attr {
                     name,
                     value,
