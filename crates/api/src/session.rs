@@ -61,16 +61,17 @@ impl<'m> Session<'m> {
     /// `tumble run` gives instance `i` of a file, so a request's results equal `tumble run` on
     /// the same instances.
     pub fn admit(&mut self, instances: &RawInstances, i: usize) -> Result<Ticket, Error> {
-        self.admit_until(instances, i, None)
+        self.admit_until(instances, i, None, None)
     }
 
-    /// [`Session::admit`] with a deadline after which the instance's evaluation stops with an
-    /// error (see [`BatchSession::admit_until`]).
+    /// [`Session::admit`] with a deadline after which, and a flag once set which, the instance's
+    /// evaluation stops with an error (see [`BatchSession::admit_until`]).
     pub fn admit_until(
         &mut self,
         instances: &RawInstances,
         i: usize,
         deadline: Option<std::time::Instant>,
+        cancelled: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     ) -> Result<Ticket, Error> {
         let m = self.model;
         let values = crate::Decoding::new(m, self.env).decode_raw(instances, i)?;
@@ -80,7 +81,7 @@ impl<'m> Session<'m> {
         })?;
         let ticket = self
             .inner
-            .admit_until(args, instance_rng(self.seed, i), deadline);
+            .admit_until(args, instance_rng(self.seed, i), deadline, cancelled);
         let location = instances.items.get(i).map_or_else(
             || format!("instance {i}"),
             |it| format!("instance at {}", it.location),

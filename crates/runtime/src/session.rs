@@ -77,6 +77,9 @@ struct Slot<'p> {
     instance: u32,
     /// When its machine stops with an error if it is still running (see [`BatchSession::admit_until`]).
     deadline: Option<std::time::Instant>,
+    /// Set when the instance is no longer wanted: its machine stops at its next look at the run
+    /// limits (see [`BatchSession::admit_until`]).
+    cancelled: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     state: State<'p>,
 }
 
@@ -144,17 +147,19 @@ impl<'p> BatchSession<'p> {
     /// Admits an instance (`@main`'s arguments, and its stream of `random.db_uniform` draws); it
     /// joins the instances in flight at the next [`BatchSession::step`].
     pub fn admit(&mut self, args: Vec<Value>, rng: Rng) -> Ticket {
-        self.admit_until(args, rng, None)
+        self.admit_until(args, rng, None, None)
     }
 
-    /// [`BatchSession::admit`] with a deadline: past it, the instance's evaluation stops with an
-    /// error at its next look at the run limits, so one that never suspends (and so never lets
-    /// the step end) cannot hold the session forever.
+    /// [`BatchSession::admit`] with a deadline and a cancel flag: past the deadline, or once the
+    /// flag is set (by another thread: a served request whose client went away), the instance's
+    /// evaluation stops with an error at its next look at the run limits, so one that never
+    /// suspends (and so never lets the step end) cannot hold the session forever.
     pub fn admit_until(
         &mut self,
         args: Vec<Value>,
         rng: Rng,
         deadline: Option<std::time::Instant>,
+        cancelled: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     ) -> Ticket {
         let ticket = Ticket(self.next_ticket);
         self.next_ticket += 1;
@@ -164,6 +169,7 @@ impl<'p> BatchSession<'p> {
             rng,
             instance: 0,
             deadline,
+            cancelled,
             state: State::Queued,
         });
         ticket
@@ -347,6 +353,7 @@ impl<'p> BatchSession<'p> {
             },
         );
         m.set_deadline(slot.deadline);
+        m.set_cancel(slot.cancelled.clone());
         let derived = match self.exec.derived_args(self.program, &slot.args) {
             Ok(d) => d,
             Err(e) => return Some((slot.ticket, Err(e))),

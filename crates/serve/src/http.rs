@@ -1,6 +1,6 @@
 //! The HTTP face: routes, request parsing, admission to the bounded queue, timeouts.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -154,6 +154,16 @@ async fn predict(State(s): State<Arc<Shared>>, Path(rest): Path<String>, body: B
     response
 }
 
+/// Sets its flag when dropped: the handler's future is dropped when its client disconnects.
+/// (Set after an answer too, when nothing of the request runs any more.)
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Bodies from this size on parse one at a time (see `answer`).
 const LARGE_BODY_BYTES: usize = 1 << 20;
 static LARGE_PARSE: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -212,10 +222,15 @@ async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Re
         );
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let cancelled = Arc::new(AtomicBool::new(false));
+    // Dropped with this future (the client went away) or on its timeout: the request's running
+    // instances stop mid-step.
+    let _cancel_on_drop = CancelOnDrop(Arc::clone(&cancelled));
     if s.jobs
         .send(Job::Predict(Request {
             instances,
             reply: tx,
+            cancelled,
         }))
         .is_err()
     {

@@ -2,7 +2,7 @@
 //! the batch and answers each request when its last instance is done.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +20,10 @@ pub(crate) enum Job {
 pub(crate) struct Request {
     pub instances: RawInstances,
     pub reply: tokio::sync::oneshot::Sender<Reply>,
+    /// Set by the handler when it goes away (the client disconnected, or it timed out): a
+    /// running instance of the request stops at its next look at the run limits, even in the
+    /// middle of a long step (the reply's closing is only seen between steps).
+    pub cancelled: Arc<AtomicBool>,
 }
 
 pub(crate) enum Reply {
@@ -35,6 +39,7 @@ pub(crate) enum Reply {
 struct Open {
     instances: RawInstances,
     reply: tokio::sync::oneshot::Sender<Reply>,
+    cancelled: Arc<AtomicBool>,
     results: Vec<Option<String>>,
     left: usize,
     tickets: Vec<Ticket>,
@@ -182,6 +187,7 @@ impl Worker<'_> {
                     Open {
                         instances: r.instances,
                         reply: r.reply,
+                        cancelled: r.cancelled,
                         results: vec![None; n],
                         left: n,
                         tickets: Vec::new(),
@@ -271,7 +277,10 @@ impl Worker<'_> {
             // Past the request's timeout its handler has answered 504; an instance still running
             // then (one that never suspends) stops, instead of holding this thread for good.
             let deadline = o.arrived.checked_add(self.shared.config.timeout);
-            match self.session.admit_until(&o.instances, i, deadline) {
+            match self
+                .session
+                .admit_until(&o.instances, i, deadline, Some(o.cancelled.clone()))
+            {
                 Ok(t) => {
                     self.tickets.insert(t, (id, i));
                     if let Some(o) = self.open.get_mut(&id) {
@@ -317,6 +326,15 @@ impl Worker<'_> {
                             let out = o.results.into_iter().map(Option::unwrap_or_default);
                             let _ = o.reply.send(Reply::Predictions(out.collect()));
                         }
+                    }
+                }
+                Err(_) if self.open.get(&id).is_some_and(|o| o.reply.is_closed()) => {
+                    // Stopped because its handler went away (the client disconnected).
+                    if let Some(o) = self.close(id) {
+                        self.shared
+                            .metrics
+                            .instances_cancelled
+                            .fetch_add(o.left as u64, Ordering::Relaxed);
                     }
                 }
                 Err(e) => {

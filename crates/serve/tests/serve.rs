@@ -294,6 +294,54 @@ fn a_client_that_disconnects_cancels_its_instances() {
     server.shutdown().unwrap();
 }
 
+/// A countdown on the host, one evaluation step after another: it never suspends, so a step of
+/// the batch runs it to its end.
+const COUNTDOWN: &str = r#"
+def @f(%x: Tensor[(), int32]) -> Tensor[(), int32] {
+  if (less(%x, 1)) { %x } else { @f(subtract(%x, 1)) }
+}
+def @main(%x: Tensor[(), int32]) -> Tensor[(), int32] {
+  @f(%x)
+}
+"#;
+
+/// A client that disconnects while its instance runs in the middle of a step stops it there
+/// (the reply's closing is only seen between steps; the instance held the batch thread for
+/// half a minute and the next request waited for it).
+#[test]
+fn a_client_that_disconnects_stops_its_running_instance() {
+    let src = Source::Text {
+        name: "countdown.rly",
+        text: COUNTDOWN,
+    };
+    let m = Arc::new(Model::load(src, &Params::default(), &LoadOptions::default()).unwrap());
+    let server = Server::start(m, Config::new("countdown")).unwrap();
+    let addr = server.addr();
+    // About half a minute of evaluation steps.
+    let body = json!({ "instances": [{ "x": 20_000_000 }] }).to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    let head = format!(
+        "POST /v1/models/countdown:predict HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    // (The metrics are published between steps: none while it runs.)
+    std::thread::sleep(Duration::from_millis(500));
+    drop(s);
+    eventually("the instance stopped", || server.metrics().cancelled() == 1);
+    let t = Instant::now();
+    let (status, text) = http(
+        addr,
+        "POST",
+        "/v1/models/countdown:predict",
+        json!({ "instances": [{ "x": 3 }] }).to_string().as_bytes(),
+    );
+    assert_eq!(status, 200, "{text}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    server.shutdown().unwrap();
+}
+
 /// Integer division in a block: a zero divisor fails inside a batched launch.
 const DIV: &str = r#"
 def @main(%x: Tensor[(1, 2), float32], %d: Tensor[(1, 2), int32], %w: Tensor[(2, 2), float32])

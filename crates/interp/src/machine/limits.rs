@@ -33,9 +33,26 @@ impl<'p> Machine<'p> {
         self.deadline = deadline;
     }
 
+    /// Sets (or clears) a flag that, once set, stops the run with an error at its next look at
+    /// the limits (see `cancelled`).
+    pub fn set_cancel(&mut self, flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>) {
+        self.cancelled = flag;
+    }
+
     /// Stops the run when it was interrupted, is over its memory budget (saying what grew) or
     /// ran past its deadline.
     fn check_limits(&self, backend: &dyn Backend) -> Result<(), RunError> {
+        if self
+            .cancelled
+            .as_ref()
+            .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            return Err(RunError::new(format!(
+                "stopped after {} evaluation steps: the run is no longer wanted (its client went \
+                 away)",
+                self.steps()
+            )));
+        }
         if self
             .deadline
             .is_some_and(|d| std::time::Instant::now() >= d)

@@ -145,6 +145,9 @@ pub struct Machine<'p> {
     /// limits): a served request's `--timeout-ms`, so that an instance that never suspends (a
     /// recursion without a base case in constant memory) cannot hold the batch thread forever.
     deadline: Option<std::time::Instant>,
+    /// Set from elsewhere when the run is no longer wanted (a served request whose client went
+    /// away): looked at with the other limits, so a long step stops too.
+    cancelled: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// Steps of the poll windows completed so far; the current window's are
     /// `POLL_EVERY - poll_in` (see [`Machine::steps`]).
     steps_before: u64,
@@ -208,6 +211,7 @@ impl<'p> Machine<'p> {
             binds: Vec::new(),
             poll_in: POLL_EVERY,
             deadline: None,
+            cancelled: None,
             steps_before: 0,
             params: Vec::new(),
             shared: SharedValues::new(),
