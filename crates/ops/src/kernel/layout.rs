@@ -33,7 +33,10 @@ pub fn concatenate(
         outer: usize,
         total: usize,
     ) -> Option<Vec<T>> {
-        let slices: Vec<&[T]> = parts.iter().map(|p| p.as_slice::<T>()).collect::<Option<_>>()?;
+        let slices: Vec<&[T]> = parts
+            .iter()
+            .map(|p| p.as_slice::<T>())
+            .collect::<Option<_>>()?;
         let mut out = Vec::with_capacity(total);
         for o in 0..outer {
             for (s, &b) in slices.iter().zip(blocks) {
