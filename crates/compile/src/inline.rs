@@ -18,11 +18,6 @@ use crate::blocks::is_pure_op;
 /// helpers each calling the next twice cannot make a block (and the compile time) exponential.
 pub const MAX_INLINED_NODES: usize = 4096;
 
-/// Calls are inlined into a block at most this deep: every function is lowered on its own, so a
-/// chain of n forwarding helpers inlined whole into each of them took time quadratic in n (10,000
-/// one-line functions: 14 s). A call deeper than this stays a call.
-pub const MAX_INLINE_DEPTH: usize = 64;
-
 /// A function is inlined only while its body, with everything it inlines in turn, has at most this
 /// many operator calls. Cells and helpers are small (Berxit's attention helpers: tens); without a
 /// bound, a chain of N helpers each calling the next inlined the whole rest of the chain into every

@@ -766,10 +766,7 @@ impl Lowerer<'_> {
         args: &[Expr],
         call: Span,
     ) -> Result<Option<BRef>, LowerError> {
-        if b.nodes.len() >= crate::inline::MAX_INLINED_NODES
-            || b.calls.len() >= crate::inline::MAX_INLINE_DEPTH
-            || args.len() != f.params.len()
-        {
+        if b.nodes.len() >= crate::inline::MAX_INLINED_NODES || args.len() != f.params.len() {
             return Ok(None);
         }
         let mut vals = Vec::with_capacity(args.len());
