@@ -24,6 +24,12 @@ pub const MAX_INLINED_NODES: usize = 4096;
 /// one of them (O(N²) block nodes: 5,000 globals took 9 s and 1.5 GB to run).
 pub const MAX_INLINED_OPS: usize = 256;
 
+/// ... and at most this many calls, counted the same way: helpers that only forward to the next
+/// have no operators, and a chain of 10,000 of them, each inlined whole into the one before it,
+/// took 14 s to compile (at least the operators' bound, so that bound is met first where a helper
+/// computes anything).
+pub const MAX_INLINED_CALLS: usize = MAX_INLINED_OPS;
+
 /// The inlinable functions of `module`, by name.
 pub fn inlinable(module: &Module) -> HashMap<String, &Function> {
     let defs: HashMap<&str, &Function> = module
@@ -62,7 +68,8 @@ pub fn inlinable(module: &Module) -> HashMap<String, &Function> {
         })
         .collect();
     let (order, on_cycle) = crate::callgraph::callees_first(&callees);
-    let mut size: Vec<Option<usize>> = vec![None; names.len()];
+    // (operators, calls) of each inlinable function once expanded.
+    let mut size: Vec<Option<(usize, usize)>> = vec![None; names.len()];
     for f in order {
         if on_cycle[f] {
             continue;
@@ -71,10 +78,14 @@ pub fn inlinable(module: &Module) -> HashMap<String, &Function> {
             .get(f)
             .and_then(|n| bodies.get(n))
             .map_or(0, |(own, _)| *own);
-        let total = callees[f].iter().try_fold(own, |acc, &g| {
-            acc.checked_add(size.get(g).copied().flatten()?)
-        });
-        size[f] = total.filter(|&n| n <= MAX_INLINED_OPS);
+        let total = callees[f]
+            .iter()
+            .try_fold((own, callees[f].len()), |(ops, calls), &g| {
+                let (o, c) = size.get(g).copied().flatten()?;
+                Some((ops.checked_add(o)?, calls.checked_add(c)?))
+            });
+        size[f] =
+            total.filter(|&(ops, calls)| ops <= MAX_INLINED_OPS && calls <= MAX_INLINED_CALLS);
     }
     names
         .iter()

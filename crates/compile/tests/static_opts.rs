@@ -269,6 +269,26 @@ fn a_chain_of_helpers_inlines_only_a_bounded_tail() {
     assert!(nodes <= n * (max + 1), "{nodes} block nodes");
 }
 
+/// Scaling (hostile input): helpers that only forward to the next have no operators, so the
+/// operators' bound never stopped them: each was inlined with the whole rest of the chain (10,000
+/// of them took 14 s to compile). Calls are bounded too (`MAX_INLINED_CALLS`): only the tail is.
+#[test]
+fn a_chain_of_forwarding_helpers_inlines_only_a_bounded_tail() {
+    let n = 600;
+    let src = chain(
+        n,
+        "%x",
+        "",
+        "def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { @f0(%x) }\n",
+    );
+    let (p, _) = compile(&src);
+    let max = tumble_compile::inline::MAX_INLINED_CALLS;
+    // f_i makes n - 1 - i calls once expanded: the last max + 1 helpers are inlinable.
+    assert_eq!(p.inlined.len(), max + 1, "{:?}", p.inlined.len());
+    assert!(p.inlined.contains(&format!("f{}", n - 1 - max)));
+    assert!(!p.inlined.contains(&format!("f{}", n - 2 - max)));
+}
+
 /// Ghost operators cost a call by its callee's whole chain of blocks, computed callees first in one
 /// pass (was one fixpoint round per link): in a recursion whose one arm runs a chain of 300
 /// helpers, each invoking a `Primitive=1` cell, the other arm is padded to match (the same counts
