@@ -355,6 +355,19 @@ impl<'p> Turn<'p, '_> {
             _ => None,
         }
     }
+
+    /// Hands over every value the instance holds between its turns (a machine's frames, a
+    /// replay parked at a phase stop: its arguments and the results it has made so far).
+    fn visit_values(&self, f: &mut dyn FnMut(&Value)) {
+        match self {
+            Turn::Run(m, _) => m.visit_values(f),
+            Turn::Replay(args, _, replaying) => {
+                args.iter().for_each(&mut *f);
+                replaying.visit_values(f);
+            }
+            Turn::Replayed => {}
+        }
+    }
 }
 
 /// Runs global `index` for every instance of a mini-batch on `dfg`: each instance's program until
@@ -511,10 +524,7 @@ pub(crate) fn drive(
             let t_scan = Instant::now();
             // Early release: what the instances still hold stays; the rest can go once read.
             dfg.scan_claims(|f| {
-                turns
-                    .iter()
-                    .filter_map(Turn::machine)
-                    .for_each(|m| m.visit_values(f));
+                turns.iter().for_each(|t| t.visit_values(f));
                 results.iter().flatten().for_each(&mut *f);
             });
             dfg.profile.time_outputs += t_scan.elapsed();

@@ -493,6 +493,12 @@ impl<'t> Replaying<'t> {
         }
     }
 
+    /// Hands over the values the replay holds between its turns (the results of the calls made
+    /// so far, which the calls after a phase stop read), for early release's scans.
+    pub fn visit_values(&self, f: &mut dyn FnMut(&Value)) {
+        self.outs.iter().for_each(f);
+    }
+
     /// Makes the trace's next invocations on `backend` for an instance started on entry
     /// arguments `params`: to its next phase stop when `phases` (the barriers are kept), else
     /// through it.
