@@ -37,6 +37,12 @@ pub enum IoError {
     },
     /// A result cannot be written as JSON (e.g. it contains a function).
     Output { message: String },
+    /// A document of instances that would not fit in the memory budget once parsed (a server
+    /// answers 413, not 400: the request is well formed).
+    TooLarge {
+        source_name: String,
+        message: String,
+    },
 }
 
 impl IoError {
@@ -81,6 +87,10 @@ impl fmt::Display for IoError {
             }
             IoError::Param { message } => f.write_str(message),
             IoError::Instances {
+                source_name,
+                message,
+            }
+            | IoError::TooLarge {
                 source_name,
                 message,
             } => write!(f, "{source_name}: {message}"),

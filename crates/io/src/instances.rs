@@ -341,7 +341,6 @@ fn nesting_depth(text: &str, limit: usize) -> usize {
     max
 }
 
-/// Parses one JSON document with serde_json's recursion limit off (the caller checked depth).
 /// Bytes a parsed JSON document may take per byte of its text: a number of two characters is a
 /// 32-byte value, in an array grown by doubling (a 120 MB line of numbers took 4.1 GB). Parsing
 /// builds the whole document at once, so the memory budget is asked for this much first
@@ -358,6 +357,7 @@ pub fn reserve_for_json(len: usize) -> Result<(), String> {
     })
 }
 
+/// Parses one JSON document with serde_json's recursion limit off (the caller checked depth).
 fn parse_json(text: &str) -> Result<Json, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_str(text);
     de.disable_recursion_limit();
@@ -737,7 +737,10 @@ pub fn read_request_instances(
     if nesting_depth(text, MAX_DEPTH + 2) > MAX_DEPTH + 2 {
         return Err(err(depth_error("the body")));
     }
-    reserve_for_json(text.len()).map_err(|m| err(format!("the body: {m}")))?;
+    reserve_for_json(text.len()).map_err(|m| IoError::TooLarge {
+        source_name: source_name.to_string(),
+        message: format!("the body: {m}"),
+    })?;
     let json = parse_json(text).map_err(|e| {
         err(format!(
             "line {}, column {}: not valid JSON: {}",

@@ -12,7 +12,7 @@ use tumble_ir::DType;
 use tumble_tensor::shape::format_shape;
 use tumble_tensor::{Buffer, Tensor};
 
-use crate::atomic::{stage, write_atomically, Staged};
+use crate::atomic::{stage, Staged};
 use crate::IoError;
 
 /// The tensors of a weights file, by name, plus warnings about their values (NaN or infinite
@@ -460,9 +460,7 @@ pub fn safetensors_bytes(tensors: &BTreeMap<String, Tensor>) -> Result<Vec<u8>, 
 /// straight into the file (not the whole file built in memory first: a checkpoint of `tumble
 /// train` held three copies of the weights).
 pub fn save_params(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<(), IoError> {
-    write_atomically(path, "the weights file", |w| {
-        write_safetensors(path, tensors, w)
-    })
+    stage_params(path, tensors)?.commit()
 }
 
 /// [`save_params`] up to moving the file into place ([`Staged::commit`]).

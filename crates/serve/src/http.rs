@@ -183,15 +183,15 @@ async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Re
     let parsed = tokio::task::spawn_blocking(move || {
         let _one_at_a_time = (body.len() >= LARGE_BODY_BYTES)
             .then(|| LARGE_PARSE.lock().unwrap_or_else(|e| e.into_inner()));
-        tumble_io::instances::reserve_for_json(body.len())
-            .map_err(|m| Err(format!("the request body: {m}")))?;
-        tumble_io::read_request_instances(&body, "instances", "request").map_err(Ok)
+        tumble_io::read_request_instances(&body, "instances", "request")
     })
     .await;
     let instances = match parsed {
         Ok(Ok(i)) => i,
-        Ok(Err(Ok(e))) => return fail(StatusCode::BAD_REQUEST, &e.to_string()),
-        Ok(Err(Err(m))) => return fail(StatusCode::PAYLOAD_TOO_LARGE, &m),
+        Ok(Err(e @ tumble_io::IoError::TooLarge { .. })) => {
+            return fail(StatusCode::PAYLOAD_TOO_LARGE, &e.to_string())
+        }
+        Ok(Err(e)) => return fail(StatusCode::BAD_REQUEST, &e.to_string()),
         Err(_) => {
             return fail(
                 StatusCode::INTERNAL_SERVER_ERROR,
