@@ -208,12 +208,17 @@ impl Worker<'_> {
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
-            if let Some(o) = self.close(id) {
-                self.shared
-                    .metrics
-                    .instances_cancelled
-                    .fetch_add(o.left as u64, Ordering::Relaxed);
-            }
+            self.abandon(id);
+        }
+    }
+
+    /// Drops request `id`, whose handler is gone, counting its unfinished instances as cancelled.
+    fn abandon(&mut self, id: u64) {
+        if let Some(o) = self.close(id) {
+            self.shared
+                .metrics
+                .instances_cancelled
+                .fetch_add(o.left as u64, Ordering::Relaxed);
         }
     }
 
@@ -330,12 +335,7 @@ impl Worker<'_> {
                 }
                 Err(_) if self.open.get(&id).is_some_and(|o| o.reply.is_closed()) => {
                     // Stopped because its handler went away (the client disconnected).
-                    if let Some(o) = self.close(id) {
-                        self.shared
-                            .metrics
-                            .instances_cancelled
-                            .fetch_add(o.left as u64, Ordering::Relaxed);
-                    }
+                    self.abandon(id);
                 }
                 Err(e) => {
                     let timeout = self.shared.config.timeout;
