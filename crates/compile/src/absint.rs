@@ -1,7 +1,8 @@
 //! Pieces shared by the compile-time abstract interpretations (parameter reuse, hoisting): what a
 //! callable may be, how a pattern binds a collapsed value, how closures capture.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::Hash;
 
 use crate::program::{CaptureFrom, Code, Pat, Program};
 
@@ -86,4 +87,60 @@ pub(crate) fn make_closure<A: Abstract>(
         }
     }
     A::callables([FnRef::Lambda(l)].into_iter().collect())
+}
+
+/// The call table of an analysis's fixpoint: each call's summary (the join of what its body
+/// returned, per lambda and abstract arguments), the calls on the analysis stack, and the calls
+/// already evaluated in this round. `C` is what else a body's result depends on (hoisting: the
+/// functions active around it; reuse: nothing). A call met again takes its summary: evaluating a
+/// body anew per call took time exponential in the depth of a chain of functions that each call
+/// the next twice (40 levels: the compiler never finished).
+pub(crate) struct CallMemo<A, C = ()> {
+    summaries: HashMap<(u32, Vec<A>), A>,
+    in_progress: HashSet<(u32, Vec<A>)>,
+    done: HashSet<(u32, Vec<A>, C)>,
+}
+
+impl<A: Abstract + Eq + Hash, C: Eq + Hash> CallMemo<A, C> {
+    pub(crate) fn new() -> Self {
+        CallMemo {
+            summaries: HashMap::new(),
+            in_progress: HashSet::new(),
+            done: HashSet::new(),
+        }
+    }
+
+    /// Starts a round of the fixpoint: every call is evaluated again, once.
+    pub(crate) fn new_round(&mut self) {
+        self.done.clear();
+    }
+
+    /// Before evaluating `lambda` on `args` in `context`: its summary so far when the call is
+    /// on the stack (recursion) or was evaluated this round in this context; else `None`, and
+    /// the call is marked begun (end it with [`CallMemo::leave`]).
+    pub(crate) fn enter(&mut self, lambda: u32, args: &[A], context: C) -> Option<A> {
+        let key = (lambda, args.to_vec());
+        let context = (lambda, key.1.clone(), context);
+        if self.in_progress.contains(&key) || self.done.contains(&context) {
+            return Some(self.summaries.get(&key).cloned().unwrap_or_else(A::bottom));
+        }
+        self.done.insert(context);
+        self.in_progress.insert(key);
+        None
+    }
+
+    /// After evaluating a call begun by [`CallMemo::enter`]: joins `result` into its summary.
+    /// Returns the summary and whether it grew (then the fixpoint must go on).
+    pub(crate) fn leave(&mut self, lambda: u32, args: Vec<A>, result: &A) -> (A, bool) {
+        let key = (lambda, args);
+        self.in_progress.remove(&key);
+        let old = self.summaries.get(&key).cloned().unwrap_or_else(A::bottom);
+        let new = old.join(result);
+        if new == old {
+            (new, false)
+        } else {
+            self.summaries.insert(key, new.clone());
+            (new, true)
+        }
+    }
 }

@@ -22,9 +22,9 @@
 //! tracked by the lambdas they may be, their captured values joined over creation sites; recursion
 //! is solved by iterating to a fixpoint.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 
-use crate::absint::{Abstract, FnRef};
+use crate::absint::{Abstract, CallMemo, FnRef};
 use crate::program::{Code, Program};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
@@ -93,13 +93,9 @@ pub struct HoistAnalysis {
 
 struct Analyzer<'p> {
     program: &'p Program,
-    summaries: HashMap<(u32, Vec<AV>), AV>,
-    in_progress: BTreeSet<(u32, Vec<AV>)>,
-    /// Calls evaluated in this round of the fixpoint, with the functions active around them
-    /// (what a body's taints depend on): a call seen again in the same context takes its
-    /// summary. A body evaluated anew per call took time exponential in the depth of a chain of
-    /// functions that each call the next twice.
-    done: HashSet<(u32, Vec<AV>, Vec<u32>)>,
+    /// Calls, in the context of the functions active around them (what a body's taints depend
+    /// on).
+    calls: CallMemo<AV, Vec<u32>>,
     /// Lambdas with an activation on the analysis stack, with their multiplicity.
     active: HashMap<u32, u32>,
     captures: HashMap<u32, Vec<AV>>,
@@ -114,9 +110,7 @@ pub fn analyze(program: &Program, entry: &str) -> HoistAnalysis {
     let n_sites = program.sites.len();
     let mut a = Analyzer {
         program,
-        summaries: HashMap::new(),
-        in_progress: BTreeSet::new(),
-        done: HashSet::new(),
+        calls: CallMemo::new(),
         active: HashMap::new(),
         captures: HashMap::new(),
         seen: vec![false; n_sites],
@@ -134,7 +128,7 @@ pub fn analyze(program: &Program, entry: &str) -> HoistAnalysis {
         // Summaries and captures only grow, so this terminates; the bound is a guard.
         for _ in 0..64 {
             a.changed = false;
-            a.done.clear();
+            a.calls.new_round();
             a.seen.iter_mut().for_each(|x| *x = false);
             a.tainted.iter_mut().for_each(|x| *x = false);
             a.call(l, args.clone(), Vec::new());
@@ -184,7 +178,6 @@ impl Analyzer<'_> {
                 a
             })
             .collect();
-        let key = (lambda, args.clone());
         let mut context: Vec<u32> = self
             .active
             .iter()
@@ -192,20 +185,16 @@ impl Analyzer<'_> {
             .map(|(&l, _)| l)
             .collect();
         context.sort_unstable();
-        let context = (lambda, args.clone(), context);
-        let result = if self.in_progress.contains(&key) || self.done.contains(&context) {
-            self.summaries.get(&key).cloned().unwrap_or_else(AV::bottom)
-        } else {
-            self.done.insert(context);
-            match self.program.lambdas.get(lambda as usize) {
-                None => AV::default(),
-                Some(l) => {
-                    self.in_progress.insert(key.clone());
+        let result = match self.program.lambdas.get(lambda as usize) {
+            None => AV::default(),
+            Some(l) => match self.calls.enter(lambda, &args, context) {
+                Some(summary) => summary,
+                None => {
                     *self.active.entry(lambda).or_default() += 1;
                     let mut env: Vec<AV> = vec![AV::bottom(); l.n_slots as usize];
-                    for (i, a) in args.into_iter().enumerate() {
+                    for (i, a) in args.iter().enumerate() {
                         if let Some(s) = env.get_mut(i) {
-                            *s = a;
+                            *s = a.clone();
                         }
                     }
                     for ((_, slot), v) in l.captures.iter().zip(captured) {
@@ -217,16 +206,11 @@ impl Analyzer<'_> {
                     if let Some(n) = self.active.get_mut(&lambda) {
                         *n -= 1;
                     }
-                    self.in_progress.remove(&key);
-                    let old = self.summaries.get(&key).cloned().unwrap_or_else(AV::bottom);
-                    let new = old.join(&r.received());
-                    if new != old {
-                        self.changed = true;
-                        self.summaries.insert(key, new.clone());
-                    }
-                    new
+                    let (summary, grew) = self.calls.leave(lambda, args, &r.received());
+                    self.changed |= grew;
+                    summary
                 }
-            }
+            },
         };
         let mut out = result;
         if recursive && !out.bottom {

@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::absint::{Abstract, FnRef};
+use crate::absint::{Abstract, CallMemo, FnRef};
 use crate::program::{Code, Program};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
@@ -130,12 +130,7 @@ struct InputFacts {
 
 struct Analyzer<'p> {
     program: &'p Program,
-    summaries: HashMap<(u32, Vec<AV>), AV>,
-    in_progress: BTreeSet<(u32, Vec<AV>)>,
-    /// Calls evaluated in this round of the fixpoint: a call seen again takes its summary. A
-    /// body evaluated anew per call took time exponential in the depth of a chain of functions
-    /// that each call the next twice (40 levels: the compiler never finished).
-    done: std::collections::HashSet<(u32, Vec<AV>)>,
+    calls: CallMemo<AV>,
     captures: HashMap<u32, Vec<AV>>,
     facts: Vec<Vec<InputFacts>>,
     changed: bool,
@@ -160,9 +155,7 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
     }
     let mut a = Analyzer {
         program,
-        summaries: HashMap::new(),
-        in_progress: BTreeSet::new(),
-        done: std::collections::HashSet::new(),
+        calls: CallMemo::new(),
         captures: HashMap::new(),
         facts: program
             .blocks
@@ -197,7 +190,7 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
             a.changed = false;
             // A round evaluates each call once; what it records (block input facts, joins) is
             // the same however often the same call is met, and a change found means another round.
-            a.done.clear();
+            a.calls.new_round();
             for f in a.facts.iter_mut().flatten() {
                 *f = InputFacts::default();
             }
@@ -237,18 +230,16 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
 
 impl Analyzer<'_> {
     fn call(&mut self, lambda: u32, args: Vec<AV>, captured: Vec<AV>) -> AV {
-        let key = (lambda, args.clone());
-        if self.in_progress.contains(&key) || self.done.contains(&key) {
-            return self.summaries.get(&key).cloned().unwrap_or_else(AV::bottom);
-        }
         let Some(l) = self.program.lambdas.get(lambda as usize) else {
             return AV::varying();
         };
-        self.in_progress.insert(key.clone());
+        if let Some(summary) = self.calls.enter(lambda, &args, ()) {
+            return summary;
+        }
         let mut env: Vec<AV> = vec![AV::bottom(); l.n_slots as usize];
-        for (i, a) in args.into_iter().enumerate() {
+        for (i, a) in args.iter().enumerate() {
             if let Some(s) = env.get_mut(i) {
-                *s = a;
+                *s = a.clone();
             }
         }
         for ((_, slot), v) in l.captures.iter().zip(captured) {
@@ -257,15 +248,9 @@ impl Analyzer<'_> {
             }
         }
         let result = self.eval(&l.body, &mut env, lambda);
-        self.in_progress.remove(&key);
-        self.done.insert(key.clone());
-        let old = self.summaries.get(&key).cloned().unwrap_or_else(AV::bottom);
-        let new = old.join(&result);
-        if new != old {
-            self.changed = true;
-            self.summaries.insert(key, new.clone());
-        }
-        new
+        let (summary, grew) = self.calls.leave(lambda, args, &result);
+        self.changed |= grew;
+        summary
     }
 
     fn apply(&mut self, callee: &AV, args: Vec<AV>) -> AV {

@@ -166,7 +166,6 @@ impl Drop for CancelOnDrop {
 
 /// Bodies from this size on parse one at a time (see `answer`).
 const LARGE_BODY_BYTES: usize = 1 << 20;
-static LARGE_PARSE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Response) {
     let fail = |status: StatusCode, message: &str| (status, error(status, message));
@@ -180,9 +179,10 @@ async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Re
     // threads that accept connections. A parsed body is tens of times its text, built at once:
     // large ones parse one at a time, each only if the memory budget has room for it (four
     // 63 MiB bodies at once took 14 GB under a 2 GiB budget).
+    let shared = Arc::clone(s);
     let parsed = tokio::task::spawn_blocking(move || {
         let _one_at_a_time = (body.len() >= LARGE_BODY_BYTES)
-            .then(|| LARGE_PARSE.lock().unwrap_or_else(|e| e.into_inner()));
+            .then(|| shared.large_parse.lock().unwrap_or_else(|e| e.into_inner()));
         tumble_io::read_request_instances(&body, "instances", "request")
     })
     .await;

@@ -124,6 +124,8 @@ pub(crate) struct Shared {
     /// Set when shutdown begins: `/readyz` answers 503.
     pub stopping: AtomicBool,
     pub jobs: std::sync::mpsc::Sender<worker::Job>,
+    /// Held while a large request body is parsed: they parse one at a time (see `http::answer`).
+    pub large_parse: std::sync::Mutex<()>,
 }
 
 /// A running server (see [`Server::start`]).
@@ -157,6 +159,7 @@ impl Server {
             outstanding: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             jobs: jobs_tx,
+            large_parse: std::sync::Mutex::new(()),
         });
         // The session is made on the worker thread (it holds `Rc` values); a failure to make it
         // comes back here before anything listens.
