@@ -1,7 +1,10 @@
 //! The substitution: inference variables, their bindings, unification and resolution.
 //!
 //! Tensor dims unify gradually: `?` matches any dim and stays `?` (Nimble's `Any`); two known dims
-//! must be equal. Type parameters (`Ty::Param`) are rigid.
+//! must be equal. A variable bound to a type with a known dim that meets `?` there is widened to
+//! `?`: values of both types flow through it (a `@foldl` accumulator that starts `(1, 1)` and
+//! grows by a closure returning `(1, ?)`), and a known dim would let the compiler trust a shape
+//! the run does not have. Type parameters (`Ty::Param`) are rigid.
 
 use tumble_ir::{Dim, Ty, TyVar};
 
@@ -126,10 +129,41 @@ impl Subst {
         }
     }
 
+    /// Follows variable bindings at the top of `ty`: the type reached and the last variable
+    /// followed to it (`None` when `ty` is not a bound variable).
+    fn chase(&self, ty: &Ty) -> (Option<TyVar>, Ty) {
+        let mut last = None;
+        let mut t = ty.clone();
+        while let Ty::Var(v) = t {
+            match self.binding(v) {
+                Some(b) => {
+                    last = Some(v);
+                    t = b.clone();
+                }
+                None => break,
+            }
+        }
+        (last, t)
+    }
+
     /// Makes `expected` and `found` equal, or says where they differ.
     pub fn unify(&mut self, expected: &Ty, found: &Ty) -> Result<(), Mismatch> {
-        let a = self.shallow(expected);
-        let b = self.shallow(found);
+        let (var_a, a) = self.chase(expected);
+        let (var_b, b) = self.chase(found);
+        self.unify_shallow(&a, &b)?;
+        // Both sides' variables now stand for values of either type: `?` wherever one has it.
+        if let Some((v, w)) = var_a.zip(widened(&a, &b)) {
+            self.bind(v, w);
+        }
+        if let Some((v, w)) = var_b.zip(widened(&b, &a)) {
+            self.bind(v, w);
+        }
+        Ok(())
+    }
+
+    /// [`Subst::unify`] of two types whose top is not a bound variable.
+    fn unify_shallow(&mut self, a: &Ty, b: &Ty) -> Result<(), Mismatch> {
+        let (a, b) = (a.clone(), b.clone());
         let fail = |s: &Self| Mismatch {
             expected: s.resolve(&a),
             found: s.resolve(&b),
@@ -192,6 +226,61 @@ impl Subst {
     }
 }
 
+/// `t` with `?` wherever `other` has `?` and `t` a known dim (tensors, and tuples, functions and
+/// constructors of them, not through variables: those are widened by their own unification);
+/// `None` when there is no such place.
+fn widened(t: &Ty, other: &Ty) -> Option<Ty> {
+    match (t, other) {
+        (Ty::Tensor { shape, dtype }, Ty::Tensor { shape: o, .. }) if shape.len() == o.len() => {
+            let wider = |(d, e): (&Dim, &Dim)| matches!((d, e), (Dim::Known(_), Dim::Any));
+            if !shape.iter().zip(o).any(wider) {
+                return None;
+            }
+            let shape = shape
+                .iter()
+                .zip(o)
+                .map(|(d, e)| if wider((d, e)) { Dim::Any } else { d.clone() })
+                .collect();
+            Some(Ty::Tensor {
+                shape,
+                dtype: *dtype,
+            })
+        }
+        (Ty::Tuple(ts), Ty::Tuple(os)) if ts.len() == os.len() => {
+            widened_all(ts, os).map(Ty::Tuple)
+        }
+        (Ty::Adt(n, ts), Ty::Adt(m, os)) if n == m && ts.len() == os.len() => {
+            widened_all(ts, os).map(|ts| Ty::Adt(n.clone(), ts))
+        }
+        (Ty::Func(ps, r), Ty::Func(qs, s)) if ps.len() == qs.len() => {
+            let params = widened_all(ps, qs);
+            let ret = widened(r, s);
+            if params.is_none() && ret.is_none() {
+                return None;
+            }
+            Some(Ty::Func(
+                params.unwrap_or_else(|| ps.clone()),
+                Box::new(ret.unwrap_or_else(|| (**r).clone())),
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// [`widened`] element by element; `None` when no element widens.
+fn widened_all(ts: &[Ty], os: &[Ty]) -> Option<Vec<Ty>> {
+    let each: Vec<Option<Ty>> = ts.iter().zip(os).map(|(t, o)| widened(t, o)).collect();
+    if each.iter().all(Option::is_none) {
+        return None;
+    }
+    Some(
+        each.into_iter()
+            .zip(ts)
+            .map(|(w, t)| w.unwrap_or_else(|| t.clone()))
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,6 +295,23 @@ mod tests {
         let c = Ty::tensor_of(&[3, 5], DType::Float32);
         assert!(s.unify(&b, &c).is_err());
         assert!(s.unify(&b, &Ty::tensor_of(&[3, 4], DType::Int32)).is_err());
+    }
+
+    #[test]
+    fn a_bound_variable_widens_to_an_unknown_dim_it_meets() {
+        let mut s = Subst::default();
+        let v = s.fresh();
+        let known = Ty::tensor_of(&[1, 1], DType::Float32);
+        let any = Ty::tensor(vec![Dim::Known(1), Dim::Any], DType::Float32);
+        assert!(s.unify(&v, &known).is_ok());
+        assert!(s.unify(&any, &v).is_ok());
+        assert_eq!(s.resolve(&v), any);
+        // Inside a tuple too; and a known dim met later does not narrow it again.
+        let w = s.fresh();
+        assert!(s.unify(&w, &Ty::Tuple(vec![known.clone(), known.clone()])).is_ok());
+        assert!(s.unify(&w, &Ty::Tuple(vec![known.clone(), any.clone()])).is_ok());
+        assert!(s.unify(&w, &Ty::Tuple(vec![known.clone(), known.clone()])).is_ok());
+        assert_eq!(s.resolve(&w), Ty::Tuple(vec![known, any]));
     }
 
     #[test]

@@ -56,6 +56,33 @@ fn dense_and_bias_shapes_flow_through_lets() {
     assert_fully_typed(&m);
 }
 
+/// A fold whose accumulator starts `(1, 1)` and grows by a closure returning `(1, ?)` has type
+/// `(1, ?)`: typed by its first value, the compiler trusted a width of 1 (a transpose of it was
+/// dropped, silently: a wrong value and a wrong gradient; found by an audit).
+#[test]
+fn a_variable_that_meets_an_unknown_dim_is_widened_to_it() {
+    let m = check(
+        "def @grow(%xs: List[Tensor[(1, 1), float32]]) {
+           @foldl(fn (%acc: Tensor[(1, ?), float32], %s: Tensor[(1, 1), float32]) -> Tensor[(1, ?), float32] {
+             concatenate((%acc, %s), axis=1)
+           }, @hd(%xs), @tl(%xs))
+         }
+         def @start(%x: Tensor[(1, 1), float32], %xs: List[Tensor[(1, ?), float32]]) {
+           (@foldl(fn (%acc, %s) { %s }, %x, %xs), %x)
+         }",
+    );
+    assert_eq!(
+        sig(&m, "grow"),
+        "fn (List[Tensor[(1, 1), float32]]) -> Tensor[(1, ?), float32]"
+    );
+    // The start value keeps its own type; only what flows through the fold widens.
+    assert_eq!(
+        sig(&m, "start"),
+        "fn (Tensor[(1, 1), float32], List[Tensor[(1, ?), float32]]) -> (Tensor[(1, ?), float32], Tensor[(1, 1), float32])"
+    );
+    assert_fully_typed(&m);
+}
+
 #[test]
 fn unknown_dims_stay_unknown() {
     let m = check(

@@ -87,6 +87,32 @@ def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
     agrees("tuple_proj", src, &rows(9, 4), &["x"]);
 }
 
+/// A fold that grows its accumulator from `(1, 1)` by a closure returning `(1, ?)`: typed `(1, 1)`
+/// by its start value, the transpose of the result was dropped as a no-op on a single row (a
+/// wrong value and gradient, no error; an audit's). Lists of one to five rows.
+#[test]
+fn a_fold_growing_from_a_known_width() {
+    let src = r#"
+def @main(%xs: List[Tensor[(1, 1), float32]], %H: Tensor[(5, 5), float32]) -> Tensor[(5, 5), float32] {
+  let %a = @foldl(fn (%acc: Tensor[(1, ?), float32], %s: Tensor[(1, 1), float32]) -> Tensor[(1, ?), float32] {
+    concatenate((%acc, %s), axis=1)
+  }, @hd(%xs), @tl(%xs));
+  let %t = transpose(%a);
+  let %pad = zeros(shape=[5, 1], dtype="float32");
+  let %col = strided_slice(concatenate((%t, %pad), axis=0), begin=[0, 0], end=[5, 1]);
+  multiply(%col, %H)
+}
+"#;
+    let inputs: Vec<String> = (1..=9)
+        .map(|i| {
+            let n = i % 5 + 1;
+            let xs: Vec<String> = (0..n).map(|j| format!("[[{}.5]]", i + j)).collect();
+            format!("{{\"xs\": [{}]}}", xs.join(", "))
+        })
+        .collect();
+    agrees("fold_grows", src, &inputs.join("\n"), &["xs"]);
+}
+
 /// The same tuple passed whole to `db.concurrent`.
 #[test]
 fn let_bound_tuple_made_concurrent() {
