@@ -239,7 +239,7 @@ fn widened(t: &Ty, other: &Ty) -> Option<Ty> {
             let shape = shape
                 .iter()
                 .zip(o)
-                .map(|(d, e)| if wider((d, e)) { Dim::Any } else { d.clone() })
+                .map(|(d, e)| if wider((d, e)) { Dim::Any } else { *d })
                 .collect();
             Some(Ty::Tensor {
                 shape,
@@ -308,9 +308,15 @@ mod tests {
         assert_eq!(s.resolve(&v), any);
         // Inside a tuple too; and a known dim met later does not narrow it again.
         let w = s.fresh();
-        assert!(s.unify(&w, &Ty::Tuple(vec![known.clone(), known.clone()])).is_ok());
-        assert!(s.unify(&w, &Ty::Tuple(vec![known.clone(), any.clone()])).is_ok());
-        assert!(s.unify(&w, &Ty::Tuple(vec![known.clone(), known.clone()])).is_ok());
+        assert!(s
+            .unify(&w, &Ty::Tuple(vec![known.clone(), known.clone()]))
+            .is_ok());
+        assert!(s
+            .unify(&w, &Ty::Tuple(vec![known.clone(), any.clone()]))
+            .is_ok());
+        assert!(s
+            .unify(&w, &Ty::Tuple(vec![known.clone(), known.clone()]))
+            .is_ok());
         assert_eq!(s.resolve(&w), Ty::Tuple(vec![known, any]));
     }
 

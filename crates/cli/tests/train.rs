@@ -440,6 +440,38 @@ fn a_diverging_training_stops_and_keeps_no_nan_weights() {
     assert!(!out.exists(), "{err}");
 }
 
+/// An instance whose loss is not finite at the starting weights (a log of 0) is named by its line,
+/// by `grad` and by `train` (which stops before the step, not at the epoch's end blaming only the
+/// learning rate), with one and two workers, and nothing is written. (Found by an audit: `grad`
+/// wrote NaN gradients with status 0, `train` said the weights diverged.)
+#[test]
+fn a_non_finite_loss_names_its_instance() {
+    let model = temp_file(
+        "log0.rly",
+        "def @main(%x: Tensor[(1, 3), float32], %W: Tensor[(3, 3), float32]) -> Tensor[(), float32] {\n  let %h = nn.dense(%x, %W);\n  log(sum(multiply(%h, %h)))\n}\n",
+    );
+    let mut lines = ["{\"x\": [[1, 2, 3]]}"; 9];
+    lines[5] = "{\"x\": [[0, 0, 0]]}";
+    let data = temp_file("log0.jsonl", &(lines.join("\n") + "\n"));
+    let out = temp_path("log0.safetensors");
+    for workers in ["1", "2"] {
+        let _ = std::fs::remove_file(&out);
+        let g = grad(&model, &data, &out, &["--workers", workers]);
+        let err = text(&g.stderr);
+        assert_eq!(g.status.code(), Some(1), "{err}");
+        assert!(err.contains("line 6") && err.contains("-inf"), "{err}");
+        assert!(!out.exists(), "{err}");
+        let t = train(&model, &data, &data, &out, &["--workers", workers]);
+        let err = text(&t.stderr);
+        assert_eq!(t.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("line 6") && err.contains("loss is not finite on this instance"),
+            "{err}"
+        );
+        assert!(!out.exists(), "{err}");
+    }
+}
+
 /// A model file `name`: the sum of `nn.dense(%x, %W)` for `%x` (1, 2) and the parameter `%W`
 /// (2, 2), both of `dtype`.
 fn sum_of_product_model(name: &str, dtype: &str) -> String {

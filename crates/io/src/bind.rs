@@ -164,19 +164,48 @@ pub fn bind_params(
     }
 
     let mut generated = BTreeMap::new();
+    let mut warnings = Vec::new();
     if !missing.is_empty() {
         let Some(seed) = random_seed else {
             return Err(missing_error(&args, &missing, file));
         };
+        // A key of the instances that no argument has, close to a missing one's name, is a
+        // typo of a per-instance input, not a weight to make up.
+        let stray: Vec<&str> = instance_args
+            .iter()
+            .map(String::as_str)
+            .filter(|k| {
+                !main_params
+                    .iter()
+                    .any(|(n, _)| n.trim_start_matches('%') == *k)
+            })
+            .collect();
+        for &i in &missing {
+            let name = &args[i].name;
+            if let Some(key) = suggest(name, &stray) {
+                return Err(IoError::param(format!(
+                    "argument %{name} is not in the instances, which have a key `{key}` that \
+                     @main does not take: did you mean `{name}`? (--random-params makes up only \
+                     the weights)"
+                )));
+            }
+        }
         for &i in &missing {
             let arg = &mut args[i];
             let t = random_param(&arg.name, &arg.ty, seed)?;
+            if !t.dtype().is_float() {
+                warnings.push(format!(
+                    "%{}: {} is not in the instances, so --random-params bound it as a weight of \
+                     zeros; if it is a per-instance input (a label, a token), add a key `{}` to \
+                     every instance",
+                    arg.name, arg.ty, arg.name
+                ));
+            }
             generated.insert(arg.name.clone(), t.clone());
             arg.binding = Binding::Param(t);
         }
     }
 
-    let mut warnings = Vec::new();
     let taken: BTreeSet<&str> = args.iter().map(|a| a.name.as_str()).collect();
     let unused: Vec<&str> = file
         .keys()

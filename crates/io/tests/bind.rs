@@ -232,3 +232,31 @@ fn random_param_needs_known_dims() {
         .to_string();
     assert!(e.contains("tumble generates at most"), "{e}");
 }
+
+/// `--random-params` makes up weights, not per-instance inputs: an integer argument missing from
+/// the instances is bound to zeros with a warning (a label every instance lacked trained toward
+/// class 0 silently), and one whose name is a typo of an instance key is an error naming both.
+#[test]
+fn random_params_warn_of_integer_fills_and_refuse_typos_of_instance_keys() {
+    let ps = vec![
+        ("x".to_string(), f32s(&[1, 4])),
+        ("label".to_string(), Ty::tensor_of(&[], DType::Int32)),
+        ("W".to_string(), f32s(&[3, 4])),
+    ];
+    let none = BTreeMap::new();
+    let bound = bind_params(&ps, &keys(&["x"]), &none, Some(0)).unwrap();
+    assert_eq!(bound.warnings.len(), 1, "{:?}", bound.warnings);
+    assert!(
+        bound.warnings[0].contains("%label") && bound.warnings[0].contains("add a key `label`"),
+        "{}",
+        bound.warnings[0]
+    );
+    let e = err(bind_params(&ps, &keys(&["x", "lable"]), &none, Some(0)));
+    assert!(
+        e.contains("`lable`") && e.contains("did you mean `label`"),
+        "{e}"
+    );
+    // Float weights made up quietly, as before.
+    let bound = bind_params(&ps, &keys(&["x", "label"]), &none, Some(0)).unwrap();
+    assert!(bound.warnings.is_empty(), "{:?}", bound.warnings);
+}

@@ -200,6 +200,20 @@ impl Compiled {
         )
     }
 
+    /// The first instance of `which` (with its loss at the same place of `losses`) whose loss is
+    /// NaN or infinite: where it is and the value.
+    pub(super) fn non_finite_loss(
+        raw: &RawInstances,
+        which: &[usize],
+        losses: &[f64],
+    ) -> Option<String> {
+        which
+            .iter()
+            .zip(losses)
+            .find(|(_, l)| !l.is_finite())
+            .map(|(&i, l)| format!("{}: @main's output is {l}", Self::location(raw, i)))
+    }
+
     pub(super) fn run_error(raw: &RawInstances, i: usize, e: tumble_interp::RunError) -> Failure {
         let message = format!("{}: {}", Self::location(raw, i), e.message);
         match e.span {

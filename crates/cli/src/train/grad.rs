@@ -22,6 +22,13 @@ pub(super) fn non_finite_param(weights: &BTreeMap<String, Tensor>) -> Option<&st
         .map(|(n, _)| n.as_str())
 }
 
+/// An instance whose loss is NaN or infinite makes every gradient of the sum so: refused, named.
+fn not_finite(at: &str) -> Failure {
+    Failure::Message(format!(
+        "{at}, so the gradient of the sum is not finite either; nothing was written"
+    ))
+}
+
 fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     let mut reads: Vec<(&str, &Path)> = vec![
         ("the model", &args.model),
@@ -74,6 +81,9 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 &mut rng,
             )
             .map_err(|e| Compiled::run_error(&raw, i, e))?;
+            if let Some(at) = Compiled::non_finite_loss(&raw, &[i], &[g.loss]) {
+                return Err(not_finite(&at));
+            }
             loss += g.loss;
             for (slot, g) in total.iter_mut().zip(g.grads) {
                 if let Some(g) = g {
@@ -103,6 +113,9 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             let pool = workers::Workers::start(scope, workers, &c, &decoded, setup)?;
             for which in all.chunks(batch) {
                 let (losses, gs) = pool.grad(&c, &decoded, which, &by_name, setup, &mut stats)?;
+                if let Some(at) = Compiled::non_finite_loss(&raw, which, &losses) {
+                    return Err(not_finite(&at));
+                }
                 loss += losses.iter().sum::<f64>();
                 for (slot, g) in total.iter_mut().zip(gs) {
                     if let Some(g) = g {

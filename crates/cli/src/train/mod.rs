@@ -245,6 +245,15 @@ pub fn train(args: &TrainArgs, color: bool) -> ExitCode {
     report(r, &sources, color)
 }
 
+/// What a stopped run leaves at `output`: the last checkpoint, or nothing.
+fn kept_checkpoint(saved: bool, output: &std::path::Path) -> String {
+    if saved {
+        format!("{} keeps the last epoch saved before", output.display())
+    } else {
+        format!("nothing was written to {}", output.display())
+    }
+}
+
 /// Trains; `saved` is set once a checkpoint is written (what an interrupted run's message says).
 fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> Result<(), Failure> {
     let mut reads: Vec<(&str, &Path)> = vec![
@@ -421,6 +430,24 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                 }
                 let (losses, grads) =
                     pool.grad(&main, &decoded, which, &weights, setup, &mut stats)?;
+                if let Some(at) = Compiled::non_finite_loss(&raw, which, &losses) {
+                    // Stopped before the step: it would make every weight NaN.
+                    bar.abandon();
+                    let why = if t == 0 {
+                        "at the starting weights: the model's loss is not finite on this \
+                         instance (a log of 0, a division by 0?)"
+                            .to_string()
+                    } else {
+                        format!(
+                            "after {t} steps: the weights diverged (lower --lr, or add \
+                             --weight-decay), or the model's loss is not finite on this instance"
+                        )
+                    };
+                    return Err(Failure::Message(format!(
+                        "{at} at epoch {epoch}, {why}; {}",
+                        kept_checkpoint(*saved, &args.output)
+                    )));
+                }
                 let b = which.len() as f64;
                 loss_sum += losses.iter().sum::<f64>();
                 seen += which.len();
@@ -492,14 +519,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                 return Err(Failure::Message(format!(
                     "{what} at epoch {epoch}: the weights diverged (lower --lr, or add \
                      --weight-decay); {}",
-                    if *saved {
-                        format!(
-                            "{} keeps the last epoch saved before",
-                            args.output.display()
-                        )
-                    } else {
-                        format!("nothing was written to {}", args.output.display())
-                    }
+                    kept_checkpoint(*saved, &args.output)
                 )));
             }
             let mut score: Option<f64> = None;

@@ -135,7 +135,7 @@ impl<'scope> Workers<'scope> {
         })
     }
 
-    /// The losses (one per instance, part by part) and gradients of mini-batch `which` at the
+    /// The losses (one per instance of `which`, in its order) and gradients of mini-batch `which` at the
     /// trainable parameters' values in `weights`: the first part on this thread with `main`, the
     /// others on the helpers.
     #[allow(clippy::too_many_arguments)]
@@ -162,6 +162,7 @@ impl<'scope> Workers<'scope> {
                 .iter()
                 .filter_map(|n| weights.get(n).map(|t| (n.clone(), t.clone())))
                 .collect();
+            let slice = part;
             let part = Part {
                 which: part.to_vec(),
                 weights,
@@ -172,7 +173,7 @@ impl<'scope> Workers<'scope> {
                 ));
                 break;
             }
-            sent.push(k);
+            sent.push((k, slice));
         }
         // The trainable parameters' current tensors, in their order, held only for this part
         // (the optimizer updates them in place once every holder has let go).
@@ -199,7 +200,7 @@ impl<'scope> Workers<'scope> {
         // Every part sent is waited for, failed or not: no helper holds the weights afterwards.
         let theirs: Vec<PartResult> = sent
             .iter()
-            .filter_map(|&k| self.helpers.get(k))
+            .filter_map(|&(k, _)| self.helpers.get(k))
             .map(|h| {
                 h.results.recv().unwrap_or_else(|_| {
                     Err(Failure::Message(
@@ -215,6 +216,14 @@ impl<'scope> Workers<'scope> {
             stats.add(&s);
             grads = merge(grads, g)?;
         }
+        // Back in `which`'s order (the parts are balanced by size, not cut in order), so that
+        // a loss can name its instance.
+        let order = own.iter().chain(sent.iter().flat_map(|(_, p)| p.iter()));
+        let at: std::collections::HashMap<usize, f64> = order.copied().zip(losses).collect();
+        let losses = which
+            .iter()
+            .map(|i| at.get(i).copied().unwrap_or(f64::NAN))
+            .collect();
         Ok((losses, grads))
     }
 }
