@@ -6,13 +6,15 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_145_75;
 const LN2_LO: f32 = 1.428_606_8e-6;
 
-/// e^x for f32: inf past ln(f32::MAX) and 0 below about -87.3, as the reference's `exp` (up to
-/// the denormals it flushes).
+/// e^x for f32: inf past ln(f32::MAX), denormal down to about -103.3 and 0 below, as the
+/// reference's `exp` (f64, rounded to f32). The denormals matter: `log(sigmoid(-95))` is -95,
+/// where a flush to 0 made it -inf (an audit's find).
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     // Up to ln(f32::MAX) (88.72284): an earlier clamp at 88.0 returned e^88 = 1.65e38 for every
     // larger x, where the reference overflows to inf (generated program 1803315 and its class).
-    let xc = x.clamp(-87.33, 88.722_83);
+    // Down to -104, below which e^x is under half the least denormal (2^-150) and rounds to 0.
+    let xc = x.clamp(-104.0, 88.722_83);
     // Round to nearest by adding and subtracting 1.5·2^23 (plain float ops, so loops vectorize;
     // `f32::round` is a libm call).
     const SHIFT: f32 = 12_582_912.0;
@@ -30,10 +32,13 @@ pub fn exp(x: f32) -> f32 {
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    // 2^k as 2^(k-1)·2: k is in [-126, 128] after the clamp, and 2^128 has no exponent field
-    // (k = -126 gives 0: the sliver of x just above -87.33 flushes to zero).
-    let scale = f32::from_bits(((ki + 126).max(0) as u32) << 23);
-    let y = p * scale * 2.0;
+    // 2^k as 2^(k>>1)·2^(k-(k>>1)): k is in [-150, 128] after the clamp, which one exponent
+    // field cannot hold (2^128 overflows it, 2^-127 and below are denormal), and each half in
+    // [-75, 64] can. The last product rounds once, to a denormal where e^x is one.
+    let half = ki >> 1;
+    let s1 = f32::from_bits(((half + 127) as u32) << 23);
+    let s2 = f32::from_bits(((ki - half + 127) as u32) << 23);
+    let y = p * s1 * s2;
     if x > 88.722_84 {
         f32::INFINITY
     } else {
@@ -41,9 +46,17 @@ pub fn exp(x: f32) -> f32 {
     }
 }
 
+/// 1 / (1 + e^-x), as e^x / (1 + e^x) for negative x: there e^-x overflows from x < -88.7 on,
+/// where the result is still a (denormal) number down to about -103.
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
+    let e = exp(-x.abs());
+    let s = 1.0 / (1.0 + e);
+    if x < 0.0 {
+        e * s
+    } else {
+        s
+    }
 }
 
 /// tanh as an odd rational function p(x)/q(x) of degrees 13/6 (the minimax fit Eigen, XLA and
@@ -53,6 +66,7 @@ pub fn sigmoid(x: f32) -> f32 {
 /// AVX-512 loop). Written without `mul_add`, so every ISA's loop rounds alike.
 #[inline(always)]
 pub fn tanh(x: f32) -> f32 {
+    let given = x;
     let x = x.clamp(-7.905_311, 7.905_311);
     let x2 = x * x;
     let p = -2.760_768_5e-16 * x2 + 2.000_188e-13;
@@ -64,7 +78,12 @@ pub fn tanh(x: f32) -> f32 {
     let q = 1.198_258_4e-6 * x2 + 1.185_347_1e-4;
     let q = q * x2 + 2.268_434_6e-3;
     let q = q * x2 + 4.893_525e-3;
-    x * p / q
+    // The fit tops out at 1 - 2^-24; tanh rounds to ±1 in f32 from |x| ≈ 9.01 on.
+    if given.abs() >= 9.011 {
+        1.0f32.copysign(given)
+    } else {
+        x * p / q
+    }
 }
 
 #[cfg(test)]
@@ -98,6 +117,30 @@ mod tests {
             let want = (x as f64).exp();
             assert!(rel(exp(x), want) < 4e-7, "exp({x}) = {} vs {want}", exp(x));
         }
+        // Denormal results, as the reference's (f64 rounded to f32), and 0 past them.
+        for x in [-87.5f32, -90.0, -95.0, -100.0, -103.0, -103.9] {
+            let want = (x as f64).exp() as f32;
+            assert!(
+                exp(x) == want || exp(x).to_bits().abs_diff(want.to_bits()) <= 1,
+                "exp({x}) = {:e} vs {want:e}",
+                exp(x)
+            );
+            let s = sigmoid(x);
+            let want = (1.0 / (1.0 + (-(x as f64)).exp())) as f32;
+            assert!(
+                s.to_bits().abs_diff(want.to_bits()) <= 1,
+                "sigmoid({x}) = {s:e} vs {want:e}"
+            );
+            // Denormals keep fewer bits the smaller they are: ~1% of -95's.
+            if x >= -95.0 {
+                assert!(
+                    (s.ln() as f64 - x as f64).abs() < 0.01,
+                    "log(sigmoid({x})) = {}",
+                    s.ln()
+                );
+            }
+        }
+        assert_eq!(exp(-104.5), 0.0);
         assert_eq!(exp(88.8), f32::INFINITY);
         assert_eq!(exp(1000.0), f32::INFINITY);
         assert_eq!(exp(f32::INFINITY), f32::INFINITY);
@@ -111,6 +154,12 @@ mod tests {
         for x in [7.9f32, 9.0, 100.0, f32::MAX, f32::INFINITY] {
             assert!(tanh(x) <= 1.0 && tanh(x) > 0.999_999, "{x}");
             assert_eq!(tanh(-x), -tanh(x));
+        }
+        // Where f32 tanh is ±1, so is this one.
+        for x in [9.02f32, 10.0, 50.0, f32::INFINITY] {
+            assert_eq!(((x as f64).tanh()) as f32, 1.0);
+            assert_eq!(tanh(x), 1.0);
+            assert_eq!(tanh(-x), -1.0);
         }
         assert_eq!(tanh(0.0), 0.0);
         assert!(tanh(f32::NAN).is_nan());

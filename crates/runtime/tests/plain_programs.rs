@@ -113,6 +113,25 @@ def @main(%xs: List[Tensor[(1, 1), float32]], %H: Tensor[(5, 5), float32]) -> Te
     agrees("fold_grows", src, &inputs.join("\n"), &["xs"]);
 }
 
+/// Logs of results in f32's denormal range: the fused kernels' `exp` flushed e^x to 0 below -87
+/// (and `sigmoid` below -88.7), so `log(sigmoid(-95))` was -inf where the reference gives -95
+/// (an audit's find); `log(softmax)` over logits spread past 87 alike.
+#[test]
+fn logs_of_denormal_exps_and_sigmoids() {
+    let src = r#"
+def @main(%z: Tensor[(1, 4), float32]) -> (Tensor[(1, 4), float32], Tensor[(1, 4), float32], Tensor[(1, 4), float32]) {
+  (log(sigmoid(%z)), log(exp(%z)), log(nn.softmax(%z)))
+}
+"#;
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let a = -86.0 - 2.0 * i as f64;
+            format!("{{\"z\": [[{a}, {}, {}, 0.5]]}}", a - 5.0, -60.0 - i as f64)
+        })
+        .collect();
+    agrees("denormal_logs", src, &inputs.join("\n"), &["z"]);
+}
+
 /// The same tuple passed whole to `db.concurrent`.
 #[test]
 fn let_bound_tuple_made_concurrent() {
