@@ -472,6 +472,53 @@ fn a_non_finite_loss_names_its_instance() {
     }
 }
 
+/// Dropout draws a new mask every epoch (the streams were keyed by instance and --seed only, so
+/// every epoch trained with the same masks: an audit's find): with a learning rate too small to
+/// move the weights, the epochs' losses differ; the first epoch's equals `grad`'s draws (its loss
+/// is the same as at one epoch); and replaying traces changes nothing.
+#[test]
+fn dropout_masks_differ_from_epoch_to_epoch() {
+    let model = temp_file(
+        "dropout.rly",
+        "def @main(%x: Tensor[(1, 3), float32], %W: Tensor[(8, 3), float32]) -> Tensor[(), float32] {\n  let %keep = cast(greater(random.db_uniform(low=0f, high=1f, out_shape=[1, 8], out_dtype=\"float32\"), 0.5f), dtype=\"float32\");\n  let %h = multiply(tanh(nn.dense(%x, %W)), %keep);\n  sum(multiply(%h, %h))\n}\n",
+    );
+    let data = temp_file("dropout.jsonl", &"{\"x\": [[1, -2, 3]]}\n".repeat(6));
+    let out = temp_path("dropout.safetensors");
+    let losses = |extra: &[&str]| -> Vec<String> {
+        let mut a = vec![
+            "train",
+            &model,
+            "--train",
+            &data,
+            "--random-params",
+            "1",
+            "--batch",
+            "3",
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "1e-30",
+            "--quiet",
+        ];
+        let o = out.display().to_string();
+        a.extend_from_slice(&["-o", &o]);
+        a.extend_from_slice(extra);
+        let r = tumble(&a);
+        let err = text(&r.stderr);
+        assert_eq!(r.status.code(), Some(0), "{err}");
+        err.lines()
+            .filter_map(|l| l.split("train loss ").nth(1))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_string)
+            .collect()
+    };
+    let three = losses(&["--epochs", "3"]);
+    assert_eq!(three.len(), 3, "{three:?}");
+    assert!(three[0] != three[1] && three[1] != three[2], "{three:?}");
+    assert_eq!(losses(&["--epochs", "1"])[0], three[0]);
+    assert_eq!(losses(&["--epochs", "3", "--no-trace-replay"]), three);
+}
+
 /// A model file `name`: the sum of `nn.dense(%x, %W)` for `%x` (1, 2) and the parameter `%W`
 /// (2, 2), both of `dtype`.
 fn sum_of_product_model(name: &str, dtype: &str) -> String {

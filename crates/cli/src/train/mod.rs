@@ -54,8 +54,8 @@ pub struct Weights {
     /// Default: one per thread, at most one per instance of a mini-batch.
     #[arg(long, value_name = "N", value_parser = crate::run::at_least_one)]
     pub workers: Option<usize>,
-    /// Seed of `random.db_uniform` (instance i draws from its own stream) and, in `train`, of
-    /// the shuffle.
+    /// Seed of `random.db_uniform` (instance i draws from its own stream; in `train` each epoch
+    /// draws anew, the first as `grad` and `run` do) and, in `train`, of the shuffle.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Compute f32 `nn.dense` gradients with the operator's reference vjp (plain loops) instead
@@ -245,6 +245,12 @@ pub fn train(args: &TrainArgs, color: bool) -> ExitCode {
     report(r, &sources, color)
 }
 
+/// The seed of epoch `epoch`'s random streams: `seed` itself for the first.
+fn epoch_seed(seed: u64, epoch: usize) -> u64 {
+    let later = (epoch.saturating_sub(1) as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    seed ^ later.rotate_left(29)
+}
+
 /// What a stopped run leaves at `output`: the last checkpoint, or nothing.
 fn kept_checkpoint(saved: bool, output: &std::path::Path) -> String {
     if saved {
@@ -428,8 +434,14 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                     bar.abandon();
                     return Err(Failure::Message(stop.to_string()));
                 }
+                // Each epoch draws anew (dropout masks differ from epoch to epoch); the first
+                // draws what `run` and `grad` draw with the same --seed.
+                let step_setup = workers::Setup {
+                    seed: epoch_seed(args.weights.seed, epoch),
+                    ..setup
+                };
                 let (losses, grads) =
-                    pool.grad(&main, &decoded, which, &weights, setup, &mut stats)?;
+                    pool.grad(&main, &decoded, which, &weights, step_setup, &mut stats)?;
                 if let Some(at) = Compiled::non_finite_loss(&raw, which, &losses) {
                     // Stopped before the step: it would make every weight NaN.
                     bar.abandon();

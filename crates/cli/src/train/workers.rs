@@ -34,6 +34,8 @@ use crate::run::Failure;
 /// One helper's part of a step.
 struct Part {
     which: Vec<usize>,
+    /// The random streams' seed ([`Setup::seed`] of the step: `train` changes it per epoch).
+    seed: u64,
     /// The trainable parameters' current values, by name.
     weights: BTreeMap<String, Tensor>,
 }
@@ -165,6 +167,7 @@ impl<'scope> Workers<'scope> {
             let slice = part;
             let part = Part {
                 which: part.to_vec(),
+                seed: setup.seed,
                 weights,
             };
             if h.parts.send(part).is_err() {
@@ -317,7 +320,7 @@ fn helper(mut c: Compiled, setup: Setup<'_>, parts: Receiver<Part>, results: Sen
                     &params,
                     setup.opts,
                     setup.gopts,
-                    setup.seed,
+                    part.seed,
                     setup.traces,
                     &mut stats,
                 );
