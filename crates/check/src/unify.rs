@@ -1,10 +1,13 @@
 //! The substitution: inference variables, their bindings, unification and resolution.
 //!
 //! Tensor dims unify gradually: `?` matches any dim and stays `?` (Nimble's `Any`); two known dims
-//! must be equal. A variable bound to a type with a known dim that meets `?` there is widened to
-//! `?`: values of both types flow through it (a `@foldl` accumulator that starts `(1, 1)` and
-//! grows by a closure returning `(1, ?)`), and a known dim would let the compiler trust a shape
-//! the run does not have. Type parameters (`Ty::Param`) are rigid.
+//! must be equal. A variable in the receiving place of a unification (`expected`: a parameter, a
+//! match's result, a type parameter's instance) bound to a type with a known dim that meets `?`
+//! there is widened to `?`: values of both types flow into it (a `@foldl` accumulator that starts
+//! `(1, 1)` and grows by a closure returning `(1, ?)`), and a known dim would let the compiler
+//! trust a shape the run does not have. A variable on the giving side (`found`: an argument) keeps
+//! its type: a `(1, 8)` value passed where `(?, 8)` is taken is still `(1, 8)`. Type parameters
+//! (`Ty::Param`) are rigid.
 
 use tumble_ir::{Dim, Ty, TyVar};
 
@@ -149,13 +152,10 @@ impl Subst {
     /// Makes `expected` and `found` equal, or says where they differ.
     pub fn unify(&mut self, expected: &Ty, found: &Ty) -> Result<(), Mismatch> {
         let (var_a, a) = self.chase(expected);
-        let (var_b, b) = self.chase(found);
+        let (_, b) = self.chase(found);
         self.unify_shallow(&a, &b)?;
-        // Both sides' variables now stand for values of either type: `?` wherever one has it.
+        // The receiving variable now stands for values of either type: `?` wherever one has it.
         if let Some((v, w)) = var_a.zip(widened(&a, &b)) {
-            self.bind(v, w);
-        }
-        if let Some((v, w)) = var_b.zip(widened(&b, &a)) {
             self.bind(v, w);
         }
         Ok(())
@@ -304,8 +304,13 @@ mod tests {
         let known = Ty::tensor_of(&[1, 1], DType::Float32);
         let any = Ty::tensor(vec![Dim::Known(1), Dim::Any], DType::Float32);
         assert!(s.unify(&v, &known).is_ok());
-        assert!(s.unify(&any, &v).is_ok());
+        assert!(s.unify(&v, &any).is_ok());
         assert_eq!(s.resolve(&v), any);
+        // Given where `?` is taken, a variable keeps its known dims.
+        let u = s.fresh();
+        assert!(s.unify(&u, &known).is_ok());
+        assert!(s.unify(&any, &u).is_ok());
+        assert_eq!(s.resolve(&u), known);
         // Inside a tuple too; and a known dim met later does not narrow it again.
         let w = s.fresh();
         assert!(s

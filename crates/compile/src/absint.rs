@@ -99,6 +99,8 @@ pub(crate) struct CallMemo<A, C = ()> {
     summaries: HashMap<(u32, Vec<A>), A>,
     in_progress: HashSet<(u32, Vec<A>)>,
     done: HashSet<(u32, Vec<A>, C)>,
+    /// Per call, the contexts it was evaluated in this round.
+    contexts: HashMap<(u32, Vec<A>), usize>,
 }
 
 impl<A: Abstract + Eq + Hash, C: Eq + Hash> CallMemo<A, C> {
@@ -107,12 +109,22 @@ impl<A: Abstract + Eq + Hash, C: Eq + Hash> CallMemo<A, C> {
             summaries: HashMap::new(),
             in_progress: HashSet::new(),
             done: HashSet::new(),
+            contexts: HashMap::new(),
         }
+    }
+
+    /// In how many contexts `lambda` on `args` was evaluated this round.
+    pub(crate) fn contexts(&self, lambda: u32, args: &[A]) -> usize {
+        self.contexts
+            .get(&(lambda, args.to_vec()))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Starts a round of the fixpoint: every call is evaluated again, once.
     pub(crate) fn new_round(&mut self) {
         self.done.clear();
+        self.contexts.clear();
     }
 
     /// Before evaluating `lambda` on `args` in `context`: its summary so far when the call is
@@ -125,6 +137,7 @@ impl<A: Abstract + Eq + Hash, C: Eq + Hash> CallMemo<A, C> {
             return Some(self.summaries.get(&key).cloned().unwrap_or_else(A::bottom));
         }
         self.done.insert(context);
+        *self.contexts.entry(key.clone()).or_default() += 1;
         self.in_progress.insert(key);
         None
     }

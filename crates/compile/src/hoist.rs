@@ -91,6 +91,10 @@ pub struct HoistAnalysis {
     pub reached: Vec<bool>,
 }
 
+/// Contexts (sets of active functions) a call is evaluated in per round before it is evaluated
+/// as if every function were active.
+const MAX_CONTEXTS: usize = 8;
+
 struct Analyzer<'p> {
     program: &'p Program,
     /// Calls, in the context of the functions active around them (what a body's taints depend
@@ -98,6 +102,8 @@ struct Analyzer<'p> {
     calls: CallMemo<AV, Vec<u32>>,
     /// Lambdas with an activation on the analysis stack, with their multiplicity.
     active: HashMap<u32, u32>,
+    /// Nonzero while a call is evaluated as if every function were active (see `call`).
+    saturated: u32,
     captures: HashMap<u32, Vec<AV>>,
     seen: Vec<bool>,
     tainted: Vec<bool>,
@@ -112,6 +118,7 @@ pub fn analyze(program: &Program, entry: &str) -> HoistAnalysis {
         program,
         calls: CallMemo::new(),
         active: HashMap::new(),
+        saturated: 0,
         captures: HashMap::new(),
         seen: vec![false; n_sites],
         tainted: vec![false; n_sites],
@@ -154,7 +161,7 @@ pub fn analyze(program: &Program, entry: &str) -> HoistAnalysis {
 
 impl Analyzer<'_> {
     fn is_active(&self, l: u32) -> bool {
-        self.active.get(&l).is_some_and(|&n| n > 0)
+        self.saturated > 0 || self.active.get(&l).is_some_and(|&n| n > 0)
     }
 
     /// Drops taints of functions that are no longer active.
@@ -178,18 +185,31 @@ impl Analyzer<'_> {
                 a
             })
             .collect();
-        let mut context: Vec<u32> = self
-            .active
-            .iter()
-            .filter(|(_, &n)| n > 0)
-            .map(|(&l, _)| l)
-            .collect();
-        context.sort_unstable();
+        // A call met in more than MAX_CONTEXTS sets of active functions in one round (functions
+        // reaching each other along many paths: their number grows exponentially with the
+        // functions of a cycle) is evaluated once more as if every function were active, and so
+        // is everything it calls: a taint for every active function is a superset of any real
+        // context's, so the result only hoists less (13 mutually recursive functions took 11 s
+        // to compile; an audit's find).
+        let saturated = self.saturated > 0 || self.calls.contexts(lambda, &args) >= MAX_CONTEXTS;
+        let context: Vec<u32> = if saturated {
+            vec![u32::MAX]
+        } else {
+            let mut active: Vec<u32> = self
+                .active
+                .iter()
+                .filter(|(_, &n)| n > 0)
+                .map(|(&l, _)| l)
+                .collect();
+            active.sort_unstable();
+            active
+        };
         let result = match self.program.lambdas.get(lambda as usize) {
             None => AV::default(),
             Some(l) => match self.calls.enter(lambda, &args, context) {
                 Some(summary) => summary,
                 None => {
+                    self.saturated += u32::from(saturated);
                     *self.active.entry(lambda).or_default() += 1;
                     let mut env: Vec<AV> = vec![AV::bottom(); l.n_slots as usize];
                     for (i, a) in args.iter().enumerate() {
@@ -206,6 +226,7 @@ impl Analyzer<'_> {
                     if let Some(n) = self.active.get_mut(&lambda) {
                         *n -= 1;
                     }
+                    self.saturated -= u32::from(saturated);
                     let (summary, grew) = self.calls.leave(lambda, args, &r.received());
                     self.changed |= grew;
                     summary
