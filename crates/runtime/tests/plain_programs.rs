@@ -132,6 +132,31 @@ def @main(%z: Tensor[(1, 4), float32]) -> (Tensor[(1, 4), float32], Tensor[(1, 4
     agrees("denormal_logs", src, &inputs.join("\n"), &["z"]);
 }
 
+/// Layer norm of rows with a large mean and a small spread: the fused row program subtracted the
+/// mean rounded to f32, shifting every output by 0.4% of the spread (an audit's find).
+#[test]
+fn layer_norm_of_rows_far_from_zero() {
+    let src = r#"
+def @main(%x: Tensor[(1, 8), float32], %g: Tensor[(8), float32], %b: Tensor[(8), float32]) -> Tensor[(1, 8), float32] {
+  tanh(nn.layer_norm(%x, %g, %b, axis=-1, epsilon=1e-5))
+}
+"#;
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let row: Vec<String> = (0..8)
+                .map(|j| {
+                    format!(
+                        "{:.4}",
+                        1000.0 + i as f64 + ((i * 5 + j * 3) % 7) as f64 * 0.0021
+                    )
+                })
+                .collect();
+            format!("{{\"x\": [[{}]]}}", row.join(", "))
+        })
+        .collect();
+    agrees("layer_norm_far", src, &inputs.join("\n"), &["x"]);
+}
+
 /// The same tuple passed whole to `db.concurrent`.
 #[test]
 fn let_bound_tuple_made_concurrent() {
