@@ -519,6 +519,33 @@ fn dropout_masks_differ_from_epoch_to_epoch() {
     assert_eq!(losses(&["--epochs", "3", "--no-trace-replay"]), three);
 }
 
+/// `--eval @f` where @f takes fewer of the dev instances' arguments than @main (no label) runs,
+/// without a warning about @main's weights it does not take; a weight @f declares otherwise than
+/// @main is an error naming @f. (The first failed on the dev file's "unknown key", the second
+/// blamed "the file"; an audit's.)
+#[test]
+fn eval_functions_take_what_they_need_and_errors_name_them() {
+    let src = format!(
+        "{MODEL}\ndef @sum_x(%x: Tensor[(3), float32]) -> Tensor[(), float32] {{ sum(%x) }}\n\
+         def @wide_w(%x: Tensor[(3), float32], %w: Tensor[(5, 3), float32]) -> Tensor[(), float32] {{ sum(%w) }}\n"
+    );
+    let model = temp_file("eval_subset.rly", &src);
+    let data = temp_file("eval_subset.jsonl", &instances());
+    let out = temp_path("eval_subset.safetensors");
+    let o = train(&model, &data, &data, &out, &["--eval", "@sum_x"]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("dev @sum_x"), "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    let o = train(&model, &data, &data, &out, &["--eval", "@wide_w"]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--eval @wide_w") && err.contains("%w"),
+        "{err}"
+    );
+}
+
 /// A model file `name`: the sum of `nn.dense(%x, %W)` for `%x` (1, 2) and the parameter `%W`
 /// (2, 2), both of `dtype`.
 fn sum_of_product_model(name: &str, dtype: &str) -> String {

@@ -68,14 +68,27 @@ pub(super) fn compile(
     file: &BTreeMap<String, Tensor>,
     random: Option<u64>,
 ) -> Result<Compiled, Failure> {
-    let (params, _) = main_signature(typed, entry)?;
-    let provided = raw.provided_args(&params, file);
-    let bound = bind_params(&params, &provided, file, random)?;
-    for w in &bound.warnings {
+    let (c, warnings) = compile_bound(typed, entry, raw, file, random)?;
+    for w in &warnings {
         if !w.contains("not an argument") {
             eprintln!("warning: {w}");
         }
     }
+    Ok(c)
+}
+
+/// [`compile`], handing back the binding's warnings instead of printing them.
+pub(super) fn compile_bound(
+    typed: &TypedModule,
+    entry: &str,
+    raw: &RawInstances,
+    file: &BTreeMap<String, Tensor>,
+    random: Option<u64>,
+) -> Result<(Compiled, Vec<String>), Failure> {
+    let (params, _) = main_signature(typed, entry)?;
+    let provided = raw.provided_args(&params, file);
+    let bound = bind_params(&params, &provided, file, random)?;
+    let warnings = bound.warnings.clone();
     let weights: Vec<bool> = bound.weights_mask();
     // The one pipeline, as `run` compiles; the backward plans per mini-batch itself.
     let compiled = tumble_compile::compile(
@@ -94,12 +107,15 @@ pub(super) fn compile(
     )
     .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
     let (program, reuse) = (compiled.program, compiled.reuse);
-    Ok(Compiled {
-        entry: entry.to_string(),
-        program: std::sync::Arc::new(program),
-        reuse: std::sync::Arc::new(reuse),
-        bound,
-    })
+    Ok((
+        Compiled {
+            entry: entry.to_string(),
+            program: std::sync::Arc::new(program),
+            reuse: std::sync::Arc::new(reuse),
+            bound,
+        },
+        warnings,
+    ))
 }
 
 impl Compiled {

@@ -31,7 +31,7 @@ mod grad;
 mod optimizer;
 mod workers;
 
-use entry::{check_scalar, compile, entry_name, load_typed, Compiled};
+use entry::{check_scalar, compile, compile_bound, entry_name, load_typed, Compiled};
 pub use grad::grad;
 use grad::non_finite_param;
 use optimizer::{step, Slot, StepSettings};
@@ -348,8 +348,41 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                             foreign.join(", ")
                         )));
                     }
-                    let mut c = compile(&typed, e, &raw_dev, &weights, None)?;
-                    let d = c.decode(&typed, &raw_dev)?;
+                    // Errors say which entry they are about (not @main, not a weights file); a
+                    // weight @e does not take is no news.
+                    let in_eval = |f: Failure| match f {
+                        Failure::Message(m) => Failure::Message(format!(
+                            "--eval @{e}: {}",
+                            m.replace("the file has", "@main's weight is")
+                        )),
+                        other => other,
+                    };
+                    let (mut c, warnings) =
+                        compile_bound(&typed, e, &raw_dev, &weights, None).map_err(in_eval)?;
+                    for w in warnings.iter().filter(|w| !w.contains("does not take")) {
+                        eprintln!("warning: --eval @{e}: {w}");
+                    }
+                    // The dev instances are @main's: @e's per-instance arguments are taken from
+                    // them by name (@e may take fewer, e.g. no label), else decoded for @e.
+                    let main_args: Vec<String> = main
+                        .bound
+                        .instance_args()
+                        .into_iter()
+                        .map(|(n, _)| n)
+                        .collect();
+                    let picks: Option<Vec<usize>> = c
+                        .bound
+                        .instance_args()
+                        .iter()
+                        .map(|(n, _)| main_args.iter().position(|m| m == n))
+                        .collect();
+                    let d = match picks {
+                        Some(picks) => decoded_dev
+                            .iter()
+                            .map(|vs| picks.iter().filter_map(|&k| vs.get(k).cloned()).collect())
+                            .collect(),
+                        None => c.decode(&typed, &raw_dev).map_err(in_eval)?,
+                    };
                     // Bound again for each evaluation: held between them, the weights would be
                     // copied whole by every update (the optimizer writes in place only where it
                     // holds the one reference).
