@@ -157,6 +157,42 @@ def @main(%x: Tensor[(1, 8), float32], %g: Tensor[(8), float32], %b: Tensor[(8),
     agrees("layer_norm_far", src, &inputs.join("\n"), &["x"]);
 }
 
+/// Extremes of the fused row programs against the reference (a numerics audit's finds): layer
+/// norm of rows of ±3e38 (`x - mean` overflowed in f32) and of 1e-39 with a zero epsilon (`1/σ`
+/// overflowed), tanh of tiny values (went denormal inside, 0 below 3e-43), exp at the first f32
+/// whose e^x overflows, and maximum/minimum of ±0 (the first operand on a tie, as numpy).
+#[test]
+fn row_program_extremes() {
+    let src = r#"
+def @main(%x: Tensor[(1, 4), float32], %y: Tensor[(1, 4), float32])
+    -> (Tensor[(1, 4), float32], Tensor[(1, 4), float32], Tensor[(1, 4), float32], Tensor[(1, 4), float32], Tensor[(1, 4), float32]) {
+  let %one = ones(shape=[4], dtype="float32");
+  let %zero = zeros(shape=[4], dtype="float32");
+  (nn.layer_norm(%x, %one, %zero, axis=-1, epsilon=0f),
+   tanh(multiply(%y, 1e-30f)),
+   exp(add(%y, 88.72284f)),
+   divide(1f, maximum(%x, %y)),
+   divide(1f, minimum(%y, %x)))
+}
+"#;
+    let rows = [
+        ("[3e38, 3e38, -3e38, 0]", "[1e-14, -1e-12, 0, 1]"),
+        ("[1e-39, -1e-39, 1e-39, -1e-39]", "[1e-8, 2e-8, -1e-13, 3]"),
+        ("[0.0, -0.0, 1, 2]", "[-0.0, 0.0, 1, 2]"),
+        (
+            "[1000.001, 1000.002, 999.999, 1000]",
+            "[0, -0.0, 0.5, -0.5]",
+        ),
+    ];
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let (x, y) = rows[i % rows.len()];
+            format!("{{\"x\": [{x}], \"y\": [{y}]}}")
+        })
+        .collect();
+    agrees("row_extremes", src, &inputs.join("\n"), &["x", "y"]);
+}
+
 /// The same tuple passed whole to `db.concurrent`.
 #[test]
 fn let_bound_tuple_made_concurrent() {

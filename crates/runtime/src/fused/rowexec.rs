@@ -460,13 +460,13 @@ fn exec_to(ins: &Instr, r: usize, b: &Bound, src: &[f32], dst: &mut [f32]) {
                     dst,
                     &av,
                     &bv,
-                    |x, y| if x.is_nan() || x > y { x } else { y },
+                    |x, y| if x.is_nan() || x >= y { x } else { y },
                 ),
                 Bin::Min => map2(
                     dst,
                     &av,
                     &bv,
-                    |x, y| if x.is_nan() || x < y { x } else { y },
+                    |x, y| if x.is_nan() || x <= y { x } else { y },
                 ),
             }
         }
@@ -509,14 +509,12 @@ fn exec_to(ins: &Instr, r: usize, b: &Bound, src: &[f32], dst: &mut [f32]) {
                     (mean, var)
                 }
             };
-            let inv = (1.0 / (var + *eps as f64).sqrt()) as f32;
-            // The mean as two f32s: `x - hi` is exact for x near the mean, and `- lo` brings back
-            // what rounding the mean to f32 lost — a row of 1000 ± 0.01 came out shifted by
-            // 0.4% of its spread with the mean rounded (an audit's find).
-            let hi = mean as f32;
-            let lo = (mean - hi as f64) as f32;
-            // `((x - mean) * inv) * g + b`, one operation at a time as the reference rounds.
-            map1(dst, &av, |x| ((x - hi) - lo) * inv);
+            let inv = 1.0 / (var + *eps as f64).sqrt();
+            // `(x - mean) * inv` in f64, rounded once, as the reference: in f32 the mean rounded
+            // shifted a row of 1000 ± 0.01 by 0.4% of its spread, `x - mean` overflowed on rows
+            // of ±3e38, and `inv` did on rows of 1e-39 with a zero epsilon (audits' finds).
+            map1(dst, &av, |x| ((x as f64 - mean) * inv) as f32);
+            // Then `* g + b`, one operation at a time as the reference rounds.
             if let Some(g) = g {
                 match vals(g, r, b, src) {
                     Vals::Slice(gs) => crate::simd::update(dst, gs, |y, g| y * g),
