@@ -246,6 +246,7 @@ impl<'p> BatchSession<'p> {
         self.stats.instance_steps += self.active.len() as u64;
 
         let mut kept = Vec::with_capacity(self.active.len());
+        let mut failed = Vec::new();
         for mut slot in std::mem::take(&mut self.active) {
             let state = std::mem::replace(&mut slot.state, State::Queued);
             slot.state = match state {
@@ -255,6 +256,7 @@ impl<'p> BatchSession<'p> {
                     Ok(Outcome::Phase) => State::Parked(m),
                     Err(e) => {
                         finished.push((slot.ticket, Err(e)));
+                        failed.push(slot.instance);
                         continue;
                     }
                 },
@@ -263,6 +265,12 @@ impl<'p> BatchSession<'p> {
             kept.push(slot);
         }
         self.active = kept;
+        if failed.iter().any(|&i| self.dfg.has_pending_of(i)) {
+            // What a failed instance recorded would still be computed by the flush (a stopped
+            // runaway's: seconds of work for nobody): the others start again in a fresh graph.
+            self.restart_all(&mut finished);
+            return finished;
+        }
 
         if !self.dfg.has_pending() {
             // A blocked machine waits for a value no node will compute: a runtime bug, answered
@@ -297,6 +305,17 @@ impl<'p> BatchSession<'p> {
                 }
             });
         }
+        let stops: Vec<crate::dfg::InstanceStop> = self
+            .active
+            .iter()
+            .filter(|s| s.deadline.is_some() || s.cancelled.is_some())
+            .map(|s| crate::dfg::InstanceStop {
+                instance: s.instance,
+                deadline: s.deadline,
+                cancelled: s.cancelled.clone(),
+            })
+            .collect();
+        self.dfg.set_stops(stops);
         let flushed = match self.levels_per_step {
             Some(k) => self.dfg.flush_levels(k),
             None => self.dfg.flush(),
@@ -369,6 +388,28 @@ impl<'p> BatchSession<'p> {
     /// After a failed flush: the failing instance gets the error, the finished ones whose results
     /// were computed before the failure are answered, and the rest go back to the front of the
     /// queue, to start over in a fresh graph.
+    /// Answers the instances in flight whose results are computed and puts the others back at
+    /// the front of the queue, for a fresh graph.
+    fn restart_all(&mut self, finished: &mut Vec<Finished>) {
+        self.stats.restarts += 1;
+        let mut restart = Vec::new();
+        for mut slot in std::mem::take(&mut self.active) {
+            if let State::Done(v) = std::mem::replace(&mut slot.state, State::Queued) {
+                if self.dfg.is_computed(&v) {
+                    if let Ok(v) = materialize(v, &self.dfg) {
+                        finished.push((slot.ticket, Ok(v)));
+                        continue;
+                    }
+                }
+            }
+            restart.push(slot);
+        }
+        for slot in restart.into_iter().rev() {
+            self.queued.push_front(slot);
+        }
+        self.fresh_graph();
+    }
+
     fn recover(&mut self, error: RunError, finished: &mut Vec<Finished>) {
         self.stats.restarts += 1;
         let culprit = self.dfg.failed_instance;

@@ -342,6 +342,62 @@ fn a_client_that_disconnects_stops_its_running_instance() {
     server.shutdown().unwrap();
 }
 
+/// A recursion that records a chain of products without waiting on any (its condition is an
+/// integer the host computes): the work is the flush, not the host program.
+const SPIN: &str = r#"
+def @spin(%h: Tensor[(1, 256), float32], %W: Tensor[(256, 256), float32], %n: Tensor[(), int32]) -> Tensor[(1, 256), float32] {
+  if (%n <= 0) { %h } else { @spin(tanh(nn.dense(%h, %W)), %W, %n - 1) }
+}
+def @main(%n: Tensor[(), int32], %W: Tensor[(256, 256), float32]) -> Tensor[(), float32] {
+  sum(@spin(ones(shape=[1, 256], dtype="float32"), %W, %n))
+}
+"#;
+
+/// A request dropped while its recorded work is being flushed (timed out, 504) or while it is
+/// still recording (client gone) stops that work: the next request is answered at once. (The
+/// flush checked nothing between launches and ran its work to the end: the next request waited
+/// 15–27 s; an audit's find.)
+#[test]
+fn dropped_requests_stop_their_recorded_work() {
+    let src = Source::Text {
+        name: "spin.rly",
+        text: SPIN,
+    };
+    let params = Params {
+        random_seed: Some(0),
+        ..Params::default()
+    };
+    let options = LoadOptions {
+        inputs: Some(vec!["n".to_string()]),
+        ..LoadOptions::default()
+    };
+    let m = Arc::new(Model::load(src, &params, &options).unwrap());
+    for policy in [Policy::Continuous, Policy::Static, Policy::Single] {
+        let mut c = Config::new("spin");
+        c.policy = policy;
+        c.max_wait = Duration::from_millis(1);
+        c.timeout = Duration::from_millis(400);
+        let server = Server::start(m.clone(), c).unwrap();
+        let addr = server.addr();
+        let ask = |n: i64| {
+            let body = json!({ "instances": [{ "n": n }] }).to_string();
+            http(addr, "POST", "/v1/models/spin:predict", body.as_bytes())
+        };
+        // Minutes of products in one flush (recorded in well under the timeout).
+        let (status, text) = ask(200_000);
+        assert_eq!(status, 504, "{policy:?}: {text}");
+        let t = Instant::now();
+        let (status, text) = ask(3);
+        assert_eq!(status, 200, "{policy:?}: {text}");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{policy:?}: {:?}",
+            t.elapsed()
+        );
+        server.shutdown().unwrap();
+    }
+}
+
 /// Integer division in a block: a zero divisor fails inside a batched launch.
 const DIV: &str = r#"
 def @main(%x: Tensor[(1, 2), float32], %d: Tensor[(1, 2), int32], %w: Tensor[(2, 2), float32])

@@ -104,6 +104,12 @@ impl Dfg<'_> {
             .copied()
             .unwrap_or(usize::MAX);
         for part in ids.chunks(chunk) {
+            if let Some(instance) = self.stopped_instance() {
+                self.failed_instance = Some(instance);
+                return Err(RunError::new(
+                    "stopped: its request timed out or its client went away",
+                ));
+            }
             // What the launch spends outside its gather and kernels is its bookkeeping.
             let t0 = Instant::now();
             let inner = self.profile.time_gather + self.profile.time_kernels;

@@ -37,6 +37,32 @@ impl Dfg<'_> {
         self.nodes.len()
     }
 
+    /// Instances whose launches stop the flush once they are no longer wanted: between launches,
+    /// a stop that fired fails the flush with [`Dfg::failed_instance`] naming its instance (a
+    /// session answers it and restarts the others). A flush could otherwise run for many
+    /// seconds on the work of a request already answered 504 or whose client left.
+    pub fn set_stops(&mut self, stops: Vec<super::InstanceStop>) {
+        self.stops = stops;
+    }
+
+    /// The instance of the first stop that has fired, if any.
+    pub(super) fn stopped_instance(&self) -> Option<u32> {
+        if self.stops.is_empty() {
+            return None;
+        }
+        let now = Instant::now();
+        self.stops.iter().find(|s| s.fired(now)).map(|s| s.instance)
+    }
+
+    /// Whether a node of `instance` is still pending.
+    pub fn has_pending_of(&self, instance: u32) -> bool {
+        self.pending.iter().any(|&id| {
+            self.nodes
+                .get(id as usize)
+                .is_some_and(|n| n.instance == instance)
+        })
+    }
+
     /// Evaluates every pending node, in batched launches chosen by the scheduler.
     pub fn flush(&mut self) -> Result<(), RunError> {
         if self.pending.is_empty() {
