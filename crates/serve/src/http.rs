@@ -31,6 +31,7 @@ pub(crate) fn run(
         .build()
         .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
     let limit = shared.config.max_body_bytes;
+    let drain = Arc::clone(&shared);
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -42,14 +43,42 @@ pub(crate) fn run(
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| format!("cannot listen: {e}"))?;
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop.await;
-            })
-            .await
-            .map_err(|e| format!("the HTTP server failed: {e}"))
+        let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let _ = stop.await;
+            let _ = stopping_tx.send(());
+        });
+        // The graceful shutdown waits for every connection to close, and one that never
+        // finishes sending its request never does (SIGTERM did not end the server: an audit's
+        // find). Once every accepted instance is answered, connections get a moment more; and
+        // the wait is never longer than a request's own time limit.
+        let bounded = async move {
+            if stopping_rx.await.is_err() {
+                return std::future::pending::<()>().await;
+            }
+            let limit = Instant::now() + drain.config.timeout + DRAIN_GRACE;
+            let mut quiet_since: Option<Instant> = None;
+            while Instant::now() < limit {
+                if drain.outstanding.load(Ordering::SeqCst) == 0 {
+                    let since = *quiet_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= DRAIN_GRACE {
+                        return;
+                    }
+                } else {
+                    quiet_since = None;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        };
+        tokio::select! {
+            r = serve => r.map_err(|e| format!("the HTTP server failed: {e}")),
+            () = bounded => Ok(()),
+        }
     })
 }
+
+/// How long connections may stay open once shutdown has answered everything accepted.
+const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn json_response(status: StatusCode, body: String) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()

@@ -398,6 +398,39 @@ fn dropped_requests_stop_their_recorded_work() {
     }
 }
 
+/// Shutdown ends even while a client holds a request it never finishes sending (headers cut
+/// short, or a body shorter than its Content-Length): the graceful wait for every connection to
+/// close never ended (an audit's find).
+#[test]
+fn shutdown_ends_with_half_sent_requests_open() {
+    let src = Source::Text {
+        name: "countdown.rly",
+        text: COUNTDOWN,
+    };
+    let m = Arc::new(Model::load(src, &Params::default(), &LoadOptions::default()).unwrap());
+    for partial in [
+        "POST /v1/models/countdown:predict HTTP/1.1\r\nHost: t\r\n".to_string(),
+        "POST /v1/models/countdown:predict HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n{\"inst".to_string(),
+    ] {
+        let server = Server::start(m.clone(), Config::new("countdown")).unwrap();
+        let mut s = TcpStream::connect(server.addr()).unwrap();
+        s.write_all(partial.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let t = Instant::now();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done_tx.send(server.shutdown());
+        });
+        let r = done_rx.recv_timeout(Duration::from_secs(20));
+        assert!(
+            matches!(r, Ok(Ok(()))),
+            "{partial:?}: {r:?} after {:?}",
+            t.elapsed()
+        );
+        drop(s);
+    }
+}
+
 /// Integer division in a block: a zero divisor fails inside a batched launch.
 const DIV: &str = r#"
 def @main(%x: Tensor[(1, 2), float32], %d: Tensor[(1, 2), int32], %w: Tensor[(2, 2), float32])
