@@ -109,6 +109,8 @@ pub struct Params {
 /// How a model is compiled.
 #[derive(Clone)]
 pub struct LoadOptions {
+    /// The entry function (`name` or `@name`). For a compiled model, the default `main` means
+    /// the entry it was compiled for; another name must be that one.
     pub entry: String,
     /// The `@main` arguments each instance gives. Default: every argument the parameters do not
     /// give; with a random seed, every argument that is not a tensor (tensors are then weights,
@@ -268,7 +270,7 @@ impl Model {
             .iter()
             .map(|w| diag::render(std::slice::from_ref(w), &sources, false))
             .collect();
-        let entry = opts.entry.clone();
+        let entry = opts.entry.trim_start_matches('@').to_string();
         let (main_params, ret_ty) = main_signature(&typed, &entry).map_err(param_error)?;
 
         let tensors = param_tensors(params, &mut warnings)?;
@@ -361,8 +363,11 @@ impl Model {
     ) -> Result<Model, Error> {
         let shown = path.display();
         let a = loaded.artifact;
-        a.check_entry(&shown.to_string(), &opts.entry)
-            .map_err(|message| Error::Usage { message })?;
+        let asked = opts.entry.trim_start_matches('@');
+        if asked != "main" {
+            a.check_entry(&shown.to_string(), asked)
+                .map_err(|message| Error::Usage { message })?;
+        }
         // The prelude first, the model last (`SourceMap` order at compile time).
         let Some((name, text)) = a.sources.last() else {
             return Err(Error::Check {
@@ -396,7 +401,8 @@ impl Model {
             .map(|w| diag::render(std::slice::from_ref(w), &sources, false))
             .collect();
         let (main_params, ret_ty) = main_signature(&typed, &a.entry).map_err(param_error)?;
-        let given = params.file.is_some() || !params.tensors.is_empty();
+        let given =
+            params.file.is_some() || !params.tensors.is_empty() || params.random_seed.is_some();
         let tensors = if loaded.weights.is_empty() {
             param_tensors(params, &mut warnings)?
         } else if given {

@@ -250,7 +250,9 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
         } else {
             inputs.join(", ")
         },
-        if stored.is_empty() {
+        if !artifact.weights.iter().any(|&w| w) {
+            "none (the model takes none)".to_string()
+        } else if stored.is_empty() {
             "not stored (give --params when running it)".to_string()
         } else {
             format!("stored ({} tensors)", stored.len())
@@ -304,8 +306,10 @@ pub fn load_for_run(
              file)"
         )));
     }
-    a.check_entry(&shown.to_string(), &args.entry)
-        .map_err(Failure::Message)?;
+    if let Some(entry) = &args.entry {
+        a.check_entry(&shown.to_string(), entry)
+            .map_err(Failure::Message)?;
+    }
     let flags = compile_time_flags(args);
     if !flags.is_empty() {
         let (verb, them) = if flags.len() == 1 {

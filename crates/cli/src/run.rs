@@ -247,8 +247,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_lend_threads: bool,
     /// The entry function (`@name` or `name`), bound to the same weights by argument name.
-    #[arg(long, default_value = "main", value_parser = entry_arg)]
-    pub entry: String,
+    /// Default: `@main`, or for a compiled model the entry it was compiled for.
+    #[arg(long, value_parser = entry_arg)]
+    pub entry: Option<String>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -412,6 +413,13 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
 }
 
 /// A stream of `random.db_uniform` draws for instance `i`, independent of batching.
+impl RunArgs {
+    /// The entry asked for: `--entry`, else `main`.
+    pub fn entry(&self) -> &str {
+        self.entry.as_deref().unwrap_or("main")
+    }
+}
+
 pub fn instance_rng(seed: u64, i: usize) -> Rng {
     Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
@@ -515,8 +523,13 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     };
     let t_model = t_start.elapsed();
     let from_compiled = matches!(front, Front::Compiled(_));
+    // A compiled model runs the entry it was compiled for (`--entry`, if given, must name it).
+    let entry: String = match &front {
+        Front::Compiled(c) => c.artifact.entry.clone(),
+        Front::Source(_) => args.entry().to_string(),
+    };
     let (main_params, ret_ty) = match &front {
-        Front::Source(typed) => main_signature(typed, &args.entry)?,
+        Front::Source(typed) => main_signature(typed, args.entry())?,
         Front::Compiled(c) => (c.artifact.params.clone(), c.artifact.ret.clone()),
     };
 
@@ -526,14 +539,14 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             "{}: no instances (the file is empty, `[]`, or only blank lines): nothing to run; \
              give one JSON object per line, keyed by @{}'s arguments",
             args.inputs.display(),
-            args.entry
+            entry
         )));
     }
     if let Some(item) = raw.items.iter().find(|it| it.is_null()) {
         return Err(Failure::Message(format!(
             "instance at {} is `null`, not an instance: each instance is a JSON object keyed by \
              @{}'s arguments (remove the line if it is not meant as one)",
-            item.location, args.entry
+            item.location, entry
         )));
     }
     let file = match (&args.params, &front) {
@@ -584,7 +597,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 reuse,
                 plans,
                 ..
-            } = tumble_compile::compile(&typed, &args.entry, &weights, compile_opts)
+            } = tumble_compile::compile(&typed, args.entry(), &weights, compile_opts)
                 .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
             (program, reuse, plans, typed.tables)
         }
@@ -669,7 +682,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             let mut out = Vec::with_capacity(n);
             for i in 0..n {
                 let mut rng = instance_rng(args.seed, i);
-                let result = tumble_interp::run(&program, &args.entry, load(i)?, &mut rng)
+                let result = tumble_interp::run(&program, args.entry(), load(i)?, &mut rng)
                     .map_err(|e| run_error(i, e))?;
                 out.push(finish(i, result)?);
             }
@@ -709,7 +722,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             let job = tumble_runtime::Job {
                 program: &program,
                 reuse: &reuse,
-                entry: &args.entry,
+                entry: &entry,
                 opts,
                 instances: n,
                 batch: args.batch.unwrap_or(n).max(1),

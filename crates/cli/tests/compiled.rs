@@ -244,3 +244,35 @@ fn a_weights_file_with_none_of_the_arguments_is_an_error() {
     );
     assert!(!std::path::Path::new(&out).exists());
 }
+
+/// A model compiled for another entry than `@main` runs that entry without `--entry` (it was
+/// refused unless `--entry` was repeated, and `serve`, which has no `--entry`, could not start
+/// it; an audit's), and `--entry` naming another function is still refused.
+#[test]
+fn a_model_compiled_for_another_entry_runs_it() {
+    let src = "def @depth(%t: Tensor[(), int32]) -> Tensor[(), int32] { add(%t, 1) }\n\
+               def @main(%t: Tensor[(), int32]) -> Tensor[(), int32] { %t }\n";
+    let rly = temp_path("two_entries.rly");
+    std::fs::write(&rly, src).unwrap_or_else(|e| panic!("{e}"));
+    let inputs = temp_path("two_entries.jsonl");
+    std::fs::write(&inputs, "{\"t\": 1}\n{\"t\": 5}\n").unwrap_or_else(|e| panic!("{e}"));
+    let out = temp_path("depth.tumble");
+    let r = tumble(&["compile", &rly, "--entry", "@depth", "-o", &out]);
+    ok(&r, "compile --entry @depth");
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("weights none"),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    for extra in [&[][..], &["--entry", "@depth"][..]] {
+        let mut a = vec!["run", out.as_str(), "--inputs", inputs.as_str()];
+        a.extend_from_slice(extra);
+        let r = tumble(&a);
+        ok(&r, "run of the compiled @depth");
+        assert_eq!(String::from_utf8_lossy(&r.stdout), "2\n6\n");
+    }
+    failed_with(
+        &tumble(&["run", &out, "--inputs", &inputs, "--entry", "main"]),
+        &["compiled for @depth, not @main"],
+    );
+}
