@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// Fill parameters missing from `--params` with seeded random values.
     #[arg(long, value_name = "SEED")]
     pub random_params: Option<u64>,
+    /// The entry's arguments each request instance gives (comma-separated names). Default:
+    /// every argument the weights do not give; with --random-params, every argument that is
+    /// not a tensor — name the inputs here when instances give tensors.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    pub inputs: Option<Vec<String>>,
     /// Port to listen on (0: any free port; the chosen one is printed).
     #[arg(long)]
     pub port: u16,
@@ -109,7 +114,15 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
         random_seed: args.random_params,
         ..Params::default()
     };
-    let model = match Model::load(Source::File(&args.model), &params, &LoadOptions::default()) {
+    let options = LoadOptions {
+        inputs: args.inputs.as_ref().map(|v| {
+            v.iter()
+                .map(|n| n.trim_start_matches('%').to_string())
+                .collect()
+        }),
+        ..LoadOptions::default()
+    };
+    let model = match Model::load(Source::File(&args.model), &params, &options) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("error: {e}");

@@ -261,3 +261,41 @@ fn a_body_too_large_to_parse_within_the_budget_is_413() {
     assert_eq!(post(&addr, &body), (200, want));
     assert_eq!(stop(child, "TERM"), Some(0));
 }
+
+/// `--inputs` names the arguments requests give: with `--random-params`, tensor arguments were
+/// all taken for weights, so a model whose instances give tensors could not be served with random
+/// weights (an audit's); the answer is `tumble run`'s line.
+#[test]
+fn inputs_name_the_tensor_arguments_requests_give() {
+    let src = "def @main(%x: Tensor[(1, 4), float32], %k: Tensor[(), int32], %W: Tensor[(2, 4), float32]) \
+               -> (Tensor[(1, 2), float32], Tensor[(), int32]) {\n  (nn.dense(%x, %W), add(%k, 1))\n}\n";
+    let dir = std::env::temp_dir().join(format!("tumble-serve-inputs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("xk.rly");
+    std::fs::write(&model, src).unwrap();
+    let instance = r#"{"x": [[1, -2, 0.5, 3]], "k": 5}"#;
+    let inputs = dir.join("xk.jsonl");
+    std::fs::write(&inputs, format!("{instance}\n")).unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args([
+            "run",
+            &model.display().to_string(),
+            "--random-params",
+            "0",
+            "--inputs",
+        ])
+        .arg(&inputs)
+        .output()
+        .unwrap();
+    assert!(run.status.success());
+    let line = String::from_utf8(run.stdout).unwrap();
+    let (child, addr) = serve_model(
+        &model.display().to_string(),
+        &["--random-params", "0", "--inputs", "x,k"],
+        &["--name", "treelstm_small"],
+    );
+    let (status, body) = post(&addr, &format!(r#"{{"instances": [{instance}]}}"#));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, format!("{{\"predictions\":[{}]}}", line.trim_end()));
+    assert_eq!(stop(child, "TERM"), Some(0));
+}

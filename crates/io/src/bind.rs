@@ -197,7 +197,7 @@ pub fn bind_params(
                 warnings.push(format!(
                     "%{}: {} is not in the instances, so --random-params bound it as a weight of \
                      zeros; if it is a per-instance input (a label, a token), add a key `{}` to \
-                     every instance",
+                     every instance (`tumble serve`: name it with --inputs)",
                     arg.name, arg.ty, arg.name
                 ));
             }
