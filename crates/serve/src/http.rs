@@ -129,6 +129,15 @@ fn unknown_model(s: &Shared, asked: &str) -> Response {
 
 /// `GET /v1/models/{name}`: TF-Serving's model status, plus the signature.
 async fn model_status(State(s): State<Arc<Shared>>, Path(rest): Path<String>) -> Response {
+    if rest.strip_suffix(":predict") == Some(s.config.name.as_str()) {
+        let mut r = error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!("GET /v1/models/{rest}: predictions are POSTed"),
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
+        return r;
+    }
     if rest != s.config.name {
         return unknown_model(&s, &rest);
     }
@@ -163,7 +172,29 @@ async fn model_status(State(s): State<Arc<Shared>>, Path(rest): Path<String>) ->
 }
 
 /// `POST /v1/models/{name}:predict`.
-async fn predict(State(s): State<Arc<Shared>>, Path(rest): Path<String>, body: Bytes) -> Response {
+async fn predict(
+    State(s): State<Arc<Shared>>,
+    Path(rest): Path<String>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    // A body past --max-body (or one that could not be read) is answered in JSON like every
+    // other error, not axum's plain text.
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            let status = e.status();
+            let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!(
+                    "the request body is larger than this server takes ({} bytes, --max-body)",
+                    s.config.max_body_bytes
+                )
+            } else {
+                e.body_text()
+            };
+            s.metrics.response(status.as_u16(), 0.0);
+            return error(status, &message);
+        }
+    };
     let Some(asked) = rest.strip_suffix(":predict") else {
         return error(
             StatusCode::NOT_FOUND,

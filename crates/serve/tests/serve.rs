@@ -431,6 +431,35 @@ fn shutdown_ends_with_half_sent_requests_open() {
     }
 }
 
+/// A GET of the predict verb is 405 (with `Allow: POST`), not 404; a body past `max_body_bytes`
+/// is 413 in JSON like every other error, not axum's plain text (an audit's).
+#[test]
+fn wrong_method_and_oversized_bodies_are_json_4xx() {
+    let src = Source::Text {
+        name: "countdown.rly",
+        text: COUNTDOWN,
+    };
+    let m = Arc::new(Model::load(src, &Params::default(), &LoadOptions::default()).unwrap());
+    let mut c = Config::new("countdown");
+    c.max_body_bytes = 64;
+    let server = Server::start(m, c).unwrap();
+    let addr = server.addr();
+    let (status, text) = http(addr, "GET", "/v1/models/countdown:predict", b"");
+    assert_eq!(status, 405, "{text}");
+    assert!(text.contains("\"error\""), "{text}");
+    let big = json!({ "instances": vec![json!({ "x": 3 }); 20] }).to_string();
+    let (status, text) = http(addr, "POST", "/v1/models/countdown:predict", big.as_bytes());
+    assert_eq!(status, 413, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("--max-body")),
+        "{text}"
+    );
+    server.shutdown().unwrap();
+}
+
 /// Integer division in a block: a zero divisor fails inside a batched launch.
 const DIV: &str = r#"
 def @main(%x: Tensor[(1, 2), float32], %d: Tensor[(1, 2), int32], %w: Tensor[(2, 2), float32])
