@@ -50,7 +50,7 @@ def test_same_results_as_the_cli(cli, model_file, examples, inputs):
 def test_parameters_named_in_instances_get_a_hint():
     model = tumble.load(MODELS / "drnn_small.rly", random_params=0)
     inst = read_jsonl(EXAMPLES / "drnn_small.jsonl")[:1]
-    with pytest.raises(tumble.InputError, match=r"inputs = \[.*latent"):
+    with pytest.raises(tumble.InputError, match=r"inputs=\[.*latent"):
         model.run(inst)
 
 

@@ -737,10 +737,11 @@ impl Model {
         inputs.extend(&params);
         format!(
             " ({} {} bound as parameters of the model; to give {} per instance, load the model \
-             with the inputs named: `tumble serve --inputs {}`, Python `inputs=[..]`)",
+             with the inputs named: Python `inputs=[{}]`, `tumble serve --inputs {}`)",
             params.join(", "),
             if params.len() == 1 { "is" } else { "are" },
             if params.len() == 1 { "it" } else { "them" },
+            inputs.join(", "),
             inputs.join(",")
         )
     }

@@ -106,7 +106,10 @@ impl Names {
 
 fn unary(u: Un, v: &str) -> String {
     match u {
-        Un::Sigmoid => format!("1.f / (1.f + expf(-({v})))"),
+        // As the CPU's: e^x / (1 + e^x) for negative x, where e^-x overflows from -88.7 on.
+        Un::Sigmoid => {
+            format!("(({v}) < 0.f ? expf({v}) / (1.f + expf({v})) : 1.f / (1.f + expf(-({v}))))")
+        }
         Un::Tanh => format!("tanhf({v})"),
         Un::Exp => format!("expf({v})"),
         Un::Log => format!("logf({v})"),
@@ -114,7 +117,8 @@ fn unary(u: Un, v: &str) -> String {
         Un::Rsqrt => format!("rsqrtf({v})"),
         Un::Abs => format!("fabsf({v})"),
         Un::Neg => format!("-({v})"),
-        Un::Relu => format!("fmaxf({v}, 0.f)"),
+        // NaN stays NaN, as the reference's (fmaxf would drop it).
+        Un::Relu => format!("(({v}) < 0.f ? 0.f : ({v}))"),
         Un::Copy => v.to_string(),
     }
 }
@@ -125,8 +129,9 @@ fn binary(op: Bin, a: &str, b: &str) -> String {
         Bin::Sub => format!("{a} - {b}"),
         Bin::Mul => format!("{a} * {b}"),
         Bin::Div => format!("{a} / {b}"),
-        Bin::Max => format!("fmaxf({a}, {b})"),
-        Bin::Min => format!("fminf({a}, {b})"),
+        // NaN propagates and a tie gives the first operand, as the reference's (numpy's).
+        Bin::Max => format!("((isnan({a}) || ({a}) >= ({b})) ? ({a}) : ({b}))"),
+        Bin::Min => format!("((isnan({a}) || ({a}) <= ({b})) ? ({a}) : ({b}))"),
     }
 }
 
@@ -175,9 +180,9 @@ pub(super) fn row_kernel(prog: &RowProg) -> RowKernel {
                 each(&mut body, len, &format!("s[{d} + j] = {e};"));
             }
             Instr::Clip(d, a, lo, hi) => {
+                let x = names.read(a, "j");
                 let e = format!(
-                    "fminf(fmaxf({}, {}), {})",
-                    names.read(a, "j"),
+                    "(isnan({x}) ? ({x}) : fminf(fmaxf({x}, {}), {}))",
                     lit(*lo),
                     lit(*hi)
                 );
