@@ -385,11 +385,8 @@ impl<'p> BatchSession<'p> {
         None
     }
 
-    /// After a failed flush: the failing instance gets the error, the finished ones whose results
-    /// were computed before the failure are answered, and the rest go back to the front of the
-    /// queue, to start over in a fresh graph.
     /// Answers the instances in flight whose results are computed and puts the others back at
-    /// the front of the queue, for a fresh graph.
+    /// the front of the queue, to start over in a fresh graph.
     fn restart_all(&mut self, finished: &mut Vec<Finished>) {
         self.stats.restarts += 1;
         let mut restart = Vec::new();
@@ -410,29 +407,20 @@ impl<'p> BatchSession<'p> {
         self.fresh_graph();
     }
 
+    /// After a failed flush: the failing instance gets the error, and the others are answered
+    /// or restarted ([`BatchSession::restart_all`]).
     fn recover(&mut self, error: RunError, finished: &mut Vec<Finished>) {
-        self.stats.restarts += 1;
         let culprit = self.dfg.failed_instance;
-        let mut restart = Vec::new();
-        for mut slot in std::mem::take(&mut self.active) {
-            // Without a culprit no instance can be told apart: all of them get the error, rather
-            // than being restarted into the same failure forever.
-            if culprit.is_none_or(|c| c == slot.instance) {
+        // Without a culprit no instance can be told apart: all of them get the error, rather
+        // than being restarted into the same failure forever.
+        self.active.retain(|slot| {
+            let failed = culprit.is_none_or(|c| c == slot.instance);
+            if failed {
                 finished.push((slot.ticket, Err(error.clone())));
-                continue;
             }
-            if let State::Done(v) = std::mem::replace(&mut slot.state, State::Queued) {
-                if let Ok(v) = materialize(v, &self.dfg) {
-                    finished.push((slot.ticket, Ok(v)));
-                    continue;
-                }
-            }
-            restart.push(slot);
-        }
-        for slot in restart.into_iter().rev() {
-            self.queued.push_front(slot);
-        }
-        self.fresh_graph();
+            !failed
+        });
+        self.restart_all(finished);
     }
 }
 
