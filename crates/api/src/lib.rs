@@ -885,6 +885,7 @@ mod runner;
 mod session;
 pub use runner::on_run_thread;
 pub use session::{Session, Ticket};
+pub use tumble_interp::StopWhen;
 
 #[cfg(test)]
 mod tests;

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use tumble_interp::StopWhen;
 use tumble_io::{encode_json, RawInstances, TypeEnv};
 use tumble_runtime::session::{BatchSession, SessionStats};
 
@@ -61,17 +62,16 @@ impl<'m> Session<'m> {
     /// `tumble run` gives instance `i` of a file, so a request's results equal `tumble run` on
     /// the same instances.
     pub fn admit(&mut self, instances: &RawInstances, i: usize) -> Result<Ticket, Error> {
-        self.admit_until(instances, i, None, None)
+        self.admit_until(instances, i, StopWhen::default())
     }
 
-    /// [`Session::admit`] with a deadline after which, and a flag once set which, the instance's
-    /// evaluation stops with an error (see [`BatchSession::admit_until`]).
+    /// [`Session::admit`] with when the instance is no longer wanted: its evaluation then stops
+    /// with an error (see [`BatchSession::admit_until`]).
     pub fn admit_until(
         &mut self,
         instances: &RawInstances,
         i: usize,
-        deadline: Option<std::time::Instant>,
-        cancelled: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+        stop: StopWhen,
     ) -> Result<Ticket, Error> {
         let m = self.model;
         let values = crate::Decoding::new(m, self.env).decode_raw(instances, i)?;
@@ -81,7 +81,7 @@ impl<'m> Session<'m> {
         })?;
         let ticket = self
             .inner
-            .admit_until(args, instance_rng(self.seed, i), deadline, cancelled);
+            .admit_until(args, instance_rng(self.seed, i), stop);
         let location = instances.items.get(i).map_or_else(
             || format!("instance {i}"),
             |it| format!("instance at {}", it.location),

@@ -32,7 +32,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tumble_compile::Program;
-use tumble_interp::{InstanceCtx, Machine, Outcome, RunError, Value};
+use tumble_interp::{InstanceCtx, Machine, Outcome, RunError, StopWhen, Value};
 use tumble_tensor::Rng;
 
 use crate::dfg::Dfg;
@@ -75,11 +75,8 @@ struct Slot<'p> {
     rng: Rng,
     /// The instance number its machine reports to the graph (`InstanceCtx::instance`).
     instance: u32,
-    /// When its machine stops with an error if it is still running (see [`BatchSession::admit_until`]).
-    deadline: Option<std::time::Instant>,
-    /// Set when the instance is no longer wanted: its machine stops at its next look at the run
-    /// limits (see [`BatchSession::admit_until`]).
-    cancelled: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// When it is no longer wanted (see [`BatchSession::admit_until`]).
+    stop: StopWhen,
     state: State<'p>,
 }
 
@@ -147,20 +144,15 @@ impl<'p> BatchSession<'p> {
     /// Admits an instance (`@main`'s arguments, and its stream of `random.db_uniform` draws); it
     /// joins the instances in flight at the next [`BatchSession::step`].
     pub fn admit(&mut self, args: Vec<Value>, rng: Rng) -> Ticket {
-        self.admit_until(args, rng, None, None)
+        self.admit_until(args, rng, StopWhen::default())
     }
 
-    /// [`BatchSession::admit`] with a deadline and a cancel flag: past the deadline, or once the
-    /// flag is set (by another thread: a served request whose client went away), the instance's
-    /// evaluation stops with an error at its next look at the run limits, so one that never
-    /// suspends (and so never lets the step end) cannot hold the session forever.
-    pub fn admit_until(
-        &mut self,
-        args: Vec<Value>,
-        rng: Rng,
-        deadline: Option<std::time::Instant>,
-        cancelled: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
-    ) -> Ticket {
+    /// [`BatchSession::admit`] with when the instance is no longer wanted: past the deadline, or
+    /// once the flag is set (by another thread: a served request whose client went away), its
+    /// evaluation stops with an error at its next look at the run limits — so one that never
+    /// suspends (and so never lets the step end) cannot hold the session forever — and a flush
+    /// stops before its next launch.
+    pub fn admit_until(&mut self, args: Vec<Value>, rng: Rng, stop: StopWhen) -> Ticket {
         let ticket = Ticket(self.next_ticket);
         self.next_ticket += 1;
         self.queued.push_back(Slot {
@@ -168,8 +160,7 @@ impl<'p> BatchSession<'p> {
             args,
             rng,
             instance: 0,
-            deadline,
-            cancelled,
+            stop,
             state: State::Queued,
         });
         ticket
@@ -305,15 +296,11 @@ impl<'p> BatchSession<'p> {
                 }
             });
         }
-        let stops: Vec<crate::dfg::InstanceStop> = self
+        let stops = self
             .active
             .iter()
-            .filter(|s| s.deadline.is_some() || s.cancelled.is_some())
-            .map(|s| crate::dfg::InstanceStop {
-                instance: s.instance,
-                deadline: s.deadline,
-                cancelled: s.cancelled.clone(),
-            })
+            .filter(|s| s.stop.is_set())
+            .map(|s| (s.instance, s.stop.clone()))
             .collect();
         self.dfg.set_stops(stops);
         let flushed = match self.levels_per_step {
@@ -371,8 +358,7 @@ impl<'p> BatchSession<'p> {
                 pending: 0,
             },
         );
-        m.set_deadline(slot.deadline);
-        m.set_cancel(slot.cancelled.clone());
+        m.set_stop(slot.stop.clone());
         let derived = match self.exec.derived_args(self.program, &slot.args) {
             Ok(d) => d,
             Err(e) => return Some((slot.ticket, Err(e))),

@@ -7,7 +7,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tumble_api::{Error, RawInstances, RunOptions, Session, Ticket};
+use tumble_api::{Error, RawInstances, RunOptions, Session, StopWhen, Ticket};
 
 use crate::{Policy, Shared};
 
@@ -281,11 +281,11 @@ impl Worker<'_> {
             };
             // Past the request's timeout its handler has answered 504; an instance still running
             // then (one that never suspends) stops, instead of holding this thread for good.
-            let deadline = o.arrived.checked_add(self.shared.config.timeout);
-            match self
-                .session
-                .admit_until(&o.instances, i, deadline, Some(o.cancelled.clone()))
-            {
+            let stop = StopWhen {
+                deadline: o.arrived.checked_add(self.shared.config.timeout),
+                cancelled: Some(o.cancelled.clone()),
+            };
+            match self.session.admit_until(&o.instances, i, stop) {
                 Ok(t) => {
                     self.tickets.insert(t, (id, i));
                     if let Some(o) = self.open.get_mut(&id) {

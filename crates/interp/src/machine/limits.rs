@@ -2,7 +2,49 @@
 //! every few thousand steps, so the check costs nothing measurable and a runaway is still stopped
 //! at once.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
 use super::{limit_error, runaway_hint, Backend, Machine, RunError};
+
+/// When a run is no longer wanted: past `deadline` (a served request's `--timeout-ms`), or once
+/// `cancelled` is set from another thread (its client went away). The machine looks at it with
+/// its other limits; the batching runtime between launches.
+#[derive(Clone, Debug, Default)]
+pub struct StopWhen {
+    pub deadline: Option<Instant>,
+    pub cancelled: Option<Arc<AtomicBool>>,
+}
+
+/// Why a [`StopWhen`] fired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unwanted {
+    Cancelled,
+    PastDeadline,
+}
+
+impl StopWhen {
+    /// Whether it can ever fire.
+    pub fn is_set(&self) -> bool {
+        self.deadline.is_some() || self.cancelled.is_some()
+    }
+
+    /// Whether it has fired by `now`, and why.
+    pub fn fired(&self, now: Instant) -> Option<Unwanted> {
+        if self
+            .cancelled
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::Relaxed))
+        {
+            Some(Unwanted::Cancelled)
+        } else if self.deadline.is_some_and(|d| now >= d) {
+            Some(Unwanted::PastDeadline)
+        } else {
+            None
+        }
+    }
+}
 
 /// Pending calls beyond this are reported as runaway recursion instead of exhausting memory.
 pub const MAX_PENDING: usize = 50_000_000;
@@ -28,40 +70,32 @@ impl<'p> Machine<'p> {
         Ok(())
     }
 
-    /// Sets (or clears) the time after which the run stops with an error (see `deadline`).
-    pub fn set_deadline(&mut self, deadline: Option<std::time::Instant>) {
-        self.deadline = deadline;
-    }
-
-    /// Sets (or clears) a flag that, once set, stops the run with an error at its next look at
-    /// the limits (see `cancelled`).
-    pub fn set_cancel(&mut self, flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>) {
-        self.cancelled = flag;
+    /// Sets (or clears) when the run stops with an error at its next look at the limits.
+    pub fn set_stop(&mut self, stop: StopWhen) {
+        self.stop = stop;
     }
 
     /// Stops the run when it was interrupted, is over its memory budget (saying what grew) or
     /// ran past its deadline.
     fn check_limits(&self, backend: &dyn Backend) -> Result<(), RunError> {
-        if self
-            .cancelled
-            .as_ref()
-            .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
-        {
-            return Err(RunError::new(format!(
-                "stopped after {} evaluation steps: the run is no longer wanted (its client went \
-                 away)",
-                self.steps()
-            )));
-        }
-        if self
-            .deadline
-            .is_some_and(|d| std::time::Instant::now() >= d)
-        {
-            return Err(RunError::new(format!(
-                "stopped after {} evaluation steps: the instance ran past its deadline (a \
-                 recursion without a base case?)",
-                self.steps()
-            )));
+        if self.stop.is_set() {
+            match self.stop.fired(Instant::now()) {
+                Some(Unwanted::Cancelled) => {
+                    return Err(RunError::new(format!(
+                        "stopped after {} evaluation steps: the run is no longer wanted (its \
+                         client went away)",
+                        self.steps()
+                    )))
+                }
+                Some(Unwanted::PastDeadline) => {
+                    return Err(RunError::new(format!(
+                        "stopped after {} evaluation steps: the instance ran past its deadline \
+                         (a recursion without a base case?)",
+                        self.steps()
+                    )))
+                }
+                None => {}
+            }
         }
         let Err(stop) = tumble_limits::poll() else {
             return Ok(());

@@ -30,7 +30,7 @@ mod values;
 
 pub use backend::{Backend, InstanceCtx, Outcome};
 pub use error::{limit_error, runaway_hint, RunError, RunErrorInfo, MAX_TRACE};
-pub use limits::MAX_PENDING;
+pub use limits::{StopWhen, Unwanted, MAX_PENDING};
 pub use values::{from_op_value, to_op_value};
 
 use crate::value::{Closure, Value};
@@ -141,13 +141,11 @@ pub struct Machine<'p> {
     binds: Vec<(u32, Value)>,
     /// Steps until the next look at the run limits.
     poll_in: u32,
-    /// When set, the run stops with an error once this time has passed (looked at with the run
-    /// limits): a served request's `--timeout-ms`, so that an instance that never suspends (a
-    /// recursion without a base case in constant memory) cannot hold the batch thread forever.
-    deadline: Option<std::time::Instant>,
-    /// Set from elsewhere when the run is no longer wanted (a served request whose client went
-    /// away): looked at with the other limits, so a long step stops too.
-    cancelled: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// When the run stops with an error (looked at with the run limits): past a served request's
+    /// `--timeout-ms`, so that an instance that never suspends (a recursion without a base case
+    /// in constant memory) cannot hold the batch thread forever, or once its client went away,
+    /// so a long step stops too.
+    stop: StopWhen,
     /// Steps of the poll windows completed so far; the current window's are
     /// `POLL_EVERY - poll_in` (see [`Machine::steps`]).
     steps_before: u64,
@@ -210,8 +208,7 @@ impl<'p> Machine<'p> {
             vals_pool: Vec::new(),
             binds: Vec::new(),
             poll_in: POLL_EVERY,
-            deadline: None,
-            cancelled: None,
+            stop: StopWhen::default(),
             steps_before: 0,
             params: Vec::new(),
             shared: SharedValues::new(),

@@ -164,25 +164,6 @@ fn sampled(t0: Option<Instant>) -> std::time::Duration {
     t0.map_or(std::time::Duration::ZERO, |t| t.elapsed() * DFG_TIME_SAMPLE)
 }
 
-/// When an instance's work is no longer wanted: past `deadline`, or once `cancelled` is set (a
-/// served request that timed out or whose client went away).
-#[derive(Clone, Debug)]
-pub struct InstanceStop {
-    pub instance: u32,
-    pub deadline: Option<Instant>,
-    pub cancelled: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
-}
-
-impl InstanceStop {
-    fn fired(&self, now: Instant) -> bool {
-        self.deadline.is_some_and(|d| now >= d)
-            || self
-                .cancelled
-                .as_ref()
-                .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
-    }
-}
-
 pub struct Dfg<'p> {
     /// Invocations recorded so far: the recording's time is sampled every
     /// [`DFG_TIME_SAMPLE`]-th one (two clock reads per invocation cost ~2% of a small model).
@@ -210,7 +191,7 @@ pub struct Dfg<'p> {
     pub failed_instance: Option<u32>,
     /// Instances whose work is stopped between launches once their deadline passes or their
     /// flag is set (see [`Dfg::set_stops`]).
-    stops: Vec<InstanceStop>,
+    stops: Vec<(u32, tumble_interp::StopWhen)>,
     /// Threads lent by workers that have finished (a share is added to `opts.threads` at each
     /// launch).
     lent: Option<&'p Lending>,

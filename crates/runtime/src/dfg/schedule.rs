@@ -37,11 +37,11 @@ impl Dfg<'_> {
         self.nodes.len()
     }
 
-    /// Instances whose launches stop the flush once they are no longer wanted: between launches,
+    /// Instances (by number) whose launches stop the flush once they are no longer wanted: between launches,
     /// a stop that fired fails the flush with [`Dfg::failed_instance`] naming its instance (a
     /// session answers it and restarts the others). A flush could otherwise run for many
     /// seconds on the work of a request already answered 504 or whose client left.
-    pub fn set_stops(&mut self, stops: Vec<super::InstanceStop>) {
+    pub fn set_stops(&mut self, stops: Vec<(u32, tumble_interp::StopWhen)>) {
         self.stops = stops;
     }
 
@@ -51,7 +51,10 @@ impl Dfg<'_> {
             return None;
         }
         let now = Instant::now();
-        self.stops.iter().find(|s| s.fired(now)).map(|s| s.instance)
+        self.stops
+            .iter()
+            .find(|(_, s)| s.fired(now).is_some())
+            .map(|&(i, _)| i)
     }
 
     /// Whether a node of `instance` is still pending.
