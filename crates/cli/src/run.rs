@@ -529,7 +529,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         Front::Source(_) => args.entry().to_string(),
     };
     let (main_params, ret_ty) = match &front {
-        Front::Source(typed) => main_signature(typed, args.entry())?,
+        Front::Source(typed) => main_signature(typed, &entry)?,
         Front::Compiled(c) => (c.artifact.params.clone(), c.artifact.ret.clone()),
     };
 
@@ -597,7 +597,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 reuse,
                 plans,
                 ..
-            } = tumble_compile::compile(&typed, args.entry(), &weights, compile_opts)
+            } = tumble_compile::compile(&typed, &entry, &weights, compile_opts)
                 .map_err(|e| Failure::Diags(vec![Diagnostic::error(e.span, e.message)]))?;
             (program, reuse, plans, typed.tables)
         }
@@ -682,7 +682,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             let mut out = Vec::with_capacity(n);
             for i in 0..n {
                 let mut rng = instance_rng(args.seed, i);
-                let result = tumble_interp::run(&program, args.entry(), load(i)?, &mut rng)
+                let result = tumble_interp::run(&program, &entry, load(i)?, &mut rng)
                     .map_err(|e| run_error(i, e))?;
                 out.push(finish(i, result)?);
             }
