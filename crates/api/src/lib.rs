@@ -272,6 +272,7 @@ impl Model {
             .collect();
         let entry = opts.entry.trim_start_matches('@').to_string();
         let (main_params, ret_ty) = main_signature(&typed, &entry).map_err(param_error)?;
+        tumble_io::returns_data(&typed, &entry, &ret_ty).map_err(param_error)?;
 
         let tensors = param_tensors(params, &mut warnings)?;
         let names: Vec<&str> = main_params.iter().map(|(n, _)| n.as_str()).collect();
@@ -401,6 +402,7 @@ impl Model {
             .map(|w| diag::render(std::slice::from_ref(w), &sources, false))
             .collect();
         let (main_params, ret_ty) = main_signature(&typed, &a.entry).map_err(param_error)?;
+        tumble_io::returns_data(&typed, &a.entry, &ret_ty).map_err(param_error)?;
         let given =
             params.file.is_some() || !params.tensors.is_empty() || params.random_seed.is_some();
         let tensors = if loaded.weights.is_empty() {

@@ -90,6 +90,7 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
     }
     let msg = |e: tumble_io::IoError| Ok(e.to_string());
     let (params, ret) = main_signature(&typed, &args.entry).map_err(msg)?;
+    tumble_io::returns_data(&typed, &args.entry, &ret).map_err(msg)?;
     let file = match &args.params {
         Some(p) => {
             let loaded = load_params(p).map_err(msg)?;

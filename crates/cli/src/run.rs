@@ -529,7 +529,11 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         Front::Source(_) => args.entry().to_string(),
     };
     let (main_params, ret_ty) = match &front {
-        Front::Source(typed) => main_signature(typed, &entry)?,
+        Front::Source(typed) => {
+            let (params, ret) = main_signature(typed, &entry)?;
+            tumble_io::returns_data(typed, &entry, &ret)?;
+            (params, ret)
+        }
         Front::Compiled(c) => (c.artifact.params.clone(), c.artifact.ret.clone()),
     };
 

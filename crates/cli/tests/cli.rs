@@ -936,6 +936,40 @@ def @main(%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
     }
 }
 
+/// Messages: a self-recursive prelude function (`@nth` calls itself in tail position, which
+/// replaces its frame) failing deep in its recursion still names the user's call that began it,
+/// and which of two such calls it was.
+#[test]
+fn a_tail_recursive_failure_names_the_call_that_began_it() {
+    let model = temp_file(
+        "tail_trace.rly",
+        "#[version = \"0.0.5\"]
+def @main(%xs: List[Tensor[(1, 4), float32]], %i: Tensor[(), int32], %j: Tensor[(), int32]) -> Tensor[(1, 4), float32] {
+  let %a = @nth(%xs, %i);
+  let %b = @nth(%xs, %j);
+  add(%a, %b)
+}
+",
+    );
+    let (model, late) = (model.display().to_string(), "tail_trace.rly:4:12");
+    for (i, j, at) in [(1, 5, "tail_trace.rly:4:12"), (5, 1, "tail_trace.rly:3:12")] {
+        let inputs = temp_file(
+            "tail_trace.jsonl",
+            &format!("{{\"xs\": [[[1,2,3,4]], [[5,6,7,8]]], \"i\": {i}, \"j\": {j}}}\n"),
+        );
+        let inputs = inputs.display().to_string();
+        for engine in ["batched", "reference"] {
+            let err = failing_run(&model, &inputs, &["--engine", engine]);
+            assert!(err.contains(at), "{engine} i={i} j={j}: {err}");
+            assert_eq!(
+                at == late,
+                !err.contains("tail_trace.rly:3:12"),
+                "{engine}: {err}"
+            );
+        }
+    }
+}
+
 /// Messages: an operator failing inside a block launch points at that operator (here in a
 /// helper inlined into the caller's block), with the block's invocation as the call that led
 /// there, as the reference engine points — in a launch of one instance and in a launch of
@@ -1459,4 +1493,49 @@ fn explains_within_a_minute(model: &std::path::Path, what: &str) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
     assert!(status.success(), "{status}");
+}
+
+/// An entry whose results can hold a function is refused when the model is loaded, by `run` and
+/// `compile`, before any instance runs — directly, or inside a constructor of a list.
+#[test]
+fn an_entry_returning_functions_is_refused_at_load() {
+    let direct = temp_file(
+        "returns_fn.rly",
+        "def @main(%x: Tensor[(2), float32]) -> fn (Tensor[(2), float32]) -> Tensor[(2), float32] {\n  fn (%y: Tensor[(2), float32]) -> Tensor[(2), float32] { add(%x, %y) }\n}\n",
+    );
+    let nested = temp_file(
+        "returns_boxed_fn.rly",
+        "type Box[A] { Box(A, fn (A) -> A) }\ndef @main(%x: Tensor[(2), float32]) -> List[Box[Tensor[(2), float32]]] {\n  Cons(Box(%x, fn (%y: Tensor[(2), float32]) -> Tensor[(2), float32] { %y }), Nil)\n}\n",
+    );
+    let data = temp_file("returns_fn.jsonl", "{\"x\": [1, 2]}\n");
+    let out_path = temp_path("returns_fn.out.jsonl");
+    for (model, says) in [
+        (
+            &direct,
+            "`@main` returns a function (fn (Tensor[(2), float32])",
+        ),
+        (
+            &nested,
+            "returns List[Box[Tensor[(2), float32]]], which can hold a function",
+        ),
+    ] {
+        let m = model.display().to_string();
+        let run = tumble(&[
+            "run",
+            &m,
+            "-i",
+            &data.display().to_string(),
+            "-o",
+            &out_path.display().to_string(),
+        ]);
+        assert_eq!(run.status.code(), Some(1), "{}", text(&run.stderr));
+        let err = text(&run.stderr);
+        assert!(err.contains(says) && err.contains("no JSON form"), "{err}");
+        assert!(!out_path.exists(), "nothing is written");
+        let artifact = temp_path("returns_fn.tumble");
+        let compile = tumble(&["compile", &m, "-o", &artifact.display().to_string()]);
+        assert_eq!(compile.status.code(), Some(1), "{}", text(&compile.stderr));
+        assert!(text(&compile.stderr).contains(says));
+        assert!(!artifact.exists());
+    }
 }

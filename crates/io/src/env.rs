@@ -137,6 +137,52 @@ pub(crate) fn substitute(ty: &Ty, map: &[(&str, &Ty)]) -> Ty {
     }
 }
 
+/// The first function type a value of type `ty` can hold (in a tuple, an ADT's type arguments,
+/// or a constructor's fields), if any: such a value has no JSON form, so an entry returning one
+/// is refused when the model is loaded rather than after every instance has run.
+pub fn function_inside(ty: &Ty, tables: &Tables) -> Option<Ty> {
+    let mut seen: Vec<Ty> = Vec::new();
+    let mut todo = vec![ty.clone()];
+    while let Some(t) = todo.pop() {
+        match &t {
+            Ty::Func(..) => return Some(t),
+            Ty::Tuple(ts) => todo.extend(ts.iter().cloned()),
+            Ty::Adt(name, args) => {
+                // An ADT is looked into once per instantiation: recursive ones (`List`) end.
+                if seen.contains(&t) {
+                    continue;
+                }
+                seen.push(t.clone());
+                let Some(info) = tables.adts.get(name) else {
+                    continue;
+                };
+                let map: Vec<(&str, &Ty)> =
+                    info.params.iter().map(String::as_str).zip(args).collect();
+                for c in &info.ctors {
+                    if let Some(ci) = tables.ctors.get(c) {
+                        todo.extend(ci.fields.iter().map(|f| substitute(f, &map)));
+                    }
+                }
+            }
+            Ty::Tensor { .. } | Ty::Param(_) | Ty::Var(_) => {}
+        }
+    }
+    None
+}
+
+/// Refuses an entry whose results could hold a function (see [`function_inside`]).
+pub fn returns_data(typed: &TypedModule, entry: &str, ret: &Ty) -> Result<(), IoError> {
+    let what = match function_inside(ret, &typed.tables) {
+        None => return Ok(()),
+        Some(_) if matches!(ret, Ty::Func(..)) => format!("a function ({ret})"),
+        Some(f) => format!("{ret}, which can hold a function ({f})"),
+    };
+    Err(IoError::param(format!(
+        "`@{entry}` returns {what}; a function has no JSON form, so its results could not be \
+         written: return data (tensors, tuples, lists, constructors) from @{entry}"
+    )))
+}
+
 /// `@entry`'s parameters (names without `%`, declared types) and return type, as the checker
 /// resolved them. Errors when the module has no such function or it is generic.
 pub fn main_signature(

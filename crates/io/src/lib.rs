@@ -32,7 +32,7 @@ pub mod weights;
 pub use atomic::Staged;
 pub use bind::{bind_params, random_param, Binding, BoundArg, BoundParams, MAX_RANDOM_ELEMENTS};
 pub use decode::{decode_instance, DecodeError, Doc, Kind, Num};
-pub use env::{main_signature, TypeEnv};
+pub use env::{function_inside, main_signature, returns_data, TypeEnv};
 pub use error::IoError;
 pub use instances::{
     read_instances, read_instances_capped, read_instances_file, read_request_instances, JsonView,

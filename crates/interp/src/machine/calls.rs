@@ -238,13 +238,15 @@ impl<'p> Machine<'p> {
         captured: &[Value],
         call_site: Option<Span>,
     ) -> Result<(), RunError> {
-        let frame = self.frame_for(lambda, args, this, captured, call_site)?;
-        let caller = std::mem::replace(&mut self.frame, frame);
+        let mut frame = self.frame_for(lambda, args, this, captured, call_site)?;
         // In tail position the caller's frame is dead: don't stack another return.
-        if !matches!(self.stack.last(), Some(Kont::Return(_))) {
-            self.push(Kont::Return(caller))?;
-        } else {
+        if matches!(self.stack.last(), Some(Kont::Return(_))) {
+            frame.tail_from = self.frame.tail_from.or(self.frame.call_site);
+            let caller = std::mem::replace(&mut self.frame, frame);
             self.recycle(caller);
+        } else {
+            let caller = std::mem::replace(&mut self.frame, frame);
+            self.push(Kont::Return(caller))?;
         }
         Ok(())
     }
@@ -280,6 +282,7 @@ impl<'p> Machine<'p> {
             slots,
             this,
             call_site,
+            tail_from: None,
         })
     }
 }

@@ -51,6 +51,10 @@ struct Frame {
     this: Option<Value>,
     /// The call that entered this frame, for the call trace of an error.
     call_site: Option<Span>,
+    /// When this frame was entered by a tail call (which replaced its caller's frame), the call
+    /// that began the chain of tail calls: the trace shows where a self-recursive function was
+    /// called from, not only its own recursive call.
+    tail_from: Option<Span>,
 }
 
 enum Kont<'p> {
@@ -200,6 +204,7 @@ impl<'p> Machine<'p> {
                 slots: Vec::new(),
                 this: None,
                 call_site: None,
+                tail_from: None,
             },
             stack: Vec::new(),
             pending: None,
@@ -315,16 +320,19 @@ impl<'p> Machine<'p> {
     }
 
     /// The call sites of the current frame and of the frames waiting to be returned to,
-    /// innermost first, at most [`MAX_TRACE`] of them (a runaway recursion has millions).
+    /// innermost first, each followed by the call that began its chain of tail calls, at most
+    /// [`MAX_TRACE`] of them (a runaway recursion has millions).
     fn call_trace(&self) -> Vec<Span> {
-        let outer = self.stack.iter().rev().filter_map(|k| match k {
-            Kont::Return(f) => f.call_site,
+        let waiting = self.stack.iter().rev().filter_map(|k| match k {
+            Kont::Return(f) => Some(f),
             _ => None,
         });
-        self.frame
-            .call_site
-            .into_iter()
-            .chain(outer)
+        std::iter::once(&self.frame)
+            .chain(waiting)
+            .flat_map(|f| {
+                let origin = f.tail_from.filter(|o| Some(*o) != f.call_site);
+                f.call_site.into_iter().chain(origin)
+            })
             .take(MAX_TRACE)
             .collect()
     }

@@ -151,7 +151,11 @@ pub(crate) fn resolve_index(i: i64, n: usize, mode: TakeMode) -> Result<usize, S
                 }
             } else {
                 return Err(format!(
-                    "index {i} is out of range for an axis of length {n} (mode=\"fast\" does not clip or wrap)"
+                    "index {i} is out of range for an axis of length {n}: mode=\"fast\" takes \
+                     {lo}..={hi} (a negative index counts from the end, as numpy's), and does \
+                     not clip or wrap further",
+                    lo = -n64,
+                    hi = n64 - 1
                 ));
             }
         }
