@@ -1539,3 +1539,72 @@ fn an_entry_returning_functions_is_refused_at_load() {
         assert!(!artifact.exists());
     }
 }
+
+/// A value whose type has `?` sizes, passed to a function declaring other sizes, is refused
+/// naming the argument and the declaration — not computed with the declared sizes (inlined, a
+/// `reshape(%x, newshape=[0, -1])` of a (3, 4) input declared (2, 6) came out (2, 6)).
+#[test]
+fn a_value_of_another_size_than_declared_is_refused() {
+    let inlined = temp_file(
+        "narrowed_reshape.rly",
+        "#[version = \"0.0.5\"]
+def @f(%x: Tensor[(2, 6), float32]) -> Tensor[(2, 6), float32] {
+  reshape(%x, newshape=[0, -1])
+}
+def @main(%x: Tensor[(?, ?), float32]) -> Tensor[(2, 6), float32] {
+  @f(%x)
+}
+",
+    );
+    let called = temp_file(
+        "narrowed_rows.rly",
+        "#[version = \"0.0.5\"]
+def @f(%x: Tensor[(3, 4), float32], %w: Tensor[(4, 4), float32]) -> Tensor[(12), float32] {
+  reshape(tanh(nn.dense(%x, %w)), newshape=[-1])
+}
+def @main(%x: Tensor[(?, 4), float32], %w: Tensor[(4, 4), float32]) -> Tensor[(12), float32] {
+  @f(%x, %w)
+}
+",
+    );
+    let fits = "{\"x\": [[1,2,3,4],[1,0,0,0],[0,1,0,0]]}\n";
+    for (model, bad, declared) in [
+        (
+            &inlined,
+            "{\"x\": [[1,2,3,4],[5,6,7,8],[9,10,11,12]]}\n",
+            "Tensor[(2, 6), float32]",
+        ),
+        (
+            &called,
+            "{\"x\": [[1,2,3,4],[1,0,0,0]]}\n",
+            "Tensor[(3, 4), float32]",
+        ),
+    ] {
+        let m = model.display().to_string();
+        for batch in ["1", "7"] {
+            let inputs = temp_file("narrowed.jsonl", &format!("{fits}{bad}"));
+            let run = tumble(&[
+                "run",
+                &m,
+                "-i",
+                &inputs.display().to_string(),
+                "--random-params",
+                "0",
+                "--batch",
+                batch,
+            ]);
+            let err = text(&run.stderr);
+            if model == &inlined {
+                // Its first instance does not fit either: (3, 4) is not (2, 6).
+                assert!(err.contains("instance at line 1"), "{err}");
+            } else {
+                assert!(err.contains("instance at line 2"), "{err}");
+            }
+            assert_eq!(run.status.code(), Some(1), "{err}");
+            assert!(
+                err.contains("%x has shape") && err.contains(declared),
+                "{err}"
+            );
+        }
+    }
+}

@@ -66,6 +66,39 @@ pub struct BlockInput {
     pub ty: Ty,
 }
 
+impl BlockInput {
+    /// Why a value of per-invocation `shape` cannot be this input (or its field typed `ty`):
+    /// it contradicts a size `ty` declares. The checker lets a value with `?` sizes reach a
+    /// parameter that declares them, and a block computes with the declaration (a `reshape`'s
+    /// `0` and `-1`, its outputs' shapes), so a value of another size is refused, not computed
+    /// with.
+    #[inline]
+    pub fn undeclared_shape(&self, ty: &Ty, shape: &[usize]) -> Option<String> {
+        let (dims, _) = ty.as_tensor()?;
+        let fits = dims.len() == shape.len()
+            && dims.iter().zip(shape).all(|(d, &s)| match d {
+                tumble_ir::Dim::Known(k) => *k as u64 == s as u64,
+                _ => true,
+            });
+        if fits {
+            None
+        } else {
+            self.undeclared(ty, shape)
+        }
+    }
+
+    #[cold]
+    fn undeclared(&self, ty: &Ty, shape: &[usize]) -> Option<String> {
+        let shown: Vec<String> = shape.iter().map(usize::to_string).collect();
+        Some(format!(
+            "{} has shape ({}) where the function it was passed to declares {ty}: a value with \
+             `?` sizes was given a size other than the declared one",
+            self.name,
+            shown.join(", ")
+        ))
+    }
+}
+
 /// How a block's flat outputs are returned: one tensor, or a tuple of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OutputShape {
@@ -99,6 +132,13 @@ impl Block {
     /// Runs the nodes in order on one invocation's inputs with the reference kernels; returns the
     /// flat outputs.
     pub fn eval(&self, inputs: &[Tensor], octx: &mut OpCtx) -> Result<Vec<Tensor>, String> {
+        if inputs.len() == self.inputs.len() {
+            for (input, t) in self.inputs.iter().zip(inputs) {
+                if let Some(m) = input.undeclared_shape(&input.ty, t.shape()) {
+                    return Err(m);
+                }
+            }
+        }
         let mut results: Vec<OpValue> = Vec::with_capacity(self.nodes.len());
         for node in &self.nodes {
             let args = node

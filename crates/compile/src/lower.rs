@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use tumble_check::TypedModule;
-use tumble_ir::{Expr, ExprKind, Function, Literal, Pattern, PatternKind, Span, Ty};
+use tumble_ir::{Dim, Expr, ExprKind, Function, Literal, Pattern, PatternKind, Span, Ty};
 use tumble_tensor::Tensor;
 
 use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
@@ -769,6 +769,20 @@ impl Lowerer<'_> {
         if b.nodes.len() >= crate::inline::MAX_INLINED_NODES || args.len() != f.params.len() {
             return Ok(None);
         }
+        // An argument whose `?` sizes the parameter declares known: inlined, the body's types
+        // (and what they resolve, a `reshape`'s `0` and `-1`) would be the declaration's, never
+        // checked. Called, the callee's block checks its inputs' sizes at each launch.
+        let narrows = f
+            .params
+            .iter()
+            .zip(args)
+            .any(|(p, a)| match (&p.ty, &a.ty) {
+                (Some(declared), Some(given)) => narrows(declared, given),
+                _ => false,
+            });
+        if narrows {
+            return Ok(None);
+        }
         let mut vals = Vec::with_capacity(args.len());
         for a in args {
             match self.block_expr(b, a)? {
@@ -1177,5 +1191,21 @@ pub fn param_types(typed: &TypedModule, global: &str) -> Option<(Vec<Ty>, Ty)> {
     match &typed.globals.get(global)?.ty {
         Ty::Func(ps, r) => Some((ps.clone(), (**r).clone())),
         _ => None,
+    }
+}
+
+/// Whether a value of type `given` can have another size where `declared` (a parameter's type)
+/// has a known one.
+pub(crate) fn narrows(declared: &Ty, given: &Ty) -> bool {
+    match (declared, given) {
+        (Ty::Tensor { shape: d, .. }, Ty::Tensor { shape: g, .. }) => d
+            .iter()
+            .zip(g)
+            .any(|(d, g)| matches!((d, g), (Dim::Known(_), Dim::Any))),
+        (Ty::Tuple(ds), Ty::Tuple(gs)) => ds.iter().zip(gs).any(|(d, g)| narrows(d, g)),
+        (Ty::Adt(dn, ds), Ty::Adt(gn, gs)) if dn == gn => {
+            ds.iter().zip(gs).any(|(d, g)| narrows(d, g))
+        }
+        _ => false,
     }
 }

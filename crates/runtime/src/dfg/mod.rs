@@ -731,8 +731,12 @@ impl Backend for Dfg<'_> {
         let mut words = std::mem::take(&mut self.key_words);
         words.clear();
         words.push(u64::from(block_id));
-        for a in &recorded {
+        for (a, input) in recorded.iter().zip(&block.inputs) {
             let shape = self.arg_shape(a)?;
+            if let Some(m) = input.undeclared_shape(&input.ty, shape) {
+                self.key_words = words;
+                return Err(RunError::at(span, format!("block {}: {m}", block.name)));
+            }
             words.push(shape.len() as u64);
             words.extend(shape.iter().map(|&d| d as u64));
         }
