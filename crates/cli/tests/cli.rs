@@ -1608,3 +1608,41 @@ def @main(%x: Tensor[(?, 4), float32], %w: Tensor[(4, 4), float32]) -> Tensor[(1
         }
     }
 }
+
+/// Messages: sizes that fail an operator's shape rule when the invocation is recorded (before
+/// any launch) point at that operator on both engines, not at the whole block around it.
+#[test]
+fn a_shape_failure_found_when_recording_points_at_its_operator() {
+    let model = temp_file(
+        "record_shapes.rly",
+        "#[version = \"0.0.5\"]
+def @main(%x: Tensor[(?, 4), float32], %y: Tensor[(?, 4), float32], %w: Tensor[(4, 4), float32]) -> Tensor[(?, 4), float32] {
+  let %a = tanh(nn.dense(%x, %w));
+  let %b = sigmoid(nn.dense(%y, %w));
+  let %ab = add(%a, %b);
+  multiply(%ab, %a)
+}
+",
+    );
+    let inputs = temp_file(
+        "record_shapes.jsonl",
+        "{\"x\": [[1,2,3,4]], \"y\": [[1,2,3,4]]}\n{\"x\": [[1,2,3,4],[1,2,3,4],[1,2,3,4]], \"y\": [[1,2,3,4],[1,2,3,4]]}\n",
+    );
+    let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
+    for extra in [
+        &["--engine", "reference"][..],
+        &[],
+        &["--no-fusion"],
+        &["--batch", "1"],
+    ] {
+        let mut args = vec!["--random-params", "0"];
+        args.extend_from_slice(extra);
+        let err = failing_run(&model, &inputs, &args);
+        assert!(
+            err.contains("instance at line 2: add: cannot broadcast"),
+            "{extra:?}: {err}"
+        );
+        assert!(err.contains("record_shapes.rly:5:13"), "{extra:?}: {err}");
+        assert!(!err.contains("let %a = tanh"), "{extra:?}: {err}");
+    }
+}

@@ -225,9 +225,34 @@ pub struct Dfg<'p> {
     live_bytes: u64,
 }
 
+/// A block invocation whose shapes fail operator `node`'s relation: located at that operator,
+/// with the calls it was inlined through and then the invocation as the calls that led there
+/// (as a failed launch's error is, `Dfg::launch_failure`).
+fn shape_error(block: &Block, node: Option<usize>, site: Span, message: String) -> RunError {
+    match node
+        .and_then(|k| block.nodes.get(k))
+        .filter(|n| n.span != Span::default() && n.span != site)
+    {
+        Some(n) => {
+            let mut e = RunError::at(n.span, message);
+            e.trace.extend(n.calls.iter().copied());
+            let within = |s: &Span| s.src == site.src && site.lo <= s.lo && s.hi <= site.hi;
+            if !within(e.trace.last().unwrap_or(&n.span)) {
+                e.trace.push(site);
+            }
+            e.trace.truncate(tumble_interp::machine::MAX_TRACE);
+            e
+        }
+        None => RunError::at(site, message),
+    }
+}
+
 /// Output shapes of a block from its inputs' shapes, by its operators' relations (Nimble's shape
 /// functions), so launches can be grouped before anything is computed.
-fn infer_shapes(block: &Block, inputs: &[Vec<usize>]) -> Result<Vec<Vec<usize>>, String> {
+fn infer_shapes(
+    block: &Block,
+    inputs: &[Vec<usize>],
+) -> Result<Vec<Vec<usize>>, (Option<usize>, String)> {
     let to_ty = |s: &[usize], d| Ty::tensor_of(&s.iter().map(|&x| x as i64).collect::<Vec<_>>(), d);
     let mut node_tys: Vec<Ty> = Vec::with_capacity(block.nodes.len());
     let ty_of = |v: &tumble_compile::BVal, node_tys: &[Ty]| -> Result<Ty, String> {
@@ -256,7 +281,7 @@ fn infer_shapes(block: &Block, inputs: &[Vec<usize>]) -> Result<Vec<Vec<usize>>,
             BVal::Const(t) => Ok(to_ty(t.shape(), t.dtype())),
         }
     };
-    for node in &block.nodes {
+    for (k, node) in block.nodes.iter().enumerate() {
         let args = node
             .args
             .iter()
@@ -268,22 +293,23 @@ fn infer_shapes(block: &Block, inputs: &[Vec<usize>]) -> Result<Vec<Vec<usize>>,
                     .collect::<Result<Vec<_>, _>>()
                     .map(Ty::Tuple),
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        let t = (node.op.relation)(&args, &node.attrs).map_err(|e| e.message)?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|m| (None, m))?;
+        let t = (node.op.relation)(&args, &node.attrs).map_err(|e| (Some(k), e.message))?;
         node_tys.push(t);
     }
     block
         .outputs
         .iter()
         .map(|v| {
-            let t = ty_of(v, &node_tys)?;
+            let t = ty_of(v, &node_tys).map_err(|m| (None, m))?;
             t.as_tensor()
                 .and_then(|(dims, _)| {
                     dims.iter()
                         .map(|d| d.known().map(|x| x as usize))
                         .collect::<Option<Vec<_>>>()
                 })
-                .ok_or_else(|| "internal: output shape unknown".to_string())
+                .ok_or_else(|| (None, "internal: output shape unknown".to_string()))
         })
         .collect()
 }
@@ -794,7 +820,8 @@ impl Backend for Dfg<'_> {
                     .map(|a| self.arg_shape(a).map(<[usize]>::to_vec))
                     .collect::<Result<Vec<_>, _>>()?;
                 let s = std::rc::Rc::new(
-                    infer_shapes(block, &shapes).map_err(|m| RunError::at(span, m))?,
+                    infer_shapes(block, &shapes)
+                        .map_err(|(k, m)| shape_error(block, k, span, m))?,
                 );
                 let bytes = release::output_bytes(&s);
                 let entry = (s, bytes);
