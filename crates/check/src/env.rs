@@ -238,14 +238,26 @@ pub fn plural(n: usize) -> &'static str {
 
 /// The closest known name within a small edit distance, for "did you mean" hints.
 pub fn suggest<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let limit = (name.chars().count() / 3).max(1);
+    let len = name.chars().count();
+    if len > MAX_SUGGESTED_LEN {
+        return None;
+    }
+    let limit = (len / 3).max(1);
     known
         .into_iter()
+        // The distance is at least the difference of the lengths: a name far longer or shorter
+        // is not looked at (and no candidate costs more than MAX_SUGGESTED_LEN² steps).
+        .filter(|k| k.len().abs_diff(name.len()) <= 4 * limit)
+        .filter(|k| k.chars().count().abs_diff(len) <= limit)
         .map(|k| (edit_distance(name, k), k))
         .filter(|(d, _)| *d <= limit)
         .min()
         .map(|(_, k)| k)
 }
+
+/// Names longer than this get no "did you mean" (their distance is quadratic in the length: a
+/// 100,000-character name against another asked for 80 GB).
+pub const MAX_SUGGESTED_LEN: usize = 64;
 
 /// Optimal-string-alignment distance: edits plus adjacent transpositions (`Lsit` is one from `List`).
 fn edit_distance(a: &str, b: &str) -> usize {
@@ -277,6 +289,16 @@ fn edit_distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_names_get_no_suggestion_and_cost_nothing() {
+        let long = "x".repeat(100_000);
+        let t = std::time::Instant::now();
+        assert_eq!(suggest(&long, [long.as_str(), "xx"]), None);
+        assert_eq!(suggest("xxx", [long.as_str()]), None);
+        assert_eq!(suggest("Lsit", [long.as_str(), "List"]), Some("List"));
+        assert!(t.elapsed().as_secs_f64() < 1.0, "{:?}", t.elapsed());
+    }
 
     #[test]
     fn suggestions_pick_close_names_only() {

@@ -8,7 +8,7 @@ mod exhaustive;
 mod infer;
 mod unify;
 
-pub use env::{AdtInfo, CtorInfo, GlobalSig, Tables};
+pub use env::{AdtInfo, CtorInfo, GlobalSig, Tables, MAX_SUGGESTED_LEN};
 
 use infer::Checker;
 use std::collections::HashMap;

@@ -32,8 +32,8 @@ pub struct ExplainArgs {
     /// --no-derived-params` compiles them).
     #[arg(long)]
     pub no_derived_params: bool,
-    /// The entry function.
-    #[arg(long, default_value = "main")]
+    /// The entry function (`@name` or `name`).
+    #[arg(long, default_value = "main", value_parser = crate::run::entry_arg)]
     pub entry: String,
     /// Also print the executable program the host evaluator runs: every function's code after
     /// the static passes, with its frame size (`slots`), block invocations and their sites.

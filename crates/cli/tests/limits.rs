@@ -150,6 +150,73 @@ def @main(%x: Tensor[(1, 4), float32]) -> float32 {
     }
 }
 
+/// Intermediates whose sizes are `?` in the types (a product over a sequence's length) are sized
+/// from the invocations' actual shapes before a launch allocates them: the batched engine
+/// refused nothing here and the process aborted allocating 6.4 GB under a 1 GB budget. Random
+/// weights are refused against the budget before they are generated, naming the parameter.
+#[test]
+fn dynamic_intermediates_and_random_weights_are_held_to_the_budget() {
+    let dir = scratch("dynamic_bytes");
+    let ids: Vec<String> = (0..40_000).map(|i| (i % 10).to_string()).collect();
+    let t = write(
+        &dir,
+        "t.jsonl",
+        &format!("{{\"t\": [{}]}}\n", ids.join(",")),
+    );
+    let model = write(
+        &dir,
+        "bmm.rly",
+        "#[version = \"0.0.5\"]
+def @main(%t: Tensor[(?), int32], %emb: Tensor[(10, 4), float32]) {
+  let %x = expand_dims(take(%emb, %t, axis=0), axis=0);
+  sum(nn.batch_matmul(%x, %x))
+}
+",
+    );
+    let o = dir.join("out.jsonl");
+    let o_arg = o.display().to_string();
+    for engine in ["batched", "reference"] {
+        let out = tumble(&[
+            "run",
+            &model,
+            "--inputs",
+            &t,
+            "--random-params",
+            "0",
+            "--max-memory",
+            "1G",
+            "--engine",
+            engine,
+            "-o",
+            &o_arg,
+        ]);
+        assert_stopped_without_output(&out, &o, &["instance at line 1", "needs 6.0 GiB more"]);
+    }
+    let big = write(
+        &dir,
+        "big.rly",
+        "#[version = \"0.0.5\"]
+def @main(%x: Tensor[(1, 4), float32], %W: Tensor[(30000, 30000), float32]) {
+  sum(%x)
+}
+",
+    );
+    let x = write(&dir, "x.jsonl", X);
+    let out = tumble(&[
+        "run",
+        &big,
+        "--inputs",
+        &x,
+        "--random-params",
+        "0",
+        "--max-memory",
+        "1G",
+        "-o",
+        &o_arg,
+    ]);
+    assert_stopped_without_output(&out, &o, &["parameter %W", "needs 3.4 GiB more"]);
+}
+
 #[test]
 fn input_too_large_for_the_budget_is_refused_while_it_is_read() {
     let dir = scratch("input");

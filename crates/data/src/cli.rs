@@ -362,6 +362,14 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
                 width_max: a.width_max,
             };
             cfg.validate().map_err(DataError::Invalid)?;
+            // One line at a time: its latent floats and their text (at most ~16 bytes each)
+            // must fit the memory budget, asked before the first is made.
+            tumble_limits::reserve((a.hidden as usize).saturating_mul(24)).map_err(|stop| {
+                DataError::Stopped {
+                    stop,
+                    path: a.out.path().map(Path::to_path_buf),
+                }
+            })?;
             let mut rng = Rng::new(a.seed);
             let lines = (0..a.count).map(|_| Ok(gen::drnn_json(&gen::drnn(&mut rng, &cfg))));
             finish(&a.out, write_lines(a.out.path(), lines)?)

@@ -284,9 +284,17 @@ fn missing_error(args: &[BoundArg], missing: &[usize], file: &BTreeMap<String, T
 
 /// The closest name by edit distance (case-insensitive), if close enough to be a likely typo.
 fn suggest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
+    // Quadratic in the lengths: long names get no suggestion (see the checker's).
+    if name.len() > tumble_check::MAX_SUGGESTED_LEN {
+        return None;
+    }
     let lower = name.to_lowercase();
     known
         .iter()
+        .filter(|k| {
+            k.len() <= 2 * tumble_check::MAX_SUGGESTED_LEN
+                && k.len().abs_diff(name.len()) <= (name.len().max(k.len()) / 3).max(1)
+        })
         .map(|k| (edit_distance(&lower, &k.to_lowercase()), *k))
         .filter(|(d, k)| *d <= (name.len().max(k.len()) / 3).max(1))
         .min_by_key(|(d, _)| *d)
@@ -394,6 +402,13 @@ pub fn random_param(name: &str, ty: &Ty, seed: u64) -> Result<Tensor, IoError> {
              {MAX_RANDOM_ELEMENTS} random values per parameter (is a dimension too large?)"
         )));
     }
+    // Refused before a byte is made: past the memory budget it would stop the process (or
+    // fill memory), not say which parameter.
+    tumble_limits::reserve(n.saturating_mul(dtype.size())).map_err(|stop| {
+        IoError::param(format!(
+            "parameter %{name}: generating {ty} at random: {stop}"
+        ))
+    })?;
     if !dtype.is_float() {
         return Tensor::zeros(shape, dtype).map_err(too_big);
     }

@@ -33,6 +33,9 @@ pub struct Executable {
     /// Per block: the bytes every node's result takes for one invocation (from the static node
     /// types), the bound a launch checks against the memory budget before it allocates.
     pub(crate) row_bytes: Vec<usize>,
+    /// Per block: some operator's type has a `?` size, which `row_bytes` counts as 0, so a
+    /// launch sizes its invocations from their actual shapes (`dfg::invocation_bytes`).
+    pub(crate) dynamic_bytes: Vec<bool>,
     /// Values the job's last early-release scan walked (see `dfg/release.rs`): the next scan, in
     /// this mini-batch or the next, must be able to free bytes in proportion. Shared by workers;
     /// a hint, so relaxed.
@@ -171,6 +174,19 @@ impl Executable {
                 .collect(),
             last_scan_visits: Default::default(),
             nodes_per_instance_milli: Default::default(),
+            dynamic_bytes: blocks
+                .iter()
+                .map(|b| {
+                    let unknown = |t: &tumble_ir::Ty| match t.as_tensor() {
+                        Some((dims, _)) => dims.iter().any(|d| d.known().is_none()),
+                        None => false,
+                    };
+                    b.nodes.iter().any(|n| match &n.ty {
+                        tumble_ir::Ty::Tuple(ts) => ts.iter().any(unknown),
+                        t => unknown(t),
+                    })
+                })
+                .collect(),
             row_bytes: blocks
                 .iter()
                 .map(|b| {

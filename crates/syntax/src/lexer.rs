@@ -368,6 +368,8 @@ impl Lexer<'_> {
         }
         if dtype.is_float() {
             let val = numeral.parse::<f64>().unwrap_or(f64::INFINITY);
+            // (A float32 literal past f32's range is refused by the parser: an attribute's
+            // unsuffixed float is a float64.)
             if !val.is_finite() {
                 self.error(
                     lo,

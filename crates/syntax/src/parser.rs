@@ -919,7 +919,19 @@ impl<'a> Parser<'a> {
         let neg = minus.is_some();
         let lit = match *self.peek() {
             Tok::Int { mag, dtype } => Literal::Int(self.int_value(mag, neg, dtype, span)?, dtype),
-            Tok::Float { val, dtype } => Literal::Float(if neg { -val } else { val }, dtype),
+            Tok::Float { val, dtype } => {
+                // Rounded to float32 it would be infinity, silently (`1e40f`).
+                if dtype == DType::Float32 && !(val as f32).is_finite() {
+                    return self.error_at(
+                        span,
+                        format!(
+                            "expected a float literal within float32's range (±3.4028235e38), \
+                             found `{val:e}` (write it with `f64` for a float64)"
+                        ),
+                    );
+                }
+                Literal::Float(if neg { -val } else { val }, dtype)
+            }
             _ => return self.fail_expected("a number"),
         };
         self.bump();

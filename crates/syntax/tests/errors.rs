@@ -104,6 +104,10 @@ const CASES: &[(&str, &[&str])] = &[
         &["t.rly:1:15: error: expected a finite float literal, found `1e999`"],
     ),
     (
+        "def @main() { 1e40f }",
+        &["t.rly:1:15: error: expected a float literal within float32's range (±3.4028235e38), found `1e40` (write it with `f64` for a float64)"],
+    ),
+    (
         "def @main() { (1, 2 }",
         &["t.rly:1:21: error: expected `)` to close this tuple, found `}`"],
     ),

@@ -189,6 +189,9 @@ fn float_literals_round_trip_bit_exactly() {
         0.30000000000000004,
     ] {
         for suffix in ["f", "f64"] {
+            if suffix == "f" && !(v as f32).is_finite() {
+                continue; // refused: past float32's range
+            }
             let text = format!("def @main() {{ {v:?}{suffix} }}");
             let printed = round_trip_text(&text);
             assert!(printed.contains(&format!("{v:?}{suffix}")), "{printed}");

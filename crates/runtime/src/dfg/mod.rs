@@ -253,9 +253,48 @@ fn infer_shapes(
     block: &Block,
     inputs: &[Vec<usize>],
 ) -> Result<Vec<Vec<usize>>, (Option<usize>, String)> {
+    let (node_tys, ty_of) = node_types(block, inputs)?;
+    block
+        .outputs
+        .iter()
+        .map(|v| {
+            let t = ty_of(v, &node_tys).map_err(|m| (None, m))?;
+            t.as_tensor()
+                .and_then(|(dims, _)| {
+                    dims.iter()
+                        .map(|d| d.known().map(|x| x as usize))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| (None, "internal: output shape unknown".to_string()))
+        })
+        .collect()
+}
+
+/// The bytes every operator of one invocation of `block` on inputs of these shapes produces:
+/// what a launch of a block whose types have `?` sizes needs per invocation (its static
+/// estimate counts those sizes as 0).
+pub(crate) fn invocation_bytes(block: &Block, inputs: &[Vec<usize>]) -> Option<usize> {
+    let (node_tys, _) = node_types(block, inputs).ok()?;
+    Some(
+        node_tys
+            .iter()
+            .map(tumble_ops::value_bytes)
+            .fold(0, usize::saturating_add),
+    )
+}
+
+type TyOf<'a> = Box<dyn Fn(&tumble_compile::BVal, &[Ty]) -> Result<Ty, String> + 'a>;
+
+/// Each operator's type in one invocation of `block` on inputs of these shapes, by the
+/// operators' relations; and how to type a block value from them.
+#[allow(clippy::type_complexity)]
+fn node_types<'a>(
+    block: &'a Block,
+    inputs: &'a [Vec<usize>],
+) -> Result<(Vec<Ty>, TyOf<'a>), (Option<usize>, String)> {
     let to_ty = |s: &[usize], d| Ty::tensor_of(&s.iter().map(|&x| x as i64).collect::<Vec<_>>(), d);
     let mut node_tys: Vec<Ty> = Vec::with_capacity(block.nodes.len());
-    let ty_of = |v: &tumble_compile::BVal, node_tys: &[Ty]| -> Result<Ty, String> {
+    let ty_of = move |v: &tumble_compile::BVal, node_tys: &[Ty]| -> Result<Ty, String> {
         use tumble_compile::BVal;
         match v {
             BVal::Input(i) => {
@@ -298,20 +337,7 @@ fn infer_shapes(
         let t = (node.op.relation)(&args, &node.attrs).map_err(|e| (Some(k), e.message))?;
         node_tys.push(t);
     }
-    block
-        .outputs
-        .iter()
-        .map(|v| {
-            let t = ty_of(v, &node_tys).map_err(|m| (None, m))?;
-            t.as_tensor()
-                .and_then(|(dims, _)| {
-                    dims.iter()
-                        .map(|d| d.known().map(|x| x as usize))
-                        .collect::<Option<Vec<_>>>()
-                })
-                .ok_or_else(|| (None, "internal: output shape unknown".to_string()))
-        })
-        .collect()
+    Ok((node_tys, Box::new(ty_of)))
 }
 
 impl<'p> Dfg<'p> {

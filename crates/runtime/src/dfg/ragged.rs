@@ -198,7 +198,26 @@ impl Dfg<'_> {
         // What an invocation of no rows pads with: the first row of the first one that has rows
         // (there is one whenever `pad_to` > 0).
         let filler = lens.iter().position(|&l| l > 0).unwrap_or(0);
-        let launch_bytes = run.bytes_per_row.saturating_mul(total);
+        let mut launch_bytes = run.bytes_per_row.saturating_mul(total);
+        if exec.dynamic_bytes.get(block_id as usize) == Some(&true) {
+            // A segment that mixes rows (a product over the ragged axis) makes more than its
+            // rows' bytes: each invocation's own shapes say what its operators allocate.
+            let mut dynamic = 0usize;
+            for &id in ids {
+                let node = self
+                    .nodes
+                    .get(id as usize)
+                    .ok_or_else(|| RunError::internal("ragged launch of an unknown node"))?;
+                let shapes = node
+                    .args
+                    .iter()
+                    .map(|a| self.arg_shape(a).map(<[usize]>::to_vec))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let per = super::invocation_bytes(block, &shapes).unwrap_or(0);
+                dynamic = dynamic.saturating_add(per);
+            }
+            launch_bytes = launch_bytes.max(dynamic);
+        }
         if launch_bytes >= tumble_ops::RESERVE_ABOVE {
             if let Err(stop) = tumble_limits::reserve(launch_bytes) {
                 return Err(fail(format!(
