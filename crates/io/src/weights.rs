@@ -235,6 +235,14 @@ fn st_entries(path: &Path, header: &[u8], data_len: usize) -> Result<Vec<StEntry
             "the JSON header is not an object; the file is corrupt".into()
         ));
     };
+    // A JSON object keeps the last of repeated keys: a tensor listed twice would be bound by
+    // whichever came last, silently.
+    if let Some(name) = repeated_key(text) {
+        return Err(err(format!(
+            "the JSON header lists the tensor `{}` more than once; the file is corrupt",
+            crate::echo(&name)
+        )));
+    }
     for (name, info) in &map {
         if name == "__metadata__" {
             // Free-form, but of the format's shape: a map of strings.
@@ -823,6 +831,31 @@ pub fn npy_bytes(tensor: &Tensor) -> Vec<u8> {
     out.extend_from_slice(header.as_bytes());
     out.extend_from_slice(&encode_le(tensor.buffer()));
     out
+}
+
+/// The first key that appears twice in the JSON object `text` (already known to parse as one).
+fn repeated_key(text: &str) -> Option<String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct Repeated;
+    impl<'de> Visitor<'de> for Repeated {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<String>, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            let mut repeated = None;
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                if repeated.is_none() && !seen.insert(key.clone()) {
+                    repeated = Some(key);
+                }
+            }
+            Ok(repeated)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.deserialize_map(Repeated).ok().flatten()
 }
 
 #[cfg(test)]

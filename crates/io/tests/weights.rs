@@ -420,3 +420,21 @@ fn saving_writes_the_bytes_of_the_crates_serializer() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A header listing one tensor twice is refused (a JSON object keeps the last of repeated keys,
+/// so whichever came last would be bound, silently), in either order of the two.
+#[test]
+fn a_tensor_listed_twice_in_the_header_is_refused() {
+    let data = vec![0u8; 160];
+    for (first, second) in [("[4, 10]", "[10, 4]"), ("[10, 4]", "[4, 10]")] {
+        let header = format!(
+            "{{\"emb\":{{\"dtype\":\"F32\",\"shape\":{first},\"data_offsets\":[0,160]}},\
+             \"emb\":{{\"dtype\":\"F32\",\"shape\":{second},\"data_offsets\":[0,160]}}}}"
+        );
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(&data);
+        let m = msg(parse_safetensors(Path::new("dup.safetensors"), &bytes));
+        assert!(m.contains("lists the tensor `emb` more than once"), "{m}");
+    }
+}

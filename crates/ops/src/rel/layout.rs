@@ -427,12 +427,28 @@ pub fn expand_dims(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     Ok(Ty::tensor(shape, x.dtype))
 }
 
-/// `squeeze(data, axis=None)`: removes size-1 axes; None removes every known size-1 axis, a list
+/// `squeeze(data, axis=None)`: removes size-1 axes; None removes every size-1 axis (refused when
+/// a size is `?`: the result's rank would depend on it), a list
 /// removes exactly those (each must be 1 when known).
 pub fn squeeze(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let c = Call::new("squeeze", args, attrs, 1)?;
     let x = c.tensor(0, "input")?;
     let shape: Vec<Dim> = match c.opt_ints("axis")? {
+        // Which axes go would depend on the `?` sizes at run time: the result's rank would not
+        // be the checked type's (a `(?, 1)` of one row squeezes to a scalar, typed `(?)`).
+        None if x.shape.iter().any(|d| d.known().is_none()) => {
+            return Err(c.err(format!(
+                "squeeze without `axis` of {x}: whether its `?` axes are removed depends on \
+                 their sizes when the program runs; give the axes to remove, e.g. `axis=[{}]`",
+                x.shape
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &d)| d == Dim::Known(1))
+                    .map(|(i, _)| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )))
+        }
         None => x
             .shape
             .iter()
