@@ -117,13 +117,22 @@ impl Rewriter<'_> {
                 }
             }
         }
+        // A 0 in `newshape` copies the input's dimension unless `allowzero` says it is a size.
+        let mut attrs = vec![];
+        if dims.contains(&0) {
+            attrs.push(attr("allowzero", AttrValue::Bool(true)));
+        }
+        attrs.insert(
+            0,
+            attr(
+                "newshape",
+                AttrValue::List(dims.into_iter().map(AttrValue::Int).collect()),
+            ),
+        );
         let v = self.push(BlockNode {
             op: self.reshape,
             args: vec![BArg::One(src)],
-            attrs: Attrs(vec![attr(
-                "newshape",
-                AttrValue::List(dims.into_iter().map(AttrValue::Int).collect()),
-            )]),
+            attrs: Attrs(attrs),
             ty: ty.clone(),
             span: self.span,
             calls: self.calls.clone(),
@@ -310,11 +319,14 @@ impl Rewriter<'_> {
     /// every operand has the node's shape), all of it known.
     fn is_elementwise(&self, node: &BlockNode) -> bool {
         use tumble_ops::FusionClass;
+        // `nn.bias_add`'s bias is a vector along `axis`, not an operand of the data's shape,
+        // even when the data is a vector too: moved onto a row, it would be retyped as one.
         if !matches!(
             node.op.class,
             FusionClass::Elementwise | FusionClass::Broadcast
         ) || !is_pure_op(node.op)
             || node.args.is_empty()
+            || node.op.name == "nn.bias_add"
         {
             return false;
         }

@@ -193,6 +193,43 @@ def @main(%x: Tensor[(1, 4), float32], %y: Tensor[(1, 4), float32])
     agrees("row_extremes", src, &inputs.join("\n"), &["x", "y"]);
 }
 
+/// Products of vectors and extents of 0 through the canonical-products rewrite: a bias added to
+/// a vector's product stays a vector along its axis (it was retyped as a row: "bias must be
+/// 1-D"), and a rewritten reshape to a 0-sized dimension says so (`allowzero`: a 0 in
+/// `newshape` otherwise copies an input dimension, which a vector does not have).
+#[test]
+fn vector_products_and_empty_extents() {
+    let vec_bias = r#"
+def @main(%x: Tensor[(3), float32], %W: Tensor[(2, 3), float32], %b: Tensor[(2), float32]) -> Tensor[(2), float32] {
+  nn.bias_add(nn.dense(%x, %W), %b, axis=-1)
+}
+"#;
+    let inputs: Vec<String> = (0..9).map(|i| format!("{{\"x\": [{i}, 1, -2]}}")).collect();
+    agrees("vector_bias", vec_bias, &inputs.join("\n"), &["x"]);
+    let empty_dense = r#"
+def @main(%x: Tensor[(0), float32], %W: Tensor[(2, 0), float32]) -> Tensor[(2), float32] {
+  add(nn.dense(%x, %W), 1f)
+}
+"#;
+    agrees(
+        "empty_dense",
+        empty_dense,
+        &["{\"x\": []}"; 9].join("\n"),
+        &["x"],
+    );
+    let empty_row = r#"
+def @main(%h: Tensor[(1, 0), float32], %x: Tensor[(1, 3), float32]) -> (Tensor[(0, 1), float32], Tensor[(1, 3), float32]) {
+  (transpose(%h), %x)
+}
+"#;
+    agrees(
+        "empty_row",
+        empty_row,
+        &["{\"h\": [[]], \"x\": [[1, 2, 3]]}"; 9].join("\n"),
+        &["h", "x"],
+    );
+}
+
 /// The same tuple passed whole to `db.concurrent`.
 #[test]
 fn let_bound_tuple_made_concurrent() {

@@ -95,7 +95,9 @@ impl DevExec<'_> {
         let Some(widths) = weight_widths(&ws, k) else {
             return Ok(false);
         };
-        if a.shared || a.shape.len() < 2 {
+        // A product over K = 0 (zeros) has rows a device matrix of no columns cannot say: the
+        // CPU's stage takes it.
+        if a.shared || a.shape.len() < 2 || k == 0 {
             return Ok(false);
         }
         let n_all: usize = widths.iter().sum();
@@ -363,6 +365,9 @@ impl DevExec<'_> {
             }
         }
         let k_all: usize = row_parts.iter().map(|r| r.width).sum();
+        if k_all == 0 {
+            return Ok(false); // see `products`: the CPU's stage takes a product over K = 0
+        }
         let gpu = self.gpu();
         // One part read where it lies; several copied side by side.
         let a = match row_parts.as_slice() {
