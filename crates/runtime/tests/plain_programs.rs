@@ -230,6 +230,19 @@ def @main(%h: Tensor[(1, 0), float32], %x: Tensor[(1, 3), float32]) -> (Tensor[(
     );
 }
 
+/// A batch of 0 against a broadcast batch of 1 is a batch of 0 (numpy's broadcasting): both
+/// engines failed with "shape (0, 2, 2) needs 0 elements, got 4".
+#[test]
+fn batch_matmul_of_no_batches_against_one() {
+    let src = r#"
+def @main(%x: Tensor[(0, 2, 1), float32], %w: Tensor[(1, 2, 1), float32]) -> (Tensor[(0, 2, 2), float32], Tensor[(0, 2, 2), float32]) {
+  (nn.batch_matmul(%x, %w), nn.batch_matmul(%w, %x))
+}
+"#;
+    let line = "{\"x\": {\"shape\": [0, 2, 1], \"data\": []}, \"w\": [[[1], [2]]]}";
+    agrees("bmm_no_batches", src, &[line; 9].join("\n"), &["x", "w"]);
+}
+
 /// The same tuple passed whole to `db.concurrent`.
 #[test]
 fn let_bound_tuple_made_concurrent() {

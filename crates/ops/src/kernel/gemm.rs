@@ -67,7 +67,8 @@ pub fn batch_matmul(
     let (&[xb, m, kx], &[yb, n, ky]) = (x.shape(), y.shape()) else {
         return Err(k.err("operands must be 3-D"));
     };
-    let batch = xb.max(yb);
+    // Broadcast as numpy does: a batch of 1 takes the other's, even a batch of 0.
+    let batch = if xb == 1 { yb } else { xb };
     if kx != ky || !(xb == yb || xb == 1 || yb == 1) {
         return Err(k.err(format!(
             "cannot multiply shapes {:?} and {:?} (after transposes)",
