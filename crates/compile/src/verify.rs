@@ -213,7 +213,35 @@ impl Verifier<'_> {
                     Some(_) => {}
                 }
             }
-            Code::CallGlobal { global, .. } => self.global(*global),
+            Code::CallGlobal { global, args, .. } => {
+                self.global(*global);
+                // A native prelude function is called as such (`@tl` takes 1), any other as its
+                // lambda takes.
+                let native = self
+                    .program
+                    .natives
+                    .by_global
+                    .get(*global as usize)
+                    .copied()
+                    .flatten();
+                let want = match native {
+                    Some(n) => Some((n.name().to_string(), n.arity())),
+                    None => self
+                        .program
+                        .globals
+                        .get(*global as usize)
+                        .and_then(|&l| self.program.lambdas.get(l as usize))
+                        .map(|l| (l.name.clone(), l.n_params as usize)),
+                };
+                if let Some((name, arity)) = want {
+                    if arity != args.len() {
+                        self.fail(format!(
+                            "`{name}` takes {arity} arguments, called with {}",
+                            args.len()
+                        ));
+                    }
+                }
+            }
             Code::Ctor(c) => {
                 self.ctor_arity(*c);
             }

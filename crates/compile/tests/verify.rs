@@ -111,6 +111,20 @@ fn broken_invariants_are_each_reported_with_their_place() {
         messages(&p)
     );
 
+    // A call with an argument more than the function takes (native or not).
+    let mut p = lower(TREE);
+    if let Some(Code::CallGlobal { args, .. }) =
+        find_in_main(&mut p, &|c| matches!(c, Code::CallGlobal { .. }))
+    {
+        let extra = args.first().cloned();
+        args.extend(extra);
+    }
+    assert!(
+        messages(&p).contains("`main` takes 2 arguments, called with 3"),
+        "{}",
+        messages(&p)
+    );
+
     let mut p = lower(TREE);
     if let Some(Code::InvokeBlock { args, .. }) =
         find_in_main(&mut p, &|c| matches!(c, Code::InvokeBlock { .. }))
