@@ -45,4 +45,4 @@ pub use program::{
     ScanLoop, Site,
 };
 pub use reuse::{analyze as analyze_reuse, InputReuse, ReuseAnalysis};
-pub use verify::{verify, VerifyError};
+pub use verify::{verify, verify_finished, VerifyError};

@@ -32,6 +32,37 @@ impl fmt::Display for VerifyError {
     }
 }
 
+/// [`verify`], and what holds of a finished program only (one read back from a compiled file):
+/// a global with a native form takes the native's arguments — between the static passes a
+/// global's parameters can change before its native form is dropped.
+pub fn verify_finished(program: &Program) -> Vec<VerifyError> {
+    let mut errors = verify(program);
+    for (g, native) in program.natives.by_global.iter().enumerate() {
+        let Some(native) = native else { continue };
+        let lambda = program
+            .globals
+            .get(g)
+            .and_then(|&l| program.lambdas.get(l as usize));
+        match lambda {
+            Some(l) if l.n_params as usize != native.arity() => errors.push(VerifyError {
+                place: format!("function `{}`", l.name),
+                message: format!(
+                    "runs natively as `@{}`, which takes {} arguments, but takes {}",
+                    native.name(),
+                    native.arity(),
+                    l.n_params
+                ),
+            }),
+            Some(_) => {}
+            None => errors.push(VerifyError {
+                place: format!("global {g}"),
+                message: "has a native form but no function".into(),
+            }),
+        }
+    }
+    errors
+}
+
 /// Every broken invariant of `program` (empty: it is well formed).
 pub fn verify(program: &Program) -> Vec<VerifyError> {
     let mut v = Verifier {
@@ -215,24 +246,15 @@ impl Verifier<'_> {
             }
             Code::CallGlobal { global, args, .. } => {
                 self.global(*global);
-                // A native prelude function is called as such (`@tl` takes 1), any other as its
-                // lambda takes.
-                let native = self
+                // As its lambda takes (a pass that removes a parameter fixes the calls; a native
+                // prelude function's lambda takes what the native does until its parameters
+                // change, when the native form is dropped).
+                let want = self
                     .program
-                    .natives
-                    .by_global
+                    .globals
                     .get(*global as usize)
-                    .copied()
-                    .flatten();
-                let want = match native {
-                    Some(n) => Some((n.name().to_string(), n.arity())),
-                    None => self
-                        .program
-                        .globals
-                        .get(*global as usize)
-                        .and_then(|&l| self.program.lambdas.get(l as usize))
-                        .map(|l| (l.name.clone(), l.n_params as usize)),
-                };
+                    .and_then(|&l| self.program.lambdas.get(l as usize))
+                    .map(|l| (l.name.clone(), l.n_params as usize));
                 if let Some((name, arity)) = want {
                     if arity != args.len() {
                         self.fail(format!(

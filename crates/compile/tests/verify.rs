@@ -195,3 +195,26 @@ fn broken_invariants_are_each_reported_with_their_place() {
         messages(&p)
     );
 }
+
+/// A finished program (one read back from a compiled file) whose native prelude function and
+/// its lambda disagree on the arguments is malformed; `verify` alone allows it, since the static
+/// passes change a global's parameters before they drop its native form.
+#[test]
+fn a_native_form_taking_other_arguments_is_refused_in_a_finished_program() {
+    let mut p = lower(TREE);
+    assert_eq!(tumble_compile::verify_finished(&p), vec![]);
+    let g = p
+        .natives
+        .by_global
+        .iter()
+        .position(Option::is_some)
+        .unwrap_or_else(|| panic!("no native prelude function in the lowered program"));
+    let l = p.globals[g] as usize;
+    p.lambdas[l].n_params += 1;
+    p.lambdas[l].n_slots += 1;
+    let m: Vec<String> = tumble_compile::verify_finished(&p)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(m.iter().any(|e| e.contains("runs natively as")), "{m:?}");
+}

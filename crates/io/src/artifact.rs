@@ -344,7 +344,7 @@ fn finish_artifact(
     };
     let mut artifact: Artifact = postcard::from_bytes(payload)
         .map_err(|e| bad(format!("the program does not read back ({e}): the file is corrupt or was written by another build of tumble; compile the model again")))?;
-    let errors = tumble_compile::verify(&artifact.program);
+    let errors = tumble_compile::verify_finished(&artifact.program);
     if let Some(first) = errors.first() {
         return Err(bad(format!(
             "the program read back is malformed ({} problems, first: {first}): the file is \
