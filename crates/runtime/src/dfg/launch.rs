@@ -592,25 +592,7 @@ impl Dfg<'_> {
         } else {
             None
         };
-        match node
-            .and_then(|i| block.nodes.get(i))
-            .filter(|n| n.span != Span::default() && n.span != site)
-        {
-            Some(n) => {
-                let mut e = RunError::at(n.span, text);
-                // The calls it was inlined through, innermost first, then the invocation — unless
-                // the invocation is the block's own extent around the operator or around the
-                // outermost of those calls (an automatic block: no call of its own to show).
-                e.trace.extend(n.calls.iter().copied());
-                let within = |s: &Span| s.src == site.src && site.lo <= s.lo && s.hi <= site.hi;
-                if !within(e.trace.last().unwrap_or(&n.span)) {
-                    e.trace.push(site);
-                }
-                e.trace.truncate(tumble_interp::machine::MAX_TRACE);
-                e
-            }
-            None => RunError::at(site, text),
-        }
+        super::error_at_node(block, node, site, text)
     }
 
     /// A ragged launch's failure `e` (reported at the invocation, "in block NAME: message"),

@@ -225,10 +225,18 @@ pub struct Dfg<'p> {
     live_bytes: u64,
 }
 
-/// A block invocation whose shapes fail operator `node`'s relation: located at that operator,
-/// with the calls it was inlined through and then the invocation as the calls that led there
-/// (as a failed launch's error is, `Dfg::launch_failure`).
-fn shape_error(block: &Block, node: Option<usize>, site: Span, message: String) -> RunError {
+/// An error of operator `node` (an index into `block`'s nodes) in an invocation at `site`:
+/// located at that operator, with the calls it was inlined through, innermost first, and then
+/// the invocation as the calls that led there — unless the invocation is the block's own extent
+/// around the operator or around the outermost of those calls (an automatic block: no call of
+/// its own to show). Without a located operator, at the invocation. Used for a failed launch
+/// (`Dfg::launch_failure`) and for shapes that fail a relation when recorded.
+pub(super) fn error_at_node(
+    block: &Block,
+    node: Option<usize>,
+    site: Span,
+    message: String,
+) -> RunError {
     match node
         .and_then(|k| block.nodes.get(k))
         .filter(|n| n.span != Span::default() && n.span != site)
@@ -847,7 +855,7 @@ impl Backend for Dfg<'_> {
                     .collect::<Result<Vec<_>, _>>()?;
                 let s = std::rc::Rc::new(
                     infer_shapes(block, &shapes)
-                        .map_err(|(k, m)| shape_error(block, k, span, m))?,
+                        .map_err(|(k, m)| error_at_node(block, k, span, m))?,
                 );
                 let bytes = release::output_bytes(&s);
                 let entry = (s, bytes);

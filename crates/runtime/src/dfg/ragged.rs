@@ -176,6 +176,11 @@ impl Dfg<'_> {
             .iter()
             .position(|k| *k == RaggedInput::Rows)
             .unwrap_or(0);
+        // A segment that mixes rows (a product over the ragged axis) makes more than its rows'
+        // bytes: where the types have `?` sizes, each invocation's own shapes say what its
+        // operators allocate.
+        let dynamic = exec.dynamic_bytes.get(block_id as usize) == Some(&true);
+        let mut dynamic_bytes = 0usize;
         let mut lens = Vec::with_capacity(ids.len());
         for &id in ids {
             let node = self
@@ -187,6 +192,15 @@ impl Dfg<'_> {
                 .get(row_input)
                 .ok_or_else(|| RunError::internal("ragged launch: missing row input"))?;
             lens.push(self.arg_shape(a)?.first().copied().unwrap_or(0));
+            if dynamic {
+                let shapes = node
+                    .args
+                    .iter()
+                    .map(|a| self.arg_shape(a).map(<[usize]>::to_vec))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let per = super::invocation_bytes(block, &shapes).unwrap_or(0);
+                dynamic_bytes = dynamic_bytes.saturating_add(per);
+            }
         }
         let total: usize = lens.iter().sum();
         // The padding baseline (`Options::ragged_padding`): rows per invocation in the row-wise
@@ -198,26 +212,7 @@ impl Dfg<'_> {
         // What an invocation of no rows pads with: the first row of the first one that has rows
         // (there is one whenever `pad_to` > 0).
         let filler = lens.iter().position(|&l| l > 0).unwrap_or(0);
-        let mut launch_bytes = run.bytes_per_row.saturating_mul(total);
-        if exec.dynamic_bytes.get(block_id as usize) == Some(&true) {
-            // A segment that mixes rows (a product over the ragged axis) makes more than its
-            // rows' bytes: each invocation's own shapes say what its operators allocate.
-            let mut dynamic = 0usize;
-            for &id in ids {
-                let node = self
-                    .nodes
-                    .get(id as usize)
-                    .ok_or_else(|| RunError::internal("ragged launch of an unknown node"))?;
-                let shapes = node
-                    .args
-                    .iter()
-                    .map(|a| self.arg_shape(a).map(<[usize]>::to_vec))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let per = super::invocation_bytes(block, &shapes).unwrap_or(0);
-                dynamic = dynamic.saturating_add(per);
-            }
-            launch_bytes = launch_bytes.max(dynamic);
-        }
+        let launch_bytes = run.bytes_per_row.saturating_mul(total).max(dynamic_bytes);
         if launch_bytes >= tumble_ops::RESERVE_ABOVE {
             if let Err(stop) = tumble_limits::reserve(launch_bytes) {
                 return Err(fail(format!(
