@@ -318,3 +318,18 @@ fn leading_rows_are_the_rows_strided_slice_selects() {
     }
     assert!(named > 20, "{named}");
 }
+
+/// A sum (and the sum inside a mean's numerator) over no elements is +0.0, as numpy's: Rust's
+/// `Sum` for floats starts from -0.0, which the results printed.
+#[test]
+fn sums_over_no_elements_are_positive_zero() {
+    let x = Tensor::from_vec(vec![0, 3], Vec::<f32>::new()).unwrap_or_else(|e| panic!("{e}"));
+    let a = attrs(&[("axis", AttrValue::List(vec![I(0)]))]);
+    let out = run("sum", &[OpValue::Tensor(x)], &a).unwrap_or_else(|e| panic!("{e}"));
+    let OpValue::Tensor(t) = out else {
+        panic!("not a tensor")
+    };
+    let v = t.as_f32().unwrap_or_else(|| panic!("not f32"));
+    assert_eq!(v.len(), 3);
+    assert!(v.iter().all(|z| *z == 0.0 && z.is_sign_positive()), "{v:?}");
+}

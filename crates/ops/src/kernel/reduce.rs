@@ -218,10 +218,16 @@ fn reduction(
         Values::F(v) => {
             let rows_iter = (0..rows).map(|r| row(&v, r, len));
             match kind {
-                Reduce::Sum => Values::F(rows_iter.map(|r| r.iter().sum()).collect()),
+                // From +0.0, as numpy's: Rust's `Sum` starts from -0.0, so a sum over no
+                // elements came out -0.0.
+                Reduce::Sum => Values::F(
+                    rows_iter
+                        .map(|r| r.iter().fold(0.0, |a, b| a + b))
+                        .collect(),
+                ),
                 Reduce::Mean => Values::F(
                     rows_iter
-                        .map(|r| r.iter().sum::<f64>() / len as f64)
+                        .map(|r| r.iter().fold(0.0, |a, b| a + b) / len as f64)
                         .collect(),
                 ),
                 Reduce::Max | Reduce::Min => {
