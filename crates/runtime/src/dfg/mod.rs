@@ -261,12 +261,12 @@ fn infer_shapes(
     block: &Block,
     inputs: &[Vec<usize>],
 ) -> Result<Vec<Vec<usize>>, (Option<usize>, String)> {
-    let (node_tys, ty_of) = node_types(block, inputs)?;
+    let node_tys = node_types(block, inputs)?;
     block
         .outputs
         .iter()
         .map(|v| {
-            let t = ty_of(v, &node_tys).map_err(|m| (None, m))?;
+            let t = value_ty(block, inputs, &node_tys, v).map_err(|m| (None, m))?;
             t.as_tensor()
                 .and_then(|(dims, _)| {
                     dims.iter()
@@ -282,7 +282,7 @@ fn infer_shapes(
 /// what a launch of a block whose types have `?` sizes needs per invocation (its static
 /// estimate counts those sizes as 0).
 pub(crate) fn invocation_bytes(block: &Block, inputs: &[Vec<usize>]) -> Option<usize> {
-    let (node_tys, _) = node_types(block, inputs).ok()?;
+    let node_tys = node_types(block, inputs).ok()?;
     Some(
         node_tys
             .iter()
@@ -291,43 +291,46 @@ pub(crate) fn invocation_bytes(block: &Block, inputs: &[Vec<usize>]) -> Option<u
     )
 }
 
-type TyOf<'a> = Box<dyn Fn(&tumble_compile::BVal, &[Ty]) -> Result<Ty, String> + 'a>;
+/// The type of block value `v` in one invocation on inputs of these shapes, given the types of
+/// the nodes before it.
+fn value_ty(
+    block: &Block,
+    inputs: &[Vec<usize>],
+    node_tys: &[Ty],
+    v: &tumble_compile::BVal,
+) -> Result<Ty, String> {
+    use tumble_compile::BVal;
+    let to_ty = |s: &[usize], d| Ty::tensor_of(&s.iter().map(|&x| x as i64).collect::<Vec<_>>(), d);
+    match v {
+        BVal::Input(i) => {
+            let shape = inputs.get(*i as usize).ok_or("internal: input")?;
+            let dtype = block
+                .inputs
+                .get(*i as usize)
+                .and_then(|x| x.ty.as_tensor().map(|(_, d)| d))
+                .ok_or("internal: input type")?;
+            Ok(to_ty(shape, dtype))
+        }
+        BVal::Node(n) => node_tys
+            .get(*n as usize)
+            .cloned()
+            .ok_or_else(|| "internal: node".into()),
+        BVal::Field(n, f) => match node_tys.get(*n as usize) {
+            Some(Ty::Tuple(ts)) => ts
+                .get(*f as usize)
+                .cloned()
+                .ok_or_else(|| "internal: field".into()),
+            _ => Err("internal: field of a non-tuple".into()),
+        },
+        BVal::Const(t) => Ok(to_ty(t.shape(), t.dtype())),
+    }
+}
 
 /// Each operator's type in one invocation of `block` on inputs of these shapes, by the
-/// operators' relations; and how to type a block value from them.
-#[allow(clippy::type_complexity)]
-fn node_types<'a>(
-    block: &'a Block,
-    inputs: &'a [Vec<usize>],
-) -> Result<(Vec<Ty>, TyOf<'a>), (Option<usize>, String)> {
-    let to_ty = |s: &[usize], d| Ty::tensor_of(&s.iter().map(|&x| x as i64).collect::<Vec<_>>(), d);
+/// operators' relations (on failure, the failing operator's index where there is one).
+fn node_types(block: &Block, inputs: &[Vec<usize>]) -> Result<Vec<Ty>, (Option<usize>, String)> {
     let mut node_tys: Vec<Ty> = Vec::with_capacity(block.nodes.len());
-    let ty_of = move |v: &tumble_compile::BVal, node_tys: &[Ty]| -> Result<Ty, String> {
-        use tumble_compile::BVal;
-        match v {
-            BVal::Input(i) => {
-                let shape = inputs.get(*i as usize).ok_or("internal: input")?;
-                let dtype = block
-                    .inputs
-                    .get(*i as usize)
-                    .and_then(|x| x.ty.as_tensor().map(|(_, d)| d))
-                    .ok_or("internal: input type")?;
-                Ok(to_ty(shape, dtype))
-            }
-            BVal::Node(n) => node_tys
-                .get(*n as usize)
-                .cloned()
-                .ok_or_else(|| "internal: node".into()),
-            BVal::Field(n, f) => match node_tys.get(*n as usize) {
-                Some(Ty::Tuple(ts)) => ts
-                    .get(*f as usize)
-                    .cloned()
-                    .ok_or_else(|| "internal: field".into()),
-                _ => Err("internal: field of a non-tuple".into()),
-            },
-            BVal::Const(t) => Ok(to_ty(t.shape(), t.dtype())),
-        }
-    };
+    let ty_of = |v: &tumble_compile::BVal, node_tys: &[Ty]| value_ty(block, inputs, node_tys, v);
     for (k, node) in block.nodes.iter().enumerate() {
         let args = node
             .args
@@ -345,7 +348,7 @@ fn node_types<'a>(
         let t = (node.op.relation)(&args, &node.attrs).map_err(|e| (Some(k), e.message))?;
         node_tys.push(t);
     }
-    Ok((node_tys, Box::new(ty_of)))
+    Ok(node_tys)
 }
 
 impl<'p> Dfg<'p> {
@@ -791,12 +794,8 @@ impl Backend for Dfg<'_> {
         let mut words = std::mem::take(&mut self.key_words);
         words.clear();
         words.push(u64::from(block_id));
-        for (a, input) in recorded.iter().zip(&block.inputs) {
+        for a in &recorded {
             let shape = self.arg_shape(a)?;
-            if let Some(m) = input.undeclared_shape(&input.ty, shape) {
-                self.key_words = words;
-                return Err(RunError::at(span, format!("block {}: {m}", block.name)));
-            }
             words.push(shape.len() as u64);
             words.extend(shape.iter().map(|&d| d as u64));
         }
@@ -853,6 +852,13 @@ impl Backend for Dfg<'_> {
                     .iter()
                     .map(|a| self.arg_shape(a).map(<[usize]>::to_vec))
                     .collect::<Result<Vec<_>, _>>()?;
+                // Sizes contradicting the block's declared ones, checked once per shape key
+                // (a key that fails is never cached, so every invocation with it fails too).
+                for (input, shape) in block.inputs.iter().zip(&shapes) {
+                    if let Some(m) = input.undeclared_shape(&input.ty, shape) {
+                        return Err(RunError::at(span, format!("block {}: {m}", block.name)));
+                    }
+                }
                 let s = std::rc::Rc::new(
                     infer_shapes(block, &shapes)
                         .map_err(|(k, m)| error_at_node(block, k, span, m))?,
