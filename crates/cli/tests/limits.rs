@@ -192,6 +192,36 @@ def @main(%t: Tensor[(?), int32], %emb: Tensor[(10, 4), float32]) {
         ]);
         assert_stopped_without_output(&out, &o, &["instance at line 1", "needs 6.0 GiB more"]);
     }
+    // Two lengths: one ragged launch, sized from each invocation's own shapes (kept with its
+    // shape key when it was recorded).
+    let rows = |n: usize| {
+        (0..n)
+            .map(|i| (i % 10).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let two = write(
+        &dir,
+        "two.jsonl",
+        &format!(
+            "{{\"t\": [{}]}}\n{{\"t\": [{}]}}\n",
+            rows(30_000),
+            rows(20_000)
+        ),
+    );
+    let out = tumble(&[
+        "run",
+        &model,
+        "--inputs",
+        &two,
+        "--random-params",
+        "0",
+        "--max-memory",
+        "1G",
+        "-o",
+        &o_arg,
+    ]);
+    assert_stopped_without_output(&out, &o, &["30000 rows", "needs 3.4 GiB more"]);
     let big = write(
         &dir,
         "big.rly",

@@ -34,7 +34,7 @@ pub struct Executable {
     /// types), the bound a launch checks against the memory budget before it allocates.
     pub(crate) row_bytes: Vec<usize>,
     /// Per block: some operator's type has a `?` size, which `row_bytes` counts as 0, so a
-    /// launch sizes its invocations from their actual shapes (`dfg::invocation_bytes`).
+    /// launch sizes its invocations from their actual shapes (`dfg::Shapes::op_bytes`).
     pub(crate) dynamic_bytes: Vec<bool>,
     /// Values the job's last early-release scan walked (see `dfg/release.rs`): the next scan, in
     /// this mini-batch or the next, must be able to free bytes in proportion. Shared by workers;

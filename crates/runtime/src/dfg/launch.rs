@@ -478,11 +478,13 @@ impl Dfg<'_> {
         };
         self.profile.time_gather += t0.elapsed();
         if self.exec.dynamic_bytes.get(block_id as usize) == Some(&true) {
-            // The static estimate above counted `?` sizes as 0: the invocations' own shapes
-            // (one launch's invocations share them) say what the operators will allocate.
-            let shapes: Vec<Vec<usize>> = inputs.iter().map(first_row_shape).collect();
-            let per = super::invocation_bytes(block, &shapes).unwrap_or(0);
-            let bytes = per.saturating_mul(b);
+            // The static estimate above counted `?` sizes as 0: the invocations' own shapes say
+            // what the operators will allocate (kept with their shape key when recorded).
+            let bytes = ids
+                .iter()
+                .filter_map(|&id| self.nodes.get(id as usize))
+                .map(|n| n.out_shapes.op_bytes)
+                .fold(0, usize::saturating_add);
             if bytes >= tumble_ops::RESERVE_ABOVE && bytes > launch_bytes {
                 if let Err(stop) = tumble_limits::reserve(bytes) {
                     return Err(RunError::at(
@@ -706,16 +708,5 @@ impl Dfg<'_> {
         Tensor::stack(&refs)
             .map(|t| BV::Batched(OpValue::Tensor(t)))
             .map_err(|e| RunError::new(format!("internal: gather: {e}")))
-    }
-}
-
-/// The shape one invocation sees of a launch input (a shared value whole, a batched one without
-/// its batch axis, gathered rows by their common shape).
-fn first_row_shape(bv: &BV) -> Vec<usize> {
-    match bv {
-        BV::Shared(OpValue::Tensor(t)) => t.shape().to_vec(),
-        BV::Batched(OpValue::Tensor(t)) => t.shape().get(1..).unwrap_or_default().to_vec(),
-        BV::Rows(r) => r.shape().to_vec(),
-        BV::Shared(OpValue::Tuple(_)) | BV::Batched(OpValue::Tuple(_)) => Vec::new(),
     }
 }

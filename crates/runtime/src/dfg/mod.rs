@@ -138,7 +138,7 @@ pub(crate) struct Node {
     /// Launch-grouping key: the block and its inputs' per-instance shapes.
     key: u64,
     /// Output shapes, shared with the shape cache (recording a node allocates no shapes).
-    out_shapes: std::rc::Rc<Vec<Vec<usize>>>,
+    out_shapes: std::rc::Rc<Shapes>,
     out: Option<Outs>,
     pub(crate) span: Span,
     /// A deferred sum (sum fusion): never launched; `args` are its terms (none of them a deferred
@@ -152,9 +152,34 @@ pub(crate) struct Node {
     life: release::Life,
 }
 
-/// A block's output shapes for one shape key, shared by the nodes recorded with it, and their
-/// bytes (f32 assumed; early release's scan trigger).
-type CachedShapes = (std::rc::Rc<Vec<Vec<usize>>>, u64);
+/// A block's output shapes for one shape key, shared by the nodes recorded with it (a deferred
+/// sum's: its first term's, or a list shared by sums of its shape).
+#[derive(Debug, Default)]
+pub(crate) struct Shapes {
+    outs: Vec<Vec<usize>>,
+    /// The bytes every operator of one invocation produces, by the operators' relations on the
+    /// key's input shapes — for blocks whose types have `?` sizes
+    /// ([`Executable::dynamic_bytes`]), whose launches reserve memory from it (their static
+    /// estimate counts `?` as 0); 0 for the others. Kept here so that a launch sums it over its
+    /// invocations instead of running the relations again.
+    op_bytes: usize,
+}
+
+impl Shapes {
+    fn of(outs: Vec<Vec<usize>>) -> Self {
+        Shapes { outs, op_bytes: 0 }
+    }
+}
+
+impl std::ops::Deref for Shapes {
+    type Target = Vec<Vec<usize>>;
+    fn deref(&self) -> &Self::Target {
+        &self.outs
+    }
+}
+
+/// [`Shapes`] of a shape key and their bytes (f32 assumed; early release's scan trigger).
+type CachedShapes = (std::rc::Rc<Shapes>, u64);
 
 /// One invocation in this many has its recording timed (see [`Dfg::invocations`]).
 const DFG_TIME_SAMPLE: u32 = 16;
@@ -182,7 +207,7 @@ pub struct Dfg<'p> {
     /// Output shapes per shape-key id.
     shape_cache: Vec<Option<CachedShapes>>,
     /// Output-shape lists of deferred sums whose first term has several outputs (`sums`).
-    sum_shape_lists: Vec<std::rc::Rc<Vec<Vec<usize>>>>,
+    sum_shape_lists: Vec<std::rc::Rc<Shapes>>,
     /// Draws for operators run inside launches (none are random: those run on the host).
     launch_rng: Rng,
     /// What the job computed once for the program: per-block facts and kernel plans.
@@ -260,9 +285,10 @@ pub(super) fn error_at_node(
 fn infer_shapes(
     block: &Block,
     inputs: &[Vec<usize>],
-) -> Result<Vec<Vec<usize>>, (Option<usize>, String)> {
+    with_bytes: bool,
+) -> Result<Shapes, (Option<usize>, String)> {
     let node_tys = node_types(block, inputs)?;
-    block
+    let outs = block
         .outputs
         .iter()
         .map(|v| {
@@ -275,20 +301,15 @@ fn infer_shapes(
                 })
                 .ok_or_else(|| (None, "internal: output shape unknown".to_string()))
         })
-        .collect()
-}
-
-/// The bytes every operator of one invocation of `block` on inputs of these shapes produces:
-/// what a launch of a block whose types have `?` sizes needs per invocation (its static
-/// estimate counts those sizes as 0).
-pub(crate) fn invocation_bytes(block: &Block, inputs: &[Vec<usize>]) -> Option<usize> {
-    let node_tys = node_types(block, inputs).ok()?;
-    Some(
-        node_tys
+        .collect::<Result<Vec<_>, _>>()?;
+    let op_bytes = match with_bytes {
+        true => node_tys
             .iter()
             .map(tumble_ops::value_bytes)
             .fold(0, usize::saturating_add),
-    )
+        false => 0,
+    };
+    Ok(Shapes { outs, op_bytes })
 }
 
 /// The type of block value `v` in one invocation on inputs of these shapes, given the types of
@@ -859,8 +880,9 @@ impl Backend for Dfg<'_> {
                         return Err(RunError::at(span, format!("block {}: {m}", block.name)));
                     }
                 }
+                let dynamic = self.exec.dynamic_bytes.get(block_id as usize) == Some(&true);
                 let s = std::rc::Rc::new(
-                    infer_shapes(block, &shapes)
+                    infer_shapes(block, &shapes, dynamic)
                         .map_err(|(k, m)| error_at_node(block, k, span, m))?,
                 );
                 let bytes = release::output_bytes(&s);

@@ -193,13 +193,7 @@ impl Dfg<'_> {
                 .ok_or_else(|| RunError::internal("ragged launch: missing row input"))?;
             lens.push(self.arg_shape(a)?.first().copied().unwrap_or(0));
             if dynamic {
-                let shapes = node
-                    .args
-                    .iter()
-                    .map(|a| self.arg_shape(a).map(<[usize]>::to_vec))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let per = super::invocation_bytes(block, &shapes).unwrap_or(0);
-                dynamic_bytes = dynamic_bytes.saturating_add(per);
+                dynamic_bytes = dynamic_bytes.saturating_add(node.out_shapes.op_bytes);
             }
         }
         let total: usize = lens.iter().sum();

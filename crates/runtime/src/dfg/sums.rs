@@ -24,7 +24,7 @@ pub(super) fn is_zero_term(t: &Tensor) -> bool {
 /// shapes (a clone of the list's `Rc`, so the graph can be added to meanwhile).
 enum ShapeOf<'t> {
     Val(&'t Tensor),
-    Node(std::rc::Rc<Vec<Vec<usize>>>, usize),
+    Node(std::rc::Rc<super::Shapes>, usize),
 }
 
 impl ShapeOf<'_> {
@@ -39,11 +39,11 @@ impl ShapeOf<'_> {
 impl Dfg<'_> {
     /// A one-shape list for deferred sums of `shape` (a term that is a field of a tuple, such as
     /// a tree node's `h`, has a list of two): shared by every such sum, from a short list.
-    fn sum_shapes(&mut self, shape: &[usize]) -> std::rc::Rc<Vec<Vec<usize>>> {
+    fn sum_shapes(&mut self, shape: &[usize]) -> std::rc::Rc<super::Shapes> {
         if let Some(rc) = self.sum_shape_lists.iter().find(|rc| rc[0] == shape) {
             return rc.clone();
         }
-        let rc = std::rc::Rc::new(vec![shape.to_vec()]);
+        let rc = std::rc::Rc::new(super::Shapes::of(vec![shape.to_vec()]));
         if self.sum_shape_lists.len() < SUM_SHAPE_LISTS {
             self.sum_shape_lists.push(rc.clone());
         }
