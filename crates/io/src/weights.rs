@@ -595,20 +595,20 @@ pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<Tensor, IoError> {
             "not a .npy file (it does not start with the magic bytes `\\x93NUMPY`)".into(),
         ));
     }
-    let major = bytes[6];
-    let (hlen, hstart): (usize, usize) = match major {
-        1 => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
-        2 | 3 => {
+    let (major, minor) = (bytes[6], bytes[7]);
+    let (hlen, hstart): (usize, usize) = match (major, minor) {
+        (1, 0) => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
+        (2 | 3, 0) => {
             let Some(b) = bytes.get(8..12) else {
                 return Err(err("the file is truncated inside the .npy preamble".into()));
             };
             let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             (usize::try_from(n).unwrap_or(usize::MAX), 12)
         }
-        v => {
+        // numpy writes and reads only 1.0, 2.0 and 3.0 (`numpy.lib.format`).
+        (v, m) => {
             return Err(err(format!(
-                ".npy format version {v}.{} is not supported (versions 1, 2 and 3 are)",
-                bytes[7]
+                ".npy format version {v}.{m} is not supported (versions 1.0, 2.0 and 3.0 are)"
             )))
         }
     };

@@ -296,6 +296,14 @@ fn npy_errors() {
         "weights file `a.npy`: shape (2, 2) of float32 needs 16 data bytes, but the file has \
          only 12; the file is truncated"
     );
+    // numpy reads only versions 1.0, 2.0 and 3.0: a minor version is refused as numpy refuses it.
+    let mut v11 = npy("<f4", "False", "(2,)", &[0; 8]);
+    v11[7] = 1;
+    assert_eq!(
+        msg(parse_npy(p, &v11)),
+        "weights file `a.npy`: .npy format version 1.1 is not supported (versions 1.0, 2.0 and \
+         3.0 are)"
+    );
     let e = msg(parse_npy(p, b"PK\x03\x04 not npy"));
     assert!(e.contains("not a .npy file"), "{e}");
     // Every truncation of a valid file: an error, never a panic.

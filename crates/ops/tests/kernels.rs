@@ -333,3 +333,24 @@ fn sums_over_no_elements_are_positive_zero() {
     assert_eq!(v.len(), 3);
     assert!(v.iter().all(|z| *z == 0.0 && z.is_sign_positive()), "{v:?}");
 }
+
+/// The mean of integers is their exact sum divided (truncating): the sum of int64s wrapped,
+/// so the mean of two values near `i64::MAX` came out negative.
+#[test]
+fn integer_means_do_not_wrap() {
+    let big = i64::MAX - 1;
+    let x = Tensor::from_vec(vec![3], vec![big, big, big - 3]).unwrap_or_else(|e| panic!("{e}"));
+    let out = run("mean", &[OpValue::Tensor(x)], &attrs(&[])).unwrap_or_else(|e| panic!("{e}"));
+    let OpValue::Tensor(t) = out else {
+        panic!("not a tensor")
+    };
+    assert_eq!(t.as_slice::<i64>(), Some(&[big - 1][..]));
+    let x =
+        Tensor::from_vec(vec![2], vec![i32::MIN, i32::MIN + 1]).unwrap_or_else(|e| panic!("{e}"));
+    let out = run("mean", &[OpValue::Tensor(x)], &attrs(&[])).unwrap_or_else(|e| panic!("{e}"));
+    let OpValue::Tensor(t) = out else {
+        panic!("not a tensor")
+    };
+    // -4294967295 / 2 truncates toward zero.
+    assert_eq!(t.as_slice::<i32>(), Some(&[i32::MIN + 1][..]));
+}

@@ -267,14 +267,20 @@ fn reduction(
             match kind {
                 Reduce::Sum => Values::I(rows_iter.map(wrapping_sum).collect()),
                 Reduce::Mean => {
-                    // Truncating division of the exact (wrapping) sum, like integer `divide`.
-                    let n = i64::try_from(len).map_err(|_| k.err("too many elements"))?;
+                    // The exact sum (in i128: a sum of i64s wrapped, so the mean of large values
+                    // came out far outside them), divided truncating like integer `divide`. A
+                    // mean lies between the row's least and greatest values, so it fits.
+                    let n = i128::try_from(len).map_err(|_| k.err("too many elements"))?;
                     if n == 0 && rows > 0 {
                         return Err(
                             k.err("mean of an empty axis of an integer tensor (division by zero)")
                         );
                     }
-                    Values::I(rows_iter.map(|r| wrapping_sum(r).wrapping_div(n)).collect())
+                    let mean = |r: &[i64]| {
+                        let s = r.iter().fold(0i128, |a, &b| a + i128::from(b));
+                        i64::try_from(s / n).unwrap_or(0)
+                    };
+                    Values::I(rows_iter.map(mean).collect())
                 }
                 Reduce::Max => Values::I(
                     rows_iter
