@@ -120,6 +120,11 @@ fn numpy_generic(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     GENERIC.import(py, "numpy", "generic")
 }
 
+fn numpy_floating(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static FLOATING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    FLOATING.import(py, "numpy", "floating")
+}
+
 fn ctor_class(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     static CTOR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     CTOR.import(py, "tumble", "Ctor")
@@ -137,7 +142,20 @@ impl<'py> PyDoc<'py> {
         if !self.0.is_instance(generic).unwrap_or(false) {
             return None;
         }
-        self.0.call_method0("item").ok()
+        let item = self.0.call_method0("item").ok()?;
+        if !item.is_instance(generic).unwrap_or(false) {
+            return Some(item);
+        }
+        // `numpy.longdouble(1.5).item()` is a longdouble again (Python has no such float):
+        // unwrapping it again recursed until the stack overflowed. A real one is read as the
+        // nearest float64 (tumble's widest dtype); anything else (a complex) is not a number.
+        let real = item.is_instance_of::<PyFloat>()
+            || numpy_floating(self.0.py()).is_ok_and(|f| item.is_instance(f).unwrap_or(false));
+        if !real {
+            return None;
+        }
+        let x: f64 = item.extract().ok()?;
+        Some(PyFloat::new(self.0.py(), x).into_any())
     }
 
     fn is_ctor(&self) -> bool {
@@ -371,8 +389,40 @@ fn short_repr(obj: &Bound<'_, PyAny>) -> String {
 // ---------------------------------------------------------------------------------------------
 // Results → Python
 
+/// Results of at least this many bytes are made by `numpy.empty`, whose failure to allocate is a
+/// `MemoryError`: rust-numpy's constructors panic when numpy cannot allocate (a `RunError`
+/// "internal error" with a backtrace on stderr, or a `PanicException` that `except Exception`
+/// does not catch). Smaller ones take the direct path.
+const VIA_NUMPY_EMPTY: usize = 1 << 20;
+
+/// A copy of `src` in a new numpy array of `shape` and numpy dtype `dtype`, made by `numpy.empty`.
+fn array_via_empty<'py, T: numpy::Element + Copy>(
+    py: Python<'py>,
+    shape: &[usize],
+    dtype: &str,
+    src: &[T],
+) -> PyResult<Bound<'py, PyAny>> {
+    let numpy = py.import("numpy")?;
+    let array = numpy.call_method1("empty", (PyTuple::new(py, shape)?, dtype))?;
+    {
+        let typed = array.cast::<PyArrayDyn<T>>()?;
+        let mut rw = typed.try_readwrite()?;
+        rw.as_slice_mut()?.copy_from_slice(src);
+    }
+    Ok(array)
+}
+
 fn tensor_to_py<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
     let shape = t.shape().to_vec();
+    if t.len().saturating_mul(t.dtype().size()) >= VIA_NUMPY_EMPTY {
+        return match t.buffer() {
+            Buffer::F32(v) => array_via_empty(py, &shape, "float32", v),
+            Buffer::F64(v) => array_via_empty(py, &shape, "float64", v),
+            Buffer::I32(v) => array_via_empty(py, &shape, "int32", v),
+            Buffer::I64(v) => array_via_empty(py, &shape, "int64", v),
+            Buffer::Bool(v) => array_via_empty(py, &shape, "bool", v),
+        };
+    }
     Ok(match t.buffer() {
         Buffer::F32(v) => numpy::PyArray1::from_slice(py, v)
             .reshape(shape)?
@@ -583,35 +633,54 @@ impl PyModel {
         };
         opts.runtime.scheduler = tumble_api::scheduler(scheduler).map_err(|e| to_py_err(py, e))?;
         let model = self.inner.clone();
-        // On a kept run thread (its buffers stay warm from one call to the next).
-        let result = py.detach(move || {
-            tumble_api::on_run_thread(move || -> Result<_, ApiError> {
-                // Each instance is decoded straight from its Python objects when its
-                // mini-batch starts (holding the GIL only for that), with no JSON copy.
-                let (outs, prof) = model.run_with(
-                    items.len(),
-                    |i, decoding| {
-                        Python::attach(|py| {
-                            let source = format!("instances: instance at index {i}");
-                            let obj = items.get(i).map_or_else(|| py.None(), |o| o.clone_ref(py));
-                            decoding.decode(i, &PyDoc(obj.into_bound(py)), &[], &source)
-                        })
-                    },
-                    |i| format!("instance at index {i}"),
-                    &opts,
-                )?;
-                let text = profile.then(|| prof.to_string());
-                let py_outs = Python::attach(|py| -> PyResult<Py<PyList>> {
-                    let list = PyList::empty(py);
-                    for o in &outs {
-                        list.append(tree_to_py(py, o, 0)?)?;
-                    }
-                    Ok(list.unbind())
-                });
-                Ok((py_outs, text))
+        // A Ctrl-C while the run goes on: Python's KeyboardInterrupt, raised once the run has
+        // stopped at its next safe point (it could not be stopped at all before).
+        let mut signalled: Option<PyErr> = None;
+        let watch = || {
+            Python::attach(|py| match py.check_signals() {
+                Ok(()) => false,
+                Err(e) => {
+                    signalled = Some(e);
+                    true
+                }
             })
+        };
+        // On a kept run thread (its buffers stay warm from one call to the next).
+        let result = py.detach(|| {
+            tumble_api::on_run_thread_watched(
+                move || -> Result<_, ApiError> {
+                    // Each instance is decoded straight from its Python objects when its
+                    // mini-batch starts (holding the GIL only for that), with no JSON copy.
+                    let (outs, prof) = model.run_with(
+                        items.len(),
+                        |i, decoding| {
+                            Python::attach(|py| {
+                                let source = format!("instances: instance at index {i}");
+                                let obj =
+                                    items.get(i).map_or_else(|| py.None(), |o| o.clone_ref(py));
+                                decoding.decode(i, &PyDoc(obj.into_bound(py)), &[], &source)
+                            })
+                        },
+                        |i| format!("instance at index {i}"),
+                        &opts,
+                    )?;
+                    let text = profile.then(|| prof.to_string());
+                    let py_outs = Python::attach(|py| -> PyResult<Py<PyList>> {
+                        let list = PyList::empty(py);
+                        for o in &outs {
+                            list.append(tree_to_py(py, o, 0)?)?;
+                        }
+                        Ok(list.unbind())
+                    });
+                    Ok((py_outs, text))
+                },
+                watch,
+            )
             .and_then(|r| r)
         });
+        if let Some(e) = signalled {
+            return Err(e);
+        }
         let (outs, text) = result.map_err(|e| to_py_err(py, e))?;
         if let Some(t) = text {
             if let Ok(mut p) = self.last_profile.lock() {

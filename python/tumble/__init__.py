@@ -49,17 +49,35 @@ class Ctor:
 
 
 def _equal(a: Any, b: Any) -> bool:
-    """Structural equality over outputs: arrays by shape, dtype and values."""
-    if isinstance(a, _np.ndarray) or isinstance(b, _np.ndarray):
-        return (
-            isinstance(a, _np.ndarray)
-            and isinstance(b, _np.ndarray)
-            and a.dtype == b.dtype
-            and _np.array_equal(a, b)
-        )
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return bool(a == b)
+    """Structural equality over outputs: arrays by shape, dtype and values (NaN equal to NaN, as
+    the same output computed twice is). Iterative: outputs nest as deep as the trees a model
+    builds, far past Python's recursion limit."""
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if isinstance(x, _np.ndarray) or isinstance(y, _np.ndarray):
+            if not (
+                isinstance(x, _np.ndarray)
+                and isinstance(y, _np.ndarray)
+                and x.dtype == y.dtype
+                and _np.array_equal(x, y, equal_nan=x.dtype.kind in "fc")
+            ):
+                return False
+        elif isinstance(x, Ctor) or isinstance(y, Ctor):
+            if not (isinstance(x, Ctor) and isinstance(y, Ctor) and x.name == y.name):
+                return False
+            stack.append((x.fields, y.fields))
+        elif isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+            if type(x) is not type(y) or len(x) != len(y):
+                return False
+            stack.extend(zip(x, y))
+        elif isinstance(x, dict) or isinstance(y, dict):
+            if not (isinstance(x, dict) and isinstance(y, dict) and x.keys() == y.keys()):
+                return False
+            stack.extend((x[k], y[k]) for k in x)
+        elif not (x == y or (x != x and y != y)):
+            return False
+    return True
 
 
 from ._tumble import (  # noqa: E402  (Ctor must exist before the extension looks it up)
@@ -75,16 +93,41 @@ from ._tumble import (  # noqa: E402  (Ctor must exist before the extension look
 )
 
 
+def _array_json(a: _np.ndarray) -> Any:
+    if a.dtype.kind == "f" and not _np.isfinite(a).all():
+        # JSON has no NaN or infinity: the CLI writes them as null.
+        o = a.astype(object)
+        o[~_np.isfinite(a)] = None
+        return o.tolist()
+    return a.tolist()
+
+
 def to_json(value: Any) -> Any:
     """An output in the JSON encoding of ``tumble run`` (arrays as nested lists, constructors as
-    ``{"Name": [fields]}``, tuples and lists as lists), e.g. to compare with the CLI's output."""
-    if isinstance(value, _np.ndarray):
-        return value.tolist()
-    if isinstance(value, Ctor):
-        return {value.name: [to_json(f) for f in value.fields]}
-    if isinstance(value, (list, tuple)):
-        return [to_json(v) for v in value]
-    return value
+    ``{"Name": [fields]}``, tuples and lists as lists, NaN and infinities as ``None``, as the CLI
+    writes them), e.g. to compare with the CLI's output. Iterative, for outputs of any depth."""
+    # Each node is converted once its children are: a stack of (value, its slot to fill).
+    root: list = [None]
+    stack: list = [(value, root, 0)]
+    while stack:
+        v, parent, i = stack.pop()
+        if isinstance(v, _np.ndarray):
+            parent[i] = _array_json(v)
+        elif isinstance(v, _np.floating):
+            parent[i] = float(v) if _np.isfinite(v) else None
+        elif isinstance(v, float):
+            parent[i] = v if v == v and v not in (float("inf"), float("-inf")) else None
+        elif isinstance(v, Ctor):
+            fields: list = [None] * len(v.fields)
+            parent[i] = {v.name: fields}
+            stack.extend((f, fields, j) for j, f in enumerate(v.fields))
+        elif isinstance(v, (list, tuple)):
+            items: list = [None] * len(v)
+            parent[i] = items
+            stack.extend((x, items, j) for j, x in enumerate(v))
+        else:
+            parent[i] = v
+    return root[0]
 
 
 __all__ = [

@@ -885,7 +885,7 @@ pub fn instances_from_json(source_name: &str, items: Vec<serde_json::Value>) -> 
 
 mod runner;
 mod session;
-pub use runner::on_run_thread;
+pub use runner::{on_run_thread, on_run_thread_watched};
 pub use session::{Session, Ticket};
 pub use tumble_interp::StopWhen;
 

@@ -5,16 +5,38 @@
 //! (bench/RESULTS.md, "Python package").
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{channel, sync_channel, Sender};
+use std::sync::mpsc::{channel, sync_channel, RecvTimeoutError, Sender};
 use std::sync::Mutex;
 
 use crate::{Error, WORK_STACK_BYTES};
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// Idle run threads, each waiting on its job channel. Concurrent calls take one each (or start
-/// one), so they run in parallel as before.
-static IDLE: Mutex<Vec<Sender<Job>>> = Mutex::new(Vec::new());
+/// Idle run threads, each waiting on its job channel, with the process they were started in.
+/// Concurrent calls take one each (or start one), so they run in parallel as before.
+static IDLE: Mutex<Idle> = Mutex::new(Idle {
+    pid: 0,
+    threads: Vec::new(),
+});
+
+struct Idle {
+    pid: u32,
+    threads: Vec<Sender<Job>>,
+}
+
+impl Idle {
+    /// The idle threads of this process. A child made by `fork` (Python's multiprocessing, a
+    /// preloading server) inherits the list but not the threads: a job sent to one waited
+    /// forever. The child drops the list (its copy of the channels) and starts its own threads.
+    fn here(&mut self) -> &mut Vec<Sender<Job>> {
+        let pid = std::process::id();
+        if self.pid != pid {
+            self.threads.clear();
+            self.pid = pid;
+        }
+        &mut self.threads
+    }
+}
 
 /// Threads kept idle at most; more (after a burst of concurrent calls) end.
 const MAX_IDLE: usize = 8;
@@ -54,11 +76,25 @@ pub(crate) fn panic_error(p: Box<dyn std::any::Any + Send>) -> Error {
 pub fn on_run_thread<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Error> {
+    on_run_thread_watched(f, || false)
+}
+
+/// How often [`on_run_thread_watched`] asks its caller whether to stop the run.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// [`on_run_thread`], asking `stop` every 50 ms while it waits (Python's pending Ctrl-C). Once
+/// `stop` says yes, every computation of the process is interrupted ([`tumble_limits::interrupt`]:
+/// the others running in this process stop too, as the CLI's do on Ctrl-C); the call then waits
+/// for the run to stop at its next safe point and ends the interrupt, so later calls run.
+pub fn on_run_thread_watched<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+    mut stop: impl FnMut() -> bool,
+) -> Result<T, Error> {
     let (done_tx, done_rx) = sync_channel(1);
     let job: Job = Box::new(move || {
         let _ = done_tx.send(catch_unwind(AssertUnwindSafe(f)));
     });
-    let kept = IDLE.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    let kept = IDLE.lock().unwrap_or_else(|p| p.into_inner()).here().pop();
     let thread = match kept {
         Some(t) => t,
         None => start_thread()?,
@@ -75,12 +111,33 @@ pub fn on_run_thread<T: Send + 'static>(
             fresh
         }
     };
-    let result = done_rx.recv().map_err(|_| Error::Usage {
-        message: "the run's thread ended without a result".into(),
-    })?;
+    let mut interrupted = false;
+    let result = loop {
+        match done_rx.recv_timeout(WATCH_EVERY) {
+            Ok(r) => break r,
+            Err(RecvTimeoutError::Timeout) => {
+                if !interrupted && stop() {
+                    interrupted = true;
+                    tumble_limits::interrupt();
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                if interrupted {
+                    tumble_limits::clear_interrupt();
+                }
+                return Err(Error::Usage {
+                    message: "the run's thread ended without a result".into(),
+                });
+            }
+        }
+    };
+    if interrupted {
+        tumble_limits::clear_interrupt();
+    }
     let mut idle = IDLE.lock().unwrap_or_else(|p| p.into_inner());
-    if idle.len() < MAX_IDLE {
-        idle.push(thread);
+    let threads = idle.here();
+    if threads.len() < MAX_IDLE {
+        threads.push(thread);
     }
     drop(idle);
     result.map_err(panic_error)

@@ -483,12 +483,45 @@ fn run_tasks<T: Send>(t: usize, tasks: Vec<T>, f: impl Fn(T) + Sync) {
         }
     };
     let work = &work;
-    rayon::in_place_scope(|s| {
+    let Some(pool) = helper_pool() else {
+        // No pool could be started: the calling thread takes every task.
+        work();
+        return;
+    };
+    pool.in_place_scope(|s| {
         for _ in 0..helpers {
             s.spawn(move |_| work());
         }
         work();
     });
+}
+
+/// The pool the helpers of [`run_tasks`] run on: this crate's own, made again in a child made by
+/// `fork` (Python's multiprocessing, a preloading server). rayon's global pool is built once per
+/// process, and a forked child inherits it without its threads: a product there waited forever
+/// for helpers that do not exist. `None` if no pool can be started.
+fn helper_pool() -> Option<std::sync::Arc<rayon::ThreadPool>> {
+    static POOL: Mutex<Option<(u32, std::sync::Arc<rayon::ThreadPool>)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((p, kept)) = pool.as_ref() {
+        if *p == pid {
+            return Some(kept.clone());
+        }
+    }
+    // The parent's pool, inherited: its threads are not in this process, so it is left as it is
+    // (dropping it would signal them).
+    if let Some(inherited) = pool.take() {
+        std::mem::forget(inherited);
+    }
+    let fresh = std::sync::Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("tumble-gemm-{i}"))
+            .build()
+            .ok()?,
+    );
+    *pool = Some((pid, fresh.clone()));
+    Some(fresh)
 }
 
 /// The largest K block of a product of `m` rows on `kernel`: K unblocked for the small-M

@@ -310,6 +310,12 @@ pub fn interrupt() {
     INTERRUPTED.store(true, Ordering::Relaxed);
 }
 
+/// Ends an [`interrupt`]: later polls go on (a library's caller that interrupted one call, by
+/// Ctrl-C in Python, makes more calls in the same process).
+pub fn clear_interrupt() {
+    INTERRUPTED.store(false, Ordering::Relaxed);
+}
+
 /// A flag that a signal handler sets (the CLI's SIGINT handler): once set, the run is interrupted.
 pub fn watch_interrupt(flag: Arc<AtomicBool>) {
     // A second call keeps the first flag: there is one handler per process.
