@@ -22,6 +22,25 @@ use std::process::ExitCode;
 static GLOBAL: tumble_limits::CountingAlloc<alloc::MiMallocPlain> =
     tumble_limits::CountingAlloc(alloc::MiMallocPlain);
 
+/// `eprintln!` / `eprint!` that never panic (std's panic when stderr cannot be written): stderr
+/// carries progress and diagnostics, and a reader that went away (`2>&1 | head -1`, a dead log
+/// collector) must neither stop a command — `train` stopped after the epoch whose line failed,
+/// its checkpoint that epoch's — nor, being caught as `| head` closing stdout is, turn it into a
+/// success with status 0. Defined before the modules, so every one of them uses these.
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+macro_rules! eprint {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// Stack of the threads that do the work (the main work thread and `run`'s mini-batch workers).
 pub(crate) const WORK_STACK_BYTES: usize = 256 << 20;
 
@@ -293,7 +312,8 @@ fn main() -> ExitCode {
     match outcome {
         Ok(Ok(code)) => code,
         Ok(Err(payload)) => match print_failure(payload.as_ref()) {
-            Some(m) if m.contains("Broken pipe") => ExitCode::SUCCESS,
+            // stdout's reader went away (`tumble run … | head`): the command ends quietly.
+            Some(m) if m.contains("Broken pipe") && !m.contains("stderr") => ExitCode::SUCCESS,
             Some(m) => {
                 let why = m.split_once(": ").map_or(m, |(_, e)| e);
                 // stderr itself may be what failed: best effort.

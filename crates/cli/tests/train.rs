@@ -869,3 +869,76 @@ fn replayed_and_interpreted_agree(name: &str, model_text: &str, data: &str) {
         );
     }
 }
+
+/// `train`'s stderr carries its progress: a reader that goes away (`2>&1 | head -1`) stopped the
+/// training after the epoch whose line failed — with status 0, as when `| head` closes stdout —
+/// and a failing command whose message could not be written reported success.
+#[test]
+fn a_closed_stderr_neither_stops_nor_hides_anything() {
+    use std::process::{Command, Stdio};
+    let model = temp_file("closed_stderr.rly", MODEL);
+    let data = temp_file("closed_stderr.jsonl", &instances());
+    let with_closed_stderr = |args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tumble"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run tumble: {e}"));
+        // The reader goes away before the command writes anything.
+        drop(child.stderr.take());
+        child.wait().unwrap_or_else(|e| panic!("{e}"))
+    };
+    let full = temp_path("closed_stderr_full.safetensors");
+    let piped = temp_path("closed_stderr_piped.safetensors");
+    let args = |out: &Path| -> Vec<String> {
+        [
+            "train",
+            &model,
+            "--train",
+            &data,
+            "--dev",
+            &data,
+            "--random-params",
+            "3",
+            "--epochs",
+            "4",
+            "--batch",
+            "4",
+            "--lr",
+            "0.05",
+            "--optimizer",
+            "sgd",
+            "-o",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([out.display().to_string()])
+        .collect()
+    };
+    let full_args = args(&full);
+    let out = tumble(&full_args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let piped_args = args(&piped);
+    let status = with_closed_stderr(&piped_args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        std::fs::read(&full).unwrap(),
+        std::fs::read(&piped).unwrap(),
+        "the run with a closed stderr did not train every epoch"
+    );
+    let missing = temp_path("closed_stderr_nothing_here.jsonl");
+    let status = with_closed_stderr(&[
+        "grad",
+        &model,
+        "--inputs",
+        &missing.display().to_string(),
+        "--random-params",
+        "3",
+        "-o",
+        &temp_path("closed_stderr_g.safetensors")
+            .display()
+            .to_string(),
+    ]);
+    assert_eq!(status.code(), Some(1), "a failure reported as {status:?}");
+}

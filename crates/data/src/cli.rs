@@ -468,7 +468,13 @@ impl OutputArgs {
 
 fn finish(out: &OutputArgs, lines: usize) -> Result<(), DataError> {
     if let Some(path) = out.path() {
-        eprintln!("wrote {lines} lines to {}", path.display());
+        // A closed stderr is no failure of the command (its output is written).
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "wrote {lines} lines to {}",
+            path.display()
+        );
     }
     Ok(())
 }
