@@ -942,3 +942,76 @@ fn a_closed_stderr_neither_stops_nor_hides_anything() {
     ]);
     assert_eq!(status.code(), Some(1), "a failure reported as {status:?}");
 }
+
+/// A finite loss whose gradient is not (`sqrt` at 0): `grad` wrote NaN with status 0; now it
+/// names the instance and writes nothing.
+#[test]
+fn a_non_finite_gradient_of_a_finite_loss_names_its_instance() {
+    let model = temp_file(
+        "sqrt_at_zero.rly",
+        "def @main(%x: Tensor[(), float32], %w: Tensor[(), float32]) -> Tensor[(), float32] {\n  \
+         sqrt(multiply(multiply(%w, %w), %x))\n}\n",
+    );
+    let data = temp_file(
+        "sqrt_at_zero.jsonl",
+        "{\"x\": 1.0}\n{\"x\": 0.0}\n{\"x\": 2.0}\n",
+    );
+    let out = temp_path("sqrt_at_zero.safetensors");
+    let _ = std::fs::remove_file(&out);
+    let o = tumble(&[
+        "grad",
+        &model,
+        "--inputs",
+        &data,
+        "--random-params",
+        "1",
+        "--threads",
+        "1",
+        "-o",
+        &out.display().to_string(),
+    ]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("instance at line 2") && err.contains("%w is not finite"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
+
+/// The optimizer's state is held to the memory budget when it is made: Adam's two moments of a
+/// large table were allocated past `--max-memory`, and the next check blamed an instance.
+#[test]
+fn the_optimizer_state_is_held_to_the_memory_budget() {
+    let model = temp_file(
+        "adam_budget.rly",
+        "def @main(%tok: Tensor[(1), int32], %emb: Tensor[(2000000), float32]) -> Tensor[(), float32] {\n  \
+         sum(take(%emb, %tok, axis=0))\n}\n",
+    );
+    let data = temp_file("adam_budget.jsonl", "{\"tok\": [3]}\n{\"tok\": [5]}\n");
+    let out = temp_path("adam_budget.safetensors");
+    let o = tumble(&[
+        "train",
+        &model,
+        "--train",
+        &data,
+        "--random-params",
+        "0",
+        "--optimizer",
+        "adam",
+        "--max-memory",
+        "20M",
+        "--quiet",
+        "-o",
+        &out.display().to_string(),
+    ]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "the adam optimizer's state for %emb (2000000 weights): memory budget exceeded"
+        ),
+        "{err}"
+    );
+    assert!(!out.exists());
+}

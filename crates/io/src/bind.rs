@@ -200,6 +200,15 @@ pub fn bind_params(
                      every instance (`tumble serve`: name it with --inputs)",
                     arg.name, arg.ty, arg.name
                 ));
+            } else if t.rank() == 0 && !instance_args.is_empty() {
+                // A float scalar is more often a per-instance target (a regression's `%y`) than
+                // a weight: made up and then trained, it fitted the model to noise silently.
+                warnings.push(format!(
+                    "%{}: {} is not in the instances, so --random-params bound it as a random \
+                     weight (a scalar); if it is a per-instance input (a target), add a key `{}` \
+                     to every instance (`tumble serve`: name it with --inputs)",
+                    arg.name, arg.ty, arg.name
+                ));
             }
             generated.insert(arg.name.clone(), t.clone());
             arg.binding = Binding::Param(t);

@@ -259,4 +259,17 @@ fn random_params_warn_of_integer_fills_and_refuse_typos_of_instance_keys() {
     // Float weights made up quietly, as before.
     let bound = bind_params(&ps, &keys(&["x", "label"]), &none, Some(0)).unwrap();
     assert!(bound.warnings.is_empty(), "{:?}", bound.warnings);
+    // A float scalar is more likely a regression target than a weight: made up, with a warning.
+    let ps = vec![
+        ("x".to_string(), f32s(&[1, 4])),
+        ("y".to_string(), f32s(&[])),
+        ("W".to_string(), f32s(&[3, 4])),
+    ];
+    let bound = bind_params(&ps, &keys(&["x"]), &none, Some(0)).unwrap();
+    assert_eq!(bound.warnings.len(), 1, "{:?}", bound.warnings);
+    assert!(
+        bound.warnings[0].contains("%y") && bound.warnings[0].contains("add a key `y`"),
+        "{}",
+        bound.warnings[0]
+    );
 }

@@ -116,6 +116,34 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 if let Some(at) = Compiled::non_finite_loss(&raw, which, &losses) {
                     return Err(not_finite(&at));
                 }
+                // A finite loss whose derivative is not (`sqrt` or `log` at 0): named by its
+                // instance, found by differentiating the mini-batch's instances one by one.
+                if let Some(k) = gs
+                    .iter()
+                    .position(|g| g.as_ref().is_some_and(|g| !g.is_finite()))
+                {
+                    let name = names.get(k).map_or("?", String::as_str);
+                    for &i in which {
+                        let (_, one) =
+                            pool.grad(&c, &decoded, &[i], &by_name, setup, &mut stats)?;
+                        if one
+                            .get(k)
+                            .and_then(Option::as_ref)
+                            .is_some_and(|g| !g.is_finite())
+                        {
+                            return Err(Failure::Message(format!(
+                                "{}: the gradient of @main's output with respect to %{name} is \
+                                 not finite though the output is (an operator's derivative is \
+                                 infinite there: a sqrt or log at 0?); nothing was written",
+                                Compiled::location(&raw, i)
+                            )));
+                        }
+                    }
+                    return Err(Failure::Message(format!(
+                        "the gradient with respect to %{name} is not finite though every \
+                         output is; nothing was written"
+                    )));
+                }
                 loss += losses.iter().sum::<f64>();
                 for (slot, g) in total.iter_mut().zip(gs) {
                     if let Some(g) = g {

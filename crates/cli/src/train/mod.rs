@@ -406,7 +406,14 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
             slots
                 .entry(name.clone())
                 .or_default()
-                .prepare(args.optimizer, w);
+                .prepare(args.optimizer, w)
+                .map_err(|stop| {
+                    Failure::Message(format!(
+                        "the {} optimizer's state for %{name} ({} weights): {stop}",
+                        format!("{:?}", args.optimizer).to_lowercase(),
+                        w.len()
+                    ))
+                })?;
         }
     }
     let mut best: Option<f64> = None;
@@ -563,7 +570,9 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                 };
                 return Err(Failure::Message(format!(
                     "{what} at epoch {epoch}: the weights diverged (lower --lr, or add \
-                     --weight-decay); {}",
+                     --weight-decay), or a gradient was not finite where the loss was (an \
+                     operator's derivative infinite at an instance: a sqrt or log at 0? `tumble \
+                     grad` on the training instances names it); {}",
                     kept_checkpoint(*saved, &args.output)
                 )));
             }

@@ -145,13 +145,31 @@ fn written<T: Clone + Default>(n: usize) -> Vec<T> {
 }
 
 impl Slot {
-    /// The state `opt` keeps for parameter `w`, made now (see `train`).
-    pub(super) fn prepare(&mut self, opt: Optimizer, w: &Tensor) {
+    /// The state `opt` keeps for parameter `w`, made now (see `train`), once the memory budget
+    /// has room for it (Adam's two moments of a large table were allocated past `--max-memory`,
+    /// and the next check blamed an instance for the overrun).
+    pub(super) fn prepare(
+        &mut self,
+        opt: Optimizer,
+        w: &Tensor,
+    ) -> Result<(), tumble_limits::Stop> {
+        let tables = match opt {
+            Optimizer::Sgd => 0,
+            Optimizer::Adagrad => 1,
+            Optimizer::Adam => 2,
+        };
+        let elem = if w.dtype() == tumble_ir::DType::Float64 {
+            8
+        } else {
+            4
+        };
+        tumble_limits::reserve(w.len().saturating_mul(elem).saturating_mul(tables))?;
         if w.dtype() == tumble_ir::DType::Float64 {
             moments(opt, w.len(), &mut self.m64, &mut self.v64);
         } else {
             moments(opt, w.len(), &mut self.m, &mut self.v);
         }
+        Ok(())
     }
 }
 

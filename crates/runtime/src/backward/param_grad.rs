@@ -168,6 +168,18 @@ impl ParamGrad {
         }
     }
 
+    /// Whether every element is finite (a float gradient; other dtypes have no gradient).
+    pub fn is_finite(&self) -> bool {
+        match self {
+            ParamGrad::Dense(t) => match (t.as_f32(), t.as_slice::<f64>()) {
+                (Some(v), _) => v.iter().all(|x| x.is_finite()),
+                (None, Some(v)) => v.iter().all(|x| x.is_finite()),
+                _ => true,
+            },
+            ParamGrad::Rows(r) => r.iter().all(|(_, v)| v.iter().all(|x| x.is_finite())),
+        }
+    }
+
     /// The gradient as one tensor.
     pub fn into_dense(self) -> Result<Tensor, String> {
         match self {
