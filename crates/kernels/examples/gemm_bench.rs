@@ -91,7 +91,7 @@ struct Opts {
     /// Compare the default blocking with this one, call by call: `KEY=VALUE,...` with keys
     /// `l2_min` (bytes), `l2_chunk` (bytes), `l2_group` (row blocks), `wide_columns` (bytes, or
     /// `off`), `whole_row_tasks` (0 or 1), `prefetch_c` (0 or 1), `wide_tiles` (0 or 1),
-    /// `unrolled_tiles` (0 or 1), `multi_panel_tiles` (0 or 1).
+    /// `unrolled_tiles` (0 or 1), `multi_panel_tiles` (0 or 1), `direct_group_rows` (rows).
     #[arg(long, value_parser = tuning_spec)]
     ab: Option<Tuning>,
 }
@@ -120,9 +120,10 @@ fn tuning_spec(v: &str) -> Result<Tuning, String> {
             "wide_tiles" => t.wide_tiles = number()? != 0,
             "unrolled_tiles" => t.unrolled_tiles = number()? != 0,
             "multi_panel_tiles" => t.multi_panel_tiles = number()? != 0,
+            "direct_group_rows" => t.direct_group_rows = number()?,
             other => {
                 return Err(format!(
-                    "unknown key `{other}` (expected l2_min, l2_chunk, l2_group, wide_columns, whole_row_tasks, prefetch_c, wide_tiles, unrolled_tiles or multi_panel_tiles)"
+                    "unknown key `{other}` (expected l2_min, l2_chunk, l2_group, wide_columns, whole_row_tasks, prefetch_c, wide_tiles, unrolled_tiles, multi_panel_tiles or direct_group_rows)"
                 ))
             }
         }

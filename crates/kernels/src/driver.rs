@@ -152,6 +152,18 @@ pub struct Tuning {
     /// any launch. The same multiply-adds in the same order: the bits do not change.
     /// `TUMBLE_NO_MULTI_PANEL_TILES=1` turns it off.
     pub multi_panel_tiles: bool,
+    /// Row blocks of more rows than the packed micro-tile's (`Kernel::mr`, 14 on AVX-512) and at
+    /// most this many are read where they lie by the kernel's direct tile, in tiles of its
+    /// `DirectTile::rows` (blocks of at most that many always are), instead of packed: no A
+    /// packing, and no last micro-panel of a few rows costing nearly a whole tile — training's
+    /// products have 15 rows at the median (a tree level of a mini-batch of 20). Between the
+    /// direct tile's rows and `mr` one packed tile beats two direct ones. Measured on the AVX-512
+    /// Xeon (`gemm_bench --ab direct_group_rows=0`, K × N of 256 × 768, 768 × 256, 256 × 256,
+    /// ratio of times on / off): 15–16 rows 0.86–0.94, 17–48 rows 0.91–1.04 (median ~0.96), more
+    /// rows 0.95–1.01; 9–14 rows (where it does not apply) would be 1.02–1.21. The same
+    /// multiply-adds in the same order either way: the bits do not change. 0 turns it off, as
+    /// does `TUMBLE_NO_DIRECT_GROUPS=1`.
+    pub direct_group_rows: usize,
 }
 
 impl Default for Tuning {
@@ -166,6 +178,10 @@ impl Default for Tuning {
             wide_tiles: std::env::var_os("TUMBLE_NO_WIDE_TILES").is_none(),
             unrolled_tiles: std::env::var_os("TUMBLE_NO_UNROLLED_TILES").is_none(),
             multi_panel_tiles: std::env::var_os("TUMBLE_NO_MULTI_PANEL_TILES").is_none(),
+            direct_group_rows: match std::env::var_os("TUMBLE_NO_DIRECT_GROUPS") {
+                Some(_) => 0,
+                None => DIRECT_GROUP_ROWS,
+            },
         }
     }
 }
@@ -218,6 +234,9 @@ fn direct_enabled() -> bool {
 /// it costs about what the products do (MV-RNN's `W_M · [A; B]`, M = 128, K = 256, N = 128, per
 /// node: a tenth of the run packing the same `W_M`). `TUMBLE_NO_DIRECT_NARROW_W=1` packs.
 const DIRECT_MAX_PANELS: usize = 4;
+
+/// [`Tuning::direct_group_rows`]'s default.
+pub const DIRECT_GROUP_ROWS: usize = 48;
 
 fn direct_narrow_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -341,6 +360,7 @@ pub(crate) fn run(
             && m.min(kernel.mc).saturating_mul(n).saturating_mul(4) >= PREFETCH_C_MIN_BLOCK_BYTES,
         wide: kernel.wide.filter(|_| tune.wide_tiles),
         multi: kernel.multi.filter(|_| tune.multi_panel_tiles),
+        direct_group_rows: tune.direct_group_rows,
     };
     if flops < MIN_PARALLEL_FLOPS && w_bytes < MIN_PARALLEL_WEIGHT_BYTES {
         t = 1;
@@ -596,6 +616,9 @@ struct Walk<'t> {
     wide: Option<WideTile>,
     /// The kernel's multi-panel tile for tiles of a few rows ([`Tuning::multi_panel_tiles`]).
     multi: Option<MultiTile>,
+    /// Row blocks of more than `Kernel::mr` rows read where they lie up to this many
+    /// ([`Tuning::direct_group_rows`]).
+    direct_group_rows: usize,
 }
 
 /// What a tile of `rows` rows does at panel `jp` of the panels `pc0..pc1` it walks, at column
@@ -736,6 +759,7 @@ fn block_rows(
             // A block of a few rows is read where it lies (no packing) when the kernel can.
             let direct = kernel.direct.filter(|_| {
                 (mg <= DIRECT_MAX_ROWS
+                    || (mg > mr && mg <= walk.direct_group_rows)
                     || (part.w.n().div_ceil(NR) <= DIRECT_MAX_PANELS && direct_narrow_enabled()))
                     && direct_enabled()
                     && !matches!(part.a, RowSource::Columns(_) | RowSource::Packed(_))

@@ -70,6 +70,14 @@ fn every_tuning_gives_the_defaults_bits() {
             multi_panel_tiles: !defaults.multi_panel_tiles,
             ..defaults
         },
+        Tuning {
+            direct_group_rows: 0,
+            ..defaults
+        },
+        Tuning {
+            direct_group_rows: 400,
+            ..defaults
+        },
     ];
     let mut rng = Rng(2026);
     let sigmoid = BiasActivation {
@@ -88,6 +96,10 @@ fn every_tuning_gives_the_defaults_bits() {
         (8, 20, 300),
         (13, 48, 300),
         (45, 70, 260),
+        // Groups of more rows than a packed tile, read where they lie by default.
+        (15, 300, 256),
+        (29, 200, 300),
+        (48, 160, 33),
     ] {
         let w = rng.vec(n * k);
         let pw = PackedWeight::pack(&w, n, k).unwrap();
