@@ -10,9 +10,11 @@
 //! buffer), and later launches take them instead of computing them again.
 //!
 //! Bounded: entries stop being added once they hold the memo's capacity in bytes (an eighth of
-//! the memory budget at most; no eviction: a job's first words are its most frequent ones). The
-//! results kept are copies of their rows, so an entry never holds a whole launch's output alive.
-//! `Options::job_memo` (`--no-job-memo`) turns it off.
+//! the memory budget at most; no eviction: a job's first words are its most frequent ones). An
+//! entry is a row of its launch's output, not a copy: a launch of a block on trial or kept
+//! inserts every row it computed, so holding its output holds only rows the memo counts (copying
+//! each row out cost TreeLSTM-small ~3% of a run). `Options::job_memo` (`--no-job-memo`) turns
+//! it off.
 
 use std::sync::Mutex;
 
@@ -23,10 +25,28 @@ use crate::intern::WordMap;
 /// Default capacity of a [`JobMemo`]: TreeLSTM-large's leaf results (4 KiB a word) for 16k words.
 pub const DEFAULT_JOB_MEMO_BYTES: usize = 64 << 20;
 
+/// A kept result: row `row` of `tensor` (a launch's batched output), or the whole tensor.
+#[derive(Clone)]
+pub(crate) struct KeptResult {
+    pub(crate) tensor: Tensor,
+    pub(crate) row: Option<u32>,
+}
+
+impl KeptResult {
+    /// The bytes of the result itself (a row's, not its launch's).
+    fn bytes(&self) -> usize {
+        let all = self.tensor.len() * self.tensor.dtype().size();
+        match (self.row, self.tensor.shape().first()) {
+            (Some(_), Some(&rows)) if rows > 0 => all / rows,
+            _ => all,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Entries {
-    /// (block, input key) → the invocation's results, one tensor per block output.
-    results: WordMap<Vec<u64>, Box<[Tensor]>>,
+    /// (block, input key) → the invocation's results, one per block output.
+    results: WordMap<Vec<u64>, Box<[KeptResult]>>,
     /// Tensors keyed by buffer identity, held so that no other tensor can take their buffer's
     /// address while a key names it (by buffer id).
     pinned: WordMap<usize, Tensor>,
@@ -109,7 +129,7 @@ impl JobMemo {
     }
 
     /// The results kept under each key (`None` where there are none), looked up under one lock.
-    pub(crate) fn lookup(&self, keys: &[Option<Vec<u64>>]) -> Vec<Option<Box<[Tensor]>>> {
+    pub(crate) fn lookup(&self, keys: &[Option<Vec<u64>>]) -> Vec<Option<Box<[KeptResult]>>> {
         let Ok(e) = self.entries.lock() else {
             return vec![None; keys.len()];
         };
@@ -123,12 +143,8 @@ impl JobMemo {
 
     /// Keeps `results` under `key` while there is room; `pinned` are the tensors the key names
     /// by buffer identity.
-    pub(crate) fn insert(&self, key: Vec<u64>, results: Box<[Tensor]>, pinned: &[Tensor]) {
-        let bytes: usize = results
-            .iter()
-            .map(|t| t.len() * t.dtype().size())
-            .sum::<usize>()
-            + key.len() * 8;
+    pub(crate) fn insert(&self, key: Vec<u64>, results: Box<[KeptResult]>, pinned: &[Tensor]) {
+        let bytes: usize = results.iter().map(KeptResult::bytes).sum::<usize>() + key.len() * 8;
         let Ok(mut e) = self.entries.lock() else {
             return;
         };
@@ -172,8 +188,12 @@ impl JobMemo {
 mod tests {
     use super::*;
 
-    fn row(v: f32) -> Box<[Tensor]> {
-        vec![Tensor::from_f32(vec![1, 4], vec![v; 4]).expect("a tensor")].into_boxed_slice()
+    fn row(v: f32) -> Box<[KeptResult]> {
+        vec![KeptResult {
+            tensor: Tensor::from_f32(vec![1, 4], vec![v; 4]).expect("a tensor"),
+            row: None,
+        }]
+        .into_boxed_slice()
     }
 
     #[test]
@@ -191,11 +211,26 @@ mod tests {
         );
         memo.insert(vec![7, 0], row(9.0), &[]);
         let got = memo.lookup(&[Some(vec![7, 0]), Some(vec![7, 4]), None]);
-        let first = got[0].as_ref().and_then(|r| r[0].as_f32().map(|d| d[0]));
+        let first = got[0]
+            .as_ref()
+            .and_then(|r| r[0].tensor.as_f32().map(|d| d[0]));
         assert_eq!(first, Some(0.0), "an entry is never replaced");
         assert!(got[1].is_none() && got[2].is_none());
         // The weight a key names by identity is held by the memo.
         assert_eq!(weight.holders(), 2);
+        // A row of a launch's output counts its own bytes, not the launch's.
+        let memo = JobMemo::with_capacity(1 << 20);
+        let out = Tensor::from_f32(vec![10, 4], vec![1.0; 40]).expect("a tensor");
+        let kept = |r| {
+            vec![KeptResult {
+                tensor: out.clone(),
+                row: Some(r),
+            }]
+            .into_boxed_slice()
+        };
+        memo.insert(vec![1], kept(3), &[]);
+        memo.insert(vec![2], kept(4), &[]);
+        assert_eq!(memo.size(), (2, 2 * (16 + 8)));
     }
 
     #[test]

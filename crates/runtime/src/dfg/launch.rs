@@ -244,9 +244,9 @@ impl Dfg<'_> {
             hit_outs.push(Outs::from_vec(
                 results
                     .iter()
-                    .map(|t| Slot {
-                        tensor: t.clone(),
-                        at: At::Whole,
+                    .map(|r| Slot {
+                        tensor: r.tensor.clone(),
+                        at: r.row.map_or(At::Whole, At::Row),
                     })
                     .collect(),
             ));
@@ -262,7 +262,8 @@ impl Dfg<'_> {
         for (id, rep) in classes {
             self.join_memo_class(id, rep);
         }
-        // Keep what ran (its rows copied out, so that no entry holds a launch's whole output).
+        // Keep what ran: each entry a row of the launch's output (every row it computed goes in,
+        // so the output held is what the memo counts).
         let mut pinned = pinned.into_iter();
         for ((&id, f), k) in ids.iter().zip(&found).zip(keys) {
             let (None, Some(k)) = (f, k) else { continue };
@@ -272,7 +273,7 @@ impl Dfg<'_> {
             };
             let results = (0..)
                 .map_while(|i| outs.get(i))
-                .map(Slot::value)
+                .map(Slot::kept)
                 .collect::<Result<Vec<_>, _>>();
             if let Ok(results) = results {
                 self.exec.memo.insert(k, results.into_boxed_slice(), &pins);

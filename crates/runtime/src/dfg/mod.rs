@@ -100,6 +100,25 @@ impl Slot {
         }
     }
 
+    /// The slot as a job-memo entry: the launch's output and the row, not a copy (a range of
+    /// rows is copied out).
+    fn kept(&self) -> Result<crate::memo::KeptResult, String> {
+        Ok(match self.at {
+            At::Whole => crate::memo::KeptResult {
+                tensor: self.tensor.clone(),
+                row: None,
+            },
+            At::Row(r) => crate::memo::KeptResult {
+                tensor: self.tensor.clone(),
+                row: Some(r),
+            },
+            At::Rows { .. } => crate::memo::KeptResult {
+                tensor: self.value()?,
+                row: None,
+            },
+        })
+    }
+
     /// [`Slot::value`]'s f32 elements and shape where they lie, without the copy (`None` for
     /// another dtype, and for a range of rows, whose shape is its own).
     fn f32_view(&self) -> Option<(&[f32], &[usize])> {
