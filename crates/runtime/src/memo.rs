@@ -11,10 +11,12 @@
 //!
 //! Bounded: entries stop being added once they hold the memo's capacity in bytes (an eighth of
 //! the memory budget at most; no eviction: a job's first words are its most frequent ones). An
-//! entry is a row of its launch's output, not a copy: a launch of a block on trial or kept
-//! inserts every row it computed, so holding its output holds only rows the memo counts (copying
-//! each row out cost TreeLSTM-small ~3% of a run). `Options::job_memo` (`--no-job-memo`) turns
-//! it off.
+//! entry is a row of its launch's output, not a copy, when every invocation the launch computed
+//! has a key: all of them go in, so holding the output holds only rows the memo counts (but at
+//! the launch where it fills up); copying each row out cost TreeLSTM-small ~3% of a run. A
+//! launch that also computed invocations without a key (a computed input) has its kept rows
+//! copied, so that the memo holds none of theirs. `Options::job_memo` (`--no-job-memo`) turns it
+//! off.
 
 use std::sync::Mutex;
 

@@ -262,8 +262,10 @@ impl Dfg<'_> {
         for (id, rep) in classes {
             self.join_memo_class(id, rep);
         }
-        // Keep what ran: each entry a row of the launch's output (every row it computed goes in,
-        // so the output held is what the memo counts).
+        // Keep what ran: each entry a row of the launch's output where every row it computed has
+        // a key (all go in, so the output held is what the memo counts, but for the launch at
+        // which it fills up), else a copy of the row.
+        let every_row_kept = pinned.len() == run.len();
         let mut pinned = pinned.into_iter();
         for ((&id, f), k) in ids.iter().zip(&found).zip(keys) {
             let (None, Some(k)) = (f, k) else { continue };
@@ -273,7 +275,12 @@ impl Dfg<'_> {
             };
             let results = (0..)
                 .map_while(|i| outs.get(i))
-                .map(Slot::kept)
+                .map(|slot| match every_row_kept {
+                    true => slot.kept(),
+                    false => slot
+                        .value()
+                        .map(|tensor| crate::memo::KeptResult { tensor, row: None }),
+                })
                 .collect::<Result<Vec<_>, _>>();
             if let Ok(results) = results {
                 self.exec.memo.insert(k, results.into_boxed_slice(), &pins);
