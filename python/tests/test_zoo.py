@@ -68,3 +68,26 @@ def test_a_compiled_model_loads_and_runs_like_its_source(cli, tmp_path):
         close(tumble.to_json(got), want, f"instance {i}")
     with pytest.raises(tumble.ParamError, match="stores its weights"):
         tumble.load(compiled, params=str(compiled))
+
+
+def test_small_mini_batches_run_the_programs_the_cli_runs(cli, tmp_path):
+    """Under 32 instances a mini-batch, `tumble run` compiles without block merging (it pays only
+    for larger ones); the package did not, so NestedRNN at batch 5 differed from the CLI in the
+    last bits. Now the same program, so the same bits, at batch 5 and at 40 (merged)."""
+    import json
+
+    import numpy as np
+
+    instances = read_jsonl(EXAMPLES / "nestedrnn.jsonl") * 10
+    path = tmp_path / "nested40.jsonl"
+    path.write_text("".join(json.dumps(i) + "\n" for i in instances))
+    model = tumble.load(MODELS / "nestedrnn_small.rly", random_params=0)
+    for batch in (5, 40):
+        expected = cli(
+            "run", "models/nestedrnn_small.rly", "--inputs", str(path),
+            "--random-params", "0", "--batch", str(batch), "--threads", "1",
+        )
+        outs = model.run(instances, batch=batch, threads=1)
+        assert len(outs) == len(expected)
+        for got, want in zip(outs, expected):
+            assert np.array_equal(got, np.array(want, dtype=np.float32)), batch

@@ -191,8 +191,23 @@ pub struct Model {
     report: Option<StaticReport>,
     warnings: Vec<String>,
     /// The program planned for the runtime switches of the last run (plans, compiled row
-    /// programs, packed weights), reused while they stay the same.
-    executable: Mutex<Option<(Options, Arc<Executable>)>>,
+    /// programs, packed weights) and whether it was the small-batch program, reused while they
+    /// stay the same.
+    executable: Mutex<Option<(Options, bool, Arc<Executable>)>>,
+    /// The model compiled again without block merging, for jobs of mini-batches under
+    /// `MERGE_MIN_BATCH` instances, as `tumble run` compiles for them (merging pays only for
+    /// larger ones, and the two programs' sums differ in their last bits): `None` for a compiled
+    /// model (its passes were chosen when it was compiled) or one loaded without merging.
+    small_batches: Option<SmallBatches>,
+}
+
+/// See [`Model::small_batches`]: what compiling the model again needs, and the program, compiled
+/// on first use.
+struct SmallBatches {
+    weights: Vec<bool>,
+    lower: LowerOptions,
+    statics: StaticOptions,
+    compiled: std::sync::OnceLock<Result<(Program, Reuse), String>>,
 }
 
 fn param_error(e: tumble_io::IoError) -> Error {
@@ -324,6 +339,15 @@ impl Model {
             ..
         } = compiled;
         let instance_args = bound.instance_args();
+        let small_batches = opts.statics.merge.then(|| SmallBatches {
+            weights,
+            lower: opts.lower,
+            statics: StaticOptions {
+                merge: false,
+                ..opts.statics
+            },
+            compiled: std::sync::OnceLock::new(),
+        });
         Ok(Model {
             name,
             sources,
@@ -337,6 +361,7 @@ impl Model {
             report,
             warnings,
             executable: Mutex::new(None),
+            small_batches,
         })
     }
 
@@ -457,6 +482,7 @@ impl Model {
             report: None,
             warnings,
             executable: Mutex::new(None),
+            small_batches: None,
         })
     }
 
@@ -589,21 +615,61 @@ impl Model {
     /// The program planned for runs with `runtime` (threads aside): the one kept from the last
     /// run when its switches are the same, else planned now and kept.
     pub(crate) fn executable_for(&self, runtime: &Options) -> Arc<Executable> {
+        self.executable_of(&self.program, &self.reuse, false, runtime)
+    }
+
+    /// [`Model::executable_for`] for `program` (`small`: the small-batch program).
+    fn executable_of(
+        &self,
+        program: &Program,
+        reuse: &Reuse,
+        small: bool,
+        runtime: &Options,
+    ) -> Arc<Executable> {
         let key = Options {
             threads: 1,
             ..*runtime
         };
         let mut kept = self.executable.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((k, e)) = kept.as_ref() {
-            if *k == key {
+        if let Some((k, was_small, e)) = kept.as_ref() {
+            if *k == key && *was_small == small {
                 return e.clone();
             }
         }
-        let e = Arc::new(Executable::new(&self.program, &self.reuse, runtime));
+        let e = Arc::new(Executable::new(program, reuse, runtime));
         // The model's weights packed for the GEMM now, not in the first request's run.
-        e.prepack_weights(&self.program, &self.bound.entry_params());
-        *kept = Some((key, e.clone()));
+        e.prepack_weights(program, &self.bound.entry_params());
+        *kept = Some((key, small, e.clone()));
         e
+    }
+
+    /// The program for jobs of mini-batches of `batch` instances: without block merging under
+    /// `MERGE_MIN_BATCH` (compiled on first use), else the one compiled at load.
+    fn program_for(&self, batch: usize) -> Result<(&Program, &Reuse, bool), Error> {
+        let small = match &self.small_batches {
+            Some(s) if batch < tumble_compile::merge::MERGE_MIN_BATCH => s,
+            _ => return Ok((&self.program, &self.reuse, false)),
+        };
+        let compiled = small.compiled.get_or_init(|| {
+            tumble_compile::compile(
+                &self.typed,
+                &self.entry,
+                &small.weights,
+                CompileOptions {
+                    lower: small.lower,
+                    statics: Some(small.statics),
+                    plans: None,
+                },
+            )
+            .map(|c| (c.program, c.reuse))
+            .map_err(|e| e.message)
+        });
+        match compiled {
+            Ok((program, reuse)) => Ok((program, reuse, true)),
+            Err(m) => Err(Error::Check {
+                message: format!("compiling the model for small mini-batches: {m}"),
+            }),
+        }
     }
 
     /// [`Model::run`] on the calling thread, which must have a large stack (see
@@ -687,11 +753,12 @@ impl Model {
         };
         let mut runtime = opts.runtime;
         runtime.threads = threads;
-        let exec = self.executable_for(&runtime);
-        let env = TypeEnv::new(&self.typed, &self.program);
+        let (program, reuse, small) = self.program_for(batch.min(n))?;
+        let exec = self.executable_of(program, reuse, small, &runtime);
+        let env = TypeEnv::new(&self.typed, program);
         let job = tumble_runtime::Job {
-            program: &self.program,
-            reuse: &self.reuse,
+            program,
+            reuse,
             entry: &self.entry,
             opts: runtime,
             instances: n,
