@@ -152,3 +152,18 @@ def test_deep_outputs_convert_to_json_and_compare():
     ]
     assert tumble.Ctor("A", np.array([np.nan])) == tumble.Ctor("A", np.array([np.nan]))
     assert tumble.Ctor("A", [1]) != tumble.Ctor("A", (1,))
+
+
+def test_an_instance_nested_past_the_limit_gets_a_short_message():
+    # 20,000 constructors deep: the decoder stops at its depth limit and shows the path by its
+    # ends (the message was 60 KB of `.Cons[1]`).
+    tree = tumble.Ctor("Nil")
+    for _ in range(20_000):
+        tree = tumble.Ctor("Cons", np.float32(1.0), tree)
+    deep = tumble.loads(
+        "def @main(%t: List[Tensor[(), float32]]) -> Tensor[(), float32] { 0f }"
+    )
+    with pytest.raises(tumble.InputError) as e:
+        deep.run([{"t": tree}])
+    assert "nests deeper than" in str(e.value) and "steps)" in str(e.value)
+    assert len(str(e.value)) < 2000, len(str(e.value))

@@ -251,7 +251,17 @@ const MAX_PRESIZED: usize = 1 << 16;
 impl<'a> Decoder<'a, '_> {
     fn err<T>(&self, message: String) -> Result<T, DecodeError> {
         let mut path = String::new();
-        for s in &self.path {
+        // A path thousands of steps deep (an instance nested past the depth limit) is shown by
+        // its ends: the message was 60 KB of `.Rose[1][0]`.
+        const ENDS: usize = 24;
+        let steps = self.path.len();
+        for (i, s) in self.path.iter().enumerate() {
+            if steps > 3 * ENDS && (ENDS..steps - ENDS).contains(&i) {
+                if i == ENDS {
+                    path.push_str(&format!("…({} steps)…", steps - 2 * ENDS));
+                }
+                continue;
+            }
             match s {
                 Seg::Field(n) => {
                     path.push('.');
