@@ -10,7 +10,9 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -62,8 +64,19 @@ create_exception!(
 /// The deepest Python nesting converted (tumble's limit for JSON instances).
 const MAX_DEPTH: usize = tumble_api::MAX_INPUT_DEPTH;
 
+/// A message of the shared layers in the package's terms: their hints name the CLI's flags.
+fn python_terms(message: String) -> String {
+    message
+        .replace(
+            "(raise it with --max-memory)",
+            "(raise it with tumble.set_max_memory)",
+        )
+        .replace("--params FILE", "params=")
+        .replace("--random-params SEED", "random_params=SEED")
+}
+
 fn to_py_err(py: Python<'_>, e: ApiError) -> PyErr {
-    let message = e.to_string();
+    let message = python_terms(e.to_string());
     let err = match &e {
         ApiError::Check { .. } => CheckError::new_err(message),
         ApiError::Param { .. } => ParamError::new_err(message),
@@ -88,6 +101,18 @@ fn array_to_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>, String> {
         return Ok(None);
     };
     let shape = untyped.shape().to_vec();
+    // Decoded inputs count against the memory budget (`set_max_memory`): asked before the copy,
+    // as the CLI's decoder asks for each line (30 arrays of 40 MB were copied under a 200 MB
+    // budget before a later check stopped the run).
+    let bytes = untyped
+        .len()
+        .saturating_mul(untyped.dtype().itemsize().max(1));
+    if let Err(stop) = tumble_limits::reserve(bytes) {
+        return Err(format!(
+            "a numpy array of {} cannot be copied in: {stop}",
+            tumble_limits::bytes_text(bytes)
+        ));
+    }
     macro_rules! take {
         ($($t:ty),*) => {
             $(

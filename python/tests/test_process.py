@@ -167,3 +167,25 @@ def test_an_instance_nested_past_the_limit_gets_a_short_message():
         deep.run([{"t": tree}])
     assert "nests deeper than" in str(e.value) and "steps)" in str(e.value)
     assert len(str(e.value)) < 2000, len(str(e.value))
+
+
+def test_numpy_inputs_are_held_to_the_memory_budget_as_they_are_copied():
+    # 10 arrays of 10 MB under a 40 MB budget: the copy that would pass it is refused.
+    r = run_script(
+        """
+        import numpy as np
+        import tumble
+        m = tumble.loads("def @main(%x: Tensor[(?), float32]) -> Tensor[(?), float32] { %x }")
+        arrays = [np.ones(2_500_000, np.float32) for _ in range(10)]
+        tumble.set_max_memory("40M")
+        try:
+            m.run([{"x": a} for a in arrays], batch=10)
+            print("ran")
+        except tumble.Error as e:
+            print(type(e).__name__, e)
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "cannot be copied in" in out and "tumble.set_max_memory" in out, out
+    assert "--max-memory" not in out, out
