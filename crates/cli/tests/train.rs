@@ -294,6 +294,18 @@ fn workers_split_mini_batches_with_the_same_gradient() {
         let (_, _, again) = run(workers, &format!("w_workers{workers}b.safetensors"));
         assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&again).unwrap());
     }
+    // More workers than threads: reduced, and said so.
+    let out = temp_path("w_workers_reduced.safetensors");
+    let o = train(
+        &model,
+        &data,
+        &data,
+        &out,
+        &["--optimizer", "sgd", "--threads", "1", "--workers", "3"],
+    );
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("warning: --workers 3: running 1"), "{err}");
 }
 
 #[test]
@@ -334,6 +346,16 @@ fn train_refuses_bad_settings() {
     assert!(text(&o.stderr).contains("--lr"));
     assert!(!out.exists());
     let base = ["train", &model, "--train", &data, "--random-params", "1"];
+    // A negative value after a space is a value refused as one, not clap's unknown flag `-0`.
+    for bad in [["--lr", "-0.1"], ["--weight-decay", "-1"]] {
+        let o = tumble(&[&base[..], &bad, &["-o", &out.display().to_string()]].concat());
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{bad:?}: {err}");
+        assert!(
+            err.contains(bad[0]) && !err.contains("unexpected argument"),
+            "{err}"
+        );
+    }
     // A rate float32 rounds to 0 would train nothing; a weight decay likewise.
     for bad in [["--lr", "1e-50"], ["--weight-decay", "1e-60"]] {
         let o = tumble(&[&base[..], &bad, &["-o", &out.display().to_string()]].concat());

@@ -51,7 +51,8 @@ pub struct Weights {
     /// Threads each mini-batch's instances are split among, each differentiating its part with
     /// `threads / workers` kernel threads; the parts' gradients are summed (the same gradient,
     /// its float sums in another order: the last bits depend on the count, not on the run).
-    /// Default: one per thread, at most one per instance of a mini-batch.
+    /// Default: one per thread. Never more than the threads or the instances of a mini-batch
+    /// (a larger count is reduced, with a warning).
     #[arg(long, value_name = "N", value_parser = crate::run::at_least_one)]
     pub workers: Option<usize>,
     /// Seed of `random.db_uniform` (instance i draws from its own stream; in `train` each epoch
@@ -134,10 +135,11 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = Optimizer::Adagrad)]
     pub optimizer: Optimizer,
     /// Learning rate.
-    #[arg(long, default_value_t = 0.05)]
+    // A negative value is read as a value (and refused as one), not as an unknown flag `-0`.
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     pub lr: f64,
     /// L2 weight decay, added to each gradient as `decay * w`.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub weight_decay: f64,
     /// A global with `@main`'s parameters returning a float scalar per instance (e.g.
     /// `@accuracy`): its mean on dev is reported after each epoch and picks the best weights
@@ -175,7 +177,14 @@ fn options(threads: Option<usize>) -> Result<Options, Failure> {
 /// Workers each mini-batch of `batch` is split among (see `workers`): `--workers`, else one per
 /// thread, never more than the threads or the instances of a mini-batch.
 fn worker_count(w: &Weights, threads: usize, batch: usize) -> usize {
-    w.workers.unwrap_or(threads).min(threads).min(batch).max(1)
+    let n = w.workers.unwrap_or(threads).min(threads).min(batch).max(1);
+    if let Some(asked) = w.workers.filter(|&a| a > n) {
+        eprintln!(
+            "warning: --workers {asked}: running {n} (a worker needs a thread of its own, and at \
+             least one instance of each mini-batch: --threads {threads}, --batch {batch})"
+        );
+    }
+    n
 }
 
 fn gopts(w: &Weights) -> GradOptions {
