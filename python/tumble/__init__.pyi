@@ -67,7 +67,11 @@ class Model:
         output per instance, in order: numpy arrays, tuples, lists and ``Ctor`` values.
 
         Raises InputError (a bad instance: ``.instance`` and the path in the message), RunError
-        (a run-time failure), ValueError (bad options)."""
+        (a run-time failure), ValueError (bad options), MemoryError (an output numpy cannot
+        allocate). Ctrl-C stops the run at its next safe point and raises KeyboardInterrupt (it
+        interrupts every run of the process that is going on at that moment). Mini-batches under
+        32 instances run the program ``tumble run`` runs for them (compiled on first use, without
+        block merging), so the results equal the CLI's bit for bit."""
     def check(self) -> str:
         """Each user function with its inferred type, as ``tumble check`` prints them."""
     def explain(self) -> str:
