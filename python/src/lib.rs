@@ -150,6 +150,17 @@ fn numpy_floating(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     FLOATING.import(py, "numpy", "floating")
 }
 
+/// `numpy.number`: with `numpy.bool_`, the scalar kinds an instance can hold.
+fn numpy_number(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static NUMBER: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    NUMBER.import(py, "numpy", "number")
+}
+
+fn numpy_bool(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static BOOL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    BOOL.import(py, "numpy", "bool_")
+}
+
 fn ctor_class(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     static CTOR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     CTOR.import(py, "tumble", "Ctor")
@@ -165,6 +176,16 @@ impl<'py> PyDoc<'py> {
     fn numpy_item(&self) -> Option<Bound<'py, PyAny>> {
         let generic = numpy_generic(self.0.py()).ok()?;
         if !self.0.is_instance(generic).unwrap_or(false) {
+            return None;
+        }
+        // Numbers and booleans only: `numpy.datetime64(..).item()` is an int of nanoseconds (or
+        // a `datetime`), which was taken as a number.
+        let py = self.0.py();
+        let is = |t: PyResult<&Bound<'_, PyType>>| {
+            t.is_ok_and(|c| self.0.is_instance(c).unwrap_or(false))
+        };
+        let numeric = is(numpy_number(py)) || is(numpy_bool(py));
+        if !numeric {
             return None;
         }
         let item = self.0.call_method0("item").ok()?;

@@ -89,8 +89,14 @@ def test_a_forked_child_runs_models_its_parent_ran():
 def test_long_double_scalars_are_read_as_float64_and_complex_ones_refused():
     m = tumble.loads("def @main(%x: Tensor[(), float32]) -> Tensor[(), float32] { %x }")
     assert m.run([{"x": np.longdouble(1.5)}])[0].tolist() == 1.5
+    assert m.run([{"x": np.float16(2.5)}])[0].tolist() == 2.5
     with pytest.raises(tumble.InputError, match="clongdouble"):
         m.run([{"x": np.clongdouble(1.5)}])
+    # A date is not a number (its `.item()` is an int of nanoseconds).
+    with pytest.raises(tumble.InputError, match="datetime64"):
+        m.run([{"x": np.datetime64("2020-01-01T00:00:00", "ns")}])
+    b = tumble.loads("def @main(%x: Tensor[(), bool]) -> Tensor[(), bool] { %x }")
+    assert b.run([{"x": np.bool_(True)}])[0].tolist() is True
 
 
 def test_an_output_numpy_cannot_allocate_is_a_memory_error():
