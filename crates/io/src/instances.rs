@@ -734,6 +734,8 @@ pub fn read_request_instances(
             e.valid_up_to()
         ))
     })?;
+    // A byte order mark, as instance files may start with one.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     if nesting_depth(text, MAX_DEPTH + 2) > MAX_DEPTH + 2 {
         return Err(err(depth_error("the body")));
     }
@@ -741,14 +743,18 @@ pub fn read_request_instances(
         source_name: source_name.to_string(),
         message: format!("the body: {m}"),
     })?;
-    let json = parse_json(text).map_err(|e| {
+    let located = |e: serde_json::Error| {
         err(format!(
             "line {}, column {}: not valid JSON: {}",
             e.line(),
             e.column(),
             json_message(&e)
         ))
-    })?;
+    };
+    // A key given twice — in the body, or at the top of an instance — is an error, as it is in
+    // an instance file (serde_json's maps keep the last value silently).
+    check_request_keys(text, key).map_err(located)?;
+    let json = parse_json(text).map_err(located)?;
     let mut json = DeepJson(json);
     let found = match &mut json.0 {
         Json::Object(m) => m.remove(key),
@@ -781,6 +787,157 @@ pub fn read_request_instances(
             })
             .collect(),
     })
+}
+
+/// Checks that no object key is given twice at the top of a request body or at the top of one
+/// of the instances under `key`, without building anything.
+fn check_request_keys(text: &str, key: &str) -> Result<(), serde_json::Error> {
+    use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    /// An instance: an object's keys distinct, anything else skipped.
+    struct Instance;
+    impl<'de> DeserializeSeed<'de> for Instance {
+        type Value = ();
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(Instance)
+        }
+    }
+    impl<'de> Visitor<'de> for Instance {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an instance")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(k) = m.next_key::<String>()? {
+                m.next_value::<IgnoredAny>()?;
+                if !seen.insert(k.clone()) {
+                    return Err(A::Error::custom(format!(
+                        "the key `{}` is given twice in an instance",
+                        crate::echo(&k)
+                    )));
+                }
+            }
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<(), A::Error> {
+            while s.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(())
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+    }
+
+    /// The instances' array: each element an [`Instance`].
+    struct Instances;
+    impl<'de> DeserializeSeed<'de> for Instances {
+        type Value = ();
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(Instances)
+        }
+    }
+    impl<'de> Visitor<'de> for Instances {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an array of instances")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<(), A::Error> {
+            while s.next_element_seed(Instance)?.is_some() {}
+            Ok(())
+        }
+        // Anything else is reported (with its kind) once the body is parsed.
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+            while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(())
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+    }
+
+    /// The body: its keys distinct, the value under `key` read as [`Instances`].
+    struct Body<'k>(&'k str);
+    impl<'de> Visitor<'de> for Body<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a request body")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(k) = m.next_key::<String>()? {
+                if k == self.0 {
+                    m.next_value_seed(Instances)?;
+                } else {
+                    m.next_value::<IgnoredAny>()?;
+                }
+                if !seen.insert(k.clone()) {
+                    return Err(A::Error::custom(format!(
+                        "the key `{}` is given twice",
+                        crate::echo(&k)
+                    )));
+                }
+            }
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<(), A::Error> {
+            while s.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(())
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+    }
+
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.disable_recursion_limit();
+    serde::Deserializer::deserialize_any(&mut de, Body(key))?;
+    de.end()
 }
 
 fn json_kind(v: &Json) -> &'static str {

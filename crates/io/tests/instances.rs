@@ -620,3 +620,27 @@ fn a_key_given_twice_is_an_error() {
         }
     }
 }
+
+/// A request body is read as an instance file is: a key given twice (in the body, or at the top
+/// of an instance) is an error — serde_json kept the last value silently, where `tumble run`
+/// refuses the same instance — and a byte order mark before it is skipped.
+#[test]
+fn request_bodies_refuse_repeated_keys_and_skip_a_byte_order_mark() {
+    let read = |body: &str| tumble_io::read_request_instances(body.as_bytes(), "instances", "req");
+    let e = read(r#"{"instances": [{"x": 1, "x": 2}]}"#).map(|r| r.len());
+    assert!(
+        matches!(&e, Err(err) if err.to_string().contains("the key `x` is given twice in an instance")),
+        "{e:?}"
+    );
+    let e = read(r#"{"instances": [], "instances": [{"x": 1}]}"#).map(|r| r.len());
+    assert!(
+        matches!(&e, Err(err) if err.to_string().contains("the key `instances` is given twice")),
+        "{e:?}"
+    );
+    // Keys repeated deeper inside an instance are the decoder's business, not the body's.
+    let ok = read(
+        "\u{feff}{\"instances\": [{\"x\": 1}, [1, 2], 3, {\"y\": {\"a\": 1}}], \"other\": {}}",
+    )
+    .map(|r| r.len());
+    assert_eq!(ok.ok(), Some(4));
+}
