@@ -175,21 +175,22 @@ def @main(%t: Tensor[(?), int32], %emb: Tensor[(10, 4), float32]) {
     );
     let o = dir.join("out.jsonl");
     let o_arg = o.display().to_string();
-    for engine in ["batched", "reference"] {
-        let out = tumble(&[
+    // `tumble run MODEL --inputs INPUTS --random-params 0 --max-memory 1G [EXTRA] -o OUT`.
+    let run_in_1g = |model: &str, inputs: &str, extra: &[&str]| {
+        let base = [
             "run",
-            &model,
+            model,
             "--inputs",
-            &t,
+            inputs,
             "--random-params",
             "0",
             "--max-memory",
             "1G",
-            "--engine",
-            engine,
-            "-o",
-            &o_arg,
-        ]);
+        ];
+        tumble(&[&base[..], extra, &["-o", &o_arg]].concat())
+    };
+    for engine in ["batched", "reference"] {
+        let out = run_in_1g(&model, &t, &["--engine", engine]);
         assert_stopped_without_output(&out, &o, &["instance at line 1", "needs 6.0 GiB more"]);
     }
     // Two lengths: one ragged launch, sized from each invocation's own shapes (kept with its
@@ -209,18 +210,7 @@ def @main(%t: Tensor[(?), int32], %emb: Tensor[(10, 4), float32]) {
             rows(20_000)
         ),
     );
-    let out = tumble(&[
-        "run",
-        &model,
-        "--inputs",
-        &two,
-        "--random-params",
-        "0",
-        "--max-memory",
-        "1G",
-        "-o",
-        &o_arg,
-    ]);
+    let out = run_in_1g(&model, &two, &[]);
     assert_stopped_without_output(&out, &o, &["30000 rows", "needs 3.4 GiB more"]);
     let big = write(
         &dir,
@@ -232,18 +222,7 @@ def @main(%x: Tensor[(1, 4), float32], %W: Tensor[(30000, 30000), float32]) {
 ",
     );
     let x = write(&dir, "x.jsonl", X);
-    let out = tumble(&[
-        "run",
-        &big,
-        "--inputs",
-        &x,
-        "--random-params",
-        "0",
-        "--max-memory",
-        "1G",
-        "-o",
-        &o_arg,
-    ]);
+    let out = run_in_1g(&big, &x, &[]);
     assert_stopped_without_output(&out, &o, &["parameter %W", "needs 3.4 GiB more"]);
 }
 

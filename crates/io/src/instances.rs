@@ -794,6 +794,30 @@ pub fn read_request_instances(
 fn check_request_keys(text: &str, key: &str) -> Result<(), serde_json::Error> {
     use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+    /// A visitor's scalars: nothing to check.
+    macro_rules! scalars_pass {
+        () => {
+            fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_str<E>(self, _: &str) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_unit<E>(self) -> Result<(), E> {
+                Ok(())
+            }
+        };
+    }
+
     /// An instance: an object's keys distinct, anything else skipped.
     struct Instance;
     impl<'de> DeserializeSeed<'de> for Instance {
@@ -824,24 +848,7 @@ fn check_request_keys(text: &str, key: &str) -> Result<(), serde_json::Error> {
             while s.next_element::<IgnoredAny>()?.is_some() {}
             Ok(())
         }
-        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_str<E>(self, _: &str) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_unit<E>(self) -> Result<(), E> {
-            Ok(())
-        }
+        scalars_pass!();
     }
 
     /// The instances' array: each element an [`Instance`].
@@ -866,24 +873,7 @@ fn check_request_keys(text: &str, key: &str) -> Result<(), serde_json::Error> {
             while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
             Ok(())
         }
-        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_str<E>(self, _: &str) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_unit<E>(self) -> Result<(), E> {
-            Ok(())
-        }
+        scalars_pass!();
     }
 
     /// The body: its keys distinct, the value under `key` read as [`Instances`].
@@ -914,24 +904,7 @@ fn check_request_keys(text: &str, key: &str) -> Result<(), serde_json::Error> {
             while s.next_element::<IgnoredAny>()?.is_some() {}
             Ok(())
         }
-        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_str<E>(self, _: &str) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_unit<E>(self) -> Result<(), E> {
-            Ok(())
-        }
+        scalars_pass!();
     }
 
     let mut de = serde_json::Deserializer::from_str(text);
