@@ -14,7 +14,8 @@ Endpoints (TF-Serving / KServe v1 REST):
   POST /v1/models/NAME:predict   {\"instances\": [...]} -> {\"predictions\": [...]}, one per
                                  instance, in order, in `tumble run`'s JSON encoding
   GET  /v1/models/NAME           status and signature (inputs, output type, parameters)
-  GET  /healthz, /readyz         liveness; readiness (503 while shutting down)
+  GET  /healthz, /readyz         liveness; readiness (503 on connections already open while
+                                 it drains after SIGTERM; new connections are refused then)
   GET  /metrics                  Prometheus text: requests by status, latency and batch-size
                                  histograms, queue depth, launches
 

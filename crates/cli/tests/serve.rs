@@ -262,6 +262,32 @@ fn a_body_too_large_to_parse_within_the_budget_is_413() {
     assert_eq!(stop(child, "TERM"), Some(0));
 }
 
+/// A request whose `Content-Length` says it is past `--max-body` is answered 413 at once: the
+/// server waited for its body's first byte (a client declaring a huge body and sending nothing
+/// held its connection).
+#[test]
+fn a_body_declared_past_max_body_is_413_before_it_is_sent() {
+    let (child, addr) = serve(&["--max-body", "100"]);
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /v1/models/treelstm_small:predict HTTP/1.1\r\nHost: t\r\nContent-Length: \
+         99999999999\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("--max-body"), "{text}");
+    // A small body is still read and answered (an empty instance list).
+    assert_eq!(
+        post(&addr, "{\"instances\": []}"),
+        (200, "{\"predictions\":[]}".to_string())
+    );
+    assert_eq!(stop(child, "TERM"), Some(0));
+}
+
 /// `--inputs` names the arguments requests give: with `--random-params`, tensor arguments were
 /// all taken for weights, so a model whose instances give tensors could not be served with random
 /// weights (an audit's); the answer is `tumble run`'s line.

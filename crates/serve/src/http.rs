@@ -39,6 +39,10 @@ pub(crate) fn run(
         .route("/v1/models/{*rest}", get(model_status).post(predict))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            refuse_declared_oversize,
+        ))
         .with_state(shared);
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)
@@ -97,6 +101,33 @@ async fn not_found() -> Response {
         "no such route; try POST /v1/models/{name}:predict, GET /v1/models/{name}, /healthz, \
          /readyz or /metrics",
     )
+}
+
+/// A request whose `Content-Length` already says it is past `--max-body` is answered 413 before
+/// any of its body is read (it waited for the body's first byte: a client that declared a huge
+/// body and sent nothing held its connection).
+async fn refuse_declared_oversize(
+    State(s): State<Arc<Shared>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > s.config.max_body_bytes as u64) {
+        s.metrics
+            .response(StatusCode::PAYLOAD_TOO_LARGE.as_u16(), 0.0);
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!(
+                "the request body is larger than this server takes ({} bytes, --max-body)",
+                s.config.max_body_bytes
+            ),
+        );
+    }
+    next.run(req).await
 }
 
 async fn readyz(State(s): State<Arc<Shared>>) -> Response {
