@@ -174,13 +174,13 @@ struct PyDoc<'py>(Bound<'py, PyAny>);
 impl<'py> PyDoc<'py> {
     /// The Python value of a numpy scalar (`numpy.float32(1.5).item()`), else `None`.
     fn numpy_item(&self) -> Option<Bound<'py, PyAny>> {
-        let generic = numpy_generic(self.0.py()).ok()?;
+        let py = self.0.py();
+        let generic = numpy_generic(py).ok()?;
         if !self.0.is_instance(generic).unwrap_or(false) {
             return None;
         }
         // Numbers and booleans only: `numpy.datetime64(..).item()` is an int of nanoseconds (or
         // a `datetime`), which was taken as a number.
-        let py = self.0.py();
         let is = |t: PyResult<&Bound<'_, PyType>>| {
             t.is_ok_and(|c| self.0.is_instance(c).unwrap_or(false))
         };
@@ -196,12 +196,12 @@ impl<'py> PyDoc<'py> {
         // unwrapping it again recursed until the stack overflowed. A real one is read as the
         // nearest float64 (tumble's widest dtype); anything else (a complex) is not a number.
         let real = item.is_instance_of::<PyFloat>()
-            || numpy_floating(self.0.py()).is_ok_and(|f| item.is_instance(f).unwrap_or(false));
+            || numpy_floating(py).is_ok_and(|f| item.is_instance(f).unwrap_or(false));
         if !real {
             return None;
         }
         let x: f64 = item.extract().ok()?;
-        Some(PyFloat::new(self.0.py(), x).into_any())
+        Some(PyFloat::new(py, x).into_any())
     }
 
     fn is_ctor(&self) -> bool {

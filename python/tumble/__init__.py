@@ -15,6 +15,7 @@ arrays and constructors as ``tumble.Ctor``.
 
 from __future__ import annotations
 
+import math as _math
 from typing import Any
 
 import numpy as _np
@@ -106,17 +107,16 @@ def to_json(value: Any) -> Any:
     """An output in the JSON encoding of ``tumble run`` (arrays as nested lists, constructors as
     ``{"Name": [fields]}``, tuples and lists as lists, NaN and infinities as ``None``, as the CLI
     writes them), e.g. to compare with the CLI's output. Iterative, for outputs of any depth."""
-    # Each node is converted once its children are: a stack of (value, its slot to fill).
+    # A stack of (value, the list its conversion goes into, the index there): a container's
+    # converted form is placed first, its elements filled in as they come off the stack.
     root: list = [None]
     stack: list = [(value, root, 0)]
     while stack:
         v, parent, i = stack.pop()
         if isinstance(v, _np.ndarray):
             parent[i] = _array_json(v)
-        elif isinstance(v, _np.floating):
-            parent[i] = float(v) if _np.isfinite(v) else None
-        elif isinstance(v, float):
-            parent[i] = v if v == v and v not in (float("inf"), float("-inf")) else None
+        elif isinstance(v, (float, _np.floating)):
+            parent[i] = float(v) if _math.isfinite(v) else None
         elif isinstance(v, Ctor):
             fields: list = [None] * len(v.fields)
             parent[i] = {v.name: fields}

@@ -190,16 +190,20 @@ pub struct Model {
     ret_ty: Ty,
     report: Option<StaticReport>,
     warnings: Vec<String>,
-    /// The program planned for the runtime switches of the last run (plans, compiled row
-    /// programs, packed weights) and whether it was the small-batch program, reused while they
-    /// stay the same.
-    executable: Mutex<Option<(Options, bool, Arc<Executable>)>>,
+    /// Per program (the one compiled at load, then the small-batch one): the executable
+    /// planned for the runtime switches of its last run (plans, compiled row programs, packed
+    /// weights), reused while they stay the same — one each, so runs alternating between small
+    /// and large mini-batches do not plan and pack again every time.
+    executable: Mutex<[Option<Planned>; 2]>,
     /// The model compiled again without block merging, for jobs of mini-batches under
     /// `MERGE_MIN_BATCH` instances, as `tumble run` compiles for them (merging pays only for
     /// larger ones, and the two programs' sums differ in their last bits): `None` for a compiled
     /// model (its passes were chosen when it was compiled) or one loaded without merging.
     small_batches: Option<SmallBatches>,
 }
+
+/// An executable and the runtime switches (threads aside) it was planned for.
+type Planned = (Options, Arc<Executable>);
 
 /// See [`Model::small_batches`]: what compiling the model again needs, and the program, compiled
 /// on first use.
@@ -360,7 +364,7 @@ impl Model {
             ret_ty,
             report,
             warnings,
-            executable: Mutex::new(None),
+            executable: Mutex::new([None, None]),
             small_batches,
         })
     }
@@ -481,7 +485,7 @@ impl Model {
             ret_ty,
             report: None,
             warnings,
-            executable: Mutex::new(None),
+            executable: Mutex::new([None, None]),
             small_batches: None,
         })
     }
@@ -631,15 +635,16 @@ impl Model {
             ..*runtime
         };
         let mut kept = self.executable.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((k, was_small, e)) = kept.as_ref() {
-            if *k == key && *was_small == small {
+        let slot = &mut kept[usize::from(small)];
+        if let Some((k, e)) = slot.as_ref() {
+            if *k == key {
                 return e.clone();
             }
         }
         let e = Arc::new(Executable::new(program, reuse, runtime));
         // The model's weights packed for the GEMM now, not in the first request's run.
         e.prepack_weights(program, &self.bound.entry_params());
-        *kept = Some((key, small, e.clone()));
+        *slot = Some((key, e.clone()));
         e
     }
 

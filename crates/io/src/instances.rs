@@ -400,25 +400,38 @@ impl<'de> Deserialize<'de> for DistinctKeys {
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
-                mut m: A,
+                m: A,
             ) -> Result<DistinctKeys, A::Error> {
-                let mut keys = Vec::new();
-                let mut seen = std::collections::HashSet::new();
-                while let Some(k) = m.next_key::<String>()? {
-                    m.next_value::<serde::de::IgnoredAny>()?;
-                    if !seen.insert(k.clone()) {
-                        return Err(serde::de::Error::custom(format!(
-                            "the key `{}` is given twice",
-                            crate::echo(&k)
-                        )));
-                    }
-                    keys.push(k);
-                }
-                Ok(DistinctKeys(keys))
+                distinct_entries(m, "", |_, m| {
+                    m.next_value::<serde::de::IgnoredAny>().map(drop)
+                })
+                .map(DistinctKeys)
             }
         }
         d.deserialize_map(Keys)
     }
+}
+
+/// A map's keys in order, each value read by `value` (given the key), refusing a key given twice
+/// ("the key `x` is given twice{place}").
+fn distinct_entries<'de, A: serde::de::MapAccess<'de>>(
+    mut m: A,
+    place: &str,
+    mut value: impl FnMut(&str, &mut A) -> Result<(), A::Error>,
+) -> Result<Vec<String>, A::Error> {
+    let mut keys = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    while let Some(k) = m.next_key::<String>()? {
+        value(&k, &mut m)?;
+        if !seen.insert(k.clone()) {
+            return Err(serde::de::Error::custom(format!(
+                "the key `{}` is given twice{place}",
+                crate::echo(&k)
+            )));
+        }
+        keys.push(k);
+    }
+    Ok(keys)
 }
 
 /// serde_json's message without its trailing ` at line L column C`.
@@ -792,7 +805,7 @@ pub fn read_request_instances(
 /// Checks that no object key is given twice at the top of a request body or at the top of one
 /// of the instances under `key`, without building anything.
 fn check_request_keys(text: &str, key: &str) -> Result<(), serde_json::Error> {
-    use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
     /// A visitor's scalars: nothing to check.
     macro_rules! scalars_pass {
@@ -831,18 +844,11 @@ fn check_request_keys(text: &str, key: &str) -> Result<(), serde_json::Error> {
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("an instance")
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
-            let mut seen = std::collections::HashSet::new();
-            while let Some(k) = m.next_key::<String>()? {
-                m.next_value::<IgnoredAny>()?;
-                if !seen.insert(k.clone()) {
-                    return Err(A::Error::custom(format!(
-                        "the key `{}` is given twice in an instance",
-                        crate::echo(&k)
-                    )));
-                }
-            }
-            Ok(())
+        fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<(), A::Error> {
+            distinct_entries(m, " in an instance", |_, m| {
+                m.next_value::<IgnoredAny>().map(drop)
+            })
+            .map(drop)
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<(), A::Error> {
             while s.next_element::<IgnoredAny>()?.is_some() {}
@@ -883,22 +889,12 @@ fn check_request_keys(text: &str, key: &str) -> Result<(), serde_json::Error> {
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("a request body")
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
-            let mut seen = std::collections::HashSet::new();
-            while let Some(k) = m.next_key::<String>()? {
-                if k == self.0 {
-                    m.next_value_seed(Instances)?;
-                } else {
-                    m.next_value::<IgnoredAny>()?;
-                }
-                if !seen.insert(k.clone()) {
-                    return Err(A::Error::custom(format!(
-                        "the key `{}` is given twice",
-                        crate::echo(&k)
-                    )));
-                }
-            }
-            Ok(())
+        fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<(), A::Error> {
+            distinct_entries(m, "", |k, m| match k == self.0 {
+                true => m.next_value_seed(Instances),
+                false => m.next_value::<IgnoredAny>().map(drop),
+            })
+            .map(drop)
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<(), A::Error> {
             while s.next_element::<IgnoredAny>()?.is_some() {}

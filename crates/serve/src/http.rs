@@ -117,17 +117,22 @@ async fn refuse_declared_oversize(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > s.config.max_body_bytes as u64) {
-        s.metrics
-            .response(StatusCode::PAYLOAD_TOO_LARGE.as_u16(), 0.0);
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!(
-                "the request body is larger than this server takes ({} bytes, --max-body)",
-                s.config.max_body_bytes
-            ),
-        );
+        return body_too_large(&s);
     }
     next.run(req).await
+}
+
+/// 413 for a body past `--max-body` (declared so, or found so as it is read), counted.
+fn body_too_large(s: &Shared) -> Response {
+    s.metrics
+        .response(StatusCode::PAYLOAD_TOO_LARGE.as_u16(), 0.0);
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!(
+            "the request body is larger than this server takes ({} bytes, --max-body)",
+            s.config.max_body_bytes
+        ),
+    )
 }
 
 async fn readyz(State(s): State<Arc<Shared>>) -> Response {
@@ -214,16 +219,11 @@ async fn predict(
         Ok(b) => b,
         Err(e) => {
             let status = e.status();
-            let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                format!(
-                    "the request body is larger than this server takes ({} bytes, --max-body)",
-                    s.config.max_body_bytes
-                )
-            } else {
-                e.body_text()
-            };
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                return body_too_large(&s);
+            }
             s.metrics.response(status.as_u16(), 0.0);
-            return error(status, &message);
+            return error(status, &e.body_text());
         }
     };
     let Some(asked) = rest.strip_suffix(":predict") else {

@@ -419,7 +419,8 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                 .map_err(|stop| {
                     Failure::Message(format!(
                         "the {} optimizer's state for %{name} ({} weights): {stop}",
-                        format!("{:?}", args.optimizer).to_lowercase(),
+                        clap::ValueEnum::to_possible_value(&args.optimizer)
+                            .map_or_else(String::new, |v| v.get_name().to_string()),
                         w.len()
                     ))
                 })?;

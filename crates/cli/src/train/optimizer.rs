@@ -158,12 +158,9 @@ impl Slot {
             Optimizer::Adagrad => 1,
             Optimizer::Adam => 2,
         };
-        let elem = if w.dtype() == tumble_ir::DType::Float64 {
-            8
-        } else {
-            4
-        };
-        tumble_limits::reserve(w.len().saturating_mul(elem).saturating_mul(tables))?;
+        // Moments in the weight's own float width (f32 for f32 weights, f64 for f64 ones).
+        let bytes = w.len().saturating_mul(w.dtype().size());
+        tumble_limits::reserve(bytes.saturating_mul(tables))?;
         if w.dtype() == tumble_ir::DType::Float64 {
             moments(opt, w.len(), &mut self.m64, &mut self.v64);
         } else {

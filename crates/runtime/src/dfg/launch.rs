@@ -275,12 +275,7 @@ impl Dfg<'_> {
             };
             let results = (0..)
                 .map_while(|i| outs.get(i))
-                .map(|slot| match every_row_kept {
-                    true => slot.kept(),
-                    false => slot
-                        .value()
-                        .map(|tensor| crate::memo::KeptResult { tensor, row: None }),
-                })
+                .map(|slot| slot.kept(every_row_kept))
                 .collect::<Result<Vec<_>, _>>();
             if let Ok(results) = results {
                 self.exec.memo.insert(k, results.into_boxed_slice(), &pins);

@@ -100,23 +100,15 @@ impl Slot {
         }
     }
 
-    /// The slot as a job-memo entry: the launch's output and the row, not a copy (a range of
-    /// rows is copied out).
-    fn kept(&self) -> Result<crate::memo::KeptResult, String> {
-        Ok(match self.at {
-            At::Whole => crate::memo::KeptResult {
-                tensor: self.tensor.clone(),
-                row: None,
-            },
-            At::Row(r) => crate::memo::KeptResult {
-                tensor: self.tensor.clone(),
-                row: Some(r),
-            },
-            At::Rows { .. } => crate::memo::KeptResult {
-                tensor: self.value()?,
-                row: None,
-            },
-        })
+    /// The slot as a job-memo entry: with `share`, the launch's output and the row where it is
+    /// one (not a copy); else, and for a range of rows, a copy of the value.
+    fn kept(&self, share: bool) -> Result<crate::memo::KeptResult, String> {
+        let (tensor, row) = match (share, self.at) {
+            (true, At::Whole) => (self.tensor.clone(), None),
+            (true, At::Row(r)) => (self.tensor.clone(), Some(r)),
+            _ => (self.value()?, None),
+        };
+        Ok(crate::memo::KeptResult { tensor, row })
     }
 
     /// [`Slot::value`]'s f32 elements and shape where they lie, without the copy (`None` for
