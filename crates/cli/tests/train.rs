@@ -853,6 +853,47 @@ fn replayed_epochs_train_the_same_weights_as_interpreted_ones() {
     }
 }
 
+/// A run of one epoch records no traces (nothing would replay them): its epoch line names none,
+/// and its weights are those of `--no-trace-replay`.
+#[test]
+fn one_epoch_records_no_traces() {
+    let data = temp_file("tree_one_epoch.jsonl", &tree_instances());
+    let model = temp_file("tree_one_epoch.rly", TREE_MODEL);
+    let run = |what: &str, extra: &[&str]| {
+        let out = temp_path(&format!("w_one_epoch_{what}.safetensors"));
+        let o = out.display().to_string();
+        let mut a = vec![
+            "train",
+            &model,
+            "--train",
+            &data,
+            "--dev",
+            &data,
+            "--random-params",
+            "3",
+            "--batch",
+            "4",
+            "--lr",
+            "0.05",
+            "--optimizer",
+            "adagrad",
+            "--quiet",
+            "-o",
+            &o,
+        ];
+        a.extend_from_slice(extra);
+        let r = tumble(&a);
+        assert!(r.status.success(), "{}", text(&r.stderr));
+        (text(&r.stderr), std::fs::read(&out).unwrap())
+    };
+    let (err, one) = run("one", &["--epochs", "1"]);
+    assert!(err.contains("dev loss") && !err.contains("traced"), "{err}");
+    let (_, off) = run("off", &["--epochs", "1", "--no-trace-replay"]);
+    assert_eq!(one, off);
+    let (err, _) = run("two", &["--epochs", "2"]);
+    assert!(err.contains("14 of 14 instances traced ("), "{err}");
+}
+
 fn replayed_and_interpreted_agree(name: &str, model_text: &str, data: &str) {
     let model = temp_file(&format!("tree_replay_{name}.rly"), model_text);
     let data = data.to_string();

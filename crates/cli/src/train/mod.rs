@@ -155,7 +155,8 @@ pub struct TrainArgs {
     pub quiet: bool,
     /// Interpret every instance's program at every epoch, instead of replaying the block
     /// invocations its first run recorded (instances whose control flow depends only on their
-    /// own data: the same graph, the same bits, without the host program's steps).
+    /// own data: the same graph, the same bits, without the host program's steps). A run of one
+    /// epoch records nothing either way.
     #[arg(long)]
     pub no_trace_replay: bool,
 }
@@ -432,8 +433,10 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
     let mut stats = tumble_runtime::backward::BackwardStats::default();
     let workers = worker_count(&args.weights, opts.threads, args.batch);
     // Every epoch runs every training instance, and evaluates every dev instance: the first run
-    // records, the later ones replay.
-    let replay = !args.no_trace_replay && tumble_runtime::trace::replay_enabled();
+    // records, the later ones replay. One epoch has no later run: recording would only cost (its
+    // first epoch 4-7% slower, its heap ~10 MB larger on 1,000 SST trees).
+    let replay =
+        args.epochs > 1 && !args.no_trace_replay && tumble_runtime::trace::replay_enabled();
     let traces = replay.then(|| TraceCache::new(n));
     let dev_traces = match &dev {
         Some((_, d, _)) if replay => Some(TraceCache::new(d.len())),
