@@ -21,7 +21,8 @@ Endpoints (TF-Serving / KServe v1 REST):
 
 Errors: 400 bad JSON or an instance that does not decode (the message names the instance and
 the place in it), 422 an instance that fails at run time, 413 a request larger than
---max-queue, 503 queue full or shutting down, 504 past --timeout-ms. SIGTERM or Ctrl-C stops
+--max-queue, 503 queue full or shutting down, 504 past --timeout-ms (408 if the body has not
+arrived by then; a connection whose headers take longer than --header-timeout-ms is closed). SIGTERM or Ctrl-C stops
 accepting connections, answers the requests already accepted, and exits 0.
 
 Example:
@@ -73,6 +74,10 @@ pub struct ServeArgs {
     /// Per request: past this, 504 and its instances are dropped.
     #[arg(long, default_value_t = 30_000, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_ms: u64,
+    /// Per connection: a request's headers must arrive within this (an idle keep-alive connection
+    /// is closed after it too); past it, the connection is closed.
+    #[arg(long, default_value_t = 30_000, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout_ms: u64,
     /// Seed of `random.db_uniform` (instance i of a request draws like instance i of
     /// `tumble run --seed S`).
     #[arg(long, default_value_t = 0)]
@@ -172,6 +177,7 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
         },
         max_wait: Duration::from_millis(args.max_wait_ms),
         timeout: Duration::from_millis(args.timeout_ms),
+        header_timeout: Duration::from_millis(args.header_timeout_ms),
         seed: args.seed,
         phases: args.phases,
         max_body_bytes: args.max_body,

@@ -288,6 +288,68 @@ fn a_body_declared_past_max_body_is_413_before_it_is_sent() {
     assert_eq!(stop(child, "TERM"), Some(0));
 }
 
+/// A body that has not arrived within `--timeout-ms` of its headers is answered 408 and its
+/// connection closed: a client that sent part of a body and stopped held its connection (and
+/// what it had sent) for as long as it liked.
+#[test]
+fn a_body_that_stops_arriving_is_408_within_the_time_limit() {
+    let (child, addr) = serve(&["--timeout-ms", "400"]);
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let t0 = Instant::now();
+    write!(
+        s,
+        "POST /v1/models/treelstm_small:predict HTTP/1.1\r\nHost: t\r\nContent-Length: \
+         100\r\n\r\n{{\"instances\": ["
+    )
+    .unwrap();
+    // Keep-alive was not refused by the client: the server closes the connection itself.
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("--timeout-ms"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    assert_eq!(
+        post(&addr, "{\"instances\": []}"),
+        (200, "{\"predictions\":[]}".to_string())
+    );
+    assert_eq!(stop(child, "TERM"), Some(0));
+}
+
+/// A connection that does not finish a request's headers within `--header-timeout-ms` is
+/// closed (one that sent part of its headers and stopped was held open forever), and so is an
+/// idle keep-alive connection; requests that do arrive are answered.
+#[test]
+fn a_connection_whose_headers_stop_arriving_is_closed() {
+    let (child, addr) = serve(&["--header-timeout-ms", "300"]);
+    for partial in [
+        "POST /v1/models/treelstm_small:predict HTTP/1.1\r\nHost",
+        "",
+    ] {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let t0 = Instant::now();
+        s.write_all(partial.as_bytes()).unwrap();
+        let mut rest = Vec::new();
+        // Closed by the server: the read ends (at once, not after the client's 20 s).
+        let _ = s.read_to_end(&mut rest);
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{partial:?}: {:?}",
+            t0.elapsed()
+        );
+    }
+    assert_eq!(
+        post(&addr, "{\"instances\": []}"),
+        (200, "{\"predictions\":[]}".to_string())
+    );
+    assert_eq!(stop(child, "TERM"), Some(0));
+}
+
 /// `--inputs` names the arguments requests give: with `--random-params`, tensor arguments were
 /// all taken for weights, so a model whose instances give tensors could not be served with random
 /// weights (an audit's); the answer is `tumble run`'s line.

@@ -48,7 +48,7 @@ pub(crate) fn run(
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| format!("cannot listen: {e}"))?;
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let serve = serve_connections(listener, app, drain.config.header_timeout, async move {
             let _ = stop.await;
             let _ = stopping_tx.send(());
         });
@@ -79,6 +79,67 @@ pub(crate) fn run(
             () = bounded => Ok(()),
         }
     })
+}
+
+/// Accepts connections and serves each with hyper until `stop` completes; then stops accepting
+/// (new connections are refused), lets every open connection finish the request it is on, and
+/// returns once all are closed. Unlike `axum::serve`, each connection has a timer: one that does
+/// not send a request's headers within `header_timeout` (an idle keep-alive one included) is
+/// closed, where a client that sent part of its headers and stopped held its connection forever.
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    header_timeout: std::time::Duration,
+    stop: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
+    // Every connection's task holds a sender: once all are dropped, every connection is closed.
+    let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // The peer gave up before it was accepted: nothing to serve.
+                Err(e) if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::ConnectionReset
+                ) => continue,
+                // Out of file descriptors or memory: retry later rather than spin (as axum does).
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut closing = closing_rx.clone();
+        let open = open_tx.clone();
+        tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = async { closing.wait_for(|c| *c).await.is_ok() } => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(open);
+        });
+    }
+    drop(listener);
+    let _ = closing_tx.send(true);
+    drop(open_tx);
+    let _ = open_rx.recv().await;
+    Ok(())
 }
 
 /// How long connections may stay open once shutdown has answered everything accepted.
@@ -133,6 +194,26 @@ fn body_too_large(s: &Shared) -> Response {
             s.config.max_body_bytes
         ),
     )
+}
+
+/// 408 for a body that did not arrive within the request's time limit, counted; the connection
+/// is closed (the rest of the body is never read).
+fn body_timeout(s: &Shared) -> Response {
+    let status = StatusCode::REQUEST_TIMEOUT;
+    s.metrics
+        .response(status.as_u16(), s.config.timeout.as_secs_f64());
+    let mut response = error(
+        status,
+        &format!(
+            "the request body did not arrive within {} ms (--timeout-ms)",
+            s.config.timeout.as_millis()
+        ),
+    );
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 async fn readyz(State(s): State<Arc<Shared>>) -> Response {
@@ -211,8 +292,17 @@ async fn model_status(State(s): State<Arc<Shared>>, Path(rest): Path<String>) ->
 async fn predict(
     State(s): State<Arc<Shared>>,
     Path(rest): Path<String>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    req: axum::extract::Request,
 ) -> Response {
+    use axum::extract::FromRequest;
+    // The request's time limit runs from its headers: a body that has not arrived by then is
+    // answered 408 and its connection closed (a client that sent part of a body and stopped held
+    // its connection, and up to --max-body of buffered bytes, for as long as it liked).
+    let start = Instant::now();
+    let body = match tokio::time::timeout(s.config.timeout, Bytes::from_request(req, &())).await {
+        Ok(body) => body,
+        Err(_) => return body_timeout(&s),
+    };
     // A body past --max-body (or one that could not be read) is answered in JSON like every
     // other error, not axum's plain text.
     let body = match body {
@@ -238,7 +328,6 @@ async fn predict(
     if asked != s.config.name {
         return unknown_model(&s, asked);
     }
-    let start = Instant::now();
     let (status, response) = answer(&s, body, start).await;
     s.metrics
         .response(status.as_u16(), start.elapsed().as_secs_f64());

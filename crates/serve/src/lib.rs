@@ -69,8 +69,12 @@ pub struct Config {
     pub policy: Policy,
     /// `static`: how long the first waiting instance waits for the batch to fill.
     pub max_wait: Duration,
-    /// Per request, from its arrival: past it the request gets 504 and its instances are dropped.
+    /// Per request, from its headers: past it the request gets 504 and its instances are
+    /// dropped (408, if its body has not arrived by then).
     pub timeout: Duration,
+    /// How long a connection may take to send a request's headers, and how long an idle
+    /// keep-alive connection stays open: past it the connection is closed.
+    pub header_timeout: Duration,
     /// Seed of `random.db_uniform` draws (instance i of a request draws like instance i of
     /// `tumble run --seed S`).
     pub seed: u64,
@@ -100,6 +104,7 @@ impl Config {
             policy: Policy::Continuous,
             max_wait: Duration::from_millis(10),
             timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(30),
             seed: 0,
             phases: false,
             max_body_bytes: 64 << 20,
