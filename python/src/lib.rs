@@ -14,7 +14,7 @@ use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::{PyException, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
@@ -641,7 +641,7 @@ fn loads(
 #[pymethods]
 impl PyModel {
     /// Runs every instance; returns one output per instance, in order.
-    #[pyo3(signature = (instances, batch=None, threads=None, workers=None, seed=0, scheduler="inline", profile=false))]
+    #[pyo3(signature = (instances, batch=None, threads=None, workers=None, seed=0, scheduler="inline", profile=false, timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
@@ -653,7 +653,21 @@ impl PyModel {
         seed: u64,
         scheduler: &str,
         profile: bool,
+        timeout: Option<f64>,
     ) -> PyResult<Py<PyList>> {
+        let limit = match timeout {
+            None => None,
+            Some(t) if t.is_finite() && t > 0.0 => {
+                Some(std::time::Duration::try_from_secs_f64(t).map_err(|_| {
+                    PyValueError::new_err(format!("timeout: {t} seconds is too long"))
+                })?)
+            }
+            Some(t) => {
+                return Err(PyValueError::new_err(format!(
+                    "timeout: expected a positive number of seconds (or None), found {t}"
+                )))
+            }
+        };
         if instances.is_instance_of::<PyDict>() || instances.is_instance_of::<PyString>() {
             return Err(PyValueError::new_err(
                 "instances: expected a sequence of instances (a list of dicts), found a single \
@@ -691,6 +705,10 @@ impl PyModel {
                 }
             })
         };
+        // This call's own stop: its deadline, and its Ctrl-C (other calls running meanwhile, in
+        // other threads, go on).
+        let run_stop = tumble_limits::RunStop::new(limit);
+        let deadline = run_stop.clone();
         // On a kept run thread (its buffers stay warm from one call to the next).
         let result = py.detach(|| {
             tumble_api::on_run_thread_watched(
@@ -720,12 +738,19 @@ impl PyModel {
                     });
                     Ok((py_outs, text))
                 },
+                run_stop,
                 watch,
             )
             .and_then(|r| r)
         });
         if let Some(e) = signalled {
             return Err(e);
+        }
+        if let (Err(_), Some(limit)) = (&result, deadline.timed_out()) {
+            return Err(PyTimeoutError::new_err(format!(
+                "the run did not finish within its timeout of {} (timeout=); it was stopped",
+                tumble_limits::duration_text(limit)
+            )));
         }
         let (outs, text) = result.map_err(|e| to_py_err(py, e))?;
         if let Some(t) = text {

@@ -5,6 +5,7 @@ failed before its fix)."""
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -52,6 +53,66 @@ def test_ctrl_c_stops_a_run_that_never_ends_and_later_runs_work():
     assert lines[0].startswith("interrupted after"), r.stdout
     assert float(lines[0].split()[-1]) < 10
     assert lines[1] == "-3", r.stdout
+
+
+LOOP = """
+def @loop(%n: Tensor[(), int32]) -> Tensor[(), int32] { if (%n < 0) { %n } else { @loop(%n) } }
+def @main(%n: Tensor[(), int32]) -> Tensor[(), int32] { @loop(%n) }
+"""
+
+
+def test_a_timeout_stops_one_run_and_later_runs_work():
+    m = tumble.loads(LOOP)
+    for workers in (1, 2):
+        # Two mini-batches on two workers: both stop (a worker polls the call's own stop too).
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"within its timeout of 300 ms \(timeout=\)"):
+            m.run([{"n": 1}, {"n": 2}], batch=1, threads=2, workers=workers, timeout=0.3)
+        assert time.monotonic() - t0 < 10
+    # A run that finishes in time is not affected, nor is the next call.
+    assert m.run([{"n": -3}], timeout=30.0)[0].tolist() == -3
+    assert m.run([{"n": -4}])[0].tolist() == -4
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="timeout: expected a positive number of seconds"):
+            m.run([{"n": -1}], timeout=bad)
+
+
+def test_ctrl_c_stops_the_interrupted_call_only():
+    # A run in another thread goes on while the main thread's call is interrupted (a Ctrl-C
+    # stopped every run of the process): Python raises KeyboardInterrupt in one thread.
+    r = run_script(
+        """
+        import os, signal, threading, time
+        import tumble
+        m = tumble.loads(%r)
+        other = {}
+        def background():
+            try:
+                m.run([{"n": 1}], threads=1, timeout=2.0)
+                other["r"] = "finished?"
+            except TimeoutError:
+                other["r"] = "timed out"
+            except KeyboardInterrupt:
+                other["r"] = "interrupted"
+        t = threading.Thread(target=background)
+        t.start()
+        def ctrl_c():
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=ctrl_c, daemon=True).start()
+        try:
+            m.run([{"n": 2}], threads=1)
+            print("finished?")
+        except KeyboardInterrupt:
+            print("interrupted")
+        t.join()
+        print(other["r"])
+        """
+        % LOOP,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["interrupted", "timed out"], r.stdout
 
 
 def test_a_forked_child_runs_models_its_parent_ran():

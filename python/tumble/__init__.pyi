@@ -61,6 +61,7 @@ class Model:
         seed: int = 0,
         scheduler: str = "inline",
         profile: bool = False,
+        timeout: Optional[float] = None,
     ) -> List[Any]:
         """Runs every instance (mini-batches of ``batch``, default all at once, on ``threads``
         threads, default $TUMBLE_NUM_THREADS or every core) with the GIL released; returns one
@@ -68,8 +69,9 @@ class Model:
 
         Raises InputError (a bad instance: ``.instance`` and the path in the message), RunError
         (a run-time failure), ValueError (bad options), MemoryError (an output numpy cannot
-        allocate). Ctrl-C stops the run at its next safe point and raises KeyboardInterrupt (it
-        interrupts every run of the process that is going on at that moment). Mini-batches under
+        allocate), TimeoutError (``timeout`` seconds passed: the run was stopped at its next
+        safe point; later calls run). Ctrl-C stops this call's run at its next safe point and
+        raises KeyboardInterrupt; runs of other threads go on. Mini-batches under
         32 instances run the program ``tumble run`` runs for them (compiled on first use, without
         block merging), so the results equal the CLI's bit for bit."""
     def check(self) -> str:

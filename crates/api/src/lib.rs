@@ -930,11 +930,13 @@ fn default_threads() -> Result<usize, Error> {
 /// Runs `f` on a new thread with [`WORK_STACK_BYTES`] of stack and waits for it. A panic in `f`
 /// comes back as an error rather than unwinding into the caller (a Python interpreter, say).
 pub fn with_big_stack<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, Error> {
+    // The run stops with its caller's (`tumble_limits::with_run_stop`).
+    let stop = tumble_limits::run_stop();
     std::thread::scope(|s| {
         let handle = std::thread::Builder::new()
             .name("tumble-run".into())
             .stack_size(WORK_STACK_BYTES)
-            .spawn_scoped(s, f)
+            .spawn_scoped(s, move || tumble_limits::with_run_stop(stop, f))
             .map_err(|e| Error::Usage {
                 message: format!("cannot start a thread for the run: {e}"),
             })?;

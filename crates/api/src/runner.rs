@@ -76,23 +76,27 @@ pub(crate) fn panic_error(p: Box<dyn std::any::Any + Send>) -> Error {
 pub fn on_run_thread<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Error> {
-    on_run_thread_watched(f, || false)
+    on_run_thread_watched(f, tumble_limits::RunStop::new(None), || false)
 }
 
 /// How often [`on_run_thread_watched`] asks its caller whether to stop the run.
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// [`on_run_thread`], asking `stop` every 50 ms while it waits (Python's pending Ctrl-C). Once
-/// `stop` says yes, every computation of the process is interrupted ([`tumble_limits::interrupt`]:
-/// the others running in this process stop too, as the CLI's do on Ctrl-C); the call then waits
-/// for the run to stop at its next safe point and ends the interrupt, so later calls run.
+/// [`on_run_thread`] under `run` (the call's own stop: its deadline, if any, stops it at a safe
+/// point past it), asking `stop` every 50 ms while it waits (Python's pending Ctrl-C). Once
+/// `stop` says yes, `run` is cancelled: this call's computation stops at its next safe point —
+/// other calls running in the process go on, as Python raises `KeyboardInterrupt` in one
+/// thread — and the call returns.
 pub fn on_run_thread_watched<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
+    run: tumble_limits::RunStop,
     mut stop: impl FnMut() -> bool,
 ) -> Result<T, Error> {
     let (done_tx, done_rx) = sync_channel(1);
+    let cancel = run.clone();
     let job: Job = Box::new(move || {
-        let _ = done_tx.send(catch_unwind(AssertUnwindSafe(f)));
+        let r = tumble_limits::with_run_stop(Some(run), || catch_unwind(AssertUnwindSafe(f)));
+        let _ = done_tx.send(r);
     });
     let kept = IDLE.lock().unwrap_or_else(|p| p.into_inner()).here().pop();
     let thread = match kept {
@@ -118,22 +122,16 @@ pub fn on_run_thread_watched<T: Send + 'static>(
             Err(RecvTimeoutError::Timeout) => {
                 if !interrupted && stop() {
                     interrupted = true;
-                    tumble_limits::interrupt();
+                    cancel.cancel();
                 }
             }
             Err(RecvTimeoutError::Disconnected) => {
-                if interrupted {
-                    tumble_limits::clear_interrupt();
-                }
                 return Err(Error::Usage {
                     message: "the run's thread ended without a result".into(),
                 });
             }
         }
     };
-    if interrupted {
-        tumble_limits::clear_interrupt();
-    }
     let mut idle = IDLE.lock().unwrap_or_else(|p| p.into_inner());
     let threads = idle.here();
     if threads.len() < MAX_IDLE {

@@ -212,12 +212,93 @@ pub fn reserve(more: usize) -> Result<(), Stop> {
     Ok(())
 }
 
-/// Whether the run must stop now: interrupted, past its time limit, or over its memory budget.
+/// Whether the run must stop now: interrupted, past its time limit, or over its memory budget —
+/// the process's, or the calling thread's own run's ([`with_run_stop`]).
 pub fn poll() -> Result<(), Stop> {
     if let Some(stop) = halted() {
         return Err(stop);
     }
+    if let Some(stop) = RUN_STOP
+        .try_with(|s| s.borrow().as_ref().and_then(RunStop::stopped))
+        .ok()
+        .flatten()
+    {
+        return Err(stop);
+    }
     reserve(0)
+}
+
+/// One computation's own reasons to stop, beside the process's ([`interrupt`],
+/// [`set_time_limit`]): a cancellation by its caller, or a deadline of its own. A library call
+/// (Python's `Model.run(timeout=..)`, its Ctrl-C) makes one and runs under it
+/// ([`with_run_stop`]); [`poll`] on any thread running for that call then fails with
+/// [`Stop::Interrupted`] once it is cancelled, or [`Stop::TimedOut`] past its deadline, while
+/// other calls of the process go on. Clones share the state.
+#[derive(Clone, Debug)]
+pub struct RunStop(Arc<RunStopState>);
+
+#[derive(Debug)]
+struct RunStopState {
+    cancelled: AtomicBool,
+    /// The limit and when it passes.
+    deadline: Option<(std::time::Duration, std::time::Instant)>,
+}
+
+impl RunStop {
+    /// A stop with a deadline `limit` from now (`None`: cancellation only). A limit past what
+    /// the clock can represent is no limit.
+    pub fn new(limit: Option<std::time::Duration>) -> RunStop {
+        let deadline = limit.and_then(|l| Some((l, std::time::Instant::now().checked_add(l)?)));
+        RunStop(Arc::new(RunStopState {
+            cancelled: AtomicBool::new(false),
+            deadline,
+        }))
+    }
+
+    /// Asks the computation to stop at its next [`poll`].
+    pub fn cancel(&self) {
+        self.0.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// The deadline's limit, once it has passed.
+    pub fn timed_out(&self) -> Option<std::time::Duration> {
+        self.0
+            .deadline
+            .filter(|(_, at)| std::time::Instant::now() >= *at)
+            .map(|(limit, _)| limit)
+    }
+
+    fn stopped(&self) -> Option<Stop> {
+        if self.0.cancelled.load(Ordering::Relaxed) {
+            return Some(Stop::Interrupted);
+        }
+        self.timed_out().map(|limit| Stop::TimedOut { limit })
+    }
+}
+
+thread_local! {
+    static RUN_STOP: std::cell::RefCell<Option<RunStop>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with `stop` as this thread's run stop (see [`RunStop`]); the thread's previous one
+/// comes back afterwards, also when `f` panics. A thread that works for the same computation
+/// (a worker of a job) runs under the same stop: [`run_stop`] gives it.
+pub fn with_run_stop<R>(stop: Option<RunStop>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<RunStop>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            let _ = RUN_STOP.try_with(|s| *s.borrow_mut() = prev);
+        }
+    }
+    let prev = RUN_STOP.try_with(|s| s.replace(stop)).ok().flatten();
+    let _restore = Restore(prev);
+    f()
+}
+
+/// This thread's run stop, if it runs under one ([`with_run_stop`]).
+pub fn run_stop() -> Option<RunStop> {
+    RUN_STOP.try_with(|s| s.borrow().clone()).ok().flatten()
 }
 
 /// Whether the whole command must stop now for a reason that is not one run's own: interrupted,
@@ -508,6 +589,38 @@ fn machine_limit() -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run stop stops polls on the threads running under it (and only there), by its deadline
+    /// or its cancellation; the thread's previous stop comes back after.
+    #[test]
+    fn a_run_stop_stops_only_its_own_threads() {
+        assert_eq!(poll(), Ok(()));
+        let short = RunStop::new(Some(std::time::Duration::from_millis(1)));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let limit = std::time::Duration::from_millis(1);
+        assert_eq!(
+            with_run_stop(Some(short.clone()), poll),
+            Err(Stop::TimedOut { limit })
+        );
+        assert_eq!(short.timed_out(), Some(limit));
+        assert_eq!(poll(), Ok(()));
+        let open = RunStop::new(None);
+        with_run_stop(Some(open.clone()), || {
+            assert_eq!(poll(), Ok(()));
+            // A worker handed this thread's stop sees its cancellation too.
+            let handed = run_stop();
+            open.cancel();
+            let seen = std::thread::spawn(move || with_run_stop(handed, poll)).join();
+            assert_eq!(seen.ok(), Some(Err(Stop::Interrupted)));
+            // Nested: the inner stop is current, then the outer one again.
+            with_run_stop(None, || assert_eq!(poll(), Ok(())));
+            assert_eq!(poll(), Err(Stop::Interrupted));
+        });
+        assert_eq!(open.timed_out(), None);
+        assert_eq!(poll(), Ok(()));
+        // Another thread, never under the stop, is not stopped.
+        assert_eq!(std::thread::spawn(poll).join().ok(), Some(Ok(())));
+    }
 
     #[test]
     fn process_limits_are_read_from_proc_self_limits() {

@@ -213,14 +213,17 @@ where
             }
             done.lock().unwrap_or_else(|p| p.into_inner()).push(r);
         };
+        // Workers stop with the calling thread's run (a library call's timeout or Ctrl-C).
+        let stop = tumble_limits::run_stop();
         std::thread::scope(|s| {
             for _ in 1..workers {
                 // A worker that cannot start leaves its mini-batches to the others (the calling
                 // thread always takes part), so the job still completes.
+                let stop = stop.clone();
                 let _ = std::thread::Builder::new()
                     .name("tumble-worker".into())
                     .stack_size(job.worker_stack)
-                    .spawn_scoped(s, work);
+                    .spawn_scoped(s, move || tumble_limits::with_run_stop(stop, work));
             }
             work();
         });
