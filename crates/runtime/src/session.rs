@@ -32,7 +32,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tumble_compile::Program;
-use tumble_interp::{InstanceCtx, Machine, Outcome, RunError, StopWhen, Value};
+use tumble_interp::{InstanceCtx, LazyRef, Machine, Outcome, RunError, StopWhen, Value};
 use tumble_tensor::Rng;
 
 use crate::dfg::Dfg;
@@ -63,8 +63,9 @@ enum State<'p> {
     Running(Machine<'p>),
     Blocked(Machine<'p>),
     Parked(Machine<'p>),
-    /// Finished; its lazy tensors are computed by the next flush.
-    Done(Value),
+    /// Finished; its lazy tensors are computed by the next flush (or, after a flush of a few
+    /// levels, by a later one: the second field lists those not computed yet, once looked for).
+    Done(Value, Option<Vec<LazyRef>>),
 }
 
 struct Slot<'p> {
@@ -242,7 +243,7 @@ impl<'p> BatchSession<'p> {
             let state = std::mem::replace(&mut slot.state, State::Queued);
             slot.state = match state {
                 State::Running(mut m) => match run_machine(&mut m, &mut self.dfg, self.opts) {
-                    Ok(Outcome::Done(v)) => State::Done(v),
+                    Ok(Outcome::Done(v)) => State::Done(v, None),
                     Ok(Outcome::Blocked) => State::Blocked(m),
                     Ok(Outcome::Phase) => State::Parked(m),
                     Err(e) => {
@@ -290,7 +291,7 @@ impl<'p> BatchSession<'p> {
                         State::Running(m) | State::Blocked(m) | State::Parked(m) => {
                             m.visit_values(f)
                         }
-                        State::Done(v) => f(v),
+                        State::Done(v, _) => f(v),
                         State::Queued => {}
                     }
                 }
@@ -316,11 +317,22 @@ impl<'p> BatchSession<'p> {
         for mut slot in std::mem::take(&mut self.active) {
             let state = std::mem::replace(&mut slot.state, State::Queued);
             slot.state = match state {
-                // After a partial flush a finished instance may still wait for its tensors.
-                State::Done(v) if self.dfg.has_pending() && !self.dfg.is_computed(&v) => {
-                    State::Done(v)
+                // After a partial flush a finished instance may still wait for its tensors:
+                // the ones not computed are listed once, then crossed off as they are (a long
+                // result looked at whole after every step made a long request quadratic).
+                State::Done(v, waiting) if self.dfg.has_pending() => {
+                    let mut waiting = waiting.unwrap_or_else(|| self.dfg.uncomputed(&v));
+                    if self.dfg.still_uncomputed(&mut waiting) {
+                        kept.push(Slot {
+                            state: State::Done(v, Some(waiting)),
+                            ..slot
+                        });
+                        continue;
+                    }
+                    finished.push((slot.ticket, materialize(v, &self.dfg)));
+                    continue;
                 }
-                State::Done(v) => {
+                State::Done(v, _) => {
                     finished.push((slot.ticket, materialize(v, &self.dfg)));
                     continue;
                 }
@@ -377,7 +389,7 @@ impl<'p> BatchSession<'p> {
         self.stats.restarts += 1;
         let mut restart = Vec::new();
         for mut slot in std::mem::take(&mut self.active) {
-            if let State::Done(v) = std::mem::replace(&mut slot.state, State::Queued) {
+            if let State::Done(v, _) = std::mem::replace(&mut slot.state, State::Queued) {
                 if self.dfg.is_computed(&v) {
                     if let Ok(v) = materialize(v, &self.dfg) {
                         finished.push((slot.ticket, Ok(v)));

@@ -209,6 +209,9 @@ pub struct Dfg<'p> {
     opts: Options,
     nodes: Vec<Node>,
     pending: Vec<u32>,
+    /// Pending nodes a flush of a few levels (`flush_levels`) did not reach, already sorted by
+    /// depth for the next one (see [`schedule::Held`]).
+    held: schedule::Held,
     /// Ids of (block, input shapes): the shape cache's index.
     shape_keys: Interner,
     /// Ids of (shape key, shared weights read): the launch-grouping key under code duplication.
@@ -396,6 +399,7 @@ impl<'p> Dfg<'p> {
             opts,
             nodes: Vec::new(),
             pending: Vec::new(),
+            held: schedule::Held::default(),
             shape_keys: Interner::default(),
             dup_keys: Interner::default(),
             key_words: Vec::new(),
@@ -980,7 +984,7 @@ impl Backend for Dfg<'_> {
         format!(
             "{} dataflow nodes recorded ({} not yet run)",
             tumble_limits::count_text(self.nodes.len()),
-            tumble_limits::count_text(self.pending.len())
+            tumble_limits::count_text(self.pending.len() + self.held.len())
         )
     }
 
