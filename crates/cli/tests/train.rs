@@ -159,6 +159,18 @@ fn grad_of_a_non_scalar_main_is_a_located_error() {
 }
 
 fn train(model: &str, train: &str, dev: &str, out: &Path, extra: &[&str]) -> Output {
+    train_epochs(model, train, dev, out, "6", extra)
+}
+
+/// [`train`] for `epochs` epochs.
+fn train_epochs(
+    model: &str,
+    train: &str,
+    dev: &str,
+    out: &Path,
+    epochs: &str,
+    extra: &[&str],
+) -> Output {
     let o = out.display().to_string();
     let mut a = vec![
         "train",
@@ -170,7 +182,7 @@ fn train(model: &str, train: &str, dev: &str, out: &Path, extra: &[&str]) -> Out
         "--random-params",
         "3",
         "--epochs",
-        "6",
+        epochs,
         "--batch",
         "4",
         "--lr",
@@ -859,38 +871,17 @@ fn replayed_epochs_train_the_same_weights_as_interpreted_ones() {
 fn one_epoch_records_no_traces() {
     let data = temp_file("tree_one_epoch.jsonl", &tree_instances());
     let model = temp_file("tree_one_epoch.rly", TREE_MODEL);
-    let run = |what: &str, extra: &[&str]| {
+    let run = |what: &str, epochs: &str, extra: &[&str]| {
         let out = temp_path(&format!("w_one_epoch_{what}.safetensors"));
-        let o = out.display().to_string();
-        let mut a = vec![
-            "train",
-            &model,
-            "--train",
-            &data,
-            "--dev",
-            &data,
-            "--random-params",
-            "3",
-            "--batch",
-            "4",
-            "--lr",
-            "0.05",
-            "--optimizer",
-            "adagrad",
-            "--quiet",
-            "-o",
-            &o,
-        ];
-        a.extend_from_slice(extra);
-        let r = tumble(&a);
+        let r = train_epochs(&model, &data, &data, &out, epochs, extra);
         assert!(r.status.success(), "{}", text(&r.stderr));
         (text(&r.stderr), std::fs::read(&out).unwrap())
     };
-    let (err, one) = run("one", &["--epochs", "1"]);
+    let (err, one) = run("one", "1", &["--optimizer", "adagrad"]);
     assert!(err.contains("dev loss") && !err.contains("traced"), "{err}");
-    let (_, off) = run("off", &["--epochs", "1", "--no-trace-replay"]);
+    let (_, off) = run("off", "1", &["--optimizer", "adagrad", "--no-trace-replay"]);
     assert_eq!(one, off);
-    let (err, _) = run("two", &["--epochs", "2"]);
+    let (err, _) = run("two", "2", &["--optimizer", "adagrad"]);
     assert!(err.contains("14 of 14 instances traced ("), "{err}");
 }
 

@@ -163,14 +163,36 @@ impl Dfg<'_> {
     /// Whether every lazy tensor inside `v` has been computed (iterative: results can be long
     /// lists).
     pub fn is_computed(&self, v: &Value) -> bool {
+        !self.find_uncomputed(v, |_| false)
+    }
+
+    /// The lazy tensors inside `v` not computed yet.
+    pub fn uncomputed(&self, v: &Value) -> Vec<LazyRef> {
+        let mut out = Vec::new();
+        self.find_uncomputed(v, |r| {
+            out.push(r);
+            true
+        });
+        out
+    }
+
+    /// Hands each lazy tensor inside `v` not computed yet to `found` until it returns false;
+    /// whether there was any.
+    fn find_uncomputed(&self, v: &Value, mut found: impl FnMut(LazyRef) -> bool) -> bool {
         // Shared composites are looked into once (a result holding one subtree twice, n levels
         // deep, has 2^n paths over n nodes).
         let mut seen: std::collections::HashSet<*const ()> = Default::default();
         let mut first = |p: *const (), shared: bool| !shared || seen.insert(p);
+        let mut any = false;
         let mut stack = vec![v];
         while let Some(v) = stack.pop() {
             match v {
-                Value::Lazy(r) if !self.lazy_ready(*r) => return false,
+                Value::Lazy(r) if !self.lazy_ready(*r) => {
+                    any = true;
+                    if !found(*r) {
+                        return true;
+                    }
+                }
                 Value::Tuple(t) if first(Rc::as_ptr(t).cast(), Rc::strong_count(t) > 1) => {
                     stack.extend(t.0.iter());
                 }
@@ -180,29 +202,7 @@ impl Dfg<'_> {
                 _ => {}
             }
         }
-        true
-    }
-
-    /// The lazy tensors inside `v` not computed yet (each shared composite looked into once, as
-    /// in [`Dfg::is_computed`]).
-    pub fn uncomputed(&self, v: &Value) -> Vec<LazyRef> {
-        let mut seen: std::collections::HashSet<*const ()> = Default::default();
-        let mut first = |p: *const (), shared: bool| !shared || seen.insert(p);
-        let mut out = Vec::new();
-        let mut stack = vec![v];
-        while let Some(v) = stack.pop() {
-            match v {
-                Value::Lazy(r) if !self.lazy_ready(*r) => out.push(*r),
-                Value::Tuple(t) if first(Rc::as_ptr(t).cast(), Rc::strong_count(t) > 1) => {
-                    stack.extend(t.0.iter());
-                }
-                Value::Adt(a) if first(Rc::as_ptr(a).cast(), Rc::strong_count(a) > 1) => {
-                    stack.extend(a.fields.iter());
-                }
-                _ => {}
-            }
-        }
-        out
+        any
     }
 
     /// Crosses the computed ones off `waiting` (from its end, stopping at the first that is not:
