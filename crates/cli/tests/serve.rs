@@ -60,6 +60,26 @@ fn serve_model(model: &str, params: &[&str], extra: &[&str]) -> (Child, String) 
     (child, addr)
 }
 
+/// Sends `bytes` as they are on a new connection and reads until the server closes it (at most
+/// 20 s): what came back and how long it took.
+fn send_raw(addr: &str, bytes: &str) -> (String, Duration) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let t0 = Instant::now();
+    s.write_all(bytes.as_bytes()).unwrap();
+    let mut back = Vec::new();
+    let _ = s.read_to_end(&mut back);
+    (String::from_utf8_lossy(&back).into_owned(), t0.elapsed())
+}
+
+/// The empty request, answered: the server still serves after a probe.
+fn still_answers(addr: &str) {
+    assert_eq!(
+        post(addr, "{\"instances\": []}"),
+        (200, "{\"predictions\":[]}".to_string())
+    );
+}
+
 fn post(addr: &str, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
@@ -268,23 +288,15 @@ fn a_body_too_large_to_parse_within_the_budget_is_413() {
 #[test]
 fn a_body_declared_past_max_body_is_413_before_it_is_sent() {
     let (child, addr) = serve(&["--max-body", "100"]);
-    let mut s = TcpStream::connect(&addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
+    let (text, _) = send_raw(
+        &addr,
         "POST /v1/models/treelstm_small:predict HTTP/1.1\r\nHost: t\r\nContent-Length: \
-         99999999999\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
+         99999999999\r\nConnection: close\r\n\r\n",
+    );
     assert!(text.starts_with("HTTP/1.1 413"), "{text}");
     assert!(text.contains("--max-body"), "{text}");
     // A small body is still read and answered (an empty instance list).
-    assert_eq!(
-        post(&addr, "{\"instances\": []}"),
-        (200, "{\"predictions\":[]}".to_string())
-    );
+    still_answers(&addr);
     assert_eq!(stop(child, "TERM"), Some(0));
 }
 
@@ -294,29 +306,20 @@ fn a_body_declared_past_max_body_is_413_before_it_is_sent() {
 #[test]
 fn a_body_that_stops_arriving_is_408_within_the_time_limit() {
     let (child, addr) = serve(&["--timeout-ms", "400"]);
-    let mut s = TcpStream::connect(&addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let t0 = Instant::now();
-    write!(
-        s,
-        "POST /v1/models/treelstm_small:predict HTTP/1.1\r\nHost: t\r\nContent-Length: \
-         100\r\n\r\n{{\"instances\": ["
-    )
-    .unwrap();
     // Keep-alive was not refused by the client: the server closes the connection itself.
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
+    let (text, took) = send_raw(
+        &addr,
+        "POST /v1/models/treelstm_small:predict HTTP/1.1\r\nHost: t\r\nContent-Length: \
+         100\r\n\r\n{\"instances\": [",
+    );
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("--timeout-ms"), "{text}");
     assert!(
         text.to_ascii_lowercase().contains("connection: close"),
         "{text}"
     );
-    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
-    assert_eq!(
-        post(&addr, "{\"instances\": []}"),
-        (200, "{\"predictions\":[]}".to_string())
-    );
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    still_answers(&addr);
     assert_eq!(stop(child, "TERM"), Some(0));
 }
 
@@ -330,23 +333,11 @@ fn a_connection_whose_headers_stop_arriving_is_closed() {
         "POST /v1/models/treelstm_small:predict HTTP/1.1\r\nHost",
         "",
     ] {
-        let mut s = TcpStream::connect(&addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let t0 = Instant::now();
-        s.write_all(partial.as_bytes()).unwrap();
-        let mut rest = Vec::new();
         // Closed by the server: the read ends (at once, not after the client's 20 s).
-        let _ = s.read_to_end(&mut rest);
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "{partial:?}: {:?}",
-            t0.elapsed()
-        );
+        let (_, took) = send_raw(&addr, partial);
+        assert!(took < Duration::from_secs(10), "{partial:?}: {took:?}");
     }
-    assert_eq!(
-        post(&addr, "{\"instances\": []}"),
-        (200, "{\"predictions\":[]}".to_string())
-    );
+    still_answers(&addr);
     assert_eq!(stop(child, "TERM"), Some(0));
 }
 
