@@ -14,7 +14,7 @@ use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyTimeoutError, PyValueError};
+use pyo3::exceptions::{PyException, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
@@ -413,6 +413,41 @@ impl Doc for PyDoc<'_> {
     }
 }
 
+/// `Model.run`'s `timeout`: `None`, or a positive number of seconds up to 1e9 (about 30 years,
+/// the CLI's `--timeout` bound).
+fn timeout_arg(t: Option<&Bound<'_, PyAny>>) -> PyResult<Option<std::time::Duration>> {
+    let Some(t) = t.filter(|t| !t.is_none()) else {
+        return Ok(None);
+    };
+    let expected = "timeout: expected a positive number of seconds up to 1e9, or None";
+    if t.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!("{expected}; found a bool")));
+    }
+    let secs: f64 = match t.extract() {
+        Ok(s) => s,
+        Err(_) if t.is_instance_of::<PyInt>() => {
+            return Err(PyValueError::new_err(format!(
+                "{expected}; found an integer too large for a number of seconds"
+            )))
+        }
+        Err(_) => {
+            return Err(PyTypeError::new_err(format!(
+                "{expected}; found a {}",
+                type_name(t)
+            )))
+        }
+    };
+    if !(secs.is_finite() && secs > 0.0 && secs <= 1e9) {
+        let shown = if secs.abs() < 1e6 {
+            format!("{secs}")
+        } else {
+            format!("{secs:e}")
+        };
+        return Err(PyValueError::new_err(format!("{expected}; found {shown}")));
+    }
+    Ok(Some(std::time::Duration::from_secs_f64(secs)))
+}
+
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()
@@ -653,21 +688,9 @@ impl PyModel {
         seed: u64,
         scheduler: &str,
         profile: bool,
-        timeout: Option<f64>,
+        timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyList>> {
-        let limit = match timeout {
-            None => None,
-            Some(t) if t.is_finite() && t > 0.0 => {
-                Some(std::time::Duration::try_from_secs_f64(t).map_err(|_| {
-                    PyValueError::new_err(format!("timeout: {t} seconds is too long"))
-                })?)
-            }
-            Some(t) => {
-                return Err(PyValueError::new_err(format!(
-                    "timeout: expected a positive number of seconds (or None), found {t}"
-                )))
-            }
-        };
+        let limit = timeout_arg(timeout)?;
         if instances.is_instance_of::<PyDict>() || instances.is_instance_of::<PyString>() {
             return Err(PyValueError::new_err(
                 "instances: expected a sequence of instances (a list of dicts), found a single \
@@ -746,7 +769,9 @@ impl PyModel {
         if let Some(e) = signalled {
             return Err(e);
         }
-        if let (Err(_), Some(limit)) = (&result, deadline.timed_out()) {
+        // A timeout only where a safe point stopped the run for it: a run that failed for its
+        // own reasons after the deadline passed reports that failure.
+        if let (Err(_), Some(limit)) = (&result, deadline.stopped_by_deadline()) {
             return Err(PyTimeoutError::new_err(format!(
                 "the run did not finish within its timeout of {} (timeout=); it was stopped",
                 tumble_limits::duration_text(limit)

@@ -72,9 +72,27 @@ def test_a_timeout_stops_one_run_and_later_runs_work():
     # A run that finishes in time is not affected, nor is the next call.
     assert m.run([{"n": -3}], timeout=30.0)[0].tolist() == -3
     assert m.run([{"n": -4}])[0].tolist() == -4
-    for bad in (0, -1.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="timeout: expected a positive number of seconds"):
+    for bad in (0, -1.0, float("nan"), float("inf"), 1e300, 10**400):
+        with pytest.raises(ValueError, match="timeout: expected a positive number of seconds") as e:
             m.run([{"n": -1}], timeout=bad)
+        assert len(str(e.value)) < 200, str(e.value)
+    for bad in (True, "1", [1.0]):
+        with pytest.raises(TypeError, match="timeout: expected a positive number of seconds"):
+            m.run([{"n": -1}], timeout=bad)
+    # A call that fails for its own reason is not a timeout, even past its deadline (it was
+    # reported as one whenever the deadline had passed).
+    with pytest.raises(ValueError, match="threads"):
+        m.run([{"n": -1}], threads=0, timeout=1e-6)
+
+
+def test_a_timeout_stops_a_job_of_many_short_instances():
+    # Thousands of programs of a few steps each never reached the evaluator's safe point (every
+    # 4,096 steps of one instance): the call ran to its end past its deadline.
+    m = tumble.loads(LOOP)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        m.run([{"n": -1}] * 200_000, batch=50_000, threads=1, timeout=0.05)
+    assert time.monotonic() - t0 < 5
 
 
 def test_ctrl_c_stops_the_interrupted_call_only():

@@ -70,8 +70,10 @@ class Model:
         Raises InputError (a bad instance: ``.instance`` and the path in the message), RunError
         (a run-time failure), ValueError (bad options), MemoryError (an output numpy cannot
         allocate), TimeoutError (``timeout`` seconds passed: the run was stopped at its next
-        safe point; later calls run). Ctrl-C stops this call's run at its next safe point and
-        raises KeyboardInterrupt; runs of other threads go on. Mini-batches under
+        safe point — between instances, launches and evaluation steps, not inside one product;
+        later calls run). Ctrl-C stops this call's run at its next safe point and raises
+        KeyboardInterrupt (once the instance being converted from Python objects, which holds the
+        GIL, is done); runs of other threads go on. Mini-batches under
         32 instances run the program ``tumble run`` runs for them (compiled on first use, without
         block merging), so the results equal the CLI's bit for bit."""
     def check(self) -> str:

@@ -215,17 +215,21 @@ pub fn reserve(more: usize) -> Result<(), Stop> {
 /// Whether the run must stop now: interrupted, past its time limit, or over its memory budget —
 /// the process's, or the calling thread's own run's ([`with_run_stop`]).
 pub fn poll() -> Result<(), Stop> {
-    if let Some(stop) = halted() {
-        return Err(stop);
-    }
-    if let Some(stop) = RUN_STOP
-        .try_with(|s| s.borrow().as_ref().and_then(RunStop::stopped))
-        .ok()
-        .flatten()
-    {
+    if let Some(stop) = stop_requested() {
         return Err(stop);
     }
     reserve(0)
+}
+
+/// Whether the work on this thread must stop for a reason that is not its own: the process's
+/// ([`halted`]), or its run's ([`with_run_stop`]) — cancelled, or past the run's deadline.
+pub fn stop_requested() -> Option<Stop> {
+    halted().or_else(|| {
+        RUN_STOP
+            .try_with(|s| s.borrow().as_ref().and_then(RunStop::stopped))
+            .ok()
+            .flatten()
+    })
 }
 
 /// One computation's own reasons to stop, beside the process's ([`interrupt`],
@@ -242,6 +246,9 @@ struct RunStopState {
     cancelled: AtomicBool,
     /// The limit and when it passes.
     deadline: Option<(std::time::Duration, std::time::Instant)>,
+    /// A safe point has stopped the run for its deadline (a run that failed for its own reasons
+    /// after the deadline passed did not time out).
+    deadline_seen: AtomicBool,
 }
 
 impl RunStop {
@@ -252,6 +259,7 @@ impl RunStop {
         RunStop(Arc::new(RunStopState {
             cancelled: AtomicBool::new(false),
             deadline,
+            deadline_seen: AtomicBool::new(false),
         }))
     }
 
@@ -268,11 +276,24 @@ impl RunStop {
             .map(|(limit, _)| limit)
     }
 
+    /// The deadline's limit, if a safe point stopped the run for it ([`poll`] failed with
+    /// [`Stop::TimedOut`] on it): what tells a run that timed out from one that failed for its
+    /// own reasons after the deadline passed.
+    pub fn stopped_by_deadline(&self) -> Option<std::time::Duration> {
+        self.0
+            .deadline_seen
+            .load(Ordering::Relaxed)
+            .then_some(self.0.deadline.map(|(limit, _)| limit))
+            .flatten()
+    }
+
     fn stopped(&self) -> Option<Stop> {
         if self.0.cancelled.load(Ordering::Relaxed) {
             return Some(Stop::Interrupted);
         }
-        self.timed_out().map(|limit| Stop::TimedOut { limit })
+        let limit = self.timed_out()?;
+        self.0.deadline_seen.store(true, Ordering::Relaxed);
+        Some(Stop::TimedOut { limit })
     }
 }
 
@@ -344,7 +365,9 @@ pub fn timed_out() -> Option<std::time::Duration> {
 /// A duration as a person writes it: `1.5 s`, `2 min`, `250 ms`.
 pub fn duration_text(d: std::time::Duration) -> String {
     let s = d.as_secs_f64();
-    if s < 1.0 {
+    if s < 0.001 {
+        format!("{} µs", (s * 1e6).round())
+    } else if s < 1.0 {
         format!("{} ms", (s * 1000.0).round())
     } else if s < 120.0 {
         format!("{} s", (s * 10.0).round() / 10.0)
@@ -603,6 +626,12 @@ mod tests {
             Err(Stop::TimedOut { limit })
         );
         assert_eq!(short.timed_out(), Some(limit));
+        assert_eq!(short.stopped_by_deadline(), Some(limit));
+        // Past its deadline but never polled: it did not stop anything.
+        let unpolled = RunStop::new(Some(limit));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert_eq!(unpolled.timed_out(), Some(limit));
+        assert_eq!(unpolled.stopped_by_deadline(), None);
         assert_eq!(poll(), Ok(()));
         let open = RunStop::new(None);
         with_run_stop(Some(open.clone()), || {

@@ -442,7 +442,15 @@ pub(crate) fn drive(
         // eager scheduler), is counted in those parts, not in the program's.
         let inner_before = dfg.profile.inner();
         let mut still = Vec::new();
-        for &i in &running {
+        for (k, &i) in running.iter().enumerate() {
+            // A safe point every few instances (a round of many short programs never reaches
+            // the evaluator's own).
+            if k % workers::SAFE_POINT_EVERY == workers::SAFE_POINT_EVERY - 1 {
+                tumble_limits::poll().map_err(|stop| InstanceError {
+                    instance: None,
+                    error: tumble_interp::machine::limit_error(stop, Vec::new(), ""),
+                })?;
+            }
             let (m, record) = match turns.get_mut(i) {
                 Some(Turn::Run(m, record)) => (m, record),
                 Some(Turn::Replay(a, ctx, replaying)) => {

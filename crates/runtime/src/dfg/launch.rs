@@ -586,7 +586,7 @@ impl Dfg<'_> {
         };
         let text = format!("in block {}: {message}", block.name);
         let retry = ids.len() == 1
-            && tumble_limits::halted().is_none()
+            && tumble_limits::stop_requested().is_none()
             && !message.contains("memory budget")
             && !message.contains("internal:")
             && !message.contains("internal error");
