@@ -71,7 +71,9 @@ pub struct ServeArgs {
     /// static: how long the first waiting instance waits for the batch to fill.
     #[arg(long, default_value_t = 10, value_name = "T")]
     pub max_wait_ms: u64,
-    /// Per request: past this, 504 and its instances are dropped.
+    /// Per request, from its headers: past this, 504 and its instances are dropped (408 if its
+    /// body has not arrived by then); an answer the client leaves unread this long closes the
+    /// connection.
     #[arg(long, default_value_t = 30_000, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_ms: u64,
     /// Per connection: a request's headers must arrive within this (an idle keep-alive connection

@@ -38,6 +38,7 @@ pub(crate) fn run(
         .route("/metrics", get(metrics))
         .route("/v1/models/{*rest}", get(model_status).post(predict))
         .fallback(not_found)
+        .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&shared),
@@ -48,7 +49,8 @@ pub(crate) fn run(
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| format!("cannot listen: {e}"))?;
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-        let serve = serve_connections(listener, app, drain.config.header_timeout, async move {
+        let (headers, writes) = (drain.config.header_timeout, drain.config.timeout);
+        let serve = serve_connections(listener, app, headers, writes, async move {
             let _ = stop.await;
             let _ = stopping_tx.send(());
         });
@@ -63,7 +65,9 @@ pub(crate) fn run(
             let limit = Instant::now() + drain.config.timeout + DRAIN_GRACE;
             let mut quiet_since: Option<Instant> = None;
             while Instant::now() < limit {
-                if drain.outstanding.load(Ordering::SeqCst) == 0 {
+                if drain.outstanding.load(Ordering::SeqCst) == 0
+                    && drain.reading.load(Ordering::SeqCst) == 0
+                {
                     let since = *quiet_since.get_or_insert_with(Instant::now);
                     if since.elapsed() >= DRAIN_GRACE {
                         return;
@@ -90,6 +94,7 @@ async fn serve_connections(
     listener: tokio::net::TcpListener,
     app: Router,
     header_timeout: std::time::Duration,
+    write_timeout: std::time::Duration,
     stop: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
@@ -115,6 +120,7 @@ async fn serve_connections(
             },
             () = &mut stop => break,
         };
+        let stream = WriteDeadline::new(stream, write_timeout);
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let mut closing = closing_rx.clone();
         let open = open_tx.clone();
@@ -142,6 +148,101 @@ async fn serve_connections(
     Ok(())
 }
 
+/// A connection whose writes must make progress: a write or flush that waits longer than its
+/// limit for the client to read fails (`TimedOut`), and hyper closes the connection. A client
+/// that sent a request and never read the answer held the connection, and what was left of the
+/// answer, for as long as it liked.
+struct WriteDeadline<S> {
+    inner: S,
+    limit: std::time::Duration,
+    /// Running while a write waits for the client; dropped when one makes progress.
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteDeadline<S> {
+    fn new(inner: S, limit: std::time::Duration) -> Self {
+        WriteDeadline {
+            inner,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// `r`, the inner write's outcome, with the stall clock run (started, checked or stopped).
+    fn watch<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        r: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::future::Future;
+        use std::task::Poll;
+        if r.is_ready() {
+            self.stalled = None;
+            return r;
+        }
+        let limit = self.limit;
+        let clock = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match clock.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing of the answer within --timeout-ms",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(cx, r)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.watch(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(cx, r)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// How long connections may stay open once shutdown has answered everything accepted.
 const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -164,6 +265,44 @@ async fn not_found() -> Response {
     )
 }
 
+/// A known route asked with a method it does not take: JSON, as every other error (axum's own
+/// 405 had an empty body).
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!(
+            "{method} {}: not taken here; predictions are POSTed to /v1/models/{{name}}:predict, \
+             and /v1/models/{{name}}, /healthz, /readyz and /metrics answer GET",
+            tumble_io::echo(uri.path())
+        ),
+    )
+}
+
+/// The `{*rest}` of `/v1/models/..`, or the message of a JSON 400 where it is not UTF-8 once
+/// percent-decoded (axum's own answer was plain text).
+fn model_path(
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Result<String, String> {
+    path.map(|Path(rest)| rest)
+        .map_err(|e| format!("the URL's model path: {}", e.body_text()))
+}
+
+/// Counts a request in flight while its body is read and parsed (see `Shared::reading`).
+struct Reading<'s>(&'s Shared);
+
+impl<'s> Reading<'s> {
+    fn new(s: &'s Shared) -> Self {
+        s.reading.fetch_add(1, Ordering::SeqCst);
+        Reading(s)
+    }
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.0.reading.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A request whose `Content-Length` already says it is past `--max-body` is answered 413 before
 /// any of its body is read (it waited for the body's first byte: a client that declared a huge
 /// body and sent nothing held its connection).
@@ -183,10 +322,16 @@ async fn refuse_declared_oversize(
     next.run(req).await
 }
 
-/// 413 for a body past `--max-body` (declared so, or found so as it is read), counted.
+/// 413 for a body declared past `--max-body`, counted (the middleware's; `predict` counts its
+/// own answers).
 fn body_too_large(s: &Shared) -> Response {
     s.metrics
         .response(StatusCode::PAYLOAD_TOO_LARGE.as_u16(), 0.0);
+    too_large(s)
+}
+
+/// 413 for a body past `--max-body` (declared so, or found so as it is read).
+fn too_large(s: &Shared) -> Response {
     error(
         StatusCode::PAYLOAD_TOO_LARGE,
         &format!(
@@ -196,14 +341,27 @@ fn body_too_large(s: &Shared) -> Response {
     )
 }
 
-/// 408 for a body that did not arrive within the request's time limit, counted; the connection
-/// is closed (the rest of the body is never read).
-fn body_timeout(s: &Shared) -> Response {
-    let status = StatusCode::REQUEST_TIMEOUT;
-    s.metrics
-        .response(status.as_u16(), s.config.timeout.as_secs_f64());
+/// 503 for a request that shutdown caught before it was accepted; `close`: the connection is
+/// closed too (its body was not read to its end).
+fn shutting_down(close: bool) -> Response {
     let mut response = error(
-        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the server is shutting down",
+    );
+    if close {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
+    response
+}
+
+/// 408 for a body that did not arrive within the request's time limit; the connection is closed
+/// (the rest of the body is never read).
+fn body_timeout(s: &Shared) -> Response {
+    let mut response = error(
+        StatusCode::REQUEST_TIMEOUT,
         &format!(
             "the request body did not arrive within {} ms (--timeout-ms)",
             s.config.timeout.as_millis()
@@ -245,7 +403,14 @@ fn unknown_model(s: &Shared, asked: &str) -> Response {
 }
 
 /// `GET /v1/models/{name}`: TF-Serving's model status, plus the signature.
-async fn model_status(State(s): State<Arc<Shared>>, Path(rest): Path<String>) -> Response {
+async fn model_status(
+    State(s): State<Arc<Shared>>,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Response {
+    let rest = match model_path(path) {
+        Ok(r) => r,
+        Err(m) => return error(StatusCode::BAD_REQUEST, &m),
+    };
     if rest.strip_suffix(":predict") == Some(s.config.name.as_str()) {
         let mut r = error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -291,47 +456,69 @@ async fn model_status(State(s): State<Arc<Shared>>, Path(rest): Path<String>) ->
 /// `POST /v1/models/{name}:predict`.
 async fn predict(
     State(s): State<Arc<Shared>>,
-    Path(rest): Path<String>,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
     req: axum::extract::Request,
 ) -> Response {
+    let start = Instant::now();
+    let (status, response) = predict_inner(&s, path, req, start).await;
+    s.metrics
+        .response(status.as_u16(), start.elapsed().as_secs_f64());
+    response
+}
+
+/// [`predict`]'s answer and its status (counted by the caller, whatever the answer).
+async fn predict_inner(
+    s: &Arc<Shared>,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    req: axum::extract::Request,
+    start: Instant,
+) -> (StatusCode, Response) {
     use axum::extract::FromRequest;
+    let with_status = |r: Response| (r.status(), r);
+    let rest = match model_path(path) {
+        Ok(r) => r,
+        Err(m) => return with_status(error(StatusCode::BAD_REQUEST, &m)),
+    };
     // The request's time limit runs from its headers: a body that has not arrived by then is
     // answered 408 and its connection closed (a client that sent part of a body and stopped held
-    // its connection, and up to --max-body of buffered bytes, for as long as it liked).
-    let start = Instant::now();
-    let body = match tokio::time::timeout(s.config.timeout, Bytes::from_request(req, &())).await {
-        Ok(body) => body,
-        Err(_) => return body_timeout(&s),
+    // its connection, and up to --max-body of buffered bytes, for as long as it liked). One still
+    // arriving when shutdown begins is answered 503 then (it was cut off with no answer).
+    let shutdown = s.stop_notice.notified();
+    tokio::pin!(shutdown);
+    shutdown.as_mut().enable();
+    if s.stopping.load(Ordering::SeqCst) {
+        return with_status(shutting_down(true));
+    }
+    let read = tokio::time::timeout(s.config.timeout, Bytes::from_request(req, &()));
+    let body = tokio::select! {
+        read = read => match read {
+            Ok(body) => body,
+            Err(_) => return with_status(body_timeout(s)),
+        },
+        () = shutdown => return with_status(shutting_down(true)),
     };
+    // Shutdown waits for a request whose body is being parsed.
+    let _reading = Reading::new(s);
     // A body past --max-body (or one that could not be read) is answered in JSON like every
     // other error, not axum's plain text.
     let body = match body {
         Ok(b) => b,
-        Err(e) => {
-            let status = e.status();
-            if status == StatusCode::PAYLOAD_TOO_LARGE {
-                return body_too_large(&s);
-            }
-            s.metrics.response(status.as_u16(), 0.0);
-            return error(status, &e.body_text());
-        }
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return with_status(too_large(s)),
+        Err(e) => return with_status(error(e.status(), &e.body_text())),
     };
     let Some(asked) = rest.strip_suffix(":predict") else {
-        return error(
+        return with_status(error(
             StatusCode::NOT_FOUND,
             &format!(
                 "POST /v1/models/{}: the only verb is `:predict`",
                 tumble_io::echo(&rest)
             ),
-        );
+        ));
     };
     if asked != s.config.name {
-        return unknown_model(&s, asked);
+        return with_status(unknown_model(s, asked));
     }
-    let (status, response) = answer(&s, body, start).await;
-    s.metrics
-        .response(status.as_u16(), start.elapsed().as_secs_f64());
-    response
+    answer(s, body, start).await
 }
 
 /// Sets its flag when dropped: the handler's future is dropped when its client disconnects.
@@ -350,10 +537,7 @@ const LARGE_BODY_BYTES: usize = 1 << 20;
 async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Response) {
     let fail = |status: StatusCode, message: &str| (status, error(status, message));
     if s.stopping.load(Ordering::SeqCst) {
-        return fail(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the server is shutting down",
-        );
+        return (StatusCode::SERVICE_UNAVAILABLE, shutting_down(false));
     }
     // Deep bodies parse by native recursion: on a blocking thread with a big stack, off the
     // threads that accept connections. A parsed body is tens of times its text, built at once:
@@ -366,6 +550,10 @@ async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Re
         tumble_io::read_request_instances(&body, "instances", "request")
     })
     .await;
+    if s.stopping.load(Ordering::SeqCst) {
+        // Shutdown began while the body was parsed: the worker may be gone already.
+        return (StatusCode::SERVICE_UNAVAILABLE, shutting_down(false));
+    }
     let instances = match parsed {
         Ok(Ok(i)) => i,
         Ok(Err(e @ tumble_io::IoError::TooLarge { .. })) => {
@@ -452,5 +640,48 @@ async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Re
                 s.config.timeout.as_millis()
             ),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A write the other side never reads fails once its limit passes; one it reads, however
+    /// slowly, completes (each read is progress and starts the clock again).
+    #[test]
+    fn writes_must_make_progress_within_their_limit() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let limit = Duration::from_millis(50);
+            let (a, _unread) = tokio::io::duplex(64);
+            let mut w = WriteDeadline::new(a, limit);
+            let t0 = Instant::now();
+            let e = w.write_all(&[7u8; 1000]).await.unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+            assert!(t0.elapsed() >= limit, "{:?}", t0.elapsed());
+
+            let (a, mut b) = tokio::io::duplex(64);
+            let reader = tokio::spawn(async move {
+                let (mut got, mut buf) = (0, [0u8; 64]);
+                loop {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    match b.read(&mut buf).await.unwrap() {
+                        0 => return got,
+                        n => got += n,
+                    }
+                }
+            });
+            let mut w = WriteDeadline::new(a, limit);
+            w.write_all(&[7u8; 1000]).await.unwrap();
+            w.shutdown().await.unwrap();
+            drop(w);
+            assert_eq!(reader.await.unwrap(), 1000);
+        });
     }
 }

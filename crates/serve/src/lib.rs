@@ -126,8 +126,14 @@ pub(crate) struct Shared {
     pub metrics: Metrics,
     /// Instances accepted and not yet answered (what `max_queue` bounds).
     pub outstanding: AtomicUsize,
+    /// Predict requests whose body is being parsed (not yet counted in `outstanding`): shutdown
+    /// waits for them too, so each gets an answer.
+    pub reading: AtomicUsize,
     /// Set when shutdown begins: `/readyz` answers 503.
     pub stopping: AtomicBool,
+    /// Notified when shutdown begins: a request whose body is still arriving is answered 503
+    /// then, rather than cut off when the drain ends.
+    pub stop_notice: tokio::sync::Notify,
     pub jobs: std::sync::mpsc::Sender<worker::Job>,
     /// Held while a large request body is parsed: they parse one at a time (see `http::answer`).
     pub large_parse: std::sync::Mutex<()>,
@@ -162,7 +168,9 @@ impl Server {
             config,
             metrics: Metrics::default(),
             outstanding: AtomicUsize::new(0),
+            reading: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
+            stop_notice: tokio::sync::Notify::new(),
             jobs: jobs_tx,
             large_parse: std::sync::Mutex::new(()),
         });
@@ -223,6 +231,7 @@ impl Server {
 
     fn stop_and_join(&mut self) -> Result<(), String> {
         self.shared.stopping.store(true, Ordering::SeqCst);
+        self.shared.stop_notice.notify_waiters();
         // The worker first: it stops waiting for batches to fill and runs what it holds, which
         // the handlers the HTTP server waits for are waiting on. A request that slips in after
         // this is still taken while the worker runs, or answered 503 once it has exited.

@@ -178,6 +178,14 @@ fn bad_requests_are_located_and_leave_the_others_alone() {
     assert_eq!(status, 404);
     let (status, _) = http(addr, "POST", "/v1/models/treelstm_small:explain", b"{}");
     assert_eq!(status, 404);
+    // Every predict answer is counted, 404s included (they were not).
+    let (_, metrics) = http(addr, "GET", "/metrics", b"");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "tumble_requests_total{code=\"404\"} 2"),
+        "{metrics}"
+    );
     let (status, body) = predict(addr, &[]);
     assert_eq!((status, body), (200, json!({ "predictions": [] })));
     // Still serving after all that.
@@ -427,6 +435,15 @@ fn shutdown_ends_with_half_sent_requests_open() {
             "{partial:?}: {r:?} after {:?}",
             t.elapsed()
         );
+        if partial.contains("Content-Length") {
+            // A body still arriving is answered 503 when shutdown begins (it was cut off with
+            // no answer).
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut text = String::new();
+            let _ = s.read_to_string(&mut text);
+            assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+            assert!(text.contains("shutting down"), "{text}");
+        }
         drop(s);
     }
 }
@@ -447,6 +464,20 @@ fn wrong_method_and_oversized_bodies_are_json_4xx() {
     let (status, text) = http(addr, "GET", "/v1/models/countdown:predict", b"");
     assert_eq!(status, 405, "{text}");
     assert!(text.contains("\"error\""), "{text}");
+    // Methods no route takes, and a model path that is not UTF-8: JSON too (axum's own answers
+    // were an empty 405 and a plain-text 400).
+    for (method, path, want) in [
+        ("PUT", "/v1/models/countdown:predict", 405),
+        ("DELETE", "/v1/models/countdown", 405),
+        ("POST", "/healthz", 405),
+        ("POST", "/v1/models/%FF:predict", 400),
+        ("GET", "/v1/models/%FF", 400),
+    ] {
+        let (status, text) = http(addr, method, path, b"{}");
+        assert_eq!(status, want, "{method} {path}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{text}");
+    }
     let big = json!({ "instances": vec![json!({ "x": 3 }); 20] }).to_string();
     let (status, text) = http(addr, "POST", "/v1/models/countdown:predict", big.as_bytes());
     assert_eq!(status, 413, "{text}");
