@@ -387,3 +387,44 @@ fn a_long_sequence_flushed_a_few_levels_a_step_gives_what_run_gives() {
     })
     .unwrap();
 }
+
+/// An instance whose stop fires while the others run (its request timed out, its client left)
+/// is answered and forgotten; the others keep what they computed and finish with `run`'s
+/// results, without a restart (they all started again in a fresh graph, so under overload one
+/// timeout made the others time out too).
+#[test]
+fn a_stopped_instance_leaves_the_others_running() {
+    let m = grow_model();
+    let xs = [1.0f32, 0.5, 3.0, 2.0];
+    let items: Vec<_> = xs.iter().map(|&x| json!({ "x": [[x, x]] })).collect();
+    let instances = instances_from_json("test", items);
+    let (want, _) = m.run(&instances, &opts()).unwrap();
+    with_big_stack(|| {
+        let mut s = m.session(&opts()).unwrap();
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tickets = Vec::new();
+        for i in 0..xs.len() {
+            let stop = tumble_api::StopWhen {
+                deadline: None,
+                cancelled: (i == 1).then(|| flag.clone()),
+            };
+            tickets.push(s.admit_until(&instances, i, stop).unwrap());
+        }
+        let mut got = BTreeMap::new();
+        got.extend(s.step());
+        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        while !s.is_idle() {
+            got.extend(s.step());
+        }
+        for (i, (t, w)) in tickets.iter().zip(&want).enumerate() {
+            match (i, &got[t]) {
+                (1, Err(e)) => assert!(e.to_string().contains("stopped"), "{e}"),
+                (1, Ok(r)) => panic!("the stopped instance was answered {r}"),
+                (_, r) => assert_eq!(numbers(r.as_ref().unwrap()), f32s(w), "instance {i}"),
+            }
+        }
+        let st = s.stats();
+        assert_eq!((st.restarts, st.graphs), (0, 1), "{st:?}");
+    })
+    .unwrap();
+}

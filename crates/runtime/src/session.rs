@@ -53,6 +53,9 @@ pub struct SessionStats {
     pub graphs: u64,
     /// Flushes that failed, each restarting the instances in flight but the failing one.
     pub restarts: u64,
+    /// Flushes stopped between launches for one instance (its request timed out or its client
+    /// left): that one was answered, the others went on without restarting.
+    pub stops_survived: u64,
     /// Instances that ran in a step, summed over steps (÷ `steps`: the mean batch).
     pub instance_steps: u64,
 }
@@ -257,11 +260,11 @@ impl<'p> BatchSession<'p> {
             kept.push(slot);
         }
         self.active = kept;
-        if failed.iter().any(|&i| self.dfg.has_pending_of(i)) {
-            // What a failed instance recorded would still be computed by the flush (a stopped
-            // runaway's: seconds of work for nobody): the others start again in a fresh graph.
-            self.restart_all(&mut finished);
-            return finished;
+        // What a failed instance recorded would still be computed by the flush (a stopped
+        // runaway's: seconds of work for nobody): it is forgotten, and the others go on (they
+        // started again in a fresh graph, losing their progress).
+        for &i in &failed {
+            self.dfg.drop_pending_of(i);
         }
 
         if !self.dfg.has_pending() {
@@ -304,13 +307,32 @@ impl<'p> BatchSession<'p> {
             .map(|s| (s.instance, s.stop.clone()))
             .collect();
         self.dfg.set_stops(stops);
+        self.dfg.stop_fired = None;
         let flushed = match self.levels_per_step {
             Some(k) => self.dfg.flush_levels(k),
             None => self.dfg.flush(),
         };
-        if let Err(error) = flushed {
-            self.recover(error, &mut finished);
-            return finished;
+        match (flushed, self.dfg.stop_fired.take()) {
+            (Ok(()), _) => {}
+            // A stop between launches (a request timed out or its client left): that instance
+            // is answered and forgotten, the others keep what they computed and go on at the
+            // next step (they started again in a fresh graph, so under overload one timeout
+            // made the others time out too).
+            (Err(error), Some(stopped)) => {
+                self.active.retain(|slot| {
+                    let gone = slot.instance == stopped;
+                    if gone {
+                        finished.push((slot.ticket, Err(error.clone())));
+                    }
+                    !gone
+                });
+                self.dfg.drop_pending_of(stopped);
+                self.stats.stops_survived += 1;
+            }
+            (Err(error), None) => {
+                self.recover(error, &mut finished);
+                return finished;
+            }
         }
 
         let mut kept = Vec::with_capacity(self.active.len());

@@ -106,6 +106,7 @@ impl Dfg<'_> {
         for part in ids.chunks(chunk) {
             if let Some(instance) = self.stopped_instance() {
                 self.failed_instance = Some(instance);
+                self.stop_fired = Some(instance);
                 return Err(RunError::new(
                     "stopped: its request timed out or its client went away",
                 ));

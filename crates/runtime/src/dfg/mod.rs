@@ -228,6 +228,10 @@ pub struct Dfg<'p> {
     pub(crate) exec: Arc<Executable>,
     /// The instance whose invocation made the last failed launch fail (see [`Dfg::launch`]).
     pub failed_instance: Option<u32>,
+    /// The instance whose stop ended the last flush between two launches (set with
+    /// `failed_instance`): nothing was half done, and every node not computed is pending again
+    /// (`schedule::Dfg::hold_unlaunched`), so the other instances can go on.
+    pub stop_fired: Option<u32>,
     /// Instances whose work is stopped between launches once their deadline passes or their
     /// flag is set (see [`Dfg::set_stops`]).
     stops: Vec<(u32, tumble_interp::StopWhen)>,
@@ -410,6 +414,7 @@ impl<'p> Dfg<'p> {
             exec,
             lent: None,
             failed_instance: None,
+            stop_fired: None,
             stops: Vec::new(),
             profile: Profile::default(),
             launch_log: None,

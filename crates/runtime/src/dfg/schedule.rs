@@ -347,8 +347,17 @@ impl Dfg<'_> {
             if !groups.is_empty() {
                 launched_levels += 1;
             }
-            for ((block, _), ids) in groups {
-                self.launch(block, &ids)?;
+            let mut groups = groups.into_iter();
+            while let Some(((block, _), ids)) = groups.next() {
+                if let Err(e) = self.launch(block, &ids) {
+                    if self.stop_fired.is_some() {
+                        // A stop between launches: nothing is half done. What did not launch
+                        // stays pending, so the session goes on with the other instances.
+                        let unlaunched = ids.into_iter().chain(groups.flat_map(|(_, g)| g));
+                        self.hold_unlaunched(depth, unlaunched, levels, waiting_on);
+                    }
+                    return Err(e);
+                }
                 for id in ids {
                     if let Some(ws) = waiting_on.remove(&id) {
                         levels.entry(depth + 1).or_default().extend(ws);
@@ -362,6 +371,82 @@ impl Dfg<'_> {
             ));
         }
         Ok(())
+    }
+
+    /// After a flush stopped between launches: every node not computed — `unlaunched` (at
+    /// `depth`), the later levels and the parked nodes — is held for the next flush, the parked
+    /// ones at their own depth (their producer may have launched just before the stop), with
+    /// the deferral counts made again.
+    fn hold_unlaunched(
+        &mut self,
+        depth: u32,
+        unlaunched: impl Iterator<Item = u32>,
+        mut levels: BTreeMap<u32, Vec<u32>>,
+        waiting_on: WordMap<u32, Vec<u32>>,
+    ) {
+        let computed =
+            |d: &Dfg<'_>, id: u32| d.nodes.get(id as usize).is_none_or(|n| n.out.is_some());
+        let back: Vec<u32> = unlaunched.filter(|&id| !computed(self, id)).collect();
+        levels.entry(depth).or_default().extend(back);
+        for id in waiting_on.into_values().flatten() {
+            if let Some(n) = self.nodes.get(id as usize) {
+                levels.entry(n.depth).or_default().push(id);
+            }
+        }
+        levels.retain(|_, ids| !ids.is_empty());
+        self.held = Held {
+            remaining: self.deferral_counts(levels.values().flatten().copied()),
+            levels,
+            waiting: WordMap::default(),
+        };
+    }
+
+    /// Per launch key of a deferring block, how many of `ids` it has.
+    fn deferral_counts(&self, ids: impl Iterator<Item = u32>) -> WordMap<(u32, u64), usize> {
+        let mut remaining: WordMap<(u32, u64), usize> = WordMap::default();
+        for id in ids {
+            if let Some(n) = self.nodes.get(id as usize) {
+                if self
+                    .exec
+                    .defer_below
+                    .get(n.block as usize)
+                    .is_some_and(|&d| d > 1)
+                {
+                    *remaining.entry((n.block, n.key)).or_default() += 1;
+                }
+            }
+        }
+        remaining
+    }
+
+    /// Forgets the pending nodes of `instance` (its request was answered: a timeout or a client
+    /// gone), so later flushes compute only the others'. Their producers' outputs stay until
+    /// the graph is dropped.
+    pub fn drop_pending_of(&mut self, instance: u32) {
+        let other = |d: &Dfg<'_>, id: &u32| {
+            d.nodes
+                .get(*id as usize)
+                .is_some_and(|n| n.instance != instance)
+        };
+        let pending = std::mem::take(&mut self.pending);
+        self.pending = pending.into_iter().filter(|id| other(self, id)).collect();
+        let mut held = std::mem::take(&mut self.held);
+        for ids in held.levels.values_mut() {
+            ids.retain(|id| other(self, id));
+        }
+        held.levels.retain(|_, ids| !ids.is_empty());
+        for ids in held.waiting.values_mut() {
+            ids.retain(|id| other(self, id));
+        }
+        held.waiting.retain(|_, ids| !ids.is_empty());
+        held.remaining = self.deferral_counts(
+            held.levels
+                .values()
+                .chain(held.waiting.values())
+                .flatten()
+                .copied(),
+        );
+        self.held = held;
     }
 
     /// Prefetches what [`Dfg::blocking_input`] will read of node `id`: the node, its argument
