@@ -548,7 +548,22 @@ impl Dfg<'_> {
             let Some(k) = pick else { break };
             let ids = ready.remove(&k).unwrap_or_default();
             self.profile.time_schedule += t0.elapsed();
-            self.launch(k.0, &ids)?;
+            if let Err(e) = self.launch(k.0, &ids) {
+                if self.stop_fired.is_some() {
+                    // A stop between launches: what did not launch stays pending (see
+                    // `hold_unlaunched`).
+                    let computed = |d: &Dfg<'_>, id: u32| {
+                        d.nodes.get(id as usize).is_none_or(|n| n.out.is_some())
+                    };
+                    let left: Vec<u32> = pending
+                        .iter()
+                        .copied()
+                        .filter(|&id| !computed(self, id))
+                        .collect();
+                    self.pending.extend(left);
+                }
+                return Err(e);
+            }
             let t0 = Instant::now();
             for id in ids {
                 for c in consumers.remove(&id).unwrap_or_default() {
