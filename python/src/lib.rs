@@ -140,30 +140,24 @@ fn array_to_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>, String> {
     ))
 }
 
-fn numpy_generic(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
-    static GENERIC: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    GENERIC.import(py, "numpy", "generic")
+/// Functions returning a Python class, imported once per process.
+macro_rules! cached_classes {
+    ($($(#[$doc:meta])* $name:ident = $module:literal . $class:literal;)*) => {$(
+        $(#[$doc])*
+        fn $name(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+            static CLASS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+            CLASS.import(py, $module, $class)
+        }
+    )*};
 }
 
-fn numpy_floating(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
-    static FLOATING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    FLOATING.import(py, "numpy", "floating")
-}
-
-/// `numpy.number`: with `numpy.bool_`, the scalar kinds an instance can hold.
-fn numpy_number(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
-    static NUMBER: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    NUMBER.import(py, "numpy", "number")
-}
-
-fn numpy_bool(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
-    static BOOL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    BOOL.import(py, "numpy", "bool_")
-}
-
-fn ctor_class(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
-    static CTOR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    CTOR.import(py, "tumble", "Ctor")
+cached_classes! {
+    numpy_generic = "numpy"."generic";
+    numpy_floating = "numpy"."floating";
+    /// `numpy.number`: with `numpy.bool_`, the scalar kinds an instance can hold.
+    numpy_number = "numpy"."number";
+    numpy_bool = "numpy"."bool_";
+    ctor_class = "tumble"."Ctor";
 }
 
 /// A Python object as a document the instance decoder reads by type (`tumble_api::Doc`): no JSON

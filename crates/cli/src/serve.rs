@@ -22,8 +22,9 @@ Endpoints (TF-Serving / KServe v1 REST):
 Errors: 400 bad JSON or an instance that does not decode (the message names the instance and
 the place in it), 422 an instance that fails at run time, 413 a request larger than
 --max-queue, 503 queue full or shutting down, 504 past --timeout-ms (408 if the body has not
-arrived by then; a connection whose headers take longer than --header-timeout-ms is closed). SIGTERM or Ctrl-C stops
-accepting connections, answers the requests already accepted, and exits 0.
+arrived by then). A connection whose headers take longer than --header-timeout-ms, or that
+leaves an answer unread for --timeout-ms, is closed. SIGTERM or Ctrl-C stops accepting
+connections, answers the requests already accepted, and exits 0.
 
 Example:
   tumble serve models/treelstm_small.rly --random-params 0 --port 8080

@@ -831,14 +831,17 @@ fn check_request_keys(text: &str, key: &str) -> Result<(), serde_json::Error> {
         };
     }
 
-    /// An instance: an object's keys distinct, anything else skipped.
-    struct Instance;
-    impl<'de> DeserializeSeed<'de> for Instance {
+    /// A visitor of any value, as the seed of an element or entry.
+    struct Seed<V>(V);
+    impl<'de, V: Visitor<'de, Value = ()>> DeserializeSeed<'de> for Seed<V> {
         type Value = ();
         fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            d.deserialize_any(Instance)
+            d.deserialize_any(self.0)
         }
     }
+
+    /// An instance: an object's keys distinct, anything else skipped.
+    struct Instance;
     impl<'de> Visitor<'de> for Instance {
         type Value = ();
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -859,19 +862,13 @@ fn check_request_keys(text: &str, key: &str) -> Result<(), serde_json::Error> {
 
     /// The instances' array: each element an [`Instance`].
     struct Instances;
-    impl<'de> DeserializeSeed<'de> for Instances {
-        type Value = ();
-        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            d.deserialize_any(Instances)
-        }
-    }
     impl<'de> Visitor<'de> for Instances {
         type Value = ();
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("an array of instances")
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<(), A::Error> {
-            while s.next_element_seed(Instance)?.is_some() {}
+            while s.next_element_seed(Seed(Instance))?.is_some() {}
             Ok(())
         }
         // Anything else is reported (with its kind) once the body is parsed.
@@ -891,7 +888,7 @@ fn check_request_keys(text: &str, key: &str) -> Result<(), serde_json::Error> {
         }
         fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<(), A::Error> {
             distinct_entries(m, "", |k, m| match k == self.0 {
-                true => m.next_value_seed(Instances),
+                true => m.next_value_seed(Seed(Instances)),
                 false => m.next_value::<IgnoredAny>().map(drop),
             })
             .map(drop)

@@ -269,7 +269,7 @@ impl RunStop {
     }
 
     /// The deadline's limit, once it has passed.
-    pub fn timed_out(&self) -> Option<std::time::Duration> {
+    fn timed_out(&self) -> Option<std::time::Duration> {
         self.0
             .deadline
             .filter(|(_, at)| std::time::Instant::now() >= *at)

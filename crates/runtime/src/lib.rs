@@ -445,12 +445,10 @@ pub(crate) fn drive(
         for (k, &i) in running.iter().enumerate() {
             // A safe point every few instances (a round of many short programs never reaches
             // the evaluator's own).
-            if k % workers::SAFE_POINT_EVERY == workers::SAFE_POINT_EVERY - 1 {
-                tumble_limits::poll().map_err(|stop| InstanceError {
-                    instance: None,
-                    error: tumble_interp::machine::limit_error(stop, Vec::new(), ""),
-                })?;
-            }
+            workers::safe_point(k + 1).map_err(|error| InstanceError {
+                instance: None,
+                error,
+            })?;
             let (m, record) = match turns.get_mut(i) {
                 Some(Turn::Run(m, record)) => (m, record),
                 Some(Turn::Replay(a, ctx, replaying)) => {

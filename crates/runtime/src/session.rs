@@ -319,13 +319,7 @@ impl<'p> BatchSession<'p> {
             // next step (they started again in a fresh graph, so under overload one timeout
             // made the others time out too).
             (Err(error), Some(stopped)) => {
-                self.active.retain(|slot| {
-                    let gone = slot.instance == stopped;
-                    if gone {
-                        finished.push((slot.ticket, Err(error.clone())));
-                    }
-                    !gone
-                });
+                self.answer_failed(Some(stopped), &error, &mut finished);
                 self.dfg.drop_pending_of(stopped);
                 self.stats.stops_survived += 1;
             }
@@ -342,19 +336,15 @@ impl<'p> BatchSession<'p> {
                 // After a partial flush a finished instance may still wait for its tensors:
                 // the ones not computed are listed once, then crossed off as they are (a long
                 // result looked at whole after every step made a long request quadratic).
-                State::Done(v, waiting) if self.dfg.has_pending() => {
-                    let mut waiting = waiting.unwrap_or_else(|| self.dfg.uncomputed(&v));
-                    if self.dfg.still_uncomputed(&mut waiting) {
-                        kept.push(Slot {
-                            state: State::Done(v, Some(waiting)),
-                            ..slot
-                        });
-                        continue;
+                State::Done(v, waiting) => {
+                    if self.dfg.has_pending() {
+                        let mut waiting = waiting.unwrap_or_else(|| self.dfg.uncomputed(&v));
+                        if self.dfg.still_uncomputed(&mut waiting) {
+                            slot.state = State::Done(v, Some(waiting));
+                            kept.push(slot);
+                            continue;
+                        }
                     }
-                    finished.push((slot.ticket, materialize(v, &self.dfg)));
-                    continue;
-                }
-                State::Done(v, _) => {
                     finished.push((slot.ticket, materialize(v, &self.dfg)));
                     continue;
                 }
@@ -430,9 +420,20 @@ impl<'p> BatchSession<'p> {
     /// After a failed flush: the failing instance gets the error, and the others are answered
     /// or restarted ([`BatchSession::restart_all`]).
     fn recover(&mut self, error: RunError, finished: &mut Vec<Finished>) {
-        let culprit = self.dfg.failed_instance;
         // Without a culprit no instance can be told apart: all of them get the error, rather
         // than being restarted into the same failure forever.
+        self.answer_failed(self.dfg.failed_instance, &error, finished);
+        self.restart_all(finished);
+    }
+
+    /// Answers `error` to the instance in flight `culprit` (to every one for `None`) and lets it
+    /// go.
+    fn answer_failed(
+        &mut self,
+        culprit: Option<u32>,
+        error: &RunError,
+        finished: &mut Vec<Finished>,
+    ) {
         self.active.retain(|slot| {
             let failed = culprit.is_none_or(|c| c == slot.instance);
             if failed {
@@ -440,7 +441,6 @@ impl<'p> BatchSession<'p> {
             }
             !failed
         });
-        self.restart_all(finished);
     }
 }
 

@@ -111,16 +111,18 @@ impl Lending {
 /// call's timeout or Ctrl-C waited for the whole job.
 pub(crate) const SAFE_POINT_EVERY: usize = 64;
 
-/// Polls the run's limits ([`tumble_limits::poll`]) at the `k`-th instance of a loop (every
-/// [`SAFE_POINT_EVERY`], from the first), job-wide instance `i`.
-fn safe_point<E>(k: usize, i: usize) -> Result<(), JobError<E>> {
+/// Polls the run's limits ([`tumble_limits::poll`]) at the `k`-th instance of a loop, every
+/// [`SAFE_POINT_EVERY`] from the first.
+pub(crate) fn safe_point(k: usize) -> Result<(), RunError> {
     if k % SAFE_POINT_EVERY != 0 {
         return Ok(());
     }
-    tumble_limits::poll().map_err(|stop| JobError::Run {
-        instance: i,
-        error: tumble_interp::machine::limit_error(stop, Vec::new(), ""),
-    })
+    tumble_limits::poll().map_err(|stop| tumble_interp::machine::limit_error(stop, Vec::new(), ""))
+}
+
+/// [`safe_point`] in a job's loop, at job-wide instance `i`.
+fn job_safe_point<E>(k: usize, i: usize) -> Result<(), JobError<E>> {
+    safe_point(k).map_err(|error| JobError::Run { instance: i, error })
 }
 
 /// Runs the job: instance `i` gets the arguments `load(i)` and the random stream `rng(i)`, and its
@@ -162,7 +164,7 @@ where
         let t_load = Instant::now();
         let mut args = Vec::with_capacity(end - first);
         for i in first..end {
-            safe_point(i - first, i)?;
+            job_safe_point(i - first, i)?;
             args.push(load(i).map_err(|e| JobError::Instance(i, e))?);
         }
         let t_load = t_load.elapsed();
@@ -191,7 +193,7 @@ where
         let t_finish = Instant::now();
         let mut out = Vec::with_capacity(values.len());
         for (k, v) in values.into_iter().enumerate() {
-            safe_point(k, first + k)?;
+            job_safe_point(k, first + k)?;
             out.push(finish(first + k, v).map_err(|e| JobError::Instance(first + k, e))?);
         }
         profile.time_encode += t_finish.elapsed();

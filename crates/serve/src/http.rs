@@ -66,7 +66,7 @@ pub(crate) fn run(
             let mut quiet_since: Option<Instant> = None;
             while Instant::now() < limit {
                 if drain.outstanding.load(Ordering::SeqCst) == 0
-                    && drain.reading.load(Ordering::SeqCst) == 0
+                    && drain.parsing.load(Ordering::SeqCst) == 0
                 {
                     let since = *quiet_since.get_or_insert_with(Instant::now);
                     if since.elapsed() >= DRAIN_GRACE {
@@ -79,9 +79,10 @@ pub(crate) fn run(
             }
         };
         tokio::select! {
-            r = serve => r.map_err(|e| format!("the HTTP server failed: {e}")),
-            () = bounded => Ok(()),
+            () = serve => {}
+            () = bounded => {}
         }
+        Ok(())
     })
 }
 
@@ -96,7 +97,7 @@ async fn serve_connections(
     header_timeout: std::time::Duration,
     write_timeout: std::time::Duration,
     stop: impl std::future::Future<Output = ()>,
-) -> std::io::Result<()> {
+) {
     let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
     // Every connection's task holds a sender: once all are dropped, every connection is closed.
     let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
@@ -145,7 +146,6 @@ async fn serve_connections(
     let _ = closing_tx.send(true);
     drop(open_tx);
     let _ = open_rx.recv().await;
-    Ok(())
 }
 
 /// A connection whose writes must make progress: a write or flush that waits longer than its
@@ -287,19 +287,19 @@ fn model_path(
         .map_err(|e| format!("the URL's model path: {}", e.body_text()))
 }
 
-/// Counts a request in flight while its body is read and parsed (see `Shared::reading`).
-struct Reading<'s>(&'s Shared);
+/// Counts a request while its body is parsed (see `Shared::parsing`).
+struct Parsing<'s>(&'s Shared);
 
-impl<'s> Reading<'s> {
+impl<'s> Parsing<'s> {
     fn new(s: &'s Shared) -> Self {
-        s.reading.fetch_add(1, Ordering::SeqCst);
-        Reading(s)
+        s.parsing.fetch_add(1, Ordering::SeqCst);
+        Parsing(s)
     }
 }
 
-impl Drop for Reading<'_> {
+impl Drop for Parsing<'_> {
     fn drop(&mut self) {
-        self.0.reading.fetch_sub(1, Ordering::SeqCst);
+        self.0.parsing.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -341,37 +341,32 @@ fn too_large(s: &Shared) -> Response {
     )
 }
 
-/// 503 for a request that shutdown caught before it was accepted; `close`: the connection is
-/// closed too (its body was not read to its end).
-fn shutting_down(close: bool) -> Response {
-    let mut response = error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the server is shutting down",
-    );
-    if close {
-        response.headers_mut().insert(
-            header::CONNECTION,
-            header::HeaderValue::from_static("close"),
-        );
-    }
-    response
-}
-
-/// 408 for a body that did not arrive within the request's time limit; the connection is closed
-/// (the rest of the body is never read).
-fn body_timeout(s: &Shared) -> Response {
-    let mut response = error(
-        StatusCode::REQUEST_TIMEOUT,
-        &format!(
-            "the request body did not arrive within {} ms (--timeout-ms)",
-            s.config.timeout.as_millis()
-        ),
-    );
+/// `response`, closing its connection after it (the rest of the request's body is never read).
+fn closing(mut response: Response) -> Response {
     response.headers_mut().insert(
         header::CONNECTION,
         header::HeaderValue::from_static("close"),
     );
     response
+}
+
+/// 503 for a request that shutdown caught before it was accepted.
+fn shutting_down() -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the server is shutting down",
+    )
+}
+
+/// 408 for a body that did not arrive within the request's time limit.
+fn body_timeout(s: &Shared) -> Response {
+    closing(error(
+        StatusCode::REQUEST_TIMEOUT,
+        &format!(
+            "the request body did not arrive within {} ms (--timeout-ms)",
+            s.config.timeout.as_millis()
+        ),
+    ))
 }
 
 async fn readyz(State(s): State<Arc<Shared>>) -> Response {
@@ -487,7 +482,7 @@ async fn predict_inner(
     tokio::pin!(shutdown);
     shutdown.as_mut().enable();
     if s.stopping.load(Ordering::SeqCst) {
-        return with_status(shutting_down(true));
+        return with_status(closing(shutting_down()));
     }
     let read = tokio::time::timeout(s.config.timeout, Bytes::from_request(req, &()));
     let body = tokio::select! {
@@ -495,10 +490,10 @@ async fn predict_inner(
             Ok(body) => body,
             Err(_) => return with_status(body_timeout(s)),
         },
-        () = shutdown => return with_status(shutting_down(true)),
+        () = shutdown => return with_status(closing(shutting_down())),
     };
     // Shutdown waits for a request whose body is being parsed.
-    let _reading = Reading::new(s);
+    let _parsing = Parsing::new(s);
     // A body past --max-body (or one that could not be read) is answered in JSON like every
     // other error, not axum's plain text.
     let body = match body {
@@ -536,9 +531,6 @@ const LARGE_BODY_BYTES: usize = 1 << 20;
 
 async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Response) {
     let fail = |status: StatusCode, message: &str| (status, error(status, message));
-    if s.stopping.load(Ordering::SeqCst) {
-        return (StatusCode::SERVICE_UNAVAILABLE, shutting_down(false));
-    }
     // Deep bodies parse by native recursion: on a blocking thread with a big stack, off the
     // threads that accept connections. A parsed body is tens of times its text, built at once:
     // large ones parse one at a time, each only if the memory budget has room for it (four
@@ -552,7 +544,7 @@ async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Re
     .await;
     if s.stopping.load(Ordering::SeqCst) {
         // Shutdown began while the body was parsed: the worker may be gone already.
-        return (StatusCode::SERVICE_UNAVAILABLE, shutting_down(false));
+        return (StatusCode::SERVICE_UNAVAILABLE, shutting_down());
     }
     let instances = match parsed {
         Ok(Ok(i)) => i,

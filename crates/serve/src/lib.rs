@@ -128,7 +128,7 @@ pub(crate) struct Shared {
     pub outstanding: AtomicUsize,
     /// Predict requests whose body is being parsed (not yet counted in `outstanding`): shutdown
     /// waits for them too, so each gets an answer.
-    pub reading: AtomicUsize,
+    pub parsing: AtomicUsize,
     /// Set when shutdown begins: `/readyz` answers 503.
     pub stopping: AtomicBool,
     /// Notified when shutdown begins: a request whose body is still arriving is answered 503
@@ -168,7 +168,7 @@ impl Server {
             config,
             metrics: Metrics::default(),
             outstanding: AtomicUsize::new(0),
-            reading: AtomicUsize::new(0),
+            parsing: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             stop_notice: tokio::sync::Notify::new(),
             jobs: jobs_tx,

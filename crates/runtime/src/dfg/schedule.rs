@@ -238,13 +238,7 @@ impl Dfg<'_> {
         for id in pending {
             if let Some(n) = self.nodes.get(id as usize) {
                 levels.entry(n.depth).or_default().push(id);
-                if deferring
-                    && self
-                        .exec
-                        .defer_below
-                        .get(n.block as usize)
-                        .is_some_and(|&d| d > 1)
-                {
+                if deferring && self.defers(n) {
                     *remaining.entry((n.block, n.key)).or_default() += 1;
                 }
             }
@@ -384,9 +378,7 @@ impl Dfg<'_> {
         mut levels: BTreeMap<u32, Vec<u32>>,
         waiting_on: WordMap<u32, Vec<u32>>,
     ) {
-        let computed =
-            |d: &Dfg<'_>, id: u32| d.nodes.get(id as usize).is_none_or(|n| n.out.is_some());
-        let back: Vec<u32> = unlaunched.filter(|&id| !computed(self, id)).collect();
+        let back: Vec<u32> = unlaunched.filter(|&id| self.not_computed(id)).collect();
         levels.entry(depth).or_default().extend(back);
         for id in waiting_on.into_values().flatten() {
             if let Some(n) = self.nodes.get(id as usize) {
@@ -404,19 +396,25 @@ impl Dfg<'_> {
     /// Per launch key of a deferring block, how many of `ids` it has.
     fn deferral_counts(&self, ids: impl Iterator<Item = u32>) -> WordMap<(u32, u64), usize> {
         let mut remaining: WordMap<(u32, u64), usize> = WordMap::default();
-        for id in ids {
-            if let Some(n) = self.nodes.get(id as usize) {
-                if self
-                    .exec
-                    .defer_below
-                    .get(n.block as usize)
-                    .is_some_and(|&d| d > 1)
-                {
-                    *remaining.entry((n.block, n.key)).or_default() += 1;
-                }
+        for n in ids.filter_map(|id| self.nodes.get(id as usize)) {
+            if self.defers(n) {
+                *remaining.entry((n.block, n.key)).or_default() += 1;
             }
         }
         remaining
+    }
+
+    /// Whether node `n`'s block defers small launches (see `flush_by_depth`).
+    fn defers(&self, n: &Node) -> bool {
+        self.exec
+            .defer_below
+            .get(n.block as usize)
+            .is_some_and(|&d| d > 1)
+    }
+
+    /// Whether node `id` has not been computed (a stopped flush keeps it for the next).
+    fn not_computed(&self, id: u32) -> bool {
+        self.nodes.get(id as usize).is_some_and(|n| n.out.is_none())
     }
 
     /// Forgets the pending nodes of `instance` (its request was answered: a timeout or a client
@@ -431,21 +429,15 @@ impl Dfg<'_> {
         let pending = std::mem::take(&mut self.pending);
         self.pending = pending.into_iter().filter(|id| other(self, id)).collect();
         let mut held = std::mem::take(&mut self.held);
-        for ids in held.levels.values_mut() {
+        held.levels.retain(|_, ids| {
             ids.retain(|id| other(self, id));
-        }
-        held.levels.retain(|_, ids| !ids.is_empty());
-        for ids in held.waiting.values_mut() {
+            !ids.is_empty()
+        });
+        held.waiting.retain(|_, ids| {
             ids.retain(|id| other(self, id));
-        }
-        held.waiting.retain(|_, ids| !ids.is_empty());
-        held.remaining = self.deferral_counts(
-            held.levels
-                .values()
-                .chain(held.waiting.values())
-                .flatten()
-                .copied(),
-        );
+            !ids.is_empty()
+        });
+        held.remaining = self.deferral_counts(held.ids());
         self.held = held;
     }
 
@@ -552,13 +544,10 @@ impl Dfg<'_> {
                 if self.stop_fired.is_some() {
                     // A stop between launches: what did not launch stays pending (see
                     // `hold_unlaunched`).
-                    let computed = |d: &Dfg<'_>, id: u32| {
-                        d.nodes.get(id as usize).is_none_or(|n| n.out.is_some())
-                    };
                     let left: Vec<u32> = pending
                         .iter()
                         .copied()
-                        .filter(|&id| !computed(self, id))
+                        .filter(|&id| self.not_computed(id))
                         .collect();
                     self.pending.extend(left);
                 }
