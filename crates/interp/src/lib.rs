@@ -29,6 +29,7 @@ pub fn run(
     let ctx = InstanceCtx {
         rng: rng.clone(),
         depth: 0,
+        floor: 0,
         instance: 0,
         phase: 0,
         pending: 0,

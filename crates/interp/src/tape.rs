@@ -315,6 +315,7 @@ pub fn grad(
     let ctx = InstanceCtx {
         rng: rng.clone(),
         depth: 0,
+        floor: 0,
         instance: 0,
         phase: 0,
         pending: 0,

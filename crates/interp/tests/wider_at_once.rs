@@ -178,6 +178,7 @@ fn run(
     let ctx = InstanceCtx {
         rng: Rng::new(0),
         depth: 0,
+        floor: 0,
         instance: 0,
         phase: 0,
         pending: 0,

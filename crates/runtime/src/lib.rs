@@ -409,6 +409,7 @@ pub(crate) fn drive(
         let ctx = InstanceCtx {
             rng,
             depth: 0,
+            floor: 0,
             instance: i as u32,
             phase: 0,
             pending: 0,

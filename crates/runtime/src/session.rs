@@ -350,7 +350,14 @@ impl<'p> BatchSession<'p> {
                 }
                 State::Blocked(m) => State::Running(m),
                 State::Parked(mut m) => {
-                    m.ctx.depth = 0;
+                    // The next phase starts with the others at a boundary, at the level the
+                    // graph has reached when flushing a few levels a step (see `join`).
+                    let depth = match self.levels_per_step {
+                        Some(_) => self.dfg.frontier_depth().unwrap_or(0),
+                        None => 0,
+                    };
+                    m.ctx.depth = depth;
+                    m.ctx.floor = depth;
                     State::Running(m)
                 }
                 other => other,
@@ -377,6 +384,7 @@ impl<'p> BatchSession<'p> {
             InstanceCtx {
                 rng: slot.rng.clone(),
                 depth,
+                floor: depth,
                 instance: slot.instance,
                 phase: 0,
                 pending: 0,

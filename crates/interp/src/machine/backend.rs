@@ -14,6 +14,11 @@ pub struct InstanceCtx {
     pub rng: Rng,
     /// Inline depth (ACROBAT §4.1): the depth the next block invocation gets.
     pub depth: u32,
+    /// The least depth any of its invocations gets, hoisted ones too: the level a running
+    /// session's graph had reached when the instance joined it (0 in a batch run). A hoisted
+    /// invocation otherwise gets depth 0, below every level a session has left to launch, and
+    /// one joining instance at every step kept the level of the others from being reached.
+    pub floor: u32,
     /// Which instance of the mini-batch this is.
     pub instance: u32,
     /// Program phases passed so far (`db.phase_change`).

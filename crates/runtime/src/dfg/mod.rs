@@ -928,16 +928,18 @@ impl Backend for Dfg<'_> {
         let depth = match self.opts.scheduler {
             // The taint analysis found it independent of recursive state (static hoisting): its
             // dataflow depth, without moving the instance's own depth counter.
-            Scheduler::Inline if self.opts.hoist && statically_hoisted => dataflow,
+            // (Above the instance's floor: the level a running session had reached when it
+            // joined, so that it launches with the others instead of ahead of them.)
+            Scheduler::Inline if self.opts.hoist && statically_hoisted => dataflow.max(ctx.floor),
             // Nothing it reads is pending: it can run at depth 0 with every other such invocation
             // (dynamic hoisting).
-            Scheduler::Inline if self.opts.hoist && dataflow == 0 => 0,
+            Scheduler::Inline if self.opts.hoist && dataflow == 0 => ctx.floor,
             Scheduler::Inline => {
                 let d = ctx.depth.max(dataflow);
                 ctx.depth = d + 1;
                 d
             }
-            _ => dataflow,
+            _ => dataflow.max(ctx.floor),
         };
         let id = self.reserve_node(ctx.pending)?;
         let life = self.recorded(&recorded, out_bytes);
