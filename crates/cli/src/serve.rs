@@ -90,7 +90,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub phases: bool,
     /// continuous: depth levels (cells) launched between two admissions; 0: run every pending
-    /// node before admitting again.
+    /// node before admitting again. A few levels let requests join sooner, but each step
+    /// launches every block any request has at its level; on a CPU whole flushes were faster.
     #[arg(long, default_value_t = tumble_serve::DEFAULT_CELL_LEVELS, value_name = "N")]
     pub cell_levels: usize,
     /// Compute every request's invocations, instead of taking the results the server computed
