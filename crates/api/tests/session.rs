@@ -45,6 +45,16 @@ fn grow_model() -> Model {
     .unwrap()
 }
 
+/// A zoo model (`models/NAME.rly`) with seeded random weights.
+fn zoo_model(name: &str) -> Model {
+    let params = Params {
+        random_seed: Some(0),
+        ..Params::default()
+    };
+    let path = repo().join(format!("models/{name}.rly"));
+    Model::load(Source::File(&path), &params, &LoadOptions::default()).unwrap()
+}
+
 fn opts() -> RunOptions {
     RunOptions {
         threads: Some(1),
@@ -295,16 +305,7 @@ fn a_bounded_graph_drains_and_starts_afresh() {
 
 #[test]
 fn treelstm_session_matches_run_on_the_bundled_trees() {
-    let params = Params {
-        random_seed: Some(0),
-        ..Params::default()
-    };
-    let m = Model::load(
-        Source::File(&repo().join("models/treelstm_small.rly")),
-        &params,
-        &LoadOptions::default(),
-    )
-    .unwrap();
+    let m = zoo_model("treelstm_small");
     let instances =
         tumble_io::read_instances_file(&repo().join("examples/treelstm.jsonl")).unwrap();
     let (want, _) = m.run(&instances, &opts()).unwrap();
@@ -343,16 +344,7 @@ fn flat(t: &OutTree, out: &mut Vec<f32>) {
 /// one 20,000-token BiRNN request took 15 s at 8 levels a step and over 30 s at 1, against 0.5 s.)
 #[test]
 fn a_long_sequence_flushed_a_few_levels_a_step_gives_what_run_gives() {
-    let params = Params {
-        random_seed: Some(0),
-        ..Params::default()
-    };
-    let m = Model::load(
-        Source::File(&repo().join("models/birnn_small.rly")),
-        &params,
-        &LoadOptions::default(),
-    )
-    .unwrap();
+    let m = zoo_model("birnn_small");
     let sentence = |n: usize, seed: usize| -> serde_json::Value {
         let tokens: Vec<serde_json::Value> = (0..n)
             .map(|i| json!([((i * 7919 + seed * 104_729) % 21_000) + 2]))
@@ -464,22 +456,13 @@ fn chain(depth: usize, seed: usize) -> serde_json::Value {
 }
 
 /// Flushed a level a step while new instances keep joining, a deep tree finishes within about
-/// the steps it takes alone. A small launch of a weight-bound block waits a level for more of
-/// its key; with instances joining at every step more of its key are always pending, and the
-/// deep tree's one node per level waited step after step (`serve --cell-levels 1`: p99 126 ms
-/// against 59 without deferral at 600 req/s).
+/// the steps it takes alone. It took 461 against 61: each newcomer's leaves (hoisted, nothing
+/// they read is pending) got depth 0, below every level left, so each step launched only them;
+/// and a small launch of a weight-bound block waits a level for more of its key, which with
+/// instances joining at every step are always pending.
 #[test]
 fn a_deep_tree_is_not_starved_by_instances_joining_every_step() {
-    let params = Params {
-        random_seed: Some(0),
-        ..Params::default()
-    };
-    let m = Model::load(
-        Source::File(&repo().join("models/treelstm_large.rly")),
-        &params,
-        &LoadOptions::default(),
-    )
-    .unwrap();
+    let m = zoo_model("treelstm_large");
     let mut items = vec![chain(30, 0)];
     items.extend((1..400).map(|i| chain(1 + i % 2, i)));
     let instances = instances_from_json("test", items);
