@@ -1,7 +1,8 @@
 //! Differential testing on generated programs (`tests/progen`): for random well-typed programs
 //! and instances, the batching runtime — under every scheduler, at mini-batch sizes 1, 3 and 8,
 //! with random subsets of the optimization switches — gives the reference interpreter's outputs,
-//! or fails where it fails, with the same error at the same place.
+//! or fails where it fails, with the same error at the same place; so does a continuous-batching
+//! session the instances join a few at a time, flushed whole or a level or two a step.
 //!
 //! A failure prints the seed and the program. Re-run one seed with
 //! `TUMBLE_PROGEN_SEED=N TUMBLE_PROGEN_COUNT=1 cargo test -p tumble-runtime --test generated -- --ignored`.
@@ -15,7 +16,7 @@ mod progen;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use common::{check_outcomes, compile, load_text, reference_outcomes};
+use common::{check_outcomes, compile, load_text, reference_outcomes, same_within};
 use progen::generate;
 use tumble_check::{load, LoadOptions};
 use tumble_compile::StaticOptions;
@@ -152,6 +153,26 @@ fn check_seed(seed: u64, configs: usize, tally: &mut Tally) {
                 }
             }
         }
+        // Continuous batching: the instances admitted a few at a time into one session,
+        // flushed whole and a few levels a step, under the default switches.
+        {
+            let (program, reuse) = compile(&x, true, StaticOptions::all());
+            for scheduler in [Scheduler::Inline, Scheduler::Depth, Scheduler::Agenda] {
+                for levels in [None, Some(1), Some(2)] {
+                    let opts = Options {
+                        scheduler,
+                        ..Options::default()
+                    };
+                    cases += 1;
+                    check_session(&x, &results, &program, &reuse, opts, levels).map_err(|m| {
+                        format!(
+                            "session: {m}
+  under {scheduler:?}, levels {levels:?}"
+                        )
+                    })?;
+                }
+            }
+        }
         // Traces recorded under the weights, replayed under others: what a replayed instance
         // computes must be what interpreting it under those weights computes (a trace taken of a
         // run whose path read a computed value would replay the old path).
@@ -177,6 +198,60 @@ fn check_seed(seed: u64, configs: usize, tally: &mut Tally) {
                 .push((seed, report(format!("panicked: {m}"))));
         }
     }
+}
+
+/// Runs `x`'s instances through a [`tumble_runtime::session::BatchSession`], instance `i`
+/// admitted at step `i / 2` (so instances join others in flight), flushing `levels` levels a step
+/// (`None`: whole flushes), and demands the reference's outcome for each: its value (within the
+/// batched engine's tolerance: the batches differ from a run's) or the same error.
+fn check_session(
+    x: &common::Expected,
+    results: &[Result<tumble_interp::Value, tumble_interp::RunError>],
+    program: &tumble_compile::Program,
+    reuse: &tumble_compile::ReuseAnalysis,
+    opts: Options,
+    levels: Option<usize>,
+) -> Result<(), String> {
+    use tumble_runtime::session::BatchSession;
+    let exec = std::sync::Arc::new(tumble_runtime::Executable::new(program, reuse, &opts));
+    let mut s =
+        BatchSession::new(program, reuse, exec, "main", opts).map_err(|e| e.message.clone())?;
+    s.levels_per_step = levels;
+    let n = x.args.len();
+    let mut tickets = std::collections::HashMap::new();
+    let mut got: Vec<Option<Result<tumble_interp::Value, tumble_interp::RunError>>> =
+        (0..n).map(|_| None).collect();
+    for step in 0..100_000 {
+        for i in (0..n).filter(|i| i / 2 == step) {
+            tickets.insert(s.admit(x.args[i].clone(), common::rng(i)), i);
+        }
+        for (t, r) in s.step() {
+            let i = tickets
+                .remove(&t)
+                .ok_or("a ticket answered twice or never admitted")?;
+            got[i] = Some(r);
+        }
+        if step >= n / 2 && s.is_idle() {
+            break;
+        }
+    }
+    for (i, (g, w)) in got.into_iter().zip(results).enumerate() {
+        let g = g.ok_or_else(|| format!("instance {i}: never answered"))?;
+        match (g, w) {
+            (Ok(g), Ok(w)) => {
+                same_within(&g, w, "", 1e-5).map_err(|m| format!("instance {i}: {m}"))?
+            }
+            (Err(g), Err(w)) if common::same_error(&g, w) => {}
+            (g, w) => {
+                return Err(format!(
+                    "instance {i}: the session gives {:?}, the reference {:?}",
+                    g.map_err(|e| e.message.clone()),
+                    w.as_ref().map_err(|e| &e.message)
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `x`'s instances with every float weight scaled by -0.75 (one new tensor per weight, shared
