@@ -146,30 +146,8 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
             .collect(),
     };
     let weights: Vec<bool> = params.iter().map(|(n, _)| !provided.contains(n)).collect();
-    // A file no run could use is refused now: a weight is a tensor (a tree or a list comes with
-    // each instance), and no instance can give a function.
-    for ((name, ty), weight) in params.iter().zip(&weights) {
-        let problem = match ty {
-            Ty::Tensor { .. } => None,
-            Ty::Func(..) => Some("a function, which no instance can give"),
-            _ if *weight => Some("not a tensor, so it cannot be a weight"),
-            _ => None,
-        };
-        if let Some(problem) = problem {
-            let fix = if *weight {
-                format!(
-                    "give --inputs a file whose instances have the key `{name}`, so it is \
-                     compiled as a per-instance argument"
-                )
-            } else {
-                format!("compile an entry without the argument %{name}")
-            };
-            return Err(Ok(format!(
-                "@{}'s argument %{name}: {ty} is {problem}; {fix}",
-                args.entry
-            )));
-        }
-    }
+    // A file no run could use is refused now.
+    refuse_unbindable(&args.entry, &params, &weights).map_err(Ok)?;
     // Bound only to check and store them: a run of the file binds again, from the file's weights
     // or its own `--params`.
     let stored: BTreeMap<String, Tensor> =
@@ -344,4 +322,34 @@ pub fn load_for_run(
         sources.add(name.clone(), text.clone());
     }
     Ok(loaded)
+}
+
+/// An error unless every argument of `entry` can be bound as `weights` says (true: a weight, from
+/// the weights file; false: given by each instance): a weight is a tensor (a tree or a list comes
+/// with each instance), and no instance can give a function.
+pub(crate) fn refuse_unbindable(
+    entry: &str,
+    params: &[(String, Ty)],
+    weights: &[bool],
+) -> Result<(), String> {
+    for ((name, ty), weight) in params.iter().zip(weights) {
+        let problem = match ty {
+            Ty::Tensor { .. } => None,
+            Ty::Func(..) => Some("a function, which no instance can give"),
+            _ if *weight => Some("not a tensor, so it cannot be a weight"),
+            _ => None,
+        };
+        if let Some(problem) = problem {
+            let fix = if *weight {
+                format!(
+                    "give --inputs a file whose instances have the key `{name}`, so it is \
+                     compiled as a per-instance argument"
+                )
+            } else {
+                format!("compile an entry without the argument %{name}")
+            };
+            return Err(format!("@{entry}'s argument %{name}: {ty} is {problem}; {fix}"));
+        }
+    }
+    Ok(())
 }

@@ -84,6 +84,14 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
             }
         })
         .collect();
+    // An instances file that leaves a tree or a list to the weights explains nothing a run
+    // could do: refused as `compile` refuses it.
+    if args.inputs.is_some() {
+        if let Err(e) = crate::compiled::refuse_unbindable(&args.entry, &params, &weights) {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let opts = CompileOptions {
         lower: LowerOptions {
             blocks: true,

@@ -299,6 +299,20 @@ fn explain_reports_what_each_static_optimization_found() {
         .unwrap_or_else(|| panic!("no report after the code:\n{code}"));
     assert!(program.contains("entry") && report.contains("static optimizations:"));
     assert!(!text(&tumble(&["explain", &zoo_model("treelstm_small")]).stdout).contains("fn @"));
+    // Instances whose keys leave the tree to the weights: refused, as `compile` refuses them
+    // (it was explained with every argument shared).
+    let wrong = tumble(&[
+        "explain",
+        &zoo_model("treelstm_small"),
+        "-i",
+        &example("birnn"),
+    ]);
+    assert_eq!(wrong.status.code(), Some(1));
+    assert!(
+        text(&wrong.stderr).contains("%tree") && text(&wrong.stderr).contains("cannot be a weight"),
+        "{}",
+        text(&wrong.stderr)
+    );
 }
 
 #[test]
@@ -1399,8 +1413,15 @@ fn data_outputs_never_replace_the_inputs() {
     assert_eq!(std::fs::read_to_string(&vocab).unwrap_or_default(), before);
     let test = dir.join("test.txt");
     let before = std::fs::read_to_string(&test).unwrap_or_default();
-    for cmd in ["sst", "vocab"] {
-        let (code, e) = data(&[cmd, "--data-dir", &s(&dir), "-o", &s(&test)]);
+    for cmd in ["sst", "vocab", "berxit"] {
+        let mut args = vec![cmd, "--data-dir"];
+        let (d, t) = (s(&dir), s(&test));
+        args.extend([d.as_str(), "-o", t.as_str()]);
+        if cmd == "berxit" {
+            // Its lengths from the training split: that split is read as well.
+            args.extend(["--lengths", "sst", "--count", "1"]);
+        }
+        let (code, e) = data(&args);
         assert_eq!(code, Some(1), "{cmd}: {e}");
         assert!(e.contains("an SST file read"), "{cmd}: {e}");
         assert_eq!(

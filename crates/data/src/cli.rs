@@ -444,6 +444,10 @@ impl DataArgs {
         let (data_dir, vocab) = match &self.command {
             DataCommand::Sst(a) => (Some(a.data_dir.as_deref()), a.vocab.as_deref()),
             DataCommand::Vocab(a) => (Some(a.data_dir.as_deref()), None),
+            // Its lengths read from the training split.
+            DataCommand::Berxit(a) if a.lengths.trim() == "sst" => {
+                (Some(a.data_dir.as_deref()), None)
+            }
             _ => (None, None),
         };
         let mut files: Vec<(&'static str, PathBuf)> = Vec::new();
