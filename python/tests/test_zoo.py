@@ -82,12 +82,17 @@ def test_small_mini_batches_run_the_programs_the_cli_runs(cli, tmp_path):
     path = tmp_path / "nested40.jsonl"
     path.write_text("".join(json.dumps(i) + "\n" for i in instances))
     model = tumble.load(MODELS / "nestedrnn_small.rly", random_params=0)
+    # A compiled model keeps its program without merging for the small ones (it ran merged).
+    compiled = tmp_path / "nested.tumble"
+    cli("compile", "models/nestedrnn_small.rly", "--random-params", "0", "-o", str(compiled))
+    from_file = tumble.load(compiled)
     for batch in (5, 40):
         expected = cli(
             "run", "models/nestedrnn_small.rly", "--inputs", str(path),
             "--random-params", "0", "--batch", str(batch), "--threads", "1",
         )
-        outs = model.run(instances, batch=batch, threads=1)
-        assert len(outs) == len(expected)
-        for got, want in zip(outs, expected):
-            assert np.array_equal(got, np.array(want, dtype=np.float32)), batch
+        for m in (model, from_file):
+            outs = m.run(instances, batch=batch, threads=1)
+            assert len(outs) == len(expected)
+            for got, want in zip(outs, expected):
+                assert np.array_equal(got, np.array(want, dtype=np.float32)), batch

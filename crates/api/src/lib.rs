@@ -197,8 +197,9 @@ pub struct Model {
     executable: Mutex<[Option<Planned>; 2]>,
     /// The model compiled again without block merging, for jobs of mini-batches under
     /// `MERGE_MIN_BATCH` instances, as `tumble run` compiles for them (merging pays only for
-    /// larger ones, and the two programs' sums differ in their last bits): `None` for a compiled
-    /// model (its passes were chosen when it was compiled) or one loaded without merging.
+    /// larger ones, and the two programs' sums differ in their last bits): a compiled model's
+    /// own unmerged program, if it keeps one; `None` for a model loaded without merging or
+    /// whose merging changed nothing.
     small_batches: Option<SmallBatches>,
 }
 
@@ -208,9 +209,9 @@ type Planned = (Options, Arc<Executable>);
 /// See [`Model::small_batches`]: what compiling the model again needs, and the program, compiled
 /// on first use.
 struct SmallBatches {
-    weights: Vec<bool>,
-    lower: LowerOptions,
-    statics: StaticOptions,
+    /// What compiling the model again needs: the weights mask and the options (`None`: the
+    /// program came compiled, in a compiled model's file).
+    recompile: Option<(Vec<bool>, LowerOptions, StaticOptions)>,
     compiled: std::sync::OnceLock<Result<(Program, Reuse), String>>,
 }
 
@@ -344,12 +345,14 @@ impl Model {
         } = compiled;
         let instance_args = bound.instance_args();
         let small_batches = opts.statics.merge.then(|| SmallBatches {
-            weights,
-            lower: opts.lower,
-            statics: StaticOptions {
-                merge: false,
-                ..opts.statics
-            },
+            recompile: Some((
+                weights,
+                opts.lower,
+                StaticOptions {
+                    merge: false,
+                    ..opts.statics
+                },
+            )),
             compiled: std::sync::OnceLock::new(),
         });
         Ok(Model {
@@ -392,7 +395,8 @@ impl Model {
         opts: &LoadOptions,
     ) -> Result<Model, Error> {
         let shown = path.display();
-        let a = loaded.artifact;
+        let mut a = loaded.artifact;
+        let unmerged = a.unmerged.take();
         let asked = opts.entry.trim_start_matches('@');
         if asked != "main" {
             a.check_entry(&shown.to_string(), asked)
@@ -486,7 +490,10 @@ impl Model {
             report: None,
             warnings,
             executable: Mutex::new([None, None]),
-            small_batches: None,
+            small_batches: unmerged.map(|u| SmallBatches {
+                recompile: None,
+                compiled: std::sync::OnceLock::from(Ok((u.program, u.reuse))),
+            }),
         })
     }
 
@@ -656,13 +663,16 @@ impl Model {
             _ => return Ok((&self.program, &self.reuse, false)),
         };
         let compiled = small.compiled.get_or_init(|| {
+            let Some((weights, lower, statics)) = &small.recompile else {
+                return Err("internal: no program for small mini-batches".into());
+            };
             tumble_compile::compile(
                 &self.typed,
                 &self.entry,
-                &small.weights,
+                weights,
                 CompileOptions {
-                    lower: small.lower,
-                    statics: Some(small.statics),
+                    lower: *lower,
+                    statics: Some(*statics),
                     plans: None,
                 },
             )

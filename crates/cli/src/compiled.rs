@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use tumble_check::LoadOptions;
 use tumble_compile::{CompileOptions, Compiled, LowerOptions, PlanOptions, StaticOptions};
-use tumble_io::artifact::{save_artifact, Artifact, CompiledWith, Loaded};
+use tumble_io::artifact::{save_artifact, Artifact, CompiledProgram, CompiledWith, Loaded};
 use tumble_io::{bind_params, load_params, main_signature, read_instances_file};
 use tumble_ir::{diag, DType, Diagnostic, SourceMap, Ty};
 use tumble_tensor::Tensor;
@@ -173,22 +173,41 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
         StaticOptions::all()
     };
     let plans = (!args.no_fusion).then(PlanOptions::default);
+    let compile_with = |statics: StaticOptions| {
+        tumble_compile::compile(
+            &typed,
+            &args.entry,
+            &weights,
+            CompileOptions {
+                lower,
+                statics: Some(statics),
+                plans,
+            },
+        )
+        .map_err(|e| Err(vec![Diagnostic::error(e.span, e.message)]))
+    };
     let Compiled {
         program,
         reuse,
         plans: block_plans,
-        ..
-    } = tumble_compile::compile(
-        &typed,
-        &args.entry,
-        &weights,
-        CompileOptions {
-            lower,
-            statics: Some(statics),
-            plans,
-        },
-    )
-    .map_err(|e| Err(vec![Diagnostic::error(e.span, e.message)]))?;
+        report,
+    } = compile_with(statics)?;
+    // `tumble run` merges blocks only for mini-batches large enough: the file keeps the
+    // program without merging too, when merging changed anything, for the smaller ones.
+    let merged = report.is_some_and(|r| !r.merged.is_empty());
+    let unmerged = if merged {
+        let c = compile_with(StaticOptions {
+            merge: false,
+            ..statics
+        })?;
+        Some(Box::new(CompiledProgram {
+            program: c.program,
+            reuse: c.reuse,
+            plans: c.plans,
+        }))
+    } else {
+        None
+    };
     let artifact = Artifact {
         written_by: format!("tumble {}", env!("CARGO_PKG_VERSION")),
         sources: sources
@@ -211,6 +230,7 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
         program,
         reuse,
         plans: block_plans,
+        unmerged,
     };
     save_artifact(&args.output, &artifact, &stored).map_err(msg)?;
     let inputs: Vec<&str> = params
@@ -240,6 +260,8 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
 }
 
 /// The flags of `tumble run` that change how a model is compiled, set in `args`.
+/// (`--no-block-merge` is not one: a compiled model keeps its program without merging whenever
+/// merging changed it, for runs of small mini-batches, and a run asking for no merging takes it.)
 fn compile_time_flags(args: &RunArgs) -> Vec<&'static str> {
     [
         (args.no_coarsen, "--no-coarsen"),
@@ -254,7 +276,6 @@ fn compile_time_flags(args: &RunArgs) -> Vec<&'static str> {
         (args.no_ghosts, "--no-ghosts"),
         (args.no_phases, "--no-phases"),
         (args.no_auto_concurrency, "--no-auto-concurrency"),
-        (args.no_block_merge, "--no-block-merge"),
         (args.no_derived_params, "--no-derived-params"),
         (args.no_canonical_products, "--no-canonical-products"),
         (args.no_cse, "--no-cse"),
@@ -348,7 +369,9 @@ pub(crate) fn refuse_unbindable(
             } else {
                 format!("compile an entry without the argument %{name}")
             };
-            return Err(format!("@{entry}'s argument %{name}: {ty} is {problem}; {fix}"));
+            return Err(format!(
+                "@{entry}'s argument %{name}: {ty} is {problem}; {fix}"
+            ));
         }
     }
     Ok(())

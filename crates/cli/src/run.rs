@@ -376,6 +376,25 @@ fn static_options(args: &RunArgs, instances: usize) -> tumble_compile::StaticOpt
     }
 }
 
+/// `opts` with the plan switches a compiled file was made with (`None`: no kernel plans) turned
+/// off where they were off.
+fn honor_compiled_plans(
+    opts: &mut tumble_runtime::Options,
+    stored: Option<tumble_compile::PlanOptions>,
+) {
+    let Some(p) = stored else {
+        opts.fusion = false;
+        return;
+    };
+    opts.hfuse &= p.hfuse;
+    opts.epilogue &= p.epilogue;
+    opts.direct_matmul &= p.direct_matmul;
+    opts.dense_sums &= p.dense_sums;
+    if !p.gather_views {
+        opts.gather_views = false;
+    }
+}
+
 /// The runtime's switches from the flags.
 fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
     tumble_runtime::Options {
@@ -579,7 +598,12 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     // Which @main arguments are model weights (the same for every instance).
     let weights: Vec<bool> = bound.weights_mask();
     let threads = thread_count(args.threads)?;
-    let opts = runtime_options(args, threads);
+    let mut opts = runtime_options(args, threads);
+    if let Front::Compiled(c) = &front {
+        // The plan switches the file was compiled with hold for its runs, as its static passes
+        // do; this run's switches can only turn more off.
+        honor_compiled_plans(&mut opts, c.artifact.compiled_with.plans);
+    }
     let (program, reuse, plans, tables) = match front {
         Front::Source(typed) => {
             let compile_opts = match args.engine {
@@ -610,7 +634,15 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             c.artifact
                 .check_binding(&weights)
                 .map_err(Failure::Message)?;
-            let a = c.artifact;
+            let mut a = c.artifact;
+            // Mini-batches too small for block merging run the program compiled without it, as
+            // a run of the source would.
+            let merge = static_options(args, raw.items.len()).merge;
+            if let (false, Some(u)) = (merge, a.unmerged.take()) {
+                a.program = u.program;
+                a.reuse = u.reuse;
+                a.plans = u.plans;
+            }
             // The stored plans were made for the switches it was compiled with; other plan
             // switches on this run plan again (cheap: no parsing, checking or passes).
             let plans = if opts.plan_options() == a.compiled_with.plans {

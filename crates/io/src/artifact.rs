@@ -29,7 +29,7 @@ pub const MAGIC: &[u8; 8] = b"TUMBLE\0c";
 
 /// Bumped whenever anything written to the payload changes shape (`Code`, `Block`, plans, `Ty`,
 /// the natives table, ...): a file of another version is refused as stale.
-pub const FORMAT_VERSION: u32 = 12;
+pub const FORMAT_VERSION: u32 = 13;
 
 const HEADER: usize = 8 + 4 + 8 + 8 + 8;
 
@@ -61,6 +61,18 @@ pub struct Artifact {
     /// Which of the entry's arguments the program was compiled with as weights.
     pub weights: Vec<bool>,
     pub compiled_with: CompiledWith,
+    pub program: Program,
+    pub reuse: ReuseAnalysis,
+    pub plans: Vec<BlockPlan>,
+    /// The program compiled without block merging, when merging changed it: `tumble run`
+    /// merges only for mini-batches of at least `merge::MERGE_MIN_BATCH` instances, so a run of
+    /// the file at smaller ones takes this one and gives the source's results bit for bit.
+    pub unmerged: Option<Box<CompiledProgram>>,
+}
+
+/// A program with its reuse analysis and kernel plans.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CompiledProgram {
     pub program: Program,
     pub reuse: ReuseAnalysis,
     pub plans: Vec<BlockPlan>,
@@ -344,30 +356,10 @@ fn finish_artifact(
     };
     let mut artifact: Artifact = postcard::from_bytes(payload)
         .map_err(|e| bad(format!("the program does not read back ({e}): the file is corrupt or was written by another build of tumble; compile the model again")))?;
-    let errors = tumble_compile::verify_finished(&artifact.program);
-    if let Some(first) = errors.first() {
-        return Err(bad(format!(
-            "the program read back is malformed ({} problems, first: {first}): the file is \
-             corrupt; compile the model again",
-            errors.len()
-        )));
-    }
-    if !artifact.plans.is_empty() && artifact.plans.len() != artifact.program.blocks.len() {
-        return Err(bad(format!(
-            "{} kernel plans for {} blocks: the file is corrupt; compile the model again",
-            artifact.plans.len(),
-            artifact.program.blocks.len()
-        )));
-    }
-    for (plan, block) in artifact.plans.iter_mut().zip(&artifact.program.blocks) {
-        plan.restore(block);
-        if let Some(e) = plan.verify(block).first() {
-            return Err(bad(format!(
-                "the kernel plan of block `{}` is malformed ({e}): the file is corrupt; compile \
-                 the model again",
-                block.name
-            )));
-        }
+    check_program(&artifact.program, &mut artifact.plans).map_err(&bad)?;
+    if let Some(u) = &mut artifact.unmerged {
+        check_program(&u.program, &mut u.plans)
+            .map_err(|e| bad(format!("(its unmerged program) {e}")))?;
     }
     if artifact.weights.len() != artifact.params.len() {
         return Err(bad(
@@ -375,6 +367,37 @@ fn finish_artifact(
         ));
     }
     Ok(Loaded { artifact, weights })
+}
+
+/// `program` checked by the IR verifier and `plans` (restored) against its blocks: an error says
+/// what is malformed.
+fn check_program(program: &Program, plans: &mut [BlockPlan]) -> Result<(), String> {
+    let errors = tumble_compile::verify_finished(program);
+    if let Some(first) = errors.first() {
+        return Err(format!(
+            "the program read back is malformed ({} problems, first: {first}): the file is \
+             corrupt; compile the model again",
+            errors.len()
+        ));
+    }
+    if !plans.is_empty() && plans.len() != program.blocks.len() {
+        return Err(format!(
+            "{} kernel plans for {} blocks: the file is corrupt; compile the model again",
+            plans.len(),
+            program.blocks.len()
+        ));
+    }
+    for (plan, block) in plans.iter_mut().zip(&program.blocks) {
+        plan.restore(block);
+        if let Some(e) = plan.verify(block).first() {
+            return Err(format!(
+                "the kernel plan of block `{}` is malformed ({e}): the file is corrupt; compile \
+                 the model again",
+                block.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -424,6 +447,7 @@ mod tests {
             program: c.program,
             reuse: c.reuse,
             plans: c.plans,
+            unmerged: None,
         }
     }
 
