@@ -349,6 +349,10 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
                 vocab_size: a.vocab_size,
             };
             cfg.validate().map_err(DataError::Invalid)?;
+            // One line at a time, made whole before it is written: the largest one's ids and
+            // their text (a token id `[21702], ` is at most ~16 bytes) must fit the budget.
+            let tokens = (a.outer_max as usize).saturating_mul(a.inner_max as usize);
+            reserve_line(tokens.saturating_mul(16), &a.out)?;
             let mut rng = Rng::new(a.seed);
             let lines = (0..a.count).map(|_| Ok(gen::nested_json(&gen::nested(&mut rng, &cfg))));
             finish(&a.out, write_lines(a.out.path(), lines)?)
@@ -364,12 +368,7 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
             cfg.validate().map_err(DataError::Invalid)?;
             // One line at a time: its latent floats and their text (at most ~16 bytes each)
             // must fit the memory budget, asked before the first is made.
-            tumble_limits::reserve((a.hidden as usize).saturating_mul(24)).map_err(|stop| {
-                DataError::Stopped {
-                    stop,
-                    path: a.out.path().map(Path::to_path_buf),
-                }
-            })?;
+            reserve_line((a.hidden as usize).saturating_mul(24), &a.out)?;
             let mut rng = Rng::new(a.seed);
             let lines = (0..a.count).map(|_| Ok(gen::drnn_json(&gen::drnn(&mut rng, &cfg))));
             finish(&a.out, write_lines(a.out.path(), lines)?)
@@ -393,6 +392,17 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
             finish(&a.out, write_lines(a.out.path(), lines)?)
         }
     }
+}
+
+/// Refuses, before any line is made, a command whose largest line (`bytes` while it is made)
+/// would not fit the memory budget: a line is made whole, so the budget could only be looked at
+/// once it was (one instance of 10⁸ × 1,000 tokens grew to 7 GB past a 100 MiB budget, and a
+/// `--timeout` waited for it).
+fn reserve_line(bytes: usize, out: &OutputArgs) -> Result<(), DataError> {
+    tumble_limits::reserve(bytes).map_err(|stop| DataError::Stopped {
+        stop,
+        path: out.path().map(Path::to_path_buf),
+    })
 }
 
 fn run_sst(a: &SstArgs) -> Result<(), DataError> {
