@@ -42,7 +42,12 @@ pub struct Checker<'t> {
     pub globals: HashMap<String, GlobalSig>,
     pub subst: Subst,
     pub diags: Vec<Diagnostic>,
-    deferred: Vec<Deferred>,
+    /// Constraints waiting for types, each with a variable it waits on (unbound when it was
+    /// last tried): it is tried again only once that one is bound. Every function's check
+    /// retries what is waiting, and a chain of unannotated functions left one constraint each
+    /// waiting on its callers: retried whole, 10,000 of them took 8.9 s to check.
+    /// (Boxed: the list is moved whole at every retry.)
+    deferred: Vec<(Option<TyVar>, Box<Deferred>)>,
     scope: tumble_ir::scope::Scope<Ty>,
     type_params: Vec<String>,
     /// Errors reported so far; deferred constraints created after an error stay quiet, since an
@@ -526,13 +531,16 @@ impl<'t> Checker<'t> {
             Ty::Var(_) => {
                 let result = self.subst.fresh();
                 let quiet = self.quiet();
-                self.deferred.push(Deferred::Proj {
-                    tuple: t,
-                    index,
-                    result: result.clone(),
-                    span,
-                    quiet,
-                });
+                self.deferred.push((
+                    None,
+                    Box::new(Deferred::Proj {
+                        tuple: t,
+                        index,
+                        result: result.clone(),
+                        span,
+                        quiet,
+                    }),
+                ));
                 result
             }
             other => {
@@ -725,24 +733,27 @@ impl<'t> Checker<'t> {
         }
         let arg_spans: Vec<Span> = call.args.iter().map(tail_span).collect();
         let quiet = self.quiet();
-        self.deferred.push(Deferred::Op {
-            op,
-            args: arg_tys,
-            arg_spans,
-            attrs: call.attrs.clone(),
-            result: result.clone(),
-            span,
-            quiet,
-        });
+        self.deferred.push((
+            None,
+            Box::new(Deferred::Op {
+                op,
+                args: arg_tys,
+                arg_spans,
+                attrs: call.attrs.clone(),
+                result: result.clone(),
+                span,
+                quiet,
+            }),
+        ));
         self.solve_last();
         result
     }
 
     /// Tries the most recently deferred constraint right away (the common case: inputs known).
     fn solve_last(&mut self) {
-        if let Some(d) = self.deferred.pop() {
-            if let Some(d) = self.try_solve(d) {
-                self.deferred.push(d);
+        if let Some((_, d)) = self.deferred.pop() {
+            if let Some(waiting) = self.try_solve(d) {
+                self.deferred.push(waiting);
             }
         }
     }
@@ -751,11 +762,18 @@ impl<'t> Checker<'t> {
     /// the ones still unsolved become errors (unless they follow an earlier error).
     pub fn solve_deferred(&mut self, last: bool) {
         loop {
-            let pending = std::mem::take(&mut self.deferred);
+            let pending = {
+                let n = self.deferred.len();
+                std::mem::replace(&mut self.deferred, Vec::with_capacity(n))
+            };
             let before = pending.len();
-            for d in pending {
-                if let Some(d) = self.try_solve(d) {
-                    self.deferred.push(d);
+            for (waits, d) in pending {
+                if waits.is_some_and(|v| !self.subst.is_bound(v)) {
+                    self.deferred.push((waits, d));
+                    continue;
+                }
+                if let Some(waiting) = self.try_solve(d) {
+                    self.deferred.push(waiting);
                 }
             }
             if self.deferred.len() == before {
@@ -763,8 +781,8 @@ impl<'t> Checker<'t> {
             }
         }
         if last {
-            for d in std::mem::take(&mut self.deferred) {
-                match d {
+            for (_, d) in std::mem::take(&mut self.deferred) {
+                match *d {
                     Deferred::Op { op, span, quiet: false, .. } => self.err(
                         Diagnostic::error(
                             span,
@@ -782,9 +800,10 @@ impl<'t> Checker<'t> {
         }
     }
 
-    /// Solves one constraint if its inputs are resolved; otherwise hands it back.
-    fn try_solve(&mut self, d: Deferred) -> Option<Deferred> {
-        match d {
+    /// Solves one constraint if its inputs are resolved; otherwise hands it back with a variable
+    /// it waits on.
+    fn try_solve(&mut self, d: Box<Deferred>) -> Option<(Option<TyVar>, Box<Deferred>)> {
+        match *d {
             Deferred::Op {
                 op,
                 args,
@@ -795,16 +814,19 @@ impl<'t> Checker<'t> {
                 quiet,
             } => {
                 let resolved: Vec<Ty> = args.iter().map(|t| self.subst.resolve(t)).collect();
-                if !resolved.iter().all(Ty::is_resolved) {
-                    return Some(Deferred::Op {
-                        op,
-                        args,
-                        arg_spans,
-                        attrs,
-                        result,
-                        span,
-                        quiet,
-                    });
+                if let Some(v) = resolved.iter().find_map(Ty::first_var) {
+                    return Some((
+                        Some(v),
+                        Box::new(Deferred::Op {
+                            op,
+                            args,
+                            arg_spans,
+                            attrs,
+                            result,
+                            span,
+                            quiet,
+                        }),
+                    ));
                 }
                 match (op.relation)(&resolved, &attrs) {
                     Ok(t) => {
@@ -834,14 +856,17 @@ impl<'t> Checker<'t> {
                 span,
                 quiet,
             } => {
-                if matches!(self.subst.shallow(&tuple), Ty::Var(_)) {
-                    return Some(Deferred::Proj {
-                        tuple,
-                        index,
-                        result,
-                        span,
-                        quiet,
-                    });
+                if let Ty::Var(v) = self.subst.shallow(&tuple) {
+                    return Some((
+                        Some(v),
+                        Box::new(Deferred::Proj {
+                            tuple,
+                            index,
+                            result,
+                            span,
+                            quiet,
+                        }),
+                    ));
                 }
                 let t = self.project(tuple, index, span);
                 if let Err(m) = self.subst.unify(&result, &t) {

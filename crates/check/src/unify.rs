@@ -32,6 +32,11 @@ impl Subst {
         Ty::Var(v)
     }
 
+    /// Whether `v` is bound (to anything, possibly another variable).
+    pub fn is_bound(&self, v: TyVar) -> bool {
+        self.binding(v).is_some()
+    }
+
     fn binding(&self, v: TyVar) -> Option<&Ty> {
         self.bindings.get(v.0 as usize).and_then(Option::as_ref)
     }

@@ -271,3 +271,26 @@ fn db_uniform_with_run_time_bounds() {
         "fn (Tensor[(), int32], Tensor[(1, 4), float32]) -> (Tensor[(), int32], Tensor[(2, 2), float32])"
     );
 }
+
+/// A chain of unannotated functions, each calling the previous one: each leaves an operator
+/// waiting for its parameter's type, which only its caller's check gives. Every function's
+/// check retried every waiting constraint (resolving and moving each), so 10,000 of them took
+/// 8.9 s; now a constraint is retried once the variable it waits on is bound (0.36 s), and
+/// 20,000 check in bounded time with every type inferred.
+#[test]
+fn a_long_chain_of_unannotated_functions_is_checked_in_bounded_time() {
+    let start = std::time::Instant::now();
+    let n = 20_000;
+    let mut src = String::from("def @f0(%x) { %x }\n");
+    for i in 1..n {
+        src.push_str(&format!("def @f{i}(%x) {{ @f{}(add(%x, 1f)) }}\n", i - 1));
+    }
+    src.push_str(&format!(
+        "def @main(%x: Tensor[(2), float32]) -> Tensor[(2), float32] {{ @f{}(%x) }}\n",
+        n - 1
+    ));
+    let m = check(&src);
+    assert_fully_typed(&m);
+    assert_eq!(sig(&m, "f0"), sig(&m, &format!("f{}", n / 2)));
+    assert!(start.elapsed() < std::time::Duration::from_secs(30), "{:?}", start.elapsed());
+}
