@@ -752,7 +752,7 @@ impl<'t> Checker<'t> {
     /// Tries the most recently deferred constraint right away (the common case: inputs known).
     fn solve_last(&mut self) {
         if let Some((_, d)) = self.deferred.pop() {
-            if let Some(waiting) = self.try_solve(d) {
+            if let Some(waiting) = self.try_solve(*d) {
                 self.deferred.push(waiting);
             }
         }
@@ -772,7 +772,7 @@ impl<'t> Checker<'t> {
                     self.deferred.push((waits, d));
                     continue;
                 }
-                if let Some(waiting) = self.try_solve(d) {
+                if let Some(waiting) = self.try_solve(*d) {
                     self.deferred.push(waiting);
                 }
             }
@@ -802,8 +802,8 @@ impl<'t> Checker<'t> {
 
     /// Solves one constraint if its inputs are resolved; otherwise hands it back with a variable
     /// it waits on.
-    fn try_solve(&mut self, d: Box<Deferred>) -> Option<(Option<TyVar>, Box<Deferred>)> {
-        match *d {
+    fn try_solve(&mut self, d: Deferred) -> Option<(Option<TyVar>, Box<Deferred>)> {
+        match d {
             Deferred::Op {
                 op,
                 args,
