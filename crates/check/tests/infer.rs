@@ -292,5 +292,9 @@ fn a_long_chain_of_unannotated_functions_is_checked_in_bounded_time() {
     let m = check(&src);
     assert_fully_typed(&m);
     assert_eq!(sig(&m, "f0"), sig(&m, &format!("f{}", n / 2)));
-    assert!(start.elapsed() < std::time::Duration::from_secs(30), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
 }

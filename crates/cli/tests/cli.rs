@@ -1667,3 +1667,44 @@ def @main(%x: Tensor[(?, 4), float32], %y: Tensor[(?, 4), float32], %w: Tensor[(
         assert!(!err.contains("let %a = tanh"), "{extra:?}: {err}");
     }
 }
+
+/// A model without the entry asked for names what it does define (an empty file: nothing).
+#[test]
+fn a_missing_entry_names_the_functions_the_model_defines() {
+    let dir = std::env::temp_dir().join(format!("tumble-entry-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let empty = dir.join("empty.rly");
+    std::fs::write(&empty, "").unwrap_or_else(|e| panic!("{e}"));
+    let out = tumble(&[
+        "run",
+        &empty.display().to_string(),
+        "-i",
+        &example("treelstm"),
+        "--random-params",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("it defines no functions"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = tumble(&[
+        "run",
+        &zoo_model("treelstm_small"),
+        "-i",
+        &example("treelstm"),
+        "--random-params",
+        "0",
+        "--entry",
+        "nope",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = text(&out.stderr);
+    assert!(
+        e.contains("`@nope`") && e.contains("@treelstm_leaf") && e.contains("@main"),
+        "{e}"
+    );
+    assert!(!e.contains("@hd"), "the prelude's are not listed: {e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

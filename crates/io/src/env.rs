@@ -193,7 +193,18 @@ pub fn main_signature(
         .module
         .defs()
         .find(|d| d.name.name == entry)
-        .ok_or_else(|| IoError::param(format!("the module has no function `@{entry}`")))?;
+        .ok_or_else(|| {
+            let user: Vec<String> = typed
+                .user_globals()
+                .map(|(name, _)| format!("@{name}"))
+                .collect();
+            let has = match user.len() {
+                0 => "it defines no functions".to_string(),
+                n if n <= 8 => format!("it defines {}", user.join(", ")),
+                _ => format!("it defines {}, …", user[..8].join(", ")),
+            };
+            IoError::param(format!("the module has no function `@{entry}` ({has})"))
+        })?;
     let sig = typed.globals.get(entry);
     if let Some(sig) = sig {
         if !sig.type_params.is_empty() {
