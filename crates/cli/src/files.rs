@@ -114,6 +114,17 @@ pub fn source_text(path: &Path, bytes: Vec<u8>) -> Result<String, String> {
             path.display()
         ));
     }
+    // A compiled model cut short or with a damaged header: no source starts like one.
+    let magic = tumble_io::artifact::MAGIC;
+    let head = bytes.get(..bytes.len().min(16)).unwrap_or(&[]);
+    let cut_short = bytes.len() >= 4 && magic.starts_with(&bytes);
+    if cut_short || (head.starts_with(&magic[..4]) && head.contains(&0)) {
+        return Err(format!(
+            "{} begins like a compiled model (`tumble compile`), but its header is damaged or \
+             cut short: compile the model again",
+            path.display()
+        ));
+    }
     String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let before = e.as_bytes().get(..at).unwrap_or(&[]);

@@ -130,6 +130,17 @@ fn damaged_stale_and_mismatched_compiled_models_are_clear_errors() {
         &tumble(&["run", &truncated, "--inputs", &x]),
         &["truncated", "compile the model again"],
     );
+    // Cut inside its header, or its magic damaged: read as a broken source file before.
+    let cut = write("cut.tumble", &bytes[..6]);
+    let mut bad_magic = bytes.clone();
+    bad_magic[5] = b'X';
+    let bad_magic = write("bad-magic.tumble", &bad_magic);
+    for damaged in [&cut, &bad_magic] {
+        failed_with(
+            &tumble(&["run", damaged, "--inputs", &x]),
+            &["header is damaged", "compile the model again"],
+        );
+    }
     let mut flipped = bytes.clone();
     let mid = 40 + (flipped.len() - 40) / 3;
     flipped[mid] ^= 0x10;
