@@ -1438,6 +1438,21 @@ fn data_outputs_never_replace_the_inputs() {
         &s(&dir.join("new.jsonl")),
     ]);
     assert_eq!(code, Some(0), "{e}");
+    // An offset past the last tree writes nothing, and says so (it was silent).
+    let (code, e) = data(&[
+        "sst",
+        "--data-dir",
+        &s(&dir),
+        "--offset",
+        "1000",
+        "-o",
+        &s(&dir.join("none.jsonl")),
+    ]);
+    assert_eq!(code, Some(0), "{e}");
+    assert!(e.contains("past the last tree"), "{e}");
+    // A negative threshold is a value, not an unknown flag.
+    let (code, e) = data(&["berxit", "--count", "1", "--threshold", "-1"]);
+    assert_eq!(code, Some(0), "{e}");
 }
 
 /// The compiler's analyses take each call of a function once per context: a chain of 40

@@ -271,7 +271,12 @@ pub struct BerxitArgs {
     #[arg(long, default_value_t = 0, value_name = "S")]
     pub seed: u64,
     /// Exit threshold on the largest softmax probability.
-    #[arg(long, default_value_t = 0.9, value_name = "T")]
+    #[arg(
+        long,
+        default_value_t = 0.9,
+        value_name = "T",
+        allow_negative_numbers = true
+    )]
     pub threshold: f32,
     /// Sequence lengths, [CLS] included: `fixed` (128, the zoo's `berxit_*.rly`), `N` (all N),
     /// `uniform:MIN-MAX`, or `sst` (the lengths of SST's training sentences, in words, plus one
@@ -432,7 +437,17 @@ fn run_sst(a: &SstArgs) -> Result<(), DataError> {
             };
             Ok(with_labels(instance, &tree, a.labels, format))
         });
-    finish(&a.out, write_lines(a.out.path(), lines)?)
+    let written = write_lines(a.out.path(), lines)?;
+    if written == 0 && a.offset > 0 {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "warning: --offset {} is past the last tree of {}: no instances written",
+            a.offset,
+            path.display()
+        );
+    }
+    finish(&a.out, written)
 }
 
 impl DataArgs {

@@ -85,7 +85,7 @@ impl AtomicFile {
             .write(true)
             .create_new(true)
             .open(&temp)
-            .map_err(|e| DataError::io(&temp, "create", e))?;
+            .map_err(|e| DataError::io(&target, "create a temporary file next to", e))?;
         Ok(AtomicFile {
             target,
             temp: Some(temp),
