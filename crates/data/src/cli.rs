@@ -359,7 +359,15 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
             let tokens = (a.outer_max as usize).saturating_mul(a.inner_max as usize);
             reserve_line(tokens.saturating_mul(16), &a.out)?;
             let mut rng = Rng::new(a.seed);
-            let lines = (0..a.count).map(|_| Ok(gen::nested_json(&gen::nested(&mut rng, &cfg))));
+            let stopped = |stop| DataError::Stopped {
+                stop,
+                path: a.out.path().map(Path::to_path_buf),
+            };
+            let lines = (0..a.count).map(|_| {
+                let seqs =
+                    gen::nested_polled(&mut rng, &cfg, || tumble_limits::poll().map_err(stopped))?;
+                Ok(gen::nested_json(&seqs))
+            });
             finish(&a.out, write_lines(a.out.path(), lines)?)
         }
         DataCommand::Drnn(a) => {

@@ -125,13 +125,25 @@ impl NestedConfig {
 
 /// One NestedRNN input: the inner sequences of token ids.
 pub fn nested(rng: &mut Rng, cfg: &NestedConfig) -> Vec<Vec<u32>> {
+    // No limits set: the poll never stops it.
+    nested_polled(rng, cfg, || Ok::<(), std::convert::Infallible>(())).unwrap_or_default()
+}
+
+/// [`nested`], calling `poll` before each inner sequence: one instance can hold billions of
+/// ids (`--outer-max 100000000`), so a time limit or an interrupt must not wait for all of it.
+pub fn nested_polled<E>(
+    rng: &mut Rng,
+    cfg: &NestedConfig,
+    mut poll: impl FnMut() -> Result<(), E>,
+) -> Result<Vec<Vec<u32>>, E> {
     let outer = uniform_incl(rng, cfg.outer_min, cfg.outer_max);
     (0..outer)
         .map(|_| {
+            poll()?;
             let inner = uniform_incl(rng, cfg.inner_min, cfg.inner_max);
-            (0..inner)
+            Ok((0..inner)
                 .map(|_| uniform_below(rng, FIRST_WORD_ID, cfg.vocab_size))
-                .collect()
+                .collect())
         })
         .collect()
 }
