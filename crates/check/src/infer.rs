@@ -800,9 +800,25 @@ impl<'t> Checker<'t> {
         }
     }
 
+    /// A type variable `d` still waits on (its inputs not all known yet), if any.
+    fn waits_on(&self, d: &Deferred) -> Option<TyVar> {
+        match d {
+            Deferred::Op { args, .. } => {
+                args.iter().find_map(|t| self.subst.resolve(t).first_var())
+            }
+            Deferred::Proj { tuple, .. } => match self.subst.shallow(tuple) {
+                Ty::Var(v) => Some(v),
+                _ => None,
+            },
+        }
+    }
+
     /// Solves one constraint if its inputs are resolved; otherwise hands it back with a variable
     /// it waits on.
     fn try_solve(&mut self, d: Deferred) -> Option<(Option<TyVar>, Box<Deferred>)> {
+        if let Some(v) = self.waits_on(&d) {
+            return Some((Some(v), Box::new(d)));
+        }
         match d {
             Deferred::Op {
                 op,
@@ -811,23 +827,9 @@ impl<'t> Checker<'t> {
                 attrs,
                 result,
                 span,
-                quiet,
+                quiet: _,
             } => {
                 let resolved: Vec<Ty> = args.iter().map(|t| self.subst.resolve(t)).collect();
-                if let Some(v) = resolved.iter().find_map(Ty::first_var) {
-                    return Some((
-                        Some(v),
-                        Box::new(Deferred::Op {
-                            op,
-                            args,
-                            arg_spans,
-                            attrs,
-                            result,
-                            span,
-                            quiet,
-                        }),
-                    ));
-                }
                 match (op.relation)(&resolved, &attrs) {
                     Ok(t) => {
                         if let Err(m) = self.subst.unify(&result, &t) {
@@ -854,20 +856,8 @@ impl<'t> Checker<'t> {
                 index,
                 result,
                 span,
-                quiet,
+                quiet: _,
             } => {
-                if let Ty::Var(v) = self.subst.shallow(&tuple) {
-                    return Some((
-                        Some(v),
-                        Box::new(Deferred::Proj {
-                            tuple,
-                            index,
-                            result,
-                            span,
-                            quiet,
-                        }),
-                    ));
-                }
                 let t = self.project(tuple, index, span);
                 if let Err(m) = self.subst.unify(&result, &t) {
                     self.mismatch(span, format!("field .{index} has the wrong type"), m);
