@@ -803,9 +803,7 @@ impl<'t> Checker<'t> {
     /// A type variable `d` still waits on (its inputs not all known yet), if any.
     fn waits_on(&self, d: &Deferred) -> Option<TyVar> {
         match d {
-            Deferred::Op { args, .. } => {
-                args.iter().find_map(|t| self.subst.resolve(t).first_var())
-            }
+            Deferred::Op { args, .. } => args.iter().find_map(|t| self.subst.first_unbound(t)),
             Deferred::Proj { tuple, .. } => match self.subst.shallow(tuple) {
                 Ty::Var(v) => Some(v),
                 _ => None,

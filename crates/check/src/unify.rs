@@ -37,6 +37,29 @@ impl Subst {
         self.binding(v).is_some()
     }
 
+    /// The first variable still unbound in `ty` once bindings are followed (depth first, left to
+    /// right, as in the resolved type), found without copying the type.
+    pub fn first_unbound(&self, ty: &Ty) -> Option<TyVar> {
+        let mut stack: Vec<&Ty> = vec![ty];
+        while let Some(mut t) = stack.pop() {
+            while let Ty::Var(v) = t {
+                match self.binding(*v) {
+                    Some(b) => t = b,
+                    None => return Some(*v),
+                }
+            }
+            match t {
+                Ty::Tuple(ts) | Ty::Adt(_, ts) => stack.extend(ts.iter().rev()),
+                Ty::Func(ps, r) => {
+                    stack.push(r);
+                    stack.extend(ps.iter().rev());
+                }
+                Ty::Tensor { .. } | Ty::Param(_) | Ty::Var(_) => {}
+            }
+        }
+        None
+    }
+
     fn binding(&self, v: TyVar) -> Option<&Ty> {
         self.bindings.get(v.0 as usize).and_then(Option::as_ref)
     }

@@ -390,9 +390,7 @@ fn honor_compiled_plans(
     opts.epilogue &= p.epilogue;
     opts.direct_matmul &= p.direct_matmul;
     opts.dense_sums &= p.dense_sums;
-    if !p.gather_views {
-        opts.gather_views = false;
-    }
+    opts.gather_views &= p.gather_views;
 }
 
 /// The runtime's switches from the flags.

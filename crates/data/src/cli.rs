@@ -20,6 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
+use tumble_limits::Stop;
 use tumble_tensor::Rng;
 
 use crate::error::DataError;
@@ -359,13 +360,10 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
             let tokens = (a.outer_max as usize).saturating_mul(a.inner_max as usize);
             reserve_line(tokens.saturating_mul(16), &a.out)?;
             let mut rng = Rng::new(a.seed);
-            let stopped = |stop| DataError::Stopped {
-                stop,
-                path: a.out.path().map(Path::to_path_buf),
-            };
             let lines = (0..a.count).map(|_| {
-                let seqs =
-                    gen::nested_polled(&mut rng, &cfg, || tumble_limits::poll().map_err(stopped))?;
+                let seqs = gen::nested_polled(&mut rng, &cfg, || {
+                    tumble_limits::poll().map_err(stopped(&a.out))
+                })?;
                 Ok(gen::nested_json(&seqs))
             });
             finish(&a.out, write_lines(a.out.path(), lines)?)
@@ -412,10 +410,15 @@ fn run_inner(args: &DataArgs) -> Result<(), DataError> {
 /// once it was (one instance of 10⁸ × 1,000 tokens grew to 7 GB past a 100 MiB budget, and a
 /// `--timeout` waited for it).
 fn reserve_line(bytes: usize, out: &OutputArgs) -> Result<(), DataError> {
-    tumble_limits::reserve(bytes).map_err(|stop| DataError::Stopped {
+    tumble_limits::reserve(bytes).map_err(stopped(out))
+}
+
+/// The error of a command writing `out` that the run limits stopped.
+fn stopped(out: &OutputArgs) -> impl Fn(Stop) -> DataError + '_ {
+    |stop| DataError::Stopped {
         stop,
         path: out.path().map(Path::to_path_buf),
-    })
+    }
 }
 
 fn run_sst(a: &SstArgs) -> Result<(), DataError> {

@@ -125,8 +125,8 @@ impl NestedConfig {
 
 /// One NestedRNN input: the inner sequences of token ids.
 pub fn nested(rng: &mut Rng, cfg: &NestedConfig) -> Vec<Vec<u32>> {
-    // No limits set: the poll never stops it.
-    nested_polled(rng, cfg, || Ok::<(), std::convert::Infallible>(())).unwrap_or_default()
+    let Ok(seqs) = nested_polled(rng, cfg, || Ok::<(), std::convert::Infallible>(()));
+    seqs
 }
 
 /// [`nested`], calling `poll` before each inner sequence: one instance can hold billions of

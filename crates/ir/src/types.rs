@@ -137,16 +137,6 @@ impl Ty {
         }
     }
 
-    /// The first inference variable in the type, if any (depth first, left to right).
-    pub fn first_var(&self) -> Option<TyVar> {
-        match self {
-            Ty::Tensor { .. } | Ty::Param(_) => None,
-            Ty::Var(v) => Some(*v),
-            Ty::Tuple(ts) | Ty::Adt(_, ts) => ts.iter().find_map(Ty::first_var),
-            Ty::Func(ps, r) => ps.iter().find_map(Ty::first_var).or_else(|| r.first_var()),
-        }
-    }
-
     /// True when no inference variable occurs in the type.
     pub fn is_resolved(&self) -> bool {
         match self {

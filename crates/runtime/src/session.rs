@@ -350,12 +350,8 @@ impl<'p> BatchSession<'p> {
                 }
                 State::Blocked(m) => State::Running(m),
                 State::Parked(mut m) => {
-                    // The next phase starts with the others at a boundary, at the level the
-                    // graph has reached when flushing a few levels a step (see `join`).
-                    let depth = match self.levels_per_step {
-                        Some(_) => self.dfg.frontier_depth().unwrap_or(0),
-                        None => 0,
-                    };
+                    // The next phase starts with the others at a boundary.
+                    let depth = self.start_depth();
                     m.ctx.depth = depth;
                     m.ctx.floor = depth;
                     State::Running(m)
@@ -368,17 +364,22 @@ impl<'p> BatchSession<'p> {
         finished
     }
 
+    /// The depth an instance starting now (joining, or resuming after a phase boundary) starts
+    /// at, and below which none of its invocations go: with partial flushes, the level the graph
+    /// has reached, so that its first invocations launch with the running instances' next ones
+    /// (cell by cell) rather than as a level of their own below theirs; 0 with whole flushes.
+    fn start_depth(&self) -> u32 {
+        match self.levels_per_step {
+            Some(_) => self.dfg.frontier_depth().unwrap_or(0),
+            None => 0,
+        }
+    }
+
     /// Starts `slot`'s machine in the current graph; an instance that cannot start is answered.
     fn join(&mut self, mut slot: Slot<'p>) -> Option<Finished> {
         slot.instance = self.next_instance;
         self.next_instance = self.next_instance.wrapping_add(1);
-        // With partial flushes, a newcomer starts at the level the graph has reached, so that
-        // its first invocations launch with the running instances' next ones (cell by cell)
-        // rather than as a level of their own.
-        let depth = match self.levels_per_step {
-            Some(_) => self.dfg.frontier_depth().unwrap_or(0),
-            None => 0,
-        };
+        let depth = self.start_depth();
         let mut m = Machine::new(
             self.program,
             InstanceCtx {

@@ -25,9 +25,8 @@ enum Prefetch {
     Producers,
 }
 
-/// The pending nodes a flush of a few levels left, by depth, with the deferral counts of their
-/// launch keys: the next flush adds the nodes recorded meanwhile instead of sorting every
-/// pending node again. (A session flushing `--cell-levels` levels per step sorted the whole
+/// The pending nodes a flush of a few levels left, by depth: the next flush adds the nodes
+/// recorded meanwhile instead of sorting every pending node again. (A session flushing `--cell-levels` levels per step sorted the whole
 /// backlog at every step: one 20,000-token BiRNN request took 15 s at 8 levels, against 0.7 s
 /// flushed whole.)
 #[derive(Default)]
@@ -37,9 +36,6 @@ pub(super) struct Held {
     /// blocked behind deeper ones (the inline depth follows the program's calls, not the data)
     /// were put back at their level and looked at again by every later flush.
     waiting: WordMap<u32, Vec<u32>>,
-    /// Per launch key of a deferring block, its nodes among `levels` and `waiting` (see
-    /// `flush_by_depth`).
-    remaining: WordMap<(u32, u64), usize>,
 }
 
 impl Held {
@@ -107,24 +103,7 @@ impl Dfg<'_> {
 
     /// Evaluates every pending node, in batched launches chosen by the scheduler.
     pub fn flush(&mut self) -> Result<(), RunError> {
-        if !self.has_pending() {
-            return Ok(());
-        }
-        self.profile.flushes += 1;
-        let pending = std::mem::take(&mut self.pending);
-        match self.opts.scheduler {
-            Scheduler::Agenda => {
-                let all = self.with_held(pending);
-                self.flush_agenda(all)
-            }
-            _ => self.flush_by_depth(pending, usize::MAX),
-        }
-    }
-
-    /// `pending` and the held nodes, as one list (for the agenda, which sorts its own way).
-    fn with_held(&mut self, mut pending: Vec<u32>) -> Vec<u32> {
-        pending.extend(std::mem::take(&mut self.held).ids());
-        pending
+        self.flush_levels(usize::MAX)
     }
 
     /// [`Dfg::flush`] that stops once `levels` depth levels have launched, leaving the deeper
@@ -136,11 +115,12 @@ impl Dfg<'_> {
             return Ok(());
         }
         self.profile.flushes += 1;
-        let pending = std::mem::take(&mut self.pending);
+        let mut pending = std::mem::take(&mut self.pending);
         match self.opts.scheduler {
+            // The agenda sorts its own way: the held nodes join the others.
             Scheduler::Agenda => {
-                let all = self.with_held(pending);
-                self.flush_agenda(all)
+                pending.extend(std::mem::take(&mut self.held).ids());
+                self.flush_agenda(pending)
             }
             _ => self.flush_by_depth(pending, levels.max(1)),
         }
@@ -225,12 +205,11 @@ impl Dfg<'_> {
         max_levels: usize,
     ) -> Result<(), RunError> {
         let t0 = Instant::now();
-        // The nodes an earlier flush of a few levels left come sorted already, with their
-        // deferral counts; only the ones recorded since are sorted in.
+        // The nodes an earlier flush of a few levels left come sorted already; only the ones
+        // recorded since are sorted in.
         let Held {
             mut levels,
             waiting,
-            mut remaining,
         } = std::mem::take(&mut self.held);
         // Pending invocations per launch key, for deferring small launches while more of the
         // same key are still to come. Not in a flush of a few levels: instances join between
@@ -241,11 +220,14 @@ impl Dfg<'_> {
         for id in pending {
             if let Some(n) = self.nodes.get(id as usize) {
                 levels.entry(n.depth).or_default().push(id);
-                if deferring && self.defers(n) {
-                    *remaining.entry((n.block, n.key)).or_default() += 1;
-                }
             }
         }
+        let mut remaining = match deferring {
+            true => {
+                self.deferral_counts(levels.values().chain(waiting.values()).flatten().copied())
+            }
+            false => WordMap::default(),
+        };
         // Nodes waiting for an input, by the node that computes it: released to the level after
         // the one that launches it, instead of being looked at again at every level between
         // (NestedRNN's chains behind deferred launches made that quadratic).
@@ -261,7 +243,6 @@ impl Dfg<'_> {
                 self.held = Held {
                     levels,
                     waiting: waiting_on,
-                    remaining,
                 };
                 return Ok(());
             }
@@ -372,8 +353,7 @@ impl Dfg<'_> {
 
     /// After a flush stopped between launches: every node not computed — `unlaunched` (at
     /// `depth`), the later levels and the parked nodes — is held for the next flush, the parked
-    /// ones at their own depth (their producer may have launched just before the stop), with
-    /// the deferral counts made again.
+    /// ones at their own depth (their producer may have launched just before the stop).
     fn hold_unlaunched(
         &mut self,
         depth: u32,
@@ -390,7 +370,6 @@ impl Dfg<'_> {
         }
         levels.retain(|_, ids| !ids.is_empty());
         self.held = Held {
-            remaining: self.deferral_counts(levels.values().flatten().copied()),
             levels,
             waiting: WordMap::default(),
         };
@@ -440,7 +419,6 @@ impl Dfg<'_> {
             ids.retain(|id| other(self, id));
             !ids.is_empty()
         });
-        held.remaining = self.deferral_counts(held.ids());
         self.held = held;
     }
 
