@@ -83,17 +83,28 @@ fn numbers(json: &str) -> Vec<f32> {
     out
 }
 
-/// Admits instance i of `instances` at step `arrive[i]`, steps until all are answered, and
-/// returns each result and the most instances left in flight after a step.
+/// What [`run_staggered`] saw.
+struct Staggered {
+    /// Each admitted instance's result.
+    results: Vec<Result<String, tumble_api::Error>>,
+    /// The most instances left in flight after a step.
+    most: usize,
+    /// The step at which each instance was answered.
+    answered_at: Vec<usize>,
+}
+
+/// Admits instance i of `instances` at step `arrive[i]` (the first `arrive.len()` instances)
+/// and steps until all of them are answered.
 fn run_staggered(
     session: &mut Session<'_>,
     instances: &RawInstances,
     arrive: &[usize],
-) -> (Vec<Result<String, tumble_api::Error>>, usize) {
-    let n = instances.len();
+) -> Staggered {
+    let n = arrive.len();
     let mut tickets: BTreeMap<Ticket, usize> = BTreeMap::new();
     let mut results: Vec<Option<Result<String, tumble_api::Error>>> =
         (0..n).map(|_| None).collect();
+    let mut answered_at = vec![0; n];
     let mut most = 0;
     // Enough steps for a long sequence flushed one level a step.
     for step in 0..100_000 {
@@ -109,6 +120,7 @@ fn run_staggered(
             let i = tickets.remove(&t).expect("a ticket answered once");
             assert!(results[i].is_none());
             results[i] = Some(r);
+            answered_at[i] = step;
         }
         most = most.max(session.in_flight());
         if results.iter().all(Option::is_some) {
@@ -116,10 +128,11 @@ fn run_staggered(
         }
     }
     assert!(session.is_idle());
-    (
-        results.into_iter().map(|r| r.expect("answered")).collect(),
+    Staggered {
+        results: results.into_iter().map(|r| r.expect("answered")).collect(),
         most,
-    )
+        answered_at,
+    }
 }
 
 #[test]
@@ -141,7 +154,9 @@ fn instances_joining_a_running_batch_get_what_run_gives() {
             let mut s = m.session(&o).unwrap();
             s.set_levels_per_step(levels);
             // Arrivals at steps 0, 0, 1, 2, 2, 3, 5, 9: later ones join machines blocked mid-way.
-            let (got, most) = run_staggered(&mut s, &instances, &[0, 0, 1, 2, 2, 3, 5, 9]);
+            let Staggered {
+                results: got, most, ..
+            } = run_staggered(&mut s, &instances, &[0, 0, 1, 2, 2, 3, 5, 9]);
             assert!(most >= 3, "instances overlapped in the batch ({most})");
             for (g, w) in got.iter().zip(&want) {
                 assert_eq!(numbers(g.as_ref().unwrap()), f32s(w));
@@ -176,7 +191,7 @@ fn a_failing_instance_fails_no_other() {
     let whole = m.run(&instances, &opts()).unwrap_err();
     with_big_stack(|| {
         let mut s = m.session(&opts()).unwrap();
-        let (got, _) = run_staggered(&mut s, &instances, &[0, 0, 1, 1]);
+        let got = run_staggered(&mut s, &instances, &[0, 0, 1, 1]).results;
         let e = got[2].as_ref().unwrap_err();
         assert_eq!(e.instance(), Some(2));
         assert_eq!(e.message(), whole.message(), "located like Model::run's");
@@ -216,7 +231,7 @@ fn an_instance_failing_in_a_launch_fails_no_other() {
     assert_eq!(whole.instance(), Some(2));
     with_big_stack(|| {
         let mut s = m.session(&opts()).unwrap();
-        let (got, _) = run_staggered(&mut s, &instances, &[0, 0, 0, 0]);
+        let got = run_staggered(&mut s, &instances, &[0, 0, 0, 0]).results;
         assert_eq!(
             s.stats().restarts,
             1,
@@ -314,7 +329,9 @@ fn treelstm_session_matches_run_on_the_bundled_trees() {
             let mut s = m.session(&opts()).unwrap();
             s.set_levels_per_step(levels);
             let arrive: Vec<usize> = (0..instances.len()).map(|i| i / 3).collect();
-            let (got, most) = run_staggered(&mut s, &instances, &arrive);
+            let Staggered {
+                results: got, most, ..
+            } = run_staggered(&mut s, &instances, &arrive);
             for (g, w) in got.iter().zip(&want) {
                 assert_eq!(numbers(g.as_ref().unwrap()), f32s(w));
             }
@@ -371,7 +388,7 @@ fn a_long_sequence_flushed_a_few_levels_a_step_gives_what_run_gives() {
         for levels in [Some(1), Some(8), None] {
             let mut s = m.session(&opts()).unwrap();
             s.set_levels_per_step(levels);
-            let (got, _) = run_staggered(&mut s, &instances, &[0, 1, 3, 200]);
+            let got = run_staggered(&mut s, &instances, &[0, 1, 3, 200]).results;
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(&numbers(g.as_ref().unwrap()), w, "{levels:?}, instance {i}");
             }
@@ -468,45 +485,28 @@ fn a_deep_tree_is_not_starved_by_instances_joining_every_step() {
     let instances = instances_from_json("test", items);
     let (want, _) = m.run(&instances, &opts()).unwrap();
     with_big_stack(|| {
-        // Steps the deep tree takes alone.
-        let mut s = m.session(&opts()).unwrap();
-        s.set_levels_per_step(Some(1));
-        let t = s.admit(&instances, 0).unwrap();
-        let mut alone = 0;
-        while !s.step().iter().any(|(got, _)| *got == t) {
-            alone += 1;
-        }
-        // The same tree, a small one joining at every step.
-        let mut s = m.session(&opts()).unwrap();
-        s.set_levels_per_step(Some(1));
+        let session = || {
+            let mut s = m.session(&opts()).unwrap();
+            s.set_levels_per_step(Some(1));
+            s
+        };
+        // Steps the deep tree takes alone, then with a small one joining at every step.
+        let alone = run_staggered(&mut session(), &instances, &[0]).answered_at[0];
         let arrive: Vec<usize> = (0..instances.len()).collect();
-        let mut deep_done = None;
-        let mut tickets = BTreeMap::new();
-        for step in 0..arrive.len() + 1000 {
-            if step < instances.len() {
-                tickets.insert(s.admit(&instances, step).unwrap(), step);
-            }
-            for (t, r) in s.step() {
-                let i = tickets[&t];
-                // Batched with other trees than `run` batched it with, so equal within
-                // rounding (`run` at batch 1 and 64 differs in the last bits too).
-                let (got, want) = (numbers(&r.unwrap()), f32s(&want[i]));
-                assert_eq!(got.len(), want.len());
-                for (g, w) in got.iter().zip(&want) {
-                    assert!(
-                        (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                        "instance {i}: {g} vs {w}"
-                    );
-                }
-                if i == 0 {
-                    deep_done = Some(step);
-                }
-            }
-            if deep_done.is_some() {
-                break;
+        let joined = run_staggered(&mut session(), &instances, &arrive);
+        for (i, r) in joined.results.iter().enumerate() {
+            // Batched with other trees than `run` batched it with, so equal within rounding
+            // (`run` at batch 1 and 64 differs in the last bits too).
+            let (got, want) = (numbers(r.as_ref().unwrap()), f32s(&want[i]));
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                    "instance {i}: {g} vs {w}"
+                );
             }
         }
-        let took = deep_done.expect("the deep tree finished");
+        let took = joined.answered_at[0];
         assert!(
             took <= 2 * alone + 4,
             "the deep tree took {took} steps with others joining, {alone} alone"
