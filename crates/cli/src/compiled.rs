@@ -227,9 +227,11 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
             statics,
             plans,
         },
-        program,
-        reuse,
-        plans: block_plans,
+        compiled: CompiledProgram {
+            program,
+            reuse,
+            plans: block_plans,
+        },
         unmerged,
     };
     save_artifact(&args.output, &artifact, &stored).map_err(msg)?;
@@ -243,7 +245,7 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
         "compiled {} to {}: {} blocks, per-instance arguments: {}; weights {}",
         args.model.display(),
         args.output.display(),
-        artifact.program.blocks.len(),
+        artifact.compiled.program.blocks.len(),
         if inputs.is_empty() {
             "(none)".to_string()
         } else {

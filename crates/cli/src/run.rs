@@ -637,20 +637,19 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             // a run of the source would.
             let merge = static_options(args, raw.items.len()).merge;
             if let (false, Some(u)) = (merge, a.unmerged.take()) {
-                a.program = u.program;
-                a.reuse = u.reuse;
-                a.plans = u.plans;
+                a.compiled = *u;
             }
             // The stored plans were made for the switches it was compiled with; other plan
             // switches on this run plan again (cheap: no parsing, checking or passes).
+            let c = a.compiled;
             let plans = if opts.plan_options() == a.compiled_with.plans {
-                a.plans
+                c.plans
             } else {
                 opts.plan_options()
-                    .map(|p| tumble_compile::plan_program(&a.program, p))
+                    .map(|p| tumble_compile::plan_program(&c.program, p))
                     .unwrap_or_default()
             };
-            (a.program, a.reuse, plans, a.tables)
+            (c.program, c.reuse, plans, a.tables)
         }
     };
     let env = TypeEnv::from_parts(&tables, &program);

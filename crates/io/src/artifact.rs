@@ -61,9 +61,7 @@ pub struct Artifact {
     /// Which of the entry's arguments the program was compiled with as weights.
     pub weights: Vec<bool>,
     pub compiled_with: CompiledWith,
-    pub program: Program,
-    pub reuse: ReuseAnalysis,
-    pub plans: Vec<BlockPlan>,
+    pub compiled: CompiledProgram,
     /// The program compiled without block merging, when merging changed it: `tumble run`
     /// merges only for mini-batches of at least `merge::MERGE_MIN_BATCH` instances, so a run of
     /// the file at smaller ones takes this one and gives the source's results bit for bit.
@@ -356,10 +354,9 @@ fn finish_artifact(
     };
     let mut artifact: Artifact = postcard::from_bytes(payload)
         .map_err(|e| bad(format!("the program does not read back ({e}): the file is corrupt or was written by another build of tumble; compile the model again")))?;
-    check_program(&artifact.program, &mut artifact.plans).map_err(&bad)?;
+    check_program(&mut artifact.compiled).map_err(&bad)?;
     if let Some(u) = &mut artifact.unmerged {
-        check_program(&u.program, &mut u.plans)
-            .map_err(|e| bad(format!("(its unmerged program) {e}")))?;
+        check_program(u).map_err(|e| bad(format!("(its unmerged program) {e}")))?;
     }
     if artifact.weights.len() != artifact.params.len() {
         return Err(bad(
@@ -369,9 +366,10 @@ fn finish_artifact(
     Ok(Loaded { artifact, weights })
 }
 
-/// `program` checked by the IR verifier and `plans` (restored) against its blocks: an error says
-/// what is malformed.
-fn check_program(program: &Program, plans: &mut [BlockPlan]) -> Result<(), String> {
+/// A program checked by the IR verifier and its plans (restored) against its blocks: an error
+/// says what is malformed.
+fn check_program(c: &mut CompiledProgram) -> Result<(), String> {
+    let (program, plans) = (&c.program, &mut c.plans);
     let errors = tumble_compile::verify_finished(program);
     if let Some(first) = errors.first() {
         return Err(format!(
@@ -444,9 +442,11 @@ mod tests {
                 statics: StaticOptions::all(),
                 plans: Some(PlanOptions::default()),
             },
-            program: c.program,
-            reuse: c.reuse,
-            plans: c.plans,
+            compiled: CompiledProgram {
+                program: c.program,
+                reuse: c.reuse,
+                plans: c.plans,
+            },
             unmerged: None,
         }
     }
@@ -473,8 +473,8 @@ mod tests {
             artifact_bytes(&back.artifact, &back.weights).unwrap_or_else(|e| panic!("{e}"))
         );
         assert_eq!(
-            format!("{:?}", back.artifact.program.blocks),
-            format!("{:?}", a.program.blocks)
+            format!("{:?}", back.artifact.compiled.program.blocks),
+            format!("{:?}", a.compiled.program.blocks)
         );
     }
 
@@ -530,8 +530,8 @@ mod tests {
         let from_bytes = read_artifact(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(from_file.weights, from_bytes.weights);
         assert_eq!(
-            format!("{:?}", from_file.artifact.program.blocks),
-            format!("{:?}", from_bytes.artifact.program.blocks)
+            format!("{:?}", from_file.artifact.compiled.program.blocks),
+            format!("{:?}", from_bytes.artifact.compiled.program.blocks)
         );
         let err = |b: &[u8]| {
             std::fs::write(&path, b).unwrap_or_else(|e| panic!("{e}"));
