@@ -228,8 +228,11 @@ impl<'p> BatchSession<'p> {
             self.fresh_graph();
         }
         if self.accepting() {
+            // One look at the graph for every newcomer of the step (nothing is recorded until
+            // they run).
+            let depth = self.start_depth();
             while let Some(slot) = self.queued.pop_front() {
-                if let Some(done) = self.join(slot) {
+                if let Some(done) = self.join(slot, depth) {
                     finished.push(done);
                 }
             }
@@ -330,6 +333,8 @@ impl<'p> BatchSession<'p> {
         }
 
         let mut kept = Vec::with_capacity(self.active.len());
+        // Where the instances resuming after a phase boundary start, looked up once.
+        let mut resume_depth = None;
         for mut slot in std::mem::take(&mut self.active) {
             let state = std::mem::replace(&mut slot.state, State::Queued);
             slot.state = match state {
@@ -351,7 +356,7 @@ impl<'p> BatchSession<'p> {
                 State::Blocked(m) => State::Running(m),
                 State::Parked(mut m) => {
                     // The next phase starts with the others at a boundary.
-                    let depth = self.start_depth();
+                    let depth = *resume_depth.get_or_insert_with(|| self.start_depth());
                     m.ctx.depth = depth;
                     m.ctx.floor = depth;
                     State::Running(m)
@@ -375,11 +380,11 @@ impl<'p> BatchSession<'p> {
         }
     }
 
-    /// Starts `slot`'s machine in the current graph; an instance that cannot start is answered.
-    fn join(&mut self, mut slot: Slot<'p>) -> Option<Finished> {
+    /// Starts `slot`'s machine in the current graph at `depth` ([`BatchSession::start_depth`]);
+    /// an instance that cannot start is answered.
+    fn join(&mut self, mut slot: Slot<'p>, depth: u32) -> Option<Finished> {
         slot.instance = self.next_instance;
         self.next_instance = self.next_instance.wrapping_add(1);
-        let depth = self.start_depth();
         let mut m = Machine::new(
             self.program,
             InstanceCtx {
