@@ -201,6 +201,10 @@ pub struct Model {
     /// own unmerged program, if it keeps one; `None` for a model loaded without merging or
     /// whose merging changed nothing.
     small_batches: Option<SmallBatches>,
+    /// For a model compiled by `tumble compile`, the static optimizations and kernel plans it
+    /// was compiled with: its runs leave off the runtime halves of what it was compiled without
+    /// ([`Options::within_compiled`]), as `tumble run` does.
+    compiled_with: Option<(StaticOptions, Option<tumble_compile::PlanOptions>)>,
 }
 
 /// An executable and the runtime switches (threads aside) it was planned for.
@@ -369,6 +373,7 @@ impl Model {
             warnings,
             executable: Mutex::new([None, None]),
             small_batches,
+            compiled_with: None,
         })
     }
 
@@ -494,6 +499,7 @@ impl Model {
                 recompile: None,
                 compiled: std::sync::OnceLock::from(Ok((u.program, u.reuse))),
             }),
+            compiled_with: Some((a.compiled_with.statics, a.compiled_with.plans)),
         })
     }
 
@@ -621,6 +627,15 @@ impl Model {
         opts: &RunOptions,
     ) -> Result<(Vec<OutTree>, Profile), Error> {
         with_big_stack(|| self.run_here(instances, opts))?
+    }
+
+    /// The switches a run asking for `asked` gets: a compiled model's runs leave off what it
+    /// was compiled without.
+    pub(crate) fn runtime_options(&self, asked: Options) -> Options {
+        match &self.compiled_with {
+            Some((statics, plans)) => asked.within_compiled(statics, *plans),
+            None => asked,
+        }
     }
 
     /// The program planned for runs with `runtime` (threads aside): the one kept from the last
@@ -766,7 +781,7 @@ impl Model {
             Some(w) => w,
             None => threads,
         };
-        let mut runtime = opts.runtime;
+        let mut runtime = self.runtime_options(opts.runtime);
         runtime.threads = threads;
         let (program, reuse, small) = self.program_for(batch.min(n))?;
         let exec = self.executable_of(program, reuse, small, &runtime);

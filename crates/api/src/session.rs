@@ -40,7 +40,7 @@ impl Model {
             Some(t) => t,
             None => default_threads()?,
         };
-        let mut runtime = opts.runtime;
+        let mut runtime = self.runtime_options(opts.runtime);
         runtime.threads = threads;
         let exec = self.executable_for(&runtime);
         let inner = BatchSession::new(&self.program, &self.reuse, exec, &self.entry, runtime)

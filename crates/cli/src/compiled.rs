@@ -44,7 +44,9 @@ pub struct CompileArgs {
     #[arg(long)]
     pub no_coarsen: bool,
     /// Compile without the static optimizations (duplication, constants, specialization, leaf
-    /// inlining, hoisting, ghosts, phases).
+    /// inlining, hoisting, ghosts, phases); the file's runs then also leave out the runtime's
+    /// hoisting rule, phase boundaries, ghosts and duplication, as `run` with every static
+    /// switch off does on the source.
     #[arg(long)]
     pub no_statics: bool,
     /// Compile without kernel plans (every operator through the batching rules at run time).

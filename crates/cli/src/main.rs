@@ -106,7 +106,8 @@ enum Command {
     /// Print a model file in canonical form (comments are not kept: a warning counts them).
     Fmt {
         file: PathBuf,
-        /// Exit with status 1 if the file is not already in canonical form (prints nothing).
+        /// Print no text; exit with status 1, naming the file on stderr, if it is not already in
+        /// canonical form.
         #[arg(long)]
         check: bool,
     },

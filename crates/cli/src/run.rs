@@ -376,23 +376,6 @@ fn static_options(args: &RunArgs, instances: usize) -> tumble_compile::StaticOpt
     }
 }
 
-/// `opts` with the plan switches a compiled file was made with (`None`: no kernel plans) turned
-/// off where they were off.
-fn honor_compiled_plans(
-    opts: &mut tumble_runtime::Options,
-    stored: Option<tumble_compile::PlanOptions>,
-) {
-    let Some(p) = stored else {
-        opts.fusion = false;
-        return;
-    };
-    opts.hfuse &= p.hfuse;
-    opts.epilogue &= p.epilogue;
-    opts.direct_matmul &= p.direct_matmul;
-    opts.dense_sums &= p.dense_sums;
-    opts.gather_views &= p.gather_views;
-}
-
 /// The runtime's switches from the flags.
 fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
     tumble_runtime::Options {
@@ -600,7 +583,8 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     if let Front::Compiled(c) = &front {
         // The plan switches the file was compiled with hold for its runs, as its static passes
         // do; this run's switches can only turn more off.
-        honor_compiled_plans(&mut opts, c.artifact.compiled_with.plans);
+        let with = &c.artifact.compiled_with;
+        opts = opts.within_compiled(&with.statics, with.plans);
     }
     let (program, reuse, plans, tables) = match front {
         Front::Source(typed) => {
@@ -712,6 +696,25 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     }
     let finished: Vec<Finished> = match args.engine {
         Engine::Reference => {
+            // The reference engine runs each instance once and alone: the batched engine's
+            // options have nothing to act on (said, not ignored silently).
+            let unused: Vec<&str> = [
+                (args.profile, "--profile"),
+                (args.repeat > 1, "--repeat"),
+                (args.batch.is_some(), "--batch"),
+                (args.workers.is_some(), "--workers"),
+            ]
+            .into_iter()
+            .filter_map(|(given, flag)| given.then_some(flag))
+            .collect();
+            if !unused.is_empty() {
+                let verb = if unused.len() == 1 { "acts" } else { "act" };
+                eprintln!(
+                    "warning: {} {verb} on the batched engine only; --engine reference runs each \
+                     instance once, alone",
+                    unused.join(", ")
+                );
+            }
             let mut out = Vec::with_capacity(n);
             for i in 0..n {
                 let mut rng = instance_rng(args.seed, i);

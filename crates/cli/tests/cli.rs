@@ -554,6 +554,42 @@ def @main(%x: Tensor[(1, 4), float32], %n: Tensor[(), int32]) -> (Tensor[(), int
     assert_ne!(one, text(&other.stdout), "--seed does not change the draws");
 }
 
+/// The reference engine says which batched-engine options it has nothing to act on (they were
+/// ignored silently: `--profile` printed nothing, `--repeat 3` ran once), and runs as without them.
+#[test]
+fn the_reference_engine_names_the_batched_options_it_ignores() {
+    let model = zoo_model("treelstm_small");
+    let inputs = example("treelstm");
+    let plain = run_random(&model, &inputs, &["--engine", "reference"]);
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    assert!(
+        !text(&plain.stderr).contains("warning"),
+        "{}",
+        text(&plain.stderr)
+    );
+    let given = run_random(
+        &model,
+        &inputs,
+        &[
+            "--engine",
+            "reference",
+            "--profile",
+            "--repeat",
+            "3",
+            "--batch",
+            "2",
+        ],
+    );
+    assert!(given.status.success(), "{}", text(&given.stderr));
+    assert_eq!(text(&given.stdout), text(&plain.stdout));
+    assert!(
+        text(&given.stderr)
+            .contains("warning: --profile, --repeat, --batch act on the batched engine only"),
+        "{}",
+        text(&given.stderr)
+    );
+}
+
 /// The ACROBAT-form zoo models check, and ACROBAT's DRNN generates the same trees batched
 /// (`--batch 1`, `--batch 3`) and in the reference engine.
 #[test]

@@ -281,7 +281,7 @@ pub struct BerxitArgs {
     pub threshold: f32,
     /// Sequence lengths, [CLS] included: `fixed` (128, the zoo's `berxit_*.rly`), `N` (all N),
     /// `uniform:MIN-MAX`, or `sst` (the lengths of SST's training sentences, in words, plus one
-    /// for [CLS]: 2-57 tokens, mean 20). Any but `fixed` also writes `positions` (0, 1, ...),
+    /// for [CLS]: 3-53 tokens, mean 20.1). Any but `fixed` also writes `positions` (0, 1, ...),
     /// the input of `models/berxit_var_*.rly`.
     #[arg(long, default_value = "fixed", value_name = "SPEC")]
     pub lengths: String,

@@ -185,6 +185,33 @@ impl Options {
             dense_sums: self.dense_sums,
         })
     }
+
+    /// These switches, less what a program compiled with `statics` and `plans` (`None`: no
+    /// kernel plans) was made without: a model compiled with `--no-hoist` (or `--no-statics`)
+    /// runs with no hoisting at all, as `run --no-hoist` on its source does, not only without
+    /// the static half; likewise phases, ghosts, duplication and each plan switch. A run's own
+    /// switches can only turn more off.
+    pub fn within_compiled(
+        mut self,
+        statics: &tumble_compile::StaticOptions,
+        plans: Option<tumble_compile::PlanOptions>,
+    ) -> Options {
+        self.hoist &= statics.hoist;
+        self.phases &= statics.phases;
+        self.ghosts &= statics.ghosts;
+        self.dup &= statics.dup;
+        match plans {
+            None => self.fusion = false,
+            Some(p) => {
+                self.hfuse &= p.hfuse;
+                self.epilogue &= p.epilogue;
+                self.direct_matmul &= p.direct_matmul;
+                self.dense_sums &= p.dense_sums;
+                self.gather_views &= p.gather_views;
+            }
+        }
+        self
+    }
 }
 
 impl Default for Options {
