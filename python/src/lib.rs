@@ -113,6 +113,43 @@ fn array_to_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>, String> {
             tumble_limits::bytes_text(bytes)
         ));
     }
+    // numpy promises neither alignment (`np.frombuffer(buf, dtype, offset=1)`) nor bool bytes
+    // of 0 or 1 (`np.uint8([2]).view(bool)`, `np.empty(n, bool)`), which Rust's `&[T]` and
+    // `bool` require: an unaligned array is copied aligned by numpy first, and bools are read
+    // as bytes.
+    let py_err = |e: PyErr| format!("reading a numpy array: {e}");
+    let aligned: bool = obj
+        .getattr("flags")
+        .and_then(|f| f.getattr("aligned"))
+        .and_then(|a| a.extract())
+        .map_err(py_err)?;
+    let owned;
+    let obj = if aligned {
+        obj
+    } else {
+        let kwargs = pyo3::types::PyDict::new(obj.py());
+        kwargs.set_item("requirements", "A").map_err(py_err)?;
+        owned = obj
+            .py()
+            .import("numpy")
+            .and_then(|np| np.call_method("require", (obj,), Some(&kwargs)))
+            .map_err(py_err)?;
+        &owned
+    };
+    if obj.cast::<PyArrayDyn<bool>>().is_ok() {
+        let bytes = obj.call_method1("view", ("uint8",)).map_err(py_err)?;
+        let a = bytes
+            .cast::<PyArrayDyn<u8>>()
+            .map_err(|e| format!("reading a numpy bool array as bytes: {e}"))?;
+        let ro = a.readonly();
+        let data: Vec<bool> = match ro.as_slice() {
+            Ok(s) => s.iter().map(|&b| b != 0).collect(),
+            Err(_) => ro.as_array().iter().map(|&b| b != 0).collect(),
+        };
+        return Tensor::from_vec(shape, data)
+            .map(Some)
+            .map_err(|e| e.to_string());
+    }
     macro_rules! take {
         ($($t:ty),*) => {
             $(
@@ -128,7 +165,7 @@ fn array_to_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>, String> {
             )*
         };
     }
-    take!(f32, f64, i32, i64, bool);
+    take!(f32, f64, i32, i64);
     let dtype = untyped
         .dtype()
         .str()

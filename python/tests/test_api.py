@@ -96,6 +96,32 @@ def @main(%x: Tensor[(), float32], %n: Tensor[(), int32], %b: Tensor[(), bool]) 
     assert outs[0].shape == ()
 
 
+def test_bool_arrays_of_any_bytes_and_unaligned_arrays_are_read_by_value():
+    # numpy keeps neither bool bytes of 0/1 nor alignment; both were read as Rust slices (a
+    # `bool` byte of 2, a misaligned `&[f32]`: undefined behaviour).
+    model = tumble.loads(
+        """
+def @main(%x: Tensor[(4), float32], %b: Tensor[(4), bool]) -> Tensor[(4), float32] {
+  where(%b, %x, negative(%x))
+}
+"""
+    )
+    raw = np.frombuffer(bytes(1) + np.arange(1, 5, dtype=np.float32).tobytes(), np.float32, offset=1)
+    assert not raw.flags.aligned
+    odd_bools = np.array([2, 0, 255, 0], np.uint8).view(bool)
+    strided = np.array([7, 9, 0, 9, 1, 9, 0, 9], np.uint8).view(bool)[::2]
+    out = model.run(
+        [
+            {"x": raw, "b": odd_bools},
+            {"x": raw[::-1].copy(), "b": strided},
+            {"x": np.arange(1, 5, dtype=np.float32), "b": np.array([True, False, True, False])},
+        ]
+    )
+    assert out[0].tolist() == [1.0, -2.0, 3.0, -4.0]
+    assert out[1].tolist() == [4.0, -3.0, 2.0, -1.0]
+    assert out[2].tolist() == out[0].tolist()
+
+
 def test_constructors_as_ctor_or_dict():
     model = tumble.load(MODELS / "treelstm_small.rly", random_params=0)
     assert list(model.inputs) == ["tree"]

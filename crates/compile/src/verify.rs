@@ -100,6 +100,41 @@ pub(crate) fn debug_check(program: &Program, after: &str) {
     }
 }
 
+/// A set of frame slots (a bit each); slots past the frame are never set, and never reported
+/// as unset (the range checks report them).
+#[derive(Clone)]
+struct Slots {
+    words: Vec<u64>,
+    len: u32,
+}
+
+impl Slots {
+    fn new(len: usize) -> Slots {
+        Slots {
+            words: vec![0; len.div_ceil(64)],
+            len: u32::try_from(len).unwrap_or(u32::MAX),
+        }
+    }
+
+    fn set(&mut self, s: u32) {
+        if let Some(w) = self.words.get_mut((s / 64) as usize) {
+            *w |= 1 << (s % 64);
+        }
+    }
+
+    /// In the frame and not set.
+    fn unset(&self, s: u32) -> bool {
+        s < self.len && self.words[(s / 64) as usize] & (1 << (s % 64)) == 0
+    }
+
+    /// Keeps the slots set in both.
+    fn meet(&mut self, other: &Slots) {
+        for (w, o) in self.words.iter_mut().zip(&other.words) {
+            *w &= o;
+        }
+    }
+}
+
 struct Verifier<'p> {
     program: &'p Program,
     errors: Vec<VerifyError>,
@@ -170,6 +205,7 @@ impl Verifier<'_> {
             }
             targets.push(*slot);
         }
+        self.defined_before_read(lambda);
         // `visit` walks iteratively: bodies can nest deeply.
         lambda.body.visit(&mut |code| {
             self.code(code, lambda.n_slots);
@@ -187,6 +223,140 @@ impl Verifier<'_> {
                 _ => {}
             }
         });
+    }
+
+    /// Every slot `lambda`'s code reads (or a closure it makes captures) has been set on every
+    /// path that reaches the read, in evaluation order (operands left to right): a parameter, a
+    /// captured value, a `let` binding or a pattern variable evaluated before. A frame keeps its
+    /// slots, so a binding counts after its `let` ends too — block formation takes a `let`'s
+    /// body out as a later operand (`invoke b with (let $8 = ..; $8), $8.1`) — while one made in
+    /// a branch counts after the branch only if every arm made it. Lowering never makes code that
+    /// reads a slot otherwise; a damaged compiled file could, and the machine would stop on it
+    /// with an internal error. Walked iteratively, like the rest (bodies nest deeply); slots out
+    /// of range are reported by the range checks and skipped here.
+    fn defined_before_read(&mut self, lambda: &Lambda) {
+        enum Work<'c> {
+            Code(&'c Code),
+            Define(u32),
+            /// A conditional's arms start: each starts from the state here.
+            BranchBegin,
+            /// An arm starts, with its pattern's variables set.
+            ArmBegin(Vec<u32>),
+            /// An arm ends: what it set is met with what the arms before it set.
+            ArmEnd,
+            /// The conditional ends: what every arm set stays set.
+            BranchEnd,
+        }
+        struct Branch {
+            start: Slots,
+            every_arm: Option<Slots>,
+        }
+        let n_slots = lambda.n_slots as usize;
+        let mut defined = Slots::new(n_slots);
+        for p in 0..lambda.n_params {
+            defined.set(p);
+        }
+        for (_, s) in &lambda.captures {
+            defined.set(*s);
+        }
+        let mut branches: Vec<Branch> = Vec::new();
+        let mut unset: Vec<u32> = Vec::new();
+        let mut work = vec![Work::Code(&lambda.body)];
+        let mut children: Vec<&Code> = Vec::new();
+        while let Some(w) = work.pop() {
+            let code = match w {
+                Work::Code(c) => c,
+                Work::Define(s) => {
+                    defined.set(s);
+                    continue;
+                }
+                Work::BranchBegin => {
+                    branches.push(Branch {
+                        start: defined.clone(),
+                        every_arm: None,
+                    });
+                    continue;
+                }
+                Work::ArmBegin(slots) => {
+                    if let Some(b) = branches.last() {
+                        defined.clone_from(&b.start);
+                    }
+                    slots.into_iter().for_each(|s| defined.set(s));
+                    continue;
+                }
+                Work::ArmEnd => {
+                    if let Some(b) = branches.last_mut() {
+                        match &mut b.every_arm {
+                            Some(every) => every.meet(&defined),
+                            None => b.every_arm = Some(defined.clone()),
+                        }
+                    }
+                    continue;
+                }
+                Work::BranchEnd => {
+                    if let Some(b) = branches.pop() {
+                        defined = b.every_arm.unwrap_or(b.start);
+                    }
+                    continue;
+                }
+            };
+            match code {
+                Code::Slot(s) if defined.unset(*s) => unset.push(*s),
+                Code::MakeClosure(l) => {
+                    if let Some(l) = self.program.lambdas.get(*l as usize) {
+                        for (from, _) in &l.captures {
+                            if let CaptureFrom::Slot(s) = from {
+                                if defined.unset(*s) {
+                                    unset.push(*s);
+                                }
+                            }
+                        }
+                    }
+                }
+                Code::Let { binds, body } => {
+                    work.push(Work::Code(body));
+                    for (s, value) in binds.iter().rev() {
+                        work.push(Work::Define(*s));
+                        work.push(Work::Code(value));
+                    }
+                }
+                Code::If(cond, then, otherwise) => {
+                    work.push(Work::BranchEnd);
+                    for arm in [otherwise, then] {
+                        work.push(Work::ArmEnd);
+                        work.push(Work::Code(arm));
+                        work.push(Work::ArmBegin(Vec::new()));
+                    }
+                    work.push(Work::BranchBegin);
+                    work.push(Work::Code(cond));
+                }
+                Code::Match {
+                    scrutinee, arms, ..
+                } => {
+                    work.push(Work::BranchEnd);
+                    for (pat, arm) in arms.iter().rev() {
+                        let mut slots = Vec::new();
+                        pat.for_each_slot(&mut |s| slots.push(s));
+                        work.push(Work::ArmEnd);
+                        work.push(Work::Code(arm));
+                        work.push(Work::ArmBegin(slots));
+                    }
+                    work.push(Work::BranchBegin);
+                    work.push(Work::Code(scrutinee));
+                }
+                _ => {
+                    // Operands run left to right: pushed in reverse.
+                    children.clear();
+                    code.for_each_child(|k| children.push(k));
+                    work.extend(children.drain(..).rev().map(Work::Code));
+                }
+            }
+        }
+        unset.sort_unstable();
+        unset.dedup();
+        for s in unset {
+            self.fail(format!("slot {s} is read where nothing has set it"));
+        }
     }
 
     fn slot(&mut self, slot: u32, n_slots: u32, what: &str) {

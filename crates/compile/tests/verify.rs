@@ -196,6 +196,67 @@ fn broken_invariants_are_each_reported_with_their_place() {
     );
 }
 
+/// A slot read where nothing has set it — a pattern that no longer binds it, or a variable of
+/// another `match` arm — is reported (a damaged compiled file could hold such code; the machine
+/// would stop on it with an internal error).
+#[test]
+fn slots_read_before_anything_sets_them_are_reported() {
+    let arm_slots = |p: &mut Program| -> Vec<Vec<u32>> {
+        let Some(Code::Match { arms, .. }) = find_in_main(p, &|c| matches!(c, Code::Match { .. }))
+        else {
+            panic!("no match in @main");
+        };
+        arms.iter()
+            .map(|(pat, _)| {
+                let mut v = Vec::new();
+                pat.for_each_slot(&mut |s| v.push(s));
+                v
+            })
+            .collect()
+    };
+    // The first arm binds nothing any more: its reads of %x have no value.
+    let mut p = lower(TREE);
+    let bound = arm_slots(&mut p);
+    assert_eq!(bound.len(), 2, "{bound:?}");
+    if let Some(Code::Match { arms, .. }) =
+        find_in_main(&mut p, &|c| matches!(c, Code::Match { .. }))
+    {
+        arms[0].0 = Pat::Wild;
+    }
+    let m = messages(&p);
+    assert!(
+        m.contains("function `main`")
+            && m.contains(&format!(
+                "slot {} is read where nothing has set it",
+                bound[0][0]
+            )),
+        "{m}"
+    );
+    // The first arm reads the second arm's %cs.
+    let mut p = lower(TREE);
+    let cs = *bound[1].last().expect("the second arm binds %cs");
+    assert!(!bound[0].contains(&cs), "{bound:?}");
+    if let Some(Code::Match { arms, .. }) =
+        find_in_main(&mut p, &|c| matches!(c, Code::Match { .. }))
+    {
+        let mut stack = vec![&mut arms[0].1];
+        while let Some(c) = stack.pop() {
+            if let Code::Slot(s) = c {
+                if bound[0].contains(s) {
+                    *s = cs;
+                    break;
+                }
+            }
+            c.for_each_child_mut(|x| stack.push(x));
+        }
+    }
+    let m = messages(&p);
+    assert!(
+        m.contains(&format!("slot {cs} is read where nothing has set it")),
+        "{m}"
+    );
+}
+
 /// A finished program (one read back from a compiled file) whose native prelude function and
 /// its lambda disagree on the arguments is malformed; `verify` alone allows it, since the static
 /// passes change a global's parameters before they drop its native form.

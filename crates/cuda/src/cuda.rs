@@ -50,8 +50,8 @@ struct Pinned {
     len: usize,
 }
 
-// SAFETY: the buffer is plain memory owned by this value; access goes through `Gpu::staging`'s
-// mutex.
+// SAFETY: the buffer is plain memory owned by this value; access goes through the device's
+// `up` and `down` mutexes.
 unsafe impl Send for Pinned {}
 
 impl Pinned {
@@ -59,18 +59,32 @@ impl Pinned {
         ctx.bind_to_thread().map_err(driver)?;
         let bytes = len.max(1) * std::mem::size_of::<f32>();
         // SAFETY: a fresh page-locked allocation of `bytes`; freed once, in `drop`.
-        let ptr = unsafe { cudarc::driver::result::malloc_host(bytes, 0) }.map_err(driver)?;
+        let ptr: *mut f32 = unsafe { cudarc::driver::result::malloc_host(bytes, 0) }
+            .map_err(driver)?
+            .cast();
+        // SAFETY: `ptr` holds `bytes` fresh bytes; zeroed once here, so `slice_mut` never makes a
+        // slice over uninitialized memory (all-zero bytes are 0.0).
+        unsafe { std::ptr::write_bytes(ptr, 0, len.max(1)) };
         Ok(Pinned {
-            ptr: ptr.cast(),
+            ptr,
             len: len.max(1),
         })
     }
 
     fn slice_mut(&mut self, at: usize, len: usize) -> &mut [f32] {
         let len = len.min(self.len.saturating_sub(at));
-        // SAFETY: `ptr` holds `self.len` floats (f32 has no invalid bit patterns) and the range
-        // was clamped to them; `&mut self` makes the borrow unique.
+        // SAFETY: `ptr` holds `self.len` initialized floats (zeroed when made) and the range was
+        // clamped to them; `&mut self` makes the borrow unique.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at.min(self.len)), len) }
+    }
+}
+
+impl Drop for CudaDevice {
+    /// Waits for the stream before the staging buffers go: an upload queued from one may still
+    /// be reading it, and freeing page-locked memory is not promised to wait for that.
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        let _ = self.stream.synchronize();
     }
 }
 

@@ -226,6 +226,7 @@ fn dot_avx512<const N: usize>(
 mod x86 {
     use std::arch::x86_64::*;
 
+    /// # Safety
     /// Callers guarantee `a.len() >= k`, `w.len() >= N * k`, `out.len() >= N` and AVX-512F;
     /// `next` (null: none) is only prefetched, `N` rows of `k` floats like `w`'s.
     #[target_feature(enable = "avx512f")]
@@ -251,6 +252,8 @@ mod x86 {
             // SAFETY: c + 16 <= full <= k: in bounds of a and of every weight row.
             let av = unsafe { _mm512_loadu_ps(ap.add(c)) };
             for (j, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: row j of `w` is `w[j * k..(j + 1) * k]` (`w.len() >= N * k`) and
+                // c + 16 <= k.
                 *acc = _mm512_fmadd_ps(av, unsafe { _mm512_loadu_ps(wp.add(j * k + c)) }, *acc);
             }
             c += 16;
@@ -261,6 +264,7 @@ mod x86 {
             // SAFETY: masked loads read only the `rem` floats left in each row.
             let av = unsafe { _mm512_maskz_loadu_ps(mask, ap.add(full)) };
             for (j, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: the mask reads floats full..k of row j, inside `w` (`N * k` floats).
                 let wv = unsafe { _mm512_maskz_loadu_ps(mask, wp.add(j * k + full)) };
                 *acc = _mm512_fmadd_ps(av, wv, *acc);
             }
@@ -271,6 +275,7 @@ mod x86 {
         }
     }
 
+    /// # Safety
     /// Callers guarantee `a.len() >= k`, `w.len() >= N * k`, `out.len() >= N` and AVX2 + FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot_avx2<const N: usize>(
@@ -288,6 +293,8 @@ mod x86 {
             // SAFETY: c + 8 <= full <= k: in bounds of a and of every weight row.
             let av = unsafe { _mm256_loadu_ps(ap.add(c)) };
             for (j, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: row j of `w` is `w[j * k..(j + 1) * k]` (`w.len() >= N * k`) and
+                // c + 8 <= k.
                 *acc = _mm256_fmadd_ps(av, unsafe { _mm256_loadu_ps(wp.add(j * k + c)) }, *acc);
             }
             c += 8;

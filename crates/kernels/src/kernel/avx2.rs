@@ -193,7 +193,10 @@ unsafe fn rows<const M: usize, A: TileA, const U: usize>(
                 c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
             }
             a.step();
-            bp = bp.add(NR);
+            // Wrapping: after the last step `bp` may point past the weight buffer (a tile over
+            // a panel's second half starts 16 floats in), where `add` would be undefined even
+            // unread.
+            bp = bp.wrapping_add(NR);
         };
         k_loop::<U>(kc, prefetch, &mut step);
         for i in 0..M {
@@ -234,7 +237,10 @@ unsafe fn wide_rows<const M: usize, A: TileA, const U: usize>(
                 }
             }
             a.step();
-            bp = bp.add(NR);
+            // Wrapping: after the last step `bp` may point past the weight buffer (a tile over
+            // a panel's second half starts 16 floats in), where `add` would be undefined even
+            // unread.
+            bp = bp.wrapping_add(NR);
         };
         k_loop::<U>(kc, prefetch, &mut step);
         for (i, row) in acc.iter().enumerate() {

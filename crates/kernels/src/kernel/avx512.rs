@@ -260,7 +260,9 @@ unsafe fn small<const M: usize, const U: usize>(
                     c1[u][i] = _mm512_fmadd_ps(ai, b1, c1[u][i]);
                 }
             }
-            ap = ap.add(U * lda);
+            // Wrapping: after the last step `ap` may point past the rows the contract promises
+            // (`(kc - 1) * lda + M` floats), where `add` would be undefined even unread.
+            ap = ap.wrapping_add(U * lda);
             bp = bp.add(U * NR);
             p += U;
         }
@@ -272,7 +274,7 @@ unsafe fn small<const M: usize, const U: usize>(
                 c0[0][i] = _mm512_fmadd_ps(ai, b0, c0[0][i]);
                 c1[0][i] = _mm512_fmadd_ps(ai, b1, c1[0][i]);
             }
-            ap = ap.add(lda);
+            ap = ap.wrapping_add(lda);
             bp = bp.add(NR);
             p += 1;
         }
