@@ -581,8 +581,9 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     let threads = thread_count(args.threads)?;
     let mut opts = runtime_options(args, threads);
     if let Front::Compiled(c) = &front {
-        // The plan switches the file was compiled with hold for its runs, as its static passes
-        // do; this run's switches can only turn more off.
+        // The switches the file was compiled with hold for its runs: its plan switches, and the
+        // runtime halves of the static optimizations it was compiled without; this run's
+        // switches can only turn more off.
         let with = &c.artifact.compiled_with;
         opts = opts.within_compiled(&with.statics, with.plans);
     }

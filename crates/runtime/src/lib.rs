@@ -187,10 +187,10 @@ impl Options {
     }
 
     /// These switches, less what a program compiled with `statics` and `plans` (`None`: no
-    /// kernel plans) was made without: a model compiled with `--no-hoist` (or `--no-statics`)
-    /// runs with no hoisting at all, as `run --no-hoist` on its source does, not only without
-    /// the static half; likewise phases, ghosts, duplication and each plan switch. A run's own
-    /// switches can only turn more off.
+    /// kernel plans) was made without: a model compiled without hoisting (`compile
+    /// --no-statics`) runs with no hoisting at all, as `run --no-hoist` on its source does, not
+    /// only without the static half; likewise phases, ghosts, duplication and each plan switch.
+    /// A run's own switches can only turn more off.
     pub fn within_compiled(
         mut self,
         statics: &tumble_compile::StaticOptions,
