@@ -262,3 +262,97 @@ multiversion!(
     tanh_body,
     avx512::tanh
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Inputs across the range, the clamps, 0, the tanh series' threshold, NaN and infinities,
+    /// repeated to `len` so every tail length is seen.
+    fn inputs(len: usize) -> Vec<f32> {
+        let pool = [
+            0.0f32,
+            -0.0,
+            0.003,
+            -0.0041,
+            0.5,
+            -1.25,
+            3.0,
+            -7.5,
+            20.0,
+            -40.0,
+            88.0,
+            -87.0,
+            100.0,
+            -100.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e-30,
+        ];
+        (0..len).map(|i| pool[(i * 7 + len) % pool.len()]).collect()
+    }
+
+    fn check(name: &str, f: &dyn Fn(&mut [f32]), exact: fn(f64) -> f64) {
+        for len in (0..=40).chain([63, 64, 65, 127]) {
+            let x = inputs(len);
+            let mut y = x.clone();
+            f(&mut y);
+            for (i, (&a, &b)) in x.iter().zip(&y).enumerate() {
+                if a.is_nan() {
+                    assert!(b.is_nan(), "{name} len {len} [{i}]: NaN in, {b} out");
+                    continue;
+                }
+                let want = exact(f64::from(a));
+                assert!(
+                    (f64::from(b) - want).abs() <= 1e-6,
+                    "{name} len {len} [{i}]: {name}({a}) = {b}, want {want}"
+                );
+            }
+        }
+    }
+
+    fn sigmoid_exact(x: f64) -> f64 {
+        1.0 / (1.0 + (-x).exp())
+    }
+
+    /// Every variant this CPU can run — the dispatching entry, the portable loop, and on x86 the
+    /// loop compiled for AVX2 + FMA (as `multiversion!` compiles it) and the AVX-512 kernels —
+    /// at every tail length from 0 to 40 and a few longer: the same values within 1e-6, NaN kept.
+    #[test]
+    fn every_activation_variant_at_every_tail_length() {
+        check("sigmoid", &|x| sigmoid_in_place(x), sigmoid_exact);
+        check("tanh", &|x| tanh_in_place(x), f64::tanh);
+        check("sigmoid_body", &|x| sigmoid_body(x), sigmoid_exact);
+        check("tanh_body", &|x| tanh_body(x), f64::tanh);
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx2,fma")]
+            fn sigmoid256(x: &mut [f32]) {
+                sigmoid_body(x)
+            }
+            #[target_feature(enable = "avx2,fma")]
+            fn tanh256(x: &mut [f32]) {
+                tanh_body(x)
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+                check("sigmoid avx2", &|x| unsafe { sigmoid256(x) }, sigmoid_exact);
+                // SAFETY: as above.
+                check("tanh avx2", &|x| unsafe { tanh256(x) }, f64::tanh);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU supports AVX-512F (checked just above).
+                check(
+                    "sigmoid avx512",
+                    &|x| unsafe { avx512::sigmoid(x) },
+                    sigmoid_exact,
+                );
+                // SAFETY: as above.
+                check("tanh avx512", &|x| unsafe { avx512::tanh(x) }, f64::tanh);
+            }
+        }
+    }
+}
