@@ -37,8 +37,75 @@ impl fmt::Display for VerifyError {
 /// global's parameters can change before its native form is dropped.
 pub fn verify_finished(program: &Program) -> Vec<VerifyError> {
     let mut errors = verify(program);
+    let natives = &program.natives;
+    // The loop tables are made after the static passes, one entry per global (or none); the
+    // natives' is made at lowering, before passes that add globals, so it may be shorter.
+    if natives.by_global.len() > program.globals.len() {
+        errors.push(VerifyError {
+            place: "program".into(),
+            message: format!(
+                "the table of functions that run natively has {} entries for {} globals",
+                natives.by_global.len(),
+                program.globals.len()
+            ),
+        });
+    }
+    let tables = [
+        ("map loops", natives.map_loops.len()),
+        ("fold loops", natives.fold_loops.len()),
+        ("scan loops", natives.scan_loops.len()),
+    ];
+    for (what, len) in tables {
+        if len != 0 && len != program.globals.len() {
+            errors.push(VerifyError {
+                place: "program".into(),
+                message: format!(
+                    "the table of {what} has {len} entries for {} globals",
+                    program.globals.len()
+                ),
+            });
+        }
+    }
+    let loops = natives.map_loops.iter().any(Option::is_some)
+        || natives.fold_loops.iter().any(Option::is_some)
+        || natives.scan_loops.iter().any(Option::is_some);
+    if loops || natives.by_global.iter().any(Option::is_some) {
+        for (name, at) in [("Cons", natives.cons), ("Nil", natives.nil)] {
+            if program.ctor_index.get(name) != Some(&at) {
+                errors.push(VerifyError {
+                    place: "program".into(),
+                    message: format!(
+                        "the native list functions take constructor {at} for `{name}`, which is \
+                         not the prelude's `{name}`"
+                    ),
+                });
+            }
+        }
+    }
     for (g, native) in program.natives.by_global.iter().enumerate() {
         let Some(native) = native else { continue };
+        // Only the prelude's own function of the native's name (or a copy of it, `hd#2`) runs
+        // natively: `@hd` running as `@tl` would return another value of the same type.
+        let named = program.global_index.get(native.name()) == Some(&(g as u32))
+            || program
+                .globals
+                .get(g)
+                .and_then(|&l| program.lambdas.get(l as usize))
+                .is_some_and(|l| {
+                    l.name
+                        .strip_prefix(native.name())
+                        .is_some_and(|rest| rest.starts_with('#'))
+                });
+        if !named {
+            errors.push(VerifyError {
+                place: format!("global {g}"),
+                message: format!(
+                    "runs natively as `@{}`, but is not the prelude's `@{}`",
+                    native.name(),
+                    native.name()
+                ),
+            });
+        }
         let lambda = program
             .globals
             .get(g)
@@ -74,6 +141,21 @@ pub fn verify(program: &Program) -> Vec<VerifyError> {
     for (i, lambda) in program.lambdas.iter().enumerate() {
         v.place = format!("function `{}` (lambda {i})", lambda.name);
         v.lambda(lambda);
+    }
+    // A global's function is called through its global, never made as a closure: it has no
+    // closure to refer to (the machine would stop on `SelfRef` there with an internal error).
+    for (g, &l) in program.globals.iter().enumerate() {
+        let Some(lambda) = program.lambdas.get(l as usize) else {
+            continue;
+        };
+        let mut self_ref = false;
+        lambda
+            .body
+            .visit(&mut |c| self_ref |= matches!(c, Code::SelfRef));
+        if self_ref {
+            v.place = format!("function `{}` (global {g})", lambda.name);
+            v.fail("refers to itself as a closure, but is a global function".into());
+        }
     }
     for (i, block) in program.blocks.iter().enumerate() {
         v.place = format!("block `{}` (block {i})", block.name);

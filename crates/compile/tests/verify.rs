@@ -279,3 +279,55 @@ fn a_native_form_taking_other_arguments_is_refused_in_a_finished_program() {
         .collect();
     assert!(m.iter().any(|e| e.contains("runs natively as")), "{m:?}");
 }
+
+fn finished_messages(p: &Program) -> String {
+    tumble_compile::verify_finished(p)
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What a compiled file could be altered to say, each refused when it is read back: a native
+/// prelude function running as another of its arity (`@hd` as `@tl`), the list constructors the
+/// natives take not the prelude's, a loop table of another length than the globals, and a
+/// global function referring to itself as a closure.
+#[test]
+fn altered_natives_loop_tables_and_self_references_are_refused() {
+    let clean = lower(TREE);
+    assert_eq!(finished_messages(&clean), "");
+    let hd = clean
+        .natives
+        .by_global
+        .iter()
+        .position(|n| n.is_some_and(|n| n.name() == "hd"))
+        .unwrap_or_else(|| panic!("`@hd` does not run natively"));
+
+    let mut p = lower(TREE);
+    p.natives.by_global[hd] = tumble_compile::program::Native::of_prelude("tl");
+    let m = finished_messages(&p);
+    assert!(
+        m.contains("runs natively as `@tl`, but is not the prelude's `@tl`"),
+        "{m}"
+    );
+
+    let mut p = lower(TREE);
+    std::mem::swap(&mut p.natives.cons, &mut p.natives.nil);
+    let m = finished_messages(&p);
+    assert!(m.contains("not the prelude's `Cons`"), "{m}");
+
+    let mut p = lower(TREE);
+    p.natives.map_loops = vec![None; p.globals.len() - 1];
+    let m = finished_messages(&p);
+    assert!(m.contains("map loops has"), "{m}");
+
+    let mut p = lower(TREE);
+    if let Some(c) = find_in_main(&mut p, &|c| matches!(c, Code::Slot(_))) {
+        *c = Code::SelfRef;
+    }
+    let m = messages(&p);
+    assert!(
+        m.contains("function `main`") && m.contains("refers to itself as a closure"),
+        "{m}"
+    );
+}
