@@ -652,6 +652,59 @@ impl Verifier<'_> {
         for v in &block.outputs {
             self.bval(block, v, block.nodes.len(), "an output");
         }
+        if self.errors.is_empty() {
+            self.node_types(block);
+        }
+    }
+
+    /// Each node's recorded type is what its operator's type rule gives for the recorded types
+    /// of its arguments (up to `?` sizes): a node reading another value, or a type altered in a
+    /// compiled file, would otherwise compute something else than the program says, silently.
+    /// Run only on a block whose indices are in range (checked before).
+    fn node_types(&mut self, block: &Block) {
+        let ty_of = |v: &BVal| -> Option<Ty> {
+            match v {
+                BVal::Input(i) => block.inputs.get(*i as usize).map(|b| b.ty.clone()),
+                BVal::Node(n) => block.nodes.get(*n as usize).map(|b| b.ty.clone()),
+                BVal::Field(n, f) => match block.nodes.get(*n as usize).map(|b| &b.ty) {
+                    Some(Ty::Tuple(ts)) => ts.get(*f as usize).cloned(),
+                    _ => None,
+                },
+                BVal::Const(t) => Some(Ty::tensor(
+                    t.shape()
+                        .iter()
+                        .map(|&d| tumble_ir::Dim::Known(d as i64))
+                        .collect::<Vec<_>>(),
+                    t.dtype(),
+                )),
+            }
+        };
+        for (i, node) in block.nodes.iter().enumerate() {
+            let args: Option<Vec<Ty>> = node
+                .args
+                .iter()
+                .map(|a| match a {
+                    BArg::One(v) => ty_of(v),
+                    BArg::Tuple(vs) => vs
+                        .iter()
+                        .map(ty_of)
+                        .collect::<Option<Vec<_>>>()
+                        .map(Ty::Tuple),
+                })
+                .collect();
+            let Some(args) = args else { continue };
+            match (node.op.relation)(&args, &node.attrs) {
+                Ok(t) if compatible(&t, &node.ty) => {}
+                Ok(t) => self.fail(format!(
+                    "node {i} (`{}`) is recorded as {}, but its arguments make it {t}",
+                    node.op.name, node.ty
+                )),
+                Err(e) => self.fail(format!(
+                    "node {i} (`{}`) does not apply to its recorded arguments: {}",
+                    node.op.name, e.message
+                )),
+            }
+        }
     }
 
     /// A value read by node `before` (or, with `before == nodes.len()`, by the outputs).
@@ -688,5 +741,36 @@ impl Verifier<'_> {
             }
             BVal::Const(_) => {}
         }
+    }
+}
+
+/// The same type up to `?` sizes: the same tuple structure and dtypes, the same ranks, and each
+/// size equal or unknown on either side.
+fn compatible(a: &Ty, b: &Ty) -> bool {
+    match (a, b) {
+        (
+            Ty::Tensor {
+                shape: sa,
+                dtype: da,
+            },
+            Ty::Tensor {
+                shape: sb,
+                dtype: db,
+            },
+        ) => {
+            da == db
+                && sa.len() == sb.len()
+                && sa
+                    .iter()
+                    .zip(sb)
+                    .all(|(x, y)| match (x.known(), y.known()) {
+                        (Some(p), Some(q)) => p == q,
+                        _ => true,
+                    })
+        }
+        (Ty::Tuple(xs), Ty::Tuple(ys)) => {
+            xs.len() == ys.len() && xs.iter().zip(ys).all(|(x, y)| compatible(x, y))
+        }
+        _ => a == b,
     }
 }

@@ -331,3 +331,39 @@ fn altered_natives_loop_tables_and_self_references_are_refused() {
         "{m}"
     );
 }
+
+/// A node whose recorded type is not what its operator gives for its arguments' types — a type
+/// altered in a compiled file, or an argument rewired to another value — is reported (it would
+/// otherwise compute with other shapes than the program says, silently).
+#[test]
+fn node_types_disagreeing_with_their_operators_are_reported() {
+    let clean = lower(TREE);
+    assert_eq!(verify(&clean), vec![]);
+    let leaf = |p: &mut Program| -> usize {
+        p.blocks
+            .iter()
+            .position(|b| b.name == "leaf")
+            .unwrap_or_else(|| panic!("no block `leaf`"))
+    };
+    let mut p = lower(TREE);
+    let b = leaf(&mut p);
+    let last = p.blocks[b].nodes.len() - 1;
+    p.blocks[b].nodes[last].ty = tumble_ir::Ty::tensor_of(&[1, 5], tumble_ir::DType::Float32);
+    let m = messages(&p);
+    assert!(
+        m.contains("block `leaf`") && m.contains("is recorded as Tensor[(1, 5), float32]"),
+        "{m}"
+    );
+    // The product reads its weight where it read its row: (4, 4) · (4, 4) is not (1, 4).
+    let mut p = lower(TREE);
+    let b = leaf(&mut p);
+    let dense = p.blocks[b]
+        .nodes
+        .iter()
+        .position(|n| n.op.name == "nn.dense")
+        .unwrap_or_else(|| panic!("no product in `leaf`"));
+    let weight = p.blocks[b].nodes[dense].args[1].clone();
+    p.blocks[b].nodes[dense].args[0] = weight;
+    let m = messages(&p);
+    assert!(m.contains("(`nn.dense`) is recorded as"), "{m}");
+}

@@ -66,6 +66,25 @@ fn mismatch(v: &Value, ty: &Ty) -> IoError {
     ))
 }
 
+/// Why tensor `t` cannot be a result of type `ty` (a tensor type): another dtype or rank. The
+/// runtime never makes such a result from a well-formed program; a compiled file altered to read
+/// another value could, and it is an error instead of numbers of another type written as if
+/// they were the declared ones. (Sizes are not compared: under gradual shapes a `?`-sized value
+/// may reach a declared size, and `tumble run` writes what was computed.)
+pub(crate) fn tensor_mismatch(t: &tumble_tensor::Tensor, ty: &Ty) -> Option<String> {
+    let Ty::Tensor { shape, dtype } = ty else {
+        return None;
+    };
+    let fits = t.dtype() == *dtype && t.shape().len() == shape.len();
+    (!fits).then(|| {
+        format!(
+            "internal: the result holds a tensor of dtype {} and shape {:?} where its type says {ty}",
+            t.dtype(),
+            t.shape()
+        )
+    })
+}
+
 /// Encodes `value`, of type `ty` (`@main`'s return type), as one line of JSON (see the module
 /// docs for the format).
 pub fn encode_json(value: &Value, ty: &Ty, env: &TypeEnv) -> Result<Encoded, IoError> {
@@ -112,7 +131,12 @@ pub fn encode_json(value: &Value, ty: &Ty, env: &TypeEnv) -> Result<Encoded, IoE
                 }
             }
             Task::Value(v, ty) => match (&ty, v) {
-                (Ty::Tensor { .. }, Value::Tensor(t)) => write_tensor(&mut out, t),
+                (Ty::Tensor { .. }, Value::Tensor(t)) => {
+                    if let Some(m) = tensor_mismatch(t, &ty) {
+                        return Err(IoError::output(m));
+                    }
+                    write_tensor(&mut out, t)
+                }
                 (Ty::Tuple(ts), Value::Tuple(tv)) if ts.len() == tv.0.len() => {
                     out.json.push('[');
                     stack.push(Task::Lit("]"));

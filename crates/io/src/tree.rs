@@ -83,7 +83,12 @@ pub fn to_tree(value: &Value, ty: &Ty, env: &TypeEnv) -> Result<OutTree, IoError
                 done.push(OutTree::Ctor { name, fields });
             }
             Job::Visit(v, ty) => match (&ty, v) {
-                (Ty::Tensor { .. }, Value::Tensor(t)) => done.push(OutTree::Tensor(t.clone())),
+                (Ty::Tensor { .. }, Value::Tensor(t)) => {
+                    if let Some(message) = crate::output::tensor_mismatch(t, &ty) {
+                        return Err(IoError::Output { message });
+                    }
+                    done.push(OutTree::Tensor(t.clone()))
+                }
                 (Ty::Tuple(ts), Value::Tuple(tv)) if ts.len() == tv.0.len() => {
                     jobs.push(Job::Tuple(ts.len()));
                     for (f, t) in tv.0.iter().zip(ts).rev() {

@@ -247,3 +247,31 @@ fn atomic_jsonl() {
     assert!(e.contains("no/out.jsonl"), "{e}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A tensor of another dtype or rank than the declared result is an error in both encoders (a
+/// compiled file altered to return another node printed floats where `@main` says int32); under
+/// gradual shapes a size may differ, and is written as computed.
+#[test]
+fn results_of_another_dtype_or_rank_are_refused_not_written() {
+    let m = module(SRC);
+    let env = m.env();
+    let int1 = Ty::tensor_of(&[1], DType::Int32);
+    let floats = t(Tensor::from_f32([1, 5], vec![0.5; 5]).unwrap());
+    for (v, what) in [
+        (floats, "a tensor of dtype float32 and shape [1, 5]"),
+        (
+            t(Tensor::from_i32([1, 1], vec![3]).unwrap()),
+            "a tensor of dtype int32 and shape [1, 1]",
+        ),
+    ] {
+        let e = encode_json(&v, &int1, &env).unwrap_err().to_string();
+        assert!(e.contains(what) && e.contains("Tensor[(1), int32]"), "{e}");
+        let e = tumble_io::to_tree(&v, &int1, &env).unwrap_err().to_string();
+        assert!(e.contains(what), "{e}");
+    }
+    let other_size = t(Tensor::from_i32([4], vec![1, 2, 3, 4]).unwrap());
+    assert_eq!(
+        encode_json(&other_size, &int1, &env).unwrap().json,
+        "[1,2,3,4]"
+    );
+}
