@@ -559,6 +559,38 @@ impl BlockPlan {
                 ));
             }
         }
+        if !errors.is_empty() {
+            return errors;
+        }
+        // What is read outside its stage must be kept past it, and a GEMM stage run as the
+        // next row program's epilogue must have no other reader (its results are never
+        // materialized): a plan read back from a file that says otherwise would stop a launch
+        // on a value it did not keep.
+        let (_, readers) = stage_readers(block, &self.stages);
+        for (i, r) in readers.iter().enumerate() {
+            if !r.is_empty() && !self.live_out.get(i).copied().unwrap_or(false) {
+                errors.push(format!(
+                    "node %{i} is read after its stage but not kept (liveness)"
+                ));
+            }
+        }
+        for (s, &e) in self.epilogue.iter().enumerate() {
+            let members = match self.stages.get(s) {
+                Some(Stage::Dense(i)) => vec![*i],
+                Some(Stage::HDense(ns)) => ns.clone(),
+                Some(st @ Stage::DenseSum { .. }) => st.result().into_iter().collect(),
+                _ => Vec::new(),
+            };
+            let only_next = members.iter().all(|&k| {
+                let r = readers.get(k).map_or(&[][..], Vec::as_slice);
+                !r.is_empty() && r.iter().all(|&si| si == s + 1)
+            });
+            if e && !only_next {
+                errors.push(format!(
+                    "stage {s} runs as an epilogue, but its results are read elsewhere too"
+                ));
+            }
+        }
         errors
     }
 
@@ -1030,5 +1062,46 @@ mod tests {
         twice.row_ops.push(RowOperands::default());
         twice.epilogue.push(false);
         assert!(twice.verify(&block).iter().any(|e| e.contains("stages")));
+        // A value read after its stage not kept (an altered file: the launch stopped with
+        // "block value %k is not available", exit 70).
+        assert!(good.verify(&block).is_empty(), "{:?}", good.verify(&block));
+        let kept = good
+            .live_out
+            .iter()
+            .position(|&l| l)
+            .expect("a value kept past its stage");
+        let mut dropped = good.clone();
+        dropped.live_out[kept] = false;
+        assert!(
+            dropped.verify(&block).iter().any(|e| e.contains(&format!(
+                "node %{kept} is read after its stage but not kept"
+            ))),
+            "{:?}",
+            dropped.verify(&block)
+        );
+        // An epilogue on a GEMM stage whose results a later stage or the outputs read too.
+        {
+            let s = good
+                .epilogue
+                .iter()
+                .position(|&e| e)
+                .expect("the cell's product runs as an epilogue");
+            let mut block2 = block.clone();
+            let member = match &good.stages[s] {
+                Stage::Dense(i) => *i,
+                Stage::HDense(ns) => ns[0],
+                st => st.result().expect("a GEMM stage's result"),
+            };
+            block2.outputs.push(BVal::Node(member as u32));
+            let mut wide = good.clone();
+            wide.live_out[member] = true;
+            assert!(
+                wide.verify(&block2)
+                    .iter()
+                    .any(|e| e.contains("runs as an epilogue, but its results are read elsewhere")),
+                "{:?}",
+                wide.verify(&block2)
+            );
+        }
     }
 }
