@@ -76,12 +76,17 @@ fn find_in_main<'p>(p: &'p mut Program, pred: &dyn Fn(&Code) -> bool) -> Option<
     None
 }
 
-fn messages(p: &Program) -> String {
-    verify(p)
+/// The verifier's findings as text, one a line.
+fn lines(errors: Vec<tumble_compile::VerifyError>) -> String {
+    errors
         .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+fn messages(p: &Program) -> String {
+    lines(verify(p))
 }
 
 #[test]
@@ -281,11 +286,7 @@ fn a_native_form_taking_other_arguments_is_refused_in_a_finished_program() {
 }
 
 fn finished_messages(p: &Program) -> String {
-    tumble_compile::verify_finished(p)
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("\n")
+    lines(tumble_compile::verify_finished(p))
 }
 
 /// What a compiled file could be altered to say, each refused when it is read back: a native
