@@ -436,3 +436,59 @@ fn a_model_compiled_without_statics_runs_without_their_runtime_halves() {
         "the switches change nothing here: the test checks nothing"
     );
 }
+
+/// CRC-32 (IEEE), as the compiled file's header stores it: an altered file with its checksum
+/// recomputed is what the load-time checks, not the checksum, must refuse.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// A compiled file whose type tables were altered (an ADT renamed) and its checksum recomputed
+/// is refused when it is read, naming the tables; it failed only when the run wrote its result,
+/// with an "internal" message.
+#[test]
+fn altered_type_tables_are_refused_at_load() {
+    let rly = path_of("models/stackrnn_small.rly");
+    let x = path_of("examples/stackrnn.jsonl");
+    let good = temp_path("stack.tumble");
+    ok(
+        &tumble(&["compile", &rly, "--random-params", "0", "-o", &good]),
+        "compile",
+    );
+    ok(
+        &tumble(&["run", &good, "--inputs", &x]),
+        "the unaltered file",
+    );
+    let mut bytes = std::fs::read(&good).unwrap_or_else(|e| panic!("{e}"));
+    const HEADER: usize = 36;
+    // The first postcard string "List" (its length byte, then the name) after the sources is
+    // the tables' ADT of that name: the sources hold the word only inside longer text.
+    let at = bytes
+        .windows(5)
+        .position(|w| w == b"\x04List")
+        .unwrap_or_else(|| panic!("no encoded `List` in the file"));
+    bytes[at + 4] = b'x';
+    let payload_len =
+        u64::from_le_bytes(bytes[12..20].try_into().unwrap_or_else(|e| panic!("{e}"))) as usize;
+    let weights_len =
+        u64::from_le_bytes(bytes[20..28].try_into().unwrap_or_else(|e| panic!("{e}"))) as usize;
+    let sum = crc32(&bytes[HEADER..HEADER + payload_len + weights_len]);
+    bytes[28..36].copy_from_slice(&u64::from(sum).to_le_bytes());
+    let altered = temp_path("stack-altered.tumble");
+    std::fs::write(&altered, &bytes).unwrap_or_else(|e| panic!("{e}"));
+    failed_with(
+        &tumble(&["run", &altered, "--inputs", &x]),
+        &["type tables are malformed", "compile the model again"],
+    );
+}

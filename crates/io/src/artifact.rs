@@ -363,7 +363,69 @@ fn finish_artifact(
             "the weights mask does not match the entry's arguments: the file is corrupt".into(),
         ));
     }
+    check_tables(&artifact).map_err(|e| {
+        bad(format!(
+            "its type tables are malformed ({e}): the file is corrupt; compile the model again"
+        ))
+    })?;
     Ok(Loaded { artifact, weights })
+}
+
+/// The stored type tables agree with the program and the signature: every constructor the
+/// program makes or matches is in the tables under its ADT with its field count, every
+/// constructor's ADT lists it, and every ADT the entry's arguments and result name is defined.
+/// (The tables decode instances and encode results: an ADT renamed in them made a run fail
+/// only when it wrote its result.)
+fn check_tables(a: &Artifact) -> Result<(), String> {
+    let t = &a.tables;
+    for c in &a.compiled.program.ctors {
+        match t.ctors.get(&c.name) {
+            Some(info) if info.adt == c.adt && info.fields.len() == c.arity => {}
+            Some(info) => {
+                return Err(format!(
+                    "constructor `{}` is of `{}` with {} fields in the program, of `{}` with {} \
+                     in the tables",
+                    c.name,
+                    c.adt,
+                    c.arity,
+                    info.adt,
+                    info.fields.len()
+                ))
+            }
+            None => return Err(format!("constructor `{}` is missing", c.name)),
+        }
+    }
+    for (name, info) in &t.ctors {
+        let listed = t
+            .adts
+            .get(&info.adt)
+            .is_some_and(|adt| adt.ctors.get(info.tag) == Some(name));
+        if !listed {
+            return Err(format!(
+                "constructor `{name}` is not constructor {} of `{}`",
+                info.tag, info.adt
+            ));
+        }
+    }
+    let mut tys: Vec<&Ty> = a.params.iter().map(|(_, ty)| ty).collect();
+    tys.push(&a.ret);
+    while let Some(ty) = tys.pop() {
+        match ty {
+            Ty::Adt(name, args) => {
+                if !t.adts.contains_key(name) {
+                    return Err(format!("type `{name}` is not defined"));
+                }
+                tys.extend(args);
+            }
+            Ty::Tuple(ts) => tys.extend(ts),
+            Ty::Func(ps, r) => {
+                tys.extend(ps);
+                tys.push(r);
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// A program checked by the IR verifier and its plans (restored) against its blocks: an error
