@@ -110,16 +110,22 @@ fn compiled_models_give_the_outputs_of_their_source() {
     }
 }
 
+/// `rly` compiled with random weights (seed 0) into temporary file `name`: its path and bytes.
+fn compiled_random(rly: &str, name: &str) -> (String, Vec<u8>) {
+    let path = temp_path(name);
+    ok(
+        &tumble(&["compile", rly, "--random-params", "0", "-o", &path]),
+        "compile",
+    );
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{e}"));
+    (path, bytes)
+}
+
 #[test]
 fn damaged_stale_and_mismatched_compiled_models_are_clear_errors() {
     let rly = path_of("models/treelstm_small.rly");
     let x = path_of("examples/treelstm.jsonl");
-    let good = temp_path("good.tumble");
-    ok(
-        &tumble(&["compile", &rly, "--random-params", "0", "-o", &good]),
-        "compile",
-    );
-    let bytes = std::fs::read(&good).unwrap_or_else(|e| panic!("{e}"));
+    let (good, bytes) = compiled_random(&rly, "good.tumble");
     let write = |name: &str, b: &[u8]| {
         let p = temp_path(name);
         std::fs::write(&p, b).unwrap_or_else(|e| panic!("{e}"));
@@ -437,23 +443,6 @@ fn a_model_compiled_without_statics_runs_without_their_runtime_halves() {
     );
 }
 
-/// CRC-32 (IEEE), as the compiled file's header stores it: an altered file with its checksum
-/// recomputed is what the load-time checks, not the checksum, must refuse.
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
-
 /// A compiled file whose type tables were altered (an ADT renamed) and its checksum recomputed
 /// is refused when it is read, naming the tables; it failed only when the run wrote its result,
 /// with an "internal" message.
@@ -461,16 +450,11 @@ fn crc32(bytes: &[u8]) -> u32 {
 fn altered_type_tables_are_refused_at_load() {
     let rly = path_of("models/stackrnn_small.rly");
     let x = path_of("examples/stackrnn.jsonl");
-    let good = temp_path("stack.tumble");
-    ok(
-        &tumble(&["compile", &rly, "--random-params", "0", "-o", &good]),
-        "compile",
-    );
+    let (good, mut bytes) = compiled_random(&rly, "stack.tumble");
     ok(
         &tumble(&["run", &good, "--inputs", &x]),
         "the unaltered file",
     );
-    let mut bytes = std::fs::read(&good).unwrap_or_else(|e| panic!("{e}"));
     const HEADER: usize = 36;
     // The first postcard string "List" (its length byte, then the name) after the sources is
     // the tables' ADT of that name: the sources hold the word only inside longer text.
@@ -483,7 +467,8 @@ fn altered_type_tables_are_refused_at_load() {
         u64::from_le_bytes(bytes[12..20].try_into().unwrap_or_else(|e| panic!("{e}"))) as usize;
     let weights_len =
         u64::from_le_bytes(bytes[20..28].try_into().unwrap_or_else(|e| panic!("{e}"))) as usize;
-    let sum = crc32(&bytes[HEADER..HEADER + payload_len + weights_len]);
+    // The header's checksum, recomputed: what the load-time checks, not the checksum, refuse.
+    let sum = crc32fast::hash(&bytes[HEADER..HEADER + payload_len + weights_len]);
     bytes[28..36].copy_from_slice(&u64::from(sum).to_le_bytes());
     let altered = temp_path("stack-altered.tumble");
     std::fs::write(&altered, &bytes).unwrap_or_else(|e| panic!("{e}"));

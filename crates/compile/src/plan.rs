@@ -498,7 +498,8 @@ impl BlockPlan {
     /// Every way the plan disagrees with `block` (empty: consistent): each node computed by
     /// exactly one stage; a stage reads only nodes of earlier stages or its own (so running the
     /// stages in order never reads a value not yet computed); the per-stage tables as long as
-    /// the stages; an epilogue only on a GEMM stage followed by a row program.
+    /// the stages; every value read after its stage kept; an epilogue only where the planner
+    /// would put one ([`can_run_as_epilogue`]).
     pub fn verify(&self, block: &Block) -> Vec<String> {
         let n = block.nodes.len();
         let mut errors = Vec::new();
@@ -547,23 +548,11 @@ impl BlockPlan {
                 self.live_out.len()
             ));
         }
-        for (s, &e) in self.epilogue.iter().enumerate() {
-            let gemm = matches!(
-                self.stages.get(s),
-                Some(Stage::Dense(_) | Stage::HDense(_) | Stage::DenseSum { .. })
-            );
-            let rows_next = matches!(self.stages.get(s + 1), Some(Stage::Rows(_)));
-            if e && !(gemm && rows_next) {
-                errors.push(format!(
-                    "stage {s} has an epilogue but is not a GEMM stage followed by a row program"
-                ));
-            }
-        }
         if !errors.is_empty() {
             return errors;
         }
-        // What is read outside its stage must be kept past it, and a GEMM stage run as the
-        // next row program's epilogue must have no other reader (its results are never
+        // What is read outside its stage must be kept past it, and an epilogue must be a GEMM
+        // stage followed by a row program that alone reads its results (they are never
         // materialized): a plan read back from a file that says otherwise would stop a launch
         // on a value it did not keep.
         let (_, readers) = stage_readers(block, &self.stages);
@@ -575,19 +564,10 @@ impl BlockPlan {
             }
         }
         for (s, &e) in self.epilogue.iter().enumerate() {
-            let members = match self.stages.get(s) {
-                Some(Stage::Dense(i)) => vec![*i],
-                Some(Stage::HDense(ns)) => ns.clone(),
-                Some(st @ Stage::DenseSum { .. }) => st.result().into_iter().collect(),
-                _ => Vec::new(),
-            };
-            let only_next = members.iter().all(|&k| {
-                let r = readers.get(k).map_or(&[][..], Vec::as_slice);
-                !r.is_empty() && r.iter().all(|&si| si == s + 1)
-            });
-            if e && !only_next {
+            if e && !can_run_as_epilogue(&self.stages, &readers, s) {
                 errors.push(format!(
-                    "stage {s} runs as an epilogue, but its results are read elsewhere too"
+                    "stage {s} runs as an epilogue, but its results are read elsewhere too or \
+                     it is not a GEMM stage followed by a row program"
                 ));
             }
         }
@@ -616,6 +596,30 @@ impl BlockPlan {
         }
         dead
     }
+}
+
+/// Whether GEMM stage `s` can run as the next stage's epilogue: the next stage is a row program
+/// and it alone reads the GEMM's results (`readers` from [`stage_readers`]), which are then never
+/// materialized. The planner's rule, and what the verifier holds a plan read back to.
+fn can_run_as_epilogue(stages: &[Stage], readers: &[Vec<usize>], s: usize) -> bool {
+    let root;
+    let members: &[usize] = match stages.get(s) {
+        Some(Stage::Dense(i)) => std::slice::from_ref(i),
+        Some(Stage::HDense(ns)) => ns,
+        Some(st @ Stage::DenseSum { .. }) => match st.result() {
+            Some(r) => {
+                root = r;
+                std::slice::from_ref(&root)
+            }
+            None => return false,
+        },
+        _ => return false,
+    };
+    matches!(stages.get(s + 1), Some(Stage::Rows(_)))
+        && members.iter().all(|&k| {
+            let r = readers.get(k).map_or(&[][..], Vec::as_slice);
+            !r.is_empty() && r.iter().all(|&si| si == s + 1)
+        })
 }
 
 /// For `stages` of `block`: the stage that computes each node, and per node the other stages
@@ -771,27 +775,7 @@ pub fn plan_with(block: &Block, opts: PlanOptions) -> BlockPlan {
     let (_, readers) = stage_readers(block, &stages);
     let live_out: Vec<bool> = readers.iter().map(|r| !r.is_empty()).collect();
     let epilogue = (0..stages.len())
-        .map(|s| {
-            let root;
-            let members: &[usize] = match stages.get(s) {
-                Some(Stage::Dense(i)) => std::slice::from_ref(i),
-                Some(Stage::HDense(ns)) => ns,
-                Some(st @ Stage::DenseSum { .. }) => match st.result() {
-                    Some(r) => {
-                        root = r;
-                        std::slice::from_ref(&root)
-                    }
-                    None => return false,
-                },
-                _ => return false,
-            };
-            opts.epilogue
-                && matches!(stages.get(s + 1), Some(Stage::Rows(_)))
-                && members.iter().all(|&k| {
-                    let r = readers.get(k).map_or(&[][..], Vec::as_slice);
-                    !r.is_empty() && r.iter().all(|&si| si == s + 1)
-                })
-        })
+        .map(|s| opts.epilogue && can_run_as_epilogue(&stages, &readers, s))
         .collect();
     let row_ops = stages
         .iter()

@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use crate::blocks::{BArg, BVal, Block};
+use crate::blocks::{value_ty, BArg, BVal, Block};
 use crate::program::{CaptureFrom, Code, Lambda, Pat, Program};
 use tumble_ir::Ty;
 
@@ -138,24 +138,15 @@ pub fn verify(program: &Program) -> Vec<VerifyError> {
         place: String::new(),
     };
     v.program_tables();
+    let mut global = vec![false; program.lambdas.len()];
+    for &l in &program.globals {
+        if let Some(g) = global.get_mut(l as usize) {
+            *g = true;
+        }
+    }
     for (i, lambda) in program.lambdas.iter().enumerate() {
         v.place = format!("function `{}` (lambda {i})", lambda.name);
-        v.lambda(lambda);
-    }
-    // A global's function is called through its global, never made as a closure: it has no
-    // closure to refer to (the machine would stop on `SelfRef` there with an internal error).
-    for (g, &l) in program.globals.iter().enumerate() {
-        let Some(lambda) = program.lambdas.get(l as usize) else {
-            continue;
-        };
-        let mut self_ref = false;
-        lambda
-            .body
-            .visit(&mut |c| self_ref |= matches!(c, Code::SelfRef));
-        if self_ref {
-            v.place = format!("function `{}` (global {g})", lambda.name);
-            v.fail("refers to itself as a closure, but is a global function".into());
-        }
+        v.lambda(lambda, global[i]);
     }
     for (i, block) in program.blocks.iter().enumerate() {
         v.place = format!("block `{}` (block {i})", block.name);
@@ -267,7 +258,10 @@ impl Verifier<'_> {
         }
     }
 
-    fn lambda(&mut self, lambda: &Lambda) {
+    /// `global`: the lambda is a global's function, called through its global and never made
+    /// as a closure, so it has no closure to refer to (the machine would stop on `SelfRef`
+    /// there with an internal error).
+    fn lambda(&mut self, lambda: &Lambda, global: bool) {
         if lambda.n_params > lambda.n_slots {
             self.fail(format!(
                 "{} parameters in a frame of {} slots",
@@ -288,6 +282,7 @@ impl Verifier<'_> {
             targets.push(*slot);
         }
         self.defined_before_read(lambda);
+        let mut self_ref = false;
         // `visit` walks iteratively: bodies can nest deeply.
         lambda.body.visit(&mut |code| {
             self.code(code, lambda.n_slots);
@@ -302,9 +297,13 @@ impl Verifier<'_> {
                         self.pat(pat, lambda.n_slots);
                     }
                 }
+                Code::SelfRef => self_ref = true,
                 _ => {}
             }
         });
+        if global && self_ref {
+            self.fail("refers to itself as a closure, but is a global function".into());
+        }
     }
 
     /// Every slot `lambda`'s code reads (or a closure it makes captures) has been set on every
@@ -627,6 +626,7 @@ impl Verifier<'_> {
     }
 
     fn block(&mut self, block: &Block) {
+        let before = self.errors.len();
         for (i, node) in block.nodes.iter().enumerate() {
             let n_args = node.args.len();
             if n_args != node.op.arity && Some(n_args) != node.op.alt_arity {
@@ -652,7 +652,7 @@ impl Verifier<'_> {
         for v in &block.outputs {
             self.bval(block, v, block.nodes.len(), "an output");
         }
-        if self.errors.is_empty() {
+        if self.errors.len() == before {
             self.node_types(block);
         }
     }
@@ -660,39 +660,18 @@ impl Verifier<'_> {
     /// Each node's recorded type is what its operator's type rule gives for the recorded types
     /// of its arguments (up to `?` sizes): a node reading another value, or a type altered in a
     /// compiled file, would otherwise compute something else than the program says, silently.
-    /// Run only on a block whose indices are in range (checked before).
+    /// Run only on a block whose indices are in range (checked before, in [`Verifier::block`]).
     fn node_types(&mut self, block: &Block) {
-        let ty_of = |v: &BVal| -> Option<Ty> {
-            match v {
-                BVal::Input(i) => block.inputs.get(*i as usize).map(|b| b.ty.clone()),
-                BVal::Node(n) => block.nodes.get(*n as usize).map(|b| b.ty.clone()),
-                BVal::Field(n, f) => match block.nodes.get(*n as usize).map(|b| &b.ty) {
-                    Some(Ty::Tuple(ts)) => ts.get(*f as usize).cloned(),
-                    _ => None,
-                },
-                BVal::Const(t) => Some(Ty::tensor(
-                    t.shape()
-                        .iter()
-                        .map(|&d| tumble_ir::Dim::Known(d as i64))
-                        .collect::<Vec<_>>(),
-                    t.dtype(),
-                )),
-            }
-        };
+        let ty_of = |v: &BVal| value_ty(&block.inputs, &block.nodes, v);
         for (i, node) in block.nodes.iter().enumerate() {
-            let args: Option<Vec<Ty>> = node
+            let args: Vec<Ty> = node
                 .args
                 .iter()
                 .map(|a| match a {
                     BArg::One(v) => ty_of(v),
-                    BArg::Tuple(vs) => vs
-                        .iter()
-                        .map(ty_of)
-                        .collect::<Option<Vec<_>>>()
-                        .map(Ty::Tuple),
+                    BArg::Tuple(vs) => Ty::Tuple(vs.iter().map(ty_of).collect()),
                 })
                 .collect();
-            let Some(args) = args else { continue };
             match (node.op.relation)(&args, &node.attrs) {
                 Ok(t) if compatible(&t, &node.ty) => {}
                 Ok(t) => self.fail(format!(
