@@ -58,14 +58,19 @@ pub fn find(block: &Block) -> Option<Attention> {
         return None;
     }
     let pv = named(one(&out.args, 0)?, "nn.batch_matmul")?;
-    // The operator's defaults: transpose_a=False, transpose_b=True.
+    // The operator's defaults: transpose_a=False, transpose_b=True; a product in another dtype
+    // than its f32 operands' (`out_dtype`) is not the f32 kernel's.
     let flags = |n: &crate::blocks::BlockNode| {
         (
             n.attrs.bool("transpose_a").ok().flatten().unwrap_or(false),
             n.attrs.bool("transpose_b").ok().flatten().unwrap_or(true),
+            matches!(
+                n.attrs.str("out_dtype").ok().flatten(),
+                None | Some("") | Some("float32")
+            ),
         )
     };
-    if flags(pv) != (false, false) {
+    if flags(pv) != (false, false, true) {
         return None;
     }
     let soft = named(one(&pv.args, 0)?, "nn.softmax")?;
@@ -90,7 +95,7 @@ pub fn find(block: &Block) -> Option<Attention> {
         nodes_seen += 1;
     }
     let qk = named(scores, "nn.batch_matmul")?;
-    if flags(qk) != (false, true) {
+    if flags(qk) != (false, true, true) {
         return None;
     }
     let input_of = |v: &BVal| -> Option<u32> {

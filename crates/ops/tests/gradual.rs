@@ -373,6 +373,23 @@ fn strided_slice_matches_python() {
                     Ty::tensor_of(&[d, want], DType::Float32),
                     "range({d})[{b}::-1]"
                 );
+                // A `strides` shorter than `begin`: Relay pads it with 1 (a one-entry list is
+                // not every axis's stride).
+                let at = attrs(vec![
+                    ("begin", ints(&[b, b])),
+                    ("end", ints(&[e, e])),
+                    ("strides", ints(&[2])),
+                ]);
+                let got = (slice.relation)(&[Ty::tensor_of(&[d, d], DType::Float32)], &at).unwrap();
+                let want = [
+                    python_slice_len(d, Some(b), Some(e), 2),
+                    python_slice_len(d, Some(b), Some(e), 1),
+                ];
+                assert_eq!(
+                    got,
+                    Ty::tensor_of(&want, DType::Float32),
+                    "x[{b}:{e}:2, {b}:{e}]"
+                );
             }
         }
     }

@@ -40,6 +40,29 @@ fn hand_cases_hold() {
     );
 }
 
+/// A product over an empty inner dimension is +0.0, as numpy's and BLAS's: it was -0.0 (a sum
+/// started from -0.0), so `1 / x` was -inf, and the batched engine's f32 `batch_matmul` said +0.0.
+#[test]
+fn products_over_an_empty_inner_dimension_are_positive_zero() {
+    let empty = |shape: &[usize]| OpValue::Tensor(Tensor::zeros(shape, DType::Float32).unwrap());
+    let dense = run("nn.dense", &[empty(&[2, 0]), empty(&[3, 0])], &attrs(&[])).unwrap();
+    let bmm = run(
+        "nn.batch_matmul",
+        &[empty(&[1, 2, 0]), empty(&[1, 3, 0])],
+        &attrs(&[]),
+    )
+    .unwrap();
+    for (name, v) in [("nn.dense", dense), ("nn.batch_matmul", bmm)] {
+        let t = v.as_tensor().unwrap();
+        let data = t.to_f64_vec();
+        assert_eq!(data.len(), 6, "{name}");
+        assert!(
+            data.iter().all(|x| *x == 0.0 && x.is_sign_positive()),
+            "{name}: {data:?}"
+        );
+    }
+}
+
 /// The checker accepts `nn.dense(x: Tensor[(?, ?)], w: Tensor[(256, ?)])`; at run time the
 /// actual shapes disagree and `eval` reports it with the relation's message.
 #[test]

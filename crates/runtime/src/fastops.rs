@@ -43,7 +43,12 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Op
             let (x, y) = (args.first()?.as_tensor()?, args.get(1)?.as_tensor()?);
             let ta = attrs.bool("transpose_a").ok()?.unwrap_or(false);
             let tb = attrs.bool("transpose_b").ok()?.unwrap_or(true);
-            if ta {
+            // The f32 kernel computes and returns f32: another `out_dtype` is the reference's.
+            let out_f32 = matches!(
+                attrs.str("out_dtype").ok()?,
+                None | Some("") | Some("float32")
+            );
+            if ta || !out_f32 {
                 return None;
             }
             bmm_f32(x, y, tb, threads).map(OpValue::Tensor)

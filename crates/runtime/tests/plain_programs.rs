@@ -830,6 +830,85 @@ def @main(%x: Tensor[(2, 5), float32], %label: Tensor[(), int32], %pick: Tensor[
     );
 }
 
+/// `nn.batch_matmul(.., out_dtype="float64")` of f32 operands computes in f64 in the batched
+/// engine too: its f32 kernel computed and returned f32 (16777216 + 1 gave 16777216, and the
+/// f32 result failed the next float64 operator or the result's declared dtype).
+#[test]
+fn batch_matmul_keeps_its_out_dtype_batched() {
+    let src = r#"
+def @main(%a: Tensor[(1, 1, 2), float32], %b: Tensor[(1, 2, 2), float32])
+    -> (Tensor[(1, 1, 2), int64], Tensor[(1, 1, 2), float64]) {
+  let %p = nn.batch_matmul(%a, %b, out_dtype="float64");
+  (cast(%p, dtype="int64"), add(%p, 0.5f64))
+}
+"#;
+    let inputs: Vec<String> = (0..5)
+        .map(|i| format!("{{\"a\": [[[16777216, {i}]]], \"b\": [[[1, 1], [1, {i}]]]}}"))
+        .collect();
+    let x = expected(
+        "bmm_f64",
+        load_text("bmm_f64", src),
+        &inputs.join("\n"),
+        &["a", "b"],
+    );
+    let exact = match x.outputs.get(3) {
+        Some(tumble_interp::Value::Tuple(t)) => match t.0.first() {
+            Some(tumble_interp::Value::Tensor(p)) => p.to_f64_vec(),
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    };
+    assert_eq!(
+        exact,
+        [16777219.0, 16777225.0],
+        "the reference's exact sums"
+    );
+    check_all_ways(&x);
+}
+
+/// Slices of per-invocation values (Berxit's `[CLS]` row) batch as one slice one axis further in
+/// instead of copying every row out to slice it: implicit and listed axes (a negative one), a
+/// `strides` shorter than the axes (Relay pads it with 1), negative strides and bounds,
+/// `slice_mode="size"`. Equal to the reference every way; nothing loops.
+#[test]
+fn slices_of_batched_values_are_one_slice() {
+    let src = r#"
+def @main(%x: Tensor[(4, 6), float32]) -> (Tensor[(1, 6), float32], Tensor[(2, 6), float32],
+    Tensor[(4, 2), float32], Tensor[(3, 6), float32], Tensor[(2, 4), float32]) {
+  let %h = tanh(%x);
+  (strided_slice(%h, begin=[0, 0], end=[1, 6], strides=[1, 1]),
+   strided_slice(%h, begin=[0, 0], end=[4, 6], strides=[2]),
+   strided_slice(%h, begin=[-1], end=[-5], strides=[-3], axes=[-1]),
+   strided_slice(sigmoid(%x), begin=[-1], end=[0], strides=[-1]),
+   strided_slice(%h, begin=[1, 2], end=[2, -1], slice_mode="size"))
+}
+"#;
+    let inputs: Vec<String> = (0..11)
+        .map(|i| {
+            let row = |r: usize| -> String {
+                let v: Vec<String> = (0..6)
+                    .map(|c| format!("{:.2}", ((i * 5 + c * 3 + r * 2) % 7) as f64 / 3.0 - 1.0))
+                    .collect();
+                format!("[{}]", v.join(", "))
+            };
+            let rows: Vec<String> = (0..4).map(row).collect();
+            format!("{{\"x\": [{}]}}", rows.join(", "))
+        })
+        .collect();
+    let x = expected(
+        "slice_batched",
+        load_text("slice_batched", src),
+        &inputs.join("\n"),
+        &["x"],
+    );
+    check_all_ways(&x);
+    let profile = batch_profile(&x, tumble_runtime::Options::default());
+    assert!(
+        profile.ops.looped == 0 && profile.ops.batched > 0,
+        "{profile}"
+    );
+}
+
 /// Direct products (`Stage::MatMul`): `X · [A; B]` written as `nn.dense(X, transpose(
 /// concatenate((A, B))))` packs A's and B's rows straight into the GEMM. Covers two parts, a
 /// shared part (a weight), a transpose that feeds no product (left alone) and a

@@ -30,7 +30,7 @@ pub fn dense(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValu
         let xr = row(&x, r, kk);
         for j in 0..n {
             let wr = row(&w, j, kk);
-            out.push(xr.iter().zip(wr).map(|(a, b)| a * b).sum::<f64>());
+            out.push(dot(xr, wr));
         }
     }
     Ok(k.t(Values::F(out).into_tensor(&out_shape, out_dtype))?
@@ -86,7 +86,7 @@ pub fn batch_matmul(
                     let xr = row(&xv, pick(b, xb, m, i), kx);
                     for j in 0..n {
                         let yr = row(&yv, pick(b, yb, n, j), kx);
-                        out.push(xr.iter().zip(yr).map(|(p, q)| p * q).sum::<f64>());
+                        out.push(dot(xr, yr));
                     }
                 }
             }
@@ -118,4 +118,10 @@ pub fn batch_matmul(
         }
     };
     Ok(k.t(out.into_tensor(&out_shape, out_dtype))?.into())
+}
+
+/// A dot product from +0.0, as BLAS and numpy start it (`Iterator::sum` starts from -0.0, so an
+/// empty inner dimension gave -0.0 and `1 / x` -inf).
+fn dot(x: &[f64], y: &[f64]) -> f64 {
+    x.iter().zip(y).fold(0.0, |s, (a, b)| s + a * b)
 }

@@ -652,10 +652,10 @@ pub(crate) fn slice_spec(c: &Call, x: Tensor) -> Result<SliceSpec, RelError> {
     }
     let mut out = Vec::with_capacity(axes.len());
     for (k, &axis) in axes.iter().enumerate() {
+        // Relay pads a short `strides` with 1 (`StridedSliceRel`): a one-entry list is the first
+        // axis's stride, not every axis's.
         let stride = if size_mode {
             1
-        } else if strides.len() == 1 {
-            strides.first().copied().unwrap_or(1)
         } else {
             strides.get(k).copied().unwrap_or(1)
         };
