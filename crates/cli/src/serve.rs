@@ -158,8 +158,8 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
             .collect();
         if !big.is_empty() {
             eprintln!(
-                "warning: no weights given (--params FILE or --random-params SEED): every request \
-                 must carry {} as instance keys",
+                "warning: no weights given (--params FILE or --random-params SEED): every \
+                 argument of @main is read from each instance, the weight-like {} included",
                 big.join(", ")
             );
         }

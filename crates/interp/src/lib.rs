@@ -43,8 +43,9 @@ pub fn run(
                 *rng = machine.ctx.rng.clone();
                 return Ok(v);
             }
-            // One instance alone: a phase boundary has nothing to wait for.
-            Outcome::Phase => continue,
+            // One instance alone: a phase boundary has nothing to wait for (and a time slice,
+            // were one set, nothing to give way to).
+            Outcome::Phase | Outcome::Yielded => continue,
             Outcome::Blocked => {
                 return Err(RunError::new(
                     "internal: the reference backend never blocks",

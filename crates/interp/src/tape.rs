@@ -325,7 +325,7 @@ pub fn grad(
     let out = loop {
         match machine.run(&mut backend)? {
             Outcome::Done(v) => break v,
-            Outcome::Phase => continue,
+            Outcome::Phase | Outcome::Yielded => continue,
             Outcome::Blocked => return Err(RunError::new("internal: the tape never blocks")),
         }
     };

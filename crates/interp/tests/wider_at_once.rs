@@ -195,7 +195,7 @@ fn run(
     loop {
         match m.run(&mut backend).expect("run") {
             Outcome::Done(v) => return (show(&v), backend.log, m.steps()),
-            Outcome::Phase => continue,
+            Outcome::Phase | Outcome::Yielded => continue,
             Outcome::Blocked => panic!("the reference backend never blocks"),
         }
     }

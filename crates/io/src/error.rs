@@ -43,6 +43,13 @@ pub enum IoError {
         source_name: String,
         message: String,
     },
+    /// A document of instances that would fit in the memory budget, but not beside what is in
+    /// use now (a server answers 503: the same request can succeed later; 413 would say it never
+    /// can).
+    NoRoomNow {
+        source_name: String,
+        message: String,
+    },
 }
 
 impl IoError {
@@ -91,6 +98,10 @@ impl fmt::Display for IoError {
                 message,
             }
             | IoError::TooLarge {
+                source_name,
+                message,
+            }
+            | IoError::NoRoomNow {
                 source_name,
                 message,
             } => write!(f, "{source_name}: {message}"),

@@ -752,9 +752,20 @@ pub fn read_request_instances(
     if nesting_depth(text, MAX_DEPTH + 2) > MAX_DEPTH + 2 {
         return Err(err(depth_error("the body")));
     }
-    reserve_for_json(text.len()).map_err(|m| IoError::TooLarge {
-        source_name: source_name.to_string(),
-        message: format!("the body: {m}"),
+    reserve_for_json(text.len()).map_err(|m| {
+        let (source_name, message) = (source_name.to_string(), format!("the body: {m}"));
+        // Past the whole budget it can never be taken; within it, once memory is free again.
+        let parsed = text.len().saturating_mul(PARSED_BYTES_PER_TEXT_BYTE);
+        match tumble_limits::limit().is_some_and(|limit| parsed > limit) {
+            true => IoError::TooLarge {
+                source_name,
+                message,
+            },
+            false => IoError::NoRoomNow {
+                source_name,
+                message,
+            },
+        }
     })?;
     let located = |e: serde_json::Error| {
         err(format!(
@@ -770,7 +781,29 @@ pub fn read_request_instances(
     let json = parse_json(text).map_err(located)?;
     let mut json = DeepJson(json);
     let found = match &mut json.0 {
-        Json::Object(m) => m.remove(key),
+        Json::Object(m) => {
+            // TF-Serving's other request forms, refused by name rather than ignored: the
+            // columnar `inputs` (alone it read as "no `instances`"; beside `instances` it was
+            // dropped silently), and a signature other than the one a model has.
+            if m.contains_key("inputs") {
+                return Err(err(format!(
+                    "the columnar `inputs` form is not taken; send `{key}`: an array with one \
+                     object per instance, keyed by the model's argument names"
+                )));
+            }
+            match m.get("signature_name") {
+                None => {}
+                Some(Json::String(s)) if s == "serving_default" => {}
+                Some(other) => {
+                    return Err(err(format!(
+                        "signature_name {}: a model served here has one signature, \
+                         \"serving_default\"",
+                        tumble_limits::echo(&other.to_string())
+                    )))
+                }
+            }
+            m.remove(key)
+        }
         _ => {
             return Err(err(format!(
                 "expected a JSON object with the key `{key}` (an array of instances)"

@@ -512,6 +512,7 @@ pub(crate) fn drive(
                                 recording.phase_stop();
                                 *record = Some(recording);
                             }
+                            Ok(Outcome::Yielded) => *record = Some(recording),
                             Ok(Outcome::Done(v)) => {
                                 if let Some(s) = slot(i) {
                                     let _ = s.set(recording.finish(v));
@@ -538,7 +539,8 @@ pub(crate) fn drive(
                     }
                     Outcome::Blocked => still.push(i),
                     Outcome::Phase if opts.phases => parked.push(i),
-                    Outcome::Phase => continue,
+                    // (A batch run sets no time slice: a yield only hands the thread back.)
+                    Outcome::Phase | Outcome::Yielded => continue,
                 }
                 break;
             }

@@ -98,6 +98,11 @@ pub struct BatchSession<'p> {
     /// Depth levels launched per step (see [`Dfg::flush_levels`]); `None`: every pending node
     /// (a step then lasts until each instance in flight finishes or blocks on a value).
     pub levels_per_step: Option<usize>,
+    /// How long an instance's machine runs in one step before it gives way
+    /// ([`Machine::set_time_slice`]); `None`: until it finishes or suspends. An instance that
+    /// never suspends (a recursion without a base case) then delays the others by a slice per
+    /// step, not by its whole `--timeout-ms`.
+    pub time_slice: Option<std::time::Duration>,
     /// The program planned for `opts` (kept for the fresh graphs).
     exec: Arc<Executable>,
     dfg: Dfg<'p>,
@@ -111,6 +116,11 @@ pub struct BatchSession<'p> {
 /// Default [`BatchSession::max_nodes`]: a few hundred SST trees' worth of TreeLSTM nodes; the
 /// table of a graph that size is tens of MiB.
 pub const DEFAULT_MAX_NODES: usize = 1 << 20;
+
+/// Default [`BatchSession::time_slice`]: far above any zoo model's host program per instance and
+/// step (TreeLSTM-large's deepest SST tree takes well under a millisecond), so only a runaway
+/// reaches it.
+pub const DEFAULT_TIME_SLICE: std::time::Duration = std::time::Duration::from_millis(10);
 
 impl<'p> BatchSession<'p> {
     /// A session running global `entry` of `program`.
@@ -132,6 +142,7 @@ impl<'p> BatchSession<'p> {
             opts,
             max_nodes: DEFAULT_MAX_NODES,
             levels_per_step: None,
+            time_slice: Some(DEFAULT_TIME_SLICE),
             dfg: Dfg::new(program, reuse, exec.clone(), opts),
             exec,
             queued: VecDeque::new(),
@@ -252,6 +263,9 @@ impl<'p> BatchSession<'p> {
                     Ok(Outcome::Done(v)) => State::Done(v, None),
                     Ok(Outcome::Blocked) => State::Blocked(m),
                     Ok(Outcome::Phase) => State::Parked(m),
+                    // Past its slice: it goes on at the next step, after this one's flush has
+                    // answered the others.
+                    Ok(Outcome::Yielded) => State::Running(m),
                     Err(e) => {
                         finished.push((slot.ticket, Err(e)));
                         failed.push(slot.instance);
@@ -397,6 +411,7 @@ impl<'p> BatchSession<'p> {
             },
         );
         m.set_stop(slot.stop.clone());
+        m.set_time_slice(self.time_slice);
         let derived = match self.exec.derived_args(self.program, &slot.args) {
             Ok(d) => d,
             Err(e) => return Some((slot.ticket, Err(e))),

@@ -251,10 +251,19 @@ fn json_response(status: StatusCode, body: String) -> Response {
 }
 
 fn error(status: StatusCode, message: &str) -> Response {
-    json_response(
-        status,
-        serde_json::json!({ "error": message.trim_end() }).to_string(),
-    )
+    // A located run error is rendered as a diagnostic, which begins `error: `: under the
+    // `error` key that said it twice.
+    let message = message.trim_end();
+    let message = message.strip_prefix("error: ").unwrap_or(message);
+    json_response(status, serde_json::json!({ "error": message }).to_string())
+}
+
+/// `response` with its `Allow` header set to `methods`.
+fn allowing(mut response: Response, methods: &'static str) -> Response {
+    response
+        .headers_mut()
+        .insert(header::ALLOW, header::HeaderValue::from_static(methods));
+    response
 }
 
 async fn not_found() -> Response {
@@ -266,16 +275,71 @@ async fn not_found() -> Response {
 }
 
 /// A known route asked with a method it does not take: JSON, as every other error (axum's own
-/// 405 had an empty body).
-async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    error(
-        StatusCode::METHOD_NOT_ALLOWED,
-        &format!(
-            "{method} {}: not taken here; predictions are POSTed to /v1/models/{{name}}:predict, \
-             and /v1/models/{{name}}, /healthz, /readyz and /metrics answer GET",
-            tumble_io::echo(uri.path())
+/// 405 had an empty body), with the `Allow` of that path (the route's own listed GET, HEAD and
+/// POST for the prediction path too). A model path naming another model is a 404, whatever the
+/// method.
+async fn wrong_method(
+    State(s): State<Arc<Shared>>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> Response {
+    let path = uri.path();
+    let allow = match path.strip_prefix("/v1/models/") {
+        Some(rest) => {
+            let rest = percent_decoded(rest);
+            let (name, predict) = match rest.strip_suffix(":predict") {
+                Some(name) => (name, true),
+                None => (rest.as_str(), false),
+            };
+            if name != s.config.name {
+                return unknown_model(&s, name);
+            }
+            if predict {
+                "POST"
+            } else {
+                "GET, HEAD"
+            }
+        }
+        None => "GET, HEAD",
+    };
+    allowing(
+        error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!(
+                "{method} {}: not taken here; predictions are POSTed to \
+                 /v1/models/{{name}}:predict, and /v1/models/{{name}}, /healthz, /readyz and \
+                 /metrics answer GET",
+                tumble_io::echo(path)
+            ),
         ),
+        allow,
     )
+}
+
+/// `%XX` escapes of a URL path decoded (malformed ones and invalid UTF-8 kept as they are), as
+/// the router decodes the model path it hands the handlers.
+fn percent_decoded(path: &str) -> String {
+    let b = path.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or_else(|_| path.to_string())
 }
 
 /// The `{*rest}` of `/v1/models/..`, or the message of a JSON 400 where it is not UTF-8 once
@@ -407,13 +471,13 @@ async fn model_status(
         Err(m) => return error(StatusCode::BAD_REQUEST, &m),
     };
     if rest.strip_suffix(":predict") == Some(s.config.name.as_str()) {
-        let mut r = error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            &format!("GET /v1/models/{rest}: predictions are POSTed"),
+        return allowing(
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &format!("GET /v1/models/{rest}: predictions are POSTed"),
+            ),
+            "POST",
         );
-        r.headers_mut()
-            .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
-        return r;
     }
     if rest != s.config.name {
         return unknown_model(&s, &rest);
@@ -502,6 +566,20 @@ async fn predict_inner(
         Err(e) => return with_status(error(e.status(), &e.body_text())),
     };
     let Some(asked) = rest.strip_suffix(":predict") else {
+        if rest == s.config.name {
+            return with_status(allowing(
+                error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    &format!(
+                        "POST /v1/models/{}: the model's status answers GET; predictions are \
+                         POSTed to /v1/models/{}:predict",
+                        tumble_io::echo(&rest),
+                        tumble_io::echo(&rest)
+                    ),
+                ),
+                "GET, HEAD",
+            ));
+        }
         return with_status(error(
             StatusCode::NOT_FOUND,
             &format!(
@@ -550,6 +628,10 @@ async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Re
         Ok(Ok(i)) => i,
         Ok(Err(e @ tumble_io::IoError::TooLarge { .. })) => {
             return fail(StatusCode::PAYLOAD_TOO_LARGE, &e.to_string())
+        }
+        // Other requests hold the memory it needs: retry later (a 413 said it never fits).
+        Ok(Err(e @ tumble_io::IoError::NoRoomNow { .. })) => {
+            return fail(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
         }
         Ok(Err(e)) => return fail(StatusCode::BAD_REQUEST, &e.to_string()),
         Err(_) => {

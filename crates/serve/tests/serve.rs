@@ -78,6 +78,12 @@ fn start(policy: Policy, tweak: impl FnOnce(&mut Config)) -> Server {
 
 /// One HTTP/1.1 request on a fresh connection: (status, body).
 fn http(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let (status, _, body) = http_full(addr, method, path, body);
+    (status, body)
+}
+
+/// [`http`] with the response's head (status line and headers, lowercased).
+fn http_full(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, String, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let head = format!(
@@ -92,7 +98,7 @@ fn http(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, String
     let text = String::from_utf8(raw).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, body.to_string())
+    (status, head.to_lowercase(), body.to_string())
 }
 
 fn predict(addr: SocketAddr, instances: &[Value]) -> (u16, Value) {
@@ -350,6 +356,43 @@ fn a_client_that_disconnects_stops_its_running_instance() {
     server.shutdown().unwrap();
 }
 
+/// An instance that never suspends holds the batch thread for a time slice per step, not until its
+/// deadline: under the continuous policy a small request sent while it runs is answered at once
+/// (it waited out the runaway's whole `--timeout-ms` and got a 504 of its own; an audit's find).
+/// The static and single policies admit only into an idle batch, by definition: there the small
+/// request waits for the runaway's timeout, as behind any long batch.
+#[test]
+fn a_runaway_instance_does_not_hold_up_the_others() {
+    let src = Source::Text {
+        name: "countdown.rly",
+        text: COUNTDOWN,
+    };
+    let m = Arc::new(Model::load(src, &Params::default(), &LoadOptions::default()).unwrap());
+    let mut c = Config::new("countdown");
+    c.timeout = Duration::from_secs(3);
+    let server = Server::start(m, c).unwrap();
+    let addr = server.addr();
+    let ask = move |x: i64| {
+        let body = json!({ "instances": [{ "x": x }] }).to_string();
+        http(
+            addr,
+            "POST",
+            "/v1/models/countdown:predict",
+            body.as_bytes(),
+        )
+    };
+    // Minutes of evaluation steps: stopped by its 3 s timeout.
+    let runaway = std::thread::spawn(move || ask(2_000_000_000).0);
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let (status, body) = ask(3);
+    let waited = t.elapsed();
+    assert_eq!((status, body.as_str()), (200, r#"{"predictions":[0]}"#));
+    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    assert_eq!(runaway.join().unwrap(), 504);
+    server.shutdown().unwrap();
+}
+
 /// A recursion that records a chain of products without waiting on any (its condition is an
 /// integer the host computes): the work is the flush, not the host program.
 const SPIN: &str = r#"
@@ -466,18 +509,55 @@ fn wrong_method_and_oversized_bodies_are_json_4xx() {
     assert!(text.contains("\"error\""), "{text}");
     // Methods no route takes, and a model path that is not UTF-8: JSON too (axum's own answers
     // were an empty 405 and a plain-text 400).
-    for (method, path, want) in [
-        ("PUT", "/v1/models/countdown:predict", 405),
-        ("DELETE", "/v1/models/countdown", 405),
-        ("POST", "/healthz", 405),
-        ("POST", "/v1/models/%FF:predict", 400),
-        ("GET", "/v1/models/%FF", 400),
+    // Each 405 names the methods its path takes (the prediction path said GET, HEAD and POST to
+    // PUT but POST to GET; a POST to the model's status was a 404).
+    for (method, path, want, allow) in [
+        ("GET", "/v1/models/countdown:predict", 405, Some("post")),
+        ("PUT", "/v1/models/countdown:predict", 405, Some("post")),
+        ("DELETE", "/v1/models/countdown", 405, Some("get, head")),
+        ("POST", "/v1/models/countdown", 405, Some("get, head")),
+        ("POST", "/healthz", 405, Some("get, head")),
+        ("DELETE", "/v1/models/other:predict", 404, None),
+        ("POST", "/v1/models/countdown:classify", 404, None),
+        ("POST", "/v1/models/%FF:predict", 400, None),
+        ("GET", "/v1/models/%FF", 400, None),
     ] {
-        let (status, text) = http(addr, method, path, b"{}");
+        let (status, head, text) = http_full(addr, method, path, b"{}");
         assert_eq!(status, want, "{method} {path}: {text}");
+        if let Some(allow) = allow {
+            assert!(
+                head.contains(&format!("\r\nallow: {allow}\r\n")),
+                "{method} {path}: {head}"
+            );
+        }
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
         assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{text}");
     }
+    // TF-Serving's other request forms are refused by name: the columnar `inputs` (beside
+    // `instances` it was dropped silently) and a signature the model does not have.
+    for body in [
+        json!({ "inputs": { "x": [3] } }),
+        json!({ "instances": [{ "x": 3 }], "inputs": { "x": [4] } }),
+        json!({ "instances": [{ "x": 3 }], "signature_name": "other" }),
+    ] {
+        let (status, text) = http(
+            addr,
+            "POST",
+            "/v1/models/countdown:predict",
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(status, 400, "{body}: {text}");
+    }
+    let named = json!({ "instances": [{ "x": 3 }], "signature_name": "serving_default" });
+    assert_eq!(
+        http(
+            addr,
+            "POST",
+            "/v1/models/countdown:predict",
+            named.to_string().as_bytes()
+        ),
+        (200, r#"{"predictions":[0]}"#.to_string())
+    );
     let big = json!({ "instances": vec![json!({ "x": 3 }); 20] }).to_string();
     let (status, text) = http(addr, "POST", "/v1/models/countdown:predict", big.as_bytes());
     assert_eq!(status, 413, "{text}");
@@ -539,6 +619,11 @@ fn an_instance_failing_at_run_time_fails_only_its_request() {
         assert_eq!(status, 422, "{body}");
         assert!(
             body.contains("instance at index 0") && body.contains("division by zero"),
+            "{body}"
+        );
+        // The located diagnostic's own `error: ` is not repeated under the `error` key.
+        assert!(
+            body.starts_with(r#"{"error":"instance at index 0"#),
             "{body}"
         );
     });

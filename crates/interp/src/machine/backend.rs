@@ -82,4 +82,7 @@ pub enum Outcome {
     Blocked,
     /// At a `db.phase_change()` boundary; calling `run` again passes it.
     Phase,
+    /// Ran past its time slice ([`Machine::set_time_slice`](super::Machine::set_time_slice))
+    /// without finishing or suspending; calling `run` again goes on where it stopped.
+    Yielded,
 }

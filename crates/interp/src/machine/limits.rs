@@ -66,6 +66,9 @@ impl<'p> Machine<'p> {
             self.poll_in = POLL_EVERY;
             self.steps_before += u64::from(POLL_EVERY);
             self.check_limits(backend)?;
+            if let (Some(slice), Some(began)) = (self.slice, self.slice_began) {
+                self.yield_due = began.elapsed() >= slice;
+            }
         }
         Ok(())
     }
@@ -73,6 +76,14 @@ impl<'p> Machine<'p> {
     /// Sets (or clears) when the run stops with an error at its next look at the limits.
     pub fn set_stop(&mut self, stop: StopWhen) {
         self.stop = stop;
+    }
+
+    /// Sets (or clears) how long one [`Machine::run`] may go before it returns
+    /// [`Outcome::Yielded`](super::Outcome::Yielded); looked at with the run limits, so a run
+    /// overshoots it by at most [`POLL_EVERY`] steps (and a loop taken at once, which yields
+    /// when it is done).
+    pub fn set_time_slice(&mut self, slice: Option<std::time::Duration>) {
+        self.slice = slice;
     }
 
     /// Stops the run when it was interrupted, is over its memory budget (saying what grew) or

@@ -150,6 +150,15 @@ pub struct Machine<'p> {
     /// in constant memory) cannot hold the batch thread forever, or once its client went away,
     /// so a long step stops too.
     stop: StopWhen,
+    /// How long one `run` may go before it yields ([`Outcome::Yielded`]), looked at with the
+    /// run limits; `None` (the default): until it finishes or suspends. A serving session sets
+    /// it, so that an instance that never suspends holds the batch thread for a slice, not until
+    /// its deadline: the other requests' instances flush and are answered meanwhile.
+    slice: Option<std::time::Duration>,
+    /// When the current `run` began (with a time slice only).
+    slice_began: Option<std::time::Instant>,
+    /// The slice is spent: the run loop yields before its next step.
+    yield_due: bool,
     /// Steps of the poll windows completed so far; the current window's are
     /// `POLL_EVERY - poll_in` (see [`Machine::steps`]).
     steps_before: u64,
@@ -214,6 +223,9 @@ impl<'p> Machine<'p> {
             binds: Vec::new(),
             poll_in: POLL_EVERY,
             stop: StopWhen::default(),
+            slice: None,
+            slice_began: None,
+            yield_due: false,
             steps_before: 0,
             params: Vec::new(),
             shared: SharedValues::new(),
@@ -272,6 +284,10 @@ impl<'p> Machine<'p> {
     /// Runs until the call finishes or needs a tensor value the backend has not computed. An
     /// error carries the trace of the calls pending when it happened.
     pub fn run(&mut self, backend: &mut dyn Backend) -> Result<Outcome, RunError> {
+        if self.slice.is_some() {
+            self.slice_began = Some(std::time::Instant::now());
+            self.yield_due = false;
+        }
         self.run_steps(backend).map_err(|mut e| {
             if e.trace.is_empty() {
                 e.trace = self.call_trace();
@@ -343,6 +359,11 @@ impl<'p> Machine<'p> {
         };
         loop {
             self.tick(backend)?;
+            if self.yield_due {
+                self.yield_due = false;
+                self.pending = Some(step);
+                return Ok(Outcome::Yielded);
+            }
             step = match step {
                 Step::Eval(Code::Phase) => {
                     if self.at_phase {
