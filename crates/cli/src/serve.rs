@@ -20,11 +20,16 @@ Endpoints (TF-Serving / KServe v1 REST):
                                  histograms, queue depth, launches
 
 Errors: 400 bad JSON or an instance that does not decode (the message names the instance and
-the place in it), 422 an instance that fails at run time, 413 a request larger than
---max-queue, 503 queue full or shutting down, 504 past --timeout-ms (408 if the body has not
-arrived by then). A connection whose headers take longer than --header-timeout-ms, or that
-leaves an answer unread for --timeout-ms, is closed. SIGTERM or Ctrl-C stops accepting
-connections, answers the requests already accepted, and exits 0.
+the place in it; also TF-Serving's columnar `inputs` and a `signature_name` other than
+\"serving_default\"), 422 an instance that fails at run time, 413 a request larger than
+--max-queue or --max-body, or too large to parse within --max-memory, 503 queue full, shutting
+down, or memory held by other requests now, 504 past --timeout-ms (408 if the body has not
+arrived by then), 405 with `Allow` for a method its path does not take. An instance that runs
+on the host without suspending (a recursion without a base case) gives way to the others every
+10 ms under the continuous policy, until its --timeout-ms stops it. A connection whose headers
+take longer than --header-timeout-ms, or that leaves an answer unread for --timeout-ms, is
+closed. SIGTERM or Ctrl-C stops accepting connections, answers the requests already accepted,
+and exits 0.
 
 Example:
   tumble serve models/treelstm_small.rly --random-params 0 --port 8080
