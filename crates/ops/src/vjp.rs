@@ -75,7 +75,8 @@ pub fn vjp(
     let te = |r: Result<Tensor, tumble_tensor::TensorError>| r.map_err(|e| err(e.to_string()));
     let one = |v: Option<Tensor>| vec![v.map(OpValue::Tensor)];
     match name {
-        "add" | "subtract" | "multiply" | "divide" | "power" | "maximum" | "minimum" => {
+        "add" | "subtract" | "multiply" | "divide" | "power" | "maximum" | "minimum" | "mod"
+        | "floor_mod" => {
             let (a, b) = (t(0)?, t(1)?);
             if !(float(0) && float(1)) {
                 return Ok(vec![None, None]);
@@ -102,6 +103,9 @@ pub fn vjp(
                     "subtract" => (d, -d),
                     "multiply" => (d * x2, d * x1),
                     "divide" => (d / x2, -d * x1 / (x2 * x2)),
+                    // a - q·b with q = trunc(a / b) or floor(a / b), constant between jumps.
+                    "mod" => (d, -d * (x1 / x2).trunc()),
+                    "floor_mod" => (d, -d * (x1 / x2).floor()),
                     "power" => (
                         d * x2 * x1.powf(x2 - 1.0),
                         if x1 > 0.0 { d * o * x1.ln() } else { 0.0 },
@@ -187,7 +191,7 @@ pub fn vjp(
             ])
         }
         "negative" | "sigmoid" | "tanh" | "exp" | "log" | "sqrt" | "rsqrt" | "abs" | "nn.relu"
-        | "copy" | "clip" => {
+        | "copy" | "clip" | "erf" | "sin" | "cos" => {
             let x = t(0)?;
             if !float(0) {
                 return Ok(vec![None]);
@@ -216,6 +220,9 @@ pub fn vjp(
                         "log" => d / x,
                         "sqrt" => d * 0.5 / o,
                         "rsqrt" => d * -0.5 * o * o * o,
+                        "erf" => d * std::f64::consts::FRAC_2_SQRT_PI * (-x * x).exp(),
+                        "sin" => d * x.cos(),
+                        "cos" => -d * x.sin(),
                         "abs" => {
                             d * if x > 0.0 {
                                 1.0
@@ -251,7 +258,11 @@ pub fn vjp(
                 (float(0) && y.dtype().is_float()).then(|| g.cast(x.dtype()))
             ))
         }
-        "zeros_like" | "ones_like" => Ok(vec![None]),
+        // Piecewise constant: zero wherever the gradient exists (as PyTorch and TensorFlow).
+        "zeros_like" | "ones_like" | "floor" | "ceil" | "round" | "trunc" | "sign" => {
+            Ok(vec![None])
+        }
+        "floor_divide" => Ok(vec![None, None]),
         "full" => {
             if !float(0) {
                 return Ok(vec![None]);

@@ -866,6 +866,52 @@ def @main(%a: Tensor[(1, 1, 2), float32], %b: Tensor[(1, 2, 2), float32])
     check_all_ways(&x);
 }
 
+/// The operators added for Relay programs (GELU by `erf`, rounding, `sign`, trigonometry, the
+/// floored and truncated remainders and quotients) batch like the other elementwise ones: equal
+/// to the reference every way, nothing loops.
+#[test]
+fn erf_rounding_and_remainders_batch() {
+    let src = r#"
+def @main(%x: Tensor[(2, 3), float32], %k: Tensor[(3), int32]) -> (Tensor[(2, 3), float32],
+    Tensor[(2, 3), float32], Tensor[(3), int32], Tensor[(3), int32], Tensor[(3), int32]) {
+  let %gelu = multiply(multiply(%x, 0.5f), add(erf(multiply(%x, 0.70710678f)), 1f));
+  let %r = add(add(floor(%x), ceil(%x)), add(round(%x), trunc(%x)));
+  let %t = add(multiply(sign(%x), sin(%x)), cos(%x));
+  let %m = add(floor_mod(%x, 1.5f), mod(%x, -0.75f));
+  (add(%gelu, %r), add(%t, floor_divide(%m, 0.5f)),
+   floor_mod(%k, 3), mod(%k, -4), floor_divide(sign(%k), 2))
+}
+"#;
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let v: Vec<String> = (0..6)
+                .map(|c| format!("{:.2}", ((i * 5 + c * 3) % 11) as f64 / 2.0 - 2.5))
+                .collect();
+            let k: Vec<String> = (0..3)
+                .map(|c| ((i * 7 + c * 5) % 13 - 6).to_string())
+                .collect();
+            format!(
+                "{{\"x\": [[{}], [{}]], \"k\": [{}]}}",
+                v[..3].join(", "),
+                v[3..].join(", "),
+                k.join(", ")
+            )
+        })
+        .collect();
+    let x = expected(
+        "new_elementwise",
+        load_text("new_elementwise", src),
+        &inputs.join("\n"),
+        &["x", "k"],
+    );
+    check_all_ways(&x);
+    let profile = batch_profile(&x, tumble_runtime::Options::default());
+    assert!(
+        profile.ops.looped == 0 && profile.ops.batched > 0,
+        "{profile}"
+    );
+}
+
 /// Slices of per-invocation values (Berxit's `[CLS]` row) batch as one slice one axis further in
 /// instead of copying every row out to slice it: implicit and listed axes (a negative one), a
 /// `strides` shorter than the axes (Relay pads it with 1), negative strides and bounds,

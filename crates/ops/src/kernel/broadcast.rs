@@ -41,6 +41,11 @@ kernels! {
     power => arith("power", Arith { float: f64::powf, int: int_pow });
     maximum => arith("maximum", Arith { float: nan_max, int: |a, b| Ok(a.max(b)) });
     minimum => arith("minimum", Arith { float: nan_min, int: |a, b| Ok(a.min(b)) });
+    // Remainders and quotients: `mod` truncates (C's `fmod`, TVM's `truncmod`), the `floor_`
+    // forms round toward -inf (Python's `%` and `//`, numpy's `mod` and `floor_divide`).
+    mod_ => arith("mod", Arith { float: |a, b| a % b, int: int_mod });
+    floor_mod => arith("floor_mod", Arith { float: float_floor_mod, int: int_floor_mod });
+    floor_divide => arith("floor_divide", Arith { float: |a, b| (a / b).floor(), int: int_floor_div });
     equal => compare("equal", compare!(|a, b| a == b));
     not_equal => compare("not_equal", compare!(|a, b| a != b));
     less => compare("less", compare!(|a, b| a < b));
@@ -57,6 +62,51 @@ fn int_div(a: i64, b: i64) -> Result<i64, &'static str> {
         Err("integer division by zero")
     } else {
         Ok(a.wrapping_div(b))
+    }
+}
+
+/// The remainder of [`int_div`] (sign of the dividend); `MIN % -1` is 0.
+fn int_mod(a: i64, b: i64) -> Result<i64, &'static str> {
+    if b == 0 {
+        Err("integer modulo by zero")
+    } else {
+        Ok(a.wrapping_rem(b))
+    }
+}
+
+/// The quotient rounded toward -inf; `MIN // -1` wraps.
+fn int_floor_div(a: i64, b: i64) -> Result<i64, &'static str> {
+    if b == 0 {
+        return Err("integer division by zero");
+    }
+    let q = a.wrapping_div(b);
+    Ok(if a.wrapping_rem(b) != 0 && ((a < 0) != (b < 0)) {
+        q.wrapping_sub(1)
+    } else {
+        q
+    })
+}
+
+/// The remainder of [`int_floor_div`] (sign of the divisor).
+fn int_floor_mod(a: i64, b: i64) -> Result<i64, &'static str> {
+    if b == 0 {
+        return Err("integer modulo by zero");
+    }
+    let r = a.wrapping_rem(b);
+    Ok(if r != 0 && ((r < 0) != (b < 0)) {
+        r.wrapping_add(b)
+    } else {
+        r
+    })
+}
+
+/// `a - floor(a / b) * b` with the divisor's sign (numpy `mod`: `fmod`, then moved by `b`).
+fn float_floor_mod(a: f64, b: f64) -> f64 {
+    let r = a % b;
+    if r != 0.0 && ((r < 0.0) != (b < 0.0)) {
+        r + b
+    } else {
+        r
     }
 }
 

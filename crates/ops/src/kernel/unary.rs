@@ -27,6 +27,27 @@ kernels! {
     abs => unary("abs", UnaryFn::Numeric(f64::abs, i64::wrapping_abs));
     // `x < 0 ? 0 : x` keeps NaN (numpy `maximum(x, 0)`).
     relu => unary("nn.relu", UnaryFn::Numeric(|x| if x < 0.0 { 0.0 } else { x }, |x| x.max(0)));
+    erf => unary("erf", UnaryFn::Float(libm::erf));
+    sin => unary("sin", UnaryFn::Float(f64::sin));
+    cos => unary("cos", UnaryFn::Float(f64::cos));
+    floor => unary("floor", UnaryFn::Float(f64::floor));
+    ceil => unary("ceil", UnaryFn::Float(f64::ceil));
+    // Halves to even, as numpy's `round` and TVM's (`nearbyint`) do.
+    round => unary("round", UnaryFn::Float(f64::round_ties_even));
+    trunc => unary("trunc", UnaryFn::Float(f64::trunc));
+    // 0 for 0, NaN for NaN (numpy `sign`).
+    sign => unary("sign", UnaryFn::Numeric(sign_f64, i64::signum));
+}
+
+/// `-1`, `0` or `1` by the sign of `x` (`0` for both zeros, NaN for NaN).
+fn sign_f64(x: f64) -> f64 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else {
+        x
+    }
 }
 
 /// `1 / (1 + e^-x)`, written so that neither branch overflows: for negative `x`, `e^x / (1 + e^x)`.

@@ -25,6 +25,9 @@ relations! {
     divide => binary("divide", Binary::Arith);
     power => binary("power", Binary::Arith);
     maximum => binary("maximum", Binary::Arith);
+    mod_ => binary("mod", Binary::Arith);
+    floor_mod => binary("floor_mod", Binary::Arith);
+    floor_divide => binary("floor_divide", Binary::Arith);
     minimum => binary("minimum", Binary::Arith);
     equal => binary("equal", Binary::Equality);
     not_equal => binary("not_equal", Binary::Equality);

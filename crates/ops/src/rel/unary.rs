@@ -27,6 +27,14 @@ relations! {
     rsqrt => unary("rsqrt", Unary::Float);
     abs => unary("abs", Unary::Numeric);
     relu => unary("nn.relu", Unary::Numeric);
+    erf => unary("erf", Unary::Float);
+    sin => unary("sin", Unary::Float);
+    cos => unary("cos", Unary::Float);
+    floor => unary("floor", Unary::Float);
+    ceil => unary("ceil", Unary::Float);
+    round => unary("round", Unary::Float);
+    trunc => unary("trunc", Unary::Float);
+    sign => unary("sign", Unary::Numeric);
     copy => unary("copy", Unary::Any);
     logical_not => unary("logical_not", Unary::Bool);
 }

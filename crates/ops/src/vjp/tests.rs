@@ -182,6 +182,17 @@ fn broadcasting_binary() {
         vec![g.tensor(&[2, 3], -1.0, 1.0), g.tensor(&[2, 3], -1.0, 1.0)],
         Attrs::default(),
     );
+    // Quotients clear of integers, where the remainders are smooth: a - trunc(a/b)·b and
+    // a - floor(a/b)·b (which differ for the negative dividends).
+    for name in ["mod", "floor_mod"] {
+        for (lo, hi) in [(2.3, 3.7), (-3.7, -2.3)] {
+            check(
+                name,
+                vec![g.tensor(&[2, 3], lo, hi), g.tensor(&[3], 1.1, 1.4)],
+                Attrs::default(),
+            );
+        }
+    }
     let cond = OpValue::Tensor(
         Tensor::from_vec(vec![2, 3], vec![true, false, true, false, false, true]).unwrap(),
     );
@@ -209,7 +220,9 @@ fn broadcasting_binary() {
 #[test]
 fn unary() {
     let mut g = Gen(2);
-    for name in ["negative", "sigmoid", "tanh", "exp", "copy"] {
+    for name in [
+        "negative", "sigmoid", "tanh", "exp", "copy", "erf", "sin", "cos",
+    ] {
         check(name, vec![g.tensor(&[2, 3], -2.0, 2.0)], Attrs::default());
     }
     for name in ["log", "sqrt", "rsqrt", "abs", "nn.relu"] {

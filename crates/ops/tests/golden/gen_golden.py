@@ -526,6 +526,35 @@ case("full", [v], np.full((3,), 3, dtype=I32), "float fill cast to int32 truncat
 v = np.array(2**40 + 1, dtype=I64)
 case("full", [v], np.full((2,), 2**40 + 1, dtype=I64), "int64 fill exact", shape=[2])
 
+# ---- added later (drawn after the others, so the earlier cases' inputs stay as they were) ----
+import math
+
+x = np.concatenate([fr(6, lo=-3.0, hi=3.0), np.array([0.0, -6.0, 6.0], dtype=F32)])
+case("erf", [x], like(np.vectorize(math.erf)(f64(x)), x), "incl. 0 and the saturated tails")
+case("sin", [x], like(np.sin(f64(x)), x))
+case("cos", [x], like(np.cos(f64(x)), x))
+x = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -1.25, 1.75, 3.0], dtype=F32)
+case("floor", [x], np.floor(x), "halves and integers")
+case("ceil", [x], np.ceil(x), "halves and integers")
+case("round", [x], np.round(x), "halves go to even (numpy, TVM nearbyint)")
+case("trunc", [x], np.trunc(x), "toward zero")
+x = fr(2, 3, dtype=F64)
+case("floor", [x], np.floor(x), "float64")
+x = np.array([-3.5, 0.0, 2.0, -0.25], dtype=F32)
+case("sign", [x], np.sign(x), "float32")
+x = np.array([-7, 0, 5], dtype=I32)
+case("sign", [x], np.sign(x), "int32")
+a = np.array([7, -7, 7, -7, 0, 6], dtype=I32)
+b = np.array([2, 2, -2, -2, 5, 3], dtype=I32)
+case("mod", [a, b], np.fmod(a, b), "int32 truncated: the dividend's sign (C %, TVM truncmod)")
+case("floor_mod", [a, b], np.mod(a, b), "int32 floored: the divisor's sign (Python %)")
+case("floor_divide", [a, b], np.floor_divide(a, b), "int32 rounded toward -inf (Python //)")
+a = fr(2, 3, lo=-6.0, hi=6.0)
+b = np.array([1.5, -2.25, 0.75], dtype=F32)
+case("mod", [a, b], like(np.fmod(f64(a), f64(b)), a), "float32 broadcast")
+case("floor_mod", [a, b], like(np.mod(f64(a), f64(b)), a), "float32 broadcast")
+case("floor_divide", [a, b], like(np.floor_divide(f64(a), f64(b)), a), "float32 broadcast")
+
 # ---- write --------------------------------------------------------------------------------------
 
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases.json")
