@@ -126,6 +126,8 @@ static OPS: &[OpDef] = &[
     // ---- layout ----
     op("concatenate", 1, &[opt("axis", Int, "0")], layout::concatenate, k::layout::concatenate, Layout,
         "joins a tuple of tensors along `axis`").in_stage(RowWiseOnLastAxis { default_axis: 0 }),
+    op("stack", 1, &[opt("axis", Int, "0")], layout::stack, k::layout::stack, Layout,
+        "the tuple's tensors (one shape) joined along a new axis `axis`"),
     op("split", 1, &[req("indices_or_sections", IntOrInts), opt("axis", Int, "0")], layout::split, k::layout::split, Layout,
         "cuts along `axis` into N equal sections or at the listed indices; a tuple").in_stage(RowWiseOnLastAxis { default_axis: 0 }),
     op("reshape", 1, &[req("newshape", Ints), opt("allowzero", Bool, "False")], layout::reshape, k::layout::reshape, Layout,

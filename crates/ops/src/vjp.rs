@@ -279,7 +279,7 @@ pub fn vjp(
             Some(dx) => Ok(vec![Some(OpValue::Tensor(dx)), None]),
             None => layout(op, args, attrs, dy),
         },
-        "concatenate" | "reshape" | "transpose" | "expand_dims" | "squeeze" | "take"
+        "concatenate" | "stack" | "reshape" | "transpose" | "expand_dims" | "squeeze" | "take"
         | "strided_slice" => layout(op, args, attrs, dy),
         "zeros" | "ones" | "db.phase_change" | "db.concurrent" => Ok(vec![None; args.len()]),
         _ => Err(err("this operator has no gradient rule".into())),

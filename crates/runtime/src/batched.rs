@@ -677,6 +677,18 @@ pub(crate) fn rule(
                 with_attr(attrs, "axis", AttrValue::Int(axis)),
             ))
         }
+        "stack" => {
+            let BV::Batched(OpValue::Tuple(ts)) = args.first()? else {
+                return None;
+            };
+            // The new axis goes among the per-instance ones: rank + 1 places for it.
+            let r = ts.first().map_or(0, |t| t.rank().saturating_sub(1));
+            let axis = shift_axis(attrs.int("axis").ok()?.unwrap_or(0), r + 1)?;
+            Some((
+                vec![OpValue::Tuple(ts.clone())],
+                with_attr(attrs, "axis", AttrValue::Int(axis)),
+            ))
+        }
         "split" => {
             let x = batched_tensor(args.first()?)?;
             let axis = shift_axis(attrs.int("axis").ok()?.unwrap_or(0), rank(0))?;

@@ -27,24 +27,6 @@ pub fn concatenate(
     attrs: &Attrs,
     _ctx: &mut OpCtx,
 ) -> Result<OpValue, KernelError> {
-    fn typed<T: Element>(
-        parts: &[Tensor],
-        blocks: &[usize],
-        outer: usize,
-        total: usize,
-    ) -> Option<Vec<T>> {
-        let slices: Vec<&[T]> = parts
-            .iter()
-            .map(|p| p.as_slice::<T>())
-            .collect::<Option<_>>()?;
-        let mut out = Vec::with_capacity(total);
-        for o in 0..outer {
-            for (s, &b) in slices.iter().zip(blocks) {
-                out.extend_from_slice(s.get(o * b..(o + 1) * b)?);
-            }
-        }
-        Some(out)
-    }
     let k = KCall::new("concatenate", args, attrs, 1)?;
     let parts = k.tuple(0, "input")?;
     let (out_shape, _) = k.out_tensor(rel::layout::concatenate)?;
@@ -62,7 +44,51 @@ pub fn concatenate(
     };
     let total = k.t(product(&out_shape))?;
     with_dtype!(first.dtype(), T => {
-        let out = typed::<T>(parts, &blocks, outer, total)
+        let out = interleave::<T>(parts, &blocks, outer, total)
+            .ok_or_else(|| k.err("all fields must have one dtype"))?;
+        Ok(k.t(Tensor::from_vec(out_shape, out))?.into())
+    })
+}
+
+/// For every outer position `o`, block `o` of each part in turn (part `p`'s blocks being
+/// `blocks[p]` elements long): a concatenation's or a stack's copy.
+fn interleave<T: Element>(
+    parts: &[Tensor],
+    blocks: &[usize],
+    outer: usize,
+    total: usize,
+) -> Option<Vec<T>> {
+    let slices: Vec<&[T]> = parts
+        .iter()
+        .map(|p| p.as_slice::<T>())
+        .collect::<Option<_>>()?;
+    let mut out = Vec::with_capacity(total);
+    for o in 0..outer {
+        for (s, &b) in slices.iter().zip(blocks) {
+            out.extend_from_slice(s.get(o * b..(o + 1) * b)?);
+        }
+    }
+    Some(out)
+}
+
+/// `stack((a, b, ...), axis)`: for every outer position (the dims before `axis`), the parts' blocks
+/// of the dims from `axis` on, one after another — a concatenation along a new axis.
+pub fn stack(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("stack", args, attrs, 1)?;
+    let parts = k.tuple(0, "input")?;
+    let (out_shape, _) = k.out_tensor(rel::layout::stack)?;
+    let Some(first) = parts.first() else {
+        return Err(k.err("input must be a non-empty tuple of tensors, found ()"));
+    };
+    let c = k.rel();
+    let axis = c.axis(c.int_or("axis", 0)?, out_shape.len())?;
+    // The parts' own shape split at `axis`: the outer positions and each block's length.
+    let (outer, inner) = outer_inner(&k, first.shape(), axis)?;
+    let inner = inner * first.shape().get(axis).copied().unwrap_or(1);
+    let blocks = vec![inner; parts.len()];
+    let total = k.t(product(&out_shape))?;
+    with_dtype!(first.dtype(), T => {
+        let out = interleave::<T>(parts, &blocks, outer, total)
             .ok_or_else(|| k.err("all fields must have one dtype"))?;
         Ok(k.t(Tensor::from_vec(out_shape, out))?.into())
     })

@@ -80,6 +80,63 @@ pub fn concatenate(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     Ok(Ty::tensor(shape, first.dtype))
 }
 
+/// `stack(data, axis=0)`: `data` is a non-empty tuple of tensors of one shape and dtype, joined
+/// along a new axis `axis` (from `-(rank + 1)` to `rank`) of length the tuple's.
+pub fn stack(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("stack", args, attrs, 1)?;
+    let fields = match c.arg(0)? {
+        Ty::Tuple(fs) => fs,
+        other => {
+            return Err(c.err_at(
+                0,
+                format!("input must be a tuple of tensors, found {other}"),
+            ))
+        }
+    };
+    let mut parts: Vec<Tensor> = Vec::with_capacity(fields.len());
+    for (k, f) in fields.iter().enumerate() {
+        let t = c
+            .as_tensor(f, &format!("field {k} of the input tuple"))
+            .map_err(|m| c.err_at(0, m))?;
+        parts.push(t);
+    }
+    let Some(&first) = parts.first() else {
+        return Err(c.err_at(0, "input must be a non-empty tuple of tensors, found ()"));
+    };
+    let rank = first.rank();
+    let mut shape = first.shape.to_vec();
+    for (k, t) in parts.iter().enumerate() {
+        if t.dtype != first.dtype {
+            return Err(c.err_at(
+                0,
+                format!(
+                    "dtype mismatch: field 0 is {} but field {k} is {}",
+                    first.dtype, t.dtype
+                ),
+            ));
+        }
+        let same = t.rank() == rank && shape.iter().zip(t.shape).all(|(&a, &b)| dims_match(a, b));
+        if !same {
+            return Err(c.err_at(
+                0,
+                format!("all fields must have one shape: field 0 is {first} but field {k} is {t}"),
+            ));
+        }
+        for (slot, &d) in shape.iter_mut().zip(t.shape) {
+            *slot = meet(*slot, d);
+        }
+    }
+    let axis = c.int_or("axis", 0)?;
+    let at = super::normalize_axis(axis, rank + 1).ok_or_else(|| {
+        c.err(format!(
+            "axis {axis} is out of range for stacking tensors of rank {rank} (allowed: {}..={rank})",
+            -(rank as i64) - 1
+        ))
+    })?;
+    shape.insert(at, Dim::Known(parts.len() as i64));
+    Ok(Ty::tensor(shape, first.dtype))
+}
+
 /// `split(data, indices_or_sections, axis=0)`: an integer N cuts `axis` into N equal sections; a
 /// list of strictly ascending indices cuts before each index. The result is a tuple.
 pub fn split(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {

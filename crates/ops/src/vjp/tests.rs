@@ -406,6 +406,11 @@ fn layout() {
         vec![g.tensor(&[2, 3], -1.0, 1.0)],
         attrs(&[("axis", AttrValue::Int(1))]),
     );
+    let pair = OpValue::Tuple(vec![
+        g.tensor(&[2, 3], -1.0, 1.0).as_tensor().unwrap().clone(),
+        g.tensor(&[2, 3], -1.0, 1.0).as_tensor().unwrap().clone(),
+    ]);
+    check("stack", vec![pair], attrs(&[("axis", AttrValue::Int(1))]));
     check(
         "squeeze",
         vec![g.tensor(&[2, 1, 3], -1.0, 1.0)],

@@ -812,6 +812,27 @@ pub fn hand_cases() -> Vec<Hand> {
         ),
         // ---- layout ----
         ok(
+            "stack",
+            "axis=1 of two (2,)",
+            &[("axis", I(1))],
+            vec![tup(vec![i32s(&[2], &[1, 2]), i32s(&[2], &[3, 4])])],
+            i32s(&[2, 2], &[1, 3, 2, 4]),
+        ),
+        err(
+            "stack",
+            "shapes differ",
+            none,
+            vec![tup(vec![f32s(&[2], &[1., 2.]), f32s(&[1], &[3.])])],
+            "all fields must have one shape",
+        ),
+        err(
+            "stack",
+            "axis past rank + 1",
+            &[("axis", I(2))],
+            vec![tup(vec![f32s(&[2], &[1., 2.])])],
+            "out of range",
+        ),
+        ok(
             "concatenate",
             "1-D",
             none,

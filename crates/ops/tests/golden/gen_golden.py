@@ -554,6 +554,12 @@ b = np.array([1.5, -2.25, 0.75], dtype=F32)
 case("mod", [a, b], like(np.fmod(f64(a), f64(b)), a), "float32 broadcast")
 case("floor_mod", [a, b], like(np.mod(f64(a), f64(b)), a), "float32 broadcast")
 case("floor_divide", [a, b], like(np.floor_divide(f64(a), f64(b)), a), "float32 broadcast")
+a, b, c = fr(2, 3), fr(2, 3), fr(2, 3)
+case("stack", [(a, b, c)], np.stack([a, b, c], axis=0), "axis 0")
+case("stack", [(a, b)], np.stack([a, b], axis=1), "axis 1", axis=1)
+case("stack", [(a, b, c)], np.stack([a, b, c], axis=-1), "axis -1: a new last axis", axis=-1)
+x = ir(4, dtype=I64)
+case("stack", [(x,)], np.stack([x], axis=1), "int64, one field", axis=1)
 
 # ---- write --------------------------------------------------------------------------------------
 
