@@ -292,6 +292,13 @@ impl Lexer<'_> {
         let s = self.slice(lo, self.pos);
         let tok = if s == "_" {
             Tok::Underscore
+        } else if s == "inff" {
+            // TVM's spelling of a float32 infinity (its printer writes `clip(%x, a_min=-inff,
+            // a_max=inff)`).
+            Tok::Float {
+                val: f64::INFINITY,
+                dtype: DType::Float32,
+            }
         } else {
             Tok::Ident(s.to_string())
         };

@@ -122,19 +122,25 @@ fn looks_like_dtype(s: &str) -> bool {
     })
 }
 
+/// The name prefix of the binding that `e1; e2` makes for `e1` (see `Parser::sequence`): a `.`
+/// cannot appear in a source `%name`.
+pub(crate) const SEQUENCED: &str = "seq.";
+
 /// An infix operator token: its operator name, its source symbol (for messages) and precedence.
 fn binop(t: &Tok) -> Option<(&'static str, &'static str, u8)> {
     Some(match t {
+        // TVM's table (`op_table.h`): equalities bind looser than orderings, so
+        // `%b == %x < %y` is `equal(%b, less(%x, %y))`.
         Tok::EqEq => ("equal", "==", 1),
         Tok::NotEq => ("not_equal", "!=", 1),
-        Tok::Lt => ("less", "<", 1),
-        Tok::Gt => ("greater", ">", 1),
-        Tok::Le => ("less_equal", "<=", 1),
-        Tok::Ge => ("greater_equal", ">=", 1),
-        Tok::Plus => ("add", "+", 2),
-        Tok::Minus => ("subtract", "-", 2),
-        Tok::Star => ("multiply", "*", 3),
-        Tok::Slash => ("divide", "/", 3),
+        Tok::Lt => ("less", "<", 2),
+        Tok::Gt => ("greater", ">", 2),
+        Tok::Le => ("less_equal", "<=", 2),
+        Tok::Ge => ("greater_equal", ">=", 2),
+        Tok::Plus => ("add", "+", 3),
+        Tok::Minus => ("subtract", "-", 3),
+        Tok::Star => ("multiply", "*", 4),
+        Tok::Slash => ("divide", "/", 4),
         _ => return None,
     })
 }
@@ -696,38 +702,70 @@ impl<'a> Parser<'a> {
     /// Every nested expression goes through here, so this is where the recursion budget is kept.
     fn expr(&mut self) -> PResult<Node> {
         self.enter(Nest::Expr)?;
-        let r = self.sequence();
+        let r = self.sequence(true);
+        self.leave(Nest::Expr);
+        r
+    }
+
+    /// A binding's value: an expression whose `;` ends the binding, not a sequence (`let %x = e1;
+    /// e2` binds `e1`).
+    fn binding_value(&mut self) -> PResult<Node> {
+        self.enter(Nest::Expr)?;
+        let r = self.sequence(false);
         self.leave(Nest::Expr);
         r
     }
 
     /// Bindings (`let %x = e;`, `%x = e;`) in a loop, then the body.
-    fn sequence(&mut self) -> PResult<Node> {
+    fn sequence(&mut self, sequenced: bool) -> PResult<Node> {
         let mut bindings = Vec::new();
         let mut h = 0;
-        loop {
+        let (body, bh) = loop {
             let start = self.cur_span();
             let is_let = self.at_kw("let");
             let graph = matches!(self.peek(), Tok::Local(_))
                 && matches!(self.peek_at(1), Tok::Eq | Tok::Colon);
-            if !(is_let || graph) {
-                break;
-            }
-            if is_let {
-                self.bump();
-                if !matches!(self.peek(), Tok::Local(_)) {
-                    return self.fail_expected("a variable `%name` after `let`");
+            if is_let || graph {
+                if is_let {
+                    self.bump();
+                    if !matches!(self.peek(), Tok::Local(_)) {
+                        return self.fail_expected("a variable `%name` after `let`");
+                    }
                 }
+                let var = self.param()?;
+                self.expect(&Tok::Eq, "`=` in this binding")?;
+                let (value, vh) = self.binding_value()?;
+                let span = start.to(value.span);
+                self.expect(&Tok::Semi, "`;` after this binding")?;
+                h = h.max(vh);
+                bindings.push(LetBinding { var, value, span });
+                continue;
             }
-            let var = self.param()?;
-            self.expect(&Tok::Eq, "`=` in this binding")?;
-            let (value, vh) = self.expr()?;
-            let span = start.to(value.span);
-            self.expect(&Tok::Semi, "`;` after this binding")?;
-            h = h.max(vh);
-            bindings.push(LetBinding { var, value, span });
-        }
-        let (body, bh) = self.binary()?;
+            let (e, eh) = self.binary()?;
+            // `e1; e2`: Relay's sequencing, a binding whose value nobody reads. Its name cannot be
+            // written in source (a `.` ends a local's name), so it shadows nothing; the printer
+            // writes it back as `e1;`. (A loop, like the bindings: a long sequence costs no stack.)
+            if sequenced
+                && self.at(&Tok::Semi)
+                && !matches!(self.peek_at(1), Tok::RBrace | Tok::Eof)
+            {
+                self.bump();
+                let var = Param {
+                    name: Ident::new(format!("{SEQUENCED}{}", bindings.len()), e.span),
+                    ann: None,
+                    ty: None,
+                };
+                h = h.max(eh);
+                let span = e.span;
+                bindings.push(LetBinding {
+                    var,
+                    value: e,
+                    span,
+                });
+                continue;
+            }
+            break (e, eh);
+        };
         let Some(first) = bindings.first() else {
             return Ok((body, bh));
         };
@@ -918,10 +956,27 @@ impl<'a> Parser<'a> {
         let span = minus.map_or(tok_span, |m| m.to(tok_span));
         let neg = minus.is_some();
         let lit = match *self.peek() {
-            Tok::Int { mag, dtype } => Literal::Int(self.int_value(mag, neg, dtype, span)?, dtype),
+            Tok::Int { mag, dtype } => {
+                // An unsuffixed integer past int32's range is an int64, as TVM's parser reads it
+                // (`2147483648`); a suffixed one keeps its dtype and must fit it.
+                let unsuffixed = self
+                    .text
+                    .get(tok_span.range())
+                    .is_some_and(|t| t.bytes().all(|c| c.is_ascii_digit()));
+                let fits32 = mag.is_some_and(|m| {
+                    let v = if neg { -i128::from(m) } else { i128::from(m) };
+                    v >= i128::from(i32::MIN) && v <= i128::from(i32::MAX)
+                });
+                let dtype = match dtype == DType::Int32 && unsuffixed && !fits32 {
+                    true => DType::Int64,
+                    false => dtype,
+                };
+                Literal::Int(self.int_value(mag, neg, dtype, span)?, dtype)
+            }
             Tok::Float { val, dtype } => {
-                // Rounded to float32 it would be infinity, silently (`1e40f`).
-                if dtype == DType::Float32 && !(val as f32).is_finite() {
+                // Rounded to float32 it would be infinity, silently (`1e40f`); `inff` is one on
+                // purpose.
+                if dtype == DType::Float32 && !(val as f32).is_finite() && val.is_finite() {
                     return self.error_at(
                         span,
                         format!(

@@ -1,7 +1,8 @@
 //! Syntax tree → canonical text, chosen so that parsing the text gives the same tree back.
 //!
 //! Canonical means: operators print as ordinary calls (`add(%a, %b)`, never infix), bindings print
-//! one per line with `let`, blocks indent by two spaces, and wherever the tree could be read back
+//! one per line with `let` (numbered ones in TVM's graph form, `%0 = e;`), blocks indent by two
+//! spaces, and wherever the tree could be read back
 //! differently the printer adds braces or parentheses:
 //! - a `let` that is not the direct content of a block (a call argument, a binding's value, the body
 //!   of another `let`) prints as a `{ ... }` block, so that it is not merged into an outer chain;
@@ -141,8 +142,13 @@ impl Printer {
             AttrValue::Int(n) => {
                 let _ = write!(self.out, "{n}");
             }
+            // With TVM's `f` suffix (its lexer reads a float only with one); an infinity as
+            // its `inff`.
+            AttrValue::Float(x) if x.is_infinite() => {
+                self.out.push_str(if *x > 0.0 { "inff" } else { "-inff" });
+            }
             AttrValue::Float(x) => {
-                let _ = write!(self.out, "{x:?}");
+                let _ = write!(self.out, "{x:?}f");
             }
             AttrValue::Bool(b) => self.out.push_str(if *b { "True" } else { "False" }),
             AttrValue::Str(s) => self.string(s),
@@ -254,7 +260,18 @@ impl Printer {
             return self.expr(e, level);
         };
         for b in bindings {
-            self.out.push_str("let ");
+            // A numbered variable is TVM's graph form, `%0 = e;` (its `let` takes only names); a
+            // sequenced value (`e1; e2`) binds a name no source can spell.
+            let name = &b.var.name.name;
+            if name.starts_with(crate::parser::SEQUENCED) {
+                self.expr(&b.value, level);
+                self.out.push_str(";\n");
+                self.indent(level);
+                continue;
+            }
+            if name.is_empty() || !name.bytes().all(|c| c.is_ascii_digit()) {
+                self.out.push_str("let ");
+            }
             self.param(&b.var);
             self.out.push_str(" = ");
             self.expr(&b.value, level);
@@ -377,6 +394,10 @@ impl Printer {
             Literal::Int(n, DType::Int64) => write!(self.out, "{n}i64"),
             Literal::Int(n, _) => write!(self.out, "{n}"),
             Literal::Float(x, DType::Float64) => write!(self.out, "{x:?}f64"),
+            Literal::Float(x, _) if x.is_infinite() => {
+                self.out.push_str(if *x > 0.0 { "inff" } else { "-inff" });
+                Ok(())
+            }
             Literal::Float(x, _) => write!(self.out, "{x:?}f"),
             Literal::Bool(b) => write!(self.out, "{}", if *b { "True" } else { "False" }),
         };

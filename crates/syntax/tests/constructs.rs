@@ -581,6 +581,19 @@ fn infix_precedence_and_associativity() {
         expr("(%a + %b) * %c"),
         binop("multiply", binop("add", local("a"), local("b")), local("c"))
     );
+    // Equalities bind looser than orderings (TVM's `op_table.h`).
+    assert_eq!(
+        expr("%b == %x < %y"),
+        binop("equal", local("b"), binop("less", local("x"), local("y")))
+    );
+    assert_eq!(
+        expr("%x <= %y != %c"),
+        binop(
+            "not_equal",
+            binop("less_equal", local("x"), local("y")),
+            local("c")
+        )
+    );
     assert_eq!(expr("%a - -1"), binop("subtract", local("a"), int(-1)));
     assert_eq!(expr("%a -1"), binop("subtract", local("a"), int(1)));
     assert_eq!(
@@ -609,6 +622,57 @@ fn every_comparison_operator() {
             "{text}"
         );
     }
+}
+
+/// Relay's `e1; e2` evaluates `e1` for nothing: a binding nobody can name, so it shadows no
+/// variable; a binding's own `;` still ends the binding (`let %x = e1; e2` binds `e1`).
+#[test]
+fn sequenced_expressions_bind_unnamed_values() {
+    let ExprKind::Let(bs, body) = kind("f(%a); let %x = g(%a); (); %x") else {
+        panic!("not a let chain");
+    };
+    let names: Vec<&str> = bs.iter().map(|b| b.var.name.name.as_str()).collect();
+    assert_eq!(names.len(), 3);
+    assert!(
+        names[0].contains('.') && names[2].contains('.'),
+        "{names:?}"
+    );
+    assert_eq!(names[1], "x");
+    assert_eq!(bs[0].value, call(op("f"), vec![local("a")]));
+    assert_eq!(bs[1].value, call(op("g"), vec![local("a")]));
+    assert_eq!(*body, local("x"));
+}
+
+/// TVM's literal forms: `inff` (a float32 infinity, as its printer writes `clip` bounds) and an
+/// unsuffixed integer past int32's range, an int64.
+#[test]
+fn infinities_and_wide_integers_read_as_tvm_writes_them() {
+    assert_eq!(
+        kind("-inff"),
+        ExprKind::Lit(Literal::Float(f64::NEG_INFINITY, DType::Float32))
+    );
+    assert_eq!(
+        kind("2147483648"),
+        ExprKind::Lit(Literal::Int(2_147_483_648, DType::Int64))
+    );
+    assert_eq!(
+        kind("-2147483648"),
+        ExprKind::Lit(Literal::Int(-2_147_483_648, DType::Int32))
+    );
+    let ExprKind::Call(c) = kind("clip(%x, a_min=-inff, a_max=inff)") else {
+        panic!("not a call");
+    };
+    assert_eq!(
+        c.attrs
+            .0
+            .iter()
+            .map(|a| a.value.clone())
+            .collect::<Vec<_>>(),
+        vec![
+            AttrValue::Float(f64::NEG_INFINITY),
+            AttrValue::Float(f64::INFINITY)
+        ]
+    );
 }
 
 #[test]

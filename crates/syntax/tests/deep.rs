@@ -167,6 +167,24 @@ fn a_long_let_chain_parses_prints_and_round_trips() {
 }
 
 #[test]
+fn a_long_sequence_parses_prints_and_round_trips() {
+    on_small_stack(|| {
+        let mut body = String::new();
+        for _ in 0..DEEP {
+            body.push_str("add(%x, 1);\n");
+        }
+        body.push_str("%x");
+        let m = common::module(&wrap(&body));
+        let d = m.def("main").expect("def");
+        let ExprKind::Let(bs, _) = &d.func.body.kind else {
+            panic!("not a let")
+        };
+        assert_eq!(bs.len(), DEEP);
+        assert_round_trip(&m);
+    });
+}
+
+#[test]
 fn a_long_graph_form_chain_parses() {
     on_small_stack(|| {
         let mut body = String::from("%0 = %x;\n");

@@ -52,12 +52,12 @@ const CASES: &[(&str, &[&str])] = &[
         &["t.rly:1:22: error: expected a tensor shape `(d0, d1, ...)`, found `1`"],
     ),
     (
-        "def @main() { 3000000000 }",
-        &["t.rly:1:15: error: expected an integer that fits in int32, found `3000000000`"],
+        "def @main() { 3000000000i32 }",
+        &["t.rly:1:15: error: expected an integer that fits in int32, found `3000000000i32`"],
     ),
     (
-        "def @main() { -2147483649 }",
-        &["t.rly:1:15: error: expected an integer that fits in int32, found `-2147483649`"],
+        "def @main() { -2147483649i32 }",
+        &["t.rly:1:15: error: expected an integer that fits in int32, found `-2147483649i32`"],
     ),
     (
         "def @main() { 99999999999999999999i64 }",

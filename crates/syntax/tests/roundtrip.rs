@@ -144,18 +144,30 @@ fn printed_form_is_canonical() {
 }
 
 def @f[A](%x: Tensor[(1, ?), float32], %y) -> Tensor[(), float32] {
-  let %0 = add(%x, 1.0f);
+  %0 = add(%x, 1.0f);
   let %z: (A, Tensor[(), int64]) = (%0, 2i64);
   if (%y) {
     match? (%z) {
       (%a, _) => negative(%a),
     }
   } else {
-    nn.dense(%x, units=2, s="q\"", l=[1, [2.5]])
+    nn.dense(%x, units=2, s="q\"", l=[1, [2.5f]])
   }
 }
 "#;
     assert_eq!(print_module(&m), want);
+}
+
+/// What TVM's own parser reads back: numbered bindings in graph form (its `let` takes only names),
+/// float attributes with their `f` suffix (its lexer reads no other float), infinities as `inff`,
+/// and a sequenced value (`e1; e2`) as itself.
+#[test]
+fn printed_form_reads_back_in_tvm() {
+    let printed = round_trip_text(
+        "def @main(%x) { %0 = clip(%x, a_min=-inff, a_max=1e-5f); f(%0); (); let %y = g(%0); %y }",
+    );
+    let want = "def @main(%x) {\n  %0 = clip(%x, a_min=-inff, a_max=1e-5f);\n  f(%0);\n  ();\n  let %y = g(%0);\n  %y\n}\n";
+    assert_eq!(printed, want);
 }
 
 #[test]
