@@ -650,6 +650,71 @@ fn launches_of_one_invocation_use_the_kernel_plans() {
     assert_eq!(profile.fused.fallbacks, 0, "{:?}", profile.fused);
 }
 
+/// A block output no node reads and no host value names is freed while another output of the
+/// same invocation is still held: a decoder that keeps each step's state in a list and branches
+/// on a wide projection of it (one block returning both) held every step's projection with the
+/// state it kept — the peak grew by the projection's bytes per step (an audit's find). Equal
+/// results with and without early release; the peak now follows what the list keeps.
+#[test]
+fn an_unnamed_output_is_freed_while_its_sibling_is_kept() {
+    let src = r#"
+def @gen(%n: Tensor[(), int32], %x: Tensor[(1, 32), float32], %W: Tensor[(32, 32), float32],
+         %W2: Tensor[(2048, 32), float32], %acc: List[Tensor[(1, 32), float32]])
+    -> List[Tensor[(1, 32), float32]] {
+  if (%n == 0) {
+    %acc
+  } else {
+    let %y = tanh(nn.dense(%x, %W));
+    let %z = nn.dense(%y, %W2);
+    if (sum(%z) > 1000000f) { %acc } else { @gen(%n - 1, %y, %W, %W2, Cons(%y, %acc)) }
+  }
+}
+def @main(%n: Tensor[(), int32], %x: Tensor[(1, 32), float32], %W: Tensor[(32, 32), float32],
+          %W2: Tensor[(2048, 32), float32]) -> Tensor[(1, 32), float32] {
+  @hd(@gen(%n, %x, %W, %W2, Nil))
+}
+"#;
+    let steps = 400;
+    let inputs: Vec<String> = (0..4)
+        .map(|i| {
+            let x: Vec<String> = (0..32)
+                .map(|c| format!("{:.3}", ((i * 7 + c * 3) % 11) as f64 / 20.0 - 0.25))
+                .collect();
+            format!("{{\"n\": {steps}, \"x\": [[{}]]}}", x.join(", "))
+        })
+        .collect();
+    let x = common::expected(
+        "gen",
+        load_text("gen", src),
+        &inputs.join("\n"),
+        &["n", "x"],
+    );
+    let (program, reuse) = compile(&x, true, tumble_compile::StaticOptions::all());
+    let go = |early_release| {
+        let opts = Options {
+            early_release,
+            ..Options::default()
+        };
+        run_once(&x, &program, &reuse, opts)
+    };
+    let ((out_on, on), (out_off, _)) = (go(true), go(false));
+    for (i, (a, b)) in out_on.iter().zip(&out_off).enumerate() {
+        if let Err(e) = same_within(a, b, &format!("instance {i}"), 0.0) {
+            panic!("{e}");
+        }
+    }
+    // What the lists keep: each step's (1, 32) state of 4 instances; each step's projection is
+    // 4 × 2048 floats, 32 KiB. Scans run once 1 MiB of outputs was recorded since the last one
+    // (`RELEASE_SCAN_BYTES`), so up to about that much waits for the next.
+    let kept = (steps * 4 * 32 * 4) as u64;
+    let projections = (steps * 4 * 2048 * 4) as u64;
+    assert!(
+        on.activation_bytes < kept + (2 << 20) && projections > 4 * (kept + (2 << 20)),
+        "peak {} with early release; the lists keep {kept}, the projections were {projections}",
+        on.activation_bytes
+    );
+}
+
 /// Early release frees outputs before the mini-batch ends, never before their last reader: on
 /// every zoo model and scheduler the outputs are bit for bit those with it off, the peak of live
 /// launch outputs never higher, and lower on the tree models, whose graphs hold every subtree's

@@ -62,6 +62,12 @@ enum At {
     Rows { start: u32, len: u32 },
 }
 
+/// Where a [`Slot::released`] output lies: rows no tensor has.
+const RELEASED_AT: At = At::Rows {
+    start: u32::MAX,
+    len: 0,
+};
+
 /// A node's computed outputs, where they lie: almost every block has one, kept inline (no
 /// allocation per recorded node, no pointer to follow when a launch reads it).
 #[derive(Clone)]
@@ -90,6 +96,9 @@ impl Outs {
 
 impl Slot {
     fn value(&self) -> Result<Tensor, String> {
+        if self.is_released() {
+            return Err(release::released_error().message.clone());
+        }
         match self.at {
             At::Whole => Ok(self.tensor.clone()),
             At::Row(r) => self.tensor.row(r as usize).map_err(|e| e.to_string()),
@@ -122,6 +131,19 @@ impl Slot {
             At::Row(i) => Some((data.get(i as usize * len..(i as usize + 1) * len)?, inner)),
             At::Rows { .. } => None,
         }
+    }
+
+    /// What an output freed on its own takes the place of ([`Dfg::try_release`]): reading it is
+    /// an error, as reading a released node's outputs is.
+    fn released() -> Slot {
+        Slot {
+            tensor: Tensor::scalar_f32(0.0),
+            at: RELEASED_AT,
+        }
+    }
+
+    fn is_released(&self) -> bool {
+        self.at == RELEASED_AT
     }
 
     /// Bytes freed when this slot goes: its tensor's, if the slot is the tensor's last holder.

@@ -45,6 +45,12 @@ pub(super) struct Life {
     /// is named by the value its invocation returned) or the last scan that found it. Older than
     /// [`Dfg::epoch`]: no host value names it.
     claimed: u32,
+    /// Which of its outputs a host value named (bit `k` for output `k`, the last bit for every
+    /// later one) in epoch `claimed`: all of them from its recording (the host holds the value
+    /// its invocation returned), those the scan met after a scan. While it is claimed, computed
+    /// and read by no node, the outputs no host value names are freed: a block returning
+    /// `(y, z)` whose `y` a decoder keeps in a list let its `z` (64 KB a step) pile up with it.
+    named: u64,
     /// Recorded nodes whose arguments read this node's outputs and have not launched yet (one per
     /// argument: a node reading it twice counts twice).
     readers: u32,
@@ -83,6 +89,7 @@ impl Dfg<'_> {
         }
         Life {
             claimed: self.epoch,
+            named: u64::MAX,
             readers: 0,
             released: false,
             watched: false,
@@ -152,6 +159,18 @@ impl Dfg<'_> {
             return;
         }
         if n.life.claimed == epoch {
+            if n.life.named != u64::MAX {
+                if let Some(Outs::Many(slots)) = &mut n.out {
+                    let mut freed = 0;
+                    for (k, s) in slots.iter_mut().enumerate().take(63) {
+                        if n.life.named & (1 << k) == 0 && !s.is_released() {
+                            freed += s.freed_bytes();
+                            *s = Slot::released();
+                        }
+                    }
+                    self.live_bytes = self.live_bytes.saturating_sub(freed);
+                }
+            }
             if !n.life.watched {
                 n.life.watched = true;
                 self.watch.push(id);
@@ -206,7 +225,11 @@ impl Dfg<'_> {
             visits: 0,
             mark: &mut |r: LazyRef| {
                 if let Some(n) = nodes.get_mut(r.node as usize) {
-                    n.life.claimed = epoch;
+                    if n.life.claimed != epoch {
+                        n.life.claimed = epoch;
+                        n.life.named = 0;
+                    }
+                    n.life.named |= 1 << r.output.min(63);
                 }
             },
         };
