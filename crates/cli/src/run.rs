@@ -95,7 +95,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_early_release: bool,
     /// Early release scans the instances' values before a flush once N bytes of outputs were
-    /// recorded since the last scan (default 1048576; 0: before every flush). Results do not
+    /// recorded since the last scan, and at least 512 per value the last scan walked (default
+    /// 1048576). 0: before every flush, whatever the instances hold — a long loop that keeps its
+    /// states then walks all of them at every flush, quadratic in its length. Results do not
     /// depend on it.
     #[arg(long, value_name = "N")]
     pub release_scan_bytes: Option<usize>,

@@ -324,7 +324,7 @@ fn berxit_lengths(a: &BerxitArgs) -> Result<gen::Lengths, DataError> {
         let hi = hi.trim().parse().map_err(|_| bad())?;
         return Ok(gen::Lengths::Uniform(lo, hi));
     }
-    spec.parse().map(gen::Lengths::Fixed).map_err(|_| bad())
+    spec.parse().map(gen::Lengths::All).map_err(|_| bad())
 }
 
 /// `tumble data vocab`.

@@ -290,8 +290,11 @@ pub struct BerxitConfig {
 /// How long generated sequences are.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Lengths {
-    /// Every sequence this long (the zoo's Berxit: 128, `Tensor[(128), int32]`).
+    /// Every sequence this long (the zoo's Berxit: 128, `Tensor[(128), int32]`), without
+    /// positions.
     Fixed(usize),
+    /// Every sequence this long, with positions (`--lengths N`, for the variable-length models).
+    All(usize),
     /// Uniform in `[min, max]`.
     Uniform(usize, usize),
     /// Drawn uniformly from these (e.g. the lengths of SST's training sentences).
@@ -301,7 +304,7 @@ pub enum Lengths {
 impl Lengths {
     fn draw(&self, rng: &mut Rng) -> usize {
         match self {
-            Lengths::Fixed(n) => *n,
+            Lengths::Fixed(n) | Lengths::All(n) => *n,
             Lengths::Uniform(lo, hi) => {
                 let span = (hi - lo + 1) as u32;
                 lo + uniform_below(rng, 0, span) as usize
@@ -334,7 +337,7 @@ impl BerxitConfig {
             ));
         }
         let (lo, hi) = match &self.lengths {
-            Lengths::Fixed(n) => (*n, *n),
+            Lengths::Fixed(n) | Lengths::All(n) => (*n, *n),
             Lengths::Uniform(lo, hi) => (*lo, *hi),
             Lengths::Drawn(v) => (
                 v.iter().copied().min().unwrap_or(0),

@@ -224,6 +224,17 @@ fn variable_length_berxit_inputs_carry_positions() {
         seen.insert(n);
     }
     assert_eq!(seen.len(), 9, "every length drawn: {seen:?}");
+    // `--lengths N`: every sequence N long, with positions like the other variable forms (it
+    // wrote none, as the fixed-length zoo model's form does; an audit's find).
+    let all = BerxitConfig {
+        lengths: Lengths::All(5),
+        ..BerxitConfig::default()
+    };
+    for line in berxit_many(3, 4, &all).unwrap() {
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["tokens"].as_array().unwrap().len(), 5, "{line}");
+        assert_eq!(v["positions"], serde_json::json!([0, 1, 2, 3, 4]), "{line}");
+    }
     for bad in [
         Lengths::Uniform(0, 4),
         Lengths::Uniform(5, 4),
