@@ -6,6 +6,7 @@
 mod env;
 mod exhaustive;
 mod infer;
+mod prelude_merge;
 mod unify;
 
 pub use env::{AdtInfo, CtorInfo, GlobalSig, Tables, MAX_SUGGESTED_LEN};
@@ -104,16 +105,26 @@ fn load_inline(
 ) -> Result<TypedModule, Vec<Diagnostic>> {
     let mut diags = Vec::new();
     let mut module = Module::default();
-    if opts.prelude {
-        let pid = sources.add("<prelude>", PRELUDE);
-        match tumble_syntax::parse_module(PRELUDE, pid) {
-            Ok(m) => module.items.extend(m.items),
-            Err(ds) => diags.extend(ds),
+    let prelude = match opts.prelude {
+        true => {
+            let pid = sources.add("<prelude>", PRELUDE);
+            match tumble_syntax::parse_module(PRELUDE, pid) {
+                Ok(m) => Some(m),
+                Err(ds) => {
+                    diags.extend(ds);
+                    None
+                }
+            }
         }
-    }
+        false => None,
+    };
     let uid = sources.add(name, text);
     match tumble_syntax::parse_module(text, uid) {
         Ok(m) => {
+            // The user's definitions replace the prelude's of their names (see `prelude_merge`).
+            if let Some(p) = prelude {
+                module.items.extend(prelude_merge::kept_prelude(p, &m));
+            }
             module.version = m.version;
             module.items.extend(m.items);
         }

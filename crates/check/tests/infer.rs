@@ -33,6 +33,34 @@ fn assert_fully_typed(m: &TypedModule) {
     });
 }
 
+/// A module's own definitions replace the prelude's of their names, and the prelude's items
+/// that depend on a replaced one go with it: TVM prints every definition of a module that
+/// imported its Prelude, and its examples define `List` and `@length` themselves (both were
+/// "defined twice").
+#[test]
+fn a_module_s_definitions_replace_the_prelude_s() {
+    let m = check(
+        "def @length(%l: List[int32]) -> int32 {\n  match (%l) { Cons(_, %r) => 1 + @length(%r), Nil => 0 }\n}",
+    );
+    assert_eq!(
+        sig(&m, "length"),
+        "fn (List[Tensor[(), int32]]) -> Tensor[(), int32]"
+    );
+    assert_eq!(sig(&m, "map"), "fn [A, B](fn (A) -> B, List[A]) -> List[B]");
+    let m = check(
+        "type List[A] { Cons(A, List[A]), Nil, Snoc(List[A], A) }\n\
+         def @f(%x: int32) -> List[int32] { Snoc(Nil, %x) }",
+    );
+    assert_eq!(
+        sig(&m, "f"),
+        "fn (Tensor[(), int32]) -> List[Tensor[(), int32]]"
+    );
+    // The prelude's `@map` was written for its own `List`: gone with it; `Option` stays.
+    assert_eq!(sig(&m, "map"), "no global @map");
+    assert!(m.module.type_defs().any(|t| t.name.name == "Option"));
+    assert_fully_typed(&m);
+}
+
 #[test]
 fn the_prelude_checks_on_its_own() {
     let m = check("");

@@ -184,11 +184,6 @@ const CASES: &[(&str, &str, &str)] = &[
         "t.rly:2:5: error: global `@f` is defined twice",
     ),
     (
-        "duplicate_prelude_global",
-        "def @map() { 1 }",
-        "t.rly:1:5: error: global `@map` is defined twice",
-    ),
-    (
         "duplicate_param",
         "def @f(%x: Tensor[(), int32], %x: Tensor[(), int32]) {\n  %x\n}",
         "t.rly:1:31: error: `%x` is declared twice",
@@ -200,8 +195,13 @@ const CASES: &[(&str, &str, &str)] = &[
     ),
     (
         "duplicate_type",
-        "type List[A] { MyNil }\ndef @f() { 1 }",
-        "t.rly:1:6: error: type `List` is defined twice",
+        "type T[A] { MyNil }\ntype T { Other }\ndef @f() { 1 }",
+        "t.rly:2:6: error: type `T` is defined twice",
+    ),
+    (
+        "prelude_function_gone_with_its_type",
+        "type List[A] { MyNil }\ndef @f() { @map(fn (%x: int32) { %x }, MyNil) }",
+        "t.rly:2:12: error: unknown global `@map`",
     ),
     (
         "cannot_infer",
