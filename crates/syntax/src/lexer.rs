@@ -259,8 +259,17 @@ impl Lexer<'_> {
     fn name(&mut self, make: fn(String) -> Tok, sigil: &str) {
         let lo = self.pos;
         self.pos += 1;
-        while is_ident_continue(self.peek(0)) {
-            self.pos += 1;
+        loop {
+            while is_ident_continue(self.peek(0)) {
+                self.pos += 1;
+            }
+            // TVM's names may hold `/` (`%MobilenetV2/input`, as its frontends name variables);
+            // one followed by a digit or a sigil stays a division (`%x/2f`, `%a/%b`).
+            if self.peek(0) == b'/' && self.pos > lo + 1 && is_ident_start(self.peek(1)) {
+                self.pos += 1;
+                continue;
+            }
+            break;
         }
         if self.pos == lo + 1 {
             let found = describe_char(self.text, self.pos);

@@ -100,10 +100,59 @@ struct Parser<'a> {
     depth: [usize; 4],
     diags: Vec<Diagnostic>,
     lex_diags: Vec<Diagnostic>,
+    /// Constructors the text declares with a lowercase name (`type Box[T] { box(T) }`, as TVM's
+    /// tensor-array types have): read as constructors, not operators, wherever they appear.
+    lower_ctors: std::collections::HashSet<String>,
 }
 
 fn is_upper(s: &str) -> bool {
     s.starts_with(|c: char| c.is_ascii_uppercase())
+}
+
+/// The lowercase names declared as constructors in `type` definitions: each name that opens an
+/// entry (after `{` or a `,`) at the top level of a `type`'s braces. A scan of the tokens, so the
+/// parser knows them before it meets a use.
+fn lowercase_ctors(toks: &[Token]) -> std::collections::HashSet<String> {
+    let mut out = std::collections::HashSet::new();
+    let mut i = 0;
+    while i < toks.len() {
+        let is_type = matches!(&toks[i].kind, Tok::Ident(k) if k == "type");
+        i += 1;
+        if !is_type {
+            continue;
+        }
+        // To the definition's `{`, then its entries until the matching `}`.
+        while i < toks.len() && !matches!(toks[i].kind, Tok::LBrace | Tok::Eof) {
+            i += 1;
+        }
+        let mut depth = 0usize;
+        let mut entry_start = true;
+        while i < toks.len() {
+            match &toks[i].kind {
+                Tok::LBrace | Tok::LParen | Tok::LBracket => {
+                    depth += 1;
+                    entry_start = depth == 1;
+                }
+                Tok::RBrace | Tok::RParen | Tok::RBracket => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        break;
+                    }
+                }
+                Tok::Comma if depth == 1 => entry_start = true,
+                Tok::Ident(n) if depth == 1 && entry_start => {
+                    if !is_upper(n) {
+                        out.insert(n.clone());
+                    }
+                    entry_start = false;
+                }
+                Tok::Eof => break,
+                _ => entry_start = false,
+            }
+            i += 1;
+        }
+    }
+    out
 }
 
 /// Names like `float16` or `uint8`: meant as a dtype, so reported as an unknown one rather than
@@ -175,7 +224,9 @@ enum PrimaryKind {
 impl<'a> Parser<'a> {
     fn new(text: &'a str, src: SourceId) -> Self {
         let (toks, lex_diags) = lex(text, src);
+        let lower_ctors = lowercase_ctors(&toks);
         Parser {
+            lower_ctors,
             toks,
             pos: 0,
             src,
@@ -510,11 +561,10 @@ impl<'a> Parser<'a> {
         while !self.at(&Tok::RBrace) {
             let cstart = self.cur_span();
             let cname = match self.peek() {
-                Tok::Ident(n) if is_upper(n) => Ident::new(n.clone(), cstart),
-                _ => {
-                    return self
-                        .fail_expected("a constructor name (starting with an uppercase letter)")
+                Tok::Ident(n) if !RESERVED.contains(&n.as_str()) && !n.contains('.') => {
+                    Ident::new(n.clone(), cstart)
                 }
+                _ => return self.fail_expected("a constructor name"),
             };
             self.bump();
             let mut fields = Vec::new();
@@ -942,7 +992,9 @@ impl<'a> Parser<'a> {
         let kind = match self.peek() {
             Tok::Local(n) => ExprKind::Local(n.clone()),
             Tok::Global(n) => ExprKind::Global(n.clone()),
-            Tok::Ident(n) if is_upper(n) => ExprKind::Ctor(n.clone()),
+            Tok::Ident(n) if is_upper(n) || self.lower_ctors.contains(n) => {
+                ExprKind::Ctor(n.clone())
+            }
             Tok::Ident(n) => ExprKind::Op(n.clone()),
             _ => return self.fail_expected("an expression"),
         };
@@ -1140,7 +1192,9 @@ impl<'a> Parser<'a> {
                 PatternKind::Wildcard
             }
             Tok::Local(_) => PatternKind::Var(self.param()?),
-            Tok::Ident(n) if is_upper(n) && n != "True" && n != "False" => {
+            Tok::Ident(n)
+                if (is_upper(n) || self.lower_ctors.contains(n)) && n != "True" && n != "False" =>
+            {
                 let name = Ident::new(n.clone(), start);
                 self.bump();
                 let mut args = Vec::new();

@@ -321,6 +321,47 @@ fn constructors_are_capitalized_names() {
     );
 }
 
+/// A constructor declared with a lowercase name (TVM's own tests and its tensor-array types have
+/// them) is a constructor wherever the file uses it, not an operator; other lowercase names stay
+/// operators.
+#[test]
+fn lowercase_constructors_declared_in_the_file() {
+    let m = erased(
+        "type Box[T] { box(T), empty }\n\
+         def @f(%x) { match (box(%x)) { box(%v) => %v, empty => add(%x, %x) } }",
+    );
+    let d = m.def("f").expect("def");
+    let ExprKind::Match {
+        scrutinee, arms, ..
+    } = &d.func.body.kind
+    else {
+        panic!("not a match");
+    };
+    assert_eq!(**scrutinee, call(ctor("box"), vec![local("x")]));
+    let names: Vec<&str> = arms
+        .iter()
+        .map(|a| match &a.pattern.kind {
+            PatternKind::Ctor { name, .. } => name.name.as_str(),
+            _ => "?",
+        })
+        .collect();
+    assert_eq!(names, ["box", "empty"]);
+    assert_eq!(arms[1].body, call(op("add"), vec![local("x"), local("x")]));
+}
+
+/// TVM's frontends name variables with `/` (`%MobilenetV2/input`); a `/` before a digit or a
+/// sigil is still a division.
+#[test]
+fn local_names_may_hold_slashes() {
+    assert_eq!(
+        expr("%MobilenetV2/conv/input"),
+        local("MobilenetV2/conv/input")
+    );
+    assert_eq!(expr("%x/2f"), binop("divide", local("x"), f32(2.0)));
+    assert_eq!(expr("%a/%b"), binop("divide", local("a"), local("b")));
+    assert_eq!(expr("%a / b"), binop("divide", local("a"), op("b")));
+}
+
 #[test]
 fn operators_are_values_too() {
     assert_eq!(expr("add"), op("add"));

@@ -136,8 +136,8 @@ const CASES: &[(&str, &[&str])] = &[
         &["t.rly:1:5: error: expected a global name `@name` after `def`, found `main`"],
     ),
     (
-        "type list { cons(int32) }",
-        &["t.rly:1:13: error: expected a constructor name (starting with an uppercase letter), found `cons`"],
+        "type list { let(int32) }",
+        &["t.rly:1:13: error: expected a constructor name, found `let`"],
     ),
     (
         "def @main() { let x = 1; x }",
