@@ -254,8 +254,15 @@ impl<'t> Checker<'t> {
                 }
             }
             ExprKind::Op(name) => {
-                let msg = if tumble_ops::lookup(name).is_some() {
-                    format!("operator `{name}` can only be called; to pass it as a value, wrap it: `fn (%x) {{ {name}(%x) }}`")
+                // (Known operators in value position were made closures before checking.)
+                let msg = if let Some(op) = tumble_ops::lookup(name) {
+                    let ps: Vec<String> = (0..op.arity).map(|k| format!("%x{k}")).collect();
+                    format!(
+                        "operator `{name}` can only be called; to pass it as a value, wrap it: \
+                         `fn ({}) {{ {name}({}) }}`",
+                        ps.join(", "),
+                        ps.join(", ")
+                    )
                 } else {
                     format!("unknown operator `{name}`")
                 };

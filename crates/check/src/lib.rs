@@ -4,6 +4,7 @@
 //! every type (writing it into the IR in place) and return the typed module or every diagnostic.
 
 mod env;
+mod eta;
 mod exhaustive;
 mod infer;
 mod prelude_merge;
@@ -140,6 +141,9 @@ fn load_inline(
 
 /// Type-checks a whole module, annotating it in place.
 pub fn check(mut module: Module) -> Result<TypedModule, Vec<Diagnostic>> {
+    for def in module.defs_mut() {
+        eta::expand_operator_values(&mut def.func.body);
+    }
     let mut diags = Vec::new();
     let type_defs: Vec<&tumble_ir::TypeDef> = module.type_defs().collect();
     let tables = Tables::build(&type_defs, &mut diags);

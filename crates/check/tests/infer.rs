@@ -61,6 +61,25 @@ fn a_module_s_definitions_replace_the_prelude_s() {
     assert_fully_typed(&m);
 }
 
+/// An operator passed as a value (Relay allows it) is a function of its positional arguments,
+/// typed by its use.
+#[test]
+fn operators_passed_as_values_are_functions() {
+    let m = check(
+        "def @f(%xs: List[Tensor[(2), float32]]) { @map(sigmoid, %xs) }\n\
+         def @g(%x: Tensor[(2), float32], %xs: List[Tensor[(2), float32]]) { @foldl(add, %x, %xs) }",
+    );
+    assert_eq!(
+        sig(&m, "f"),
+        "fn (List[Tensor[(2), float32]]) -> List[Tensor[(2), float32]]"
+    );
+    assert_eq!(
+        sig(&m, "g"),
+        "fn (Tensor[(2), float32], List[Tensor[(2), float32]]) -> Tensor[(2), float32]"
+    );
+    assert_fully_typed(&m);
+}
+
 #[test]
 fn the_prelude_checks_on_its_own() {
     let m = check("");

@@ -219,9 +219,9 @@ const CASES: &[(&str, &str, &str)] = &[
         "t.rly:2:33: error: the value bound to `%x` does not have its declared type: expected Tensor[(), float32], found Tensor[(), int32]",
     ),
     (
-        "op_as_value",
-        "def @f(%xs: List[Tensor[(2), float32]]) {\n  @map(sigmoid, %xs)\n}",
-        "t.rly:2:8: error: operator `sigmoid` can only be called; to pass it as a value, wrap it: `fn (%x) { sigmoid(%x) }`",
+        "unknown_op_as_value",
+        "def @f(%xs: List[Tensor[(2), float32]]) {\n  @map(sigmoidd, %xs)\n}",
+        "t.rly:2:8: error: unknown operator `sigmoidd`",
     ),
     (
         "rigid_param_to_op",

@@ -914,6 +914,37 @@ def @main(%x: Tensor[(2, 3), float32], %k: Tensor[(3), int32]) -> (Tensor[(2, 3)
     );
 }
 
+/// Operators passed as values (`@map(sigmoid, ..)`, `@foldl(add, ..)`: closures made by the
+/// checker) run batched like written-out closures: equal to the reference every way.
+#[test]
+fn operators_passed_as_values_batch() {
+    let src = r#"
+def @main(%x: Tensor[(1, 3), float32], %y: Tensor[(1, 3), float32]) -> (Tensor[(1, 3), float32],
+    Tensor[(1, 3), float32]) {
+  let %l = @map(sigmoid, Cons(%x, Cons(%y, Nil)));
+  (@hd(@tl(%l)), @foldl(add, %x, Cons(%y, Cons(%y, Nil))))
+}
+"#;
+    let inputs: Vec<String> = (0..7)
+        .map(|i| {
+            let row = |k: usize| -> String {
+                let v: Vec<String> = (0..3)
+                    .map(|c| format!("{:.2}", ((i * 5 + c * 3 + k) % 7) as f64 / 3.0 - 1.0))
+                    .collect();
+                format!("[[{}]]", v.join(", "))
+            };
+            format!("{{\"x\": {}, \"y\": {}}}", row(0), row(2))
+        })
+        .collect();
+    let x = expected(
+        "op_values",
+        load_text("op_values", src),
+        &inputs.join("\n"),
+        &["x", "y"],
+    );
+    check_all_ways(&x);
+}
+
 /// Slices of per-invocation values (Berxit's `[CLS]` row) batch as one slice one axis further in
 /// instead of copying every row out to slice it: implicit and listed axes (a negative one), a
 /// `strides` shorter than the axes (Relay pads it with 1), negative strides and bounds,
