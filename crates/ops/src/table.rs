@@ -102,6 +102,7 @@ static OPS: &[OpDef] = &[
     op("rsqrt", 1, NONE, unary::rsqrt, k::unary::rsqrt, Elementwise, "elementwise 1 / sqrt(x) (float)").in_stage(RowWise),
     op("abs", 1, NONE, unary::abs, k::unary::abs, Elementwise, "elementwise |x|").in_stage(RowWise),
     op("nn.relu", 1, NONE, unary::relu, k::unary::relu, Elementwise, "elementwise max(x, 0)").in_stage(RowWise),
+    op("nn.leaky_relu", 1, &[opt("alpha", Float, "0.01")], unary::leaky_relu, k::unary::leaky_relu, Elementwise, "elementwise x where positive, else alpha * x (float)"),
     op("erf", 1, NONE, unary::erf, k::unary::erf, Elementwise, "elementwise Gauss error function (float; GELU is 0.5 x (1 + erf(x / sqrt 2)))"),
     op("sin", 1, NONE, unary::sin, k::unary::sin, Elementwise, "elementwise sine (float)"),
     op("cos", 1, NONE, unary::cos, k::unary::cos, Elementwise, "elementwise cosine (float)"),
@@ -126,6 +127,8 @@ static OPS: &[OpDef] = &[
     // ---- layout ----
     op("concatenate", 1, &[opt("axis", Int, "0")], layout::concatenate, k::layout::concatenate, Layout,
         "joins a tuple of tensors along `axis`").in_stage(RowWiseOnLastAxis { default_axis: 0 }),
+    op("broadcast_to", 1, &[req("shape", Ints)], layout::broadcast_to, k::layout::broadcast_to, Layout,
+        "the input repeated along its size-1 and missing leading axes to `shape` (numpy rules)"),
     op("stack", 1, &[opt("axis", Int, "0")], layout::stack, k::layout::stack, Layout,
         "the tuple's tensors (one shape) joined along a new axis `axis`"),
     op("split", 1, &[req("indices_or_sections", IntOrInts), opt("axis", Int, "0")], layout::split, k::layout::split, Layout,

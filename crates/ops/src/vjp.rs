@@ -191,12 +191,13 @@ pub fn vjp(
             ])
         }
         "negative" | "sigmoid" | "tanh" | "exp" | "log" | "sqrt" | "rsqrt" | "abs" | "nn.relu"
-        | "copy" | "clip" | "erf" | "sin" | "cos" => {
+        | "copy" | "clip" | "erf" | "sin" | "cos" | "nn.leaky_relu" => {
             let x = t(0)?;
             if !float(0) {
                 return Ok(vec![None]);
             }
             let (lo, hi) = match name {
+                "nn.leaky_relu" => (attrs.float("alpha").map_err(err)?.unwrap_or(0.01), 0.0),
                 "clip" => (
                     attrs
                         .float("a_min")
@@ -222,6 +223,14 @@ pub fn vjp(
                         "rsqrt" => d * -0.5 * o * o * o,
                         "erf" => d * std::f64::consts::FRAC_2_SQRT_PI * (-x * x).exp(),
                         "sin" => d * x.cos(),
+                        // `lo` holds alpha here.
+                        "nn.leaky_relu" => {
+                            if x > 0.0 {
+                                d
+                            } else {
+                                lo * d
+                            }
+                        }
                         "cos" => -d * x.sin(),
                         "abs" => {
                             d * if x > 0.0 {
@@ -279,8 +288,8 @@ pub fn vjp(
             Some(dx) => Ok(vec![Some(OpValue::Tensor(dx)), None]),
             None => layout(op, args, attrs, dy),
         },
-        "concatenate" | "stack" | "reshape" | "transpose" | "expand_dims" | "squeeze" | "take"
-        | "strided_slice" => layout(op, args, attrs, dy),
+        "concatenate" | "stack" | "broadcast_to" | "reshape" | "transpose" | "expand_dims"
+        | "squeeze" | "take" | "strided_slice" => layout(op, args, attrs, dy),
         "zeros" | "ones" | "db.phase_change" | "db.concurrent" => Ok(vec![None; args.len()]),
         _ => Err(err("this operator has no gradient rule".into())),
     }

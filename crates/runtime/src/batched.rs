@@ -677,6 +677,19 @@ pub(crate) fn rule(
                 with_attr(attrs, "axis", AttrValue::Int(axis)),
             ))
         }
+        // Each instance's value broadcast to the shape: the batch padded to that rank, then
+        // broadcast with the batch axis in front.
+        "broadcast_to" => {
+            let x = batched_tensor(args.first()?)?;
+            let shape = attrs.ints("shape").ok()??;
+            let x = pad_batched(x, shape.len())?;
+            let mut s = vec![b as i64];
+            s.extend(shape);
+            Some((
+                vec![OpValue::Tensor(x)],
+                with_attr(attrs, "shape", ints(&s)),
+            ))
+        }
         "stack" => {
             let BV::Batched(OpValue::Tuple(ts)) = args.first()? else {
                 return None;

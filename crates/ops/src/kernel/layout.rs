@@ -71,6 +71,18 @@ fn interleave<T: Element>(
     Some(out)
 }
 
+/// `broadcast_to(x, shape)`: numpy's `broadcast_to`, copied out.
+pub fn broadcast_to(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new("broadcast_to", args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let (shape, _) = k.out_tensor(rel::layout::broadcast_to)?;
+    Ok(k.t(x.broadcast_to(shape))?.into())
+}
+
 /// `stack((a, b, ...), axis)`: for every outer position (the dims before `axis`), the parts' blocks
 /// of the dims from `axis` on, one after another — a concatenation along a new axis.
 pub fn stack(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {

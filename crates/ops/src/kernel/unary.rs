@@ -102,6 +102,27 @@ pub fn copy(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue
     Ok(k.t(Tensor::new(x.shape(), x.buffer().clone()))?.into())
 }
 
+/// `nn.leaky_relu(x, alpha)`: `x` where `x > 0`, else `alpha * x` (NaN stays NaN).
+pub fn leaky_relu(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new("nn.leaky_relu", args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let (_, dtype) = k.out_tensor(crate::rel::unary::leaky_relu)?;
+    let alpha = k.rel().opt_float("alpha")?.unwrap_or(0.01);
+    let out = match Values::of(x) {
+        Values::F(v) => Values::F(
+            v.into_iter()
+                .map(|x| if x > 0.0 { x } else { alpha * x })
+                .collect(),
+        ),
+        _ => return Err(k.err(format!("unsupported input dtype {}", x.dtype()))),
+    };
+    Ok(k.t(out.into_tensor(x.shape(), dtype))?.into())
+}
+
 /// `clip(x, a_min, a_max)`. Floats: `a_min` if `x < a_min`, `a_max` if `x > a_max`, else `x`
 /// (NaN stays NaN). Ints: the bounds are first converted to the dtype (truncating toward zero,
 /// saturating at its limits), then the value is clamped; since truncation is monotone this equals

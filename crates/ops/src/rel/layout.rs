@@ -80,6 +80,37 @@ pub fn concatenate(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     Ok(Ty::tensor(shape, first.dtype))
 }
 
+/// `broadcast_to(data, shape)`: `data` repeated along its size-1 and missing leading axes to
+/// `shape` (numpy's rule: aligned at the last axis, each axis equal or 1).
+pub fn broadcast_to(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("broadcast_to", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let shape = c.req_ints("shape")?;
+    if let Some(d) = shape.iter().find(|&&d| d < 0) {
+        return Err(c.err(format!(
+            "shape {} contains the negative size {d}",
+            fmt_ints(&shape)
+        )));
+    }
+    let fits = x.rank() <= shape.len()
+        && x.shape
+            .iter()
+            .rev()
+            .zip(shape.iter().rev())
+            .all(|(d, &s)| match d {
+                Dim::Known(n) => *n == s || *n == 1,
+                Dim::Any => true,
+            });
+    if !fits {
+        return Err(c.err(format!(
+            "cannot broadcast {x} to shape {}: aligned at the last axis, each axis must equal \
+             the target's or be 1",
+            fmt_ints(&shape)
+        )));
+    }
+    Ok(Ty::tensor_of(&shape, x.dtype))
+}
+
 /// `stack(data, axis=0)`: `data` is a non-empty tuple of tensors of one shape and dtype, joined
 /// along a new axis `axis` (from `-(rank + 1)` to `rank`) of length the tuple's.
 pub fn stack(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {

@@ -51,6 +51,19 @@ fn unary(op: &'static str, args: &[Ty], attrs: &Attrs, kind: Unary) -> Result<Ty
     Ok(x.ty.clone())
 }
 
+/// `nn.leaky_relu(data, alpha=0.01)`: `x` where positive, else `alpha * x` (float).
+pub fn leaky_relu(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("nn.leaky_relu", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    c.want_float(0, "input", x)?;
+    if let Some(a) = c.opt_float("alpha")? {
+        if !a.is_finite() {
+            return Err(c.err(format!("alpha must be a finite number, found {a:?}")));
+        }
+    }
+    Ok(x.ty.clone())
+}
+
 /// `clip(data, a_min, a_max)`: clamps every element into `[a_min, a_max]`.
 pub fn clip(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let c = Call::new("clip", args, attrs, 1)?;

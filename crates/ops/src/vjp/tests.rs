@@ -225,6 +225,11 @@ fn unary() {
     ] {
         check(name, vec![g.tensor(&[2, 3], -2.0, 2.0)], Attrs::default());
     }
+    check(
+        "nn.leaky_relu",
+        vec![g.tensor(&[2, 3], -2.0, 2.0)],
+        attrs(&[("alpha", AttrValue::Float(0.3))]),
+    );
     for name in ["log", "sqrt", "rsqrt", "abs", "nn.relu"] {
         check(name, vec![g.tensor(&[2, 3], 0.2, 2.0)], Attrs::default());
     }
@@ -411,6 +416,11 @@ fn layout() {
         g.tensor(&[2, 3], -1.0, 1.0).as_tensor().unwrap().clone(),
     ]);
     check("stack", vec![pair], attrs(&[("axis", AttrValue::Int(1))]));
+    check(
+        "broadcast_to",
+        vec![g.tensor(&[3, 1], -1.0, 1.0)],
+        attrs(&[("shape", ints(&[2, 3, 4]))]),
+    );
     check(
         "squeeze",
         vec![g.tensor(&[2, 1, 3], -1.0, 1.0)],

@@ -812,6 +812,27 @@ pub fn hand_cases() -> Vec<Hand> {
         ),
         // ---- layout ----
         ok(
+            "broadcast_to",
+            "(2, 1) to (2, 3)",
+            &[("shape", AttrValue::List(vec![I(2), I(3)]))],
+            vec![i32s(&[2, 1], &[1, 2])],
+            i32s(&[2, 3], &[1, 1, 1, 2, 2, 2]),
+        ),
+        err(
+            "broadcast_to",
+            "an axis neither equal nor 1",
+            &[("shape", AttrValue::List(vec![I(3)]))],
+            vec![i32s(&[2], &[1, 2])],
+            "cannot broadcast",
+        ),
+        ok(
+            "nn.leaky_relu",
+            "",
+            &[("alpha", F(0.5))],
+            vec![f32s(&[3], &[-2., 0., 3.])],
+            f32s(&[3], &[-1., 0., 3.]),
+        ),
+        ok(
             "stack",
             "axis=1 of two (2,)",
             &[("axis", I(1))],

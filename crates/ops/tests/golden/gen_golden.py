@@ -560,6 +560,13 @@ case("stack", [(a, b)], np.stack([a, b], axis=1), "axis 1", axis=1)
 case("stack", [(a, b, c)], np.stack([a, b, c], axis=-1), "axis -1: a new last axis", axis=-1)
 x = ir(4, dtype=I64)
 case("stack", [(x,)], np.stack([x], axis=1), "int64, one field", axis=1)
+x = np.concatenate([fr(5), np.array([0.0, -2.0], dtype=F32)])
+case("nn.leaky_relu", [x], like(np.where(f64(x) > 0, f64(x), 0.2 * f64(x)), x), "alpha=0.2", alpha=0.2)
+case("nn.leaky_relu", [x], like(np.where(f64(x) > 0, f64(x), 0.01 * f64(x)), x), "default alpha")
+x = fr(3, 1)
+case("broadcast_to", [x], np.broadcast_to(x, (2, 3, 4)).copy(), "(3, 1) to (2, 3, 4)", shape=[2, 3, 4])
+x = ir(4, dtype=I32)
+case("broadcast_to", [x], np.broadcast_to(x, (3, 4)).copy(), "int32 (4,) to (3, 4)", shape=[3, 4])
 
 # ---- write --------------------------------------------------------------------------------------
 
