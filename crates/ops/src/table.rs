@@ -154,6 +154,8 @@ static OPS: &[OpDef] = &[
     op("ones_like", 1, NONE, create::ones_like, k::create::ones_like, Elementwise, "ones of the input's type"),
     op("zeros", 0, CREATE, create::zeros, k::create::zeros, Opaque, "a tensor of zeros of `shape` and `dtype`"),
     op("ones", 0, CREATE, create::ones, k::create::ones, Opaque, "a tensor of ones of `shape` and `dtype`"),
+    op("one_hot", 3, &[req("depth", Int), opt("axis", Int, "-1"), opt("dtype", DType, "None")], create::one_hot, k::create::one_hot, Opaque,
+        "on_value where the position along a new axis of length `depth` is the index, else off_value"),
     op("full", 1, &[req("shape", Ints), opt("dtype", DType, "None")], create::full, k::create::full, Opaque,
         "a tensor of `shape` filled with the scalar fill_value"),
     // ---- ACROBAT intrinsics ----

@@ -291,6 +291,34 @@ pub fn vjp(
         "concatenate" | "stack" | "broadcast_to" | "reshape" | "transpose" | "expand_dims"
         | "squeeze" | "take" | "strided_slice" => layout(op, args, attrs, dy),
         "zeros" | "ones" | "db.phase_change" | "db.concurrent" => Ok(vec![None; args.len()]),
+        // The on value's gradient is the sum of dy where it was placed, the off value's the rest.
+        "one_hot" => {
+            if !(float(1) && float(2)) {
+                return Ok(vec![None; 3]);
+            }
+            let ones = OpValue::Tensor(te(make(&[], vec![1.0], y.dtype()))?);
+            let zeros = OpValue::Tensor(te(make(&[], vec![0.0], y.dtype()))?);
+            let hot = crate::eval(
+                op,
+                &[args[0].clone(), ones, zeros],
+                attrs,
+                &mut OpCtx {
+                    rng: &mut tumble_tensor::Rng::new(0),
+                },
+            )?;
+            let hot = hot
+                .as_tensor()
+                .ok_or_else(|| err("one_hot gave no tensor".into()))?
+                .to_f64_vec();
+            let gv = g.to_f64_vec();
+            let on: f64 = gv.iter().zip(&hot).map(|(d, h)| d * h).sum();
+            let off: f64 = gv.iter().zip(&hot).map(|(d, h)| d * (1.0 - h)).sum();
+            Ok(vec![
+                None,
+                Some(OpValue::Tensor(te(make(&[], vec![on], y.dtype()))?)),
+                Some(OpValue::Tensor(te(make(&[], vec![off], y.dtype()))?)),
+            ])
+        }
         _ => Err(err("this operator has no gradient rule".into())),
     }
 }

@@ -690,6 +690,19 @@ pub(crate) fn rule(
                 with_attr(attrs, "shape", ints(&s)),
             ))
         }
+        // Each instance's indices, the new axis among the per-instance ones; shared on and off
+        // values.
+        "one_hot" => {
+            let idx = batched_tensor(args.first()?)?;
+            let (BV::Shared(on), BV::Shared(off)) = (args.get(1)?, args.get(2)?) else {
+                return None;
+            };
+            let axis = shift_axis(attrs.int("axis").ok()?.unwrap_or(-1), rank(0) + 1)?;
+            Some((
+                vec![OpValue::Tensor(idx.clone()), on.clone(), off.clone()],
+                with_attr(attrs, "axis", AttrValue::Int(axis)),
+            ))
+        }
         "stack" => {
             let BV::Batched(OpValue::Tuple(ts)) = args.first()? else {
                 return None;

@@ -867,15 +867,15 @@ def @main(%a: Tensor[(1, 1, 2), float32], %b: Tensor[(1, 2, 2), float32])
 }
 
 /// The operators added for Relay programs (GELU by `erf`, rounding, `sign`, trigonometry, the
-/// floored and truncated remainders and quotients, `stack`, `broadcast_to`, `nn.leaky_relu`)
-/// batch: equal to the reference every way, nothing loops.
+/// floored and truncated remainders and quotients, `stack`, `broadcast_to`, `nn.leaky_relu`,
+/// `one_hot`) batch: equal to the reference every way, nothing loops.
 #[test]
 fn erf_rounding_remainders_and_stack_batch() {
     let src = r#"
 def @main(%x: Tensor[(2, 3), float32], %k: Tensor[(3), int32]) -> (Tensor[(2, 3), float32],
     Tensor[(2, 3), float32], Tensor[(3), int32], Tensor[(3), int32], Tensor[(3), int32],
     Tensor[(2, 3, 3), float32], Tensor[(3, 2), int32], Tensor[(4, 2, 3), float32],
-    Tensor[(3, 2), int32]) {
+    Tensor[(3, 2), int32], Tensor[(5, 3), float32]) {
   let %gelu = multiply(multiply(%x, 0.5f), add(erf(multiply(%x, 0.70710678f)), 1f));
   let %r = add(add(floor(%x), ceil(%x)), add(round(%x), trunc(%x)));
   let %t = add(multiply(sign(%x), sin(%x)), cos(%x));
@@ -884,7 +884,8 @@ def @main(%x: Tensor[(2, 3), float32], %k: Tensor[(3), int32]) -> (Tensor[(2, 3)
    floor_mod(%k, 3), mod(%k, -4), floor_divide(sign(%k), 2),
    stack((%gelu, %r, %t), axis=1), stack((%k, %k), axis=-1),
    nn.leaky_relu(broadcast_to(%x, shape=[4, 2, 3]), alpha=0.1),
-   broadcast_to(reshape(%k, newshape=[3, 1]), shape=[3, 2]))
+   broadcast_to(reshape(%k, newshape=[3, 1]), shape=[3, 2]),
+   one_hot(floor_mod(%k, 4), 2.5f, -1f, depth=5, axis=0))
 }
 "#;
     let inputs: Vec<String> = (0..9)

@@ -2,7 +2,7 @@
 //! and the ACROBAT intrinsics `db.phase_change` and `random.db_uniform`. Result shapes and
 //! dtypes come from the relations.
 
-use super::{KCall, Values};
+use super::{product, KCall, Values};
 use crate::{rel, KernelError, OpCtx, OpValue};
 use tumble_ir::{Attrs, DType};
 use tumble_tensor::{Element, Tensor};
@@ -59,6 +59,36 @@ pub fn full(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue
     }
     let scalar = k.t(v.cast(dtype).reshape([]))?;
     Ok(k.t(scalar.broadcast_to(shape))?.into())
+}
+
+/// `one_hot(indices, on, off, depth, axis)`: an index outside `0..depth` (negative included)
+/// has no position on, as in TVM's and numpy's comparison form.
+pub fn one_hot(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("one_hot", args, attrs, 3)?;
+    let idx = k.tensor(0, "indices")?;
+    let on = k.tensor(1, "on_value")?;
+    let off = k.tensor(2, "off_value")?;
+    let (shape, _) = k.out_tensor(rel::create::one_hot)?;
+    let c = k.rel();
+    let axis = c.axis(c.int_or("axis", -1)?, shape.len())?;
+    let depth = shape.get(axis).copied().unwrap_or(0);
+    // Output position (outer, d, inner) reads index (outer, inner).
+    let outer: usize = shape.get(..axis).unwrap_or_default().iter().product();
+    let inner: usize = shape.get(axis + 1..).unwrap_or_default().iter().product();
+    let ids = idx.to_i64_vec();
+    let mut positions = Vec::with_capacity(k.t(product(&shape))?);
+    for o in 0..outer {
+        for d in 0..depth {
+            for i in 0..inner {
+                let hot = ids.get(o * inner + i).copied() == Some(d as i64);
+                positions.push(usize::from(!hot));
+            }
+        }
+    }
+    // Gathered from [on, off].
+    let pair = k.t(Tensor::stack(&[on, off]))?;
+    let pair = k.t(pair.reshape([2]))?;
+    Ok(k.t(pair.take(shape, &positions))?.into())
 }
 
 /// `cast(x, dtype)`: numpy `astype` (float → int truncates toward zero, saturating, NaN → 0;

@@ -50,6 +50,48 @@ pub fn full(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     Ok(Ty::tensor_of(&shape, dtype))
 }
 
+/// `one_hot(indices, on_value, off_value, depth, axis=-1, dtype)`: `on_value` where the position
+/// along the new axis `axis` (of length `depth`) is the index, else `off_value` (both scalars of
+/// `dtype`, which they set when it is not given).
+pub fn one_hot(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("one_hot", args, attrs, 3)?;
+    let idx = c.tensor(0, "indices")?;
+    c.want_index(0, "indices", idx)?;
+    let on = c.tensor(1, "on_value")?;
+    let off = c.tensor(2, "off_value")?;
+    for (k, role, t) in [(1, "on_value", on), (2, "off_value", off)] {
+        if t.rank() != 0 {
+            return Err(c.err_at(k, format!("{role} must be a scalar tensor, found {t}")));
+        }
+    }
+    c.same_dtype(on, off)?;
+    let depth = c
+        .opt_int("depth")?
+        .ok_or_else(|| c.err("missing required attribute `depth`"))?;
+    if depth < 0 {
+        return Err(c.err(format!("depth must not be negative, found {depth}")));
+    }
+    let dtype = c.opt_dtype("dtype")?.unwrap_or(on.dtype);
+    if dtype != on.dtype {
+        return Err(c.err(format!(
+            "dtype {dtype} differs from on_value's and off_value's {}",
+            on.dtype
+        )));
+    }
+    let axis = c.int_or("axis", -1)?;
+    let rank = idx.rank();
+    let at = super::normalize_axis(axis, rank + 1).ok_or_else(|| {
+        c.err(format!(
+            "axis {axis} is out of range for a result of rank {} (allowed: {}..={rank})",
+            rank + 1,
+            -(rank as i64) - 1
+        ))
+    })?;
+    let mut shape = idx.shape.to_vec();
+    shape.insert(at, tumble_ir::Dim::Known(depth));
+    Ok(Ty::tensor(shape, dtype))
+}
+
 /// `cast(data, dtype)`: same shape, new dtype.
 pub fn cast(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let c = Call::new("cast", args, attrs, 1)?;

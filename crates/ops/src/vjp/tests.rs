@@ -416,6 +416,12 @@ fn layout() {
         g.tensor(&[2, 3], -1.0, 1.0).as_tensor().unwrap().clone(),
     ]);
     check("stack", vec![pair], attrs(&[("axis", AttrValue::Int(1))]));
+    let idx = OpValue::Tensor(Tensor::from_vec(vec![3], vec![1i32, 0, 5]).unwrap());
+    check(
+        "one_hot",
+        vec![idx, g.tensor(&[], 0.5, 1.0), g.tensor(&[], -1.0, -0.5)],
+        attrs(&[("depth", AttrValue::Int(4))]),
+    );
     check(
         "broadcast_to",
         vec![g.tensor(&[3, 1], -1.0, 1.0)],

@@ -812,6 +812,20 @@ pub fn hand_cases() -> Vec<Hand> {
         ),
         // ---- layout ----
         ok(
+            "one_hot",
+            "int32 values, depth 3",
+            &[("depth", I(3))],
+            vec![i32s(&[2], &[2, 0]), i32s(&[], &[7]), i32s(&[], &[0])],
+            i32s(&[2, 3], &[0, 0, 7, 7, 0, 0]),
+        ),
+        err(
+            "one_hot",
+            "on and off differ in dtype",
+            &[("depth", I(3))],
+            vec![i32s(&[1], &[0]), f32s(&[], &[1.]), i32s(&[], &[0])],
+            "dtype mismatch",
+        ),
+        ok(
             "broadcast_to",
             "(2, 1) to (2, 3)",
             &[("shape", AttrValue::List(vec![I(2), I(3)]))],

@@ -567,6 +567,13 @@ x = fr(3, 1)
 case("broadcast_to", [x], np.broadcast_to(x, (2, 3, 4)).copy(), "(3, 1) to (2, 3, 4)", shape=[2, 3, 4])
 x = ir(4, dtype=I32)
 case("broadcast_to", [x], np.broadcast_to(x, (3, 4)).copy(), "int32 (4,) to (3, 4)", shape=[3, 4])
+idx = np.array([[0, 3, -1], [2, 5, 1]], dtype=I32)
+on, off = np.array(1.5, dtype=F32), np.array(-0.5, dtype=F32)
+hot = (idx[..., None] == np.arange(4)).astype(F32)
+case("one_hot", [idx, on, off], np.where(hot > 0, on, off).astype(F32),
+     "depth 4, last axis; -1 and 5 are nowhere on", depth=4)
+case("one_hot", [idx, on, off], np.moveaxis(np.where(hot > 0, on, off).astype(F32), -1, 0),
+     "axis 0", depth=4, axis=0)
 
 # ---- write --------------------------------------------------------------------------------------
 
