@@ -399,6 +399,14 @@ impl<'t> Checker<'t> {
         let mut d = Diagnostic::error(span, format!("unknown variable `%{name}`"));
         if let Some(s) = suggest(name, self.scope.names()) {
             d = d.with_note(format!("did you mean `%{s}`?"));
+        } else if let Some((known, _)) = name
+            .split_once('/')
+            .filter(|(head, _)| self.scope.lookup(head).is_some())
+        {
+            d = d.with_note(format!(
+                "a `/` before a letter continues a name (as in TVM's `%a/b`): for a division \
+                 write `%{known} / ...` with spaces"
+            ));
         }
         self.err(d);
         self.subst.fresh()

@@ -106,6 +106,7 @@ fn load_inline(
 ) -> Result<TypedModule, Vec<Diagnostic>> {
     let mut diags = Vec::new();
     let mut module = Module::default();
+    let mut left_out = Vec::new();
     let prelude = match opts.prelude {
         true => {
             let pid = sources.add("<prelude>", PRELUDE);
@@ -124,7 +125,9 @@ fn load_inline(
         Ok(m) => {
             // The user's definitions replace the prelude's of their names (see `prelude_merge`).
             if let Some(p) = prelude {
-                module.items.extend(prelude_merge::kept_prelude(p, &m));
+                let (kept, out) = prelude_merge::kept_prelude(p, &m);
+                module.items.extend(kept);
+                left_out = out;
             }
             module.version = m.version;
             module.items.extend(m.items);
@@ -134,9 +137,29 @@ fn load_inline(
     if !diags.is_empty() {
         return Err(diags);
     }
-    let mut typed = check(module)?;
+    let mut typed = check(module).map_err(|ds| explain_left_out(ds, &left_out))?;
     typed.user_sources = vec![uid];
     Ok(typed)
+}
+
+/// An unknown global that the prelude defines but left out (the module replaced what it depends
+/// on) says so: `tumble prelude` lists it.
+fn explain_left_out(diags: Vec<Diagnostic>, left_out: &[(String, String)]) -> Vec<Diagnostic> {
+    diags
+        .into_iter()
+        .map(|d| {
+            let named = left_out
+                .iter()
+                .find(|(g, _)| d.message == format!("unknown global `@{g}`"));
+            match named {
+                Some((g, why)) => d.with_note(format!(
+                    "the prelude's `@{g}` was left out: it depends on {why}, which this module's \
+                     own definitions replace"
+                )),
+                None => d,
+            }
+        })
+        .collect()
 }
 
 /// Type-checks a whole module, annotating it in place.
@@ -145,6 +168,22 @@ pub fn check(mut module: Module) -> Result<TypedModule, Vec<Diagnostic>> {
         eta::expand_operator_values(&mut def.func.body);
     }
     let mut diags = Vec::new();
+    // A constructor with an operator's name takes the name over in its file (the parser reads
+    // `tanh(..)` as the constructor there): said, since nothing else would show it.
+    for t in module.type_defs() {
+        for c in &t.ctors {
+            if tumble_ops::lookup(&c.name.name).is_some() {
+                diags.push(Diagnostic::warning(
+                    c.name.span,
+                    format!(
+                        "constructor `{}` has an operator's name: in this module `{}(..)` makes \
+                         a `{}` value, not the operator's result",
+                        c.name.name, c.name.name, t.name.name
+                    ),
+                ));
+            }
+        }
+    }
     let type_defs: Vec<&tumble_ir::TypeDef> = module.type_defs().collect();
     let tables = Tables::build(&type_defs, &mut diags);
     let mut ck = Checker::new(&tables);

@@ -148,8 +148,8 @@ fn expr(e: &Expr, n: &mut Names) {
 
 /// The prelude's items that `user` leaves in place: those it does not define again (a type counts
 /// as defined again when the user defines its name or one of its constructors' names) and that
-/// depend on none it replaced.
-pub(crate) fn kept_prelude(prelude: Module, user: &Module) -> Vec<Item> {
+/// depend on none it replaced; and, for each global left out, what of the module's it depended on.
+pub(crate) fn kept_prelude(prelude: Module, user: &Module) -> (Vec<Item>, Vec<(String, String)>) {
     let mut replaced = Names::new();
     for item in &user.items {
         let d = defined(item);
@@ -189,9 +189,35 @@ pub(crate) fn kept_prelude(prelude: Module, user: &Module) -> Vec<Item> {
             break;
         }
     }
-    items
-        .into_iter()
-        .zip(dropped)
-        .filter_map(|((item, _, _), drop)| (!drop).then_some(item))
-        .collect()
+    let mut kept = Vec::new();
+    let mut left_out = Vec::new();
+    for ((item, def, refs), drop) in items.into_iter().zip(dropped) {
+        if !drop {
+            kept.push(item);
+            continue;
+        }
+        // Why a global went: a name of the module's it refers to (or one that went before it).
+        let why = first_shared(&refs, &replaced).or_else(|| first_shared(&refs, &gone));
+        for g in def.globals {
+            if !replaced.globals.contains(&g) {
+                left_out.push((g, why.clone().unwrap_or_else(|| "a replaced item".into())));
+            }
+        }
+    }
+    (kept, left_out)
+}
+
+/// A name in both, as a reader would write it.
+fn first_shared(a: &Names, b: &Names) -> Option<String> {
+    let mut globals: Vec<&String> = a.globals.intersection(&b.globals).collect();
+    let mut types: Vec<&String> = a.types.intersection(&b.types).collect();
+    let mut ctors: Vec<&String> = a.ctors.intersection(&b.ctors).collect();
+    globals.sort();
+    types.sort();
+    ctors.sort();
+    globals
+        .first()
+        .map(|g| format!("`@{g}`"))
+        .or_else(|| types.first().map(|t| format!("type `{t}`")))
+        .or_else(|| ctors.first().map(|c| format!("constructor `{c}`")))
 }

@@ -61,6 +61,33 @@ fn a_module_s_definitions_replace_the_prelude_s() {
     assert_fully_typed(&m);
 }
 
+/// What the replacement of prelude items leaves a reader: an unknown global the prelude left out
+/// says why, and a constructor that takes an operator's name over is warned of.
+#[test]
+fn replaced_prelude_items_and_shadowed_operators_are_explained() {
+    let mut sources = SourceMap::new();
+    let src = "def @map(%f: fn (int32) -> int32, %x: int32) -> int32 { %f(%x) }\n\
+               def @main(%l: List[int32]) -> int32 { @size(%l) }";
+    let Err(ds) = load(&mut sources, "t.rly", src, LoadOptions::default()) else {
+        panic!("@size was not left out");
+    };
+    let text = tumble_ir::diag::render(&ds, &sources, false);
+    assert!(
+        text.contains("unknown global `@size`")
+            && text.contains("the prelude's `@size` was left out: it depends on `@map`"),
+        "{text}"
+    );
+    let m = check("type shape_t { tanh(Tensor[(2), float32]), nothing }\ndef @f(%x: Tensor[(2), float32]) { tanh(%x) }");
+    assert_eq!(sig(&m, "f"), "fn (Tensor[(2), float32]) -> shape_t");
+    assert!(
+        m.warnings.iter().any(|w| w
+            .message
+            .contains("constructor `tanh` has an operator's name")),
+        "{:?}",
+        m.warnings
+    );
+}
+
 /// An operator passed as a value (Relay allows it) is a function of its positional arguments,
 /// typed by its use.
 #[test]

@@ -243,6 +243,27 @@ fn shape_data_form() {
     );
 }
 
+/// float64 elements are the doubles nearest their decimal text: serde_json's default fast path
+/// read 4503599627370495.5 as ...495.0 and 1125899906842623.75 as ...623.625 (an audit's find).
+#[test]
+fn float64_elements_are_the_nearest_doubles() {
+    let m = module("def @main(%v: Tensor[(5), float64]) { %v }");
+    let line = r#"{"v": [4503599627370495.5, 1125899906842623.75, 0.30000000000000004, 1e-320, 123456789.123456789]}"#;
+    let vals = decode(&m, line).unwrap();
+    let Some(Value::Tensor(t)) = vals.first().and_then(|v| v.first()) else {
+        panic!("not a tensor");
+    };
+    let want = [
+        4503599627370495.5f64,
+        // (Written so that clippy sees no excess digits: the same doubles.)
+        1125899906842624.0 - 0.25,
+        0.30000000000000004,
+        1e-320,
+        123456789.12345679,
+    ];
+    assert_eq!(t.as_slice::<f64>().unwrap(), &want);
+}
+
 /// GOOD with `from` replaced by `to` must fail with exactly `want` (after the instance prefix).
 fn assert_decode_error(m: &Module, from: &str, to: &str, want: &str) {
     assert!(GOOD.contains(from), "{from}");

@@ -45,7 +45,7 @@ kernels! {
     // forms round toward -inf (Python's `%` and `//`, numpy's `mod` and `floor_divide`).
     mod_ => arith("mod", Arith { float: |a, b| a % b, int: int_mod });
     floor_mod => arith("floor_mod", Arith { float: float_floor_mod, int: int_floor_mod });
-    floor_divide => arith("floor_divide", Arith { float: |a, b| (a / b).floor(), int: int_floor_div });
+    floor_divide => arith("floor_divide", Arith { float: float_floor_div, int: int_floor_div });
     equal => compare("equal", compare!(|a, b| a == b));
     not_equal => compare("not_equal", compare!(|a, b| a != b));
     less => compare("less", compare!(|a, b| a < b));
@@ -100,13 +100,39 @@ fn int_floor_mod(a: i64, b: i64) -> Result<i64, &'static str> {
     })
 }
 
-/// `a - floor(a / b) * b` with the divisor's sign (numpy `mod`: `fmod`, then moved by `b`).
+/// The remainder with the divisor's sign, as Python's `%` and numpy's `mod` compute it: `fmod`,
+/// moved by `b` when the signs differ; a zero takes the divisor's sign (`-0.0 % 5.0` is `0.0`).
 fn float_floor_mod(a: f64, b: f64) -> f64 {
     let r = a % b;
-    if r != 0.0 && ((r < 0.0) != (b < 0.0)) {
+    if r == 0.0 {
+        0.0f64.copysign(b)
+    } else if (r < 0.0) != (b < 0.0) {
         r + b
     } else {
         r
+    }
+}
+
+/// The quotient rounded toward -inf, as Python's `//` and numpy's `floor_divide` compute it: from
+/// the exact remainder, so that `q * b + r == a` with `r` [`float_floor_mod`]'s (`7.0 // 0.1` is
+/// `69.0`; `floor(7.0 / 0.1)` is `70.0`, the division having rounded up to 70).
+fn float_floor_div(a: f64, b: f64) -> f64 {
+    if b == 0.0 {
+        return a / b;
+    }
+    let m = a % b;
+    let mut div = (a - m) / b;
+    if m != 0.0 && ((b < 0.0) != (m < 0.0)) {
+        div -= 1.0;
+    }
+    if div == 0.0 {
+        return 0.0f64.copysign(a / b);
+    }
+    let q = div.floor();
+    if div - q > 0.5 {
+        q + 1.0
+    } else {
+        q
     }
 }
 

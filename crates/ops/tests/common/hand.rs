@@ -548,6 +548,30 @@ pub fn hand_cases() -> Vec<Hand> {
             vec![i32s(&[3], &[-7, 7, i32::MIN]), i32s(&[3], &[2, -2, -1])],
             i32s(&[3], &[1, -1, 0]),
         ),
+        Hand {
+            op: "floor_mod",
+            note: "a zero takes the divisor's sign (-0.0 % 5.0 is 0.0), as Python's %",
+            attrs: attrs(none),
+            args: vec![f64s(&[2], &[-0.0, 0.0]), f64s(&[2], &[5.0, -3.0])],
+            expect: Expect::Check(|v| {
+                let got = v.as_tensor().map(|t| t.to_f64_vec()).unwrap_or_default();
+                match got[..] {
+                    [a, b]
+                        if a == 0.0 && a.is_sign_positive() && b == 0.0 && b.is_sign_negative() =>
+                    {
+                        Ok(())
+                    }
+                    _ => Err(format!("got {got:?}, want [0.0, -0.0]")),
+                }
+            }),
+        },
+        ok(
+            "floor_divide",
+            "float64 7.0 // 0.1 is 69 (the remainder's quotient), not floor(70.0)",
+            none,
+            vec![f64s(&[1], &[7.0]), f64s(&[1], &[0.1])],
+            f64s(&[1], &[69.0]),
+        ),
         ok(
             "floor_divide",
             "int32 toward -inf; MIN // -1 wraps",
