@@ -1,13 +1,12 @@
-//! Operators that move data without arithmetic: `concatenate`, `split`, `reshape`, `transpose`,
-//! `expand_dims`, `squeeze`, `take`, `strided_slice`.
+//! Operators that move data without arithmetic: `concatenate`, `stack`, `split`, `reshape`,
+//! `transpose`, `expand_dims`, `squeeze`, `take`, `strided_slice`, `broadcast_to`.
 
 use super::{dims_match, fmt_dims, fmt_ints, known_product, meet, Call, Tensor};
 use crate::RelError;
 use tumble_ir::{AttrValue, Attrs, Dim, Ty};
 
-/// `concatenate(data, axis=0)`: `data` is a tuple of tensors joined along `axis`.
-pub fn concatenate(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
-    let c = Call::new("concatenate", args, attrs, 1)?;
+/// The tensors of the tuple that is argument 0 (`concatenate`'s and `stack`'s input).
+fn tuple_parts<'a>(c: &Call<'a>) -> Result<Vec<Tensor<'a>>, RelError> {
     let fields = match c.arg(0)? {
         Ty::Tuple(fs) => fs,
         other => {
@@ -17,13 +16,20 @@ pub fn concatenate(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
             ))
         }
     };
-    let mut parts: Vec<Tensor> = Vec::with_capacity(fields.len());
-    for (k, f) in fields.iter().enumerate() {
-        let t = c
-            .as_tensor(f, &format!("field {k} of the input tuple"))
-            .map_err(|m| c.err_at(0, m))?;
-        parts.push(t);
-    }
+    fields
+        .iter()
+        .enumerate()
+        .map(|(k, f)| {
+            c.as_tensor(f, &format!("field {k} of the input tuple"))
+                .map_err(|m| c.err_at(0, m))
+        })
+        .collect()
+}
+
+/// `concatenate(data, axis=0)`: `data` is a tuple of tensors joined along `axis`.
+pub fn concatenate(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("concatenate", args, attrs, 1)?;
+    let parts = tuple_parts(&c)?;
     let Some(&first) = parts.first() else {
         return Err(c.err_at(0, "input must be a non-empty tuple of tensors, found ()"));
     };
@@ -115,22 +121,7 @@ pub fn broadcast_to(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
 /// along a new axis `axis` (from `-(rank + 1)` to `rank`) of length the tuple's.
 pub fn stack(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let c = Call::new("stack", args, attrs, 1)?;
-    let fields = match c.arg(0)? {
-        Ty::Tuple(fs) => fs,
-        other => {
-            return Err(c.err_at(
-                0,
-                format!("input must be a tuple of tensors, found {other}"),
-            ))
-        }
-    };
-    let mut parts: Vec<Tensor> = Vec::with_capacity(fields.len());
-    for (k, f) in fields.iter().enumerate() {
-        let t = c
-            .as_tensor(f, &format!("field {k} of the input tuple"))
-            .map_err(|m| c.err_at(0, m))?;
-        parts.push(t);
-    }
+    let parts = tuple_parts(&c)?;
     let Some(&first) = parts.first() else {
         return Err(c.err_at(0, "input must be a non-empty tuple of tensors, found ()"));
     };
