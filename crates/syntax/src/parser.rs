@@ -465,11 +465,45 @@ impl<'a> Parser<'a> {
                      make it a parameter of `def @main(...)` and put the expression in its body"
                         .to_string(),
                 )
+            } else if self.at_kw("extern") {
+                // Past the declaration's head (`extern type T[A]`), so that recovery does not
+                // read its `type` as a definition without constructors.
+                let at = self.cur_span();
+                self.bump();
+                if self.at_kw("type") {
+                    self.bump();
+                }
+                if matches!(self.peek(), Tok::Ident(_)) {
+                    self.bump();
+                }
+                if self.at(&Tok::LBracket) {
+                    while !matches!(self.peek(), Tok::RBracket | Tok::Eof) {
+                        self.bump();
+                    }
+                    self.eat(&Tok::RBracket);
+                }
+                self.error_at(
+                    at,
+                    "`extern type` declares a type without constructors, which tumble does not \
+                     support: every type a model uses needs its constructors"
+                        .to_string(),
+                )
+            } else if self.at(&Tok::Hash) {
+                // TVM's `#[metadata]` section: the constants `meta[...]` refers to, as JSON.
+                self.error_at(
+                    self.cur_span(),
+                    "a `#[metadata]` section holds the constants of TVM's `meta[...]` references, \
+                     which tumble does not support: pass large constants as weights (parameters \
+                     of `@main` bound by `--params`)"
+                        .to_string(),
+                )
             } else {
                 self.fail_expected("`def` or `type` at top level")
             };
             match item {
                 Ok(item) => m.items.push(item),
+                // A metadata section runs to the end of the file: nothing after it is code.
+                Err(Stop) if self.at(&Tok::Hash) => break,
                 Err(Stop) => self.recover(start),
             }
         }
@@ -772,6 +806,14 @@ impl<'a> Parser<'a> {
         let mut h = 0;
         let (body, bh) = loop {
             let start = self.cur_span();
+            if self.at_kw("free_var") {
+                return self.error_at(
+                    start,
+                    "`free_var` declares an input of a bare TVM expression, which tumble does not \
+                     read: make the variable a parameter of the function"
+                        .to_string(),
+                );
+            }
             let is_let = self.at_kw("let");
             let graph = matches!(self.peek(), Tok::Local(_))
                 && matches!(self.peek_at(1), Tok::Eq | Tok::Colon);

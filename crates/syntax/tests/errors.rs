@@ -64,6 +64,18 @@ const CASES: &[(&str, &[&str])] = &[
         &["t.rly:1:15: error: expected an integer that fits in int64, found `99999999999999999999i64`"],
     ),
     (
+        "def @main() { 1 }\nextern type T[A]\n",
+        &["t.rly:2:1: error: `extern type` declares a type without constructors, which tumble does not support: every type a model uses needs its constructors"],
+    ),
+    (
+        "def @main() { 1 }\n#[metadata]\n{\"root\": 1}\n",
+        &["t.rly:2:1: error: a `#[metadata]` section holds the constants of TVM's `meta[...]` references, which tumble does not support: pass large constants as weights (parameters of `@main` bound by `--params`)"],
+    ),
+    (
+        "def @main(%x: float32) {\n  free_var %y: float32;\n  %x\n}\n",
+        &["t.rly:2:3: error: `free_var` declares an input of a bare TVM expression, which tumble does not read: make the variable a parameter of the function"],
+    ),
+    (
         "def @main() { 1 }\n}\n",
         &["t.rly:2:1: error: expected `def` or `type` at top level, found `}`"],
     ),
