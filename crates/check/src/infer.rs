@@ -691,7 +691,12 @@ impl<'t> Checker<'t> {
         call.callee.ty = Some(Ty::Func(arg_tys.clone(), Box::new(result.clone())));
         let Some(op) = tumble_ops::lookup(name) else {
             let mut d = Diagnostic::error(call.callee.span, format!("unknown operator `{name}`"));
-            if let Some(s) = suggest(name, tumble_ops::all().iter().map(|o| o.name)) {
+            if matches!(name, "ref" | "ref_read" | "ref_write") {
+                d = d.with_note(
+                    "Relay's mutable references are not supported: tumble's programs are pure \
+                     (thread the value through the calls instead)",
+                );
+            } else if let Some(s) = suggest(name, tumble_ops::all().iter().map(|o| o.name)) {
                 d = d.with_note(format!("did you mean `{s}`?"));
             } else {
                 d = d.with_note("run `tumble ops` to list the operators tumble knows");

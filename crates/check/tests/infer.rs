@@ -77,6 +77,19 @@ fn replaced_prelude_items_and_shadowed_operators_are_explained() {
             && text.contains("the prelude's `@size` was left out: it depends on `@map`"),
         "{text}"
     );
+    let Err(ds) = load(
+        &mut sources,
+        "r.rly",
+        "def @f(%x: int32) { ref(%x) }",
+        LoadOptions::default(),
+    ) else {
+        panic!("ref was taken");
+    };
+    let text = tumble_ir::diag::render(&ds, &sources, false);
+    assert!(
+        text.contains("mutable references are not supported"),
+        "{text}"
+    );
     let m = check("type shape_t { tanh(Tensor[(2), float32]), nothing }\ndef @f(%x: Tensor[(2), float32]) { tanh(%x) }");
     assert_eq!(sig(&m, "f"), "fn (Tensor[(2), float32]) -> shape_t");
     assert!(
