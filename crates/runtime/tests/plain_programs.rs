@@ -26,6 +26,24 @@ fn rows(count: usize, w: usize) -> String {
         .join("\n")
 }
 
+/// `src` on `inputs` (JSON lines; `instance_args` are per-instance, the rest weights) equals the
+/// reference every way ([`check_all_ways`]), and no operator of its launches falls back to
+/// per-invocation calls.
+fn batches_without_loops(name: &str, src: &str, inputs: &[String], instance_args: &[&str]) {
+    let x = expected(
+        name,
+        load_text(name, src),
+        &inputs.join("\n"),
+        instance_args,
+    );
+    check_all_ways(&x);
+    let profile = batch_profile(&x, tumble_runtime::Options::default());
+    assert!(
+        profile.ops.looped == 0 && profile.ops.batched > 0,
+        "{name}: {profile}"
+    );
+}
+
 /// A coarsened run whose outputs include a tuple (`split`'s pieces) next to a tensor: the run's
 /// flat outputs were read through the rebuilt nested tuple ("tuple has no field 2").
 #[test]
@@ -766,18 +784,7 @@ def @main(%x: Tensor[(1, 3), float32], %v: Tensor[(4), float32]) -> (Tensor[(), 
             format!("{{\"x\": [[{}]]}}", v.join(", "))
         })
         .collect();
-    let x = expected(
-        "take_shared",
-        load_text("take_shared", src),
-        &inputs.join("\n"),
-        &["x"],
-    );
-    check_all_ways(&x);
-    let profile = batch_profile(&x, tumble_runtime::Options::default());
-    assert!(
-        profile.ops.looped == 0 && profile.ops.batched > 0,
-        "{profile}"
-    );
+    batches_without_loops("take_shared", src, &inputs, &["x"]);
 }
 
 /// Per-invocation indices into per-invocation data (a loss's `-log_softmax(..)[label]`, a row
@@ -816,18 +823,7 @@ def @main(%x: Tensor[(2, 5), float32], %label: Tensor[(), int32], %pick: Tensor[
             )
         })
         .collect();
-    let x = expected(
-        "take_batched",
-        load_text("take_batched", src),
-        &inputs.join("\n"),
-        &["x", "label", "pick"],
-    );
-    check_all_ways(&x);
-    let profile = batch_profile(&x, tumble_runtime::Options::default());
-    assert!(
-        profile.ops.looped == 0 && profile.ops.batched > 0,
-        "{profile}"
-    );
+    batches_without_loops("take_batched", src, &inputs, &["x", "label", "pick"]);
 }
 
 /// `nn.batch_matmul(.., out_dtype="float64")` of f32 operands computes in f64 in the batched
@@ -904,18 +900,7 @@ def @main(%x: Tensor[(2, 3), float32], %k: Tensor[(3), int32]) -> (Tensor[(2, 3)
             )
         })
         .collect();
-    let x = expected(
-        "new_elementwise",
-        load_text("new_elementwise", src),
-        &inputs.join("\n"),
-        &["x", "k"],
-    );
-    check_all_ways(&x);
-    let profile = batch_profile(&x, tumble_runtime::Options::default());
-    assert!(
-        profile.ops.looped == 0 && profile.ops.batched > 0,
-        "{profile}"
-    );
+    batches_without_loops("new_elementwise", src, &inputs, &["x", "k"]);
 }
 
 /// Operators passed as values (`@map(sigmoid, ..)`, `@foldl(add, ..)`: closures made by the
@@ -978,18 +963,7 @@ def @main(%x: Tensor[(4, 6), float32]) -> (Tensor[(1, 6), float32], Tensor[(2, 6
             format!("{{\"x\": [{}]}}", rows.join(", "))
         })
         .collect();
-    let x = expected(
-        "slice_batched",
-        load_text("slice_batched", src),
-        &inputs.join("\n"),
-        &["x"],
-    );
-    check_all_ways(&x);
-    let profile = batch_profile(&x, tumble_runtime::Options::default());
-    assert!(
-        profile.ops.looped == 0 && profile.ops.batched > 0,
-        "{profile}"
-    );
+    batches_without_loops("slice_batched", src, &inputs, &["x"]);
 }
 
 /// Direct products (`Stage::MatMul`): `X · [A; B]` written as `nn.dense(X, transpose(
