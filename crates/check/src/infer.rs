@@ -42,6 +42,9 @@ pub struct Checker<'t> {
     pub globals: HashMap<String, GlobalSig>,
     pub subst: Subst,
     pub diags: Vec<Diagnostic>,
+    /// Prelude globals the module's own definitions left out, and what of the module's each
+    /// depended on (`prelude_merge`): an unknown global among them says so.
+    pub left_out: HashMap<String, String>,
     /// Constraints waiting for types, each with a variable it waits on (unbound when it was
     /// last tried): it is tried again only once that one is bound. Every function's check
     /// retries what is waiting, and a chain of unannotated functions left one constraint each
@@ -96,6 +99,7 @@ impl<'t> Checker<'t> {
             globals: HashMap::new(),
             subst: Subst::default(),
             diags: Vec::new(),
+            left_out: HashMap::new(),
             deferred: Vec::new(),
             scope: Default::default(),
             type_params: Vec::new(),
@@ -238,7 +242,12 @@ impl<'t> Checker<'t> {
                 Some(sig) => self.instantiate(&sig),
                 None => {
                     let mut d = Diagnostic::error(span, format!("unknown global `@{name}`"));
-                    if let Some(s) = suggest(name, self.globals.keys().map(String::as_str)) {
+                    if let Some(why) = self.left_out.get(name.as_str()) {
+                        d = d.with_note(format!(
+                            "the prelude's `@{name}` was left out: it depends on {why}, which \
+                             this module's own definitions replace"
+                        ));
+                    } else if let Some(s) = suggest(name, self.globals.keys().map(String::as_str)) {
                         d = d.with_note(format!("did you mean `@{s}`?"));
                     }
                     self.err(d);
@@ -254,19 +263,12 @@ impl<'t> Checker<'t> {
                 }
             }
             ExprKind::Op(name) => {
-                // (Known operators in value position were made closures before checking.)
-                let msg = if let Some(op) = tumble_ops::lookup(name) {
-                    let ps: Vec<String> = (0..op.arity).map(|k| format!("%x{k}")).collect();
-                    format!(
-                        "operator `{name}` can only be called; to pass it as a value, wrap it: \
-                         `fn ({}) {{ {name}({}) }}`",
-                        ps.join(", "),
-                        ps.join(", ")
-                    )
-                } else {
-                    format!("unknown operator `{name}`")
-                };
-                self.err(Diagnostic::error(span, msg));
+                // Known operators in value position were made closures before checking
+                // (`eta`): only unknown ones get here.
+                self.err(Diagnostic::error(
+                    span,
+                    format!("unknown operator `{name}`"),
+                ));
                 self.subst.fresh()
             }
             ExprKind::Lit(l) => Ty::scalar(l.dtype()),

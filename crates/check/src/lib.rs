@@ -137,33 +137,21 @@ fn load_inline(
     if !diags.is_empty() {
         return Err(diags);
     }
-    let mut typed = check(module).map_err(|ds| explain_left_out(ds, &left_out))?;
+    let mut typed = check_leaving_out(module, left_out)?;
     typed.user_sources = vec![uid];
     Ok(typed)
 }
 
-/// An unknown global that the prelude defines but left out (the module replaced what it depends
-/// on) says so: `tumble prelude` lists it.
-fn explain_left_out(diags: Vec<Diagnostic>, left_out: &[(String, String)]) -> Vec<Diagnostic> {
-    diags
-        .into_iter()
-        .map(|d| {
-            let named = left_out
-                .iter()
-                .find(|(g, _)| d.message == format!("unknown global `@{g}`"));
-            match named {
-                Some((g, why)) => d.with_note(format!(
-                    "the prelude's `@{g}` was left out: it depends on {why}, which this module's \
-                     own definitions replace"
-                )),
-                None => d,
-            }
-        })
-        .collect()
+/// Type-checks a whole module, annotating it in place.
+pub fn check(module: Module) -> Result<TypedModule, Vec<Diagnostic>> {
+    check_leaving_out(module, Vec::new())
 }
 
-/// Type-checks a whole module, annotating it in place.
-pub fn check(mut module: Module) -> Result<TypedModule, Vec<Diagnostic>> {
+/// [`check`], knowing which prelude globals the module's definitions left out and why.
+fn check_leaving_out(
+    mut module: Module,
+    left_out: Vec<(String, String)>,
+) -> Result<TypedModule, Vec<Diagnostic>> {
     for def in module.defs_mut() {
         eta::expand_operator_values(&mut def.func.body);
     }
@@ -187,6 +175,7 @@ pub fn check(mut module: Module) -> Result<TypedModule, Vec<Diagnostic>> {
     let type_defs: Vec<&tumble_ir::TypeDef> = module.type_defs().collect();
     let tables = Tables::build(&type_defs, &mut diags);
     let mut ck = Checker::new(&tables);
+    ck.left_out = left_out.into_iter().collect();
     ck.diags = diags;
 
     let mut first_def: HashMap<String, Span> = HashMap::new();

@@ -282,11 +282,15 @@ async fn wrong_method(
     State(s): State<Arc<Shared>>,
     method: axum::http::Method,
     uri: axum::http::Uri,
+    path: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
-    let path = uri.path();
-    let allow = match path.strip_prefix("/v1/models/") {
-        Some(rest) => {
-            let rest = percent_decoded(rest);
+    // The model path as the router decoded it for the handlers; the other routes have none.
+    let allow = match uri.path().starts_with("/v1/models/") {
+        true => {
+            let rest = match model_path(path) {
+                Ok(r) => r,
+                Err(m) => return error(StatusCode::BAD_REQUEST, &m),
+            };
             let (name, predict) = match rest.strip_suffix(":predict") {
                 Some(name) => (name, true),
                 None => (rest.as_str(), false),
@@ -300,7 +304,7 @@ async fn wrong_method(
                 "GET, HEAD"
             }
         }
-        None => "GET, HEAD",
+        false => "GET, HEAD",
     };
     allowing(
         error(
@@ -309,37 +313,11 @@ async fn wrong_method(
                 "{method} {}: not taken here; predictions are POSTed to \
                  /v1/models/{{name}}:predict, and /v1/models/{{name}}, /healthz, /readyz and \
                  /metrics answer GET",
-                tumble_io::echo(path)
+                tumble_io::echo(uri.path())
             ),
         ),
         allow,
     )
-}
-
-/// `%XX` escapes of a URL path decoded (malformed ones and invalid UTF-8 kept as they are), as
-/// the router decodes the model path it hands the handlers.
-fn percent_decoded(path: &str) -> String {
-    let b = path.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (
-            b[i],
-            b.get(i + 1).copied().and_then(hex),
-            b.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).unwrap_or_else(|_| path.to_string())
 }
 
 /// The `{*rest}` of `/v1/models/..`, or the message of a JSON 400 where it is not UTF-8 once

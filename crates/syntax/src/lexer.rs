@@ -16,10 +16,12 @@ pub(crate) enum Tok {
     /// A bare identifier; dotted operator names such as `nn.dense` are one token.
     Ident(String),
     /// An integer literal. The magnitude is `None` when it does not even fit in `u64`; the parser
-    /// checks the range once it knows the sign and the dtype.
+    /// checks the range once it knows the sign and the dtype. `suffixed`: the dtype was written
+    /// (`2i64`); an unsuffixed literal past int32's range is an int64, as TVM reads it.
     Int {
         mag: Option<u64>,
         dtype: DType,
+        suffixed: bool,
     },
     Float {
         val: f64,
@@ -331,6 +333,7 @@ impl Lexer<'_> {
                 Tok::Int {
                     mag,
                     dtype: DType::Int32,
+                    suffixed: false,
                 },
                 lo,
             );
@@ -398,7 +401,15 @@ impl Lexer<'_> {
             self.push(Tok::Float { val, dtype }, lo);
         } else {
             let mag = parse_u64(&numeral);
-            self.push(Tok::Int { mag, dtype }, lo);
+            let suffixed = !suffix.is_empty();
+            self.push(
+                Tok::Int {
+                    mag,
+                    dtype,
+                    suffixed,
+                },
+                lo,
+            );
         }
     }
 
@@ -546,6 +557,7 @@ mod tests {
         Tok::Int {
             mag: Some(n),
             dtype: DType::Int32,
+            suffixed: false,
         }
     }
 
@@ -585,7 +597,8 @@ mod tests {
                 int(1),
                 Tok::Int {
                     mag: Some(1),
-                    dtype: DType::Int64
+                    dtype: DType::Int64,
+                    suffixed: true
                 },
                 f(2.5, DType::Float32),
                 f(1e-5, DType::Float32),
@@ -606,7 +619,8 @@ mod tests {
             vec![
                 Tok::Int {
                     mag: None,
-                    dtype: DType::Int32
+                    dtype: DType::Int32,
+                    suffixed: false
                 },
                 Tok::Eof
             ]

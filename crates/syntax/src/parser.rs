@@ -1050,18 +1050,18 @@ impl<'a> Parser<'a> {
         let span = minus.map_or(tok_span, |m| m.to(tok_span));
         let neg = minus.is_some();
         let lit = match *self.peek() {
-            Tok::Int { mag, dtype } => {
+            Tok::Int {
+                mag,
+                dtype,
+                suffixed,
+            } => {
                 // An unsuffixed integer past int32's range is an int64, as TVM's parser reads it
                 // (`2147483648`); a suffixed one keeps its dtype and must fit it.
-                let unsuffixed = self
-                    .text
-                    .get(tok_span.range())
-                    .is_some_and(|t| t.bytes().all(|c| c.is_ascii_digit()));
                 let fits32 = mag.is_some_and(|m| {
                     let v = if neg { -i128::from(m) } else { i128::from(m) };
                     v >= i128::from(i32::MIN) && v <= i128::from(i32::MAX)
                 });
-                let dtype = match dtype == DType::Int32 && unsuffixed && !fits32 {
+                let dtype = match dtype == DType::Int32 && !suffixed && !fits32 {
                     true => DType::Int64,
                     false => dtype,
                 };
