@@ -40,11 +40,6 @@ pub struct Executable {
     /// this mini-batch or the next, must be able to free bytes in proportion. Shared by workers;
     /// a hint, so relaxed.
     pub(crate) last_scan_visits: std::sync::atomic::AtomicU64,
-    /// The most graph nodes an instance of this job's mini-batches recorded so far, in
-    /// thousandths: a mini-batch's graph starts with room for its instances' share
-    /// ([`crate::dfg::Dfg::reserve_for`]) instead of doubling its node table a dozen times,
-    /// copying it each time. A hint, so relaxed.
-    pub(crate) nodes_per_instance_milli: std::sync::atomic::AtomicU64,
     /// Per block: launches of fewer invocations wait for more under depth scheduling
     /// ([`defer_below`]; 0: never).
     pub(crate) defer_below: Vec<usize>,
@@ -173,7 +168,6 @@ impl Executable {
                 })
                 .collect(),
             last_scan_visits: Default::default(),
-            nodes_per_instance_milli: Default::default(),
             dynamic_bytes: blocks
                 .iter()
                 .map(|b| {

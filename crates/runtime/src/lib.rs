@@ -340,9 +340,7 @@ pub(crate) fn run_batch_lent(
     let mut dfg = dfg::Dfg::new(program, reuse, exec.clone(), opts);
     dfg.lend_threads(lent);
     let n = args.len();
-    dfg.reserve_for(n);
     let results = drive(program, index, args, rngs, opts, &mut dfg, traces)?;
-    dfg.note_nodes_per_instance(n);
     let mut out = Vec::with_capacity(n);
     for (i, r) in results.into_iter().enumerate() {
         let v = r.ok_or_else(|| InstanceError {

@@ -30,6 +30,7 @@ const NO_CLASS: u32 = u32::MAX;
 mod for_backward;
 pub(crate) use for_backward::{BackwardRecord, Twins};
 mod launch;
+mod nodes;
 mod ragged;
 mod release;
 use release::released_error;
@@ -229,7 +230,7 @@ pub struct Dfg<'p> {
     program: &'p Program,
     reuse: &'p Reuse,
     opts: Options,
-    nodes: Vec<Node>,
+    nodes: nodes::NodeTable,
     pending: Vec<u32>,
     /// Pending nodes a flush of a few levels (`flush_levels`) did not reach, already sorted by
     /// depth for the next one (see [`schedule::Held`]).
@@ -423,7 +424,7 @@ impl<'p> Dfg<'p> {
             program,
             reuse,
             opts,
-            nodes: Vec::new(),
+            nodes: nodes::NodeTable::default(),
             pending: Vec::new(),
             held: schedule::Held::default(),
             shape_keys: Interner::default(),
@@ -559,46 +560,11 @@ impl<'p> Dfg<'p> {
             .f32_view()
     }
 
-    /// Room for the nodes `instances` instances are expected to record, from the job's earlier
-    /// mini-batches ([`Executable::nodes_per_instance_milli`]); nothing when there were none or
-    /// the memory budget would not allow it (the table then grows as it fills, as without a hint).
-    pub(crate) fn reserve_for(&mut self, instances: usize) {
-        let per = self
-            .exec
-            .nodes_per_instance_milli
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let want = usize::try_from(per.saturating_mul(instances as u64) / 1000).unwrap_or(0);
-        // An eighth more: the next mini-batch's trees are not the same size.
-        let want = want.saturating_add(want / 8);
-        if want <= self.nodes.capacity() {
-            return;
-        }
-        let bytes = (want - self.nodes.len()).saturating_mul(std::mem::size_of::<Node>());
-        if tumble_limits::reserve(bytes).is_ok() {
-            self.nodes.reserve_exact(want - self.nodes.len());
-        }
-    }
-
-    /// Records how many nodes this mini-batch's `instances` instances made, for
-    /// [`Dfg::reserve_for`] in the job's next mini-batches.
-    pub(crate) fn note_nodes_per_instance(&self, instances: usize) {
-        if instances == 0 {
-            return;
-        }
-        let per = (self.nodes.len() as u64).saturating_mul(1000) / instances as u64;
-        self.exec
-            .nodes_per_instance_milli
-            .fetch_max(per, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The id of the next node. When the node table is full, its growth (a reallocation that
-    /// doubles it: gigabytes for a runaway recursion) is checked against the memory budget before
-    /// it happens; `pending` is the recording instance's pending evaluations, for the message.
+    /// The id of the next node. When the node table is full, its growth (a new segment) is
+    /// checked against the memory budget before it happens; `pending` is the recording instance's pending evaluations, for the message.
     fn reserve_node(&mut self, pending: usize) -> Result<u32, RunError> {
         if self.nodes.len() == self.nodes.capacity() {
-            // The table doubles; its new block is allocated while the old one is still held.
-            let more = 2 * self.nodes.capacity().max(4) * std::mem::size_of::<Node>();
-            if let Err(stop) = tumble_limits::reserve(more) {
+            if let Err(stop) = tumble_limits::reserve(nodes::SEGMENT_BYTES) {
                 let held = vec![
                     format!(
                         "{} pending evaluations in this instance",
