@@ -632,11 +632,20 @@ pub(super) fn gemm_with_epilogue(
     if c.len() < chunk_max * n {
         // The old scratch is freed first: growing it in place would copy it into the new one.
         // (Not `vec![0.0; _]` either: zeroed memory comes from fresh pages, not from those freed.)
-        // Grown to a power of two: chunk sizes creep up launch by launch, and each growth is
-        // fresh memory faulted in page by page (TreeLSTM-small's first run grew it 1.8 MB, then
-        // 2 MB: 945 page faults, ~2.5 µs each on the benchmark VM, against 512 for one 2 MB).
+        // Grown to a power of two up to the chunk bound: chunk sizes creep up launch by launch,
+        // and each growth is fresh memory faulted in page by page (TreeLSTM-small's first run
+        // grew it 1.8 MB, then 2 MB: 945 page faults, ~2.5 µs each on the benchmark VM, against
+        // 512 for one 2 MB). Past the bound (a unit of rows wider than it), exactly what the
+        // chunk needs: the next power of two could be nearly twice that (Berxit's 224-row units
+        // of 3,072 columns, 2.75 MB, took 8 MB).
+        let need = chunk_max * n;
         c = Vec::new();
-        c.resize((chunk_max * n).next_power_of_two(), 0.0);
+        c.resize(
+            need.next_power_of_two()
+                .min(EPILOGUE_C_CHUNK_FLOATS)
+                .max(need),
+            0.0,
+        );
     }
     let mut done = Ok(());
     for chunk in chunks {
@@ -737,9 +746,13 @@ const EPILOGUE_C_CHUNK_FLOATS: usize = 1 << 18;
 /// The row chunks of a launch of `rows` rows whose product has `n` columns: one chunk, unless C
 /// would exceed [`EPILOGUE_C_CHUNK_FLOATS`]. Chunks are multiples of `unit` rows (the kernel's
 /// [`tumble_kernels::row_unit`] for the launch's weight, at least 56: its blocked path, as the
-/// whole launch; the last chunk absorbs a rest shorter than a chunk), so the weight streams as often as for the
-/// whole launch and every chunk computes the same bits. Before the unit, chunking was kept to
-/// weights of at most 1 MiB, and TreeLSTM-large's 1,216-row leaf launch first-touched a 7.5 MB C.
+/// whole launch; the last chunk absorbs a rest shorter than the unit), so the weight streams as
+/// often as for the whole launch and every chunk computes the same bits. Before the unit,
+/// chunking was kept to weights of at most 1 MiB, and TreeLSTM-large's 1,216-row leaf launch
+/// first-touched a 7.5 MB C. The chunks are balanced (as few as fit, of equal size up to the
+/// unit), not full ones and a rest: a last chunk absorbing a rest of up to a chunk made C nearly
+/// twice the bound (TreeLSTM-small's 594-row leaf launch, one 1.8 MB chunk: 2 MB of scratch,
+/// 511 first-run page faults, against 1 MB in two chunks).
 fn epilogue_chunks(rows: usize, n: usize, unit: usize) -> Vec<Range<usize>> {
     if rows.saturating_mul(n) <= EPILOGUE_C_CHUNK_FLOATS || n == 0 || !chunks_enabled() {
         return std::iter::once(0..rows).collect();
@@ -748,14 +761,15 @@ fn epilogue_chunks(rows: usize, n: usize, unit: usize) -> Vec<Range<usize>> {
     let per = (EPILOGUE_C_CHUNK_FLOATS / n)
         .max(unit)
         .next_multiple_of(unit);
-    let mut out = Vec::with_capacity(rows.div_ceil(per));
+    let size = rows.div_ceil(rows.div_ceil(per)).next_multiple_of(unit);
+    let mut out = Vec::with_capacity(rows.div_ceil(size));
     let mut start = 0;
     while start < rows {
-        // The last chunk takes a rest shorter than `per` (so it is never below the unit).
-        let end = if rows - start < 2 * per {
+        // The last chunk takes a rest shorter than the unit (so it is never below it).
+        let end = if rows - start < size + unit {
             rows
         } else {
-            start + per
+            start + size
         };
         out.push(start..end);
         start = end;
@@ -815,7 +829,8 @@ mod chunk_tests {
     use super::*;
 
     /// Chunks tile the launch in order, every one a multiple of the unit (the last may absorb a
-    /// short rest) and none shorter than it, and a launch whose C is small stays whole.
+    /// rest shorter than the unit) and none shorter than it, none past the bound by a unit or
+    /// more, and a launch whose C is small stays whole.
     #[test]
     fn epilogue_chunks_tile_the_rows() {
         for (rows, n, unit) in [
@@ -825,6 +840,9 @@ mod chunk_tests {
             (2000, 300, 96),
             (1216, 2048, 224),
             (1024, 3072, 224),
+            (594, 768, 56),
+            (727, 768, 56),
+            (1000, 1024, 224),
         ] {
             let chunks = epilogue_chunks(rows, n, unit);
             assert_eq!(chunks.first().map(|c| c.start), Some(0));
@@ -838,7 +856,20 @@ mod chunk_tests {
                 "{rows} x {n}: {chunks:?}"
             );
             assert!(chunks.len() > 1, "{rows} x {n}");
+            let per = (EPILOGUE_C_CHUNK_FLOATS / n)
+                .max(unit)
+                .next_multiple_of(unit);
+            assert!(
+                chunks.iter().all(|c| c.len() < per + unit),
+                "{rows} x {n}: {chunks:?}"
+            );
         }
+        // TreeLSTM-small's leaf launch: two balanced chunks within the bound, not one of 1.8 MB.
+        let leaf = epilogue_chunks(594, 768, 56);
+        assert_eq!(leaf, vec![0..336, 336..594]);
+        assert!(leaf
+            .iter()
+            .all(|c| c.len() * 768 <= EPILOGUE_C_CHUNK_FLOATS));
         assert_eq!(epilogue_chunks(100, 256, 56), vec![0..100]);
         assert_eq!(epilogue_chunks(0, 256, 56), vec![0..0]);
     }
