@@ -481,7 +481,7 @@ fn split_rows(kernel: &Kernel, m: usize, panels: usize, t: usize) -> bool {
 /// Run the tasks on `t` participants — the calling thread plus `t - 1` rayon jobs — each taking
 /// the next task from a shared counter until none are left (dynamic balance: if another process
 /// holds a core, the participants that do run pick up its share).
-fn run_tasks<T: Send>(t: usize, tasks: Vec<T>, f: impl Fn(T) + Sync) {
+pub(crate) fn run_tasks<T: Send>(t: usize, tasks: Vec<T>, f: impl Fn(T) + Sync) {
     if tasks.len() <= 1 || t <= 1 {
         tasks.into_iter().for_each(f);
         return;

@@ -243,6 +243,15 @@ pub fn row_unit(weight_bytes: usize) -> usize {
         .map_or(64, |k| driver::row_unit(&k, weight_bytes))
 }
 
+/// Runs `tasks` on up to `threads` participants — the calling thread and the helper threads this
+/// crate's products run on — each taking the next task until none are left. For a launch's other
+/// work split across threads (row programs, attention, per-invocation products): a thread made
+/// per launch cost its start and, in a process's first launches, the new thread's stack and
+/// allocator pages faulted in.
+pub fn run_parallel<T: Send>(threads: usize, tasks: Vec<T>, f: impl Fn(T) + Sync) {
+    driver::run_tasks(threads, tasks, f);
+}
+
 /// Which micro-kernel [`dense`] uses on this machine: `"avx512"`, `"avx2+fma"` or `"portable"`.
 pub fn cpu_features() -> &'static str {
     KernelKind::selected().name()

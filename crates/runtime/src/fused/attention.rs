@@ -234,31 +234,26 @@ fn attend_split(
         }
     }
     cuts.push(lens.len());
-    std::thread::scope(|s| {
-        let mut rest = &mut *out;
-        let mut handles = Vec::new();
-        let mut first = None;
-        for pair in cuts.windows(2) {
-            let (from, to) = (pair[0], pair[1]);
-            let rows: usize = lens[from..to].iter().sum();
-            let (mine, later) = std::mem::take(&mut rest).split_at_mut(rows * row);
-            rest = later;
-            if from == 0 {
-                first = Some((from, to, mine));
-            } else {
-                let run = &run;
-                handles.push(s.spawn(move || run(from, to, mine)));
-            }
+    let mut rest = &mut *out;
+    let mut tasks = Vec::with_capacity(cuts.len());
+    for pair in cuts.windows(2) {
+        let (from, to) = (pair[0], pair[1]);
+        let rows: usize = lens[from..to].iter().sum();
+        let (mine, later) = std::mem::take(&mut rest).split_at_mut(rows * row);
+        rest = later;
+        tasks.push((from, to, mine));
+    }
+    let failure = std::sync::Mutex::new(None);
+    tumble_kernels::run_parallel(threads, tasks, |(from, to, mine)| {
+        if let Err(e) = run(from, to, mine) {
+            let mut f = failure.lock().unwrap_or_else(|p| p.into_inner());
+            f.get_or_insert(e);
         }
-        if let Some((from, to, mine)) = first {
-            run(from, to, mine)?;
-        }
-        for h in handles {
-            h.join()
-                .map_err(|_| "internal: an attention thread panicked".to_string())??;
-        }
-        Ok(())
-    })
+    });
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

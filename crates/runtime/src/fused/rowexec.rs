@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tumble_compile::plan::RowOperands;
 use tumble_ops::OpValue;
-use tumble_tensor::pool::{with_capacity_f32, zeroed_f32};
+use tumble_tensor::pool::{scratch_f32, with_capacity_f32};
 use tumble_tensor::Tensor;
 
 use super::rowprog::*;
@@ -300,7 +300,9 @@ fn prefetch_ahead(bound: &Bound, r: usize) {
     }
 }
 
-/// Several threads: each runs a contiguous range of rows into its part of zero-filled outputs.
+/// Several threads: each runs a contiguous range of rows into its part of the outputs (every row
+/// of which `run_row_block` writes, so they are not zero-filled first), on the kernels' helper
+/// threads.
 pub(super) fn run_rows_split(
     prog: &RowProg,
     bound: &Bound,
@@ -308,7 +310,7 @@ pub(super) fn run_rows_split(
     threads: usize,
 ) -> Result<Vec<Vec<f32>>, String> {
     let widths: Vec<usize> = flat_outs(prog).map(|o| o.len).collect();
-    let mut bufs: Vec<Vec<f32>> = widths.iter().map(|w| zeroed_f32(rows * w)).collect();
+    let mut bufs: Vec<Vec<f32>> = widths.iter().map(|w| scratch_f32(rows * w)).collect();
     let chunk = rows.div_ceil(threads).max(1);
     let mut rest: Vec<&mut [f32]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
     let mut parts = Vec::with_capacity(threads);
@@ -327,29 +329,26 @@ pub(super) fn run_rows_split(
             .collect();
         parts.push((start, n, mine));
     }
-    std::thread::scope(|s| {
-        let handles: Vec<_> = parts
-            .into_iter()
-            .map(|(start, n, mut mine)| {
-                let block = Bound {
-                    ext: bound
-                        .ext
-                        .iter()
-                        .map(|e| e.get(start..start + n).unwrap_or(&[]).to_vec())
-                        .collect(),
-                    shared: Cow::Borrowed(&bound.shared),
-                    scalars: Cow::Borrowed(&bound.scalars),
-                };
-                s.spawn(move || run_row_block(prog, &block, n, &mut mine))
-            })
-            .collect();
-        for h in handles {
-            h.join()
-                .map_err(|_| "internal: a row-program thread panicked".to_string())??;
+    let failure = std::sync::Mutex::new(None);
+    tumble_kernels::run_parallel(threads, parts, |(start, n, mut mine)| {
+        let block = Bound {
+            ext: bound
+                .ext
+                .iter()
+                .map(|e| e.get(start..start + n).unwrap_or(&[]).to_vec())
+                .collect(),
+            shared: Cow::Borrowed(&bound.shared),
+            scalars: Cow::Borrowed(&bound.scalars),
+        };
+        if let Err(e) = run_row_block(prog, &block, n, &mut mine) {
+            let mut f = failure.lock().unwrap_or_else(|p| p.into_inner());
+            f.get_or_insert(e);
         }
-        Ok::<(), String>(())
-    })?;
-    Ok(bufs)
+    });
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(bufs),
+    }
 }
 
 /// Copies operand `o` of row `r` into `dst` (broadcasting a scalar).
