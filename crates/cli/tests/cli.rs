@@ -444,6 +444,32 @@ fn workers_do_not_change_the_outputs() {
     }
 }
 
+/// An instance's results do not depend on the mini-batch it ran in, the threads, the workers
+/// sharing the job's kept results, or the scheduler: byte-identical output. TreeLSTM-large's
+/// products have K = 512, two K blocks in launches of more than 4 rows and one in smaller ones;
+/// the tiles of the second block carry on from C rather than adding their own sum to it (before,
+/// batch 1, batch 64 and two workers at batch 1 printed three different last digits).
+#[test]
+fn results_do_not_depend_on_batching_threads_or_scheduler() {
+    let model = zoo_model("treelstm_large");
+    let inputs = example("treelstm");
+    let run = |extra: &[&str]| {
+        let out = run_random(&model, &inputs, extra);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let whole = run(&["--batch", "64", "--threads", "1"]);
+    for extra in [
+        &["--batch", "1", "--threads", "1"][..],
+        &["--batch", "5", "--threads", "1"],
+        &["--batch", "1", "--threads", "2", "--workers", "2"],
+        &["--batch", "64", "--threads", "2"],
+        &["--batch", "5", "--threads", "1", "--scheduler", "eager"],
+    ] {
+        assert_eq!(whole, run(extra), "{extra:?}");
+    }
+}
+
 /// With several workers, the error reported is the first failing instance's, as in a serial run,
 /// and no output file is left.
 #[test]

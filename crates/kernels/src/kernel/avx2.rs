@@ -180,9 +180,15 @@ unsafe fn rows<const M: usize, A: TileA, const U: usize>(
     let mut c0 = [_mm256_setzero_ps(); M];
     let mut c1 = [_mm256_setzero_ps(); M];
     // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 16]` and A's `M` elements of step `p` (inside
-    // the contract's ranges); the stores are limited to `n` columns of `M` rows by the lane masks.
-    // Prefetches are hints: `prefetch` is null or valid for the same `kc * 32` floats as a panel.
+    // the contract's ranges); the loads and stores are limited to `n` columns of `M` rows by the
+    // lane masks. Prefetches are hints: `prefetch` is null or valid for the same `kc * 32` floats
+    // as a panel.
     unsafe {
+        for i in 0..M {
+            let mut v = [_mm256_setzero_ps(); 2];
+            start_row(c.add(i * ldc), &mut v, n, accumulate);
+            [c0[i], c1[i]] = v;
+        }
         // Step `p`'s pointer is made from `p`, never stepped past the last step: a tile over a
         // panel's second half starts 16 floats in, so a pointer stepped once more would lie past
         // the weight buffer, where `add` is undefined even unread (and `wrapping_add` cost 2–3%
@@ -202,7 +208,7 @@ unsafe fn rows<const M: usize, A: TileA, const U: usize>(
         };
         k_loop::<U>(kc, prefetch, &mut step);
         for i in 0..M {
-            store_row(c.add(i * ldc), &[c0[i], c1[i]], n, accumulate);
+            store_row(c.add(i * ldc), &[c0[i], c1[i]], n);
         }
     }
 }
@@ -227,9 +233,13 @@ unsafe fn wide_rows<const M: usize, A: TileA, const U: usize>(
 ) {
     let mut acc = [[_mm256_setzero_ps(); 4]; M];
     // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 32]` and A's `M` elements of step `p` (inside
-    // the contract's ranges); the stores are limited to `n` columns of `M` rows by the lane masks.
-    // Prefetches are hints: `prefetch` is null or valid for the same `kc * 32` floats as a panel.
+    // the contract's ranges); the loads and stores are limited to `n` columns of `M` rows by the
+    // lane masks. Prefetches are hints: `prefetch` is null or valid for the same `kc * 32` floats
+    // as a panel.
     unsafe {
+        for (i, row) in acc.iter_mut().enumerate() {
+            start_row(c.add(i * ldc), row, n, accumulate);
+        }
         let mut bp = b;
         let mut step = || {
             for (i, row) in acc.iter_mut().enumerate() {
@@ -244,39 +254,59 @@ unsafe fn wide_rows<const M: usize, A: TileA, const U: usize>(
         };
         k_loop::<U>(kc, prefetch, &mut step);
         for (i, row) in acc.iter().enumerate() {
-            store_row(c.add(i * ldc), row, n, accumulate);
+            store_row(c.add(i * ldc), row, n);
         }
     }
 }
 
 /// Writes one row of a tile, `vs` (8 columns a vector), at `cp`: its first `n` columns only
-/// (lane masks past them), added to what is there with `accumulate`.
+/// (lane masks past them).
 ///
 /// # Safety
-/// `cp` is valid for reads and writes of `min(n, 8 * vs.len())` floats; the CPU supports AVX2.
+/// `cp` is valid for writes of `min(n, 8 * vs.len())` floats; the CPU supports AVX2.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn store_row(cp: *mut f32, vs: &[__m256], n: usize, accumulate: bool) {
+unsafe fn store_row(cp: *mut f32, vs: &[__m256], n: usize) {
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (j, &v) in vs.iter().enumerate() {
         // SAFETY: columns `8j ..` are inside the row's `n` (a full vector) or masked to them.
         unsafe {
             let at = cp.add(8 * j);
             if n >= 8 * j + 8 {
-                let v = if accumulate {
-                    _mm256_add_ps(v, _mm256_loadu_ps(at))
-                } else {
-                    v
-                };
                 _mm256_storeu_ps(at, v);
             } else if n > 8 * j {
                 let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((n - 8 * j) as i32), lanes);
-                let v = if accumulate {
-                    _mm256_add_ps(v, _mm256_maskload_ps(at, mask))
-                } else {
-                    v
-                };
                 _mm256_maskstore_ps(at, mask, v);
+            }
+        }
+    }
+}
+
+/// The accumulators of one row of a tile before its K loop: C's first `n` columns when the tile
+/// accumulates (a later K block or part carries on the earlier ones' multiply-adds, so an
+/// element's bits do not depend on where K was blocked, nor on how many rows its launch had),
+/// else zeros (lanes past `n` are zero either way).
+///
+/// # Safety
+/// With `accumulate`, `cp` is valid for reads of `min(n, 8 * vs.len())` floats; the CPU supports
+/// AVX2.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn start_row(cp: *const f32, vs: &mut [__m256], n: usize, accumulate: bool) {
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (j, v) in vs.iter_mut().enumerate() {
+        *v = _mm256_setzero_ps();
+        if !accumulate {
+            continue;
+        }
+        // SAFETY: columns `8j ..` are inside the row's `n` (a full vector) or masked to them.
+        unsafe {
+            let at = cp.add(8 * j);
+            if n >= 8 * j + 8 {
+                *v = _mm256_loadu_ps(at);
+            } else if n > 8 * j {
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((n - 8 * j) as i32), lanes);
+                *v = _mm256_maskload_ps(at, mask);
             }
         }
     }

@@ -146,30 +146,49 @@ fn masks(n: usize) -> (__mmask16, __mmask16) {
     (lo, hi)
 }
 
-/// Store (or add into) one row of the tile.
+/// Stores one row of the tile: its first `n` columns.
 ///
 /// # Safety
-/// `cp` valid for reads/writes of `n` floats; AVX-512F available.
+/// `cp` valid for writes of `n` floats; AVX-512F available.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn store_row(cp: *mut f32, n: usize, mut v0: __m512, mut v1: __m512, accumulate: bool) {
+unsafe fn store_row(cp: *mut f32, n: usize, v0: __m512, v1: __m512) {
     // SAFETY: the masks limit every access to the first `n` floats of `cp`.
     unsafe {
         if n == NR {
-            if accumulate {
-                v0 = _mm512_add_ps(v0, _mm512_loadu_ps(cp));
-                v1 = _mm512_add_ps(v1, _mm512_loadu_ps(cp.add(16)));
-            }
             _mm512_storeu_ps(cp, v0);
             _mm512_storeu_ps(cp.add(16), v1);
         } else {
             let (m0, m1) = masks(n);
-            if accumulate {
-                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, cp));
-                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
-            }
             _mm512_mask_storeu_ps(cp, m0, v0);
             _mm512_mask_storeu_ps(cp.add(16), m1, v1);
+        }
+    }
+}
+
+/// The accumulators of one row of a tile before its K loop: C's first `n` columns when the tile
+/// accumulates (a later K block or part carries on the earlier ones' multiply-adds: each element
+/// is one chain over all of K, so its bits do not depend on where K was blocked, and so not on
+/// how many rows its launch had), else zeros.
+///
+/// # Safety
+/// With `accumulate`, `cp` valid for reads of `n` floats; AVX-512F available.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn start_row(cp: *const f32, n: usize, accumulate: bool) -> (__m512, __m512) {
+    if !accumulate {
+        return (_mm512_setzero_ps(), _mm512_setzero_ps());
+    }
+    // SAFETY: the masks limit every access to the first `n` floats of `cp`.
+    unsafe {
+        if n == NR {
+            (_mm512_loadu_ps(cp), _mm512_loadu_ps(cp.add(16)))
+        } else {
+            let (m0, m1) = masks(n);
+            (
+                _mm512_maskz_loadu_ps(m0, cp),
+                _mm512_maskz_loadu_ps(m1, cp.add(16)),
+            )
         }
     }
 }
@@ -193,10 +212,22 @@ unsafe fn rows<const M: usize, A: TileA>(
     let mut c0 = [_mm512_setzero_ps(); M];
     let mut c1 = [_mm512_setzero_ps(); M];
     // SAFETY: step `p < kc` reads `b[p*32 .. p*32 + 32]` and A's `M` elements of step `p`, inside
-    // the ranges the contract guarantees; the stores touch `M` rows of `n` columns of `c`.
+    // the ranges the contract guarantees; the loads and stores touch `M` rows of `n` columns of
+    // `c`.
     unsafe {
         for i in 0..M {
-            _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
+            if accumulate {
+                (c0[i], c1[i]) = start_row(c.add(i * ldc), n, accumulate);
+                // The chains start from C, so C must be at hand when the tile starts: the
+                // driver's next tile is usually the next `M` rows of these columns, whose C is
+                // asked for now, a whole K loop ahead. (A prefetch never faults; past the
+                // block's rows it only wastes a line.)
+                let next = c.wrapping_add((M + i) * ldc);
+                _mm_prefetch::<_MM_HINT_T0>(next as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(16) as *const i8);
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
+            }
         }
         let mut bp = b;
         let mut pf = prefetch;
@@ -217,7 +248,7 @@ unsafe fn rows<const M: usize, A: TileA>(
             bp = bp.add(NR);
         }
         for i in 0..M {
-            store_row(c.add(i * ldc), n, c0[i], c1[i], accumulate);
+            store_row(c.add(i * ldc), n, c0[i], c1[i]);
         }
     }
 }
@@ -247,6 +278,9 @@ unsafe fn small<const M: usize, const U: usize>(
     let mut c1 = [[_mm512_setzero_ps(); M]; U];
     // SAFETY: as in `rows`: every step `p < kc` reads inside the contract's ranges.
     unsafe {
+        for i in 0..M {
+            (c0[0][i], c1[0][i]) = start_row(c.add(i * ldc), n, accumulate);
+        }
         let mut ap = a;
         let mut bp = b;
         let mut p = 0;
@@ -285,7 +319,7 @@ unsafe fn small<const M: usize, const U: usize>(
                 v0 = _mm512_add_ps(v0, c0[u][i]);
                 v1 = _mm512_add_ps(v1, c1[u][i]);
             }
-            store_row(c.add(i * ldc), n, v0, v1, accumulate);
+            store_row(c.add(i * ldc), n, v0, v1);
         }
     }
 }
@@ -332,8 +366,8 @@ unsafe fn multi_panels<A: TileA>(kc: usize, a: A, m: usize, panels: usize, out: 
 }
 
 /// `M` rows × `P` panels of 32 columns, A read through `a`: per element the multiply-adds of
-/// [`small`] and [`rows`] in the same order (from zero, K ascending, C added last), so the same
-/// bits as the one-panel tiles.
+/// [`small`] and [`rows`] in the same order (from zero, or from C when accumulating, K
+/// ascending), so the same bits as the one-panel tiles.
 ///
 /// # Safety
 /// [`MultiTileFn`]'s contract with `m == M`, `panels == P`.
@@ -350,9 +384,17 @@ unsafe fn multi_rows<const M: usize, const P: usize, A: TileA>(kc: usize, mut a:
     } = out;
     let mut acc = [[[_mm512_setzero_ps(); 2]; P]; M];
     // SAFETY: step `p < kc` reads `b[j * pstride + p*32 ..][..32]` for `j < P` and A's `M`
-    // elements of step `p`, inside the contract's ranges; the stores touch `M` rows of the
-    // columns below `n` (each panel's share masked by `store_row`).
+    // elements of step `p`, inside the contract's ranges; the loads and stores touch `M` rows of
+    // the columns below `n` (each panel's share masked by `start_row` and `store_row`).
     unsafe {
+        for (i, row) in acc.iter_mut().enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                let col = j * NR;
+                if col < n {
+                    (v[0], v[1]) = start_row(c.add(i * ldc + col), (n - col).min(NR), accumulate);
+                }
+            }
+        }
         let mut bp = b;
         for _ in 0..kc {
             for j in 0..P {
@@ -372,13 +414,7 @@ unsafe fn multi_rows<const M: usize, const P: usize, A: TileA>(kc: usize, mut a:
             for (j, v) in row.iter().enumerate() {
                 let col = j * NR;
                 if col < n {
-                    store_row(
-                        c.add(i * ldc + col),
-                        (n - col).min(NR),
-                        v[0],
-                        v[1],
-                        accumulate,
-                    );
+                    store_row(c.add(i * ldc + col), (n - col).min(NR), v[0], v[1]);
                 }
             }
         }

@@ -53,23 +53,26 @@ pub(crate) unsafe fn tile(
             )
         }
     };
-    let acc = tile_slices(kc, a, lda, b, m);
+    // Accumulating, each element carries on from C (the earlier K blocks' sums), so its bits do
+    // not depend on where K was blocked.
+    let mut acc = [[0.0f32; W]; MR];
+    if accumulate {
+        for (i, row) in acc.iter_mut().enumerate().take(m) {
+            // SAFETY: the contract makes row `i` of `c` valid for `n` floats, unaliased.
+            let crow = unsafe { std::slice::from_raw_parts(c.add(i * ldc), n) };
+            row[..n].copy_from_slice(crow);
+        }
+    }
+    tile_slices(kc, a, lda, b, m, &mut acc);
     for (i, row) in acc.iter().enumerate().take(m) {
         // SAFETY: the contract makes row `i` of `c` valid for `n` floats, unaliased.
         let crow = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n) };
-        if accumulate {
-            for (o, v) in crow.iter_mut().zip(row) {
-                *o += v;
-            }
-        } else {
-            crow.copy_from_slice(&row[..n]);
-        }
+        crow.copy_from_slice(&row[..n]);
     }
 }
 
-/// The safe core: `m` rows × 16 columns accumulated over `kc`.
-fn tile_slices(kc: usize, a: &[f32], lda: usize, b: &[f32], m: usize) -> [[f32; W]; MR] {
-    let mut acc = [[0.0f32; W]; MR];
+/// The safe core: `m` rows × 16 columns accumulated over `kc` into `acc`.
+fn tile_slices(kc: usize, a: &[f32], lda: usize, b: &[f32], m: usize, acc: &mut [[f32; W]; MR]) {
     for p in 0..kc {
         let brow: &[f32; W] = match b[p * NR..].first_chunk() {
             Some(r) => r,
@@ -82,5 +85,4 @@ fn tile_slices(kc: usize, a: &[f32], lda: usize, b: &[f32], m: usize) -> [[f32; 
             }
         }
     }
-    acc
 }

@@ -243,17 +243,9 @@ fn attend_split(
         rest = later;
         tasks.push((from, to, mine));
     }
-    let failure = std::sync::Mutex::new(None);
-    tumble_kernels::run_parallel(threads, tasks, |(from, to, mine)| {
-        if let Err(e) = run(from, to, mine) {
-            let mut f = failure.lock().unwrap_or_else(|p| p.into_inner());
-            f.get_or_insert(e);
-        }
-    });
-    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    super::split_parts(threads, tasks, "attention", |(from, to, mine)| {
+        run(from, to, mine)
+    })
 }
 
 #[cfg(test)]

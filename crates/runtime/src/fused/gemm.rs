@@ -626,7 +626,8 @@ pub(super) fn gemm_with_epilogue(
     // The epilogue runs inside the kernel's row blocks (on its threads) and cannot return an
     // error: the first one is kept here and reported after the product.
     let epilogue_failure: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-    let chunks = epilogue_chunks(rows, n, tumble_kernels::row_unit(weight_bytes));
+    let unit = tumble_kernels::row_unit(weight_bytes);
+    let chunks = epilogue_chunks(rows, n, unit);
     let chunk_max = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
     let mut c = EPILOGUE_C.with(|c| std::mem::take(&mut *c.borrow_mut()));
     if c.len() < chunk_max * n {
@@ -635,17 +636,20 @@ pub(super) fn gemm_with_epilogue(
         // Grown to a power of two up to the chunk bound: chunk sizes creep up launch by launch,
         // and each growth is fresh memory faulted in page by page (TreeLSTM-small's first run
         // grew it 1.8 MB, then 2 MB: 945 page faults, ~2.5 µs each on the benchmark VM, against
-        // 512 for one 2 MB). Past the bound (a unit of rows wider than it), exactly what the
-        // chunk needs: the next power of two could be nearly twice that (Berxit's 224-row units
-        // of 3,072 columns, 2.75 MB, took 8 MB).
+        // 512 for one 2 MB). Past the bound (a launch in chunks whose unit of rows is wider than
+        // it), the largest chunk a launch of this width and unit can have: the next power of
+        // two could be nearly twice that (Berxit's 224-row units of 3,072 columns, 2.75 MB, took
+        // 8 MB), and exactly this chunk's would grow again at a slightly larger one.
         let need = chunk_max * n;
-        c = Vec::new();
-        c.resize(
+        let len = if need > EPILOGUE_C_CHUNK_FLOATS {
+            need.max(epilogue_chunk_rows_max(n, unit).saturating_mul(n))
+        } else {
             need.next_power_of_two()
                 .min(EPILOGUE_C_CHUNK_FLOATS)
-                .max(need),
-            0.0,
-        );
+                .max(need)
+        };
+        c = Vec::new();
+        c.resize(len, 0.0);
     }
     let mut done = Ok(());
     for chunk in chunks {
@@ -777,6 +781,17 @@ fn epilogue_chunks(rows: usize, n: usize, unit: usize) -> Vec<Range<usize>> {
     out
 }
 
+/// The most rows a chunk of [`epilogue_chunks`] can have for `n` columns and `unit` (in a launch
+/// that is chunked at all): a balanced chunk is at most `per` rows, and the last absorbs less
+/// than a unit more.
+fn epilogue_chunk_rows_max(n: usize, unit: usize) -> usize {
+    let unit = unit.max(1);
+    let per = (EPILOGUE_C_CHUNK_FLOATS / n.max(1))
+        .max(unit)
+        .next_multiple_of(unit);
+    per + unit - 1
+}
+
 /// `TUMBLE_NO_EPILOGUE_CHUNKS=1`: every GEMM stage with a fused epilogue runs whole (one C for
 /// the launch), the A/B baseline of the chunks.
 fn chunks_enabled() -> bool {
@@ -856,11 +871,10 @@ mod chunk_tests {
                 "{rows} x {n}: {chunks:?}"
             );
             assert!(chunks.len() > 1, "{rows} x {n}");
-            let per = (EPILOGUE_C_CHUNK_FLOATS / n)
-                .max(unit)
-                .next_multiple_of(unit);
             assert!(
-                chunks.iter().all(|c| c.len() < per + unit),
+                chunks
+                    .iter()
+                    .all(|c| c.len() <= epilogue_chunk_rows_max(n, unit)),
                 "{rows} x {n}: {chunks:?}"
             );
         }

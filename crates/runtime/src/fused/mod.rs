@@ -372,6 +372,34 @@ pub fn run_planned(
     run_planned_on(None, block, run_plan, inputs, b, cx)
 }
 
+/// Runs `f` on each of `parts` on up to `threads` threads (the kernels' helper threads,
+/// [`tumble_kernels::run_parallel`]). The error reported is the first part's in order, whichever
+/// finished first, and a part that panics is an error naming `what`, as when each part had a
+/// thread of its own.
+pub(super) fn split_parts<T: Send>(
+    threads: usize,
+    parts: Vec<T>,
+    what: &str,
+    f: impl Fn(T) -> Result<(), String> + Sync,
+) -> Result<(), String> {
+    let failure: std::sync::Mutex<Option<(usize, String)>> = std::sync::Mutex::new(None);
+    let indexed: Vec<(usize, T)> = parts.into_iter().enumerate().collect();
+    tumble_kernels::run_parallel(threads, indexed, |(i, part)| {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(part)))
+            .unwrap_or_else(|_| Err(format!("internal: a {what} thread panicked")));
+        if let Err(e) = r {
+            let mut first = failure.lock().unwrap_or_else(|p| p.into_inner());
+            if first.as_ref().is_none_or(|(j, _)| i < *j) {
+                *first = Some((i, e));
+            }
+        }
+    });
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// [`run_planned`], on `device` when one is given: the stages it takes run there
 /// ([`device::run_stages`]), the others on the host.
 pub(crate) fn run_planned_on(

@@ -329,8 +329,7 @@ pub(super) fn run_rows_split(
             .collect();
         parts.push((start, n, mine));
     }
-    let failure = std::sync::Mutex::new(None);
-    tumble_kernels::run_parallel(threads, parts, |(start, n, mut mine)| {
+    super::split_parts(threads, parts, "row-program", |(start, n, mut mine)| {
         let block = Bound {
             ext: bound
                 .ext
@@ -340,15 +339,9 @@ pub(super) fn run_rows_split(
             shared: Cow::Borrowed(&bound.shared),
             scalars: Cow::Borrowed(&bound.scalars),
         };
-        if let Err(e) = run_row_block(prog, &block, n, &mut mine) {
-            let mut f = failure.lock().unwrap_or_else(|p| p.into_inner());
-            f.get_or_insert(e);
-        }
-    });
-    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(bufs),
-    }
+        run_row_block(prog, &block, n, &mut mine)
+    })?;
+    Ok(bufs)
 }
 
 /// Copies operand `o` of row `r` into `dst` (broadcasting a scalar).
