@@ -267,26 +267,11 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
 /// (`--no-block-merge` is not one: a compiled model keeps its program without merging whenever
 /// merging changed it, for runs of small mini-batches, and a run asking for no merging takes it.)
 fn compile_time_flags(args: &RunArgs) -> Vec<&'static str> {
-    [
-        (args.no_coarsen, "--no-coarsen"),
-        (args.no_const_fold, "--no-const-fold"),
-        (args.no_inline, "--no-inline"),
-        (args.no_native_prelude, "--no-native-prelude"),
-        (args.no_dup, "--no-dup"),
-        (args.no_param_consts, "--no-param-consts"),
-        (args.no_specialize, "--no-specialize"),
-        (args.no_leaf_inline, "--no-leaf-inline"),
-        (args.no_hoist, "--no-hoist"),
-        (args.no_ghosts, "--no-ghosts"),
-        (args.no_phases, "--no-phases"),
-        (args.no_auto_concurrency, "--no-auto-concurrency"),
-        (args.no_derived_params, "--no-derived-params"),
-        (args.no_canonical_products, "--no-canonical-products"),
-        (args.no_cse, "--no-cse"),
-    ]
-    .into_iter()
-    .filter_map(|(on, flag)| on.then_some(flag))
-    .collect()
+    let mut flags = args.compile.compile_time_flags();
+    if args.no_native_prelude {
+        flags.push("--no-native-prelude");
+    }
+    flags
 }
 
 /// A compiled model for `tumble run` (from `bytes` when it was read whole, else from its file):

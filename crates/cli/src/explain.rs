@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tumble_check::LoadOptions;
-use tumble_compile::{CompileOptions, Compiled, InputReuse, LowerOptions, Program};
+use tumble_compile::{CompileOptions, Compiled, InputReuse, Program};
 use tumble_ir::{diag, DType, Diagnostic, SourceMap};
 
 #[derive(clap::Args)]
@@ -17,21 +17,13 @@ pub struct ExplainArgs {
     /// arguments are taken to be model parameters and all others per-instance inputs.
     #[arg(long, short)]
     pub inputs: Option<PathBuf>,
-    /// No grain coarsening: one block per operator call.
-    #[arg(long)]
-    pub no_coarsen: bool,
-    /// No constant folding: input-less blocks (`zeros(..)`, arithmetic on literals) run per
-    /// invocation instead of becoming literals at compile time.
-    #[arg(long)]
-    pub no_const_fold: bool,
-    /// No inlining: a call of an ordinary function ends its caller's block (the function's body
-    /// makes blocks of its own) instead of joining it.
-    #[arg(long)]
-    pub no_inline: bool,
-    /// No derived parameters: weight-only operators stay in their blocks (as `tumble run
-    /// --no-derived-params` compiles them).
-    #[arg(long)]
-    pub no_derived_params: bool,
+    /// The compiler's switches, as `tumble run` takes them (`--no-coarsen`, `--no-hoist`, ...).
+    #[command(flatten)]
+    pub compile: crate::switches::CompileSwitches,
+    /// Explain the program `tumble run --batch N` compiles: block merging is on from 32
+    /// instances a mini-batch (default: as for 32 or more).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch: Option<u64>,
     /// The entry function (`@name` or `name`).
     #[arg(long, default_value = "main", value_parser = crate::run::entry_arg)]
     pub entry: String,
@@ -92,18 +84,14 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    let batch = args
+        .batch
+        .map_or(tumble_compile::merge::MERGE_MIN_BATCH, |b| {
+            usize::try_from(b).unwrap_or(usize::MAX)
+        });
     let opts = CompileOptions {
-        lower: LowerOptions {
-            blocks: true,
-            coarsen: !args.no_coarsen,
-            fold: !args.no_const_fold,
-            inline: !args.no_inline,
-            natives: true,
-        },
-        statics: Some(tumble_compile::StaticOptions {
-            derive: !args.no_derived_params,
-            ..tumble_compile::StaticOptions::all()
-        }),
+        lower: args.compile.lower(true),
+        statics: Some(args.compile.statics(batch)),
         ..CompileOptions::batched()
     };
     let compiled = match tumble_compile::compile(&typed, &args.entry, &weights, opts) {

@@ -51,6 +51,7 @@ mod explain;
 mod files;
 mod run;
 mod serve;
+mod switches;
 mod train;
 
 #[derive(Parser)]

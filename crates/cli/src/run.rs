@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tumble_check::LoadOptions;
-use tumble_compile::{CompileOptions, Compiled, LowerOptions};
+use tumble_compile::{CompileOptions, Compiled};
 use tumble_interp::Value;
 use tumble_io::{
     bind_params, encode_json, load_params, main_signature, read_instances_file, stage_jsonl,
@@ -69,17 +69,9 @@ pub struct RunArgs {
     /// Do not run small scalar work on the host immediately (record it in the graph instead).
     #[arg(long)]
     pub no_host_scalars: bool,
-    /// No grain coarsening: one block per operator call (an operator-level graph, like DyNet).
-    #[arg(long)]
-    pub no_coarsen: bool,
-    /// No constant folding: input-less blocks (`zeros(..)`, arithmetic on literals) run per
-    /// invocation instead of becoming literals at compile time.
-    #[arg(long)]
-    pub no_const_fold: bool,
-    /// No inlining: a call of an ordinary function ends its caller's block (the function's body
-    /// makes blocks of its own) instead of joining it.
-    #[arg(long)]
-    pub no_inline: bool,
+    /// The compiler's switches (`--no-coarsen`, `--no-hoist`, ...).
+    #[command(flatten)]
+    pub compile: crate::switches::CompileSwitches,
     /// Interpret the prelude's `@hd`, `@tl`, `@zip`, `@rev` and `@concat` instead of running
     /// them as one native step each, and take the evaluator's other shortcuts step by step too
     /// (`@map`'s step as one constructor; block invocations of variables done where they are
@@ -149,58 +141,6 @@ pub struct RunArgs {
     /// whole rows (a sequence's first token) as ranges of rows where they lie.
     #[arg(long)]
     pub no_mixing_kernels: bool,
-    /// No program phases: ignore `db.phase_change()` and add no automatic phase boundaries.
-    #[arg(long)]
-    pub no_phases: bool,
-    /// No automatic concurrency: consecutive `let`s calling independent recursions run one
-    /// after the other in depth (as written) instead of side by side, as `db.concurrent`
-    /// would run them.
-    #[arg(long)]
-    pub no_auto_concurrency: bool,
-    /// No hoisting: every block invocation takes its inline depth from program order (neither the
-    /// static taint analysis nor the dynamic rule moves work out of recursion).
-    #[arg(long)]
-    pub no_hoist: bool,
-    /// No block merging: a hoisted block read only by another block's invocation (an RNN's
-    /// input transform) keeps its own launch. Merging is on only for mini-batches of at least 32
-    /// instances, where it pays; `tumble explain` lists what merges.
-    #[arg(long)]
-    pub no_block_merge: bool,
-    /// No derived parameters: operators inside a block that read only weights
-    /// (`transpose(%W)`, `split(%W)`, ...) run at every launch instead of once per run, and the
-    /// products reading them are planned on computed weights.
-    #[arg(long)]
-    pub no_derived_params: bool,
-    /// No canonical products: a product written with column vectors (`nn.dense(%W,
-    /// transpose(%h))`) and the transposes around it run as written, one matrix-vector product
-    /// per instance, instead of as one GEMM over the instances' rows.
-    #[arg(long)]
-    pub no_canonical_products: bool,
-    /// No common subexpression elimination: an operator written twice on the same operands
-    /// inside a block (a gate's `split(nn.dense(%x, %W), 3)` spelled per gate) runs twice.
-    #[arg(long)]
-    pub no_cse: bool,
-    /// No ghost operators: arms of a conditional that run different numbers of blocks leave
-    /// instances at different inline depths.
-    #[arg(long)]
-    pub no_ghosts: bool,
-    /// No code duplication: functions called with different weights are not cloned per call site,
-    /// and invocations of a block with different weights may share a launch (the weights are then
-    /// gathered per invocation).
-    #[arg(long)]
-    pub no_dup: bool,
-    /// Pass model weights down the program as arguments and captures, as written, instead of
-    /// reading them where they are used (fewer values the interpreter copies per call).
-    #[arg(long)]
-    pub no_param_consts: bool,
-    /// Call small leaf functions (`@hd`, wrappers of `Primitive=1` functions) instead of copying
-    /// their bodies into the callers.
-    #[arg(long)]
-    pub no_leaf_inline: bool,
-    /// Do not clone higher-order functions (`@map`, `@foldl`) per closure that captures nothing:
-    /// call the closure through its value instead.
-    #[arg(long)]
-    pub no_specialize: bool,
     /// Threads in all (default: $TUMBLE_NUM_THREADS, else the number of cores).
     #[arg(long, value_name = "N", value_parser = thread_arg)]
     pub threads: Option<usize>,
@@ -362,20 +302,7 @@ pub(crate) fn thread_count(flag: Option<usize>) -> Result<usize, Failure> {
 fn static_options(args: &RunArgs, instances: usize) -> tumble_compile::StaticOptions {
     // The mini-batch the job runs: `--batch`, or every instance at once.
     let batch = args.batch.unwrap_or(instances).min(instances);
-    tumble_compile::StaticOptions {
-        dup: !args.no_dup,
-        hoist: !args.no_hoist,
-        ghosts: !args.no_ghosts,
-        phases: !args.no_phases,
-        params: !args.no_param_consts,
-        leaf_inline: !args.no_leaf_inline,
-        specialize: !args.no_specialize,
-        merge: !args.no_block_merge && batch >= tumble_compile::merge::MERGE_MIN_BATCH,
-        derive: !args.no_derived_params,
-        canon: !args.no_canonical_products,
-        cse: !args.no_cse,
-        concurrency: !args.no_auto_concurrency,
-    }
+    args.compile.statics(batch)
 }
 
 /// The runtime's switches from the flags.
@@ -406,10 +333,10 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
         job_memo: !args.no_job_memo,
         // `--device cuda` attaches a real GPU to the executable instead.
         emulated_device: false,
-        phases: !args.no_phases,
-        hoist: !args.no_hoist,
-        ghosts: !args.no_ghosts,
-        dup: !args.no_dup,
+        phases: !args.compile.no_phases,
+        hoist: !args.compile.no_hoist,
+        ghosts: !args.compile.no_ghosts,
+        dup: !args.compile.no_dup,
         threads,
     }
 }
@@ -593,13 +520,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         Front::Source(typed) => {
             let compile_opts = match args.engine {
                 Engine::Batched => CompileOptions {
-                    lower: LowerOptions {
-                        blocks: true,
-                        coarsen: !args.no_coarsen,
-                        fold: !args.no_const_fold,
-                        inline: !args.no_inline,
-                        natives: !args.no_native_prelude,
-                    },
+                    lower: args.compile.lower(!args.no_native_prelude),
                     statics: Some(static_options(args, raw.items.len())),
                     plans: opts.plan_options(),
                 },

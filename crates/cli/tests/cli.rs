@@ -299,6 +299,28 @@ fn explain_reports_what_each_static_optimization_found() {
         .unwrap_or_else(|| panic!("no report after the code:\n{code}"));
     assert!(program.contains("entry") && report.contains("static optimizations:"));
     assert!(!text(&tumble(&["explain", &zoo_model("treelstm_small")]).stdout).contains("fn @"));
+    // The compiler's switches are `run`'s (the report names them), and `--batch` decides block
+    // merging as `run --batch` does.
+    let off = tumble(&[
+        "explain",
+        &zoo_model("birnn_small"),
+        "--no-auto-concurrency",
+        "--no-hoist",
+        "--no-ghosts",
+        "--no-dup",
+    ]);
+    assert!(off.status.success(), "{}", text(&off.stderr));
+    assert!(
+        !text(&off.stdout).contains("rnn_input at "),
+        "{}",
+        text(&off.stdout)
+    );
+    let merges = |extra: &[&str]| {
+        let out = tumble(&[&["explain", &zoo_model("birnn_small")][..], extra].concat());
+        text(&out.stdout).contains("hoisted blocks run inside the block that reads them")
+    };
+    assert!(merges(&[]) && merges(&["--batch", "64"]));
+    assert!(!merges(&["--batch", "8"]) && !merges(&["--no-block-merge"]));
     // Instances whose keys leave the tree to the weights: refused, as `compile` refuses them
     // (it was explained with every argument shared).
     let wrong = tumble(&[
@@ -1515,6 +1537,54 @@ fn data_outputs_never_replace_the_inputs() {
     // A negative threshold is a value, not an unknown flag.
     let (code, e) = data(&["berxit", "--count", "1", "--threshold", "-1"]);
     assert_eq!(code, Some(0), "{e}");
+}
+
+/// `tumble data` says what it could not do well: a split file without trees (it wrote nothing,
+/// silently), words a `--vocab` file lacks (written as `<unk>` without a word), and a length range
+/// whose minimum is above its maximum (it blamed the bounds [1, 512]).
+#[test]
+fn data_warns_about_empty_splits_and_unknown_words() {
+    let dir = temp_path("data_warnings");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    for (split, text) in [
+        ("train", "(3 (2 the) (3 good))\n"),
+        ("dev", "(2 (2 the) (2 film))\n"),
+        ("test", ""),
+    ] {
+        std::fs::write(dir.join(format!("{split}.txt")), text).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let d = dir.display().to_string();
+    let data = |args: &[&str]| {
+        let out = common::tumble(&[&["data"][..], args].concat());
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, out, err) = data(&["sst", "--data-dir", &d]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("has no trees") && err.contains("2210"),
+        "{err}"
+    );
+    let vocab = dir.join("small_vocab.txt");
+    std::fs::write(&vocab, "<none>\n<unk>\nthe\n").unwrap_or_else(|e| panic!("{e}"));
+    let v = vocab.display().to_string();
+    let (code, out, err) = data(&["sst", "--data-dir", &d, "--split", "dev", "--vocab", &v]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(
+        err.contains("1 of 2 words are not in the --vocab file"),
+        "{err}"
+    );
+    // Every word known: no warning.
+    let (_, _, err) = data(&["sst", "--data-dir", &d, "--split", "dev"]);
+    assert!(!err.contains("warning"), "{err}");
+    let (code, _, err) = data(&["berxit", "--count", "1", "--lengths", "uniform:5-2"]);
+    assert!(matches!(code, Some(c) if c != 0), "{err}");
+    assert!(
+        err.contains("the minimum sequence length 5 is larger than the maximum 2"),
+        "{err}"
+    );
 }
 
 /// The compiler's analyses take each call of a function once per context: a chain of 40

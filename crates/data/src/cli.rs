@@ -436,11 +436,19 @@ fn run_sst(a: &SstArgs) -> Result<(), DataError> {
             "--positions goes with --format tokens (trees have no positions)".into(),
         ));
     }
+    // Words a given --vocab does not have are written as <unk>: counted, to say so.
+    let (mut words, mut unknown) = (0usize, 0usize);
     let lines = sst::Trees::new(&text)
         .skip(a.offset)
         .take(limit)
         .map(|tree| {
             let tree = tree.map_err(|e| DataError::parse(&path, e))?;
+            if a.vocab.is_some() {
+                for w in tree.words() {
+                    words += 1;
+                    unknown += usize::from(vocab.get(w).is_none());
+                }
+            }
             let instance = match format {
                 Format::Tree => sst::tree_instance(&tree, &vocab),
                 Format::Tokens if a.positions => sst::tokens_with_positions(&tree, &vocab),
@@ -449,13 +457,29 @@ fn run_sst(a: &SstArgs) -> Result<(), DataError> {
             Ok(with_labels(instance, &tree, a.labels, format))
         });
     let written = write_lines(a.out.path(), lines)?;
+    use std::io::Write as _;
     if written == 0 && a.offset > 0 {
-        use std::io::Write as _;
         let _ = writeln!(
             std::io::stderr(),
             "warning: --offset {} is past the last tree of {}: no instances written",
             a.offset,
             path.display()
+        );
+    } else if written == 0 && a.limit != Some(0) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "warning: {} has no trees (the SST {} split has {}): no instances written",
+            path.display(),
+            a.split.name(),
+            sst::split_sentences(a.split.name()).map_or("some".to_string(), |n| n.to_string())
+        );
+    }
+    if unknown > 0 {
+        let _ = writeln!(
+            std::io::stderr(),
+            "warning: {unknown} of {words} words are not in the --vocab file and were written as \
+             <unk> (id {})",
+            sst::UNK_ID
         );
     }
     finish(&a.out, written)
@@ -512,7 +536,8 @@ fn finish(out: &OutputArgs, lines: usize) -> Result<(), DataError> {
         use std::io::Write as _;
         let _ = writeln!(
             std::io::stderr(),
-            "wrote {lines} lines to {}",
+            "wrote {lines} line{} to {}",
+            if lines == 1 { "" } else { "s" },
             path.display()
         );
     }

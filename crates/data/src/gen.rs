@@ -344,7 +344,12 @@ impl BerxitConfig {
                 v.iter().copied().max().unwrap_or(0),
             ),
         };
-        if lo < 1 || lo > hi || hi > 512 {
+        if lo > hi {
+            return Err(format!(
+                "the minimum sequence length {lo} is larger than the maximum {hi}"
+            ));
+        }
+        if lo < 1 || hi > 512 {
             return Err(format!(
                 "sequence lengths must be in [1, 512] ([CLS] and BERT's 512 positions), got \
                  {lo}..{hi}"

@@ -461,6 +461,16 @@ pub fn read_trees(path: &Path) -> Result<Vec<Tree>, DataError> {
     parse_trees(&text).map_err(|e| DataError::parse(path, e))
 }
 
+/// The sentences of the released SST split `split` (train, dev, test), for messages.
+pub fn split_sentences(split: &str) -> Option<usize> {
+    match split {
+        "train" => Some(8_544),
+        "dev" => Some(1_101),
+        "test" => Some(2_210),
+        _ => None,
+    }
+}
+
 /// The file of split `split` ("train", "dev" or "test") in an SST directory.
 pub fn split_path(dir: &Path, split: &str) -> std::path::PathBuf {
     dir.join(format!("{split}.txt"))

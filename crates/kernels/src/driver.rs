@@ -23,7 +23,9 @@
 //! after all of its columns and all of K are final).
 //!
 //! The first K block of the first part overwrites C (so C is never zeroed or read first), later
-//! blocks accumulate.
+//! blocks accumulate: their tiles start each element's multiply-add chain from C, so an element
+//! is one chain over all of K whatever the blocking — and the small-M path, which does not block
+//! K, computes the same bits as the blocked one (a row's result does not depend on its launch).
 //!
 //! Tiles of a few rows (a launch of 1–3 rows, the last rows of a launch) take several weight
 //! panels per call on a kernel with a multi-panel tile (AVX-512: [`Tuning::multi_panel_tiles`]):
