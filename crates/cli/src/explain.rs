@@ -59,7 +59,31 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
     };
     let instance_keys: Option<BTreeSet<String>> = match &args.inputs {
         Some(p) => match tumble_io::read_instances_file(p) {
-            Ok(raw) => Some(raw.provided_args(&params, &Default::default())),
+            Ok(raw) if raw.is_empty() => {
+                eprintln!(
+                    "error: {} has no instances: explain reads the per-instance arguments from \
+                     its instances' keys",
+                    p.display()
+                );
+                return ExitCode::FAILURE;
+            }
+            Ok(raw) => {
+                let keys = raw.provided_args(&params, &Default::default());
+                let names: Vec<&str> = params
+                    .iter()
+                    .map(|(n, _)| n.trim_start_matches('%'))
+                    .collect();
+                if let Some(unknown) = keys.iter().find(|k| !names.contains(&k.as_str())) {
+                    eprintln!(
+                        "error: {}: `{unknown}` is not an argument of @{} (its arguments: {})",
+                        p.display(),
+                        args.entry,
+                        names.join(", ")
+                    );
+                    return ExitCode::FAILURE;
+                }
+                Some(keys)
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::FAILURE;

@@ -321,13 +321,44 @@ fn explain_reports_what_each_static_optimization_found() {
     };
     assert!(merges(&[]) && merges(&["--batch", "64"]));
     assert!(!merges(&["--batch", "8"]) && !merges(&["--no-block-merge"]));
-    // Instances whose keys leave the tree to the weights: refused, as `compile` refuses them
-    // (it was explained with every argument shared).
-    let wrong = tumble(&[
+    // An instances file without instances, or with a key @main does not have, is named as such
+    // (both blamed the model's `%tree` for not being in it).
+    let empty = temp_file("explain_empty.jsonl", "");
+    let foo = temp_file("explain_foo.jsonl", "{\"foo\": 1}\n");
+    for (file, want) in [
+        (&empty, "has no instances"),
+        (&foo, "`foo` is not an argument of @main"),
+    ] {
+        let out = tumble(&[
+            "explain",
+            &zoo_model("treelstm_small"),
+            "-i",
+            &file.display().to_string(),
+        ]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(text(&out.stderr).contains(want), "{}", text(&out.stderr));
+    }
+    // Another model's instances: their key is named, as `run` names it.
+    let other = tumble(&[
         "explain",
         &zoo_model("treelstm_small"),
         "-i",
         &example("birnn"),
+    ]);
+    assert_eq!(other.status.code(), Some(1));
+    assert!(
+        text(&other.stderr).contains("`tokens` is not an argument of @main"),
+        "{}",
+        text(&other.stderr)
+    );
+    // Instances whose keys leave the tree to the weights: refused, as `compile` refuses them
+    // (it was explained with every argument shared).
+    let no_tree = temp_file("explain_no_tree.jsonl", "{\"b_out\": [0, 0, 0, 0, 0]}\n");
+    let wrong = tumble(&[
+        "explain",
+        &zoo_model("treelstm_small"),
+        "-i",
+        &no_tree.display().to_string(),
     ]);
     assert_eq!(wrong.status.code(), Some(1));
     assert!(
@@ -1579,6 +1610,16 @@ fn data_warns_about_empty_splits_and_unknown_words() {
     // Every word known: no warning.
     let (_, _, err) = data(&["sst", "--data-dir", &d, "--split", "dev"]);
     assert!(!err.contains("warning"), "{err}");
+    // A split that is a directory is named as one (it was "not found or incomplete").
+    let broken = dir.join("broken");
+    std::fs::create_dir_all(broken.join("test.txt")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(broken.join("train.txt"), "(2 (2 a) (2 b))\n").unwrap_or_else(|e| panic!("{e}"));
+    let (code, _, err) = data(&["sst", "--data-dir", &broken.display().to_string()]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("test.txt is a directory") && err.contains("dev.txt is missing"),
+        "{err}"
+    );
     let (code, _, err) = data(&["berxit", "--count", "1", "--lengths", "uniform:5-2"]);
     assert!(matches!(code, Some(c) if c != 0), "{err}");
     assert!(

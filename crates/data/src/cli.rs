@@ -569,10 +569,32 @@ pub fn find_sst_dir(explicit: Option<&Path>) -> Result<PathBuf, DataError> {
         if is_sst_dir(dir) {
             return Ok(dir.to_path_buf());
         }
+        if !dir.is_dir() {
+            return Err(DataError::Invalid(format!(
+                "SST data directory {} not found (it needs train.txt, dev.txt and test.txt)",
+                dir.display()
+            )));
+        }
+        // Say which split file is missing, or is not a file.
+        let problems: Vec<String> = SST_SPLITS
+            .iter()
+            .map(|s| sst::split_path(dir, s))
+            .filter(|p| !p.is_file())
+            .map(|p| {
+                let what = if p.is_dir() {
+                    "is a directory"
+                } else if p.exists() {
+                    "is not a regular file"
+                } else {
+                    "is missing"
+                };
+                format!("{} {what}", p.display())
+            })
+            .collect();
         return Err(DataError::Invalid(format!(
-            "SST data directory {} not found or incomplete (it needs train.txt, dev.txt and \
-             test.txt)",
-            dir.display()
+            "SST data directory {} is incomplete (it needs train.txt, dev.txt and test.txt): {}",
+            dir.display(),
+            problems.join("; ")
         )));
     }
     let tried = default_sst_dirs();
