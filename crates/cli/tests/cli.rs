@@ -321,51 +321,31 @@ fn explain_reports_what_each_static_optimization_found() {
     };
     assert!(merges(&[]) && merges(&["--batch", "64"]));
     assert!(!merges(&["--batch", "8"]) && !merges(&["--no-block-merge"]));
-    // An instances file without instances, or with a key @main does not have, is named as such
-    // (both blamed the model's `%tree` for not being in it).
+    // Instances files explain refuses, each with its reason: none (it blamed the model's `%tree`
+    // for not being in it), a key @main does not have (named as `run` names it; another model's
+    // instances too), and keys that leave the tree to the weights (as `compile` refuses them;
+    // it was explained with every argument shared).
     let empty = temp_file("explain_empty.jsonl", "");
     let foo = temp_file("explain_foo.jsonl", "{\"foo\": 1}\n");
-    for (file, want) in [
-        (&empty, "has no instances"),
-        (&foo, "`foo` is not an argument of @main"),
-    ] {
-        let out = tumble(&[
-            "explain",
-            &zoo_model("treelstm_small"),
-            "-i",
-            &file.display().to_string(),
-        ]);
-        assert_eq!(out.status.code(), Some(1));
-        assert!(text(&out.stderr).contains(want), "{}", text(&out.stderr));
-    }
-    // Another model's instances: their key is named, as `run` names it.
-    let other = tumble(&[
-        "explain",
-        &zoo_model("treelstm_small"),
-        "-i",
-        &example("birnn"),
-    ]);
-    assert_eq!(other.status.code(), Some(1));
-    assert!(
-        text(&other.stderr).contains("`tokens` is not an argument of @main"),
-        "{}",
-        text(&other.stderr)
-    );
-    // Instances whose keys leave the tree to the weights: refused, as `compile` refuses them
-    // (it was explained with every argument shared).
     let no_tree = temp_file("explain_no_tree.jsonl", "{\"b_out\": [0, 0, 0, 0, 0]}\n");
-    let wrong = tumble(&[
-        "explain",
-        &zoo_model("treelstm_small"),
-        "-i",
-        &no_tree.display().to_string(),
-    ]);
-    assert_eq!(wrong.status.code(), Some(1));
-    assert!(
-        text(&wrong.stderr).contains("%tree") && text(&wrong.stderr).contains("cannot be a weight"),
-        "{}",
-        text(&wrong.stderr)
+    let (empty, foo, no_tree) = (
+        empty.display().to_string(),
+        foo.display().to_string(),
+        no_tree.display().to_string(),
     );
+    for (file, wants) in [
+        (empty, &["has no instances"][..]),
+        (foo, &["`foo` is not an argument of @main"]),
+        (example("birnn"), &["`tokens` is not an argument of @main"]),
+        (no_tree, &["%tree", "cannot be a weight"]),
+    ] {
+        let out = tumble(&["explain", &zoo_model("treelstm_small"), "-i", &file]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{file}: {err}");
+        for want in wants {
+            assert!(err.contains(want), "{file}: {err}");
+        }
+    }
 }
 
 #[test]
@@ -1490,21 +1470,31 @@ fn an_output_inside_the_params_folder_is_refused() {
     assert!(!std::path::Path::new(&inside).exists());
 }
 
+/// A fresh folder `name` in the scratch folder holding an SST train, dev and test split with
+/// these texts.
+fn sst_folder(name: &str, [train, dev, test]: [&str; 3]) -> PathBuf {
+    let dir = temp_path(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    for (split, text) in [("train", train), ("dev", dev), ("test", test)] {
+        std::fs::write(dir.join(format!("{split}.txt")), text).unwrap_or_else(|e| panic!("{e}"));
+    }
+    dir
+}
+
 /// `tumble data`: an output that would replace what the command reads — its `--vocab` file, or
 /// a split file of the SST folder — is refused and the file is left as it was (it was read
 /// first, then replaced: a success that lost the input). Another file in the folder is fine.
 #[test]
 fn data_outputs_never_replace_the_inputs() {
-    let dir = temp_path("data_self_overwrite");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-    for (split, text) in [
-        ("train", "(3 (2 the) (3 good))\n(1 (2 the) (1 bad))\n"),
-        ("dev", "(2 (2 the) (2 film))\n"),
-        ("test", "(3 (2 a) (3 b))\n"),
-    ] {
-        std::fs::write(dir.join(format!("{split}.txt")), text).unwrap_or_else(|e| panic!("{e}"));
-    }
+    let dir = sst_folder(
+        "data_self_overwrite",
+        [
+            "(3 (2 the) (3 good))\n(1 (2 the) (1 bad))\n",
+            "(2 (2 the) (2 film))\n",
+            "(3 (2 a) (3 b))\n",
+        ],
+    );
     let s = |p: &std::path::Path| p.display().to_string();
     let data = |args: &[&str]| {
         let out = common::tumble(&[&["data"][..], args].concat());
@@ -1575,16 +1565,10 @@ fn data_outputs_never_replace_the_inputs() {
 /// whose minimum is above its maximum (it blamed the bounds [1, 512]).
 #[test]
 fn data_warns_about_empty_splits_and_unknown_words() {
-    let dir = temp_path("data_warnings");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-    for (split, text) in [
-        ("train", "(3 (2 the) (3 good))\n"),
-        ("dev", "(2 (2 the) (2 film))\n"),
-        ("test", ""),
-    ] {
-        std::fs::write(dir.join(format!("{split}.txt")), text).unwrap_or_else(|e| panic!("{e}"));
-    }
+    let dir = sst_folder(
+        "data_warnings",
+        ["(3 (2 the) (3 good))\n", "(2 (2 the) (2 film))\n", ""],
+    );
     let d = dir.display().to_string();
     let data = |args: &[&str]| {
         let out = common::tumble(&[&["data"][..], args].concat());
