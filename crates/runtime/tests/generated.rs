@@ -544,24 +544,8 @@ fn generated_programs_are_batch_invariant() {
                 scheduler,
                 ..Options::default()
             };
-            let mut all = Vec::new();
-            for (c, chunk) in x.args.chunks(batch).enumerate() {
-                let rngs = (0..chunk.len())
-                    .map(|k| common::rng(c * batch + k))
-                    .collect();
-                match tumble_runtime::run_batch(
-                    &program,
-                    &reuse,
-                    "main",
-                    chunk.to_vec(),
-                    rngs,
-                    opts,
-                ) {
-                    Ok((vals, _)) => all.extend(vals),
-                    Err(e) => panic!("seed {seed}: {}\n{}", e.error.message, g.text),
-                }
-            }
-            all
+            common::run_in_batches(&x, &program, &reuse, batch, opts)
+                .unwrap_or_else(|e| panic!("seed {seed}: {}\n{}", e.message, g.text))
         };
         let inline = run_all(Scheduler::Inline, 8);
         for scheduler in SCHEDULERS {

@@ -245,6 +245,25 @@ pub fn same_error(got: &RunError, want: &RunError) -> bool {
     message && got.span == want.span
 }
 
+/// Every instance of `x` run in mini-batches of `batch` (instance `i` drawing from [`rng`]`(i)`),
+/// the results in order; the first failing mini-batch's error.
+pub fn run_in_batches(
+    x: &Expected,
+    program: &Program,
+    reuse: &tumble_compile::ReuseAnalysis,
+    batch: usize,
+    opts: Options,
+) -> Result<Vec<Value>, RunError> {
+    let mut all = Vec::with_capacity(x.args.len());
+    for (c, chunk) in x.args.chunks(batch).enumerate() {
+        let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
+        let (vals, _) =
+            run_batch(program, reuse, "main", chunk.to_vec(), rngs, opts).map_err(|e| e.error)?;
+        all.extend(vals);
+    }
+    Ok(all)
+}
+
 /// [`check_batched`] against per-instance reference outcomes that may be errors: a mini-batch
 /// holding an instance the reference fails on must fail, with that instance's error (see
 /// [`same_error`]); any other mini-batch must give the reference's outputs.
