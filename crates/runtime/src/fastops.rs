@@ -99,18 +99,14 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Op
             }
             binary_f32(args, |a, b| a + b)
         }
-        // The row programs' own functions (fastmath: a few ulp from the f64 reference), so an
-        // operator a launch runs outside a row program — a stage that fell back, a launch whose
-        // operands are all shared — rounds as the fused stage does in a launch of other size.
-        "sigmoid" if attrs.0.is_empty() => unary_f32(args, crate::fastmath::sigmoid),
-        "tanh" if attrs.0.is_empty() => unary_f32(args, crate::fastmath::tanh),
-        "exp" if attrs.0.is_empty() => unary_f32(args, crate::fastmath::exp),
-        "log" if attrs.0.is_empty() => unary_f32(args, f32::ln),
-        "rsqrt" if attrs.0.is_empty() => unary_f32(args, |x| 1.0 / x.sqrt()),
         "add" => binary_f32(args, |a, b| a + b),
         "subtract" => binary_f32(args, |a, b| a - b),
         "multiply" => binary_f32(args, |a, b| a * b),
         "divide" => binary_f32(args, |a, b| a / b),
+        // The row programs' own functions (fastmath: a few ulp from the f64 reference), so an
+        // operator a launch runs outside a row program rounds as the fused stage does in a
+        // launch of another size.
+        name if attrs.0.is_empty() => row_unary(name, args),
         _ => None,
     }
 }
@@ -192,14 +188,17 @@ pub fn take_rows_f32(table: &Tensor, ids: &Tensor) -> Option<Tensor> {
 /// shapes that do not broadcast: the reference kernel then reports the error). The innermost
 /// output axis runs as a loop over two slices, or a slice and a broadcast scalar, so batched rows
 /// against a shared vector (a launch's `(B, 1) * (64)`) vectorize.
-/// `f` of every element of the one f32 operand, through the dispatched SIMD loop.
-fn unary_f32(args: &[OpValue], f: impl Fn(f32) -> f32) -> Option<OpValue> {
-    let [OpValue::Tensor(t)] = args else {
+/// Row-program unary operator `name` of the one f32 operand ([`crate::fused::unary_f32`]).
+fn row_unary(name: &str, args: &[OpValue]) -> Option<OpValue> {
+    // `copy`'s reference shares the buffer, which a copied-out loop would not.
+    let ([OpValue::Tensor(t)], false) = (args, name == "copy") else {
         return None;
     };
     let x = t.as_f32()?;
     let mut out = tumble_tensor::pool::scratch_f32(x.len());
-    crate::simd::unary(&mut out, x, f);
+    if !crate::fused::unary_f32(name, x, &mut out) {
+        return None;
+    }
     Tensor::from_vec(t.shape().to_vec(), out)
         .ok()
         .map(OpValue::Tensor)

@@ -68,11 +68,24 @@ fn unary(
 ) -> Result<OpValue, KernelError> {
     let k = KCall::new(op, args, attrs, 1)?;
     let x = k.tensor(0, "input")?;
-    let out = match (Values::of(x), f) {
-        (Values::F(v), UnaryFn::Float(g) | UnaryFn::Numeric(g, _)) => {
-            Values::F(v.into_iter().map(g).collect())
-        }
-        (Values::I(v), UnaryFn::Numeric(_, g)) => Values::I(v.into_iter().map(g).collect()),
+    let (float, int) = match f {
+        UnaryFn::Float(g) => (g, None),
+        UnaryFn::Numeric(g, h) => (g, Some(h)),
+    };
+    map_elements(&k, x, float, int)
+}
+
+/// `float` of every element of a float `x` (in f64, rounded once to its dtype), `int` of every
+/// element of an int one; an error for a dtype without a function.
+fn map_elements(
+    k: &KCall,
+    x: &Tensor,
+    float: impl Fn(f64) -> f64,
+    int: Option<fn(i64) -> i64>,
+) -> Result<OpValue, KernelError> {
+    let out = match (Values::of(x), int) {
+        (Values::F(v), _) => Values::F(v.into_iter().map(float).collect()),
+        (Values::I(v), Some(g)) => Values::I(v.into_iter().map(g).collect()),
         _ => return Err(k.err(format!("unsupported input dtype {}", x.dtype()))),
     };
     Ok(k.t(out.into_tensor(x.shape(), x.dtype()))?.into())
@@ -110,17 +123,9 @@ pub fn leaky_relu(
 ) -> Result<OpValue, KernelError> {
     let k = KCall::new("nn.leaky_relu", args, attrs, 1)?;
     let x = k.tensor(0, "input")?;
-    let (_, dtype) = k.out_tensor(crate::rel::unary::leaky_relu)?;
+    k.out_tensor(crate::rel::unary::leaky_relu)?;
     let alpha = k.rel().opt_float("alpha")?.unwrap_or(0.01);
-    let out = match Values::of(x) {
-        Values::F(v) => Values::F(
-            v.into_iter()
-                .map(|x| if x > 0.0 { x } else { alpha * x })
-                .collect(),
-        ),
-        _ => return Err(k.err(format!("unsupported input dtype {}", x.dtype()))),
-    };
-    Ok(k.t(out.into_tensor(x.shape(), dtype))?.into())
+    map_elements(&k, x, |x| if x > 0.0 { x } else { alpha * x }, None)
 }
 
 /// `clip(x, a_min, a_max)`. Floats: `a_min` if `x < a_min`, `a_max` if `x > a_max`, else `x`

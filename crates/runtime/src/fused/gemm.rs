@@ -762,9 +762,7 @@ fn epilogue_chunks(rows: usize, n: usize, unit: usize) -> Vec<Range<usize>> {
         return std::iter::once(0..rows).collect();
     }
     let unit = unit.max(1);
-    let per = (EPILOGUE_C_CHUNK_FLOATS / n)
-        .max(unit)
-        .next_multiple_of(unit);
+    let per = epilogue_chunk_rows(n, unit);
     let size = rows.div_ceil(rows.div_ceil(per)).next_multiple_of(unit);
     let mut out = Vec::with_capacity(rows.div_ceil(size));
     let mut start = 0;
@@ -781,15 +779,20 @@ fn epilogue_chunks(rows: usize, n: usize, unit: usize) -> Vec<Range<usize>> {
     out
 }
 
-/// The most rows a chunk of [`epilogue_chunks`] can have for `n` columns and `unit` (in a launch
-/// that is chunked at all): a balanced chunk is at most `per` rows, and the last absorbs less
-/// than a unit more.
-fn epilogue_chunk_rows_max(n: usize, unit: usize) -> usize {
+/// The rows of a chunk of C within [`EPILOGUE_C_CHUNK_FLOATS`] for `n` columns, a whole number of
+/// units (at least one).
+fn epilogue_chunk_rows(n: usize, unit: usize) -> usize {
     let unit = unit.max(1);
-    let per = (EPILOGUE_C_CHUNK_FLOATS / n.max(1))
+    (EPILOGUE_C_CHUNK_FLOATS / n.max(1))
         .max(unit)
-        .next_multiple_of(unit);
-    per + unit - 1
+        .next_multiple_of(unit)
+}
+
+/// The most rows a chunk of [`epilogue_chunks`] can have for `n` columns and `unit` (in a launch
+/// that is chunked at all): a balanced chunk is at most [`epilogue_chunk_rows`], and the last
+/// absorbs less than a unit more.
+fn epilogue_chunk_rows_max(n: usize, unit: usize) -> usize {
+    epilogue_chunk_rows(n, unit) + unit.max(1) - 1
 }
 
 /// `TUMBLE_NO_EPILOGUE_CHUNKS=1`: every GEMM stage with a fused epilogue runs whole (one C for

@@ -33,6 +33,7 @@ mod gather;
 mod gemm;
 mod rowcuda;
 mod rowexec;
+pub(crate) use rowexec::unary_f32;
 mod rowprog;
 
 use dense_sum::{sum_operands, sum_stage};

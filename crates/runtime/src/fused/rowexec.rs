@@ -386,6 +386,38 @@ pub(super) fn vals<'s>(o: &Opd, r: usize, b: &'s Bound, src: &'s [f32]) -> Vals<
     }
 }
 
+/// Unary instruction `u` of `a` into `dst`: the row programs' functions, which `fastops` also
+/// runs for these operators outside a row program ([`unary_f32`]), so both round alike.
+fn unary(u: Un, dst: &mut [f32], av: &Vals) {
+    match u {
+        Un::Sigmoid => map1(dst, av, fastmath::sigmoid),
+        Un::Tanh => map1(dst, av, fastmath::tanh),
+        Un::Exp => map1(dst, av, fastmath::exp),
+        Un::Log => map1(dst, av, f32::ln),
+        Un::Sqrt => map1(dst, av, f32::sqrt),
+        Un::Rsqrt => map1(dst, av, |x| 1.0 / x.sqrt()),
+        Un::Abs => map1(dst, av, f32::abs),
+        Un::Neg => map1(dst, av, |x| -x),
+        // Not `x.max(0.0)`: that maps NaN to 0, where the reference (and PyTorch) keep NaN.
+        Un::Relu => map1(dst, av, |x| if x < 0.0 { 0.0 } else { x }),
+        Un::Copy => map1(dst, av, |x| x),
+    }
+}
+
+/// Operator `name` of `x` into `out` (as long) with the row programs' own function, if it is one
+/// of their unary instructions: for an operator run outside a row program (a stage that fell
+/// back, a launch whose operands are all shared), so it rounds as the fused stage of a launch of
+/// another size does.
+pub(crate) fn unary_f32(name: &str, x: &[f32], out: &mut [f32]) -> bool {
+    match Un::of(name) {
+        Some(u) => {
+            unary(u, out, &Vals::Slice(x));
+            true
+        }
+        None => false,
+    }
+}
+
 pub(super) fn map1(dst: &mut [f32], a: &Vals, f: impl Fn(f32) -> f32) {
     match a {
         Vals::Slice(s) => crate::simd::unary(dst, s, f),
@@ -425,22 +457,7 @@ fn direct_outputs_enabled() -> bool {
 fn exec_to(ins: &Instr, r: usize, b: &Bound, src: &[f32], dst: &mut [f32]) {
     let len = dst.len();
     match ins {
-        Instr::Unary(u, _, a) => {
-            let av = vals(a, r, b, src);
-            match u {
-                Un::Sigmoid => map1(dst, &av, fastmath::sigmoid),
-                Un::Tanh => map1(dst, &av, fastmath::tanh),
-                Un::Exp => map1(dst, &av, fastmath::exp),
-                Un::Log => map1(dst, &av, f32::ln),
-                Un::Sqrt => map1(dst, &av, f32::sqrt),
-                Un::Rsqrt => map1(dst, &av, |x| 1.0 / x.sqrt()),
-                Un::Abs => map1(dst, &av, f32::abs),
-                Un::Neg => map1(dst, &av, |x| -x),
-                // Not `x.max(0.0)`: that maps NaN to 0, where the reference (and PyTorch) keep NaN.
-                Un::Relu => map1(dst, &av, |x| if x < 0.0 { 0.0 } else { x }),
-                Un::Copy => map1(dst, &av, |x| x),
-            }
-        }
+        Instr::Unary(u, _, a) => unary(*u, dst, &vals(a, r, b, src)),
         Instr::Binary(op, _, a, bb) => {
             let (av, bv) = (vals(a, r, b, src), vals(bb, r, b, src));
             match op {

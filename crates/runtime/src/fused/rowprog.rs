@@ -49,6 +49,25 @@ pub(super) enum Un {
     Copy,
 }
 
+impl Un {
+    /// The row-program instruction of operator `name`, if it has one.
+    pub(super) fn of(name: &str) -> Option<Un> {
+        Some(match name {
+            "sigmoid" => Un::Sigmoid,
+            "tanh" => Un::Tanh,
+            "exp" => Un::Exp,
+            "log" => Un::Log,
+            "sqrt" => Un::Sqrt,
+            "rsqrt" => Un::Rsqrt,
+            "abs" => Un::Abs,
+            "negative" => Un::Neg,
+            "nn.relu" => Un::Relu,
+            "copy" => Un::Copy,
+            _ => return None,
+        })
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Bin {
     Add,
@@ -295,19 +314,6 @@ pub(super) fn compile_rows(
                 len,
             }
         };
-        let un = |name: &str| match name {
-            "sigmoid" => Some(Un::Sigmoid),
-            "tanh" => Some(Un::Tanh),
-            "exp" => Some(Un::Exp),
-            "log" => Some(Un::Log),
-            "sqrt" => Some(Un::Sqrt),
-            "rsqrt" => Some(Un::Rsqrt),
-            "abs" => Some(Un::Abs),
-            "negative" => Some(Un::Neg),
-            "nn.relu" => Some(Un::Relu),
-            "copy" => Some(Un::Copy),
-            _ => None,
-        };
         let bin = |name: &str| match name {
             "add" | "nn.bias_add" => Some(Bin::Add),
             "subtract" => Some(Bin::Sub),
@@ -318,7 +324,7 @@ pub(super) fn compile_rows(
             _ => None,
         };
         let name = node.op.name;
-        let result = if let Some(u) = un(name) {
+        let result = if let Some(u) = Un::of(name) {
             let Some(a) = one(0, &env) else {
                 return bail(9);
             };
