@@ -63,9 +63,11 @@ class Server:
     def __init__(self, tumble, policy, a):
         # "continuous@N": the continuous policy with `--cell-levels N`; "POLICY#B": the server
         # with `--max-batch B` instead of the run's; a "-nomemo" suffix: the server with
-        # `--no-job-memo` — variants compared side by side like policies.
+        # `--no-job-memo`; "POLICY*W": the server with `--workers W` instead of the run's
+        # `--workers` — variants compared side by side like policies.
         self.policy = policy
         policy, nomemo = (policy[:-len("-nomemo")], True) if policy.endswith("-nomemo") else (policy, False)
+        policy, _, workers = policy.partition("*")
         policy, _, max_batch = policy.partition("#")
         policy, _, cells = policy.partition("@")
         self.port = free_port()
@@ -74,6 +76,8 @@ class Server:
                "--policy", policy, "--max-batch", max_batch or str(a.max_batch),
                "--max-wait-ms", str(a.max_wait_ms), "--max-queue", str(a.max_queue),
                "--timeout-ms", str(a.timeout_ms)]
+        if workers or a.workers:
+            cmd += ["--workers", workers or str(a.workers)]
         if nomemo:
             cmd.append("--no-job-memo")
         if policy == "continuous" and (cells or a.cell_levels):
@@ -206,7 +210,10 @@ def main():
     p.add_argument("--timeout-ms", type=int, default=30000)
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="comma-separated; continuous@N is the continuous policy with --cell-levels N, "
+                        "POLICY*W the server with --workers W, "
                         "a -nomemo suffix the server with --no-job-memo")
+    p.add_argument("--workers", type=int, default=0,
+                   help="every server's --workers (0: tumble serve's default, one per thread)")
     p.add_argument("--cell-levels", type=int, default=0,
                    help="the continuous server's --cell-levels (0: whole flushes, its default)")
     p.add_argument("--soak", type=int, default=0, help="requests of the soak run (0: none)")

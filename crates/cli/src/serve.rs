@@ -60,9 +60,16 @@ pub struct ServeArgs {
     /// The NAME in /v1/models/NAME; default: the model file's stem.
     #[arg(long)]
     pub name: Option<String>,
-    /// Kernel threads of the batch; default `$TUMBLE_NUM_THREADS`, else every core.
+    /// Kernel threads, shared among the batch threads (`--workers`); default
+    /// `$TUMBLE_NUM_THREADS`, else every core.
     #[arg(long, value_parser = crate::run::thread_arg)]
     pub threads: Option<usize>,
+    /// Batch threads, each running its own batch with `threads / workers` kernel threads and
+    /// taking whole requests (an idle one first). Default: one per thread — on a CPU a batch of
+    /// a few instances does not keep two cores busy, two batches side by side do. Never more
+    /// than the threads (a larger count is reduced, with a warning)
+    #[arg(long, value_parser = at_least_one)]
+    pub workers: Option<usize>,
     /// Most instances in one batch.
     #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     pub max_batch: usize,
@@ -173,10 +180,22 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return crate::run::report(e, &tumble_ir::SourceMap::new(), false),
     };
+    let workers = match args.workers {
+        Some(w) if w > threads => {
+            eprintln!(
+                "warning: --workers {w} is more than the {threads} thread(s): {threads} batch \
+                 thread(s) instead"
+            );
+            threads
+        }
+        Some(w) => w,
+        None => threads,
+    };
     let config = Config {
         host: args.host.clone(),
         port: args.port,
         threads,
+        workers,
         max_batch: args.max_batch,
         max_queue: args.max_queue,
         policy: match args.policy {

@@ -175,6 +175,69 @@ def @main(%x: Tensor[(1, 8), float32], %g: Tensor[(8), float32], %b: Tensor[(8),
     agrees("layer_norm_far", src, &inputs.join("\n"), &["x"]);
 }
 
+/// Where the true result is tiny next to the values computed on the way (a numerics audit's
+/// finds), compared with no absolute tolerance: layer norm whose `y * g + b` nearly cancels
+/// (the row program rounded `y`, then `y * g`, then the sum: 0 where the reference gives
+/// ∓2.8e-8), an epsilon below f32's least (1e-50 became 0: a constant row gave NaN), and a
+/// log-softmax whose top element is within e^-40 of 1 (`ln` of the sum lost it: 0 in both
+/// engines instead of -2.5e-17 — the reference is pinned to the true value too).
+#[test]
+fn results_tiny_next_to_their_terms() {
+    let src = r#"
+def @main(%x: Tensor[(1, 8), float32], %g: Tensor[(8), float32], %b: Tensor[(8), float32],
+          %z: Tensor[(1, 8), float32])
+    -> (Tensor[(1, 8), float32], Tensor[(1, 8), float32], Tensor[(1, 8), float32]) {
+  (nn.layer_norm(%x, %g, %b), nn.layer_norm(%x, %g, %b, epsilon=1e-50), nn.log_softmax(%z))
+}
+"#;
+    let rows = [
+        "[0, 1, 0, 1, 0, 1, 0, 1]",
+        "[0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]",
+    ];
+    let logits = [
+        "[0, -40, -40, -40, -40, -40, -40, -40]",
+        "[0, -30, -100, -100, -100, -100, -100, -100]",
+        "[-26, -26, -26, 0, -26, -26, -26, -26]",
+    ];
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            format!(
+                "{{\"x\": [{}], \"g\": [1, 1, 1, 1, 1, 1, 1, 1], \"b\": [0.99997997, \
+                 -0.99997997, 0.99997997, -0.99997997, 0.99997997, -0.99997997, 0.99997997, \
+                 -0.99997997], \"z\": [{}]}}",
+                rows[i % 2],
+                logits[i % 3]
+            )
+        })
+        .collect();
+    let mut x = expected(
+        "tiny_results",
+        load_text("tiny_results", src),
+        &inputs.join("\n"),
+        &["x", "g", "b", "z"],
+    );
+    let tops = [
+        -7.0 * (-40f64).exp(),
+        -((-30f64).exp() + 6.0 * (-100f64).exp()),
+    ];
+    for (i, out) in x.outputs.iter().enumerate().take(2) {
+        let tumble_interp::Value::Tuple(t) = out else {
+            panic!("{out:?}")
+        };
+        let tumble_interp::Value::Tensor(lsm) = &t.0[2] else {
+            panic!("{out:?}")
+        };
+        let top = lsm.to_f64_vec()[0];
+        assert!(
+            ((top - tops[i]) / tops[i]).abs() < 1e-6,
+            "reference log-softmax top {top} against {}",
+            tops[i]
+        );
+    }
+    x.atol = 0.0;
+    check_all_ways(&x);
+}
+
 /// Extremes of the fused row programs against the reference (a numerics audit's finds): layer
 /// norm of rows of ±3e38 (`x - mean` overflowed in f32) and of 1e-39 with a zero epsilon (`1/σ`
 /// overflowed), tanh of tiny values (went denormal inside, 0 below 3e-43), exp at the first f32

@@ -423,7 +423,8 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics.render(&s.config.name),
+        s.metrics
+            .render(&s.config.name, s.outstanding.load(Ordering::SeqCst) as u64),
     )
         .into_response()
 }

@@ -2,15 +2,21 @@
 //! REST convention, with continuous (cellular) batching across requests.
 //!
 //! ```text
-//!  client ─▶ axum handler ─(parse body: tumble-io, on a blocking thread)─▶ channel ─▶ worker thread
-//!     ▲                                                                                 │ Session:
+//!  client ─▶ axum handler ─(parse body: tumble-io, on a blocking thread)─▶ channel ─▶ batch threads
+//!     ▲                                                                                 │ a Session each:
 //!     └──── oneshot (JSON lines or a located error) ◀── answered per request ◀──────────┘ admit, step
 //! ```
 //!
-//! Interpreter values are `Rc`, so one worker thread (with the CLI's big stack) owns the
-//! [`tumble_api::Session`]: it decodes instances, runs the batch and encodes results; HTTP
+//! Interpreter values are `Rc`, so each batch thread (with the CLI's big stack) owns its
+//! [`tumble_api::Session`]: it decodes instances, runs its batch and encodes results; HTTP
 //! handlers only parse JSON and wait on a oneshot channel. A handler that goes away (client
 //! disconnect, timeout) drops its receiver, and the worker cancels that request's instances.
+//!
+//! With several batch threads (`workers`), each takes whole requests from the one channel: an
+//! idle thread waits on it holding its lock, so a request goes to an idle thread first, and a
+//! busy one takes what is waiting between its steps. On a CPU a batch of a few instances does
+//! not keep two cores busy with split products, so two batches side by side, one core each, both
+//! answer sooner and carry more (bench/RESULTS.md).
 //!
 //! Policies ([`Policy`]): `continuous` admits waiting instances into the running batch before
 //! every step (every flush), up to `max_batch` in flight, and answers a request as soon as its
@@ -60,8 +66,11 @@ pub struct Config {
     pub host: String,
     /// 0: any free port (see [`Server::addr`]).
     pub port: u16,
-    /// Kernel threads of the batch.
+    /// Kernel threads, shared among the batch threads.
     pub threads: usize,
+    /// Batch threads, each with its own session and `threads / workers` kernel threads (at least
+    /// one); requests are spread among them whole.
+    pub workers: usize,
     /// Most instances in one batch (in flight at once).
     pub max_batch: usize,
     /// Most instances accepted and not yet answered; a request that would pass it gets 503.
@@ -99,6 +108,7 @@ impl Config {
             host: "127.0.0.1".into(),
             port: 0,
             threads: 1,
+            workers: 1,
             max_batch: 64,
             max_queue: 1024,
             policy: Policy::Continuous,
@@ -135,6 +145,8 @@ pub(crate) struct Shared {
     /// then, rather than cut off when the drain ends.
     pub stop_notice: tokio::sync::Notify,
     pub jobs: std::sync::mpsc::Sender<worker::Job>,
+    /// Batch threads still running: the last one to stop answers what is left in the channel.
+    pub workers_running: AtomicUsize,
     /// Held while a large request body is parsed: they parse one at a time (see `http::answer`).
     pub large_parse: std::sync::Mutex<()>,
 }
@@ -145,7 +157,7 @@ pub struct Server {
     shared: Arc<Shared>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     http: Option<std::thread::JoinHandle<Result<(), String>>>,
-    worker: Option<std::thread::JoinHandle<()>>,
+    workers: Vec<std::thread::JoinHandle<()>>,
 }
 
 /// Stack of the worker thread (instances are decoded, and results encoded, by native recursion
@@ -159,10 +171,18 @@ impl Server {
     /// Binds `host:port`, starts the worker and the HTTP server, and returns once it accepts
     /// connections.
     pub fn start(model: Arc<Model>, config: Config) -> Result<Server, String> {
-        if config.max_batch == 0 || config.max_queue == 0 || config.threads == 0 {
-            return Err("--max-batch, --max-queue and --threads must be at least 1".into());
+        if config.max_batch == 0
+            || config.max_queue == 0
+            || config.threads == 0
+            || config.workers == 0
+        {
+            return Err(
+                "--max-batch, --max-queue, --threads and --workers must be at least 1".into(),
+            );
         }
+        let workers = config.workers;
         let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
+        let jobs_rx = Arc::new(std::sync::Mutex::new(jobs_rx));
         let shared = Arc::new(Shared {
             model,
             config,
@@ -172,45 +192,80 @@ impl Server {
             stopping: AtomicBool::new(false),
             stop_notice: tokio::sync::Notify::new(),
             jobs: jobs_tx,
+            workers_running: AtomicUsize::new(workers),
             large_parse: std::sync::Mutex::new(()),
         });
-        // The session is made on the worker thread (it holds `Rc` values); a failure to make it
+        // Each session is made on its batch thread (it holds `Rc` values); a failure to make one
         // comes back here before anything listens.
         let (made_tx, made_rx) = std::sync::mpsc::channel::<Result<(), String>>();
-        let worker_shared = Arc::clone(&shared);
-        let worker = std::thread::Builder::new()
-            .name("tumble-serve-batch".into())
-            .stack_size(WORKER_STACK_BYTES)
-            .spawn(move || worker::run(worker_shared, jobs_rx, made_tx))
-            .map_err(|e| format!("cannot start the batch thread: {e}"))?;
-        match made_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Err("the batch thread stopped while starting".into()),
+        let mut handles = Vec::with_capacity(workers);
+        for k in 0..workers {
+            let worker_shared = Arc::clone(&shared);
+            let rx = Arc::clone(&jobs_rx);
+            let made = made_tx.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("tumble-serve-batch-{k}"))
+                .stack_size(WORKER_STACK_BYTES)
+                .spawn(move || worker::run(worker_shared, rx, made));
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    stop_workers(&shared, handles);
+                    return Err(format!("cannot start a batch thread: {e}"));
+                }
+            }
         }
+        drop(made_tx);
+        for _ in 0..workers {
+            let failed = match made_rx.recv() {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some("a batch thread stopped while starting".into()),
+            };
+            if let Some(e) = failed {
+                stop_workers(&shared, handles);
+                return Err(e);
+            }
+        }
+        let listen_error = |e: std::io::Error, shared: &Arc<Shared>, handles| {
+            stop_workers(shared, handles);
+            format!(
+                "cannot listen on {}:{}: {e}",
+                shared.config.host, shared.config.port
+            )
+        };
 
         let host = shared.config.host.clone();
         let port = shared.config.port;
-        let listener = std::net::TcpListener::bind((host.as_str(), port))
-            .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
-        listener
+        let listener = match std::net::TcpListener::bind((host.as_str(), port)) {
+            Ok(l) => l,
+            Err(e) => return Err(listen_error(e, &shared, handles)),
+        };
+        let addr = match listener
             .set_nonblocking(true)
-            .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+            .and_then(|()| listener.local_addr())
+        {
+            Ok(a) => a,
+            Err(e) => return Err(listen_error(e, &shared, handles)),
+        };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let http_shared = Arc::clone(&shared);
-        let http = std::thread::Builder::new()
+        let http = match std::thread::Builder::new()
             .name("tumble-serve-http".into())
             .spawn(move || http::run(http_shared, listener, stop_rx))
-            .map_err(|e| format!("cannot start the HTTP thread: {e}"))?;
+        {
+            Ok(h) => h,
+            Err(e) => {
+                stop_workers(&shared, handles);
+                return Err(format!("cannot start the HTTP thread: {e}"));
+            }
+        };
         Ok(Server {
             addr,
             shared,
             stop: Some(stop_tx),
             http: Some(http),
-            worker: Some(worker),
+            workers: handles,
         })
     }
 
@@ -235,7 +290,10 @@ impl Server {
         // The worker first: it stops waiting for batches to fill and runs what it holds, which
         // the handlers the HTTP server waits for are waiting on. A request that slips in after
         // this is still taken while the worker runs, or answered 503 once it has exited.
-        let _ = self.shared.jobs.send(worker::Job::Finish);
+        // One wake-up per batch thread (each also sees `stopping` within its poll interval).
+        for _ in 0..self.shared.config.workers {
+            let _ = self.shared.jobs.send(worker::Job::Finish);
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -245,12 +303,25 @@ impl Server {
                 .unwrap_or_else(|_| Err("the HTTP thread panicked".into())),
             None => Ok(()),
         };
-        if let Some(w) = self.worker.take() {
-            if w.join().is_err() {
-                return Err("the batch thread panicked".into());
-            }
+        let mut panicked = false;
+        for w in self.workers.drain(..) {
+            panicked |= w.join().is_err();
+        }
+        if panicked {
+            return Err("a batch thread panicked".into());
         }
         http
+    }
+}
+
+/// Stops the batch threads of a server that failed to start, and waits for them.
+fn stop_workers(shared: &Shared, handles: Vec<std::thread::JoinHandle<()>>) {
+    shared.stopping.store(true, Ordering::SeqCst);
+    for _ in 0..handles.len() {
+        let _ = shared.jobs.send(worker::Job::Finish);
+    }
+    for h in handles {
+        let _ = h.join();
     }
 }
 

@@ -60,7 +60,11 @@ pub struct Metrics {
     pub(crate) instances_done: AtomicU64,
     pub(crate) instances_failed: AtomicU64,
     pub(crate) instances_cancelled: AtomicU64,
-    pub(crate) queue_depth: AtomicU64,
+    /// Instances the batch threads took and have not admitted yet.
+    pub(crate) waiting: AtomicU64,
+    /// Instances of the requests the batch threads hold (taken, not answered); the server's
+    /// other accepted instances are still in its channel.
+    pub(crate) held: AtomicU64,
     pub(crate) in_flight: AtomicU64,
     pub(crate) steps: AtomicU64,
     pub(crate) launches: AtomicU64,
@@ -76,7 +80,8 @@ impl Default for Metrics {
             instances_done: AtomicU64::new(0),
             instances_failed: AtomicU64::new(0),
             instances_cancelled: AtomicU64::new(0),
-            queue_depth: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            held: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             launches: AtomicU64::new(0),
@@ -115,8 +120,9 @@ impl Metrics {
         self.instances_cancelled.load(Ordering::Relaxed)
     }
 
-    /// The exposition text.
-    pub fn render(&self, model: &str) -> String {
+    /// The exposition text of `GET /metrics`; `outstanding` is the server's count of instances accepted and
+    /// not answered.
+    pub fn render(&self, model: &str, outstanding: u64) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(
@@ -195,7 +201,7 @@ impl Metrics {
             &mut out,
             "tumble_queue_depth",
             "Instances waiting to join the batch.",
-            load(&self.queue_depth),
+            load(&self.waiting) + outstanding.saturating_sub(load(&self.held)),
         );
         gauge(
             &mut out,

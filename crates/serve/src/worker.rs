@@ -1,10 +1,11 @@
-//! The batch thread: owns the model's [`Session`], admits waiting instances by the policy, steps
-//! the batch and answers each request when its last instance is done.
+//! A batch thread: owns a [`Session`] of the model, takes requests from the server's channel,
+//! admits their instances by the policy, steps the batch and answers each request when its last
+//! instance is done. A server may run several, each taking whole requests (see the crate docs).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use tumble_api::{Error, RawInstances, RunOptions, Session, StopWhen, Ticket};
@@ -68,15 +69,65 @@ struct Worker<'m> {
     waiting: VecDeque<(u64, usize)>,
     tickets: HashMap<Ticket, (u64, usize)>,
     finishing: bool,
+    /// What this thread last added to the shared gauges and counters (see [`Worker::publish`]).
+    published: Published,
 }
 
-pub(crate) fn run(shared: Arc<Shared>, jobs: Receiver<Job>, made: Sender<Result<(), String>>) {
+#[derive(Default, Clone, Copy)]
+struct Published {
+    waiting: u64,
+    held: u64,
+    in_flight: u64,
+    steps: u64,
+    launches: u64,
+    restarts: u64,
+}
+
+/// The channel's receiver; a thread that panicked holding it left nothing half-done in it.
+fn lock(jobs: &Mutex<Receiver<Job>>) -> MutexGuard<'_, Receiver<Job>> {
+    jobs.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The receiver if no other thread holds it (an idle one waiting for work, which should get it).
+fn try_lock(jobs: &Mutex<Receiver<Job>>) -> Option<MutexGuard<'_, Receiver<Job>>> {
+    match jobs.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+pub(crate) fn run(
+    shared: Arc<Shared>,
+    jobs: Arc<Mutex<Receiver<Job>>>,
+    made: Sender<Result<(), String>>,
+) {
+    serve_batches(&shared, &jobs, made);
+    // The last thread to stop answers what reached the channel after the others had stopped
+    // taking (a request that slipped in during shutdown), instead of dropping it unanswered.
+    if shared.workers_running.fetch_sub(1, Ordering::SeqCst) == 1 {
+        let rx = lock(&jobs);
+        while let Ok(job) = rx.try_recv() {
+            if let Job::Predict(r) = job {
+                shared
+                    .outstanding
+                    .fetch_sub(r.instances.len(), Ordering::SeqCst);
+                let _ = r.reply.send(Reply::Error {
+                    status: 503,
+                    message: "the server is shutting down".into(),
+                });
+            }
+        }
+    }
+}
+
+fn serve_batches(shared: &Shared, jobs: &Mutex<Receiver<Job>>, made: Sender<Result<(), String>>) {
     let cfg = &shared.config;
     let mut runtime = tumble_api::RunOptions::default().runtime;
     runtime.phases = cfg.phases;
     runtime.job_memo = cfg.job_memo;
     let opts = RunOptions {
-        threads: Some(cfg.threads),
+        threads: Some((cfg.threads / cfg.workers.max(1)).max(1)),
         seed: cfg.seed,
         runtime,
         ..RunOptions::default()
@@ -97,16 +148,17 @@ pub(crate) fn run(shared: Arc<Shared>, jobs: Receiver<Job>, made: Sender<Result<
     };
     let _ = made.send(Ok(()));
     let mut w = Worker {
-        shared: &shared,
+        shared,
         session,
         open: HashMap::new(),
         next_id: 0,
         waiting: VecDeque::new(),
         tickets: HashMap::new(),
         finishing: false,
+        published: Published::default(),
     };
     loop {
-        if !w.receive(&jobs) {
+        if !w.receive(jobs) {
             break;
         }
         w.drop_abandoned();
@@ -117,28 +169,35 @@ pub(crate) fn run(shared: Arc<Shared>, jobs: Receiver<Job>, made: Sender<Result<
             break;
         }
     }
+    w.unpublish();
 }
 
 impl Worker<'_> {
     /// Takes the jobs that arrived, waiting for one when there is nothing to do. False when the
     /// channel is gone and nothing is left.
-    fn receive(&mut self, jobs: &Receiver<Job>) -> bool {
+    fn receive(&mut self, jobs: &Mutex<Receiver<Job>>) -> bool {
+        if self.shared.stopping.load(Ordering::SeqCst) {
+            self.finishing = true;
+        }
         let first = if !self.session.is_idle() {
             None
         } else if self.waiting.is_empty() {
             if self.finishing {
                 return false;
             }
-            match jobs.recv() {
+            // Idle: wait holding the receiver, so that a request goes to an idle thread first.
+            // (In slices: shutdown is seen even when another thread took every wake-up.)
+            match lock(jobs).recv_timeout(POLL) {
                 Ok(j) => Some(j),
-                Err(_) => return false,
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return false,
             }
         } else {
             let wait = self.admission_wait();
             if wait.is_zero() {
                 None
             } else {
-                match jobs.recv_timeout(wait.min(POLL)) {
+                match lock(jobs).recv_timeout(wait.min(POLL)) {
                     Ok(j) => Some(j),
                     Err(RecvTimeoutError::Timeout) => None,
                     Err(RecvTimeoutError::Disconnected) => {
@@ -151,10 +210,26 @@ impl Worker<'_> {
         if let Some(j) = first {
             self.take(j);
         }
-        while let Ok(j) = jobs.try_recv() {
+        // More without waiting, while the batch has room for them (the rest stay in the channel
+        // for another thread) and no idle thread is waiting on it.
+        while self.has_room() {
+            let Some(rx) = try_lock(jobs) else { break };
+            let Ok(j) = rx.try_recv() else { break };
+            drop(rx);
             self.take(j);
         }
         true
+    }
+
+    /// Whether this thread takes more requests now: fewer instances waiting or in its batch
+    /// than the batch holds (`single`: than one).
+    fn has_room(&self) -> bool {
+        let cfg = &self.shared.config;
+        let cap = match cfg.policy {
+            Policy::Single => 1,
+            _ => cfg.max_batch,
+        };
+        self.waiting.len() + self.session.in_flight() + self.session.queued() < cap
     }
 
     /// While idle with instances waiting: how long before the policy admits them.
@@ -361,17 +436,47 @@ impl Worker<'_> {
         }
     }
 
-    fn publish(&self) {
-        let m = &self.shared.metrics;
+    /// Adds what changed since the last call to the server's gauges and counters (each thread
+    /// adds its own share: the sums are the server's).
+    fn publish(&mut self) {
         let s = self.session.stats();
-        m.queue_depth
-            .store(self.waiting.len() as u64, Ordering::Relaxed);
-        m.in_flight.store(
-            (self.session.in_flight() + self.session.queued()) as u64,
-            Ordering::Relaxed,
-        );
-        m.steps.store(s.steps, Ordering::Relaxed);
-        m.launches.store(s.launches, Ordering::Relaxed);
-        m.restarts.store(s.restarts, Ordering::Relaxed);
+        let now = Published {
+            waiting: self.waiting.len() as u64,
+            held: self.open.values().map(|o| o.results.len() as u64).sum(),
+            in_flight: (self.session.in_flight() + self.session.queued()) as u64,
+            steps: s.steps,
+            launches: s.launches,
+            restarts: s.restarts,
+        };
+        self.add(now);
+    }
+
+    /// Takes this thread's share out of the gauges when it stops (its counters stay).
+    fn unpublish(&mut self) {
+        let now = Published {
+            waiting: 0,
+            held: 0,
+            in_flight: 0,
+            ..self.published
+        };
+        self.add(now);
+    }
+
+    fn add(&mut self, now: Published) {
+        let m = &self.shared.metrics;
+        let was = self.published;
+        // Wrapping: a gauge that fell adds the two's complement of the fall.
+        let delta = |a: &std::sync::atomic::AtomicU64, new: u64, old: u64| {
+            if new != old {
+                a.fetch_add(new.wrapping_sub(old), Ordering::Relaxed);
+            }
+        };
+        delta(&m.waiting, now.waiting, was.waiting);
+        delta(&m.held, now.held, was.held);
+        delta(&m.in_flight, now.in_flight, was.in_flight);
+        delta(&m.steps, now.steps, was.steps);
+        delta(&m.launches, now.launches, was.launches);
+        delta(&m.restarts, now.restarts, was.restarts);
+        self.published = now;
     }
 }

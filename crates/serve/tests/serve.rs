@@ -133,8 +133,14 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 fn every_policy_with_concurrent_clients_predicts_what_run_does() {
     let trees = trees();
     let want = expected();
-    for policy in [Policy::Continuous, Policy::Static, Policy::Single] {
-        let server = start(policy, |_| {});
+    let variants = [Policy::Continuous, Policy::Static, Policy::Single]
+        .into_iter()
+        .flat_map(|p| [(p, 1), (p, 3)]);
+    for (policy, workers) in variants {
+        let server = start(policy, |c| {
+            c.workers = workers;
+            c.threads = workers;
+        });
         let addr = server.addr();
         // Eight clients at once, each sending a different slice (1-3 trees) twice.
         std::thread::scope(|sc| {
@@ -145,13 +151,21 @@ fn every_policy_with_concurrent_clients_predicts_what_run_does() {
                         let lo = (c + round) % trees.len();
                         let hi = (lo + 1 + c % 3).min(trees.len());
                         let (status, got) = predict(addr, &trees[lo..hi]);
-                        assert_eq!(status, 200, "{policy:?}: {got}");
+                        assert_eq!(status, 200, "{policy:?} x{workers}: {got}");
                         assert_predictions(&got, &want[lo..hi]);
                     }
                 });
             }
         });
         assert_eq!(server.metrics().responses(200), 16);
+        // The batch threads' shares of the gauges add up to the server's (published after the
+        // step that answered).
+        for line in ["tumble_queue_depth 0", "tumble_in_flight 0"] {
+            eventually(line, || {
+                let text = http(addr, "GET", "/metrics", b"").1;
+                text.lines().any(|l| l == line)
+            });
+        }
         server.shutdown().unwrap();
     }
 }
@@ -444,6 +458,52 @@ fn dropped_requests_stop_their_recorded_work() {
             t.elapsed() < Duration::from_secs(5),
             "{policy:?}: {:?}",
             t.elapsed()
+        );
+        server.shutdown().unwrap();
+    }
+}
+
+/// With two batch threads a request goes to the idle one: it is answered while the other runs
+/// a long flush, instead of waiting for it (one thread answers only after).
+#[test]
+fn a_second_batch_thread_answers_while_the_first_is_busy() {
+    let src = Source::Text {
+        name: "spin.rly",
+        text: SPIN,
+    };
+    let params = Params {
+        random_seed: Some(0),
+        ..Params::default()
+    };
+    let options = LoadOptions {
+        inputs: Some(vec!["n".to_string()]),
+        ..LoadOptions::default()
+    };
+    let m = Arc::new(Model::load(src, &params, &options).unwrap());
+    for policy in [Policy::Continuous, Policy::Static, Policy::Single] {
+        let mut c = Config::new("spin");
+        c.policy = policy;
+        c.max_wait = Duration::from_millis(1);
+        c.workers = 2;
+        c.threads = 2;
+        let server = Server::start(m.clone(), c).unwrap();
+        let addr = server.addr();
+        let ask = move |n: i64| {
+            let body = json!({ "instances": [{ "n": n }] }).to_string();
+            let t = Instant::now();
+            let (status, text) = http(addr, "POST", "/v1/models/spin:predict", body.as_bytes());
+            (status, text, t.elapsed())
+        };
+        // About a second of products in one flush on one thread.
+        let long = std::thread::spawn(move || ask(150_000));
+        std::thread::sleep(Duration::from_millis(100));
+        let (status, text, short) = ask(3);
+        assert_eq!(status, 200, "{policy:?}: {text}");
+        let (status, text, long) = long.join().unwrap();
+        assert_eq!(status, 200, "{policy:?}: {text}");
+        assert!(
+            short * 4 < long,
+            "{policy:?}: the short request took {short:?}, the long one {long:?}"
         );
         server.shutdown().unwrap();
     }

@@ -58,6 +58,27 @@ fn along_axis(
     permute(&moved_out, &inverse(&perm)).map_err(|m| k.err(m))
 }
 
+/// `ln(Σ exp(x - m))` for a row whose maximum is `m`: the sum is `1 + s` with `s` the sum over
+/// every element but one maximum, so `ln_1p(s)` — `ln` of the whole sum loses `s` below the
+/// sum's last bit (log-softmax of `[0, -40, ...]` was 0 at the top instead of -3e-17). With no
+/// element equal to `m` (a row of NaNs) the row's result is NaN either way.
+pub fn log_sum_after_max(row: impl Iterator<Item = f64>, m: f64) -> f64 {
+    let mut skipped = false;
+    let mut s = 0.0;
+    for v in row {
+        if !skipped && v == m {
+            skipped = true;
+        } else {
+            s += (v - m).exp();
+        }
+    }
+    if skipped {
+        s.ln_1p()
+    } else {
+        s.ln()
+    }
+}
+
 /// `nn.softmax(x, axis=-1)` and `nn.log_softmax`, stabilized by subtracting the row maximum.
 fn normalize(
     op: &'static str,
@@ -77,11 +98,11 @@ fn normalize(
     let axis = c.axis(c.int_or("axis", -1)?, x.rank())?;
     let out = along_axis(&k, x, axis, |r, out| {
         let m = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = r.iter().map(|v| (v - m).exp()).sum();
         if log {
-            let log_sum = sum.ln();
+            let log_sum = log_sum_after_max(r.iter().copied(), m);
             out.extend(r.iter().map(|v| v - m - log_sum));
         } else {
+            let sum: f64 = r.iter().map(|v| (v - m).exp()).sum();
             out.extend(r.iter().map(|v| (v - m).exp() / sum));
         }
     })?;

@@ -231,7 +231,7 @@ pub(super) fn row_kernel(prog: &RowProg) -> RowKernel {
                 let _ = writeln!(
                     body,
                     "    const float inv = 1.f / sqrtf(tb_reduce(q, red, false) / {n} + {});",
-                    lit(*eps)
+                    lit(*eps as f32)
                 );
                 let mut e = format!("({x} - mean) * inv");
                 if let Some(g) = g {

@@ -518,22 +518,31 @@ fn exec_to(ins: &Instr, r: usize, b: &Bound, src: &[f32], dst: &mut [f32]) {
                     (mean, var)
                 }
             };
-            let inv = 1.0 / (var + *eps as f64).sqrt();
-            // `(x - mean) * inv` in f64, rounded once, as the reference: in f32 the mean rounded
-            // shifted a row of 1000 ± 0.01 by 0.4% of its spread, `x - mean` overflowed on rows
-            // of ±3e38, and `inv` did on rows of 1e-39 with a zero epsilon (audits' finds).
-            map1(dst, &av, |x| ((x as f64 - mean) * inv) as f32);
-            // Then `* g + b`, one operation at a time as the reference rounds.
-            if let Some(g) = g {
-                match vals(g, r, b, src) {
-                    Vals::Slice(gs) => crate::simd::update(dst, gs, |y, g| y * g),
-                    Vals::Splat(k) => crate::simd::scale(dst, k),
+            let inv = 1.0 / (var + *eps).sqrt();
+            // `(x - mean) * inv * g + b` in f64, rounded once, as the reference: in f32 the mean
+            // rounded shifted a row of 1000 ± 0.01 by 0.4% of its spread, `x - mean` overflowed
+            // on rows of ±3e38, `inv` did on rows of 1e-39 with a zero epsilon, and rounding
+            // before `* g` and again before `+ b` left 0 where `y * g + b` nearly cancels
+            // (audits' finds).
+            let gv = g.as_ref().map(|g| vals(g, r, b, src));
+            let bv = be.as_ref().map(|be| vals(be, r, b, src));
+            match (&av, &gv, &bv) {
+                (Vals::Slice(x), Some(Vals::Slice(gs)), Some(Vals::Slice(bs))) => {
+                    for (((o, &x), &g), &b) in dst.iter_mut().zip(*x).zip(*gs).zip(*bs) {
+                        *o = ((x as f64 - mean) * inv * g as f64 + b as f64) as f32;
+                    }
                 }
-            }
-            if let Some(be) = be {
-                match vals(be, r, b, src) {
-                    Vals::Slice(bs) => crate::simd::update(dst, bs, |y, b| y + b),
-                    Vals::Splat(k) => dst.iter_mut().for_each(|y| *y += k),
+                _ => {
+                    for (j, o) in dst.iter_mut().enumerate() {
+                        let mut y = (av.at(j) as f64 - mean) * inv;
+                        if let Some(g) = &gv {
+                            y *= g.at(j) as f64;
+                        }
+                        if let Some(bb) = &bv {
+                            y += bb.at(j) as f64;
+                        }
+                        *o = y as f32;
+                    }
                 }
             }
         }
@@ -558,7 +567,12 @@ fn softmax_scalar(dst: &mut [f32], av: &Vals, log: bool) {
         sum += *o as f64;
     }
     if log {
-        let ls = sum.ln() as f32;
+        // ln(1 + the others' sum), as the reference (`log_sum_after_max`): the top element's
+        // log-probability is not lost below the sum's last bit.
+        let ls = match (0..len).position(|j| av.at(j) == m) {
+            Some(top) => (sum_except(dst, top)).ln_1p() as f32,
+            None => sum.ln() as f32,
+        };
         for (j, o) in dst.iter_mut().enumerate() {
             *o = av.at(j) - m - ls;
         }
@@ -568,16 +582,34 @@ fn softmax_scalar(dst: &mut [f32], av: &Vals, log: bool) {
     }
 }
 
+/// The f64 sum of `exps` but its element `skip`, in order.
+fn sum_except(exps: &[f32], skip: usize) -> f64 {
+    exps.iter()
+        .enumerate()
+        .filter(|&(j, _)| j != skip)
+        .map(|(_, &e)| e as f64)
+        .sum()
+}
+
 /// [`softmax_scalar`] on the vector loops (attention's scores: 12% of Berxit-small's time
 /// element by element).
 pub(crate) fn softmax_row(dst: &mut [f32], x: &[f32], log: bool) {
     let m = crate::simd::max(x);
     crate::simd::unary(dst, x, |v| fastmath::exp(v - m));
-    let sum = crate::simd::sum_f64(dst);
     if log {
-        let ls = sum.ln() as f32;
+        let ls = match x.iter().position(|&v| v == m) {
+            Some(top) => {
+                // `dst` is overwritten below: the top element's 1 leaves the sum here.
+                if let Some(t) = dst.get_mut(top) {
+                    *t = 0.0;
+                }
+                crate::simd::sum_f64(dst).ln_1p() as f32
+            }
+            None => crate::simd::sum_f64(dst).ln() as f32,
+        };
         crate::simd::unary(dst, x, |v| v - m - ls);
     } else {
+        let sum = crate::simd::sum_f64(dst);
         crate::simd::scale(dst, (1.0 / sum) as f32);
     }
 }

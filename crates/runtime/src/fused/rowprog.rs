@@ -85,7 +85,7 @@ pub(super) enum Instr {
     Clip(usize, Opd, f32, f32),
     Concat(usize, Vec<Opd>),
     Softmax(usize, Opd, bool),
-    LayerNorm(usize, Opd, Option<Opd>, Option<Opd>, f32),
+    LayerNorm(usize, Opd, Option<Opd>, Option<Opd>, f64),
 }
 
 /// A value inside a row program: a view of an operand (splits are views, not copies).
@@ -437,7 +437,8 @@ pub(super) fn compile_rows(
                     if g.len != a.len || be.len != a.len {
                         return bail(22);
                     }
-                    let eps = node.attrs.float("epsilon").ok().flatten().unwrap_or(1e-5) as f32;
+                    // f64 as the reference's: an epsilon below f32's least (1e-50) is not 0.
+                    let eps = node.attrs.float("epsilon").ok().flatten().unwrap_or(1e-5);
                     let center = node.attrs.bool("center").ok().flatten().unwrap_or(true);
                     let scale = node.attrs.bool("scale").ok().flatten().unwrap_or(true);
                     let d = alloc(a.len, &mut bld);
