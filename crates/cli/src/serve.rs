@@ -65,9 +65,10 @@ pub struct ServeArgs {
     #[arg(long, value_parser = crate::run::thread_arg)]
     pub threads: Option<usize>,
     /// Batch threads, each running its own batch with `threads / workers` kernel threads and
-    /// taking whole requests (an idle one first). Default: one per thread — on a CPU a batch of
-    /// a few instances does not keep two cores busy, two batches side by side do. Never more
-    /// than the threads (a larger count is reduced, with a warning)
+    /// taking whole requests (an idle one first; `single` runs one instance per batch thread).
+    /// Default: one per thread — on a CPU a batch of a few instances does not keep two cores
+    /// busy, two batches side by side do. Never more than the threads (a larger count is
+    /// reduced, with a warning)
     #[arg(long, value_parser = at_least_one)]
     pub workers: Option<usize>,
     /// Most instances in one batch.

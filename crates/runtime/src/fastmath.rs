@@ -61,7 +61,10 @@ pub fn sigmoid(x: f32) -> f32 {
 }
 
 /// tanh as an odd rational function p(x)/q(x) of degrees 13/6 (the minimax fit Eigen, XLA and
-/// ONNX Runtime's MLAS use), clamped where tanh rounds to ±1 in f32. Odd in x, so small
+/// ONNX Runtime's MLAS use), clamped at |x| = 7.905, where the fit reaches 1 - 2^-24: from there
+/// to 9.01, where tanh rounds to ±1 in f32, the result is up to 4 ulp (2.7e-7) too close to ±1,
+/// which `1 + tanh(x)` near x = -8 magnifies (5.96e-8 against 2.25e-7; a numerics audit's
+/// note — an `exp` there would double the function's cost on every model). Odd in x, so small
 /// arguments keep their relative accuracy; one division and 12 multiply-adds, against `exp`, a
 /// division and a series for the small arguments before (0.58 → 0.29 ns an element in an
 /// AVX-512 loop). Written without `mul_add`, so every ISA's loop rounds alike.

@@ -44,7 +44,7 @@ pub enum Policy {
     Continuous,
     /// Wait up to `max_wait` for `max_batch` instances, run them to completion.
     Static,
-    /// One instance at a time.
+    /// One instance at a time (per batch thread).
     Single,
 }
 
@@ -68,8 +68,8 @@ pub struct Config {
     pub port: u16,
     /// Kernel threads, shared among the batch threads.
     pub threads: usize,
-    /// Batch threads, each with its own session and `threads / workers` kernel threads (at least
-    /// one); requests are spread among them whole.
+    /// Batch threads, each with its own session and an equal share of the kernel threads (at
+    /// least one); requests are spread among them whole.
     pub workers: usize,
     /// Most instances in one batch (in flight at once).
     pub max_batch: usize,
@@ -206,7 +206,7 @@ impl Server {
             let spawned = std::thread::Builder::new()
                 .name(format!("tumble-serve-batch-{k}"))
                 .stack_size(WORKER_STACK_BYTES)
-                .spawn(move || worker::run(worker_shared, rx, made));
+                .spawn(move || worker::run(worker_shared, rx, made, k));
             match spawned {
                 Ok(h) => handles.push(h),
                 Err(e) => {

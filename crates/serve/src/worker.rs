@@ -101,8 +101,9 @@ pub(crate) fn run(
     shared: Arc<Shared>,
     jobs: Arc<Mutex<Receiver<Job>>>,
     made: Sender<Result<(), String>>,
+    index: usize,
 ) {
-    serve_batches(&shared, &jobs, made);
+    serve_batches(&shared, &jobs, made, index);
     // The last thread to stop answers what reached the channel after the others had stopped
     // taking (a request that slipped in during shutdown), instead of dropping it unanswered.
     if shared.workers_running.fetch_sub(1, Ordering::SeqCst) == 1 {
@@ -121,13 +122,25 @@ pub(crate) fn run(
     }
 }
 
-fn serve_batches(shared: &Shared, jobs: &Mutex<Receiver<Job>>, made: Sender<Result<(), String>>) {
+/// Kernel threads of batch thread `index`: an equal share, the first ones taking one more each
+/// until the remainder is used.
+fn kernel_threads(threads: usize, workers: usize, index: usize) -> usize {
+    let workers = workers.max(1);
+    (threads / workers + usize::from(index < threads % workers)).max(1)
+}
+
+fn serve_batches(
+    shared: &Shared,
+    jobs: &Mutex<Receiver<Job>>,
+    made: Sender<Result<(), String>>,
+    index: usize,
+) {
     let cfg = &shared.config;
     let mut runtime = tumble_api::RunOptions::default().runtime;
     runtime.phases = cfg.phases;
     runtime.job_memo = cfg.job_memo;
     let opts = RunOptions {
-        threads: Some((cfg.threads / cfg.workers.max(1)).max(1)),
+        threads: Some(kernel_threads(cfg.threads, cfg.workers, index)),
         seed: cfg.seed,
         runtime,
         ..RunOptions::default()
@@ -163,11 +176,12 @@ fn serve_batches(shared: &Shared, jobs: &Mutex<Receiver<Job>>, made: Sender<Resu
         }
         w.drop_abandoned();
         w.admit();
+        // Before the step too: the gauges show the batch while it runs.
+        w.publish();
         w.step();
         w.publish();
-        if w.finishing && w.open.is_empty() && w.session.is_idle() {
-            break;
-        }
+        // (Stopping is `receive`'s: once finishing, it ends the loop when nothing is left here
+        // or in the channel.)
     }
     w.unpublish();
 }
@@ -183,25 +197,42 @@ impl Worker<'_> {
             None
         } else if self.waiting.is_empty() {
             if self.finishing {
-                return false;
-            }
-            // Idle: wait holding the receiver, so that a request goes to an idle thread first.
-            // (In slices: shutdown is seen even when another thread took every wake-up.)
-            match lock(jobs).recv_timeout(POLL) {
-                Ok(j) => Some(j),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => return false,
+                // Shutdown answers what was accepted: a thread with nothing left takes the next
+                // request still in the channel, and stops once it is empty.
+                match self.next_accepted(jobs) {
+                    Some(j) => Some(j),
+                    None => return false,
+                }
+            } else {
+                // Idle: wait holding the receiver, so that a request goes to an idle thread
+                // first. (In slices: shutdown is seen even when another thread took every
+                // wake-up.)
+                match lock(jobs).recv_timeout(POLL) {
+                    Ok(j) => Some(j),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                }
             }
         } else {
             let wait = self.admission_wait();
             if wait.is_zero() {
                 None
             } else {
-                match lock(jobs).recv_timeout(wait.min(POLL)) {
-                    Ok(j) => Some(j),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => {
-                        self.finishing = true;
+                // Waiting for a static batch to fill: never blocked on the receiver's lock, which
+                // an idle thread holds slice after slice (the lock is not fair: a lone request
+                // waited seconds for its batch's deadline to be seen; a review's find). What
+                // arrives meanwhile goes to that idle thread.
+                match try_lock(jobs) {
+                    Some(rx) => match rx.recv_timeout(wait.min(POLL)) {
+                        Ok(j) => Some(j),
+                        Err(RecvTimeoutError::Timeout) => None,
+                        Err(RecvTimeoutError::Disconnected) => {
+                            self.finishing = true;
+                            None
+                        }
+                    },
+                    None => {
+                        std::thread::sleep(wait.min(POLL));
                         None
                     }
                 }
@@ -219,6 +250,19 @@ impl Worker<'_> {
             self.take(j);
         }
         true
+    }
+
+    /// The next request left in the channel during shutdown (`None`: it is empty); the other
+    /// threads' wake-ups are passed over.
+    fn next_accepted(&self, jobs: &Mutex<Receiver<Job>>) -> Option<Job> {
+        let rx = lock(jobs);
+        loop {
+            match rx.try_recv() {
+                Ok(Job::Finish) => continue,
+                Ok(j) => return Some(j),
+                Err(_) => return None,
+            }
+        }
     }
 
     /// Whether this thread takes more requests now: fewer instances waiting or in its batch
@@ -478,5 +522,26 @@ impl Worker<'_> {
         delta(&m.launches, now.launches, was.launches);
         delta(&m.restarts, now.restarts, was.restarts);
         self.published = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_threads;
+
+    #[test]
+    fn kernel_threads_are_shared_out_whole() {
+        assert_eq!(
+            (0..2).map(|k| kernel_threads(3, 2, k)).collect::<Vec<_>>(),
+            [2, 1]
+        );
+        assert_eq!(
+            (0..2).map(|k| kernel_threads(4, 2, k)).collect::<Vec<_>>(),
+            [2, 2]
+        );
+        assert_eq!(
+            (0..3).map(|k| kernel_threads(2, 3, k)).collect::<Vec<_>>(),
+            [1, 1, 1]
+        );
     }
 }
