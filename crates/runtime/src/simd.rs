@@ -173,6 +173,16 @@ dispatched! {
     }
 }
 
+dispatched! {
+    /// A layer-norm row's output: `(x_i - mean) * inv * g_i + b_i` in f64, rounded once (the
+    /// reference's arithmetic, one element at a time in the same order of operations).
+    pub fn norm_affine(dst: &mut [f32], x: &[f32], mean: f64, inv: f64, g: &[f32], b: &[f32]) -> () {
+        for (((o, &v), &gi), &bi) in dst.iter_mut().zip(x).zip(g).zip(b) {
+            *o = ((f64::from(v) - mean) * inv * f64::from(gi) + f64::from(bi)) as f32;
+        }
+    }
+}
+
 #[inline(always)]
 fn fold_lanes(acc: [f64; LANES]) -> f64 {
     let mut a = acc;

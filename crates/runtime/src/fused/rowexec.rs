@@ -528,9 +528,7 @@ fn exec_to(ins: &Instr, r: usize, b: &Bound, src: &[f32], dst: &mut [f32]) {
             let bv = be.as_ref().map(|be| vals(be, r, b, src));
             match (&av, &gv, &bv) {
                 (Vals::Slice(x), Some(Vals::Slice(gs)), Some(Vals::Slice(bs))) => {
-                    for (((o, &x), &g), &b) in dst.iter_mut().zip(*x).zip(*gs).zip(*bs) {
-                        *o = ((x as f64 - mean) * inv * g as f64 + b as f64) as f32;
-                    }
+                    crate::simd::norm_affine(dst, x, mean, inv, gs, bs);
                 }
                 _ => {
                     for (j, o) in dst.iter_mut().enumerate() {
