@@ -121,5 +121,8 @@ pub fn ops() -> ExitCode {
             op.doc
         );
     }
+    for (alias, name) in tumble_ops::ALIASES {
+        println!("{alias:<20} the same as {name}");
+    }
     ExitCode::SUCCESS
 }

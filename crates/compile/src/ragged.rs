@@ -728,7 +728,8 @@ fn row_wise(node: &BlockNode, args: &[Vec<Fact>]) -> bool {
                         && new[1..].iter().product::<i64>() == known
                 }
                 "expand_dims" => norm_axis(axis_or(0), rank + 1).is_some_and(|a| a != 0),
-                "squeeze" | "sum" | "mean" | "max" | "min" | "argmax" | "argmin" => {
+                "squeeze" | "sum" | "prod" | "mean" | "max" | "min" | "all" | "any" | "argmax"
+                | "argmin" => {
                     let Some(axes) = attrs.ints("axis").ok().flatten() else {
                         return false;
                     };

@@ -344,14 +344,31 @@ impl std::fmt::Debug for OpDef {
     }
 }
 
-/// The operator named `name`, if the table has it. Hashes into an index built on first use.
+/// Other names of operators in the table: TVM's FastMath pass rewrites `exp`, `tanh` and `erf`
+/// into these approximations, and tumble's batched kernels are its own fast f32 functions
+/// already, so a program TVM wrote with them runs as with the originals (and prints them).
+pub const ALIASES: &[(&str, &str)] = &[
+    ("fast_exp", "exp"),
+    ("fast_tanh", "tanh"),
+    ("fast_erf", "erf"),
+];
+
+/// The operator named `name` (or an alias of it, [`ALIASES`]), if the table has it. Hashes into
+/// an index built on first use.
 pub fn lookup(name: &str) -> Option<&'static OpDef> {
     static INDEX: std::sync::OnceLock<std::collections::HashMap<&'static str, &'static OpDef>> =
         std::sync::OnceLock::new();
-    INDEX
-        .get_or_init(|| all().iter().map(|op| (op.name, op)).collect())
-        .get(name)
-        .copied()
+    let index = INDEX.get_or_init(|| {
+        let mut index: std::collections::HashMap<_, _> =
+            all().iter().map(|op| (op.name, op)).collect();
+        for (alias, name) in ALIASES {
+            if let Some(op) = index.get(name).copied() {
+                index.insert(alias, op);
+            }
+        }
+        index
+    });
+    index.get(name).copied()
 }
 
 /// Checks a call's attributes against the operator's spec: unknown names, missing required ones, and

@@ -23,10 +23,12 @@ use tumble_tensor::Tensor;
 pub fn no_gradient(op: &OpDef) -> Option<&'static str> {
     match op.name {
         "equal" | "not_equal" | "less" | "greater" | "less_equal" | "greater_equal"
-        | "logical_and" | "logical_or" | "logical_not" => {
-            Some("its result is a bool tensor (a comparison or logical operator)")
+        | "logical_and" | "logical_or" | "logical_xor" | "logical_not" | "isnan" | "isinf"
+        | "isfinite" => {
+            Some("its result is a bool tensor (a comparison, logical operator or test)")
         }
         "argmax" | "argmin" => Some("its result is an integer index"),
+        "all" | "any" => Some("its input and result are bool tensors"),
         "random.db_uniform" => Some("it is a random draw"),
         _ => None,
     }
@@ -191,7 +193,8 @@ pub fn vjp(
             ])
         }
         "negative" | "sigmoid" | "tanh" | "exp" | "log" | "sqrt" | "rsqrt" | "abs" | "nn.relu"
-        | "copy" | "clip" | "erf" | "sin" | "cos" | "nn.leaky_relu" => {
+        | "copy" | "clip" | "erf" | "sin" | "cos" | "tan" | "asin" | "acos" | "atan" | "sinh"
+        | "cosh" | "asinh" | "acosh" | "atanh" | "log2" | "log10" | "nn.leaky_relu" => {
             let x = t(0)?;
             if !float(0) {
                 return Ok(vec![None]);
@@ -223,6 +226,17 @@ pub fn vjp(
                         "rsqrt" => d * -0.5 * o * o * o,
                         "erf" => d * std::f64::consts::FRAC_2_SQRT_PI * (-x * x).exp(),
                         "sin" => d * x.cos(),
+                        "tan" => d * (1.0 + o * o),
+                        "asin" => d / (1.0 - x * x).sqrt(),
+                        "acos" => -d / (1.0 - x * x).sqrt(),
+                        "atan" => d / (1.0 + x * x),
+                        "sinh" => d * x.cosh(),
+                        "cosh" => d * x.sinh(),
+                        "asinh" => d / (x * x + 1.0).sqrt(),
+                        "acosh" => d / (x * x - 1.0).sqrt(),
+                        "atanh" => d / (1.0 - x * x),
+                        "log2" => d / (x * std::f64::consts::LN_2),
+                        "log10" => d / (x * std::f64::consts::LN_10),
                         // `lo` holds alpha here.
                         "nn.leaky_relu" => {
                             if x > 0.0 {
@@ -281,7 +295,8 @@ pub fn vjp(
             Ok(one(Some(te(make(x.shape(), vec![s; x.len()], x.dtype()))?)))
         }
         "nn.softmax" | "nn.log_softmax" | "nn.layer_norm" => normalize(name, args, attrs, y, g),
-        "sum" | "mean" | "max" | "min" => reduction(op, args, attrs, y, g),
+        "sum" | "prod" | "mean" | "max" | "min" => reduction(op, args, attrs, y, g),
+        "variance" => variance(op, args, attrs, g),
         "nn.dense" => dense(args, g).map_err(err),
         "nn.batch_matmul" => batch_matmul(args, attrs, y, g).map_err(err),
         "take" if float(0) => match take_rows(args, attrs, g)? {
@@ -510,6 +525,32 @@ fn reduction(
                 .product();
             gb.iter().map(|v| v / count.max(1) as f64).collect()
         }
+        "prod" => {
+            // d/dx_i of a group's product is the product of the group's other elements: its
+            // nonzero elements' product over x_i, or with one zero the others' product at the
+            // zero (0 elsewhere), or 0 with two zeros or more.
+            let xv = x.to_f64_vec();
+            let group = crate::kernel::reduce::group_of_each(x.shape(), &reduced);
+            let n_groups = kept.iter().product::<usize>();
+            let mut zeros = vec![0usize; n_groups];
+            let mut nonzero = vec![1f64; n_groups];
+            for (&v, &k) in xv.iter().zip(&group) {
+                if v == 0.0 {
+                    zeros[k] += 1;
+                } else {
+                    nonzero[k] *= v;
+                }
+            }
+            xv.iter()
+                .zip(&group)
+                .zip(&gb)
+                .map(|((&v, &k), &d)| match zeros[k] {
+                    0 => d * (nonzero[k] / v),
+                    1 if v == 0.0 => d * nonzero[k],
+                    _ => 0.0,
+                })
+                .collect()
+        }
         _ => {
             // max/min: the gradient is shared evenly by the elements that attain the extreme.
             let yb =
@@ -532,6 +573,57 @@ fn reduction(
         dx,
         x.dtype(),
     ))?))])
+}
+
+/// `variance(x, m)` = `Σ (x - m)² / count` over the reduced axes: `dx = 2 (x - m) / count · dy`
+/// (broadcast back), `dm` the negated sum of that onto `m`'s shape.
+fn variance(
+    op: &OpDef,
+    args: &[OpValue],
+    attrs: &Attrs,
+    g: &Tensor,
+) -> Result<Vec<Option<OpValue>>, KernelError> {
+    let err = |m: String| KernelError::new(format!("{}: gradient: {m}", op.name));
+    let (Some(OpValue::Tensor(x)), Some(OpValue::Tensor(m))) = (args.first(), args.get(1)) else {
+        return Err(err("data and mean must be tensors".into()));
+    };
+    if !x.dtype().is_float() {
+        return Ok(vec![None, None]);
+    }
+    let tys: Vec<_> = args.iter().map(ty_of).collect();
+    let c = Call::new(op.name, &tys, attrs, 2)?;
+    let reduced = reduce_axes(&c, c.tensor(0, "data")?)?;
+    let unbiased = c.bool_or("unbiased", false)?;
+    let kept: Vec<usize> = x
+        .shape()
+        .iter()
+        .zip(&reduced)
+        .map(|(&d, &r)| if r { 1 } else { d })
+        .collect();
+    let n: usize = x
+        .shape()
+        .iter()
+        .zip(&reduced)
+        .filter(|(_, r)| **r)
+        .map(|(d, _)| *d)
+        .product();
+    let count = n as f64 - if unbiased { 1.0 } else { 0.0 };
+    let te = |r: Result<Tensor, tumble_tensor::TensorError>| r.map_err(|e| err(e.to_string()));
+    let gb = te(te(g.reshape(kept))?.broadcast_to(x.shape().to_vec()))?.to_f64_vec();
+    let mb = te(m.broadcast_to(x.shape().to_vec()))?.to_f64_vec();
+    let dx: Vec<f64> = x
+        .to_f64_vec()
+        .iter()
+        .zip(&mb)
+        .zip(&gb)
+        .map(|((&v, &mu), &d)| 2.0 * (v - mu) / count * d)
+        .collect();
+    let neg: Vec<f64> = dx.iter().map(|v| -v).collect();
+    let dm = te(unbroadcast(&neg, x.shape(), m.shape(), m.dtype()))?;
+    Ok(vec![
+        Some(OpValue::Tensor(te(make(x.shape(), dx, x.dtype()))?)),
+        Some(OpValue::Tensor(dm)),
+    ])
 }
 
 /// `nn.dense(x (…, K), w (N, K))`: `dx = dy · w`, `dw = dyᵀ · x` over all leading rows.

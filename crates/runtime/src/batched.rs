@@ -634,7 +634,7 @@ pub(crate) fn rule(
                 with_attr(attrs, "axis", AttrValue::Int(axis)),
             ))
         }
-        "sum" | "mean" | "max" | "min" | "argmax" | "argmin" => {
+        "sum" | "prod" | "mean" | "max" | "min" | "all" | "any" | "argmax" | "argmin" => {
             let x = batched_tensor(args.first()?)?;
             let r = rank(0);
             let listed = attrs.ints("axis").ok()?;

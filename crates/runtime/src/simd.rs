@@ -244,6 +244,17 @@ mod tests {
                 want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 "binary n={n}"
             );
+            norm_affine(&mut got, &x, 0.25, 1.5, &y, &x);
+            let want: Vec<f32> = x
+                .iter()
+                .zip(&y)
+                .map(|(&v, &g)| ((f64::from(v) - 0.25) * 1.5 * f64::from(g) + f64::from(v)) as f32)
+                .collect();
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "norm_affine n={n}"
+            );
         }
     }
 

@@ -175,6 +175,39 @@ def @main(%x: Tensor[(1, 8), float32], %g: Tensor[(8), float32], %b: Tensor[(8),
     agrees("layer_norm_far", src, &inputs.join("\n"), &["x"]);
 }
 
+/// The operators added in the forty-fifth session, batched every way against the reference:
+/// inverse and hyperbolic trigonometry, base-2/10 logs, NaN/inf tests, `logical_xor`, `prod`,
+/// `all`/`any`, Relay's two-argument `variance` (the keepdims mean, as `relay.variance` passes
+/// it, and `std` as its square root) and TVM's `fast_*` names.
+#[test]
+fn trigonometry_tests_products_and_variance() {
+    let src = r#"
+def @main(%x: Tensor[(1, 6), float32])
+    -> (Tensor[(1, 6), float32], Tensor[(1, 6), float32], Tensor[(1, 6), bool], Tensor[(1), float32],
+        Tensor[(1), bool], Tensor[(1, 1), float32], Tensor[(1), float32], Tensor[(1, 6), float32]) {
+  let %t = multiply(tanh(%x), 0.9f);
+  let %m = mean(%x, axis=[1], keepdims=True);
+  (add(add(tan(%t), asin(%t)), add(acos(%t), atanh(%t))),
+   add(add(sinh(%x), cosh(%x)), add(add(asinh(%x), atan(%x)), add(log2(add(abs(%x), 1f)), log10(add(abs(%x), 1f))))),
+   logical_xor(isnan(log(%x)), isfinite(divide(1f, %x))),
+   prod(add(%t, 1f), axis=[1]),
+   logical_and(all(greater(%x, -2f), axis=[1]), any(less(%x, 0f), axis=[1])),
+   variance(%x, %m, axis=[1], keepdims=True),
+   sqrt(variance(%x, %m, axis=[1], unbiased=True)),
+   add(fast_exp(%t), add(fast_tanh(%x), fast_erf(%x))))
+}
+"#;
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let row: Vec<String> = (0..6)
+                .map(|j| format!("{:.3}", ((i * 5 + j * 3) % 13) as f64 / 4.0 - 1.5))
+                .collect();
+            format!("{{\"x\": [[{}]]}}", row.join(", "))
+        })
+        .collect();
+    agrees("new_operators", src, &inputs.join("\n"), &["x"]);
+}
+
 /// Where the true result is tiny next to the values computed on the way (a numerics audit's
 /// finds), compared with no absolute tolerance: layer norm whose `y * g + b` nearly cancels
 /// (the row program rounded `y`, then `y * g`, then the sum: 0 where the reference gives

@@ -54,6 +54,7 @@ kernels! {
     greater_equal => compare("greater_equal", compare!(|a, b| a >= b));
     logical_and => logical("logical_and", |a, b| a && b);
     logical_or => logical("logical_or", |a, b| a || b);
+    logical_xor => logical("logical_xor", |a, b| a != b);
 }
 
 /// Integer division truncating toward zero (C semantics, TVM's `truncdiv`); `MIN / -1` wraps.

@@ -17,17 +17,24 @@ use tumble_tensor::Tensor;
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reduce {
     Sum,
+    Prod,
     Mean,
     Max,
     Min,
     ArgMax,
     ArgMin,
+    /// Bool in, bool out.
+    All,
+    Any,
 }
 
 kernels! {
     softmax => normalize("nn.softmax", false);
     log_softmax => normalize("nn.log_softmax", true);
     sum => reduction("sum", Reduce::Sum, rel::reduce::sum);
+    prod => reduction("prod", Reduce::Prod, rel::reduce::prod);
+    all => reduction("all", Reduce::All, rel::reduce::all);
+    any => reduction("any", Reduce::Any, rel::reduce::any);
     mean => reduction("mean", Reduce::Mean, rel::reduce::mean);
     max => reduction("max", Reduce::Max, rel::reduce::max);
     min => reduction("min", Reduce::Min, rel::reduce::min);
@@ -194,6 +201,49 @@ fn arg_best<T: Copy>(r: &[T], last: bool, cmp: impl Fn(T, T) -> Ordering) -> Opt
 /// The reduced axes are moved to the end; each output element reduces one contiguous row of
 /// `row_len` = (product of reduced dims) elements. `argmax`/`argmin` return the position within
 /// that row, i.e. the row-major flat index over the reduced axes.
+/// `variance(data, mean, axis, keepdims, exclude, unbiased)`, Relay's: the mean of
+/// `(data - mean)²` over the reduced axes, divided by `N - 1` when `unbiased` (`mean` broadcasts
+/// onto `data`: the keepdims mean TVM's `relay.variance` passes). In f64, rounded once.
+pub fn variance(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("variance", args, attrs, 2)?;
+    let x = k.tensor(0, "data")?;
+    let m = k.tensor(1, "mean")?;
+    let (out_shape, out_dtype) = k.out_tensor(rel::reduce::variance)?;
+    let c = k.rel();
+    let reduced = rel::reduce::reduce_axes(&c, c.tensor(0, "data")?)?;
+    let mb = m
+        .broadcast_to(x.shape().to_vec())
+        .map_err(|e| k.err(format!("mean: {e}")))?;
+    let n: usize = x
+        .shape()
+        .iter()
+        .zip(&reduced)
+        .filter(|(_, r)| **r)
+        .map(|(d, _)| *d)
+        .product();
+    let unbiased = c.bool_or("unbiased", false)?;
+    let count = n as f64 - if unbiased { 1.0 } else { 0.0 };
+    let groups = k.t(product(&out_shape))?;
+    let mut sums = vec![0f64; groups];
+    for ((v, mu), g) in x
+        .to_f64_vec()
+        .into_iter()
+        .zip(mb.to_f64_vec())
+        .zip(group_of_each(x.shape(), &reduced))
+    {
+        if let Some(s) = sums.get_mut(g) {
+            *s += (v - mu) * (v - mu);
+        }
+    }
+    let out = Values::F(sums.into_iter().map(|s| s / count).collect());
+    Ok(k.t(out.into_tensor(&out_shape, out_dtype))?.into())
+}
+
+/// `all`/`any` of a numeric tensor (the relation refuses it; a direct kernel call gets this).
+fn bool_only(k: &KCall, x: &Tensor) -> KernelError {
+    k.err(format!("input must have dtype bool, found {}", x.dtype()))
+}
+
 fn reduction(
     op: &'static str,
     args: &[OpValue],
@@ -246,11 +296,17 @@ fn reduction(
                         .map(|r| r.iter().fold(0.0, |a, b| a + b))
                         .collect(),
                 ),
+                Reduce::Prod => Values::F(
+                    rows_iter
+                        .map(|r| r.iter().fold(1.0, |a, b| a * b))
+                        .collect(),
+                ),
                 Reduce::Mean => Values::F(
                     rows_iter
                         .map(|r| r.iter().fold(0.0, |a, b| a + b) / len as f64)
                         .collect(),
                 ),
+                Reduce::All | Reduce::Any => return Err(bool_only(&k, x)),
                 Reduce::Max | Reduce::Min => {
                     let f = if kind == Reduce::Max {
                         super::broadcast::nan_max
@@ -287,6 +343,12 @@ fn reduction(
             let wrapping_sum = |r: &[i64]| r.iter().fold(0i64, |a, &b| a.wrapping_add(b));
             match kind {
                 Reduce::Sum => Values::I(rows_iter.map(wrapping_sum).collect()),
+                Reduce::Prod => Values::I(
+                    rows_iter
+                        .map(|r| r.iter().fold(1i64, |a, &b| a.wrapping_mul(b)))
+                        .collect(),
+                ),
+                Reduce::All | Reduce::Any => return Err(bool_only(&k, x)),
                 Reduce::Mean => {
                     // The exact sum (in i128: a sum of i64s wrapped, so the mean of large values
                     // came out far outside them), divided truncating like integer `divide`. A
@@ -325,7 +387,39 @@ fn reduction(
                 ),
             }
         }
-        Values::B(_) => return Err(k.err("input must have a numeric dtype, found bool")),
+        Values::B(v) => {
+            let rows_iter = (0..rows).map(|r| row(&v, r, len));
+            match kind {
+                // An empty axis: `all` is true and `any` false, as numpy's.
+                Reduce::All => Values::B(rows_iter.map(|r| r.iter().all(|&b| b)).collect()),
+                Reduce::Any => Values::B(rows_iter.map(|r| r.iter().any(|&b| b)).collect()),
+                _ => return Err(k.err("input must have a numeric dtype, found bool")),
+            }
+        }
     };
     Ok(k.t(out.into_tensor(&out_shape, out_dtype))?.into())
+}
+
+/// For each element of a tensor of `shape` (row-major), the index of its group when the axes
+/// `reduced` are reduced: its place in the keepdims result.
+pub(crate) fn group_of_each(shape: &[usize], reduced: &[bool]) -> Vec<usize> {
+    let total: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(total);
+    let mut coord = vec![0usize; shape.len()];
+    for _ in 0..total {
+        let mut k = 0;
+        for ((&c, &d), &r) in coord.iter().zip(shape).zip(reduced) {
+            k = k * if r { 1 } else { d } + if r { 0 } else { c };
+        }
+        out.push(k);
+        // The next coordinate, last axis fastest.
+        for (c, &d) in coord.iter_mut().zip(shape).rev() {
+            *c += 1;
+            if *c < d {
+                break;
+            }
+            *c = 0;
+        }
+    }
+    out
 }

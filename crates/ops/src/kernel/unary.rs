@@ -30,6 +30,17 @@ kernels! {
     erf => unary("erf", UnaryFn::Float(libm::erf));
     sin => unary("sin", UnaryFn::Float(f64::sin));
     cos => unary("cos", UnaryFn::Float(f64::cos));
+    tan => unary("tan", UnaryFn::Float(f64::tan));
+    asin => unary("asin", UnaryFn::Float(f64::asin));
+    acos => unary("acos", UnaryFn::Float(f64::acos));
+    atan => unary("atan", UnaryFn::Float(f64::atan));
+    sinh => unary("sinh", UnaryFn::Float(f64::sinh));
+    cosh => unary("cosh", UnaryFn::Float(f64::cosh));
+    asinh => unary("asinh", UnaryFn::Float(f64::asinh));
+    acosh => unary("acosh", UnaryFn::Float(f64::acosh));
+    atanh => unary("atanh", UnaryFn::Float(f64::atanh));
+    log2 => unary("log2", UnaryFn::Float(f64::log2));
+    log10 => unary("log10", UnaryFn::Float(f64::log10));
     floor => unary("floor", UnaryFn::Float(f64::floor));
     ceil => unary("ceil", UnaryFn::Float(f64::ceil));
     // Halves to even, as numpy's `round` and TVM's (`nearbyint`) do.
@@ -106,6 +117,34 @@ pub fn logical_not(
         k.t(Tensor::from_bool(x.shape(), v.iter().map(|b| !b).collect()))?
             .into(),
     )
+}
+
+kernels! {
+    isnan => predicate("isnan", f64::is_nan);
+    isinf => predicate("isinf", f64::is_infinite);
+    isfinite => predicate("isfinite", f64::is_finite);
+}
+
+/// `isnan(x)`, `isinf(x)`, `isfinite(x)`: a bool tensor of `test` on each element of a float `x`.
+fn predicate(
+    op: &'static str,
+    args: &[OpValue],
+    attrs: &Attrs,
+    test: fn(f64) -> bool,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new(op, args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let Values::F(v) = Values::of(x) else {
+        return Err(k.err(format!(
+            "input must have a float dtype, found {}",
+            x.dtype()
+        )));
+    };
+    Ok(k.t(Tensor::from_bool(
+        x.shape(),
+        v.into_iter().map(test).collect(),
+    ))?
+    .into())
 }
 
 /// `copy(x)`: a tensor with its own buffer, equal to `x`.

@@ -37,6 +37,7 @@ relations! {
     greater_equal => binary("greater_equal", Binary::Order);
     logical_and => binary("logical_and", Binary::Logical);
     logical_or => binary("logical_or", Binary::Logical);
+    logical_xor => binary("logical_xor", Binary::Logical);
 }
 
 /// The broadcast shape of `a` and `b`, or `op: cannot broadcast A with B (dimension x vs y)`.

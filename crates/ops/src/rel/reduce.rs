@@ -9,6 +9,9 @@ relations! {
     softmax => softmax_like("nn.softmax");
     log_softmax => softmax_like("nn.log_softmax");
     sum => reduction("sum", None);
+    prod => reduction("prod", None);
+    all => bool_reduction("all");
+    any => bool_reduction("any");
     mean => reduction("mean", None);
     max => reduction("max", None);
     min => reduction("min", None);
@@ -89,11 +92,49 @@ fn reduction(
     let c = Call::new(op, args, attrs, 1)?;
     let x = c.tensor(0, "input")?;
     c.want_numeric(0, "input", x)?;
+    reduced_type(&c, x, out)
+}
+
+/// `variance(data, mean, axis=None, keepdims=False, exclude=False, unbiased=False)`: float data,
+/// a mean of its dtype that broadcasts onto it (the keepdims mean `relay.variance` passes); the
+/// reduced type.
+pub fn variance(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("variance", args, attrs, 2)?;
+    let x = c.tensor(0, "data")?;
+    c.want_float(0, "data", x)?;
+    let m = c.tensor(1, "mean")?;
+    c.same_dtype(x, m)?;
+    c.bool_or("unbiased", false)?;
+    let fits = m.rank() <= x.rank()
+        && m.shape
+            .iter()
+            .rev()
+            .zip(x.shape.iter().rev())
+            .all(|(&a, &b)| matches!(a, Dim::Known(1)) || dims_match(a, b));
+    if !fits {
+        return Err(c.err(format!(
+            "mean {m} does not broadcast onto data {x} (give the mean with keepdims=True)"
+        )));
+    }
+    reduced_type(&c, x, None)
+}
+
+/// `all(data, axis, keepdims, exclude)` and `any`: a bool input, a bool result.
+fn bool_reduction(op: &'static str, args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new(op, args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    c.want_bool(0, "input", x)?;
+    reduced_type(&c, x, None)
+}
+
+/// The type of reducing `x` as `c`'s attributes say (`axis`, `keepdims`, `exclude`), of dtype
+/// `out` (else `x`'s).
+fn reduced_type(c: &Call, x: Tensor<'_>, out: Option<DType>) -> Result<Ty, RelError> {
     let keepdims = c.bool_or("keepdims", false)?;
     if out.is_some() {
         c.bool_or("select_last_index", false)?;
     }
-    let reduced = reduce_axes(&c, x)?;
+    let reduced = reduce_axes(c, x)?;
     let mut shape = Vec::with_capacity(x.rank());
     for (&d, &r) in x.shape.iter().zip(&reduced) {
         if !r {

@@ -30,6 +30,20 @@ relations! {
     erf => unary("erf", Unary::Float);
     sin => unary("sin", Unary::Float);
     cos => unary("cos", Unary::Float);
+    tan => unary("tan", Unary::Float);
+    asin => unary("asin", Unary::Float);
+    acos => unary("acos", Unary::Float);
+    atan => unary("atan", Unary::Float);
+    sinh => unary("sinh", Unary::Float);
+    cosh => unary("cosh", Unary::Float);
+    asinh => unary("asinh", Unary::Float);
+    acosh => unary("acosh", Unary::Float);
+    atanh => unary("atanh", Unary::Float);
+    log2 => unary("log2", Unary::Float);
+    log10 => unary("log10", Unary::Float);
+    isnan => predicate("isnan");
+    isinf => predicate("isinf");
+    isfinite => predicate("isfinite");
     floor => unary("floor", Unary::Float);
     ceil => unary("ceil", Unary::Float);
     round => unary("round", Unary::Float);
@@ -49,6 +63,14 @@ fn unary(op: &'static str, args: &[Ty], attrs: &Attrs, kind: Unary) -> Result<Ty
         Unary::Any => {}
     }
     Ok(x.ty.clone())
+}
+
+/// `isnan`, `isinf`, `isfinite`: a float input, a bool result of its shape.
+fn predicate(op: &'static str, args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new(op, args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    c.want_float(0, "input", x)?;
+    Ok(Ty::tensor(x.shape.to_vec(), tumble_ir::DType::Bool))
 }
 
 /// `nn.leaky_relu(data, alpha=0.01)`: `x` where positive, else `alpha * x` (float).

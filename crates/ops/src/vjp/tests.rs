@@ -221,10 +221,19 @@ fn broadcasting_binary() {
 fn unary() {
     let mut g = Gen(2);
     for name in [
-        "negative", "sigmoid", "tanh", "exp", "copy", "erf", "sin", "cos",
+        "negative", "sigmoid", "tanh", "exp", "copy", "erf", "sin", "cos", "atan", "sinh", "cosh",
+        "asinh",
     ] {
         check(name, vec![g.tensor(&[2, 3], -2.0, 2.0)], Attrs::default());
     }
+    // Inside their domains, away from the poles.
+    for name in ["tan", "asin", "acos", "atanh"] {
+        check(name, vec![g.tensor(&[2, 3], -0.8, 0.8)], Attrs::default());
+    }
+    for name in ["log2", "log10"] {
+        check(name, vec![g.tensor(&[2, 3], 0.2, 2.0)], Attrs::default());
+    }
+    check("acosh", vec![g.tensor(&[2, 3], 1.2, 3.0)], Attrs::default());
     check(
         "nn.leaky_relu",
         vec![g.tensor(&[2, 3], -2.0, 2.0)],
@@ -310,7 +319,39 @@ fn normalizations_and_reductions() {
         vec![g.tensor(&[2, 3, 4], -1.0, 1.0)],
         attrs(&[("axis", ints(&[1]))]),
     );
+    check("prod", vec![g.tensor(&[2, 3], 0.5, 1.5)], Attrs::default());
+    // One zero in the first row, two in the second: the product is linear in each element, so
+    // the differences are exact there too.
+    let zeros = Tensor::from_vec(vec![2, 3], vec![0.0f64, 2.0, 3.0, 0.0, 0.0, 5.0]).unwrap();
+    check(
+        "prod",
+        vec![OpValue::Tensor(zeros)],
+        attrs(&[("axis", ints(&[1]))]),
+    );
+    check(
+        "prod",
+        vec![g.tensor(&[2, 3, 2], -1.5, 1.5)],
+        attrs(&[("axis", ints(&[0, 2]))]),
+    );
     check("sum", vec![g.tensor(&[2, 3], -1.0, 1.0)], Attrs::default());
+    // The mean given with keepdims, as `relay.variance` passes it, and one of another value.
+    check(
+        "variance",
+        vec![g.tensor(&[3, 4], -1.0, 1.0), g.tensor(&[3, 1], -0.5, 0.5)],
+        attrs(&[("axis", ints(&[1]))]),
+    );
+    check(
+        "variance",
+        vec![
+            g.tensor(&[2, 3, 2], -1.0, 1.0),
+            g.tensor(&[1, 3, 1], -0.5, 0.5),
+        ],
+        attrs(&[
+            ("axis", ints(&[0, 2])),
+            ("keepdims", AttrValue::Bool(true)),
+            ("unbiased", AttrValue::Bool(true)),
+        ]),
+    );
     check(
         "mean",
         vec![g.tensor(&[2, 3, 4], -1.0, 1.0)],

@@ -579,6 +579,62 @@ case("one_hot", [idx, on, off], np.where(hot > 0, on, off).astype(F32),
 case("one_hot", [idx, on, off], np.moveaxis(np.where(hot > 0, on, off).astype(F32), -1, 0),
      "axis 0", depth=4, axis=0)
 
+# ---- added in the forty-fifth session (drawn after the others) ----
+x = fr(7, lo=-1.3, hi=1.3)
+case("tan", [x], like(np.tan(f64(x)), x))
+case("atan", [x], like(np.arctan(f64(x)), x))
+case("sinh", [x], like(np.sinh(f64(x)), x))
+case("cosh", [x], like(np.cosh(f64(x)), x))
+case("asinh", [x], like(np.arcsinh(f64(x)), x))
+x = np.concatenate([fr(6, lo=-0.99, hi=0.99), np.array([1.0, -1.0, 1.5], dtype=F32)])
+with np.errstate(invalid="ignore", divide="ignore"):
+    case("asin", [x], like(np.arcsin(f64(x)), x), "NaN outside [-1, 1]")
+    case("acos", [x], like(np.arccos(f64(x)), x), "NaN outside [-1, 1]")
+    case("atanh", [x], like(np.arctanh(f64(x)), x), "±inf at ±1, NaN outside")
+x = np.concatenate([fr(5, lo=1.0, hi=9.0), np.array([1.0, 0.5], dtype=F32)])
+with np.errstate(invalid="ignore"):
+    case("acosh", [x], like(np.arccosh(f64(x)), x), "0 at 1, NaN below")
+x = np.concatenate([fr(5, lo=0.01, hi=100.0), np.array([1.0, 8.0, 1000.0, 0.0], dtype=F32)])
+with np.errstate(divide="ignore"):
+    case("log2", [x], like(np.log2(f64(x)), x), "exact powers; -inf at 0")
+    case("log10", [x], like(np.log10(f64(x)), x), "exact powers; -inf at 0")
+x = fr(2, 3, dtype=F64)
+case("tan", [x], np.tan(x), "float64")
+x = np.array([0.0, -1.5, np.inf, -np.inf, np.nan, 3e38], dtype=F32)
+case("isnan", [x], np.isnan(x), "")
+case("isinf", [x], np.isinf(x), "")
+case("isfinite", [x], np.isfinite(x), "")
+a, b = br(2, 1, 3), br(4, 3)
+case("logical_xor", [a, b], np.logical_xor(a, b), "(2,1,3) with (4,3)")
+
+
+def fprod(x, axes, keepdims):
+    if np.issubdtype(x.dtype, np.floating):
+        return like(f64(x).prod(axis=axes, keepdims=keepdims), x)
+    return x.prod(axis=axes, keepdims=keepdims, dtype=I64).astype(x.dtype)
+
+
+x = fr(2, 3, 4, lo=0.5, hi=1.5)
+reduce_case("prod", fprod, x, "axis=None (all)")
+reduce_case("prod", fprod, x, "axis=[0, 2], keepdims", axis=[0, 2], keepdims=True)
+reduce_case("prod", fprod, x, "axis=-1, exclude", axis=-1, exclude=True)
+x = ir(3, 4, lo=-3, hi=3)
+reduce_case("prod", fprod, x, "int32 axis=1 (zeros, signs)", axis=1)
+for op, f in {"all": np.all, "any": np.any}.items():
+    x = br(3, 4)
+    reduce_case(op, lambda x, axes, keepdims, f=f: f(x, axis=axes, keepdims=keepdims), x, "axis=None")
+    reduce_case(op, lambda x, axes, keepdims, f=f: f(x, axis=axes, keepdims=keepdims), x, "axis=1", axis=1)
+    reduce_case(op, lambda x, axes, keepdims, f=f: f(x, axis=axes, keepdims=keepdims), x,
+                "axis=0, keepdims", axis=0, keepdims=True)
+x = fr(3, 5)
+m = like(f64(x).mean(axis=1, keepdims=True), x)
+case("variance", [x, m], like(((f64(x) - f64(m)) ** 2).mean(axis=1), x), "axis=1, the keepdims mean", axis=[1])
+case("variance", [x, m], like(((f64(x) - f64(m)) ** 2).sum(axis=1, keepdims=True) / 4.0, x),
+     "unbiased, keepdims", axis=[1], keepdims=True, unbiased=True)
+x = fr(2, 3, 4, dtype=F64)
+m = np.full((1, 3, 1), 0.25, dtype=F64)
+case("variance", [x, m], ((x - m) ** 2).mean(axis=(0, 2)), "float64, a given mean, axis=[0, 2]", axis=[0, 2])
+
 # ---- write --------------------------------------------------------------------------------------
 
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases.json")
