@@ -484,13 +484,20 @@ fn a_second_batch_thread_answers_while_the_first_is_busy() {
         c.max_wait = Duration::from_millis(1);
         c.workers = 2;
         c.threads = 2;
+        c.timeout = Duration::from_secs(600);
         let server = Server::start(m.clone(), c).unwrap();
         let addr = server.addr();
         let long_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = Arc::clone(&long_done);
-        // About a second of products in one flush on one thread (more on a loaded machine).
+        // About a second of products in one flush on one thread (a few in a debug build, more
+        // on a loaded machine).
+        let n = if cfg!(debug_assertions) {
+            10_000
+        } else {
+            150_000
+        };
         let long = std::thread::spawn(move || {
-            let r = spin(addr, 150_000);
+            let r = spin(addr, n);
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
             r
         });
@@ -543,17 +550,17 @@ fn a_lone_static_request_is_not_held_by_the_idle_thread() {
 #[test]
 fn shutdown_answers_what_waits_in_the_channel() {
     let m = spin_model();
+    let n = if cfg!(debug_assertions) { 500 } else { 3_000 };
     for workers in [1, 2] {
         let mut c = Config::new("spin");
         c.max_batch = 1;
         c.workers = workers;
         c.threads = workers;
+        c.timeout = Duration::from_secs(600);
         let server = Server::start(m.clone(), c).unwrap();
         let addr = server.addr();
         std::thread::scope(|sc| {
-            let asked: Vec<_> = (0..8)
-                .map(|_| sc.spawn(move || spin(addr, 3_000)))
-                .collect();
+            let asked: Vec<_> = (0..8).map(|_| sc.spawn(move || spin(addr, n))).collect();
             eventually("eight requests accepted", || {
                 let text = http(addr, "GET", "/metrics", b"").1;
                 let depth = text
