@@ -344,13 +344,14 @@ impl std::fmt::Debug for OpDef {
     }
 }
 
-/// Other names of operators in the table: TVM's FastMath pass rewrites `exp`, `tanh` and `erf`
-/// into these approximations, and tumble's batched kernels are its own fast f32 functions
+/// Other names of operators in the table: TVM's FastMath pass rewrites `exp`, `tanh`, `erf` and
+/// `nn.softmax` into these approximations, and tumble's batched kernels are its own fast f32 functions
 /// already, so a program TVM wrote with them runs as with the originals (and prints them).
 pub const ALIASES: &[(&str, &str)] = &[
     ("fast_exp", "exp"),
     ("fast_tanh", "tanh"),
     ("fast_erf", "erf"),
+    ("nn.fast_softmax", "nn.softmax"),
 ];
 
 /// The operator named `name` (or an alias of it, [`ALIASES`]), if the table has it. Hashes into

@@ -607,7 +607,8 @@ fn variance(
         .filter(|(_, r)| **r)
         .map(|(d, _)| *d)
         .product();
-    let count = n as f64 - if unbiased { 1.0 } else { 0.0 };
+    // numpy's `max(N - ddof, 0)`: an empty axis (or one element, unbiased) gives NaN or inf.
+    let count = (n as f64 - if unbiased { 1.0 } else { 0.0 }).max(0.0);
     let te = |r: Result<Tensor, tumble_tensor::TensorError>| r.map_err(|e| err(e.to_string()));
     let gb = te(te(g.reshape(kept))?.broadcast_to(x.shape().to_vec()))?.to_f64_vec();
     let mb = te(m.broadcast_to(x.shape().to_vec()))?.to_f64_vec();

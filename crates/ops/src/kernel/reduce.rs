@@ -222,7 +222,8 @@ pub fn variance(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpV
         .map(|(d, _)| *d)
         .product();
     let unbiased = c.bool_or("unbiased", false)?;
-    let count = n as f64 - if unbiased { 1.0 } else { 0.0 };
+    // numpy's `max(N - ddof, 0)`: an empty axis (or one element, unbiased) gives NaN or inf.
+    let count = (n as f64 - if unbiased { 1.0 } else { 0.0 }).max(0.0);
     let groups = k.t(product(&out_shape))?;
     let mut sums = vec![0f64; groups];
     for ((v, mu), g) in x

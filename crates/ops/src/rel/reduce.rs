@@ -105,15 +105,23 @@ pub fn variance(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let m = c.tensor(1, "mean")?;
     c.same_dtype(x, m)?;
     c.bool_or("unbiased", false)?;
-    let fits = m.rank() <= x.rank()
+    if x.rank() == 0 {
+        return Err(c.err("data must have at least one axis".to_string()));
+    }
+    // As TVM's: the mean has the data's rank, 1 along each reduced axis (a mean without
+    // keepdims broadcast onto the data would line up with the wrong axes: a wrong variance).
+    let reduced = reduce_axes(&c, x)?;
+    let fits = m.rank() == x.rank()
         && m.shape
             .iter()
-            .rev()
-            .zip(x.shape.iter().rev())
-            .all(|(&a, &b)| matches!(a, Dim::Known(1)) || dims_match(a, b));
+            .zip(x.shape.iter())
+            .zip(&reduced)
+            .all(|((&a, &b), &r)| {
+                matches!(a, Dim::Known(1) | Dim::Any) || (!r && dims_match(a, b))
+            });
     if !fits {
         return Err(c.err(format!(
-            "mean {m} does not broadcast onto data {x} (give the mean with keepdims=True)"
+            "mean {m} is not data {x} reduced with keepdims=True (give the mean with keepdims=True)"
         )));
     }
     reduced_type(&c, x, None)

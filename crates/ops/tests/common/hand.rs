@@ -1445,7 +1445,28 @@ pub fn hand_cases() -> Vec<Hand> {
             "a mean that does not broadcast",
             &[("axis", ints(&[1]))],
             vec![f32s(&[2, 3], &[0.; 6]), f32s(&[2, 2], &[0.; 4])],
-            "does not broadcast",
+            "keepdims=True",
+        ),
+        err(
+            "variance",
+            "a mean without keepdims (it would broadcast along the wrong axis)",
+            &[("axis", ints(&[1]))],
+            vec![f32s(&[3, 3], &[0.; 9]), f32s(&[3], &[0.; 3])],
+            "keepdims=True",
+        ),
+        err(
+            "variance",
+            "a mean varying along the reduced axis",
+            &[("axis", ints(&[0]))],
+            vec![f32s(&[3, 4], &[0.; 12]), f32s(&[3, 1], &[0.; 3])],
+            "keepdims=True",
+        ),
+        ok(
+            "variance",
+            "an empty axis, unbiased: NaN (numpy's ddof=1)",
+            &[("axis", ints(&[1])), ("unbiased", B(true))],
+            vec![f32s(&[2, 0], &[]), f32s(&[2, 1], &[0., 0.])],
+            f32s(&[2], &[NAN, NAN]),
         ),
     ]
 }
