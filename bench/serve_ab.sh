@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Alternated serving A/B: for each round, one fresh `tumble serve` per command (a binary, or
 # `env VAR=1 binary`) in turn, each loaded for SECONDS by the open-loop generator at RATE req/s
-# (TreeLSTM-large on SST test trees, one tree a request, `--threads 1 --max-batch 64
-# --max-wait-ms 10`), printing throughput and p50 / p99 latency. Servers run one at a time, so
+# (TreeLSTM-large on SST test trees, one tree a request, `--threads $THREADS` — 1 unless
+# given — `--max-batch 64 --max-wait-ms 10`), printing throughput and p50 / p99 latency. Servers run one at a time, so
 # they never share the machine; rounds alternate, so a drifting VM affects every command alike.
 # SERVE_ARGS (optional) are added to every server's command line (`--policy continuous
 # --cell-levels 1`); a command's own flags go after the binary.
@@ -22,7 +22,7 @@ for r in $(seq "$ROUNDS"); do
   for cmd in "$@"; do
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     # shellcheck disable=SC2086 # $cmd and $SERVE_ARGS are word lists
-    $cmd serve models/treelstm_large.rly --random-params 0 --port "$port" --threads 1 \
+    $cmd serve models/treelstm_large.rly --random-params 0 --port "$port" --threads "${THREADS:-1}" \
       --max-batch 64 --max-wait-ms 10 ${SERVE_ARGS:-} 2> "$TMP/server.err" &
     server=$!
     for _ in $(seq 100); do grep -q listening "$TMP/server.err" 2>/dev/null && break; sleep 0.05; done

@@ -987,6 +987,7 @@ mod session;
 pub use runner::{on_run_thread, on_run_thread_watched};
 pub use session::{Session, Ticket};
 pub use tumble_interp::StopWhen;
+pub use tumble_runtime::Lending;
 
 #[cfg(test)]
 mod tests;

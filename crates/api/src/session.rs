@@ -58,6 +58,12 @@ impl Model {
 }
 
 impl<'m> Session<'m> {
+    /// Launches from now on also use a share of the threads `lent` holds, which other sessions
+    /// (a server's other batch threads) lend while they are idle ([`crate::Lending`]).
+    pub fn lend_threads(&mut self, lent: &'m crate::Lending) {
+        self.inner.lend_threads(lent);
+    }
+
     /// Decodes instance `i` of `instances` and admits it; it draws random numbers from the stream
     /// `tumble run` gives instance `i` of a file, so a request's results equal `tumble run` on
     /// the same instances.

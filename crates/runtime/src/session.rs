@@ -106,6 +106,9 @@ pub struct BatchSession<'p> {
     /// The program planned for `opts` (kept for the fresh graphs).
     exec: Arc<Executable>,
     dfg: Dfg<'p>,
+    /// Threads other sessions lend while idle (a server's batch threads), added to this one's
+    /// launches ([`BatchSession::lend_threads`]).
+    lent: Option<&'p crate::Lending>,
     queued: VecDeque<Slot<'p>>,
     active: Vec<Slot<'p>>,
     next_ticket: u64,
@@ -145,6 +148,7 @@ impl<'p> BatchSession<'p> {
             time_slice: Some(DEFAULT_TIME_SLICE),
             dfg: Dfg::new(program, reuse, exec.clone(), opts),
             exec,
+            lent: None,
             queued: VecDeque::new(),
             active: Vec::new(),
             next_ticket: 0,
@@ -227,7 +231,15 @@ impl<'p> BatchSession<'p> {
         self.stats.launches += self.dfg.profile.launches;
         self.stats.graphs += 1;
         self.dfg = Dfg::new(self.program, self.reuse, self.exec.clone(), self.opts);
+        self.dfg.lend_threads(self.lent);
         self.next_instance = 0;
+    }
+
+    /// Launches from now on also use a share of the threads `lent` holds, which other sessions
+    /// lend while they are idle ([`crate::Lending::lend`]).
+    pub fn lend_threads(&mut self, lent: &'p crate::Lending) {
+        self.lent = Some(lent);
+        self.dfg.lend_threads(self.lent);
     }
 
     /// Runs the instances in flight (after letting the admitted ones join) to their next

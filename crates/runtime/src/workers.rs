@@ -75,16 +75,19 @@ impl<E> JobError<E> {
 
 type Chunk<T> = (usize, Vec<T>, Profile);
 
-/// Threads that workers out of mini-batches lend to the launches of the workers still running.
-/// Each running worker may add an equal share of them, so the job never uses more threads than
-/// its budget.
-pub(crate) struct Lending {
+/// Threads that workers out of work lend to the launches of the workers still running. Each
+/// running worker may add an equal share of them, so the job never uses more threads than its
+/// budget. A job's workers lend for good once out of mini-batches; a server's batch threads lend
+/// while idle and take their threads back when a request comes ([`Lending::lend`],
+/// [`Lending::reclaim`]; [`crate::session::BatchSession::lend_threads`]).
+pub struct Lending {
     lent: AtomicUsize,
     running: AtomicUsize,
 }
 
 impl Lending {
-    fn new(workers: usize) -> Lending {
+    /// `workers` workers, all running, none lending.
+    pub fn new(workers: usize) -> Lending {
         Lending {
             lent: AtomicUsize::new(0),
             running: AtomicUsize::new(workers),
@@ -93,6 +96,12 @@ impl Lending {
 
     /// A worker stops taking mini-batches: its `threads` go to the others.
     fn retire(&self, threads: usize) {
+        self.lend(threads);
+    }
+
+    /// A running worker goes idle: its `threads` go to the others until it
+    /// [reclaims](Lending::reclaim) them.
+    pub fn lend(&self, threads: usize) {
         // Lent first, then one fewer running: a share read in between is the smaller one.
         self.lent.fetch_add(threads, Ordering::Relaxed);
         let _ = self
@@ -100,8 +109,20 @@ impl Lending {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1));
     }
 
+    /// An idle worker that lent `threads` runs again: one more running first, then the threads
+    /// taken back, so a share read in between is the smaller one. (A launch of another worker
+    /// already under way keeps the threads it started with until it ends.)
+    pub fn reclaim(&self, threads: usize) {
+        self.running.fetch_add(1, Ordering::Relaxed);
+        let _ = self
+            .lent
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
+                Some(l.saturating_sub(threads))
+            });
+    }
+
     /// Threads one running worker's launch may add to its own now.
-    pub(crate) fn share(&self) -> usize {
+    pub fn share(&self) -> usize {
         self.lent.load(Ordering::Relaxed) / self.running.load(Ordering::Relaxed).max(1)
     }
 }
@@ -284,6 +305,23 @@ where
 #[cfg(test)]
 mod tests {
     use super::Lending;
+
+    #[test]
+    fn idle_threads_are_lent_and_taken_back() {
+        // Two batch threads of one kernel thread: while one is idle the other runs on two.
+        let two = Lending::new(2);
+        two.lend(1);
+        assert_eq!(two.share(), 1);
+        two.reclaim(1);
+        assert_eq!(two.share(), 0);
+        // Both idle, then one busy again: it gets the other's thread, not its own twice.
+        two.lend(1);
+        two.lend(1);
+        two.reclaim(1);
+        assert_eq!(two.share(), 1);
+        two.reclaim(1);
+        assert_eq!(two.share(), 0);
+    }
 
     #[test]
     fn lent_threads_are_shared_within_the_budget() {

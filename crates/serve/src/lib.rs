@@ -147,6 +147,9 @@ pub(crate) struct Shared {
     pub jobs: std::sync::mpsc::Sender<worker::Job>,
     /// Batch threads still running: the last one to stop answers what is left in the channel.
     pub workers_running: AtomicUsize,
+    /// Kernel threads idle batch threads lend to the busy ones' launches: a lone request runs
+    /// on every core, as with one batch thread.
+    pub lending: tumble_api::Lending,
     /// Held while a large request body is parsed: they parse one at a time (see `http::answer`).
     pub large_parse: std::sync::Mutex<()>,
 }
@@ -193,6 +196,7 @@ impl Server {
             stop_notice: tokio::sync::Notify::new(),
             jobs: jobs_tx,
             workers_running: AtomicUsize::new(workers),
+            lending: tumble_api::Lending::new(workers),
             large_parse: std::sync::Mutex::new(()),
         });
         // Each session is made on its batch thread (it holds `Rc` values); a failure to make one
