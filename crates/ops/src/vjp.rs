@@ -516,13 +516,7 @@ fn reduction(
     let dx: Vec<f64> = match op.name {
         "sum" => gb,
         "mean" => {
-            let count: usize = x
-                .shape()
-                .iter()
-                .zip(&reduced)
-                .filter(|(_, r)| **r)
-                .map(|(d, _)| *d)
-                .product();
+            let count = crate::kernel::reduce::reduced_count(x.shape(), &reduced);
             gb.iter().map(|v| v / count.max(1) as f64).collect()
         }
         "prod" => {
@@ -600,15 +594,7 @@ fn variance(
         .zip(&reduced)
         .map(|(&d, &r)| if r { 1 } else { d })
         .collect();
-    let n: usize = x
-        .shape()
-        .iter()
-        .zip(&reduced)
-        .filter(|(_, r)| **r)
-        .map(|(d, _)| *d)
-        .product();
-    // numpy's `max(N - ddof, 0)`: an empty axis (or one element, unbiased) gives NaN or inf.
-    let count = (n as f64 - if unbiased { 1.0 } else { 0.0 }).max(0.0);
+    let count = crate::kernel::reduce::variance_divisor(x.shape(), &reduced, unbiased);
     let te = |r: Result<Tensor, tumble_tensor::TensorError>| r.map_err(|e| err(e.to_string()));
     let gb = te(te(g.reshape(kept))?.broadcast_to(x.shape().to_vec()))?.to_f64_vec();
     let mb = te(m.broadcast_to(x.shape().to_vec()))?.to_f64_vec();

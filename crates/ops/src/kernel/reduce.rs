@@ -214,16 +214,7 @@ pub fn variance(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpV
     let mb = m
         .broadcast_to(x.shape().to_vec())
         .map_err(|e| k.err(format!("mean: {e}")))?;
-    let n: usize = x
-        .shape()
-        .iter()
-        .zip(&reduced)
-        .filter(|(_, r)| **r)
-        .map(|(d, _)| *d)
-        .product();
-    let unbiased = c.bool_or("unbiased", false)?;
-    // numpy's `max(N - ddof, 0)`: an empty axis (or one element, unbiased) gives NaN or inf.
-    let count = (n as f64 - if unbiased { 1.0 } else { 0.0 }).max(0.0);
+    let count = variance_divisor(x.shape(), &reduced, c.bool_or("unbiased", false)?);
     let groups = k.t(product(&out_shape))?;
     let mut sums = vec![0f64; groups];
     for ((v, mu), g) in x
@@ -423,4 +414,20 @@ pub(crate) fn group_of_each(shape: &[usize], reduced: &[bool]) -> Vec<usize> {
         }
     }
     out
+}
+
+/// Elements each reduction of `shape` over the axes `reduced` takes in.
+pub(crate) fn reduced_count(shape: &[usize], reduced: &[bool]) -> usize {
+    shape
+        .iter()
+        .zip(reduced)
+        .filter(|(_, r)| **r)
+        .map(|(d, _)| *d)
+        .product()
+}
+
+/// What `variance` divides its sum of squares by: numpy's `max(N - ddof, 0)` (an empty axis, or
+/// one element when unbiased, gives NaN or inf).
+pub(crate) fn variance_divisor(shape: &[usize], reduced: &[bool], unbiased: bool) -> f64 {
+    (reduced_count(shape, reduced) as f64 - if unbiased { 1.0 } else { 0.0 }).max(0.0)
 }
