@@ -64,11 +64,11 @@ pub struct ServeArgs {
     /// `$TUMBLE_NUM_THREADS`, else every core.
     #[arg(long, value_parser = crate::run::thread_arg)]
     pub threads: Option<usize>,
-    /// Batch threads, each running its own batch with `threads / workers` kernel threads and
-    /// taking whole requests (an idle one first; `single` runs one instance per batch thread).
-    /// Default: one per thread — on a CPU a batch of a few instances does not keep two cores
-    /// busy, two batches side by side do. Never more than the threads (a larger count is
-    /// reduced, with a warning)
+    /// Batch threads, each running its own batch on an equal share of the kernel threads and
+    /// taking whole requests (an idle one first; `single` runs one instance per batch thread);
+    /// an idle one lends its kernel threads to the others. Default: one per thread — on a CPU a
+    /// batch of a few instances does not keep two cores busy, two batches side by side do.
+    /// Never more than the threads (a larger count is reduced, with a warning)
     #[arg(long, value_parser = at_least_one)]
     pub workers: Option<usize>,
     /// Most instances in one batch.

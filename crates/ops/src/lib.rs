@@ -345,7 +345,7 @@ impl std::fmt::Debug for OpDef {
 }
 
 /// Other names of operators in the table: TVM's FastMath pass rewrites `exp`, `tanh`, `erf` and
-/// `nn.softmax` into these approximations, and tumble's batched kernels are its own fast f32 functions
+/// `nn.softmax` into these approximations, and tumble's batched kernels are fast f32 functions
 /// already, so a program TVM wrote with them runs as with the originals (and prints them).
 pub const ALIASES: &[(&str, &str)] = &[
     ("fast_exp", "exp"),

@@ -503,13 +503,7 @@ fn reduction(
     let tys: Vec<_> = args.iter().map(ty_of).collect();
     let c = Call::new(op.name, &tys, attrs, 1)?;
     let reduced = reduce_axes(&c, c.tensor(0, "input")?)?;
-    // The result's shape with keepdims: reduced axes are 1, so it broadcasts back onto x.
-    let kept: Vec<usize> = x
-        .shape()
-        .iter()
-        .zip(&reduced)
-        .map(|(&d, &r)| if r { 1 } else { d })
-        .collect();
+    let kept = keepdims_shape(x.shape(), &reduced);
     let te = |r: Result<Tensor, tumble_tensor::TensorError>| r.map_err(|e| err(e.to_string()));
     let gk = te(g.reshape(kept.clone()))?;
     let gb = te(gk.broadcast_to(x.shape().to_vec()))?.to_f64_vec();
@@ -524,7 +518,7 @@ fn reduction(
             // nonzero elements' product over x_i, or with one zero the others' product at the
             // zero (0 elsewhere), or 0 with two zeros or more.
             let xv = x.to_f64_vec();
-            let group = crate::kernel::reduce::group_of_each(x.shape(), &reduced);
+            let group = group_of_each(x.shape(), &reduced);
             let n_groups = kept.iter().product::<usize>();
             let mut zeros = vec![0usize; n_groups];
             let mut nonzero = vec![1f64; n_groups];
@@ -569,6 +563,40 @@ fn reduction(
     ))?))])
 }
 
+/// The shape of reducing `shape` over the axes `reduced` with keepdims: reduced axes are 1, so
+/// it broadcasts back onto `shape`.
+fn keepdims_shape(shape: &[usize], reduced: &[bool]) -> Vec<usize> {
+    shape
+        .iter()
+        .zip(reduced)
+        .map(|(&d, &r)| if r { 1 } else { d })
+        .collect()
+}
+
+/// For each element of a tensor of `shape` (row-major), the index of its group when the axes
+/// `reduced` are reduced: its place in the keepdims result.
+fn group_of_each(shape: &[usize], reduced: &[bool]) -> Vec<usize> {
+    let total: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(total);
+    let mut coord = vec![0usize; shape.len()];
+    for _ in 0..total {
+        let mut k = 0;
+        for ((&c, &d), &r) in coord.iter().zip(shape).zip(reduced) {
+            k = k * if r { 1 } else { d } + if r { 0 } else { c };
+        }
+        out.push(k);
+        // The next coordinate, last axis fastest.
+        for (c, &d) in coord.iter_mut().zip(shape).rev() {
+            *c += 1;
+            if *c < d {
+                break;
+            }
+            *c = 0;
+        }
+    }
+    out
+}
+
 /// `variance(x, m)` = `Σ (x - m)² / count` over the reduced axes: `dx = 2 (x - m) / count · dy`
 /// (broadcast back), `dm` the negated sum of that onto `m`'s shape.
 fn variance(
@@ -588,12 +616,7 @@ fn variance(
     let c = Call::new(op.name, &tys, attrs, 2)?;
     let reduced = reduce_axes(&c, c.tensor(0, "data")?)?;
     let unbiased = c.bool_or("unbiased", false)?;
-    let kept: Vec<usize> = x
-        .shape()
-        .iter()
-        .zip(&reduced)
-        .map(|(&d, &r)| if r { 1 } else { d })
-        .collect();
+    let kept = keepdims_shape(x.shape(), &reduced);
     let count = crate::kernel::reduce::variance_divisor(x.shape(), &reduced, unbiased);
     let te = |r: Result<Tensor, tumble_tensor::TensorError>| r.map_err(|e| err(e.to_string()));
     let gb = te(te(g.reshape(kept))?.broadcast_to(x.shape().to_vec()))?.to_f64_vec();

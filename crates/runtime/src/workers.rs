@@ -94,13 +94,8 @@ impl Lending {
         }
     }
 
-    /// A worker stops taking mini-batches: its `threads` go to the others.
-    fn retire(&self, threads: usize) {
-        self.lend(threads);
-    }
-
-    /// A running worker goes idle: its `threads` go to the others until it
-    /// [reclaims](Lending::reclaim) them.
+    /// A running worker goes idle (or, in a job, runs out of mini-batches for good): its
+    /// `threads` go to the others until it [reclaims](Lending::reclaim) them.
     pub fn lend(&self, threads: usize) {
         // Lent first, then one fewer running: a share read in between is the smaller one.
         self.lent.fetch_add(threads, Ordering::Relaxed);
@@ -246,7 +241,7 @@ where
             }
             let c = next.fetch_add(1, Ordering::Relaxed);
             if c >= chunks {
-                lending.retire(opts.threads);
+                lending.lend(opts.threads);
                 break;
             }
             let r = one(c);
@@ -328,18 +323,18 @@ mod tests {
         // Two workers of one thread each: the one left running gets the other's thread.
         let two = Lending::new(2);
         assert_eq!(two.share(), 0);
-        two.retire(1);
+        two.lend(1);
         assert_eq!(two.share(), 1);
         // Three workers of one thread: one thread lent to two running workers is not handed to
         // both (that would be four threads on a budget of three); two lent to the last one are.
         let three = Lending::new(3);
-        three.retire(1);
+        three.lend(1);
         assert_eq!(three.share(), 0);
-        three.retire(1);
+        three.lend(1);
         assert_eq!(three.share(), 2);
         // Two workers of two threads, one retired: its two threads go to the other.
         let wide = Lending::new(2);
-        wide.retire(2);
+        wide.lend(2);
         assert_eq!(wide.share(), 2);
     }
 }

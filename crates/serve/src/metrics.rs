@@ -120,8 +120,8 @@ impl Metrics {
         self.instances_cancelled.load(Ordering::Relaxed)
     }
 
-    /// The exposition text of `GET /metrics`; `outstanding` is the server's count of instances accepted and
-    /// not answered.
+    /// The exposition text of `GET /metrics`; `outstanding` is the server's count of instances
+    /// accepted and not answered.
     pub fn render(&self, model: &str, outstanding: u64) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {

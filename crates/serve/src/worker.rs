@@ -76,8 +76,11 @@ struct Worker<'m> {
     published: Published,
     /// This thread's kernel threads, lent to the others while it waits for work.
     threads: usize,
-    /// Slices of [`POLL`] this thread has waited for work in a row.
+    /// Slices of waiting for work in a row (the first [`FIRST_IDLE_SLICE`], then [`POLL`]).
     idle_slices: u32,
+    /// Instances of the requests in `open` (what the server's queue depth does not count as in
+    /// the channel).
+    held: usize,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -146,13 +149,13 @@ fn serve_batches(
     let mut runtime = tumble_api::RunOptions::default().runtime;
     runtime.phases = cfg.phases;
     runtime.job_memo = cfg.job_memo;
+    let threads = kernel_threads(cfg.threads, cfg.workers, index);
     let opts = RunOptions {
-        threads: Some(kernel_threads(cfg.threads, cfg.workers, index)),
+        threads: Some(threads),
         seed: cfg.seed,
         runtime,
         ..RunOptions::default()
     };
-    let threads = kernel_threads(cfg.threads, cfg.workers, index);
     let session = match shared.model.session(&opts) {
         Ok(mut s) => {
             if cfg.workers > 1 {
@@ -182,6 +185,7 @@ fn serve_batches(
         published: Published::default(),
         threads,
         idle_slices: 0,
+        held: 0,
     };
     loop {
         if !w.receive(jobs) {
@@ -218,11 +222,10 @@ impl Worker<'_> {
                 }
             } else {
                 // Idle: wait holding the receiver, so that a request goes to an idle thread
-                // first. (In slices: shutdown is seen even when another thread took every
-                // wake-up.)
-                // Its kernel threads go to the others once it has waited a first short slice:
-                // under load a thread is idle for moments, and threads lent then oversubscribe
-                // the cores when it wakes (TreeLSTM-large near capacity, lending at once: p99
+                // first, in slices (shutdown is seen even when another thread took every
+                // wake-up). Its kernel threads go to the others once it has waited a first short
+                // slice: under load a thread is idle for moments, and threads lent then
+                // oversubscribe the cores when it wakes (TreeLSTM-large near capacity, lending at once: p99
                 // 120 ms against 106 without lending, medians of five alternated runs).
                 let lend = self.idle_slices > 0;
                 let slice = if lend { POLL } else { FIRST_IDLE_SLICE };
@@ -342,6 +345,7 @@ impl Worker<'_> {
                 let id = self.next_id;
                 self.next_id += 1;
                 let n = r.instances.len();
+                self.held += n;
                 self.waiting.extend((0..n).map(|i| (id, i)));
                 self.open.insert(
                     id,
@@ -386,6 +390,7 @@ impl Worker<'_> {
     /// Removes request `id` and everything of it still waiting or in the batch.
     fn close(&mut self, id: u64) -> Option<Open> {
         let o = self.open.remove(&id)?;
+        self.held -= o.results.len();
         self.waiting.retain(|(r, _)| *r != id);
         for t in &o.tickets {
             if self.tickets.remove(t).is_some() {
@@ -528,7 +533,7 @@ impl Worker<'_> {
         let s = self.session.stats();
         let now = Published {
             waiting: self.waiting.len() as u64,
-            held: self.open.values().map(|o| o.results.len() as u64).sum(),
+            held: self.held as u64,
             in_flight: (self.session.in_flight() + self.session.queued()) as u64,
             steps: s.steps,
             launches: s.launches,

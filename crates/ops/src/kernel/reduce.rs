@@ -201,36 +201,6 @@ fn arg_best<T: Copy>(r: &[T], last: bool, cmp: impl Fn(T, T) -> Ordering) -> Opt
 /// The reduced axes are moved to the end; each output element reduces one contiguous row of
 /// `row_len` = (product of reduced dims) elements. `argmax`/`argmin` return the position within
 /// that row, i.e. the row-major flat index over the reduced axes.
-/// `variance(data, mean, axis, keepdims, exclude, unbiased)`, Relay's: the mean of
-/// `(data - mean)²` over the reduced axes, divided by `N - 1` when `unbiased` (`mean` broadcasts
-/// onto `data`: the keepdims mean TVM's `relay.variance` passes). In f64, rounded once.
-pub fn variance(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
-    let k = KCall::new("variance", args, attrs, 2)?;
-    let x = k.tensor(0, "data")?;
-    let m = k.tensor(1, "mean")?;
-    let (out_shape, out_dtype) = k.out_tensor(rel::reduce::variance)?;
-    let c = k.rel();
-    let reduced = rel::reduce::reduce_axes(&c, c.tensor(0, "data")?)?;
-    let mb = m
-        .broadcast_to(x.shape().to_vec())
-        .map_err(|e| k.err(format!("mean: {e}")))?;
-    let count = variance_divisor(x.shape(), &reduced, c.bool_or("unbiased", false)?);
-    let groups = k.t(product(&out_shape))?;
-    let mut sums = vec![0f64; groups];
-    for ((v, mu), g) in x
-        .to_f64_vec()
-        .into_iter()
-        .zip(mb.to_f64_vec())
-        .zip(group_of_each(x.shape(), &reduced))
-    {
-        if let Some(s) = sums.get_mut(g) {
-            *s += (v - mu) * (v - mu);
-        }
-    }
-    let out = Values::F(sums.into_iter().map(|s| s / count).collect());
-    Ok(k.t(out.into_tensor(&out_shape, out_dtype))?.into())
-}
-
 /// `all`/`any` of a numeric tensor (the relation refuses it; a direct kernel call gets this).
 fn bool_only(k: &KCall, x: &Tensor) -> KernelError {
     k.err(format!("input must have dtype bool, found {}", x.dtype()))
@@ -248,26 +218,7 @@ fn reduction(
     let (out_shape, out_dtype) = k.out_tensor(relation)?;
     let c = k.rel();
     let reduced = rel::reduce::reduce_axes(&c, c.tensor(0, "input")?)?;
-    let (mut perm, mut red): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
-    for (axis, &r) in reduced.iter().enumerate() {
-        if r {
-            red.push(axis);
-        } else {
-            perm.push(axis);
-        }
-    }
-    let kept_dims: Vec<usize> = perm
-        .iter()
-        .filter_map(|&a| x.shape().get(a).copied())
-        .collect();
-    let red_dims: Vec<usize> = red
-        .iter()
-        .filter_map(|&a| x.shape().get(a).copied())
-        .collect();
-    perm.extend(red);
-    let moved = permute(x, &perm).map_err(|m| k.err(m))?;
-    let rows = k.t(product(&kept_dims))?;
-    let len = k.t(product(&red_dims))?;
+    let (moved, rows, len) = reduced_rows(&k, x, &reduced)?;
     let empty = || k.err("cannot reduce an empty axis (the reduction has no identity)");
     let select_last = kind == Reduce::ArgMax || kind == Reduce::ArgMin;
     let select_last = select_last && c.bool_or("select_last_index", false)?;
@@ -392,28 +343,53 @@ fn reduction(
     Ok(k.t(out.into_tensor(&out_shape, out_dtype))?.into())
 }
 
-/// For each element of a tensor of `shape` (row-major), the index of its group when the axes
-/// `reduced` are reduced: its place in the keepdims result.
-pub(crate) fn group_of_each(shape: &[usize], reduced: &[bool]) -> Vec<usize> {
-    let total: usize = shape.iter().product();
-    let mut out = Vec::with_capacity(total);
-    let mut coord = vec![0usize; shape.len()];
-    for _ in 0..total {
-        let mut k = 0;
-        for ((&c, &d), &r) in coord.iter().zip(shape).zip(reduced) {
-            k = k * if r { 1 } else { d } + if r { 0 } else { c };
-        }
-        out.push(k);
-        // The next coordinate, last axis fastest.
-        for (c, &d) in coord.iter_mut().zip(shape).rev() {
-            *c += 1;
-            if *c < d {
-                break;
-            }
-            *c = 0;
-        }
-    }
-    out
+/// `x` with the axes `reduced` moved to the end, so each output element of the reduction is one
+/// contiguous row: (the moved tensor, rows, row length).
+fn reduced_rows(
+    k: &KCall,
+    x: &Tensor,
+    reduced: &[bool],
+) -> Result<(Tensor, usize, usize), KernelError> {
+    let (mut perm, red): (Vec<usize>, Vec<usize>) =
+        (0..x.rank()).partition(|&a| !reduced.get(a).copied().unwrap_or(false));
+    let dims = |axes: &[usize]| -> Vec<usize> {
+        axes.iter()
+            .filter_map(|&a| x.shape().get(a).copied())
+            .collect()
+    };
+    let (rows, len) = (k.t(product(&dims(&perm)))?, k.t(product(&dims(&red)))?);
+    perm.extend(red);
+    Ok((permute(x, &perm).map_err(|m| k.err(m))?, rows, len))
+}
+
+/// `variance(data, mean, axis, keepdims, exclude, unbiased)`, Relay's: the mean of
+/// `(data - mean)²` over the reduced axes, divided by `N - 1` when `unbiased` (`mean` is the
+/// keepdims mean TVM's `relay.variance` passes, broadcast back onto `data`). In f64, rounded
+/// once.
+pub fn variance(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("variance", args, attrs, 2)?;
+    let x = k.tensor(0, "data")?;
+    let m = k.tensor(1, "mean")?;
+    let (out_shape, out_dtype) = k.out_tensor(rel::reduce::variance)?;
+    let c = k.rel();
+    let reduced = rel::reduce::reduce_axes(&c, c.tensor(0, "data")?)?;
+    let mb = m
+        .broadcast_to(x.shape().to_vec())
+        .map_err(|e| k.err(format!("mean: {e}")))?;
+    let count = variance_divisor(x.shape(), &reduced, c.bool_or("unbiased", false)?);
+    let (xs, rows, len) = reduced_rows(&k, x, &reduced)?;
+    let (ms, _, _) = reduced_rows(&k, &mb, &reduced)?;
+    let (xv, mv) = (xs.to_f64_vec(), ms.to_f64_vec());
+    let out = (0..rows).map(|r| {
+        let sq: f64 = row(&xv, r, len)
+            .iter()
+            .zip(row(&mv, r, len))
+            .map(|(v, mu)| (v - mu) * (v - mu))
+            .sum();
+        sq / count
+    });
+    let out = Values::F(out.collect());
+    Ok(k.t(out.into_tensor(&out_shape, out_dtype))?.into())
 }
 
 /// Elements each reduction of `shape` over the axes `reduced` takes in.

@@ -559,34 +559,32 @@ fn vector_reductions() -> bool {
 fn softmax_scalar(dst: &mut [f32], av: &Vals, log: bool) {
     let len = dst.len();
     let m = (0..len).map(|j| av.at(j)).fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f64;
     for (j, o) in dst.iter_mut().enumerate() {
         *o = fastmath::exp(av.at(j) - m);
-        sum += *o as f64;
     }
+    let sum = |e: &[f32]| e.iter().map(|&v| v as f64).sum::<f64>();
     if log {
-        // ln(1 + the others' sum), as the reference (`log_sum_after_max`): the top element's
-        // log-probability is not lost below the sum's last bit.
-        let ls = match (0..len).position(|j| av.at(j) == m) {
-            Some(top) => (sum_except(dst, top)).ln_1p() as f32,
-            None => sum.ln() as f32,
-        };
+        let ls = log_sum(dst, (0..len).position(|j| av.at(j) == m), sum);
         for (j, o) in dst.iter_mut().enumerate() {
             *o = av.at(j) - m - ls;
         }
     } else {
-        let inv = (1.0 / sum) as f32;
+        let inv = (1.0 / sum(dst)) as f32;
         dst.iter_mut().for_each(|o| *o *= inv);
     }
 }
 
-/// The f64 sum of `exps` but its element `skip`, in order.
-fn sum_except(exps: &[f32], skip: usize) -> f64 {
-    exps.iter()
-        .enumerate()
-        .filter(|&(j, _)| j != skip)
-        .map(|(_, &e)| e as f64)
-        .sum()
+/// `ln Σ exps` of a row whose maximum's `exp` (1) is at `top`: the sum is `1 + s`, `s` the
+/// others' sum, so `ln_1p(s)` as the reference (`log_sum_after_max`) — `ln` of the whole sum
+/// lost the top element's log-probability below the sum's last bit. `exps` is scratch after.
+fn log_sum(exps: &mut [f32], top: Option<usize>, sum: impl Fn(&[f32]) -> f64) -> f32 {
+    match top.and_then(|t| exps.get_mut(t)) {
+        Some(t) => {
+            *t = 0.0;
+            sum(exps).ln_1p() as f32
+        }
+        None => sum(exps).ln() as f32,
+    }
 }
 
 /// [`softmax_scalar`] on the vector loops (attention's scores: 12% of Berxit-small's time
@@ -595,16 +593,7 @@ pub(crate) fn softmax_row(dst: &mut [f32], x: &[f32], log: bool) {
     let m = crate::simd::max(x);
     crate::simd::unary(dst, x, |v| fastmath::exp(v - m));
     if log {
-        let ls = match x.iter().position(|&v| v == m) {
-            Some(top) => {
-                // `dst` is overwritten below: the top element's 1 leaves the sum here.
-                if let Some(t) = dst.get_mut(top) {
-                    *t = 0.0;
-                }
-                crate::simd::sum_f64(dst).ln_1p() as f32
-            }
-            None => crate::simd::sum_f64(dst).ln() as f32,
-        };
+        let ls = log_sum(dst, x.iter().position(|&v| v == m), crate::simd::sum_f64);
         crate::simd::unary(dst, x, |v| v - m - ls);
     } else {
         let sum = crate::simd::sum_f64(dst);
