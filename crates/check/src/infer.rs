@@ -18,9 +18,19 @@ use tumble_ops::{OpDef, RelError};
 /// program's, far below what would exhaust the machine.
 const MAX_TYPE_PARTS: usize = 1 << 16;
 
+/// How a diagnostic names a call: as written (`fast_exp`), the operator it stands for with it.
+fn called(op: &OpDef, alias: Option<&str>) -> String {
+    match alias {
+        Some(a) => format!("`{a}` (`{}`)", op.name),
+        None => format!("`{}`", op.name),
+    }
+}
+
 enum Deferred {
     Op {
         op: &'static OpDef,
+        /// The alias the call was written with (`fast_exp` for `exp`), for its diagnostics.
+        alias: Option<&'static str>,
         args: Vec<Ty>,
         arg_spans: Vec<Span>,
         attrs: Attrs,
@@ -759,6 +769,7 @@ impl<'t> Checker<'t> {
             None,
             Box::new(Deferred::Op {
                 op,
+                alias: tumble_ops::alias_name(name),
                 args: arg_tys,
                 arg_spans,
                 attrs: call.attrs.clone(),
@@ -805,10 +816,10 @@ impl<'t> Checker<'t> {
         if last {
             for (_, d) in std::mem::take(&mut self.deferred) {
                 match *d {
-                    Deferred::Op { op, span, quiet: false, .. } => self.err(
+                    Deferred::Op { op, alias, span, quiet: false, .. } => self.err(
                         Diagnostic::error(
                             span,
-                            format!("cannot infer the types of the arguments of `{}` here", op.name),
+                            format!("cannot infer the types of the arguments of `{}` here", alias.unwrap_or(op.name)),
                         )
                         .with_note("add a type annotation to the variables it uses, e.g. `%x: Tensor[(1, 256), float32]`"),
                     ),
@@ -842,6 +853,7 @@ impl<'t> Checker<'t> {
         match d {
             Deferred::Op {
                 op,
+                alias,
                 args,
                 arg_spans,
                 attrs,
@@ -855,16 +867,29 @@ impl<'t> Checker<'t> {
                         if let Err(m) = self.subst.unify(&result, &t) {
                             self.mismatch(
                                 span,
-                                format!("the result of `{}` has the wrong type", op.name),
+                                format!("the result of {} has the wrong type", called(op, alias)),
                                 m,
                             );
                         }
                     }
                     Err(RelError { message, arg }) => {
                         let at = arg.and_then(|i| arg_spans.get(i).copied()).unwrap_or(span);
+                        // The relations name their operator: a call written with an alias says so.
+                        let message = match alias {
+                            Some(a) => match message.strip_prefix(op.name) {
+                                Some(rest) if rest.starts_with(':') => {
+                                    format!("{a} (an alias of `{}`){rest}", op.name)
+                                }
+                                _ => message,
+                            },
+                            None => message,
+                        };
                         let mut d = Diagnostic::error(at, message);
                         if at != span {
-                            d = d.with_secondary(span, format!("in this call to `{}`", op.name));
+                            d = d.with_secondary(
+                                span,
+                                format!("in this call to {}", called(op, alias)),
+                            );
                         }
                         self.err(d);
                     }

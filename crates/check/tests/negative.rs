@@ -44,6 +44,11 @@ const CASES: &[(&str, &str, &str)] = &[
         "t.rly:2:3: error: nn.dense: input has 512 columns but weight expects 256",
     ),
     (
+        "alias_named_as_written",
+        "def @f(%x: Tensor[(2), int32]) {\n  fast_exp(%x)\n}",
+        "t.rly:2:12: error: fast_exp (an alias of `exp`): input must have a float dtype (float32 or float64), found int32",
+    ),
+    (
         "broadcast_conflict",
         "def @f(%a: Tensor[(3, 4), float32], %b: Tensor[(5), float32]) {\n  add(%a, %b)\n}",
         "t.rly:2:3: error: add: cannot broadcast Tensor[(3, 4), float32] with Tensor[(5), float32] (dimension 4 vs 5)",

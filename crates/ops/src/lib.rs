@@ -354,6 +354,12 @@ pub const ALIASES: &[(&str, &str)] = &[
     ("nn.fast_softmax", "nn.softmax"),
 ];
 
+/// `name` as the alias it is ([`ALIASES`]; `None` for an operator's own name), so a diagnostic can
+/// say what the program wrote.
+pub fn alias_name(name: &str) -> Option<&'static str> {
+    ALIASES.iter().find(|(a, _)| *a == name).map(|(a, _)| *a)
+}
+
 /// The operator named `name` (or an alias of it, [`ALIASES`]), if the table has it. Hashes into
 /// an index built on first use.
 pub fn lookup(name: &str) -> Option<&'static OpDef> {
