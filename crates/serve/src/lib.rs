@@ -289,15 +289,11 @@ impl Server {
     }
 
     fn stop_and_join(&mut self) -> Result<(), String> {
-        self.shared.stopping.store(true, Ordering::SeqCst);
-        self.shared.stop_notice.notify_waiters();
         // The worker first: it stops waiting for batches to fill and runs what it holds, which
         // the handlers the HTTP server waits for are waiting on. A request that slips in after
         // this is still taken while the worker runs, or answered 503 once it has exited.
-        // One wake-up per batch thread (each also sees `stopping` within its poll interval).
-        for _ in 0..self.shared.config.workers {
-            let _ = self.shared.jobs.send(worker::Job::Finish);
-        }
+        tell_workers_to_finish(&self.shared, self.shared.config.workers);
+        self.shared.stop_notice.notify_waiters();
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -318,12 +314,18 @@ impl Server {
     }
 }
 
-/// Stops the batch threads of a server that failed to start, and waits for them.
-fn stop_workers(shared: &Shared, handles: Vec<std::thread::JoinHandle<()>>) {
+/// Marks the server stopping and wakes each of its `workers` batch threads with a `Finish` (each
+/// would also see `stopping` within its poll interval).
+fn tell_workers_to_finish(shared: &Shared, workers: usize) {
     shared.stopping.store(true, Ordering::SeqCst);
-    for _ in 0..handles.len() {
+    for _ in 0..workers {
         let _ = shared.jobs.send(worker::Job::Finish);
     }
+}
+
+/// Stops the batch threads of a server that failed to start, and waits for them.
+fn stop_workers(shared: &Shared, handles: Vec<std::thread::JoinHandle<()>>) {
+    tell_workers_to_finish(shared, handles.len());
     for h in handles {
         let _ = h.join();
     }
