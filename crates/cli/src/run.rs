@@ -97,6 +97,11 @@ pub struct RunArgs {
     /// at once instead of in chunks that fit in cache.
     #[arg(long)]
     pub no_locality_chunks: bool,
+    /// No weight groups: invocations of a block whose matrix weight the program chose per
+    /// instance (`if (..) { %Wa } else { %Wb }`) run as per-invocation weights (gathered, or in
+    /// locality chunks) instead of in groups by the weight they pass, that weight passed once.
+    #[arg(long)]
+    pub no_weight_groups: bool,
     /// No deferred launches: launch every group of ready invocations at its depth, even a
     /// handful that streams large shared weights for few rows.
     #[arg(long)]
@@ -322,6 +327,7 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
             .release_scan_bytes
             .unwrap_or(tumble_runtime::RELEASE_SCAN_BYTES),
         locality_chunks: !args.no_locality_chunks,
+        weight_groups: !args.no_weight_groups,
         defer: !args.no_defer,
         direct_matmul: !args.no_direct_matmul,
         gather_views: !args.no_gather_views,

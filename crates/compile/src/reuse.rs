@@ -98,6 +98,10 @@ pub enum InputReuse {
 pub struct ReuseAnalysis {
     /// Per block, per input.
     pub inputs: Vec<Vec<InputReuse>>,
+    /// Per parameter of the entry (then per derived parameter, numbered after them): bound to a
+    /// model weight. The runtime knows the weights among an instance's arguments by it (a
+    /// weight a program chooses per instance is still one of them: `Executable`'s weight groups).
+    pub param_is_weight: Vec<bool>,
 }
 
 impl ReuseAnalysis {
@@ -165,7 +169,7 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
         changed: true,
         next_literal: HashMap::new(),
         n_params: weights.len() as u64,
-        weights,
+        weights: weights.clone(),
     };
     let entry_lambda = program
         .global_index
@@ -225,7 +229,10 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
                 .collect()
         })
         .collect();
-    ReuseAnalysis { inputs }
+    ReuseAnalysis {
+        inputs,
+        param_is_weight: weights,
+    }
 }
 
 impl Analyzer<'_> {

@@ -113,6 +113,11 @@ pub struct Options {
     /// matrices) is launched over chunks of invocations whose inputs fit in cache, instead of all
     /// at once (batching such products reuses no weight; it only streams them through memory).
     pub locality_chunks: bool,
+    /// Weight groups: a launch of a block whose matrix product reads a weight the program chose
+    /// per instance (`let %W = if (..) { %Wa } else { %Wb }`) runs each group of invocations
+    /// passing the same weight tensor together, that weight passed once, instead of gathering
+    /// (or, in locality chunks, running one by one) what are a few model weights.
+    pub weight_groups: bool,
     /// Deferred small launches: under depth scheduling, a group of invocations too small to
     /// amortize streaming its block's large shared weights (fewer rows than
     /// [`DEFER_BELOW_ROWS`]) waits for later invocations of the same block and shapes while other
@@ -233,6 +238,7 @@ impl Default for Options {
             early_release: true,
             release_scan_bytes: RELEASE_SCAN_BYTES,
             locality_chunks: true,
+            weight_groups: true,
             defer: true,
             direct_matmul: true,
             gather_views: true,
@@ -423,6 +429,9 @@ pub(crate) fn drive(
         }
         _ => None,
     };
+    if let Some(a) = args.first() {
+        dfg.note_weights(a, derived.as_deref().unwrap_or_default());
+    }
     let mut results: Vec<Option<Value>> = vec![None; n];
     // An instance with a trace is replayed in its turns, where its interpreted run would have
     // made the same calls (it never waits for a value: its turns are the first round of each

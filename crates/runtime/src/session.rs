@@ -428,6 +428,7 @@ impl<'p> BatchSession<'p> {
             Ok(d) => d,
             Err(e) => return Some((slot.ticket, Err(e))),
         };
+        self.dfg.note_weights(&slot.args, &derived);
         if let Err(e) = m.start_derived(self.entry, slot.args.clone(), Some(&derived)) {
             return Some((slot.ticket, Err(e)));
         }

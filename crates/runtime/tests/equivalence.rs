@@ -615,6 +615,7 @@ fn every_combination_of_switches() {
                 early_release: dup != hoist,
                 release_scan_bytes: 0,
                 locality_chunks: phases == hoist,
+                weight_groups: dup,
                 defer: phases == hoist,
                 direct_matmul: epilogue,
                 gather_views: row_cache,

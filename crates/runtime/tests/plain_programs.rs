@@ -1851,3 +1851,95 @@ fn same_graph_in_fewer_steps(x: &common::Expected) {
         off.host_steps
     );
 }
+
+/// A matrix weight the program chooses per instance — by an `if` on a computed value (two
+/// experts) or by a `match` on the node kind, inside a tuple (a weight per operator of an
+/// expression tree) — is one of the model weights: a launch groups its invocations by the
+/// weight they pass and runs each group as one product with that weight (its locality chunks
+/// ran every invocation alone, and the `match`'s product fell back to the reference kernel:
+/// 65× slower than the same math written with a `nn.dense` per arm). Equal to the reference
+/// every way; far fewer launches than invocations with the groups, one per invocation without.
+#[test]
+fn weights_chosen_per_instance_launch_in_groups() {
+    let src = r#"
+type Expr {
+  Lit(Tensor[(1, 256), float32]),
+  Add(Expr, Expr),
+  Neg(Expr),
+}
+def @enc(%e: Expr, %W_add: Tensor[(256, 512), float32], %W_neg: Tensor[(256, 512), float32])
+    -> Tensor[(1, 256), float32] {
+  match (%e) {
+    Lit(%x) => %x,
+    _ => {
+      let %kids = match? (%e) {
+        Add(%a, %c) => (@enc(%a, %W_add, %W_neg), @enc(%c, %W_add, %W_neg), %W_add),
+        Neg(%a) => (@enc(%a, %W_add, %W_neg), zeros(shape=[1, 256], dtype="float32"), %W_neg),
+      };
+      tanh(nn.dense(concatenate((%kids.0, %kids.1), axis=1), %kids.2))
+    },
+  }
+}
+def @layers(%n: Tensor[(), int32], %h: Tensor[(1, 256), float32],
+            %Wa: Tensor[(256, 256), float32], %Wb: Tensor[(256, 256), float32]) -> Tensor[(1, 256), float32] {
+  if (%n == 0) {
+    %h
+  } else {
+    let %W = if (less(sum(%h), 0f)) { %Wa } else { %Wb };
+    @layers(%n - 1, tanh(nn.dense(%h, %W)), %Wa, %Wb)
+  }
+}
+def @main(%e: Expr, %W_add: Tensor[(256, 512), float32], %W_neg: Tensor[(256, 512), float32],
+          %Wa: Tensor[(256, 256), float32], %Wb: Tensor[(256, 256), float32]) -> Tensor[(1, 256), float32] {
+  @layers(3, @enc(%e, %W_add, %W_neg), %Wa, %Wb)
+}
+"#;
+    let leaf = |i: usize| {
+        let v: Vec<String> = (0..256)
+            .map(|j| format!("{:.3}", (((i * 13 + j * 5) % 19) as f64 - 9.0) / 12.0))
+            .collect();
+        format!("{{\"Lit\": [[[{}]]]}}", v.join(","))
+    };
+    let inputs: Vec<String> = (0..12)
+        .map(|i| {
+            let e = match i % 3 {
+                0 => format!("{{\"Add\": [{}, {}]}}", leaf(i), leaf(i + 1)),
+                1 => format!("{{\"Neg\": [{{\"Add\": [{}, {}]}}]}}", leaf(i), leaf(i + 2)),
+                _ => format!("{{\"Neg\": [{}]}}", leaf(i)),
+            };
+            format!("{{\"e\": {e}}}")
+        })
+        .collect();
+    let x = expected(
+        "chosen_weights",
+        load_text("chosen_weights", src),
+        &inputs.join("\n"),
+        &["e"],
+    );
+    check_all_ways(&x);
+    let launches = |weight_groups: bool| {
+        let profile = batch_profile(
+            &x,
+            tumble_runtime::Options {
+                weight_groups,
+                ..tumble_runtime::Options::default()
+            },
+        );
+        let (launches, invocations) = profile
+            .per_block
+            .iter()
+            .filter(|(name, _)| name.contains("tanh"))
+            .fold((0, 0), |(l, i), (_, s)| (l + s.launches, i + s.invocations));
+        assert!(profile.fused.fallbacks == 0 || !weight_groups, "{profile}");
+        (launches, invocations)
+    };
+    let (grouped, invocations) = launches(true);
+    let (alone, _) = launches(false);
+    // 12 instances: 12 + 4 expression nodes, 36 layer steps.
+    assert_eq!(invocations, 52);
+    assert!(
+        grouped <= 12,
+        "{grouped} launches of {invocations} invocations"
+    );
+    assert_eq!(alone, invocations);
+}

@@ -103,7 +103,79 @@ impl Dfg<'_> {
             .get(block_id as usize)
             .copied()
             .unwrap_or(usize::MAX);
+        if let Some((groups, rest)) = self.weight_groups(block_id, ids) {
+            for group in &groups {
+                self.launch_part(block_id, group)?;
+            }
+            for part in rest.chunks(chunk) {
+                self.launch_part(block_id, part)?;
+            }
+            return Ok(());
+        }
         for part in ids.chunks(chunk) {
+            self.launch_part(block_id, part)?;
+        }
+        Ok(())
+    }
+
+    /// The invocations of a launch of `block_id` grouped by the weight tensors they pass to its
+    /// products' chosen-weight inputs ([`crate::Executable`]'s `chosen_weights`), in the order
+    /// they come: the groups of two or more, each to launch whole with its weights passed once
+    /// ([`Dfg::gather`] finds them the same tensor everywhere), and the rest (a weight met once,
+    /// or computed rather than a value) to launch as before. `None`: no group of two.
+    fn weight_groups(&self, block_id: u32, ids: &[u32]) -> Option<(Vec<Vec<u32>>, Vec<u32>)> {
+        let inputs = self.exec.chosen_weights.get(block_id as usize)?;
+        // (A recorded forward keeps its launches as the reuse analysis planned them: the
+        // backward sums a weight's gradient by where it came from.)
+        if inputs.is_empty() || ids.len() < 2 || self.launch_log.is_some() {
+            return None;
+        }
+        let mut index: std::collections::HashMap<Vec<usize>, usize> =
+            std::collections::HashMap::new();
+        let mut groups: Vec<Vec<u32>> = Vec::new();
+        // Per invocation, its group (`None`: an input computed, not a value).
+        let mut group_of: Vec<Option<usize>> = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let key: Option<Vec<usize>> = self.nodes.get(id as usize).and_then(|n| {
+                inputs
+                    .iter()
+                    .map(|&i| match n.args.get(i as usize) {
+                        Some(Arg::Val(t)) if self.is_model_weight(t) => Some(t.buffer_id()),
+                        _ => None,
+                    })
+                    .collect()
+            });
+            group_of.push(key.map(|key| {
+                let next = groups.len();
+                let g = *index.entry(key).or_insert(next);
+                if g == next {
+                    groups.push(Vec::new());
+                }
+                if let Some(group) = groups.get_mut(g) {
+                    group.push(id);
+                }
+                g
+            }));
+        }
+        let whole = |g: &Option<usize>| g.and_then(|g| groups.get(g)).is_some_and(|g| g.len() > 1);
+        if !group_of.iter().any(whole) {
+            return None;
+        }
+        // The rest keep the order they came in (their chunks then are those of before).
+        let rest: Vec<u32> = ids
+            .iter()
+            .zip(&group_of)
+            .filter(|(_, g)| !whole(g))
+            .map(|(&id, _)| id)
+            .collect();
+        let whole: Vec<Vec<u32>> = groups.into_iter().filter(|g| g.len() > 1).collect();
+        Some((whole, rest))
+    }
+
+    /// One launch of `block_id` over `part` (a chunk or group of a launch's invocations), its
+    /// bookkeeping timed as `outputs`.
+    fn launch_part(&mut self, block_id: u32, part: &[u32]) -> Result<(), RunError> {
+        {
             if let Some(instance) = self.stopped_instance() {
                 self.failed_instance = Some(instance);
                 self.stop_fired = Some(instance);
@@ -117,9 +189,8 @@ impl Dfg<'_> {
             let r = self.launch_attributed(block_id, part);
             let inner = self.profile.time_gather + self.profile.time_kernels - inner;
             self.profile.time_outputs += t0.elapsed().saturating_sub(inner);
-            r?;
+            r
         }
-        Ok(())
     }
 
     /// [`Dfg::launch_batch`]; when a launch of several invocations fails, each runs alone so that
@@ -656,10 +727,18 @@ impl Dfg<'_> {
         // trivially passes "the same" tensor everywhere; a per-instance input there is still a
         // batch of one (else the plan's dense and row stages, which want batched activations,
         // would fall back to the reference kernels: Berxit under `--scheduler eager`).
+        // (A weight the program chose per instance is a weight even alone in its launch: the
+        // products then run as in a launch of its weight group, to the same bits.)
         let per_instance = matches!(
             self.reuse.inputs.get(block as usize).and_then(|v| v.get(i)),
             Some(crate::reuse::InputReuse::PerInstance)
-        );
+        ) && !(self.launch_log.is_none()
+            && self
+                .exec
+                .chosen_weights
+                .get(block as usize)
+                .is_some_and(|w| w.contains(&(i as u32)))
+            && matches!(args.first(), Some(Arg::Val(t)) if self.is_model_weight(t)));
         if let Some(Arg::Val(first)) = args.first().filter(|_| args.len() > 1 || !per_instance) {
             if args
                 .iter()

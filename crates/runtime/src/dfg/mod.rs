@@ -224,6 +224,10 @@ fn sampled(t0: Option<Instant>) -> std::time::Duration {
 }
 
 pub struct Dfg<'p> {
+    /// The model weights among the instances' arguments (and the derived parameters), by buffer,
+    /// held so that no other tensor takes their addresses: a launch groups invocations by the
+    /// weight they chose only where it is one of these ([`Dfg::note_weights`]).
+    model_weights: std::collections::HashMap<usize, Tensor>,
     /// Invocations recorded so far: the recording's time is sampled every
     /// [`DFG_TIME_SAMPLE`]-th one (two clock reads per invocation cost ~2% of a small model).
     invocations: u32,
@@ -421,6 +425,7 @@ impl<'p> Dfg<'p> {
         opts: Options,
     ) -> Self {
         Dfg {
+            model_weights: Default::default(),
             program,
             reuse,
             opts,
@@ -454,6 +459,30 @@ impl<'p> Dfg<'p> {
 
     pub(crate) fn program(&self) -> &'p Program {
         self.program
+    }
+
+    /// Learns the model weights from an instance's entry arguments `args` and the derived
+    /// parameters `derived` (the same tensors for every instance of a job): those the reuse
+    /// analysis knows to be bound to weights ([`Reuse::param_is_weight`]).
+    pub(crate) fn note_weights(&mut self, args: &[Value], derived: &[Value]) {
+        if self.exec.chosen_weights.iter().all(Vec::is_empty) {
+            return;
+        }
+        let weights = args.iter().chain(derived).zip(&self.reuse.param_is_weight);
+        for (v, _) in weights.filter(|(_, &w)| w) {
+            if let Value::Tensor(t) = v {
+                self.model_weights
+                    .entry(t.buffer_id())
+                    .or_insert_with(|| t.clone());
+            }
+        }
+    }
+
+    /// Whether `t` is one of the model weights [`Dfg::note_weights`] learned.
+    pub(super) fn is_model_weight(&self, t: &Tensor) -> bool {
+        self.model_weights
+            .get(&t.buffer_id())
+            .is_some_and(|w| w.same_tensor(t))
     }
 
     pub(crate) fn node(&self, id: u32) -> Option<&Node> {

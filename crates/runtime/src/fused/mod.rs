@@ -573,11 +573,15 @@ pub(super) fn run_stage(
                     }
                 }
                 // Not this launch's operands: the concatenations, products and sums one by
-                // one, in node order.
+                // one, in node order; a product still as a dense stage where it can be one (a
+                // weight per invocation: a small product each, not the reference kernel).
                 None => {
                     fstats.fallbacks += 1;
                     for i in stage.nodes() {
-                        ex.run_node(i, ops)?;
+                        match ex.block.nodes.get(i) {
+                            Some(n) if n.op.name == "nn.dense" => run_dense(ex, i, ops, fstats)?,
+                            _ => ex.run_node(i, ops)?,
+                        }
                     }
                 }
             }
