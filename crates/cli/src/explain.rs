@@ -200,6 +200,7 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
             println!("  ragged batching: invocations of different lengths L launch together");
             print!("{r}");
         }
+        let chosen = reuse.chosen_weights(block, bi);
         let decisions: Vec<String> = block
             .inputs
             .iter()
@@ -207,6 +208,9 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
             .map(|(i, inp)| {
                 let d = match reuse.inputs.get(bi).and_then(|v| v.get(i)) {
                     Some(InputReuse::Shared) => "shared (passed once per launch)",
+                    Some(InputReuse::PerInstance) if chosen.contains(&(i as u32)) => {
+                        "per-instance, a product's weight: launched in groups by the model weight it is (gathered where it is none)"
+                    }
                     Some(InputReuse::PerInstance) => "per-instance (gathered)",
                     Some(InputReuse::SharedPerCallSite) => {
                         "parameter-derived, but differs between call sites (duplicate the function to share it)"

@@ -105,6 +105,32 @@ pub struct ReuseAnalysis {
 }
 
 impl ReuseAnalysis {
+    /// The inputs of `block` (block number `b`) that an `nn.dense` reads as its weight and that
+    /// were found per instance: a weight chosen by an `if` or a `match` on instance data (two
+    /// experts of a gate, a matrix per node kind) is still one of a few model weights, which a
+    /// launch groups its invocations by (the runtime's weight groups), where MV-RNN's per-word
+    /// matrices are all different.
+    pub fn chosen_weights(&self, block: &crate::Block, b: usize) -> Vec<u32> {
+        let mut inputs: Vec<u32> = block
+            .nodes
+            .iter()
+            .filter(|n| n.op.name == "nn.dense")
+            .filter_map(|n| match n.args.get(1) {
+                Some(crate::BArg::One(crate::BVal::Input(i))) => Some(*i),
+                _ => None,
+            })
+            .filter(|&i| {
+                matches!(
+                    self.inputs.get(b).and_then(|v| v.get(i as usize)),
+                    Some(InputReuse::PerInstance)
+                )
+            })
+            .collect();
+        inputs.sort_unstable();
+        inputs.dedup();
+        inputs
+    }
+
     /// Per input of `block`: may it differ between the invocations of one mini-batch (everything
     /// but one value per mini-batch, or per call site under code duplication)? The view
     /// [`crate::ragged::analyze`] takes.

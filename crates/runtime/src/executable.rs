@@ -30,7 +30,7 @@ pub struct Executable {
     /// Per block: the most invocations one launch runs ([`locality_chunk`]; `usize::MAX` for
     /// all of them).
     pub(crate) chunk_sizes: Vec<usize>,
-    /// Per block: the per-instance inputs read as an `nn.dense` weight ([`chosen_weights`];
+    /// Per block: the per-instance inputs read as an `nn.dense` weight ([`tumble_compile::ReuseAnalysis::chosen_weights`];
     /// empty without weight groups): a launch groups its invocations by the tensors they pass
     /// there.
     pub(crate) chosen_weights: Vec<Vec<u32>>,
@@ -175,7 +175,7 @@ impl Executable {
                 .iter()
                 .enumerate()
                 .map(|(i, b)| match opts.weight_groups {
-                    true => chosen_weights(b, reuse, i),
+                    true => reuse.chosen_weights(b, i),
                     false => Vec::new(),
                 })
                 .collect(),
@@ -344,33 +344,6 @@ fn locality_chunk(block: &Block, reuse: &Reuse, b: usize) -> usize {
         Some(bytes) => (CHUNK_INPUT_BYTES / bytes.max(1)).max(1),
         None => usize::MAX,
     }
-}
-
-/// The inputs of `block` (block `b`) that an `nn.dense` reads as its weight and that the reuse
-/// analysis found per instance: a weight chosen by an `if` or a `match` on instance data (two
-/// experts of a gate, a matrix per node kind) is one of a few model weights, which a launch can
-/// group its invocations by ([`crate::dfg`]'s `launch`), where MV-RNN's per-word matrices are
-/// all different.
-fn chosen_weights(block: &Block, reuse: &Reuse, b: usize) -> Vec<u32> {
-    use tumble_compile::{BArg, BVal, InputReuse};
-    let mut inputs: Vec<u32> = block
-        .nodes
-        .iter()
-        .filter(|n| n.op.name == "nn.dense")
-        .filter_map(|n| match n.args.get(1) {
-            Some(BArg::One(BVal::Input(i))) => Some(*i),
-            _ => None,
-        })
-        .filter(|&i| {
-            matches!(
-                reuse.inputs.get(b).and_then(|v| v.get(i as usize)),
-                Some(InputReuse::PerInstance)
-            )
-        })
-        .collect();
-    inputs.sort_unstable();
-    inputs.dedup();
-    inputs
 }
 
 /// Invocations below which a launch of `block` is deferred ([`crate::Options::defer`]): 0 unless
