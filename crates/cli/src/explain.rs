@@ -340,6 +340,19 @@ fn print_static_report(
             }
         }
     }
+    if !report.split.is_empty() {
+        println!(
+            "  hoisting splits (--no-hoist-split): the part of a block that reads no recursive state runs hoisted, apart from the rest:"
+        );
+        for sp in &report.split {
+            let sites = if sp.sites == 1 { "site" } else { "sites" };
+            let ops = if sp.ops == 1 { "operator" } else { "operators" };
+            println!(
+                "    {}: {} {ops} as {}, the rest as {} ({} call {sites})",
+                sp.block, sp.ops, sp.producer, sp.consumer, sp.sites
+            );
+        }
+    }
     if !report.merged.is_empty() {
         println!(
             "  block merging (`run` merges for mini-batches of at least {} instances; --no-block-merge): hoisted blocks run inside the block that reads them:",

@@ -29,6 +29,11 @@ pub struct CompileSwitches {
     /// static taint analysis nor the dynamic rule moves work out of recursion).
     #[arg(long)]
     pub no_hoist: bool,
+    /// No hoisting splits: a block found automatically that mixes work on recursive state with
+    /// work that reads none (a plain GRU step's `W·x` beside its `U·h`) stays one block, run at
+    /// the instance's depth, instead of the latter being split off and hoisted.
+    #[arg(long)]
+    pub no_hoist_split: bool,
     /// No block merging: a hoisted block read only by another block's invocation (an RNN's
     /// input transform) keeps its own launch. Merging is on only for mini-batches of at least 32
     /// instances, where it pays; `tumble explain` lists what merges.
@@ -98,6 +103,7 @@ impl CompileSwitches {
             derive: !self.no_derived_params,
             canon: !self.no_canonical_products,
             cse: !self.no_cse,
+            split: !self.no_hoist_split,
             concurrency: !self.no_auto_concurrency,
         }
     }
@@ -114,6 +120,7 @@ impl CompileSwitches {
             (self.no_specialize, "--no-specialize"),
             (self.no_leaf_inline, "--no-leaf-inline"),
             (self.no_hoist, "--no-hoist"),
+            (self.no_hoist_split, "--no-hoist-split"),
             (self.no_ghosts, "--no-ghosts"),
             (self.no_phases, "--no-phases"),
             (self.no_auto_concurrency, "--no-auto-concurrency"),

@@ -89,6 +89,9 @@ pub struct HoistAnalysis {
     pub hoisted: Vec<bool>,
     /// Per site: reached at all.
     pub reached: Vec<bool>,
+    /// Per site, per operand: carries recursive state in some context (all true when the
+    /// analysis did not settle). What [`crate::split`] splits a block by.
+    pub tainted_operands: Vec<Vec<bool>>,
 }
 
 /// Contexts (sets of active functions) a call is evaluated in per round before it is evaluated
@@ -107,6 +110,7 @@ struct Analyzer<'p> {
     captures: HashMap<u32, Vec<AV>>,
     seen: Vec<bool>,
     tainted: Vec<bool>,
+    tainted_operands: Vec<Vec<bool>>,
     changed: bool,
 }
 
@@ -122,6 +126,7 @@ pub fn analyze(program: &Program, entry: &str) -> HoistAnalysis {
         captures: HashMap::new(),
         seen: vec![false; n_sites],
         tainted: vec![false; n_sites],
+        tainted_operands: vec![Vec::new(); n_sites],
         changed: true,
     };
     let entry_lambda = program
@@ -138,6 +143,7 @@ pub fn analyze(program: &Program, entry: &str) -> HoistAnalysis {
             a.calls.new_round();
             a.seen.iter_mut().for_each(|x| *x = false);
             a.tainted.iter_mut().for_each(|x| *x = false);
+            a.tainted_operands.iter_mut().for_each(Vec::clear);
             a.call(l, args.clone(), Vec::new());
             if !a.changed {
                 break;
@@ -146,8 +152,20 @@ pub fn analyze(program: &Program, entry: &str) -> HoistAnalysis {
         if a.changed {
             // Not settled within the bound: nothing is hoisted (always right, only slower).
             a.tainted.iter_mut().for_each(|x| *x = true);
+            a.tainted_operands.iter_mut().for_each(Vec::clear);
         }
     }
+    // An operand never seen tainted is clean only where the analysis settled and saw the site.
+    let settled = !a.changed;
+    let tainted_operands = a
+        .tainted_operands
+        .into_iter()
+        .zip(&a.seen)
+        .map(|(t, &seen)| match settled && seen {
+            true => t,
+            false => Vec::new(),
+        })
+        .collect();
     HoistAnalysis {
         hoisted: a
             .seen
@@ -156,6 +174,7 @@ pub fn analyze(program: &Program, entry: &str) -> HoistAnalysis {
             .map(|(&s, &t)| s && !t)
             .collect(),
         reached: a.seen,
+        tainted_operands,
     }
 }
 
@@ -303,10 +322,16 @@ impl Analyzer<'_> {
             Code::InvokeBlock { site, args, .. } => {
                 let mut out = AV::default();
                 let mut any = false;
+                let mut operands = Vec::with_capacity(args.len());
                 for e in args {
                     let v = self.eval(e, env, me);
                     any |= !v.bottom;
+                    operands.push(!v.bottom && !self.live(v.clone()).taint.is_empty());
                     out = out.join(&v);
+                }
+                if let Some(t) = self.tainted_operands.get_mut(*site as usize) {
+                    t.resize(operands.len(), false);
+                    t.iter_mut().zip(&operands).for_each(|(t, &o)| *t |= o);
                 }
                 let out = self.live(out);
                 if any || args.is_empty() {

@@ -32,6 +32,7 @@ pub mod program;
 pub mod ragged;
 pub mod reuse;
 pub mod specialize;
+pub mod split;
 pub mod verify;
 
 pub use blocks::{BArg, BVal, Block, BlockInput, BlockNode, OutputShape};

@@ -340,8 +340,16 @@ fn merge_blocks(a: &Block, b: &Block, j: usize) -> Option<Block> {
         args: n.args.iter().map(|arg| arg.map(remap)).collect(),
         ..n.clone()
     }));
+    // A block a hoisting split made two ([`crate::split`]) is one again: its own name.
+    let name = match (
+        a.name.strip_suffix("/hoisted"),
+        b.name.strip_suffix("/rest"),
+    ) {
+        (Some(x), Some(y)) if x == y => x.to_string(),
+        _ => format!("{}+{}", a.name, b.name),
+    };
     Some(Block {
-        name: format!("{}+{}", a.name, b.name),
+        name,
         inputs,
         nodes,
         outputs: b.outputs.iter().map(remap).collect(),

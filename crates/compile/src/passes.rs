@@ -36,6 +36,9 @@ pub struct StaticOptions {
     pub canon: bool,
     /// Repeated pure operators inside a block computed once ([`crate::cse`]).
     pub cse: bool,
+    /// Hoisting splits ([`crate::split`]): an automatic block mixing work on recursive state
+    /// with work that reads none is split so that the latter is hoisted. Needs `hoist`.
+    pub split: bool,
     /// Consecutive independent calls run side by side ([`crate::concurrency`]). Absent from
     /// artifacts compiled before it existed, which were compiled without it.
     #[serde(default)]
@@ -56,6 +59,7 @@ impl StaticOptions {
             derive: true,
             canon: true,
             cse: true,
+            split: true,
             concurrency: true,
         }
     }
@@ -73,6 +77,7 @@ impl StaticOptions {
             derive: false,
             canon: false,
             cse: false,
+            split: false,
             concurrency: false,
         }
     }
@@ -95,6 +100,8 @@ pub struct StaticReport {
     pub leaf_calls_inlined: usize,
     /// Functions specialized on a closure argument.
     pub specialized: Vec<crate::specialize::Specialized>,
+    /// Blocks split so that their part reading no recursive state is hoisted.
+    pub split: Vec<crate::split::Split>,
     /// Hoisted blocks merged into the block that reads them.
     pub merged: Vec<crate::merge::Merged>,
     /// Pairs that would merge but for the weights the merged block would read
@@ -143,6 +150,12 @@ pub fn optimize(
         let h = crate::hoist::analyze(program, entry);
         for (i, site) in program.sites.iter_mut().enumerate() {
             site.hoisted = h.hoisted.get(i).copied().unwrap_or(false);
+        }
+        if opts.split {
+            report.split = crate::split::split_hoistable(program, &h.tainted_operands);
+            crate::verify::debug_check(program, "hoisting splits");
+        }
+        for (i, site) in program.sites.iter().enumerate() {
             if site.hoisted {
                 report.hoisted.push(i as u32);
             }

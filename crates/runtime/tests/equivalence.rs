@@ -595,6 +595,7 @@ fn every_combination_of_switches() {
                 canon: dup == phases,
                 cse: hoist != phases,
                 concurrency: ghosts != hoist,
+                split: hoist && ghosts == dup,
             };
             let (program, reuse) = compile(&x, coarsen, statics);
             let opts = Options {

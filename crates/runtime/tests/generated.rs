@@ -65,6 +65,7 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         derive: bit(0.5),
         canon: bit(0.5),
         cse: bit(0.5),
+        split: bit(0.5),
         concurrency: bit(0.5),
     };
     let opts = Options {

@@ -1230,8 +1230,20 @@ def @main(%xs: List[Tensor[(1, 6), float32]], %W: Tensor[(6, 5), float32],
         ops.contains(&"transpose") && ops.contains(&"split"),
         "{ops:?}"
     );
-    // The step's block reads them as inputs: no transpose or split is left in any block.
-    for b in &program.blocks {
+    // The step's block reads them as inputs: no transpose or split is left in any block the
+    // code invokes (the pieces block merging put together are left behind, never invoked).
+    let mut invoked = std::collections::BTreeSet::new();
+    for l in &program.lambdas {
+        l.body.visit(&mut |c| {
+            if let tumble_compile::Code::InvokeBlock { block, .. } = c {
+                invoked.insert(*block);
+            }
+        });
+    }
+    for b in invoked
+        .iter()
+        .filter_map(|&b| program.blocks.get(b as usize))
+    {
         assert!(
             b.nodes
                 .iter()
@@ -1942,4 +1954,67 @@ def @main(%e: Expr, %W_add: Tensor[(256, 512), float32], %W_neg: Tensor[(256, 51
         "{grouped} launches of {invocations} invocations"
     );
     assert_eq!(alone, invocations);
+}
+
+/// A plain GRU step — the token's `W·x` and the state's `U·h` in one run of operators, so one
+/// automatic block — is split: the part reading no recursive state (the embedding lookup, the
+/// product and its bias) becomes a hoisted block of its own, launched once for every token of
+/// every instance with repeated tokens computed once, as a `Primitive=1` input transform would
+/// be. Equal to the reference every way; without the split, one block and no hoisted site.
+#[test]
+fn a_plain_gru_step_hoists_its_input_transform() {
+    let src = r#"
+def @gru(%toks: List[Tensor[(1), int32]], %h: Tensor[(1, 8), float32],
+         %emb: Tensor[(6, 8), float32], %W: Tensor[(24, 8), float32], %U: Tensor[(24, 8), float32],
+         %bw: Tensor[(24), float32]) -> Tensor[(1, 8), float32] {
+  match (%toks) {
+    Cons(%t, %rest) => {
+      let %gx = split(add(nn.dense(take(%emb, %t, axis=0), %W), %bw), indices_or_sections=3, axis=1);
+      let %gh = split(nn.dense(%h, %U), indices_or_sections=3, axis=1);
+      let %r = sigmoid(add(%gx.0, %gh.0));
+      let %z = sigmoid(add(%gx.1, %gh.1));
+      let %n = tanh(add(%gx.2, multiply(%r, %gh.2)));
+      @gru(%rest, add(multiply(subtract(1f, %z), %n), multiply(%z, %h)), %emb, %W, %U, %bw)
+    },
+    Nil => %h,
+  }
+}
+def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 8), float32], %W: Tensor[(24, 8), float32],
+          %U: Tensor[(24, 8), float32], %bw: Tensor[(24), float32]) -> Tensor[(1, 8), float32] {
+  @gru(%toks, zeros(shape=[1, 8], dtype="float32"), %emb, %W, %U, %bw)
+}
+"#;
+    let inputs: Vec<String> = (0..10)
+        .map(|i| {
+            let toks: Vec<String> = (0..(i % 5 + 1))
+                .map(|j| format!("[{}]", (i + j) % 6))
+                .collect();
+            format!("{{\"toks\": [{}]}}", toks.join(", "))
+        })
+        .collect();
+    let x = expected(
+        "plain_gru",
+        load_text("plain_gru", src),
+        &inputs.join("\n"),
+        &["toks"],
+    );
+    check_all_ways(&x);
+    let hoisted_blocks = |split: bool| {
+        let statics = tumble_compile::StaticOptions {
+            split,
+            ..tumble_compile::StaticOptions::all()
+        };
+        let (program, _) = common::compile(&x, true, statics);
+        program
+            .sites
+            .iter()
+            .filter(|s| s.hoisted)
+            .filter_map(|s| program.blocks.get(s.block as usize))
+            .filter(|b| b.nodes.iter().any(|n| n.op.name == "nn.dense"))
+            .count()
+    };
+    assert_eq!(hoisted_blocks(true), 1);
+    assert_eq!(hoisted_blocks(false), 0);
+    let profile = batch_profile(&x, tumble_runtime::Options::default());
+    assert!(profile.memoized + profile.job_memoized > 0, "{profile}");
 }

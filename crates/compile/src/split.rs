@@ -1,0 +1,456 @@
+//! Hoisting splits: a block found automatically that mixes work on recursive state with work
+//! that reads none (a plain GRU's step: `W·x` of the token beside `U·h` of the state, one run of
+//! operators in the source) is split in two, so that the part reading no recursive state is an
+//! invocation of its own that static hoisting ([`crate::hoist`]) schedules by its dataflow
+//! depth — every token of every instance in one launch, identical tokens computed once — as it
+//! would be had the program put it in a `Primitive=1` function of its own.
+//!
+//! A site is split when it is not hoisted, its block is automatic (a `Primitive=1` block is the
+//! user's unit) and its operands are immediate (slots, entry arguments, literals: evaluated
+//! again for the second invocation they compute the same values). Its *clean* nodes are the
+//! pure ones that read only operands the taint analysis found free of recursive state in every
+//! context, literals and other clean nodes. The producer takes the clean nodes that reach one
+//! value the rest of the block reads; views at that frontier (`split` of the input transform
+//! into gates, reshapes) go to the consumer so that the producer has one tensor result. Only a
+//! producer with a matrix product is worth its launch. The site becomes `let $p = invoke
+//! producer(..); invoke consumer(.., $p)`, the producer's site hoisted; block merging
+//! ([`crate::merge`]) may then put the two together again where that pays, as it does for a
+//! hand-split program.
+
+use std::collections::HashMap;
+
+use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
+use crate::program::{Code, Program, Site};
+
+/// A block split at one or more sites.
+#[derive(Debug, Clone)]
+pub struct Split {
+    /// The block as it was, and the producer's and consumer's names.
+    pub block: String,
+    pub producer: String,
+    pub consumer: String,
+    /// Operators moved into the hoisted producer.
+    pub ops: usize,
+    pub sites: usize,
+}
+
+/// Operators that only rearrange a value: at the producer's frontier they go to the consumer,
+/// so that one tensor (the product's result) crosses instead of its pieces.
+const VIEWS: &[&str] = &[
+    "split",
+    "reshape",
+    "squeeze",
+    "expand_dims",
+    "transpose",
+    "strided_slice",
+];
+
+/// Products worth a launch of their own.
+const PRODUCTS: &[&str] = &["nn.dense", "nn.matmul", "nn.batch_matmul"];
+
+/// A split made: the producer's and consumer's block indices and the original operands each
+/// takes (the consumer's last input is the producer's result).
+type Made = (u32, u32, Vec<usize>, Vec<usize>);
+
+/// Splits the blocks of non-hoisted sites whose operands are partly free of recursive state
+/// (`tainted_operands`, per site and operand, from [`crate::hoist::analyze`]); new producer
+/// sites are hoisted. Returns what it split.
+pub fn split_hoistable(program: &mut Program, tainted_operands: &[Vec<bool>]) -> Vec<Split> {
+    // Per (block, clean operand mask): the producer and consumer made for it.
+    let mut made: HashMap<(u32, Vec<bool>), Option<Made>> = HashMap::new();
+    let mut report: Vec<Split> = Vec::new();
+    for li in 0..program.lambdas.len() {
+        // The sites of this lambda to split, with their plan.
+        let mut plans: HashMap<u32, Made> = HashMap::new();
+        let Some(lambda) = program.lambdas.get(li) else {
+            continue;
+        };
+        let mut candidates = Vec::new();
+        lambda.body.visit(&mut |c| {
+            if let Code::InvokeBlock {
+                block, site, args, ..
+            } = c
+            {
+                candidates.push((*block, *site, args.iter().all(immediate)));
+            }
+        });
+        for (block, site, immediate_args) in candidates {
+            let hoisted = program.sites.get(site as usize).is_none_or(|s| s.hoisted);
+            let Some(tainted) = tainted_operands.get(site as usize) else {
+                continue;
+            };
+            let Some(b) = program.blocks.get(block as usize) else {
+                continue;
+            };
+            if hoisted
+                || !immediate_args
+                || b.primitive
+                || tainted.len() != b.inputs.len()
+                || tainted.iter().all(|&t| !t)
+            {
+                continue;
+            }
+            let clean: Vec<bool> = tainted.iter().map(|&t| !t).collect();
+            let key = (block, clean.clone());
+            let entry = match made.get(&key) {
+                Some(e) => e.clone(),
+                None => {
+                    let name = b.name.clone();
+                    let e = match plan_split(b, &clean) {
+                        Some((producer, consumer, p_in, c_in)) => {
+                            let ops = producer.nodes.len();
+                            let p = program.blocks.len() as u32;
+                            report.push(Split {
+                                block: name,
+                                producer: producer.name.clone(),
+                                consumer: consumer.name.clone(),
+                                ops,
+                                sites: 0,
+                            });
+                            program.blocks.push(producer);
+                            program.blocks.push(consumer);
+                            Some((p, p + 1, p_in, c_in))
+                        }
+                        None => None,
+                    };
+                    made.insert(key, e.clone());
+                    e
+                }
+            };
+            if let Some(e) = entry {
+                if let Some(r) = report.iter_mut().find(|r| {
+                    program
+                        .blocks
+                        .get(e.0 as usize)
+                        .is_some_and(|p| p.name == r.producer)
+                }) {
+                    r.sites += 1;
+                }
+                plans.insert(site, e);
+            }
+        }
+        if plans.is_empty() {
+            continue;
+        }
+        // New slots and sites, then the rewrite.
+        let mut new_sites: HashMap<u32, (u32, u32)> = HashMap::new();
+        let Some(lambda) = program.lambdas.get_mut(li) else {
+            continue;
+        };
+        let mut sites_order: Vec<u32> = plans.keys().copied().collect();
+        sites_order.sort_unstable();
+        for site in sites_order {
+            let Some(&(p, _, _, _)) = plans.get(&site) else {
+                continue;
+            };
+            let slot = lambda.n_slots;
+            lambda.n_slots += 1;
+            let (span, inlined_from) = program
+                .sites
+                .get(site as usize)
+                .map_or((Default::default(), None), |s| (s.span, s.inlined_from));
+            let new_site = program.sites.len() as u32;
+            program.sites.push(Site {
+                block: p,
+                span,
+                hoisted: true,
+                inlined_from,
+            });
+            new_sites.insert(site, (new_site, slot));
+        }
+        lambda.body.visit_mut(&mut |c| {
+            let Code::InvokeBlock {
+                block,
+                site,
+                args,
+                span,
+            } = c
+            else {
+                return;
+            };
+            let (Some(&(p, q, ref p_in, ref c_in)), Some(&(new_site, slot))) =
+                (plans.get(site), new_sites.get(site))
+            else {
+                return;
+            };
+            // (The rewrite's own consumer, visited after it replaced the site.)
+            if *block == q {
+                return;
+            }
+            let pick = |ks: &[usize]| -> Vec<Code> {
+                ks.iter().filter_map(|&k| args.get(k).cloned()).collect()
+            };
+            let producer = Code::InvokeBlock {
+                block: p,
+                site: new_site,
+                args: pick(p_in),
+                span: *span,
+            };
+            let mut c_args = pick(c_in);
+            c_args.push(Code::Slot(slot));
+            let consumer = Code::InvokeBlock {
+                block: q,
+                site: *site,
+                args: c_args,
+                span: *span,
+            };
+            *c = Code::Let {
+                binds: vec![(slot, producer)],
+                body: Box::new(consumer),
+            };
+        });
+        for (site, (_, q, _, _)) in &plans {
+            if let Some(s) = program.sites.get_mut(*site as usize) {
+                s.block = *q;
+            }
+        }
+    }
+    let split_blocks: Vec<u32> = made
+        .iter()
+        .filter(|(_, e)| e.is_some())
+        .map(|((b, _), _)| *b)
+        .collect();
+    drop_orphans(program, &split_blocks);
+    report
+}
+
+/// Removes the blocks of `candidates` that no site invokes any more (every site of theirs was
+/// split), renumbering the blocks after them in the sites and the code.
+fn drop_orphans(program: &mut Program, candidates: &[u32]) {
+    let used = |b: u32, program: &Program| program.sites.iter().any(|s| s.block == b);
+    let mut gone: Vec<u32> = candidates
+        .iter()
+        .copied()
+        .filter(|&b| !used(b, program))
+        .collect();
+    gone.sort_unstable();
+    gone.dedup();
+    if gone.is_empty() {
+        return;
+    }
+    let new_index = |b: u32| b - gone.partition_point(|&g| g < b) as u32;
+    for (i, _) in gone.iter().enumerate().rev() {
+        if let Some(&g) = gone.get(i) {
+            if (g as usize) < program.blocks.len() {
+                program.blocks.remove(g as usize);
+            }
+        }
+    }
+    for site in &mut program.sites {
+        site.block = new_index(site.block);
+    }
+    for lambda in &mut program.lambdas {
+        lambda.body.visit_mut(&mut |c| {
+            if let Code::InvokeBlock { block, .. } = c {
+                *block = new_index(*block);
+            }
+        });
+    }
+}
+
+/// The same node value (a node, or the same field of one); inputs and literals never are.
+fn same(a: &BVal, b: &BVal) -> bool {
+    match (a, b) {
+        (BVal::Node(x), BVal::Node(y)) => x == y,
+        (BVal::Field(x, f), BVal::Field(y, g)) => x == y && f == g,
+        _ => false,
+    }
+}
+
+fn immediate(c: &Code) -> bool {
+    matches!(c, Code::Slot(_) | Code::Param(_) | Code::Lit(_))
+}
+
+/// The producer and consumer of `b` split by its clean inputs `clean`, with the operands each
+/// takes (indices into the original operands; the consumer's last input is the producer's
+/// result); `None` when no split pays.
+fn plan_split(b: &Block, clean: &[bool]) -> Option<(Block, Block, Vec<usize>, Vec<usize>)> {
+    let n = b.nodes.len();
+    let value_clean = |v: &BVal, nodes: &[bool]| match v {
+        BVal::Input(i) => clean.get(*i as usize).copied().unwrap_or(false),
+        BVal::Node(m) | BVal::Field(m, _) => nodes.get(*m as usize).copied().unwrap_or(false),
+        BVal::Const(_) => true,
+    };
+    let mut in_producer = vec![false; n];
+    for (k, node) in b.nodes.iter().enumerate() {
+        let ok = is_pure_op(node.op)
+            && node
+                .args
+                .iter()
+                .all(|a| a.values().iter().all(|v| value_clean(v, &in_producer)));
+        in_producer[k] = ok;
+    }
+    // The values of producer nodes that the rest reads; views there move to the rest until one
+    // value crosses.
+    let frontier = |in_producer: &[bool]| -> Vec<BVal> {
+        let mut out: Vec<BVal> = Vec::new();
+        let mut note = |v: &BVal| {
+            if let BVal::Node(m) | BVal::Field(m, _) = v {
+                if in_producer.get(*m as usize).copied().unwrap_or(false)
+                    && !out.iter().any(|o| same(o, v))
+                {
+                    out.push(v.clone());
+                }
+            }
+        };
+        for (k, node) in b.nodes.iter().enumerate() {
+            if !in_producer.get(k).copied().unwrap_or(false) {
+                node.args.iter().flat_map(BArg::values).for_each(&mut note);
+            }
+        }
+        b.outputs.iter().for_each(&mut note);
+        out
+    };
+    let mut cut = frontier(&in_producer);
+    while cut.len() > 1 {
+        let view = cut
+            .iter()
+            .filter_map(BVal::node)
+            .filter(|&m| b.nodes.get(m).is_some_and(|x| VIEWS.contains(&x.op.name)))
+            .max()?;
+        if let Some(x) = in_producer.get_mut(view) {
+            *x = false;
+        }
+        cut = frontier(&in_producer);
+    }
+    let out = cut.first()?.clone();
+    // Worth it: a product, and not the whole block; the result one tensor.
+    let product = (0..n).any(|k| {
+        in_producer[k]
+            && b.nodes
+                .get(k)
+                .is_some_and(|x| PRODUCTS.contains(&x.op.name))
+    });
+    if !product || in_producer.iter().all(|&x| x) || b.val_ty(&out).as_tensor().is_none() {
+        return None;
+    }
+    // What the producer keeps: the nodes its result depends on.
+    let mut needed = vec![false; n];
+    if let Some(m) = out.node() {
+        needed[m] = true;
+    }
+    for k in (0..n).rev() {
+        if needed[k] {
+            for v in b
+                .nodes
+                .get(k)
+                .map_or(&[][..], |x| &x.args)
+                .iter()
+                .flat_map(BArg::values)
+            {
+                if let Some(m) = v.node() {
+                    if let Some(x) = needed.get_mut(m) {
+                        *x = true;
+                    }
+                }
+            }
+        }
+    }
+    // Nodes the producer does not need stay with the consumer (a clean node the rest reads
+    // directly is in the frontier, so none is lost).
+    let producer_nodes: Vec<usize> = (0..n).filter(|&k| needed[k]).collect();
+    let consumer_nodes: Vec<usize> = (0..n).filter(|&k| !needed[k]).collect();
+    let reads = |nodes: &[usize], extra: &[BVal]| -> Vec<usize> {
+        let mut used = vec![false; b.inputs.len()];
+        let values = nodes
+            .iter()
+            .filter_map(|&k| b.nodes.get(k))
+            .flat_map(|x| x.args.iter().flat_map(BArg::values))
+            .chain(extra.iter());
+        for v in values {
+            if let BVal::Input(i) = v {
+                if let Some(u) = used.get_mut(*i as usize) {
+                    *u = true;
+                }
+            }
+        }
+        (0..b.inputs.len()).filter(|&i| used[i]).collect()
+    };
+    let p_in = reads(&producer_nodes, &[]);
+    let c_in = reads(&consumer_nodes, &b.outputs);
+    // Rebuild each part with its own numbering.
+    let build = |nodes: &[usize],
+                 inputs: &[usize],
+                 cut: Option<&BVal>,
+                 extra: Option<BlockInput>,
+                 outputs: &[BVal],
+                 shape: OutputShape,
+                 name: String|
+     -> Option<Block> {
+        let input_of: HashMap<u32, u32> = inputs
+            .iter()
+            .enumerate()
+            .map(|(new, &old)| (old as u32, new as u32))
+            .collect();
+        let node_of: HashMap<u32, u32> = nodes
+            .iter()
+            .enumerate()
+            .map(|(new, &old)| (old as u32, new as u32))
+            .collect();
+        let extra_input = inputs.len() as u32;
+        let remap = |v: &BVal| -> Option<BVal> {
+            if cut.is_some_and(|c| same(c, v)) {
+                return Some(BVal::Input(extra_input));
+            }
+            Some(match v {
+                BVal::Input(i) => BVal::Input(*input_of.get(i)?),
+                BVal::Node(m) => BVal::Node(*node_of.get(m)?),
+                BVal::Field(m, f) => BVal::Field(*node_of.get(m)?, *f),
+                BVal::Const(t) => BVal::Const(t.clone()),
+            })
+        };
+        let remap_arg = |a: &BArg| -> Option<BArg> {
+            Some(match a {
+                BArg::One(v) => BArg::One(remap(v)?),
+                BArg::Tuple(vs) => BArg::Tuple(vs.iter().map(remap).collect::<Option<_>>()?),
+            })
+        };
+        let mut new_inputs: Vec<BlockInput> = inputs
+            .iter()
+            .filter_map(|&i| b.inputs.get(i).cloned())
+            .collect();
+        new_inputs.extend(extra);
+        let new_nodes: Vec<BlockNode> = nodes
+            .iter()
+            .filter_map(|&k| b.nodes.get(k))
+            .map(|x| {
+                Some(BlockNode {
+                    args: x.args.iter().map(remap_arg).collect::<Option<_>>()?,
+                    ..x.clone()
+                })
+            })
+            .collect::<Option<_>>()?;
+        Some(Block {
+            name,
+            inputs: new_inputs,
+            nodes: new_nodes,
+            outputs: outputs.iter().map(remap).collect::<Option<_>>()?,
+            output_shape: shape,
+            primitive: false,
+            span: b.span,
+        })
+    };
+    let producer = build(
+        &producer_nodes,
+        &p_in,
+        None,
+        None,
+        std::slice::from_ref(&out),
+        OutputShape::Single,
+        format!("{}/hoisted", b.name),
+    )?;
+    let cut_input = BlockInput {
+        name: format!("{} (hoisted)", producer.name),
+        ty: b.val_ty(&out),
+    };
+    let consumer = build(
+        &consumer_nodes,
+        &c_in,
+        Some(&out),
+        Some(cut_input),
+        &b.outputs,
+        b.output_shape,
+        format!("{}/rest", b.name),
+    )?;
+    Some((producer, consumer, p_in, c_in))
+}
