@@ -64,7 +64,9 @@ fn push_bits(t: &Tensor, key: &mut Vec<u64>) -> Option<()> {
 }
 
 /// Appends host value `t` to an invocation's key: its shape, then its elements (small values) or
-/// its buffer's identity (large ones, and floats when `floats_by_identity`). True when keyed by
+/// its buffer's identity (large ones, and floats when `floats_by_identity`: while recording for a
+/// backward, and for a model weight — a 64-element bias compared element by element made a
+/// small model's keys 150 words long, for a value that is the same tensor every time). True when keyed by
 /// identity (the key then names `t`'s buffer: whoever keeps the key must keep `t`).
 fn push_value_key(t: &Tensor, floats_by_identity: bool, key: &mut Vec<u64>) -> Option<bool> {
     key.extend(t.shape().iter().map(|&d| d as u64));
@@ -255,7 +257,7 @@ impl Dfg<'_> {
                 let mut key = vec![u64::from(block_id)];
                 for a in args {
                     let Arg::Val(t) = a else { return None };
-                    push_value_key(t, false, &mut key)?;
+                    push_value_key(t, self.small_weight(t), &mut key)?;
                 }
                 Some(key)
             })
@@ -356,6 +358,12 @@ impl Dfg<'_> {
         Ok(())
     }
 
+    /// A model weight small enough to be keyed by its elements otherwise (a bias): keyed by its
+    /// identity instead (only small floats are looked up).
+    fn small_weight(&self, t: &Tensor) -> bool {
+        t.len() <= MEMO_MAX_ELEMENTS && t.dtype().is_float() && self.is_model_weight(t)
+    }
+
     /// The host values of node `id` that a key names by buffer identity (see
     /// [`push_value_key`]).
     fn identity_keyed_args(&self, id: u32) -> Vec<Tensor> {
@@ -363,7 +371,7 @@ impl Dfg<'_> {
             n.args
                 .iter()
                 .filter_map(|a| match a {
-                    Arg::Val(t) if keyed_by_identity(t, false) => Some(t.clone()),
+                    Arg::Val(t) if keyed_by_identity(t, self.small_weight(t)) => Some(t.clone()),
                     _ => None,
                 })
                 .collect()
@@ -465,7 +473,8 @@ impl Dfg<'_> {
             for a in args {
                 match a {
                     Arg::Val(t) => {
-                        push_value_key(t, floats_by_identity, &mut key)?;
+                        let by_identity = floats_by_identity || self.small_weight(t);
+                        push_value_key(t, by_identity, &mut key)?;
                     }
                     // Every computed input has its class in `reps` (the walk above).
                     Arg::Lazy(r) => {

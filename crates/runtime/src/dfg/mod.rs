@@ -463,11 +463,10 @@ impl<'p> Dfg<'p> {
 
     /// Learns the model weights from an instance's entry arguments `args` and the derived
     /// parameters `derived` (the same tensors for every instance of a job): those the reuse
-    /// analysis knows to be bound to weights ([`Reuse::param_is_weight`]).
+    /// analysis knows to be bound to weights ([`Reuse::param_is_weight`]). Launches group
+    /// invocations by a weight chosen per instance only when it is one of them, and key
+    /// identical invocations by their identity.
     pub(crate) fn note_weights(&mut self, args: &[Value], derived: &[Value]) {
-        if self.exec.chosen_weights.iter().all(Vec::is_empty) {
-            return;
-        }
         let weights = args.iter().chain(derived).zip(&self.reuse.param_is_weight);
         for (v, _) in weights.filter(|(_, &w)| w) {
             if let Value::Tensor(t) = v {
