@@ -40,17 +40,28 @@ pub const MERGE_MIN_BATCH: usize = 32;
 /// (2 MiB, one direction) no difference either way; the small models (512 KiB) keep merging.
 pub const MERGE_MAX_WEIGHT_BYTES: usize = 1 << 20;
 
-/// Bytes of the weights of `b`'s products (`nn.dense`'s second operand where it is an input).
+/// Bytes of the weights of `b`'s products (`nn.dense`'s second operand where it is an input, or
+/// a node computed from inputs alone — a slice of a weight, which derived parameters make an
+/// input later: a hoisting split's LSTM column block).
 fn dense_weight_bytes(b: &Block) -> usize {
+    let from_inputs = |v: &BVal| match v.node().and_then(|k| b.nodes.get(k)) {
+        Some(n) => n
+            .args
+            .iter()
+            .flat_map(BArg::values)
+            .all(|a| matches!(a, BVal::Input(_) | BVal::Const(_))),
+        None => false,
+    };
     b.nodes
         .iter()
         .filter(|n| n.op.name == "nn.dense")
         .filter_map(|n| match n.args.get(1) {
-            Some(BArg::One(BVal::Input(i))) => b.inputs.get(*i as usize),
+            Some(BArg::One(BVal::Input(i))) => b.inputs.get(*i as usize).map(|x| x.ty.clone()),
+            Some(BArg::One(v)) if from_inputs(v) => Some(b.val_ty(v)),
             _ => None,
         })
-        .filter_map(|input| {
-            let (dims, dtype) = input.ty.as_tensor()?;
+        .filter_map(|ty| {
+            let (dims, dtype) = ty.as_tensor()?;
             dims.iter()
                 .try_fold(dtype.size(), |n, d| n.checked_mul(d.known()? as usize))
         })

@@ -19,8 +19,12 @@
 
 use std::collections::HashMap;
 
-use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
+use crate::blocks::{
+    is_pure_op, renumbered, BArg, BVal, Block, BlockInput, BlockNode, OutputShape,
+};
 use crate::program::{Code, Program, Site};
+use tumble_ir::attrs::Attr;
+use tumble_ir::{AttrValue, Attrs, Span, Ty};
 
 /// A block split at one or more sites.
 #[derive(Debug, Clone)]
@@ -96,7 +100,10 @@ pub fn split_hoistable(program: &mut Program, tainted_operands: &[Vec<bool>]) ->
                 Some(e) => e.clone(),
                 None => {
                     let name = b.name.clone();
-                    let e = match plan_split(b, &clean) {
+                    // A product over clean and tainted parts first becomes the sum of the
+                    // parts' products (an LSTM's `dense(concatenate((x, h)), W)`).
+                    let distributed = distribute_products(b, &clean);
+                    let e = match plan_split(distributed.as_ref().unwrap_or(b), &clean) {
                         Some((producer, consumer, p_in, c_in)) => {
                             let ops = producer.nodes.len();
                             let p = program.blocks.len() as u32;
@@ -453,4 +460,174 @@ fn plan_split(b: &Block, clean: &[bool]) -> Option<(Block, Block, Vec<usize>, Ve
         format!("{}/rest", b.name),
     )?;
     Some((producer, consumer, p_in, c_in))
+}
+
+/// Whether each node of `b` is clean: pure and reading only the clean inputs `clean`, literals
+/// and clean nodes.
+fn clean_nodes(b: &Block, clean: &[bool]) -> Vec<bool> {
+    let mut out = vec![false; b.nodes.len()];
+    for (k, node) in b.nodes.iter().enumerate() {
+        let ok = is_pure_op(node.op)
+            && node.args.iter().flat_map(BArg::values).all(|v| match v {
+                BVal::Input(i) => clean.get(*i as usize).copied().unwrap_or(false),
+                BVal::Node(m) | BVal::Field(m, _) => out.get(*m as usize).copied().unwrap_or(false),
+                BVal::Const(_) => true,
+            });
+        out[k] = ok;
+    }
+    out
+}
+
+/// A concatenation's parts with their widths.
+type Parts = Vec<(BVal, usize)>;
+
+fn attr(name: &str, value: AttrValue) -> Attr {
+    Attr {
+        name: name.into(),
+        value,
+        span: Span::default(),
+    }
+}
+
+/// `b` with each product over a concatenation of clean and tainted parts along the last axis —
+/// `nn.dense(concatenate((x, h), axis=1), W)`, `W` a clean input — written as the sum of the
+/// parts' products with `W`'s column blocks (`strided_slice`s of the weight, which derived
+/// parameters then compute once per run): the clean part's product can then be split off and
+/// hoisted. `None` when there is no such product.
+fn distribute_products(b: &Block, clean: &[bool]) -> Option<Block> {
+    let (dense, add, slice) = (
+        tumble_ops::lookup("nn.dense")?,
+        tumble_ops::lookup("add")?,
+        tumble_ops::lookup("strided_slice")?,
+    );
+    let is_clean = clean_nodes(b, clean);
+    let value_clean = |v: &BVal| match v {
+        BVal::Input(i) => clean.get(*i as usize).copied().unwrap_or(false),
+        BVal::Node(m) | BVal::Field(m, _) => is_clean.get(*m as usize).copied().unwrap_or(false),
+        BVal::Const(_) => true,
+    };
+    let width = |v: &BVal| -> Option<usize> {
+        let ty = b.val_ty(v);
+        let (dims, _) = ty.as_tensor()?;
+        match dims {
+            [_, w] => w.known().map(|w| w as usize),
+            _ => None,
+        }
+    };
+    // The parts of node `k`'s concatenated rows and their widths, and its weight's (N, K).
+    let distributable = |node: &BlockNode| -> Option<(Parts, BVal, usize)> {
+        if node.op.name != "nn.dense"
+            || !node
+                .attrs
+                .iter()
+                .all(|a| matches!(a.value, AttrValue::None))
+        {
+            return None;
+        }
+        let (Some(BArg::One(BVal::Node(c))), Some(BArg::One(w @ BVal::Input(wi)))) =
+            (node.args.first(), node.args.get(1))
+        else {
+            return None;
+        };
+        if !clean.get(*wi as usize).copied().unwrap_or(false) {
+            return None;
+        }
+        let cat = b.nodes.get(*c as usize)?;
+        let Some(BArg::Tuple(parts)) = cat.args.first() else {
+            return None;
+        };
+        let axis = cat.attrs.int("axis").ok().flatten().unwrap_or(0);
+        if cat.op.name != "concatenate" || !(axis == 1 || axis == -1) {
+            return None;
+        }
+        let (n, k) = {
+            let ty = b.val_ty(w);
+            let (dims, _) = ty.as_tensor()?;
+            match dims {
+                [n, k] => (n.known()? as usize, k.known()? as usize),
+                _ => return None,
+            }
+        };
+        let parts: Vec<(BVal, usize)> = parts
+            .iter()
+            .map(|p| Some((p.clone(), width(p)?)))
+            .collect::<Option<_>>()?;
+        let mixed =
+            parts.iter().any(|(p, _)| value_clean(p)) && parts.iter().any(|(p, _)| !value_clean(p));
+        let total: usize = parts.iter().map(|(_, w)| w).sum();
+        (mixed && total == k).then_some((parts, w.clone(), n))
+    };
+    let mut nodes: Vec<BlockNode> = Vec::with_capacity(b.nodes.len() + 4);
+    let mut map: Vec<BVal> = Vec::with_capacity(b.nodes.len());
+    let mut changed = false;
+    for node in &b.nodes {
+        if let Some((parts, w, n)) = distributable(node) {
+            let dtype = b.val_ty(&w).as_tensor().map(|(_, d)| d)?;
+            let mut sum: Option<BVal> = None;
+            let mut offset = 0usize;
+            for (part, width) in parts {
+                let ints = |xs: [usize; 2]| {
+                    AttrValue::List(xs.iter().map(|&x| AttrValue::Int(x as i64)).collect())
+                };
+                nodes.push(BlockNode {
+                    op: slice,
+                    args: vec![BArg::One(w.clone())],
+                    attrs: Attrs(vec![
+                        attr("begin", ints([0, offset])),
+                        attr("end", ints([n, offset + width])),
+                    ]),
+                    ty: Ty::tensor(
+                        vec![
+                            tumble_ir::Dim::Known(n as i64),
+                            tumble_ir::Dim::Known(width as i64),
+                        ],
+                        dtype,
+                    ),
+                    span: node.span,
+                    calls: node.calls.clone(),
+                });
+                let block_w = BVal::Node(nodes.len() as u32 - 1);
+                nodes.push(BlockNode {
+                    op: dense,
+                    args: vec![BArg::One(renumbered(&part, &map)), BArg::One(block_w)],
+                    attrs: node.attrs.clone(),
+                    ty: node.ty.clone(),
+                    span: node.span,
+                    calls: node.calls.clone(),
+                });
+                let product = BVal::Node(nodes.len() as u32 - 1);
+                sum = Some(match sum {
+                    None => product,
+                    Some(acc) => {
+                        nodes.push(BlockNode {
+                            op: add,
+                            args: vec![BArg::One(acc), BArg::One(product)],
+                            attrs: Attrs::default(),
+                            ty: node.ty.clone(),
+                            span: node.span,
+                            calls: node.calls.clone(),
+                        });
+                        BVal::Node(nodes.len() as u32 - 1)
+                    }
+                });
+                offset += width;
+            }
+            map.push(sum?);
+            changed = true;
+            continue;
+        }
+        nodes.push(node.clone().renumbered(&map));
+        map.push(BVal::Node(nodes.len() as u32 - 1));
+    }
+    if !changed {
+        return None;
+    }
+    let mut out = Block {
+        nodes,
+        outputs: b.outputs.iter().map(|v| renumbered(v, &map)).collect(),
+        ..b.clone()
+    };
+    // The concatenation no product reads any more.
+    out.drop_dead_nodes(|x| is_pure_op(x.op));
+    Some(out)
 }

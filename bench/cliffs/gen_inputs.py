@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""Inputs of the programs in bench/cliffs/ (see cliffs_ab.sh), written to bench/.data/cliffs/:
+seq256.jsonl (256 token lists of 5-40 tokens from a 1,000-word vocabulary), expr64.jsonl (64
+expression trees of 5-40 literals, operators Add/Mul/Neg), gate256.jsonl (256 vectors of 512
+normals with a threshold). Seeded: the same files every time."""
+import json
+import os
+import random
+
+out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".data", "cliffs")
+os.makedirs(out, exist_ok=True)
+R = random.Random(1)
+with open(os.path.join(out, "seq256.jsonl"), "w") as f:
+    for _ in range(256):
+        f.write(json.dumps({"tokens": [[R.randrange(2, 1000)] for _ in range(R.randint(5, 40))]}) + "\n")
+
+
+def expr(n):
+    if n <= 1:
+        return {"Lit": [[R.randrange(2, 1000)]]}
+    if R.random() < 0.2:
+        return {"Neg": [expr(n - 1)]}
+    k = R.randint(1, n - 1)
+    return {R.choice(["Add", "Mul"]): [expr(k), expr(n - k)]}
+
+
+with open(os.path.join(out, "expr64.jsonl"), "w") as f:
+    for _ in range(64):
+        f.write(json.dumps({"expr": expr(R.randint(5, 40))}) + "\n")
+with open(os.path.join(out, "gate256.jsonl"), "w") as f:
+    for _ in range(256):
+        x = [round(R.gauss(0, 1), 6) for _ in range(512)]
+        f.write(json.dumps({"x": [x], "thr": round(512 * R.uniform(0.2, 0.6), 3)}) + "\n")
