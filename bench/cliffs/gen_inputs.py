@@ -2,7 +2,8 @@
 """Inputs of the programs in bench/cliffs/ (see cliffs_ab.sh), written to bench/.data/cliffs/:
 seq256.jsonl (256 token lists of 5-40 tokens from a 1,000-word vocabulary), expr64.jsonl (64
 expression trees of 5-40 literals, operators Add/Mul/Neg), gate256.jsonl (256 vectors of 512
-normals with a threshold). Seeded: the same files every time."""
+normals with a threshold), loop256.jsonl (256 vectors of 64 normals, each with a trip count of
+1-50). Seeded: the same files every time."""
 import json
 import os
 import random
@@ -31,3 +32,7 @@ with open(os.path.join(out, "gate256.jsonl"), "w") as f:
     for _ in range(256):
         x = [round(R.gauss(0, 1), 6) for _ in range(512)]
         f.write(json.dumps({"x": [x], "thr": round(512 * R.uniform(0.2, 0.6), 3)}) + "\n")
+with open(os.path.join(out, "loop256.jsonl"), "w") as f:
+    for _ in range(256):
+        x = [round(R.gauss(0, 1), 6) for _ in range(64)]
+        f.write(json.dumps({"x": [x], "n": R.randint(1, 50)}) + "\n")

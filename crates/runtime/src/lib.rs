@@ -14,6 +14,7 @@ mod fastmath;
 mod fastops;
 pub mod fused;
 mod gemm;
+mod host_scalars;
 mod intern;
 mod memo;
 pub mod optim;

@@ -417,6 +417,13 @@ fn node_types(block: &Block, inputs: &[Vec<usize>]) -> Result<Vec<Ty>, (Option<u
     Ok(node_tys)
 }
 
+/// `TUMBLE_NO_FAST_HOST_SCALARS=1`: host scalar blocks through the reference kernels only (the
+/// A/B switch of [`crate::host_scalars`]).
+fn fast_host_scalars() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_FAST_HOST_SCALARS").is_none())
+}
+
 impl<'p> Dfg<'p> {
     pub fn new(
         program: &'p Program,
@@ -829,10 +836,19 @@ impl Backend for Dfg<'_> {
                     Arg::Lazy(_) => None,
                 })
                 .collect();
-            let mut octx = OpCtx { rng: &mut ctx.rng };
-            let outs = block
-                .eval(&inputs, &mut octx)
-                .map_err(|m| RunError::at(span, m))?;
+            let fast = match fast_host_scalars() {
+                true => crate::host_scalars::eval(block, &inputs),
+                false => None,
+            };
+            let outs = match fast {
+                Some(outs) => outs,
+                None => {
+                    let mut octx = OpCtx { rng: &mut ctx.rng };
+                    block
+                        .eval(&inputs, &mut octx)
+                        .map_err(|m| RunError::at(span, m))?
+                }
+            };
             self.profile.host_invocations += 1;
             self.profile.time_dfg += sampled(t0);
             return Ok(block_value(block, outs));

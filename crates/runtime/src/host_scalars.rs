@@ -1,0 +1,216 @@
+//! Host scalars on the fast path: a block of integer and boolean scalar arithmetic and
+//! comparisons (a loop counter's `%n == 0` and `%n - 1`, a bound's `less(%i, %n)`) computed on
+//! the invocation's values directly, instead of through the reference kernels' general
+//! evaluation (operand checks, broadcasting, shape relations, allocations: ~0.6 µs for a scalar
+//! `equal`, which made a counted loop's recording 4× what it launches). The results are the
+//! reference's exactly: integers wrap as its `i64` arithmetic does once narrowed, comparisons
+//! are exact; anything else (floats' arithmetic, shapes other than `()`, operators not listed,
+//! mixed dtypes) returns `None`, and the caller runs the reference.
+
+use tumble_compile::{BArg, BVal, Block};
+use tumble_ir::DType;
+use tumble_tensor::Tensor;
+
+#[derive(Clone, Copy, PartialEq)]
+enum S {
+    I32(i32),
+    I64(i64),
+    F32(f32),
+    Bool(bool),
+}
+
+impl S {
+    fn of(t: &Tensor) -> Option<S> {
+        if t.rank() != 0 {
+            return None;
+        }
+        Some(match t.dtype() {
+            DType::Int32 => S::I32(*t.as_slice::<i32>()?.first()?),
+            DType::Int64 => S::I64(*t.as_slice::<i64>()?.first()?),
+            DType::Float32 => S::F32(*t.as_slice::<f32>()?.first()?),
+            DType::Bool => S::Bool(*t.as_slice::<bool>()?.first()?),
+            _ => return None,
+        })
+    }
+
+    fn tensor(self) -> Tensor {
+        match self {
+            S::I32(x) => Tensor::scalar_i32(x),
+            S::I64(x) => Tensor::scalar_i64(x),
+            S::F32(x) => Tensor::scalar_f32(x),
+            S::Bool(x) => Tensor::scalar_bool(x),
+        }
+    }
+}
+
+/// One operator on scalar operands, as the reference computes it; `None`: not on this path.
+fn apply(op: &str, args: &[S]) -> Option<S> {
+    use S::*;
+    let int = |f: fn(i64, i64) -> i64| -> Option<S> {
+        match *args {
+            [I32(a), I32(b)] => Some(I32(f(i64::from(a), i64::from(b)) as i32)),
+            [I64(a), I64(b)] => Some(I64(f(a, b))),
+            _ => None,
+        }
+    };
+    let cmp = |f: fn(std::cmp::Ordering) -> bool| -> Option<S> {
+        let o = match *args {
+            [I32(a), I32(b)] => a.cmp(&b),
+            [I64(a), I64(b)] => a.cmp(&b),
+            // (NaN compares false every way but `!=`: not on this path.)
+            [F32(a), F32(b)] => a.partial_cmp(&b)?,
+            _ => return None,
+        };
+        Some(Bool(f(o)))
+    };
+    let logic = |f: fn(bool, bool) -> bool| -> Option<S> {
+        match *args {
+            [Bool(a), Bool(b)] => Some(Bool(f(a, b))),
+            _ => None,
+        }
+    };
+    match op {
+        "add" => int(i64::wrapping_add),
+        "subtract" => int(i64::wrapping_sub),
+        "multiply" => int(i64::wrapping_mul),
+        "equal" => cmp(|o| o.is_eq()),
+        "not_equal" => cmp(|o| o.is_ne()),
+        "less" => cmp(|o| o.is_lt()),
+        "greater" => cmp(|o| o.is_gt()),
+        "less_equal" => cmp(|o| o.is_le()),
+        "greater_equal" => cmp(|o| o.is_ge()),
+        "logical_and" => logic(|a, b| a && b),
+        "logical_or" => logic(|a, b| a || b),
+        "logical_xor" => logic(|a, b| a != b),
+        "logical_not" => match *args {
+            [Bool(a)] => Some(Bool(!a)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `block`'s outputs on `inputs` when every value is a scalar this path computes (see the
+/// module); `None` otherwise.
+pub(crate) fn eval(block: &Block, inputs: &[Tensor]) -> Option<Vec<Tensor>> {
+    if inputs.len() != block.inputs.len() || block.nodes.len() > 16 {
+        return None;
+    }
+    let ins: Vec<S> = inputs.iter().map(S::of).collect::<Option<_>>()?;
+    let mut vals: Vec<S> = Vec::with_capacity(block.nodes.len());
+    let value = |v: &BVal, vals: &[S]| -> Option<S> {
+        match v {
+            BVal::Input(i) => ins.get(*i as usize).copied(),
+            BVal::Node(n) => vals.get(*n as usize).copied(),
+            BVal::Const(t) => S::of(t),
+            BVal::Field(..) => None,
+        }
+    };
+    for node in &block.nodes {
+        if !node.attrs.is_empty() {
+            return None;
+        }
+        let mut args = [S::Bool(false); 2];
+        if node.args.len() > 2 {
+            return None;
+        }
+        for (slot, a) in args.iter_mut().zip(&node.args) {
+            let BArg::One(v) = a else { return None };
+            *slot = value(v, &vals)?;
+        }
+        let out = apply(node.op.name, args.get(..node.args.len())?)?;
+        // The node's declared type: a rank-0 tensor of the dtype computed.
+        match node.ty.as_tensor() {
+            Some((dims, dtype)) if dims.is_empty() && dtype == out.tensor().dtype() => {}
+            _ => return None,
+        }
+        vals.push(out);
+    }
+    block
+        .outputs
+        .iter()
+        .map(|v| value(v, &vals).map(S::tensor))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every operator of the path against the reference kernel, on values at the types' edges
+    /// (wrapping, signs, NaN refused).
+    #[test]
+    fn scalars_as_the_reference_computes_them() {
+        let ops = [
+            "add",
+            "subtract",
+            "multiply",
+            "equal",
+            "not_equal",
+            "less",
+            "greater",
+            "less_equal",
+            "greater_equal",
+            "logical_and",
+            "logical_or",
+            "logical_xor",
+        ];
+        let i32s = [i32::MIN, -7, -1, 0, 1, 3, i32::MAX];
+        let i64s = [i64::MIN, -5, 0, 2, i64::MAX];
+        let f32s = [f32::NEG_INFINITY, -1.5, -0.0, 0.0, 2.25, f32::NAN];
+        let bools = [false, true];
+        let mut pairs: Vec<(Tensor, Tensor)> = Vec::new();
+        for &a in &i32s {
+            for &b in &i32s {
+                pairs.push((Tensor::scalar_i32(a), Tensor::scalar_i32(b)));
+            }
+        }
+        for &a in &i64s {
+            for &b in &i64s {
+                pairs.push((Tensor::scalar_i64(a), Tensor::scalar_i64(b)));
+            }
+        }
+        for &a in &f32s {
+            for &b in &f32s {
+                pairs.push((Tensor::scalar_f32(a), Tensor::scalar_f32(b)));
+            }
+        }
+        for &a in &bools {
+            for &b in &bools {
+                pairs.push((Tensor::scalar_bool(a), Tensor::scalar_bool(b)));
+            }
+        }
+        let mut checked = 0;
+        for op in ops {
+            let Some(def) = tumble_ops::lookup(op) else {
+                panic!("{op}")
+            };
+            for (a, b) in &pairs {
+                let (Some(x), Some(y)) = (S::of(a), S::of(b)) else {
+                    panic!("scalars")
+                };
+                let Some(fast) = apply(op, &[x, y]) else {
+                    continue;
+                };
+                let args = [
+                    tumble_ops::OpValue::Tensor(a.clone()),
+                    tumble_ops::OpValue::Tensor(b.clone()),
+                ];
+                let mut rng = tumble_tensor::Rng::new(0);
+                let mut octx = tumble_ops::OpCtx { rng: &mut rng };
+                let reference =
+                    tumble_ops::eval(def, &args, &tumble_ir::Attrs::default(), &mut octx)
+                        .unwrap_or_else(|e| panic!("{op}: {}", e.message));
+                let tumble_ops::OpValue::Tensor(r) = reference else {
+                    panic!("{op}: not a tensor")
+                };
+                assert!(
+                    S::of(&r) == Some(fast) && r.dtype() == fast.tensor().dtype(),
+                    "{op} on {a:?}, {b:?}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 500, "{checked}");
+    }
+}
