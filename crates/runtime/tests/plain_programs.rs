@@ -1984,34 +1984,17 @@ def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 8), float32], %W: Te
   @gru(%toks, zeros(shape=[1, 8], dtype="float32"), %emb, %W, %U, %bw)
 }
 "#;
-    let inputs: Vec<String> = (0..10)
-        .map(|i| {
-            let toks: Vec<String> = (0..(i % 5 + 1))
-                .map(|j| format!("[{}]", (i + j) % 6))
-                .collect();
-            format!("{{\"toks\": [{}]}}", toks.join(", "))
-        })
-        .collect();
-    let x = expected(
-        "plain_gru",
-        load_text("plain_gru", src),
-        &inputs.join("\n"),
-        &["toks"],
-    );
+    let inputs = token_lists(10, |i| i % 5 + 1, |i, j| (i + j) % 6);
+    let x = expected("plain_gru", load_text("plain_gru", src), &inputs, &["toks"]);
     check_all_ways(&x);
     let hoisted_blocks = |split: bool| {
-        let statics = tumble_compile::StaticOptions {
-            split,
-            ..tumble_compile::StaticOptions::all()
-        };
-        let (program, _) = common::compile(&x, true, statics);
-        program
-            .sites
-            .iter()
-            .filter(|s| s.hoisted)
-            .filter_map(|s| program.blocks.get(s.block as usize))
-            .filter(|b| b.nodes.iter().any(|n| n.op.name == "nn.dense"))
-            .count()
+        hoisted_products(
+            &x,
+            tumble_compile::StaticOptions {
+                split,
+                ..tumble_compile::StaticOptions::all()
+            },
+        )
     };
     assert_eq!(hoisted_blocks(true), 1);
     assert_eq!(hoisted_blocks(false), 0);
@@ -2045,36 +2028,46 @@ def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 4), float32], %W: Te
   @lstm(%toks, %z, %z, %emb, %W, %b)
 }
 "#;
-    let inputs: Vec<String> = (0..10)
+    let inputs = token_lists(10, |i| i % 4 + 2, |i, j| (i * 2 + j) % 6);
+    let x = expected("lstm_cat", load_text("lstm_cat", src), &inputs, &["toks"]);
+    check_all_ways(&x);
+    let hoisted = |split: bool| {
+        hoisted_products(
+            &x,
+            tumble_compile::StaticOptions {
+                split,
+                merge: false,
+                ..tumble_compile::StaticOptions::all()
+            },
+        )
+    };
+    assert_eq!(hoisted(true), 1);
+    assert_eq!(hoisted(false), 0);
+}
+
+/// Instances `{"toks": [[t], ..]}`: instance `i` has `len(i)` tokens, its `j`-th `tok(i, j)`.
+fn token_lists(
+    n: usize,
+    len: impl Fn(usize) -> usize,
+    tok: impl Fn(usize, usize) -> usize,
+) -> String {
+    (0..n)
         .map(|i| {
-            let toks: Vec<String> = (0..(i % 4 + 2))
-                .map(|j| format!("[{}]", (i * 2 + j) % 6))
-                .collect();
+            let toks: Vec<String> = (0..len(i)).map(|j| format!("[{}]", tok(i, j))).collect();
             format!("{{\"toks\": [{}]}}", toks.join(", "))
         })
-        .collect();
-    let x = expected(
-        "lstm_cat",
-        load_text("lstm_cat", src),
-        &inputs.join("\n"),
-        &["toks"],
-    );
-    check_all_ways(&x);
-    let hoisted_products = |split: bool| {
-        let statics = tumble_compile::StaticOptions {
-            split,
-            merge: false,
-            ..tumble_compile::StaticOptions::all()
-        };
-        let (program, _) = common::compile(&x, true, statics);
-        program
-            .sites
-            .iter()
-            .filter(|s| s.hoisted)
-            .filter_map(|s| program.blocks.get(s.block as usize))
-            .filter(|b| b.nodes.iter().any(|n| n.op.name == "nn.dense"))
-            .count()
-    };
-    assert_eq!(hoisted_products(true), 1);
-    assert_eq!(hoisted_products(false), 0);
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Hoisted sites of `x`'s program compiled with `statics` whose block has a product.
+fn hoisted_products(x: &common::Expected, statics: tumble_compile::StaticOptions) -> usize {
+    let (program, _) = common::compile(x, true, statics);
+    program
+        .sites
+        .iter()
+        .filter(|s| s.hoisted)
+        .filter_map(|s| program.blocks.get(s.block as usize))
+        .filter(|b| b.nodes.iter().any(|n| n.op.name == "nn.dense"))
+        .count()
 }
