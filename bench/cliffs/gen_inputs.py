@@ -3,7 +3,8 @@
 seq256.jsonl (256 token lists of 5-40 tokens from a 1,000-word vocabulary), expr64.jsonl (64
 expression trees of 5-40 literals, operators Add/Mul/Neg), gate256.jsonl (256 vectors of 512
 normals with a threshold), loop256.jsonl (256 vectors of 64 normals, each with a trip count of
-1-50). Seeded: the same files every time."""
+1-50), mem256.jsonl (256 memories of 5-50 words with a query word and 1-4 hops). Seeded: the
+same files every time."""
 import json
 import os
 import random
@@ -36,3 +37,7 @@ with open(os.path.join(out, "loop256.jsonl"), "w") as f:
     for _ in range(256):
         x = [round(R.gauss(0, 1), 6) for _ in range(64)]
         f.write(json.dumps({"x": [x], "n": R.randint(1, 50)}) + "\n")
+with open(os.path.join(out, "mem256.jsonl"), "w") as f:
+    for _ in range(256):
+        mem = [R.randrange(2, 1000) for _ in range(R.randint(5, 50))]
+        f.write(json.dumps({"mem": mem, "query": [R.randrange(2, 1000)], "hops": R.randint(1, 4)}) + "\n")
