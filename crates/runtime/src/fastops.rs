@@ -99,8 +99,8 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Op
             }
             binary_f32(args, |a, b| a + b)
         }
-        "sum" => reduce_f32(args, attrs, false).map(OpValue::Tensor),
-        "mean" => reduce_f32(args, attrs, true).map(OpValue::Tensor),
+        "sum" if fast_reductions() => reduce_f32(args, attrs, false).map(OpValue::Tensor),
+        "mean" if fast_reductions() => reduce_f32(args, attrs, true).map(OpValue::Tensor),
         "add" => binary_f32(args, |a, b| a + b),
         "subtract" => binary_f32(args, |a, b| a - b),
         "multiply" => binary_f32(args, |a, b| a * b),
@@ -111,6 +111,13 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Op
         name if attrs.0.is_empty() => row_unary(name, args),
         _ => None,
     }
+}
+
+/// `TUMBLE_NO_FAST_REDUCTIONS=1`: `sum` and `mean` by the reference kernel (the A/B switch of
+/// [`reduce_f32`]; the results are the same bits either way).
+fn fast_reductions() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_FAST_REDUCTIONS").is_none())
 }
 
 /// `sum` (or `mean`) of an f32 tensor over one axis as the reference computes it — each output
