@@ -21,7 +21,7 @@ const MAX_TYPE_PARTS: usize = 1 << 16;
 /// How a diagnostic names a call: as written (`fast_exp`), the operator it stands for with it.
 fn called(op: &OpDef, alias: Option<&str>) -> String {
     match alias {
-        Some(a) => format!("`{a}` (`{}`)", op.name),
+        Some(a) => format!("`{a}` (an alias of `{}`)", op.name),
         None => format!("`{}`", op.name),
     }
 }
@@ -819,7 +819,7 @@ impl<'t> Checker<'t> {
                     Deferred::Op { op, alias, span, quiet: false, .. } => self.err(
                         Diagnostic::error(
                             span,
-                            format!("cannot infer the types of the arguments of `{}` here", alias.unwrap_or(op.name)),
+                            format!("cannot infer the types of the arguments of {} here", called(op, alias)),
                         )
                         .with_note("add a type annotation to the variables it uses, e.g. `%x: Tensor[(1, 256), float32]`"),
                     ),

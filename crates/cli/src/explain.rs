@@ -209,7 +209,7 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
                 let d = match reuse.inputs.get(bi).and_then(|v| v.get(i)) {
                     Some(InputReuse::Shared) => "shared (passed once per launch)",
                     Some(InputReuse::PerInstance) if chosen.contains(&(i as u32)) => {
-                        "per-instance, a product's weight: launched in groups by the model weight it is (gathered where it is none)"
+                        "per-instance, a product's weight: where an invocation passes a model weight, grouped at launch by it; gathered otherwise"
                     }
                     Some(InputReuse::PerInstance) => "per-instance (gathered)",
                     Some(InputReuse::SharedPerCallSite) => {

@@ -152,7 +152,7 @@ pub fn optimize(
             site.hoisted = h.hoisted.get(i).copied().unwrap_or(false);
         }
         if opts.split {
-            report.split = crate::split::split_hoistable(program, &h.tainted_operands);
+            report.split = crate::split::split_hoistable(program, &h.tainted_operands, weights);
             crate::verify::debug_check(program, "hoisting splits");
         }
         for (i, site) in program.sites.iter().enumerate() {

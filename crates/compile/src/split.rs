@@ -59,9 +59,18 @@ type Made = (u32, u32, Vec<usize>, Vec<usize>);
 /// Splits the blocks of non-hoisted sites whose operands are partly free of recursive state
 /// (`tainted_operands`, per site and operand, from [`crate::hoist::analyze`]); new producer
 /// sites are hoisted. Returns what it split.
-pub fn split_hoistable(program: &mut Program, tainted_operands: &[Vec<bool>]) -> Vec<Split> {
+///
+/// `weights` flags the entry parameters bound to model weights: a product over a concatenation is
+/// distributed only where its weight operand is one of them read where used (`Code::Param`), so
+/// that its column blocks become derived parameters — a weight chosen per instance, sliced,
+/// would be neither derived nor grouped by the runtime's weight groups.
+pub fn split_hoistable(
+    program: &mut Program,
+    tainted_operands: &[Vec<bool>],
+    weights: &[bool],
+) -> Vec<Split> {
     // Per (block, clean operand mask): the producer and consumer made for it.
-    let mut made: HashMap<(u32, Vec<bool>), Option<Made>> = HashMap::new();
+    let mut made: HashMap<(u32, Vec<bool>, Vec<bool>), Option<Made>> = HashMap::new();
     let mut report: Vec<Split> = Vec::new();
     for li in 0..program.lambdas.len() {
         // The sites of this lambda to split, with their plan.
@@ -75,10 +84,14 @@ pub fn split_hoistable(program: &mut Program, tainted_operands: &[Vec<bool>]) ->
                 block, site, args, ..
             } = c
             {
-                candidates.push((*block, *site, args.iter().all(immediate)));
+                let weight_operands: Vec<bool> = args
+                    .iter()
+                    .map(|a| matches!(a, Code::Param(k) if weights.get(*k as usize) == Some(&true)))
+                    .collect();
+                candidates.push((*block, *site, args.iter().all(immediate), weight_operands));
             }
         });
-        for (block, site, immediate_args) in candidates {
+        for (block, site, immediate_args, weight_operands) in candidates {
             let hoisted = program.sites.get(site as usize).is_none_or(|s| s.hoisted);
             let Some(tainted) = tainted_operands.get(site as usize) else {
                 continue;
@@ -95,14 +108,14 @@ pub fn split_hoistable(program: &mut Program, tainted_operands: &[Vec<bool>]) ->
                 continue;
             }
             let clean: Vec<bool> = tainted.iter().map(|&t| !t).collect();
-            let key = (block, clean.clone());
+            let key = (block, clean.clone(), weight_operands.clone());
             let entry = match made.get(&key) {
                 Some(e) => e.clone(),
                 None => {
                     let name = b.name.clone();
                     // A product over clean and tainted parts first becomes the sum of the
                     // parts' products (an LSTM's `dense(concatenate((x, h)), W)`).
-                    let distributed = distribute_products(b, &clean);
+                    let distributed = distribute_products(b, &clean, &weight_operands);
                     let e = match plan_split(distributed.as_ref().unwrap_or(b), &clean) {
                         Some((producer, consumer, p_in, c_in)) => {
                             let ops = producer.nodes.len();
@@ -215,7 +228,7 @@ pub fn split_hoistable(program: &mut Program, tainted_operands: &[Vec<bool>]) ->
     let split_blocks: Vec<u32> = made
         .iter()
         .filter(|(_, e)| e.is_some())
-        .map(|((b, _), _)| *b)
+        .map(|((b, _, _), _)| *b)
         .collect();
     drop_orphans(program, &split_blocks);
     report
@@ -490,11 +503,12 @@ fn attr(name: &str, value: AttrValue) -> Attr {
 }
 
 /// `b` with each product over a concatenation of clean and tainted parts along the last axis —
-/// `nn.dense(concatenate((x, h), axis=1), W)`, `W` a clean input — written as the sum of the
+/// `nn.dense(concatenate((x, h), axis=1), W)`, `W` an input every site passes a model weight
+/// (`weight`) — written as the sum of the
 /// parts' products with `W`'s column blocks (`strided_slice`s of the weight, which derived
 /// parameters then compute once per run): the clean part's product can then be split off and
 /// hoisted. `None` when there is no such product.
-fn distribute_products(b: &Block, clean: &[bool]) -> Option<Block> {
+fn distribute_products(b: &Block, clean: &[bool], weight: &[bool]) -> Option<Block> {
     let (dense, add, slice) = (
         tumble_ops::lookup("nn.dense")?,
         tumble_ops::lookup("add")?,
@@ -529,7 +543,9 @@ fn distribute_products(b: &Block, clean: &[bool]) -> Option<Block> {
         else {
             return None;
         };
-        if !clean.get(*wi as usize).copied().unwrap_or(false) {
+        if !clean.get(*wi as usize).copied().unwrap_or(false)
+            || !weight.get(*wi as usize).copied().unwrap_or(false)
+        {
             return None;
         }
         let cat = b.nodes.get(*c as usize)?;

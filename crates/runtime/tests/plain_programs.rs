@@ -2071,3 +2071,49 @@ fn hoisted_products(x: &common::Expected, statics: tumble_compile::StaticOptions
         .filter(|b| b.nodes.iter().any(|n| n.op.name == "nn.dense"))
         .count()
 }
+
+/// A product over a concatenation whose weight the program chooses per instance is not
+/// distributed by a hoisting split (its column blocks would be per-instance slices, neither
+/// derived parameters nor grouped by weight: 20× slower, a review's find): its launches stay
+/// grouped by the weight chosen. Equal to the reference every way.
+#[test]
+fn a_chosen_weight_over_a_concatenation_stays_grouped() {
+    let src = r#"
+def @rnn(%toks: List[Tensor[(1), int32]], %h: Tensor[(1, 128), float32],
+         %emb: Tensor[(6, 128), float32], %Wa: Tensor[(128, 256), float32], %Wb: Tensor[(128, 256), float32])
+    -> Tensor[(1, 128), float32] {
+  match (%toks) {
+    Cons(%t, %rest) => {
+      let %W = if (less(sum(%t), 3)) { %Wa } else { %Wb };
+      let %x = take(%emb, %t, axis=0);
+      @rnn(%rest, tanh(nn.dense(concatenate((%x, %h), axis=1), %W)), %emb, %Wa, %Wb)
+    },
+    Nil => %h,
+  }
+}
+def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 128), float32], %Wa: Tensor[(128, 256), float32],
+          %Wb: Tensor[(128, 256), float32]) -> Tensor[(1, 128), float32] {
+  @rnn(%toks, zeros(shape=[1, 128], dtype="float32"), %emb, %Wa, %Wb)
+}
+"#;
+    let inputs = token_lists(12, |i| i % 4 + 3, |i, j| (i * 5 + j * 3) % 6);
+    let x = expected(
+        "chosen_cat",
+        load_text("chosen_cat", src),
+        &inputs,
+        &["toks"],
+    );
+    check_all_ways(&x);
+    let profile = batch_profile(&x, tumble_runtime::Options::default());
+    let (launches, invocations) = profile
+        .per_block
+        .iter()
+        .filter(|(name, _)| name.contains("tanh"))
+        .fold((0, 0), |(l, i), (_, s)| (l + s.launches, i + s.invocations));
+    // 12 instances, 3-6 steps each: two groups per step at the most (one launch each without
+    // the groups: locality chunks of one).
+    assert!(
+        launches <= 12 && invocations >= 30,
+        "{launches} launches of {invocations}"
+    );
+}
