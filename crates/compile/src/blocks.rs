@@ -370,6 +370,40 @@ impl fmt::Display for Block {
     }
 }
 
+/// The same block value: one input, node or field of a node (literals never are).
+pub(crate) fn same_value(a: &BVal, b: &BVal) -> bool {
+    match (a, b) {
+        (BVal::Node(x), BVal::Node(y)) => x == y,
+        (BVal::Field(x, f), BVal::Field(y, g)) => x == y && f == g,
+        (BVal::Input(x), BVal::Input(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// Per node of `block`: pure, and reading only inputs `input_ok` accepts, literals and other
+/// such nodes (a block's weight transforms, or its part free of recursive state).
+pub(crate) fn nodes_reading_only(block: &Block, input_ok: impl Fn(u32) -> bool) -> Vec<bool> {
+    let mut out = vec![false; block.nodes.len()];
+    for (k, node) in block.nodes.iter().enumerate() {
+        out[k] = is_pure_op(node.op)
+            && node.args.iter().flat_map(BArg::values).all(|v| match v {
+                BVal::Input(i) => input_ok(*i),
+                BVal::Node(m) | BVal::Field(m, _) => out.get(*m as usize).copied().unwrap_or(false),
+                BVal::Const(_) => true,
+            });
+    }
+    out
+}
+
+/// An attribute as the compiler writes it (no source span).
+pub(crate) fn attr(name: &str, value: tumble_ir::AttrValue) -> tumble_ir::attrs::Attr {
+    tumble_ir::attrs::Attr {
+        name: name.into(),
+        value,
+        span: tumble_ir::Span::default(),
+    }
+}
+
 /// Operators with effects the batcher must not reorder or merge across instances: seeded random
 /// draws (each instance draws from its own stream, in program order), scheduling intrinsics.
 pub fn is_pure_op(op: &OpDef) -> bool {

@@ -27,12 +27,13 @@
 //! same products summed over the same `K`; `--no-canonical-products` keeps the blocks as
 //! written.
 
-use tumble_ir::attrs::Attr;
 use tumble_ir::{AttrValue, Attrs, DType, Dim, Span, Ty};
 
 use tumble_ops::OpDef;
 
-use crate::blocks::{is_pure_op, renumbered, value_ty, BArg, BVal, Block, BlockInput, BlockNode};
+use crate::blocks::{
+    attr, is_pure_op, renumbered, value_ty, BArg, BVal, Block, BlockInput, BlockNode,
+};
 use crate::program::Program;
 use crate::reuse::ReuseAnalysis;
 
@@ -440,16 +441,8 @@ enum Operand {
     Shared(BVal, Ty),
 }
 
-fn attr(name: &str, value: AttrValue) -> Attr {
-    Attr {
-        name: name.into(),
-        value,
-        span: Span::default(),
-    }
-}
-
 /// `units` and `out_dtype` left at their defaults (a product the swap keeps as it is).
-fn dense_attrs_plain(attrs: &Attrs) -> bool {
+pub(crate) fn dense_attrs_plain(attrs: &Attrs) -> bool {
     attrs.iter().all(|a| matches!(a.value, AttrValue::None))
 }
 
@@ -463,7 +456,7 @@ fn is_swap(attrs: &Attrs) -> bool {
 }
 
 /// The two known dimensions of a 2-D tensor type.
-fn dims2(ty: &Ty) -> Option<(i64, i64)> {
+pub(crate) fn dims2(ty: &Ty) -> Option<(i64, i64)> {
     match ty.as_tensor()?.0 {
         [a, b] => Some((a.known()?, b.known()?)),
         _ => None,

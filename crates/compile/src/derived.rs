@@ -22,7 +22,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
+use crate::blocks::{
+    is_pure_op, same_value, BArg, BVal, Block, BlockInput, BlockNode, OutputShape,
+};
 use crate::program::{Code, Program};
 use tumble_tensor::Tensor;
 
@@ -211,7 +213,7 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
     let note = |v: &BVal, frontier: &mut Vec<BVal>| {
         if let BVal::Node(m) | BVal::Field(m, _) = v {
             if derivable.get(*m as usize).copied().unwrap_or(false)
-                && !frontier.iter().any(|f| same(f, v))
+                && !frontier.iter().any(|f| same_value(f, v))
             {
                 frontier.push(v.clone());
             }
@@ -309,7 +311,7 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
     let base = block.inputs.len() as u32;
     let mut r_index: Vec<Option<u32>> = vec![None; n];
     let r_val = |v: &BVal, r_index: &[Option<u32>]| -> BVal {
-        if let Some(j) = frontier.iter().position(|f| same(f, v)) {
+        if let Some(j) = frontier.iter().position(|f| same_value(f, v)) {
             return BVal::Input(base + j as u32);
         }
         match v {
@@ -355,14 +357,4 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
         span: block.span,
     };
     Some(Split { derived, rest })
-}
-
-/// The same block value (literals never are: they are not derived values).
-fn same(a: &BVal, b: &BVal) -> bool {
-    match (a, b) {
-        (BVal::Node(x), BVal::Node(y)) => x == y,
-        (BVal::Field(x, f), BVal::Field(y, g)) => x == y && f == g,
-        (BVal::Input(x), BVal::Input(y)) => x == y,
-        _ => false,
-    }
 }

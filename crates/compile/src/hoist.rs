@@ -89,8 +89,9 @@ pub struct HoistAnalysis {
     pub hoisted: Vec<bool>,
     /// Per site: reached at all.
     pub reached: Vec<bool>,
-    /// Per site, per operand: carries recursive state in some context (all true when the
-    /// analysis did not settle). What [`crate::split`] splits a block by.
+    /// Per site, per operand: carries recursive state in some context (empty — nothing known —
+    /// for a site not reached, or when the analysis did not settle). What [`crate::split`]
+    /// splits a block by.
     pub tainted_operands: Vec<Vec<bool>>,
 }
 
@@ -326,7 +327,7 @@ impl Analyzer<'_> {
                 for e in args {
                     let v = self.eval(e, env, me);
                     any |= !v.bottom;
-                    operands.push(!v.bottom && !self.live(v.clone()).taint.is_empty());
+                    operands.push(!v.bottom && v.taint.iter().any(|&l| self.is_active(l)));
                     out = out.join(&v);
                 }
                 if let Some(t) = self.tainted_operands.get_mut(*site as usize) {

@@ -352,13 +352,8 @@ fn merge_blocks(a: &Block, b: &Block, j: usize) -> Option<Block> {
         ..n.clone()
     }));
     // A block a hoisting split made two ([`crate::split`]) is one again: its own name.
-    let name = match (
-        a.name.strip_suffix("/hoisted"),
-        b.name.strip_suffix("/rest"),
-    ) {
-        (Some(x), Some(y)) if x == y => x.to_string(),
-        _ => format!("{}+{}", a.name, b.name),
-    };
+    let name = crate::split::rejoined(&a.name, &b.name)
+        .unwrap_or_else(|| format!("{}+{}", a.name, b.name));
     Some(Block {
         name,
         inputs,

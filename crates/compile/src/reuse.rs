@@ -195,7 +195,7 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
         changed: true,
         next_literal: HashMap::new(),
         n_params: weights.len() as u64,
-        weights: weights.clone(),
+        weights,
     };
     let entry_lambda = program
         .global_index
@@ -257,7 +257,7 @@ pub fn analyze(program: &Program, entry: &str, param_is_weight: &[bool]) -> Reus
         .collect();
     ReuseAnalysis {
         inputs,
-        param_is_weight: weights,
+        param_is_weight: a.weights,
     }
 }
 

@@ -20,11 +20,12 @@
 use std::collections::HashMap;
 
 use crate::blocks::{
-    is_pure_op, renumbered, BArg, BVal, Block, BlockInput, BlockNode, OutputShape,
+    attr, is_pure_op, nodes_reading_only, renumbered, same_value, BArg, BVal, Block, BlockInput,
+    BlockNode, OutputShape,
 };
+use crate::canon::{dense_attrs_plain, dims2};
 use crate::program::{Code, Program, Site};
-use tumble_ir::attrs::Attr;
-use tumble_ir::{AttrValue, Attrs, Span, Ty};
+use tumble_ir::{AttrValue, Attrs, Ty};
 
 /// A block split at one or more sites.
 #[derive(Debug, Clone)]
@@ -52,9 +53,27 @@ const VIEWS: &[&str] = &[
 /// Products worth a launch of their own.
 const PRODUCTS: &[&str] = &["nn.dense", "nn.matmul", "nn.batch_matmul"];
 
-/// A split made: the producer's and consumer's block indices and the original operands each
-/// takes (the consumer's last input is the producer's result).
-type Made = (u32, u32, Vec<usize>, Vec<usize>);
+/// The names a split gives its two blocks.
+const PRODUCER: &str = "/hoisted";
+const CONSUMER: &str = "/rest";
+
+/// The name of the block a split made two of, when block merging puts `producer` and
+/// `consumer` together again.
+pub(crate) fn rejoined(producer: &str, consumer: &str) -> Option<String> {
+    let x = producer.strip_suffix(PRODUCER)?;
+    (consumer.strip_suffix(CONSUMER)? == x).then(|| x.to_string())
+}
+
+/// A split made: the producer's and consumer's block indices, the original operands each takes
+/// (the consumer's last input is the producer's result) and its entry in the report.
+#[derive(Clone)]
+struct Made {
+    producer: u32,
+    consumer: u32,
+    p_in: Vec<usize>,
+    c_in: Vec<usize>,
+    report: usize,
+}
 
 /// Splits the blocks of non-hoisted sites whose operands are partly free of recursive state
 /// (`tainted_operands`, per site and operand, from [`crate::hoist::analyze`]); new producer
@@ -118,18 +137,23 @@ pub fn split_hoistable(
                     let distributed = distribute_products(b, &clean, &weight_operands);
                     let e = match plan_split(distributed.as_ref().unwrap_or(b), &clean) {
                         Some((producer, consumer, p_in, c_in)) => {
-                            let ops = producer.nodes.len();
                             let p = program.blocks.len() as u32;
                             report.push(Split {
                                 block: name,
                                 producer: producer.name.clone(),
                                 consumer: consumer.name.clone(),
-                                ops,
+                                ops: producer.nodes.len(),
                                 sites: 0,
                             });
                             program.blocks.push(producer);
                             program.blocks.push(consumer);
-                            Some((p, p + 1, p_in, c_in))
+                            Some(Made {
+                                producer: p,
+                                consumer: p + 1,
+                                p_in,
+                                c_in,
+                                report: report.len() - 1,
+                            })
                         }
                         None => None,
                     };
@@ -138,12 +162,7 @@ pub fn split_hoistable(
                 }
             };
             if let Some(e) = entry {
-                if let Some(r) = report.iter_mut().find(|r| {
-                    program
-                        .blocks
-                        .get(e.0 as usize)
-                        .is_some_and(|p| p.name == r.producer)
-                }) {
+                if let Some(r) = report.get_mut(e.report) {
                     r.sites += 1;
                 }
                 plans.insert(site, e);
@@ -160,7 +179,7 @@ pub fn split_hoistable(
         let mut sites_order: Vec<u32> = plans.keys().copied().collect();
         sites_order.sort_unstable();
         for site in sites_order {
-            let Some(&(p, _, _, _)) = plans.get(&site) else {
+            let Some(p) = plans.get(&site).map(|m| m.producer) else {
                 continue;
             };
             let slot = lambda.n_slots;
@@ -188,28 +207,26 @@ pub fn split_hoistable(
             else {
                 return;
             };
-            let (Some(&(p, q, ref p_in, ref c_in)), Some(&(new_site, slot))) =
-                (plans.get(site), new_sites.get(site))
-            else {
+            let (Some(m), Some(&(new_site, slot))) = (plans.get(site), new_sites.get(site)) else {
                 return;
             };
             // (The rewrite's own consumer, visited after it replaced the site.)
-            if *block == q {
+            if *block == m.consumer {
                 return;
             }
             let pick = |ks: &[usize]| -> Vec<Code> {
                 ks.iter().filter_map(|&k| args.get(k).cloned()).collect()
             };
             let producer = Code::InvokeBlock {
-                block: p,
+                block: m.producer,
                 site: new_site,
-                args: pick(p_in),
+                args: pick(&m.p_in),
                 span: *span,
             };
-            let mut c_args = pick(c_in);
+            let mut c_args = pick(&m.c_in);
             c_args.push(Code::Slot(slot));
             let consumer = Code::InvokeBlock {
-                block: q,
+                block: m.consumer,
                 site: *site,
                 args: c_args,
                 span: *span,
@@ -219,9 +236,9 @@ pub fn split_hoistable(
                 body: Box::new(consumer),
             };
         });
-        for (site, (_, q, _, _)) in &plans {
+        for (site, m) in &plans {
             if let Some(s) = program.sites.get_mut(*site as usize) {
-                s.block = *q;
+                s.block = m.consumer;
             }
         }
     }
@@ -249,11 +266,9 @@ fn drop_orphans(program: &mut Program, candidates: &[u32]) {
         return;
     }
     let new_index = |b: u32| b - gone.partition_point(|&g| g < b) as u32;
-    for (i, _) in gone.iter().enumerate().rev() {
-        if let Some(&g) = gone.get(i) {
-            if (g as usize) < program.blocks.len() {
-                program.blocks.remove(g as usize);
-            }
+    for &g in gone.iter().rev() {
+        if (g as usize) < program.blocks.len() {
+            program.blocks.remove(g as usize);
         }
     }
     for site in &mut program.sites {
@@ -268,15 +283,6 @@ fn drop_orphans(program: &mut Program, candidates: &[u32]) {
     }
 }
 
-/// The same node value (a node, or the same field of one); inputs and literals never are.
-fn same(a: &BVal, b: &BVal) -> bool {
-    match (a, b) {
-        (BVal::Node(x), BVal::Node(y)) => x == y,
-        (BVal::Field(x, f), BVal::Field(y, g)) => x == y && f == g,
-        _ => false,
-    }
-}
-
 fn immediate(c: &Code) -> bool {
     matches!(c, Code::Slot(_) | Code::Param(_) | Code::Lit(_))
 }
@@ -286,20 +292,7 @@ fn immediate(c: &Code) -> bool {
 /// result); `None` when no split pays.
 fn plan_split(b: &Block, clean: &[bool]) -> Option<(Block, Block, Vec<usize>, Vec<usize>)> {
     let n = b.nodes.len();
-    let value_clean = |v: &BVal, nodes: &[bool]| match v {
-        BVal::Input(i) => clean.get(*i as usize).copied().unwrap_or(false),
-        BVal::Node(m) | BVal::Field(m, _) => nodes.get(*m as usize).copied().unwrap_or(false),
-        BVal::Const(_) => true,
-    };
-    let mut in_producer = vec![false; n];
-    for (k, node) in b.nodes.iter().enumerate() {
-        let ok = is_pure_op(node.op)
-            && node
-                .args
-                .iter()
-                .all(|a| a.values().iter().all(|v| value_clean(v, &in_producer)));
-        in_producer[k] = ok;
-    }
+    let mut in_producer = clean_nodes(b, clean);
     // The values of producer nodes that the rest reads; views there move to the rest until one
     // value crosses.
     let frontier = |in_producer: &[bool]| -> Vec<BVal> {
@@ -307,7 +300,7 @@ fn plan_split(b: &Block, clean: &[bool]) -> Option<(Block, Block, Vec<usize>, Ve
         let mut note = |v: &BVal| {
             if let BVal::Node(m) | BVal::Field(m, _) = v {
                 if in_producer.get(*m as usize).copied().unwrap_or(false)
-                    && !out.iter().any(|o| same(o, v))
+                    && !out.iter().any(|o| same_value(o, v))
                 {
                     out.push(v.clone());
                 }
@@ -409,7 +402,7 @@ fn plan_split(b: &Block, clean: &[bool]) -> Option<(Block, Block, Vec<usize>, Ve
             .collect();
         let extra_input = inputs.len() as u32;
         let remap = |v: &BVal| -> Option<BVal> {
-            if cut.is_some_and(|c| same(c, v)) {
+            if cut.is_some_and(|c| same_value(c, v)) {
                 return Some(BVal::Input(extra_input));
             }
             Some(match v {
@@ -457,7 +450,7 @@ fn plan_split(b: &Block, clean: &[bool]) -> Option<(Block, Block, Vec<usize>, Ve
         None,
         std::slice::from_ref(&out),
         OutputShape::Single,
-        format!("{}/hoisted", b.name),
+        format!("{}{PRODUCER}", b.name),
     )?;
     let cut_input = BlockInput {
         name: format!("{} (hoisted)", producer.name),
@@ -470,7 +463,7 @@ fn plan_split(b: &Block, clean: &[bool]) -> Option<(Block, Block, Vec<usize>, Ve
         Some(cut_input),
         &b.outputs,
         b.output_shape,
-        format!("{}/rest", b.name),
+        format!("{}{CONSUMER}", b.name),
     )?;
     Some((producer, consumer, p_in, c_in))
 }
@@ -478,29 +471,11 @@ fn plan_split(b: &Block, clean: &[bool]) -> Option<(Block, Block, Vec<usize>, Ve
 /// Whether each node of `b` is clean: pure and reading only the clean inputs `clean`, literals
 /// and clean nodes.
 fn clean_nodes(b: &Block, clean: &[bool]) -> Vec<bool> {
-    let mut out = vec![false; b.nodes.len()];
-    for (k, node) in b.nodes.iter().enumerate() {
-        let ok = is_pure_op(node.op)
-            && node.args.iter().flat_map(BArg::values).all(|v| match v {
-                BVal::Input(i) => clean.get(*i as usize).copied().unwrap_or(false),
-                BVal::Node(m) | BVal::Field(m, _) => out.get(*m as usize).copied().unwrap_or(false),
-                BVal::Const(_) => true,
-            });
-        out[k] = ok;
-    }
-    out
+    nodes_reading_only(b, |i| clean.get(i as usize).copied().unwrap_or(false))
 }
 
 /// A concatenation's parts with their widths.
 type Parts = Vec<(BVal, usize)>;
-
-fn attr(name: &str, value: AttrValue) -> Attr {
-    Attr {
-        name: name.into(),
-        value,
-        span: Span::default(),
-    }
-}
 
 /// `b` with each product over a concatenation of clean and tainted parts along the last axis —
 /// `nn.dense(concatenate((x, h), axis=1), W)`, `W` an input every site passes a model weight
@@ -520,22 +495,10 @@ fn distribute_products(b: &Block, clean: &[bool], weight: &[bool]) -> Option<Blo
         BVal::Node(m) | BVal::Field(m, _) => is_clean.get(*m as usize).copied().unwrap_or(false),
         BVal::Const(_) => true,
     };
-    let width = |v: &BVal| -> Option<usize> {
-        let ty = b.val_ty(v);
-        let (dims, _) = ty.as_tensor()?;
-        match dims {
-            [_, w] => w.known().map(|w| w as usize),
-            _ => None,
-        }
-    };
+    let width = |v: &BVal| dims2(&b.val_ty(v)).map(|(_, w)| w as usize);
     // The parts of node `k`'s concatenated rows and their widths, and its weight's (N, K).
     let distributable = |node: &BlockNode| -> Option<(Parts, BVal, usize)> {
-        if node.op.name != "nn.dense"
-            || !node
-                .attrs
-                .iter()
-                .all(|a| matches!(a.value, AttrValue::None))
-        {
+        if node.op.name != "nn.dense" || !dense_attrs_plain(&node.attrs) {
             return None;
         }
         let (Some(BArg::One(BVal::Node(c))), Some(BArg::One(w @ BVal::Input(wi)))) =
@@ -556,14 +519,7 @@ fn distribute_products(b: &Block, clean: &[bool], weight: &[bool]) -> Option<Blo
         if cat.op.name != "concatenate" || !(axis == 1 || axis == -1) {
             return None;
         }
-        let (n, k) = {
-            let ty = b.val_ty(w);
-            let (dims, _) = ty.as_tensor()?;
-            match dims {
-                [n, k] => (n.known()? as usize, k.known()? as usize),
-                _ => return None,
-            }
-        };
+        let (n, k) = dims2(&b.val_ty(w)).map(|(n, k)| (n as usize, k as usize))?;
         let parts: Vec<(BVal, usize)> = parts
             .iter()
             .map(|p| Some((p.clone(), width(p)?)))

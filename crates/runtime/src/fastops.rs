@@ -155,20 +155,17 @@ fn reduce_f32(args: &[OpValue], attrs: &Attrs, mean: bool) -> Option<Tensor> {
                 .take(outer)
                 .map(|row| round(row.iter().fold(0.0, |a, &x| a + f64::from(x)))),
         );
-    }
-    let mut acc = vec![0f64; inner];
-    for block in data
-        .chunks_exact(n * inner.max(1))
-        .take(outer)
-        .filter(|_| inner != 1)
-    {
-        acc.iter_mut().for_each(|a| *a = 0.0);
-        for row in block.chunks_exact(inner.max(1)) {
-            acc.iter_mut()
-                .zip(row)
-                .for_each(|(a, &x)| *a += f64::from(x));
+    } else {
+        let mut acc = vec![0f64; inner];
+        for block in data.chunks_exact(n * inner.max(1)).take(outer) {
+            acc.iter_mut().for_each(|a| *a = 0.0);
+            for row in block.chunks_exact(inner.max(1)) {
+                acc.iter_mut()
+                    .zip(row)
+                    .for_each(|(a, &x)| *a += f64::from(x));
+            }
+            out.extend(acc.iter().map(|&a| round(a)));
         }
-        out.extend(acc.iter().map(|&a| round(a)));
     }
     let mut out_shape = shape.to_vec();
     match attrs.bool("keepdims").ok()?.unwrap_or(false) {

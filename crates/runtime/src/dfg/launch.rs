@@ -126,10 +126,8 @@ impl Dfg<'_> {
     /// ([`Dfg::gather`] finds them the same tensor everywhere), and the rest (a weight met once,
     /// or computed rather than a value) to launch as before. `None`: no group of two.
     fn weight_groups(&self, block_id: u32, ids: &[u32]) -> Option<(Vec<Vec<u32>>, Vec<u32>)> {
-        let inputs = self.exec.chosen_weights.get(block_id as usize)?;
-        // (A recorded forward keeps its launches as the reuse analysis planned them: the
-        // backward sums a weight's gradient by where it came from.)
-        if inputs.is_empty() || ids.len() < 2 || self.launch_log.is_some() {
+        let inputs = self.grouped_weights(block_id)?;
+        if ids.len() < 2 {
             return None;
         }
         let mut index: std::collections::HashMap<Vec<usize>, usize> =
@@ -174,25 +172,32 @@ impl Dfg<'_> {
         Some((whole, rest))
     }
 
+    /// The inputs of `block_id` whose model weights group its launches (its products'
+    /// per-instance weights, [`crate::Executable`]'s `chosen_weights`); `None` when there are
+    /// none, or while recording for a backward (a recorded forward keeps its launches as the
+    /// reuse analysis planned them: the backward sums a weight's gradient by where it came from).
+    fn grouped_weights(&self, block_id: u32) -> Option<&[u32]> {
+        let inputs = self.exec.chosen_weights.get(block_id as usize)?;
+        (!inputs.is_empty() && self.launch_log.is_none()).then_some(inputs.as_slice())
+    }
+
     /// One launch of `block_id` over `part` (a chunk or group of a launch's invocations), its
     /// bookkeeping timed as `outputs`.
     fn launch_part(&mut self, block_id: u32, part: &[u32]) -> Result<(), RunError> {
-        {
-            if let Some(instance) = self.stopped_instance() {
-                self.failed_instance = Some(instance);
-                self.stop_fired = Some(instance);
-                return Err(RunError::new(
-                    "stopped: its request timed out or its client went away",
-                ));
-            }
-            // What the launch spends outside its gather and kernels is its bookkeeping.
-            let t0 = Instant::now();
-            let inner = self.profile.time_gather + self.profile.time_kernels;
-            let r = self.launch_attributed(block_id, part);
-            let inner = self.profile.time_gather + self.profile.time_kernels - inner;
-            self.profile.time_outputs += t0.elapsed().saturating_sub(inner);
-            r
+        if let Some(instance) = self.stopped_instance() {
+            self.failed_instance = Some(instance);
+            self.stop_fired = Some(instance);
+            return Err(RunError::new(
+                "stopped: its request timed out or its client went away",
+            ));
         }
+        // What the launch spends outside its gather and kernels is its bookkeeping.
+        let t0 = Instant::now();
+        let inner = self.profile.time_gather + self.profile.time_kernels;
+        let r = self.launch_attributed(block_id, part);
+        let inner = self.profile.time_gather + self.profile.time_kernels - inner;
+        self.profile.time_outputs += t0.elapsed().saturating_sub(inner);
+        r
     }
 
     /// [`Dfg::launch_batch`]; when a launch of several invocations fails, each runs alone so that
@@ -741,12 +746,9 @@ impl Dfg<'_> {
         let per_instance = matches!(
             self.reuse.inputs.get(block as usize).and_then(|v| v.get(i)),
             Some(crate::reuse::InputReuse::PerInstance)
-        ) && !(self.launch_log.is_none()
-            && self
-                .exec
-                .chosen_weights
-                .get(block as usize)
-                .is_some_and(|w| w.contains(&(i as u32)))
+        ) && !(self
+            .grouped_weights(block)
+            .is_some_and(|w| w.contains(&(i as u32)))
             && matches!(args.first(), Some(Arg::Val(t)) if self.is_model_weight(t)));
         if let Some(Arg::Val(first)) = args.first().filter(|_| args.len() > 1 || !per_instance) {
             if args

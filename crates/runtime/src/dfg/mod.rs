@@ -228,6 +228,7 @@ pub struct Dfg<'p> {
     /// held so that no other tensor takes their addresses: a launch groups invocations by the
     /// weight they chose only where it is one of these ([`Dfg::note_weights`]).
     model_weights: std::collections::HashMap<usize, Tensor>,
+    weights_noted: bool,
     /// Invocations recorded so far: the recording's time is sampled every
     /// [`DFG_TIME_SAMPLE`]-th one (two clock reads per invocation cost ~2% of a small model).
     invocations: u32,
@@ -433,6 +434,7 @@ impl<'p> Dfg<'p> {
     ) -> Self {
         Dfg {
             model_weights: Default::default(),
+            weights_noted: false,
             program,
             reuse,
             opts,
@@ -474,6 +476,12 @@ impl<'p> Dfg<'p> {
     /// invocations by a weight chosen per instance only when it is one of them, and key
     /// identical invocations by their identity.
     pub(crate) fn note_weights(&mut self, args: &[Value], derived: &[Value]) {
+        // Once per graph: every instance of a job passes the same weights (a session calls
+        // this per instance it admits).
+        if self.weights_noted {
+            return;
+        }
+        self.weights_noted = true;
         let weights = args.iter().chain(derived).zip(&self.reuse.param_is_weight);
         for (v, _) in weights.filter(|(_, &w)| w) {
             if let Value::Tensor(t) = v {
