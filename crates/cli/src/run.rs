@@ -102,6 +102,11 @@ pub struct RunArgs {
     /// locality chunks) instead of in groups by the weight they pass, that weight passed once.
     #[arg(long)]
     pub no_weight_groups: bool,
+    /// No weight slices: a slice of a model weight at an index every instance passes alike (a
+    /// stacked model's `take(%Ws, %l)`) is computed per invocation, a copy each, instead of once
+    /// per weight and index and then shared as a model weight.
+    #[arg(long)]
+    pub no_weight_slices: bool,
     /// No deferred launches: launch every group of ready invocations at its depth, even a
     /// handful that streams large shared weights for few rows.
     #[arg(long)]
@@ -328,6 +333,7 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
             .unwrap_or(tumble_runtime::RELEASE_SCAN_BYTES),
         locality_chunks: !args.no_locality_chunks,
         weight_groups: !args.no_weight_groups,
+        weight_slices: !args.no_weight_slices,
         defer: !args.no_defer,
         direct_matmul: !args.no_direct_matmul,
         gather_views: !args.no_gather_views,

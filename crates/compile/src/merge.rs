@@ -15,7 +15,8 @@
 //!
 //! A merge needs: the producer's site hoisted, its block pure with one single-tensor output,
 //! bound by a `let` to a slot read exactly once in its lambda (closures' captures counted), as a
-//! whole operand of a block invocation whose site is not hoisted and whose block is pure; the
+//! whole operand of a block invocation whose site is not hoisted and whose block is pure and has a
+//! product of its own (else the merge only runs the producer once per step); the
 //! producer's operands immediate (slots, entry arguments, literals), so evaluating them at the
 //! consumer instead computes the same values. The merged block takes the producer's inputs, then
 //! the consumer's others; one merged block per (producer, consumer, operand) however many sites.
@@ -24,6 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
 use crate::program::{CaptureFrom, Code, Program};
+use crate::split::PRODUCTS;
 
 /// Mini-batches of at least this many instances merge (a step's launches then have about this
 /// many rows: the row count from which a launch is no longer bound by streaming its weights, as
@@ -167,8 +169,15 @@ pub fn merge_hoisted(program: &mut Program) -> MergeReport {
                 return;
             };
             let hoisted = program.sites.get(*site as usize).is_some_and(|s| s.hoisted);
-            let pure = program.blocks.get(*block as usize).is_some_and(pure_block);
-            if hoisted || !pure {
+            // A consumer with no product of its own gains nothing from the producer's work
+            // beside it (no sum of products to run as one GEMM) and would run that work once
+            // per step instead of once for every step: the rest of a split that only
+            // concatenates the hoisted rows to the recursion's result.
+            let fit = program
+                .blocks
+                .get(*block as usize)
+                .is_some_and(|b| pure_block(b) && has_product(b));
+            if hoisted || !fit {
                 return;
             }
             let operand = args.iter().enumerate().find_map(|(j, a)| match a {
@@ -307,6 +316,10 @@ pub(crate) fn slot_uses(program: &Program, li: usize) -> Vec<u32> {
 /// Code whose value is at hand without evaluating anything.
 fn immediate(c: &Code) -> bool {
     matches!(c, Code::Slot(_) | Code::Param(_) | Code::Lit(_))
+}
+
+fn has_product(b: &Block) -> bool {
+    b.nodes.iter().any(|n| PRODUCTS.contains(&n.op.name))
 }
 
 fn pure_block(b: &Block) -> bool {

@@ -6,8 +6,11 @@
 //! would be had the program put it in a `Primitive=1` function of its own.
 //!
 //! A site is split when it is not hoisted, its block is automatic (a `Primitive=1` block is the
-//! user's unit) and its operands are immediate (slots, entry arguments, literals: evaluated
-//! again for the second invocation they compute the same values). Its *clean* nodes are the
+//! user's unit) and the operands its producer reads are immediate (slots, entry arguments,
+//! literals and their fields: evaluated again for the consumer they compute the same values).
+//! Any other operand — the recursive call whose result the rest concatenates to — is read by
+//! the consumer alone and evaluated once there, after the producer: moving a pure invocation
+//! earlier changes no result. Its *clean* nodes are the
 //! pure ones that read only operands the taint analysis found free of recursive state in every
 //! context, literals and other clean nodes. The producer takes the clean nodes that reach one
 //! value the rest of the block reads; views at that frontier (`split` of the input transform
@@ -51,7 +54,7 @@ const VIEWS: &[&str] = &[
 ];
 
 /// Products worth a launch of their own.
-const PRODUCTS: &[&str] = &["nn.dense", "nn.matmul", "nn.batch_matmul"];
+pub(crate) const PRODUCTS: &[&str] = &["nn.dense", "nn.matmul", "nn.batch_matmul"];
 
 /// The names a split gives its two blocks.
 const PRODUCER: &str = "/hoisted";
@@ -107,7 +110,8 @@ pub fn split_hoistable(
                     .iter()
                     .map(|a| matches!(a, Code::Param(k) if weights.get(*k as usize) == Some(&true)))
                     .collect();
-                candidates.push((*block, *site, args.iter().all(immediate), weight_operands));
+                let immediate_args: Vec<bool> = args.iter().map(immediate).collect();
+                candidates.push((*block, *site, immediate_args, weight_operands));
             }
         });
         for (block, site, immediate_args, weight_operands) in candidates {
@@ -119,7 +123,6 @@ pub fn split_hoistable(
                 continue;
             };
             if hoisted
-                || !immediate_args
                 || b.primitive
                 || tainted.len() != b.inputs.len()
                 || tainted.iter().all(|&t| !t)
@@ -161,7 +164,16 @@ pub fn split_hoistable(
                     e
                 }
             };
-            if let Some(e) = entry {
+            // The producer's operands are evaluated twice, so they must be immediate; any other
+            // operand is evaluated once, by the consumer's invocation, so it must be read there.
+            let evaluable = |e: &Made| {
+                e.p_in.iter().all(|&k| immediate_args.get(k) == Some(&true))
+                    && immediate_args
+                        .iter()
+                        .enumerate()
+                        .all(|(k, &imm)| imm || e.c_in.contains(&k))
+            };
+            if let Some(e) = entry.filter(evaluable) {
                 if let Some(r) = report.get_mut(e.report) {
                     r.sites += 1;
                 }
@@ -283,8 +295,14 @@ fn drop_orphans(program: &mut Program, candidates: &[u32]) {
     }
 }
 
+/// Whether operand `c` may be evaluated once more for the second invocation: a slot, an entry
+/// argument, a literal, or a field of one (`%nd.0` of a list element bound by a `match`).
 fn immediate(c: &Code) -> bool {
-    matches!(c, Code::Slot(_) | Code::Param(_) | Code::Lit(_))
+    match c {
+        Code::Slot(_) | Code::Param(_) | Code::Lit(_) => true,
+        Code::Proj(inner, _, _) => immediate(inner),
+        _ => false,
+    }
 }
 
 /// The producer and consumer of `b` split by its clean inputs `clean`, with the operands each

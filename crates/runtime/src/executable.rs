@@ -22,6 +22,12 @@ use crate::Options;
 pub struct Executable {
     /// Per block: `Block::returns_only_scalars` (computed once, read per invocation).
     pub(crate) scalar_blocks: Vec<bool>,
+    /// Per block: it only takes slices of its inputs by its other inputs, every one the same for
+    /// all instances by the reuse analysis ([`crate::weight_slices::is_slice_block`]): run once
+    /// per weight and index for the job.
+    pub(crate) weight_slice_blocks: Vec<bool>,
+    /// The weight slices computed so far ([`crate::weight_slices`]).
+    pub(crate) weight_slices: crate::weight_slices::SliceCache,
     /// Per block: it only adds its two f32 inputs (see [`Block::is_sum`]).
     pub(crate) sum_blocks: Vec<bool>,
     /// Per block: it draws no random numbers, so invocations on the same inputs compute the
@@ -161,6 +167,14 @@ impl Executable {
             .collect();
         let exec = Executable {
             scalar_blocks: blocks.iter().map(Block::returns_only_scalars).collect(),
+            weight_slice_blocks: blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    opts.weight_slices && crate::weight_slices::is_slice_block(b, reuse, i)
+                })
+                .collect(),
+            weight_slices: Default::default(),
             sum_blocks: blocks.iter().map(Block::is_sum).collect(),
             pure_blocks,
             chunk_sizes: blocks

@@ -23,6 +23,7 @@ pub mod reuse;
 pub mod session;
 mod simd;
 pub mod trace;
+mod weight_slices;
 pub mod workers;
 
 use std::time::Instant;
@@ -119,6 +120,12 @@ pub struct Options {
     /// passing the same weight tensor together, that weight passed once, instead of gathering
     /// (or, in locality chunks, running one by one) what are a few model weights.
     pub weight_groups: bool,
+    /// Weight slices: a block that only takes slices of model weights at indices the same for
+    /// every instance (a stacked model's layer `take(%Ws, %l)`) runs on the host once per
+    /// weight and index for the whole mini-batch, its result a model weight of its own (so the
+    /// products that read it share it, group by it and key by it) instead of a copy of the
+    /// slice per invocation.
+    pub weight_slices: bool,
     /// Deferred small launches: under depth scheduling, a group of invocations too small to
     /// amortize streaming its block's large shared weights (fewer rows than
     /// [`DEFER_BELOW_ROWS`]) waits for later invocations of the same block and shapes while other
@@ -240,6 +247,7 @@ impl Default for Options {
             release_scan_bytes: RELEASE_SCAN_BYTES,
             locality_chunks: true,
             weight_groups: true,
+            weight_slices: true,
             defer: true,
             direct_matmul: true,
             gather_views: true,

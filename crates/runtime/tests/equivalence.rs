@@ -617,6 +617,7 @@ fn every_combination_of_switches() {
                 release_scan_bytes: 0,
                 locality_chunks: phases == hoist,
                 weight_groups: dup,
+                weight_slices: phases != dup,
                 defer: phases == hoist,
                 direct_matmul: epilogue,
                 gather_views: row_cache,

@@ -85,6 +85,7 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         release_scan_bytes: if bit(0.8) { 0 } else { 4096 },
         locality_chunks: bit(0.5),
         weight_groups: bit(0.5),
+        weight_slices: bit(0.5),
         defer: bit(0.5),
         direct_matmul: bit(0.5),
         gather_views: bit(0.5),

@@ -2117,3 +2117,115 @@ def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 128), float32], %Wa:
         "{launches} launches of {invocations}"
     );
 }
+
+/// A stacked RNN whose layers are a recursion over the layer index, each layer's weights taken
+/// from stacked tensors by that index (`take(%Ws, %l)`): with weight slices the takes run once
+/// per weight and layer on the host and every instance's step reads the same slice, so the
+/// step's products share one weight per launch (no reuse misses, no weight copied per
+/// invocation); equal to the reference every way.
+#[test]
+fn layer_weights_taken_by_index_are_shared_slices() {
+    let src = r#"
+def @rnn(%xs: List[Tensor[(1, 8), float32]], %h: Tensor[(1, 8), float32],
+         %W: Tensor[(8, 8), float32], %U: Tensor[(8, 8), float32], %b: Tensor[(8), float32])
+    -> List[Tensor[(1, 8), float32]] {
+  match (%xs) {
+    Cons(%x, %rest) => {
+      let %h2 = tanh(add(add(nn.dense(%x, %W), nn.dense(%h, %U)), %b));
+      Cons(%h2, @rnn(%rest, %h2, %W, %U, %b))
+    },
+    Nil => Nil,
+  }
+}
+def @layers(%l: Tensor[(), int32], %xs: List[Tensor[(1, 8), float32]],
+            %Ws: Tensor[(3, 8, 8), float32], %Us: Tensor[(3, 8, 8), float32], %bs: Tensor[(3, 8), float32])
+    -> List[Tensor[(1, 8), float32]] {
+  if (%l == 3) {
+    %xs
+  } else {
+    let %ys = @rnn(%xs, zeros(shape=[1, 8], dtype="float32"), take(%Ws, %l, axis=0), take(%Us, %l, axis=0), take(%bs, %l, axis=0));
+    @layers(%l + 1, %ys, %Ws, %Us, %bs)
+  }
+}
+def @last(%xs: List[Tensor[(1, 8), float32]]) -> Tensor[(1, 8), float32] {
+  match? (%xs) { Cons(%x, Nil) => %x, Cons(_, %r) => @last(%r), }
+}
+def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 8), float32],
+          %Ws: Tensor[(3, 8, 8), float32], %Us: Tensor[(3, 8, 8), float32], %bs: Tensor[(3, 8), float32])
+    -> Tensor[(1, 8), float32] {
+  let %xs = @map(fn (%t: Tensor[(1), int32]) -> Tensor[(1, 8), float32] { take(%emb, %t, axis=0) }, %toks);
+  @last(@layers(0, %xs, %Ws, %Us, %bs))
+}
+"#;
+    let inputs = token_lists(10, |i| i % 4 + 1, |i, j| (i * 3 + j) % 6);
+    let x = expected(
+        "stacked_layers",
+        load_text("stacked_layers", src),
+        &inputs,
+        &["toks"],
+    );
+    check_all_ways(&x);
+    let profile = |weight_slices: bool| {
+        batch_profile(
+            &x,
+            tumble_runtime::Options {
+                weight_slices,
+                ..tumble_runtime::Options::default()
+            },
+        )
+    };
+    let (sliced, copied) = (profile(true), profile(false));
+    // Three slices per layer, each computed once on the host.
+    let takes = |p: &tumble_runtime::Profile| {
+        p.per_block
+            .iter()
+            .filter(|(name, _)| name.starts_with("layers:take"))
+            .map(|(_, s)| s.invocations)
+            .sum::<u64>()
+    };
+    assert_eq!(takes(&sliced), 0, "{sliced}");
+    assert!(takes(&copied) > 0, "{copied}");
+    assert_eq!(sliced.reuse_misses, 0, "{sliced}");
+}
+
+/// A per-token transform written inside the recursion that concatenates its rows —
+/// `concatenate((tanh(W·x), @enc(%rest)))`, one automatic block with the recursive call as an
+/// operand — is split: the product, which reads only the token, runs hoisted over every token
+/// at once, the recursive call evaluated once by the rest of the block; and the two are not
+/// merged again (the rest has no product to join). Equal to the reference every way.
+#[test]
+fn a_transform_beside_a_recursive_call_is_hoisted() {
+    let src = r#"
+def @enc(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 8), float32], %W: Tensor[(8, 8), float32])
+    -> Tensor[(?, 8), float32] {
+  match? (%toks) {
+    Cons(%t, Nil) => tanh(nn.dense(take(%emb, %t, axis=0), %W)),
+    Cons(%t, %rest) => concatenate((tanh(nn.dense(take(%emb, %t, axis=0), %W)), @enc(%rest, %emb, %W)), axis=0),
+  }
+}
+def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 8), float32], %W: Tensor[(8, 8), float32])
+    -> Tensor[(1, 8), float32] {
+  sum(@enc(%toks, %emb, %W), axis=[0], keepdims=True)
+}
+"#;
+    let inputs = token_lists(10, |i| i % 4 + 1, |i, j| (i * 5 + j) % 6);
+    let x = expected(
+        "concat_rows",
+        load_text("concat_rows", src),
+        &inputs,
+        &["toks"],
+    );
+    check_all_ways(&x);
+    let hoisted = |split: bool| {
+        hoisted_products(
+            &x,
+            tumble_compile::StaticOptions {
+                split,
+                ..tumble_compile::StaticOptions::all()
+            },
+        )
+    };
+    // The one-token arm's block is hoisted either way; the split adds the other arm's product.
+    assert_eq!(hoisted(true), 2);
+    assert_eq!(hoisted(false), 1);
+}

@@ -223,6 +223,9 @@ fn sampled(t0: Option<Instant>) -> std::time::Duration {
     t0.map_or(std::time::Duration::ZERO, |t| t.elapsed() * DFG_TIME_SAMPLE)
 }
 
+/// A weight-slice block's results, and the time computing them took when this invocation did.
+type Sliced = (Vec<Tensor>, Option<std::time::Duration>);
+
 pub struct Dfg<'p> {
     /// The model weights among the instances' arguments (and the derived parameters), by buffer,
     /// held so that no other tensor takes their addresses: a launch groups invocations by the
@@ -490,6 +493,62 @@ impl<'p> Dfg<'p> {
                     .or_insert_with(|| t.clone());
             }
         }
+    }
+
+    /// A weight-slice block's results for inputs `recorded` — model weights and host indices of
+    /// one element — from the job's cache ([`crate::weight_slices`]), each a model weight of this
+    /// graph, with the time it took to compute them when this invocation did; `None` when the
+    /// inputs are not of that kind or the job keeps no more slices.
+    fn weight_slice(
+        &mut self,
+        block_id: u32,
+        block: &Block,
+        recorded: &[Arg],
+        span: Span,
+        ctx: &mut InstanceCtx,
+    ) -> Result<Option<Sliced>, RunError> {
+        use crate::weight_slices::{fast_slice, SliceInput};
+        let mut inputs = Vec::with_capacity(recorded.len());
+        let mut keys = Vec::with_capacity(recorded.len());
+        for a in recorded {
+            let Arg::Val(t) = a else { return Ok(None) };
+            if self.is_model_weight(t) {
+                keys.push(SliceInput::Weight(t));
+            } else if t.len() == 1 && t.dtype().is_int() {
+                keys.push(SliceInput::Index(
+                    t.to_i64_vec().first().copied().unwrap_or(0),
+                ));
+            } else {
+                return Ok(None);
+            }
+            inputs.push(t.clone());
+        }
+        if !keys.iter().any(|k| matches!(k, SliceInput::Weight(_))) {
+            return Ok(None);
+        }
+        let mut took = None;
+        let exec = Arc::clone(&self.exec);
+        let slices = exec
+            .weight_slices
+            .get_or_compute(block_id, &keys, || {
+                let t0 = Instant::now();
+                let outs = match fast_slice(block, &inputs) {
+                    Some(outs) => outs,
+                    None => block.eval(&inputs, &mut OpCtx { rng: &mut ctx.rng })?,
+                };
+                took = Some(t0.elapsed());
+                Ok(outs)
+            })
+            .map_err(|m| RunError::at(span, m))?;
+        let Some(slices) = slices else {
+            return Ok(None);
+        };
+        for t in &slices {
+            self.model_weights
+                .entry(t.buffer_id())
+                .or_insert_with(|| t.clone());
+        }
+        Ok(Some((slices, took)))
     }
 
     /// Whether `t` is one of the model weights [`Dfg::note_weights`] learned.
@@ -860,6 +919,20 @@ impl Backend for Dfg<'_> {
             self.profile.host_invocations += 1;
             self.profile.time_dfg += sampled(t0);
             return Ok(block_value(block, outs));
+        }
+        if !for_backward
+            && self.opts.scheduler != Scheduler::Eager
+            && self.exec.weight_slice_blocks.get(block_id as usize) == Some(&true)
+        {
+            if let Some((outs, computed)) =
+                self.weight_slice(block_id, block, &recorded, span, ctx)?
+            {
+                self.profile.host_invocations += 1;
+                // The one invocation that computes a slice, timed as itself: scaled as a
+                // sample of the cheap ones it would count many times over.
+                self.profile.time_dfg += computed.unwrap_or_else(|| sampled(t0));
+                return Ok(block_value(block, outs));
+            }
         }
         if self.records_sums()
             && self.opts.scheduler != Scheduler::Eager

@@ -486,6 +486,8 @@ pub fn check_all_ways(x: &Expected) {
                     locality_chunks: fusion,
                     // Off at one batch size: weights chosen per instance are gathered there.
                     weight_groups: fusion && batch != 7,
+                    // Off at one batch size: slices of weights are taken per invocation there.
+                    weight_slices: fusion && batch != 64,
                     defer: fusion,
                     direct_matmul: planopt,
                     gather_views: planopt,
