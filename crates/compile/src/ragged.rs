@@ -46,6 +46,10 @@ pub struct RaggedBlock {
     /// Bytes of every node's result per row of `L` (unknown dims counted as 1): a launch of `N`
     /// rows in all reserves about `N` times this before it allocates.
     pub bytes_per_row: usize,
+    /// Per block input: a row input that only [`MixingKernel::Gather`] segments read (a node's
+    /// neighbour list beside its graph's states: two lengths), so its length need not be the
+    /// invocation's `L` — invocations whose lengths differ there still launch together.
+    pub free_length: Vec<bool>,
 }
 
 /// A block input in a ragged launch.
@@ -90,6 +94,11 @@ pub enum MixingKernel {
     /// instance's result is a range of its rows ([`tumble_ops::leading_rows`]), taken where
     /// they lie.
     RowSlice { input: u32 },
+    /// Rows of a per-instance table (`take(%M, %i, axis=0)` of an instance's memory or node
+    /// states), each alone or summed over the rows taken (`sum(take(%S, %neighbours), axis=[0])`:
+    /// a node's messages): each instance's rows are read where its table lies — no table
+    /// stacked per group of equal lengths — into results of static shape.
+    Gather,
 }
 
 impl MixingKernel {
@@ -97,6 +106,9 @@ impl MixingKernel {
     pub fn find(block: &Block) -> Option<MixingKernel> {
         if let Some(a) = crate::attention::find(block) {
             return Some(MixingKernel::Attention(a));
+        }
+        if is_gather(block) {
+            return Some(MixingKernel::Gather);
         }
         let ([node], [BVal::Node(0)]) = (block.nodes.as_slice(), block.outputs.as_slice()) else {
             return None;
@@ -116,6 +128,48 @@ impl MixingKernel {
         tumble_ops::leading_rows(&node.attrs, &shape)?;
         Some(MixingKernel::RowSlice { input: *input })
     }
+}
+
+/// Whether `block` is [`MixingKernel::Gather`]'s form: every node an f32 `take` along axis 0 in
+/// clip mode of two block inputs, or a `sum` or `mean` over axis 0 of such a take that nothing
+/// else reads; every output a node of static shape. (Whether the table is a per-instance value
+/// the executor sees per launch.)
+pub fn is_gather(block: &Block) -> bool {
+    let take = |k: usize| -> bool {
+        block.nodes.get(k).is_some_and(|n| {
+            n.op.name == "take"
+                && n.attrs.int("axis").ok().flatten() == Some(0)
+                && n.attrs.int("batch_dims").ok().flatten().unwrap_or(0) == 0
+                && n.attrs.str("mode").ok().flatten().unwrap_or("clip") == "clip"
+                && matches!(
+                    n.args.as_slice(),
+                    [BArg::One(BVal::Input(_)), BArg::One(BVal::Input(_))]
+                )
+                && matches!(n.ty.as_tensor(), Some((_, tumble_ir::DType::Float32)))
+        })
+    };
+    let readers = |k: usize| {
+        let in_nodes = block
+            .nodes
+            .iter()
+            .flat_map(|n| n.args.iter().flat_map(BArg::values))
+            .filter(|v| v.node() == Some(k))
+            .count();
+        in_nodes + block.outputs.iter().filter(|v| v.node() == Some(k)).count()
+    };
+    let reduction = |n: &BlockNode| -> bool {
+        matches!(n.op.name, "sum" | "mean")
+            && matches!(n.attrs.ints("axis").ok().flatten().as_deref(), Some([0]))
+            && !n.attrs.bool("exclude").ok().flatten().unwrap_or(false)
+            && matches!(n.args.as_slice(), [BArg::One(BVal::Node(t))] if take(*t as usize) && readers(*t as usize) == 1)
+    };
+    let static_shape = |v: &BVal| matches!(block.val_ty(v).as_tensor(), Some((dims, _)) if dims.iter().all(|d| d.known().is_some()));
+    !block.nodes.is_empty()
+        && (0..block.nodes.len()).all(|k| take(k) || block.nodes.get(k).is_some_and(reduction))
+        && block
+            .outputs
+            .iter()
+            .all(|v| v.node().is_some() && static_shape(v))
 }
 
 /// A dimension as the analysis knows it.
@@ -157,6 +211,9 @@ impl fmt::Display for RaggedBlock {
             .enumerate()
             .map(|(i, k)| {
                 let k = match k {
+                    RaggedInput::Rows if self.free_length.get(i) == Some(&true) => {
+                        "rows of any length"
+                    }
                     RaggedInput::Rows => "rows",
                     RaggedInput::PerInstance => "per instance",
                     RaggedInput::Shared => "shared",
@@ -173,6 +230,9 @@ impl fmt::Display for RaggedBlock {
                 }
                 (false, Some(MixingKernel::RowSlice { .. })) => {
                     "whole rows, taken where they lie for every instance"
+                }
+                (false, Some(MixingKernel::Gather)) => {
+                    "rows of every instance's table, read where it lies"
                 }
                 (false, None) => "once per group of equal shapes",
             };
@@ -398,11 +458,28 @@ pub fn analyze(block: &Block, per_instance: &[bool]) -> Option<RaggedBlock> {
         .iter()
         .map(|n| tumble_ops::value_bytes_with(&n.ty, 1))
         .fold(0, usize::saturating_add);
+    let free_length = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| {
+            let input = BVal::Input(i as u32);
+            k == RaggedInput::Rows
+                && segments.iter().all(|s| {
+                    s.kernel == Some(MixingKernel::Gather)
+                        || !s.reads.iter().any(|r| same_input(r, &input))
+                })
+        })
+        .collect();
     Some(RaggedBlock {
         inputs: kinds,
         segments,
         bytes_per_row,
+        free_length,
     })
+}
+
+fn same_input(a: &BVal, b: &BVal) -> bool {
+    matches!((a, b), (BVal::Input(x), BVal::Input(y)) if x == y)
 }
 
 /// Segment `s` of `block` (nodes `members`) as a block of its own. `None` when a value crossing

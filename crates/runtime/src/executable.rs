@@ -85,6 +85,9 @@ pub(crate) struct RaggedRun {
     pub(crate) inputs: Vec<tumble_compile::ragged::RaggedInput>,
     pub(crate) segments: Vec<(tumble_compile::ragged::Segment, Option<RunPlan>)>,
     pub(crate) bytes_per_row: usize,
+    /// Per block input: rows only gathers read, of any length (all false without mixing
+    /// kernels, whose gathers then run grouped by shape).
+    pub(crate) free_length: Vec<bool>,
 }
 
 impl RaggedRun {
@@ -102,10 +105,15 @@ impl RaggedRun {
                 (s, plan)
             })
             .collect();
+        let free_length = match opts.mixing_kernels {
+            true => r.free_length,
+            false => vec![false; r.inputs.len()],
+        };
         Some(RaggedRun {
             inputs: r.inputs,
             segments,
             bytes_per_row: r.bytes_per_row,
+            free_length,
         })
     }
 }

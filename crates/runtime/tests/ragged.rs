@@ -218,3 +218,88 @@ fn attention_and_row_slices_run_over_every_length_at_once() {
     );
     assert_eq!(on.launches, off.launches);
 }
+
+/// Message passing over each graph's own node states: a node sums the rows of its neighbours
+/// (`sum(take(%S, %nb, axis=0), axis=[0])`) and takes its own (`take(%S, %i, axis=0)`), `%S`
+/// the graph's `(?, 8)` states and `%nb` the node's neighbour list, of another length. The
+/// takes are a gather read where each graph's states lie, so the node invocations of graphs and
+/// neighbour lists of every length launch together (without the mixing kernels, one launch per
+/// pair of lengths, each stacking its graphs' states). Zero-neighbour nodes, clipped indices
+/// and one-node graphs included; equal to the reference every way.
+#[test]
+fn neighbours_gathered_from_each_graph_s_own_states() {
+    let src = r#"
+def @node(%S: Tensor[(?, 8), float32], %i: Tensor[(1), int32], %nb: Tensor[(?), int32],
+          %W: Tensor[(8, 8), float32], %U: Tensor[(8, 8), float32]) -> Tensor[(1, 8), float32] {
+  let %m = sum(take(%S, %nb, axis=0), axis=[0], keepdims=True);
+  tanh(add(nn.dense(take(%S, %i, axis=0), %W), nn.dense(%m, %U)))
+}
+def @round(%S: Tensor[(?, 8), float32], %nodes: List[(Tensor[(1), int32], Tensor[(?), int32])],
+           %W: Tensor[(8, 8), float32], %U: Tensor[(8, 8), float32]) -> Tensor[(?, 8), float32] {
+  match? (%nodes) {
+    Cons(%nd, Nil) => @node(%S, %nd.0, %nd.1, %W, %U),
+    Cons(%nd, %rest) => concatenate((@node(%S, %nd.0, %nd.1, %W, %U), @round(%S, %rest, %W, %U)), axis=0),
+  }
+}
+def @main(%feat: Tensor[(?), int32], %nodes: List[(Tensor[(1), int32], Tensor[(?), int32])],
+          %emb: Tensor[(10, 8), float32], %W: Tensor[(8, 8), float32], %U: Tensor[(8, 8), float32])
+    -> Tensor[(1, 8), float32] {
+  let %S = @round(@round(take(%emb, %feat, axis=0), %nodes, %W, %U), %nodes, %W, %U);
+  mean(%S, axis=[0], keepdims=True)
+}
+"#;
+    // Graph g has 1 + g % 6 nodes; node v's neighbours: (v + 1 + j * 2) % n for j below v % 4
+    // (none for v = 0), one of them past the end at times (clipped, as the reference does).
+    let inputs: Vec<String> = (0..40)
+        .map(|g| {
+            let n = 1 + g % 6;
+            let feat: Vec<String> = (0..n).map(|v| ((g + v * 3) % 10).to_string()).collect();
+            let nodes: Vec<String> = (0..n)
+                .map(|v| {
+                    let nb: Vec<String> = (0..v % 4)
+                        .map(|j| match (g + j) % 9 {
+                            0 => (n + 2).to_string(),
+                            _ => ((v + 1 + j * 2) % n).to_string(),
+                        })
+                        .collect();
+                    format!("[[{v}], [{}]]", nb.join(", "))
+                })
+                .collect();
+            format!(
+                "{{\"feat\": [{}], \"nodes\": [{}]}}",
+                feat.join(", "),
+                nodes.join(", ")
+            )
+        })
+        .collect();
+    let x = expected(
+        "ragged_gather",
+        load_text("ragged_gather", src),
+        &inputs.join("\n"),
+        &["feat", "nodes"],
+    );
+    check_all_ways(&x);
+    let launches = |mixing_kernels: bool| {
+        let p = batch_profile(
+            &x,
+            tumble_runtime::Options {
+                mixing_kernels,
+                ..Default::default()
+            },
+        );
+        let node_launches: u64 = p
+            .per_block
+            .iter()
+            .filter(|(name, _)| name.contains("node"))
+            .map(|(_, s)| s.launches)
+            .sum();
+        (p.ragged_gathers, node_launches)
+    };
+    let (gathers, with) = launches(true);
+    let (none, without) = launches(false);
+    assert!(gathers > 0 && none == 0);
+    assert!(
+        with < without,
+        "{with} launches of the node block, {without} without"
+    );
+}

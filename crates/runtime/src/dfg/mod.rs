@@ -739,7 +739,7 @@ impl<'p> Dfg<'p> {
         };
         let mut words = std::mem::take(&mut self.key_words);
         words.clear();
-        let joins = self.ragged_words(block_id, args, &ragged.inputs, &mut words);
+        let joins = self.ragged_words(block_id, args, ragged, &mut words);
         // In the interner the exact keys of this run come from, so the two never share an id.
         let id = match joins {
             Ok(true) if self.opts.dup => Some(self.dup_keys.id(&words)),
@@ -756,14 +756,14 @@ impl<'p> Dfg<'p> {
         &self,
         block_id: u32,
         args: &[Arg],
-        inputs: &[RaggedInput],
+        ragged: &crate::executable::RaggedRun,
         words: &mut Vec<u64>,
     ) -> Result<bool, RunError> {
         // Above every block id, so that no exact key's words equal these.
         words.push(u64::MAX);
         words.push(u64::from(block_id));
         let mut len = None;
-        for (a, kind) in args.iter().zip(inputs) {
+        for (i, (a, kind)) in args.iter().zip(&ragged.inputs).enumerate() {
             let shape = self.arg_shape(a)?;
             words.push(shape.len() as u64);
             match kind {
@@ -771,10 +771,13 @@ impl<'p> Dfg<'p> {
                     let Some((&l, rest)) = shape.split_first() else {
                         return Ok(false);
                     };
-                    if l == 0 || len.is_some_and(|m| m != l) {
+                    let free = ragged.free_length.get(i) == Some(&true);
+                    if !free && (l == 0 || len.is_some_and(|m| m != l)) {
                         return Ok(false);
                     }
-                    len = Some(l);
+                    if !free {
+                        len = Some(l);
+                    }
                     words.extend(rest.iter().map(|&d| d as u64));
                 }
                 RaggedInput::PerInstance => words.extend(shape.iter().map(|&d| d as u64)),

@@ -124,6 +124,147 @@ fn row_slices(slots: &[Slot], block: &tumble_compile::Block) -> Option<Vec<Slot>
         .collect()
 }
 
+/// The elements of the value a slot holds, in its tensor's buffer, and its leading extent (its
+/// rows; 1 for a scalar). No allocation: a gather launch asks this of every invocation.
+fn slot_range(s: &Slot) -> Option<(std::ops::Range<usize>, usize)> {
+    let shape = s.tensor.shape();
+    let (lead, start, n) = match s.at {
+        At::Whole => (shape.first().copied().unwrap_or(1), 0, s.tensor.len()),
+        At::Row(r) => {
+            let inner: usize = shape.get(1..)?.iter().product();
+            (
+                shape.get(1).copied().unwrap_or(1),
+                r as usize * inner,
+                inner,
+            )
+        }
+        At::Rows { start, len } => {
+            let row: usize = shape.get(1..)?.iter().product();
+            (len as usize, start as usize * row, len as usize * row)
+        }
+    };
+    Some((start..start + n, lead))
+}
+
+/// An index operand's values where they lie.
+enum Ints<'a> {
+    I32(&'a [i32]),
+    I64(&'a [i64]),
+}
+
+impl Ints<'_> {
+    fn of(t: &Tensor, range: std::ops::Range<usize>) -> Option<Ints<'_>> {
+        match t.dtype() {
+            tumble_ir::DType::Int32 => Some(Ints::I32(t.as_slice::<i32>()?.get(range)?)),
+            tumble_ir::DType::Int64 => Some(Ints::I64(t.as_slice::<i64>()?.get(range)?)),
+            _ => None,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Ints::I32(x) => x.len(),
+            Ints::I64(x) => x.len(),
+        }
+    }
+
+    fn get(&self, j: usize) -> i64 {
+        match self {
+            Ints::I32(x) => x.get(j).map_or(0, |&v| i64::from(v)),
+            Ints::I64(x) => x.get(j).copied().unwrap_or(0),
+        }
+    }
+}
+
+/// The results of a [`MixingKernel::Gather`] segment for `n` invocations, its inputs `inputs`
+/// (per segment input): each take's rows read where every invocation's table lies, summed (or
+/// averaged) in f64 in index order as the reference does — its bits. `None` (the segment then
+/// runs grouped) for a table that is not f32 rows, an empty table, a mean over no rows, or
+/// results whose sizes differ between invocations.
+fn gather_rows(block: &tumble_compile::Block, inputs: &[&RVal], n: usize) -> Option<Vec<Tensor>> {
+    use tumble_compile::{BArg, BVal};
+    let slot = |i: u32, k: usize| -> Option<(&Tensor, std::ops::Range<usize>, usize)> {
+        match inputs.get(i as usize)? {
+            RVal::Shared(t) => Some((t, 0..t.len(), t.shape().first().copied().unwrap_or(1))),
+            RVal::Each(slots) => {
+                let s = slots.get(k)?;
+                let (range, lead) = slot_range(s)?;
+                Some((&s.tensor, range, lead))
+            }
+        }
+    };
+    let mut outs = Vec::with_capacity(block.outputs.len());
+    for v in &block.outputs {
+        let node = v.node()?;
+        let out = block.nodes.get(node)?;
+        let (reduce, take) = match out.op.name {
+            "take" => (None, node),
+            name => match out.args.first()? {
+                BArg::One(BVal::Node(t)) => (Some(name == "mean"), *t as usize),
+                _ => return None,
+            },
+        };
+        let (t, i) = match block.nodes.get(take)?.args.as_slice() {
+            [BArg::One(BVal::Input(t)), BArg::One(BVal::Input(i))] => (*t, *i),
+            _ => return None,
+        };
+        // The node's own type: the result's size per invocation, and where `keepdims` keeps
+        // the reduced axis.
+        let (dims, _) = out.ty.as_tensor()?;
+        let mut shape = Vec::with_capacity(dims.len() + 1);
+        shape.push(n);
+        for d in dims {
+            shape.push(usize::try_from(d.known()?).ok()?);
+        }
+        let per: usize = shape.iter().skip(1).product();
+        let mut data: Vec<f32> = Vec::with_capacity(n * per);
+        let mut acc: Vec<f64> = Vec::new();
+        for k in 0..n {
+            let (table, range, rows) = slot(t, k)?;
+            let values = table.as_f32()?.get(range)?;
+            let (itensor, irange, _) = slot(i, k)?;
+            let idx = Ints::of(itensor, irange)?;
+            if rows == 0 || values.len() % rows != 0 {
+                return None;
+            }
+            let width = values.len() / rows;
+            let row_at = |j: usize| {
+                let r = idx.get(j).clamp(0, rows as i64 - 1) as usize;
+                values.get(r * width..(r + 1) * width)
+            };
+            match reduce {
+                None => {
+                    if idx.len() * width != per {
+                        return None;
+                    }
+                    for j in 0..idx.len() {
+                        data.extend_from_slice(row_at(j)?);
+                    }
+                }
+                Some(mean) => {
+                    if width != per || (mean && idx.len() == 0) {
+                        return None;
+                    }
+                    acc.clear();
+                    acc.resize(width, 0.0);
+                    for j in 0..idx.len() {
+                        acc.iter_mut()
+                            .zip(row_at(j)?)
+                            .for_each(|(a, &x)| *a += f64::from(x));
+                    }
+                    let count = idx.len() as f64;
+                    data.extend(acc.iter().map(|&a| match mean {
+                        true => (a / count) as f32,
+                        false => a as f32,
+                    }));
+                }
+            }
+        }
+        outs.push(Tensor::from_f32(shape, data).ok()?);
+    }
+    Some(outs)
+}
+
 /// The shape of the value a slot holds.
 fn slot_shape(s: &Slot) -> Vec<usize> {
     let shape = s.tensor.shape();
@@ -170,12 +311,17 @@ impl Dfg<'_> {
             return Err(e);
         }
         let t0 = Instant::now();
-        // Every invocation's length: the leading dim of its row inputs (equal, by the key).
-        let row_input = run
-            .inputs
-            .iter()
-            .position(|k| *k == RaggedInput::Rows)
-            .unwrap_or(0);
+        // Every invocation's length: the leading dim of its row inputs (equal, by the key, but
+        // for those only gathers read: any length).
+        let rows_at = |free: bool| {
+            (0..run.inputs.len()).find(|&i| {
+                run.inputs.get(i) == Some(&RaggedInput::Rows)
+                    && run.free_length.get(i).copied().unwrap_or(false) == free
+            })
+        };
+        // With none of fixed length (only gathers read the rows), no segment runs over rows:
+        // one row an invocation, for the profile and the memory bound.
+        let row_input = rows_at(false);
         // A segment that mixes rows (a product over the ragged axis) makes more than its rows'
         // bytes: where the types have `?` sizes, each invocation's own shapes say what its
         // operators allocate.
@@ -187,11 +333,16 @@ impl Dfg<'_> {
                 .nodes
                 .get(id as usize)
                 .ok_or_else(|| RunError::internal("ragged launch of an unknown node"))?;
-            let a = node
-                .args
-                .get(row_input)
-                .ok_or_else(|| RunError::internal("ragged launch: missing row input"))?;
-            lens.push(self.arg_shape(a)?.first().copied().unwrap_or(0));
+            lens.push(match row_input {
+                Some(i) => {
+                    let a = node
+                        .args
+                        .get(i)
+                        .ok_or_else(|| RunError::internal("ragged launch: missing row input"))?;
+                    self.arg_shape(a)?.first().copied().unwrap_or(0)
+                }
+                None => 1,
+            });
             if dynamic {
                 dynamic_bytes = dynamic_bytes.saturating_add(node.out_shapes.op_bytes);
             }
@@ -396,6 +547,24 @@ impl Dfg<'_> {
                 // Whole rows of each invocation's input: ranges of its rows where they lie.
                 outs.push(RVal::Each(rows));
                 self.profile.ragged_row_slices += 1;
+            } else if let Some(results) = match seg.kernel {
+                Some(MixingKernel::Gather) if self.opts.mixing_kernels => {
+                    let inputs: Vec<&RVal> =
+                        seg.reads.iter().map(lookup).collect::<Result<_, _>>()?;
+                    gather_rows(&seg.block, &inputs, ids.len())
+                }
+                _ => None,
+            } {
+                // Rows of every invocation's table where it lies: one batched result each.
+                for t in results {
+                    held_bytes += (t.len() * t.dtype().size()) as u64;
+                    let batched = BV::Batched(OpValue::Tensor(t));
+                    let slots = (0..ids.len())
+                        .map(|k| super::launch::slot_of(&batched, k))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    outs.push(RVal::Each(slots));
+                }
+                self.profile.ragged_gathers += 1;
             } else if let Some((att, parts)) = match seg.kernel {
                 Some(MixingKernel::Attention(att)) if self.opts.mixing_kernels => {
                     let each = |i: u32| match seg.reads.get(i as usize).map(lookup) {
