@@ -303,3 +303,53 @@ def @main(%feat: Tensor[(?), int32], %nodes: List[(Tensor[(1), int32], Tensor[(?
         "{with} launches of the node block, {without} without"
     );
 }
+
+/// Row `v` of each instance's own `(?, 8)` matrix read by a counter the host computes
+/// (`%v + 1` from a literal: shared by the reuse analysis, a fresh scalar in every instance):
+/// invocations of equal counters launch together, keyed by the counter's value — keyed by its
+/// buffer, every invocation launched alone. Equal to the reference every way.
+#[test]
+fn a_counter_computed_on_the_host_does_not_split_ragged_launches() {
+    let src = r#"
+def @rows(%m: Tensor[(?, 8), float32], %ids: List[Tensor[(?), int32]], %v: Tensor[(), int32],
+          %W: Tensor[(8, 8), float32]) -> List[Tensor[(1, 8), float32]] {
+  match (%ids) {
+    Nil => Nil,
+    Cons(_, %rest) => Cons(tanh(nn.dense(take(%m, reshape(%v, newshape=[1]), axis=0), %W)), @rows(%m, %rest, %v + 1, %W)),
+  }
+}
+def @main(%ids: Tensor[(?), int32], %nbrs: List[Tensor[(?), int32]], %emb: Tensor[(10, 8), float32],
+          %W: Tensor[(8, 8), float32]) -> Tensor[(1, 8), float32] {
+  @foldl(fn (%a: Tensor[(1, 8), float32], %r: Tensor[(1, 8), float32]) -> Tensor[(1, 8), float32] { add(%a, %r) },
+         zeros(shape=[1, 8], dtype="float32"), @rows(take(%emb, %ids, axis=0), %nbrs, 0, %W))
+}
+"#;
+    let inputs: Vec<String> = (0..30)
+        .map(|i| {
+            let n = 1 + i % 5;
+            let ids: Vec<String> = (0..n).map(|v| ((i + v * 7) % 10).to_string()).collect();
+            let nbrs: Vec<String> = (0..n).map(|v| format!("[{v}]")).collect();
+            format!(
+                "{{\"ids\": [{}], \"nbrs\": [{}]}}",
+                ids.join(", "),
+                nbrs.join(", ")
+            )
+        })
+        .collect();
+    let x = expected(
+        "host_counter",
+        load_text("host_counter", src),
+        &inputs.join("\n"),
+        &["ids", "nbrs"],
+    );
+    check_all_ways(&x);
+    let p = batch_profile(&x, tumble_runtime::Options::default());
+    let (launches, invocations) = p
+        .per_block
+        .iter()
+        .filter(|(name, _)| name.starts_with("rows:"))
+        .fold((0, 0), |(l, n), (_, s)| (l + s.launches, n + s.invocations));
+    // 30 instances of 1-5 rows: 90 invocations, at most 5 counter values.
+    assert_eq!(invocations, 90);
+    assert!(launches <= 10, "{launches} launches\n{p}");
+}

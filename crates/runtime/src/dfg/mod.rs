@@ -218,6 +218,22 @@ type CachedShapes = (std::rc::Rc<Shapes>, u64);
 /// One invocation in this many has its recording timed (see [`Dfg::invocations`]).
 const DFG_TIME_SAMPLE: u32 = 16;
 
+/// The value of a tensor of at most one element as a key word (its dtype is in the key's shape
+/// words' company: the block's input types fix it); `None` for larger tensors and dtypes not
+/// listed.
+fn scalar_bits(t: &Tensor) -> Option<u64> {
+    use tumble_ir::DType;
+    if t.len() > 1 {
+        return None;
+    }
+    Some(match t.dtype() {
+        DType::Float32 => u64::from(t.as_f32()?.first().copied().unwrap_or(0.0).to_bits()),
+        DType::Int32 | DType::Int64 => t.to_i64_vec().first().copied().unwrap_or(0) as u64,
+        DType::Bool => u64::from(*t.as_slice::<bool>()?.first().unwrap_or(&false)),
+        _ => return None,
+    })
+}
+
 /// The time since `t0` for a sampled invocation, scaled to the invocations it stands for.
 fn sampled(t0: Option<Instant>) -> std::time::Duration {
     t0.map_or(std::time::Duration::ZERO, |t| t.elapsed() * DFG_TIME_SAMPLE)
@@ -786,7 +802,16 @@ impl<'p> Dfg<'p> {
                         return Ok(false);
                     };
                     words.extend(shape.iter().map(|&d| d as u64));
-                    words.push(t.buffer_id() as u64);
+                    // A scalar is keyed by its value: a counter computed on the host (from
+                    // literals, so shared) is a fresh tensor in every instance, and keyed by
+                    // its buffer every invocation would launch alone.
+                    match scalar_bits(t) {
+                        Some(bits) => {
+                            words.push(u64::MAX);
+                            words.push(bits);
+                        }
+                        None => words.push(t.buffer_id() as u64),
+                    }
                 }
             }
         }
