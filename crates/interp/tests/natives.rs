@@ -157,3 +157,44 @@ fn a_module_without_the_prelude_keeps_its_own_definitions() {
     let v = run(&p, "main", vec![int_list(&p, &[1, 2])], &mut Rng::new(0)).unwrap();
     assert_eq!(show(&p, &v), show(&p, &int_list(&p, &[1, 2])));
 }
+
+/// `@nth`, `@update` and `@length` give what their prelude bodies give, at every index of
+/// lists of every length, with the index an argument and computed (`@length(%ys) - 1`); past
+/// the end both fail alike (the call is then left to the prelude's body).
+#[test]
+fn indexing_agrees_with_the_prelude_bodies_and_fails_past_the_end() {
+    const INTS: &str = "List[Tensor[(), int32]]";
+    let src = |body: &str, ty: &str| {
+        format!(
+            "def @main(%xs: List[Tensor[(), int32]], %ys: List[Tensor[(), int32]]) -> {ty} {{ {body} }}"
+        )
+    };
+    for xs in LISTS {
+        let (native, interpreted) = both(&src("@length(%xs)", "Tensor[(), int32]"), xs, &[]);
+        assert_eq!(native, interpreted, "@length of {xs:?}");
+        assert!(native.is_ok());
+        // The elements as indices, through a function value: in range or not, the same.
+        let body = "@map(fn (%i: Tensor[(), int32]) -> Tensor[(), int32] { @nth(%ys, %i) }, %xs)";
+        let (native, interpreted) = both(&src(body, INTS), xs, &[3, 1, 4, 1, 5, 9, 2, 6]);
+        assert_eq!(native.is_ok(), interpreted.is_ok(), "{body} on {xs:?}");
+        if native.is_ok() {
+            assert_eq!(native, interpreted, "{body} on {xs:?}");
+        }
+        for n in 0..xs.len() + 1 {
+            let ys: Vec<i32> = vec![0; n + 1];
+            for (body, ty) in [
+                ("@nth(%xs, @length(%ys) - 1)", "Tensor[(), int32]"),
+                ("@update(%xs, @length(%ys) - 1, 99)", INTS),
+            ] {
+                let (native, interpreted) = both(&src(body, ty), xs, &ys);
+                match n < xs.len() {
+                    true => assert_eq!(native, interpreted, "{body}: {xs:?} at {n}"),
+                    false => {
+                        assert!(interpreted.is_err(), "{body}: {xs:?} at {n}");
+                        assert_eq!(native, interpreted, "{body}: {xs:?} at {n}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -84,6 +84,9 @@ impl<'p> Machine<'p> {
                 Ok(vals) => vals,
                 Err(e) => return Some(Err(e)),
             };
+            if !super::calls::native_ready(native, &vals) {
+                return None;
+            }
             return Some(match self.native(native, vals, *span) {
                 Ok(Step::Apply(v)) => Ok(v),
                 Ok(_) => Err(RunError::new(

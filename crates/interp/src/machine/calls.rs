@@ -66,7 +66,9 @@ impl<'p> Machine<'p> {
             }
             Code::CallGlobal { global, span, .. } => {
                 if let Some(native) = self.program.natives.of(*global) {
-                    return self.native(native, vals, *span);
+                    if native_ready(native, &vals) {
+                        return self.native(native, vals, *span);
+                    }
                 }
                 let lambda = self.global(*global)?;
                 match self.loop_code(*global, lambda) {
@@ -126,7 +128,9 @@ impl<'p> Machine<'p> {
         match &**c {
             Closure::Global(g) => {
                 if let Some(native) = self.program.natives.of(*g) {
-                    return self.native(native, args, span);
+                    if native_ready(native, &args) {
+                        return self.native(native, args, span);
+                    }
                 }
                 let lambda = self.global(*g)?;
                 self.enter(lambda, args, None, &[], Some(span))
@@ -213,6 +217,40 @@ impl<'p> Machine<'p> {
                 let ys = args.remove(0);
                 build(items(&xs)?, ys)
             }
+            Native::Length => {
+                let n = items(&xs)?.len();
+                let n = i32::try_from(n).map_err(|_| {
+                    RunError::at(span, format!("`@length`: {n} elements do not fit in int32"))
+                })?;
+                Value::Tensor(tumble_tensor::Tensor::scalar_i32(n))
+            }
+            Native::Nth | Native::Update => {
+                let n = args.first().and_then(index_value).ok_or_else(|| {
+                    RunError::at(span, "internal: a native index that is not at hand")
+                })?;
+                let mut items = items(&xs)?;
+                // (`native_ready` checked that the index is inside the list.)
+                let at = usize::try_from(n).ok().filter(|&i| i < items.len());
+                let Some(at) = at else {
+                    return Err(RunError::at(
+                        span,
+                        format!(
+                            "internal: `@{}` at index {n} of a list of {} elements",
+                            native.name(),
+                            items.len()
+                        ),
+                    ));
+                };
+                match native {
+                    Native::Nth => items.swap_remove(at),
+                    _ => {
+                        if let (Some(slot), Some(v)) = (items.get_mut(at), args.pop()) {
+                            *slot = v;
+                        }
+                        build(items, self.shared.nullary(nil))
+                    }
+                }
+            }
         };
         Ok(Step::Apply(v))
     }
@@ -285,4 +323,38 @@ impl<'p> Machine<'p> {
             tail_from: None,
         })
     }
+}
+
+/// The value of an element index at hand: an integer tensor of one element.
+fn index_value(v: &Value) -> Option<i64> {
+    match v {
+        Value::Tensor(t) if t.len() == 1 && t.dtype().is_int() => t.to_i64_vec().first().copied(),
+        _ => None,
+    }
+}
+
+/// Whether native `native` can run on `args` now: its index, if it has one, is at hand (a
+/// value a launch has yet to compute leaves the call to the prelude's body, which waits for it)
+/// and inside the list (past the end, the prelude's body fails as the reference engine's does,
+/// at its `match?`).
+pub(super) fn native_ready(native: Native, args: &[Value]) -> bool {
+    let Some(i) = native.index_operand() else {
+        return true;
+    };
+    let Some(n) = args.get(i).and_then(index_value) else {
+        return false;
+    };
+    let Ok(n) = usize::try_from(n) else {
+        return false;
+    };
+    // The list's cells up to the index: any constructor with a tail field counts, the native
+    // step itself checks they are a list.
+    let mut at = args.first();
+    for _ in 0..n {
+        at = match at {
+            Some(Value::Adt(a)) => a.fields.get(1),
+            _ => None,
+        };
+    }
+    matches!(at, Some(Value::Adt(a)) if a.fields.len() == 2)
 }
