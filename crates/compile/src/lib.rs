@@ -29,6 +29,7 @@ pub mod pipeline;
 pub mod plan;
 mod print;
 pub mod program;
+pub mod query;
 pub mod ragged;
 pub mod reuse;
 pub mod specialize;

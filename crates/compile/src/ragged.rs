@@ -99,6 +99,9 @@ pub enum MixingKernel {
     /// a node's messages): each instance's rows are read where its table lies — no table
     /// stacked per group of equal lengths — into results of static shape.
     Gather,
+    /// A query against each instance's rows: attention's weighted rows, or the best row's index
+    /// ([`crate::query`]).
+    Query(crate::query::Query),
 }
 
 impl MixingKernel {
@@ -109,6 +112,9 @@ impl MixingKernel {
         }
         if is_gather(block) {
             return Some(MixingKernel::Gather);
+        }
+        if let Some(q) = crate::query::find(block) {
+            return Some(MixingKernel::Query(q));
         }
         let ([node], [BVal::Node(0)]) = (block.nodes.as_slice(), block.outputs.as_slice()) else {
             return None;
@@ -234,6 +240,14 @@ impl fmt::Display for RaggedBlock {
                 (false, Some(MixingKernel::Gather)) => {
                     "rows of every instance's table, read where it lies"
                 }
+                (false, Some(MixingKernel::Query(q))) => match q.then {
+                    crate::query::Then::Attend => {
+                        "a query attending over every instance's rows where they lie"
+                    }
+                    crate::query::Then::Argmax => {
+                        "a query choosing among every instance's rows where they lie"
+                    }
+                },
                 (false, None) => "once per group of equal shapes",
             };
             let ops: Vec<&str> = seg.block.nodes.iter().map(|n| n.op.name).collect();

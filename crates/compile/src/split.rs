@@ -78,6 +78,16 @@ struct Made {
     report: usize,
 }
 
+/// A split planned for a block: its producer and consumer until a site takes them, the operands
+/// each reads, and where they went.
+struct Planned {
+    block: String,
+    blocks: Option<(Block, Block)>,
+    p_in: Vec<usize>,
+    c_in: Vec<usize>,
+    made: Option<Made>,
+}
+
 /// Splits the blocks of non-hoisted sites whose operands are partly free of recursive state
 /// (`tainted_operands`, per site and operand, from [`crate::hoist::analyze`]); new producer
 /// sites are hoisted. Returns what it split.
@@ -91,8 +101,9 @@ pub fn split_hoistable(
     tainted_operands: &[Vec<bool>],
     weights: &[bool],
 ) -> Vec<Split> {
-    // Per (block, clean operand mask): the producer and consumer made for it.
-    let mut made: HashMap<(u32, Vec<bool>, Vec<bool>), Option<Made>> = HashMap::new();
+    // Per (block, clean operand mask, weight operands): the split planned for it, put in the
+    // program by the first site whose operands allow it.
+    let mut made: HashMap<(u32, Vec<bool>, Vec<bool>), Option<Planned>> = HashMap::new();
     let mut report: Vec<Split> = Vec::new();
     for li in 0..program.lambdas.len() {
         // The sites of this lambda to split, with their plan.
@@ -131,54 +142,66 @@ pub fn split_hoistable(
             }
             let clean: Vec<bool> = tainted.iter().map(|&t| !t).collect();
             let key = (block, clean.clone(), weight_operands.clone());
-            let entry = match made.get(&key) {
-                Some(e) => e.clone(),
-                None => {
-                    let name = b.name.clone();
-                    // A product over clean and tainted parts first becomes the sum of the
-                    // parts' products (an LSTM's `dense(concatenate((x, h)), W)`).
-                    let distributed = distribute_products(b, &clean, &weight_operands);
-                    let e = match plan_split(distributed.as_ref().unwrap_or(b), &clean) {
-                        Some((producer, consumer, p_in, c_in)) => {
-                            let p = program.blocks.len() as u32;
-                            report.push(Split {
-                                block: name,
-                                producer: producer.name.clone(),
-                                consumer: consumer.name.clone(),
-                                ops: producer.nodes.len(),
-                                sites: 0,
-                            });
-                            program.blocks.push(producer);
-                            program.blocks.push(consumer);
-                            Some(Made {
-                                producer: p,
-                                consumer: p + 1,
-                                p_in,
-                                c_in,
-                                report: report.len() - 1,
-                            })
-                        }
-                        None => None,
-                    };
-                    made.insert(key, e.clone());
-                    e
-                }
+            let planned = made.entry(key).or_insert_with(|| {
+                // A product over clean and tainted parts first becomes the sum of the parts'
+                // products (an LSTM's `dense(concatenate((x, h)), W)`).
+                let distributed = distribute_products(b, &clean, &weight_operands);
+                plan_split(distributed.as_ref().unwrap_or(b), &clean).map(
+                    |(producer, consumer, p_in, c_in)| Planned {
+                        block: b.name.clone(),
+                        blocks: Some((producer, consumer)),
+                        p_in,
+                        c_in,
+                        made: None,
+                    },
+                )
+            });
+            let Some(planned) = planned else {
+                continue;
             };
             // The producer's operands are evaluated twice, so they must be immediate; any other
             // operand is evaluated once, by the consumer's invocation, so it must be read there.
-            let evaluable = |e: &Made| {
-                e.p_in.iter().all(|&k| immediate_args.get(k) == Some(&true))
-                    && immediate_args
-                        .iter()
-                        .enumerate()
-                        .all(|(k, &imm)| imm || e.c_in.contains(&k))
-            };
-            if let Some(e) = entry.filter(evaluable) {
-                if let Some(r) = report.get_mut(e.report) {
-                    r.sites += 1;
-                }
-                plans.insert(site, e);
+            let evaluable = planned
+                .p_in
+                .iter()
+                .all(|&k| immediate_args.get(k) == Some(&true))
+                && immediate_args
+                    .iter()
+                    .enumerate()
+                    .all(|(k, &imm)| imm || planned.c_in.contains(&k));
+            if !evaluable {
+                continue;
             }
+            // The blocks go into the program with the first site that takes them.
+            let e = match (&planned.made, planned.blocks.take()) {
+                (Some(e), _) => e.clone(),
+                (None, Some((producer, consumer))) => {
+                    let p = program.blocks.len() as u32;
+                    report.push(Split {
+                        block: planned.block.clone(),
+                        producer: producer.name.clone(),
+                        consumer: consumer.name.clone(),
+                        ops: producer.nodes.len(),
+                        sites: 0,
+                    });
+                    program.blocks.push(producer);
+                    program.blocks.push(consumer);
+                    let e = Made {
+                        producer: p,
+                        consumer: p + 1,
+                        p_in: planned.p_in.clone(),
+                        c_in: planned.c_in.clone(),
+                        report: report.len() - 1,
+                    };
+                    planned.made = Some(e.clone());
+                    e
+                }
+                (None, None) => continue,
+            };
+            if let Some(r) = report.get_mut(e.report) {
+                r.sites += 1;
+            }
+            plans.insert(site, e);
         }
         if plans.is_empty() {
             continue;
@@ -256,7 +279,7 @@ pub fn split_hoistable(
     }
     let split_blocks: Vec<u32> = made
         .iter()
-        .filter(|(_, e)| e.is_some())
+        .filter(|(_, e)| e.as_ref().is_some_and(|p| p.made.is_some()))
         .map(|((b, _, _), _)| *b)
         .collect();
     drop_orphans(program, &split_blocks);

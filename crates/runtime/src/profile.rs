@@ -47,6 +47,8 @@ pub struct Profile {
     pub ragged_row_slices: u64,
     /// Mixing segments that took rows of every invocation's table where it lies.
     pub ragged_gathers: u64,
+    /// Mixing segments that were a query against every invocation's rows where they lie.
+    pub ragged_queries: u64,
     /// The largest bytes of segment results one ragged launch held at once.
     pub ragged_peak_bytes: u64,
     pub launches: u64,
@@ -142,6 +144,7 @@ impl Profile {
         self.ragged_attention += o.ragged_attention;
         self.ragged_row_slices += o.ragged_row_slices;
         self.ragged_gathers += o.ragged_gathers;
+        self.ragged_queries += o.ragged_queries;
         self.ragged_peak_bytes = self.ragged_peak_bytes.max(o.ragged_peak_bytes);
         self.launches += o.launches;
         self.flushes += o.flushes;
@@ -292,8 +295,8 @@ impl fmt::Display for Profile {
                 f,
                 "ragged batching: {} launches of mixed lengths, {} rows in their row-wise segments \
                  (mean {:.1} per launch); mixing segments: {} equal-length groups, {} attention \
-                 kernels, {} row slices and {} row gathers over every length ({:.3} ms); peak {} \
-                 bytes of segment results in one launch",
+                 kernels, {} row slices, {} row gathers and {} queries over every length ({:.3} \
+                 ms); peak {} bytes of segment results in one launch",
                 self.ragged_launches,
                 self.ragged_rows,
                 self.ragged_rows as f64 / self.ragged_launches as f64,
@@ -301,6 +304,7 @@ impl fmt::Display for Profile {
                 self.ragged_attention,
                 self.ragged_row_slices,
                 self.ragged_gathers,
+                self.ragged_queries,
                 ms(self.time_ragged_mixing),
                 self.ragged_peak_bytes
             )?;

@@ -353,3 +353,70 @@ def @main(%ids: Tensor[(?), int32], %nbrs: List[Tensor[(?), int32]], %emb: Tenso
     assert_eq!(invocations, 90);
     assert!(launches <= 10, "{launches} launches\n{p}");
 }
+
+/// A decoder over each instance's own rows `%x: (?, 8)`: every step attends over them
+/// (`nn.dense(%h, %x)`, softmax, `nn.dense(%p, transpose(%x))`, scaled or not) and picks one
+/// (`argmax(nn.dense(%h, %x), axis=[1])`, a pointer network's choice, whose row it reads next).
+/// Both are queries run over every instance's rows where they lie, whatever their lengths;
+/// without the mixing kernels, one group per length. Equal to the reference every way.
+#[test]
+fn queries_against_each_instance_s_rows_run_over_every_length_at_once() {
+    let src = r#"
+def @dec(%n: Tensor[(), int32], %h: Tensor[(1, 8), float32], %x: Tensor[(?, 8), float32],
+         %W: Tensor[(8, 8), float32], %U: Tensor[(8, 8), float32]) -> List[Tensor[(), int32]] {
+  if (%n == 0) {
+    Nil
+  } else {
+    let %ctx = nn.dense(nn.softmax(multiply(nn.dense(%h, %x), 0.5f), axis=1), transpose(%x));
+    let %h2 = tanh(add(nn.dense(%ctx, %W), nn.dense(%h, %U)));
+    let %i = squeeze(argmax(nn.dense(%h2, %x), axis=[1]));
+    let %h3 = add(%h2, take(%x, expand_dims(%i, axis=0), axis=0));
+    Cons(%i, @dec(%n - 1, %h3, %x, %W, %U))
+  }
+}
+def @main(%x: Tensor[(?, 8), float32], %W: Tensor[(8, 8), float32], %U: Tensor[(8, 8), float32])
+    -> List[Tensor[(), int32]] {
+  @dec(4, mean(%x, axis=[0], keepdims=True), %x, %W, %U)
+}
+"#;
+    // Rows without the symmetries of `var_rows` (whose rows' means are equal across columns, so
+    // that scores tie exactly and rounding picks the argmax).
+    let inputs: Vec<String> = (0..60)
+        .map(|i| {
+            let n = 1 + (i * 7) % 12;
+            let rows: Vec<String> = (0..n)
+                .map(|r| {
+                    let row: Vec<String> = (0..8)
+                        .map(|j| {
+                            let v = ((i * 37 + r * 101 + j * 59 + r * j * 13) % 97) as f64;
+                            format!("{:.4}", v / 48.0 - 1.0)
+                        })
+                        .collect();
+                    format!("[{}]", row.join(", "))
+                })
+                .collect();
+            format!("{{\"x\": [{}]}}", rows.join(", "))
+        })
+        .collect();
+    let x = expected(
+        "ragged_query",
+        load_text("ragged_query", src),
+        &inputs.join("\n"),
+        &["x"],
+    );
+    check_all_ways(&x);
+    let profile = |mixing_kernels: bool| {
+        batch_profile(
+            &x,
+            tumble_runtime::Options {
+                mixing_kernels,
+                ..Default::default()
+            },
+        )
+    };
+    let (on, off) = (profile(true), profile(false));
+    // Four steps, each an attention and a choice.
+    assert!(on.ragged_queries >= 8, "{on}");
+    assert_eq!(off.ragged_queries, 0, "{off}");
+    assert!(off.ragged_groups > on.ragged_groups, "{on}\n{off}");
+}

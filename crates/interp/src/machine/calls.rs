@@ -349,11 +349,12 @@ pub(super) fn native_ready(native: Native, args: &[Value]) -> bool {
     };
     // The list's cells up to the index: any constructor with a tail field counts, the native
     // step itself checks they are a list.
+    // (Stops at the list's end: the cost is the list's, whatever the index.)
     let mut at = args.first();
     for _ in 0..n {
         at = match at {
             Some(Value::Adt(a)) => a.fields.get(1),
-            _ => None,
+            _ => return false,
         };
     }
     matches!(at, Some(Value::Adt(a)) if a.fields.len() == 2)

@@ -265,6 +265,88 @@ fn gather_rows(block: &tumble_compile::Block, inputs: &[&RVal], n: usize) -> Opt
     Some(outs)
 }
 
+/// The result of a [`MixingKernel::Query`] segment for `n` invocations, its inputs `inputs` (per
+/// segment input): each invocation's query rows against its rows where they lie — the scores
+/// by the dot-product kernels, the softmax by the row programs' — as attention's weighted rows
+/// `(n, m, d)` or each query row's best index `(n, m)` (the first of equals; NaN above all, as
+/// the reference's `argmax`). `None` (the segment then runs grouped) for an instance of no rows
+/// or operands not of the form's shapes.
+fn query_rows(
+    block: &tumble_compile::Block,
+    query: &tumble_compile::query::Query,
+    inputs: &[&RVal],
+    n: usize,
+) -> Option<Tensor> {
+    use tumble_compile::query::Then;
+    let (qd, _) = block.inputs.get(query.q as usize)?.ty.as_tensor()?;
+    let m = usize::try_from(qd.first()?.known()?).ok()?;
+    let d = usize::try_from(qd.get(1)?.known()?).ok()?;
+    let slot = |i: u32, k: usize| -> Option<(&[f32], usize)> {
+        let (t, range, lead) = match inputs.get(i as usize)? {
+            RVal::Shared(t) => (t, 0..t.len(), t.shape().first().copied().unwrap_or(1)),
+            RVal::Each(slots) => {
+                let s = slots.get(k)?;
+                let (range, lead) = slot_range(s)?;
+                (&s.tensor, range, lead)
+            }
+        };
+        Some((t.as_f32()?.get(range)?, lead))
+    };
+    let mut scores: Vec<f32> = Vec::new();
+    let mut probs: Vec<f32> = Vec::new();
+    let mut weighted: Vec<f32> = Vec::new();
+    let mut columns: Vec<f32> = Vec::new();
+    let mut best: Vec<i32> = Vec::new();
+    for k in 0..n {
+        let (q, _) = slot(query.q, k)?;
+        let (rows, len) = slot(query.rows, k)?;
+        if q.len() != m * d || len == 0 || rows.len() != len * d {
+            return None;
+        }
+        scores.resize(len, 0.0);
+        columns.clear();
+        for qi in q.chunks_exact(d) {
+            tumble_kernels::dot_rows(qi, rows, d, &mut scores);
+            if query.scale != 1.0 {
+                scores.iter_mut().for_each(|s| *s *= query.scale);
+            }
+            match query.then {
+                Then::Argmax => {
+                    let mut at = 0;
+                    for (j, &s) in scores.iter().enumerate().skip(1) {
+                        let b = scores[at];
+                        if (s.is_nan() && !b.is_nan()) || s > b {
+                            at = j;
+                        }
+                    }
+                    best.push(i32::try_from(at).ok()?);
+                }
+                Then::Attend => {
+                    probs.resize(len, 0.0);
+                    crate::fused::rowexec::softmax_row(&mut probs, &scores, false);
+                    // The weighted rows as the product with the rows' transpose, each column a
+                    // dot product over the rows: the bits a group's small product gives.
+                    if columns.is_empty() {
+                        columns.resize(d * len, 0.0);
+                        for (j, row) in rows.chunks_exact(d).enumerate() {
+                            for (c, &x) in row.iter().enumerate() {
+                                columns[c * len + j] = x;
+                            }
+                        }
+                    }
+                    let start = weighted.len();
+                    weighted.resize(start + d, 0.0);
+                    tumble_kernels::dot_rows(&probs, &columns, len, &mut weighted[start..]);
+                }
+            }
+        }
+    }
+    match query.then {
+        Then::Argmax => Tensor::from_vec(vec![n, m], best).ok(),
+        Then::Attend => Tensor::from_f32(vec![n, m, d], weighted).ok(),
+    }
+}
+
 /// The shape of the value a slot holds.
 fn slot_shape(s: &Slot) -> Vec<usize> {
     let shape = s.tensor.shape();
@@ -565,6 +647,22 @@ impl Dfg<'_> {
                     outs.push(RVal::Each(slots));
                 }
                 self.profile.ragged_gathers += 1;
+            } else if let Some(result) = match seg.kernel {
+                Some(MixingKernel::Query(q)) if self.opts.mixing_kernels => {
+                    let inputs: Vec<&RVal> =
+                        seg.reads.iter().map(lookup).collect::<Result<_, _>>()?;
+                    query_rows(&seg.block, &q, &inputs, ids.len())
+                }
+                _ => None,
+            } {
+                // A query against every invocation's rows where they lie: one batched result.
+                held_bytes += (result.len() * result.dtype().size()) as u64;
+                let batched = BV::Batched(OpValue::Tensor(result));
+                let slots = (0..ids.len())
+                    .map(|k| super::launch::slot_of(&batched, k))
+                    .collect::<Result<Vec<_>, _>>()?;
+                outs.push(RVal::Each(slots));
+                self.profile.ragged_queries += 1;
             } else if let Some((att, parts)) = match seg.kernel {
                 Some(MixingKernel::Attention(att)) if self.opts.mixing_kernels => {
                     let each = |i: u32| match seg.reads.get(i as usize).map(lookup) {

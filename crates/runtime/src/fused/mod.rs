@@ -32,7 +32,7 @@ pub mod device;
 mod gather;
 mod gemm;
 mod rowcuda;
-mod rowexec;
+pub(crate) mod rowexec;
 pub(crate) use rowexec::unary_f32;
 mod rowprog;
 
