@@ -3,8 +3,12 @@
 seq256.jsonl (256 token lists of 5-40 tokens from a 1,000-word vocabulary), expr64.jsonl (64
 expression trees of 5-40 literals, operators Add/Mul/Neg), gate256.jsonl (256 vectors of 512
 normals with a threshold), loop256.jsonl (256 vectors of 64 normals, each with a trip count of
-1-50), mem256.jsonl (256 memories of 5-50 words with a query word and 1-4 hops). Seeded: the
-same files every time."""
+1-50), mem256.jsonl (256 memories of 5-50 words with a query word and 1-4 hops); and for the
+forty-seventh session's programs: graph256.jsonl (256 graphs of 5-40 nodes, each node its index
+and a list of 0-4 neighbours), ptr256.jsonl (256 sources of 5-40 tokens, at most 30 steps),
+s2s256.jsonl (256 sources of 5-40 tokens, 1-20 target steps), short128.jsonl (128 sentences
+of 3-16 tokens), rows128.jsonl (128 matrices of 5-40 rows by word id, one list per row).
+Seeded: the same files every time."""
 import json
 import os
 import random
@@ -41,3 +45,30 @@ with open(os.path.join(out, "mem256.jsonl"), "w") as f:
     for _ in range(256):
         mem = [R.randrange(2, 1000) for _ in range(R.randint(5, 50))]
         f.write(json.dumps({"mem": mem, "query": [R.randrange(2, 1000)], "hops": R.randint(1, 4)}) + "\n")
+
+R = random.Random(2)
+with open(os.path.join(out, "graph256.jsonl"), "w") as f:
+    for _ in range(256):
+        n = R.randint(5, 40)
+        nodes = [[[v], sorted(R.sample(range(n), min(n, R.randint(0, 4))))] for v in range(n)]
+        f.write(json.dumps({"feat": [R.randrange(2, 1000) for _ in range(n)], "nodes": nodes}) + "\n")
+
+
+def tokens(lo, hi):
+    return [[R.randrange(2, 1000)] for _ in range(R.randint(lo, hi))]
+
+
+with open(os.path.join(out, "ptr256.jsonl"), "w") as f:
+    for _ in range(256):
+        f.write(json.dumps({"src": tokens(5, 40), "maxlen": 30}) + "\n")
+with open(os.path.join(out, "s2s256.jsonl"), "w") as f:
+    for _ in range(256):
+        f.write(json.dumps({"src": tokens(5, 40), "tlen": R.randint(1, 20)}) + "\n")
+with open(os.path.join(out, "short128.jsonl"), "w") as f:
+    for _ in range(128):
+        f.write(json.dumps({"tokens": tokens(3, 16)}) + "\n")
+with open(os.path.join(out, "rows128.jsonl"), "w") as f:
+    for _ in range(128):
+        n = R.randint(5, 40)
+        f.write(json.dumps({"ids": [R.randrange(2, 1000) for _ in range(n)],
+                            "nbrs": [[v] for v in range(n)]}) + "\n")

@@ -104,20 +104,37 @@ impl SliceCache {
     }
 }
 
-/// Slices of an f32 weight's rows by one index in clip mode (the reference's default) copied
-/// directly; anything else is `None` and runs through the reference kernels.
-pub(crate) fn fast_slice(block: &Block, inputs: &[Tensor]) -> Option<Vec<Tensor>> {
-    let ([node], [table, index]) = (block.nodes.as_slice(), inputs) else {
-        return None;
+/// Whether `block` is one `take` of input 0's rows by input 1 in clip mode (the reference's
+/// default).
+fn row_take(block: &Block) -> bool {
+    let [node] = block.nodes.as_slice() else {
+        return false;
     };
-    let plain = node.attrs.int("axis").ok().flatten() == Some(0)
+    node.attrs.int("axis").ok().flatten() == Some(0)
         && node.attrs.int("batch_dims").ok().flatten().unwrap_or(0) == 0
         && node.attrs.str("mode").ok().flatten().unwrap_or("clip") == "clip"
         && matches!(
             node.args.as_slice(),
             [BArg::One(BVal::Input(0)), BArg::One(BVal::Input(1))]
-        );
-    if !plain {
+        )
+}
+
+/// The row a [`row_take`] block takes for index `i` of a table of `rows` rows — clipped, so
+/// that indices past either end key the row they take, not a slice of their own.
+pub(crate) fn row_taken(block: &Block, i: i64, rows: usize) -> i64 {
+    match row_take(block) && rows > 0 {
+        true => i.clamp(0, rows as i64 - 1),
+        false => i,
+    }
+}
+
+/// Slices of an f32 weight's rows by one index in clip mode copied directly; anything else is
+/// `None` and runs through the reference kernels.
+pub(crate) fn fast_slice(block: &Block, inputs: &[Tensor]) -> Option<Vec<Tensor>> {
+    let [table, index] = inputs else {
+        return None;
+    };
+    if !row_take(block) {
         return None;
     }
     crate::fastops::take_rows_f32(table, index).map(|t| vec![t])

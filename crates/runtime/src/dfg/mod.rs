@@ -523,7 +523,7 @@ impl<'p> Dfg<'p> {
         span: Span,
         ctx: &mut InstanceCtx,
     ) -> Result<Option<Sliced>, RunError> {
-        use crate::weight_slices::{fast_slice, SliceInput};
+        use crate::weight_slices::{fast_slice, row_taken, SliceInput};
         let mut inputs = Vec::with_capacity(recorded.len());
         let mut keys = Vec::with_capacity(recorded.len());
         for a in recorded {
@@ -531,9 +531,12 @@ impl<'p> Dfg<'p> {
             if self.is_model_weight(t) {
                 keys.push(SliceInput::Weight(t));
             } else if t.len() == 1 && t.dtype().is_int() {
-                keys.push(SliceInput::Index(
-                    t.to_i64_vec().first().copied().unwrap_or(0),
-                ));
+                let i = t.to_i64_vec().first().copied().unwrap_or(0);
+                let rows = match recorded.first() {
+                    Some(Arg::Val(table)) => table.shape().first().copied().unwrap_or(0),
+                    _ => 0,
+                };
+                keys.push(SliceInput::Index(row_taken(block, i, rows)));
             } else {
                 return Ok(None);
             }
