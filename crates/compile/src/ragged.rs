@@ -899,6 +899,15 @@ fn track_mixing(node: &BlockNode, args: &[Vec<Fact>]) -> Option<SShape> {
                     .collect()
             })
         }
+        // `x · wᵀ`: x's leading dims, then w's rows — attention's `nn.dense(%p, transpose(%v))`
+        // is the instance's rows again, so what follows it is row-wise work.
+        "nn.dense" => {
+            let w = one(args, 1)?;
+            let (&n, _) = w.shape.split_first()?;
+            let mut out = x.shape.get(..rank.checked_sub(1)?)?.to_vec();
+            out.push(n);
+            Some(out)
+        }
         "expand_dims" => {
             let axis = norm_axis(node.attrs.int("axis").ok().flatten()?, rank + 1)?;
             let count = node.attrs.int("num_newaxis").ok().flatten().unwrap_or(1);

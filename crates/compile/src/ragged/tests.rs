@@ -115,6 +115,25 @@ fn attention_rows_come_back_as_rows() {
 }
 
 #[test]
+fn attention_written_with_dense_products_comes_back_as_rows() {
+    // `nn.dense(%p, transpose(%v))` is the instance's rows again: the output projection and
+    // what follows it run row-wise, not once per group of equal lengths (an audit's find).
+    let src = "def @f(%x: Tensor[(?, 8), float32], %wq: Tensor[(8, 8), float32], \
+               %wo: Tensor[(8, 8), float32], Primitive=1) {
+                 let %q = nn.dense(%x, %wq);
+                 let %p = nn.softmax(nn.dense(%q, %x), axis=-1);
+                 let %c = nn.dense(%p, transpose(%x));
+                 tanh(add(nn.dense(%c, %wo), %x))
+               }
+               def @main(%x: Tensor[(?, 8), float32]) { %x }";
+    let r = ragged(&block_of(src, "f")).expect("ragged");
+    let segs = shape_of(&r);
+    assert_eq!(segs.len(), 3, "{segs:?}");
+    assert!(segs[0].0 && !segs[1].0, "{segs:?}");
+    assert_eq!(segs[2], (true, vec!["nn.dense", "add", "tanh"]), "{segs:?}");
+}
+
+#[test]
 fn blocks_without_a_leading_unknown_dim_or_row_work_are_not_ragged() {
     let fixed = "def @f(%x: Tensor[(3, 4), float32], %w: Tensor[(8, 4), float32], Primitive=1) {
                    tanh(nn.dense(%x, %w))
