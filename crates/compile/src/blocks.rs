@@ -395,6 +395,124 @@ pub(crate) fn nodes_reading_only(block: &Block, input_ok: impl Fn(u32) -> bool) 
     out
 }
 
+/// The values of the nodes flagged in `inside` that the other nodes or the block's outputs read,
+/// each once, in the order they are first read: where a block cut in two passes values from one
+/// part to the other (derived parameters, hoisting splits).
+pub(crate) fn frontier(b: &Block, inside: &[bool]) -> Vec<BVal> {
+    let mut out: Vec<BVal> = Vec::new();
+    let mut note = |v: &BVal| {
+        if let BVal::Node(m) | BVal::Field(m, _) = v {
+            if inside.get(*m as usize).copied().unwrap_or(false)
+                && !out.iter().any(|o| same_value(o, v))
+            {
+                out.push(v.clone());
+            }
+        }
+    };
+    for (k, node) in b.nodes.iter().enumerate() {
+        if !inside.get(k).copied().unwrap_or(false) {
+            node.args.iter().flat_map(BArg::values).for_each(&mut note);
+        }
+    }
+    b.outputs.iter().for_each(&mut note);
+    out
+}
+
+/// The inputs of `b` that its nodes `nodes` or the values `extra` read, ascending.
+pub(crate) fn inputs_read(b: &Block, nodes: &[usize], extra: &[BVal]) -> Vec<usize> {
+    let mut used = vec![false; b.inputs.len()];
+    let values = nodes
+        .iter()
+        .filter_map(|&k| b.nodes.get(k))
+        .flat_map(|x| x.args.iter().flat_map(BArg::values))
+        .chain(extra.iter());
+    for v in values {
+        if let BVal::Input(i) = v {
+            if let Some(u) = used.get_mut(*i as usize) {
+                *u = true;
+            }
+        }
+    }
+    (0..b.inputs.len()).filter(|&i| used[i]).collect()
+}
+
+/// What a part of a block is made of: its nodes, the inputs it keeps, the values it reads as new
+/// inputs instead of computing them, and what it returns.
+pub(crate) struct Part<'a> {
+    /// Nodes of the block, in order.
+    pub nodes: &'a [usize],
+    /// Inputs of the block, renumbered in this order.
+    pub inputs: &'a [usize],
+    /// Values of the block read as the inputs after `inputs`, with those inputs' declarations.
+    pub cut: Vec<(BVal, BlockInput)>,
+    pub outputs: &'a [BVal],
+    pub output_shape: OutputShape,
+    pub primitive: bool,
+    pub name: String,
+}
+
+/// Part `part` of block `b` as a block of its own; `None` when a value it reads is in none of its
+/// nodes, inputs and cut values.
+pub(crate) fn part_of(b: &Block, part: Part) -> Option<Block> {
+    let input_of: std::collections::HashMap<u32, u32> = part
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(new, &old)| (old as u32, new as u32))
+        .collect();
+    let node_of: std::collections::HashMap<u32, u32> = part
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(new, &old)| (old as u32, new as u32))
+        .collect();
+    let first_cut = part.inputs.len() as u32;
+    let remap = |v: &BVal| -> Option<BVal> {
+        if let Some(j) = part.cut.iter().position(|(c, _)| same_value(c, v)) {
+            return Some(BVal::Input(first_cut + j as u32));
+        }
+        Some(match v {
+            BVal::Input(i) => BVal::Input(*input_of.get(i)?),
+            BVal::Node(m) => BVal::Node(*node_of.get(m)?),
+            BVal::Field(m, f) => BVal::Field(*node_of.get(m)?, *f),
+            BVal::Const(t) => BVal::Const(t.clone()),
+        })
+    };
+    let remap_arg = |a: &BArg| -> Option<BArg> {
+        Some(match a {
+            BArg::One(v) => BArg::One(remap(v)?),
+            BArg::Tuple(vs) => BArg::Tuple(vs.iter().map(remap).collect::<Option<_>>()?),
+        })
+    };
+    let mut inputs: Vec<BlockInput> = part
+        .inputs
+        .iter()
+        .filter_map(|&i| b.inputs.get(i).cloned())
+        .collect();
+    let nodes: Vec<BlockNode> = part
+        .nodes
+        .iter()
+        .filter_map(|&k| b.nodes.get(k))
+        .map(|x| {
+            Some(BlockNode {
+                args: x.args.iter().map(remap_arg).collect::<Option<_>>()?,
+                ..x.clone()
+            })
+        })
+        .collect::<Option<_>>()?;
+    let outputs = part.outputs.iter().map(remap).collect::<Option<_>>()?;
+    inputs.extend(part.cut.into_iter().map(|(_, input)| input));
+    Some(Block {
+        name: part.name,
+        inputs,
+        nodes,
+        outputs,
+        output_shape: part.output_shape,
+        primitive: part.primitive,
+        span: b.span,
+    })
+}
+
 /// An attribute as the compiler writes it (no source span).
 pub(crate) fn attr(name: &str, value: tumble_ir::AttrValue) -> tumble_ir::attrs::Attr {
     tumble_ir::attrs::Attr {

@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 
 use crate::blocks::{
-    is_pure_op, same_value, BArg, BVal, Block, BlockInput, BlockNode, OutputShape,
+    frontier, inputs_read, is_pure_op, part_of, BArg, BVal, Block, BlockInput, OutputShape, Part,
 };
 use crate::program::{Code, Program};
 use tumble_tensor::Tensor;
@@ -209,27 +209,7 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
         return None;
     }
     // The derived values the rest reads (nodes left in the block, and the block's outputs).
-    let mut frontier: Vec<BVal> = Vec::new();
-    let note = |v: &BVal, frontier: &mut Vec<BVal>| {
-        if let BVal::Node(m) | BVal::Field(m, _) = v {
-            if derivable.get(*m as usize).copied().unwrap_or(false)
-                && !frontier.iter().any(|f| same_value(f, v))
-            {
-                frontier.push(v.clone());
-            }
-        }
-    };
-    for (i, node) in block.nodes.iter().enumerate() {
-        if derivable[i] {
-            continue;
-        }
-        for v in node.args.iter().flat_map(BArg::values) {
-            note(v, &mut frontier);
-        }
-    }
-    for v in &block.outputs {
-        note(v, &mut frontier);
-    }
+    let frontier = frontier(block, &derivable);
     // Only tensors become parameters (a tuple-valued node is read through its fields).
     if frontier.is_empty()
         || frontier
@@ -238,123 +218,53 @@ fn split_block(block: &Block, known: &[Option<u32>], first: u32) -> Option<Split
     {
         return None;
     }
-
     // The derived block: the known inputs it reads, the derivable nodes, the frontier as outputs.
-    let mut d_inputs: Vec<(u32, u32)> = Vec::new(); // (input of the block, entry argument)
-    let mut d_nodes: Vec<BlockNode> = Vec::new();
-    let mut d_index: Vec<Option<u32>> = vec![None; n];
-    let d_val = |v: &BVal, d_inputs: &mut Vec<(u32, u32)>, d_index: &[Option<u32>]| -> BVal {
-        match v {
-            BVal::Input(i) => {
-                let pos = match d_inputs.iter().position(|(b, _)| b == i) {
-                    Some(p) => p,
-                    None => {
-                        let p = known.get(*i as usize).copied().flatten().unwrap_or(0);
-                        d_inputs.push((*i, p));
-                        d_inputs.len() - 1
-                    }
-                };
-                BVal::Input(pos as u32)
-            }
-            BVal::Node(m) => BVal::Node(d_index[*m as usize].unwrap_or(0)),
-            BVal::Field(m, f) => BVal::Field(d_index[*m as usize].unwrap_or(0), *f),
-            BVal::Const(t) => BVal::Const(t.clone()),
-        }
-    };
-    for (i, node) in block.nodes.iter().enumerate() {
-        if !derivable[i] {
-            continue;
-        }
-        let args = node
-            .args
-            .iter()
-            .map(|a| a.map(|v| d_val(v, &mut d_inputs, &d_index)))
-            .collect();
-        d_index[i] = Some(d_nodes.len() as u32);
-        d_nodes.push(BlockNode {
-            op: node.op,
-            args,
-            attrs: node.attrs.clone(),
-            ty: node.ty.clone(),
-            span: node.span,
-            calls: node.calls.clone(),
-        });
-    }
-    let d_outputs: Vec<BVal> = frontier
-        .iter()
-        .map(|v| d_val(v, &mut d_inputs, &d_index))
-        .collect();
+    let d_nodes: Vec<usize> = (0..n).filter(|&k| derivable[k]).collect();
+    let d_inputs = inputs_read(block, &d_nodes, &[]);
     let derived = Derived {
-        block: Block {
-            name: format!("{}:weights", block.name),
-            inputs: d_inputs
-                .iter()
-                .map(|(b, _)| BlockInput {
-                    name: block
-                        .inputs
-                        .get(*b as usize)
-                        .map_or_else(String::new, |x| x.name.clone()),
-                    ty: block.val_ty(&BVal::Input(*b)),
-                })
-                .collect(),
-            nodes: d_nodes,
-            outputs: d_outputs,
-            output_shape: OutputShape::Tuple,
-            primitive: false,
-            span: block.span,
-        },
-        params: d_inputs.iter().map(|(_, p)| *p).collect(),
+        block: part_of(
+            block,
+            Part {
+                nodes: &d_nodes,
+                inputs: &d_inputs,
+                cut: Vec::new(),
+                outputs: &frontier,
+                output_shape: OutputShape::Tuple,
+                primitive: false,
+                name: format!("{}:weights", block.name),
+            },
+        )?,
+        params: d_inputs
+            .iter()
+            .map(|&i| known.get(i).copied().flatten().unwrap_or(0))
+            .collect(),
         first,
     };
-
-    // The rest: the other nodes renumbered, frontier reads turned into the new inputs.
-    let base = block.inputs.len() as u32;
-    let mut r_index: Vec<Option<u32>> = vec![None; n];
-    let r_val = |v: &BVal, r_index: &[Option<u32>]| -> BVal {
-        if let Some(j) = frontier.iter().position(|f| same_value(f, v)) {
-            return BVal::Input(base + j as u32);
-        }
-        match v {
-            BVal::Node(m) => BVal::Node(r_index[*m as usize].unwrap_or(0)),
-            BVal::Field(m, f) => BVal::Field(r_index[*m as usize].unwrap_or(0), *f),
-            other => other.clone(),
-        }
-    };
-    let mut r_nodes = Vec::with_capacity(n);
-    for (i, node) in block.nodes.iter().enumerate() {
-        if derivable[i] {
-            continue;
-        }
-        let args = node
-            .args
-            .iter()
-            .map(|a| a.map(|v| r_val(v, &r_index)))
-            .collect();
-        r_index[i] = Some(r_nodes.len() as u32);
-        r_nodes.push(BlockNode {
-            op: node.op,
-            args,
-            attrs: node.attrs.clone(),
-            ty: node.ty.clone(),
-            span: node.span,
-            calls: node.calls.clone(),
-        });
-    }
-    let mut inputs = block.inputs.clone();
-    for (j, v) in frontier.iter().enumerate() {
-        inputs.push(BlockInput {
-            name: format!("derived param {}", first + j as u32),
-            ty: block.val_ty(v),
-        });
-    }
-    let rest = Block {
-        name: block.name.clone(),
-        inputs,
-        nodes: r_nodes,
-        outputs: block.outputs.iter().map(|v| r_val(v, &r_index)).collect(),
-        output_shape: block.output_shape,
-        primitive: block.primitive,
-        span: block.span,
-    };
+    // The rest: the other nodes, every input, and the frontier read as the new inputs.
+    let r_nodes: Vec<usize> = (0..n).filter(|&k| !derivable[k]).collect();
+    let all: Vec<usize> = (0..block.inputs.len()).collect();
+    let cut = frontier
+        .iter()
+        .enumerate()
+        .map(|(j, v)| {
+            let input = BlockInput {
+                name: format!("derived param {}", first + j as u32),
+                ty: block.val_ty(v),
+            };
+            (v.clone(), input)
+        })
+        .collect();
+    let rest = part_of(
+        block,
+        Part {
+            nodes: &r_nodes,
+            inputs: &all,
+            cut,
+            outputs: &block.outputs,
+            output_shape: block.output_shape,
+            primitive: block.primitive,
+            name: block.name.clone(),
+        },
+    )?;
     Some(Split { derived, rest })
 }

@@ -23,8 +23,8 @@
 use std::collections::HashMap;
 
 use crate::blocks::{
-    attr, is_pure_op, nodes_reading_only, renumbered, same_value, BArg, BVal, Block, BlockInput,
-    BlockNode, OutputShape,
+    attr, frontier, inputs_read, is_pure_op, nodes_reading_only, part_of, renumbered, BArg, BVal,
+    Block, BlockInput, BlockNode, OutputShape, Part,
 };
 use crate::canon::{dense_attrs_plain, dims2};
 use crate::program::{Code, Program, Site};
@@ -336,26 +336,7 @@ fn plan_split(b: &Block, clean: &[bool]) -> Option<(Block, Block, Vec<usize>, Ve
     let mut in_producer = clean_nodes(b, clean);
     // The values of producer nodes that the rest reads; views there move to the rest until one
     // value crosses.
-    let frontier = |in_producer: &[bool]| -> Vec<BVal> {
-        let mut out: Vec<BVal> = Vec::new();
-        let mut note = |v: &BVal| {
-            if let BVal::Node(m) | BVal::Field(m, _) = v {
-                if in_producer.get(*m as usize).copied().unwrap_or(false)
-                    && !out.iter().any(|o| same_value(o, v))
-                {
-                    out.push(v.clone());
-                }
-            }
-        };
-        for (k, node) in b.nodes.iter().enumerate() {
-            if !in_producer.get(k).copied().unwrap_or(false) {
-                node.args.iter().flat_map(BArg::values).for_each(&mut note);
-            }
-        }
-        b.outputs.iter().for_each(&mut note);
-        out
-    };
-    let mut cut = frontier(&in_producer);
+    let mut cut = frontier(b, &in_producer);
     while cut.len() > 1 {
         let view = cut
             .iter()
@@ -365,7 +346,7 @@ fn plan_split(b: &Block, clean: &[bool]) -> Option<(Block, Block, Vec<usize>, Ve
         if let Some(x) = in_producer.get_mut(view) {
             *x = false;
         }
-        cut = frontier(&in_producer);
+        cut = frontier(b, &in_producer);
     }
     let out = cut.first()?.clone();
     // Worth it: a product, and not the whole block; the result one tensor.
@@ -404,107 +385,35 @@ fn plan_split(b: &Block, clean: &[bool]) -> Option<(Block, Block, Vec<usize>, Ve
     // directly is in the frontier, so none is lost).
     let producer_nodes: Vec<usize> = (0..n).filter(|&k| needed[k]).collect();
     let consumer_nodes: Vec<usize> = (0..n).filter(|&k| !needed[k]).collect();
-    let reads = |nodes: &[usize], extra: &[BVal]| -> Vec<usize> {
-        let mut used = vec![false; b.inputs.len()];
-        let values = nodes
-            .iter()
-            .filter_map(|&k| b.nodes.get(k))
-            .flat_map(|x| x.args.iter().flat_map(BArg::values))
-            .chain(extra.iter());
-        for v in values {
-            if let BVal::Input(i) = v {
-                if let Some(u) = used.get_mut(*i as usize) {
-                    *u = true;
-                }
-            }
-        }
-        (0..b.inputs.len()).filter(|&i| used[i]).collect()
-    };
-    let p_in = reads(&producer_nodes, &[]);
-    let c_in = reads(&consumer_nodes, &b.outputs);
-    // Rebuild each part with its own numbering.
-    let build = |nodes: &[usize],
-                 inputs: &[usize],
-                 cut: Option<&BVal>,
-                 extra: Option<BlockInput>,
-                 outputs: &[BVal],
-                 shape: OutputShape,
-                 name: String|
-     -> Option<Block> {
-        let input_of: HashMap<u32, u32> = inputs
-            .iter()
-            .enumerate()
-            .map(|(new, &old)| (old as u32, new as u32))
-            .collect();
-        let node_of: HashMap<u32, u32> = nodes
-            .iter()
-            .enumerate()
-            .map(|(new, &old)| (old as u32, new as u32))
-            .collect();
-        let extra_input = inputs.len() as u32;
-        let remap = |v: &BVal| -> Option<BVal> {
-            if cut.is_some_and(|c| same_value(c, v)) {
-                return Some(BVal::Input(extra_input));
-            }
-            Some(match v {
-                BVal::Input(i) => BVal::Input(*input_of.get(i)?),
-                BVal::Node(m) => BVal::Node(*node_of.get(m)?),
-                BVal::Field(m, f) => BVal::Field(*node_of.get(m)?, *f),
-                BVal::Const(t) => BVal::Const(t.clone()),
-            })
-        };
-        let remap_arg = |a: &BArg| -> Option<BArg> {
-            Some(match a {
-                BArg::One(v) => BArg::One(remap(v)?),
-                BArg::Tuple(vs) => BArg::Tuple(vs.iter().map(remap).collect::<Option<_>>()?),
-            })
-        };
-        let mut new_inputs: Vec<BlockInput> = inputs
-            .iter()
-            .filter_map(|&i| b.inputs.get(i).cloned())
-            .collect();
-        new_inputs.extend(extra);
-        let new_nodes: Vec<BlockNode> = nodes
-            .iter()
-            .filter_map(|&k| b.nodes.get(k))
-            .map(|x| {
-                Some(BlockNode {
-                    args: x.args.iter().map(remap_arg).collect::<Option<_>>()?,
-                    ..x.clone()
-                })
-            })
-            .collect::<Option<_>>()?;
-        Some(Block {
-            name,
-            inputs: new_inputs,
-            nodes: new_nodes,
-            outputs: outputs.iter().map(remap).collect::<Option<_>>()?,
-            output_shape: shape,
+    let p_in = inputs_read(b, &producer_nodes, &[]);
+    let c_in = inputs_read(b, &consumer_nodes, &b.outputs);
+    let producer = part_of(
+        b,
+        Part {
+            nodes: &producer_nodes,
+            inputs: &p_in,
+            cut: Vec::new(),
+            outputs: std::slice::from_ref(&out),
+            output_shape: OutputShape::Single,
             primitive: false,
-            span: b.span,
-        })
-    };
-    let producer = build(
-        &producer_nodes,
-        &p_in,
-        None,
-        None,
-        std::slice::from_ref(&out),
-        OutputShape::Single,
-        format!("{}{PRODUCER}", b.name),
+            name: format!("{}{PRODUCER}", b.name),
+        },
     )?;
     let cut_input = BlockInput {
         name: format!("{} (hoisted)", producer.name),
         ty: b.val_ty(&out),
     };
-    let consumer = build(
-        &consumer_nodes,
-        &c_in,
-        Some(&out),
-        Some(cut_input),
-        &b.outputs,
-        b.output_shape,
-        format!("{}{CONSUMER}", b.name),
+    let consumer = part_of(
+        b,
+        Part {
+            nodes: &consumer_nodes,
+            inputs: &c_in,
+            cut: vec![(out, cut_input)],
+            outputs: &b.outputs,
+            output_shape: b.output_shape,
+            primitive: false,
+            name: format!("{}{CONSUMER}", b.name),
+        },
     )?;
     Some((producer, consumer, p_in, c_in))
 }
