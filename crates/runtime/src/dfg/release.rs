@@ -345,6 +345,58 @@ impl Walk<'_> {
     }
 }
 
+/// `TUMBLE_NO_DETACH_NAMED=1`: results the host holds stay rows of their launch's output (the
+/// A/B switch of [`detach_rows`]; the values are the same).
+fn detach_named() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DETACH_NAMED").is_none())
+}
+
+/// Launch outputs below this many bytes keep the results the host holds as their rows: what they
+/// would keep alive is small, and a copy per result costs (BiRNN's per-token classes, MV-RNN's
+/// roots: 2% slower copied).
+const DETACH_FROM_BYTES: usize = 256 << 10;
+
+/// The outputs `named` (bit `k` for output `k`) of `out` that are a part of a larger tensor — a
+/// row or rows of a launch's output of at least [`DETACH_FROM_BYTES`], at most half of it — as
+/// tensors of their own.
+fn detach_rows(out: &mut Outs, named: u64) {
+    let slots: &mut [Slot] = match out {
+        Outs::One(s) => std::slice::from_mut(s),
+        Outs::Many(v) => v,
+    };
+    for (k, s) in slots.iter_mut().enumerate() {
+        if named & (1 << k.min(63)) == 0 || matches!(s.at, At::Whole) || s.is_released() {
+            continue;
+        }
+        let whole = s.tensor.len();
+        let part: usize = match s.at {
+            At::Row(_) => s
+                .tensor
+                .shape()
+                .get(1..)
+                .map_or(whole, |d| d.iter().product()),
+            At::Rows { len, .. } => {
+                len as usize
+                    * s.tensor
+                        .shape()
+                        .get(1..)
+                        .map_or(1, |d| d.iter().product::<usize>())
+            }
+            At::Whole => whole,
+        };
+        if whole * s.tensor.dtype().size() < DETACH_FROM_BYTES || part * 2 > whole {
+            continue;
+        }
+        if let Ok(t) = s.value() {
+            *s = Slot {
+                tensor: t,
+                at: At::Whole,
+            };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,57 +447,5 @@ mod tests {
         assert!(walk.visits > u64::from(n));
         // The shared tuple's lazies are met once (the tuple is walked once).
         assert!(found.iter().all(|&c| c == 1), "{:?}", &found[n as usize..]);
-    }
-}
-
-/// `TUMBLE_NO_DETACH_NAMED=1`: results the host holds stay rows of their launch's output (the
-/// A/B switch of [`detach_rows`]; the values are the same).
-fn detach_named() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DETACH_NAMED").is_none())
-}
-
-/// Launch outputs below this many bytes keep the results the host holds as their rows: what they
-/// would keep alive is small, and a copy per result costs (BiRNN's per-token classes, MV-RNN's
-/// roots: 2% slower copied).
-const DETACH_FROM_BYTES: usize = 256 << 10;
-
-/// The outputs `named` (bit `k` for output `k`) of `out` that are a part of a larger tensor — a
-/// row or rows of a launch's output of at least [`DETACH_FROM_BYTES`], at most half of it — as
-/// tensors of their own.
-fn detach_rows(out: &mut Outs, named: u64) {
-    let slots: &mut [Slot] = match out {
-        Outs::One(s) => std::slice::from_mut(s),
-        Outs::Many(v) => v,
-    };
-    for (k, s) in slots.iter_mut().enumerate() {
-        if named & (1 << k.min(63)) == 0 || matches!(s.at, At::Whole) || s.is_released() {
-            continue;
-        }
-        let whole = s.tensor.len();
-        let part: usize = match s.at {
-            At::Row(_) => s
-                .tensor
-                .shape()
-                .get(1..)
-                .map_or(whole, |d| d.iter().product()),
-            At::Rows { len, .. } => {
-                len as usize
-                    * s.tensor
-                        .shape()
-                        .get(1..)
-                        .map_or(1, |d| d.iter().product::<usize>())
-            }
-            At::Whole => whole,
-        };
-        if whole * s.tensor.dtype().size() < DETACH_FROM_BYTES || part * 2 > whole {
-            continue;
-        }
-        if let Ok(t) = s.value() {
-            *s = Slot {
-                tensor: t,
-                at: At::Whole,
-            };
-        }
     }
 }
