@@ -105,15 +105,15 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Op
         "min" if fast_reductions() => reduce_f32(args, attrs, Fold::Min).map(OpValue::Tensor),
         "argmax" if fast_reductions() => arg_f32(args, attrs, true).map(OpValue::Tensor),
         "argmin" if fast_reductions() => arg_f32(args, attrs, false).map(OpValue::Tensor),
-        "equal" => compare_f32(args, |a, b| a == b),
-        "not_equal" => compare_f32(args, |a, b| a != b),
-        "less" => compare_f32(args, |a, b| a < b),
-        "greater" => compare_f32(args, |a, b| a > b),
-        "less_equal" => compare_f32(args, |a, b| a <= b),
-        "greater_equal" => compare_f32(args, |a, b| a >= b),
-        "where" => where_f32(args),
+        "equal" if fast_selections() => compare_f32(args, |a, b| a == b),
+        "not_equal" if fast_selections() => compare_f32(args, |a, b| a != b),
+        "less" if fast_selections() => compare_f32(args, |a, b| a < b),
+        "greater" if fast_selections() => compare_f32(args, |a, b| a > b),
+        "less_equal" if fast_selections() => compare_f32(args, |a, b| a <= b),
+        "greater_equal" if fast_selections() => compare_f32(args, |a, b| a >= b),
+        "where" if fast_selections() => where_f32(args),
         // The reference's `sign` (through f64: ±0 and NaN are themselves) on f32 directly.
-        "sign" => {
+        "sign" if fast_selections() => {
             let t = args.first()?.as_tensor()?;
             let x = t.as_f32()?;
             let mut out = tumble_tensor::pool::scratch_f32(x.len());
@@ -147,6 +147,13 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Op
 fn fast_reductions() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_FAST_REDUCTIONS").is_none())
+}
+
+/// `TUMBLE_NO_FAST_SELECTIONS=1`: comparisons, `where` and `sign` by the reference kernels (the
+/// A/B switch of [`compare_f32`], [`where_f32`] and the `sign` loop; the same results either way).
+fn fast_selections() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_FAST_SELECTIONS").is_none())
 }
 
 /// What [`reduce_f32`] folds.
