@@ -7,7 +7,8 @@ normals with a threshold), loop256.jsonl (256 vectors of 64 normals, each with a
 forty-seventh session's programs: graph256.jsonl (256 graphs of 5-40 nodes, each node its index
 and a list of 0-4 neighbours), ptr256.jsonl (256 sources of 5-40 tokens, at most 30 steps),
 s2s256.jsonl (256 sources of 5-40 tokens, 1-20 target steps), short128.jsonl (128 sentences
-of 3-16 tokens), rows128.jsonl (128 graphs of 5-40 nodes by word id, each node a list of 0-6 neighbours).
+of 3-16 tokens), rows128.jsonl (128 graphs of 5-40 nodes by word id, each node a list of 0-6 neighbours),
+beam64.jsonl (64 sources of 5-30 tokens, 3-12 steps of a beam of four).
 Seeded: the same files every time."""
 import json
 import os
@@ -72,3 +73,6 @@ with open(os.path.join(out, "rows128.jsonl"), "w") as f:
         n = R.randint(5, 40)
         nbrs = [sorted(R.sample(range(n), R.randint(0, min(n, 6)))) for _ in range(n)]
         f.write(json.dumps({"ids": [R.randrange(2, 1000) for _ in range(n)], "nbrs": nbrs}) + "\n")
+with open(os.path.join(out, "beam64.jsonl"), "w") as f:
+    for _ in range(64):
+        f.write(json.dumps({"src": tokens(5, 30), "maxlen": R.randint(3, 12)}) + "\n")
