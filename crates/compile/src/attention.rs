@@ -35,7 +35,7 @@ pub struct Attention {
 }
 
 /// The one tensor argument of an operand list, if that is what `args` is.
-fn one(args: &[BArg], i: usize) -> Option<&BVal> {
+pub(crate) fn one(args: &[BArg], i: usize) -> Option<&BVal> {
     match args.get(i)? {
         BArg::One(v) => Some(v),
         BArg::Tuple(_) => None,

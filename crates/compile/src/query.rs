@@ -17,6 +17,7 @@
 //!
 //! — exactly these nodes, each read only as shown, `%o` the block's one output.
 
+use crate::attention::one;
 use crate::blocks::{BArg, BVal, Block, BlockNode};
 
 /// What a query block computes from its scores.
@@ -38,13 +39,6 @@ pub struct Query {
     /// The scores' scale (`c`; 1 without the multiply).
     pub scale: f32,
     pub then: Then,
-}
-
-fn one(args: &[BArg], i: usize) -> Option<&BVal> {
-    match args.get(i)? {
-        BArg::One(v) => Some(v),
-        BArg::Tuple(_) => None,
-    }
 }
 
 /// An `nn.dense` as the plain product `x · wᵀ` in f32 (no `units` other than the weight's rows,

@@ -692,20 +692,7 @@ def @main(%n: Tensor[(), int32], %x: Tensor[(1, 32), float32], %W: Tensor[(32, 3
         &inputs.join("\n"),
         &["n", "x"],
     );
-    let (program, reuse) = compile(&x, true, tumble_compile::StaticOptions::all());
-    let go = |early_release| {
-        let opts = Options {
-            early_release,
-            ..Options::default()
-        };
-        run_once(&x, &program, &reuse, opts)
-    };
-    let ((out_on, on), (out_off, _)) = (go(true), go(false));
-    for (i, (a, b)) in out_on.iter().zip(&out_off).enumerate() {
-        if let Err(e) = same_within(a, b, &format!("instance {i}"), 0.0) {
-            panic!("{e}");
-        }
-    }
+    let on = released_as_kept(&x);
     // What the lists keep: each step's (1, 32) state of 4 instances; each step's projection is
     // 4 × 2048 floats, 32 KiB. Scans run once 1 MiB of outputs was recorded since the last one
     // (`RELEASE_SCAN_BYTES`), so up to about that much waits for the next.
@@ -816,20 +803,7 @@ def @main(%m: Tensor[(?, 256), float32], %ids: List[Tensor[(1), int32]]) -> Tens
         &inputs.join("\n"),
         &["m", "ids"],
     );
-    let (program, reuse) = compile(&x, true, tumble_compile::StaticOptions::all());
-    let go = |early_release| {
-        let opts = Options {
-            early_release,
-            ..Options::default()
-        };
-        run_once(&x, &program, &reuse, opts)
-    };
-    let ((out_on, on), (out_off, _)) = (go(true), go(false));
-    for (i, (a, b)) in out_on.iter().zip(&out_off).enumerate() {
-        if let Err(e) = same_within(a, b, &format!("instance {i}"), 0.0) {
-            panic!("{e}");
-        }
-    }
+    let on = released_as_kept(&x);
     // Every launch's partial stacks: Σ n²/2 rows over the instances, ~38 MB; the host keeps
     // one stack per instance (Σ n rows, 1.2 MB) and a launch holds at most about as much.
     let rows = |f: fn(usize) -> usize| (0..40).map(|i| f(11 + i)).sum::<usize>() as u64;
@@ -840,4 +814,23 @@ def @main(%m: Tensor[(?, 256), float32], %ids: List[Tensor[(1), int32]]) -> Tens
         "peak {} with early release; the stacks kept {kept}, every partial stack {partial}",
         on.activation_bytes
     );
+}
+
+/// `x` run with early release and without: the same results, bit for bit; the profile with it.
+fn released_as_kept(x: &common::Expected) -> tumble_runtime::Profile {
+    let (program, reuse) = compile(x, true, tumble_compile::StaticOptions::all());
+    let go = |early_release| {
+        let opts = Options {
+            early_release,
+            ..Options::default()
+        };
+        run_once(x, &program, &reuse, opts)
+    };
+    let ((out_on, on), (out_off, _)) = (go(true), go(false));
+    for (i, (a, b)) in out_on.iter().zip(&out_off).enumerate() {
+        if let Err(e) = same_within(a, b, &format!("instance {i}"), 0.0) {
+            panic!("{e}");
+        }
+    }
+    on
 }

@@ -629,15 +629,21 @@ impl Dfg<'_> {
                 // Whole rows of each invocation's input: ranges of its rows where they lie.
                 outs.push(RVal::Each(rows));
                 self.profile.ragged_row_slices += 1;
-            } else if let Some(results) = match seg.kernel {
+            } else if let Some((results, query)) = match seg.kernel {
                 Some(MixingKernel::Gather) if self.opts.mixing_kernels => {
                     let inputs: Vec<&RVal> =
                         seg.reads.iter().map(lookup).collect::<Result<_, _>>()?;
-                    gather_rows(&seg.block, &inputs, ids.len())
+                    gather_rows(&seg.block, &inputs, ids.len()).map(|r| (r, false))
+                }
+                Some(MixingKernel::Query(q)) if self.opts.mixing_kernels => {
+                    let inputs: Vec<&RVal> =
+                        seg.reads.iter().map(lookup).collect::<Result<_, _>>()?;
+                    query_rows(&seg.block, &q, &inputs, ids.len()).map(|t| (vec![t], true))
                 }
                 _ => None,
             } {
-                // Rows of every invocation's table where it lies: one batched result each.
+                // Rows of every invocation's table, or a query against them, read where they
+                // lie: one batched result per output, a row each.
                 for t in results {
                     held_bytes += (t.len() * t.dtype().size()) as u64;
                     let batched = BV::Batched(OpValue::Tensor(t));
@@ -646,23 +652,10 @@ impl Dfg<'_> {
                         .collect::<Result<Vec<_>, _>>()?;
                     outs.push(RVal::Each(slots));
                 }
-                self.profile.ragged_gathers += 1;
-            } else if let Some(result) = match seg.kernel {
-                Some(MixingKernel::Query(q)) if self.opts.mixing_kernels => {
-                    let inputs: Vec<&RVal> =
-                        seg.reads.iter().map(lookup).collect::<Result<_, _>>()?;
-                    query_rows(&seg.block, &q, &inputs, ids.len())
+                match query {
+                    true => self.profile.ragged_queries += 1,
+                    false => self.profile.ragged_gathers += 1,
                 }
-                _ => None,
-            } {
-                // A query against every invocation's rows where they lie: one batched result.
-                held_bytes += (result.len() * result.dtype().size()) as u64;
-                let batched = BV::Batched(OpValue::Tensor(result));
-                let slots = (0..ids.len())
-                    .map(|k| super::launch::slot_of(&batched, k))
-                    .collect::<Result<Vec<_>, _>>()?;
-                outs.push(RVal::Each(slots));
-                self.profile.ragged_queries += 1;
             } else if let Some((att, parts)) = match seg.kernel {
                 Some(MixingKernel::Attention(att)) if self.opts.mixing_kernels => {
                     let each = |i: u32| match seg.reads.get(i as usize).map(lookup) {
