@@ -8,14 +8,14 @@ cd "$(dirname "$0")/.."
 OLD=${OLD:?set OLD to the baseline tumble}; NEW=${NEW:?set NEW to the tumble to compare}
 ROUNDS=${1:-3}
 D=bench/.data/cliffs
-[ -f $D/beam64.jsonl ] || python3 bench/cliffs/gen_inputs.py
+[ -f $D/ids128.jsonl ] || python3 bench/cliffs/gen_inputs.py
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 for p in gate_wsel_512:gate256 gate_arms_512:gate256 expr_wsel_512:expr64 expr_plain_512:expr64 \
          gru_plain_512:seq256 gru_prim_512:seq256 lstmcat_plain_512:seq256 lstmcat_sep_512:seq256 \
          dan_plain_64:seq256 loopn_plain_64:loop256 memnet_bcast_512:mem256 memnet_plain_512:mem256 \
          lstm_stack_512:seq256 lstm_sep_512:seq256 gnn_prim_64:graph256 gnn_map_64:graph256 \
          rowsel_512:rows128 gnn_idx_512:rows128 ptr_512:ptr256 s2s_attend_512:s2s256 cky_nth_64:short128 cky_zip_64:short128 \
-         beam_512:beam64 beamsign_512:beam64 crf_64:seq256 crfgemm_64:seq256; do
+         beam_512:beam64 beamsign_512:beam64 crf_64:seq256 crfgemm_64:seq256 textcnn_512:ids128; do
   m=${p%%:*}; in=$D/${p##*:}.jsonl
   for r in $(seq "$ROUNDS"); do
     for v in old new; do

@@ -8,7 +8,8 @@ forty-seventh session's programs: graph256.jsonl (256 graphs of 5-40 nodes, each
 and a list of 0-4 neighbours), ptr256.jsonl (256 sources of 5-40 tokens, at most 30 steps),
 s2s256.jsonl (256 sources of 5-40 tokens, 1-20 target steps), short128.jsonl (128 sentences
 of 3-16 tokens), rows128.jsonl (128 graphs of 5-40 nodes by word id, each node a list of 0-6 neighbours),
-beam64.jsonl (64 sources of 5-30 tokens, 3-12 steps of a beam of four).
+beam64.jsonl (64 sources of 5-30 tokens, 3-12 steps of a beam of four), ids128.jsonl (128 sentences of
+5-40 word ids as one tensor each).
 Seeded: the same files every time."""
 import json
 import os
@@ -76,3 +77,6 @@ with open(os.path.join(out, "rows128.jsonl"), "w") as f:
 with open(os.path.join(out, "beam64.jsonl"), "w") as f:
     for _ in range(64):
         f.write(json.dumps({"src": tokens(5, 30), "maxlen": R.randint(3, 12)}) + "\n")
+with open(os.path.join(out, "ids128.jsonl"), "w") as f:
+    for _ in range(128):
+        f.write(json.dumps({"toks": [R.randrange(2, 1000) for _ in range(R.randint(5, 40))]}) + "\n")

@@ -790,6 +790,65 @@ pub fn leading_rows(attrs: &Attrs, shape: &[usize]) -> Option<(usize, usize)> {
     Some((usize::try_from(start).ok()?, usize::try_from(len).ok()?))
 }
 
+/// Per axis of a tensor of shape `shape`, the positions `strided_slice` with `attrs` selects, as
+/// `(start, step, len)` (`slice_range`'s; an axis not sliced is `(0, 1, d)`): the kernel's and
+/// the relation's selection, for executors that copy the slice their own way. `None` for
+/// attributes the relation would refuse (the caller then runs the operator, which reports them).
+pub fn slice_plan(attrs: &Attrs, shape: &[usize]) -> Option<Vec<(i64, i64, i64)>> {
+    let rank = shape.len();
+    let begin = attrs.ints("begin").ok()??;
+    let end = attrs.ints("end").ok()??;
+    let strides = attrs.ints("strides").ok()?.unwrap_or_default();
+    let size_mode = match attrs.str("slice_mode").ok()? {
+        None | Some("end") => false,
+        Some("size") => true,
+        Some(_) => return None,
+    };
+    let axes: Vec<usize> = match attrs.get("axes") {
+        None | Some(tumble_ir::AttrValue::None) => (0..begin.len().max(end.len())).collect(),
+        Some(_) => {
+            let list = attrs.ints("axes").ok()??;
+            let axes = list
+                .iter()
+                .map(|&a| {
+                    let a = if a < 0 { a + rank as i64 } else { a };
+                    usize::try_from(a).ok().filter(|&a| a < rank)
+                })
+                .collect::<Option<Vec<_>>>()?;
+            if begin.len() != axes.len() || end.len() != axes.len() {
+                return None;
+            }
+            axes
+        }
+    };
+    if axes.len() > rank || (strides.len() > 1 && strides.len() > axes.len()) {
+        return None;
+    }
+    let mut plan: Vec<(i64, i64, i64)> = shape
+        .iter()
+        .map(|&d| Some((0, 1, i64::try_from(d).ok()?)))
+        .collect::<Option<_>>()?;
+    for (k, &axis) in axes.iter().enumerate() {
+        let stride = if size_mode {
+            1
+        } else {
+            strides.get(k).copied().unwrap_or(1)
+        };
+        if stride == 0 {
+            return None;
+        }
+        let d = i64::try_from(*shape.get(axis)?).ok()?;
+        *plan.get_mut(axis)? = slice_range(
+            d,
+            begin.get(k).copied(),
+            end.get(k).copied(),
+            stride,
+            size_mode,
+        );
+    }
+    Some(plan)
+}
+
 /// `range(d)[begin:end:stride]` (Python semantics; `None` bounds are open) as `(start, step, len)`:
 /// the selected positions are `start + i * step` for `i` in `0..len`. With `size_mode`, the range
 /// is `[begin, begin + size)` clamped (size -1 or absent: to the end), step 1. When `len > 0`,
