@@ -1987,17 +1987,8 @@ def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 8), float32], %W: Te
     let inputs = token_lists(10, |i| i % 5 + 1, |i, j| (i + j) % 6);
     let x = expected("plain_gru", load_text("plain_gru", src), &inputs, &["toks"]);
     check_all_ways(&x);
-    let hoisted_blocks = |split: bool| {
-        hoisted_products(
-            &x,
-            tumble_compile::StaticOptions {
-                split,
-                ..tumble_compile::StaticOptions::all()
-            },
-        )
-    };
-    assert_eq!(hoisted_blocks(true), 1);
-    assert_eq!(hoisted_blocks(false), 0);
+    assert_eq!(hoisted_with_split(&x, true), 1);
+    assert_eq!(hoisted_with_split(&x, false), 0);
     let profile = batch_profile(&x, tumble_runtime::Options::default());
     assert!(profile.memoized + profile.job_memoized > 0, "{profile}");
 }
@@ -2058,6 +2049,17 @@ fn token_lists(
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// [`hoisted_products`] with every static optimization, hoisting splits on or off.
+fn hoisted_with_split(x: &common::Expected, split: bool) -> usize {
+    hoisted_products(
+        x,
+        tumble_compile::StaticOptions {
+            split,
+            ..tumble_compile::StaticOptions::all()
+        },
+    )
 }
 
 /// Hoisted sites of `x`'s program compiled with `statics` whose block has a product.
@@ -2216,16 +2218,7 @@ def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 8), float32], %W: Te
         &["toks"],
     );
     check_all_ways(&x);
-    let hoisted = |split: bool| {
-        hoisted_products(
-            &x,
-            tumble_compile::StaticOptions {
-                split,
-                ..tumble_compile::StaticOptions::all()
-            },
-        )
-    };
     // The one-token arm's block is hoisted either way; the split adds the other arm's product.
-    assert_eq!(hoisted(true), 2);
-    assert_eq!(hoisted(false), 1);
+    assert_eq!(hoisted_with_split(&x, true), 2);
+    assert_eq!(hoisted_with_split(&x, false), 1);
 }
