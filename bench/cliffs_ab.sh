@@ -3,10 +3,12 @@
 # warm medians of `--repeat 3` (decoding excluded), 1 thread, random weights (seed 0); each
 # program next to the form that states by hand what the compiler should find (a dense per arm
 # instead of a weight chosen per instance, a `Primitive=1` input transform).
-# Usage: OLD=<tumble> NEW=<tumble> bench/cliffs_ab.sh [ROUNDS]   (inputs: bench/cliffs/gen_inputs.py)
+# Usage: OLD=<tumble> NEW=<tumble> bench/cliffs_ab.sh [ROUNDS [PROGRAM ...]]   (inputs:
+# bench/cliffs/gen_inputs.py); PROGRAMs (names without `.rly`) pick some of the list below.
 cd "$(dirname "$0")/.."
 OLD=${OLD:?set OLD to the baseline tumble}; NEW=${NEW:?set NEW to the tumble to compare}
-ROUNDS=${1:-3}
+ROUNDS=${1:-3}; shift $(( $# > 0 ? 1 : 0 ))
+ONLY=" $* "
 D=bench/.data/cliffs
 [ -f $D/ids128.jsonl ] || python3 bench/cliffs/gen_inputs.py
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
@@ -15,8 +17,10 @@ for p in gate_wsel_512:gate256 gate_arms_512:gate256 expr_wsel_512:expr64 expr_p
          dan_plain_64:seq256 loopn_plain_64:loop256 memnet_bcast_512:mem256 memnet_plain_512:mem256 \
          lstm_stack_512:seq256 lstm_sep_512:seq256 gnn_prim_64:graph256 gnn_map_64:graph256 \
          rowsel_512:rows128 gnn_idx_512:rows128 ptr_512:ptr256 s2s_attend_512:s2s256 cky_nth_64:short128 cky_zip_64:short128 \
-         beam_512:beam64 beamsign_512:beam64 crf_64:seq256 crfgemm_64:seq256 textcnn_512:ids128; do
+         beam_512:beam64 beamsign_512:beam64 crf_64:seq256 crfgemm_64:seq256 textcnn_512:ids128 \
+         restack_512:rows128; do
   m=${p%%:*}; in=$D/${p##*:}.jsonl
+  [ "$ONLY" = "  " ] || [[ "$ONLY" == *" $m "* ]] || continue
   for r in $(seq "$ROUNDS"); do
     for v in old new; do
       cmd=$NEW; [ $v = old ] && cmd=$OLD
