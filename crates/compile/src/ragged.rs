@@ -33,7 +33,7 @@ use std::fmt;
 use tumble_ir::{Dim, Ty};
 use tumble_ops::StageRule;
 
-use crate::blocks::{BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
+use crate::blocks::{same_value, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
 
 /// How a block runs a launch of instances of different lengths.
 #[derive(Debug, Clone)]
@@ -86,7 +86,7 @@ pub struct Segment {
 }
 
 /// Mixing work with a form that needs no grouping by length ([`Segment::kernel`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum MixingKernel {
     /// Scaled dot-product attention ([`crate::attention`]).
     Attention(crate::attention::Attention),
@@ -97,8 +97,9 @@ pub enum MixingKernel {
     /// Rows of a per-instance table (`take(%M, %i, axis=0)` of an instance's memory or node
     /// states), each alone or summed over the rows taken (`sum(take(%S, %neighbours), axis=[0])`:
     /// a node's messages): each instance's rows are read where its table lies — no table
-    /// stacked per group of equal lengths — into results of static shape.
-    Gather,
+    /// stacked per group of equal lengths — into results of static shape; one [`Gathered`] per
+    /// output of the segment.
+    Gather(Vec<Gathered>),
     /// A query against each instance's rows: attention's weighted rows, or the best row's index
     /// ([`crate::query`]).
     Query(crate::query::Query),
@@ -110,8 +111,8 @@ impl MixingKernel {
         if let Some(a) = crate::attention::find(block) {
             return Some(MixingKernel::Attention(a));
         }
-        if is_gather(block) {
-            return Some(MixingKernel::Gather);
+        if let Some(g) = gather(block) {
+            return Some(MixingKernel::Gather(g));
         }
         if let Some(q) = crate::query::find(block) {
             return Some(MixingKernel::Query(q));
@@ -136,23 +137,32 @@ impl MixingKernel {
     }
 }
 
-/// Whether `block` is [`MixingKernel::Gather`]'s form: every node an f32 `take` along axis 0 in
-/// clip mode of two block inputs, or a `sum` or `mean` over axis 0 of such a take that nothing
-/// else reads; every output a node of static shape. (Whether the table is a per-instance value
-/// the executor sees per launch.)
-pub fn is_gather(block: &Block) -> bool {
-    let take = |k: usize| -> bool {
-        block.nodes.get(k).is_some_and(|n| {
-            n.op.name == "take"
-                && n.attrs.int("axis").ok().flatten() == Some(0)
-                && n.attrs.int("batch_dims").ok().flatten().unwrap_or(0) == 0
-                && n.attrs.str("mode").ok().flatten().unwrap_or("clip") == "clip"
-                && matches!(
-                    n.args.as_slice(),
-                    [BArg::One(BVal::Input(_)), BArg::One(BVal::Input(_))]
-                )
-                && matches!(n.ty.as_tensor(), Some((_, tumble_ir::DType::Float32)))
-        })
+/// One output of a [`MixingKernel::Gather`] segment: the rows of block input `table` that block
+/// input `index` selects, alone or summed (or averaged) over them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gathered {
+    pub table: u32,
+    pub index: u32,
+    /// `None`: the rows themselves; `Some(mean)`: their sum, or mean.
+    pub reduce: Option<bool>,
+}
+
+/// `block`'s [`MixingKernel::Gather`] form: every node an f32 `take` along axis 0 in clip mode
+/// of two block inputs ([`tumble_ops::takes_rows`]), or a `sum` or `mean` over axis 0 of such a
+/// take that nothing else reads; every output a node of static shape. (Whether the table is a
+/// per-instance value the executor sees per launch.)
+pub fn gather(block: &Block) -> Option<Vec<Gathered>> {
+    let take = |k: usize| -> Option<(u32, u32)> {
+        let n = block.nodes.get(k)?;
+        let f32s = matches!(n.ty.as_tensor(), Some((_, tumble_ir::DType::Float32)));
+        match n.args.as_slice() {
+            [BArg::One(BVal::Input(t)), BArg::One(BVal::Input(i))]
+                if n.op.name == "take" && tumble_ops::takes_rows(&n.attrs) && f32s =>
+            {
+                Some((*t, *i))
+            }
+            _ => None,
+        }
     };
     let readers = |k: usize| {
         let in_nodes = block
@@ -163,19 +173,38 @@ pub fn is_gather(block: &Block) -> bool {
             .count();
         in_nodes + block.outputs.iter().filter(|v| v.node() == Some(k)).count()
     };
-    let reduction = |n: &BlockNode| -> bool {
-        matches!(n.op.name, "sum" | "mean")
+    // A node as a gather: a take, or a reduction of a take only it reads.
+    let gathered = |k: usize| -> Option<Gathered> {
+        if let Some((table, index)) = take(k) {
+            return Some(Gathered {
+                table,
+                index,
+                reduce: None,
+            });
+        }
+        let n = block.nodes.get(k)?;
+        let plain = matches!(n.op.name, "sum" | "mean")
             && matches!(n.attrs.ints("axis").ok().flatten().as_deref(), Some([0]))
-            && !n.attrs.bool("exclude").ok().flatten().unwrap_or(false)
-            && matches!(n.args.as_slice(), [BArg::One(BVal::Node(t))] if take(*t as usize) && readers(*t as usize) == 1)
+            && !n.attrs.bool("exclude").ok().flatten().unwrap_or(false);
+        let [BArg::One(BVal::Node(t))] = n.args.as_slice() else {
+            return None;
+        };
+        let (table, index) = take(*t as usize)?;
+        (plain && readers(*t as usize) == 1).then_some(Gathered {
+            table,
+            index,
+            reduce: Some(n.op.name == "mean"),
+        })
     };
     let static_shape = |v: &BVal| matches!(block.val_ty(v).as_tensor(), Some((dims, _)) if dims.iter().all(|d| d.known().is_some()));
-    !block.nodes.is_empty()
-        && (0..block.nodes.len()).all(|k| take(k) || block.nodes.get(k).is_some_and(reduction))
-        && block
-            .outputs
-            .iter()
-            .all(|v| v.node().is_some() && static_shape(v))
+    if block.nodes.is_empty() || (0..block.nodes.len()).any(|k| gathered(k).is_none()) {
+        return None;
+    }
+    block
+        .outputs
+        .iter()
+        .map(|v| gathered(v.node()?).filter(|_| static_shape(v)))
+        .collect()
 }
 
 /// A dimension as the analysis knows it.
@@ -229,7 +258,7 @@ impl fmt::Display for RaggedBlock {
             .collect();
         writeln!(f, "    inputs: {}", roles.join(", "))?;
         for seg in &self.segments {
-            let how = match (seg.row_wise, seg.kernel) {
+            let how = match (seg.row_wise, &seg.kernel) {
                 (true, _) => "row-wise, once over all rows of the launch",
                 (false, Some(MixingKernel::Attention(_))) => {
                     "attention, one kernel over every instance's rows"
@@ -237,7 +266,7 @@ impl fmt::Display for RaggedBlock {
                 (false, Some(MixingKernel::RowSlice { .. })) => {
                     "whole rows, taken where they lie for every instance"
                 }
-                (false, Some(MixingKernel::Gather)) => {
+                (false, Some(MixingKernel::Gather(_))) => {
                     "rows of every instance's table, read where it lies"
                 }
                 (false, Some(MixingKernel::Query(q))) => match q.then {
@@ -479,8 +508,8 @@ pub fn analyze(block: &Block, per_instance: &[bool]) -> Option<RaggedBlock> {
             let input = BVal::Input(i as u32);
             k == RaggedInput::Rows
                 && segments.iter().all(|s| {
-                    s.kernel == Some(MixingKernel::Gather)
-                        || !s.reads.iter().any(|r| same_input(r, &input))
+                    matches!(s.kernel, Some(MixingKernel::Gather(_)))
+                        || !s.reads.iter().any(|r| same_value(r, &input))
                 })
         })
         .collect();
@@ -490,10 +519,6 @@ pub fn analyze(block: &Block, per_instance: &[bool]) -> Option<RaggedBlock> {
         bytes_per_row,
         free_length,
     })
-}
-
-fn same_input(a: &BVal, b: &BVal) -> bool {
-    matches!((a, b), (BVal::Input(x), BVal::Input(y)) if x == y)
 }
 
 /// Segment `s` of `block` (nodes `members`) as a block of its own. `None` when a value crossing

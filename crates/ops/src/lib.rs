@@ -19,7 +19,7 @@ mod rel;
 mod table;
 pub mod vjp;
 
-pub use rel::layout::{leading_rows, slice_plan};
+pub use rel::layout::{leading_rows, slice_plan, takes_rows};
 pub use table::all;
 
 /// A runtime value an operator takes or returns: a tensor, or a tuple of tensors (the input of

@@ -80,13 +80,8 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Op
             let sizes = split_sizes(attrs, *t.shape().get(axis)?)?;
             split_f32(t, axis, &sizes).map(OpValue::Tuple)
         }
-        "take" => {
+        "take" if tumble_ops::takes_rows(attrs) => {
             let (table, ids) = (args.first()?.as_tensor()?, args.get(1)?.as_tensor()?);
-            let clip = attrs.str("mode").ok()?.unwrap_or("clip") == "clip";
-            let plain = attrs.int("batch_dims").ok()?.unwrap_or(0) == 0;
-            if attrs.int("axis").ok()? != Some(0) || !clip || !plain {
-                return None;
-            }
             take_rows_f32(table, ids).map(OpValue::Tensor)
         }
         // A bias along the last axis is numpy broadcasting's own trailing-axis add.
@@ -190,23 +185,34 @@ impl Fold {
 /// as `sum(multiply(%q, %M), axis=[1])` 16 ns an element, and a CRF's log-sum-exp over the
 /// previous tags' axis 12. The reduced rows are folded into a row of f64 accumulators, so every
 /// element sees the same steps in the same order: the reference's bits.
-fn reduce_f32(args: &[OpValue], attrs: &Attrs, fold: Fold) -> Option<Tensor> {
-    let t = args.first()?.as_tensor()?;
-    let data = t.as_f32()?;
+/// The one axis a reduction's `attrs` reduce an f32 tensor of `shape` over, if that is what they
+/// say (`axis=[a]`, no `exclude`) and it is not empty: the axis, its extent, and the extents of
+/// the axes before and after it; with the result's shape (`keepdims` keeping the axis as 1).
+fn one_axis(shape: &[usize], attrs: &Attrs) -> Option<(usize, usize, usize, usize, Vec<usize>)> {
     if attrs.bool("exclude").ok()?.unwrap_or(false) {
         return None;
     }
-    let shape = t.shape();
     let axis = match attrs.ints("axis").ok()?.as_deref() {
         Some(&[a]) => axis_of(a, shape.len())?,
         _ => return None,
     };
     let n = *shape.get(axis)?;
-    if n == 0 {
-        return None;
-    }
     let outer: usize = shape.get(..axis)?.iter().product();
     let inner: usize = shape.get(axis + 1..)?.iter().product();
+    let mut out_shape = shape.to_vec();
+    match attrs.bool("keepdims").ok()?.unwrap_or(false) {
+        true => *out_shape.get_mut(axis)? = 1,
+        false => {
+            out_shape.remove(axis);
+        }
+    }
+    (n > 0).then_some((axis, n, outer, inner, out_shape))
+}
+
+fn reduce_f32(args: &[OpValue], attrs: &Attrs, fold: Fold) -> Option<Tensor> {
+    let t = args.first()?.as_tensor()?;
+    let data = t.as_f32()?;
+    let (_, n, outer, inner, out_shape) = one_axis(t.shape(), attrs)?;
     let round = |a: f64| match fold {
         Fold::Mean => (a / n as f64) as f32,
         _ => a as f32,
@@ -246,13 +252,6 @@ fn reduce_f32(args: &[OpValue], attrs: &Attrs, fold: Fold) -> Option<Tensor> {
             out.extend(acc.iter().map(|&a| round(a)));
         }
     }
-    let mut out_shape = shape.to_vec();
-    match attrs.bool("keepdims").ok()?.unwrap_or(false) {
-        true => *out_shape.get_mut(axis)? = 1,
-        false => {
-            out_shape.remove(axis);
-        }
-    }
     Tensor::from_f32(out_shape, out).ok()
 }
 
@@ -263,23 +262,26 @@ fn reduce_f32(args: &[OpValue], attrs: &Attrs, fold: Fold) -> Option<Tensor> {
 fn arg_f32(args: &[OpValue], attrs: &Attrs, high: bool) -> Option<Tensor> {
     let t = args.first()?.as_tensor()?;
     let data = t.as_f32()?;
-    if attrs.bool("exclude").ok()?.unwrap_or(false) {
-        return None;
-    }
     let last = attrs.bool("select_last_index").ok()?.unwrap_or(false);
-    let shape = t.shape();
-    let axis = match attrs.ints("axis").ok()?.as_deref() {
-        Some(&[a]) => axis_of(a, shape.len())?,
-        _ => return None,
-    };
-    let n = *shape.get(axis)?;
-    if n == 0 || n > i32::MAX as usize {
+    let (_, n, outer, inner, out_shape) = one_axis(t.shape(), attrs)?;
+    if n > i32::MAX as usize {
         return None;
     }
-    let outer: usize = shape.get(..axis)?.iter().product();
-    let inner: usize = shape.get(axis + 1..)?.iter().product::<usize>().max(1);
-    // `x` beats the best so far `b`: NaN beats any number, a number never beats NaN; equal
-    // ones only with `last`.
+    let inner = inner.max(1);
+    let mut out: Vec<i32> = Vec::with_capacity(outer * inner);
+    for block in data.chunks_exact(n * inner).take(outer) {
+        for j in 0..inner {
+            let column = block.get(j..)?;
+            out.push(i32::try_from(best_index(column, inner, high, last)).ok()?);
+        }
+    }
+    Tensor::from_vec(out_shape, out).ok()
+}
+
+/// The position (counted in elements `step` apart, from `values[0]`) of the largest element of
+/// `values[0], values[step], ..` (`high`) or the smallest, as the reference's `argmax`/`argmin`
+/// picks it: NaN beats any number, the first of equals wins (the last with `last`).
+pub(crate) fn best_index(values: &[f32], step: usize, high: bool, last: bool) -> usize {
     let beats = |x: f32, b: f32| -> bool {
         match (x.is_nan(), b.is_nan()) {
             (true, true) => last,
@@ -289,27 +291,13 @@ fn arg_f32(args: &[OpValue], attrs: &Attrs, high: bool) -> Option<Tensor> {
             _ => (x > b) == high,
         }
     };
-    let mut out: Vec<i32> = Vec::with_capacity(outer * inner);
-    for block in data.chunks_exact(n * inner).take(outer) {
-        for j in 0..inner {
-            let (mut bi, mut bv) = (0usize, *block.get(j)?);
-            for i in 1..n {
-                let x = *block.get(i * inner + j)?;
-                if beats(x, bv) {
-                    (bi, bv) = (i, x);
-                }
-            }
-            out.push(i32::try_from(bi).ok()?);
+    let mut best = (0usize, f32::NAN);
+    for (i, &x) in values.iter().step_by(step.max(1)).enumerate() {
+        if i == 0 || beats(x, best.1) {
+            best = (i, x);
         }
     }
-    let mut out_shape = shape.to_vec();
-    match attrs.bool("keepdims").ok()?.unwrap_or(false) {
-        true => *out_shape.get_mut(axis)? = 1,
-        false => {
-            out_shape.remove(axis);
-        }
-    }
-    Tensor::from_vec(out_shape, out).ok()
+    best.0
 }
 
 /// The axis `a` (negative from the end) of a rank-`r` tensor.
@@ -437,8 +425,11 @@ fn slice_f32(t: &Tensor, plan: &[(i64, i64, i64)]) -> Option<Tensor> {
             outer = inner - 1;
             run *= out_shape[outer];
         }
+        // Where the run of output index `idx` (over the axes before `outer`) starts: each axis
+        // at its position, the axes from `outer` on at their starts.
+        let tail: i64 = (outer..r).map(|a| plan[a].0 * strides[a] as i64).sum();
         let base = |idx: &[usize]| -> Option<usize> {
-            let mut at = 0i64;
+            let mut at = tail;
             for (a, &i) in idx.iter().enumerate() {
                 let (start, step, _) = plan[a];
                 at += (start + i as i64 * step) * strides[a] as i64;
@@ -447,9 +438,7 @@ fn slice_f32(t: &Tensor, plan: &[(i64, i64, i64)]) -> Option<Tensor> {
         };
         let mut idx = vec![0usize; outer];
         loop {
-            let mut full = idx.clone();
-            full.resize(r, 0);
-            let from = base(&full)?;
+            let from = base(&idx)?;
             out.extend_from_slice(data.get(from..from + run)?);
             let mut a = outer;
             loop {
@@ -557,20 +546,9 @@ fn where_f32(args: &[OpValue]) -> Option<OpValue> {
 fn binary_f32(args: &[OpValue], f: impl Fn(f32, f32) -> f32) -> Option<OpValue> {
     let (a, b) = (args.first()?.as_tensor()?, args.get(1)?.as_tensor()?);
     let (x, y) = (a.as_f32()?, b.as_f32()?);
-    let shape = tumble_tensor::broadcast_shapes(a.shape(), b.shape()).ok()?;
+    let Broadcast { shape, strides } = Broadcast::new(&[a.shape(), b.shape()])?;
     let total: usize = shape.iter().product();
-    // Strides of each operand in the output's index space (0 along broadcast axes).
-    let strides = |s: &[usize]| -> Vec<usize> {
-        let mut out = vec![0; shape.len()];
-        let mut acc = 1;
-        for (i, &d) in s.iter().enumerate().rev() {
-            let o = shape.len() - s.len() + i;
-            out[o] = if d == 1 { 0 } else { acc };
-            acc *= d;
-        }
-        out
-    };
-    let (sa, sb) = (strides(a.shape()), strides(b.shape()));
+    let [sa, sb] = <[Vec<usize>; 2]>::try_from(strides).ok()?;
     // Written row by row through the dispatched SIMD loops (an `extend` over a zip compiles for
     // the baseline ISA only: 2.3% of a training step in the kept forward's adds and products).
     let mut out = tumble_tensor::pool::scratch_f32(total);

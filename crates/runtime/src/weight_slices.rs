@@ -110,9 +110,7 @@ fn row_take(block: &Block) -> bool {
     let [node] = block.nodes.as_slice() else {
         return false;
     };
-    node.attrs.int("axis").ok().flatten() == Some(0)
-        && node.attrs.int("batch_dims").ok().flatten().unwrap_or(0) == 0
-        && node.attrs.str("mode").ok().flatten().unwrap_or("clip") == "clip"
+    tumble_ops::takes_rows(&node.attrs)
         && matches!(
             node.args.as_slice(),
             [BArg::One(BVal::Input(0)), BArg::One(BVal::Input(1))]

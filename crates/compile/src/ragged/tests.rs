@@ -223,7 +223,7 @@ fn mixing_kernels_of(attention: &str, exit: &str) -> Vec<Option<MixingKernel>> {
     r.segments
         .iter()
         .filter(|s| !s.row_wise)
-        .map(|s| s.kernel)
+        .map(|s| s.kernel.clone())
         .collect()
 }
 

@@ -790,6 +790,14 @@ pub fn leading_rows(attrs: &Attrs, shape: &[usize]) -> Option<(usize, usize)> {
     Some((usize::try_from(start).ok()?, usize::try_from(len).ok()?))
 }
 
+/// Whether `take` with `attrs` takes whole rows: along axis 0, no batch dims, indices clipped to
+/// the rows (`mode="clip"`, the default) — what executors copy rows by directly.
+pub fn takes_rows(attrs: &Attrs) -> bool {
+    attrs.int("axis").ok().flatten() == Some(0)
+        && attrs.int("batch_dims").ok().flatten().unwrap_or(0) == 0
+        && attrs.str("mode").ok().flatten().unwrap_or("clip") == "clip"
+}
+
 /// Per axis of a tensor of shape `shape`, the positions `strided_slice` with `attrs` selects, as
 /// `(start, step, len)` (`slice_range`'s; an axis not sliced is `(0, 1, d)`): the kernel's and
 /// the relation's selection, for executors that copy the slice their own way. `None` for

@@ -176,41 +176,40 @@ impl Ints<'_> {
     }
 }
 
-/// The results of a [`MixingKernel::Gather`] segment for `n` invocations, its inputs `inputs`
-/// (per segment input): each take's rows read where every invocation's table lies, summed (or
-/// averaged) in f64 in index order as the reference does — its bits. `None` (the segment then
-/// runs grouped) for a table that is not f32 rows, an empty table, a mean over no rows, or
-/// results whose sizes differ between invocations.
-fn gather_rows(block: &tumble_compile::Block, inputs: &[&RVal], n: usize) -> Option<Vec<Tensor>> {
-    use tumble_compile::{BArg, BVal};
-    let slot = |i: u32, k: usize| -> Option<(&Tensor, std::ops::Range<usize>, usize)> {
-        match inputs.get(i as usize)? {
-            RVal::Shared(t) => Some((t, 0..t.len(), t.shape().first().copied().unwrap_or(1))),
-            RVal::Each(slots) => {
-                let s = slots.get(k)?;
-                let (range, lead) = slot_range(s)?;
-                Some((&s.tensor, range, lead))
-            }
+/// Invocation `k`'s value of segment input `i` (a value of the launch, or one for all): its
+/// tensor, the range of its elements there, and its leading extent.
+fn operand<'a>(
+    inputs: &[&'a RVal],
+    i: u32,
+    k: usize,
+) -> Option<(&'a Tensor, std::ops::Range<usize>, usize)> {
+    match inputs.get(i as usize)? {
+        RVal::Shared(t) => Some((t, 0..t.len(), t.shape().first().copied().unwrap_or(1))),
+        RVal::Each(slots) => {
+            let s = slots.get(k)?;
+            let (range, lead) = slot_range(s)?;
+            Some((&s.tensor, range, lead))
         }
-    };
-    let mut outs = Vec::with_capacity(block.outputs.len());
-    for v in &block.outputs {
-        let node = v.node()?;
-        let out = block.nodes.get(node)?;
-        let (reduce, take) = match out.op.name {
-            "take" => (None, node),
-            name => match out.args.first()? {
-                BArg::One(BVal::Node(t)) => (Some(name == "mean"), *t as usize),
-                _ => return None,
-            },
-        };
-        let (t, i) = match block.nodes.get(take)?.args.as_slice() {
-            [BArg::One(BVal::Input(t)), BArg::One(BVal::Input(i))] => (*t, *i),
-            _ => return None,
-        };
-        // The node's own type: the result's size per invocation, and where `keepdims` keeps
-        // the reduced axis.
-        let (dims, _) = out.ty.as_tensor()?;
+    }
+}
+
+/// The results of a [`MixingKernel::Gather`] segment for `n` invocations (`plan`: what each
+/// output gathers), its inputs `inputs` (per segment input): each take's rows read where every
+/// invocation's table lies, summed (or averaged) in f64 in index order as the reference does —
+/// its bits. `None` (the segment then runs grouped) for a table that is not f32 rows, an empty
+/// table, a mean over no rows, or results whose sizes differ between invocations.
+fn gather_rows(
+    block: &tumble_compile::Block,
+    plan: &[tumble_compile::ragged::Gathered],
+    inputs: &[&RVal],
+    n: usize,
+) -> Option<Vec<Tensor>> {
+    let mut outs = Vec::with_capacity(plan.len());
+    for (v, g) in block.outputs.iter().zip(plan) {
+        // The output's own type: its size per invocation, and where `keepdims` keeps the
+        // reduced axis.
+        let ty = block.val_ty(v);
+        let (dims, _) = ty.as_tensor()?;
         let mut shape = Vec::with_capacity(dims.len() + 1);
         shape.push(n);
         for d in dims {
@@ -220,9 +219,9 @@ fn gather_rows(block: &tumble_compile::Block, inputs: &[&RVal], n: usize) -> Opt
         let mut data: Vec<f32> = Vec::with_capacity(n * per);
         let mut acc: Vec<f64> = Vec::new();
         for k in 0..n {
-            let (table, range, rows) = slot(t, k)?;
+            let (table, range, rows) = operand(inputs, g.table, k)?;
             let values = table.as_f32()?.get(range)?;
-            let (itensor, irange, _) = slot(i, k)?;
+            let (itensor, irange, _) = operand(inputs, g.index, k)?;
             let idx = Ints::of(itensor, irange)?;
             if rows == 0 || values.len() % rows != 0 {
                 return None;
@@ -232,7 +231,7 @@ fn gather_rows(block: &tumble_compile::Block, inputs: &[&RVal], n: usize) -> Opt
                 let r = idx.get(j).clamp(0, rows as i64 - 1) as usize;
                 values.get(r * width..(r + 1) * width)
             };
-            match reduce {
+            match g.reduce {
                 None => {
                     if idx.len() * width != per {
                         return None;
@@ -282,14 +281,7 @@ fn query_rows(
     let m = usize::try_from(qd.first()?.known()?).ok()?;
     let d = usize::try_from(qd.get(1)?.known()?).ok()?;
     let slot = |i: u32, k: usize| -> Option<(&[f32], usize)> {
-        let (t, range, lead) = match inputs.get(i as usize)? {
-            RVal::Shared(t) => (t, 0..t.len(), t.shape().first().copied().unwrap_or(1)),
-            RVal::Each(slots) => {
-                let s = slots.get(k)?;
-                let (range, lead) = slot_range(s)?;
-                (&s.tensor, range, lead)
-            }
-        };
+        let (t, range, lead) = operand(inputs, i, k)?;
         Some((t.as_f32()?.get(range)?, lead))
     };
     let mut scores: Vec<f32> = Vec::new();
@@ -312,13 +304,7 @@ fn query_rows(
             }
             match query.then {
                 Then::Argmax => {
-                    let mut at = 0;
-                    for (j, &s) in scores.iter().enumerate().skip(1) {
-                        let b = scores[at];
-                        if (s.is_nan() && !b.is_nan()) || s > b {
-                            at = j;
-                        }
-                    }
+                    let at = crate::fastops::best_index(&scores, 1, true, false);
                     best.push(i32::try_from(at).ok()?);
                 }
                 Then::Attend => {
@@ -617,9 +603,9 @@ impl Dfg<'_> {
                         None => return Err(fail("internal: ragged chunk results missing".into())),
                     });
                 }
-            } else if let Some(rows) = match seg.kernel {
+            } else if let Some(rows) = match &seg.kernel {
                 Some(MixingKernel::RowSlice { input }) if self.opts.mixing_kernels => {
-                    match seg.reads.get(input as usize).map(lookup).transpose()? {
+                    match seg.reads.get(*input as usize).map(lookup).transpose()? {
                         Some(RVal::Each(slots)) => row_slices(slots, &seg.block),
                         _ => None,
                     }
@@ -629,16 +615,16 @@ impl Dfg<'_> {
                 // Whole rows of each invocation's input: ranges of its rows where they lie.
                 outs.push(RVal::Each(rows));
                 self.profile.ragged_row_slices += 1;
-            } else if let Some((results, query)) = match seg.kernel {
-                Some(MixingKernel::Gather) if self.opts.mixing_kernels => {
+            } else if let Some((results, query)) = match &seg.kernel {
+                Some(MixingKernel::Gather(plan)) if self.opts.mixing_kernels => {
                     let inputs: Vec<&RVal> =
                         seg.reads.iter().map(lookup).collect::<Result<_, _>>()?;
-                    gather_rows(&seg.block, &inputs, ids.len()).map(|r| (r, false))
+                    gather_rows(&seg.block, plan, &inputs, ids.len()).map(|r| (r, false))
                 }
                 Some(MixingKernel::Query(q)) if self.opts.mixing_kernels => {
                     let inputs: Vec<&RVal> =
                         seg.reads.iter().map(lookup).collect::<Result<_, _>>()?;
-                    query_rows(&seg.block, &q, &inputs, ids.len()).map(|t| (vec![t], true))
+                    query_rows(&seg.block, q, &inputs, ids.len()).map(|t| (vec![t], true))
                 }
                 _ => None,
             } {
@@ -656,8 +642,8 @@ impl Dfg<'_> {
                     true => self.profile.ragged_queries += 1,
                     false => self.profile.ragged_gathers += 1,
                 }
-            } else if let Some((att, parts)) = match seg.kernel {
-                Some(MixingKernel::Attention(att)) if self.opts.mixing_kernels => {
+            } else if let Some((att, parts)) = match seg.kernel.as_ref() {
+                Some(&MixingKernel::Attention(att)) if self.opts.mixing_kernels => {
                     let each = |i: u32| match seg.reads.get(i as usize).map(lookup) {
                         Some(Ok(RVal::Each(slots))) if slots.len() == ids.len() => Some(slots),
                         _ => None,
