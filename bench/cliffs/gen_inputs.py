@@ -9,7 +9,8 @@ and a list of 0-4 neighbours), ptr256.jsonl (256 sources of 5-40 tokens, at most
 s2s256.jsonl (256 sources of 5-40 tokens, 1-20 target steps), short128.jsonl (128 sentences
 of 3-16 tokens), rows128.jsonl (128 graphs of 5-40 nodes by word id, each node a list of 0-6 neighbours),
 beam64.jsonl (64 sources of 5-30 tokens, 3-12 steps of a beam of four), ids128.jsonl (128 sentences of
-5-40 word ids as one tensor each).
+5-40 word ids as one tensor each); and for the forty-eighth session's: frames128.jsonl (128
+utterances of 8-64 frames of 40 normals, with their count).
 Seeded: the same files every time."""
 import json
 import os
@@ -80,3 +81,7 @@ with open(os.path.join(out, "beam64.jsonl"), "w") as f:
 with open(os.path.join(out, "ids128.jsonl"), "w") as f:
     for _ in range(128):
         f.write(json.dumps({"toks": [R.randrange(2, 1000) for _ in range(R.randint(5, 40))]}) + "\n")
+with open(os.path.join(out, "frames128.jsonl"), "w") as f:
+    for _ in range(128):
+        n = R.randint(8, 64)
+        f.write(json.dumps({"frames": [[round(R.gauss(0, 1), 4) for _ in range(40)] for _ in range(n)], "n": n}) + "\n")

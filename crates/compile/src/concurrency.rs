@@ -36,7 +36,6 @@ pub struct Concurrent {
 pub fn find(program: &mut Program) -> Vec<Concurrent> {
     let does_tensor_work =
         crate::program::lambdas_reaching(program, |c| matches!(c, Code::InvokeBlock { .. }));
-    let may_block = crate::program::lambdas_reaching(program, suspends);
     let globals = program.globals.clone();
     let captures: Vec<Vec<u32>> = program
         .lambdas
@@ -53,7 +52,6 @@ pub fn find(program: &mut Program) -> Vec<Concurrent> {
         .collect();
     let facts = Facts {
         tensor_fns: &does_tensor_work,
-        blocking_fns: &may_block,
         globals: &globals,
         captures: &captures,
     };
@@ -73,43 +71,21 @@ pub fn find(program: &mut Program) -> Vec<Concurrent> {
     out
 }
 
-/// Code at which an instance may stop until the runtime has computed a tensor: a conditional on a
-/// tensor, an operator outside a block that reads values (one of literals only, such as a random
-/// draw, runs at once), or a closure applied through a value, which could run anything (the
-/// call graph does not follow values).
-fn suspends(c: &Code) -> bool {
-    match c {
-        Code::If(..) | Code::Call { .. } => true,
-        Code::CallOp { args, .. } => !args.iter().all(|a| matches!(a, Code::Lit(_))),
-        _ => false,
-    }
-}
-
 struct Facts<'a> {
     tensor_fns: &'a [bool],
-    blocking_fns: &'a [bool],
     globals: &'a [u32],
     captures: &'a [Vec<u32>],
 }
 
 impl Facts<'_> {
     /// Is `code` a call of a function that does tensor work (directly, through a global used as
-    /// a value, or through a closure it makes and passes on) and that never waits on a computed
-    /// tensor? A bare closure is not a call. Where an element waits (data-dependent control flow),
-    /// the next element is only recorded after the flushes that element waited for, and starting
-    /// it at the earlier depth splits launches instead of joining them (DRNN: 46 launches became
-    /// 49 at b64), so such calls stay as written.
+    /// a value, or through a closure it makes and passes on)? A bare closure is not a call.
+    /// Whether the call waits on a computed tensor (data-dependent control flow) is left to the
+    /// run: an element that waited is followed as written there (the evaluator's
+    /// `Kont::Concurrent`), while a loop whose `if` tests host scalars (a counter against a
+    /// length) runs beside its sibling.
     fn is_candidate(&self, code: &Code) -> bool {
-        if matches!(code, Code::MakeClosure(_)) {
-            return false;
-        }
-        code_reaches(code, self.tensor_fns, self.globals)
-            && !code_reaches(code, self.blocking_fns, self.globals)
-            && {
-                let mut direct = false;
-                code.visit(&mut |c| direct |= suspends(c));
-                !direct
-            }
+        !matches!(code, Code::MakeClosure(_)) && code_reaches(code, self.tensor_fns, self.globals)
     }
 
     /// Does `code` read frame slot `s` (directly, or by capturing it in a closure it makes)?

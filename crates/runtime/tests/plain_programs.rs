@@ -1464,6 +1464,101 @@ fn independent_calls_written_in_sequence_run_side_by_side() {
     }
 }
 
+/// Two loops over each instance's rows, a forward one and a backward one reading
+/// `take(%X, %n - 1 - %i)`, each ending on `if (%i == %n)`: a counter against a length, known on
+/// the host, so neither waits, and the second runs beside the first instead of after it (where
+/// each instance's start depended on its own length: a launch per distinct length and step).
+/// The loops are operands of one call, as a bidirectional layer joins its two directions, so no
+/// phase boundary falls between them.
+const TWO_COUNTED_LOOPS: &str = r#"
+def @fwd(%i: int32, %n: int32, %X: Tensor[(?, 4), float32], %h: Tensor[(1, 4), float32], %w: Tensor[(4, 4), float32]) -> List[Tensor[(1, 4), float32]] {
+  if (%i == %n) { Nil } else {
+    let %h2 = tanh(add(expand_dims(take(%X, %i, axis=0), axis=0), nn.dense(%h, %w)));
+    Cons(%h2, @fwd(%i + 1, %n, %X, %h2, %w))
+  }
+}
+def @bwd(%i: int32, %n: int32, %X: Tensor[(?, 4), float32], %h: Tensor[(1, 4), float32], %w: Tensor[(4, 4), float32]) -> List[Tensor[(1, 4), float32]] {
+  if (%i == %n) { Nil } else {
+    let %h2 = tanh(add(expand_dims(take(%X, %n - 1 - %i, axis=0), axis=0), nn.dense(%h, %w)));
+    Cons(%h2, @bwd(%i + 1, %n, %X, %h2, %w))
+  }
+}
+def @main(%X: Tensor[(?, 4), float32], %n: int32, %wf: Tensor[(4, 4), float32], %wb: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %z = zeros(shape=[1, 4], dtype="float32");
+  @join(@fwd(0, %n, %X, %z, %wf), @bwd(0, %n, %X, %z, %wb))
+}
+def @join(%f: List[Tensor[(1, 4), float32]], %b: List[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32] {
+  let %z = zeros(shape=[1, 4], dtype="float32");
+  let %add = fn (%a: Tensor[(1, 4), float32], %y: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] { add(%a, %y) };
+  add(@foldl(%add, %z, %f), @foldl(%add, %z, %b))
+}
+"#;
+
+#[test]
+fn a_loop_ended_by_a_host_counter_runs_beside_its_sibling() {
+    let inputs: String = (0..24)
+        .map(|i| {
+            let n = 1 + (i * 5) % 9;
+            let rows: Vec<String> = (0..n)
+                .map(|r| {
+                    let row: Vec<String> = (0..4)
+                        .map(|j| format!("{:.2}", ((i + r * 3 + j * 7) % 13) as f64 / 6.0 - 1.0))
+                        .collect();
+                    format!("[{}]", row.join(", "))
+                })
+                .collect();
+            format!("{{\"X\": [{}], \"n\": {n}}}\n", rows.join(", "))
+        })
+        .collect();
+    agrees("two_counted_loops", TWO_COUNTED_LOOPS, &inputs, &["X", "n"]);
+    let all = tumble_compile::StaticOptions::all();
+    let without = tumble_compile::StaticOptions {
+        concurrency: false,
+        ..all
+    };
+    let on = launches_with(TWO_COUNTED_LOOPS, &inputs, &["X", "n"], true, all);
+    let off = launches_with(TWO_COUNTED_LOOPS, &inputs, &["X", "n"], true, without);
+    // Nine lengths: in sequence, the backward loop's steps fall at up to nine depths each.
+    assert!(
+        on * 2 < off,
+        "launches with concurrency {on}, without {off}"
+    );
+}
+
+/// A concurrent element that waits on a computed tensor (here a conditional on the left
+/// subtree's state) is followed as written: the right subtree starts where the left one ended,
+/// after the flushes it waited for, not beside it at depths the other instances have left.
+#[test]
+fn an_element_that_waits_is_followed_as_written() {
+    let src = BINARY_TREE
+        .replace(
+            "let %hl = @enc(%l, %wl, %wr);",
+            "let %hl = @gate(@enc(%l, %wl, %wr), %u);",
+        )
+        .replace(
+            "def @enc(%t: BTree, %wl: Tensor[(4, 4), float32], %wr: Tensor[(4, 4), float32])",
+            "def @enc(%t: BTree, %wl: Tensor[(4, 4), float32], %wr: Tensor[(4, 4), float32], %u: Tensor[(4, 4), float32])",
+        )
+        .replace("@enc(%r, %wl, %wr)", "@enc(%r, %wl, %wr, %u)")
+        .replace("@enc(%l, %wl, %wr)", "@enc(%l, %wl, %wr, %u)")
+        .replace("@enc(%t, %wl, %wr)", "@enc(%t, %wl, %wr, %u)")
+        + r#"
+def @gate(%h: Tensor[(1, 4), float32], %u: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  if (greater(sum(%h), 0f)) { tanh(nn.dense(%h, %u)) } else { %h }
+}
+"#;
+    let inputs = binary_trees(40);
+    agrees("gated_tree", &src, &inputs, &["t"]);
+    let all = tumble_compile::StaticOptions::all();
+    let without = tumble_compile::StaticOptions {
+        concurrency: false,
+        ..all
+    };
+    let on = launches_with(&src, &inputs, &["t"], true, all);
+    let off = launches_with(&src, &inputs, &["t"], true, without);
+    assert_eq!(on, off, "launches with concurrency {on}, without {off}");
+}
+
 /// Invocations of a launch on the same token (a mini-batch's leaves repeat words) take the
 /// results of one of them: counted by the profile, outputs equal to the reference under every
 /// scheduler and batch size; a block with a random draw computes every invocation.

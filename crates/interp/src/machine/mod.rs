@@ -80,13 +80,15 @@ enum Kont<'p> {
         span: Span,
     },
     /// Evaluating independent elements: each starts at depth `start`; the join takes `max`
-    /// and makes `join` of the values.
+    /// and makes `join` of the values. `waits` is the instance's count of stops
+    /// ([`Machine::waits`]) when the element now evaluated began.
     Concurrent {
         join: Join,
         elems: &'p [Code],
         vals: Vec<Value>,
         start: u32,
         max: u32,
+        waits: u32,
     },
     /// A function run as a loop over a list ([`Machine::map_next`]): the elements not yet
     /// done (last first), the values so far, the depth each element starts from and the deepest
@@ -182,6 +184,11 @@ pub struct Machine<'p> {
     /// straight to its arm. `TUMBLE_NO_WIDER_AT_ONCE=1` takes steps for them (the A/B switch;
     /// the recorded graph is the same).
     wider_at_once: bool,
+    /// How many times this instance stopped for a value not yet computed or at a phase
+    /// boundary (wrapping). A concurrent element that stopped was recorded in pieces between
+    /// flushes: the elements after it start where it ended, as written, not beside it
+    /// ([`Machine::concurrent_from`]).
+    waits: u32,
     pub ctx: InstanceCtx,
 }
 
@@ -228,6 +235,7 @@ impl<'p> Machine<'p> {
             yield_due: false,
             steps_before: 0,
             params: Vec::new(),
+            waits: 0,
             shared: SharedValues::new(),
             fold_loops: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -373,6 +381,7 @@ impl<'p> Machine<'p> {
                     } else {
                         self.at_phase = true;
                         self.pending = Some(step);
+                        self.waits = self.waits.wrapping_add(1);
                         return Ok(Outcome::Phase);
                     }
                 }
@@ -380,6 +389,7 @@ impl<'p> Machine<'p> {
                 Step::CallOp(code, vals) => {
                     if !backend.op_args_ready(&vals)? {
                         self.pending = Some(Step::CallOp(code, vals));
+                        self.waits = self.waits.wrapping_add(1);
                         return Ok(Outcome::Blocked);
                     }
                     self.call(code, vals, backend)?
@@ -391,6 +401,7 @@ impl<'p> Machine<'p> {
                         None => {
                             self.stack.push(Kont::If(t, f));
                             self.pending = Some(Step::Apply(v));
+                            self.waits = self.waits.wrapping_add(1);
                             return Ok(Outcome::Blocked);
                         }
                     },
@@ -584,6 +595,7 @@ impl<'p> Machine<'p> {
                         vals,
                         start,
                         max,
+                        waits: self.waits,
                     })?;
                     return Ok(Step::Eval(next));
                 }
@@ -816,9 +828,18 @@ impl<'p> Machine<'p> {
                 mut vals,
                 start,
                 max,
+                waits,
             } => {
                 vals.push(v);
                 let max = max.max(self.ctx.depth);
+                // An element that waited for flushes is followed as written: the elements after
+                // it are recorded after those flushes, and starting them beside it would put
+                // them at depths the other instances have left (DRNN: 46 launches became 49).
+                let start = if waits != self.waits {
+                    self.ctx.depth
+                } else {
+                    start
+                };
                 self.concurrent_from(join, elems, vals, start, max, backend)?
             }
             Kont::Tuple { elems, mut vals } => {
