@@ -636,35 +636,35 @@ pub(crate) fn rule(
         }
         "sum" | "prod" | "mean" | "max" | "min" | "all" | "any" | "argmax" | "argmin" => {
             let x = batched_tensor(args.first()?)?;
-            let r = rank(0);
-            let listed = attrs.ints("axis").ok()?;
-            let exclude = attrs.bool("exclude").ok()?.unwrap_or(false);
-            let mut axes: Vec<i64> = match listed {
-                None => (0..r as i64).collect(),
-                Some(v) if v.is_empty() => (0..r as i64).collect(),
-                Some(v) => v
-                    .iter()
-                    .map(|&a| if a < 0 { a + r as i64 } else { a })
-                    .collect(),
-            };
-            if exclude && attrs.ints("axis").ok()?.is_some_and(|v| !v.is_empty()) {
-                axes = (0..r as i64).filter(|a| !axes.contains(a)).collect();
-            }
-            if axes.iter().any(|&a| !(0..r as i64).contains(&a)) {
-                return None;
-            }
-            let shifted: Vec<i64> = axes.iter().map(|a| a + 1).collect();
-            // No axis to reduce (a scalar per instance): an empty axis list would mean every
-            // axis of the batched tensor, the batch axis included.
-            if shifted.is_empty() {
-                return None;
-            }
+            let shifted = batched_axes(attrs, rank(0))?;
             if matches!(name, "argmax" | "argmin") && shifted.len() != 1 {
                 return None;
             }
             let attrs = with_attr(attrs, "axis", ints(&shifted));
             let attrs = with_attr(&attrs, "exclude", AttrValue::Bool(false));
             Some((vec![OpValue::Tensor(x.clone())], attrs))
+        }
+        // A reduction of `(data - mean)²`: the mean (each instance's, or one for all) broadcast
+        // onto the data with the batch axis lined up, the axes shifted past it.
+        "variance" => {
+            let x = batched_tensor(args.first()?)?;
+            let r = rank(0);
+            // The mean keeps the data's rank (the relation's rule): a shared one gets the batch
+            // axis as 1.
+            let m = match args.get(1)? {
+                BV::Shared(OpValue::Tensor(t)) => {
+                    let mut shape = vec![1];
+                    shape.extend_from_slice(t.shape());
+                    t.reshape(shape).ok()?
+                }
+                BV::Batched(OpValue::Tensor(t)) => pad_batched(t, r)?,
+                _ => return None,
+            };
+            let m = OpValue::Tensor(m);
+            let shifted = batched_axes(attrs, r)?;
+            let attrs = with_attr(attrs, "axis", ints(&shifted));
+            let attrs = with_attr(&attrs, "exclude", AttrValue::Bool(false));
+            Some((vec![OpValue::Tensor(x.clone()), m], attrs))
         }
         "concatenate" => {
             let BV::Batched(OpValue::Tuple(ts)) = args.first()? else {
@@ -868,6 +868,29 @@ pub(crate) fn rule(
 }
 
 /// `(B, s...)` reshaped to `(B, 1, ..., 1, s...)` with per-instance rank `r`.
+/// The axes a reduction of per-instance rank `r` reduces (its `axis` and `exclude`), as axes of
+/// the batched tensor (past the batch axis); `None` where they are not all per-instance axes or
+/// there is none (a scalar per instance: an empty list would mean every axis, the batch's too).
+fn batched_axes(attrs: &Attrs, r: usize) -> Option<Vec<i64>> {
+    let listed = attrs.ints("axis").ok()?;
+    let exclude = attrs.bool("exclude").ok()?.unwrap_or(false);
+    let mut axes: Vec<i64> = match &listed {
+        None => (0..r as i64).collect(),
+        Some(v) if v.is_empty() => (0..r as i64).collect(),
+        Some(v) => v
+            .iter()
+            .map(|&a| if a < 0 { a + r as i64 } else { a })
+            .collect(),
+    };
+    if exclude && listed.is_some_and(|v| !v.is_empty()) {
+        axes = (0..r as i64).filter(|a| !axes.contains(a)).collect();
+    }
+    if axes.is_empty() || axes.iter().any(|&a| !(0..r as i64).contains(&a)) {
+        return None;
+    }
+    Some(axes.iter().map(|a| a + 1).collect())
+}
+
 fn pad_batched(t: &Tensor, r: usize) -> Option<Tensor> {
     let own = t.rank().checked_sub(1)?;
     if own >= r {

@@ -208,6 +208,29 @@ def @main(%x: Tensor[(1, 6), float32])
     agrees("new_operators", src, &inputs.join("\n"), &["x"]);
 }
 
+/// A layer norm written by hand with Relay's `variance` (each instance's keepdims mean, and one
+/// for the whole mini-batch) runs batched: `variance` ran once per invocation (an audit's find:
+/// the batched engine slower than `--batch 1`).
+#[test]
+fn a_layer_norm_written_with_variance_batches() {
+    let src = r#"
+def @main(%x: Tensor[(1, 6), float32], %c: Tensor[(1, 1), float32]) -> (Tensor[(1, 6), float32], Tensor[(1), float32]) {
+  let %m = mean(%x, axis=[1], keepdims=True);
+  let %v = variance(%x, %m, axis=[1], keepdims=True);
+  (divide(subtract(%x, %m), sqrt(add(%v, 1e-5f))), variance(%x, %c, axis=[-1], unbiased=True))
+}
+"#;
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let row: Vec<String> = (0..6)
+                .map(|j| format!("{:.3}", ((i * 5 + j * 3) % 13) as f64 / 4.0 - 1.5))
+                .collect();
+            format!("{{\"x\": [[{}]]}}", row.join(", "))
+        })
+        .collect();
+    batches_without_loops("hand_layer_norm", src, &inputs, &["x"]);
+}
+
 /// Where the true result is tiny next to the values computed on the way (a numerics audit's
 /// finds), compared with no absolute tolerance: layer norm whose `y * g + b` nearly cancels
 /// (the row program rounded `y`, then `y * g`, then the sum: 0 where the reference gives
