@@ -10,7 +10,9 @@ s2s256.jsonl (256 sources of 5-40 tokens, 1-20 target steps), short128.jsonl (12
 of 3-16 tokens), rows128.jsonl (128 graphs of 5-40 nodes by word id, each node a list of 0-6 neighbours),
 beam64.jsonl (64 sources of 5-30 tokens, 3-12 steps of a beam of four), ids128.jsonl (128 sentences of
 5-40 word ids as one tensor each); and for the forty-eighth session's: frames128.jsonl (128
-utterances of 8-64 frames of 40 normals, with their count).
+utterances of 8-64 frames of 40 normals, with their count), btree128.jsonl (128 binary trees of 5-15
+leaves from a 1,000-word vocabulary), caps256.jsonl (256 sets of 32 eight-wide capsules, three
+routing iterations).
 Seeded: the same files every time."""
 import json
 import os
@@ -85,3 +87,18 @@ with open(os.path.join(out, "frames128.jsonl"), "w") as f:
     for _ in range(128):
         n = R.randint(8, 64)
         f.write(json.dumps({"frames": [[round(R.gauss(0, 1), 4) for _ in range(40)] for _ in range(n)], "n": n}) + "\n")
+
+
+def btree(n):
+    if n == 1:
+        return {"Rose": [[R.randrange(1, 1000)], []]}
+    k = R.randint(1, n - 1)
+    return {"Rose": [[0], [btree(k), btree(n - k)]]}
+
+
+with open(os.path.join(out, "btree128.jsonl"), "w") as f:
+    for _ in range(128):
+        f.write(json.dumps({"tree": btree(R.randint(5, 15))}) + "\n")
+with open(os.path.join(out, "caps256.jsonl"), "w") as f:
+    for _ in range(256):
+        f.write(json.dumps({"u": [[round(R.gauss(0, 1), 4) for _ in range(8)] for _ in range(32)], "iters": 3}) + "\n")

@@ -61,6 +61,7 @@ struct Rewriter<'b> {
     shared: Vec<bool>,
     reshape: &'static OpDef,
     dense: &'static OpDef,
+    transpose: &'static OpDef,
     /// The span and inlining calls of the node being rewritten: the nodes made in its place
     /// point where it did.
     span: Span,
@@ -220,6 +221,10 @@ impl Rewriter<'_> {
                     _ => (self.push(node), false),
                 }
             }
+            "nn.batch_matmul" => match self.batch_matmul_as_dense(&node) {
+                Some(v) => (v, true),
+                None => (self.push(node), false),
+            },
             // Columns stacked along axis 0 are the concatenation of their rows, reshaped: the
             // parts then lie as rows, which a product reads in place.
             "concatenate" => match self.column_concat(&node) {
@@ -272,6 +277,95 @@ impl Rewriter<'_> {
             },
             _ => (self.push(node), false),
         }
+    }
+
+    /// `nn.batch_matmul(x, y)` of f32 `(G, M, K)` and `(G', N, K)` (or `(G', K, N)` without
+    /// `transpose_b`) where one side has a batch of 1, broadcast over the other's: one product.
+    /// With `x`'s batch 1, every `x · y[g]ᵀ` is a slice of the columns of `x · Yᵀ` for `Y` the
+    /// `G·N` rows of `y` — a dense against a weight when `y` is one (a bilinear form's
+    /// `x · V[g]`, a capsule's transforms: per invocation, the product ran on the reference's
+    /// loops, 0.5 GFLOP/s); with `y`'s batch 1, `x`'s `G·M` rows times `y[0]ᵀ`.
+    fn batch_matmul_as_dense(&mut self, node: &BlockNode) -> Option<BVal> {
+        let flag = |name: &str, default: bool| match node.attrs.get(name) {
+            None | Some(AttrValue::None) => Some(default),
+            Some(AttrValue::Bool(b)) => Some(*b),
+            _ => None,
+        };
+        let (false, tb) = (flag("transpose_a", false)?, flag("transpose_b", true)?) else {
+            return None;
+        };
+        let plain_dtype = match node.attrs.get("out_dtype") {
+            None | Some(AttrValue::None) => true,
+            Some(AttrValue::Str(d)) => d.is_empty() || d == "float32",
+            _ => false,
+        };
+        if !plain_dtype {
+            return None;
+        }
+        let (Some(BArg::One(x)), Some(BArg::One(y))) = (node.args.first(), node.args.get(1)) else {
+            return None;
+        };
+        let (x, y) = (x.clone(), y.clone());
+        if self.is_shared(&x) && self.is_shared(&y) {
+            return None;
+        }
+        let f32_dims = |ty: &Ty| match ty.as_tensor() {
+            Some((_, DType::Float32)) => known_dims(ty),
+            _ => None,
+        };
+        let (xs, ys, out) = (
+            f32_dims(&self.ty(&x))?,
+            f32_dims(&self.ty(&y))?,
+            f32_dims(&node.ty)?,
+        );
+        let (&[gx, m, k], &[gy, a, b], &[g, om, on]) = (&xs[..], &ys[..], &out[..]) else {
+            return None;
+        };
+        let (n, yk) = if tb { (a, b) } else { (b, a) };
+        if yk != k || om != m || on != n || !(gx == 1 || gy == 1) {
+            return None;
+        }
+        let ty = |d: &[i64]| {
+            Ty::tensor(
+                d.iter().map(|&v| Dim::Known(v)).collect::<Vec<_>>(),
+                DType::Float32,
+            )
+        };
+        // `y` as rows of length K.
+        let y = match tb {
+            true => y,
+            false => self.transpose(y, &[0, 2, 1], ty(&[gy, n, k])),
+        };
+        if gx == 1 {
+            let (rows, _) = self.reshape_to(x, &ty(&[m, k]));
+            let (w, _) = self.reshape_to(y, &ty(&[gy * n, k]));
+            let p = self.dense(rows, w, Attrs::default(), ty(&[m, gy * n]));
+            if m == 1 {
+                return Some(self.reshape_to(p, &node.ty).0);
+            }
+            let (p3, _) = self.reshape_to(p, &ty(&[m, g, n]));
+            Some(self.transpose(p3, &[1, 0, 2], node.ty.clone()))
+        } else {
+            let (rows, _) = self.reshape_to(x, &ty(&[gx * m, k]));
+            let (w, _) = self.reshape_to(y, &ty(&[n, k]));
+            let p = self.dense(rows, w, Attrs::default(), ty(&[gx * m, n]));
+            Some(self.reshape_to(p, &node.ty).0)
+        }
+    }
+
+    /// `transpose(x, axes)` of type `ty`.
+    fn transpose(&mut self, x: BVal, axes: &[i64], ty: Ty) -> BVal {
+        self.push(BlockNode {
+            op: self.transpose,
+            args: vec![BArg::One(x)],
+            attrs: Attrs(vec![attr(
+                "axes",
+                AttrValue::List(axes.iter().map(|&a| AttrValue::Int(a)).collect()),
+            )]),
+            ty,
+            span: self.span,
+            calls: self.calls.clone(),
+        })
     }
 
     /// The operands `(A, B)` of `nn.dense(A, B)` at node `d` when `A` is shared, `B` is not and
@@ -393,9 +487,10 @@ impl Rewriter<'_> {
 }
 
 fn canonicalize_block(block: &mut Block, varying: &[bool]) -> usize {
-    let (Some(reshape), Some(dense)) = (
+    let (Some(reshape), Some(dense), Some(transpose)) = (
         tumble_ops::lookup("reshape"),
         tumble_ops::lookup("nn.dense"),
+        tumble_ops::lookup("transpose"),
     ) else {
         return 0;
     };
@@ -407,6 +502,7 @@ fn canonicalize_block(block: &mut Block, varying: &[bool]) -> usize {
         shared: Vec::with_capacity(old.len()),
         reshape,
         dense,
+        transpose,
         span: Span::default(),
         calls: Vec::new(),
     };

@@ -1356,6 +1356,81 @@ def @main(%xs: List[Tensor[(5, 1), float32]], %W: Tensor[(5, 5), float32], %U: T
     }
 }
 
+/// `nn.batch_matmul` with a batch of one on either side (a bilinear form's `x · V[g]` over a
+/// shared `V`, with and without `transpose_b`, one row and three; each group's rows against an
+/// instance's one matrix) becomes one product, and a shared `(G, N, K)` against every instance's
+/// `(G, M, K)` (a capsule layer's transforms) runs group by group: equal to the reference every
+/// way, no operator left to per-invocation calls, no `batch_matmul` left where one side has one
+/// batch, and the same values with the rewrite off.
+#[test]
+fn batch_matmuls_broadcast_over_one_batch_are_products() {
+    let src = r#"
+def @main(%x: Tensor[(1, 4), float32], %u: Tensor[(3, 4), float32], %V: Tensor[(5, 6, 4), float32],
+          %Vt: Tensor[(5, 4, 6), float32], %C: Tensor[(3, 6, 4), float32])
+    -> (Tensor[(5, 1, 6), float32], Tensor[(5, 3, 6), float32], Tensor[(5, 1, 6), float32],
+        Tensor[(5, 6, 1), float32], Tensor[(3, 1, 6), float32]) {
+  let %x3 = reshape(%x, newshape=[1, 1, 4]);
+  let %u3 = reshape(%u, newshape=[1, 3, 4]);
+  let %xv = nn.batch_matmul(%x3, %V);
+  (%xv,
+   nn.batch_matmul(%u3, %V),
+   nn.batch_matmul(%x3, %Vt, transpose_b=False),
+   nn.batch_matmul(reshape(%xv, newshape=[5, 6, 1]), reshape(sum(sigmoid(%x)), newshape=[1, 1, 1]), transpose_b=False),
+   nn.batch_matmul(reshape(%u, newshape=[3, 1, 4]), %C))
+}
+"#;
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let row = |r: usize| -> String {
+                let v: Vec<String> = (0..4)
+                    .map(|j| format!("{:.3}", ((i * 5 + r * 7 + j * 3) % 13) as f64 / 4.0 - 1.5))
+                    .collect();
+                format!("[{}]", v.join(", "))
+            };
+            format!(
+                "{{\"x\": [{}], \"u\": [{}, {}, {}]}}",
+                row(0),
+                row(1),
+                row(2),
+                row(3)
+            )
+        })
+        .collect();
+    batches_without_loops("bmm_broadcast", src, &inputs, &["x", "u"]);
+    let x = expected(
+        "bmm_broadcast",
+        load_text("bmm_broadcast", src),
+        &inputs.join("\n"),
+        &["x", "u"],
+    );
+    let (on, reuse_on) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let left: usize = on
+        .blocks
+        .iter()
+        .map(|b| {
+            b.nodes
+                .iter()
+                .filter(|n| n.op.name == "nn.batch_matmul")
+                .count()
+        })
+        .sum();
+    assert_eq!(
+        left, 1,
+        "only the capsule-like product is left a batch_matmul"
+    );
+    let statics = tumble_compile::StaticOptions {
+        canon: false,
+        ..tumble_compile::StaticOptions::all()
+    };
+    let (off, reuse_off) = common::compile(&x, true, statics);
+    let (on_vals, _) = common::run_once(&x, &on, &reuse_on, Default::default());
+    let (off_vals, _) = common::run_once(&x, &off, &reuse_off, Default::default());
+    for (i, (a, b)) in on_vals.iter().zip(&off_vals).enumerate() {
+        common::same_within(a, b, &format!("instance {i}"), 1e-5)
+            .unwrap_or_else(|e| panic!("canonical products on vs off: {e}"));
+    }
+}
+
 /// An LSTM-style cell that spells `split(nn.dense(%x, %W), 3)` once per gate and adds two random
 /// draws written alike: the repeated products and splits are computed once (one product in the
 /// block), the draws stay two draws. Equal to the reference every way, with and without the pass.
