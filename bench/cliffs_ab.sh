@@ -19,7 +19,8 @@ for p in gate_wsel_512:gate256 gate_arms_512:gate256 expr_wsel_512:expr64 expr_p
          rowsel_512:rows128 gnn_idx_512:rows128 ptr_512:ptr256 s2s_attend_512:s2s256 cky_nth_64:short128 cky_zip_64:short128 \
          beam_512:beam64 beamsign_512:beam64 crf_64:seq256 crfgemm_64:seq256 textcnn_512:ids128 \
          restack_512:rows128 pblstm_64:frames128 lnlstm_256:seq256 lnlstm_op_256:seq256 \
-         rntn_bmm_64:btree128 rntn_dense_64:btree128 capsule_256:caps256; do
+         rntn_bmm_64:btree128 rntn_dense_64:btree128 capsule_256:caps256 \
+         viterbi_ax0_128:seq256 viterbi_ax1_128:seq256; do
   m=${p%%:*}; in=$D/${p##*:}.jsonl
   [ "$ONLY" = "  " ] || [[ "$ONLY" == *" $m "* ]] || continue
   for r in $(seq "$ROUNDS"); do

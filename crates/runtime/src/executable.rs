@@ -347,7 +347,7 @@ fn locality_chunk(block: &Block, reuse: &Reuse, b: usize) -> usize {
             }
     });
     if !per_invocation_weight {
-        return usize::MAX;
+        return intermediate_chunk(block);
     }
     let bytes: Option<usize> = block
         .inputs
@@ -365,6 +365,55 @@ fn locality_chunk(block: &Block, reuse: &Reuse, b: usize) -> usize {
     match bytes {
         Some(bytes) => (CHUNK_INPUT_BYTES / bytes.max(1)).max(1),
         None => usize::MAX,
+    }
+}
+
+/// Bytes of one intermediate of a launch of a block whose every invocation makes a large one
+/// (below): about an L2's worth.
+const CHUNK_INTERMEDIATE_BYTES: usize = 1 << 20;
+
+/// One invocation's intermediate at least this large makes its block launch in chunks.
+const LARGE_INTERMEDIATE_BYTES: usize = 16 << 10;
+
+/// A block without products whose invocations each make a large intermediate and reduce it (a
+/// Viterbi step's
+/// `(T, 1) + (T, T)` scores, reduced by `max` and `argmax` over an axis): launched all at once,
+/// every intermediate is a fresh tensor of all of them (134 MB for 2,048 steps at T = 128: first
+/// touches of fresh pages and passes over main memory, 1.2× the time of one invocation per
+/// launch); in chunks of about [`CHUNK_INTERMEDIATE_BYTES`] each, the pool hands every chunk
+/// the previous one's buffers, in cache. Products are left whole: they gain from every row.
+fn intermediate_chunk(block: &Block) -> usize {
+    if block.nodes.iter().any(|n| {
+        matches!(
+            n.op.name,
+            "nn.dense" | "nn.batch_matmul" | "nn.matmul" | "nn.conv1d" | "nn.conv2d"
+        )
+    }) {
+        return usize::MAX;
+    }
+    let bytes = |ty: &tumble_ir::Ty| -> Option<usize> {
+        let (dims, dtype) = ty.as_tensor()?;
+        let elems = dims.iter().try_fold(1usize, |e, d| {
+            e.checked_mul(usize::try_from(d.known()?).ok()?)
+        })?;
+        elems.checked_mul(dtype.size())
+    };
+    let largest = block
+        .nodes
+        .iter()
+        .filter_map(|n| bytes(&n.ty))
+        .max()
+        .unwrap_or(0);
+    // The block reduces what it makes: its outputs, kept however the launch is cut, are a small
+    // part of it (a leaf's looked-up matrix is its output, and chunks would only split its
+    // launch and its memo).
+    let kept: Option<usize> = block.output_tys().iter().map(bytes).sum();
+    if kept.is_none_or(|k| k.saturating_mul(8) > largest) {
+        return usize::MAX;
+    }
+    match largest >= LARGE_INTERMEDIATE_BYTES {
+        true => (CHUNK_INTERMEDIATE_BYTES / largest).max(1),
+        false => usize::MAX,
     }
 }
 

@@ -223,6 +223,14 @@ fn reduce_f32(args: &[OpValue], attrs: &Attrs, fold: Fold) -> Option<Tensor> {
     if inner == 1 {
         // Over the last axis: one chain per row.
         out.extend(data.chunks_exact(n).take(outer).map(|row| {
+            let extreme = match fold {
+                Fold::Max => row_extreme(row, true),
+                Fold::Min => row_extreme(row, false),
+                Fold::Sum | Fold::Mean => None,
+            };
+            if let Some(e) = extreme {
+                return e;
+            }
             let (start, rest) = match sums {
                 true => (0.0, row),
                 false => (
@@ -245,10 +253,11 @@ fn reduce_f32(args: &[OpValue], attrs: &Attrs, fold: Fold) -> Option<Tensor> {
                         .for_each(|(a, &x)| *a = f64::from(x));
                 }
             }
-            for row in rows {
-                acc.iter_mut()
-                    .zip(row)
-                    .for_each(|(a, &x)| *a = fold.step(*a, f64::from(x)));
+            // One loop per fold, the choice made outside it (so it vectorizes).
+            match fold {
+                Fold::Sum | Fold::Mean => fold_rows(&mut acc, rows, |a, x| Fold::Sum.step(a, x)),
+                Fold::Max => fold_rows(&mut acc, rows, |a, x| Fold::Max.step(a, x)),
+                Fold::Min => fold_rows(&mut acc, rows, |a, x| Fold::Min.step(a, x)),
             }
             out.extend(acc.iter().map(|&a| round(a)));
         }
@@ -296,6 +305,48 @@ fn variance_f32(args: &[OpValue], attrs: &Attrs) -> Option<Tensor> {
     Tensor::from_f32(out_shape, out).ok()
 }
 
+/// The largest (`high`) or smallest element of a row as the reference's fold in f64 finds it,
+/// by eight independent lanes: NaN if any element is NaN; `None` for an empty row or a zero
+/// extreme (whose sign the fold's order decides: the caller folds in order).
+fn row_extreme(row: &[f32], high: bool) -> Option<f32> {
+    let first = *row.first()?;
+    let mut lanes = [first; 8];
+    let mut nan = false;
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            let better = if high { x > *l } else { x < *l };
+            *l = if better { x } else { *l };
+            nan |= x.is_nan();
+        }
+    }
+    let mut e = first;
+    for &x in lanes.iter().chain(chunks.remainder()) {
+        nan |= x.is_nan();
+        let better = if high { x > e } else { x < e };
+        e = if better { x } else { e };
+    }
+    match () {
+        _ if nan => Some(f32::NAN),
+        _ if e == 0.0 => None,
+        _ => Some(e),
+    }
+}
+
+/// Every row folded into the accumulators, element by element.
+#[inline(always)]
+fn fold_rows<'a>(
+    acc: &mut [f64],
+    rows: impl Iterator<Item = &'a [f32]>,
+    step: impl Fn(f64, f64) -> f64,
+) {
+    for row in rows {
+        acc.iter_mut()
+            .zip(row)
+            .for_each(|(a, &x)| *a = step(*a, f64::from(x)));
+    }
+}
+
 /// `argmax` (`high`) or `argmin` of an f32 tensor over one axis as the reference computes it:
 /// int32 positions, ties to the first (the last with `select_last_index`), NaN taken as the
 /// best, the first one (numpy's). A beam search's repeated argmax over 4,000 scores was
@@ -310,31 +361,91 @@ fn arg_f32(args: &[OpValue], attrs: &Attrs, high: bool) -> Option<Tensor> {
     }
     let inner = inner.max(1);
     let mut out: Vec<i32> = Vec::with_capacity(outer * inner);
-    for block in data.chunks_exact(n * inner).take(outer) {
-        for j in 0..inner {
-            let column = block.get(j..)?;
-            out.push(i32::try_from(best_index(column, inner, high, last)).ok()?);
+    if inner == 1 {
+        for row in data.chunks_exact(n).take(outer) {
+            // The extreme first, then where it is (two passes the compiler vectorizes, where
+            // the walk is a chain of branches): the first element equal to it (the last with
+            // `last`), ±0 equal as they are to the walk; a row holding NaN is walked.
+            let at = match row_extreme(row, high) {
+                Some(e) if !e.is_nan() => match last {
+                    false => row.iter().position(|&x| x == e),
+                    true => row.iter().rposition(|&x| x == e),
+                },
+                _ => None,
+            };
+            let at = at.unwrap_or_else(|| best_index(row, 1, high, last));
+            out.push(i32::try_from(at).ok()?);
         }
+        return Tensor::from_vec(out_shape, out).ok();
+    }
+    // Over an inner axis: the rows in order, each column's best so far updated by the same rule
+    // as `best_index` walks a column with (a column at a time strided through the whole block:
+    // a Viterbi step's argmax over a (128, 128) score matrix was 4 ns an element).
+    let mut best = vec![0f32; inner];
+    let mut at = vec![0i32; inner];
+    for block in data.chunks_exact(n * inner).take(outer) {
+        let mut rows = block.chunks_exact(inner);
+        best.copy_from_slice(rows.next()?);
+        at.iter_mut().for_each(|a| *a = 0);
+        for (r, row) in rows.enumerate() {
+            let r = i32::try_from(r + 1).ok()?;
+            // `beats` without branches (selects the compiler vectorizes), one loop per rule.
+            match (high, last) {
+                (true, false) => update_best(&mut best, &mut at, row, r, |x, b| {
+                    (x > b) | (x.is_nan() & !b.is_nan())
+                }),
+                (false, false) => update_best(&mut best, &mut at, row, r, |x, b| {
+                    (x < b) | (x.is_nan() & !b.is_nan())
+                }),
+                (true, true) => update_best(&mut best, &mut at, row, r, |x, b| {
+                    x.is_nan() | (!b.is_nan() & (x >= b))
+                }),
+                (false, true) => update_best(&mut best, &mut at, row, r, |x, b| {
+                    x.is_nan() | (!b.is_nan() & (x <= b))
+                }),
+            }
+        }
+        out.extend_from_slice(&at);
     }
     Tensor::from_vec(out_shape, out).ok()
+}
+
+/// Each column's best so far and its row, updated by row `r` where `better(x, best)`.
+#[inline(always)]
+fn update_best(
+    best: &mut [f32],
+    at: &mut [i32],
+    row: &[f32],
+    r: i32,
+    better: impl Fn(f32, f32) -> bool,
+) {
+    for ((b, a), &x) in best.iter_mut().zip(at.iter_mut()).zip(row) {
+        let m = better(x, *b);
+        *b = if m { x } else { *b };
+        *a = if m { r } else { *a };
+    }
+}
+
+/// Does `x` replace `b` as the best so far of an `argmax` (`high`) or `argmin`, as the
+/// reference picks: NaN beats any number, an equal one only with `last`.
+#[inline]
+fn beats(x: f32, b: f32, high: bool, last: bool) -> bool {
+    match (x.is_nan(), b.is_nan()) {
+        (true, true) => last,
+        (true, false) => true,
+        (false, true) => false,
+        _ if x == b => last,
+        _ => (x > b) == high,
+    }
 }
 
 /// The position (counted in elements `step` apart, from `values[0]`) of the largest element of
 /// `values[0], values[step], ..` (`high`) or the smallest, as the reference's `argmax`/`argmin`
 /// picks it: NaN beats any number, the first of equals wins (the last with `last`).
 pub(crate) fn best_index(values: &[f32], step: usize, high: bool, last: bool) -> usize {
-    let beats = |x: f32, b: f32| -> bool {
-        match (x.is_nan(), b.is_nan()) {
-            (true, true) => last,
-            (true, false) => true,
-            (false, true) => false,
-            _ if x == b => last,
-            _ => (x > b) == high,
-        }
-    };
     let mut best = (0usize, f32::NAN);
     for (i, &x) in values.iter().step_by(step.max(1)).enumerate() {
-        if i == 0 || beats(x, best.1) {
+        if i == 0 || beats(x, best.1, high, last) {
             best = (i, x);
         }
     }
@@ -1070,6 +1181,56 @@ pub(crate) mod tests {
             }
         }
         assert!(checked > 180, "{checked}");
+    }
+
+    /// Extremes and their positions over long last axes (eight lanes and a remainder): a zero
+    /// extreme of either sign among zeros of both, NaN first, late and twice, ties early and
+    /// late, all equal: the reference's bits and positions.
+    #[test]
+    fn extremes_of_long_rows_are_the_references() {
+        let n = 43;
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        let base: Vec<f32> = (0..n).map(|i| -1.0 - (i * 7 % 13) as f32).collect();
+        let with = |at: &[(usize, f32)]| {
+            let mut r = base.clone();
+            for &(i, v) in at {
+                r[i] = v;
+            }
+            r
+        };
+        rows.push(with(&[(3, -0.0), (20, 0.0)]));
+        rows.push(with(&[(3, 0.0), (20, -0.0), (41, 0.0)]));
+        rows.push(with(&[(0, f32::NAN)]));
+        rows.push(with(&[(37, f32::NAN), (40, f32::NAN)]));
+        rows.push(with(&[(2, 5.0), (9, 5.0), (42, 5.0)]));
+        rows.push(vec![2.5; n]);
+        rows.push(base.iter().map(|x| -x).collect());
+        let t =
+            Tensor::from_f32(vec![rows.len(), n], rows.concat()).unwrap_or_else(|e| panic!("{e}"));
+        for op in ["max", "min", "argmax", "argmin"] {
+            for last in [false, true] {
+                if last && !op.starts_with("arg") {
+                    continue;
+                }
+                let mut kv = vec![("axis", AttrValue::List(vec![AttrValue::Int(1)]))];
+                if last {
+                    kv.push(("select_last_index", AttrValue::Bool(true)));
+                }
+                let a = attrs(&kv);
+                let args = [OpValue::Tensor(t.clone())];
+                let Some(OpValue::Tensor(fast)) = try_eval(op, &args, &a, 1) else {
+                    panic!("{op}: no fast path")
+                };
+                let want = reference(op, &args, &a);
+                let bits = |x: &Tensor| -> Vec<u64> {
+                    match x.as_f32() {
+                        Some(v) => v.iter().map(|v| u64::from(v.to_bits())).collect(),
+                        None => x.to_i64_vec().iter().map(|&i| i as u64).collect(),
+                    }
+                };
+                assert_eq!(bits(&fast), bits(&want), "{op} last={last}");
+            }
+        }
     }
 
     /// `variance` against its keepdims mean over each axis of odd shapes, biased and unbiased,

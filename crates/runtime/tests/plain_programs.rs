@@ -760,6 +760,47 @@ def @main(%a: Tensor[(1, 64), float32], %m: Tensor[(64, 64), float32], %w: Tenso
     agrees("chunks", src, &inputs.join("\n"), &["a", "m"]);
 }
 
+/// A Viterbi step (`(T, 1) + (T, T)` scores, their `max` and `argmax` over the previous state's
+/// axis) makes a 64 KiB intermediate per invocation: 40 instances launch in chunks of 16 (1 MiB
+/// of scores each), not all at once, and equal the reference every way; one launch with the
+/// switch off.
+#[test]
+fn large_intermediates_launch_in_chunks() {
+    let src = r#"
+def @main(%d: Tensor[(1, 128), float32], %T: Tensor[(128, 128), float32]) -> (Tensor[(1, 128), float32], Tensor[(128), int32]) {
+  let %s = add(reshape(%d, newshape=[128, 1]), %T);
+  (reshape(max(%s, axis=[0]), newshape=[1, 128]), argmax(%s, axis=[0]))
+}
+"#;
+    let inputs: Vec<String> = (0..40)
+        .map(|i| {
+            let d: Vec<String> = (0..128)
+                .map(|j| format!("{:.2}", ((i * 7 + j * 5) % 23) as f64 / 4.0))
+                .collect();
+            format!("{{\"d\": [[{}]]}}", d.join(","))
+        })
+        .collect();
+    let x = expected(
+        "viterbi",
+        load_text("viterbi", src),
+        &inputs.join("\n"),
+        &["d"],
+    );
+    check_all_ways(&x);
+    let launches = |locality_chunks| {
+        batch_profile(
+            &x,
+            tumble_runtime::Options {
+                locality_chunks,
+                ..Default::default()
+            },
+        )
+        .launches
+    };
+    assert_eq!(launches(true), 3, "40 invocations in chunks of 16");
+    assert_eq!(launches(false), 1);
+}
+
 /// A fold over a long list: each step's deferred sum copied every term of the previous one (O(n²)
 /// terms kept for a list of n). Past 32 terms the `add` runs as an ordinary launch that sums the
 /// deferred terms, so the fold costs O(n); the result is the reference's.
