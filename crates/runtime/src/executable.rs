@@ -22,6 +22,9 @@ use crate::Options;
 pub struct Executable {
     /// Per block: `Block::returns_only_scalars` (computed once, read per invocation).
     pub(crate) scalar_blocks: Vec<bool>,
+    /// Per block: every output an integer or boolean (no adjoint): host scalars while recording
+    /// for the backward too.
+    pub(crate) integral_blocks: Vec<bool>,
     /// Per block: it only takes slices of its inputs by its other inputs, every one the same for
     /// all instances by the reuse analysis ([`crate::weight_slices::is_slice_block`]): run once
     /// per weight and index for the job.
@@ -175,6 +178,14 @@ impl Executable {
             .collect();
         let exec = Executable {
             scalar_blocks: blocks.iter().map(Block::returns_only_scalars).collect(),
+            integral_blocks: blocks
+                .iter()
+                .map(|b| {
+                    b.output_tys().iter().all(|t| {
+                        matches!(t.as_tensor(), Some((_, dt)) if dt.is_int() || dt == tumble_ir::DType::Bool)
+                    })
+                })
+                .collect(),
             weight_slice_blocks: blocks
                 .iter()
                 .enumerate()

@@ -16,16 +16,20 @@ use tumble_tensor::Tensor;
 /// weight slices (a "layer" counter over thousands of rows of a table is a lookup, not this).
 const MAX_BYTES: usize = 64 << 20;
 
-/// Whether block `b` (number `i`) only takes slices of its inputs by its other inputs — every
-/// node a `take` of block inputs, every output a node — and every input is the same for all
-/// instances (`InputReuse::Shared`: a weight, and a layer index counted from a literal).
+/// Whether block `b` (number `i`) only takes slices of its inputs by its other inputs or by
+/// literals — every node a `take` of block inputs and constants, every output a node — and
+/// every input is the same for all instances (`InputReuse::Shared`: a weight, and a layer index
+/// counted from a literal; `take(%Ws, 0)`, `take(%Ws, 1)` written out in `@main`, maybe beside
+/// a `zeros`).
 pub(crate) fn is_slice_block(b: &Block, reuse: &ReuseAnalysis, i: usize) -> bool {
     !b.nodes.is_empty()
         && b.nodes.iter().all(|n| {
-            n.op.name == "take"
+            let takes = n.op.name == "take"
                 && n.args
                     .iter()
-                    .all(|a| matches!(a, BArg::One(BVal::Input(_))))
+                    .all(|a| matches!(a, BArg::One(BVal::Input(_) | BVal::Const(_))));
+            // A constant made beside them (`zeros` for an initial state).
+            takes || (n.args.is_empty() && !n.op.name.starts_with("random."))
         })
         && b.outputs.iter().all(|v| matches!(v, BVal::Node(_)))
         && (0..b.inputs.len()).all(|k| reuse.is_shared(i as u32, k))

@@ -714,3 +714,75 @@ def @main(%x: Tensor[(1, 4), float32], %t: Option[Tensor[(), float32]], %w: Tens
     let interpreted = traced_grads(&x, &wrt, &second, 6, None);
     same_bits(&replayed, &interpreted, "mixed mini-batches");
 }
+
+/// A stacked model's layer weights as slices of one stacked weight — `take(%Ws, %l)` by a layer
+/// counter, or `take(%Ws, 0)` … written out in `@main` beside a `zeros` — and the same model
+/// with a weight per layer: the gradients equal the reference's, and the stacked forms launch
+/// about as often as the named one (each slice is recorded once per mini-batch and passed to its
+/// layer's launches whole; a slice per invocation was a weight-sized copy and gradient each:
+/// a 3-layer LSTM ran out of memory at 29 instances).
+#[test]
+fn stacked_weight_slices_differentiate_once() {
+    let rnn = r#"
+def @rnn(%X: Tensor[(?, 4), float32], %i: int32, %n: int32, %h: Tensor[(1, 4), float32], %W: Tensor[(4, 8), float32]) -> Tensor[(1, 4), float32] {
+  if (%i == %n) { %h } else {
+    let %x = expand_dims(take(%X, %i, axis=0), axis=0);
+    @rnn(%X, %i + 1, %n, tanh(nn.dense(concatenate((%x, %h), axis=1), %W)), %W)
+  }
+}
+"#;
+    let by_counter = format!(
+        r#"{rnn}
+def @stack(%X: Tensor[(?, 4), float32], %n: int32, %l: int32, %h: Tensor[(1, 4), float32], %Ws: Tensor[(3, 4, 8), float32]) -> Tensor[(1, 4), float32] {{
+  if (%l == 3) {{ %h }} else {{ @stack(%X, %n, %l + 1, @rnn(%X, 0, %n, %h, take(%Ws, %l, axis=0)), %Ws) }}
+}}
+def @main(%x: Tensor[(?, 4), float32], %n: int32, %Ws: Tensor[(3, 4, 8), float32]) -> Tensor[(), float32] {{
+  let %o = @stack(%x, %n, 0, zeros(shape=[1, 4], dtype="float32"), %Ws);
+  sum(multiply(%o, %o))
+}}
+"#
+    );
+    let in_main = format!(
+        r#"{rnn}
+def @main(%x: Tensor[(?, 4), float32], %n: int32, %Ws: Tensor[(3, 4, 8), float32]) -> Tensor[(), float32] {{
+  let %W0 = take(%Ws, 0, axis=0); let %W1 = take(%Ws, 1, axis=0); let %W2 = take(%Ws, 2, axis=0);
+  let %z = zeros(shape=[1, 4], dtype="float32");
+  let %o = @rnn(%x, 0, %n, @rnn(%x, 0, %n, @rnn(%x, 0, %n, %z, %W0), %W1), %W2);
+  sum(multiply(%o, %o))
+}}
+"#
+    );
+    let named = format!(
+        r#"{rnn}
+def @main(%x: Tensor[(?, 4), float32], %n: int32, %W0: Tensor[(4, 8), float32], %W1: Tensor[(4, 8), float32], %W2: Tensor[(4, 8), float32]) -> Tensor[(), float32] {{
+  let %z = zeros(shape=[1, 4], dtype="float32");
+  let %o = @rnn(%x, 0, %n, @rnn(%x, 0, %n, @rnn(%x, 0, %n, %z, %W0), %W1), %W2);
+  sum(multiply(%o, %o))
+}}
+"#
+    );
+    let lens = [3usize, 1, 6, 5, 2, 4];
+    let inputs: String = var_rows(40, 4, &lens)
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            let n = lens[i % lens.len()];
+            format!("{}, \"n\": {n}}}\n", l.trim_end_matches('}'))
+        })
+        .collect();
+    let launches = |name: &str, src: &str| {
+        let x = expected(name, load_text(name, src), &inputs, &["x", "n"]);
+        check(&x);
+        let wrt = float_params(&x);
+        let gopts = GradOptions::default();
+        batched_grad_counted(&x, &wrt, 64, Options::default(), gopts).2
+    };
+    let named = launches("named_layers", &named);
+    for (name, src) in [("by_counter", by_counter), ("in_main", in_main)] {
+        let stacked = launches(name, &src);
+        assert!(
+            stacked <= named + 4,
+            "{name}: {stacked} backward launches, {named} with a weight per layer"
+        );
+    }
+}

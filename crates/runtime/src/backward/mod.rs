@@ -855,13 +855,16 @@ fn backward_launch(
             continue;
         };
         match g {
-            BV::Shared(OpValue::Tensor(g)) => {
-                if let Some(Source::Param(k)) = srcs.first() {
+            BV::Shared(OpValue::Tensor(g)) => match srcs.first() {
+                Some(Source::Param(k)) => {
                     if let Some(slot) = grads.get_mut(*k) {
                         add_dense(slot, g).map_err(internal)?;
                     }
                 }
-            }
+                // One computed value every row read (`Dfg::stacked_inputs`): the rows' sum.
+                Some(Source::Node(lr)) => adj.add(dfg, *lr, g)?,
+                Some(Source::Const) | None => {}
+            },
             BV::Batched(OpValue::Tensor(g)) => {
                 let row_shape = g.shape().get(1..).unwrap_or_default();
                 let len = row_shape.iter().product::<usize>();

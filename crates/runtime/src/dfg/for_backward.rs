@@ -111,6 +111,18 @@ impl Dfg<'_> {
                     continue;
                 }
             }
+            // One computed value read by every row (a slice of weights recorded once): passed
+            // once, its adjoint the sum over the rows (as the forward's launch passed it).
+            let one_expected = nodes
+                .first()
+                .is_some_and(|n| self.reuse.is_shared(n.block, i));
+            if let Some(Arg::Lazy(first)) = args.first().filter(|_| args.len() > 1 || one_expected)
+            {
+                if args.iter().all(|a| matches!(a, Arg::Lazy(r) if r == first)) {
+                    inputs.push(BV::Shared(OpValue::Tensor(self.whole_value(*first)?)));
+                    continue;
+                }
+            }
             // Exactly rows 0..b of one earlier launch's output, in order: that output itself.
             if fast && kept_zero_copy_enabled() {
                 if let Some(t) = self.whole_batch(&args)? {

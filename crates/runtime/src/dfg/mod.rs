@@ -248,6 +248,12 @@ pub struct Dfg<'p> {
     /// weight they chose only where it is one of these ([`Dfg::note_weights`]).
     model_weights: std::collections::HashMap<usize, Tensor>,
     weights_noted: bool,
+    /// Recording for the backward: the value of each slice of model weights recorded so far,
+    /// by [`Dfg::backward_slice_key`], with the weights it names.
+    backward_slices: std::collections::HashMap<Vec<u64>, (Vec<Tensor>, Value)>,
+    /// Computed values passed whole to launches that all read one of them ([`Dfg::whole_value`]),
+    /// by reference: one tensor each, so products find it packed from the first launch on.
+    whole_values: std::cell::RefCell<std::collections::HashMap<LazyRef, Tensor>>,
     /// Invocations recorded so far: the recording's time is sampled every
     /// [`DFG_TIME_SAMPLE`]-th one (two clock reads per invocation cost ~2% of a small model).
     invocations: u32,
@@ -453,6 +459,8 @@ impl<'p> Dfg<'p> {
     ) -> Self {
         Dfg {
             model_weights: Default::default(),
+            backward_slices: Default::default(),
+            whole_values: Default::default(),
             weights_noted: false,
             program,
             reuse,
@@ -568,6 +576,44 @@ impl<'p> Dfg<'p> {
                 .or_insert_with(|| t.clone());
         }
         Ok(Some((slices, took)))
+    }
+
+    /// The key of a slice block's invocation while recording for the backward: the block, its
+    /// weights by buffer (returned too, held so no other tensor takes their addresses) and its
+    /// integer indices by value; `None` unless every input is one of those and one is a weight.
+    fn backward_slice_key(
+        &self,
+        block_id: u32,
+        recorded: &[Arg],
+    ) -> Option<(Vec<u64>, Vec<Tensor>)> {
+        let mut key = vec![u64::from(block_id)];
+        let mut sources = Vec::new();
+        for a in recorded {
+            let Arg::Val(t) = a else { return None };
+            if self.is_model_weight(t) {
+                key.push(t.buffer_id() as u64);
+                sources.push(t.clone());
+            } else if t.len() == 1 && t.dtype().is_int() {
+                key.push(*t.to_i64_vec().first()? as u64);
+            } else {
+                return None;
+            }
+        }
+        (!sources.is_empty()).then_some((key, sources))
+    }
+
+    /// The value of `r` as one tensor, the same one every time it is asked for (a row of an
+    /// earlier launch is copied out once): a computed value every invocation of a launch reads
+    /// (a slice of weights recorded once for the backward) is passed whole, and a product that
+    /// takes it as its weight packs it once, not once per launch (a fresh copy per launch was a
+    /// new weight to pack and keep each time: 5.4 GiB for a stacked LSTM's gradient).
+    pub(super) fn whole_value(&self, r: LazyRef) -> Result<Tensor, RunError> {
+        if let Some(t) = self.whole_values.borrow().get(&r) {
+            return Ok(t.clone());
+        }
+        let t = self.slot(&r)?.value().map_err(RunError::new)?;
+        self.whole_values.borrow_mut().insert(r, t.clone());
+        Ok(t)
     }
 
     /// Whether `t` is one of the model weights [`Dfg::note_weights`] learned.
@@ -919,8 +965,10 @@ impl Backend for Dfg<'_> {
         // Small work on known values runs on the host at once (ACROBAT lowers scalar arithmetic to
         // native code), keeping counters and conditions out of the graph.
         let for_backward = self.launch_log.is_some();
+        // (Recording for the backward, only blocks of integer and boolean results: a float
+        // must stay on the graph for its adjoint, a counter or a condition has none.)
         if self.opts.host_scalars
-            && !for_backward
+            && (!for_backward || self.exec.integral_blocks.get(block_id as usize) == Some(&true))
             && self.opts.scheduler != Scheduler::Eager
             && recorded
                 .iter()
@@ -950,6 +998,23 @@ impl Backend for Dfg<'_> {
             self.profile.host_invocations += 1;
             self.profile.time_dfg += sampled(t0);
             return Ok(block_value(block, outs));
+        }
+        // Recording for the backward, a slice of model weights (a stacked model's layer
+        // `take(%Ws, %l)`) is one node per weight and index for the mini-batch, read by every
+        // later invocation: its adjoint is added up from all its readers, where a node per
+        // invocation kept a copy of the slice each (a 3-layer LSTM's gradient ran out of memory
+        // at 29 instances).
+        let backward_slice = match for_backward
+            && self.exec.weight_slice_blocks.get(block_id as usize) == Some(&true)
+        {
+            true => self.backward_slice_key(block_id, &recorded),
+            false => None,
+        };
+        if let Some((key, _)) = &backward_slice {
+            if let Some((_, v)) = self.backward_slices.get(key) {
+                self.profile.time_dfg += sampled(t0);
+                return Ok(v.clone());
+            }
         }
         if !for_backward
             && self.opts.scheduler != Scheduler::Eager
@@ -1002,22 +1067,35 @@ impl Backend for Dfg<'_> {
                 words.clear();
                 words.push(u64::from(shape_key));
                 for (i, a) in recorded.iter().enumerate() {
-                    // Scalars are not weights: a counter or threshold computed on the host per
-                    // instance (from literals, so "shared per call site") is a fresh tensor each
-                    // time, and keying by it would launch every instance alone.
-                    if let Arg::Val(t) = a {
-                        if t.len() > 1
-                            && !matches!(
-                                self.reuse
-                                    .inputs
-                                    .get(block_id as usize)
-                                    .and_then(|v| v.get(i)),
-                                Some(crate::reuse::InputReuse::PerInstance) | None
-                            )
-                        {
+                    let shared = !matches!(
+                        self.reuse
+                            .inputs
+                            .get(block_id as usize)
+                            .and_then(|v| v.get(i)),
+                        Some(crate::reuse::InputReuse::PerInstance) | None
+                    );
+                    match a {
+                        // Scalars are not weights: a counter or threshold computed on the host
+                        // per instance (from literals, so "shared per call site") is a fresh
+                        // tensor each time, and keying by it would launch every instance alone.
+                        Arg::Val(t) if shared && t.len() > 1 => {
                             words.push(i as u64);
                             words.push(t.buffer_id() as u64);
                         }
+                        // A computed value in a shared input (a slice of weights recorded once
+                        // for the backward: each layer's own), by the node computing it.
+                        // Recording for the backward, a computed value in a shared input (a
+                        // slice of weights recorded once: each layer's own), by the node
+                        // computing it, or the one whose results it took.
+                        Arg::Lazy(r) if shared && for_backward => {
+                            let node = match self.memo_class.get(r.node as usize) {
+                                Some(&rep) if rep != NO_CLASS => rep,
+                                _ => r.node,
+                            };
+                            words.push(i as u64 | 1 << 32);
+                            words.push(u64::from(node) << 32 | u64::from(r.output));
+                        }
+                        _ => {}
                     }
                 }
                 let id = self.dup_keys.id(&words);
@@ -1103,6 +1181,9 @@ impl Backend for Dfg<'_> {
         self.profile.nodes += 1;
         self.profile.time_dfg += sampled(t0);
         let value = self.lazy_value(block, id);
+        if let Some((key, sources)) = backward_slice {
+            self.backward_slices.insert(key, (sources, value.clone()));
+        }
         if self.opts.scheduler == Scheduler::Eager {
             // No batching: every invocation is its own launch, at once.
             self.launch(block_id, &[id])?;
