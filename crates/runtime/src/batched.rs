@@ -384,12 +384,27 @@ pub(crate) fn run_block_kept(
     inputs: Vec<BV>,
     b: usize,
     ops: &mut LaunchOps,
+    mut memo: Option<&mut SharedMemo>,
 ) -> Result<Kept, String> {
     let mut results: Vec<BV> = Vec::with_capacity(block.nodes.len());
     let mut kept_args: Vec<Vec<BV>> = Vec::with_capacity(block.nodes.len());
     for node in &block.nodes {
         let args = operands(node, &inputs, &results, b)?;
-        let r = batched_op(node.op, &node.attrs, args.clone(), b, ops)?;
+        let key = memo.as_ref().and_then(|_| SharedMemo::key(node, &args));
+        let known = match (&memo, &key) {
+            (Some(m), Some((k, _))) => m.0.get(k).map(|(_, v)| v.clone()),
+            _ => None,
+        };
+        let r = match known {
+            Some(v) => v,
+            None => {
+                let r = batched_op(node.op, &node.attrs, args.clone(), b, ops)?;
+                if let (Some(m), Some((k, sources))) = (memo.as_deref_mut(), key) {
+                    m.0.insert(k, (sources, r.clone()));
+                }
+                r
+            }
+        };
         kept_args.push(args);
         results.push(r);
     }
@@ -398,6 +413,35 @@ pub(crate) fn run_block_kept(
         results,
         args: kept_args,
     })
+}
+
+/// Values of pure operators on shared operands only (a hoisting split's columns of a weight,
+/// `strided_slice(%W)`), kept for a graph by node and operand buffers: every launch of the block
+/// reads the same tensor, which its products pack once and the backward keeps once, where a
+/// copy per launch was a weight-sized value kept and packed per launch.
+#[derive(Default)]
+pub(crate) struct SharedMemo(std::collections::HashMap<Vec<u64>, (Vec<Tensor>, BV)>);
+
+impl SharedMemo {
+    /// The key of `node` on `args` (with the operand tensors, held so that no other tensor
+    /// takes their addresses), or `None` unless it is pure and every operand a shared tensor.
+    fn key(node: &BlockNode, args: &[BV]) -> Option<(Vec<u64>, Vec<Tensor>)> {
+        if !tumble_compile::blocks::is_pure_op(node.op) || args.is_empty() {
+            return None;
+        }
+        let mut key = vec![std::ptr::from_ref(node) as u64];
+        let mut sources = Vec::with_capacity(args.len());
+        for a in args {
+            let BV::Shared(OpValue::Tensor(t)) = a else {
+                return None;
+            };
+            key.push(t.buffer_id() as u64);
+            key.push(t.shape().len() as u64);
+            key.extend(t.shape().iter().map(|&d| d as u64));
+            sources.push(t.clone());
+        }
+        Some((key, sources))
+    }
 }
 
 /// The operands of block node `node` from the block's inputs and the results so far.

@@ -786,3 +786,77 @@ def @main(%x: Tensor[(?, 4), float32], %n: int32, %W0: Tensor[(4, 8), float32], 
         );
     }
 }
+
+/// An LSTM cell written with one product over `concatenate((%x, %h))`: the hoisting split
+/// reads the weight's `x` and `h` columns as `strided_slice`s of it. Their gradients are kept
+/// per block of the parameter and summed by one product each when the pass ends (they were a
+/// weight-sized gradient per launch: 5× the backward of the two-product form), and the slices
+/// are computed once for the graph; the gradients equal the reference's every way.
+#[test]
+fn column_blocks_of_a_weight_defer_their_gradients() {
+    let src = r#"
+def @lstm(%xs: List[Tensor[(1, 4), float32]], %h: Tensor[(1, 4), float32], %c: Tensor[(1, 4), float32],
+          %W: Tensor[(16, 8), float32], %b: Tensor[(16), float32]) -> Tensor[(1, 4), float32] {
+  match (%xs) {
+    Nil => %h,
+    Cons(%x, %rest) => {
+      let %g = split(nn.bias_add(nn.dense(concatenate((%x, %h), axis=1), %W), %b), indices_or_sections=4, axis=1);
+      let %c2 = add(multiply(sigmoid(%g.1), %c), multiply(sigmoid(%g.0), tanh(%g.3)));
+      @lstm(%rest, multiply(sigmoid(%g.2), tanh(%c2)), %c2, %W, %b)
+    },
+  }
+}
+def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(16, 8), float32], %b: Tensor[(16), float32]) -> Tensor[(), float32] {
+  let %z = zeros(shape=[1, 4], dtype="float32");
+  let %o = @lstm(%xs, %z, %z, %W, %b);
+  sum(multiply(%o, %o))
+}
+"#;
+    let inputs: String = (0..40)
+        .map(|i| {
+            let steps: Vec<String> = (0..1 + i % 6)
+                .map(|t| {
+                    let v: Vec<String> = (0..4)
+                        .map(|j| {
+                            format!("{:.3}", ((i * 7 + t * 5 + j * 3) % 13) as f64 / 6.0 - 1.0)
+                        })
+                        .collect();
+                    format!("[[{}]]", v.join(", "))
+                })
+                .collect();
+            format!("{{\"xs\": [{}]}}\n", steps.join(", "))
+        })
+        .collect();
+    let x = expected(
+        "lstm_concat",
+        load_text("lstm_concat", src),
+        &inputs,
+        &["xs"],
+    );
+    check(&x);
+    let wrt = float_params(&x);
+    let (program, reuse) = compile(&x, true, common::training_statics());
+    let params: Vec<Tensor> = wrt
+        .iter()
+        .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
+        .collect();
+    let rngs = (0..x.args.len()).map(rng).collect();
+    let g = grad_batch(
+        &program,
+        &reuse,
+        "main",
+        x.args.clone(),
+        rngs,
+        Options::default(),
+        GradOptions::default(),
+        &params,
+    )
+    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    // The `h` columns' product at every step's launch (six steps at most) and the `x` columns'
+    // hoisted launch deferred (none was).
+    assert!(
+        g.stats.deferred_dense >= 7,
+        "{} products' weight gradients deferred",
+        g.stats.deferred_dense
+    );
+}

@@ -118,33 +118,85 @@ pub(super) fn dense_dx_deferring_dw(
     x: &Tensor,
     w: &Tensor,
     dy: &Tensor,
-    param: usize,
+    target: Target,
     deferred: &mut DeferredDense,
     threads: usize,
 ) -> Option<Result<Tensor, RunError>> {
     let DenseOperands {
         n, k, m, dy: gs, ..
     } = dense_operands(x, w, dy)?;
+    if let Some(r) = &target.region {
+        if r.shape() != [n, k] {
+            return None;
+        }
+    }
     let dx = dx_gemm(gs, m, w, n, k, threads)
         .and_then(|dx| Tensor::from_vec(x.shape().to_vec(), dx).map_err(internal));
     if dx.is_ok() {
-        deferred
-            .by_param
-            .entry(param)
-            .or_insert_with(|| Pending {
-                shape: [n, k],
-                pairs: Vec::new(),
-            })
-            .pairs
-            .push((x.clone(), dy.clone()));
+        let pending = deferred.by_param.entry(target).or_insert_with(|| Pending {
+            shape: [n, k],
+            pairs: Vec::new(),
+        });
+        if pending.shape != [n, k] {
+            return Some(Err(internal("deferred dense gradient of another shape")));
+        }
+        pending.pairs.push((x.clone(), dy.clone()));
     }
     Some(dx)
 }
 
-/// The launches' `(X, dY)` pairs of each parameter whose `dW` waits for the pass's end.
+/// Where a deferred `dW` goes: a parameter, or a block of its rows and columns.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Target {
+    pub param: usize,
+    pub region: Option<Region>,
+}
+
+impl Target {
+    pub(super) fn whole(param: usize) -> Target {
+        Target {
+            param,
+            region: None,
+        }
+    }
+}
+
+/// Rows and columns (`[start, end)` each) of a 2-D parameter of shape `full`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Region {
+    pub full: [usize; 2],
+    pub rows: [usize; 2],
+    pub cols: [usize; 2],
+}
+
+impl Region {
+    fn shape(&self) -> [usize; 2] {
+        [
+            self.rows[1].saturating_sub(self.rows[0]),
+            self.cols[1].saturating_sub(self.cols[0]),
+        ]
+    }
+
+    /// `dw` (this region's) placed in a zero gradient of the whole parameter.
+    fn placed(&self, dw: &[f32]) -> Result<Tensor, RunError> {
+        let [nr, nc] = self.full;
+        let width = self.shape()[1];
+        let mut full = vec![0f32; nr * nc];
+        for (r, src) in (self.rows[0]..self.rows[1]).zip(dw.chunks_exact(width.max(1))) {
+            let at = r * nc + self.cols[0];
+            full.get_mut(at..at + width)
+                .ok_or_else(|| internal("deferred dense gradient outside its parameter"))?
+                .copy_from_slice(src);
+        }
+        Tensor::from_vec(vec![nr, nc], full).map_err(internal)
+    }
+}
+
+/// The launches' `(X, dY)` pairs of each parameter (or block of one) whose `dW` waits for the
+/// pass's end.
 #[derive(Default)]
 pub(super) struct DeferredDense {
-    by_param: BTreeMap<usize, Pending>,
+    by_param: BTreeMap<Target, Pending>,
 }
 
 struct Pending {
@@ -160,7 +212,7 @@ impl DeferredDense {
         grads: &mut [Option<ParamGrad>],
         threads: usize,
     ) -> Result<(), RunError> {
-        for (p, pending) in self.by_param {
+        for (target, pending) in self.by_param {
             let [n, k] = pending.shape;
             let pairs = pending
                 .pairs
@@ -169,8 +221,11 @@ impl DeferredDense {
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| internal("deferred dense gradient of another shape"))?;
             let dw = dw_gemm(&pairs, n, k, threads)?;
-            let dw = Tensor::from_vec(vec![n, k], dw).map_err(internal)?;
-            if let Some(slot) = grads.get_mut(p) {
+            let dw = match &target.region {
+                None => Tensor::from_vec(vec![n, k], dw).map_err(internal)?,
+                Some(region) => region.placed(&dw)?,
+            };
+            if let Some(slot) = grads.get_mut(target.param) {
                 add_dense(slot, dw).map_err(internal)?;
             }
         }

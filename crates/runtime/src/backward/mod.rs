@@ -671,6 +671,40 @@ fn single_param(sources: &[Vec<Source>], i: usize) -> Option<usize> {
     }
 }
 
+/// Node `j` of `block` when it is a `strided_slice` of a 2-D parameter that every row reads
+/// whole (a block input), with unit steps: the parameter and the rows and columns it takes.
+fn sliced_param(
+    block: &tumble_compile::Block,
+    j: usize,
+    sources: &[Vec<Source>],
+    inputs: &[BV],
+) -> Option<(usize, dense_grads::Region)> {
+    let node = block.nodes.get(j)?;
+    if node.op.name != "strided_slice" {
+        return None;
+    }
+    let [BArg::One(BVal::Input(i))] = node.args.as_slice() else {
+        return None;
+    };
+    let p = single_param(sources, *i as usize)?;
+    let Some(BV::Shared(OpValue::Tensor(w))) = inputs.get(*i as usize) else {
+        return None;
+    };
+    let plan = tumble_ops::slice_plan(&node.attrs, w.shape())?;
+    let [(r0, 1, rn), (c0, 1, cn)] = plan[..] else {
+        return None;
+    };
+    let u = |v: i64| usize::try_from(v).ok();
+    Some((
+        p,
+        dense_grads::Region {
+            full: [*w.shape().first()?, *w.shape().get(1)?],
+            rows: [u(r0)?, u(r0 + rn)?],
+            cols: [u(c0)?, u(c0 + cn)?],
+        },
+    ))
+}
+
 /// Differentiates one launch (nodes `ids` of one block), batched.
 #[allow(clippy::too_many_arguments)]
 fn backward_launch(
@@ -755,7 +789,7 @@ fn backward_launch(
                 fast: gopts.fast_eval(),
                 threads,
             };
-            batched::run_block_kept(block, inputs, b, &mut ops).map_err(RunError::new)?
+            batched::run_block_kept(block, inputs, b, &mut ops, None).map_err(RunError::new)?
         }
     };
     let mut in_adj: Vec<Option<BV>> = vec![None; inputs.len()];
@@ -776,21 +810,34 @@ fn backward_launch(
         };
         // A product with a parameter read whole by every row: `dX` now, `dW` with the other
         // launches' when the pass ends (`dense_grads`).
+        // (Or with a block of a parameter's rows and columns: a hoisting split's `x` and `h`
+        // columns of one weight, its `dW` kept for that block of the parameter.)
         if gopts.gemm && gopts.defer_dense && node.op.name == "nn.dense" {
-            if let (Some(BArg::One(x_at)), Some(BArg::One(BVal::Input(i)))) =
-                (node.args.first(), node.args.get(1))
-            {
-                let param = single_param(&sources, *i as usize);
-                let w = inputs.get(*i as usize);
+            let target = match node.args.get(1) {
+                Some(BArg::One(BVal::Input(i))) => single_param(&sources, *i as usize)
+                    .map(|p| (dense_grads::Target::whole(p), inputs.get(*i as usize))),
+                Some(BArg::One(BVal::Node(j))) => {
+                    sliced_param(block, *j as usize, &sources, &inputs).map(|(p, region)| {
+                        (
+                            dense_grads::Target {
+                                param: p,
+                                region: Some(region),
+                            },
+                            results.get(*j as usize),
+                        )
+                    })
+                }
+                _ => None,
+            };
+            if let (Some(BArg::One(x_at)), Some((target, w))) = (node.args.first(), target) {
                 if let (
-                    Some(p),
                     Some(BV::Shared(OpValue::Tensor(w))),
                     Some(BV::Batched(OpValue::Tensor(x))),
                     BV::Batched(OpValue::Tensor(g)),
-                ) = (param, w, args.first(), &dy)
+                ) = (w, args.first(), &dy)
                 {
                     if let Some(dx) =
-                        dense_grads::dense_dx_deferring_dw(x, w, g, p, deferred, threads)
+                        dense_grads::dense_dx_deferring_dw(x, w, g, target, deferred, threads)
                     {
                         let dx = BV::Batched(OpValue::Tensor(dx?));
                         stats.batched_vjps += 1;

@@ -600,7 +600,7 @@ impl Dfg<'_> {
                         fast,
                         threads,
                     };
-                    run_block_kept(block, inputs, b, &mut ops)
+                    run_block_kept(block, inputs, b, &mut ops, Some(&mut self.shared_memo))
                         .and_then(|k| Ok((k.outputs(block)?, Some(k))))
                 }
                 (None, Some(plan)) => crate::fused::run_planned_on(

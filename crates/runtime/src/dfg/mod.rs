@@ -254,6 +254,9 @@ pub struct Dfg<'p> {
     /// Computed values passed whole to launches that all read one of them ([`Dfg::whole_value`]),
     /// by reference: one tensor each, so products find it packed from the first launch on.
     whole_values: std::cell::RefCell<std::collections::HashMap<LazyRef, Tensor>>,
+    /// Recording for the backward with kept values: pure operators of shared operands computed
+    /// once for the graph ([`crate::batched::SharedMemo`]).
+    shared_memo: crate::batched::SharedMemo,
     /// Invocations recorded so far: the recording's time is sampled every
     /// [`DFG_TIME_SAMPLE`]-th one (two clock reads per invocation cost ~2% of a small model).
     invocations: u32,
@@ -461,6 +464,7 @@ impl<'p> Dfg<'p> {
             model_weights: Default::default(),
             backward_slices: Default::default(),
             whole_values: Default::default(),
+            shared_memo: Default::default(),
             weights_noted: false,
             program,
             reuse,
