@@ -135,28 +135,75 @@ fn row_picks(x: &Tensor, idx: &Tensor, attrs: &Attrs) -> Option<(usize, Vec<usiz
     Some((c, picks))
 }
 
-/// `g` (of shape `full`) summed down to `to`, when `to` is `full`'s trailing axes (with leading
-/// ones): a bias's gradient, rows added in order.
+/// Per axis of `full`, the step of an operand of shape `t` broadcast to it (numpy's rules: `t`
+/// padded with leading 1s, each of its axes `full`'s or 1, a 1 stepping 0); `None` where `t`
+/// does not broadcast to `full`.
+fn broadcast_steps(t: &[usize], full: &[usize]) -> Option<Vec<usize>> {
+    let pad = full.len().checked_sub(t.len())?;
+    let mut steps = vec![0; full.len()];
+    let mut acc = 1;
+    for (i, &d) in t.iter().enumerate().rev() {
+        let f = *full.get(pad + i)?;
+        if d != f && d != 1 {
+            return None;
+        }
+        steps[pad + i] = if d == 1 && f != 1 { 0 } else { acc };
+        acc *= d;
+    }
+    Some(steps)
+}
+
+/// Calls `f(row, base)` for each row (last axis) of a tensor of shape `full`, in order, with
+/// the offset in an operand of steps `steps` where that row's elements start.
+fn each_row(full: &[usize], steps: &[usize], mut f: impl FnMut(usize, usize)) {
+    let Some((_, outer)) = full.split_last() else {
+        f(0, 0);
+        return;
+    };
+    let rows: usize = outer.iter().product();
+    let mut index = vec![0usize; outer.len()];
+    let mut base = 0usize;
+    for r in 0..rows {
+        f(r, base);
+        for ax in (0..outer.len()).rev() {
+            index[ax] += 1;
+            base += steps[ax];
+            if index[ax] < outer[ax] {
+                break;
+            }
+            base -= steps[ax] * outer[ax];
+            index[ax] = 0;
+        }
+    }
+}
+
+/// `g` (of shape `full`) summed down to the shape of `to`, an operand broadcast to `full` (any
+/// of its axes, not only leading ones: a `(B, 1, H)` against `(B, T, H)`), in f32, each of its
+/// elements summing its rows in order.
 fn reduce_to(g: &[f32], full: &[usize], to: &Tensor) -> Option<Tensor> {
     if to.shape() == full {
         return Tensor::from_vec(full.to_vec(), g.to_vec()).ok();
     }
-    let lead = to.shape().iter().take_while(|&&d| d == 1).count();
-    let core = &to.shape()[lead..];
-    if core.len() > full.len() || !full.ends_with(core) {
+    let steps = broadcast_steps(to.shape(), full)?;
+    let width = full.last().copied().unwrap_or(1);
+    if g.len() != full.iter().product::<usize>() || width == 0 {
         return None;
     }
-    let inner: usize = core.iter().product();
-    if inner == 0 || g.len() % inner != 0 {
-        return None;
-    }
-    let mut acc = vec![0f32; inner];
-    for row in g.chunks_exact(inner) {
-        for (a, v) in acc.iter_mut().zip(row) {
-            *a += v;
+    let last = steps.last().copied().unwrap_or(0);
+    let mut acc = vec![0f32; to.len()];
+    let mut ok = true;
+    each_row(full, &steps, |r, base| {
+        let row = &g[r * width..(r + 1) * width];
+        match (
+            last,
+            acc.get_mut(base..base + if last == 0 { 1 } else { width }),
+        ) {
+            (0, Some([a])) => *a += row.iter().sum::<f32>(),
+            (_, Some(a)) => a.iter_mut().zip(row).for_each(|(a, v)| *a += v),
+            (_, None) => ok = false,
         }
-    }
-    Tensor::from_vec(to.shape().to_vec(), acc).ok()
+    });
+    ok.then(|| Tensor::from_vec(to.shape().to_vec(), acc).ok())?
 }
 
 /// [`reduce_to`] of a gradient computed here: `g` itself, not a copy, when `to` is `full`.
@@ -178,8 +225,8 @@ fn pass_to(dy: &Tensor, g: &[f32], full: &[usize], to: &Tensor) -> Option<Tensor
     reduce_to(g, full, to)
 }
 
-/// `v` repeated to `len` elements when it is `full`'s trailing axes (a broadcast operand); `v`
-/// itself when it is not broadcast.
+/// `v` (an operand of shape `t`'s elements) broadcast to `full` (`len` elements); `v` itself
+/// when it is not broadcast.
 fn broadcast_to<'v>(
     v: &'v [f32],
     t: &Tensor,
@@ -189,13 +236,23 @@ fn broadcast_to<'v>(
     if t.shape() == full {
         return Some(std::borrow::Cow::Borrowed(v));
     }
-    let lead = t.shape().iter().take_while(|&&d| d == 1).count();
-    if !full.ends_with(&t.shape()[lead..]) || v.is_empty() || len % v.len() != 0 {
+    let steps = broadcast_steps(t.shape(), full)?;
+    let width = full.last().copied().unwrap_or(1);
+    if len != full.iter().product::<usize>() || width == 0 || v.len() != t.len() {
         return None;
     }
-    Some(std::borrow::Cow::Owned(
-        v.iter().copied().cycle().take(len).collect(),
-    ))
+    let last = steps.last().copied().unwrap_or(0);
+    let mut out = tumble_tensor::pool::scratch_f32(len);
+    let mut ok = true;
+    each_row(full, &steps, |r, base| {
+        let dst = &mut out[r * width..(r + 1) * width];
+        match (last, v.get(base..base + if last == 0 { 1 } else { width })) {
+            (0, Some(&[x])) => dst.fill(x),
+            (_, Some(src)) if src.len() == width => dst.copy_from_slice(src),
+            _ => ok = false,
+        }
+    });
+    ok.then_some(std::borrow::Cow::Owned(out))
 }
 
 /// The vjp of `op` (result `out`, output gradient `dy`), one entry per argument.
@@ -423,6 +480,55 @@ mod tests {
         let a = attrs(&[("axis", AttrValue::Int(0))]);
         let x = OpValue::Tensor(rand(&[4, 3], &mut rng));
         assert!(eval("nn.softmax", std::slice::from_ref(&x), &a, 1).is_none());
+    }
+
+    /// `add`, `subtract` and `multiply` with an operand broadcast along any of its axes (a
+    /// `(B, 1, H)` against `(B, T, H)`, leading ones, a column, a scalar-like `(1, 1, 1)`, both
+    /// ways round): gradients as the reference's rules give them.
+    #[test]
+    fn broadcast_arithmetic_gradients_agree_with_the_reference() {
+        let mut rng = Rng::new(9);
+        let pairs: [(&[usize], &[usize]); 6] = [
+            (&[4, 5, 7], &[4, 1, 7]),
+            (&[4, 5, 7], &[7]),
+            (&[4, 5, 7], &[5, 1]),
+            (&[4, 1, 7], &[1, 5, 7]),
+            (&[3, 6], &[1, 1]),
+            (&[2, 3, 1], &[2, 3, 9]),
+        ];
+        for op in ["add", "subtract", "multiply"] {
+            for (sa, sb) in pairs {
+                for (sa, sb) in [(sa, sb), (sb, sa)] {
+                    let args = [
+                        OpValue::Tensor(rand(sa, &mut rng)),
+                        OpValue::Tensor(rand(sb, &mut rng)),
+                    ];
+                    let a = attrs(&[]);
+                    let y = reference_eval(op, &args, &a);
+                    let shape = y
+                        .as_tensor()
+                        .map(|t| t.shape().to_vec())
+                        .unwrap_or_default();
+                    let dy = OpValue::Tensor(rand(&shape, &mut rng));
+                    let got = vjp(op, &args, &a, &y, &dy)
+                        .unwrap_or_else(|| panic!("{op} {sa:?} {sb:?}: no fast vjp"));
+                    let want = tumble_ops::vjp::vjp(def(op), &args, &a, &y, &dy)
+                        .unwrap_or_else(|e| panic!("{e:?}"));
+                    for k in 0..2 {
+                        let (g, r) = (
+                            got[k].as_ref().expect("grad"),
+                            want[k].as_ref().expect("grad"),
+                        );
+                        let gs = g.as_tensor().map(|t| t.shape().to_vec());
+                        assert_eq!(gs, r.as_tensor().map(|t| t.shape().to_vec()), "{op} {k}");
+                        assert!(
+                            rel_diff(&f32s(g), &f32s(r)) < 1e-5,
+                            "{op} {sa:?} {sb:?} operand {k}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// A loss's per-row `take(log_probs, %label)` (batch_dims=1) and the `reshape` before it:
