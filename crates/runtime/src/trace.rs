@@ -311,6 +311,9 @@ impl Building {
                 entry.1 = seen + 1;
                 true
             }
+            // A value an earlier call returned (`add(%l, 0f)` returns `%l`): this leaf repeats
+            // it, and arguments naming it keep naming the first.
+            (_, seen) if r.output < seen => true,
             _ => false,
         }
     }

@@ -860,3 +860,65 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(16, 8), float32], %b: 
         g.stats.deferred_dense
     );
 }
+
+/// A language model's loss summed over its steps and ended with a literal (`add(%l,
+/// @lm(%rest))`, `Nil => 0f`, the step's loss an output of its block): the last `add` returns
+/// its computed term itself, a value an earlier call returned. The instances are traced (they were not: every language model interpreted at every
+/// epoch), and replaying gives the interpreted gradients bit for bit.
+#[test]
+fn a_loss_summed_down_to_a_literal_is_traced() {
+    let src = r#"
+def @lm(%toks: List[Tensor[(1), int32]], %h: Tensor[(1, 4), float32], %emb: Tensor[(7, 4), float32], %Wx: Tensor[(12, 4), float32], %Wh: Tensor[(12, 4), float32], %bx: Tensor[(12), float32], %bh: Tensor[(12), float32], %Wv: Tensor[(7, 4), float32], %bv: Tensor[(7), float32]) -> Tensor[(), float32] {
+  match (%toks) {
+    Cons(%t, %rest) => {
+      match (%rest) {
+        Cons(%n, _) => {
+          let %x = take(%emb, %t, axis=0);
+          let %gx = split(nn.bias_add(nn.dense(%x, %Wx), %bx), indices_or_sections=3, axis=1);
+          let %gh = split(nn.bias_add(nn.dense(%h, %Wh), %bh), indices_or_sections=3, axis=1);
+          let %r = sigmoid(add(%gx.0, %gh.0));
+          let %u = sigmoid(add(%gx.1, %gh.1));
+          let %nn = tanh(add(%gx.2, multiply(%r, %gh.2)));
+          let %h2 = add(multiply(subtract(1f, %u), %nn), multiply(%u, %h));
+          let %logp = nn.log_softmax(nn.bias_add(nn.dense(%h2, %Wv), %bv), axis=1);
+          let %l = negative(sum(take(reshape(%logp, newshape=[7]), %n, axis=0)));
+          add(%l, @lm(%rest, %h2, %emb, %Wx, %Wh, %bx, %bh, %Wv, %bv))
+        },
+        Nil => 0f,
+      }
+    },
+    Nil => 0f,
+  }
+}
+def @main(%tokens: List[Tensor[(1), int32]], %emb: Tensor[(7, 4), float32], %Wx: Tensor[(12, 4), float32], %Wh: Tensor[(12, 4), float32], %bx: Tensor[(12), float32], %bh: Tensor[(12), float32], %Wv: Tensor[(7, 4), float32], %bv: Tensor[(7), float32]) -> Tensor[(), float32] {
+  @lm(%tokens, zeros(shape=[1, 4], dtype="float32"), %emb, %Wx, %Wh, %bx, %bh, %Wv, %bv)
+}
+"#;
+    let inputs: String = (0..12)
+        .map(|i| {
+            let toks: Vec<String> = (0..2 + i % 4)
+                .map(|t| format!("[{}]", (i * 3 + t) % 7))
+                .collect();
+            format!("{{\"tokens\": [{}]}}\n", toks.join(", "))
+        })
+        .collect();
+    let x = expected("lm_loss", load_text("lm_loss", src), &inputs, &["tokens"]);
+    let wrt = float_params(&x);
+    let n = x.args.len();
+    let first: Vec<usize> = (0..n).collect();
+    let second: Vec<usize> = (0..n).map(|i| (i * 5 + 1) % n).collect();
+    let cache = TraceCache::new(n);
+    let recorded = traced_grads(&x, &wrt, &first, 4, Some(&cache));
+    assert_eq!(cache.traced().0, n, "every instance is traced");
+    let replayed = traced_grads(&x, &wrt, &second, 5, Some(&cache));
+    same_bits(
+        &recorded,
+        &traced_grads(&x, &wrt, &first, 4, None),
+        "recording",
+    );
+    same_bits(
+        &replayed,
+        &traced_grads(&x, &wrt, &second, 5, None),
+        "replaying",
+    );
+}
