@@ -420,3 +420,40 @@ def @main(%x: Tensor[(?, 8), float32], %W: Tensor[(8, 8), float32], %U: Tensor[(
     assert_eq!(off.ragged_queries, 0, "{off}");
     assert!(off.ragged_groups > on.ragged_groups, "{on}\n{off}");
 }
+
+/// A feed-forward layer over each instance's rows with its GELU as PyTorch exports it
+/// (`erf`) or written out (`power(x, 3f)`): row-wise, so the whole launch runs as rows of every
+/// length at once (each ran once per group of equal lengths, on the reference kernels) and
+/// equals the reference every way.
+#[test]
+fn gelu_by_erf_or_power_runs_row_wise() {
+    let ops = |name: &str, act: &str| {
+        let src = format!(
+            r#"
+def @main(%x: Tensor[(?, 4), float32], %w1: Tensor[(8, 4), float32], %w2: Tensor[(4, 8), float32]) -> Tensor[(4), float32] {{
+  let %u = nn.dense(%x, %w1);
+  let %a = {act};
+  sum(nn.dense(%a, %w2), axis=[0])
+}}
+"#
+        );
+        let x = expected(name, load_text(name, &src), &var_rows(40, 4, LENS), &["x"]);
+        check_all_ways(&x);
+        let p = batch_profile(&x, Default::default());
+        assert!(p.ragged_launches > 0, "{name}: {p}");
+        p.ops.batched
+    };
+    // Only the sum over each instance's rows runs as an operator of its own (grouped by
+    // length): the rest is the rows' products and row programs.
+    let relu = ops("relu", "nn.relu(%u)");
+    for (name, act) in [
+        ("gelu_erf", "multiply(multiply(%u, 0.5f), add(erf(multiply(%u, 0.70710677f)), 1f))"),
+        (
+            "gelu_pow",
+            "multiply(multiply(%u, 0.5f), add(tanh(multiply(add(%u, multiply(power(%u, 3f), 0.044715f)), 0.7978846f)), 1f))",
+        ),
+        ("pow_any", "power(sigmoid(%u), multiply(sigmoid(%u), 2.5f))"),
+    ] {
+        assert_eq!(ops(name, act), relu, "{name}: more operators than relu's");
+    }
+}

@@ -120,6 +120,7 @@ fn unary(u: Un, v: &str) -> String {
         // NaN stays NaN, as the reference's (fmaxf would drop it).
         Un::Relu => format!("(({v}) < 0.f ? 0.f : ({v}))"),
         Un::Copy => v.to_string(),
+        Un::Erf => format!("erff({v})"),
     }
 }
 
@@ -132,6 +133,7 @@ fn binary(op: Bin, a: &str, b: &str) -> String {
         // NaN propagates and a tie gives the first operand, as the reference's (numpy's).
         Bin::Max => format!("((isnan({a}) || ({a}) >= ({b})) ? ({a}) : ({b}))"),
         Bin::Min => format!("((isnan({a}) || ({a}) <= ({b})) ? ({a}) : ({b}))"),
+        Bin::Pow => format!("powf({a}, {b})"),
     }
 }
 

@@ -401,6 +401,8 @@ fn unary(u: Un, dst: &mut [f32], av: &Vals) {
         // Not `x.max(0.0)`: that maps NaN to 0, where the reference (and PyTorch) keep NaN.
         Un::Relu => map1(dst, av, |x| if x < 0.0 { 0.0 } else { x }),
         Un::Copy => map1(dst, av, |x| x),
+        // The reference's own function (in f64, rounded once): GELU as PyTorch exports it.
+        Un::Erf => map1(dst, av, |x| libm::erf(f64::from(x)) as f32),
     }
 }
 
@@ -477,6 +479,20 @@ fn exec_to(ins: &Instr, r: usize, b: &Bound, src: &[f32], dst: &mut [f32]) {
                     &bv,
                     |x, y| if x.is_nan() || x <= y { x } else { y },
                 ),
+                // As the reference: in f64, rounded once (`x ** 3` of a GELU written out); a
+                // square or cube by products (exact in f64 for a square, the cube's one f64
+                // rounding as `powf`'s, both then rounded to f32 alike).
+                Bin::Pow => match bv {
+                    Vals::Splat(2.0) => map1(dst, &av, |x| {
+                        let d = f64::from(x);
+                        (d * d) as f32
+                    }),
+                    Vals::Splat(3.0) => map1(dst, &av, |x| {
+                        let d = f64::from(x);
+                        (d * d * d) as f32
+                    }),
+                    _ => map2(dst, &av, &bv, |x, y| f64::from(x).powf(f64::from(y)) as f32),
+                },
             }
         }
         Instr::Clip(_, a, lo, hi) => {

@@ -47,6 +47,7 @@ pub(super) enum Un {
     Neg,
     Relu,
     Copy,
+    Erf,
 }
 
 impl Un {
@@ -63,6 +64,7 @@ impl Un {
             "negative" => Un::Neg,
             "nn.relu" => Un::Relu,
             "copy" => Un::Copy,
+            "erf" => Un::Erf,
             _ => return None,
         })
     }
@@ -76,6 +78,7 @@ pub(super) enum Bin {
     Div,
     Max,
     Min,
+    Pow,
 }
 
 #[derive(Debug)]
@@ -321,6 +324,7 @@ pub(super) fn compile_rows(
             "divide" => Some(Bin::Div),
             "maximum" => Some(Bin::Max),
             "minimum" => Some(Bin::Min),
+            "power" => Some(Bin::Pow),
             _ => None,
         };
         let name = node.op.name;
