@@ -844,8 +844,9 @@ fn row_wise(node: &BlockNode, args: &[Vec<Fact>]) -> bool {
                         && new[1..].iter().product::<i64>() == known
                 }
                 "expand_dims" => norm_axis(axis_or(0), rank + 1).is_some_and(|a| a != 0),
+                // (`variance` with its mean: rows too, or shared; the reduced axes a row's.)
                 "squeeze" | "sum" | "prod" | "mean" | "max" | "min" | "all" | "any" | "argmax"
-                | "argmin" => {
+                | "argmin" | "variance" => {
                     let Some(axes) = attrs.ints("axis").ok().flatten() else {
                         return false;
                     };

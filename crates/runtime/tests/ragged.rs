@@ -457,3 +457,28 @@ def @main(%x: Tensor[(?, 4), float32], %w1: Tensor[(8, 4), float32], %w2: Tensor
         assert_eq!(ops(name, act), relu, "{name}: more operators than relu's");
     }
 }
+
+/// A layer norm written by hand over each row (`mean` and `variance` over the last axis,
+/// keepdims) keeps rows rows: the launch runs over every length at once, with no group of equal
+/// lengths, and equals the reference every way.
+#[test]
+fn a_hand_written_layer_norm_over_rows_is_row_wise() {
+    let src = r#"
+def @main(%x: Tensor[(?, 4), float32], %w: Tensor[(8, 4), float32]) -> Tensor[(?, 8), float32] {
+  let %h = nn.dense(%x, %w);
+  let %mu = mean(%h, axis=[-1], keepdims=True);
+  let %var = variance(%h, %mu, axis=[-1], keepdims=True);
+  multiply(subtract(%h, %mu), rsqrt(add(%var, 1e-5f)))
+}
+"#;
+    let x = expected(
+        "hand_ln",
+        load_text("hand_ln", src),
+        &var_rows(40, 4, LENS),
+        &["x"],
+    );
+    check_all_ways(&x);
+    let p = batch_profile(&x, Default::default());
+    assert!(p.ragged_launches > 0, "{p}");
+    assert_eq!(p.ragged_groups, 0, "grouped by length\n{p}");
+}
