@@ -2456,3 +2456,34 @@ def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 8), float32], %W: Te
     assert_eq!(hoisted_with_split(&x, true), 2);
     assert_eq!(hoisted_with_split(&x, false), 1);
 }
+
+/// A scalar per instance (a length, a temperature) in a row program's elementwise work is each
+/// row's own splat: no stage falls back to the batching rules (one did, at every launch), and
+/// the results equal the reference every way.
+#[test]
+fn a_scalar_per_instance_joins_row_programs() {
+    let src = r#"
+def @main(%x: Tensor[(1, 6), float32], %n: float32, %w: Tensor[(6, 6), float32]) -> Tensor[(1, 6), float32] {
+  let %h = nn.dense(%x, %w);
+  maximum(tanh(%h), divide(%h, %n))
+}
+"#;
+    let inputs: Vec<String> = (0..11)
+        .map(|i| {
+            let row: Vec<String> = (0..6)
+                .map(|j| format!("{:.3}", ((i * 5 + j * 3) % 13) as f64 / 4.0 - 1.5))
+                .collect();
+            format!("{{\"x\": [[{}]], \"n\": {}.5}}", row.join(", "), 1 + i % 4)
+        })
+        .collect();
+    let x = expected(
+        "scalar_rows",
+        load_text("scalar_rows", src),
+        &inputs.join("\n"),
+        &["x", "n"],
+    );
+    check_all_ways(&x);
+    let p = batch_profile(&x, tumble_runtime::Options::default());
+    assert_eq!(p.fused.fallbacks, 0, "{p}");
+    assert!(p.fused.row_programs > 0, "{p}");
+}

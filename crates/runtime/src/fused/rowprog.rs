@@ -190,8 +190,12 @@ pub(super) fn compile_rows(
         match s {
             OpSig::Other => return bail(1),
             OpSig::Batched(p) => {
-                let (Some(&w), Some(tail)) = (p.last(), p.get(..p.len().saturating_sub(1))) else {
-                    return bail(5);
+                // A scalar per instance (a length, a temperature) is a one-wide row: each row
+                // reads its own as a splat.
+                let (w, tail) = match (p.last(), p.get(..p.len().saturating_sub(1))) {
+                    (Some(&w), Some(tail)) => (w, tail),
+                    (None, _) => (1, &[][..]),
+                    (Some(_), None) => return bail(5),
                 };
                 if w == 0 {
                     return bail(4);
