@@ -9,6 +9,7 @@
 //! %v' = transpose(%v, axes=[1, 0, 2])
 //! %s  = nn.batch_matmul(%q', %k', transpose_a=False, transpose_b=True)    // (H, L, L)
 //! %s' = multiply(%s, c)                        // optional, a scalar literal either side
+//!                                               // (or divide(%s, c): a scale of 1 / c)
 //! %p  = nn.softmax(%s', axis=-1)
 //! %o  = nn.batch_matmul(%p, %v', transpose_a=False, transpose_b=False)    // (H, L, d)
 //! return transpose(%o, axes=[1, 0, 2])         // (L, H, d)
@@ -91,6 +92,19 @@ pub fn find(block: &Block) -> Option<Attention> {
         // A scalar f32 literal (an f32 times it is what the multiply computes).
         let c = c.as_f32().filter(|c| c.len() == 1)?;
         scale = *c.first()?;
+        scores = s;
+        nodes_seen += 1;
+    } else if let Some(d) = named(scores, "divide") {
+        // `divide(%s, c)`, as PyTorch's `scores / math.sqrt(d)` exports: a scale of 1 / c (the
+        // same products for a power of two, within an ulp otherwise).
+        let (BVal::Const(c), s) = (one(&d.args, 1)?, one(&d.args, 0)?) else {
+            return None;
+        };
+        let c = *c.as_f32().filter(|c| c.len() == 1)?.first()?;
+        if c == 0.0 || !c.is_finite() {
+            return None;
+        }
+        scale = 1.0 / c;
         scores = s;
         nodes_seen += 1;
     }

@@ -482,3 +482,25 @@ def @main(%x: Tensor[(?, 4), float32], %w: Tensor[(8, 4), float32]) -> Tensor[(?
     assert!(p.ragged_launches > 0, "{p}");
     assert_eq!(p.ragged_groups, 0, "grouped by length\n{p}");
 }
+
+/// Attention scaled by a division (`scores / sqrt(d)`, as PyTorch ports write it) is the
+/// attention form too, with a scale of 1 / c: one kernel over every sentence's rows, equal to
+/// the reference every way.
+#[test]
+fn attention_scaled_by_a_division_is_attention() {
+    let src = TINY_ENCODER.replace(
+        "multiply(nn.batch_matmul(%q, %k), 0.5f)",
+        "divide(nn.batch_matmul(%q, %k), 2f)",
+    );
+    assert_ne!(src, TINY_ENCODER);
+    let lens: Vec<usize> = LENS.iter().copied().filter(|&n| n > 0).collect();
+    let x = expected(
+        "ragged_divide",
+        load_text("ragged_divide", &src),
+        &var_tokens(40, 10, &lens),
+        &["t", "p", "threshold"],
+    );
+    check_all_ways(&x);
+    let p = batch_profile(&x, tumble_runtime::Options::default());
+    assert!(p.ragged_attention > 0, "{p}");
+}
