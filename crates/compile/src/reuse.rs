@@ -120,9 +120,10 @@ impl ReuseAnalysis {
                 _ => None,
             })
             .filter(|&i| {
+                // (Or one weight per call site where code duplication is off: a few weights.)
                 matches!(
                     self.inputs.get(b).and_then(|v| v.get(i as usize)),
-                    Some(InputReuse::PerInstance)
+                    Some(InputReuse::PerInstance | InputReuse::SharedPerCallSite)
                 )
             })
             .collect();

@@ -238,6 +238,20 @@ impl RowRefs {
     pub fn stack(&self) -> Result<Tensor, String> {
         let mut shape = vec![self.rows.len()];
         shape.extend_from_slice(&self.shape);
+        // A copy of every row (a weight read per invocation is megabytes a row): within the
+        // memory budget, checked before it is made.
+        let bytes = shape
+            .iter()
+            .fold(self.dtype().size(), |n, &d| n.saturating_mul(d));
+        if bytes >= tumble_ops::RESERVE_ABOVE {
+            tumble_limits::reserve(bytes).map_err(|stop| {
+                format!(
+                    "rows of {} invocations stacked ({}): {stop}",
+                    self.rows.len(),
+                    tumble_limits::bytes_text(bytes)
+                )
+            })?;
+        }
         if let Some(parts) = self.f32_parts() {
             let mut data = tumble_tensor::pool::with_capacity_f32(shape.iter().product());
             parts.iter().for_each(|p| data.extend_from_slice(p));

@@ -2487,3 +2487,68 @@ def @main(%x: Tensor[(1, 6), float32], %n: float32, %w: Tensor[(6, 6), float32])
     assert_eq!(p.fused.fallbacks, 0, "{p}");
     assert!(p.fused.row_programs > 0, "{p}");
 }
+
+/// One function called with two weights (a siamese pair's shared encoder and a third one of its
+/// own), compiled without code duplication: each launch groups its invocations by the weight
+/// they pass (a few model weights), instead of stacking a weight per invocation (with `--no-dup`,
+/// static and dynamic duplication off, a GRU pair model stacked 33 GiB of weight rows); the
+/// outputs equal the duplicated program's and the reference's.
+#[test]
+fn weights_per_call_site_without_duplication_run_as_weight_groups() {
+    let src = r#"
+def @enc(%xs: List[Tensor[(1, 4), float32]], %h: Tensor[(1, 4), float32], %w: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%xs) {
+    Nil => %h,
+    Cons(%x, %rest) => @enc(%rest, tanh(add(nn.dense(%h, %w), %x)), %w),
+  }
+}
+def @main(%a: List[Tensor[(1, 4), float32]], %b: List[Tensor[(1, 4), float32]], %w: Tensor[(4, 4), float32], %u: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %z = zeros(shape=[1, 4], dtype="float32");
+  add(multiply(@enc(%a, %z, %w), @enc(%b, %z, %w)), @enc(%b, %z, %u))
+}
+"#;
+    let list = |i: usize, n: usize| -> String {
+        let steps: Vec<String> = (0..n)
+            .map(|t| {
+                let v: Vec<String> = (0..4)
+                    .map(|j| format!("{:.3}", ((i * 5 + t * 3 + j) % 11) as f64 / 5.0 - 1.0))
+                    .collect();
+                format!("[[{}]]", v.join(", "))
+            })
+            .collect();
+        format!("[{}]", steps.join(", "))
+    };
+    let inputs: Vec<String> = (0..20)
+        .map(|i| {
+            format!(
+                "{{\"a\": {}, \"b\": {}}}",
+                list(i, 1 + i % 4),
+                list(i + 7, 1 + i % 3)
+            )
+        })
+        .collect();
+    let x = expected(
+        "no_dup",
+        load_text("no_dup", src),
+        &inputs.join("\n"),
+        &["a", "b"],
+    );
+    check_all_ways(&x);
+    let off = tumble_compile::StaticOptions {
+        dup: false,
+        ..tumble_compile::StaticOptions::all()
+    };
+    let (program, reuse) = common::compile(&x, true, off);
+    let no_dup = tumble_runtime::Options {
+        dup: false,
+        ..Default::default()
+    };
+    let (vals, p) = common::run_once(&x, &program, &reuse, no_dup);
+    assert_eq!(p.gathered_inputs + p.fused.row_lists_stacked, 0, "{p}");
+    let (on, reuse_on) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let (want, _) = common::run_once(&x, &on, &reuse_on, Default::default());
+    for (i, (a, b)) in vals.iter().zip(&want).enumerate() {
+        common::same_within(a, b, &format!("instance {i}"), 0.0)
+            .unwrap_or_else(|e| panic!("without duplication: {e}"));
+    }
+}

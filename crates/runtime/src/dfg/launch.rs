@@ -807,6 +807,21 @@ impl Dfg<'_> {
                 Arg::Lazy(r) => self.slot(r)?.value().map_err(RunError::new),
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // A copy of every row (a weight gathered per invocation is megabytes a row): within the
+        // memory budget, checked before it is made.
+        let bytes = rows
+            .iter()
+            .map(|t| t.len().saturating_mul(t.dtype().size()))
+            .fold(0usize, usize::saturating_add);
+        if bytes >= tumble_ops::RESERVE_ABOVE {
+            tumble_limits::reserve(bytes).map_err(|stop| {
+                RunError::new(format!(
+                    "input {i} of a launch of {} invocations ({}): {stop}",
+                    args.len(),
+                    tumble_limits::bytes_text(bytes)
+                ))
+            })?;
+        }
         let refs: Vec<&Tensor> = rows.iter().collect();
         Tensor::stack(&refs)
             .map(|t| BV::Batched(OpValue::Tensor(t)))
