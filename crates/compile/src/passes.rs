@@ -146,6 +146,12 @@ pub fn optimize(
         report.concurrent = crate::concurrency::find(program);
         crate::verify::debug_check(program, "independent calls made concurrent");
     }
+    // Repeated operators merged before the hoisting split looks at a block (a gate's product
+    // spelled once per gate is one product to split off), and again after merging.
+    if opts.cse {
+        report.cse = crate::cse::eliminate(program);
+        crate::verify::debug_check(program, "common subexpressions");
+    }
     if opts.hoist {
         let h = crate::hoist::analyze(program, entry);
         for (i, site) in program.sites.iter_mut().enumerate() {
@@ -168,7 +174,7 @@ pub fn optimize(
         crate::verify::debug_check(program, "block merging");
     }
     if opts.cse {
-        report.cse = crate::cse::eliminate(program);
+        report.cse += crate::cse::eliminate(program);
         crate::verify::debug_check(program, "common subexpressions");
     }
     if opts.canon {

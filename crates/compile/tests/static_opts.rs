@@ -670,3 +670,38 @@ def @main(%t: BTree, %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
     let (_, r) = compile(src);
     assert_eq!(r.phases, vec![1], "{:?}", r.phases);
 }
+
+/// An LSTM cell whose gate pre-activation is spelled out again inside each gate's slice: the
+/// repeated products are merged before the hoisting split looks at the block, so the input's
+/// product is still split off and hoisted (with the copies it was not: the whole step stayed
+/// one block).
+#[test]
+fn products_spelled_once_per_gate_are_still_split_off() {
+    let pre = "add(nn.bias_add(nn.dense(%x, %Wi), %bi), nn.dense(%h, %Wh))";
+    let src = format!(
+        r#"
+def @lstm(%xs: List[Tensor[(1, 4), float32]], %h: Tensor[(1, 4), float32], %c: Tensor[(1, 4), float32],
+          %Wi: Tensor[(16, 4), float32], %Wh: Tensor[(16, 4), float32], %bi: Tensor[(16), float32]) -> Tensor[(1, 4), float32] {{
+  match (%xs) {{
+    Cons(%x, %rest) => {{
+      let %i = sigmoid(strided_slice({pre}, begin=[0, 0], end=[1, 4]));
+      let %f = sigmoid(strided_slice({pre}, begin=[0, 4], end=[1, 8]));
+      let %g = tanh(strided_slice({pre}, begin=[0, 8], end=[1, 12]));
+      let %o = sigmoid(strided_slice({pre}, begin=[0, 12], end=[1, 16]));
+      let %c2 = add(multiply(%f, %c), multiply(%i, %g));
+      @lstm(%rest, multiply(%o, tanh(%c2)), %c2, %Wi, %Wh, %bi)
+    }},
+    Nil => %h,
+  }}
+}}
+def @main(%xs: List[Tensor[(1, 4), float32]], %Wi: Tensor[(16, 4), float32], %Wh: Tensor[(16, 4), float32],
+          %bi: Tensor[(16), float32]) -> Tensor[(1, 4), float32] {{
+  let %z = zeros(shape=[1, 4], dtype="float32");
+  @lstm(%xs, %z, %z, %Wi, %Wh, %bi)
+}}
+"#
+    );
+    let (_, r) = compile(&src);
+    assert_eq!(r.split.len(), 1, "{:?}", r.split);
+    assert!(r.cse >= 9, "{} repeated operators merged", r.cse);
+}
