@@ -1016,7 +1016,18 @@ impl<'a> Parser<'a> {
                 let sp = self.bump();
                 Ok((Expr::new(ExprKind::Lit(Literal::Bool(b)), sp), 1))
             }
-            PrimaryKind::Other => self.fail_expected("an expression"),
+            PrimaryKind::Other => {
+                // A string is only ever an attribute's value: `cast(%x, "float32")` means
+                // `dtype="float32"`, which a message should say.
+                if let Tok::Str(s) = self.peek() {
+                    let message = format!(
+                        "expected an expression, found `{s:?}`: a string is an attribute's value, \
+                         written with its name (`dtype={s:?}`)"
+                    );
+                    return self.error_at(self.cur_span(), message);
+                }
+                self.fail_expected("an expression")
+            }
         }
     }
 

@@ -169,7 +169,7 @@ const CASES: &[(&str, &[&str])] = &[
     ),
     (
         "def @main() { \"s\" }",
-        &["t.rly:1:15: error: expected an expression, found `\"s\"`"],
+        &["t.rly:1:15: error: expected an expression, found `\"s\"`: a string is an attribute's value, written with its name (`dtype=\"s\"`)"],
     ),
     (
         "#[version = 5]\ndef @main() { 1 }",
