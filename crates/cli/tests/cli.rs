@@ -1880,3 +1880,29 @@ fn a_missing_entry_names_the_functions_the_model_defines() {
     assert!(!e.contains("@hd"), "the prelude's are not listed: {e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Without `--batch`, a job of more instances than a default mini-batch holds runs in
+/// mini-batches of 512 (the profile counts them), with the outputs of one mini-batch of all.
+#[test]
+fn run_splits_large_jobs_into_default_mini_batches() {
+    let model = temp_file(
+        "tiny_rows.rly",
+        "def @main(%x: Tensor[(1, 3), float32], %w: Tensor[(3, 3), float32]) -> Tensor[(1, 3), float32] {\n  tanh(nn.dense(%x, %w))\n}\n",
+    );
+    let lines: String = (0..1100)
+        .map(|i| format!("{{\"x\": [[{}, 0.5, -1]]}}\n", i % 7))
+        .collect();
+    let inputs = temp_file("tiny_rows.jsonl", &lines);
+    let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
+    let default = run_random(&model, &inputs, &["--profile"]);
+    assert!(
+        default.status.success(),
+        "{}",
+        String::from_utf8_lossy(&default.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&default.stderr);
+    assert!(stderr.contains("mini-batches 3 "), "{stderr}");
+    let all = run_random(&model, &inputs, &["--batch", "1100"]);
+    assert!(all.status.success());
+    assert_eq!(default.stdout, all.stdout);
+}

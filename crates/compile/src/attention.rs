@@ -101,10 +101,12 @@ pub fn find(block: &Block) -> Option<Attention> {
             return None;
         };
         let c = *c.as_f32().filter(|c| c.len() == 1)?.first()?;
-        if c == 0.0 || !c.is_finite() {
+        // (A divisor whose reciprocal overflows or is subnormal stays a division.)
+        let inverse = 1.0 / c;
+        if !c.is_normal() || !inverse.is_normal() {
             return None;
         }
-        scale = 1.0 / c;
+        scale = inverse;
         scores = s;
         nodes_seen += 1;
     }

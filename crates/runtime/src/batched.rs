@@ -777,14 +777,11 @@ pub(crate) fn rule(
         "variance" => {
             let x = batched_tensor(args.first()?)?;
             let r = rank(0);
-            // The mean keeps the data's rank (the relation's rule): a shared one gets the batch
-            // axis as 1.
+            // The mean keeps the data's rank (the relation's rule): a shared one (a weight's, a
+            // few values) is repeated per instance, so that its gradient comes back as the
+            // batch's rows, which the backward sums as any shared operand's.
             let m = match args.get(1)? {
-                BV::Shared(OpValue::Tensor(t)) => {
-                    let mut shape = vec![1];
-                    shape.extend_from_slice(t.shape());
-                    t.reshape(shape).ok()?
-                }
+                BV::Shared(OpValue::Tensor(t)) => broadcast_batch(t, b).ok()?,
                 BV::Batched(OpValue::Tensor(t)) => pad_batched(t, r)?,
                 _ => return None,
             };

@@ -251,6 +251,10 @@ pub struct Dfg<'p> {
     /// Recording for the backward: the value of each slice of model weights recorded so far,
     /// by [`Dfg::backward_slice_key`], with the weights it names.
     backward_slices: std::collections::HashMap<Vec<u64>, (Vec<Tensor>, Value)>,
+    /// The nodes computing those slices: launches of their readers are keyed by them (a
+    /// layer's launches read its own slice whole). Other computed values in shared inputs are
+    /// not keyed: each instance's copy of a weight derived in `@main` is a node of its own.
+    backward_slice_nodes: std::collections::HashSet<u32>,
     /// Computed values passed whole to launches that all read one of them ([`Dfg::whole_value`]),
     /// by reference: one tensor each, so products find it packed from the first launch on.
     whole_values: std::cell::RefCell<std::collections::HashMap<LazyRef, Tensor>>,
@@ -463,6 +467,7 @@ impl<'p> Dfg<'p> {
         Dfg {
             model_weights: Default::default(),
             backward_slices: Default::default(),
+            backward_slice_nodes: Default::default(),
             whole_values: Default::default(),
             shared_memo: Default::default(),
             weights_noted: false,
@@ -1088,16 +1093,11 @@ impl Backend for Dfg<'_> {
                         }
                         // A computed value in a shared input (a slice of weights recorded once
                         // for the backward: each layer's own), by the node computing it.
-                        // Recording for the backward, a computed value in a shared input (a
-                        // slice of weights recorded once: each layer's own), by the node
-                        // computing it, or the one whose results it took.
-                        Arg::Lazy(r) if shared && for_backward => {
-                            let node = match self.memo_class.get(r.node as usize) {
-                                Some(&rep) if rep != NO_CLASS => rep,
-                                _ => r.node,
-                            };
+                        // Recording for the backward, a slice of weights recorded once in a
+                        // shared input (each layer's own), by the node computing it.
+                        Arg::Lazy(r) if shared && self.backward_slice_nodes.contains(&r.node) => {
                             words.push(i as u64 | 1 << 32);
-                            words.push(u64::from(node) << 32 | u64::from(r.output));
+                            words.push(u64::from(r.node) << 32 | u64::from(r.output));
                         }
                         _ => {}
                     }
@@ -1187,6 +1187,7 @@ impl Backend for Dfg<'_> {
         let value = self.lazy_value(block, id);
         if let Some((key, sources)) = backward_slice {
             self.backward_slices.insert(key, (sources, value.clone()));
+            self.backward_slice_nodes.insert(id);
         }
         if self.opts.scheduler == Scheduler::Eager {
             // No batching: every invocation is its own launch, at once.
