@@ -922,3 +922,48 @@ def @main(%tokens: List[Tensor[(1), int32]], %emb: Tensor[(7, 4), float32], %Wx:
         "replaying",
     );
 }
+
+/// `variance` against a mean that is a weight (one for every instance): its gradient reaches
+/// that weight as the rows' sum (the batching rule once passed the mean with a batch axis of 1,
+/// and the backward failed with an internal error); a weight derived in `@main` (`transpose`)
+/// and passed to a recursion keeps its launches batched across instances.
+#[test]
+fn shared_means_and_derived_weights_in_gradients() {
+    let src = r#"
+def @rnn(%xs: List[Tensor[(1, 4), float32]], %h: Tensor[(1, 4), float32], %u: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%xs) {
+    Nil => %h,
+    Cons(%x, %rest) => @rnn(%rest, tanh(add(nn.dense(%h, %u), %x)), %u),
+  }
+}
+def @main(%xs: List[Tensor[(1, 4), float32]], %u: Tensor[(4, 4), float32], %e: Tensor[(1, 1), float32]) -> Tensor[(), float32] {
+  let %o = @rnn(%xs, zeros(shape=[1, 4], dtype="float32"), transpose(%u));
+  sum(variance(%o, %e, axis=[1], unbiased=True))
+}
+"#;
+    let inputs: String = (0..40)
+        .map(|i| {
+            let steps: Vec<String> = (0..1 + i % 5)
+                .map(|t| {
+                    let v: Vec<String> = (0..4)
+                        .map(|j| format!("{:.3}", ((i * 5 + t * 3 + j) % 11) as f64 / 5.0 - 1.0))
+                        .collect();
+                    format!("[[{}]]", v.join(", "))
+                })
+                .collect();
+            format!("{{\"xs\": [{}]}}\n", steps.join(", "))
+        })
+        .collect();
+    let x = expected(
+        "shared_mean",
+        load_text("shared_mean", src),
+        &inputs,
+        &["xs"],
+    );
+    check(&x);
+    let wrt = float_params(&x);
+    let (_, _, launches) =
+        batched_grad_counted(&x, &wrt, 64, Options::default(), GradOptions::default());
+    // Five steps at most: a few launches each, not one per invocation (about 120).
+    assert!(launches < 40, "{launches} backward launches");
+}
