@@ -527,3 +527,10 @@ pub(crate) fn attr(name: &str, value: tumble_ir::AttrValue) -> tumble_ir::attrs:
 pub fn is_pure_op(op: &OpDef) -> bool {
     !(op.name.starts_with("random.") || op.name.starts_with("db."))
 }
+
+/// Operators a block may hold: pure ones whose result shapes follow from their operands' shapes.
+/// A block's result shapes are computed before it runs, to group its invocations; `arange`'s
+/// length is known only from its operands' values, so it runs as an operator call of its own.
+pub fn joins_blocks(op: &OpDef) -> bool {
+    is_pure_op(op) && !op.sized_by_values
+}

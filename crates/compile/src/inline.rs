@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use tumble_ir::{Expr, ExprKind, Function, Module, Ty};
 
-use crate::blocks::is_pure_op;
+use crate::blocks::joins_blocks;
 
 /// Inlined bodies are added to a block only while it has fewer nodes than this, so that a chain of
 /// helpers each calling the next twice cannot make a block (and the compile time) exponential.
@@ -117,7 +117,7 @@ fn straight_line<'e>(e: &'e Expr, body: &mut (usize, Vec<&'e str>)) -> bool {
             let callee_ok = match &c.callee.kind {
                 ExprKind::Op(n) => {
                     body.0 += 1;
-                    tumble_ops::lookup(n).is_some_and(is_pure_op)
+                    tumble_ops::lookup(n).is_some_and(joins_blocks)
                 }
                 ExprKind::Global(g) => {
                     body.1.push(g.as_str());

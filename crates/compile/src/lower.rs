@@ -10,7 +10,7 @@ use tumble_check::TypedModule;
 use tumble_ir::{Dim, Expr, ExprKind, Function, Literal, Pattern, PatternKind, Span, Ty};
 use tumble_tensor::Tensor;
 
-use crate::blocks::{is_pure_op, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
+use crate::blocks::{joins_blocks, BArg, BVal, Block, BlockInput, BlockNode, OutputShape};
 use crate::program::{CaptureFrom, Code, CtorEntry, Lambda, Native, Natives, Pat, Program, Site};
 
 /// Switches of the lowering.
@@ -305,7 +305,7 @@ impl BlockBuilder {
 fn is_block_root(e: &Expr, inline: &HashMap<String, &Function>) -> bool {
     match &e.kind {
         ExprKind::Call(c) => match &c.callee.kind {
-            ExprKind::Op(n) => tumble_ops::lookup(n).is_some_and(is_pure_op),
+            ExprKind::Op(n) => tumble_ops::lookup(n).is_some_and(joins_blocks),
             ExprKind::Global(g) => inline.contains_key(g),
             _ => false,
         },
@@ -675,7 +675,7 @@ impl Lowerer<'_> {
                     }
                 }
                 let op = match &c.callee.kind {
-                    ExprKind::Op(n) => tumble_ops::lookup(n).filter(|op| is_pure_op(op)),
+                    ExprKind::Op(n) => tumble_ops::lookup(n).filter(|op| joins_blocks(op)),
                     _ => None,
                 };
                 let Some(op) = op else {

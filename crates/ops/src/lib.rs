@@ -121,7 +121,9 @@ pub fn ty_of(v: &OpValue) -> Ty {
 /// shape relation to the actual types of `args`: this is where checks postponed by `?` dims
 /// happen (`nn.dense: input has 512 columns but weight expects 256`), with the relation's message.
 /// Then runs the kernel, and finally checks that the kernel's result has exactly the type the
-/// relation computed (a mismatch is a bug in the kernel, reported as an error, not a panic).
+/// relation computed (a mismatch is a bug in the kernel, reported as an error, not a panic); a
+/// `?` the relation leaves on concrete arguments (`arange`'s length, which depends on its
+/// operands' values) matches any size.
 pub fn eval(
     op: &OpDef,
     args: &[OpValue],
@@ -142,13 +144,40 @@ pub fn eval(
     }
     let out = (op.kernel)(args, attrs, ctx)?;
     let got = ty_of(&out);
-    if got != want {
+    if !fits(&got, &want) {
         return Err(KernelError::new(format!(
             "{}: internal error: the kernel returned {got} but the shape relation says {want}",
             op.name
         )));
     }
     Ok(out)
+}
+
+/// Whether the concrete type `got` is an instance of `want` (a `?` in `want` matches any size).
+fn fits(got: &Ty, want: &Ty) -> bool {
+    match (got, want) {
+        (
+            Ty::Tensor {
+                shape: gs,
+                dtype: gd,
+            },
+            Ty::Tensor {
+                shape: ws,
+                dtype: wd,
+            },
+        ) => {
+            gd == wd
+                && gs.len() == ws.len()
+                && gs
+                    .iter()
+                    .zip(ws)
+                    .all(|(g, w)| w.known().is_none() || g == w)
+        }
+        (Ty::Tuple(gs), Ty::Tuple(ws)) => {
+            gs.len() == ws.len() && gs.iter().zip(ws).all(|(g, w)| fits(g, w))
+        }
+        _ => got == want,
+    }
 }
 
 /// Outputs at least this large are checked against the memory budget before they are allocated.
@@ -306,6 +335,10 @@ pub struct OpDef {
     pub stage: StageRule,
     /// One line for `--help`-style listings.
     pub doc: &'static str,
+    /// The result's shape depends on the operands' values, not only on their types (`arange`'s
+    /// length): the relation leaves it `?` even for concrete arguments, so an executor that sizes
+    /// results before computing them (the batched runtime's blocks) must run it on its own.
+    pub sized_by_values: bool,
 }
 
 impl OpDef {
@@ -318,6 +351,12 @@ impl OpDef {
     /// The same operator, joining kernel-plan stages of kind `rule`.
     pub const fn in_stage(mut self, rule: StageRule) -> OpDef {
         self.stage = rule;
+        self
+    }
+
+    /// The same operator, its result sized by its operands' values (see `sized_by_values`).
+    pub const fn sized_at_run_time(mut self) -> OpDef {
+        self.sized_by_values = true;
         self
     }
 

@@ -4,7 +4,9 @@
 //! Fusion-class choices beyond the obvious: `copy` is Layout (it moves data, like `reshape`);
 //! `cast`, `zeros_like` and `ones_like` are Elementwise (one output element per input element, so
 //! they fuse into elementwise stages); `zeros`, `ones` and `full` are Opaque (tensor creation from
-//! attributes, as the [`FusionClass::Opaque`] doc says), as are the `db.*`/`random.*` intrinsics.
+//! attributes, as the [`FusionClass::Opaque`] doc says), as are `arange` (its length comes from its
+//! operands' values) and the `db.*`/`random.*` intrinsics; `cumsum`/`cumprod` are Reduction (a
+//! running reduction along an axis).
 
 use crate::kernel as k;
 use crate::rel::{broadcast, create, gemm, layout, reduce, unary};
@@ -40,6 +42,7 @@ const fn op(
         class,
         stage: StageRule::Batched,
         doc,
+        sized_by_values: false,
     }
 }
 
@@ -145,6 +148,10 @@ static OPS: &[OpDef] = &[
     op("min", 1, REDUCE, reduce::min, k::reduce::min, Reduction, "minimum over `axis` (None: all axes)"),
     op("argmax", 1, ARG_REDUCE, reduce::argmax, k::reduce::argmax, Reduction, "int32 index of the maximum over `axis`"),
     op("argmin", 1, ARG_REDUCE, reduce::argmin, k::reduce::argmin, Reduction, "int32 index of the minimum over `axis`"),
+    op("cumsum", 1, &[opt("axis", Int, "None"), opt("dtype", DType, "None"), opt("exclusive", Bool, "None")],
+        reduce::cumsum, k::reduce::cumsum, Reduction, "running sums along `axis` (None: over the flattened input), in `dtype`"),
+    op("cumprod", 1, &[opt("axis", Int, "None"), opt("dtype", DType, "None"), opt("exclusive", Bool, "None")],
+        reduce::cumprod, k::reduce::cumprod, Reduction, "running products along `axis` (None: over the flattened input), in `dtype`"),
     // ---- layout ----
     op("concatenate", 1, &[opt("axis", Int, "0")], layout::concatenate, k::layout::concatenate, Layout,
         "joins a tuple of tensors along `axis`").in_stage(RowWiseOnLastAxis { default_axis: 0 }),
@@ -169,6 +176,18 @@ static OPS: &[OpDef] = &[
         &[req("begin", Ints), req("end", Ints), opt("strides", Ints, "None"), opt("axes", Ints, "None"),
           opt("slice_mode", Str, "\"end\"")],
         layout::strided_slice, k::layout::strided_slice, Layout, "python-style slice begin:end:stride per axis"),
+    op("reverse", 1, &[req("axis", Int)], layout::reverse, k::layout::reverse, Layout,
+        "the elements in reverse order along `axis`"),
+    op("tile", 1, &[req("reps", Ints)], layout::tile, k::layout::tile, Layout,
+        "the input repeated `reps` times per axis (numpy tile: the shorter of shape and reps padded with leading 1s)"),
+    op("repeat", 1, &[req("repeats", Int), req("axis", Int)], layout::repeat, k::layout::repeat, Layout,
+        "each element repeated `repeats` times along `axis`, consecutively"),
+    op("nn.batch_flatten", 1, NONE, layout::batch_flatten, k::layout::batch_flatten, Layout,
+        "reshaped to (d0, product of the other dims)"),
+    op("gather", 2, &[req("axis", Int)], layout::gather, k::layout::gather, Layout,
+        "out[c] = data[c with c[axis] = indices[c]]; indices of the input's rank (PyTorch's gather)"),
+    op("gather_nd", 2, &[opt("batch_dims", Int, "0"), opt("index_rank", Int, "None")], layout::gather_nd, k::layout::gather_nd, Layout,
+        "blocks of data at the coordinates listed along axis 0 of indices (after `batch_dims` shared axes)"),
     // ---- creation and conversion ----
     op("cast", 1, &[req("dtype", DType)], create::cast, k::create::cast, Elementwise, "converts elements to `dtype`"),
     op("zeros_like", 1, NONE, create::zeros_like, k::create::zeros_like, Elementwise, "zeros of the input's type"),
@@ -179,6 +198,9 @@ static OPS: &[OpDef] = &[
         "on_value where the position along a new axis of length `depth` is the index, else off_value"),
     op("full", 1, &[req("shape", Ints), opt("dtype", DType, "None")], create::full, k::create::full, Opaque,
         "a tensor of `shape` filled with the scalar fill_value"),
+    op("arange", 3, &[opt("dtype", DType, "\"float32\"")], create::arange, k::create::arange, Opaque,
+        "start, start + step, ... up to stop (scalar operands); the length, ceil((stop - start) / step), is known at run time")
+        .sized_at_run_time(),
     // ---- ACROBAT intrinsics ----
     op("db.phase_change", 0, NONE, create::phase_change, k::create::phase_change, Opaque,
         "phase boundary: ops after it run in the next program phase; returns ()"),

@@ -3,7 +3,7 @@
 //! in f64, rounded once to the argument's dtype, no panics on user data).
 //!
 //! Data-movement operators (`reshape`, `transpose`, `concatenate`, `split`, `take`,
-//! `strided_slice`, ...) share one rule: the forward kernel run on an iota (each element holds its
+//! `strided_slice`, `reverse`, `tile`, `repeat`, `gather`, `gather_nd`, ...) share one rule: the forward kernel run on an iota (each element holds its
 //! own flat index) gives the index map output → input, and the gradient scatter-adds `dy` back
 //! along it. So a layout kernel and its gradient cannot disagree on which element went where.
 //!
@@ -304,7 +304,32 @@ pub fn vjp(
             None => layout(op, args, attrs, dy),
         },
         "concatenate" | "stack" | "broadcast_to" | "reshape" | "transpose" | "expand_dims"
-        | "squeeze" | "take" | "strided_slice" => layout(op, args, attrs, dy),
+        | "squeeze" | "take" | "strided_slice" | "reverse" | "tile" | "repeat"
+        | "nn.batch_flatten" | "gather" | "gather_nd" => layout(op, args, attrs, dy),
+        "cumsum" | "cumprod" => scan(op, args, attrs, y, g),
+        // d/dstart of start + i·step is 1 per element, d/dstep is i; the length is piecewise
+        // constant in stop, so stop's gradient is 0 (as TVM's `arange_grad`).
+        "arange" => {
+            if !y.dtype().is_float() {
+                return Ok(vec![None; 3]);
+            }
+            let gv = g.to_f64_vec();
+            let sums = [
+                gv.iter().sum::<f64>(),
+                0.0,
+                gv.iter().enumerate().map(|(i, d)| i as f64 * d).sum(),
+            ];
+            let mut out = Vec::with_capacity(3);
+            for (i, s) in sums.into_iter().enumerate() {
+                out.push(if float(i) {
+                    let a = t(i)?;
+                    Some(OpValue::Tensor(te(make(a.shape(), vec![s], a.dtype()))?))
+                } else {
+                    None
+                });
+            }
+            Ok(out)
+        }
         "zeros" | "ones" | "db.phase_change" | "db.concurrent" => Ok(vec![None; args.len()]),
         // The on value's gradient is the sum of dy where it was placed, the off value's the rest.
         "one_hot" => {
@@ -336,6 +361,91 @@ pub fn vjp(
         }
         _ => Err(err("this operator has no gradient rule".into())),
     }
+}
+
+/// `cumsum` / `cumprod` along a line `x_0 … x_{n-1}` (each line independently):
+/// - sums: every `y_b` with `b ≥ a` (`b > a` when exclusive) holds `x_a` once, so `dx_a` is the
+///   reversed running sum of `dy`;
+/// - products: `dx_a = Σ_b dy_b · Π_{k ≤ b, k ≠ a} x_k` (`k < b` and `b > a` when exclusive),
+///   computed by running products that skip `x_a`, so zeros in `x` need no division. O(n²)
+///   per line, as the reference may be.
+fn scan(
+    op: &OpDef,
+    args: &[OpValue],
+    attrs: &Attrs,
+    y: &Tensor,
+    g: &Tensor,
+) -> Result<Vec<Option<OpValue>>, KernelError> {
+    let err = |m: String| KernelError::new(format!("{}: gradient: {m}", op.name));
+    let Some(OpValue::Tensor(x)) = args.first() else {
+        return Err(err("input must be a tensor".into()));
+    };
+    if !(x.dtype().is_float() && y.dtype().is_float()) {
+        return Ok(vec![None]);
+    }
+    let tys: Vec<_> = args.iter().map(ty_of).collect();
+    let c = Call::new(op.name, &tys, attrs, 1)?;
+    let (axis, _, exclusive) = crate::rel::reduce::scan_spec(&c, c.tensor(0, "input")?)?;
+    let (outer, n, inner) = match axis {
+        Some(a) => {
+            let s = x.shape();
+            (
+                s.get(..a).unwrap_or_default().iter().product(),
+                s.get(a).copied().unwrap_or(1),
+                s.get(a + 1..).unwrap_or_default().iter().product(),
+            )
+        }
+        None => (1, x.len(), 1),
+    };
+    let xv = x.to_f64_vec();
+    let gv = g.to_f64_vec();
+    if xv.len() != gv.len() || xv.len() != outer * n * inner {
+        return Err(err("the output gradient does not match the input".into()));
+    }
+    let mut dx = vec![0.0; xv.len()];
+    let at = |o: usize, a: usize, i: usize| (o * n + a) * inner + i;
+    for o in 0..outer {
+        for i in 0..inner {
+            if op.name == "cumsum" {
+                let mut acc = 0.0;
+                for a in (0..n).rev() {
+                    let p = at(o, a, i);
+                    if exclusive {
+                        dx[p] = acc;
+                        acc += gv[p];
+                    } else {
+                        acc += gv[p];
+                        dx[p] = acc;
+                    }
+                }
+                continue;
+            }
+            let mut before = 1.0;
+            for a in 0..n {
+                let mut run = before;
+                let mut sum = 0.0;
+                for b in a..n {
+                    let p = at(o, b, i);
+                    if exclusive {
+                        if b > a {
+                            sum += gv[p] * run;
+                            run *= xv[p];
+                        }
+                    } else {
+                        if b > a {
+                            run *= xv[p];
+                        }
+                        sum += gv[p] * run;
+                    }
+                }
+                let p = at(o, a, i);
+                dx[p] = sum;
+                before *= xv[p];
+            }
+        }
+    }
+    let dx = make(x.shape(), dx, x.dtype()).map_err(|e| err(e.to_string()))?;
+    Ok(vec![Some(OpValue::Tensor(dx))])
 }
 
 /// A tensor of `shape` and `dtype` from f64 values.

@@ -1423,3 +1423,261 @@ fn fusion_classes() {
     assert_eq!(class("db.phase_change"), Some(Opaque));
     assert_eq!(class("random.db_uniform"), Some(Opaque));
 }
+
+// ---------------------------------------------------------------- scans, index maps, arange
+
+#[test]
+fn scans() {
+    for op in ["cumsum", "cumprod"] {
+        ok(op, &[f32t(&[2, A, 4])], &[("axis", I(1))], f32t(&[2, A, 4]));
+        ok(op, &[f32t(&[2, 3])], &[], f32t(&[6]));
+        ok(op, &[f32t(&[2, A])], &[], f32t(&[A]));
+        ok(
+            op,
+            &[t(&[3], Int32)],
+            &[("dtype", S("int64".into())), ("exclusive", B(true))],
+            t(&[3], Int64),
+        );
+        ok(
+            op,
+            &[t(&[3], Bool)],
+            &[
+                ("dtype", S("float32".into())),
+                ("exclusive", AttrValue::None),
+            ],
+            f32t(&[3]),
+        );
+        bad(op, &[t(&[3], Bool)], &[], "must be numeric, found bool");
+        bad(
+            op,
+            &[f32t(&[3])],
+            &[("axis", I(1))],
+            "axis 1 is out of range",
+        );
+        bad(
+            op,
+            &[t(&[i64::MAX, 4], Int32)],
+            &[],
+            "the flattened size of Tensor",
+        );
+    }
+}
+
+#[test]
+fn index_maps() {
+    ok(
+        "reverse",
+        &[f32t(&[2, A])],
+        &[("axis", I(-1))],
+        f32t(&[2, A]),
+    );
+    bad("reverse", &[f32t(&[2])], &[("axis", I(1))], "out of range");
+    bad(
+        "reverse",
+        &[f32t(&[2])],
+        &[],
+        "missing required attribute `axis`",
+    );
+
+    ok(
+        "tile",
+        &[f32t(&[2, A])],
+        &[("reps", ints(&[3, 2]))],
+        f32t(&[6, A]),
+    );
+    ok(
+        "tile",
+        &[f32t(&[2])],
+        &[("reps", ints(&[3, 2]))],
+        f32t(&[3, 4]),
+    );
+    ok(
+        "tile",
+        &[f32t(&[2, 3])],
+        &[("reps", ints(&[2]))],
+        f32t(&[2, 6]),
+    );
+    ok(
+        "tile",
+        &[f32t(&[2, 3])],
+        &[("reps", ints(&[]))],
+        f32t(&[2, 3]),
+    );
+    bad(
+        "tile",
+        &[f32t(&[2])],
+        &[("reps", ints(&[-1]))],
+        "must be positive",
+    );
+    bad(
+        "tile",
+        &[f32t(&[i64::MAX])],
+        &[("reps", ints(&[2]))],
+        "overflows",
+    );
+
+    ok(
+        "repeat",
+        &[t(&[2, 3], Int32)],
+        &[("repeats", I(2)), ("axis", I(-1))],
+        t(&[2, 6], Int32),
+    );
+    ok(
+        "repeat",
+        &[f32t(&[A, 3])],
+        &[("repeats", I(2)), ("axis", I(0))],
+        f32t(&[A, 3]),
+    );
+    bad(
+        "repeat",
+        &[f32t(&[2])],
+        &[("repeats", I(0)), ("axis", I(0))],
+        "at least 1",
+    );
+    bad(
+        "repeat",
+        &[f32t(&[2])],
+        &[("repeats", I(2))],
+        "missing required attribute `axis`",
+    );
+
+    ok("nn.batch_flatten", &[f32t(&[A, 3, 4])], &[], f32t(&[A, 12]));
+    ok("nn.batch_flatten", &[f32t(&[2, A, 4])], &[], f32t(&[2, A]));
+    ok(
+        "nn.batch_flatten",
+        &[t(&[5], Int64)],
+        &[],
+        t(&[5, 1], Int64),
+    );
+    let e = bad("nn.batch_flatten", &[f32t(&[])], &[], "rank 1 or more");
+    assert_eq!(e.arg, Some(0));
+
+    ok(
+        "gather",
+        &[f32t(&[3, 4]), t(&[2, 7], Int32)],
+        &[("axis", I(1))],
+        f32t(&[2, 7]),
+    );
+    ok(
+        "gather",
+        &[f32t(&[A, 4]), t(&[A, A], Int64)],
+        &[("axis", I(0))],
+        f32t(&[A, A]),
+    );
+    bad(
+        "gather",
+        &[f32t(&[3, 4]), t(&[3], Int32)],
+        &[("axis", I(0))],
+        "must have the input's rank",
+    );
+    bad(
+        "gather",
+        &[f32t(&[3, 4]), t(&[4, 2], Int32)],
+        &[("axis", I(1))],
+        "longer than the input",
+    );
+    let e = bad(
+        "gather",
+        &[f32t(&[3, 4]), f32t(&[3, 4])],
+        &[("axis", I(1))],
+        "int32 or int64",
+    );
+    assert_eq!(e.arg, Some(1));
+
+    ok(
+        "gather_nd",
+        &[f32t(&[3, 4, 5]), t(&[2, 6], Int32)],
+        &[],
+        f32t(&[6, 5]),
+    );
+    ok(
+        "gather_nd",
+        &[f32t(&[3, 4, 5]), t(&[1, A, 2], Int32)],
+        &[],
+        f32t(&[A, 2, 4, 5]),
+    );
+    ok(
+        "gather_nd",
+        &[f32t(&[3, 4, 5]), t(&[2, 3], Int64)],
+        &[("batch_dims", I(1))],
+        f32t(&[3]),
+    );
+    ok(
+        "gather_nd",
+        &[f32t(&[3, 4]), t(&[A, 7], Int32)],
+        &[("index_rank", I(2))],
+        f32t(&[7]),
+    );
+    bad(
+        "gather_nd",
+        &[f32t(&[3, 4]), t(&[A, 7], Int32)],
+        &[],
+        "must be known",
+    );
+    bad(
+        "gather_nd",
+        &[f32t(&[3, 4]), t(&[3, 7], Int32)],
+        &[],
+        "do not fit",
+    );
+    bad(
+        "gather_nd",
+        &[f32t(&[3, 4, 5]), t(&[1, 2], Int64)],
+        &[("batch_dims", I(1))],
+        "batch dimension 0 differs",
+    );
+    bad(
+        "gather_nd",
+        &[f32t(&[3, 4]), t(&[2, 7], Int32)],
+        &[("index_rank", I(1))],
+        "index_rank 1 differs",
+    );
+}
+
+#[test]
+fn arange_length_is_dynamic() {
+    let s = |d: DType| t(&[], d);
+    ok(
+        "arange",
+        &[s(Float32), s(Float32), s(Float32)],
+        &[],
+        f32t(&[A]),
+    );
+    ok(
+        "arange",
+        &[s(Int32), s(Int64), s(Float64)],
+        &[("dtype", S("int64".into()))],
+        t(&[A], Int64),
+    );
+    let e = bad(
+        "arange",
+        &[s(Float32), f32t(&[2]), s(Float32)],
+        &[],
+        "stop must be a scalar tensor",
+    );
+    assert_eq!(e.arg, Some(1));
+    bad(
+        "arange",
+        &[s(Float32), s(Bool), s(Float32)],
+        &[],
+        "numeric dtype",
+    );
+    bad(
+        "arange",
+        &[s(Float32), s(Float32), s(Float32)],
+        &[("dtype", S("bool".into()))],
+        "dtype must be numeric",
+    );
+}
+
+/// Only `arange` is sized by its operands' values: every other relation gives concrete
+/// results for concrete arguments, which the batched runtime relies on to size blocks.
+#[test]
+fn only_arange_is_sized_by_values() {
+    let sized: Vec<&str> = tumble_ops::all()
+        .iter()
+        .filter(|o| o.sized_by_values)
+        .map(|o| o.name)
+        .collect();
+    assert_eq!(sized, ["arange"]);
+}

@@ -1,6 +1,7 @@
-//! Creation and conversion kernels (`zeros`, `ones`, `full`, `zeros_like`, `ones_like`, `cast`)
-//! and the ACROBAT intrinsics `db.phase_change` and `random.db_uniform`. Result shapes and
-//! dtypes come from the relations.
+//! Creation and conversion kernels (`zeros`, `ones`, `full`, `zeros_like`, `ones_like`, `cast`,
+//! `one_hot`, `arange`) and the ACROBAT intrinsics `db.phase_change` and `random.db_uniform`.
+//! Result shapes and dtypes come from the relations (`arange`'s length, which its relation
+//! leaves `?`, from its operands).
 
 use super::{product, KCall, Values};
 use crate::{rel, KernelError, OpCtx, OpValue};
@@ -251,4 +252,90 @@ fn num(x: f64) -> String {
     } else {
         format!("{x:?}")
     }
+}
+
+/// `arange(start, stop, step, dtype="float32")`: the operands cast to `dtype` first (as Relay's
+/// `arange` builds them), then `start + i * step` for `i < ceil((stop - start) / step)` (none
+/// when that is not positive). Floats are computed in f64 and rounded once; ints exactly, the
+/// length by integer ceiling division. A zero step, or a length that is not finite, is an error.
+pub fn arange(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("arange", args, attrs, 3)?;
+    let (_, dtype) = k
+        .out_ty(rel::create::arange)?
+        .as_tensor()
+        .map(|(d, t)| (d.len(), t))
+        .ok_or_else(|| k.err("internal error: arange's result is not a tensor"))?;
+    let operand = |i: usize, role: &str| -> Result<Tensor, KernelError> {
+        let t = k.tensor(i, role)?;
+        if t.len() != 1 {
+            return Err(k.err(format!(
+                "{role} must be a scalar, found shape {:?}",
+                t.shape()
+            )));
+        }
+        Ok(t.cast(dtype))
+    };
+    let (start, stop, step) = (
+        operand(0, "start")?,
+        operand(1, "stop")?,
+        operand(2, "step")?,
+    );
+    let values = if dtype.is_int() {
+        let (a, b, s) = (
+            start.to_i64_vec().first().copied().unwrap_or(0),
+            stop.to_i64_vec().first().copied().unwrap_or(0),
+            step.to_i64_vec().first().copied().unwrap_or(0),
+        );
+        if s == 0 {
+            return Err(k.err(format!("step is 0 (start {a}, stop {b})")));
+        }
+        let span = i128::from(b) - i128::from(a);
+        let s128 = i128::from(s);
+        // Ceiling division, for either sign of the step.
+        let len = (span + s128 - s128.signum()) / s128;
+        let len = usize::try_from(len.max(0)).map_err(|_| k.err("the length overflows"))?;
+        reserve(&k, len, dtype)?;
+        Values::I(
+            (0..len)
+                .map(|i| a.wrapping_add((i as i64).wrapping_mul(s)))
+                .collect(),
+        )
+    } else {
+        let (a, b, s) = (
+            start.get_f64(0).unwrap_or(0.0),
+            stop.get_f64(0).unwrap_or(0.0),
+            step.get_f64(0).unwrap_or(0.0),
+        );
+        if s == 0.0 {
+            return Err(k.err(format!("step is 0 (start {a:?}, stop {b:?})")));
+        }
+        let len = ((b - a) / s).ceil();
+        if !len.is_finite() {
+            return Err(k.err(format!(
+                "the length of [{a:?}, {b:?}) in steps of {s:?} is not a finite number"
+            )));
+        }
+        let len = if len <= 0.0 { 0 } else { len as usize };
+        reserve(&k, len, dtype)?;
+        Values::F((0..len).map(|i| a + i as f64 * s).collect())
+    };
+    let len = match &values {
+        Values::I(v) => v.len(),
+        Values::F(v) => v.len(),
+        Values::B(v) => v.len(),
+    };
+    Ok(k.t(values.into_tensor(&[len], dtype))?.into())
+}
+
+/// A result of `len` elements of `dtype` checked against the memory budget: the relation could
+/// not size it (its length is `?`), so `eval` did not.
+fn reserve(k: &KCall, len: usize, dtype: DType) -> Result<(), KernelError> {
+    let bytes = len.saturating_mul(dtype.size());
+    if bytes > isize::MAX as usize {
+        return Err(k.err(format!("a result of {len} elements is too large")));
+    }
+    if bytes >= crate::RESERVE_ABOVE {
+        tumble_limits::reserve(bytes).map_err(|stop| k.err(stop))?;
+    }
+    Ok(())
 }

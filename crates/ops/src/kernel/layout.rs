@@ -1,5 +1,6 @@
 //! Data-movement kernels: `concatenate`, `split`, `reshape`, `transpose`, `expand_dims`,
-//! `squeeze`, `take`, `strided_slice`. Each but `concatenate` (block copies) builds an index map
+//! `squeeze`, `take`, `strided_slice`, `reverse`, `tile`, `repeat`, `nn.batch_flatten`, `gather`,
+//! `gather_nd`. Each but `concatenate` (block copies) builds an index map
 //! (output flat position → input flat position) and gathers with [`Tensor::take`], which works
 //! for every dtype and checks bounds. Output shapes come from the relations; attribute parsing
 //! from the relations' helpers.
@@ -295,6 +296,187 @@ pub fn strided_slice(
                 break;
             }
         }
+    }
+    Ok(k.t(x.take(out_shape, &indices))?.into())
+}
+
+/// The flat input position of every output position, row-major over `out_shape`: `at` maps an
+/// output coordinate to its input position.
+fn index_map(
+    out_shape: &[usize],
+    mut at: impl FnMut(&[usize]) -> Result<usize, KernelError>,
+) -> Result<Vec<usize>, KernelError> {
+    let n: usize = out_shape.iter().product();
+    let mut indices = Vec::with_capacity(n);
+    if n > 0 {
+        let mut idx = vec![0usize; out_shape.len()];
+        loop {
+            indices.push(at(&idx)?);
+            if !increment_index(&mut idx, out_shape) {
+                break;
+            }
+        }
+    }
+    Ok(indices)
+}
+
+/// `reverse(x, axis)`: position `i` along `axis` reads position `d - 1 - i`.
+pub fn reverse(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("reverse", args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let (out_shape, _) = k.out_tensor(rel::layout::reverse)?;
+    let c = k.rel();
+    let axis = c.axis(c.int_or("axis", 0)?, x.rank())?;
+    let strides = x.strides();
+    let d = x.shape().get(axis).copied().unwrap_or(0);
+    let indices = index_map(&out_shape, |idx| {
+        Ok(idx
+            .iter()
+            .zip(&strides)
+            .enumerate()
+            .map(|(a, (&i, &s))| if a == axis { (d - 1 - i) * s } else { i * s })
+            .sum())
+    })?;
+    Ok(k.t(x.take(out_shape, &indices))?.into())
+}
+
+/// `tile(x, reps)`: output coordinate `c` reads `c mod d` per axis of the input's shape padded
+/// with leading 1s to the result's rank.
+pub fn tile(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("tile", args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let (out_shape, _) = k.out_tensor(rel::layout::tile)?;
+    let mut shape = vec![1usize; out_shape.len().saturating_sub(x.rank())];
+    shape.extend_from_slice(x.shape());
+    let mut strides = vec![0usize; shape.len()];
+    let mut s = 1;
+    for (slot, &d) in strides.iter_mut().zip(&shape).rev() {
+        *slot = s;
+        s *= d;
+    }
+    let indices = index_map(&out_shape, |idx| {
+        Ok(idx
+            .iter()
+            .zip(&shape)
+            .zip(&strides)
+            .map(|((&i, &d), &st)| (i % d.max(1)) * st)
+            .sum())
+    })?;
+    Ok(k.t(x.take(out_shape, &indices))?.into())
+}
+
+/// `repeat(x, repeats, axis)`: position `i` along `axis` reads position `i / repeats`.
+pub fn repeat(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("repeat", args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let (out_shape, _) = k.out_tensor(rel::layout::repeat)?;
+    let c = k.rel();
+    let (repeats, axis) = rel::layout::repeat_spec(&c, c.tensor(0, "input")?)?;
+    let repeats = usize::try_from(repeats).map_err(|_| k.err("repeats out of range"))?;
+    let strides = x.strides();
+    let indices = index_map(&out_shape, |idx| {
+        Ok(idx
+            .iter()
+            .zip(&strides)
+            .enumerate()
+            .map(|(a, (&i, &s))| if a == axis { i / repeats * s } else { i * s })
+            .sum())
+    })?;
+    Ok(k.t(x.take(out_shape, &indices))?.into())
+}
+
+super::kernels! {
+    batch_flatten => same_elements("nn.batch_flatten", rel::layout::batch_flatten);
+}
+
+/// `i` as a position along `axis` (of length `n`) for `gather` and `gather_nd`: in `[-n, n)`, a
+/// negative one counting from the end.
+fn coordinate(k: &KCall, i: i64, n: usize, axis: usize) -> Result<usize, KernelError> {
+    let n64 = i64::try_from(n).map_err(|_| k.err("axis too long"))?;
+    let r = if i < 0 { i.checked_add(n64) } else { Some(i) };
+    r.filter(|&r| (0..n64).contains(&r))
+        .and_then(|r| usize::try_from(r).ok())
+        .ok_or_else(|| {
+            k.err(format!(
+                "index {i} is out of range for axis {axis} of the input, of length {n} \
+                 (allowed: {}..={}, a negative index counting from the end)",
+                -n64,
+                n64 - 1
+            ))
+        })
+}
+
+/// `gather(x, indices, axis)`: `out[c] = x[c with c[axis] = indices[c]]`. An index outside
+/// `[-n, n)` of the axis is an error; a negative one counts from the end (as numpy's
+/// `take_along_axis`).
+pub fn gather(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("gather", args, attrs, 2)?;
+    let x = k.tensor(0, "input")?;
+    let idx = k.tensor(1, "indices")?;
+    let (out_shape, _) = k.out_tensor(rel::layout::gather)?;
+    let c = k.rel();
+    let axis = c.axis(c.int_or("axis", 0)?, x.rank())?;
+    let n = x.shape().get(axis).copied().unwrap_or(0);
+    let iv = idx.to_i64_vec();
+    let strides = x.strides();
+    let mut flat = 0usize;
+    let indices = index_map(&out_shape, |coord| {
+        let raw = iv.get(flat).copied().unwrap_or(0);
+        flat += 1;
+        let i = coordinate(&k, raw, n, axis)?;
+        let mut pos = 0;
+        for (a, ((&ci, &s), &d)) in coord.iter().zip(&strides).zip(x.shape()).enumerate() {
+            let ci = if a == axis { i } else { ci };
+            // The relation bounds the other axes when shapes are known; a kernel called directly
+            // is checked here.
+            if ci >= d {
+                return Err(k.err(format!(
+                    "indices {:?} are longer than the input {:?} along axis {a}",
+                    idx.shape(),
+                    x.shape()
+                )));
+            }
+            pos += ci * s;
+        }
+        Ok(pos)
+    })?;
+    Ok(k.t(x.take(out_shape, &indices))?.into())
+}
+
+/// `gather_nd(x, indices, batch_dims=0)`: index tuple `t` (over the axes of `indices` after the
+/// first, batch axes `b` first) reads the block `x[b, indices[0, t], …, indices[M-1, t], …]`.
+/// A coordinate outside `[-n, n)` of its axis is an error; a negative one counts from the end.
+pub fn gather_nd(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new("gather_nd", args, attrs, 2)?;
+    let x = k.tensor(0, "input")?;
+    let idx = k.tensor(1, "indices")?;
+    let (out_shape, _) = k.out_tensor(rel::layout::gather_nd)?;
+    let c = k.rel();
+    let (bd, m) = rel::layout::gather_nd_spec(&c, c.tensor(0, "input")?, c.tensor(1, "indices")?)?;
+    let xs = x.shape();
+    let is = idx.shape();
+    // Tuples per batch entry, blocks per tuple and the elements of each block.
+    let tuples = k.t(product(is.get(1..).unwrap_or_default()))?;
+    let per_batch = k.t(product(is.get(1 + bd..).unwrap_or_default()))?;
+    let block = k.t(product(xs.get(bd + m..).unwrap_or_default()))?;
+    let gathered = xs.get(bd..bd + m).unwrap_or_default();
+    let span = k.t(product(gathered))?;
+    let iv = idx.to_i64_vec();
+    let mut indices = Vec::with_capacity(k.t(product(&out_shape))?);
+    for t in 0..tuples {
+        let b = t / per_batch.max(1);
+        let mut pos = 0usize;
+        for (j, &d) in gathered.iter().enumerate() {
+            let raw = iv.get(j * tuples + t).copied().unwrap_or(0);
+            let i = coordinate(&k, raw, d, bd + j)?;
+            pos = pos * d + i;
+        }
+        let base = (b * span + pos) * block;
+        indices.extend(base..base + block);
     }
     Ok(k.t(x.take(out_shape, &indices))?.into())
 }

@@ -1,5 +1,6 @@
 //! Kernels that reduce along axes: normalizations (`nn.softmax`, `nn.log_softmax`,
-//! `nn.layer_norm`), reductions (`sum`, `mean`, `max`, `min`) and `argmax`/`argmin`.
+//! `nn.layer_norm`), reductions (`sum`, `mean`, `max`, `min`), `argmax`/`argmin`, and the scans
+//! `cumsum`/`cumprod`.
 //!
 //! Each moves the axes it works on to the end ([`permute`]), so that every output element (or
 //! every normalized row) is one contiguous row of the moved input; rows are processed in f64
@@ -406,4 +407,76 @@ pub(crate) fn reduced_count(shape: &[usize], reduced: &[bool]) -> usize {
 /// one element when unbiased, gives NaN or inf).
 pub(crate) fn variance_divisor(shape: &[usize], reduced: &[bool], unbiased: bool) -> f64 {
     (reduced_count(shape, reduced) as f64 - if unbiased { 1.0 } else { 0.0 }).max(0.0)
+}
+
+kernels! {
+    cumsum => scan("cumsum", rel::reduce::cumsum, false);
+    cumprod => scan("cumprod", rel::reduce::cumprod, true);
+}
+
+/// `cumsum` / `cumprod(x, axis=None, dtype=None, exclusive=None)`: the input cast to the result
+/// dtype, then running sums (products) along the axis: floats accumulated in f64 and each
+/// prefix rounded once, ints wrapping (like the dtype's own arithmetic). `exclusive` leaves the
+/// current element out (the first is 0, or 1 for products).
+fn scan(
+    op: &'static str,
+    args: &[OpValue],
+    attrs: &Attrs,
+    relation: crate::Relation,
+    prod: bool,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new(op, args, attrs, 1)?;
+    let x = k.tensor(0, "input")?;
+    let (out_shape, dtype) = k.out_tensor(relation)?;
+    let c = k.rel();
+    let (axis, _, exclusive) = rel::reduce::scan_spec(&c, c.tensor(0, "input")?)?;
+    // Without an axis the flattened input is one line.
+    let (outer, n, inner) = match axis {
+        Some(a) => {
+            let s = x.shape();
+            (
+                k.t(product(s.get(..a).unwrap_or_default()))?,
+                s.get(a).copied().unwrap_or(1),
+                k.t(product(s.get(a + 1..).unwrap_or_default()))?,
+            )
+        }
+        None => (1, x.len(), 1),
+    };
+    fn run<T: Copy>(
+        v: &[T],
+        (outer, n, inner): (usize, usize, usize),
+        exclusive: bool,
+        identity: T,
+        step: impl Fn(T, T) -> T,
+    ) -> Vec<T> {
+        let mut out = vec![identity; v.len()];
+        for o in 0..outer {
+            for i in 0..inner {
+                let mut acc = identity;
+                for a in 0..n {
+                    let at = (o * n + a) * inner + i;
+                    let (Some(&e), Some(slot)) = (v.get(at), out.get_mut(at)) else {
+                        continue;
+                    };
+                    if exclusive {
+                        *slot = acc;
+                        acc = step(acc, e);
+                    } else {
+                        acc = step(acc, e);
+                        *slot = acc;
+                    }
+                }
+            }
+        }
+        out
+    }
+    let dims = (outer, n, inner);
+    let values = match Values::of(&x.cast(dtype)) {
+        Values::F(v) if prod => Values::F(run(&v, dims, exclusive, 1.0, |a, b| a * b)),
+        Values::F(v) => Values::F(run(&v, dims, exclusive, 0.0, |a, b| a + b)),
+        Values::I(v) if prod => Values::I(run(&v, dims, exclusive, 1, i64::wrapping_mul)),
+        Values::I(v) => Values::I(run(&v, dims, exclusive, 0, i64::wrapping_add)),
+        Values::B(_) => return Err(k.err("the result dtype must be numeric, found bool")),
+    };
+    Ok(k.t(values.into_tensor(&out_shape, dtype))?.into())
 }

@@ -1,5 +1,6 @@
 //! Tensor creation and dtype conversion (`zeros`, `ones`, `full`, `zeros_like`, `ones_like`,
-//! `cast`) and the ACROBAT intrinsics `db.phase_change` and `random.db_uniform`.
+//! `cast`, `one_hot`, `arange`) and the ACROBAT intrinsics `db.phase_change` and
+//! `random.db_uniform`.
 
 use super::{fmt_ints, relations, Call};
 use crate::RelError;
@@ -173,4 +174,23 @@ pub fn db_uniform(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
         return Err(c.err("out_dtype must be numeric, found bool"));
     }
     Ok(Ty::tensor_of(&shape, dtype))
+}
+
+/// `arange(start, stop, step, dtype="float32")`: `start, start + step, …` below `stop` (above it
+/// for a negative step). The operands are scalar tensors known only at run time, so the length is
+/// `?`; the kernel computes it, `ceil((stop - start) / step)` (0 when negative), as Relay's.
+pub fn arange(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("arange", args, attrs, 3)?;
+    for (i, role) in [(0, "start"), (1, "stop"), (2, "step")] {
+        let t = c.tensor(i, role)?;
+        if t.rank() != 0 {
+            return Err(c.err_at(i, format!("{role} must be a scalar tensor, found {t}")));
+        }
+        c.want_numeric(i, role, t)?;
+    }
+    let dtype = c.opt_dtype("dtype")?.unwrap_or(DType::Float32);
+    if dtype == DType::Bool {
+        return Err(c.err("dtype must be numeric, found bool"));
+    }
+    Ok(Ty::tensor(vec![tumble_ir::Dim::Any], dtype))
 }

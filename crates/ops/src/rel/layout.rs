@@ -1,5 +1,6 @@
 //! Operators that move data without arithmetic: `concatenate`, `stack`, `split`, `reshape`,
-//! `transpose`, `expand_dims`, `squeeze`, `take`, `strided_slice`, `broadcast_to`.
+//! `transpose`, `expand_dims`, `squeeze`, `take`, `strided_slice`, `broadcast_to`, `reverse`,
+//! `tile`, `repeat`, `nn.batch_flatten`, `gather`, `gather_nd`.
 
 use super::{dims_match, fmt_dims, fmt_ints, known_product, meet, Call, Tensor};
 use crate::RelError;
@@ -902,4 +903,208 @@ pub(crate) fn slice_range(
     } else {
         (cvt(start), cvt(step), cvt(len))
     }
+}
+
+/// `reverse(data, axis)`: the same type; `axis` must name one of its axes.
+pub fn reverse(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("reverse", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let axis = c
+        .opt_int("axis")?
+        .ok_or_else(|| c.err("missing required attribute `axis`"))?;
+    c.axis(axis, x.rank())?;
+    Ok(x.ty.clone())
+}
+
+/// `tile(data, reps)`: numpy's `tile`. The shorter of the input's shape and `reps` is padded with
+/// leading 1s; each axis is multiplied by its repetition, which must be positive (Relay's rule).
+pub fn tile(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("tile", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let (shape, reps) = tile_plan(&c, x)?;
+    let out = shape
+        .iter()
+        .zip(&reps)
+        .map(|(&d, &r)| match d {
+            Dim::Known(n) => n
+                .checked_mul(r)
+                .map(Dim::Known)
+                .ok_or_else(|| c.err(format!("the result's dimension {n} × {r} overflows"))),
+            Dim::Any => Ok(Dim::Any),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Ty::tensor(out, x.dtype))
+}
+
+/// The input's shape and `reps`, both padded with leading 1s to the result's rank.
+pub(crate) fn tile_plan(c: &Call, x: Tensor) -> Result<(Vec<Dim>, Vec<i64>), RelError> {
+    let reps = c.req_ints("reps")?;
+    if let Some(r) = reps.iter().find(|&&r| r <= 0) {
+        return Err(c.err(format!(
+            "reps {} must be positive, found {r}",
+            fmt_ints(&reps)
+        )));
+    }
+    let rank = x.rank().max(reps.len());
+    let mut shape = vec![Dim::Known(1); rank - x.rank()];
+    shape.extend(x.shape.iter().copied());
+    let mut padded = vec![1; rank - reps.len()];
+    padded.extend(reps.iter().copied());
+    Ok((shape, padded))
+}
+
+/// `repeat(data, repeats, axis)`: each element repeated `repeats` (at least 1) times along
+/// `axis`, consecutively (numpy's `repeat` with one count).
+pub fn repeat(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("repeat", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let (repeats, axis) = repeat_spec(&c, x)?;
+    let mut shape = x.shape.to_vec();
+    if let Some(slot) = shape.get_mut(axis) {
+        if let Dim::Known(n) = *slot {
+            *slot = Dim::Known(n.checked_mul(repeats).ok_or_else(|| {
+                c.err(format!(
+                    "the result's dimension {n} × {repeats} along axis {axis} overflows"
+                ))
+            })?);
+        }
+    }
+    Ok(Ty::tensor(shape, x.dtype))
+}
+
+/// A `repeat` call's count and normalized axis.
+pub(crate) fn repeat_spec(c: &Call, x: Tensor) -> Result<(i64, usize), RelError> {
+    let repeats = c
+        .opt_int("repeats")?
+        .ok_or_else(|| c.err("missing required attribute `repeats`"))?;
+    if repeats < 1 {
+        return Err(c.err(format!("repeats must be at least 1, found {repeats}")));
+    }
+    let axis = c
+        .opt_int("axis")?
+        .ok_or_else(|| c.err("missing required attribute `axis`"))?;
+    Ok((repeats, c.axis(axis, x.rank())?))
+}
+
+/// `nn.batch_flatten(data)`: `(d0, d1 × d2 × …)`; rank at least 1 (a rank-1 input gives
+/// `(d0, 1)`); the product is `?` when any of its factors is.
+pub fn batch_flatten(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("nn.batch_flatten", args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let Some((&first, rest)) = x.shape.split_first() else {
+        return Err(c.err_at(0, format!("input must have rank 1 or more, found {x}")));
+    };
+    let rest = match known_product(rest) {
+        Some(n) => Dim::Known(n),
+        None if rest.iter().all(|d| d.known().is_some()) => {
+            return Err(c.err(format!("the flattened size of {x} overflows")))
+        }
+        None => Dim::Any,
+    };
+    Ok(Ty::tensor(vec![first, rest], x.dtype))
+}
+
+/// `gather(data, indices, axis)`: Relay's (PyTorch's `gather`): `indices` has the input's rank and
+/// gives the result's shape; `out[i, j, k] = data[i, indices[i, j, k], k]` for `axis=1`. Along
+/// the other axes `indices` may be shorter than the input, not longer.
+pub fn gather(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("gather", args, attrs, 2)?;
+    let x = c.tensor(0, "input")?;
+    let idx = c.tensor(1, "indices")?;
+    c.want_index(1, "indices", idx)?;
+    let axis = c
+        .opt_int("axis")?
+        .ok_or_else(|| c.err("missing required attribute `axis`"))?;
+    let axis = c.axis(axis, x.rank())?;
+    if idx.rank() != x.rank() {
+        return Err(c.err(format!(
+            "indices must have the input's rank: input is {x} (rank {}) but indices are {idx} \
+             (rank {})",
+            x.rank(),
+            idx.rank()
+        )));
+    }
+    for (i, (&a, &b)) in x.shape.iter().zip(idx.shape).enumerate() {
+        if let (Dim::Known(n), Dim::Known(m), false) = (a, b, i == axis) {
+            if m > n {
+                return Err(c.err(format!(
+                    "indices {idx} are longer than the input {x} along axis {i} ({m} > {n}); \
+                     only axis {axis} may be"
+                )));
+            }
+        }
+    }
+    Ok(Ty::tensor(idx.shape.to_vec(), x.dtype))
+}
+
+/// `gather_nd(data, indices, batch_dims=0, index_rank=None)`: `indices` has shape
+/// `(M, B…, Y…)` — its first axis lists the coordinates into the `M` axes of `data` after its
+/// `batch_dims` leading axes `B…`; the result is `(B…, Y…, rest of data)`. `M` must be known.
+pub fn gather_nd(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("gather_nd", args, attrs, 2)?;
+    let x = c.tensor(0, "input")?;
+    let idx = c.tensor(1, "indices")?;
+    let (bd, m) = gather_nd_spec(&c, x, idx)?;
+    for i in 0..bd {
+        let (Some(&a), Some(&b)) = (x.shape.get(i), idx.shape.get(i + 1)) else {
+            break;
+        };
+        if !dims_match(a, b) {
+            return Err(c.err(format!(
+                "batch dimension {i} differs: input has {a} but indices have {b} (at axis {})",
+                i + 1
+            )));
+        }
+    }
+    let mut shape: Vec<Dim> = Vec::new();
+    shape.extend(idx.shape.iter().skip(1));
+    shape.extend(x.shape.iter().skip(bd + m));
+    Ok(Ty::tensor(shape, x.dtype))
+}
+
+/// A `gather_nd` call's batch dims and `M` (the coordinates per index), checked against the
+/// shapes.
+pub(crate) fn gather_nd_spec(c: &Call, x: Tensor, idx: Tensor) -> Result<(usize, usize), RelError> {
+    c.want_index(1, "indices", idx)?;
+    let Some(&m) = idx.shape.first() else {
+        return Err(c.err_at(
+            1,
+            format!("indices must have rank 1 or more (coordinates along axis 0), found {idx}"),
+        ));
+    };
+    let bd = c.int_or("batch_dims", 0)?;
+    let bd = usize::try_from(bd)
+        .ok()
+        .filter(|&b| b < idx.rank() && b <= x.rank())
+        .ok_or_else(|| {
+            c.err(format!(
+                "batch_dims must be between 0 and {} for input {x} and indices {idx}, found {bd}",
+                (idx.rank() - 1).min(x.rank())
+            ))
+        })?;
+    let m = match (m, c.opt_int("index_rank")?) {
+        (Dim::Known(m), Some(r)) if r != m => {
+            return Err(c.err(format!(
+                "index_rank {r} differs from the {m} coordinates per index of {idx}"
+            )))
+        }
+        (Dim::Known(m), _) => m,
+        (Dim::Any, Some(r)) => r,
+        (Dim::Any, None) => {
+            return Err(c.err(format!(
+                "the number of coordinates per index (axis 0 of {idx}) must be known, or given \
+                 as index_rank"
+            )))
+        }
+    };
+    let m = usize::try_from(m)
+        .ok()
+        .filter(|&m| bd + m <= x.rank())
+        .ok_or_else(|| {
+            c.err(format!(
+                "{m} coordinates per index do not fit the {} axes of {x} after {bd} batch dims",
+                x.rank()
+            ))
+        })?;
+    Ok((bd, m))
 }

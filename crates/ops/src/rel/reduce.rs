@@ -1,5 +1,6 @@
 //! Operators that reduce along axes: normalizations (`nn.softmax`, `nn.log_softmax`,
-//! `nn.layer_norm`), reductions (`sum`, `mean`, `max`, `min`) and `argmax`/`argmin`.
+//! `nn.layer_norm`), reductions (`sum`, `mean`, `max`, `min`), `argmax`/`argmin`, and the scans
+//! `cumsum`/`cumprod` (same shape, or flattened without an axis).
 
 use super::{dims_match, relations, Call, Tensor};
 use crate::RelError;
@@ -152,4 +153,46 @@ fn reduced_type(c: &Call, x: Tensor<'_>, out: Option<DType>) -> Result<Ty, RelEr
         }
     }
     Ok(Ty::tensor(shape, out.unwrap_or(x.dtype)))
+}
+
+relations! {
+    cumsum => scan("cumsum");
+    cumprod => scan("cumprod");
+}
+
+/// `cumsum(data, axis=None, dtype=None, exclusive=None)` and `cumprod`: running sums (products)
+/// along `axis`, in `dtype` (default the input's; numeric). Without an axis, over the flattened
+/// input, giving a 1-D result.
+fn scan(op: &'static str, args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new(op, args, attrs, 1)?;
+    let x = c.tensor(0, "input")?;
+    let (axis, dtype, _) = scan_spec(&c, x)?;
+    if axis.is_some() {
+        return Ok(Ty::tensor(x.shape.to_vec(), dtype));
+    }
+    let n = match super::known_product(x.shape) {
+        Some(n) => Dim::Known(n),
+        None if x.shape.iter().all(|d| d.known().is_some()) => {
+            return Err(c.err(format!("the flattened size of {x} overflows")))
+        }
+        None => Dim::Any,
+    };
+    Ok(Ty::tensor(vec![n], dtype))
+}
+
+/// A scan's attributes, checked: the normalized axis (`None`: over the flattened input), the
+/// result dtype and `exclusive`.
+pub(crate) fn scan_spec(c: &Call, x: Tensor) -> Result<(Option<usize>, DType, bool), RelError> {
+    let dtype = c.opt_dtype("dtype")?.unwrap_or(x.dtype);
+    if dtype == DType::Bool {
+        return Err(c.err(format!(
+            "the result dtype must be numeric, found bool (for a count of a bool {x}, give \
+             dtype=\"int32\")"
+        )));
+    }
+    let axis = c
+        .opt_int("axis")?
+        .map(|a| c.axis(a, x.rank()))
+        .transpose()?;
+    Ok((axis, dtype, c.bool_or("exclusive", false)?))
 }

@@ -513,3 +513,67 @@ fn no_gradient_is_said() {
     assert!(no_gradient(crate::lookup("greater").unwrap()).is_some());
     assert!(no_gradient(crate::lookup("tanh").unwrap()).is_none());
 }
+
+#[test]
+fn scans_and_index_maps() {
+    let mut g = Gen(7);
+    for op in ["cumsum", "cumprod"] {
+        check(
+            op,
+            vec![g.tensor(&[2, 4, 3], -1.5, 1.5)],
+            attrs(&[("axis", AttrValue::Int(1))]),
+        );
+        check(
+            op,
+            vec![g.tensor(&[3, 4], -1.5, 1.5)],
+            attrs(&[
+                ("axis", AttrValue::Int(-1)),
+                ("exclusive", AttrValue::Bool(true)),
+            ]),
+        );
+        check(op, vec![g.tensor(&[2, 3], -1.5, 1.5)], Attrs::default());
+    }
+    // A zero in a product: the gradient of the other prefixes through it is not a division.
+    let x = OpValue::Tensor(Tensor::from_vec(vec![4], vec![0.5, 0.0, -2.0, 1.5]).unwrap());
+    check("cumprod", vec![x], Attrs::default());
+    check(
+        "reverse",
+        vec![g.tensor(&[3, 4], -1.0, 1.0)],
+        attrs(&[("axis", AttrValue::Int(-1))]),
+    );
+    check(
+        "tile",
+        vec![g.tensor(&[2, 3], -1.0, 1.0)],
+        attrs(&[("reps", ints(&[2, 1, 2]))]),
+    );
+    check(
+        "repeat",
+        vec![g.tensor(&[2, 3], -1.0, 1.0)],
+        attrs(&[("repeats", AttrValue::Int(2)), ("axis", AttrValue::Int(0))]),
+    );
+    check(
+        "nn.batch_flatten",
+        vec![g.tensor(&[2, 3, 2], -1.0, 1.0)],
+        Attrs::default(),
+    );
+    // Index 2 read twice along axis 1: both gradients land in one element.
+    let idx = OpValue::Tensor(Tensor::from_vec(vec![2, 2], vec![2i64, 0, 2, 2]).unwrap());
+    check(
+        "gather",
+        vec![g.tensor(&[2, 3], -1.0, 1.0), idx],
+        attrs(&[("axis", AttrValue::Int(1))]),
+    );
+    let idx = OpValue::Tensor(Tensor::from_vec(vec![2, 3], vec![1i32, 0, 1, 2, 2, 0]).unwrap());
+    check(
+        "gather_nd",
+        vec![g.tensor(&[2, 3, 2], -1.0, 1.0), idx],
+        Attrs::default(),
+    );
+    // Away from the points where the length jumps (here 4 elements).
+    let s = |v: f64| OpValue::Tensor(Tensor::scalar_f64(v));
+    check(
+        "arange",
+        vec![s(0.5), s(3.7), s(0.9)],
+        attrs(&[("dtype", AttrValue::Str("float64".into()))]),
+    );
+}

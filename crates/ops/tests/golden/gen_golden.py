@@ -635,6 +635,87 @@ x = fr(2, 3, 4, dtype=F64)
 m = np.full((1, 3, 1), 0.25, dtype=F64)
 case("variance", [x, m], ((x - m) ** 2).mean(axis=(0, 2)), "float64, a given mean, axis=[0, 2]", axis=[0, 2])
 
+# ---- scans, index maps and arange (appended: the cases above keep their random inputs) ----------
+
+
+def scan(f, x, axis=None, exclusive=False, dtype=None):
+    """Relay's cumsum/cumprod: in `dtype` (default x's), floats from float64 rounded once."""
+    out = np.dtype(dtype or x.dtype)
+    a = x.astype(out)
+    if axis is None:
+        a, axis = a.ravel(), 0
+    if out.kind == "f":
+        y = f(a.astype(F64), axis=axis)
+    else:
+        y = f(a.astype(I64), axis=axis)
+    if exclusive:
+        ident = 1 if f is np.cumprod else 0
+        y = np.concatenate([np.full_like(np.take(y, [0], axis=axis), ident),
+                            np.delete(y, -1, axis=axis)], axis=axis)
+    return y.astype(out)
+
+
+x = fr(2, 3, 4)
+case("cumsum", [x], scan(np.cumsum, x), "axis=None: flattened")
+case("cumsum", [x], scan(np.cumsum, x, axis=1), "axis=1", axis=1)
+case("cumsum", [x], scan(np.cumsum, x, axis=-1, exclusive=True), "axis=-1, exclusive", axis=-1, exclusive=True)
+x = ir(3, 4)
+case("cumsum", [x], scan(np.cumsum, x, axis=0, dtype="int64"), "int32 -> int64", axis=0, dtype="int64")
+x = fr(3, 4, lo=0.5, hi=1.5)
+case("cumprod", [x], scan(np.cumprod, x, axis=1), "axis=1", axis=1)
+case("cumprod", [x], scan(np.cumprod, x, axis=0, exclusive=True), "axis=0, exclusive", axis=0, exclusive=True)
+x = ir(5, lo=-3, hi=3)
+case("cumprod", [x], scan(np.cumprod, x), "int32, axis=None")
+
+x = fr(2, 3, 4)
+case("reverse", [x], np.flip(x, axis=1), "axis=1", axis=1)
+case("reverse", [x], np.flip(x, axis=-1), "axis=-1", axis=-1)
+x = ir(3, dtype=I64)
+case("reverse", [x], x[::-1], "int64 1-D", axis=0)
+
+x = fr(2, 3)
+case("tile", [x], np.tile(x, (2, 3)), "reps=[2, 3]", reps=[2, 3])
+case("tile", [x], np.tile(x, (2, 1, 2)), "reps longer than the rank", reps=[2, 1, 2])
+x = ir(2, 1, 2)
+case("tile", [x], np.tile(x, (3,)), "reps shorter than the rank", reps=[3])
+
+x = fr(2, 3)
+case("repeat", [x], np.repeat(x, 2, axis=1), "repeats=2, axis=1", repeats=2, axis=1)
+x = br(2, 2)
+case("repeat", [x], np.repeat(x, 3, axis=-2), "bool, repeats=3, axis=-2", repeats=3, axis=-2)
+
+x = fr(2, 3, 4)
+case("nn.batch_flatten", [x], x.reshape(2, 12), "(2, 3, 4)")
+x = ir(3, 1, 2, 2)
+case("nn.batch_flatten", [x], x.reshape(3, 4), "int32 rank 4")
+
+x = fr(3, 4)
+idx = rng.integers(0, 4, size=(3, 5)).astype(I64)
+case("gather", [x, idx], np.take_along_axis(x, idx, axis=1), "axis=1, indices longer along axis", axis=1)
+idx = rng.integers(0, 3, size=(2, 4)).astype(I32)
+case("gather", [x, idx], np.take_along_axis(x[:, :4], idx, axis=0), "axis=0, fewer rows", axis=0)
+x = ir(2, 3, 4)
+idx = rng.integers(-4, 4, size=(2, 3, 2)).astype(I32)
+case("gather", [x, idx], np.take_along_axis(x[:, :, :], idx % 4, axis=-1), "axis=-1, negative indices count from the end",
+     axis=-1)
+
+x = fr(3, 4, 2)
+idx = np.array([[2, 0, 1], [3, 0, 1]], dtype=I32)
+case("gather_nd", [x, idx], x[tuple(idx)], "M=2: blocks of the last axis")
+idx = np.array([[[1, 0], [2, 2]]], dtype=I64)
+case("gather_nd", [x, idx], x[tuple(idx)], "M=1, index shape (1, 2, 2)")
+x = ir(2, 3, 4)
+idx = np.array([[1, 2], [0, 3]], dtype=I32)
+exp = np.stack([x[b, idx[0, b], idx[1, b]] for b in range(2)])
+case("gather_nd", [x, idx], exp, "batch_dims=1, M=2", batch_dims=1)
+
+case("arange", [np.array(-1.5, dtype=F32), np.array(2.0, dtype=F32), np.array(0.25, dtype=F32)],
+     np.arange(-1.5, 2.0, 0.25, dtype=F32), "float32")
+case("arange", [np.array(10, dtype=I32), np.array(-3, dtype=I32), np.array(-4, dtype=I32)],
+     np.arange(10, -3, -4, dtype=I32), "int32, negative step", dtype="int32")
+case("arange", [np.array(0.0, dtype=F64), np.array(1.0, dtype=F64), np.array(0.125, dtype=F64)],
+     np.arange(0.0, 1.0, 0.125, dtype=F64), "float64", dtype="float64")
+
 # ---- write --------------------------------------------------------------------------------------
 
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases.json")
