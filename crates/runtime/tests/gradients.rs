@@ -813,19 +813,7 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(16, 8), float32], %b: 
 }
 "#;
     let inputs: String = (0..40)
-        .map(|i| {
-            let steps: Vec<String> = (0..1 + i % 6)
-                .map(|t| {
-                    let v: Vec<String> = (0..4)
-                        .map(|j| {
-                            format!("{:.3}", ((i * 7 + t * 5 + j * 3) % 13) as f64 / 6.0 - 1.0)
-                        })
-                        .collect();
-                    format!("[[{}]]", v.join(", "))
-                })
-                .collect();
-            format!("{{\"xs\": [{}]}}\n", steps.join(", "))
-        })
+        .map(|i| format!("{{\"xs\": {}}}\n", common::row_list(i, 1 + i % 6, 4)))
         .collect();
     let x = expected(
         "lstm_concat",
@@ -942,17 +930,7 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %u: Tensor[(4, 4), float32], %e: T
 }
 "#;
     let inputs: String = (0..40)
-        .map(|i| {
-            let steps: Vec<String> = (0..1 + i % 5)
-                .map(|t| {
-                    let v: Vec<String> = (0..4)
-                        .map(|j| format!("{:.3}", ((i * 5 + t * 3 + j) % 11) as f64 / 5.0 - 1.0))
-                        .collect();
-                    format!("[[{}]]", v.join(", "))
-                })
-                .collect();
-            format!("{{\"xs\": [{}]}}\n", steps.join(", "))
-        })
+        .map(|i| format!("{{\"xs\": {}}}\n", common::row_list(i, 1 + i % 5, 4)))
         .collect();
     let x = expected(
         "shared_mean",

@@ -2507,17 +2507,7 @@ def @main(%a: List[Tensor[(1, 4), float32]], %b: List[Tensor[(1, 4), float32]], 
   add(multiply(@enc(%a, %z, %w), @enc(%b, %z, %w)), @enc(%b, %z, %u))
 }
 "#;
-    let list = |i: usize, n: usize| -> String {
-        let steps: Vec<String> = (0..n)
-            .map(|t| {
-                let v: Vec<String> = (0..4)
-                    .map(|j| format!("{:.3}", ((i * 5 + t * 3 + j) % 11) as f64 / 5.0 - 1.0))
-                    .collect();
-                format!("[[{}]]", v.join(", "))
-            })
-            .collect();
-        format!("[{}]", steps.join(", "))
-    };
+    let list = |i: usize, n: usize| common::row_list(i, n, 4);
     let inputs: Vec<String> = (0..20)
         .map(|i| {
             format!(

@@ -527,6 +527,20 @@ pub fn check_all_ways(x: &Expected) {
     }
 }
 
+/// A list of `n` rows `[[..]]` of `width` values for instance `i`, all different: the JSON of a
+/// `List[Tensor[(1, width), float32]]` argument.
+pub fn row_list(i: usize, n: usize, width: usize) -> String {
+    let steps: Vec<String> = (0..n)
+        .map(|t| {
+            let v: Vec<String> = (0..width)
+                .map(|j| format!("{:.3}", ((i * 5 + t * 3 + j) % 11) as f64 / 5.0 - 1.0))
+                .collect();
+            format!("[[{}]]", v.join(", "))
+        })
+        .collect();
+    format!("[{}]", steps.join(", "))
+}
+
 /// `count` instances of `x: (len_i, w)` floats, `len_i` cycling through `lens`.
 pub fn var_rows(count: usize, w: usize, lens: &[usize]) -> String {
     (0..count)
