@@ -31,9 +31,7 @@ fn run_random(model: &str, inputs: &str, extra: &[&str]) -> Output {
 
 /// A path `name` in this test run's scratch folder (created), where nothing is written yet.
 fn temp_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tumble-cli-test-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let path = dir.join(name);
+    let path = common::scratch_dir("tumble-cli-test").join(name);
     let _ = std::fs::remove_file(&path);
     path
 }

@@ -12,9 +12,7 @@ fn path_of(rel: &str) -> String {
 }
 
 fn temp_path(name: &str) -> String {
-    let dir = std::env::temp_dir().join(format!("tumble-compiled-test-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let path = dir.join(name);
+    let path = common::scratch_dir("tumble-compiled-test").join(name);
     let _ = std::fs::remove_file(&path);
     path.display().to_string()
 }

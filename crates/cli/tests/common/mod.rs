@@ -98,3 +98,29 @@ pub fn compare(got: &Value, want: &Value, path: &str, errs: &mut Vec<String>) {
         }
     }
 }
+
+/// This test process's scratch folder `<temp>/<prefix>-<pid>` (created). Folders of earlier
+/// runs with the same prefix, untouched for an hour, are removed first: a run's compiled models
+/// are hundreds of megabytes, and a test cannot remove a folder its siblings still write to.
+#[allow(dead_code)]
+pub fn scratch_dir(prefix: &str) -> PathBuf {
+    let tmp = std::env::temp_dir();
+    let mine = format!("{prefix}-{}", std::process::id());
+    if let Ok(entries) = std::fs::read_dir(&tmp) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let stale = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() > 3600);
+            if name.starts_with(&format!("{prefix}-")) && name != mine && stale {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let dir = tmp.join(mine);
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
