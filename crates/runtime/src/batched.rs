@@ -883,6 +883,53 @@ pub(crate) fn rule(
                 attrs.clone(),
             ))
         }
+        // Along an axis of each instance's value: the same axis one further in.
+        "reverse" | "repeat" => {
+            let x = batched_tensor(args.first()?)?;
+            let axis = shift_axis(attrs.int("axis").ok()??, rank(0))?;
+            Some((
+                vec![OpValue::Tensor(x.clone())],
+                with_attr(attrs, "axis", AttrValue::Int(axis)),
+            ))
+        }
+        // Scans along an axis; without one, over each instance's elements in order (its value
+        // flattened: the batch's rows).
+        "cumsum" | "cumprod" => {
+            let x = batched_tensor(args.first()?)?;
+            match attrs.int("axis").ok()? {
+                Some(a) => {
+                    let axis = shift_axis(a, rank(0))?;
+                    Some((
+                        vec![OpValue::Tensor(x.clone())],
+                        with_attr(attrs, "axis", AttrValue::Int(axis)),
+                    ))
+                }
+                None => {
+                    let n: usize = x.shape().get(1..)?.iter().product();
+                    let rows = x.reshape(vec![b, n]).ok()?;
+                    Some((
+                        vec![OpValue::Tensor(rows)],
+                        with_attr(attrs, "axis", AttrValue::Int(1)),
+                    ))
+                }
+            }
+        }
+        // Each instance tiled alike: the batch axis repeated once (reps no longer than the
+        // value's rank, which would add axes in front of the batch's).
+        "tile" => {
+            let x = batched_tensor(args.first()?)?;
+            let reps = attrs.ints("reps").ok()??;
+            let r = rank(0);
+            if reps.len() > r {
+                return None;
+            }
+            let mut all = vec![1i64; 1 + r - reps.len()];
+            all.extend(reps);
+            Some((
+                vec![OpValue::Tensor(x.clone())],
+                with_attr(attrs, "reps", ints(&all)),
+            ))
+        }
         "transpose" => {
             let x = batched_tensor(args.first()?)?;
             let r = rank(0) as i64;

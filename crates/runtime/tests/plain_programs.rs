@@ -2542,3 +2542,30 @@ def @main(%a: List[Tensor[(1, 4), float32]], %b: List[Tensor[(1, 4), float32]], 
             .unwrap_or_else(|e| panic!("without duplication: {e}"));
     }
 }
+
+/// The scans and layout operators added for ported programs run once for the whole launch
+/// (`reverse`, `repeat`, `tile`, `cumsum` and `cumprod` along an axis or over every element):
+/// batched every way, equal to the reference, no operator left per invocation.
+#[test]
+fn ported_layout_operators_are_batched() {
+    let src = r#"
+def @main(%x: Tensor[(2, 3), float32]) -> (Tensor[(2, 3), float32], Tensor[(2, 6), float32], Tensor[(4, 3), float32],
+    Tensor[(2, 3), float32], Tensor[(6), float32], Tensor[(2, 3), float32]) {
+  let %t = tanh(%x);
+  (reverse(%t, axis=1), repeat(%t, repeats=2, axis=-1), tile(%t, reps=[2, 1]),
+   cumsum(%t, axis=0), cumsum(%t), cumprod(%t, axis=1, exclusive=True))
+}
+"#;
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let row = |r: usize| -> String {
+                let v: Vec<String> = (0..3)
+                    .map(|j| format!("{:.3}", ((i * 5 + r * 7 + j * 3) % 13) as f64 / 4.0 - 1.5))
+                    .collect();
+                format!("[{}]", v.join(", "))
+            };
+            format!("{{\"x\": [{}, {}]}}", row(0), row(1))
+        })
+        .collect();
+    batches_without_loops("ported_layout", src, &inputs, &["x"]);
+}
