@@ -892,6 +892,20 @@ pub(crate) fn rule(
                 with_attr(attrs, "axis", AttrValue::Int(axis)),
             ))
         }
+        // Each instance's own data by its own indices (both of the value's rank): one axis
+        // further in.
+        "gather" => {
+            let (BV::Batched(OpValue::Tensor(x)), BV::Batched(OpValue::Tensor(idx))) =
+                (args.first()?, args.get(1)?)
+            else {
+                return None;
+            };
+            let axis = shift_axis(attrs.int("axis").ok()??, rank(0))?;
+            Some((
+                vec![OpValue::Tensor(x.clone()), OpValue::Tensor(idx.clone())],
+                with_attr(attrs, "axis", AttrValue::Int(axis)),
+            ))
+        }
         // Scans along an axis; without one, over each instance's elements in order (its value
         // flattened: the batch's rows).
         "cumsum" | "cumprod" => {

@@ -2544,16 +2544,17 @@ def @main(%a: List[Tensor[(1, 4), float32]], %b: List[Tensor[(1, 4), float32]], 
 }
 
 /// The scans and layout operators added for ported programs run once for the whole launch
-/// (`reverse`, `repeat`, `tile`, `cumsum` and `cumprod` along an axis or over every element):
+/// (`reverse`, `repeat`, `tile`, `cumsum` and `cumprod` along an axis or over every element,
+/// `gather` of each instance's own indices):
 /// batched every way, equal to the reference, no operator left per invocation.
 #[test]
 fn ported_layout_operators_are_batched() {
     let src = r#"
-def @main(%x: Tensor[(2, 3), float32]) -> (Tensor[(2, 3), float32], Tensor[(2, 6), float32], Tensor[(4, 3), float32],
-    Tensor[(2, 3), float32], Tensor[(6), float32], Tensor[(2, 3), float32]) {
+def @main(%x: Tensor[(2, 3), float32], %i: Tensor[(2, 2), int32]) -> (Tensor[(2, 3), float32], Tensor[(2, 6), float32], Tensor[(4, 3), float32],
+    Tensor[(2, 3), float32], Tensor[(6), float32], Tensor[(2, 3), float32], Tensor[(2, 2), float32]) {
   let %t = tanh(%x);
   (reverse(%t, axis=1), repeat(%t, repeats=2, axis=-1), tile(%t, reps=[2, 1]),
-   cumsum(%t, axis=0), cumsum(%t), cumprod(%t, axis=1, exclusive=True))
+   cumsum(%t, axis=0), cumsum(%t), cumprod(%t, axis=1, exclusive=True), gather(%t, %i, axis=1))
 }
 "#;
     let inputs: Vec<String> = (0..9)
@@ -2564,8 +2565,14 @@ def @main(%x: Tensor[(2, 3), float32]) -> (Tensor[(2, 3), float32], Tensor[(2, 6
                     .collect();
                 format!("[{}]", v.join(", "))
             };
-            format!("{{\"x\": [{}, {}]}}", row(0), row(1))
+            format!(
+                "{{\"x\": [{}, {}], \"i\": [[{}, 0], [2, {}]]}}",
+                row(0),
+                row(1),
+                i % 3,
+                (i + 1) % 3
+            )
         })
         .collect();
-    batches_without_loops("ported_layout", src, &inputs, &["x"]);
+    batches_without_loops("ported_layout", src, &inputs, &["x", "i"]);
 }
