@@ -286,11 +286,8 @@ impl Rewriter<'_> {
     /// `x · V[g]`, a capsule's transforms: per invocation, the product ran on the reference's
     /// loops, 0.5 GFLOP/s); with `y`'s batch 1, `x`'s `G·M` rows times `y[0]ᵀ`.
     fn batch_matmul_as_dense(&mut self, node: &BlockNode) -> Option<BVal> {
-        let flag = |name: &str, default: bool| match node.attrs.get(name) {
-            None | Some(AttrValue::None) => Some(default),
-            Some(AttrValue::Bool(b)) => Some(*b),
-            _ => None,
-        };
+        let flag =
+            |name: &str, default: bool| node.attrs.bool(name).ok().map(|b| b.unwrap_or(default));
         let (false, tb) = (flag("transpose_a", false)?, flag("transpose_b", true)?) else {
             return None;
         };

@@ -15,6 +15,8 @@ use tumble_ir::{Attrs, Ty};
 use tumble_tensor::Tensor;
 
 mod kernel;
+/// What `variance` divides its sum of squares by, for executors computing it their own way.
+pub use kernel::reduce::variance_divisor;
 mod rel;
 mod table;
 pub mod vjp;

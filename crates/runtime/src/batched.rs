@@ -598,7 +598,7 @@ pub(crate) fn batched_op(
         };
     }
     if op.name == "nn.batch_matmul" {
-        if let Some(out) = batch_matmul_by_group(attrs, &args, ops) {
+        if let Some(out) = batch_matmul_by_group(op, attrs, &args, ops) {
             ops.stats.batched += 1;
             return out;
         }
@@ -637,6 +637,7 @@ pub(crate) fn batched_op(
 /// the result put back as `(b, G, M, N)` — where the batching rule copied `y` once per instance
 /// (42 MB for 256 capsule instances, to multiply 21 MFLOP).
 fn batch_matmul_by_group(
+    op: &OpDef,
     attrs: &Attrs,
     args: &[BV],
     ops: &mut LaunchOps,
@@ -665,14 +666,11 @@ fn batch_matmul_by_group(
     }
     let grouped = OpValue::Tensor(Tensor::from_f32(vec![g, b * m, k], grouped).ok()?);
     let plain = [grouped, OpValue::Tensor(y.clone())];
-    let out = match (ops.fast)("nn.batch_matmul", &plain, attrs, ops.threads) {
+    let out = match (ops.fast)(op.name, &plain, attrs, ops.threads) {
         Some(v) => v,
-        None => match tumble_ops::lookup("nn.batch_matmul") {
-            Some(op) => match eval(op, &plain, attrs, ops.octx) {
-                Ok(v) => v,
-                Err(e) => return Some(Err(e)),
-            },
-            None => return None,
+        None => match eval(op, &plain, attrs, ops.octx) {
+            Ok(v) => v,
+            Err(e) => return Some(Err(e)),
         },
     };
     let OpValue::Tensor(out) = out else {

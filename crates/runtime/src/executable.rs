@@ -365,18 +365,21 @@ fn locality_chunk(block: &Block, reuse: &Reuse, b: usize) -> usize {
         .iter()
         .enumerate()
         .filter(|(i, _)| per_instance(*i))
-        .map(|(_, input)| {
-            let (dims, dtype) = input.ty.as_tensor()?;
-            let n = dims
-                .iter()
-                .try_fold(1usize, |n, d| n.checked_mul(d.known()? as usize))?;
-            n.checked_mul(dtype.size())
-        })
+        .map(|(_, input)| static_bytes(&input.ty))
         .sum();
     match bytes {
         Some(bytes) => (CHUNK_INPUT_BYTES / bytes.max(1)).max(1),
         None => usize::MAX,
     }
+}
+
+/// Bytes of a tensor of type `ty`, if its shape is static.
+fn static_bytes(ty: &tumble_ir::Ty) -> Option<usize> {
+    let (dims, dtype) = ty.as_tensor()?;
+    let elems = dims.iter().try_fold(1usize, |e, d| {
+        e.checked_mul(usize::try_from(d.known()?).ok()?)
+    })?;
+    elems.checked_mul(dtype.size())
 }
 
 /// Bytes of one intermediate of a launch of a block whose every invocation makes a large one
@@ -402,23 +405,16 @@ fn intermediate_chunk(block: &Block) -> usize {
     }) {
         return usize::MAX;
     }
-    let bytes = |ty: &tumble_ir::Ty| -> Option<usize> {
-        let (dims, dtype) = ty.as_tensor()?;
-        let elems = dims.iter().try_fold(1usize, |e, d| {
-            e.checked_mul(usize::try_from(d.known()?).ok()?)
-        })?;
-        elems.checked_mul(dtype.size())
-    };
     let largest = block
         .nodes
         .iter()
-        .filter_map(|n| bytes(&n.ty))
+        .filter_map(|n| static_bytes(&n.ty))
         .max()
         .unwrap_or(0);
     // The block reduces what it makes: its outputs, kept however the launch is cut, are a small
     // part of it (a leaf's looked-up matrix is its output, and chunks would only split its
     // launch and its memo).
-    let kept: Option<usize> = block.output_tys().iter().map(bytes).sum();
+    let kept: Option<usize> = block.output_tys().iter().map(static_bytes).sum();
     if kept.is_none_or(|k| k.saturating_mul(8) > largest) {
         return usize::MAX;
     }

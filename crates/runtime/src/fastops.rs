@@ -286,7 +286,8 @@ fn variance_f32(args: &[OpValue], attrs: &Attrs) -> Option<Tensor> {
         return None;
     }
     let unbiased = attrs.bool("unbiased").ok()?.unwrap_or(false);
-    let count = (n as f64 - if unbiased { 1.0 } else { 0.0 }).max(0.0);
+    let reduced: Vec<bool> = (0..t.rank()).map(|i| i == axis).collect();
+    let count = tumble_ops::variance_divisor(t.shape(), &reduced, unbiased);
     let inner = inner.max(1);
     let mut out = Vec::with_capacity(outer * inner);
     for (o, block) in x.chunks_exact(n * inner).take(outer).enumerate() {
@@ -611,14 +612,14 @@ fn slice_f32(t: &Tensor, plan: &[(i64, i64, i64)]) -> Option<Tensor> {
 
 /// Offsets of broadcast operands in their buffers, element by element of the output (numpy
 /// broadcasting: an operand's axes aligned to the output's last ones, size-1 axes repeated).
-struct Broadcast {
-    shape: Vec<usize>,
+pub(crate) struct Broadcast {
+    pub(crate) shape: Vec<usize>,
     /// Per operand, per output axis: its step (0 along a repeated axis).
-    strides: Vec<Vec<usize>>,
+    pub(crate) strides: Vec<Vec<usize>>,
 }
 
 impl Broadcast {
-    fn new(shapes: &[&[usize]]) -> Option<Broadcast> {
+    pub(crate) fn new(shapes: &[&[usize]]) -> Option<Broadcast> {
         let mut shape: Vec<usize> = Vec::new();
         for s in shapes {
             shape = tumble_tensor::broadcast_shapes(&shape, s).ok()?;

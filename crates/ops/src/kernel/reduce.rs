@@ -405,7 +405,7 @@ pub(crate) fn reduced_count(shape: &[usize], reduced: &[bool]) -> usize {
 
 /// What `variance` divides its sum of squares by: numpy's `max(N - ddof, 0)` (an empty axis, or
 /// one element when unbiased, gives NaN or inf).
-pub(crate) fn variance_divisor(shape: &[usize], reduced: &[bool], unbiased: bool) -> f64 {
+pub fn variance_divisor(shape: &[usize], reduced: &[bool], unbiased: bool) -> f64 {
     (reduced_count(shape, reduced) as f64 - if unbiased { 1.0 } else { 0.0 }).max(0.0)
 }
 

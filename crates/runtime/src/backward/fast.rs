@@ -135,22 +135,11 @@ fn row_picks(x: &Tensor, idx: &Tensor, attrs: &Attrs) -> Option<(usize, Vec<usiz
     Some((c, picks))
 }
 
-/// Per axis of `full`, the step of an operand of shape `t` broadcast to it (numpy's rules: `t`
-/// padded with leading 1s, each of its axes `full`'s or 1, a 1 stepping 0); `None` where `t`
-/// does not broadcast to `full`.
+/// Per axis of `full`, the step of an operand of shape `t` broadcast to it (the forward's
+/// [`crate::fastops::Broadcast`]); `None` where `t` does not broadcast to `full`.
 fn broadcast_steps(t: &[usize], full: &[usize]) -> Option<Vec<usize>> {
-    let pad = full.len().checked_sub(t.len())?;
-    let mut steps = vec![0; full.len()];
-    let mut acc = 1;
-    for (i, &d) in t.iter().enumerate().rev() {
-        let f = *full.get(pad + i)?;
-        if d != f && d != 1 {
-            return None;
-        }
-        steps[pad + i] = if d == 1 && f != 1 { 0 } else { acc };
-        acc *= d;
-    }
-    Some(steps)
+    let b = crate::fastops::Broadcast::new(&[t, full])?;
+    (b.shape == full).then(|| b.strides.into_iter().next())?
 }
 
 /// Calls `f(row, base)` for each row (last axis) of a tensor of shape `full`, in order, with

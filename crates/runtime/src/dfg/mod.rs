@@ -540,28 +540,17 @@ impl<'p> Dfg<'p> {
         span: Span,
         ctx: &mut InstanceCtx,
     ) -> Result<Option<Sliced>, RunError> {
-        use crate::weight_slices::{fast_slice, row_taken, SliceInput};
-        let mut inputs = Vec::with_capacity(recorded.len());
-        let mut keys = Vec::with_capacity(recorded.len());
-        for a in recorded {
-            let Arg::Val(t) = a else { return Ok(None) };
-            if self.is_model_weight(t) {
-                keys.push(SliceInput::Weight(t));
-            } else if t.len() == 1 && t.dtype().is_int() {
-                let i = t.to_i64_vec().first().copied().unwrap_or(0);
-                let rows = match recorded.first() {
-                    Some(Arg::Val(table)) => table.shape().first().copied().unwrap_or(0),
-                    _ => 0,
-                };
-                keys.push(SliceInput::Index(row_taken(block, i, rows)));
-            } else {
-                return Ok(None);
-            }
-            inputs.push(t.clone());
-        }
-        if !keys.iter().any(|k| matches!(k, SliceInput::Weight(_))) {
+        use crate::weight_slices::fast_slice;
+        let Some(keys) = self.slice_inputs(block, recorded) else {
             return Ok(None);
-        }
+        };
+        let inputs: Vec<Tensor> = recorded
+            .iter()
+            .filter_map(|a| match a {
+                Arg::Val(t) => Some(t.clone()),
+                Arg::Lazy(_) => None,
+            })
+            .collect();
         let mut took = None;
         let exec = Arc::clone(&self.exec);
         let slices = exec
@@ -593,22 +582,52 @@ impl<'p> Dfg<'p> {
     fn backward_slice_key(
         &self,
         block_id: u32,
+        block: &Block,
         recorded: &[Arg],
     ) -> Option<(Vec<u64>, Vec<Tensor>)> {
+        use crate::weight_slices::SliceInput;
         let mut key = vec![u64::from(block_id)];
         let mut sources = Vec::new();
+        for input in self.slice_inputs(block, recorded)? {
+            match input {
+                SliceInput::Weight(t) => {
+                    key.push(t.buffer_id() as u64);
+                    sources.push(t.clone());
+                }
+                SliceInput::Index(i) => key.push(i as u64),
+            }
+        }
+        Some((key, sources))
+    }
+
+    /// A slice block's inputs `recorded` as the slices' key: model weights by identity, integer
+    /// indices of one element by the row they take (clipped); `None` unless every input is one
+    /// of those and one is a weight.
+    fn slice_inputs<'a>(
+        &self,
+        block: &Block,
+        recorded: &'a [Arg],
+    ) -> Option<Vec<crate::weight_slices::SliceInput<'a>>> {
+        use crate::weight_slices::{row_taken, SliceInput};
+        let rows = match recorded.first() {
+            Some(Arg::Val(table)) => table.shape().first().copied().unwrap_or(0),
+            _ => 0,
+        };
+        let mut keys = Vec::with_capacity(recorded.len());
         for a in recorded {
             let Arg::Val(t) = a else { return None };
             if self.is_model_weight(t) {
-                key.push(t.buffer_id() as u64);
-                sources.push(t.clone());
+                keys.push(SliceInput::Weight(t));
             } else if t.len() == 1 && t.dtype().is_int() {
-                key.push(*t.to_i64_vec().first()? as u64);
+                let i = t.to_i64_vec().first().copied().unwrap_or(0);
+                keys.push(SliceInput::Index(row_taken(block, i, rows)));
             } else {
                 return None;
             }
         }
-        (!sources.is_empty()).then_some((key, sources))
+        keys.iter()
+            .any(|k| matches!(k, SliceInput::Weight(_)))
+            .then_some(keys)
     }
 
     /// The value of `r` as one tensor, the same one every time it is asked for (a row of an
@@ -1016,7 +1035,7 @@ impl Backend for Dfg<'_> {
         let backward_slice = match for_backward
             && self.exec.weight_slice_blocks.get(block_id as usize) == Some(&true)
         {
-            true => self.backward_slice_key(block_id, &recorded),
+            true => self.backward_slice_key(block_id, block, &recorded),
             false => None,
         };
         if let Some((key, _)) = &backward_slice {
