@@ -10,7 +10,7 @@ OLD=${OLD:?set OLD to the baseline tumble}; NEW=${NEW:?set NEW to the tumble to 
 ROUNDS=${1:-3}; shift $(( $# > 0 ? 1 : 0 ))
 ONLY=" $* "
 D=bench/.data/cliffs
-[ -f $D/caps256.jsonl ] || python3 bench/cliffs/gen_inputs.py
+[ -f $D/wide256.jsonl ] || python3 bench/cliffs/gen_inputs.py
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 for p in gate_wsel_512:gate256 gate_arms_512:gate256 expr_wsel_512:expr64 expr_plain_512:expr64 \
          gru_plain_512:seq256 gru_prim_512:seq256 lstmcat_plain_512:seq256 lstmcat_sep_512:seq256 \
@@ -20,7 +20,10 @@ for p in gate_wsel_512:gate256 gate_arms_512:gate256 expr_wsel_512:expr64 expr_p
          beam_512:beam64 beamsign_512:beam64 crf_64:seq256 crfgemm_64:seq256 textcnn_512:ids128 \
          restack_512:rows128 pblstm_64:frames128 lnlstm_256:seq256 lnlstm_op_256:seq256 \
          rntn_bmm_64:btree128 rntn_dense_64:btree128 capsule_256:caps256 \
-         viterbi_ax0_128:seq256 viterbi_ax1_128:seq256; do
+         viterbi_ax0_128:seq256 viterbi_ax1_128:seq256 \
+         gelu_erf_256:seq256 gelu_pow_256:seq256 gelu_tanh_256:seq256 handln_256:seq256 \
+         handln_op_256:seq256 scanmax_256:seq256 mha_div_256:seq256 mha_mul_256:seq256 \
+         lstm_respelled_256:seq256 lstm_let_256:seq256; do
   m=${p%%:*}; in=$D/${p##*:}.jsonl
   [ "$ONLY" = "  " ] || [[ "$ONLY" == *" $m "* ]] || continue
   for r in $(seq "$ROUNDS"); do

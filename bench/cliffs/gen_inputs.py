@@ -12,7 +12,9 @@ beam64.jsonl (64 sources of 5-30 tokens, 3-12 steps of a beam of four), ids128.j
 5-40 word ids as one tensor each); and for the forty-eighth session's: frames128.jsonl (128
 utterances of 8-64 frames of 40 normals, with their count), btree128.jsonl (128 binary trees of 5-15
 leaves from a 1,000-word vocabulary), caps256.jsonl (256 sets of 32 eight-wide capsules, three
-routing iterations).
+routing iterations); and for the training programs in bench/cliffs/train/: seq256l.jsonl (256
+sentences of 5-30 tokens with a 5-class label), wide256.jsonl (256 matrices of 15 rows of 128
+normals).
 Seeded: the same files every time."""
 import json
 import os
@@ -102,3 +104,9 @@ with open(os.path.join(out, "btree128.jsonl"), "w") as f:
 with open(os.path.join(out, "caps256.jsonl"), "w") as f:
     for _ in range(256):
         f.write(json.dumps({"u": [[round(R.gauss(0, 1), 4) for _ in range(8)] for _ in range(32)], "iters": 3}) + "\n")
+with open(os.path.join(out, "seq256l.jsonl"), "w") as f:
+    for _ in range(256):
+        f.write(json.dumps({"tokens": [[R.randrange(2, 1000)] for _ in range(R.randint(5, 30))], "label": R.randrange(5)}) + "\n")
+with open(os.path.join(out, "wide256.jsonl"), "w") as f:
+    for _ in range(256):
+        f.write(json.dumps({"x": [[round(R.gauss(0, 1), 3) for _ in range(128)] for _ in range(15)]}) + "\n")
