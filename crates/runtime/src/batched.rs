@@ -440,7 +440,11 @@ impl SharedMemo {
     /// The key of `node` on `args` (with the operand tensors, held so that no other tensor
     /// takes their addresses), or `None` unless it is pure and every operand a shared tensor.
     fn key(node: &BlockNode, args: &[BV]) -> Option<(Vec<u64>, Vec<Tensor>)> {
-        if !tumble_compile::blocks::is_pure_op(node.op) || args.is_empty() {
+        // (Checked before anything is allocated: called per node of every kept launch.)
+        if !tumble_compile::blocks::is_pure_op(node.op)
+            || args.is_empty()
+            || !args.iter().all(|a| matches!(a, BV::Shared(OpValue::Tensor(_))))
+        {
             return None;
         }
         let mut key = vec![std::ptr::from_ref(node) as u64];
