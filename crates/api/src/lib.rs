@@ -134,7 +134,8 @@ impl Default for LoadOptions {
 /// How a job runs.
 #[derive(Clone, Copy, Default)]
 pub struct RunOptions {
-    /// Instances per mini-batch; `None`: all in one.
+    /// Instances per mini-batch; `None`: [`tumble_runtime::default_batch`] (equal mini-batches
+    /// of at most 512, one or more per worker when each gets at least 32).
     pub batch: Option<usize>,
     /// Threads in all; `None`: `$TUMBLE_NUM_THREADS`, else the machine's cores.
     pub threads: Option<usize>,
@@ -763,15 +764,6 @@ impl Model {
             Some(t) => t,
             None => default_threads()?,
         };
-        let batch = match opts.batch {
-            Some(0) => {
-                return Err(Error::Usage {
-                    message: "batch must be at least 1".into(),
-                })
-            }
-            Some(b) => b,
-            None => n,
-        };
         let workers = match opts.workers {
             Some(0) => {
                 return Err(Error::Usage {
@@ -780,6 +772,15 @@ impl Model {
             }
             Some(w) => w,
             None => threads,
+        };
+        let batch = match opts.batch {
+            Some(0) => {
+                return Err(Error::Usage {
+                    message: "batch must be at least 1".into(),
+                })
+            }
+            Some(b) => b,
+            None => tumble_runtime::default_batch(n, workers, true),
         };
         let mut runtime = self.runtime_options(opts.runtime);
         runtime.threads = threads;

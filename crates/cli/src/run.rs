@@ -52,8 +52,9 @@ pub struct RunArgs {
     /// overlaps the other's kernels). An error where no GPU, driver or NVRTC is found.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
-    /// Instances per mini-batch (batched engine); default: all instances, in mini-batches of at
-    /// most 512.
+    /// Instances per mini-batch (batched engine); default: all instances in equal mini-batches of
+    /// at most 512, one or more per worker when each gets at least 32 (results do not depend on
+    /// it).
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub batch: Option<usize>,
     /// How the batched engine orders block invocations into launches.
@@ -160,6 +161,10 @@ pub struct RunArgs {
     /// depend on it.
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub workers: Option<usize>,
+    /// Without `--batch`, keep a job of up to 512 instances in one mini-batch instead of
+    /// splitting it into one per worker (each of at least 32 instances).
+    #[arg(long)]
+    pub no_split_batches: bool,
     /// No kernel plans: run every operator of a block through the batching rules and the reference
     /// kernels (no fused GEMM stages or row programs).
     #[arg(long)]
@@ -309,24 +314,34 @@ pub(crate) fn thread_count(flag: Option<usize>) -> Result<usize, Failure> {
     Ok(std::thread::available_parallelism().map_or(1, usize::from))
 }
 
-/// Instances per mini-batch where `--batch` is not given: past a few hundred, launches are wide
-/// already, and a larger mini-batch only grows the graph and its working set past the caches
-/// (32,768 one-token sentences at once: 28 µs an instance, in mini-batches of 512: 16 µs) and
-/// leaves a second thread nothing to run (mini-batches run side by side, one per thread).
-const DEFAULT_BATCH: usize = 512;
-
-/// The mini-batch size of a job of `instances` instances: `--batch`, or all of them up to
-/// [`DEFAULT_BATCH`].
-fn mini_batch(args: &RunArgs, instances: usize) -> usize {
-    args.batch
-        .unwrap_or(instances.min(DEFAULT_BATCH))
-        .min(instances)
-        .max(1)
+/// The mini-batch size of a job of `instances` instances run by `workers` workers: `--batch`,
+/// else [`tumble_runtime::default_batch`] (`--no-split-batches`: one mini-batch per 512
+/// instances, not one per worker).
+fn mini_batch(args: &RunArgs, instances: usize, workers: usize) -> usize {
+    match args.batch {
+        Some(b) => b.min(instances).max(1),
+        None => tumble_runtime::default_batch(instances, workers, !args.no_split_batches),
+    }
 }
 
 /// The static optimizations the switches leave on, for a job of `instances` instances.
-fn static_options(args: &RunArgs, instances: usize) -> tumble_compile::StaticOptions {
-    args.compile.statics(mini_batch(args, instances))
+fn static_options(
+    args: &RunArgs,
+    instances: usize,
+    workers: usize,
+) -> tumble_compile::StaticOptions {
+    args.compile.statics(mini_batch(args, instances, workers))
+}
+
+/// Mini-batches run at once: `--workers`, else one per thread (on a GPU at most
+/// [`DEVICE_WORKERS`]).
+fn worker_count(args: &RunArgs, threads: usize) -> usize {
+    match args.device {
+        DeviceArg::Cuda | DeviceArg::Emulated => {
+            args.workers.unwrap_or(threads.min(DEVICE_WORKERS))
+        }
+        DeviceArg::Cpu => args.workers.unwrap_or(threads),
+    }
 }
 
 /// The runtime's switches from the flags.
@@ -534,6 +549,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     // Which @main arguments are model weights (the same for every instance).
     let weights: Vec<bool> = bound.weights_mask();
     let threads = thread_count(args.threads)?;
+    let workers = worker_count(args, threads);
     let mut opts = runtime_options(args, threads);
     if let Front::Compiled(c) = &front {
         // The switches the file was compiled with hold for its runs: its plan switches, and the
@@ -547,7 +563,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             let compile_opts = match args.engine {
                 Engine::Batched => CompileOptions {
                     lower: args.compile.lower(!args.no_native_prelude),
-                    statics: Some(static_options(args, raw.items.len())),
+                    statics: Some(static_options(args, raw.items.len(), workers)),
                     plans: opts.plan_options(),
                 },
                 Engine::Reference => CompileOptions::reference(),
@@ -569,7 +585,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             let mut a = c.artifact;
             // Mini-batches too small for block merging run the program compiled without it, as
             // a run of the source would.
-            let merge = static_options(args, raw.items.len()).merge;
+            let merge = static_options(args, raw.items.len(), workers).merge;
             if let (false, Some(u)) = (merge, a.unmerged.take()) {
                 a.compiled = *u;
             }
@@ -711,16 +727,11 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                 entry: &entry,
                 opts,
                 instances: n,
-                batch: mini_batch(args, n),
+                batch: mini_batch(args, n, workers),
                 // A GPU's workers queue their launches on one stream: a few overlap one
                 // mini-batch's host work (its program, gathers, waits) with another's kernels;
                 // more would wait on each other.
-                workers: match args.device {
-                    DeviceArg::Cuda | DeviceArg::Emulated => {
-                        args.workers.unwrap_or(threads.min(DEVICE_WORKERS))
-                    }
-                    DeviceArg::Cpu => args.workers.unwrap_or(threads),
-                },
+                workers,
                 exec: Some(&exec),
                 worker_stack: crate::WORK_STACK_BYTES,
             };

@@ -1879,28 +1879,53 @@ fn a_missing_entry_names_the_functions_the_model_defines() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Without `--batch`, a job of more instances than a default mini-batch holds runs in
-/// mini-batches of 512 (the profile counts them), with the outputs of one mini-batch of all.
+/// Without `--batch`, a job of more instances than a default mini-batch holds runs in equal
+/// mini-batches of at most 512 (the profile counts them), a whole number per worker when each
+/// gets at least 32 instances, with the outputs of one mini-batch of all.
 #[test]
 fn run_splits_large_jobs_into_default_mini_batches() {
     let model = temp_file(
         "tiny_rows.rly",
         "def @main(%x: Tensor[(1, 3), float32], %w: Tensor[(3, 3), float32]) -> Tensor[(1, 3), float32] {\n  tanh(nn.dense(%x, %w))\n}\n",
     );
-    let lines: String = (0..1100)
-        .map(|i| format!("{{\"x\": [[{}, 0.5, -1]]}}\n", i % 7))
-        .collect();
-    let inputs = temp_file("tiny_rows.jsonl", &lines);
+    let lines = |n: usize| -> String {
+        (0..n)
+            .map(|i| format!("{{\"x\": [[{}, 0.5, -1]]}}\n", i % 7))
+            .collect()
+    };
+    let inputs = temp_file("tiny_rows.jsonl", &lines(1100));
     let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
-    let default = run_random(&model, &inputs, &["--profile"]);
-    assert!(
-        default.status.success(),
-        "{}",
-        String::from_utf8_lossy(&default.stderr)
-    );
-    let stderr = String::from_utf8_lossy(&default.stderr);
-    assert!(stderr.contains("mini-batches 3 "), "{stderr}");
     let all = run_random(&model, &inputs, &["--batch", "1100"]);
     assert!(all.status.success());
-    assert_eq!(default.stdout, all.stdout);
+    // (threads, extra flags, mini-batches): 1,100 instances are 3 of at most 512 for one worker,
+    // 4 for two; 64 instances split in two only for two workers and without the switch.
+    let small = temp_file("tiny_rows64.jsonl", &lines(64));
+    let small = small.display().to_string();
+    let small_all = run_random(&model, &small, &["--batch", "64"]);
+    assert!(small_all.status.success());
+    for (file, want, threads, extra, batches) in [
+        (&inputs, &all.stdout, "1", None, 3),
+        (&inputs, &all.stdout, "2", None, 4),
+        (&small, &small_all.stdout, "1", None, 1),
+        (&small, &small_all.stdout, "2", None, 2),
+        (
+            &small,
+            &small_all.stdout,
+            "2",
+            Some("--no-split-batches"),
+            1,
+        ),
+        (&small, &small_all.stdout, "3", None, 1),
+    ] {
+        let mut flags = vec!["--profile", "--threads", threads];
+        flags.extend(extra);
+        let out = run_random(&model, file, &flags);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&format!("mini-batches {batches} ")),
+            "{threads} threads {extra:?}: {stderr}"
+        );
+        assert_eq!(&out.stdout, want, "{threads} threads {extra:?}");
+    }
 }

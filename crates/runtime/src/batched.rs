@@ -443,7 +443,9 @@ impl SharedMemo {
         // (Checked before anything is allocated: called per node of every kept launch.)
         if !tumble_compile::blocks::is_pure_op(node.op)
             || args.is_empty()
-            || !args.iter().all(|a| matches!(a, BV::Shared(OpValue::Tensor(_))))
+            || !args
+                .iter()
+                .all(|a| matches!(a, BV::Shared(OpValue::Tensor(_))))
         {
             return None;
         }
