@@ -137,6 +137,11 @@ pub struct RunArgs {
     /// word seen before; see `tumble_runtime::Options::job_memo`).
     #[arg(long)]
     pub no_job_memo: bool,
+    /// Keep a concurrent element (of a `@map`, `db.concurrent` or independent calls) whole when
+    /// it waits for a computed value, instead of going on with the elements after it while it
+    /// waits (results are the same).
+    #[arg(long)]
+    pub no_fibers: bool,
     /// Rows per chunk of a ragged launch's row-wise segments (default: about 16 MiB of each
     /// segment's results, at least 256 rows). Results do not depend on it.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -372,6 +377,7 @@ fn runtime_options(args: &RunArgs, threads: usize) -> tumble_runtime::Options {
         ragged_padding: args.ragged_padding,
         mixing_kernels: !args.no_mixing_kernels,
         job_memo: !args.no_job_memo,
+        fibers: !args.no_fibers,
         // `--device cuda` attaches a real GPU to the executable instead.
         emulated_device: false,
         phases: !args.compile.no_phases,

@@ -8,7 +8,9 @@ pub mod reference;
 pub mod tape;
 pub mod value;
 
-pub use machine::{Backend, InstanceCtx, Machine, Outcome, RunError, RunErrorInfo, StopWhen};
+pub use machine::{
+    draws_on_host, Backend, InstanceCtx, Machine, Outcome, RunError, RunErrorInfo, StopWhen,
+};
 pub use reference::ReferenceBackend;
 pub use tumble_compile::{LowerError, Program};
 pub use value::{AdtValue, Closure, Fields, LazyRef, TupleValue, Value};

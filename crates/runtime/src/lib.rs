@@ -173,6 +173,12 @@ pub struct Options {
     /// launches ([`memo`]): later mini-batches, and a serving session's later steps, take them
     /// instead of computing them again.
     pub job_memo: bool,
+    /// Split off a concurrent element that waits for a computed value as a fiber, so the
+    /// elements after it go on before the flush (`tumble_interp`'s machine `fibers`): a `@map`
+    /// whose element tests a computed value (a mixture of experts routing each token) no
+    /// longer advances one element per flush. Off where the program draws random numbers on
+    /// the host (their order would change). Results are the same either way.
+    pub fibers: bool,
 }
 
 /// Rows below which a launch of a weight-bound block waits for more: with f32 weights a row costs
@@ -258,6 +264,7 @@ impl Default for Options {
             mixing_kernels: true,
             emulated_device: false,
             job_memo: true,
+            fibers: true,
             threads: 1,
         }
     }
@@ -410,6 +417,12 @@ impl<'p> Turn<'p, '_> {
     }
 }
 
+/// Whether machines split off concurrent elements that wait as fibers ([`Options::fibers`]):
+/// unless the program draws random numbers on the host, whose order they would change.
+pub(crate) fn fibers_for(program: &Program, opts: &Options) -> bool {
+    opts.fibers && !tumble_interp::draws_on_host(program)
+}
+
 /// Runs global `index` for every instance of a mini-batch on `dfg`: each instance's program until
 /// it finishes or waits for a value, then a flush, until all are done (instances stopped at a
 /// program phase wait for the others and start the next phase together). Returns each
@@ -442,6 +455,7 @@ pub(crate) fn drive(
         dfg.note_weights(a, derived.as_deref().unwrap_or_default());
     }
     let mut results: Vec<Option<Value>> = vec![None; n];
+    let fibers = fibers_for(program, &opts);
     // An instance with a trace is replayed in its turns, where its interpreted run would have
     // made the same calls (it never waits for a value: its turns are the first round of each
     // phase): the same nodes in the same order as with every instance interpreted. The others
@@ -471,6 +485,7 @@ pub(crate) fn drive(
         let record =
             (empty && derived.is_none() && room()).then(|| trace::Recording::new(a.clone()));
         let mut m = Machine::new(program, ctx);
+        m.set_fibers(fibers);
         m.start_derived(index, a, derived.as_deref())
             .map_err(|error| InstanceError {
                 instance: Some(i),

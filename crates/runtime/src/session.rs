@@ -105,6 +105,8 @@ pub struct BatchSession<'p> {
     pub time_slice: Option<std::time::Duration>,
     /// The program planned for `opts` (kept for the fresh graphs).
     exec: Arc<Executable>,
+    /// Machines split off concurrent elements that wait ([`crate::fibers_for`]).
+    fibers: bool,
     dfg: Dfg<'p>,
     /// Threads other sessions lend while idle (a server's batch threads), added to this one's
     /// launches ([`BatchSession::lend_threads`]).
@@ -146,6 +148,7 @@ impl<'p> BatchSession<'p> {
             max_nodes: DEFAULT_MAX_NODES,
             levels_per_step: None,
             time_slice: Some(DEFAULT_TIME_SLICE),
+            fibers: crate::fibers_for(program, &opts),
             dfg: Dfg::new(program, reuse, exec.clone(), opts),
             exec,
             lent: None,
@@ -424,6 +427,7 @@ impl<'p> BatchSession<'p> {
         );
         m.set_stop(slot.stop.clone());
         m.set_time_slice(self.time_slice);
+        m.set_fibers(self.fibers);
         let derived = match self.exec.derived_args(self.program, &slot.args) {
             Ok(d) => d,
             Err(e) => return Some((slot.ticket, Err(e))),

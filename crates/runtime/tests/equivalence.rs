@@ -628,6 +628,7 @@ fn every_combination_of_switches() {
                 mixing_kernels: !hfuse || gather_fusion,
                 emulated_device: false,
                 job_memo: !hfuse || gather_fusion,
+                fibers: hfuse,
                 threads: 1,
             };
             check_batched(&x, &program, &reuse, 7, opts, &label);

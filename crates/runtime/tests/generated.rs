@@ -98,6 +98,7 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         // and copies against the reference.
         emulated_device: bit(0.3),
         job_memo: bit(0.7),
+        fibers: bit(0.7),
         threads: if bit(0.2) { 2 } else { 1 },
         ..Options::default()
     };

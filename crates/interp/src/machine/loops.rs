@@ -108,6 +108,17 @@ impl<'p> Machine<'p> {
                 }
             }
         }
+        if !self.join_fibers(&mut vals, &mut max) {
+            self.push(Kont::MapLoop {
+                ml,
+                elem,
+                items,
+                vals,
+                start,
+                max,
+            })?;
+            return Ok(Step::AwaitJoin);
+        }
         self.ctx.depth = start;
         if ml.nil_ghosts > 0 {
             backend.ghost(&mut self.ctx, ml.nil_ghosts);

@@ -12,6 +12,7 @@
 //! rest is split by what it is for:
 //! - `backend`: the interface to tensor work ([`Backend`], [`InstanceCtx`], [`Outcome`]);
 //! - `error`: [`RunError`], and the messages of runs stopped at their limits;
+//! - `fibers`: a concurrent element that waits split off, so the elements after it go on;
 //! - `limits`: when the run loop looks at the run limits (memory budget, Ctrl-C, deadline);
 //! - `at_once`: code taken without a step of its own (fewer continuation pushes and pops);
 //! - `calls`: applying a function value (global, closure, constructor, native) to its operands;
@@ -23,6 +24,7 @@ mod at_once;
 mod backend;
 mod calls;
 mod error;
+mod fibers;
 mod limits;
 mod loops;
 mod reuse;
@@ -30,6 +32,7 @@ mod values;
 
 pub use backend::{Backend, InstanceCtx, Outcome};
 pub use error::{limit_error, runaway_hint, RunError, RunErrorInfo, MAX_TRACE};
+pub use fibers::draws_on_host;
 pub use limits::{StopWhen, Unwanted, MAX_PENDING};
 pub use values::{from_op_value, to_op_value};
 
@@ -45,6 +48,7 @@ use tumble_compile::{
 use tumble_ir::Span;
 use values::{describe, list_items, list_of, matches, project};
 
+#[derive(Clone)]
 struct Frame {
     slots: Vec<Option<Value>>,
     /// The closure being run, for `SelfRef`.
@@ -55,6 +59,17 @@ struct Frame {
     /// that began the chain of tail calls: the trace shows where a self-recursive function was
     /// called from, not only its own recursive call.
     tail_from: Option<Span>,
+}
+
+impl Frame {
+    fn empty() -> Frame {
+        Frame {
+            slots: Vec::new(),
+            this: None,
+            call_site: None,
+            tail_from: None,
+        }
+    }
 }
 
 enum Kont<'p> {
@@ -129,6 +144,9 @@ enum Step<'p> {
     /// An operator call outside a block whose operands are evaluated; kept as a step so that the
     /// machine can suspend before it when an operand is not computed yet.
     CallOp(&'p Code, Vec<Value>),
+    /// At the join of the concurrent continuation on the stack's top, whose split-off elements
+    /// ([`fibers`]) are not all done: goes on once they are.
+    AwaitJoin,
 }
 
 pub struct Machine<'p> {
@@ -189,6 +207,15 @@ pub struct Machine<'p> {
     /// flushes: the elements after it start where it ended, as written, not beside it
     /// ([`Machine::concurrent_from`]).
     waits: u32,
+    /// Concurrent elements that wait are split off as fibers ([`fibers`]); off by default (an
+    /// eager backend never waits), set by the batching runtime ([`Machine::set_fibers`]).
+    fibers_on: bool,
+    /// The suspended fibers.
+    fibers: fibers::Fibers<'p>,
+    /// The running fiber's join cells, by the stack index of their concurrent continuation.
+    cells: Vec<(u32, fibers::Cell)>,
+    /// Where the running fiber's value goes (`None`: the main line).
+    target: Option<(fibers::Cell, u32)>,
     pub ctx: InstanceCtx,
 }
 
@@ -212,16 +239,41 @@ fn operands_of(code: &Code) -> &[Code] {
     }
 }
 
+fn visit_frame(fr: &Frame, f: &mut dyn FnMut(&Value)) {
+    fr.slots.iter().flatten().for_each(&mut *f);
+    fr.this.iter().for_each(&mut *f);
+}
+
+fn visit_stack(stack: &[Kont], f: &mut dyn FnMut(&Value)) {
+    for k in stack {
+        match k {
+            Kont::Operands { vals, .. }
+            | Kont::Tuple { vals, .. }
+            | Kont::Concurrent { vals, .. } => vals.iter().for_each(&mut *f),
+            Kont::MapLoop { items, vals, .. } => {
+                items.iter().chain(vals).for_each(&mut *f);
+            }
+            Kont::FoldLoop { items, .. } => items.iter().for_each(&mut *f),
+            Kont::ScanLoop { items, vals, .. } => items.iter().chain(vals).for_each(&mut *f),
+            Kont::Return(fr) => visit_frame(fr, f),
+            Kont::Proj(..) | Kont::Let { .. } | Kont::If(..) | Kont::Match { .. } => {}
+        }
+    }
+}
+
+fn visit_step(step: Option<&Step>, f: &mut dyn FnMut(&Value)) {
+    match step {
+        Some(Step::Apply(v)) => f(v),
+        Some(Step::CallOp(_, vs)) => vs.iter().for_each(&mut *f),
+        Some(Step::Eval(_)) | Some(Step::AwaitJoin) | None => {}
+    }
+}
+
 impl<'p> Machine<'p> {
     pub fn new(program: &'p Program, ctx: InstanceCtx) -> Self {
         Machine {
             program,
-            frame: Frame {
-                slots: Vec::new(),
-                this: None,
-                call_site: None,
-                tail_from: None,
-            },
+            frame: Frame::empty(),
             stack: Vec::new(),
             pending: None,
             at_phase: false,
@@ -236,6 +288,10 @@ impl<'p> Machine<'p> {
             steps_before: 0,
             params: Vec::new(),
             waits: 0,
+            fibers_on: false,
+            fibers: fibers::Fibers::default(),
+            cells: Vec::new(),
+            target: None,
             shared: SharedValues::new(),
             fold_loops: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -296,7 +352,7 @@ impl<'p> Machine<'p> {
             self.slice_began = Some(std::time::Instant::now());
             self.yield_due = false;
         }
-        self.run_steps(backend).map_err(|mut e| {
+        self.run_fibers(backend).map_err(|mut e| {
             if e.trace.is_empty() {
                 e.trace = self.call_trace();
             }
@@ -304,36 +360,50 @@ impl<'p> Machine<'p> {
         })
     }
 
+    /// [`Machine::run`] over the instance's fibers: the running one until it stops, then the
+    /// others that can go on.
+    fn run_fibers(&mut self, backend: &mut dyn Backend) -> Result<Outcome, RunError> {
+        self.wake_blocked();
+        if self.pending.is_none() {
+            if let fibers::Next::Blocked = self.switch_to_ready() {
+                return Err(RunError::new("internal: nothing to run"));
+            }
+        }
+        loop {
+            let next = match self.run_steps(backend)? {
+                fibers::Stop::Done(v) => match self.finish_fiber(v.clone()) {
+                    None => return Ok(Outcome::Done(v)),
+                    Some(next) => next,
+                },
+                fibers::Stop::Blocked => self.after_stop(false, backend)?,
+                fibers::Stop::AwaitJoin => self.after_stop(true, backend)?,
+                fibers::Stop::Phase => return Ok(Outcome::Phase),
+                fibers::Stop::Yielded => return Ok(Outcome::Yielded),
+            };
+            if let fibers::Next::Blocked = next {
+                return Ok(Outcome::Blocked);
+            }
+        }
+    }
+
+    /// Turns fibers on or off for this machine ([`fibers`]; off by default). The batching
+    /// runtime turns them on unless the program draws random numbers on the host
+    /// ([`draws_on_host`]) or `TUMBLE_NO_FIBERS` is set.
+    pub fn set_fibers(&mut self, on: bool) {
+        self.fibers_on = on;
+    }
+
     /// Calls `f` with every value this instance holds between two `run`s — its frames' slots and
     /// closures, the values its continuations have gathered, the step it resumes with — but for
     /// its entry arguments and the shared constants, which are never lazy (the batching runtime's
     /// early release: a recorded node none of these names can be freed once no node reads it).
     pub fn visit_values(&self, f: &mut dyn FnMut(&Value)) {
-        let frame = |fr: &Frame, f: &mut dyn FnMut(&Value)| {
-            fr.slots.iter().flatten().for_each(&mut *f);
-            fr.this.iter().for_each(&mut *f);
-        };
-        frame(&self.frame, f);
+        visit_frame(&self.frame, f);
         self.binds.iter().for_each(|(_, v)| f(v));
-        for k in &self.stack {
-            match k {
-                Kont::Operands { vals, .. }
-                | Kont::Tuple { vals, .. }
-                | Kont::Concurrent { vals, .. } => vals.iter().for_each(&mut *f),
-                Kont::MapLoop { items, vals, .. } => {
-                    items.iter().chain(vals).for_each(&mut *f);
-                }
-                Kont::FoldLoop { items, .. } => items.iter().for_each(&mut *f),
-                Kont::ScanLoop { items, vals, .. } => items.iter().chain(vals).for_each(&mut *f),
-                Kont::Return(fr) => frame(fr, f),
-                Kont::Proj(..) | Kont::Let { .. } | Kont::If(..) | Kont::Match { .. } => {}
-            }
-        }
-        match &self.pending {
-            Some(Step::Apply(v)) => f(v),
-            Some(Step::CallOp(_, vs)) => vs.iter().for_each(&mut *f),
-            Some(Step::Eval(_)) | None => {}
-        }
+        visit_stack(&self.stack, f);
+        visit_step(self.pending.as_ref(), f);
+        fibers::visit_cells(&self.cells, f);
+        self.fibers.visit_values(f);
     }
 
     /// Turns the wider at-once evaluation on or off for this machine (see
@@ -361,7 +431,7 @@ impl<'p> Machine<'p> {
             .collect()
     }
 
-    fn run_steps(&mut self, backend: &mut dyn Backend) -> Result<Outcome, RunError> {
+    fn run_steps(&mut self, backend: &mut dyn Backend) -> Result<fibers::Stop, RunError> {
         let Some(mut step) = self.pending.take() else {
             return Err(RunError::new("internal: nothing to run"));
         };
@@ -370,7 +440,7 @@ impl<'p> Machine<'p> {
             if self.yield_due {
                 self.yield_due = false;
                 self.pending = Some(step);
-                return Ok(Outcome::Yielded);
+                return Ok(fibers::Stop::Yielded);
             }
             step = match step {
                 Step::Eval(Code::Phase) => {
@@ -382,27 +452,34 @@ impl<'p> Machine<'p> {
                         self.at_phase = true;
                         self.pending = Some(step);
                         self.waits = self.waits.wrapping_add(1);
-                        return Ok(Outcome::Phase);
+                        return Ok(fibers::Stop::Phase);
                     }
                 }
                 Step::Eval(code) => self.eval(code, backend)?,
+                Step::AwaitJoin => {
+                    if self.join_waits() {
+                        self.pending = Some(Step::AwaitJoin);
+                        return Ok(fibers::Stop::AwaitJoin);
+                    }
+                    self.resume_join(backend)?
+                }
                 Step::CallOp(code, vals) => {
                     if !backend.op_args_ready(&vals)? {
                         self.pending = Some(Step::CallOp(code, vals));
                         self.waits = self.waits.wrapping_add(1);
-                        return Ok(Outcome::Blocked);
+                        return Ok(fibers::Stop::Blocked);
                     }
                     self.call(code, vals, backend)?
                 }
                 Step::Apply(v) => match self.stack.pop() {
-                    None => return Ok(Outcome::Done(v)),
+                    None => return Ok(fibers::Stop::Done(v)),
                     Some(Kont::If(t, f)) => match backend.condition(&v)? {
                         Some(c) => Step::Eval(if c { t } else { f }),
                         None => {
                             self.stack.push(Kont::If(t, f));
                             self.pending = Some(Step::Apply(v));
                             self.waits = self.waits.wrapping_add(1);
-                            return Ok(Outcome::Blocked);
+                            return Ok(fibers::Stop::Blocked);
                         }
                     },
                     Some(k) => self.resume(k, v, backend)?,
@@ -600,6 +677,17 @@ impl<'p> Machine<'p> {
                     return Ok(Step::Eval(next));
                 }
             }
+        }
+        if !self.join_fibers(&mut vals, &mut max) {
+            self.push(Kont::Concurrent {
+                join,
+                elems,
+                vals,
+                start,
+                max,
+                waits: self.waits,
+            })?;
+            return Ok(Step::AwaitJoin);
         }
         self.ctx.depth = max;
         Ok(Step::Apply(match join {
