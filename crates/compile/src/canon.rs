@@ -183,6 +183,9 @@ impl Rewriter<'_> {
                 let (Some(a), Some(b)) = (one(0), one(1)) else {
                     return (self.push(node), false);
                 };
+                if let Some(v) = self.one_hot_product(&a, &b, &node.ty) {
+                    return (v, true);
+                }
                 let out = node.ty.as_tensor().map(|(d, dt)| (d.to_vec(), dt));
                 match out {
                     // A·Bᵀ (N, 1) holds the elements of the row B·Aᵀ (1, N).
@@ -351,6 +354,125 @@ impl Rewriter<'_> {
     }
 
     /// `transpose(x, axes)` of type `ty`.
+    /// `nn.dense(one_hot(i, 1f, 0f, depth), W)` of a shared `W (units, depth)`: the product of
+    /// a row of zeros but one is row `i` of `Wᵀ` — `take(transpose(W), i)`, the transpose once
+    /// per run as a derived parameter — and zeros where `i` is outside `[0, depth)`, as
+    /// `one_hot` has no one there: `where(0 <= i < depth, take(..), 0f)`. An embedding written
+    /// with `one_hot` (a PyTorch `F.one_hot` then a linear layer) ran `depth` times the
+    /// multiply-adds of the lookup, 18× the `take` form. `None` where `a` is not such a
+    /// `one_hot` (other on/off values, another axis or dtype) or `W` not shared.
+    fn one_hot_product(&mut self, a: &BVal, w: &BVal, out_ty: &Ty) -> Option<BVal> {
+        let BVal::Node(n) = a else {
+            return None;
+        };
+        let oh = self.nodes.get(*n as usize)?;
+        if oh.op.name != "one_hot" || !self.is_shared(w) {
+            return None;
+        }
+        let [BArg::One(idx), BArg::One(BVal::Const(on)), BArg::One(BVal::Const(off))] =
+            oh.args.as_slice()
+        else {
+            return None;
+        };
+        let unit =
+            |t: &tumble_tensor::Tensor, v: f64| t.len() == 1 && t.scalar_as_f64().ok() == Some(v);
+        let (oh_dims, oh_dtype) = oh.ty.as_tensor()?;
+        let (idx_dims, idx_dtype) = self.ty(idx).as_tensor().map(|(d, t)| (d.to_vec(), t))?;
+        let axis = match oh.attrs.get("axis") {
+            None | Some(AttrValue::None) => -1,
+            Some(AttrValue::Int(a)) => *a,
+            _ => return None,
+        };
+        let last = axis == -1 || axis == idx_dims.len() as i64;
+        let depth = oh_dims.last()?.known()?;
+        let (units, k) = dims2(&self.ty(w))?;
+        let (out_dims, out_dtype) = out_ty.as_tensor()?;
+        if !unit(on, 1.0)
+            || !unit(off, 0.0)
+            || !last
+            || oh_dtype != DType::Float32
+            || out_dtype != DType::Float32
+            || k != depth
+            || !matches!(idx_dtype, DType::Int32 | DType::Int64)
+            || out_dims.len() != idx_dims.len() + 1
+        {
+            return None;
+        }
+        let idx = idx.clone();
+        let out_dims = out_dims.to_vec();
+        let op = |name| tumble_ops::lookup(name);
+        let (take, ge, lt, and, expand, select) = (
+            op("take")?,
+            op("greater_equal")?,
+            op("less")?,
+            op("logical_and")?,
+            op("expand_dims")?,
+            op("where")?,
+        );
+        let int = |v: i64| match idx_dtype {
+            DType::Int32 => tumble_tensor::Tensor::scalar_i32(v as i32),
+            _ => tumble_tensor::Tensor::scalar_i64(v),
+        };
+        let wt = self.transpose(
+            w.clone(),
+            &[1, 0],
+            Ty::tensor(vec![Dim::Known(depth), Dim::Known(units)], DType::Float32),
+        );
+        let rows = self.node(
+            take,
+            vec![wt, idx.clone()],
+            vec![attr("axis", AttrValue::Int(0))],
+            Ty::tensor(out_dims.clone(), DType::Float32),
+        );
+        let flags = Ty::tensor(idx_dims.clone(), DType::Bool);
+        let lo = self.node(
+            ge,
+            vec![idx.clone(), BVal::Const(int(0))],
+            vec![],
+            flags.clone(),
+        );
+        let hi = self.node(
+            lt,
+            vec![idx, BVal::Const(int(depth))],
+            vec![],
+            flags.clone(),
+        );
+        let inside = self.node(and, vec![lo, hi], vec![], flags);
+        let mut col = idx_dims;
+        col.push(Dim::Known(1));
+        let inside = self.node(
+            expand,
+            vec![inside],
+            vec![attr("axis", AttrValue::Int(-1))],
+            Ty::tensor(col, DType::Bool),
+        );
+        let zero = BVal::Const(tumble_tensor::Tensor::scalar_f32(0.0));
+        Some(self.node(
+            select,
+            vec![inside, rows, zero],
+            vec![],
+            Ty::tensor(out_dims, DType::Float32),
+        ))
+    }
+
+    /// A node of operator `op` on `args`, where the node being rewritten was.
+    fn node(
+        &mut self,
+        op: &'static OpDef,
+        args: Vec<BVal>,
+        attrs: Vec<tumble_ir::attrs::Attr>,
+        ty: Ty,
+    ) -> BVal {
+        self.push(BlockNode {
+            op,
+            args: args.into_iter().map(BArg::One).collect(),
+            attrs: Attrs(attrs),
+            ty,
+            span: self.span,
+            calls: self.calls.clone(),
+        })
+    }
+
     fn transpose(&mut self, x: BVal, axes: &[i64], ty: Ty) -> BVal {
         self.push(BlockNode {
             op: self.transpose,
@@ -515,10 +637,13 @@ fn canonicalize_block(block: &mut Block, varying: &[bool]) -> usize {
     block.outputs = block.outputs.iter().map(|v| renumbered(v, &map)).collect();
     block.nodes = nodes;
     if rewrites > 0 {
-        // The products, reshapes and transposes the rewrites left behind. Only those: a user's
+        // The products, reshapes, transposes and one-hot rows the rewrites left behind (none can
+        // fail at run time). Only those: a user's
         // dead operator that can fail at run time (an integer division by zero) still fails as
         // the reference engine's does.
-        block.drop_dead_nodes(|n| matches!(n.op.name, "nn.dense" | "reshape" | "transpose"));
+        block.drop_dead_nodes(|n| {
+            matches!(n.op.name, "nn.dense" | "reshape" | "transpose" | "one_hot")
+        });
     }
     rewrites
 }

@@ -2576,3 +2576,43 @@ def @main(%x: Tensor[(2, 3), float32], %i: Tensor[(2, 2), int32]) -> (Tensor[(2,
         .collect();
     batches_without_loops("ported_layout", src, &inputs, &["x", "i"]);
 }
+
+/// An embedding written as a one-hot row times a weight (`F.one_hot` then a linear layer) is
+/// the weight's column: it runs as a lookup, and an index outside `[0, depth)` — one_hot's row
+/// of zeros — still gives zeros, at every position of a sentence and as a scalar index.
+#[test]
+fn one_hot_products_are_lookups() {
+    let src = r#"
+def @main(%toks: Tensor[(?), int32], %t: Tensor[(), int64], %W: Tensor[(6, 10), float32], %U: Tensor[(6, 6), float32])
+    -> (Tensor[(?, 6), float32], Tensor[(6), float32]) {
+  let %e = nn.dense(one_hot(%toks, 1f, 0f, depth=10, axis=-1, dtype="float32"), %W);
+  let %s = nn.dense(one_hot(%t, 1f, 0f, depth=10), %W);
+  (tanh(nn.dense(%e, %U)), %s)
+}
+"#;
+    let inputs: Vec<String> = [
+        ("[0, 3, 9, -1, 10, 7]", 2),
+        ("[5]", -3),
+        ("[]", 10),
+        ("[12, 1, 1, 4]", 9),
+        ("[-7, 8]", 0),
+    ]
+    .iter()
+    .map(|(toks, t)| format!("{{\"toks\": {toks}, \"t\": {t}}}"))
+    .collect();
+    let x = expected(
+        "one_hot_lookup",
+        load_text("one_hot_lookup", src),
+        &inputs.join("\n"),
+        &["toks", "t"],
+    );
+    check_all_ways(&x);
+    let (program, _) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let one_hots = program
+        .blocks
+        .iter()
+        .flat_map(|b| &b.nodes)
+        .filter(|n| n.op.name == "one_hot")
+        .count();
+    assert_eq!(one_hots, 0, "{program}");
+}
