@@ -504,3 +504,71 @@ fn attention_scaled_by_a_division_is_attention() {
     let p = batch_profile(&x, tumble_runtime::Options::default());
     assert!(p.ragged_attention > 0, "{p}");
 }
+
+/// Pairwise forms over a sentence's rows: `(L, 1, D)` against `(1, L, D)` broadcast to
+/// `L × L` rows. Both operands' leading dims strip to `(L)`, and a row program took them for the
+/// same `L` rows: the batched engine returned the diagonal, `(L, 1, D)`, silently (a relation
+/// network, pairwise distances). Also a pair from two inputs whose lengths are sometimes equal.
+#[test]
+fn pairwise_broadcasts_over_the_rows_of_an_instance() {
+    for (name, ret, body) in [
+        (
+            "pair_add",
+            "Tensor[(?, ?, 4), float32]",
+            "tanh(add(expand_dims(%x, axis=1), expand_dims(%x, axis=0)))",
+        ),
+        (
+            "pair_dist",
+            "Tensor[(?, ?), float32]",
+            "sum(power(subtract(expand_dims(%x, axis=1), expand_dims(%x, axis=0)), 2f), axis=[2])",
+        ),
+        (
+            "pair_dense",
+            "Tensor[(?, ?, 4), float32]",
+            "multiply(expand_dims(nn.dense(%x, %w), axis=1), reshape(%x, newshape=[1, -1, 4]))",
+        ),
+        (
+            "pair_lead",
+            "Tensor[(?, 4), float32]",
+            "add(reshape(%x, newshape=[1, -1, 4]), %x)",
+        ),
+    ] {
+        let src = format!(
+            "def @main(%x: Tensor[(?, 4), float32], %w: Tensor[(4, 4), float32]) -> {ret} {{\n  {body}\n}}\n"
+        );
+        let src = src.replace(
+            "-> Tensor[(?, 4), float32] {\n  add(reshape",
+            "-> Tensor[(1, ?, 4), float32] {\n  add(reshape",
+        );
+        let x = expected(name, load_text(name, &src), &var_rows(23, 4, LENS), &["x"]);
+        check_all_ways(&x);
+    }
+    let src = r#"
+def @main(%x: Tensor[(?, 4), float32], %y: Tensor[(?, 4), float32]) -> Tensor[(?, ?, 4), float32] {
+  maximum(expand_dims(%x, axis=1), expand_dims(%y, axis=0))
+}
+"#;
+    let xs: Vec<String> = var_rows(12, 4, LENS).lines().map(str::to_string).collect();
+    let ys: Vec<String> = var_rows(12, 4, &[3, 2, 9, 1, 0, 2, 7, 4])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let inputs: Vec<String> = xs
+        .iter()
+        .zip(&ys)
+        .map(|(x, y)| {
+            format!(
+                "{}, \"y\": {}",
+                x.trim_end_matches('}'),
+                &y["{\"x\": ".len()..]
+            )
+        })
+        .collect();
+    let x = expected(
+        "pair_xy",
+        load_text("pair_xy", src),
+        &inputs.join("\n"),
+        &["x", "y"],
+    );
+    check_all_ways(&x);
+}

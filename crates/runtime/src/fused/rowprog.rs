@@ -169,12 +169,20 @@ pub(super) fn last_into(instrs: &[Instr], outs: &[(usize, Vec<Opd>, bool)]) -> O
 /// signature has no row program, so it is not retried at every launch.
 pub(super) type RowCache = HashMap<(usize, Vec<OpSig>), Option<Arc<RowProg>>>;
 
-/// Compiles the row program of nodes `ns` for operands of signature `sig`.
-/// Leading dims without the size-1 ones: per-instance dims of size 1 broadcast, so `(B, 1, n)` and
-/// `(B, n)` describe the same rows.
-pub(super) fn strip(lead: &[usize]) -> Vec<usize> {
-    lead.iter().copied().filter(|&d| d != 1).collect()
+/// Whether two operands' leading dims describe the same rows: equal once the shorter is padded
+/// with 1s in front, as broadcasting aligns them — `(1, L)` and `(L)` do, but `(L, 1)` and
+/// `(1, L)` broadcast against each other to `L × L` rows (a pairwise sum over a sentence's
+/// tokens) and do not, though both strip to `(L)`.
+pub(super) fn same_rows(a: &[usize], b: &[usize]) -> bool {
+    let n = a.len().max(b.len());
+    let at = |l: &[usize], i: usize| match (i + l.len()).checked_sub(n) {
+        Some(j) => l.get(j).copied().unwrap_or(1),
+        None => 1,
+    };
+    (0..n).all(|i| at(a, i) == at(b, i))
 }
+
+/// Compiles the row program of nodes `ns` for operands of signature `sig`.
 
 pub(super) fn compile_rows(
     block: &Block,
@@ -204,7 +212,7 @@ pub(super) fn compile_rows(
                 // (B, 1, n) and (B, n) line up. Results take the longest lead.
                 match &lead_tail {
                     None => lead_tail = Some(tail.to_vec()),
-                    Some(l) if strip(l) == strip(tail) => {
+                    Some(l) if same_rows(l, tail) => {
                         if tail.len() > l.len() {
                             lead_tail = Some(tail.to_vec());
                         }
@@ -252,7 +260,6 @@ pub(super) fn compile_rows(
     // A tuple result (`split`) is checked field by field: a shared `split` next to per-instance
     // rows of another shape came out with their rows too (program generator, seed 2200278: a
     // (1, 3) field returned as (3, 3)).
-    let lead = strip(&lead_tail);
     for &n in ns {
         let Some(ty) = block.nodes.get(n).map(|node| &node.ty) else {
             continue;
@@ -268,7 +275,11 @@ pub(super) fn compile_rows(
             let known: Option<Vec<usize>> =
                 dims.iter().map(|d| d.known().map(|x| x as usize)).collect();
             match known {
-                Some(d) if strip(d.get(..d.len().saturating_sub(1)).unwrap_or(&[])) == lead => {}
+                Some(d)
+                    if same_rows(
+                        d.get(..d.len().saturating_sub(1)).unwrap_or(&[]),
+                        &lead_tail,
+                    ) => {}
                 Some(_) => return bail(9),
                 None => {}
             }
