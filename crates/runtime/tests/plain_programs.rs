@@ -2616,3 +2616,39 @@ def @main(%toks: Tensor[(?), int32], %t: Tensor[(), int64], %W: Tensor[(6, 10), 
         .count();
     assert_eq!(one_hots, 0, "{program}");
 }
+
+/// Experts' weights chosen per token by a computed index (`take(%W1s, argmax(gate))`, a switch
+/// mixture of experts): each invocation's weight is a view of the stack's slice, read where it
+/// lies (it was stacked — every invocation's matrix copied — only to find it was not shared).
+#[test]
+fn experts_chosen_by_a_computed_index() {
+    let src = r#"
+def @main(%xs: List[Tensor[(1, 4), float32]], %Wg: Tensor[(3, 4), float32], %W1s: Tensor[(3, 6, 4), float32],
+          %W2s: Tensor[(3, 4, 6), float32]) -> List[Tensor[(1, 4), float32]] {
+  @map(fn (%x: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+    let %g = nn.softmax(nn.dense(%x, %Wg), axis=1);
+    let %e = squeeze(argmax(%g, axis=[1]));
+    let %y = nn.dense(nn.relu(nn.dense(%x, take(%W1s, %e, axis=0))), take(%W2s, %e, axis=0));
+    add(%x, multiply(%y, take(%g, %e, axis=1)))
+  }, %xs)
+}
+"#;
+    let inputs: Vec<String> = [5usize, 1, 0, 9, 3, 12, 2]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let rows: Vec<String> = (0..n)
+                .map(|r| {
+                    let row: Vec<String> = (0..4)
+                        .map(|j| {
+                            format!("{:.3}", ((i * 5 + r * 7 + j * 3) % 11) as f64 / 5.0 - 1.0)
+                        })
+                        .collect();
+                    format!("[[{}]]", row.join(", "))
+                })
+                .collect();
+            format!("{{\"xs\": [{}]}}", rows.join(", "))
+        })
+        .collect();
+    agrees("experts_by_index", src, &inputs.join("\n"), &["xs"]);
+}

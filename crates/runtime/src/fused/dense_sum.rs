@@ -35,8 +35,10 @@ pub(super) fn sum_operands<'e>(
         let Some(BArg::One(wv)) = node.args.get(1) else {
             return Ok(None);
         };
-        let BV::Shared(OpValue::Tensor(w)) = ex.get(wv)? else {
-            return Ok(None);
+        // As it lies (a per-invocation weight's rows are not stacked only to be refused).
+        let w = match &*ex.get_raw(wv)? {
+            BV::Shared(OpValue::Tensor(w)) => w.clone(),
+            _ => return Ok(None),
         };
         let (&[wn, wk], Some(_)) = (w.shape(), w.as_f32()) else {
             return Ok(None);

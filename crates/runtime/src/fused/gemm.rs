@@ -182,8 +182,9 @@ pub(super) fn matmul_stage(
     let Some(BArg::One(xv)) = node.args.first() else {
         return Ok(None);
     };
-    let BV::Shared(OpValue::Tensor(x)) = ex.get(xv)? else {
-        return Ok(None);
+    let x = match &*ex.get_raw(xv)? {
+        BV::Shared(OpValue::Tensor(x)) => x.clone(),
+        _ => return Ok(None),
     };
     let (Some(xd), &[m, k]) = (x.as_f32(), x.shape()) else {
         return Ok(None);
@@ -322,8 +323,13 @@ pub(super) fn shared_weight_operands<'e>(
     };
     let mut ws: Vec<Tensor> = Vec::with_capacity(wvs.len());
     for wv in wvs {
-        match ex.get(wv)? {
-            BV::Shared(OpValue::Tensor(w)) if w.as_f32().is_some() && w.rank() == 2 => ws.push(w),
+        // As it lies: a per-invocation weight (row references into a stack of experts' weights,
+        // `take(%Ws, %e)`) is not one, and stacking its rows only to find that out copied every
+        // invocation's matrix (a mixture of experts: 1 GB per launch).
+        match &*ex.get_raw(wv)? {
+            BV::Shared(OpValue::Tensor(w)) if w.as_f32().is_some() && w.rank() == 2 => {
+                ws.push(w.clone())
+            }
             _ => return Ok(None),
         }
     }
