@@ -183,7 +183,6 @@ pub(super) fn same_rows(a: &[usize], b: &[usize]) -> bool {
 }
 
 /// Compiles the row program of nodes `ns` for operands of signature `sig`.
-
 pub(super) fn compile_rows(
     block: &Block,
     ns: &[usize],
