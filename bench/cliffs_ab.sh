@@ -10,7 +10,7 @@ OLD=${OLD:?set OLD to the baseline tumble}; NEW=${NEW:?set NEW to the tumble to 
 ROUNDS=${1:-3}; shift $(( $# > 0 ? 1 : 0 ))
 ONLY=" $* "
 D=bench/.data/cliffs
-[ -f $D/wide256.jsonl ] || python3 bench/cliffs/gen_inputs.py
+[ -f $D/kv128.jsonl ] || python3 bench/cliffs/gen_inputs.py
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 for p in gate_wsel_512:gate256 gate_arms_512:gate256 expr_wsel_512:expr64 expr_plain_512:expr64 \
          gru_plain_512:seq256 gru_prim_512:seq256 lstmcat_plain_512:seq256 lstmcat_sep_512:seq256 \
@@ -24,7 +24,8 @@ for p in gate_wsel_512:gate256 gate_arms_512:gate256 expr_wsel_512:expr64 expr_p
          gelu_erf_256:seq256 gelu_pow_256:seq256 gelu_tanh_256:seq256 handln_256:seq256 \
          handln_op_256:seq256 scanmax_256:seq256 mha_div_256:seq256 mha_mul_256:seq256 \
          lstm_respelled_256:seq256 lstm_let_256:seq256 moe_map_512:seq256 moe_where_512:seq256 \
-         leafgate_256:btree128 leafgate_where_256:btree128 moe_take_256:seq256 moe_if_256:seq256; do
+         leafgate_256:btree128 leafgate_where_256:btree128 moe_take_256:seq256 moe_if_256:seq256 \
+         kvdec_pad_128:kv128 kvdec_arith_128:kv128; do
   m=${p%%:*}; in=$D/${p##*:}.jsonl
   [ "$ONLY" = "  " ] || [[ "$ONLY" == *" $m "* ]] || continue
   for r in $(seq "$ROUNDS"); do

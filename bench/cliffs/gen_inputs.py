@@ -12,7 +12,8 @@ beam64.jsonl (64 sources of 5-30 tokens, 3-12 steps of a beam of four), ids128.j
 5-40 word ids as one tensor each); and for the forty-eighth session's: frames128.jsonl (128
 utterances of 8-64 frames of 40 normals, with their count), btree128.jsonl (128 binary trees of 5-15
 leaves from a 1,000-word vocabulary), caps256.jsonl (256 sets of 32 eight-wide capsules, three
-routing iterations); and for the training programs in bench/cliffs/train/: seq256l.jsonl (256
+routing iterations); and for the forty-ninth session's: kv128.jsonl (128 prompts of 3-30 token ids
+below 2,000 with 5-25 decoding steps); and for the training programs in bench/cliffs/train/: seq256l.jsonl (256
 sentences of 5-30 tokens with a 5-class label), wide256.jsonl (256 matrices of 15 rows of 128
 normals).
 Seeded: the same files every time."""
@@ -110,3 +111,8 @@ with open(os.path.join(out, "seq256l.jsonl"), "w") as f:
 with open(os.path.join(out, "wide256.jsonl"), "w") as f:
     for _ in range(256):
         f.write(json.dumps({"x": [[round(R.gauss(0, 1), 3) for _ in range(128)] for _ in range(15)]}) + "\n")
+
+R = random.Random(5)
+with open(os.path.join(out, "kv128.jsonl"), "w") as f:
+    for _ in range(128):
+        f.write(json.dumps({"prompt": [R.randrange(2, 2000) for _ in range(R.randint(3, 30))], "steps": R.randint(5, 25)}) + "\n")
