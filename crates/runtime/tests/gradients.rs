@@ -945,3 +945,52 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %u: Tensor[(4, 4), float32], %e: T
     // Five steps at most: a few launches each, not one per invocation (about 120).
     assert!(launches < 40, "{launches} backward launches");
 }
+
+/// A weight derived once per instance in `@main` (`reshape(%V)`: the same value for every
+/// instance, computed once as identical invocations) and read by a recursion's product is one
+/// value of its launches, not a weight per row: its gradient one product over the rows, no
+/// per-row vjp (which made a weight-sized outer product per row: 31× the forward).
+#[test]
+fn weights_derived_in_main_are_one_value_of_their_launches() {
+    let src = r#"
+def @rnn(%xs: List[Tensor[(1, 4), float32]], %h: Tensor[(1, 4), float32], %u: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  match (%xs) {
+    Nil => %h,
+    Cons(%x, %rest) => @rnn(%rest, tanh(add(nn.dense(%h, %u), %x)), %u),
+  }
+}
+def @main(%xs: List[Tensor[(1, 4), float32]], %v: Tensor[(16), float32]) -> Tensor[(), float32] {
+  let %u = multiply(reshape(%v, newshape=[4, 4]), 0.5f);
+  sum(@rnn(%xs, zeros(shape=[1, 4], dtype="float32"), %u))
+}
+"#;
+    let inputs: String = (0..40)
+        .map(|i| format!("{{\"xs\": {}}}\n", common::row_list(i, 1 + i % 6, 4)))
+        .collect();
+    let x = expected(
+        "derived_in_main",
+        load_text("derived_in_main", src),
+        &inputs,
+        &["xs"],
+    );
+    check(&x);
+    let wrt = float_params(&x);
+    let (program, reuse) = compile(&x, true, common::training_statics());
+    let params: Vec<Tensor> = wrt
+        .iter()
+        .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
+        .collect();
+    let rngs = (0..x.args.len()).map(rng).collect();
+    let g = grad_batch(
+        &program,
+        &reuse,
+        "main",
+        x.args.clone(),
+        rngs,
+        Options::default(),
+        GradOptions::default(),
+        &params,
+    )
+    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    assert_eq!(g.stats.looped_vjps, 0, "{:?}", g.stats);
+}

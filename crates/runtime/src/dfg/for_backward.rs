@@ -71,7 +71,9 @@ impl Dfg<'_> {
         BackwardRecord {
             log: self.launch_log.take().unwrap_or_default(),
             kept: std::mem::take(&mut self.kept),
-            twins: Twins(std::mem::take(&mut self.memo_class)),
+            // A copy: launches of the backward's recomputed forward still ask which computed
+            // inputs are one value ([`Dfg::one_computed_value`]).
+            twins: Twins(self.memo_class.clone()),
         }
     }
 
@@ -116,12 +118,9 @@ impl Dfg<'_> {
             let one_expected = nodes
                 .first()
                 .is_some_and(|n| self.reuse.is_shared(n.block, i));
-            if let Some(Arg::Lazy(first)) = args.first().filter(|_| args.len() > 1 || one_expected)
-            {
-                if args.iter().all(|a| matches!(a, Arg::Lazy(r) if r == first)) {
-                    inputs.push(BV::Shared(OpValue::Tensor(self.whole_value(*first)?)));
-                    continue;
-                }
+            if let Some(first) = self.one_computed_value(&args, args.len() > 1 || one_expected) {
+                inputs.push(BV::Shared(OpValue::Tensor(self.whole_value(first)?)));
+                continue;
             }
             // Exactly rows 0..b of one earlier launch's output, in order: that output itself.
             if fast && kept_zero_copy_enabled() {
@@ -151,6 +150,29 @@ impl Dfg<'_> {
             )));
         }
         Ok(inputs)
+    }
+
+    /// The one computed value every invocation of a launch reads as its input (`args`, one per
+    /// invocation): the same output of one node, or of identical invocations computed once (a
+    /// weight derived in `@main` — `reshape(%V)`, `transpose(%W)` — by every instance: twins of
+    /// one node), passed once and its adjoint the rows' sum; `None` otherwise or when `allowed`
+    /// is false. (Stacked instead, a weight derived per instance was one weight per row in the
+    /// backward: a weight-sized gradient per row, 31× the forward.)
+    pub(crate) fn one_computed_value(&self, args: &[&Arg], allowed: bool) -> Option<LazyRef> {
+        let canonical = |r: &LazyRef| LazyRef {
+            node: match self.memo_class.get(r.node as usize) {
+                Some(&c) if c != NO_CLASS => c,
+                _ => r.node,
+            },
+            output: r.output,
+        };
+        let Some(Arg::Lazy(first)) = args.first().filter(|_| allowed) else {
+            return None;
+        };
+        let c = canonical(first);
+        args.iter()
+            .all(|a| matches!(a, Arg::Lazy(r) if r == first || canonical(r) == c))
+            .then_some(c)
     }
 
     /// The output of one earlier launch when `args` are exactly its rows 0..b in order (no copy

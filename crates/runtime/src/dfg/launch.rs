@@ -761,12 +761,10 @@ impl Dfg<'_> {
         }
         // One computed value read by every invocation (a slice of weights recorded once for the
         // backward): passed once too.
-        if let Some(Arg::Lazy(first)) = args.first().filter(|_| args.len() > 1 || !per_instance) {
-            if args.iter().all(|a| matches!(a, Arg::Lazy(r) if r == first)) {
-                self.profile.shared_inputs += 1;
-                let t = self.whole_value(*first)?;
-                return Ok(BV::Shared(OpValue::Tensor(t)));
-            }
+        if let Some(first) = self.one_computed_value(&args, args.len() > 1 || !per_instance) {
+            self.profile.shared_inputs += 1;
+            let t = self.whole_value(first)?;
+            return Ok(BV::Shared(OpValue::Tensor(t)));
         }
         if shared_expected {
             self.profile.reuse_misses += 1;
