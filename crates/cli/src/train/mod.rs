@@ -92,7 +92,8 @@ pub struct GradArgs {
     /// Instances: JSON Lines, keyed by `@main` argument name.
     #[arg(long, short)]
     pub inputs: PathBuf,
-    /// Instances per mini-batch; default: all at once. The gradient does not depend on it.
+    /// Instances per mini-batch; default: equal mini-batches of at most 128. The gradient does
+    /// not depend on it (but for the order of its float sums).
     #[arg(long, value_name = "N", value_parser = crate::run::at_least_one)]
     pub batch: Option<usize>,
     /// The gradients: a safetensors file, one tensor per float parameter (its name, dtype and
