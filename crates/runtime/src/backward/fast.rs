@@ -359,6 +359,49 @@ pub(super) fn vjp(
                 None,
             ])
         }
+        "concatenate" => {
+            // The output gradient cut back into the parts' widths along the axis (the reference
+            // rule goes through f64 index maps: a window of three tokens concatenated per step
+            // spent its backward there, with temporaries the profile did not count).
+            let OpValue::Tuple(parts) = args.first()? else {
+                return None;
+            };
+            let (tg, g) = f32_of(dy)?;
+            let rank = tg.rank();
+            let axis = axis_of(attrs.int("axis").ok().flatten().unwrap_or(0), rank)?;
+            let outer: usize = tg.shape().get(..axis)?.iter().product();
+            let inner: usize = tg.shape().get(axis + 1..)?.iter().product();
+            let total = *tg.shape().get(axis)?;
+            let mut widths = Vec::with_capacity(parts.len());
+            for p in parts {
+                let tp = p;
+                tp.as_f32()?;
+                let mut same = tp.rank() == rank;
+                for (d, (&a, &b)) in tp.shape().iter().zip(tg.shape()).enumerate() {
+                    same &= d == axis || a == b;
+                }
+                if !same {
+                    return None;
+                }
+                widths.push(*tp.shape().get(axis)?);
+            }
+            if widths.iter().sum::<usize>() != total || g.len() != outer * total * inner {
+                return None;
+            }
+            let mut grads = Vec::with_capacity(parts.len());
+            let mut start = 0;
+            for (p, &w) in parts.iter().zip(&widths) {
+                let run = w * inner;
+                let mut d = tumble_tensor::pool::scratch_f32(outer * run);
+                for (o, dst) in d.chunks_exact_mut(run.max(1)).take(outer).enumerate() {
+                    let at = o * total * inner + start * inner;
+                    dst.copy_from_slice(g.get(at..at + run)?);
+                }
+                grads.push(Tensor::from_vec(p.shape().to_vec(), d).ok()?);
+                start += w;
+            }
+            Some(vec![Some(OpValue::Tuple(grads))])
+        }
         "split" => {
             // The pieces' gradients put back side by side along the axis.
             let (tx, _) = f32_of(args.first()?)?;
@@ -523,6 +566,36 @@ mod tests {
     /// A loss's per-row `take(log_probs, %label)` (batch_dims=1) and the `reshape` before it:
     /// values and gradients equal the reference's; an index out of range is left to the
     /// reference (whose modes clip, wrap or fail).
+    /// The concatenation's gradient cut back into its parts, on every axis, with an empty part.
+    #[test]
+    fn concatenate_gradients_agree_with_the_reference() {
+        let mut rng = Rng::new(9);
+        for (shapes, axis) in [
+            (vec![vec![1, 3], vec![1, 5], vec![1, 1]], 1i64),
+            (vec![vec![2, 3, 4], vec![2, 1, 4]], 1),
+            (vec![vec![2, 3, 4], vec![2, 3, 2]], -1),
+            (vec![vec![3, 2], vec![1, 2], vec![4, 2]], 0),
+            (vec![vec![0, 2], vec![2, 2]], 0),
+        ] {
+            let parts: Vec<Tensor> = shapes.iter().map(|s| rand(s, &mut rng)).collect();
+            let args = [OpValue::Tuple(parts)];
+            let a = attrs(&[("axis", AttrValue::Int(axis))]);
+            let y = reference_eval("concatenate", &args, &a);
+            let dy = OpValue::Tensor(rand(y.as_tensor().expect("y").shape(), &mut rng));
+            let got = vjp("concatenate", &args, &a, &y, &dy).expect("fast vjp");
+            let want = tumble_ops::vjp::vjp(def("concatenate"), &args, &a, &y, &dy)
+                .unwrap_or_else(|e| panic!("{e:?}"));
+            let (Some(OpValue::Tuple(g)), Some(OpValue::Tuple(r))) = (&got[0], &want[0]) else {
+                panic!("{shapes:?}: tuple gradients expected")
+            };
+            assert_eq!(g.len(), r.len());
+            for (g, r) in g.iter().zip(r) {
+                assert_eq!(g.shape(), r.shape(), "{shapes:?} axis {axis}");
+                assert_eq!(g.as_f32(), r.as_f32(), "{shapes:?} axis {axis}");
+            }
+        }
+    }
+
     #[test]
     fn per_row_take_and_reshape_agree_with_the_reference() {
         let mut rng = Rng::new(5);
