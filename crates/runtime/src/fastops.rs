@@ -18,17 +18,7 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Op
     match op {
         "transpose" => {
             let t = args.first()?.as_tensor()?;
-            let r = t.rank() as i64;
-            let axes: Vec<usize> = match attrs.ints("axes").ok()? {
-                None => (0..r).rev().map(|a| a as usize).collect(),
-                Some(v) if v.is_empty() => (0..r).rev().map(|a| a as usize).collect(),
-                Some(v) => v
-                    .iter()
-                    .map(|&a| if a < 0 { a + r } else { a })
-                    .map(|a| usize::try_from(a).ok())
-                    .collect::<Option<Vec<_>>>()?,
-            };
-            permute_f32(t, &axes).map(OpValue::Tensor)
+            permute_f32(t, &transpose_axes(attrs, t.rank())?).map(OpValue::Tensor)
         }
         "concatenate" => {
             let OpValue::Tuple(parts) = args.first()? else {
@@ -860,6 +850,20 @@ pub fn transpose_2d(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
 }
 
 /// `t` with its axes permuted (`out.shape[i] = t.shape[perm[i]]`).
+/// The permutation `transpose(axes=..)` applies to a rank-`r` tensor (none given: reversed).
+pub(crate) fn transpose_axes(attrs: &Attrs, r: usize) -> Option<Vec<usize>> {
+    let r = r as i64;
+    match attrs.ints("axes").ok()? {
+        None => Some((0..r).rev().map(|a| a as usize).collect()),
+        Some(v) if v.is_empty() => Some((0..r).rev().map(|a| a as usize).collect()),
+        Some(v) => v
+            .iter()
+            .map(|&a| if a < 0 { a + r } else { a })
+            .map(|a| usize::try_from(a).ok())
+            .collect::<Option<Vec<_>>>(),
+    }
+}
+
 pub fn permute_f32(t: &Tensor, perm: &[usize]) -> Option<Tensor> {
     let data = t.as_f32()?;
     let shape = t.shape();
