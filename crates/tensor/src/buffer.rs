@@ -175,12 +175,13 @@ fn take_slice<T: Element>(src: &[T], indices: &[usize]) -> Result<Buffer, Tensor
         .map(|&i| {
             // The error made only when it happens (`ok_or` built and dropped one per element:
             // 4% of a gradient whose transposes ran on the reference rule).
-            src.get(i)
-                .copied()
-                .ok_or_else(|| TensorError::IndexOutOfBounds {
+            match src.get(i) {
+                Some(&v) => Ok(v),
+                None => Err(TensorError::IndexOutOfBounds {
                     index: i,
                     len: src.len(),
-                })
+                }),
+            }
         })
         .collect::<Result<Vec<T>, _>>()?;
     Ok(T::into_buffer(values))
