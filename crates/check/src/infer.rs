@@ -275,10 +275,14 @@ impl<'t> Checker<'t> {
             ExprKind::Op(name) => {
                 // Known operators in value position were made closures before checking
                 // (`eta`): only unknown ones get here.
-                self.err(Diagnostic::error(
-                    span,
-                    format!("unknown operator `{name}`"),
-                ));
+                let mut d = Diagnostic::error(span, format!("unknown operator `{name}`"));
+                if matches!(name.as_str(), "inf" | "nan" | "infinity") {
+                    d = d.with_note(format!(
+                        "a float literal carries its type: write `{name}f` (and `-{name}f`) for \
+                         a float32 {name}"
+                    ));
+                }
+                self.err(d);
                 self.subst.fresh()
             }
             ExprKind::Lit(l) => Ty::scalar(l.dtype()),
@@ -717,6 +721,16 @@ impl<'t> Checker<'t> {
             return result;
         };
         if !op.takes(call.args.len()) {
+            if name == "variance" && call.args.len() == 1 {
+                // PyTorch's `var(x)` and numpy's take one: Relay's takes the mean too.
+                self.err(
+                    Diagnostic::error(span, "`variance` takes 2 arguments, found 1").with_note(
+                        "Relay's variance takes the mean as its second argument: \
+                         `variance(%x, mean(%x, axis=[1], keepdims=True), axis=[1], keepdims=True)`",
+                    ),
+                );
+                return result;
+            }
             match op.alt_arity {
                 None => self.check_arity(
                     span,

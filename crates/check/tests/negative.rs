@@ -369,3 +369,24 @@ fn doubling_types_are_an_error_not_an_exhaustion() {
     }
     assert!(start.elapsed() < std::time::Duration::from_secs(30));
 }
+
+/// Ports from PyTorch and numpy write `variance(x)` and `-inf`: the errors say Relay's forms.
+#[test]
+fn ported_spellings_get_relays_form_in_a_note() {
+    let mut sources = SourceMap::new();
+    let src = "def @f(%x: Tensor[(2, 3), float32]) {\n  add(variance(%x, axis=[1]), -inf)\n}";
+    let Err(ds) = load(&mut sources, "t.rly", src, LoadOptions::default()) else {
+        panic!("accepted");
+    };
+    let notes: Vec<&str> = ds
+        .iter()
+        .flat_map(|d| d.notes.iter().map(String::as_str))
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("takes the mean as its second argument")),
+        "{notes:?}"
+    );
+    assert!(notes.iter().any(|n| n.contains("`-inff`")), "{notes:?}");
+}
