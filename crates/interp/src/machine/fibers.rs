@@ -14,8 +14,10 @@
 //! ends hands its value to its join, and the one waiting there goes on once it has them all.
 //!
 //! The elements run in the same frame (a loop's element code reuses its slots), so the fiber
-//! takes a copy of that frame. Values and errors are the same as evaluating the elements in
-//! order; the order of the operators' recording differs, which only changes how they batch.
+//! takes a copy of that frame. Values are the same as evaluating the elements in order; the order
+//! of the operators' recording differs, which only changes how they batch. An instance with one
+//! failing element fails with its error; with several, the one reported may be a later element's
+//! (the first to fail in the order the fibers ran).
 //! Random draws come in the instance's program order, so a program that draws on the host runs
 //! without fibers (as with `TUMBLE_NO_FIBERS=1`).
 
