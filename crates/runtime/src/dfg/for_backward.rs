@@ -169,10 +169,21 @@ impl Dfg<'_> {
         let Some(Arg::Lazy(first)) = args.first().filter(|_| allowed) else {
             return None;
         };
+        // Twins count only while recording for a backward: in a plain run a weight derived per
+        // instance is a derived parameter already, and a product that took twins' rows as one
+        // weight would give an instance other bits than in other company.
+        if self.launch_log.is_none() {
+            return args
+                .iter()
+                .all(|a| matches!(a, Arg::Lazy(r) if r == first))
+                .then_some(*first);
+        }
         let c = canonical(first);
+        // The first reader's own reference: every twin holds the value, and the node that ran
+        // may have been released already (nothing names it once its twins took its results).
         args.iter()
             .all(|a| matches!(a, Arg::Lazy(r) if r == first || canonical(r) == c))
-            .then_some(c)
+            .then_some(*first)
     }
 
     /// The output of one earlier launch when `args` are exactly its rows 0..b in order (no copy
