@@ -616,6 +616,16 @@ pub(crate) fn batched_op(
                 Some(v) => v,
                 None => eval(op, &plain, &attrs, ops.octx)?,
             };
+            // batch_norm returns the shared statistics as they are: every instance's fields.
+            if op.name == "nn.batch_norm" {
+                if let OpValue::Tuple(ts) = &out {
+                    let mut fields = ts.clone();
+                    for f in fields.iter_mut().skip(1) {
+                        *f = broadcast_batch(f, b)?;
+                    }
+                    return Ok(BV::Batched(OpValue::Tuple(fields)));
+                }
+            }
             // batch_matmul ran on (B·G, M, N): put the instance axis back in front.
             if op.name == "nn.batch_matmul" {
                 if let OpValue::Tensor(t) = &out {
