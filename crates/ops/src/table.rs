@@ -71,7 +71,7 @@ static OPS: &[OpDef] = &[
         gemm::dense, k::gemm::dense, Gemm, "data (…, K) times weight (N, K) transposed: (…, N)").in_stage(StageRule::Gemm),
     op("nn.matmul", 2,
         &[opt("transpose_a", Bool, "False"), opt("transpose_b", Bool, "False"), opt("units", Int, "None"), opt("out_dtype", Str, "\"\"")],
-        gemm::matmul, k::gemm::matmul, Gemm, "a (…, K) times b (K, N): (…, N); transpose_a (2-D a) and transpose_b (b as nn.dense's (N, K)) flip them first"),
+        gemm::matmul, k::gemm::matmul, Gemm, "a (…, K) times b (K, N): (…, N); transpose_a (a as (…, K, M)) and transpose_b (b as nn.dense's (N, K)) flip them first"),
     op("nn.batch_matmul", 2,
         &[opt("transpose_a", Bool, "False"), opt("transpose_b", Bool, "True"), opt("out_dtype", Str, "\"\"")],
         gemm::batch_matmul, k::gemm::batch_matmul, Gemm, "batched matrix product (B, M, K) × (B, N, K) → (B, M, N); batch 1 broadcasts"),

@@ -435,7 +435,7 @@ pub fn vjp(
     }
 }
 
-/// `nn.matmul(a, b)` as `Y = A · B` with `A = a` (or `aᵀ`, 2-D) and `B = b` (or `bᵀ`):
+/// `nn.matmul(a, b)` as `Y = A · B` with `A = a` (or `a` with its last two axes swapped) and `B = b` (or `bᵀ`):
 /// `dA = dY · Bᵀ`, `dB = Aᵀ · dY` over all leading rows, transposed back where the flags flipped.
 fn matmul(args: &[OpValue], attrs: &Attrs, g: &Tensor) -> Result<Vec<Option<OpValue>>, String> {
     let (Some(OpValue::Tensor(a)), Some(OpValue::Tensor(b))) = (args.first(), args.get(1)) else {
@@ -446,7 +446,8 @@ fn matmul(args: &[OpValue], attrs: &Attrs, g: &Tensor) -> Result<Vec<Option<OpVa
     }
     let ta = attrs.bool("transpose_a")?.unwrap_or(false);
     let tb = attrs.bool("transpose_b")?.unwrap_or(false);
-    let am = if ta { permute(a, &[1, 0])? } else { a.clone() };
+    let swap = crate::kernel::gemm::swap_last(a.rank());
+    let am = if ta { permute(a, &swap)? } else { a.clone() };
     let bm = if tb { permute(b, &[1, 0])? } else { b.clone() };
     let (Some(&k), &[bk, n]) = (am.shape().last(), bm.shape()) else {
         return Err("rhs must be 2-D".into());
@@ -472,7 +473,7 @@ fn matmul(args: &[OpValue], attrs: &Attrs, g: &Tensor) -> Result<Vec<Option<OpVa
     }
     let da = make(am.shape(), da, a.dtype()).map_err(|e| e.to_string())?;
     let db = make(bm.shape(), db, b.dtype()).map_err(|e| e.to_string())?;
-    let da = if ta { permute(&da, &[1, 0])? } else { da };
+    let da = if ta { permute(&da, &swap)? } else { da };
     let db = if tb { permute(&db, &[1, 0])? } else { db };
     Ok(vec![Some(OpValue::Tensor(da)), Some(OpValue::Tensor(db))])
 }

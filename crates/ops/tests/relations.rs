@@ -1718,11 +1718,17 @@ fn graph_operators() {
         &[("transpose_a", B(true)), ("transpose_b", B(true))],
         f32t(&[4, 5]),
     );
-    bad(
+    ok(
         "nn.matmul",
         &[f32t(&[2, 3, 4]), f32t(&[3, 5])],
         &[("transpose_a", B(true))],
-        "lhs must be 2-D (K, M) with transpose_a=True",
+        f32t(&[2, 4, 5]),
+    );
+    bad(
+        "nn.matmul",
+        &[f32t(&[3]), f32t(&[3, 5])],
+        &[("transpose_a", B(true))],
+        "lhs must have rank at least 2 (…, K, M) with transpose_a=True",
     );
     bad(
         "nn.matmul",

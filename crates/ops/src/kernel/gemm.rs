@@ -37,7 +37,16 @@ pub fn dense(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValu
         .into())
 }
 
-/// `nn.matmul(a, b)`: `a` (transposed first with `transpose_a`) times `b` (transposed first
+/// The permutation swapping the last two of `rank` axes.
+pub(crate) fn swap_last(rank: usize) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..rank).collect();
+    if rank >= 2 {
+        p.swap(rank - 2, rank - 1);
+    }
+    p
+}
+
+/// `nn.matmul(a, b)`: `a` (its last two axes swapped first with `transpose_a`) times `b` (transposed first
 /// without `transpose_b`, so that both are in `nn.dense`'s layout): `out[…, n] = Σ_k a[…, k] ·
 /// b[k, n]`.
 pub fn matmul(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
@@ -48,11 +57,11 @@ pub fn matmul(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpVal
     let c = k.rel();
     let ta = c.bool_or("transpose_a", false)?;
     let tb = c.bool_or("transpose_b", false)?;
-    if b.rank() != 2 || (ta && a.rank() != 2) {
-        return Err(k.err("rhs must be 2-D, and lhs too with transpose_a"));
+    if b.rank() != 2 || (ta && a.rank() < 2) {
+        return Err(k.err("rhs must be 2-D, and lhs at least 2-D with transpose_a"));
     }
     let a = if ta {
-        permute(a, &[1, 0]).map_err(|m| k.err(m))?
+        permute(a, &swap_last(a.rank())).map_err(|m| k.err(m))?
     } else {
         a.clone()
     };

@@ -44,8 +44,8 @@ pub fn dense(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     Ok(Ty::tensor(shape, dtype))
 }
 
-/// `nn.matmul(a, b, transpose_a=False, transpose_b=False, units=None)`: `a (…, K)` (or `(K, M)`
-/// with `transpose_a`, 2-D) times `b (K, N)` (or `(N, K)` with `transpose_b`, which is
+/// `nn.matmul(a, b, transpose_a=False, transpose_b=False, units=None)`: `a (…, K)` (or
+/// `(…, K, M)` with `transpose_a`: its last two axes swapped) times `b (K, N)` (or `(N, K)` with `transpose_b`, which is
 /// `nn.dense`): `(…, N)`.
 pub fn matmul(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let c = Call::new("nn.matmul", args, attrs, 2)?;
@@ -57,13 +57,15 @@ pub fn matmul(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let ta = c.bool_or("transpose_a", false)?;
     let tb = c.bool_or("transpose_b", false)?;
     let (batch, k) = if ta {
-        let [k, m] = *a.shape else {
+        let [lead @ .., k, m] = a.shape else {
             return Err(c.err_at(
                 0,
-                format!("lhs must be 2-D (K, M) with transpose_a=True, found {a}"),
+                format!("lhs must have rank at least 2 (…, K, M) with transpose_a=True, found {a}"),
             ));
         };
-        (vec![m], k)
+        let mut batch = lead.to_vec();
+        batch.push(*m);
+        (batch, *k)
     } else {
         let Some((&k, batch)) = a.shape.split_last() else {
             return Err(c.err_at(0, "lhs must have rank at least 1, found a scalar"));

@@ -603,6 +603,14 @@ fn graph_operators() {
         ]),
     );
     check(
+        "nn.matmul",
+        vec![
+            g.tensor(&[2, 4, 3], -1.0, 1.0),
+            g.tensor(&[4, 5], -1.0, 1.0),
+        ],
+        attrs(&[("transpose_a", AttrValue::Bool(true))]),
+    );
+    check(
         "full_like",
         vec![g.tensor(&[2, 3], -1.0, 1.0), g.tensor(&[], -1.0, 1.0)],
         Attrs::default(),

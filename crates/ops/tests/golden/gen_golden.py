@@ -730,6 +730,9 @@ a, b = fr(2, 3, 4), fr(5, 4)
 case("nn.matmul", [a, b], like(f64(a) @ f64(b).T, a), "leading dims, transpose_b", transpose_b=True)
 a, b = fr(4, 3, dtype=F64), fr(5, 4, dtype=F64)
 case("nn.matmul", [a, b], f64(a).T @ f64(b).T, "float64, both transposed", transpose_a=True, transpose_b=True)
+a, b = fr(2, 4, 3), fr(4, 5)
+case("nn.matmul", [a, b], like(np.swapaxes(f64(a), -1, -2) @ f64(b), a), "transpose_a of a 3-D lhs: its last two axes",
+     transpose_a=True)
 
 x = fr(2, 3)
 case("full_like", [x, np.array(1.5, dtype=F32)], np.full_like(x, 1.5), "float32")

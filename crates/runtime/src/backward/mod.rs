@@ -682,7 +682,9 @@ fn batch_sum(t: &Tensor, b: usize) -> Result<Tensor, RunError> {
     for row in t.to_f64_vec().chunks(n.max(1)) {
         acc.iter_mut().zip(row).for_each(|(a, v)| *a += v);
     }
-    Ok(Tensor::from_f64(shape, acc).map_err(internal)?.cast(t.dtype()))
+    Ok(Tensor::from_f64(shape, acc)
+        .map_err(internal)?
+        .cast(t.dtype()))
 }
 
 /// The parameter every row of input `i` is, if one is.
