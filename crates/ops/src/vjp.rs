@@ -3,8 +3,8 @@
 //! in f64, rounded once to the argument's dtype, no panics on user data).
 //!
 //! Data-movement operators (`reshape`, `transpose`, `concatenate`, `split`, `take`,
-//! `strided_slice`, `reverse`, `tile`, `repeat`, `gather`, `gather_nd`, `reshape_like`,
-//! `broadcast_to_like`, ...) share one rule: the forward kernel run on an iota (each element holds its
+//! `strided_slice`, `reverse`, `tile`, `repeat`, `gather`, `gather_nd`, `reshape_like`, ...)
+//! share one rule: the forward kernel run on an iota (each element holds its
 //! own flat index) gives the index map output → input, and the gradient scatter-adds `dy` back
 //! along it. So a layout kernel and its gradient cannot disagree on which element went where.
 //!
@@ -324,9 +324,28 @@ pub fn vjp(
                 .transpose()?;
             Ok(vec![zero.map(OpValue::Tensor), fill.map(OpValue::Tensor)])
         }
-        // The second argument gives a shape only: a zero gradient.
+        // The second argument gives a shape only: a zero gradient. A broadcast's gradient sums
+        // dy over the broadcast axes.
         "reshape_like" | "broadcast_to_like" => {
-            let mut out = layout(op, args, attrs, dy)?;
+            let mut out = if name == "broadcast_to_like" {
+                let x = t(0)?;
+                vec![
+                    float(0)
+                        .then(|| {
+                            te(unbroadcast(
+                                &g.to_f64_vec(),
+                                y.shape(),
+                                x.shape(),
+                                x.dtype(),
+                            ))
+                        })
+                        .transpose()?
+                        .map(OpValue::Tensor),
+                    None,
+                ]
+            } else {
+                layout(op, args, attrs, dy)?
+            };
             if let (Some(slot), true) = (out.get_mut(1), float(1)) {
                 let like = t(1)?;
                 *slot = Some(OpValue::Tensor(te(Tensor::zeros(

@@ -94,11 +94,12 @@ fn broadcasts(small: &[Dim], big: &[Dim]) -> bool {
 }
 
 /// `broadcast_to_like(data, broadcast_type)`: `data` broadcast (numpy's rule) to the second
-/// argument's shape, keeping its own dtype.
+/// argument's shape; as in TVM (`<A, B> -> B`) both have one dtype.
 pub fn broadcast_to_like(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let c = Call::new("broadcast_to_like", args, attrs, 2)?;
     let x = c.tensor(0, "input")?;
     let like = c.tensor(1, "broadcast_type")?;
+    c.same_dtype(x, like)?;
     if !broadcasts(x.shape, like.shape) {
         return Err(c.err(format!(
             "cannot broadcast {x} to the shape of {like}: aligned at the last axis, each axis must \
@@ -109,12 +110,14 @@ pub fn broadcast_to_like(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
 }
 
 /// `collapse_sum_like(data, collapse_type)`: `data` summed over the axes along which the second
-/// argument's shape broadcasts to it (the gradient of a broadcast), keeping its own dtype.
+/// argument's shape broadcasts to it (the gradient of a broadcast); as in TVM (`<A, B> -> B`)
+/// both have one dtype.
 pub fn collapse_sum_like(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
     let c = Call::new("collapse_sum_like", args, attrs, 2)?;
     let x = c.tensor(0, "input")?;
     let like = c.tensor(1, "collapse_type")?;
     c.want_numeric(0, "input", x)?;
+    c.same_dtype(x, like)?;
     if !broadcasts(like.shape, x.shape) {
         return Err(c.err(format!(
             "cannot collapse {x} to the shape of {like}: that shape must broadcast to the \

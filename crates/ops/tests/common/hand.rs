@@ -1757,7 +1757,7 @@ pub fn hand_cases() -> Vec<Hand> {
             "broadcast_to_like",
             "(2, 1) like (2, 2)",
             none,
-            vec![f32s(&[2, 1], &[1., 2.]), i32s(&[2, 2], &[0; 4])],
+            vec![f32s(&[2, 1], &[1., 2.]), f32s(&[2, 2], &[0.; 4])],
             f32s(&[2, 2], &[1., 1., 2., 2.]),
         ),
         err(
@@ -1780,6 +1780,13 @@ pub fn hand_cases() -> Vec<Hand> {
             none,
             vec![i64s(&[3], &[1, 2, 3]), i64s(&[], &[0])],
             i64s(&[], &[6]),
+        ),
+        err(
+            "collapse_sum_like",
+            "another dtype (TVM's <A, B> -> B)",
+            none,
+            vec![f32s(&[2, 2], &[0.; 4]), f64s(&[2], &[0.; 2])],
+            "dtype mismatch",
         ),
         err(
             "collapse_sum_like",
