@@ -1789,9 +1789,15 @@ fn graph_operators() {
 
     ok(
         "broadcast_to_like",
-        &[t(&[3, 1], Int32), f32t(&[2, 3, 4])],
+        &[t(&[3, 1], Int32), t(&[2, 3, 4], Int32)],
         &[],
         t(&[2, 3, 4], Int32),
+    );
+    bad(
+        "broadcast_to_like",
+        &[t(&[3, 1], Int32), f32t(&[2, 3, 4])],
+        &[],
+        "dtype mismatch",
     );
     ok(
         "broadcast_to_like",
@@ -1814,9 +1820,15 @@ fn graph_operators() {
     );
     ok(
         "collapse_sum_like",
-        &[f32t(&[2, A]), t(&[], Int32)],
+        &[f32t(&[2, A]), f32t(&[])],
         &[],
         f32t(&[]),
+    );
+    bad(
+        "collapse_sum_like",
+        &[f32t(&[2]), t(&[], Int32)],
+        &[],
+        "dtype mismatch",
     );
     bad(
         "collapse_sum_like",
@@ -1826,7 +1838,7 @@ fn graph_operators() {
     );
     bad(
         "collapse_sum_like",
-        &[t(&[2], Bool), f32t(&[2])],
+        &[t(&[2], Bool), t(&[2], Bool)],
         &[],
         "must have a numeric dtype",
     );
