@@ -2689,6 +2689,24 @@ def @main(%x: Tensor[(2, 3), float32], %w: Tensor[(3, 4), float32], %g: Tensor[(
         })
         .collect();
     batches_without_loops("tvm_graph_ops", src, &inputs, &["x"]);
+    // nn.matmul is lowered to nn.dense (its rhs transposed by a node of its own, a derived
+    // parameter here): the GEMM stages' product.
+    let x = expected(
+        "tvm_graph_ops",
+        load_text("tvm_graph_ops", src),
+        &inputs.join("\n"),
+        &["x"],
+    );
+    let (program, _) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let count = |name: &str| -> usize {
+        program
+            .blocks
+            .iter()
+            .map(|b| b.nodes.iter().filter(|n| n.op.name == name).count())
+            .sum()
+    };
+    assert_eq!(count("nn.matmul"), 0);
+    assert_eq!(count("nn.dense"), 2);
 }
 
 /// The added operators without a batching rule (`sequence_mask` by each instance's lengths,
