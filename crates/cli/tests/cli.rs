@@ -177,6 +177,65 @@ fn ops_lists_the_operator_table() {
     }
 }
 
+/// A graph as TVM prints it (`nn.dropout`'s and `nn.batch_norm`'s tuples read by projection,
+/// `nn.pad`'s pad value as an operand) checks, and both engines run it with inference
+/// semantics: dropout is the identity, batch norm normalizes by the moving statistics.
+#[test]
+fn tvm_printed_dropout_batch_norm_and_pad_run() {
+    let model = temp_file(
+        "tvm_ops.relay",
+        r#"
+def @main(%x: Tensor[(1, 2), float32], %g: Tensor[(2), float32], %b: Tensor[(2), float32],
+          %m: Tensor[(2), float32], %v: Tensor[(2), float32]) {
+  %0 = nn.dropout(%x, rate=0.5f);
+  %1 = nn.batch_norm(%0.0, %g, %b, %m, %v, axis=1, epsilon=0f);
+  %2 = nn.pad(%1.0, 9f, pad_width=[[0, 0], [1, 0]]);
+  (%2, %1.1, %0.1)
+}
+"#,
+    );
+    let model = model.to_string_lossy().to_string();
+    let out = tumble(&["check", &model]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(
+            "-> (Tensor[(1, 3), float32], Tensor[(2), float32], Tensor[(1, 2), float32])"
+        ),
+        "{}",
+        text(&out.stdout)
+    );
+    let inputs = temp_file(
+        "tvm_ops.jsonl",
+        "{\"x\": [[3, 5]], \"g\": [2, 1], \"b\": [1, 0], \"m\": [1, 1], \"v\": [4, 16]}\n",
+    );
+    let inputs = inputs.to_string_lossy().to_string();
+    for engine in ["batched", "reference"] {
+        let out = tumble(&["run", &model, "--inputs", &inputs, "--engine", engine]);
+        assert!(out.status.success(), "{engine}: {}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout).trim(),
+            "[[[9.0,3.0,1.0]],[1.0,1.0],[[1.0,1.0]]]",
+            "{engine}"
+        );
+    }
+    let ops = text(&tumble(&["ops"]).stdout);
+    for op in [
+        "nn.dropout",
+        "nn.matmul",
+        "full_like",
+        "reshape_like",
+        "broadcast_to_like",
+        "collapse_sum_like",
+        "sequence_mask",
+        "nn.prelu",
+        "nn.l2_normalize",
+        "nn.pad",
+        "nn.batch_norm",
+    ] {
+        assert!(ops.contains(op), "{op} missing from `tumble ops`");
+    }
+}
+
 #[test]
 fn usage_errors_exit_2_with_help() {
     let out = tumble(&["check"]);

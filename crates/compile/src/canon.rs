@@ -534,13 +534,14 @@ impl Rewriter<'_> {
     fn is_elementwise(&self, node: &BlockNode) -> bool {
         use tumble_ops::FusionClass;
         // `nn.bias_add`'s bias is a vector along `axis`, not an operand of the data's shape,
-        // even when the data is a vector too: moved onto a row, it would be retyped as one.
+        // even when the data is a vector too: moved onto a row, it would be retyped as one
+        // (`nn.prelu`'s alpha and `sequence_mask`'s lengths likewise).
         if !matches!(
             node.op.class,
             FusionClass::Elementwise | FusionClass::Broadcast
         ) || !is_pure_op(node.op)
             || node.args.is_empty()
-            || node.op.name == "nn.bias_add"
+            || matches!(node.op.name, "nn.bias_add" | "nn.prelu" | "sequence_mask")
         {
             return false;
         }

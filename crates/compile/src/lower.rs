@@ -302,6 +302,55 @@ impl BlockBuilder {
 
 /// True for expressions that grain coarsening starts a block at: a pure operator call or a call
 /// of an inlinable function, possibly under tuples and projections.
+/// `nn.matmul(a, b)` without `transpose_a` as the product the GEMM stages run: `nn.dense(a, b)`
+/// with `transpose_b` (b is `(N, K)` already), else `nn.dense(a, transpose(b))` — the transpose
+/// a node of its own, which derived parameters move out of the block when `b` is a weight. The
+/// operator and attributes to record, after pushing the transpose onto `args`; `None` leaves the
+/// call as written.
+fn matmul_as_dense(
+    b: &mut BlockBuilder,
+    c: &tumble_ir::Call,
+    args: &mut [BArg],
+    span: Span,
+) -> Option<(&'static tumble_ops::OpDef, tumble_ir::Attrs)> {
+    let ExprKind::Op(name) = &c.callee.kind else {
+        return None;
+    };
+    if name != "nn.matmul" || c.attrs.bool("transpose_a").ok()?.unwrap_or(false) {
+        return None;
+    }
+    let dense = tumble_ops::lookup("nn.dense")?;
+    let transpose_b = c.attrs.bool("transpose_b").ok()?.unwrap_or(false);
+    if !transpose_b {
+        let transpose = tumble_ops::lookup("transpose")?;
+        let rhs = c.args.get(1)?.ty.as_ref()?;
+        let ty =
+            (transpose.relation)(std::slice::from_ref(rhs), &tumble_ir::Attrs::default()).ok()?;
+        let slot = args.get_mut(1)?;
+        let BArg::One(v) = slot.clone() else {
+            return None;
+        };
+        let n = u32::try_from(b.nodes.len()).ok()?;
+        b.nodes.push(BlockNode {
+            op: transpose,
+            args: vec![BArg::One(v)],
+            attrs: tumble_ir::Attrs::default(),
+            ty,
+            span,
+            calls: b.calls.iter().rev().copied().collect(),
+        });
+        *slot = BArg::One(BVal::Node(n));
+    }
+    let kept = c
+        .attrs
+        .0
+        .iter()
+        .filter(|a| matches!(a.name.as_str(), "units" | "out_dtype"))
+        .cloned()
+        .collect();
+    Some((dense, tumble_ir::Attrs(kept)))
+}
+
 fn is_block_root(e: &Expr, inline: &HashMap<String, &Function>) -> bool {
     match &e.kind {
         ExprKind::Call(c) => match &c.callee.kind {
@@ -715,6 +764,10 @@ impl Lowerer<'_> {
                 let Some(ty) = e.ty.clone() else {
                     return Ok(None);
                 };
+                let (op, attrs) = match matmul_as_dense(b, c, &mut args, e.span) {
+                    Some(dense) => dense,
+                    None => (op, c.attrs.clone()),
+                };
                 let n = b.nodes.len() as u32;
                 let r = match &ty {
                     Ty::Tensor { .. } => BRef::One(BVal::Node(n)),
@@ -730,7 +783,7 @@ impl Lowerer<'_> {
                 b.nodes.push(BlockNode {
                     op,
                     args,
-                    attrs: c.attrs.clone(),
+                    attrs,
                     ty,
                     span: e.span,
                     calls: b.calls.iter().rev().copied().collect(),

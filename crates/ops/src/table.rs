@@ -6,11 +6,14 @@
 //! they fuse into elementwise stages); `zeros`, `ones` and `full` are Opaque (tensor creation from
 //! attributes, as the [`FusionClass::Opaque`] doc says), as are `arange` (its length comes from its
 //! operands' values) and the `db.*`/`random.*` intrinsics; `cumsum`/`cumprod` are Reduction (a
-//! running reduction along an axis).
+//! running reduction along an axis). `full_like` is Elementwise like `zeros_like`; `nn.dropout`
+//! is Elementwise (its output is its input), `nn.prelu` and `sequence_mask` Broadcast (a per-channel
+//! or per-sequence operand), `nn.l2_normalize`, `nn.batch_norm` and `collapse_sum_like` Reduction,
+//! `reshape_like`, `broadcast_to_like` and `nn.pad` Layout.
 
 use crate::kernel as k;
-use crate::rel::{broadcast, create, gemm, layout, reduce, unary};
-use crate::AttrKind::{Bool, DType, Float, Int, IntOrInts, Ints, Str};
+use crate::rel::{broadcast, create, gemm, layout, nn, reduce, unary};
+use crate::AttrKind::{Any, Bool, DType, Float, Int, IntOrInts, Ints, Str};
 use crate::FusionClass::{Broadcast, Elementwise, Gemm, Layout, Opaque, Reduction};
 use crate::StageRule::{Gather, RowWise, RowWiseOnLastAxis};
 use crate::{AttrSpec, FusionClass, Kernel, OpDef, Relation, StageRule};
@@ -66,6 +69,9 @@ static OPS: &[OpDef] = &[
     // ---- GEMM ----
     op("nn.dense", 2, &[opt("units", Int, "None"), opt("out_dtype", Str, "\"\"")],
         gemm::dense, k::gemm::dense, Gemm, "data (…, K) times weight (N, K) transposed: (…, N)").in_stage(StageRule::Gemm),
+    op("nn.matmul", 2,
+        &[opt("transpose_a", Bool, "False"), opt("transpose_b", Bool, "False"), opt("units", Int, "None"), opt("out_dtype", Str, "\"\"")],
+        gemm::matmul, k::gemm::matmul, Gemm, "a (…, K) times b (K, N): (…, N); transpose_a (a as (…, K, M)) and transpose_b (b as nn.dense's (N, K)) flip them first"),
     op("nn.batch_matmul", 2,
         &[opt("transpose_a", Bool, "False"), opt("transpose_b", Bool, "True"), opt("out_dtype", Str, "\"\"")],
         gemm::batch_matmul, k::gemm::batch_matmul, Gemm, "batched matrix product (B, M, K) × (B, N, K) → (B, M, N); batch 1 broadcasts"),
@@ -129,6 +135,12 @@ static OPS: &[OpDef] = &[
     op("round", 1, NONE, unary::round, k::unary::round, Elementwise, "elementwise nearest integer, halves to even (float)"),
     op("trunc", 1, NONE, unary::trunc, k::unary::trunc, Elementwise, "elementwise integer part, toward zero (float)"),
     op("sign", 1, NONE, unary::sign, k::unary::sign, Elementwise, "elementwise -1, 0 or 1 by the sign of x"),
+    op("nn.prelu", 2, &[opt("axis", Int, "1")], nn::prelu, k::nn::prelu, Broadcast,
+        "elementwise x where positive, else alpha[c] * x with c the index along `axis` (float)"),
+    op("nn.dropout", 1, &[opt("rate", Float, "0.5")], nn::dropout, k::nn::dropout, Elementwise,
+        "the tuple (data, mask of ones): inference semantics, dropout is not applied"),
+    op("sequence_mask", 2, &[opt("mask_value", Float, "0.0"), opt("axis", Int, "0")], nn::sequence_mask, k::nn::sequence_mask, Broadcast,
+        "mask_value at positions along `axis` (0 or 1) at or past each sequence's valid_length"),
     op("copy", 1, NONE, unary::copy, k::unary::copy, Layout, "a fresh copy of the tensor").in_stage(RowWise),
     // ---- reductions and normalizations ----
     op("nn.softmax", 1, SOFTMAX, reduce::softmax, k::reduce::softmax, Reduction, "softmax along `axis`").in_stage(RowWiseOnLastAxis { default_axis: -1 }),
@@ -136,6 +148,14 @@ static OPS: &[OpDef] = &[
     op("nn.layer_norm", 3,
         &[opt("axis", Int, "-1"), opt("epsilon", Float, "1e-05"), opt("center", Bool, "True"), opt("scale", Bool, "True")],
         reduce::layer_norm, k::reduce::layer_norm, Reduction, "layer normalization along `axis`, scaled by gamma and shifted by beta").in_stage(RowWiseOnLastAxis { default_axis: -1 }),
+    op("nn.l2_normalize", 1, &[req("eps", Float), opt("axis", Ints, "None")], nn::l2_normalize, k::nn::l2_normalize, Reduction,
+        "x / sqrt(max(sum of x² over `axis`, eps)) (None: every axis)"),
+    op("nn.batch_norm", 5,
+        &[opt("axis", Int, "1"), opt("epsilon", Float, "1e-05"), opt("center", Bool, "True"), opt("scale", Bool, "True")],
+        nn::batch_norm, k::nn::batch_norm, Reduction,
+        "inference batch normalization by the moving statistics along `axis`; the tuple (out, moving_mean, moving_var)"),
+    op("collapse_sum_like", 2, NONE, nn::collapse_sum_like, k::nn::collapse_sum_like, Reduction,
+        "data summed over the axes along which the second argument's shape broadcasts to it"),
     op("sum", 1, REDUCE, reduce::sum, k::reduce::sum, Reduction, "sum over `axis` (None: all axes)"),
     op("prod", 1, REDUCE, reduce::prod, k::reduce::prod, Reduction, "product over `axis` (None: all axes)"),
     op("mean", 1, REDUCE, reduce::mean, k::reduce::mean, Reduction, "mean over `axis` (None: all axes)"),
@@ -188,6 +208,14 @@ static OPS: &[OpDef] = &[
         "out[c] = data[c with c[axis] = indices[c]]; indices of the input's rank (PyTorch's gather)"),
     op("gather_nd", 2, &[opt("batch_dims", Int, "0"), opt("index_rank", Int, "None")], layout::gather_nd, k::layout::gather_nd, Layout,
         "blocks of data at the coordinates listed along axis 0 of indices (after `batch_dims` shared axes)"),
+    op("reshape_like", 2,
+        &[opt("lhs_begin", Int, "0"), opt("lhs_end", Int, "None"), opt("rhs_begin", Int, "0"), opt("rhs_end", Int, "None")],
+        nn::reshape_like, k::nn::reshape_like, Layout, "data reshaped to the second argument's shape (axes lhs_begin..lhs_end replaced by its rhs_begin..rhs_end)"),
+    op("broadcast_to_like", 2, NONE, nn::broadcast_to_like, k::nn::broadcast_to_like, Layout,
+        "data broadcast (numpy rules) to the second argument's shape"),
+    op("nn.pad", 2, &[req("pad_width", Any), opt("pad_value", Float, "0"), opt("pad_mode", Str, "\"constant\"")],
+        nn::pad, k::nn::pad, Layout,
+        "pads each axis by its [before, after] with the scalar pad_value operand (or attribute), or by edge/reflect").or_arity(1),
     // ---- creation and conversion ----
     op("cast", 1, &[req("dtype", DType)], create::cast, k::create::cast, Elementwise, "converts elements to `dtype`"),
     op("zeros_like", 1, NONE, create::zeros_like, k::create::zeros_like, Elementwise, "zeros of the input's type"),
@@ -196,6 +224,7 @@ static OPS: &[OpDef] = &[
     op("ones", 0, CREATE, create::ones, k::create::ones, Opaque, "a tensor of ones of `shape` and `dtype`"),
     op("one_hot", 3, &[req("depth", Int), opt("axis", Int, "-1"), opt("dtype", DType, "None")], create::one_hot, k::create::one_hot, Opaque,
         "on_value where the position along a new axis of length `depth` is the index, else off_value"),
+    op("full_like", 2, NONE, nn::full_like, k::nn::full_like, Elementwise, "the input's type filled with the scalar fill_value"),
     op("full", 1, &[req("shape", Ints), opt("dtype", DType, "None")], create::full, k::create::full, Opaque,
         "a tensor of `shape` filled with the scalar fill_value"),
     op("arange", 3, &[opt("dtype", DType, "\"float32\"")], create::arange, k::create::arange, Opaque,

@@ -3,7 +3,8 @@
 //! in f64, rounded once to the argument's dtype, no panics on user data).
 //!
 //! Data-movement operators (`reshape`, `transpose`, `concatenate`, `split`, `take`,
-//! `strided_slice`, `reverse`, `tile`, `repeat`, `gather`, `gather_nd`, ...) share one rule: the forward kernel run on an iota (each element holds its
+//! `strided_slice`, `reverse`, `tile`, `repeat`, `gather`, `gather_nd`, `reshape_like`, ...)
+//! share one rule: the forward kernel run on an iota (each element holds its
 //! own flat index) gives the index map output → input, and the gradient scatter-adds `dy` back
 //! along it. So a layout kernel and its gradient cannot disagree on which element went where.
 //!
@@ -71,6 +72,16 @@ pub fn vjp(
     let (Some(y), Some(g)) = (out.as_tensor(), dy.as_tensor()) else {
         return match name {
             "split" => layout(op, args, attrs, dy),
+            // The output is the input (inference semantics); the mask is constant.
+            "nn.dropout" => {
+                let x = t(0)?;
+                match dy.as_tuple() {
+                    Some([d, _]) if float(0) => Ok(vec![Some(OpValue::Tensor(d.cast(x.dtype())))]),
+                    Some([_, _]) => Ok(vec![None]),
+                    _ => Err(err("the output gradient must be a pair".into())),
+                }
+            }
+            "nn.batch_norm" => batch_norm(args, attrs, dy),
             _ => Err(err("unexpected tuple result".into())),
         };
     };
@@ -299,6 +310,86 @@ pub fn vjp(
         "variance" => variance(op, args, attrs, g),
         "nn.dense" => dense(args, g).map_err(err),
         "nn.batch_matmul" => batch_matmul(args, attrs, y, g).map_err(err),
+        "nn.matmul" => matmul(args, attrs, g).map_err(err),
+        // The result does not depend on the data's values (its gradient is zero), the fill
+        // value's is the sum of dy.
+        "full_like" => {
+            let (x, v) = (t(0)?, t(1)?);
+            let zero = float(0)
+                .then(|| te(Tensor::zeros(x.shape().to_vec(), x.dtype())))
+                .transpose()?;
+            let s: f64 = g.to_f64_vec().iter().sum();
+            let fill = float(1)
+                .then(|| te(make(v.shape(), vec![s; v.len()], v.dtype())))
+                .transpose()?;
+            Ok(vec![zero.map(OpValue::Tensor), fill.map(OpValue::Tensor)])
+        }
+        // The second argument gives a shape only: a zero gradient. A broadcast's gradient sums
+        // dy over the broadcast axes.
+        "reshape_like" | "broadcast_to_like" => {
+            let mut out = if name == "broadcast_to_like" {
+                let x = t(0)?;
+                vec![
+                    float(0)
+                        .then(|| {
+                            te(unbroadcast(
+                                &g.to_f64_vec(),
+                                y.shape(),
+                                x.shape(),
+                                x.dtype(),
+                            ))
+                        })
+                        .transpose()?
+                        .map(OpValue::Tensor),
+                    None,
+                ]
+            } else {
+                layout(op, args, attrs, dy)?
+            };
+            if let (Some(slot), true) = (out.get_mut(1), float(1)) {
+                let like = t(1)?;
+                *slot = Some(OpValue::Tensor(te(Tensor::zeros(
+                    like.shape().to_vec(),
+                    like.dtype(),
+                ))?));
+            }
+            Ok(out)
+        }
+        // The gradient of a sum over broadcast axes is dy broadcast back.
+        "collapse_sum_like" => {
+            let (x, like) = (t(0)?, t(1)?);
+            let dx = float(0)
+                .then(|| te(g.cast(x.dtype()).broadcast_to(x.shape().to_vec())))
+                .transpose()?;
+            let dl = float(1)
+                .then(|| te(Tensor::zeros(like.shape().to_vec(), like.dtype())))
+                .transpose()?;
+            Ok(vec![dx.map(OpValue::Tensor), dl.map(OpValue::Tensor)])
+        }
+        // dy where the element was kept, 0 where masked: the kernel itself with mask_value 0.
+        "sequence_mask" => {
+            if !float(0) {
+                return Ok(vec![None, None]);
+            }
+            let kept = crate::kernel::nn::sequence_kept(
+                t(0)?.shape(),
+                attrs.int("axis").map_err(err)?.unwrap_or(0).clamp(0, 1) as usize,
+                &t(1)?.to_i64_vec(),
+            );
+            let dx: Vec<f64> = g
+                .to_f64_vec()
+                .iter()
+                .zip(&kept)
+                .map(|(d, k)| if *k { *d } else { 0.0 })
+                .collect();
+            Ok(vec![
+                Some(OpValue::Tensor(te(make(g.shape(), dx, t(0)?.dtype()))?)),
+                None,
+            ])
+        }
+        "nn.prelu" => prelu(args, attrs, g),
+        "nn.l2_normalize" => l2_normalize(args, attrs, g),
+        "nn.pad" => pad(args, attrs, g),
         "take" if float(0) => match take_rows(args, attrs, g)? {
             Some(dx) => Ok(vec![Some(OpValue::Tensor(dx)), None]),
             None => layout(op, args, attrs, dy),
@@ -361,6 +452,236 @@ pub fn vjp(
         }
         _ => Err(err("this operator has no gradient rule".into())),
     }
+}
+
+/// `nn.matmul(a, b)` as `Y = A · B` with `A = a` (or `a` with its last two axes swapped) and `B = b` (or `bᵀ`):
+/// `dA = dY · Bᵀ`, `dB = Aᵀ · dY` over all leading rows, transposed back where the flags flipped.
+fn matmul(args: &[OpValue], attrs: &Attrs, g: &Tensor) -> Result<Vec<Option<OpValue>>, String> {
+    let (Some(OpValue::Tensor(a)), Some(OpValue::Tensor(b))) = (args.first(), args.get(1)) else {
+        return Err("operands must be tensors".into());
+    };
+    if !(a.dtype().is_float() && b.dtype().is_float()) {
+        return Ok(vec![None, None]);
+    }
+    let ta = attrs.bool("transpose_a")?.unwrap_or(false);
+    let tb = attrs.bool("transpose_b")?.unwrap_or(false);
+    let swap = crate::kernel::gemm::swap_last(a.rank());
+    let am = if ta { permute(a, &swap)? } else { a.clone() };
+    let bm = if tb { permute(b, &[1, 0])? } else { b.clone() };
+    let (Some(&k), &[bk, n]) = (am.shape().last(), bm.shape()) else {
+        return Err("rhs must be 2-D".into());
+    };
+    if k != bk {
+        return Err(format!("inner dimensions {k} and {bk} differ"));
+    }
+    let rows = am.len() / k.max(1);
+    let (av, bv, gv) = (am.to_f64_vec(), bm.to_f64_vec(), g.to_f64_vec());
+    if gv.len() != rows * n {
+        return Err("the output gradient does not match the result".into());
+    }
+    let mut da = vec![0.0; rows * k];
+    let mut db = vec![0.0; k * n];
+    for r in 0..rows {
+        for j in 0..n {
+            let d = gv[r * n + j];
+            for i in 0..k {
+                da[r * k + i] += d * bv[i * n + j];
+                db[i * n + j] += av[r * k + i] * d;
+            }
+        }
+    }
+    let da = make(am.shape(), da, a.dtype()).map_err(|e| e.to_string())?;
+    let db = make(bm.shape(), db, b.dtype()).map_err(|e| e.to_string())?;
+    let da = if ta { permute(&da, &swap)? } else { da };
+    let db = if tb { permute(&db, &[1, 0])? } else { db };
+    Ok(vec![Some(OpValue::Tensor(da)), Some(OpValue::Tensor(db))])
+}
+
+/// `nn.prelu`: `dx = dy` where `x > 0`, else `alpha[c] · dy`; `dalpha[c] = Σ dy · x` over the
+/// non-positive elements of channel `c`.
+fn prelu(args: &[OpValue], attrs: &Attrs, g: &Tensor) -> Result<Vec<Option<OpValue>>, KernelError> {
+    let err = |m: String| KernelError::new(format!("nn.prelu: gradient: {m}"));
+    let (Some(OpValue::Tensor(x)), Some(OpValue::Tensor(alpha))) = (args.first(), args.get(1))
+    else {
+        return Err(err("operands must be tensors".into()));
+    };
+    let tys: Vec<_> = args.iter().map(ty_of).collect();
+    let c = Call::new("nn.prelu", &tys, attrs, 2)?;
+    let axis = c.axis(c.int_or("axis", 1)?, x.rank())?;
+    let av = alpha.to_f64_vec();
+    let (xv, gv) = (x.to_f64_vec(), g.to_f64_vec());
+    let mut dx = Vec::with_capacity(xv.len());
+    let mut da = vec![0.0; av.len()];
+    for ((x, d), ch) in xv
+        .iter()
+        .zip(&gv)
+        .zip(crate::kernel::nn::channel_of_each(x.shape(), axis))
+    {
+        if *x > 0.0 {
+            dx.push(*d);
+        } else {
+            dx.push(av.get(ch).copied().unwrap_or(0.0) * d);
+            if let Some(s) = da.get_mut(ch) {
+                *s += d * x;
+            }
+        }
+    }
+    let te = |r: Result<Tensor, tumble_tensor::TensorError>| r.map_err(|e| err(e.to_string()));
+    Ok(vec![
+        Some(OpValue::Tensor(te(make(x.shape(), dx, x.dtype()))?)),
+        Some(OpValue::Tensor(te(make(alpha.shape(), da, alpha.dtype()))?)),
+    ])
+}
+
+/// `nn.l2_normalize`: per group with `s = Σ x²` and `n = sqrt(max(s, eps))`: where `s > eps`,
+/// `dx = dy / n - x · Σ(dy · x) / n³`; else `n` is constant and `dx = dy / n`.
+fn l2_normalize(
+    args: &[OpValue],
+    attrs: &Attrs,
+    g: &Tensor,
+) -> Result<Vec<Option<OpValue>>, KernelError> {
+    let Some(OpValue::Tensor(x)) = args.first() else {
+        return Err(KernelError::new(
+            "nn.l2_normalize: gradient: input must be a tensor",
+        ));
+    };
+    let tys: Vec<_> = args.iter().map(ty_of).collect();
+    let c = Call::new("nn.l2_normalize", &tys, attrs, 1)?;
+    let eps = c.req_float("eps")?;
+    let (group, count) =
+        crate::kernel::nn::groups(x.shape(), &crate::rel::nn::l2_axes(&c, x.rank())?);
+    let (xv, gv) = (x.to_f64_vec(), g.to_f64_vec());
+    let mut sums = vec![0.0; count];
+    let mut dots = vec![0.0; count];
+    for ((x, d), k) in xv.iter().zip(&gv).zip(&group) {
+        if let (Some(s), Some(p)) = (sums.get_mut(*k), dots.get_mut(*k)) {
+            *s += x * x;
+            *p += d * x;
+        }
+    }
+    let dx: Vec<f64> = xv
+        .iter()
+        .zip(&gv)
+        .zip(&group)
+        .map(|((x, d), k)| {
+            let s = sums.get(*k).copied().unwrap_or(0.0);
+            let n = s.max(eps).sqrt();
+            if s > eps {
+                d / n - x * dots.get(*k).copied().unwrap_or(0.0) / (n * n * n)
+            } else {
+                d / n
+            }
+        })
+        .collect();
+    let dx = make(x.shape(), dx, x.dtype())
+        .map_err(|e| KernelError::new(format!("nn.l2_normalize: gradient: {e}")))?;
+    Ok(vec![Some(OpValue::Tensor(dx))])
+}
+
+/// `nn.pad`: `dy` added back to the element each output copied; the pad value operand's
+/// gradient is the sum of `dy` where it was placed.
+fn pad(args: &[OpValue], attrs: &Attrs, g: &Tensor) -> Result<Vec<Option<OpValue>>, KernelError> {
+    let err = |m: String| KernelError::new(format!("nn.pad: gradient: {m}"));
+    let Some(OpValue::Tensor(x)) = args.first() else {
+        return Err(err("input must be a tensor".into()));
+    };
+    let tys: Vec<_> = args.iter().map(ty_of).collect();
+    let c = Call::new("nn.pad", &tys, attrs, args.len())?;
+    let (pads, mode) = crate::rel::nn::pad_spec(&c, x.rank())?;
+    if !x.dtype().is_float() {
+        return Ok(vec![None; args.len()]);
+    }
+    let map = crate::kernel::nn::pad_map(x.shape(), g.shape(), &pads, mode);
+    let mut dx = vec![0.0; x.len()];
+    let mut dv = 0.0;
+    for (m, d) in map.iter().zip(g.to_f64_vec()) {
+        match m.and_then(|i| dx.get_mut(i)) {
+            Some(slot) => *slot += d,
+            None => dv += d,
+        }
+    }
+    let te = |r: Result<Tensor, tumble_tensor::TensorError>| r.map_err(|e| err(e.to_string()));
+    let mut out = vec![Some(OpValue::Tensor(te(make(x.shape(), dx, x.dtype()))?))];
+    if let Some(OpValue::Tensor(v)) = args.get(1) {
+        out.push(
+            v.dtype()
+                .is_float()
+                .then(|| te(make(v.shape(), vec![dv; v.len()], v.dtype())))
+                .transpose()?
+                .map(OpValue::Tensor),
+        );
+    }
+    Ok(out)
+}
+
+/// `nn.batch_norm` (inference): with `inv = 1 / sqrt(var + eps)`, `s = gamma` (1 unless
+/// `scale`) and `xhat = (x - mean) · inv`: `dx = dy · s · inv`, `dgamma = Σ dy · xhat`,
+/// `dbeta = Σ dy` (0 unless `center`/`scale`), `dmean = -Σ dy · s · inv`, `dvar = Σ dy · s ·
+/// (x - mean) · (-½) inv³`, each per channel, plus the gradients of the returned mean and var.
+fn batch_norm(
+    args: &[OpValue],
+    attrs: &Attrs,
+    dy: &OpValue,
+) -> Result<Vec<Option<OpValue>>, KernelError> {
+    let err = |m: String| KernelError::new(format!("nn.batch_norm: gradient: {m}"));
+    let k = crate::kernel::KCall::new("nn.batch_norm", args, attrs, 5)?;
+    let p = crate::kernel::nn::BatchNorm::of(&k)?;
+    let x = k.tensor(0, "input")?;
+    let vecs: Vec<Vec<f64>> = (1..5)
+        .map(|i| k.tensor(i, "vector").map(Tensor::to_f64_vec))
+        .collect::<Result<_, _>>()?;
+    let [gamma, _, mean, var] = vecs.as_slice() else {
+        return Err(err("expected four vectors".into()));
+    };
+    let Some([dout, dm, dv]) = dy.as_tuple() else {
+        return Err(err("the output gradient must be a 3-tuple".into()));
+    };
+    if !x.dtype().is_float() {
+        return Ok(vec![None; 5]);
+    }
+    let n = mean.len();
+    let at = |s: &[f64], c: usize| s.get(c).copied().unwrap_or(0.0);
+    let (mut dg, mut db) = (vec![0.0; n], vec![0.0; n]);
+    let (mut dmean, mut dvar) = (dm.to_f64_vec(), dv.to_f64_vec());
+    if dmean.len() != n || dvar.len() != n {
+        return Err(err("the statistics' gradients do not match".into()));
+    }
+    let xv = x.to_f64_vec();
+    let mut dx = Vec::with_capacity(xv.len());
+    for ((xe, d), c) in xv
+        .iter()
+        .zip(dout.to_f64_vec())
+        .zip(crate::kernel::nn::channel_of_each(x.shape(), p.axis))
+    {
+        let inv = 1.0 / (at(var, c) + p.eps).sqrt();
+        let s = if p.scale { at(gamma, c) } else { 1.0 };
+        let centered = xe - at(mean, c);
+        dx.push(d * s * inv);
+        if let (Some(g), Some(b), Some(m), Some(v)) = (
+            dg.get_mut(c),
+            db.get_mut(c),
+            dmean.get_mut(c),
+            dvar.get_mut(c),
+        ) {
+            *g += d * centered * inv;
+            *b += d;
+            *m -= d * s * inv;
+            *v += d * s * centered * -0.5 * inv * inv * inv;
+        }
+    }
+    if !p.scale {
+        dg.iter_mut().for_each(|g| *g = 0.0);
+    }
+    if !p.center {
+        db.iter_mut().for_each(|b| *b = 0.0);
+    }
+    let te = |r: Result<Tensor, tumble_tensor::TensorError>| r.map_err(|e| err(e.to_string()));
+    let mut out = vec![Some(OpValue::Tensor(te(make(x.shape(), dx, x.dtype()))?))];
+    for (i, v) in [(1, dg), (2, db), (3, dmean), (4, dvar)] {
+        let a = k.tensor(i, "vector")?;
+        out.push(Some(OpValue::Tensor(te(make(a.shape(), v, a.dtype()))?)));
+    }
+    Ok(out)
 }
 
 /// `cumsum` / `cumprod` along a line `x_0 … x_{n-1}` (each line independently):

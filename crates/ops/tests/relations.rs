@@ -1681,3 +1681,310 @@ fn only_arange_is_sized_by_values() {
         .collect();
     assert_eq!(sized, ["arange"]);
 }
+
+// ---------------------------------------------------------------- TVM graph operators
+
+#[test]
+fn graph_operators() {
+    let pair = |ty: Ty| tuple(&[ty.clone(), ty]);
+    ok(
+        "nn.dropout",
+        &[f32t(&[2, A])],
+        &[("rate", F(0.1))],
+        pair(f32t(&[2, A])),
+    );
+    bad(
+        "nn.dropout",
+        &[t(&[2], Int32)],
+        &[],
+        "must have a float dtype",
+    );
+    bad(
+        "nn.dropout",
+        &[f32t(&[2])],
+        &[("rate", F(-0.5))],
+        "rate must be in [0, 1)",
+    );
+
+    ok(
+        "nn.matmul",
+        &[f32t(&[2, A, 3]), f32t(&[3, 5])],
+        &[],
+        f32t(&[2, A, 5]),
+    );
+    ok(
+        "nn.matmul",
+        &[f32t(&[3, 4]), f32t(&[5, 3])],
+        &[("transpose_a", B(true)), ("transpose_b", B(true))],
+        f32t(&[4, 5]),
+    );
+    ok(
+        "nn.matmul",
+        &[f32t(&[2, 3, 4]), f32t(&[3, 5])],
+        &[("transpose_a", B(true))],
+        f32t(&[2, 4, 5]),
+    );
+    bad(
+        "nn.matmul",
+        &[f32t(&[3]), f32t(&[3, 5])],
+        &[("transpose_a", B(true))],
+        "lhs must have rank at least 2 (…, K, M) with transpose_a=True",
+    );
+    bad(
+        "nn.matmul",
+        &[f32t(&[2, 3]), f32t(&[4, 5])],
+        &[],
+        "inner dimension 3 but rhs expects 4",
+    );
+    bad(
+        "nn.matmul",
+        &[f32t(&[2, 3]), f32t(&[3, 5])],
+        &[("units", I(4))],
+        "units=4 but rhs has 5",
+    );
+
+    ok(
+        "full_like",
+        &[t(&[A, 3], Int64), f32t(&[])],
+        &[],
+        t(&[A, 3], Int64),
+    );
+    bad(
+        "full_like",
+        &[f32t(&[3]), f32t(&[1])],
+        &[],
+        "fill_value must be a scalar",
+    );
+
+    ok(
+        "reshape_like",
+        &[f32t(&[2, 6]), t(&[3, 4], Int32)],
+        &[],
+        f32t(&[3, 4]),
+    );
+    ok(
+        "reshape_like",
+        &[f32t(&[2, 6]), f32t(&[9, 2, 3])],
+        &[("lhs_begin", I(-1)), ("rhs_begin", I(1))],
+        f32t(&[2, 2, 3]),
+    );
+    ok(
+        "reshape_like",
+        &[f32t(&[A, 6]), f32t(&[3, 4])],
+        &[],
+        f32t(&[3, 4]),
+    );
+    bad(
+        "reshape_like",
+        &[f32t(&[2, 6]), f32t(&[5])],
+        &[],
+        "cannot reshape",
+    );
+    bad(
+        "reshape_like",
+        &[f32t(&[2, 6]), f32t(&[5])],
+        &[("lhs_end", I(3))],
+        "lhs_end=3 is out of range",
+    );
+
+    ok(
+        "broadcast_to_like",
+        &[t(&[3, 1], Int32), t(&[2, 3, 4], Int32)],
+        &[],
+        t(&[2, 3, 4], Int32),
+    );
+    bad(
+        "broadcast_to_like",
+        &[t(&[3, 1], Int32), f32t(&[2, 3, 4])],
+        &[],
+        "dtype mismatch",
+    );
+    ok(
+        "broadcast_to_like",
+        &[f32t(&[A]), f32t(&[2, 4])],
+        &[],
+        f32t(&[2, 4]),
+    );
+    bad(
+        "broadcast_to_like",
+        &[f32t(&[2, 3]), f32t(&[3])],
+        &[],
+        "cannot broadcast",
+    );
+
+    ok(
+        "collapse_sum_like",
+        &[f32t(&[2, 3, 4]), f32t(&[3, 1])],
+        &[],
+        f32t(&[3, 1]),
+    );
+    ok(
+        "collapse_sum_like",
+        &[f32t(&[2, A]), f32t(&[])],
+        &[],
+        f32t(&[]),
+    );
+    bad(
+        "collapse_sum_like",
+        &[f32t(&[2]), t(&[], Int32)],
+        &[],
+        "dtype mismatch",
+    );
+    bad(
+        "collapse_sum_like",
+        &[f32t(&[2, 3]), f32t(&[2])],
+        &[],
+        "cannot collapse",
+    );
+    bad(
+        "collapse_sum_like",
+        &[t(&[2], Bool), t(&[2], Bool)],
+        &[],
+        "must have a numeric dtype",
+    );
+
+    ok(
+        "sequence_mask",
+        &[f32t(&[5, 3, 2]), t(&[3], Int32)],
+        &[],
+        f32t(&[5, 3, 2]),
+    );
+    ok(
+        "sequence_mask",
+        &[f32t(&[3, A]), t(&[A], Int64)],
+        &[("axis", I(1)), ("mask_value", F(-1.0))],
+        f32t(&[3, A]),
+    );
+    bad(
+        "sequence_mask",
+        &[f32t(&[5, 3]), f32t(&[3])],
+        &[],
+        "valid_length must have dtype int32 or int64",
+    );
+    bad(
+        "sequence_mask",
+        &[f32t(&[5]), t(&[5], Int32)],
+        &[],
+        "rank at least 2",
+    );
+
+    ok(
+        "nn.prelu",
+        &[f32t(&[2, 3, 4]), f32t(&[3])],
+        &[],
+        f32t(&[2, 3, 4]),
+    );
+    ok(
+        "nn.prelu",
+        &[f32t(&[2, A]), f32t(&[4])],
+        &[("axis", I(-1))],
+        f32t(&[2, A]),
+    );
+    bad(
+        "nn.prelu",
+        &[f32t(&[2, 3]), f32t(&[2])],
+        &[],
+        "alpha has 2 entries",
+    );
+    bad(
+        "nn.prelu",
+        &[f32t(&[2, 3]), f32t(&[3, 1])],
+        &[],
+        "alpha must be 1-D",
+    );
+
+    ok(
+        "nn.l2_normalize",
+        &[f32t(&[2, 3])],
+        &[("eps", F(1e-12))],
+        f32t(&[2, 3]),
+    );
+    ok(
+        "nn.l2_normalize",
+        &[f32t(&[2, 3])],
+        &[("eps", F(1e-12)), ("axis", ints(&[-1]))],
+        f32t(&[2, 3]),
+    );
+    bad(
+        "nn.l2_normalize",
+        &[f32t(&[2, 3])],
+        &[("eps", F(1e-12)), ("axis", ints(&[2]))],
+        "out of range",
+    );
+    bad(
+        "nn.l2_normalize",
+        &[f32t(&[2])],
+        &[("eps", F(-1.0))],
+        "eps must be non-negative",
+    );
+
+    let pw = |v: &[[i64; 2]]| L(v.iter().map(|p| ints(p)).collect());
+    ok(
+        "nn.pad",
+        &[f32t(&[2, A]), f32t(&[])],
+        &[("pad_width", pw(&[[1, 2], [0, 1]]))],
+        f32t(&[5, A]),
+    );
+    ok(
+        "nn.pad",
+        &[t(&[3], Int32)],
+        &[("pad_width", pw(&[[1, 1]]))],
+        t(&[5], Int32),
+    );
+    bad(
+        "nn.pad",
+        &[f32t(&[2]), f32t(&[])],
+        &[("pad_width", ints(&[1, 1]))],
+        "one [before, after] pair",
+    );
+    bad(
+        "nn.pad",
+        &[f32t(&[2]), f32t(&[])],
+        &[("pad_width", pw(&[[-1, 1]]))],
+        "non-negative",
+    );
+    bad(
+        "nn.pad",
+        &[f32t(&[2]), f32t(&[])],
+        &[("pad_width", pw(&[[1, 1]])), ("pad_mode", S("wrap".into()))],
+        "pad_mode must be",
+    );
+    bad(
+        "nn.pad",
+        &[f32t(&[2]), f32t(&[])],
+        &[("pad_width", pw(&[[1, 1]])), ("pad_value", F(1.0))],
+        "given twice",
+    );
+    bad(
+        "nn.pad",
+        &[f32t(&[2]), f32t(&[])],
+        &[],
+        "missing required attribute `pad_width`",
+    );
+
+    let v = |n: i64| f32t(&[n]);
+    ok(
+        "nn.batch_norm",
+        &[f32t(&[2, 3, 4]), v(3), v(3), v(3), v(3)],
+        &[],
+        tuple(&[f32t(&[2, 3, 4]), v(3), v(3)]),
+    );
+    ok(
+        "nn.batch_norm",
+        &[f32t(&[2, A]), v(A), v(4), v(A), v(A)],
+        &[("axis", I(-1))],
+        tuple(&[f32t(&[2, A]), v(4), v(4)]),
+    );
+    bad(
+        "nn.batch_norm",
+        &[f32t(&[2, 3]), v(3), v(3), v(2), v(3)],
+        &[],
+        "moving_mean has 2 entries",
+    );
+    bad(
+        "nn.batch_norm",
+        &[f32t(&[2, 3]), v(3), v(3), v(3), t(&[3], Float64)],
+        &[],
+        "dtype mismatch",
+    );
+}

@@ -616,6 +616,16 @@ pub(crate) fn batched_op(
                 Some(v) => v,
                 None => eval(op, &plain, &attrs, ops.octx)?,
             };
+            // batch_norm returns the shared statistics as they are: every instance's fields.
+            if op.name == "nn.batch_norm" {
+                if let OpValue::Tuple(ts) = &out {
+                    let mut fields = ts.clone();
+                    for f in fields.iter_mut().skip(1) {
+                        *f = broadcast_batch(f, b)?;
+                    }
+                    return Ok(BV::Batched(OpValue::Tuple(fields)));
+                }
+            }
             // batch_matmul ran on (B·G, M, N): put the instance axis back in front.
             if op.name == "nn.batch_matmul" {
                 if let OpValue::Tensor(t) = &out {
@@ -712,7 +722,10 @@ pub(crate) fn rule(
         // Elementwise and broadcasting operators: pad batched operands to the result's per-instance
         // rank so numpy broadcasting lines the batch axis up; shared operands broadcast as they are.
         _ if matches!(op.class, FusionClass::Elementwise | FusionClass::Broadcast)
-            && !matches!(name, "nn.bias_add" | "full") =>
+            && !matches!(
+                name,
+                "nn.bias_add" | "full" | "full_like" | "nn.prelu" | "sequence_mask"
+            ) =>
         {
             let r = (0..args.len()).map(rank).max().unwrap_or(0);
             let plain = args
@@ -737,6 +750,73 @@ pub(crate) fn rule(
                 vec![OpValue::Tensor(data.clone()), bias.clone()],
                 with_attr(attrs, "axis", AttrValue::Int(axis)),
             ))
+        }
+        // Each instance's data filled with one shared value.
+        "full_like" => {
+            let x = batched_tensor(args.first()?)?;
+            let BV::Shared(v) = args.get(1)? else {
+                return None;
+            };
+            Some((vec![OpValue::Tensor(x.clone()), v.clone()], attrs.clone()))
+        }
+        // A shared alpha along the same axis one further in.
+        "nn.prelu" => {
+            let x = batched_tensor(args.first()?)?;
+            let BV::Shared(alpha) = args.get(1)? else {
+                return None;
+            };
+            let axis = shift_axis(attrs.int("axis").ok()?.unwrap_or(1), rank(0))?;
+            Some((
+                vec![OpValue::Tensor(x.clone()), alpha.clone()],
+                with_attr(attrs, "axis", AttrValue::Int(axis)),
+            ))
+        }
+        // Shared statistics along the same axis one further in.
+        "nn.batch_norm" => {
+            let x = batched_tensor(args.first()?)?;
+            let mut plain = vec![OpValue::Tensor(x.clone())];
+            for a in args.get(1..5)? {
+                let BV::Shared(v) = a else {
+                    return None;
+                };
+                plain.push(v.clone());
+            }
+            let axis = shift_axis(attrs.int("axis").ok()?.unwrap_or(1), rank(0))?;
+            Some((plain, with_attr(attrs, "axis", AttrValue::Int(axis))))
+        }
+        // The per-instance axes (all of them by default) one further in.
+        "nn.l2_normalize" => {
+            let x = batched_tensor(args.first()?)?;
+            let axes = batched_axes(attrs, rank(0))?;
+            Some((
+                vec![OpValue::Tensor(x.clone())],
+                with_attr(attrs, "axis", ints(&axes)),
+            ))
+        }
+        // The batch axis not padded; a shared pad value.
+        "nn.pad" => {
+            let x = batched_tensor(args.first()?)?;
+            let Some(AttrValue::List(rows)) = attrs.get("pad_width") else {
+                return None;
+            };
+            let mut rows = rows.clone();
+            rows.insert(0, ints(&[0, 0]));
+            let mut plain = vec![OpValue::Tensor(x.clone())];
+            if let Some(v) = args.get(1) {
+                let BV::Shared(v) = v else {
+                    return None;
+                };
+                plain.push(v.clone());
+            }
+            Some((plain, with_attr(attrs, "pad_width", AttrValue::List(rows))))
+        }
+        // Rows times a shared matrix, as nn.dense's rule (a 2-D lhs transposed is not rows).
+        "nn.matmul" if !attrs.bool("transpose_a").ok()?.unwrap_or(false) => {
+            let x = batched_tensor(args.first()?)?;
+            let BV::Shared(w) = args.get(1)? else {
+                return None;
+            };
+            Some((vec![OpValue::Tensor(x.clone()), w.clone()], attrs.clone()))
         }
         "nn.dense" => {
             let x = batched_tensor(args.first()?)?;

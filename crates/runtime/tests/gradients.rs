@@ -994,3 +994,49 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %v: Tensor[(16), float32]) -> Tens
     .unwrap_or_else(|e| panic!("{}", e.error.message));
     assert_eq!(g.stats.looped_vjps, 0, "{:?}", g.stats);
 }
+
+/// The operators added for TVM's graphs (`nn.dropout` and `nn.batch_norm`'s tuples, their
+/// batching rules with shared parameters, `nn.matmul`, `nn.prelu`, `nn.l2_normalize`, `nn.pad`,
+/// and the per-invocation `sequence_mask`, `*_like` operators) differentiate as the reference
+/// does.
+#[test]
+fn tvm_graph_operators() {
+    let src = r#"
+def @main(%x: Tensor[(2, 3), float32], %len: Tensor[(2), int32], %w: Tensor[(3, 4), float32],
+          %g: Tensor[(3), float32], %b: Tensor[(3), float32], %m: Tensor[(3), float32],
+          %v: Tensor[(3), float32], %a: Tensor[(3), float32]) -> float32 {
+  %0 = nn.dropout(%x, rate=0.5f);
+  %1 = nn.matmul(%0.0, %w);
+  %2 = nn.batch_norm(%x, %g, %b, %m, add(multiply(%v, %v), 0.5f), axis=1, epsilon=1e-05f);
+  %3 = nn.prelu(%2.0, %a, axis=1);
+  %4 = nn.l2_normalize(%3, eps=1e-12f, axis=[1]);
+  %5 = nn.pad(%4, 0.5f, pad_width=[[0, 0], [1, 1]]);
+  %6 = sequence_mask(%5, %len, mask_value=-1f, axis=1);
+  %7 = collapse_sum_like(broadcast_to_like(%b, %x), %a);
+  %8 = full_like(%x, 2f);
+  %9 = reshape_like(%1, transpose(%1));
+  add(add(add(sum(%6), sum(tanh(%9))), add(sum(%7), sum(%2.1))),
+      add(sum(%8), sum(multiply(%2.2, %m))))
+}
+"#;
+    let inputs = (0..13)
+        .map(|i| {
+            let row = |r: usize| -> String {
+                let v: Vec<String> = (0..3)
+                    .map(|j| format!("{:.3}", ((i * 5 + r * 7 + j * 3) % 13) as f64 / 4.0 - 1.5))
+                    .collect();
+                format!("[{}]", v.join(", "))
+            };
+            format!(
+                "{{\"x\": [{}, {}], \"len\": [{}, {}]}}",
+                row(0),
+                row(1),
+                i % 6,
+                (i * 2) % 5
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let l = load_text("grad_tvm_ops", src);
+    check(&expected("grad_tvm_ops", l, &inputs, &["x", "len"]));
+}

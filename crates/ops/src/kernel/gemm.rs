@@ -1,4 +1,4 @@
-//! Matrix-product kernels: `nn.dense`, `nn.batch_matmul`. Dot products accumulate in f64 (floats)
+//! Matrix-product kernels: `nn.dense`, `nn.matmul`, `nn.batch_matmul`. Dot products accumulate in f64 (floats)
 //! or wrapping i64 (ints), in index order, and are rounded once to the output dtype (`out_dtype`,
 //! else the input's).
 
@@ -31,6 +31,63 @@ pub fn dense(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValu
         for j in 0..n {
             let wr = row(&w, j, kk);
             out.push(dot(xr, wr));
+        }
+    }
+    Ok(k.t(Values::F(out).into_tensor(&out_shape, out_dtype))?
+        .into())
+}
+
+/// The permutation swapping the last two of `rank` axes.
+pub(crate) fn swap_last(rank: usize) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..rank).collect();
+    if rank >= 2 {
+        p.swap(rank - 2, rank - 1);
+    }
+    p
+}
+
+/// `nn.matmul(a, b)`: `a` (its last two axes swapped first with `transpose_a`) times `b` (transposed first
+/// without `transpose_b`, so that both are in `nn.dense`'s layout): `out[…, n] = Σ_k a[…, k] ·
+/// b[k, n]`.
+pub fn matmul(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("nn.matmul", args, attrs, 2)?;
+    let a = k.tensor(0, "lhs")?;
+    let b = k.tensor(1, "rhs")?;
+    let (out_shape, out_dtype) = k.out_tensor(rel::gemm::matmul)?;
+    let c = k.rel();
+    let ta = c.bool_or("transpose_a", false)?;
+    let tb = c.bool_or("transpose_b", false)?;
+    if b.rank() != 2 || (ta && a.rank() < 2) {
+        return Err(k.err("rhs must be 2-D, and lhs at least 2-D with transpose_a"));
+    }
+    let a = if ta {
+        permute(a, &swap_last(a.rank())).map_err(|m| k.err(m))?
+    } else {
+        a.clone()
+    };
+    let w = if tb {
+        b.clone()
+    } else {
+        permute(b, &[1, 0]).map_err(|m| k.err(m))?
+    };
+    let (Some(&kk), &[n, wk]) = (a.shape().last(), w.shape()) else {
+        return Err(k.err("lhs must have rank at least 1"));
+    };
+    if kk != wk {
+        return Err(k.err(format!("lhs has inner dimension {kk} but rhs expects {wk}")));
+    }
+    let rows = k.t(product(
+        a.shape()
+            .get(..a.rank().saturating_sub(1))
+            .unwrap_or_default(),
+    ))?;
+    let x = a.to_f64_vec();
+    let wv = w.to_f64_vec();
+    let mut out = Vec::new();
+    for r in 0..rows {
+        let xr = row(&x, r, kk);
+        for j in 0..n {
+            out.push(dot(xr, row(&wv, j, kk)));
         }
     }
     Ok(k.t(Values::F(out).into_tensor(&out_shape, out_dtype))?

@@ -35,6 +35,7 @@ pub mod broadcast;
 pub mod create;
 pub mod gemm;
 pub mod layout;
+pub mod nn;
 pub mod reduce;
 pub mod unary;
 

@@ -13,6 +13,7 @@ pub mod broadcast;
 pub mod create;
 pub mod gemm;
 pub mod layout;
+pub mod nn;
 pub mod reduce;
 pub mod unary;
 

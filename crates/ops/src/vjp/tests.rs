@@ -577,3 +577,133 @@ fn scans_and_index_maps() {
         attrs(&[("dtype", AttrValue::Str("float64".into()))]),
     );
 }
+
+#[test]
+fn graph_operators() {
+    let mut g = Gen(11);
+    check(
+        "nn.dropout",
+        vec![g.tensor(&[2, 3], -1.0, 1.0)],
+        attrs(&[("rate", AttrValue::Float(0.3))]),
+    );
+    check(
+        "nn.matmul",
+        vec![
+            g.tensor(&[2, 3, 4], -1.0, 1.0),
+            g.tensor(&[4, 5], -1.0, 1.0),
+        ],
+        Attrs::default(),
+    );
+    check(
+        "nn.matmul",
+        vec![g.tensor(&[4, 3], -1.0, 1.0), g.tensor(&[5, 4], -1.0, 1.0)],
+        attrs(&[
+            ("transpose_a", AttrValue::Bool(true)),
+            ("transpose_b", AttrValue::Bool(true)),
+        ]),
+    );
+    check(
+        "nn.matmul",
+        vec![
+            g.tensor(&[2, 4, 3], -1.0, 1.0),
+            g.tensor(&[4, 5], -1.0, 1.0),
+        ],
+        attrs(&[("transpose_a", AttrValue::Bool(true))]),
+    );
+    check(
+        "full_like",
+        vec![g.tensor(&[2, 3], -1.0, 1.0), g.tensor(&[], -1.0, 1.0)],
+        Attrs::default(),
+    );
+    check(
+        "reshape_like",
+        vec![g.tensor(&[2, 6], -1.0, 1.0), g.tensor(&[3, 4], -1.0, 1.0)],
+        Attrs::default(),
+    );
+    check(
+        "broadcast_to_like",
+        vec![
+            g.tensor(&[3, 1], -1.0, 1.0),
+            g.tensor(&[2, 3, 4], -1.0, 1.0),
+        ],
+        Attrs::default(),
+    );
+    check(
+        "collapse_sum_like",
+        vec![
+            g.tensor(&[2, 3, 4], -1.0, 1.0),
+            g.tensor(&[3, 1], -1.0, 1.0),
+        ],
+        Attrs::default(),
+    );
+    let lens = OpValue::Tensor(Tensor::from_vec(vec![3], vec![2i32, 0, 4]).unwrap());
+    check(
+        "sequence_mask",
+        vec![g.tensor(&[4, 3, 2], -1.0, 1.0), lens.clone()],
+        Attrs::default(),
+    );
+    check(
+        "sequence_mask",
+        vec![g.tensor(&[3, 5], -1.0, 1.0), lens],
+        attrs(&[
+            ("axis", AttrValue::Int(1)),
+            ("mask_value", AttrValue::Float(-2.0)),
+        ]),
+    );
+    check(
+        "nn.prelu",
+        vec![g.tensor(&[2, 3, 2], -1.0, 1.0), g.tensor(&[3], -1.0, 1.0)],
+        Attrs::default(),
+    );
+    check(
+        "nn.l2_normalize",
+        vec![g.tensor(&[2, 3, 2], -1.0, 1.0)],
+        attrs(&[("eps", AttrValue::Float(1e-12)), ("axis", ints(&[1]))]),
+    );
+    check(
+        "nn.l2_normalize",
+        vec![g.tensor(&[2, 3], -1.0, 1.0)],
+        attrs(&[("eps", AttrValue::Float(1e-12))]),
+    );
+    // eps above every row's sum of squares: a constant divisor.
+    check(
+        "nn.l2_normalize",
+        vec![g.tensor(&[2, 3], -0.1, 0.1)],
+        attrs(&[("eps", AttrValue::Float(1.0)), ("axis", ints(&[1]))]),
+    );
+    let pw = |v: &[[i64; 2]]| AttrValue::List(v.iter().map(|p| ints(p)).collect());
+    for mode in ["constant", "edge", "reflect"] {
+        check(
+            "nn.pad",
+            vec![g.tensor(&[3, 4], -1.0, 1.0), g.tensor(&[], -1.0, 1.0)],
+            attrs(&[
+                ("pad_width", pw(&[[1, 2], [2, 1]])),
+                ("pad_mode", AttrValue::Str(mode.into())),
+            ]),
+        );
+    }
+    check(
+        "nn.pad",
+        vec![g.tensor(&[3], -1.0, 1.0)],
+        attrs(&[
+            ("pad_width", pw(&[[1, 0]])),
+            ("pad_value", AttrValue::Float(2.0)),
+        ]),
+    );
+    for (center, scale) in [(true, true), (false, true), (true, false)] {
+        check(
+            "nn.batch_norm",
+            vec![
+                g.tensor(&[2, 3, 2], -1.0, 1.0),
+                g.tensor(&[3], -1.0, 1.0),
+                g.tensor(&[3], -1.0, 1.0),
+                g.tensor(&[3], -1.0, 1.0),
+                g.tensor(&[3], 0.5, 2.0),
+            ],
+            attrs(&[
+                ("center", AttrValue::Bool(center)),
+                ("scale", AttrValue::Bool(scale)),
+            ]),
+        );
+    }
+}

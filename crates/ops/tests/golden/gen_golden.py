@@ -716,6 +716,113 @@ case("arange", [np.array(10, dtype=I32), np.array(-3, dtype=I32), np.array(-4, d
 case("arange", [np.array(0.0, dtype=F64), np.array(1.0, dtype=F64), np.array(0.125, dtype=F64)],
      np.arange(0.0, 1.0, 0.125, dtype=F64), "float64", dtype="float64")
 
+# ---- TVM graph operators: dropout, matmul, the *_like family, sequence_mask, prelu, -----------
+# ---- l2_normalize, pad, batch_norm (inference semantics) ----------------------------------------
+
+x = fr(2, 3)
+case("nn.dropout", [x], (x, np.ones_like(x)), "inference: the input and a mask of ones", rate=0.25)
+x = fr(4, dtype=F64)
+case("nn.dropout", [x], (x, np.ones_like(x)), "float64, default rate")
+
+a, b = fr(3, 4), fr(4, 5)
+case("nn.matmul", [a, b], like(f64(a) @ f64(b), a), "2-D")
+a, b = fr(2, 3, 4), fr(5, 4)
+case("nn.matmul", [a, b], like(f64(a) @ f64(b).T, a), "leading dims, transpose_b", transpose_b=True)
+a, b = fr(4, 3, dtype=F64), fr(5, 4, dtype=F64)
+case("nn.matmul", [a, b], f64(a).T @ f64(b).T, "float64, both transposed", transpose_a=True, transpose_b=True)
+a, b = fr(2, 4, 3), fr(4, 5)
+case("nn.matmul", [a, b], like(np.swapaxes(f64(a), -1, -2) @ f64(b), a), "transpose_a of a 3-D lhs: its last two axes",
+     transpose_a=True)
+
+x = fr(2, 3)
+case("full_like", [x, np.array(1.5, dtype=F32)], np.full_like(x, 1.5), "float32")
+x = ir(3, 2, dtype=I64)
+case("full_like", [x, np.array(-2.75, dtype=F32)], np.full_like(x, -2), "int64 from a float fill (truncated)")
+
+x = fr(2, 6)
+case("reshape_like", [x, fr(3, 4)], x.reshape(3, 4), "the whole shape")
+x = ir(2, 6)
+case("reshape_like", [x, fr(5, 3, 2, 7)], x.reshape(2, 3, 2), "rhs axes 1..3 for lhs axis 1",
+     lhs_begin=1, rhs_begin=1, rhs_end=3)
+
+x = fr(3, 1)
+case("broadcast_to_like", [x, fr(2, 3, 4)], np.broadcast_to(x, (2, 3, 4)), "(3, 1) to (2, 3, 4)")
+x = ir(4)
+case("broadcast_to_like", [x, ir(2, 4)], np.broadcast_to(x, (2, 4)), "int32")
+
+x = fr(2, 3, 4)
+case("collapse_sum_like", [x, fr(3, 1)], like(f64(x).sum(axis=(0, 2)).reshape(3, 1), x), "(2, 3, 4) to (3, 1)")
+x = ir(2, 3)
+case("collapse_sum_like", [x, ir(3)], x.sum(axis=0).astype(I32), "int32 to (3)")
+x = fr(2, 2)
+case("collapse_sum_like", [x, fr(2, 2)], x, "same shape")
+
+def seqmask(x, lens, value, axis):
+    out = x.copy()
+    for b, n in enumerate(lens):
+        if axis == 0:
+            out[max(n, 0):, b] = value
+        else:
+            out[b, max(n, 0):] = value
+    return out
+
+x = fr(4, 3, 2)
+lens = np.array([2, 0, 4], dtype=I32)
+case("sequence_mask", [x, lens], seqmask(x, lens, 0.0, 0), "axis=0, default mask value")
+x = fr(3, 5)
+lens = np.array([1, 5, 3], dtype=I64)
+case("sequence_mask", [x, lens], seqmask(x, lens, -1.0, 1), "axis=1, mask_value=-1", axis=1, mask_value=-1.0)
+
+x, al = fr(2, 3, 2), fr(3)
+case("nn.prelu", [x, al], like(np.where(x > 0, f64(x), f64(al)[None, :, None] * f64(x)), x), "axis=1 (default)")
+x, al = fr(2, 4, dtype=F64), fr(4, dtype=F64)
+case("nn.prelu", [x, al], np.where(x > 0, x, al * x), "float64, axis=-1", axis=-1)
+
+def l2n(x, eps, axis):
+    s = (f64(x) ** 2).sum(axis=axis, keepdims=True)
+    return like(f64(x) / np.sqrt(np.maximum(s, eps)), x)
+
+x = fr(2, 3)
+case("nn.l2_normalize", [x], l2n(x, 1e-12, None), "axis=None: every axis", eps=1e-12)
+x = fr(2, 3, 4)
+case("nn.l2_normalize", [x], l2n(x, 1e-12, (1,)), "axis=[1]", eps=1e-12, axis=[1])
+x = np.zeros((2, 2), dtype=F32)
+x[0, 0] = 0.015625
+case("nn.l2_normalize", [x], l2n(x, 0.5, (1,)), "eps above the sums", eps=0.5, axis=[1])
+
+x = fr(2, 3)
+case("nn.pad", [x, np.array(1.5, dtype=F32)], np.pad(x, ((0, 1), (2, 1)), constant_values=1.5),
+     "pad value operand (TVM's printer)", pad_width=[[0, 1], [2, 1]])
+x = ir(2, 3)
+case("nn.pad", [x], np.pad(x, ((1, 1), (0, 0))), "int32, attribute form, pad value 0", pad_width=[[1, 1], [0, 0]])
+x = fr(3, 4)
+case("nn.pad", [x, np.array(0.0, dtype=F32)], np.pad(x, ((1, 2), (2, 1)), mode="edge"), "edge",
+     pad_width=[[1, 2], [2, 1]], pad_mode="edge")
+case("nn.pad", [x, np.array(0.0, dtype=F32)], np.pad(x, ((2, 1), (1, 3)), mode="reflect"), "reflect",
+     pad_width=[[2, 1], [1, 3]], pad_mode="reflect")
+
+def bn(x, g, b, m, v, axis=1, eps=1e-5, center=True, scale=True):
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    r = lambda t: f64(t).reshape(shape)
+    y = (f64(x) - r(m)) / np.sqrt(r(v) + eps)
+    if scale:
+        y = y * r(g)
+    if center:
+        y = y + r(b)
+    return (like(y, x), m, v)
+
+x = fr(2, 3, 2)
+g, b, m = fr(3), fr(3), fr(3)
+v = fr(3, lo=0.25, hi=2.0)
+case("nn.batch_norm", [x, g, b, m, v], bn(x, g, b, m, v), "axis=1 (default)")
+x = fr(4, 2, dtype=F64)
+g, b, m = fr(2, dtype=F64), fr(2, dtype=F64), fr(2, dtype=F64)
+v = fr(2, dtype=F64, lo=0.25, hi=2.0)
+case("nn.batch_norm", [x, g, b, m, v], bn(x, g, b, m, v, axis=-1, eps=1e-3, center=False),
+     "float64, axis=-1, epsilon=1e-3, center=False", axis=-1, epsilon=1e-3, center=False)
+case("nn.batch_norm", [x, g, b, m, v], bn(x, g, b, m, v, axis=1, scale=False), "scale=False", scale=False)
+
 # ---- write --------------------------------------------------------------------------------------
 
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases.json")

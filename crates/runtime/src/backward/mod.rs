@@ -615,6 +615,21 @@ fn vjp_batched(
                 }
             }
         }
+        // batch_norm's rule returns the shared statistics once per instance: the operator's own
+        // are the first row, their gradients the sums over the batch.
+        if op.name == "nn.batch_norm" {
+            for (v, sum) in [(&mut pout, false), (&mut pdy, true)] {
+                if let OpValue::Tuple(ts) = v {
+                    for t in ts.iter_mut().skip(1) {
+                        *t = if sum {
+                            batch_sum(t, b)?
+                        } else {
+                            t.row(0).map_err(internal)?
+                        };
+                    }
+                }
+            }
+        }
         stats.batched_vjps += 1;
         let gs = plain_vjp(op, &plain, &pattrs, &pout, &pdy, gopts, threads)?;
         let mut out = Vec::with_capacity(gs.len());
@@ -657,6 +672,19 @@ fn vjp_batched(
         grads.push(Some(conform(stacked, a, b)?));
     }
     Ok(grads)
+}
+
+/// `t` (`b` rows of one shape) summed over its rows, in f64, in `t`'s dtype.
+fn batch_sum(t: &Tensor, b: usize) -> Result<Tensor, RunError> {
+    let shape = t.shape().get(1..).unwrap_or_default().to_vec();
+    let n = t.len() / b.max(1);
+    let mut acc = vec![0.0; n];
+    for row in t.to_f64_vec().chunks(n.max(1)) {
+        acc.iter_mut().zip(row).for_each(|(a, v)| *a += v);
+    }
+    Ok(Tensor::from_f64(shape, acc)
+        .map_err(internal)?
+        .cast(t.dtype()))
 }
 
 /// The parameter every row of input `i` is, if one is.
