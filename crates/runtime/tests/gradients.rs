@@ -201,6 +201,29 @@ fn batched_grad_counted(
     (total, memoized, launches)
 }
 
+/// The batched gradient of every instance of `x` as one mini-batch, with the default options:
+/// its gradients and the backward's counters.
+fn grad_all_at_once(x: &Expected) -> tumble_runtime::backward::BatchGrad {
+    let wrt = float_params(x);
+    let (program, reuse) = compile(x, true, common::training_statics());
+    let params: Vec<Tensor> = wrt
+        .iter()
+        .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
+        .collect();
+    let rngs = (0..x.args.len()).map(rng).collect();
+    grad_batch(
+        &program,
+        &reuse,
+        "main",
+        x.args.clone(),
+        rngs,
+        Options::default(),
+        GradOptions::default(),
+        &params,
+    )
+    .unwrap_or_else(|e| panic!("{}", e.error.message))
+}
+
 /// Each gradient within 1e-4 of the reference, relative to the reference's largest entry.
 fn compare(
     x: &Expected,
@@ -822,24 +845,7 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(16, 8), float32], %b: 
         &["xs"],
     );
     check(&x);
-    let wrt = float_params(&x);
-    let (program, reuse) = compile(&x, true, common::training_statics());
-    let params: Vec<Tensor> = wrt
-        .iter()
-        .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
-        .collect();
-    let rngs = (0..x.args.len()).map(rng).collect();
-    let g = grad_batch(
-        &program,
-        &reuse,
-        "main",
-        x.args.clone(),
-        rngs,
-        Options::default(),
-        GradOptions::default(),
-        &params,
-    )
-    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    let g = grad_all_at_once(&x);
     // The `h` columns' product at every step's launch (six steps at most) and the `x` columns'
     // hoisted launch deferred (none was).
     assert!(
@@ -974,24 +980,7 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %v: Tensor[(16), float32]) -> Tens
         &["xs"],
     );
     check(&x);
-    let wrt = float_params(&x);
-    let (program, reuse) = compile(&x, true, common::training_statics());
-    let params: Vec<Tensor> = wrt
-        .iter()
-        .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
-        .collect();
-    let rngs = (0..x.args.len()).map(rng).collect();
-    let g = grad_batch(
-        &program,
-        &reuse,
-        "main",
-        x.args.clone(),
-        rngs,
-        Options::default(),
-        GradOptions::default(),
-        &params,
-    )
-    .unwrap_or_else(|e| panic!("{}", e.error.message));
+    let g = grad_all_at_once(&x);
     assert_eq!(g.stats.looped_vjps, 0, "{:?}", g.stats);
 }
 

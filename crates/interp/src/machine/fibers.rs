@@ -193,24 +193,47 @@ impl<'p> Machine<'p> {
         &mut self,
         backend: &mut dyn super::Backend,
     ) -> Result<Step<'p>, RunError> {
-        match self.stack.pop() {
-            Some(Kont::Concurrent {
+        let kont = self
+            .stack
+            .pop()
+            .ok_or_else(|| RunError::new("internal: a join without its continuation"))?;
+        self.go_on(kont, None, backend)
+    }
+
+    /// Concurrent continuation `kont` (popped) goes on with its next element, `done` (a split
+    /// element's placeholder) first added to its values; or with its join, when it has them all.
+    fn go_on(
+        &mut self,
+        kont: Kont<'p>,
+        done: Option<Value>,
+        backend: &mut dyn super::Backend,
+    ) -> Result<Step<'p>, RunError> {
+        match kont {
+            Kont::Concurrent {
                 join,
                 elems,
-                vals,
+                mut vals,
                 start,
                 max,
                 ..
-            }) => self.concurrent_from(join, elems, vals, start, max, backend),
-            Some(Kont::MapLoop {
+            } => {
+                vals.extend(done);
+                self.concurrent_from(join, elems, vals, start, max, backend)
+            }
+            Kont::MapLoop {
                 ml,
                 elem,
                 items,
-                vals,
+                mut vals,
                 start,
                 max,
-            }) => self.map_next(ml, elem, items, vals, start, max, backend),
-            _ => Err(RunError::new("internal: a join without its continuation")),
+            } => {
+                vals.extend(done);
+                self.map_next(ml, elem, items, vals, start, max, backend)
+            }
+            _ => Err(RunError::new(
+                "internal: a join at a continuation not concurrent",
+            )),
         }
     }
 
@@ -386,35 +409,7 @@ impl<'p> Machine<'p> {
         self.park(id, waiting_join);
         // The elements after it, each from the depth they start at.
         let placeholder = self.shared.unit();
-        let step = match kont {
-            Kont::Concurrent {
-                join,
-                elems,
-                mut vals,
-                start,
-                max,
-                ..
-            } => {
-                vals.push(placeholder);
-                self.concurrent_from(join, elems, vals, start, max, backend)?
-            }
-            Kont::MapLoop {
-                ml,
-                elem,
-                items,
-                mut vals,
-                start,
-                max,
-            } => {
-                vals.push(placeholder);
-                self.map_next(ml, elem, items, vals, start, max, backend)?
-            }
-            _ => {
-                return Err(RunError::new(
-                    "internal: split at a continuation not concurrent",
-                ))
-            }
-        };
+        let step = self.go_on(kont, Some(placeholder), backend)?;
         self.pending = Some(step);
         Ok(true)
     }
