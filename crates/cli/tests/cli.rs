@@ -1988,3 +1988,54 @@ fn run_splits_large_jobs_into_default_mini_batches() {
         assert_eq!(&out.stdout, want, "{threads} threads {extra:?}");
     }
 }
+
+/// Rows copied out of a launch's output at early release are copied once per row, however many
+/// identical invocations hold them: the launches reading them (each token's expert after its
+/// gate) still see identical tokens as identical, in every run of a `--repeat`. (Each holder
+/// copied its own, and in runs where the job's scans fell before those launches every token
+/// was computed again: 10,264 identical invocations instead of 15,396.)
+#[test]
+fn rows_detached_by_early_release_stay_identical() {
+    let model = temp_file(
+        "moe_detach.rly",
+        r#"
+def @route(%t: Tensor[(1), int32], %emb: Tensor[(1000, 512), float32], %wg: Tensor[(1, 512), float32],
+           %w1: Tensor[(512, 512), float32], %w2: Tensor[(512, 512), float32]) -> Tensor[(1, 512), float32] {
+  let %x = take(%emb, %t, axis=0);
+  if (greater(sum(nn.dense(%x, %wg)), 0f)) { tanh(nn.dense(%x, %w1)) } else { sigmoid(nn.dense(%x, %w2)) }
+}
+def @main(%tokens: List[Tensor[(1), int32]], %emb: Tensor[(1000, 512), float32], %wg: Tensor[(1, 512), float32],
+          %w1: Tensor[(512, 512), float32], %w2: Tensor[(512, 512), float32]) -> Tensor[(1, 512), float32] {
+  let %ys = @map(fn (%t: Tensor[(1), int32]) -> Tensor[(1, 512), float32] { @route(%t, %emb, %wg, %w1, %w2) }, %tokens);
+  @foldl(fn (%a: Tensor[(1, 512), float32], %y: Tensor[(1, 512), float32]) -> Tensor[(1, 512), float32] { add(%a, %y) },
+         zeros(shape=[1, 512], dtype="float32"), %ys)
+}
+"#,
+    );
+    let lines: String = (0..256)
+        .map(|i| {
+            let toks: Vec<String> = (0..5 + (i * 7) % 36)
+                .map(|r| format!("[{}]", (i * 31 + r * 17) % 600))
+                .collect();
+            format!("{{\"tokens\": [{}]}}\n", toks.join(", "))
+        })
+        .collect();
+    let inputs = temp_file("moe_detach.jsonl", &lines);
+    let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
+    let identical = |extra: &[&str]| -> String {
+        let mut flags = vec!["--profile", "--threads", "1", "-o", "/dev/null"];
+        flags.extend_from_slice(extra);
+        let out = run_random(&model, &inputs, &flags);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+            .lines()
+            .find(|l| l.starts_with("identical invocations:"))
+            .unwrap_or("none")
+            .to_string()
+    };
+    let want = identical(&["--no-early-release"]);
+    for repeat in ["2", "3"] {
+        assert_eq!(identical(&["--repeat", repeat]), want, "--repeat {repeat}");
+    }
+}

@@ -52,7 +52,7 @@ struct Slot {
     at: At,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum At {
     /// The whole tensor.
     Whole,

@@ -104,6 +104,11 @@ impl Dfg<'_> {
         let detach = self.releasing() && detach_named();
         let epoch = self.epoch;
         let mut read = Vec::new();
+        // One copy per row however many nodes hold it: invocations that took an identical one's
+        // results share its rows, and copies of their own would make them look unlike to the
+        // launches that read them (a computed input of more than a few elements is compared by
+        // its buffer).
+        let mut copies: std::collections::HashMap<(usize, At), Slot> = Default::default();
         for (&id, mut out) in ids.iter().zip(outs) {
             if let Some(n) = self.nodes.get_mut(id as usize) {
                 // A result the last scan found the host holding (an instance's final value,
@@ -113,7 +118,7 @@ impl Dfg<'_> {
                 // `concatenate` recursion kept every launch's output (395 MB against 1.3 MB at
                 // `--batch 1`). Nodes recorded since the scan (`named` all set) are not.
                 if detach && n.life.claimed == epoch && n.life.named != u64::MAX {
-                    detach_rows(&mut out, n.life.named);
+                    detach_rows(&mut out, n.life.named, &mut copies);
                 }
                 n.out = Some(out);
                 if !keep_args {
@@ -360,7 +365,11 @@ const DETACH_FROM_BYTES: usize = 256 << 10;
 /// The outputs `named` (bit `k` for output `k`) of `out` that are a part of a larger tensor — a
 /// row or rows of a launch's output of at least [`DETACH_FROM_BYTES`], at most half of it — as
 /// tensors of their own.
-fn detach_rows(out: &mut Outs, named: u64) {
+fn detach_rows(
+    out: &mut Outs,
+    named: u64,
+    copies: &mut std::collections::HashMap<(usize, At), Slot>,
+) {
     let slots: &mut [Slot] = match out {
         Outs::One(s) => std::slice::from_mut(s),
         Outs::Many(v) => v,
@@ -388,11 +397,15 @@ fn detach_rows(out: &mut Outs, named: u64) {
         if whole * s.tensor.dtype().size() < DETACH_FROM_BYTES || part * 2 > whole {
             continue;
         }
-        if let Ok(t) = s.value() {
+        let key = (s.tensor.buffer_id(), s.at);
+        if let Some(c) = copies.get(&key) {
+            *s = c.clone();
+        } else if let Ok(t) = s.value() {
             *s = Slot {
                 tensor: t,
                 at: At::Whole,
             };
+            copies.insert(key, s.clone());
         }
     }
 }
