@@ -359,7 +359,8 @@ impl Rewriter<'_> {
     /// per run as a derived parameter — and zeros where `i` is outside `[0, depth)`, as
     /// `one_hot` has no one there: `where(0 <= i < depth, take(..), 0f)`. An embedding written
     /// with `one_hot` (a PyTorch `F.one_hot` then a linear layer) ran `depth` times the
-    /// multiply-adds of the lookup, 18× the `take` form. `None` where `a` is not such a
+    /// multiply-adds of the lookup, 18× the `take` form. The other terms' sum, zeros unless `W`
+    /// holds an infinity or a NaN, is added (once per run). `None` where `a` is not such a
     /// `one_hot` (other on/off values, another axis or dtype) or `W` not shared.
     fn one_hot_product(&mut self, a: &BVal, w: &BVal, out_ty: &Ty) -> Option<BVal> {
         let BVal::Node(n) = a else {
@@ -447,12 +448,30 @@ impl Rewriter<'_> {
             Ty::tensor(col, DType::Bool),
         );
         let zero = BVal::Const(tumble_tensor::Tensor::scalar_f32(0.0));
-        Some(self.node(
+        let out_ty = Ty::tensor(out_dims, DType::Float32);
+        let picked = self.node(
             select,
-            vec![inside, rows, zero],
+            vec![inside, rows, zero.clone()],
             vec![],
-            Ty::tensor(out_dims, DType::Float32),
-        ))
+            out_ty.clone(),
+        );
+        // The product's other terms, `0 · W[:, k]`, are zeros, or NaN where a row of `W` holds
+        // an infinity or a NaN: added, so a non-finite weight spoils the result as the product
+        // does (a shared value: computed once per run, as a derived parameter).
+        let (mul, sum, add) = (op("multiply")?, op("sum")?, op("add")?);
+        let zeroed = self.node(
+            mul,
+            vec![w.clone(), zero],
+            vec![],
+            Ty::tensor(vec![Dim::Known(units), Dim::Known(depth)], DType::Float32),
+        );
+        let others = self.node(
+            sum,
+            vec![zeroed],
+            vec![attr("axis", AttrValue::List(vec![AttrValue::Int(1)]))],
+            Ty::tensor(vec![Dim::Known(units)], DType::Float32),
+        );
+        Some(self.node(add, vec![picked, others], vec![], out_ty))
     }
 
     /// A node of operator `op` on `args`, where the node being rewritten was.

@@ -177,7 +177,8 @@ pub struct Options {
     /// elements after it go on before the flush (`tumble_interp`'s machine `fibers`): a `@map`
     /// whose element tests a computed value (a mixture of experts routing each token) no
     /// longer advances one element per flush. Off where the program draws random numbers on
-    /// the host (their order would change). Results are the same either way.
+    /// the host (their order would change). Values are the same either way; an instance with
+    /// several failing concurrent elements may report a later one's error than without.
     pub fibers: bool,
 }
 

@@ -238,3 +238,59 @@ def @main(%xss: List[List[Tensor[(1, 4), float32]]], %w: Tensor[(4, 4), float32]
         }
     }
 }
+
+/// An error inside a split-off element has the whole call trace: the fiber's own calls and those
+/// below its concurrent when it was split off (`@outer` called from `@mid` from `@main`).
+#[test]
+fn an_error_in_a_fiber_keeps_the_calls_below_it() {
+    let src = r#"
+def @pick(%x: Tensor[(1, 4), float32], %w: Tensor[(4, 4), float32], %l: List[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32] {
+  let %h = nn.dense(%x, %w);
+  if (greater(sum(%h), 0f)) { %h } else { add(@hd(%l), %h) }
+}
+def @outer(%xs: List[Tensor[(1, 4), float32]], %w: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %r = db.concurrent((@pick(@hd(%xs), %w, Nil), @pick(@hd(@tl(%xs)), %w, %xs)));
+  add(%r.0, %r.1)
+}
+def @mid(%xs: List[Tensor[(1, 4), float32]], %w: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %a = @outer(%xs, %w);
+  multiply(%a, 2f)
+}
+def @main(%xs: List[Tensor[(1, 4), float32]], %w: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %b = @mid(%xs, %w);
+  tanh(%b)
+}
+"#;
+    let inputs = "{\"xs\": [[[-1, -2, -3, -4]], [[1, 1, 1, 1]]]}";
+    let (x, results) = common::reference_outcomes(
+        "fiber_trace",
+        load_text("fiber_trace", src),
+        inputs,
+        &["xs"],
+    );
+    assert!(
+        matches!(results.first(), Some(Err(_))),
+        "the reference does not fail"
+    );
+    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let failure = |fibers: bool| {
+        let opts = tumble_runtime::Options {
+            fibers,
+            ..Default::default()
+        };
+        let got = tumble_runtime::run_batch(
+            &program,
+            &reuse,
+            "main",
+            x.args.clone(),
+            vec![common::rng(0)],
+            opts,
+        )
+        .err()
+        .unwrap_or_else(|| panic!("fibers {fibers}: no error"));
+        (got.error.message.clone(), got.error.trace.clone())
+    };
+    let (with, without) = (failure(true), failure(false));
+    assert_eq!(without.1.len(), 3, "{without:?}");
+    assert_eq!(with, without);
+}

@@ -19,7 +19,7 @@
 //! failing element fails with its error; with several, the one reported may be a later element's
 //! (the first to fail in the order the fibers ran).
 //! Random draws come in the instance's program order, so a program that draws on the host runs
-//! without fibers (as with `TUMBLE_NO_FIBERS=1`).
+//! without fibers (as with `--no-fibers`, the runtime's `Options::fibers`).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -54,6 +54,8 @@ pub(super) struct Fiber<'p> {
     cells: Vec<(u32, Cell)>,
     /// The join its value goes to, and its element index there; `None` for the main line.
     target: Option<(Cell, u32)>,
+    /// The call trace below its own stack, for errors.
+    trace_below: Rc<[tumble_ir::Span]>,
 }
 
 /// The fibers of one machine.
@@ -331,6 +333,7 @@ impl<'p> Machine<'p> {
             depth: self.ctx.depth,
             cells: std::mem::take(&mut self.cells),
             target: self.target.take(),
+            trace_below: std::mem::replace(&mut self.trace_below, Rc::from(Vec::new())),
         }
     }
 
@@ -341,6 +344,7 @@ impl<'p> Machine<'p> {
         self.ctx.depth = f.depth;
         self.cells = f.cells;
         self.target = f.target;
+        self.trace_below = f.trace_below;
     }
 
     /// Splits the running fiber at the innermost concurrent continuation whose element being
@@ -397,6 +401,10 @@ impl<'p> Machine<'p> {
             }
         };
         cell.borrow_mut().outstanding += 1;
+        // The calls below the concurrent (its own frame is in the segment or is the fiber's).
+        let mut below = super::frames_trace(None, &self.stack);
+        below.extend(self.trace_below.iter().copied());
+        below.truncate(super::MAX_TRACE);
         let fiber = Fiber {
             frame,
             stack: segment,
@@ -404,6 +412,7 @@ impl<'p> Machine<'p> {
             depth: self.ctx.depth,
             cells,
             target: Some((cell, index)),
+            trace_below: Rc::from(below),
         };
         let id = self.fibers.store(fiber);
         self.park(id, waiting_join);

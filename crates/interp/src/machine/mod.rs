@@ -216,6 +216,8 @@ pub struct Machine<'p> {
     cells: Vec<(u32, fibers::Cell)>,
     /// Where the running fiber's value goes (`None`: the main line).
     target: Option<(fibers::Cell, u32)>,
+    /// The call trace below the running fiber's own stack (empty for the main line).
+    trace_below: Rc<[Span]>,
     pub ctx: InstanceCtx,
 }
 
@@ -237,6 +239,25 @@ fn operands_of(code: &Code) -> &[Code] {
         Code::Call { operands, .. } => operands,
         _ => &[],
     }
+}
+
+/// The call sites of `frame` (the running one, if any) and of the frames on `stack` waiting to
+/// be returned to, innermost first, each followed by the call that began its chain of tail
+/// calls, at most [`MAX_TRACE`] of them.
+fn frames_trace(frame: Option<&Frame>, stack: &[Kont]) -> Vec<Span> {
+    let waiting = stack.iter().rev().filter_map(|k| match k {
+        Kont::Return(f) => Some(f),
+        _ => None,
+    });
+    frame
+        .into_iter()
+        .chain(waiting)
+        .flat_map(|f| {
+            let origin = f.tail_from.filter(|o| Some(*o) != f.call_site);
+            f.call_site.into_iter().chain(origin)
+        })
+        .take(MAX_TRACE)
+        .collect()
 }
 
 fn visit_frame(fr: &Frame, f: &mut dyn FnMut(&Value)) {
@@ -292,6 +313,7 @@ impl<'p> Machine<'p> {
             fibers: fibers::Fibers::default(),
             cells: Vec::new(),
             target: None,
+            trace_below: Rc::from(Vec::new()),
             shared: SharedValues::new(),
             fold_loops: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -388,7 +410,7 @@ impl<'p> Machine<'p> {
 
     /// Turns fibers on or off for this machine ([`fibers`]; off by default). The batching
     /// runtime turns them on unless the program draws random numbers on the host
-    /// ([`draws_on_host`]) or `TUMBLE_NO_FIBERS` is set.
+    /// ([`draws_on_host`]) or its `Options::fibers` is off (`--no-fibers`).
     pub fn set_fibers(&mut self, on: bool) {
         self.fibers_on = on;
     }
@@ -417,18 +439,12 @@ impl<'p> Machine<'p> {
     /// innermost first, each followed by the call that began its chain of tail calls, at most
     /// [`MAX_TRACE`] of them (a runaway recursion has millions).
     fn call_trace(&self) -> Vec<Span> {
-        let waiting = self.stack.iter().rev().filter_map(|k| match k {
-            Kont::Return(f) => Some(f),
-            _ => None,
-        });
-        std::iter::once(&self.frame)
-            .chain(waiting)
-            .flat_map(|f| {
-                let origin = f.tail_from.filter(|o| Some(*o) != f.call_site);
-                f.call_site.into_iter().chain(origin)
-            })
-            .take(MAX_TRACE)
-            .collect()
+        let mut trace = frames_trace(Some(&self.frame), &self.stack);
+        // A fiber's own stack ends at its concurrent: the calls below it, as they were when it
+        // was split off.
+        trace.extend(self.trace_below.iter().copied());
+        trace.truncate(MAX_TRACE);
+        trace
     }
 
     fn run_steps(&mut self, backend: &mut dyn Backend) -> Result<fibers::Stop, RunError> {
