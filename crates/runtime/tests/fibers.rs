@@ -25,23 +25,11 @@ fn flushes(x: &Expected) -> (u64, u64) {
     (on.flushes, off.flushes)
 }
 
-/// Instances `{"xs": [...]}` of lists of `lens[i]` rows of width `w`, all different.
+/// Instances `{"xs": [...]}` of lists of `lens[i]` rows of width `w` ([`common::row_list`]).
 fn lists(lens: &[usize], w: usize) -> String {
     lens.iter()
         .enumerate()
-        .map(|(i, &n)| {
-            let rows: Vec<String> = (0..n)
-                .map(|r| {
-                    let row: Vec<String> = (0..w)
-                        .map(|j| {
-                            format!("{:.3}", ((i * 13 + r * 7 + j * 3) % 17) as f64 / 8.0 - 1.0)
-                        })
-                        .collect();
-                    format!("[[{}]]", row.join(", "))
-                })
-                .collect();
-            format!("{{\"xs\": [{}]}}", rows.join(", "))
-        })
+        .map(|(i, &n)| format!("{{\"xs\": {}}}", common::row_list(i, n, w)))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -184,13 +172,7 @@ def @main(%xss: List[List[Tensor[(1, 4), float32]]], %w: Tensor[(4, 4), float32]
             let lists: Vec<String> = lens
                 .iter()
                 .enumerate()
-                .map(|(k, &n)| {
-                    let l = lists(&[n], 4);
-                    let _ = (i, k);
-                    l.trim_start_matches("{\"xs\": ")
-                        .trim_end_matches('}')
-                        .to_string()
-                })
+                .map(|(k, &n)| common::row_list(i * 7 + k, n, 4))
                 .collect();
             format!("{{\"xss\": [{}]}}", lists.join(", "))
         })

@@ -1010,16 +1010,9 @@ def @main(%x: Tensor[(2, 3), float32], %len: Tensor[(2), int32], %w: Tensor[(3, 
 "#;
     let inputs = (0..13)
         .map(|i| {
-            let row = |r: usize| -> String {
-                let v: Vec<String> = (0..3)
-                    .map(|j| format!("{:.3}", ((i * 5 + r * 7 + j * 3) % 13) as f64 / 4.0 - 1.5))
-                    .collect();
-                format!("[{}]", v.join(", "))
-            };
             format!(
-                "{{\"x\": [{}, {}], \"len\": [{}, {}]}}",
-                row(0),
-                row(1),
+                "{{\"x\": {}, \"len\": [{}, {}]}}",
+                common::matrix(i, 2, 3),
                 i % 6,
                 (i * 2) % 5
             )

@@ -2559,16 +2559,9 @@ def @main(%x: Tensor[(2, 3), float32], %i: Tensor[(2, 2), int32]) -> (Tensor[(2,
 "#;
     let inputs: Vec<String> = (0..9)
         .map(|i| {
-            let row = |r: usize| -> String {
-                let v: Vec<String> = (0..3)
-                    .map(|j| format!("{:.3}", ((i * 5 + r * 7 + j * 3) % 13) as f64 / 4.0 - 1.5))
-                    .collect();
-                format!("[{}]", v.join(", "))
-            };
             format!(
-                "{{\"x\": [{}, {}], \"i\": [[{}, 0], [2, {}]]}}",
-                row(0),
-                row(1),
+                "{{\"x\": {}, \"i\": [[{}, 0], [2, {}]]}}",
+                common::matrix(i, 2, 3),
                 i % 3,
                 (i + 1) % 3
             )
@@ -2636,19 +2629,7 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %Wg: Tensor[(3, 4), float32], %W1s
     let inputs: Vec<String> = [5usize, 1, 0, 9, 3, 12, 2]
         .iter()
         .enumerate()
-        .map(|(i, &n)| {
-            let rows: Vec<String> = (0..n)
-                .map(|r| {
-                    let row: Vec<String> = (0..4)
-                        .map(|j| {
-                            format!("{:.3}", ((i * 5 + r * 7 + j * 3) % 11) as f64 / 5.0 - 1.0)
-                        })
-                        .collect();
-                    format!("[[{}]]", row.join(", "))
-                })
-                .collect();
-            format!("{{\"xs\": [{}]}}", rows.join(", "))
-        })
+        .map(|(i, &n)| format!("{{\"xs\": {}}}", common::row_list(i, n, 4)))
         .collect();
     agrees("experts_by_index", src, &inputs.join("\n"), &["xs"]);
 }
@@ -2678,15 +2659,7 @@ def @main(%x: Tensor[(2, 3), float32], %w: Tensor[(3, 4), float32], %g: Tensor[(
 }
 "#;
     let inputs: Vec<String> = (0..9)
-        .map(|i| {
-            let row = |r: usize| -> String {
-                let v: Vec<String> = (0..3)
-                    .map(|j| format!("{:.3}", ((i * 5 + r * 7 + j * 3) % 13) as f64 / 4.0 - 1.5))
-                    .collect();
-                format!("[{}]", v.join(", "))
-            };
-            format!("{{\"x\": [{}, {}]}}", row(0), row(1))
-        })
+        .map(|i| format!("{{\"x\": {}}}", common::matrix(i, 2, 3)))
         .collect();
     batches_without_loops("tvm_graph_ops", src, &inputs, &["x"]);
     // nn.matmul is lowered to nn.dense (its rhs transposed by a node of its own, a derived
@@ -2726,16 +2699,9 @@ def @main(%x: Tensor[(2, 3), float32], %len: Tensor[(2), int32], %b: Tensor[(3),
 "#;
     let inputs: Vec<String> = (0..9)
         .map(|i| {
-            let row = |r: usize| -> String {
-                let v: Vec<String> = (0..3)
-                    .map(|j| format!("{:.3}", ((i * 5 + r * 7 + j * 3) % 13) as f64 / 4.0 - 1.5))
-                    .collect();
-                format!("[{}]", v.join(", "))
-            };
             format!(
-                "{{\"x\": [{}, {}], \"len\": [{}, {}]}}",
-                row(0),
-                row(1),
+                "{{\"x\": {}, \"len\": [{}, {}]}}",
+                common::matrix(i, 2, 3),
                 i % 4,
                 (i * 2) % 3
             )

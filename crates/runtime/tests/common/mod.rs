@@ -543,6 +543,20 @@ pub fn row_list(i: usize, n: usize, width: usize) -> String {
     format!("[{}]", steps.join(", "))
 }
 
+/// A `(rows, width)` matrix `[[..], ..]` for instance `i`, its rows all different: the JSON of a
+/// `Tensor[(rows, width), float32]` argument.
+pub fn matrix(i: usize, rows: usize, width: usize) -> String {
+    let rows: Vec<String> = (0..rows)
+        .map(|r| {
+            let v: Vec<String> = (0..width)
+                .map(|j| format!("{:.3}", ((i * 5 + r * 7 + j * 3) % 13) as f64 / 4.0 - 1.5))
+                .collect();
+            format!("[{}]", v.join(", "))
+        })
+        .collect();
+    format!("[{}]", rows.join(", "))
+}
+
 /// `count` instances of `x: (len_i, w)` floats, `len_i` cycling through `lens`.
 pub fn var_rows(count: usize, w: usize, lens: &[usize]) -> String {
     (0..count)
