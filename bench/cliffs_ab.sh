@@ -25,7 +25,7 @@ for p in gate_wsel_512:gate256 gate_arms_512:gate256 expr_wsel_512:expr64 expr_p
          handln_op_256:seq256 scanmax_256:seq256 mha_div_256:seq256 mha_mul_256:seq256 \
          lstm_respelled_256:seq256 lstm_let_256:seq256 moe_map_512:seq256 moe_where_512:seq256 \
          leafgate_256:btree128 leafgate_where_256:btree128 moe_take_256:seq256 moe_if_256:seq256 \
-         kvdec_pad_128:kv128 kvdec_arith_128:kv128; do
+         kvdec_pad_128:kv128 kvdec_arith_128:kv128 onehot_256:ids128 onehot_take_256:ids128; do
   m=${p%%:*}; in=$D/${p##*:}.jsonl
   [ "$ONLY" = "  " ] || [[ "$ONLY" == *" $m "* ]] || continue
   for r in $(seq "$ROUNDS"); do

@@ -20,6 +20,9 @@ use crate::gemm::WeightCache;
 use crate::Options;
 
 pub struct Executable {
+    /// The program draws random numbers on the host (`tumble_interp::draws_on_host`): its
+    /// machines run without fibers ([`crate::fibers_for`]). Found once per job.
+    pub(crate) draws_on_host: bool,
     /// Per block: `Block::returns_only_scalars` (computed once, read per invocation).
     pub(crate) scalar_blocks: Vec<bool>,
     /// Per block: every output an integer or boolean (no adjoint): host scalars while recording
@@ -177,6 +180,7 @@ impl Executable {
             })
             .collect();
         let exec = Executable {
+            draws_on_host: tumble_interp::draws_on_host(program),
             scalar_blocks: blocks.iter().map(Block::returns_only_scalars).collect(),
             integral_blocks: blocks
                 .iter()

@@ -420,8 +420,8 @@ impl<'p> Turn<'p, '_> {
 
 /// Whether machines split off concurrent elements that wait as fibers ([`Options::fibers`]):
 /// unless the program draws random numbers on the host, whose order they would change.
-pub(crate) fn fibers_for(program: &Program, opts: &Options) -> bool {
-    opts.fibers && !tumble_interp::draws_on_host(program)
+pub(crate) fn fibers_for(exec: &Executable, opts: &Options) -> bool {
+    opts.fibers && !exec.draws_on_host
 }
 
 /// Runs global `index` for every instance of a mini-batch on `dfg`: each instance's program until
@@ -456,7 +456,7 @@ pub(crate) fn drive(
         dfg.note_weights(a, derived.as_deref().unwrap_or_default());
     }
     let mut results: Vec<Option<Value>> = vec![None; n];
-    let fibers = fibers_for(program, &opts);
+    let fibers = fibers_for(&dfg.exec, &opts);
     // An instance with a trace is replayed in its turns, where its interpreted run would have
     // made the same calls (it never waits for a value: its turns are the first round of each
     // phase): the same nodes in the same order as with every instance interpreted. The others

@@ -148,7 +148,7 @@ impl<'p> BatchSession<'p> {
             max_nodes: DEFAULT_MAX_NODES,
             levels_per_step: None,
             time_slice: Some(DEFAULT_TIME_SLICE),
-            fibers: crate::fibers_for(program, &opts),
+            fibers: crate::fibers_for(&exec, &opts),
             dfg: Dfg::new(program, reuse, exec.clone(), opts),
             exec,
             lent: None,

@@ -83,32 +83,29 @@ impl<'p> Machine<'p> {
         backend: &mut dyn Backend,
     ) -> Result<Step<'p>, RunError> {
         let mut max = max;
-        while let Some(x) = items.pop() {
-            // An element done at once takes no step of the run loop, and a list is as long as
-            // the data: each counts as one, so the run limits are still looked at (Ctrl-C, the
-            // memory budget) however long the list.
-            self.tick(backend)?;
-            self.ctx.depth = start;
-            self.set_slot(ml.elem_slot, x);
-            match self.at_once(elem, backend) {
-                Some(v) => {
-                    vals.push(v?);
-                    max = max.max(self.ctx.depth);
+        // The step the continuation waits on: an element that needs steps, or its join's fibers.
+        let waiting = loop {
+            match items.pop() {
+                Some(x) => {
+                    // An element done at once takes no step of the run loop, and a list is as
+                    // long as the data: each counts as one, so the run limits are still looked
+                    // at (Ctrl-C, the memory budget) however long the list.
+                    self.tick(backend)?;
+                    self.ctx.depth = start;
+                    self.set_slot(ml.elem_slot, x);
+                    match self.at_once(elem, backend) {
+                        Some(v) => {
+                            vals.push(v?);
+                            max = max.max(self.ctx.depth);
+                        }
+                        None => break Some(Step::Eval(elem)),
+                    }
                 }
-                None => {
-                    self.push(Kont::MapLoop {
-                        ml,
-                        elem,
-                        items,
-                        vals,
-                        start,
-                        max,
-                    })?;
-                    return Ok(Step::Eval(elem));
-                }
+                None if self.join_fibers(&mut vals, &mut max) => break None,
+                None => break Some(Step::AwaitJoin),
             }
-        }
-        if !self.join_fibers(&mut vals, &mut max) {
+        };
+        if let Some(step) = waiting {
             self.push(Kont::MapLoop {
                 ml,
                 elem,
@@ -117,7 +114,7 @@ impl<'p> Machine<'p> {
                 start,
                 max,
             })?;
-            return Ok(Step::AwaitJoin);
+            return Ok(step);
         }
         self.ctx.depth = start;
         if ml.nil_ghosts > 0 {

@@ -673,43 +673,39 @@ impl<'p> Machine<'p> {
         backend: &mut dyn Backend,
     ) -> Result<Step<'p>, RunError> {
         let mut max = max;
-        while let Some(next) = elems.get(vals.len()) {
-            self.ctx.depth = start;
-            match self.at_once(next, backend) {
-                Some(v) => {
-                    vals.push(v?);
-                    // An invocation done at once advanced the depth like any other element.
-                    max = max.max(self.ctx.depth);
+        // The step the continuation waits on: an element that needs steps, or its join's fibers.
+        let step = loop {
+            match elems.get(vals.len()) {
+                Some(next) => {
+                    self.ctx.depth = start;
+                    match self.at_once(next, backend) {
+                        Some(v) => {
+                            vals.push(v?);
+                            // An invocation done at once advanced the depth like any other element.
+                            max = max.max(self.ctx.depth);
+                        }
+                        None => break Step::Eval(next),
+                    }
                 }
-                None => {
-                    self.push(Kont::Concurrent {
-                        join,
-                        elems,
-                        vals,
-                        start,
-                        max,
-                        waits: self.waits,
-                    })?;
-                    return Ok(Step::Eval(next));
+                None if self.join_fibers(&mut vals, &mut max) => {
+                    self.ctx.depth = max;
+                    return Ok(Step::Apply(match join {
+                        Join::Tuple => Value::tuple(self.fields_of(vals)),
+                        Join::Ctor(ctor) => Value::adt(ctor, self.fields_of(vals)),
+                    }));
                 }
+                None => break Step::AwaitJoin,
             }
-        }
-        if !self.join_fibers(&mut vals, &mut max) {
-            self.push(Kont::Concurrent {
-                join,
-                elems,
-                vals,
-                start,
-                max,
-                waits: self.waits,
-            })?;
-            return Ok(Step::AwaitJoin);
-        }
-        self.ctx.depth = max;
-        Ok(Step::Apply(match join {
-            Join::Tuple => Value::tuple(self.fields_of(vals)),
-            Join::Ctor(ctor) => Value::adt(ctor, self.fields_of(vals)),
-        }))
+        };
+        self.push(Kont::Concurrent {
+            join,
+            elems,
+            vals,
+            start,
+            max,
+            waits: self.waits,
+        })?;
+        Ok(step)
     }
 
     /// A `let` chain's bindings from `idx` on, immediate values (and block invocations of
