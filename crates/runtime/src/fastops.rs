@@ -629,14 +629,32 @@ impl Broadcast {
         Some(Broadcast { shape, strides })
     }
 
-    /// Calls `f` with each operand's offset, output element by output element.
-    fn each(&self, mut f: impl FnMut(&[usize])) {
+    /// The length of a row along the innermost axis (1 for a scalar).
+    fn inner(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1).max(1)
+    }
+
+    /// Operand `k`'s step along the innermost axis: 1 (its run is contiguous) or 0 (one value
+    /// repeated along the row).
+    fn step(&self, k: usize) -> usize {
+        self.strides
+            .get(k)
+            .and_then(|s| s.last())
+            .copied()
+            .unwrap_or(1)
+    }
+
+    /// Calls `f` with each operand's offset of the first element of each row along the
+    /// innermost axis, rows in order (an odometer over the axes before it); stops at the
+    /// first `None`.
+    fn each_row(&self, mut f: impl FnMut(&[usize]) -> Option<()>) -> Option<()> {
         let total: usize = self.shape.iter().product();
-        let mut index = vec![0usize; self.shape.len()];
+        let outer = self.shape.len().saturating_sub(1);
+        let mut index = vec![0usize; outer];
         let mut at = vec![0usize; self.strides.len()];
-        for _ in 0..total {
-            f(&at);
-            for ax in (0..index.len()).rev() {
+        for _ in 0..total / self.inner() {
+            f(&at)?;
+            for ax in (0..outer).rev() {
                 index[ax] += 1;
                 for (o, s) in at.iter_mut().zip(&self.strides) {
                     *o += s[ax];
@@ -650,6 +668,23 @@ impl Broadcast {
                 index[ax] = 0;
             }
         }
+        Some(())
+    }
+
+    /// Calls `f` with each operand's offset, output element by output element.
+    fn each(&self, mut f: impl FnMut(&[usize])) {
+        let inner = self.inner();
+        let steps: Vec<usize> = (0..self.strides.len()).map(|k| self.step(k)).collect();
+        let mut at = vec![0usize; steps.len()];
+        self.each_row(|row| {
+            for j in 0..inner {
+                for ((o, &r), &s) in at.iter_mut().zip(row).zip(&steps) {
+                    *o = r + j * s;
+                }
+                f(&at);
+            }
+            Some(())
+        });
     }
 }
 
@@ -675,113 +710,75 @@ fn where_f32(args: &[OpValue]) -> Option<OpValue> {
     let [c, x, y] = args else { return None };
     let (c, x, y) = (c.as_tensor()?, x.as_tensor()?, y.as_tensor()?);
     let (cv, xv, yv) = (c.as_slice::<bool>()?, x.as_f32()?, y.as_f32()?);
-    let Broadcast { shape, strides } = Broadcast::new(&[c.shape(), x.shape(), y.shape()])?;
-    let total: usize = shape.iter().product();
-    let [sc, sx, sy] = <[Vec<usize>; 3]>::try_from(strides).ok()?;
+    let bc = Broadcast::new(&[c.shape(), x.shape(), y.shape()])?;
+    let total: usize = bc.shape.iter().product();
     // Row by row along the innermost axis, each operand's run contiguous or one value repeated
     // (an element-by-element walk of the broadcast cost 10-17 ns an element: a padded decoder's
     // masks ran 2.9x its arithmetic select).
     let mut out = tumble_tensor::pool::scratch_f32(total);
-    if total > 0 {
-        let r = shape.len();
-        let inner = if r == 0 { 1 } else { shape[r - 1] }.max(1);
-        let step = |s: &[usize]| if r == 0 { 1 } else { s[r - 1] };
-        let (ic, ix, iy) = (step(&sc), step(&sx), step(&sy));
-        let mut index = vec![0usize; r.saturating_sub(1)];
-        let (mut oc, mut ox, mut oy) = (0usize, 0usize, 0usize);
-        for dst in out.chunks_exact_mut(inner) {
-            let len = |i: usize| if i == 0 { 1 } else { inner };
-            let (cs, xs, ys) = (
-                cv.get(oc..oc + len(ic))?,
-                xv.get(ox..ox + len(ix))?,
-                yv.get(oy..oy + len(iy))?,
-            );
-            match (ic, ix, iy) {
-                (1, 1, 1) => {
-                    for (((d, &c), &p), &q) in dst.iter_mut().zip(cs).zip(xs).zip(ys) {
-                        *d = if c { p } else { q };
-                    }
-                }
-                (0, ..) => match cs.first() {
-                    Some(true) if ix == 1 => dst.copy_from_slice(xs),
-                    Some(true) => dst.fill(*xs.first()?),
-                    Some(false) if iy == 1 => dst.copy_from_slice(ys),
-                    Some(false) => dst.fill(*ys.first()?),
-                    None => return None,
-                },
-                _ => {
-                    for (j, d) in dst.iter_mut().enumerate() {
-                        let (c, p, q) = (cs.get(j * ic)?, xs.get(j * ix)?, ys.get(j * iy)?);
-                        *d = if *c { *p } else { *q };
-                    }
+    let inner = bc.inner();
+    let (ic, ix, iy) = (bc.step(0), bc.step(1), bc.step(2));
+    let len = |i: usize| if i == 0 { 1 } else { inner };
+    let mut rows = out.chunks_exact_mut(inner);
+    bc.each_row(|at| {
+        let dst = rows.next()?;
+        let (cs, xs, ys) = (
+            cv.get(at[0]..at[0] + len(ic))?,
+            xv.get(at[1]..at[1] + len(ix))?,
+            yv.get(at[2]..at[2] + len(iy))?,
+        );
+        match (ic, ix, iy) {
+            (1, 1, 1) => {
+                for (((d, &c), &p), &q) in dst.iter_mut().zip(cs).zip(xs).zip(ys) {
+                    *d = if c { p } else { q };
                 }
             }
-            // Next outer index (odometer over the axes before the innermost).
-            for ax in (0..index.len()).rev() {
-                index[ax] += 1;
-                oc += sc[ax];
-                ox += sx[ax];
-                oy += sy[ax];
-                if index[ax] < shape[ax] {
-                    break;
+            (0, ..) => match cs.first() {
+                Some(true) if ix == 1 => dst.copy_from_slice(xs),
+                Some(true) => dst.fill(*xs.first()?),
+                Some(false) if iy == 1 => dst.copy_from_slice(ys),
+                Some(false) => dst.fill(*ys.first()?),
+                None => return None,
+            },
+            _ => {
+                for (j, d) in dst.iter_mut().enumerate() {
+                    let (c, p, q) = (cs.get(j * ic)?, xs.get(j * ix)?, ys.get(j * iy)?);
+                    *d = if *c { *p } else { *q };
                 }
-                oc -= sc[ax] * shape[ax];
-                ox -= sx[ax] * shape[ax];
-                oy -= sy[ax] * shape[ax];
-                index[ax] = 0;
             }
         }
-    }
-    Tensor::from_vec(shape, out).ok().map(OpValue::Tensor)
+        Some(())
+    })?;
+    Tensor::from_vec(bc.shape, out).ok().map(OpValue::Tensor)
 }
 
 fn binary_f32(args: &[OpValue], f: impl Fn(f32, f32) -> f32) -> Option<OpValue> {
     let (a, b) = (args.first()?.as_tensor()?, args.get(1)?.as_tensor()?);
     let (x, y) = (a.as_f32()?, b.as_f32()?);
-    let Broadcast { shape, strides } = Broadcast::new(&[a.shape(), b.shape()])?;
-    let total: usize = shape.iter().product();
-    let [sa, sb] = <[Vec<usize>; 2]>::try_from(strides).ok()?;
+    let bc = Broadcast::new(&[a.shape(), b.shape()])?;
+    let total: usize = bc.shape.iter().product();
     // Written row by row through the dispatched SIMD loops (an `extend` over a zip compiles for
     // the baseline ISA only: 2.3% of a training step in the kept forward's adds and products).
     let mut out = tumble_tensor::pool::scratch_f32(total);
-    if total > 0 {
-        let r = shape.len();
-        let inner = if r == 0 { 1 } else { shape[r - 1] }.max(1);
-        let (ia, ib) = if r == 0 {
-            (1, 1)
-        } else {
-            (sa[r - 1], sb[r - 1])
-        };
-        let mut index = vec![0usize; r.saturating_sub(1)];
-        let (mut oa, mut ob) = (0usize, 0usize);
-        for dst in out.chunks_exact_mut(inner) {
-            match (ia, ib) {
-                (1, 1) => simd::binary(dst, x.get(oa..oa + inner)?, y.get(ob..ob + inner)?, &f),
-                (1, _) => {
-                    let q = *y.get(ob)?;
-                    simd::unary(dst, x.get(oa..oa + inner)?, |p| f(p, q));
-                }
-                (_, 1) => {
-                    let p = *x.get(oa)?;
-                    simd::unary(dst, y.get(ob..ob + inner)?, |q| f(p, q));
-                }
-                _ => dst.fill(f(*x.get(oa)?, *y.get(ob)?)),
+    let (inner, ia, ib) = (bc.inner(), bc.step(0), bc.step(1));
+    let mut rows = out.chunks_exact_mut(inner);
+    bc.each_row(|at| {
+        let (dst, oa, ob) = (rows.next()?, at[0], at[1]);
+        match (ia, ib) {
+            (1, 1) => simd::binary(dst, x.get(oa..oa + inner)?, y.get(ob..ob + inner)?, &f),
+            (1, _) => {
+                let q = *y.get(ob)?;
+                simd::unary(dst, x.get(oa..oa + inner)?, |p| f(p, q));
             }
-            // Next outer index (odometer over the axes before the innermost).
-            for ax in (0..index.len()).rev() {
-                index[ax] += 1;
-                oa += sa[ax];
-                ob += sb[ax];
-                if index[ax] < shape[ax] {
-                    break;
-                }
-                oa -= sa[ax] * shape[ax];
-                ob -= sb[ax] * shape[ax];
-                index[ax] = 0;
+            (_, 1) => {
+                let p = *x.get(oa)?;
+                simd::unary(dst, y.get(ob..ob + inner)?, |q| f(p, q));
             }
+            _ => dst.fill(f(*x.get(oa)?, *y.get(ob)?)),
         }
-    }
-    Tensor::from_vec(shape, out).ok().map(OpValue::Tensor)
+        Some(())
+    })?;
+    Tensor::from_vec(bc.shape, out).ok().map(OpValue::Tensor)
 }
 
 /// f32 tensors joined along `axis`: for every index of the axes before it, each part's contiguous
