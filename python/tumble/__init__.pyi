@@ -63,7 +63,7 @@ class Model:
         profile: bool = False,
         timeout: Optional[float] = None,
     ) -> List[Any]:
-        """Runs every instance (mini-batches of ``batch`` — default: equal ones of at most 512,
+        """Runs every instance (mini-batches of ``batch`` — default: equal ones of at most 128,
         one or more per worker when each gets at least 32, as ``tumble run`` — on ``threads``
         threads, default $TUMBLE_NUM_THREADS or every core) with the GIL released; returns one
         output per instance, in order: numpy arrays, tuples, lists and ``Ctor`` values.

@@ -135,7 +135,7 @@ impl Default for LoadOptions {
 #[derive(Clone, Copy, Default)]
 pub struct RunOptions {
     /// Instances per mini-batch; `None`: [`tumble_runtime::default_batch`] (equal mini-batches
-    /// of at most 512, one or more per worker when each gets at least 32).
+    /// of at most 128, one or more per worker when each gets at least 32).
     pub batch: Option<usize>,
     /// Threads in all; `None`: `$TUMBLE_NUM_THREADS`, else the machine's cores.
     pub threads: Option<usize>,

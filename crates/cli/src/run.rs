@@ -53,7 +53,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
     /// Instances per mini-batch (batched engine); default: all instances in equal mini-batches of
-    /// at most 512, one or more per worker when each gets at least 32 (results do not depend on
+    /// at most 128, one or more per worker when each gets at least 32 (results do not depend on
     /// it).
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub batch: Option<usize>,
@@ -166,7 +166,7 @@ pub struct RunArgs {
     /// depend on it.
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub workers: Option<usize>,
-    /// Without `--batch`, keep a job of up to 512 instances in one mini-batch instead of
+    /// Without `--batch`, keep a job of up to 128 instances in one mini-batch instead of
     /// splitting it into one per worker (each of at least 32 instances).
     #[arg(long)]
     pub no_split_batches: bool,
@@ -320,7 +320,7 @@ pub(crate) fn thread_count(flag: Option<usize>) -> Result<usize, Failure> {
 }
 
 /// The mini-batch size of a job of `instances` instances run by `workers` workers: `--batch`,
-/// else [`tumble_runtime::default_batch`] (`--no-split-batches`: one mini-batch per 512
+/// else [`tumble_runtime::default_batch`] (`--no-split-batches`: one mini-batch per 128
 /// instances, not one per worker).
 fn mini_batch(args: &RunArgs, instances: usize, workers: usize) -> usize {
     match args.batch {

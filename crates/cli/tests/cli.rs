@@ -1939,7 +1939,7 @@ fn a_missing_entry_names_the_functions_the_model_defines() {
 }
 
 /// Without `--batch`, a job of more instances than a default mini-batch holds runs in equal
-/// mini-batches of at most 512 (the profile counts them), a whole number per worker when each
+/// mini-batches of at most 128 (the profile counts them), a whole number per worker when each
 /// gets at least 32 instances, with the outputs of one mini-batch of all.
 #[test]
 fn run_splits_large_jobs_into_default_mini_batches() {
@@ -1956,15 +1956,15 @@ fn run_splits_large_jobs_into_default_mini_batches() {
     let (model, inputs) = (model.display().to_string(), inputs.display().to_string());
     let all = run_random(&model, &inputs, &["--batch", "1100"]);
     assert!(all.status.success());
-    // (threads, extra flags, mini-batches): 1,100 instances are 3 of at most 512 for one worker,
-    // 4 for two; 64 instances split in two only for two workers and without the switch.
+    // (threads, extra flags, mini-batches): 1,100 instances are 9 of at most 128 for one worker,
+    // 10 for two; 64 instances split in two only for two workers and without the switch.
     let small = temp_file("tiny_rows64.jsonl", &lines(64));
     let small = small.display().to_string();
     let small_all = run_random(&model, &small, &["--batch", "64"]);
     assert!(small_all.status.success());
     for (file, want, threads, extra, batches) in [
-        (&inputs, &all.stdout, "1", None, 3),
-        (&inputs, &all.stdout, "2", None, 4),
+        (&inputs, &all.stdout, "1", None, 9),
+        (&inputs, &all.stdout, "2", None, 10),
         (&small, &small_all.stdout, "1", None, 1),
         (&small, &small_all.stdout, "2", None, 2),
         (

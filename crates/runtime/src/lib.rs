@@ -39,7 +39,7 @@ pub use gemm::{set_small_product_gemm, uncached_packs};
 pub use profile::Profile;
 pub use reuse::Reuse;
 pub use tumble_kernels::{set_narrow_products, MAX_THREADS};
-pub use workers::{default_batch, run_batches, Job, JobError, Lending};
+pub use workers::{default_batch, run_batches, Job, JobError, Lending, DEFAULT_BATCH};
 
 /// How block invocations are ordered into launches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,11 +26,14 @@ use tumble_tensor::Rng;
 
 use crate::{run_batch_lent, Executable, InstanceError, Options, Profile, Reuse};
 
-/// Instances per mini-batch where the caller gives no size: past a few hundred, launches are
-/// wide already, and a larger mini-batch only grows the graph and its working set past the
-/// caches (32,768 one-token sentences at once: 28 µs an instance, in mini-batches of 512: 16 µs)
-/// and leaves a second worker nothing to run.
-pub const DEFAULT_BATCH: usize = 512;
+/// Instances per mini-batch where the caller gives no size. Past ~128 instances a launch's GEMM
+/// has rows enough to run at the tile's peak, and a larger mini-batch only grows the instances'
+/// states, the graph and the activations past the caches: 1,024 instances at one thread in
+/// mini-batches of 128 against 512 (warm, ms): BiRNN-large 387 / 451, StackRNN-small 362 / 410,
+/// MV-RNN-small 354 / 378, TreeLSTM-small 269 / 286, MV-RNN-large 1,983 / 2,058; none faster at
+/// 512 (one-token sentences: 66 / 73). The host program's time per step doubles at 512
+/// (StackRNN-small: 65 → 125 ms over the same steps). `tumble grad` uses it too.
+pub const DEFAULT_BATCH: usize = 128;
 
 /// The fewest instances a mini-batch gets when a job is split to give every worker one: below
 /// it, launches are narrow enough that splitting them costs more than the second worker's host
@@ -337,11 +340,11 @@ mod tests {
             (64, 2, true, 32),
             (64, 2, false, 64),
             (64, 3, true, 64),
-            (600, 1, true, 300),
-            (600, 2, true, 300),
-            (1100, 1, true, 367),
-            (1100, 2, true, 275),
-            (100_000, usize::MAX, true, 511),
+            (600, 1, true, 120),
+            (600, 2, true, 100),
+            (1100, 1, true, 123),
+            (1100, 2, true, 110),
+            (100_000, usize::MAX, true, 128),
         ] {
             assert_eq!(
                 default_batch(n, w, split),

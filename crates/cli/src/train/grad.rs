@@ -3,11 +3,11 @@
 
 use super::*;
 
-/// Instances per mini-batch of `tumble grad` without `--batch`: the backward keeps the forward's
-/// values, so a mini-batch's memory grows with it, and past ~128 instances the pages it faults
-/// in cost more than wider launches save (1,024 sentences of a seq2seq: 1.94 s and 330 MB in
-/// mini-batches of 128, 2.43 s and 1.6 GB as one).
-const GRAD_BATCH: usize = 128;
+/// Instances per mini-batch of `tumble grad` without `--batch`: `run`'s default size. The
+/// backward keeps the forward's values, so a mini-batch's memory grows with it, and past ~128
+/// instances the pages it faults in cost more than wider launches save (1,024 sentences of a
+/// seq2seq: 1.94 s and 330 MB in mini-batches of 128, 2.43 s and 1.6 GB as one).
+const GRAD_BATCH: usize = tumble_runtime::DEFAULT_BATCH;
 
 pub fn grad(args: &GradArgs, color: bool) -> ExitCode {
     let mut sources = SourceMap::new();
