@@ -259,6 +259,11 @@ impl Dfg<'_> {
             .iter()
             .map(|&id| {
                 let args = &self.nodes.get(id as usize)?.args;
+                // A computed input: no key (looked at before any is built, as most launches of
+                // a step's block read a state).
+                if args.iter().any(|a| matches!(a, Arg::Lazy(_))) {
+                    return None;
+                }
                 let mut key = vec![u64::from(block_id)];
                 for a in args {
                     let Arg::Val(t) = a else { return None };
@@ -267,7 +272,15 @@ impl Dfg<'_> {
                 Some(key)
             })
             .collect();
-        keys.iter().any(Option::is_some).then_some(keys)
+        if keys.iter().all(Option::is_none) {
+            // None of them can be kept or found: they count for the block's trial as invocations
+            // that did not repeat, so that a block whose invocations read computed values (an
+            // RNN step merged with its input transform) stops being looked at, instead of
+            // staying on trial, its launches scanned, for the whole job.
+            self.exec.memo.record(block_id, ids.len(), 0);
+            return None;
+        }
+        Some(keys)
     }
 
     /// [`Dfg::launch_batch`] for invocations some of which an earlier launch of the job may have
