@@ -125,6 +125,31 @@ fn tensors_floats_and_non_finite() {
     let e = Tensor::from_i64([0, 3], vec![]).unwrap();
     let enc = encode_json(&t(e), &Ty::tensor_of(&[0, 3], DType::Int64), &env).unwrap();
     assert_eq!(enc.json, "[]");
+    // Brackets over every rank, each element type written row by row.
+    let cases: [(Tensor, &str); 5] = [
+        (
+            Tensor::from_f32([2, 2, 2], vec![1.5, -2.0, 0.25, 1e-5, 3.0, 4.0, 5.0, 6.0]).unwrap(),
+            "[[[1.5,-2.0],[0.25,1e-5]],[[3.0,4.0],[5.0,6.0]]]",
+        ),
+        (
+            Tensor::from_i32([2, 1, 3], vec![1, -2, 3, 4, 5, -6]).unwrap(),
+            "[[[1,-2,3]],[[4,5,-6]]]",
+        ),
+        (
+            Tensor::from_bool([3, 1], vec![true, false, true]).unwrap(),
+            "[[true],[false],[true]]",
+        ),
+        (Tensor::from_i64([1], vec![-9]).unwrap(), "[-9]"),
+        (
+            Tensor::from_f32([1, 1, 1, 2], vec![0.33333334, f32::NEG_INFINITY]).unwrap(),
+            "[[[[0.33333334,null]]]]",
+        ),
+    ];
+    for (x, want) in cases {
+        let dims: Vec<i64> = x.shape().iter().map(|&d| d as i64).collect();
+        let ty = Ty::tensor_of(&dims, x.dtype());
+        assert_eq!(encode_json(&t(x), &ty, &env).unwrap().json, want);
+    }
     // Long tensors summarize with a count.
     let big = Tensor::from_i32([10], (0..10).collect()).unwrap();
     assert_eq!(
