@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::program::{lambdas_reaching, Code, Program, Site};
+use crate::program::{lambdas_reaching_past, Code, Program, Site};
 use crate::reuse::{analyze, InputReuse};
 
 /// Lambdas a program may grow by through duplication.
@@ -55,6 +55,12 @@ pub fn duplicate(program: &mut Program, entry: &str, weights: &[bool]) -> Vec<Du
             if Some(g) == entry_global || !reaches.get(l as usize).copied().unwrap_or(false) {
                 continue;
             }
+            // A native prelude function (`@nth`) called, never used as a value: its body's
+            // blocks (an index's `equal`/`subtract`, "shared per call site" when each site
+            // passes its own literal) never run, and a clone would lose the native form.
+            if program.natives.of(g).is_some() && !used_as_value(program, g) {
+                continue;
+            }
             let family = family_of(program, l);
             let refs = references_outside(program, g, &family);
             // Last first: retargeting a reference does not renumber the ones before it.
@@ -75,11 +81,23 @@ pub fn duplicate(program: &mut Program, entry: &str, weights: &[bool]) -> Vec<Du
 }
 
 /// Per lambda: does it invoke one of `blocks`, or reference a global or make a closure that does?
+/// (A call of a native prelude function reaches nothing: its body does not run.)
 fn reaching_lambdas(program: &Program, blocks: &BTreeSet<u32>) -> Vec<bool> {
-    lambdas_reaching(
+    lambdas_reaching_past(
         program,
         |c| matches!(c, Code::InvokeBlock { block, .. } if blocks.contains(block)),
+        |g| program.natives.of(g).is_some(),
     )
+}
+
+/// Whether global `g` is used as a value anywhere (a closure of it), not only called.
+fn used_as_value(program: &Program, g: u32) -> bool {
+    let mut used = false;
+    for l in &program.lambdas {
+        l.body
+            .visit(&mut |c| used |= matches!(c, Code::Global(x) if *x == g));
+    }
+    used
 }
 
 /// A lambda and the closures created inside it, transitively.

@@ -173,6 +173,17 @@ pub fn code_reaches(code: &Code, lambdas: &[bool], globals: &[u32]) -> bool {
 /// makes, transitively), contain code for which `direct` holds? Call-graph reachability shared by
 /// the automatic phases and code duplication.
 pub fn lambdas_reaching(program: &Program, direct: impl Fn(&Code) -> bool) -> Vec<bool> {
+    lambdas_reaching_past(program, direct, |_| false)
+}
+
+/// [`lambdas_reaching`], where a call of a global for which `opaque` holds does not reach what
+/// its body does (a native prelude function's body never runs where it is called); its uses as
+/// a value still do.
+pub fn lambdas_reaching_past(
+    program: &Program,
+    direct: impl Fn(&Code) -> bool,
+    opaque: impl Fn(u32) -> bool,
+) -> Vec<bool> {
     let n = program.lambdas.len();
     let mut reach = vec![false; n];
     let mut edges: Vec<Vec<u32>> = vec![Vec::new(); n];
@@ -180,6 +191,7 @@ pub fn lambdas_reaching(program: &Program, direct: impl Fn(&Code) -> bool) -> Ve
         l.body.visit(&mut |c| {
             reach[i] |= direct(c);
             match c {
+                Code::CallGlobal { global, .. } if opaque(*global) => {}
                 Code::CallGlobal { global, .. } | Code::Global(global) => {
                     if let Some(&t) = program.globals.get(*global as usize) {
                         edges[i].push(t);

@@ -705,3 +705,32 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %Wi: Tensor[(16, 4), float32], %Wh
     assert_eq!(r.split.len(), 1, "{:?}", r.split);
     assert!(r.cse >= 9, "{} repeated operators merged", r.cse);
 }
+
+/// A native prelude function called at several sites with its own literal index each
+/// (`@nth(%xs, 0)`, `@nth(%xs, 1)`): its body's index blocks look shared per call site, but the
+/// body never runs where the native form does, so it is not cloned — a clone (`@nth#2`) has no
+/// native form, and every call of it was interpreted step by step (a GGNN's typed neighbour
+/// lists: 108,072 host-run invocations against 11,844).
+#[test]
+fn a_native_prelude_function_is_not_cloned_per_call_site() {
+    let src = r#"
+def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  let %a = @nth(%xs, 0);
+  let %b = @nth(%xs, 1);
+  let %c = @nth(%xs, 2);
+  nn.dense(add(add(%a, %b), %c), %W)
+}"#;
+    let (p, r) = compile(src);
+    assert!(r.duplicated.is_empty(), "{:?}", r.duplicated);
+    let nth = p
+        .global_index
+        .get("nth")
+        .copied()
+        .expect("the prelude's @nth");
+    assert!(p.natives.of(nth).is_some(), "@nth keeps its native form");
+    assert!(
+        !p.global_index.keys().any(|k| k.starts_with("nth#")),
+        "{:?}",
+        p.global_index.keys().collect::<Vec<_>>()
+    );
+}
