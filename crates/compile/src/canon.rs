@@ -224,6 +224,10 @@ impl Rewriter<'_> {
                     _ => (self.push(node), false),
                 }
             }
+            "sum" => match self.summed_product(&node) {
+                Some(v) => (v, true),
+                None => (self.push(node), false),
+            },
             "nn.batch_matmul" => match self.batch_matmul_as_dense(&node) {
                 Some(v) => (v, true),
                 None => (self.push(node), false),
@@ -280,6 +284,79 @@ impl Rewriter<'_> {
             },
             _ => (self.push(node), false),
         }
+    }
+
+    /// A matrix-vector product written as a broadcast product summed over one axis, as ports
+    /// of `(W * h).sum(-1)` say: `sum(multiply(A, v), axis=[1])` of f32 `A: (N, K)` and
+    /// `v: (1, K)` (either operand order) is the row `v · Aᵀ`, `nn.dense(v, A)`; over axis 0,
+    /// of `A: (K, N)` and `v: (K, 1)`, it is `nn.dense(vᵀ, Aᵀ)`. Reshaped to the sum's type
+    /// (`keepdims` either way). The `(N, K)` product of every instance was written and summed
+    /// (a hypernetwork's generated matrix times its state: 3.1× the product's time). Static
+    /// shapes only, so the multiply left unread cannot fail and goes.
+    fn summed_product(&mut self, node: &BlockNode) -> Option<BVal> {
+        let axis = match node.attrs.get("axis")? {
+            AttrValue::List(v) => match v.as_slice() {
+                [AttrValue::Int(a)] => *a,
+                _ => return None,
+            },
+            AttrValue::Int(a) => *a,
+            _ => return None,
+        };
+        if node.attrs.bool("exclude").ok()? == Some(true) || node.args.len() != 1 {
+            return None;
+        }
+        let Some(BArg::One(BVal::Node(m))) = node.args.first() else {
+            return None;
+        };
+        let mul = self.nodes.get(*m as usize)?;
+        if mul.op.name != "multiply" || mul.args.len() != 2 {
+            return None;
+        }
+        let (Some(BArg::One(x)), Some(BArg::One(y))) = (mul.args.first(), mul.args.get(1)) else {
+            return None;
+        };
+        let f32_2d = |v: &BVal| {
+            let t = self.ty(v);
+            match t.as_tensor() {
+                Some((_, DType::Float32)) => dims2(&t),
+                _ => None,
+            }
+        };
+        let (dx, dy) = (f32_2d(x)?, f32_2d(y)?);
+        let (x, y) = (x.clone(), y.clone());
+        // The matrix and the vector, whichever operand each is.
+        let vector_row = |(m, _): (i64, i64)| m == 1;
+        let vector_col = |(_, n): (i64, i64)| n == 1;
+        let f32_row = |n: i64| Ty::tensor(vec![Dim::Known(1), Dim::Known(n)], DType::Float32);
+        let product = match axis {
+            1 | -1 => {
+                let ((a, (n, k)), (v, (_, kv))) = match (vector_row(dx), vector_row(dy)) {
+                    (false, true) => ((x, dx), (y, dy)),
+                    (true, false) => ((y, dy), (x, dx)),
+                    _ => return None,
+                };
+                if k != kv {
+                    return None;
+                }
+                self.dense(v, a, Attrs::default(), f32_row(n))
+            }
+            0 | -2 => {
+                let ((a, (k, n)), (v, (kv, _))) = match (vector_col(dx), vector_col(dy)) {
+                    (false, true) => ((x, dx), (y, dy)),
+                    (true, false) => ((y, dy), (x, dx)),
+                    _ => return None,
+                };
+                if k != kv {
+                    return None;
+                }
+                let (row, _) = self.reshape_to(v, &f32_row(k));
+                let at = Ty::tensor(vec![Dim::Known(n), Dim::Known(k)], DType::Float32);
+                let a = self.transpose(a, &[1, 0], at);
+                self.dense(row, a, Attrs::default(), f32_row(n))
+            }
+            _ => return None,
+        };
+        Some(self.reshape_to(product, &node.ty).0)
     }
 
     /// `nn.batch_matmul(x, y)` of f32 `(G, M, K)` and `(G', N, K)` (or `(G', K, N)` without
@@ -663,6 +740,7 @@ fn canonicalize_block(block: &mut Block, varying: &[bool]) -> usize {
         // the reference engine's does.
         block.drop_dead_nodes(|n| {
             matches!(n.op.name, "nn.dense" | "reshape" | "transpose" | "one_hot")
+                || (n.op.name == "multiply" && known_dims(&n.ty).is_some())
         });
     }
     rewrites

@@ -1472,6 +1472,72 @@ def @main(%x: Tensor[(1, 4), float32], %u: Tensor[(3, 4), float32], %V: Tensor[(
     }
 }
 
+/// Matrix-vector products written as broadcast products summed over an axis, as ports of
+/// `(W * h).sum(-1)` say — a shared weight times the instance's row over axis 1 (both operand
+/// orders, `keepdims` both ways), the instance's own generated matrix (a hypernetwork's) times
+/// its row, and a `(K, N)` matrix times a `(K, 1)` column over axis 0 — run as products: equal
+/// to the reference every way, no `multiply` left in the blocks, and the same values (within
+/// the products' rounding) with the rewrite off.
+#[test]
+fn broadcast_products_summed_over_an_axis_are_products() {
+    let src = r#"
+def @main(%h: Tensor[(1, 4), float32], %c: Tensor[(4, 1), float32], %W: Tensor[(3, 4), float32],
+          %Z: Tensor[(4, 12), float32], %V: Tensor[(4, 5), float32])
+    -> (Tensor[(3), float32], Tensor[(3, 1), float32], Tensor[(3), float32], Tensor[(5), float32],
+        Tensor[(1, 5), float32]) {
+  let %G = reshape(nn.dense(%h, transpose(%Z)), newshape=[3, 4]);
+  (sum(multiply(%W, %h), axis=[1]),
+   sum(multiply(%h, %W), axis=[-1], keepdims=True),
+   sum(multiply(tanh(%G), %h), axis=[1]),
+   sum(multiply(%V, %c), axis=[0]),
+   sum(multiply(%c, %V), axis=[-2], keepdims=True))
+}
+"#;
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let v = |r: usize| -> Vec<String> {
+                (0..4)
+                    .map(|j| format!("{:.3}", ((i * 5 + r * 7 + j * 3) % 13) as f64 / 4.0 - 1.5))
+                    .collect()
+            };
+            let col: Vec<String> = v(1).into_iter().map(|x| format!("[{x}]")).collect();
+            format!(
+                "{{\"h\": [[{}]], \"c\": [{}]}}",
+                v(0).join(", "),
+                col.join(", ")
+            )
+        })
+        .collect();
+    batches_without_loops("summed_products", src, &inputs, &["h", "c"]);
+    let x = expected(
+        "summed_products",
+        load_text("summed_products", src),
+        &inputs.join("\n"),
+        &["h", "c"],
+    );
+    check_all_ways(&x);
+    let (on, reuse_on) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let left: Vec<&str> = on
+        .blocks
+        .iter()
+        .flat_map(|b| &b.nodes)
+        .filter(|n| n.op.name == "multiply")
+        .map(|n| n.op.name)
+        .collect();
+    assert!(left.is_empty(), "broadcast products left: {left:?}");
+    let statics = tumble_compile::StaticOptions {
+        canon: false,
+        ..tumble_compile::StaticOptions::all()
+    };
+    let (off, reuse_off) = common::compile(&x, true, statics);
+    let (on_vals, _) = common::run_once(&x, &on, &reuse_on, Default::default());
+    let (off_vals, _) = common::run_once(&x, &off, &reuse_off, Default::default());
+    for (i, (a, b)) in on_vals.iter().zip(&off_vals).enumerate() {
+        common::same_within(a, b, &format!("instance {i}"), 1e-5)
+            .unwrap_or_else(|e| panic!("canonical products on vs off: {e}"));
+    }
+}
+
 /// An LSTM-style cell that spells `split(nn.dense(%x, %W), 3)` once per gate and adds two random
 /// draws written alike: the repeated products and splits are computed once (one product in the
 /// block), the draws stay two draws. Equal to the reference every way, with and without the pass.
