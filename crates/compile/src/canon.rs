@@ -20,6 +20,8 @@
 //!   that shape (shared operands reshaped to it), with one reshape after it: a chain of them
 //!   over column vectors runs on the products' rows, as row programs and GEMM epilogues;
 //! - columns concatenated along axis 0 are their rows concatenated along axis 1, reshaped;
+//! - a broadcast product summed over one axis, `sum(multiply(A, v), axis=[1])` of `A: (N, K)`
+//!   and a row `v: (1, K)` (or over axis 0 with a column), is `nn.dense(v, A)`, reshaped;
 //! - a `reshape` of a `reshape` is one `reshape`, a `reshape` to the type it has is its
 //!   operand.
 //!
