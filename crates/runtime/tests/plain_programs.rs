@@ -1538,6 +1538,67 @@ def @main(%h: Tensor[(1, 4), float32], %c: Tensor[(4, 1), float32], %W: Tensor[(
     }
 }
 
+/// `max`/`min` over every axis (a convergence test's `max(abs(h2 - h))` over an instance's
+/// rows of its own length, a static matrix's extreme with `keepdims`, an integer tensor's) run
+/// as a row reduction and one over what is left: equal to the reference every way, and no
+/// extreme over several axes left in the blocks.
+#[test]
+fn extremes_over_every_axis_reduce_rows_first() {
+    let src = r#"
+def @main(%h: Tensor[(?, 4), float32], %g: Tensor[(?, 4), float32], %m: Tensor[(3, 4), float32],
+          %k: Tensor[(?, 2), int32])
+    -> (Tensor[(), float32], Tensor[(1, 1), float32], Tensor[(), int32], Tensor[(), float32]) {
+  (max(abs(subtract(tanh(%h), %g))),
+   min(multiply(%m, sum(%h)), keepdims=True),
+   max(%k),
+   min(%h))
+}
+"#;
+    let inputs: Vec<String> = (0..9)
+        .map(|i| {
+            let rows = |n: usize, salt: usize| -> String {
+                let r: Vec<String> = (0..n)
+                    .map(|t| {
+                        let v: Vec<String> = (0..4)
+                            .map(|j| {
+                                let x = ((i * 5 + t * 7 + j * 3 + salt) % 13) as f64 / 4.0 - 1.5;
+                                format!("{x:.3}")
+                            })
+                            .collect();
+                        format!("[{}]", v.join(", "))
+                    })
+                    .collect();
+                format!("[{}]", r.join(", "))
+            };
+            let n = 1 + (i * 3) % 5;
+            let k: Vec<String> = (0..n)
+                .map(|t| format!("[{}, {}]", (i * 7 + t) % 11, -((t * 3) as i64)))
+                .collect();
+            format!(
+                "{{\"h\": {}, \"g\": {}, \"k\": [{}]}}",
+                rows(n, 0),
+                rows(n, 5),
+                k.join(", ")
+            )
+        })
+        .collect();
+    let x = expected(
+        "extremes_by_rows",
+        load_text("extremes_by_rows", src),
+        &inputs.join("\n"),
+        &["h", "g", "k"],
+    );
+    check_all_ways(&x);
+    let (on, _) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let per_row = on
+        .blocks
+        .iter()
+        .flat_map(|b| &b.nodes)
+        .filter(|n| matches!(n.op.name, "max" | "min") && n.attrs.get("axis").is_some())
+        .count();
+    assert_eq!(per_row, 4, "one row reduction per extreme");
+}
+
 /// An LSTM-style cell that spells `split(nn.dense(%x, %W), 3)` once per gate and adds two random
 /// draws written alike: the repeated products and splits are computed once (one product in the
 /// block), the draws stay two draws. Equal to the reference every way, with and without the pass.
