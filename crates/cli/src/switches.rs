@@ -105,6 +105,7 @@ impl CompileSwitches {
             cse: !self.no_cse,
             split: !self.no_hoist_split,
             concurrency: !self.no_auto_concurrency,
+            for_gradients: false,
         }
     }
 

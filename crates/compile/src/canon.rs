@@ -42,7 +42,9 @@ use crate::program::Program;
 use crate::reuse::ReuseAnalysis;
 
 /// Rewrites every block of `program`; returns how many rewrites it made.
-pub fn canonicalize(program: &mut Program, reuse: &ReuseAnalysis) -> usize {
+/// `for_gradients`: the rewrites a gradient would tell apart stay off (see
+/// [`Rewriter::extreme_by_rows`]).
+pub fn canonicalize(program: &mut Program, reuse: &ReuseAnalysis, for_gradients: bool) -> usize {
     let mut count = 0;
     for (b, block) in program.blocks.iter_mut().enumerate() {
         let varying = reuse.varying_inputs(b);
@@ -50,7 +52,7 @@ pub fn canonicalize(program: &mut Program, reuse: &ReuseAnalysis) -> usize {
         if varying.len() != block.inputs.len() {
             continue;
         }
-        count += canonicalize_block(block, &varying);
+        count += canonicalize_block(block, &varying, for_gradients);
     }
     count
 }
@@ -70,6 +72,8 @@ struct Rewriter<'b> {
     /// point where it did.
     span: Span,
     calls: Vec<Span>,
+    /// Compiled for a backward pass: no rewrite whose gradient differs at ties.
+    for_gradients: bool,
 }
 
 impl Rewriter<'_> {
@@ -300,8 +304,11 @@ impl Rewriter<'_> {
     /// Extremes do not round, so the value is the same; a reduction over several axes at once ran
     /// the reference's permute and f64 copy, and over an instance's rows of different lengths
     /// once per group of equal lengths (1.47× the row-first form on sets of 512).
+    /// (Not for gradients: with ties the reference shares an extreme's gradient evenly among
+    /// the elements that attain it, the row-first form among the tied rows first.)
     fn extreme_by_rows(&mut self, node: &BlockNode) -> Option<BVal> {
-        if !matches!(node.attrs.get("axis"), None | Some(AttrValue::None))
+        if self.for_gradients
+            || !matches!(node.attrs.get("axis"), None | Some(AttrValue::None))
             || node.attrs.bool("exclude").ok()? == Some(true)
             || node.args.len() != 1
         {
@@ -758,7 +765,7 @@ impl Rewriter<'_> {
     }
 }
 
-fn canonicalize_block(block: &mut Block, varying: &[bool]) -> usize {
+fn canonicalize_block(block: &mut Block, varying: &[bool], for_gradients: bool) -> usize {
     let (Some(reshape), Some(dense), Some(transpose)) = (
         tumble_ops::lookup("reshape"),
         tumble_ops::lookup("nn.dense"),
@@ -777,6 +784,7 @@ fn canonicalize_block(block: &mut Block, varying: &[bool]) -> usize {
         transpose,
         span: Span::default(),
         calls: Vec::new(),
+        for_gradients,
     };
     // Old node index → its value in the new list (a rewritten node may become another's value).
     let mut map: Vec<BVal> = Vec::with_capacity(old.len());

@@ -43,6 +43,12 @@ pub struct StaticOptions {
     /// artifacts compiled before it existed, which were compiled without it.
     #[serde(default)]
     pub concurrency: bool,
+    /// Compiled for `grad`/`train`: the rewrites whose gradient could differ from the program's
+    /// as written stay off — `max`/`min` over every axis by rows first shares the gradient
+    /// among tied rows, then tied elements, where the reference shares it among tied elements
+    /// ([`crate::canon`]).
+    #[serde(default)]
+    pub for_gradients: bool,
 }
 
 impl StaticOptions {
@@ -61,6 +67,7 @@ impl StaticOptions {
             cse: true,
             split: true,
             concurrency: true,
+            for_gradients: false,
         }
     }
 
@@ -79,6 +86,7 @@ impl StaticOptions {
             cse: false,
             split: false,
             concurrency: false,
+            for_gradients: false,
         }
     }
 }
@@ -181,7 +189,7 @@ pub fn optimize(
         // On which block inputs are one value per launch: a product keeps its weight as the
         // packed operand.
         let reuse = crate::reuse::analyze(program, entry, weights);
-        report.canonical = crate::canon::canonicalize(program, &reuse);
+        report.canonical = crate::canon::canonicalize(program, &reuse, opts.for_gradients);
         crate::verify::debug_check(program, "canonical products");
     }
     if opts.params && opts.derive {

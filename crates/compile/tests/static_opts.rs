@@ -734,3 +734,35 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %W: Tensor[(4, 4), float32]) -> Te
         p.global_index.keys().collect::<Vec<_>>()
     );
 }
+
+/// `max` over every axis runs row first for `run`, and as written when compiled for gradients
+/// (with ties, the row-first form would share the gradient among tied rows first).
+#[test]
+fn extremes_over_every_axis_stay_whole_for_gradients() {
+    let src = r#"
+def @main(%x: Tensor[(3, 4), float32], %W: Tensor[(4, 4), float32]) -> Tensor[(), float32] {
+  max(nn.dense(%x, %W))
+}"#;
+    let extremes = |p: &Program| -> Vec<bool> {
+        p.blocks
+            .iter()
+            .flat_map(|b| &b.nodes)
+            .filter(|n| n.op.name == "max")
+            .map(|n| n.attrs.get("axis").is_some())
+            .collect()
+    };
+    let (run, _) = compile(src);
+    assert_eq!(
+        extremes(&run),
+        vec![true, false],
+        "rows first, then the rest"
+    );
+    let (grad, _) = compile_with(
+        src,
+        StaticOptions {
+            for_gradients: true,
+            ..StaticOptions::all()
+        },
+    );
+    assert_eq!(extremes(&grad), vec![false], "as written");
+}

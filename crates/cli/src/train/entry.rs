@@ -100,6 +100,7 @@ pub(super) fn compile_bound(
             // Gradients do not flow through weight transforms computed once per run.
             statics: Some(tumble_compile::StaticOptions {
                 derive: false,
+                for_gradients: true,
                 ..tumble_compile::StaticOptions::all()
             }),
             ..tumble_compile::CompileOptions::batched()

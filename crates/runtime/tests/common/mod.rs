@@ -57,6 +57,7 @@ pub fn instances(l: &Loaded, program: &Program, inputs: &str) -> Vec<Vec<Value>>
 pub fn training_statics() -> tumble_compile::StaticOptions {
     tumble_compile::StaticOptions {
         derive: false,
+        for_gradients: true,
         ..tumble_compile::StaticOptions::all()
     }
 }
