@@ -644,14 +644,11 @@ impl Dfg<'_> {
             Err(m) => return Err(self.launch_failure(block_id, ids, first_span, m)),
         };
         self.profile.record_launch(&block.name, b, t1.elapsed());
-        let bytes = outs
-            .iter()
-            .map(|o| match o {
-                BV::Batched(OpValue::Tensor(t)) => (t.len() * t.dtype().size()) as u64,
-                _ => 0,
-            })
-            .sum();
-        self.produced(bytes);
+        for o in &outs {
+            if let BV::Batched(OpValue::Tensor(t)) = o {
+                self.produced(t);
+            }
+        }
         let per_node = (0..ids.len())
             .map(|row| match outs.as_slice() {
                 [o] => slot_of(o, row).map(Outs::One),

@@ -323,9 +323,16 @@ pub struct Dfg<'p> {
     /// Output bytes recorded since the last scan: a scan is worth its cost only when enough could
     /// be freed (see `release`).
     bytes_since_scan: u64,
-    /// Bytes of launch outputs not yet released (an upper bound: a buffer also held elsewhere is
-    /// counted until its last node is released); its maximum is the profile's peak.
+    /// Bytes of launch outputs not yet released (an upper bound within a flush: a buffer also
+    /// held elsewhere is counted until its last node is released); its maximum is the
+    /// profile's peak.
     live_bytes: u64,
+    /// Every launch output buffer counted in `live_bytes`, with its bytes: after each flush the
+    /// ones no tensor holds any more are crossed off and `live_bytes` is their sum, so a buffer
+    /// the host held when its nodes were released (a loop's state, dropped at the next step)
+    /// stops counting once it is gone (a 10-step fixed-point loop over 512 sets reported 597 MB
+    /// of activations at 87 MB of RSS).
+    counted: Vec<(tumble_tensor::BufferWatch, u64)>,
 }
 
 /// An error of operator `node` (an index into `block`'s nodes) in an invocation at `site`:
@@ -499,6 +506,7 @@ impl<'p> Dfg<'p> {
             epoch: 1,
             bytes_since_scan: 0,
             live_bytes: 0,
+            counted: Vec::new(),
         }
     }
 

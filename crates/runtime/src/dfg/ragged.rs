@@ -478,7 +478,7 @@ impl Dfg<'_> {
 
         let t1 = Instant::now();
         let threads = self.opts.threads + self.lent.map_or(0, Lending::share);
-        let mut held_bytes = 0u64;
+        let mut held: Vec<(tumble_tensor::BufferWatch, u64)> = Vec::new();
         for (seg, plan) in &run.segments {
             let lookup = |v: &tumble_compile::BVal| {
                 key_of(v)
@@ -581,7 +581,7 @@ impl Dfg<'_> {
                                 return Err(fail("internal: ragged segment result rank".into()))
                             }
                         };
-                        held_bytes += (t.len() * t.dtype().size()) as u64;
+                        held.push((t.watch(), (t.len() * t.dtype().size()) as u64));
                         let mut start = 0;
                         for &l in &lens[k0..k1] {
                             each[o].push(Slot {
@@ -631,7 +631,7 @@ impl Dfg<'_> {
                 // Rows of every invocation's table, or a query against them, read where they
                 // lie: one batched result per output, a row each.
                 for t in results {
-                    held_bytes += (t.len() * t.dtype().size()) as u64;
+                    held.push((t.watch(), (t.len() * t.dtype().size()) as u64));
                     let batched = BV::Batched(OpValue::Tensor(t));
                     let slots = (0..ids.len())
                         .map(|k| super::launch::slot_of(&batched, k))
@@ -672,7 +672,7 @@ impl Dfg<'_> {
                 drop(parts);
                 let t = Tensor::from_vec(vec![total, att.heads, att.width], out)
                     .map_err(|e| fail(format!("internal: {e}")))?;
-                held_bytes += (t.len() * t.dtype().size()) as u64;
+                held.push((t.watch(), (t.len() * t.dtype().size()) as u64));
                 let mut slots = Vec::with_capacity(ids.len());
                 let mut start = 0;
                 for &l in &lens {
@@ -746,7 +746,7 @@ impl Dfg<'_> {
                             }
                             other => {
                                 if let BV::Batched(OpValue::Tensor(t)) = &other {
-                                    held_bytes += (t.len() * t.dtype().size()) as u64;
+                                    held.push((t.watch(), (t.len() * t.dtype().size()) as u64));
                                 }
                                 for (row, &k) in members.iter().enumerate() {
                                     each[o][k] = Some(super::launch::slot_of(&other, row)?);
@@ -816,8 +816,11 @@ impl Dfg<'_> {
         self.profile.ragged_launches += 1;
         self.profile.ragged_rows += total as u64;
         self.profile.ragged_padding_rows += (pad_to * ids.len()).saturating_sub(total) as u64;
+        let held_bytes: u64 = held.iter().map(|(_, b)| b).sum();
         self.profile.ragged_peak_bytes = self.profile.ragged_peak_bytes.max(held_bytes);
-        self.produced(held_bytes);
+        for (watch, bytes) in held {
+            self.produced_watched(watch, bytes);
+        }
         Ok(())
     }
 

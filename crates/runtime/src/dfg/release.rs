@@ -262,10 +262,23 @@ impl Dfg<'_> {
         }
     }
 
-    /// A launch produced `bytes` of new outputs.
-    pub(super) fn produced(&mut self, bytes: u64) {
+    /// A launch produced the output buffer `t` holds.
+    pub(super) fn produced(&mut self, t: &Tensor) {
+        self.produced_watched(t.watch(), (t.len() * t.dtype().size()) as u64);
+    }
+
+    /// [`Dfg::produced`] of a buffer watched by `watch`, of `bytes`.
+    pub(super) fn produced_watched(&mut self, watch: tumble_tensor::BufferWatch, bytes: u64) {
         self.live_bytes += bytes;
+        self.counted.push((watch, bytes));
         self.profile.activation_bytes = self.profile.activation_bytes.max(self.live_bytes);
+    }
+
+    /// After a flush: the launch outputs still held by some tensor, and their bytes as the live
+    /// bytes (see [`Dfg::counted`]).
+    pub(super) fn settle_live_bytes(&mut self) {
+        self.counted.retain(|(w, _)| w.alive());
+        self.live_bytes = self.counted.iter().map(|(_, b)| b).sum();
     }
 }
 

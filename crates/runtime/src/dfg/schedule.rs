@@ -116,14 +116,16 @@ impl Dfg<'_> {
         }
         self.profile.flushes += 1;
         let mut pending = std::mem::take(&mut self.pending);
-        match self.opts.scheduler {
+        let flushed = match self.opts.scheduler {
             // The agenda sorts its own way: the held nodes join the others.
             Scheduler::Agenda => {
                 pending.extend(std::mem::take(&mut self.held).ids());
                 self.flush_agenda(pending)
             }
             _ => self.flush_by_depth(pending, levels.max(1)),
-        }
+        };
+        self.settle_live_bytes();
+        flushed
     }
 
     /// The shallowest depth among the nodes not yet run (`None` when none is pending).

@@ -198,7 +198,7 @@ impl Dfg<'_> {
         batch_shape.extend_from_slice(shape);
         let batch = Tensor::from_vec(batch_shape, data)
             .map_err(|e| RunError::new(format!("internal: sum: {e}")))?;
-        self.produced((batch.len() * 4) as u64);
+        self.produced(&batch);
         let outs = (0..todo.len()).map(|k| {
             Outs::One(Slot {
                 tensor: batch.clone(),
