@@ -458,6 +458,15 @@ pub fn analyze(block: &Block, per_instance: &[bool]) -> Option<RaggedBlock> {
         });
     }
 
+    // A mixing node read only by later mixing segments moves to the first of them (last node
+    // first, so a chain moves whole): the work on an instance's rows that reads only the block's
+    // inputs (`transpose(%M)` of a decoder's memory) stays beside the attention that reads it,
+    // where a query computed in the block (`h2` of this step, not the step's input) had put the
+    // attention in a later mixing segment than its keys — the query form was not found and
+    // every launch ran once per group of equal lengths (a Luong decoder 1.37× its Bahdanau
+    // form). Segments of a kind keep their grouping, so a moved node computes the same.
+    sink_mixing(block, &classes, &mut seg_of, &producers);
+
     // Where each value is read: by which segments, and by the block's outputs.
     let n_segs = seg_of.iter().copied().max().unwrap_or(0) + 1;
     let mut last_use: HashMap<Key, usize> = HashMap::new();
@@ -519,6 +528,48 @@ pub fn analyze(block: &Block, per_instance: &[bool]) -> Option<RaggedBlock> {
         bytes_per_row,
         free_length,
     })
+}
+
+/// Moves each mixing node whose readers are all nodes in later mixing segments into the first
+/// of those (see [`analyze`]); a node read by the block's outputs stays.
+fn sink_mixing(
+    block: &Block,
+    classes: &[Class],
+    seg_of: &mut [usize],
+    producers: &dyn Fn(&BlockNode) -> Vec<u32>,
+) {
+    let n = block.nodes.len();
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, node) in block.nodes.iter().enumerate() {
+        for p in producers(node) {
+            if let Some(r) = readers.get_mut(p as usize) {
+                r.push(i);
+            }
+        }
+    }
+    let mut output = vec![false; n];
+    for v in &block.outputs {
+        if let BVal::Node(k) | BVal::Field(k, _) = v {
+            if let Some(o) = output.get_mut(*k as usize) {
+                *o = true;
+            }
+        }
+    }
+    for i in (0..n).rev() {
+        let (Some(Class::Mixing), Some(false)) = (classes.get(i), output.get(i).copied()) else {
+            continue;
+        };
+        let Some(target) = readers[i]
+            .iter()
+            .filter_map(|&r| seg_of.get(r).copied())
+            .min()
+        else {
+            continue;
+        };
+        if target > seg_of[i] && target % 3 == 1 {
+            seg_of[i] = target;
+        }
+    }
 }
 
 /// Segment `s` of `block` (nodes `members`) as a block of its own. `None` when a value crossing

@@ -272,3 +272,42 @@ fn attention_and_whole_row_slices_are_found_and_near_misses_are_not() {
         );
     }
 }
+
+/// A decoder step attending with the state it just computed (Luong's `h2`, not the step's
+/// input `h`): the keys' transpose, which reads only the memory, sits beside the attention in
+/// one mixing segment, so the segment is a query over every instance's rows — not a transpose
+/// in a segment of its own and an attention run once per group of equal lengths.
+#[test]
+fn a_query_computed_in_the_block_keeps_its_keys_beside_it() {
+    let src = "def @f(%h: Tensor[(1, 8), float32], %m: Tensor[(?, 8), float32], \
+               %u: Tensor[(8, 8), float32], Primitive=1) {
+                 let %h2 = tanh(nn.dense(%h, %u));
+                 let %a = nn.softmax(nn.dense(%h2, %m), axis=1);
+                 nn.dense(%a, transpose(%m))
+               }
+               def @main(%x: Tensor[(?, 8), float32]) { %x }";
+    let b = block_of(src, "f");
+    let r = analyze(&b, &[true, true, false]).expect("ragged");
+    let mixing: Vec<(Vec<&str>, bool)> = r
+        .segments
+        .iter()
+        .filter(|s| !s.row_wise)
+        .map(|s| {
+            (
+                s.block.nodes.iter().map(|n| n.op.name).collect(),
+                matches!(s.kernel, Some(MixingKernel::Query(_))),
+            )
+        })
+        .collect();
+    assert_eq!(
+        mixing,
+        vec![
+            (vec!["nn.dense", "tanh"], false),
+            (
+                vec!["nn.dense", "nn.softmax", "transpose", "nn.dense"],
+                true
+            )
+        ],
+        "{r}"
+    );
+}
