@@ -138,13 +138,23 @@ impl MixingKernel {
 }
 
 /// One output of a [`MixingKernel::Gather`] segment: the rows of block input `table` that block
-/// input `index` selects, alone or summed (or averaged) over them.
+/// input `index` selects (every row, in order, without one), alone or reduced over them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Gathered {
     pub table: u32,
-    pub index: u32,
-    /// `None`: the rows themselves; `Some(mean)`: their sum, or mean.
-    pub reduce: Option<bool>,
+    pub index: Option<u32>,
+    /// `None`: the rows themselves; else their sum, mean, maximum or minimum.
+    pub reduce: Option<RowReduce>,
+}
+
+/// How a [`Gathered`] output reduces the rows it gathers (over axis 0, as the reference does:
+/// in f64, in index order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowReduce {
+    Sum,
+    Mean,
+    Max,
+    Min,
 }
 
 /// `block`'s [`MixingKernel::Gather`] form: every node an f32 `take` along axis 0 in clip mode
@@ -173,28 +183,57 @@ pub fn gather(block: &Block) -> Option<Vec<Gathered>> {
             .count();
         in_nodes + block.outputs.iter().filter(|v| v.node() == Some(k)).count()
     };
-    // A node as a gather: a take, or a reduction of a take only it reads.
+    // A node as a gather: a take, a sum or mean of a take only it reads, or a reduction of
+    // every row of an f32 block input (a set's mean pooling, the maximum a convergence test
+    // compares).
     let gathered = |k: usize| -> Option<Gathered> {
         if let Some((table, index)) = take(k) {
             return Some(Gathered {
                 table,
-                index,
+                index: Some(index),
                 reduce: None,
             });
         }
         let n = block.nodes.get(k)?;
-        let plain = matches!(n.op.name, "sum" | "mean")
-            && matches!(n.attrs.ints("axis").ok().flatten().as_deref(), Some([0]))
-            && !n.attrs.bool("exclude").ok().flatten().unwrap_or(false);
-        let [BArg::One(BVal::Node(t))] = n.args.as_slice() else {
-            return None;
+        let reduce = match n.op.name {
+            "sum" => RowReduce::Sum,
+            "mean" => RowReduce::Mean,
+            "max" => RowReduce::Max,
+            "min" => RowReduce::Min,
+            _ => return None,
         };
-        let (table, index) = take(*t as usize)?;
-        (plain && readers(*t as usize) == 1).then_some(Gathered {
-            table,
-            index,
-            reduce: Some(n.op.name == "mean"),
-        })
+        if n.attrs.bool("exclude").ok()?.unwrap_or(false) {
+            return None;
+        }
+        let axis = n.attrs.ints("axis").ok()?;
+        match n.args.as_slice() {
+            [BArg::One(BVal::Node(t))]
+                if matches!(reduce, RowReduce::Sum | RowReduce::Mean)
+                    && matches!(axis.as_deref(), Some([0])) =>
+            {
+                let (table, index) = take(*t as usize)?;
+                (readers(*t as usize) == 1).then_some(Gathered {
+                    table,
+                    index: Some(index),
+                    reduce: Some(reduce),
+                })
+            }
+            [BArg::One(BVal::Input(t))] => {
+                let (dims, dtype) = block.inputs.get(*t as usize)?.ty.as_tensor()?;
+                // Over axis 0 (or every axis of a vector).
+                let rows_axis = match axis.as_deref() {
+                    Some([0]) => true,
+                    None | Some([-1]) => dims.len() == 1,
+                    _ => false,
+                };
+                (rows_axis && dtype == tumble_ir::DType::Float32).then_some(Gathered {
+                    table: *t,
+                    index: None,
+                    reduce: Some(reduce),
+                })
+            }
+            _ => None,
+        }
     };
     let static_shape = |v: &BVal| matches!(block.val_ty(v).as_tensor(), Some((dims, _)) if dims.iter().all(|d| d.known().is_some()));
     if block.nodes.is_empty() || (0..block.nodes.len()).any(|k| gathered(k).is_none()) {

@@ -304,6 +304,64 @@ def @main(%feat: Tensor[(?), int32], %nodes: List[(Tensor[(1), int32], Tensor[(?
     );
 }
 
+/// A set model's reductions over every row of an instance (mean pooling, a running sum, and the
+/// maximum and minimum a fixed-point loop's convergence test compares, NaN and signed zeros
+/// among them) beside row-wise work: read where each instance's rows lie, as the gather kernel
+/// reads a neighbour list — not once per group of equal lengths — with the reference's bits.
+#[test]
+fn reductions_over_every_row_of_an_instance_read_its_rows_where_they_lie() {
+    let src = r#"
+def @main(%x: Tensor[(?, 4), float32], %W: Tensor[(4, 4), float32])
+    -> (Tensor[(1, 4), float32], Tensor[(4), float32], Tensor[(), float32], Tensor[(4), float32]) {
+  let %h = tanh(nn.dense(%x, %W));
+  let %l = log(add(%x, 2f));
+  (nn.dense(mean(%h, axis=[0], keepdims=True), %W),
+   sum(%x, axis=[0]),
+   max(abs(subtract(%h, %l))),
+   min(%l, axis=[0]))
+}
+"#;
+    let inputs: Vec<String> = (0..30)
+        .map(|i| {
+            let n = 1 + (i * 7) % 9;
+            let rows: Vec<String> = (0..n)
+                .map(|r| {
+                    let v: Vec<String> = (0..4)
+                        .map(|c| match (i + r + c) % 23 {
+                            // A NaN once through `log`.
+                            0 => "-3.0".to_string(),
+                            5 => "-0.0".to_string(),
+                            7 => "0.0".to_string(),
+                            k => format!("{:.3}", k as f64 / 7.0 - 1.5),
+                        })
+                        .collect();
+                    format!("[{}]", v.join(", "))
+                })
+                .collect();
+            format!("{{\"x\": [{}]}}", rows.join(", "))
+        })
+        .collect();
+    let x = expected(
+        "row_reductions",
+        load_text("row_reductions", src),
+        &inputs.join("\n"),
+        &["x"],
+    );
+    check_all_ways(&x);
+    let gathers = |mixing_kernels: bool| {
+        batch_profile(
+            &x,
+            tumble_runtime::Options {
+                mixing_kernels,
+                ..Default::default()
+            },
+        )
+        .ragged_gathers
+    };
+    assert!(gathers(true) > 0, "reductions read where the rows lie");
+    assert_eq!(gathers(false), 0);
+}
+
 /// Row `v` of each instance's own `(?, 8)` matrix read by a counter the host computes
 /// (`%v + 1` from a literal: shared by the reuse analysis, a fresh scalar in every instance):
 /// invocations of equal counters launch together, keyed by the counter's value — keyed by its

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::batched::RowRefsBuilder;
-use tumble_compile::ragged::{MixingKernel, RaggedInput};
+use tumble_compile::ragged::{MixingKernel, RaggedInput, RowReduce};
 
 /// A value of the parent block during a ragged launch.
 enum RVal {
@@ -221,43 +221,71 @@ fn gather_rows(
         for k in 0..n {
             let (table, range, rows) = operand(inputs, g.table, k)?;
             let values = table.as_f32()?.get(range)?;
-            let (itensor, irange, _) = operand(inputs, g.index, k)?;
-            let idx = Ints::of(itensor, irange)?;
+            let idx = match g.index {
+                Some(i) => {
+                    let (itensor, irange, _) = operand(inputs, i, k)?;
+                    Some(Ints::of(itensor, irange)?)
+                }
+                None => None,
+            };
             if rows == 0 || values.len() % rows != 0 {
                 return None;
             }
             let width = values.len() / rows;
+            let taken = idx.as_ref().map_or(rows, Ints::len);
             let row_at = |j: usize| {
-                let r = idx.get(j).clamp(0, rows as i64 - 1) as usize;
+                let r = match &idx {
+                    Some(idx) => idx.get(j).clamp(0, rows as i64 - 1) as usize,
+                    None => j,
+                };
                 values.get(r * width..(r + 1) * width)
             };
-            match g.reduce {
-                None => {
-                    if idx.len() * width != per {
-                        return None;
-                    }
-                    for j in 0..idx.len() {
-                        data.extend_from_slice(row_at(j)?);
-                    }
+            let Some(reduce) = g.reduce else {
+                if taken * width != per {
+                    return None;
                 }
-                Some(mean) => {
-                    if width != per || (mean && idx.len() == 0) {
-                        return None;
-                    }
-                    acc.clear();
+                for j in 0..taken {
+                    data.extend_from_slice(row_at(j)?);
+                }
+                continue;
+            };
+            if width != per || taken == 0 {
+                return None;
+            }
+            acc.clear();
+            match reduce {
+                RowReduce::Sum | RowReduce::Mean => {
                     acc.resize(width, 0.0);
-                    for j in 0..idx.len() {
+                    for j in 0..taken {
                         acc.iter_mut()
                             .zip(row_at(j)?)
                             .for_each(|(a, &x)| *a += f64::from(x));
                     }
-                    let count = idx.len() as f64;
-                    data.extend(acc.iter().map(|&a| match mean {
-                        true => (a / count) as f32,
-                        false => a as f32,
-                    }));
+                }
+                RowReduce::Max | RowReduce::Min => {
+                    // The first row, then each next one folded in as the reference's
+                    // NaN-propagating `maximum`/`minimum` does.
+                    acc.extend(row_at(0)?.iter().map(|&x| f64::from(x)));
+                    let max = reduce == RowReduce::Max;
+                    for j in 1..taken {
+                        acc.iter_mut().zip(row_at(j)?).for_each(|(a, &x)| {
+                            let x = f64::from(x);
+                            *a = if a.is_nan() || x.is_nan() {
+                                f64::NAN
+                            } else if max {
+                                a.max(x)
+                            } else {
+                                a.min(x)
+                            };
+                        });
+                    }
                 }
             }
+            let count = taken as f64;
+            data.extend(acc.iter().map(|&a| match reduce {
+                RowReduce::Mean => (a / count) as f32,
+                _ => a as f32,
+            }));
         }
         outs.push(Tensor::from_f32(shape, data).ok()?);
     }
