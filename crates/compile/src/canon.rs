@@ -386,29 +386,23 @@ impl Rewriter<'_> {
             }
         };
         let (dx, dy) = (f32_2d(x)?, f32_2d(y)?);
-        let (x, y) = (x.clone(), y.clone());
-        // The matrix and the vector, whichever operand each is.
-        let vector_row = |(m, _): (i64, i64)| m == 1;
-        let vector_col = |(_, n): (i64, i64)| n == 1;
+        // The matrix and the vector (the operand of the vector's shape), whichever each is.
+        let operands = |is_vector: fn((i64, i64)) -> bool| match (is_vector(dx), is_vector(dy)) {
+            (false, true) => Some(((x.clone(), dx), (y.clone(), dy))),
+            (true, false) => Some(((y.clone(), dy), (x.clone(), dx))),
+            _ => None,
+        };
         let f32_row = |n: i64| Ty::tensor(vec![Dim::Known(1), Dim::Known(n)], DType::Float32);
         let product = match axis {
             1 | -1 => {
-                let ((a, (n, k)), (v, (_, kv))) = match (vector_row(dx), vector_row(dy)) {
-                    (false, true) => ((x, dx), (y, dy)),
-                    (true, false) => ((y, dy), (x, dx)),
-                    _ => return None,
-                };
+                let ((a, (n, k)), (v, (_, kv))) = operands(|(m, _)| m == 1)?;
                 if k != kv {
                     return None;
                 }
                 self.dense(v, a, Attrs::default(), f32_row(n))
             }
             0 | -2 => {
-                let ((a, (k, n)), (v, (kv, _))) = match (vector_col(dx), vector_col(dy)) {
-                    (false, true) => ((x, dx), (y, dy)),
-                    (true, false) => ((y, dy), (x, dx)),
-                    _ => return None,
-                };
+                let ((a, (k, n)), (v, (kv, _))) = operands(|(_, n)| n == 1)?;
                 if k != kv {
                     return None;
                 }

@@ -1333,6 +1333,26 @@ def @main(%xs: List[Tensor[(1, 6), float32]], %W: Tensor[(6, 5), float32],
     }
 }
 
+/// `x` compiled with canonical products off gives the values `on` gives, within `tol`.
+fn agrees_with_canonical_products_off(
+    x: &common::Expected,
+    on: &tumble_compile::Program,
+    reuse_on: &tumble_compile::ReuseAnalysis,
+    tol: f64,
+) {
+    let statics = tumble_compile::StaticOptions {
+        canon: false,
+        ..tumble_compile::StaticOptions::all()
+    };
+    let (off, reuse_off) = common::compile(x, true, statics);
+    let (on_vals, _) = common::run_once(x, on, reuse_on, Default::default());
+    let (off_vals, _) = common::run_once(x, &off, &reuse_off, Default::default());
+    for (i, (a, b)) in on_vals.iter().zip(&off_vals).enumerate() {
+        common::same_within(a, b, &format!("instance {i}"), tol)
+            .unwrap_or_else(|e| panic!("canonical products on vs off: {e}"));
+    }
+}
+
 /// An RNN written with column vectors (`W · x`, `(U · h)` through transposes, a reshaped bias):
 /// canonical products run it on the instances' rows. Equal to the reference every way, and to
 /// itself with the rewrite off.
@@ -1384,17 +1404,7 @@ def @main(%xs: List[Tensor[(5, 1), float32]], %W: Tensor[(5, 5), float32], %U: T
             .all(|b| b.nodes.iter().all(|n| n.op.name != "transpose")),
         "a transpose is left"
     );
-    let statics = tumble_compile::StaticOptions {
-        canon: false,
-        ..tumble_compile::StaticOptions::all()
-    };
-    let (off, reuse_off) = common::compile(&x, true, statics);
-    let (on_vals, _) = common::run_once(&x, &on, &reuse_on, Default::default());
-    let (off_vals, _) = common::run_once(&x, &off, &reuse_off, Default::default());
-    for (i, (a, b)) in on_vals.iter().zip(&off_vals).enumerate() {
-        common::same_within(a, b, &format!("instance {i}"), 0.0)
-            .unwrap_or_else(|e| panic!("canonical products on vs off: {e}"));
-    }
+    agrees_with_canonical_products_off(&x, &on, &reuse_on, 0.0);
 }
 
 /// `nn.batch_matmul` with a batch of one on either side (a bilinear form's `x · V[g]` over a
@@ -1459,17 +1469,7 @@ def @main(%x: Tensor[(1, 4), float32], %u: Tensor[(3, 4), float32], %V: Tensor[(
         left, 1,
         "only the capsule-like product is left a batch_matmul"
     );
-    let statics = tumble_compile::StaticOptions {
-        canon: false,
-        ..tumble_compile::StaticOptions::all()
-    };
-    let (off, reuse_off) = common::compile(&x, true, statics);
-    let (on_vals, _) = common::run_once(&x, &on, &reuse_on, Default::default());
-    let (off_vals, _) = common::run_once(&x, &off, &reuse_off, Default::default());
-    for (i, (a, b)) in on_vals.iter().zip(&off_vals).enumerate() {
-        common::same_within(a, b, &format!("instance {i}"), 1e-5)
-            .unwrap_or_else(|e| panic!("canonical products on vs off: {e}"));
-    }
+    agrees_with_canonical_products_off(&x, &on, &reuse_on, 1e-5);
 }
 
 /// Matrix-vector products written as broadcast products summed over an axis, as ports of
@@ -1525,17 +1525,7 @@ def @main(%h: Tensor[(1, 4), float32], %c: Tensor[(4, 1), float32], %W: Tensor[(
         .map(|n| n.op.name)
         .collect();
     assert!(left.is_empty(), "broadcast products left: {left:?}");
-    let statics = tumble_compile::StaticOptions {
-        canon: false,
-        ..tumble_compile::StaticOptions::all()
-    };
-    let (off, reuse_off) = common::compile(&x, true, statics);
-    let (on_vals, _) = common::run_once(&x, &on, &reuse_on, Default::default());
-    let (off_vals, _) = common::run_once(&x, &off, &reuse_off, Default::default());
-    for (i, (a, b)) in on_vals.iter().zip(&off_vals).enumerate() {
-        common::same_within(a, b, &format!("instance {i}"), 1e-5)
-            .unwrap_or_else(|e| panic!("canonical products on vs off: {e}"));
-    }
+    agrees_with_canonical_products_off(&x, &on, &reuse_on, 1e-5);
 }
 
 /// `max`/`min` over every axis (a convergence test's `max(abs(h2 - h))` over an instance's
