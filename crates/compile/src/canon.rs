@@ -355,7 +355,11 @@ impl Rewriter<'_> {
     /// of `A: (K, N)` and `v: (K, 1)`, it is `nn.dense(vᵀ, Aᵀ)`. Reshaped to the sum's type
     /// (`keepdims` either way). The `(N, K)` product of every instance was written and summed
     /// (a hypernetwork's generated matrix times its state: 3.1× the product's time). Static
-    /// shapes only, so the multiply left unread cannot fail and goes.
+    /// shapes only, so the multiply left unread cannot fail and goes. The product accumulates
+    /// in f32, as every `nn.dense` does, where the reference engine's `sum` folds the rounded
+    /// products in f64: on a row whose terms cancel (`1 + 1e8 - 1e8`) the result is the f32
+    /// product's (0, not 1) — a user's `nn.dense` of the same operands gives the same;
+    /// `--no-canonical-products` keeps the reference's bits.
     fn summed_product(&mut self, node: &BlockNode) -> Option<BVal> {
         let axis = match node.attrs.get("axis")? {
             AttrValue::List(v) => match v.as_slice() {

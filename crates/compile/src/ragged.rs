@@ -497,13 +497,14 @@ pub fn analyze(block: &Block, per_instance: &[bool]) -> Option<RaggedBlock> {
         });
     }
 
-    // A mixing node read only by later mixing segments moves to the first of them (last node
-    // first, so a chain moves whole): the work on an instance's rows that reads only the block's
-    // inputs (`transpose(%M)` of a decoder's memory) stays beside the attention that reads it,
-    // where a query computed in the block (`h2` of this step, not the step's input) had put the
-    // attention in a later mixing segment than its keys — the query form was not found and
-    // every launch ran once per group of equal lengths (a Luong decoder 1.37× its Bahdanau
-    // form). Segments of a kind keep their grouping, so a moved node computes the same.
+    // A mixing layout node read only by later mixing segments moves to the first of them (last
+    // node first, so a chain moves whole): a layout of an instance's rows that reads only the
+    // block's inputs (`transpose(%M)` of a decoder's memory) stays beside the attention that
+    // reads it, where a query computed in the block (`h2` of this step, not the step's input)
+    // had put the attention in a later mixing segment than its keys — the query form was not
+    // found and every launch ran once per group of equal lengths (a Luong decoder 1.37× its
+    // Bahdanau form). Segments of a kind keep their grouping, so a moved node computes the
+    // same.
     sink_mixing(block, &classes, &mut seg_of, &producers);
 
     // Where each value is read: by which segments, and by the block's outputs.
@@ -569,8 +570,10 @@ pub fn analyze(block: &Block, per_instance: &[bool]) -> Option<RaggedBlock> {
     })
 }
 
-/// Moves each mixing node whose readers are all nodes in later mixing segments into the first
-/// of those (see [`analyze`]); a node read by the block's outputs stays.
+/// Moves each mixing layout node (a transpose, a reshape: cheap, and part of the attention and
+/// query forms) whose readers are all nodes in later mixing segments into the first of those
+/// (see [`analyze`]); a node read by the block's outputs stays. (Other operators stay where
+/// they are: moved into a segment of a gather, they would keep it from being one.)
 fn sink_mixing(
     block: &Block,
     classes: &[Class],
@@ -598,6 +601,15 @@ fn sink_mixing(
         let (Some(Class::Mixing), Some(false)) = (classes.get(i), output.get(i).copied()) else {
             continue;
         };
+        let layout = block.nodes.get(i).is_some_and(|n| {
+            matches!(
+                n.op.name,
+                "transpose" | "reshape" | "expand_dims" | "squeeze"
+            )
+        });
+        if !layout {
+            continue;
+        }
         let Some(target) = readers[i]
             .iter()
             .filter_map(|&r| seg_of.get(r).copied())

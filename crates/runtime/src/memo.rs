@@ -62,8 +62,12 @@ const TRIAL_INVOCATIONS: u64 = 256;
 #[derive(Clone, Copy)]
 enum Trial {
     /// Invocations looked at so far, and how many repeated one (kept, or earlier in their
-    /// launch).
-    Open { seen: u64, repeats: u64 },
+    /// launch); and invocations in launches none of which could be keyed (a computed input).
+    Open {
+        seen: u64,
+        repeats: u64,
+        unkeyed: u64,
+    },
     /// Decided: look them up (at least one in eight repeated), or not.
     Decided(bool),
 }
@@ -112,10 +116,12 @@ impl JobMemo {
         let e = t.entry(block).or_insert(Trial::Open {
             seen: 0,
             repeats: 0,
+            unkeyed: 0,
         });
         if let Trial::Open {
             seen: s,
             repeats: r,
+            unkeyed,
         } = *e
         {
             let (s, r) = (s + seen as u64, r + repeats as u64);
@@ -125,8 +131,34 @@ impl JobMemo {
                 Trial::Open {
                     seen: s,
                     repeats: r,
+                    unkeyed,
                 }
             };
+        }
+    }
+
+    /// Counts `n` invocations of `block` in a launch none of which could be keyed: a block
+    /// whose first [`TRIAL_INVOCATIONS`] such invocations come before any keyed one (an RNN step
+    /// merged with its input transform, every invocation reading the state) stops being looked
+    /// at; once a keyed one was seen (a first step from a constant state), only keyed ones
+    /// count.
+    pub(crate) fn record_unkeyed(&self, block: u32, n: usize) {
+        let Ok(mut t) = self.trials.lock() else {
+            return;
+        };
+        let e = t.entry(block).or_insert(Trial::Open {
+            seen: 0,
+            repeats: 0,
+            unkeyed: 0,
+        });
+        if let Trial::Open {
+            seen: 0, unkeyed, ..
+        } = e
+        {
+            *unkeyed += n as u64;
+            if *unkeyed >= TRIAL_INVOCATIONS {
+                *e = Trial::Decided(false);
+            }
         }
     }
 
@@ -248,5 +280,24 @@ mod tests {
         assert_eq!(memo.trial(2), Some(true), "40 repeats in 300");
         memo.clear();
         assert_eq!(memo.trial(1), None, "a cleared memo tries again");
+        // Launches none of whose invocations could be keyed: off once 256 came before any
+        // keyed one; after a keyed one, they do not count.
+        memo.record_unkeyed(3, 200);
+        assert_eq!(memo.trial(3), None);
+        memo.record_unkeyed(3, 56);
+        assert_eq!(memo.trial(3), Some(false), "never keyed");
+        memo.record(4, 8, 8);
+        memo.record_unkeyed(4, 10_000);
+        assert_eq!(
+            memo.trial(4),
+            None,
+            "a first step from a constant state was keyed"
+        );
+        memo.record(4, 248, 40);
+        assert_eq!(
+            memo.trial(4),
+            Some(true),
+            "48 repeats in 256 keyed invocations"
+        );
     }
 }

@@ -859,6 +859,12 @@ impl BufferWatch {
     pub fn alive(&self) -> bool {
         self.0.strong_count() > 0
     }
+
+    /// The watched buffer's [`Tensor::buffer_id`] (no other buffer takes it while the watch
+    /// lives).
+    pub fn buffer_id(&self) -> usize {
+        self.0.as_ptr() as usize
+    }
 }
 
 /// Elements per chunk of [`Tensor::all_finite`]'s scan: it stops at the first chunk with a NaN or

@@ -273,11 +273,11 @@ impl Dfg<'_> {
             })
             .collect();
         if keys.iter().all(Option::is_none) {
-            // None of them can be kept or found: they count for the block's trial as invocations
-            // that did not repeat, so that a block whose invocations read computed values (an
-            // RNN step merged with its input transform) stops being looked at, instead of
-            // staying on trial, its launches scanned, for the whole job.
-            self.exec.memo.record(block_id, ids.len(), 0);
+            // None of them can be kept or found: a block whose invocations all read computed
+            // values (an RNN step merged with its input transform) stops being looked at,
+            // instead of staying on trial, its launches scanned, for the whole job
+            // (`JobMemo::record_unkeyed`).
+            self.exec.memo.record_unkeyed(block_id, ids.len());
             return None;
         }
         Some(keys)

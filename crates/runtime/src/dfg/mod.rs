@@ -332,7 +332,9 @@ pub struct Dfg<'p> {
     /// the host held when its nodes were released (a loop's state, dropped at the next step)
     /// stops counting once it is gone (a 10-step fixed-point loop over 512 sets reported 597 MB
     /// of activations at 87 MB of RSS).
-    counted: Vec<(tumble_tensor::BufferWatch, u64)>,
+    /// Keyed by buffer: a buffer a launch passes on as its output (an input's rows zero-copy, a
+    /// view) counts once.
+    counted: crate::intern::WordMap<usize, (tumble_tensor::BufferWatch, u64)>,
 }
 
 /// An error of operator `node` (an index into `block`'s nodes) in an invocation at `site`:
@@ -506,7 +508,7 @@ impl<'p> Dfg<'p> {
             epoch: 1,
             bytes_since_scan: 0,
             live_bytes: 0,
-            counted: Vec::new(),
+            counted: Default::default(),
         }
     }
 

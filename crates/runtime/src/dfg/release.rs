@@ -269,16 +269,19 @@ impl Dfg<'_> {
 
     /// [`Dfg::produced`] of a buffer watched by `watch`, of `bytes`.
     pub(super) fn produced_watched(&mut self, watch: tumble_tensor::BufferWatch, bytes: u64) {
-        self.live_bytes += bytes;
-        self.counted.push((watch, bytes));
-        self.profile.activation_bytes = self.profile.activation_bytes.max(self.live_bytes);
+        if let std::collections::hash_map::Entry::Vacant(e) = self.counted.entry(watch.buffer_id())
+        {
+            e.insert((watch, bytes));
+            self.live_bytes += bytes;
+            self.profile.activation_bytes = self.profile.activation_bytes.max(self.live_bytes);
+        }
     }
 
     /// After a flush: the launch outputs still held by some tensor, and their bytes as the live
     /// bytes (see [`Dfg::counted`]).
     pub(super) fn settle_live_bytes(&mut self) {
-        self.counted.retain(|(w, _)| w.alive());
-        self.live_bytes = self.counted.iter().map(|(_, b)| b).sum();
+        self.counted.retain(|_, (w, _)| w.alive());
+        self.live_bytes = self.counted.values().map(|(_, b)| b).sum();
     }
 }
 
