@@ -110,31 +110,25 @@ impl JobMemo {
     /// Counts `seen` invocations of `block`, `repeats` of which repeated an earlier one; decides
     /// once [`TRIAL_INVOCATIONS`] were seen.
     pub(crate) fn record(&self, block: u32, seen: usize, repeats: usize) {
-        let Ok(mut t) = self.trials.lock() else {
-            return;
-        };
-        let e = t.entry(block).or_insert(Trial::Open {
-            seen: 0,
-            repeats: 0,
-            unkeyed: 0,
+        self.on_trial(block, |e| {
+            if let Trial::Open {
+                seen: s,
+                repeats: r,
+                unkeyed,
+            } = *e
+            {
+                let (s, r) = (s + seen as u64, r + repeats as u64);
+                *e = if s >= TRIAL_INVOCATIONS {
+                    Trial::Decided(r * 8 >= s)
+                } else {
+                    Trial::Open {
+                        seen: s,
+                        repeats: r,
+                        unkeyed,
+                    }
+                };
+            }
         });
-        if let Trial::Open {
-            seen: s,
-            repeats: r,
-            unkeyed,
-        } = *e
-        {
-            let (s, r) = (s + seen as u64, r + repeats as u64);
-            *e = if s >= TRIAL_INVOCATIONS {
-                Trial::Decided(r * 8 >= s)
-            } else {
-                Trial::Open {
-                    seen: s,
-                    repeats: r,
-                    unkeyed,
-                }
-            };
-        }
     }
 
     /// Counts `n` invocations of `block` in a launch none of which could be keyed: a block
@@ -143,22 +137,27 @@ impl JobMemo {
     /// at; once a keyed one was seen (a first step from a constant state), only keyed ones
     /// count.
     pub(crate) fn record_unkeyed(&self, block: u32, n: usize) {
-        let Ok(mut t) = self.trials.lock() else {
-            return;
-        };
-        let e = t.entry(block).or_insert(Trial::Open {
-            seen: 0,
-            repeats: 0,
-            unkeyed: 0,
-        });
-        if let Trial::Open {
-            seen: 0, unkeyed, ..
-        } = e
-        {
-            *unkeyed += n as u64;
-            if *unkeyed >= TRIAL_INVOCATIONS {
-                *e = Trial::Decided(false);
+        self.on_trial(block, |e| {
+            if let Trial::Open {
+                seen: 0, unkeyed, ..
+            } = e
+            {
+                *unkeyed += n as u64;
+                if *unkeyed >= TRIAL_INVOCATIONS {
+                    *e = Trial::Decided(false);
+                }
             }
+        });
+    }
+
+    /// `f` on `block`'s trial, a fresh one the first time.
+    fn on_trial(&self, block: u32, f: impl FnOnce(&mut Trial)) {
+        if let Ok(mut t) = self.trials.lock() {
+            f(t.entry(block).or_insert(Trial::Open {
+                seen: 0,
+                repeats: 0,
+                unkeyed: 0,
+            }));
         }
     }
 
