@@ -150,7 +150,7 @@ fn fast_selections() -> bool {
 
 /// What [`reduce_f32`] folds.
 #[derive(Clone, Copy, PartialEq)]
-enum Fold {
+pub(crate) enum Fold {
     Sum,
     Mean,
     /// The largest element; NaN if any is (the reference's `nan_max`).
@@ -231,28 +231,50 @@ fn reduce_f32(args: &[OpValue], attrs: &Attrs, fold: Fold) -> Option<Tensor> {
             round(rest.iter().fold(start, |a, &x| fold.step(a, f64::from(x))))
         }));
     } else {
-        let mut acc = vec![0f64; inner];
+        let mut acc = Vec::new();
         for block in data.chunks_exact(n * inner.max(1)).take(outer) {
-            let mut rows = block.chunks_exact(inner.max(1));
-            match sums {
-                true => acc.iter_mut().for_each(|a| *a = 0.0),
-                false => {
-                    let first = rows.next()?;
-                    acc.iter_mut()
-                        .zip(first)
-                        .for_each(|(a, &x)| *a = f64::from(x));
-                }
-            }
-            // One loop per fold, the choice made outside it (so it vectorizes).
-            match fold {
-                Fold::Sum | Fold::Mean => fold_rows(&mut acc, rows, |a, x| Fold::Sum.step(a, x)),
-                Fold::Max => fold_rows(&mut acc, rows, |a, x| Fold::Max.step(a, x)),
-                Fold::Min => fold_rows(&mut acc, rows, |a, x| Fold::Min.step(a, x)),
-            }
-            out.extend(acc.iter().map(|&a| round(a)));
+            fold_columns(
+                fold,
+                block.chunks_exact(inner.max(1)),
+                n,
+                &mut acc,
+                &mut out,
+            )?;
         }
     }
     Tensor::from_f32(out_shape, out).ok()
+}
+
+/// The `n` rows of `rows` folded column by column as the reference folds an axis — in f64, in
+/// index order, a sum from 0.0 and an extreme from the first row — each column's result rounded
+/// to f32 onto `out` (`acc`: scratch). `None` without rows.
+pub(crate) fn fold_columns<'a>(
+    fold: Fold,
+    mut rows: impl Iterator<Item = &'a [f32]>,
+    n: usize,
+    acc: &mut Vec<f64>,
+    out: &mut Vec<f32>,
+) -> Option<()> {
+    let first = rows.next()?;
+    acc.clear();
+    match fold {
+        Fold::Sum | Fold::Mean => {
+            acc.resize(first.len(), 0.0);
+            fold_rows(acc, std::iter::once(first), |a, x| Fold::Sum.step(a, x));
+        }
+        Fold::Max | Fold::Min => acc.extend(first.iter().map(|&x| f64::from(x))),
+    }
+    // One loop per fold, the choice made outside it (so it vectorizes).
+    match fold {
+        Fold::Sum | Fold::Mean => fold_rows(acc, rows, |a, x| Fold::Sum.step(a, x)),
+        Fold::Max => fold_rows(acc, rows, |a, x| Fold::Max.step(a, x)),
+        Fold::Min => fold_rows(acc, rows, |a, x| Fold::Min.step(a, x)),
+    }
+    out.extend(acc.iter().map(|&a| match fold {
+        Fold::Mean => (a / n as f64) as f32,
+        _ => a as f32,
+    }));
+    Some(())
 }
 
 /// `variance(x, m)` over one axis of an f32 tensor with its keepdims mean (each reduced row's

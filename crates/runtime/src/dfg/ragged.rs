@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::batched::RowRefsBuilder;
+use crate::fastops::{fold_columns, Fold};
 use tumble_compile::ragged::{MixingKernel, RaggedInput, RowReduce};
 
 /// A value of the parent block during a ragged launch.
@@ -249,43 +250,17 @@ fn gather_rows(
                 }
                 continue;
             };
-            if width != per || taken == 0 {
+            if width != per {
                 return None;
             }
-            acc.clear();
-            match reduce {
-                RowReduce::Sum | RowReduce::Mean => {
-                    acc.resize(width, 0.0);
-                    for j in 0..taken {
-                        acc.iter_mut()
-                            .zip(row_at(j)?)
-                            .for_each(|(a, &x)| *a += f64::from(x));
-                    }
-                }
-                RowReduce::Max | RowReduce::Min => {
-                    // The first row, then each next one folded in as the reference's
-                    // NaN-propagating `maximum`/`minimum` does.
-                    acc.extend(row_at(0)?.iter().map(|&x| f64::from(x)));
-                    let max = reduce == RowReduce::Max;
-                    for j in 1..taken {
-                        acc.iter_mut().zip(row_at(j)?).for_each(|(a, &x)| {
-                            let x = f64::from(x);
-                            *a = if a.is_nan() || x.is_nan() {
-                                f64::NAN
-                            } else if max {
-                                a.max(x)
-                            } else {
-                                a.min(x)
-                            };
-                        });
-                    }
-                }
-            }
-            let count = taken as f64;
-            data.extend(acc.iter().map(|&a| match reduce {
-                RowReduce::Mean => (a / count) as f32,
-                _ => a as f32,
-            }));
+            let fold = match reduce {
+                RowReduce::Sum => Fold::Sum,
+                RowReduce::Mean => Fold::Mean,
+                RowReduce::Max => Fold::Max,
+                RowReduce::Min => Fold::Min,
+            };
+            let rows: Vec<&[f32]> = (0..taken).map(row_at).collect::<Option<_>>()?;
+            fold_columns(fold, rows.into_iter(), taken, &mut acc, &mut data)?;
         }
         outs.push(Tensor::from_f32(shape, data).ok()?);
     }
