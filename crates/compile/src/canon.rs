@@ -308,7 +308,7 @@ impl Rewriter<'_> {
     /// the elements that attain it, the row-first form among the tied rows first.)
     fn extreme_by_rows(&mut self, node: &BlockNode) -> Option<BVal> {
         if self.for_gradients
-            || !matches!(node.attrs.get("axis"), None | Some(AttrValue::None))
+            || node.attrs.ints("axis").ok()?.is_some()
             || node.attrs.bool("exclude").ok()? == Some(true)
             || node.args.len() != 1
         {
@@ -361,13 +361,8 @@ impl Rewriter<'_> {
     /// product's (0, not 1) — a user's `nn.dense` of the same operands gives the same;
     /// `--no-canonical-products` keeps the reference's bits.
     fn summed_product(&mut self, node: &BlockNode) -> Option<BVal> {
-        let axis = match node.attrs.get("axis")? {
-            AttrValue::List(v) => match v.as_slice() {
-                [AttrValue::Int(a)] => *a,
-                _ => return None,
-            },
-            AttrValue::Int(a) => *a,
-            _ => return None,
+        let [axis] = node.attrs.ints("axis").ok()??[..] else {
+            return None;
         };
         if node.attrs.bool("exclude").ok()? == Some(true) || node.args.len() != 1 {
             return None;

@@ -617,7 +617,7 @@ fn sink_mixing(
         else {
             continue;
         };
-        if target > seg_of[i] && target % 3 == 1 {
+        if target > seg_of[i] && Class::Mixing.cycle() == Some(target % 3) {
             seg_of[i] = target;
         }
     }
