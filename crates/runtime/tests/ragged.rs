@@ -114,6 +114,17 @@ fn an_encoder_with_early_exit_over_sentences_of_different_lengths() {
     ));
 }
 
+/// `x`'s batched profile with the ragged executor's mixing kernels on or off.
+fn mixing_profile(x: &Expected, mixing_kernels: bool) -> tumble_runtime::Profile {
+    batch_profile(
+        x,
+        tumble_runtime::Options {
+            mixing_kernels,
+            ..Default::default()
+        },
+    )
+}
+
 /// The batched run's profile with ragged batching, and without.
 fn with_and_without_ragged(x: &Expected) -> (tumble_runtime::Profile, tumble_runtime::Profile) {
     let off = tumble_runtime::Options {
@@ -280,13 +291,7 @@ def @main(%feat: Tensor[(?), int32], %nodes: List[(Tensor[(1), int32], Tensor[(?
     );
     check_all_ways(&x);
     let launches = |mixing_kernels: bool| {
-        let p = batch_profile(
-            &x,
-            tumble_runtime::Options {
-                mixing_kernels,
-                ..Default::default()
-            },
-        );
+        let p = mixing_profile(&x, mixing_kernels);
         let node_launches: u64 = p
             .per_block
             .iter()
@@ -348,16 +353,7 @@ def @main(%x: Tensor[(?, 4), float32], %W: Tensor[(4, 4), float32])
         &["x"],
     );
     check_all_ways(&x);
-    let gathers = |mixing_kernels: bool| {
-        batch_profile(
-            &x,
-            tumble_runtime::Options {
-                mixing_kernels,
-                ..Default::default()
-            },
-        )
-        .ragged_gathers
-    };
+    let gathers = |mixing_kernels: bool| mixing_profile(&x, mixing_kernels).ragged_gathers;
     assert!(gathers(true) > 0, "reductions read where the rows lie");
     assert_eq!(gathers(false), 0);
 }
@@ -463,15 +459,7 @@ def @main(%x: Tensor[(?, 8), float32], %W: Tensor[(8, 8), float32], %U: Tensor[(
         &["x"],
     );
     check_all_ways(&x);
-    let profile = |mixing_kernels: bool| {
-        batch_profile(
-            &x,
-            tumble_runtime::Options {
-                mixing_kernels,
-                ..Default::default()
-            },
-        )
-    };
+    let profile = |mixing_kernels: bool| mixing_profile(&x, mixing_kernels);
     let (on, off) = (profile(true), profile(false));
     // Four steps, each an attention and a choice.
     assert!(on.ragged_queries >= 8, "{on}");
