@@ -353,6 +353,19 @@ fn print_static_report(
             );
         }
     }
+    if !report.weight_takes.is_empty() {
+        println!(
+            "  weight-take splits (--no-weight-take-split): a matrix taken out of a model weight by a computed index runs as a weight slice of its own:"
+        );
+        for sp in &report.weight_takes {
+            let sites = if sp.sites == 1 { "site" } else { "sites" };
+            let ops = if sp.ops == 1 { "operator" } else { "operators" };
+            println!(
+                "    {}: {} {ops} as {}, the rest as {} ({} call {sites})",
+                sp.block, sp.ops, sp.producer, sp.consumer, sp.sites
+            );
+        }
+    }
     if !report.merged.is_empty() {
         println!(
             "  block merging (`run` merges for mini-batches of at least {} instances; --no-block-merge): hoisted blocks run inside the block that reads them:",

@@ -34,6 +34,12 @@ pub struct CompileSwitches {
     /// the instance's depth, instead of the latter being split off and hoisted.
     #[arg(long)]
     pub no_hoist_split: bool,
+    /// No weight-take splits: a matrix a block takes out of a model weight by an index it
+    /// computes (a typed-edge GNN's `take(%Ws, %type)`) is copied per invocation and read as a
+    /// weight that differs per invocation, instead of being split off as a weight slice that
+    /// the products group their invocations by.
+    #[arg(long)]
+    pub no_weight_take_split: bool,
     /// No block merging: a hoisted block read only by another block's invocation (an RNN's
     /// input transform) keeps its own launch. Merging is on only for mini-batches of at least 32
     /// instances, where it pays; `tumble explain` lists what merges.
@@ -105,6 +111,7 @@ impl CompileSwitches {
             cse: !self.no_cse,
             split: !self.no_hoist_split,
             concurrency: !self.no_auto_concurrency,
+            weight_takes: !self.no_weight_take_split,
             for_gradients: false,
         }
     }
@@ -122,6 +129,7 @@ impl CompileSwitches {
             (self.no_leaf_inline, "--no-leaf-inline"),
             (self.no_hoist, "--no-hoist"),
             (self.no_hoist_split, "--no-hoist-split"),
+            (self.no_weight_take_split, "--no-weight-take-split"),
             (self.no_ghosts, "--no-ghosts"),
             (self.no_phases, "--no-phases"),
             (self.no_auto_concurrency, "--no-auto-concurrency"),

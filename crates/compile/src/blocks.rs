@@ -132,6 +132,18 @@ impl Block {
     /// Runs the nodes in order on one invocation's inputs with the reference kernels; returns the
     /// flat outputs.
     pub fn eval(&self, inputs: &[Tensor], octx: &mut OpCtx) -> Result<Vec<Tensor>, String> {
+        self.eval_values(inputs, self.nodes.len(), &self.outputs, octx)
+    }
+
+    /// Runs the first `upto` nodes in order on one invocation's inputs with the reference
+    /// kernels; returns the values `wanted` (of those nodes, inputs or literals).
+    pub fn eval_values(
+        &self,
+        inputs: &[Tensor],
+        upto: usize,
+        wanted: &[BVal],
+        octx: &mut OpCtx,
+    ) -> Result<Vec<Tensor>, String> {
         if inputs.len() == self.inputs.len() {
             for (input, t) in self.inputs.iter().zip(inputs) {
                 if let Some(m) = input.undeclared_shape(&input.ty, t.shape()) {
@@ -139,8 +151,8 @@ impl Block {
                 }
             }
         }
-        let mut results: Vec<OpValue> = Vec::with_capacity(self.nodes.len());
-        for node in &self.nodes {
+        let mut results: Vec<OpValue> = Vec::with_capacity(upto);
+        for node in self.nodes.iter().take(upto) {
             let args = node
                 .args
                 .iter()
@@ -156,7 +168,7 @@ impl Block {
             let out = tumble_ops::eval(node.op, &args, &node.attrs, octx).map_err(|e| e.message)?;
             results.push(out);
         }
-        self.outputs
+        wanted
             .iter()
             .map(|v| eval_val(v, inputs, &results))
             .collect()

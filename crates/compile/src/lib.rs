@@ -32,6 +32,7 @@ pub mod program;
 pub mod query;
 pub mod ragged;
 pub mod reuse;
+pub mod slice_split;
 pub mod specialize;
 pub mod split;
 pub mod verify;

@@ -43,6 +43,12 @@ pub struct StaticOptions {
     /// artifacts compiled before it existed, which were compiled without it.
     #[serde(default)]
     pub concurrency: bool,
+    /// Weight-take splits ([`crate::slice_split`]): a matrix an automatic block takes out of a
+    /// model weight by a computed index runs as a block of its own (a weight slice, grouped by
+    /// at launch). Absent from artifacts compiled before it existed, which were compiled
+    /// without it.
+    #[serde(default)]
+    pub weight_takes: bool,
     /// Compiled for `grad`/`train`: the rewrites whose gradient could differ from the program's
     /// as written stay off — `max`/`min` over every axis by rows first shares the gradient
     /// among tied rows, then tied elements, where the reference shares it among tied elements
@@ -67,6 +73,7 @@ impl StaticOptions {
             cse: true,
             split: true,
             concurrency: true,
+            weight_takes: true,
             for_gradients: false,
         }
     }
@@ -86,6 +93,7 @@ impl StaticOptions {
             cse: false,
             split: false,
             concurrency: false,
+            weight_takes: false,
             for_gradients: false,
         }
     }
@@ -110,6 +118,8 @@ pub struct StaticReport {
     pub specialized: Vec<crate::specialize::Specialized>,
     /// Blocks split so that their part reading no recursive state is hoisted.
     pub split: Vec<crate::split::Split>,
+    /// Weight takes split off their blocks.
+    pub weight_takes: Vec<crate::split::Split>,
     /// Hoisted blocks merged into the block that reads them.
     pub merged: Vec<crate::merge::Merged>,
     /// Pairs that would merge but for the weights the merged block would read
@@ -174,6 +184,10 @@ pub fn optimize(
                 report.hoisted.push(i as u32);
             }
         }
+    }
+    if opts.weight_takes {
+        report.weight_takes = crate::slice_split::split_weight_takes(program, weights);
+        crate::verify::debug_check(program, "weight-take splits");
     }
     if opts.hoist && opts.merge {
         let merges = crate::merge::merge_hoisted(program);

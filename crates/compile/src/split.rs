@@ -101,8 +101,51 @@ pub fn split_hoistable(
     tainted_operands: &[Vec<bool>],
     weights: &[bool],
 ) -> Vec<Split> {
-    // Per (block, clean operand mask, weight operands): the split planned for it, put in the
-    // program by the first site whose operands allow it.
+    let candidate = |program: &Program, block: u32, site: u32| -> Option<Vec<bool>> {
+        let hoisted = program.sites.get(site as usize).is_none_or(|s| s.hoisted);
+        let tainted = tainted_operands.get(site as usize)?;
+        let b = program.blocks.get(block as usize)?;
+        if hoisted || b.primitive || tainted.len() != b.inputs.len() || tainted.iter().all(|&t| !t)
+        {
+            return None;
+        }
+        Some(tainted.iter().map(|&t| !t).collect())
+    };
+    let plan = |b: &Block, clean: &[bool], weight_operands: &[bool]| {
+        // A product over clean and tainted parts first becomes the sum of the parts'
+        // products (an LSTM's `dense(concatenate((x, h)), W)`).
+        let distributed = distribute_products(b, clean, weight_operands);
+        plan_split(distributed.as_ref().unwrap_or(b), clean)
+    };
+    split_sites(program, weights, &candidate, &plan, Some(true))
+}
+
+/// A block cut in two: the producer, the consumer (whose last input is the producer's result),
+/// and the original operands each takes.
+pub(crate) type Cut = (Block, Block, Vec<usize>, Vec<usize>);
+
+/// Which sites of a block [`split_sites`] considers: a site's mask, by program, block and site.
+pub(crate) type SiteMask<'a> = &'a dyn Fn(&Program, u32, u32) -> Option<Vec<bool>>;
+
+/// How [`split_sites`] cuts a block, by mask and weight operands.
+pub(crate) type PlanCut<'a> = &'a dyn Fn(&Block, &[bool], &[bool]) -> Option<Cut>;
+
+/// Splits blocks at their invocation sites: `candidate` gives a site's mask (what the plan is
+/// keyed by besides the block and its weight operands) or `None` to leave it; `plan` cuts the
+/// block by that mask and the site's weight operands (flags of the operands that are the entry
+/// parameters `weights` flags, read where used). Each site becomes `let $p = invoke
+/// producer(..); invoke consumer(.., $p)`, the producer's site hoisted as `producer_hoisted`
+/// says (`None`: as the site was). A producer's operands are evaluated for both invocations, so
+/// a site splits only where those are immediate and every other operand is the consumer's.
+pub(crate) fn split_sites(
+    program: &mut Program,
+    weights: &[bool],
+    candidate: SiteMask,
+    plan: PlanCut,
+    producer_hoisted: Option<bool>,
+) -> Vec<Split> {
+    // Per (block, mask, weight operands): the split planned for it, put in the program by the
+    // first site whose operands allow it.
     let mut made: HashMap<(u32, Vec<bool>, Vec<bool>), Option<Planned>> = HashMap::new();
     let mut report: Vec<Split> = Vec::new();
     for li in 0..program.lambdas.len() {
@@ -126,35 +169,21 @@ pub fn split_hoistable(
             }
         });
         for (block, site, immediate_args, weight_operands) in candidates {
-            let hoisted = program.sites.get(site as usize).is_none_or(|s| s.hoisted);
-            let Some(tainted) = tainted_operands.get(site as usize) else {
+            let Some(mask) = candidate(program, block, site) else {
                 continue;
             };
             let Some(b) = program.blocks.get(block as usize) else {
                 continue;
             };
-            if hoisted
-                || b.primitive
-                || tainted.len() != b.inputs.len()
-                || tainted.iter().all(|&t| !t)
-            {
-                continue;
-            }
-            let clean: Vec<bool> = tainted.iter().map(|&t| !t).collect();
-            let key = (block, clean.clone(), weight_operands.clone());
+            let key = (block, mask.clone(), weight_operands.clone());
             let planned = made.entry(key).or_insert_with(|| {
-                // A product over clean and tainted parts first becomes the sum of the parts'
-                // products (an LSTM's `dense(concatenate((x, h)), W)`).
-                let distributed = distribute_products(b, &clean, &weight_operands);
-                plan_split(distributed.as_ref().unwrap_or(b), &clean).map(
-                    |(producer, consumer, p_in, c_in)| Planned {
-                        block: b.name.clone(),
-                        blocks: Some((producer, consumer)),
-                        p_in,
-                        c_in,
-                        made: None,
-                    },
-                )
+                plan(b, &mask, &weight_operands).map(|(producer, consumer, p_in, c_in)| Planned {
+                    block: b.name.clone(),
+                    blocks: Some((producer, consumer)),
+                    p_in,
+                    c_in,
+                    made: None,
+                })
             });
             let Some(planned) = planned else {
                 continue;
@@ -219,15 +248,17 @@ pub fn split_hoistable(
             };
             let slot = lambda.n_slots;
             lambda.n_slots += 1;
-            let (span, inlined_from) = program
+            let (span, inlined_from, was_hoisted) = program
                 .sites
                 .get(site as usize)
-                .map_or((Default::default(), None), |s| (s.span, s.inlined_from));
+                .map_or((Default::default(), None, false), |s| {
+                    (s.span, s.inlined_from, s.hoisted)
+                });
             let new_site = program.sites.len() as u32;
             program.sites.push(Site {
                 block: p,
                 span,
-                hoisted: true,
+                hoisted: producer_hoisted.unwrap_or(was_hoisted),
                 inlined_from,
             });
             new_sites.insert(site, (new_site, slot));
@@ -331,7 +362,7 @@ fn immediate(c: &Code) -> bool {
 /// The producer and consumer of `b` split by its clean inputs `clean`, with the operands each
 /// takes (indices into the original operands; the consumer's last input is the producer's
 /// result); `None` when no split pays.
-fn plan_split(b: &Block, clean: &[bool]) -> Option<(Block, Block, Vec<usize>, Vec<usize>)> {
+fn plan_split(b: &Block, clean: &[bool]) -> Option<Cut> {
     let n = b.nodes.len();
     let mut in_producer = clean_nodes(b, clean);
     // The values of producer nodes that the rest reads; views there move to the rest until one

@@ -29,9 +29,10 @@ pub struct Executable {
     /// for the backward too.
     pub(crate) integral_blocks: Vec<bool>,
     /// Per block: it only takes slices of its inputs by its other inputs, every one the same for
-    /// all instances by the reuse analysis ([`crate::weight_slices::is_slice_block`]): run once
-    /// per weight and index for the job.
-    pub(crate) weight_slice_blocks: Vec<bool>,
+    /// all instances by the reuse analysis, or one take of a weight's matrix by an index it
+    /// computes from integers ([`crate::weight_slices::slice_block`]): run once per weight and
+    /// index for the job.
+    pub(crate) weight_slice_blocks: Vec<Option<crate::weight_slices::SliceBlock>>,
     /// The weight slices computed so far ([`crate::weight_slices`]).
     pub(crate) weight_slices: crate::weight_slices::SliceCache,
     /// Per block: it only adds its two f32 inputs (see [`Block::is_sum`]).
@@ -193,8 +194,9 @@ impl Executable {
             weight_slice_blocks: blocks
                 .iter()
                 .enumerate()
-                .map(|(i, b)| {
-                    opts.weight_slices && crate::weight_slices::is_slice_block(b, reuse, i)
+                .map(|(i, b)| match opts.weight_slices {
+                    true => crate::weight_slices::slice_block(b, reuse, i),
+                    false => None,
                 })
                 .collect(),
             weight_slices: Default::default(),

@@ -16,12 +16,37 @@ use tumble_tensor::Tensor;
 /// weight slices (a "layer" counter over thousands of rows of a table is a lookup, not this).
 const MAX_BYTES: usize = 64 << 20;
 
+/// How a weight-slice block's invocations find their slices.
+#[derive(Debug, Clone)]
+pub(crate) enum SliceBlock {
+    /// Every input the same for all instances (a layer counter): keyed by the inputs.
+    Shared,
+    /// One take of a matrix out of a shared weight by an index its other nodes compute from
+    /// per-instance integers (a typed-edge GNN's `take(%Ws, take(%types, %k))`, split off by
+    /// `tumble_compile::slice_split`): keyed by the weight and the index the host computes.
+    Indexed {
+        /// The input sliced.
+        weight: u32,
+        /// The value the slice is taken by.
+        index: BVal,
+    },
+}
+
+/// How block `b` (number `i`) is a weight-slice block, if it is one.
+pub(crate) fn slice_block(b: &Block, reuse: &ReuseAnalysis, i: usize) -> Option<SliceBlock> {
+    if is_shared_slice_block(b, reuse, i) {
+        Some(SliceBlock::Shared)
+    } else {
+        indexed_take(b, reuse, i).map(|(weight, index)| SliceBlock::Indexed { weight, index })
+    }
+}
+
 /// Whether block `b` (number `i`) only takes slices of its inputs by its other inputs or by
 /// literals — every node a `take` of block inputs and constants, every output a node — and
 /// every input is the same for all instances (`InputReuse::Shared`: a weight, and a layer index
 /// counted from a literal; `take(%Ws, 0)`, `take(%Ws, 1)` written out in `@main`, maybe beside
 /// a `zeros`).
-pub(crate) fn is_slice_block(b: &Block, reuse: &ReuseAnalysis, i: usize) -> bool {
+fn is_shared_slice_block(b: &Block, reuse: &ReuseAnalysis, i: usize) -> bool {
     !b.nodes.is_empty()
         && b.nodes.iter().all(|n| {
             let takes = n.op.name == "take"
@@ -33,6 +58,75 @@ pub(crate) fn is_slice_block(b: &Block, reuse: &ReuseAnalysis, i: usize) -> bool
         })
         && b.outputs.iter().all(|v| matches!(v, BVal::Node(_)))
         && (0..b.inputs.len()).all(|k| reuse.is_shared(i as u32, k))
+}
+
+/// For a [`SliceBlock::Indexed`] block: its weight input and the value its take indexes by.
+/// The block returns its last node, a row-mode `take` out of a shared input's matrices (a
+/// table of rank 3 or more) by a value
+/// of one integer; every other node is pure integer or boolean work.
+fn indexed_take(b: &Block, reuse: &ReuseAnalysis, i: usize) -> Option<(u32, BVal)> {
+    let (last, before) = b.nodes.split_last()?;
+    let [BVal::Node(k)] = b.outputs.as_slice() else {
+        return None;
+    };
+    let (Some(BArg::One(BVal::Input(w))), Some(BArg::One(idx)), 2) =
+        (last.args.first(), last.args.get(1), last.args.len())
+    else {
+        return None;
+    };
+    let one_int = matches!(b.val_ty(idx).as_tensor(),
+        Some((dims, dt)) if dt.is_int() && dims.len() <= 1 && dims.iter().all(|d| d.known() == Some(1)));
+    let matrix =
+        matches!(b.val_ty(&BVal::Input(*w)).as_tensor(), Some((dims, _)) if dims.len() >= 3);
+    let integral = before.iter().all(|n| {
+        tumble_compile::blocks::is_pure_op(n.op)
+            && matches!(n.ty.as_tensor(),
+                Some((_, dt)) if dt.is_int() || dt == tumble_ir::DType::Bool)
+    });
+    (*k as usize == before.len()
+        && last.op.name == "take"
+        && tumble_ops::takes_rows(&last.attrs)
+        && one_int
+        && matrix
+        && integral
+        && reuse.is_shared(i as u32, *w as usize))
+    .then(|| (*w, idx.clone()))
+}
+
+/// The index an [`SliceBlock::Indexed`] block's take reads (`index`), computed on the host
+/// directly where it is an input or an element of an input's integer vector read by another
+/// (`take(%types, %k)`, clip mode: the reference's default); `None` for anything else, which the
+/// caller evaluates with the reference kernels.
+pub(crate) fn host_index(block: &Block, index: &BVal, inputs: &[Tensor]) -> Option<i64> {
+    let element = |t: &Tensor, i: usize| -> Option<i64> {
+        match t.dtype() {
+            tumble_ir::DType::Int32 => t.as_slice::<i32>()?.get(i).map(|&x| i64::from(x)),
+            tumble_ir::DType::Int64 => t.as_slice::<i64>()?.get(i).copied(),
+            _ => None,
+        }
+    };
+    match index {
+        BVal::Input(j) => {
+            let t = inputs.get(*j as usize)?;
+            (t.len() == 1).then(|| element(t, 0))?
+        }
+        BVal::Node(m) => {
+            let n = block.nodes.get(*m as usize)?;
+            let (Some(BArg::One(BVal::Input(v))), Some(BArg::One(BVal::Input(k)))) =
+                (n.args.first(), n.args.get(1))
+            else {
+                return None;
+            };
+            let (v, k) = (inputs.get(*v as usize)?, inputs.get(*k as usize)?);
+            let plain = n.attrs.0.is_empty();
+            if n.op.name != "take" || !plain || v.rank() != 1 || k.rank() != 0 || v.is_empty() {
+                return None;
+            }
+            let k = element(k, 0)?.clamp(0, v.len() as i64 - 1);
+            element(v, k as usize)
+        }
+        _ => None,
+    }
 }
 
 /// What a slice block's input is in a cache key.

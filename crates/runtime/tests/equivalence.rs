@@ -596,6 +596,7 @@ fn every_combination_of_switches() {
                 cse: hoist != phases,
                 concurrency: ghosts != hoist,
                 split: hoist && ghosts == dup,
+                weight_takes: ghosts == hoist,
                 for_gradients: false,
             };
             let (program, reuse) = compile(&x, coarsen, statics);

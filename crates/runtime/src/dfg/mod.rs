@@ -550,31 +550,85 @@ impl<'p> Dfg<'p> {
         span: Span,
         ctx: &mut InstanceCtx,
     ) -> Result<Option<Sliced>, RunError> {
-        use crate::weight_slices::fast_slice;
-        let Some(keys) = self.slice_inputs(block, recorded) else {
+        use crate::weight_slices::{fast_slice, SliceBlock, SliceInput};
+        let exec = Arc::clone(&self.exec);
+        let Some(kind) = exec
+            .weight_slice_blocks
+            .get(block_id as usize)
+            .and_then(Option::as_ref)
+        else {
             return Ok(None);
         };
-        let inputs: Vec<Tensor> = recorded
+        let Some(inputs) = recorded
             .iter()
-            .filter_map(|a| match a {
+            .map(|a| match a {
                 Arg::Val(t) => Some(t.clone()),
                 Arg::Lazy(_) => None,
             })
-            .collect();
+            .collect::<Option<Vec<Tensor>>>()
+        else {
+            return Ok(None);
+        };
         let mut took = None;
-        let exec = Arc::clone(&self.exec);
-        let slices = exec
-            .weight_slices
-            .get_or_compute(block_id, &keys, || {
-                let t0 = Instant::now();
-                let outs = match fast_slice(block, &inputs) {
-                    Some(outs) => outs,
-                    None => block.eval(&inputs, &mut OpCtx { rng: &mut ctx.rng })?,
+        let slices = match kind {
+            SliceBlock::Shared => {
+                let Some(keys) = self.slice_inputs(block, recorded) else {
+                    return Ok(None);
                 };
-                took = Some(t0.elapsed());
-                Ok(outs)
-            })
-            .map_err(|m| RunError::at(span, m))?;
+                exec.weight_slices.get_or_compute(block_id, &keys, || {
+                    let t0 = Instant::now();
+                    let outs = match fast_slice(block, &inputs) {
+                        Some(outs) => outs,
+                        None => block.eval(&inputs, &mut OpCtx { rng: &mut ctx.rng })?,
+                    };
+                    took = Some(t0.elapsed());
+                    Ok(outs)
+                })
+            }
+            SliceBlock::Indexed { weight, index } => {
+                let Some(table) = inputs
+                    .get(*weight as usize)
+                    .filter(|t| self.is_model_weight(t))
+                else {
+                    return Ok(None);
+                };
+                // The index, computed on the host from the invocation's integers, clipped to
+                // the row it takes (the take is in clip mode).
+                let i = match crate::weight_slices::host_index(block, index, &inputs) {
+                    Some(i) => i,
+                    None => {
+                        let mut octx = OpCtx { rng: &mut ctx.rng };
+                        let last = block.nodes.len().saturating_sub(1);
+                        let index = block
+                            .eval_values(&inputs, last, std::slice::from_ref(index), &mut octx)
+                            .map_err(|m| RunError::at(span, m))?;
+                        match index.first().map(Tensor::to_i64_vec).as_deref() {
+                            Some([i]) => *i,
+                            _ => return Ok(None),
+                        }
+                    }
+                };
+                let rows = table.shape().first().copied().unwrap_or(0);
+                let row = i.clamp(0, rows.saturating_sub(1) as i64);
+                let keys = [SliceInput::Weight(table), SliceInput::Index(row)];
+                let index_shape = block.val_ty(index);
+                exec.weight_slices.get_or_compute(block_id, &keys, || {
+                    let t0 = Instant::now();
+                    // The row as an index of the take's own shape, `()` or `(1)`.
+                    let ids = match index_shape.as_tensor().map(|(d, _)| d.len()) {
+                        Some(0) => Tensor::scalar_i64(row),
+                        _ => Tensor::from_vec(vec![1], vec![row]).map_err(|e| e.to_string())?,
+                    };
+                    let outs = match crate::fastops::take_rows_f32(table, &ids) {
+                        Some(t) => vec![t],
+                        None => block.eval(&inputs, &mut OpCtx { rng: &mut ctx.rng })?,
+                    };
+                    took = Some(t0.elapsed());
+                    Ok(outs)
+                })
+            }
+        }
+        .map_err(|m| RunError::at(span, m))?;
         let Some(slices) = slices else {
             return Ok(None);
         };
@@ -787,6 +841,7 @@ impl<'p> Dfg<'p> {
         Ok(self.nodes.len() as u32)
     }
 
+    /// The lazy value of node `node` of `block`: its outputs, one or a tuple.
     fn lazy_value(&self, block: &Block, node: u32) -> Value {
         let n = block.outputs.len() as u32;
         match (block.output_shape, n) {
@@ -1042,8 +1097,13 @@ impl Backend for Dfg<'_> {
         // later invocation: its adjoint is added up from all its readers, where a node per
         // invocation kept a copy of the slice each (a 3-layer LSTM's gradient ran out of memory
         // at 29 instances).
+        let slice_kind = self
+            .exec
+            .weight_slice_blocks
+            .get(block_id as usize)
+            .and_then(Option::as_ref);
         let backward_slice = match for_backward
-            && self.exec.weight_slice_blocks.get(block_id as usize) == Some(&true)
+            && matches!(slice_kind, Some(crate::weight_slices::SliceBlock::Shared))
         {
             true => self.backward_slice_key(block_id, block, &recorded),
             false => None,
@@ -1054,10 +1114,7 @@ impl Backend for Dfg<'_> {
                 return Ok(v.clone());
             }
         }
-        if !for_backward
-            && self.opts.scheduler != Scheduler::Eager
-            && self.exec.weight_slice_blocks.get(block_id as usize) == Some(&true)
-        {
+        if !for_backward && self.opts.scheduler != Scheduler::Eager && slice_kind.is_some() {
             if let Some((outs, computed)) =
                 self.weight_slice(block_id, block, &recorded, span, ctx)?
             {
@@ -1196,6 +1253,23 @@ impl Backend for Dfg<'_> {
             }
             _ => dataflow.max(ctx.floor),
         };
+        // Outputs that are inputs passed through (a block split at a weight take returns the
+        // slice it was given) are the values passed, not copies: a model weight stays one, and
+        // the products reading it group by it.
+        let passed: Vec<Option<Value>> = match for_backward {
+            true => Vec::new(),
+            false => block
+                .outputs
+                .iter()
+                .map(|o| match o {
+                    tumble_compile::BVal::Input(j) => recorded.get(*j as usize).map(|a| match a {
+                        Arg::Val(t) => Value::Tensor(t.clone()),
+                        Arg::Lazy(r) => Value::Lazy(*r),
+                    }),
+                    _ => None,
+                })
+                .collect(),
+        };
         let id = self.reserve_node(ctx.pending)?;
         let life = self.recorded(&recorded, out_bytes);
         self.nodes.push(Node {
@@ -1213,7 +1287,7 @@ impl Backend for Dfg<'_> {
         });
         self.profile.nodes += 1;
         self.profile.time_dfg += sampled(t0);
-        let value = self.lazy_value(block, id);
+        let value = passed_through(self.lazy_value(block, id), passed);
         if let Some((key, sources)) = backward_slice {
             self.backward_slices.insert(key, (sources, value.clone()));
             self.backward_slice_nodes.insert(id);
@@ -1267,5 +1341,24 @@ impl Backend for Dfg<'_> {
                 .map(Some)
                 .map_err(|e| RunError::new(format!("`if` condition: {e}"))),
         }
+    }
+}
+
+/// `value` (a block's lazy outputs) with the outputs `passed` names replaced by the values the
+/// block was given for them.
+fn passed_through(value: Value, passed: Vec<Option<Value>>) -> Value {
+    if passed.iter().all(Option::is_none) {
+        return value;
+    }
+    match value {
+        Value::Tuple(fields) => Value::tuple(
+            fields
+                .0
+                .iter()
+                .zip(passed.into_iter().chain(std::iter::repeat(None)))
+                .map(|(v, p)| p.unwrap_or_else(|| v.clone()))
+                .collect::<tumble_interp::Fields>(),
+        ),
+        single => passed.into_iter().next().flatten().unwrap_or(single),
     }
 }

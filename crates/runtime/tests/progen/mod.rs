@@ -204,6 +204,24 @@ impl Gen {
         n
     }
 
+    /// An `(n, k)` product weight: a shared weight, or now and then a matrix taken out of a
+    /// stacked one by an integer in scope (a loop count, a token: a typed edge's weight,
+    /// `take(%Ws, %type)`), past either end clipped.
+    fn chosen_weight(&mut self, sc: &Scope, n: usize, k: usize) -> String {
+        let counts = self.vars_of(sc, &Ty::I(vec![]));
+        let toks = self.vars_of(sc, &Ty::I(vec![1]));
+        if (counts.is_empty() && toks.is_empty()) || !self.chance(0.25) {
+            return self.weight(&[n, k]);
+        }
+        let w = self.weight(&[3, n, k]);
+        if !toks.is_empty() && (counts.is_empty() || self.chance(0.5)) {
+            let t = toks[self.below(toks.len())].to_string();
+            return format!("reshape(take({w}, {t}, axis=0), newshape=[{n}, {k}])");
+        }
+        let c = counts[self.below(counts.len())].to_string();
+        format!("take({w}, {c}, axis=0)")
+    }
+
     fn vars_of<'a>(&self, sc: &'a Scope, ty: &Ty) -> Vec<&'a str> {
         sc.iter()
             .filter(|(_, t)| t == ty)
@@ -1080,7 +1098,7 @@ impl Gen {
                     sx[r - 1] = k;
                     let x = self.tensor(sc, &sx, d);
                     let w = if self.chance(0.8) {
-                        self.weight(&[n, k])
+                        self.chosen_weight(sc, n, k)
                     } else {
                         self.tensor(sc, &[n, k], d)
                     };
