@@ -340,24 +340,26 @@ fn print_static_report(
             }
         }
     }
-    if !report.split.is_empty() {
-        println!(
-            "  hoisting splits (--no-hoist-split): the part of a block that reads no recursive state runs hoisted, apart from the rest:"
-        );
-        for sp in &report.split {
-            let sites = if sp.sites == 1 { "site" } else { "sites" };
-            let ops = if sp.ops == 1 { "operator" } else { "operators" };
-            println!(
-                "    {}: {} {ops} as {}, the rest as {} ({} call {sites})",
-                sp.block, sp.ops, sp.producer, sp.consumer, sp.sites
-            );
+    let cuts = [
+        (
+            &report.split,
+            "hoisting splits (--no-hoist-split): the part of a block that reads no recursive state runs hoisted, apart from the rest:",
+        ),
+        (
+            &report.weight_takes,
+            "weight-take splits (--no-weight-take-split): a matrix taken out of a model weight by a computed index runs as a weight slice of its own:",
+        ),
+        (
+            &report.index_splits,
+            "index splits (--no-index-split): an integer computed from an instance's integer vector is computed on the host, apart from the rest:",
+        ),
+    ];
+    for (splits, title) in cuts {
+        if splits.is_empty() {
+            continue;
         }
-    }
-    if !report.weight_takes.is_empty() {
-        println!(
-            "  weight-take splits (--no-weight-take-split): a matrix taken out of a model weight by a computed index runs as a weight slice of its own:"
-        );
-        for sp in &report.weight_takes {
+        println!("  {title}");
+        for sp in splits {
             let sites = if sp.sites == 1 { "site" } else { "sites" };
             let ops = if sp.ops == 1 { "operator" } else { "operators" };
             println!(

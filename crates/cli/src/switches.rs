@@ -40,6 +40,11 @@ pub struct CompileSwitches {
     /// the products group their invocations by.
     #[arg(long)]
     pub no_weight_take_split: bool,
+    /// No index splits: an integer a block computes from an instance's integer vector (a counted
+    /// loop's token `take(%toks, %k)`) stays in the block, run per group of equal lengths,
+    /// instead of being split off for the host to compute when the block is invoked.
+    #[arg(long)]
+    pub no_index_split: bool,
     /// No block merging: a hoisted block read only by another block's invocation (an RNN's
     /// input transform) keeps its own launch. Merging is on only for mini-batches of at least 32
     /// instances, where it pays; `tumble explain` lists what merges.
@@ -112,6 +117,7 @@ impl CompileSwitches {
             split: !self.no_hoist_split,
             concurrency: !self.no_auto_concurrency,
             weight_takes: !self.no_weight_take_split,
+            index_split: !self.no_index_split,
             for_gradients: false,
         }
     }
@@ -130,6 +136,7 @@ impl CompileSwitches {
             (self.no_hoist, "--no-hoist"),
             (self.no_hoist_split, "--no-hoist-split"),
             (self.no_weight_take_split, "--no-weight-take-split"),
+            (self.no_index_split, "--no-index-split"),
             (self.no_ghosts, "--no-ghosts"),
             (self.no_phases, "--no-phases"),
             (self.no_auto_concurrency, "--no-auto-concurrency"),

@@ -116,8 +116,18 @@ fn fill_summaries(program: &Program, cx: &mut Cx) {
     }
 }
 
-/// Blocks on scalars run on the host at once (see the runtime's host-scalar rule): no depth.
+/// Blocks on scalars run on the host at once (see the runtime's host-scalar rule), as do blocks
+/// of integer work returning scalars from integer vectors (an index split's producer) and
+/// weight takes (a weight-take split's producer, an indexed weight slice): no depth.
 fn runs_on_host(b: &crate::blocks::Block) -> bool {
+    let integral = |t: &tumble_ir::Ty| matches!(t.as_tensor(), Some((_, dt)) if dt.is_int() || dt == tumble_ir::DType::Bool);
+    if crate::slice_split::weight_take_block(b).is_some()
+        || (b.returns_only_scalars()
+            && b.inputs.iter().all(|i| integral(&i.ty))
+            && b.nodes.iter().all(|n| integral(&n.ty)))
+    {
+        return true;
+    }
     let scalar = |t: &tumble_ir::Ty| {
         t.as_tensor().is_some_and(|(dims, _)| {
             dims.iter()

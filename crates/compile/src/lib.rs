@@ -18,6 +18,7 @@ pub mod derived;
 pub mod dup;
 pub mod ghosts;
 pub mod hoist;
+pub mod index_split;
 pub mod inline;
 pub mod inline_leaves;
 pub mod lower;

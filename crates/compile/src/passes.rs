@@ -45,10 +45,15 @@ pub struct StaticOptions {
     pub concurrency: bool,
     /// Weight-take splits ([`crate::slice_split`]): a matrix an automatic block takes out of a
     /// model weight by a computed index runs as a block of its own (a weight slice, grouped by
-    /// at launch). Absent from artifacts compiled before it existed, which were compiled
-    /// without it.
+    /// at launch); not with `for_gradients`. Absent from artifacts compiled before it existed,
+    /// which were compiled without it.
     #[serde(default)]
     pub weight_takes: bool,
+    /// Index splits ([`crate::index_split`]): an integer scalar an automatic block computes from
+    /// an instance's integer vector (`take(%toks, %k)`) is split off, for the host to compute.
+    /// Absent from artifacts compiled before it existed, which were compiled without it.
+    #[serde(default)]
+    pub index_split: bool,
     /// Compiled for `grad`/`train`: the rewrites whose gradient could differ from the program's
     /// as written stay off — `max`/`min` over every axis by rows first shares the gradient
     /// among tied rows, then tied elements, where the reference shares it among tied elements
@@ -74,6 +79,7 @@ impl StaticOptions {
             split: true,
             concurrency: true,
             weight_takes: true,
+            index_split: true,
             for_gradients: false,
         }
     }
@@ -94,6 +100,7 @@ impl StaticOptions {
             split: false,
             concurrency: false,
             weight_takes: false,
+            index_split: false,
             for_gradients: false,
         }
     }
@@ -120,6 +127,8 @@ pub struct StaticReport {
     pub split: Vec<crate::split::Split>,
     /// Weight takes split off their blocks.
     pub weight_takes: Vec<crate::split::Split>,
+    /// Integer index work split off its blocks.
+    pub index_splits: Vec<crate::split::Split>,
     /// Hoisted blocks merged into the block that reads them.
     pub merged: Vec<crate::merge::Merged>,
     /// Pairs that would merge but for the weights the merged block would read
@@ -179,15 +188,23 @@ pub fn optimize(
             report.split = crate::split::split_hoistable(program, &h.tainted_operands, weights);
             crate::verify::debug_check(program, "hoisting splits");
         }
-        for (i, site) in program.sites.iter().enumerate() {
-            if site.hoisted {
-                report.hoisted.push(i as u32);
-            }
-        }
     }
-    if opts.weight_takes {
+    // (Not for gradients: recording for a backward, the runtime takes no weight slice by a
+    // computed index — its gradient must reach the stacked weight — so the split would only add
+    // a launch.)
+    if opts.weight_takes && !opts.for_gradients {
         report.weight_takes = crate::slice_split::split_weight_takes(program, weights);
         crate::verify::debug_check(program, "weight-take splits");
+    }
+    if opts.index_split {
+        report.index_splits = crate::index_split::split_indices(program, weights);
+        crate::verify::debug_check(program, "index splits");
+    }
+    // (After the splits, whose producers keep their sites' hoisting.)
+    for (i, site) in program.sites.iter().enumerate() {
+        if site.hoisted {
+            report.hoisted.push(i as u32);
+        }
     }
     if opts.hoist && opts.merge {
         let merges = crate::merge::merge_hoisted(program);

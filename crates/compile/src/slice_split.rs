@@ -7,8 +7,8 @@
 //! invocation (a 64 KiB matrix per edge) and read by the product as a weight that differs per
 //! invocation, so the product runs invocation by invocation. Alone, the take is a weight-slice
 //! block that the runtime runs on the host at record time: one slice per weight and index for
-//! the job, itself a model weight ([`tumble_runtime`'s weight slices), so the products that read
-//! it group their invocations by it — one GEMM per edge type instead of one per edge.
+//! the job, itself a model weight (the runtime's weight slices), so the products that read it
+//! group their invocations by it — one GEMM per edge type instead of one per edge.
 //!
 //! A take qualifies when its table is an entry parameter bound to a model weight at the site, its
 //! index has one integer element, its table holds matrices (a row of an embedding table is a
@@ -16,11 +16,9 @@
 //! are pure and integral (the host computes them again, cheaply). The consumer reads the slice
 //! as its last input; the producer's site is scheduled as the site was.
 
-use crate::blocks::{
-    inputs_read, is_pure_op, part_of, BArg, BVal, Block, BlockInput, OutputShape, Part,
-};
+use crate::blocks::{is_pure_op, needed_by, BArg, BVal, Block};
 use crate::program::Program;
-use crate::split::{split_sites, Cut, Split};
+use crate::split::{cut_at, split_sites, Cut, Split};
 
 /// The name of a split's producer.
 const SLICE: &str = "/slice";
@@ -57,128 +55,69 @@ fn slice_take(b: &Block, weight_operands: &[bool], check_weights: bool) -> Optio
         else {
             return false;
         };
-        let one_int = matches!(b.val_ty(idx).as_tensor(),
-            Some((dims, dt)) if dt.is_int() && dims.len() <= 1
-                && dims.iter().all(|d| d.known() == Some(1)));
-        // A table of matrices; a row of a table of vectors (`(1, H)`) is a lookup.
-        let matrix =
-            matches!(b.val_ty(&BVal::Input(*w)).as_tensor(), Some((dims, _)) if dims.len() >= 3);
         n.op.name == "take"
             && n.args.len() == 2
             && tumble_ops::takes_rows(&n.attrs)
-            && one_int
-            && matrix
+            && one_int(&b.val_ty(idx))
+            && matrices(&b.val_ty(&BVal::Input(*w)))
             && (!check_weights || weight_operands.get(*w as usize) == Some(&true))
     })
-}
-
-/// The backward closure of node `k` in `b`: the nodes its value depends on, `k` included.
-fn closure(b: &Block, k: usize) -> Vec<bool> {
-    let mut needed = vec![false; b.nodes.len()];
-    if let Some(x) = needed.get_mut(k) {
-        *x = true;
-    }
-    for j in (0..b.nodes.len()).rev() {
-        if !needed[j] {
-            continue;
-        }
-        for v in b
-            .nodes
-            .get(j)
-            .map_or(&[][..], |x| &x.args)
-            .iter()
-            .flat_map(BArg::values)
-        {
-            if let Some(m) = v.node() {
-                if let Some(x) = needed.get_mut(m) {
-                    *x = true;
-                }
-            }
-        }
-    }
-    needed
-}
-
-/// The nodes of `b` other than `k` that its outputs depend on, reading `k`'s value as an input
-/// (it is the producer's).
-fn consumer_live(b: &Block, k: usize) -> Vec<bool> {
-    let mut live = vec![false; b.nodes.len()];
-    let mark = |v: &BVal, live: &mut Vec<bool>| {
-        if let Some(m) = v.node() {
-            if m != k {
-                if let Some(x) = live.get_mut(m) {
-                    *x = true;
-                }
-            }
-        }
-    };
-    for v in &b.outputs {
-        mark(v, &mut live);
-    }
-    for j in (0..b.nodes.len()).rev() {
-        if live[j] {
-            for v in b
-                .nodes
-                .get(j)
-                .map_or(&[][..], |x| &x.args)
-                .iter()
-                .flat_map(BArg::values)
-            {
-                mark(v, &mut live);
-            }
-        }
-    }
-    live
 }
 
 /// `b` cut at its first qualifying weight take: the producer computes the take and its index,
 /// the consumer everything else; `None` when no take qualifies or the block is nothing but one.
 fn plan_slice(b: &Block, weight_operands: &[bool]) -> Option<Cut> {
     let k = slice_take(b, weight_operands, true)?;
-    let needed = closure(b, k);
+    let needed = needed_by(b, k);
     // The index's own computation: pure integer work the host repeats for the slice.
-    let integral = b.nodes.iter().enumerate().all(|(j, n)| {
-        j == k
-            || !needed[j]
-            || (is_pure_op(n.op)
-                && matches!(n.ty.as_tensor(), Some((_, dt)) if dt.is_int() || dt == tumble_ir::DType::Bool))
-    });
-    let live = consumer_live(b, k);
-    if !integral || !live.iter().any(|&l| l) {
+    let integral = b
+        .nodes
+        .iter()
+        .enumerate()
+        .all(|(j, n)| j == k || !needed[j] || (is_pure_op(n.op) && integral_ty(&n.ty)));
+    if !integral {
         return None;
     }
-    let producer_nodes: Vec<usize> = (0..b.nodes.len()).filter(|&j| needed[j]).collect();
-    let consumer_nodes: Vec<usize> = (0..b.nodes.len()).filter(|&j| live[j]).collect();
-    let out = BVal::Node(k as u32);
-    let p_in = inputs_read(b, &producer_nodes, &[]);
-    let c_in = inputs_read(b, &consumer_nodes, &b.outputs);
-    let producer = part_of(
-        b,
-        Part {
-            nodes: &producer_nodes,
-            inputs: &p_in,
-            cut: Vec::new(),
-            outputs: std::slice::from_ref(&out),
-            output_shape: OutputShape::Single,
-            primitive: false,
-            name: format!("{}{SLICE}", b.name),
-        },
-    )?;
-    let cut_input = BlockInput {
-        name: format!("{} (slice)", producer.name),
-        ty: b.val_ty(&out),
+    cut_at(b, k, SLICE, REST)
+}
+
+/// Whether `b` is a weight take the runtime can run as an indexed weight slice — its last node,
+/// the one output, a row-mode `take` out of input `w`'s matrices (a table of rank 3 or more) by a
+/// value of one integer that the block's other nodes, pure integer and boolean work, compute —
+/// and if so, `w` and the value indexing it. (Whether `w` is a model weight is the caller's.)
+pub fn weight_take_block(b: &Block) -> Option<(u32, BVal)> {
+    let (last, before) = b.nodes.split_last()?;
+    let [BVal::Node(k)] = b.outputs.as_slice() else {
+        return None;
     };
-    let consumer = part_of(
-        b,
-        Part {
-            nodes: &consumer_nodes,
-            inputs: &c_in,
-            cut: vec![(out, cut_input)],
-            outputs: &b.outputs,
-            output_shape: b.output_shape,
-            primitive: false,
-            name: format!("{}{REST}", b.name),
-        },
-    )?;
-    Some((producer, consumer, p_in, c_in))
+    let (Some(BArg::One(BVal::Input(w))), Some(BArg::One(idx)), 2) =
+        (last.args.first(), last.args.get(1), last.args.len())
+    else {
+        return None;
+    };
+    let integral = before
+        .iter()
+        .all(|n| is_pure_op(n.op) && integral_ty(&n.ty));
+    (*k as usize == before.len()
+        && last.op.name == "take"
+        && tumble_ops::takes_rows(&last.attrs)
+        && one_int(&b.val_ty(idx))
+        && matrices(&b.val_ty(&BVal::Input(*w)))
+        && integral)
+        .then(|| (*w, idx.clone()))
+}
+
+fn integral_ty(t: &tumble_ir::Ty) -> bool {
+    matches!(t.as_tensor(), Some((_, dt)) if dt.is_int() || dt == tumble_ir::DType::Bool)
+}
+
+/// An integer tensor of one element, `()` or `(1)`.
+fn one_int(t: &tumble_ir::Ty) -> bool {
+    matches!(t.as_tensor(),
+        Some((dims, dt)) if dt.is_int() && dims.len() <= 1 && dims.iter().all(|d| d.known() == Some(1)))
+}
+
+/// A table of matrices; a row of a table of vectors (`(1, H)`) is a lookup, not a weight.
+fn matrices(t: &tumble_ir::Ty) -> bool {
+    matches!(t.as_tensor(), Some((dims, _)) if dims.len() >= 3)
 }

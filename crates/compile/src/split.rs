@@ -23,8 +23,8 @@
 use std::collections::HashMap;
 
 use crate::blocks::{
-    attr, frontier, inputs_read, is_pure_op, nodes_reading_only, part_of, renumbered, BArg, BVal,
-    Block, BlockInput, BlockNode, OutputShape, Part,
+    attr, frontier, inputs_read, is_pure_op, live_without, needed_by, nodes_reading_only, part_of,
+    renumbered, BArg, BVal, Block, BlockInput, BlockNode, OutputShape, Part,
 };
 use crate::canon::{dense_attrs_plain, dims2};
 use crate::program::{Code, Program, Site};
@@ -37,14 +37,15 @@ pub struct Split {
     pub block: String,
     pub producer: String,
     pub consumer: String,
-    /// Operators moved into the hoisted producer.
+    /// Operators of the producer (the hoisted part, the weight take and its index, the index):
+    /// moved there, or copied where the consumer computes them too.
     pub ops: usize,
     pub sites: usize,
 }
 
 /// Operators that only rearrange a value: at the producer's frontier they go to the consumer,
 /// so that one tensor (the product's result) crosses instead of its pieces.
-const VIEWS: &[&str] = &[
+pub(crate) const VIEWS: &[&str] = &[
     "split",
     "reshape",
     "squeeze",
@@ -317,6 +318,57 @@ pub(crate) fn split_sites(
     report
 }
 
+/// `b` cut at node `k`: the producer `b.name + producer_suffix` computes `k` and what it
+/// depends on, the consumer `b.name + consumer_suffix` the rest of the block, reading `k`'s
+/// value as its last input (and computing again any of the producer's nodes it reads besides);
+/// `None` when nothing is left for the consumer.
+pub(crate) fn cut_at(
+    b: &Block,
+    k: usize,
+    producer_suffix: &str,
+    consumer_suffix: &str,
+) -> Option<Cut> {
+    let needed = needed_by(b, k);
+    let live = live_without(b, k);
+    if !live.iter().any(|&l| l) {
+        return None;
+    }
+    let producer_nodes: Vec<usize> = (0..b.nodes.len()).filter(|&j| needed[j]).collect();
+    let consumer_nodes: Vec<usize> = (0..b.nodes.len()).filter(|&j| live[j]).collect();
+    let out = BVal::Node(k as u32);
+    let p_in = inputs_read(b, &producer_nodes, &[]);
+    let c_in = inputs_read(b, &consumer_nodes, &b.outputs);
+    let producer = part_of(
+        b,
+        Part {
+            nodes: &producer_nodes,
+            inputs: &p_in,
+            cut: Vec::new(),
+            outputs: std::slice::from_ref(&out),
+            output_shape: OutputShape::Single,
+            primitive: false,
+            name: format!("{}{producer_suffix}", b.name),
+        },
+    )?;
+    let cut_input = BlockInput {
+        name: format!("{} (cut)", producer.name),
+        ty: b.val_ty(&out),
+    };
+    let consumer = part_of(
+        b,
+        Part {
+            nodes: &consumer_nodes,
+            inputs: &c_in,
+            cut: vec![(out, cut_input)],
+            outputs: &b.outputs,
+            output_shape: b.output_shape,
+            primitive: false,
+            name: format!("{}{consumer_suffix}", b.name),
+        },
+    )?;
+    Some((producer, consumer, p_in, c_in))
+}
+
 /// Removes the blocks of `candidates` that no site invokes any more (every site of theirs was
 /// split), renumbering the blocks after them in the sites and the code.
 fn drop_orphans(program: &mut Program, candidates: &[u32]) {
@@ -391,27 +443,9 @@ fn plan_split(b: &Block, clean: &[bool]) -> Option<Cut> {
         return None;
     }
     // What the producer keeps: the nodes its result depends on.
-    let mut needed = vec![false; n];
-    if let Some(m) = out.node() {
-        needed[m] = true;
-    }
-    for k in (0..n).rev() {
-        if needed[k] {
-            for v in b
-                .nodes
-                .get(k)
-                .map_or(&[][..], |x| &x.args)
-                .iter()
-                .flat_map(BArg::values)
-            {
-                if let Some(m) = v.node() {
-                    if let Some(x) = needed.get_mut(m) {
-                        *x = true;
-                    }
-                }
-            }
-        }
-    }
+    let needed = out
+        .node()
+        .map_or_else(|| vec![false; n], |m| needed_by(b, m));
     // Nodes the producer does not need stay with the consumer (a clean node the rest reads
     // directly is in the frontier, so none is lost).
     let producer_nodes: Vec<usize> = (0..n).filter(|&k| needed[k]).collect();

@@ -43,6 +43,63 @@ impl S {
     }
 }
 
+/// The most elements of an integer input a host block may read (an instance's token ids, an
+/// edge list): beyond that a block is launched like any other.
+pub(crate) const HOST_VECTOR_ELEMENTS: usize = 4096;
+
+/// Whether `t` may be an input of a block run on the host: a value of at most one element, or a
+/// rank-1 integer or boolean vector of at most [`HOST_VECTOR_ELEMENTS`].
+pub(crate) fn host_input(t: &Tensor) -> bool {
+    t.len() <= 1
+        || (t.rank() == 1
+            && (t.dtype().is_int() || t.dtype() == DType::Bool)
+            && t.len() <= HOST_VECTOR_ELEMENTS)
+}
+
+/// `take(v, k)` of an integer vector input `v` by a scalar integer `k` (no attributes: the whole
+/// tensor flattened, clip mode — the reference's defaults), the element at `k` clipped into
+/// range: `Some(None)` where it is such a take that cannot be computed here, `None` where the
+/// node is something else.
+fn element_taken(
+    node: &tumble_compile::BlockNode,
+    inputs: &[Tensor],
+    vals: &[S],
+    value: &dyn Fn(&BVal, &[S]) -> Option<S>,
+) -> Option<Option<S>> {
+    let [BArg::One(BVal::Input(v)), BArg::One(k)] = node.args.as_slice() else {
+        return None;
+    };
+    let v = inputs.get(*v as usize)?;
+    if node.op.name != "take" || v.rank() != 1 {
+        return None;
+    }
+    let k = match value(k, vals) {
+        Some(S::I32(k)) => i64::from(k),
+        Some(S::I64(k)) => k,
+        _ => return Some(None),
+    };
+    if v.is_empty() {
+        return Some(None);
+    }
+    let i = k.clamp(0, v.len() as i64 - 1) as usize;
+    let out = match v.dtype() {
+        DType::Int32 => v
+            .as_slice::<i32>()
+            .and_then(|x| x.get(i))
+            .map(|&x| S::I32(x)),
+        DType::Int64 => v
+            .as_slice::<i64>()
+            .and_then(|x| x.get(i))
+            .map(|&x| S::I64(x)),
+        _ => None,
+    };
+    // The node's declared type: a rank-0 tensor of the element's dtype.
+    let declared = matches!((node.ty.as_tensor(), out),
+        (Some((dims, DType::Int32)), Some(S::I32(_))) | (Some((dims, DType::Int64)), Some(S::I64(_)))
+            if dims.is_empty());
+    Some(out.filter(|_| declared))
+}
+
 /// One operator on scalar operands, as the reference computes it; `None`: not on this path.
 fn apply(op: &str, args: &[S]) -> Option<S> {
     use S::*;
@@ -96,11 +153,12 @@ pub(crate) fn eval(block: &Block, inputs: &[Tensor]) -> Option<Vec<Tensor>> {
     if inputs.len() != block.inputs.len() || block.nodes.len() > 16 {
         return None;
     }
-    let ins: Vec<S> = inputs.iter().map(S::of).collect::<Option<_>>()?;
+    // Scalars by value; an integer vector (an instance's tokens) only where `take` reads it.
+    let ins: Vec<Option<S>> = inputs.iter().map(S::of).collect();
     let mut vals: Vec<S> = Vec::with_capacity(block.nodes.len());
     let value = |v: &BVal, vals: &[S]| -> Option<S> {
         match v {
-            BVal::Input(i) => ins.get(*i as usize).copied(),
+            BVal::Input(i) => ins.get(*i as usize).copied().flatten(),
             BVal::Node(n) => vals.get(*n as usize).copied(),
             BVal::Const(t) => S::of(t),
             BVal::Field(..) => None,
@@ -109,6 +167,10 @@ pub(crate) fn eval(block: &Block, inputs: &[Tensor]) -> Option<Vec<Tensor>> {
     for node in &block.nodes {
         if !node.attrs.is_empty() {
             return None;
+        }
+        if let Some(out) = element_taken(node, inputs, &vals, &value) {
+            vals.push(out?);
+            continue;
         }
         let mut args = [S::Bool(false); 2];
         if node.args.len() > 2 {

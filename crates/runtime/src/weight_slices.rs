@@ -1,6 +1,8 @@
 //! Weight slices: a block that only takes slices of model weights at indices every instance
-//! passes alike — a stacked model's layer weights `take(%Ws, %l)`, `%l` a layer counter — runs
-//! on the host once per weight and index for the whole job, and its results are model weights
+//! passes alike — a stacked model's layer weights `take(%Ws, %l)`, `%l` a layer counter — or
+//! takes one matrix of a model weight by an index it computes from an instance's integers (a
+//! typed edge's `take(%Ws, take(%types, %k))`, split off by the compiler's weight-take split)
+//! runs on the host once per weight and index for the whole job, and its results are model weights
 //! of their own from then on: the products that read them get one shared weight per launch (no
 //! reuse miss, no slice copied per invocation: a 3-layer LSTM at H=512 copied 4 MiB per layer
 //! per instance and ran 13× slower than the same model with three weights), grouped and keyed
@@ -60,37 +62,11 @@ fn is_shared_slice_block(b: &Block, reuse: &ReuseAnalysis, i: usize) -> bool {
         && (0..b.inputs.len()).all(|k| reuse.is_shared(i as u32, k))
 }
 
-/// For a [`SliceBlock::Indexed`] block: its weight input and the value its take indexes by.
-/// The block returns its last node, a row-mode `take` out of a shared input's matrices (a
-/// table of rank 3 or more) by a value
-/// of one integer; every other node is pure integer or boolean work.
+/// For a [`SliceBlock::Indexed`] block ([`tumble_compile::slice_split::weight_take_block`] whose
+/// table is shared by every instance): its weight input and the value its take indexes by.
 fn indexed_take(b: &Block, reuse: &ReuseAnalysis, i: usize) -> Option<(u32, BVal)> {
-    let (last, before) = b.nodes.split_last()?;
-    let [BVal::Node(k)] = b.outputs.as_slice() else {
-        return None;
-    };
-    let (Some(BArg::One(BVal::Input(w))), Some(BArg::One(idx)), 2) =
-        (last.args.first(), last.args.get(1), last.args.len())
-    else {
-        return None;
-    };
-    let one_int = matches!(b.val_ty(idx).as_tensor(),
-        Some((dims, dt)) if dt.is_int() && dims.len() <= 1 && dims.iter().all(|d| d.known() == Some(1)));
-    let matrix =
-        matches!(b.val_ty(&BVal::Input(*w)).as_tensor(), Some((dims, _)) if dims.len() >= 3);
-    let integral = before.iter().all(|n| {
-        tumble_compile::blocks::is_pure_op(n.op)
-            && matches!(n.ty.as_tensor(),
-                Some((_, dt)) if dt.is_int() || dt == tumble_ir::DType::Bool)
-    });
-    (*k as usize == before.len()
-        && last.op.name == "take"
-        && tumble_ops::takes_rows(&last.attrs)
-        && one_int
-        && matrix
-        && integral
-        && reuse.is_shared(i as u32, *w as usize))
-    .then(|| (*w, idx.clone()))
+    tumble_compile::slice_split::weight_take_block(b)
+        .filter(|(w, _)| reuse.is_shared(i as u32, *w as usize))
 }
 
 /// The index an [`SliceBlock::Indexed`] block's take reads (`index`), computed on the host

@@ -597,6 +597,7 @@ fn every_combination_of_switches() {
                 concurrency: ghosts != hoist,
                 split: hoist && ghosts == dup,
                 weight_takes: ghosts == hoist,
+                index_split: dup == hoist,
                 for_gradients: false,
             };
             let (program, reuse) = compile(&x, coarsen, statics);

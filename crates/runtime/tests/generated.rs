@@ -68,6 +68,7 @@ fn config(r: &mut Rng, k: usize) -> (bool, StaticOptions, Options) {
         split: bit(0.5),
         concurrency: bit(0.5),
         weight_takes: bit(0.5),
+        index_split: bit(0.5),
         for_gradients: false,
     };
     let opts = Options {

@@ -1203,7 +1203,14 @@ def @main(%tok: Tensor[(1), int32], %mats: Tensor[(6, 3, 4), float32], %emb: Ten
         &["tok"],
     );
     check_all_ways(&x);
-    let profile = batch_profile(&x, tumble_runtime::Options::default());
+    // (The matrix lookup is a weight take, which the weight-take split otherwise runs on the
+    // host as a weight slice: its gather view is what this test is about.)
+    let statics = tumble_compile::StaticOptions {
+        weight_takes: false,
+        ..tumble_compile::StaticOptions::all()
+    };
+    let (program, reuse) = common::compile(&x, true, statics);
+    let (_, profile) = common::run_once(&x, &program, &reuse, Default::default());
     assert!(profile.fused.gather_views >= 2, "{profile}");
 }
 
@@ -2651,6 +2658,74 @@ def @main(%feat: Tensor[(?), int32], %nodes: List[(Tensor[(1), int32], Tensor[(?
         with.shared_inputs >= without.shared_inputs + product_launches,
         "{with}\n{without}"
     );
+}
+
+/// An RNN written as a counted loop over an instance's token vector, `take(%toks, %k)` then the
+/// embedding lookup: the index split computes each token on the host when the step is invoked,
+/// so the lookup reads no ragged vector and is hoisted over every token of the mini-batch (as
+/// the list-written RNN's is), where inside the block the token's `take` ran once per group of
+/// equal lengths. Tokens past the table and empty sentences included; equal to the reference
+/// every way, and to itself with the split off.
+#[test]
+fn a_counted_loop_s_tokens_are_computed_on_the_host() {
+    let src = r#"
+def @rnn(%toks: Tensor[(?), int32], %n: Tensor[(), int32], %k: Tensor[(), int32], %h: Tensor[(1, 8), float32],
+         %emb: Tensor[(6, 8), float32], %W: Tensor[(8, 8), float32], %U: Tensor[(8, 8), float32]) -> Tensor[(1, 8), float32] {
+  if (less(%k, %n)) {
+    let %x = take(%emb, expand_dims(take(%toks, %k), axis=0), axis=0);
+    @rnn(%toks, %n, add(%k, 1), tanh(add(nn.dense(%x, %W), nn.dense(%h, %U))), %emb, %W, %U)
+  } else {
+    %h
+  }
+}
+def @main(%toks: Tensor[(?), int32], %n: Tensor[(), int32], %emb: Tensor[(6, 8), float32],
+          %W: Tensor[(8, 8), float32], %U: Tensor[(8, 8), float32]) -> Tensor[(1, 8), float32] {
+  @rnn(%toks, %n, 0, zeros(shape=[1, 8], dtype="float32"), %emb, %W, %U)
+}
+"#;
+    // Sentence i has i % 7 tokens (none for i % 7 = 0); a token of 9 or -2 now and then.
+    let inputs: Vec<String> = (0..30)
+        .map(|i| {
+            let toks: Vec<String> = (0..i % 7)
+                .map(|j| match (i + j) % 13 {
+                    0 => "9".to_string(),
+                    1 => "-2".to_string(),
+                    _ => ((i * 3 + j) % 6).to_string(),
+                })
+                .collect();
+            format!("{{\"toks\": [{}], \"n\": {}}}", toks.join(", "), i % 7)
+        })
+        .collect();
+    let x = expected(
+        "counted_rnn",
+        load_text("counted_rnn", src),
+        &inputs.join("\n"),
+        &["toks", "n"],
+    );
+    check_all_ways(&x);
+    let run = |index_split: bool| {
+        let statics = tumble_compile::StaticOptions {
+            index_split,
+            ..tumble_compile::StaticOptions::all()
+        };
+        let (program, reuse) = common::compile(&x, true, statics);
+        common::run_once(&x, &program, &reuse, Default::default())
+    };
+    let ((split, with), (whole, without)) = (run(true), run(false));
+    for (i, (a, b)) in split.iter().zip(&whole).enumerate() {
+        common::same_within(a, b, &format!("instance {i}"), 0.0)
+            .unwrap_or_else(|e| panic!("index splits on vs off: {e}"));
+    }
+    // Every token's lookup in one launch (each distinct token once), none of it ragged.
+    let launches: u64 = with
+        .per_block
+        .iter()
+        .filter(|(name, _)| name.starts_with("rnn:x"))
+        .map(|(_, s)| s.launches)
+        .sum();
+    assert_eq!(launches, 1, "{with}");
+    assert_eq!(with.ragged_groups, 0, "{with}");
+    assert!(without.ragged_groups > 0, "{without}");
 }
 
 /// A per-token transform written inside the recursion that concatenates its rows —

@@ -539,9 +539,11 @@ impl<'p> Dfg<'p> {
     }
 
     /// A weight-slice block's results for inputs `recorded` — model weights and host indices of
-    /// one element — from the job's cache ([`crate::weight_slices`]), each a model weight of this
-    /// graph, with the time it took to compute them when this invocation did; `None` when the
-    /// inputs are not of that kind or the job keeps no more slices.
+    /// one element, or (an indexed slice) a model weight and the host integers its index is
+    /// computed from — from the job's cache ([`crate::weight_slices`]), each a model weight of
+    /// this graph, with the time it took to compute them when this invocation did; `None` when
+    /// the inputs are not of that kind (one computed, not a host value) or the job keeps no more
+    /// slices.
     fn weight_slice(
         &mut self,
         block_id: u32,
@@ -1065,7 +1067,7 @@ impl Backend for Dfg<'_> {
             && self.opts.scheduler != Scheduler::Eager
             && recorded
                 .iter()
-                .all(|a| matches!(a, Arg::Val(t) if t.len() <= 1))
+                .all(|a| matches!(a, Arg::Val(t) if crate::host_scalars::host_input(t)))
             && self.exec.scalar_blocks.get(block_id as usize) == Some(&true)
         {
             let inputs: Vec<Tensor> = recorded
