@@ -10,7 +10,7 @@ OLD=${OLD:?set OLD to the baseline tumble}; NEW=${NEW:?set NEW to the tumble to 
 ROUNDS=${1:-3}; shift $(( $# > 0 ? 1 : 0 ))
 ONLY=" $* "
 D=bench/.data/cliffs
-[ -f $D/kv128.jsonl ] || python3 bench/cliffs/gen_inputs.py
+[ -f $D/typed128.jsonl ] || python3 bench/cliffs/gen_inputs.py
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 for p in gate_wsel_512:gate256 gate_arms_512:gate256 expr_wsel_512:expr64 expr_plain_512:expr64 \
          gru_plain_512:seq256 gru_prim_512:seq256 lstmcat_plain_512:seq256 lstmcat_sep_512:seq256 \
@@ -25,7 +25,8 @@ for p in gate_wsel_512:gate256 gate_arms_512:gate256 expr_wsel_512:expr64 expr_p
          handln_op_256:seq256 scanmax_256:seq256 mha_div_256:seq256 mha_mul_256:seq256 \
          lstm_respelled_256:seq256 lstm_let_256:seq256 moe_map_512:seq256 moe_where_512:seq256 \
          leafgate_256:btree128 leafgate_where_256:btree128 moe_take_256:seq256 moe_if_256:seq256 \
-         kvdec_pad_128:kv128 kvdec_arith_128:kv128 onehot_256:ids128 onehot_take_256:ids128; do
+         kvdec_pad_128:kv128 kvdec_arith_128:kv128 onehot_256:ids128 onehot_take_256:ids128 \
+         rnn_count_256:count256 rnn_list_256:seq256 ggnn_typed_128:typed128 ggnn_typedlist_128:typedl128; do
   m=${p%%:*}; in=$D/${p##*:}.jsonl
   [ "$ONLY" = "  " ] || [[ "$ONLY" == *" $m "* ]] || continue
   for r in $(seq "$ROUNDS"); do

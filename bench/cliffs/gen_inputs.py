@@ -15,7 +15,10 @@ leaves from a 1,000-word vocabulary), caps256.jsonl (256 sets of 32 eight-wide c
 routing iterations); and for the forty-ninth session's: kv128.jsonl (128 prompts of 3-30 token ids
 below 2,000 with 5-25 decoding steps); and for the training programs in bench/cliffs/train/: seq256l.jsonl (256
 sentences of 5-30 tokens with a 5-class label), wide256.jsonl (256 matrices of 15 rows of 128
-normals).
+normals); and for the fifty-first session's: count256.jsonl (seq256's sentences as one tensor of
+ids each with its length), typed128.jsonl (128 graphs of 8-20 nodes, each node its index, 1-4
+incoming edges' sources and types in 0-3 as tensors, and their count) and typedl128.jsonl (the
+same graphs, each node's edges a list of (source, type) pairs).
 Seeded: the same files every time."""
 import json
 import os
@@ -116,3 +119,27 @@ R = random.Random(5)
 with open(os.path.join(out, "kv128.jsonl"), "w") as f:
     for _ in range(128):
         f.write(json.dumps({"prompt": [R.randrange(2, 2000) for _ in range(R.randint(3, 30))], "steps": R.randint(5, 25)}) + "\n")
+
+with open(os.path.join(out, "seq256.jsonl")) as src, open(os.path.join(out, "count256.jsonl"), "w") as f:
+    for line in src:
+        toks = [t[0] for t in json.loads(line)["tokens"]]
+        f.write(json.dumps({"toks": toks, "n": len(toks)}) + "\n")
+
+R = random.Random(51)
+typed, typedl = [], []
+for _ in range(128):
+    n = R.randint(8, 20)
+    feat = [R.randrange(100) for _ in range(n)]
+    nodes, lnodes = [], []
+    for v in range(n):
+        k = R.randint(1, 4)
+        src = [R.randrange(n) for _ in range(k)]
+        typ = [R.randrange(4) for _ in range(k)]
+        nodes.append([[v], src, typ, k])
+        lnodes.append([[v], [[[s], t] for s, t in zip(src, typ)]])
+    typed.append({"feat": feat, "nodes": nodes})
+    typedl.append({"feat": feat, "nodes": lnodes})
+for name, rows in (("typed128.jsonl", typed), ("typedl128.jsonl", typedl)):
+    with open(os.path.join(out, name), "w") as f:
+        for g in rows:
+            f.write(json.dumps(g) + "\n")
