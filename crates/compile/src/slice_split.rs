@@ -78,8 +78,23 @@ fn plan_slice(b: &Block, weight_operands: &[bool]) -> Option<Cut> {
     if !integral {
         return None;
     }
+    // A slice read only inside its block (a product's weight) is read as it lies by the GEMM
+    // stage — no copy — one matrix-vector product per invocation: from the cache, that costs
+    // about what grouping saves until the slices outgrow it (a typed-edge GGNN folding its
+    // edges: H=128, 64 KiB slices, 4% slower split; H=256 even; H=512, 1 MiB, 1.5× faster). A
+    // slice the block returns is copied per invocation and read as a weight that differs per
+    // invocation by every product after it: split at any size (H=128, 1.5×).
+    let returned = b.outputs.iter().any(|v| v.node() == Some(k));
+    // (A `?` size counts as 0: not known to be large.)
+    let bytes = b.nodes.get(k).map_or(0, |n| tumble_ops::value_bytes(&n.ty));
+    if !returned && bytes < SAME_BLOCK_MIN_BYTES {
+        return None;
+    }
     cut_at(b, k, SLICE, REST)
 }
+
+/// The smallest slice split off a block that only reads it inside (above).
+const SAME_BLOCK_MIN_BYTES: usize = 512 << 10;
 
 /// Whether `b` is a weight take the runtime can run as an indexed weight slice — its last node,
 /// the one output, a row-mode `take` out of input `w`'s matrices (a table of rank 3 or more) by a
