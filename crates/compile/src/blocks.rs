@@ -129,6 +129,35 @@ impl Block {
             .all(|v| matches!(self.val_ty(v).as_tensor(), Some((d, _)) if d.is_empty()))
     }
 
+    /// Per input: every node reading it reads only its shape (`shape_of`, `ndarray_size`), and
+    /// no output is it — a value whose size, not contents, the block needs (a counted loop's
+    /// bound `take(shape_of(%x), 0)` over an instance's rows).
+    pub fn shape_only_inputs(&self) -> Vec<bool> {
+        let mut only = vec![true; self.inputs.len()];
+        let mut read = vec![false; self.inputs.len()];
+        let mut note = |v: &BVal, shape: bool| {
+            if let BVal::Input(i) = v {
+                if let Some(r) = read.get_mut(*i as usize) {
+                    *r = true;
+                }
+                if !shape {
+                    if let Some(o) = only.get_mut(*i as usize) {
+                        *o = false;
+                    }
+                }
+            }
+        };
+        for n in &self.nodes {
+            let shape = matches!(n.op.name, "shape_of" | "ndarray_size");
+            n.args
+                .iter()
+                .flat_map(BArg::values)
+                .for_each(|v| note(v, shape));
+        }
+        self.outputs.iter().for_each(|v| note(v, false));
+        only.iter().zip(&read).map(|(&o, &r)| o && r).collect()
+    }
+
     /// Runs the nodes in order on one invocation's inputs with the reference kernels; returns the
     /// flat outputs.
     pub fn eval(&self, inputs: &[Tensor], octx: &mut OpCtx) -> Result<Vec<Tensor>, String> {

@@ -121,9 +121,13 @@ fn fill_summaries(program: &Program, cx: &mut Cx) {
 /// weight takes (a weight-take split's producer, an indexed weight slice): no depth.
 fn runs_on_host(b: &crate::blocks::Block) -> bool {
     let integral = |t: &tumble_ir::Ty| matches!(t.as_tensor(), Some((_, dt)) if dt.is_int() || dt == tumble_ir::DType::Bool);
+    let shape_only = b.shape_only_inputs();
     if crate::slice_split::weight_take_block(b).is_some()
         || (b.returns_only_scalars()
-            && b.inputs.iter().all(|i| integral(&i.ty))
+            && b.inputs
+                .iter()
+                .zip(&shape_only)
+                .all(|(i, &s)| s || integral(&i.ty))
             && b.nodes.iter().all(|n| integral(&n.ty)))
     {
         return true;

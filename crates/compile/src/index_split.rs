@@ -13,11 +13,12 @@
 //!
 //! The producer is the integer closure of one scalar the rest of the block reads (views of it —
 //! `expand_dims` to the `(1)` an embedding lookup takes — stay with the rest, so that the
-//! producer returns a scalar), pure integer and boolean nodes over integer inputs and literals,
+//! producer returns a scalar), pure integer and boolean nodes over integer inputs, literals and
+//! any input's shape (`take(shape_of(%x), 0)`),
 //! reading an input of a size not known statically (otherwise nothing is ragged and the block
 //! gains nothing). Its site is scheduled as the site was.
 
-use crate::blocks::{frontier, inputs_read, needed_by, nodes_reading_only, BVal, Block};
+use crate::blocks::{frontier, inputs_read, is_pure_op, needed_by, BArg, BVal, Block};
 use crate::program::Program;
 use crate::split::{cut_at, split_sites, Cut, Split, VIEWS};
 use tumble_ir::Ty;
@@ -59,16 +60,22 @@ fn scalar_like(t: &Ty) -> bool {
 }
 
 /// The node of `b` whose integer closure to split off: a scalar the rest of the block reads,
-/// computed by pure integer nodes from integer inputs (one of a size not known statically) and
-/// literals; `None` when there is none or the block is nothing but integer work.
+/// computed by pure integer nodes from integer inputs (one of a size not known statically),
+/// literals and inputs' shapes; `None` when there is none or the block is nothing but integer
+/// work.
 fn index_cut(b: &Block) -> Option<usize> {
-    let mut ints: Vec<bool> = nodes_reading_only(b, |i| {
-        b.inputs.get(i as usize).is_some_and(|x| integral(&x.ty))
-    })
-    .into_iter()
-    .zip(&b.nodes)
-    .map(|(only, n)| only && integral(&n.ty) && !n.op.name.starts_with("random."))
-    .collect();
+    // Integer work: pure integral nodes over integer inputs, literals and each other — and the
+    // shape of any input (`shape_of(%x)`: its size, whatever its dtype).
+    let mut ints: Vec<bool> = Vec::with_capacity(b.nodes.len());
+    for n in &b.nodes {
+        let shape = matches!(n.op.name, "shape_of" | "ndarray_size");
+        let reads_ints = n.args.iter().flat_map(BArg::values).all(|v| match v {
+            BVal::Input(i) => shape || b.inputs.get(*i as usize).is_some_and(|x| integral(&x.ty)),
+            BVal::Node(m) | BVal::Field(m, _) => ints.get(*m as usize).copied().unwrap_or(false),
+            BVal::Const(_) => true,
+        });
+        ints.push(is_pure_op(n.op) && reads_ints && integral(&n.ty));
+    }
     if ints.iter().all(|&x| x) {
         return None;
     }

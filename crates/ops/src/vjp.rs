@@ -29,6 +29,7 @@ pub fn no_gradient(op: &OpDef) -> Option<&'static str> {
             Some("its result is a bool tensor (a comparison, logical operator or test)")
         }
         "argmax" | "argmin" => Some("its result is an integer index"),
+        "shape_of" | "ndarray_size" => Some("its result is an integer size"),
         "all" | "any" => Some("its input and result are bool tensors"),
         "random.db_uniform" => Some("it is a random draw"),
         _ => None,

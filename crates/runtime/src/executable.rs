@@ -25,6 +25,9 @@ pub struct Executable {
     pub(crate) draws_on_host: bool,
     /// Per block: `Block::returns_only_scalars` (computed once, read per invocation).
     pub(crate) scalar_blocks: Vec<bool>,
+    /// Per block and input: only its shape is read ([`Block::shape_only_inputs`]): any host value
+    /// there may be an input of a block run on the host.
+    pub(crate) shape_only_inputs: Vec<Vec<bool>>,
     /// Per block: every output an integer or boolean (no adjoint): host scalars while recording
     /// for the backward too.
     pub(crate) integral_blocks: Vec<bool>,
@@ -183,6 +186,7 @@ impl Executable {
         let exec = Executable {
             draws_on_host: tumble_interp::draws_on_host(program),
             scalar_blocks: blocks.iter().map(Block::returns_only_scalars).collect(),
+            shape_only_inputs: blocks.iter().map(Block::shape_only_inputs).collect(),
             integral_blocks: blocks
                 .iter()
                 .map(|b| {

@@ -63,8 +63,8 @@ pub(crate) fn host_input(t: &Tensor) -> bool {
 fn element_taken(
     node: &tumble_compile::BlockNode,
     inputs: &[Tensor],
-    vals: &[S],
-    value: &dyn Fn(&BVal, &[S]) -> Option<S>,
+    vals: &[Option<S>],
+    value: &dyn Fn(&BVal, &[Option<S>]) -> Option<S>,
 ) -> Option<Option<S>> {
     let [BArg::One(BVal::Input(v)), BArg::One(k)] = node.args.as_slice() else {
         return None;
@@ -153,23 +153,40 @@ pub(crate) fn eval(block: &Block, inputs: &[Tensor]) -> Option<Vec<Tensor>> {
     if inputs.len() != block.inputs.len() || block.nodes.len() > 16 {
         return None;
     }
-    // Scalars by value; an integer vector (an instance's tokens) only where `take` reads it.
+    // Scalars by value; an integer vector (an instance's tokens) only where `take` reads it, and
+    // any input's shape only where `take` reads one of its sizes (`take(shape_of(%x), 0)`).
     let ins: Vec<Option<S>> = inputs.iter().map(S::of).collect();
-    let mut vals: Vec<S> = Vec::with_capacity(block.nodes.len());
-    let value = |v: &BVal, vals: &[S]| -> Option<S> {
+    // Per node: its scalar, or `None` for a `shape_of` (`shapes`: whose).
+    let mut vals: Vec<Option<S>> = Vec::with_capacity(block.nodes.len());
+    let mut shapes: Vec<Option<usize>> = Vec::with_capacity(block.nodes.len());
+    let value = |v: &BVal, vals: &[Option<S>]| -> Option<S> {
         match v {
             BVal::Input(i) => ins.get(*i as usize).copied().flatten(),
-            BVal::Node(n) => vals.get(*n as usize).copied(),
+            BVal::Node(n) => vals.get(*n as usize).copied().flatten(),
             BVal::Const(t) => S::of(t),
             BVal::Field(..) => None,
         }
     };
     for node in &block.nodes {
+        if let Some(size) = size_of(node, inputs, &vals, &shapes, &value) {
+            match size? {
+                Size::Shape(i) => {
+                    vals.push(None);
+                    shapes.push(Some(i));
+                }
+                Size::Scalar(x) => {
+                    vals.push(Some(x));
+                    shapes.push(None);
+                }
+            }
+            continue;
+        }
+        shapes.push(None);
         if !node.attrs.is_empty() {
             return None;
         }
         if let Some(out) = element_taken(node, inputs, &vals, &value) {
-            vals.push(out?);
+            vals.push(Some(out?));
             continue;
         }
         let mut args = [S::Bool(false); 2];
@@ -186,13 +203,68 @@ pub(crate) fn eval(block: &Block, inputs: &[Tensor]) -> Option<Vec<Tensor>> {
             Some((dims, dtype)) if dims.is_empty() && dtype == out.tensor().dtype() => {}
             _ => return None,
         }
-        vals.push(out);
+        vals.push(Some(out));
     }
     block
         .outputs
         .iter()
         .map(|v| value(v, &vals).map(S::tensor))
         .collect()
+}
+
+/// What a size node computes on this path.
+enum Size {
+    /// `shape_of` of input `i`: read only by [`size_of`]'s `take`.
+    Shape(usize),
+    /// A size as a scalar.
+    Scalar(S),
+}
+
+/// `shape_of(%x)` of an input (any dtype, any size), `ndarray_size(%x)`, and `take(s, k)` of
+/// such a shape by a scalar `k` (no attributes: clip mode) — as the reference computes them, in
+/// the node's declared dtype: `Some(None)` where it is such a node that cannot be computed here,
+/// `None` where the node is something else.
+fn size_of(
+    node: &tumble_compile::BlockNode,
+    inputs: &[Tensor],
+    vals: &[Option<S>],
+    shapes: &[Option<usize>],
+    value: &dyn Fn(&BVal, &[Option<S>]) -> Option<S>,
+) -> Option<Option<Size>> {
+    let scalar_of = |n: i64| -> Option<S> {
+        match node.ty.as_tensor() {
+            Some((dims, DType::Int32)) if dims.is_empty() => Some(S::I32(i32::try_from(n).ok()?)),
+            Some((dims, DType::Int64)) if dims.is_empty() => Some(S::I64(n)),
+            _ => None,
+        }
+    };
+    match (node.op.name, node.args.as_slice()) {
+        ("shape_of", [BArg::One(BVal::Input(i))]) => Some(Some(Size::Shape(*i as usize))),
+        ("ndarray_size", [BArg::One(BVal::Input(i))]) => {
+            let n = inputs.get(*i as usize).map(|t| t.len() as i64);
+            Some(n.and_then(scalar_of).map(Size::Scalar))
+        }
+        ("take", [BArg::One(BVal::Node(m)), BArg::One(k)]) => {
+            let i = (*shapes.get(*m as usize)?)?;
+            if !node.attrs.is_empty() {
+                return Some(None);
+            }
+            let dims = inputs.get(i).map(Tensor::shape).unwrap_or(&[]);
+            let k = match value(k, vals) {
+                Some(S::I32(k)) => i64::from(k),
+                Some(S::I64(k)) => k,
+                _ => return Some(None),
+            };
+            if dims.is_empty() {
+                return Some(None);
+            }
+            let d = dims
+                .get(k.clamp(0, dims.len() as i64 - 1) as usize)
+                .copied();
+            Some(d.and_then(|d| scalar_of(d as i64)).map(Size::Scalar))
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]

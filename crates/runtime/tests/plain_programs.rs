@@ -2728,6 +2728,87 @@ def @main(%toks: Tensor[(?), int32], %n: Tensor[(), int32], %emb: Tensor[(6, 8),
     assert!(without.ragged_groups > 0, "{without}");
 }
 
+/// Counted loops bounded by their data's own sizes, `take(shape_of(%xs), 0)` over an instance's
+/// float rows and `ndarray_size(%toks)` over its tokens: the bound is computed on the host when
+/// the condition is invoked (only the inputs' shapes are read), so a step waits for no launch.
+/// Equal to the reference every way (empty instances included); `shape_of`'s dtype attribute and
+/// `ndarray_size` of a matrix checked by value.
+#[test]
+fn loops_bounded_by_shape_of_their_rows() {
+    let src = r#"
+def @rows(%xs: Tensor[(?, 4), float32], %k: Tensor[(), int64], %h: Tensor[(1, 4), float32],
+          %W: Tensor[(4, 4), float32]) -> Tensor[(1, 4), float32] {
+  if (less(%k, take(shape_of(%xs, dtype="int64"), 0))) {
+    let %x = take(%xs, expand_dims(%k, axis=0), axis=0);
+    @rows(%xs, add(%k, 1i64), tanh(add(nn.dense(%h, %W), %x)), %W)
+  } else {
+    %h
+  }
+}
+def @toks(%t: Tensor[(?), int32], %k: Tensor[(), int32], %acc: Tensor[(1, 4), float32],
+          %emb: Tensor[(5, 4), float32]) -> Tensor[(1, 4), float32] {
+  if (less(%k, ndarray_size(%t))) {
+    @toks(%t, add(%k, 1), add(%acc, take(%emb, expand_dims(take(%t, %k), axis=0), axis=0)), %emb)
+  } else {
+    %acc
+  }
+}
+def @main(%xs: Tensor[(?, 4), float32], %t: Tensor[(?), int32], %W: Tensor[(4, 4), float32],
+          %emb: Tensor[(5, 4), float32]) -> (Tensor[(1, 4), float32], Tensor[(1, 4), float32], Tensor[(2), int32], Tensor[(), int32]) {
+  let %z = zeros(shape=[1, 4], dtype="float32");
+  (@rows(%xs, 0i64, %z, %W), @toks(%t, 0, %z, %emb), shape_of(%xs), ndarray_size(%xs))
+}
+"#;
+    let inputs: Vec<String> = (0..16)
+        .map(|i| {
+            let rows: Vec<String> = (0..i % 5)
+                .map(|r| {
+                    let v: Vec<String> = (0..4)
+                        .map(|c| format!("{:.2}", ((i * 7 + r * 3 + c) % 11) as f64 / 10.0 - 0.5))
+                        .collect();
+                    format!("[{}]", v.join(", "))
+                })
+                .collect();
+            let toks: Vec<String> = (0..(i + 2) % 4)
+                .map(|j| ((i + j) % 5).to_string())
+                .collect();
+            format!(
+                "{{\"xs\": [{}], \"t\": [{}]}}",
+                rows.join(", "),
+                toks.join(", ")
+            )
+        })
+        .collect();
+    let x = expected(
+        "shape_bounds",
+        load_text("shape_bounds", src),
+        &inputs.join("\n"),
+        &["xs", "t"],
+    );
+    check_all_ways(&x);
+    // Instance 3 has 3 rows of 4: its shape and size by value.
+    let (values, profile) = {
+        let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+        common::run_once(&x, &program, &reuse, Default::default())
+    };
+    let Some(tumble_interp::Value::Tuple(fields)) = values.get(3) else {
+        panic!("instance 3: {:?}", values.get(3));
+    };
+    let ints = |k: usize| match fields.0.get(k) {
+        Some(tumble_interp::Value::Tensor(t)) => t.to_i64_vec(),
+        other => panic!("field {k}: {other:?}"),
+    };
+    assert_eq!((ints(2), ints(3)), (vec![3, 4], vec![12]));
+    // Every loop condition ran on the host: no launch of a block of `less`.
+    let conditions: u64 = profile
+        .per_block
+        .iter()
+        .filter(|(name, _)| name.contains("less"))
+        .map(|(_, s)| s.launches)
+        .sum();
+    assert_eq!(conditions, 0, "{profile}");
+}
+
 /// A per-token transform written inside the recursion that concatenates its rows —
 /// `concatenate((tanh(W·x), @enc(%rest)))`, one automatic block with the recursive call as an
 /// operand — is split: the product, which reads only the token, runs hoisted over every token

@@ -1,5 +1,5 @@
 //! Creation and conversion kernels (`zeros`, `ones`, `full`, `zeros_like`, `ones_like`, `cast`,
-//! `one_hot`, `arange`) and the ACROBAT intrinsics `db.phase_change` and `random.db_uniform`.
+//! `one_hot`, `arange`), `shape_of` and `ndarray_size`, and the ACROBAT intrinsics `db.phase_change` and `random.db_uniform`.
 //! Result shapes and dtypes come from the relations (`arange`'s length, which its relation
 //! leaves `?`, from its operands).
 
@@ -338,4 +338,30 @@ fn reserve(k: &KCall, len: usize, dtype: DType) -> Result<(), KernelError> {
         tumble_limits::reserve(bytes).map_err(|stop| k.err(stop))?;
     }
     Ok(())
+}
+
+/// `shape_of(data)`: the run-time shape, in the relation's dtype.
+pub fn shape_of(args: &[OpValue], attrs: &Attrs, _ctx: &mut OpCtx) -> Result<OpValue, KernelError> {
+    let k = KCall::new("shape_of", args, attrs, 1)?;
+    let (_, dtype) = k.out_tensor(rel::create::shape_of)?;
+    let dims: Vec<i64> = k
+        .tensor(0, "data")?
+        .shape()
+        .iter()
+        .map(|&d| d as i64)
+        .collect();
+    let n = dims.len();
+    Ok(k.t(Tensor::from_vec(vec![n], dims))?.cast(dtype).into())
+}
+
+/// `ndarray_size(data)`: the run-time number of elements, in the relation's dtype.
+pub fn ndarray_size(
+    args: &[OpValue],
+    attrs: &Attrs,
+    _ctx: &mut OpCtx,
+) -> Result<OpValue, KernelError> {
+    let k = KCall::new("ndarray_size", args, attrs, 1)?;
+    let (_, dtype) = k.out_tensor(rel::create::ndarray_size)?;
+    let n = k.tensor(0, "data")?.len() as i64;
+    Ok(Tensor::scalar_i64(n).cast(dtype).into())
 }

@@ -1,6 +1,6 @@
 //! Tensor creation and dtype conversion (`zeros`, `ones`, `full`, `zeros_like`, `ones_like`,
-//! `cast`, `one_hot`, `arange`) and the ACROBAT intrinsics `db.phase_change` and
-//! `random.db_uniform`.
+//! `cast`, `one_hot`, `arange`), a tensor's shape as a value (`shape_of`, `ndarray_size`) and the
+//! ACROBAT intrinsics `db.phase_change` and `random.db_uniform`.
 
 use super::{fmt_ints, relations, Call};
 use crate::RelError;
@@ -193,4 +193,29 @@ pub fn arange(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
         return Err(c.err("dtype must be numeric, found bool"));
     }
     Ok(Ty::tensor(vec![tumble_ir::Dim::Any], dtype))
+}
+
+/// The integer dtype of `shape_of` and `ndarray_size` (`dtype`, default int32 as Relay's).
+fn size_dtype(c: &Call) -> Result<DType, RelError> {
+    let dtype = c.opt_dtype("dtype")?.unwrap_or(DType::Int32);
+    if !dtype.is_int() {
+        return Err(c.err(format!("dtype must be an integer type, found {dtype}")));
+    }
+    Ok(dtype)
+}
+
+/// `shape_of(data, dtype="int32")`: `data`'s shape as a vector of its rank's length.
+pub fn shape_of(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("shape_of", args, attrs, 1)?;
+    let t = c.tensor(0, "data")?;
+    let dtype = size_dtype(&c)?;
+    Ok(Ty::tensor_of(&[t.rank() as i64], dtype))
+}
+
+/// `ndarray_size(data, dtype="int32")`: `data`'s number of elements, a scalar.
+pub fn ndarray_size(args: &[Ty], attrs: &Attrs) -> Result<Ty, RelError> {
+    let c = Call::new("ndarray_size", args, attrs, 1)?;
+    c.tensor(0, "data")?;
+    let dtype = size_dtype(&c)?;
+    Ok(Ty::tensor_of(&[], dtype))
 }

@@ -823,6 +823,16 @@ case("nn.batch_norm", [x, g, b, m, v], bn(x, g, b, m, v, axis=-1, eps=1e-3, cent
      "float64, axis=-1, epsilon=1e-3, center=False", axis=-1, epsilon=1e-3, center=False)
 case("nn.batch_norm", [x, g, b, m, v], bn(x, g, b, m, v, axis=1, scale=False), "scale=False", scale=False)
 
+# ---- shapes as values (appended) ------------------------------------------------------------------
+
+x = fr(2, 3, 4)
+case("shape_of", [x], np.array(x.shape, dtype=I32), "rank 3, int32 (default)")
+case("shape_of", [ir(5, dtype=I64)], np.array([5], dtype=I64), "int64", dtype="int64")
+case("shape_of", [np.zeros((0, 3), dtype=F32)], np.array([0, 3], dtype=I32), "an empty axis")
+case("shape_of", [np.array(1.5, dtype=F32)], np.zeros((0,), dtype=I32), "a scalar: rank 0")
+case("ndarray_size", [x], np.array(x.size, dtype=I32), "24 elements")
+case("ndarray_size", [np.zeros((0, 3), dtype=F32)], np.array(0, dtype=I64), "empty, int64", dtype="int64")
+
 # ---- write --------------------------------------------------------------------------------------
 
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases.json")

@@ -1065,9 +1065,18 @@ impl Backend for Dfg<'_> {
         if self.opts.host_scalars
             && (!for_backward || self.exec.integral_blocks.get(block_id as usize) == Some(&true))
             && self.opts.scheduler != Scheduler::Eager
-            && recorded
-                .iter()
-                .all(|a| matches!(a, Arg::Val(t) if crate::host_scalars::host_input(t)))
+            && recorded.iter().enumerate().all(|(i, a)| match a {
+                Arg::Val(t) => {
+                    crate::host_scalars::host_input(t)
+                        || self
+                            .exec
+                            .shape_only_inputs
+                            .get(block_id as usize)
+                            .and_then(|v| v.get(i))
+                            == Some(&true)
+                }
+                Arg::Lazy(_) => false,
+            })
             && self.exec.scalar_blocks.get(block_id as usize) == Some(&true)
         {
             let inputs: Vec<Tensor> = recorded
