@@ -64,7 +64,7 @@ fn element_taken(
     node: &tumble_compile::BlockNode,
     inputs: &[Tensor],
     vals: &[Option<S>],
-    value: &dyn Fn(&BVal, &[Option<S>]) -> Option<S>,
+    value: ValueOf,
 ) -> Option<Option<S>> {
     let [BArg::One(BVal::Input(v)), BArg::One(k)] = node.args.as_slice() else {
         return None;
@@ -212,6 +212,9 @@ pub(crate) fn eval(block: &Block, inputs: &[Tensor]) -> Option<Vec<Tensor>> {
         .collect()
 }
 
+/// How a node's operand is read on this path: its scalar, given the nodes' values so far.
+type ValueOf<'a> = &'a dyn Fn(&BVal, &[Option<S>]) -> Option<S>;
+
 /// What a size node computes on this path.
 enum Size {
     /// `shape_of` of input `i`: read only by [`size_of`]'s `take`.
@@ -229,12 +232,12 @@ fn size_of(
     inputs: &[Tensor],
     vals: &[Option<S>],
     shapes: &[Option<usize>],
-    value: &dyn Fn(&BVal, &[Option<S>]) -> Option<S>,
+    value: ValueOf,
 ) -> Option<Option<Size>> {
     let scalar_of = |n: i64| -> Option<S> {
         match node.ty.as_tensor() {
-            Some((dims, DType::Int32)) if dims.is_empty() => Some(S::I32(i32::try_from(n).ok()?)),
-            Some((dims, DType::Int64)) if dims.is_empty() => Some(S::I64(n)),
+            Some(([], DType::Int32)) => Some(S::I32(i32::try_from(n).ok()?)),
+            Some(([], DType::Int64)) => Some(S::I64(n)),
             _ => None,
         }
     };
