@@ -438,49 +438,31 @@ pub(crate) fn nodes_reading_only(block: &Block, input_ok: impl Fn(u32) -> bool) 
 
 /// The backward closure of node `k` in `b`: the nodes its value depends on, `k` included.
 pub(crate) fn needed_by(b: &Block, k: usize) -> Vec<bool> {
-    let mut needed = vec![false; b.nodes.len()];
-    if let Some(x) = needed.get_mut(k) {
-        *x = true;
-    }
-    for j in (0..b.nodes.len()).rev() {
-        if !needed[j] {
-            continue;
-        }
-        for v in b
-            .nodes
-            .get(j)
-            .map_or(&[][..], |x| &x.args)
-            .iter()
-            .flat_map(BArg::values)
-        {
-            if let Some(m) = v.node() {
-                if let Some(x) = needed.get_mut(m) {
-                    *x = true;
-                }
-            }
-        }
-    }
-    needed
+    closure(b, &[BVal::Node(k as u32)], None)
 }
 
 /// The nodes of `b` other than `k` that its outputs depend on when `k`'s value is read as an
 /// input instead (the part of a block cut at `k` that stays).
 pub(crate) fn live_without(b: &Block, k: usize) -> Vec<bool> {
-    let mut live = vec![false; b.nodes.len()];
-    let mark = |v: &BVal, live: &mut Vec<bool>| {
-        if let Some(m) = v.node() {
-            if m != k {
-                if let Some(x) = live.get_mut(m) {
-                    *x = true;
-                }
+    closure(b, &b.outputs, Some(k))
+}
+
+/// The nodes of `b` the values `roots` depend on (themselves included), never through node
+/// `cut` (not marked, not followed).
+fn closure(b: &Block, roots: &[BVal], cut: Option<usize>) -> Vec<bool> {
+    let mut marked = vec![false; b.nodes.len()];
+    let mark = |v: &BVal, marked: &mut Vec<bool>| {
+        if let Some(m) = v.node().filter(|&m| Some(m) != cut) {
+            if let Some(x) = marked.get_mut(m) {
+                *x = true;
             }
         }
     };
-    for v in &b.outputs {
-        mark(v, &mut live);
+    for v in roots {
+        mark(v, &mut marked);
     }
     for j in (0..b.nodes.len()).rev() {
-        if live[j] {
+        if marked[j] {
             for v in b
                 .nodes
                 .get(j)
@@ -488,11 +470,11 @@ pub(crate) fn live_without(b: &Block, k: usize) -> Vec<bool> {
                 .iter()
                 .flat_map(BArg::values)
             {
-                mark(v, &mut live);
+                mark(v, &mut marked);
             }
         }
     }
-    live
+    marked
 }
 
 /// The values of the nodes flagged in `inside` that the other nodes or the block's outputs read,

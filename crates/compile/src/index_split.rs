@@ -20,7 +20,7 @@
 
 use crate::blocks::{frontier, inputs_read, is_pure_op, needed_by, BArg, BVal, Block};
 use crate::program::Program;
-use crate::split::{cut_at, split_sites, Cut, Split, VIEWS};
+use crate::split::{cut_at, split_sites_in_rounds, Cut, Split, VIEWS};
 use tumble_ir::Ty;
 
 /// The name of a split's producer.
@@ -39,15 +39,7 @@ pub fn split_indices(program: &mut Program, weights: &[bool]) -> Vec<Split> {
         (!b.primitive && index_cut(b).is_some()).then(Vec::new)
     };
     let plan = |b: &Block, _: &[bool], _: &[bool]| plan_index(b);
-    let mut report = Vec::new();
-    for _ in 0..MAX_ROUNDS {
-        let made = split_sites(program, weights, &candidate, &plan, None);
-        if made.is_empty() {
-            break;
-        }
-        report.extend(made);
-    }
-    report
+    split_sites_in_rounds(program, weights, &candidate, &plan, MAX_ROUNDS)
 }
 
 fn integral(t: &Ty) -> bool {

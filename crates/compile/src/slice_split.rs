@@ -18,7 +18,7 @@
 
 use crate::blocks::{is_pure_op, needed_by, BArg, BVal, Block};
 use crate::program::Program;
-use crate::split::{cut_at, split_sites, Cut, Split};
+use crate::split::{cut_at, split_sites_in_rounds, Cut, Split};
 
 /// The name of a split's producer.
 const SLICE: &str = "/slice";
@@ -35,15 +35,7 @@ pub fn split_weight_takes(program: &mut Program, weights: &[bool]) -> Vec<Split>
         (!b.primitive && slice_take(b, &[], false).is_some()).then(Vec::new)
     };
     let plan = |b: &Block, _: &[bool], weight_operands: &[bool]| plan_slice(b, weight_operands);
-    let mut report = Vec::new();
-    for _ in 0..MAX_ROUNDS {
-        let made = split_sites(program, weights, &candidate, &plan, None);
-        if made.is_empty() {
-            break;
-        }
-        report.extend(made);
-    }
-    report
+    split_sites_in_rounds(program, weights, &candidate, &plan, MAX_ROUNDS)
 }
 
 /// The first node of `b` that takes a matrix out of input `w` by one integer — `w` a weight

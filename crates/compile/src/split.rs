@@ -318,6 +318,26 @@ pub(crate) fn split_sites(
     report
 }
 
+/// [`split_sites`] again on what it made (a block's second weight take, its second index) until
+/// a round splits nothing, at most `rounds` times; what every round split.
+pub(crate) fn split_sites_in_rounds(
+    program: &mut Program,
+    weights: &[bool],
+    candidate: SiteMask,
+    plan: PlanCut,
+    rounds: usize,
+) -> Vec<Split> {
+    let mut report = Vec::new();
+    for _ in 0..rounds {
+        let made = split_sites(program, weights, candidate, plan, None);
+        if made.is_empty() {
+            break;
+        }
+        report.extend(made);
+    }
+    report
+}
+
 /// `b` cut at node `k`: the producer `b.name + producer_suffix` computes `k` and what it
 /// depends on, the consumer `b.name + consumer_suffix` the rest of the block, reading `k`'s
 /// value as its last input (and computing again any of the producer's nodes it reads besides);
@@ -335,13 +355,32 @@ pub(crate) fn cut_at(
     }
     let producer_nodes: Vec<usize> = (0..b.nodes.len()).filter(|&j| needed[j]).collect();
     let consumer_nodes: Vec<usize> = (0..b.nodes.len()).filter(|&j| live[j]).collect();
-    let out = BVal::Node(k as u32);
-    let p_in = inputs_read(b, &producer_nodes, &[]);
-    let c_in = inputs_read(b, &consumer_nodes, &b.outputs);
+    let names = [producer_suffix, consumer_suffix, "cut"];
+    cut_parts(
+        b,
+        &producer_nodes,
+        &consumer_nodes,
+        BVal::Node(k as u32),
+        names,
+    )
+}
+
+/// The producer (the nodes `producer_nodes`, returning `out`) and the consumer (the nodes
+/// `consumer_nodes`, reading `out` as its last input) of `b`, named `b.name` + `names[0]` and
+/// `names[1]`, the cut input labelled `names[2]`, with the original inputs each reads.
+fn cut_parts(
+    b: &Block,
+    producer_nodes: &[usize],
+    consumer_nodes: &[usize],
+    out: BVal,
+    [producer_suffix, consumer_suffix, label]: [&str; 3],
+) -> Option<Cut> {
+    let p_in = inputs_read(b, producer_nodes, &[]);
+    let c_in = inputs_read(b, consumer_nodes, &b.outputs);
     let producer = part_of(
         b,
         Part {
-            nodes: &producer_nodes,
+            nodes: producer_nodes,
             inputs: &p_in,
             cut: Vec::new(),
             outputs: std::slice::from_ref(&out),
@@ -351,13 +390,13 @@ pub(crate) fn cut_at(
         },
     )?;
     let cut_input = BlockInput {
-        name: format!("{} (cut)", producer.name),
+        name: format!("{} ({label})", producer.name),
         ty: b.val_ty(&out),
     };
     let consumer = part_of(
         b,
         Part {
-            nodes: &consumer_nodes,
+            nodes: consumer_nodes,
             inputs: &c_in,
             cut: vec![(out, cut_input)],
             outputs: &b.outputs,
@@ -450,37 +489,13 @@ fn plan_split(b: &Block, clean: &[bool]) -> Option<Cut> {
     // directly is in the frontier, so none is lost).
     let producer_nodes: Vec<usize> = (0..n).filter(|&k| needed[k]).collect();
     let consumer_nodes: Vec<usize> = (0..n).filter(|&k| !needed[k]).collect();
-    let p_in = inputs_read(b, &producer_nodes, &[]);
-    let c_in = inputs_read(b, &consumer_nodes, &b.outputs);
-    let producer = part_of(
+    cut_parts(
         b,
-        Part {
-            nodes: &producer_nodes,
-            inputs: &p_in,
-            cut: Vec::new(),
-            outputs: std::slice::from_ref(&out),
-            output_shape: OutputShape::Single,
-            primitive: false,
-            name: format!("{}{PRODUCER}", b.name),
-        },
-    )?;
-    let cut_input = BlockInput {
-        name: format!("{} (hoisted)", producer.name),
-        ty: b.val_ty(&out),
-    };
-    let consumer = part_of(
-        b,
-        Part {
-            nodes: &consumer_nodes,
-            inputs: &c_in,
-            cut: vec![(out, cut_input)],
-            outputs: &b.outputs,
-            output_shape: b.output_shape,
-            primitive: false,
-            name: format!("{}{CONSUMER}", b.name),
-        },
-    )?;
-    Some((producer, consumer, p_in, c_in))
+        &producer_nodes,
+        &consumer_nodes,
+        out,
+        [PRODUCER, CONSUMER, "hoisted"],
+    )
 }
 
 /// Whether each node of `b` is clean: pure and reading only the clean inputs `clean`, literals

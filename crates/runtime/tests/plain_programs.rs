@@ -1209,8 +1209,7 @@ def @main(%tok: Tensor[(1), int32], %mats: Tensor[(6, 3, 4), float32], %emb: Ten
         weight_takes: false,
         ..tumble_compile::StaticOptions::all()
     };
-    let (program, reuse) = common::compile(&x, true, statics);
-    let (_, profile) = common::run_once(&x, &program, &reuse, Default::default());
+    let (_, profile) = run_compiled_with(&x, statics);
     assert!(profile.fused.gather_views >= 2, "{profile}");
 }
 
@@ -1337,6 +1336,29 @@ def @main(%xs: List[Tensor[(1, 6), float32]], %W: Tensor[(6, 5), float32],
     for (i, (a, b)) in on_vals.iter().zip(&off_vals).enumerate() {
         common::same_within(a, b, &format!("instance {i}"), 0.0)
             .unwrap_or_else(|e| panic!("derived params on vs off: {e}"));
+    }
+}
+
+/// `x`'s instances as one mini-batch of the program compiled with `statics` (the default run
+/// options): the results and the profile.
+fn run_compiled_with(
+    x: &common::Expected,
+    statics: tumble_compile::StaticOptions,
+) -> (Vec<tumble_interp::Value>, tumble_runtime::Profile) {
+    let (program, reuse) = common::compile(x, true, statics);
+    common::run_once(x, &program, &reuse, Default::default())
+}
+
+/// Each instance's results in `a` within `tol` of `b`'s (`what` names the comparison).
+fn assert_same_results(
+    a: &[tumble_interp::Value],
+    b: &[tumble_interp::Value],
+    tol: f64,
+    what: &str,
+) {
+    for (i, (a, b)) in a.iter().zip(b).enumerate() {
+        common::same_within(a, b, &format!("instance {i}"), tol)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
     }
 }
 
@@ -2621,18 +2643,16 @@ def @main(%feat: Tensor[(?), int32], %nodes: List[(Tensor[(1), int32], Tensor[(?
     );
     check_all_ways(&x);
     let run = |weight_takes: bool| {
-        let statics = tumble_compile::StaticOptions {
-            weight_takes,
-            ..tumble_compile::StaticOptions::all()
-        };
-        let (program, reuse) = common::compile(&x, true, statics);
-        common::run_once(&x, &program, &reuse, Default::default())
+        run_compiled_with(
+            &x,
+            tumble_compile::StaticOptions {
+                weight_takes,
+                ..tumble_compile::StaticOptions::all()
+            },
+        )
     };
     let ((split, with), (whole, without)) = (run(true), run(false));
-    for (i, (a, b)) in split.iter().zip(&whole).enumerate() {
-        common::same_within(a, b, &format!("instance {i}"), 1e-5)
-            .unwrap_or_else(|e| panic!("weight-take splits on vs off: {e}"));
-    }
+    assert_same_results(&split, &whole, 1e-5, "weight-take splits on vs off");
     let launched = |p: &tumble_runtime::Profile, part: &str| -> u64 {
         p.per_block
             .iter()
@@ -2704,18 +2724,16 @@ def @main(%toks: Tensor[(?), int32], %n: Tensor[(), int32], %emb: Tensor[(6, 8),
     );
     check_all_ways(&x);
     let run = |index_split: bool| {
-        let statics = tumble_compile::StaticOptions {
-            index_split,
-            ..tumble_compile::StaticOptions::all()
-        };
-        let (program, reuse) = common::compile(&x, true, statics);
-        common::run_once(&x, &program, &reuse, Default::default())
+        run_compiled_with(
+            &x,
+            tumble_compile::StaticOptions {
+                index_split,
+                ..tumble_compile::StaticOptions::all()
+            },
+        )
     };
     let ((split, with), (whole, without)) = (run(true), run(false));
-    for (i, (a, b)) in split.iter().zip(&whole).enumerate() {
-        common::same_within(a, b, &format!("instance {i}"), 0.0)
-            .unwrap_or_else(|e| panic!("index splits on vs off: {e}"));
-    }
+    assert_same_results(&split, &whole, 0.0, "index splits on vs off");
     // Every token's lookup in one launch (each distinct token once), none of it ragged.
     let launches: u64 = with
         .per_block
@@ -2787,10 +2805,7 @@ def @main(%xs: Tensor[(?, 4), float32], %t: Tensor[(?), int32], %W: Tensor[(4, 4
     );
     check_all_ways(&x);
     // Instance 3 has 3 rows of 4: its shape and size by value.
-    let (values, profile) = {
-        let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
-        common::run_once(&x, &program, &reuse, Default::default())
-    };
+    let (values, profile) = run_compiled_with(&x, tumble_compile::StaticOptions::all());
     let Some(tumble_interp::Value::Tuple(fields)) = values.get(3) else {
         panic!("instance 3: {:?}", values.get(3));
     };
