@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tumble_check::LoadOptions;
+use tumble_compile::ragged::RaggedInput;
 use tumble_compile::{CompileOptions, Compiled, InputReuse, Program};
 use tumble_ir::{diag, DType, Diagnostic, SourceMap};
 
@@ -198,6 +199,18 @@ pub fn explain(args: &ExplainArgs, color: bool) -> ExitCode {
         }
         if let Some(r) = tumble_compile::ragged::analyze(block, &reuse.varying_inputs(bi)) {
             println!("  ragged batching: invocations of different lengths L launch together");
+            let tied = r
+                .inputs
+                .iter()
+                .zip(&r.free_length)
+                .filter(|(k, &free)| **k == RaggedInput::Rows && !free)
+                .count();
+            if tied > 1 {
+                // The run-time condition the analysis cannot see: one L per invocation.
+                println!(
+                    "    (where an invocation's {tied} row inputs have one length L; one whose row inputs differ in length launches with those of its exact shapes)"
+                );
+            }
             print!("{r}");
         }
         let chosen = reuse.chosen_weights(block, bi);
