@@ -148,7 +148,7 @@ impl Block {
             }
         };
         for n in &self.nodes {
-            let shape = matches!(n.op.name, "shape_of" | "ndarray_size");
+            let shape = tumble_ops::SHAPE_READERS.contains(&n.op.name);
             n.args
                 .iter()
                 .flat_map(BArg::values)
@@ -434,6 +434,12 @@ pub(crate) fn nodes_reading_only(block: &Block, input_ok: impl Fn(u32) -> bool) 
             });
     }
     out
+}
+
+/// A tensor of integers or booleans: a value with no gradient that the host may compute (an
+/// index, a count, a condition).
+pub(crate) fn integral(t: &Ty) -> bool {
+    matches!(t.as_tensor(), Some((_, dt)) if dt.is_int() || dt == tumble_ir::DType::Bool)
 }
 
 /// The backward closure of node `k` in `b`: the nodes its value depends on, `k` included.

@@ -120,7 +120,7 @@ fn fill_summaries(program: &Program, cx: &mut Cx) {
 /// of integer work returning scalars from integer vectors (an index split's producer) and
 /// weight takes (a weight-take split's producer, an indexed weight slice): no depth.
 fn runs_on_host(b: &crate::blocks::Block) -> bool {
-    let integral = |t: &tumble_ir::Ty| matches!(t.as_tensor(), Some((_, dt)) if dt.is_int() || dt == tumble_ir::DType::Bool);
+    use crate::blocks::integral;
     let shape_only = b.shape_only_inputs();
     if crate::slice_split::weight_take_block(b).is_some()
         || (b.returns_only_scalars()

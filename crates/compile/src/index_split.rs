@@ -18,7 +18,7 @@
 //! reading an input of a size not known statically (otherwise nothing is ragged and the block
 //! gains nothing). Its site is scheduled as the site was.
 
-use crate::blocks::{frontier, inputs_read, is_pure_op, needed_by, BArg, BVal, Block};
+use crate::blocks::{frontier, inputs_read, integral, is_pure_op, needed_by, BArg, BVal, Block};
 use crate::program::Program;
 use crate::split::{cut_at, split_sites_in_rounds, Cut, Split, VIEWS};
 use tumble_ir::Ty;
@@ -42,10 +42,6 @@ pub fn split_indices(program: &mut Program, weights: &[bool]) -> Vec<Split> {
     split_sites_in_rounds(program, weights, &candidate, &plan, MAX_ROUNDS)
 }
 
-fn integral(t: &Ty) -> bool {
-    matches!(t.as_tensor(), Some((_, dt)) if dt.is_int() || dt == tumble_ir::DType::Bool)
-}
-
 /// Of at most one element, by its static shape.
 fn scalar_like(t: &Ty) -> bool {
     matches!(t.as_tensor(), Some((dims, _)) if dims.iter().all(|d| d.known() == Some(1)))
@@ -60,7 +56,7 @@ fn index_cut(b: &Block) -> Option<usize> {
     // shape of any input (`shape_of(%x)`: its size, whatever its dtype).
     let mut ints: Vec<bool> = Vec::with_capacity(b.nodes.len());
     for n in &b.nodes {
-        let shape = matches!(n.op.name, "shape_of" | "ndarray_size");
+        let shape = tumble_ops::SHAPE_READERS.contains(&n.op.name);
         let reads_ints = n.args.iter().flat_map(BArg::values).all(|v| match v {
             BVal::Input(i) => shape || b.inputs.get(*i as usize).is_some_and(|x| integral(&x.ty)),
             BVal::Node(m) | BVal::Field(m, _) => ints.get(*m as usize).copied().unwrap_or(false),

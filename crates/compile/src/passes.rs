@@ -5,7 +5,7 @@
 //! capturing nothing), inlining of leaf functions (after both, so weight-passing wrappers and the
 //! specialized closures' bodies are leaves), independent calls made concurrent (after inlining,
 //! so a call of an inlined leaf is no longer a call; before hoisting and ghosts, which count
-//! depths through the concurrent joins), hoisting (marks sites), ghost operators (which count only non-hoisted sites), automatic phases. Each is
+//! depths through the concurrent joins), hoisting (marks sites) and its splits, weight-take splits and index splits (`slice_split`, `index_split`: integer work and weight slices the host computes, cut out of their blocks), ghost operators (which count only non-hoisted sites), automatic phases. Each is
 //! switchable; what each found is reported for `tumble explain`.
 
 use crate::dup::Duplicate;

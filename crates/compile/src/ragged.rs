@@ -148,7 +148,8 @@ pub struct Gathered {
 }
 
 /// How a [`Gathered`] output reduces the rows it gathers (over axis 0, as the reference does:
-/// in f64, in index order).
+/// in f64, in index order) — the runtime's fast reductions fold by the same four
+/// (`fastops::fold_columns`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowReduce {
     Sum,

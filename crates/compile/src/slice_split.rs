@@ -16,7 +16,7 @@
 //! are pure and integral (the host computes them again, cheaply). The consumer reads the slice
 //! as its last input; the producer's site is scheduled as the site was.
 
-use crate::blocks::{is_pure_op, needed_by, BArg, BVal, Block};
+use crate::blocks::{integral, is_pure_op, needed_by, BArg, BVal, Block, BlockNode};
 use crate::program::Program;
 use crate::split::{cut_at, split_sites_in_rounds, Cut, Split};
 
@@ -42,18 +42,24 @@ pub fn split_weight_takes(program: &mut Program, weights: &[bool]) -> Vec<Split>
 /// operand at the site (`weight_operands`; not checked when `check_weights` is false).
 fn slice_take(b: &Block, weight_operands: &[bool], check_weights: bool) -> Option<usize> {
     b.nodes.iter().position(|n| {
-        let (Some(BArg::One(BVal::Input(w))), Some(BArg::One(idx))) =
-            (n.args.first(), n.args.get(1))
-        else {
-            return false;
-        };
-        n.op.name == "take"
-            && n.args.len() == 2
-            && tumble_ops::takes_rows(&n.attrs)
-            && one_int(&b.val_ty(idx))
-            && matrices(&b.val_ty(&BVal::Input(*w)))
-            && (!check_weights || weight_operands.get(*w as usize) == Some(&true))
+        matrix_take(b, n)
+            .is_some_and(|(w, _)| !check_weights || weight_operands.get(w as usize) == Some(&true))
     })
+}
+
+/// Node `n` of `b` as a weight take: a row-mode `take` out of input `w`'s matrices (a table of
+/// rank 3 or more — a row of a table of vectors, `(1, H)`, is a lookup, not a weight) by a value
+/// of one integer, `()` or `(1)`; `w` and that value.
+fn matrix_take<'b>(b: &Block, n: &'b BlockNode) -> Option<(u32, &'b BVal)> {
+    let [BArg::One(BVal::Input(w)), BArg::One(idx)] = n.args.as_slice() else {
+        return None;
+    };
+    let one_int = matches!(b.val_ty(idx).as_tensor(),
+        Some((dims, dt)) if dt.is_int() && dims.len() <= 1 && dims.iter().all(|d| d.known() == Some(1)));
+    let matrices =
+        matches!(b.val_ty(&BVal::Input(*w)).as_tensor(), Some((dims, _)) if dims.len() >= 3);
+    (n.op.name == "take" && tumble_ops::takes_rows(&n.attrs) && one_int && matrices)
+        .then_some((*w, idx))
 }
 
 /// `b` cut at its first qualifying weight take: the producer computes the take and its index,
@@ -66,7 +72,7 @@ fn plan_slice(b: &Block, weight_operands: &[bool]) -> Option<Cut> {
         .nodes
         .iter()
         .enumerate()
-        .all(|(j, n)| j == k || !needed[j] || (is_pure_op(n.op) && integral_ty(&n.ty)));
+        .all(|(j, n)| j == k || !needed[j] || (is_pure_op(n.op) && integral(&n.ty)));
     if !integral {
         return None;
     }
@@ -97,34 +103,7 @@ pub fn weight_take_block(b: &Block) -> Option<(u32, BVal)> {
     let [BVal::Node(k)] = b.outputs.as_slice() else {
         return None;
     };
-    let (Some(BArg::One(BVal::Input(w))), Some(BArg::One(idx)), 2) =
-        (last.args.first(), last.args.get(1), last.args.len())
-    else {
-        return None;
-    };
-    let integral = before
-        .iter()
-        .all(|n| is_pure_op(n.op) && integral_ty(&n.ty));
-    (*k as usize == before.len()
-        && last.op.name == "take"
-        && tumble_ops::takes_rows(&last.attrs)
-        && one_int(&b.val_ty(idx))
-        && matrices(&b.val_ty(&BVal::Input(*w)))
-        && integral)
-        .then(|| (*w, idx.clone()))
-}
-
-fn integral_ty(t: &tumble_ir::Ty) -> bool {
-    matches!(t.as_tensor(), Some((_, dt)) if dt.is_int() || dt == tumble_ir::DType::Bool)
-}
-
-/// An integer tensor of one element, `()` or `(1)`.
-fn one_int(t: &tumble_ir::Ty) -> bool {
-    matches!(t.as_tensor(),
-        Some((dims, dt)) if dt.is_int() && dims.len() <= 1 && dims.iter().all(|d| d.known() == Some(1)))
-}
-
-/// A table of matrices; a row of a table of vectors (`(1, H)`) is a lookup, not a weight.
-fn matrices(t: &tumble_ir::Ty) -> bool {
-    matches!(t.as_tensor(), Some((dims, _)) if dims.len() >= 3)
+    let (w, idx) = matrix_take(b, last)?;
+    let integral = before.iter().all(|n| is_pure_op(n.op) && integral(&n.ty));
+    (*k as usize == before.len() && integral).then(|| (w, idx.clone()))
 }

@@ -182,6 +182,11 @@ fn fits(got: &Ty, want: &Ty) -> bool {
     }
 }
 
+/// Operators whose result depends only on their operand's shape, not its elements
+/// (`shape_of`, `ndarray_size`): an operand read only by them need not be computed or moved to
+/// know the result.
+pub const SHAPE_READERS: &[&str] = &["shape_of", "ndarray_size"];
+
 /// Outputs at least this large are checked against the memory budget before they are allocated.
 pub const RESERVE_ABOVE: usize = 1 << 20;
 

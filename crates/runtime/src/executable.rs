@@ -28,6 +28,9 @@ pub struct Executable {
     /// Per block and input: only its shape is read ([`Block::shape_only_inputs`]): any host value
     /// there may be an input of a block run on the host.
     pub(crate) shape_only_inputs: Vec<Vec<bool>>,
+    /// Per block: some output is an input passed through (a weight-take split's consumer
+    /// returning the slice): such outputs are the values passed, found per invocation only here.
+    pub(crate) passes_inputs: Vec<bool>,
     /// Per block: every output an integer or boolean (no adjoint): host scalars while recording
     /// for the backward too.
     pub(crate) integral_blocks: Vec<bool>,
@@ -187,6 +190,14 @@ impl Executable {
             draws_on_host: tumble_interp::draws_on_host(program),
             scalar_blocks: blocks.iter().map(Block::returns_only_scalars).collect(),
             shape_only_inputs: blocks.iter().map(Block::shape_only_inputs).collect(),
+            passes_inputs: blocks
+                .iter()
+                .map(|b| {
+                    b.outputs
+                        .iter()
+                        .any(|v| matches!(v, tumble_compile::BVal::Input(_)))
+                })
+                .collect(),
             integral_blocks: blocks
                 .iter()
                 .map(|b| {

@@ -7,6 +7,7 @@
 //! innocuous, since f64 has more than 2·24 + 2 significand bits).
 
 use crate::simd;
+use tumble_compile::ragged::RowReduce;
 use tumble_ir::Attrs;
 use tumble_ops::OpValue;
 use tumble_tensor::pool::zeroed_f32;
@@ -84,10 +85,12 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Op
             }
             binary_f32(args, |a, b| a + b)
         }
-        "sum" if fast_reductions() => reduce_f32(args, attrs, Fold::Sum).map(OpValue::Tensor),
-        "mean" if fast_reductions() => reduce_f32(args, attrs, Fold::Mean).map(OpValue::Tensor),
-        "max" if fast_reductions() => reduce_f32(args, attrs, Fold::Max).map(OpValue::Tensor),
-        "min" if fast_reductions() => reduce_f32(args, attrs, Fold::Min).map(OpValue::Tensor),
+        "sum" if fast_reductions() => reduce_f32(args, attrs, RowReduce::Sum).map(OpValue::Tensor),
+        "mean" if fast_reductions() => {
+            reduce_f32(args, attrs, RowReduce::Mean).map(OpValue::Tensor)
+        }
+        "max" if fast_reductions() => reduce_f32(args, attrs, RowReduce::Max).map(OpValue::Tensor),
+        "min" if fast_reductions() => reduce_f32(args, attrs, RowReduce::Min).map(OpValue::Tensor),
         "variance" if fast_reductions() => variance_f32(args, attrs).map(OpValue::Tensor),
         "argmax" if fast_reductions() => arg_f32(args, attrs, true).map(OpValue::Tensor),
         "argmin" if fast_reductions() => arg_f32(args, attrs, false).map(OpValue::Tensor),
@@ -148,24 +151,14 @@ fn fast_selections() -> bool {
     *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_FAST_SELECTIONS").is_none())
 }
 
-/// What [`reduce_f32`] folds.
-#[derive(Clone, Copy, PartialEq)]
-pub(crate) enum Fold {
-    Sum,
-    Mean,
-    /// The largest element; NaN if any is (the reference's `nan_max`).
-    Max,
-    Min,
-}
-
-impl Fold {
-    fn step(self, a: f64, x: f64) -> f64 {
-        match self {
-            Fold::Sum | Fold::Mean => a + x,
-            _ if a.is_nan() || x.is_nan() => f64::NAN,
-            Fold::Max => a.max(x),
-            Fold::Min => a.min(x),
-        }
+/// One step of a fold over an axis as the reference takes it, in f64: a sum adds; a maximum or
+/// minimum is NaN if either is (the reference's `nan_max`).
+fn fold_step(fold: RowReduce, a: f64, x: f64) -> f64 {
+    match fold {
+        RowReduce::Sum | RowReduce::Mean => a + x,
+        _ if a.is_nan() || x.is_nan() => f64::NAN,
+        RowReduce::Max => a.max(x),
+        RowReduce::Min => a.min(x),
     }
 }
 
@@ -200,23 +193,23 @@ fn one_axis(shape: &[usize], attrs: &Attrs) -> Option<(usize, usize, usize, usiz
     (n > 0).then_some((axis, n, outer, inner, out_shape))
 }
 
-fn reduce_f32(args: &[OpValue], attrs: &Attrs, fold: Fold) -> Option<Tensor> {
+fn reduce_f32(args: &[OpValue], attrs: &Attrs, fold: RowReduce) -> Option<Tensor> {
     let t = args.first()?.as_tensor()?;
     let data = t.as_f32()?;
     let (_, n, outer, inner, out_shape) = one_axis(t.shape(), attrs)?;
     let round = |a: f64| match fold {
-        Fold::Mean => (a / n as f64) as f32,
+        RowReduce::Mean => (a / n as f64) as f32,
         _ => a as f32,
     };
-    let sums = matches!(fold, Fold::Sum | Fold::Mean);
+    let sums = matches!(fold, RowReduce::Sum | RowReduce::Mean);
     let mut out = Vec::with_capacity(outer * inner);
     if inner == 1 {
         // Over the last axis: one chain per row.
         out.extend(data.chunks_exact(n).take(outer).map(|row| {
             let extreme = match fold {
-                Fold::Max => row_extreme(row, true),
-                Fold::Min => row_extreme(row, false),
-                Fold::Sum | Fold::Mean => None,
+                RowReduce::Max => row_extreme(row, true),
+                RowReduce::Min => row_extreme(row, false),
+                RowReduce::Sum | RowReduce::Mean => None,
             };
             if let Some(e) = extreme {
                 return e;
@@ -228,7 +221,10 @@ fn reduce_f32(args: &[OpValue], attrs: &Attrs, fold: Fold) -> Option<Tensor> {
                     row.get(1..).unwrap_or(&[]),
                 ),
             };
-            round(rest.iter().fold(start, |a, &x| fold.step(a, f64::from(x))))
+            round(
+                rest.iter()
+                    .fold(start, |a, &x| fold_step(fold, a, f64::from(x))),
+            )
         }));
     } else {
         let mut acc = Vec::new();
@@ -249,7 +245,7 @@ fn reduce_f32(args: &[OpValue], attrs: &Attrs, fold: Fold) -> Option<Tensor> {
 /// index order, a sum from 0.0 and an extreme from the first row — each column's result rounded
 /// to f32 onto `out` (`acc`: scratch). `None` without rows.
 pub(crate) fn fold_columns<'a>(
-    fold: Fold,
+    fold: RowReduce,
     mut rows: impl Iterator<Item = &'a [f32]>,
     n: usize,
     acc: &mut Vec<f64>,
@@ -258,20 +254,24 @@ pub(crate) fn fold_columns<'a>(
     let first = rows.next()?;
     acc.clear();
     match fold {
-        Fold::Sum | Fold::Mean => {
+        RowReduce::Sum | RowReduce::Mean => {
             acc.resize(first.len(), 0.0);
-            fold_rows(acc, std::iter::once(first), |a, x| Fold::Sum.step(a, x));
+            fold_rows(acc, std::iter::once(first), |a, x| {
+                fold_step(RowReduce::Sum, a, x)
+            });
         }
-        Fold::Max | Fold::Min => acc.extend(first.iter().map(|&x| f64::from(x))),
+        RowReduce::Max | RowReduce::Min => acc.extend(first.iter().map(|&x| f64::from(x))),
     }
     // One loop per fold, the choice made outside it (so it vectorizes).
     match fold {
-        Fold::Sum | Fold::Mean => fold_rows(acc, rows, |a, x| Fold::Sum.step(a, x)),
-        Fold::Max => fold_rows(acc, rows, |a, x| Fold::Max.step(a, x)),
-        Fold::Min => fold_rows(acc, rows, |a, x| Fold::Min.step(a, x)),
+        RowReduce::Sum | RowReduce::Mean => {
+            fold_rows(acc, rows, |a, x| fold_step(RowReduce::Sum, a, x))
+        }
+        RowReduce::Max => fold_rows(acc, rows, |a, x| fold_step(RowReduce::Max, a, x)),
+        RowReduce::Min => fold_rows(acc, rows, |a, x| fold_step(RowReduce::Min, a, x)),
     }
     out.extend(acc.iter().map(|&a| match fold {
-        Fold::Mean => (a / n as f64) as f32,
+        RowReduce::Mean => (a / n as f64) as f32,
         _ => a as f32,
     }));
     Some(())

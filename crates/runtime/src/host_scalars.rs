@@ -4,8 +4,10 @@
 //! evaluation (operand checks, broadcasting, shape relations, allocations: ~0.6 µs for a scalar
 //! `equal`, which made a counted loop's recording 4× what it launches). The results are the
 //! reference's exactly: integers wrap as its `i64` arithmetic does once narrowed, comparisons
-//! are exact; anything else (floats' arithmetic, shapes other than `()`, operators not listed,
-//! mixed dtypes) returns `None`, and the caller runs the reference.
+//! are exact. An element of an integer vector input (`take(%toks, %k)`) or of an input's shape
+//! (`take(shape_of(%x), 0)`), and `ndarray_size(%x)`, are read directly too. Anything else
+//! (floats' arithmetic, other shapes than `()`, operators not listed, mixed dtypes) returns
+//! `None`, and the caller runs the reference.
 
 use tumble_compile::{BArg, BVal, Block};
 use tumble_ir::DType;
@@ -56,48 +58,15 @@ pub(crate) fn host_input(t: &Tensor) -> bool {
             && t.len() <= HOST_VECTOR_ELEMENTS)
 }
 
-/// `take(v, k)` of an integer vector input `v` by a scalar integer `k` (no attributes: the whole
-/// tensor flattened, clip mode — the reference's defaults), the element at `k` clipped into
-/// range: `Some(None)` where it is such a take that cannot be computed here, `None` where the
-/// node is something else.
-fn element_taken(
-    node: &tumble_compile::BlockNode,
-    inputs: &[Tensor],
-    vals: &[Option<S>],
-    value: ValueOf,
-) -> Option<Option<S>> {
-    let [BArg::One(BVal::Input(v)), BArg::One(k)] = node.args.as_slice() else {
-        return None;
-    };
-    let v = inputs.get(*v as usize)?;
-    if node.op.name != "take" || v.rank() != 1 {
-        return None;
-    }
-    let k = match value(k, vals) {
-        Some(S::I32(k)) => i64::from(k),
-        Some(S::I64(k)) => k,
-        _ => return Some(None),
-    };
-    if v.is_empty() {
-        return Some(None);
-    }
-    let i = k.clamp(0, v.len() as i64 - 1) as usize;
-    let out = match v.dtype() {
-        DType::Int32 => v
-            .as_slice::<i32>()
-            .and_then(|x| x.get(i))
-            .map(|&x| S::I32(x)),
-        DType::Int64 => v
-            .as_slice::<i64>()
-            .and_then(|x| x.get(i))
-            .map(|&x| S::I64(x)),
+/// Element `k` of the integer vector `v`, `k` clipped into range (`take`'s default mode); `None`
+/// for an empty vector or one not of int32 or int64.
+pub(crate) fn clipped_element(v: &Tensor, k: i64) -> Option<i64> {
+    let i = k.clamp(0, (v.len() as i64).checked_sub(1)?) as usize;
+    match v.dtype() {
+        DType::Int32 => v.as_slice::<i32>()?.get(i).map(|&x| i64::from(x)),
+        DType::Int64 => v.as_slice::<i64>()?.get(i).copied(),
         _ => None,
-    };
-    // The node's declared type: a rank-0 tensor of the element's dtype.
-    let declared = matches!((node.ty.as_tensor(), out),
-        (Some((dims, DType::Int32)), Some(S::I32(_))) | (Some((dims, DType::Int64)), Some(S::I64(_)))
-            if dims.is_empty());
-    Some(out.filter(|_| declared))
+    }
 }
 
 /// One operator on scalar operands, as the reference computes it; `None`: not on this path.
@@ -147,127 +116,111 @@ fn apply(op: &str, args: &[S]) -> Option<S> {
     }
 }
 
+/// A value on this path: a scalar, or integers of which a `take` reads one.
+#[derive(Clone, Copy)]
+enum HostVal<'a> {
+    Scalar(S),
+    /// A rank-1 integer input's elements (an instance's tokens).
+    Elements(&'a Tensor),
+    /// An input's shape (`shape_of(%x)`, whatever `%x`'s dtype and size).
+    Shape(&'a [usize]),
+}
+
+/// Block value `v`: an input's (`ins`), a node's (`vals`) or a literal scalar.
+fn host_value<'a>(
+    v: &BVal,
+    ins: &[Option<HostVal<'a>>],
+    vals: &[HostVal<'a>],
+) -> Option<HostVal<'a>> {
+    match v {
+        BVal::Input(i) => ins.get(*i as usize).copied().flatten(),
+        BVal::Node(n) => vals.get(*n as usize).copied(),
+        BVal::Const(t) => S::of(t).map(HostVal::Scalar),
+        BVal::Field(..) => None,
+    }
+}
+
+/// `n` as the scalar node `node` declares: int32 (when it fits) or int64.
+fn declared_int(node: &tumble_compile::BlockNode, n: i64) -> Option<S> {
+    match node.ty.as_tensor()? {
+        ([], DType::Int32) => Some(S::I32(i32::try_from(n).ok()?)),
+        ([], DType::Int64) => Some(S::I64(n)),
+        _ => None,
+    }
+}
+
 /// `block`'s outputs on `inputs` when every value is a scalar this path computes (see the
-/// module); `None` otherwise.
-pub(crate) fn eval(block: &Block, inputs: &[Tensor]) -> Option<Vec<Tensor>> {
+/// module) — besides integer vectors and shapes that `take` reads one element of, and
+/// `ndarray_size` — `None` otherwise.
+pub(crate) fn eval<'a>(block: &Block, inputs: &'a [Tensor]) -> Option<Vec<Tensor>> {
     if inputs.len() != block.inputs.len() || block.nodes.len() > 16 {
         return None;
     }
-    // Scalars by value; an integer vector (an instance's tokens) only where `take` reads it, and
-    // any input's shape only where `take` reads one of its sizes (`take(shape_of(%x), 0)`).
-    let ins: Vec<Option<S>> = inputs.iter().map(S::of).collect();
-    // Per node: its scalar, or `None` for a `shape_of` (`shapes`: whose).
-    let mut vals: Vec<Option<S>> = Vec::with_capacity(block.nodes.len());
-    let mut shapes: Vec<Option<usize>> = Vec::with_capacity(block.nodes.len());
-    let value = |v: &BVal, vals: &[Option<S>]| -> Option<S> {
-        match v {
-            BVal::Input(i) => ins.get(*i as usize).copied().flatten(),
-            BVal::Node(n) => vals.get(*n as usize).copied().flatten(),
-            BVal::Const(t) => S::of(t),
-            BVal::Field(..) => None,
-        }
+    let ins: Vec<Option<HostVal<'a>>> = inputs
+        .iter()
+        .map(|t| match S::of(t) {
+            Some(s) => Some(HostVal::Scalar(s)),
+            None if t.rank() == 1 && t.dtype().is_int() => Some(HostVal::Elements(t)),
+            None => None,
+        })
+        .collect();
+    let mut vals: Vec<HostVal<'a>> = Vec::with_capacity(block.nodes.len());
+    let value = |v: &BVal, vals: &[HostVal<'a>]| host_value(v, &ins, vals);
+    let scalar = |v: &BVal, vals: &[HostVal<'a>]| match value(v, vals)? {
+        HostVal::Scalar(s) => Some(s),
+        _ => None,
     };
     for node in &block.nodes {
-        if let Some(size) = size_of(node, inputs, &vals, &shapes, &value) {
-            match size? {
-                Size::Shape(i) => {
-                    vals.push(None);
-                    shapes.push(Some(i));
-                }
-                Size::Scalar(x) => {
-                    vals.push(Some(x));
-                    shapes.push(None);
-                }
+        let out = match (node.op.name, node.args.as_slice()) {
+            ("shape_of", [BArg::One(BVal::Input(i))]) => {
+                HostVal::Shape(inputs.get(*i as usize)?.shape())
             }
-            continue;
-        }
-        shapes.push(None);
-        if !node.attrs.is_empty() {
-            return None;
-        }
-        if let Some(out) = element_taken(node, inputs, &vals, &value) {
-            vals.push(Some(out?));
-            continue;
-        }
-        let mut args = [S::Bool(false); 2];
-        if node.args.len() > 2 {
-            return None;
-        }
-        for (slot, a) in args.iter_mut().zip(&node.args) {
-            let BArg::One(v) = a else { return None };
-            *slot = value(v, &vals)?;
-        }
-        let out = apply(node.op.name, args.get(..node.args.len())?)?;
-        // The node's declared type: a rank-0 tensor of the dtype computed.
-        match node.ty.as_tensor() {
-            Some((dims, dtype)) if dims.is_empty() && dtype == out.tensor().dtype() => {}
-            _ => return None,
-        }
-        vals.push(Some(out));
+            ("ndarray_size", [BArg::One(BVal::Input(i))]) => {
+                HostVal::Scalar(declared_int(node, inputs.get(*i as usize)?.len() as i64)?)
+            }
+            // One element of a vector or shape, by a scalar (no attributes: the whole tensor
+            // flattened, clip mode).
+            ("take", [BArg::One(x), BArg::One(k)]) if node.attrs.is_empty() => {
+                let k = match scalar(k, &vals)? {
+                    S::I32(k) => i64::from(k),
+                    S::I64(k) => k,
+                    _ => return None,
+                };
+                let e = match value(x, &vals)? {
+                    HostVal::Elements(v) => clipped_element(v, k)?,
+                    HostVal::Shape(dims) => {
+                        let last = (dims.len() as i64).checked_sub(1)?;
+                        *dims.get(k.clamp(0, last) as usize)? as i64
+                    }
+                    HostVal::Scalar(_) => return None,
+                };
+                HostVal::Scalar(declared_int(node, e)?)
+            }
+            _ => {
+                if !node.attrs.is_empty() || node.args.len() > 2 {
+                    return None;
+                }
+                let mut args = [S::Bool(false); 2];
+                for (slot, a) in args.iter_mut().zip(&node.args) {
+                    let BArg::One(v) = a else { return None };
+                    *slot = scalar(v, &vals)?;
+                }
+                let out = apply(node.op.name, args.get(..node.args.len())?)?;
+                // The node's declared type: a rank-0 tensor of the dtype computed.
+                match node.ty.as_tensor() {
+                    Some((dims, dtype)) if dims.is_empty() && dtype == out.tensor().dtype() => {}
+                    _ => return None,
+                }
+                HostVal::Scalar(out)
+            }
+        };
+        vals.push(out);
     }
     block
         .outputs
         .iter()
-        .map(|v| value(v, &vals).map(S::tensor))
+        .map(|v| scalar(v, &vals).map(S::tensor))
         .collect()
-}
-
-/// How a node's operand is read on this path: its scalar, given the nodes' values so far.
-type ValueOf<'a> = &'a dyn Fn(&BVal, &[Option<S>]) -> Option<S>;
-
-/// What a size node computes on this path.
-enum Size {
-    /// `shape_of` of input `i`: read only by [`size_of`]'s `take`.
-    Shape(usize),
-    /// A size as a scalar.
-    Scalar(S),
-}
-
-/// `shape_of(%x)` of an input (any dtype, any size), `ndarray_size(%x)`, and `take(s, k)` of
-/// such a shape by a scalar `k` (no attributes: clip mode) — as the reference computes them, in
-/// the node's declared dtype: `Some(None)` where it is such a node that cannot be computed here,
-/// `None` where the node is something else.
-fn size_of(
-    node: &tumble_compile::BlockNode,
-    inputs: &[Tensor],
-    vals: &[Option<S>],
-    shapes: &[Option<usize>],
-    value: ValueOf,
-) -> Option<Option<Size>> {
-    let scalar_of = |n: i64| -> Option<S> {
-        match node.ty.as_tensor() {
-            Some(([], DType::Int32)) => Some(S::I32(i32::try_from(n).ok()?)),
-            Some(([], DType::Int64)) => Some(S::I64(n)),
-            _ => None,
-        }
-    };
-    match (node.op.name, node.args.as_slice()) {
-        ("shape_of", [BArg::One(BVal::Input(i))]) => Some(Some(Size::Shape(*i as usize))),
-        ("ndarray_size", [BArg::One(BVal::Input(i))]) => {
-            let n = inputs.get(*i as usize).map(|t| t.len() as i64);
-            Some(n.and_then(scalar_of).map(Size::Scalar))
-        }
-        ("take", [BArg::One(BVal::Node(m)), BArg::One(k)]) => {
-            let i = (*shapes.get(*m as usize)?)?;
-            if !node.attrs.is_empty() {
-                return Some(None);
-            }
-            let dims = inputs.get(i).map(Tensor::shape).unwrap_or(&[]);
-            let k = match value(k, vals) {
-                Some(S::I32(k)) => i64::from(k),
-                Some(S::I64(k)) => k,
-                _ => return Some(None),
-            };
-            if dims.is_empty() {
-                return Some(None);
-            }
-            let d = dims
-                .get(k.clamp(0, dims.len() as i64 - 1) as usize)
-                .copied();
-            Some(d.and_then(|d| scalar_of(d as i64)).map(Size::Scalar))
-        }
-        _ => None,
-    }
 }
 
 #[cfg(test)]

@@ -74,32 +74,22 @@ fn indexed_take(b: &Block, reuse: &ReuseAnalysis, i: usize) -> Option<(u32, BVal
 /// (`take(%types, %k)`, clip mode: the reference's default); `None` for anything else, which the
 /// caller evaluates with the reference kernels.
 pub(crate) fn host_index(block: &Block, index: &BVal, inputs: &[Tensor]) -> Option<i64> {
-    let element = |t: &Tensor, i: usize| -> Option<i64> {
-        match t.dtype() {
-            tumble_ir::DType::Int32 => t.as_slice::<i32>()?.get(i).map(|&x| i64::from(x)),
-            tumble_ir::DType::Int64 => t.as_slice::<i64>()?.get(i).copied(),
-            _ => None,
-        }
-    };
+    use crate::host_scalars::clipped_element;
     match index {
         BVal::Input(j) => {
             let t = inputs.get(*j as usize)?;
-            (t.len() == 1).then(|| element(t, 0))?
+            (t.len() == 1).then(|| clipped_element(t, 0))?
         }
         BVal::Node(m) => {
             let n = block.nodes.get(*m as usize)?;
-            let (Some(BArg::One(BVal::Input(v))), Some(BArg::One(BVal::Input(k)))) =
-                (n.args.first(), n.args.get(1))
-            else {
+            let [BArg::One(BVal::Input(v)), BArg::One(BVal::Input(k))] = n.args.as_slice() else {
                 return None;
             };
             let (v, k) = (inputs.get(*v as usize)?, inputs.get(*k as usize)?);
-            let plain = n.attrs.0.is_empty();
-            if n.op.name != "take" || !plain || v.rank() != 1 || k.rank() != 0 || v.is_empty() {
+            if n.op.name != "take" || !n.attrs.is_empty() || v.rank() != 1 || k.rank() != 0 {
                 return None;
             }
-            let k = element(k, 0)?.clamp(0, v.len() as i64 - 1);
-            element(v, k as usize)
+            clipped_element(v, clipped_element(k, 0)?)
         }
         _ => None,
     }

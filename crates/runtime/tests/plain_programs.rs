@@ -2779,20 +2779,12 @@ def @main(%xs: Tensor[(?, 4), float32], %t: Tensor[(?), int32], %W: Tensor[(4, 4
 "#;
     let inputs: Vec<String> = (0..16)
         .map(|i| {
-            let rows: Vec<String> = (0..i % 5)
-                .map(|r| {
-                    let v: Vec<String> = (0..4)
-                        .map(|c| format!("{:.2}", ((i * 7 + r * 3 + c) % 11) as f64 / 10.0 - 0.5))
-                        .collect();
-                    format!("[{}]", v.join(", "))
-                })
-                .collect();
             let toks: Vec<String> = (0..(i + 2) % 4)
                 .map(|j| ((i + j) % 5).to_string())
                 .collect();
             format!(
-                "{{\"xs\": [{}], \"t\": [{}]}}",
-                rows.join(", "),
+                "{{\"xs\": {}, \"t\": [{}]}}",
+                common::matrix(i, i % 5, 4),
                 toks.join(", ")
             )
         })

@@ -613,11 +613,10 @@ impl<'p> Dfg<'p> {
                 let rows = table.shape().first().copied().unwrap_or(0);
                 let row = i.clamp(0, rows.saturating_sub(1) as i64);
                 let keys = [SliceInput::Weight(table), SliceInput::Index(row)];
-                let index_shape = block.val_ty(index);
                 exec.weight_slices.get_or_compute(block_id, &keys, || {
                     let t0 = Instant::now();
                     // The row as an index of the take's own shape, `()` or `(1)`.
-                    let ids = match index_shape.as_tensor().map(|(d, _)| d.len()) {
+                    let ids = match block.val_ty(index).as_tensor().map(|(d, _)| d.len()) {
                         Some(0) => Tensor::scalar_i64(row),
                         _ => Tensor::from_vec(vec![1], vec![row]).map_err(|e| e.to_string())?,
                     };
@@ -1267,9 +1266,10 @@ impl Backend for Dfg<'_> {
         // Outputs that are inputs passed through (a block split at a weight take returns the
         // slice it was given) are the values passed, not copies: a model weight stays one, and
         // the products reading it group by it.
-        let passed: Vec<Option<Value>> = match for_backward {
-            true => Vec::new(),
-            false => block
+        let passes = self.exec.passes_inputs.get(block_id as usize) == Some(&true);
+        let passed: Vec<Option<Value>> = match passes && !for_backward {
+            false => Vec::new(),
+            true => block
                 .outputs
                 .iter()
                 .map(|o| match o {

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::batched::RowRefsBuilder;
-use crate::fastops::{fold_columns, Fold};
-use tumble_compile::ragged::{MixingKernel, RaggedInput, RowReduce};
+use crate::fastops::fold_columns;
+use tumble_compile::ragged::{MixingKernel, RaggedInput};
 
 /// A value of the parent block during a ragged launch.
 enum RVal {
@@ -253,14 +253,15 @@ fn gather_rows(
             if width != per {
                 return None;
             }
-            let fold = match reduce {
-                RowReduce::Sum => Fold::Sum,
-                RowReduce::Mean => Fold::Mean,
-                RowReduce::Max => Fold::Max,
-                RowReduce::Min => Fold::Min,
-            };
-            let rows: Vec<&[f32]> = (0..taken).map(row_at).collect::<Option<_>>()?;
-            fold_columns(fold, rows.into_iter(), taken, &mut acc, &mut data)?;
+            // (Every row taken lies in the table: indices are clipped to its `rows`, and the
+            // table is `rows` rows of `width`.)
+            fold_columns(
+                reduce,
+                (0..taken).filter_map(row_at),
+                taken,
+                &mut acc,
+                &mut data,
+            )?;
         }
         outs.push(Tensor::from_f32(shape, data).ok()?);
     }
