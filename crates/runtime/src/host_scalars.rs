@@ -13,7 +13,7 @@ use tumble_compile::{BArg, BVal, Block};
 use tumble_ir::DType;
 use tumble_tensor::Tensor;
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum S {
     I32(i32),
     I64(i64),
@@ -35,15 +35,52 @@ impl S {
         })
     }
 
+    fn dtype(self) -> DType {
+        match self {
+            S::I32(_) => DType::Int32,
+            S::I64(_) => DType::Int64,
+            S::F32(_) => DType::Float32,
+            S::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The scalar as a tensor: small counters and booleans are shared tensors made once per
+    /// process (three allocations and frees less per host invocation of a counted loop's
+    /// `add(%k, 1)` or `less(%k, %n)`); values are immutable, so sharing a buffer is invisible.
     fn tensor(self) -> Tensor {
         match self {
-            S::I32(x) => Tensor::scalar_i32(x),
+            S::I32(x) => shared_scalar(x).unwrap_or_else(|| Tensor::scalar_i32(x)),
             S::I64(x) => Tensor::scalar_i64(x),
             S::F32(x) => Tensor::scalar_f32(x),
-            S::Bool(x) => Tensor::scalar_bool(x),
+            S::Bool(x) => shared_bool(x),
         }
     }
 }
+
+/// The int32 scalars [`shared_scalar`] keeps: a loop's counters and a sentence's positions.
+const SHARED_I32: std::ops::Range<i32> = -16..1024;
+
+/// The shared int32 scalar tensor of `x`, when `x` is in [`SHARED_I32`].
+fn shared_scalar(x: i32) -> Option<Tensor> {
+    static TABLE: std::sync::OnceLock<Vec<Tensor>> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| SHARED_I32.map(Tensor::scalar_i32).collect());
+    let i = usize::try_from(x.checked_sub(SHARED_I32.start)?).ok()?;
+    table.get(i).cloned()
+}
+
+/// The shared boolean scalar tensor of `b`.
+fn shared_bool(b: bool) -> Tensor {
+    static TABLE: std::sync::OnceLock<[Tensor; 2]> = std::sync::OnceLock::new();
+    let [f, t] = TABLE.get_or_init(|| [Tensor::scalar_bool(false), Tensor::scalar_bool(true)]);
+    if b {
+        t.clone()
+    } else {
+        f.clone()
+    }
+}
+
+/// A block's outputs computed on the host (most have one).
+pub(crate) type HostOuts = smallvec::SmallVec<[Tensor; 2]>;
 
 /// The most elements of an integer input a host block may read (an instance's token ids, an
 /// edge list): beyond that a block is launched like any other.
@@ -149,14 +186,17 @@ fn declared_int(node: &tumble_compile::BlockNode, n: i64) -> Option<S> {
     }
 }
 
+/// The most operators of a block this path evaluates.
+const MAX_NODES: usize = 16;
+
 /// `block`'s outputs on `inputs` when every value is a scalar this path computes (see the
 /// module) — besides integer vectors and shapes that `take` reads one element of, and
 /// `ndarray_size` — `None` otherwise.
-pub(crate) fn eval<'a>(block: &Block, inputs: &'a [Tensor]) -> Option<Vec<Tensor>> {
-    if inputs.len() != block.inputs.len() || block.nodes.len() > 16 {
+pub(crate) fn eval<'a>(block: &Block, inputs: &'a [Tensor]) -> Option<HostOuts> {
+    if inputs.len() != block.inputs.len() || block.nodes.len() > MAX_NODES {
         return None;
     }
-    let ins: Vec<Option<HostVal<'a>>> = inputs
+    let ins: smallvec::SmallVec<[Option<HostVal<'a>>; 8]> = inputs
         .iter()
         .map(|t| match S::of(t) {
             Some(s) => Some(HostVal::Scalar(s)),
@@ -164,7 +204,7 @@ pub(crate) fn eval<'a>(block: &Block, inputs: &'a [Tensor]) -> Option<Vec<Tensor
             None => None,
         })
         .collect();
-    let mut vals: Vec<HostVal<'a>> = Vec::with_capacity(block.nodes.len());
+    let mut vals: smallvec::SmallVec<[HostVal<'a>; MAX_NODES]> = smallvec::SmallVec::new();
     let value = |v: &BVal, vals: &[HostVal<'a>]| host_value(v, &ins, vals);
     let scalar = |v: &BVal, vals: &[HostVal<'a>]| match value(v, vals)? {
         HostVal::Scalar(s) => Some(s),
@@ -208,7 +248,7 @@ pub(crate) fn eval<'a>(block: &Block, inputs: &'a [Tensor]) -> Option<Vec<Tensor
                 let out = apply(node.op.name, args.get(..node.args.len())?)?;
                 // The node's declared type: a rank-0 tensor of the dtype computed.
                 match node.ty.as_tensor() {
-                    Some((dims, dtype)) if dims.is_empty() && dtype == out.tensor().dtype() => {}
+                    Some((dims, dtype)) if dims.is_empty() && dtype == out.dtype() => {}
                     _ => return None,
                 }
                 HostVal::Scalar(out)
@@ -226,6 +266,28 @@ pub(crate) fn eval<'a>(block: &Block, inputs: &'a [Tensor]) -> Option<Vec<Tensor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Shared and fresh scalars alike hold their value, at the shared range's edges and past them.
+    #[test]
+    fn shared_scalars_hold_their_values() {
+        for x in [i32::MIN, -17, -16, -1, 0, 1, 1023, 1024, i32::MAX] {
+            let t = S::I32(x).tensor();
+            assert_eq!(S::of(&t), Some(S::I32(x)), "{x}");
+            assert_eq!(t.dtype(), DType::Int32);
+        }
+        for b in [false, true] {
+            assert_eq!(S::of(&S::Bool(b).tensor()), Some(S::Bool(b)));
+        }
+        // The same value twice is one buffer (the point of sharing), a value out of range two.
+        assert_eq!(
+            S::I32(7).tensor().buffer_id(),
+            S::I32(7).tensor().buffer_id()
+        );
+        assert_ne!(
+            S::I32(5000).tensor().buffer_id(),
+            S::I32(5000).tensor().buffer_id()
+        );
+    }
 
     /// Every operator of the path against the reference kernel, on values at the types' edges
     /// (wrapping, signs, NaN refused).

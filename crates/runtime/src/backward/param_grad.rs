@@ -171,12 +171,10 @@ impl ParamGrad {
     /// Whether every element is finite (a float gradient; other dtypes have no gradient).
     pub fn is_finite(&self) -> bool {
         match self {
-            ParamGrad::Dense(t) => match (t.as_f32(), t.as_slice::<f64>()) {
-                (Some(v), _) => v.iter().all(|x| x.is_finite()),
-                (None, Some(v)) => v.iter().all(|x| x.is_finite()),
-                _ => true,
-            },
-            ParamGrad::Rows(r) => r.iter().all(|(_, v)| v.iter().all(|x| x.is_finite())),
+            // (Chunked scans without a branch per element: a short-circuiting scan of every
+            // weight's gradient after every mini-batch was 1.3% of a TreeLSTM's training.)
+            ParamGrad::Dense(t) => t.all_finite(),
+            ParamGrad::Rows(r) => r.iter().all(|(_, v)| tumble_tensor::all_finite_f32(v)),
         }
     }
 

@@ -1078,7 +1078,7 @@ impl Backend for Dfg<'_> {
             })
             && self.exec.scalar_blocks.get(block_id as usize) == Some(&true)
         {
-            let inputs: Vec<Tensor> = recorded
+            let inputs: smallvec::SmallVec<[Tensor; 4]> = recorded
                 .into_iter()
                 .filter_map(|a| match a {
                     Arg::Val(t) => Some(t),
@@ -1089,18 +1089,22 @@ impl Backend for Dfg<'_> {
                 true => crate::host_scalars::eval(block, &inputs),
                 false => None,
             };
-            let outs = match fast {
-                Some(outs) => outs,
+            let value = match fast {
+                Some(mut outs) if outs.len() == 1 && block.output_shape == OutputShape::Single => {
+                    Value::Tensor(outs.swap_remove(0))
+                }
+                Some(outs) => block_value(block, outs.into_vec()),
                 None => {
                     let mut octx = OpCtx { rng: &mut ctx.rng };
-                    block
+                    let outs = block
                         .eval(&inputs, &mut octx)
-                        .map_err(|m| RunError::at(span, m))?
+                        .map_err(|m| RunError::at(span, m))?;
+                    block_value(block, outs)
                 }
             };
             self.profile.host_invocations += 1;
             self.profile.time_dfg += sampled(t0);
-            return Ok(block_value(block, outs));
+            return Ok(value);
         }
         // Recording for the backward, a slice of model weights (a stacked model's layer
         // `take(%Ws, %l)`) is one node per weight and index for the mini-batch, read by every
