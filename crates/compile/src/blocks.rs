@@ -129,6 +129,12 @@ impl Block {
             .all(|v| matches!(self.val_ty(v).as_tensor(), Some((d, _)) if d.is_empty()))
     }
 
+    /// Every output an integer or boolean tensor ([`integral`]): no adjoint, so host work while
+    /// recording for a backward too.
+    pub fn returns_only_integers(&self) -> bool {
+        self.output_tys().iter().all(integral)
+    }
+
     /// Per input: every node reading it reads only its shape (`shape_of`, `ndarray_size`), and
     /// no output is it — a value whose size, not contents, the block needs (a counted loop's
     /// bound `take(shape_of(%x), 0)` over an instance's rows).

@@ -20,26 +20,18 @@
 
 use crate::blocks::{frontier, inputs_read, integral, is_pure_op, needed_by, BArg, BVal, Block};
 use crate::program::Program;
-use crate::split::{cut_at, split_sites_in_rounds, Cut, Split, VIEWS};
+use crate::split::{cut_at, split_nodes_in_rounds, Cut, Split, REST, VIEWS};
 use tumble_ir::Ty;
 
 /// The name of a split's producer.
 const INDEX: &str = "/index";
-/// The name of a split's consumer.
-const REST: &str = "/rest";
-
-/// At most this many indices are split off one block (one per round).
-const MAX_ROUNDS: usize = 4;
 
 /// Splits the integer index work that qualifies off the blocks of automatic sites; returns what
 /// it split.
 pub fn split_indices(program: &mut Program, weights: &[bool]) -> Vec<Split> {
-    let candidate = |program: &Program, block: u32, _site: u32| -> Option<Vec<bool>> {
-        let b = program.blocks.get(block as usize)?;
-        (!b.primitive && index_cut(b).is_some()).then(Vec::new)
-    };
-    let plan = |b: &Block, _: &[bool], _: &[bool]| plan_index(b);
-    split_sites_in_rounds(program, weights, &candidate, &plan, MAX_ROUNDS)
+    split_nodes_in_rounds(program, weights, &|b| index_cut(b).is_some(), &|b, _| {
+        plan_index(b)
+    })
 }
 
 /// Of at most one element, by its static shape.

@@ -18,24 +18,19 @@
 
 use crate::blocks::{integral, is_pure_op, needed_by, BArg, BVal, Block, BlockNode};
 use crate::program::Program;
-use crate::split::{cut_at, split_sites_in_rounds, Cut, Split};
+use crate::split::{cut_at, split_nodes_in_rounds, Cut, Split, REST};
 
 /// The name of a split's producer.
 const SLICE: &str = "/slice";
-/// The name of a split's consumer.
-const REST: &str = "/rest";
-
-/// At most this many takes are split off one block (one per round).
-const MAX_ROUNDS: usize = 4;
 
 /// Splits each weight take that qualifies off the blocks of automatic sites; returns what it split.
 pub fn split_weight_takes(program: &mut Program, weights: &[bool]) -> Vec<Split> {
-    let candidate = |program: &Program, block: u32, _site: u32| -> Option<Vec<bool>> {
-        let b = program.blocks.get(block as usize)?;
-        (!b.primitive && slice_take(b, &[], false).is_some()).then(Vec::new)
-    };
-    let plan = |b: &Block, _: &[bool], weight_operands: &[bool]| plan_slice(b, weight_operands);
-    split_sites_in_rounds(program, weights, &candidate, &plan, MAX_ROUNDS)
+    split_nodes_in_rounds(
+        program,
+        weights,
+        &|b| slice_take(b, &[], false).is_some(),
+        &plan_slice,
+    )
 }
 
 /// The first node of `b` that takes a matrix out of input `w` by one integer — `w` a weight

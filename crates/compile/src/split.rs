@@ -318,18 +318,29 @@ pub(crate) fn split_sites(
     report
 }
 
-/// [`split_sites`] again on what it made (a block's second weight take, its second index) until
-/// a round splits nothing, at most `rounds` times; what every round split.
-pub(crate) fn split_sites_in_rounds(
+/// At most this many nodes are split off one block by [`split_nodes_in_rounds`] (one per
+/// round).
+const NODE_SPLIT_ROUNDS: usize = 4;
+
+/// Splits a node — with what it depends on — off the non-primitive blocks of automatic sites,
+/// where `qualifies` finds one, as `plan` cuts it (by the block and its weight operands at the
+/// site); then again on what that made (a block's second weight take, its second index) until
+/// a round splits nothing, at most [`NODE_SPLIT_ROUNDS`] times. The producers keep their sites'
+/// scheduling. What every round split. (The weight-take and index splits.)
+pub(crate) fn split_nodes_in_rounds(
     program: &mut Program,
     weights: &[bool],
-    candidate: SiteMask,
-    plan: PlanCut,
-    rounds: usize,
+    qualifies: &dyn Fn(&Block) -> bool,
+    plan: &dyn Fn(&Block, &[bool]) -> Option<Cut>,
 ) -> Vec<Split> {
+    let candidate = |program: &Program, block: u32, _site: u32| -> Option<Vec<bool>> {
+        let b = program.blocks.get(block as usize)?;
+        (!b.primitive && qualifies(b)).then(Vec::new)
+    };
+    let plan = |b: &Block, _: &[bool], weight_operands: &[bool]| plan(b, weight_operands);
     let mut report = Vec::new();
-    for _ in 0..rounds {
-        let made = split_sites(program, weights, candidate, plan, None);
+    for _ in 0..NODE_SPLIT_ROUNDS {
+        let made = split_sites(program, weights, &candidate, &plan, None);
         if made.is_empty() {
             break;
         }
@@ -337,6 +348,9 @@ pub(crate) fn split_sites_in_rounds(
     }
     report
 }
+
+/// The name of the consumer of a node split off its block (the rest of the block).
+pub(crate) const REST: &str = "/rest";
 
 /// `b` cut at node `k`: the producer `b.name + producer_suffix` computes `k` and what it
 /// depends on, the consumer `b.name + consumer_suffix` the rest of the block, reading `k`'s

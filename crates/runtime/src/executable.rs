@@ -198,14 +198,7 @@ impl Executable {
                         .any(|v| matches!(v, tumble_compile::BVal::Input(_)))
                 })
                 .collect(),
-            integral_blocks: blocks
-                .iter()
-                .map(|b| {
-                    b.output_tys().iter().all(|t| {
-                        matches!(t.as_tensor(), Some((_, dt)) if dt.is_int() || dt == tumble_ir::DType::Bool)
-                    })
-                })
-                .collect(),
+            integral_blocks: blocks.iter().map(Block::returns_only_integers).collect(),
             weight_slice_blocks: blocks
                 .iter()
                 .enumerate()

@@ -9,11 +9,13 @@
 //! (floats' arithmetic, other shapes than `()`, operators not listed, mixed dtypes) returns
 //! `None`, and the caller runs the reference.
 
+use std::borrow::Borrow;
+
 use tumble_compile::{BArg, BVal, Block};
 use tumble_ir::DType;
 use tumble_tensor::Tensor;
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, PartialEq)]
 enum S {
     I32(i32),
     I64(i64),
@@ -44,38 +46,13 @@ impl S {
         }
     }
 
-    /// The scalar as a tensor: small counters and booleans are shared tensors made once per
-    /// process (three allocations and frees less per host invocation of a counted loop's
-    /// `add(%k, 1)` or `less(%k, %n)`); values are immutable, so sharing a buffer is invisible.
     fn tensor(self) -> Tensor {
         match self {
-            S::I32(x) => shared_scalar(x).unwrap_or_else(|| Tensor::scalar_i32(x)),
+            S::I32(x) => Tensor::scalar_i32(x),
             S::I64(x) => Tensor::scalar_i64(x),
             S::F32(x) => Tensor::scalar_f32(x),
-            S::Bool(x) => shared_bool(x),
+            S::Bool(x) => Tensor::scalar_bool(x),
         }
-    }
-}
-
-/// The int32 scalars [`shared_scalar`] keeps: a loop's counters and a sentence's positions.
-const SHARED_I32: std::ops::Range<i32> = -16..1024;
-
-/// The shared int32 scalar tensor of `x`, when `x` is in [`SHARED_I32`].
-fn shared_scalar(x: i32) -> Option<Tensor> {
-    static TABLE: std::sync::OnceLock<Vec<Tensor>> = std::sync::OnceLock::new();
-    let table = TABLE.get_or_init(|| SHARED_I32.map(Tensor::scalar_i32).collect());
-    let i = usize::try_from(x.checked_sub(SHARED_I32.start)?).ok()?;
-    table.get(i).cloned()
-}
-
-/// The shared boolean scalar tensor of `b`.
-fn shared_bool(b: bool) -> Tensor {
-    static TABLE: std::sync::OnceLock<[Tensor; 2]> = std::sync::OnceLock::new();
-    let [f, t] = TABLE.get_or_init(|| [Tensor::scalar_bool(false), Tensor::scalar_bool(true)]);
-    if b {
-        t.clone()
-    } else {
-        f.clone()
     }
 }
 
@@ -189,44 +166,71 @@ fn declared_int(node: &tumble_compile::BlockNode, n: i64) -> Option<S> {
 /// The most operators of a block this path evaluates.
 const MAX_NODES: usize = 16;
 
-/// `block`'s outputs on `inputs` when every value is a scalar this path computes (see the
-/// module) — besides integer vectors and shapes that `take` reads one element of, and
-/// `ndarray_size` — `None` otherwise.
-pub(crate) fn eval<'a>(block: &Block, inputs: &'a [Tensor]) -> Option<HostOuts> {
-    if inputs.len() != block.inputs.len() || block.nodes.len() > MAX_NODES {
+/// The values of a block's first nodes computed on this path (see [`eval`]).
+struct Evaluated<'a> {
+    ins: smallvec::SmallVec<[Option<HostVal<'a>>; 8]>,
+    vals: smallvec::SmallVec<[HostVal<'a>; MAX_NODES]>,
+}
+
+impl<'a> Evaluated<'a> {
+    fn value(&self, v: &BVal) -> Option<HostVal<'a>> {
+        host_value(v, &self.ins, &self.vals)
+    }
+
+    fn scalar(&self, v: &BVal) -> Option<S> {
+        match self.value(v)? {
+            HostVal::Scalar(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// The first `upto` nodes of `block` on `inputs` when each is a scalar this path computes (see
+/// the module) — besides integer vectors and shapes that `take` reads one element of — `None`
+/// otherwise. (Inputs by reference or owned: the weight slices pass the invocation's arguments
+/// where they lie.)
+fn run<'a, T: Borrow<Tensor>>(
+    block: &Block,
+    inputs: &'a [T],
+    upto: usize,
+) -> Option<Evaluated<'a>> {
+    if inputs.len() != block.inputs.len() || upto > MAX_NODES {
         return None;
     }
-    let ins: smallvec::SmallVec<[Option<HostVal<'a>>; 8]> = inputs
-        .iter()
-        .map(|t| match S::of(t) {
-            Some(s) => Some(HostVal::Scalar(s)),
-            None if t.rank() == 1 && t.dtype().is_int() => Some(HostVal::Elements(t)),
-            None => None,
-        })
-        .collect();
-    let mut vals: smallvec::SmallVec<[HostVal<'a>; MAX_NODES]> = smallvec::SmallVec::new();
-    let value = |v: &BVal, vals: &[HostVal<'a>]| host_value(v, &ins, vals);
-    let scalar = |v: &BVal, vals: &[HostVal<'a>]| match value(v, vals)? {
-        HostVal::Scalar(s) => Some(s),
-        _ => None,
+    let mut e = Evaluated {
+        ins: inputs
+            .iter()
+            .map(|t| {
+                let t: &'a Tensor = t.borrow();
+                match S::of(t) {
+                    Some(s) => Some(HostVal::Scalar(s)),
+                    None if t.rank() == 1 && t.dtype().is_int() => Some(HostVal::Elements(t)),
+                    None => None,
+                }
+            })
+            .collect(),
+        vals: smallvec::SmallVec::new(),
     };
-    for node in &block.nodes {
+    let input = |i: &u32| {
+        inputs
+            .get(*i as usize)
+            .map(|t| -> &'a Tensor { t.borrow() })
+    };
+    for node in block.nodes.get(..upto)? {
         let out = match (node.op.name, node.args.as_slice()) {
-            ("shape_of", [BArg::One(BVal::Input(i))]) => {
-                HostVal::Shape(inputs.get(*i as usize)?.shape())
-            }
+            ("shape_of", [BArg::One(BVal::Input(i))]) => HostVal::Shape(input(i)?.shape()),
             ("ndarray_size", [BArg::One(BVal::Input(i))]) => {
-                HostVal::Scalar(declared_int(node, inputs.get(*i as usize)?.len() as i64)?)
+                HostVal::Scalar(declared_int(node, input(i)?.len() as i64)?)
             }
             // One element of a vector or shape, by a scalar (no attributes: the whole tensor
             // flattened, clip mode).
             ("take", [BArg::One(x), BArg::One(k)]) if node.attrs.is_empty() => {
-                let k = match scalar(k, &vals)? {
+                let k = match e.scalar(k)? {
                     S::I32(k) => i64::from(k),
                     S::I64(k) => k,
                     _ => return None,
                 };
-                let e = match value(x, &vals)? {
+                let elem = match e.value(x)? {
                     HostVal::Elements(v) => clipped_element(v, k)?,
                     HostVal::Shape(dims) => {
                         let last = (dims.len() as i64).checked_sub(1)?;
@@ -234,7 +238,7 @@ pub(crate) fn eval<'a>(block: &Block, inputs: &'a [Tensor]) -> Option<HostOuts> 
                     }
                     HostVal::Scalar(_) => return None,
                 };
-                HostVal::Scalar(declared_int(node, e)?)
+                HostVal::Scalar(declared_int(node, elem)?)
             }
             _ => {
                 if !node.attrs.is_empty() || node.args.len() > 2 {
@@ -243,7 +247,7 @@ pub(crate) fn eval<'a>(block: &Block, inputs: &'a [Tensor]) -> Option<HostOuts> 
                 let mut args = [S::Bool(false); 2];
                 for (slot, a) in args.iter_mut().zip(&node.args) {
                     let BArg::One(v) = a else { return None };
-                    *slot = scalar(v, &vals)?;
+                    *slot = e.scalar(v)?;
                 }
                 let out = apply(node.op.name, args.get(..node.args.len())?)?;
                 // The node's declared type: a rank-0 tensor of the dtype computed.
@@ -254,40 +258,45 @@ pub(crate) fn eval<'a>(block: &Block, inputs: &'a [Tensor]) -> Option<HostOuts> 
                 HostVal::Scalar(out)
             }
         };
-        vals.push(out);
+        e.vals.push(out);
     }
+    Some(e)
+}
+
+/// `block`'s outputs on `inputs` when every value is a scalar this path computes (see the
+/// module) — besides integer vectors and shapes that `take` reads one element of, and
+/// `ndarray_size` — `None` otherwise.
+pub(crate) fn eval(block: &Block, inputs: &[Tensor]) -> Option<HostOuts> {
+    let e = run(block, inputs, block.nodes.len())?;
     block
         .outputs
         .iter()
-        .map(|v| scalar(v, &vals).map(S::tensor))
+        .map(|v| e.scalar(v).map(S::tensor))
         .collect()
+}
+
+/// The integer `index` of `block` — an input of one element, or a value its first `upto` nodes
+/// compute on this path (a typed edge's `take(%types, %k)`) — on the invocation's `inputs`;
+/// `None` where this path does not compute it (the caller runs the reference kernels).
+pub(crate) fn integer<T: Borrow<Tensor>>(
+    block: &Block,
+    inputs: &[T],
+    upto: usize,
+    index: &BVal,
+) -> Option<i64> {
+    let e = run(block, inputs, upto)?;
+    match e.value(index)? {
+        HostVal::Scalar(S::I32(i)) => Some(i64::from(i)),
+        HostVal::Scalar(S::I64(i)) => Some(i),
+        // A `(1)` index (a token) is read as its element.
+        HostVal::Elements(v) if v.len() == 1 => clipped_element(v, 0),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Shared and fresh scalars alike hold their value, at the shared range's edges and past them.
-    #[test]
-    fn shared_scalars_hold_their_values() {
-        for x in [i32::MIN, -17, -16, -1, 0, 1, 1023, 1024, i32::MAX] {
-            let t = S::I32(x).tensor();
-            assert_eq!(S::of(&t), Some(S::I32(x)), "{x}");
-            assert_eq!(t.dtype(), DType::Int32);
-        }
-        for b in [false, true] {
-            assert_eq!(S::of(&S::Bool(b).tensor()), Some(S::Bool(b)));
-        }
-        // The same value twice is one buffer (the point of sharing), a value out of range two.
-        assert_eq!(
-            S::I32(7).tensor().buffer_id(),
-            S::I32(7).tensor().buffer_id()
-        );
-        assert_ne!(
-            S::I32(5000).tensor().buffer_id(),
-            S::I32(5000).tensor().buffer_id()
-        );
-    }
 
     /// Every operator of the path against the reference kernel, on values at the types' edges
     /// (wrapping, signs, NaN refused).

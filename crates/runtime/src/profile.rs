@@ -16,6 +16,16 @@ pub struct BlockStats {
     pub kernels: std::time::Duration,
 }
 
+impl BlockStats {
+    /// `o`'s launches, invocations and kernel time added to these; the larger largest batch.
+    pub fn add(&mut self, o: &BlockStats) {
+        self.launches += o.launches;
+        self.invocations += o.invocations;
+        self.max_batch = self.max_batch.max(o.max_batch);
+        self.kernels += o.kernels;
+    }
+}
+
 #[derive(Default, Debug, Clone)]
 pub struct Profile {
     pub instances: u64,
@@ -128,6 +138,16 @@ impl Profile {
         st.kernels += kernels;
     }
 
+    /// The blocks whose names `keep` accepts, their figures added up (a block's parts after a
+    /// split, `name:op` blocks of one function).
+    pub fn blocks_where(&self, keep: impl Fn(&str) -> bool) -> BlockStats {
+        let mut sum = BlockStats::default();
+        for (_, s) in self.per_block.iter().filter(|(name, _)| keep(name)) {
+            sum.add(s);
+        }
+        sum
+    }
+
     pub fn add(&mut self, o: &Profile) {
         self.instances += o.instances;
         self.mini_batches += o.mini_batches;
@@ -149,11 +169,7 @@ impl Profile {
         self.launches += o.launches;
         self.flushes += o.flushes;
         for (k, v) in &o.per_block {
-            let e = self.per_block.entry(k.clone()).or_default();
-            e.launches += v.launches;
-            e.invocations += v.invocations;
-            e.max_batch = e.max_batch.max(v.max_batch);
-            e.kernels += v.kernels;
+            self.per_block.entry(k.clone()).or_default().add(v);
         }
         self.ops.batched += o.ops.batched;
         self.ops.looped += o.ops.looped;

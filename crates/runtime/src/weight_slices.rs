@@ -69,32 +69,6 @@ fn indexed_take(b: &Block, reuse: &ReuseAnalysis, i: usize) -> Option<(u32, BVal
         .filter(|(w, _)| reuse.is_shared(i as u32, *w as usize))
 }
 
-/// The index an [`SliceBlock::Indexed`] block's take reads (`index`), computed on the host
-/// directly where it is an input or an element of an input's integer vector read by another
-/// (`take(%types, %k)`, clip mode: the reference's default); `None` for anything else, which the
-/// caller evaluates with the reference kernels.
-pub(crate) fn host_index(block: &Block, index: &BVal, inputs: &[Tensor]) -> Option<i64> {
-    use crate::host_scalars::clipped_element;
-    match index {
-        BVal::Input(j) => {
-            let t = inputs.get(*j as usize)?;
-            (t.len() == 1).then(|| clipped_element(t, 0))?
-        }
-        BVal::Node(m) => {
-            let n = block.nodes.get(*m as usize)?;
-            let [BArg::One(BVal::Input(v)), BArg::One(BVal::Input(k))] = n.args.as_slice() else {
-                return None;
-            };
-            let (v, k) = (inputs.get(*v as usize)?, inputs.get(*k as usize)?);
-            if n.op.name != "take" || !n.attrs.is_empty() || v.rank() != 1 || k.rank() != 0 {
-                return None;
-            }
-            clipped_element(v, clipped_element(k, 0)?)
-        }
-        _ => None,
-    }
-}
-
 /// What a slice block's input is in a cache key.
 pub(crate) enum SliceInput<'a> {
     /// A model weight, by identity.
@@ -184,9 +158,18 @@ fn row_take(block: &Block) -> bool {
 /// The row a [`row_take`] block takes for index `i` of a table of `rows` rows — clipped, so
 /// that indices past either end key the row they take, not a slice of their own.
 pub(crate) fn row_taken(block: &Block, i: i64, rows: usize) -> i64 {
-    match row_take(block) && rows > 0 {
-        true => i.clamp(0, rows as i64 - 1),
+    match row_take(block) {
+        true => clipped_row(i, rows),
         false => i,
+    }
+}
+
+/// Row `i` of a table of `rows` rows as a `take` in clip mode reads it (`i` itself for an empty
+/// table, whose take fails).
+pub(crate) fn clipped_row(i: i64, rows: usize) -> i64 {
+    match rows {
+        0 => i,
+        _ => i.clamp(0, rows as i64 - 1),
     }
 }
 

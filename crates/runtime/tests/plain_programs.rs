@@ -837,12 +837,7 @@ def @main(%xs: List[Tensor[(1, 4), float32]]) -> Tensor[(1, 4), float32] {
     );
     check_all_ways(&x);
     let profile = batch_profile(&x, tumble_runtime::Options::default());
-    let add_launches: u64 = profile
-        .per_block
-        .iter()
-        .filter(|(name, _)| name.contains("plus"))
-        .map(|(_, s)| s.launches)
-        .sum();
+    let add_launches: u64 = profile.blocks_where(|name| name.contains("plus")).launches;
     assert!(profile.sums > 0 && add_launches > 0, "{profile}");
 }
 
@@ -908,11 +903,8 @@ def @main(%seqs: List[List[Tensor[(1, 8), float32]]], %u: Tensor[(256, 8), float
             },
         );
         let launches: u64 = profile
-            .per_block
-            .iter()
-            .filter(|(name, _)| name.starts_with("outer"))
-            .map(|(_, s)| s.launches)
-            .sum();
+            .blocks_where(|name| name.starts_with("outer"))
+            .launches;
         (launches, profile)
     };
     let (on, p_on) = heavy(true);
@@ -2317,11 +2309,10 @@ def @main(%e: Expr, %W_add: Tensor[(256, 512), float32], %W_neg: Tensor[(256, 51
                 ..tumble_runtime::Options::default()
             },
         );
-        let (launches, invocations) = profile
-            .per_block
-            .iter()
-            .filter(|(name, _)| name.contains("tanh"))
-            .fold((0, 0), |(l, i), (_, s)| (l + s.launches, i + s.invocations));
+        let (launches, invocations) = {
+            let s = profile.blocks_where(|name| name.contains("tanh"));
+            (s.launches, s.invocations)
+        };
         assert!(profile.fused.fallbacks == 0 || !weight_groups, "{profile}");
         (launches, invocations)
     };
@@ -2487,11 +2478,10 @@ def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 128), float32], %Wa:
     );
     check_all_ways(&x);
     let profile = batch_profile(&x, tumble_runtime::Options::default());
-    let (launches, invocations) = profile
-        .per_block
-        .iter()
-        .filter(|(name, _)| name.contains("tanh"))
-        .fold((0, 0), |(l, i), (_, s)| (l + s.launches, i + s.invocations));
+    let (launches, invocations) = {
+        let s = profile.blocks_where(|name| name.contains("tanh"));
+        (s.launches, s.invocations)
+    };
     // 12 instances, 3-6 steps each: two groups per step at the most (one launch each without
     // the groups: locality chunks of one).
     assert!(
@@ -2559,11 +2549,8 @@ def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 8), float32],
     let (sliced, copied) = (profile(true), profile(false));
     // Three slices per layer, each computed once on the host.
     let takes = |p: &tumble_runtime::Profile| {
-        p.per_block
-            .iter()
-            .filter(|(name, _)| name.starts_with("layers:take"))
-            .map(|(_, s)| s.invocations)
-            .sum::<u64>()
+        p.blocks_where(|name| name.starts_with("layers:take"))
+            .invocations
     };
     assert_eq!(takes(&sliced), 0, "{sliced}");
     assert!(takes(&copied) > 0, "{copied}");
@@ -2654,21 +2641,14 @@ def @main(%feat: Tensor[(?), int32], %nodes: List[(Tensor[(1), int32], Tensor[(?
     let ((split, with), (whole, without)) = (run(true), run(false));
     assert_same_results(&split, &whole, 1e-5, "weight-take splits on vs off");
     let launched = |p: &tumble_runtime::Profile, part: &str| -> u64 {
-        p.per_block
-            .iter()
-            .filter(|(name, _)| name.contains(part))
-            .map(|(_, s)| s.invocations)
-            .sum()
+        p.blocks_where(|name| name.contains(part)).invocations
     };
     // Every edge's slice is taken on the host (from the job's three), never launched, and every
     // launch of the products passes its weight once (shared) instead of a matrix per edge.
     let edges = launched(&with, "edges:add");
     let product_launches: u64 = with
-        .per_block
-        .iter()
-        .filter(|(name, _)| name.starts_with("edges:add"))
-        .map(|(_, s)| s.launches)
-        .sum();
+        .blocks_where(|name| name.starts_with("edges:add"))
+        .launches;
     assert_eq!(launched(&with, "/slice"), 0, "{with}");
     assert!(
         with.host_invocations >= without.host_invocations + edges,
@@ -2735,12 +2715,7 @@ def @main(%toks: Tensor[(?), int32], %n: Tensor[(), int32], %emb: Tensor[(6, 8),
     let ((split, with), (whole, without)) = (run(true), run(false));
     assert_same_results(&split, &whole, 0.0, "index splits on vs off");
     // Every token's lookup in one launch (each distinct token once), none of it ragged.
-    let launches: u64 = with
-        .per_block
-        .iter()
-        .filter(|(name, _)| name.starts_with("rnn:x"))
-        .map(|(_, s)| s.launches)
-        .sum();
+    let launches: u64 = with.blocks_where(|name| name.starts_with("rnn:x")).launches;
     assert_eq!(launches, 1, "{with}");
     assert_eq!(with.ragged_groups, 0, "{with}");
     assert!(without.ragged_groups > 0, "{without}");
@@ -2807,12 +2782,7 @@ def @main(%xs: Tensor[(?, 4), float32], %t: Tensor[(?), int32], %W: Tensor[(4, 4
     };
     assert_eq!((ints(2), ints(3)), (vec![3, 4], vec![12]));
     // Every loop condition ran on the host: no launch of a block of `less`.
-    let conditions: u64 = profile
-        .per_block
-        .iter()
-        .filter(|(name, _)| name.contains("less"))
-        .map(|(_, s)| s.launches)
-        .sum();
+    let conditions: u64 = profile.blocks_where(|name| name.contains("less")).launches;
     assert_eq!(conditions, 0, "{profile}");
 }
 

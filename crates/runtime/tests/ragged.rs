@@ -292,12 +292,7 @@ def @main(%feat: Tensor[(?), int32], %nodes: List[(Tensor[(1), int32], Tensor[(?
     check_all_ways(&x);
     let launches = |mixing_kernels: bool| {
         let p = mixing_profile(&x, mixing_kernels);
-        let node_launches: u64 = p
-            .per_block
-            .iter()
-            .filter(|(name, _)| name.contains("node"))
-            .map(|(_, s)| s.launches)
-            .sum();
+        let node_launches: u64 = p.blocks_where(|name| name.contains("node")).launches;
         (p.ragged_gathers, node_launches)
     };
     let (gathers, with) = launches(true);
@@ -398,11 +393,10 @@ def @main(%ids: Tensor[(?), int32], %nbrs: List[Tensor[(?), int32]], %emb: Tenso
     );
     check_all_ways(&x);
     let p = batch_profile(&x, tumble_runtime::Options::default());
-    let (launches, invocations) = p
-        .per_block
-        .iter()
-        .filter(|(name, _)| name.starts_with("rows:"))
-        .fold((0, 0), |(l, n), (_, s)| (l + s.launches, n + s.invocations));
+    let (launches, invocations) = {
+        let s = p.blocks_where(|name| name.starts_with("rows:"));
+        (s.launches, s.invocations)
+    };
     // 30 instances of 1-5 rows: 90 invocations, at most 5 counter values.
     assert_eq!(invocations, 90);
     assert!(launches <= 10, "{launches} launches\n{p}");

@@ -561,16 +561,19 @@ impl<'p> Dfg<'p> {
         else {
             return Ok(None);
         };
+        // The invocation's arguments where they lie: copied (reference counts) only by an
+        // invocation that computes its slice, once per weight and index for the job.
         let Some(inputs) = recorded
             .iter()
             .map(|a| match a {
-                Arg::Val(t) => Some(t.clone()),
+                Arg::Val(t) => Some(t),
                 Arg::Lazy(_) => None,
             })
-            .collect::<Option<Vec<Tensor>>>()
+            .collect::<Option<smallvec::SmallVec<[&Tensor; 8]>>>()
         else {
             return Ok(None);
         };
+        let owned = || inputs.iter().map(|&t| t.clone()).collect::<Vec<Tensor>>();
         let mut took = None;
         let slices = match kind {
             SliceBlock::Shared => {
@@ -579,6 +582,7 @@ impl<'p> Dfg<'p> {
                 };
                 exec.weight_slices.get_or_compute(block_id, &keys, || {
                     let t0 = Instant::now();
+                    let inputs = owned();
                     let outs = match fast_slice(block, &inputs) {
                         Some(outs) => outs,
                         None => block.eval(&inputs, &mut OpCtx { rng: &mut ctx.rng })?,
@@ -588,21 +592,21 @@ impl<'p> Dfg<'p> {
                 })
             }
             SliceBlock::Indexed { weight, index } => {
-                let Some(table) = inputs
+                let Some(&table) = inputs
                     .get(*weight as usize)
                     .filter(|t| self.is_model_weight(t))
                 else {
                     return Ok(None);
                 };
-                // The index, computed on the host from the invocation's integers, clipped to
-                // the row it takes (the take is in clip mode).
-                let i = match crate::weight_slices::host_index(block, index, &inputs) {
+                // The index, computed on the host from the invocation's integers (the take,
+                // the block's last node, left out), clipped to the row it takes.
+                let last = block.nodes.len().saturating_sub(1);
+                let i = match crate::host_scalars::integer(block, &inputs, last, index) {
                     Some(i) => i,
                     None => {
                         let mut octx = OpCtx { rng: &mut ctx.rng };
-                        let last = block.nodes.len().saturating_sub(1);
                         let index = block
-                            .eval_values(&inputs, last, std::slice::from_ref(index), &mut octx)
+                            .eval_values(&owned(), last, std::slice::from_ref(index), &mut octx)
                             .map_err(|m| RunError::at(span, m))?;
                         match index.first().map(Tensor::to_i64_vec).as_deref() {
                             Some([i]) => *i,
@@ -611,7 +615,7 @@ impl<'p> Dfg<'p> {
                     }
                 };
                 let rows = table.shape().first().copied().unwrap_or(0);
-                let row = i.clamp(0, rows.saturating_sub(1) as i64);
+                let row = crate::weight_slices::clipped_row(i, rows);
                 let keys = [SliceInput::Weight(table), SliceInput::Index(row)];
                 exec.weight_slices.get_or_compute(block_id, &keys, || {
                     let t0 = Instant::now();
@@ -622,7 +626,7 @@ impl<'p> Dfg<'p> {
                     };
                     let outs = match crate::fastops::take_rows_f32(table, &ids) {
                         Some(t) => vec![t],
-                        None => block.eval(&inputs, &mut OpCtx { rng: &mut ctx.rng })?,
+                        None => block.eval(&owned(), &mut OpCtx { rng: &mut ctx.rng })?,
                     };
                     took = Some(t0.elapsed());
                     Ok(outs)
