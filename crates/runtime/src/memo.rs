@@ -45,6 +45,55 @@ impl KeptResult {
     }
 }
 
+/// The keys of a launch's invocations, one after the other in one buffer: a key per invocation
+/// in a vector of its own was an allocation per invocation of every launch the memo looks at,
+/// and the launch's identical invocations were keyed a second time
+/// (`Dfg::identical_invocations` now reads these).
+#[derive(Default)]
+pub(crate) struct InvocationKeys {
+    words: Vec<u64>,
+    /// Per invocation, in order: where its key lies in `words`, or `None` (it has none).
+    spans: Vec<Option<(u32, u32)>>,
+}
+
+impl InvocationKeys {
+    pub(crate) fn with_capacity(invocations: usize) -> Self {
+        InvocationKeys {
+            words: Vec::with_capacity(invocations * 8),
+            spans: Vec::with_capacity(invocations),
+        }
+    }
+
+    /// Appends the next invocation's key, which `build` writes at the end of the buffer it is
+    /// given; `build` returning false (no key: a computed input) leaves the invocation without one.
+    pub(crate) fn push_with(&mut self, build: impl FnOnce(&mut Vec<u64>) -> bool) {
+        let start = self.words.len();
+        if build(&mut self.words) {
+            let end = self.words.len();
+            self.spans.push(Some((start as u32, (end - start) as u32)));
+        } else {
+            self.words.truncate(start);
+            self.spans.push(None);
+        }
+    }
+
+    /// Invocation `i`'s key, if it has one.
+    pub(crate) fn get(&self, i: usize) -> Option<&[u64]> {
+        let (start, len) = (*self.spans.get(i)?)?;
+        self.words
+            .get(start as usize..start as usize + len as usize)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Each invocation's key, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Option<&[u64]>> + '_ {
+        (0..self.spans.len()).map(|i| self.get(i))
+    }
+}
+
 #[derive(Default)]
 struct Entries {
     /// (block, input key) → the invocation's results, one per block output.
@@ -162,7 +211,7 @@ impl JobMemo {
     }
 
     /// The results kept under each key (`None` where there are none), looked up under one lock.
-    pub(crate) fn lookup(&self, keys: &[Option<Vec<u64>>]) -> Vec<Option<Box<[KeptResult]>>> {
+    pub(crate) fn lookup(&self, keys: &InvocationKeys) -> Vec<Option<Box<[KeptResult]>>> {
         let Ok(e) = self.entries.lock() else {
             return vec![None; keys.len()];
         };
@@ -170,13 +219,13 @@ impl JobMemo {
             return vec![None; keys.len()];
         }
         keys.iter()
-            .map(|k| k.as_ref().and_then(|k| e.results.get(k).cloned()))
+            .map(|k| k.and_then(|k| e.results.get(k).cloned()))
             .collect()
     }
 
     /// Keeps `results` under `key` while there is room; `pinned` are the tensors the key names
     /// by buffer identity.
-    pub(crate) fn insert(&self, key: Vec<u64>, results: Box<[KeptResult]>, pinned: &[Tensor]) {
+    pub(crate) fn insert(&self, key: &[u64], results: Box<[KeptResult]>, pinned: &[Tensor]) {
         let bytes: usize = results.iter().map(KeptResult::bytes).sum::<usize>() + key.len() * 8;
         let Ok(mut e) = self.entries.lock() else {
             return;
@@ -185,7 +234,7 @@ impl JobMemo {
         // kept results are an optimization, never the reason a run stops.
         let capacity = tumble_limits::limit().map_or(self.capacity, |l| self.capacity.min(l / 8));
         if e.bytes + bytes > capacity
-            || e.results.contains_key(&key)
+            || e.results.contains_key(key)
             || tumble_limits::reserve(bytes).is_err()
         {
             return;
@@ -194,7 +243,7 @@ impl JobMemo {
             e.pinned.entry(t.buffer_id()).or_insert_with(|| t.clone());
         }
         e.bytes += bytes;
-        e.results.insert(key, results);
+        e.results.insert(key.to_vec(), results);
     }
 
     /// Drops every entry and what it learned of each block (the next launches compute
@@ -221,6 +270,36 @@ impl JobMemo {
 mod tests {
     use super::*;
 
+    fn keys(each: &[Option<&[u64]>]) -> InvocationKeys {
+        let mut keys = InvocationKeys::default();
+        for k in each {
+            keys.push_with(|w| match k {
+                Some(k) => {
+                    w.extend_from_slice(k);
+                    true
+                }
+                None => {
+                    // Words written for an invocation without a key are dropped.
+                    w.push(99);
+                    false
+                }
+            });
+        }
+        keys
+    }
+
+    #[test]
+    fn invocation_keys_lie_one_after_the_other() {
+        let k = keys(&[Some(&[1, 2, 3]), None, Some(&[]), Some(&[4])]);
+        assert_eq!(k.len(), 4);
+        let got: Vec<Option<Vec<u64>>> = k.iter().map(|k| k.map(<[u64]>::to_vec)).collect();
+        assert_eq!(
+            got,
+            [Some(vec![1, 2, 3]), None, Some(vec![]), Some(vec![4])]
+        );
+        assert_eq!(k.get(4), None);
+    }
+
     fn row(v: f32) -> Box<[KeptResult]> {
         vec![KeptResult {
             tensor: Tensor::from_f32(vec![1, 4], vec![v; 4]).expect("a tensor"),
@@ -235,15 +314,15 @@ mod tests {
         let memo = JobMemo::with_capacity(3 * (16 + 16));
         let weight = Tensor::from_f32(vec![100], vec![0.5; 100]).expect("a tensor");
         for k in 0..5u64 {
-            memo.insert(vec![7, k], row(k as f32), std::slice::from_ref(&weight));
+            memo.insert(&[7, k], row(k as f32), std::slice::from_ref(&weight));
         }
         assert_eq!(
             memo.size(),
             (3, 96),
             "past its capacity the memo keeps nothing more"
         );
-        memo.insert(vec![7, 0], row(9.0), &[]);
-        let got = memo.lookup(&[Some(vec![7, 0]), Some(vec![7, 4]), None]);
+        memo.insert(&[7, 0], row(9.0), &[]);
+        let got = memo.lookup(&keys(&[Some(&[7, 0]), Some(&[7, 4]), None]));
         let first = got[0]
             .as_ref()
             .and_then(|r| r[0].tensor.as_f32().map(|d| d[0]));
@@ -261,8 +340,8 @@ mod tests {
             }]
             .into_boxed_slice()
         };
-        memo.insert(vec![1], kept(3), &[]);
-        memo.insert(vec![2], kept(4), &[]);
+        memo.insert(&[1], kept(3), &[]);
+        memo.insert(&[2], kept(4), &[]);
         assert_eq!(memo.size(), (2, 2 * (16 + 8)));
     }
 

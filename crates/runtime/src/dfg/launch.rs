@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use super::*;
+use crate::memo::InvocationKeys;
 
 /// Where invocation `row`'s value of a launch output lies.
 pub(super) fn slot_of(o: &BV, row: usize) -> Result<Slot, RunError> {
@@ -238,14 +239,15 @@ impl Dfg<'_> {
         if let Some(keys) = self.job_memo_keys(block_id, ids) {
             return self.launch_with_job_memo(block_id, ids, keys);
         }
-        self.launch_computing(block_id, ids)
+        self.launch_computing(block_id, ids, None)
     }
 
     /// The job-memo keys of a launch's invocations ([`crate::memo`]): `None` when the launch
     /// cannot use the memo (off, recording for a backward, a block with random draws or without
-    /// a product: `Executable::memo_blocks`); per
-    /// invocation `None` when an input is computed (only invocations of host values are kept).
-    fn job_memo_keys(&self, block_id: u32, ids: &[u32]) -> Option<Vec<Option<Vec<u64>>>> {
+    /// a product: `Executable::memo_blocks`); per invocation none when an input is computed
+    /// (only invocations of host values are kept). A key is the block, then each input's
+    /// [`push_value_key`].
+    fn job_memo_keys(&self, block_id: u32, ids: &[u32]) -> Option<InvocationKeys> {
         // (On a device a launch's outputs may live there: kept rows are a host idea.)
         if self.launch_log.is_some()
             || self.exec.device.is_some()
@@ -255,24 +257,28 @@ impl Dfg<'_> {
         {
             return None;
         }
-        let keys: Vec<Option<Vec<u64>>> = ids
-            .iter()
-            .map(|&id| {
-                let args = &self.nodes.get(id as usize)?.args;
+        let mut keys = InvocationKeys::with_capacity(ids.len());
+        let mut any = false;
+        for &id in ids {
+            keys.push_with(|words| {
+                let Some(args) = self.nodes.get(id as usize).map(|n| &n.args) else {
+                    return false;
+                };
                 // A computed input: no key (looked at before any is built, as most launches of
                 // a step's block read a state).
                 if args.iter().any(|a| matches!(a, Arg::Lazy(_))) {
-                    return None;
+                    return false;
                 }
-                let mut key = vec![u64::from(block_id)];
-                for a in args {
-                    let Arg::Val(t) = a else { return None };
-                    push_value_key(t, self.small_weight(t), &mut key)?;
-                }
-                Some(key)
-            })
-            .collect();
-        if keys.iter().all(Option::is_none) {
+                words.push(u64::from(block_id));
+                let keyed = args.iter().all(|a| match a {
+                    Arg::Val(t) => push_value_key(t, self.small_weight(t), words).is_some(),
+                    Arg::Lazy(_) => false,
+                });
+                any |= keyed;
+                keyed
+            });
+        }
+        if !any {
             // None of them can be kept or found: a block whose invocations all read computed
             // values (an RNN step merged with its input transform) stops being looked at,
             // instead of staying on trial, its launches scanned, for the whole job
@@ -291,29 +297,32 @@ impl Dfg<'_> {
         &mut self,
         block_id: u32,
         ids: &[u32],
-        keys: Vec<Option<Vec<u64>>>,
+        keys: InvocationKeys,
     ) -> Result<(), RunError> {
         let found = self.exec.memo.lookup(&keys);
         if self.exec.memo.trial(block_id).is_none() {
             // Repeats: kept results found, and keys met earlier in this launch.
             let mut distinct: crate::intern::WordMap<&[u64], ()> = Default::default();
             let (mut seen, mut repeats) = (0, 0);
-            for (f, k) in found.iter().zip(&keys) {
+            for (f, k) in found.iter().zip(keys.iter()) {
                 let Some(k) = k else { continue };
                 seen += 1;
-                if f.is_some() || distinct.insert(k.as_slice(), ()).is_some() {
+                if f.is_some() || distinct.insert(k, ()).is_some() {
                     repeats += 1;
                 }
             }
             self.exec.memo.record(block_id, seen, repeats);
         }
         let mut run = Vec::with_capacity(ids.len());
+        // The keys of those that run, for `identical_invocations` (which keys them alike).
+        let mut run_keys = Vec::with_capacity(ids.len());
         // Per invocation that runs with a key: the tensors its key names by identity, which the
         // memo must hold while it keeps the key (read now: a launch consumes its arguments).
         let mut pinned: Vec<Vec<Tensor>> = Vec::new();
-        for ((&id, f), k) in ids.iter().zip(&found).zip(&keys) {
+        for ((&id, f), k) in ids.iter().zip(&found).zip(keys.iter()) {
             if f.is_none() {
                 run.push(id);
+                run_keys.push(k);
                 if k.is_some() {
                     pinned.push(self.identity_keyed_args(id));
                 }
@@ -322,13 +331,13 @@ impl Dfg<'_> {
         // The others first: when their launch fails, nothing of this one is stored, so that
         // running its invocations one by one (`launch_attributed`) starts from where it was.
         if !run.is_empty() {
-            self.launch_computing(block_id, &run)?;
+            self.launch_computing(block_id, &run, Some(&run_keys))?;
         }
         self.profile.job_memoized += (ids.len() - run.len()) as u64;
         let mut first: crate::intern::WordMap<&[u64], u32> = Default::default();
         let mut classes = Vec::new();
         let (mut hit_ids, mut hit_outs) = (Vec::new(), Vec::new());
-        for ((&id, f), k) in ids.iter().zip(&found).zip(&keys) {
+        for ((&id, f), k) in ids.iter().zip(&found).zip(keys.iter()) {
             let (Some(results), Some(k)) = (f, k) else {
                 continue;
             };
@@ -343,10 +352,10 @@ impl Dfg<'_> {
                     .collect(),
             ));
             // Invocations of this launch that took the same kept results: one class.
-            match first.get(k.as_slice()) {
+            match first.get(k) {
                 Some(&rep) => classes.push((id, rep)),
                 None => {
-                    first.insert(k.as_slice(), id);
+                    first.insert(k, id);
                 }
             }
         }
@@ -359,7 +368,7 @@ impl Dfg<'_> {
         // which it fills up), else a copy of the row.
         let every_row_kept = pinned.len() == run.len();
         let mut pinned = pinned.into_iter();
-        for ((&id, f), k) in ids.iter().zip(&found).zip(keys) {
+        for ((&id, f), k) in ids.iter().zip(&found).zip(keys.iter()) {
             let (None, Some(k)) = (f, k) else { continue };
             let Some(pins) = pinned.next() else { break };
             let Some(Some(outs)) = self.nodes.get(id as usize).map(|n| n.out.as_ref()) else {
@@ -397,9 +406,16 @@ impl Dfg<'_> {
     }
 
     /// Runs `block` for the nodes `ids`, each repeat of an identical invocation of the launch
-    /// taking its results.
-    fn launch_computing(&mut self, block_id: u32, ids: &[u32]) -> Result<(), RunError> {
-        let (per_node, kept, ran) = match self.identical_invocations(block_id, ids) {
+    /// taking its results; `keys`: their job-memo keys where the launch has them (per
+    /// invocation, in order), which [`Dfg::identical_invocations`] reads instead of keying them
+    /// again.
+    fn launch_computing(
+        &mut self,
+        block_id: u32,
+        ids: &[u32],
+        keys: Option<&[Option<&[u64]>]>,
+    ) -> Result<(), RunError> {
+        let (per_node, kept, ran) = match self.identical_invocations(block_id, ids, keys) {
             Some((distinct, of)) => {
                 let (outs, kept) = self.run_launch(block_id, &distinct)?;
                 self.profile.memoized += (ids.len() - distinct.len()) as u64;
@@ -445,7 +461,17 @@ impl Dfg<'_> {
     /// (a recurrent state, different per invocation), or memoizing is off (`TUMBLE_NO_MEMO=1`).
     /// While recording for a backward, float inputs are compared by identity only, so that
     /// invocations taking one's results read the same parameters — the same gradients.
-    fn identical_invocations(&self, block_id: u32, ids: &[u32]) -> Option<(Vec<u32>, Vec<usize>)> {
+    ///
+    /// Keys are the job memo's (the block, then each input's [`push_value_key`]; a computed
+    /// input as its class and output): `known` gives those the memo already built (per
+    /// invocation, `None` for one with a computed input), the others are built here, every
+    /// key in one buffer.
+    fn identical_invocations(
+        &self,
+        block_id: u32,
+        ids: &[u32],
+        known: Option<&[Option<&[u64]>]>,
+    ) -> Option<(Vec<u32>, Vec<usize>)> {
         if ids.len() < 2 || !memo_enabled() {
             return None;
         }
@@ -453,21 +479,27 @@ impl Dfg<'_> {
         if !self.exec.pure_blocks.get(block_id as usize).copied()? {
             return None;
         }
-        let mut index: crate::intern::WordMap<Vec<u64>, usize> =
-            crate::intern::WordMap::with_capacity_and_hasher(ids.len(), Default::default());
-        let mut distinct = Vec::new();
-        let mut of = Vec::with_capacity(ids.len());
-        let mut key = Vec::new();
+        // Per invocation: its key's place (`Known(i)`: `known[i]`; `Built(j)`: `built`'s `j`th),
+        // or `Own` (an input computed by an invocation no other one repeated makes it unlike the
+        // others: a recurrent state, most of a launch of steps — known before hashing the rest
+        // of its inputs).
+        enum Place {
+            Known(usize),
+            Built(usize),
+            Own,
+        }
+        let mut built = InvocationKeys::with_capacity(ids.len());
+        let mut places = Vec::with_capacity(ids.len());
         // The classes of an invocation's computed inputs, in order: looked up once, before any
         // hashing, and read again when its key is built.
         let mut reps: Vec<u32> = Vec::new();
-        for &id in ids {
-            key.clear();
+        for (i, &id) in ids.iter().enumerate() {
+            if known.and_then(|k| k.get(i)).is_some_and(Option::is_some) {
+                places.push(Place::Known(i));
+                continue;
+            }
             reps.clear();
             let args = &self.nodes.get(id as usize)?.args;
-            // Computed inputs first: one computed by an invocation no other one repeated makes
-            // this invocation unlike the others (a recurrent state, most of a launch of steps),
-            // known before hashing the rest of its inputs.
             let mut own = false;
             for a in args {
                 if let Arg::Lazy(r) = a {
@@ -483,32 +515,58 @@ impl Dfg<'_> {
                 }
             }
             if own {
-                distinct.push(id);
-                of.push(distinct.len() - 1);
+                places.push(Place::Own);
                 continue;
             }
             let mut rep_of_lazy = reps.iter();
-            for a in args {
-                match a {
-                    Arg::Val(t) => {
-                        let by_identity = floats_by_identity || self.small_weight(t);
-                        push_value_key(t, by_identity, &mut key)?;
-                    }
-                    // Every computed input has its class in `reps` (the walk above).
-                    Arg::Lazy(r) => {
-                        let &rep = rep_of_lazy.next()?;
-                        key.extend([u64::MAX - 1, u64::from(rep), u64::from(r.output)]);
+            let mut complete = true;
+            built.push_with(|key| {
+                key.push(u64::from(block_id));
+                for a in args {
+                    match a {
+                        Arg::Val(t) => {
+                            let by_identity = floats_by_identity || self.small_weight(t);
+                            if push_value_key(t, by_identity, key).is_none() {
+                                complete = false;
+                                return false;
+                            }
+                        }
+                        // Every computed input has its class in `reps` (the walk above).
+                        Arg::Lazy(r) => {
+                            let Some(&rep) = rep_of_lazy.next() else {
+                                complete = false;
+                                return false;
+                            };
+                            key.extend([u64::MAX - 1, u64::from(rep), u64::from(r.output)]);
+                        }
                     }
                 }
+                true
+            });
+            if !complete {
+                return None;
             }
-            let k = match index.get(&key) {
-                Some(&k) => k,
-                None => {
-                    distinct.push(id);
-                    index.insert(key.clone(), distinct.len() - 1);
-                    distinct.len() - 1
-                }
+            places.push(Place::Built(built.len() - 1));
+        }
+        let mut index: crate::intern::WordMap<&[u64], usize> =
+            crate::intern::WordMap::with_capacity_and_hasher(ids.len(), Default::default());
+        let mut distinct = Vec::new();
+        let mut of = Vec::with_capacity(ids.len());
+        for (&id, place) in ids.iter().zip(&places) {
+            let key = match place {
+                Place::Known(i) => known.and_then(|k| k.get(*i).copied().flatten()),
+                Place::Built(j) => built.get(*j),
+                Place::Own => None,
             };
+            let Some(key) = key else {
+                distinct.push(id);
+                of.push(distinct.len() - 1);
+                continue;
+            };
+            let k = *index.entry(key).or_insert_with(|| {
+                distinct.push(id);
+                distinct.len() - 1
+            });
             of.push(k);
         }
         (distinct.len() < ids.len()).then_some((distinct, of))
