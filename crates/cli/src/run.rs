@@ -744,6 +744,9 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             let mut walls = Vec::with_capacity(args.repeat as usize);
             let mut computes = Vec::with_capacity(args.repeat as usize);
             let mut last: Option<(Vec<Finished>, tumble_runtime::Profile)> = None;
+            // The first run's parts beside the last's: a process's first run pays what later ones
+            // find in place (fresh pages for its activations, the buffer pool filling).
+            let mut first_split: Option<String> = None;
             for _ in 0..args.repeat {
                 // Each run is the whole job again: plans and packed weights stay, as in a
                 // long-lived process, but no results kept by the run before (a warm run would
@@ -757,6 +760,13 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                                 run_error(instance, error)
                             }
                         })?;
+                if first_split.is_none() && args.profile && args.repeat > 1 {
+                    first_split = Some(format!(
+                        "total {:.3} = {}",
+                        profile.wall().as_secs_f64() * 1e3,
+                        profile.run_split()
+                    ));
+                }
                 walls.push(profile.wall().as_secs_f64() * 1e3);
                 // The run without decoding its instances (JSON values into tumble values), as the
                 // benchmark peers are timed: workers decode their shares at once, so their
@@ -794,6 +804,9 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                     (t_ready + t_pack).as_secs_f64() * 1e3
                 );
                 eprint!("{profile}");
+                if let Some(first) = &first_split {
+                    eprintln!("first run (ms; the profile above is the last run's): {first}");
+                }
                 if walls.len() > 1 {
                     for (what, runs) in [("", &walls), (" without decoding inputs", &computes)] {
                         let list: Vec<String> = runs.iter().map(|w| format!("{w:.3}")).collect();

@@ -798,6 +798,21 @@ fn repeat_runs_the_job_again_with_the_same_outputs() {
     let (walls, computes) = (times(line), times(no_decode));
     assert_eq!((walls.len(), computes.len()), (3, 3), "{err}");
     assert!(walls.iter().zip(&computes).all(|(w, c)| c <= w), "{err}");
+    // The first run's parts, whose total is the first figure of the repeats line.
+    let first = err
+        .lines()
+        .find_map(|l| l.strip_prefix("first run (ms; the profile above is the last run's): total "))
+        .unwrap_or_else(|| panic!("no first-run line in {err}"));
+    let total: f64 = first
+        .split_whitespace()
+        .next()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no total in {first}"));
+    assert!((total - walls[0]).abs() < 0.01, "{first} against {walls:?}");
+    assert!(
+        first.contains("program ") && first.contains("kernels "),
+        "{first}"
+    );
     let zero = run_random(&model, &inputs, &["--repeat", "0"]);
     assert_eq!(zero.status.code(), Some(2));
 }

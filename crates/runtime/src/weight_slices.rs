@@ -93,32 +93,36 @@ pub(crate) struct SliceCache {
 impl SliceCache {
     /// The slices block `block_id` computes from `inputs`, from the cache or by `compute`
     /// (kept when the job's budget allows); `Ok(None)` when they are new and the budget is
-    /// spent.
+    /// spent. A slice found costs its key on the stack and one lookup: the weights are compared
+    /// where they lie and copied (reference counts) only by the invocation that computes the
+    /// slice — every invocation of a typed-edge GNN's edges comes here, nearly all of them to
+    /// find their slice.
     pub(crate) fn get_or_compute(
         &self,
         block_id: u32,
         inputs: &[SliceInput],
         compute: impl FnOnce() -> Result<Vec<Tensor>, String>,
     ) -> Result<Option<Vec<Tensor>>, String> {
-        let mut key = Vec::with_capacity(inputs.len() + 1);
+        let mut key: smallvec::SmallVec<[u64; 8]> = smallvec::SmallVec::new();
         key.push(u64::from(block_id));
-        let mut sources = Vec::new();
-        for x in inputs {
-            key.push(match x {
-                SliceInput::Weight(t) => {
-                    sources.push((*t).clone());
-                    t.buffer_id() as u64
-                }
-                SliceInput::Index(i) => *i as u64,
-            });
-        }
+        key.extend(inputs.iter().map(|x| match x {
+            SliceInput::Weight(t) => t.buffer_id() as u64,
+            SliceInput::Index(i) => *i as u64,
+        }));
+        let weights = || {
+            inputs.iter().filter_map(|x| match x {
+                SliceInput::Weight(t) => Some(*t),
+                SliceInput::Index(_) => None,
+            })
+        };
         {
             let guard = self.inner.lock().map_err(|_| "internal: slice cache")?;
-            if let Some(e) = guard.0.get(&key) {
-                if e.sources
-                    .iter()
-                    .zip(&sources)
-                    .all(|(a, b)| a.same_tensor(b))
+            if let Some(e) = guard.0.get(key.as_slice()) {
+                if e.sources.len() == weights().count()
+                    && e.sources
+                        .iter()
+                        .zip(weights())
+                        .all(|(a, b)| a.same_tensor(b))
                 {
                     return Ok(Some(e.slices.clone()));
                 }
@@ -132,9 +136,9 @@ impl SliceCache {
         let mut guard = self.inner.lock().map_err(|_| "internal: slice cache")?;
         guard.1 = guard.1.saturating_add(bytes);
         guard.0.insert(
-            key,
+            key.to_vec(),
             Entry {
-                sources,
+                sources: weights().cloned().collect(),
                 slices: slices.clone(),
             },
         );
