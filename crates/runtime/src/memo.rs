@@ -59,7 +59,7 @@ pub(crate) struct InvocationKeys {
 impl InvocationKeys {
     pub(crate) fn with_capacity(invocations: usize) -> Self {
         InvocationKeys {
-            words: Vec::with_capacity(invocations * 8),
+            words: Vec::new(),
             spans: Vec::with_capacity(invocations),
         }
     }
@@ -70,6 +70,13 @@ impl InvocationKeys {
         let start = self.words.len();
         if build(&mut self.words) {
             let end = self.words.len();
+            if start == 0 {
+                // A launch's keys are mostly alike in length (a block's inputs of one shape):
+                // room for the rest at the first one's, instead of doubling (and copying) the
+                // buffer while the keys of words of 64 characters come in.
+                let rest = self.spans.capacity().saturating_sub(self.spans.len() + 1);
+                self.words.reserve(end.saturating_mul(rest));
+            }
             self.spans.push(Some((start as u32, (end - start) as u32)));
         } else {
             self.words.truncate(start);
