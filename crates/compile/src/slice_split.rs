@@ -18,7 +18,7 @@
 
 use crate::blocks::{integral, is_pure_op, needed_by, BArg, BVal, Block, BlockNode};
 use crate::program::Program;
-use crate::split::{cut_at, split_nodes_in_rounds, Cut, Split, REST};
+use crate::split::{cut_with, split_nodes_in_rounds, Cut, Split, REST};
 
 /// The name of a split's producer.
 const SLICE: &str = "/slice";
@@ -83,7 +83,7 @@ fn plan_slice(b: &Block, weight_operands: &[bool]) -> Option<Cut> {
     if !returned && bytes < SAME_BLOCK_MIN_BYTES {
         return None;
     }
-    cut_at(b, k, SLICE, REST)
+    cut_with(b, k, &needed, SLICE, REST)
 }
 
 /// The smallest slice split off a block that only reads it inside (above).

@@ -362,12 +362,24 @@ pub(crate) fn cut_at(
     producer_suffix: &str,
     consumer_suffix: &str,
 ) -> Option<Cut> {
-    let needed = needed_by(b, k);
+    cut_with(b, k, &needed_by(b, k), producer_suffix, consumer_suffix)
+}
+
+/// [`cut_at`] for a caller that already knows `needed`, [`needed_by`]`(b, k)`.
+pub(crate) fn cut_with(
+    b: &Block,
+    k: usize,
+    needed: &[bool],
+    producer_suffix: &str,
+    consumer_suffix: &str,
+) -> Option<Cut> {
     let live = live_without(b, k);
     if !live.iter().any(|&l| l) {
         return None;
     }
-    let producer_nodes: Vec<usize> = (0..b.nodes.len()).filter(|&j| needed[j]).collect();
+    let producer_nodes: Vec<usize> = (0..b.nodes.len())
+        .filter(|&j| needed.get(j) == Some(&true))
+        .collect();
     let consumer_nodes: Vec<usize> = (0..b.nodes.len()).filter(|&j| live[j]).collect();
     let names = [producer_suffix, consumer_suffix, "cut"];
     cut_parts(
