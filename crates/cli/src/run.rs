@@ -760,14 +760,10 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                                 run_error(instance, error)
                             }
                         })?;
-                if first_split.is_none() && args.profile && args.repeat > 1 {
-                    first_split = Some(format!(
-                        "total {:.3} = {}",
-                        profile.wall().as_secs_f64() * 1e3,
-                        profile.run_split()
-                    ));
-                }
                 walls.push(profile.wall().as_secs_f64() * 1e3);
+                if let ([first], true) = (walls.as_slice(), args.profile && args.repeat > 1) {
+                    first_split = Some(format!("total {first:.3} = {}", profile.run_split()));
+                }
                 // The run without decoding its instances (JSON values into tumble values), as the
                 // benchmark peers are timed: workers decode their shares at once, so their
                 // summed decoding time is spread over them.

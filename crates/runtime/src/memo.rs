@@ -66,9 +66,11 @@ impl InvocationKeys {
 
     /// Appends the next invocation's key, which `build` writes at the end of the buffer it is
     /// given; `build` returning false (no key: a computed input) leaves the invocation without one.
-    pub(crate) fn push_with(&mut self, build: impl FnOnce(&mut Vec<u64>) -> bool) {
+    /// Returns what `build` did.
+    pub(crate) fn push_with(&mut self, build: impl FnOnce(&mut Vec<u64>) -> bool) -> bool {
         let start = self.words.len();
-        if build(&mut self.words) {
+        let keyed = build(&mut self.words);
+        if keyed {
             let end = self.words.len();
             if start == 0 {
                 // A launch's keys are mostly alike in length (a block's inputs of one shape):
@@ -82,6 +84,7 @@ impl InvocationKeys {
             self.words.truncate(start);
             self.spans.push(None);
         }
+        keyed
     }
 
     /// Invocation `i`'s key, if it has one.
@@ -280,7 +283,7 @@ mod tests {
     fn keys(each: &[Option<&[u64]>]) -> InvocationKeys {
         let mut keys = InvocationKeys::default();
         for k in each {
-            keys.push_with(|w| match k {
+            let keyed = keys.push_with(|w| match k {
                 Some(k) => {
                     w.extend_from_slice(k);
                     true
@@ -291,6 +294,7 @@ mod tests {
                     false
                 }
             });
+            assert_eq!(keyed, k.is_some());
         }
         keys
     }

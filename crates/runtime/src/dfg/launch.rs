@@ -260,7 +260,7 @@ impl Dfg<'_> {
         let mut keys = InvocationKeys::with_capacity(ids.len());
         let mut any = false;
         for &id in ids {
-            keys.push_with(|words| {
+            any |= keys.push_with(|words| {
                 let Some(args) = self.nodes.get(id as usize).map(|n| &n.args) else {
                     return false;
                 };
@@ -270,12 +270,10 @@ impl Dfg<'_> {
                     return false;
                 }
                 words.push(u64::from(block_id));
-                let keyed = args.iter().all(|a| match a {
+                args.iter().all(|a| match a {
                     Arg::Val(t) => push_value_key(t, self.small_weight(t), words).is_some(),
                     Arg::Lazy(_) => false,
-                });
-                any |= keyed;
-                keyed
+                })
             });
         }
         if !any {
@@ -479,12 +477,12 @@ impl Dfg<'_> {
         if !self.exec.pure_blocks.get(block_id as usize).copied()? {
             return None;
         }
-        // Per invocation: its key's place (`Known(i)`: `known[i]`; `Built(j)`: `built`'s `j`th),
+        // Per invocation: its key (`Known`: the memo's; `Built(j)`: `built`'s `j`th),
         // or `Own` (an input computed by an invocation no other one repeated makes it unlike the
         // others: a recurrent state, most of a launch of steps — known before hashing the rest
         // of its inputs).
-        enum Place {
-            Known(usize),
+        enum Place<'k> {
+            Known(&'k [u64]),
             Built(usize),
             Own,
         }
@@ -494,8 +492,8 @@ impl Dfg<'_> {
         // hashing, and read again when its key is built.
         let mut reps: Vec<u32> = Vec::new();
         for (i, &id) in ids.iter().enumerate() {
-            if known.and_then(|k| k.get(i)).is_some_and(Option::is_some) {
-                places.push(Place::Known(i));
+            if let Some(&Some(key)) = known.and_then(|k| k.get(i)) {
+                places.push(Place::Known(key));
                 continue;
             }
             reps.clear();
@@ -519,31 +517,21 @@ impl Dfg<'_> {
                 continue;
             }
             let mut rep_of_lazy = reps.iter();
-            let mut complete = true;
-            built.push_with(|key| {
+            let keyed = built.push_with(|key| {
                 key.push(u64::from(block_id));
-                for a in args {
-                    match a {
-                        Arg::Val(t) => {
-                            let by_identity = floats_by_identity || self.small_weight(t);
-                            if push_value_key(t, by_identity, key).is_none() {
-                                complete = false;
-                                return false;
-                            }
-                        }
-                        // Every computed input has its class in `reps` (the walk above).
-                        Arg::Lazy(r) => {
-                            let Some(&rep) = rep_of_lazy.next() else {
-                                complete = false;
-                                return false;
-                            };
-                            key.extend([u64::MAX - 1, u64::from(rep), u64::from(r.output)]);
-                        }
+                args.iter().all(|a| match a {
+                    Arg::Val(t) => {
+                        let by_identity = floats_by_identity || self.small_weight(t);
+                        push_value_key(t, by_identity, key).is_some()
                     }
-                }
-                true
+                    // Every computed input has its class in `reps` (the walk above).
+                    Arg::Lazy(r) => rep_of_lazy.next().is_some_and(|&rep| {
+                        key.extend([u64::MAX - 1, u64::from(rep), u64::from(r.output)]);
+                        true
+                    }),
+                })
             });
-            if !complete {
+            if !keyed {
                 return None;
             }
             places.push(Place::Built(built.len() - 1));
@@ -554,7 +542,7 @@ impl Dfg<'_> {
         let mut of = Vec::with_capacity(ids.len());
         for (&id, place) in ids.iter().zip(&places) {
             let key = match place {
-                Place::Known(i) => known.and_then(|k| k.get(*i).copied().flatten()),
+                Place::Known(key) => Some(*key),
                 Place::Built(j) => built.get(*j),
                 Place::Own => None,
             };
