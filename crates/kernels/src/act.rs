@@ -95,9 +95,10 @@ fn exp_approx(x: f32) -> f32 {
 #[inline(always)]
 fn sigmoid_body(x: &mut [f32]) {
     for v in x.iter_mut() {
-        let y = 1.0 / (1.0 + exp_approx(-*v));
-        // NaN in, NaN out (the clamp in `exp_approx` would otherwise hide it).
-        *v = if v.is_nan() { *v } else { y };
+        // NaN in, NaN out: `f32::clamp` in `exp_approx` keeps a NaN. Stored unconditionally:
+        // a store only where the input was a number became a masked store (`vmaskmovps`),
+        // which AMD's Zen runs in microcode at ~2 ns an element (8× the rest of the loop).
+        *v = 1.0 / (1.0 + exp_approx(-*v));
     }
 }
 
@@ -113,8 +114,9 @@ fn tanh_body(x: &mut [f32]) {
         } else {
             t
         };
-        let y = t.copysign(*v);
-        *v = if v.is_nan() { *v } else { y };
+        // NaN in, NaN out through the clamp, as in `sigmoid_body` (and stored unconditionally
+        // for the same reason).
+        *v = t.copysign(*v);
     }
 }
 
