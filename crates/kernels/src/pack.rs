@@ -782,6 +782,47 @@ unsafe fn transpose_rows_avx512(
     pack_columns(srcs, p..kc, mr, stride, dst);
 }
 
+/// Columns of 8 rows of 8 floats: `cols[c]` lane `i` is `r[i]` lane `c` (the AVX2 packers'
+/// transpose). Pairs of rows interleaved, then pairs of pairs: `u[m]` holds column m (low half)
+/// and column 4 + m (high half) of rows 0..4, `u[4 + m]` the same of rows 4..8; the lane
+/// permutes put the halves together.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn transpose8x8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    let t = [
+        _mm256_unpacklo_ps(r[0], r[1]),
+        _mm256_unpackhi_ps(r[0], r[1]),
+        _mm256_unpacklo_ps(r[2], r[3]),
+        _mm256_unpackhi_ps(r[2], r[3]),
+        _mm256_unpacklo_ps(r[4], r[5]),
+        _mm256_unpackhi_ps(r[4], r[5]),
+        _mm256_unpacklo_ps(r[6], r[7]),
+        _mm256_unpackhi_ps(r[6], r[7]),
+    ];
+    let u = [
+        _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+        _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+        _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+        _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+        _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+        _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+        _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+        _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+    ];
+    [
+        _mm256_permute2f128_ps::<0x20>(u[0], u[4]),
+        _mm256_permute2f128_ps::<0x20>(u[1], u[5]),
+        _mm256_permute2f128_ps::<0x20>(u[2], u[6]),
+        _mm256_permute2f128_ps::<0x20>(u[3], u[7]),
+        _mm256_permute2f128_ps::<0x31>(u[0], u[4]),
+        _mm256_permute2f128_ps::<0x31>(u[1], u[5]),
+        _mm256_permute2f128_ps::<0x31>(u[2], u[6]),
+        _mm256_permute2f128_ps::<0x31>(u[3], u[7]),
+    ]
+}
+
 /// A micro-panel of `srcs.len() <= mr <= 8` rows (`kc` floats each) by 8×8 register transposes
 /// (the AVX2 kernel's 6-row panels): 8 columns of every row are loaded (missing rows as zeros),
 /// transposed, and written as 8 runs of `mr` floats. Each run is stored as 8 floats, whose last
@@ -806,38 +847,7 @@ pub(crate) unsafe fn pack_panel_avx2(srcs: &[&[f32]], kc: usize, mr: usize, pane
             // SAFETY: `p + 8 <= kc <= s.len()`.
             *ri = unsafe { _mm256_loadu_ps(s.as_ptr().add(p)) };
         }
-        // Pairs of rows interleaved, then pairs of pairs: u[m] holds column m (low half) and
-        // column 4 + m (high half) of rows 0..4, u[4 + m] the same of rows 4..8.
-        let t = [
-            _mm256_unpacklo_ps(r[0], r[1]),
-            _mm256_unpackhi_ps(r[0], r[1]),
-            _mm256_unpacklo_ps(r[2], r[3]),
-            _mm256_unpackhi_ps(r[2], r[3]),
-            _mm256_unpacklo_ps(r[4], r[5]),
-            _mm256_unpackhi_ps(r[4], r[5]),
-            _mm256_unpacklo_ps(r[6], r[7]),
-            _mm256_unpackhi_ps(r[6], r[7]),
-        ];
-        let u = [
-            _mm256_shuffle_ps::<0x44>(t[0], t[2]),
-            _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
-            _mm256_shuffle_ps::<0x44>(t[1], t[3]),
-            _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
-            _mm256_shuffle_ps::<0x44>(t[4], t[6]),
-            _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
-            _mm256_shuffle_ps::<0x44>(t[5], t[7]),
-            _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
-        ];
-        let cols = [
-            _mm256_permute2f128_ps::<0x20>(u[0], u[4]),
-            _mm256_permute2f128_ps::<0x20>(u[1], u[5]),
-            _mm256_permute2f128_ps::<0x20>(u[2], u[6]),
-            _mm256_permute2f128_ps::<0x20>(u[3], u[7]),
-            _mm256_permute2f128_ps::<0x31>(u[0], u[4]),
-            _mm256_permute2f128_ps::<0x31>(u[1], u[5]),
-            _mm256_permute2f128_ps::<0x31>(u[2], u[6]),
-            _mm256_permute2f128_ps::<0x31>(u[3], u[7]),
-        ];
+        let cols = transpose8x8(r);
         // In ascending column order: each store's spill past its `mr` floats is overwritten by
         // the next column's store.
         for (l, v) in cols.into_iter().enumerate() {
@@ -880,36 +890,7 @@ unsafe fn transpose_rows_avx2(srcs: &[&[f32]], kc: usize, stride: usize, dst: &m
             // SAFETY: `p + 8 <= kc <= s.len()`.
             *ri = unsafe { _mm256_loadu_ps(s.as_ptr().add(p)) };
         }
-        let t = [
-            _mm256_unpacklo_ps(r[0], r[1]),
-            _mm256_unpackhi_ps(r[0], r[1]),
-            _mm256_unpacklo_ps(r[2], r[3]),
-            _mm256_unpackhi_ps(r[2], r[3]),
-            _mm256_unpacklo_ps(r[4], r[5]),
-            _mm256_unpackhi_ps(r[4], r[5]),
-            _mm256_unpacklo_ps(r[6], r[7]),
-            _mm256_unpackhi_ps(r[6], r[7]),
-        ];
-        let u = [
-            _mm256_shuffle_ps::<0x44>(t[0], t[2]),
-            _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
-            _mm256_shuffle_ps::<0x44>(t[1], t[3]),
-            _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
-            _mm256_shuffle_ps::<0x44>(t[4], t[6]),
-            _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
-            _mm256_shuffle_ps::<0x44>(t[5], t[7]),
-            _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
-        ];
-        let cols = [
-            _mm256_permute2f128_ps::<0x20>(u[0], u[4]),
-            _mm256_permute2f128_ps::<0x20>(u[1], u[5]),
-            _mm256_permute2f128_ps::<0x20>(u[2], u[6]),
-            _mm256_permute2f128_ps::<0x20>(u[3], u[7]),
-            _mm256_permute2f128_ps::<0x31>(u[0], u[4]),
-            _mm256_permute2f128_ps::<0x31>(u[1], u[5]),
-            _mm256_permute2f128_ps::<0x31>(u[2], u[6]),
-            _mm256_permute2f128_ps::<0x31>(u[3], u[7]),
-        ];
+        let cols = transpose8x8(r);
         for (l, v) in cols.into_iter().enumerate() {
             // SAFETY: `p + l < kc`, so the 8 floats at `(p + l) * stride` lie in `dst` (the
             // contract).
