@@ -823,6 +823,24 @@ fn transpose8x8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256
     ]
 }
 
+/// Columns `p..p + 8` of the `srcs.len() <= 8` rows, each as a vector of its 8 rows (rows past
+/// `srcs.len()` as zeros).
+///
+/// # Safety
+/// AVX2 is available; every row holds at least `p + 8` floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn columns8(srcs: &[&[f32]], p: usize) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    let mut r = [_mm256_setzero_ps(); 8];
+    for (ri, s) in r.iter_mut().zip(srcs) {
+        // SAFETY: `p + 8 <= s.len()` (the contract).
+        *ri = unsafe { _mm256_loadu_ps(s.as_ptr().add(p)) };
+    }
+    transpose8x8(r)
+}
+
 /// A micro-panel of `srcs.len() <= mr <= 8` rows (`kc` floats each) by 8×8 register transposes
 /// (the AVX2 kernel's 6-row panels): 8 columns of every row are loaded (missing rows as zeros),
 /// transposed, and written as 8 runs of `mr` floats. Each run is stored as 8 floats, whose last
@@ -842,12 +860,8 @@ pub(crate) unsafe fn pack_panel_avx2(srcs: &[&[f32]], kc: usize, mr: usize, pane
     let len = mr * kc;
     let mut p = 0;
     while p + 8 <= kc {
-        let mut r = [_mm256_setzero_ps(); 8];
-        for (ri, s) in r.iter_mut().zip(srcs) {
-            // SAFETY: `p + 8 <= kc <= s.len()`.
-            *ri = unsafe { _mm256_loadu_ps(s.as_ptr().add(p)) };
-        }
-        let cols = transpose8x8(r);
+        // SAFETY: `p + 8 <= kc <= s.len()` for every row (the contract).
+        let cols = unsafe { columns8(srcs, p) };
         // In ascending column order: each store's spill past its `mr` floats is overwritten by
         // the next column's store.
         for (l, v) in cols.into_iter().enumerate() {
@@ -885,12 +899,8 @@ unsafe fn transpose_rows_avx2(srcs: &[&[f32]], kc: usize, stride: usize, dst: &m
     let at = dst.as_mut_ptr();
     let mut p = 0;
     while p + 8 <= kc {
-        let mut r = [_mm256_setzero_ps(); 8];
-        for (ri, s) in r.iter_mut().zip(srcs) {
-            // SAFETY: `p + 8 <= kc <= s.len()`.
-            *ri = unsafe { _mm256_loadu_ps(s.as_ptr().add(p)) };
-        }
-        let cols = transpose8x8(r);
+        // SAFETY: `p + 8 <= kc <= s.len()` for every row (the contract).
+        let cols = unsafe { columns8(srcs, p) };
         for (l, v) in cols.into_iter().enumerate() {
             // SAFETY: `p + l < kc`, so the 8 floats at `(p + l) * stride` lie in `dst` (the
             // contract).
@@ -946,29 +956,45 @@ fn pack_panel_full(
 mod tests {
     use super::*;
 
-    /// Weight panels by register transposes are the portable tiles' bits: widths and depths
-    /// around the transposes' 16 (partial panels of fewer and more than 16 columns, K tails).
+    /// `pack`'s weight panels against the portable tiles', bit for bit, at every width `n` and
+    /// depth `k` given.
+    fn panels_match_the_portable_ones(
+        pack: impl Fn(&[f32], usize, usize, &mut [f32]),
+        ns: &[usize],
+        ks: &[usize],
+    ) {
+        for &n in ns {
+            for &k in ks {
+                let w: Vec<f32> = (0..n * k).map(|i| (i as f32) * 0.25 - 3.0).collect();
+                let len = n.div_ceil(NR) * k * NR;
+                let mut want = vec![f32::NAN; len];
+                pack_panels_portable(&w, n, k, &mut want);
+                let mut got = vec![f32::NAN; len];
+                pack(&w, n, k, &mut got);
+                assert!(
+                    want.iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "n={n} k={k}"
+                );
+            }
+        }
+    }
+
+    /// Weight panels by AVX-512 register transposes are the portable tiles' bits: widths and
+    /// depths around the transposes' 16 (partial panels of fewer and more than 16 columns, K
+    /// tails).
     #[test]
     fn simd_weight_panels_match_the_portable_panels() {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512f") {
-            for n in [1usize, 5, 16, 17, 31, 32, 33, 77, 130] {
-                for k in [1usize, 7, 15, 16, 17, 40, 300] {
-                    let w: Vec<f32> = (0..n * k).map(|i| (i as f32) * 0.25 - 3.0).collect();
-                    let len = n.div_ceil(NR) * k * NR;
-                    let mut want = vec![f32::NAN; len];
-                    pack_panels_portable(&w, n, k, &mut want);
-                    let mut got = vec![f32::NAN; len];
-                    // SAFETY: AVX-512F was detected; `w` is `n × k`, the panels `len` floats.
-                    unsafe { pack_panels_avx512(&w, n, k, &mut got) };
-                    assert!(
-                        want.iter()
-                            .zip(&got)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "n={n} k={k}"
-                    );
-                }
-            }
+            panels_match_the_portable_ones(
+                // SAFETY: AVX-512F was detected; the helper passes `w` of `n × k` floats and
+                // panels of `ceil(n / 32) * k * 32`.
+                |w, n, k, dst| unsafe { pack_panels_avx512(w, n, k, dst) },
+                &[1, 5, 16, 17, 31, 32, 33, 77, 130],
+                &[1, 7, 15, 16, 17, 40, 300],
+            );
         }
     }
 
@@ -978,23 +1004,12 @@ mod tests {
     fn avx2_weight_panels_match_the_portable_panels() {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
-            for n in [1usize, 5, 8, 9, 16, 23, 31, 32, 33, 41, 77, 130] {
-                for k in [1usize, 7, 8, 9, 15, 16, 17, 40, 300] {
-                    let w: Vec<f32> = (0..n * k).map(|i| (i as f32) * 0.25 - 3.0).collect();
-                    let len = n.div_ceil(NR) * k * NR;
-                    let mut want = vec![f32::NAN; len];
-                    pack_panels_portable(&w, n, k, &mut want);
-                    let mut got = vec![f32::NAN; len];
-                    // SAFETY: AVX2 was detected; `w` is `n × k`, the panels `len` floats.
-                    unsafe { pack_panels_avx2(&w, n, k, &mut got) };
-                    assert!(
-                        want.iter()
-                            .zip(&got)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "n={n} k={k}"
-                    );
-                }
-            }
+            panels_match_the_portable_ones(
+                // SAFETY: AVX2 was detected; the sizes as above.
+                |w, n, k, dst| unsafe { pack_panels_avx2(w, n, k, dst) },
+                &[1, 5, 8, 9, 16, 23, 31, 32, 33, 41, 77, 130],
+                &[1, 7, 8, 9, 15, 16, 17, 40, 300],
+            );
         }
     }
 
