@@ -16,7 +16,7 @@ mod progen;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use common::{check_outcomes, compile, load_text, reference_outcomes, same_within};
+use common::{check_outcomes, compile, env_u64, load_text, reference_outcomes, same_within};
 use progen::generate;
 use tumble_check::{load, LoadOptions};
 use tumble_compile::StaticOptions;
@@ -392,20 +392,7 @@ fn run(start: u64, count: u64, configs: usize) -> Tally {
 }
 
 fn assert_clean(t: &Tally) {
-    if let Some((_, first)) = t.failures.first() {
-        let seeds: Vec<u64> = t.failures.iter().map(|(s, _)| *s).collect();
-        panic!(
-            "{} failing seeds {seeds:?}; the first:\n{first}",
-            seeds.len()
-        );
-    }
-}
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    common::assert_no_failing_seeds(&t.failures);
 }
 
 /// A few hundred programs, each with everything on and one random configuration (about 30 s in

@@ -174,31 +174,17 @@ fn batched_grad_counted(
         .iter()
         .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
         .collect();
-    let mut total: Vec<Option<Tensor>> = vec![None; wrt.len()];
-    let mut memoized = 0;
-    let mut launches = 0;
-    for (c, chunk) in x.args.chunks(batch).enumerate() {
-        let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
-        let g = grad_batch(
-            &program,
-            &reuse,
-            "main",
-            chunk.to_vec(),
-            rngs,
-            opts,
-            gopts,
-            &params,
-        )
-        .unwrap_or_else(|e| panic!("{}: batched gradient: {}", x.name, e.error.message));
-        memoized += g.stats.memoized;
-        launches += g.stats.launches;
-        for (slot, g) in total.iter_mut().zip(g.grads) {
-            if let Some(g) = g {
-                g.add_into(slot).unwrap();
-            }
-        }
-    }
-    (total, memoized, launches)
+    common::gradients_in_chunks(
+        &program,
+        &reuse,
+        &x.args,
+        batch,
+        opts,
+        gopts,
+        &params,
+        wrt.len(),
+    )
+    .unwrap_or_else(|m| panic!("{}: batched gradient: {m}", x.name))
 }
 
 /// The batched gradient of every instance of `x` as one mini-batch, with the default options:

@@ -66,6 +66,65 @@ pub fn rng(i: usize) -> Rng {
     Rng::new(1000 + i as u64)
 }
 
+/// A `u64` from the environment (the long runs' seeds and counts), else `default`.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Panics with every failing seed and the first failure's report, if any.
+pub fn assert_no_failing_seeds(failures: &[(u64, String)]) {
+    if let Some((_, first)) = failures.first() {
+        let seeds: Vec<u64> = failures.iter().map(|(s, _)| *s).collect();
+        panic!(
+            "{} failing seeds {seeds:?}; the first:\n{first}",
+            seeds.len()
+        );
+    }
+}
+
+/// The batched gradient of `main` over `args` in mini-batches of `batch`, summed (instance `i`
+/// draws from [`rng`]`(i)`), with how many invocations took an identical one's results and how
+/// many launches the backward differentiated; `Err` with the first mini-batch's error.
+#[allow(clippy::too_many_arguments)]
+pub fn gradients_in_chunks(
+    program: &Program,
+    reuse: &tumble_compile::ReuseAnalysis,
+    args: &[Vec<Value>],
+    batch: usize,
+    opts: Options,
+    gopts: tumble_runtime::backward::GradOptions,
+    params: &[tumble_tensor::Tensor],
+    wrt: usize,
+) -> Result<(Vec<Option<tumble_tensor::Tensor>>, u64, u64), String> {
+    let mut total: Vec<Option<tumble_tensor::Tensor>> = vec![None; wrt];
+    let (mut memoized, mut launches) = (0, 0);
+    for (c, chunk) in args.chunks(batch).enumerate() {
+        let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
+        let g = tumble_runtime::backward::grad_batch(
+            program,
+            reuse,
+            "main",
+            chunk.to_vec(),
+            rngs,
+            opts,
+            gopts,
+            params,
+        )
+        .map_err(|e| e.error.message.clone())?;
+        memoized += g.stats.memoized;
+        launches += g.stats.launches;
+        for (slot, g) in total.iter_mut().zip(g.grads) {
+            if let Some(g) = g {
+                g.add_into(slot).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    Ok((total, memoized, launches))
+}
+
 /// Structural equality with float tolerance.
 pub fn same(a: &Value, b: &Value, path: &str) -> Result<(), String> {
     same_within(a, b, path, 1e-6)
