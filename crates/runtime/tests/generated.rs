@@ -195,11 +195,7 @@ fn check_seed(seed: u64, configs: usize, tally: &mut Tally) {
         Ok(Ok(errors)) => tally.with_errors += usize::from(errors),
         Ok(Err(m)) => tally.failures.push((seed, report(m))),
         Err(p) => {
-            let m = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let m = common::panic_message(p.as_ref());
             tally
                 .failures
                 .push((seed, report(format!("panicked: {m}"))));
@@ -391,10 +387,6 @@ fn run(start: u64, count: u64, configs: usize) -> Tally {
     tally
 }
 
-fn assert_clean(t: &Tally) {
-    common::assert_no_failing_seeds(&t.failures);
-}
-
 /// A few hundred programs, each with everything on and one random configuration (about 30 s in
 /// a debug build).
 #[test]
@@ -403,7 +395,7 @@ fn generated_programs_agree() {
     // Guards against a generator that stopped producing failing instances: the "same error"
     // path must be exercised.
     assert!(t.with_errors > 0, "no generated program fails at run time");
-    assert_clean(&t);
+    common::assert_no_failing_seeds(&t.failures);
 }
 
 /// The long run; see the file's comment.
@@ -418,7 +410,7 @@ fn generated_programs_agree_long() {
         let first_line = m.lines().next().unwrap_or_default();
         eprintln!("FAIL {s}: {}", &first_line[..first_line.len().min(300)]);
     }
-    assert_clean(&t);
+    common::assert_no_failing_seeds(&t.failures);
 }
 
 /// Seeds the long runs found failing, fixed since, checked on every `cargo test`: 1504143 and
@@ -442,7 +434,7 @@ fn seeds_the_long_runs_found() {
     for seed in [1_504_143, 1_505_380, 1_806_464, 2_200_278, 545, 559] {
         check_seed(seed, 3, &mut tally);
     }
-    assert_clean(&tally);
+    common::assert_no_failing_seeds(&tally.failures);
 }
 
 /// A branch on a weight's value (a scalar the host compares at once) goes the other way under

@@ -17,9 +17,11 @@ mod progen;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use common::{compile, env_u64, gradients_in_chunks, load_text, reference_outcomes, rng, Expected};
+use common::{
+    compile, env_u64, float_weights, gradients_in_chunks, load_text, reference_outcomes, rng,
+};
 use progen::generate;
-use tumble_interp::{tape, Value};
+use tumble_interp::tape;
 use tumble_runtime::backward::GradOptions;
 use tumble_runtime::{Options, Scheduler};
 use tumble_tensor::Tensor;
@@ -129,18 +131,6 @@ fn with_square_loss(text: &str) -> Option<String> {
         "{renamed}\n\ndef @main({params}) -> Tensor[(), float32] {{\n  let %o = @main_fwd({});\n  {loss}\n}}\n",
         names.join(", ")
     ))
-}
-
-/// The float weights: indices into `@main`'s arguments.
-fn float_weights(x: &Expected) -> Vec<usize> {
-    x.weights
-        .iter()
-        .enumerate()
-        .filter(|(i, w)| {
-            **w && matches!(x.args[0].get(*i), Some(Value::Tensor(t)) if t.dtype().is_float())
-        })
-        .map(|(i, _)| i)
-        .collect()
 }
 
 #[derive(Default)]
@@ -288,11 +278,7 @@ fn check_seed(seed: u64, tally: &mut Tally) {
         Ok(Ok(n)) => tally.cases += n,
         Ok(Err(m)) => tally.failures.push((seed, report(m))),
         Err(p) => {
-            let m = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let m = common::panic_message(p.as_ref());
             tally
                 .failures
                 .push((seed, report(format!("panicked: {m}"))));
@@ -323,10 +309,6 @@ fn run(start: u64, count: u64) -> Tally {
     tally
 }
 
-fn assert_clean(t: &Tally) {
-    common::assert_no_failing_seeds(&t.failures);
-}
-
 /// The default run: a hundred generated programs (the long runs of 3,000 from seed 0 and 3,000
 /// from 9,100,000 found no failure: `bench/RESULTS.md`, fifty-fifth session).
 #[test]
@@ -337,7 +319,7 @@ fn generated_gradients_agree() {
         "only {} programs differentiated",
         t.checked
     );
-    assert_clean(&t);
+    common::assert_no_failing_seeds(&t.failures);
 }
 
 #[test]
@@ -347,7 +329,7 @@ fn generated_gradients_agree_long() {
         env_u64("TUMBLE_GRADGEN_SEED", 0),
         env_u64("TUMBLE_GRADGEN_COUNT", 1000),
     );
-    assert_clean(&t);
+    common::assert_no_failing_seeds(&t.failures);
 }
 
 #[test]

@@ -5,8 +5,8 @@
 
 mod common;
 
-use common::{compile, expected, load_text, rng, root, var_rows, Expected};
-use tumble_interp::{tape, Value};
+use common::{compile, expected, float_weights, load_text, rng, root, var_rows, Expected};
+use tumble_interp::tape;
 use tumble_runtime::backward::{grad_batch, grad_batch_traced, GradOptions};
 use tumble_runtime::trace::TraceCache;
 use tumble_runtime::{Options, Scheduler};
@@ -116,18 +116,6 @@ fn load(
 
 const SQUARES: &str = "sum(multiply(%o, %o))";
 
-/// The float parameters: indices into `@main`'s arguments.
-fn float_params(x: &Expected) -> Vec<usize> {
-    x.weights
-        .iter()
-        .enumerate()
-        .filter(|(i, w)| {
-            **w && matches!(x.args[0].get(*i), Some(Value::Tensor(t)) if t.dtype().is_float())
-        })
-        .map(|(i, _)| i)
-        .collect()
-}
-
 /// The reference gradient: the tape, instance by instance, summed.
 fn reference_grad(x: &Expected, wrt: &[usize]) -> Vec<Option<Tensor>> {
     let program =
@@ -190,7 +178,7 @@ fn batched_grad_counted(
 /// The batched gradient of every instance of `x` as one mini-batch, with the default options:
 /// its gradients and the backward's counters.
 fn grad_all_at_once(x: &Expected) -> tumble_runtime::backward::BatchGrad {
-    let wrt = float_params(x);
+    let wrt = float_weights(x);
     let (program, reuse) = compile(x, true, common::training_statics());
     let params: Vec<Tensor> = wrt
         .iter()
@@ -253,7 +241,7 @@ fn compare(
 }
 
 fn check(x: &Expected) {
-    let wrt = float_params(x);
+    let wrt = float_weights(x);
     assert!(!wrt.is_empty());
     let want = reference_grad(x, &wrt);
     for batch in [1, 7, 64] {
@@ -324,7 +312,7 @@ fn treelstm() {
 #[test]
 fn identical_invocations_differentiated_once() {
     let x = treelstm_small();
-    let wrt = float_params(&x);
+    let wrt = float_weights(&x);
     let want = reference_grad(&x, &wrt);
     for keep in [true, false] {
         let gopts = GradOptions {
@@ -539,7 +527,7 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %w: Tensor[(4, 4), float32], %c: T
         .join("\n");
     let fold = expected("grad_fold", load_text("grad_fold", src), &inputs, &["xs"]);
     for x in [&sst, &fold] {
-        let wrt = float_params(x);
+        let wrt = float_weights(x);
         let want = reference_grad(x, &wrt);
         let mut launched = Vec::new();
         for sums in [true, false] {
@@ -644,7 +632,7 @@ fn traced_grads(
 #[test]
 fn replayed_traces_give_the_interpreted_gradients_bit_for_bit() {
     let sst = sst_train_all(23);
-    let wrt = float_params(&sst);
+    let wrt = float_weights(&sst);
     let n = sst.args.len();
     let first: Vec<usize> = (0..n).collect();
     let second: Vec<usize> = (0..n).map(|i| (i * 7 + 3) % n).collect();
@@ -659,7 +647,7 @@ fn replayed_traces_give_the_interpreted_gradients_bit_for_bit() {
 
     // Berxit: whether a layer exits is a computed value's; nothing is traced.
     let x = berxit_small(6, &["0.6"]);
-    let wrt = float_params(&x);
+    let wrt = float_weights(&x);
     let order: Vec<usize> = (0..x.args.len()).collect();
     let cache = TraceCache::new(order.len());
     let once = traced_grads(&x, &wrt, &order, 3, Some(&cache));
@@ -707,7 +695,7 @@ def @main(%x: Tensor[(1, 4), float32], %t: Option[Tensor[(), float32]], %w: Tens
         .join("\n");
     let l = load_text("mixed", src);
     let x = expected("mixed", l, &inputs, &["x", "t"]);
-    let wrt = float_params(&x);
+    let wrt = float_weights(&x);
     let n = x.args.len();
     let first: Vec<usize> = (0..n).collect();
     let second: Vec<usize> = (0..n).map(|i| (i * 5 + 2) % n).collect();
@@ -782,7 +770,7 @@ def @main(%x: Tensor[(?, 4), float32], %n: int32, %W0: Tensor[(4, 8), float32], 
     let launches = |name: &str, src: &str| {
         let x = expected(name, load_text(name, src), &inputs, &["x", "n"]);
         check(&x);
-        let wrt = float_params(&x);
+        let wrt = float_weights(&x);
         let gopts = GradOptions::default();
         batched_grad_counted(&x, &wrt, 64, Options::default(), gopts).2
     };
@@ -883,7 +871,7 @@ def @main(%tokens: List[Tensor[(1), int32]], %emb: Tensor[(7, 4), float32], %Wx:
         })
         .collect();
     let x = expected("lm_loss", load_text("lm_loss", src), &inputs, &["tokens"]);
-    let wrt = float_params(&x);
+    let wrt = float_weights(&x);
     let n = x.args.len();
     let first: Vec<usize> = (0..n).collect();
     let second: Vec<usize> = (0..n).map(|i| (i * 5 + 1) % n).collect();
@@ -931,7 +919,7 @@ def @main(%xs: List[Tensor[(1, 4), float32]], %u: Tensor[(4, 4), float32], %e: T
         &["xs"],
     );
     check(&x);
-    let wrt = float_params(&x);
+    let wrt = float_weights(&x);
     let (_, _, launches) =
         batched_grad_counted(&x, &wrt, 64, Options::default(), GradOptions::default());
     // Five steps at most: a few launches each, not one per invocation (about 120).

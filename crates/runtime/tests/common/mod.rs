@@ -66,6 +66,26 @@ pub fn rng(i: usize) -> Rng {
     Rng::new(1000 + i as u64)
 }
 
+/// The float weights of `x`: indices into `@main`'s arguments (what gradients are taken of).
+pub fn float_weights(x: &Expected) -> Vec<usize> {
+    x.weights
+        .iter()
+        .enumerate()
+        .filter(|(i, w)| {
+            **w && matches!(x.args[0].get(*i), Some(Value::Tensor(t)) if t.dtype().is_float())
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The message of a caught panic (`""` when it carried no string).
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
 /// A `u64` from the environment (the long runs' seeds and counts), else `default`.
 pub fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
