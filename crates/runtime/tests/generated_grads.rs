@@ -1,6 +1,6 @@
 //! Differential testing of the batched backward on generated programs (`tests/progen`): each
-//! program whose `@main` returns float tensors or lists of them (in tuples or not) is wrapped in
-//! a scalar loss — the sum of its outputs' squares — and its gradient with respect to every float
+//! program whose `@main` returns float tensors (anywhere in tuples, lists, trees and options) is
+//! wrapped in a scalar loss — the sum of its outputs' squares — and its gradient with respect to every float
 //! weight, by the batching runtime at mini-batch sizes 1, 3 and 8 (and with the forward's fused
 //! plans recomputed by the backward; and under the agenda scheduler with the operator table's
 //! reference vjps, no GEMM, no deferred weight gradients, no deferred sums), is checked against
@@ -26,45 +26,73 @@ use tumble_runtime::backward::GradOptions;
 use tumble_runtime::{Options, Scheduler};
 use tumble_tensor::Tensor;
 
-/// A float part of a return type: a tensor, or a list of tensors, at a path of tuple fields.
-struct Leaf {
-    path: Vec<usize>,
-    /// The element type when the part is a list of float tensors.
-    list_of: Option<String>,
+/// Writes the loss terms of a value: the sum of the squares of every float tensor in it, through
+/// tuples, lists, trees and options (helpers for trees go to `defs`); fresh names from `fresh`.
+struct LossWriter {
+    defs: Vec<String>,
+    fresh: usize,
 }
 
-/// A return type's float parts (tensors and lists of tensors), or `None` when it holds another
-/// kind of value (a tree, an option, a list of anything else) whose loss this test cannot write.
-fn float_leaves(ty: &str) -> Option<Vec<Leaf>> {
-    let ty = ty.trim();
-    let float_tensor = |t: &str| t.starts_with("Tensor[") && t.contains("float32");
-    if ty.starts_with("Tensor[") {
-        return Some(if float_tensor(ty) {
-            vec![Leaf {
-                path: Vec::new(),
-                list_of: None,
-            }]
-        } else {
-            Vec::new()
-        });
-    }
-    if let Some(elem) = ty.strip_prefix("List[").and_then(|t| t.strip_suffix(']')) {
-        return float_tensor(elem).then(|| {
-            vec![Leaf {
-                path: Vec::new(),
-                list_of: Some(elem.to_string()),
-            }]
-        });
-    }
-    let inner = ty.strip_prefix('(')?.strip_suffix(')')?;
-    let mut leaves = Vec::new();
-    for (i, field) in split_top(inner).into_iter().enumerate() {
-        for mut leaf in float_leaves(field)? {
-            leaf.path.insert(0, i);
-            leaves.push(leaf);
+impl LossWriter {
+    /// The loss of expression `e` of type `ty`: `Some(None)` when it holds no float tensor,
+    /// `None` when its type is not one this test writes (functions).
+    fn loss(&mut self, e: &str, ty: &str) -> Option<Option<String>> {
+        let ty = ty.trim();
+        if ty.starts_with("Tensor[") {
+            return Some(
+                ty.contains("float32")
+                    .then(|| format!("sum(multiply({e}, {e}))")),
+            );
         }
+        if let Some(elem) = ty.strip_prefix("List[").and_then(|t| t.strip_suffix(']')) {
+            let (_, acc, x) = self.names();
+            let Some(body) = self.loss(&x, elem)? else {
+                return Some(None);
+            };
+            return Some(Some(format!(
+                "@foldl(fn ({acc}: Tensor[(), float32], {x}: {elem}) -> Tensor[(), float32] \
+                 {{ add({acc}, {body}) }}, 0f, {e})"
+            )));
+        }
+        if let Some(elem) = ty.strip_prefix("Option[").and_then(|t| t.strip_suffix(']')) {
+            let (_, _, x) = self.names();
+            let Some(body) = self.loss(&x, elem)? else {
+                return Some(None);
+            };
+            return Some(Some(format!(
+                "match ({e}) {{ Some({x}) => {body}, None => 0f, }}"
+            )));
+        }
+        if let Some(elem) = ty.strip_prefix("Tree[").and_then(|t| t.strip_suffix(']')) {
+            let (k, acc, x) = self.names();
+            let Some(body) = self.loss(&x, elem)? else {
+                return Some(None);
+            };
+            let (c, cs) = (format!("%c{k}"), format!("%cs{k}"));
+            let name = format!("@tree_loss{k}");
+            self.defs.push(format!(
+                "def {name}(%t: Tree[{elem}]) -> Tensor[(), float32] {{\n  match (%t) {{\n    \
+                 Rose({x}, {cs}) => @foldl(fn ({acc}: Tensor[(), float32], {c}: Tree[{elem}]) \
+                 -> Tensor[(), float32] {{ add({acc}, {name}({c})) }}, {body}, {cs}),\n  }}\n}}\n"
+            ));
+            return Some(Some(format!("{name}({e})")));
+        }
+        let inner = ty.strip_prefix('(')?.strip_suffix(')')?;
+        let mut terms = Vec::new();
+        for (i, field) in split_top(inner).into_iter().enumerate() {
+            if let Some(t) = self.loss(&format!("{e}.{i}"), field)? {
+                terms.push(t);
+            }
+        }
+        Some(terms.into_iter().reduce(|a, b| format!("add({a}, {b})")))
     }
-    Some(leaves)
+
+    /// A fresh number and the accumulator and element names made from it.
+    fn names(&mut self) -> (usize, String, String) {
+        self.fresh += 1;
+        let k = self.fresh;
+        (k, format!("%acc{k}"), format!("%x{k}_"))
+    }
 }
 
 /// `text` split at its top-level commas (outside brackets and parentheses).
@@ -88,8 +116,8 @@ fn split_top(text: &str) -> Vec<&str> {
 }
 
 /// `text` with `@main` renamed `@main_fwd` and a new `@main` returning the sum of squares of its
-/// float outputs (tensors, lists of tensors, in tuples), or `None` when it returns anything else
-/// (trees, options, only integers).
+/// float outputs (tensors anywhere in tuples, lists, trees and options), or `None` when it
+/// returns no float tensor.
 fn with_square_loss(text: &str) -> Option<String> {
     let start = text.find("def @main(")?;
     let line_end = start + text[start..].find('\n')?;
@@ -100,35 +128,20 @@ fn with_square_loss(text: &str) -> Option<String> {
         .trim()
         .strip_suffix('{')?
         .trim();
-    let leaves = float_leaves(ret)?;
-    if leaves.is_empty() {
-        return None;
-    }
+    let mut w = LossWriter {
+        defs: Vec::new(),
+        fresh: 0,
+    };
+    let loss = w.loss("%o", ret)??;
     let names: Vec<String> = params
         .split('%')
         .skip(1)
         .filter_map(|p| Some(format!("%{}", p.split(':').next()?.trim())))
         .collect();
-    let terms: Vec<String> = leaves
-        .iter()
-        .map(|leaf| {
-            let mut e = "%o".to_string();
-            for i in &leaf.path {
-                e = format!("{e}.{i}");
-            }
-            match &leaf.list_of {
-                None => format!("sum(multiply({e}, {e}))"),
-                Some(elem) => format!(
-                    "@foldl(fn (%acc: Tensor[(), float32], %t: {elem}) -> Tensor[(), float32] \
-                     {{ add(%acc, sum(multiply(%t, %t))) }}, 0f, {e})"
-                ),
-            }
-        })
-        .collect();
-    let loss = terms.into_iter().reduce(|a, b| format!("add({a}, {b})"))?;
     let renamed = text.replacen("def @main(", "def @main_fwd(", 1);
     Some(format!(
-        "{renamed}\n\ndef @main({params}) -> Tensor[(), float32] {{\n  let %o = @main_fwd({});\n  {loss}\n}}\n",
+        "{renamed}\n{}\ndef @main({params}) -> Tensor[(), float32] {{\n  let %o = @main_fwd({});\n  {loss}\n}}\n",
+        w.defs.join("\n"),
         names.join(", ")
     ))
 }
@@ -297,7 +310,7 @@ fn run(start: u64, count: u64) -> Tally {
     }
     eprintln!(
         "generated programs: {} (seeds {start}..{}); differentiated: {} ({} cases); \
-         not returning float tensors: {}; reference failing or no float weight: {}; failures: {}",
+         returning no float tensor: {}; reference failing or no float weight: {}; failures: {}",
         tally.programs,
         start + count,
         tally.checked,
@@ -333,7 +346,7 @@ fn generated_gradients_agree_long() {
 }
 
 #[test]
-fn the_square_loss_wraps_float_outputs_only() {
+fn the_square_loss_reaches_every_float_tensor() {
     let text = "def @main(%x: Tensor[(2), float32], %w: Tensor[(2), float32]) -> (Tensor[(2), float32], (Tensor[(), int32], Tensor[(1, 2), float32])) {\n  (%x, (0, %w))\n}\n";
     let wrapped = with_square_loss(text).unwrap_or_default();
     assert!(wrapped.contains("let %o = @main_fwd(%x, %w);"), "{wrapped}");
@@ -348,5 +361,9 @@ fn the_square_loss_wraps_float_outputs_only() {
         .contains("@foldl("));
     let tree =
         "def @main(%x: Tree[Tensor[(2), float32]]) -> Tree[Tensor[(2), float32]] {\n  %x\n}\n";
-    assert!(with_square_loss(tree).is_none());
+    assert!(with_square_loss(tree)
+        .unwrap_or_default()
+        .contains("def @tree_loss1("));
+    let ints = "def @main(%x: Tree[Tensor[(2), int32]]) -> Tree[Tensor[(2), int32]] {\n  %x\n}\n";
+    assert!(with_square_loss(ints).is_none());
 }
