@@ -146,12 +146,23 @@ fn with_square_loss(text: &str) -> Option<String> {
     ))
 }
 
+/// Why a program is not differentiated.
+enum Skip {
+    RunError,
+    NoFloatWeight,
+    NoTape,
+}
+
 #[derive(Default)]
 struct Tally {
     programs: usize,
     checked: usize,
     not_float: usize,
-    reference_fails: usize,
+    /// The reference fails on an instance (the forward tests check those errors).
+    run_errors: usize,
+    no_float_weight: usize,
+    /// The reference's tape cannot differentiate it (an operator without a vjp on the path).
+    no_tape: usize,
     cases: usize,
     failures: Vec<(u64, String)>,
 }
@@ -190,39 +201,65 @@ fn check_seed(seed: u64, tally: &mut Tally) {
         )
     };
     let args: Vec<&str> = g.instance_args.iter().map(String::as_str).collect();
+    // The wrapped program must check (a diagnostic is this test's bug, not a skip).
+    let mut sources = tumble_ir::SourceMap::new();
+    if let Err(ds) = tumble_check::load(
+        &mut sources,
+        "gen.rly",
+        &text,
+        tumble_check::LoadOptions::default(),
+    ) {
+        let d = tumble_ir::diag::render(&ds, &sources, false);
+        tally.failures.push((
+            seed,
+            report(format!("the wrapped program does not check:\n{d}")),
+        ));
+        return;
+    }
     // The reference: every instance runs, and its tape differentiates.
     let reference = catch_unwind(AssertUnwindSafe(|| {
         let l = load_text("gen.rly", &text);
         let (x, results) = reference_outcomes("gen", l, &g.inputs, &args);
         if results.iter().any(Result::is_err) {
-            return None;
+            return Err(Skip::RunError);
         }
         let wrt = float_weights(&x);
+        if wrt.is_empty() {
+            return Err(Skip::NoFloatWeight);
+        }
         let program = tumble_compile::Program::lower_with(
             &x.l.typed,
             tumble_compile::LowerOptions::reference(),
         )
-        .ok()?;
+        .map_err(|_| Skip::NoTape)?;
         let mut total: Vec<Option<Tensor>> = vec![None; wrt.len()];
         for (i, a) in x.args.iter().enumerate() {
             let mut r = rng(i);
-            let g = tape::grad(&program, "main", a.clone(), &wrt, &mut r).ok()?;
+            let g =
+                tape::grad(&program, "main", a.clone(), &wrt, &mut r).map_err(|_| Skip::NoTape)?;
             for (slot, g) in total.iter_mut().zip(g.grads) {
                 if let Some(g) = g {
-                    tape::accumulate(slot, g).ok()?;
+                    tape::accumulate(slot, g).map_err(|_| Skip::NoTape)?;
                 }
             }
         }
-        Some((x, wrt, total))
+        Ok((x, wrt, total))
     }));
-    let Ok(Some((x, wrt, want))) = reference else {
-        tally.reference_fails += 1;
-        return;
+    let (x, wrt, want) = match reference {
+        Ok(Ok(r)) => r,
+        Ok(Err(Skip::RunError)) => {
+            tally.run_errors += 1;
+            return;
+        }
+        Ok(Err(Skip::NoFloatWeight)) => {
+            tally.no_float_weight += 1;
+            return;
+        }
+        Ok(Err(Skip::NoTape)) | Err(_) => {
+            tally.no_tape += 1;
+            return;
+        }
     };
-    if wrt.is_empty() {
-        tally.reference_fails += 1;
-        return;
-    }
     tally.checked += 1;
     // Differences are measured against the largest entry of any weight's gradient: a weight
     // whose exact gradient is 0 but which both engines compute through a cancellation (a layer
@@ -310,13 +347,16 @@ fn run(start: u64, count: u64) -> Tally {
     }
     eprintln!(
         "generated programs: {} (seeds {start}..{}); differentiated: {} ({} cases); \
-         returning no float tensor: {}; reference failing or no float weight: {}; failures: {}",
+         returning no float tensor: {}; failing in the reference: {}; without a float weight: {}; \
+         not differentiable by the tape: {}; failures: {}",
         tally.programs,
         start + count,
         tally.checked,
         tally.cases,
         tally.not_float,
-        tally.reference_fails,
+        tally.run_errors,
+        tally.no_float_weight,
+        tally.no_tape,
         tally.failures.len()
     );
     tally
