@@ -97,7 +97,8 @@ fn sigmoid_body(x: &mut [f32]) {
     for v in x.iter_mut() {
         // NaN in, NaN out: `f32::clamp` in `exp_approx` keeps a NaN. Stored unconditionally:
         // a store only where the input was a number became a masked store (`vmaskmovps`),
-        // which AMD's Zen runs in microcode at ~2 ns an element (8× the rest of the loop).
+        // which AMD's Zen runs in microcode: 2.1 ns an element against 0.8 on a Zen 3
+        // (`examples/act_bench.rs`; bench/RESULTS.md, fifty-fifth session).
         *v = 1.0 / (1.0 + exp_approx(-*v));
     }
 }

@@ -264,9 +264,9 @@ fn pack_panels(w: &[f32], n: usize, k: usize, dst: &mut [f32]) {
 }
 
 /// [`pack_panels_portable`] by 8 × 8 register transposes, for CPUs with AVX2 but not AVX-512
-/// (the portable tiles' scattered stores cost a training step ~2.5% on an AVX2 Zen 3, where
-/// the weights are packed anew after every update): each panel is four groups of 8 rows of `w`
-/// ([`transpose_rows_avx2`], runs 32 floats apart). The same bits.
+/// (training packs its weights anew after every update: a third of the portable tiles'
+/// instructions, bench/RESULTS.md, fifty-fifth session): each panel is four groups of 8 rows of
+/// `w` ([`transpose_rows_avx2`], runs 32 floats apart). The same bits.
 ///
 /// # Safety
 /// AVX2 is available; `w` holds `n * k` floats and `dst` `ceil(n / 32) * k * 32`.

@@ -18,10 +18,10 @@ mod progen;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use common::{
-    compile, env_u64, float_weights, gradients_in_chunks, load_text, reference_outcomes, rng,
+    compile, env_u64, float_weights, gradients_in_chunks, max_abs, reference_gradient,
+    reference_outcomes, try_load_text,
 };
 use progen::generate;
-use tumble_interp::tape;
 use tumble_runtime::backward::GradOptions;
 use tumble_runtime::{Options, Scheduler};
 use tumble_tensor::Tensor;
@@ -167,11 +167,6 @@ struct Tally {
     failures: Vec<(u64, String)>,
 }
 
-/// The largest absolute entry of `t`.
-fn max_abs(t: &Tensor) -> f64 {
-    t.to_f64_vec().iter().fold(0f64, |m, v| m.max(v.abs()))
-}
-
 /// The largest difference of `got` from `want` (absent: zeros).
 fn abs_diff(got: &Option<Tensor>, want: &Option<Tensor>) -> Result<f64, String> {
     match (got, want) {
@@ -202,23 +197,18 @@ fn check_seed(seed: u64, tally: &mut Tally) {
     };
     let args: Vec<&str> = g.instance_args.iter().map(String::as_str).collect();
     // The wrapped program must check (a diagnostic is this test's bug, not a skip).
-    let mut sources = tumble_ir::SourceMap::new();
-    if let Err(ds) = tumble_check::load(
-        &mut sources,
-        "gen.rly",
-        &text,
-        tumble_check::LoadOptions::default(),
-    ) {
-        let d = tumble_ir::diag::render(&ds, &sources, false);
-        tally.failures.push((
-            seed,
-            report(format!("the wrapped program does not check:\n{d}")),
-        ));
-        return;
-    }
+    let l = match try_load_text("gen.rly", &text) {
+        Ok(l) => l,
+        Err(d) => {
+            tally.failures.push((
+                seed,
+                report(format!("the wrapped program does not check:\n{d}")),
+            ));
+            return;
+        }
+    };
     // The reference: every instance runs, and its tape differentiates.
     let reference = catch_unwind(AssertUnwindSafe(|| {
-        let l = load_text("gen.rly", &text);
         let (x, results) = reference_outcomes("gen", l, &g.inputs, &args);
         if results.iter().any(Result::is_err) {
             return Err(Skip::RunError);
@@ -227,23 +217,8 @@ fn check_seed(seed: u64, tally: &mut Tally) {
         if wrt.is_empty() {
             return Err(Skip::NoFloatWeight);
         }
-        let program = tumble_compile::Program::lower_with(
-            &x.l.typed,
-            tumble_compile::LowerOptions::reference(),
-        )
-        .map_err(|_| Skip::NoTape)?;
-        let mut total: Vec<Option<Tensor>> = vec![None; wrt.len()];
-        for (i, a) in x.args.iter().enumerate() {
-            let mut r = rng(i);
-            let g =
-                tape::grad(&program, "main", a.clone(), &wrt, &mut r).map_err(|_| Skip::NoTape)?;
-            for (slot, g) in total.iter_mut().zip(g.grads) {
-                if let Some(g) = g {
-                    tape::accumulate(slot, g).map_err(|_| Skip::NoTape)?;
-                }
-            }
-        }
-        Ok((x, wrt, total))
+        let want = reference_gradient(&x, &wrt).map_err(|_| Skip::NoTape)?;
+        Ok((x, wrt, want))
     }));
     let (x, wrt, want) = match reference {
         Ok(Ok(r)) => r,
@@ -265,10 +240,6 @@ fn check_seed(seed: u64, tally: &mut Tally) {
     // whose exact gradient is 0 but which both engines compute through a cancellation (a layer
     // norm of a constant row: 0 · 1/sqrt(eps)) gets rounding noise of that scale, not 0.
     let scale = want.iter().flatten().map(max_abs).fold(0f64, f64::max);
-    let params: Vec<Tensor> = wrt
-        .iter()
-        .filter_map(|&i| x.args[0][i].as_tensor().cloned())
-        .collect();
     let recompute = GradOptions {
         keep: false,
         ..GradOptions::default()
@@ -298,17 +269,8 @@ fn check_seed(seed: u64, tally: &mut Tally) {
         tumble_tensor::pool::set_poison_scratch(true);
         let mut n = 0;
         for (batch, opts, gopts, label) in cases {
-            let (got, _, _) = gradients_in_chunks(
-                &program,
-                &reuse,
-                &x.args,
-                batch,
-                opts,
-                gopts,
-                &params,
-                wrt.len(),
-            )
-            .map_err(|m| format!("{label}: batched gradient failed: {m}"))?;
+            let (got, _, _) = gradients_in_chunks(&program, &reuse, &x, &wrt, batch, opts, gopts)
+                .map_err(|m| format!("{label}: batched gradient failed: {m}"))?;
             n += 1;
             for (k, (gk, wk)) in got.iter().zip(&want).enumerate() {
                 let d = abs_diff(gk, wk).map_err(|e| format!("{label}: weight {k}: {e}"))?;

@@ -6,7 +6,6 @@
 mod common;
 
 use common::{compile, expected, float_weights, load_text, rng, root, var_rows, Expected};
-use tumble_interp::tape;
 use tumble_runtime::backward::{grad_batch, grad_batch_traced, GradOptions};
 use tumble_runtime::trace::TraceCache;
 use tumble_runtime::{Options, Scheduler};
@@ -118,21 +117,8 @@ const SQUARES: &str = "sum(multiply(%o, %o))";
 
 /// The reference gradient: the tape, instance by instance, summed.
 fn reference_grad(x: &Expected, wrt: &[usize]) -> Vec<Option<Tensor>> {
-    let program =
-        tumble_compile::Program::lower_with(&x.l.typed, tumble_compile::LowerOptions::reference())
-            .unwrap();
-    let mut total: Vec<Option<Tensor>> = vec![None; wrt.len()];
-    for (i, a) in x.args.iter().enumerate() {
-        let mut r = rng(i);
-        let g = tape::grad(&program, "main", a.clone(), wrt, &mut r)
-            .unwrap_or_else(|e| panic!("{}: reference gradient: {}", x.name, e.message));
-        for (slot, g) in total.iter_mut().zip(g.grads) {
-            if let Some(g) = g {
-                tape::accumulate(slot, g).unwrap();
-            }
-        }
-    }
-    total
+    common::reference_gradient(x, wrt)
+        .unwrap_or_else(|m| panic!("{}: reference gradient: {m}", x.name))
 }
 
 fn batched_grad(
@@ -158,21 +144,8 @@ fn batched_grad_counted(
     // Buffers the backward claims to write whole (output gradients, products) start as NaN:
     // a row it leaves unwritten shows up as a mismatch.
     tumble_tensor::pool::set_poison_scratch(true);
-    let params: Vec<Tensor> = wrt
-        .iter()
-        .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
-        .collect();
-    common::gradients_in_chunks(
-        &program,
-        &reuse,
-        &x.args,
-        batch,
-        opts,
-        gopts,
-        &params,
-        wrt.len(),
-    )
-    .unwrap_or_else(|m| panic!("{}: batched gradient: {m}", x.name))
+    common::gradients_in_chunks(&program, &reuse, x, wrt, batch, opts, gopts)
+        .unwrap_or_else(|m| panic!("{}: batched gradient: {m}", x.name))
 }
 
 /// The batched gradient of every instance of `x` as one mini-batch, with the default options:
@@ -180,10 +153,7 @@ fn batched_grad_counted(
 fn grad_all_at_once(x: &Expected) -> tumble_runtime::backward::BatchGrad {
     let wrt = float_weights(x);
     let (program, reuse) = compile(x, true, common::training_statics());
-    let params: Vec<Tensor> = wrt
-        .iter()
-        .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
-        .collect();
+    let params = common::weight_tensors(x, &wrt);
     let rngs = (0..x.args.len()).map(rng).collect();
     grad_batch(
         &program,
@@ -213,7 +183,7 @@ fn compare(
             (None, None) => {}
             (Some(g), Some(w)) => {
                 assert_eq!(g.shape(), w.shape(), "{name}");
-                let scale = w.to_f64_vec().iter().fold(0f64, |m, v| m.max(v.abs()));
+                let scale = common::max_abs(w);
                 let diff = g.max_abs_diff(w).unwrap();
                 assert!(
                     diff <= 1e-4 * scale + 1e-7,
@@ -222,14 +192,14 @@ fn compare(
                 nonzero += usize::from(scale > 0.0);
             }
             (Some(g), None) => {
-                let m = g.to_f64_vec().iter().fold(0f64, |m, v| m.max(v.abs()));
+                let m = common::max_abs(g);
                 assert!(
                     m == 0.0,
                     "{name}: batched gradient {m} where the reference has none"
                 );
             }
             (None, Some(w)) => {
-                let m = w.to_f64_vec().iter().fold(0f64, |m, v| m.max(v.abs()));
+                let m = common::max_abs(w);
                 assert!(
                     m == 0.0,
                     "{name}: no batched gradient where the reference has {m}"
@@ -595,10 +565,7 @@ fn traced_grads(
     cache: Option<&TraceCache>,
 ) -> Vec<Vec<Option<Tensor>>> {
     let (program, reuse) = compile(x, true, common::training_statics());
-    let params: Vec<Tensor> = wrt
-        .iter()
-        .map(|&i| x.args[0][i].as_tensor().unwrap().clone())
-        .collect();
+    let params = common::weight_tensors(x, wrt);
     order
         .chunks(batch)
         .map(|which| {

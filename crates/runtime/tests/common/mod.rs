@@ -25,10 +25,15 @@ pub struct Loaded {
 
 /// Parses and checks `text`; a program that does not check panics with the rendered diagnostics.
 pub fn load_text(name: &str, text: &str) -> Loaded {
+    try_load_text(name, text).unwrap_or_else(|d| panic!("{d}"))
+}
+
+/// [`load_text`], the rendered diagnostics as the error.
+pub fn try_load_text(name: &str, text: &str) -> Result<Loaded, String> {
     let mut sources = SourceMap::new();
     match load(&mut sources, name, text, LoadOptions::default()) {
-        Ok(typed) => Loaded { typed, sources },
-        Err(ds) => panic!("{}", tumble_ir::diag::render(&ds, &sources, false)),
+        Ok(typed) => Ok(Loaded { typed, sources }),
+        Err(ds) => Err(tumble_ir::diag::render(&ds, &sources, false)),
     }
 }
 
@@ -105,23 +110,59 @@ pub fn assert_no_failing_seeds(failures: &[(u64, String)]) {
     }
 }
 
-/// The batched gradient of `main` over `args` in mini-batches of `batch`, summed (instance `i`
-/// draws from [`rng`]`(i)`), with how many invocations took an identical one's results and how
-/// many launches the backward differentiated; `Err` with the first mini-batch's error.
+/// The tensors of weights `wrt` (indices into `@main`'s arguments), what gradients are taken of.
+pub fn weight_tensors(x: &Expected, wrt: &[usize]) -> Vec<tumble_tensor::Tensor> {
+    wrt.iter()
+        .filter_map(|&i| x.args.first()?.get(i)?.as_tensor().cloned())
+        .collect()
+}
+
+/// The largest absolute entry of `t`.
+pub fn max_abs(t: &tumble_tensor::Tensor) -> f64 {
+    t.to_f64_vec().iter().fold(0f64, |m, v| m.max(v.abs()))
+}
+
+/// The reference gradient of `main` with respect to weights `wrt`: the reference engine's tape,
+/// instance by instance (instance `i` drawing from [`rng`]`(i)`), summed; `Err` with the tape's
+/// first error.
+pub fn reference_gradient(
+    x: &Expected,
+    wrt: &[usize],
+) -> Result<Vec<Option<tumble_tensor::Tensor>>, String> {
+    let program =
+        Program::lower_with(&x.l.typed, LowerOptions::reference()).map_err(|e| e.message)?;
+    let mut total: Vec<Option<tumble_tensor::Tensor>> = vec![None; wrt.len()];
+    for (i, a) in x.args.iter().enumerate() {
+        let mut r = rng(i);
+        let g = tumble_interp::tape::grad(&program, "main", a.clone(), wrt, &mut r)
+            .map_err(|e| e.message.clone())?;
+        for (slot, g) in total.iter_mut().zip(g.grads) {
+            if let Some(g) = g {
+                tumble_interp::tape::accumulate(slot, g).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// The batched gradient of `main` with respect to weights `wrt` over `x`'s instances in
+/// mini-batches of `batch`, summed (instance `i` draws from [`rng`]`(i)`), with how many
+/// invocations took an identical one's results and how many launches the backward
+/// differentiated; `Err` with the first mini-batch's error.
 #[allow(clippy::too_many_arguments)]
 pub fn gradients_in_chunks(
     program: &Program,
     reuse: &tumble_compile::ReuseAnalysis,
-    args: &[Vec<Value>],
+    x: &Expected,
+    wrt: &[usize],
     batch: usize,
     opts: Options,
     gopts: tumble_runtime::backward::GradOptions,
-    params: &[tumble_tensor::Tensor],
-    wrt: usize,
 ) -> Result<(Vec<Option<tumble_tensor::Tensor>>, u64, u64), String> {
-    let mut total: Vec<Option<tumble_tensor::Tensor>> = vec![None; wrt];
+    let params = weight_tensors(x, wrt);
+    let mut total: Vec<Option<tumble_tensor::Tensor>> = vec![None; wrt.len()];
     let (mut memoized, mut launches) = (0, 0);
-    for (c, chunk) in args.chunks(batch).enumerate() {
+    for (c, chunk) in x.args.chunks(batch).enumerate() {
         let rngs = (0..chunk.len()).map(|k| rng(c * batch + k)).collect();
         let g = tumble_runtime::backward::grad_batch(
             program,
@@ -131,7 +172,7 @@ pub fn gradients_in_chunks(
             rngs,
             opts,
             gopts,
-            params,
+            &params,
         )
         .map_err(|e| e.error.message.clone())?;
         memoized += g.stats.memoized;
