@@ -191,15 +191,9 @@ fn check_seed(seed: u64, configs: usize, tally: &mut Tally) {
         Ok(results.iter().any(|r| r.is_err()))
     }));
     tally.cases += cases;
-    match outcome {
-        Ok(Ok(errors)) => tally.with_errors += usize::from(errors),
-        Ok(Err(m)) => tally.failures.push((seed, report(m))),
-        Err(p) => {
-            let m = common::panic_message(p.as_ref());
-            tally
-                .failures
-                .push((seed, report(format!("panicked: {m}"))));
-        }
+    match common::caught(outcome) {
+        Ok(errors) => tally.with_errors += usize::from(errors),
+        Err(m) => tally.failures.push((seed, report(m))),
     }
 }
 

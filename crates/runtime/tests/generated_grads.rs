@@ -286,15 +286,9 @@ fn check_seed(seed: u64, tally: &mut Tally) {
         }
         Ok(n)
     }));
-    match outcome {
-        Ok(Ok(n)) => tally.cases += n,
-        Ok(Err(m)) => tally.failures.push((seed, report(m))),
-        Err(p) => {
-            let m = common::panic_message(p.as_ref());
-            tally
-                .failures
-                .push((seed, report(format!("panicked: {m}"))));
-        }
+    match common::caught(outcome) {
+        Ok(n) => tally.cases += n,
+        Err(m) => tally.failures.push((seed, report(m))),
     }
 }
 

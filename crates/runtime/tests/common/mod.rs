@@ -83,12 +83,16 @@ pub fn float_weights(x: &Expected) -> Vec<usize> {
         .collect()
 }
 
-/// The message of a caught panic (`""` when it carried no string).
-pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
+/// A check run under `catch_unwind`: its own error, or a panic as `panicked: MESSAGE`.
+pub fn caught<T>(outcome: std::thread::Result<Result<T, String>>) -> Result<T, String> {
+    outcome.unwrap_or_else(|p| {
+        let m = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        Err(format!("panicked: {m}"))
+    })
 }
 
 /// A `u64` from the environment (the long runs' seeds and counts), else `default`.
