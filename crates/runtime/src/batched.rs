@@ -398,12 +398,45 @@ pub(crate) fn run_block_kept(
     inputs: Vec<BV>,
     b: usize,
     ops: &mut LaunchOps,
+    memo: Option<&mut SharedMemo>,
+) -> Result<Kept, String> {
+    let biased = match kept_bias_epilogue_enabled() {
+        true => bias_epilogues(block),
+        false => Vec::new(),
+    };
+    run_kept(block, inputs, b, ops, memo, &biased)
+}
+
+/// [`run_block_kept`] with the products at `biased` ([`bias_epilogues`]) adding their bias.
+fn run_kept(
+    block: &Block,
+    inputs: Vec<BV>,
+    b: usize,
+    ops: &mut LaunchOps,
     mut memo: Option<&mut SharedMemo>,
+    biased: &[usize],
 ) -> Result<Kept, String> {
     let mut results: Vec<BV> = Vec::with_capacity(block.nodes.len());
     let mut kept_args: Vec<Vec<BV>> = Vec::with_capacity(block.nodes.len());
-    for node in &block.nodes {
+    // The sum a product's epilogue made for the `bias_add` that comes next.
+    let mut made: Option<BV> = None;
+    for (i, node) in block.nodes.iter().enumerate() {
         let args = operands(node, &inputs, &results, b)?;
+        if let Some(r) = made.take() {
+            ops.stats.batched += 1;
+            kept_args.push(args);
+            results.push(r);
+            continue;
+        }
+        if biased.contains(&i) {
+            if let Some(r) = dense_with_bias(block, i, &args, &inputs, &results) {
+                ops.stats.batched += 1;
+                made = Some(r.clone());
+                kept_args.push(args);
+                results.push(r);
+                continue;
+            }
+        }
         let key = memo.as_ref().and_then(|_| SharedMemo::key(node, &args));
         let known = match (&memo, &key) {
             (Some(m), Some((k, _))) => m.0.get(k).map(|(_, v)| v.clone()),
@@ -427,6 +460,82 @@ pub(crate) fn run_block_kept(
         results,
         args: kept_args,
     })
+}
+
+/// The nodes of `block` that are an `nn.dense` read only by the next node, an `nn.bias_add` of it
+/// whose bias is another value, and returned by no output: the kept forward adds the bias in the
+/// product's epilogue and keeps the sum as both nodes' result. The product's own value is then
+/// never written — no vjp reads it: `nn.dense`'s reads its operands, `nn.bias_add`'s only the
+/// shapes — one pass over the launch's widest rows (TreeLSTM's 768 gate columns) and its buffer
+/// fewer.
+fn bias_epilogues(block: &Block) -> Vec<usize> {
+    let reads =
+        |j: usize, v: &BVal| matches!(v, BVal::Node(n) | BVal::Field(n, _) if *n as usize == j);
+    let arg_reads = |j: usize, a: &BArg| match a {
+        BArg::One(v) => reads(j, v),
+        BArg::Tuple(vs) => vs.iter().any(|v| reads(j, v)),
+    };
+    let mut found = Vec::new();
+    for (i, pair) in block.nodes.windows(2).enumerate() {
+        let [dense, bias_add] = pair else { continue };
+        if dense.op.name != "nn.dense"
+            || !dense.attrs.0.is_empty()
+            || bias_add.op.name != "nn.bias_add"
+            || !matches!(bias_add.args.first(), Some(BArg::One(BVal::Node(n))) if *n as usize == i)
+            || bias_add.args.get(1).is_none_or(|a| arg_reads(i, a))
+            || block.outputs.iter().any(|v| reads(i, v))
+        {
+            continue;
+        }
+        let readers = block
+            .nodes
+            .iter()
+            .map(|n| n.args.iter().filter(|a| arg_reads(i, a)).count())
+            .sum::<usize>();
+        if readers == 1 {
+            found.push(i);
+        }
+    }
+    found
+}
+
+/// Whether the kept forward adds biases in its products' epilogues ([`bias_epilogues`]);
+/// `TUMBLE_NO_KEPT_BIAS_EPILOGUE=1` computes the two operators apart (the same bits).
+fn kept_bias_epilogue_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_KEPT_BIAS_EPILOGUE").is_none())
+}
+
+/// Node `i` of `block` (a [`bias_epilogues`] product) and the `nn.bias_add` after it as one
+/// product with the bias in its epilogue, on the f32 kernel: the launch's rows times a shared
+/// weight plus a shared bias along the last axis; `None` (the two are computed apart) otherwise.
+fn dense_with_bias(
+    block: &Block,
+    i: usize,
+    args: &[BV],
+    inputs: &[BV],
+    results: &[BV],
+) -> Option<BV> {
+    let next = block.nodes.get(i + 1)?;
+    let (Some(BV::Batched(OpValue::Tensor(x))), Some(BV::Shared(OpValue::Tensor(w)))) =
+        (args.first(), args.get(1))
+    else {
+        return None;
+    };
+    let BArg::One(bias_at) = next.args.get(1)? else {
+        return None;
+    };
+    let BV::Shared(OpValue::Tensor(bias)) = lookup(bias_at, inputs, results).ok()? else {
+        return None;
+    };
+    // Along the instance's last axis (the batched rows carry one more, in front).
+    let rank = x.rank().checked_sub(1)?;
+    let axis = next.attrs.int("axis").ok()?.unwrap_or(1);
+    let axis = if axis < 0 { axis + rank as i64 } else { axis };
+    if rank == 0 || axis != rank as i64 - 1 {
+        return None;
+    }
+    crate::fastops::dense_f32(x, w, Some(&bias)).map(|t| BV::Batched(OpValue::Tensor(t)))
 }
 
 /// Values of pure operators on shared operands only (a hoisting split's columns of a weight,
@@ -1226,5 +1335,139 @@ pub(crate) fn stack_values(outs: Vec<OpValue>) -> Result<BV, String> {
             Ok(BV::Batched(OpValue::Tuple(fields)))
         }
         None => Err("internal: empty batch".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod bias_epilogue_tests {
+    use super::*;
+    use tumble_compile::blocks::{BlockInput, OutputShape};
+    use tumble_ir::{Dim, Span, Ty};
+
+    fn f32_ty() -> Ty {
+        Ty::Tensor {
+            shape: vec![Dim::Any],
+            dtype: DType::Float32,
+        }
+    }
+
+    fn node(op: &str, args: Vec<BVal>) -> BlockNode {
+        BlockNode {
+            op: tumble_ops::lookup(op).unwrap_or_else(|| panic!("no operator {op}")),
+            args: args.into_iter().map(BArg::One).collect(),
+            attrs: Attrs::default(),
+            ty: f32_ty(),
+            span: Span::default(),
+            calls: Vec::new(),
+        }
+    }
+
+    /// `tanh(bias_add(dense(x, W), b))`; with `read_twice`, the product is also read by a
+    /// `multiply`, the block's second output.
+    fn block(read_twice: bool) -> Block {
+        let mut nodes = vec![
+            node("nn.dense", vec![BVal::Input(0), BVal::Input(1)]),
+            node("nn.bias_add", vec![BVal::Node(0), BVal::Input(2)]),
+            node("tanh", vec![BVal::Node(1)]),
+        ];
+        let mut outputs = vec![BVal::Node(2)];
+        if read_twice {
+            nodes.push(node("multiply", vec![BVal::Node(0), BVal::Node(2)]));
+            outputs.push(BVal::Node(3));
+        }
+        let input = |name: &str| BlockInput {
+            name: name.into(),
+            ty: f32_ty(),
+        };
+        Block {
+            name: "cell".into(),
+            inputs: vec![input("x"), input("W"), input("b")],
+            nodes,
+            outputs,
+            output_shape: match read_twice {
+                true => OutputShape::Tuple,
+                false => OutputShape::Single,
+            },
+            primitive: true,
+            span: Span::default(),
+        }
+    }
+
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        let mut rng = tumble_tensor::Rng::new(seed);
+        (0..len).map(|_| rng.uniform_f64() as f32 - 0.5).collect()
+    }
+
+    /// A launch of `b` rows of `k` through the block against `n` outputs, the products at
+    /// `biased` adding their bias: every kept result and operand, as bits.
+    fn kept_bits(block: &Block, b: usize, k: usize, n: usize, biased: &[usize]) -> Vec<Vec<u32>> {
+        let tensor = |shape: Vec<usize>, seed| {
+            let len = shape.iter().product();
+            Tensor::from_vec(shape, values(len, seed)).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let inputs = vec![
+            BV::Batched(OpValue::Tensor(tensor(vec![b, 1, k], 1))),
+            BV::Shared(OpValue::Tensor(tensor(vec![n, k], 2))),
+            BV::Shared(OpValue::Tensor(tensor(vec![n], 3))),
+        ];
+        let mut rng = tumble_tensor::Rng::new(0);
+        let mut octx = OpCtx { rng: &mut rng };
+        let mut stats = OpStats::default();
+        let mut ops = LaunchOps::new(&mut octx, &mut stats, 1);
+        let kept =
+            run_kept(block, inputs, b, &mut ops, None, biased).unwrap_or_else(|e| panic!("{e}"));
+        let bits = |v: &BV| match v {
+            BV::Batched(OpValue::Tensor(t)) | BV::Shared(OpValue::Tensor(t)) => {
+                let mut out: Vec<u32> = t.shape().iter().map(|&d| d as u32).collect();
+                out.extend(t.as_f32().unwrap_or_default().iter().map(|x| x.to_bits()));
+                out
+            }
+            other => panic!("not a tensor: {other:?}"),
+        };
+        kept.results
+            .iter()
+            .chain(kept.args.iter().flatten())
+            .map(bits)
+            .collect()
+    }
+
+    #[test]
+    fn a_product_read_only_by_its_bias_add_takes_the_bias_in_its_epilogue() {
+        assert_eq!(bias_epilogues(&block(false)), vec![0]);
+        // Read by another operator: its own value is needed.
+        assert!(bias_epilogues(&block(true)).is_empty());
+    }
+
+    #[test]
+    fn the_bias_epilogue_keeps_every_value_s_bits() {
+        let block = block(false);
+        // Odd sizes: the kernel's row tiles and panels end mid-way.
+        for (b, k, n) in [(1, 1, 1), (5, 13, 19), (17, 33, 70), (3, 256, 768)] {
+            let fused = kept_bits(&block, b, k, n, &[0]);
+            let apart = kept_bits(&block, b, k, n, &[]);
+            assert_eq!(fused.len(), apart.len());
+            // Every value but the product's own (node 0, and bias_add's operand that reads
+            // it), which the fused launch keeps as the sum: those are the sum in both cases.
+            assert_eq!(fused[1], apart[1], "bias_add's result at {b}x{k}x{n}");
+            assert_eq!(fused[2], apart[2], "tanh's result at {b}x{k}x{n}");
+            assert_eq!(
+                fused[0], apart[1],
+                "the product kept as the sum at {b}x{k}x{n}"
+            );
+            assert_eq!(
+                &fused[3..5],
+                &apart[3..5],
+                "dense's operands at {b}x{k}x{n}"
+            );
+            assert_eq!(
+                fused[5], apart[1],
+                "bias_add's operand kept as the sum at {b}x{k}x{n}"
+            );
+            assert_eq!(
+                &fused[6..],
+                &apart[6..],
+                "the other operands at {b}x{k}x{n}"
+            );
+        }
     }
 }

@@ -48,22 +48,7 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Op
         // shared): the f32 kernels, as planned stages use, instead of the f64 reference loops.
         "nn.dense" if attrs.0.is_empty() => {
             let (x, w) = (args.first()?.as_tensor()?, args.get(1)?.as_tensor()?);
-            let (&k, &[n, wk]) = (x.shape().last()?, w.shape()) else {
-                return None;
-            };
-            let data = x.as_f32()?;
-            if k != wk || k == 0 || w.as_f32().is_none() {
-                return None;
-            }
-            let rows = data.len() / k;
-            // The kernel overwrites C (the training forward's products: a zero fill per launch
-            // was 1.2% of a step's instructions).
-            let mut c = tumble_tensor::pool::scratch_f32(rows * n);
-            let a = tumble_kernels::Rows::Contiguous { data, stride: k };
-            crate::gemm::dense(&a, k, w, n, &mut c, 1).ok()?;
-            let mut shape = x.shape().to_vec();
-            *shape.last_mut()? = n;
-            Tensor::from_vec(shape, c).ok().map(OpValue::Tensor)
+            dense_f32(x, w, None).map(OpValue::Tensor)
         }
         "split" => {
             let t = args.first()?.as_tensor()?;
@@ -134,6 +119,46 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Op
         name if attrs.0.is_empty() => row_unary(name, args),
         _ => None,
     }
+}
+
+/// `nn.dense(x, w)` on f32 operands on the GEMM kernel (a weight `(n, k)`, `x`'s last axis `k`,
+/// any leading axes), then, with `bias`, `nn.bias_add` of it along the last axis in the product's
+/// epilogue while each block of rows is in cache: the same additions as the separate operator, so
+/// the same bits, without writing the product and reading it back into a second buffer (the
+/// training forward's `bias_add(dense(..))`, [`crate::batched::run_block_kept`]). `None` where
+/// it does not apply.
+pub(crate) fn dense_f32(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Option<Tensor> {
+    let (&k, &[n, wk]) = (x.shape().last()?, w.shape()) else {
+        return None;
+    };
+    let data = x.as_f32()?;
+    if k != wk || k == 0 || w.as_f32().is_none() {
+        return None;
+    }
+    let bias = match bias {
+        Some(b) if b.rank() == 1 && b.len() == n => Some(b.as_f32()?),
+        Some(_) => return None,
+        None => None,
+    };
+    let rows = data.len() / k;
+    // The kernel overwrites C (the training forward's products: a zero fill per launch
+    // was 1.2% of a step's instructions).
+    let mut c = tumble_tensor::pool::scratch_f32(rows * n);
+    let a = tumble_kernels::Rows::Contiguous { data, stride: k };
+    match bias {
+        Some(b) => {
+            let add_bias = |_rows: std::ops::Range<usize>, out: &mut [f32]| {
+                for row in out.chunks_exact_mut(n) {
+                    simd::update(row, b, |c, b| c + b);
+                }
+            };
+            crate::gemm::dense_with(&a, k, w, n, &mut c, &add_bias, 1).ok()?;
+        }
+        None => crate::gemm::dense(&a, k, w, n, &mut c, 1).ok()?,
+    }
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut()? = n;
+    Tensor::from_vec(shape, c).ok()
 }
 
 /// `TUMBLE_NO_FAST_REDUCTIONS=1`: `sum` and `mean` by the reference kernel (the A/B switch of

@@ -238,8 +238,22 @@ pub fn dense(
     c: &mut [f32],
     threads: usize,
 ) -> Result<(), String> {
+    dense_with(a, k, w, n, c, &NoEpilogue, threads)
+}
+
+/// [`dense`] with `epilogue` run on each block of finished rows while they are in cache (the
+/// training forward's bias, [`crate::fastops::dense_bias_f32`]).
+pub fn dense_with(
+    a: &Rows,
+    k: usize,
+    w: &Tensor,
+    n: usize,
+    c: &mut [f32],
+    epilogue: &dyn tumble_kernels::Epilogue,
+    threads: usize,
+) -> Result<(), String> {
     let pw = packed(w, n, k)?;
-    tumble_kernels::dense(a, &pw, c, &NoEpilogue, threads).map_err(|e| e.to_string())
+    tumble_kernels::dense(a, &pw, c, epilogue, threads).map_err(|e| e.to_string())
 }
 
 /// Products with fewer rows than this whose weight is used once run as dot products (packing
