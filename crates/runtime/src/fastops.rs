@@ -499,7 +499,7 @@ pub(crate) fn axis_of(a: i64, r: usize) -> Option<usize> {
 
 /// The sizes of `split`'s pieces along an axis of extent `d` (`indices_or_sections`: a count of
 /// equal pieces, or the cut points).
-fn split_sizes(attrs: &Attrs, d: usize) -> Option<Vec<usize>> {
+pub(crate) fn split_sizes(attrs: &Attrs, d: usize) -> Option<Vec<usize>> {
     if let Ok(Some(k)) = attrs.int("indices_or_sections") {
         let k = usize::try_from(k).ok().filter(|&k| k > 0 && d % k == 0)?;
         return Some(vec![d / k; k]);

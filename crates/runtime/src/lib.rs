@@ -16,6 +16,7 @@ pub mod fused;
 mod gemm;
 mod host_scalars;
 mod intern;
+mod kept;
 mod memo;
 pub mod optim;
 pub mod profile;

@@ -55,7 +55,7 @@ fn bias_on_last_axis(x: &Tensor, b: &Tensor, attrs: &Attrs) -> bool {
 /// Forward operator `op` for the backward's recompute: the row programs' SIMD `sigmoid`, `tanh`,
 /// `exp` (not bit-identical to the reference), else the bit-identical [`crate::fastops`] on at
 /// most `threads` threads.
-pub(super) fn eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Option<OpValue> {
+pub(crate) fn eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Option<OpValue> {
     match op {
         "sigmoid" | "tanh" | "exp" | "negative" | "nn.relu" => {
             let (t, x) = f32_of(args.first()?)?;

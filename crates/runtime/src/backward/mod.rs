@@ -25,13 +25,14 @@ use tumble_interp::{LazyRef, RunError, Value};
 use tumble_ops::{OpCtx, OpValue};
 use tumble_tensor::{Rng, Tensor};
 
-use crate::batched::{self, Kept, OpStats, BV};
+use crate::batched::{self, OpStats, BV};
 use crate::dfg::{Arg, Dfg, Twins};
+use crate::kept::Kept;
 use crate::{Executable, InstanceError, Options, Reuse};
 
 mod adjoints;
 mod dense_grads;
-mod fast;
+pub(crate) mod fast;
 mod param_grad;
 
 use adjoints::Adjoints;
@@ -77,6 +78,13 @@ impl Default for GradOptions {
 
 impl GradOptions {
     /// The f32 fast path the recomputed (or kept) forward operators try first.
+    fn kept_mode(self) -> crate::kept::KeptMode {
+        crate::kept::KeptMode {
+            eval: self.fast_eval(),
+            fast_vjps: self.fast,
+        }
+    }
+
     fn fast_eval(self) -> batched::FastEval {
         match self.fast {
             true => fast::eval,
@@ -231,7 +239,7 @@ pub fn grad_batch_traced(
     let exec = Arc::new(Executable::new(program, reuse, &opts));
     let _weights = crate::gemm::WeightCache::enter(&exec.weights);
     let mut dfg = Dfg::new(program, reuse, exec, opts);
-    dfg.record_for_backward(gopts.keep.then_some(gopts.fast_eval()), gopts.sums);
+    dfg.record_for_backward(gopts.keep.then_some(gopts.kept_mode()), gopts.sums);
     let n = args.len();
     let results = crate::drive(program, index, args, rngs, opts, &mut dfg, traces)?;
     let mut stats = BackwardStats {
@@ -817,7 +825,8 @@ fn backward_launch(
                 fast: gopts.fast_eval(),
                 threads,
             };
-            batched::run_block_kept(block, inputs, b, &mut ops, None).map_err(RunError::new)?
+            crate::kept::run_block_kept(block, inputs, b, &mut ops, None, gopts.fast)
+                .map_err(RunError::new)?
         }
     };
     let mut in_adj: Vec<Option<BV>> = vec![None; inputs.len()];

@@ -46,7 +46,7 @@ impl Dfg<'_> {
     /// fusion on), `add`s of computed tensors stay deferred sums as in a forward-only run: no
     /// launch of their own, their terms added where a launch reads them; the backward hands a
     /// sum's adjoint to its terms ([`Dfg::sum_terms`]).
-    pub(crate) fn record_for_backward(&mut self, keep: Option<FastEval>, sums: bool) {
+    pub(crate) fn record_for_backward(&mut self, keep: Option<crate::kept::KeptMode>, sums: bool) {
         self.launch_log = Some(Vec::new());
         self.keep = keep;
         self.backward_sums = sums;

@@ -580,7 +580,7 @@ impl Dfg<'_> {
         &mut self,
         block_id: u32,
         ids: &[u32],
-    ) -> Result<(Vec<Outs>, Option<crate::batched::Kept>), RunError> {
+    ) -> Result<(Vec<Outs>, Option<crate::kept::Kept>), RunError> {
         let block = self.block(block_id)?;
         let b = ids.len();
         let first_span = ids
@@ -652,14 +652,15 @@ impl Dfg<'_> {
         let ran = {
             let inputs = inputs;
             match (self.keep, self.exec.plans.get(block_id as usize)) {
-                (Some(fast), _) => {
+                (Some(mode), _) => {
                     let mut ops = LaunchOps {
                         octx: &mut octx,
                         stats: &mut self.profile.ops,
-                        fast,
+                        fast: mode.eval,
                         threads,
                     };
-                    run_block_kept(block, inputs, b, &mut ops, Some(&mut self.shared_memo))
+                    let memo = Some(&mut self.shared_memo);
+                    run_block_kept(block, inputs, b, &mut ops, memo, mode.fast_vjps)
                         .and_then(|k| Ok((k.outputs(block)?, Some(k))))
                 }
                 (None, Some(plan)) => crate::fused::run_planned_on(

@@ -14,7 +14,8 @@ use tumble_ir::{Attrs, Span, Ty};
 use tumble_ops::{OpCtx, OpDef, OpValue};
 use tumble_tensor::{Rng, Tensor};
 
-use crate::batched::{run_block_kept, run_block_with, FastEval, Kept, LaunchOps, BV};
+use crate::batched::{run_block_with, LaunchOps, BV};
+use crate::kept::{run_block_kept, Kept};
 use std::sync::Arc;
 
 use crate::executable::Executable;
@@ -259,8 +260,8 @@ pub struct Dfg<'p> {
     /// by reference: one tensor each, so products find it packed from the first launch on.
     whole_values: std::cell::RefCell<std::collections::HashMap<LazyRef, Tensor>>,
     /// Recording for the backward with kept values: pure operators of shared operands computed
-    /// once for the graph ([`crate::batched::SharedMemo`]).
-    shared_memo: crate::batched::SharedMemo,
+    /// once for the graph ([`crate::kept::SharedMemo`]).
+    shared_memo: crate::kept::SharedMemo,
     /// Invocations recorded so far: the recording's time is sampled every
     /// [`DFG_TIME_SAMPLE`]-th one (two clock reads per invocation cost ~2% of a small model).
     invocations: u32,
@@ -303,7 +304,7 @@ pub struct Dfg<'p> {
     launch_log: Option<Vec<Vec<u32>>>,
     /// Launches run operator by operator keeping every value, with this fast path
     /// ([`Dfg::record_for_backward`]).
-    keep: Option<FastEval>,
+    keep: Option<crate::kept::KeptMode>,
     /// Recording for the backward pass with sum fusion: `add`s of two computed tensors become
     /// deferred sums, whose adjoints the backward hands to their terms ([`Dfg::sum_terms`]).
     backward_sums: bool,

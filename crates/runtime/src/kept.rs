@@ -1,0 +1,399 @@
+//! The recorded forward of training: a launch evaluated operator by operator with every value the
+//! backward differentiates kept ([`Kept`]: the launch's inputs, each operator's operands and
+//! result), instead of the fused plans of an inference run.
+//!
+//! Each kept value is written once by the forward and read back by the backward from beyond the
+//! caches (TreeLSTM training keeps ~24 MiB a mini-batch), so what costs is bytes, not
+//! instructions. Two fusions write fewer of them where no vjp reads a value:
+//! - a product's bias added in its GEMM epilogue ([`bias_epilogues`]): `nn.dense`'s vjp reads its
+//!   operands and `nn.bias_add`'s only shapes, so the product itself is never written;
+//! - a `split` whose every part feeds one `sigmoid`, `tanh`, `exp` or `negative`
+//!   ([`split_unaries`]): each part's operator reads its columns of the split's operand in place,
+//!   so the parts are never copied out — with the f32 vjps only, which read those operators'
+//!   results (the reference rules read their operands).
+//!
+//! Both give the same bits as the operators apart; `TUMBLE_NO_KEPT_FUSION=1` turns them off.
+
+use tumble_compile::{BArg, BVal, Block, BlockNode};
+use tumble_ir::Ty;
+use tumble_ops::OpValue;
+use tumble_tensor::Tensor;
+
+use crate::batched::{batched_op, lookup, operands, LaunchOps, BV};
+use crate::{fastmath, simd};
+
+/// A launch evaluated operator by operator with every value kept: what the backward pass
+/// differentiates (the launch's inputs, each operator's operands and result).
+pub(crate) struct Kept {
+    pub inputs: Vec<BV>,
+    pub results: Vec<BV>,
+    pub args: Vec<Vec<BV>>,
+}
+
+impl Kept {
+    /// The block's outputs.
+    pub fn outputs(&self, block: &Block) -> Result<Vec<BV>, String> {
+        block
+            .outputs
+            .iter()
+            .map(|v| lookup(v, &self.inputs, &self.results))
+            .collect()
+    }
+}
+
+/// How a forward recorded for a backward runs its launches: `eval`, the fast paths tried before
+/// each reference kernel, and whether the backward takes the f32 vjps (`GradOptions::fast`),
+/// which read a unary operator's result only — not its operand.
+#[derive(Clone, Copy)]
+pub(crate) struct KeptMode {
+    pub eval: crate::batched::FastEval,
+    pub fast_vjps: bool,
+}
+
+/// Runs `block` for `b` invocations like [`crate::batched::run_block`], keeping everything
+/// ([`Kept`]), the backward's vjps as [`KeptMode::fast_vjps`] says.
+pub(crate) fn run_block_kept(
+    block: &Block,
+    inputs: Vec<BV>,
+    b: usize,
+    ops: &mut LaunchOps,
+    memo: Option<&mut SharedMemo>,
+    fast_vjps: bool,
+) -> Result<Kept, String> {
+    let fusions = match kept_fusion_enabled() {
+        true => Fusions::of(block, fast_vjps),
+        false => Fusions::default(),
+    };
+    run_kept(block, inputs, b, ops, memo, &fusions)
+}
+
+/// What a kept launch of a block computes together (node indices).
+#[derive(Default, Debug, PartialEq)]
+struct Fusions {
+    /// Products whose bias the next node adds ([`bias_epilogues`]).
+    biased: Vec<usize>,
+    /// Splits whose parts' unary operators read them in place ([`split_unaries`]).
+    split_unaries: Vec<SplitUnaries>,
+}
+
+impl Fusions {
+    fn of(block: &Block, fast_vjps: bool) -> Fusions {
+        Fusions {
+            biased: bias_epilogues(block),
+            split_unaries: match fast_vjps {
+                true => split_unaries(block),
+                false => Vec::new(),
+            },
+        }
+    }
+}
+
+/// A `split` node and, per part, the one node reading it: a unary operator.
+#[derive(Debug, PartialEq)]
+struct SplitUnaries {
+    split: usize,
+    readers: Vec<usize>,
+}
+
+fn run_kept(
+    block: &Block,
+    inputs: Vec<BV>,
+    b: usize,
+    ops: &mut LaunchOps,
+    mut memo: Option<&mut SharedMemo>,
+    fusions: &Fusions,
+) -> Result<Kept, String> {
+    let n = block.nodes.len();
+    let mut results: Vec<BV> = Vec::with_capacity(n);
+    let mut kept_args: Vec<Vec<BV>> = Vec::with_capacity(n);
+    // Results computed ahead by a fusion, for the nodes that come later.
+    let mut ahead: Vec<Option<BV>> = Vec::new();
+    for (i, node) in block.nodes.iter().enumerate() {
+        let args = operands(node, &inputs, &results, b)?;
+        if let Some(r) = ahead.get_mut(i).and_then(Option::take) {
+            ops.stats.batched += 1;
+            kept_args.push(args);
+            results.push(r);
+            continue;
+        }
+        if let Some(r) = fused(block, i, &args, &inputs, &results, fusions, &mut ahead) {
+            ops.stats.batched += 1;
+            kept_args.push(args);
+            results.push(r);
+            continue;
+        }
+        let key = memo.as_ref().and_then(|_| SharedMemo::key(node, &args));
+        let known = match (&memo, &key) {
+            (Some(m), Some((k, _))) => m.0.get(k).map(|(_, v)| v.clone()),
+            _ => None,
+        };
+        let r = match known {
+            Some(v) => v,
+            None => {
+                let r = batched_op(node.op, &node.attrs, args.clone(), b, ops)?;
+                if let (Some(m), Some((k, sources))) = (memo.as_deref_mut(), key) {
+                    m.0.insert(k, (sources, r.clone()));
+                }
+                r
+            }
+        };
+        kept_args.push(args);
+        results.push(r);
+    }
+    Ok(Kept {
+        inputs,
+        results,
+        args: kept_args,
+    })
+}
+
+/// Node `i`'s result when a fusion computes it (with the results of the later nodes it
+/// computes too, in `ahead`); `None`: node `i` runs alone.
+fn fused(
+    block: &Block,
+    i: usize,
+    args: &[BV],
+    inputs: &[BV],
+    results: &[BV],
+    fusions: &Fusions,
+    ahead: &mut Vec<Option<BV>>,
+) -> Option<BV> {
+    let mut later = |j: usize, r: BV| {
+        if ahead.len() <= j {
+            ahead.resize(j + 1, None);
+        }
+        ahead[j] = Some(r);
+    };
+    if fusions.biased.contains(&i) {
+        let r = dense_with_bias(block, i, args, inputs, results)?;
+        later(i + 1, r.clone());
+        return Some(r);
+    }
+    let su = fusions.split_unaries.iter().find(|s| s.split == i)?;
+    let parts = split_unary_parts(block, su, args)?;
+    for (&reader, part) in su.readers.iter().zip(&parts) {
+        later(reader, BV::Batched(OpValue::Tensor(part.clone())));
+    }
+    // The split's own result: the parts' shapes are all the backward reads of it (`split`'s vjp
+    // concatenates its parts' gradients), and its readers' operands are their results, which the
+    // f32 vjps of these operators read instead.
+    Some(BV::Batched(OpValue::Tuple(parts)))
+}
+
+/// Whether the kept forward fuses ([`Fusions`]); `TUMBLE_NO_KEPT_FUSION=1` runs every operator
+/// alone (the same bits).
+fn kept_fusion_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_KEPT_FUSION").is_none())
+}
+
+/// Whether `v` reads node `j` (whole or a field).
+fn reads(j: usize, v: &BVal) -> bool {
+    matches!(v, BVal::Node(n) | BVal::Field(n, _) if *n as usize == j)
+}
+
+fn arg_reads(j: usize, a: &BArg) -> bool {
+    match a {
+        BArg::One(v) => reads(j, v),
+        BArg::Tuple(vs) => vs.iter().any(|v| reads(j, v)),
+    }
+}
+
+/// How many operands of `block`'s nodes read node `j`, and whether an output returns it.
+fn readers_of(block: &Block, j: usize) -> (usize, bool) {
+    let operands = block
+        .nodes
+        .iter()
+        .map(|n| n.args.iter().filter(|a| arg_reads(j, a)).count())
+        .sum();
+    (operands, block.outputs.iter().any(|v| reads(j, v)))
+}
+
+/// The nodes of `block` that are an `nn.dense` read only by the next node, an `nn.bias_add` of it
+/// whose bias is another value, and returned by no output: the kept forward adds the bias in the
+/// product's epilogue and keeps the sum as both nodes' result. The product's own value is then
+/// never written — no vjp reads it: `nn.dense`'s reads its operands, `nn.bias_add`'s only the
+/// shapes — one pass over the launch's widest rows (TreeLSTM's 768 gate columns) and its buffer
+/// fewer.
+fn bias_epilogues(block: &Block) -> Vec<usize> {
+    let mut found = Vec::new();
+    for (i, pair) in block.nodes.windows(2).enumerate() {
+        let [dense, bias_add] = pair else { continue };
+        if dense.op.name == "nn.dense"
+            && dense.attrs.0.is_empty()
+            && bias_add.op.name == "nn.bias_add"
+            && matches!(bias_add.args.first(), Some(BArg::One(BVal::Node(n))) if *n as usize == i)
+            && bias_add.args.get(1).is_some_and(|a| !arg_reads(i, a))
+            && readers_of(block, i) == (1, false)
+        {
+            found.push(i);
+        }
+    }
+    found
+}
+
+/// Node `i` of `block` (a [`bias_epilogues`] product) and the `nn.bias_add` after it as one
+/// product with the bias in its epilogue, on the f32 kernel: the launch's rows times a shared
+/// weight plus a shared bias along the last axis; `None` (the two are computed apart) otherwise.
+fn dense_with_bias(
+    block: &Block,
+    i: usize,
+    args: &[BV],
+    inputs: &[BV],
+    results: &[BV],
+) -> Option<BV> {
+    let next = block.nodes.get(i + 1)?;
+    let (Some(BV::Batched(OpValue::Tensor(x))), Some(BV::Shared(OpValue::Tensor(w)))) =
+        (args.first(), args.get(1))
+    else {
+        return None;
+    };
+    let BArg::One(bias_at) = next.args.get(1)? else {
+        return None;
+    };
+    let BV::Shared(OpValue::Tensor(bias)) = lookup(bias_at, inputs, results).ok()? else {
+        return None;
+    };
+    last_axis(x, next.attrs.int("axis").ok()?.unwrap_or(1))?;
+    crate::fastops::dense_f32(x, w, Some(&bias)).map(|t| BV::Batched(OpValue::Tensor(t)))
+}
+
+/// The batched tensor `x`'s last axis when `axis` (of one instance, negative from the end) is
+/// the instance's last; `None` otherwise.
+fn last_axis(x: &Tensor, axis: i64) -> Option<usize> {
+    // The batched rows carry one more axis, in front.
+    let rank = i64::try_from(x.rank()).ok()? - 1;
+    let axis = if axis < 0 { axis + rank } else { axis };
+    (rank > 0 && axis == rank - 1).then(|| x.rank() - 1)
+}
+
+/// The unary operators whose f32 vjp reads their result only (`backward::fast::vjp`).
+const RESULT_VJP_UNARIES: [&str; 4] = ["sigmoid", "tanh", "exp", "negative"];
+
+/// The `split` nodes of `block` each of whose parts is read by exactly one node, a unary operator
+/// of [`RESULT_VJP_UNARIES`] (an LSTM cell's gates after their product), and which no output
+/// returns: the kept forward computes each part's operator on its columns of the split's operand
+/// where they lie, and keeps the results only.
+fn split_unaries(block: &Block) -> Vec<SplitUnaries> {
+    let mut found = Vec::new();
+    for (s, node) in block.nodes.iter().enumerate() {
+        if node.op.name != "split" {
+            continue;
+        }
+        let parts = match &node.ty {
+            Ty::Tuple(fields) => fields.len(),
+            _ => continue,
+        };
+        let mut readers = vec![None; parts];
+        let mut ok = !readers_of(block, s).1;
+        for (r, reader) in block.nodes.iter().enumerate() {
+            for a in &reader.args {
+                if !arg_reads(s, a) {
+                    continue;
+                }
+                let field = match a {
+                    BArg::One(BVal::Field(_, f)) => Some(*f as usize),
+                    _ => None,
+                };
+                match field.and_then(|f| readers.get_mut(f)) {
+                    Some(slot @ None)
+                        if RESULT_VJP_UNARIES.contains(&reader.op.name)
+                            && reader.args.len() == 1 =>
+                    {
+                        *slot = Some(r)
+                    }
+                    _ => ok = false,
+                }
+            }
+        }
+        if let (true, Some(readers)) = (ok, readers.into_iter().collect::<Option<Vec<_>>>()) {
+            found.push(SplitUnaries { split: s, readers });
+        }
+    }
+    found
+}
+
+/// The results of `su`'s readers, each computed on its part of the split's operand (`args[0]`,
+/// split along the instance's last axis), as the operators apart compute them; `None` where the
+/// split is not one of f32 rows along its last axis.
+fn split_unary_parts(block: &Block, su: &SplitUnaries, args: &[BV]) -> Option<Vec<Tensor>> {
+    let split = block.nodes.get(su.split)?;
+    let Some(BV::Batched(OpValue::Tensor(x))) = args.first() else {
+        return None;
+    };
+    let axis = last_axis(x, split.attrs.int("axis").ok()?.unwrap_or(0))?;
+    let data = x.as_f32()?;
+    let d = *x.shape().get(axis)?;
+    let sizes = crate::fastops::split_sizes(&split.attrs, d)?;
+    if sizes.len() != su.readers.len() || d == 0 {
+        return None;
+    }
+    let rows = data.len() / d;
+    let mut parts = Vec::with_capacity(sizes.len());
+    let mut begin = 0;
+    for (&len, &reader) in sizes.iter().zip(&su.readers) {
+        let op = block.nodes.get(reader)?.op.name;
+        let mut out = tumble_tensor::pool::scratch_f32(rows * len);
+        if len > 0 {
+            for (o, row) in out.chunks_exact_mut(len).zip(data.chunks_exact(d)) {
+                unary(op, o, row.get(begin..begin + len)?)?;
+            }
+        }
+        let mut shape = x.shape().to_vec();
+        *shape.get_mut(axis)? = len;
+        parts.push(Tensor::from_vec(shape, out).ok()?);
+        begin += len;
+    }
+    Some(parts)
+}
+
+/// `op` of [`RESULT_VJP_UNARIES`] on `x` into `out`: the same per-element functions on the same
+/// vector loops as `backward::fast::eval`'s, so the same bits.
+fn unary(op: &str, out: &mut [f32], x: &[f32]) -> Option<()> {
+    match op {
+        "sigmoid" => simd::unary(out, x, fastmath::sigmoid),
+        "tanh" => simd::unary(out, x, fastmath::tanh),
+        "exp" => simd::unary(out, x, fastmath::exp),
+        "negative" => simd::unary(out, x, |v| -v),
+        _ => return None,
+    }
+    Some(())
+}
+
+/// Values of pure operators on shared operands only (a hoisting split's columns of a weight,
+/// `strided_slice(%W)`), kept for a graph by node and operand buffers: every launch of the block
+/// reads the same tensor, which its products pack once and the backward keeps once, where a
+/// copy per launch was a weight-sized value kept and packed per launch.
+#[derive(Default)]
+pub(crate) struct SharedMemo(std::collections::HashMap<Vec<u64>, (Vec<Tensor>, BV)>);
+
+impl SharedMemo {
+    /// The key of `node` on `args` (with the operand tensors, held so that no other tensor
+    /// takes their addresses), or `None` unless it is pure and every operand a shared tensor.
+    fn key(node: &BlockNode, args: &[BV]) -> Option<(Vec<u64>, Vec<Tensor>)> {
+        // (Checked before anything is allocated: called per node of every kept launch.)
+        if !tumble_compile::blocks::is_pure_op(node.op)
+            || args.is_empty()
+            || !args
+                .iter()
+                .all(|a| matches!(a, BV::Shared(OpValue::Tensor(_))))
+        {
+            return None;
+        }
+        let mut key = vec![std::ptr::from_ref(node) as u64];
+        let mut sources = Vec::with_capacity(args.len());
+        for a in args {
+            let BV::Shared(OpValue::Tensor(t)) = a else {
+                return None;
+            };
+            key.push(t.buffer_id() as u64);
+            key.push(t.shape().len() as u64);
+            key.extend(t.shape().iter().map(|&d| d as u64));
+            sources.push(t.clone());
+        }
+        Some((key, sources))
+    }
+}
+
+#[cfg(test)]
+mod tests;
