@@ -121,13 +121,19 @@ pub fn try_eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) -> Op
     }
 }
 
+/// Work on one f32 row in place (a product's epilogue, [`dense_f32`]).
+pub(crate) type RowFn<'a> = dyn Fn(&mut [f32]) + Sync + 'a;
+
 /// `nn.dense(x, w)` on f32 operands on the GEMM kernel (a weight `(n, k)`, `x`'s last axis `k`,
-/// any leading axes), then, with `bias`, `nn.bias_add` of it along the last axis in the product's
-/// epilogue while each block of rows is in cache: the same additions as the separate operator, so
-/// the same bits, without writing the product and reading it back into a second buffer (the
-/// training forward's `bias_add(dense(..))`, [`crate::batched::run_block_kept`]). `None` where
-/// it does not apply.
-pub(crate) fn dense_f32(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Option<Tensor> {
+/// any leading axes), `row_epilogue` run on each output row (`n` floats) while its block is in
+/// cache: the training forward's bias and activation after a product, without writing the
+/// product and reading it back into another buffer ([`crate::kept`]). `None` where it does not
+/// apply.
+pub(crate) fn dense_f32(
+    x: &Tensor,
+    w: &Tensor,
+    row_epilogue: Option<&RowFn<'_>>,
+) -> Option<Tensor> {
     let (&k, &[n, wk]) = (x.shape().last()?, w.shape()) else {
         return None;
     };
@@ -135,24 +141,17 @@ pub(crate) fn dense_f32(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Option
     if k != wk || k == 0 || w.as_f32().is_none() {
         return None;
     }
-    let bias = match bias {
-        Some(b) if b.rank() == 1 && b.len() == n => Some(b.as_f32()?),
-        Some(_) => return None,
-        None => None,
-    };
     let rows = data.len() / k;
     // The kernel overwrites C (the training forward's products: a zero fill per launch
     // was 1.2% of a step's instructions).
     let mut c = tumble_tensor::pool::scratch_f32(rows * n);
     let a = tumble_kernels::Rows::Contiguous { data, stride: k };
-    match bias {
-        Some(b) => {
-            let add_bias = |_rows: std::ops::Range<usize>, out: &mut [f32]| {
-                for row in out.chunks_exact_mut(n) {
-                    simd::update(row, b, |c, b| c + b);
-                }
+    match row_epilogue {
+        Some(f) => {
+            let each_row = |_rows: std::ops::Range<usize>, out: &mut [f32]| {
+                out.chunks_exact_mut(n).for_each(f);
             };
-            crate::gemm::dense_with(&a, k, w, n, &mut c, &add_bias, 1).ok()?;
+            crate::gemm::dense_with(&a, k, w, n, &mut c, &each_row, 1).ok()?;
         }
         None => crate::gemm::dense(&a, k, w, n, &mut c, 1).ok()?,
     }

@@ -6,7 +6,9 @@
 //! caches (TreeLSTM training keeps ~24 MiB a mini-batch), so what costs is bytes, not
 //! instructions. Two fusions write fewer of them where no vjp reads a value:
 //! - a product's bias added in its GEMM epilogue ([`bias_epilogues`]): `nn.dense`'s vjp reads its
-//!   operands and `nn.bias_add`'s only shapes, so the product itself is never written;
+//!   operands and `nn.bias_add`'s only shapes, so the product itself is never written — nor the
+//!   sum, when one `sigmoid`, `tanh`, `exp` or `negative` reads it (a gate) and the f32 vjps,
+//!   which read that operator's result, differentiate the launch: the epilogue applies it too;
 //! - a `split` whose every part feeds one `sigmoid`, `tanh`, `exp` or `negative`
 //!   ([`split_unaries`]): each part's operator reads its columns of the split's operand in place,
 //!   so the parts are never copied out — with the f32 vjps only, which read those operators'
@@ -71,7 +73,7 @@ pub(crate) fn run_block_kept(
 #[derive(Default, Debug, PartialEq)]
 struct Fusions {
     /// Products whose bias the next node adds ([`bias_epilogues`]).
-    biased: Vec<usize>,
+    biased: Vec<Biased>,
     /// Splits whose parts' unary operators read them in place ([`split_unaries`]).
     split_unaries: Vec<SplitUnaries>,
 }
@@ -79,13 +81,21 @@ struct Fusions {
 impl Fusions {
     fn of(block: &Block, fast_vjps: bool) -> Fusions {
         Fusions {
-            biased: bias_epilogues(block),
+            biased: bias_epilogues(block, fast_vjps),
             split_unaries: match fast_vjps {
                 true => split_unaries(block),
                 false => Vec::new(),
             },
         }
     }
+}
+
+/// A product whose bias the next node adds, and the one node reading that sum when it is a unary
+/// operator of [`RESULT_VJP_UNARIES`] the epilogue applies too.
+#[derive(Debug, PartialEq)]
+struct Biased {
+    product: usize,
+    activation: Option<usize>,
 }
 
 /// A `split` node and, per part, the one node reading it: a unary operator.
@@ -164,9 +174,14 @@ fn fused(
         }
         ahead[j] = Some(r);
     };
-    if fusions.biased.contains(&i) {
-        let r = dense_with_bias(block, i, args, inputs, results)?;
+    if let Some(bd) = fusions.biased.iter().find(|bd| bd.product == i) {
+        let r = dense_with_bias(block, bd, args, inputs, results)?;
         later(i + 1, r.clone());
+        // The activation's operand and result: its f32 vjp reads the result only, and no other
+        // node reads the sum.
+        if let Some(j) = bd.activation {
+            later(j, r.clone());
+        }
         return Some(r);
     }
     let su = fusions.split_unaries.iter().find(|s| s.split == i)?;
@@ -214,8 +229,10 @@ fn readers_of(block: &Block, j: usize) -> (usize, bool) {
 /// product's epilogue and keeps the sum as both nodes' result. The product's own value is then
 /// never written — no vjp reads it: `nn.dense`'s reads its operands, `nn.bias_add`'s only the
 /// shapes — one pass over the launch's widest rows (TreeLSTM's 768 gate columns) and its buffer
-/// fewer.
-fn bias_epilogues(block: &Block) -> Vec<usize> {
+/// fewer. With `fast_vjps`, a `sigmoid`, `tanh`, `exp` or `negative` that is the sum's one reader
+/// (a gate) is applied in the epilogue too, and its result kept for all three nodes: its f32 vjp
+/// reads its result only, so neither the product nor the sum is written.
+fn bias_epilogues(block: &Block, fast_vjps: bool) -> Vec<Biased> {
     let mut found = Vec::new();
     for (i, pair) in block.nodes.windows(2).enumerate() {
         let [dense, bias_add] = pair else { continue };
@@ -226,23 +243,40 @@ fn bias_epilogues(block: &Block) -> Vec<usize> {
             && bias_add.args.get(1).is_some_and(|a| !arg_reads(i, a))
             && readers_of(block, i) == (1, false)
         {
-            found.push(i);
+            let activation = block
+                .nodes
+                .iter()
+                .enumerate()
+                .find(|(_, n)| n.args.iter().any(|a| arg_reads(i + 1, a)))
+                .filter(|(_, n)| {
+                    fast_vjps
+                        && RESULT_VJP_UNARIES.contains(&n.op.name)
+                        && matches!(n.args.as_slice(), [BArg::One(BVal::Node(s))] if *s as usize == i + 1)
+                })
+                .map(|(j, _)| j)
+                .filter(|_| readers_of(block, i + 1) == (1, false));
+            found.push(Biased {
+                product: i,
+                activation,
+            });
         }
     }
     found
 }
 
-/// Node `i` of `block` (a [`bias_epilogues`] product) and the `nn.bias_add` after it as one
-/// product with the bias in its epilogue, on the f32 kernel: the launch's rows times a shared
-/// weight plus a shared bias along the last axis; `None` (the two are computed apart) otherwise.
+/// A [`bias_epilogues`] product, the `nn.bias_add` after it and its activation as one product
+/// with the bias and the activation in its epilogue, on the f32 kernel: the launch's rows times a
+/// shared weight plus a shared bias along the last axis; `None` (each computed alone) otherwise.
+/// The additions and the activation are the operators' own on the same vector loops
+/// (`backward::fast::eval`'s), so the same bits.
 fn dense_with_bias(
     block: &Block,
-    i: usize,
+    bd: &Biased,
     args: &[BV],
     inputs: &[BV],
     results: &[BV],
 ) -> Option<BV> {
-    let next = block.nodes.get(i + 1)?;
+    let next = block.nodes.get(bd.product + 1)?;
     let (Some(BV::Batched(OpValue::Tensor(x))), Some(BV::Shared(OpValue::Tensor(w)))) =
         (args.first(), args.get(1))
     else {
@@ -255,7 +289,28 @@ fn dense_with_bias(
         return None;
     };
     last_axis(x, next.attrs.int("axis").ok()?.unwrap_or(1))?;
-    crate::fastops::dense_f32(x, w, Some(&bias)).map(|t| BV::Batched(OpValue::Tensor(t)))
+    let b = bias.as_f32()?;
+    if bias.rank() != 1 || w.shape().first() != Some(&b.len()) {
+        return None;
+    }
+    let activation = match bd.activation {
+        Some(j) => Some(block.nodes.get(j)?.op.name),
+        None => None,
+    };
+    let add = |row: &mut [f32]| simd::update(row, b, |c, b| c + b);
+    let sigmoid = |row: &mut [f32]| simd::update(row, b, |c, b| fastmath::sigmoid(c + b));
+    let tanh = |row: &mut [f32]| simd::update(row, b, |c, b| fastmath::tanh(c + b));
+    let exp = |row: &mut [f32]| simd::update(row, b, |c, b| fastmath::exp(c + b));
+    let negative = |row: &mut [f32]| simd::update(row, b, |c, b| -(c + b));
+    let epilogue: &crate::fastops::RowFn<'_> = match activation {
+        None => &add,
+        Some("sigmoid") => &sigmoid,
+        Some("tanh") => &tanh,
+        Some("exp") => &exp,
+        Some("negative") => &negative,
+        Some(_) => return None,
+    };
+    crate::fastops::dense_f32(x, w, Some(epilogue)).map(|t| BV::Batched(OpValue::Tensor(t)))
 }
 
 /// The batched tensor `x`'s last axis when `axis` (of one instance, negative from the end) is

@@ -151,16 +151,46 @@ const SIZES: [(usize, usize, usize); 4] = [(1, 1, 3), (5, 13, 21), (17, 33, 69),
 
 #[test]
 fn a_product_read_only_by_its_bias_add_takes_the_bias_in_its_epilogue() {
-    assert_eq!(bias_epilogues(&dense_bias_tanh(false)), vec![0]);
+    let only_bias = Biased {
+        product: 0,
+        activation: None,
+    };
+    assert_eq!(
+        bias_epilogues(&dense_bias_tanh(false), false),
+        vec![only_bias]
+    );
+    // With the f32 vjps, the `tanh` reading the sum goes into the epilogue too.
+    let with_tanh = Biased {
+        product: 0,
+        activation: Some(2),
+    };
+    assert_eq!(
+        bias_epilogues(&dense_bias_tanh(false), true),
+        vec![with_tanh]
+    );
     // Read by another operator: its own value is needed.
-    assert!(bias_epilogues(&dense_bias_tanh(true)).is_empty());
+    assert!(bias_epilogues(&dense_bias_tanh(true), true).is_empty());
+    // The sum read by another operator besides the activation: the bias only.
+    let mut sum_read_twice = dense_bias_tanh(false);
+    sum_read_twice
+        .nodes
+        .push(plain("multiply", vec![BVal::Node(1), BVal::Node(2)]));
+    sum_read_twice.outputs = vec![BVal::Node(3)];
+    let expected = Biased {
+        product: 0,
+        activation: None,
+    };
+    assert_eq!(bias_epilogues(&sum_read_twice, true), vec![expected]);
 }
 
 #[test]
 fn the_bias_epilogue_keeps_every_value_s_bits() {
     let block = dense_bias_tanh(false);
     let fused = Fusions {
-        biased: vec![0],
+        biased: vec![Biased {
+            product: 0,
+            activation: None,
+        }],
         ..Fusions::default()
     };
     for size in SIZES {
@@ -211,7 +241,11 @@ fn a_split_part_read_twice_or_returned_is_not_fused() {
 fn split_unaries_keep_the_results_bits() {
     let block = gates("tanh");
     let fused = Fusions::of(&block, true);
-    assert_eq!(fused.biased, vec![0]);
+    let expected = Biased {
+        product: 0,
+        activation: None,
+    };
+    assert_eq!(fused.biased, vec![expected]);
     let apart = Fusions::default();
     for size in SIZES {
         let (fr, fa) = kept_bits(&block, size, &fused);
@@ -231,5 +265,34 @@ fn split_unaries_keep_the_results_bits() {
         assert_eq!(fa[6][0], ar[6], "exp's operand at {size:?}");
         assert_eq!(fa[5], aa[5], "multiply's operands at {size:?}");
         assert_eq!(fa[7], aa[7], "add's operands at {size:?}");
+    }
+}
+
+#[test]
+fn the_activation_epilogue_keeps_the_results_bits() {
+    for op in RESULT_VJP_UNARIES {
+        let mut block = dense_bias_tanh(false);
+        block.nodes[2] = plain(op, vec![BVal::Node(1)]);
+        let fused = Fusions::of(&block, true);
+        let expected = Biased {
+            product: 0,
+            activation: Some(2),
+        };
+        assert_eq!(fused.biased, vec![expected], "{op}");
+        for size in SIZES {
+            let (fr, fa) = kept_bits(&block, size, &fused);
+            let (ar, aa) = kept_bits(&block, size, &Fusions::default());
+            // The activation's result, kept for all three nodes (what the f32 vjps read of the
+            // product and the sum is their shapes; the activation's, its result).
+            for (j, r) in fr.iter().enumerate() {
+                assert_eq!(*r, ar[2], "{op}: node {j}'s result at {size:?}");
+            }
+            assert_eq!(fa[0], aa[0], "{op}: dense's operands at {size:?}");
+            assert_eq!(fa[1][1..], aa[1][1..], "{op}: the bias at {size:?}");
+            assert_eq!(
+                fa[2][0], ar[2],
+                "{op}: the activation's operand at {size:?}"
+            );
+        }
     }
 }
