@@ -53,25 +53,33 @@ pub(crate) struct KeptMode {
 }
 
 /// Runs `block` for `b` invocations like [`crate::batched::run_block`], keeping everything
-/// ([`Kept`]), the backward's vjps as [`KeptMode::fast_vjps`] says.
+/// ([`Kept`]). `fusions`: the block's, for the f32 vjps (`Executable::kept_fusions`);
+/// `fast_vjps`: the backward takes them ([`KeptMode::fast_vjps`]), else only the fusions the
+/// reference rules allow are made.
 pub(crate) fn run_block_kept(
     block: &Block,
     inputs: Vec<BV>,
     b: usize,
     ops: &mut LaunchOps,
     memo: Option<&mut SharedMemo>,
-    fast_vjps: bool,
+    (fusions, fast_vjps): (Option<&Fusions>, bool),
 ) -> Result<Kept, String> {
-    let fusions = match kept_fusion_enabled() {
-        true => Fusions::of(block, fast_vjps),
-        false => Fusions::default(),
+    let none = Fusions::default();
+    let reference;
+    let fusions = match fusions {
+        Some(f) if kept_fusion_enabled() && fast_vjps => f,
+        Some(f) if kept_fusion_enabled() => {
+            reference = f.for_reference_vjps();
+            &reference
+        }
+        _ => &none,
     };
-    run_kept(block, inputs, b, ops, memo, &fusions)
+    run_kept(block, inputs, b, ops, memo, fusions)
 }
 
 /// What a kept launch of a block computes together (node indices).
 #[derive(Default, Debug, PartialEq)]
-struct Fusions {
+pub(crate) struct Fusions {
     /// Products whose bias the next node adds ([`bias_epilogues`]).
     biased: Vec<Biased>,
     /// Splits whose parts' unary operators read them in place ([`split_unaries`]).
@@ -79,7 +87,8 @@ struct Fusions {
 }
 
 impl Fusions {
-    fn of(block: &Block, fast_vjps: bool) -> Fusions {
+    /// `block`'s fusions, with `fast_vjps` those the f32 vjps allow too.
+    pub(crate) fn of(block: &Block, fast_vjps: bool) -> Fusions {
         Fusions {
             biased: bias_epilogues(block, fast_vjps),
             split_unaries: match fast_vjps {
@@ -88,19 +97,35 @@ impl Fusions {
             },
         }
     }
+
+    /// These fusions less those whose kept operands only the f32 vjps can read (an activation in
+    /// an epilogue, a split's parts): what `Fusions::of(block, false)` finds.
+    fn for_reference_vjps(&self) -> Fusions {
+        Fusions {
+            biased: self
+                .biased
+                .iter()
+                .map(|bd| Biased {
+                    product: bd.product,
+                    activation: None,
+                })
+                .collect(),
+            split_unaries: Vec::new(),
+        }
+    }
 }
 
 /// A product whose bias the next node adds, and the one node reading that sum when it is a unary
 /// operator of [`RESULT_VJP_UNARIES`] the epilogue applies too.
 #[derive(Debug, PartialEq)]
-struct Biased {
+pub(crate) struct Biased {
     product: usize,
     activation: Option<usize>,
 }
 
 /// A `split` node and, per part, the one node reading it: a unary operator.
 #[derive(Debug, PartialEq)]
-struct SplitUnaries {
+pub(crate) struct SplitUnaries {
     split: usize,
     readers: Vec<usize>,
 }

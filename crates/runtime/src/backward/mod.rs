@@ -825,7 +825,8 @@ fn backward_launch(
                 fast: gopts.fast_eval(),
                 threads,
             };
-            crate::kept::run_block_kept(block, inputs, b, &mut ops, None, gopts.fast)
+            let fusions = dfg.exec.kept_fusions.get(first.block as usize);
+            crate::kept::run_block_kept(block, inputs, b, &mut ops, None, (fusions, gopts.fast))
                 .map_err(RunError::new)?
         }
     };

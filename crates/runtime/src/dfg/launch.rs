@@ -660,7 +660,8 @@ impl Dfg<'_> {
                         threads,
                     };
                     let memo = Some(&mut self.shared_memo);
-                    run_block_kept(block, inputs, b, &mut ops, memo, mode.fast_vjps)
+                    let fusions = self.exec.kept_fusions.get(block_id as usize);
+                    run_block_kept(block, inputs, b, &mut ops, memo, (fusions, mode.fast_vjps))
                         .and_then(|k| Ok((k.outputs(block)?, Some(k))))
                 }
                 (None, Some(plan)) => crate::fused::run_planned_on(

@@ -296,3 +296,20 @@ fn the_activation_epilogue_keeps_the_results_bits() {
         }
     }
 }
+
+#[test]
+fn the_fusions_for_the_reference_vjps_are_those_found_for_them() {
+    let mut sum_and_gate = dense_bias_tanh(false);
+    sum_and_gate.nodes[2] = plain("sigmoid", vec![BVal::Node(1)]);
+    for block in [
+        gates("tanh"),
+        gates("nn.relu"),
+        dense_bias_tanh(false),
+        sum_and_gate,
+    ] {
+        assert_eq!(
+            Fusions::of(&block, true).for_reference_vjps(),
+            Fusions::of(&block, false)
+        );
+    }
+}
