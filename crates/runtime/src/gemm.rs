@@ -242,7 +242,7 @@ pub fn dense(
 }
 
 /// [`dense`] with `epilogue` run on each block of finished rows while they are in cache (the
-/// training forward's bias, [`crate::fastops::dense_bias_f32`]).
+/// training forward's bias and gates, [`crate::fastops::dense_f32`]).
 pub fn dense_with(
     a: &Rows,
     k: usize,
