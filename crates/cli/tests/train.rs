@@ -1069,3 +1069,146 @@ fn the_optimizer_state_is_held_to_the_memory_budget() {
     );
     assert!(!out.exists());
 }
+
+/// A child-sum tree LSTM of width 4: a leaf's gates are `split(bias_add(dense(..)))` read by
+/// `sigmoid`/`tanh`, a forget gate `sigmoid(bias_add(dense(..)))` — every form the kept forward
+/// fuses (`kept::Fusions`) — and an internal node's product a sum of two.
+const TREE_LSTM: &str = r#"
+def @leaf(%x: Tensor[(1, 4), float32], %W: Tensor[(12, 4), float32], %b: Tensor[(12), float32],
+          Primitive=1) -> (Tensor[(1, 4), float32], Tensor[(1, 4), float32]) {
+  let %iou = split(nn.bias_add(nn.dense(%x, %W), %b), indices_or_sections=3, axis=1);
+  let %c = multiply(sigmoid(%iou.0), tanh(%iou.2));
+  (multiply(sigmoid(%iou.1), tanh(%c)), %c)
+}
+
+def @forget(%h: Tensor[(1, 4), float32], %c: Tensor[(1, 4), float32], %U_f: Tensor[(4, 4), float32],
+            %b_f: Tensor[(4), float32], Primitive=1) -> Tensor[(1, 4), float32] {
+  multiply(sigmoid(nn.bias_add(nn.dense(%h, %U_f), %b_f)), %c)
+}
+
+def @internal(%x: Tensor[(1, 4), float32], %hs: Tensor[(1, 4), float32], %fcs: Tensor[(1, 4), float32],
+              %W: Tensor[(12, 4), float32], %U: Tensor[(12, 4), float32], %b: Tensor[(12), float32],
+              Primitive=1) -> (Tensor[(1, 4), float32], Tensor[(1, 4), float32]) {
+  let %iou = split(nn.bias_add(add(nn.dense(%x, %W), nn.dense(%hs, %U)), %b),
+                   indices_or_sections=3, axis=1);
+  let %c = add(multiply(sigmoid(%iou.0), tanh(%iou.2)), %fcs);
+  (multiply(sigmoid(%iou.1), tanh(%c)), %c)
+}
+
+def @enc(%t: Tree[Tensor[(1, 4), float32]], %W: Tensor[(12, 4), float32], %U: Tensor[(12, 4), float32],
+         %b: Tensor[(12), float32], %U_f: Tensor[(4, 4), float32], %b_f: Tensor[(4), float32])
+    -> (Tensor[(1, 4), float32], Tensor[(1, 4), float32]) {
+  match (%t) {
+    Rose(%x, Nil) => @leaf(%x, %W, %b),
+    Rose(%x, %cs) => {
+      let %ss = @map(fn (%c: Tree[Tensor[(1, 4), float32]]) -> (Tensor[(1, 4), float32], Tensor[(1, 4), float32]) {
+        @enc(%c, %W, %U, %b, %U_f, %b_f)
+      }, %cs);
+      let %hs = @map(fn (%s: (Tensor[(1, 4), float32], Tensor[(1, 4), float32])) -> Tensor[(1, 4), float32] {
+        %s.0
+      }, %ss);
+      let %fs = @map(fn (%s: (Tensor[(1, 4), float32], Tensor[(1, 4), float32])) -> Tensor[(1, 4), float32] {
+        @forget(%s.0, %s.1, %U_f, %b_f)
+      }, %ss);
+      let %add2 = fn (%a: Tensor[(1, 4), float32], %c: Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] {
+        add(%a, %c)
+      };
+      @internal(%x, @foldl(%add2, @hd(%hs), @tl(%hs)), @foldl(%add2, @hd(%fs), @tl(%fs)), %W, %U, %b)
+    },
+  }
+}
+
+def @main(%t: Tree[Tensor[(1, 4), float32]], %y: Tensor[(), float32], %W: Tensor[(12, 4), float32],
+          %U: Tensor[(12, 4), float32], %b: Tensor[(12), float32], %U_f: Tensor[(4, 4), float32],
+          %b_f: Tensor[(4), float32], %v: Tensor[(1, 4), float32]) -> Tensor[(), float32] {
+  let %e = subtract(sum(multiply(@enc(%t, %W, %U, %b, %U_f, %b_f).0, %v)), %y);
+  multiply(%e, %e)
+}
+"#;
+
+/// `tumble` with `TUMBLE_NO_KEPT_FUSION` set or not.
+fn tumble_fusing(fuse: bool, args: &[&str]) -> Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tumble"));
+    cmd.args(args).arg("--color=never");
+    if !fuse {
+        cmd.env("TUMBLE_NO_KEPT_FUSION", "1");
+    }
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run tumble: {e}"))
+}
+
+/// The kept forward's fusions (a product's bias and gate in its epilogue, a split's gates where
+/// they lie) change no bit: the gradient and the weights trained over replayed epochs are the
+/// same files with `TUMBLE_NO_KEPT_FUSION=1`, and `grad --profile` shows that they happened.
+#[test]
+fn the_kept_forward_s_fusions_change_no_bit() {
+    let model = temp_file("tree_lstm.rly", TREE_LSTM);
+    let data = temp_file("tree_lstm.jsonl", &tree_instances());
+    let fused_count = |stderr: &str| -> u64 {
+        let at = stderr
+            .find("by the kept forward ")
+            .unwrap_or_else(|| panic!("no fusion count: {stderr}"));
+        let rest = &stderr[at + "by the kept forward ".len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().unwrap_or_else(|_| panic!("{stderr}"))
+    };
+    let mut files = Vec::new();
+    for fuse in [true, false] {
+        let g = temp_path(&format!("tree_lstm_grad_{fuse}.safetensors"));
+        let o = tumble_fusing(
+            fuse,
+            &[
+                "grad",
+                &model,
+                "--random-params",
+                "5",
+                "--inputs",
+                &data,
+                "--batch",
+                "7",
+                "--profile",
+                "-o",
+                &g.display().to_string(),
+            ],
+        );
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let count = fused_count(&text(&o.stderr));
+        // Per launch of a leaf: its bias_add and its three gates; of a forget gate: its
+        // bias_add and sigmoid; of an internal node: its three gates.
+        assert_eq!(count > 0, fuse, "{count} fused operators");
+        let w = temp_path(&format!("tree_lstm_weights_{fuse}.safetensors"));
+        let w_arg = w.display().to_string();
+        let o = tumble_fusing(
+            fuse,
+            &[
+                "train",
+                &model,
+                "--train",
+                &data,
+                "--dev",
+                &data,
+                "--random-params",
+                "3",
+                "--epochs",
+                "3",
+                "--batch",
+                "4",
+                "--optimizer",
+                "adagrad",
+                "--lr",
+                "0.05",
+                "--seed",
+                "11",
+                "--quiet",
+                "-o",
+                &w_arg,
+            ],
+        );
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        // Epochs after the first replay their traces: the fusions there too.
+        assert!(text(&o.stderr).contains("14 of 14 instances traced ("));
+        files.push((std::fs::read(&g).unwrap(), std::fs::read(&w).unwrap()));
+    }
+    assert!(files[0].0 == files[1].0, "the gradients differ");
+    assert!(files[0].1 == files[1].1, "the trained weights differ");
+}

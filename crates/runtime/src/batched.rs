@@ -287,6 +287,9 @@ pub struct OpStats {
     pub looped: u64,
     /// Operator applications on shared operands only (computed once).
     pub shared: u64,
+    /// Operators a launch recorded for a backward computed inside another's kernel (a bias and
+    /// a gate in a product's epilogue, a split's gates where its operand lies: `kept::Fusions`).
+    pub kept_fused: u64,
 }
 
 /// An f32 fast path tried before an operator's reference kernel (`None`: not handled); the last

@@ -147,6 +147,7 @@ fn run_kept(
         let args = operands(node, &inputs, &results, b)?;
         if let Some(r) = ahead.get_mut(i).and_then(Option::take) {
             ops.stats.batched += 1;
+            ops.stats.kept_fused += 1;
             kept_args.push(args);
             results.push(r);
             continue;

@@ -174,6 +174,7 @@ impl Profile {
         self.ops.batched += o.ops.batched;
         self.ops.looped += o.ops.looped;
         self.ops.shared += o.ops.shared;
+        self.ops.kept_fused += o.ops.kept_fused;
         self.fused.dense_stages += o.fused.dense_stages;
         self.fused.row_programs += o.fused.row_programs;
         self.fused.row_program_ops += o.fused.row_program_ops;

@@ -182,7 +182,8 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
              (forward {:.3} s, backward {:.3} s{}); backward launches {} (skipped {}), \
              vjps batched {} / per row {}, shared-weight gradients summed per launch {}, \
              dense parameter gradients deferred to one product per parameter {}, \
-             invocations computed once for identical ones {}; peak heap per mini-batch {}\n\
+             invocations computed once for identical ones {}, operators computed inside another's \
+             kernel by the kept forward {}; peak heap per mini-batch {}\n\
              forward (ms): {}",
             decoded.len(),
             out.len(),
@@ -201,6 +202,7 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             stats.shared_grads,
             stats.deferred_dense,
             stats.memoized,
+            stats.forward.ops.kept_fused,
             tumble_limits::bytes_text(stats.peak_bytes),
             stats.forward.run_split()
         );
