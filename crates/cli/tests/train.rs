@@ -1071,8 +1071,8 @@ fn the_optimizer_state_is_held_to_the_memory_budget() {
 }
 
 /// A child-sum tree LSTM of width 4: a leaf's gates are `split(bias_add(dense(..)))` read by
-/// `sigmoid`/`tanh`, a forget gate `sigmoid(bias_add(dense(..)))` — every form the kept forward
-/// fuses (`kept::Fusions`) — and an internal node's product a sum of two.
+/// `sigmoid`/`tanh`, a forget gate `sigmoid(dense(..) + b)` written with `add` — every form the
+/// kept forward fuses (`kept::Fusions`) — and an internal node's product a sum of two.
 const TREE_LSTM: &str = r#"
 def @leaf(%x: Tensor[(1, 4), float32], %W: Tensor[(12, 4), float32], %b: Tensor[(12), float32],
           Primitive=1) -> (Tensor[(1, 4), float32], Tensor[(1, 4), float32]) {
@@ -1083,7 +1083,7 @@ def @leaf(%x: Tensor[(1, 4), float32], %W: Tensor[(12, 4), float32], %b: Tensor[
 
 def @forget(%h: Tensor[(1, 4), float32], %c: Tensor[(1, 4), float32], %U_f: Tensor[(4, 4), float32],
             %b_f: Tensor[(4), float32], Primitive=1) -> Tensor[(1, 4), float32] {
-  multiply(sigmoid(nn.bias_add(nn.dense(%h, %U_f), %b_f)), %c)
+  multiply(sigmoid(add(nn.dense(%h, %U_f), %b_f)), %c)
 }
 
 def @internal(%x: Tensor[(1, 4), float32], %hs: Tensor[(1, 4), float32], %fcs: Tensor[(1, 4), float32],

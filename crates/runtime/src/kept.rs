@@ -106,8 +106,8 @@ impl Fusions {
                 .biased
                 .iter()
                 .map(|bd| Biased {
-                    product: bd.product,
                     activation: None,
+                    ..*bd
                 })
                 .collect(),
             split_unaries: Vec::new(),
@@ -117,9 +117,11 @@ impl Fusions {
 
 /// A product whose bias the next node adds, and the one node reading that sum when it is a unary
 /// operator of [`RESULT_VJP_UNARIES`] the epilogue applies too.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Biased {
     product: usize,
+    /// The product's one reader: an `nn.bias_add` of it, or an `add` of it and a vector.
+    bias: usize,
     activation: Option<usize>,
 }
 
@@ -202,7 +204,7 @@ fn fused(
     };
     if let Some(bd) = fusions.biased.iter().find(|bd| bd.product == i) {
         let r = dense_with_bias(block, bd, args, inputs, results)?;
-        later(i + 1, r.clone());
+        later(bd.bias, r.clone());
         // The activation's operand and result: its f32 vjp reads the result only, and no other
         // node reads the sum.
         if let Some(j) = bd.activation {
@@ -250,51 +252,64 @@ fn readers_of(block: &Block, j: usize) -> (usize, bool) {
     (operands, block.outputs.iter().any(|v| reads(j, v)))
 }
 
-/// The nodes of `block` that are an `nn.dense` read only by the next node, an `nn.bias_add` of it
-/// whose bias is another value, and returned by no output: the kept forward adds the bias in the
-/// product's epilogue and keeps the sum as both nodes' result. The product's own value is then
-/// never written — no vjp reads it: `nn.dense`'s reads its operands, `nn.bias_add`'s only the
-/// shapes — one pass over the launch's widest rows (TreeLSTM's 768 gate columns) and its buffer
-/// fewer. With `fast_vjps`, a `sigmoid`, `tanh`, `exp` or `negative` that is the sum's one reader
-/// (a gate) is applied in the epilogue too, and its result kept for all three nodes: its f32 vjp
-/// reads its result only, so neither the product nor the sum is written.
+/// The nodes of `block` that are an `nn.dense` read only by one node adding a bias to it — an
+/// `nn.bias_add`, or an `add` of it and another value (a plainly written `dense(x, W) + b`; the
+/// value is checked to be a vector along the rows at run time) — neither returned by an output:
+/// the kept forward adds the bias in the product's epilogue and keeps the sum as both nodes'
+/// result. The product's own value is then never written — no vjp reads it: `nn.dense`'s reads
+/// its operands, `nn.bias_add`'s and `add`'s only shapes — one pass over the launch's widest rows
+/// (TreeLSTM's 768 gate columns) and its buffer fewer. With `fast_vjps`, a `sigmoid`, `tanh`,
+/// `exp` or `negative` that is the sum's one reader (a gate) is applied in the epilogue too, and
+/// its result kept for all three nodes: its f32 vjp reads its result only, so neither the
+/// product nor the sum is written.
 fn bias_epilogues(block: &Block, fast_vjps: bool) -> Vec<Biased> {
-    let mut found = Vec::new();
-    for (i, pair) in block.nodes.windows(2).enumerate() {
-        let [dense, bias_add] = pair else { continue };
-        if dense.op.name == "nn.dense"
-            && dense.attrs.0.is_empty()
-            && bias_add.op.name == "nn.bias_add"
-            && matches!(bias_add.args.first(), Some(BArg::One(BVal::Node(n))) if *n as usize == i)
-            && bias_add.args.get(1).is_some_and(|a| !arg_reads(i, a))
-            && readers_of(block, i) == (1, false)
-        {
-            let activation = block
-                .nodes
-                .iter()
-                .enumerate()
-                .find(|(_, n)| n.args.iter().any(|a| arg_reads(i + 1, a)))
-                .filter(|(_, n)| {
-                    fast_vjps
-                        && RESULT_VJP_UNARIES.contains(&n.op.name)
-                        && matches!(n.args.as_slice(), [BArg::One(BVal::Node(s))] if *s as usize == i + 1)
-                })
-                .map(|(j, _)| j)
-                .filter(|_| readers_of(block, i + 1) == (1, false));
-            found.push(Biased {
-                product: i,
-                activation,
-            });
+    let one_reader = |j: usize| -> Option<usize> {
+        if readers_of(block, j) != (1, false) {
+            return None;
         }
+        let reads_j = |n: &BlockNode| n.args.iter().any(|a| arg_reads(j, a));
+        block.nodes.iter().position(reads_j)
+    };
+    let is = |j: usize, v: &BArg| matches!(v, BArg::One(BVal::Node(n)) if *n as usize == j);
+    let mut found = Vec::new();
+    for (i, dense) in block.nodes.iter().enumerate() {
+        if dense.op.name != "nn.dense" || !dense.attrs.0.is_empty() {
+            continue;
+        }
+        let Some(bias) = one_reader(i) else { continue };
+        let Some(adds) = block.nodes.get(bias) else {
+            continue;
+        };
+        let adds_a_bias = match (adds.op.name, adds.args.as_slice()) {
+            ("nn.bias_add", [x, b]) => is(i, x) && !arg_reads(i, b),
+            ("add", [x, y]) => (is(i, x) && !arg_reads(i, y)) || (is(i, y) && !arg_reads(i, x)),
+            _ => false,
+        };
+        if !adds_a_bias {
+            continue;
+        }
+        let activation = one_reader(bias).filter(|&j| {
+            block.nodes.get(j).is_some_and(|n| {
+                fast_vjps
+                    && RESULT_VJP_UNARIES.contains(&n.op.name)
+                    && matches!(n.args.as_slice(), [a] if is(bias, a))
+            })
+        });
+        found.push(Biased {
+            product: i,
+            bias,
+            activation,
+        });
     }
     found
 }
 
-/// A [`bias_epilogues`] product, the `nn.bias_add` after it and its activation as one product
-/// with the bias and the activation in its epilogue, on the f32 kernel: the launch's rows times a
-/// shared weight plus a shared bias along the last axis; `None` (each computed alone) otherwise.
-/// The additions and the activation are the operators' own on the same vector loops
-/// (`backward::fast::eval`'s), so the same bits.
+/// A [`bias_epilogues`] product, the node adding its bias and its activation as one product with
+/// the bias and the activation in its epilogue, on the f32 kernel: the launch's rows times a
+/// shared weight plus a shared vector along the rows (`nn.bias_add` on the last axis, or an `add`
+/// of `N` values broadcast along it); `None` (each computed alone) otherwise. The additions and
+/// the activation are the operators' own on the same vector loops (`backward::fast::eval`'s;
+/// `c + b` and `b + c` are the same sum), so the same bits.
 fn dense_with_bias(
     block: &Block,
     bd: &Biased,
@@ -302,21 +317,35 @@ fn dense_with_bias(
     inputs: &[BV],
     results: &[BV],
 ) -> Option<BV> {
-    let next = block.nodes.get(bd.product + 1)?;
+    let adds = block.nodes.get(bd.bias)?;
     let (Some(BV::Batched(OpValue::Tensor(x))), Some(BV::Shared(OpValue::Tensor(w)))) =
         (args.first(), args.get(1))
     else {
         return None;
     };
-    let BArg::One(bias_at) = next.args.get(1)? else {
-        return None;
-    };
+    let &[n, _] = w.shape() else { return None };
+    let bias_at = adds.args.iter().find_map(|a| match a {
+        BArg::One(v) if !reads(bd.product, v) => Some(v),
+        _ => None,
+    })?;
     let BV::Shared(OpValue::Tensor(bias)) = lookup(bias_at, inputs, results).ok()? else {
         return None;
     };
-    last_axis(x, next.attrs.int("axis").ok()?.unwrap_or(1))?;
     let b = bias.as_f32()?;
-    if bias.rank() != 1 || w.shape().first() != Some(&b.len()) {
+    let along_rows = match adds.op.name {
+        "nn.bias_add" => {
+            last_axis(x, adds.attrs.int("axis").ok()?.unwrap_or(1)).is_some() && bias.rank() == 1
+        }
+        // Broadcast against one instance's rows (rank `x.rank() - 1`): `(N)`, `(1, N)`, ...
+        _ => {
+            bias.rank() < x.rank()
+                && bias
+                    .shape()
+                    .split_last()
+                    .is_some_and(|(&last, rest)| last == n && rest.iter().all(|&d| d == 1))
+        }
+    };
+    if !along_rows || b.len() != n {
         return None;
     }
     let activation = match bd.activation {

@@ -153,6 +153,7 @@ const SIZES: [(usize, usize, usize); 4] = [(1, 1, 3), (5, 13, 21), (17, 33, 69),
 fn a_product_read_only_by_its_bias_add_takes_the_bias_in_its_epilogue() {
     let only_bias = Biased {
         product: 0,
+        bias: 1,
         activation: None,
     };
     assert_eq!(
@@ -162,6 +163,7 @@ fn a_product_read_only_by_its_bias_add_takes_the_bias_in_its_epilogue() {
     // With the f32 vjps, the `tanh` reading the sum goes into the epilogue too.
     let with_tanh = Biased {
         product: 0,
+        bias: 1,
         activation: Some(2),
     };
     assert_eq!(
@@ -178,6 +180,7 @@ fn a_product_read_only_by_its_bias_add_takes_the_bias_in_its_epilogue() {
     sum_read_twice.outputs = vec![BVal::Node(3)];
     let expected = Biased {
         product: 0,
+        bias: 1,
         activation: None,
     };
     assert_eq!(bias_epilogues(&sum_read_twice, true), vec![expected]);
@@ -189,6 +192,7 @@ fn the_bias_epilogue_keeps_every_value_s_bits() {
     let fused = Fusions {
         biased: vec![Biased {
             product: 0,
+            bias: 1,
             activation: None,
         }],
         ..Fusions::default()
@@ -243,6 +247,7 @@ fn split_unaries_keep_the_results_bits() {
     let fused = Fusions::of(&block, true);
     let expected = Biased {
         product: 0,
+        bias: 1,
         activation: None,
     };
     assert_eq!(fused.biased, vec![expected]);
@@ -276,6 +281,7 @@ fn the_activation_epilogue_keeps_the_results_bits() {
         let fused = Fusions::of(&block, true);
         let expected = Biased {
             product: 0,
+            bias: 1,
             activation: Some(2),
         };
         assert_eq!(fused.biased, vec![expected], "{op}");
@@ -311,5 +317,41 @@ fn the_fusions_for_the_reference_vjps_are_those_found_for_them() {
             Fusions::of(&block, true).for_reference_vjps(),
             Fusions::of(&block, false)
         );
+    }
+}
+
+/// `dense(x, W) + b` written with `add`, the product on either side: the same fusion as
+/// `nn.bias_add`, the same bits, with and without the gate.
+#[test]
+fn a_plainly_written_bias_is_fused_too() {
+    for (swap, op) in [(false, "tanh"), (true, "sigmoid"), (false, "multiply")] {
+        let mut block = dense_bias_tanh(false);
+        let sum = match swap {
+            false => vec![BVal::Node(0), BVal::Input(2)],
+            true => vec![BVal::Input(2), BVal::Node(0)],
+        };
+        block.nodes[1] = plain("add", sum);
+        // `multiply(sum, sum)`: no gate to fuse (its vjp reads its operands).
+        let gate = match op {
+            "multiply" => vec![BVal::Node(1), BVal::Node(1)],
+            _ => vec![BVal::Node(1)],
+        };
+        block.nodes[2] = plain(op, gate);
+        let fused = Fusions::of(&block, true);
+        let expected = Biased {
+            product: 0,
+            bias: 1,
+            activation: (op != "multiply").then_some(2),
+        };
+        assert_eq!(fused.biased, vec![expected], "{op}, swapped {swap}");
+        for size in SIZES {
+            let (fr, _) = kept_bits(&block, size, &fused);
+            let (ar, _) = kept_bits(&block, size, &Fusions::default());
+            assert_eq!(fr[2], ar[2], "{op}, swapped {swap}: the result at {size:?}");
+            if op == "multiply" {
+                assert_eq!(fr[0], ar[1], "the product kept as the sum at {size:?}");
+                assert_eq!(fr[1], ar[1], "the sum at {size:?}");
+            }
+        }
     }
 }
