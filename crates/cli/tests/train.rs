@@ -171,6 +171,19 @@ fn train_epochs(
     epochs: &str,
     extra: &[&str],
 ) -> Output {
+    let a = train_args(model, train, dev, out, epochs, extra);
+    tumble(&a.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// [`train_epochs`]'s command line.
+fn train_args(
+    model: &str,
+    train: &str,
+    dev: &str,
+    out: &Path,
+    epochs: &str,
+    extra: &[&str],
+) -> Vec<String> {
     let o = out.display().to_string();
     let mut a = vec![
         "train",
@@ -197,7 +210,7 @@ fn train_epochs(
     if !extra.contains(&"--optimizer") {
         a.extend_from_slice(&["--optimizer", "adam"]);
     }
-    tumble(&a)
+    a.into_iter().map(String::from).collect()
 }
 
 /// The dev losses printed after each epoch.
@@ -1174,36 +1187,11 @@ fn the_kept_forward_s_fusions_change_no_bit() {
         assert!(o.status.success(), "{}", text(&o.stderr));
         let count = fused_count(&text(&o.stderr));
         // Per launch of a leaf: its bias_add and its three gates; of a forget gate: its
-        // bias_add and sigmoid; of an internal node: its three gates.
+        // bias `add` and sigmoid; of an internal node: its three gates.
         assert_eq!(count > 0, fuse, "{count} fused operators");
         let w = temp_path(&format!("tree_lstm_weights_{fuse}.safetensors"));
-        let w_arg = w.display().to_string();
-        let o = tumble_fusing(
-            fuse,
-            &[
-                "train",
-                &model,
-                "--train",
-                &data,
-                "--dev",
-                &data,
-                "--random-params",
-                "3",
-                "--epochs",
-                "3",
-                "--batch",
-                "4",
-                "--optimizer",
-                "adagrad",
-                "--lr",
-                "0.05",
-                "--seed",
-                "11",
-                "--quiet",
-                "-o",
-                &w_arg,
-            ],
-        );
+        let args = train_args(&model, &data, &data, &w, "3", &["--optimizer", "adagrad"]);
+        let o = tumble_fusing(fuse, &args.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(o.status.success(), "{}", text(&o.stderr));
         // Epochs after the first replay their traces: the fusions there too.
         assert!(text(&o.stderr).contains("14 of 14 instances traced ("));

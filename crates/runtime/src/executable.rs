@@ -53,9 +53,9 @@ pub struct Executable {
     /// empty without weight groups): a launch groups its invocations by the tensors they pass
     /// there.
     pub(crate) chosen_weights: Vec<Vec<u32>>,
-    /// Per block: what its launches recorded for a backward compute together
-    /// ([`crate::kept::Fusions`], for the f32 vjps), found once per job.
-    pub(crate) kept_fusions: Vec<crate::kept::Fusions>,
+    /// Per block: what its launches recorded for a backward compute together, for either kind
+    /// of vjp ([`crate::kept::BlockFusions`]), found once per job.
+    pub(crate) kept_fusions: Vec<crate::kept::BlockFusions>,
     /// Per block: the bytes every node's result takes for one invocation (from the static node
     /// types), the bound a launch checks against the memory budget before it allocates.
     pub(crate) row_bytes: Vec<usize>,
@@ -243,10 +243,7 @@ impl Executable {
                     })
                 })
                 .collect(),
-            kept_fusions: blocks
-                .iter()
-                .map(|b| crate::kept::Fusions::of(b, true))
-                .collect(),
+            kept_fusions: blocks.iter().map(crate::kept::BlockFusions::of).collect(),
             row_bytes: blocks
                 .iter()
                 .map(|b| {

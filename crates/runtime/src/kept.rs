@@ -5,8 +5,9 @@
 //! Each kept value is written once by the forward and read back by the backward from beyond the
 //! caches (TreeLSTM training keeps ~24 MiB a mini-batch), so what costs is bytes, not
 //! instructions. Two fusions write fewer of them where no vjp reads a value:
-//! - a product's bias added in its GEMM epilogue ([`bias_epilogues`]): `nn.dense`'s vjp reads its
-//!   operands and `nn.bias_add`'s only shapes, so the product itself is never written — nor the
+//! - a product's bias added in its GEMM epilogue ([`bias_epilogues`]; `nn.bias_add`, or a vector
+//!   added with `add`): `nn.dense`'s vjp reads its operands and the addition's only shapes, so
+//!   the product itself is never written — nor the
 //!   sum, when one `sigmoid`, `tanh`, `exp` or `negative` reads it (a gate) and the f32 vjps,
 //!   which read that operator's result, differentiate the launch: the epilogue applies it too;
 //! - a `split` whose every part feeds one `sigmoid`, `tanh`, `exp` or `negative`
@@ -21,6 +22,7 @@ use tumble_ir::Ty;
 use tumble_ops::OpValue;
 use tumble_tensor::Tensor;
 
+use crate::backward::fast::{unary_into, RESULT_ONLY_VJP_UNARIES};
 use crate::batched::{batched_op, lookup, operands, LaunchOps, BV};
 use crate::{fastmath, simd};
 
@@ -53,34 +55,50 @@ pub(crate) struct KeptMode {
 }
 
 /// Runs `block` for `b` invocations like [`crate::batched::run_block`], keeping everything
-/// ([`Kept`]). `fusions`: the block's, for the f32 vjps (`Executable::kept_fusions`);
-/// `fast_vjps`: the backward takes them ([`KeptMode::fast_vjps`]), else only the fusions the
-/// reference rules allow are made.
+/// ([`Kept`]), computing together what `fusions` says (the block's for the backward's vjps,
+/// [`BlockFusions::for_vjps`]; `None`, or `TUMBLE_NO_KEPT_FUSION=1`: every operator alone).
 pub(crate) fn run_block_kept(
     block: &Block,
     inputs: Vec<BV>,
     b: usize,
     ops: &mut LaunchOps,
     memo: Option<&mut SharedMemo>,
-    (fusions, fast_vjps): (Option<&Fusions>, bool),
+    fusions: Option<&Fusions>,
 ) -> Result<Kept, String> {
     let none = Fusions::default();
-    let reference;
-    let fusions = match fusions {
-        Some(f) if kept_fusion_enabled() && fast_vjps => f,
-        Some(f) if kept_fusion_enabled() => {
-            reference = f.for_reference_vjps();
-            &reference
-        }
-        _ => &none,
-    };
+    let fusions = fusions.filter(|_| kept_fusion_enabled()).unwrap_or(&none);
     run_kept(block, inputs, b, ops, memo, fusions)
+}
+
+/// A block's [`Fusions`] for each kind of vjp, found once per job (`Executable::kept_fusions`).
+pub(crate) struct BlockFusions {
+    fast: Fusions,
+    reference: Fusions,
+}
+
+impl BlockFusions {
+    pub(crate) fn of(block: &Block) -> BlockFusions {
+        let fast = Fusions::of(block, true);
+        BlockFusions {
+            reference: fast.for_reference_vjps(),
+            fast,
+        }
+    }
+
+    /// The fusions for a backward with the f32 vjps (`fast_vjps`, [`KeptMode::fast_vjps`]) or
+    /// the reference rules.
+    pub(crate) fn for_vjps(&self, fast_vjps: bool) -> &Fusions {
+        match fast_vjps {
+            true => &self.fast,
+            false => &self.reference,
+        }
+    }
 }
 
 /// What a kept launch of a block computes together (node indices).
 #[derive(Default, Debug, PartialEq)]
 pub(crate) struct Fusions {
-    /// Products whose bias the next node adds ([`bias_epilogues`]).
+    /// Products whose bias their one reader adds ([`bias_epilogues`]).
     biased: Vec<Biased>,
     /// Splits whose parts' unary operators read them in place ([`split_unaries`]).
     split_unaries: Vec<SplitUnaries>,
@@ -115,8 +133,8 @@ impl Fusions {
     }
 }
 
-/// A product whose bias the next node adds, and the one node reading that sum when it is a unary
-/// operator of [`RESULT_VJP_UNARIES`] the epilogue applies too.
+/// A product whose bias its one reader adds, and the one node reading that sum when it is a unary
+/// operator of [`RESULT_ONLY_VJP_UNARIES`] the epilogue applies too.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Biased {
     product: usize,
@@ -291,7 +309,7 @@ fn bias_epilogues(block: &Block, fast_vjps: bool) -> Vec<Biased> {
         let activation = one_reader(bias).filter(|&j| {
             block.nodes.get(j).is_some_and(|n| {
                 fast_vjps
-                    && RESULT_VJP_UNARIES.contains(&n.op.name)
+                    && RESULT_ONLY_VJP_UNARIES.contains(&n.op.name)
                     && matches!(n.args.as_slice(), [a] if is(bias, a))
             })
         });
@@ -377,11 +395,8 @@ fn last_axis(x: &Tensor, axis: i64) -> Option<usize> {
     (rank > 0 && axis == rank - 1).then(|| x.rank() - 1)
 }
 
-/// The unary operators whose f32 vjp reads their result only (`backward::fast::vjp`).
-const RESULT_VJP_UNARIES: [&str; 4] = ["sigmoid", "tanh", "exp", "negative"];
-
 /// The `split` nodes of `block` each of whose parts is read by exactly one node, a unary operator
-/// of [`RESULT_VJP_UNARIES`] (an LSTM cell's gates after their product), and which no output
+/// of [`RESULT_ONLY_VJP_UNARIES`] (an LSTM cell's gates after their product), and which no output
 /// returns: the kept forward computes each part's operator on its columns of the split's operand
 /// where they lie, and keeps the results only.
 fn split_unaries(block: &Block) -> Vec<SplitUnaries> {
@@ -407,7 +422,7 @@ fn split_unaries(block: &Block) -> Vec<SplitUnaries> {
                 };
                 match field.and_then(|f| readers.get_mut(f)) {
                     Some(slot @ None)
-                        if RESULT_VJP_UNARIES.contains(&reader.op.name)
+                        if RESULT_ONLY_VJP_UNARIES.contains(&reader.op.name)
                             && reader.args.len() == 1 =>
                     {
                         *slot = Some(r)
@@ -446,7 +461,7 @@ fn split_unary_parts(block: &Block, su: &SplitUnaries, args: &[BV]) -> Option<Ve
         let mut out = tumble_tensor::pool::scratch_f32(rows * len);
         if len > 0 {
             for (o, row) in out.chunks_exact_mut(len).zip(data.chunks_exact(d)) {
-                unary(op, o, row.get(begin..begin + len)?)?;
+                unary_into(op, o, row.get(begin..begin + len)?)?;
             }
         }
         let mut shape = x.shape().to_vec();
@@ -455,19 +470,6 @@ fn split_unary_parts(block: &Block, su: &SplitUnaries, args: &[BV]) -> Option<Ve
         begin += len;
     }
     Some(parts)
-}
-
-/// `op` of [`RESULT_VJP_UNARIES`] on `x` into `out`: the same per-element functions on the same
-/// vector loops as `backward::fast::eval`'s, so the same bits.
-fn unary(op: &str, out: &mut [f32], x: &[f32]) -> Option<()> {
-    match op {
-        "sigmoid" => simd::unary(out, x, fastmath::sigmoid),
-        "tanh" => simd::unary(out, x, fastmath::tanh),
-        "exp" => simd::unary(out, x, fastmath::exp),
-        "negative" => simd::unary(out, x, |v| -v),
-        _ => return None,
-    }
-    Some(())
 }
 
 /// Values of pure operators on shared operands only (a hoisting split's columns of a weight,

@@ -43,6 +43,26 @@ fn binary(x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32) -> Vec<f32> {
     out
 }
 
+/// The unary operators whose f32 vjp ([`vjp`]) reads their result only, never their operand:
+/// the kept forward may keep their result in its place ([`crate::kept`]).
+pub(crate) const RESULT_ONLY_VJP_UNARIES: [&str; 4] = ["sigmoid", "tanh", "exp", "negative"];
+
+/// Unary `op` (`sigmoid`, `tanh`, `exp`, `negative`, `nn.relu`) of `x` into `out`, on the row
+/// programs' SIMD functions: what [`eval`] computes, for callers with their own buffers (the kept
+/// forward's split parts); `None` for another operator.
+pub(crate) fn unary_into(op: &str, out: &mut [f32], x: &[f32]) -> Option<()> {
+    match op {
+        "sigmoid" => simd::unary(out, x, fastmath::sigmoid),
+        "tanh" => simd::unary(out, x, fastmath::tanh),
+        "exp" => simd::unary(out, x, fastmath::exp),
+        "negative" => simd::unary(out, x, |v| -v),
+        // NaN stays NaN, as in the reference (`max(0.0)` would make it 0).
+        "nn.relu" => simd::unary(out, x, |v| if v < 0.0 { 0.0 } else { v }),
+        _ => return None,
+    }
+    Some(())
+}
+
 use crate::fastops::axis_of;
 
 /// `nn.bias_add`'s bias runs along the last axis (the only form handled here).
@@ -59,14 +79,8 @@ pub(crate) fn eval(op: &str, args: &[OpValue], attrs: &Attrs, threads: usize) ->
     match op {
         "sigmoid" | "tanh" | "exp" | "negative" | "nn.relu" => {
             let (t, x) = f32_of(args.first()?)?;
-            let out = match op {
-                "sigmoid" => unary(x, fastmath::sigmoid),
-                "tanh" => unary(x, fastmath::tanh),
-                "exp" => unary(x, fastmath::exp),
-                "negative" => unary(x, |v| -v),
-                // NaN stays NaN, as in the reference (`max(0.0)` would make it 0).
-                _ => unary(x, |v| if v < 0.0 { 0.0 } else { v }),
-            };
+            let mut out = tumble_tensor::pool::scratch_f32(x.len());
+            unary_into(op, &mut out, x)?;
             tensor(t.shape(), out)
         }
         "nn.softmax" | "nn.log_softmax" => {

@@ -77,7 +77,7 @@ impl Default for GradOptions {
 }
 
 impl GradOptions {
-    /// The f32 fast path the recomputed (or kept) forward operators try first.
+    /// How the forward recorded for this backward runs its launches.
     fn kept_mode(self) -> crate::kept::KeptMode {
         crate::kept::KeptMode {
             eval: self.fast_eval(),
@@ -85,6 +85,7 @@ impl GradOptions {
         }
     }
 
+    /// The f32 fast path the recomputed (or kept) forward operators try first.
     fn fast_eval(self) -> batched::FastEval {
         match self.fast {
             true => fast::eval,
@@ -826,7 +827,8 @@ fn backward_launch(
                 threads,
             };
             let fusions = dfg.exec.kept_fusions.get(first.block as usize);
-            crate::kept::run_block_kept(block, inputs, b, &mut ops, None, (fusions, gopts.fast))
+            let fusions = fusions.map(|f| f.for_vjps(gopts.fast));
+            crate::kept::run_block_kept(block, inputs, b, &mut ops, None, fusions)
                 .map_err(RunError::new)?
         }
     };

@@ -661,7 +661,8 @@ impl Dfg<'_> {
                     };
                     let memo = Some(&mut self.shared_memo);
                     let fusions = self.exec.kept_fusions.get(block_id as usize);
-                    run_block_kept(block, inputs, b, &mut ops, memo, (fusions, mode.fast_vjps))
+                    let fusions = fusions.map(|f| f.for_vjps(mode.fast_vjps));
+                    run_block_kept(block, inputs, b, &mut ops, memo, fusions)
                         .and_then(|k| Ok((k.outputs(block)?, Some(k))))
                 }
                 (None, Some(plan)) => crate::fused::run_planned_on(

@@ -275,7 +275,7 @@ fn split_unaries_keep_the_results_bits() {
 
 #[test]
 fn the_activation_epilogue_keeps_the_results_bits() {
-    for op in RESULT_VJP_UNARIES {
+    for op in RESULT_ONLY_VJP_UNARIES {
         let mut block = dense_bias_tanh(false);
         block.nodes[2] = plain(op, vec![BVal::Node(1)]);
         let fused = Fusions::of(&block, true);
