@@ -1145,23 +1145,26 @@ fn tumble_fusing(fuse: bool, args: &[&str]) -> Output {
     cmd.args(args).arg("--color=never");
     if !fuse {
         cmd.env("TUMBLE_NO_KEPT_FUSION", "1");
+        cmd.env("TUMBLE_NO_SPLIT_VJP_FUSION", "1");
     }
     cmd.output()
         .unwrap_or_else(|e| panic!("cannot run tumble: {e}"))
 }
 
 /// The kept forward's fusions (a product's bias and gate in its epilogue, a split's gates where
-/// they lie) change no bit: the gradient and the weights trained over replayed epochs are the
-/// same files with `TUMBLE_NO_KEPT_FUSION=1`, and `grad --profile` shows that they happened.
+/// they lie) and the backward's (a split differentiated with its gates) change no bit: the
+/// gradient and the weights trained over replayed epochs are the same files with
+/// `TUMBLE_NO_KEPT_FUSION=1 TUMBLE_NO_SPLIT_VJP_FUSION=1`, and `grad --profile` shows that they
+/// happened.
 #[test]
 fn the_kept_forward_s_fusions_change_no_bit() {
     let model = temp_file("tree_lstm.rly", TREE_LSTM);
     let data = temp_file("tree_lstm.jsonl", &tree_instances());
-    let fused_count = |stderr: &str| -> u64 {
+    let count_after = |stderr: &str, label: &str| -> u64 {
         let at = stderr
-            .find("by the kept forward ")
-            .unwrap_or_else(|| panic!("no fusion count: {stderr}"));
-        let rest = &stderr[at + "by the kept forward ".len()..];
+            .find(label)
+            .unwrap_or_else(|| panic!("no count {label:?}: {stderr}"));
+        let rest = &stderr[at + label.len()..];
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
         digits.parse().unwrap_or_else(|_| panic!("{stderr}"))
     };
@@ -1185,10 +1188,13 @@ fn the_kept_forward_s_fusions_change_no_bit() {
             ],
         );
         assert!(o.status.success(), "{}", text(&o.stderr));
-        let count = fused_count(&text(&o.stderr));
+        let count = count_after(&text(&o.stderr), "by the kept forward ");
         // Per launch of a leaf: its bias_add and its three gates; of a forget gate: its
         // bias `add` and sigmoid; of an internal node: its three gates.
         assert_eq!(count > 0, fuse, "{count} fused operators");
+        // Per launch of a leaf or an internal node: its split of the gates.
+        let splits = count_after(&text(&o.stderr), "with their gates in one pass ");
+        assert_eq!(splits > 0, fuse, "{splits} fused split vjps");
         let w = temp_path(&format!("tree_lstm_weights_{fuse}.safetensors"));
         let args = train_args(&model, &data, &data, &w, "3", &["--optimizer", "adagrad"]);
         let o = tumble_fusing(fuse, &args.iter().map(String::as_str).collect::<Vec<_>>());

@@ -146,8 +146,33 @@ pub(crate) struct Biased {
 /// A `split` node and, per part, the one node reading it: a unary operator.
 #[derive(Debug, PartialEq)]
 pub(crate) struct SplitUnaries {
-    split: usize,
-    readers: Vec<usize>,
+    pub(crate) split: usize,
+    pub(crate) readers: Vec<usize>,
+}
+
+impl Fusions {
+    /// The splits whose parts' unary operators read them in place: the backward runs those
+    /// operators' vjps with the split's (`backward::split_unaries_vjp`).
+    pub(crate) fn split_unaries(&self) -> &[SplitUnaries] {
+        &self.split_unaries
+    }
+}
+
+/// How `su`'s split cuts its operand `x` (batched f32 rows, split along the instance's last
+/// axis): the rows, the operand's row length and each part's width; `None` for any other split.
+pub(crate) fn split_layout(
+    block: &Block,
+    su: &SplitUnaries,
+    x: &Tensor,
+) -> Option<(usize, usize, Vec<usize>)> {
+    let split = block.nodes.get(su.split)?;
+    let axis = last_axis(x, split.attrs.int("axis").ok()?.unwrap_or(0))?;
+    let d = *x.shape().get(axis)?;
+    let sizes = crate::fastops::split_sizes(&split.attrs, d)?;
+    if sizes.len() != su.readers.len() || d == 0 {
+        return None;
+    }
+    Some((x.as_f32()?.len() / d, d, sizes))
 }
 
 fn run_kept(
@@ -442,18 +467,12 @@ fn split_unaries(block: &Block) -> Vec<SplitUnaries> {
 /// split along the instance's last axis), as the operators apart compute them; `None` where the
 /// split is not one of f32 rows along its last axis.
 fn split_unary_parts(block: &Block, su: &SplitUnaries, args: &[BV]) -> Option<Vec<Tensor>> {
-    let split = block.nodes.get(su.split)?;
     let Some(BV::Batched(OpValue::Tensor(x))) = args.first() else {
         return None;
     };
-    let axis = last_axis(x, split.attrs.int("axis").ok()?.unwrap_or(0))?;
     let data = x.as_f32()?;
-    let d = *x.shape().get(axis)?;
-    let sizes = crate::fastops::split_sizes(&split.attrs, d)?;
-    if sizes.len() != su.readers.len() || d == 0 {
-        return None;
-    }
-    let rows = data.len() / d;
+    let (rows, d, sizes) = split_layout(block, su, x)?;
+    let axis = x.rank() - 1;
     let mut parts = Vec::with_capacity(sizes.len());
     let mut begin = 0;
     for (&len, &reader) in sizes.iter().zip(&su.readers) {

@@ -183,7 +183,8 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
              vjps batched {} / per row {}, shared-weight gradients summed per launch {}, \
              dense parameter gradients deferred to one product per parameter {}, \
              invocations computed once for identical ones {}, operators computed inside another's \
-             kernel by the kept forward {}; peak heap per mini-batch {}\n\
+             kernel by the kept forward {}, splits differentiated with their gates in one pass {}; \
+             peak heap per mini-batch {}\n\
              forward (ms): {}",
             decoded.len(),
             out.len(),
@@ -203,6 +204,7 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             stats.deferred_dense,
             stats.memoized,
             stats.forward.ops.kept_fused,
+            stats.split_vjps_fused,
             tumble_limits::bytes_text(stats.peak_bytes),
             stats.forward.run_split()
         );

@@ -63,6 +63,59 @@ pub(crate) fn unary_into(op: &str, out: &mut [f32], x: &[f32]) -> Option<()> {
     Some(())
 }
 
+/// The f32 vjp of a unary operator of [`RESULT_ONLY_VJP_UNARIES`] into `dx`, from its output
+/// gradient `g` and its result `y` alone; `None` for another operator.
+fn result_only_vjp_into(op: &str, dx: &mut [f32], g: &[f32], y: &[f32]) -> Option<()> {
+    match op {
+        "sigmoid" => simd::binary(dx, g, y, |d, o| d * (o * (1.0 - o))),
+        "tanh" => simd::binary(dx, g, y, |d, o| d * (1.0 - o * o)),
+        "exp" => simd::binary(dx, g, y, |d, o| d * o),
+        "negative" => simd::unary(dx, g, |d| -d),
+        _ => return None,
+    }
+    Some(())
+}
+
+/// One part of a split read by a unary operator, for [`split_unaries_vjp`]: the operator, the
+/// part's width, the operator's result and its output gradient (`None`: none reached it).
+pub(crate) struct SplitPart<'a> {
+    pub op: &'static str,
+    pub width: usize,
+    pub y: &'a [f32],
+    pub dy: Option<&'a [f32]>,
+}
+
+/// The gradient of a split's operand (`rows` rows of `d` floats) whose every part one
+/// result-only unary operator reads, with those operators' vjps: each part's columns written in
+/// place by its operator's f32 vjp ([`result_only_vjp_into`], zeros where no gradient reached
+/// it). The same bits as those vjps and the split's concatenation of their results, without a
+/// part's gradient written apart and copied. `None` if a part does not fit.
+pub(crate) fn split_unaries_vjp(rows: usize, d: usize, parts: &[SplitPart]) -> Option<Vec<f32>> {
+    let mut dx = tumble_tensor::pool::scratch_f32(rows.checked_mul(d)?);
+    let mut begin = 0;
+    for p in parts {
+        let w = p.width;
+        let end = begin + w;
+        if end > d || p.y.len() != rows * w || p.dy.is_some_and(|g| g.len() != rows * w) {
+            return None;
+        }
+        if w > 0 {
+            for (r, row) in dx.chunks_exact_mut(d).enumerate() {
+                let out = row.get_mut(begin..end)?;
+                match p.dy {
+                    None => out.fill(0.0),
+                    Some(g) => {
+                        let (g, y) = (g.get(r * w..(r + 1) * w)?, p.y.get(r * w..(r + 1) * w)?);
+                        result_only_vjp_into(p.op, out, g, y)?;
+                    }
+                }
+            }
+        }
+        begin = end;
+    }
+    (begin == d).then_some(dx)
+}
+
 use crate::fastops::axis_of;
 
 /// `nn.bias_add`'s bias runs along the last axis (the only form handled here).
@@ -311,11 +364,12 @@ pub(super) fn vjp(
                 return None;
             }
             let dx = match op {
-                "sigmoid" => binary(g, y, |d, o| d * (o * (1.0 - o))),
-                "tanh" => binary(g, y, |d, o| d * (1.0 - o * o)),
-                "exp" => binary(g, y, |d, o| d * o),
-                "negative" => unary(g, |d| -d),
-                _ => binary(g, x, |d, v| if v > 0.0 { d } else { 0.0 }),
+                "nn.relu" => binary(g, x, |d, v| if v > 0.0 { d } else { 0.0 }),
+                _ => {
+                    let mut dx = tumble_tensor::pool::scratch_f32(g.len());
+                    result_only_vjp_into(op, &mut dx, g, y)?;
+                    dx
+                }
             };
             Some(vec![t(Tensor::from_vec(tx.shape().to_vec(), dx).ok()?)])
         }
@@ -508,6 +562,84 @@ mod tests {
             .zip(want)
             .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
             / scale
+    }
+
+    /// A split's gradient written part by part by its readers' vjps is, bit for bit, each
+    /// reader's vjp apart and their concatenation (zeros for a part no gradient reached), at odd
+    /// row counts and part widths around the vector width.
+    #[test]
+    fn split_unaries_vjp_is_the_vjps_concatenated_bit_for_bit() {
+        let mut rng = Rng::new(11);
+        let ops = ["sigmoid", "tanh", "exp", "negative"];
+        for rows in [1usize, 3, 17] {
+            for widths in [
+                vec![5usize, 13, 1, 16],
+                vec![17, 0, 33, 2],
+                vec![32, 32, 32, 32],
+            ] {
+                let d: usize = widths.iter().sum();
+                let ys: Vec<Tensor> = widths.iter().map(|&w| rand(&[rows, w], &mut rng)).collect();
+                let dys: Vec<Option<Tensor>> = widths
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &w)| (i != 1).then(|| rand(&[rows, w], &mut rng)))
+                    .collect();
+                let parts: Vec<SplitPart> = (0..4)
+                    .map(|i| SplitPart {
+                        op: ops[i],
+                        width: widths[i],
+                        y: ys[i].as_f32().expect("f32"),
+                        dy: dys[i].as_ref().map(|t| t.as_f32().expect("f32")),
+                    })
+                    .collect();
+                let got = split_unaries_vjp(rows, d, &parts).expect("fused vjp");
+                let mut want = vec![0f32; rows * d];
+                let mut begin = 0;
+                for i in 0..4 {
+                    let w = widths[i];
+                    if let Some(dy) = &dys[i] {
+                        let y = OpValue::Tensor(ys[i].clone());
+                        let g = vjp(
+                            ops[i],
+                            std::slice::from_ref(&y),
+                            &Attrs::default(),
+                            &y,
+                            &OpValue::Tensor(dy.clone()),
+                        )
+                        .expect("vjp");
+                        let g = f32s(g[0].as_ref().expect("dx"));
+                        for r in 0..rows {
+                            want[r * d + begin..r * d + begin + w]
+                                .copy_from_slice(&g[r * w..(r + 1) * w]);
+                        }
+                    }
+                    begin += w;
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "rows {rows} widths {widths:?}");
+            }
+        }
+        // Parts that do not cover the operand's row, or a result of another length: no vjp.
+        let y = [0.5f32; 3];
+        let part = |width| SplitPart {
+            op: "tanh",
+            width,
+            y: &y,
+            dy: None,
+        };
+        assert!(split_unaries_vjp(1, 4, &[part(3)]).is_none());
+        assert!(split_unaries_vjp(1, 2, &[part(2)]).is_none());
+        assert!(split_unaries_vjp(
+            1,
+            3,
+            &[SplitPart {
+                op: "nn.relu",
+                width: 3,
+                y: &y,
+                dy: Some(&y)
+            }]
+        )
+        .is_none());
     }
 
     /// The fast softmax paths (recompute and vjp) agree with the operator table's f64 rules at

@@ -132,6 +132,9 @@ pub struct BackwardStats {
     pub skipped: u64,
     /// Operator vjps run once for the whole launch / once per row (no batching rule).
     pub batched_vjps: u64,
+    /// Splits whose vjp ran with their parts' unary operators' in one pass
+    /// (`split_vjp_fusions`).
+    pub split_vjps_fused: u64,
     pub looped_vjps: u64,
     /// Weight gradients produced as one sum over a launch's rows.
     pub shared_grads: u64,
@@ -158,6 +161,7 @@ impl BackwardStats {
         self.launches += o.launches;
         self.skipped += o.skipped;
         self.batched_vjps += o.batched_vjps;
+        self.split_vjps_fused += o.split_vjps_fused;
         self.looped_vjps += o.looped_vjps;
         self.shared_grads += o.shared_grads;
         self.deferred_dense += o.deferred_dense;
@@ -742,6 +746,118 @@ fn sliced_param(
     ))
 }
 
+/// A `split` of a launch whose vjp runs with its parts' unary operators' ([`split_vjp_fusions`]):
+/// the kept forward's fusion record and how the split cuts its operand.
+struct FusedSplit<'f> {
+    su: &'f crate::kept::SplitUnaries,
+    rows: usize,
+    width: usize,
+    sizes: Vec<usize>,
+    shape: Vec<usize>,
+}
+
+/// Whether the backward runs a split's vjp with its readers' (`TUMBLE_NO_SPLIT_VJP_FUSION=1`:
+/// each operator's vjp apart, then the split's concatenation; the same bits).
+fn split_vjp_fusion_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_SPLIT_VJP_FUSION").is_none())
+}
+
+/// The splits of a launch of `block` (block number `index`) each of whose parts one result-only
+/// unary operator reads — an LSTM cell's gates, the kept forward's [`crate::kept::SplitUnaries`]
+/// —, with the f32 vjps and the launch's values in the forms [`split_unaries_vjp`] takes: their
+/// operand's gradient is then written in one pass, part by part in its columns, instead of each
+/// operator's vjp writing its part's gradient and the split's vjp copying them together.
+fn split_vjp_fusions<'f>(
+    dfg: &'f Dfg,
+    index: u32,
+    block: &tumble_compile::Block,
+    node_args: &[Vec<BV>],
+    results: &[BV],
+    gopts: GradOptions,
+) -> Vec<FusedSplit<'f>> {
+    if !gopts.fast || !split_vjp_fusion_enabled() {
+        return Vec::new();
+    }
+    let Some(fusions) = dfg.exec.kept_fusions.get(index as usize) else {
+        return Vec::new();
+    };
+    let batched_f32 = |v: Option<&BV>| match v {
+        Some(BV::Batched(OpValue::Tensor(t))) if t.as_f32().is_some() => Some(t.clone()),
+        _ => None,
+    };
+    let mut found = Vec::new();
+    for su in fusions.for_vjps(true).split_unaries() {
+        let Some(x) = batched_f32(node_args.get(su.split).and_then(|a| a.first())) else {
+            continue;
+        };
+        let Some((rows, width, sizes)) = crate::kept::split_layout(block, su, &x) else {
+            continue;
+        };
+        let results_fit = su
+            .readers
+            .iter()
+            .zip(&sizes)
+            .all(|(&r, &w)| batched_f32(results.get(r)).is_some_and(|y| y.len() == rows * w));
+        if results_fit {
+            found.push(FusedSplit {
+                su,
+                rows,
+                width,
+                sizes,
+                shape: x.shape().to_vec(),
+            });
+        }
+    }
+    found
+}
+
+/// The gradient of fused split `f`'s operand from its readers' output gradients (`None`: none
+/// reached any of them).
+fn split_unaries_vjp(
+    f: &FusedSplit,
+    block: &tumble_compile::Block,
+    results: &[BV],
+    node_adj: &[Vec<Option<BV>>],
+) -> Result<Option<Tensor>, RunError> {
+    let mut dys = Vec::with_capacity(f.su.readers.len());
+    for &r in &f.su.readers {
+        let (Some(out), Some(slots)) = (results.get(r), node_adj.get(r)) else {
+            return Err(internal("split reader"));
+        };
+        dys.push(dy_of(out, slots)?);
+    }
+    if dys.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    fn f32_of(v: Option<&BV>) -> Option<&[f32]> {
+        match v {
+            Some(BV::Batched(OpValue::Tensor(t))) => t.as_f32(),
+            _ => None,
+        }
+    }
+    let mut parts = Vec::with_capacity(dys.len());
+    for ((&r, &width), dy) in f.su.readers.iter().zip(&f.sizes).zip(&dys) {
+        let op = block
+            .nodes
+            .get(r)
+            .ok_or_else(|| internal("split reader"))?
+            .op
+            .name;
+        let y = f32_of(results.get(r)).ok_or_else(|| internal("split reader's result"))?;
+        let dy = match dy {
+            Some(g) => Some(f32_of(Some(g)).ok_or_else(|| internal("split reader's gradient"))?),
+            None => None,
+        };
+        parts.push(fast::SplitPart { op, width, y, dy });
+    }
+    let dx = fast::split_unaries_vjp(f.rows, f.width, &parts)
+        .ok_or_else(|| internal("split gradient"))?;
+    Tensor::from_vec(f.shape.clone(), dx)
+        .map(Some)
+        .map_err(internal)
+}
+
 /// Differentiates one launch (nodes `ids` of one block), batched.
 #[allow(clippy::too_many_arguments)]
 fn backward_launch(
@@ -839,7 +955,24 @@ fn backward_launch(
             route(v, dy, b, &inputs, &results, &mut in_adj, &mut node_adj)?;
         }
     }
+    let fused_splits = split_vjp_fusions(dfg, first.block, block, &node_args, &results, gopts);
     for (k, node) in block.nodes.iter().enumerate().rev() {
+        // A fused split's readers: their vjps run with the split's, below.
+        if fused_splits.iter().any(|f| f.su.readers.contains(&k)) {
+            continue;
+        }
+        if let Some(f) = fused_splits.iter().find(|f| f.su.split == k) {
+            if let (Some(dx), Some(BArg::One(v))) = (
+                split_unaries_vjp(f, block, &results, &node_adj)?,
+                node.args.first(),
+            ) {
+                stats.batched_vjps += f.su.readers.len() as u64 + 1;
+                stats.split_vjps_fused += 1;
+                let dx = BV::Batched(OpValue::Tensor(dx));
+                route(v, dx, b, &inputs, &results, &mut in_adj, &mut node_adj)?;
+            }
+            continue;
+        }
         let (Some(out), Some(args), Some(slots)) =
             (results.get(k), node_args.get(k), node_adj.get(k))
         else {
