@@ -142,6 +142,21 @@ impl Executable {
         self.memo.clear();
     }
 
+    /// Forgets everything computed from the weights' values — packed GEMM weights, weight
+    /// slices, derived parameters, kept results — and lets go of the weights held for their
+    /// keys: a trainer calls it before it updates the weights in place, so that the next
+    /// mini-batch's launches see the new values (the caches key weights by their buffers, which
+    /// an in-place update keeps) and the update finds each buffer its own (no copy). The plans
+    /// and the per-block facts stay: the job goes on with them.
+    pub fn forget_weight_values(&self) {
+        self.weights.clear();
+        self.weight_slices.clear();
+        self.memo.clear();
+        if let Ok(mut d) = self.derived.lock() {
+            *d = None;
+        }
+    }
+
     /// Runs the kernel plans' launches on `gpu` (stages the device does not run, and blocks
     /// without a plan, stay on the host). Several workers may drive it: their launches queue on
     /// its one stream.

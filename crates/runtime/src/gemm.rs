@@ -127,6 +127,26 @@ impl Drop for Entered {
 }
 
 impl WeightCache {
+    /// Drops every packed copy (and the weights held for their keys): the weights are about to
+    /// change in place, so a copy keyed by a weight's buffer would no longer be that weight.
+    pub(crate) fn clear(&self) {
+        if let Ok(mut c) = self.single.lock() {
+            c.clear();
+        }
+        if let Ok(mut c) = self.concat.lock() {
+            c.clear();
+        }
+        if let Ok(mut c) = self.transposed.lock() {
+            c.clear();
+        }
+        if let Ok(mut c) = self.columns.lock() {
+            c.clear();
+        }
+        if let Ok(mut c) = self.rows.lock() {
+            c.clear();
+        }
+    }
+
     /// Makes `cache` the one GEMMs on this thread use until the guard drops. Launches run on the
     /// thread of their mini-batch (kernels may fan out, but pack before they do), so a
     /// thread-local reaches every GEMM without threading the cache through the batching rules.

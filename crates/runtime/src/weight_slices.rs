@@ -91,6 +91,13 @@ pub(crate) struct SliceCache {
 }
 
 impl SliceCache {
+    /// Drops every slice (and the weights held for their keys).
+    pub(crate) fn clear(&self) {
+        if let Ok(mut c) = self.inner.lock() {
+            *c = Default::default();
+        }
+    }
+
     /// The slices block `block_id` computes from `inputs`, from the cache or by `compute`
     /// (kept when the job's budget allows); `Ok(None)` when they are new and the budget is
     /// spent. A slice found costs its key on the stack and one lookup: the weights are compared

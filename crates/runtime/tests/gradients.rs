@@ -6,7 +6,7 @@
 mod common;
 
 use common::{compile, expected, float_weights, load_text, rng, root, var_rows, Expected};
-use tumble_runtime::backward::{grad_batch, grad_batch_traced, GradOptions};
+use tumble_runtime::backward::{grad_batch, grad_batch_in, grad_batch_traced, GradOptions};
 use tumble_runtime::trace::TraceCache;
 use tumble_runtime::{Options, Scheduler};
 use tumble_tensor::Tensor;
@@ -627,6 +627,100 @@ fn replayed_traces_give_the_interpreted_gradients_bit_for_bit() {
     let plain = traced_grads(&x, &wrt, &order, 3, None);
     same_bits(&once, &plain, "berxit, first run");
     same_bits(&again, &plain, "berxit, second run");
+}
+
+/// A trainer keeps one executable for its whole job (`grad_batch_in`: the plans and per-block
+/// facts of the first mini-batch serve every later one). Forgetting what it computed from the
+/// weights' values before each in-place update (`Executable::forget_weight_values`) leaves the
+/// weights held by no one else, so the update writes where they lie, and every step's gradient
+/// is, bit for bit, the one an executable made for that step gives.
+#[test]
+fn a_job_s_executable_serves_every_step_of_a_trainer() {
+    let sst = sst_train_all(23);
+    let wrt = float_weights(&sst);
+    let (program, reuse) = compile(&sst, true, common::training_statics());
+    let opts = Options::default();
+    // Four steps of SGD on mini-batches of 6, on weights of their own (copies), updated in place.
+    let train = |kept: Option<&std::sync::Arc<tumble_runtime::Executable>>| {
+        let mut weights: Vec<Tensor> = common::weight_tensors(&sst, &wrt)
+            .iter()
+            .map(|t| Tensor::from_vec(t.shape().to_vec(), t.to_f64_vec()).unwrap())
+            .map(|t| t.cast(tumble_ir::DType::Float32))
+            .collect();
+        let mut steps = Vec::new();
+        for (step, which) in (0..sst.args.len())
+            .collect::<Vec<_>>()
+            .chunks(6)
+            .take(4)
+            .enumerate()
+        {
+            let args: Vec<Vec<_>> = which
+                .iter()
+                .map(|&i| {
+                    let mut a = sst.args[i].clone();
+                    for (k, &at) in wrt.iter().enumerate() {
+                        a[at] = tumble_interp::Value::Tensor(weights[k].clone());
+                    }
+                    a
+                })
+                .collect();
+            let rngs = which.iter().map(|&i| rng(i)).collect();
+            let params = weights.clone();
+            let g = match kept {
+                Some(exec) => grad_batch_in(
+                    exec,
+                    &program,
+                    &reuse,
+                    "main",
+                    args,
+                    rngs,
+                    opts,
+                    GradOptions::default(),
+                    &params,
+                    None,
+                ),
+                None => grad_batch_traced(
+                    &program,
+                    &reuse,
+                    "main",
+                    args,
+                    rngs,
+                    opts,
+                    GradOptions::default(),
+                    &params,
+                    None,
+                ),
+            }
+            .unwrap_or_else(|e| panic!("step {step}: {}", e.error.message));
+            drop(params);
+            if let Some(exec) = kept {
+                exec.forget_weight_values();
+            }
+            let grads: Vec<Tensor> = g
+                .grads
+                .into_iter()
+                .map(|g| g.expect("a gradient").into_dense().unwrap())
+                .collect();
+            steps.push(grads.iter().map(Tensor::to_f64_vec).collect::<Vec<_>>());
+            for (w, g) in weights.iter_mut().zip(&grads) {
+                assert_eq!(
+                    w.holders(),
+                    1,
+                    "step {step}: the weights are held elsewhere"
+                );
+                let g = g.as_f32().unwrap();
+                for (x, d) in w.make_mut_slice::<f32>().unwrap().iter_mut().zip(g) {
+                    *x -= 0.1 * d;
+                }
+            }
+        }
+        steps
+    };
+    let exec = std::sync::Arc::new(tumble_runtime::Executable::new(&program, &reuse, &opts));
+    let kept = train(Some(&exec));
+    let fresh = train(None);
+    assert_eq!(kept.len(), 4);
+    assert!(kept == fresh, "a kept executable changed the gradients");
 }
 
 /// Mini-batches mixing replayed instances with interpreted ones (whose branch reads a computed

@@ -5,12 +5,27 @@
 use super::*;
 
 /// An entry function compiled for the batched runtime with the weights bound.
-#[derive(Clone)]
 pub(super) struct Compiled {
     entry: String,
     program: std::sync::Arc<Program>,
     reuse: std::sync::Arc<ReuseAnalysis>,
     pub(super) bound: BoundParams,
+    /// The executable of this worker's gradients ([`Compiled::grad`]): planned at the first
+    /// mini-batch, then kept for the job.
+    exec: std::sync::OnceLock<std::sync::Arc<tumble_runtime::Executable>>,
+}
+
+impl Clone for Compiled {
+    /// A copy for another worker, which plans its own executable.
+    fn clone(&self) -> Self {
+        Compiled {
+            entry: self.entry.clone(),
+            program: self.program.clone(),
+            reuse: self.reuse.clone(),
+            bound: self.bound.clone(),
+            exec: std::sync::OnceLock::new(),
+        }
+    }
 }
 
 pub(super) fn load_typed(path: &Path, sources: &mut SourceMap) -> Result<TypedModule, Failure> {
@@ -114,6 +129,7 @@ pub(super) fn compile_bound(
             program: std::sync::Arc::new(program),
             reuse: std::sync::Arc::new(reuse),
             bound,
+            exec: std::sync::OnceLock::new(),
         },
         warnings,
     ))
@@ -300,6 +316,9 @@ impl Compiled {
 
     /// The gradient of the sum of the outputs of instances `which` (indices into `decoded`),
     /// one mini-batch; returns the outputs and one gradient per float parameter (`params`).
+    /// Every call runs on this worker's executable (its plans made once, with the first call's
+    /// `opts`, the same for every call of a job); with `weights_change` (a trainer, about to
+    /// update the weights in place) it forgets what it computed from their values when done.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn grad(
         &self,
@@ -311,6 +330,7 @@ impl Compiled {
         gopts: GradOptions,
         seed: u64,
         traces: Option<&TraceCache>,
+        weights_change: bool,
         stats: &mut tumble_runtime::backward::BackwardStats,
     ) -> Result<(Vec<f64>, Vec<Option<ParamGrad>>), Failure> {
         let mut args = Vec::with_capacity(which.len());
@@ -322,7 +342,15 @@ impl Compiled {
         }
         let rngs = which.iter().map(|&i| instance_rng(seed, i)).collect();
         let slots = traces.map(|c| c.slots(which));
-        let g = tumble_runtime::backward::grad_batch_traced(
+        let exec = self.exec.get_or_init(|| {
+            std::sync::Arc::new(tumble_runtime::Executable::new(
+                &self.program,
+                &self.reuse,
+                &opts,
+            ))
+        });
+        let g = tumble_runtime::backward::grad_batch_in(
+            exec,
             &self.program,
             &self.reuse,
             &self.entry,
@@ -332,8 +360,11 @@ impl Compiled {
             gopts,
             params,
             slots.as_deref(),
-        )
-        .map_err(|e| {
+        );
+        if weights_change {
+            exec.forget_weight_values();
+        }
+        let g = g.map_err(|e| {
             let i = e.instance.and_then(|k| which.get(k)).copied().unwrap_or(0);
             Self::run_error(raw, i, e.error)
         })?;

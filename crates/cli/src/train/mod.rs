@@ -449,6 +449,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
     };
     let setup = workers::Setup {
         traces: traces.as_ref(),
+        weights_change: true,
         ..workers::Setup::new(
             &typed,
             &raw,
@@ -542,7 +543,8 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                         t,
                         scale: 1.0 / b,
                     };
-                    step(h, w, &g, slot).map_err(Failure::Message)?;
+                    tumble_runtime::optim::flushing_subnormals(|| step(h, w, &g, slot))
+                        .map_err(Failure::Message)?;
                     weights.insert(name.clone(), w.clone());
                 }
                 bar.inc(which.len() as u64);

@@ -93,6 +93,22 @@ fn update(
                 }
             }
         }
+        ParamGrad::Rows(rows) if rows.shape()[1] == row && rows.shape()[0] * row == n => {
+            // Every row moves (weight decay, or Adam's moments): a row without a gradient takes
+            // a zero one, row by row, as from a dense gradient — which for SST's embedding
+            // would be a 22 MB table zeroed, scattered into and read back at every step.
+            let mut present: Vec<(usize, &[f32])> = rows.iter().collect();
+            present.sort_unstable_by_key(|&(r, _)| r);
+            let zeros = vec![0f32; row];
+            let mut present = present.into_iter().peekable();
+            for (r, o) in wv.chunks_mut(row).enumerate() {
+                let g = match present.next_if(|&(p, _)| p == r) {
+                    Some((_, g)) => g,
+                    None => &zeros,
+                };
+                rule.apply(o, g, s, r * row);
+            }
+        }
         _ => {
             let dense;
             let gt = match g {

@@ -72,6 +72,9 @@ pub(super) struct Setup<'env> {
     /// The training instances' traces (`train`; none with `--no-trace-replay`, or in `grad`,
     /// which runs each instance once).
     pub traces: Option<&'env TraceCache>,
+    /// The weights change between mini-batches (`train`, not `grad`): each worker forgets what
+    /// it computed from their values after its part ([`Compiled::grad`]).
+    pub weights_change: bool,
 }
 
 impl<'env> Setup<'env> {
@@ -96,6 +99,7 @@ impl<'env> Setup<'env> {
             gopts,
             seed,
             traces: None,
+            weights_change: false,
         }
     }
 }
@@ -196,6 +200,7 @@ impl<'scope> Workers<'scope> {
                 setup.gopts,
                 setup.seed,
                 setup.traces,
+                setup.weights_change,
                 stats,
             ),
         };
@@ -322,6 +327,7 @@ fn helper(mut c: Compiled, setup: Setup<'_>, parts: Receiver<Part>, results: Sen
                     setup.gopts,
                     part.seed,
                     setup.traces,
+                    setup.weights_change,
                     &mut stats,
                 );
                 drop(params);

@@ -221,6 +221,30 @@ pub fn grad_batch_traced(
     params: &[Tensor],
     traces: Option<&[Option<&crate::trace::TraceSlot>]>,
 ) -> Result<BatchGrad, InstanceError> {
+    let exec = Arc::new(Executable::new(program, reuse, &opts));
+    grad_batch_in(
+        &exec, program, reuse, entry, args, rngs, opts, gopts, params, traces,
+    )
+}
+
+/// [`grad_batch_traced`] on `exec`, the job's executable (made for `program` with `opts`): its
+/// plans and per-block facts serve every mini-batch of the job, and what it caches from the
+/// weights' values (packed products) the next mini-batch too — a caller that changes the
+/// weights in place between mini-batches (a trainer) calls [`Executable::forget_weight_values`]
+/// first.
+#[allow(clippy::too_many_arguments)]
+pub fn grad_batch_in(
+    exec: &Arc<Executable>,
+    program: &Program,
+    reuse: &Reuse,
+    entry: &str,
+    args: Vec<Vec<Value>>,
+    rngs: Vec<Rng>,
+    opts: Options,
+    gopts: GradOptions,
+    params: &[Tensor],
+    traces: Option<&[Option<&crate::trace::TraceSlot>]>,
+) -> Result<BatchGrad, InstanceError> {
     let t0 = Instant::now();
     // The mini-batch's own bytes: what was live before it (weights, the job's decoded
     // instances, other workers' state) is not its peak.
@@ -239,11 +263,8 @@ pub fn grad_batch_traced(
              (compile it with `StaticOptions::derive` off)",
         )));
     }
-    // Planned per mini-batch: a trainer changes its weights at every step, and the packed
-    // copies of this step's weights go with this executable.
-    let exec = Arc::new(Executable::new(program, reuse, &opts));
     let _weights = crate::gemm::WeightCache::enter(&exec.weights);
-    let mut dfg = Dfg::new(program, reuse, exec, opts);
+    let mut dfg = Dfg::new(program, reuse, exec.clone(), opts);
     dfg.record_for_backward(gopts.keep.then_some(gopts.kept_mode()), gopts.sums);
     let n = args.len();
     let results = crate::drive(program, index, args, rngs, opts, &mut dfg, traces)?;
