@@ -1474,6 +1474,57 @@ fn save_params_is_written_only_by_a_run_that_succeeds() {
     assert!(params.exists());
 }
 
+/// Subnormal weights are read as zero with a warning (they slow every product reading them
+/// several times) and the outputs are the ones computed from them: their contributions are below
+/// the results' rounding. `TUMBLE_KEEP_SUBNORMAL_WEIGHTS=1` keeps them, silently.
+#[test]
+fn subnormal_weights_are_read_as_zero_with_the_same_outputs() {
+    let model = temp_file(
+        "subnormal.rly",
+        "def @main(%x: Tensor[(1, 4), float32], %W: Tensor[(3, 4), float32]) {\n  \
+         tanh(nn.dense(%x, %W))\n}\n",
+    );
+    let inputs = temp_file(
+        "subnormal.jsonl",
+        "{\"x\": [[0.5, -1.0, 2.0, 0.25]]}\n{\"x\": [[1.0, 1.0, -3.0, 1e-3]]}\n",
+    );
+    let tiny = f32::MIN_POSITIVE / 16.0;
+    let w = vec![
+        0.3, tiny, -0.7, 0.1, -tiny, 0.2, tiny, -0.4, 0.9, -0.5, tiny, 0.05,
+    ];
+    let params = temp_path("subnormal.safetensors");
+    let mut m = std::collections::BTreeMap::new();
+    m.insert(
+        "W".to_string(),
+        tumble_tensor::Tensor::from_f32([3, 4], w).unwrap(),
+    );
+    tumble_io::save_params(&params, &m).unwrap();
+    let run = |keep: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tumble"));
+        cmd.args(["run", &model.display().to_string(), "--params"])
+            .arg(&params)
+            .args(["--inputs", &inputs.display().to_string(), "--color=never"]);
+        if keep {
+            cmd.env("TUMBLE_KEEP_SUBNORMAL_WEIGHTS", "1");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        out
+    };
+    let (flushed, kept) = (run(false), run(true));
+    assert!(
+        text(&flushed.stderr).contains("tensor `W` has 4 subnormal values (of 12), read as zero"),
+        "{}",
+        text(&flushed.stderr)
+    );
+    assert!(
+        !text(&kept.stderr).contains("subnormal"),
+        "{}",
+        text(&kept.stderr)
+    );
+    assert_eq!(text(&flushed.stdout), text(&kept.stdout));
+}
+
 /// Standard output that cannot be written (a full device) is an error with status 1 and a
 /// message, not a crash (status 101) and not a silent success with the output cut short; a
 /// closed pipe stays a quiet success.

@@ -210,6 +210,49 @@ fn non_finite_values_are_warnings() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Subnormal weights are read as zero, with a warning per tensor that had any; normal values,
+/// zeros (of either sign), integers and the other tensors are untouched.
+#[test]
+fn subnormal_weights_are_read_as_zero() {
+    let dir = temp_dir("subnormal");
+    let path = dir.join("w.safetensors");
+    let tiny = f32::MIN_POSITIVE / 8.0;
+    let mut m = BTreeMap::new();
+    m.insert(
+        "emb".to_string(),
+        Tensor::from_f32([5], vec![tiny, -tiny, f32::MIN_POSITIVE, -0.0, 0.5]).unwrap(),
+    );
+    m.insert(
+        "w64".to_string(),
+        Tensor::from_vec(vec![2], vec![f64::MIN_POSITIVE / 4.0, 1.0]).unwrap(),
+    );
+    m.insert(
+        "b".to_string(),
+        Tensor::from_f32([2], vec![1.0, 2.0]).unwrap(),
+    );
+    save_params(&path, &m).unwrap();
+    let loaded = load_params(&path).unwrap();
+    let emb = loaded.tensors["emb"].as_f32().unwrap().to_vec();
+    let bits: Vec<u32> = emb.iter().map(|x| x.to_bits()).collect();
+    let want = [0.0, 0.0, f32::MIN_POSITIVE, -0.0, 0.5];
+    assert_eq!(bits, want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    assert_eq!(loaded.tensors["w64"].to_f64_vec(), vec![0.0, 1.0]);
+    assert_eq!(loaded.tensors["b"], m["b"]);
+    assert_eq!(loaded.warnings.len(), 2, "{:?}", loaded.warnings);
+    assert!(
+        loaded.warnings[0].contains("tensor `emb` has 2 subnormal values (of 5), read as zero"),
+        "{}",
+        loaded.warnings[0]
+    );
+    assert!(loaded.warnings[1].contains("tensor `w64` has 1 subnormal value (of 2)"));
+    // Called directly on tensors without any, nothing changes and nothing is said.
+    let mut none = m.clone();
+    none.remove("emb");
+    none.remove("w64");
+    assert!(tumble_io::weights::flush_subnormals(&path, &mut none).is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn save_into_missing_directory_fails_cleanly() {
     let dir = temp_dir("nodir");
