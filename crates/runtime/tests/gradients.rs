@@ -666,33 +666,25 @@ fn a_job_s_executable_serves_every_step_of_a_trainer() {
                 .collect();
             let rngs = which.iter().map(|&i| rng(i)).collect();
             let params = weights.clone();
-            let g = match kept {
-                Some(exec) => grad_batch_in(
-                    exec,
-                    &program,
-                    &reuse,
-                    "main",
-                    args,
-                    rngs,
-                    opts,
-                    GradOptions::default(),
-                    &params,
-                    None,
-                ),
-                None => grad_batch_traced(
-                    &program,
-                    &reuse,
-                    "main",
-                    args,
-                    rngs,
-                    opts,
-                    GradOptions::default(),
-                    &params,
-                    None,
-                ),
-            }
+            // Without a kept one, an executable for the step (what `grad_batch_traced` makes).
+            let fresh = kept.is_none().then(|| {
+                std::sync::Arc::new(tumble_runtime::Executable::new(&program, &reuse, &opts))
+            });
+            let exec = kept.or(fresh.as_ref()).expect("an executable");
+            let g = grad_batch_in(
+                exec,
+                &program,
+                &reuse,
+                "main",
+                args,
+                rngs,
+                opts,
+                GradOptions::default(),
+                &params,
+                None,
+            )
             .unwrap_or_else(|e| panic!("step {step}: {}", e.error.message));
-            drop(params);
+            drop((params, fresh));
             if let Some(exec) = kept {
                 exec.forget_weight_values();
             }
