@@ -786,7 +786,7 @@ fn split_vjp_fusion_enabled() -> bool {
 
 /// The splits of a launch of `block` (block number `index`) each of whose parts one result-only
 /// unary operator reads — an LSTM cell's gates, the kept forward's [`crate::kept::SplitUnaries`]
-/// —, with the f32 vjps and the launch's values in the forms [`split_unaries_vjp`] takes: their
+/// —, with the f32 vjps and the launch's values in the forms [`fused_split_gradient`] takes: their
 /// operand's gradient is then written in one pass, part by part in its columns, instead of each
 /// operator's vjp writing its part's gradient and the split's vjp copying them together.
 fn split_vjp_fusions<'f>(
@@ -835,7 +835,7 @@ fn split_vjp_fusions<'f>(
 
 /// The gradient of fused split `f`'s operand from its readers' output gradients (`None`: none
 /// reached any of them).
-fn split_unaries_vjp(
+fn fused_split_gradient(
     f: &FusedSplit,
     block: &tumble_compile::Block,
     results: &[BV],
@@ -984,7 +984,7 @@ fn backward_launch(
         }
         if let Some(f) = fused_splits.iter().find(|f| f.su.split == k) {
             if let (Some(dx), Some(BArg::One(v))) = (
-                split_unaries_vjp(f, block, &results, &node_adj)?,
+                fused_split_gradient(f, block, &results, &node_adj)?,
                 node.args.first(),
             ) {
                 stats.batched_vjps += f.su.readers.len() as u64 + 1;
