@@ -116,6 +116,12 @@ impl Fusions {
         }
     }
 
+    /// The splits whose parts' unary operators read them in place: the backward runs those
+    /// operators' vjps with the split's (`backward::split_vjp_fusions`).
+    pub(crate) fn split_unaries(&self) -> &[SplitUnaries] {
+        &self.split_unaries
+    }
+
     /// These fusions less those whose kept operands only the f32 vjps can read (an activation in
     /// an epilogue, a split's parts): what `Fusions::of(block, false)` finds.
     fn for_reference_vjps(&self) -> Fusions {
@@ -148,14 +154,6 @@ pub(crate) struct Biased {
 pub(crate) struct SplitUnaries {
     pub(crate) split: usize,
     pub(crate) readers: Vec<usize>,
-}
-
-impl Fusions {
-    /// The splits whose parts' unary operators read them in place: the backward runs those
-    /// operators' vjps with the split's (`backward::split_unaries_vjp`).
-    pub(crate) fn split_unaries(&self) -> &[SplitUnaries] {
-        &self.split_unaries
-    }
 }
 
 /// How `su`'s split cuts its operand `x` (batched f32 rows, split along the instance's last

@@ -543,8 +543,7 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                         t,
                         scale: 1.0 / b,
                     };
-                    tumble_runtime::optim::flushing_subnormals(|| step(h, w, &g, slot))
-                        .map_err(Failure::Message)?;
+                    step(h, w, &g, slot).map_err(Failure::Message)?;
                     weights.insert(name.clone(), w.clone());
                 }
                 bar.inc(which.len() as u64);

@@ -30,7 +30,18 @@ pub(super) struct StepSettings {
 
 /// One optimizer step on `w`, in place, with gradient `g * scale` (the mini-batch's mean) plus
 /// `decay * w`. Moments are kept in f32, like PyTorch's optimizers (f64 for an f64 parameter).
+/// The rules run with subnormals flushed (`optim::flushing_subnormals`: weight decay drives
+/// unread embedding rows there, where every operation takes a microcode assist).
 pub(super) fn step(
+    h: StepSettings,
+    w: &mut Tensor,
+    g: &ParamGrad,
+    s: &mut Slot,
+) -> Result<(), String> {
+    optim::flushing_subnormals(|| step_unflushed(h, w, g, s))
+}
+
+fn step_unflushed(
     h: StepSettings,
     w: &mut Tensor,
     g: &ParamGrad,
