@@ -919,18 +919,17 @@ impl<'m> Decoding<'m> {
         i: usize,
     ) -> Result<Vec<tumble_interp::Value>, Error> {
         let item = instances.items.get(i);
-        let view = match item {
-            Some(it) => it.json().map_err(|message| Error::Input {
+        let doc = match item {
+            Some(it) => it.doc().map_err(|message| Error::Input {
                 instance: i,
                 message,
             })?,
-            None => tumble_io::JsonView::null(),
+            None => tumble_io::InstanceDoc::null(),
         };
-        let json: &serde_json::Value = &view;
         let attached = item.map_or(&[][..], RawInstance::attached);
         let location = item.map_or(tumble_io::Location::Index(i), |it| it.location);
         let source = format!("{}: instance at {location}", instances.source_name);
-        self.decode(i, &json, attached, &source)
+        self.decode(i, &doc.root(), attached, &source)
     }
 }
 

@@ -29,6 +29,7 @@ use tumble_ir::Ty;
 use tumble_tensor::Tensor;
 
 use crate::env::TypeEnv;
+use crate::tape::{AnyDoc, Tape};
 use crate::IoError;
 
 /// The longest line (and the largest JSON-array document) read: 256 MiB.
@@ -117,6 +118,38 @@ impl std::ops::Deref for JsonView<'_> {
     }
 }
 
+/// An instance's document, borrowed or parsed for the caller ([`RawInstance::doc`]).
+pub struct InstanceDoc<'a>(DocBody<'a>);
+
+enum DocBody<'a> {
+    Borrowed(&'a Json),
+    Parsed(DeepJson),
+    Tape(Tape),
+}
+
+impl InstanceDoc<'_> {
+    /// JSON's `null`, for a caller with no instance at hand.
+    pub fn null() -> InstanceDoc<'static> {
+        InstanceDoc(DocBody::Parsed(DeepJson(Json::Null)))
+    }
+
+    /// The document's top value.
+    pub fn root(&self) -> AnyDoc<'_> {
+        match &self.0 {
+            DocBody::Borrowed(j) => AnyDoc::Json(j),
+            DocBody::Parsed(d) => AnyDoc::Json(&d.0),
+            DocBody::Tape(t) => AnyDoc::Tape(t.root()),
+        }
+    }
+}
+
+/// `TUMBLE_NO_JSON_TAPE=1`: instances kept as text are parsed into `serde_json::Value`s for
+/// decoding, as before tapes.
+fn tape_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_JSON_TAPE").is_none())
+}
+
 /// One instance's JSON, not yet checked against any type.
 pub struct RawInstance {
     pub location: Location,
@@ -154,6 +187,30 @@ impl RawInstance {
                 parse_json(text)
                     .map(|j| JsonView(View::Parsed(DeepJson(j))))
                     .map_err(|e| format!("the instance's JSON cannot be read: {e}"))
+            }
+        }
+    }
+
+    /// The instance's document for decoding: the value it was parsed into, or its text parsed
+    /// now into a [`Tape`] — flat tables instead of a `Value` per node, which cost SST trees more
+    /// to build and drop than decoding them (`TUMBLE_NO_JSON_TAPE=1` parses a `Value` instead;
+    /// the values and messages are the same). Errors as [`RawInstance::json`]'s.
+    pub fn doc(&self) -> Result<InstanceDoc<'_>, String> {
+        match &self.body {
+            Body::Parsed(d) => Ok(InstanceDoc(DocBody::Borrowed(&d.0))),
+            Body::Text { text, .. } => {
+                reserve_for_json(text.len())?;
+                let cannot =
+                    |e: serde_json::Error| format!("the instance's JSON cannot be read: {e}");
+                if tape_enabled() {
+                    Tape::parse(text)
+                        .map(|t| InstanceDoc(DocBody::Tape(t)))
+                        .map_err(cannot)
+                } else {
+                    parse_json(text)
+                        .map(|j| InstanceDoc(DocBody::Parsed(DeepJson(j))))
+                        .map_err(cannot)
+                }
             }
         }
     }
@@ -718,9 +775,8 @@ impl RawInstances {
             path,
             message,
         };
-        let json = item.json().map_err(|m| instance_error(String::new(), m))?;
-        let doc: &Json = &json;
-        crate::decode::decode_instance(&doc, &item.attached, env, args)
+        let doc = item.doc().map_err(|m| instance_error(String::new(), m))?;
+        crate::decode::decode_instance(&doc.root(), &item.attached, env, args)
             .map_err(|e| instance_error(e.path, e.message))
     }
 }

@@ -26,6 +26,7 @@ mod env;
 mod error;
 pub mod instances;
 pub mod output;
+pub mod tape;
 mod tree;
 pub mod weights;
 
@@ -35,10 +36,12 @@ pub use decode::{decode_instance, DecodeError, Doc, Kind, Num};
 pub use env::{function_inside, main_signature, returns_data, TypeEnv};
 pub use error::IoError;
 pub use instances::{
-    read_instances, read_instances_capped, read_instances_file, read_request_instances, JsonView,
-    Location, RawInstance, RawInstances, ATTACHED_TENSOR_KEY, MAX_DEPTH, MAX_LINE_BYTES,
+    read_instances, read_instances_capped, read_instances_file, read_request_instances,
+    InstanceDoc, JsonView, Location, RawInstance, RawInstances, ATTACHED_TENSOR_KEY, MAX_DEPTH,
+    MAX_LINE_BYTES,
 };
 pub use output::{encode_json, stage_jsonl, summarize, write_jsonl_atomically, Encoded};
+pub use tape::{AnyDoc, Tape, TapeNode};
 pub use tree::{to_tree, OutTree};
 pub use weights::{load_params, non_finite_warnings, save_params, stage_params, LoadedParams};
 
