@@ -45,7 +45,8 @@ pub struct StaticOptions {
     pub concurrency: bool,
     /// Weight-take splits ([`crate::slice_split`]): a matrix an automatic block takes out of a
     /// model weight by a computed index runs as a block of its own (a weight slice, grouped by
-    /// at launch); not with `for_gradients`. Absent from artifacts compiled before it existed,
+    /// at launch; while recording for a backward, one node per weight and row). Absent from
+    /// artifacts compiled before it existed,
     /// which were compiled without it.
     #[serde(default)]
     pub weight_takes: bool,
@@ -189,10 +190,10 @@ pub fn optimize(
             crate::verify::debug_check(program, "hoisting splits");
         }
     }
-    // (Not for gradients: recording for a backward, the runtime takes no weight slice by a
-    // computed index — its gradient must reach the stacked weight — so the split would only add
-    // a launch.)
-    if opts.weight_takes && !opts.for_gradients {
+    // (For gradients too: recording for a backward, the runtime records one node per weight
+    // and row the split's producer takes, which every reader of that row reads whole — their
+    // products grouped by it, its adjoint summed into the stacked weight once.)
+    if opts.weight_takes {
         report.weight_takes = crate::slice_split::split_weight_takes(program, weights);
         crate::verify::debug_check(program, "weight-take splits");
     }

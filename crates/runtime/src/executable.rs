@@ -533,6 +533,9 @@ impl Executable {
             }
         }
         let params = with_derived.as_slice();
+        for t in params.iter().flatten() {
+            self.weights.note_weight(t);
+        }
         if let Some(device) = &self.device {
             // A failure (device memory) only leaves those rows to be stacked and uploaded by
             // the launches that read them.

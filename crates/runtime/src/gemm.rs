@@ -14,9 +14,18 @@ type Concat = WordMap<(Vec<(usize, usize)>, usize), (Vec<Tensor>, Arc<PackedWeig
 
 /// Packed weights of one job ([`crate::Executable`]): keyed by weight buffer (the cache holds
 /// the tensors, so their buffer identities cannot be reused by other tensors while the packed
-/// copy exists) and released with the job.
+/// copy exists) and released with the job. The job's model weights ([`WeightCache::note_weight`]:
+/// its parameters, derived parameters and cached weight slices) are kept however large; packed
+/// copies of other tensors — a computed value a product reads as its weight — only up to
+/// [`OTHER_MAX_BYTES`] in all, then packed per launch: each such tensor is new, and a stacked
+/// model's layer slices copied per invocation under the eager scheduler kept 1.4 GB a run, more
+/// at every `--repeat`.
 #[derive(Default)]
 pub struct WeightCache {
+    /// Buffers of the job's model weights.
+    weights: Mutex<std::collections::HashSet<usize>>,
+    /// Bytes of packed copies kept of tensors that are not model weights.
+    other_bytes: std::sync::atomic::AtomicUsize,
     single: Mutex<Single>,
     concat: Mutex<Concat>,
     /// `Wᵀ` packed (the backward's `dX = dY · W`), keyed like `single`.
@@ -45,7 +54,10 @@ pub fn packed_rows(x: &Tensor, m: usize, k: usize) -> Result<Arc<PackedRows>, St
             .as_f32()
             .ok_or("product: the left operand is not float32")?;
         let p = Arc::new(PackedRows::pack(data, m, k).map_err(|e| e.to_string())?);
-        if let Some(Ok(mut c)) = cache.map(|c| c.rows.lock()) {
+        if let Some(Ok(mut c)) = cache
+            .filter(|c| c.keeps([key.0].into_iter(), 4 * m * k))
+            .map(|c| c.rows.lock())
+        {
             c.insert(key, (x.clone(), p.clone()));
         }
         Ok(p)
@@ -95,7 +107,10 @@ pub fn packed_columns(
             .copied()
             .collect();
         let p = Arc::new(PackedWeight::pack(&block, n, k).map_err(|e| e.to_string())?);
-        if let Some(Ok(mut c)) = cache.map(|c| c.columns.lock()) {
+        if let Some(Ok(mut c)) = cache
+            .filter(|c| c.keeps([key.0].into_iter(), 4 * n * k))
+            .map(|c| c.columns.lock())
+        {
             c.insert(key, (w.clone(), p.clone()));
         }
         Ok(p)
@@ -126,10 +141,42 @@ impl Drop for Entered {
     }
 }
 
+/// Packed copies of tensors other than model weights a job keeps at most ([`WeightCache`]).
+pub const OTHER_MAX_BYTES: usize = 64 << 20;
+
 impl WeightCache {
+    /// Marks `t` a model weight of the job: its packed copies are kept whatever their size.
+    pub(crate) fn note_weight(&self, t: &Tensor) {
+        if let Ok(mut w) = self.weights.lock() {
+            w.insert(t.buffer_id());
+        }
+    }
+
+    /// Whether a packed copy of `bytes` for the tensors `ids` is kept: always for model
+    /// weights, for others while their copies stay within [`OTHER_MAX_BYTES`].
+    fn keeps(&self, mut ids: impl Iterator<Item = usize>, bytes: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        let weights = self
+            .weights
+            .lock()
+            .is_ok_and(|w| ids.all(|id| w.contains(&id)));
+        weights
+            || self
+                .other_bytes
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                    b.checked_add(bytes).filter(|&t| t <= OTHER_MAX_BYTES)
+                })
+                .is_ok()
+    }
+
     /// Drops every packed copy (and the weights held for their keys): the weights are about to
     /// change in place, so a copy keyed by a weight's buffer would no longer be that weight.
     pub(crate) fn clear(&self) {
+        if let Ok(mut w) = self.weights.lock() {
+            w.clear();
+        }
+        self.other_bytes
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut c) = self.single.lock() {
             c.clear();
         }
@@ -215,7 +262,10 @@ fn cached(
             ));
         }
         let p = Arc::new(pack(data).map_err(|e| e.to_string())?);
-        if let Some(Ok(mut c)) = cache.map(|c| map(c).lock()) {
+        if let Some(Ok(mut c)) = cache
+            .filter(|c| c.keeps([key.0].into_iter(), 4 * n * k))
+            .map(|c| map(c).lock())
+        {
             c.insert(key, (w.clone(), p.clone()));
         }
         Ok(p)
@@ -242,7 +292,10 @@ pub fn packed_concat(ws: &[Tensor], k: usize) -> Result<Arc<PackedWeight>, Strin
             data.extend_from_slice(w.as_f32().ok_or("dense stage: a weight is not float32")?);
         }
         let p = Arc::new(PackedWeight::pack(&data, n, k).map_err(|e| e.to_string())?);
-        if let Some(Ok(mut c)) = cache.map(|c| c.concat.lock()) {
+        if let Some(Ok(mut c)) = cache
+            .filter(|c| c.keeps(key.0.iter().map(|&(id, _)| id), 4 * n * k))
+            .map(|c| c.concat.lock())
+        {
             c.insert(key.clone(), (ws.to_vec(), p.clone()));
         }
         Ok(p)
@@ -417,6 +470,43 @@ pub fn small_product(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entries(cache: &WeightCache) -> usize {
+        cache.single.lock().map_or(0, |c| c.len())
+    }
+
+    /// A job keeps the packed copies of its model weights, and of other tensors only up to
+    /// `OTHER_MAX_BYTES`: weights computed anew for every launch are packed per launch instead
+    /// of piling up for the job.
+    #[test]
+    fn packed_copies_of_computed_weights_are_bounded() {
+        let cache = Arc::new(WeightCache::default());
+        let _job = WeightCache::enter(&cache);
+        let (n, k) = (256, 256);
+        let weight = Tensor::from_vec(vec![n, k], vec![0.5f32; n * k]).unwrap();
+        cache.note_weight(&weight);
+        let first = packed(&weight, n, k).unwrap();
+        assert!(Arc::ptr_eq(&first, &packed(&weight, n, k).unwrap()));
+        // 256 KiB each: past the bound after 256 of them.
+        let per = 4 * n * k;
+        let fresh: Vec<Tensor> = (0..OTHER_MAX_BYTES / per + 40)
+            .map(|i| Tensor::from_vec(vec![n, k], vec![i as f32; n * k]).unwrap())
+            .collect();
+        for t in &fresh {
+            packed(t, n, k).unwrap();
+        }
+        assert_eq!(entries(&cache), 1 + OTHER_MAX_BYTES / per);
+        // A weight noted later is kept past the bound, and its copy is its own.
+        let late = Tensor::from_vec(vec![n, k], vec![2.0f32; n * k]).unwrap();
+        cache.note_weight(&late);
+        let p = packed(&late, n, k).unwrap();
+        assert!(Arc::ptr_eq(&p, &packed(&late, n, k).unwrap()));
+        assert_eq!(entries(&cache), 2 + OTHER_MAX_BYTES / per);
+        // Forgetting the weights' values starts the bound afresh.
+        cache.clear();
+        packed(&fresh[0], n, k).unwrap();
+        assert_eq!(entries(&cache), 1);
+    }
 
     /// `small_product` against plain loops at odd sizes, both weight layouts.
     #[test]

@@ -2555,6 +2555,16 @@ def @main(%toks: List[Tensor[(1), int32]], %emb: Tensor[(6, 8), float32],
     assert_eq!(takes(&sliced), 0, "{sliced}");
     assert!(takes(&copied) > 0, "{copied}");
     assert_eq!(sliced.reuse_misses, 0, "{sliced}");
+    // The eager scheduler takes them once too (a slice copied per invocation, packed per copy,
+    // kept a mixture of depths' 1.4 GB of copies a run).
+    let eager = batch_profile(
+        &x,
+        tumble_runtime::Options {
+            scheduler: tumble_runtime::Scheduler::Eager,
+            ..tumble_runtime::Options::default()
+        },
+    );
+    assert_eq!(takes(&eager), 0, "{eager}");
 }
 
 /// A typed-edge graph network: a node sums its incoming edges' messages, each the neighbour's

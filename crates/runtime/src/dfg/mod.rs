@@ -532,6 +532,7 @@ impl<'p> Dfg<'p> {
         let weights = args.iter().chain(derived).zip(&self.reuse.param_is_weight);
         for (v, _) in weights.filter(|(_, &w)| w) {
             if let Value::Tensor(t) = v {
+                self.exec.weights.note_weight(t);
                 self.model_weights
                     .entry(t.buffer_id())
                     .or_insert_with(|| t.clone());
@@ -593,30 +594,11 @@ impl<'p> Dfg<'p> {
                 })
             }
             SliceBlock::Indexed { weight, index } => {
-                let Some(&table) = inputs
-                    .get(*weight as usize)
-                    .filter(|t| self.is_model_weight(t))
+                let Some((table, row)) =
+                    self.indexed_slice_row(block, &inputs, *weight, index, span, ctx)?
                 else {
                     return Ok(None);
                 };
-                // The index, computed on the host from the invocation's integers (the take,
-                // the block's last node, left out), clipped to the row it takes.
-                let last = block.nodes.len().saturating_sub(1);
-                let i = match crate::host_scalars::integer(block, &inputs, last, index) {
-                    Some(i) => i,
-                    None => {
-                        let mut octx = OpCtx { rng: &mut ctx.rng };
-                        let index = block
-                            .eval_values(&owned(), last, std::slice::from_ref(index), &mut octx)
-                            .map_err(|m| RunError::at(span, m))?;
-                        match index.first().map(Tensor::to_i64_vec).as_deref() {
-                            Some([i]) => *i,
-                            _ => return Ok(None),
-                        }
-                    }
-                };
-                let rows = table.shape().first().copied().unwrap_or(0);
-                let row = crate::weight_slices::clipped_row(i, rows);
                 let keys = [SliceInput::Weight(table), SliceInput::Index(row)];
                 exec.weight_slices.get_or_compute(block_id, &keys, || {
                     let t0 = Instant::now();
@@ -639,11 +621,81 @@ impl<'p> Dfg<'p> {
             return Ok(None);
         };
         for t in &slices {
+            self.exec.weights.note_weight(t);
             self.model_weights
                 .entry(t.buffer_id())
                 .or_insert_with(|| t.clone());
         }
         Ok(Some((slices, took)))
+    }
+
+    /// An indexed slice block's weight and the row it takes for `inputs`, the invocation's
+    /// arguments: the index computed on the host from its integers (the take, the block's last
+    /// node, left out), clipped to the weight's rows; `None` when the weight is not a model
+    /// weight or the index not one integer.
+    fn indexed_slice_row<'t>(
+        &self,
+        block: &Block,
+        inputs: &[&'t Tensor],
+        weight: u32,
+        index: &tumble_compile::BVal,
+        span: Span,
+        ctx: &mut InstanceCtx,
+    ) -> Result<Option<(&'t Tensor, i64)>, RunError> {
+        let Some(&table) = inputs
+            .get(weight as usize)
+            .filter(|t| self.is_model_weight(t))
+        else {
+            return Ok(None);
+        };
+        let last = block.nodes.len().saturating_sub(1);
+        let i = match crate::host_scalars::integer(block, inputs, last, index) {
+            Some(i) => i,
+            None => {
+                let owned: Vec<Tensor> = inputs.iter().map(|&t| t.clone()).collect();
+                let mut octx = OpCtx { rng: &mut ctx.rng };
+                let index = block
+                    .eval_values(&owned, last, std::slice::from_ref(index), &mut octx)
+                    .map_err(|m| RunError::at(span, m))?;
+                match index.first().map(Tensor::to_i64_vec).as_deref() {
+                    Some([i]) => *i,
+                    _ => return Ok(None),
+                }
+            }
+        };
+        let rows = table.shape().first().copied().unwrap_or(0);
+        Ok(Some((table, crate::weight_slices::clipped_row(i, rows))))
+    }
+
+    /// [`Dfg::backward_slice_key`] for an indexed slice block: the block, its weight by buffer
+    /// and the row the invocation's index takes (every invocation taking that row of that
+    /// weight reads one node, as a stacked model's layer slice does).
+    fn backward_indexed_slice_key(
+        &self,
+        block_id: u32,
+        block: &Block,
+        recorded: &[Arg],
+        (weight, index): (u32, &tumble_compile::BVal),
+        span: Span,
+        ctx: &mut InstanceCtx,
+    ) -> Result<Option<SliceKey>, RunError> {
+        let Some(inputs) = recorded
+            .iter()
+            .map(|a| match a {
+                Arg::Val(t) => Some(t),
+                Arg::Lazy(_) => None,
+            })
+            .collect::<Option<smallvec::SmallVec<[&Tensor; 8]>>>()
+        else {
+            return Ok(None);
+        };
+        let Some((table, row)) =
+            self.indexed_slice_row(block, &inputs, weight, index, span, ctx)?
+        else {
+            return Ok(None);
+        };
+        let key = vec![u64::from(block_id), table.buffer_id() as u64, row as u64];
+        Ok(Some((key, vec![table.clone()])))
     }
 
     /// The key of a slice block's invocation while recording for the backward: the block, its
@@ -654,7 +706,7 @@ impl<'p> Dfg<'p> {
         block_id: u32,
         block: &Block,
         recorded: &[Arg],
-    ) -> Option<(Vec<u64>, Vec<Tensor>)> {
+    ) -> Option<SliceKey> {
         use crate::weight_slices::SliceInput;
         let mut key = vec![u64::from(block_id)];
         let mut sources = Vec::new();
@@ -1121,11 +1173,24 @@ impl Backend for Dfg<'_> {
             .weight_slice_blocks
             .get(block_id as usize)
             .and_then(Option::as_ref);
-        let backward_slice = match for_backward
-            && matches!(slice_kind, Some(crate::weight_slices::SliceBlock::Shared))
-        {
-            true => self.backward_slice_key(block_id, block, &recorded),
-            false => None,
+        let backward_slice = match (for_backward, slice_kind) {
+            (true, Some(crate::weight_slices::SliceBlock::Shared)) => {
+                self.backward_slice_key(block_id, block, &recorded)
+            }
+            (true, Some(crate::weight_slices::SliceBlock::Indexed { weight, index }))
+                if backward_indexed_slices() =>
+            {
+                let (weight, index) = (*weight, index.clone());
+                self.backward_indexed_slice_key(
+                    block_id,
+                    block,
+                    &recorded,
+                    (weight, &index),
+                    span,
+                    ctx,
+                )?
+            }
+            _ => None,
         };
         if let Some((key, _)) = &backward_slice {
             if let Some((_, v)) = self.backward_slices.get(key) {
@@ -1133,7 +1198,9 @@ impl Backend for Dfg<'_> {
                 return Ok(v.clone());
             }
         }
-        if !for_backward && self.opts.scheduler != Scheduler::Eager && slice_kind.is_some() {
+        // (Under the eager scheduler too: a slice taken on the host once is what an eager
+        // framework's view of `W[l]` is; copied per invocation, every copy was packed anew.)
+        if !for_backward && slice_kind.is_some() {
             if let Some((outs, computed)) =
                 self.weight_slice(block_id, block, &recorded, span, ctx)?
             {
@@ -1381,4 +1448,15 @@ fn passed_through(value: Value, passed: Vec<Option<Value>>) -> Value {
         ),
         single => passed.into_iter().next().flatten().unwrap_or(single),
     }
+}
+/// A weight slice's key while recording for a backward, and the weights it names (held so no
+/// other tensor takes their addresses).
+type SliceKey = (Vec<u64>, Vec<Tensor>);
+
+/// `TUMBLE_NO_BACKWARD_INDEXED_SLICES=1`: while recording for a backward, an indexed weight
+/// slice (a weight-take split's `take(%Ws, %l)` by a computed index) is a node per invocation, as
+/// before, instead of one per weight and row for the mini-batch.
+fn backward_indexed_slices() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_BACKWARD_INDEXED_SLICES").is_none())
 }
