@@ -66,6 +66,12 @@ pub struct Checker<'t> {
     /// Errors reported so far; deferred constraints created after an error stay quiet, since an
     /// unresolved type there is usually a consequence of that error.
     errors_at_start_of_def: usize,
+    /// Generic globals whose return type is not written and not inferred yet: each is checked
+    /// before the others ([`Checker::infer_return`]), its return type then written into its
+    /// signature in terms of its type parameters, so every use instantiates it afresh.
+    pub pending_returns: std::collections::HashSet<String>,
+    /// The generic global whose return type is being inferred.
+    inferring: Option<String>,
 }
 
 fn bool_scalar() -> Ty {
@@ -114,6 +120,8 @@ impl<'t> Checker<'t> {
             scope: Default::default(),
             type_params: Vec::new(),
             errors_at_start_of_def: 0,
+            pending_returns: Default::default(),
+            inferring: None,
         }
     }
 
@@ -166,7 +174,7 @@ impl<'t> Checker<'t> {
     pub fn declare_global(&mut self, def: &GlobalDef) -> GlobalSig {
         self.type_params = def.type_params.iter().map(|p| p.name.clone()).collect();
         check_distinct_params(&def.type_params, "", &mut self.diags);
-        let params = def
+        let params: Vec<Ty> = def
             .func
             .params
             .iter()
@@ -179,11 +187,16 @@ impl<'t> Checker<'t> {
             Some(te) => self.lower(te),
             None => self.subst.fresh(),
         };
+        let params_known = !params.iter().any(contains_var);
         let ty = Ty::Func(params, Box::new(ret));
         // A missing annotation is one variable shared by every use: in a generic function it
         // would take the function's own type parameters out to its callers (`@d(@d(%x))` with
-        // `def @d[A](%x: A) { (%x, %x) }` typed `(A, A)`, and run-time errors after it).
-        if !def.type_params.is_empty() && contains_var(&ty) {
+        // `def @d[A](%x: A) { (%x, %x) }` typed `(A, A)`, and run-time errors after it). A
+        // missing return type alone (TVM's prelude writes `@compose` so) is inferred from the
+        // body before any use ([`Checker::infer_return`]).
+        if !def.type_params.is_empty() && def.func.ret.is_none() && params_known {
+            self.pending_returns.insert(def.name.name.clone());
+        } else if !def.type_params.is_empty() && contains_var(&ty) {
             self.err(
                 Diagnostic::error(
                     def.name.span,
@@ -235,6 +248,40 @@ impl<'t> Checker<'t> {
         self.solve_deferred(false);
     }
 
+    /// Checks generic global `def`, whose return type is not written, and writes the type its
+    /// body has — in terms of its type parameters — into its signature. Checked before any
+    /// global that could use it; one that calls itself, or another such global, must have its
+    /// return type written.
+    pub fn infer_return(&mut self, def: &mut GlobalDef) {
+        let name = def.name.name.clone();
+        self.inferring = Some(name.clone());
+        self.check_global(def);
+        self.inferring = None;
+        self.pending_returns.remove(&name);
+        let Some(sig) = self.globals.get(&name) else {
+            return;
+        };
+        let ty = self.subst.resolve(&sig.ty);
+        if contains_var(&ty) {
+            if !self.quiet() {
+                self.err(
+                    Diagnostic::error(
+                        def.name.span,
+                        format!(
+                            "`@{name}` has type parameters and its return type cannot be \
+                             inferred from its body: write it out"
+                        ),
+                    )
+                    .with_note("e.g. `def @f[A](%x: A) -> (A, A) { (%x, %x) }`"),
+                );
+            }
+            return;
+        }
+        if let Some(sig) = self.globals.get_mut(&name) {
+            sig.ty = ty;
+        }
+    }
+
     fn instantiate(&mut self, sig: &GlobalSig) -> Ty {
         let map: Vec<(String, Ty)> = sig
             .type_params
@@ -248,6 +295,22 @@ impl<'t> Checker<'t> {
         let span = e.span;
         let ty = match &mut e.kind {
             ExprKind::Local(name) => self.infer_local(name, span),
+            ExprKind::Global(name) if self.pending_returns.contains(name.as_str()) => {
+                let inferring = self.inferring.clone().unwrap_or_default();
+                let message = if *name == inferring {
+                    format!(
+                        "`@{name}` has type parameters and calls itself, so its return type \
+                         must be written out: it is not inferred"
+                    )
+                } else {
+                    format!(
+                        "`@{inferring}` and `@{name}` have type parameters and no return type: \
+                         write out the return type of `@{name}`, which `@{inferring}` uses"
+                    )
+                };
+                self.err(Diagnostic::error(span, message));
+                self.subst.fresh()
+            }
             ExprKind::Global(name) => match self.globals.get(name.as_str()).cloned() {
                 Some(sig) => self.instantiate(&sig),
                 None => {

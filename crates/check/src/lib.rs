@@ -195,6 +195,14 @@ fn check_leaving_out(
         ck.globals.insert(def.name.name.clone(), sig);
     }
     let mut seen = std::collections::HashSet::new();
+    // Generic globals without a written return type first: their uses need it.
+    for item in module.items.iter_mut() {
+        if let Item::Def(def) = item {
+            if ck.pending_returns.contains(&def.name.name) && seen.insert(def.name.name.clone()) {
+                ck.infer_return(def);
+            }
+        }
+    }
     for item in module.items.iter_mut() {
         if let Item::Def(def) = item {
             // Only the first of duplicate definitions is checked; the others were reported.

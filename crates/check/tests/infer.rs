@@ -103,6 +103,33 @@ fn replaced_prelude_items_and_shadowed_operators_are_explained() {
 
 /// An operator passed as a value (Relay allows it) is a function of its positional arguments,
 /// typed by its use.
+/// A generic global without a written return type (TVM's prelude writes `@compose` so) gets
+/// the type its body has, in terms of its type parameters, before any use: each use
+/// instantiates it afresh (one variable shared by every use typed `@d(@d(%x))` as `(A, A)`).
+#[test]
+fn a_generic_return_type_is_inferred_from_the_body() {
+    let m = check(
+        "def @d[A](%x: A) { (%x, %x) }\n\
+         def @compose[A, B, C](%f: fn(B) -> C, %g: fn(A) -> B) { fn (%x: A) -> C { %f(%g(%x)) } }\n\
+         def @main(%x: Tensor[(), int32], %y: Tensor[(2), float32]) {\n\
+           let %inc = fn (%v: Tensor[(2), float32]) { %v + 1f };\n\
+           (@d(@d(%x)), @d(%y), @compose(%inc, %inc)(%y))\n\
+         }",
+    );
+    assert_eq!(sig(&m, "d"), "fn [A](A) -> (A, A)");
+    assert_eq!(
+        sig(&m, "compose"),
+        "fn [A, B, C](fn (B) -> C, fn (A) -> B) -> fn (A) -> C"
+    );
+    assert_eq!(
+        sig(&m, "main"),
+        "fn (Tensor[(), int32], Tensor[(2), float32]) -> (((Tensor[(), int32], Tensor[(), int32]), \
+         (Tensor[(), int32], Tensor[(), int32])), (Tensor[(2), float32], Tensor[(2), float32]), \
+         Tensor[(2), float32])"
+    );
+    assert_fully_typed(&m);
+}
+
 #[test]
 fn operators_passed_as_values_are_functions() {
     let m = check(

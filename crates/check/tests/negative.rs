@@ -284,11 +284,22 @@ const CASES: &[(&str, &str, &str)] = &[
         "t.rly:2:12: error: cast: attribute `dtype` must be a dtype name (float32, float64, int32, int64, bool), found `\"float16\"`",
     ),
     (
-        // Its return type would be one variable shared by every use, and take `A` out to the
-        // caller: `@d(@d(%x))` was typed `(A, A)`.
-        "generic_return_not_written",
-        "def @d[A](%x: A) { (%x, %x) }\ndef @main(%x: Tensor[(), int32]) { @d(@d(%x)) }",
+        // A parameter's type would be one variable shared by every use, and take `A` out to
+        // the caller.
+        "generic_param_not_written",
+        "def @d[A](%x: A, %y) { (%x, %y) }\ndef @main(%x: Tensor[(), int32]) { @d(@d(%x, %x), %x) }",
         "t.rly:1:5: error: `@d` has type parameters, so its parameters' and return types must be written out: they are not inferred",
+    ),
+    (
+        // A return type inferred from the body cannot be used by the body itself.
+        "generic_recursive_return_not_written",
+        "def @r[A](%x: A, %n: int32) { if (%n == 0) { %x } else { @r(%x, %n - 1) } }\ndef @main(%x: Tensor[(), int32]) { @r(%x, 2) }",
+        "t.rly:1:58: error: `@r` has type parameters and calls itself, so its return type must be written out: it is not inferred",
+    ),
+    (
+        "generic_returns_not_written_call_each_other",
+        "def @a[A](%x: A) { @b(%x) }\ndef @b[B](%x: B) { (%x, %x) }\ndef @main(%x: Tensor[(), int32]) { @a(%x) }",
+        "t.rly:1:20: error: `@a` and `@b` have type parameters and no return type: write out the return type of `@b`, which `@a` uses",
     ),
     (
         "type_param_with_args",

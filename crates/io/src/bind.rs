@@ -268,10 +268,23 @@ fn missing_error(args: &[BoundArg], missing: &[usize], file: &BTreeMap<String, T
     } else {
         format!("missing parameters {}", names.join(", "))
     };
+    // No instance has these keys either (an argument some instances give is an instance
+    // argument): either a weight is missing or every instance lacks an input.
+    let keys: Vec<String> = missing
+        .iter()
+        .map(|&i| format!("`{}`", args[i].name))
+        .collect();
+    let as_input = match keys.as_slice() {
+        [one] => format!("or, for a per-instance input, add the key {one} to every instance"),
+        _ => format!(
+            "or, for per-instance inputs, add the keys {} to every instance",
+            keys.join(", ")
+        ),
+    };
     if file.is_empty() {
         return IoError::param(format!(
             "{head} (no weights: no weights file was given, or it holds no tensors; pass \
-             --params FILE with these tensors, or --random-params SEED)"
+             --params FILE with these tensors, or --random-params SEED; {as_input})"
         ));
     }
     let have: Vec<&str> = file.keys().map(String::as_str).collect();
@@ -287,6 +300,10 @@ fn missing_error(args: &[BoundArg], missing: &[usize], file: &BTreeMap<String, T
         if let Some(s) = suggest(name, &unused) {
             msg.push_str(&format!("; did you mean `{s}` for %{name}?"));
         }
+    }
+    match msg.ends_with('?') {
+        true => msg.push_str(&format!(" O{}", &as_input[1..])),
+        false => msg.push_str(&format!("; {as_input}")),
     }
     IoError::param(msg)
 }

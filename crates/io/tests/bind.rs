@@ -113,12 +113,14 @@ fn missing_parameter_lists_the_file() {
     ]);
     assert_eq!(
         err(bind_params(&params(), &keys(&["tree"]), &f, None)),
-        "missing parameter %emb: the weights file has: Emb, W_iou, b; did you mean `Emb` for %emb?"
+        "missing parameter %emb: the weights file has: Emb, W_iou, b; did you mean `Emb` for \
+         %emb? Or, for a per-instance input, add the key `emb` to every instance"
     );
     let f = file(vec![("W_iou", zeros(&[768, 256]))]);
     assert_eq!(
         err(bind_params(&params(), &keys(&["tree"]), &f, None)),
-        "missing parameters %emb, %b: the weights file has: W_iou"
+        "missing parameters %emb, %b: the weights file has: W_iou; or, for per-instance \
+         inputs, add the keys `emb`, `b` to every instance"
     );
     // `O` is %O's own tensor: no typo for %W or %U, however close the names.
     let wuo: Vec<(String, Ty)> = ["W", "U", "O"]
@@ -137,7 +139,8 @@ fn missing_parameter_lists_the_file() {
             None
         )),
         "missing parameters %W_iou, %emb, %b (no weights: no weights file was given, or it \
-         holds no tensors; pass --params FILE with these tensors, or --random-params SEED)"
+         holds no tensors; pass --params FILE with these tensors, or --random-params SEED; or, \
+         for per-instance inputs, add the keys `W_iou`, `emb`, `b` to every instance)"
     );
 }
 

@@ -360,7 +360,8 @@ impl Lexer<'_> {
         let suffix = self.slice(num_end, self.pos).to_string();
         let dtype = match suffix.as_str() {
             "" if is_float => DType::Float32,
-            "" | "i32" => DType::Int32,
+            // (`i` alone: TVM's parser reads `42i` as an int32.)
+            "" | "i" | "i32" => DType::Int32,
             "i64" => DType::Int64,
             "f" | "f32" => DType::Float32,
             "f64" => DType::Float64,
@@ -592,7 +593,7 @@ mod tests {
     fn number_suffixes_pick_the_dtype() {
         let f = |val, dtype| Tok::Float { val, dtype };
         assert_eq!(
-            kinds("1 1i64 2.5 1e-5 1.5e3 1f 1f32 0f 2.5f64"),
+            kinds("1 1i64 2.5 1e-5 1.5e3 1f 1f32 0f 2.5f64 42i"),
             vec![
                 int(1),
                 Tok::Int {
@@ -607,6 +608,12 @@ mod tests {
                 f(1.0, DType::Float32),
                 f(0.0, DType::Float32),
                 f(2.5, DType::Float64),
+                // TVM's `42i`: an int32.
+                Tok::Int {
+                    mag: Some(42),
+                    dtype: DType::Int32,
+                    suffixed: true
+                },
                 Tok::Eof
             ]
         );

@@ -103,6 +103,8 @@ struct Parser<'a> {
     /// Constructors the text declares with a lowercase name (`type Box[T] { box(T) }`, as TVM's
     /// tensor-array types have): read as constructors, not operators, wherever they appear.
     lower_ctors: std::collections::HashSet<String>,
+    /// The text has a `meta[...]` reference (without one, a `#[metadata]` section is skipped).
+    meta_refs: bool,
 }
 
 fn is_upper(s: &str) -> bool {
@@ -225,8 +227,12 @@ impl<'a> Parser<'a> {
     fn new(text: &'a str, src: SourceId) -> Self {
         let (toks, lex_diags) = lex(text, src);
         let lower_ctors = lowercase_ctors(&toks);
+        let meta_refs = toks.windows(2).any(|w| {
+            matches!(&w[0].kind, Tok::Ident(k) if k == "meta") && w[1].kind == Tok::LBracket
+        });
         Parser {
             lower_ctors,
+            meta_refs,
             toks,
             pos: 0,
             src,
@@ -488,6 +494,15 @@ impl<'a> Parser<'a> {
                      support: every type a model uses needs its constructors"
                         .to_string(),
                 )
+            } else if self.at(&Tok::Hash)
+                && matches!(self.peek_at(1), Tok::LBracket)
+                && matches!(self.peek_at(2), Tok::Ident(s) if s == "metadata")
+                && !self.meta_refs
+            {
+                // TVM's `#[metadata]` section, the constants `meta[...]` refers to, as JSON: with
+                // no such reference in the module (TVM prints one whenever it has attributes to
+                // keep), nothing in it is needed. It runs to the end of the file.
+                break;
             } else if self.at(&Tok::Hash) {
                 // TVM's `#[metadata]` section: the constants `meta[...]` refers to, as JSON.
                 self.error_at(
