@@ -38,6 +38,7 @@ pub(crate) fn expand_operator_values(e: &mut Expr) {
                 span,
             );
             e.kind = ExprKind::Fn(Box::new(Function {
+                type_params: Vec::new(),
                 params,
                 attrs: Attrs::default(),
                 ret: None,

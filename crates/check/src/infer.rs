@@ -72,6 +72,10 @@ pub struct Checker<'t> {
     pub pending_returns: std::collections::HashSet<String>,
     /// The generic global whose return type is being inferred.
     inferring: Option<String>,
+    /// The type parameters of the closures being checked, `fn [A](%x: A) { .. }`, each an
+    /// inference variable of its closure (a closure has one type, which its uses determine; a
+    /// `let`-bound closure is not generalized).
+    closure_params: Vec<(String, Ty)>,
 }
 
 fn bool_scalar() -> Ty {
@@ -122,6 +126,7 @@ impl<'t> Checker<'t> {
             errors_at_start_of_def: 0,
             pending_returns: Default::default(),
             inferring: None,
+            closure_params: Vec::new(),
         }
     }
 
@@ -166,7 +171,10 @@ impl<'t> Checker<'t> {
         let subst = &mut self.subst;
         let ty = tables.lower_type(te, &params, &mut || Some(subst.fresh()), &mut diags);
         self.diags.extend(diags);
-        ty
+        match self.closure_params.is_empty() {
+            true => ty,
+            false => substitute_params(&ty, &self.closure_params),
+        }
     }
 
     /// The signature of a global from its annotations (missing pieces are fresh variables, shared by
@@ -533,6 +541,15 @@ impl<'t> Checker<'t> {
         });
         let names: Vec<Ident> = func.params.iter().map(|p| p.name.clone()).collect();
         check_distinct_params(&names, "%", &mut self.diags);
+        // A closure's type parameters are inference variables of its own: each closure has one
+        // type (a `let`-bound closure is not generalized), which its uses determine.
+        check_distinct_params(&func.type_params, "", &mut self.diags);
+        let outer = (self.type_params.len(), self.closure_params.len());
+        for p in &func.type_params {
+            let v = self.subst.fresh();
+            self.type_params.push(p.name.clone());
+            self.closure_params.push((p.name.clone(), v));
+        }
         let mut param_tys = Vec::with_capacity(func.params.len());
         for (i, p) in func.params.iter_mut().enumerate() {
             let t = match (&p.ann, &hints) {
@@ -568,6 +585,8 @@ impl<'t> Checker<'t> {
             );
         }
         self.scope.truncate(mark);
+        self.type_params.truncate(outer.0);
+        self.closure_params.truncate(outer.1);
         Ty::Func(param_tys, Box::new(ret))
     }
 

@@ -130,6 +130,25 @@ fn a_generic_return_type_is_inferred_from_the_body() {
     assert_fully_typed(&m);
 }
 
+/// TVM's generic closure `fn [A](%y: A) -> A`: its type parameters are its own inference
+/// variables (one type per closure, which its uses determine), seen by the closures inside it.
+#[test]
+fn a_closure_s_type_parameters_are_inferred() {
+    let m = check(
+        "def @main(%x: Tensor[(3), float32]) {\n\
+           %0 = fn [A](%y: A) -> (A, A) { (%y, %y) };\n\
+           let %f = fn [B](%l: List[B]) -> List[B] { @map(fn (%e: B) -> B { %e }, %l) };\n\
+           (%0(%x), %f(Cons(%x, Nil)))\n\
+         }",
+    );
+    assert_eq!(
+        sig(&m, "main"),
+        "fn (Tensor[(3), float32]) -> ((Tensor[(3), float32], Tensor[(3), float32]), \
+         List[Tensor[(3), float32]])"
+    );
+    assert_fully_typed(&m);
+}
+
 #[test]
 fn operators_passed_as_values_are_functions() {
     let m = check(

@@ -297,6 +297,12 @@ const CASES: &[(&str, &str, &str)] = &[
         "t.rly:1:58: error: `@r` has type parameters and calls itself, so its return type must be written out: it is not inferred",
     ),
     (
+        // A closure's type parameters are inferred once: it has one type.
+        "generic_closure_used_at_two_types",
+        "def @main(%x: Tensor[(3), float32]) {\n  %0 = fn [A](%y: A) -> A { %y };\n  (%0(%x), %0(3))\n}",
+        "t.rly:3:15: error: the 1st argument of `%0` has the wrong type: expected Tensor[(3), float32], found Tensor[(), int32]",
+    ),
+    (
         "generic_returns_not_written_call_each_other",
         "def @a[A](%x: A) { @b(%x) }\ndef @b[B](%x: B) { (%x, %x) }\ndef @main(%x: Tensor[(), int32]) { @a(%x) }",
         "t.rly:1:20: error: `@a` and `@b` have type parameters and no return type: write out the return type of `@b`, which `@a` uses",

@@ -98,6 +98,9 @@ pub struct GlobalDef {
 /// The common part of `def` and `fn`: parameters, attributes, optional return type, body.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Function {
+    /// A closure's type parameters, `fn [A](%x: A) -> A { %x }` (a `def`'s are its
+    /// [`GlobalDef::type_params`]; empty here).
+    pub type_params: Vec<Ident>,
     pub params: Vec<Param>,
     /// Attributes written inside the parameter list, e.g. `fn (%x, Primitive=1) { ... }`.
     pub attrs: Attrs,

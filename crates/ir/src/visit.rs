@@ -74,6 +74,9 @@ pub fn erase_spans_and_types(module: &mut Module) {
 
 fn erase_function(func: &mut Function) {
     func.span = Span::default();
+    func.type_params
+        .iter_mut()
+        .for_each(|p| p.span = Span::default());
     func.params.iter_mut().for_each(erase_param);
     func.attrs
         .0
@@ -135,6 +138,9 @@ fn erase_expr(e: &mut Expr) {
             ExprKind::Fn(func) => {
                 // The body is visited by the walk itself; erase the rest here.
                 func.span = Span::default();
+                func.type_params
+                    .iter_mut()
+                    .for_each(|p| p.span = Span::default());
                 func.params.iter_mut().for_each(erase_param);
                 func.attrs
                     .0

@@ -656,6 +656,7 @@ impl<'a> Parser<'a> {
         let (body, h) = self.expr()?;
         self.expect_close(&Tok::RBrace, "`}` to close the function body", open)?;
         let func = Function {
+            type_params: Vec::new(),
             params,
             attrs: Attrs(attrs),
             ret,
@@ -1152,7 +1153,14 @@ impl<'a> Parser<'a> {
 
     fn fn_expr(&mut self) -> PResult<Node> {
         let start = self.bump();
-        let (func, bh) = self.function(start)?;
+        // TVM's generic closure, `fn [A](%x: A) -> A { %x }`.
+        let type_params = if self.at(&Tok::LBracket) {
+            self.type_params()?
+        } else {
+            Vec::new()
+        };
+        let (mut func, bh) = self.function(start)?;
+        func.type_params = type_params;
         let h = bh + 1;
         self.check_height(h, start)?;
         let span = func.span;

@@ -319,6 +319,7 @@ impl Printer {
             ExprKind::Let(..) => self.block(e, level),
             ExprKind::Fn(f) => {
                 self.out.push_str("fn ");
+                self.type_params(&f.type_params);
                 self.function(f, level);
             }
             ExprKind::If(c, t, f) => {

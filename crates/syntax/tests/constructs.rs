@@ -254,6 +254,20 @@ fn fn_expressions_with_attrs_and_return_type() {
     assert_eq!(*f.body, call(op("add"), vec![local("a"), local("b")]));
 }
 
+/// TVM's generic closure: `fn [A, B](..)`, printed back the same way.
+#[test]
+fn fn_expressions_with_type_parameters() {
+    let k = kind("fn [A, B](%a: A, %f: fn (A) -> B) -> B { %f(%a) }");
+    let ExprKind::Fn(f) = k else { panic!("{k:?}") };
+    let names: Vec<&str> = f.type_params.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["A", "B"]);
+    assert_eq!(f.params.len(), 2);
+    let text = "def @main() { fn [A](%y: A) -> A { %y } }";
+    let printed = tumble_syntax::print_module(&module(text));
+    assert!(printed.contains("fn [A](%y: A) -> A {"), "{printed}");
+    common::assert_round_trip(&module(text));
+}
+
 #[test]
 fn calls_with_keyword_attributes_of_every_kind() {
     let got = expr(

@@ -157,6 +157,7 @@ fn function(body: BoxedStrategy<Expr>) -> impl Strategy<Value = Function> {
         body,
     )
         .prop_map(|(params, attrs, ret, body)| Function {
+            type_params: Vec::new(),
             params,
             attrs,
             ret,
