@@ -221,6 +221,8 @@ def main():
     p.add_argument("--rounds", type=int, default=1,
                    help="sweeps over the rates; the table shows each point's median over rounds")
     p.add_argument("--out", default=None, help="results stem (default bench/results/serve_load-DATE)")
+    p.add_argument("--tumble", default=None, metavar="BIN",
+                   help="the tumble binary to serve with (default: this checkout's release build)")
     p.add_argument("--replot", default=None, metavar="JSON",
                    help="only redo the table and plot of an earlier run's JSON")
     a = p.parse_args()
@@ -231,6 +233,7 @@ def main():
         return
 
     tumble, gen = build()
+    tumble = a.tumble or tumble
     path = trees(tumble)
     policies = a.policies.split(",")
     rates = [float(r) for r in a.rates.split(",")]
