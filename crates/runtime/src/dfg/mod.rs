@@ -565,14 +565,7 @@ impl<'p> Dfg<'p> {
         };
         // The invocation's arguments where they lie: copied (reference counts) only by an
         // invocation that computes its slice, once per weight and index for the job.
-        let Some(inputs) = recorded
-            .iter()
-            .map(|a| match a {
-                Arg::Val(t) => Some(t),
-                Arg::Lazy(_) => None,
-            })
-            .collect::<Option<smallvec::SmallVec<[&Tensor; 8]>>>()
-        else {
+        let Some(inputs) = host_args(recorded) else {
             return Ok(None);
         };
         let owned = || inputs.iter().map(|&t| t.clone()).collect::<Vec<Tensor>>();
@@ -679,14 +672,7 @@ impl<'p> Dfg<'p> {
         span: Span,
         ctx: &mut InstanceCtx,
     ) -> Result<Option<SliceKey>, RunError> {
-        let Some(inputs) = recorded
-            .iter()
-            .map(|a| match a {
-                Arg::Val(t) => Some(t),
-                Arg::Lazy(_) => None,
-            })
-            .collect::<Option<smallvec::SmallVec<[&Tensor; 8]>>>()
-        else {
+        let Some(inputs) = host_args(recorded) else {
             return Ok(None);
         };
         let Some((table, row)) =
@@ -1449,6 +1435,18 @@ fn passed_through(value: Value, passed: Vec<Option<Value>>) -> Value {
         single => passed.into_iter().next().flatten().unwrap_or(single),
     }
 }
+/// An invocation's arguments where they lie when the host holds every one (`None`: one is
+/// computed).
+fn host_args(recorded: &[Arg]) -> Option<smallvec::SmallVec<[&Tensor; 8]>> {
+    recorded
+        .iter()
+        .map(|a| match a {
+            Arg::Val(t) => Some(t),
+            Arg::Lazy(_) => None,
+        })
+        .collect()
+}
+
 /// A weight slice's key while recording for a backward, and the weights it names (held so no
 /// other tensor takes their addresses).
 type SliceKey = (Vec<u64>, Vec<Tensor>);

@@ -702,3 +702,62 @@ pub fn var_rows(count: usize, w: usize, lens: &[usize]) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// 24 typed-edge graphs (`{"feat": [...], "nodes": [...]}`): graph g has 2 + g % 5 nodes; node v
+/// has 1 + (v + g) % 3 incoming edges, edge j from node (v + j + 1) % n of type (g + v + j) % 3 —
+/// or, now and then, 5 or -1 (clipped to 2 and 0).
+pub fn typed_edge_graphs() -> Vec<String> {
+    (0..24)
+        .map(|g| {
+            let n = 2 + g % 5;
+            let feat: Vec<String> = (0..n).map(|v| ((g * 3 + v) % 10).to_string()).collect();
+            let nodes: Vec<String> = (0..n)
+                .map(|v| {
+                    let e = 1 + (v + g) % 3;
+                    let src: Vec<String> = (0..e).map(|j| ((v + j + 1) % n).to_string()).collect();
+                    let typ: Vec<String> = (0..e)
+                        .map(|j| match (g + 2 * v + j) % 11 {
+                            0 => "5".to_string(),
+                            1 => "-1".to_string(),
+                            _ => ((g + v + j) % 3).to_string(),
+                        })
+                        .collect();
+                    format!("[[{v}], [{}], [{}], {e}]", src.join(", "), typ.join(", "))
+                })
+                .collect();
+            format!(
+                "{{\"feat\": [{}], \"nodes\": [{}]}}",
+                feat.join(", "),
+                nodes.join(", ")
+            )
+        })
+        .collect()
+}
+
+/// A typed-edge graph network's rounds (`@edges`, `@node`, `@round`), for a `@main` to call
+/// over [`typed_edge_graphs`]: a node sums its incoming edges' messages, each the neighbour's row
+/// times the matrix its edge type picks out of a stacked weight, `take(%Ws, take(%types, %k))`.
+pub const TYPED_EDGE_ROUNDS: &str = r#"
+def @edges(%S: Tensor[(?, 8), float32], %src: Tensor[(?), int32], %typ: Tensor[(?), int32], %n: Tensor[(), int32],
+           %k: Tensor[(), int32], %acc: Tensor[(1, 8), float32], %Ws: Tensor[(3, 8, 8), float32]) -> Tensor[(1, 8), float32] {
+  if (less(%k, %n)) {
+    let %h = take(%S, expand_dims(take(%src, %k), axis=0), axis=0);
+    let %W = take(%Ws, take(%typ, %k), axis=0);
+    @edges(%S, %src, %typ, %n, add(%k, 1), add(%acc, nn.dense(%h, %W)), %Ws)
+  } else {
+    %acc
+  }
+}
+def @node(%S: Tensor[(?, 8), float32], %i: Tensor[(1), int32], %src: Tensor[(?), int32], %typ: Tensor[(?), int32],
+          %n: Tensor[(), int32], %Ws: Tensor[(3, 8, 8), float32], %U: Tensor[(8, 8), float32]) -> Tensor[(1, 8), float32] {
+  let %m = @edges(%S, %src, %typ, %n, 0, zeros(shape=[1, 8], dtype="float32"), %Ws);
+  tanh(add(nn.dense(take(%S, %i, axis=0), %U), %m))
+}
+def @round(%S: Tensor[(?, 8), float32], %nodes: List[(Tensor[(1), int32], Tensor[(?), int32], Tensor[(?), int32], Tensor[(), int32])],
+           %Ws: Tensor[(3, 8, 8), float32], %U: Tensor[(8, 8), float32]) -> Tensor[(?, 8), float32] {
+  match? (%nodes) {
+    Cons(%nd, Nil) => @node(%S, %nd.0, %nd.1, %nd.2, %nd.3, %Ws, %U),
+    Cons(%nd, %rest) => concatenate((@node(%S, %nd.0, %nd.1, %nd.2, %nd.3, %Ws, %U), @round(%S, %rest, %Ws, %U)), axis=0),
+  }
+}
+"#;
