@@ -143,3 +143,20 @@ for name, rows in (("typed128.jsonl", typed), ("typedl128.jsonl", typedl)):
     with open(os.path.join(out, name), "w") as f:
         for g in rows:
             f.write(json.dumps(g) + "\n")
+
+# The fifty-eighth session's: mod256.jsonl (256 vectors of 256 normals with a 5-class label, for
+# mod_depths_256.rly) and typedg256.jsonl (256 typed-edge graphs of 2-12 nodes whose features are
+# ids below 10, each node 1-3 incoming edges of types 0-2, for typed_loss_256.rly);
+# clockwork_256.rly reads seq256l.jsonl.
+R = random.Random(58)
+with open(os.path.join(out, "mod256.jsonl"), "w") as f:
+    for _ in range(256):
+        f.write(json.dumps({"x": [[round(R.gauss(0, 1), 5) for _ in range(256)]], "label": R.randrange(5)}) + "\n")
+with open(os.path.join(out, "typedg256.jsonl"), "w") as f:
+    for g in range(256):
+        n = 2 + g % 5 + g % 7
+        nodes = []
+        for v in range(n):
+            e = 1 + (v + g) % 3
+            nodes.append([[v], [(v + j + 1) % n for j in range(e)], [(g + v + j) % 3 for j in range(e)], e])
+        f.write(json.dumps({"feat": [(g * 3 + v) % 10 for v in range(n)], "nodes": nodes}) + "\n")

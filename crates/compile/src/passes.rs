@@ -45,9 +45,8 @@ pub struct StaticOptions {
     pub concurrency: bool,
     /// Weight-take splits ([`crate::slice_split`]): a matrix an automatic block takes out of a
     /// model weight by a computed index runs as a block of its own (a weight slice, grouped by
-    /// at launch; while recording for a backward, one node per weight and row). Absent from
-    /// artifacts compiled before it existed,
-    /// which were compiled without it.
+    /// at launch; compiled for gradients too). Absent from artifacts compiled before it
+    /// existed, which were compiled without it.
     #[serde(default)]
     pub weight_takes: bool,
     /// Index splits ([`crate::index_split`]): an integer scalar an automatic block computes from
@@ -190,9 +189,11 @@ pub fn optimize(
             crate::verify::debug_check(program, "hoisting splits");
         }
     }
-    // (For gradients too: recording for a backward, the runtime records one node per weight
-    // and row the split's producer takes, which every reader of that row reads whole — their
-    // products grouped by it, its adjoint summed into the stacked weight once.)
+    // (For gradients too: recording for a backward, a producer whose index every instance passes
+    // alike — a layer counter — is one node per weight and index for the mini-batch, read whole
+    // by its layer's launches, and one whose index is computed per invocation launches apart
+    // from the products, its identical invocations computed once; inside the product's block
+    // both copied the matrix per invocation and differentiated it row by row.)
     if opts.weight_takes {
         report.weight_takes = crate::slice_split::split_weight_takes(program, weights);
         crate::verify::debug_check(program, "weight-take splits");

@@ -275,16 +275,16 @@ fn missing_error(args: &[BoundArg], missing: &[usize], file: &BTreeMap<String, T
         .map(|&i| format!("`{}`", args[i].name))
         .collect();
     let as_input = match keys.as_slice() {
-        [one] => format!("or, for a per-instance input, add the key {one} to every instance"),
+        [one] => format!("for a per-instance input, add the key {one} to every instance"),
         _ => format!(
-            "or, for per-instance inputs, add the keys {} to every instance",
+            "for per-instance inputs, add the keys {} to every instance",
             keys.join(", ")
         ),
     };
     if file.is_empty() {
         return IoError::param(format!(
             "{head} (no weights: no weights file was given, or it holds no tensors; pass \
-             --params FILE with these tensors, or --random-params SEED; {as_input})"
+             --params FILE with these tensors, or --random-params SEED; or, {as_input})"
         ));
     }
     let have: Vec<&str> = file.keys().map(String::as_str).collect();
@@ -301,10 +301,9 @@ fn missing_error(args: &[BoundArg], missing: &[usize], file: &BTreeMap<String, T
             msg.push_str(&format!("; did you mean `{s}` for %{name}?"));
         }
     }
-    match msg.ends_with('?') {
-        true => msg.push_str(&format!(" O{}", &as_input[1..])),
-        false => msg.push_str(&format!("; {as_input}")),
-    }
+    // (After a suggestion, which ends its sentence with `?`, a new one.)
+    let or = if msg.ends_with('?') { " Or" } else { "; or" };
+    msg.push_str(&format!("{or}, {as_input}"));
     IoError::param(msg)
 }
 

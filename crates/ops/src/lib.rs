@@ -16,6 +16,7 @@ use tumble_tensor::Tensor;
 
 mod kernel;
 /// What `variance` divides its sum of squares by, for executors computing it their own way.
+pub use kernel::broadcast::{int_div, int_floor_div, int_floor_mod, int_mod};
 pub use kernel::reduce::variance_divisor;
 mod rel;
 mod table;

@@ -54,10 +54,7 @@ pub fn packed_rows(x: &Tensor, m: usize, k: usize) -> Result<Arc<PackedRows>, St
             .as_f32()
             .ok_or("product: the left operand is not float32")?;
         let p = Arc::new(PackedRows::pack(data, m, k).map_err(|e| e.to_string())?);
-        if let Some(Ok(mut c)) = cache
-            .filter(|c| c.keeps([key.0].into_iter(), 4 * m * k))
-            .map(|c| c.rows.lock())
-        {
+        if let Some(mut c) = WeightCache::keeping(cache, [key.0], 4 * m * k, |c| &c.rows) {
             c.insert(key, (x.clone(), p.clone()));
         }
         Ok(p)
@@ -107,10 +104,7 @@ pub fn packed_columns(
             .copied()
             .collect();
         let p = Arc::new(PackedWeight::pack(&block, n, k).map_err(|e| e.to_string())?);
-        if let Some(Ok(mut c)) = cache
-            .filter(|c| c.keeps([key.0].into_iter(), 4 * n * k))
-            .map(|c| c.columns.lock())
-        {
+        if let Some(mut c) = WeightCache::keeping(cache, [key.0], 4 * n * k, |c| &c.columns) {
             c.insert(key, (w.clone(), p.clone()));
         }
         Ok(p)
@@ -150,6 +144,18 @@ impl WeightCache {
         if let Ok(mut w) = self.weights.lock() {
             w.insert(t.buffer_id());
         }
+    }
+
+    /// `map` of `cache`, locked, when a packed copy of `bytes` for the tensors `ids` is to be
+    /// kept there ([`WeightCache::keeps`]); `None` outside a job or past the bound.
+    fn keeping<'c, M>(
+        cache: Option<&'c WeightCache>,
+        ids: impl IntoIterator<Item = usize>,
+        bytes: usize,
+        map: impl FnOnce(&'c WeightCache) -> &'c Mutex<M>,
+    ) -> Option<std::sync::MutexGuard<'c, M>> {
+        let c = cache.filter(|c| c.keeps(ids.into_iter(), bytes))?;
+        map(c).lock().ok()
     }
 
     /// Whether a packed copy of `bytes` for the tensors `ids` is kept: always for model
@@ -262,10 +268,7 @@ fn cached(
             ));
         }
         let p = Arc::new(pack(data).map_err(|e| e.to_string())?);
-        if let Some(Ok(mut c)) = cache
-            .filter(|c| c.keeps([key.0].into_iter(), 4 * n * k))
-            .map(|c| map(c).lock())
-        {
+        if let Some(mut c) = WeightCache::keeping(cache, [key.0], 4 * n * k, map) {
             c.insert(key, (w.clone(), p.clone()));
         }
         Ok(p)
@@ -292,9 +295,10 @@ pub fn packed_concat(ws: &[Tensor], k: usize) -> Result<Arc<PackedWeight>, Strin
             data.extend_from_slice(w.as_f32().ok_or("dense stage: a weight is not float32")?);
         }
         let p = Arc::new(PackedWeight::pack(&data, n, k).map_err(|e| e.to_string())?);
-        if let Some(Ok(mut c)) = cache
-            .filter(|c| c.keeps(key.0.iter().map(|&(id, _)| id), 4 * n * k))
-            .map(|c| c.concat.lock())
+        if let Some(mut c) =
+            WeightCache::keeping(cache, key.0.iter().map(|&(id, _)| id), 4 * n * k, |c| {
+                &c.concat
+            })
         {
             c.insert(key.clone(), (ws.to_vec(), p.clone()));
         }

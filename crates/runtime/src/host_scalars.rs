@@ -103,12 +103,13 @@ fn apply(op: &str, args: &[S]) -> Option<S> {
         };
         Some(Bool(f(o)))
     };
-    // Division and remainders of integers, `None` for a zero divisor (the reference kernel then
-    // reports it); the quotient of `MIN` by -1 wraps, as the reference's does.
-    let div = |f: fn(i64, i64) -> i64| -> Option<S> {
+    // Division and remainders of integers by the reference's own rules (`tumble_ops::int_div`
+    // …), `None` for a zero divisor: the reference kernel then reports it.
+    let div = |f: fn(i64, i64) -> Result<i64, &'static str>| -> Option<S> {
         match *args {
-            [I32(_), I32(0)] | [I64(_), I64(0)] => None,
-            _ => int(f),
+            [I32(a), I32(b)] => Some(I32(f(i64::from(a), i64::from(b)).ok()? as i32)),
+            [I64(a), I64(b)] => Some(I64(f(a, b).ok()?)),
+            _ => None,
         }
     };
     let logic = |f: fn(bool, bool) -> bool| -> Option<S> {
@@ -123,24 +124,10 @@ fn apply(op: &str, args: &[S]) -> Option<S> {
         "multiply" => int(i64::wrapping_mul),
         // A loop counter's period test, `floor_mod(%t, %p) == 0` (a clockwork RNN's modules): the
         // reference kernels took 6,500 instructions an evaluation.
-        "divide" => div(i64::wrapping_div),
-        "mod" => div(i64::wrapping_rem),
-        "floor_divide" => div(|a, b| {
-            let q = a.wrapping_div(b);
-            if a.wrapping_rem(b) != 0 && ((a < 0) != (b < 0)) {
-                q.wrapping_sub(1)
-            } else {
-                q
-            }
-        }),
-        "floor_mod" => div(|a, b| {
-            let r = a.wrapping_rem(b);
-            if r != 0 && ((r < 0) != (b < 0)) {
-                r.wrapping_add(b)
-            } else {
-                r
-            }
-        }),
+        "divide" => div(tumble_ops::int_div),
+        "mod" => div(tumble_ops::int_mod),
+        "floor_divide" => div(tumble_ops::int_floor_div),
+        "floor_mod" => div(tumble_ops::int_floor_mod),
         "equal" => cmp(|o| o.is_eq()),
         "not_equal" => cmp(|o| o.is_ne()),
         "less" => cmp(|o| o.is_lt()),

@@ -58,7 +58,7 @@ kernels! {
 }
 
 /// Integer division truncating toward zero (C semantics, TVM's `truncdiv`); `MIN / -1` wraps.
-fn int_div(a: i64, b: i64) -> Result<i64, &'static str> {
+pub fn int_div(a: i64, b: i64) -> Result<i64, &'static str> {
     if b == 0 {
         Err("integer division by zero")
     } else {
@@ -67,7 +67,7 @@ fn int_div(a: i64, b: i64) -> Result<i64, &'static str> {
 }
 
 /// The remainder of [`int_div`] (sign of the dividend); `MIN % -1` is 0.
-fn int_mod(a: i64, b: i64) -> Result<i64, &'static str> {
+pub fn int_mod(a: i64, b: i64) -> Result<i64, &'static str> {
     if b == 0 {
         Err("integer modulo by zero")
     } else {
@@ -76,7 +76,7 @@ fn int_mod(a: i64, b: i64) -> Result<i64, &'static str> {
 }
 
 /// The quotient rounded toward -inf; `MIN // -1` wraps.
-fn int_floor_div(a: i64, b: i64) -> Result<i64, &'static str> {
+pub fn int_floor_div(a: i64, b: i64) -> Result<i64, &'static str> {
     if b == 0 {
         return Err("integer division by zero");
     }
@@ -89,7 +89,7 @@ fn int_floor_div(a: i64, b: i64) -> Result<i64, &'static str> {
 }
 
 /// The remainder of [`int_floor_div`] (sign of the divisor).
-fn int_floor_mod(a: i64, b: i64) -> Result<i64, &'static str> {
+pub fn int_floor_mod(a: i64, b: i64) -> Result<i64, &'static str> {
     if b == 0 {
         return Err("integer modulo by zero");
     }

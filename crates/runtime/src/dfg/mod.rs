@@ -660,30 +660,6 @@ impl<'p> Dfg<'p> {
         Ok(Some((table, crate::weight_slices::clipped_row(i, rows))))
     }
 
-    /// [`Dfg::backward_slice_key`] for an indexed slice block: the block, its weight by buffer
-    /// and the row the invocation's index takes (every invocation taking that row of that
-    /// weight reads one node, as a stacked model's layer slice does).
-    fn backward_indexed_slice_key(
-        &self,
-        block_id: u32,
-        block: &Block,
-        recorded: &[Arg],
-        (weight, index): (u32, &tumble_compile::BVal),
-        span: Span,
-        ctx: &mut InstanceCtx,
-    ) -> Result<Option<SliceKey>, RunError> {
-        let Some(inputs) = host_args(recorded) else {
-            return Ok(None);
-        };
-        let Some((table, row)) =
-            self.indexed_slice_row(block, &inputs, weight, index, span, ctx)?
-        else {
-            return Ok(None);
-        };
-        let key = vec![u64::from(block_id), table.buffer_id() as u64, row as u64];
-        Ok(Some((key, vec![table.clone()])))
-    }
-
     /// The key of a slice block's invocation while recording for the backward: the block, its
     /// weights by buffer (returned too, held so no other tensor takes their addresses) and its
     /// integer indices by value; `None` unless every input is one of those and one is a weight.
@@ -1163,19 +1139,6 @@ impl Backend for Dfg<'_> {
             (true, Some(crate::weight_slices::SliceBlock::Shared)) => {
                 self.backward_slice_key(block_id, block, &recorded)
             }
-            (true, Some(crate::weight_slices::SliceBlock::Indexed { weight, index }))
-                if backward_indexed_slices() =>
-            {
-                let (weight, index) = (*weight, index.clone());
-                self.backward_indexed_slice_key(
-                    block_id,
-                    block,
-                    &recorded,
-                    (weight, &index),
-                    span,
-                    ctx,
-                )?
-            }
             _ => None,
         };
         if let Some((key, _)) = &backward_slice {
@@ -1435,6 +1398,7 @@ fn passed_through(value: Value, passed: Vec<Option<Value>>) -> Value {
         single => passed.into_iter().next().flatten().unwrap_or(single),
     }
 }
+
 /// An invocation's arguments where they lie when the host holds every one (`None`: one is
 /// computed).
 fn host_args(recorded: &[Arg]) -> Option<smallvec::SmallVec<[&Tensor; 8]>> {
@@ -1450,11 +1414,3 @@ fn host_args(recorded: &[Arg]) -> Option<smallvec::SmallVec<[&Tensor; 8]>> {
 /// A weight slice's key while recording for a backward, and the weights it names (held so no
 /// other tensor takes their addresses).
 type SliceKey = (Vec<u64>, Vec<Tensor>);
-
-/// `TUMBLE_NO_BACKWARD_INDEXED_SLICES=1`: while recording for a backward, an indexed weight
-/// slice (a weight-take split's `take(%Ws, %l)` by a computed index) is a node per invocation, as
-/// before, instead of one per weight and row for the mini-batch.
-fn backward_indexed_slices() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_BACKWARD_INDEXED_SLICES").is_none())
-}
