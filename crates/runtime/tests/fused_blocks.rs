@@ -617,3 +617,74 @@ fn sums_of_products_match_the_batching_rules_at_odd_sizes() {
         }
     }
 }
+
+/// A shared matrix with the rows of every instance (a transformer's positional embeddings added
+/// to each sentence, a CRF's transitions beside per-instance scores, one whose own leading dims
+/// are the last of the instances' `(2, L, d)`) runs in the row program, its rows repeated for each
+/// instance, with the values of the batching rules; a shared matrix of other rows is no row
+/// program.
+#[test]
+fn shared_matrices_with_the_instances_rows_run_in_row_programs() {
+    for (l, d) in [(1usize, 7usize), (3, 5), (17, 33)] {
+        let src = format!(
+            "def @embed(%x: Tensor[({l}, {d}), float32], %pos: Tensor[({l}, {d}), float32],
+                        %g: Tensor[({d}), float32], %be: Tensor[({d}), float32], Primitive=1) {{
+               let %e = nn.layer_norm(add(%x, %pos), %g, %be, axis=-1, epsilon=1e-5);
+               (tanh(multiply(%e, %pos)), nn.softmax(subtract(%x, %pos), axis=-1))
+             }}
+             def @outer(%y: Tensor[(2, {l}, {d}), float32], %t: Tensor[(1, {l}, {d}), float32],
+                        %pos: Tensor[({l}, {d}), float32], Primitive=1) {{
+               sigmoid(add(multiply(%y, %t), %pos))
+             }}
+             def @main(%x: Tensor[({l}, {d}), float32]) {{ %x }}"
+        );
+        for name in ["embed", "outer"] {
+            let block = block_of(&src, name);
+            let p = plan_without(&block, |_| {});
+            for b in [1usize, 3, 7, 33] {
+                let mut rng = Rng::new((l * 1000 + d * 10 + b) as u64);
+                let inputs: Vec<BV> = block
+                    .inputs
+                    .iter()
+                    .map(|inp| match inp.name.as_str() {
+                        "%x" => BV::Batched(OpValue::Tensor(rand(&[b, l, d], &mut rng))),
+                        "%y" => BV::Batched(OpValue::Tensor(rand(&[b, 2, l, d], &mut rng))),
+                        "%pos" => BV::Shared(OpValue::Tensor(rand(&[l, d], &mut rng))),
+                        "%t" => BV::Shared(OpValue::Tensor(rand(&[1, l, d], &mut rng))),
+                        _ => BV::Shared(OpValue::Tensor(rand(&[d], &mut rng))),
+                    })
+                    .collect();
+                let want = by_batching_rules(&block, &inputs, b);
+                let (got, stats) = run_with(&block, &p, &inputs, b);
+                assert_eq!(got.len(), want.len());
+                for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        close(g, w),
+                        "@{name} l {l} d {d} b {b} output {k}: {g:?} vs {w:?}"
+                    );
+                }
+                assert_eq!(stats.fallbacks, 0, "@{name} l {l} d {d} b {b}: {stats:?}");
+                assert!(stats.row_programs >= 1, "{stats:?}");
+            }
+        }
+    }
+    // (L, d) beside instances of (L + 1, d) rows: broadcasting cannot line them up row by row.
+    let src = "def @odd(%x: Tensor[(4, 3), float32], %m: Tensor[(2, 4, 3), float32], Primitive=1) {
+                 add(%x, %m)
+               }
+               def @main(%x: Tensor[(4, 3), float32]) { %x }";
+    let block = block_of(src, "odd");
+    let p = plan_without(&block, |_| {});
+    let mut rng = Rng::new(5);
+    let inputs: Vec<BV> = block
+        .inputs
+        .iter()
+        .map(|inp| match inp.name.as_str() {
+            "%x" => BV::Batched(OpValue::Tensor(rand(&[5, 4, 3], &mut rng))),
+            _ => BV::Shared(OpValue::Tensor(rand(&[2, 4, 3], &mut rng))),
+        })
+        .collect();
+    let want = by_batching_rules(&block, &inputs, 5);
+    let (got, _) = run_with(&block, &p, &inputs, 5);
+    assert!(close(&got[0], &want[0]), "{:?} vs {:?}", got[0], want[0]);
+}

@@ -29,6 +29,20 @@ pub(super) fn row_ptrs(v: &BV, width: usize) -> Option<Vec<&[f32]>> {
     }
 }
 
+/// `rows` row views of width `width` that go through the rows of `data` again and again; `None`
+/// unless `data` is a whole number of rows that divides `rows`.
+fn repeated_rows(data: Option<&[f32]>, width: usize, rows: usize) -> Option<Vec<&[f32]>> {
+    let data = data?;
+    if width == 0 || data.is_empty() || data.len() % width != 0 {
+        return None;
+    }
+    let own: Vec<&[f32]> = data.chunks_exact(width).collect();
+    if rows % own.len() != 0 {
+        return None;
+    }
+    Some(own.iter().copied().cycle().take(rows).collect())
+}
+
 /// The operands of one launch of a row program.
 pub(super) struct Bound<'a, 'b> {
     pub(super) ext: Vec<Vec<&'a [f32]>>,
@@ -76,6 +90,14 @@ pub(super) fn bind<'v>(
     for (o, v) in prog.held.iter().zip(vals) {
         match (o.src, v) {
             (Src::Ext(_), None) => ext.push(Vec::new()),
+            // A shared matrix read as rows ([`super::rowprog::shared_rows_width`]): its rows
+            // again for every instance.
+            (Src::Ext(_), Some(BV::Shared(OpValue::Tensor(t)))) => {
+                match repeated_rows(t.as_f32(), o.len, rows) {
+                    Some(r) => ext.push(r),
+                    None => return bail(3),
+                }
+            }
             (Src::Ext(_), Some(v)) => match row_ptrs(v, o.len) {
                 Some(r) if r.len() == rows => ext.push(r),
                 _ => return bail(3),

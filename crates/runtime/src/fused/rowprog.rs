@@ -182,6 +182,21 @@ pub(super) fn same_rows(a: &[usize], b: &[usize]) -> bool {
     (0..n).all(|i| at(a, i) == at(b, i))
 }
 
+/// The row width of a shared operand of shape `shape` read row by row alongside batched rows of
+/// per-instance leading dims `lead`, when its own leading dims (leading 1s dropped) are the last
+/// of `lead`: broadcasting then repeats it for every instance (and every outer index), so row `r`
+/// of the launch reads its row `r % rows`. `None` otherwise (or with no batched operand).
+/// `TUMBLE_NO_SHARED_ROWS=1`: such a stage is no row program (it runs operator by operator).
+pub(super) fn shared_rows_width(shape: &[usize], lead: Option<&[usize]>) -> Option<usize> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var_os("TUMBLE_NO_SHARED_ROWS").is_none()) {
+        return None;
+    }
+    let (&w, own) = shape.split_last()?;
+    let own = &own[own.iter().take_while(|&&d| d == 1).count()..];
+    (w > 0 && !own.is_empty() && lead?.ends_with(own)).then_some(w)
+}
+
 /// Compiles the row program of nodes `ns` for operands of signature `sig`.
 pub(super) fn compile_rows(
     block: &Block,
@@ -190,33 +205,34 @@ pub(super) fn compile_rows(
     sig: &[OpSig],
     live_out: &[bool],
 ) -> Option<RowProg> {
+    // The rows: the longest leading dims of the batched operands, which must all describe the
+    // same rows (size-1 per-instance dims broadcast, so (B, 1, n) and (B, n) line up).
+    let mut lead_tail: Option<Vec<usize>> = None;
+    for s in sig {
+        if let OpSig::Batched(p) = s {
+            let tail = p.split_last().map_or(&[][..], |(_, tail)| tail);
+            match &lead_tail {
+                None => lead_tail = Some(tail.to_vec()),
+                Some(l) if same_rows(l, tail) => {
+                    if tail.len() > l.len() {
+                        lead_tail = Some(tail.to_vec());
+                    }
+                }
+                Some(_) => return bail(6),
+            }
+        }
+    }
     let mut held_opd: Vec<Opd> = Vec::with_capacity(sig.len());
     let (mut n_ext, mut n_shared, mut n_scalar) = (0, 0, 0);
-    let mut lead_tail: Option<Vec<usize>> = None;
     for s in sig {
         match s {
             OpSig::Other => return bail(1),
             OpSig::Batched(p) => {
                 // A scalar per instance (a length, a temperature) is a one-wide row: each row
                 // reads its own as a splat.
-                let (w, tail) = match (p.last(), p.get(..p.len().saturating_sub(1))) {
-                    (Some(&w), Some(tail)) => (w, tail),
-                    (None, _) => (1, &[][..]),
-                    (Some(_), None) => return bail(5),
-                };
+                let w = p.last().copied().unwrap_or(1);
                 if w == 0 {
                     return bail(4);
-                }
-                // Leading dims must describe the same rows; size-1 per-instance dims broadcast, so
-                // (B, 1, n) and (B, n) line up. Results take the longest lead.
-                match &lead_tail {
-                    None => lead_tail = Some(tail.to_vec()),
-                    Some(l) if same_rows(l, tail) => {
-                        if tail.len() > l.len() {
-                            lead_tail = Some(tail.to_vec());
-                        }
-                    }
-                    Some(_) => return bail(6),
                 }
                 held_opd.push(Opd {
                     src: Src::Ext(n_ext),
@@ -242,6 +258,17 @@ pub(super) fn compile_rows(
                         len,
                     });
                     n_shared += 1;
+                } else if let Some(w) = shared_rows_width(shape, lead_tail.as_deref()) {
+                    // A shared matrix whose rows are those of every instance (a transformer's
+                    // positional embeddings (L, d) added to each sentence's (L, d), a CRF's
+                    // transitions): read as a batched operand whose rows repeat it, instance after
+                    // instance ([`super::rowexec::bind`]).
+                    held_opd.push(Opd {
+                        src: Src::Ext(n_ext),
+                        off: 0,
+                        len: w,
+                    });
+                    n_ext += 1;
                 } else {
                     return bail(7);
                 }
