@@ -29,7 +29,8 @@ on the host without suspending (a recursion without a base case) gives way to th
 10 ms under the continuous policy, until its --timeout-ms stops it. A connection whose headers
 take longer than --header-timeout-ms, or that leaves an answer unread for --timeout-ms, is
 closed. SIGTERM or Ctrl-C stops accepting connections, answers the requests already accepted,
-and exits 0.
+and exits 0; a second one during that drain exits at once (status 130). A 503 (queue full,
+memory held by other requests) carries `Retry-After`.
 
 Example:
   tumble serve models/treelstm_small.rly --random-params 0 --port 8080
@@ -148,7 +149,12 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
     let model = match Model::load(Source::File(&args.model), &params, &options) {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("error: {e}");
+            // A model that does not check comes as rendered diagnostics, each `error: ...`.
+            let text = e.to_string();
+            match text.starts_with("error") {
+                true => eprintln!("{}", text.trim_end()),
+                false => eprintln!("error: {text}"),
+            }
             return ExitCode::FAILURE;
         }
     };
@@ -160,6 +166,17 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
             .file_stem()
             .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     });
+    if let Err(why) = model_name_problem(&name) {
+        let whose = match args.name {
+            Some(_) => "--name",
+            None => "the model file's stem (the default --name)",
+        };
+        eprintln!(
+            "error: {whose} {}: {why}; give a name of letters, digits, `.`, `_` or `-` with --name",
+            tumble_limits::echo(&format!("{name:?}"))
+        );
+        return ExitCode::from(2);
+    }
     if args.params.is_none() && args.random_params.is_none() {
         // Without weights every tensor argument is an instance input: right for a model whose
         // requests carry them, a surprise for one that forgot `--params`.
@@ -227,5 +244,19 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Why `name` cannot name the model in `/v1/models/{name}` and in `/metrics`' labels: it must be
+/// one path segment before `:predict`, printable.
+fn model_name_problem(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        Err("it is empty")
+    } else if name.chars().any(char::is_control) {
+        Err("it has control characters")
+    } else if name.contains(['/', ':', '?', '#', '%']) {
+        Err("`/`, `:`, `?`, `#` and `%` cannot be in a path segment before `:predict`")
+    } else {
+        Ok(())
     }
 }

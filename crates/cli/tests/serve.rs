@@ -225,6 +225,49 @@ fn a_model_that_does_not_load_is_an_error() {
         err.contains("error:") && err.contains("/nonexistent/w.safetensors"),
         "{err}"
     );
+    // A model that does not check: its diagnostics once, not under a second `error: `.
+    let dir = tempfile_dir("serve_bad_model");
+    let bad = dir.join("bad.rly");
+    std::fs::write(
+        &bad,
+        "def @main(%x: Tensor[(2), float32]) { no_such_op(%x) }\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args(["serve", bad.to_str().unwrap(), "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no_such_op") && !err.contains("error: error"),
+        "{err}"
+    );
+    // A name that cannot be a path segment before `:predict`, or a metrics label.
+    for name in ["", "a/b", "a:b", "line\nbreak"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tumble"))
+            .args([
+                "serve",
+                &model(),
+                "--port",
+                "0",
+                "--random-params",
+                "0",
+                "--name",
+                name,
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--name"), "{name:?}: {err}");
+    }
+}
+
+fn tempfile_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tumble_{tag}_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 /// An instance that never suspends (a recursion without a base case, in constant memory) is

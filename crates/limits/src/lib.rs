@@ -162,6 +162,15 @@ pub enum Stop {
     TimedOut { limit: std::time::Duration },
 }
 
+/// How a [`Stop::Memory`] reads, first words: a message that carries it, however it was wrapped
+/// (a run error naming its instance), is of a run stopped by the memory budget.
+pub const MEMORY_EXCEEDED: &str = "memory budget exceeded";
+
+/// Whether `message` is (or wraps) a [`Stop::Memory`]'s.
+pub fn is_memory_message(message: &str) -> bool {
+    message.contains(MEMORY_EXCEEDED)
+}
+
 impl fmt::Display for Stop {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -171,7 +180,7 @@ impl fmt::Display for Stop {
                 limit,
             } => write!(
                 f,
-                "memory budget exceeded: {} in use, the limit is {} (raise it with --max-memory)",
+                "{MEMORY_EXCEEDED}: {} in use, the limit is {} (raise it with --max-memory)",
                 bytes_text(*in_use),
                 bytes_text(*limit)
             ),
@@ -181,7 +190,7 @@ impl fmt::Display for Stop {
                 limit,
             } => write!(
                 f,
-                "memory budget exceeded: this needs {} more with {} in use, the limit is {} (raise it with --max-memory)",
+                "{MEMORY_EXCEEDED}: this needs {} more with {} in use, the limit is {} (raise it with --max-memory)",
                 bytes_text(*more),
                 bytes_text(*in_use),
                 bytes_text(*limit)

@@ -127,6 +127,9 @@ async fn serve_connections(
         let open = open_tx.clone();
         tokio::spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
+            // (hyper's default `half_close(false)` kept on purpose: the end of the client's side
+            // is how a client that went away is seen — its request's instances are cancelled —
+            // so one that half-closes after sending (`nc -N`) is taken for gone too.)
             builder
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(header_timeout);
@@ -246,8 +249,22 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<S
 /// How long connections may stay open once shutdown has answered everything accepted.
 const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// Seconds a client told 503 (queue full, memory held by other requests) or 429 may wait before
+/// trying again (`Retry-After`): about a batch's time, not a promise.
+const RETRY_AFTER_SECONDS: &str = "1";
+
 fn json_response(status: StatusCode, body: String) -> Response {
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    let mut response = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    if matches!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+    ) {
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            header::HeaderValue::from_static(RETRY_AFTER_SECONDS),
+        );
+    }
+    response
 }
 
 fn error(status: StatusCode, message: &str) -> Response {

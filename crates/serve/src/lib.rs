@@ -352,26 +352,37 @@ pub fn serve_until_signal(
         .enable_io()
         .build()
         .map_err(|e| format!("cannot start the signal watcher: {e}"))?;
-    rt.block_on(async {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            match signal(SignalKind::terminate()) {
-                Ok(mut term) => {
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = tokio::signal::ctrl_c() => {}
-                    }
-                }
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
+    rt.block_on(a_stop_signal());
+    // The drain is bounded by the requests' own timeouts; a second signal meanwhile is an
+    // operator who will not wait for it (tokio's handlers, once installed, keep the default
+    // action from ending the process).
+    std::thread::spawn(move || {
+        rt.block_on(a_stop_signal());
+        eprintln!("tumble serve: a second signal: stopping without draining");
+        std::process::exit(130);
     });
     server.shutdown()
+}
+
+/// The next SIGTERM or Ctrl-C (SIGINT).
+async fn a_stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

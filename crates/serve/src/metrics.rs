@@ -137,7 +137,11 @@ impl Metrics {
             out,
             "# HELP tumble_model_info The model served.\n# TYPE tumble_model_info gauge\n\
              tumble_model_info{{model=\"{}\"}} 1",
-            model.replace('\\', "\\\\").replace('"', "\\\"")
+            // The text format's label escapes: backslash, double quote, line feed.
+            model
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n")
         );
         let _ = writeln!(
             out,

@@ -54,12 +54,18 @@ const FIRST_IDLE_SLICE: Duration = Duration::from_millis(2);
 /// that requests whose clients went away are noticed.
 const POLL: Duration = Duration::from_millis(20);
 
-/// HTTP status of a failed instance: a bad instance is the client's (400); one that decodes but
-/// cannot be computed (a shape error at run time, the memory budget) is 422.
-fn status_of(e: &Error) -> u16 {
+/// HTTP status and message of a failed instance: a bad instance is the client's (400); one that
+/// decodes but cannot be computed (a shape error at run time, the memory budget alone) is 422;
+/// one stopped by the memory budget while other requests' instances held memory too is 503 —
+/// the same request may well fit once they are done (alone, it is the request's own: 422).
+fn failure(e: &Error, others_held_memory: bool) -> (u16, String) {
     match e {
-        Error::Input { .. } => 400,
-        _ => 422,
+        Error::Input { .. } => (400, e.to_string()),
+        _ if others_held_memory && tumble_limits::is_memory_message(e.message()) => (
+            503,
+            format!("{e}; other requests held memory then: retry once they are done"),
+        ),
+        _ => (422, e.to_string()),
     }
 }
 
@@ -459,7 +465,10 @@ impl Worker<'_> {
                     }
                     admitted += 1;
                 }
-                Err(e) => self.fail(id, status_of(&e), e.to_string()),
+                Err(e) => {
+                    let (status, message) = failure(&e, self.open.len() > 1);
+                    self.fail(id, status, message)
+                }
             }
         }
     }
@@ -520,7 +529,9 @@ impl Worker<'_> {
                             ),
                         );
                     } else {
-                        self.fail(id, status_of(&e), e.to_string());
+                        let own = self.open.get(&id).map_or(0, |o| o.instances.len());
+                        let (status, message) = failure(&e, size > own);
+                        self.fail(id, status, message);
                     }
                 }
             }
@@ -574,7 +585,7 @@ impl Worker<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::kernel_threads;
+    use super::{failure, kernel_threads, Error};
 
     #[test]
     fn kernel_threads_are_shared_out_whole() {
@@ -590,5 +601,36 @@ mod tests {
             (0..3).map(|k| kernel_threads(2, 3, k)).collect::<Vec<_>>(),
             [1, 1, 1]
         );
+    }
+
+    /// The memory budget is the request's own fault only when it ran alone; with other requests
+    /// holding memory the client is told to retry (503), and decoding errors stay 400.
+    #[test]
+    fn memory_failures_beside_other_requests_are_retryable() {
+        let memory = Error::Run {
+            instance: 0,
+            message: format!(
+                "instance at index 0: {}",
+                tumble_limits::Stop::Memory {
+                    in_use: 3 << 30,
+                    more: 1 << 20,
+                    limit: 1 << 30
+                }
+            ),
+        };
+        assert_eq!(failure(&memory, false).0, 422);
+        let (status, message) = failure(&memory, true);
+        assert_eq!(status, 503);
+        assert!(message.contains("retry"), "{message}");
+        let shape = Error::Run {
+            instance: 0,
+            message: "instance at index 0: shapes (2, 3) and (4) do not broadcast".into(),
+        };
+        assert_eq!(failure(&shape, true).0, 422);
+        let input = Error::Input {
+            instance: 1,
+            message: "instance at index 1: expected a number".into(),
+        };
+        assert_eq!(failure(&input, true).0, 400);
     }
 }

@@ -266,9 +266,17 @@ fn a_full_queue_refuses_and_shutdown_drains_what_was_accepted() {
                 .1
                 .contains("tumble_queue_depth 2")
         });
-        let (status, body) = predict(addr, &trees[..2]);
+        let body = json!({ "instances": &trees[..2] }).to_string();
+        let (status, head, body) = http_full(
+            addr,
+            "POST",
+            "/v1/models/treelstm_small:predict",
+            body.as_bytes(),
+        );
         assert_eq!(status, 503, "{body}");
-        assert!(body["error"].as_str().unwrap().contains("queue is full"));
+        assert!(body.contains("queue is full"), "{body}");
+        // A client told to come back is told when.
+        assert!(head.contains("\r\nretry-after: 1"), "{head}");
         let (status, _) = predict(addr, &trees[..4]);
         assert_eq!(status, 413);
         // Shutdown runs the held batch at once instead of waiting out its minute.

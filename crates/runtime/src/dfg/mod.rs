@@ -336,6 +336,8 @@ pub struct Dfg<'p> {
     /// Keyed by buffer: a buffer a launch passes on as its output (an input's rows zero-copy, a
     /// view) counts once.
     counted: crate::intern::WordMap<usize, (tumble_tensor::BufferWatch, u64)>,
+    /// Buffers added to `counted` since its dead ones were last crossed off.
+    counted_since_settle: usize,
 }
 
 /// An error of operator `node` (an index into `block`'s nodes) in an invocation at `site`:
@@ -509,6 +511,7 @@ impl<'p> Dfg<'p> {
             epoch: 1,
             bytes_since_scan: 0,
             live_bytes: 0,
+            counted_since_settle: 0,
             counted: Default::default(),
         }
     }
