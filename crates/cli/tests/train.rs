@@ -591,6 +591,11 @@ fn eval_functions_take_what_they_need_and_errors_name_them() {
         err.contains("--eval @wide_w") && err.contains("%w"),
         "{err}"
     );
+    // On the loss itself, higher-is-better keeps the worst weights: said, not silently done.
+    let o = train(&model, &data, &data, &out, &["--eval", "@main"]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("warning: --eval @main"), "{err}");
 }
 
 /// A model file `name`: the sum of `nn.dense(%x, %W)` for `%x` (1, 2) and the parameter `%W`
@@ -1034,6 +1039,32 @@ fn a_non_finite_gradient_of_a_finite_loss_names_its_instance() {
         "1",
         "--threads",
         "1",
+        "-o",
+        &out.display().to_string(),
+    ]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("instance at line 2") && err.contains("%w is not finite"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    // `train` stops before the step that would make %w NaN, naming the same instance: it used
+    // to take the step and blame the next mini-batch's NaN loss on an instance of its own.
+    let o = tumble(&[
+        "train",
+        &model,
+        "--train",
+        &data,
+        "--random-params",
+        "1",
+        "--batch",
+        "1",
+        "--epochs",
+        "1",
+        "--threads",
+        "1",
+        "--quiet",
         "-o",
         &out.display().to_string(),
     ]);

@@ -132,21 +132,16 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
                     .position(|g| g.as_ref().is_some_and(|g| !g.is_finite()))
                 {
                     let name = names.get(k).map_or("?", String::as_str);
-                    for &i in which {
-                        let (_, one) =
-                            pool.grad(&c, &decoded, &[i], &by_name, setup, &mut stats)?;
-                        if one
-                            .get(k)
-                            .and_then(Option::as_ref)
-                            .is_some_and(|g| !g.is_finite())
-                        {
-                            return Err(Failure::Message(format!(
-                                "{}: the gradient of @main's output with respect to %{name} is \
-                                 not finite though the output is (an operator's derivative is \
-                                 infinite there: a sqrt or log at 0?); nothing was written",
-                                Compiled::location(&raw, i)
-                            )));
-                        }
+                    let at = pool.instance_with_non_finite_gradient(
+                        &c, &decoded, which, &by_name, setup, &mut stats, k,
+                    )?;
+                    if let Some(i) = at {
+                        return Err(Failure::Message(format!(
+                            "{}: the gradient of @main's output with respect to %{name} is \
+                             not finite though the output is (an operator's derivative is \
+                             infinite there: a sqrt or log at 0?); nothing was written",
+                            Compiled::location(&raw, i)
+                        )));
                     }
                     return Err(Failure::Message(format!(
                         "the gradient with respect to %{name} is not finite though every \

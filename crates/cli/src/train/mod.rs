@@ -314,6 +314,14 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                 "--eval needs --dev (it is measured on the dev instances)".into(),
             ));
         }
+        if e == "main" {
+            // Higher is better for --eval: on the loss itself it keeps the worst weights.
+            eprintln!(
+                "warning: --eval @main: --eval keeps the weights with the highest mean, and @main \
+                 is the loss being minimized — the best weights would be the worst; without \
+                 --eval the lowest dev loss picks them"
+            );
+        }
     }
     let raw = read_raw(&args.train, "--train")?;
     let file = read_weights(&args.weights)?;
@@ -512,6 +520,30 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
                     };
                     return Err(Failure::Message(format!(
                         "{at} at epoch {epoch}, {why}; {}",
+                        kept_checkpoint(*saved, &args.output)
+                    )));
+                }
+                // A finite loss whose gradient is not (a derivative infinite at an instance, or
+                // weights about to diverge): stopped before the step, as for a loss, naming the
+                // instance — after the step the next mini-batch's loss took the blame.
+                if let Some(k) = grads
+                    .iter()
+                    .position(|g| g.as_ref().is_some_and(|g| !g.is_finite()))
+                {
+                    bar.abandon();
+                    let name = trainable.get(k).map_or("?", String::as_str);
+                    let at = pool.instance_with_non_finite_gradient(
+                        &main, &decoded, which, &weights, step_setup, &mut stats, k,
+                    )?;
+                    let whose = match at {
+                        Some(i) => format!("{}: the", Compiled::location(&raw, i)),
+                        None => "the".to_string(),
+                    };
+                    return Err(Failure::Message(format!(
+                        "{whose} gradient of @main's output with respect to %{name} is not \
+                         finite though the output is, at epoch {epoch} after {t} steps (an \
+                         operator's derivative infinite there — a sqrt or log at 0? — or weights \
+                         on their way to diverging: lower --lr, or add --weight-decay); {}",
                         kept_checkpoint(*saved, &args.output)
                     )));
                 }

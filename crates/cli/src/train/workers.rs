@@ -145,6 +145,34 @@ impl<'scope> Workers<'scope> {
     /// trainable parameters' values in `weights`: the first part on this thread with `main`, the
     /// others on the helpers.
     #[allow(clippy::too_many_arguments)]
+    /// A mini-batch's gradient with respect to parameter `k` was not finite though its losses
+    /// were (an operator's derivative infinite at an instance: a `sqrt` or `log` at 0, or
+    /// diverging weights): the first instance of `which` whose own gradient is not, found by
+    /// differentiating them one by one (only on this failure's path).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn instance_with_non_finite_gradient(
+        &self,
+        main: &Compiled,
+        decoded: &[Vec<Value>],
+        which: &[usize],
+        weights: &BTreeMap<String, Tensor>,
+        setup: Setup<'_>,
+        stats: &mut BackwardStats,
+        k: usize,
+    ) -> Result<Option<usize>, Failure> {
+        for &i in which {
+            let (_, one) = self.grad(main, decoded, &[i], weights, setup, stats)?;
+            if one
+                .get(k)
+                .and_then(Option::as_ref)
+                .is_some_and(|g| !g.is_finite())
+            {
+                return Ok(Some(i));
+            }
+        }
+        Ok(None)
+    }
+
     pub(super) fn grad(
         &self,
         main: &Compiled,
