@@ -36,9 +36,9 @@ pub use decode::{decode_instance, DecodeError, Doc, Kind, Num};
 pub use env::{function_inside, main_signature, returns_data, TypeEnv};
 pub use error::IoError;
 pub use instances::{
-    read_instances, read_instances_capped, read_instances_file, read_request_instances,
-    InstanceDoc, JsonView, Location, RawInstance, RawInstances, ATTACHED_TENSOR_KEY, MAX_DEPTH,
-    MAX_LINE_BYTES,
+    body_never_fits, read_instances, read_instances_capped, read_instances_file,
+    read_request_instances, read_request_instances_at_most, InstanceDoc, JsonView, Location,
+    RawInstance, RawInstances, ATTACHED_TENSOR_KEY, MAX_DEPTH, MAX_LINE_BYTES,
 };
 pub use output::{encode_json, stage_jsonl, summarize, write_jsonl_atomically, Encoded};
 pub use tape::{AnyDoc, Tape, TapeNode};

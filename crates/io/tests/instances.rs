@@ -665,3 +665,29 @@ fn request_bodies_refuse_repeated_keys_and_skip_a_byte_order_mark() {
     .map(|r| r.len());
     assert_eq!(ok.ok(), Some(4));
 }
+
+/// A body of more instances than the reader takes is refused as too large by the walk that checks
+/// its keys, before any instance is built; at the limit it is read.
+#[test]
+fn request_bodies_past_the_instance_limit_are_refused_before_parsing() {
+    let body = r#"{"instances": [{"x": 1}, {"x": 2}, {"x": 3}, {"x": 4}]}"#;
+    let read = |max: usize| {
+        tumble_io::read_request_instances_at_most(body.as_bytes(), "instances", "req", max, " (N)")
+    };
+    match read(3) {
+        Err(e @ tumble_io::IoError::TooLarge { .. }) => {
+            assert!(e.to_string().contains("more than 3 instances"), "{e}");
+            assert!(e.to_string().contains("(N)"), "{e}");
+        }
+        other => panic!("{:?}", other.map(|r| r.len())),
+    }
+    assert_eq!(read(4).map(|r| r.len()).ok(), Some(4));
+    // A syntax error before the limit is still located as one.
+    let bad = r#"{"instances": [{"x": 1}, {"x": ]}"#;
+    let e = tumble_io::read_request_instances_at_most(bad.as_bytes(), "instances", "req", 1, "");
+    assert!(
+        matches!(&e, Err(err) if err.to_string().contains("not valid JSON")),
+        "{:?}",
+        e.map(|r| r.len())
+    );
+}
