@@ -720,10 +720,19 @@ async fn answer(s: &Arc<Shared>, body: Bytes, start: Instant) -> (StatusCode, Re
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             fail(status, &message)
         }
-        Ok(Err(_)) => fail(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal: the batch thread dropped the request",
-        ),
+        // Dropped unanswered while this handler waits: the batch threads let go of the channel
+        // after shutdown's last look at it (a request sent in between), or one failed. Either
+        // way no batch thread counted the request out (they do so only as they answer).
+        Ok(Err(_)) => {
+            s.outstanding.fetch_sub(n, Ordering::SeqCst);
+            match s.stopping.load(Ordering::SeqCst) {
+                true => (StatusCode::SERVICE_UNAVAILABLE, shutting_down()),
+                false => fail(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal: the batch thread dropped the request",
+                ),
+            }
+        }
         Err(_) => fail(
             StatusCode::GATEWAY_TIMEOUT,
             &format!(
