@@ -160,3 +160,11 @@ with open(os.path.join(out, "typedg256.jsonl"), "w") as f:
             e = 1 + (v + g) % 3
             nodes.append([[v], [(v + j + 1) % n for j in range(e)], [(g + v + j) % 3 for j in range(e)], e])
         f.write(json.dumps({"feat": [(g * 3 + v) % 10 for v in range(n)], "nodes": nodes}) + "\n")
+
+# The fifty-ninth session's: deep20000.jsonl (one instance of a 20,000-step residual recursion
+# that branches on a computed sum at every step, and 15 of 50 steps, for branch_depth_12.rly).
+R = random.Random(59)
+with open(os.path.join(out, "deep20000.jsonl"), "w") as f:
+    for k in range(16):
+        x = [[round(R.gauss(0, 1), 4) for _ in range(12)]]
+        f.write(json.dumps({"x": x, "n": 20000 if k == 0 else 50, "target": x}) + "\n")
