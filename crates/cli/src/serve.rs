@@ -23,7 +23,8 @@ Errors: 400 bad JSON or an instance that does not decode (the message names the 
 the place in it; also TF-Serving's columnar `inputs` and a `signature_name` other than
 \"serving_default\"), 422 an instance that fails at run time, 413 a request larger than
 --max-queue or --max-body, or too large to parse within --max-memory, 503 queue full, shutting
-down, or memory held by other requests now, 504 past --timeout-ms (408 if the body has not
+down, or memory held by other requests now (their bodies as they arrive, chunked ones too, or
+their batches), 504 past --timeout-ms (408 if the body has not
 arrived by then), 405 with `Allow` for a method its path does not take. An instance that runs
 on the host without suspending (a recursion without a base case) gives way to the others every
 10 ms under the continuous policy, until its --timeout-ms stops it. A connection whose headers
@@ -113,7 +114,7 @@ pub struct ServeArgs {
     /// --no-job-memo`).
     #[arg(long)]
     pub no_job_memo: bool,
-    /// Largest request body, in bytes.
+    /// Largest request body, in bytes. Bodies are held within --max-memory as they arrive.
     #[arg(long, default_value_t = 64 << 20, value_name = "BYTES")]
     pub max_body: usize,
 }

@@ -340,8 +340,55 @@ fn a_body_too_large_to_parse_within_the_budget_is_413() {
         ),
     );
     assert!(text.starts_with("HTTP/1.1 413"), "{text}");
-    assert!(text.contains("would not fit once parsed"), "{text}");
+    assert!(text.contains("--max-memory"), "{text}");
     assert_eq!(post(&addr, &body), (200, want));
+    assert_eq!(stop(child, "TERM"), Some(0));
+}
+
+/// Bodies of unknown length (chunked) are held within the memory budget as they arrive: many
+/// at once, each of which alone would fit, get 503 to retry once the budget has no room, where
+/// each connection held up to `--max-body` outside it. The server answers afterwards.
+#[test]
+fn chunked_bodies_arriving_together_are_held_within_the_budget() {
+    let (child, addr) = serve(&["--max-memory", "160M", "--timeout-ms", "3000"]);
+    // 4 MB each (128 MiB once parsed: each alone fits), 64 of them: 256 MB if all were held.
+    let piece = format!("{{\"instances\": [{}", "1,".repeat(2_000_000));
+    let clients: Vec<_> = (0..64)
+        .map(|_| {
+            let (addr, piece) = (addr.clone(), piece.clone());
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(&addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                // The body never ends: every connection holds what it sent until answered.
+                let head = format!(
+                    "POST /v1/models/treelstm_small:predict HTTP/1.1\r\nHost: t\r\n\
+                     Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{piece}\r\n",
+                    piece.len()
+                );
+                let _ = s.write_all(head.as_bytes());
+                let mut back = Vec::new();
+                let _ = s.read_to_end(&mut back);
+                String::from_utf8_lossy(&back).into_owned()
+            })
+        })
+        .collect();
+    let answers: Vec<String> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let refused = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 503") && a.contains("cannot be held now"))
+        .count();
+    assert!(
+        refused > 0,
+        "{:?}",
+        answers.iter().map(|a| a.lines().next()).collect::<Vec<_>>()
+    );
+    for a in &answers {
+        assert!(
+            a.starts_with("HTTP/1.1 503") || a.starts_with("HTTP/1.1 408"),
+            "{a}"
+        );
+    }
+    still_answers(&addr);
     assert_eq!(stop(child, "TERM"), Some(0));
 }
 

@@ -541,7 +541,6 @@ async fn predict_inner(
     req: axum::extract::Request,
     start: Instant,
 ) -> (StatusCode, Response) {
-    use axum::extract::FromRequest;
     let with_status = |r: Response| (r.status(), r);
     let rest = match model_path(path) {
         Ok(r) => r,
@@ -557,22 +556,16 @@ async fn predict_inner(
     if s.stopping.load(Ordering::SeqCst) {
         return with_status(closing(shutting_down()));
     }
-    let read = tokio::time::timeout(s.config.timeout, Bytes::from_request(req, &()));
+    let deadline = tokio::time::Instant::from_std(start) + s.config.timeout;
     let body = tokio::select! {
-        read = read => match read {
-            Ok(body) => body,
-            Err(_) => return with_status(body_timeout(s)),
-        },
+        read = read_body(s, req.into_body(), deadline) => read,
         () = shutdown => return with_status(closing(shutting_down())),
     };
     // Shutdown waits for a request whose body is being parsed.
     let _parsing = Parsing::new(s);
-    // A body past --max-body (or one that could not be read) is answered in JSON like every
-    // other error, not axum's plain text.
     let body = match body {
         Ok(b) => b,
-        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return with_status(too_large(s)),
-        Err(e) => return with_status(error(e.status(), &e.body_text())),
+        Err(refused) => return with_status(refused),
     };
     let Some(asked) = rest.strip_suffix(":predict") else {
         if rest == s.config.name {
@@ -601,6 +594,74 @@ async fn predict_inner(
         return with_status(unknown_model(s, asked));
     }
     answer(s, body, start).await
+}
+
+/// The request's body, read frame by frame, each frame's bytes checked before they are kept:
+/// past `--max-body`, or once the text read so far could never be parsed within the budget,
+/// 413; when the budget has no room for the next frame now (other requests' bodies and batches
+/// hold it), 503 to retry; not all arrived by `deadline`, 408. A chunked body's length is
+/// unknown until read: collected whole, each connection held up to `--max-body` outside the
+/// budget's checks, and many at once could take the process past it. Errors are JSON like
+/// every other (not axum's text).
+async fn read_body(
+    s: &Shared,
+    mut body: axum::body::Body,
+    deadline: tokio::time::Instant,
+) -> Result<Bytes, Response> {
+    use http_body_util::BodyExt;
+    let limit = s.config.max_body_bytes;
+    let mut kept: Vec<u8> = Vec::new();
+    let refusal = loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Err(body_timeout(s)),
+            Ok(None) => return Ok(Bytes::from(kept)),
+            Ok(Some(Ok(frame))) => frame,
+            Ok(Some(Err(e))) => {
+                return Err(closing(error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("the request body could not be read: {e}"),
+                )))
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers: nothing of the body
+        };
+        let len = kept.len().saturating_add(data.len());
+        if len > limit {
+            break too_large(s);
+        }
+        if tumble_io::body_never_fits(len as u64) {
+            break error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!(
+                    "the request body (more than {} so far) is too large to parse within this \
+                     server's memory budget (--max-memory); send fewer instances per request",
+                    tumble_limits::bytes_text(kept.len())
+                ),
+            );
+        }
+        // Room for the frame, and for the buffer's doubling as it grows.
+        let growth = if kept.capacity() < len {
+            len.max(2 * kept.capacity())
+        } else {
+            0
+        };
+        if let Err(stop) = tumble_limits::reserve(growth) {
+            break error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("the request body cannot be held now: {stop}; try again later"),
+            );
+        }
+        kept.extend_from_slice(&data);
+    };
+    drop(kept);
+    // The rest is read and dropped (until the deadline) before the answer: closing a connection
+    // with unread bytes resets it, and the client could lose the answer with them.
+    let _ = tokio::time::timeout_at(deadline, async {
+        while let Some(Ok(_)) = body.frame().await {}
+    })
+    .await;
+    Err(closing(refusal))
 }
 
 /// Sets its flag when dropped: the handler's future is dropped when its client disconnects.
