@@ -50,6 +50,18 @@ fn advise_huge_pages(region: &[f32]) {
 #[cfg(not(target_os = "linux"))]
 fn advise_huge_pages(_region: &[f32]) {}
 
+/// Whether large packed buffers are advised as transparent huge pages: only with
+/// `TUMBLE_HUGE_WEIGHTS=1`. Advising them made each first touch fault 2 MiB at a time instead of
+/// 4 KiB (packing Berxit's 85M weights spent more time in 4 KiB page faults than in copying, on an
+/// earlier machine); on the 2-vCPU VMs the suite runs on, a huge page is a block of guest memory
+/// the host may have taken back (free page reporting hands back free blocks of that size), and
+/// Berxit-small's 72 weights packed in 1.8–2.9 s with the advice against 0.26–0.31 s without,
+/// the runs after it no faster either way (sixtieth session, `bench/RESULTS.md`).
+fn huge_pages_advised() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_HUGE_WEIGHTS").is_some_and(|v| v == "1"))
+}
+
 /// A `Vec<f32>` whose used part starts on a 64-byte boundary (2 MiB for large buffers).
 #[derive(Default)]
 pub(crate) struct AlignedBuf {
@@ -71,12 +83,11 @@ impl AlignedBuf {
                 self.len = len;
                 return;
             }
-            // Zeroed allocations this large are fresh, untouched mappings: advising huge pages
-            // before the first write makes it fault 2 MiB at a time instead of 4 KiB (packing
-            // Berxit's 85M weights spent more time in page faults than in copying).
+            // Zeroed allocations this large are fresh, untouched mappings: advised as huge
+            // pages before the first write ([`huge_pages_advised`]), they fault 2 MiB at a time.
             give_back(std::mem::replace(&mut self.raw, vec![0.0; len + align]));
             self.off = aligned_offset(self.raw.as_ptr(), align);
-            if huge {
+            if huge && huge_pages_advised() {
                 advise_huge_pages(&self.raw[self.off..]);
             }
         } else {
