@@ -143,3 +143,51 @@ mod tests {
         }
     }
 }
+
+/// mimalloc's `mi_option_purge_delay` in the `mi_option_e` of the v3 header libmimalloc-sys
+/// builds (the crate names only some options as constants).
+const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
+
+/// mimalloc's own purge delay (v3), in milliseconds.
+#[cfg(test)]
+const MI_DEFAULT_PURGE_DELAY_MS: std::ffi::c_long = 1000;
+
+/// How long freed memory stays mapped before mimalloc hands it back to the OS, unless the user
+/// set `MIMALLOC_PURGE_DELAY` (1000 restores mimalloc's default). A transformer layer at batch
+/// 64 takes about as long as mimalloc's 1 s, so its large buffers were handed back between one
+/// layer freeing them and the next allocating them again, and faulted in afresh: Berxit-small at
+/// batch 64 took 408,000–432,000 page faults a run, 305,000 with this delay (sys 1.0–1.3 s →
+/// 0.8 s; on this project's VMs a page the host took back costs more again).
+const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
+
+extern "C" {
+    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
+    #[cfg(test)]
+    fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
+}
+
+/// Sets mimalloc's purge delay to [`PURGE_DELAY_MS`] unless `MIMALLOC_PURGE_DELAY` is set.
+pub fn keep_freed_memory_a_while() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        return;
+    }
+    // SAFETY: `mi_option_set` only stores the option's value (mimalloc reads it when it next
+    // decides whether to purge); any value is valid for this option.
+    unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) }
+}
+
+#[cfg(test)]
+mod purge_tests {
+    /// The option index is mimalloc's purge delay: its default read back, then the value set.
+    #[test]
+    fn the_purge_delay_option_is_the_one_set() {
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+            return;
+        }
+        // SAFETY: reading an option's value.
+        let get = || unsafe { super::mi_option_get(super::MI_OPTION_PURGE_DELAY) };
+        assert_eq!(get(), super::MI_DEFAULT_PURGE_DELAY_MS);
+        super::keep_freed_memory_a_while();
+        assert_eq!(get(), super::PURGE_DELAY_MS);
+    }
+}

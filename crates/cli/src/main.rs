@@ -207,6 +207,7 @@ const TIMED_OUT_STATUS: i32 = 124;
 const SIGNAL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 fn main() -> ExitCode {
+    alloc::keep_freed_memory_a_while();
     // A reader that stops early (`| head`) is not an error: the printing thread's panic is silent
     // and the command exits 0, as `run` does when its writes fail.
     let default_hook = std::panic::take_hook();
