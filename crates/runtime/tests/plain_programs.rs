@@ -801,6 +801,49 @@ def @main(%d: Tensor[(1, 128), float32], %T: Tensor[(128, 128), float32]) -> (Te
     assert_eq!(launches(false), 1);
 }
 
+/// A block with a product whose every invocation makes a 1 MiB intermediate (a transformer
+/// layer's feed-forward activations, small): on one kernel thread 6 instances launch in chunks of
+/// 4 (4 MiB of it each), equal to the reference every way; one launch with the switch off, or on
+/// two threads.
+#[test]
+fn products_with_large_intermediates_launch_in_chunks() {
+    let src = r#"
+def @main(%x: Tensor[(128, 16), float32], %W: Tensor[(2048, 16), float32]) -> Tensor[(128), float32] {
+  let %h = nn.relu(nn.dense(%x, %W));
+  sum(%h, axis=[1])
+}
+"#;
+    let inputs: Vec<String> = (0..6)
+        .map(|i| {
+            let rows: Vec<String> = (0..128)
+                .map(|r| {
+                    let v: Vec<String> = (0..16)
+                        .map(|c| format!("{:.2}", ((i * 5 + r * 3 + c) % 11) as f64 / 8.0 - 0.6))
+                        .collect();
+                    format!("[{}]", v.join(","))
+                })
+                .collect();
+            format!("{{\"x\": [{}]}}", rows.join(","))
+        })
+        .collect();
+    let x = expected("ffn", load_text("ffn", src), &inputs.join("\n"), &["x"]);
+    check_all_ways(&x);
+    let launches = |locality_chunks, threads| {
+        batch_profile(
+            &x,
+            tumble_runtime::Options {
+                locality_chunks,
+                threads,
+                ..Default::default()
+            },
+        )
+        .launches
+    };
+    assert_eq!(launches(true, 1), 2, "6 invocations in chunks of 4");
+    assert_eq!(launches(false, 1), 1);
+    assert_eq!(launches(true, 2), 1);
+}
+
 /// A fold over a long list: each step's deferred sum copied every term of the previous one (O(n²)
 /// terms kept for a list of n). Past 32 terms the `add` runs as an ordinary launch that sums the
 /// deferred terms, so the fold costs O(n); the result is the reference's.
