@@ -55,7 +55,7 @@ fn advise_huge_pages(_region: &[f32]) {}
 /// 4 KiB (packing Berxit's 85M weights spent more time in 4 KiB page faults than in copying, on an
 /// earlier machine); on the 2-vCPU VMs the suite runs on, a huge page is a block of guest memory
 /// the host may have taken back (free page reporting hands back free blocks of that size), and
-/// Berxit-small's 72 weights packed in 1.8–2.9 s with the advice against 0.26–0.31 s without,
+/// Berxit-small's 72 weights packed in 1.4–2.9 s with the advice against 0.25–0.31 s without,
 /// the runs after it no faster either way (sixtieth session, `bench/RESULTS.md`).
 fn huge_pages_advised() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

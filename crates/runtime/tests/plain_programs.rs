@@ -15,12 +15,25 @@ fn agrees(name: &str, src: &str, inputs: &str, instance_args: &[&str]) {
 
 /// Instances `{"x": [[...]]}` of `n` float rows of width `w`, all different.
 fn rows(count: usize, w: usize) -> String {
+    matrices(count, 1, w)
+}
+
+/// Instances `{"x": [...]}` of an `r × w` float matrix each, all different.
+fn matrices(count: usize, r: usize, w: usize) -> String {
     (0..count)
         .map(|i| {
-            let row: Vec<String> = (0..w)
-                .map(|j| format!("{:.3}", ((i * 7 + j * 3) % 11) as f64 / 5.0 - 1.0))
+            let m: Vec<String> = (0..r)
+                .map(|k| {
+                    let row: Vec<String> = (0..w)
+                        .map(|j| {
+                            let v = ((i * 7 + j * 3 + k * 5) % 11) as f64 / 5.0 - 1.0;
+                            format!("{v:.3}")
+                        })
+                        .collect();
+                    format!("[{}]", row.join(", "))
+                })
                 .collect();
-            format!("{{\"x\": [[{}]]}}", row.join(", "))
+            format!("{{\"x\": [{}]}}", m.join(", "))
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -813,20 +826,7 @@ def @main(%x: Tensor[(128, 16), float32], %W: Tensor[(2048, 16), float32]) -> Te
   sum(%h, axis=[1])
 }
 "#;
-    let inputs: Vec<String> = (0..6)
-        .map(|i| {
-            let rows: Vec<String> = (0..128)
-                .map(|r| {
-                    let v: Vec<String> = (0..16)
-                        .map(|c| format!("{:.2}", ((i * 5 + r * 3 + c) % 11) as f64 / 8.0 - 0.6))
-                        .collect();
-                    format!("[{}]", v.join(","))
-                })
-                .collect();
-            format!("{{\"x\": [{}]}}", rows.join(","))
-        })
-        .collect();
-    let x = expected("ffn", load_text("ffn", src), &inputs.join("\n"), &["x"]);
+    let x = expected("ffn", load_text("ffn", src), &matrices(6, 128, 16), &["x"]);
     check_all_ways(&x);
     let launches = |locality_chunks, threads| {
         batch_profile(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -30,7 +30,6 @@ pub(crate) fn run(
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
-    let limit = shared.config.max_body_bytes;
     let drain = Arc::clone(&shared);
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -39,7 +38,6 @@ pub(crate) fn run(
         .route("/v1/models/{*rest}", get(model_status).post(predict))
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method)
-        .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&shared),
             refuse_declared_oversize,
@@ -383,13 +381,7 @@ async fn refuse_declared_oversize(
     if let Some(n) = declared.filter(|&n| tumble_io::body_never_fits(n)) {
         s.metrics
             .response(StatusCode::PAYLOAD_TOO_LARGE.as_u16(), 0.0);
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!(
-                "the request body ({n} bytes) is too large to parse within this server's memory \
-                 budget (--max-memory); send fewer instances per request"
-            ),
-        );
+        return never_parses(&format!("({n} bytes)"));
     }
     next.run(req).await
 }
@@ -409,6 +401,17 @@ fn too_large(s: &Shared) -> Response {
         &format!(
             "the request body is larger than this server takes ({} bytes, --max-body)",
             s.config.max_body_bytes
+        ),
+    )
+}
+
+/// 413 for a body (`size` says how large) that the memory budget could never parse.
+fn never_parses(size: &str) -> Response {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!(
+            "the request body {size} is too large to parse within this server's memory budget \
+             (--max-memory); send fewer instances per request"
         ),
     )
 }
@@ -596,7 +599,8 @@ async fn predict_inner(
     answer(s, body, start).await
 }
 
-/// The request's body, read frame by frame, each frame's bytes checked before they are kept:
+/// The request's body, read frame by frame, each frame's bytes checked before they are kept (the
+/// one place `--max-body` is enforced on a body being read; no axum extractor reads bodies):
 /// past `--max-body`, or once the text read so far could never be parsed within the budget,
 /// 413; when the budget has no room for the next frame now (other requests' bodies and batches
 /// hold it), 503 to retry; not all arrived by `deadline`, 408. A chunked body's length is
@@ -631,14 +635,10 @@ async fn read_body(
             break too_large(s);
         }
         if tumble_io::body_never_fits(len as u64) {
-            break error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!(
-                    "the request body (more than {} so far) is too large to parse within this \
-                     server's memory budget (--max-memory); send fewer instances per request",
-                    tumble_limits::bytes_text(kept.len())
-                ),
-            );
+            break never_parses(&format!(
+                "(more than {} so far)",
+                tumble_limits::bytes_text(kept.len())
+            ));
         }
         // Room for the frame, and for the buffer's doubling as it grows.
         let growth = if kept.capacity() < len {
