@@ -161,6 +161,7 @@ fn rewrite_operands(code: &mut Code, facts: &Facts, next_slot: &mut u32, calls: 
     *code = Code::Let {
         binds: vec![(t, Code::Concurrent(moved))],
         body: Box::new(body),
+        drops: Vec::new(),
     };
 }
 

@@ -243,7 +243,7 @@ impl Analyzer<'_> {
                     None => CV::other(),
                 }
             }
-            Code::Let { binds, body } => {
+            Code::Let { binds, body, .. } => {
                 for (slot, value) in binds {
                     let v = self.eval(value, env, me);
                     if let Some(e) = env.get_mut(*slot as usize) {

@@ -189,7 +189,7 @@ fn cost(code: &Code, cx: &Cx) -> Cost {
             seq(args, cx).then(call_cost(cx.globals.get(*global as usize).copied(), cx))
         }
         Code::Call { operands, .. } => seq(operands, cx).then(Cost { n: 0, open: true }),
-        Code::Let { binds, body } => seq(binds.iter().map(|(_, v)| v), cx).then(cost(body, cx)),
+        Code::Let { binds, body, .. } => seq(binds.iter().map(|(_, v)| v), cx).then(cost(body, cx)),
         // Elements start at the same depth; the join continues from the deepest.
         Code::Concurrent(es) => es.iter().fold(Cost::ZERO, |c, e| {
             let k = cost(e, cx);

@@ -352,7 +352,7 @@ impl Analyzer<'_> {
                     fns: BTreeSet::new(),
                 }
             }
-            Code::Let { binds, body } => {
+            Code::Let { binds, body, .. } => {
                 crate::absint::bind_lets(binds, env, |value, env| self.eval(value, env, me));
                 self.eval(body, env, me)
             }

@@ -188,6 +188,7 @@ fn expand(
         Code::Let {
             binds,
             body: Box::new(body),
+            drops: Vec::new(),
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod concurrency;
 pub mod consts;
 pub mod cse;
 pub mod derived;
+pub mod drops;
 pub mod dup;
 pub mod ghosts;
 pub mod hoist;

@@ -526,6 +526,7 @@ impl Lowerer<'_> {
         Code::Let {
             binds: vec![(tmp, invoke)],
             body: Box::new(body),
+            drops: Vec::new(),
         }
     }
 
@@ -613,6 +614,7 @@ impl Lowerer<'_> {
                     let first = Code::Let {
                         binds: vec![(tmp, value)],
                         body: Box::new(Code::Slot(tmp)),
+                        drops: Vec::new(),
                     };
                     (first, Some(tmp))
                 };
@@ -920,6 +922,7 @@ impl Lowerer<'_> {
                     return Ok(Code::Let {
                         binds,
                         body: Box::new(value),
+                        drops: Vec::new(),
                     });
                 }
             }
@@ -959,6 +962,7 @@ impl Lowerer<'_> {
         Ok(Code::Let {
             binds,
             body: Box::new(body),
+            drops: Vec::new(),
         })
     }
 
@@ -1097,6 +1101,7 @@ impl Lowerer<'_> {
                 Code::Let {
                     binds,
                     body: Box::new(body),
+                    drops: Vec::new(),
                 }
             }
             ExprKind::Fn(func) => Code::MakeClosure(self.function("fn", func, None)?),

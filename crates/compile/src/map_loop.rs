@@ -156,7 +156,7 @@ fn let_recursion_to_empty(program: &Program, global: u32) -> Option<LetRecursion
         Code::CallCtor { ctor, args } => *ctor == nil && args.is_empty(),
         _ => false,
     };
-    let Code::Let { binds, body } = r.cons_arm else {
+    let Code::Let { binds, body, .. } = r.cons_arm else {
         return None;
     };
     ends_in_empty.then_some(LetRecursion { binds, body, r })

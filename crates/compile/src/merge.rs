@@ -249,7 +249,7 @@ pub fn merge_hoisted(program: &mut Program) -> MergeReport {
         lambda.body.visit_mut(&mut |c| {
             // A `let` left without bindings is its body, which may be a `let` or the consumer
             // itself: look again at what replaced it.
-            while let Code::Let { binds, body } = c {
+            while let Code::Let { binds, body, .. } = c {
                 binds.retain(|(s, _)| !merged_slots.contains(s));
                 if !binds.is_empty() {
                     break;

@@ -142,6 +142,8 @@ pub struct StaticReport {
     pub cse: usize,
     /// Runs of independent calls made concurrent.
     pub concurrent: Vec<crate::concurrency::Concurrent>,
+    /// Slots `let`s clear after their last read ([`crate::drops`]).
+    pub slot_drops: usize,
 }
 
 /// Runs the switched-on optimizations; `weights` flags the entry's parameters that are model
@@ -246,5 +248,8 @@ pub fn optimize(
         program.natives.fold_loops = crate::map_loop::find_folds(program);
         program.natives.scan_loops = crate::map_loop::find_scans(program);
     }
+    // Last: it reads the final code and which functions run as loops.
+    report.slot_drops = crate::drops::insert(program);
+    crate::verify::debug_check(program, "slot drops");
     report
 }

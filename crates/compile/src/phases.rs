@@ -29,7 +29,7 @@ pub fn insert(program: &mut Program, entry: &str) -> Vec<usize> {
     let Some(lambda) = program.lambdas.get_mut(l as usize) else {
         return Vec::new();
     };
-    let Code::Let { binds, body } = &mut lambda.body else {
+    let Code::Let { binds, body, .. } = &mut lambda.body else {
         return Vec::new();
     };
     let mut inserted = Vec::new();

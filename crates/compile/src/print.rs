@@ -174,8 +174,8 @@ impl Printer<'_> {
             return Ok(());
         }
         match c {
-            Code::Let { binds, body } => {
-                for (s, v) in binds {
+            Code::Let { binds, body, drops } => {
+                for (i, (s, v)) in binds.iter().enumerate() {
                     match self.inline(v) {
                         Some(line) => {
                             indent(out, depth);
@@ -187,6 +187,15 @@ impl Printer<'_> {
                             self.code(v, depth + 1, out)?;
                             out.push('\n');
                         }
+                    }
+                    let dropped: Vec<String> = drops
+                        .iter()
+                        .filter(|(at, _)| *at as usize == i)
+                        .map(|(_, d)| format!("${d}"))
+                        .collect();
+                    if !dropped.is_empty() {
+                        indent(out, depth);
+                        writeln!(out, "drop {}", dropped.join(", "))?;
                     }
                 }
                 self.code(body, depth, out)

@@ -51,6 +51,11 @@ pub enum Code {
     Let {
         binds: Vec<(u32, Code)>,
         body: Box<Code>,
+        /// `(i, slot)`: the slot is cleared once bind `i` is made — its value read for the last
+        /// time by then on every path ([`crate::drops`]), so the frame stops holding it (an
+        /// early release can free a launch output it named). Sorted by `i`; empty until that
+        /// pass, which runs last.
+        drops: Vec<(u32, u32)>,
     },
     /// Index into [`Program::lambdas`].
     MakeClosure(u32),
@@ -101,7 +106,7 @@ macro_rules! code_children {
             | Code::CallGlobal { args: es, .. }
             | Code::InvokeBlock { args: es, .. }
             | Code::Call { operands: es, .. } => es.$iter().for_each($f),
-            Code::Let { binds, body } => {
+            Code::Let { binds, body, .. } => {
                 binds.$iter().for_each(|(_, v)| $f(v));
                 $f(body);
             }
@@ -293,7 +298,10 @@ impl Lambda {
         self.n_slots -= 1;
         self.body.visit_mut(&mut |c| match c {
             Code::Slot(s) => shift(s),
-            Code::Let { binds, .. } => binds.iter_mut().for_each(|(s, _)| shift(s)),
+            Code::Let { binds, drops, .. } => {
+                binds.iter_mut().for_each(|(s, _)| shift(s));
+                drops.iter_mut().for_each(|(_, s)| shift(s));
+            }
             Code::Match { arms, .. } => arms
                 .iter_mut()
                 .for_each(|(pat, _)| pat.for_each_slot_mut(&mut shift)),

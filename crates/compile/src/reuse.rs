@@ -386,7 +386,7 @@ impl Analyzer<'_> {
                 out.fns.clear();
                 out
             }
-            Code::Let { binds, body } => {
+            Code::Let { binds, body, .. } => {
                 crate::absint::bind_lets(binds, env, |value, env| self.eval(value, env, me));
                 self.eval(body, env, me)
             }

@@ -104,7 +104,7 @@ fn drop_unread_closures(program: &mut Program, l: usize) {
     };
     lambda.body.visit_mut(&mut |c| {
         // A `let` left without bindings is its body (which may itself be a `let`).
-        while let Code::Let { binds, body } = c {
+        while let Code::Let { binds, body, .. } = c {
             binds.retain(|(s, v)| !(matches!(v, Code::MakeClosure(_)) && unread(*s)));
             if !binds.is_empty() {
                 break;

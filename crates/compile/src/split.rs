@@ -301,6 +301,7 @@ pub(crate) fn split_sites(
             *c = Code::Let {
                 binds: vec![(slot, producer)],
                 body: Box::new(consumer),
+                drops: Vec::new(),
             };
         });
         for (site, m) in &plans {

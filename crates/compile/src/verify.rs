@@ -195,6 +195,12 @@ impl Slots {
         }
     }
 
+    fn clear(&mut self, s: u32) {
+        if let Some(w) = self.words.get_mut((s / 64) as usize) {
+            *w &= !(1 << (s % 64));
+        }
+    }
+
     /// In the frame and not set.
     fn unset(&self, s: u32) -> bool {
         s < self.len && self.words[(s / 64) as usize] & (1 << (s % 64)) == 0
@@ -287,9 +293,21 @@ impl Verifier<'_> {
         lambda.body.visit(&mut |code| {
             self.code(code, lambda.n_slots);
             match code {
-                Code::Let { binds, .. } => {
+                Code::Let { binds, drops, .. } => {
                     for (slot, _) in binds {
                         self.slot(*slot, lambda.n_slots, "bound by a `let`");
+                    }
+                    for &(at, slot) in drops {
+                        self.slot(slot, lambda.n_slots, "dropped by a `let`");
+                        if at as usize >= binds.len() {
+                            self.fail(format!(
+                                "a `let` of {} bindings drops slot {slot} after binding {at}",
+                                binds.len()
+                            ));
+                        }
+                    }
+                    if drops.windows(2).any(|w| w[0].0 > w[1].0) {
+                        self.fail("a `let`'s drops are not in binding order".into());
                     }
                 }
                 Code::Match { arms, .. } => {
@@ -319,6 +337,8 @@ impl Verifier<'_> {
         enum Work<'c> {
             Code(&'c Code),
             Define(u32),
+            /// A `let` drops the slot: a read after it is a read of nothing.
+            Undefine(u32),
             /// A conditional's arms start: each starts from the state here.
             BranchBegin,
             /// An arm starts, with its pattern's variables set.
@@ -349,6 +369,10 @@ impl Verifier<'_> {
                 Work::Code(c) => c,
                 Work::Define(s) => {
                     defined.set(s);
+                    continue;
+                }
+                Work::Undefine(s) => {
+                    defined.clear(s);
                     continue;
                 }
                 Work::BranchBegin => {
@@ -394,9 +418,12 @@ impl Verifier<'_> {
                         }
                     }
                 }
-                Code::Let { binds, body } => {
+                Code::Let { binds, body, drops } => {
                     work.push(Work::Code(body));
-                    for (s, value) in binds.iter().rev() {
+                    for (i, (s, value)) in binds.iter().enumerate().rev() {
+                        for &(_, d) in drops.iter().filter(|(at, _)| *at as usize == i) {
+                            work.push(Work::Undefine(d));
+                        }
                         work.push(Work::Define(*s));
                         work.push(Work::Code(value));
                     }

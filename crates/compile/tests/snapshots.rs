@@ -142,6 +142,7 @@ fn every_pass() {
                 invoke cell#9[site 12, hoisted]($1, param1)
               | Node($2, $3) =>
                 let $4 = concurrent(@walk($2), @walk($3))
+                drop $2, $3
                 invoke walk:@half(..)#11[site 11]($4.0, $4.1)
             fn @main (lambda 35, entry): params 2, slots 2
               @walk(param0)

@@ -29,7 +29,7 @@ pub const MAGIC: &[u8; 8] = b"TUMBLE\0c";
 
 /// Bumped whenever anything written to the payload changes shape (`Code`, `Block`, plans, `Ty`,
 /// the natives table, ...): a file of another version is refused as stale.
-pub const FORMAT_VERSION: u32 = 14;
+pub const FORMAT_VERSION: u32 = 15;
 
 const HEADER: usize = 8 + 4 + 8 + 8 + 8;
 

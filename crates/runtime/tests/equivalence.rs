@@ -709,6 +709,75 @@ def @main(%n: Tensor[(), int32], %x: Tensor[(1, 32), float32], %W: Tensor[(32, 3
     );
 }
 
+/// A frame that lives through many flushes drops each value after its last read: an early-exit
+/// stack of layers in one `@main` (each layer's output bound by a `let`, the next layer in the
+/// `else` arm, Berxit's shape) held every layer's output to the end, all of it named by the
+/// host, so early release freed none (`TUMBLE_NO_SLOT_DROPS=1` brings that back: 12 MiB here).
+/// With the drops, a layer's output goes once the next layer has read it; the outputs equal
+/// the reference engine's.
+#[test]
+fn a_long_frame_drops_each_layer_after_its_last_reader() {
+    let layer = |k: usize, x: &str| {
+        format!("let %x{k} = @layer({x}, %W);\n  if (max(%x{k}) > 100f) {{ sum(%x{k}) }} else {{\n")
+    };
+    let mut main = String::new();
+    for k in 1..=6 {
+        main.push_str(&layer(
+            k,
+            &if k == 1 {
+                "%x".to_string()
+            } else {
+                format!("%x{}", k - 1)
+            },
+        ));
+    }
+    main.push_str("  sum(%x6)\n");
+    main.push_str(&"}\n".repeat(6));
+    let src = format!(
+        r#"
+def @layer(%x: Tensor[(64, 256), float32], %W: Tensor[(256, 256), float32], Primitive=1)
+    -> Tensor[(64, 256), float32] {{
+  tanh(nn.dense(%x, %W))
+}}
+def @main(%x: Tensor[(64, 256), float32], %W: Tensor[(256, 256), float32]) -> Tensor[(), float32] {{
+  {main}}}
+"#
+    );
+    let inputs: Vec<String> = (0..32)
+        .map(|i| {
+            let rows: Vec<String> = (0..64)
+                .map(|r| {
+                    let row: Vec<String> = (0..256)
+                        .map(|c| format!("{:.2}", ((i * 7 + r * 5 + c * 3) % 13) as f64 / 26.0))
+                        .collect();
+                    format!("[{}]", row.join(","))
+                })
+                .collect();
+            format!("{{\"x\": [{}]}}", rows.join(","))
+        })
+        .collect();
+    let x = expected(
+        "layers",
+        load_text("layers", &src),
+        &inputs.join("\n"),
+        &["x"],
+    );
+    let (program, reuse) = compile(&x, true, tumble_compile::StaticOptions::all());
+    let (got, profile) = run_once(&x, &program, &reuse, Options::default());
+    for (i, (g, e)) in got.iter().zip(&x.outputs).enumerate() {
+        if let Err(m) = same_within(g, e, &format!("instance {i}"), 1e-3) {
+            panic!("{m}");
+        }
+    }
+    // A layer's outputs: 32 instances × 64 × 256 floats, 2 MiB; six of them were held.
+    let layer_bytes = 32 * 64 * 256 * 4;
+    assert!(
+        profile.activation_bytes < 3 * layer_bytes + (1 << 20),
+        "peak {} with the drops; one layer's outputs are {layer_bytes}",
+        profile.activation_bytes
+    );
+}
+
 /// Early release frees outputs before the mini-batch ends, never before their last reader: on
 /// every zoo model and scheduler the outputs are bit for bit those with it off, the peak of live
 /// launch outputs never higher, and lower on the tree models, whose graphs hold every subtree's

@@ -88,6 +88,7 @@ enum Kont<'p> {
         binds: &'p [(u32, Code)],
         idx: usize,
         body: &'p Code,
+        drops: &'p [(u32, u32)],
     },
     If(&'p Code, &'p Code),
     Match {
@@ -202,6 +203,11 @@ pub struct Machine<'p> {
     /// straight to its arm. `TUMBLE_NO_WIDER_AT_ONCE=1` takes steps for them (the A/B switch;
     /// the recorded graph is the same).
     wider_at_once: bool,
+    /// Slots a `let` drops are cleared after their last read ([`Code::Let`]'s `drops`,
+    /// [`tumble_compile::drops`]); `TUMBLE_NO_SLOT_DROPS=1` keeps every slot until its frame
+    /// ends (the A/B switch; the values and the recorded graph are the same, only what the
+    /// host holds between flushes differs).
+    slot_drops: bool,
     /// How many times this instance stopped for a value not yet computed or at a phase
     /// boundary (wrapping). A concurrent element that stopped was recorded in pieces between
     /// flushes: the elements after it start where it ended, as written, not beside it
@@ -330,6 +336,10 @@ impl<'p> Machine<'p> {
             wider_at_once: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
                 !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_WIDER_AT_ONCE").is_some())
+            },
+            slot_drops: {
+                static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_SLOT_DROPS").is_some())
             },
             ctx,
         }
@@ -715,6 +725,7 @@ impl<'p> Machine<'p> {
         binds: &'p [(u32, Code)],
         mut idx: usize,
         body: &'p Code,
+        drops: &'p [(u32, u32)],
         backend: &mut dyn Backend,
     ) -> Result<Step<'p>, RunError> {
         while let Some((slot, code)) = binds.get(idx) {
@@ -722,10 +733,16 @@ impl<'p> Machine<'p> {
                 Some(v) => {
                     let v = v?;
                     self.set_slot(*slot, v);
+                    self.drop_after(drops, idx);
                     idx += 1;
                 }
                 None => {
-                    self.push(Kont::Let { binds, idx, body })?;
+                    self.push(Kont::Let {
+                        binds,
+                        idx,
+                        body,
+                        drops,
+                    })?;
                     return Ok(Step::Eval(code));
                 }
             }
@@ -781,13 +798,13 @@ impl<'p> Machine<'p> {
                     self.operands_from(code, operands, vals, backend)?
                 }
             }
-            Code::Let { binds, body } => match self.concurrent_cell(binds, body) {
+            Code::Let { binds, body, drops } => match self.concurrent_cell(binds, body) {
                 Some((ctor, elems)) => {
                     let start = self.ctx.depth;
                     let vals = self.pooled();
                     self.concurrent_from(Join::Ctor(ctor), elems, vals, start, start, backend)?
                 }
-                None => self.let_from(binds, 0, body, backend)?,
+                None => self.let_from(binds, 0, body, drops, backend)?,
             },
             Code::MakeClosure(index) => {
                 let lambda = self.lambda(*index)?;
@@ -975,11 +992,17 @@ impl<'p> Machine<'p> {
                 self.scan_next(sl, binds, Some(idx as usize + 1), items, vals, backend)?
             }
             Kont::Proj(i, span) => Step::Apply(project(&v, i, span)?),
-            Kont::Let { binds, idx, body } => {
+            Kont::Let {
+                binds,
+                idx,
+                body,
+                drops,
+            } => {
                 if let Some((slot, _)) = binds.get(idx) {
                     self.set_slot(*slot, v);
+                    self.drop_after(drops, idx);
                 }
-                self.let_from(binds, idx + 1, body, backend)?
+                self.let_from(binds, idx + 1, body, drops, backend)?
             }
             Kont::If(t, f) => match backend.condition(&v)? {
                 Some(c) => Step::Eval(if c { t } else { f }),
@@ -1009,6 +1032,23 @@ impl<'p> Machine<'p> {
     fn set_slot(&mut self, slot: u32, v: Value) {
         if let Some(s) = self.frame.slots.get_mut(slot as usize) {
             *s = Some(v);
+        }
+    }
+
+    /// Clears the slots a `let` drops once its bind `idx` is made ([`Code::Let`]'s `drops`):
+    /// the frame stops naming values nothing reads any more, so the batching runtime's early
+    /// release can free the launch outputs behind them while the frame lives on.
+    #[inline]
+    fn drop_after(&mut self, drops: &[(u32, u32)], idx: usize) {
+        if drops.is_empty() || !self.slot_drops {
+            return;
+        }
+        for &(at, slot) in drops {
+            if at as usize == idx {
+                if let Some(s) = self.frame.slots.get_mut(slot as usize) {
+                    *s = None;
+                }
+            }
         }
     }
 }

@@ -18,6 +18,7 @@
 
 use super::*;
 use crate::intern::WordSet;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 /// By default a scan of the host's values runs before a flush once this many output bytes were
@@ -109,6 +110,12 @@ impl Dfg<'_> {
         // launches that read them (a computed input of more than a few elements is compared by
         // its buffer).
         let mut copies: std::collections::HashMap<(usize, At), Slot> = Default::default();
+        let outs: Vec<Outs> = outs.into_iter().collect();
+        let held = if detach {
+            self.held_rows(ids, &outs, epoch)
+        } else {
+            Default::default()
+        };
         for (&id, mut out) in ids.iter().zip(outs) {
             if let Some(n) = self.nodes.get_mut(id as usize) {
                 // A result the last scan found the host holding (an instance's final value,
@@ -118,7 +125,7 @@ impl Dfg<'_> {
                 // `concatenate` recursion kept every launch's output (395 MB against 1.3 MB at
                 // `--batch 1`). Nodes recorded since the scan (`named` all set) are not.
                 if detach && n.life.claimed == epoch && n.life.named != u64::MAX {
-                    detach_rows(&mut out, n.life.named, &mut copies);
+                    detach_rows(&mut out, n.life.named, &held, &mut copies);
                 }
                 n.out = Some(out);
                 if !keep_args {
@@ -136,6 +143,36 @@ impl Dfg<'_> {
                 self.try_release(id);
             }
         }
+    }
+
+    /// Per launch output (by buffer), how many of its leading rows the host held at the last
+    /// scan among nodes `ids` about to get `outs` ([`detach_rows`] leaves an output whose rows
+    /// are mostly held whole: copying them out would free little).
+    fn held_rows(&self, ids: &[u32], outs: &[Outs], epoch: u32) -> HashMap<usize, usize> {
+        let mut held: HashMap<usize, usize> = HashMap::new();
+        for (&id, out) in ids.iter().zip(outs) {
+            let Some(n) = self.nodes.get(id as usize) else {
+                continue;
+            };
+            if n.life.claimed != epoch || n.life.named == u64::MAX {
+                continue;
+            }
+            let slots: &[Slot] = match out {
+                Outs::One(s) => std::slice::from_ref(s),
+                Outs::Many(v) => v,
+            };
+            for (k, s) in slots.iter().enumerate() {
+                let rows = match s.at {
+                    At::Row(_) => 1,
+                    At::Rows { len, .. } => len as usize,
+                    At::Whole => continue,
+                };
+                if n.life.named & (1 << k.min(63)) != 0 {
+                    *held.entry(s.tensor.buffer_id()).or_default() += rows;
+                }
+            }
+        }
+        held
     }
 
     /// A node has launched (or a deferred sum was added up or dropped): it no longer reads
@@ -385,17 +422,28 @@ fn detach_named() -> bool {
     *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DETACH_NAMED").is_none())
 }
 
+/// `TUMBLE_DETACH_HELD=1`: rows the host holds are copied out of their launch's output even
+/// where it holds most of its rows (the A/B switch of [`detach_rows`]'s `held` rule).
+fn held_mostly() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TUMBLE_DETACH_HELD").is_none())
+}
+
 /// Launch outputs below this many bytes keep the results the host holds as their rows: what they
 /// would keep alive is small, and a copy per result costs (BiRNN's per-token classes, MV-RNN's
 /// roots: 2% slower copied).
 const DETACH_FROM_BYTES: usize = 256 << 10;
 
 /// The outputs `named` (bit `k` for output `k`) of `out` that are a part of a larger tensor — a
-/// row or rows of a launch's output of at least [`DETACH_FROM_BYTES`], at most half of it — as
-/// tensors of their own.
+/// row or rows of a launch's output of at least [`DETACH_FROM_BYTES`], at most half of it, of
+/// which the host holds at most half the rows in all (`held`, by buffer) — as tensors of their
+/// own. An output the host holds mostly stays whole: an early-exit transformer's layer output
+/// is named row by row by every sentence still running, and copying each out (onto freshly
+/// faulted memory, 25 MB a layer at batch 64) freed nothing.
 fn detach_rows(
     out: &mut Outs,
     named: u64,
+    held: &HashMap<usize, usize>,
     copies: &mut std::collections::HashMap<(usize, At), Slot>,
 ) {
     let slots: &mut [Slot] = match out {
@@ -423,6 +471,10 @@ fn detach_rows(
             At::Whole => whole,
         };
         if whole * s.tensor.dtype().size() < DETACH_FROM_BYTES || part * 2 > whole {
+            continue;
+        }
+        let rows = s.tensor.shape().first().copied().unwrap_or(1);
+        if held_mostly() && held.get(&s.tensor.buffer_id()).copied().unwrap_or(0) * 2 > rows {
             continue;
         }
         let key = (s.tensor.buffer_id(), s.at);
