@@ -20,7 +20,7 @@
 
 use tumble_ir::Span;
 
-use crate::program::{code_reaches, CaptureFrom, Code, Program};
+use crate::program::{code_reaches, Code, Program};
 
 /// Independent calls made concurrent in one function.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,19 +37,7 @@ pub fn find(program: &mut Program) -> Vec<Concurrent> {
     let does_tensor_work =
         crate::program::lambdas_reaching(program, |c| matches!(c, Code::InvokeBlock { .. }));
     let globals = program.globals.clone();
-    let captures: Vec<Vec<u32>> = program
-        .lambdas
-        .iter()
-        .map(|l| {
-            l.captures
-                .iter()
-                .filter_map(|(from, _)| match from {
-                    CaptureFrom::Slot(s) => Some(*s),
-                    CaptureFrom::Param(_) | CaptureFrom::SelfRef => None,
-                })
-                .collect()
-        })
-        .collect();
+    let captures = program.slot_captures();
     let facts = Facts {
         tensor_fns: &does_tensor_work,
         globals: &globals,

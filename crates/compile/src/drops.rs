@@ -28,7 +28,7 @@
 //! as before. The pass runs last, after every rewrite of the code; the verifier checks that no
 //! slot is read after a drop on any path.
 
-use crate::program::{CaptureFrom, Code, Program};
+use crate::program::{Code, Program};
 
 /// Code nested deeper than this in one function gets no drops (the analysis recurses).
 const MAX_DEPTH: usize = 4096;
@@ -47,19 +47,7 @@ pub fn insert(program: &mut Program) -> usize {
             *flag |= is_loop;
         }
     }
-    let captures: Vec<Vec<u32>> = program
-        .lambdas
-        .iter()
-        .map(|l| {
-            l.captures
-                .iter()
-                .filter_map(|(from, _)| match from {
-                    CaptureFrom::Slot(s) => Some(*s),
-                    _ => None,
-                })
-                .collect()
-        })
-        .collect();
+    let captures = program.slot_captures();
     let mut total = 0;
     for (i, lambda) in program.lambdas.iter_mut().enumerate() {
         if looped.get(i) == Some(&true) {

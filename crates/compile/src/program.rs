@@ -499,6 +499,23 @@ impl Natives {
 }
 
 impl Program {
+    /// Per lambda, the slots of the enclosing frame its closures capture (what making one
+    /// reads there).
+    pub fn slot_captures(&self) -> Vec<Vec<u32>> {
+        self.lambdas
+            .iter()
+            .map(|l| {
+                l.captures
+                    .iter()
+                    .filter_map(|(from, _)| match from {
+                        CaptureFrom::Slot(s) => Some(*s),
+                        CaptureFrom::Param(_) | CaptureFrom::SelfRef => None,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The entry function [`Code::Param`] reads the arguments of.
     pub fn entry_lambda(&self) -> Option<&Lambda> {
         let g = self.params_of?;
