@@ -53,12 +53,7 @@ pub fn insert(program: &mut Program) -> usize {
         if looped.get(i) == Some(&true) {
             continue;
         }
-        let mut cx = Liveness {
-            captures: &captures,
-            depth: 0,
-            too_deep: false,
-            dropped: 0,
-        };
+        let mut cx = Liveness::new(&captures);
         cx.live(&mut lambda.body, Live::new(lambda.n_slots as usize));
         if cx.too_deep {
             lambda.body.visit_mut(&mut |c| {
@@ -132,7 +127,16 @@ struct Liveness<'a> {
     dropped: usize,
 }
 
-impl Liveness<'_> {
+impl<'a> Liveness<'a> {
+    fn new(captures: &'a [Vec<u32>]) -> Self {
+        Liveness {
+            captures,
+            depth: 0,
+            too_deep: false,
+            dropped: 0,
+        }
+    }
+
     /// The slots live before `code`, given those live after it; sets the drops of the `let`s
     /// inside it.
     fn live(&mut self, code: &mut Code, mut after: Live) -> Live {
@@ -212,7 +216,6 @@ impl Liveness<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::program::Lambda;
     use tumble_ir::Span;
 
     fn slot(s: u32) -> Code {
@@ -238,22 +241,9 @@ mod tests {
         }
     }
 
-    fn run(body: Code, n_slots: u32) -> Code {
-        let mut lambda = Lambda {
-            name: "f".into(),
-            n_params: 1,
-            n_slots,
-            captures: Vec::new(),
-            body,
-        };
-        let mut cx = Liveness {
-            captures: &[],
-            depth: 0,
-            too_deep: false,
-            dropped: 0,
-        };
-        cx.live(&mut lambda.body, Live::new(n_slots as usize));
-        lambda.body
+    fn run(mut body: Code, n_slots: u32) -> Code {
+        Liveness::new(&[]).live(&mut body, Live::new(n_slots as usize));
+        body
     }
 
     /// `let $1 = f($0); let $2 = g($1); ($2, $2)`: the parameter goes after the first binding,
