@@ -29,6 +29,7 @@
 //! slot is read after a drop on any path.
 
 use crate::program::{Code, Program};
+use crate::slot_set::SlotSet;
 
 /// Code nested deeper than this in one function gets no drops (the analysis recurses).
 const MAX_DEPTH: usize = 4096;
@@ -54,7 +55,7 @@ pub fn insert(program: &mut Program) -> usize {
             continue;
         }
         let mut cx = Liveness::new(&captures);
-        cx.live(&mut lambda.body, Live::new(lambda.n_slots as usize));
+        cx.live(&mut lambda.body, SlotSet::new(lambda.n_slots as usize));
         if cx.too_deep {
             lambda.body.visit_mut(&mut |c| {
                 if let Code::Let { drops, .. } = c {
@@ -66,57 +67,6 @@ pub fn insert(program: &mut Program) -> usize {
         }
     }
     total
-}
-
-/// A set of a frame's slots, a bit each.
-#[derive(Clone)]
-struct Live(Vec<u64>);
-
-impl Live {
-    fn new(n_slots: usize) -> Live {
-        Live(vec![0; n_slots.div_ceil(64)])
-    }
-
-    fn set(&mut self, s: u32) {
-        let w = (s / 64) as usize;
-        if self.0.len() <= w {
-            self.0.resize(w + 1, 0);
-        }
-        if let Some(w) = self.0.get_mut(w) {
-            *w |= 1 << (s % 64);
-        }
-    }
-
-    fn clear(&mut self, s: u32) {
-        if let Some(w) = self.0.get_mut((s / 64) as usize) {
-            *w &= !(1 << (s % 64));
-        }
-    }
-
-    fn has(&self, s: u32) -> bool {
-        self.0
-            .get((s / 64) as usize)
-            .is_some_and(|w| w & (1 << (s % 64)) != 0)
-    }
-
-    fn union(&mut self, other: &Live) {
-        if self.0.len() < other.0.len() {
-            self.0.resize(other.0.len(), 0);
-        }
-        for (w, o) in self.0.iter_mut().zip(&other.0) {
-            *w |= o;
-        }
-    }
-
-    /// The slots in `self` and not in `other`.
-    fn minus<'a>(&'a self, other: &'a Live) -> impl Iterator<Item = u32> + 'a {
-        self.0.iter().enumerate().flat_map(move |(i, &w)| {
-            let w = w & !other.0.get(i).copied().unwrap_or(0);
-            (0..64u32)
-                .filter(move |b| w & (1 << b) != 0)
-                .map(move |b| i as u32 * 64 + b)
-        })
-    }
 }
 
 struct Liveness<'a> {
@@ -139,7 +89,7 @@ impl<'a> Liveness<'a> {
 
     /// The slots live before `code`, given those live after it; sets the drops of the `let`s
     /// inside it.
-    fn live(&mut self, code: &mut Code, mut after: Live) -> Live {
+    fn live(&mut self, code: &mut Code, mut after: SlotSet) -> SlotSet {
         if self.too_deep {
             return after;
         }
@@ -150,12 +100,12 @@ impl<'a> Liveness<'a> {
         }
         let before = match code {
             Code::Slot(s) => {
-                after.set(*s);
+                after.insert(*s);
                 after
             }
             Code::MakeClosure(l) => {
                 for &s in self.captures.get(*l as usize).into_iter().flatten() {
-                    after.set(s);
+                    after.insert(s);
                 }
                 after
             }
@@ -165,14 +115,14 @@ impl<'a> Liveness<'a> {
                 for (i, (slot, value)) in binds.iter_mut().enumerate().rev() {
                     // `live`: what is read after bind `i` is made.
                     let mut before_bind = live.clone();
-                    before_bind.clear(*slot);
+                    before_bind.remove(*slot);
                     let before_value = self.live(value, before_bind.clone());
                     for s in before_value.minus(&before_bind) {
-                        if !live.has(s) {
+                        if !live.contains(s) {
                             found.push((i as u32, s));
                         }
                     }
-                    if !live.has(*slot) {
+                    if !live.contains(*slot) {
                         found.push((i as u32, *slot));
                     }
                     live = before_value;
@@ -191,10 +141,10 @@ impl<'a> Liveness<'a> {
             Code::Match {
                 scrutinee, arms, ..
             } => {
-                let mut any = Live::new(0);
+                let mut any = SlotSet::new(0);
                 for (pat, arm) in arms.iter_mut() {
                     let mut live = self.live(arm, after.clone());
-                    pat.for_each_slot(&mut |s| live.clear(s));
+                    pat.for_each_slot(&mut |s| live.remove(s));
                     any.union(&live);
                 }
                 self.live(scrutinee, any)
@@ -242,7 +192,7 @@ mod tests {
     }
 
     fn run(mut body: Code, n_slots: u32) -> Code {
-        Liveness::new(&[]).live(&mut body, Live::new(n_slots as usize));
+        Liveness::new(&[]).live(&mut body, SlotSet::new(n_slots as usize));
         body
     }
 

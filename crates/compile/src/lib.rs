@@ -35,6 +35,7 @@ pub mod query;
 pub mod ragged;
 pub mod reuse;
 pub mod slice_split;
+mod slot_set;
 pub mod specialize;
 pub mod split;
 pub mod verify;

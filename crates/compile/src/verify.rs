@@ -17,6 +17,7 @@ use std::fmt;
 
 use crate::blocks::{value_ty, BArg, BVal, Block};
 use crate::program::{CaptureFrom, Code, Lambda, Pat, Program};
+use crate::slot_set::SlotSet;
 use tumble_ir::Ty;
 
 /// One broken invariant: where (a function or block) and what.
@@ -173,47 +174,6 @@ pub(crate) fn debug_check(program: &Program, after: &str) {
     }
 }
 
-/// A set of frame slots (a bit each); slots past the frame are never set, and never reported
-/// as unset (the range checks report them).
-#[derive(Clone)]
-struct Slots {
-    words: Vec<u64>,
-    len: u32,
-}
-
-impl Slots {
-    fn new(len: usize) -> Slots {
-        Slots {
-            words: vec![0; len.div_ceil(64)],
-            len: u32::try_from(len).unwrap_or(u32::MAX),
-        }
-    }
-
-    fn set(&mut self, s: u32) {
-        if let Some(w) = self.words.get_mut((s / 64) as usize) {
-            *w |= 1 << (s % 64);
-        }
-    }
-
-    fn clear(&mut self, s: u32) {
-        if let Some(w) = self.words.get_mut((s / 64) as usize) {
-            *w &= !(1 << (s % 64));
-        }
-    }
-
-    /// In the frame and not set.
-    fn unset(&self, s: u32) -> bool {
-        s < self.len && self.words[(s / 64) as usize] & (1 << (s % 64)) == 0
-    }
-
-    /// Keeps the slots set in both.
-    fn meet(&mut self, other: &Slots) {
-        for (w, o) in self.words.iter_mut().zip(&other.words) {
-            *w &= o;
-        }
-    }
-}
-
 struct Verifier<'p> {
     program: &'p Program,
     errors: Vec<VerifyError>,
@@ -349,30 +309,32 @@ impl Verifier<'_> {
             BranchEnd,
         }
         struct Branch {
-            start: Slots,
-            every_arm: Option<Slots>,
+            start: SlotSet,
+            every_arm: Option<SlotSet>,
         }
         let n_slots = lambda.n_slots as usize;
-        let mut defined = Slots::new(n_slots);
+        let mut defined = SlotSet::new(n_slots);
+        // In the frame and not set (a slot past the frame is the range checks' to report).
+        let unset = |d: &SlotSet, s: u32| (s as usize) < n_slots && !d.contains(s);
         for p in 0..lambda.n_params {
-            defined.set(p);
+            defined.insert(p);
         }
         for (_, s) in &lambda.captures {
-            defined.set(*s);
+            defined.insert(*s);
         }
         let mut branches: Vec<Branch> = Vec::new();
-        let mut unset: Vec<u32> = Vec::new();
+        let mut unset_reads: Vec<u32> = Vec::new();
         let mut work = vec![Work::Code(&lambda.body)];
         let mut children: Vec<&Code> = Vec::new();
         while let Some(w) = work.pop() {
             let code = match w {
                 Work::Code(c) => c,
                 Work::Define(s) => {
-                    defined.set(s);
+                    defined.insert(s);
                     continue;
                 }
                 Work::Undefine(s) => {
-                    defined.clear(s);
+                    defined.remove(s);
                     continue;
                 }
                 Work::BranchBegin => {
@@ -386,7 +348,7 @@ impl Verifier<'_> {
                     if let Some(b) = branches.last() {
                         defined.clone_from(&b.start);
                     }
-                    slots.into_iter().for_each(|s| defined.set(s));
+                    slots.into_iter().for_each(|s| defined.insert(s));
                     continue;
                 }
                 Work::ArmEnd => {
@@ -406,13 +368,13 @@ impl Verifier<'_> {
                 }
             };
             match code {
-                Code::Slot(s) if defined.unset(*s) => unset.push(*s),
+                Code::Slot(s) if unset(&defined, *s) => unset_reads.push(*s),
                 Code::MakeClosure(l) => {
                     if let Some(l) = self.program.lambdas.get(*l as usize) {
                         for (from, _) in &l.captures {
                             if let CaptureFrom::Slot(s) = from {
-                                if defined.unset(*s) {
-                                    unset.push(*s);
+                                if unset(&defined, *s) {
+                                    unset_reads.push(*s);
                                 }
                             }
                         }
@@ -460,9 +422,9 @@ impl Verifier<'_> {
                 }
             }
         }
-        unset.sort_unstable();
-        unset.dedup();
-        for s in unset {
+        unset_reads.sort_unstable();
+        unset_reads.dedup();
+        for s in unset_reads {
             self.fail(format!("slot {s} is read where nothing has set it"));
         }
     }

@@ -1043,11 +1043,13 @@ impl<'p> Machine<'p> {
         if drops.is_empty() || !self.slot_drops {
             return;
         }
-        for &(at, slot) in drops {
-            if at as usize == idx {
-                if let Some(s) = self.frame.slots.get_mut(slot as usize) {
-                    *s = None;
-                }
+        // `drops` is sorted by binding: this binding's entries are one run, found by bisection
+        // (a long `let` chain would otherwise scan its whole list at every binding).
+        let first = drops.partition_point(|&(at, _)| (at as usize) < idx);
+        let here = drops.get(first..).unwrap_or_default();
+        for &(_, slot) in here.iter().take_while(|&&(at, _)| at as usize == idx) {
+            if let Some(s) = self.frame.slots.get_mut(slot as usize) {
+                *s = None;
             }
         }
     }
