@@ -47,8 +47,10 @@ pub struct Executable {
     /// same results (a launch runs each such group once: `Dfg::identical_invocations`).
     pub(crate) pure_blocks: Vec<bool>,
     /// Per block: the most invocations one launch runs ([`locality_chunk`]; `usize::MAX` for
-    /// all of them).
-    pub(crate) chunk_sizes: Vec<usize>,
+    /// all of them), for a launch on one kernel thread and on more: a job's workers split its
+    /// threads and lend them to each other as they finish, so the launch, not the job, knows
+    /// how many it has ([`Executable::chunk_size`]).
+    pub(crate) chunk_sizes: ChunkSizes,
     /// Per block: the per-instance inputs read as an `nn.dense` weight ([`tumble_compile::ReuseAnalysis::chosen_weights`];
     /// empty without weight groups): a launch groups its invocations by the tensors they pass
     /// there.
@@ -165,7 +167,8 @@ impl Executable {
     /// L2): on a device every launch costs copies and a wait, so a block launches whole.
     pub fn with_device(mut self, gpu: tumble_cuda::Gpu) -> Executable {
         self.device = Some(Arc::new(crate::fused::device::DeviceRun::new(gpu)));
-        self.chunk_sizes.fill(usize::MAX);
+        self.chunk_sizes.one_thread.fill(usize::MAX);
+        self.chunk_sizes.more_threads.fill(usize::MAX);
         self
     }
 
@@ -228,14 +231,22 @@ impl Executable {
             weight_slices: Default::default(),
             sum_blocks: blocks.iter().map(Block::is_sum).collect(),
             pure_blocks,
-            chunk_sizes: blocks
-                .iter()
-                .enumerate()
-                .map(|(i, b)| match opts.locality_chunks {
-                    true => locality_chunk(b, reuse, i, opts.threads),
-                    false => usize::MAX,
-                })
-                .collect(),
+            chunk_sizes: {
+                let sizes = |threads: usize| -> Vec<usize> {
+                    blocks
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| match opts.locality_chunks {
+                            true => locality_chunk(b, reuse, i, threads),
+                            false => usize::MAX,
+                        })
+                        .collect()
+                };
+                ChunkSizes {
+                    one_thread: sizes(1),
+                    more_threads: sizes(2),
+                }
+            },
             chosen_weights: blocks
                 .iter()
                 .enumerate()
@@ -364,6 +375,26 @@ impl Executable {
 /// Bytes of one invocation's per-instance inputs that a launch of a per-invocation-weight block
 /// may hold per chunk: a quarter of a core's L2 (1 MiB here), leaving room for the intermediates.
 const CHUNK_INPUT_BYTES: usize = 256 << 10;
+
+/// Per block, the most invocations a launch runs at once ([`locality_chunk`]), by the kernel
+/// threads the launch has: only [`product_chunk`] depends on them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ChunkSizes {
+    pub(crate) one_thread: Vec<usize>,
+    pub(crate) more_threads: Vec<usize>,
+}
+
+impl Executable {
+    /// The most invocations of `block` one launch on `threads` kernel threads runs
+    /// (`usize::MAX`: all).
+    pub(crate) fn chunk_size(&self, block: u32, threads: usize) -> usize {
+        let sizes = match threads <= 1 {
+            true => &self.chunk_sizes.one_thread,
+            false => &self.chunk_sizes.more_threads,
+        };
+        sizes.get(block as usize).copied().unwrap_or(usize::MAX)
+    }
+}
 
 /// A block with an `nn.dense` whose weight (second operand) is not one shared tensor: MV-RNN's
 /// per-word matrices, `W_M · [A; B]`. Batching such products reuses no weight, and a launch of

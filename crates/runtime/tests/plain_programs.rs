@@ -842,6 +842,28 @@ def @main(%x: Tensor[(128, 16), float32], %W: Tensor[(2048, 16), float32]) -> Te
     assert_eq!(launches(true, 1), 2, "6 invocations in chunks of 4");
     assert_eq!(launches(false, 1), 1);
     assert_eq!(launches(true, 2), 1);
+    // Planned for a job of two threads whose two workers each launch on one (`tumble run
+    // --threads 2` over two mini-batches): the launch's own thread count decides.
+    let (program, reuse) = common::compile(&x, true, tumble_compile::StaticOptions::all());
+    let two = tumble_runtime::Options {
+        threads: 2,
+        ..Default::default()
+    };
+    let exec = std::sync::Arc::new(tumble_runtime::Executable::new(&program, &reuse, &two));
+    let rngs = (0..x.args.len()).map(common::rng).collect();
+    let one = tumble_runtime::Options {
+        threads: 1,
+        ..Default::default()
+    };
+    let (got, profile) =
+        tumble_runtime::run_batch_on(&program, &reuse, &exec, "main", x.args.clone(), rngs, one)
+            .unwrap_or_else(|e| panic!("{}", e.error.message));
+    assert_eq!(profile.launches, 2, "chunks on the worker's one thread");
+    for (i, (g, e)) in got.iter().zip(&x.outputs).enumerate() {
+        if let Err(m) = common::same_within(g, e, "", x.atol) {
+            panic!("planned for two threads, launched on one, instance {i}: {m}");
+        }
+    }
 }
 
 /// A fold over a long list: each step's deferred sum copied every term of the previous one (O(n²)

@@ -100,12 +100,8 @@ impl Dfg<'_> {
         // mini-batch, a serving session, a recorded forward): outside the cache each GEMM stage
         // packs its weight again (sessions did, until the twenty-eighth session).
         let _weights = crate::gemm::WeightCache::enter(&self.exec.weights);
-        let chunk = self
-            .exec
-            .chunk_sizes
-            .get(block_id as usize)
-            .copied()
-            .unwrap_or(usize::MAX);
+        let threads = self.opts.threads + self.lent.map_or(0, Lending::share);
+        let chunk = self.exec.chunk_size(block_id, threads);
         if let Some((groups, rest)) = self.weight_groups(block_id, ids) {
             for group in &groups {
                 self.launch_part(block_id, group)?;
