@@ -401,6 +401,10 @@ def main():
     ap.add_argument("--berxit-tumble", choices=["none", "small8", "all"], default="all",
                     help="which Berxit points tumble runs (default all: 5-45 s per mini-batch; "
                          "small8: berxit_small at batch 8 only)")
+    ap.add_argument("--berxit-peers", choices=["tumble", "all"], default="tumble",
+                    help="which Berxit points the peers run (default tumble: those --berxit-tumble has tumble run, "
+                         "since a peer's time alone makes no ratio -- the peers' Berxit-small b64 and Berxit-large "
+                         "points take ~7 minutes a round; all: every one)")
     ap.add_argument("--threads", type=int, default=1, help="threads for the peers and for tumble's kernels "
                     "(TUMBLE_NUM_THREADS); the sgemm peak is measured at this count")
     ap.add_argument("--tumble", default=os.path.join(ROOT, "target", "release", "tumble"))
@@ -506,6 +510,10 @@ def main():
             if not allow:
                 for e in ("tumble", "tumble_plain", "tumble_eager"):
                     p["skip"][e] = f"--berxit-tumble {args.berxit_tumble}" + (" (--quick)" if args.quick else "")
+                if args.berxit_peers == "tumble":
+                    for e in engines:
+                        p["skip"].setdefault(e, f"--berxit-peers tumble (tumble does not run it: "
+                                                f"--berxit-tumble {args.berxit_tumble})")
 
     work = []
     for r in range(max(args.rounds, args.berxit_rounds)):
