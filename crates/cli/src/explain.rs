@@ -280,12 +280,7 @@ fn print_static_report(
     if consts.reads == 0 {
         println!("  entry arguments: passed down as written");
     } else {
-        let mut params: Vec<String> = consts
-            .params
-            .iter()
-            .map(|(f, p)| format!("@{f} #{p}"))
-            .collect();
-        params.sort();
+        let params = removed_params(&consts.params);
         println!(
             "  entry arguments read where used: {} reads, {} captures dropped, {} parameters removed{}",
             consts.reads,
@@ -294,7 +289,7 @@ fn print_static_report(
             if params.is_empty() {
                 String::new()
             } else {
-                format!(" ({})", params.join(", "))
+                format!(" ({params})")
             }
         );
     }
@@ -477,6 +472,14 @@ fn print_static_report(
             sums.join(", ")
         );
     }
+    if report.slot_drops == 0 {
+        println!("  slot drops: every value a frame binds is read to its end");
+    } else {
+        println!(
+            "  slot drops: {} values let go after their last read (`explain --code` shows each `drop`)",
+            report.slot_drops
+        );
+    }
     let explicit = program
         .global_index
         .get(entry)
@@ -552,4 +555,67 @@ fn natives_reached(program: &tumble_compile::Program, entry: &str) -> Vec<&'stat
     natives.sort_unstable();
     natives.dedup();
     natives
+}
+
+/// Functions whose removed parameters [`removed_params`] lists before it counts the rest.
+const LISTED_FUNCTIONS: usize = 6;
+
+/// The parameters the entry-argument pass removed, per function in name order, each function's
+/// positions as ranges (`@layer#2 #1–#16`): a 12-layer model's clones otherwise made a line of
+/// 258 entries. Past [`LISTED_FUNCTIONS`] functions, only how many more.
+fn removed_params(params: &[(String, u32)]) -> String {
+    let mut by_function: std::collections::BTreeMap<&str, Vec<u32>> = Default::default();
+    for (f, p) in params {
+        by_function.entry(f.as_str()).or_default().push(*p);
+    }
+    let mut parts: Vec<String> = by_function
+        .iter()
+        .take(LISTED_FUNCTIONS)
+        .map(|(f, ps)| {
+            let mut ps = ps.clone();
+            ps.sort_unstable();
+            ps.dedup();
+            let mut runs: Vec<String> = Vec::new();
+            let mut i = 0;
+            while let Some(&start) = ps.get(i) {
+                let mut end = start;
+                while ps.get(i + 1) == Some(&(end + 1)) {
+                    end += 1;
+                    i += 1;
+                }
+                runs.push(match end > start {
+                    true => format!("#{start}–#{end}"),
+                    false => format!("#{start}"),
+                });
+                i += 1;
+            }
+            format!("@{f} {}", runs.join(" "))
+        })
+        .collect();
+    if by_function.len() > LISTED_FUNCTIONS {
+        parts.push(format!(
+            "and {} more functions",
+            by_function.len() - LISTED_FUNCTIONS
+        ));
+    }
+    parts.join(", ")
+}
+
+#[cfg(test)]
+mod removed_params_tests {
+    use super::removed_params;
+
+    #[test]
+    fn positions_become_ranges_and_long_lists_a_count() {
+        let params: Vec<(String, u32)> = [("b", 3), ("a", 2), ("a", 1), ("a", 3), ("a", 5)]
+            .iter()
+            .map(|&(f, p)| (f.to_string(), p))
+            .collect();
+        assert_eq!(removed_params(&params), "@a #1–#3 #5, @b #3");
+        let many: Vec<(String, u32)> = (0..9).map(|i| (format!("f{i}"), 0)).collect();
+        assert_eq!(
+            removed_params(&many),
+            "@f0 #0, @f1 #0, @f2 #0, @f3 #0, @f4 #0, @f5 #0, and 3 more functions"
+        );
+    }
 }
