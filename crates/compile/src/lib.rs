@@ -47,8 +47,8 @@ pub use passes::{optimize, StaticOptions, StaticReport};
 pub use pipeline::{compile, CompileOptions, Compiled};
 pub use plan::{plan_program, BlockPlan, PlanOptions, Stage};
 pub use program::{
-    CaptureFrom, Code, CtorEntry, FoldLoop, Lambda, MapLoop, Native, Natives, Pat, Program,
-    ScanLoop, Site,
+    dropped_after, CaptureFrom, Code, CtorEntry, FoldLoop, Lambda, MapLoop, Native, Natives, Pat,
+    Program, ScanLoop, Site,
 };
 pub use reuse::{analyze as analyze_reuse, InputReuse, ReuseAnalysis};
 pub use verify::{verify, verify_finished, VerifyError};

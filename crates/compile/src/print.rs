@@ -188,10 +188,8 @@ impl Printer<'_> {
                             out.push('\n');
                         }
                     }
-                    let dropped: Vec<String> = drops
-                        .iter()
-                        .filter(|(at, _)| *at as usize == i)
-                        .map(|(_, d)| format!("${d}"))
+                    let dropped: Vec<String> = crate::program::dropped_after(drops, i)
+                        .map(|d| format!("${d}"))
                         .collect();
                     if !dropped.is_empty() {
                         indent(out, depth);

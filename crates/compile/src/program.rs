@@ -157,6 +157,19 @@ impl Code {
     }
 }
 
+/// The slots a `let` clears once its bind `i` is made, from its `drops` ([`Code::Let`]: sorted
+/// by binding, so one binding's entries are a run, found by bisection — the evaluator asks at
+/// every binding of a long chain).
+pub fn dropped_after(drops: &[(u32, u32)], i: usize) -> impl Iterator<Item = u32> + '_ {
+    let first = drops.partition_point(|&(at, _)| (at as usize) < i);
+    drops
+        .get(first..)
+        .unwrap_or_default()
+        .iter()
+        .take_while(move |&&(at, _)| at as usize == i)
+        .map(|&(_, slot)| slot)
+}
+
 /// Does `code` call, reference as a value, or make a closure of a lambda flagged in `lambdas`
 /// (indexed like [`Program::lambdas`]; `globals` maps globals to their lambdas)? The call-graph
 /// question the automatic phases and the concurrency pass ask of one piece of code, with

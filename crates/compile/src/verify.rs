@@ -383,7 +383,7 @@ impl Verifier<'_> {
                 Code::Let { binds, body, drops } => {
                     work.push(Work::Code(body));
                     for (i, (s, value)) in binds.iter().enumerate().rev() {
-                        for &(_, d) in drops.iter().filter(|(at, _)| *at as usize == i) {
+                        for d in crate::program::dropped_after(drops, i) {
                             work.push(Work::Undefine(d));
                         }
                         work.push(Work::Define(*s));

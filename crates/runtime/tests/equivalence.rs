@@ -744,17 +744,7 @@ def @main(%x: Tensor[(64, 256), float32], %W: Tensor[(256, 256), float32]) -> Te
 "#
     );
     let inputs: Vec<String> = (0..32)
-        .map(|i| {
-            let rows: Vec<String> = (0..64)
-                .map(|r| {
-                    let row: Vec<String> = (0..256)
-                        .map(|c| format!("{:.2}", ((i * 7 + r * 5 + c * 3) % 13) as f64 / 26.0))
-                        .collect();
-                    format!("[{}]", row.join(","))
-                })
-                .collect();
-            format!("{{\"x\": [{}]}}", rows.join(","))
-        })
+        .map(|i| format!("{{\"x\": {}}}", common::matrix(i, 64, 256)))
         .collect();
     let x = expected(
         "layers",

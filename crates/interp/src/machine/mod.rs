@@ -43,7 +43,7 @@ use reuse::SharedValues;
 use smallvec::smallvec;
 use std::rc::Rc;
 use tumble_compile::{
-    CaptureFrom, Code, FoldLoop, Lambda, MapLoop, Native, Pat, Program, ScanLoop,
+    dropped_after, CaptureFrom, Code, FoldLoop, Lambda, MapLoop, Native, Pat, Program, ScanLoop,
 };
 use tumble_ir::Span;
 use values::{describe, list_items, list_of, matches, project};
@@ -1043,11 +1043,7 @@ impl<'p> Machine<'p> {
         if drops.is_empty() || !self.slot_drops {
             return;
         }
-        // `drops` is sorted by binding: this binding's entries are one run, found by bisection
-        // (a long `let` chain would otherwise scan its whole list at every binding).
-        let first = drops.partition_point(|&(at, _)| (at as usize) < idx);
-        let here = drops.get(first..).unwrap_or_default();
-        for &(_, slot) in here.iter().take_while(|&&(at, _)| at as usize == idx) {
+        for slot in dropped_after(drops, idx) {
             if let Some(s) = self.frame.slots.get_mut(slot as usize) {
                 *s = None;
             }
