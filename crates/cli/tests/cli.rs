@@ -756,6 +756,61 @@ fn kept_results_are_per_run_and_change_no_output() {
     assert_eq!(kept(&["--no-job-memo"]), (once, 0));
 }
 
+/// An environment switch is on when set to anything but empty, `0`, `false`, `no` or `off`:
+/// `TUMBLE_NO_MEMO=0` leaves a launch's identical invocations sharing their results (it turned
+/// them off while any value did), `TUMBLE_NO_MEMO=1` or `yes` turns that off; the output is the
+/// same bytes either way.
+#[test]
+fn environment_switches_read_zero_as_off() {
+    let model = zoo_model("treelstm_small");
+    let inputs = example("treelstm");
+    let shared = |value: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tumble"));
+        cmd.args(["run", &model, "--inputs", &inputs, "--random-params", "0"])
+            .args([
+                "--batch",
+                "3",
+                "--threads",
+                "1",
+                "--profile",
+                "--color=never",
+            ])
+            .env_remove("TUMBLE_NO_MEMO");
+        if let Some(v) = value {
+            cmd.env("TUMBLE_NO_MEMO", v);
+        }
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run tumble: {e}"));
+        assert!(out.status.success(), "{value:?}: {}", text(&out.stderr));
+        let n = text(&out.stderr)
+            .lines()
+            .find_map(|l| l.strip_prefix("identical invocations: "))
+            .and_then(|l| l.split_whitespace().next())
+            .map_or(0, |n| n.parse::<u64>().unwrap_or(0));
+        (text(&out.stdout), n)
+    };
+    let (bytes, n) = shared(None);
+    assert!(
+        n > 0,
+        "no identical invocations shared results with the switch unset"
+    );
+    for off in ["0", "", "off", "False"] {
+        assert_eq!(
+            shared(Some(off)),
+            (bytes.clone(), n),
+            "TUMBLE_NO_MEMO={off:?}"
+        );
+    }
+    for on in ["1", "yes"] {
+        assert_eq!(
+            shared(Some(on)),
+            (bytes.clone(), 0),
+            "TUMBLE_NO_MEMO={on:?}"
+        );
+    }
+}
+
 /// `--repeat N` runs the job N times in one process: the same outputs as one run, and the
 /// profile lists every run's time.
 #[test]

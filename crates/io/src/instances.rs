@@ -147,7 +147,7 @@ impl InstanceDoc<'_> {
 /// decoding, as before tapes.
 fn tape_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_JSON_TAPE").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_JSON_TAPE"))
 }
 
 /// One instance's JSON, not yet checked against any type.

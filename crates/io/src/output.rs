@@ -335,7 +335,7 @@ fn zmij_writes_as_std(x: f32) -> bool {
 /// text is the same).
 fn fast_float_text() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_FAST_FLOAT_TEXT").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_FAST_FLOAT_TEXT"))
 }
 
 /// Writes a float via `finite`, or `null` for NaN/inf; returns 1 for the latter.

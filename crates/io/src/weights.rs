@@ -47,7 +47,7 @@ pub fn load_params(path: &Path) -> Result<LoadedParams, IoError> {
     };
     let mut tensors = tensors;
     let mut warnings = non_finite_warnings(path, &tensors);
-    if std::env::var_os("TUMBLE_KEEP_SUBNORMAL_WEIGHTS").is_none() {
+    if !tumble_limits::env_flag("TUMBLE_KEEP_SUBNORMAL_WEIGHTS") {
         warnings.extend(flush_subnormals(path, &mut tensors));
     }
     Ok(LoadedParams { tensors, warnings })

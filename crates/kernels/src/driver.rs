@@ -175,14 +175,15 @@ impl Default for Tuning {
             l2_chunk_bytes: L2_CHUNK_BYTES,
             l2_group_mc: L2_GROUP_MC,
             wide_column_split_min_weight_bytes: usize::MAX,
-            whole_row_tasks_per_thread: std::env::var_os("TUMBLE_NO_WHOLE_ROW_TASKS").is_none(),
-            prefetch_c: std::env::var_os("TUMBLE_NO_PREFETCH_C").is_none(),
-            wide_tiles: std::env::var_os("TUMBLE_NO_WIDE_TILES").is_none(),
-            unrolled_tiles: std::env::var_os("TUMBLE_NO_UNROLLED_TILES").is_none(),
-            multi_panel_tiles: std::env::var_os("TUMBLE_NO_MULTI_PANEL_TILES").is_none(),
-            direct_group_rows: match std::env::var_os("TUMBLE_NO_DIRECT_GROUPS") {
-                Some(_) => 0,
-                None => DIRECT_GROUP_ROWS,
+            whole_row_tasks_per_thread: !crate::env_flag("TUMBLE_NO_WHOLE_ROW_TASKS"),
+            prefetch_c: !crate::env_flag("TUMBLE_NO_PREFETCH_C"),
+            wide_tiles: !crate::env_flag("TUMBLE_NO_WIDE_TILES"),
+            unrolled_tiles: !crate::env_flag("TUMBLE_NO_UNROLLED_TILES"),
+            multi_panel_tiles: !crate::env_flag("TUMBLE_NO_MULTI_PANEL_TILES"),
+            direct_group_rows: if crate::env_flag("TUMBLE_NO_DIRECT_GROUPS") {
+                0
+            } else {
+                DIRECT_GROUP_ROWS
             },
         }
     }
@@ -228,7 +229,7 @@ pub(crate) fn row_unit(kernel: &Kernel, weight_bytes: usize) -> usize {
 /// packs them as any other.
 fn direct_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DIRECT_A").is_none())
+    *ON.get_or_init(|| !crate::env_flag("TUMBLE_NO_DIRECT_A"))
 }
 
 /// Weights of at most this many panels (N ≤ 128) read every row block where it lies, in blocks
@@ -242,19 +243,19 @@ pub const DIRECT_GROUP_ROWS: usize = 48;
 
 fn direct_narrow_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DIRECT_NARROW_W").is_none())
+    *ON.get_or_init(|| !crate::env_flag("TUMBLE_NO_DIRECT_NARROW_W"))
 }
 
 /// A micro-panels packed with register transposes (`Kernel::pack_panel`); `TUMBLE_NO_SIMD_PACK=1`
 /// packs them element by element (the same bits).
 pub(crate) fn simd_pack_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_SIMD_PACK").is_none())
+    *ON.get_or_init(|| !crate::env_flag("TUMBLE_NO_SIMD_PACK"))
 }
 
 fn prefetch_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_PREFETCH").is_none())
+    *ON.get_or_init(|| !crate::env_flag("TUMBLE_NO_PREFETCH"))
 }
 
 thread_local! {

@@ -27,6 +27,26 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+/// Whether the environment switch `name` (`TUMBLE_NO_MEMO`, `TUMBLE_HUGE_WEIGHTS`, ...) is on:
+/// set to anything but an empty value, `0`, `false`, `no` or `off` (any case), so that
+/// `TUMBLE_NO_MEMO=0` leaves the memo on as it reads. (Until the sixty-third session any value,
+/// `0` included, turned a switch on.) `tumble-kernels` and `tumble-cuda`, which import nothing of
+/// tumble, keep copies of this rule.
+pub fn env_flag(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| flag_value_on(&v))
+}
+
+/// [`env_flag`]'s reading of a switch's value.
+pub fn flag_value_on(value: &std::ffi::OsStr) -> bool {
+    let v = value.to_string_lossy();
+    let v = v.trim();
+    !(v.is_empty()
+        || v == "0"
+        || ["false", "no", "off"]
+            .iter()
+            .any(|f| v.eq_ignore_ascii_case(f)))
+}
+
 /// Live heap bytes, summed over threads (each thread adds its changes in steps of [`FLUSH`]).
 static USED: AtomicIsize = AtomicIsize::new(0);
 /// The budget in bytes; 0 is no limit.
@@ -756,6 +776,23 @@ mod tests {
             stop.to_string(),
             "the time limit of 2 s passed (raise it with --timeout)"
         );
+    }
+
+    #[test]
+    fn switch_values_read_as_people_write_them() {
+        use std::ffi::OsStr;
+        for on in ["1", "yes", "true", "ON", " 1 ", "2"] {
+            assert!(
+                flag_value_on(OsStr::new(on)),
+                "{on:?} should turn a switch on"
+            );
+        }
+        for off in ["", "0", " 0", "false", "FALSE", "no", "Off"] {
+            assert!(
+                !flag_value_on(OsStr::new(off)),
+                "{off:?} should leave a switch off"
+            );
+        }
     }
 
     #[test]

@@ -164,7 +164,7 @@ pub(crate) fn dense_f32(
 /// [`reduce_f32`]; the results are the same bits either way).
 fn fast_reductions() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_FAST_REDUCTIONS").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_FAST_REDUCTIONS"))
 }
 
 /// `TUMBLE_NO_FAST_SELECTIONS=1`: comparisons, `where`, `sign` and `strided_slice` by the
@@ -172,7 +172,7 @@ fn fast_reductions() -> bool {
 /// [`slice_f32`]; the same results either way).
 fn fast_selections() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_FAST_SELECTIONS").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_FAST_SELECTIONS"))
 }
 
 /// One step of a fold over an axis as the reference takes it, in f64: a sum adds; a maximum or

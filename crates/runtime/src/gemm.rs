@@ -66,7 +66,7 @@ pub fn packed_rows(x: &Tensor, m: usize, k: usize) -> Result<Arc<PackedRows>, St
 /// `TUMBLE_NO_PREPACKED_A=1` turns it off (the A/B baseline; the same bits either way).
 pub fn prepacked_a_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_PREPACKED_A").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_PREPACKED_A"))
 }
 
 type Columns = WordMap<(usize, usize, usize, usize, usize), (Tensor, Arc<PackedWeight>)>;
@@ -353,7 +353,7 @@ fn small_product_gemm(m: usize) -> bool {
     static ENV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     m >= SMALL_PRODUCT_MIN_ROWS
         && !SMALL_PRODUCTS_OFF.load(std::sync::atomic::Ordering::Relaxed)
-        && !*ENV_OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_SMALL_PRODUCT_GEMM").is_some())
+        && !*ENV_OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_SMALL_PRODUCT_GEMM"))
 }
 
 /// Whether the dot products of a product with a weight used once run on the kernels' vector
@@ -362,7 +362,7 @@ fn small_product_gemm(m: usize) -> bool {
 /// baseline (MV-RNN-large's per-word products: 14% of its time there).
 fn simd_dots() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_SIMD_DOTS").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_SIMD_DOTS"))
 }
 
 /// Work below which products are not split across threads: starting a thread costs tens of

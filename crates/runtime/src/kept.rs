@@ -268,7 +268,7 @@ fn fused(
 /// alone (the same bits).
 fn kept_fusion_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_KEPT_FUSION").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_KEPT_FUSION"))
 }
 
 /// Whether `v` reads node `j` (whole or a field).

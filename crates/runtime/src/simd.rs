@@ -19,7 +19,7 @@ pub(crate) fn isa() -> Isa {
     *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::env::var_os("TUMBLE_NO_SIMD_DISPATCH").is_some() {
+            if tumble_limits::env_flag("TUMBLE_NO_SIMD_DISPATCH") {
                 return Isa::Base;
             }
             if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {

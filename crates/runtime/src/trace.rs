@@ -160,7 +160,7 @@ pub type TraceSlot = OnceLock<Option<InstanceTrace>>;
 /// CLI's `train --no-trace-replay` passes no cache instead).
 pub fn replay_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_TRACE_REPLAY").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_TRACE_REPLAY"))
 }
 
 /// What an instance's first run has recorded so far, kept across the phase boundaries it stops

@@ -323,23 +323,23 @@ impl<'p> Machine<'p> {
             shared: SharedValues::new(),
             fold_loops: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_FOLD_LOOPS").is_some())
+                !*OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_FOLD_LOOPS"))
             },
             scan_loops: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_SCAN_LOOPS").is_some())
+                !*OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_SCAN_LOOPS"))
             },
             calls_at_once: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_CALLS_AT_ONCE").is_some())
+                !*OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_CALLS_AT_ONCE"))
             },
             wider_at_once: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_WIDER_AT_ONCE").is_some())
+                !*OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_WIDER_AT_ONCE"))
             },
             slot_drops: {
                 static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                !*OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_SLOT_DROPS").is_some())
+                !*OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_SLOT_DROPS"))
             },
             ctx,
         }

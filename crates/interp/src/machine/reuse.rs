@@ -24,7 +24,7 @@ pub(super) struct SharedValues {
 impl SharedValues {
     pub(super) fn new() -> Self {
         static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let off = *OFF.get_or_init(|| std::env::var_os("TUMBLE_NO_SHARED_VALUES").is_some());
+        let off = *OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_SHARED_VALUES"));
         SharedValues {
             on: !off,
             unit: None,

@@ -781,7 +781,7 @@ struct FusedSplit<'f> {
 /// each operator's vjp apart, then the split's concatenation; the same bits).
 fn split_vjp_fusion_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_SPLIT_VJP_FUSION").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_SPLIT_VJP_FUSION"))
 }
 
 /// The splits of a launch of `block` (block number `index`) each of whose parts one result-only

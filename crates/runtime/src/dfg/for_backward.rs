@@ -239,5 +239,5 @@ impl Dfg<'_> {
 /// copied (`TUMBLE_NO_KEPT_ZERO_COPY=1` copies them, the A/B baseline).
 fn kept_zero_copy_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_KEPT_ZERO_COPY").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_KEPT_ZERO_COPY"))
 }

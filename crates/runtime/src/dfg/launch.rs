@@ -89,7 +89,7 @@ fn keyed_by_identity(t: &Tensor, floats_by_identity: bool) -> bool {
 /// `TUMBLE_NO_MEMO=1`: every invocation of a launch computes its own results.
 fn memo_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_MEMO").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_MEMO"))
 }
 
 impl Dfg<'_> {

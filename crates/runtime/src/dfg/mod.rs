@@ -466,7 +466,7 @@ fn node_types(block: &Block, inputs: &[Vec<usize>]) -> Result<Vec<Ty>, (Option<u
 /// A/B switch of [`crate::host_scalars`]).
 fn fast_host_scalars() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_FAST_HOST_SCALARS").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_FAST_HOST_SCALARS"))
 }
 
 impl<'p> Dfg<'p> {

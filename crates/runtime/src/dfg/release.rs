@@ -419,14 +419,14 @@ impl Walk<'_> {
 /// A/B switch of [`detach_rows`]; the values are the same).
 fn detach_named() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DETACH_NAMED").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_DETACH_NAMED"))
 }
 
 /// `TUMBLE_DETACH_HELD=1`: rows the host holds are copied out of their launch's output even
 /// where it holds most of its rows (the A/B switch of [`detach_rows`]'s `held` rule).
 fn held_mostly() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_DETACH_HELD").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_DETACH_HELD"))
 }
 
 /// Launch outputs below this many bytes keep the results the host holds as their rows: what they

@@ -14,7 +14,7 @@ const PREFETCH_NODES: usize = 8;
 /// depend on it).
 fn node_prefetch_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_NODE_PREFETCH").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_NODE_PREFETCH"))
 }
 
 /// What [`Dfg::prefetch_node`] fetches.

@@ -75,7 +75,7 @@ impl RunPlan {
 /// baseline of [`RunPlan::dead_after`]).
 fn keep_launch_values() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_KEEP_LAUNCH_VALUES").is_some())
+    *ON.get_or_init(|| tumble_limits::env_flag("TUMBLE_KEEP_LAUNCH_VALUES"))
 }
 
 impl fmt::Display for RunPlan {

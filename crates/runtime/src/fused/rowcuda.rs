@@ -295,7 +295,7 @@ pub(super) fn row_kernel(prog: &RowProg) -> RowKernel {
 /// every program they run.
 pub(super) fn check_if_asked(prog: &RowProg) {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var_os("TUMBLE_CHECK_CUDA_ROWS").is_some()) {
+    if !*ON.get_or_init(|| tumble_limits::env_flag("TUMBLE_CHECK_CUDA_ROWS")) {
         return;
     }
     let k = row_kernel(prog);

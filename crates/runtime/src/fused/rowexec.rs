@@ -473,7 +473,7 @@ pub(super) fn exec(ins: &Instr, r: usize, b: &Bound, scratch: &mut [f32]) {
 /// it out (the same values: only where the last instruction writes changes).
 fn direct_outputs_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_NO_DIRECT_ROW_OUTPUT").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_DIRECT_ROW_OUTPUT"))
 }
 
 /// Instruction `ins` for row `r`: operands from `src` (the scratch below its destination) and
@@ -589,7 +589,7 @@ fn exec_to(ins: &Instr, r: usize, b: &Bound, src: &[f32], dst: &mut [f32]) {
 /// loops before the vector ones, kept to compare: the outputs are the same on the zoo).
 fn vector_reductions() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TUMBLE_SCALAR_ROW_REDUCTIONS").is_none())
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_SCALAR_ROW_REDUCTIONS"))
 }
 
 /// A softmax (or log-softmax) over one row, element by element: the maximum, `exp(x - max)` and
