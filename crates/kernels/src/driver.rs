@@ -166,6 +166,13 @@ pub struct Tuning {
     /// multiply-adds in the same order either way: the bits do not change. 0 turns it off, as
     /// does `TUMBLE_NO_DIRECT_GROUPS=1`.
     pub direct_group_rows: usize,
+    /// Micro-panels per `mc` row block (a weight panel loaded into L1 serves this many tiles
+    /// before the next panel); 0: the kernel's own (`Kernel::mc`, 4 on AVX-512). Measured on the
+    /// AVX-512 Ice Lake Xeon, 1 thread (`gemm_bench --ab row_block_tiles=T`, ratio of times T / 4):
+    /// 2048×1024×1024 2: 1.17, 3: 1.17, 6: 1.02, 8: 1.07–1.11; 896×768×3072 2: 1.04, 3: 1.07, 6:
+    /// 0.97, 8: 1.02 — the default stays. The same multiply-adds in the same order: the bits do
+    /// not change.
+    pub row_block_tiles: usize,
 }
 
 impl Default for Tuning {
@@ -185,6 +192,7 @@ impl Default for Tuning {
             } else {
                 DIRECT_GROUP_ROWS
             },
+            row_block_tiles: 0,
         }
     }
 }
@@ -364,6 +372,10 @@ pub(crate) fn run(
         wide: kernel.wide.filter(|_| tune.wide_tiles),
         multi: kernel.multi.filter(|_| tune.multi_panel_tiles),
         direct_group_rows: tune.direct_group_rows,
+        mc: match tune.row_block_tiles {
+            0 => kernel.mc,
+            tiles => tiles * kernel.mr,
+        },
     };
     if flops < MIN_PARALLEL_FLOPS && w_bytes < MIN_PARALLEL_WEIGHT_BYTES {
         t = 1;
@@ -578,22 +590,23 @@ struct Blocking {
 /// `kc_max`); `l2`: the product's tuning when its weight is big enough for L2 blocking to pay.
 fn blocking(
     kernel: &Kernel,
+    mc: usize,
     rows: usize,
     panels: usize,
     kc_max: usize,
     l2: Option<&Tuning>,
 ) -> Blocking {
     let plain = Blocking {
-        group: kernel.mc,
+        group: mc,
         chunk: panels.max(1),
     };
     // A single row block streams the weight once either way.
-    let Some(tune) = l2.filter(|_| rows > kernel.mc) else {
+    let Some(tune) = l2.filter(|_| rows > mc) else {
         return plain;
     };
     // Balanced groups of at most L2_GROUP_MC row blocks (rounded to whole micro-panels), so a
     // task of 2 × 224 + 14 rows is not cut into two full groups and a 14-row one.
-    let groups = rows.div_ceil(tune.l2_group_mc * kernel.mc);
+    let groups = rows.div_ceil(tune.l2_group_mc * mc);
     let group = rows.div_ceil(groups).next_multiple_of(kernel.mr);
     let kc_bytes = kc_max
         .saturating_mul(NR * std::mem::size_of::<f32>())
@@ -622,6 +635,8 @@ struct Walk<'t> {
     /// Row blocks of more than `Kernel::mr` rows read where they lie up to this many
     /// ([`Tuning::direct_group_rows`]).
     direct_group_rows: usize,
+    /// Rows per row block ([`Tuning::row_block_tiles`], else `Kernel::mc`).
+    mc: usize,
 }
 
 /// What a tile of `rows` rows does at panel `jp` of the panels `pc0..pc1` it walks, at column
@@ -733,15 +748,15 @@ fn block_rows(
     mut out: Out<'_>,
     mut epilogue: Option<(&dyn EpilogueInto, Outs)>,
 ) {
-    let Walk { small, l2, .. } = walk;
+    let Walk { small, l2, mc, .. } = walk;
     let mr = kernel.mr;
     // Small-M variant: one row block, K unblocked (the packed A is only m × K floats).
     let (mc_max, kc_max) = if small {
         (r1 - r0, usize::MAX)
     } else {
-        (kernel.mc, kernel.kc)
+        (mc, kernel.kc)
     };
-    let bl = blocking(kernel, r1 - r0, p1 - p0, kc_max, l2);
+    let bl = blocking(kernel, mc, r1 - r0, p1 - p0, kc_max, l2);
     let group_max = if small { mc_max } else { bl.group };
     let sub = mc_max.div_ceil(mr).max(1); // micro-panels per mc sub-block
     let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));

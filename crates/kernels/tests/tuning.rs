@@ -78,6 +78,15 @@ fn every_tuning_gives_the_defaults_bits() {
             direct_group_rows: 400,
             ..defaults
         },
+        Tuning {
+            row_block_tiles: 1,
+            ..defaults
+        },
+        Tuning {
+            row_block_tiles: 7,
+            l2_block_min_weight_bytes: 32 << 10,
+            ..defaults
+        },
     ];
     let mut rng = Rng(2026);
     let sigmoid = BiasActivation {
