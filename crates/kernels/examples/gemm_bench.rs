@@ -92,7 +92,8 @@ struct Opts {
     /// `l2_min` (bytes), `l2_chunk` (bytes), `l2_group` (row blocks), `wide_columns` (bytes, or
     /// `off`), `whole_row_tasks` (0 or 1), `prefetch_c` (0 or 1), `wide_tiles` (0 or 1),
     /// `unrolled_tiles` (0 or 1), `multi_panel_tiles` (0 or 1), `direct_group_rows` (rows),
-    /// `row_block_tiles` (micro-panels per row block, 0: the kernel's own).
+    /// `row_block_tiles` (micro-panels per row block, 0: the kernel's own), `k_block` (largest K
+    /// block, 0: the kernel's own).
     #[arg(long, value_parser = tuning_spec)]
     ab: Option<Tuning>,
 }
@@ -115,6 +116,7 @@ fn tuning_spec(v: &str) -> Result<Tuning, String> {
             "l2_chunk" => t.l2_chunk_bytes = number()?.max(1),
             "l2_group" => t.l2_group_mc = number()?.max(1),
             "row_block_tiles" => t.row_block_tiles = number()?,
+            "k_block" => t.k_block = number()?,
             "wide_columns" if value == "off" => t.wide_column_split_min_weight_bytes = usize::MAX,
             "wide_columns" => t.wide_column_split_min_weight_bytes = number()?,
             "whole_row_tasks" => t.whole_row_tasks_per_thread = number()? != 0,
@@ -125,7 +127,7 @@ fn tuning_spec(v: &str) -> Result<Tuning, String> {
             "direct_group_rows" => t.direct_group_rows = number()?,
             other => {
                 return Err(format!(
-                    "unknown key `{other}` (expected l2_min, l2_chunk, l2_group, wide_columns, whole_row_tasks, prefetch_c, wide_tiles, unrolled_tiles, multi_panel_tiles, direct_group_rows or row_block_tiles)"
+                    "unknown key `{other}` (expected l2_min, l2_chunk, l2_group, wide_columns, whole_row_tasks, prefetch_c, wide_tiles, unrolled_tiles, multi_panel_tiles, direct_group_rows, row_block_tiles or k_block)"
                 ))
             }
         }

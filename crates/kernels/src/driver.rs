@@ -173,6 +173,14 @@ pub struct Tuning {
     /// 0.97, 8: 1.02 — the default stays. The same multiply-adds in the same order: the bits do
     /// not change.
     pub row_block_tiles: usize,
+    /// Largest K block (`kc`: a weight panel of `kc × 32` floats is what a row block's tiles
+    /// read from L1); 0: the kernel's own (`Kernel::kc`, 256). Measured on the AVX-512 Ice Lake
+    /// Xeon, 1 thread (`gemm_bench --ab k_block=KC`, ratio of times KC / 256) on 2048×1024×1024,
+    /// 896×768×3072, 896×3072×768, 896×768×2304: 128 → 1.06 / 1.08 / 1.03 / 1.02, 192 → 0.92 /
+    /// 1.04 / 0.99 / 1.01, 384 → 1.02 / 1.02 / 1.01 / 1.03 — 256 stays. A later K block's tiles
+    /// carry on from C, so the bits do not change; a `PackedRows` made under another `kc` is
+    /// packed again from its rows.
+    pub k_block: usize,
 }
 
 impl Default for Tuning {
@@ -193,6 +201,7 @@ impl Default for Tuning {
                 DIRECT_GROUP_ROWS
             },
             row_block_tiles: 0,
+            k_block: 0,
         }
     }
 }
@@ -376,6 +385,7 @@ pub(crate) fn run(
             0 => kernel.mc,
             tiles => tiles * kernel.mr,
         },
+        kc: k_block(kernel, &tune),
     };
     if flops < MIN_PARALLEL_FLOPS && w_bytes < MIN_PARALLEL_WEIGHT_BYTES {
         t = 1;
@@ -565,7 +575,15 @@ pub(crate) fn kc_max(kernel: &Kernel, m: usize) -> usize {
     if m <= kernel.small_m {
         usize::MAX
     } else {
-        kernel.kc
+        k_block(kernel, &tuning())
+    }
+}
+
+/// The largest K block of `kernel`'s row blocks under `tune` ([`Tuning::k_block`]).
+fn k_block(kernel: &Kernel, tune: &Tuning) -> usize {
+    match tune.k_block {
+        0 => kernel.kc,
+        kc => kc,
     }
 }
 
@@ -637,6 +655,8 @@ struct Walk<'t> {
     direct_group_rows: usize,
     /// Rows per row block ([`Tuning::row_block_tiles`], else `Kernel::mc`).
     mc: usize,
+    /// Largest K block ([`Tuning::k_block`], else `Kernel::kc`).
+    kc: usize,
 }
 
 /// What a tile of `rows` rows does at panel `jp` of the panels `pc0..pc1` it walks, at column
@@ -748,13 +768,15 @@ fn block_rows(
     mut out: Out<'_>,
     mut epilogue: Option<(&dyn EpilogueInto, Outs)>,
 ) {
-    let Walk { small, l2, mc, .. } = walk;
+    let Walk {
+        small, l2, mc, kc, ..
+    } = walk;
     let mr = kernel.mr;
     // Small-M variant: one row block, K unblocked (the packed A is only m × K floats).
     let (mc_max, kc_max) = if small {
         (r1 - r0, usize::MAX)
     } else {
-        (mc, kernel.kc)
+        (mc, kc)
     };
     let bl = blocking(kernel, mc, r1 - r0, p1 - p0, kc_max, l2);
     let group_max = if small { mc_max } else { bl.group };

@@ -83,6 +83,15 @@ fn every_tuning_gives_the_defaults_bits() {
             ..defaults
         },
         Tuning {
+            k_block: 64,
+            ..defaults
+        },
+        Tuning {
+            k_block: 100,
+            row_block_tiles: 2,
+            ..defaults
+        },
+        Tuning {
             row_block_tiles: 7,
             l2_block_min_weight_bytes: 32 << 10,
             ..defaults
