@@ -704,12 +704,12 @@ impl CudaDevice {
 /// mantissas: results differ from f32 by about 1e-3, beyond the engines' 1e-4 agreement).
 fn open_blas(stream: &Arc<CudaStream>) -> Result<Option<Mutex<CudaBlas>>, GpuError> {
     // SAFETY: only tries to dlopen the library by its usual names.
-    if crate::env_flag("TUMBLE_NO_CUBLAS") || !unsafe { blas_sys::is_culib_present() } {
+    if tumble_limits::env_flag("TUMBLE_NO_CUBLAS") || !unsafe { blas_sys::is_culib_present() } {
         return Ok(None);
     }
     let blas = CudaBlas::new(stream.clone())
         .map_err(|e| GpuError::Driver(format!("cuBLAS could not start: {e:?}")))?;
-    if crate::env_flag("TUMBLE_GPU_TF32") {
+    if tumble_limits::env_flag("TUMBLE_GPU_TF32") {
         // SAFETY: a live handle; the mode only changes which instructions its products use.
         unsafe {
             blas_sys::cublasSetMathMode(

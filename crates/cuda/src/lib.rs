@@ -28,20 +28,6 @@ mod host;
 
 use cuda::CudaDevice;
 
-/// Whether the environment switch `name` is on: set to anything but empty, `0`, `false`, `no` or
-/// `off` — `tumble_limits::env_flag`'s rule, copied here since this crate imports nothing of tumble.
-pub(crate) fn env_flag(name: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| {
-        let v = v.to_string_lossy();
-        let v = v.trim();
-        !(v.is_empty()
-            || v == "0"
-            || ["false", "no", "off"]
-                .iter()
-                .any(|f| v.eq_ignore_ascii_case(f)))
-    })
-}
-
 const FIXED_SOURCE: &str = include_str!("kernels.cu");
 
 /// Why the device could not be used.

@@ -190,12 +190,12 @@ impl Default for Tuning {
             l2_chunk_bytes: L2_CHUNK_BYTES,
             l2_group_mc: L2_GROUP_MC,
             wide_column_split_min_weight_bytes: usize::MAX,
-            whole_row_tasks_per_thread: !crate::env_flag("TUMBLE_NO_WHOLE_ROW_TASKS"),
-            prefetch_c: !crate::env_flag("TUMBLE_NO_PREFETCH_C"),
-            wide_tiles: !crate::env_flag("TUMBLE_NO_WIDE_TILES"),
-            unrolled_tiles: !crate::env_flag("TUMBLE_NO_UNROLLED_TILES"),
-            multi_panel_tiles: !crate::env_flag("TUMBLE_NO_MULTI_PANEL_TILES"),
-            direct_group_rows: if crate::env_flag("TUMBLE_NO_DIRECT_GROUPS") {
+            whole_row_tasks_per_thread: !tumble_limits::env_flag("TUMBLE_NO_WHOLE_ROW_TASKS"),
+            prefetch_c: !tumble_limits::env_flag("TUMBLE_NO_PREFETCH_C"),
+            wide_tiles: !tumble_limits::env_flag("TUMBLE_NO_WIDE_TILES"),
+            unrolled_tiles: !tumble_limits::env_flag("TUMBLE_NO_UNROLLED_TILES"),
+            multi_panel_tiles: !tumble_limits::env_flag("TUMBLE_NO_MULTI_PANEL_TILES"),
+            direct_group_rows: if tumble_limits::env_flag("TUMBLE_NO_DIRECT_GROUPS") {
                 0
             } else {
                 DIRECT_GROUP_ROWS
@@ -246,7 +246,7 @@ pub(crate) fn row_unit(kernel: &Kernel, weight_bytes: usize) -> usize {
 /// packs them as any other.
 fn direct_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !crate::env_flag("TUMBLE_NO_DIRECT_A"))
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_DIRECT_A"))
 }
 
 /// Weights of at most this many panels (N ≤ 128) read every row block where it lies, in blocks
@@ -260,19 +260,19 @@ pub const DIRECT_GROUP_ROWS: usize = 48;
 
 fn direct_narrow_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !crate::env_flag("TUMBLE_NO_DIRECT_NARROW_W"))
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_DIRECT_NARROW_W"))
 }
 
 /// A micro-panels packed with register transposes (`Kernel::pack_panel`); `TUMBLE_NO_SIMD_PACK=1`
 /// packs them element by element (the same bits).
 pub(crate) fn simd_pack_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !crate::env_flag("TUMBLE_NO_SIMD_PACK"))
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_SIMD_PACK"))
 }
 
 fn prefetch_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !crate::env_flag("TUMBLE_NO_PREFETCH"))
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_PREFETCH"))
 }
 
 thread_local! {

@@ -31,20 +31,6 @@ mod kernel;
 mod narrow;
 mod pack;
 
-/// Whether the environment switch `name` is on: set to anything but empty, `0`, `false`, `no` or
-/// `off` — `tumble_limits::env_flag`'s rule, copied here since this crate imports nothing of tumble.
-pub(crate) fn env_flag(name: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| {
-        let v = v.to_string_lossy();
-        let v = v.trim();
-        !(v.is_empty()
-            || v == "0"
-            || ["false", "no", "off"]
-                .iter()
-                .any(|f| v.eq_ignore_ascii_case(f)))
-    })
-}
-
 pub use act::{sigmoid_in_place, tanh_in_place, Activation, BiasActivation};
 pub use driver::{set_tuning, tuning, Tuning};
 pub use error::KernelError;

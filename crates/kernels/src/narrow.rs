@@ -34,7 +34,7 @@ pub fn set_narrow_products(on: bool) {
 fn enabled() -> bool {
     static ENV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     !OFF.load(std::sync::atomic::Ordering::Relaxed)
-        && !*ENV_OFF.get_or_init(|| crate::env_flag("TUMBLE_NO_NARROW_GEMM"))
+        && !*ENV_OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_NARROW_GEMM"))
 }
 
 /// Whether `C (m × n) = Σ parts` runs here: `n ≤ MAX_N`, every weight keeps its rows, and the
@@ -108,7 +108,7 @@ pub fn dot_rows(a: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
 /// results never depend on it).
 fn dot_prefetch_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !crate::env_flag("TUMBLE_NO_DOT_PREFETCH"))
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_DOT_PREFETCH"))
 }
 
 /// `out[j] (+)= a · w_j` for the `n` rows `w_j` of `w` (each `k` floats); `next`, when not null,

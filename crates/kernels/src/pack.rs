@@ -59,7 +59,7 @@ fn advise_huge_pages(_region: &[f32]) {}
 /// the runs after it no faster either way (sixtieth session, `bench/RESULTS.md`).
 fn huge_pages_advised() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| crate::env_flag("TUMBLE_HUGE_WEIGHTS"))
+    *ON.get_or_init(|| tumble_limits::env_flag("TUMBLE_HUGE_WEIGHTS"))
 }
 
 /// A `Vec<f32>` whose used part starts on a 64-byte boundary (2 MiB for large buffers).
@@ -128,7 +128,7 @@ thread_local! {
 
 fn recycle_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !crate::env_flag("TUMBLE_NO_PACK_RECYCLE"))
+    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_PACK_RECYCLE"))
 }
 
 /// The smallest recycled buffer of at least `len` floats (its contents stale but initialized).
@@ -579,7 +579,9 @@ impl<'a> RowSource<'a> {
 fn simd_weight_pack() -> Option<WeightPack> {
     static ON: std::sync::OnceLock<Option<WeightPack>> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        if !crate::driver::simd_pack_enabled() || crate::env_flag("TUMBLE_NO_SIMD_WEIGHT_PACK") {
+        if !crate::driver::simd_pack_enabled()
+            || tumble_limits::env_flag("TUMBLE_NO_SIMD_WEIGHT_PACK")
+        {
             None
         } else if crate::KernelKind::Avx512.is_available() {
             Some(WeightPack::Avx512)

@@ -1,4 +1,5 @@
-//! Run limits shared by every layer of tumble: a memory budget and cancellation.
+//! Run limits shared by every layer of tumble: a memory budget and cancellation; and the one
+//! rule by which every crate reads its environment switches ([`env_flag`]).
 //!
 //! **Memory.** A binary installs [`CountingAlloc`] around its global allocator; it keeps the
 //! number of live heap bytes (tensors, the dataflow graph, the interpreter's pending evaluations,
@@ -30,8 +31,7 @@ use std::sync::{Arc, OnceLock};
 /// Whether the environment switch `name` (`TUMBLE_NO_MEMO`, `TUMBLE_HUGE_WEIGHTS`, ...) is on:
 /// set to anything but an empty value, `0`, `false`, `no` or `off` (any case), so that
 /// `TUMBLE_NO_MEMO=0` leaves the memo on as it reads. (Until the sixty-third session any value,
-/// `0` included, turned a switch on.) `tumble-kernels` and `tumble-cuda`, which import nothing of
-/// tumble, keep copies of this rule.
+/// `0` included, turned a switch on.)
 pub fn env_flag(name: &str) -> bool {
     std::env::var_os(name).is_some_and(|v| flag_value_on(&v))
 }
