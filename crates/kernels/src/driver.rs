@@ -170,8 +170,9 @@ pub struct Tuning {
     /// before the next panel); 0: the kernel's own (`Kernel::mc`, 4 on AVX-512). Measured on the
     /// AVX-512 Ice Lake Xeon, 1 thread (`gemm_bench --ab row_block_tiles=T`, ratio of times T / 4):
     /// 2048×1024×1024 2: 1.17, 3: 1.17, 6: 1.02, 8: 1.07–1.11; 896×768×3072 2: 1.04, 3: 1.07, 6:
-    /// 0.97, 8: 1.02 — the default stays. The same multiply-adds in the same order: the bits do
-    /// not change.
+    /// 0.97, 8: 1.02 — the default stays. Row tasks across threads, and the runtime's row unit
+    /// (`row_unit`), are still cut by the kernel's own `mc`. The same multiply-adds in the same
+    /// order: the bits do not change.
     pub row_block_tiles: usize,
     /// Largest K block (`kc`: a weight panel of `kc × 32` floats is what a row block's tiles
     /// read from L1); 0: the kernel's own (`Kernel::kc`, 256). Measured on the AVX-512 Ice Lake
