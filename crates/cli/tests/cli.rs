@@ -23,6 +23,16 @@ fn example(name: &str) -> String {
         .to_string()
 }
 
+/// The count a `--profile` line starting with `prefix` begins with (0 when there is no such
+/// line: the profile leaves out counts of nothing).
+fn profile_count(stderr: &[u8], prefix: &str) -> u64 {
+    text(stderr)
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|l| l.split_whitespace().next())
+        .map_or(0, |n| n.parse::<u64>().unwrap_or(0))
+}
+
 /// `tumble run MODEL --inputs INPUTS --random-params 0 EXTRA...`.
 fn run_random(model: &str, inputs: &str, extra: &[&str]) -> Output {
     let base = ["run", model, "--inputs", inputs, "--random-params", "0"];
@@ -743,12 +753,10 @@ fn kept_results_are_per_run_and_change_no_output() {
             &[&["--batch", "3", "--threads", "1", "--profile"], extra].concat(),
         );
         assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
-        let n = text(&out.stderr)
-            .lines()
-            .find_map(|l| l.strip_prefix("kept results: "))
-            .and_then(|l| l.split_whitespace().next())
-            .map_or(0, |n| n.parse::<u64>().unwrap_or(0));
-        (text(&out.stdout), n)
+        (
+            text(&out.stdout),
+            profile_count(&out.stderr, "kept results: "),
+        )
     };
     let (once, n) = kept(&[]);
     assert!(n > 0, "no leaf took a result an earlier mini-batch kept");
@@ -783,12 +791,10 @@ fn environment_switches_read_zero_as_off() {
             .output()
             .unwrap_or_else(|e| panic!("cannot run tumble: {e}"));
         assert!(out.status.success(), "{value:?}: {}", text(&out.stderr));
-        let n = text(&out.stderr)
-            .lines()
-            .find_map(|l| l.strip_prefix("identical invocations: "))
-            .and_then(|l| l.split_whitespace().next())
-            .map_or(0, |n| n.parse::<u64>().unwrap_or(0));
-        (text(&out.stdout), n)
+        (
+            text(&out.stdout),
+            profile_count(&out.stderr, "identical invocations: "),
+        )
     };
     let (bytes, n) = shared(None);
     assert!(
