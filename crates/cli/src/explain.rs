@@ -568,11 +568,11 @@ fn removed_params(params: &[(String, u32)]) -> String {
     for (f, p) in params {
         by_function.entry(f.as_str()).or_default().push(*p);
     }
+    let more = by_function.len().saturating_sub(LISTED_FUNCTIONS);
     let mut parts: Vec<String> = by_function
-        .iter()
+        .into_iter()
         .take(LISTED_FUNCTIONS)
-        .map(|(f, ps)| {
-            let mut ps = ps.clone();
+        .map(|(f, mut ps)| {
             ps.sort_unstable();
             ps.dedup();
             let mut runs: Vec<String> = Vec::new();
@@ -592,11 +592,8 @@ fn removed_params(params: &[(String, u32)]) -> String {
             format!("@{f} {}", runs.join(" "))
         })
         .collect();
-    if by_function.len() > LISTED_FUNCTIONS {
-        parts.push(format!(
-            "and {} more functions",
-            by_function.len() - LISTED_FUNCTIONS
-        ));
+    if more > 0 {
+        parts.push(format!("and {more} more functions"));
     }
     parts.join(", ")
 }

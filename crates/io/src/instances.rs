@@ -146,8 +146,7 @@ impl InstanceDoc<'_> {
 /// `TUMBLE_NO_JSON_TAPE=1`: instances kept as text are parsed into `serde_json::Value`s for
 /// decoding, as before tapes.
 fn tape_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_JSON_TAPE"))
+    !tumble_limits::switch_on!("TUMBLE_NO_JSON_TAPE")
 }
 
 /// One instance's JSON, not yet checked against any type.

@@ -334,8 +334,7 @@ fn zmij_writes_as_std(x: f32) -> bool {
 /// `TUMBLE_NO_FAST_FLOAT_TEXT=1`: every float written by std's formatting (the A/B switch; the
 /// text is the same).
 fn fast_float_text() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_FAST_FLOAT_TEXT"))
+    !tumble_limits::switch_on!("TUMBLE_NO_FAST_FLOAT_TEXT")
 }
 
 /// Writes a float via `finite`, or `null` for NaN/inf; returns 1 for the latter.

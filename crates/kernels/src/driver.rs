@@ -246,8 +246,7 @@ pub(crate) fn row_unit(kernel: &Kernel, weight_bytes: usize) -> usize {
 /// Row blocks of a few rows read where they lie (`Kernel::direct`); `TUMBLE_NO_DIRECT_A=1`
 /// packs them as any other.
 fn direct_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_DIRECT_A"))
+    !tumble_limits::switch_on!("TUMBLE_NO_DIRECT_A")
 }
 
 /// Weights of at most this many panels (N ≤ 128) read every row block where it lies, in blocks
@@ -260,20 +259,17 @@ const DIRECT_MAX_PANELS: usize = 4;
 pub const DIRECT_GROUP_ROWS: usize = 48;
 
 fn direct_narrow_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_DIRECT_NARROW_W"))
+    !tumble_limits::switch_on!("TUMBLE_NO_DIRECT_NARROW_W")
 }
 
 /// A micro-panels packed with register transposes (`Kernel::pack_panel`); `TUMBLE_NO_SIMD_PACK=1`
 /// packs them element by element (the same bits).
 pub(crate) fn simd_pack_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_SIMD_PACK"))
+    !tumble_limits::switch_on!("TUMBLE_NO_SIMD_PACK")
 }
 
 fn prefetch_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_PREFETCH"))
+    !tumble_limits::switch_on!("TUMBLE_NO_PREFETCH")
 }
 
 thread_local! {

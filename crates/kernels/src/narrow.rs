@@ -32,9 +32,8 @@ pub fn set_narrow_products(on: bool) {
 }
 
 fn enabled() -> bool {
-    static ENV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     !OFF.load(std::sync::atomic::Ordering::Relaxed)
-        && !*ENV_OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_NARROW_GEMM"))
+        && !tumble_limits::switch_on!("TUMBLE_NO_NARROW_GEMM")
 }
 
 /// Whether `C (m × n) = Σ parts` runs here: `n ≤ MAX_N`, every weight keeps its rows, and the
@@ -107,8 +106,7 @@ pub fn dot_rows(a: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
 /// `TUMBLE_NO_DOT_PREFETCH=1`: [`dot_rows`] does not prefetch the next rows (a hint: the
 /// results never depend on it).
 fn dot_prefetch_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_DOT_PREFETCH"))
+    !tumble_limits::switch_on!("TUMBLE_NO_DOT_PREFETCH")
 }
 
 /// `out[j] (+)= a · w_j` for the `n` rows `w_j` of `w` (each `k` floats); `next`, when not null,

@@ -58,8 +58,7 @@ fn advise_huge_pages(_region: &[f32]) {}
 /// Berxit-small's 72 weights packed in 1.4–2.9 s with the advice against 0.25–0.31 s without,
 /// the runs after it no faster either way (sixtieth session, `bench/RESULTS.md`).
 fn huge_pages_advised() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| tumble_limits::env_flag("TUMBLE_HUGE_WEIGHTS"))
+    tumble_limits::switch_on!("TUMBLE_HUGE_WEIGHTS")
 }
 
 /// A `Vec<f32>` whose used part starts on a 64-byte boundary (2 MiB for large buffers).
@@ -127,8 +126,7 @@ thread_local! {
 }
 
 fn recycle_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_PACK_RECYCLE"))
+    !tumble_limits::switch_on!("TUMBLE_NO_PACK_RECYCLE")
 }
 
 /// The smallest recycled buffer of at least `len` floats (its contents stale but initialized).

@@ -36,8 +36,19 @@ pub fn env_flag(name: &str) -> bool {
     std::env::var_os(name).is_some_and(|v| flag_value_on(&v))
 }
 
+/// [`env_flag`] of a literal name, read once per process where it is asked (switches are set
+/// before a run starts): each call site keeps its answer in a static of its own, so a check on a
+/// hot path is one load.
+#[macro_export]
+macro_rules! switch_on {
+    ($name:literal) => {{
+        static ON: ::std::sync::OnceLock<bool> = ::std::sync::OnceLock::new();
+        *ON.get_or_init(|| $crate::env_flag($name))
+    }};
+}
+
 /// [`env_flag`]'s reading of a switch's value.
-pub fn flag_value_on(value: &std::ffi::OsStr) -> bool {
+fn flag_value_on(value: &std::ffi::OsStr) -> bool {
     let v = value.to_string_lossy();
     let v = v.trim();
     !(v.is_empty()

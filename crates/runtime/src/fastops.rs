@@ -163,16 +163,14 @@ pub(crate) fn dense_f32(
 /// `TUMBLE_NO_FAST_REDUCTIONS=1`: `sum` and `mean` by the reference kernel (the A/B switch of
 /// [`reduce_f32`]; the results are the same bits either way).
 fn fast_reductions() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_FAST_REDUCTIONS"))
+    !tumble_limits::switch_on!("TUMBLE_NO_FAST_REDUCTIONS")
 }
 
 /// `TUMBLE_NO_FAST_SELECTIONS=1`: comparisons, `where`, `sign` and `strided_slice` by the
 /// reference kernels (the A/B switch of [`compare_f32`], [`where_f32`], the `sign` loop and
 /// [`slice_f32`]; the same results either way).
 fn fast_selections() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_FAST_SELECTIONS"))
+    !tumble_limits::switch_on!("TUMBLE_NO_FAST_SELECTIONS")
 }
 
 /// One step of a fold over an axis as the reference takes it, in f64: a sum adds; a maximum or

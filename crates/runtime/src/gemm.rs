@@ -65,8 +65,7 @@ pub fn packed_rows(x: &Tensor, m: usize, k: usize) -> Result<Arc<PackedRows>, St
 /// ([`packed_rows`]) instead of read in place or packed at every product;
 /// `TUMBLE_NO_PREPACKED_A=1` turns it off (the A/B baseline; the same bits either way).
 pub fn prepacked_a_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_PREPACKED_A"))
+    !tumble_limits::switch_on!("TUMBLE_NO_PREPACKED_A")
 }
 
 type Columns = WordMap<(usize, usize, usize, usize, usize), (Tensor, Arc<PackedWeight>)>;
@@ -350,10 +349,9 @@ pub fn set_small_product_gemm(on: bool) {
 
 /// Whether a product of `m` rows with a weight used once takes the GEMM kernel.
 fn small_product_gemm(m: usize) -> bool {
-    static ENV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     m >= SMALL_PRODUCT_MIN_ROWS
         && !SMALL_PRODUCTS_OFF.load(std::sync::atomic::Ordering::Relaxed)
-        && !*ENV_OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_SMALL_PRODUCT_GEMM"))
+        && !tumble_limits::switch_on!("TUMBLE_NO_SMALL_PRODUCT_GEMM")
 }
 
 /// Whether the dot products of a product with a weight used once run on the kernels' vector
@@ -361,8 +359,7 @@ fn small_product_gemm(m: usize) -> bool {
 /// the row); `TUMBLE_NO_SIMD_DOTS=1` runs them as plain eight-accumulator loops, the A/B
 /// baseline (MV-RNN-large's per-word products: 14% of its time there).
 fn simd_dots() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_SIMD_DOTS"))
+    !tumble_limits::switch_on!("TUMBLE_NO_SIMD_DOTS")
 }
 
 /// Work below which products are not split across threads: starting a thread costs tens of

@@ -267,8 +267,7 @@ fn fused(
 /// Whether the kept forward fuses ([`Fusions`]); `TUMBLE_NO_KEPT_FUSION=1` runs every operator
 /// alone (the same bits).
 fn kept_fusion_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_KEPT_FUSION"))
+    !tumble_limits::switch_on!("TUMBLE_NO_KEPT_FUSION")
 }
 
 /// Whether `v` reads node `j` (whole or a field).

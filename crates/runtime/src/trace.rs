@@ -159,8 +159,7 @@ pub type TraceSlot = OnceLock<Option<InstanceTrace>>;
 /// Whether instance traces are recorded and replayed (`TUMBLE_NO_TRACE_REPLAY=1`: never; the
 /// CLI's `train --no-trace-replay` passes no cache instead).
 pub fn replay_enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_TRACE_REPLAY"))
+    !tumble_limits::switch_on!("TUMBLE_NO_TRACE_REPLAY")
 }
 
 /// What an instance's first run has recorded so far, kept across the phase boundaries it stops

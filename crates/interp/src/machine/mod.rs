@@ -321,26 +321,11 @@ impl<'p> Machine<'p> {
             target: None,
             trace_below: Rc::from(Vec::new()),
             shared: SharedValues::new(),
-            fold_loops: {
-                static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                !*OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_FOLD_LOOPS"))
-            },
-            scan_loops: {
-                static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                !*OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_SCAN_LOOPS"))
-            },
-            calls_at_once: {
-                static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                !*OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_CALLS_AT_ONCE"))
-            },
-            wider_at_once: {
-                static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                !*OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_WIDER_AT_ONCE"))
-            },
-            slot_drops: {
-                static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                !*OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_SLOT_DROPS"))
-            },
+            fold_loops: !tumble_limits::switch_on!("TUMBLE_NO_FOLD_LOOPS"),
+            scan_loops: !tumble_limits::switch_on!("TUMBLE_NO_SCAN_LOOPS"),
+            calls_at_once: !tumble_limits::switch_on!("TUMBLE_NO_CALLS_AT_ONCE"),
+            wider_at_once: !tumble_limits::switch_on!("TUMBLE_NO_WIDER_AT_ONCE"),
+            slot_drops: !tumble_limits::switch_on!("TUMBLE_NO_SLOT_DROPS"),
             ctx,
         }
     }

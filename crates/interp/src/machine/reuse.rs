@@ -23,8 +23,7 @@ pub(super) struct SharedValues {
 
 impl SharedValues {
     pub(super) fn new() -> Self {
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let off = *OFF.get_or_init(|| tumble_limits::env_flag("TUMBLE_NO_SHARED_VALUES"));
+        let off = tumble_limits::switch_on!("TUMBLE_NO_SHARED_VALUES");
         SharedValues {
             on: !off,
             unit: None,

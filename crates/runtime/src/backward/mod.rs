@@ -780,8 +780,7 @@ struct FusedSplit<'f> {
 /// Whether the backward runs a split's vjp with its readers' (`TUMBLE_NO_SPLIT_VJP_FUSION=1`:
 /// each operator's vjp apart, then the split's concatenation; the same bits).
 fn split_vjp_fusion_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_SPLIT_VJP_FUSION"))
+    !tumble_limits::switch_on!("TUMBLE_NO_SPLIT_VJP_FUSION")
 }
 
 /// The splits of a launch of `block` (block number `index`) each of whose parts one result-only

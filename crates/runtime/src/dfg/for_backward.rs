@@ -238,6 +238,5 @@ impl Dfg<'_> {
 /// Launch inputs that are exactly an earlier launch's output are kept as that output, not
 /// copied (`TUMBLE_NO_KEPT_ZERO_COPY=1` copies them, the A/B baseline).
 fn kept_zero_copy_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_KEPT_ZERO_COPY"))
+    !tumble_limits::switch_on!("TUMBLE_NO_KEPT_ZERO_COPY")
 }

@@ -88,8 +88,7 @@ fn keyed_by_identity(t: &Tensor, floats_by_identity: bool) -> bool {
 
 /// `TUMBLE_NO_MEMO=1`: every invocation of a launch computes its own results.
 fn memo_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_MEMO"))
+    !tumble_limits::switch_on!("TUMBLE_NO_MEMO")
 }
 
 impl Dfg<'_> {

@@ -465,8 +465,7 @@ fn node_types(block: &Block, inputs: &[Vec<usize>]) -> Result<Vec<Ty>, (Option<u
 /// `TUMBLE_NO_FAST_HOST_SCALARS=1`: host scalar blocks through the reference kernels only (the
 /// A/B switch of [`crate::host_scalars`]).
 fn fast_host_scalars() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_FAST_HOST_SCALARS"))
+    !tumble_limits::switch_on!("TUMBLE_NO_FAST_HOST_SCALARS")
 }
 
 impl<'p> Dfg<'p> {

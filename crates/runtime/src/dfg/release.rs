@@ -418,15 +418,13 @@ impl Walk<'_> {
 /// `TUMBLE_NO_DETACH_NAMED=1`: results the host holds stay rows of their launch's output (the
 /// A/B switch of [`detach_rows`]; the values are the same).
 fn detach_named() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_DETACH_NAMED"))
+    !tumble_limits::switch_on!("TUMBLE_NO_DETACH_NAMED")
 }
 
 /// `TUMBLE_DETACH_HELD=1`: rows the host holds are copied out of their launch's output even
 /// where it holds most of its rows (the A/B switch of [`detach_rows`]'s `held` rule).
 fn held_mostly() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_DETACH_HELD"))
+    !tumble_limits::switch_on!("TUMBLE_DETACH_HELD")
 }
 
 /// Launch outputs below this many bytes keep the results the host holds as their rows: what they

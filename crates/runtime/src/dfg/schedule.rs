@@ -13,8 +13,7 @@ const PREFETCH_NODES: usize = 8;
 /// `TUMBLE_NO_NODE_PREFETCH=1` turns the level loop's prefetching off (a hint: results never
 /// depend on it).
 fn node_prefetch_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_NODE_PREFETCH"))
+    !tumble_limits::switch_on!("TUMBLE_NO_NODE_PREFETCH")
 }
 
 /// What [`Dfg::prefetch_node`] fetches.

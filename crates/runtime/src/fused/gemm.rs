@@ -804,8 +804,7 @@ fn epilogue_chunk_rows_max(n: usize, unit: usize) -> usize {
 /// `TUMBLE_NO_EPILOGUE_CHUNKS=1`: every GEMM stage with a fused epilogue runs whole (one C for
 /// the launch), the A/B baseline of the chunks.
 fn chunks_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_EPILOGUE_CHUNKS"))
+    !tumble_limits::switch_on!("TUMBLE_NO_EPILOGUE_CHUNKS")
 }
 
 /// Batched f32 rows of width K > 0: the rows, K, and the result's shape without its last axis.

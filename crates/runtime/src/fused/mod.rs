@@ -74,8 +74,7 @@ impl RunPlan {
 /// `TUMBLE_KEEP_LAUNCH_VALUES=1`: a launch keeps every intermediate value to its end (the A/B
 /// baseline of [`RunPlan::dead_after`]).
 fn keep_launch_values() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| tumble_limits::env_flag("TUMBLE_KEEP_LAUNCH_VALUES"))
+    tumble_limits::switch_on!("TUMBLE_KEEP_LAUNCH_VALUES")
 }
 
 impl fmt::Display for RunPlan {

@@ -294,8 +294,7 @@ pub(super) fn row_kernel(prog: &RowProg) -> RowKernel {
 /// reported on stderr (`CUDA row kernel rejected`), so the test suites check the generator over
 /// every program they run.
 pub(super) fn check_if_asked(prog: &RowProg) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| tumble_limits::env_flag("TUMBLE_CHECK_CUDA_ROWS")) {
+    if !tumble_limits::switch_on!("TUMBLE_CHECK_CUDA_ROWS") {
         return;
     }
     let k = row_kernel(prog);

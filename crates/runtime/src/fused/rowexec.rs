@@ -472,8 +472,7 @@ pub(super) fn exec(ins: &Instr, r: usize, b: &Bound, scratch: &mut [f32]) {
 /// `TUMBLE_NO_DIRECT_ROW_OUTPUT=1` computes every row-program output in the scratch and copies
 /// it out (the same values: only where the last instruction writes changes).
 fn direct_outputs_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_DIRECT_ROW_OUTPUT"))
+    !tumble_limits::switch_on!("TUMBLE_NO_DIRECT_ROW_OUTPUT")
 }
 
 /// Instruction `ins` for row `r`: operands from `src` (the scratch below its destination) and
@@ -588,8 +587,7 @@ fn exec_to(ins: &Instr, r: usize, b: &Bound, src: &[f32], dst: &mut [f32]) {
 /// `TUMBLE_SCALAR_ROW_REDUCTIONS=1`: softmax and layer norm rows reduce element by element (the
 /// loops before the vector ones, kept to compare: the outputs are the same on the zoo).
 fn vector_reductions() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_SCALAR_ROW_REDUCTIONS"))
+    !tumble_limits::switch_on!("TUMBLE_SCALAR_ROW_REDUCTIONS")
 }
 
 /// A softmax (or log-softmax) over one row, element by element: the maximum, `exp(x - max)` and

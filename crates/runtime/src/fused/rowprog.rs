@@ -188,8 +188,7 @@ pub(super) fn same_rows(a: &[usize], b: &[usize]) -> bool {
 /// of the launch reads its row `r % rows`. `None` otherwise (or with no batched operand).
 /// `TUMBLE_NO_SHARED_ROWS=1`: such a stage is no row program (it runs operator by operator).
 pub(super) fn shared_rows_width(shape: &[usize], lead: Option<&[usize]>) -> Option<usize> {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| !tumble_limits::env_flag("TUMBLE_NO_SHARED_ROWS")) {
+    if tumble_limits::switch_on!("TUMBLE_NO_SHARED_ROWS") {
         return None;
     }
     let (&w, own) = shape.split_last()?;
@@ -539,8 +538,7 @@ pub(super) struct Builder {
 /// Why a row program did not apply (printed with `TUMBLE_DEBUG_FUSION=1`, for development).
 pub(super) fn bail<T>(site: u32) -> Option<T> {
     // Read once: bailing happens per launch for shared-only segments.
-    static DEBUG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *DEBUG.get_or_init(|| tumble_limits::env_flag("TUMBLE_DEBUG_FUSION")) {
+    if tumble_limits::switch_on!("TUMBLE_DEBUG_FUSION") {
         eprintln!("row program fell back at check {site}");
     }
     None
