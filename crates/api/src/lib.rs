@@ -666,7 +666,7 @@ impl Model {
         }
         let e = Arc::new(Executable::new(program, reuse, runtime));
         // The model's weights packed for the GEMM now, not in the first request's run.
-        e.prepack_weights(program, &self.bound.entry_params());
+        e.prepack_weights(program, &self.bound.entry_params(), runtime.threads);
         *slot = Some((key, e.clone()));
         e
     }

@@ -724,7 +724,7 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             let t_pack = std::time::Instant::now();
             let prepacked = match args.no_prepack {
                 true => 0,
-                false => exec.prepack_weights(&program, &bound.entry_params()),
+                false => exec.prepack_weights(&program, &bound.entry_params(), threads),
             };
             let t_pack = t_pack.elapsed();
             let job = tumble_runtime::Job {

@@ -510,6 +510,31 @@ fn prepacked_weights_do_not_change_the_outputs() {
     assert_eq!(text(&ahead.stdout), text(&lazily.stdout));
     assert_eq!(packed(&ahead), 4, "{}", text(&ahead.stderr));
     assert_eq!(packed(&lazily), 0);
+    // Packed on three threads (one weight each, the largest first): the same weights packed,
+    // the same bytes out as packing them on one thread or at the first launches.
+    let three = |extra: &[&str], serial: bool| {
+        let base = ["run", &model, "--inputs", &inputs, "--random-params", "0"];
+        let args = [
+            &base[..],
+            &["--batch", "3", "--threads", "3", "--profile"],
+            extra,
+        ]
+        .concat();
+        let env: &[(&str, &str)] = match serial {
+            true => &[("TUMBLE_SERIAL_PREPACK", "1")],
+            false => &[],
+        };
+        let out = common::tumble_with_env(&args, env);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        out
+    };
+    let parallel = three(&[], false);
+    let serial = three(&[], true);
+    let lazily = three(&["--no-prepack"], false);
+    assert_eq!(packed(&parallel), 4, "{}", text(&parallel.stderr));
+    assert_eq!(packed(&serial), 4, "{}", text(&serial.stderr));
+    assert_eq!(text(&parallel.stdout), text(&lazily.stdout));
+    assert_eq!(text(&serial.stdout), text(&lazily.stdout));
 }
 
 /// Mini-batches run at once on several workers give the bytes of one mini-batch after another,

@@ -570,12 +570,16 @@ impl Executable {
     /// cache. `params[k]` is the tensor bound to entry argument `k` (`None`: an instance input).
     /// The first run then finds them packed: packing is per-program work, and on small models it
     /// was most of a first run's extra time (DRNN-large b8: kernels 4.6 ms first, 1.3 ms after).
+    /// The weights are packed on up to `threads` threads, the largest first (each weight is
+    /// packed whole by one thread, to the same bits in the same cache: only start-up changes —
+    /// Berxit-small's 464 MB took 0.63 s on one thread, mostly first-touch page faults).
     /// Returns how many weights (or fused groups) it packed. Weights reaching a block any other
     /// way are packed at their first launch, as before.
     pub fn prepack_weights(
         &self,
         program: &Program,
         params: &[Option<tumble_tensor::Tensor>],
+        threads: usize,
     ) -> usize {
         let _cache = WeightCache::enter(&self.weights);
         // Weights reached through derived parameters are packed too: computed here once, the
@@ -599,6 +603,7 @@ impl Executable {
             let _ = device.mirror_weights(params);
         }
         let mut packed = std::collections::HashSet::new();
+        let mut jobs: Vec<PackJob> = Vec::new();
         for lambda in &program.lambdas {
             lambda.body.visit(&mut |code| {
                 let tumble_compile::Code::InvokeBlock { block, args, .. } = code else {
@@ -635,7 +640,7 @@ impl Executable {
                                 if let Some(w) = weight(d) {
                                     let widths = part_widths(b, parts);
                                     if packed.insert(vec![w.buffer_id(), widths.len()]) {
-                                        prepack_columns(&w, &widths);
+                                        jobs.push(PackJob::Columns { w, widths });
                                     }
                                 }
                             }
@@ -657,19 +662,80 @@ impl Executable {
                     if !packed.insert(key) {
                         continue;
                     }
-                    // A failure (not f32, odd shape) only leaves the packing to the first launch.
-                    let _ = match ws.as_slice() {
-                        [w] => {
-                            let n = w.shape().first().copied().unwrap_or(0);
-                            crate::gemm::packed(w, n, k).map(drop)
-                        }
-                        _ => crate::gemm::packed_concat(&ws, k).map(drop),
-                    };
+                    jobs.push(PackJob::Dense { ws, k });
                 }
             });
         }
+        run_pack_jobs(&self.weights, jobs, threads);
         packed.len()
     }
+}
+
+/// One weight (or horizontally fused group) [`Executable::prepack_weights`] packs.
+enum PackJob {
+    /// `nn.dense` weights of one stage, K wide: one packed whole, several concatenated.
+    Dense { ws: Vec<Tensor>, k: usize },
+    /// A sum stage's weight, packed per part (`widths`, see [`prepack_columns`]).
+    Columns { w: Tensor, widths: Vec<usize> },
+}
+
+impl PackJob {
+    fn bytes(&self) -> usize {
+        match self {
+            PackJob::Dense { ws, .. } => ws.iter().map(Tensor::len).sum::<usize>() * 4,
+            PackJob::Columns { w, .. } => w.len() * 4,
+        }
+    }
+
+    /// Packs into the thread's current cache. A failure (not f32, odd shape) only leaves the
+    /// packing to the first launch.
+    fn run(&self) {
+        match self {
+            PackJob::Dense { ws, k } => {
+                let _ = match ws.as_slice() {
+                    [w] => {
+                        let n = w.shape().first().copied().unwrap_or(0);
+                        crate::gemm::packed(w, n, *k).map(drop)
+                    }
+                    _ => crate::gemm::packed_concat(ws, *k).map(drop),
+                };
+            }
+            PackJob::Columns { w, widths } => prepack_columns(w, widths),
+        }
+    }
+}
+
+/// Runs `jobs` into `cache` on the calling thread and up to `threads - 1` scoped helpers, each
+/// taking the next job, largest first (a helper that cannot be started leaves its share to the
+/// others). `TUMBLE_SERIAL_PREPACK=1` packs on the calling thread alone.
+fn run_pack_jobs(cache: &Arc<WeightCache>, mut jobs: Vec<PackJob>, threads: usize) {
+    jobs.sort_by_key(|j| std::cmp::Reverse(j.bytes()));
+    let helpers = match tumble_limits::switch_on!("TUMBLE_SERIAL_PREPACK") {
+        true => 0,
+        false => threads
+            .clamp(1, crate::MAX_THREADS)
+            .min(jobs.len())
+            .saturating_sub(1),
+    };
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || {
+        let _entered = WeightCache::enter(cache);
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(job) = jobs.get(i) else {
+                break;
+            };
+            job.run();
+        }
+    };
+    std::thread::scope(|s| {
+        for h in 0..helpers {
+            let _ = std::thread::Builder::new()
+                .name(format!("tumble-prepack-{h}"))
+                .spawn_scoped(s, work);
+        }
+        work();
+    });
 }
 
 /// The last-axis widths of a sum stage's product's `parts` (its K per part), from their static

@@ -23,6 +23,19 @@ pub fn tumble(args: &[&str]) -> Output {
     }
 }
 
+/// [`tumble`] with the environment variables `env` set (switches such as `TUMBLE_NO_MEMO`).
+pub fn tumble_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    match Command::new(env!("CARGO_BIN_EXE_tumble"))
+        .args(args)
+        .arg("--color=never")
+        .envs(env.iter().copied())
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => panic!("cannot run tumble: {e}"),
+    }
+}
+
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
