@@ -283,8 +283,14 @@ fn stream_artifact(path: &Path) -> Option<Loaded> {
     let weights = if weights_len == 0 {
         BTreeMap::new()
     } else {
-        crate::weights::read_safetensors_from(path, &mut file, weights_len, &mut |b| crc.update(b))
-            .ok()?
+        crate::weights::read_safetensors_from(
+            path,
+            &mut file,
+            weights_len,
+            &mut |b| crc.update(b),
+            None,
+        )
+        .ok()?
     };
     if u64::from(crc.finalize()) != sum {
         return None;

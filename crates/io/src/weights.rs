@@ -35,6 +35,10 @@ pub struct LoadedParams {
 pub fn load_params(path: &Path) -> Result<LoadedParams, IoError> {
     let meta =
         std::fs::metadata(path).map_err(|e| IoError::file(path, "read the weights file", e))?;
+    // Tensors the reader found ordinary (no NaN, infinity or subnormal) as it read them, a chunk
+    // at a time while in cache: the two scans below, each a pass over memory (0.19 s of
+    // Berxit-small's 464 MB), skip them.
+    let mut ordinary = std::collections::BTreeSet::new();
     let tensors = if meta.is_dir() {
         load_npy_dir(path)?
     } else if path.extension().is_some_and(|e| e == "npy") {
@@ -43,12 +47,12 @@ pub fn load_params(path: &Path) -> Result<LoadedParams, IoError> {
         m.insert(file_stem(path), parse_npy(path, &bytes)?);
         m
     } else {
-        read_safetensors_file(path)?
+        read_safetensors_file(path, &mut ordinary)?
     };
     let mut tensors = tensors;
-    let mut warnings = non_finite_warnings(path, &tensors);
+    let mut warnings = non_finite_warnings_but(path, &tensors, &ordinary);
     if !tumble_limits::env_flag("TUMBLE_KEEP_SUBNORMAL_WEIGHTS") {
-        warnings.extend(flush_subnormals(path, &mut tensors));
+        warnings.extend(flush_subnormals_but(path, &mut tensors, &ordinary));
     }
     Ok(LoadedParams { tensors, warnings })
 }
@@ -61,8 +65,20 @@ pub fn load_params(path: &Path) -> Result<LoadedParams, IoError> {
 /// (2.3e-308 for f64), below anything a product of them can show. `TUMBLE_KEEP_SUBNORMAL_WEIGHTS=1`
 /// keeps them.
 pub fn flush_subnormals(path: &Path, tensors: &mut BTreeMap<String, Tensor>) -> Vec<String> {
+    flush_subnormals_but(path, tensors, &Default::default())
+}
+
+/// [`flush_subnormals`] of the tensors not named in `ordinary` (known to hold none).
+fn flush_subnormals_but(
+    path: &Path,
+    tensors: &mut BTreeMap<String, Tensor>,
+    ordinary: &std::collections::BTreeSet<String>,
+) -> Vec<String> {
     let mut out = Vec::new();
     for (name, t) in tensors.iter_mut() {
+        if ordinary.contains(name) {
+            continue;
+        }
         let found = t.flush_subnormals();
         if found == 0 {
             continue;
@@ -91,8 +107,20 @@ fn file_stem(path: &Path) -> String {
 
 /// One warning per tensor of `tensors` that holds NaN or infinite values.
 pub fn non_finite_warnings(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Vec<String> {
+    non_finite_warnings_but(path, tensors, &Default::default())
+}
+
+/// [`non_finite_warnings`] of the tensors not named in `ordinary` (known to be finite).
+fn non_finite_warnings_but(
+    path: &Path,
+    tensors: &BTreeMap<String, Tensor>,
+    ordinary: &std::collections::BTreeSet<String>,
+) -> Vec<String> {
     let mut out = Vec::new();
     for (name, t) in tensors {
+        if ordinary.contains(name) {
+            continue;
+        }
         let (nan, inf) = match t.buffer() {
             // Almost every weight file is all finite: a vectorized pass says so before the
             // counting pass runs (~0.1 s for 13 M floats otherwise).
@@ -388,7 +416,10 @@ pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, T
 /// buffer through one small reused chunk — not the whole file into memory first and then a
 /// decoded copy, which touched every byte of the weights twice in fresh pages (start-up is bound
 /// by weight I/O; `bench/RESULTS.md`). Memory is reserved against the budget per tensor.
-fn read_safetensors_file(path: &Path) -> Result<BTreeMap<String, Tensor>, IoError> {
+fn read_safetensors_file(
+    path: &Path,
+    ordinary: &mut std::collections::BTreeSet<String>,
+) -> Result<BTreeMap<String, Tensor>, IoError> {
     let io = |e: std::io::Error| IoError::file(path, "read the weights file", e);
     let mut file = std::fs::File::open(path).map_err(io)?;
     let meta = file.metadata().map_err(io)?;
@@ -397,7 +428,7 @@ fn read_safetensors_file(path: &Path) -> Result<BTreeMap<String, Tensor>, IoErro
         return parse_safetensors(path, &read_file(path)?);
     }
     let len = usize::try_from(meta.len()).unwrap_or(usize::MAX);
-    read_safetensors_from(path, &mut file, len, &mut |_| {})
+    read_safetensors_from(path, &mut file, len, &mut |_| {}, Some(ordinary))
 }
 
 /// The safetensors file of `len` bytes that `reader` reads next (`path` names it in messages),
@@ -407,6 +438,9 @@ pub(crate) fn read_safetensors_from(
     reader: &mut impl std::io::Read,
     len: usize,
     seen: &mut dyn FnMut(&[u8]),
+    // Where given, the names of the tensors found to hold only ordinary numbers
+    // ([`tumble_tensor::ordinary_elements`]), each chunk scanned as it is decoded.
+    mut ordinary: Option<&mut std::collections::BTreeSet<String>>,
 ) -> Result<BTreeMap<String, Tensor>, IoError> {
     let io = |e: std::io::Error| IoError::file(path, "read the weights file", e);
     let truncated = |what: &str| {
@@ -451,14 +485,20 @@ pub(crate) fn read_safetensors_from(
         tumble_limits::reserve(bytes).map_err(limit)?;
         let mut buffer = Buffer::with_capacity(e.dtype, bytes / e.dtype.size().max(1));
         let mut left = bytes;
+        let mut clean = ordinary.is_some();
         while left > 0 {
             tumble_limits::poll().map_err(limit)?;
             // Whole elements per chunk (ST_CHUNK is a multiple of every element size).
             let take = left.min(ST_CHUNK);
             let part = chunk.get_mut(..take).unwrap_or_default();
             read(part, &format!("tensor `{}`", e.name))?;
+            let from = buffer.len();
             append_le(&mut buffer, part);
+            clean = clean && tumble_tensor::ordinary_elements(&buffer, from);
             left -= take;
+        }
+        if let (true, Some(o)) = (clean, ordinary.as_deref_mut()) {
+            o.insert(e.name.clone());
         }
         let tensor = Tensor::new(e.shape, buffer)
             .map_err(|err| IoError::weights(path, format!("tensor `{}`: {err}", e.name)))?;

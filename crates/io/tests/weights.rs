@@ -253,6 +253,51 @@ fn subnormal_weights_are_read_as_zero() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The reader scans each tensor a chunk at a time as it decodes it (1 MiB of the file): a
+/// subnormal or a NaN in a later chunk of a large tensor is still flushed or warned about, and
+/// the ordinary tensors beside them are left as they are.
+#[test]
+fn odd_values_past_the_first_chunk_are_found() {
+    let dir = temp_dir("late_odd");
+    let path = dir.join("w.safetensors");
+    let n = 600_000; // three chunks of f32s
+    let ramp = |i: usize| (i % 1000) as f32 * 0.25 - 100.0;
+    let mut late_sub: Vec<f32> = (0..n).map(ramp).collect();
+    late_sub[n - 1] = -f32::MIN_POSITIVE / 2.0;
+    late_sub[300_000] = f32::MIN_POSITIVE / 4.0;
+    let mut late_nan: Vec<f32> = (0..n).map(ramp).collect();
+    late_nan[500_000] = f32::NAN;
+    let clean: Vec<f32> = (0..n).map(ramp).collect();
+    let mut m = BTreeMap::new();
+    m.insert(
+        "a_sub".to_string(),
+        Tensor::from_f32([n], late_sub).unwrap(),
+    );
+    m.insert(
+        "b_nan".to_string(),
+        Tensor::from_f32([n], late_nan).unwrap(),
+    );
+    m.insert("c_clean".to_string(), Tensor::from_f32([n], clean).unwrap());
+    save_params(&path, &m).unwrap();
+    let loaded = load_params(&path).unwrap();
+    let sub = loaded.tensors["a_sub"].as_f32().unwrap();
+    assert_eq!((sub[300_000].to_bits(), sub[n - 1].to_bits()), (0, 0));
+    assert_eq!(sub[1], ramp(1));
+    assert_eq!(loaded.tensors["c_clean"], m["c_clean"]);
+    assert_eq!(loaded.warnings.len(), 2, "{:?}", loaded.warnings);
+    assert!(
+        loaded.warnings[0].contains("tensor `b_nan` has 1 NaN and 0 infinite values"),
+        "{}",
+        loaded.warnings[0]
+    );
+    assert!(
+        loaded.warnings[1].contains("tensor `a_sub` has 2 subnormal values (of 600000)"),
+        "{}",
+        loaded.warnings[1]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn save_into_missing_directory_fails_cleanly() {
     let dir = temp_dir("nodir");

@@ -57,5 +57,5 @@ pub use buffer::{Buffer, BufferMut, Element};
 pub use error::TensorError;
 pub use rng::Rng;
 pub use shape::{broadcast_index, broadcast_shapes, ravel, unravel};
-pub use tensor::{all_finite_f32, BufferWatch, Tensor};
+pub use tensor::{all_finite_f32, ordinary_elements, BufferWatch, Tensor};
 pub use tumble_ir::DType;

@@ -485,6 +485,59 @@ impl fmt::Debug for Tensor {
 mod tests {
     use super::*;
 
+    /// `ordinary_elements` is false exactly where `all_finite` is false or `flush_subnormals`
+    /// would flush something: NaN, ±inf and subnormals of either sign anywhere, from any start;
+    /// zeros of either sign, the smallest normals and the largest finite values are ordinary.
+    #[test]
+    fn ordinary_elements_agree_with_the_two_scans() {
+        for n in [
+            1usize,
+            7,
+            FINITE_CHUNK - 1,
+            FINITE_CHUNK + 1,
+            2 * FINITE_CHUNK + 3,
+        ] {
+            let mut v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 1e3).collect();
+            v[0] = f32::MAX;
+            v[n - 1] = -f32::MIN_POSITIVE;
+            v[n / 2] = -0.0;
+            assert!(ordinary_elements(&Buffer::F32(v.clone()), 0), "n {n}");
+            let v64: Vec<f64> = v.iter().map(|&x| f64::from(x)).collect();
+            assert!(ordinary_elements(&Buffer::F64(v64.clone()), 0), "n {n} f64");
+            for at in [0, n / 2, n - 1] {
+                for bad in [
+                    f32::NAN,
+                    f32::NEG_INFINITY,
+                    f32::MIN_POSITIVE / 2.0,
+                    -f32::from_bits(1),
+                ] {
+                    let mut w = v.clone();
+                    w[at] = bad;
+                    let mut t = Tensor::from_vec(vec![n], w.clone()).unwrap();
+                    let flagged = !t.all_finite() || t.flush_subnormals() > 0;
+                    assert!(flagged, "n {n} at {at} {bad}");
+                    assert!(
+                        !ordinary_elements(&Buffer::F32(w.clone()), 0),
+                        "n {n} at {at}"
+                    );
+                    // Scanned from past the odd element, the rest is ordinary.
+                    assert!(
+                        ordinary_elements(&Buffer::F32(w), at + 1),
+                        "n {n} from {at}"
+                    );
+                }
+                let mut w64 = v64.clone();
+                w64[at] = f64::from_bits(1);
+                assert!(
+                    !ordinary_elements(&Buffer::F64(w64), 0),
+                    "n {n} at {at} f64"
+                );
+            }
+        }
+        assert!(ordinary_elements(&Buffer::I32(vec![0, -1]), 0));
+        assert!(ordinary_elements(&Buffer::F32(vec![1.0]), 5));
+    }
+
     /// A NaN or an infinity anywhere — first, last, across a chunk boundary — is found; the
     /// largest finite values, subnormals and signed zeros are finite.
     #[test]
@@ -961,6 +1014,27 @@ const F64_EXPONENT: u64 = 0x7ff0_0000_0000_0000;
 /// [`Tensor::all_finite`] of f32 elements: no element has every exponent bit set (NaN, ±inf).
 pub fn all_finite_f32(v: &[f32]) -> bool {
     none_in_chunks(v, |x| x.to_bits() & F32_EXPONENT == F32_EXPONENT)
+}
+
+/// Whether every element of `buffer` is an ordinary number: no float is NaN, infinite or
+/// subnormal (integers and booleans always are). One vectorized read that answers both
+/// [`Tensor::all_finite`] and [`Tensor::flush_subnormals`] for nearly every weight, so a loader
+/// can scan each part of a tensor while it is still in cache and skip both passes over memory.
+pub fn ordinary_elements(buffer: &Buffer, from: usize) -> bool {
+    // Exponent all ones (NaN, ±inf), or all zeros with any other bit but the sign (subnormal).
+    let odd32 = |x: f32| {
+        let e = x.to_bits() & F32_EXPONENT;
+        e == F32_EXPONENT || (e == 0 && x.to_bits() & 0x7fff_ffff != 0)
+    };
+    let odd64 = |x: f64| {
+        let e = x.to_bits() & F64_EXPONENT;
+        e == F64_EXPONENT || (e == 0 && x.to_bits() & 0x7fff_ffff_ffff_ffff != 0)
+    };
+    match buffer {
+        Buffer::F32(v) => none_in_chunks(v.get(from..).unwrap_or_default(), odd32),
+        Buffer::F64(v) => none_in_chunks(v.get(from..).unwrap_or_default(), odd64),
+        _ => true,
+    }
 }
 
 /// Whether `hit` holds for no element of `v`: chunk by chunk, without a branch per element.
