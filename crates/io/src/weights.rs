@@ -493,6 +493,7 @@ pub(crate) fn read_safetensors_from(
             let part = chunk.get_mut(..take).unwrap_or_default();
             read(part, &format!("tensor `{}`", e.name))?;
             let from = buffer.len();
+            buffer.prefault_spare(take / e.dtype.size().max(1));
             append_le(&mut buffer, part);
             clean = clean && tumble_tensor::ordinary_elements(&buffer, from);
             left -= take;

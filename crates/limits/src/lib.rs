@@ -22,6 +22,9 @@
 //! fail the same way: a recursion without a base case in constant memory, which no memory budget
 //! stops, stops there.
 
+mod prefault;
+pub use prefault::{prefault, PREFAULT_MIN_BYTES};
+
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::fmt;
