@@ -9,7 +9,7 @@ use tumble_check::LoadOptions;
 use tumble_compile::{CompileOptions, Compiled};
 use tumble_interp::Value;
 use tumble_io::{
-    bind_params, encode_json, load_params, main_signature, read_instances_file, stage_jsonl,
+    bind_params, encode_json, load_params_on, main_signature, read_instances_file, stage_jsonl,
     stage_params, summarize, IoError, TypeEnv,
 };
 use tumble_ir::{diag, Diagnostic, SourceMap};
@@ -529,10 +529,12 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
             item.location, entry
         )));
     }
+    let threads = thread_count(args.threads)?;
     let file = match (&args.params, &front) {
         (None, Front::Compiled(c)) => c.weights.clone(),
         (Some(p), _) => {
-            let loaded = load_params(p)?;
+            // A large file's tensors decoded on the run's threads.
+            let loaded = load_params_on(p, threads)?;
             for w in &loaded.warnings {
                 eprintln!("warning: {w}");
             }
@@ -554,7 +556,6 @@ fn run_inner(args: &RunArgs, sources: &mut SourceMap) -> Result<(), Failure> {
         .map(|path| (path, bound.weight_tensors()));
     // Which @main arguments are model weights (the same for every instance).
     let weights: Vec<bool> = bound.weights_mask();
-    let threads = thread_count(args.threads)?;
     let workers = worker_count(args, threads);
     let mut opts = runtime_options(args, threads);
     if let Front::Compiled(c) = &front {

@@ -43,7 +43,9 @@ pub use instances::{
 pub use output::{encode_json, stage_jsonl, summarize, write_jsonl_atomically, Encoded};
 pub use tape::{AnyDoc, Tape, TapeNode};
 pub use tree::{to_tree, OutTree};
-pub use weights::{load_params, non_finite_warnings, save_params, stage_params, LoadedParams};
+pub use weights::{
+    load_params, load_params_on, non_finite_warnings, save_params, stage_params, LoadedParams,
+};
 
 pub use tumble_limits::echo;
 

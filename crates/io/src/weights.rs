@@ -33,6 +33,12 @@ pub struct LoadedParams {
 /// Supported element types: float32, float64, int32, int64, bool (safetensors `F32 F64 I32 I64
 /// BOOL`, numpy `<f4 <f8 <i4 <i8 |b1`); anything else is an error naming the type.
 pub fn load_params(path: &Path) -> Result<LoadedParams, IoError> {
+    load_params_on(path, 1)
+}
+
+/// [`load_params`] with a large safetensors file's tensors decoded on up to `threads` threads
+/// (the same tensors and warnings; `--threads` of the command that reads them).
+pub fn load_params_on(path: &Path, threads: usize) -> Result<LoadedParams, IoError> {
     let meta =
         std::fs::metadata(path).map_err(|e| IoError::file(path, "read the weights file", e))?;
     // Tensors the reader found ordinary (no NaN, infinity or subnormal) as it read them, a chunk
@@ -47,7 +53,7 @@ pub fn load_params(path: &Path) -> Result<LoadedParams, IoError> {
         m.insert(file_stem(path), parse_npy(path, &bytes)?);
         m
     } else {
-        read_safetensors_file(path, &mut ordinary)?
+        read_safetensors_file(path, threads, &mut ordinary)?
     };
     let mut tensors = tensors;
     let mut warnings = non_finite_warnings_but(path, &tensors, &ordinary);
@@ -418,6 +424,7 @@ pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, T
 /// by weight I/O; `bench/RESULTS.md`). Memory is reserved against the budget per tensor.
 fn read_safetensors_file(
     path: &Path,
+    threads: usize,
     ordinary: &mut std::collections::BTreeSet<String>,
 ) -> Result<BTreeMap<String, Tensor>, IoError> {
     let io = |e: std::io::Error| IoError::file(path, "read the weights file", e);
@@ -428,8 +435,18 @@ fn read_safetensors_file(
         return parse_safetensors(path, &read_file(path)?);
     }
     let len = usize::try_from(meta.len()).unwrap_or(usize::MAX);
+    #[cfg(unix)]
+    if threads > 1 && len >= PARALLEL_READ_MIN_BYTES {
+        return read_safetensors_parallel(path, &file, len, threads, ordinary);
+    }
+    #[cfg(not(unix))]
+    let _ = threads;
     read_safetensors_from(path, &mut file, len, &mut |_| {}, Some(ordinary))
 }
+
+/// Weights files smaller than this are read on one thread whatever the thread count (a thread
+/// costs more than reading them).
+const PARALLEL_READ_MIN_BYTES: usize = 16 << 20;
 
 /// The safetensors file of `len` bytes that `reader` reads next (`path` names it in messages),
 /// decoded tensor by tensor; `seen` is shown every byte read, in order (a checksum).
@@ -442,29 +459,59 @@ pub(crate) fn read_safetensors_from(
     // ([`tumble_tensor::ordinary_elements`]), each chunk scanned as it is decoded.
     mut ordinary: Option<&mut std::collections::BTreeSet<String>>,
 ) -> Result<BTreeMap<String, Tensor>, IoError> {
-    let io = |e: std::io::Error| IoError::file(path, "read the weights file", e);
-    let truncated = |what: &str| {
+    let mut read = |buf: &mut [u8], what: &str| -> Result<(), IoError> {
+        reader
+            .read_exact(buf)
+            .map_err(|e| read_error(path, e, what))?;
+        seen(buf);
+        Ok(())
+    };
+    let (entries, _) = read_st_header(path, &mut read, len)?;
+    let mut chunk = vec![0u8; ST_CHUNK];
+    let mut out = BTreeMap::new();
+    // The entries tile the data section in order: one sequential pass over the file.
+    for e in entries {
+        let (tensor, clean) = decode_entry(path, &e, &mut read, &mut chunk, ordinary.is_some())?;
+        if let (true, Some(o)) = (clean, ordinary.as_deref_mut()) {
+            o.insert(e.name.clone());
+        }
+        out.insert(e.name, tensor);
+    }
+    Ok(out)
+}
+
+/// A failed read of `what` as the error to show: the file's end reached early (truncated, or
+/// changed while read), or the system's error.
+fn read_error(path: &Path, e: std::io::Error, what: &str) -> IoError {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
         IoError::weights(
             path,
             format!("{what} ends past the end of the file; the file is truncated (or changed while it was read)"),
         )
-    };
-    let mut read = |buf: &mut [u8], what: &str| -> Result<(), IoError> {
-        reader.read_exact(buf).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                truncated(what)
-            } else {
-                io(e)
-            }
-        })?;
-        seen(buf);
-        Ok(())
-    };
-    let limit = |stop: tumble_limits::Stop| {
-        io(std::io::Error::other(format!(
-            "{stop} (while reading the weights)"
-        )))
-    };
+    } else {
+        IoError::file(path, "read the weights file", e)
+    }
+}
+
+/// A stop of the memory budget, the time limit or an interrupt while reading.
+fn limit_error(path: &Path, stop: tumble_limits::Stop) -> IoError {
+    IoError::file(
+        path,
+        "read the weights file",
+        std::io::Error::other(format!("{stop} (while reading the weights)")),
+    )
+}
+
+/// Fills a buffer with the file's next bytes (the `&str` names them in an error).
+type ReadInto<'r> = dyn FnMut(&mut [u8], &str) -> Result<(), IoError> + 'r;
+
+/// A safetensors file's header, read by `read` from the file's start: its entries, and where
+/// its data section starts.
+fn read_st_header(
+    path: &Path,
+    read: &mut ReadInto<'_>,
+    len: usize,
+) -> Result<(Vec<StEntry>, usize), IoError> {
     let mut first = [0u8; 8];
     let got = first.len().min(len);
     read(
@@ -472,38 +519,132 @@ pub(crate) fn read_safetensors_from(
         "the header length",
     )?;
     let n = st_header_len(path, first.get(..got).unwrap_or_default(), len)?;
-    tumble_limits::reserve(n).map_err(limit)?;
+    tumble_limits::reserve(n).map_err(|s| limit_error(path, s))?;
     let mut header = vec![0u8; n];
     read(&mut header, "the header")?;
     let data_len = len - 8 - n;
-    let entries = st_entries(path, &header, data_len)?;
-    let mut chunk = vec![0u8; ST_CHUNK];
-    let mut out = BTreeMap::new();
-    // The entries tile the data section in order: one sequential pass over the file.
+    Ok((st_entries(path, &header, data_len)?, 8 + n))
+}
+
+/// Entry `e`'s tensor, its bytes read in order by `read` through `chunk`; with `scan`, whether
+/// it holds only ordinary numbers (each chunk scanned as it is decoded, while in cache).
+fn decode_entry(
+    path: &Path,
+    e: &StEntry,
+    read: &mut ReadInto<'_>,
+    chunk: &mut [u8],
+    scan: bool,
+) -> Result<(Tensor, bool), IoError> {
+    let bytes = e.end - e.start;
+    tumble_limits::reserve(bytes).map_err(|s| limit_error(path, s))?;
+    let mut buffer = Buffer::with_capacity(e.dtype, bytes / e.dtype.size().max(1));
+    let mut left = bytes;
+    let mut clean = scan;
+    while left > 0 {
+        tumble_limits::poll().map_err(|s| limit_error(path, s))?;
+        // Whole elements per chunk (ST_CHUNK is a multiple of every element size).
+        let take = left.min(chunk.len());
+        let part = chunk.get_mut(..take).unwrap_or_default();
+        read(part, &format!("tensor `{}`", e.name))?;
+        let from = buffer.len();
+        buffer.prefault_spare(take / e.dtype.size().max(1));
+        append_le(&mut buffer, part);
+        clean = clean && tumble_tensor::ordinary_elements(&buffer, from);
+        left -= take;
+    }
+    let tensor = Tensor::new(e.shape.clone(), buffer)
+        .map_err(|err| IoError::weights(path, format!("tensor `{}`: {err}", e.name)))?;
+    Ok((tensor, clean))
+}
+
+/// [`read_safetensors_from`] of a regular file on `threads` threads: the header on this one,
+/// then the entries in `threads` runs of about equal bytes, in file order, each decoded by its
+/// own thread reading at its offsets (a large file's read, its pages' faults and its scan
+/// shared). The same tensors; of several failures, the one a sequential read meets first.
+#[cfg(unix)]
+fn read_safetensors_parallel(
+    path: &Path,
+    file: &std::fs::File,
+    len: usize,
+    threads: usize,
+    ordinary: &mut std::collections::BTreeSet<String>,
+) -> Result<BTreeMap<String, Tensor>, IoError> {
+    use std::os::unix::fs::FileExt;
+    let mut at = 0u64;
+    let mut read = |buf: &mut [u8], what: &str| -> Result<(), IoError> {
+        file.read_exact_at(buf, at)
+            .map_err(|e| read_error(path, e, what))?;
+        at += buf.len() as u64;
+        Ok(())
+    };
+    let (entries, data_start) = read_st_header(path, &mut read, len)?;
+    let total: usize = entries.iter().map(|e| e.end - e.start).sum();
+    let share = total.div_ceil(threads.max(1)).max(1);
+    let mut runs: Vec<Vec<StEntry>> = vec![Vec::new()];
+    let mut run_bytes = 0;
     for e in entries {
-        let bytes = e.end - e.start;
-        tumble_limits::reserve(bytes).map_err(limit)?;
-        let mut buffer = Buffer::with_capacity(e.dtype, bytes / e.dtype.size().max(1));
-        let mut left = bytes;
-        let mut clean = ordinary.is_some();
-        while left > 0 {
-            tumble_limits::poll().map_err(limit)?;
-            // Whole elements per chunk (ST_CHUNK is a multiple of every element size).
-            let take = left.min(ST_CHUNK);
-            let part = chunk.get_mut(..take).unwrap_or_default();
-            read(part, &format!("tensor `{}`", e.name))?;
-            let from = buffer.len();
-            buffer.prefault_spare(take / e.dtype.size().max(1));
-            append_le(&mut buffer, part);
-            clean = clean && tumble_tensor::ordinary_elements(&buffer, from);
-            left -= take;
+        if run_bytes >= share {
+            runs.push(Vec::new());
+            run_bytes = 0;
         }
-        if let (true, Some(o)) = (clean, ordinary.as_deref_mut()) {
-            o.insert(e.name.clone());
+        run_bytes += e.end - e.start;
+        if let Some(r) = runs.last_mut() {
+            r.push(e);
         }
-        let tensor = Tensor::new(e.shape, buffer)
-            .map_err(|err| IoError::weights(path, format!("tensor `{}`: {err}", e.name)))?;
-        out.insert(e.name, tensor);
+    }
+    type Decoded = Vec<(String, Tensor, bool)>;
+    let decode_run = |run: Vec<StEntry>| -> Result<Decoded, IoError> {
+        let mut chunk = vec![0u8; ST_CHUNK];
+        let mut out = Vec::with_capacity(run.len());
+        for e in run {
+            let mut at = (data_start + e.start) as u64;
+            let mut read = |buf: &mut [u8], what: &str| -> Result<(), IoError> {
+                file.read_exact_at(buf, at)
+                    .map_err(|err| read_error(path, err, what))?;
+                at += buf.len() as u64;
+                Ok(())
+            };
+            let (tensor, clean) = decode_entry(path, &e, &mut read, &mut chunk, true)?;
+            out.push((e.name, tensor, clean));
+        }
+        Ok(out)
+    };
+    let stop = tumble_limits::run_stop();
+    let results: Vec<Result<Decoded, IoError>> = std::thread::scope(|s| {
+        let mut runs = runs.into_iter();
+        let first = runs.next();
+        let helpers: Vec<_> = runs
+            .map(|run| {
+                let stop = stop.clone();
+                std::thread::Builder::new()
+                    .name("tumble-weights".into())
+                    .spawn_scoped(s, move || {
+                        tumble_limits::with_run_stop(stop, || decode_run(run))
+                    })
+            })
+            .collect();
+        let mut results = vec![first.map_or(Ok(Vec::new()), decode_run)];
+        for h in helpers {
+            results.push(match h {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(IoError::weights(
+                        path,
+                        "a thread reading the weights panicked",
+                    ))
+                }),
+                Err(e) => Err(IoError::file(path, "start a thread to read the weights", e)),
+            });
+        }
+        results
+    });
+    let mut out = BTreeMap::new();
+    for r in results {
+        for (name, tensor, clean) in r? {
+            if clean {
+                ordinary.insert(name.clone());
+            }
+            out.insert(name, tensor);
+        }
     }
     Ok(out)
 }
@@ -932,6 +1073,76 @@ fn repeated_key(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reader of runs on several threads decodes what the sequential one does — every
+    /// dtype, tensors of several chunks, the ordinary set (a subnormal and a NaN found) — for any
+    /// thread count, and of a truncated file reports the error the sequential read meets first.
+    #[cfg(unix)]
+    #[test]
+    fn reading_on_threads_is_reading_in_order() {
+        let dir = std::env::temp_dir().join(format!("tumble-io-par-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("w.safetensors");
+        let n = ST_CHUNK / 4 * 2 + 5;
+        let mut sub: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 9.0).collect();
+        sub[n - 2] = f32::MIN_POSITIVE / 2.0;
+        let mut m = BTreeMap::new();
+        m.insert("a_f32".to_string(), Tensor::from_f32([n], sub).unwrap());
+        m.insert(
+            "b_f64".to_string(),
+            Tensor::from_f64([3], vec![0.5, f64::INFINITY, 2.0]).unwrap(),
+        );
+        m.insert(
+            "c_i32".to_string(),
+            Tensor::from_i32([2], vec![7, -7]).unwrap(),
+        );
+        m.insert(
+            "d_i64".to_string(),
+            Tensor::from_i64([n / 3], vec![11; n / 3]).unwrap(),
+        );
+        m.insert(
+            "e_bool".to_string(),
+            Tensor::from_bool([3], vec![true, false, true]).unwrap(),
+        );
+        m.insert(
+            "f_f32".to_string(),
+            Tensor::from_f32([n], vec![1.5; n]).unwrap(),
+        );
+        save_params(&path, &m).unwrap();
+        let len = std::fs::metadata(&path).unwrap().len() as usize;
+        let mut want_ordinary = std::collections::BTreeSet::new();
+        let mut f = std::fs::File::open(&path).unwrap();
+        let want = read_safetensors_from(&path, &mut f, len, &mut |_| {}, Some(&mut want_ordinary))
+            .unwrap();
+        assert_eq!(want, m);
+        for threads in [2, 3, 7] {
+            let mut ordinary = std::collections::BTreeSet::new();
+            let file = std::fs::File::open(&path).unwrap();
+            let got = read_safetensors_parallel(&path, &file, len, threads, &mut ordinary).unwrap();
+            assert_eq!(got, want, "{threads} threads");
+            assert_eq!(ordinary, want_ordinary, "{threads} threads");
+            assert!(!ordinary.contains("a_f32") && !ordinary.contains("b_f64"));
+        }
+        // Cut inside the last tensor: both name it.
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 100]).unwrap();
+        let len = len - 100;
+        let mut f = std::fs::File::open(&path).unwrap();
+        let seq = read_safetensors_from(&path, &mut f, len, &mut |_| {}, None)
+            .err()
+            .map(|e| e.to_string());
+        let file = std::fs::File::open(&path).unwrap();
+        let par = read_safetensors_parallel(&path, &file, len, 3, &mut Default::default())
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            seq.as_deref().is_some_and(|e| e.contains("truncated")),
+            "{seq:?}"
+        );
+        assert_eq!(par, seq);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn npy_headers() {
