@@ -1,8 +1,5 @@
-//! Weights files in and out: safetensors files and directories of `.npy` files.
-//!
-//! Everything read from disk is validated before it is trusted: lengths, offsets and element
-//! counts use checked arithmetic, and a truncated or corrupt file is an [`IoError`] naming the
-//! file and what is wrong with it, never a panic.
+//! safetensors files: the header validated, tensors decoded straight from the file a chunk at a
+//! time (on several threads for a large file), and written atomically.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -12,203 +9,9 @@ use tumble_ir::DType;
 use tumble_tensor::shape::format_shape;
 use tumble_tensor::{Buffer, Tensor};
 
+use super::{append_le, byte_size, decode_le, read_file};
 use crate::atomic::{stage, Staged};
 use crate::IoError;
-
-/// The tensors of a weights file, by name, plus warnings about their values (NaN or infinite
-/// elements) that do not stop a run but that the user should see.
-#[derive(Clone, Default)]
-pub struct LoadedParams {
-    pub tensors: BTreeMap<String, Tensor>,
-    pub warnings: Vec<String>,
-}
-
-/// Loads named tensors from `path`:
-///
-/// - a directory: every `*.npy` file in it (not recursively) is one tensor named by the file
-///   stem (`W_iou.npy` → `W_iou`); other files are ignored;
-/// - a file ending in `.npy`: that one tensor, named by its stem;
-/// - any other file: a safetensors file.
-///
-/// Supported element types: float32, float64, int32, int64, bool (safetensors `F32 F64 I32 I64
-/// BOOL`, numpy `<f4 <f8 <i4 <i8 |b1`); anything else is an error naming the type.
-pub fn load_params(path: &Path) -> Result<LoadedParams, IoError> {
-    load_params_on(path, 1)
-}
-
-/// [`load_params`] with a large safetensors file's tensors decoded on up to `threads` threads
-/// (the same tensors and warnings; `--threads` of the command that reads them).
-pub fn load_params_on(path: &Path, threads: usize) -> Result<LoadedParams, IoError> {
-    let meta =
-        std::fs::metadata(path).map_err(|e| IoError::file(path, "read the weights file", e))?;
-    // Tensors the reader found ordinary (no NaN, infinity or subnormal) as it read them, a chunk
-    // at a time while in cache: the two scans below, each a pass over memory (0.19 s of
-    // Berxit-small's 464 MB), skip them.
-    let mut ordinary = std::collections::BTreeSet::new();
-    let tensors = if meta.is_dir() {
-        load_npy_dir(path)?
-    } else if path.extension().is_some_and(|e| e == "npy") {
-        let bytes = read_file(path)?;
-        let mut m = BTreeMap::new();
-        m.insert(file_stem(path), parse_npy(path, &bytes)?);
-        m
-    } else {
-        read_safetensors_file(path, threads, &mut ordinary)?
-    };
-    let mut tensors = tensors;
-    let mut warnings = non_finite_warnings_but(path, &tensors, &ordinary);
-    if !tumble_limits::env_flag("TUMBLE_KEEP_SUBNORMAL_WEIGHTS") {
-        warnings.extend(flush_subnormals_but(path, &mut tensors, &ordinary));
-    }
-    Ok(LoadedParams { tensors, warnings })
-}
-
-/// Sets the subnormal elements of every float tensor to zero, with one warning per tensor that
-/// had any. An operation reading or making a subnormal takes a microcode assist on x86 CPUs, so
-/// a product reading such weights runs several times slower — weights trained with weight decay
-/// end up with many: SST's TreeLSTM with an embedding two-thirds subnormal ran its test set 4×
-/// slower (3.25 s against 0.79 s, kernels 8.7×). Zero differs from them by less than 1.2e-38
-/// (2.3e-308 for f64), below anything a product of them can show. `TUMBLE_KEEP_SUBNORMAL_WEIGHTS=1`
-/// keeps them.
-pub fn flush_subnormals(path: &Path, tensors: &mut BTreeMap<String, Tensor>) -> Vec<String> {
-    flush_subnormals_but(path, tensors, &Default::default())
-}
-
-/// [`flush_subnormals`] of the tensors not named in `ordinary` (known to hold none).
-fn flush_subnormals_but(
-    path: &Path,
-    tensors: &mut BTreeMap<String, Tensor>,
-    ordinary: &std::collections::BTreeSet<String>,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    for (name, t) in tensors.iter_mut() {
-        if ordinary.contains(name) {
-            continue;
-        }
-        let found = t.flush_subnormals();
-        if found == 0 {
-            continue;
-        }
-        out.push(format!(
-            "weights file `{}`: tensor `{name}` has {found} subnormal value{} (of {}), read as \
-             zero: products reading subnormals run several times slower \
-             (TUMBLE_KEEP_SUBNORMAL_WEIGHTS=1 keeps them)",
-            path.display(),
-            if found == 1 { "" } else { "s" },
-            t.len()
-        ));
-    }
-    out
-}
-
-fn read_file(path: &Path) -> Result<Vec<u8>, IoError> {
-    tumble_limits::read_file(path).map_err(|e| IoError::file(path, "read the weights file", e))
-}
-
-fn file_stem(path: &Path) -> String {
-    path.file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
-/// One warning per tensor of `tensors` that holds NaN or infinite values.
-pub fn non_finite_warnings(path: &Path, tensors: &BTreeMap<String, Tensor>) -> Vec<String> {
-    non_finite_warnings_but(path, tensors, &Default::default())
-}
-
-/// [`non_finite_warnings`] of the tensors not named in `ordinary` (known to be finite).
-fn non_finite_warnings_but(
-    path: &Path,
-    tensors: &BTreeMap<String, Tensor>,
-    ordinary: &std::collections::BTreeSet<String>,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    for (name, t) in tensors {
-        if ordinary.contains(name) {
-            continue;
-        }
-        let (nan, inf) = match t.buffer() {
-            // Almost every weight file is all finite: a vectorized pass says so before the
-            // counting pass runs (~0.1 s for 13 M floats otherwise).
-            _ if t.all_finite() => (0, 0),
-            Buffer::F32(v) => count_non_finite(v.iter().map(|&x| f64::from(x))),
-            Buffer::F64(v) => count_non_finite(v.iter().copied()),
-            _ => (0, 0),
-        };
-        if nan + inf > 0 {
-            out.push(format!(
-                "weights file `{}`: tensor `{name}` has {nan} NaN and {inf} infinite value{} \
-                 (of {}); results computed from it will likely be NaN",
-                path.display(),
-                if inf == 1 { "" } else { "s" },
-                t.len()
-            ));
-        }
-    }
-    out
-}
-
-fn count_non_finite(xs: impl Iterator<Item = f64>) -> (usize, usize) {
-    xs.fold((0, 0), |(nan, inf), x| {
-        if x.is_nan() {
-            (nan + 1, inf)
-        } else if x.is_infinite() {
-            (nan, inf + 1)
-        } else {
-            (nan, inf)
-        }
-    })
-}
-
-// ---------------------------------------------------------------------------------------------
-// Raw little-endian element bytes
-
-/// Decodes the little-endian elements of `dtype` in `bytes` (a whole number of them).
-fn decode_le(dtype: DType, bytes: &[u8]) -> Buffer {
-    let mut out = Buffer::with_capacity(dtype, bytes.len() / dtype.size().max(1));
-    append_le(&mut out, bytes);
-    out
-}
-
-/// Appends the little-endian elements in `bytes` to `out` (of their dtype).
-fn append_le(out: &mut Buffer, bytes: &[u8]) {
-    fn extend<const N: usize, T>(out: &mut Vec<T>, bytes: &[u8], f: impl Fn([u8; N]) -> T) {
-        out.extend(bytes.chunks_exact(N).map(|c| {
-            let mut a = [0u8; N];
-            a.copy_from_slice(c);
-            f(a)
-        }));
-    }
-    match out {
-        Buffer::F32(v) => extend(v, bytes, f32::from_le_bytes),
-        Buffer::F64(v) => extend(v, bytes, f64::from_le_bytes),
-        Buffer::I32(v) => extend(v, bytes, i32::from_le_bytes),
-        Buffer::I64(v) => extend(v, bytes, i64::from_le_bytes),
-        // Any nonzero byte is true, as numpy does when it views the bytes as bool.
-        Buffer::Bool(v) => v.extend(bytes.iter().map(|&b| b != 0)),
-    }
-}
-
-fn encode_le(buffer: &Buffer) -> Vec<u8> {
-    match buffer {
-        Buffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Buffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Buffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Buffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Buffer::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
-    }
-}
-
-/// Byte size of a tensor of `shape` and element size `elem`, `None` on overflow.
-fn byte_size(shape: &[usize], elem: usize) -> Option<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .and_then(|n| n.checked_mul(elem))
-}
-
-// ---------------------------------------------------------------------------------------------
-// safetensors
 
 const ST_MAX_HEADER: u64 = 100_000_000;
 
@@ -223,13 +26,13 @@ fn st_dtype(name: &str) -> Option<DType> {
     })
 }
 
-fn st_name(dtype: DType) -> safetensors::Dtype {
+fn st_name(dtype: DType) -> ::safetensors::Dtype {
     match dtype {
-        DType::Float32 => safetensors::Dtype::F32,
-        DType::Float64 => safetensors::Dtype::F64,
-        DType::Int32 => safetensors::Dtype::I32,
-        DType::Int64 => safetensors::Dtype::I64,
-        DType::Bool => safetensors::Dtype::BOOL,
+        DType::Float32 => ::safetensors::Dtype::F32,
+        DType::Float64 => ::safetensors::Dtype::F64,
+        DType::Int32 => ::safetensors::Dtype::I32,
+        DType::Int64 => ::safetensors::Dtype::I64,
+        DType::Bool => ::safetensors::Dtype::BOOL,
     }
 }
 
@@ -422,7 +225,7 @@ pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, T
 /// buffer through one small reused chunk — not the whole file into memory first and then a
 /// decoded copy, which touched every byte of the weights twice in fresh pages (start-up is bound
 /// by weight I/O; `bench/RESULTS.md`). Memory is reserved against the budget per tensor.
-fn read_safetensors_file(
+pub(super) fn read_safetensors_file(
     path: &Path,
     threads: usize,
     ordinary: &mut std::collections::BTreeSet<String>,
@@ -700,7 +503,7 @@ pub(crate) fn write_safetensors(
     let serialize = |m: String| IoError::weights(path, format!("cannot serialize: {m}"));
     // The header as the `safetensors` crate lays it out (its tensor order, its padding): the
     // crate serializes views that announce their data's length but hand it no data.
-    let header = safetensors::serialize(
+    let header = ::safetensors::serialize(
         tensors
             .iter()
             .map(|(name, t)| (name.as_str(), HeaderOnly(t))),
@@ -729,8 +532,8 @@ pub(crate) fn write_safetensors(
 /// A tensor as the `safetensors` crate sees it when only the header is to be written.
 struct HeaderOnly<'a>(&'a Tensor);
 
-impl safetensors::View for HeaderOnly<'_> {
-    fn dtype(&self) -> safetensors::Dtype {
+impl ::safetensors::View for HeaderOnly<'_> {
+    fn dtype(&self) -> ::safetensors::Dtype {
         st_name(self.0.dtype())
     }
     fn shape(&self) -> &[usize] {
@@ -768,283 +571,6 @@ fn write_le(w: &mut impl Write, buffer: &Buffer, chunk: &mut Vec<u8>) -> std::io
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// .npy
-
-/// Loads every `*.npy` file directly inside `dir`, each as the tensor named by its file stem.
-pub fn load_npy_dir(dir: &Path) -> Result<BTreeMap<String, Tensor>, IoError> {
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| IoError::file(dir, "list the weights directory", e))?;
-    let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| IoError::file(dir, "list the weights directory", e))?;
-        let p = entry.path();
-        if p.extension().is_some_and(|e| e == "npy") && p.is_file() {
-            files.push(p);
-        }
-    }
-    if files.is_empty() {
-        return Err(IoError::weights(
-            dir,
-            "the directory contains no .npy files (tumble reads a directory of `NAME.npy` files, \
-             one tensor each, or a .safetensors file)",
-        ));
-    }
-    files.sort();
-    let mut out = BTreeMap::new();
-    for p in files {
-        let bytes = read_file(&p)?;
-        out.insert(file_stem(&p), parse_npy(&p, &bytes)?);
-    }
-    Ok(out)
-}
-
-/// Parses the bytes of one `.npy` file (format versions 1, 2 and 3; `path` is for messages).
-pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<Tensor, IoError> {
-    let err = |m: String| IoError::weights(path, m);
-    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
-        return Err(err(
-            "not a .npy file (it does not start with the magic bytes `\\x93NUMPY`)".into(),
-        ));
-    }
-    let (major, minor) = (bytes[6], bytes[7]);
-    let (hlen, hstart): (usize, usize) = match (major, minor) {
-        (1, 0) => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
-        (2 | 3, 0) => {
-            let Some(b) = bytes.get(8..12) else {
-                return Err(err("the file is truncated inside the .npy preamble".into()));
-            };
-            let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            (usize::try_from(n).unwrap_or(usize::MAX), 12)
-        }
-        // numpy writes and reads only 1.0, 2.0 and 3.0 (`numpy.lib.format`).
-        (v, m) => {
-            return Err(err(format!(
-                ".npy format version {v}.{m} is not supported (versions 1.0, 2.0 and 3.0 are)"
-            )))
-        }
-    };
-    let hend = hstart
-        .checked_add(hlen)
-        .filter(|&e| e <= bytes.len())
-        .ok_or_else(|| {
-            err(format!(
-            "the header length field says {hlen} bytes, but only {} follow; the file is truncated",
-            bytes.len() - hstart
-        ))
-        })?;
-    let header = std::str::from_utf8(&bytes[hstart..hend])
-        .map_err(|_| err("the .npy header is not valid text; the file is corrupt".into()))?;
-    let h = parse_npy_header(header).map_err(|m| {
-        err(format!(
-            "cannot read the .npy header `{}`: {m}",
-            header.trim_end()
-        ))
-    })?;
-    if h.fortran_order {
-        return Err(err(
-            "the array is stored in Fortran (column-major) order, which tumble does not read; \
-             save it from numpy with `np.save(path, np.ascontiguousarray(a))`"
-                .into(),
-        ));
-    }
-    let dtype = match h.descr.as_str() {
-        "<f4" => DType::Float32,
-        "<f8" => DType::Float64,
-        "<i4" => DType::Int32,
-        "<i8" => DType::Int64,
-        "|b1" => DType::Bool,
-        other => {
-            let why = if other.starts_with('>') {
-                " (big-endian data; use `a.astype(a.dtype.newbyteorder('<'))`)"
-            } else {
-                ""
-            };
-            return Err(err(format!(
-                "dtype `{other}` is not supported{why}; tumble reads `<f4` (float32), `<f8` \
-                 (float64), `<i4` (int32), `<i8` (int64) and `|b1` (bool)"
-            )));
-        }
-    };
-    let data = &bytes[hend..];
-    let need = byte_size(&h.shape, dtype.size())
-        .ok_or_else(|| err(format!("shape {} is too large", format_shape(&h.shape))))?;
-    if data.len() < need {
-        return Err(err(format!(
-            "shape {} of {dtype} needs {need} data bytes, but the file has only {}; \
-             the file is truncated",
-            format_shape(&h.shape),
-            data.len()
-        )));
-    }
-    if data.len() > need {
-        return Err(err(format!(
-            "shape {} of {dtype} needs {need} data bytes, but the file has {}; \
-             the header does not match the data (is the file corrupt?)",
-            format_shape(&h.shape),
-            data.len()
-        )));
-    }
-    Tensor::new(h.shape, decode_le(dtype, data)).map_err(|e| err(e.to_string()))
-}
-
-struct NpyHeader {
-    descr: String,
-    fortran_order: bool,
-    shape: Vec<usize>,
-}
-
-/// Parses the Python dict literal of a `.npy` header:
-/// `{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }`.
-fn parse_npy_header(text: &str) -> Result<NpyHeader, String> {
-    let mut p = PyLit {
-        s: text.as_bytes(),
-        i: 0,
-    };
-    p.expect(b'{')?;
-    let (mut descr, mut fortran, mut shape) = (None, None, None);
-    loop {
-        p.ws();
-        if p.eat(b'}') {
-            break;
-        }
-        let key = p.string()?;
-        p.ws();
-        p.expect(b':')?;
-        p.ws();
-        match key.as_str() {
-            "descr" => descr = Some(p.string()?),
-            "fortran_order" => fortran = Some(p.boolean()?),
-            "shape" => shape = Some(p.tuple()?),
-            other => return Err(format!("unexpected key '{other}'")),
-        }
-        p.ws();
-        if !p.eat(b',') {
-            p.ws();
-            p.expect(b'}')?;
-            break;
-        }
-    }
-    Ok(NpyHeader {
-        descr: descr.ok_or("no 'descr' entry")?,
-        fortran_order: fortran.ok_or("no 'fortran_order' entry")?,
-        shape: shape.ok_or("no 'shape' entry")?,
-    })
-}
-
-struct PyLit<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl PyLit<'_> {
-    fn ws(&mut self) {
-        while self.s.get(self.i).is_some_and(u8::is_ascii_whitespace) {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, c: u8) -> bool {
-        if self.s.get(self.i) == Some(&c) {
-            self.i += 1;
-            true
-        } else {
-            false
-        }
-    }
-
-    fn expect(&mut self, c: u8) -> Result<(), String> {
-        if self.eat(c) {
-            Ok(())
-        } else {
-            Err(format!("expected `{}` at offset {}", c as char, self.i))
-        }
-    }
-
-    fn string(&mut self) -> Result<String, String> {
-        let q = match self.s.get(self.i) {
-            Some(&q @ (b'\'' | b'"')) => q,
-            _ => return Err(format!("expected a quoted string at offset {}", self.i)),
-        };
-        self.i += 1;
-        let start = self.i;
-        while let Some(&c) = self.s.get(self.i) {
-            if c == q {
-                let out = String::from_utf8_lossy(&self.s[start..self.i]).into_owned();
-                self.i += 1;
-                return Ok(out);
-            }
-            self.i += 1;
-        }
-        Err("unterminated string".into())
-    }
-
-    fn boolean(&mut self) -> Result<bool, String> {
-        let rest = &self.s[self.i..];
-        if rest.starts_with(b"True") {
-            self.i += 4;
-            Ok(true)
-        } else if rest.starts_with(b"False") {
-            self.i += 5;
-            Ok(false)
-        } else {
-            Err(format!("expected True or False at offset {}", self.i))
-        }
-    }
-
-    fn tuple(&mut self) -> Result<Vec<usize>, String> {
-        self.expect(b'(')?;
-        let mut dims = Vec::new();
-        loop {
-            self.ws();
-            if self.eat(b')') {
-                return Ok(dims);
-            }
-            let start = self.i;
-            while self.s.get(self.i).is_some_and(u8::is_ascii_digit) {
-                self.i += 1;
-            }
-            let digits = std::str::from_utf8(&self.s[start..self.i]).unwrap_or("");
-            let d: usize = digits
-                .parse()
-                .map_err(|_| format!("expected a dimension size at offset {start}"))?;
-            self.eat(b'L'); // Python 2 long literals
-            dims.push(d);
-            self.ws();
-            if !self.eat(b',') {
-                self.ws();
-                self.expect(b')')?;
-                return Ok(dims);
-            }
-        }
-    }
-}
-
-/// The bytes of a version-1 `.npy` file holding `tensor` (used by tests and tools that want to
-/// hand tensors to numpy).
-pub fn npy_bytes(tensor: &Tensor) -> Vec<u8> {
-    let descr = match tensor.dtype() {
-        DType::Float32 => "<f4",
-        DType::Float64 => "<f8",
-        DType::Int32 => "<i4",
-        DType::Int64 => "<i8",
-        DType::Bool => "|b1",
-    };
-    let shape = format_shape(tensor.shape()); // Python tuple syntax: `(4,)`, `(2, 3)`, `()`
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    // Pad with spaces so that magic + version + length + header + '\n' is a multiple of 64.
-    let unpadded = 10 + header.len() + 1;
-    header.push_str(&" ".repeat((64 - unpadded % 64) % 64));
-    header.push('\n');
-    let mut out = Vec::with_capacity(10 + header.len() + tensor.len() * tensor.dtype().size());
-    out.extend_from_slice(b"\x93NUMPY\x01\x00");
-    // Our headers are far below 64 KiB.
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(&encode_le(tensor.buffer()));
-    out
-}
-
 /// The first key that appears twice in the JSON object `text` (already known to parse as one).
 fn repeated_key(text: &str) -> Option<String> {
     use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -1073,10 +599,8 @@ fn repeated_key(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::weights::save_params;
 
-    /// The reader of runs on several threads decodes what the sequential one does — every
-    /// dtype, tensors of several chunks, the ordinary set (a subnormal and a NaN found) — for any
-    /// thread count, and of a truncated file reports the error the sequential read meets first.
     #[cfg(unix)]
     #[test]
     fn reading_on_threads_is_reading_in_order() {
@@ -1142,47 +666,5 @@ mod tests {
         );
         assert_eq!(par, seq);
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn npy_headers() {
-        let h = parse_npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }  \n")
-            .unwrap();
-        assert_eq!(
-            (h.descr.as_str(), h.fortran_order, h.shape),
-            ("<f4", false, vec![3, 4])
-        );
-        let h = parse_npy_header("{\"shape\": (), \"fortran_order\": True, \"descr\": \"|b1\"}")
-            .unwrap();
-        assert_eq!(
-            (h.descr.as_str(), h.fortran_order, h.shape),
-            ("|b1", true, vec![])
-        );
-        let h =
-            parse_npy_header("{'descr': '<i8', 'fortran_order': False, 'shape': (7L,), }").unwrap();
-        assert_eq!(h.shape, vec![7]);
-        assert!(parse_npy_header("{'descr': '<f4', 'shape': (3,), }").is_err());
-        assert!(
-            parse_npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (-1,)}").is_err()
-        );
-        assert!(parse_npy_header("{'descr': '<f4'").is_err());
-        assert!(parse_npy_header("").is_err());
-    }
-
-    #[test]
-    fn npy_round_trip_all_dtypes() {
-        let ts = [
-            Tensor::from_f32([2], vec![1.5, -2.0]).unwrap(),
-            Tensor::from_f64([1, 2], vec![1e300, -0.0]).unwrap(),
-            Tensor::from_i32([3], vec![1, -1, i32::MIN]).unwrap(),
-            Tensor::scalar_i64(i64::MAX),
-            Tensor::from_bool([2], vec![true, false]).unwrap(),
-            Tensor::from_f32([0], vec![]).unwrap(),
-        ];
-        for t in ts {
-            let bytes = npy_bytes(&t);
-            assert_eq!(bytes.len() % 64, (t.len() * t.dtype().size()) % 64);
-            assert_eq!(parse_npy(Path::new("t.npy"), &bytes).unwrap(), t);
-        }
     }
 }
