@@ -502,8 +502,9 @@ fn split_rows(kernel: &Kernel, m: usize, panels: usize, t: usize) -> bool {
 
 /// Run the tasks on `t` participants — the calling thread plus `t - 1` rayon jobs — each taking
 /// the next task from a shared counter until none are left (dynamic balance: if another process
-/// holds a core, the participants that do run pick up its share).
-pub(crate) fn run_tasks<T: Send>(t: usize, tasks: Vec<T>, f: impl Fn(T) + Sync) {
+/// holds a core, the participants that do run pick up its share). Also the runtime's: it packs a
+/// model's weights on the kernels' helper threads this way before the first run.
+pub fn run_tasks<T: Send>(t: usize, tasks: Vec<T>, f: impl Fn(T) + Sync) {
     if tasks.len() <= 1 || t <= 1 {
         tasks.into_iter().for_each(f);
         return;

@@ -32,7 +32,7 @@ mod narrow;
 mod pack;
 
 pub use act::{sigmoid_in_place, tanh_in_place, Activation, BiasActivation};
-pub use driver::{set_tuning, tuning, Tuning};
+pub use driver::{run_tasks, set_tuning, tuning, Tuning};
 pub use error::KernelError;
 pub use kernel::KernelKind;
 pub use narrow::{dot_rows, set_narrow_products};

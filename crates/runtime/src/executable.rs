@@ -572,7 +572,8 @@ impl Executable {
     /// was most of a first run's extra time (DRNN-large b8: kernels 4.6 ms first, 1.3 ms after).
     /// The weights are packed on up to `threads` threads, the largest first (each weight is
     /// packed whole by one thread, to the same bits in the same cache: only start-up changes —
-    /// Berxit-small's 464 MB took 0.63 s on one thread, mostly first-touch page faults).
+    /// Berxit-small's 72 weights in 94–101 ms at two threads against 175–196 on one,
+    /// `bench/RESULTS.md`, sixty-fourth session).
     /// Returns how many weights (or fused groups) it packed. Weights reaching a block any other
     /// way are packed at their first launch, as before.
     pub fn prepack_weights(
@@ -705,36 +706,19 @@ impl PackJob {
     }
 }
 
-/// Runs `jobs` into `cache` on the calling thread and up to `threads - 1` scoped helpers, each
-/// taking the next job, largest first (a helper that cannot be started leaves its share to the
-/// others). `TUMBLE_SERIAL_PREPACK=1` packs on the calling thread alone.
+/// Runs `jobs` into `cache` on `threads` participants — the calling thread and the kernels' helper
+/// threads ([`tumble_kernels::run_tasks`]) — each taking the next job, largest first.
+/// `TUMBLE_SERIAL_PREPACK=1` packs on the calling thread alone.
 fn run_pack_jobs(cache: &Arc<WeightCache>, mut jobs: Vec<PackJob>, threads: usize) {
     jobs.sort_by_key(|j| std::cmp::Reverse(j.bytes()));
-    let helpers = match tumble_limits::switch_on!("TUMBLE_SERIAL_PREPACK") {
-        true => 0,
-        false => threads
-            .clamp(1, crate::MAX_THREADS)
-            .min(jobs.len())
-            .saturating_sub(1),
+    let threads = match tumble_limits::switch_on!("TUMBLE_SERIAL_PREPACK") {
+        true => 1,
+        false => threads.clamp(1, crate::MAX_THREADS),
     };
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let work = || {
+    tumble_kernels::run_tasks(threads, jobs, |job| {
+        // The cache is the thread's own setting: entered on whichever thread takes the job.
         let _entered = WeightCache::enter(cache);
-        loop {
-            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some(job) = jobs.get(i) else {
-                break;
-            };
-            job.run();
-        }
-    };
-    std::thread::scope(|s| {
-        for h in 0..helpers {
-            let _ = std::thread::Builder::new()
-                .name(format!("tumble-prepack-{h}"))
-                .spawn_scoped(s, work);
-        }
-        work();
+        job.run();
     });
 }
 

@@ -231,18 +231,11 @@ impl Buffer {
     /// each chunk's pages populated just before it is written — the whole buffer at once would
     /// zero it all first and write it again from beyond the caches).
     pub fn prefault_spare(&mut self, elements: usize) {
-        fn next<T>(v: &mut Vec<T>, n: usize) {
+        with_vec!(self, v => {
             let spare = v.spare_capacity_mut();
-            let n = n.min(spare.len());
+            let n = elements.min(spare.len());
             tumble_limits::prefault(&mut spare[..n]);
-        }
-        match self {
-            Buffer::F32(v) => next(v, elements),
-            Buffer::F64(v) => next(v, elements),
-            Buffer::I32(v) => next(v, elements),
-            Buffer::I64(v) => next(v, elements),
-            Buffer::Bool(v) => next(v, elements),
-        }
+        })
     }
 
     pub fn len(&self) -> usize {

@@ -183,7 +183,7 @@ impl Tensor {
     pub fn all_finite(&self) -> bool {
         match self.buffer() {
             Buffer::F32(v) => all_finite_f32(v),
-            Buffer::F64(v) => none_in_chunks(v, |x| x.to_bits() & F64_EXPONENT == F64_EXPONENT),
+            Buffer::F64(v) => none_in_chunks(v, non_finite64),
             _ => true,
         }
     }
@@ -192,13 +192,9 @@ impl Tensor {
     /// shared) and says how many there were. The scan for them is [`Tensor::all_finite`]'s, so
     /// a tensor without any (nearly every one) costs one vectorized read.
     pub fn flush_subnormals(&mut self) -> usize {
-        const F32_MANTISSA: u32 = 0x007f_ffff;
-        const F64_MANTISSA: u64 = 0x000f_ffff_ffff_ffff;
-        let sub32 = |x: f32| x.to_bits() & F32_EXPONENT == 0 && x.to_bits() & F32_MANTISSA != 0;
-        let sub64 = |x: f64| x.to_bits() & F64_EXPONENT == 0 && x.to_bits() & F64_MANTISSA != 0;
         let any = match self.buffer() {
-            Buffer::F32(v) => !none_in_chunks(v, sub32),
-            Buffer::F64(v) => !none_in_chunks(v, sub64),
+            Buffer::F32(v) => !none_in_chunks(v, subnormal32),
+            Buffer::F64(v) => !none_in_chunks(v, subnormal64),
             _ => false,
         };
         if !any {
@@ -213,9 +209,10 @@ impl Tensor {
             n
         }
         if let Some(v) = self.make_mut_slice::<f32>() {
-            zero(v, sub32)
+            zero(v, subnormal32)
         } else {
-            self.make_mut_slice::<f64>().map_or(0, |v| zero(v, sub64))
+            self.make_mut_slice::<f64>()
+                .map_or(0, |v| zero(v, subnormal64))
         }
     }
 
@@ -1011,9 +1008,31 @@ const FINITE_CHUNK: usize = 4096;
 const F32_EXPONENT: u32 = 0x7f80_0000;
 const F64_EXPONENT: u64 = 0x7ff0_0000_0000_0000;
 
+/// NaN or ±inf: every exponent bit set.
+#[inline(always)]
+fn non_finite32(x: f32) -> bool {
+    x.to_bits() & F32_EXPONENT == F32_EXPONENT
+}
+
+#[inline(always)]
+fn non_finite64(x: f64) -> bool {
+    x.to_bits() & F64_EXPONENT == F64_EXPONENT
+}
+
+/// Subnormal: no exponent bit set, some mantissa bit set.
+#[inline(always)]
+fn subnormal32(x: f32) -> bool {
+    x.to_bits() & F32_EXPONENT == 0 && x.to_bits() & 0x007f_ffff != 0
+}
+
+#[inline(always)]
+fn subnormal64(x: f64) -> bool {
+    x.to_bits() & F64_EXPONENT == 0 && x.to_bits() & 0x000f_ffff_ffff_ffff != 0
+}
+
 /// [`Tensor::all_finite`] of f32 elements: no element has every exponent bit set (NaN, ±inf).
 pub fn all_finite_f32(v: &[f32]) -> bool {
-    none_in_chunks(v, |x| x.to_bits() & F32_EXPONENT == F32_EXPONENT)
+    none_in_chunks(v, non_finite32)
 }
 
 /// Whether every element of `buffer` is an ordinary number: no float is NaN, infinite or
@@ -1021,15 +1040,8 @@ pub fn all_finite_f32(v: &[f32]) -> bool {
 /// [`Tensor::all_finite`] and [`Tensor::flush_subnormals`] for nearly every weight, so a loader
 /// can scan each part of a tensor while it is still in cache and skip both passes over memory.
 pub fn ordinary_elements(buffer: &Buffer, from: usize) -> bool {
-    // Exponent all ones (NaN, ±inf), or all zeros with any other bit but the sign (subnormal).
-    let odd32 = |x: f32| {
-        let e = x.to_bits() & F32_EXPONENT;
-        e == F32_EXPONENT || (e == 0 && x.to_bits() & 0x7fff_ffff != 0)
-    };
-    let odd64 = |x: f64| {
-        let e = x.to_bits() & F64_EXPONENT;
-        e == F64_EXPONENT || (e == 0 && x.to_bits() & 0x7fff_ffff_ffff_ffff != 0)
-    };
+    let odd32 = |x: f32| non_finite32(x) || subnormal32(x);
+    let odd64 = |x: f64| non_finite64(x) || subnormal64(x);
     match buffer {
         Buffer::F32(v) => none_in_chunks(v.get(from..).unwrap_or_default(), odd32),
         Buffer::F64(v) => none_in_chunks(v.get(from..).unwrap_or_default(), odd64),

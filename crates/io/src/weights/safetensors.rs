@@ -373,14 +373,17 @@ fn read_safetensors_parallel(
     ordinary: &mut std::collections::BTreeSet<String>,
 ) -> Result<BTreeMap<String, Tensor>, IoError> {
     use std::os::unix::fs::FileExt;
-    let mut at = 0u64;
-    let mut read = |buf: &mut [u8], what: &str| -> Result<(), IoError> {
-        file.read_exact_at(buf, at)
-            .map_err(|e| read_error(path, e, what))?;
-        at += buf.len() as u64;
-        Ok(())
+    // The file's bytes from offset `at` on, read in order without moving the file's own cursor
+    // (so each thread keeps its own).
+    let reader_at = |mut at: u64| {
+        move |buf: &mut [u8], what: &str| -> Result<(), IoError> {
+            file.read_exact_at(buf, at)
+                .map_err(|e| read_error(path, e, what))?;
+            at += buf.len() as u64;
+            Ok(())
+        }
     };
-    let (entries, data_start) = read_st_header(path, &mut read, len)?;
+    let (entries, data_start) = read_st_header(path, &mut reader_at(0), len)?;
     let total: usize = entries.iter().map(|e| e.end - e.start).sum();
     let share = total.div_ceil(threads.max(1)).max(1);
     let mut runs: Vec<Vec<StEntry>> = vec![Vec::new()];
@@ -399,14 +402,10 @@ fn read_safetensors_parallel(
     let decode_run = |run: Vec<StEntry>| -> Result<Decoded, IoError> {
         let mut chunk = vec![0u8; ST_CHUNK];
         let mut out = Vec::with_capacity(run.len());
+        // A run's entries are contiguous in the data section (the entries tile it in order).
+        let start = run.first().map_or(0, |e| e.start);
+        let mut read = reader_at((data_start + start) as u64);
         for e in run {
-            let mut at = (data_start + e.start) as u64;
-            let mut read = |buf: &mut [u8], what: &str| -> Result<(), IoError> {
-                file.read_exact_at(buf, at)
-                    .map_err(|err| read_error(path, err, what))?;
-                at += buf.len() as u64;
-                Ok(())
-            };
             let (tensor, clean) = decode_entry(path, &e, &mut read, &mut chunk, true)?;
             out.push((e.name, tensor, clean));
         }
