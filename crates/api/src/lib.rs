@@ -20,7 +20,9 @@ use tumble_compile::{
     CompileOptions, Compiled, InputReuse, LowerOptions, StaticOptions, StaticReport,
 };
 use tumble_interp::{Program, RunError};
-use tumble_io::{bind_params, load_params, main_signature, to_tree, Binding, BoundParams, TypeEnv};
+use tumble_io::{
+    bind_params, load_params_on, main_signature, to_tree, Binding, BoundParams, TypeEnv,
+};
 use tumble_ir::{diag, DType, Diagnostic, SourceMap, Ty};
 use tumble_runtime::{Executable, Options, Profile, Reuse, Scheduler};
 use tumble_tensor::{Rng, Tensor};
@@ -118,6 +120,9 @@ pub struct LoadOptions {
     pub inputs: Option<Vec<String>>,
     pub lower: LowerOptions,
     pub statics: StaticOptions,
+    /// Threads that read a large weights file (the same tensors on any count); `None`:
+    /// `$TUMBLE_NUM_THREADS`, else the machine's cores — what a run defaults to.
+    pub threads: Option<usize>,
 }
 
 impl Default for LoadOptions {
@@ -125,6 +130,7 @@ impl Default for LoadOptions {
         LoadOptions {
             entry: "main".into(),
             inputs: None,
+            threads: None,
             lower: LowerOptions::batched(),
             statics: StaticOptions::all(),
         }
@@ -230,11 +236,16 @@ fn param_error(e: tumble_io::IoError) -> Error {
 /// an error); the file's warnings go to `warnings`.
 fn param_tensors(
     params: &Params,
+    threads: Option<usize>,
     warnings: &mut Vec<String>,
 ) -> Result<BTreeMap<String, Tensor>, Error> {
     let mut tensors = match &params.file {
         Some(p) => {
-            let loaded = load_params(p).map_err(param_error)?;
+            let threads = match threads {
+                Some(t) => t.clamp(1, tumble_runtime::MAX_THREADS),
+                None => default_threads()?,
+            };
+            let loaded = load_params_on(p, threads).map_err(param_error)?;
             warnings.extend(loaded.warnings);
             loaded.tensors
         }
@@ -299,7 +310,7 @@ impl Model {
         let (main_params, ret_ty) = main_signature(&typed, &entry).map_err(param_error)?;
         tumble_io::returns_data(&typed, &entry, &ret_ty).map_err(param_error)?;
 
-        let tensors = param_tensors(params, &mut warnings)?;
+        let tensors = param_tensors(params, opts.threads, &mut warnings)?;
         let names: Vec<&str> = main_params.iter().map(|(n, _)| n.as_str()).collect();
         let provided: BTreeSet<String> = match &opts.inputs {
             Some(inputs) => {
@@ -445,7 +456,7 @@ impl Model {
         let given =
             params.file.is_some() || !params.tensors.is_empty() || params.random_seed.is_some();
         let tensors = if loaded.weights.is_empty() {
-            param_tensors(params, &mut warnings)?
+            param_tensors(params, opts.threads, &mut warnings)?
         } else if given {
             return Err(Error::Param {
                 message: format!(

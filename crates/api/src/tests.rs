@@ -270,3 +270,86 @@ fn session_launches_use_the_jobs_packed_weights() {
     assert!(first.is_some_and(|line| line.contains("4")), "{got:?}");
     assert_eq!(want.len(), 2);
 }
+
+/// A weights file large enough to be read on several threads (16 MiB and more) loads the same
+/// tensors on one thread and on three: the model gives the same bits either way.
+#[test]
+fn weights_read_on_threads_give_the_same_model() {
+    const SRC_BIG: &str = r#"
+def @main(%tok: Tensor[(1), int32], %emb: Tensor[(1048576, 4), float32],
+          %w: Tensor[(3, 4), float32], %b: Tensor[(3), float32]) -> Tensor[(1, 3), float32] {
+  nn.bias_add(nn.dense(take(%emb, %tok, axis=0), %w), %b)
+}
+"#;
+    let emb: Vec<f32> = (0..1_048_576usize * 4)
+        .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
+        .collect();
+    let tensors: BTreeMap<String, Tensor> = [
+        ("emb", Tensor::from_vec(vec![1_048_576, 4], emb).unwrap()),
+        (
+            "w",
+            Tensor::from_vec(vec![3, 4], (0..12).map(|i| i as f32 * 0.5).collect()).unwrap(),
+        ),
+        (
+            "b",
+            Tensor::from_vec(vec![3], vec![0.25f32, -1.0, 2.0]).unwrap(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let dir = std::env::temp_dir().join(format!("tumble_api_threads_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("big.safetensors");
+    tumble_io::save_params(&path, &tensors).unwrap();
+    assert!(std::fs::metadata(&path).unwrap().len() >= 16 << 20);
+    let instances = instances_from_json(
+        "test",
+        vec![
+            json!({"tok": [0]}),
+            json!({"tok": [777_777]}),
+            json!({"tok": [1_048_575]}),
+        ],
+    );
+    let outputs = |threads| {
+        let params = Params {
+            file: Some(path.clone()),
+            ..Params::default()
+        };
+        let m = Model::load(
+            Source::Text {
+                name: "big.rly",
+                text: SRC_BIG,
+            },
+            &params,
+            &LoadOptions {
+                threads: Some(threads),
+                ..LoadOptions::default()
+            },
+        )
+        .unwrap();
+        m.run(&instances, &opts()).unwrap().0
+    };
+    let one = outputs(1);
+    assert_eq!(one, outputs(3));
+    // The rows the instances picked, through the weights: what both must have read.
+    let emb_row = |r: usize| -> Vec<f32> {
+        (0..4)
+            .map(|j| (((r * 4 + j) * 7919) % 1000) as f32 / 250.0 - 2.0)
+            .collect()
+    };
+    let expect: Vec<f32> = (0..3)
+        .map(|o| {
+            let x = emb_row(777_777);
+            [0.25f32, -1.0, 2.0][o] + (0..4).map(|j| x[j] * (o * 4 + j) as f32 * 0.5).sum::<f32>()
+        })
+        .collect();
+    let got = f32s(&one[1]);
+    for (g, e) in got.iter().zip(&expect) {
+        assert!(
+            (g - e).abs() <= 1e-4 * e.abs().max(1.0),
+            "{got:?} against {expect:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use tumble_check::LoadOptions;
 use tumble_compile::{CompileOptions, Compiled, LowerOptions, PlanOptions, StaticOptions};
 use tumble_io::artifact::{save_artifact, Artifact, CompiledProgram, CompiledWith, Loaded};
-use tumble_io::{bind_params, load_params, main_signature, read_instances_file};
+use tumble_io::{bind_params, load_params_on, main_signature, read_instances_file};
 use tumble_ir::{diag, DType, Diagnostic, SourceMap, Ty};
 use tumble_tensor::Tensor;
 
@@ -95,7 +95,13 @@ fn compile_inner(args: &CompileArgs, sources: &mut SourceMap) -> Result<String, 
     tumble_io::returns_data(&typed, &args.entry, &ret).map_err(msg)?;
     let file = match &args.params {
         Some(p) => {
-            let loaded = load_params(p).map_err(msg)?;
+            // Read on the threads a run would default to (the same tensors on any count).
+            let threads = match crate::run::thread_count(None) {
+                Ok(t) => t,
+                Err(crate::run::Failure::Message(m)) => return Err(Ok(m)),
+                Err(_) => return Err(Ok("TUMBLE_NUM_THREADS: not a thread count".into())),
+            };
+            let loaded = load_params_on(p, threads).map_err(msg)?;
             for w in &loaded.warnings {
                 eprintln!("warning: {w}");
             }

@@ -134,6 +134,10 @@ fn at_least_one(s: &str) -> Result<usize, String> {
 }
 
 pub fn serve(args: &ServeArgs) -> ExitCode {
+    let threads = match crate::run::thread_count(args.threads) {
+        Ok(t) => t,
+        Err(e) => return crate::run::report(e, &tumble_ir::SourceMap::new(), false),
+    };
     let params = Params {
         file: args.params.clone(),
         random_seed: args.random_params,
@@ -145,6 +149,7 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
                 .map(|n| n.trim_start_matches('%').to_string())
                 .collect()
         }),
+        threads: Some(threads),
         ..LoadOptions::default()
     };
     let model = match Model::load(Source::File(&args.model), &params, &options) {
@@ -195,10 +200,6 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
             );
         }
     }
-    let threads = match crate::run::thread_count(args.threads) {
-        Ok(t) => t,
-        Err(e) => return crate::run::report(e, &tumble_ir::SourceMap::new(), false),
-    };
     let workers = match args.workers {
         Some(w) if w > threads => {
             eprintln!(

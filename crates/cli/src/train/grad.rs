@@ -49,7 +49,10 @@ fn grad_inner(args: &GradArgs, sources: &mut SourceMap) -> Result<(), Failure> {
     let (_, ret) = main_signature(&typed, "main")?;
     check_scalar(&typed, "main", &ret, "`tumble grad`")?;
     let raw = read_raw(&args.inputs, "--inputs")?;
-    let file = read_weights(&args.weights)?;
+    let file = read_weights(
+        &args.weights,
+        crate::run::thread_count(args.weights.threads)?,
+    )?;
     let c = compile(&typed, "main", &raw, &file, args.weights.random_params)?;
     let decoded = c.decode(&typed, &raw)?;
     let params = c.float_params();

@@ -15,7 +15,7 @@ use tumble_check::{LoadOptions, TypedModule};
 use tumble_compile::{LowerOptions, Program, ReuseAnalysis};
 use tumble_interp::Value;
 use tumble_io::{
-    bind_params, load_params, main_signature, read_instances_file, save_params, Binding,
+    bind_params, load_params_on, main_signature, read_instances_file, save_params, Binding,
     BoundParams, RawInstances, TypeEnv,
 };
 use tumble_ir::{diag, Diagnostic, SourceMap, Ty};
@@ -199,10 +199,11 @@ fn gopts(w: &Weights) -> GradOptions {
     }
 }
 
-fn read_weights(w: &Weights) -> Result<BTreeMap<String, Tensor>, Failure> {
+/// The weights file's tensors, a large file read on `threads` threads (the same tensors).
+fn read_weights(w: &Weights, threads: usize) -> Result<BTreeMap<String, Tensor>, Failure> {
     match &w.params {
         Some(p) => {
-            let loaded = load_params(p)?;
+            let loaded = load_params_on(p, threads)?;
             for w in &loaded.warnings {
                 eprintln!("warning: {w}");
             }
@@ -324,7 +325,10 @@ fn train_inner(args: &TrainArgs, sources: &mut SourceMap, saved: &mut bool) -> R
         }
     }
     let raw = read_raw(&args.train, "--train")?;
-    let file = read_weights(&args.weights)?;
+    let file = read_weights(
+        &args.weights,
+        crate::run::thread_count(args.weights.threads)?,
+    )?;
     let mut main = compile(&typed, "main", &raw, &file, args.weights.random_params)?;
     // The file's tensors are bound now; kept, they would make the first update of every weight
     // copy it (the embedding table: 22 MB and its page faults inside the first epoch).
