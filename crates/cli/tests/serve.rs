@@ -410,6 +410,46 @@ fn a_body_declared_past_max_body_is_413_before_it_is_sent() {
     assert_eq!(stop(child, "TERM"), Some(0));
 }
 
+/// Requests hyper refuses before any route sees them — not HTTP, a bad `Content-Length`, a
+/// target or header section too long — are answered with a JSON `error` saying what to fix, as
+/// every other error is (hyper's own answers had empty bodies), and the server goes on serving.
+#[test]
+fn requests_that_are_not_http_get_a_json_error() {
+    let (child, addr) = serve(&[]);
+    let long_target = format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "a".repeat(70_000));
+    let many_headers: String = (0..150).map(|i| format!("X-{i}: v\r\n")).collect();
+    let cases = [
+        ("GARBAGE\r\n\r\n".to_string(), "400", "not valid HTTP/1.1"),
+        (
+            "POST /v1/models/treelstm_small:predict HTTP/1.1\r\nHost: t\r\nContent-Length: \
+             abc\r\n\r\n"
+                .to_string(),
+            "400",
+            "Content-Length",
+        ),
+        (long_target, "414", "too long"),
+        (
+            format!("GET /healthz HTTP/1.1\r\nHost: t\r\n{many_headers}\r\n"),
+            "431",
+            "100 headers",
+        ),
+    ];
+    for (request, status, says) in cases {
+        let (text, _) = send_raw(&addr, &request);
+        assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{text}");
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains("content-type: application/json"), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert!(v["error"].as_str().unwrap().contains(says), "{body}");
+    }
+    still_answers(&addr);
+    assert_eq!(stop(child, "TERM"), Some(0));
+}
+
 /// A body that has not arrived within `--timeout-ms` of its headers is answered 408 and its
 /// connection closed: a client that sent part of a body and stopped held its connection (and
 /// what it had sent) for as long as it liked.

@@ -119,7 +119,10 @@ async fn serve_connections(
             },
             () = &mut stop => break,
         };
-        let stream = WriteDeadline::new(stream, write_timeout);
+        let stream = WriteDeadline::new(
+            crate::parse_errors::ParseErrorBodies::new(stream),
+            write_timeout,
+        );
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let mut closing = closing_rx.clone();
         let open = open_tx.clone();

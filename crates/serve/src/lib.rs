@@ -26,6 +26,7 @@
 
 mod http;
 mod metrics;
+mod parse_errors;
 mod worker;
 
 use std::net::SocketAddr;

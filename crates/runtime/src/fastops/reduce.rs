@@ -17,10 +17,7 @@ fn fold_step(fold: RowReduce, a: f64, x: f64) -> f64 {
 /// The one axis a reduction's `attrs` reduce an f32 tensor of `shape` over, if that is what they
 /// say (`axis=[a]`, no `exclude`) and it is not empty: the axis, its extent, and the extents of
 /// the axes before and after it; with the result's shape (`keepdims` keeping the axis as 1).
-fn one_axis(
-    shape: &[usize],
-    attrs: &Attrs,
-) -> Option<(usize, usize, usize, usize, Vec<usize>)> {
+fn one_axis(shape: &[usize], attrs: &Attrs) -> Option<(usize, usize, usize, usize, Vec<usize>)> {
     if attrs.bool("exclude").ok()?.unwrap_or(false) {
         return None;
     }
