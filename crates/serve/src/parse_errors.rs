@@ -66,8 +66,8 @@ fn with_body(head: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// A connection whose writes of hyper's own empty error answers get a JSON body (see the
-/// module's comment). Its writes are not vectored, so every response head arrives at the start
-/// of a write of its own bytes.
+/// module's comment): such an answer is the whole of a write, or the one non-empty buffer of a
+/// vectored write (hyper queues a response's head and body as buffers of their own).
 pub(crate) struct ParseErrorBodies<S> {
     inner: S,
     /// A rewritten answer still to send, and how much of it went.
@@ -133,6 +133,28 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for ParseErrorBodie
             return Poll::Ready(Ok(buf.len()));
         }
         Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let mut filled = bufs.iter().filter(|b| !b.is_empty());
+        if let (Some(only), None) = (filled.next(), filled.next()) {
+            if with_body(only).is_some() {
+                return self.poll_write(cx, only);
+            }
+        }
+        match self.drain(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut self.inner).poll_write_vectored(cx, bufs),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -218,13 +240,15 @@ mod tests {
                 .unwrap();
             let n = w.write(HYPER_400).await.unwrap();
             assert_eq!(n, HYPER_400.len());
+            let slices = [io::IoSlice::new(b""), io::IoSlice::new(HYPER_400)];
+            let n = w.write_vectored(&slices).await.unwrap();
+            assert_eq!(n, HYPER_400.len());
             w.shutdown().await.unwrap();
             drop(w);
             let got = String::from_utf8(reader.await.unwrap()).unwrap();
-            let expected = format!(
-                "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok{}",
-                String::from_utf8(with_body(HYPER_400).unwrap()).unwrap()
-            );
+            let answer = String::from_utf8(with_body(HYPER_400).unwrap()).unwrap();
+            let expected =
+                format!("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok{answer}{answer}");
             assert_eq!(got, expected);
         });
     }
